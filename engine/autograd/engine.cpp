@@ -1,0 +1,151 @@
+// The backward engine.
+//
+// Note [Persistent gradient buffers]
+// Each leaf that requires grad owns one gradient buffer (category gradients), allocated once
+// (parameters allocate it at creation; other leaves at their first backward) and never freed or
+// moved: every backward writes into it at the same address. Its `grad_stale` flag says the
+// contents are logically zero. mark_grad_stale() (the optimizer's zero_grad) only sets the flag;
+// the next backward then writes with beta = 0 instead of 1. See Note [Gradient sinks].
+//
+// The walk: count, for every node reachable from the root, how many edges point at it; run a node
+// when all its consumers have delivered their gradient; release its saved tensors at once, so
+// activation memory falls during backward, not after it.
+#include <unordered_map>
+#include <vector>
+
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/autograd/node.h"
+#include "engine/ops/internal.h"
+
+namespace cumulus {
+
+namespace {
+thread_local bool tls_grad_enabled = true;
+}
+
+bool GradMode::enabled() { return tls_grad_enabled; }
+void GradMode::set_enabled(bool on) { tls_grad_enabled = on; }
+
+// ---- sinks -----------------------------------------------------------------------------------
+
+GradSink::Target GradSink::begin(const Shape& shape, const Device& device) {
+  if (leaf_ != nullptr) {
+    AutogradMeta& meta = leaf_->autograd;
+    if (!meta.grad.defined()) ops::detail::allocate_grad_buffer(*leaf_);
+    CUMULUS_CHECK(meta.grad.shape() == shape, ShapeError, "backward: gradient of shape ", shape.str(),
+                  " for a leaf of shape ", meta.grad.shape().str());
+    const float beta = meta.grad_stale ? 0.0f : 1.0f;
+    meta.grad_stale = false;
+    return {meta.grad, beta};
+  }
+  CUMULUS_CHECK(slot_ != nullptr, Error, "GradSink::begin on a sink that needs no gradient");
+  if (slot_->defined()) {
+    CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(),
+                  " and ", slot_->shape().str(), " for the same tensor");
+    return {*slot_, 1.0f};
+  }
+  *slot_ = Tensor::empty(shape, DType::f32, device);
+  return {*slot_, 0.0f};
+}
+
+void GradSink::give(const Tensor& grad) {
+  if (slot_ != nullptr && !slot_->defined()) {
+    *slot_ = grad;  // first contribution to an inner node: take it, no copy
+    return;
+  }
+  Target t = begin(grad.shape(), grad.device());
+  ops::detail::accumulate_into(t.tensor, grad, t.beta);
+}
+
+// ---- recording -------------------------------------------------------------------------------
+
+Edge edge_to(const Tensor& t) {
+  Edge e;
+  if (!t.defined() || !t.requires_grad()) return e;
+  if (t.grad_fn()) e.node = t.grad_fn();
+  else e.leaf = t.impl();
+  return e;
+}
+
+bool should_record(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+void attach_node(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* t : inputs) node->next_edges().push_back(edge_to(*t));
+  AutogradMeta& meta = out.impl()->autograd;
+  meta.requires_grad = true;
+  meta.grad_fn = std::move(node);
+}
+
+// ---- the walk --------------------------------------------------------------------------------
+
+void run_backward(const Tensor& root) {
+  CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
+  CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
+                "backward: the tensor does not require grad (no parameter or input that requires "
+                "grad took part in computing it, or it was computed under NoGradGuard)");
+  CUMULUS_CHECK(root.numel() == 1, ShapeError, "backward: needs a scalar, got ", root.shape().str());
+
+  NoGradGuard no_grad;
+  MemoryCategoryScope category(MemoryCategory::backward_temporaries);
+  const Tensor seed = Tensor::full(root.shape(), 1.0f, root.device());
+
+  if (root.is_leaf()) {
+    GradSink::leaf(root.impl().get()).give(seed);
+    return;
+  }
+
+  // Dependencies: for every reachable node, the number of edges pointing at it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  dependencies[root.grad_fn().get()] = 0;
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    CUMULUS_CHECK(!n->consumed(), Error, "backward: the graph through op '", n->name(),
+                  "' was already used by a backward call and its saved tensors are released; "
+                  "run the forward again");
+    for (Edge& e : n->next_edges()) {
+      if (!e.node) continue;
+      auto [it, first] = dependencies.try_emplace(e.node.get(), 0);
+      it->second += 1;
+      if (first) stack.push_back(e.node.get());
+    }
+  }
+
+  // Pending output gradients of nodes still waiting for consumers. unordered_map keeps element
+  // addresses stable, which GradSink::pending relies on.
+  std::unordered_map<Node*, Tensor> pending;
+  pending[root.grad_fn().get()] = seed;
+  std::vector<Node*> ready{root.grad_fn().get()};
+  std::vector<GradSink> sinks;
+  while (!ready.empty()) {
+    Node* node = ready.back();
+    ready.pop_back();
+    Tensor grad_output = std::move(pending[node]);
+    pending.erase(node);
+    CUMULUS_CHECK(grad_output.defined(), Error, "backward: op '", node->name(),
+                  "' received no gradient (an op before it skipped an input that needs one)");
+
+    sinks.clear();
+    for (Edge& e : node->next_edges()) {
+      if (e.node) sinks.push_back(GradSink::pending(&pending[e.node.get()]));
+      else if (e.leaf) sinks.push_back(GradSink::leaf(e.leaf.get()));
+      else sinks.push_back(GradSink::none());
+    }
+    node->backward(grad_output, sinks);
+    node->release_saved();
+    node->set_consumed();
+
+    for (Edge& e : node->next_edges()) {
+      if (!e.node) continue;
+      if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
+    }
+  }
+}
+
+}  // namespace cumulus

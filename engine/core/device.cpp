@@ -1,0 +1,65 @@
+#include "cumulus/core/device.h"
+
+#include <cstdlib>
+
+#include "cumulus/core/error.h"
+
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_check.h"
+#include "cumulus/core/cuda_context.h"
+#endif
+
+namespace cumulus {
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5) {
+    char* end = nullptr;
+    long idx = std::strtol(text.c_str() + 5, &end, 10);
+    if (*end == '\0' && idx >= 0 && idx < 1024) return cuda(static_cast<int>(idx));
+  }
+  throw InvalidArgument("unknown device '" + text + "' (expected cpu, cuda or cuda:N)");
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index_);
+}
+
+bool cuda_compiled() { return CUMULUS_WITH_CUDA + 0 != 0; }
+
+int cuda_device_count() {
+#if CUMULUS_WITH_CUDA
+  static const int count = [] {
+    int n = 0;
+    // No driver or no GPU is not an error here: it means CUDA is unavailable.
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  }();
+  return count;
+#else
+  return 0;
+#endif
+}
+
+void check_device_available(const Device& device) {
+  if (device.is_cpu()) return;
+  CUMULUS_CHECK(cuda_compiled(), DeviceError, "device ", device.str(),
+                " requested but cumulus was built without CUDA (configure with -DCUMULUS_CUDA=ON)");
+  const int n = cuda_device_count();
+  CUMULUS_CHECK(device.index() < n, DeviceError, "device ", device.str(), " requested but ",
+                n == 0 ? std::string("no CUDA GPU is available")
+                       : std::to_string(n) + " CUDA device(s) are present");
+}
+
+void synchronize(const Device& device) {
+  if (device.is_cpu()) return;
+#if CUMULUS_WITH_CUDA
+  CUMULUS_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index())));
+#endif
+}
+
+}  // namespace cumulus

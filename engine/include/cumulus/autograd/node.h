@@ -1,0 +1,91 @@
+// Node: one recorded op in the define-by-run graph. It holds what its backward needs (saved
+// tensors, released as soon as it has run) and one Edge per input: to the Node that made the
+// input, to a leaf that wants a gradient, or to nothing.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cumulus/tensor/tensor.h"
+
+namespace cumulus {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;        // the input was made by this op
+  std::shared_ptr<TensorImpl> leaf;  // or: the input is a leaf that requires grad
+  bool needs_grad() const { return node != nullptr || leaf != nullptr; }
+};
+
+// Note [Gradient sinks]
+// The backward engine hands each op one GradSink per input, saying where that input's gradient
+// goes. For a leaf it is the leaf's persistent buffer: the op writes into it with beta = 0 if the
+// buffer is stale (first backward after a step) and beta = 1 otherwise, so a Linear's weight
+// gradient is accumulated inside its GEMM and zeroing costs nothing. For an inner node it is the
+// engine's pending gradient: the first contribution allocates it (or hands over a tensor, no
+// copy), later ones (an input used twice) add into it. Ops never allocate parameter-sized
+// temporaries for gradients.
+class GradSink {
+ public:
+  struct Target {
+    Tensor tensor;  // write the gradient here
+    float beta;     // 0: overwrite, 1: add to what is there
+  };
+
+  static GradSink none() { return GradSink(); }
+  static GradSink leaf(TensorImpl* leaf) { return GradSink(leaf, nullptr); }
+  static GradSink pending(Tensor* slot) { return GradSink(nullptr, slot); }
+
+  bool needed() const { return leaf_ != nullptr || slot_ != nullptr; }
+  // The buffer to write into and the beta to write with. The buffer must be written (in stream
+  // order) before the next call on a sink of the same target, which then gets beta = 1.
+  Target begin(const Shape& shape, const Device& device);
+  // Delivers a finished gradient tensor: taken as is when nothing is there yet for an inner node,
+  // otherwise copied or added into the target.
+  void give(const Tensor& grad);
+
+ private:
+  GradSink() = default;
+  GradSink(TensorImpl* leaf, Tensor* slot) : leaf_(leaf), slot_(slot) {}
+  TensorImpl* leaf_ = nullptr;
+  Tensor* slot_ = nullptr;
+};
+
+class Node {
+ public:
+  explicit Node(const char* name) : name_(name) {}
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  const char* name() const { return name_; }
+  // grad_output: gradient of the loss w.r.t. this op's output. grad_inputs[i] is input i's sink
+  // (GradSink::none() for an input that needs no gradient: skip its work).
+  virtual void backward(const Tensor& grad_output, std::vector<GradSink>& grad_inputs) = 0;
+  // Drops saved tensors; called by the engine right after backward().
+  virtual void release_saved() {}
+
+  std::vector<Edge>& next_edges() { return next_edges_; }
+  bool consumed() const { return consumed_; }
+  void set_consumed() { consumed_ = true; }
+
+ private:
+  const char* name_;
+  std::vector<Edge> next_edges_;
+  bool consumed_ = false;
+};
+
+// An Edge to `t`'s gradient path (node, leaf, or nothing).
+Edge edge_to(const Tensor& t);
+// Whether ops should record a node for these inputs (grad mode on and some input requires grad).
+bool should_record(std::initializer_list<const Tensor*> inputs);
+// Makes `out` the output of `node`, with one edge per input (in order).
+void attach_node(Tensor& out, std::shared_ptr<Node> node,
+                 std::initializer_list<const Tensor*> inputs);
+
+// Runs reverse-mode from `root` (a scalar), seeding it with 1.
+void run_backward(const Tensor& root);
+
+}  // namespace cumulus

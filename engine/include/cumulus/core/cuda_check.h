@@ -1,0 +1,39 @@
+// Check macros for CUDA runtime and cuBLAS calls: each failure throws CudaError carrying the
+// expression, file and line (after PyTorch's C10_CUDA_CHECK). Only for CUDA translation units.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cumulus/core/error.h"
+
+namespace cumulus::detail {
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line);
+// For destructors and free paths, which must not throw: print a warning instead.
+void warn_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+}  // namespace cumulus::detail
+
+#define CUMULUS_CUDA_CHECK(expr)                                                        \
+  do {                                                                                  \
+    cudaError_t cumulus_err_ = (expr);                                                  \
+    if (cumulus_err_ != cudaSuccess)                                                    \
+      ::cumulus::detail::throw_cuda_error(cumulus_err_, #expr, __FILE__, __LINE__);     \
+  } while (0)
+
+#define CUMULUS_CUDA_WARN(expr)                                                         \
+  do {                                                                                  \
+    cudaError_t cumulus_err_ = (expr);                                                  \
+    if (cumulus_err_ != cudaSuccess)                                                    \
+      ::cumulus::detail::warn_cuda_error(cumulus_err_, #expr, __FILE__, __LINE__);      \
+  } while (0)
+
+#define CUMULUS_CUBLAS_CHECK(expr)                                                      \
+  do {                                                                                  \
+    cublasStatus_t cumulus_st_ = (expr);                                                \
+    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                           \
+      ::cumulus::detail::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__);    \
+  } while (0)
+
+// After every kernel launch: catches bad launch configurations at the launch site.
+#define CUMULUS_LAUNCH_CHECK() CUMULUS_CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,44 @@
+// Device: where a tensor's memory lives and where its ops run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cumulus {
+
+enum class DeviceType : uint8_t { cpu, cuda };
+
+class Device {
+ public:
+  constexpr Device() = default;
+  constexpr Device(DeviceType type, int index) : type_(type), index_(index) {}
+  static constexpr Device cpu() { return Device(DeviceType::cpu, 0); }
+  static constexpr Device cuda(int index = 0) { return Device(DeviceType::cuda, index); }
+  // Parses "cpu", "cuda" or "cuda:N"; throws InvalidArgument naming the text otherwise.
+  static Device parse(const std::string& text);
+
+  DeviceType type() const { return type_; }
+  int index() const { return index_; }
+  bool is_cpu() const { return type_ == DeviceType::cpu; }
+  bool is_cuda() const { return type_ == DeviceType::cuda; }
+  std::string str() const;
+
+  bool operator==(const Device& o) const { return type_ == o.type_ && index_ == o.index_; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+
+ private:
+  DeviceType type_ = DeviceType::cpu;
+  int index_ = 0;
+};
+
+// Whether this build has the CUDA backend compiled in.
+bool cuda_compiled();
+// Number of usable CUDA devices: 0 when not compiled, no driver, or no GPU.
+int cuda_device_count();
+inline bool cuda_available() { return cuda_device_count() > 0; }
+// Throws DeviceError unless `device` can be used (CUDA compiled and the index exists).
+void check_device_available(const Device& device);
+// Blocks until all work queued on `device` has finished (no-op on CPU).
+void synchronize(const Device& device);
+
+}  // namespace cumulus

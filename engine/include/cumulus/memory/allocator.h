@@ -1,0 +1,115 @@
+// The caching allocator: one caching layer over a backend (cudaMalloc, or aligned host memory),
+// one instance per device. See DESIGN.md, decision 3, and Note [Caching allocator] in
+// engine/memory/caching_allocator.cpp.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cumulus/core/device.h"
+#include "cumulus/memory/category.h"
+
+namespace cumulus {
+
+struct CategoryStats {
+  int64_t current = 0;  // bytes held now (requests rounded up to 512 B)
+  int64_t peak = 0;     // most bytes held at once since the last reset_peak()
+  int64_t allocs = 0;   // allocations since the start
+  int64_t frees = 0;
+};
+
+struct MemoryStats {
+  std::array<CategoryStats, kNumMemoryCategories> by_category{};
+  int64_t allocated = 0;       // bytes in live blocks, all categories
+  int64_t allocated_peak = 0;  // since the last reset_peak()
+  // The split by category at the moment allocated_peak was reached.
+  std::array<int64_t, kNumMemoryCategories> at_peak{};
+  int64_t reserved = 0;  // bytes held from the backend (live + cached)
+  int64_t reserved_peak = 0;
+  int64_t backend_allocs = 0;  // calls that reached cudaMalloc / the host allocator
+  int64_t backend_frees = 0;
+  int64_t limit = 0;  // 0: no limit
+  int64_t oom_count = 0;
+
+  const CategoryStats& operator[](MemoryCategory c) const {
+    return by_category[static_cast<std::size_t>(c)];
+  }
+};
+
+// Raw memory from a device, no caching. Returns nullptr when the device is out of memory.
+class MemoryBackend {
+ public:
+  virtual ~MemoryBackend() = default;
+  virtual void* raw_alloc(std::size_t bytes) = 0;
+  virtual void raw_free(void* ptr) noexcept = 0;
+};
+
+class CachingAllocator;
+
+// A move-only owner of one allocated block; returns it to its allocator when destroyed.
+class Allocation {
+ public:
+  Allocation() = default;
+  ~Allocation() { reset(); }
+  Allocation(Allocation&& o) noexcept { *this = std::move(o); }
+  Allocation& operator=(Allocation&& o) noexcept;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+
+  void* get() const { return ptr_; }
+  std::size_t size() const { return size_; }  // the request rounded up to 512 B
+  MemoryCategory category() const { return category_; }
+  void reset() noexcept;
+
+ private:
+  friend class CachingAllocator;
+  void* ptr_ = nullptr;
+  std::size_t size_ = 0;
+  MemoryCategory category_ = MemoryCategory::other;
+  void* block_ = nullptr;  // the allocator's bookkeeping record
+  CachingAllocator* owner_ = nullptr;
+};
+
+class CachingAllocator {
+ public:
+  static constexpr std::size_t kRounding = 512;             // every block is a multiple of this
+  static constexpr std::size_t kSmallRequest = 1 << 20;      // up to 1 MiB: the small pool
+  static constexpr std::size_t kSmallSegment = 2 << 20;      // small requests share 2 MiB segments
+  static constexpr std::size_t kLargeSegmentRounding = 2 << 20;
+
+  CachingAllocator(Device device, std::unique_ptr<MemoryBackend> backend);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Zero bytes gives an empty Allocation. Throws OutOfMemory (see the class note).
+  Allocation allocate(std::size_t bytes, MemoryCategory category);
+
+  MemoryStats stats() const;
+  void reset_peak();         // peaks (total, per category, reserved) restart from current values
+  void empty_cache();        // returns every wholly free segment to the backend
+  void set_memory_limit(int64_t bytes);  // reserved bytes may not exceed this; 0 removes the limit
+  int64_t memory_limit() const;
+  const Device& device() const { return device_; }
+
+ private:
+  friend class Allocation;
+  struct Block;
+  struct Pools;
+  void release(void* block) noexcept;
+  Block* allocate_segment_locked(std::size_t segment_bytes, bool small);
+  void release_cached_segments_locked();
+  [[noreturn]] void throw_oom_locked(std::size_t bytes, MemoryCategory category);
+
+  Device device_;
+  std::unique_ptr<MemoryBackend> backend_;
+  std::unique_ptr<Pools> pools_;
+};
+
+// The allocator of a device (created on first use). Throws DeviceError if unavailable.
+CachingAllocator& allocator_for(const Device& device);
+
+}  // namespace cumulus

@@ -1,0 +1,45 @@
+// Memory categories: every block the allocator hands out carries one, set by the engine through
+// MemoryCategoryScope (users never tag memory by hand). See DESIGN.md, decision 4.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cumulus {
+
+enum class MemoryCategory : uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,           // op outputs in a forward that records the graph (held for backward)
+  backward_temporaries,  // tensors made while the backward engine runs
+  workspace,             // library workspaces (cuBLAS, later cuDNN)
+  data,                  // datasets and batches
+  other,
+};
+inline constexpr std::size_t kNumMemoryCategories = 8;
+
+const char* category_name(MemoryCategory c);
+
+// Sets the category of allocations made on this thread for its lifetime; scopes nest.
+class MemoryCategoryScope {
+ public:
+  explicit MemoryCategoryScope(MemoryCategory c);
+  ~MemoryCategoryScope();
+  MemoryCategoryScope(const MemoryCategoryScope&) = delete;
+  MemoryCategoryScope& operator=(const MemoryCategoryScope&) = delete;
+
+ private:
+  MemoryCategory previous_;
+  bool previous_set_;
+};
+
+// The innermost scope's category, or `fallback` when no scope is open on this thread.
+MemoryCategory current_memory_category(MemoryCategory fallback = MemoryCategory::other);
+
+// "12.0 MiB", "512 B": for messages and reports.
+std::string format_bytes(int64_t bytes);
+
+}  // namespace cumulus

@@ -1,0 +1,52 @@
+// The layers of the seed MLP.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cumulus/nn/module.h"
+
+namespace cumulus::nn {
+
+// y = x W^T + b, W: [out, in]. Initialized as PyTorch's nn.Linear: W and b uniform in
+// +-1/sqrt(in_features) (kaiming_uniform with a = sqrt(5) reduces to that bound).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, Device device = Device::cpu(),
+         bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+
+ private:
+  int64_t in_features_, out_features_;
+  Tensor weight_, bias_;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+// Merges every dimension after the first: [B, 28, 28] -> [B, 784]. A view, no copy.
+class Flatten : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+// Children named "0", "1", ... as torch.nn.Sequential names them.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential& add(std::shared_ptr<Module> module);
+  Tensor forward(const Tensor& x) override;
+  std::size_t size() const { return layers_.size(); }
+  Module& operator[](std::size_t i) const { return *layers_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+}  // namespace cumulus::nn

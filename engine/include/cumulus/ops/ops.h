@@ -1,0 +1,40 @@
+// The ops, forward with autograd recording. Each checks its arguments here, at the public entry
+// point, then calls the kernels of the tensors' device (kernels/cpu, kernels/cuda). Every op's
+// backward sits beside its forward in engine/ops/*.cpp.
+#pragma once
+
+#include "cumulus/tensor/tensor.h"
+
+namespace cumulus::ops {
+
+// x: [B, in], weight: [out, in] (PyTorch's layout), bias: [out] or undefined -> y: [B, out].
+// y = x weight^T + bias. Backward writes dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// max(x, 0), any shape. Saves its output (the mask is output > 0).
+Tensor relu(const Tensor& x);
+
+// Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest.
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor flatten(const Tensor& x, int start_dim = 1);
+
+// Sum / mean of all elements -> a scalar (0-d).
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+
+enum class Reduction { Sum, Mean };
+
+// logits: [B, C] f32, labels: [B] i32 in [0, C) -> scalar: the sum (or mean) over the batch of
+// logsumexp(logits_i) - logits_i[label_i]. Log-sum-exp is taken around the row maximum.
+// A label outside [0, C) is an InvalidArgument on CPU and gives a NaN loss on CUDA (the kernel
+// cannot throw, and checking on the host would cost a synchronization every micro-batch).
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction = Reduction::Mean);
+
+// x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties). No gradient.
+Tensor argmax(const Tensor& x);
+
+// ---- in-place updates, outside autograd (used by optimizers) ----
+// param -= lr * grad
+void sgd_update_(const Tensor& param, const Tensor& grad, float lr);
+
+}  // namespace cumulus::ops

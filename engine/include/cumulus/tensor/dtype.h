@@ -1,0 +1,40 @@
+// Element types. f32 is the compute type; i32 holds labels and indices; u8 holds raw data
+// (Fashion-MNIST pixels). bf16 has a slot so storage and file formats can carry it; no op
+// computes in it yet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cumulus {
+
+enum class DType : uint8_t { f32, i32, u8, bf16 };
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::i32: return 4;
+    case DType::u8: return 1;
+    case DType::bf16: return 2;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t);
+
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+
+}  // namespace cumulus

@@ -1,0 +1,117 @@
+// Tensor: a cheap, shared handle (like torch.Tensor) over reference-counted Storage. Contiguous,
+// row-major, up to 4-D. Views (reshape, flatten, detach) share storage; copies are explicit
+// (clone, to). Autograd state lives beside the data: requires_grad, grad_fn, and for leaves the
+// persistent gradient buffer (see Note [Persistent gradient buffers] in autograd/engine.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cumulus/core/device.h"
+#include "cumulus/core/error.h"
+#include "cumulus/memory/allocator.h"
+#include "cumulus/tensor/dtype.h"
+#include "cumulus/tensor/shape.h"
+
+namespace cumulus {
+
+class Node;
+struct TensorImpl;
+
+// One allocation on one device; shared by a tensor and its views.
+struct Storage {
+  Allocation memory;
+  Device device;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- factories (category from the innermost MemoryCategoryScope, else `other`) ----
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                            Device device = Device::cpu());
+
+  // ---- metadata ----
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int ndim() const { return shape().ndim(); }
+  int64_t size(int dim) const;  // negative dims count from the end
+  int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  // Memory category of the underlying block (for tests and reports).
+  MemoryCategory memory_category() const;
+
+  // ---- data ----
+  void* raw_data() const;  // device pointer on CUDA
+  template <typename T>
+  T* data() const;  // checks the dtype
+  template <typename T>
+  std::vector<T> to_vector() const;  // copies to the host (synchronizes)
+  float item() const;                // the one element of an f32 tensor
+
+  // ---- copies and views ----
+  Tensor to(Device device) const;  // a copy on `device` (the same tensor if already there)
+  Tensor clone() const;            // a copy on the same device, outside the graph
+  Tensor detach() const;           // shares storage, outside the graph
+  Tensor reshape(const Shape& shape) const;  // a view; recorded by autograd
+  Tensor flatten(int start_dim = 1) const;   // a view; recorded by autograd
+  // Rows [start, start + length) along dim 0: a view (a batch of a dataset). Not recorded by
+  // autograd, so not allowed on tensors that require grad.
+  Tensor narrow_rows(int64_t start, int64_t length) const;
+  void copy_from(const Tensor& src);         // same shape and dtype, any devices
+
+  // ---- autograd ----
+  bool requires_grad() const;
+  Tensor& set_requires_grad(bool on);  // leaves only
+  bool is_leaf() const;
+  const std::shared_ptr<Node>& grad_fn() const;
+  // The accumulated gradient, or an undefined tensor if none was accumulated since the buffer
+  // was marked stale (the equivalent of PyTorch's `grad is None` after zero_grad()).
+  Tensor grad() const;
+  // The persistent buffer itself, whatever its state (undefined until first allocated).
+  Tensor grad_buffer() const;
+  bool grad_stale() const;
+  // The next backward overwrites the buffer instead of adding to it (zero_grad that costs nothing).
+  void mark_grad_stale() const;
+  // Allocates the persistent buffer now (category gradients) instead of at the first backward.
+  void allocate_grad() const;
+  // Reverse-mode from this scalar; the seed gradient is 1.
+  void backward() const;
+
+  std::string str() const;  // "Tensor[64, 784] f32 cpu"
+  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+
+ private:
+  TensorImpl& checked() const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  Tensor grad;                    // leaves: the persistent gradient buffer
+  bool grad_stale = true;         // buffer contents are logically zero
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  std::size_t offset_bytes = 0;
+  Shape shape;
+  DType dtype = DType::f32;
+  AutogradMeta autograd;
+};
+
+// Raw copy of `bytes` bytes between any two devices (synchronizes when the host reads).
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                std::size_t bytes);
+
+}  // namespace cumulus

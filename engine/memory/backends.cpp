@@ -1,0 +1,81 @@
+// The two backends under the caching layer, and the per-device allocator registry.
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "cumulus/core/error.h"
+#include "cumulus/memory/allocator.h"
+
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_check.h"
+#include "cumulus/core/cuda_context.h"
+#endif
+
+namespace cumulus {
+
+namespace {
+
+// Host memory aligned to 64 B (a cache line, and enough for any SIMD load OpenBLAS makes).
+class HostBackend final : public MemoryBackend {
+ public:
+  void* raw_alloc(std::size_t bytes) override { return std::aligned_alloc(64, bytes); }
+  void raw_free(void* ptr) noexcept override { std::free(ptr); }
+};
+
+#if CUMULUS_WITH_CUDA
+class CudaBackend final : public MemoryBackend {
+ public:
+  explicit CudaBackend(int index) : index_(index) {}
+  void* raw_alloc(std::size_t bytes) override {
+    cuda::DeviceGuard guard(index_);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear the sticky-free error so later calls do not see it
+      return nullptr;
+    }
+    CUMULUS_CUDA_CHECK(err);
+    return p;
+  }
+  void raw_free(void* ptr) noexcept override {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(index_);
+    CUMULUS_CUDA_WARN(cudaFree(ptr));
+    cudaSetDevice(previous);
+  }
+
+ private:
+  int index_;
+};
+#endif
+
+constexpr int kMaxCudaDevices = 64;
+
+}  // namespace
+
+CachingAllocator& allocator_for(const Device& device) {
+  // Allocators live until the process exits and are never destroyed: tensors with static
+  // storage duration may free into them during exit, after the CUDA context is gone.
+  static std::mutex mutex;
+  static CachingAllocator* cpu = nullptr;
+  static CachingAllocator* cuda[kMaxCudaDevices] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device.is_cpu()) {
+    if (cpu == nullptr) cpu = new CachingAllocator(device, std::make_unique<HostBackend>());
+    return *cpu;
+  }
+  check_device_available(device);
+  CUMULUS_CHECK(device.index() < kMaxCudaDevices, DeviceError, "device index too large: ", device.str());
+#if CUMULUS_WITH_CUDA
+  auto& slot = cuda[device.index()];
+  if (slot == nullptr)
+    slot = new CachingAllocator(device, std::make_unique<CudaBackend>(device.index()));
+  return *slot;
+#else
+  (void)cuda;
+  throw DeviceError("cumulus was built without CUDA");
+#endif
+}
+
+}  // namespace cumulus

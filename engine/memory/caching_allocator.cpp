@@ -1,0 +1,267 @@
+// Note [Caching allocator]
+// Requests are rounded up to 512 B. Requests up to 1 MiB are served from 2 MiB segments shared
+// by many blocks (the small pool); larger ones get a segment of their own, rounded to 2 MiB (the
+// large pool). A free block is found best-fit (smallest size >= request, then lowest address) and
+// split when the remainder is worth keeping (>= 512 B in the small pool, > 1 MiB in the large one,
+// so big blocks are not cut into slivers). Freed blocks coalesce with free neighbours of the same
+// segment. In the steady state of a training loop every request is met from the cache: no
+// cudaMalloc/cudaFree, no synchronization. All work of a device is on one stream, so a block freed
+// on the host may be handed out again at once: the next use is queued after the last.
+//
+// When the backend fails (or the memory limit would be passed), the wholly free segments are
+// returned to the backend and the request is tried once more; then OutOfMemory is thrown with the
+// request, the device and the usage by category. The allocator stays consistent and usable.
+#include "cumulus/memory/allocator.h"
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "cumulus/core/error.h"
+
+namespace cumulus {
+
+struct CachingAllocator::Block {
+  char* ptr = nullptr;
+  std::size_t size = 0;       // bytes this block spans in its segment
+  std::size_t requested = 0;  // while allocated: the rounded request, what the stats count
+  bool allocated = false;
+  bool small = false;
+  MemoryCategory category = MemoryCategory::other;
+  Block* prev = nullptr;  // neighbours within the same segment
+  Block* next = nullptr;
+};
+
+struct CachingAllocator::Pools {
+  // Best fit: smallest block first, then lowest address.
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  mutable std::mutex mutex;
+  std::set<Block*, BySize> small_free;
+  std::set<Block*, BySize> large_free;
+  std::vector<Block*> segments;  // first block of every segment held from the backend
+  MemoryStats stats;
+};
+
+namespace {
+std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+// ---- Allocation ------------------------------------------------------------------------------
+
+Allocation& Allocation::operator=(Allocation&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ptr_ = o.ptr_;
+    size_ = o.size_;
+    category_ = o.category_;
+    block_ = o.block_;
+    owner_ = o.owner_;
+    o.ptr_ = nullptr;
+    o.size_ = 0;
+    o.block_ = nullptr;
+    o.owner_ = nullptr;
+  }
+  return *this;
+}
+
+void Allocation::reset() noexcept {
+  if (owner_ != nullptr) owner_->release(block_);
+  ptr_ = nullptr;
+  size_ = 0;
+  block_ = nullptr;
+  owner_ = nullptr;
+}
+
+// ---- CachingAllocator ------------------------------------------------------------------------
+
+CachingAllocator::CachingAllocator(Device device, std::unique_ptr<MemoryBackend> backend)
+    : device_(device), backend_(std::move(backend)), pools_(std::make_unique<Pools>()) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Blocks still alive at exit (static tensors) are left to the OS; free the cached rest.
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  release_cached_segments_locked();
+}
+
+CachingAllocator::Block* CachingAllocator::allocate_segment_locked(std::size_t segment_bytes,
+                                                                   bool small) {
+  MemoryStats& st = pools_->stats;
+  if (st.limit > 0 && st.reserved + static_cast<int64_t>(segment_bytes) > st.limit) return nullptr;
+  void* p = backend_->raw_alloc(segment_bytes);
+  if (p == nullptr) return nullptr;
+  auto* b = new Block;
+  b->ptr = static_cast<char*>(p);
+  b->size = segment_bytes;
+  b->small = small;
+  pools_->segments.push_back(b);
+  st.reserved += static_cast<int64_t>(segment_bytes);
+  st.reserved_peak = std::max(st.reserved_peak, st.reserved);
+  st.backend_allocs += 1;
+  return b;
+}
+
+void CachingAllocator::release_cached_segments_locked() {
+  auto& segs = pools_->segments;
+  for (auto it = segs.begin(); it != segs.end();) {
+    Block* b = *it;
+    if (!b->allocated && b->next == nullptr) {  // a segment that is one free block
+      (b->small ? pools_->small_free : pools_->large_free).erase(b);
+      backend_->raw_free(b->ptr);
+      pools_->stats.reserved -= static_cast<int64_t>(b->size);
+      pools_->stats.backend_frees += 1;
+      delete b;
+      it = segs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CachingAllocator::throw_oom_locked(std::size_t bytes, MemoryCategory category) {
+  MemoryStats& st = pools_->stats;
+  st.oom_count += 1;
+  std::ostringstream os;
+  os << "out of memory on " << device_.str() << ": tried to allocate " << format_bytes(bytes)
+     << " (" << category_name(category) << ")";
+  if (st.limit > 0) os << "; memory limit " << format_bytes(st.limit);
+  os << "; reserved " << format_bytes(st.reserved) << ", allocated " << format_bytes(st.allocated)
+     << " [";
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    os << (c ? ", " : "") << category_name(static_cast<MemoryCategory>(c)) << " "
+       << format_bytes(st.by_category[c].current);
+  }
+  os << "]";
+  throw OutOfMemory(os.str());
+}
+
+Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
+  Allocation out;
+  if (bytes == 0) return out;
+  const std::size_t size = round_up(bytes, kRounding);
+  const bool small = size <= kSmallRequest;
+
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  auto& pool = small ? pools_->small_free : pools_->large_free;
+  Block key;
+  key.size = size;
+  auto it = pool.lower_bound(&key);
+  Block* block = nullptr;
+  if (it != pool.end()) {
+    block = *it;
+    pool.erase(it);
+  } else {
+    const std::size_t seg = small ? kSmallSegment : round_up(size, kLargeSegmentRounding);
+    block = allocate_segment_locked(seg, small);
+    if (block == nullptr) {
+      release_cached_segments_locked();
+      block = allocate_segment_locked(seg, small);
+    }
+    if (block == nullptr) throw_oom_locked(bytes, category);
+  }
+
+  const std::size_t remainder = block->size - size;
+  const bool split = small ? remainder >= kRounding : remainder > kSmallRequest;
+  if (split) {
+    auto* rest = new Block;
+    rest->ptr = block->ptr + size;
+    rest->size = remainder;
+    rest->small = small;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next) block->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool.insert(rest);
+  }
+  block->allocated = true;
+  block->requested = size;
+  block->category = category;
+
+  // Stats count the rounded request, not the block: an unsplit tail (< 1 MiB of a large segment)
+  // is cache, not usage, so parameter bytes equal the model's sizes up to the 512-B rounding.
+  MemoryStats& st = pools_->stats;
+  auto& cs = st.by_category[static_cast<std::size_t>(category)];
+  cs.current += static_cast<int64_t>(size);
+  cs.peak = std::max(cs.peak, cs.current);
+  cs.allocs += 1;
+  st.allocated += static_cast<int64_t>(size);
+  if (st.allocated > st.allocated_peak) {
+    st.allocated_peak = st.allocated;
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) st.at_peak[c] = st.by_category[c].current;
+  }
+
+  out.ptr_ = block->ptr;
+  out.size_ = size;
+  out.category_ = category;
+  out.block_ = block;
+  out.owner_ = this;
+  return out;
+}
+
+void CachingAllocator::release(void* opaque) noexcept {
+  auto* block = static_cast<Block*>(opaque);
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  MemoryStats& st = pools_->stats;
+  auto& cs = st.by_category[static_cast<std::size_t>(block->category)];
+  cs.current -= static_cast<int64_t>(block->requested);
+  cs.frees += 1;
+  st.allocated -= static_cast<int64_t>(block->requested);
+  block->allocated = false;
+
+  auto& pool = block->small ? pools_->small_free : pools_->large_free;
+  // Coalesce with free neighbours; the segment's first block keeps its identity (segments list).
+  if (Block* n = block->next; n && !n->allocated) {
+    pool.erase(n);
+    block->size += n->size;
+    block->next = n->next;
+    if (n->next) n->next->prev = block;
+    delete n;
+  }
+  if (Block* p = block->prev; p && !p->allocated) {
+    pool.erase(p);
+    p->size += block->size;
+    p->next = block->next;
+    if (block->next) block->next->prev = p;
+    delete block;
+    block = p;
+  }
+  pool.insert(block);
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  return pools_->stats;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  MemoryStats& st = pools_->stats;
+  for (auto& c : st.by_category) c.peak = c.current;
+  st.allocated_peak = st.allocated;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) st.at_peak[c] = st.by_category[c].current;
+  st.reserved_peak = st.reserved;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  release_cached_segments_locked();
+}
+
+void CachingAllocator::set_memory_limit(int64_t bytes) {
+  CUMULUS_CHECK(bytes >= 0, InvalidArgument, "set_memory_limit: negative limit ", bytes);
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  pools_->stats.limit = bytes;
+}
+
+int64_t CachingAllocator::memory_limit() const {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  return pools_->stats.limit;
+}
+
+}  // namespace cumulus

@@ -1,0 +1,55 @@
+#include "cumulus/memory/category.h"
+
+#include <cstdio>
+
+namespace cumulus {
+
+namespace {
+thread_local bool tls_scope_set = false;
+thread_local MemoryCategory tls_category = MemoryCategory::other;
+}  // namespace
+
+const char* category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::gradients: return "gradients";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::backward_temporaries: return "backward_temporaries";
+    case MemoryCategory::workspace: return "workspace";
+    case MemoryCategory::data: return "data";
+    case MemoryCategory::other: return "other";
+  }
+  return "unknown";
+}
+
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory c)
+    : previous_(tls_category), previous_set_(tls_scope_set) {
+  tls_category = c;
+  tls_scope_set = true;
+}
+
+MemoryCategoryScope::~MemoryCategoryScope() {
+  tls_category = previous_;
+  tls_scope_set = previous_set_;
+}
+
+MemoryCategory current_memory_category(MemoryCategory fallback) {
+  return tls_scope_set ? tls_category : fallback;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while ((v >= 1024.0 || v <= -1024.0) && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace cumulus

@@ -1,0 +1,47 @@
+// relu: y = max(x, 0), any shape. Backward dx = dy * (y > 0) reads the saved output, not the
+// input: the output is what the next op keeps alive anyway, so saving it costs no extra memory.
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
+#include "engine/ops/internal.h"
+
+namespace cumulus::ops {
+
+namespace {
+
+class ReluBackward final : public Node {
+ public:
+  explicit ReluBackward(Tensor y) : Node("relu"), y_(std::move(y)) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (!grads[0].needed()) return;
+    const Device device = dy.device();
+    GradSink::Target dx = grads[0].begin(y_.shape(), device);
+    const float* yp = y_.data<float>();
+    const float* dyp = dy.data<float>();
+    float* dxp = dx.tensor.data<float>();
+    const int64_t n = y_.numel();
+    CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, dx.beta, dxp, n),
+                     kernels::relu_backward_cuda(yp, dyp, dx.beta, dxp, n, stream));
+  }
+  void release_saved() override { y_ = Tensor(); }
+
+ private:
+  Tensor y_;
+};
+
+}  // namespace
+
+Tensor relu(const Tensor& x) {
+  detail::check_dtype("relu", "input", x, DType::f32);
+  const Device device = x.device();
+  Tensor y = detail::new_output(x.shape(), DType::f32, device);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  const int64_t n = x.numel();
+  CUMULUS_DISPATCH(device, kernels::relu_forward_cpu(xp, yp, n),
+                   kernels::relu_forward_cuda(xp, yp, n, stream));
+  if (should_record({&x})) attach_node(y, std::make_shared<ReluBackward>(y.detach()), {&x});
+  return y;
+}
+
+}  // namespace cumulus::ops

@@ -1,0 +1,74 @@
+// cross_entropy: softmax cross-entropy of logits [B, C] against i32 labels [B] -> scalar.
+// Saves the logits and labels (both alive anyway: the logits are the last Linear's output) and
+// recomputes the softmax in backward rather than keeping a [B, C] probability tensor.
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
+#include "engine/ops/internal.h"
+
+namespace cumulus::ops {
+
+namespace {
+
+class CrossEntropyBackward final : public Node {
+ public:
+  CrossEntropyBackward(Tensor logits, Tensor labels, float scale)
+      : Node("cross_entropy"), logits_(std::move(logits)), labels_(std::move(labels)), scale_(scale) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (!grads[0].needed()) return;
+    const Device device = dy.device();
+    GradSink::Target dx = grads[0].begin(logits_.shape(), device);
+    const float* lp = logits_.data<float>();
+    const int32_t* yp = labels_.data<int32_t>();
+    const float* g = dy.data<float>();
+    float* dxp = dx.tensor.data<float>();
+    const int64_t b = logits_.size(0), c = logits_.size(1);
+    CUMULUS_DISPATCH(device, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, dx.beta, dxp),
+                     kernels::cross_entropy_backward_cuda(lp, yp, b, c, g, scale_, dx.beta, dxp, stream));
+  }
+  void release_saved() override {
+    logits_ = Tensor();
+    labels_ = Tensor();
+  }
+
+ private:
+  Tensor logits_, labels_;
+  float scale_;
+};
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction) {
+  constexpr const char* op = "cross_entropy";
+  detail::check_dtype(op, "logits", logits, DType::f32);
+  detail::check_dtype(op, "labels", labels, DType::i32);
+  CUMULUS_CHECK(logits.ndim() == 2 && logits.size(1) > 0, ShapeError, op,
+                ": logits must be [batch, classes > 0], got ", logits.shape().str());
+  CUMULUS_CHECK(labels.ndim() == 1 && labels.size(0) == logits.size(0), ShapeError, op, ": labels ",
+                labels.shape().str(), " do not match logits ", logits.shape().str());
+  detail::check_same_device(op, "labels", labels, logits);
+
+  const Device device = logits.device();
+  const int64_t b = logits.size(0), c = logits.size(1);
+  const float scale = reduction == Reduction::Mean ? (b > 0 ? 1.0f / static_cast<float>(b) : NAN) : 1.0f;
+  Tensor loss = detail::new_output(Shape{}, DType::f32, device);
+  const float* lp = logits.data<float>();
+  const int32_t* yp = labels.data<int32_t>();
+  float* out = loss.data<float>();
+  if (device.is_cpu()) {
+    const int64_t bad = kernels::cross_entropy_forward_cpu(lp, yp, b, c, scale, out);
+    CUMULUS_CHECK(bad < 0, InvalidArgument, op, ": label ", bad >= 0 ? yp[bad] : 0, " at row ", bad,
+                  " is outside [0, ", c, ")");
+  } else {
+    Tensor row_loss = detail::new_output(Shape{b}, DType::f32, device);  // freed on return
+    float* rl = row_loss.data<float>();
+    CUMULUS_DISPATCH(device, (void)rl /* CPU handled above */,
+                     kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out, stream));
+  }
+  if (should_record({&logits}))
+    attach_node(loss, std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), scale),
+                {&logits});
+  return loss;
+}
+
+}  // namespace cumulus::ops

@@ -1,0 +1,70 @@
+// Private helpers shared by the op implementations and the autograd engine.
+#pragma once
+
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/core/error.h"
+#include "cumulus/tensor/tensor.h"
+
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_context.h"
+#include "kernels/cuda/kernels.h"
+#endif
+#include "kernels/cpu/kernels.h"
+
+// CUMULUS_DISPATCH(device, cpu_statement, cuda_statement): runs the launcher for the device.
+// In the CUDA branch `stream` and `cublas_handle()` name the device's stream and cuBLAS handle,
+// and the device is current.
+#if CUMULUS_WITH_CUDA
+#define CUMULUS_DISPATCH(device, cpu_stmt, cuda_stmt)                            \
+  do {                                                                           \
+    if ((device).is_cuda()) {                                                    \
+      ::cumulus::cuda::DeviceGuard cumulus_guard_((device).index());            \
+      [[maybe_unused]] cudaStream_t stream = ::cumulus::cuda::stream((device).index()); \
+      [[maybe_unused]] auto cublas_handle = [&] { return ::cumulus::cuda::cublas((device).index()); }; \
+      cuda_stmt;                                                                 \
+    } else {                                                                     \
+      cpu_stmt;                                                                  \
+    }                                                                            \
+  } while (0)
+#else
+#define CUMULUS_DISPATCH(device, cpu_stmt, cuda_stmt)                                \
+  do {                                                                               \
+    if ((device).is_cuda()) throw ::cumulus::DeviceError("cumulus was built without CUDA"); \
+    cpu_stmt;                                                                        \
+  } while (0)
+#endif
+
+namespace cumulus::ops::detail {
+
+// The category for an op's output: the innermost scope's, else activations while the graph is
+// being recorded (grad mode on), else other. See DESIGN.md, decision 4.
+inline MemoryCategory output_category() {
+  return current_memory_category(GradMode::enabled() ? MemoryCategory::activations
+                                                     : MemoryCategory::other);
+}
+
+inline Tensor new_output(const Shape& shape, DType dtype, const Device& device) {
+  MemoryCategoryScope scope(output_category());
+  return Tensor::empty(shape, dtype, device);
+}
+
+// dst = src + beta * dst (beta 0 overwrites without reading dst). f32, same shape and device.
+void accumulate_into(const Tensor& dst, const Tensor& src, float beta);
+
+// Allocates a leaf's persistent gradient buffer (category gradients), contents stale.
+void allocate_grad_buffer(TensorImpl& leaf);
+
+inline void check_dtype(const char* op, const char* what, const Tensor& t, DType expected) {
+  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined");
+  CUMULUS_CHECK(t.dtype() == expected, InvalidArgument, op, ": ", what, " must be ",
+                dtype_name(expected), ", got ", dtype_name(t.dtype()));
+}
+
+inline void check_same_device(const char* op, const char* what, const Tensor& t, const Tensor& ref) {
+  CUMULUS_CHECK(t.device() == ref.device(), DeviceError, op, ": ", what, " is on ", t.device().str(),
+                " but the input is on ", ref.device().str());
+}
+
+inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
+
+}  // namespace cumulus::ops::detail

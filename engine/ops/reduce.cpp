@@ -1,0 +1,64 @@
+// sum / mean of all elements -> a scalar. Backward broadcasts the scalar gradient (times 1/n for
+// mean) without reading it on the host: the kernel takes its device pointer. Nothing is saved.
+// argmax: row-wise index of the maximum, no gradient.
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
+#include "engine/ops/internal.h"
+
+namespace cumulus::ops {
+
+namespace {
+
+class SumBackward final : public Node {
+ public:
+  SumBackward(const char* name, Shape input_shape, float scale)
+      : Node(name), input_shape_(input_shape), scale_(scale) {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (!grads[0].needed()) return;
+    const Device device = dy.device();
+    GradSink::Target dx = grads[0].begin(input_shape_, device);
+    const float* g = dy.data<float>();
+    float* dxp = dx.tensor.data<float>();
+    const int64_t n = input_shape_.numel();
+    CUMULUS_DISPATCH(device, kernels::fill_from_scalar_cpu(g, scale_, dx.beta, dxp, n),
+                     kernels::fill_from_scalar_cuda(g, scale_, dx.beta, dxp, n, stream));
+  }
+
+ private:
+  Shape input_shape_;
+  float scale_;
+};
+
+Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
+  detail::check_dtype(op, "input", x, DType::f32);
+  const Device device = x.device();
+  const int64_t n = x.numel();
+  const float scale = mean ? (n > 0 ? 1.0f / static_cast<float>(n) : NAN) : 1.0f;
+  Tensor y = detail::new_output(Shape{}, DType::f32, device);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  CUMULUS_DISPATCH(device, kernels::sum_all_cpu(xp, n, scale, yp),
+                   kernels::sum_all_cuda(xp, n, scale, yp, stream));
+  if (should_record({&x})) attach_node(y, std::make_shared<SumBackward>(op, x.shape(), scale), {&x});
+  return y;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) { return reduce_all("sum", x, false); }
+Tensor mean(const Tensor& x) { return reduce_all("mean", x, true); }
+
+Tensor argmax(const Tensor& x) {
+  detail::check_dtype("argmax", "input", x, DType::f32);
+  CUMULUS_CHECK(x.ndim() == 2 && x.size(1) > 0, ShapeError, "argmax: input must be [rows, cols > 0], got ",
+                x.shape().str());
+  const Device device = x.device();
+  Tensor out = detail::new_output(Shape{x.size(0)}, DType::i32, device);
+  const float* xp = x.data<float>();
+  int32_t* op = out.data<int32_t>();
+  CUMULUS_DISPATCH(device, kernels::argmax_rows_cpu(xp, x.size(0), x.size(1), op),
+                   kernels::argmax_rows_cuda(xp, x.size(0), x.size(1), op, stream));
+  return out;
+}
+
+}  // namespace cumulus::ops

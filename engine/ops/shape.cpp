@@ -1,0 +1,58 @@
+// reshape / flatten: views over the same storage (no copy, no allocation). Backward hands the
+// gradient on as a view with the input's shape.
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
+#include "engine/ops/internal.h"
+
+namespace cumulus::ops {
+
+namespace {
+
+class ReshapeBackward final : public Node {
+ public:
+  explicit ReshapeBackward(Shape input_shape) : Node("reshape"), input_shape_(input_shape) {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (grads[0].needed()) grads[0].give(dy.detach().reshape(input_shape_));
+  }
+
+ private:
+  Shape input_shape_;
+};
+
+Tensor view(const Tensor& x, const Shape& shape) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = x.impl()->storage;
+  impl->offset_bytes = x.impl()->offset_bytes;
+  impl->shape = shape;
+  impl->dtype = x.dtype();
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  CUMULUS_CHECK(x.defined(), InvalidArgument, "reshape: input is undefined");
+  CUMULUS_CHECK(shape.numel() == x.numel(), ShapeError, "reshape: cannot view ", x.shape().str(),
+                " (", x.numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+  Tensor y = view(x, shape);
+  if (should_record({&x})) attach_node(y, std::make_shared<ReshapeBackward>(x.shape()), {&x});
+  return y;
+}
+
+Tensor flatten(const Tensor& x, int start_dim) {
+  CUMULUS_CHECK(x.defined(), InvalidArgument, "flatten: input is undefined");
+  const int n = x.ndim();
+  const int start = start_dim < 0 ? start_dim + n : start_dim;
+  CUMULUS_CHECK(start >= 0 && start <= n, ShapeError, "flatten: start_dim ", start_dim,
+                " out of range for ", x.shape().str());
+  Shape s;
+  int64_t merged = 1;
+  for (int i = 0; i < n; ++i) {
+    if (i < start) s.push_back(x.shape()[i]);
+    else merged *= x.shape()[i];
+  }
+  if (start < n || n == 0) s.push_back(merged);
+  return reshape(x, s);
+}
+
+}  // namespace cumulus::ops

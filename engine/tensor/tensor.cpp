@@ -1,0 +1,233 @@
+#include "cumulus/tensor/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
+#include "engine/ops/internal.h"
+
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_check.h"
+#include "cumulus/core/cuda_context.h"
+#endif
+
+namespace cumulus {
+
+// ---- copies between devices ------------------------------------------------------------------
+
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if CUMULUS_WITH_CUDA
+  // Queued on the CUDA device's stream, so it is ordered after the ops that produced `src` and
+  // before those that will read `dst`. A host destination is complete when this returns.
+  const Device& gpu = dst_device.is_cuda() ? dst_device : src_device;
+  cuda::DeviceGuard guard(gpu.index());
+  cudaStream_t s = cuda::stream(gpu.index());
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+    CUMULUS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes, s));
+    CUMULUS_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  CUMULUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (dst_device.is_cpu()) CUMULUS_CUDA_CHECK(cudaStreamSynchronize(s));
+#else
+  throw DeviceError("copy involving " + (dst_device.is_cuda() ? dst_device : src_device).str() +
+                    ": cumulus was built without CUDA");
+#endif
+}
+
+// ---- factories -------------------------------------------------------------------------------
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>();
+  impl->storage->device = device;
+  impl->storage->memory = allocator_for(device).allocate(
+      static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), current_memory_category());
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device.is_cpu()) {
+    std::memset(t.raw_data(), 0, t.nbytes());
+  } else {
+#if CUMULUS_WITH_CUDA
+    cuda::DeviceGuard guard(device.index());
+    CUMULUS_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), cuda::stream(device.index())));
+#endif
+  }
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, Device device) {
+  Tensor t = empty(shape, DType::f32, device);
+  CUMULUS_DISPATCH(device, kernels::fill_cpu(t.data<float>(), value, t.numel()),
+                   kernels::fill_cuda(t.data<float>(), value, t.numel(), stream));
+  return t;
+}
+
+template <typename T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
+  CUMULUS_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), ShapeError, "from_vector: ",
+                values.size(), " values for shape ", shape.str());
+  Tensor t = empty(shape, dtype_of<T>::value, device);
+  copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  return t;
+}
+
+template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device);
+template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device);
+template Tensor Tensor::from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, Device);
+
+// ---- metadata and data -----------------------------------------------------------------------
+
+TensorImpl& Tensor::checked() const {
+  CUMULUS_CHECK(impl_ != nullptr, InvalidArgument, "use of an undefined tensor");
+  return *impl_;
+}
+
+const Shape& Tensor::shape() const { return checked().shape; }
+int64_t Tensor::numel() const { return checked().shape.numel(); }
+DType Tensor::dtype() const { return checked().dtype; }
+Device Tensor::device() const { return checked().storage->device; }
+MemoryCategory Tensor::memory_category() const { return checked().storage->memory.category(); }
+
+int64_t Tensor::size(int dim) const {
+  const int n = ndim();
+  const int d = dim < 0 ? dim + n : dim;
+  CUMULUS_CHECK(d >= 0 && d < n, ShapeError, "size(", dim, ") of a tensor of shape ", shape().str());
+  return shape()[d];
+}
+
+void* Tensor::raw_data() const {
+  TensorImpl& t = checked();
+  return static_cast<char*>(t.storage->memory.get()) + t.offset_bytes;
+}
+
+template <typename T>
+T* Tensor::data() const {
+  CUMULUS_CHECK(dtype() == dtype_of<T>::value, InvalidArgument, "data<", dtype_name(dtype_of<T>::value),
+                ">() on a tensor of dtype ", dtype_name(dtype()));
+  return static_cast<T*>(raw_data());
+}
+template float* Tensor::data<float>() const;
+template int32_t* Tensor::data<int32_t>() const;
+template uint8_t* Tensor::data<uint8_t>() const;
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  std::vector<T> out(static_cast<std::size_t>(numel()));
+  copy_bytes(out.data(), Device::cpu(), data<T>(), device(), nbytes());
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+float Tensor::item() const {
+  CUMULUS_CHECK(numel() == 1, ShapeError, "item() on a tensor of shape ", shape().str());
+  return to_vector<float>()[0];
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  return "Tensor" + shape().str() + " " + dtype_name(dtype()) + " " + device().str();
+}
+
+// ---- copies and views ------------------------------------------------------------------------
+
+Tensor Tensor::to(Device target) const {
+  if (device() == target) return *this;
+  Tensor t = empty(shape(), dtype(), target);
+  copy_bytes(t.raw_data(), target, raw_data(), device(), nbytes());
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape(), dtype(), device());
+  copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes());
+  return t;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = checked().storage;
+  impl->offset_bytes = impl_->offset_bytes;
+  impl->shape = impl_->shape;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::narrow_rows(int64_t start, int64_t length) const {
+  CUMULUS_CHECK(ndim() >= 1, ShapeError, "narrow_rows on a scalar");
+  CUMULUS_CHECK(start >= 0 && length >= 0 && start + length <= size(0), ShapeError, "narrow_rows(",
+                start, ", ", length, ") out of range for ", shape().str());
+  CUMULUS_CHECK(!requires_grad(), InvalidArgument, "narrow_rows on a tensor that requires grad");
+  Tensor v = detach();
+  Shape s{length};
+  for (int d = 1; d < ndim(); ++d) s.push_back(shape()[d]);
+  v.impl_->offset_bytes += static_cast<std::size_t>(start) * (numel() / std::max<int64_t>(size(0), 1)) *
+                           dtype_size(dtype());
+  v.impl_->shape = s;
+  return v;
+}
+
+Tensor Tensor::reshape(const Shape& s) const { return ops::reshape(*this, s); }
+Tensor Tensor::flatten(int start_dim) const { return ops::flatten(*this, start_dim); }
+
+void Tensor::copy_from(const Tensor& src) {
+  CUMULUS_CHECK(src.shape() == shape() && src.dtype() == dtype(), ShapeError, "copy_from: ",
+                src.str(), " into ", str());
+  copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+}
+
+// ---- autograd --------------------------------------------------------------------------------
+
+bool Tensor::requires_grad() const { return checked().autograd.requires_grad; }
+bool Tensor::is_leaf() const { return checked().autograd.grad_fn == nullptr; }
+const std::shared_ptr<Node>& Tensor::grad_fn() const { return checked().autograd.grad_fn; }
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  CUMULUS_CHECK(is_leaf(), InvalidArgument, "set_requires_grad on a non-leaf tensor (made by op '",
+                grad_fn()->name(), "'); use detach() first");
+  CUMULUS_CHECK(!on || dtype() == DType::f32, InvalidArgument, "only f32 tensors can require grad, got ",
+                dtype_name(dtype()));
+  impl_->autograd.requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  const AutogradMeta& m = checked().autograd;
+  return (m.grad.defined() && !m.grad_stale) ? m.grad : Tensor();
+}
+
+Tensor Tensor::grad_buffer() const { return checked().autograd.grad; }
+bool Tensor::grad_stale() const { return checked().autograd.grad_stale; }
+void Tensor::mark_grad_stale() const { checked().autograd.grad_stale = true; }
+
+void Tensor::allocate_grad() const {
+  CUMULUS_CHECK(requires_grad() && is_leaf(), InvalidArgument,
+                "allocate_grad: only leaves that require grad own a gradient buffer");
+  if (!impl_->autograd.grad.defined()) ops::detail::allocate_grad_buffer(*impl_);
+}
+
+void Tensor::backward() const { run_backward(*this); }
+
+namespace ops::detail {
+void allocate_grad_buffer(TensorImpl& leaf) {
+  MemoryCategoryScope scope(MemoryCategory::gradients);
+  leaf.autograd.grad = Tensor::empty(leaf.shape, DType::f32, leaf.storage->device);
+  leaf.autograd.grad_stale = true;
+}
+}  // namespace ops::detail
+
+}  // namespace cumulus

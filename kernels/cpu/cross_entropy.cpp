@@ -1,0 +1,53 @@
+// Softmax cross-entropy over integer labels.
+//   forward:  loss = scale * sum_i (m_i + log sum_j exp(x_ij - m_i) - x_i,y_i), m_i = max_j x_ij
+//   backward: dx_ij = scale * g * (softmax(x_i)_j - [j == y_i]); needs the logits and labels only.
+#include <cmath>
+
+#include "kernels/cpu/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+// max and log-sum-exp of one row, stable for any magnitude.
+inline void row_stats(const float* x, int64_t n, float& max_out, float& lse_out) {
+  float m = x[0];
+  for (int64_t j = 1; j < n; ++j) m = std::fmax(m, x[j]);
+  double s = 0.0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(x[j] - m));
+  max_out = m;
+  lse_out = m + static_cast<float>(std::log(s));
+}
+}  // namespace
+
+int64_t cross_entropy_forward_cpu(const float* logits, const int32_t* labels, int64_t batch,
+                                  int64_t classes, float scale, float* loss) {
+  double total = 0.0;
+  for (int64_t i = 0; i < batch; ++i) {
+    const int32_t y = labels[i];
+    if (y < 0 || y >= classes) return i;
+    const float* x = logits + i * classes;
+    float m, lse;
+    row_stats(x, classes, m, lse);
+    total += static_cast<double>(lse) - x[y];
+  }
+  loss[0] = static_cast<float>(total * scale);
+  return -1;
+}
+
+void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int64_t batch,
+                                int64_t classes, const float* grad_loss, float scale, float beta,
+                                float* dlogits) {
+  const float g = scale * grad_loss[0];
+  for (int64_t i = 0; i < batch; ++i) {
+    const float* x = logits + i * classes;
+    float* dx = dlogits + i * classes;
+    float m, lse;
+    row_stats(x, classes, m, lse);
+    for (int64_t j = 0; j < classes; ++j) {
+      const float v = g * (std::exp(x[j] - lse) - (j == labels[i] ? 1.0f : 0.0f));
+      dx[j] = beta == 0.0f ? v : v + beta * dx[j];
+    }
+  }
+}
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,63 @@
+// Elementwise ops and reductions on the CPU: plain loops the compiler vectorizes. Where beta is 0
+// the destination is never read (it may hold stale values or NaN).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
+}  // namespace
+
+void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
+}
+
+void sum_rows_cpu(const float* x, int64_t rows, int64_t cols, float beta, float* out) {
+  if (beta == 0.0f) std::fill(out, out + cols, 0.0f);
+  else if (beta != 1.0f) for (int64_t c = 0; c < cols; ++c) out[c] *= beta;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
+  }
+}
+
+void sum_all_cpu(const float* x, int64_t n, float scale, float* out) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  out[0] = static_cast<float>(s * scale);
+}
+
+void relu_forward_cpu(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void relu_backward_cpu(const float* y, const float* dy, float beta, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = blend(y[i] > 0.0f ? dy[i] : 0.0f, beta, dx[i]);
+}
+
+void fill_cpu(float* out, float value, int64_t n) { std::fill(out, out + n, value); }
+
+void fill_from_scalar_cpu(const float* scalar, float scale, float beta, float* out, int64_t n) {
+  const float v = scale * scalar[0];
+  for (int64_t i = 0; i < n; ++i) out[i] = blend(v, beta, out[i]);
+}
+
+void accumulate_cpu(const float* x, float beta, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = blend(x[i], beta, y[i]);
+}
+
+void sgd_update_cpu(float* w, const float* g, float lr, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+}
+
+void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    out[r] = static_cast<int32_t>(std::max_element(xr, xr + cols) - xr);
+  }
+}
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,46 @@
+// CPU launchers. Row-major, f32 unless noted. Every launcher that writes a gradient takes a beta:
+// 0 overwrites without reading the destination (it may hold stale or uninitialized values),
+// 1 adds to it. See Note [Gradient sinks] in engine/include/cumulus/autograd/node.h.
+#pragma once
+
+#include <cstdint>
+
+namespace cumulus::kernels {
+
+// c[m, n] = alpha * op(a)[m, k] * op(b)[k, n] + beta * c; op transposes when trans_* is set.
+void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc);
+
+// out[r, :] = row for every r of [rows, cols].
+void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out);
+// out[c] = sum_r x[r, c] + beta * out[c]   (x: [rows, cols]; the bias gradient)
+void sum_rows_cpu(const float* x, int64_t rows, int64_t cols, float beta, float* out);
+// out[0] = scale * sum_i x[i]   (accumulated in double)
+void sum_all_cpu(const float* x, int64_t n, float scale, float* out);
+
+void relu_forward_cpu(const float* x, float* y, int64_t n);
+// dx = dy * (y > 0) + beta * dx
+void relu_backward_cpu(const float* y, const float* dy, float beta, float* dx, int64_t n);
+
+void fill_cpu(float* out, float value, int64_t n);
+// out = scale * scalar[0] + beta * out
+void fill_from_scalar_cpu(const float* scalar, float scale, float beta, float* out, int64_t n);
+// y = x + beta * y
+void accumulate_cpu(const float* x, float beta, float* y, int64_t n);
+// w -= lr * g
+void sgd_update_cpu(float* w, const float* g, float lr, int64_t n);
+
+// loss[0] = scale * sum_i (logsumexp(logits_i) - logits_i[labels_i]); logits: [B, C], labels: [B].
+// Returns the index of the first row whose label is outside [0, C), or -1.
+int64_t cross_entropy_forward_cpu(const float* logits, const int32_t* labels, int64_t batch,
+                                  int64_t classes, float scale, float* loss);
+// dlogits = scale * grad_loss[0] * (softmax(logits) - onehot(labels)) + beta * dlogits
+void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int64_t batch,
+                                int64_t classes, const float* grad_loss, float scale, float beta,
+                                float* dlogits);
+
+// out[r] = index of the first maximum of x[r, :]
+void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out);
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,98 @@
+// Softmax cross-entropy over integer labels on CUDA (the math: kernels/cpu/cross_entropy.cpp).
+// One warp per row: lanes stride over the classes, the max and the sum of exponentials are reduced
+// with shuffles, so a row of any width costs one pass for the max and one for the sum.
+//   forward:  per-row losses into scratch, then the deterministic one-block sum (reduce.cu).
+//   backward: dx = scale * g * (softmax - onehot) (+ beta * dx); recomputes the row statistics
+//             from the saved logits instead of saving the softmax (saves B x C floats).
+// A label outside [0, C) makes the row's loss NaN: a kernel cannot throw, and a host-side check
+// would synchronize every micro-batch. The optimizer's non-finite guard then sees it.
+#include <cmath>
+
+#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// log-sum-exp of row x[0..n), computed by the whole warp; every lane gets the result.
+__device__ __forceinline__ float warp_logsumexp(const float* x, int64_t n, int lane) {
+  float m = -INFINITY;
+  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, x[j]);
+  m = warp_max(m);
+  float s = 0.0f;
+  for (int64_t j = lane; j < n; j += kWarp) s += expf(x[j] - m);
+  s = warp_sum(s);
+  return m + logf(s);
+}
+
+__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* labels,
+                                             int64_t batch, int64_t classes, float* row_loss) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= batch) return;
+  const float* x = logits + row * classes;
+  const float lse = warp_logsumexp(x, classes, lane);
+  if (lane == 0) {
+    const int32_t y = labels[row];
+    row_loss[row] = (y >= 0 && y < classes) ? lse - x[y] : NAN;
+  }
+}
+
+__global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* labels,
+                                              int64_t batch, int64_t classes,
+                                              const float* grad_loss, float scale, float beta,
+                                              float* dlogits) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= batch) return;
+  const float* x = logits + row * classes;
+  float* dx = dlogits + row * classes;
+  const float lse = warp_logsumexp(x, classes, lane);
+  const float g = scale * grad_loss[0];
+  const int32_t y = labels[row];
+  for (int64_t j = lane; j < classes; j += kWarp) {
+    const float v = g * (expf(x[j] - lse) - (j == y ? 1.0f : 0.0f));
+    dx[j] = beta == 0.0f ? v : v + beta * dx[j];
+  }
+}
+
+inline unsigned blocks_for_rows(int64_t batch) {
+  return static_cast<unsigned>((batch + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,
+                                int64_t classes, float scale, float* row_loss, float* loss,
+                                cudaStream_t stream) {
+  if (batch > 0) {
+    cross_entropy_forward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
+        logits, labels, batch, classes, row_loss);
+    CUMULUS_LAUNCH_CHECK();
+  }
+  sum_all_cuda(row_loss, batch, scale, loss, stream);
+}
+
+void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int64_t batch,
+                                 int64_t classes, const float* grad_loss, float scale, float beta,
+                                 float* dlogits, cudaStream_t stream) {
+  if (batch == 0) return;
+  cross_entropy_backward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
+      logits, labels, batch, classes, grad_loss, scale, beta, dlogits);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+}  // namespace cumulus::kernels

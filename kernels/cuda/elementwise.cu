@@ -1,0 +1,99 @@
+// Elementwise ops on CUDA: one thread per element over a grid-stride loop. Where beta is 0 the
+// destination is never read.
+#include <algorithm>
+
+#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
+}
+
+__device__ __forceinline__ float blend(float value, float beta, float old) {
+  return beta == 0.0f ? value : value + beta * old;
+}
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+__global__ void broadcast_rows_kernel(const float* row, int64_t rows, int64_t cols, float* out) {
+  GRID_STRIDE(i, rows * cols) out[i] = row[i % cols];
+}
+
+__global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
+  GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void relu_backward_kernel(const float* y, const float* dy, float beta, float* dx, int64_t n) {
+  GRID_STRIDE(i, n) dx[i] = blend(y[i] > 0.0f ? dy[i] : 0.0f, beta, dx[i]);
+}
+
+__global__ void fill_kernel(float* out, float value, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = value;
+}
+
+__global__ void fill_from_scalar_kernel(const float* scalar, float scale, float beta, float* out, int64_t n) {
+  const float v = scale * scalar[0];
+  GRID_STRIDE(i, n) out[i] = blend(v, beta, out[i]);
+}
+
+__global__ void accumulate_kernel(const float* x, float beta, float* y, int64_t n) {
+  GRID_STRIDE(i, n) y[i] = blend(x[i], beta, y[i]);
+}
+
+__global__ void sgd_update_kernel(float* w, const float* g, float lr, int64_t n) {
+  GRID_STRIDE(i, n) w[i] -= lr * g[i];
+}
+
+}  // namespace
+
+void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  broadcast_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(row, rows, cols, out);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void relu_forward_cuda(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void relu_backward_cuda(const float* y, const float* dy, float beta, float* dx, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, dy, beta, dx, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, value, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
+                           cudaStream_t stream) {
+  if (n == 0) return;
+  fill_from_scalar_kernel<<<blocks_for(n), kThreads, 0, stream>>>(scalar, scale, beta, out, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  accumulate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, beta, y, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void sgd_update_cuda(float* w, const float* g, float lr, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, lr, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,42 @@
+// CUDA launchers: the same ops and contracts as kernels/cpu/kernels.h (beta 0 never reads the
+// destination), queued on `stream`. Pointers are device pointers, including scalar inputs such as
+// grad_loss, so no launcher synchronizes with the host.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cumulus::kernels {
+
+// Row-major c[m, n] = alpha * op(a) * op(b) + beta * c, through cuBLAS (FP32, no TF32).
+void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+               float* c, int64_t ldc);
+
+void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream);
+void sum_rows_cuda(const float* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream);
+// out[0] = scale * sum_i x[i]; one block, fixed order: deterministic run to run.
+void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream_t stream);
+
+void relu_forward_cuda(const float* x, float* y, int64_t n, cudaStream_t stream);
+void relu_backward_cuda(const float* y, const float* dy, float beta, float* dx, int64_t n, cudaStream_t stream);
+
+void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream);
+void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
+                           cudaStream_t stream);
+void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream);
+void sgd_update_cuda(float* w, const float* g, float lr, int64_t n, cudaStream_t stream);
+
+// row_loss: scratch of `batch` floats. A label outside [0, C) makes that row's loss NaN.
+void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,
+                                int64_t classes, float scale, float* row_loss, float* loss,
+                                cudaStream_t stream);
+void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int64_t batch,
+                                 int64_t classes, const float* grad_loss, float scale, float beta,
+                                 float* dlogits, cudaStream_t stream);
+
+void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,71 @@
+// Reductions on CUDA.
+//   sum_rows: out[c] = sum_r x[r, c] (+ beta * out[c]): the bias gradient, accumulated in its own
+//             kernel (Note [Gradient sinks]). One thread per column walks the rows, so neighbouring
+//             threads read neighbouring addresses; the order is fixed, so results are reproducible.
+//   sum_all:  one block, each thread a strided partial sum, then a tree in shared memory:
+//             deterministic (no atomics), and enough for the scalars we reduce (losses, small x).
+//   argmax_rows: one thread per row.
+#include <algorithm>
+
+#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, float beta, float* out) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
+  out[c] = beta == 0.0f ? s : s + beta * out[c];
+}
+
+__global__ void sum_all_kernel(const float* x, int64_t n, float scale, float* out) {
+  __shared__ float partial[kThreads];
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = scale * partial[0];
+}
+
+__global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const float* xr = x + r * cols;
+  int32_t best = 0;
+  for (int64_t j = 1; j < cols; ++j)
+    if (xr[j] > xr[best]) best = static_cast<int32_t>(j);
+  out[r] = best;
+}
+
+inline unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+void sum_rows_cuda(const float* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream) {
+  if (cols == 0) return;
+  sum_rows_kernel<<<blocks(cols), kThreads, 0, stream>>>(x, rows, cols, beta, out);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream_t stream) {
+  sum_all_kernel<<<1, kThreads, 0, stream>>>(x, n, scale, out);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  argmax_rows_kernel<<<blocks(rows), kThreads, 0, stream>>>(x, rows, cols, out);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,47 @@
+// Shared test helpers: the device parameterization (every case on CPU, the same case on CUDA when
+// a GPU is present, skipped otherwise) and comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cumulus/core/device.h"
+
+namespace cumulus::testing {
+
+inline std::vector<Device> all_devices() { return {Device::cpu(), Device::cuda(0)}; }
+
+inline std::string device_name(const ::testing::TestParamInfo<Device>& info) {
+  return info.param.is_cpu() ? "cpu" : "cuda";
+}
+
+// Fixture for tests parameterized over devices.
+class DeviceTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam().is_cuda() && !cuda_available())
+      GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  }
+  Device device() const { return GetParam(); }
+};
+
+#define CUMULUS_INSTANTIATE_DEVICES(Suite)                                              \
+  INSTANTIATE_TEST_SUITE_P(Devices, Suite, ::testing::ValuesIn(::cumulus::testing::all_devices()), \
+                           ::cumulus::testing::device_name)
+
+// max |a - b| / max(max |b|, floor): the relative error measure the issues use.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-12) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = floor;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+}  // namespace cumulus::testing
