@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages cumulus builds with, if any is missing (needs root or sudo).
+# The CUDA toolkit is not a Debian package here: when nvcc is absent the build is CPU only.
+set -euo pipefail
+packages=(cmake make g++ libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+          libcli11-dev nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
