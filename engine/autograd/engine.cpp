@@ -83,7 +83,7 @@ void attach_node(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<
 
 // ---- the walk --------------------------------------------------------------------------------
 
-void run_backward(const Tensor& root) {
+void run_backward(const Tensor& root, float seed_value) {
   CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
   CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
                 "backward: the tensor does not require grad (no parameter or input that requires "
@@ -92,7 +92,7 @@ void run_backward(const Tensor& root) {
 
   NoGradGuard no_grad;
   MemoryCategoryScope category(MemoryCategory::backward_temporaries);
-  const Tensor seed = Tensor::full(root.shape(), 1.0f, root.device());
+  const Tensor seed = Tensor::full(root.shape(), seed_value, root.device());
 
   if (root.is_leaf()) {
     GradSink::leaf(root.impl().get()).give(seed);

@@ -1,4 +1,4 @@
-// In-place updates outside autograd: gradient accumulation into a sink and the plain SGD step.
+// Gradient accumulation into a sink, outside autograd (used by GradSink::give).
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
 
@@ -18,18 +18,5 @@ void accumulate_into(const Tensor& dst, const Tensor& src, float beta) {
                    kernels::accumulate_cuda(s, beta, d, n, stream));
 }
 }  // namespace detail
-
-void sgd_update_(const Tensor& param, const Tensor& grad, float lr) {
-  detail::check_dtype("sgd_update", "parameter", param, DType::f32);
-  detail::check_dtype("sgd_update", "gradient", grad, DType::f32);
-  CUMULUS_CHECK(param.shape() == grad.shape(), ShapeError, "sgd_update: gradient ", grad.shape().str(),
-                " for parameter ", param.shape().str());
-  detail::check_same_device("sgd_update", "gradient", grad, param);
-  float* w = param.data<float>();
-  const float* g = grad.data<float>();
-  const int64_t n = param.numel();
-  CUMULUS_DISPATCH(param.device(), kernels::sgd_update_cpu(w, g, lr, n),
-                   kernels::sgd_update_cuda(w, g, lr, n, stream));
-}
 
 }  // namespace cumulus::ops

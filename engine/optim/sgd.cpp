@@ -1,34 +1,35 @@
 #include "cumulus/optim/sgd.h"
 
-#include <cmath>
-
-#include "cumulus/autograd/grad_mode.h"
-#include "cumulus/ops/ops.h"
+#include "engine/ops/internal.h"
 
 namespace cumulus::optim {
 
-SGD::SGD(std::vector<Tensor> params, float lr) : params_(std::move(params)), lr_(lr) {
-  set_lr(lr);
-  for (const Tensor& p : params_)
-    CUMULUS_CHECK(p.defined() && p.requires_grad() && p.is_leaf(), InvalidArgument,
-                  "SGD: every parameter must be a leaf that requires grad");
+SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
+    : Optimizer(std::move(params), options.lr), options_(options) {
+  CUMULUS_CHECK(options.momentum >= 0.0f, InvalidArgument, "SGD: momentum must be >= 0, got ", options.momentum);
+  CUMULUS_CHECK(options.weight_decay >= 0.0f, InvalidArgument, "SGD: weight_decay must be >= 0, got ",
+                options.weight_decay);
+  CUMULUS_CHECK(!options.nesterov || (options.momentum > 0.0f && options.dampening == 0.0f),
+                InvalidArgument, "SGD: Nesterov momentum needs momentum > 0 and dampening 0");
 }
 
-void SGD::set_lr(float lr) {
-  CUMULUS_CHECK(std::isfinite(lr) && lr >= 0.0f, InvalidArgument, "SGD: learning rate must be finite and >= 0, got ", lr);
-  lr_ = lr;
-}
+int64_t SGD::state_bytes() const { return momentum_.defined() ? static_cast<int64_t>(momentum_.nbytes()) : 0; }
 
-void SGD::step() {
-  NoGradGuard no_grad;
-  for (const Tensor& p : params_) {
-    const Tensor g = p.grad();
-    if (g.defined()) ops::sgd_update_(p, g, lr_);
+void SGD::apply(float grad_scale, float lr) {
+  const nn::FlatParameters& p = *params_;
+  const bool first = !momentum_.defined();
+  if (options_.momentum != 0.0f && first) {
+    MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+    momentum_ = Tensor::empty(p.values().shape(), DType::f32, p.device());  // set to g by `first`
   }
-}
-
-void SGD::zero_grad() {
-  for (const Tensor& p : params_) p.mark_grad_stale();
+  float* w = p.values().data<float>();
+  const float* g = p.gradients().data<float>();
+  float* buf = momentum_.defined() ? momentum_.data<float>() : nullptr;
+  const int64_t n = p.size();
+  const SGDOptions& o = options_;
+  CUMULUS_DISPATCH(p.device(),
+      kernels::sgd_step_cpu(w, g, buf, n, grad_scale, lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, first),
+      kernels::sgd_step_cuda(w, g, buf, n, grad_scale, lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, first, stream));
 }
 
 }  // namespace cumulus::optim

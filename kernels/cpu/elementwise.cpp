@@ -49,10 +49,6 @@ void accumulate_cpu(const float* x, float beta, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = blend(x[i], beta, y[i]);
 }
 
-void sgd_update_cpu(float* w, const float* g, float lr, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
-}
-
 void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;

@@ -28,8 +28,6 @@ void fill_cpu(float* out, float value, int64_t n);
 void fill_from_scalar_cpu(const float* scalar, float scale, float beta, float* out, int64_t n);
 // y = x + beta * y
 void accumulate_cpu(const float* x, float beta, float* y, int64_t n);
-// w -= lr * g
-void sgd_update_cpu(float* w, const float* g, float lr, int64_t n);
 
 // loss[0] = scale * sum_i (logsumexp(logits_i) - logits_i[labels_i]); logits: [B, C], labels: [B].
 // Returns the index of the first row whose label is outside [0, C), or -1.
@@ -42,5 +40,22 @@ void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int6
 
 // out[r] = index of the first maximum of x[r, :]
 void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out);
+
+}  // namespace cumulus::kernels
+
+namespace cumulus::kernels {
+
+// ---- optimizer passes over flat arrays (see engine/include/cumulus/optim/*.h for the rules) ----
+
+// sum_i x[i]^2, accumulated in double.
+double sum_squares_cpu(const float* x, int64_t n);
+// momentum_buf may be null when momentum == 0. first: the buffer is set to g, not blended.
+void sgd_step_cpu(float* w, const float* grad, float* momentum_buf, int64_t n, float grad_scale,
+                  float lr, float momentum, float dampening, bool nesterov, float weight_decay,
+                  bool first);
+// bias_correction{1,2} = 1 - beta^t for this update's t.
+void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
+                    float lr, float beta1, float beta2, float eps, float weight_decay,
+                    float bias_correction1, float bias_correction2);
 
 }  // namespace cumulus::kernels

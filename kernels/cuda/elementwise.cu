@@ -47,10 +47,6 @@ __global__ void accumulate_kernel(const float* x, float beta, float* y, int64_t 
   GRID_STRIDE(i, n) y[i] = blend(x[i], beta, y[i]);
 }
 
-__global__ void sgd_update_kernel(float* w, const float* g, float lr, int64_t n) {
-  GRID_STRIDE(i, n) w[i] -= lr * g[i];
-}
-
 }  // namespace
 
 void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream) {
@@ -87,12 +83,6 @@ void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* 
 void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   accumulate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, beta, y, n);
-  CUMULUS_LAUNCH_CHECK();
-}
-
-void sgd_update_cuda(float* w, const float* g, float lr, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, lr, n);
   CUMULUS_LAUNCH_CHECK();
 }
 

@@ -27,7 +27,6 @@ void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream);
 void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
                            cudaStream_t stream);
 void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream);
-void sgd_update_cuda(float* w, const float* g, float lr, int64_t n, cudaStream_t stream);
 
 // row_loss: scratch of `batch` floats. A label outside [0, C) makes that row's loss NaN.
 void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,
@@ -38,5 +37,20 @@ void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int
                                  float* dlogits, cudaStream_t stream);
 
 void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+
+}  // namespace cumulus::kernels
+
+namespace cumulus::kernels {
+
+// out[0] = sum_i x[i]^2 in two fixed-order stages (deterministic). partials: scratch of
+// sum_squares_partials() floats.
+int sum_squares_partials();
+void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream);
+void sgd_step_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, float grad_scale,
+                   float lr, float momentum, float dampening, bool nesterov, float weight_decay,
+                   bool first, cudaStream_t stream);
+void adamw_step_cuda(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
+                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                     float bias_correction1, float bias_correction2, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

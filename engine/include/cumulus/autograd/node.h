@@ -85,7 +85,7 @@ bool should_record(std::initializer_list<const Tensor*> inputs);
 void attach_node(Tensor& out, std::shared_ptr<Node> node,
                  std::initializer_list<const Tensor*> inputs);
 
-// Runs reverse-mode from `root` (a scalar), seeding it with 1.
-void run_backward(const Tensor& root);
+// Runs reverse-mode from `root` (a scalar), seeding its gradient with `seed`.
+void run_backward(const Tensor& root, float seed = 1.0f);
 
 }  // namespace cumulus

@@ -33,8 +33,4 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
 // x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties). No gradient.
 Tensor argmax(const Tensor& x);
 
-// ---- in-place updates, outside autograd (used by optimizers) ----
-// param -= lr * grad
-void sgd_update_(const Tensor& param, const Tensor& grad, float lr);
-
 }  // namespace cumulus::ops

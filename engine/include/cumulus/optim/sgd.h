@@ -1,26 +1,32 @@
-// Plain SGD (w -= lr * grad), enough for a training loop. The accumulation-aware optimizers
-// (momentum, AdamW, exact normalization per group) come with the Accumulator.
+// SGD with PyTorch's semantics (torch.optim.SGD): weight decay added to the gradient, momentum
+// buffer initialized to the first gradient, dampening, Nesterov.
+//   g = s*grad + wd*w;  b = g (first update) or mu*b + (1-dampening)*g;
+//   d = nesterov ? g + mu*b : b (or g when mu = 0);  w -= lr*d
 #pragma once
 
-#include <vector>
-
-#include "cumulus/tensor/tensor.h"
+#include "cumulus/optim/optimizer.h"
 
 namespace cumulus::optim {
 
-class SGD {
+struct SGDOptions {
+  float lr = 1e-3f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+};
+
+class SGD final : public Optimizer {
  public:
-  SGD(std::vector<Tensor> params, float lr);
-  // Updates every parameter that has an accumulated (non-stale) gradient.
-  void step();
-  // Marks every gradient stale: the next backward overwrites instead of adding. Costs nothing.
-  void zero_grad();
-  float lr() const { return lr_; }
-  void set_lr(float lr);
+  SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options);
+  int64_t state_bytes() const override;
+  const SGDOptions& options() const { return options_; }
+  const Tensor& momentum_buffer() const { return momentum_; }  // undefined until the first update
 
  private:
-  std::vector<Tensor> params_;
-  float lr_;
+  void apply(float grad_scale, float lr) override;
+  SGDOptions options_;
+  Tensor momentum_;
 };
 
 }  // namespace cumulus::optim

@@ -1,0 +1,54 @@
+// FlatParameters: packs a model's parameters into one contiguous buffer and their gradients into
+// another (DESIGN.md, decision 8; llm.c and Megatron do the same). Every parameter, and its
+// persistent gradient buffer, becomes a view at a fixed offset, so the optimizer update, the global
+// gradient norm and the stale marking are each one pass over one array: one launch on CUDA,
+// whatever the number of parameters. Offsets are aligned to 64 elements (256 B).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cumulus/nn/module.h"
+
+namespace cumulus::nn {
+
+class FlatParameters {
+ public:
+  static constexpr int64_t kAlignElements = 64;
+
+  struct Slot {
+    std::string name;
+    Tensor param;  // the model's own handle, now a view into values()
+    int64_t offset;
+    int64_t numel;
+  };
+
+  // Moves every parameter of `model` (and its gradient buffer) into the flat buffers, keeping
+  // values. The model's tensor handles stay valid and point into the flat storage afterwards.
+  explicit FlatParameters(const Module& model);
+  // The same for named leaf tensors that require grad (all f32, on one device). Do this before any
+  // forward: tensors saved by a recorded graph would still point at the old storage.
+  explicit FlatParameters(const std::vector<std::pair<std::string, Tensor>>& named);
+
+  const std::vector<Slot>& slots() const { return slots_; }
+  const Tensor& values() const { return values_; }     // [size] f32, category parameters
+  const Tensor& gradients() const { return grads_; }   // [size] f32, category gradients
+  int64_t size() const { return values_.numel(); }     // including alignment padding
+  int64_t num_parameters() const;                      // excluding padding
+  Device device() const { return values_.device(); }
+
+  // Whether any slot holds an accumulated (non-stale) gradient.
+  bool any_gradient() const;
+  // sum of squares of the flat gradient (stale slots zeroed first); synchronizes on CUDA.
+  double gradient_sum_of_squares() const;
+  // Zeroes the gradient slice of every stale slot (and the padding is always zero), so a pass over
+  // gradients() sees exact zeros where no backward wrote. Cheap when nothing is stale.
+  void zero_stale_gradients() const;
+  void mark_gradients_stale() const;
+
+ private:
+  std::vector<Slot> slots_;
+  Tensor values_, grads_;
+};
+
+}  // namespace cumulus::nn

@@ -1,0 +1,87 @@
+// Accumulator: the gradient-accumulation policy around an optimizer. See Note [Exact
+// normalization] in engine/optim/accumulator.cpp and DESIGN.md, decision 2.
+//
+//   acc.begin_epoch(epoch, micro_batches_in_epoch);
+//   for each micro-batch:
+//     acc.backward(cross_entropy(model(x), y, Reduction::Sum), x.size(0));
+//     acc.step_if_ready();     // steps at each group boundary and after the epoch's last micro-batch
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "cumulus/optim/lr_schedule.h"
+#include "cumulus/optim/optimizer.h"
+
+namespace cumulus::optim {
+
+enum class Normalization {
+  // Default. Losses are summed over samples (Reduction::Sum); the update divides by the number of
+  // samples actually in the group. A partial or uneven group is exactly the mean over its samples.
+  samples,
+  // The classic convention: each micro-batch's summed loss is divided by its size times the
+  // configured accumulation steps N (mean loss / N). Inexact when a group holds fewer than N
+  // micro-batches (the last of an epoch): its update is scaled down by (micro-batches in it) / N.
+  micro_batches,
+  // The gradient is used as accumulated.
+  none,
+};
+
+struct AccumulatorOptions {
+  int accum_steps = 1;
+  // Per-epoch accumulation steps {first_epoch: steps}, as Lightning's
+  // GradientAccumulationScheduler; when non-empty it overrides accum_steps. Must have key 0.
+  std::map<int, int> schedule;
+  Normalization normalization = Normalization::samples;
+  float clip_grad_norm = 0.0f;  // > 0: clip the normalized gradient's global L2 norm to this
+  bool skip_non_finite = true;  // a NaN/Inf in the normalized gradient skips the step
+};
+
+class Accumulator {
+ public:
+  // `schedule` may be null: the optimizer's own lr is used.
+  Accumulator(std::shared_ptr<Optimizer> optimizer, const AccumulatorOptions& options,
+              std::shared_ptr<const LRSchedule> schedule = nullptr);
+
+  // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end).
+  void begin_epoch(int epoch, int64_t micro_batches = 0);
+  // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers.
+  void backward(const Tensor& loss, int64_t samples);
+  // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
+  // was attempted (taken or skipped as non-finite).
+  bool step_if_ready();
+  // Steps on whatever the group holds (a partial group); returns false if it is empty.
+  bool flush();
+
+  // ---- counters a report can quote ----
+  int epoch() const { return epoch_; }
+  int accum_steps() const { return accum_steps_; }        // N for the current epoch
+  int64_t micro_batch_index() const { return mb_in_epoch_; }  // micro-batches done this epoch
+  int64_t micro_batches_total() const { return mb_total_; }
+  int64_t optimizer_steps() const { return steps_; }      // steps taken (skipped ones excluded)
+  int64_t skipped_steps() const { return skipped_; }      // steps skipped as non-finite
+  int64_t samples_in_group() const { return group_samples_; }
+  int micro_batches_in_group() const { return group_mbs_; }
+  float last_grad_norm() const { return last_norm_; }     // of the normalized gradient, pre-clip
+  float last_clip_factor() const { return last_clip_; }
+  float last_lr() const { return last_lr_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  static int steps_for_epoch(const std::map<int, int>& schedule, int epoch);
+
+ private:
+  bool do_step();
+
+  std::shared_ptr<Optimizer> optimizer_;
+  AccumulatorOptions options_;
+  std::shared_ptr<const LRSchedule> schedule_;
+  int epoch_ = 0;
+  int accum_steps_ = 1;
+  int64_t mb_in_epoch_ = 0, mb_epoch_len_ = 0, mb_total_ = 0;
+  int64_t steps_ = 0, skipped_ = 0;
+  int64_t group_samples_ = 0;
+  int group_mbs_ = 0;
+  float last_norm_ = 0.0f, last_clip_ = 1.0f, last_lr_ = 0.0f;
+};
+
+}  // namespace cumulus::optim

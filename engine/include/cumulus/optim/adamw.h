@@ -1,0 +1,32 @@
+// AdamW (Loshchilov & Hutter) with PyTorch's semantics (torch.optim.AdamW):
+//   w *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2;
+//   w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)          (t: updates applied, from 1)
+#pragma once
+
+#include "cumulus/optim/optimizer.h"
+
+namespace cumulus::optim {
+
+struct AdamWOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& options);
+  int64_t state_bytes() const override;
+  const AdamWOptions& options() const { return options_; }
+  const Tensor& exp_avg() const { return m_; }     // undefined until the first update
+  const Tensor& exp_avg_sq() const { return v_; }
+
+ private:
+  void apply(float grad_scale, float lr) override;
+  AdamWOptions options_;
+  Tensor m_, v_;
+};
+
+}  // namespace cumulus::optim

@@ -1,0 +1,42 @@
+// Optimizers over FlatParameters. An update is one fused pass over the flat arrays (one launch on
+// CUDA): the gradient is multiplied by `grad_scale` inside the pass (the Accumulator folds the
+// normalization 1/samples and the clipping factor into it), then the rule is applied. State is
+// allocated at the first update, in category optimizer_state.
+#pragma once
+
+#include <memory>
+
+#include "cumulus/nn/flat_parameters.h"
+
+namespace cumulus::optim {
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::shared_ptr<nn::FlatParameters> params, float lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update with g_eff = grad_scale * gradient, at learning rate `lr`. Stale slots count as zero
+  // gradient. Does not mark gradients stale (the caller does, or zero_grad()).
+  void update(float grad_scale, float lr);
+  // Plain use without an Accumulator: update(1, lr()).
+  void step() { update(1.0f, lr_); }
+  void zero_grad() { params_->mark_gradients_stale(); }
+
+  float lr() const { return lr_; }
+  void set_lr(float lr);
+  int64_t updates() const { return updates_; }  // updates applied so far
+  // Bytes of optimizer state held now (0 before the first update).
+  virtual int64_t state_bytes() const = 0;
+  const nn::FlatParameters& parameters() const { return *params_; }
+  nn::FlatParameters& parameters() { return *params_; }
+
+ protected:
+  virtual void apply(float grad_scale, float lr) = 0;
+  std::shared_ptr<nn::FlatParameters> params_;
+  float lr_;
+  int64_t updates_ = 0;
+};
+
+}  // namespace cumulus::optim

@@ -1,0 +1,43 @@
+#include "cumulus/optim/adamw.h"
+
+#include <cmath>
+
+#include "engine/ops/internal.h"
+
+namespace cumulus::optim {
+
+AdamW::AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& options)
+    : Optimizer(std::move(params), options.lr), options_(options) {
+  CUMULUS_CHECK(options.beta1 >= 0.0f && options.beta1 < 1.0f && options.beta2 >= 0.0f && options.beta2 < 1.0f,
+                InvalidArgument, "AdamW: betas must be in [0, 1), got (", options.beta1, ", ", options.beta2, ")");
+  CUMULUS_CHECK(options.eps > 0.0f, InvalidArgument, "AdamW: eps must be > 0, got ", options.eps);
+  CUMULUS_CHECK(options.weight_decay >= 0.0f, InvalidArgument, "AdamW: weight_decay must be >= 0, got ",
+                options.weight_decay);
+}
+
+int64_t AdamW::state_bytes() const {
+  return m_.defined() ? static_cast<int64_t>(m_.nbytes() + v_.nbytes()) : 0;
+}
+
+void AdamW::apply(float grad_scale, float lr) {
+  const nn::FlatParameters& p = *params_;
+  if (!m_.defined()) {
+    MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+    m_ = Tensor::zeros(p.values().shape(), DType::f32, p.device());
+    v_ = Tensor::zeros(p.values().shape(), DType::f32, p.device());
+  }
+  const AdamWOptions& o = options_;
+  const double t = static_cast<double>(updates_ + 1);
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), t));
+  float* w = p.values().data<float>();
+  const float* g = p.gradients().data<float>();
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  const int64_t n = p.size();
+  CUMULUS_DISPATCH(p.device(),
+      kernels::adamw_step_cpu(w, g, m, v, n, grad_scale, lr, o.beta1, o.beta2, o.eps, o.weight_decay, bc1, bc2),
+      kernels::adamw_step_cuda(w, g, m, v, n, grad_scale, lr, o.beta1, o.beta2, o.eps, o.weight_decay, bc1, bc2, stream));
+}
+
+}  // namespace cumulus::optim
