@@ -26,7 +26,13 @@ std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index_);
 }
 
-bool cuda_compiled() { return CUMULUS_WITH_CUDA + 0 != 0; }
+bool cuda_compiled() {
+#if CUMULUS_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 int cuda_device_count() {
 #if CUMULUS_WITH_CUDA

@@ -46,6 +46,7 @@ struct CachingAllocator::Pools {
   std::set<Block*, BySize> large_free;
   std::vector<Block*> segments;  // first block of every segment held from the backend
   MemoryStats stats;
+  AllocationObserver* observer = nullptr;
 };
 
 namespace {
@@ -196,6 +197,7 @@ Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) st.at_peak[c] = st.by_category[c].current;
   }
 
+  if (pools_->observer) pools_->observer->on_change(st);
   out.ptr_ = block->ptr;
   out.size_ = size;
   out.category_ = category;
@@ -232,6 +234,7 @@ void CachingAllocator::release(void* opaque) noexcept {
     block = p;
   }
   pool.insert(block);
+  if (pools_->observer) pools_->observer->on_change(st);
 }
 
 MemoryStats CachingAllocator::stats() const {
@@ -257,6 +260,11 @@ void CachingAllocator::set_memory_limit(int64_t bytes) {
   CUMULUS_CHECK(bytes >= 0, InvalidArgument, "set_memory_limit: negative limit ", bytes);
   std::lock_guard<std::mutex> lock(pools_->mutex);
   pools_->stats.limit = bytes;
+}
+
+void CachingAllocator::set_observer(AllocationObserver* observer) {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  pools_->observer = observer;
 }
 
 int64_t CachingAllocator::memory_limit() const {

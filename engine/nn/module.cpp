@@ -30,7 +30,7 @@ void Module::zero_grad() const {
   for (const Tensor& t : parameters()) t.mark_grad_stale();
 }
 
-const Tensor& Module::register_parameter(const std::string& name, const Tensor& initial, Device device) {
+Tensor Module::register_parameter(const std::string& name, const Tensor& initial, Device device) {
   Tensor p;
   {
     MemoryCategoryScope scope(MemoryCategory::parameters);
@@ -39,7 +39,7 @@ const Tensor& Module::register_parameter(const std::string& name, const Tensor& 
   p.set_requires_grad(true);
   p.allocate_grad();
   parameters_.emplace_back(name, p);
-  return parameters_.back().second;
+  return p;
 }
 
 }  // namespace cumulus::nn

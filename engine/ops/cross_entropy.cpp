@@ -1,6 +1,8 @@
 // cross_entropy: softmax cross-entropy of logits [B, C] against i32 labels [B] -> scalar.
 // Saves the logits and labels (both alive anyway: the logits are the last Linear's output) and
 // recomputes the softmax in backward rather than keeping a [B, C] probability tensor.
+#include <cmath>
+
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"

@@ -1,6 +1,8 @@
 // sum / mean of all elements -> a scalar. Backward broadcasts the scalar gradient (times 1/n for
 // mean) without reading it on the host: the kernel takes its device pointer. Nothing is saved.
 // argmax: row-wise index of the maximum, no gradient.
+#include <cmath>
+
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"

@@ -1,5 +1,5 @@
 // Softmax cross-entropy over integer labels.
-//   forward:  loss = scale * sum_i (m_i + log sum_j exp(x_ij - m_i) - x_i,y_i), m_i = max_j x_ij
+//   forward:  loss = scale * sum_i ((m_i - x_i,y_i) + log sum_j exp(x_ij - m_i)), m_i = max_j x_ij
 //   backward: dx_ij = scale * g * (softmax(x_i)_j - [j == y_i]); needs the logits and labels only.
 #include <cmath>
 
@@ -8,14 +8,15 @@
 namespace cumulus::kernels {
 
 namespace {
-// max and log-sum-exp of one row, stable for any magnitude.
-inline void row_stats(const float* x, int64_t n, float& max_out, float& lse_out) {
+// The row maximum m and log sum_j exp(x_j - m). The two are kept apart: folding them into one
+// float lse = m + log(s) would round away log(s) when |m| is large (1e3 and up).
+inline void row_stats(const float* x, int64_t n, float& max_out, float& log_sum_out) {
   float m = x[0];
   for (int64_t j = 1; j < n; ++j) m = std::fmax(m, x[j]);
   double s = 0.0;
   for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(x[j] - m));
   max_out = m;
-  lse_out = m + static_cast<float>(std::log(s));
+  log_sum_out = static_cast<float>(std::log(s));
 }
 }  // namespace
 
@@ -26,9 +27,9 @@ int64_t cross_entropy_forward_cpu(const float* logits, const int32_t* labels, in
     const int32_t y = labels[i];
     if (y < 0 || y >= classes) return i;
     const float* x = logits + i * classes;
-    float m, lse;
-    row_stats(x, classes, m, lse);
-    total += static_cast<double>(lse) - x[y];
+    float m, log_sum;
+    row_stats(x, classes, m, log_sum);
+    total += static_cast<double>(m - x[y]) + log_sum;
   }
   loss[0] = static_cast<float>(total * scale);
   return -1;
@@ -41,10 +42,10 @@ void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int6
   for (int64_t i = 0; i < batch; ++i) {
     const float* x = logits + i * classes;
     float* dx = dlogits + i * classes;
-    float m, lse;
-    row_stats(x, classes, m, lse);
+    float m, log_sum;
+    row_stats(x, classes, m, log_sum);
     for (int64_t j = 0; j < classes; ++j) {
-      const float v = g * (std::exp(x[j] - lse) - (j == labels[i] ? 1.0f : 0.0f));
+      const float v = g * (std::exp((x[j] - m) - log_sum) - (j == labels[i] ? 1.0f : 0.0f));
       dx[j] = beta == 0.0f ? v : v + beta * dx[j];
     }
   }

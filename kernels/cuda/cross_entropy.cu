@@ -27,15 +27,15 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// log-sum-exp of row x[0..n), computed by the whole warp; every lane gets the result.
-__device__ __forceinline__ float warp_logsumexp(const float* x, int64_t n, int lane) {
-  float m = -INFINITY;
+// Row maximum m and log sum_j exp(x_j - m), computed by the whole warp; every lane gets both. They
+// stay apart: one float m + log(s) would round log(s) away when |m| is large.
+__device__ __forceinline__ void warp_row_stats(const float* x, int64_t n, int lane, float& m, float& log_sum) {
+  m = -INFINITY;
   for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, x[j]);
   m = warp_max(m);
   float s = 0.0f;
   for (int64_t j = lane; j < n; j += kWarp) s += expf(x[j] - m);
-  s = warp_sum(s);
-  return m + logf(s);
+  log_sum = logf(warp_sum(s));
 }
 
 __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* labels,
@@ -44,10 +44,11 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t*
   const int lane = threadIdx.x % kWarp;
   if (row >= batch) return;
   const float* x = logits + row * classes;
-  const float lse = warp_logsumexp(x, classes, lane);
+  float m, log_sum;
+  warp_row_stats(x, classes, lane, m, log_sum);
   if (lane == 0) {
     const int32_t y = labels[row];
-    row_loss[row] = (y >= 0 && y < classes) ? lse - x[y] : NAN;
+    row_loss[row] = (y >= 0 && y < classes) ? (m - x[y]) + log_sum : NAN;
   }
 }
 
@@ -60,11 +61,12 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t
   if (row >= batch) return;
   const float* x = logits + row * classes;
   float* dx = dlogits + row * classes;
-  const float lse = warp_logsumexp(x, classes, lane);
+  float m, log_sum;
+  warp_row_stats(x, classes, lane, m, log_sum);
   const float g = scale * grad_loss[0];
   const int32_t y = labels[row];
   for (int64_t j = lane; j < classes; j += kWarp) {
-    const float v = g * (expf(x[j] - lse) - (j == y ? 1.0f : 0.0f));
+    const float v = g * (expf((x[j] - m) - log_sum) - (j == y ? 1.0f : 0.0f));
     dx[j] = beta == 0.0f ? v : v + beta * dx[j];
   }
 }

@@ -49,6 +49,14 @@ class MemoryBackend {
 
 class CachingAllocator;
 
+// Told of every allocation and free, with the stats after it, while the allocator's lock is held:
+// it must be quick and must not allocate from the same allocator. Used for memory timelines.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void on_change(const MemoryStats& stats) = 0;
+};
+
 // A move-only owner of one allocated block; returns it to its allocator when destroyed.
 class Allocation {
  public:
@@ -94,6 +102,8 @@ class CachingAllocator {
   void set_memory_limit(int64_t bytes);  // reserved bytes may not exceed this; 0 removes the limit
   int64_t memory_limit() const;
   const Device& device() const { return device_; }
+  // At most one observer; nullptr removes it. The caller keeps it alive while installed.
+  void set_observer(AllocationObserver* observer);
 
  private:
   friend class Allocation;

@@ -32,7 +32,7 @@ class Module {
  protected:
   // Makes a parameter from initial values: copied to `device` in category parameters, requires
   // grad, with its persistent gradient buffer allocated now (category gradients).
-  const Tensor& register_parameter(const std::string& name, const Tensor& initial, Device device);
+  Tensor register_parameter(const std::string& name, const Tensor& initial, Device device);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     children_.emplace_back(name, module);

@@ -1,0 +1,13 @@
+// Files written so that a crash never leaves a half-written one: the content goes to a temporary
+// file beside the target, is flushed to disk (fsync), then renamed over the target (atomic on
+// POSIX), and the directory is synced so the rename survives a power cut.
+#pragma once
+
+#include <string>
+
+namespace cumulus::io {
+
+// Throws cumulus::Error naming the path and the system error on failure; the target is untouched.
+void write_file_atomic(const std::string& path, const std::string& content);
+
+}  // namespace cumulus::io

@@ -1,0 +1,143 @@
+// MemoryTracker: per micro-batch, the activation footprint (bytes held for backward at the end of
+// forward), the peak during forward + backward with its split by category, reserved bytes and
+// times; per optimizer step its time and the optimizer-state bytes; a summary with the fixed costs,
+// the activation bytes per sample and the peak of micro-batch B x N against batch B*N. It reads
+// the caching allocator's counters, which the engine keeps by category anyway, so tracking costs
+// a few counter reads per phase (DESIGN.md, decision 4).
+//
+// Calls, around the training loop:
+//   tracker.begin_micro_batch(epoch, index, samples); forward; tracker.end_forward();
+//   backward; tracker.end_backward();
+//   if stepping: tracker.begin_step(); step; tracker.end_step(step, optimizer.state_bytes());
+// begin_micro_batch and begin_step reset the allocator's peak counters.
+//
+// For the first `timeline_steps` optimizer steps it also records a timeline (every allocation and
+// free, and the phases) for the Chrome trace and the SVG plot; during that window it synchronizes
+// the device at phase boundaries so the phase times are true on CUDA too.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cumulus/core/timer.h"
+#include "cumulus/memory/allocator.h"
+
+namespace cumulus {
+
+struct MicroBatchRecord {
+  int epoch = 0;
+  int64_t index = 0;  // within the epoch
+  int64_t samples = 0;
+  int64_t activation_bytes = 0;  // activations at the end of forward, above those at its start
+  int64_t peak_bytes = 0;        // allocated peak during forward + backward
+  std::array<int64_t, kNumMemoryCategories> peak_by_category{};
+  int64_t reserved_bytes = 0;
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double ms = 0.0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
+struct MemorySummary {
+  int64_t parameters_bytes = 0;
+  int64_t gradients_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t workspace_bytes = 0;
+  int64_t data_bytes = 0;
+  double activation_bytes_per_sample = 0.0;  // least-squares slope of activation bytes on samples
+  int64_t peak_bytes = 0;                    // highest peak of any micro-batch or step
+  int64_t reserved_peak_bytes = 0;
+  // The accumulation comparison: peak at micro-batch B (x N steps) against one batch of B*N.
+  int64_t micro_batch_size = 0;
+  int accum_steps = 1;
+  int64_t peak_at_micro_batch = 0;
+  int64_t peak_at_effective_batch = 0;
+  bool effective_batch_measured = false;  // false: predicted from the per-sample growth of the peak
+};
+
+struct TimelineSample {
+  double ms = 0.0;  // since the tracker started
+  std::array<int64_t, kNumMemoryCategories> bytes{};
+};
+
+struct TimelineSlice {
+  std::string name;  // forward, backward, step
+  double start_ms = 0.0, end_ms = 0.0;
+};
+
+class MemoryTracker {
+ public:
+  struct Options {
+    std::string model = "model";
+    int64_t micro_batch_size = 0;
+    int accum_steps = 1;
+    int timeline_steps = 8;  // optimizer steps covered by the timeline (0: none)
+  };
+
+  MemoryTracker(Device device, Options options);
+  ~MemoryTracker();
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+
+  void begin_micro_batch(int epoch, int64_t index, int64_t samples);
+  void end_forward();
+  void end_backward();
+  void begin_step();
+  void end_step(int64_t step, int64_t optimizer_state_bytes);
+
+  const Device& device() const { return device_; }
+  const Options& options() const { return options_; }
+  const std::vector<MicroBatchRecord>& micro_batches();  // resolves pending device times
+  const std::vector<StepRecord>& steps();
+  const std::vector<TimelineSample>& timeline() const { return timeline_; }
+  const std::vector<TimelineSlice>& slices() const { return slices_; }
+  MemorySummary summary();
+
+ private:
+  class Observer;
+  double host_ms() const;
+  bool in_timeline_window() const;
+  void resolve_times();
+
+  Device device_;
+  Options options_;
+  CachingAllocator& allocator_;
+  std::unique_ptr<Observer> observer_;
+  double origin_ms_ = 0.0;  // host clock origin of the timeline
+  std::vector<MicroBatchRecord> records_;
+  std::vector<StepRecord> steps_;
+  std::vector<TimelineSample> timeline_;
+  std::vector<TimelineSlice> slices_;
+  // Device time points waiting to be read (reading waits for the device: done lazily).
+  struct PendingTimes {
+    std::size_t record;
+    bool is_step;
+    TimePoint start, mid, end;
+  };
+  std::vector<PendingTimes> pending_;
+  TimePoint t_start_, t_forward_end_, t_step_start_;
+  int64_t activations_at_start_ = 0;
+  int64_t steps_taken_ = 0;
+  bool in_micro_batch_ = false, in_step_ = false;
+};
+
+// Reports (engine/memory/report.cpp).
+void print_memory_table(MemoryTracker& tracker, std::FILE* out);
+// The documented schema: {device, model, micro_batch_size, accum_steps, summary: {...},
+// micro_batches: [...], steps: [...]}; see README "Memory reports".
+std::string memory_report_json(MemoryTracker& tracker);
+// Chrome trace-event JSON: counter tracks per category, slices for forward, backward and step.
+std::string memory_trace_json(MemoryTracker& tracker);
+// A standalone SVG: stacked memory by category over the timeline (the accumulation sawtooth).
+std::string memory_plot_svg(MemoryTracker& tracker);
+
+}  // namespace cumulus
