@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <iterator>
+#include <limits>
 
 #include "cumulus/autograd/node.h"
 
@@ -83,6 +84,7 @@ bool Accumulator::do_step() {
                           : 1.0f;
   const bool need_norm = options_.clip_grad_norm > 0.0f || options_.skip_non_finite;
   float clip = 1.0f;
+  last_norm_ = std::numeric_limits<float>::quiet_NaN();
   if (need_norm) {
     // One host synchronization per optimizer step (never per micro-batch) to read the norm.
     const double norm = std::sqrt(optimizer_->parameters().gradient_sum_of_squares()) * scale;

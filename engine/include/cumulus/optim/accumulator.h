@@ -22,7 +22,8 @@ enum class Normalization {
   samples,
   // The classic convention: each micro-batch's summed loss is divided by its size times the
   // configured accumulation steps N (mean loss / N). Inexact when a group holds fewer than N
-  // micro-batches (the last of an epoch): its update is scaled down by (micro-batches in it) / N.
+  // micro-batches (the last of an epoch): its total weight is (micro-batches in it) / N instead of
+  // 1, and a shorter micro-batch's samples weigh more than the others'.
   micro_batches,
   // The gradient is used as accumulated.
   none,
@@ -63,7 +64,9 @@ class Accumulator {
   int64_t skipped_steps() const { return skipped_; }      // steps skipped as non-finite
   int64_t samples_in_group() const { return group_samples_; }
   int micro_batches_in_group() const { return group_mbs_; }
-  float last_grad_norm() const { return last_norm_; }     // of the normalized gradient, pre-clip
+  // Global L2 norm of the normalized gradient before clipping, at the last step; NaN when the
+  // step did not compute it (no clipping and no non-finite guard).
+  float last_grad_norm() const { return last_norm_; }
   float last_clip_factor() const { return last_clip_; }
   float last_lr() const { return last_lr_; }
   Optimizer& optimizer() { return *optimizer_; }
