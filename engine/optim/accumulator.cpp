@@ -69,12 +69,13 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   mb_total_ += 1;
 }
 
-bool Accumulator::step_if_ready() {
+bool Accumulator::ready() const {
   const bool group_full = group_mbs_ >= accum_steps_;
   const bool epoch_done = mb_epoch_len_ > 0 && mb_in_epoch_ == mb_epoch_len_;
-  if (group_mbs_ == 0 || !(group_full || epoch_done)) return false;
-  return do_step();
+  return group_mbs_ > 0 && (group_full || epoch_done);
 }
+
+bool Accumulator::step_if_ready() { return ready() && do_step(); }
 
 bool Accumulator::flush() { return group_mbs_ > 0 && do_step(); }
 

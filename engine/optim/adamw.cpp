@@ -16,7 +16,7 @@ AdamW::AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& opt
 }
 
 int64_t AdamW::state_bytes() const {
-  return m_.defined() ? static_cast<int64_t>(m_.nbytes() + v_.nbytes()) : 0;
+  return m_.defined() ? static_cast<int64_t>(m_.allocated_bytes() + v_.allocated_bytes()) : 0;
 }
 
 void AdamW::apply(float grad_scale, float lr) {

@@ -13,7 +13,7 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
                 InvalidArgument, "SGD: Nesterov momentum needs momentum > 0 and dampening 0");
 }
 
-int64_t SGD::state_bytes() const { return momentum_.defined() ? static_cast<int64_t>(momentum_.nbytes()) : 0; }
+int64_t SGD::state_bytes() const { return momentum_.defined() ? static_cast<int64_t>(momentum_.allocated_bytes()) : 0; }
 
 void SGD::apply(float grad_scale, float lr) {
   const nn::FlatParameters& p = *params_;

@@ -99,6 +99,7 @@ const Shape& Tensor::shape() const { return checked().shape; }
 int64_t Tensor::numel() const { return checked().shape.numel(); }
 DType Tensor::dtype() const { return checked().dtype; }
 Device Tensor::device() const { return checked().storage->device; }
+std::size_t Tensor::allocated_bytes() const { return checked().storage->memory.size(); }
 MemoryCategory Tensor::memory_category() const { return checked().storage->memory.category(); }
 
 int64_t Tensor::size(int dim) const {

@@ -52,6 +52,8 @@ class Accumulator {
   // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
   // was attempted (taken or skipped as non-finite).
   bool step_if_ready();
+  // Whether step_if_ready() would step now (for callers that time or trace the step).
+  bool ready() const;
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
 

@@ -27,7 +27,7 @@ class Optimizer {
   float lr() const { return lr_; }
   void set_lr(float lr);
   int64_t updates() const { return updates_; }  // updates applied so far
-  // Bytes of optimizer state held now (0 before the first update).
+  // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
   virtual int64_t state_bytes() const = 0;
   const nn::FlatParameters& parameters() const { return *params_; }
   nn::FlatParameters& parameters() { return *params_; }

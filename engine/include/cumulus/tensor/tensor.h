@@ -47,6 +47,9 @@ class Tensor {
   DType dtype() const;
   Device device() const;
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  // Bytes of the allocation behind this tensor (rounded as the allocator counts them; a view
+  // reports its whole storage).
+  std::size_t allocated_bytes() const;
   // Memory category of the underlying block (for tests and reports).
   MemoryCategory memory_category() const;
 

@@ -1,0 +1,329 @@
+// The memory tracker, its reports, budgets and the micro-batch planner.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "cumulus/memory/allocator.h"
+#include "cumulus/memory/planner.h"
+#include "cumulus/memory/tracker.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/optim/accumulator.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/optim/sgd.h"
+#include "models/mlp.h"
+#include "test_util.h"
+
+namespace cumulus {
+namespace {
+
+using testing::DeviceTest;
+
+constexpr int64_t kRound = CachingAllocator::kRounding;
+int64_t rounded(int64_t bytes) { return (bytes + kRound - 1) / kRound * kRound; }
+
+// What the seed MLP's forward leaves allocated for backward at micro-batch b (see the ops' notes):
+// relu saves its output (r1, r2: [b, 512], also the next Linear's saved input), cross_entropy saves
+// the logits [b, 10]; the Linear outputs before each relu are freed once relu has run; the loss
+// scalar is alive too. Flatten and the batch views allocate nothing.
+int64_t seed_mlp_activation_bytes(int64_t b) {
+  return 2 * rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4);
+}
+
+struct Data {
+  Tensor x, y;
+};
+
+Data make_data(int64_t n, Device device) {
+  Generator gen(7);
+  std::vector<float> x(static_cast<std::size_t>(n * 784));
+  gen.fill_uniform(x.data(), n * 784, 0.0f, 1.0f);
+  std::vector<int32_t> y(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[static_cast<std::size_t>(i)] = static_cast<int32_t>(i % 10);
+  MemoryCategoryScope scope(MemoryCategory::data);
+  return {Tensor::from_vector(x, Shape{n, 784}, device), Tensor::from_vector(y, Shape{n}, device)};
+}
+
+// One epoch over `n` samples in micro-batches of `b`, `accum` per step, tracked.
+void run_tracked(MemoryTracker& tracker, models::SeedMLP& model, optim::Accumulator& acc, const Data& d,
+                 int64_t b, int64_t n) {
+  const int64_t mbs = (n + b - 1) / b;
+  acc.begin_epoch(0, mbs);
+  for (int64_t i = 0; i < mbs; ++i) {
+    const int64_t start = i * b, size = std::min(b, n - start);
+    tracker.begin_micro_batch(0, i, size);
+    Tensor loss = ops::cross_entropy(model(d.x.narrow_rows(start, size)), d.y.narrow_rows(start, size),
+                                     ops::Reduction::Sum);
+    tracker.end_forward();
+    acc.backward(loss, size);
+    loss = Tensor();
+    tracker.end_backward();
+    if (acc.ready()) {
+      tracker.begin_step();
+      acc.step_if_ready();
+      tracker.end_step(acc.optimizer_steps(), acc.optimizer().state_bytes());
+    }
+  }
+}
+
+class MemoryTrackerTest : public DeviceTest {};
+
+TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
+  const Data d = make_data(200, device());
+  Generator gen(1);
+  models::SeedMLP model(gen, device());
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = 4;
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  for (int64_t b : {8, 16, 40}) {
+    SCOPED_TRACE("micro-batch " + std::to_string(b));
+    MemoryTracker::Options o;
+    o.micro_batch_size = b;
+    o.accum_steps = 4;
+    o.timeline_steps = 0;
+    MemoryTracker tracker(device(), o);
+    run_tracked(tracker, model, acc, d, b, 5 * b);  // five full micro-batches
+    const auto& records = tracker.micro_batches();
+    ASSERT_EQ(records.size(), 5u);
+    for (const auto& r : records) {
+      EXPECT_EQ(r.samples, b);
+      EXPECT_EQ(r.activation_bytes, seed_mlp_activation_bytes(b)) << "micro-batch " << r.index;
+      EXPECT_GE(r.peak_bytes, r.activation_bytes);
+      EXPECT_GE(r.forward_ms, 0.0);
+      EXPECT_GE(r.backward_ms, 0.0);
+    }
+    // Linear in b: bytes per sample within rounding of the analytic 2*512*4 + 10*4 = 4136.
+    const double per_sample = tracker.summary().activation_bytes_per_sample;
+    EXPECT_NEAR(per_sample, 4136.0, 3.0 * kRound / static_cast<double>(b));
+  }
+}
+
+TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) {
+  const Data d = make_data(256, device());
+  auto peak_for = [&](int64_t b, int accum, MemorySummary* out) {
+    const MemoryStats before = allocator_for(device()).stats();
+    Generator gen(1);
+    models::SeedMLP model(gen, device());
+    auto flat = std::make_shared<nn::FlatParameters>(model);
+    optim::AccumulatorOptions ao;
+    ao.accum_steps = accum;
+    optim::Accumulator acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
+    MemoryTracker::Options o;
+    o.micro_batch_size = b;
+    o.accum_steps = accum;
+    o.timeline_steps = 0;
+    MemoryTracker tracker(device(), o);
+    run_tracked(tracker, model, acc, d, b, 128);
+    *out = tracker.summary();
+    // Exactly the model's flat buffers: 669706 parameters, each slot padded to 64 floats.
+    int64_t padded = 0;
+    for (const auto& s : flat->slots()) padded += (s.numel + 63) / 64 * 64;
+    EXPECT_EQ(flat->num_parameters(), 669706);
+    EXPECT_EQ(out->parameters_bytes - before[MemoryCategory::parameters].current, rounded(padded * 4));
+    EXPECT_EQ(out->gradients_bytes - before[MemoryCategory::gradients].current, rounded(padded * 4));
+    EXPECT_EQ(out->optimizer_state_bytes - before[MemoryCategory::optimizer_state].current,
+              acc.optimizer().state_bytes());
+    EXPECT_EQ(acc.optimizer().state_bytes(), 2 * rounded(padded * 4));  // AdamW: m and v
+    return out->peak_at_micro_batch;
+  };
+  MemorySummary s16, s64;
+  const int64_t peak16 = peak_for(16, 4, &s16);
+  const int64_t peak64 = peak_for(64, 1, &s64);
+  EXPECT_LT(peak16, peak64) << "accumulation must lower the peak";
+  EXPECT_FALSE(s16.effective_batch_measured);
+  EXPECT_TRUE(s64.effective_batch_measured);
+  // The prediction for 64 x 1 made from the 16 x 4 run is close to what 64 x 1 measured.
+  EXPECT_NEAR(static_cast<double>(s16.peak_at_effective_batch), static_cast<double>(s64.peak_at_micro_batch),
+              0.02 * static_cast<double>(s64.peak_at_micro_batch));
+}
+
+TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
+  const Data d = make_data(128, device());
+  Generator gen(1);
+  models::SeedMLP model(gen, device());
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = 4;
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  MemoryTracker::Options o;
+  o.model = "seed_mlp";
+  o.micro_batch_size = 16;
+  o.accum_steps = 4;
+  o.timeline_steps = 2;
+  MemoryTracker tracker(device(), o);
+  run_tracked(tracker, model, acc, d, 16, 128);
+
+  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  for (const char* k : {"device", "model", "micro_batch_size", "accum_steps", "summary", "micro_batches", "steps"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["model"], "seed_mlp");
+  EXPECT_EQ(j["micro_batch_size"], 16);
+  for (const char* k : {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "workspace_bytes",
+                        "data_bytes", "activation_bytes_per_sample", "peak_bytes"})
+    EXPECT_TRUE(j["summary"].contains(k)) << k;
+  ASSERT_EQ(j["micro_batches"].size(), 8u);
+  for (const char* k : {"epoch", "index", "samples", "activation_bytes", "peak_bytes", "peak_by_category",
+                        "forward_ms", "backward_ms"})
+    EXPECT_TRUE(j["micro_batches"][0].contains(k)) << k;
+  EXPECT_EQ(j["micro_batches"][3]["activation_bytes"], seed_mlp_activation_bytes(16));
+  EXPECT_EQ(j["micro_batches"][0]["peak_by_category"].size(), kNumMemoryCategories);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  for (const auto& s : j["steps"])
+    for (const char* k : {"step", "ms", "optimizer_state_bytes"}) EXPECT_TRUE(s.contains(k)) << k;
+  EXPECT_EQ(j["steps"][1]["step"], 2);
+
+  // The trace: counters for every category and forward/backward/step slices for the window.
+  const auto t = nlohmann::json::parse(memory_trace_json(tracker));
+  ASSERT_TRUE(t.contains("traceEvents"));
+  int counters = 0, forward = 0, backward = 0, step = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "C") {
+      ++counters;
+      EXPECT_EQ(e["args"].size(), kNumMemoryCategories);
+    }
+    if (e["ph"] == "X") {
+      forward += e["name"] == "forward";
+      backward += e["name"] == "backward";
+      step += e["name"] == "step";
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+    }
+  }
+  EXPECT_GT(counters, 8);
+  EXPECT_EQ(forward, 8);  // two optimizer steps of four micro-batches
+  EXPECT_EQ(backward, 8);
+  EXPECT_EQ(step, 2);
+
+  // The SVG: well-formed XML (balanced tags, one root) with one area per category.
+  const std::string svg = memory_plot_svg(tracker);
+  std::vector<std::string> open;
+  int roots = 0, paths = 0;
+  for (std::size_t i = svg.find('<'); i != std::string::npos; i = svg.find('<', i + 1)) {
+    const std::size_t end = svg.find('>', i);
+    ASSERT_NE(end, std::string::npos);
+    const std::string tag = svg.substr(i + 1, end - i - 1);
+    if (tag[0] == '?') continue;
+    if (tag[0] == '/') {
+      ASSERT_FALSE(open.empty());
+      EXPECT_EQ(open.back(), tag.substr(1));
+      open.pop_back();
+    } else {
+      const std::string name = tag.substr(0, tag.find_first_of(" /"));
+      if (open.empty()) ++roots;
+      paths += name == "path";
+      if (tag.back() != '/') open.push_back(name);
+    }
+  }
+  EXPECT_TRUE(open.empty());
+  EXPECT_EQ(roots, 1);
+  EXPECT_EQ(paths, static_cast<int>(kNumMemoryCategories));
+}
+
+TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
+  const Data d = make_data(256, device());
+  Generator gen(1);
+  models::SeedMLP model(gen, device());
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::AccumulatorOptions ao;
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  CachingAllocator& alloc = allocator_for(device());
+  struct LimitGuard {
+    CachingAllocator& a;
+    ~LimitGuard() { a.set_memory_limit(0); }
+  } guard{alloc};
+
+  // Probe micro-batches of 8 and 32 to measure the cost.
+  auto probe = [&](int64_t b) {
+    MemoryTracker::Options o;
+    o.micro_batch_size = b;
+    o.timeline_steps = 0;
+    MemoryTracker tracker(device(), o);
+    run_tracked(tracker, model, acc, d, b, b);
+    return tracker.micro_batches().back().peak_bytes;
+  };
+  const MemoryCost cost = memory_cost_from_probes(8, probe(8), 32, probe(32));
+  EXPECT_GT(cost.peak_bytes_per_sample, 4136.0);  // activations plus backward temporaries
+
+  // A budget between the predicted peaks of 32 and 64 (after the planner's 5% margin): the plan
+  // must be 32 x 2.
+  alloc.empty_cache();
+  const int64_t budget =
+      static_cast<int64_t>(static_cast<double>(cost.predicted_peak(32) + cost.predicted_peak(64)) / 2 / 0.95);
+  const MicroBatchPlan plan = plan_micro_batch(budget, 64, cost);
+  EXPECT_EQ(plan.micro_batch, 32);
+  EXPECT_EQ(plan.accum_steps, 2);
+  EXPECT_NE(plan.reason.find("micro-batch"), std::string::npos);
+
+  // Running the plan under the budget (as a hard limit on allocated bytes) succeeds and stays under.
+  alloc.reset_peak();
+  {
+    MemoryTracker::Options o;
+    o.micro_batch_size = plan.micro_batch;
+    o.timeline_steps = 0;
+    MemoryTracker tracker(device(), o);
+    run_tracked(tracker, model, acc, d, plan.micro_batch, 64);
+    EXPECT_LE(tracker.summary().peak_bytes, budget);
+  }
+  // One batch of 256 does not fit a limit of the budget: OutOfMemory names the request and the usage.
+  alloc.empty_cache();
+  alloc.set_memory_limit(alloc.stats().reserved + (budget - alloc.stats().allocated));
+  try {
+    MemoryTracker::Options o;
+    o.micro_batch_size = 256;
+    o.timeline_steps = 0;
+    MemoryTracker tracker(device(), o);
+    tracker.begin_micro_batch(0, 0, 256);
+    Tensor loss = ops::cross_entropy(model(d.x), d.y, ops::Reduction::Sum);
+    acc.backward(loss, 256);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory on " + device().str()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("parameters"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("memory limit"), std::string::npos) << msg;
+  }
+  // Nothing is lost: with the limit lifted the model still trains.
+  alloc.set_memory_limit(0);
+  Tensor loss = ops::cross_entropy(model(d.x.narrow_rows(0, 16)), d.y.narrow_rows(0, 16), ops::Reduction::Sum);
+  EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+CUMULUS_INSTANTIATE_DEVICES(MemoryTrackerTest);
+
+TEST(Planner, ParsesSizes) {
+  EXPECT_EQ(parse_byte_size("1048576"), 1048576);
+  EXPECT_EQ(parse_byte_size("64MiB"), 64LL << 20);
+  EXPECT_EQ(parse_byte_size("1.5GiB"), 3LL << 29);
+  EXPECT_EQ(parse_byte_size("512 KiB"), 512LL << 10);
+  EXPECT_EQ(parse_byte_size("2GB"), 2000000000LL);
+  for (const char* bad : {"", "abc", "-1MiB", "12XB", "1.5", " 5MiB", "inf"}) {
+    try {
+      parse_byte_size(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Planner, PicksTheLargestDivisorThatFits) {
+  MemoryCost cost;
+  cost.fixed_bytes = 10 << 20;
+  cost.peak_bytes_per_sample = 100000;
+  // usable = 0.95 * budget; 64 needs 10 MiB + 6.4 MB, 32 needs 10 MiB + 3.2 MB.
+  const int64_t budget = static_cast<int64_t>(((10 << 20) + 3300000) / 0.95);
+  const MicroBatchPlan p = plan_micro_batch(budget, 64, cost);
+  EXPECT_EQ(p.micro_batch, 32);
+  EXPECT_EQ(p.accum_steps, 2);
+  EXPECT_EQ(p.predicted_peak, cost.predicted_peak(32));
+  EXPECT_EQ(plan_micro_batch(1LL << 40, 64, cost).micro_batch, 64);
+  EXPECT_THROW(plan_micro_batch(10 << 20, 64, cost), OutOfMemory);
+  const MemoryCost c2 = memory_cost_from_probes(8, 1000 + 8 * 50, 32, 1000 + 32 * 50);
+  EXPECT_EQ(c2.fixed_bytes, 1000);
+  EXPECT_DOUBLE_EQ(c2.peak_bytes_per_sample, 50.0);
+}
+
+}  // namespace
+}  // namespace cumulus
