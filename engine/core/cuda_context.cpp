@@ -12,6 +12,8 @@
 namespace cumulus {
 
 namespace detail {
+std::atomic<int64_t> cuda_launches{0};
+
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
   throw CudaError(concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
                          ") from ", expr, " at ", file, ":", line));

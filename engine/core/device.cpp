@@ -61,6 +61,14 @@ void check_device_available(const Device& device) {
                        : std::to_string(n) + " CUDA device(s) are present");
 }
 
+int64_t cuda_kernel_launches() {
+#if CUMULUS_WITH_CUDA
+  return detail::cuda_launches.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
+
 void synchronize(const Device& device) {
   if (device.is_cpu()) return;
 #if CUMULUS_WITH_CUDA

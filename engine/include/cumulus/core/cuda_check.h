@@ -5,6 +5,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "cumulus/core/error.h"
 
 namespace cumulus::detail {
@@ -12,6 +15,10 @@ namespace cumulus::detail {
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line);
 // For destructors and free paths, which must not throw: print a warning instead.
 void warn_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+// Kernel launches and library calls that launch kernels, counted by the launchers (see
+// cuda_kernel_launches() in device.h): on a small MLP, launches set the speed.
+extern std::atomic<int64_t> cuda_launches;
+inline void count_launch() { cuda_launches.fetch_add(1, std::memory_order_relaxed); }
 }  // namespace cumulus::detail
 
 #define CUMULUS_CUDA_CHECK(expr)                                                        \
@@ -35,5 +42,9 @@ void warn_cuda_error(cudaError_t err, const char* expr, const char* file, int li
       ::cumulus::detail::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__);    \
   } while (0)
 
-// After every kernel launch: catches bad launch configurations at the launch site.
-#define CUMULUS_LAUNCH_CHECK() CUMULUS_CUDA_CHECK(cudaGetLastError())
+// After every kernel launch: counts it and catches bad launch configurations at the launch site.
+#define CUMULUS_LAUNCH_CHECK()               \
+  do {                                       \
+    ::cumulus::detail::count_launch();       \
+    CUMULUS_CUDA_CHECK(cudaGetLastError());  \
+  } while (0)

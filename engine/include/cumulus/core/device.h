@@ -38,6 +38,9 @@ int cuda_device_count();
 inline bool cuda_available() { return cuda_device_count() > 0; }
 // Throws DeviceError unless `device` can be used (CUDA compiled and the index exists).
 void check_device_available(const Device& device);
+// CUDA kernels launched so far by this process through cumulus (a cuBLAS GEMM counts as one);
+// 0 without CUDA. Benchmarks read differences of it.
+int64_t cuda_kernel_launches();
 // Blocks until all work queued on `device` has finished (no-op on CPU).
 void synchronize(const Device& device);
 
