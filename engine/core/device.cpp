@@ -26,6 +26,16 @@ std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index_);
 }
 
+std::string Device::describe() const {
+  if (is_cpu()) return "cpu";
+#if CUMULUS_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index_) == cudaSuccess) return str() + " (" + prop.name + ")";
+  (void)cudaGetLastError();
+#endif
+  return str();
+}
+
 bool cuda_compiled() {
 #if CUMULUS_WITH_CUDA
   return true;

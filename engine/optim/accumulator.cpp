@@ -44,13 +44,15 @@ int Accumulator::steps_for_epoch(const std::map<int, int>& schedule, int epoch) 
   return it == schedule.begin() ? 1 : std::prev(it)->second;
 }
 
-void Accumulator::begin_epoch(int epoch, int64_t micro_batches) {
+void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   CUMULUS_CHECK(micro_batches >= 0, InvalidArgument, "Accumulator: negative epoch length");
+  CUMULUS_CHECK(first >= 0 && (micro_batches == 0 || first <= micro_batches), InvalidArgument,
+                "Accumulator: first micro-batch ", first, " outside an epoch of ", micro_batches);
   CUMULUS_CHECK(group_mbs_ == 0, InvalidArgument, "Accumulator: begin_epoch(", epoch, ") with ", group_mbs_,
                 " micro-batch(es) of the previous epoch not stepped; call flush() first");
   epoch_ = epoch;
   accum_steps_ = options_.schedule.empty() ? options_.accum_steps : steps_for_epoch(options_.schedule, epoch);
-  mb_in_epoch_ = 0;
+  mb_in_epoch_ = first;
   mb_epoch_len_ = micro_batches;
 }
 
@@ -76,6 +78,22 @@ bool Accumulator::ready() const {
 }
 
 bool Accumulator::step_if_ready() { return ready() && do_step(); }
+
+Accumulator::Counters Accumulator::counters() const {
+  return {epoch_, mb_in_epoch_, mb_total_, steps_, skipped_};
+}
+
+void Accumulator::restore(const Counters& c) {
+  CUMULUS_CHECK(group_mbs_ == 0, InvalidArgument, "Accumulator::restore with micro-batches accumulated");
+  CUMULUS_CHECK(c.epoch >= 0 && c.micro_batch_index >= 0 && c.micro_batches_total >= 0 && c.optimizer_steps >= 0 &&
+                    c.skipped_steps >= 0,
+                InvalidArgument, "Accumulator::restore: negative counter");
+  epoch_ = c.epoch;
+  mb_in_epoch_ = c.micro_batch_index;
+  mb_total_ = c.micro_batches_total;
+  steps_ = c.optimizer_steps;
+  skipped_ = c.skipped_steps;
+}
 
 bool Accumulator::flush() { return group_mbs_ > 0 && do_step(); }
 

@@ -19,6 +19,20 @@ int64_t AdamW::state_bytes() const {
   return m_.defined() ? static_cast<int64_t>(m_.allocated_bytes() + v_.allocated_bytes()) : 0;
 }
 
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  if (!m_.defined()) return {};
+  return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+}
+
+void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
+  CUMULUS_CHECK(updates >= 0, InvalidArgument, "AdamW::load_state: negative update count");
+  if (updates > 0) {
+    restore_tensor(state, "exp_avg", m_);
+    restore_tensor(state, "exp_avg_sq", v_);
+  }
+  updates_ = updates;
+}
+
 void AdamW::apply(float grad_scale, float lr) {
   const nn::FlatParameters& p = *params_;
   if (!m_.defined()) {

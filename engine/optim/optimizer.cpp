@@ -17,6 +17,23 @@ void Optimizer::set_lr(float lr) {
   lr_ = lr;
 }
 
+void Optimizer::restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state,
+                               const std::string& name, Tensor& into) const {
+  for (const auto& [n, t] : state) {
+    if (n != name) continue;
+    CUMULUS_CHECK(t.dtype() == DType::f32 && t.numel() == params_->size(), ShapeError, "optimizer state '", name,
+                  "' has ", t.numel(), " elements (", dtype_name(t.dtype()), "), expected ", params_->size(),
+                  " f32 (was the checkpoint written for this model?)");
+    if (!into.defined()) {
+      MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+      into = Tensor::empty(params_->values().shape(), DType::f32, params_->device());
+    }
+    copy_bytes(into.raw_data(), into.device(), t.raw_data(), t.device(), into.nbytes());
+    return;
+  }
+  throw InvalidArgument("optimizer state '" + name + "' is missing from the checkpoint");
+}
+
 void Optimizer::update(float grad_scale, float lr) {
   CUMULUS_CHECK(std::isfinite(grad_scale), InvalidArgument, "optimizer: gradient scale ", grad_scale);
   NoGradGuard no_grad;

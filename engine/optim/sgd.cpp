@@ -15,6 +15,17 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
 
 int64_t SGD::state_bytes() const { return momentum_.defined() ? static_cast<int64_t>(momentum_.allocated_bytes()) : 0; }
 
+std::vector<std::pair<std::string, Tensor>> SGD::state() const {
+  if (!momentum_.defined()) return {};
+  return {{"momentum_buffer", momentum_}};
+}
+
+void SGD::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
+  CUMULUS_CHECK(updates >= 0, InvalidArgument, "SGD::load_state: negative update count");
+  if (options_.momentum != 0.0f && updates > 0) restore_tensor(state, "momentum_buffer", momentum_);
+  updates_ = updates;
+}
+
 void SGD::apply(float grad_scale, float lr) {
   const nn::FlatParameters& p = *params_;
   const bool first = !momentum_.defined();

@@ -59,3 +59,14 @@ void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, 
                     float bias_correction1, float bias_correction2);
 
 }  // namespace cumulus::kernels
+
+namespace cumulus::kernels {
+
+// ---- data (see kernels/cpu/data.cpp) ----
+
+// Row r < count of a batch is sample s = order[start + r] (order null: start + r) of u8 images
+// [n, row]: x[r, :] = images[s, :] / 255.0f (f32), y[r] = labels[s].
+void gather_batch_cpu(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
+                      int64_t count, int64_t row, float* x, int32_t* y);
+
+}  // namespace cumulus::kernels

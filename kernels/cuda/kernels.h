@@ -54,3 +54,14 @@ void adamw_step_cuda(float* w, const float* grad, float* m, float* v, int64_t n,
                      float bias_correction1, float bias_correction2, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
+
+namespace cumulus::kernels {
+
+// ---- data (see kernels/cuda/data.cu) ----
+
+// The batch gather of gather_batch_cpu (kernels/cpu/kernels.h), one launch: x [count, row] f32 =
+// images[s, :] / 255.0f and y [count] = labels[s] for s = order[start + r] (order null: start + r).
+void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
+                       int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream);
+
+}  // namespace cumulus::kernels

@@ -22,6 +22,8 @@ class Device {
   bool is_cpu() const { return type_ == DeviceType::cpu; }
   bool is_cuda() const { return type_ == DeviceType::cuda; }
   std::string str() const;
+  // For banners and reports: "cpu", "cuda:0 (NVIDIA H200)".
+  std::string describe() const;
 
   bool operator==(const Device& o) const { return type_ == o.type_ && index_ == o.index_; }
   bool operator!=(const Device& o) const { return !(*this == o); }

@@ -33,4 +33,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
 // x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties). No gradient.
 Tensor argmax(const Tensor& x);
 
+// dst += src, outside autograd (same shape, f32, same device): e.g. summing losses on the device
+// without reading each one back.
+void accumulate_(const Tensor& dst, const Tensor& src);
+
 }  // namespace cumulus::ops

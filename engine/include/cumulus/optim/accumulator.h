@@ -45,8 +45,9 @@ class Accumulator {
   Accumulator(std::shared_ptr<Optimizer> optimizer, const AccumulatorOptions& options,
               std::shared_ptr<const LRSchedule> schedule = nullptr);
 
-  // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end).
-  void begin_epoch(int epoch, int64_t micro_batches = 0);
+  // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
+  // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
+  void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
   // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers.
   void backward(const Tensor& loss, int64_t samples);
   // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
@@ -72,6 +73,18 @@ class Accumulator {
   float last_clip_factor() const { return last_clip_; }
   float last_lr() const { return last_lr_; }
   Optimizer& optimizer() { return *optimizer_; }
+
+  // Everything a checkpoint needs to resume exactly at a group boundary.
+  struct Counters {
+    int epoch = 0;
+    int64_t micro_batch_index = 0;
+    int64_t micro_batches_total = 0;
+    int64_t optimizer_steps = 0;
+    int64_t skipped_steps = 0;
+  };
+  Counters counters() const;
+  // Restores counters at a group boundary (nothing accumulated); begin_epoch() follows.
+  void restore(const Counters& counters);
   static int steps_for_epoch(const std::map<int, int>& schedule, int epoch);
 
  private:

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cumulus/nn/flat_parameters.h"
 
@@ -29,11 +32,21 @@ class Optimizer {
   int64_t updates() const { return updates_; }  // updates applied so far
   // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
   virtual int64_t state_bytes() const = 0;
+  // The state as named flat tensors (for checkpoints); empty before the first update.
+  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // Restores what state() returned (copied into this optimizer's own buffers, allocated if needed)
+  // and the number of updates applied, so training resumes exactly. Throws on missing or
+  // mis-shaped tensors, naming them.
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) = 0;
   const nn::FlatParameters& parameters() const { return *params_; }
   nn::FlatParameters& parameters() { return *params_; }
 
  protected:
   virtual void apply(float grad_scale, float lr) = 0;
+  // Finds `name` in `state` and copies it into `into` (allocated in category optimizer_state
+  // with the flat size when undefined).
+  void restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
+                      Tensor& into) const;
   std::shared_ptr<nn::FlatParameters> params_;
   float lr_;
   int64_t updates_ = 0;

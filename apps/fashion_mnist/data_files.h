@@ -1,0 +1,16 @@
+// Finding the Fashion-MNIST files, or downloading and verifying them.
+#pragma once
+
+#include <string>
+
+namespace fmnist {
+
+// The directory to read the dataset from. Search order: `data_flag` (--data), $CUMULUS_DATA,
+// ./data/fashion-mnist, ../shared/data/fashion-mnist. A directory counts when it holds all four
+// files (each as NAME.gz or NAME). --data or $CUMULUS_DATA without them is a UsageFailure naming
+// what is missing. When no candidate holds them, the files are downloaded with curl from the
+// canonical location into ./data/fashion-mnist and their SHA-256 sums checked before use; a
+// failed download or a wrong sum is a cumulus::Error giving the URLs.
+std::string locate_fashion_mnist(const std::string& data_flag, bool quiet);
+
+}  // namespace fmnist

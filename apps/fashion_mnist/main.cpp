@@ -1,0 +1,325 @@
+// fashion_mnist: the seed experiment end to end (see --help and README.md).
+//
+// The loop, per micro-batch: gather the batch on the device, forward, summed cross-entropy,
+// Accumulator::backward (gradients add into the persistent buffers), and at each group boundary one
+// fused optimizer step. The memory tracker wraps each phase. Signals only set a flag: the loop stops
+// at the next group boundary (the current optimizer step finishes), writes the checkpoint if asked,
+// and exits 130 (SIGINT) or 143 (SIGTERM).
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint.h"
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/data/dataset.h"
+#include "cumulus/io/file.h"
+#include "cumulus/memory/planner.h"
+#include "cumulus/memory/tracker.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/optim/sgd.h"
+#include "data_files.h"
+#include "models/mlp.h"
+#include "options.h"
+#include "progress.h"
+
+using namespace cumulus;
+
+namespace fmnist {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) {
+  g_signal = sig;
+  std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+struct EvalResult {
+  double accuracy = 0.0;
+  double avg_loss = 0.0;
+};
+
+// The seed's test loop: accuracy over all samples, and the mean over batches of each batch's mean loss.
+EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
+  NoGradGuard no_grad;
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  for (int64_t i = 0; i < loader.num_batches(); ++i) {
+    const data::Batch b = loader.batch(i);
+    const Tensor logits = model(b.x);
+    loss_sum += ops::cross_entropy(logits, b.y, ops::Reduction::Mean).item();
+    const std::vector<int32_t> pred = ops::argmax(logits).to_vector<int32_t>();
+    const std::vector<int32_t> truth = b.y.to_vector<int32_t>();
+    for (std::size_t k = 0; k < pred.size(); ++k) correct += pred[k] == truth[k];
+  }
+  EvalResult r;
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(loader.dataset().size());
+  r.avg_loss = loss_sum / static_cast<double>(loader.num_batches());
+  return r;
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_ptr<nn::FlatParameters> flat) {
+  if (o.optimizer == "adamw") {
+    optim::AdamWOptions a;
+    a.lr = o.lr;
+    a.weight_decay = o.resolved_weight_decay();
+    return std::make_shared<optim::AdamW>(flat, a);
+  }
+  optim::SGDOptions s;
+  s.lr = o.lr;
+  s.momentum = o.momentum;
+  s.weight_decay = o.resolved_weight_decay();
+  return std::make_shared<optim::SGD>(flat, s);
+}
+
+// --effective-batch with --memory-budget: probe micro-batches of two sizes to measure the fixed
+// costs and the peak's growth per sample, add the optimizer state the first step will allocate,
+// and let the planner choose. Parameters are not changed (the probes' gradients are discarded).
+void plan_batch(Options& o, models::SeedMLP& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
+  const int64_t large = std::min<int64_t>({o.effective_batch, 8, train.size()});
+  const int64_t small = std::max<int64_t>(1, large / 2);
+  CachingAllocator& alloc = allocator_for(o.resolved_device);
+  auto probe = [&](int64_t b) {
+    data::DataLoader loader(train, b);
+    const data::Batch batch = loader.batch(0);
+    alloc.reset_peak();
+    Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+    loss.backward();
+    loss = Tensor();
+    const int64_t peak = alloc.stats().allocated_peak;
+    flat.mark_gradients_stale();
+    return peak;
+  };
+  const int64_t p_small = probe(small);
+  const int64_t p_large = large > small ? probe(large) : p_small;
+  MemoryCost cost = large > small ? memory_cost_from_probes(small, p_small, large, p_large) : MemoryCost{p_small, 0.0};
+  const int copies = o.optimizer == "adamw" ? 2 : (o.momentum > 0 ? 1 : 0);
+  cost.fixed_bytes += copies * static_cast<int64_t>(flat.values().allocated_bytes());
+  const MicroBatchPlan plan = plan_micro_batch(o.memory_budget_bytes, o.effective_batch, cost);
+  o.batch_size = plan.micro_batch;
+  o.accum_steps = plan.accum_steps;
+  alloc.empty_cache();
+  std::printf("planner: %s\n", plan.reason.c_str());
+}
+
+void write_reports(const Options& o, MemoryTracker& tracker) {
+  auto write = [&](const std::string& path, const std::string& content, const char* what) {
+    if (path.empty()) return;
+    io::write_file_atomic(path, content);
+    if (!o.quiet) std::printf("%s written to %s\n", what, path.c_str());
+  };
+  write(o.memory_report_path, memory_report_json(tracker), "memory report");
+  write(o.trace_path, memory_trace_json(tracker), "trace");
+  write(o.memory_plot_path, memory_plot_svg(tracker), "memory plot");
+}
+
+int run(Options& o) {
+  const Device device = o.resolved_device;
+  const std::string data_dir = locate_fashion_mnist(o.data_dir, o.quiet);
+  const data::ImageDataset train = data::load_mnist_split(data_dir, true, device, o.train_limit);
+  const data::ImageDataset test = data::load_mnist_split(data_dir, false, device, o.test_limit);
+
+  Generator gen(o.seed);
+  models::SeedMLP model(gen, device);
+  if (!o.init_path.empty()) load_weights(o.init_path, model);
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
+  if (o.memory_budget_bytes > 0) allocator_for(device).set_memory_limit(o.memory_budget_bytes);
+  if (o.effective_batch > 0) plan_batch(o, model, *flat, train);
+
+  auto optimizer = make_optimizer(o, flat);
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = o.accum_steps;
+  ao.schedule = o.schedule;
+  ao.normalization = o.normalization();
+  ao.clip_grad_norm = o.clip_grad_norm;
+  optim::Accumulator acc(optimizer, ao);
+
+  TrainingState state;
+  if (!o.resume_path.empty()) {
+    state = load_checkpoint(o.resume_path, model, *optimizer, o);
+    acc.restore(state.counters);
+  }
+
+  data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed);
+  const data::DataLoader test_loader(test, o.eval_batch_size);
+  const int64_t micro_batches = train_loader.num_batches();
+
+  if (!o.quiet) {
+    const int n0 = optim::Accumulator::steps_for_epoch(o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
+    std::printf("device: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch %lld | %s lr %g\n",
+                device.describe().c_str(), data_dir.c_str(), static_cast<long long>(train.size()),
+                static_cast<long long>(test.size()), static_cast<long long>(o.batch_size), n0,
+                static_cast<long long>(o.batch_size * n0), o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr));
+    if (!o.resume_path.empty())
+      std::printf("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.epoch + 1,
+                  static_cast<long long>(state.next_micro_batch));
+  }
+
+  MemoryTracker::Options to;
+  to.model = "seed_mlp";
+  to.micro_batch_size = o.batch_size;
+  to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
+  MemoryTracker tracker(device, to);
+  Progress progress(stderr, !o.quiet);
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  // Summed training losses on the device, read only when needed: `group_loss` holds the group in
+  // flight and is folded into `epoch_loss` at each step, so `epoch_loss` is always the sum up to
+  // the last group boundary; `loss_before_run` is what a resumed epoch had before this run.
+  Tensor epoch_loss, group_loss;
+  double loss_before_run = 0.0;
+  auto zero_scalar = [&] {
+    MemoryCategoryScope scope(MemoryCategory::other);
+    return Tensor::zeros(Shape{}, DType::f32, device);
+  };
+  epoch_loss = zero_scalar();
+  group_loss = zero_scalar();
+
+  // The position of the last group boundary: what a checkpoint written now restores.
+  TrainingState boundary = state;
+  auto checkpoint_now = [&](const char* why) {
+    if (o.checkpoint_path.empty()) return;
+    boundary.optimizer_updates = optimizer->updates();
+    boundary.epoch_loss_sum = boundary.next_micro_batch == 0 ? 0.0 : loss_before_run + epoch_loss.item();
+    save_checkpoint(o.checkpoint_path, model, *optimizer, boundary, o);
+    std::printf("checkpoint (%s) written to %s\n", why, o.checkpoint_path.c_str());
+  };
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(o.metrics_path, std::ios::app);
+    if (!metrics) throw Error("cannot open --metrics '" + o.metrics_path + "' for appending");
+  }
+
+  try {
+    for (int epoch = state.epoch; epoch < o.epochs; ++epoch) {
+      const bool resuming_epoch = epoch == state.epoch;
+      const int64_t first = resuming_epoch ? state.next_micro_batch : 0;
+      loss_before_run = resuming_epoch ? state.epoch_loss_sum : 0.0;
+      int64_t samples = resuming_epoch ? state.epoch_samples : 0, samples_this_run = 0;
+      epoch_loss = zero_scalar();
+      train_loader.set_epoch(epoch);
+      acc.begin_epoch(epoch, micro_batches, first);
+      progress.begin_epoch(epoch, micro_batches, first);
+      boundary.epoch = epoch;
+      boundary.next_micro_batch = first;
+      boundary.counters = acc.counters();
+      boundary.epoch_samples = samples;
+      const auto t0 = std::chrono::steady_clock::now();
+
+      for (int64_t i = first; i < micro_batches; ++i) {
+        if (g_signal != 0) {  // only ever true here at a group boundary
+          progress.end_epoch();
+          std::printf("\ninterrupted (%s) at epoch %d, micro-batch %lld\n", g_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                      epoch + 1, static_cast<long long>(i));
+          checkpoint_now("interrupted");
+          write_reports(o, tracker);
+          return g_signal == SIGINT ? 130 : 143;
+        }
+        const data::Batch batch = train_loader.batch(i);
+        const int64_t b = batch.x.size(0);
+        tracker.begin_micro_batch(epoch, i, b);
+        Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+        tracker.end_forward();
+        ops::accumulate_(group_loss, loss.detach());
+        acc.backward(loss, b);
+        loss = Tensor();
+        tracker.end_backward();
+        samples += b;
+        samples_this_run += b;
+        if (acc.ready()) {
+          tracker.begin_step();
+          acc.step_if_ready();
+          tracker.end_step(acc.optimizer_steps(), optimizer->state_bytes());
+          ops::accumulate_(epoch_loss, group_loss);
+          group_loss = zero_scalar();
+          boundary.next_micro_batch = i + 1;
+          boundary.counters = acc.counters();
+          boundary.epoch_samples = samples;
+        }
+        if (progress.due(i + 1))
+          progress.update(i + 1, (loss_before_run + epoch_loss.item()) / static_cast<double>(std::max<int64_t>(boundary.epoch_samples, 1)),
+                          samples_this_run);
+      }
+      progress.end_epoch();
+      const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double train_loss = (loss_before_run + epoch_loss.item()) / static_cast<double>(std::max<int64_t>(samples, 1));
+
+      const EvalResult r = evaluate(model, test_loader);
+      std::printf("Epoch %d\n-------------------\nTest Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", epoch + 1,
+                  100.0 * r.accuracy, r.avg_loss);
+      std::fflush(stdout);
+
+      int64_t epoch_peak = 0;
+      for (const auto& rec : tracker.micro_batches())
+        if (rec.epoch == epoch) epoch_peak = std::max(epoch_peak, rec.peak_bytes);
+      if (metrics) {
+        nlohmann::json line = {{"epoch", epoch + 1},
+                               {"train_loss", train_loss},
+                               {"test_loss", r.avg_loss},
+                               {"test_accuracy", r.accuracy},
+                               {"samples_per_s", static_cast<double>(samples_this_run) / train_seconds},
+                               {"epoch_seconds", train_seconds},
+                               {"optimizer_steps", acc.optimizer_steps()},
+                               {"skipped_steps", acc.skipped_steps()},
+                               {"peak_bytes", epoch_peak},
+                               {"micro_batch_size", o.batch_size},
+                               {"accum_steps", acc.accum_steps()}};
+        metrics << line.dump() << "\n" << std::flush;
+      }
+      boundary.epoch = epoch + 1;
+      boundary.next_micro_batch = 0;
+      boundary.counters = acc.counters();
+      boundary.counters.epoch = epoch + 1;
+      boundary.counters.micro_batch_index = 0;
+      boundary.epoch_samples = 0;
+      checkpoint_now("epoch end");
+    }
+  } catch (const OutOfMemory& e) {
+    progress.end_epoch();
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    std::fprintf(stderr, "fashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE\n");
+    allocator_for(device).set_memory_limit(0);  // room to report and save; the group in flight is dropped
+    group_loss = Tensor();
+    checkpoint_now("out of memory; resumes at the last completed step");
+    write_reports(o, tracker);
+    return 1;
+  }
+
+  if (!o.save_path.empty()) {
+    save_weights(o.save_path, model);
+    if (!o.quiet) std::printf("weights written to %s\n", o.save_path.c_str());
+  }
+  if (!o.quiet) print_memory_table(tracker, stdout);
+  write_reports(o, tracker);
+  return 0;
+}
+
+}  // namespace
+}  // namespace fmnist
+
+int main(int argc, char** argv) {
+  fmnist::Options options;
+  const fmnist::ParseResult parsed = fmnist::parse_options(argc, argv, options);
+  if (!parsed.proceed) return parsed.exit_code;
+  try {
+    return fmnist::run(options);
+  } catch (const fmnist::UsageFailure& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
+  } catch (const cumulus::Error& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: unexpected error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,246 @@
+// IDX reader: a byte source (plain file, or a zlib inflate stream over a gzip file), a header
+// check, then the payload read in chunks.
+//
+// Note [Allocate only what arrived]: the header's dimensions are a claim, not a fact. A plain
+// file's payload size is compared with the file size before anything is allocated. A gzip file's
+// decompressed size is unknown until it has been inflated, so the payload buffer grows with the
+// data that actually arrives (never past what was read plus one chunk, the chunk growing with the
+// data so the copies stay linear), and the counts are compared at the end: a 100-byte file whose
+// header claims 2^31 images fails after one small chunk, without a 2 GB allocation.
+#include "cumulus/data/idx.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "cumulus/core/error.h"
+
+namespace cumulus::data {
+
+namespace {
+
+constexpr std::size_t kMinChunk = std::size_t(1) << 20;   // 1 MiB
+constexpr std::size_t kMaxChunk = std::size_t(64) << 20;  // 64 MiB
+constexpr uint8_t kTypeUnsignedByte = 0x08;
+
+std::string where(const std::string& path) { return "IDX file '" + path + "': "; }
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+// A stream of the file's (decompressed) bytes.
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Reads up to n bytes; fewer only at the end of the data. Throws on read errors.
+  virtual std::size_t read(uint8_t* dst, std::size_t n) = 0;
+};
+
+class PlainSource final : public Source {
+ public:
+  PlainSource(std::FILE* f, const std::string& path) : f_(f), path_(path) {}
+  std::size_t read(uint8_t* dst, std::size_t n) override {
+    const std::size_t got = std::fread(dst, 1, n, f_);
+    if (got < n && std::ferror(f_))
+      throw Error(where(path_) + "read error: " + std::strerror(errno));
+    return got;
+  }
+
+ private:
+  std::FILE* f_;
+  const std::string& path_;
+};
+
+// Inflates gzip members one after another (as gzip -d does with concatenated members). Anything
+// after the last member that is not another member is corrupt data.
+class GzipSource final : public Source {
+ public:
+  GzipSource(std::FILE* f, const std::string& path) : f_(f), path_(path) {
+    std::memset(&z_, 0, sizeof(z_));
+    if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK)  // 16: expect a gzip wrapper
+      throw Error(where(path_) + "cannot initialize zlib");
+  }
+  ~GzipSource() override { inflateEnd(&z_); }
+  GzipSource(const GzipSource&) = delete;
+  GzipSource& operator=(const GzipSource&) = delete;
+
+  std::size_t read(uint8_t* dst, std::size_t n) override {
+    std::size_t done = 0;
+    while (done < n && !finished_) {
+      if (z_.avail_in == 0 && !refill()) {
+        if (!member_ended_) throw corrupt("truncated gzip stream (the file ends inside compressed data)");
+        finished_ = true;  // clean end after a complete member
+        break;
+      }
+      if (member_ended_) {  // more input after a complete member: another member must start
+        if (z_.next_in[0] != 0x1f) throw corrupt("trailing garbage after the gzip stream");
+        if (inflateReset(&z_) != Z_OK) throw corrupt("inflateReset failed");
+        member_ended_ = false;
+      }
+      const std::size_t want = std::min<std::size_t>(n - done, std::numeric_limits<uInt>::max());
+      z_.next_out = dst + done;
+      z_.avail_out = static_cast<uInt>(want);
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      done += want - z_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_ended_ = true;
+      } else if (rc == Z_BUF_ERROR) {
+        // No progress possible: needs more input (handled by the refill above) or more output.
+        if (z_.avail_in != 0 && z_.avail_out != 0) throw corrupt("inflate made no progress");
+      } else if (rc != Z_OK) {
+        throw corrupt(z_.msg ? z_.msg : zError(rc));
+      }
+    }
+    return done;
+  }
+
+ private:
+  bool refill() {
+    const std::size_t got = std::fread(in_.data(), 1, in_.size(), f_);
+    if (got == 0 && std::ferror(f_)) throw Error(where(path_) + "read error: " + std::strerror(errno));
+    z_.next_in = in_.data();
+    z_.avail_in = static_cast<uInt>(got);
+    return got > 0;
+  }
+  Error corrupt(const std::string& detail) const {
+    return Error(where(path_) + "corrupt gzip data (" + detail + ")");
+  }
+
+  std::FILE* f_;
+  const std::string& path_;
+  z_stream z_;
+  std::array<uint8_t, 1 << 16> in_{};
+  bool member_ended_ = false;
+  bool finished_ = false;
+};
+
+std::string dims_str(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// a * b, saturating at int64 max (a header's dims can multiply past 2^63).
+int64_t mul_saturating(int64_t a, int64_t b) {
+  if (a != 0 && b > std::numeric_limits<int64_t>::max() / a) return std::numeric_limits<int64_t>::max();
+  return a * b;
+}
+
+}  // namespace
+
+IdxArray read_idx_u8(const std::string& path, int expected_ndim) {
+  CUMULUS_CHECK(expected_ndim >= 1 && expected_ndim <= 255, InvalidArgument, where(path),
+                "expected_ndim must be in [1, 255], got ", expected_ndim);
+  File file(std::fopen(path.c_str(), "rb"));
+  if (!file) {
+    if (errno == ENOENT) throw Error(where(path) + "not found");
+    throw Error("cannot open " + where(path) + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fileno(file.get()), &st) != 0)
+    throw Error("cannot stat " + where(path) + std::strerror(errno));
+  CUMULUS_CHECK(S_ISREG(st.st_mode), Error, where(path), "not a regular file");
+  const int64_t file_size = static_cast<int64_t>(st.st_size);
+
+  // gzip is recognized by its magic, not by the file name.
+  uint8_t magic2[2] = {0, 0};
+  const std::size_t got_magic = std::fread(magic2, 1, 2, file.get());
+  const bool gzip = got_magic == 2 && magic2[0] == 0x1f && magic2[1] == 0x8b;
+  std::rewind(file.get());
+  std::unique_ptr<Source> source;
+  if (gzip) source = std::make_unique<GzipSource>(file.get(), path);
+  else source = std::make_unique<PlainSource>(file.get(), path);
+  const char* kind = gzip ? " (decompressed)" : "";
+
+  // ---- header: 0x00 0x00, type, ndim, then ndim big-endian u32 dimensions ----
+  const std::size_t header_size = 4 + 4 * static_cast<std::size_t>(expected_ndim);
+  std::vector<uint8_t> header(header_size);
+  std::size_t got = source->read(header.data(), 4);
+  CUMULUS_CHECK(got == 4, Error, where(path), "truncated header: ", got, " bytes", kind,
+                ", an IDX header needs at least 4");
+  char magic[16];
+  std::snprintf(magic, sizeof(magic), "0x%02x%02x%02x%02x", header[0], header[1], header[2], header[3]);
+  CUMULUS_CHECK(header[0] == 0 && header[1] == 0, Error, where(path), "wrong magic ", magic,
+                ": an IDX file starts with two zero bytes (expected 0x000008",
+                expected_ndim < 16 ? "0" : "", std::hex, expected_ndim, ")");
+  CUMULUS_CHECK(header[2] == kTypeUnsignedByte, Error, where(path), "wrong magic ", magic, ": data type 0x",
+                std::hex, int(header[2]), " is not unsigned byte (0x08)");
+  CUMULUS_CHECK(header[3] == expected_ndim, Error, where(path), "dimension mismatch: the header (magic ",
+                magic, ") has ", int(header[3]), " dimensions, expected ", expected_ndim);
+  got += source->read(header.data() + 4, header_size - 4);
+  CUMULUS_CHECK(got == header_size, Error, where(path), "truncated header: ", got, " bytes", kind, ", ",
+                expected_ndim, " dimensions need ", header_size);
+
+  IdxArray out;
+  int64_t payload = 1;
+  for (int d = 0; d < expected_ndim; ++d) {
+    const uint8_t* p = header.data() + 4 + 4 * d;
+    const int64_t dim = (int64_t(p[0]) << 24) | (int64_t(p[1]) << 16) | (int64_t(p[2]) << 8) | int64_t(p[3]);
+    out.dims.push_back(dim);
+    payload = mul_saturating(payload, dim);
+  }
+  for (int d = 0; d < expected_ndim; ++d)
+    CUMULUS_CHECK(out.dims[d] > 0, Error, where(path), "invalid dimensions ", dims_str(out.dims),
+                  ": dimension ", d, " is 0");
+  const auto expectation = [&] {
+    return detail::concat("the header's dimensions ", dims_str(out.dims), " need ", payload,
+                          " bytes of data after the ", header_size, "-byte header");
+  };
+
+  // ---- payload: plain files are checked against their size before allocating (Note above) ----
+  if (!gzip) {
+    const int64_t data_bytes = file_size - static_cast<int64_t>(header_size);
+    CUMULUS_CHECK(data_bytes >= payload, Error, where(path), "truncated: ", expectation(), ", the file has ",
+                  data_bytes);
+    CUMULUS_CHECK(data_bytes == payload, Error, where(path), "unexpected trailing data: ", expectation(),
+                  ", the file has ", data_bytes);
+    out.values.resize(static_cast<std::size_t>(payload));
+    const std::size_t n = source->read(out.values.data(), out.values.size());
+    CUMULUS_CHECK(n == out.values.size(), Error, where(path), "truncated while reading: ", expectation(),
+                  ", read ", n);
+    return out;
+  }
+
+  // gzip: grow with the data that arrives (Note [Allocate only what arrived]).
+  const auto expected = static_cast<uint64_t>(payload);
+  while (out.values.size() < expected) {
+    const std::size_t have = out.values.size();
+    const std::size_t chunk = static_cast<std::size_t>(
+        std::min<uint64_t>(std::clamp(have, kMinChunk, kMaxChunk), expected - have));
+    if (out.values.capacity() < have + chunk) out.values.reserve(have + chunk);
+    out.values.resize(have + chunk);
+    const std::size_t n = source->read(out.values.data() + have, chunk);
+    if (n < chunk) {
+      out.values.resize(have + n);
+      break;
+    }
+  }
+  CUMULUS_CHECK(out.values.size() == expected, Error, where(path), "truncated: ", expectation(),
+                ", the decompressed data has ", out.values.size());
+  // Anything more is an error, and reading to the end also verifies the gzip CRC: if the data was
+  // corrupted, that is reported as corruption rather than as a size mismatch.
+  std::vector<uint8_t> scratch(1 << 16);
+  uint64_t extra = 0;
+  constexpr uint64_t kMaxExtraScan = uint64_t(64) << 20;
+  while (extra <= kMaxExtraScan) {
+    const std::size_t n = source->read(scratch.data(), scratch.size());
+    extra += n;
+    if (n < scratch.size()) break;
+  }
+  CUMULUS_CHECK(extra == 0, Error, where(path), "unexpected trailing data: ", expectation(),
+                ", the decompressed data has ", extra > kMaxExtraScan ? "more than " : "",
+                expected + extra);
+  return out;
+}
+
+}  // namespace cumulus::data

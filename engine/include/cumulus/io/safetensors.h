@@ -1,0 +1,33 @@
+// safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
+// length, a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str:
+// str}}, then the raw little-endian data. Weights saved with PyTorch's state-dict names load in
+// PyTorch with safetensors.torch.load_file and back (DESIGN.md, decision 10).
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cumulus/tensor/tensor.h"
+
+namespace cumulus::io {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// Writes atomically (temporary file, fsync, rename). dtypes f32 -> "F32", i32 -> "I32", u8 -> "U8".
+// Tensors on CUDA are copied to the host. Names must be unique.
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsContents {
+  NamedTensors tensors;  // in file order of their data offsets
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads a file, validating the header (length within the file, JSON, known dtypes, shapes that
+// match their byte ranges, ranges inside the data and not overlapping). Errors name the file and
+// the fault. Tensors are placed on `device` (category: the current scope's).
+SafetensorsContents load_safetensors(const std::string& path, Device device = Device::cpu());
+
+}  // namespace cumulus::io

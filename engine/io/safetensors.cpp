@@ -1,0 +1,271 @@
+// safetensors: writing builds the whole file in memory (8-byte length, header JSON padded with
+// spaces to a multiple of 8 as the reference implementation does, data in the given order) and
+// hands it to write_file_atomic. Reading checks the header completely before allocating tensors:
+// the reference implementation's rules (known dtypes, shapes matching byte ranges, ranges that
+// tile the data section exactly: no gap, no overlap, nothing left over), plus unique names.
+#include "cumulus/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "cumulus/core/error.h"
+#include "cumulus/io/file.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so is every host we build for");
+
+namespace cumulus::io {
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the reference rejects headers past 100 MB
+constexpr const char* kMetadataKey = "__metadata__";
+
+std::string where(const std::string& path) { return "safetensors file '" + path + "': "; }
+std::string where(const std::string& path, const std::string& name) {
+  return where(path) + "tensor '" + name + "': ";
+}
+
+const char* file_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::i32: return "I32";
+    case DType::u8: return "U8";
+    default: return nullptr;
+  }
+}
+
+bool parse_dtype(const std::string& s, DType& out) {
+  if (s == "F32") out = DType::f32;
+  else if (s == "I32") out = DType::i32;
+  else if (s == "U8") out = DType::u8;
+  else return false;
+  return true;
+}
+
+// Closes the descriptor on every path out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Reads exactly n bytes at `offset`; false on a short read (errno set on an error).
+bool read_at(int fd, void* dst, std::size_t n, uint64_t offset) {
+  auto* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<std::size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+// One tensor's header entry: {"dtype": str, "shape": [u64...], "data_offsets": [u64, u64]}.
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& j) {
+  const std::string at = where(path, name);
+  CUMULUS_CHECK(j.is_object(), Error, at, "header entry is not an object");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    CUMULUS_CHECK(j.contains(key), Error, at, "header entry has no \"", key, "\"");
+  Entry e;
+  e.name = name;
+  CUMULUS_CHECK(j["dtype"].is_string(), Error, at, "dtype is not a string: ", j["dtype"].dump());
+  const std::string dtype = j["dtype"].get<std::string>();
+  CUMULUS_CHECK(parse_dtype(dtype, e.dtype), Error, at, "unsupported dtype \"", dtype,
+                "\" (cumulus reads F32, I32 and U8)");
+  const auto& shape = j["shape"];
+  CUMULUS_CHECK(shape.is_array(), Error, at, "shape is not an array: ", shape.dump());
+  CUMULUS_CHECK(shape.size() <= static_cast<std::size_t>(Shape::kMaxDims), Error, at, "shape ", shape.dump(),
+                " has more than ", Shape::kMaxDims, " dimensions");
+  uint64_t bytes = dtype_size(e.dtype);
+  bool overflow = false;
+  for (const auto& d : shape) {
+    CUMULUS_CHECK(d.is_number_unsigned(), Error, at, "shape ", shape.dump(),
+                  " must hold non-negative integers");
+    const auto v = d.get<uint64_t>();
+    CUMULUS_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, at, "shape ",
+                  shape.dump(), " is too large");
+    if (v != 0 && bytes > std::numeric_limits<uint64_t>::max() / v) overflow = true;
+    else bytes *= v;
+    e.shape.push_back(static_cast<int64_t>(v));
+  }
+  if (e.shape.numel() == 0) {  // a zero dimension makes any earlier overflow moot
+    overflow = false;
+    bytes = 0;
+  }
+  const auto& off = j["data_offsets"];
+  CUMULUS_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                Error, at, "data_offsets must be [begin, end] with non-negative integers, got ", off.dump());
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  CUMULUS_CHECK(e.begin <= e.end, Error, at, "invalid data_offsets [", e.begin, ", ", e.end,
+                "]: begin is past end");
+  CUMULUS_CHECK(!overflow && bytes == e.end - e.begin, Error, at, "size mismatch: shape ", shape.dump(), " of ",
+                dtype, " needs ", overflow ? std::string("more than 2^64") : std::to_string(bytes),
+                " bytes, data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin);
+  return e;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps "__metadata__" first and the tensors in the given order (any order is valid).
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header[kMetadataKey] = std::move(meta);
+  }
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    CUMULUS_CHECK(name != kMetadataKey, InvalidArgument, where(path), "\"", kMetadataKey,
+                  "\" is reserved and cannot name a tensor");
+    CUMULUS_CHECK(seen.insert(name).second, InvalidArgument, where(path, name), "duplicate tensor name");
+    CUMULUS_CHECK(t.defined(), InvalidArgument, where(path, name), "undefined tensor");
+    const char* dtype = file_dtype(t.dtype());
+    CUMULUS_CHECK(dtype != nullptr, InvalidArgument, where(path, name), "dtype ", dtype_name(t.dtype()),
+                  " cannot be saved (F32, I32 and U8 can)");
+    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
+    for (int d = 0; d < t.ndim(); ++d) shape.push_back(t.shape()[d]);
+    const uint64_t end = offset + t.nbytes();
+    header[name] = {{"dtype", dtype}, {"shape", std::move(shape)}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string content;
+  content.reserve(8 + json.size() + offset);
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) content.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  content += json;
+  const std::size_t data_start = content.size();
+  content.resize(data_start + offset);
+  char* dst = content.data() + data_start;
+  for (const auto& [name, t] : tensors) {
+    copy_bytes(dst, Device::cpu(), t.raw_data(), t.device(), t.nbytes());  // synchronizes for CUDA
+    dst += t.nbytes();
+  }
+  write_file_atomic(path, content);
+}
+
+SafetensorsContents load_safetensors(const std::string& path, Device device) {
+  check_device_available(device);
+  Fd file;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file.fd < 0) throw Error("cannot open " + where(path) + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) throw Error("cannot stat " + where(path) + std::strerror(errno));
+  CUMULUS_CHECK(S_ISREG(st.st_mode), Error, where(path), "not a regular file");
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+
+  // ---- the header length, then the header ----
+  CUMULUS_CHECK(file_size >= 8, Error, where(path), "file too short: ", file_size,
+                " bytes, a safetensors file starts with an 8-byte header length");
+  unsigned char len[8];
+  CUMULUS_CHECK(read_at(file.fd, len, 8, 0), Error, where(path), "cannot read the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  CUMULUS_CHECK(n <= kMaxHeaderBytes, Error, where(path), "header length ", n, " is absurd (limit ",
+                kMaxHeaderBytes, " bytes): not a safetensors file, or a corrupt one");
+  CUMULUS_CHECK(8 + n <= file_size, Error, where(path), "header length ", n, " runs past the end of the file (",
+                file_size, " bytes): truncated or corrupt");
+  std::string text(n, '\0');
+  errno = 0;
+  CUMULUS_CHECK(read_at(file.fd, text.data(), n, 8), Error, where(path), "cannot read the ", n,
+                "-byte header: ", std::strerror(errno));
+
+  // Top-level keys are recorded as they are parsed: a JSON object may legally repeat a key (the
+  // parser keeps one), but a file that names two tensors alike is corrupt.
+  int depth = 0;
+  std::string duplicate;
+  std::set<std::string> keys;
+  auto callback = [&](int d, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    (void)d;
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) ++depth;
+    else if (event == E::object_end || event == E::array_end) --depth;
+    else if (event == E::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  const nlohmann::json header = nlohmann::json::parse(text, callback, /*allow_exceptions=*/false);
+  CUMULUS_CHECK(!header.is_discarded(), Error, where(path), "the ", n, "-byte header is not valid JSON");
+  CUMULUS_CHECK(header.is_object(), Error, where(path), "the header is not a JSON object");
+  CUMULUS_CHECK(duplicate.empty(), Error, where(path, duplicate), "duplicate tensor name in the header");
+
+  SafetensorsContents out;
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      if (value.is_null()) continue;  // the reference writes no key, but reads null as none
+      CUMULUS_CHECK(value.is_object(), Error, where(path), "\"", kMetadataKey, "\" is not an object");
+      for (const auto& [k, v] : value.items()) {
+        CUMULUS_CHECK(v.is_string(), Error, where(path), "metadata \"", k, "\" is not a string: ", v.dump());
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, value));
+  }
+
+  // ---- the byte ranges tile the data section: sorted, each starts where the last ended ----
+  const uint64_t data_start = 8 + n, data_size = file_size - data_start;
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  uint64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : entries) {
+    CUMULUS_CHECK(e.end <= data_size, Error, where(path, e.name), "data_offsets [", e.begin, ", ", e.end,
+                  "] out of range: the data section has ", data_size, " bytes");
+    CUMULUS_CHECK(e.begin >= covered, Error, where(path, e.name), "data_offsets [", e.begin, ", ", e.end,
+                  "] overlap tensor '", previous ? previous->name : "", "' (which ends at ", covered, ")");
+    CUMULUS_CHECK(e.begin == covered, Error, where(path, e.name), "data_offsets [", e.begin, ", ", e.end,
+                  "] leave a gap: bytes [", covered, ", ", e.begin, ") belong to no tensor");
+    covered = e.end;
+    previous = &e;
+  }
+  CUMULUS_CHECK(covered == data_size, Error, where(path), "the tensors cover ", covered,
+                " bytes but the data section has ", data_size, ": trailing bytes belong to no tensor");
+
+  // ---- the tensors, in data order ----
+  std::vector<char> staging;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype, device);
+    const std::size_t bytes = t.nbytes();
+    void* dst = t.raw_data();
+    if (device.is_cuda()) {
+      staging.resize(bytes);
+      dst = staging.data();
+    }
+    errno = 0;
+    CUMULUS_CHECK(read_at(file.fd, dst, bytes, data_start + e.begin), Error, where(path, e.name),
+                  "cannot read ", bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
+    if (device.is_cuda()) copy_bytes(t.raw_data(), device, staging.data(), Device::cpu(), bytes);
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace cumulus::io

@@ -1,0 +1,45 @@
+// Batch gather for the DataLoader: row r of the batch is sample s = order[start + r] (or
+// start + r without an order) of a u8 dataset [n, row]:
+//   x[r, c] = images[s, c] / 255   (f32, as torchvision's ToTensor: a true division, not * (1/255);
+//                                   nvcc's default -prec-div=true makes it the same IEEE-rounded
+//                                   quotient as the CPU kernel, bit for bit)
+//   y[r]    = labels[s]            (written by the thread of column 0: one launch per batch)
+// No backward: data has no gradient.
+#include <algorithm>
+
+#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
+}
+
+__global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
+                                    int64_t start, int64_t count, int64_t row, float* x, int32_t* y) {
+  const int64_t n = count * row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t r = i / row, c = i - r * row;
+    const int64_t s = order ? static_cast<int64_t>(order[start + r]) : start + r;
+    x[i] = static_cast<float>(images[s * row + c]) / 255.0f;
+    if (c == 0) y[r] = labels[s];
+  }
+}
+
+}  // namespace
+
+void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
+                       int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream) {
+  if (count * row == 0) return;
+  gather_batch_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, start, count,
+                                                                         row, x, y);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+}  // namespace cumulus::kernels
