@@ -78,12 +78,14 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_p
   return std::make_shared<optim::SGD>(flat, s);
 }
 
-// --effective-batch with --memory-budget: probe micro-batches of two sizes to measure the fixed
-// costs and the peak's growth per sample, add the optimizer state the first step will allocate,
-// and let the planner choose. Parameters are not changed (the probes' gradients are discarded).
+// --effective-batch with --memory-budget. The budget limits reserved bytes (what a device of that
+// size could hold, segments rounded as cudaMalloc's are), so the fixed cost is what is reserved
+// at rest (parameters, gradients, data) plus the optimizer state the first step will allocate, and
+// the growth per sample comes from probing micro-batches of two sizes. The planner's choice is then
+// verified by running one micro-batch of it under the limit, with the optimizer state held; on
+// failure the next smaller divisor is tried. Parameters are not changed (probe gradients are
+// discarded).
 void plan_batch(Options& o, models::SeedMLP& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
-  const int64_t large = std::min<int64_t>({o.effective_batch, 8, train.size()});
-  const int64_t small = std::max<int64_t>(1, large / 2);
   CachingAllocator& alloc = allocator_for(o.resolved_device);
   auto probe = [&](int64_t b) {
     data::DataLoader loader(train, b);
@@ -92,20 +94,47 @@ void plan_batch(Options& o, models::SeedMLP& model, const nn::FlatParameters& fl
     Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
     loss.backward();
     loss = Tensor();
-    const int64_t peak = alloc.stats().allocated_peak;
     flat.mark_gradients_stale();
-    return peak;
+    return alloc.stats().allocated_peak;
   };
+  const int copies = o.optimizer == "adamw" ? 2 : (o.momentum > 0 ? 1 : 0);
+  const int64_t state_bytes = copies * static_cast<int64_t>(flat.values().allocated_bytes());
+  const int64_t large = std::min<int64_t>({o.effective_batch, 8, train.size()});
+  const int64_t small = std::max<int64_t>(1, large / 2);
   const int64_t p_small = probe(small);
   const int64_t p_large = large > small ? probe(large) : p_small;
   MemoryCost cost = large > small ? memory_cost_from_probes(small, p_small, large, p_large) : MemoryCost{p_small, 0.0};
-  const int copies = o.optimizer == "adamw" ? 2 : (o.momentum > 0 ? 1 : 0);
-  cost.fixed_bytes += copies * static_cast<int64_t>(flat.values().allocated_bytes());
-  const MicroBatchPlan plan = plan_micro_batch(o.memory_budget_bytes, o.effective_batch, cost);
-  o.batch_size = plan.micro_batch;
-  o.accum_steps = plan.accum_steps;
   alloc.empty_cache();
-  std::printf("planner: %s\n", plan.reason.c_str());
+  const int64_t at_rest = alloc.stats().reserved;
+  constexpr int64_t kSegment = CachingAllocator::kLargeSegmentRounding;
+  cost.fixed_bytes = at_rest + (state_bytes + kSegment - 1) / kSegment * kSegment;
+
+  for (int64_t cap = o.effective_batch;;) {
+    const MicroBatchPlan plan = plan_micro_batch(o.memory_budget_bytes, o.effective_batch, cost, 0.05, cap);
+    bool fits = true;
+    try {
+      Tensor state;
+      if (state_bytes > 0) {
+        MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+        state = Tensor::empty(Shape{state_bytes / 4}, DType::f32, o.resolved_device);
+      }
+      probe(plan.micro_batch);
+    } catch (const OutOfMemory&) {
+      fits = false;
+      flat.mark_gradients_stale();
+    }
+    alloc.empty_cache();
+    if (fits) {
+      o.batch_size = plan.micro_batch;
+      o.accum_steps = plan.accum_steps;
+      std::printf("planner: %s; verified by a probe micro-batch under the limit\n", plan.reason.c_str());
+      return;
+    }
+    if (plan.micro_batch == 1)
+      throw OutOfMemory("planner: a micro-batch of 1 does not fit --memory-budget " + o.memory_budget +
+                        " (reserved at rest " + format_bytes(at_rest) + ")");
+    cap = plan.micro_batch - 1;
+  }
 }
 
 void write_reports(const Options& o, MemoryTracker& tracker) {

@@ -46,12 +46,14 @@ MemoryCost memory_cost_from_probes(int64_t small, int64_t small_peak, int64_t la
   return c;
 }
 
-MicroBatchPlan plan_micro_batch(int64_t budget, int64_t effective_batch, const MemoryCost& cost, double safety_margin) {
+MicroBatchPlan plan_micro_batch(int64_t budget, int64_t effective_batch, const MemoryCost& cost, double safety_margin,
+                                int64_t max_micro_batch) {
   CUMULUS_CHECK(budget > 0, InvalidArgument, "planner: the memory budget must be > 0");
   CUMULUS_CHECK(effective_batch > 0, InvalidArgument, "planner: the effective batch must be > 0");
   CUMULUS_CHECK(safety_margin >= 0 && safety_margin < 1, InvalidArgument, "planner: safety margin in [0, 1)");
   const int64_t usable = static_cast<int64_t>(static_cast<double>(budget) * (1.0 - safety_margin));
-  for (int64_t b = effective_batch; b >= 1; --b) {
+  const int64_t start = max_micro_batch > 0 ? std::min(max_micro_batch, effective_batch) : effective_batch;
+  for (int64_t b = start; b >= 1; --b) {
     if (effective_batch % b != 0) continue;
     const int64_t peak = cost.predicted_peak(b);
     if (peak > usable) continue;
@@ -65,9 +67,9 @@ MicroBatchPlan plan_micro_batch(int64_t budget, int64_t effective_batch, const M
                   format_bytes(static_cast<int64_t>(cost.peak_bytes_per_sample)) + "/sample) within " +
                   format_bytes(usable) + " (budget " + format_bytes(budget) + " less " +
                   std::to_string(static_cast<int>(safety_margin * 100)) + "% margin)";
-    if (b < effective_batch) {
+    if (b < start) {
       int64_t next = b + 1;
-      while (next <= effective_batch && effective_batch % next != 0) ++next;
+      while (next < start && effective_batch % next != 0) ++next;
       plan.reason += "; the next larger divisor, " + std::to_string(next) + ", would need " +
                      format_bytes(cost.predicted_peak(next));
     }

@@ -30,10 +30,11 @@ struct MicroBatchPlan {
   std::string reason;  // one or two sentences for the user
 };
 
-// The largest micro-batch that divides `effective_batch` and whose predicted peak stays within
-// `budget` minus a safety margin (for allocator rounding and fragmentation), and the accumulation
-// steps that make up the effective batch. Throws OutOfMemory if even a micro-batch of 1 does not fit.
+// The largest micro-batch (at most `max_micro_batch`, 0: no cap) that divides `effective_batch`
+// and whose predicted peak stays within `budget` minus a safety margin (for allocator rounding and
+// fragmentation), and the accumulation steps that make up the effective batch. Throws OutOfMemory
+// if even a micro-batch of 1 does not fit.
 MicroBatchPlan plan_micro_batch(int64_t budget, int64_t effective_batch, const MemoryCost& cost,
-                                double safety_margin = 0.05);
+                                double safety_margin = 0.05, int64_t max_micro_batch = 0);
 
 }  // namespace cumulus
