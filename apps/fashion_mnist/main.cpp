@@ -224,8 +224,9 @@ int run(Options& o) {
   };
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, std::ios::app);
-    if (!metrics) throw Error("cannot open --metrics '" + o.metrics_path + "' for appending");
+    // A resumed run continues the file of the run it resumes; a new run starts it afresh.
+    metrics.open(o.metrics_path, o.resume_path.empty() ? std::ios::trunc : std::ios::app);
+    if (!metrics) throw Error("cannot open --metrics '" + o.metrics_path + "' for writing");
   }
 
   try {

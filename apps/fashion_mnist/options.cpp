@@ -125,8 +125,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--trace", o.trace_path, "Write a Chrome trace (JSON; open in Perfetto or chrome://tracing) here");
   app.add_option("--memory-plot", o.memory_plot_path, "Write an SVG plot of memory by category over the first steps here");
   app.add_option("--metrics", o.metrics_path,
-                 "Append one JSON object per epoch here (epoch, train_loss, test_loss, test_accuracy, samples_per_s, "
-                 "optimizer_steps, peak_bytes)");
+                 "Write one JSON object per epoch here (epoch, train_loss, test_loss, test_accuracy, samples_per_s, "
+                 "optimizer_steps, peak_bytes, ...); with --resume, appended");
   app.add_option("--train-limit", o.train_limit, "Use only the first N training samples (0: all)")->capture_default_str();
   app.add_option("--test-limit", o.test_limit, "Use only the first N test samples (0: all)")->capture_default_str();
   app.add_option("--eval-batch-size", o.eval_batch_size, "Batch size of the test pass (the seed uses 64)")->capture_default_str();
