@@ -101,6 +101,34 @@ TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
   }
 }
 
+TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
+  const Data d = make_data(64, device());
+  Generator gen(1);
+  models::SeedMLP model(gen, device());
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = 2;
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  MemoryTracker::Options o;
+  o.micro_batch_size = 8;
+  o.accum_steps = 2;
+  o.timeline_steps = 0;
+  o.max_records = 3;
+  MemoryTracker tracker(device(), o);
+  run_tracked(tracker, model, acc, d, 8, 64);  // 8 micro-batches, 4 steps
+  EXPECT_EQ(tracker.micro_batches().size(), 3u);
+  EXPECT_EQ(tracker.micro_batches_seen(), 8);
+  EXPECT_EQ(tracker.steps().size(), 3u);
+  EXPECT_EQ(tracker.steps_seen(), 4);
+  EXPECT_EQ(tracker.last_micro_batch().index, 7);
+  EXPECT_EQ(tracker.last_micro_batch().activation_bytes, seed_mlp_activation_bytes(8));
+  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  EXPECT_EQ(j["micro_batches"].size(), 3u);
+  EXPECT_EQ(j["micro_batches_total"], 8);
+  EXPECT_DOUBLE_EQ(tracker.summary().activation_bytes_per_sample,
+                   static_cast<double>(seed_mlp_activation_bytes(8)) / 8.0);
+}
+
 TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) {
   const Data d = make_data(256, device());
   auto peak_for = [&](int64_t b, int accum, MemorySummary* out) {

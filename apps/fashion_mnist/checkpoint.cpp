@@ -91,7 +91,7 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
   uint64_t bits = 0;
   static_assert(sizeof bits == sizeof s.epoch_loss_sum);
   std::memcpy(&bits, &s.epoch_loss_sum, sizeof bits);
-  meta["epoch_loss_sum_bits"] = std::to_string(bits);
+  meta["epoch_loss_sum_bits"] = std::to_string(static_cast<int64_t>(bits));  // read back by get_int
   meta["epoch_samples"] = std::to_string(s.epoch_samples);
   // RNG state: the initialization is replaced by the saved weights, and the shuffle order of an
   // epoch is a pure function of (seed, epoch), both recorded here.
@@ -125,7 +125,7 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   s.counters.optimizer_steps = get_int(c.metadata, "optimizer_steps", path);
   s.counters.skipped_steps = get_int(c.metadata, "skipped_steps", path);
   s.optimizer_updates = get_int(c.metadata, "optimizer_updates", path);
-  const uint64_t bits = static_cast<uint64_t>(std::stoull(c.metadata.count("epoch_loss_sum_bits") ? c.metadata["epoch_loss_sum_bits"] : "0"));
+  const uint64_t bits = static_cast<uint64_t>(get_int(c.metadata, "epoch_loss_sum_bits", path));
   std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);
   s.epoch_samples = get_int(c.metadata, "epoch_samples", path);
   optimizer.load_state(state, s.optimizer_updates);

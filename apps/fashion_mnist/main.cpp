@@ -244,6 +244,7 @@ int run(Options& o) {
       boundary.counters = acc.counters();
       boundary.epoch_samples = samples;
       const auto t0 = std::chrono::steady_clock::now();
+      int64_t epoch_peak = 0;
 
       for (int64_t i = first; i < micro_batches; ++i) {
         if (g_signal != 0) {  // only ever true here at a group boundary
@@ -263,12 +264,14 @@ int run(Options& o) {
         acc.backward(loss, b);
         loss = Tensor();
         tracker.end_backward();
+        epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);
         samples += b;
         samples_this_run += b;
         if (acc.ready()) {
           tracker.begin_step();
           acc.step_if_ready();
           tracker.end_step(acc.optimizer_steps(), optimizer->state_bytes());
+          epoch_peak = std::max(epoch_peak, allocator_for(device).stats().allocated_peak);  // since begin_step
           ops::accumulate_(epoch_loss, group_loss);
           group_loss = zero_scalar();
           boundary.next_micro_batch = i + 1;
@@ -288,9 +291,6 @@ int run(Options& o) {
                   100.0 * r.accuracy, r.avg_loss);
       std::fflush(stdout);
 
-      int64_t epoch_peak = 0;
-      for (const auto& rec : tracker.micro_batches())
-        if (rec.epoch == epoch) epoch_peak = std::max(epoch_peak, rec.peak_bytes);
       if (metrics) {
         nlohmann::json line = {{"epoch", epoch + 1},
                                {"train_loss", train_loss},

@@ -25,9 +25,8 @@ json by_category_json(const std::array<int64_t, kNumMemoryCategories>& bytes) {
 
 void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
   const MemorySummary s = tracker.summary();
-  const auto& records = tracker.micro_batches();
   int64_t activations = 0;
-  for (const auto& r : records)
+  for (const auto& r : tracker.micro_batches())
     if (r.samples == s.micro_batch_size) activations = std::max(activations, r.activation_bytes);
   std::fprintf(out, "memory per micro-batch (%lld samples) on %s: activations %s (%s/sample), peak %s\n",
                static_cast<long long>(s.micro_batch_size), tracker.device().str().c_str(),
@@ -80,6 +79,8 @@ std::string memory_report_json(MemoryTracker& tracker) {
                    {"backward_ms", r.backward_ms}});
   }
   j["micro_batches"] = std::move(mbs);
+  j["micro_batches_total"] = tracker.micro_batches_seen();  // the list keeps the first max_records
+  j["steps_total"] = tracker.steps_seen();
   json steps = json::array();
   for (const StepRecord& r : tracker.steps())
     steps.push_back({{"step", r.step}, {"ms", r.ms}, {"optimizer_state_bytes", r.optimizer_state_bytes},

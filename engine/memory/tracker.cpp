@@ -56,11 +56,10 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples)
   observer_->enabled = in_timeline_window();
   if (observer_->enabled) synchronize(device_);
   allocator_.reset_peak();
-  MicroBatchRecord r;
-  r.epoch = epoch;
-  r.index = index;
-  r.samples = samples;
-  records_.push_back(r);
+  current_ = MicroBatchRecord();
+  current_.epoch = epoch;
+  current_.index = index;
+  current_.samples = samples;
   activations_at_start_ = allocator_.stats()[MemoryCategory::activations].current;
   t_start_ = TimePoint::now(device_);
   if (observer_->enabled) slices_.push_back({"forward", host_ms(), 0.0});
@@ -70,7 +69,7 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples)
 void MemoryTracker::end_forward() {
   CUMULUS_CHECK(in_micro_batch_, InvalidArgument, "MemoryTracker::end_forward outside a micro-batch");
   t_forward_end_ = TimePoint::now(device_);
-  records_.back().activation_bytes = allocator_.stats()[MemoryCategory::activations].current - activations_at_start_;
+  current_.activation_bytes = allocator_.stats()[MemoryCategory::activations].current - activations_at_start_;
   if (observer_->enabled) {
     synchronize(device_);
     slices_.back().end_ms = host_ms();
@@ -82,12 +81,25 @@ void MemoryTracker::end_backward() {
   CUMULUS_CHECK(in_micro_batch_, InvalidArgument, "MemoryTracker::end_backward outside a micro-batch");
   const TimePoint t_end = TimePoint::now(device_);
   const MemoryStats st = allocator_.stats();
-  MicroBatchRecord& r = records_.back();
+  MicroBatchRecord& r = current_;
   r.peak_bytes = st.allocated_peak;
   r.peak_by_category = st.at_peak;
   r.reserved_bytes = st.reserved;
-  pending_.push_back({records_.size() - 1, false, t_start_, t_forward_end_, t_end});
-  if (pending_.size() >= kMaxPendingTimes) resolve_times();
+  ++micro_batches_seen_;
+  const double x = static_cast<double>(r.samples), y = static_cast<double>(r.activation_bytes);
+  fit_n_ += 1;
+  fit_sx_ += x;
+  fit_sy_ += y;
+  fit_sxx_ += x * x;
+  fit_sxy_ += x * y;
+  run_peak_ = std::max(run_peak_, r.peak_bytes);
+  auto [it, inserted] = highest_peak_by_samples_.try_emplace(r.samples, r);
+  if (!inserted && r.peak_bytes > it->second.peak_bytes) it->second = r;
+  if (records_.size() < options_.max_records) {
+    records_.push_back(r);
+    pending_.push_back({records_.size() - 1, false, t_start_, t_forward_end_, t_end});
+    if (pending_.size() >= kMaxPendingTimes) resolve_times();
+  }
   if (observer_->enabled) {
     synchronize(device_);
     slices_.back().end_ms = host_ms();
@@ -110,8 +122,13 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes) {
   s.step = step;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_bytes = allocator_.stats().allocated_peak;
-  steps_.push_back(s);
-  pending_.push_back({steps_.size() - 1, true, t_step_start_, TimePoint(), t_end});
+  ++steps_seen_;
+  run_peak_ = std::max(run_peak_, s.peak_bytes);
+  if (steps_.size() < options_.max_records) {
+    steps_.push_back(s);
+    pending_.push_back({steps_.size() - 1, true, t_step_start_, TimePoint(), t_end});
+    if (pending_.size() >= kMaxPendingTimes) resolve_times();
+  }
   if (observer_->enabled) {
     synchronize(device_);
     slices_.back().end_ms = host_ms();
@@ -158,38 +175,29 @@ MemorySummary MemoryTracker::summary() {
 
   // Activation bytes per sample: least-squares line over (samples, activation bytes); with one
   // micro-batch size only, the ratio through the origin.
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const MicroBatchRecord& r : records_) {
-    const double x = static_cast<double>(r.samples), y = static_cast<double>(r.activation_bytes);
-    n += 1; sx += x; sy += y; sxx += x * x; sxy += x * y;
-    s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
-  }
-  for (const StepRecord& r : steps_) s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
-  const double var = n * sxx - sx * sx;
-  if (n >= 2 && var > 1e-9 * n * sxx) s.activation_bytes_per_sample = (n * sxy - sx * sy) / var;
-  else if (sx > 0) s.activation_bytes_per_sample = sy / sx;
+  const double n = fit_n_, var = fit_n_ * fit_sxx_ - fit_sx_ * fit_sx_;
+  if (n >= 2 && var > 1e-9 * n * fit_sxx_) s.activation_bytes_per_sample = (n * fit_sxy_ - fit_sx_ * fit_sy_) / var;
+  else if (fit_sx_ > 0) s.activation_bytes_per_sample = fit_sy_ / fit_sx_;
+  s.peak_bytes = run_peak_;
 
   // Peak at B and at B*N: measured where a micro-batch of that size ran; B*N otherwise predicted
   // by scaling the part of the peak above the fixed costs linearly in the batch size.
   const int64_t b = options_.micro_batch_size, bn = b * options_.accum_steps;
-  for (const MicroBatchRecord& r : records_) {
-    if (r.samples == b) s.peak_at_micro_batch = std::max(s.peak_at_micro_batch, r.peak_bytes);
-    if (r.samples == bn) {
-      s.peak_at_effective_batch = std::max(s.peak_at_effective_batch, r.peak_bytes);
-      s.effective_batch_measured = true;
-    }
+  if (auto it = highest_peak_by_samples_.find(bn); it != highest_peak_by_samples_.end()) {
+    s.peak_at_effective_batch = it->second.peak_bytes;
+    s.effective_batch_measured = true;
   }
-  if (!s.effective_batch_measured && s.peak_at_micro_batch > 0 && b > 0) {
-    int64_t fixed = 0;
-    for (const MicroBatchRecord& r : records_)
-      if (r.samples == b && r.peak_bytes == s.peak_at_micro_batch) {
-        for (MemoryCategory c : {MemoryCategory::parameters, MemoryCategory::gradients,
-                                 MemoryCategory::optimizer_state, MemoryCategory::workspace, MemoryCategory::data})
-          fixed += r.peak_by_category[static_cast<std::size_t>(c)];
-        break;
-      }
-    const double per_sample = static_cast<double>(s.peak_at_micro_batch - fixed) / static_cast<double>(b);
-    s.peak_at_effective_batch = fixed + static_cast<int64_t>(per_sample * static_cast<double>(bn));
+  if (auto it = highest_peak_by_samples_.find(b); it != highest_peak_by_samples_.end()) {
+    const MicroBatchRecord& r = it->second;
+    s.peak_at_micro_batch = r.peak_bytes;
+    if (!s.effective_batch_measured && b > 0) {
+      int64_t fixed = 0;
+      for (MemoryCategory c : {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state,
+                               MemoryCategory::workspace, MemoryCategory::data})
+        fixed += r.peak_by_category[static_cast<std::size_t>(c)];
+      const double per_sample = static_cast<double>(r.peak_bytes - fixed) / static_cast<double>(b);
+      s.peak_at_effective_batch = fixed + static_cast<int64_t>(per_sample * static_cast<double>(bn));
+    }
   }
   return s;
 }

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,9 @@ class MemoryTracker {
     int64_t micro_batch_size = 0;
     int accum_steps = 1;
     int timeline_steps = 8;  // optimizer steps covered by the timeline (0: none)
+    // Micro-batch and step records kept in detail (the first ones); every micro-batch still counts
+    // in the summary. Bounds the report: a 20-epoch run has 75,000 micro-batches of 16.
+    std::size_t max_records = 10000;
   };
 
   MemoryTracker(Device device, Options options);
@@ -96,8 +100,12 @@ class MemoryTracker {
 
   const Device& device() const { return device_; }
   const Options& options() const { return options_; }
-  const std::vector<MicroBatchRecord>& micro_batches();  // resolves pending device times
+  const std::vector<MicroBatchRecord>& micro_batches();  // the kept records; resolves device times
   const std::vector<StepRecord>& steps();
+  // The last micro-batch tracked, kept or not (its times are not resolved).
+  const MicroBatchRecord& last_micro_batch() const { return current_; }
+  int64_t micro_batches_seen() const { return micro_batches_seen_; }
+  int64_t steps_seen() const { return steps_seen_; }
   const std::vector<TimelineSample>& timeline() const { return timeline_; }
   const std::vector<TimelineSlice>& slices() const { return slices_; }
   MemorySummary summary();
@@ -113,8 +121,14 @@ class MemoryTracker {
   CachingAllocator& allocator_;
   std::unique_ptr<Observer> observer_;
   double origin_ms_ = 0.0;  // host clock origin of the timeline
+  MicroBatchRecord current_;
   std::vector<MicroBatchRecord> records_;
   std::vector<StepRecord> steps_;
+  // Summary aggregates over every micro-batch and step, kept or not.
+  int64_t micro_batches_seen_ = 0, steps_seen_ = 0;
+  double fit_n_ = 0, fit_sx_ = 0, fit_sy_ = 0, fit_sxx_ = 0, fit_sxy_ = 0;
+  int64_t run_peak_ = 0;
+  std::map<int64_t, MicroBatchRecord> highest_peak_by_samples_;
   std::vector<TimelineSample> timeline_;
   std::vector<TimelineSlice> slices_;
   // Device time points waiting to be read (reading waits for the device: done lazily).
