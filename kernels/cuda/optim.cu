@@ -1,12 +1,13 @@
 // Optimizer updates on CUDA over one flat array: one launch updates every parameter of the model
 // (the multi-tensor apply of PyTorch's foreach/fused optimizers, made trivial by the flat layout of
-// DESIGN.md, decision 8). Same rules as kernels/cpu/optim.cpp.
+// DESIGN.md, decision 8). The per-element rules are kernels/optim_rules.h, shared with the CPU.
 //   sum_squares: stage 1, kPartials blocks each reduce a strided slice into partials[b];
 //                stage 2, one block sums the partials. Fixed order: deterministic.
 #include <algorithm>
 
 #include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::kernels {
 
@@ -47,30 +48,16 @@ __global__ void sgd_step_kernel(float* w, const float* grad, float* buf, int64_t
                                 float lr, float momentum, float dampening, bool nesterov,
                                 float weight_decay, bool first) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    float g = grad_scale * grad[i] + weight_decay * w[i];
-    if (momentum != 0.0f) {
-      const float b = first ? g : momentum * buf[i] + (1.0f - dampening) * g;
-      buf[i] = b;
-      g = nesterov ? g + momentum * b : b;
-    }
-    w[i] -= lr * g;
-  }
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    rules::sgd(w[i], grad[i], buf ? buf + i : nullptr, grad_scale, lr, momentum, dampening, nesterov, weight_decay, first);
 }
 
 __global__ void adamw_step_kernel(float* w, const float* grad, float* m, float* v, int64_t n,
                                   float grad_scale, float lr, float beta1, float beta2, float eps,
                                   float weight_decay, float step_size, float bc2_sqrt) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const float g = grad_scale * grad[i];
-    float wi = w[i] * (1.0f - lr * weight_decay);
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-  }
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt);
 }
 
 inline unsigned blocks_for(int64_t n) {
