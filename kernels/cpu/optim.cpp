@@ -9,8 +9,16 @@
 namespace cumulus::kernels {
 
 double sum_squares_cpu(const float* x, int64_t n) {
+  // Eight independent partial sums: one chain of dependent double adds runs ~5x slower, and this
+  // pass is on the step's critical path (the global norm for clipping and the non-finite guard).
+  constexpr int kLanes = 8;
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (; i < n; ++i) lane[0] += static_cast<double>(x[i]) * x[i];
   double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  for (double v : lane) s += v;
   return s;
 }
 
