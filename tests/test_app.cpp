@@ -272,7 +272,8 @@ TEST_F(AppTest, InitLoadsSavedWeights) {
                            quote(path("w1.safetensors")));
   ASSERT_EQ(a.exit_code, 0) << a.out;
   EXPECT_TRUE(read("w0.safetensors") == read("w1.safetensors")) << "lr 1e-30 must leave the initial weights";
-  const Result bad = run_app(data_arg() + " --epochs 1 --init " + quote(path("m.jsonl")));
+  std::ofstream(path("not_weights.safetensors")) << "this is not a safetensors file";
+  const Result bad = run_app(data_arg() + " --epochs 1 --init " + quote(path("not_weights.safetensors")));
   EXPECT_EQ(bad.exit_code, 1) << bad.out;
 }
 
