@@ -24,6 +24,7 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "data_files.h"
+#include "models/cnn.h"
 #include "models/mlp.h"
 #include "options.h"
 #include "progress.h"
@@ -48,6 +49,11 @@ struct EvalResult {
 // The seed's test loop: accuracy over all samples, and the mean over batches of each batch's mean loss.
 EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
   NoGradGuard no_grad;
+  model.eval();  // batch norm normalizes with its running statistics and leaves them alone
+  struct BackToTraining {
+    nn::Module& m;
+    ~BackToTraining() { m.train(); }
+  } restore{model};
   double loss_sum = 0.0;
   int64_t correct = 0;
   for (int64_t i = 0; i < loader.num_batches(); ++i) {
@@ -62,6 +68,11 @@ EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
   r.accuracy = static_cast<double>(correct) / static_cast<double>(loader.dataset().size());
   r.avg_loss = loss_sum / static_cast<double>(loader.num_batches());
   return r;
+}
+
+std::unique_ptr<nn::Module> make_model(const Options& o, Generator& gen) {
+  if (o.model == "cnn") return std::make_unique<models::CNN>(gen, o.resolved_device);
+  return std::make_unique<models::SeedMLP>(gen, o.resolved_device);
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_ptr<nn::FlatParameters> flat) {
@@ -85,8 +96,22 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_p
 // verified by running one micro-batch of it under the limit, with the optimizer state held; on
 // failure the next smaller divisor is tried. Parameters are not changed (probe gradients are
 // discarded).
-void plan_batch(Options& o, models::SeedMLP& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
+void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
   CachingAllocator& alloc = allocator_for(o.resolved_device);
+  // Probes are training forwards: they would move batch norm's running statistics. Keep a copy.
+  std::vector<Tensor> buffers_before;
+  for (const auto& [name, t] : model.named_buffers()) buffers_before.push_back(t.clone());
+  struct RestoreBuffers {
+    nn::Module& m;
+    std::vector<Tensor>& saved;
+    ~RestoreBuffers() {
+      std::size_t i = 0;
+      for (const auto& [name, t] : m.named_buffers()) {
+        Tensor target = t;
+        target.copy_from(saved[i++]);
+      }
+    }
+  } restore{model, buffers_before};
   auto probe = [&](int64_t b) {
     data::DataLoader loader(train, b);
     const data::Batch batch = loader.batch(0);
@@ -155,7 +180,8 @@ int run(Options& o) {
   const data::ImageDataset test = data::load_mnist_split(data_dir, false, device, o.test_limit);
 
   Generator gen(o.seed);
-  models::SeedMLP model(gen, device);
+  const std::unique_ptr<nn::Module> model_ptr = make_model(o, gen);
+  nn::Module& model = *model_ptr;
   if (!o.init_path.empty()) load_weights(o.init_path, model);
   auto flat = std::make_shared<nn::FlatParameters>(model);
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
@@ -182,8 +208,9 @@ int run(Options& o) {
 
   if (!o.quiet) {
     const int n0 = optim::Accumulator::steps_for_epoch(o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
-    std::printf("device: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch %lld | %s lr %g\n",
-                device.describe().c_str(), data_dir.c_str(), static_cast<long long>(train.size()),
+    std::printf("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch %lld | %s lr %g\n",
+                device.describe().c_str(), o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10",
+                data_dir.c_str(), static_cast<long long>(train.size()),
                 static_cast<long long>(test.size()), static_cast<long long>(o.batch_size), n0,
                 static_cast<long long>(o.batch_size * n0), o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr));
     if (!o.resume_path.empty())
@@ -192,7 +219,8 @@ int run(Options& o) {
   }
 
   MemoryTracker::Options to;
-  to.model = "seed_mlp";
+  to.model = o.model == "cnn" ? "cnn" : "seed_mlp";
+  if (o.model == "cnn") to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   MemoryTracker tracker(device, to);
@@ -302,7 +330,9 @@ int run(Options& o) {
                                {"skipped_steps", acc.skipped_steps()},
                                {"peak_bytes", epoch_peak},
                                {"micro_batch_size", o.batch_size},
+                               {"model", o.model},
                                {"accum_steps", acc.accum_steps()}};
+        if (o.model == "cnn") line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
         metrics << line.dump() << "\n" << std::flush;
       }
       boundary.epoch = epoch + 1;

@@ -90,7 +90,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "./data/fashion-mnist, ../shared/data/fashion-mnist, else downloaded into ./data/fashion-mnist "
                  "and verified by SHA-256");
   app.add_option("--device", o.device, "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--model", o.model, "Model: mlp (the seed's 784-512-512-10 MLP)")->capture_default_str();
+  app.add_option("--model", o.model,
+                 "mlp: the seed's 784-512-512-10 MLP; cnn: conv-BN-ReLU-pool x 2, then 3136-128-10. Batch norm "
+                 "computes its statistics per micro-batch (as every framework does): with accumulation, "
+                 "16 x 4 is four batches of 16 for batch norm, not one of 64")
+      ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Micro-batch size")->capture_default_str();
   app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step")->capture_default_str();
@@ -143,7 +147,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   }
 
   try {
-    require(o.model == "mlp", "--model '" + o.model + "': unknown model (expected mlp)");
+    require(o.model == "mlp" || o.model == "cnn", "--model '" + o.model + "': unknown model (expected mlp or cnn)");
     require(o.epochs > 0, "--epochs must be > 0, got " + std::to_string(o.epochs));
     require(o.batch_size > 0, "--batch-size must be > 0, got " + std::to_string(o.batch_size));
     require(o.accum_steps > 0, "--accum-steps must be > 0, got " + std::to_string(o.accum_steps));

@@ -53,6 +53,7 @@ std::string memory_report_json(MemoryTracker& tracker) {
   j["model"] = tracker.options().model;
   j["micro_batch_size"] = s.micro_batch_size;
   j["accum_steps"] = s.accum_steps;
+  if (!tracker.options().annotations.empty()) j["annotations"] = tracker.options().annotations;
   j["summary"] = {
       {"parameters_bytes", s.parameters_bytes},
       {"gradients_bytes", s.gradients_bytes},

@@ -85,6 +85,9 @@ class MemoryTracker {
     // Micro-batch and step records kept in detail (the first ones); every micro-batch still counts
     // in the summary. Bounds the report: a 20-epoch run has 75,000 micro-batches of 16.
     std::size_t max_records = 10000;
+    // Free-form facts for the report's "annotations" object (e.g. where batch norm took its
+    // statistics from).
+    std::map<std::string, std::string> annotations;
   };
 
   MemoryTracker(Device device, Options options);

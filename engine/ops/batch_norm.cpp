@@ -1,0 +1,210 @@
+// batch_norm2d: per channel c of x [N, C, H, W],
+//   y = weight[c] * (x - mean[c]) * invstd[c] + bias[c],  invstd = 1 / sqrt(var + eps)
+// with the batch's mean and biased variance (training; the running statistics are updated in
+// place with the unbiased variance and num_batches_tracked is incremented) or the running
+// statistics (evaluation). CPU: plain loops (kernels/cpu/batch_norm.cpp); CUDA: cuDNN.
+// Saves x, the weight and the [C] mean and invstd actually used; x_hat is recomputed in backward
+// rather than kept (it would be another tensor the size of x). Backward:
+//   dbias (+)= sum dy,  dweight (+)= sum dy * x_hat   (the sinks' betas; accumulated in the
+//   kernel, or in cuDNN through its betaParamDiff)
+//   dx = weight * invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat))   (training)
+//   dx = weight * invstd * dy                                           (evaluation)
+// Under gradient accumulation every micro-batch is normalized by its own statistics, as in every
+// framework: 16 x 4 then matches four separate micro-batches of 16, not one batch of 64.
+#include "cumulus/autograd/node.h"
+#include "cumulus/core/cudnn_context.h"
+#include "cumulus/ops/conv_ops.h"
+#include "engine/ops/internal.h"
+#include "kernels/cpu/conv_kernels.h"
+#if CUMULUS_WITH_CUDNN
+#include "kernels/cuda/cudnn_kernels.h"
+#endif
+
+namespace cumulus::ops {
+
+namespace {
+
+float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+class BatchNormBackward final : public Node {
+ public:
+  BatchNormBackward(Tensor x, Tensor weight, Tensor save_mean, Tensor save_invstd, bool training, float eps)
+      : Node("batch_norm2d"),
+        x_(std::move(x)),
+        weight_(std::move(weight)),
+        save_mean_(std::move(save_mean)),
+        save_invstd_(std::move(save_invstd)),
+        training_(training),
+        eps_(eps) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    const Device device = dy.device();
+    const int64_t n = x_.size(0), c = x_.size(1), hw = x_.size(2) * x_.size(3);
+    const Shape param_shape{c};
+    const float* xp = x_.data<float>();
+    const float* dyp = dy.data<float>();
+    const float* gp = weight_.data<float>();
+    const float* mp = save_mean_.data<float>();
+    const float* ip = save_invstd_.data<float>();
+
+#if CUMULUS_WITH_CUDNN
+    if (device.is_cuda() && training_) {
+      cudnn_training_backward(dy, grads);
+      return;
+    }
+#endif
+    GradSink::Target dx{Tensor(), 0.0f}, dgamma{Tensor(), 0.0f}, dbeta{Tensor(), 0.0f};
+    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device);
+    if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
+    if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
+    float* dxp = data_or_null(dx.tensor);
+    float* dgp = data_or_null(dgamma.tensor);
+    float* dbp = data_or_null(dbeta.tensor);
+    CUMULUS_DISPATCH(device,
+        kernels::batch_norm_backward_cpu(xp, dyp, gp, mp, ip, n, c, hw, training_, dx.beta, dxp, dgamma.beta, dgp,
+                                         dbeta.beta, dbp),
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(xp, dyp, gp, mp, ip, n, c, hw, dx.beta, dxp,
+                                                                       dgamma.beta, dgp, dbeta.beta, dbp, stream)));
+  }
+
+  void release_saved() override {
+    x_ = Tensor();
+    weight_ = Tensor();
+    save_mean_ = Tensor();
+    save_invstd_ = Tensor();
+  }
+
+ private:
+#if CUMULUS_WITH_CUDNN
+  // cudnnBatchNormalizationBackward writes dx, dweight and dbias in one call, the two parameter
+  // gradients with one shared beta. Outputs nobody needs go to scratch (category
+  // backward_temporaries, freed on return); when the two parameter sinks want different betas (one
+  // buffer stale, the other not: only if something marked them separately) both are computed into
+  // scratch and added with their own betas.
+  void cudnn_training_backward(const Tensor& dy, std::vector<GradSink>& grads) {
+    const Device device = dy.device();
+    const int64_t n = x_.size(0), c = x_.size(1), hw = x_.size(2) * x_.size(3);
+    const Shape param_shape{c};
+    GradSink::Target dx{Tensor(), 0.0f}, dgamma{Tensor(), 0.0f}, dbeta{Tensor(), 0.0f};
+    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device);
+    else dx.tensor = Tensor::empty(x_.shape(), DType::f32, device);
+    if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
+    if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
+
+    const bool both = grads[1].needed() && grads[2].needed();
+    const bool split = both && dgamma.beta != dbeta.beta;
+    float beta_params = 0.0f;
+    Tensor g_out = dgamma.tensor, b_out = dbeta.tensor;
+    if (split || !g_out.defined()) g_out = Tensor::empty(param_shape, DType::f32, device);
+    if (split || !b_out.defined()) b_out = Tensor::empty(param_shape, DType::f32, device);
+    if (!split) {
+      // The one parameter sink that is needed decides the beta (the scratch one is discarded).
+      if (grads[1].needed()) beta_params = dgamma.beta;
+      else if (grads[2].needed()) beta_params = dbeta.beta;
+    }
+    const float* xp = x_.data<float>();
+    const float* dyp = dy.data<float>();
+    const float* gp = weight_.data<float>();
+    const float* mp = save_mean_.data<float>();
+    const float* ip = save_invstd_.data<float>();
+    float* dxp = dx.tensor.data<float>();
+    float* dgp = g_out.data<float>();
+    float* dbp = b_out.data<float>();
+    CUMULUS_DISPATCH(device, (void)0,
+        kernels::batch_norm_backward_training_cuda(cudnn::handle(device.index()), xp, dyp, gp, mp, ip, n, c, hw,
+                                                   eps_, dx.beta, dxp, beta_params, dgp, dbp));
+    if (split) {
+      detail::accumulate_into(dgamma.tensor, g_out, dgamma.beta);
+      detail::accumulate_into(dbeta.tensor, b_out, dbeta.beta);
+    }
+  }
+#endif
+
+  Tensor x_, weight_, save_mean_, save_invstd_;
+  bool training_;
+  float eps_;
+};
+
+void check_channel_vector(const char* what, const Tensor& t, const Tensor& x) {
+  detail::check_dtype("batch_norm2d", what, t, DType::f32);
+  CUMULUS_CHECK(t.ndim() == 1 && t.size(0) == x.size(1), ShapeError, "batch_norm2d: ", what, " ",
+                t.shape().str(), " does not match the input's ", x.size(1), " channels");
+  detail::check_same_device("batch_norm2d", what, t, x);
+}
+
+}  // namespace
+
+Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                    const Tensor& running_var, const Tensor& num_batches_tracked, const BatchNormOptions& options) {
+  constexpr const char* op = "batch_norm2d";
+  detail::check_dtype(op, "input", x, DType::f32);
+  CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
+                x.shape().str());
+  CUMULUS_CHECK(x.numel() > 0, ShapeError, op, ": empty input ", x.shape().str());
+  check_channel_vector("weight", weight, x);
+  check_channel_vector("bias", bias, x);
+  CUMULUS_CHECK(running_mean.defined() == running_var.defined(), InvalidArgument, op,
+                ": running_mean and running_var must both be given or both be undefined");
+  const bool has_running = running_mean.defined();
+  if (has_running) {
+    check_channel_vector("running_mean", running_mean, x);
+    check_channel_vector("running_var", running_var, x);
+    CUMULUS_CHECK(!running_mean.requires_grad() && !running_var.requires_grad(), InvalidArgument, op,
+                  ": running statistics are buffers and must not require grad");
+  }
+  if (num_batches_tracked.defined()) {
+    detail::check_dtype(op, "num_batches_tracked", num_batches_tracked, DType::i32);
+    CUMULUS_CHECK(num_batches_tracked.numel() == 1, ShapeError, op, ": num_batches_tracked must be a scalar, got ",
+                  num_batches_tracked.shape().str());
+    detail::check_same_device(op, "num_batches_tracked", num_batches_tracked, x);
+  }
+  CUMULUS_CHECK(options.eps >= 0.0f, InvalidArgument, op, ": eps ", options.eps, " must not be negative");
+  CUMULUS_CHECK(options.momentum >= 0.0f && options.momentum <= 1.0f, InvalidArgument, op, ": momentum ",
+                options.momentum, " must be in [0, 1]");
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  if (options.training) {
+    CUMULUS_CHECK(n * hw > 1, ShapeError, op, ": training needs more than one value per channel, got input ",
+                  x.shape().str());
+  } else {
+    CUMULUS_CHECK(has_running, InvalidArgument, op, ": evaluation mode needs running_mean and running_var");
+  }
+
+  const Device device = x.device();
+  Tensor y = detail::new_output(x.shape(), DType::f32, device);
+  // The statistics used, for backward ([C] each; freed on return when nothing is recorded).
+  Tensor save_mean = detail::new_output(Shape{c}, DType::f32, device);
+  Tensor save_invstd = detail::new_output(Shape{c}, DType::f32, device);
+  const float* xp = x.data<float>();
+  const float* gp = weight.data<float>();
+  const float* bp = bias.data<float>();
+  float* rm = has_running ? running_mean.data<float>() : nullptr;
+  float* rv = has_running ? running_var.data<float>() : nullptr;
+  float* yp = y.data<float>();
+  float* smp = save_mean.data<float>();
+  float* sip = save_invstd.data<float>();
+  const float eps = options.eps, momentum = options.momentum;
+  if (options.training) {
+    CUMULUS_DISPATCH(device,
+        kernels::batch_norm_forward_training_cpu(xp, gp, bp, n, c, hw, eps, momentum, rm, rv, yp, smp, sip),
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), xp, gp, bp, n, c,
+                                                                     hw, eps, momentum, rm, rv, yp, smp, sip)));
+    if (num_batches_tracked.defined()) {
+      int32_t* counter = num_batches_tracked.data<int32_t>();
+      CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, stream)));
+    }
+  } else {
+    CUMULUS_DISPATCH(device,
+        kernels::batch_norm_forward_inference_cpu(xp, gp, bp, rm, rv, n, c, hw, eps, yp, smp, sip),
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), xp, gp, bp, rm,
+                                                                      rv, n, c, hw, eps, yp, smp, sip, stream)));
+  }
+
+  if (should_record({&x, &weight, &bias})) {
+    auto node = std::make_shared<BatchNormBackward>(x.detach(), weight.detach(), std::move(save_mean),
+                                                    std::move(save_invstd), options.training, eps);
+    attach_node(y, std::move(node), {&x, &weight, &bias});
+  }
+  return y;
+}
+
+}  // namespace cumulus::ops

@@ -1,0 +1,155 @@
+// conv2d: y = cross_correlation(x, W) + b.  x: [N, C, H, W], W: [K, C, R, S], b: [K]
+//   -> y: [N, K, OH, OW].  CPU: im2col + one GEMM per chunk of samples (kernels/cpu/conv.cpp);
+// CUDA: cuDNN.
+// Backward, each part only when its input needs a gradient:
+//   dx (+)= conv_transpose(dy, W)   needs W  (saved only if x needs a gradient)
+//   dW (+)= dW(x, dy)               needs x  (saved only if W needs a gradient)
+//   db (+)= sum over N, OH, OW of dy
+// dW and db go straight into the sinks' buffers with the sinks' beta: for parameters that is the
+// persistent gradient buffer, so accumulation happens inside the GEMM (CPU: the sink's beta for
+// the first chunk's GEMM, 1 for the others) or inside cudnnConvolutionBackwardFilter (its beta),
+// exactly as linear does (Note [Gradient sinks]). The CPU scratch (the columns of a chunk of
+// samples) comes from the allocator in category workspace and lives for one call.
+#include "cumulus/autograd/node.h"
+#include "cumulus/core/cudnn_context.h"
+#include "cumulus/ops/conv_ops.h"
+#include "engine/ops/internal.h"
+#include "kernels/cpu/conv_kernels.h"
+#if CUMULUS_WITH_CUDNN
+#include "kernels/cuda/cudnn_kernels.h"
+#endif
+
+namespace cumulus::ops {
+
+namespace {
+
+// The CPU launchers' scratch, category workspace (freed when the call returns).
+Tensor cpu_workspace(const kernels::Conv2dGeometry& g) {
+  const int64_t floats = kernels::conv2d_workspace_floats_cpu(g);
+  MemoryCategoryScope scope(MemoryCategory::workspace);
+  return Tensor::empty(Shape{floats}, DType::f32, Device::cpu());
+}
+
+float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+class Conv2dBackward final : public Node {
+ public:
+  Conv2dBackward(Tensor x, Tensor w, bool has_bias, const kernels::Conv2dGeometry& g)
+      : Node("conv2d"), x_(std::move(x)), w_(std::move(w)), has_bias_(has_bias), g_(g) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    const Device device = dy.device();
+    const kernels::Conv2dGeometry& g = g_;
+    const float* dyp = dy.data<float>();
+    if (grads[0].needed()) {
+      GradSink::Target dx = grads[0].begin(Shape{g.n, g.c, g.h, g.w}, device);
+      const float* wp = w_.data<float>();
+      float* dxp = dx.tensor.data<float>();
+      CUMULUS_DISPATCH(device,
+          {
+            const Tensor ws = cpu_workspace(g);
+            kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta, dxp, data_or_null(ws));
+          },
+          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_data_cuda(cudnn::handle(device.index()), device.index(), g,
+                                                                wp, dyp, dx.beta, dxp)));
+    }
+    if (grads[1].needed()) {
+      GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
+      const float* xp = x_.data<float>();
+      float* dwp = dw.tensor.data<float>();
+      CUMULUS_DISPATCH(device,
+          {
+            const Tensor ws = cpu_workspace(g);
+            kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta, dwp, data_or_null(ws));
+          },
+          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_filter_cuda(cudnn::handle(device.index()), device.index(),
+                                                                  g, xp, dyp, dw.beta, dwp)));
+    }
+    if (has_bias_ && grads[2].needed()) {
+      GradSink::Target db = grads[2].begin(Shape{g.k}, device);
+      float* dbp = db.tensor.data<float>();
+      CUMULUS_DISPATCH(device, kernels::conv2d_backward_bias_cpu(g, dyp, db.beta, dbp),
+                       CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_bias_cuda(cudnn::handle(device.index()), g, dyp,
+                                                                             db.beta, dbp)));
+    }
+  }
+
+  void release_saved() override {
+    x_ = Tensor();
+    w_ = Tensor();
+  }
+
+ private:
+  Tensor x_, w_;
+  bool has_bias_;
+  kernels::Conv2dGeometry g_;
+};
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
+  constexpr const char* op = "conv2d";
+  detail::check_dtype(op, "input", x, DType::f32);
+  detail::check_dtype(op, "weight", weight, DType::f32);
+  CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
+                x.shape().str());
+  CUMULUS_CHECK(weight.ndim() == 4, ShapeError, op,
+                ": weight must be [out_channels, in_channels, kernel_h, kernel_w], got ", weight.shape().str());
+  CUMULUS_CHECK(x.size(1) == weight.size(1), ShapeError, op, ": input has ", x.size(1),
+                " channels but the weight ", weight.shape().str(), " expects ", weight.size(1));
+  CUMULUS_CHECK(x.size(0) > 0, ShapeError, op, ": empty batch ", x.shape().str());
+  CUMULUS_CHECK(weight.size(0) > 0 && weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0, ShapeError,
+                op, ": empty weight ", weight.shape().str());
+  CUMULUS_CHECK(options.stride_h > 0 && options.stride_w > 0, InvalidArgument, op, ": stride (", options.stride_h,
+                ", ", options.stride_w, ") must be positive");
+  CUMULUS_CHECK(options.pad_h >= 0 && options.pad_w >= 0, InvalidArgument, op, ": padding (", options.pad_h, ", ",
+                options.pad_w, ") must not be negative");
+  detail::check_same_device(op, "weight", weight, x);
+  const bool has_bias = bias.defined();
+  if (has_bias) {
+    detail::check_dtype(op, "bias", bias, DType::f32);
+    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ",
+                  bias.shape().str(), " does not match ", weight.size(0), " output channels");
+    detail::check_same_device(op, "bias", bias, x);
+  }
+
+  kernels::Conv2dGeometry g;
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.k = weight.size(0), g.r = weight.size(2), g.s = weight.size(3);
+  g.stride_h = options.stride_h, g.stride_w = options.stride_w, g.pad_h = options.pad_h, g.pad_w = options.pad_w;
+  CUMULUS_CHECK(g.h + 2 * g.pad_h >= g.r && g.w + 2 * g.pad_w >= g.s, ShapeError, op, ": kernel ", g.r, "x", g.s,
+                " is larger than the padded input ", g.h + 2 * g.pad_h, "x", g.w + 2 * g.pad_w);
+  g.out_h = (g.h + 2 * g.pad_h - g.r) / g.stride_h + 1;
+  g.out_w = (g.w + 2 * g.pad_w - g.s) / g.stride_w + 1;
+
+  const Device device = x.device();
+  Tensor y = detail::new_output(Shape{g.n, g.k, g.out_h, g.out_w}, DType::f32, device);
+  const float* xp = x.data<float>();
+  const float* wp = weight.data<float>();
+  const float* bp = has_bias ? bias.data<float>() : nullptr;
+  float* yp = y.data<float>();
+  CUMULUS_DISPATCH(device,
+      {
+        const Tensor ws = cpu_workspace(g);
+        kernels::conv2d_forward_cpu(g, xp, wp, bp, yp, data_or_null(ws));
+      },
+      CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g, xp, wp, bp,
+                                                      yp)));
+
+  if (should_record({&x, &weight, &bias})) {
+    // Save only what the needed gradients read (detached: the saved handles hold no graph).
+    auto node = std::make_shared<Conv2dBackward>(weight.requires_grad() ? x.detach() : Tensor(),
+                                                 x.requires_grad() ? weight.detach() : Tensor(), has_bias, g);
+    attach_node(y, std::move(node), {&x, &weight, &bias});
+  }
+  return y;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
+  Conv2dOptions o;
+  o.stride_h = o.stride_w = stride;
+  o.pad_h = o.pad_w = padding;
+  return conv2d(x, weight, bias, o);
+}
+
+}  // namespace cumulus::ops

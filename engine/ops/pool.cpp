@@ -1,0 +1,91 @@
+// max_pool2d: y[n, c, i, j] = max over the window of output (i, j) of x[n, c].  x: [N, C, H, W]
+//   -> y: [N, C, OH, OW], OH = (H + 2 pad_h - kernel_h) / stride_h + 1 (floor, as PyTorch's default).
+// Backward: dx (+)= dy routed to each window's maximum (summed where windows overlap).
+// Saves x, never an index tensor: the CPU recomputes each window's argmax from x, and cuDNN's
+// backward reads x and y, so on CUDA y is saved too. In the CNN both are alive anyway (the ReLU
+// before the pool saves x, the layer after it saves y), so the pool adds nothing to the footprint.
+#include "cumulus/autograd/node.h"
+#include "cumulus/core/cudnn_context.h"
+#include "cumulus/ops/conv_ops.h"
+#include "engine/ops/internal.h"
+#include "kernels/cpu/conv_kernels.h"
+#if CUMULUS_WITH_CUDNN
+#include "kernels/cuda/cudnn_kernels.h"
+#endif
+
+namespace cumulus::ops {
+
+namespace {
+
+class MaxPool2dBackward final : public Node {
+ public:
+  MaxPool2dBackward(Tensor x, Tensor y, const kernels::Pool2dGeometry& g)
+      : Node("max_pool2d"), x_(std::move(x)), y_(std::move(y)), g_(g) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (!grads[0].needed()) return;
+    const Device device = dy.device();
+    const kernels::Pool2dGeometry& g = g_;
+    GradSink::Target dx = grads[0].begin(x_.shape(), device);
+    const float* xp = x_.data<float>();
+    const float* dyp = dy.data<float>();
+    float* dxp = dx.tensor.data<float>();
+    CUMULUS_DISPATCH(device, kernels::max_pool2d_backward_cpu(g, xp, dyp, dx.beta, dxp),
+                     CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, xp,
+                                                                          y_.data<float>(), dyp, dx.beta, dxp)));
+  }
+
+  void release_saved() override {
+    x_ = Tensor();
+    y_ = Tensor();
+  }
+
+ private:
+  Tensor x_, y_;  // y_: CUDA only
+  kernels::Pool2dGeometry g_;
+};
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
+  constexpr const char* op = "max_pool2d";
+  detail::check_dtype(op, "input", x, DType::f32);
+  CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
+                x.shape().str());
+  CUMULUS_CHECK(x.numel() > 0, ShapeError, op, ": empty input ", x.shape().str());
+  CUMULUS_CHECK(o.kernel_h > 0 && o.kernel_w > 0 && o.stride_h > 0 && o.stride_w > 0, InvalidArgument, op,
+                ": kernel (", o.kernel_h, ", ", o.kernel_w, ") and stride (", o.stride_h, ", ", o.stride_w,
+                ") must be positive");
+  CUMULUS_CHECK(o.pad_h >= 0 && o.pad_w >= 0 && 2 * o.pad_h <= o.kernel_h && 2 * o.pad_w <= o.kernel_w,
+                InvalidArgument, op, ": padding (", o.pad_h, ", ", o.pad_w, ") must be in [0, half the kernel (",
+                o.kernel_h, ", ", o.kernel_w, ")]");
+  kernels::Pool2dGeometry g;
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.kernel_h = o.kernel_h, g.kernel_w = o.kernel_w, g.stride_h = o.stride_h, g.stride_w = o.stride_w;
+  g.pad_h = o.pad_h, g.pad_w = o.pad_w;
+  CUMULUS_CHECK(g.h + 2 * g.pad_h >= g.kernel_h && g.w + 2 * g.pad_w >= g.kernel_w, ShapeError, op, ": kernel ",
+                g.kernel_h, "x", g.kernel_w, " is larger than the padded input ", x.shape().str());
+  g.out_h = (g.h + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
+  g.out_w = (g.w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
+
+  const Device device = x.device();
+  Tensor y = detail::new_output(Shape{g.n, g.c, g.out_h, g.out_w}, DType::f32, device);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  CUMULUS_DISPATCH(device, kernels::max_pool2d_forward_cpu(g, xp, yp),
+                   CUMULUS_CUDNN_ONLY(kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()), g, xp, yp)));
+  if (should_record({&x}))
+    attach_node(y, std::make_shared<MaxPool2dBackward>(x.detach(), device.is_cuda() ? y.detach() : Tensor(), g),
+                {&x});
+  return y;
+}
+
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+  MaxPool2dOptions o;
+  o.kernel_h = o.kernel_w = kernel;
+  o.stride_h = o.stride_w = stride == 0 ? kernel : stride;
+  o.pad_h = o.pad_w = padding;
+  return max_pool2d(x, o);
+}
+
+}  // namespace cumulus::ops

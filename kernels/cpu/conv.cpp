@@ -1,0 +1,180 @@
+// conv2d on the CPU: im2col over a chunk of samples, then one OpenBLAS GEMM per chunk.
+//   x_n: [c, h, w] -> columns [c*r*s, oh*ow] (row (ci, ki, kj), column (oi, oj) holds
+//   x_n[ci, oi*stride_h - pad_h + ki, oj*stride_w - pad_w + kj], 0 in the padding). A chunk of m
+//   samples lays its columns side by side: cols [c*r*s, m*oh*ow], sample j at column j*oh*ow.
+//   forward          out  [k, m*oh*ow] = W [k, c*r*s] cols, then y_n[k, :] = out[k, n's part] + b[k]
+//   backward data    dcols [c*r*s, m*oh*ow] = W^T dy_t, dx_n (+)= col2im(dcols, n's part)
+//   backward filter  dW [k, c*r*s] (+)= dy_t cols^T, one GEMM per chunk
+// where dy_t [k, m*oh*ow] is the chunk's dy regrouped by channel. The weight gradient accumulates
+// inside the GEMMs: the sink's beta for the first chunk, 1 for the others (Note [Gradient
+// sinks]), as Linear does. Backward keeps only x (saved by the op) and rebuilds the columns chunk
+// by chunk, so no [n, c*r*s, oh*ow] tensor exists. Chunks are sized so the scratch stays within
+// kScratchFloats: large enough for GEMMs that run near OpenBLAS's speed (a per-sample GEMM of the
+// CNN's second conv is 64 x 196 x 288: too small to keep two cores busy).
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/conv_kernels.h"
+#include "kernels/cpu/kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+constexpr int64_t kScratchFloats = int64_t{1} << 20;  // 4 MiB per scratch part
+
+// Samples per chunk.
+int64_t chunk_of(const Conv2dGeometry& g) {
+  const int64_t ohw = g.col_cols();
+  const int64_t per_sample = std::max(g.col_rows(), g.k) * ohw;
+  return std::max<int64_t>(1, std::min(g.n, kScratchFloats / std::max<int64_t>(per_sample, 1)));
+}
+
+// The output columns oj whose input column oj*stride_w - pad_w + kj lies inside [0, w):
+// [lo, hi). Outside it a row of columns is padding.
+struct ColumnRange {
+  int64_t lo, hi;
+};
+ColumnRange valid_columns(const Conv2dGeometry& g, int64_t kj) {
+  const int64_t first = g.pad_w - kj, end = g.w + g.pad_w - kj;  // oj*stride_w in [first, end)
+  const int64_t lo = first > 0 ? (first + g.stride_w - 1) / g.stride_w : 0;
+  const int64_t hi = end > 0 ? (end + g.stride_w - 1) / g.stride_w : 0;
+  return {std::min(lo, g.out_w), std::max(std::min(lo, g.out_w), std::min(hi, g.out_w))};
+}
+
+// Columns of one sample x [c, h, w] into cols (row stride ld).
+void im2col(const Conv2dGeometry& g, const float* x, float* cols, int64_t ld) {
+  for (int64_t ci = 0; ci < g.c; ++ci) {
+    const float* xc = x + ci * g.h * g.w;
+    for (int64_t ki = 0; ki < g.r; ++ki) {
+      for (int64_t kj = 0; kj < g.s; ++kj) {
+        float* row = cols + ((ci * g.r + ki) * g.s + kj) * ld;
+        const ColumnRange cr = valid_columns(g, kj);
+        for (int64_t oi = 0; oi < g.out_h; ++oi) {
+          float* out = row + oi * g.out_w;
+          const int64_t ih = oi * g.stride_h - g.pad_h + ki;
+          if (ih < 0 || ih >= g.h) {
+            std::fill(out, out + g.out_w, 0.0f);
+            continue;
+          }
+          const float* xr = xc + ih * g.w - g.pad_w + kj;  // xr[oj * stride_w] is x[ih, iw(oj)]
+          std::fill(out, out + cr.lo, 0.0f);
+          if (g.stride_w == 1) std::copy(xr + cr.lo, xr + cr.hi, out + cr.lo);
+          else for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj * g.stride_w];
+          std::fill(out + cr.hi, out + g.out_w, 0.0f);
+        }
+      }
+    }
+  }
+}
+
+// dx [c, h, w] += one sample's columns (row stride ld) scattered back to where they were read.
+void col2im_add(const Conv2dGeometry& g, const float* cols, int64_t ld, float* dx) {
+  for (int64_t ci = 0; ci < g.c; ++ci) {
+    float* dxc = dx + ci * g.h * g.w;
+    for (int64_t ki = 0; ki < g.r; ++ki) {
+      for (int64_t kj = 0; kj < g.s; ++kj) {
+        const float* row = cols + ((ci * g.r + ki) * g.s + kj) * ld;
+        const ColumnRange cr = valid_columns(g, kj);
+        for (int64_t oi = 0; oi < g.out_h; ++oi) {
+          const int64_t ih = oi * g.stride_h - g.pad_h + ki;
+          if (ih < 0 || ih >= g.h) continue;
+          const float* in = row + oi * g.out_w;
+          float* dxr = dxc + ih * g.w - g.pad_w + kj;
+          if (g.stride_w == 1) for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj] += in[oj];
+          else for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj * g.stride_w] += in[oj];
+        }
+      }
+    }
+  }
+}
+
+// Columns of samples [n0, n0 + m) side by side (row stride m * oh * ow).
+void im2col_chunk(const Conv2dGeometry& g, const float* x, int64_t n0, int64_t m, float* cols) {
+  const int64_t ohw = g.col_cols(), chw = g.c * g.h * g.w;
+  for (int64_t j = 0; j < m; ++j) im2col(g, x + (n0 + j) * chw, cols + j * ohw, m * ohw);
+}
+
+// dy_t [k, m * oh * ow] = dy of samples [n0, n0 + m) grouped by channel.
+void group_by_channel(const Conv2dGeometry& g, const float* dy, int64_t n0, int64_t m, float* dyt) {
+  const int64_t ohw = g.col_cols();
+  for (int64_t j = 0; j < m; ++j)
+    for (int64_t k = 0; k < g.k; ++k) {
+      const float* src = dy + ((n0 + j) * g.k + k) * ohw;
+      std::copy(src, src + ohw, dyt + k * m * ohw + j * ohw);
+    }
+}
+
+}  // namespace
+
+int64_t conv2d_workspace_floats_cpu(const Conv2dGeometry& g) {
+  return chunk_of(g) * (g.col_rows() + g.k) * g.col_cols();
+}
+
+void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* weight, const float* bias,
+                        float* y, float* workspace) {
+  const int64_t crs = g.col_rows(), ohw = g.col_cols(), chunk = chunk_of(g);
+  float* cols = workspace;
+  float* out = workspace + chunk * crs * ohw;
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
+    im2col_chunk(g, x, n0, m, cols);
+    gemm_cpu(false, false, g.k, ld, crs, 1.0f, weight, crs, cols, ld, 0.0f, out, ld);
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t k = 0; k < g.k; ++k) {
+        const float* src = out + k * ld + j * ohw;
+        float* dst = y + ((n0 + j) * g.k + k) * ohw;
+        const float b = bias != nullptr ? bias[k] : 0.0f;
+        for (int64_t p = 0; p < ohw; ++p) dst[p] = src[p] + b;
+      }
+  }
+}
+
+void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, const float* dy, float beta,
+                              float* dx, float* workspace) {
+  const int64_t crs = g.col_rows(), ohw = g.col_cols(), chw = g.c * g.h * g.w, chunk = chunk_of(g);
+  float* dcols = workspace;
+  float* dyt = workspace + chunk * crs * ohw;
+  if (beta == 0.0f) std::memset(dx, 0, static_cast<std::size_t>(g.n * chw) * sizeof(float));
+  else if (beta != 1.0f) for (int64_t i = 0; i < g.n * chw; ++i) dx[i] *= beta;
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
+    group_by_channel(g, dy, n0, m, dyt);
+    gemm_cpu(true, false, crs, ld, g.k, 1.0f, weight, crs, dyt, ld, 0.0f, dcols, ld);
+    for (int64_t j = 0; j < m; ++j) col2im_add(g, dcols + j * ohw, ld, dx + (n0 + j) * chw);
+  }
+}
+
+void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const float* dy, float beta,
+                                float* dweight, float* workspace) {
+  const int64_t crs = g.col_rows(), ohw = g.col_cols(), chunk = chunk_of(g);
+  float* cols = workspace;
+  float* dyt = workspace + chunk * crs * ohw;
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
+    im2col_chunk(g, x, n0, m, cols);
+    group_by_channel(g, dy, n0, m, dyt);
+    // beta: the sink's for the first chunk (0 overwrites a stale buffer), then accumulate.
+    gemm_cpu(false, true, g.k, crs, ld, 1.0f, dyt, ld, cols, ld, n0 == 0 ? beta : 1.0f, dweight, crs);
+  }
+}
+
+void conv2d_backward_bias_cpu(const Conv2dGeometry& g, const float* dy, float beta, float* dbias) {
+  const int64_t ohw = g.col_cols();
+  for (int64_t k = 0; k < g.k; ++k) {
+    double s = 0.0;
+    for (int64_t i = 0; i < g.n; ++i) {
+      // One plane in 8 float lanes (vectorized), planes summed in double.
+      const float* p = dy + (i * g.k + k) * ohw;
+      float lanes[8] = {};
+      int64_t j = 0;
+      for (; j + 8 <= ohw; j += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] += p[j + l];
+      for (; j < ohw; ++j) s += p[j];
+      for (int l = 0; l < 8; ++l) s += lanes[l];
+    }
+    dbias[k] = beta == 0.0f ? static_cast<float>(s) : static_cast<float>(s) + beta * dbias[k];
+  }
+}
+
+}  // namespace cumulus::kernels

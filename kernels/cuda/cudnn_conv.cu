@@ -1,0 +1,172 @@
+// conv2d on CUDA through cuDNN's legacy API: cudnnConvolutionForward (+ cudnnAddTensor for the
+// bias), cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter, cudnnConvolutionBackwardBias.
+// Backward needs x for the filter gradient and the weight for the data gradient (the op saves
+// only what the needed gradients read). Every call blends with beta: the filter and bias gradients
+// accumulate inside cuDNN (beta 1), or overwrite a stale buffer without reading it (beta 0;
+// cuDNN never reads the output when beta is 0), exactly as Linear's GEMM does (Note [Gradient
+// sinks]). Algorithms: chosen once per (device, direction, shape) and cached; workspace from our
+// allocator, category workspace (Note [cuDNN algorithm cache] in engine/core/cudnn_context.cpp).
+// Math is FP32 (CUDNN_FMA_MATH): no TF32, so results match the CPU path to float rounding.
+#if CUMULUS_WITH_CUDNN
+#include <vector>
+
+#include "cumulus/core/cuda_check.h"
+#include "cumulus/core/cudnn_context.h"
+#include "cumulus/memory/allocator.h"
+#include "kernels/cuda/cudnn_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+// Algorithms that want more workspace than this are taken only when nothing else works.
+constexpr std::size_t kPreferredMaxWorkspace = 256u << 20;
+
+struct ConvDescriptors {
+  cudnn::TensorDescriptor x, y;
+  cudnn::FilterDescriptor w;
+  cudnn::ConvolutionDescriptor conv;
+};
+
+ConvDescriptors describe(const Conv2dGeometry& g) {
+  ConvDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w), cudnn::nchw_descriptor(g.n, g.k, g.out_h, g.out_w),
+                    cudnn::FilterDescriptor(), cudnn::ConvolutionDescriptor()};
+  CUMULUS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                                 cudnn::checked_int(g.k, "out_channels"),
+                                                 cudnn::checked_int(g.c, "in_channels"),
+                                                 cudnn::checked_int(g.r, "kernel height"),
+                                                 cudnn::checked_int(g.s, "kernel width")));
+  CUMULUS_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      d.conv.get(), cudnn::checked_int(g.pad_h, "pad"), cudnn::checked_int(g.pad_w, "pad"),
+      cudnn::checked_int(g.stride_h, "stride"), cudnn::checked_int(g.stride_w, "stride"), 1, 1,
+      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUMULUS_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), CUDNN_FMA_MATH));
+  int n = 0, k = 0, oh = 0, ow = 0;
+  CUMULUS_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(d.conv.get(), d.x.get(), d.w.get(), &n, &k, &oh, &ow));
+  CUMULUS_CHECK(n == g.n && k == g.k && oh == g.out_h && ow == g.out_w, CudaError,
+                "conv2d: cuDNN computes an output of [", n, ", ", k, ", ", oh, ", ", ow, "], cumulus expected [",
+                g.n, ", ", g.k, ", ", g.out_h, ", ", g.out_w, "]");
+  return d;
+}
+
+cudnn::ConvKey key_of(int device, cudnn::ConvDirection direction, const Conv2dGeometry& g) {
+  cudnn::ConvKey key;
+  key.device = device;
+  key.direction = direction;
+  key.sizes = {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+  return key;
+}
+
+// The heuristics' ranking, filtered: the first successful, deterministic algorithm within the
+// preferred workspace; failing that the first successful one within it; failing that any.
+template <typename Perf>
+int pick_algorithm(const std::vector<Perf>& perf, int returned, const char* direction) {
+  for (int pass = 0; pass < 3; ++pass)
+    for (int i = 0; i < returned; ++i) {
+      const Perf& p = perf[static_cast<std::size_t>(i)];
+      if (p.status != CUDNN_STATUS_SUCCESS) continue;
+      if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
+      if (pass < 2 && p.memory > kPreferredMaxWorkspace) continue;
+      return static_cast<int>(p.algo);
+    }
+  throw CudaError(detail::concat("conv2d: cuDNN offers no ", direction, " algorithm for this shape"));
+}
+
+Allocation take_workspace(int device, std::size_t bytes) {
+  return allocator_for(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace);
+}
+
+}  // namespace
+
+void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, const float* x,
+                         const float* weight, const float* bias, float* y) {
+  const ConvDescriptors d = describe(g);
+  const cudnn::ConvAlgorithm a =
+      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::forward, g), [&] {
+        int max_count = 0, returned = 0;
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
+        std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                                   d.y.get(), max_count, &returned, perf.data()));
+        cudnn::ConvAlgorithm c;
+        c.algo = pick_algorithm(perf, returned, "forward");
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                                    d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+                                                                    &c.workspace_bytes));
+        return c;
+      });
+  Allocation workspace = take_workspace(device, a.workspace_bytes);
+  const float one = 1.0f, zero = 0.0f;
+  detail::count_launch();
+  CUMULUS_CUDNN_CHECK(cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), weight, d.conv.get(),
+                                              static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), workspace.get(),
+                                              a.workspace_bytes, &zero, d.y.get(), y));
+  if (bias != nullptr) {
+    const cudnn::TensorDescriptor b = cudnn::nchw_descriptor(1, g.k, 1, 1);
+    detail::count_launch();
+    CUMULUS_CUDNN_CHECK(cudnnAddTensor(handle, &one, b.get(), bias, &one, d.y.get(), y));
+  }
+}
+
+void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, const float* weight,
+                               const float* dy, float beta, float* dx) {
+  const ConvDescriptors d = describe(g);
+  const cudnn::ConvAlgorithm a =
+      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_data, g), [&] {
+        int max_count = 0, returned = 0;
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &returned, perf.data()));
+        cudnn::ConvAlgorithm c;
+        c.algo = pick_algorithm(perf, returned, "backward-data");
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+            handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+            &c.workspace_bytes));
+        return c;
+      });
+  Allocation workspace = take_workspace(device, a.workspace_bytes);
+  const float one = 1.0f;
+  detail::count_launch();
+  CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &one, d.w.get(), weight, d.y.get(), dy, d.conv.get(),
+                                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo),
+                                                   workspace.get(), a.workspace_bytes, &beta, d.x.get(), dx));
+}
+
+void conv2d_backward_filter_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, const float* x,
+                                 const float* dy, float beta, float* dweight) {
+  const ConvDescriptors d = describe(g);
+  const cudnn::ConvAlgorithm a =
+      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_filter, g), [&] {
+        int max_count = 0, returned = 0;
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &returned, perf.data()));
+        cudnn::ConvAlgorithm c;
+        c.algo = pick_algorithm(perf, returned, "backward-filter");
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+            static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), &c.workspace_bytes));
+        return c;
+      });
+  Allocation workspace = take_workspace(device, a.workspace_bytes);
+  const float one = 1.0f;
+  detail::count_launch();
+  // beta = 1: the weight gradient accumulates inside cuDNN, into the persistent buffer.
+  CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(),
+                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo),
+                                                     workspace.get(), a.workspace_bytes, &beta, d.w.get(), dweight));
+}
+
+void conv2d_backward_bias_cuda(cudnnHandle_t handle, const Conv2dGeometry& g, const float* dy, float beta,
+                               float* dbias) {
+  const cudnn::TensorDescriptor dyd = cudnn::nchw_descriptor(g.n, g.k, g.out_h, g.out_w);
+  const cudnn::TensorDescriptor bd = cudnn::nchw_descriptor(1, g.k, 1, 1);
+  const float one = 1.0f;
+  detail::count_launch();
+  CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, dyd.get(), dy, &beta, bd.get(), dbias));
+}
+
+}  // namespace cumulus::kernels
+#endif  // CUMULUS_WITH_CUDNN

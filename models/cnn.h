@@ -1,0 +1,28 @@
+// The convolutional model for Fashion-MNIST, as this PyTorch nn.Sequential (indices are the names):
+//   0 Conv2d(1, 32, 3, padding=1)   1 BatchNorm2d(32)   2 ReLU   3 MaxPool2d(2)
+//   4 Conv2d(32, 64, 3, padding=1)  5 BatchNorm2d(64)   6 ReLU   7 MaxPool2d(2)
+//   8 Flatten   9 Linear(3136, 128)   10 ReLU   11 Linear(128, 10)
+// state_dict() keys equal PyTorch's for that nn.Sequential: 0.weight, 0.bias, 1.weight, 1.bias,
+// 1.running_mean, 1.running_var, 1.num_batches_tracked, 4.*, 5.*, 9.weight, 9.bias, 11.weight,
+// 11.bias (num_batches_tracked: i32 here, int64 in PyTorch). Layers are created, and drawn from the
+// generator, in that order.
+#pragma once
+
+#include <memory>
+
+#include "cumulus/nn/conv_layers.h"
+#include "cumulus/nn/layers.h"
+
+namespace cumulus::models {
+
+class CNN : public nn::Sequential {
+ public:
+  static constexpr int64_t kSide = 28, kChannels1 = 32, kChannels2 = 64, kHidden = 128, kClasses = 10;
+  static constexpr int64_t kFlat = kChannels2 * (kSide / 4) * (kSide / 4);  // 3136
+
+  explicit CNN(Generator& gen, Device device = Device::cpu());
+  // x: [B, 784], [B, 28, 28] or [B, 1, 28, 28] f32 -> logits [B, 10]
+  Tensor forward(const Tensor& x) override;
+};
+
+}  // namespace cumulus::models
