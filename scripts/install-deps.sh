@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages cumulus builds with, if any is missing (needs root or sudo).
 # The CUDA toolkit is not a Debian package here: when nvcc is absent the build is CPU only.
+# --fuzz adds what scripts/fuzz.sh needs: clang and its runtime libraries (libFuzzer, sanitizers).
 set -euo pipefail
 packages=(cmake make g++ libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
           libcli11-dev nlohmann-json3-dev)
+for arg in "$@"; do
+  case "$arg" in
+    --fuzz) packages+=(clang libclang-rt-14-dev) ;;
+    *) echo "install-deps: unknown argument '$arg' (known: --fuzz)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,6 +15,10 @@ namespace io = cumulus::io;
 namespace {
 
 constexpr const char* kFormat = "cumulus-checkpoint-1";
+// Named in the metadata, it makes save_safetensors store a CRC-32 of the file's header and data,
+// and load_safetensors verify it (Note [Checksum] in engine/io/safetensors.cpp). Checkpoints must
+// carry one: a flipped bit or a partial copy is then an error, never a silently different resume.
+constexpr const char* kChecksumKey = "checksum_crc32";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 
 // The settings that must agree for a resume to be exact, as strings for the metadata.
@@ -35,20 +39,21 @@ void copy_into_model(const std::string& path, const cumulus::nn::Module& model, 
                      bool allow_extra_prefix) {
   std::map<std::string, Tensor> by_name(tensors.begin(), tensors.end());
   std::set<std::string> used;
-  for (const auto& [name, param] : model.named_parameters()) {
+  // The state dict: parameters and buffers (batch norm's running statistics and counter).
+  for (const auto& [name, param] : model.state_dict()) {
     auto it = by_name.find(name);
-    if (it == by_name.end()) throw cumulus::Error(path + ": no tensor '" + name + "' (the model's parameter)");
+    if (it == by_name.end()) throw cumulus::Error(path + ": no tensor '" + name + "' (in the model's state dict)");
     const Tensor& t = it->second;
-    if (t.dtype() != cumulus::DType::f32 || t.shape() != param.shape())
+    if (t.dtype() != param.dtype() || t.shape() != param.shape())
       throw cumulus::Error(path + ": tensor '" + name + "' is " + t.shape().str() + " " + cumulus::dtype_name(t.dtype()) +
-                           ", the model's parameter is " + param.shape().str() + " f32");
+                           ", the model's is " + param.shape().str() + " " + cumulus::dtype_name(param.dtype()));
     Tensor target = param;
     target.copy_from(t);
     used.insert(name);
   }
   for (const auto& [name, t] : tensors) {
     if (used.count(name) || (allow_extra_prefix && name.rfind(kOptimizerPrefix, 0) == 0)) continue;
-    throw cumulus::Error(path + ": tensor '" + name + "' is not a parameter of this model");
+    throw cumulus::Error(path + ": tensor '" + name + "' is not in this model's state dict");
   }
 }
 
@@ -68,7 +73,7 @@ int64_t get_int(const std::map<std::string, std::string>& meta, const std::strin
 }  // namespace
 
 void save_weights(const std::string& path, const cumulus::nn::Module& model) {
-  io::save_safetensors(path, model.named_parameters(), {{"format", "pt"}});
+  io::save_safetensors(path, model.state_dict(), {{"format", "pt"}});
 }
 
 void load_weights(const std::string& path, const cumulus::nn::Module& model) {
@@ -77,7 +82,7 @@ void load_weights(const std::string& path, const cumulus::nn::Module& model) {
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                      const cumulus::optim::Optimizer& optimizer, const TrainingState& s, const Options& options) {
-  io::NamedTensors tensors = model.named_parameters();
+  io::NamedTensors tensors = model.state_dict();
   for (const auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
   std::map<std::string, std::string> meta = run_config(options);
   meta["format"] = kFormat;
@@ -95,16 +100,26 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
   meta["epoch_samples"] = std::to_string(s.epoch_samples);
   // RNG state: the initialization is replaced by the saved weights, and the shuffle order of an
   // epoch is a pure function of (seed, epoch), both recorded here.
+  meta[kChecksumKey] = "";  // computed by save_safetensors
   io::save_safetensors(path, tensors, meta);
 }
 
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                               cumulus::optim::Optimizer& optimizer, const Options& options) {
-  io::SafetensorsContents c = io::load_safetensors(path);
+  io::SafetensorsContents c;
+  try {
+    c = io::load_safetensors(path);  // verifies the checksum when the file has one
+  } catch (const cumulus::Error& e) {
+    throw cumulus::Error("checkpoint '" + path + "' cannot be used: " + e.what());
+  }
   auto format = c.metadata.find("format");
   if (format == c.metadata.end() || format->second != kFormat)
     throw cumulus::Error(path + ": not a cumulus checkpoint (metadata 'format' is not " + std::string(kFormat) +
                          "); to start from plain weights use --init");
+  if (c.metadata.count(kChecksumKey) == 0)
+    throw cumulus::Error("checkpoint '" + path + "' is corrupt: its metadata has no '" + kChecksumKey +
+                         "' (cumulus checkpoints store one; this file is damaged or older than that), so it "
+                         "cannot be verified");
   for (const auto& [key, value] : run_config(options)) {
     auto it = c.metadata.find(key);
     const std::string saved = it == c.metadata.end() ? "(none)" : it->second;

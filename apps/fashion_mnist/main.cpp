@@ -174,6 +174,10 @@ void write_reports(const Options& o, MemoryTracker& tracker) {
 }
 
 int run(Options& o) {
+  // From the start: a signal during loading must also end in a clean exit (130/143) at the first
+  // group boundary, never in death by the signal.
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   const Device device = o.resolved_device;
   const std::string data_dir = locate_fashion_mnist(o.data_dir, o.quiet);
   const data::ImageDataset train = data::load_mnist_split(data_dir, true, device, o.train_limit);
@@ -225,9 +229,6 @@ int run(Options& o) {
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   MemoryTracker tracker(device, to);
   Progress progress(stderr, !o.quiet);
-
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
 
   // Summed training losses on the device, read only when needed: `group_loss` holds the group in
   // flight and is folded into `epoch_loss` at each step, so `epoch_loss` is always the sum up to

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "cumulus/core/error.h"
@@ -13,6 +14,17 @@ namespace cumulus::io {
 namespace {
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
   throw Error("cannot " + what + " '" + path + "': " + std::strerror(errno));
+}
+
+// Test hook (tests/test_faults.cpp), not a feature: CUMULUS_FAULT_INJECT simulates a process
+// that dies while writing, by _exit(86) without unwinding, as a kill or a power cut would:
+//   mid_write      after half the content is in the temporary file (not flushed, not renamed)
+//   before_rename  after the temporary file is complete and fsync'ed, before the rename
+// The target must then be exactly what it was before the call. Unset in normal use.
+constexpr int kFaultExitCode = 86;
+void fault_point(const char* point) {
+  const char* inject = std::getenv("CUMULUS_FAULT_INJECT");
+  if (inject != nullptr && std::strcmp(inject, point) == 0) ::_exit(kFaultExitCode);
 }
 
 std::string parent_dir(const std::string& path) {
@@ -27,8 +39,15 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("create", tmp);
   std::size_t done = 0;
+  bool halfway = false;
   while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (!halfway && done >= content.size() / 2) {
+      halfway = true;
+      fault_point("mid_write");
+    }
+    // The first half, then the rest: the mid_write fault point falls between them.
+    const std::size_t limit = halfway ? content.size() : content.size() / 2;
+    const ssize_t n = ::write(fd, content.data() + done, limit - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int saved = errno;
@@ -45,6 +64,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     errno = saved;
     fail("flush", tmp);
   }
+  fault_point("before_rename");
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int saved = errno;
     ::unlink(tmp.c_str());

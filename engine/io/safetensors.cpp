@@ -3,14 +3,24 @@
 // hands it to write_file_atomic. Reading checks the header completely before allocating tensors:
 // the reference implementation's rules (known dtypes, shapes matching byte ranges, ranges that
 // tile the data section exactly: no gap, no overlap, nothing left over), plus unique names.
+//
+// Note [Checksum]: a file whose metadata has "checksum_crc32" is verified on load, so a truncated
+// or bit-flipped file is an error rather than silently wrong numbers. The value is 8 lowercase
+// hex digits: zlib's CRC-32 over a canonical form of the header (for each tensor in data order
+// its name, dtype, shape; then every other metadata key and value, sorted by key; each string
+// followed by a NUL byte), then the data section. save_safetensors computes it when the metadata
+// it is given has the key (the given value is replaced), so callers opt in by naming it
+// (apps/fashion_mnist's checkpoints do). Files without the key, PyTorch's among them, load as before.
 #include "cumulus/io/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -28,6 +38,7 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the reference rejects headers past 100 MB
 constexpr const char* kMetadataKey = "__metadata__";
+constexpr const char* kChecksumKey = "checksum_crc32";  // Note [Checksum]
 
 std::string where(const std::string& path) { return "safetensors file '" + path + "': "; }
 std::string where(const std::string& path, const std::string& name) {
@@ -73,6 +84,43 @@ bool read_at(int fd, void* dst, std::size_t n, uint64_t offset) {
   return true;
 }
 
+// CRC-32 (zlib's) of a byte stream fed in pieces (Note [Checksum]).
+class Checksum {
+ public:
+  void add(const void* data, std::size_t n) {
+    const auto* p = static_cast<const Bytef*>(data);
+    while (n > 0) {
+      const auto piece = static_cast<uInt>(std::min<std::size_t>(n, std::numeric_limits<uInt>::max()));
+      crc_ = ::crc32(crc_, p, piece);
+      p += piece;
+      n -= piece;
+    }
+  }
+  void add_field(const std::string& s) { add(s.c_str(), s.size() + 1); }  // with its NUL
+  // One tensor's header fields, in data order.
+  void add_tensor(const std::string& name, const char* dtype, const Shape& shape) {
+    add_field(name);
+    add_field(dtype);
+    add_field(shape.str());
+  }
+  // The metadata but the checksum itself, in key order.
+  void add_metadata(const std::map<std::string, std::string>& metadata) {
+    for (const auto& [k, v] : metadata) {
+      if (k == kChecksumKey) continue;
+      add_field(k);
+      add_field(v);
+    }
+  }
+  std::string hex() const {
+    char buf[9];
+    std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc_ & 0xffffffffu));
+    return buf;
+  }
+
+ private:
+  uLong crc_ = ::crc32(0L, Z_NULL, 0);
+};
+
 struct Entry {
   std::string name;
   DType dtype;
@@ -108,10 +156,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
     else bytes *= v;
     e.shape.push_back(static_cast<int64_t>(v));
   }
-  if (e.shape.numel() == 0) {  // a zero dimension makes any earlier overflow moot
-    overflow = false;
-    bytes = 0;
-  }
+  // An overflow stays an error even when a later dimension is 0, as in the reference (a checked
+  // product taken in order): Shape::numel() would overflow on such a shape (found by fuzz_safetensors).
   const auto& off = j["data_offsets"];
   CUMULUS_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                 Error, at, "data_offsets must be [begin, end] with non-negative integers, got ", off.dump());
@@ -131,9 +177,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   // ordered_json keeps "__metadata__" first and the tensors in the given order (any order is valid).
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  const bool with_checksum = metadata.count(kChecksumKey) != 0;
+  Checksum checksum;
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
     for (const auto& [k, v] : metadata) meta[k] = v;
+    if (with_checksum) meta[kChecksumKey] = "00000000";  // a placeholder of the value's width, patched below
     header[kMetadataKey] = std::move(meta);
   }
   std::set<std::string> seen;
@@ -151,7 +200,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     const uint64_t end = offset + t.nbytes();
     header[name] = {{"dtype", dtype}, {"shape", std::move(shape)}, {"data_offsets", {offset, end}}};
     offset = end;
+    checksum.add_tensor(name, dtype, t.shape());
   }
+  checksum.add_metadata(metadata);
 
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -166,6 +217,15 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (const auto& [name, t] : tensors) {
     copy_bytes(dst, Device::cpu(), t.raw_data(), t.device(), t.nbytes());  // synchronizes for CUDA
     dst += t.nbytes();
+  }
+  if (with_checksum) {
+    // The placeholder is in "__metadata__", the first object of the header; keys and values are
+    // JSON-escaped, so no other text there can read as this key followed by a string.
+    checksum.add(content.data() + data_start, offset);
+    const std::string key = std::string("\"") + kChecksumKey + "\":\"";
+    const std::size_t at = content.find(key, 8);
+    CUMULUS_CHECK(at != std::string::npos && at < data_start, Error, where(path), "internal: checksum placeholder not found");
+    content.replace(at + key.size(), 8, checksum.hex());
   }
   write_file_atomic(path, content);
 }
@@ -195,6 +255,11 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   errno = 0;
   CUMULUS_CHECK(read_at(file.fd, text.data(), n, 8), Error, where(path), "cannot read the ", n,
                 "-byte header: ", std::strerror(errno));
+
+  // JSON has no raw NUL byte (one in a string is escaped), but the parser stops at one as at the end
+  // of its input: "{...}\0garbage" would pass, and a flipped bit in the padding go unnoticed.
+  CUMULUS_CHECK(text.find('\0') == std::string::npos, Error, where(path), "the ", n,
+                "-byte header contains a NUL byte at offset ", 8 + text.find('\0'), ": not valid JSON (corrupt)");
 
   // Top-level keys are recorded as they are parsed: a JSON object may legally repeat a key (the
   // parser keeps one), but a file that names two tensors alike is corrupt.
@@ -238,7 +303,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   const Entry* previous = nullptr;
   for (const Entry& e : entries) {
     CUMULUS_CHECK(e.end <= data_size, Error, where(path, e.name), "data_offsets [", e.begin, ", ", e.end,
-                  "] out of range: the data section has ", data_size, " bytes");
+                  "] out of range: the data section has ", data_size, " bytes (truncated or corrupt)");
     CUMULUS_CHECK(e.begin >= covered, Error, where(path, e.name), "data_offsets [", e.begin, ", ", e.end,
                   "] overlap tensor '", previous ? previous->name : "", "' (which ends at ", covered, ")");
     CUMULUS_CHECK(e.begin == covered, Error, where(path, e.name), "data_offsets [", e.begin, ", ", e.end,
@@ -248,6 +313,18 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   }
   CUMULUS_CHECK(covered == data_size, Error, where(path), "the tensors cover ", covered,
                 " bytes but the data section has ", data_size, ": trailing bytes belong to no tensor");
+
+  // ---- the checksum, when the file has one (Note [Checksum]) ----
+  std::string stored_checksum;
+  Checksum checksum;
+  if (auto it = out.metadata.find(kChecksumKey); it != out.metadata.end()) {
+    stored_checksum = it->second;
+    CUMULUS_CHECK(stored_checksum.size() == 8 && stored_checksum.find_first_not_of("0123456789abcdef") == std::string::npos,
+                  Error, where(path), "corrupt: metadata \"", kChecksumKey, "\" is \"", stored_checksum,
+                  "\", not 8 lowercase hex digits");
+    for (const Entry& e : entries) checksum.add_tensor(e.name, file_dtype(e.dtype), e.shape);
+    checksum.add_metadata(out.metadata);
+  }
 
   // ---- the tensors, in data order ----
   std::vector<char> staging;
@@ -262,9 +339,13 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
     errno = 0;
     CUMULUS_CHECK(read_at(file.fd, dst, bytes, data_start + e.begin), Error, where(path, e.name),
                   "cannot read ", bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
+    if (!stored_checksum.empty()) checksum.add(dst, bytes);
     if (device.is_cuda()) copy_bytes(t.raw_data(), device, staging.data(), Device::cpu(), bytes);
     out.tensors.emplace_back(e.name, std::move(t));
   }
+  CUMULUS_CHECK(stored_checksum.empty() || checksum.hex() == stored_checksum, Error, where(path),
+                "corrupt: checksum mismatch (", kChecksumKey, " ", stored_checksum, " stored, ", checksum.hex(),
+                " computed): the file changed after it was written (a flipped bit, a partial copy)");
   return out;
 }
 

@@ -17,7 +17,9 @@ void Shape::push_back(int64_t d) {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < ndim_; ++i) n *= dims_[static_cast<std::size_t>(i)];
+  for (int i = 0; i < ndim_; ++i)
+    CUMULUS_CHECK(!__builtin_mul_overflow(n, dims_[static_cast<std::size_t>(i)], &n), ShapeError, "shape ", str(),
+                  " has more elements than fit in 64 bits");
   return n;
 }
 

@@ -8,6 +8,8 @@
 namespace cumulus::io {
 
 // Throws cumulus::Error naming the path and the system error on failure; the target is untouched.
+// Test hook: CUMULUS_FAULT_INJECT=mid_write or =before_rename makes the process _exit(86) at that
+// point of the write (see file.cpp), to test that a crash leaves the previous file intact.
 void write_file_atomic(const std::string& path, const std::string& content);
 
 }  // namespace cumulus::io

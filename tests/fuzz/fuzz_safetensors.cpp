@@ -1,0 +1,51 @@
+// Fuzzes cumulus::io::load_safetensors (engine/io/safetensors.cpp). The input is the file. What
+// loads must be consistent (no more tensor bytes than the file holds) and must survive a round
+// trip: saved again and reloaded, the same names, shapes, dtypes, bytes and metadata.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "cumulus/core/error.h"
+#include "cumulus/io/safetensors.h"
+#include "fuzz_input.h"
+
+namespace {
+
+bool same(const cumulus::io::SafetensorsContents& a, const cumulus::io::SafetensorsContents& b) {
+  if (a.metadata != b.metadata || a.tensors.size() != b.tensors.size()) return false;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& [na, ta] = a.tensors[i];
+    const auto& [nb, tb] = b.tensors[i];
+    if (na != nb || ta.dtype() != tb.dtype() || ta.shape() != tb.shape() || ta.nbytes() != tb.nbytes()) return false;
+    if (ta.nbytes() > 0 && std::memcmp(ta.raw_data(), tb.raw_data(), ta.nbytes()) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  static cumulus::fuzz::InputFile file("fuzz_safetensors");
+  static const std::string resaved = (std::filesystem::temp_directory_path() /
+                                      ("cumulus_fuzz_safetensors_" + std::to_string(::getpid()) + ".safetensors"))
+                                         .string();
+  file.write(data, size);
+  cumulus::io::SafetensorsContents loaded;
+  try {
+    loaded = cumulus::io::load_safetensors(file.path());
+  } catch (const cumulus::Error&) {
+    return 0;  // the expected outcome for malformed input
+  }
+  std::size_t bytes = 0;
+  for (const auto& [name, t] : loaded.tensors) bytes += t.nbytes();
+  if (bytes > size) __builtin_trap();
+  // A file with a checksum saves with a freshly computed one: equal, since it was just verified.
+  cumulus::io::save_safetensors(resaved, loaded.tensors, loaded.metadata);
+  const cumulus::io::SafetensorsContents again = cumulus::io::load_safetensors(resaved);
+  std::filesystem::remove(resaved);
+  if (!same(loaded, again)) __builtin_trap();
+  return 0;
+}
