@@ -264,6 +264,25 @@ TEST_F(AppTest, PlannerFitsTheEffectiveBatchToTheBudget) {
   EXPECT_LE(m["peak_bytes"].get<int64_t>(), 14 << 20);
 }
 
+TEST_F(AppTest, TrainsTheCnnAndResumesItExactly) {
+  const std::string common = data_arg() + " --model cnn --optimizer adamw --batch-size 16 --accum-steps 2 "
+                             "--train-limit 192 --test-limit 64 --shuffle --seed 4";
+  const Result r = run_app(common + " --epochs 2 --metrics " + quote(path("cnn.jsonl")) + " --save " +
+                           quote(path("cnn_straight.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("batch norm: statistics per micro-batch"), std::string::npos) << r.out;
+  const auto m = nlohmann::json::parse(read("cnn.jsonl").substr(0, read("cnn.jsonl").find('\n')));
+  EXPECT_EQ(m["model"], "cnn");
+  EXPECT_EQ(m["batch_norm_statistics_samples"], 16);
+  // Batch-norm buffers travel with the weights, and resuming restores them exactly.
+  EXPECT_NE(read("cnn_straight.safetensors").find("1.running_mean"), std::string::npos);
+  ASSERT_EQ(run_app(common + " --quiet --epochs 1 --checkpoint " + quote(path("cnn_ck.safetensors"))).exit_code, 0);
+  const Result resumed = run_app(common + " --quiet --epochs 2 --resume " + quote(path("cnn_ck.safetensors")) +
+                                 " --save " + quote(path("cnn_resumed.safetensors")));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_TRUE(read("cnn_straight.safetensors") == read("cnn_resumed.safetensors"));
+}
+
 TEST_F(AppTest, InitLoadsSavedWeights) {
   ASSERT_EQ(run_app(data_arg() + " --quiet --epochs 1 --save " + quote(path("w0.safetensors"))).exit_code, 0);
   // Zero epochs of further training is not allowed, so compare: init from w0 and train 1 epoch at lr
