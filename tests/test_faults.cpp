@@ -33,6 +33,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/tensor/random.h"
 #include "models/mlp.h"
+#include "toy_dataset.h"
 
 extern char** environ;
 
@@ -110,38 +111,9 @@ Result wait_app(pid_t pid, const fs::path& log) {
   return r;
 }
 
-// ---- a learnable toy in the Fashion-MNIST format (from test_app.cpp) ----
-
-void put_be32(std::string& s, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xff));
-}
-
-void write_gz(const fs::path& path, const std::string& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  gzclose(f);
-}
-
-void write_split(const fs::path& dir, const std::string& prefix, int n, uint32_t seed) {
-  std::string images, labels;
-  put_be32(images, 0x803);
-  put_be32(images, static_cast<uint32_t>(n));
-  put_be32(images, 28);
-  put_be32(images, 28);
-  put_be32(labels, 0x801);
-  put_be32(labels, static_cast<uint32_t>(n));
-  uint32_t state = seed;
-  auto rnd = [&] { return (state = state * 1664525u + 1013904223u) >> 24; };
-  for (int i = 0; i < n; ++i) {
-    const int c = static_cast<int>(rnd() % 10);
-    labels.push_back(static_cast<char>(c));
-    for (int r = 0; r < 28; ++r)
-      for (int col = 0; col < 28; ++col) images.push_back(static_cast<char>(r / 3 == c ? 150 + rnd() % 100 : rnd() % 60));
-  }
-  write_gz(dir / (prefix + "-images-idx3-ubyte.gz"), images);
-  write_gz(dir / (prefix + "-labels-idx1-ubyte.gz"), labels);
-}
+using cumulus::testing::put_be32;
+using cumulus::testing::write_gz;
+constexpr auto write_split = cumulus::testing::write_toy_split;
 
 class FaultTest : public ::testing::Test {
  protected:
