@@ -34,28 +34,7 @@ using testing::DeviceTest;
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string("cumulus_data_") + info->test_suite_name() + "_" + info->name() + "_" +
-                       std::to_string(::getpid());
-    std::replace(name.begin(), name.end(), '/', '_');
-    path_ = fs::temp_directory_path() / name;
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 using Bytes = std::vector<uint8_t>;
 

@@ -32,34 +32,7 @@ using io::NamedTensors;
 using io::save_safetensors;
 using testing::DeviceTest;
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string("cumulus_io_") + info->test_suite_name() + "_" + info->name() + "_" +
-                       std::to_string(::getpid());
-    std::replace(name.begin(), name.end(), '/', '_');
-    path_ = fs::temp_directory_path() / name;
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  // Names of the entries in the directory, sorted.
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

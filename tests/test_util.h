@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -32,6 +36,38 @@ class DeviceTest : public ::testing::TestWithParam<Device> {
 #define CUMULUS_INSTANTIATE_DEVICES(Suite)                                              \
   INSTANTIATE_TEST_SUITE_P(Devices, Suite, ::testing::ValuesIn(::cumulus::testing::all_devices()), \
                            ::cumulus::testing::device_name)
+
+// A fresh directory per test (named after the test and the process), removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string("cumulus_") + info->test_suite_name() + "_" + info->name() + "_" +
+                       std::to_string(::getpid());
+    std::replace(name.begin(), name.end(), '/', '_');
+    path_ = std::filesystem::temp_directory_path() / name;
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+  // Names of the entries in the directory, sorted.
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path_)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // max |a - b| / max(max |b|, floor): the relative error measure the issues use.
 inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-12) {
