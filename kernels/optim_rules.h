@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #ifdef __CUDACC__
 #define CUMULUS_HOST_DEVICE __host__ __device__ __forceinline__
@@ -10,7 +11,112 @@
 #define CUMULUS_HOST_DEVICE inline
 #endif
 
+namespace cumulus::kernels {
+
+// Note [Device-side step]
+// Everything an optimizer step decides lives in one StepState in the parameters' device memory
+// (host memory on the CPU), so a CUDA step never waits for the host and can be captured in a
+// graph: micro-batches add their sample count and summed loss into it (record_micro_batch), the
+// step's first kernel reduces the gradient's squared norm and decides in its last block
+// (prepare_step: normalization, clipping, the non-finite skip, the learning rate from a table),
+// and the update kernel reads the decision. The host reads the state only when asked for a
+// counter (a progress line, the end of an epoch, a checkpoint). The CPU runs the same rules on
+// the same struct, so both devices decide identically.
+struct StepState {
+  // Added to by each micro-batch of the group in flight; cleared by the step attempt.
+  double group_samples;
+  double group_loss;
+  // Summed loss and samples of every group attempted since the last clear (the epoch's).
+  double loss_sum;
+  double samples_sum;
+  // The decision of the last attempt.
+  float grad_norm;   // L2 norm of the normalized gradient before clipping; NaN if not computed
+  float clip;        // the clipping factor applied (1: none)
+  float grad_scale;  // normalization * clip, multiplied into the gradient by the update
+  float lr;
+  int32_t skip;      // 1: the last attempt was skipped (non-finite gradient), nothing updated
+  int32_t reserved;
+  int64_t updates;   // updates applied so far (skipped ones excluded): Adam's t, SGD's first step
+  int64_t skipped;   // attempts skipped as non-finite
+  int64_t lr_base;   // the update index of lr_table[0]
+};
+
+// How the Accumulator normalizes and guards; kernel arguments, constant for a run.
+struct StepConfig {
+  int32_t divide_by_samples;  // 1: grad_scale starts at 1 / group_samples (Normalization::samples)
+  int32_t need_norm;          // compute the norm (clipping or the non-finite guard is on)
+  int32_t skip_non_finite;
+  float clip_grad_norm;       // > 0: clip the normalized norm to this
+  int32_t lr_table_size;      // entries of lr_table (lr for update lr_base + i); the last one holds
+};
+
+// The step's device memory: the state, the per-block partial sums of the gradient's squared norm
+// and the counter that finds the last block (kernels/cuda/optim.cu). One allocation.
+struct StepBuffers {
+  static constexpr int kNormPartials = 256;  // blocks of the norm reduction: fixed, so deterministic
+  StepState state;
+  double partials[kNormPartials];
+  uint32_t blocks_done;
+  uint32_t reserved;
+};
+
+CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double samples, double loss) {
+  s.group_samples += samples;
+  s.group_loss += loss;
+}
+
+// The step decision of Note [Device-side step] (the arithmetic of the former host-side step, so
+// results did not move): `sum_squares` is the squared L2 norm of the accumulated gradient.
+CUMULUS_HOST_DEVICE void prepare_step(StepState& s, double sum_squares, const StepConfig& c, const float* lr_table) {
+  const float scale = c.divide_by_samples ? 1.0f / static_cast<float>(s.group_samples) : 1.0f;
+  float clip = 1.0f;
+  s.grad_norm = NAN;
+  s.skip = 0;
+  if (c.need_norm) {
+    const double norm = std::sqrt(sum_squares) * scale;
+    s.grad_norm = static_cast<float>(norm);
+    if (!std::isfinite(norm) && c.skip_non_finite) s.skip = 1;
+    else if (c.clip_grad_norm > 0.0f && norm > c.clip_grad_norm)
+      clip = static_cast<float>(c.clip_grad_norm / (norm + 1e-6));
+  }
+  if (s.skip) {
+    s.skipped += 1;
+  } else {
+    int64_t i = s.updates - s.lr_base;
+    i = i < 0 ? 0 : (i >= c.lr_table_size ? c.lr_table_size - 1 : i);
+    s.clip = clip;
+    s.grad_scale = scale * clip;
+    s.lr = lr_table[i];
+    s.updates += 1;
+  }
+  s.loss_sum += s.group_loss;
+  s.samples_sum += s.group_samples;
+  s.group_loss = 0.0;
+  s.group_samples = 0.0;
+}
+
+// A step with scalars given by the caller (Optimizer::update outside an Accumulator).
+CUMULUS_HOST_DEVICE void set_step(StepState& s, float grad_scale, float lr) {
+  s.skip = 0;
+  s.clip = 1.0f;
+  s.grad_scale = grad_scale;
+  s.lr = lr;
+  s.updates += 1;
+}
+
+}  // namespace cumulus::kernels
+
 namespace cumulus::kernels::rules {
+
+// AdamW's per-step constants for update t (1-based): step_size = lr / (1 - beta1^t) and
+// bc2_sqrt = sqrt(1 - beta2^t), the powers in double as torch.optim.AdamW computes them.
+CUMULUS_HOST_DEVICE void adamw_constants(float lr, float beta1, float beta2, int64_t t, float& step_size,
+                                         float& bc2_sqrt) {
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t)));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t)));
+  step_size = lr / bc1;
+  bc2_sqrt = std::sqrt(bc2);
+}
 
 // torch.optim.SGD: g = s*grad + wd*w; b = g (first) or mu*b + (1-dampening)*g;
 // d = nesterov ? g + mu*b : b; w -= lr*d. `buf` is unused when momentum is 0.

@@ -22,6 +22,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
+#include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/sgd.h"
 #include "data_files.h"
 #include "models/cnn.h"
@@ -230,26 +231,24 @@ int run(Options& o) {
   MemoryTracker tracker(device, to);
   Progress progress(stderr, !o.quiet);
 
-  // Summed training losses on the device, read only when needed: `group_loss` holds the group in
-  // flight and is folded into `epoch_loss` at each step, so `epoch_loss` is always the sum up to
-  // the last group boundary; `loss_before_run` is what a resumed epoch had before this run.
-  Tensor epoch_loss, group_loss;
+  // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
+  // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run`
+  // is what a resumed epoch had before this run.
   double loss_before_run = 0.0;
-  auto zero_scalar = [&] {
-    MemoryCategoryScope scope(MemoryCategory::other);
-    return Tensor::zeros(Shape{}, DType::f32, device);
-  };
-  epoch_loss = zero_scalar();
-  group_loss = zero_scalar();
+  optim::CapturedTraining runner(acc, o.use_graphs, &tracker);
 
-  // The position of the last group boundary: what a checkpoint written now restores.
+  // The position of the last group boundary: what a checkpoint written now restores. Its step
+  // counters live on the device and are read when a checkpoint is written.
   TrainingState boundary = state;
   auto checkpoint_now = [&](const char* why) {
     if (o.checkpoint_path.empty()) return;
+    const optim::Accumulator::Counters now = acc.counters();
+    boundary.counters.optimizer_steps = now.optimizer_steps;
+    boundary.counters.skipped_steps = now.skipped_steps;
     boundary.optimizer_updates = optimizer->updates();
-    boundary.epoch_loss_sum = boundary.next_micro_batch == 0 ? 0.0 : loss_before_run + epoch_loss.item();
+    boundary.epoch_loss_sum = boundary.next_micro_batch == 0 ? 0.0 : loss_before_run + acc.epoch_loss_sum();
     save_checkpoint(o.checkpoint_path, model, *optimizer, boundary, o);
-    std::printf("checkpoint (%s) written to %s\n", why, o.checkpoint_path.c_str());
+    if (!o.quiet) std::printf("checkpoint (%s) written to %s\n", why, o.checkpoint_path.c_str());
   };
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
@@ -264,8 +263,8 @@ int run(Options& o) {
       const int64_t first = resuming_epoch ? state.next_micro_batch : 0;
       loss_before_run = resuming_epoch ? state.epoch_loss_sum : 0.0;
       int64_t samples = resuming_epoch ? state.epoch_samples : 0, samples_this_run = 0;
-      epoch_loss = zero_scalar();
       train_loader.set_epoch(epoch);
+      train_loader.seek(first);
       acc.begin_epoch(epoch, micro_batches, first);
       progress.begin_epoch(epoch, micro_batches, first);
       boundary.epoch = epoch;
@@ -284,36 +283,29 @@ int run(Options& o) {
           write_reports(o, tracker);
           return g_signal == SIGINT ? 130 : 143;
         }
-        const data::Batch batch = train_loader.batch(i);
-        const int64_t b = batch.x.size(0);
-        tracker.begin_micro_batch(epoch, i, b);
-        Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
-        tracker.end_forward();
-        ops::accumulate_(group_loss, loss.detach());
-        acc.backward(loss, b);
-        loss = Tensor();
-        tracker.end_backward();
+        const int64_t b = std::min<int64_t>(o.batch_size, train.size() - i * o.batch_size);
+        runner.micro_batch(b, [&] {
+          const data::Batch batch = train_loader.next();
+          return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+        });
         epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);
         samples += b;
         samples_this_run += b;
-        if (acc.ready()) {
-          tracker.begin_step();
-          acc.step_if_ready();
-          tracker.end_step(acc.optimizer_steps(), optimizer->state_bytes());
-          epoch_peak = std::max(epoch_peak, allocator_for(device).stats().allocated_peak);  // since begin_step
-          ops::accumulate_(epoch_loss, group_loss);
-          group_loss = zero_scalar();
+        if (runner.step_if_ready()) {
+          epoch_peak = std::max(epoch_peak, allocator_for(device).stats().allocated_peak);
           boundary.next_micro_batch = i + 1;
-          boundary.counters = acc.counters();
+          boundary.counters.epoch = epoch;
+          boundary.counters.micro_batch_index = acc.micro_batch_index();
+          boundary.counters.micro_batches_total = acc.micro_batches_total();
           boundary.epoch_samples = samples;
         }
         if (progress.due(i + 1))
-          progress.update(i + 1, (loss_before_run + epoch_loss.item()) / static_cast<double>(std::max<int64_t>(boundary.epoch_samples, 1)),
+          progress.update(i + 1, (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(boundary.epoch_samples, 1)),
                           samples_this_run);
       }
       progress.end_epoch();
       const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double train_loss = (loss_before_run + epoch_loss.item()) / static_cast<double>(std::max<int64_t>(samples, 1));
+      const double train_loss = (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(samples, 1));
 
       const EvalResult r = evaluate(model, test_loader);
       std::printf("Epoch %d\n-------------------\nTest Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", epoch + 1,
@@ -349,7 +341,6 @@ int run(Options& o) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     std::fprintf(stderr, "fashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE\n");
     allocator_for(device).set_memory_limit(0);  // room to report and save; the group in flight is dropped
-    group_loss = Tensor();
     checkpoint_now("out of memory; resumes at the last completed step");
     write_reports(o, tracker);
     return 1;

@@ -95,6 +95,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "computes its statistics per micro-batch (as every framework does): with accumulation, "
                  "16 x 4 is four batches of 16 for batch norm, not one of 64")
       ->capture_default_str();
+  app.add_option("--graphs", o.graphs,
+                 "auto|on|off. On CUDA, run each micro-batch and optimizer step as a CUDA graph replay after "
+                 "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Micro-batch size")->capture_default_str();
   app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step")->capture_default_str();
@@ -210,6 +215,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
         throw UsageError{"--device: " + std::string(e.what())};
       }
     }
+    require(o.graphs != "on" || o.resolved_device.is_cuda(),
+            "--graphs on needs a CUDA device (the device is " + o.resolved_device.str() + ")");
+    o.use_graphs = o.resolved_device.is_cuda() && o.graphs != "off";
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.message.c_str());
     return {false, 2};

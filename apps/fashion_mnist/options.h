@@ -38,8 +38,10 @@ struct Options {
   int64_t train_limit = 0, test_limit = 0;
   int64_t eval_batch_size = 64;
   bool quiet = false;
+  std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
 
   cumulus::Device resolved_device;
+  bool use_graphs = false;  // resolved from `graphs` and the device
   cumulus::optim::Normalization normalization() const;
   float resolved_weight_decay() const { return weight_decay.value_or(optimizer == "adamw" ? 0.01f : 0.0f); }
 };

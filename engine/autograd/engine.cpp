@@ -34,18 +34,18 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device) {
     if (!meta.grad.defined()) ops::detail::allocate_grad_buffer(*leaf_);
     CUMULUS_CHECK(meta.grad.shape() == shape, ShapeError, "backward: gradient of shape ", shape.str(),
                   " for a leaf of shape ", meta.grad.shape().str());
-    const float beta = meta.grad_stale ? 0.0f : 1.0f;
+    const GradientMode mode = meta.grad_stale ? GradientMode::overwrite : GradientMode::accumulate;
     meta.grad_stale = false;
-    return {meta.grad, beta};
+    return {meta.grad, mode};
   }
   CUMULUS_CHECK(slot_ != nullptr, Error, "GradSink::begin on a sink that needs no gradient");
   if (slot_->defined()) {
     CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(),
                   " and ", slot_->shape().str(), " for the same tensor");
-    return {*slot_, 1.0f};
+    return {*slot_, GradientMode::accumulate};
   }
   *slot_ = Tensor::empty(shape, DType::f32, device);
-  return {*slot_, 0.0f};
+  return {*slot_, GradientMode::overwrite};
 }
 
 void GradSink::give(const Tensor& grad) {
@@ -54,7 +54,7 @@ void GradSink::give(const Tensor& grad) {
     return;
   }
   Target t = begin(grad.shape(), grad.device());
-  ops::detail::accumulate_into(t.tensor, grad, t.beta);
+  ops::detail::accumulate_into(t.tensor, grad, t.beta());
 }
 
 // ---- recording -------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/device.h"
@@ -40,6 +42,14 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) CUMULUS_CUDA_WARN(cudaSetDevice(previous_));
 }
 
+// Note [Execution context]
+// One Context per device holds everything CUDA of that device: the stream every op, copy and
+// graph replay of the device is queued on (one stream, so work is ordered without events and the
+// caching allocator may hand out a freed block at once), the cuBLAS handle bound to that stream
+// with its workspace, and the capture flag. Ops reach it through CUMULUS_DISPATCH, which binds it
+// as `ctx`. The contexts are created once and never destroyed; after creation, context() is one
+// atomic load, so the dispatch path takes no lock.
+
 namespace {
 
 // cuBLAS's own default workspace on Hopper is 32 MiB; 8 MiB covers the GEMM shapes of our models
@@ -47,45 +57,147 @@ namespace {
 constexpr std::size_t kCublasWorkspaceBytes = 8u << 20;
 constexpr int kMaxDevices = 64;
 
-struct Context {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  Allocation cublas_workspace;
-};
-
-// Contexts live until process exit (never destroyed: the driver may be gone by then).
-Context& context(int index) {
-  static std::mutex mutex;
-  static Context* contexts[kMaxDevices] = {};
-  check_device_available(Device::cuda(index));
-  std::lock_guard<std::mutex> lock(mutex);
-  Context*& ctx = contexts[index];
-  if (ctx == nullptr) {
-    auto* c = new Context;
-    DeviceGuard guard(index);
-    CUMULUS_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    ctx = c;
-  }
-  return *ctx;
-}
+std::atomic<Context*> g_contexts[kMaxDevices] = {};
+std::atomic<int64_t> g_host_syncs{0};
 
 }  // namespace
 
-cudaStream_t stream(int device_index) { return context(device_index).stream; }
+Context::Context(int index) : index_(index) {
+  DeviceGuard guard(index);
+  CUMULUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
 
-cublasHandle_t cublas(int device_index) {
-  Context& ctx = context(device_index);
-  if (ctx.cublas == nullptr) {
-    DeviceGuard guard(device_index);
-    cublasHandle_t h = nullptr;
-    CUMULUS_CUBLAS_CHECK(cublasCreate(&h));
-    CUMULUS_CUBLAS_CHECK(cublasSetStream(h, ctx.stream));
-    ctx.cublas_workspace =
-        allocator_for(Device::cuda(device_index)).allocate(kCublasWorkspaceBytes, MemoryCategory::workspace);
-    CUMULUS_CUBLAS_CHECK(cublasSetWorkspace(h, ctx.cublas_workspace.get(), kCublasWorkspaceBytes));
-    ctx.cublas = h;
+Context& context(int index) {
+  if (index >= 0 && index < kMaxDevices) {
+    if (Context* c = g_contexts[index].load(std::memory_order_acquire)) return *c;
   }
-  return ctx.cublas;
+  check_device_available(Device::cuda(index));
+  CUMULUS_CHECK(index < kMaxDevices, DeviceError, "device index too large: cuda:", index);
+  static std::mutex creation;
+  std::lock_guard<std::mutex> lock(creation);
+  if (Context* c = g_contexts[index].load(std::memory_order_acquire)) return *c;
+  auto* c = new Context(index);  // lives until process exit (the driver may be gone before us)
+  g_contexts[index].store(c, std::memory_order_release);
+  return *c;
+}
+
+cublasHandle_t Context::cublas() {
+  if (cublas_ != nullptr) return cublas_;
+  CUMULUS_CHECK(!capturing(), CudaError, "cuBLAS handle of cuda:", index_,
+                " created during a graph capture: run the work once eagerly before capturing it");
+  DeviceGuard guard(index_);
+  cublasHandle_t h = nullptr;
+  CUMULUS_CUBLAS_CHECK(cublasCreate(&h));
+  CUMULUS_CUBLAS_CHECK(cublasSetStream(h, stream_));
+  static Allocation* workspace[kMaxDevices] = {};  // never freed, as the context
+  workspace[index_] = new Allocation(
+      allocator_for(Device::cuda(index_)).allocate(kCublasWorkspaceBytes, MemoryCategory::workspace));
+  CUMULUS_CUBLAS_CHECK(cublasSetWorkspace(h, workspace[index_]->get(), kCublasWorkspaceBytes));
+  cublas_ = h;
+  return cublas_;
+}
+
+void synchronize_stream(cudaStream_t s) {
+  g_host_syncs.fetch_add(1, std::memory_order_relaxed);
+  CUMULUS_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void wait_event(cudaEvent_t e) {
+  g_host_syncs.fetch_add(1, std::memory_order_relaxed);
+  CUMULUS_CUDA_CHECK(cudaEventSynchronize(e));
+}
+
+int64_t host_synchronizations() { return g_host_syncs.load(std::memory_order_relaxed); }
+
+// Note [CUDA graphs]
+// Graph::capture records the work on the context's stream in thread-local capture mode: any call
+// that would synchronize with the host (a copy to host memory, a stream or event wait) fails the
+// capture, so a captured step is proof that it never synchronizes. Allocations during the capture
+// come from the graph pool (Note [Graph pool]); a new segment for it is taken from cudaMalloc with
+// the thread switched to relaxed mode for that call alone (the backend does this), as the memory
+// then belongs to the pool, not to the graph. Handles (cuBLAS, cuDNN) must exist before: run the
+// work once eagerly first. Kernel arguments are frozen at capture: anything that changes between
+// replays (the data cursor, 1 / samples, the learning rate, the step count) lives in device memory.
+
+Graph Graph::capture(Context& ctx, const std::function<void()>& work) {
+  CUMULUS_CHECK(!ctx.capturing(), CudaError, "nested graph capture on cuda:", ctx.index_);
+  DeviceGuard guard(ctx.index_);
+  CachingAllocator& alloc = allocator_for(Device::cuda(ctx.index_));
+  const int64_t launches_before = detail::cuda_launches.load();
+  alloc.acquire_graph_pool();  // held by the graph; released below if the capture fails
+  alloc.begin_graph_pool_routing();
+  ctx.capturing_ = true;
+  CUMULUS_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream_, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  auto finish = [&] {
+    ctx.capturing_ = false;
+    alloc.end_graph_pool_routing();
+    const cudaError_t end = cudaStreamEndCapture(ctx.stream_, &graph);
+    const int64_t recorded = detail::cuda_launches.load() - launches_before;
+    detail::cuda_launches.fetch_sub(recorded);  // recorded, not launched: replays count instead
+    return std::make_pair(end, recorded);
+  };
+  try {
+    work();
+  } catch (const std::exception& e) {
+    finish();
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    alloc.release_graph_pool();
+    throw CudaError(std::string("graph capture failed (the captured work must not synchronize with the "
+                                "host, allocate handles or read device values): ") + e.what());
+  }
+  const auto [end, recorded] = finish();
+  if (end != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    alloc.release_graph_pool();
+    detail::throw_cuda_error(end, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
+  Graph g;
+  g.ctx_ = &ctx;
+  g.kernel_nodes_ = recorded;
+  const cudaError_t inst = cudaGraphInstantiate(&g.exec_, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess) {
+    g.exec_ = nullptr;
+    alloc.release_graph_pool();
+    detail::throw_cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
+  }
+  return g;
+}
+
+void Graph::launch() {
+  CUMULUS_CHECK(valid(), InvalidArgument, "Graph::launch on an empty graph");
+  CUMULUS_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream_));
+  detail::count_launch();
+  ++launches_;
+}
+
+void Graph::reset() noexcept {
+  if (exec_ != nullptr) {
+    CUMULUS_CUDA_WARN(cudaGraphExecDestroy(exec_));
+    allocator_for(Device::cuda(ctx_->index_)).release_graph_pool();
+  }
+  exec_ = nullptr;
+  ctx_ = nullptr;
+}
+
+Graph::~Graph() { reset(); }
+
+Graph::Graph(Graph&& o) noexcept { *this = std::move(o); }
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ctx_ = o.ctx_;
+    exec_ = o.exec_;
+    kernel_nodes_ = o.kernel_nodes_;
+    launches_ = o.launches_;
+    o.exec_ = nullptr;
+    o.ctx_ = nullptr;
+  }
+  return *this;
 }
 
 }  // namespace cuda

@@ -71,6 +71,14 @@ void check_device_available(const Device& device) {
                        : std::to_string(n) + " CUDA device(s) are present");
 }
 
+int64_t host_synchronizations() {
+#if CUMULUS_WITH_CUDA
+  return cuda::host_synchronizations();
+#else
+  return 0;
+#endif
+}
+
 int64_t cuda_kernel_launches() {
 #if CUMULUS_WITH_CUDA
   return detail::cuda_launches.load(std::memory_order_relaxed);
@@ -82,7 +90,7 @@ int64_t cuda_kernel_launches() {
 void synchronize(const Device& device) {
   if (device.is_cpu()) return;
 #if CUMULUS_WITH_CUDA
-  CUMULUS_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index())));
+  cuda::synchronize_stream(cuda::stream(device.index()));
 #endif
 }
 

@@ -45,7 +45,7 @@ double TimePoint::ms_since(const TimePoint& earlier) const {
   if (state_->device.is_cpu())
     return std::chrono::duration<double, std::milli>(state_->host - earlier.state_->host).count();
 #if CUMULUS_WITH_CUDA
-  CUMULUS_CUDA_CHECK(cudaEventSynchronize(state_->event));
+  cuda::wait_event(state_->event);
   float ms = 0.0f;
   CUMULUS_CUDA_CHECK(cudaEventElapsedTime(&ms, earlier.state_->event, state_->event));
   return ms;

@@ -112,6 +112,8 @@ DataLoader::DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shu
 }
 
 void DataLoader::set_epoch(int epoch) {
+  if (cursor_.defined()) seek(0);
+  else position_ = 0;
   if (!shuffle_) return;
   const int64_t n = dataset_.size();
   std::vector<int32_t> order(static_cast<std::size_t>(n));
@@ -123,7 +125,56 @@ void DataLoader::set_epoch(int epoch) {
     std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
   }
   MemoryCategoryScope scope(MemoryCategory::data);
-  order_ = Tensor::from_vector(order, Shape{n}, dataset_.images.device());
+  Tensor fresh = Tensor::from_vector(order, Shape{n}, dataset_.images.device());
+  // Into the same buffer every epoch: a captured gather holds its address.
+  if (order_.defined()) order_.copy_from(fresh);
+  else order_ = std::move(fresh);
+}
+
+void DataLoader::seek(int64_t i) {
+  CUMULUS_CHECK(i >= 0 && i <= num_batches(), InvalidArgument, "DataLoader::seek(", i, "): the epoch has ",
+                num_batches(), " batches");
+  const Device device = dataset_.images.device();
+  if (!cursor_.defined()) {
+    MemoryCategoryScope scope(MemoryCategory::data);
+    cursor_ = Tensor::zeros(Shape{4}, DType::i32, device);  // 16 bytes: i64 position, u32 counter, padding
+  }
+  position_ = i;
+  copy_bytes(cursor_.raw_data(), device, &i, Device::cpu(), sizeof(i));
+}
+
+Batch DataLoader::next() {
+  if (!cursor_.defined()) seek(position_);
+  const int64_t i = position_;
+  CUMULUS_CHECK(i < num_batches(), InvalidArgument, "DataLoader::next: the epoch's ", num_batches(),
+                " batches are done (seek or set_epoch first)");
+  const Device device = dataset_.images.device();
+  if (device.is_cpu()) {
+    Batch b = batch(i);
+    ++position_;
+    return b;
+  }
+  const int64_t start = i * batch_size_;
+  const int64_t count = std::min(batch_size_, dataset_.size() - start);
+  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
+  Batch b;
+  {
+    MemoryCategoryScope scope(MemoryCategory::data);
+    b.x = Tensor::empty(Shape{count, row}, DType::f32, device);
+    b.y = Tensor::empty(Shape{count}, DType::i32, device);
+  }
+  const uint8_t* images = dataset_.images.data<uint8_t>();
+  const int32_t* labels = dataset_.labels.data<int32_t>();
+  const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
+  auto* cursor = static_cast<int64_t*>(cursor_.raw_data());
+  auto* done = reinterpret_cast<uint32_t*>(cursor + 1);
+  float* x = b.x.data<float>();
+  int32_t* y = b.y.data<int32_t>();
+  CUMULUS_DISPATCH(device, (void)0,
+                   kernels::gather_batch_at_cursor_cuda(images, labels, order, cursor, done, batch_size_, count, row, x,
+                                                        y, ctx.stream()));
+  ++position_;
+  return b;
 }
 
 int64_t DataLoader::num_batches() const { return (dataset_.size() + batch_size_ - 1) / batch_size_; }
@@ -148,7 +199,7 @@ Batch DataLoader::batch(int64_t i) const {
   float* x = b.x.data<float>();
   int32_t* y = b.y.data<int32_t>();
   CUMULUS_DISPATCH(device, kernels::gather_batch_cpu(images, labels, order, start, count, row, x, y),
-                   kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y, stream));
+                   kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y, ctx.stream()));
   return b;
 }
 

@@ -29,7 +29,12 @@ class CudaBackend final : public MemoryBackend {
   void* raw_alloc(std::size_t bytes) override {
     cuda::DeviceGuard guard(index_);
     void* p = nullptr;
+    // During a graph capture the new segment belongs to the graph pool, not to the graph, so it
+    // may be taken outside the capture's rules (Note [CUDA graphs]).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CUMULUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     cudaError_t err = cudaMalloc(&p, bytes);
+    CUMULUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // clear the sticky-free error so later calls do not see it
       return nullptr;

@@ -11,6 +11,19 @@
 // When the backend fails (or the memory limit would be passed), the wholly free segments are
 // returned to the backend and the request is tried once more; then OutOfMemory is thrown with the
 // request, the device and the usage by category. The allocator stays consistent and usable.
+//
+// Note [Graph pool]
+// A CUDA graph replays the addresses it was captured with, and nothing tells the allocator when a
+// replay runs. So the blocks a capture allocates (its activations and scratch, freed on the host
+// as the capture goes) must not be handed to anyone else while the graph lives: an eager tensor
+// placed there and held across a replay would be overwritten by it. Captures therefore allocate
+// from a second set of free lists, the graph pool, whose segments serve nothing else. All of a
+// device's work, replays included, runs in order on one stream, and a graph writes each of its
+// temporaries before reading it within one replay, so every graph of the device may share the one
+// pool (a capture reuses what an earlier capture freed). Segments of the pool are never returned
+// to the backend while a graph holds it; when the last graph is destroyed they become ordinary
+// cache. Categories count the same in both pools, so the memory report adds up either way; the
+// pool's segments are reported as graph_pool_reserved.
 #include "cumulus/memory/allocator.h"
 
 #include <algorithm>
@@ -29,6 +42,7 @@ struct CachingAllocator::Block {
   std::size_t requested = 0;  // while allocated: the rounded request, what the stats count
   bool allocated = false;
   bool small = false;
+  int pool = 0;  // kGeneralPool or kGraphPool, the same for every block of a segment
   MemoryCategory category = MemoryCategory::other;
   Block* prev = nullptr;  // neighbours within the same segment
   Block* next = nullptr;
@@ -41,16 +55,21 @@ struct CachingAllocator::Pools {
       return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
     }
   };
+  using FreeList = std::set<Block*, BySize>;
   mutable std::mutex mutex;
-  std::set<Block*, BySize> small_free;
-  std::set<Block*, BySize> large_free;
+  FreeList free[2][2];           // [pool][small]
   std::vector<Block*> segments;  // first block of every segment held from the backend
+  bool routing_to_graph_pool = false;
+  int graph_pool_users = 0;
+  FreeList& free_list(const Block* b) { return free[b->pool][b->small ? 1 : 0]; }
   MemoryStats stats;
   AllocationObserver* observer = nullptr;
 };
 
 namespace {
 std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+constexpr int kGeneralPool = 0;
+constexpr int kGraphPool = 1;
 }  // namespace
 
 // ---- Allocation ------------------------------------------------------------------------------
@@ -100,7 +119,9 @@ CachingAllocator::Block* CachingAllocator::allocate_segment_locked(std::size_t s
   b->ptr = static_cast<char*>(p);
   b->size = segment_bytes;
   b->small = small;
+  b->pool = pools_->routing_to_graph_pool ? kGraphPool : kGeneralPool;
   pools_->segments.push_back(b);
+  if (b->pool == kGraphPool) st.graph_pool_reserved += static_cast<int64_t>(segment_bytes);
   st.reserved += static_cast<int64_t>(segment_bytes);
   st.reserved_peak = std::max(st.reserved_peak, st.reserved);
   st.backend_allocs += 1;
@@ -108,11 +129,16 @@ CachingAllocator::Block* CachingAllocator::allocate_segment_locked(std::size_t s
 }
 
 void CachingAllocator::release_cached_segments_locked() {
+  // cudaFree synchronizes the device: never while a capture is recording.
+  if (pools_->routing_to_graph_pool) return;
   auto& segs = pools_->segments;
   for (auto it = segs.begin(); it != segs.end();) {
     Block* b = *it;
-    if (!b->allocated && b->next == nullptr) {  // a segment that is one free block
-      (b->small ? pools_->small_free : pools_->large_free).erase(b);
+    // A segment that is one free block; the graph pool's only once no graph holds it.
+    const bool pinned = b->pool == kGraphPool && pools_->graph_pool_users > 0;
+    if (!b->allocated && b->next == nullptr && !pinned) {
+      pools_->free_list(b).erase(b);
+      if (b->pool == kGraphPool) pools_->stats.graph_pool_reserved -= static_cast<int64_t>(b->size);
       backend_->raw_free(b->ptr);
       pools_->stats.reserved -= static_cast<int64_t>(b->size);
       pools_->stats.backend_frees += 1;
@@ -148,7 +174,7 @@ Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category
   const bool small = size <= kSmallRequest;
 
   std::lock_guard<std::mutex> lock(pools_->mutex);
-  auto& pool = small ? pools_->small_free : pools_->large_free;
+  auto& pool = pools_->free[pools_->routing_to_graph_pool ? kGraphPool : kGeneralPool][small ? 1 : 0];
   Block key;
   key.size = size;
   auto it = pool.lower_bound(&key);
@@ -173,6 +199,7 @@ Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category
     rest->ptr = block->ptr + size;
     rest->size = remainder;
     rest->small = small;
+    rest->pool = block->pool;
     rest->prev = block;
     rest->next = block->next;
     if (block->next) block->next->prev = rest;
@@ -216,7 +243,7 @@ void CachingAllocator::release(void* opaque) noexcept {
   st.allocated -= static_cast<int64_t>(block->requested);
   block->allocated = false;
 
-  auto& pool = block->small ? pools_->small_free : pools_->large_free;
+  auto& pool = pools_->free_list(block);
   // Coalesce with free neighbours; the segment's first block keeps its identity (segments list).
   if (Block* n = block->next; n && !n->allocated) {
     pool.erase(n);
@@ -265,6 +292,41 @@ void CachingAllocator::set_memory_limit(int64_t bytes) {
 void CachingAllocator::set_observer(AllocationObserver* observer) {
   std::lock_guard<std::mutex> lock(pools_->mutex);
   pools_->observer = observer;
+}
+
+void CachingAllocator::begin_graph_pool_routing() {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  CUMULUS_CHECK(!pools_->routing_to_graph_pool, InvalidArgument, "graph pool routing is already on for ",
+                device_.str(), " (nested graph captures are not supported)");
+  pools_->routing_to_graph_pool = true;
+}
+
+void CachingAllocator::end_graph_pool_routing() {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  pools_->routing_to_graph_pool = false;
+}
+
+void CachingAllocator::acquire_graph_pool() {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  pools_->graph_pool_users += 1;
+}
+
+void CachingAllocator::release_graph_pool() noexcept {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  if (--pools_->graph_pool_users > 0 || pools_->routing_to_graph_pool) return;
+  // The last graph is gone: the pool's segments become ordinary cache (live blocks in them, such
+  // as optimizer state first allocated during a capture, stay where they are).
+  for (Block* seg : pools_->segments) {
+    if (seg->pool != kGraphPool) continue;
+    pools_->stats.graph_pool_reserved -= static_cast<int64_t>(
+        [&] { std::size_t n = 0; for (Block* b = seg; b; b = b->next) n += b->size; return n; }());
+    for (Block* b = seg; b; b = b->next) {
+      const bool was_free = !b->allocated;
+      if (was_free) pools_->free_list(b).erase(b);
+      b->pool = kGeneralPool;
+      if (was_free) pools_->free_list(b).insert(b);
+    }
+  }
 }
 
 int64_t CachingAllocator::memory_limit() const {

@@ -85,6 +85,22 @@ void MemoryTracker::end_backward() {
   r.peak_bytes = st.allocated_peak;
   r.peak_by_category = st.at_peak;
   r.reserved_bytes = st.reserved;
+  const TimePoint times[3] = {t_start_, t_forward_end_, t_end};
+  count_micro_batch(r, times);
+  if (observer_->enabled) {
+    synchronize(device_);
+    slices_.back().end_ms = host_ms();
+  }
+  in_micro_batch_ = false;
+}
+
+void MemoryTracker::add_graph_micro_batch(const MicroBatchRecord& captured) {
+  CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument, "MemoryTracker::add_graph_micro_batch inside a phase");
+  current_ = captured;
+  count_micro_batch(captured, nullptr);
+}
+
+void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint* times) {
   ++micro_batches_seen_;
   const double x = static_cast<double>(r.samples), y = static_cast<double>(r.activation_bytes);
   fit_n_ += 1;
@@ -97,14 +113,11 @@ void MemoryTracker::end_backward() {
   if (!inserted && r.peak_bytes > it->second.peak_bytes) it->second = r;
   if (records_.size() < options_.max_records) {
     records_.push_back(r);
-    pending_.push_back({records_.size() - 1, false, t_start_, t_forward_end_, t_end});
-    if (pending_.size() >= kMaxPendingTimes) resolve_times();
+    if (times) {
+      pending_.push_back({records_.size() - 1, false, times[0], times[1], times[2]});
+      if (pending_.size() >= kMaxPendingTimes) resolve_times();
+    }
   }
-  if (observer_->enabled) {
-    synchronize(device_);
-    slices_.back().end_ms = host_ms();
-  }
-  in_micro_batch_ = false;
 }
 
 void MemoryTracker::begin_step() {
@@ -122,20 +135,36 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes) {
   s.step = step;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_bytes = allocator_.stats().allocated_peak;
-  ++steps_seen_;
-  run_peak_ = std::max(run_peak_, s.peak_bytes);
-  if (steps_.size() < options_.max_records) {
-    steps_.push_back(s);
-    pending_.push_back({steps_.size() - 1, true, t_step_start_, TimePoint(), t_end});
-    if (pending_.size() >= kMaxPendingTimes) resolve_times();
-  }
+  const TimePoint times[3] = {t_step_start_, TimePoint(), t_end};
+  count_step(s, times);
   if (observer_->enabled) {
     synchronize(device_);
     slices_.back().end_ms = host_ms();
   }
-  ++steps_taken_;
   in_step_ = false;
   if (!in_timeline_window()) observer_->enabled = false;
+}
+
+void MemoryTracker::add_graph_step(int64_t step, int64_t optimizer_state_bytes) {
+  CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument, "MemoryTracker::add_graph_step inside a phase");
+  StepRecord s;
+  s.step = step;
+  s.optimizer_state_bytes = optimizer_state_bytes;
+  s.peak_bytes = allocator_.stats().allocated;  // a replay allocates nothing
+  count_step(s, nullptr);
+}
+
+void MemoryTracker::count_step(const StepRecord& s, const TimePoint* times) {
+  ++steps_seen_;
+  run_peak_ = std::max(run_peak_, s.peak_bytes);
+  if (steps_.size() < options_.max_records) {
+    steps_.push_back(s);
+    if (times) {
+      pending_.push_back({steps_.size() - 1, true, times[0], times[1], times[2]});
+      if (pending_.size() >= kMaxPendingTimes) resolve_times();
+    }
+  }
+  ++steps_taken_;
 }
 
 void MemoryTracker::resolve_times() {

@@ -75,7 +75,7 @@ void FlatParameters::zero_stale_gradients() const {
     const Tensor g = s.param.grad_buffer();
     float* p = g.data<float>();
     const int64_t n = s.numel;
-    CUMULUS_DISPATCH(g.device(), kernels::fill_cpu(p, 0.0f, n), kernels::fill_cuda(p, 0.0f, n, stream));
+    CUMULUS_DISPATCH(g.device(), kernels::fill_cpu(p, 0.0f, n), kernels::fill_cuda(p, 0.0f, n, ctx.stream()));
   }
 }
 
@@ -96,7 +96,7 @@ double FlatParameters::gradient_sum_of_squares() const {
     MemoryCategoryScope scope(MemoryCategory::other);
     Tensor scratch = Tensor::empty(Shape{kernels::sum_squares_partials() + 1}, DType::f32, device());
     float* partials = scratch.data<float>();
-    CUMULUS_DISPATCH(device(), (void)0, kernels::sum_squares_cuda(g, n, partials + 1, partials, stream));
+    CUMULUS_DISPATCH(device(), (void)0, kernels::sum_squares_cuda(g, n, partials + 1, partials, ctx.stream()));
     result = scratch.narrow_rows(0, 1).item();
 #endif
   }

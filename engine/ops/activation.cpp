@@ -20,8 +20,8 @@ class ReluBackward final : public Node {
     const float* dyp = dy.data<float>();
     float* dxp = dx.tensor.data<float>();
     const int64_t n = y_.numel();
-    CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, dx.beta, dxp, n),
-                     kernels::relu_backward_cuda(yp, dyp, dx.beta, dxp, n, stream));
+    CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, dx.beta(), dxp, n),
+                     kernels::relu_backward_cuda(yp, dyp, dx.beta(), dxp, n, ctx.stream()));
   }
   void release_saved() override { y_ = Tensor(); }
 
@@ -39,7 +39,7 @@ Tensor relu(const Tensor& x) {
   float* yp = y.data<float>();
   const int64_t n = x.numel();
   CUMULUS_DISPATCH(device, kernels::relu_forward_cpu(xp, yp, n),
-                   kernels::relu_forward_cuda(xp, yp, n, stream));
+                   kernels::relu_forward_cuda(xp, yp, n, ctx.stream()));
   if (should_record({&x})) attach_node(y, std::make_shared<ReluBackward>(y.detach()), {&x});
   return y;
 }

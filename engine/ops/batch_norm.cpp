@@ -53,7 +53,7 @@ class BatchNormBackward final : public Node {
       return;
     }
 #endif
-    GradSink::Target dx{Tensor(), 0.0f}, dgamma{Tensor(), 0.0f}, dbeta{Tensor(), 0.0f};
+    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite}, dbeta{Tensor(), GradientMode::overwrite};
     if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device);
     if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
     if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
@@ -61,10 +61,10 @@ class BatchNormBackward final : public Node {
     float* dgp = data_or_null(dgamma.tensor);
     float* dbp = data_or_null(dbeta.tensor);
     CUMULUS_DISPATCH(device,
-        kernels::batch_norm_backward_cpu(xp, dyp, gp, mp, ip, n, c, hw, training_, dx.beta, dxp, dgamma.beta, dgp,
-                                         dbeta.beta, dbp),
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(xp, dyp, gp, mp, ip, n, c, hw, dx.beta, dxp,
-                                                                       dgamma.beta, dgp, dbeta.beta, dbp, stream)));
+        kernels::batch_norm_backward_cpu(xp, dyp, gp, mp, ip, n, c, hw, training_, dx.beta(), dxp, dgamma.beta(), dgp,
+                                         dbeta.beta(), dbp),
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(xp, dyp, gp, mp, ip, n, c, hw, dx.beta(), dxp,
+                                                                       dgamma.beta(), dgp, dbeta.beta(), dbp, ctx.stream())));
   }
 
   void release_saved() override {
@@ -85,22 +85,22 @@ class BatchNormBackward final : public Node {
     const Device device = dy.device();
     const int64_t n = x_.size(0), c = x_.size(1), hw = x_.size(2) * x_.size(3);
     const Shape param_shape{c};
-    GradSink::Target dx{Tensor(), 0.0f}, dgamma{Tensor(), 0.0f}, dbeta{Tensor(), 0.0f};
+    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite}, dbeta{Tensor(), GradientMode::overwrite};
     if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device);
     else dx.tensor = Tensor::empty(x_.shape(), DType::f32, device);
     if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
     if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
 
     const bool both = grads[1].needed() && grads[2].needed();
-    const bool split = both && dgamma.beta != dbeta.beta;
+    const bool split = both && dgamma.beta() != dbeta.beta();
     float beta_params = 0.0f;
     Tensor g_out = dgamma.tensor, b_out = dbeta.tensor;
     if (split || !g_out.defined()) g_out = Tensor::empty(param_shape, DType::f32, device);
     if (split || !b_out.defined()) b_out = Tensor::empty(param_shape, DType::f32, device);
     if (!split) {
       // The one parameter sink that is needed decides the beta (the scratch one is discarded).
-      if (grads[1].needed()) beta_params = dgamma.beta;
-      else if (grads[2].needed()) beta_params = dbeta.beta;
+      if (grads[1].needed()) beta_params = dgamma.beta();
+      else if (grads[2].needed()) beta_params = dbeta.beta();
     }
     const float* xp = x_.data<float>();
     const float* dyp = dy.data<float>();
@@ -112,10 +112,10 @@ class BatchNormBackward final : public Node {
     float* dbp = b_out.data<float>();
     CUMULUS_DISPATCH(device, (void)0,
         kernels::batch_norm_backward_training_cuda(cudnn::handle(device.index()), xp, dyp, gp, mp, ip, n, c, hw,
-                                                   eps_, dx.beta, dxp, beta_params, dgp, dbp));
+                                                   eps_, dx.beta(), dxp, beta_params, dgp, dbp));
     if (split) {
-      detail::accumulate_into(dgamma.tensor, g_out, dgamma.beta);
-      detail::accumulate_into(dbeta.tensor, b_out, dbeta.beta);
+      detail::accumulate_into(dgamma.tensor, g_out, dgamma.beta());
+      detail::accumulate_into(dbeta.tensor, b_out, dbeta.beta());
     }
   }
 #endif
@@ -190,13 +190,13 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
                                                                      hw, eps, momentum, rm, rv, yp, smp, sip)));
     if (num_batches_tracked.defined()) {
       int32_t* counter = num_batches_tracked.data<int32_t>();
-      CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, stream)));
+      CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
     }
   } else {
     CUMULUS_DISPATCH(device,
         kernels::batch_norm_forward_inference_cpu(xp, gp, bp, rm, rv, n, c, hw, eps, yp, smp, sip),
         CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), xp, gp, bp, rm,
-                                                                      rv, n, c, hw, eps, yp, smp, sip, stream)));
+                                                                      rv, n, c, hw, eps, yp, smp, sip, ctx.stream())));
   }
 
   if (should_record({&x, &weight, &bias})) {

@@ -48,10 +48,10 @@ class Conv2dBackward final : public Node {
       CUMULUS_DISPATCH(device,
           {
             const Tensor ws = cpu_workspace(g);
-            kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta, dxp, data_or_null(ws));
+            kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta(), dxp, data_or_null(ws));
           },
           CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_data_cuda(cudnn::handle(device.index()), device.index(), g,
-                                                                wp, dyp, dx.beta, dxp)));
+                                                                wp, dyp, dx.beta(), dxp)));
     }
     if (grads[1].needed()) {
       GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
@@ -60,17 +60,17 @@ class Conv2dBackward final : public Node {
       CUMULUS_DISPATCH(device,
           {
             const Tensor ws = cpu_workspace(g);
-            kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta, dwp, data_or_null(ws));
+            kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta(), dwp, data_or_null(ws));
           },
           CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_filter_cuda(cudnn::handle(device.index()), device.index(),
-                                                                  g, xp, dyp, dw.beta, dwp)));
+                                                                  g, xp, dyp, dw.beta(), dwp)));
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{g.k}, device);
       float* dbp = db.tensor.data<float>();
-      CUMULUS_DISPATCH(device, kernels::conv2d_backward_bias_cpu(g, dyp, db.beta, dbp),
+      CUMULUS_DISPATCH(device, kernels::conv2d_backward_bias_cpu(g, dyp, db.beta(), dbp),
                        CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_bias_cuda(cudnn::handle(device.index()), g, dyp,
-                                                                             db.beta, dbp)));
+                                                                             db.beta(), dbp)));
     }
   }
 

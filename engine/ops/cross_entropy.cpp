@@ -25,8 +25,8 @@ class CrossEntropyBackward final : public Node {
     const float* g = dy.data<float>();
     float* dxp = dx.tensor.data<float>();
     const int64_t b = logits_.size(0), c = logits_.size(1);
-    CUMULUS_DISPATCH(device, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, dx.beta, dxp),
-                     kernels::cross_entropy_backward_cuda(lp, yp, b, c, g, scale_, dx.beta, dxp, stream));
+    CUMULUS_DISPATCH(device, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, dx.beta(), dxp),
+                     kernels::cross_entropy_backward_cuda(lp, yp, b, c, g, scale_, dx.beta(), dxp, ctx.stream()));
   }
   void release_saved() override {
     logits_ = Tensor();
@@ -65,7 +65,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
     Tensor row_loss = detail::new_output(Shape{b}, DType::f32, device);  // freed on return
     float* rl = row_loss.data<float>();
     CUMULUS_DISPATCH(device, (void)rl /* CPU handled above */,
-                     kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out, stream));
+                     kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out, ctx.stream()));
   }
   if (should_record({&logits}))
     attach_node(loss, std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), scale),

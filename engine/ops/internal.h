@@ -12,15 +12,14 @@
 #include "kernels/cpu/kernels.h"
 
 // CUMULUS_DISPATCH(device, cpu_statement, cuda_statement): runs the launcher for the device.
-// In the CUDA branch `stream` and `cublas_handle()` name the device's stream and cuBLAS handle,
-// and the device is current.
+// In the CUDA branch `ctx` is the device's execution context (cuda_context.h: ctx.stream(),
+// ctx.cublas()) and the device is current.
 #if CUMULUS_WITH_CUDA
 #define CUMULUS_DISPATCH(device, cpu_stmt, cuda_stmt)                            \
   do {                                                                           \
     if ((device).is_cuda()) {                                                    \
       ::cumulus::cuda::DeviceGuard cumulus_guard_((device).index());            \
-      [[maybe_unused]] cudaStream_t stream = ::cumulus::cuda::stream((device).index()); \
-      [[maybe_unused]] auto cublas_handle = [&] { return ::cumulus::cuda::cublas((device).index()); }; \
+      [[maybe_unused]] ::cumulus::cuda::Context& ctx = ::cumulus::cuda::context((device).index()); \
       cuda_stmt;                                                                 \
     } else {                                                                     \
       cpu_stmt;                                                                  \

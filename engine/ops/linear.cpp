@@ -29,8 +29,8 @@ class LinearBackward final : public Node {
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
       CUMULUS_DISPATCH(device,
-          kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dyp, out, wp, in, dx.beta, dxp, in),
-          kernels::gemm_cuda(cublas_handle(), false, false, batch, in, out, 1.0f, dyp, out, wp, in, dx.beta, dxp, in));
+          kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dyp, out, wp, in, dx.beta(), dxp, in),
+          kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dyp, out, wp, in, dx.beta(), dxp, in));
     }
     if (grads[1].needed()) {
       const int64_t in = x_.size(1);
@@ -38,14 +38,14 @@ class LinearBackward final : public Node {
       const float* xp = x_.data<float>();
       float* dwp = dw.tensor.data<float>();
       CUMULUS_DISPATCH(device,
-          kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dyp, out, xp, in, dw.beta, dwp, in),
-          kernels::gemm_cuda(cublas_handle(), true, false, out, in, batch, 1.0f, dyp, out, xp, in, dw.beta, dwp, in));
+          kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dyp, out, xp, in, dw.beta(), dwp, in),
+          kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dyp, out, xp, in, dw.beta(), dwp, in));
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{out}, device);
       float* dbp = db.tensor.data<float>();
-      CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dyp, batch, out, db.beta, dbp),
-                       kernels::sum_rows_cuda(dyp, batch, out, db.beta, dbp, stream));
+      CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dyp, batch, out, db.beta(), dbp),
+                       kernels::sum_rows_cuda(dyp, batch, out, db.beta(), dbp, ctx.stream()));
     }
   }
 
@@ -89,11 +89,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (has_bias) {
     const float* bp = bias.data<float>();
     CUMULUS_DISPATCH(device, kernels::broadcast_rows_cpu(bp, batch, out, yp),
-                     kernels::broadcast_rows_cuda(bp, batch, out, yp, stream));
+                     kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream()));
   }
   CUMULUS_DISPATCH(device,
       kernels::gemm_cpu(false, true, batch, out, in, 1.0f, xp, in, wp, in, beta, yp, out),
-      kernels::gemm_cuda(cublas_handle(), false, true, batch, out, in, 1.0f, xp, in, wp, in, beta, yp, out));
+      kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, xp, in, wp, in, beta, yp, out));
 
   if (should_record({&x, &weight, &bias})) {
     // Save only what the needed gradients read (Note: detach, so the saved handles hold no graph).

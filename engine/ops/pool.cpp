@@ -30,9 +30,9 @@ class MaxPool2dBackward final : public Node {
     const float* xp = x_.data<float>();
     const float* dyp = dy.data<float>();
     float* dxp = dx.tensor.data<float>();
-    CUMULUS_DISPATCH(device, kernels::max_pool2d_backward_cpu(g, xp, dyp, dx.beta, dxp),
+    CUMULUS_DISPATCH(device, kernels::max_pool2d_backward_cpu(g, xp, dyp, dx.beta(), dxp),
                      CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, xp,
-                                                                          y_.data<float>(), dyp, dx.beta, dxp)));
+                                                                          y_.data<float>(), dyp, dx.beta(), dxp)));
   }
 
   void release_saved() override {

@@ -22,8 +22,8 @@ class SumBackward final : public Node {
     const float* g = dy.data<float>();
     float* dxp = dx.tensor.data<float>();
     const int64_t n = input_shape_.numel();
-    CUMULUS_DISPATCH(device, kernels::fill_from_scalar_cpu(g, scale_, dx.beta, dxp, n),
-                     kernels::fill_from_scalar_cuda(g, scale_, dx.beta, dxp, n, stream));
+    CUMULUS_DISPATCH(device, kernels::fill_from_scalar_cpu(g, scale_, dx.beta(), dxp, n),
+                     kernels::fill_from_scalar_cuda(g, scale_, dx.beta(), dxp, n, ctx.stream()));
   }
 
  private:
@@ -40,7 +40,7 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   CUMULUS_DISPATCH(device, kernels::sum_all_cpu(xp, n, scale, yp),
-                   kernels::sum_all_cuda(xp, n, scale, yp, stream));
+                   kernels::sum_all_cuda(xp, n, scale, yp, ctx.stream()));
   if (should_record({&x})) attach_node(y, std::make_shared<SumBackward>(op, x.shape(), scale), {&x});
   return y;
 }
@@ -59,7 +59,7 @@ Tensor argmax(const Tensor& x) {
   const float* xp = x.data<float>();
   int32_t* op = out.data<int32_t>();
   CUMULUS_DISPATCH(device, kernels::argmax_rows_cpu(xp, x.size(0), x.size(1), op),
-                   kernels::argmax_rows_cuda(xp, x.size(0), x.size(1), op, stream));
+                   kernels::argmax_rows_cuda(xp, x.size(0), x.size(1), op, ctx.stream()));
   return out;
 }
 

@@ -15,7 +15,7 @@ void accumulate_into(const Tensor& dst, const Tensor& src, float beta) {
   float* d = dst.data<float>();
   const int64_t n = dst.numel();
   CUMULUS_DISPATCH(dst.device(), kernels::accumulate_cpu(s, beta, d, n),
-                   kernels::accumulate_cuda(s, beta, d, n, stream));
+                   kernels::accumulate_cuda(s, beta, d, n, ctx.stream()));
 }
 }  // namespace detail
 

@@ -11,13 +11,29 @@
 // time (never per micro-batch) and folded into the same scale: g_eff = g * (1/samples) * clip.
 // A non-finite norm means a NaN/Inf somewhere in the gradient: the step is skipped and counted,
 // the gradients are discarded (marked stale) and training goes on with the next group.
+//
+// All of this is decided on the device (Note [Device-side step] in kernels/optim_rules.h): the
+// host never reads the norm, so a CUDA step costs two launches and no synchronization.
+//
+// Note [Learning-rate table]
+// The schedule is host code (LRSchedule::lr_at), but whether a step is taken, and so which step
+// index the next one has, is known only on the device. The device therefore reads the rate from
+// a table of lr_at(k) for a window of update counts starting at the count the host last read.
+// Every attempt raises the count by at most one, so the host knows when the window could run out
+// and only then reads the count and refills (once per kLrTableSize steps at most; both are
+// ordinary stream-ordered work, never inside a captured step). Without a schedule the table is
+// the optimizer's lr, rewritten when set_lr changes it.
 #include "cumulus/optim/accumulator.h"
 
 #include <cmath>
+#include <cstddef>
 #include <iterator>
 #include <limits>
+#include <vector>
 
+#include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
+#include "engine/ops/internal.h"
 
 namespace cumulus::optim {
 
@@ -36,7 +52,44 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
   }
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Accumulator: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
+  known_updates_ = optimizer_->updates();
+  steps_offset_ = known_updates_;
   begin_epoch(0, 0);
+}
+
+namespace {
+constexpr int64_t kLrTableSize = 4096;
+}  // namespace
+
+kernels::StepState Accumulator::read_state() const {
+  const kernels::StepState s = optimizer_->read_step_state();
+  known_updates_ = s.updates;
+  attempts_since_read_ = 0;
+  return s;
+}
+
+int64_t Accumulator::optimizer_steps() const { return read_state().updates - steps_offset_; }
+int64_t Accumulator::skipped_steps() const { return read_state().skipped; }
+float Accumulator::last_grad_norm() const { return read_state().grad_norm; }
+float Accumulator::last_clip_factor() const { return read_state().clip; }
+float Accumulator::last_lr() const { return read_state().lr; }
+double Accumulator::epoch_loss_sum() const { return read_state().loss_sum; }
+double Accumulator::epoch_samples_stepped() const { return read_state().samples_sum; }
+
+void Accumulator::write_lr_table(int64_t base_update) {
+  const int64_t size = schedule_ ? kLrTableSize : 1;
+  std::vector<float> lr(static_cast<std::size_t>(size));
+  for (int64_t j = 0; j < size; ++j)
+    lr[static_cast<std::size_t>(j)] = schedule_ ? schedule_->lr_at(base_update - steps_offset_ + j) : optimizer_->lr();
+  if (!lr_table_.defined()) {
+    MemoryCategoryScope scope(MemoryCategory::other);
+    lr_table_ = Tensor::empty(Shape{kLrTableSize}, DType::f32, optimizer_->parameters().device());
+  }
+  copy_bytes(lr_table_.raw_data(), lr_table_.device(), lr.data(), Device::cpu(), lr.size() * sizeof(float));
+  optimizer_->write_step_state(offsetof(kernels::StepState, lr_base), &base_update, sizeof(base_update));
+  lr_table_size_ = size;
+  lr_table_base_ = base_update;
+  lr_table_constant_ = schedule_ ? -1.0f : optimizer_->lr();
 }
 
 int Accumulator::steps_for_epoch(const std::map<int, int>& schedule, int epoch) {
@@ -54,6 +107,19 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   accum_steps_ = options_.schedule.empty() ? options_.accum_steps : steps_for_epoch(options_.schedule, epoch);
   mb_in_epoch_ = first;
   mb_epoch_len_ = micro_batches;
+  const double zeros[2] = {0.0, 0.0};  // loss_sum, samples_sum
+  static_assert(offsetof(kernels::StepState, samples_sum) == offsetof(kernels::StepState, loss_sum) + sizeof(double));
+  optimizer_->write_step_state(offsetof(kernels::StepState, loss_sum), zeros, sizeof(zeros));
+}
+
+void Accumulator::count_micro_batch(int64_t samples) {
+  CUMULUS_CHECK(samples > 0, InvalidArgument, "Accumulator::backward: samples must be > 0, got ", samples);
+  CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
+                "Accumulator::backward: more micro-batches than the ", mb_epoch_len_, " announced for epoch ", epoch_);
+  group_samples_ += samples;
+  group_mbs_ += 1;
+  mb_in_epoch_ += 1;
+  mb_total_ += 1;
 }
 
 void Accumulator::backward(const Tensor& loss, int64_t samples) {
@@ -65,10 +131,13 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
                          ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))
                          : 1.0f;
   run_backward(loss, seed);
-  group_samples_ += samples;
-  group_mbs_ += 1;
-  mb_in_epoch_ += 1;
-  mb_total_ += 1;
+  kernels::StepBuffers* buf = optimizer_->step_buffers();
+  const Device device = optimizer_->parameters().device();
+  CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
+                ", parameters on ", device.str());
+  CUMULUS_DISPATCH(device, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
+                   kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
+  count_micro_batch(samples);
 }
 
 bool Accumulator::ready() const {
@@ -80,7 +149,8 @@ bool Accumulator::ready() const {
 bool Accumulator::step_if_ready() { return ready() && do_step(); }
 
 Accumulator::Counters Accumulator::counters() const {
-  return {epoch_, mb_in_epoch_, mb_total_, steps_, skipped_};
+  const kernels::StepState st = read_state();
+  return {epoch_, mb_in_epoch_, mb_total_, st.updates - steps_offset_, st.skipped};
 }
 
 void Accumulator::restore(const Counters& c) {
@@ -91,40 +161,59 @@ void Accumulator::restore(const Counters& c) {
   epoch_ = c.epoch;
   mb_in_epoch_ = c.micro_batch_index;
   mb_total_ = c.micro_batches_total;
-  steps_ = c.optimizer_steps;
-  skipped_ = c.skipped_steps;
+  optimizer_->write_step_state(offsetof(kernels::StepState, skipped), &c.skipped_steps, sizeof(c.skipped_steps));
+  steps_offset_ = read_state().updates - c.optimizer_steps;
+  attempted_ = c.optimizer_steps + c.skipped_steps;
+  lr_table_size_ = 0;  // rewritten at the next step
 }
 
 bool Accumulator::flush() { return group_mbs_ > 0 && do_step(); }
 
-bool Accumulator::do_step() {
-  const float scale = options_.normalization == Normalization::samples
-                          ? 1.0f / static_cast<float>(group_samples_)
-                          : 1.0f;
-  const bool need_norm = options_.clip_grad_norm > 0.0f || options_.skip_non_finite;
-  float clip = 1.0f;
-  last_norm_ = std::numeric_limits<float>::quiet_NaN();
-  if (need_norm) {
-    // One host synchronization per optimizer step (never per micro-batch) to read the norm.
-    const double norm = std::sqrt(optimizer_->parameters().gradient_sum_of_squares()) * scale;
-    last_norm_ = static_cast<float>(norm);
-    if (!std::isfinite(norm) && options_.skip_non_finite) {
-      ++skipped_;
-      optimizer_->zero_grad();
-      group_samples_ = 0;
-      group_mbs_ = 0;
-      return true;
-    }
-    if (options_.clip_grad_norm > 0.0f && norm > options_.clip_grad_norm)
-      clip = static_cast<float>(options_.clip_grad_norm / (norm + 1e-6));
+void Accumulator::prepare_step_host() {
+  NoGradGuard no_grad;
+  optimizer_->parameters().zero_stale_gradients();
+  if (!schedule_) {
+    if (lr_table_size_ != 1 || lr_table_constant_ != optimizer_->lr()) write_lr_table(0);
+    return;
   }
-  last_clip_ = clip;
-  last_lr_ = schedule_ ? schedule_->lr_at(steps_) : optimizer_->lr();
-  optimizer_->update(scale * clip, last_lr_);
+  // The update count is now at most known_updates_ + attempts_since_read_ (Note [Learning-rate table]).
+  if (lr_table_size_ == 0 || known_updates_ + attempts_since_read_ >= lr_table_base_ + lr_table_size_) {
+    read_state();
+    write_lr_table(known_updates_);
+  }
+}
+
+void Accumulator::launch_step() {
+  NoGradGuard no_grad;
+  kernels::StepConfig config;
+  config.divide_by_samples = options_.normalization == Normalization::samples ? 1 : 0;
+  config.need_norm = options_.clip_grad_norm > 0.0f || options_.skip_non_finite ? 1 : 0;
+  config.skip_non_finite = options_.skip_non_finite ? 1 : 0;
+  config.clip_grad_norm = options_.clip_grad_norm;
+  config.lr_table_size = static_cast<int32_t>(lr_table_size_);
+  const nn::FlatParameters& params = optimizer_->parameters();
+  kernels::StepBuffers* buf = optimizer_->step_buffers();
+  const float* grad = params.gradients().data<float>();
+  const float* table = lr_table_.data<float>();
+  const int64_t n = params.size();
+  CUMULUS_DISPATCH(params.device(),
+      kernels::prepare_step(buf->state, config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config, table),
+      kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, table, ctx.stream()));
+  optimizer_->apply_prepared_update();
+}
+
+void Accumulator::finish_step_host() {
   optimizer_->zero_grad();
-  ++steps_;
+  ++attempted_;
+  ++attempts_since_read_;
   group_samples_ = 0;
   group_mbs_ = 0;
+}
+
+bool Accumulator::do_step() {
+  prepare_step_host();
+  launch_step();
+  finish_step_host();
   return true;
 }
 

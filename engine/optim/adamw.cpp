@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/ops/internal.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 
@@ -30,10 +31,10 @@ void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
     restore_tensor(state, "exp_avg", m_);
     restore_tensor(state, "exp_avg_sq", v_);
   }
-  updates_ = updates;
+  set_updates(updates);
 }
 
-void AdamW::apply(float grad_scale, float lr) {
+void AdamW::apply(const kernels::StepState& host) {
   const nn::FlatParameters& p = *params_;
   if (!m_.defined()) {
     MemoryCategoryScope scope(MemoryCategory::optimizer_state);
@@ -41,17 +42,19 @@ void AdamW::apply(float grad_scale, float lr) {
     v_ = Tensor::zeros(p.values().shape(), DType::f32, p.device());
   }
   const AdamWOptions& o = options_;
-  const double t = static_cast<double>(updates_ + 1);
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), t));
   float* w = p.values().data<float>();
   const float* g = p.gradients().data<float>();
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   const int64_t n = p.size();
-  CUMULUS_DISPATCH(p.device(),
-      kernels::adamw_step_cpu(w, g, m, v, n, grad_scale, lr, o.beta1, o.beta2, o.eps, o.weight_decay, bc1, bc2),
-      kernels::adamw_step_cuda(w, g, m, v, n, grad_scale, lr, o.beta1, o.beta2, o.eps, o.weight_decay, bc1, bc2, stream));
+  if (p.device().is_cpu()) {
+    if (host.skip) return;
+    kernels::adamw_step_cpu(w, g, m, v, n, host.grad_scale, host.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                            host.updates);
+    return;
+  }
+  CUMULUS_DISPATCH(p.device(), (void)0,
+      kernels::adamw_update_cuda(w, g, m, v, n, step_buffers(), o.beta1, o.beta2, o.eps, o.weight_decay, ctx.stream()));
 }
 
 }  // namespace cumulus::optim

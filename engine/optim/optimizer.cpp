@@ -2,13 +2,44 @@
 
 #include <cmath>
 
+#include <cstddef>
+#include <cstring>
+
 #include "cumulus/autograd/grad_mode.h"
+#include "engine/ops/internal.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 
 Optimizer::Optimizer(std::shared_ptr<nn::FlatParameters> params, float lr) : params_(std::move(params)) {
   CUMULUS_CHECK(params_ != nullptr, InvalidArgument, "optimizer: no parameters");
   set_lr(lr);
+  MemoryCategoryScope scope(MemoryCategory::other);
+  step_buffers_ = Tensor::zeros(Shape{static_cast<int64_t>(sizeof(kernels::StepBuffers))}, DType::u8,
+                                params_->device());
+}
+
+kernels::StepBuffers* Optimizer::step_buffers() const {
+  return static_cast<kernels::StepBuffers*>(step_buffers_.raw_data());
+}
+
+kernels::StepState Optimizer::read_step_state() const {
+  kernels::StepState s;
+  copy_bytes(&s, Device::cpu(), &step_buffers()->state, params_->device(), sizeof(s));
+  return s;
+}
+
+void Optimizer::write_step_state(std::size_t offset, const void* value, std::size_t bytes) {
+  CUMULUS_CHECK(offset + bytes <= sizeof(kernels::StepState), InvalidArgument, "write_step_state out of range");
+  char* dst = reinterpret_cast<char*>(&step_buffers()->state) + offset;
+  copy_bytes(dst, params_->device(), value, Device::cpu(), bytes);
+}
+
+int64_t Optimizer::updates() const { return read_step_state().updates; }
+
+void Optimizer::set_updates(int64_t updates) {
+  CUMULUS_CHECK(updates >= 0, InvalidArgument, "optimizer: negative update count ", updates);
+  write_step_state(offsetof(kernels::StepState, updates), &updates, sizeof(updates));
 }
 
 void Optimizer::set_lr(float lr) {
@@ -38,8 +69,17 @@ void Optimizer::update(float grad_scale, float lr) {
   CUMULUS_CHECK(std::isfinite(grad_scale), InvalidArgument, "optimizer: gradient scale ", grad_scale);
   NoGradGuard no_grad;
   params_->zero_stale_gradients();
-  apply(grad_scale, lr);
-  ++updates_;
+  kernels::StepBuffers* buf = step_buffers();
+  CUMULUS_DISPATCH(params_->device(), kernels::set_step(buf->state, grad_scale, lr),
+                   kernels::set_step_cuda(buf, grad_scale, lr, ctx.stream()));
+  apply_prepared_update();
+}
+
+void Optimizer::apply_prepared_update() {
+  NoGradGuard no_grad;
+  // On the CPU the state is host memory: the rule reads it directly. On CUDA the kernels read it.
+  static const kernels::StepState unused{};
+  apply(params_->device().is_cpu() ? step_buffers()->state : unused);
 }
 
 }  // namespace cumulus::optim

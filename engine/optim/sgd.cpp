@@ -1,6 +1,7 @@
 #include "cumulus/optim/sgd.h"
 
 #include "engine/ops/internal.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 
@@ -23,24 +24,28 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
 void SGD::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
   CUMULUS_CHECK(updates >= 0, InvalidArgument, "SGD::load_state: negative update count");
   if (options_.momentum != 0.0f && updates > 0) restore_tensor(state, "momentum_buffer", momentum_);
-  updates_ = updates;
+  set_updates(updates);
 }
 
-void SGD::apply(float grad_scale, float lr) {
+void SGD::apply(const kernels::StepState& host) {
   const nn::FlatParameters& p = *params_;
-  const bool first = !momentum_.defined();
-  if (options_.momentum != 0.0f && first) {
+  if (options_.momentum != 0.0f && !momentum_.defined()) {
     MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-    momentum_ = Tensor::empty(p.values().shape(), DType::f32, p.device());  // set to g by `first`
+    momentum_ = Tensor::empty(p.values().shape(), DType::f32, p.device());  // set to g by the first update
   }
   float* w = p.values().data<float>();
   const float* g = p.gradients().data<float>();
   float* buf = momentum_.defined() ? momentum_.data<float>() : nullptr;
   const int64_t n = p.size();
   const SGDOptions& o = options_;
-  CUMULUS_DISPATCH(p.device(),
-      kernels::sgd_step_cpu(w, g, buf, n, grad_scale, lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, first),
-      kernels::sgd_step_cuda(w, g, buf, n, grad_scale, lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, first, stream));
+  if (p.device().is_cpu()) {
+    if (host.skip) return;
+    kernels::sgd_step_cpu(w, g, buf, n, host.grad_scale, host.lr, o.momentum, o.dampening, o.nesterov,
+                          o.weight_decay, host.updates == 1);
+    return;
+  }
+  CUMULUS_DISPATCH(p.device(), (void)0,
+      kernels::sgd_update_cuda(w, g, buf, n, step_buffers(), o.momentum, o.dampening, o.nesterov, o.weight_decay, ctx.stream()));
 }
 
 }  // namespace cumulus::optim

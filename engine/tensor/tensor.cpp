@@ -31,11 +31,11 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
   cudaStream_t s = cuda::stream(gpu.index());
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
     CUMULUS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes, s));
-    CUMULUS_CUDA_CHECK(cudaStreamSynchronize(s));
+    cuda::synchronize_stream(s);
     return;
   }
   CUMULUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-  if (dst_device.is_cpu()) CUMULUS_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (dst_device.is_cpu()) cuda::synchronize_stream(s);
 #else
   throw DeviceError("copy involving " + (dst_device.is_cuda() ? dst_device : src_device).str() +
                     ": cumulus was built without CUDA");
@@ -71,7 +71,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::full(const Shape& shape, float value, Device device) {
   Tensor t = empty(shape, DType::f32, device);
   CUMULUS_DISPATCH(device, kernels::fill_cpu(t.data<float>(), value, t.numel()),
-                   kernels::fill_cuda(t.data<float>(), value, t.numel(), stream));
+                   kernels::fill_cuda(t.data<float>(), value, t.numel(), ctx.stream()));
   return t;
 }
 

@@ -53,10 +53,9 @@ double sum_squares_cpu(const float* x, int64_t n);
 void sgd_step_cpu(float* w, const float* grad, float* momentum_buf, int64_t n, float grad_scale,
                   float lr, float momentum, float dampening, bool nesterov, float weight_decay,
                   bool first);
-// bias_correction{1,2} = 1 - beta^t for this update's t.
+// t: this update's number, 1 for the first (bias corrections 1 - beta^t).
 void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
-                    float lr, float beta1, float beta2, float eps, float weight_decay,
-                    float bias_correction1, float bias_correction2);
+                    float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t);
 
 }  // namespace cumulus::kernels
 

@@ -29,10 +29,9 @@ void sgd_step_cpu(float* w, const float* grad, float* buf, int64_t n, float grad
 }
 
 void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
-                    float lr, float beta1, float beta2, float eps, float weight_decay,
-                    float bias_correction1, float bias_correction2) {
-  const float step_size = lr / bias_correction1;
-  const float bc2_sqrt = std::sqrt(bias_correction2);
+                    float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  float step_size, bc2_sqrt;
+  rules::adamw_constants(lr, beta1, beta2, t, step_size, bc2_sqrt);
   for (int64_t i = 0; i < n; ++i)
     rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt);
 }

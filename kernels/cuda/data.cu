@@ -8,20 +8,18 @@
 #include <algorithm>
 
 #include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
 
-inline int blocks_for(int64_t n) {
-  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
-}
-
-__global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                    int64_t start, int64_t count, int64_t row, float* x, int32_t* y) {
+__device__ __forceinline__ void gather_rows(const uint8_t* images, const int32_t* labels, const int32_t* order,
+                                            int64_t start, int64_t count, int64_t row, float* x, int32_t* y) {
   const int64_t n = count * row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
@@ -32,6 +30,30 @@ __global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels
   }
 }
 
+__global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
+                                    int64_t start, int64_t count, int64_t row, float* x, int32_t* y) {
+  gather_rows(images, labels, order, start, count, row, x, y);
+}
+
+// The batch at *cursor; the last block to finish advances the cursor (every block has read it by
+// then: each reads it before counting itself done).
+__global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
+                                              int64_t* cursor, uint32_t* blocks_done, int64_t batch_size,
+                                              int64_t count, int64_t row, float* x, int32_t* y) {
+  __shared__ int64_t start;
+  if (threadIdx.x == 0) start = *cursor * batch_size;
+  __syncthreads();
+  gather_rows(images, labels, order, start, count, row, x, y);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
+      *cursor += 1;
+      *blocks_done = 0;
+    }
+  }
+}
+
 }  // namespace
 
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
@@ -39,6 +61,14 @@ void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32
   if (count * row == 0) return;
   gather_batch_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, start, count,
                                                                          row, x, y);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t* cursor,
+                                 uint32_t* blocks_done, int64_t batch_size, int64_t count, int64_t row, float* x,
+                                 int32_t* y, cudaStream_t stream) {
+  gather_batch_at_cursor_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(
+      images, labels, order, cursor, blocks_done, batch_size, count, row, x, y);
   CUMULUS_LAUNCH_CHECK();
 }
 

@@ -42,16 +42,25 @@ void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, 
 
 namespace cumulus::kernels {
 
+struct StepBuffers;
+struct StepConfig;
+
+// ---- optimizer step (kernels/cuda/optim.cu; Note [Device-side step] in kernels/optim_rules.h) ----
+
 // out[0] = sum_i x[i]^2 in two fixed-order stages (deterministic). partials: scratch of
 // sum_squares_partials() floats.
 int sum_squares_partials();
 void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream);
-void sgd_step_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, float grad_scale,
-                   float lr, float momentum, float dampening, bool nesterov, float weight_decay,
-                   bool first, cudaStream_t stream);
-void adamw_step_cuda(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
-                     float lr, float beta1, float beta2, float eps, float weight_decay,
-                     float bias_correction1, float bias_correction2, cudaStream_t stream);
+// The gradient's squared norm (when config.need_norm) and prepare_step, in one launch.
+void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, const StepConfig& config,
+                                     const float* lr_table, cudaStream_t stream);
+void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_t stream);
+// group_samples += samples, group_loss += loss[0].
+void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream);
+void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
+                     float momentum, float dampening, bool nesterov, float weight_decay, cudaStream_t stream);
+void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
+                       float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
 
@@ -63,5 +72,10 @@ namespace cumulus::kernels {
 // images[s, :] / 255.0f and y [count] = labels[s] for s = order[start + r] (order null: start + r).
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
                        int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream);
+// The same for the batch at *cursor (start = *cursor * batch_size), then *cursor += 1, in the one
+// launch (blocks_done: a u32 counter, zero between launches).
+void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t* cursor,
+                                 uint32_t* blocks_done, int64_t batch_size, int64_t count, int64_t row, float* x,
+                                 int32_t* y, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

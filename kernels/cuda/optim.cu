@@ -1,11 +1,16 @@
-// Optimizer updates on CUDA over one flat array: one launch updates every parameter of the model
-// (the multi-tensor apply of PyTorch's foreach/fused optimizers, made trivial by the flat layout of
-// DESIGN.md, decision 8). The per-element rules are kernels/optim_rules.h, shared with the CPU.
-//   sum_squares: stage 1, kPartials blocks each reduce a strided slice into partials[b];
-//                stage 2, one block sums the partials. Fixed order: deterministic.
-#include <algorithm>
-
+// The optimizer step on CUDA over the flat arrays, in two launches and without the host
+// (Note [Device-side step] in kernels/optim_rules.h):
+//   grad_norm_and_prepare: StepBuffers::kNormPartials blocks each reduce a strided slice of the
+//       gradient's squares (in double) into partials[b]; the last block to finish (a counter,
+//       after a memory fence) sums the partials in block order and runs prepare_step. Fixed
+//       order throughout: deterministic.
+//   sgd_update / adamw_update: one grid-stride pass over the flat arrays reading the decision
+//       (skip, grad_scale, lr, update count) from the StepState; the per-element rules are
+//       kernels/optim_rules.h, shared with the CPU.
+// One launch updates every parameter of the model (PyTorch's multi-tensor apply, made trivial by
+// the flat layout of FlatParameters).
 #include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/optim_rules.h"
 
@@ -13,84 +18,132 @@ namespace cumulus::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kPartials = 256;
+using cuda_common::block_sum;
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
 
-__device__ float block_sum(float v, float* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
+__global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepBuffers* buf, StepConfig config,
+                                             const float* lr_table) {
+  if (config.need_norm) {
+    double s = 0.0;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+      const double x = grad[i];
+      s += x * x;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) buf->partials[blockIdx.x] = s;
   }
-  return shared[0];
+  // The last block to arrive decides. The fence makes this block's partial visible before its
+  // arrival is counted; the last block then sees every partial.
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(&buf->blocks_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  double total = 0.0;
+  if (config.need_norm) {
+    double p = 0.0;
+    for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x) p += buf->partials[b];
+    total = block_sum(p);
+  }
+  if (threadIdx.x == 0) {
+    prepare_step(buf->state, total, config, lr_table);
+    buf->blocks_done = 0;  // ready for the next step
+  }
 }
 
-__global__ void sum_squares_stage1(const float* x, int64_t n, float* partials) {
-  __shared__ float shared[kThreads];
-  float s = 0.0f;
+__global__ void set_step_kernel(StepState* state, float grad_scale, float lr) { set_step(*state, grad_scale, lr); }
+
+__global__ void record_micro_batch_kernel(StepState* state, const float* loss, double samples) {
+  record_micro_batch(*state, samples, static_cast<double>(loss[0]));
+}
+
+__global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_buf, int64_t n, const StepState* state,
+                                  float momentum, float dampening, bool nesterov, float weight_decay) {
+  if (state->skip) return;
+  const float grad_scale = state->grad_scale, lr = state->lr;
+  const bool first = state->updates == 1;  // no momentum yet: the buffer takes the gradient
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    s += x[i] * x[i];
-  const float total = block_sum(s, shared);
-  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+    rules::sgd(w[i], grad[i], momentum_buf ? momentum_buf + i : nullptr, grad_scale, lr, momentum, dampening,
+               nesterov, weight_decay, first);
 }
 
-__global__ void sum_squares_stage2(const float* partials, float* out) {
-  __shared__ float shared[kThreads];
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < kPartials; i += blockDim.x) s += partials[i];
-  const float total = block_sum(s, shared);
-  if (threadIdx.x == 0) out[0] = total;
-}
-
-__global__ void sgd_step_kernel(float* w, const float* grad, float* buf, int64_t n, float grad_scale,
-                                float lr, float momentum, float dampening, bool nesterov,
-                                float weight_decay, bool first) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    rules::sgd(w[i], grad[i], buf ? buf + i : nullptr, grad_scale, lr, momentum, dampening, nesterov, weight_decay, first);
-}
-
-__global__ void adamw_step_kernel(float* w, const float* grad, float* m, float* v, int64_t n,
-                                  float grad_scale, float lr, float beta1, float beta2, float eps,
-                                  float weight_decay, float step_size, float bc2_sqrt) {
+__global__ void adamw_update_kernel(float* w, const float* grad, float* m, float* v, int64_t n, const StepState* state,
+                                    float beta1, float beta2, float eps, float weight_decay) {
+  if (state->skip) return;
+  __shared__ float step_size, bc2_sqrt;
+  const float grad_scale = state->grad_scale, lr = state->lr;
+  if (threadIdx.x == 0) rules::adamw_constants(lr, beta1, beta2, state->updates, step_size, bc2_sqrt);
+  __syncthreads();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
     rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt);
 }
 
-inline unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+__global__ void sum_squares_stage1(const float* x, int64_t n, float* partials) {
+  float s = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    s += x[i] * x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
+
+__global__ void sum_squares_stage2(const float* partials, int count, float* out) {
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) out[0] = s;
+}
+
+constexpr int kSumSquaresPartials = 256;
 
 }  // namespace
 
-int sum_squares_partials() { return kPartials; }
+int sum_squares_partials() { return kSumSquaresPartials; }
 
 void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream) {
-  sum_squares_stage1<<<kPartials, kThreads, 0, stream>>>(x, n, partials);
+  sum_squares_stage1<<<kSumSquaresPartials, kThreads, 0, stream>>>(x, n, partials);
   CUMULUS_LAUNCH_CHECK();
-  sum_squares_stage2<<<1, kThreads, 0, stream>>>(partials, out);
-  CUMULUS_LAUNCH_CHECK();
-}
-
-void sgd_step_cuda(float* w, const float* grad, float* buf, int64_t n, float grad_scale, float lr,
-                   float momentum, float dampening, bool nesterov, float weight_decay, bool first,
-                   cudaStream_t stream) {
-  if (n == 0) return;
-  sgd_step_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, grad, buf, n, grad_scale, lr, momentum,
-                                                          dampening, nesterov, weight_decay, first);
+  sum_squares_stage2<<<1, kThreads, 0, stream>>>(partials, kSumSquaresPartials, out);
   CUMULUS_LAUNCH_CHECK();
 }
 
-void adamw_step_cuda(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
-                     float lr, float beta1, float beta2, float eps, float weight_decay,
-                     float bias_correction1, float bias_correction2, cudaStream_t stream) {
+void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, const StepConfig& config,
+                                     const float* lr_table, cudaStream_t stream) {
+  const unsigned blocks = config.need_norm ? StepBuffers::kNormPartials : 1;
+  grad_norm_and_prepare_kernel<<<blocks, kThreads, 0, stream>>>(grad, n, buffers, config, lr_table);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_t stream) {
+  set_step_kernel<<<1, 1, 0, stream>>>(&buffers->state, grad_scale, lr);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream) {
+  record_micro_batch_kernel<<<1, 1, 0, stream>>>(&buffers->state, loss, samples);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
+                     float momentum, float dampening, bool nesterov, float weight_decay, cudaStream_t stream) {
   if (n == 0) return;
-  adamw_step_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      w, grad, m, v, n, grad_scale, lr, beta1, beta2, eps, weight_decay, lr / bias_correction1,
-      std::sqrt(bias_correction2));
+  sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, grad, momentum_buf, n, &buffers->state, momentum,
+                                                            dampening, nesterov, weight_decay);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
+                       float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
+  if (n == 0) return;
+  adamw_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, grad, m, v, n, &buffers->state, beta1, beta2, eps,
+                                                              weight_decay);
   CUMULUS_LAUNCH_CHECK();
 }
 

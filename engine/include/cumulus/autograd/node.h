@@ -3,6 +3,7 @@
 // input, to a leaf that wants a gradient, or to nothing.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,10 +20,15 @@ struct Edge {
   bool needs_grad() const { return node != nullptr || leaf != nullptr; }
 };
 
+// How an op writes a gradient into its target (tiny-cuda-nn's GradientMode; an input that needs no
+// gradient gets no target at all). Kernels take it as the GEMM-style beta: 0 overwrites without
+// reading the destination, 1 adds to it.
+enum class GradientMode : uint8_t { overwrite, accumulate };
+
 // Note [Gradient sinks]
 // The backward engine hands each op one GradSink per input, saying where that input's gradient
-// goes. For a leaf it is the leaf's persistent buffer: the op writes into it with beta = 0 if the
-// buffer is stale (first backward after a step) and beta = 1 otherwise, so a Linear's weight
+// goes. For a leaf it is the leaf's persistent buffer: the op overwrites it if the buffer is stale
+// (first backward after a step) and accumulates into it otherwise, so a Linear's weight
 // gradient is accumulated inside its GEMM and zeroing costs nothing. For an inner node it is the
 // engine's pending gradient: the first contribution allocates it (or hands over a tensor, no
 // copy), later ones (an input used twice) add into it. Ops never allocate parameter-sized
@@ -30,8 +36,9 @@ struct Edge {
 class GradSink {
  public:
   struct Target {
-    Tensor tensor;  // write the gradient here
-    float beta;     // 0: overwrite, 1: add to what is there
+    Tensor tensor;      // write the gradient here
+    GradientMode mode;  // overwrite, or add to what is there
+    float beta() const { return mode == GradientMode::accumulate ? 1.0f : 0.0f; }
   };
 
   static GradSink none() { return GradSink(); }
@@ -39,8 +46,8 @@ class GradSink {
   static GradSink pending(Tensor* slot) { return GradSink(nullptr, slot); }
 
   bool needed() const { return leaf_ != nullptr || slot_ != nullptr; }
-  // The buffer to write into and the beta to write with. The buffer must be written (in stream
-  // order) before the next call on a sink of the same target, which then gets beta = 1.
+  // The buffer to write into and how. The buffer must be written (in stream order) before the
+  // next call on a sink of the same target, which then gets GradientMode::accumulate.
   Target begin(const Shape& shape, const Device& device);
   // Delivers a finished gradient tensor: taken as is when nothing is there yet for an inner node,
   // otherwise copied or added into the target.

@@ -1,11 +1,16 @@
-// Per-device CUDA state: the one stream every op of that device is queued on, and the cuBLAS
-// handle bound to it (with its workspace taken from our allocator, category workspace, so the
-// memory tracker sees it). Created lazily on first use, alive until process exit.
+// The CUDA execution context of a device: the one stream all of that device's work is queued on,
+// the cuBLAS handle bound to it with its workspace, and whether a graph capture is under way.
+// Ops and launchers get it explicitly (CUMULUS_DISPATCH binds `ctx`); nothing else holds CUDA
+// state. See Note [Execution context] in engine/core/cuda_context.cpp and docs/ARCHITECTURE.md.
 // Only for CUDA builds.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
 
 namespace cumulus::cuda {
 
@@ -21,7 +26,65 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
-cudaStream_t stream(int device_index);
-cublasHandle_t cublas(int device_index);
+class Context {
+ public:
+  int device_index() const { return index_; }
+  cudaStream_t stream() const { return stream_; }
+  // Created on first use (never during a capture: warm up first), workspace in category workspace.
+  cublasHandle_t cublas();
+  // Whether a graph capture is recording this context's stream (set by Graph::capture).
+  bool capturing() const { return capturing_.load(std::memory_order_relaxed); }
+
+ private:
+  friend Context& context(int device_index);
+  friend class Graph;
+  explicit Context(int index);
+  int index_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::atomic<bool> capturing_{false};
+};
+
+// The context of a device, created on first use and alive until process exit. After creation
+// this is one atomic load: no lock on the dispatch path.
+Context& context(int device_index);
+inline cudaStream_t stream(int device_index) { return context(device_index).stream(); }
+
+// Blocks the host until the stream's work is done. Every host synchronization cumulus makes goes
+// through here (or through wait_event), so host_synchronizations() counts them all.
+void synchronize_stream(cudaStream_t stream);
+void wait_event(cudaEvent_t event);
+int64_t host_synchronizations();
+
+// A CUDA graph recorded from the work queued on a context's stream, replayed with launch().
+// Note [CUDA graphs] in engine/core/cuda_context.cpp says what may be captured and how memory
+// behaves: allocations made while capturing come from the device allocator's graph pool, whose
+// blocks are reserved to graphs while any graph lives.
+class Graph {
+ public:
+  Graph() = default;
+  // Records `work` (run once on the host, nothing executes on the device). Throws CudaError
+  // naming the cause when the work cannot be captured, typically a host synchronization; the
+  // context is usable afterwards.
+  static Graph capture(Context& ctx, const std::function<void()>& work);
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  bool valid() const { return exec_ != nullptr; }
+  // Queues one replay on the stream (one host call, however many kernels the graph holds).
+  void launch();
+  int64_t kernel_nodes() const { return kernel_nodes_; }
+  int64_t launches() const { return launches_; }
+
+ private:
+  void reset() noexcept;
+  Context* ctx_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  int64_t kernel_nodes_ = 0;
+  int64_t launches_ = 0;
+};
 
 }  // namespace cumulus::cuda

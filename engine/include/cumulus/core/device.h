@@ -40,9 +40,12 @@ int cuda_device_count();
 inline bool cuda_available() { return cuda_device_count() > 0; }
 // Throws DeviceError unless `device` can be used (CUDA compiled and the index exists).
 void check_device_available(const Device& device);
-// CUDA kernels launched so far by this process through cumulus (a cuBLAS GEMM counts as one);
-// 0 without CUDA. Benchmarks read differences of it.
+// CUDA kernels launched so far by this process through cumulus (a cuBLAS GEMM counts as one, a
+// graph replay as one, kernels recorded into a graph as none); 0 without CUDA. Benchmarks read differences of it.
 int64_t cuda_kernel_launches();
+// Times the host has waited for a CUDA device (stream or event synchronizations, copies to host
+// memory) through cumulus; 0 without CUDA. A training step should add none.
+int64_t host_synchronizations();
 // Blocks until all work queued on `device` has finished (no-op on CPU).
 void synchronize(const Device& device);
 

@@ -44,6 +44,13 @@ class DataLoader {
   int64_t batch_size() const { return batch_size_; }
   // Batch i of the current epoch; tensors are made in category data.
   Batch batch(int64_t i) const;
+  // The training loop's form: batch position() of the current epoch, then position() + 1. The
+  // position lives on the device and the gather kernel advances it itself, so the same launch
+  // (the same kernel arguments) gathers every batch of a size: it can be captured in a CUDA graph
+  // and replayed. seek() sets it (queued, no synchronization).
+  void seek(int64_t i);
+  Batch next();
+  int64_t position() const { return position_; }
   const ImageDataset& dataset() const { return dataset_; }
 
  private:
@@ -52,6 +59,8 @@ class DataLoader {
   bool shuffle_;
   uint64_t seed_;
   Tensor order_;  // [n] i32 on the device: the current epoch's permutation (shuffle only)
+  Tensor cursor_;  // on the device: {i64 position, u32 blocks done} (kernels/cuda/data.cu)
+  int64_t position_ = 0;  // the host's copy of the position
 };
 
 }  // namespace cumulus::data

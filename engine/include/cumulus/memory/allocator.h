@@ -33,6 +33,8 @@ struct MemoryStats {
   int64_t backend_frees = 0;
   int64_t limit = 0;  // 0: no limit
   int64_t oom_count = 0;
+  // Note [Graph pool]: bytes reserved by segments of the graph pool (part of `reserved`).
+  int64_t graph_pool_reserved = 0;
 
   const CategoryStats& operator[](MemoryCategory c) const {
     return by_category[static_cast<std::size_t>(c)];
@@ -104,6 +106,14 @@ class CachingAllocator {
   const Device& device() const { return device_; }
   // At most one observer; nullptr removes it. The caller keeps it alive while installed.
   void set_observer(AllocationObserver* observer);
+
+  // Note [Graph pool] in engine/memory/caching_allocator.cpp. While routed, every allocation comes
+  // from the graph pool (a graph capture is recording). Each live graph holds one use of the pool;
+  // when the last is released, the pool's segments join the general cache.
+  void begin_graph_pool_routing();
+  void end_graph_pool_routing();
+  void acquire_graph_pool();
+  void release_graph_pool() noexcept;
 
  private:
   friend class Allocation;

@@ -100,6 +100,13 @@ class MemoryTracker {
   void end_backward();
   void begin_step();
   void end_step(int64_t step, int64_t optimizer_state_bytes);
+  // A micro-batch or step that ran as a CUDA graph replay (optim::CapturedTraining): nothing is
+  // allocated during a replay, so its memory is what the capture measured (`captured`, with its
+  // epoch and index set); it counts in the summary like any other, without times.
+  void add_graph_micro_batch(const MicroBatchRecord& captured);
+  void add_graph_step(int64_t step, int64_t optimizer_state_bytes);
+  // Whether the first optimizer steps are being recorded as a timeline (graphs stay off then).
+  bool timeline_active() const { return in_timeline_window(); }
 
   const Device& device() const { return device_; }
   const Options& options() const { return options_; }
@@ -118,6 +125,8 @@ class MemoryTracker {
   double host_ms() const;
   bool in_timeline_window() const;
   void resolve_times();
+  void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times);
+  void count_step(const StepRecord& s, const TimePoint* times);
 
   Device device_;
   Options options_;

@@ -13,6 +13,7 @@
 
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 
@@ -48,7 +49,8 @@ class Accumulator {
   // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
   // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
   void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
-  // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers.
+  // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers; the
+  // sample count and the loss value are added to the step state on the device (no host read).
   void backward(const Tensor& loss, int64_t samples);
   // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
   // was attempted (taken or skipped as non-finite).
@@ -59,19 +61,26 @@ class Accumulator {
   bool flush();
 
   // ---- counters a report can quote ----
+  // Host-side ones are free. Those marked (device) read the step state: on CUDA they wait for the
+  // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
+  // not per step.
   int epoch() const { return epoch_; }
   int accum_steps() const { return accum_steps_; }        // N for the current epoch
   int64_t micro_batch_index() const { return mb_in_epoch_; }  // micro-batches done this epoch
   int64_t micro_batches_total() const { return mb_total_; }
-  int64_t optimizer_steps() const { return steps_; }      // steps taken (skipped ones excluded)
-  int64_t skipped_steps() const { return skipped_; }      // steps skipped as non-finite
+  int64_t attempted_steps() const { return attempted_; }  // steps attempted (taken or skipped)
+  int64_t optimizer_steps() const;                        // (device) steps taken
+  int64_t skipped_steps() const;                          // (device) steps skipped as non-finite
   int64_t samples_in_group() const { return group_samples_; }
   int micro_batches_in_group() const { return group_mbs_; }
-  // Global L2 norm of the normalized gradient before clipping, at the last step; NaN when the
-  // step did not compute it (no clipping and no non-finite guard).
-  float last_grad_norm() const { return last_norm_; }
-  float last_clip_factor() const { return last_clip_; }
-  float last_lr() const { return last_lr_; }
+  // (device) Global L2 norm of the normalized gradient before clipping, at the last step; NaN when
+  // the step did not compute it (no clipping and no non-finite guard).
+  float last_grad_norm() const;
+  float last_clip_factor() const;
+  float last_lr() const;
+  // (device) Summed training loss, and samples, of the groups stepped since begin_epoch().
+  double epoch_loss_sum() const;
+  double epoch_samples_stepped() const;
   Optimizer& optimizer() { return *optimizer_; }
 
   // Everything a checkpoint needs to resume exactly at a group boundary.
@@ -83,12 +92,27 @@ class Accumulator {
     int64_t skipped_steps = 0;
   };
   Counters counters() const;
-  // Restores counters at a group boundary (nothing accumulated); begin_epoch() follows.
+  // Restores counters at a group boundary (nothing accumulated); begin_epoch() follows. The
+  // optimizer's own state (load_state) is restored first.
   void restore(const Counters& counters);
   static int steps_for_epoch(const std::map<int, int>& schedule, int epoch);
 
+  // ---- the step in three parts, for CapturedTraining (engine/optim/captured_training.cpp) ----
+  // Host work before the device part: zeroes stale gradient slots and keeps the learning-rate
+  // table valid (rarely a host read, never during a capture: it runs eagerly before every step).
+  void prepare_step_host();
+  // The device part: the norm, the decision and the update (two launches on CUDA). Capturable.
+  void launch_step();
+  // Host bookkeeping after it: marks gradients stale and clears the group.
+  void finish_step_host();
+
  private:
+  friend class CapturedTraining;
+  // The host bookkeeping of backward() (checks and counters), alone: a replayed micro-batch.
+  void count_micro_batch(int64_t samples);
   bool do_step();
+  kernels::StepState read_state() const;
+  void write_lr_table(int64_t base_update);
 
   std::shared_ptr<Optimizer> optimizer_;
   AccumulatorOptions options_;
@@ -96,10 +120,19 @@ class Accumulator {
   int epoch_ = 0;
   int accum_steps_ = 1;
   int64_t mb_in_epoch_ = 0, mb_epoch_len_ = 0, mb_total_ = 0;
-  int64_t steps_ = 0, skipped_ = 0;
+  int64_t attempted_ = 0;
   int64_t group_samples_ = 0;
   int group_mbs_ = 0;
-  float last_norm_ = 0.0f, last_clip_ = 1.0f, last_lr_ = 0.0f;
+  // The learning-rate table the device reads (Note [Learning-rate table] in accumulator.cpp).
+  Tensor lr_table_;
+  int64_t lr_table_size_ = 0;
+  int64_t lr_table_base_ = 0;       // the update count lr_table_[0] is for
+  float lr_table_constant_ = -1.0f;  // without a schedule: the lr the one-entry table holds
+  // What the host knows of the device's update count: as of the last read, plus the attempts
+  // since (each may have updated or not).
+  mutable int64_t known_updates_ = 0;
+  mutable int64_t attempts_since_read_ = 0;
+  int64_t steps_offset_ = 0;  // optimizer updates not made by this accumulator (before restore)
 };
 
 }  // namespace cumulus::optim

@@ -26,7 +26,7 @@ class AdamW final : public Optimizer {
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
-  void apply(float grad_scale, float lr) override;
+  void apply(const kernels::StepState& host) override;
   AdamWOptions options_;
   Tensor m_, v_;
 };

@@ -1,7 +1,9 @@
 // Optimizers over FlatParameters. An update is one fused pass over the flat arrays (one launch on
 // CUDA): the gradient is multiplied by `grad_scale` inside the pass (the Accumulator folds the
 // normalization 1/samples and the clipping factor into it), then the rule is applied. State is
-// allocated at the first update, in category optimizer_state.
+// allocated at the first update, in category optimizer_state. The step's scalars and counters
+// (scale, lr, skip, the update count) live in a StepState in the parameters' memory, so a CUDA
+// update never waits for the host (Note [Device-side step] in kernels/optim_rules.h).
 #pragma once
 
 #include <memory>
@@ -10,6 +12,11 @@
 #include <vector>
 
 #include "cumulus/nn/flat_parameters.h"
+
+namespace cumulus::kernels {
+struct StepBuffers;
+struct StepState;
+}  // namespace cumulus::kernels
 
 namespace cumulus::optim {
 
@@ -23,13 +30,23 @@ class Optimizer {
   // One update with g_eff = grad_scale * gradient, at learning rate `lr`. Stale slots count as zero
   // gradient. Does not mark gradients stale (the caller does, or zero_grad()).
   void update(float grad_scale, float lr);
+  // The update the step state already describes (the Accumulator's prepare_step wrote it; a
+  // skipped step changes nothing). Queued only: no host synchronization.
+  void apply_prepared_update();
   // Plain use without an Accumulator: update(1, lr()).
   void step() { update(1.0f, lr_); }
   void zero_grad() { params_->mark_gradients_stale(); }
 
   float lr() const { return lr_; }
   void set_lr(float lr);
-  int64_t updates() const { return updates_; }  // updates applied so far
+  // Updates applied so far (skipped steps excluded). On CUDA this reads the device: it waits for
+  // the queued work (a host synchronization).
+  int64_t updates() const;
+  // The step state as of now (a host synchronization on CUDA), and its device memory.
+  kernels::StepState read_step_state() const;
+  kernels::StepBuffers* step_buffers() const;
+  // Writes `bytes` at `offset` of the step state (queued in order on CUDA, no synchronization).
+  void write_step_state(std::size_t offset, const void* value, std::size_t bytes);
   // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
   virtual int64_t state_bytes() const = 0;
   // The state as named flat tensors (for checkpoints); empty before the first update.
@@ -42,14 +59,18 @@ class Optimizer {
   nn::FlatParameters& parameters() { return *params_; }
 
  protected:
-  virtual void apply(float grad_scale, float lr) = 0;
+  // Queues the update described by the step state (kernels read it on CUDA; on the CPU, `host`
+  // is that state).
+  virtual void apply(const kernels::StepState& host) = 0;
+  // Sets the update count (load_state).
+  void set_updates(int64_t updates);
   // Finds `name` in `state` and copies it into `into` (allocated in category optimizer_state
   // with the flat size when undefined).
   void restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
                       Tensor& into) const;
   std::shared_ptr<nn::FlatParameters> params_;
   float lr_;
-  int64_t updates_ = 0;
+  Tensor step_buffers_;  // one kernels::StepBuffers, category other
 };
 
 }  // namespace cumulus::optim

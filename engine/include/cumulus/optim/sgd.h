@@ -26,7 +26,7 @@ class SGD final : public Optimizer {
   const Tensor& momentum_buffer() const { return momentum_; }  // undefined until the first update
 
  private:
-  void apply(float grad_scale, float lr) override;
+  void apply(const kernels::StepState& host) override;
   SGDOptions options_;
   Tensor momentum_;
 };
