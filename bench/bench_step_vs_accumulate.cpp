@@ -14,11 +14,17 @@
 //   zero_grad/write_zeros  the baseline it replaces: writing zeros over the flat gradient buffer.
 //   step_of_64/BxN   one optimizer step of 64 samples as N micro-batches of B (64x1, 16x4, 4x16,
 //       1x64): what accumulation costs in time for what it saves in memory.
+//   micro_batch_graph/..., step_of_64_graph/BxN (CUDA only)   the same work as the app runs it
+//       in its steady state: the batch gathered from a u8 dataset by the DataLoader's device
+//       cursor, each micro-batch and the step's device part replayed as CUDA graphs
+//       (optim::CapturedTraining). Extra counters: kernels_per_micro_batch / kernels_per_step
+//       (inside the graphs) and host_syncs_per_step (must be 0).
 // Counters: samples_per_s (rate), us_per_micro_batch / us_per_step, activation bytes per
 // micro-batch, peak bytes (and without the synthetic dataset), and on CUDA kernel launches per
 // micro-batch / per step. Timing and memory method: see rig.h.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -26,6 +32,8 @@
 #include <thread>
 
 #include "bench/rig.h"
+#include "cumulus/data/dataset.h"
+#include "cumulus/optim/captured_training.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -247,6 +255,113 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n) {
   set_launch_counter(state, device, "launches_per_micro_batch", launches, static_cast<double>(n));
 }
 
+// ---- graphs (CUDA) --------------------------------------------------------------------------------
+// The app's form of the loop: a u8 dataset behind a DataLoader, micro-batches through
+// CapturedTraining. Full micro-batches only: the cursor is rewound before a partial one.
+struct GraphLoop {
+  GraphLoop(Device device, int64_t b, const optim::AccumulatorOptions& o)
+      : m(device), acc(make_optimizer(OptimizerKind::sgd, m.params), o), runner(acc, true) {
+    Generator gen(7);
+    std::vector<float> u(static_cast<std::size_t>(kDataRows * models::SeedMLP::kInputs));
+    gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 256.0f);
+    std::vector<uint8_t> px(u.size());
+    for (std::size_t i = 0; i < u.size(); ++i) px[i] = static_cast<uint8_t>(std::min(255.0f, u[i]));
+    std::vector<int32_t> y(static_cast<std::size_t>(kDataRows));
+    for (int64_t i = 0; i < kDataRows; ++i) y[static_cast<std::size_t>(i)] = static_cast<int32_t>(i % 10);
+    MemoryCategoryScope scope(MemoryCategory::data);
+    ds.images = Tensor::from_vector(px, Shape{kDataRows, 28, 28}, device);
+    ds.labels = Tensor::from_vector(y, Shape{kDataRows}, device);
+    loader = std::make_unique<data::DataLoader>(ds, b);
+    acc.begin_epoch(0, 0);
+  }
+  void micro_batch(int64_t b) {
+    if ((loader->position() + 1) * b > kDataRows) loader->seek(0);
+    runner.micro_batch(b, [&] {
+      const data::Batch batch = loader->next();
+      return ops::cross_entropy(m.net(batch.x), batch.y, ops::Reduction::Sum);
+    });
+  }
+  Model m;
+  optim::Accumulator acc;
+  optim::CapturedTraining runner;
+  data::ImageDataset ds;
+  std::unique_ptr<data::DataLoader> loader;
+};
+
+void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool accumulate) {
+  GraphLoop g(device, b, never_stepping());
+  for (int i = 0; i < kWarmupIterations; ++i) {
+    if (!accumulate) g.acc.optimizer().zero_grad();
+    g.micro_batch(b);
+  }
+  synchronize(device);
+  DeviceTimer timer(device);
+  LaunchCounter launches;
+  const int64_t syncs = host_synchronizations();
+  double total_s = 0.0;
+  for (auto _ : state) {
+    if (!accumulate) g.acc.optimizer().zero_grad();
+    timer.start();
+    g.micro_batch(b);
+    const double s = timer.seconds();  // waits on an event: one synchronization per iteration
+    state.SetIterationTime(s);
+    total_s += s;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  if (g.runner.stats().replayed_micro_batches < state.iterations())
+    state.SkipWithError("micro-batches were not replayed as graphs");
+  state.counters["samples_per_s"] = benchmark::Counter(static_cast<double>(b) * iters, benchmark::Counter::kIsRate);
+  state.counters["us_per_micro_batch"] = iters > 0 ? total_s * 1e6 / iters : 0.0;
+  state.counters["micro_batch"] = static_cast<double>(b);
+  state.counters["beta"] = accumulate ? 1.0 : 0.0;
+  state.counters["kernels_per_micro_batch"] = static_cast<double>(g.runner.stats().kernels_per_micro_batch);
+  // The timer's own event wait is the only synchronization: subtract it.
+  state.counters["host_syncs_per_micro_batch"] =
+      iters > 0 ? static_cast<double>(host_synchronizations() - syncs) / iters - 1.0 : 0.0;
+  set_launch_counter(state, device, "launches_per_micro_batch", launches, 1.0);
+}
+
+void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n) {
+  optim::AccumulatorOptions o;
+  o.accum_steps = n;
+  GraphLoop g(device, b, o);
+  auto one_step = [&] {
+    for (int i = 0; i < n; ++i) {
+      g.micro_batch(b);
+      g.runner.step_if_ready();
+    }
+  };
+  for (int i = 0; i < kWarmupIterations; ++i) one_step();
+  synchronize(device);
+  DeviceTimer timer(device);
+  LaunchCounter launches;
+  const int64_t syncs = host_synchronizations();
+  const int64_t steps_before = g.acc.attempted_steps();
+  double total_s = 0.0;
+  for (auto _ : state) {
+    timer.start();
+    one_step();
+    const double s = timer.seconds();
+    state.SetIterationTime(s);
+    total_s += s;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  const int64_t host_syncs = host_synchronizations() - syncs - state.iterations();  // minus the timer's
+  if (g.acc.attempted_steps() - steps_before != state.iterations())
+    state.SkipWithError("expected exactly one optimizer step per iteration");
+  state.counters["samples_per_s"] =
+      benchmark::Counter(static_cast<double>(b * n) * iters, benchmark::Counter::kIsRate);
+  state.counters["us_per_step"] = iters > 0 ? total_s * 1e6 / iters : 0.0;
+  state.counters["us_per_micro_batch"] = iters > 0 ? total_s * 1e6 / (iters * n) : 0.0;
+  state.counters["micro_batch"] = static_cast<double>(b);
+  state.counters["accum_steps"] = static_cast<double>(n);
+  state.counters["kernels_per_micro_batch"] = static_cast<double>(g.runner.stats().kernels_per_micro_batch);
+  state.counters["kernels_per_step"] = static_cast<double>(g.runner.stats().kernels_per_step);
+  state.counters["host_syncs_per_step"] = iters > 0 ? static_cast<double>(host_syncs) / iters : 0.0;
+  set_launch_counter(state, device, "launches_per_step", launches, 1.0);
+  set_launch_counter(state, device, "launches_per_micro_batch", launches, static_cast<double>(n));
+}
+
 // ---- registration --------------------------------------------------------------------------------
 // A cumulus error inside a benchmark marks that benchmark as failed instead of ending the run.
 template <typename Fn, typename... Args>
@@ -282,6 +397,15 @@ void register_device(Device device) {
   timed(add(dev + "/zero_grad/write_zeros", zero_grad_write_zeros, device), device);
   for (auto [b, n] : {std::pair<int64_t, int>{64, 1}, {16, 4}, {4, 16}, {1, 64}})
     timed(add(dev + "/step_of_64/" + std::to_string(b) + "x" + std::to_string(n), step_of_64, device, b, n), device);
+  if (device.is_cpu()) return;
+  for (int64_t b : {16, 64, 256, 1024})
+    for (bool accumulate : {false, true})
+      timed(add(dev + "/micro_batch_graph/" + (accumulate ? "accumulate/" : "overwrite/") + std::to_string(b),
+                micro_batch_graph, device, b, accumulate),
+            device);
+  for (auto [b, n] : {std::pair<int64_t, int>{64, 1}, {16, 4}, {4, 16}, {1, 64}})
+    timed(add(dev + "/step_of_64_graph/" + std::to_string(b) + "x" + std::to_string(n), step_of_64_graph, device, b, n),
+          device);
 }
 
 }  // namespace

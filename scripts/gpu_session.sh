@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One measuring session on a lent GPU machine (see ../README.md, "Running on a GPU"): every test
+# binary, the CUDA benchmarks, and the seed experiment (20 epochs, 16 x 4, a test pass after each
+# epoch, timed from process start to exit) with CUDA graphs on and off. If a second bundle of an
+# earlier commit is in .gpu-base/, its benchmarks and seed run are measured in the same session,
+# interleaved, for side-by-side ratios. Writes logs and JSON under $OUT.
+# Usage (on the GPU machine, from the repository root): scripts/gpu_session.sh DATA_DIR [tests|bench|seed|all]
+set -uo pipefail
+data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|all]}
+what=${2:-all}
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+status=0
+bundles=(.gpu)
+[ -f .gpu-base/bundle.tar.xz ] && bundles+=(.gpu-base)
+if [[ $what == tests || $what == all ]]; then
+  OUT=$OUT bash .gpu/run.sh tests || status=1
+fi
+if [[ $what == bench || $what == all ]]; then
+  for rep in 1 2; do
+    for b in "${bundles[@]}"; do
+      name=$(basename "$b" | tr -d .)
+      bash "$b/run.sh" bench_step_vs_accumulate --benchmark_filter='^cuda/(micro_batch|micro_batch_graph|step_of_64|step_of_64_graph|accumulator_step|optimizer_step)/' \
+        --benchmark_min_time=0.3 --benchmark_format=console \
+        --benchmark_out="$OUT/bench_${name}_${rep}.json" --benchmark_out_format=json > "$OUT/bench_${name}_${rep}.txt" 2>&1 || status=1
+      echo "bench $name rep $rep: $(grep -c manual_time "$OUT/bench_${name}_${rep}.txt") entries"
+    done
+  done
+fi
+if [[ $what == seed || $what == all ]]; then
+  for b in "${bundles[@]}"; do
+    name=$(basename "$b" | tr -d .)
+    modes=(on off)
+    [ "$name" = gpu-base ] && modes=(default)
+    for g in "${modes[@]}"; do
+      flag=(); [ "$g" != default ] && flag=(--graphs "$g")
+      start=$(date +%s.%N)
+      bash "$b/run.sh" fashion_mnist --device cuda --batch-size 16 --accum-steps 4 --epochs 20 --data "$data" \
+        "${flag[@]}" --metrics "$OUT/seed_${name}_${g}.jsonl" > "$OUT/seed_${name}_${g}.log" 2>&1 || status=1
+      end=$(date +%s.%N)
+      printf 'seed run %s graphs=%s: %.2f s wall; last: %s\n' "$name" "$g" "$(echo "$end - $start" | bc)" \
+        "$(grep -A3 'Epoch 20' "$OUT/seed_${name}_${g}.log" | grep Accuracy | tr -s ' ')"
+    done
+  done
+fi
+exit $status

@@ -1,0 +1,282 @@
+// CapturedTraining and the host-free CUDA step (Note [Captured training], Note [Device-side
+// step]): captured and eager training give the same weights bit for bit (partial micro-batch,
+// partial group, SGD with momentum, AdamW, clipping, a non-finite step skipped on the device);
+// replays never allocate; the steady state never synchronizes with the host; the memory report
+// of a graph run has the categories and fixed costs of an eager one. Each case runs on the CPU
+// (eager both times: the same calls must give the plain Accumulator's result) and on CUDA.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cumulus/core/device.h"
+#include "cumulus/data/dataset.h"
+#include "cumulus/memory/tracker.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/layers.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/optim/captured_training.h"
+#include "cumulus/optim/sgd.h"
+#include "test_util.h"
+
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_context.h"
+#endif
+
+using namespace cumulus;
+using cumulus::testing::DeviceTest;
+
+namespace {
+
+constexpr int64_t kSamples = 37, kSide = 4, kClasses = 3;
+
+data::ImageDataset toy_dataset(const Device& device) {
+  Generator gen(5);
+  std::vector<float> u(static_cast<std::size_t>(kSamples * kSide * kSide));
+  gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 255.0f);
+  std::vector<uint8_t> pixels(u.size());
+  for (std::size_t i = 0; i < u.size(); ++i) pixels[i] = static_cast<uint8_t>(u[i]);
+  std::vector<int32_t> labels(kSamples);
+  for (int64_t i = 0; i < kSamples; ++i) labels[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7) % kClasses);
+  data::ImageDataset d;
+  d.images = Tensor::from_vector(pixels, Shape{kSamples, kSide, kSide}, device);
+  d.labels = Tensor::from_vector(labels, Shape{kSamples}, device);
+  d.num_classes = kClasses;
+  return d;
+}
+
+enum class Opt { sgd_momentum_clip, adamw };
+
+struct RunResult {
+  std::vector<float> weights;
+  int64_t steps = 0, skipped = 0;
+  double last_epoch_loss = 0.0;
+  optim::CapturedTraining::Stats stats;
+};
+
+// 3 epochs of 8 micro-batches of 5 (the last holds 2) in groups of 3 (the last holds 2); before
+// micro-batch 4 of epoch 1 a bias is set to +inf, so that group's gradient is non-finite and its
+// step is skipped on the device; the bias is restored after that step.
+RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* tracker = nullptr, int epochs = 3) {
+  const data::ImageDataset ds = toy_dataset(device);
+  Generator gen(3);
+  nn::Sequential model;
+  model.add(std::make_shared<nn::Flatten>());
+  auto first = std::make_shared<nn::Linear>(kSide * kSide, 8, gen, device);
+  model.add(first);
+  model.add(std::make_shared<nn::ReLU>());
+  model.add(std::make_shared<nn::Linear>(8, kClasses, gen, device));
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  std::shared_ptr<optim::Optimizer> optimizer;
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = 3;
+  if (opt == Opt::adamw) {
+    optim::AdamWOptions a;
+    a.lr = 0.01f;
+    optimizer = std::make_shared<optim::AdamW>(flat, a);
+  } else {
+    optim::SGDOptions s;
+    s.lr = 0.05f;
+    s.momentum = 0.9f;
+    optimizer = std::make_shared<optim::SGD>(flat, s);
+    ao.clip_grad_norm = 0.5f;
+  }
+  optim::Accumulator acc(optimizer, ao);
+  optim::CapturedTraining runner(acc, graphs, tracker);
+  data::DataLoader loader(ds, 5, /*shuffle=*/true, 9);
+  RunResult r;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    loader.set_epoch(epoch);
+    loader.seek(0);
+    acc.begin_epoch(epoch, loader.num_batches());
+    for (int64_t i = 0; i < loader.num_batches(); ++i) {
+      const bool poison = epoch == 1 && i == 3;
+      const float saved = poison ? first->bias().to_vector<float>()[0] : 0.0f;
+      if (poison) {
+        const float inf = std::numeric_limits<float>::infinity();
+        copy_bytes(first->bias().raw_data(), device, &inf, Device::cpu(), sizeof(float));
+      }
+      const int64_t b = std::min<int64_t>(5, kSamples - i * 5);
+      runner.micro_batch(b, [&] {
+        const data::Batch batch = loader.next();
+        return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+      });
+      const bool stepped = runner.step_if_ready();
+      if (epoch == 1 && i >= 3 && i < 6 && stepped)  // the poisoned group's step is done: restore
+        copy_bytes(first->bias().raw_data(), device, &saved, Device::cpu(), sizeof(float));
+      (void)saved;
+    }
+    r.last_epoch_loss = acc.epoch_loss_sum();
+  }
+  r.weights = flat->values().to_vector<float>();
+  r.steps = acc.optimizer_steps();
+  r.skipped = acc.skipped_steps();
+  r.stats = runner.stats();
+  return r;
+}
+
+class CapturedTrainingTest : public DeviceTest {};
+
+TEST_P(CapturedTrainingTest, GraphsGiveTheEagerWeightsBitForBit) {
+  for (Opt opt : {Opt::sgd_momentum_clip, Opt::adamw}) {
+    const RunResult eager = train(device(), opt, false);
+    const RunResult captured = train(device(), opt, device().is_cuda());
+    EXPECT_EQ(eager.skipped, 1) << "the poisoned group is skipped";
+    EXPECT_EQ(eager.steps, 3 * 3 - 1);
+    EXPECT_EQ(captured.steps, eager.steps);
+    EXPECT_EQ(captured.skipped, eager.skipped);
+    ASSERT_EQ(captured.weights.size(), eager.weights.size());
+    EXPECT_EQ(0, std::memcmp(captured.weights.data(), eager.weights.data(), eager.weights.size() * sizeof(float)))
+        << "captured and eager weights differ";
+    EXPECT_EQ(captured.last_epoch_loss, eager.last_epoch_loss);
+    for (float w : eager.weights) ASSERT_TRUE(std::isfinite(w));
+    if (device().is_cuda()) {
+      EXPECT_GT(captured.stats.replayed_micro_batches, 0);
+      EXPECT_GT(captured.stats.replayed_steps, 0);
+    } else {
+      EXPECT_EQ(captured.stats.replayed_micro_batches, 0);
+    }
+  }
+}
+
+TEST_P(CapturedTrainingTest, MemoryReportHasTheEagerCategoriesAndFixedCosts) {
+  MemoryTracker::Options to;
+  to.timeline_steps = 1;
+  MemoryTracker eager_tracker(device(), to);
+  train(device(), Opt::adamw, false, &eager_tracker, 2);
+  const MemorySummary e = eager_tracker.summary();
+  MemoryTracker graph_tracker(device(), to);
+  const RunResult g = train(device(), Opt::adamw, device().is_cuda(), &graph_tracker, 2);
+  const MemorySummary c = graph_tracker.summary();
+  EXPECT_EQ(c.parameters_bytes, e.parameters_bytes);
+  EXPECT_EQ(c.gradients_bytes, e.gradients_bytes);
+  EXPECT_EQ(c.optimizer_state_bytes, e.optimizer_state_bytes);
+  EXPECT_EQ(c.workspace_bytes, e.workspace_bytes);
+  EXPECT_EQ(c.data_bytes, e.data_bytes);
+  EXPECT_DOUBLE_EQ(c.activation_bytes_per_sample, e.activation_bytes_per_sample);
+  EXPECT_EQ(graph_tracker.micro_batches_seen(), eager_tracker.micro_batches_seen());
+  EXPECT_EQ(graph_tracker.steps_seen(), eager_tracker.steps_seen());
+  if (device().is_cuda()) EXPECT_GT(g.stats.replayed_micro_batches, 0);
+}
+
+CUMULUS_INSTANTIATE_DEVICES(CapturedTrainingTest);
+
+#if CUMULUS_WITH_CUDA
+class GraphCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// A small model and loop on CUDA, warmed up until every graph exists.
+struct Loop {
+  Device device = Device::cuda(0);
+  data::ImageDataset ds = toy_dataset(device);
+  Generator gen{4};
+  nn::Sequential model;
+  std::shared_ptr<nn::FlatParameters> flat;
+  std::shared_ptr<optim::SGD> opt;
+  std::unique_ptr<optim::Accumulator> acc;
+  std::unique_ptr<optim::CapturedTraining> runner;
+  std::unique_ptr<data::DataLoader> loader;
+  Loop() {
+    model.add(std::make_shared<nn::Flatten>());
+    model.add(std::make_shared<nn::Linear>(kSide * kSide, 8, gen, device));
+    model.add(std::make_shared<nn::ReLU>());
+    model.add(std::make_shared<nn::Linear>(8, kClasses, gen, device));
+    flat = std::make_shared<nn::FlatParameters>(model);
+    optim::SGDOptions s;
+    s.momentum = 0.9f;
+    opt = std::make_shared<optim::SGD>(flat, s);
+    optim::AccumulatorOptions ao;
+    ao.accum_steps = 2;
+    ao.clip_grad_norm = 1.0f;
+    acc = std::make_unique<optim::Accumulator>(opt, ao);
+    runner = std::make_unique<optim::CapturedTraining>(*acc, true);
+    loader = std::make_unique<data::DataLoader>(ds, 4);  // 37 = 9 x 4 + 1
+  }
+  // Full micro-batches only (32 samples: 4 groups of 2 x 4), from the start of the epoch.
+  void epoch_of_full_batches(int epoch) {
+    loader->set_epoch(epoch);
+    acc->begin_epoch(epoch, 8);
+    for (int64_t i = 0; i < 8; ++i) {
+      runner->micro_batch(4, [&] {
+        const data::Batch b = loader->next();
+        return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum);
+      });
+      runner->step_if_ready();
+    }
+  }
+};
+
+TEST_F(GraphCudaTest, ReplaysNeverAllocateNorSynchronize) {
+  Loop loop;
+  loop.epoch_of_full_batches(0);  // eager, then captured: every graph exists afterwards
+  loop.epoch_of_full_batches(1);
+  CachingAllocator& alloc = allocator_for(loop.device);
+  const MemoryStats before = alloc.stats();
+  const int64_t syncs = host_synchronizations();
+  const auto replayed = loop.runner->stats().replayed_micro_batches;
+  loop.epoch_of_full_batches(2);
+  loop.epoch_of_full_batches(3);
+  EXPECT_EQ(loop.runner->stats().replayed_micro_batches, replayed + 16);
+  const MemoryStats after = alloc.stats();
+  EXPECT_EQ(after.backend_allocs, before.backend_allocs) << "a replay reached cudaMalloc";
+  int64_t allocs_before = 0, allocs_after = 0;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    allocs_before += before.by_category[c].allocs;
+    allocs_after += after.by_category[c].allocs;
+  }
+  // set_epoch writes its cursor through a small host-to-device copy, nothing else allocates
+  EXPECT_EQ(allocs_after, allocs_before) << "replays allocated from the caching allocator";
+  EXPECT_EQ(host_synchronizations(), syncs) << "the steady state waited for the device";
+  EXPECT_GT(after.graph_pool_reserved, 0);
+  EXPECT_EQ(loop.acc->skipped_steps(), 0);
+}
+
+TEST_F(GraphCudaTest, AWholeGroupIsCapturableSoNothingSynchronizes) {
+  // Capture mode fails any call that would wait for the device, so capturing two micro-batches
+  // and the step's device part in one graph proves the steady state is host-free.
+  Loop loop;
+  loop.epoch_of_full_batches(0);
+  loop.loader->set_epoch(1);
+  loop.acc->begin_epoch(1, 8);
+  cuda::Context& ctx = cuda::context(0);
+  cuda::Graph group;
+  auto one = [&] {
+    const data::Batch b = loop.loader->next();
+    return ops::cross_entropy(loop.model(b.x), b.y, ops::Reduction::Sum);
+  };
+  loop.acc->prepare_step_host();  // host upkeep (the learning-rate table) stays outside
+  ASSERT_NO_THROW(group = cuda::Graph::capture(ctx, [&] {
+    loop.acc->backward(one(), 4);
+    loop.acc->backward(one(), 4);
+    loop.acc->launch_step();
+  }));
+  loop.acc->finish_step_host();
+  group.launch();
+  synchronize(loop.device);
+  EXPECT_EQ(loop.acc->optimizer_steps(), 5);
+}
+
+TEST_F(GraphCudaTest, ASynchronizingClosureFailsTheCaptureWithAClearError) {
+  Loop loop;
+  cuda::Context& ctx = cuda::context(0);
+  const Tensor t = Tensor::zeros(Shape{4}, DType::f32, loop.device);
+  try {
+    cuda::Graph g = cuda::Graph::capture(ctx, [&] { (void)t.to_vector<float>(); });
+    FAIL() << "a copy to the host was captured";
+  } catch (const CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("graph capture"), std::string::npos) << e.what();
+  }
+  // The context and the allocator are usable afterwards.
+  EXPECT_EQ(Tensor::full(Shape{3}, 2.0f, loop.device).to_vector<float>(), (std::vector<float>{2, 2, 2}));
+}
+#endif
+
+}  // namespace
