@@ -89,6 +89,7 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
   optim::CapturedTraining runner(acc, graphs, tracker);
   data::DataLoader loader(ds, 5, /*shuffle=*/true, 9);
   RunResult r;
+  float poisoned_value = 0.0f;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     loader.set_epoch(epoch);
     loader.seek(0);
@@ -102,13 +103,13 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
       }
       const int64_t b = std::min<int64_t>(5, kSamples - i * 5);
       runner.micro_batch(b, [&] {
-        const data::Batch batch = loader.next();
+        const data::Batch batch = loader.next(i);
         return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
       });
       const bool stepped = runner.step_if_ready();
+      if (poison) poisoned_value = saved;
       if (epoch == 1 && i >= 3 && i < 6 && stepped)  // the poisoned group's step is done: restore
-        copy_bytes(first->bias().raw_data(), device, &saved, Device::cpu(), sizeof(float));
-      (void)saved;
+        copy_bytes(first->bias().raw_data(), device, &poisoned_value, Device::cpu(), sizeof(float));
     }
     r.last_epoch_loss = acc.epoch_loss_sum();
   }
@@ -206,7 +207,7 @@ struct Loop {
     acc->begin_epoch(epoch, 8);
     for (int64_t i = 0; i < 8; ++i) {
       runner->micro_batch(4, [&] {
-        const data::Batch b = loader->next();
+        const data::Batch b = loader->next(i);
         return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum);
       });
       runner->step_if_ready();
@@ -248,8 +249,9 @@ TEST_F(GraphCudaTest, AWholeGroupIsCapturableSoNothingSynchronizes) {
   loop.acc->begin_epoch(1, 8);
   cuda::Context& ctx = cuda::context(0);
   cuda::Graph group;
+  int64_t k = 0;
   auto one = [&] {
-    const data::Batch b = loop.loader->next();
+    const data::Batch b = loop.loader->next(k++);
     return ops::cross_entropy(loop.model(b.x), b.y, ops::Reduction::Sum);
   };
   loop.acc->prepare_step_host();  // host upkeep (the learning-rate table) stays outside

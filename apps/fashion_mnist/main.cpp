@@ -285,7 +285,7 @@ int run(Options& o) {
         }
         const int64_t b = std::min<int64_t>(o.batch_size, train.size() - i * o.batch_size);
         runner.micro_batch(b, [&] {
-          const data::Batch batch = train_loader.next();
+          const data::Batch batch = train_loader.next(i);
           return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
         });
         epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);

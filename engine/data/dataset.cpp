@@ -143,11 +143,11 @@ void DataLoader::seek(int64_t i) {
   copy_bytes(cursor_.raw_data(), device, &i, Device::cpu(), sizeof(i));
 }
 
-Batch DataLoader::next() {
-  if (!cursor_.defined()) seek(position_);
-  const int64_t i = position_;
-  CUMULUS_CHECK(i < num_batches(), InvalidArgument, "DataLoader::next: the epoch's ", num_batches(),
-                " batches are done (seek or set_epoch first)");
+Batch DataLoader::next(int64_t i) {
+  if (!cursor_.defined()) seek(i);
+  CUMULUS_CHECK(i >= 0 && i < num_batches(), InvalidArgument, "DataLoader::next(", i, "): the epoch has ",
+                num_batches(), " batches");
+  position_ = i;
   const Device device = dataset_.images.device();
   if (device.is_cpu()) {
     Batch b = batch(i);

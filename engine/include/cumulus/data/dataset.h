@@ -44,12 +44,14 @@ class DataLoader {
   int64_t batch_size() const { return batch_size_; }
   // Batch i of the current epoch; tensors are made in category data.
   Batch batch(int64_t i) const;
-  // The training loop's form: batch position() of the current epoch, then position() + 1. The
-  // position lives on the device and the gather kernel advances it itself, so the same launch
-  // (the same kernel arguments) gathers every batch of a size: it can be captured in a CUDA graph
-  // and replayed. seek() sets it (queued, no synchronization).
+  // The training loop's form: batch i, where i must be the device cursor's position (seek(i), or
+  // the batch after the previous next()). The position lives on the device and the gather kernel
+  // advances it itself, so the same launch (the same kernel arguments) gathers every batch of a
+  // size: it can be captured in a CUDA graph and replayed, and a replay, which does not run this
+  // host code, still gathers the right batch. `i` serves the host's checks and the batch size
+  // (the last batch may be smaller). seek() is queued, no synchronization.
   void seek(int64_t i);
-  Batch next();
+  Batch next(int64_t i);
   int64_t position() const { return position_; }
   const ImageDataset& dataset() const { return dataset_; }
 
