@@ -60,15 +60,31 @@ def parse_args(description, default_log_every, add_arguments=None):
     return a
 
 
+def resolve_device(name):
+    """torch.device of --device; a bare 'cuda' means 'cuda:0' (torch.cuda.set_device wants an
+    index). Exits with a message when the name is unknown or the CUDA device is not there."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        sys.exit(f"{sys.argv[0]}: --device {name}: {e}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit(f"{sys.argv[0]}: --device {name}: CUDA is not available to this PyTorch")
+        index = 0 if device.index is None else device.index
+        count = torch.cuda.device_count()
+        if index >= count:
+            sys.exit(f"{sys.argv[0]}: --device {name}: this machine has {count} CUDA device(s)")
+        device = torch.device("cuda", index)
+    return device
+
+
 def setup(args):
-    """Threads, seed and device; returns the torch.device."""
+    """Threads, seed and device; returns the torch.device ('cuda' comes back as 'cuda:0')."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            sys.exit(f"{sys.argv[0]}: --device {args.device}: CUDA is not available to this PyTorch")
         torch.cuda.set_device(device)
     return device
 
