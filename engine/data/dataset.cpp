@@ -163,13 +163,13 @@ Batch DataLoader::next(int64_t i) {
     b.x = Tensor::empty(Shape{count, row}, DType::f32, device);
     b.y = Tensor::empty(Shape{count}, DType::i32, device);
   }
-  const uint8_t* images = dataset_.images.data<uint8_t>();
-  const int32_t* labels = dataset_.labels.data<int32_t>();
-  const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
-  auto* cursor = static_cast<int64_t*>(cursor_.raw_data());
-  auto* done = reinterpret_cast<uint32_t*>(cursor + 1);
-  float* x = b.x.data<float>();
-  int32_t* y = b.y.data<int32_t>();
+  [[maybe_unused]] const uint8_t* images = dataset_.images.data<uint8_t>();
+  [[maybe_unused]] const int32_t* labels = dataset_.labels.data<int32_t>();
+  [[maybe_unused]] const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
+  [[maybe_unused]] auto* cursor = static_cast<int64_t*>(cursor_.raw_data());
+  [[maybe_unused]] auto* done = reinterpret_cast<uint32_t*>(cursor + 1);
+  [[maybe_unused]] float* x = b.x.data<float>();
+  [[maybe_unused]] int32_t* y = b.y.data<int32_t>();
   CUMULUS_DISPATCH(device, (void)0,
                    kernels::gather_batch_at_cursor_cuda(images, labels, order, cursor, done, batch_size_, count, row, x,
                                                         y, ctx.stream()));
