@@ -11,6 +11,12 @@ then prints a markdown table of the times (per epoch, per micro-batch, per step)
 with PyTorch / cumulus ratios, and writes everything to bench/results/<date>-<device>/:
 machine.json, summary.md, compare.json and the raw outputs of every run.
 
+With --device cuda each configuration runs five trainings side by side: the app with CUDA graphs
+(--graphs on) and without (--graphs off), fast_pytorch.py (PyTorch eager), graphs_pytorch.py
+(PyTorch with CUDA graphs) and seed_pytorch.py; the tables add the graph microbenchmarks
+(cuda/micro_batch_graph/..., cuda/step_of_64_graph/...) next to the eager ones when the benchmark
+binary has them.
+
   python3 bench/compare.py --device cpu --data ../shared/data/fashion-mnist
   python3 bench/compare.py --device cuda --data DIR --python /path/to/python-with-torch
 """
@@ -132,35 +138,59 @@ def table(header, rows):
 def bench_tables(bench, dev):
     md = []
     g = lambda n: bench.get(f"{dev}/{n}")  # noqa: E731
+    # CUDA-graph variants (cuda/micro_batch_graph/..., cuda/step_of_64_graph/...): extra columns
+    # next to the eager ones, only when the benchmark binary has them
+    has_mb_graph = any(g(f"micro_batch_graph/{v}/{b}") for v in ("overwrite", "accumulate") for b in (16, 64, 256, 1024))
+    has_step_graph = any(g(f"step_of_64_graph/{c}") for c in ("64x1", "16x4", "4x16", "1x64"))
     rows = []
     for b in (16, 64, 256, 1024):
         o, a = g(f"micro_batch/overwrite/{b}"), g(f"micro_batch/accumulate/{b}")
         if not (o and a):
             continue
-        rows.append([b, fmt(to_us(o)), fmt(to_us(a)), ratio(to_us(a), to_us(o)),
-                     ratio(to_us(a, "cpu_time"), to_us(o, "cpu_time")),
-                     fmt(a.get("samples_per_s"), 0), fmt_bytes(a.get("activation_bytes_per_micro_batch")),
-                     fmt_bytes(a.get("peak_bytes_excl_data")), fmt(a.get("launches_per_micro_batch"))])
+        row = [b, fmt(to_us(o)), fmt(to_us(a)), ratio(to_us(a), to_us(o)),
+               ratio(to_us(a, "cpu_time"), to_us(o, "cpu_time")),
+               fmt(a.get("samples_per_s"), 0), fmt_bytes(a.get("activation_bytes_per_micro_batch")),
+               fmt_bytes(a.get("peak_bytes_excl_data")), fmt(a.get("launches_per_micro_batch"))]
+        if has_mb_graph:
+            go, ga = g(f"micro_batch_graph/overwrite/{b}"), g(f"micro_batch_graph/accumulate/{b}")
+            row += [fmt(to_us(go)) if go else "n/a", fmt(to_us(ga)) if ga else "n/a",
+                    ratio(to_us(a), to_us(ga)) if ga else "n/a",
+                    fmt(ga.get("launches_per_micro_batch")) if ga else "n/a"]
+        rows.append(row)
     if rows:
         md.append("### Forward + backward of one micro-batch: overwrite (beta 0) vs accumulate (beta 1)\n")
         md.append(table(["micro-batch", "overwrite µs", "accumulate µs", "accumulate / overwrite",
                          "same, CPU time", "samples/s (acc.)", "activations / micro-batch",
-                         "peak excl. data", "launches / micro-batch"], rows))
+                         "peak excl. data", "launches / micro-batch"]
+                        + (["graph overwrite µs", "graph accumulate µs", "accumulate eager / graph",
+                            "launches / micro-batch (graph)"] if has_mb_graph else []), rows))
     rows = []
     base = g("step_of_64/64x1")
     for cfg in ("64x1", "16x4", "4x16", "1x64"):
         e = g(f"step_of_64/{cfg}")
         if not e:
             continue
-        rows.append([cfg, fmt(e.get("us_per_step")), fmt(e.get("us_per_micro_batch")), fmt(e.get("samples_per_s"), 0),
-                     ratio(to_us(e), to_us(base)) if base else "n/a",
-                     fmt_bytes(e.get("activation_bytes_per_micro_batch")), fmt_bytes(e.get("peak_bytes_excl_data")),
-                     ratio(e.get("peak_bytes_excl_data"), base.get("peak_bytes_excl_data")) if base else "n/a",
-                     fmt(e.get("launches_per_step"))])
+        row = [cfg, fmt(e.get("us_per_step")), fmt(e.get("us_per_micro_batch")), fmt(e.get("samples_per_s"), 0),
+               ratio(to_us(e), to_us(base)) if base else "n/a",
+               fmt_bytes(e.get("activation_bytes_per_micro_batch")), fmt_bytes(e.get("peak_bytes_excl_data")),
+               ratio(e.get("peak_bytes_excl_data"), base.get("peak_bytes_excl_data")) if base else "n/a",
+               fmt(e.get("launches_per_step"))]
+        if has_step_graph:
+            ge = g(f"step_of_64_graph/{cfg}")
+            row += [fmt(ge.get("us_per_step")) if ge else "n/a", fmt(ge.get("us_per_micro_batch")) if ge else "n/a",
+                    fmt(ge.get("samples_per_s"), 0) if ge else "n/a",
+                    ratio(e.get("us_per_step"), ge.get("us_per_step")) if ge else "n/a",
+                    fmt(ge.get("launches_per_step")) if ge else "n/a"]
+        rows.append(row)
     if rows:
         md.append("\n### One optimizer step of 64 samples (SGD), as micro-batch x steps\n")
         md.append(table(["B x N", "µs / step", "µs / micro-batch", "samples/s", "time vs 64x1",
-                         "activations / micro-batch", "peak excl. data", "peak vs 64x1", "launches / step"], rows))
+                         "activations / micro-batch", "peak excl. data", "peak vs 64x1", "launches / step"]
+                        + (["graph µs / step", "graph µs / micro-batch", "graph samples/s", "step eager / graph",
+                            "launches / step (graph)"] if has_step_graph else []), rows))
+        if has_mb_graph or has_step_graph:
+            md.append("\n'graph' columns: the same work captured once in a CUDA graph and replayed "
+                      "(`micro_batch_graph/...`, `step_of_64_graph/...`); 'eager / graph' above 1: the graph is faster.")
     rows = []
     for opt in ("sgd", "sgd_momentum", "adamw"):
         u, s = g(f"optimizer_step/{opt}"), g(f"accumulator_step/{opt}")
@@ -265,6 +295,81 @@ def side_by_side(cfg, b, n, bench, dev, app, seed, fast, train_samples):
     return table(header, rows), {k: v for k, v in cols.items()}
 
 
+def bench_column(bench, dev, cfg, b, n, steps, graph):
+    """The microbenchmarks as a side-by-side column: step_of_64[_graph]/BxN when B x N = 64, else
+    the micro-batch alone (micro_batch[_graph]/accumulate/B); per epoch = µs/step x steps."""
+    sfx = "_graph" if graph else ""
+    e = bench.get(f"{dev}/step_of_64{sfx}/{cfg}") if b * n == 64 else None
+    mb = bench.get(f"{dev}/micro_batch{sfx}/accumulate/{b}")
+    if not (e or mb):
+        return None
+    step = e.get("us_per_step") if e else None
+    return {"epoch_s": step * steps / 1e6 if step and steps else None,
+            "us_per_micro_batch": e.get("us_per_micro_batch") if e else to_us(mb),
+            "us_per_step": step, "samples_per_s": e.get("samples_per_s") if e else None,
+            "peak_bytes": e.get("peak_bytes") if e else None}
+
+
+def side_by_side_cuda(cfg, b, n, bench, dev, runs, train_samples):
+    """CUDA: cumulus app with and without graphs, PyTorch with graphs, fast (eager) and seed, and
+    the graph / eager microbenchmarks; then the ratios. runs: app_graphs, app_eager, graphs, fast,
+    seed (each a dict or None). Returns (markdown, columns)."""
+    train_samples = next((first(runs.get(k), "train_samples") for k in ("graphs", "fast", "seed")
+                          if first(runs.get(k), "train_samples")), None) or train_samples
+    micro_batches = -(-train_samples // b)
+    steps = -(-micro_batches // n)
+    cols = {"cumulus graphs": runs.get("app_graphs"), "cumulus eager": runs.get("app_eager"),
+            "PyTorch graphs": runs.get("graphs"), "fast PyTorch": runs.get("fast"), "seed PyTorch": runs.get("seed"),
+            "cumulus bench graphs": bench_column(bench, dev, cfg, b, n, steps, graph=True),
+            "cumulus bench eager": bench_column(bench, dev, cfg, b, n, steps, graph=False)}
+    metrics = (("train time per epoch (s)", "epoch_s", lambda v: fmt(v, 3)),
+               ("time per micro-batch (µs)", "us_per_micro_batch", fmt),
+               ("time per optimizer step (µs)", "us_per_step", fmt),
+               ("samples/s", "samples_per_s", lambda v: fmt(v, 0)),
+               ("peak memory", "peak", fmt_bytes))
+
+    def val(c, key):
+        return first(c, "peak_memory_bytes", "peak_bytes") if key == "peak" else first(c, key)
+
+    rows = [[label] + [f(val(c, key)) for c in cols.values()] for label, key, f in metrics]
+    md = [table([""] + list(cols), rows)]
+
+    # cumulus reference of each kind: the app, else the microbenchmark
+    def ref(kind):
+        app = cols[f"cumulus {kind}"]
+        if first(app, "epoch_s"):
+            return app, f"cumulus {kind}"
+        return cols[f"cumulus bench {kind}"], f"cumulus bench {kind}"
+    (cg, cg_name), (ce, ce_name) = ref("graphs"), ref("eager")
+    pairs = (("PyTorch graphs", cols["PyTorch graphs"], cg_name, cg),
+             ("fast PyTorch", cols["fast PyTorch"], ce_name, ce),
+             ("fast PyTorch", cols["fast PyTorch"], cg_name, cg),
+             ("seed PyTorch", cols["seed PyTorch"], cg_name, cg),
+             (ce_name, ce, cg_name, cg),
+             ("fast PyTorch", cols["fast PyTorch"], "PyTorch graphs", cols["PyTorch graphs"]))
+    rows = []
+    for label, key, _ in metrics:
+        row = [label]
+        for _, num, _, den in pairs:
+            # times and memory: numerator / denominator; samples/s the other way round, so that
+            # above 1 always means the denominator's side is faster or smaller
+            row.append(ratio(val(den, key), val(num, key)) if key == "samples_per_s" else ratio(val(num, key), val(den, key)))
+        rows.append(row)
+    header = [""] + [f"{a} / {c}" for a, _, c, _ in pairs]
+    md.append("\nRatios (above 1: the right-hand side of the '/' is faster or smaller):\n")
+    md.append(table(header, rows))
+    return "\n".join(md), cols
+
+
+def app_supports_graphs(app_exe, env):
+    """Whether the app's --help lists --graphs (CUDA builds with graph support)."""
+    try:
+        p = subprocess.run([app_exe, "--help"], env=env, capture_output=True, text=True, timeout=60)
+    except Exception:
+        return False
+    return "--graphs" in p.stdout + p.stderr
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -337,26 +442,41 @@ def main():
         if not torch_ok:
             notes.append(f"PyTorch: {a.python} cannot import torch and numpy: skipped (pass --python)")
 
+    cuda = a.device == "cuda"
+    # On CUDA the app runs twice per configuration, with CUDA graphs and without (--graphs on|off,
+    # a flag of CUDA builds only); a build whose --help has no --graphs runs once, as 'eager'.
+    app_modes = [("", [])]
+    if have_app and cuda:
+        if app_supports_graphs(app_exe, env):
+            app_modes = [("graphs", ["--graphs", "on"]), ("eager", ["--graphs", "off"])]
+        else:
+            app_modes = [("eager", [])]
+            notes.append("cumulus app: its --help lists no --graphs flag: ran once without it, shown as 'cumulus eager'")
+    variants = ("seed", "fast", "graphs") if cuda else ("seed", "fast")
+
     results = {"machine": info, "bench_context": bench_ctx, "configs": {}}
     sections = []
     for b, n in configs:
         cfg = f"{b}x{n}"
-        app = seed = fast = None
+        runs = {}
         if have_app:
-            jl = os.path.join(out_dir, f"app_{cfg}.jsonl")
-            if os.path.exists(jl):
-                os.remove(jl)  # the app appends
-            cmd = [app_exe, "--device", a.device, "--epochs", str(a.epochs), "--batch-size", str(b),
-                   "--accum-steps", str(n), "--metrics", jl, "--quiet", "--data", a.data] + limits
-            commands.append(" ".join(cmd))
-            rc, _ = run(cmd, env, f"app_{cfg}.log", out_dir)
-            recs = app_metrics(jl)
-            train_n = a.train_limit or 60000
-            app = summarize_app(recs, b, n, train_n)
-            if rc != 0 or not app:
-                notes.append(f"cumulus app {cfg}: exit {rc}, {len(recs)} metric lines (see app_{cfg}.log)")
+            for mode, flags in app_modes:
+                tag = f"app_{mode}_{cfg}" if mode else f"app_{cfg}"
+                jl = os.path.join(out_dir, f"{tag}.jsonl")
+                if os.path.exists(jl):
+                    os.remove(jl)  # the app appends
+                cmd = [app_exe, "--device", a.device, "--epochs", str(a.epochs), "--batch-size", str(b),
+                       "--accum-steps", str(n), "--metrics", jl, "--quiet", "--data", a.data] + flags + limits
+                commands.append(" ".join(cmd))
+                rc, _ = run(cmd, env, f"{tag}.log", out_dir)
+                recs = app_metrics(jl)
+                train_n = a.train_limit or 60000
+                runs[f"app_{mode}" if mode else "app"] = summary = summarize_app(recs, b, n, train_n)
+                if rc != 0 or not summary:
+                    notes.append(f"cumulus app{' ' + mode if mode else ''} {cfg}: exit {rc}, {len(recs)} metric lines "
+                                 f"(see {tag}.log)")
         if torch_ok:
-            for variant in ("seed", "fast"):
+            for variant in variants:
                 script = os.path.join(ROOT, "bench", "pytorch", f"{variant}_pytorch.py")
                 outj = os.path.join(out_dir, f"pytorch_{variant}_{cfg}.json")
                 cmd = [a.python, script, "--data", a.data, "--device", a.device, "--epochs", str(a.epochs),
@@ -369,14 +489,17 @@ def main():
                 rc, _ = run(cmd, env, f"pytorch_{variant}_{cfg}.log", out_dir)
                 if rc == 0 and os.path.exists(outj):
                     with open(outj) as f:
-                        r = json.load(f)
-                    seed, fast = (r, fast) if variant == "seed" else (seed, r)
+                        runs[variant] = json.load(f)
                 else:
                     notes.append(f"PyTorch {variant} {cfg}: exit {rc} (see pytorch_{variant}_{cfg}.log)")
-        if not (app or seed or fast or bench):
+        if not (any(runs.values()) or bench):
             continue
-        md, cols = side_by_side(cfg, b, n, bench, a.device, app, seed, fast, a.train_limit or 60000)
-        loader = first(seed, "loader")
+        if cuda:
+            md, cols = side_by_side_cuda(cfg, b, n, bench, a.device, runs, a.train_limit or 60000)
+        else:
+            md, cols = side_by_side(cfg, b, n, bench, a.device, runs.get("app"), runs.get("seed"), runs.get("fast"),
+                                    a.train_limit or 60000)
+        loader = first(runs.get("seed"), "loader")
         sections.append(f"### {cfg}: micro-batch {b} x {n} steps (effective batch {b * n})\n\n{md}"
                         + (f"\n\nseed PyTorch loader: {loader}." if loader else ""))
         results["configs"][cfg] = cols
@@ -398,6 +521,17 @@ def main():
             "'cumulus bench' per epoch is µs/step x steps per epoch (no data loading, no test pass). Peak memory: "
             "cumulus counts its allocator's peak; PyTorch torch.cuda.max_memory_allocated on CUDA, the process's "
             "peak RSS on CPU (not comparable).", ""]
+    if cuda:
+        head[-2] = (
+            "Columns: 'cumulus graphs' / 'cumulus eager' are the app with `--graphs on` / `--graphs off`; 'PyTorch "
+            "graphs' is graphs_pytorch.py (micro-batch and optimizer step captured in CUDA graphs), 'fast PyTorch' "
+            "fast_pytorch.py (eager, data preloaded on the device), 'seed PyTorch' seed_pytorch.py (the quickstart); "
+            "'cumulus bench graphs' / 'eager' are the microbenchmarks `step_of_64_graph/BxN` / `step_of_64/BxN` "
+            "(or `micro_batch[_graph]/accumulate/B` when B x N is not 64; per epoch = µs/step x steps per epoch, no data "
+            "loading, no test pass). Ratios 'X / Y' are X's time (or memory) over Y's, and Y's samples/s over X's: "
+            "above 1, Y is faster or smaller; a cumulus column that did not run is replaced by its microbenchmark "
+            "(the header names it). Peak memory: cumulus counts its allocator's peak (graph memory included when it "
+            "is the allocator's), PyTorch torch.cuda.max_memory_allocated (graph pools included).")
     body = "\n\n".join(sections) if sections else "(no side-by-side results)"
     md = "\n".join(head) + "\n## Side by side\n\n" + body + "\n\n## cumulus microbenchmarks\n\n" + \
         (bench_tables(bench, a.device) or "(not run)") + "\n\n## Notes\n\n" + \
