@@ -154,15 +154,8 @@ Batch DataLoader::next(int64_t i) {
     ++position_;
     return b;
   }
-  const int64_t start = i * batch_size_;
-  const int64_t count = std::min(batch_size_, dataset_.size() - start);
-  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
-  Batch b;
-  {
-    MemoryCategoryScope scope(MemoryCategory::data);
-    b.x = Tensor::empty(Shape{count, row}, DType::f32, device);
-    b.y = Tensor::empty(Shape{count}, DType::i32, device);
-  }
+  Batch b = empty_batch(i);
+  const int64_t count = b.x.size(0), row = b.x.size(1);
   [[maybe_unused]] const uint8_t* images = dataset_.images.data<uint8_t>();
   [[maybe_unused]] const int32_t* labels = dataset_.labels.data<int32_t>();
   [[maybe_unused]] const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
@@ -177,6 +170,14 @@ Batch DataLoader::next(int64_t i) {
   return b;
 }
 
+Batch DataLoader::empty_batch(int64_t i) const {
+  const int64_t count = std::min(batch_size_, dataset_.size() - i * batch_size_);
+  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
+  const Device device = dataset_.images.device();
+  MemoryCategoryScope scope(MemoryCategory::data);
+  return {Tensor::empty(Shape{count, row}, DType::f32, device), Tensor::empty(Shape{count}, DType::i32, device)};
+}
+
 int64_t DataLoader::num_batches() const { return (dataset_.size() + batch_size_ - 1) / batch_size_; }
 
 Batch DataLoader::batch(int64_t i) const {
@@ -184,15 +185,8 @@ Batch DataLoader::batch(int64_t i) const {
                 "): out of range, the epoch has ", num_batches(), " batches");
   const Device device = dataset_.images.device();
   const int64_t start = i * batch_size_;
-  const int64_t count = std::min(batch_size_, dataset_.size() - start);
-  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
-
-  Batch b;
-  {
-    MemoryCategoryScope scope(MemoryCategory::data);
-    b.x = Tensor::empty(Shape{count, row}, DType::f32, device);
-    b.y = Tensor::empty(Shape{count}, DType::i32, device);
-  }
+  Batch b = empty_batch(i);
+  const int64_t count = b.x.size(0), row = b.x.size(1);
   const uint8_t* images = dataset_.images.data<uint8_t>();
   const int32_t* labels = dataset_.labels.data<int32_t>();
   const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;

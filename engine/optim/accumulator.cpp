@@ -112,10 +112,13 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   optimizer_->write_step_state(offsetof(kernels::StepState, loss_sum), zeros, sizeof(zeros));
 }
 
-void Accumulator::count_micro_batch(int64_t samples) {
+void Accumulator::check_micro_batch(int64_t samples) const {
   CUMULUS_CHECK(samples > 0, InvalidArgument, "Accumulator::backward: samples must be > 0, got ", samples);
   CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
                 "Accumulator::backward: more micro-batches than the ", mb_epoch_len_, " announced for epoch ", epoch_);
+}
+
+void Accumulator::count_micro_batch(int64_t samples) {
   group_samples_ += samples;
   group_mbs_ += 1;
   mb_in_epoch_ += 1;
@@ -123,9 +126,7 @@ void Accumulator::count_micro_batch(int64_t samples) {
 }
 
 void Accumulator::backward(const Tensor& loss, int64_t samples) {
-  CUMULUS_CHECK(samples > 0, InvalidArgument, "Accumulator::backward: samples must be > 0, got ", samples);
-  CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
-                "Accumulator::backward: more micro-batches than the ", mb_epoch_len_, " announced for epoch ", epoch_);
+  check_micro_batch(samples);
   // micro_batches: each micro-batch contributes mean loss / N, whatever the group turns out to be.
   const float seed = options_.normalization == Normalization::micro_batches
                          ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))

@@ -112,6 +112,7 @@ void CapturedTraining::micro_batch(int64_t samples, const std::function<Tensor()
     ++stats_.captures;
   } else {
     // Replay: the host side of the micro-batch (the accumulator's counters, the stale flags).
+    acc_.check_micro_batch(samples);
     acc_.count_micro_batch(samples);
     const auto& slots = acc_.optimizer().parameters().slots();
     for (std::size_t i = 0; i < slots.size(); ++i)

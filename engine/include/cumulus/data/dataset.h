@@ -56,6 +56,8 @@ class DataLoader {
   const ImageDataset& dataset() const { return dataset_; }
 
  private:
+  Batch empty_batch(int64_t i) const;  // batch i's tensors (category data), unwritten
+
   ImageDataset dataset_;
   int64_t batch_size_;
   bool shuffle_;

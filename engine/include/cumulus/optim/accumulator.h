@@ -108,7 +108,8 @@ class Accumulator {
 
  private:
   friend class CapturedTraining;
-  // The host bookkeeping of backward() (checks and counters), alone: a replayed micro-batch.
+  // The host side of backward(), alone (for a replayed micro-batch): the checks, the counters.
+  void check_micro_batch(int64_t samples) const;
   void count_micro_batch(int64_t samples);
   bool do_step();
   kernels::StepState read_state() const;
