@@ -1,6 +1,11 @@
 #include "checkpoint.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <vector>
 #include <map>
 #include <set>
 
@@ -14,25 +19,72 @@ namespace io = cumulus::io;
 
 namespace {
 
-constexpr const char* kFormat = "cumulus-checkpoint-1";
+constexpr const char* kFormat = "cumulus-checkpoint-2";
+constexpr const char* kFormatPrefix = "cumulus-checkpoint-";
 // Named in the metadata, it makes save_safetensors store a CRC-32 of the file's header and data,
 // and load_safetensors verify it (Note [Checksum] in engine/io/safetensors.cpp). Checkpoints must
 // carry one: a flipped bit or a partial copy is then an error, never a silently different resume.
 constexpr const char* kChecksumKey = "checksum_crc32";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 
-// The settings that must agree for a resume to be exact, as strings for the metadata.
-std::map<std::string, std::string> run_config(const Options& o) {
+// One recorded setting: its metadata key, the flag that sets it, its value as text (equal floats
+// give equal text), and whether --override may change it.
+struct Setting {
+  std::string key, flag, value;
+  bool overridable;
+};
+
+// File content quoted in a message is cut short: a forged header could hold megabytes.
+std::string shorten(const std::string& text) { return text.size() <= 60 ? text : text.substr(0, 60) + "..."; }
+
+// The shortest text that reads back as the same float: "0.001", not "0.00100000005".
+std::string float_text(float v) {
+  char buf[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+// Every setting that changes the result of a run (Note [Resume contract] in checkpoint.h).
+std::vector<Setting> run_settings(const Options& o) {
   std::string schedule;
   for (const auto& [e, s] : o.schedule) schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s);
-  return {{"model", o.model},
-          {"optimizer", o.optimizer},
-          {"micro_batch_size", std::to_string(o.batch_size)},
-          {"accum_steps", schedule.empty() ? std::to_string(o.accum_steps) : schedule},
-          {"normalize", o.normalize},
-          {"shuffle", o.shuffle ? "true" : "false"},
-          {"seed", std::to_string(o.seed)},
-          {"train_limit", std::to_string(o.train_limit)}};
+  const bool adamw = o.optimizer == "adamw";
+  std::vector<Setting> s = {
+      {"model", "--model", o.model, false},
+      {"optimizer", "--optimizer", o.optimizer, false},
+      {"micro_batch_size", "--batch-size", std::to_string(o.batch_size), false},
+      {"accum_steps", "--accum-steps", schedule.empty() ? std::to_string(o.accum_steps) : schedule, false},
+      {"normalize", "--normalize", o.normalize, false},
+      {"shuffle", "--shuffle", o.shuffle ? "true" : "false", false},
+      {"seed", "--seed", std::to_string(o.seed), false},
+      {"train_limit", "--train-limit", std::to_string(o.train_limit), false},
+      // The momentum buffer exists only with momentum: changing it would drop or invent state.
+      {"momentum", "--momentum", float_text(o.momentum), false},
+      {"lr", "--lr", float_text(o.lr), true},
+      {"lr_schedule", "--lr-schedule", o.lr_schedule, true},
+      {"weight_decay", "--weight-decay", float_text(o.resolved_weight_decay()), true},
+      {"clip_grad_norm", "--clip-grad-norm", float_text(o.clip_grad_norm), true},
+  };
+  if (o.lr_schedule == "step") {
+    s.push_back({"lr_step_size", "--lr-step-size", std::to_string(o.lr_step_size), true});
+    s.push_back({"lr_gamma", "--lr-gamma", float_text(o.lr_gamma), true});
+  }
+  if (o.lr_schedule == "cosine") {
+    s.push_back({"warmup_steps", "--warmup-steps", std::to_string(o.warmup_steps), true});
+    s.push_back({"min_lr", "--min-lr", float_text(o.min_lr), true});
+    // The cosine decays to the run's last step, which --epochs sets.
+    s.push_back({"epochs", "--epochs", std::to_string(o.epochs), false});
+  }
+  if (adamw) {
+    s.push_back({"betas", "--betas", float_text(o.beta1) + "," + float_text(o.beta2), true});
+    s.push_back({"eps", "--eps", float_text(o.eps), true});
+  } else {
+    s.push_back({"nesterov", "--nesterov", o.nesterov ? "true" : "false", true});
+  }
+  return s;
 }
 
 void copy_into_model(const std::string& path, const cumulus::nn::Module& model, const io::NamedTensors& tensors,
@@ -47,6 +99,11 @@ void copy_into_model(const std::string& path, const cumulus::nn::Module& model, 
     if (t.dtype() != param.dtype() || t.shape() != param.shape())
       throw cumulus::Error(path + ": tensor '" + name + "' is " + t.shape().str() + " " + cumulus::dtype_name(t.dtype()) +
                            ", the model's is " + param.shape().str() + " " + cumulus::dtype_name(param.dtype()));
+    if (t.dtype() == cumulus::DType::f32)
+      for (const float v : t.to_vector<float>())
+        if (!std::isfinite(v))
+          throw cumulus::Error(path + ": tensor '" + name + "' holds a non-finite value (" + std::to_string(v) +
+                               "); training from it would only produce non-finite losses");
     Tensor target = param;
     target.copy_from(t);
     used.insert(name);
@@ -77,14 +134,20 @@ void save_weights(const std::string& path, const cumulus::nn::Module& model) {
 }
 
 void load_weights(const std::string& path, const cumulus::nn::Module& model) {
-  copy_into_model(path, model, io::load_safetensors(path).tensors, false);
+  const io::SafetensorsContents c = io::load_safetensors(path);
+  auto format = c.metadata.find("format");
+  if (format != c.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0)
+    throw UsageFailure("--init '" + path + "' is a cumulus checkpoint (weights, optimizer state and counters): "
+                       "continue its run with --resume");
+  copy_into_model(path, model, c.tensors, false);
 }
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                      const cumulus::optim::Optimizer& optimizer, const TrainingState& s, const Options& options) {
   io::NamedTensors tensors = model.state_dict();
   for (const auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
-  std::map<std::string, std::string> meta = run_config(options);
+  std::map<std::string, std::string> meta;
+  for (const Setting& setting : run_settings(options)) meta["setting." + setting.key] = setting.value;
   meta["format"] = kFormat;
   meta["epoch"] = std::to_string(s.epoch);
   meta["next_micro_batch"] = std::to_string(s.next_micro_batch);
@@ -105,7 +168,8 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
 }
 
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                              cumulus::optim::Optimizer& optimizer, const Options& options) {
+                              cumulus::optim::Optimizer& optimizer, const Options& options,
+                              const ResumeLimits& limits) {
   io::SafetensorsContents c;
   try {
     c = io::load_safetensors(path);  // verifies the checksum when the file has one
@@ -113,37 +177,72 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
     throw cumulus::Error("checkpoint '" + path + "' cannot be used: " + e.what());
   }
   auto format = c.metadata.find("format");
-  if (format == c.metadata.end() || format->second != kFormat)
-    throw cumulus::Error(path + ": not a cumulus checkpoint (metadata 'format' is not " + std::string(kFormat) +
+  if (format == c.metadata.end() || format->second.rfind(kFormatPrefix, 0) != 0)
+    throw cumulus::Error(path + ": not a cumulus checkpoint (its metadata 'format' is not " + std::string(kFormat) +
                          "); to start from plain weights use --init");
+  if (format->second != kFormat)
+    throw cumulus::Error(path + ": a checkpoint in the older format '" + shorten(format->second) +
+                         "', which does not record every setting that changes the result, so it cannot be resumed "
+                         "exactly by this version (" + kFormat + ")");
   if (c.metadata.count(kChecksumKey) == 0)
     throw cumulus::Error("checkpoint '" + path + "' is corrupt: its metadata has no '" + kChecksumKey +
                          "' (cumulus checkpoints store one; this file is damaged or older than that), so it "
                          "cannot be verified");
-  for (const auto& [key, value] : run_config(options)) {
-    auto it = c.metadata.find(key);
-    const std::string saved = it == c.metadata.end() ? "(none)" : it->second;
-    if (saved != value)
-      throw UsageFailure("--resume '" + path + "' was made with " + key + " " + saved + ", this run has " + value +
-                         "; resume with the same settings");
+  TrainingState s;
+  for (const Setting& setting : run_settings(options)) {
+    auto it = c.metadata.find("setting." + setting.key);
+    const std::string saved = it == c.metadata.end() ? "(not recorded)" : shorten(it->second);
+    if (saved == setting.value) continue;
+    const std::string name = setting.flag.substr(2);
+    if (setting.overridable && options.overrides.count(name) == 1 && it != c.metadata.end()) {
+      s.overridden.push_back(name + " " + saved + " -> " + setting.value);
+      continue;
+    }
+    throw UsageFailure("--resume '" + path + "' was made with " + setting.flag + " " + saved + ", this run has " +
+                       setting.value + "; resume with the same value" +
+                       (setting.overridable ? " or allow the change with --override " + name : ""));
   }
+  // Counters, validated before anything is restored: a damaged or forged value must name the file,
+  // not surface later as an accumulator error or a silently different run.
+  auto counter = [&](const char* key, int64_t lo, int64_t hi) {
+    const int64_t v = get_int(c.metadata, key, path);
+    if (v < lo || v > hi)
+      throw cumulus::Error("checkpoint '" + path + "': '" + key + "' is " + std::to_string(v) + ", outside [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v;
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  s.epoch = static_cast<int>(counter("epoch", 0, std::numeric_limits<int>::max()));
+  if (s.epoch > options.epochs)
+    throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(s.epoch) + ", past --epochs " +
+                       std::to_string(options.epochs) + "; give --epochs " + std::to_string(s.epoch) +
+                       " or more (--epochs counts all epochs, not the ones still to run)");
+  s.next_micro_batch = get_int(c.metadata, "next_micro_batch", path);
+  // At the epoch's end (== micro-batches) the epoch's test pass is still to run: it was interrupted.
+  if (s.next_micro_batch < 0 || s.next_micro_batch > limits.micro_batches_per_epoch)
+    throw cumulus::Error("checkpoint '" + path + "' continues at micro-batch " + std::to_string(s.next_micro_batch) +
+                         " of epoch " + std::to_string(s.epoch + 1) + ", but an epoch of this data has " +
+                         std::to_string(limits.micro_batches_per_epoch) +
+                         " micro-batches: was it made with other data (--data, --train-limit)?");
+  s.counters.epoch = s.epoch;
+  s.counters.micro_batch_index = s.next_micro_batch;
+  s.counters.micro_batches_total = counter("micro_batches_total", 0, kMax);
+  s.counters.optimizer_steps = counter("optimizer_steps", 0, kMax);
+  s.counters.skipped_steps = counter("skipped_steps", 0, s.counters.optimizer_steps);
+  s.optimizer_updates = counter("optimizer_updates", 0, s.counters.optimizer_steps);
+  const uint64_t bits = static_cast<uint64_t>(get_int(c.metadata, "epoch_loss_sum_bits", path));
+  std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);
+  s.epoch_samples = counter("epoch_samples", 0, limits.train_samples);
+
   copy_into_model(path, model, c.tensors, true);
   cumulus::io::NamedTensors state;
   for (const auto& [name, t] : c.tensors)
     if (name.rfind(kOptimizerPrefix, 0) == 0) state.emplace_back(name.substr(std::string(kOptimizerPrefix).size()), t);
-  TrainingState s;
-  s.epoch = static_cast<int>(get_int(c.metadata, "epoch", path));
-  s.next_micro_batch = get_int(c.metadata, "next_micro_batch", path);
-  s.counters.epoch = s.epoch;
-  s.counters.micro_batch_index = s.next_micro_batch;
-  s.counters.micro_batches_total = get_int(c.metadata, "micro_batches_total", path);
-  s.counters.optimizer_steps = get_int(c.metadata, "optimizer_steps", path);
-  s.counters.skipped_steps = get_int(c.metadata, "skipped_steps", path);
-  s.optimizer_updates = get_int(c.metadata, "optimizer_updates", path);
-  const uint64_t bits = static_cast<uint64_t>(get_int(c.metadata, "epoch_loss_sum_bits", path));
-  std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);
-  s.epoch_samples = get_int(c.metadata, "epoch_samples", path);
-  optimizer.load_state(state, s.optimizer_updates);
+  try {
+    optimizer.load_state(state, s.optimizer_updates);
+  } catch (const cumulus::Error& e) {
+    throw cumulus::Error("checkpoint '" + path + "': its optimizer state does not fit this run: " + e.what());
+  }
   return s;
 }
 

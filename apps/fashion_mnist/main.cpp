@@ -2,19 +2,27 @@
 //
 // The loop, per micro-batch: gather the batch on the device, forward, summed cross-entropy,
 // Accumulator::backward (gradients add into the persistent buffers), and at each group boundary one
-// fused optimizer step. The memory tracker wraps each phase. Signals only set a flag: the loop stops
-// at the next group boundary (the current optimizer step finishes), writes the checkpoint if asked,
-// and exits 130 (SIGINT) or 143 (SIGTERM).
+// fused optimizer step. The memory tracker wraps each phase. Signals only set a flag, honoured in
+// every phase: during training the loop stops at the next group boundary (the current optimizer
+// step finishes); during the test pass, loading or planning at once. The checkpoint is written if
+// asked, and the run exits 130 (SIGINT), 143 (SIGTERM) or 141 (standard output closed: SIGPIPE is
+// ignored and a failed write to stdout is treated as an interrupt, so `| head` never kills a run
+// before its checkpoint).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
+#include "cumulus/core/threads.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/io/file.h"
 #include "cumulus/memory/planner.h"
@@ -25,21 +33,43 @@
 #include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/sgd.h"
 #include "data_files.h"
-#include "models/cnn.h"
-#include "models/mlp.h"
+#include "cumulus/models/cnn.h"
+#include "cumulus/models/mlp.h"
 #include "options.h"
 #include "progress.h"
+#include "run_paths.h"
 
 using namespace cumulus;
 
 namespace fmnist {
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_signal = 0;  // SIGINT, SIGTERM, or SIGPIPE for a closed stdout
 
 void on_signal(int sig) {
   g_signal = sig;
   std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+int exit_code_for(int sig) { return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 141; }
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stdout closed"; }
+
+// Thrown where a phase outside the training loop (loading, planning, the test pass) notices an
+// interrupt; the training loop itself stops at a group boundary without it.
+struct Interrupted {};
+
+void throw_if_interrupted() {
+  if (g_signal != 0) throw Interrupted{};
+}
+
+// stdout, flushed at once: a failed write (a closed pipe, a full disk) is noticed here and turned
+// into an interrupt, so the run still checkpoints and exits non-zero instead of dying or lying.
+void say(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::vfprintf(stdout, format, args);
+  va_end(args);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) g_signal = SIGPIPE;
 }
 
 struct EvalResult {
@@ -58,6 +88,7 @@ EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
   double loss_sum = 0.0;
   int64_t correct = 0;
   for (int64_t i = 0; i < loader.num_batches(); ++i) {
+    throw_if_interrupted();
     const data::Batch b = loader.batch(i);
     const Tensor logits = model(b.x);
     loss_sum += ops::cross_entropy(logits, b.y, ops::Reduction::Mean).item();
@@ -80,15 +111,77 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_p
   if (o.optimizer == "adamw") {
     optim::AdamWOptions a;
     a.lr = o.lr;
+    a.beta1 = o.beta1;
+    a.beta2 = o.beta2;
+    a.eps = o.eps;
     a.weight_decay = o.resolved_weight_decay();
     return std::make_shared<optim::AdamW>(flat, a);
   }
   optim::SGDOptions s;
   s.lr = o.lr;
   s.momentum = o.momentum;
+  s.nesterov = o.nesterov;
   s.weight_decay = o.resolved_weight_decay();
   return std::make_shared<optim::SGD>(flat, s);
 }
+
+// Optimizer steps of the whole run: each epoch's micro-batches in groups of that epoch's steps.
+int64_t total_optimizer_steps(const Options& o, int64_t micro_batches) {
+  const std::map<int, int> schedule = o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule;
+  int64_t steps = 0;
+  for (int e = 0; e < o.epochs; ++e) {
+    const int n = optim::Accumulator::steps_for_epoch(schedule, e);
+    steps += (micro_batches + n - 1) / n;
+  }
+  return steps;
+}
+
+// --lr-schedule; null for constant (the optimizer's own lr).
+std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const Options& o, int64_t micro_batches) {
+  if (o.lr_schedule == "step") return std::make_shared<optim::StepLR>(o.lr, o.lr_step_size, o.lr_gamma);
+  if (o.lr_schedule == "cosine") {
+    const int64_t total = total_optimizer_steps(o, micro_batches);
+    if (o.warmup_steps >= total)
+      throw UsageFailure("--warmup-steps " + std::to_string(o.warmup_steps) + " must be below the run's " +
+                         std::to_string(total) + " optimizer steps");
+    return std::make_shared<optim::CosineWarmupLR>(o.lr, o.warmup_steps, total, o.min_lr);
+  }
+  return nullptr;
+}
+
+// --metrics, one JSON line per epoch, rewritten atomically after each epoch: a full disk or an
+// unwritable file is an error naming the flag, and a crash never leaves half a line. A resumed run
+// keeps the lines of the epochs its checkpoint had finished and drops any after them.
+class MetricsFile {
+ public:
+  MetricsFile(std::string path, bool resuming, int finished_epochs) : path_(std::move(path)) {
+    if (path_.empty() || !resuming) return;
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return;  // no file yet: start one
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j["epoch"].is_number_integer())
+        throw Error("--metrics '" + path_ + "': line " + std::to_string(n) +
+                    " is not a metrics line of this app; give --metrics another file");
+      if (j["epoch"].get<int64_t>() <= finished_epochs) content_ += line + "\n";
+    }
+  }
+  bool enabled() const { return !path_.empty(); }
+  void append(const nlohmann::ordered_json& line) {
+    if (!enabled()) return;
+    content_ += line.dump() + "\n";
+    try {
+      io::write_file_atomic(path_, content_);
+    } catch (const Error& e) {
+      throw Error("--metrics: " + std::string(e.what()));
+    }
+  }
+
+ private:
+  std::string path_, content_;
+};
 
 // --effective-batch with --memory-budget. The budget limits reserved bytes (what a device of that
 // size could hold, segments rounded as cudaMalloc's are), so the fixed cost is what is reserved
@@ -114,6 +207,7 @@ void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
     }
   } restore{model, buffers_before};
   auto probe = [&](int64_t b) {
+    throw_if_interrupted();
     data::DataLoader loader(train, b);
     const data::Batch batch = loader.batch(0);
     alloc.reset_peak();
@@ -153,7 +247,7 @@ void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
     if (fits) {
       o.batch_size = plan.micro_batch;
       o.accum_steps = plan.accum_steps;
-      std::printf("planner: %s; verified by a probe micro-batch under the limit\n", plan.reason.c_str());
+      if (!o.quiet) say("planner: %s; verified by a probe micro-batch under the limit\n", plan.reason.c_str());
       return;
     }
     if (plan.micro_batch == 1)
@@ -164,63 +258,100 @@ void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
 }
 
 void write_reports(const Options& o, MemoryTracker& tracker) {
-  auto write = [&](const std::string& path, const std::string& content, const char* what) {
+  auto write = [&](const char* flag, const std::string& path, const std::string& content, const char* what) {
     if (path.empty()) return;
-    io::write_file_atomic(path, content);
-    if (!o.quiet) std::printf("%s written to %s\n", what, path.c_str());
+    try {
+      io::write_file_atomic(path, content);
+    } catch (const Error& e) {
+      throw Error(std::string(flag) + ": " + e.what());
+    }
+    if (!o.quiet) say("%s written to %s\n", what, path.c_str());
   };
-  write(o.memory_report_path, memory_report_json(tracker), "memory report");
-  write(o.trace_path, memory_trace_json(tracker), "trace");
-  write(o.memory_plot_path, memory_plot_svg(tracker), "memory plot");
+  write("--memory-report", o.memory_report_path, memory_report_json(tracker), "memory report");
+  write("--trace", o.trace_path, memory_trace_json(tracker), "trace");
+  write("--memory-plot", o.memory_plot_path, memory_plot_svg(tracker), "memory plot");
+}
+
+void print_test_results(const EvalResult& r) {
+  say("Test Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", 100.0 * r.accuracy, r.avg_loss);
 }
 
 int run(Options& o) {
-  // From the start: a signal during loading must also end in a clean exit (130/143) at the first
-  // group boundary, never in death by the signal.
+  // From the start: a signal during loading must also end in a clean exit (130/143), never in
+  // death by the signal. SIGPIPE: see say().
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  if (o.threads > 0) set_cpu_threads(o.threads);
   const Device device = o.resolved_device;
+  check_run_paths(o);
   const std::string data_dir = locate_fashion_mnist(o.data_dir, o.quiet);
-  const data::ImageDataset train = data::load_mnist_split(data_dir, true, device, o.train_limit);
-  const data::ImageDataset test = data::load_mnist_split(data_dir, false, device, o.test_limit);
+  check_outputs_against_data(o, data_dir);
 
   Generator gen(o.seed);
   const std::unique_ptr<nn::Module> model_ptr = make_model(o, gen);
   nn::Module& model = *model_ptr;
   if (!o.init_path.empty()) load_weights(o.init_path, model);
+  throw_if_interrupted();
+
+  const data::ImageDataset test = data::load_mnist_split(data_dir, false, device, o.test_limit);
+  throw_if_interrupted();
+  const data::DataLoader test_loader(test, o.eval_batch_size);
+  if (o.eval_only) {
+    if (!o.quiet)
+      say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", device.describe().c_str(), o.model.c_str(),
+          o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
+          static_cast<long long>(test.size()));
+    print_test_results(evaluate(model, test_loader));
+    return g_signal == 0 ? 0 : exit_code_for(g_signal);
+  }
+  const data::ImageDataset train = data::load_mnist_split(data_dir, true, device, o.train_limit);
+  throw_if_interrupted();
+
   auto flat = std::make_shared<nn::FlatParameters>(model);
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
-  if (o.memory_budget_bytes > 0) allocator_for(device).set_memory_limit(o.memory_budget_bytes);
+  if (o.memory_budget_bytes > 0) {
+    const int64_t held = allocator_for(device).stats().reserved;
+    if (held > o.memory_budget_bytes)
+      throw UsageFailure("--memory-budget " + o.memory_budget + " is below the " + format_bytes(held) +
+                         " this run holds before its first micro-batch (dataset, parameters, gradients)");
+    allocator_for(device).set_memory_limit(o.memory_budget_bytes);
+  }
   if (o.effective_batch > 0) plan_batch(o, model, *flat, train);
 
+  data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed);
+  const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(o, flat);
   optim::AccumulatorOptions ao;
   ao.accum_steps = o.accum_steps;
   ao.schedule = o.schedule;
   ao.normalization = o.normalization();
   ao.clip_grad_norm = o.clip_grad_norm;
-  optim::Accumulator acc(optimizer, ao);
+  optim::Accumulator acc(optimizer, ao, make_lr_schedule(o, micro_batches));
 
   TrainingState state;
   if (!o.resume_path.empty()) {
-    state = load_checkpoint(o.resume_path, model, *optimizer, o);
+    state = load_checkpoint(o.resume_path, model, *optimizer, o, ResumeLimits{micro_batches, train.size()});
     acc.restore(state.counters);
   }
-
-  data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed);
-  const data::DataLoader test_loader(test, o.eval_batch_size);
-  const int64_t micro_batches = train_loader.num_batches();
+  throw_if_interrupted();
 
   if (!o.quiet) {
     const int n0 = optim::Accumulator::steps_for_epoch(o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
-    std::printf("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch %lld | %s lr %g\n",
-                device.describe().c_str(), o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10",
-                data_dir.c_str(), static_cast<long long>(train.size()),
-                static_cast<long long>(test.size()), static_cast<long long>(o.batch_size), n0,
-                static_cast<long long>(o.batch_size * n0), o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr));
+    say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch %lld | %s lr %g%s\n",
+        device.describe().c_str(), o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10",
+        data_dir.c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
+        static_cast<long long>(o.batch_size), n0, static_cast<long long>(o.batch_size * n0),
+        o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
+        o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (!o.resume_path.empty())
-      std::printf("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.epoch + 1,
-                  static_cast<long long>(state.next_micro_batch));
+      say("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.epoch + 1,
+          static_cast<long long>(state.next_micro_batch));
+  }
+  for (const std::string& change : state.overridden) std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
+  if (state.epoch == o.epochs) {
+    std::fprintf(stderr, "fashion_mnist: '%s' has finished all %d epochs (--epochs %d): nothing to train; give a "
+                 "larger --epochs to train further\n", o.resume_path.c_str(), o.epochs, o.epochs);
   }
 
   MemoryTracker::Options to;
@@ -238,7 +369,9 @@ int run(Options& o) {
   optim::CapturedTraining runner(acc, o.use_graphs, &tracker);
 
   // The position of the last group boundary: what a checkpoint written now restores. Its step
-  // counters live on the device and are read when a checkpoint is written.
+  // counters live on the device and are read when a checkpoint is written. After an epoch's last
+  // group and before its test pass, the boundary is the epoch's end (next_micro_batch equal to
+  // the epoch's micro-batches): a run interrupted in the test pass resumes with that test pass.
   TrainingState boundary = state;
   auto checkpoint_now = [&](const char* why) {
     if (o.checkpoint_path.empty()) return;
@@ -247,15 +380,32 @@ int run(Options& o) {
     boundary.counters.skipped_steps = now.skipped_steps;
     boundary.optimizer_updates = optimizer->updates();
     boundary.epoch_loss_sum = boundary.next_micro_batch == 0 ? 0.0 : loss_before_run + acc.epoch_loss_sum();
-    save_checkpoint(o.checkpoint_path, model, *optimizer, boundary, o);
-    if (!o.quiet) std::printf("checkpoint (%s) written to %s\n", why, o.checkpoint_path.c_str());
+    try {
+      save_checkpoint(o.checkpoint_path, model, *optimizer, boundary, o);
+    } catch (const Error& e) {
+      throw Error("--checkpoint: " + std::string(e.what()));
+    }
+    if (!o.quiet) say("checkpoint (%s) written to %s\n", why, o.checkpoint_path.c_str());
   };
-  std::ofstream metrics;
-  if (!o.metrics_path.empty()) {
-    // A resumed run continues the file of the run it resumes; a new run starts it afresh.
-    metrics.open(o.metrics_path, o.resume_path.empty() ? std::ios::trunc : std::ios::app);
-    if (!metrics) throw Error("cannot open --metrics '" + o.metrics_path + "' for writing");
-  }
+  MetricsFile metrics(o.metrics_path, !o.resume_path.empty(), state.epoch);
+  // Ends the run after an interrupt, an out-of-memory or a failed write: the checkpoint of the last
+  // group boundary and the reports are still written (each failure reported, none hiding another).
+  auto stop = [&](const std::string& message, int code, const char* why) {
+    progress.end_epoch();
+    if (!message.empty()) std::fprintf(stderr, "fashion_mnist: %s\n", message.c_str());
+    allocator_for(device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
+    int status = code;
+    for (auto& write : {std::function<void()>([&] { checkpoint_now(why); }),
+                        std::function<void()>([&] { write_reports(o, tracker); })}) {
+      try {
+        write();
+      } catch (const Error& e) {
+        std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+        status = status == 0 ? 1 : status;
+      }
+    }
+    return status;
+  };
 
   try {
     for (int epoch = state.epoch; epoch < o.epochs; ++epoch) {
@@ -271,18 +421,15 @@ int run(Options& o) {
       boundary.next_micro_batch = first;
       boundary.counters = acc.counters();
       boundary.epoch_samples = samples;
+      const int64_t skipped_before = acc.skipped_steps();
       const auto t0 = std::chrono::steady_clock::now();
       int64_t epoch_peak = 0;
 
       for (int64_t i = first; i < micro_batches; ++i) {
-        if (g_signal != 0) {  // only ever true here at a group boundary
-          progress.end_epoch();
-          std::printf("\ninterrupted (%s) at epoch %d, micro-batch %lld\n", g_signal == SIGINT ? "SIGINT" : "SIGTERM",
-                      epoch + 1, static_cast<long long>(i));
-          checkpoint_now("interrupted");
-          write_reports(o, tracker);
-          return g_signal == SIGINT ? 130 : 143;
-        }
+        if (g_signal != 0)  // only ever true here at a group boundary
+          return stop("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " + std::to_string(epoch + 1) +
+                          ", micro-batch " + std::to_string(i),
+                      exit_code_for(g_signal), "interrupted");
         const int64_t b = std::min<int64_t>(o.batch_size, train.size() - i * o.batch_size);
         runner.micro_batch(b, [&] {
           const data::Batch batch = train_loader.next(i);
@@ -308,28 +455,39 @@ int run(Options& o) {
       // (with graphs the host runs far ahead of the GPU).
       const double train_loss = (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(samples, 1));
       const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const int64_t skipped = acc.skipped_steps() - skipped_before;
+      if (skipped > 0 || !std::isfinite(train_loss))
+        std::fprintf(stderr, "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
+                     "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
+                     "--clip-grad-norm)\n", epoch + 1, static_cast<long long>(skipped), train_loss);
 
-      const EvalResult r = evaluate(model, test_loader);
-      std::printf("Epoch %d\n-------------------\nTest Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", epoch + 1,
-                  100.0 * r.accuracy, r.avg_loss);
-      std::fflush(stdout);
-
-      if (metrics) {
-        nlohmann::json line = {{"epoch", epoch + 1},
-                               {"train_loss", train_loss},
-                               {"test_loss", r.avg_loss},
-                               {"test_accuracy", r.accuracy},
-                               {"samples_per_s", static_cast<double>(samples_this_run) / train_seconds},
-                               {"epoch_seconds", train_seconds},
-                               {"optimizer_steps", acc.optimizer_steps()},
-                               {"skipped_steps", acc.skipped_steps()},
-                               {"peak_bytes", epoch_peak},
-                               {"micro_batch_size", o.batch_size},
-                               {"model", o.model},
-                               {"accum_steps", acc.accum_steps()}};
-        if (o.model == "cnn") line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
-        metrics << line.dump() << "\n" << std::flush;
+      EvalResult r;
+      try {
+        r = evaluate(model, test_loader);
+      } catch (const Interrupted&) {
+        return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +
+                        std::to_string(epoch + 1) + "; a resumed run starts with that test pass",
+                    exit_code_for(g_signal), "interrupted");
       }
+      say("Epoch %d\n-------------------\n", epoch + 1);
+      print_test_results(r);
+
+      nlohmann::ordered_json line = {{"epoch", epoch + 1},
+                                     {"train_loss", train_loss},
+                                     {"test_loss", r.avg_loss},
+                                     {"test_accuracy", r.accuracy},
+                                     {"samples_per_s", static_cast<double>(samples_this_run) / train_seconds},
+                                     {"epoch_seconds", train_seconds},
+                                     {"optimizer_steps", acc.optimizer_steps()},
+                                     {"skipped_steps", acc.skipped_steps()},
+                                     {"peak_bytes", epoch_peak},
+                                     {"micro_batch_size", o.batch_size},
+                                     {"model", o.model},
+                                     {"accum_steps", acc.accum_steps()},
+                                     {"lr", acc.last_lr()}};
+      if (o.model == "cnn") line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
+      if (!state.overridden.empty()) line["overrides"] = state.overridden;
+      metrics.append(line);
       boundary.epoch = epoch + 1;
       boundary.next_micro_batch = 0;
       boundary.counters = acc.counters();
@@ -337,24 +495,32 @@ int run(Options& o) {
       boundary.counters.micro_batch_index = 0;
       boundary.epoch_samples = 0;
       checkpoint_now("epoch end");
+      if (g_signal != 0)  // after the epoch's checkpoint: nothing is lost, the next run starts the next epoch
+        return stop("interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " + std::to_string(epoch + 1),
+                    exit_code_for(g_signal), "interrupted");
     }
   } catch (const OutOfMemory& e) {
-    progress.end_epoch();
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
-    std::fprintf(stderr, "fashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE\n");
-    allocator_for(device).set_memory_limit(0);  // room to report and save; the group in flight is dropped
-    checkpoint_now("out of memory; resumes at the last completed step");
-    write_reports(o, tracker);
-    return 1;
+    return stop(std::string(e.what()) +
+                    "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
+                1, "out of memory; resumes at the last completed step");
+  } catch (const Error& e) {
+    return stop(e.what(), 1, "after an error; resumes at the last completed step");
   }
 
   if (!o.save_path.empty()) {
-    save_weights(o.save_path, model);
-    if (!o.quiet) std::printf("weights written to %s\n", o.save_path.c_str());
+    try {
+      save_weights(o.save_path, model);
+    } catch (const Error& e) {
+      throw Error("--save: " + std::string(e.what()));
+    }
+    if (!o.quiet) say("weights written to %s\n", o.save_path.c_str());
   }
-  if (!o.quiet) print_memory_table(tracker, stdout);
+  if (!o.quiet) {
+    print_memory_table(tracker, stdout);
+    say("");
+  }
   write_reports(o, tracker);
-  return 0;
+  return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 
 }  // namespace
@@ -366,6 +532,9 @@ int main(int argc, char** argv) {
   if (!parsed.proceed) return parsed.exit_code;
   try {
     return fmnist::run(options);
+  } catch (const fmnist::Interrupted&) {
+    std::fprintf(stderr, "fashion_mnist: interrupted (%s)\n", fmnist::signal_name(fmnist::g_signal));
+    return fmnist::exit_code_for(fmnist::g_signal);
   } catch (const fmnist::UsageFailure& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;

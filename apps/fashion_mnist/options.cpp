@@ -1,11 +1,15 @@
 #include "options.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/planner.h"
@@ -45,6 +49,38 @@ std::map<int, int> parse_accum_schedule(const std::string& text) {
   return out;
 }
 
+const std::set<std::string>& overridable_settings() {
+  // The hyperparameters of the update rule: changing them changes the result from here on, but the
+  // checkpoint's state still means the same thing. Structural settings (model, optimizer, batch,
+  // accumulation, data order, momentum buffer) are never overridable.
+  static const std::set<std::string> names = {"lr",       "lr-schedule", "lr-step-size", "lr-gamma",
+                                              "warmup-steps", "min-lr",  "weight-decay", "clip-grad-norm",
+                                              "betas",    "eps",         "nesterov"};
+  return names;
+}
+
+std::string version_text() {
+#ifndef CUMULUS_VERSION_STRING
+#define CUMULUS_VERSION_STRING "unknown"
+#endif
+#ifndef CUMULUS_GIT_COMMIT
+#define CUMULUS_GIT_COMMIT "unknown"
+#endif
+#ifndef CUMULUS_BUILD_TYPE
+#define CUMULUS_BUILD_TYPE "unknown"
+#endif
+  std::string s = std::string("fashion_mnist (cumulus) ") + CUMULUS_VERSION_STRING + "\ncommit " + CUMULUS_GIT_COMMIT +
+                  ", build type " + CUMULUS_BUILD_TYPE + "\n";
+  s += std::string("CUDA: ") + (cumulus::cuda_compiled() ? "compiled" : "not compiled");
+#ifdef CUMULUS_WITH_CUDNN
+  s += ", cuDNN: compiled";
+#else
+  s += ", cuDNN: not compiled";
+#endif
+  s += ", NCCL: not compiled, MPI: not compiled\n";
+  return s;
+}
+
 namespace {
 
 // A usage error: one line on stderr, exit code 2.
@@ -56,35 +92,128 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw UsageError{message};
 }
 
+// Integers are checked on the text, before CLI11 converts it: CLI11 would read "1e23" or "-1" as
+// the nearest representable value and carry on.
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        const bool digits = !text.empty() && end == text.c_str() + text.size() &&
+                            text.find_first_not_of("+-0123456789") == std::string::npos;
+        if (!digits || errno == ERANGE || v < lo || v > hi)
+          return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text + "'";
+        return {};
+      },
+      "INT", "integer_in");
+}
+
+CLI::Validator unsigned_64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        std::strtoull(text.c_str(), &end, 10);
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE)
+          return "expected an integer from 0 to 18446744073709551615, got '" + text + "'";
+        return {};
+      },
+      "UINT64", "unsigned_64");
+}
+
+std::string describe_kind(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::socket: return "a socket";
+    default: return "not a regular file";
+  }
+}
+
 void check_readable_file(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
   std::error_code ec;
-  require(fs::is_regular_file(path, ec), flag + " '" + path + "': no such file");
+  const fs::file_status st = fs::status(path, ec);
+  require(fs::exists(st), flag + " '" + path + "': no such file");
+  require(fs::is_regular_file(st), flag + " '" + path + "' is " + describe_kind(st) + ", not a regular file");
   require(::access(path.c_str(), R_OK) == 0, flag + " '" + path + "': not readable");
 }
 
-void check_writable_target(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  require(!fs::is_directory(path, ec), flag + " '" + path + "' is a directory; give a file name");
-  fs::path parent = fs::path(path).parent_path();
-  if (parent.empty()) parent = ".";
-  require(fs::is_directory(parent, ec), flag + " '" + path + "': directory '" + parent.string() + "' does not exist");
-  require(::access(parent.c_str(), W_OK) == 0, flag + " '" + path + "': directory '" + parent.string() + "' is not writable");
+// Terminal width for the help text: the terminal's, else $COLUMNS, else 100.
+int help_width() {
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS")) {
+    const int n = std::atoi(c);
+    if (n >= 40) return n;
+  }
+  return 100;
+}
+
+// CLI11 2.1 writes each description on one line; this wraps lines longer than `width` at spaces,
+// continuing under the description column (where an option line has one) or under the text.
+std::string wrap_help(const std::string& help, int width, std::size_t description_column) {
+  std::string out;
+  std::size_t pos = 0;
+  while (pos < help.size()) {
+    std::size_t eol = help.find('\n', pos);
+    if (eol == std::string::npos) eol = help.size();
+    std::string line = help.substr(pos, eol - pos);
+    pos = eol + 1;
+    const bool option_line = line.size() > description_column && line.rfind("  -", 0) == 0 &&
+                             line[description_column - 1] == ' ';
+    const std::size_t indent =
+        option_line ? description_column : std::min<std::size_t>(line.find_first_not_of(' '), 20);
+    while (static_cast<int>(line.size()) > width) {
+      std::size_t cut = line.rfind(' ', static_cast<std::size_t>(width));
+      if (cut == std::string::npos || cut <= indent) cut = line.find(' ', static_cast<std::size_t>(width));
+      if (cut == std::string::npos) break;
+      out += line.substr(0, cut) + "\n";
+      line = std::string(indent, ' ') + line.substr(line.find_first_not_of(' ', cut));
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+// "0.9,0.999" -> (0.9, 0.999), each in [0, 1).
+std::pair<float, float> parse_betas(const std::string& text) {
+  const std::size_t comma = text.find(',');
+  auto bad = [&] { return UsageError{"--betas '" + text + "': expected two numbers in [0, 1) as B1,B2, e.g. 0.9,0.999"}; };
+  if (comma == std::string::npos) throw bad();
+  char* end = nullptr;
+  const std::string a = text.substr(0, comma), b = text.substr(comma + 1);
+  const float b1 = std::strtof(a.c_str(), &end);
+  if (a.empty() || *end != '\0' || !(b1 >= 0 && b1 < 1)) throw bad();
+  const float b2 = std::strtof(b.c_str(), &end);
+  if (b.empty() || *end != '\0' || !(b2 >= 0 && b2 < 1)) throw bad();
+  return {b1, b2};
 }
 
 }  // namespace
 
 ParseResult parse_options(int argc, char** argv, Options& o) {
+  constexpr std::size_t kDescriptionColumn = 34;
   CLI::App app{
-      "fashion_mnist: the seed experiment of cumulus. Trains the 784-512-512-10 MLP on Fashion-MNIST with\n"
-      "gradient accumulation (micro-batch x accumulation steps = effective batch), prints the test accuracy\n"
-      "and loss after each epoch in the seed's format, and reports where the memory went.\n"
-      "Exit codes: 0 done, 1 runtime failure (e.g. out of memory), 2 usage error, 130 interrupted (Ctrl-C,\n"
-      "after finishing the current optimizer step and writing --checkpoint), 143 terminated (SIGTERM, same).",
+      "fashion_mnist: the seed experiment of cumulus. Trains the 784-512-512-10 MLP (or a small CNN) on "
+      "Fashion-MNIST with gradient accumulation (micro-batch x accumulation steps = effective batch), prints the "
+      "test accuracy and loss after each epoch in the seed's format, and reports where the memory went. The last "
+      "value of a repeated flag wins.\n"
+      "Exit codes: 0 done, 1 runtime failure (e.g. out of memory, a damaged file), 2 usage error, 130 interrupted "
+      "(Ctrl-C: the current optimizer step finishes and --checkpoint is written), 143 terminated (SIGTERM, same), "
+      "141 standard output closed (e.g. piped into head; same).",
       "fashion_mnist"};
-  app.get_formatter()->column_width(34);
+  app.get_formatter()->column_width(kDescriptionColumn);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  bool show_version = false;
+  std::string seed_text = "0", betas_text = "0.9,0.999", overrides_text;
+  const int64_t kMaxBatch = int64_t{1} << 31;  // far above any batch a device holds; keeps sizes far from overflow
+  const int64_t kMaxSamples = int64_t{1} << 40;
 
+  app.add_flag("--version", show_version, "Print the version, commit, build type and compiled backends, then exit");
   app.add_option("--data", o.data_dir,
                  "Directory with the four Fashion-MNIST IDX files (.gz or plain). Default: $CUMULUS_DATA, "
                  "./data/fashion-mnist, ../shared/data/fashion-mnist, else downloaded into ./data/fashion-mnist "
@@ -100,20 +229,37 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "Micro-batch size")->capture_default_str();
-  app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
+      ->check(integer_in(1, 1000000))->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Micro-batch size")->check(integer_in(1, kMaxBatch))->capture_default_str();
+  app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step")
+      ->check(integer_in(1, 1000000))->capture_default_str();
   app.add_option("--accum-schedule", o.accum_schedule,
                  "Accumulation steps per epoch, EPOCH:STEPS,... from epoch 0 (e.g. 0:8,4:2); replaces --accum-steps");
   app.add_option("--effective-batch", o.effective_batch,
                  "With --memory-budget: the samples per optimizer step; the planner probes a micro-batch and picks "
-                 "the largest micro-batch (a divisor of it) that fits the budget, and the accumulation steps");
+                 "the largest micro-batch (a divisor of it) that fits the budget, and the accumulation steps")
+      ->check(integer_in(1, kMaxBatch));
   app.add_option("--memory-budget", o.memory_budget,
                  "Device memory limit, e.g. 64MiB or 1.5GiB: the device behaves as if it had only that much; "
                  "going over is an out-of-memory error (exit 1)");
-  app.add_option("--lr", o.lr, "Learning rate")->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
+  app.add_option("--lr", o.lr, "Learning rate (the peak rate with a schedule)")->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "constant; step: lr x --lr-gamma every --lr-step-size optimizer steps (PyTorch's StepLR); cosine: "
+                 "linear warmup over --warmup-steps, then cosine decay to --min-lr at the run's last step")
+      ->check(CLI::IsMember({"constant", "step", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--lr-step-size", o.lr_step_size, "step schedule: optimizer steps between decays")
+      ->check(integer_in(1, kMaxSamples));
+  app.add_option("--lr-gamma", o.lr_gamma, "step schedule: the factor of each decay")->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "cosine schedule: optimizer steps of linear warmup")
+      ->check(integer_in(0, kMaxSamples))->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "cosine schedule: the rate at the last step")->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum (needs --momentum > 0)");
+  app.add_option("--betas", betas_text, "AdamW: B1,B2, the decay rates of the moment estimates")->capture_default_str();
+  app.add_option("--eps", o.eps, "AdamW: the term added to the denominator")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)")
@@ -123,52 +269,89 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "classic mean loss / N per micro-batch (inexact for a partial last group)")
       ->capture_default_str();
   app.add_flag("--shuffle", o.shuffle, "Shuffle the training data each epoch (order from --seed and the epoch)");
-  app.add_option("--seed", o.seed, "Seed of the weight initialization and of the shuffle")->capture_default_str();
+  app.add_option("--seed", seed_text, "Seed of the weight initialization and of the shuffle (0 to 2^64-1)")
+      ->check(unsigned_64())->capture_default_str();
   app.add_option("--init", o.init_path, "Start from these weights (safetensors with PyTorch's state-dict names)");
+  app.add_flag("--eval-only", o.eval_only,
+               "Run the test pass only (with --init weights, or the seeded initialization) and print its result");
   app.add_option("--save", o.save_path, "Write the final weights here (safetensors, PyTorch's names)");
   app.add_option("--checkpoint", o.checkpoint_path,
                  "Write a checkpoint here at each epoch end and on Ctrl-C / SIGTERM / out of memory "
-                 "(weights, optimizer state, counters; atomic)");
-  app.add_option("--resume", o.resume_path, "Resume exactly from this checkpoint");
+                 "(weights, optimizer state, counters, every setting that changes the result; atomic)");
+  app.add_option("--resume", o.resume_path,
+                 "Resume exactly from this checkpoint; every setting it recorded must be given the same "
+                 "(may be the --checkpoint file)");
+  app.add_option("--override", overrides_text,
+                 "With --resume: settings that may differ from the checkpoint's, comma-separated (lr, lr-schedule, "
+                 "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov); "
+                 "the banner and --metrics record them");
   app.add_option("--memory-report", o.memory_report_path, "Write the memory report (JSON) here");
   app.add_option("--trace", o.trace_path, "Write a Chrome trace (JSON; open in Perfetto or chrome://tracing) here");
   app.add_option("--memory-plot", o.memory_plot_path, "Write an SVG plot of memory by category over the first steps here");
   app.add_option("--metrics", o.metrics_path,
                  "Write one JSON object per epoch here (epoch, train_loss, test_loss, test_accuracy, samples_per_s, "
-                 "optimizer_steps, peak_bytes, ...); with --resume, appended");
-  app.add_option("--train-limit", o.train_limit, "Use only the first N training samples (0: all)")->capture_default_str();
-  app.add_option("--test-limit", o.test_limit, "Use only the first N test samples (0: all)")->capture_default_str();
-  app.add_option("--eval-batch-size", o.eval_batch_size, "Batch size of the test pass (the seed uses 64)")->capture_default_str();
-  app.add_flag("--quiet", o.quiet, "No banner and no progress; the per-epoch results and errors only");
+                 "optimizer_steps, peak_bytes, ...); with --resume, the file's lines up to the checkpoint are kept");
+  app.add_option("--train-limit", o.train_limit, "Use only the first N training samples (0: all)")
+      ->check(integer_in(0, kMaxSamples))->capture_default_str();
+  app.add_option("--test-limit", o.test_limit, "Use only the first N test samples (0: all)")
+      ->check(integer_in(0, kMaxSamples))->capture_default_str();
+  app.add_option("--eval-batch-size", o.eval_batch_size, "Batch size of the test pass (the seed uses 64)")
+      ->check(integer_in(1, kMaxBatch))->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads for the matrix products (0: every core)")
+      ->check(integer_in(0, 4096))->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "Print only the per-epoch results, warnings and errors");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
+    std::printf("%s", wrap_help(app.help(), help_width() - 1, kDescriptionColumn).c_str());
     return {false, 0};
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "fashion_mnist: %s (see --help)\n", e.what());
     return {false, 2};
   }
+  if (show_version) {
+    std::printf("%s", version_text().c_str());
+    return {false, 0};
+  }
 
   try {
+    o.seed = std::strtoull(seed_text.c_str(), nullptr, 10);  // checked by unsigned_64()
+    // Paths: an empty value would silently write or read nothing.
+    for (const char* flag : {"--data", "--init", "--save", "--checkpoint", "--resume", "--memory-report", "--trace",
+                             "--memory-plot", "--metrics"}) {
+      const CLI::Option* opt = app.get_option(flag);
+      require(opt->count() == 0 || !opt->results().back().empty(), std::string(flag) + " needs a path, got ''");
+    }
     require(o.model == "mlp" || o.model == "cnn", "--model '" + o.model + "': unknown model (expected mlp or cnn)");
-    require(o.epochs > 0, "--epochs must be > 0, got " + std::to_string(o.epochs));
-    require(o.batch_size > 0, "--batch-size must be > 0, got " + std::to_string(o.batch_size));
-    require(o.accum_steps > 0, "--accum-steps must be > 0, got " + std::to_string(o.accum_steps));
-    require(o.eval_batch_size > 0, "--eval-batch-size must be > 0, got " + std::to_string(o.eval_batch_size));
-    require(o.train_limit >= 0, "--train-limit must be >= 0, got " + std::to_string(o.train_limit));
-    require(o.test_limit >= 0, "--test-limit must be >= 0, got " + std::to_string(o.test_limit));
     require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got " + std::to_string(o.lr));
     require(o.optimizer == "sgd" || o.optimizer == "adamw", "--optimizer '" + o.optimizer + "': expected sgd or adamw");
     require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
             "--momentum must be in [0, 1), got " + std::to_string(o.momentum));
-    require(o.optimizer == "sgd" || o.momentum == 0, "--momentum applies to --optimizer sgd only");
+    require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov), "--momentum and --nesterov apply to --optimizer sgd only");
+    require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+    require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),
+            "--betas and --eps apply to --optimizer adamw only");
+    std::tie(o.beta1, o.beta2) = parse_betas(betas_text);
+    require(std::isfinite(o.eps) && o.eps > 0, "--eps must be a positive number, got " + std::to_string(o.eps));
     require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0),
             "--weight-decay must be >= 0");
     require(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0");
     require(o.normalize == "samples" || o.normalize == "micro-batches",
             "--normalize '" + o.normalize + "': expected samples or micro-batches");
+    if (o.lr_schedule == "step") {
+      require(o.lr_step_size > 0, "--lr-schedule step needs --lr-step-size N (optimizer steps between decays)");
+      require(std::isfinite(o.lr_gamma) && o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1]");
+    } else {
+      require(app.count("--lr-step-size") == 0 && app.count("--lr-gamma") == 0,
+              "--lr-step-size and --lr-gamma apply to --lr-schedule step only");
+    }
+    if (o.lr_schedule == "cosine") {
+      require(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr]");
+    } else {
+      require(app.count("--warmup-steps") == 0 && app.count("--min-lr") == 0,
+              "--warmup-steps and --min-lr apply to --lr-schedule cosine only");
+    }
     if (!o.accum_schedule.empty()) {
       require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
       try {
@@ -185,12 +368,23 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       }
       require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
     }
-    require(o.effective_batch >= 0, "--effective-batch must be > 0");
     if (o.effective_batch > 0) {
       require(o.memory_budget_bytes > 0, "--effective-batch needs --memory-budget (the planner fits the batch to it)");
       require(app.count("--batch-size") == 0 && app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
               "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
     }
+    for (std::size_t pos = 0; !overrides_text.empty() && pos <= overrides_text.size();) {
+      std::size_t comma = overrides_text.find(',', pos);
+      if (comma == std::string::npos) comma = overrides_text.size();
+      std::string name = overrides_text.substr(pos, comma - pos);
+      if (name.rfind("--", 0) == 0) name = name.substr(2);
+      require(overridable_settings().count(name) == 1,
+              "--override '" + name + "': not a setting a resumed run may change (those are: lr, lr-schedule, "
+              "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov)");
+      o.overrides.insert(name);
+      pos = comma + 1;
+    }
+    require(o.overrides.empty() || !o.resume_path.empty(), "--override applies to --resume only");
     if (!o.data_dir.empty()) {
       std::error_code ec;
       require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
@@ -198,12 +392,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     check_readable_file("--init", o.init_path);
     check_readable_file("--resume", o.resume_path);
     require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
-    check_writable_target("--save", o.save_path);
-    check_writable_target("--checkpoint", o.checkpoint_path);
-    check_writable_target("--memory-report", o.memory_report_path);
-    check_writable_target("--trace", o.trace_path);
-    check_writable_target("--memory-plot", o.memory_plot_path);
-    check_writable_target("--metrics", o.metrics_path);
+    require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
 
     if (o.device == "auto") {
       o.resolved_device = cumulus::cuda_available() ? cumulus::Device::cuda(0) : cumulus::Device::cpu();

@@ -1,10 +1,12 @@
 // Command-line options of fashion_mnist, parsed and checked with CLI11. Usage errors (bad values,
-// unknown device, unreadable paths) are reported in one line and give exit code 2 before any work.
+// unknown device, unreadable or colliding paths) are reported in one line and give exit code 2
+// before any work. As with argparse, the last value of a repeated flag wins.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -26,8 +28,15 @@ struct Options {
   std::string memory_budget;
   int64_t memory_budget_bytes = 0;
   float lr = 1e-3f;
+  std::string lr_schedule = "constant";  // constant | step | cosine, per optimizer step
+  int64_t lr_step_size = 0;              // step: multiply by lr_gamma every lr_step_size steps
+  float lr_gamma = 0.1f;
+  int64_t warmup_steps = 0;  // cosine: linear warmup, then cosine decay to min_lr at the last step
+  float min_lr = 0.0f;
   std::string optimizer = "sgd";
   float momentum = 0.0f;
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
   std::optional<float> weight_decay;  // default: 0 for SGD, 0.01 for AdamW (PyTorch's defaults)
   float clip_grad_norm = 0.0f;
   std::string normalize = "samples";
@@ -35,8 +44,11 @@ struct Options {
   uint64_t seed = 0;
   std::string init_path, save_path, checkpoint_path, resume_path;
   std::string memory_report_path, trace_path, memory_plot_path, metrics_path;
+  std::set<std::string> overrides;  // --override: settings a resumed run may change, e.g. {"lr"}
   int64_t train_limit = 0, test_limit = 0;
   int64_t eval_batch_size = 64;
+  int threads = 0;  // CPU BLAS threads; 0: every core
+  bool eval_only = false;
   bool quiet = false;
   std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
 
@@ -52,7 +64,7 @@ struct UsageFailure : std::runtime_error {
 };
 
 struct ParseResult {
-  bool proceed = false;  // false: exit with `exit_code` (0 after --help)
+  bool proceed = false;  // false: exit with `exit_code` (0 after --help or --version)
   int exit_code = 0;
 };
 
@@ -60,5 +72,12 @@ ParseResult parse_options(int argc, char** argv, Options& options);
 
 // "0:8,4:2" -> {{0, 8}, {4, 2}}; throws cumulus::InvalidArgument naming the text.
 std::map<int, int> parse_accum_schedule(const std::string& text);
+
+// The settings a checkpoint records that --override may change on resume (flag names without
+// the leading dashes); every other recorded setting must match.
+const std::set<std::string>& overridable_settings();
+
+// What --version prints: version, commit, build type, and the backends compiled in.
+std::string version_text();
 
 }  // namespace fmnist

@@ -1,11 +1,16 @@
 #include "cumulus/io/file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "cumulus/core/error.h"
 
@@ -32,10 +37,93 @@ std::string parent_dir(const std::string& path) {
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
+
+std::string base_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// ".tmp." and a pid of up to 10 digits follow the (possibly shortened) target name.
+constexpr std::size_t kTempSuffixRoom = 5 + 10;
+std::string temp_prefix(const std::string& target) {
+  const std::string base = base_name(target);
+  const std::string dir = parent_dir(target);
+  const std::string kept = base.substr(0, std::min<std::size_t>(base.size(), NAME_MAX - kTempSuffixRoom));
+  return (target.find('/') == std::string::npos ? "" : dir + (dir == "/" ? "" : "/")) + kept + ".tmp.";
+}
 }  // namespace
 
+std::string resolve_output_path(const std::string& path) {
+  std::string current = path;
+  for (int hops = 0;; ++hops) {
+    struct stat st {};
+    if (::lstat(current.c_str(), &st) != 0) {
+      if (errno == ENOENT) return current;  // a new file (or a dangling link's target): created by the write
+      fail("inspect", current);
+    }
+    if (S_ISREG(st.st_mode)) return current;
+    if (!S_ISLNK(st.st_mode))
+      throw Error("cannot write '" + path + "'" + (current == path ? "" : " (a link to '" + current + "')") +
+                  ": it is " + kind_of(st.st_mode) + "; outputs must be regular files");
+    if (hops >= 40) throw Error("cannot write '" + path + "': too many levels of symbolic links");
+    std::vector<char> buf(static_cast<std::size_t>(st.st_size > 0 ? st.st_size : PATH_MAX) + 1);
+    const ssize_t n = ::readlink(current.c_str(), buf.data(), buf.size() - 1);
+    if (n < 0) fail("read the symbolic link", current);
+    std::string target(buf.data(), static_cast<std::size_t>(n));
+    // A relative link is relative to the directory holding it.
+    current = target.front() == '/' || current.find('/') == std::string::npos
+                  ? target
+                  : parent_dir(current) + (parent_dir(current) == "/" ? "" : "/") + target;
+  }
+}
+
+std::string temp_path_for(const std::string& target, long pid) { return temp_prefix(target) + std::to_string(pid); }
+
+int remove_stale_temp_files(const std::string& target) {
+  const std::string prefix = temp_prefix(target);
+  const std::string dir = parent_dir(prefix), name_prefix = base_name(prefix);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= name_prefix.size() || name.compare(0, name_prefix.size(), name_prefix) != 0) continue;
+    const std::string digits = name.substr(name_prefix.size());
+    if (digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(digits.c_str(), nullptr, 10);
+    // Only a writer that no longer exists; kill(pid, 0) fails with ESRCH exactly then.
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const std::string full = dir + "/" + name;
+    struct stat st {};
+    if (::lstat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::unlink(full.c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
+
+void check_output_writable(const std::string& path) {
+  const std::string target = resolve_output_path(path);
+  const std::string tmp = temp_path_for(target, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error("cannot write '" + path + "': cannot create a file in '" + parent_dir(target) + "': " +
+                std::strerror(errno));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+}
+
 void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string target = resolve_output_path(path);
+  const std::string tmp = temp_path_for(target, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("create", tmp);
   std::size_t done = 0;
@@ -65,13 +153,13 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     fail("flush", tmp);
   }
   fault_point("before_rename");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int saved = errno;
     ::unlink(tmp.c_str());
     errno = saved;
-    fail("rename a temporary file onto", path);
+    fail("rename a temporary file onto", target);
   }
-  const int dir = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dir = ::open(parent_dir(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);  // best effort: some filesystems refuse fsync on directories
     ::close(dir);

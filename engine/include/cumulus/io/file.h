@@ -1,6 +1,10 @@
 // Files written so that a crash never leaves a half-written one: the content goes to a temporary
 // file beside the target, is flushed to disk (fsync), then renamed over the target (atomic on
 // POSIX), and the directory is synced so the rename survives a power cut.
+//
+// Outputs are regular files. A symlink is followed and its target written (atomically, beside the
+// target), so the link survives; a device node, FIFO, socket or directory is refused, never
+// replaced by a regular file.
 #pragma once
 
 #include <string>
@@ -11,5 +15,23 @@ namespace cumulus::io {
 // Test hook: CUMULUS_FAULT_INJECT=mid_write or =before_rename makes the process _exit(86) at that
 // point of the write (see file.cpp), to test that a crash leaves the previous file intact.
 void write_file_atomic(const std::string& path, const std::string& content);
+
+// The file a write to `path` lands in: `path` itself or, for a symlink (chains included), the file
+// it finally points to (which may not exist yet). Throws cumulus::Error when that exists and is
+// not a regular file, or when the links loop.
+std::string resolve_output_path(const std::string& path);
+
+// The temporary file write_file_atomic uses for `target` in process `pid`: "<target>.tmp.<pid>",
+// its name shortened where needed so it stays within NAME_MAX.
+std::string temp_path_for(const std::string& target, long pid);
+
+// Removes the temporary files that writers of `target` left when they died (their process no
+// longer runs); a live writer's file is left alone. Returns how many were removed.
+int remove_stale_temp_files(const std::string& target);
+
+// Checks before any work that write_file_atomic(path, ...) will be able to create its temporary
+// file (the directory exists and is writable, the filesystem takes new files, the name fits):
+// creates the temporary file and removes it. Throws cumulus::Error naming `path` and the reason.
+void check_output_writable(const std::string& path);
 
 }  // namespace cumulus::io

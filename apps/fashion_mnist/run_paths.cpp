@@ -1,0 +1,120 @@
+#include "run_paths.h"
+
+#include <sys/stat.h>
+
+#include <climits>
+#include <filesystem>
+#include <vector>
+
+#include "cumulus/core/error.h"
+#include "cumulus/io/file.h"
+
+namespace fmnist {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct NamedPath {
+  std::string flag, path;
+};
+
+// Who a path is: its canonical form (symlinks resolved as far as the path exists) and, when it
+// exists, its device and inode (which also catch hard links).
+struct Identity {
+  std::string canonical;
+  bool exists = false;
+  dev_t device = 0;
+  ino_t inode = 0;
+};
+
+Identity identify(const std::string& path) {
+  Identity id;
+  std::error_code ec;
+  const fs::path canonical = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  id.canonical = ec ? path : canonical.string();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    id.exists = true;
+    id.device = st.st_dev;
+    id.inode = st.st_ino;
+  }
+  return id;
+}
+
+bool same_file(const Identity& a, const Identity& b) {
+  return a.canonical == b.canonical || (a.exists && b.exists && a.device == b.device && a.inode == b.inode);
+}
+
+std::vector<NamedPath> outputs_of(const Options& o) {
+  std::vector<NamedPath> out;
+  for (const NamedPath& p : {NamedPath{"--save", o.save_path}, NamedPath{"--checkpoint", o.checkpoint_path},
+                             NamedPath{"--memory-report", o.memory_report_path}, NamedPath{"--trace", o.trace_path},
+                             NamedPath{"--memory-plot", o.memory_plot_path}, NamedPath{"--metrics", o.metrics_path}})
+    if (!p.path.empty()) out.push_back(p);
+  return out;
+}
+
+// An output's identity is that of the file a write lands in (a symlink's target).
+Identity identify_output(const NamedPath& p) {
+  try {
+    return identify(cumulus::io::resolve_output_path(p.path));
+  } catch (const cumulus::Error& e) {
+    throw UsageFailure(p.flag + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+void check_run_paths(const Options& o) {
+  const std::vector<NamedPath> outputs = outputs_of(o);
+  std::vector<Identity> ids;
+  for (const NamedPath& p : outputs) {
+    ids.push_back(identify_output(p));
+    const std::string name = fs::path(ids.back().canonical).filename().string();
+    if (name.size() > NAME_MAX)
+      throw UsageFailure(p.flag + " '" + p.path + "': the file name is " + std::to_string(name.size()) +
+                         " bytes long; the filesystem allows at most " + std::to_string(NAME_MAX));
+    try {
+      cumulus::io::remove_stale_temp_files(cumulus::io::resolve_output_path(p.path));
+      cumulus::io::check_output_writable(p.path);
+    } catch (const cumulus::Error& e) {
+      throw UsageFailure(p.flag + ": " + e.what());
+    }
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (same_file(ids[i], ids[j]))
+        throw UsageFailure(outputs[i].flag + " '" + outputs[i].path + "' and " + outputs[j].flag + " '" +
+                           outputs[j].path + "' are the same file; give each output its own file");
+  for (const NamedPath& in : {NamedPath{"--init", o.init_path}, NamedPath{"--resume", o.resume_path}}) {
+    if (in.path.empty()) continue;
+    const Identity input = identify(in.path);
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      // Resuming from a checkpoint and writing the next ones to the same file is the normal use:
+      // the checkpoint is read in full before anything is written.
+      if (in.flag == "--resume" && outputs[i].flag == "--checkpoint") continue;
+      if (same_file(input, ids[i]))
+        throw UsageFailure(outputs[i].flag + " '" + outputs[i].path + "' is the " + in.flag + " file '" + in.path +
+                           "'; writing it would destroy the input. Give the output another name");
+    }
+  }
+}
+
+void check_outputs_against_data(const Options& o, const std::string& data_dir) {
+  const std::vector<NamedPath> outputs = outputs_of(o);
+  if (outputs.empty()) return;
+  std::vector<Identity> ids;
+  for (const NamedPath& p : outputs) ids.push_back(identify_output(p));
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(data_dir, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    const Identity data_file = identify(entry.path().string());
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      if (same_file(data_file, ids[i]))
+        throw UsageFailure(outputs[i].flag + " '" + outputs[i].path + "' is a file of the dataset in '" + data_dir +
+                           "'; writing it would destroy the data. Give the output another name");
+  }
+}
+
+}  // namespace fmnist

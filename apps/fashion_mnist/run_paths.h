@@ -1,0 +1,22 @@
+// Every path of a run checked in one place, before any work (issue: nothing a user types may lose
+// data). Outputs must differ from each other and from every input, compared both by canonical
+// path and by device and inode (so a hard link or a symlink to the same file is caught); they
+// must be regular files or not exist yet (a symlink is followed to its target, which is written);
+// and their directory must take a new file now, so a run never trains for an hour and then fails
+// to save. Stale temporary files of earlier runs that died while writing an output are removed.
+#pragma once
+
+#include <string>
+
+#include "options.h"
+
+namespace fmnist {
+
+// Outputs against each other and against --init / --resume. Throws UsageFailure naming the flags.
+// --checkpoint may name the --resume file: the resumed checkpoint is read before it is replaced.
+void check_run_paths(const Options& options);
+
+// Outputs against the dataset's files in `data_dir` (once it is located).
+void check_outputs_against_data(const Options& options, const std::string& data_dir);
+
+}  // namespace fmnist
