@@ -1,6 +1,7 @@
 #include "cumulus/core/device.h"
 
 #include <cstdlib>
+#include <fstream>
 
 #include "cumulus/core/error.h"
 
@@ -31,6 +32,27 @@ std::string Device::describe() const {
 #if CUMULUS_WITH_CUDA
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, index_) == cudaSuccess) return str() + " (" + prop.name + ")";
+  (void)cudaGetLastError();
+#endif
+  return str();
+}
+
+std::string Device::hardware_name() const {
+  if (is_cpu()) {
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("model name", 0) != 0) continue;
+      const std::size_t colon = line.find(':');
+      if (colon == std::string::npos) break;
+      const std::size_t start = line.find_first_not_of(" \t", colon + 1);
+      if (start != std::string::npos) return line.substr(start);
+      break;
+    }
+    return "cpu";
+  }
+#if CUMULUS_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index_) == cudaSuccess) return prop.name;
   (void)cudaGetLastError();
 #endif
   return str();

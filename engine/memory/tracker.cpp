@@ -22,7 +22,10 @@ class MemoryTracker::Observer final : public AllocationObserver {
  public:
   Observer(std::vector<TimelineSample>& out, double origin) : out_(out), origin_(origin) {}
   void on_change(const MemoryStats& stats) override {
-    if (!enabled || out_.size() >= kMaxTimelineSamples) return;
+    if (enabled) record(stats);
+  }
+  void record(const MemoryStats& stats) {
+    if (out_.size() >= kMaxTimelineSamples) return;
     TimelineSample s;
     s.ms = now_ms() - origin_;
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) s.bytes[c] = stats.by_category[c].current;
@@ -50,6 +53,12 @@ double MemoryTracker::host_ms() const { return now_ms() - origin_ms_; }
 
 bool MemoryTracker::in_timeline_window() const { return steps_taken_ < options_.timeline_steps; }
 
+// A sample at each phase boundary (after the device caught up), so the plot's steps hold their
+// level up to the boundary even where a phase allocates nothing.
+void MemoryTracker::sample_timeline() {
+  if (observer_->enabled) observer_->record(allocator_.stats());
+}
+
 void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples) {
   CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument,
                 "MemoryTracker::begin_micro_batch inside another micro-batch or step");
@@ -62,7 +71,8 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples)
   current_.samples = samples;
   activations_at_start_ = allocator_.stats()[MemoryCategory::activations].current;
   t_start_ = TimePoint::now(device_);
-  if (observer_->enabled) slices_.push_back({"forward", host_ms(), 0.0});
+  sample_timeline();
+  if (observer_->enabled) slices_.push_back({"forward", host_ms(), 0.0, epoch, index});
   in_micro_batch_ = true;
 }
 
@@ -72,8 +82,9 @@ void MemoryTracker::end_forward() {
   current_.activation_bytes = allocator_.stats()[MemoryCategory::activations].current - activations_at_start_;
   if (observer_->enabled) {
     synchronize(device_);
+    sample_timeline();
     slices_.back().end_ms = host_ms();
-    slices_.push_back({"backward", host_ms(), 0.0});
+    slices_.push_back({"backward", host_ms(), 0.0, current_.epoch, current_.index});
   }
 }
 
@@ -89,6 +100,7 @@ void MemoryTracker::end_backward() {
   count_micro_batch(r, times);
   if (observer_->enabled) {
     synchronize(device_);
+    sample_timeline();
     slices_.back().end_ms = host_ms();
   }
   in_micro_batch_ = false;
@@ -124,7 +136,11 @@ void MemoryTracker::begin_step() {
   CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument, "MemoryTracker::begin_step inside a micro-batch");
   allocator_.reset_peak();
   t_step_start_ = TimePoint::now(device_);
-  if (observer_->enabled) slices_.push_back({"step", host_ms(), 0.0});
+  if (observer_->enabled) {
+    synchronize(device_);
+    sample_timeline();
+    slices_.push_back({"step", host_ms(), 0.0, current_.epoch, steps_taken_ + 1});
+  }
   in_step_ = true;
 }
 
@@ -133,13 +149,16 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes) {
   const TimePoint t_end = TimePoint::now(device_);
   StepRecord s;
   s.step = step;
+  s.epoch = current_.epoch;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_bytes = allocator_.stats().allocated_peak;
   const TimePoint times[3] = {t_step_start_, TimePoint(), t_end};
   count_step(s, times);
   if (observer_->enabled) {
     synchronize(device_);
+    sample_timeline();
     slices_.back().end_ms = host_ms();
+    slices_.back().index = step;
   }
   in_step_ = false;
   if (!in_timeline_window()) observer_->enabled = false;
@@ -149,6 +168,7 @@ void MemoryTracker::add_graph_step(int64_t step, int64_t optimizer_state_bytes) 
   CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument, "MemoryTracker::add_graph_step inside a phase");
   StepRecord s;
   s.step = step;
+  s.epoch = current_.epoch;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_bytes = allocator_.stats().allocated;  // a replay allocates nothing
   count_step(s, nullptr);

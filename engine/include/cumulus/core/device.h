@@ -24,6 +24,9 @@ class Device {
   std::string str() const;
   // For banners and reports: "cpu", "cuda:0 (NVIDIA H200)".
   std::string describe() const;
+  // The hardware alone, for reports: the GPU's name ("NVIDIA H100 80GB HBM3"); on the CPU its model
+  // name from /proc/cpuinfo, or "cpu" where that is unreadable.
+  std::string hardware_name() const;
 
   bool operator==(const Device& o) const { return type_ == o.type_ && index_ == o.index_; }
   bool operator!=(const Device& o) const { return !(*this == o); }

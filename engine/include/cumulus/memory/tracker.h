@@ -14,6 +14,9 @@
 // For the first `timeline_steps` optimizer steps it also records a timeline (every allocation and
 // free, and the phases) for the Chrome trace and the SVG plot; during that window it synchronizes
 // the device at phase boundaries so the phase times are true on CUDA too.
+//
+// Epochs are passed and kept as the Accumulator counts them, from 0; every report prints them
+// from 1, as the app's screen output and metrics do.
 #pragma once
 
 #include <array>
@@ -22,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cumulus/core/timer.h"
@@ -30,7 +34,7 @@
 namespace cumulus {
 
 struct MicroBatchRecord {
-  int epoch = 0;
+  int epoch = 0;      // from 0 (reports add 1)
   int64_t index = 0;  // within the epoch
   int64_t samples = 0;
   int64_t activation_bytes = 0;  // activations at the end of forward, above those at its start
@@ -43,6 +47,7 @@ struct MicroBatchRecord {
 
 struct StepRecord {
   int64_t step = 0;
+  int epoch = 0;  // of the micro-batch before it, from 0
   double ms = 0.0;
   int64_t optimizer_state_bytes = 0;
   int64_t peak_bytes = 0;
@@ -73,6 +78,8 @@ struct TimelineSample {
 struct TimelineSlice {
   std::string name;  // forward, backward, step
   double start_ms = 0.0, end_ms = 0.0;
+  int epoch = 0;      // from 0
+  int64_t index = 0;  // forward, backward: the micro-batch's index in the epoch; step: the step number
 };
 
 class MemoryTracker {
@@ -88,6 +95,9 @@ class MemoryTracker {
     // Free-form facts for the report's "annotations" object (e.g. where batch norm took its
     // statistics from).
     std::map<std::string, std::string> annotations;
+    // The run's settings (optimizer, learning rate, epochs, ...), written in this order as the
+    // report's "settings" object.
+    std::vector<std::pair<std::string, std::string>> settings;
   };
 
   MemoryTracker(Device device, Options options);
@@ -127,6 +137,7 @@ class MemoryTracker {
   void resolve_times();
   void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times);
   void count_step(const StepRecord& s, const TimePoint* times);
+  void sample_timeline();
 
   Device device_;
   Options options_;
@@ -158,12 +169,15 @@ class MemoryTracker {
 
 // Reports (engine/memory/report.cpp).
 void print_memory_table(MemoryTracker& tracker, std::FILE* out);
-// The documented schema: {device, model, micro_batch_size, accum_steps, summary: {...},
-// micro_batches: [...], steps: [...]}; see README "Memory reports".
+// The documented schema (README "Memory reports"), in this order: schema_version, settings, device,
+// versions, model, micro_batch_size, accum_steps, summary, then the records.
+inline constexpr int kMemoryReportSchemaVersion = 2;
 std::string memory_report_json(MemoryTracker& tracker);
 // Chrome trace-event JSON: counter tracks per category, slices for forward, backward and step.
 std::string memory_trace_json(MemoryTracker& tracker);
-// A standalone SVG: stacked memory by category over the timeline (the accumulation sawtooth).
+// A standalone SVG of the timeline window: all memory stacked by category on top; below, on its
+// own scale, what changes above the fixed costs (the accumulation sawtooth), with micro-batch and
+// optimizer-step markers.
 std::string memory_plot_svg(MemoryTracker& tracker);
 
 }  // namespace cumulus
