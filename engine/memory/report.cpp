@@ -205,17 +205,21 @@ namespace {
 
 // Note [Memory plot]
 // Two panels over the timeline window (the first `timeline_steps` optimizer steps), one time axis:
-// on top all allocated memory stacked by category; below, on its own scale, only what changes
-// above the fixed costs (activations, backward temporaries, optimizer state, other), with a band
-// per optimizer step and a line per micro-batch. For the seed MLP the fixed costs (dataset,
-// parameters, cuBLAS workspace) are ~1000x the 65 KiB sawtooth, which a shared scale cannot show.
+// on top all allocated memory stacked by category; below, on its own scale, what changes: each
+// category whose level moves in the window, by its part above its lowest level there
+// (activations and backward temporaries; optimizer state appearing at the first step; on the CPU
+// the convolution's im2col workspace). For the seed MLP the fixed costs (dataset, parameters,
+// cuBLAS workspace) are ~1000x its 65 KiB sawtooth, which no shared scale can show. A category
+// that grows once and stays (AdamW state, the cuBLAS workspace at the first GEMM) is left out of
+// the lower panel when its growth exceeds the sawtooth, and named above it. Steps are bands,
+// micro-batches dashed lines, numbered from 1 like epochs.
 //
-// The time axis is the host clock, but any phase or gap far longer than its kind's median (the
+// The time axis is the host clock, but a phase or gap far longer than its kind's median (the
 // first CUDA forward: library initialization, lazy module loading; an evaluation inside the
 // window) is drawn shortened and hatched, its true duration in the footnote. Cutting the warm-up
 // off instead would hide the first allocation of activations and of optimizer state, which the
-// plot is there to show; shortening only outliers leaves the CPU's plot, whose first micro-batch
-// is ordinary, linear.
+// plot is there to show; shortening only outliers leaves a plot without them (the CPU's, usually)
+// linear.
 
 constexpr std::array<MemoryCategory, 8> kStackOrder = {
     MemoryCategory::parameters,      MemoryCategory::gradients,   MemoryCategory::workspace,
