@@ -387,6 +387,34 @@ TEST_P(OpsTest, ForwardMatchesReference) {
   EXPECT_EQ(l_default.item(), l_mean.item()) << "the default reduction is Mean";
 }
 
+TEST_P(OpsTest, ReluPropagatesNaN) {
+  // As PyTorch: relu(NaN) is NaN (a diverged model must not look healthy), and the gradient
+  // follows threshold_backward on the output: 0 where y <= 0, the upstream gradient elsewhere,
+  // NaN outputs included. relu(-0) is +-0, compared as 0.
+  const Device d = device();
+  const float nan = std::nanf(""), inf = INFINITY;
+  Tensor x = Tensor::from_vector<float>({nan, -1.0f, 0.0f, 2.0f, -nan, inf, -inf, -0.0f}, {8}, d);
+  x.set_requires_grad(true);
+  Tensor y = ops::relu(x);
+  const auto yv = y.to_vector<float>();
+  EXPECT_TRUE(std::isnan(yv[0])) << "relu(NaN) is " << yv[0];
+  EXPECT_TRUE(std::isnan(yv[4])) << "relu(-NaN) is " << yv[4];
+  EXPECT_EQ(yv[1], 0.0f);
+  EXPECT_EQ(yv[2], 0.0f);
+  EXPECT_EQ(yv[3], 2.0f);
+  EXPECT_EQ(yv[5], inf);
+  EXPECT_EQ(yv[6], 0.0f);
+  EXPECT_EQ(yv[7], 0.0f);
+  // A weighted sum gives each element its own upstream gradient: d/dx_i of sum_i w_i relu(x_i),
+  // as a linear layer with one output.
+  const std::vector<float> w = {2, 3, 4, 5, 6, 7, 8, 9};
+  ops::sum(ops::linear(ops::reshape(y, {1, 8}), Tensor::from_vector(w, {1, 8}, d), Tensor())).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 0, 0, 5, 6, 7, 0, 0}));
+  // The forward result is NaN wherever the input is, whatever its sign bit or payload.
+  Tensor many = ops::relu(Tensor::full({1000}, nan, d));
+  for (float v : many.to_vector<float>()) ASSERT_TRUE(std::isnan(v));
+}
+
 TEST_P(OpsTest, CrossEntropyIsStableForLargeLogits) {
   const Device d = device();
   const std::vector<float> lv = {1000, 1001, 999.5f,   //

@@ -30,17 +30,20 @@ void sum_all_cpu(const float* x, int64_t n, float scale, float* out) {
   out[0] = static_cast<float>(s * scale);
 }
 
+// ReLU propagates NaN, as PyTorch's does: `x <= 0 ? 0 : x` is false for NaN, which passes through
+// (`x > 0 ? x : 0` and fmax(x, 0) both turn it into 0 and hide a diverged model). Backward follows
+// PyTorch's threshold rule on the output: 0 where y <= 0, dy elsewhere, NaN outputs included.
 void relu_forward_cpu(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
 void relu_backward_cpu(const float* y, const float* dy, float beta, float* dx, int64_t n) {
   // Two loops rather than blend() per element: a branch on beta inside the loop keeps the
   // compiler from vectorizing it, and this runs over every activation of the model.
   if (beta == 0.0f) {
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
   } else {
-    for (int64_t i = 0; i < n; ++i) dx[i] = (y[i] > 0.0f ? dy[i] : 0.0f) + beta * dx[i];
+    for (int64_t i = 0; i < n; ++i) dx[i] = (y[i] <= 0.0f ? 0.0f : dy[i]) + beta * dx[i];
   }
 }
 

@@ -26,12 +26,14 @@ __global__ void broadcast_rows_kernel(const float* row, int64_t rows, int64_t co
   GRID_STRIDE(i, rows * cols) out[i] = row[i % cols];
 }
 
+// NaN propagates as on the CPU (kernels/cpu/elementwise.cpp): `x <= 0 ? 0 : x`, never fmaxf(x, 0),
+// which returns 0 for NaN.
 __global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
-  GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  GRID_STRIDE(i, n) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
 __global__ void relu_backward_kernel(const float* y, const float* dy, float beta, float* dx, int64_t n) {
-  GRID_STRIDE(i, n) dx[i] = blend(y[i] > 0.0f ? dy[i] : 0.0f, beta, dx[i]);
+  GRID_STRIDE(i, n) dx[i] = blend(y[i] <= 0.0f ? 0.0f : dy[i], beta, dx[i]);
 }
 
 __global__ void fill_kernel(float* out, float value, int64_t n) {
