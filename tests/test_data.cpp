@@ -2,20 +2,26 @@
 // the fault, and a header's claim is never trusted for an allocation), MNIST-format splits, and
 // the DataLoader (order, last partial batch, exact pixel / 255, per-(seed, epoch) shuffles,
 // category data), on every device. Plus facts about the real Fashion-MNIST files when present.
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cumulus/core/error.h"
@@ -115,6 +121,64 @@ long max_rss_kib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Writes `head` followed by `zeros` zero bytes as one gzip member, deflated piece by piece so the
+// uncompressed data is never in memory: 100 MB of zeros become about 100 KB.
+void write_gzip_of_zeros(const std::string& path, const Bytes& head, uint64_t zeros) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  z_stream z{};
+  ASSERT_EQ(deflateInit2(&z, 9, Z_DEFLATED, 16 + MAX_WBITS, 9, Z_RLE), Z_OK);  // RLE: fast on zeros
+  const Bytes piece(1 << 20, 0);
+  std::vector<uint8_t> out(1 << 16);
+  uint64_t left = zeros;
+  bool first = true;
+  for (;;) {
+    const Bytes& in = first ? head : piece;
+    const uInt n = first ? static_cast<uInt>(head.size()) : static_cast<uInt>(std::min<uint64_t>(left, piece.size()));
+    if (!first) left -= n;
+    first = false;
+    const int flush = left == 0 ? Z_FINISH : Z_NO_FLUSH;
+    z.next_in = const_cast<Bytef*>(in.data());
+    z.avail_in = n;
+    int rc;
+    do {
+      z.next_out = out.data();
+      z.avail_out = static_cast<uInt>(out.size());
+      rc = deflate(&z, flush);
+      ASSERT_NE(rc, Z_STREAM_ERROR);
+      std::fwrite(out.data(), 1, out.size() - z.avail_out, f);
+    } while (z.avail_out == 0 || (flush == Z_FINISH && rc != Z_STREAM_END));
+    if (flush == Z_FINISH) break;
+  }
+  deflateEnd(&z);
+  ASSERT_EQ(std::fclose(f), 0);
+}
+
+// Runs `fn`, which must refuse the FIFO at `fifo`, on a thread, and fails if it has not returned
+// within 5 s. A reader stuck in open() is then released by opening the FIFO for writing, so a
+// regression fails the test instead of hanging the binary.
+template <typename Fn>
+void expect_returns_promptly(const std::string& fifo, Fn fn) {
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+  std::thread worker([&] {
+    fn();
+    done.set_value();
+  });
+  if (finished.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading the FIFO " << fifo << " hangs";
+    while (finished.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  worker.join();
 }
 
 // ---- read_idx_u8 -----------------------------------------------------------------------------
@@ -220,6 +284,115 @@ TEST_P(IdxFormat, HugeClaimIsRejectedWithoutAllocating) {
 INSTANTIATE_TEST_SUITE_P(Idx, IdxFormat, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "gzip" : "plain"; });
 
+// Note [Allocate only what arrived] in engine/io/idx.cpp: a gzip file's claim is bounded by what
+// the file can inflate to, and the data is never inflated past the claim.
+TEST(Idx, GzipBombIsRefusedFastWithBoundedMemory) {
+  TempDir dir;
+  const std::string path = dir.file("bomb-images.gz");
+  // The header claims 2^31 images of 28 x 28 (1.7 TB); 100 MB of zeros follow, about 100 KB gzipped.
+  write_gzip_of_zeros(path, idx_bytes({1u << 31, 28, 28}, {}), uint64_t(100) << 20);
+  EXPECT_LT(fs::file_size(path), uint64_t(1) << 20);
+  const long rss_before = max_rss_kib();
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { data::read_idx_u8(path, 3); }, {path, "truncated or corrupt", "1032"});
+  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_LT(max_rss_kib() - rss_before, 32 * 1024) << "KiB: the data was inflated, not refused from the header";
+
+  // A plausible claim (50,000 labels: 50 KB) over the same 100 MB: refused within one small read
+  // past the claim, not after inflating it all.
+  const std::string labels = dir.file("bomb-labels.gz");
+  write_gzip_of_zeros(labels, idx_bytes({50000}, {}), uint64_t(100) << 20);
+  const auto t1 = std::chrono::steady_clock::now();
+  expect_error([&] { data::read_idx_u8(labels, 1); }, {labels, "unexpected trailing data", "more than 115536"});
+  EXPECT_LT(seconds_since(t1), 0.5);
+  EXPECT_LT(max_rss_kib() - rss_before, 32 * 1024) << "KiB";
+}
+
+TEST(Idx, GzipDataPastTheClaimIsRefused) {
+  // 1000 images claimed, 100 MB of zeros after the header: the claim (784 KB) is inflated, then
+  // the first read past it fails.
+  TempDir dir;
+  const std::string path = dir.file("images.gz");
+  write_gzip_of_zeros(path, idx_bytes({1000, 28, 28}, {}), uint64_t(100) << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { data::read_idx_u8(path, 3); }, {path, "unexpected trailing data", "784000 bytes"});
+  EXPECT_LT(seconds_since(t0), 2.0);
+}
+
+TEST(Idx, ClaimPastTheHardCapIsRefused) {
+  // A sparse plain file (no disk used) that really holds (2^20 + 1) x 128 x 128 bytes, 16 KiB past
+  // the 16 GiB the reader holds in memory: refused before allocating; its prefix still reads.
+  TempDir dir;
+  const std::string path = dir.file("huge-idx3-ubyte");
+  write_plain(path, idx_bytes({(1u << 20) + 1, 128, 128}, {}));
+  const uint64_t payload = ((uint64_t(1) << 20) + 1) * 128 * 128;
+  std::error_code ec;
+  fs::resize_file(path, 16 + payload, ec);
+  if (ec) GTEST_SKIP() << "cannot make a sparse file here: " << ec.message();
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { data::read_idx_u8(path, 3); }, {path, "too large", std::to_string(payload), "16 GiB"});
+  const data::IdxArray a = data::read_idx_u8(path, 3, 3);
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{3, 128, 128}));
+  EXPECT_EQ(a.values, Bytes(3 * 128 * 128, 0));
+  EXPECT_LT(seconds_since(t0), 2.0);
+}
+
+TEST(Idx, LimitReadsOnlyThePrefix) {
+  // The trailer's CRC is damaged: reading everything finds it, reading 10 of 200 images does not
+  // get that far (the stream stops inflating after the prefix).
+  TempDir dir;
+  const std::string path = dir.file("images.gz");
+  write_gzip(path, idx_bytes({200, 28, 28}, make_images(200)));
+  Bytes gz = read_all(path);
+  gz[gz.size() - 6] ^= 0x01;
+  write_plain(path, gz);
+  expect_error([&] { data::read_idx_u8(path, 3); }, {path, "corrupt gzip data"});
+  const data::IdxArray a = data::read_idx_u8(path, 3, 10);
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{10, 28, 28}));
+  EXPECT_EQ(a.count_in_file, 200);
+  const Bytes px = make_images(200);
+  EXPECT_EQ(a.values, Bytes(px.begin(), px.begin() + 10 * 784));
+  // A limit past the count reads everything, and checks everything.
+  expect_error([&] { data::read_idx_u8(path, 3, 500); }, {path, "corrupt gzip data"});
+
+  // Plain: the prefix only, the file still checked against its size.
+  const std::string plain = dir.file("labels");
+  write_plain(plain, idx_bytes({50}, make_labels(50)));
+  const data::IdxArray l = data::read_idx_u8(plain, 1, 7);
+  EXPECT_EQ(l.dims, (std::vector<int64_t>{7}));
+  EXPECT_EQ(l.count_in_file, 50);
+  const Bytes lb = make_labels(50);
+  EXPECT_EQ(l.values, Bytes(lb.begin(), lb.begin() + 7));
+  write_plain(plain, idx_bytes({50}, make_labels(49)));
+  expect_error([&] { data::read_idx_u8(plain, 1, 7); }, {plain, "truncated"});
+  EXPECT_THROW(data::read_idx_u8(plain, 1, -1), InvalidArgument);
+}
+
+TEST(Idx, FifoIsRefusedWithoutHanging) {
+  // A FIFO with no writer: a blocking open() would wait forever (and past SIGTERM).
+  TempDir dir;
+  const std::string path = dir.file("train-images-idx3-ubyte");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  expect_returns_promptly(path, [&] {
+    expect_error([&] { data::read_idx_u8(path, 3); }, {path, "is a FIFO, not a regular file"});
+  });
+  write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({1}, make_labels(1)));
+  expect_returns_promptly(path, [&] {
+    expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {path, "is a FIFO"});
+  });
+}
+
+TEST(Idx, DirectoryAndDevicesAreRefused) {
+  TempDir dir;
+  const std::string sub = dir.file("t10k-images-idx3-ubyte");
+  fs::create_directories(sub);
+  expect_error([&] { data::read_idx_u8(sub, 3); }, {sub, "is a directory, not a regular file"});
+  if (fs::exists("/dev/zero"))
+    expect_error([&] { data::read_idx_u8("/dev/zero", 1); }, {"/dev/zero", "is a character device, not a regular file"});
+  if (fs::exists("/dev/null"))
+    expect_error([&] { data::read_idx_u8("/dev/null", 1); }, {"/dev/null", "is a character device"});
+}
+
 TEST(Idx, MissingFile) {
   TempDir dir;
   const std::string path = dir.file("nope-idx1-ubyte");
@@ -311,6 +484,25 @@ TEST(MnistSplit, LabelOutOfRange) {
   expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {labels, "index 4", "is 10"});
 }
 
+TEST(MnistSplit, LimitReadsOnlyThePrefixOfBothFiles) {
+  // Both gzip trailers are damaged: the full split is refused, a limit loads (Note [Reading a
+  // prefix] in engine/data/idx.cpp), and the counts in the headers are still compared.
+  TempDir dir;
+  write_split(dir, true, 300, 300, /*gzip=*/true);
+  for (const std::string& name : data::mnist_file_names(true)) {
+    Bytes gz = read_all(dir.file(name + ".gz"));
+    gz[gz.size() - 6] ^= 0x01;
+    write_plain(dir.file(name + ".gz"), gz);
+  }
+  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {"corrupt gzip data"});
+  const ImageDataset ds = data::load_mnist_split(dir.str(), true, Device::cpu(), 20);
+  EXPECT_EQ(ds.size(), 20);
+  const Bytes px = make_images(300);
+  EXPECT_EQ(ds.images.to_vector<uint8_t>(), Bytes(px.begin(), px.begin() + 20 * 784));
+  write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({299}, make_labels(299)));
+  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu(), 20); }, {"300 images", "299 labels"});
+}
+
 TEST(MnistSplit, NegativeLimit) {
   TempDir dir;
   write_split(dir, true, 6, 6, false);
@@ -400,6 +592,25 @@ class LoaderTest : public DeviceTest {
 
   std::unique_ptr<TempDir> dir_;
 };
+
+TEST_P(LoaderTest, HugeBatchSizesDoNotOverflow) {
+  // ceil(n / b) computed as (n + b - 1) / b overflowed for b near INT64_MAX.
+  const ImageDataset ds = make_dataset(10);
+  for (const int64_t b : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 1,
+                          std::numeric_limits<int64_t>::max() - 8, int64_t(1) << 62, int64_t(11), int64_t(10)}) {
+    SCOPED_TRACE(b);
+    DataLoader loader(ds, b);
+    ASSERT_EQ(loader.num_batches(), 1);
+    const data::Batch batch = loader.batch(0);
+    EXPECT_EQ(batch.x.shape(), Shape({10, 784}));
+    EXPECT_THROW(loader.batch(1), InvalidArgument);
+    loader.seek(0);
+    EXPECT_EQ(loader.next(0).y.size(0), 10);
+  }
+  EXPECT_EQ(DataLoader(ds, 3).num_batches(), 4);
+  EXPECT_EQ(DataLoader(ds, 5).num_batches(), 2);
+  EXPECT_EQ(DataLoader(ds, 1).num_batches(), 10);
+}
 
 TEST_P(LoaderTest, InOrderWithSmallerLastBatch) {
   const ImageDataset ds = make_dataset(10);

@@ -68,18 +68,22 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
   const std::string images_path = find_split_file(dir, names[0]);
   const std::string labels_path = find_split_file(dir, names[1]);
 
-  IdxArray images = read_idx_u8(images_path, 3);
+  // With a limit only the first `limit` samples are read (and checked): a gzip file is not
+  // inflated past them, so --train-limit stays fast on a large or hostile file.
+  IdxArray images = read_idx_u8(images_path, 3, limit);
   CUMULUS_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, Error, "IDX file '", images_path,
                 "': images are ", images.dims[1], " x ", images.dims[2], ", expected ", kRows, " x ", kCols);
-  IdxArray labels = read_idx_u8(labels_path, 1);
-  CUMULUS_CHECK(images.dims[0] == labels.dims[0], Error, "image and label counts differ: '", images_path,
-                "' has ", images.dims[0], " images, '", labels_path, "' has ", labels.dims[0], " labels");
+  IdxArray labels = read_idx_u8(labels_path, 1, limit);
+  CUMULUS_CHECK(images.count_in_file == labels.count_in_file, Error, "image and label counts differ: '",
+                images_path, "' has ", images.count_in_file, " images, '", labels_path, "' has ",
+                labels.count_in_file, " labels");
   for (std::size_t i = 0; i < labels.values.size(); ++i)
     CUMULUS_CHECK(labels.values[i] < kClasses, Error, "IDX file '", labels_path, "': label at index ", i,
                   " is ", int(labels.values[i]), ", expected a class in [0, ", kClasses, ")");
 
-  const int64_t n = limit > 0 ? std::min(limit, images.dims[0]) : images.dims[0];
-  std::vector<int32_t> y(labels.values.begin(), labels.values.begin() + n);
+  const int64_t n = images.dims[0];
+  CUMULUS_CHECK(labels.dims[0] == n, Error, "internal: read ", n, " images but ", labels.dims[0], " labels");
+  std::vector<int32_t> y(labels.values.begin(), labels.values.end());
 
   MemoryCategoryScope scope(MemoryCategory::data);
   ImageDataset ds;
@@ -178,7 +182,11 @@ Batch DataLoader::empty_batch(int64_t i) const {
   return {Tensor::empty(Shape{count, row}, DType::f32, device), Tensor::empty(Shape{count}, DType::i32, device)};
 }
 
-int64_t DataLoader::num_batches() const { return (dataset_.size() + batch_size_ - 1) / batch_size_; }
+// Ceiling division without n + b - 1, which overflows for a batch size near INT64_MAX.
+int64_t DataLoader::num_batches() const {
+  const int64_t n = dataset_.size();
+  return n / batch_size_ + (n % batch_size_ != 0 ? 1 : 0);
+}
 
 Batch DataLoader::batch(int64_t i) const {
   CUMULUS_CHECK(i >= 0 && i < num_batches(), InvalidArgument, "DataLoader::batch(", i,

@@ -3,13 +3,20 @@
 //
 // Note [Allocate only what arrived]: the header's dimensions are a claim, not a fact. A plain
 // file's payload size is compared with the file size before anything is allocated. A gzip file's
-// decompressed size is unknown until it has been inflated, so the payload buffer grows with the
-// data that actually arrives (never past what was read plus one chunk, the chunk growing with the
-// data so the copies stay linear), and the counts are compared at the end: a 100-byte file whose
-// header claims 2^31 images fails after one small chunk, without a 2 GB allocation.
+// decompressed size is unknown until it has been inflated, so the claim is bounded first, from the
+// header alone: deflate cannot expand data more than kMaxDeflateRatio times, so a claim of more
+// than that many times the file's size is refused at once (a 17 MB file claiming 2^31 images was
+// inflated to 4 GB before), and nothing past kMaxDataBytes is ever read into memory. The bounded
+// claim is then reserved once (address space: no copies as the data grows; growing by a fixed step
+// was quadratic) and filled a chunk at a time, so memory is touched only as data arrives: a false
+// claim costs what the file really holds. Output beyond the claim is refused within one small read.
+//
+// Note [Reading a prefix]: with a limit, only the header and the first `limit` items are read;
+// inflating stops there. A plain file is still checked against its size; in a gzip file, damage
+// after the prefix goes unnoticed (the CRC is at the end), which is the price of not inflating it.
 #include "cumulus/data/idx.h"
 
-#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -19,7 +26,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cumulus/core/error.h"
 
@@ -27,9 +37,14 @@ namespace cumulus::data {
 
 namespace {
 
-constexpr std::size_t kMinChunk = std::size_t(1) << 20;   // 1 MiB
-constexpr std::size_t kMaxChunk = std::size_t(64) << 20;  // 64 MiB
+constexpr std::size_t kChunk = std::size_t(4) << 20;  // 4 MiB
 constexpr uint8_t kTypeUnsignedByte = 0x08;
+// Deflate's densest encoding: a 258-byte match in about 2 bits, so at most ~1032 bytes out per byte
+// in (gzip headers and trailers only lower the ratio of a whole file).
+constexpr uint64_t kMaxDeflateRatio = 1032;
+// The most one array may take in memory: far beyond any IDX dataset in use (Fashion-MNIST's
+// training images are 47 MB), far below what a hostile header can claim (near 2^96 bytes).
+constexpr uint64_t kMaxDataBytes = uint64_t(16) << 30;
 
 std::string where(const std::string& path) { return "IDX file '" + path + "': "; }
 
@@ -136,21 +151,34 @@ int64_t mul_saturating(int64_t a, int64_t b) {
   return a * b;
 }
 
+// The payload's buffer, or an Error (not std::bad_alloc) when the host has too little memory.
+void reserve(std::vector<uint8_t>& v, std::size_t bytes, const std::string& path) {
+  try {
+    v.reserve(bytes);
+  } catch (const std::bad_alloc&) {
+    throw Error(where(path) + "cannot allocate " + std::to_string(bytes) + " bytes for the data");
+  } catch (const std::length_error&) {
+    throw Error(where(path) + "cannot allocate " + std::to_string(bytes) + " bytes for the data");
+  }
+}
+
 }  // namespace
 
-IdxArray read_idx_u8(const std::string& path, int expected_ndim) {
+IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) {
   CUMULUS_CHECK(expected_ndim >= 1 && expected_ndim <= 255, InvalidArgument, where(path),
                 "expected_ndim must be in [1, 255], got ", expected_ndim);
-  File file(std::fopen(path.c_str(), "rb"));
+  CUMULUS_CHECK(limit >= 0, InvalidArgument, where(path), "limit must be >= 0 (0 reads everything), got ", limit);
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, where(path), size);  // a FIFO or a device is refused, not waited on
+  File file(::fdopen(fd, "rb"));
   if (!file) {
-    if (errno == ENOENT) throw Error(where(path) + "not found");
-    throw Error("cannot open " + where(path) + std::strerror(errno));
+    const int saved = errno;
+    ::close(fd);
+    throw Error(where(path) + "cannot open: " + std::strerror(saved));
   }
-  struct stat st {};
-  if (::fstat(fileno(file.get()), &st) != 0)
-    throw Error("cannot stat " + where(path) + std::strerror(errno));
-  CUMULUS_CHECK(S_ISREG(st.st_mode), Error, where(path), "not a regular file");
-  const int64_t file_size = static_cast<int64_t>(st.st_size);
+  CUMULUS_CHECK(size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, where(path),
+                "file size ", size, " is out of range");
+  const auto file_size = static_cast<int64_t>(size);
 
   // gzip is recognized by its magic, not by the file name.
   uint8_t magic2[2] = {0, 0};
@@ -182,19 +210,29 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim) {
                 expected_ndim, " dimensions need ", header_size);
 
   IdxArray out;
-  int64_t payload = 1;
+  int64_t payload = 1, item = 1;  // bytes in all, bytes per item (the product of dims after the first)
   for (int d = 0; d < expected_ndim; ++d) {
     const uint8_t* p = header.data() + 4 + 4 * d;
     const int64_t dim = (int64_t(p[0]) << 24) | (int64_t(p[1]) << 16) | (int64_t(p[2]) << 8) | int64_t(p[3]);
     out.dims.push_back(dim);
     payload = mul_saturating(payload, dim);
+    if (d > 0) item = mul_saturating(item, dim);
   }
   for (int d = 0; d < expected_ndim; ++d)
     CUMULUS_CHECK(out.dims[d] > 0, Error, where(path), "invalid dimensions ", dims_str(out.dims),
                   ": dimension ", d, " is 0");
+  out.count_in_file = out.dims[0];
   const auto expectation = [&] {
     return detail::concat("the header's dimensions ", dims_str(out.dims), " need ", payload,
                           " bytes of data after the ", header_size, "-byte header");
+  };
+  // What is read: everything, or the first `limit` items (Note [Reading a prefix]).
+  const int64_t items = limit > 0 ? std::min(limit, out.dims[0]) : out.dims[0];
+  const int64_t wanted = mul_saturating(items, item);
+  const auto check_cap = [&] {
+    CUMULUS_CHECK(static_cast<uint64_t>(wanted) <= kMaxDataBytes, Error, where(path), "too large: ",
+                  items == out.dims[0] ? expectation() : detail::concat(items, " items of ", item, " bytes need ", wanted),
+                  ", more than the reader's limit of ", kMaxDataBytes >> 30, " GiB (a corrupt or hostile header?)");
   };
 
   // ---- payload: plain files are checked against their size before allocating (Note above) ----
@@ -204,20 +242,28 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim) {
                   data_bytes);
     CUMULUS_CHECK(data_bytes == payload, Error, where(path), "unexpected trailing data: ", expectation(),
                   ", the file has ", data_bytes);
-    out.values.resize(static_cast<std::size_t>(payload));
+    check_cap();
+    reserve(out.values, static_cast<std::size_t>(wanted), path);
+    out.values.resize(static_cast<std::size_t>(wanted));
     const std::size_t n = source->read(out.values.data(), out.values.size());
     CUMULUS_CHECK(n == out.values.size(), Error, where(path), "truncated while reading: ", expectation(),
                   ", read ", n);
+    out.dims[0] = items;
     return out;
   }
 
-  // gzip: grow with the data that arrives (Note [Allocate only what arrived]).
-  const auto expected = static_cast<uint64_t>(payload);
+  // gzip: the claim is bounded by what the file can inflate to, then the buffer grows with the
+  // data that arrives (Note [Allocate only what arrived]).
+  const uint64_t most = static_cast<uint64_t>(mul_saturating(file_size, static_cast<int64_t>(kMaxDeflateRatio)));
+  CUMULUS_CHECK(static_cast<uint64_t>(payload) + header_size <= most, Error, where(path), "truncated or corrupt: ",
+                expectation(), ", but ", file_size, " bytes of gzip data inflate to at most ", most,
+                " (deflate expands at most ", kMaxDeflateRatio, " times)");
+  check_cap();
+  const auto expected = static_cast<std::size_t>(wanted);
+  reserve(out.values, expected, path);
   while (out.values.size() < expected) {
     const std::size_t have = out.values.size();
-    const std::size_t chunk = static_cast<std::size_t>(
-        std::min<uint64_t>(std::clamp(have, kMinChunk, kMaxChunk), expected - have));
-    if (out.values.capacity() < have + chunk) out.values.reserve(have + chunk);
+    const std::size_t chunk = std::min(kChunk, expected - have);
     out.values.resize(have + chunk);
     const std::size_t n = source->read(out.values.data() + have, chunk);
     if (n < chunk) {
@@ -227,18 +273,14 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim) {
   }
   CUMULUS_CHECK(out.values.size() == expected, Error, where(path), "truncated: ", expectation(),
                 ", the decompressed data has ", out.values.size());
-  // Anything more is an error, and reading to the end also verifies the gzip CRC: if the data was
-  // corrupted, that is reported as corruption rather than as a size mismatch.
+  out.dims[0] = items;
+  if (items < out.count_in_file) return out;  // a prefix: the rest is not inflated
+  // Anything more is an error, found within one small read. Reading to the end also verifies the
+  // gzip CRC: corrupted data is reported as corruption rather than as a size mismatch.
   std::vector<uint8_t> scratch(1 << 16);
-  uint64_t extra = 0;
-  constexpr uint64_t kMaxExtraScan = uint64_t(64) << 20;
-  while (extra <= kMaxExtraScan) {
-    const std::size_t n = source->read(scratch.data(), scratch.size());
-    extra += n;
-    if (n < scratch.size()) break;
-  }
+  const std::size_t extra = source->read(scratch.data(), scratch.size());
   CUMULUS_CHECK(extra == 0, Error, where(path), "unexpected trailing data: ", expectation(),
-                ", the decompressed data has ", extra > kMaxExtraScan ? "more than " : "",
+                ", the decompressed data has ", extra == scratch.size() ? "more than " : "",
                 expected + extra);
   return out;
 }

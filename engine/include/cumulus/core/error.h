@@ -2,6 +2,8 @@
 // caller (an app, a test) decides what to do. Messages name the op, the value and the expectation.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -51,6 +53,18 @@ std::string concat(const Args&... args) {
   return os.str();
 }
 }  // namespace detail
+
+// Text quoted from a file or from a user (a JSON value, a tensor name, a dtype) as it goes into an
+// error message: at most `max_bytes` bytes, cut at a UTF-8 character boundary and ended with "..."
+// when shortened, so a hostile input cannot turn one message into megabytes.
+std::string excerpt(const std::string& text, std::size_t max_bytes = 80);
+
+// Opens `path` read-only for loading and returns the descriptor (the caller closes it), with the
+// file's size in `size`. Only a regular file is accepted: the open is non-blocking, so a FIFO
+// without a writer or a device cannot hang it; anything else is refused after fstat ("is a FIFO,
+// not a regular file"), and the descriptor is switched back to blocking reads. Error messages
+// start with `where`, which names the file: "not found", "cannot open: <reason>", "is a ...".
+int open_regular_file(const std::string& path, const std::string& where, uint64_t& size);
 
 }  // namespace cumulus
 

@@ -21,7 +21,9 @@ struct ImageDataset {
 // The Fashion-MNIST (or MNIST) split in `dir`: train-images-idx3-ubyte(.gz) and
 // train-labels-idx1-ubyte(.gz), or the t10k-* pair for the test split. Checks that counts agree,
 // that images are 28 x 28, and that every label is in [0, 10) (an Error names the file, the index
-// and the value otherwise). `limit` > 0 keeps the first `limit` samples. Uploaded to `device` once.
+// and the value otherwise). `limit` > 0 keeps the first `limit` samples and reads only those (a
+// gzip file is not inflated past them; the counts in both headers are still compared). Uploaded
+// to `device` once.
 ImageDataset load_mnist_split(const std::string& dir, bool train, Device device, int64_t limit = 0);
 
 // The file names of a split, without the .gz suffix, in the order images, labels.
