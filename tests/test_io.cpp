@@ -2,17 +2,25 @@
 // the exact bytes of a small file (what PyTorch's safetensors reads), every malformed file as an
 // Error naming the file and the fault, atomic writes, and a SeedMLP state dict that survives a
 // save and load bit for bit.
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
@@ -219,8 +227,8 @@ TEST(Safetensors, MalformedFilesAreErrorsNamingTheFile) {
       {"header_absurd", le64(uint64_t(1) << 40) + "{}", {"absurd"}},
       {"bad_json", make_file("{\"w\": {", ""), {"not valid JSON"}},
       {"not_object", make_file("[1, 2]", ""), {"not a JSON object"}},
-      {"unknown_dtype", make_file(R"({"w": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}})", eight),
-       {"'w'", "F64"}},
+      {"unknown_dtype", make_file(R"({"w": {"dtype": "I16", "shape": [4], "data_offsets": [0, 8]}})", eight),
+       {"'w'", "unsupported dtype \"I16\""}},
       {"size_mismatch", make_file(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", eight),
        {"'w'", "size mismatch", "12", "8"}},
       {"out_of_range", make_file("{" + f32x2 + "}", std::string(4, '\x01')), {"'w'", "out of range"}},
@@ -254,7 +262,277 @@ TEST(Safetensors, MalformedFilesAreErrorsNamingTheFile) {
     expect_error([&] { load_safetensors(path); }, parts);
   }
   const std::string missing = dir.file("missing.safetensors");
-  expect_error([&] { load_safetensors(missing); }, {missing, "No such file"});
+  expect_error([&] { load_safetensors(missing); }, {missing, "not found"});
+}
+
+// ---- hostile headers (Note [Hostile headers] in engine/io/safetensors.cpp) ---------------------
+
+// `open` repeated n times, then `middle`, then `close` n times.
+std::string nest(const std::string& open, const std::string& middle, const std::string& close, int n) {
+  std::string s;
+  s.reserve((open.size() + close.size()) * static_cast<std::size_t>(n) + middle.size());
+  for (int i = 0; i < n; ++i) s += open;
+  s += middle;
+  for (int i = 0; i < n; ++i) s += close;
+  return s;
+}
+
+// Runs `fn`, expecting an Error that names `path`, quickly and in a message of bounded length.
+template <typename Fn>
+void expect_short_error(Fn fn, const std::string& path, const std::vector<std::string>& parts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    fn();
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_LE(msg.size(), 300u + path.size()) << msg.substr(0, 1000);
+    EXPECT_NE(msg.find(path), std::string::npos) << msg.substr(0, 1000);
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}
+
+TEST(Safetensors, DeepNestingIsRefusedBeforeParsing) {
+  // 100,000 levels overflowed the stack in the JSON library's recursive dump on the error path;
+  // 50,000 made a 100 KB message. Every place a value can sit is tried.
+  TempDir dir;
+  for (const int depth : {100000, 50000, 9}) {
+    const std::string deep = nest("[", "1", "]", depth);
+    const std::vector<std::pair<std::string, std::string>> headers = {
+        {"shape", R"({"w": {"dtype": "F32", "shape": )" + deep + R"(, "data_offsets": [0, 4]}})"},
+        {"dtype", R"({"w": {"dtype": )" + deep + R"(, "shape": [1], "data_offsets": [0, 4]}})"},
+        {"offsets", R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": )" + deep + "}}"},
+        {"metadata", R"({"__metadata__": {"epoch": )" + deep + "}}"},
+        {"objects", nest(R"({"a": )", "1", "}", depth)},
+        {"entry", R"({"w": )" + deep + "}"},
+    };
+    for (const auto& [name, header] : headers) {
+      SCOPED_TRACE(name + " " + std::to_string(depth));
+      const std::string path = dir.file(name + ".safetensors");
+      write_raw(path, make_file(header, std::string(4, '\0')));
+      expect_short_error([&] { load_safetensors(path); }, path, {"more than 8 deep"});
+    }
+  }
+}
+
+TEST(Safetensors, DepthCountsOnlyBracketsOutsideStrings) {
+  // Brackets inside strings (escaped quotes and backslashes included) are text, not nesting.
+  TempDir dir;
+  const std::string path = dir.file("strings.safetensors");
+  // Ends in an escaped backslash, so the quote after it closes the string.
+  const std::string text = std::string(40, '[') + R"(\" [[[[[[[[[ )" + std::string(20, '{') + R"(\\)";
+  const std::string valid =
+      R"({"__metadata__": {")" + text + R"(": ")" + text + R"("}, "w": {"dtype": "U8", "shape": [1], )"
+      R"("data_offsets": [0, 1]}})";
+  write_raw(path, make_file(valid, std::string(1, '\x07')));
+  const io::SafetensorsContents c = load_safetensors(path);
+  ASSERT_EQ(c.metadata.size(), 1u);
+  EXPECT_EQ(c.metadata.begin()->second, std::string(40, '[') + R"(" [[[[[[[[[ )" + std::string(20, '{') + "\\");
+}
+
+TEST(Safetensors, MessagesQuoteAtMostAnExcerptOfTheFile) {
+  TempDir dir;
+  const std::string long_name(100000, 'n');
+  const std::string wide = "[" + std::string(200000, '1') + "]";
+  std::string many = "[";
+  for (int i = 0; i < 100000; ++i) many += (i ? ",7" : "7");
+  many += "]";
+  const std::vector<std::pair<std::string, std::string>> headers = {
+      {"wide_shape", R"({"w": {"dtype": "F32", "shape": )" + wide + R"(, "data_offsets": [0, 4]}})"},
+      {"long_shape", R"({"w": {"dtype": "F32", "shape": )" + many + R"(, "data_offsets": [0, 4]}})"},
+      {"long_dtype", R"({"w": {"dtype": ")" + long_name + R"(", "shape": [1], "data_offsets": [0, 4]}})"},
+      {"dtype_not_string", R"({"w": {"dtype": )" + many + R"(, "shape": [1], "data_offsets": [0, 4]}})"},
+      {"long_offsets", R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": )" + many + "}}"},
+      {"long_metadata", R"({"__metadata__": {")" + long_name + R"(": )" + many + "}}"},
+      {"long_tensor_name", R"({")" + long_name + R"(": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})"},
+      {"long_checksum", R"({"__metadata__": {"checksum_crc32": ")" + long_name + R"("}})"},
+      {"long_duplicate", R"({")" + long_name + R"(": 1, ")" + long_name + R"(": 2})"},
+  };
+  for (const auto& [name, header] : headers) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.file(name + ".safetensors");
+    // No data for the checksum case: with none the trailing-bytes check passes and the value is read.
+    write_raw(path, make_file(header, std::string(name == "long_checksum" ? 0 : 4, '\0')));
+    expect_short_error([&] { load_safetensors(path); }, path, {});
+  }
+  EXPECT_EQ(excerpt(std::string(10, 'x')), std::string(10, 'x'));
+  EXPECT_EQ(excerpt(std::string(100, 'x')), std::string(80, 'x') + "...");
+  EXPECT_EQ(excerpt(std::string(79, 'x') + "\xc3\xa9" + "yz"), std::string(79, 'x') + "...")
+      << "never cut inside a UTF-8 character";
+}
+
+// Runs `fn`, which must refuse the FIFO at `fifo`, on a thread, and fails if it has not returned
+// within 5 s. A reader stuck in open() is then released by opening the FIFO for writing, so a
+// regression fails the test instead of hanging the binary.
+template <typename Fn>
+void expect_returns_promptly(const std::string& fifo, Fn fn) {
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+  std::thread worker([&] {
+    fn();
+    done.set_value();
+  });
+  if (finished.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading the FIFO " << fifo << " hangs";
+    while (finished.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  worker.join();
+}
+
+TEST(Safetensors, OnlyRegularFilesAreRead) {
+  TempDir dir;
+  const std::string fifo = dir.file("weights.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  expect_returns_promptly(fifo, [&] {
+    expect_error([&] { load_safetensors(fifo); }, {fifo, "is a FIFO, not a regular file"});
+  });
+  const std::string sub = dir.file("checkpoint.safetensors");
+  fs::create_directories(sub);
+  expect_error([&] { load_safetensors(sub); }, {sub, "is a directory, not a regular file"});
+  if (fs::exists("/dev/zero"))
+    expect_error([&] { load_safetensors("/dev/zero"); }, {"/dev/zero", "is a character device, not a regular file"});
+}
+
+// ---- stored dtypes (Note [Dtypes read] in engine/io/safetensors.cpp) ---------------------------
+
+template <typename T>
+std::string raw_bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+std::string one_tensor_header(const std::string& dtype, std::size_t n, std::size_t bytes) {
+  return R"({"t": {"dtype": ")" + dtype + R"(", "shape": [)" + std::to_string(n) + R"(], "data_offsets": [0, )" +
+         std::to_string(bytes) + "]}}";
+}
+
+// The value of a binary16 by its definition, independently of the loader's bit manipulation.
+double half_value(uint16_t h) {
+  const int sign = h >> 15, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const double mag = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25);
+  return sign ? -mag : mag;
+}
+
+TEST(Safetensors, F16LoadsAsF32Exactly) {
+  TempDir dir;
+  const std::string path = dir.file("half.safetensors");
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  write_raw(path, make_file(one_tensor_header("F16", all.size(), 2 * all.size()), raw_bytes(all)));
+  const io::SafetensorsContents c = load_safetensors(path);
+  ASSERT_EQ(c.tensors.size(), 1u);
+  const Tensor& t = c.tensors[0].second;
+  ASSERT_EQ(t.dtype(), DType::f32);
+  ASSERT_EQ(t.shape(), Shape({65536}));
+  const auto v = t.to_vector<float>();
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    uint32_t bits;
+    std::memcpy(&bits, &v[h], 4);
+    ASSERT_EQ(bits >> 31, h >> 15) << "sign of half 0x" << std::hex << h;
+    if (exp == 0x1f && mant == 0) {
+      ASSERT_TRUE(std::isinf(v[h])) << std::hex << h;
+    } else if (exp == 0x1f) {
+      ASSERT_TRUE(std::isnan(v[h])) << std::hex << h;
+      ASSERT_EQ((bits >> 13) & 0x3ff, static_cast<uint32_t>(mant)) << "NaN payload of half 0x" << std::hex << h;
+    } else {
+      ASSERT_EQ(static_cast<double>(v[h]), half_value(static_cast<uint16_t>(h))) << "half 0x" << std::hex << h;
+    }
+  }
+  // Spot checks by value: 1, -2, the largest half, the smallest subnormal and normal, -0.
+  EXPECT_EQ(v[0x3c00], 1.0f);
+  EXPECT_EQ(v[0xc000], -2.0f);
+  EXPECT_EQ(v[0x7bff], 65504.0f);
+  EXPECT_EQ(v[0x0001], std::ldexp(1.0f, -24));
+  EXPECT_EQ(v[0x03ff], std::ldexp(1023.0f, -24));
+  EXPECT_EQ(v[0x0400], std::ldexp(1.0f, -14));
+  EXPECT_TRUE(v[0x8000] == 0.0f && std::signbit(v[0x8000]));
+  EXPECT_EQ(v[0xfc00], -INFINITY);
+}
+
+TEST(Safetensors, F64LoadsAsF32RoundedToNearest) {
+  TempDir dir;
+  const std::string path = dir.file("double.safetensors");
+  const double tie = 1.0 + std::ldexp(1.0, -24);       // halfway between 1 and the next float: to even
+  const double above = 1.0 + 3 * std::ldexp(1.0, -25);  // nearer the next float
+  const std::vector<double> d = {1.0, 0.1, -2.5, tie, above, 1e300, -1e300, 1e-50, NAN, -0.0, 3.4028234663852886e38};
+  write_raw(path, make_file(one_tensor_header("F64", d.size(), 8 * d.size()), raw_bytes(d)));
+  const Tensor t = load_safetensors(path).tensors.at(0).second;
+  ASSERT_EQ(t.dtype(), DType::f32);
+  const auto v = t.to_vector<float>();
+  EXPECT_EQ(v[0], 1.0f);
+  EXPECT_EQ(v[1], 0.1f);
+  EXPECT_EQ(v[2], -2.5f);
+  EXPECT_EQ(v[3], 1.0f) << "ties go to even";
+  EXPECT_EQ(v[4], 1.0f + std::ldexp(1.0f, -23));
+  EXPECT_EQ(v[5], INFINITY);
+  EXPECT_EQ(v[6], -INFINITY);
+  EXPECT_EQ(v[7], 0.0f);
+  EXPECT_TRUE(std::isnan(v[8]));
+  EXPECT_TRUE(v[9] == 0.0f && std::signbit(v[9]));
+  EXPECT_EQ(v[10], std::numeric_limits<float>::max());
+}
+
+TEST(Safetensors, I64LoadsAsI32RangeChecked) {
+  TempDir dir;
+  const std::string path = dir.file("long.safetensors");
+  const std::vector<int64_t> ok = {0, -5, 7, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+  write_raw(path, make_file(one_tensor_header("I64", ok.size(), 8 * ok.size()), raw_bytes(ok)));
+  const Tensor t = load_safetensors(path).tensors.at(0).second;
+  ASSERT_EQ(t.dtype(), DType::i32);
+  EXPECT_EQ(t.to_vector<int32_t>(), (std::vector<int32_t>{0, -5, 7, std::numeric_limits<int32_t>::min(),
+                                                          std::numeric_limits<int32_t>::max()}));
+  for (const int64_t bad : {int64_t(1) << 31, -(int64_t(1) << 31) - 1, std::numeric_limits<int64_t>::min()}) {
+    const std::vector<int64_t> v = {1, 2, bad, 4};
+    write_raw(path, make_file(one_tensor_header("I64", v.size(), 8 * v.size()), raw_bytes(v)));
+    expect_error([&] { load_safetensors(path); }, {path, "'t'", "I64 value " + std::to_string(bad), "index 2"});
+  }
+}
+
+TEST(Safetensors, BF16LoadsAsRawBitsAndSavesBack) {
+  TempDir dir;
+  const std::string path = dir.file("bf16.safetensors"), again = dir.file("again.safetensors");
+  const std::vector<uint16_t> bits = {0x3f80, 0xc000, 0x7f80, 0x7fc1, 0x0001, 0x8000};
+  write_raw(path, make_file(one_tensor_header("BF16", bits.size(), 2 * bits.size()), raw_bytes(bits)));
+  const io::SafetensorsContents c = load_safetensors(path);
+  const Tensor& t = c.tensors.at(0).second;
+  ASSERT_EQ(t.dtype(), DType::bf16);
+  ASSERT_EQ(t.shape(), Shape({6}));
+  ASSERT_EQ(t.nbytes(), 12u);
+  EXPECT_EQ(std::memcmp(t.raw_data(), bits.data(), 12), 0);
+  save_safetensors(again, c.tensors);
+  const std::string saved = read_file(again);
+  EXPECT_NE(saved.find(R"("dtype":"BF16")"), std::string::npos) << saved;
+  const Tensor back = load_safetensors(again).tensors.at(0).second;
+  ASSERT_EQ(back.dtype(), DType::bf16);
+  EXPECT_EQ(std::memcmp(back.raw_data(), bits.data(), 12), 0);
+}
+
+TEST(Safetensors, ChecksumCoversTheStoredBytesUnderTheStoredDtype) {
+  // Note [Checksum] over an F16 tensor: the name "F16" and the two-byte values as stored.
+  TempDir dir;
+  const std::string path = dir.file("half_checked.safetensors");
+  const std::vector<uint16_t> h = {0x3c00, 0x7e00, 0x0001};
+  const std::string data = raw_bytes(h);
+  auto field = [](const std::string& s) { return s + std::string(1, '\0'); };
+  const std::string canonical = field("t") + field("F16") + field("[3]") + field("format") + field("pt") + data;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(canonical.data()), static_cast<uInt>(canonical.size()));
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc & 0xffffffffu));
+  const std::string header = std::string(R"({"__metadata__": {"format": "pt", "checksum_crc32": ")") + hex +
+                             R"("}, "t": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]}})";
+  write_raw(path, make_file(header, data));
+  const auto v = load_safetensors(path).tensors.at(0).second.to_vector<float>();
+  EXPECT_EQ(v[0], 1.0f);
+  EXPECT_TRUE(std::isnan(v[1]));
+  std::string flipped = data;
+  flipped[0] ^= 1;
+  write_raw(path, make_file(header, flipped));
+  expect_error([&] { load_safetensors(path); }, {path, "checksum mismatch"});
 }
 
 TEST(Safetensors, SaveRejectsBadInput) {

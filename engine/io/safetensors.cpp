@@ -11,10 +11,21 @@
 // followed by a NUL byte), then the data section. save_safetensors computes it when the metadata
 // it is given has the key (the given value is replaced), so callers opt in by naming it
 // (apps/fashion_mnist's checkpoints do). Files without the key, PyTorch's among them, load as before.
+// The checksum covers the bytes as stored, under the dtype name the file gives (F16, not F32).
+//
+// Note [Hostile headers]: the header is untrusted text of up to 100 MB. Before it is parsed, its
+// nesting depth is counted (brackets outside strings) and refused past kMaxJsonDepth: a valid
+// header nests 3 deep, and the JSON library's dump, used in messages, recurses once per level (a
+// value 100,000 levels deep overflowed the stack). Whatever a message quotes from the file (names,
+// values) goes through excerpt(), so no message grows with the file.
+//
+// Note [Dtypes read]: F32, I32, U8 and BF16 load as they are stored. Wider or narrower types the
+// engine does not hold are converted on load: F16 to f32 exactly (subnormals, infinities and NaN
+// included), F64 to f32 rounded to nearest (as a cast does; beyond the f32 range that is +-inf),
+// I64 to i32 with every value range-checked (an error names the tensor, the index and the value).
+// A state-dict loader converts further to the model's dtype.
 #include "cumulus/io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -39,10 +50,16 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the reference rejects headers past 100 MB
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr const char* kChecksumKey = "checksum_crc32";  // Note [Checksum]
+constexpr int kMaxJsonDepth = 8;  // Note [Hostile headers]: a valid header needs 3
 
 std::string where(const std::string& path) { return "safetensors file '" + path + "': "; }
 std::string where(const std::string& path, const std::string& name) {
-  return where(path) + "tensor '" + name + "': ";
+  return where(path) + "tensor '" + excerpt(name) + "': ";
+}
+
+// A JSON value from the file, shortened for a message (Note [Hostile headers]).
+std::string quote(const nlohmann::json& j) {
+  return excerpt(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 const char* file_dtype(DType t) {
@@ -50,16 +67,78 @@ const char* file_dtype(DType t) {
     case DType::f32: return "F32";
     case DType::i32: return "I32";
     case DType::u8: return "U8";
-    default: return nullptr;
+    case DType::bf16: return "BF16";
   }
+  return nullptr;
 }
 
-bool parse_dtype(const std::string& s, DType& out) {
-  if (s == "F32") out = DType::f32;
-  else if (s == "I32") out = DType::i32;
-  else if (s == "U8") out = DType::u8;
-  else return false;
-  return true;
+// A dtype as stored, and the engine dtype it loads as (Note [Dtypes read]).
+enum class Decode { none, f16, f64, i64 };  // none: the bytes are the tensor's as they are
+struct StoredDtype {
+  const char* name;
+  std::size_t size;  // bytes per element in the file
+  DType loads_as;
+  Decode decode;
+};
+constexpr StoredDtype kStoredDtypes[] = {
+    {"F32", 4, DType::f32, Decode::none},  {"I32", 4, DType::i32, Decode::none},
+    {"U8", 1, DType::u8, Decode::none},    {"BF16", 2, DType::bf16, Decode::none},
+    {"F16", 2, DType::f32, Decode::f16},   {"F64", 8, DType::f32, Decode::f64},
+    {"I64", 8, DType::i32, Decode::i64},
+};
+
+const StoredDtype* parse_dtype(const std::string& s) {
+  for (const StoredDtype& d : kStoredDtypes)
+    if (s == d.name) return &d;
+  return nullptr;
+}
+
+// IEEE binary16 bits to the float of the same value: every half is exactly a float.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // infinity, or NaN with its payload
+  } else if (exp != 0) {
+    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // signed zero
+  } else {
+    // Subnormal: mant * 2^-24; normalize so the leading 1 becomes the float's implicit bit.
+    int e = -14;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    bits = sign | (static_cast<uint32_t>(e + 127) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Refuses a header nested deeper than kMaxJsonDepth before the parser sees it (Note [Hostile
+// headers]). Brackets count only outside strings; inside one, a backslash escapes the next byte.
+void check_json_depth(const std::string& path, const std::string& text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      CUMULUS_CHECK(++depth <= kMaxJsonDepth, Error, where(path), "the header nests arrays and objects more than ",
+                    kMaxJsonDepth, " deep (at byte ", 8 + i, "; a safetensors header needs 3): corrupt or hostile");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
 }
 
 // Closes the descriptor on every path out.
@@ -123,7 +202,7 @@ class Checksum {
 
 struct Entry {
   std::string name;
-  DType dtype;
+  const StoredDtype* dtype;
   Shape shape;
   uint64_t begin, end;
 };
@@ -136,22 +215,22 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
     CUMULUS_CHECK(j.contains(key), Error, at, "header entry has no \"", key, "\"");
   Entry e;
   e.name = name;
-  CUMULUS_CHECK(j["dtype"].is_string(), Error, at, "dtype is not a string: ", j["dtype"].dump());
+  CUMULUS_CHECK(j["dtype"].is_string(), Error, at, "dtype is not a string: ", quote(j["dtype"]));
   const std::string dtype = j["dtype"].get<std::string>();
-  CUMULUS_CHECK(parse_dtype(dtype, e.dtype), Error, at, "unsupported dtype \"", dtype,
-                "\" (cumulus reads F32, I32 and U8)");
+  e.dtype = parse_dtype(dtype);
+  CUMULUS_CHECK(e.dtype != nullptr, Error, at, "unsupported dtype \"", excerpt(dtype),
+                "\" (cumulus reads F32, F16, BF16, F64, I64, I32 and U8)");
   const auto& shape = j["shape"];
-  CUMULUS_CHECK(shape.is_array(), Error, at, "shape is not an array: ", shape.dump());
-  CUMULUS_CHECK(shape.size() <= static_cast<std::size_t>(Shape::kMaxDims), Error, at, "shape ", shape.dump(),
+  CUMULUS_CHECK(shape.is_array(), Error, at, "shape is not an array: ", quote(shape));
+  CUMULUS_CHECK(shape.size() <= static_cast<std::size_t>(Shape::kMaxDims), Error, at, "shape ", quote(shape),
                 " has more than ", Shape::kMaxDims, " dimensions");
-  uint64_t bytes = dtype_size(e.dtype);
+  uint64_t bytes = e.dtype->size;
   bool overflow = false;
   for (const auto& d : shape) {
-    CUMULUS_CHECK(d.is_number_unsigned(), Error, at, "shape ", shape.dump(),
-                  " must hold non-negative integers");
+    CUMULUS_CHECK(d.is_number_unsigned(), Error, at, "shape ", quote(shape), " must hold non-negative integers");
     const auto v = d.get<uint64_t>();
     CUMULUS_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, at, "shape ",
-                  shape.dump(), " is too large");
+                  quote(shape), " is too large");
     if (v != 0 && bytes > std::numeric_limits<uint64_t>::max() / v) overflow = true;
     else bytes *= v;
     e.shape.push_back(static_cast<int64_t>(v));
@@ -160,12 +239,12 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   // product taken in order): Shape::numel() would overflow on such a shape (found by fuzz_safetensors).
   const auto& off = j["data_offsets"];
   CUMULUS_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                Error, at, "data_offsets must be [begin, end] with non-negative integers, got ", off.dump());
+                Error, at, "data_offsets must be [begin, end] with non-negative integers, got ", quote(off));
   e.begin = off[0].get<uint64_t>();
   e.end = off[1].get<uint64_t>();
   CUMULUS_CHECK(e.begin <= e.end, Error, at, "invalid data_offsets [", e.begin, ", ", e.end,
                 "]: begin is past end");
-  CUMULUS_CHECK(!overflow && bytes == e.end - e.begin, Error, at, "size mismatch: shape ", shape.dump(), " of ",
+  CUMULUS_CHECK(!overflow && bytes == e.end - e.begin, Error, at, "size mismatch: shape ", quote(shape), " of ",
                 dtype, " needs ", overflow ? std::string("more than 2^64") : std::to_string(bytes),
                 " bytes, data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin);
   return e;
@@ -194,7 +273,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     CUMULUS_CHECK(t.defined(), InvalidArgument, where(path, name), "undefined tensor");
     const char* dtype = file_dtype(t.dtype());
     CUMULUS_CHECK(dtype != nullptr, InvalidArgument, where(path, name), "dtype ", dtype_name(t.dtype()),
-                  " cannot be saved (F32, I32 and U8 can)");
+                  " cannot be saved (F32, I32, U8 and BF16 can)");
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
     for (int d = 0; d < t.ndim(); ++d) shape.push_back(t.shape()[d]);
     const uint64_t end = offset + t.nbytes();
@@ -233,12 +312,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 SafetensorsContents load_safetensors(const std::string& path, Device device) {
   check_device_available(device);
   Fd file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (file.fd < 0) throw Error("cannot open " + where(path) + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(file.fd, &st) != 0) throw Error("cannot stat " + where(path) + std::strerror(errno));
-  CUMULUS_CHECK(S_ISREG(st.st_mode), Error, where(path), "not a regular file");
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t file_size = 0;
+  file.fd = open_regular_file(path, where(path), file_size);  // a FIFO or a device is refused, not waited on
 
   // ---- the header length, then the header ----
   CUMULUS_CHECK(file_size >= 8, Error, where(path), "file too short: ", file_size,
@@ -260,6 +335,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   // of its input: "{...}\0garbage" would pass, and a flipped bit in the padding go unnoticed.
   CUMULUS_CHECK(text.find('\0') == std::string::npos, Error, where(path), "the ", n,
                 "-byte header contains a NUL byte at offset ", 8 + text.find('\0'), ": not valid JSON (corrupt)");
+  check_json_depth(path, text);
 
   // Top-level keys are recorded as they are parsed: a JSON object may legally repeat a key (the
   // parser keeps one), but a file that names two tensors alike is corrupt.
@@ -287,7 +363,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
       if (value.is_null()) continue;  // the reference writes no key, but reads null as none
       CUMULUS_CHECK(value.is_object(), Error, where(path), "\"", kMetadataKey, "\" is not an object");
       for (const auto& [k, v] : value.items()) {
-        CUMULUS_CHECK(v.is_string(), Error, where(path), "metadata \"", k, "\" is not a string: ", v.dump());
+        CUMULUS_CHECK(v.is_string(), Error, where(path), "metadata \"", excerpt(k), "\" is not a string: ", quote(v));
         out.metadata[k] = v.get<std::string>();
       }
       continue;
@@ -320,32 +396,68 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   if (auto it = out.metadata.find(kChecksumKey); it != out.metadata.end()) {
     stored_checksum = it->second;
     CUMULUS_CHECK(stored_checksum.size() == 8 && stored_checksum.find_first_not_of("0123456789abcdef") == std::string::npos,
-                  Error, where(path), "corrupt: metadata \"", kChecksumKey, "\" is \"", stored_checksum,
+                  Error, where(path), "corrupt: metadata \"", kChecksumKey, "\" is \"", excerpt(stored_checksum),
                   "\", not 8 lowercase hex digits");
-    for (const Entry& e : entries) checksum.add_tensor(e.name, file_dtype(e.dtype), e.shape);
+    for (const Entry& e : entries) checksum.add_tensor(e.name, e.dtype->name, e.shape);
     checksum.add_metadata(out.metadata);
   }
 
-  // ---- the tensors, in data order ----
-  std::vector<char> staging;
+  // ---- the tensors, in data order (Note [Dtypes read]) ----
+  std::vector<char> stored;   // the file's bytes of a tensor that is converted
+  std::vector<char> staging;  // the tensor's bytes on the host, bound for CUDA
+  std::string range_error;    // an I64 value past i32, reported after the checksum (corruption first)
   for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype, device);
-    const std::size_t bytes = t.nbytes();
-    void* dst = t.raw_data();
+    Tensor t = Tensor::empty(e.shape, e.dtype->loads_as, device);
+    const std::size_t bytes = t.nbytes(), file_bytes = e.end - e.begin;
+    const std::size_t count = static_cast<std::size_t>(t.numel());
+    void* host = t.raw_data();
     if (device.is_cuda()) {
       staging.resize(bytes);
-      dst = staging.data();
+      host = staging.data();
+    }
+    void* src = host;
+    if (e.dtype->decode != Decode::none) {
+      stored.resize(file_bytes);
+      src = stored.data();
     }
     errno = 0;
-    CUMULUS_CHECK(read_at(file.fd, dst, bytes, data_start + e.begin), Error, where(path, e.name),
-                  "cannot read ", bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
-    if (!stored_checksum.empty()) checksum.add(dst, bytes);
+    CUMULUS_CHECK(read_at(file.fd, src, file_bytes, data_start + e.begin), Error, where(path, e.name),
+                  "cannot read ", file_bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
+    if (!stored_checksum.empty()) checksum.add(src, file_bytes);
+    const char* in = static_cast<const char*>(src);
+    if (e.dtype->decode == Decode::f16) {
+      auto* dst = static_cast<float*>(host);
+      for (std::size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        dst[i] = half_to_float(h);
+      }
+    } else if (e.dtype->decode == Decode::f64) {
+      auto* dst = static_cast<float*>(host);
+      for (std::size_t i = 0; i < count; ++i) {
+        double d;
+        std::memcpy(&d, in + 8 * i, 8);
+        dst[i] = static_cast<float>(d);  // round to nearest, as the FPU's default mode does
+      }
+    } else if (e.dtype->decode == Decode::i64) {
+      auto* dst = static_cast<int32_t*>(host);
+      for (std::size_t i = 0; i < count; ++i) {
+        int64_t v;
+        std::memcpy(&v, in + 8 * i, 8);
+        if ((v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) &&
+            range_error.empty())
+          range_error = detail::concat(where(path, e.name), "I64 value ", v, " at index ", i,
+                                       " does not fit in i32 (cumulus holds I64 tensors as i32)");
+        dst[i] = static_cast<int32_t>(v);
+      }
+    }
     if (device.is_cuda()) copy_bytes(t.raw_data(), device, staging.data(), Device::cpu(), bytes);
     out.tensors.emplace_back(e.name, std::move(t));
   }
   CUMULUS_CHECK(stored_checksum.empty() || checksum.hex() == stored_checksum, Error, where(path),
                 "corrupt: checksum mismatch (", kChecksumKey, " ", stored_checksum, " stored, ", checksum.hex(),
                 " computed): the file changed after it was written (a flipped bit, a partial copy)");
+  if (!range_error.empty()) throw Error(range_error);
   return out;
 }
 

@@ -4,8 +4,10 @@
 // is written, so the fuzzer explores IDX headers and sizes behind the gzip path, not only corrupt
 // deflate streams; clear: the rest is the file as is (plain IDX, or a gzip file mutated directly).
 // Bits 1-2: the number of dimensions the reader expects, minus one (1 = labels, 3 = images).
+// Bit 3 set: read with a limit of 1 + (mode >> 4) items (1 to 16), the --train-limit path.
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -38,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const uint8_t mode = data[0];
   const int ndim = 1 + ((mode >> 1) & 3);
+  const int64_t limit = (mode & 8) ? 1 + (mode >> 4) : 0;
   if (mode & 1) {
     const std::string gz = gzip(data + 1, size - 1);
     file.write(gz.data(), gz.size());
@@ -45,10 +48,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     file.write(data + 1, size - 1);
   }
   try {
-    const cumulus::data::IdxArray a = cumulus::data::read_idx_u8(file.path(), ndim);
-    // Whatever is accepted is consistent: the dimensions asked for, positive, and as many values
-    // as they multiply to.
+    const cumulus::data::IdxArray a = cumulus::data::read_idx_u8(file.path(), ndim, limit);
+    // Whatever is accepted is consistent: the dimensions asked for, positive, as many values as
+    // they multiply to, and no more items than the file has or the limit allows.
     if (a.dims.size() != static_cast<std::size_t>(ndim)) __builtin_trap();
+    if (a.dims[0] > a.count_in_file || (limit > 0 && a.dims[0] != std::min(limit, a.count_in_file))) __builtin_trap();
+    if (limit == 0 && a.dims[0] != a.count_in_file) __builtin_trap();
     std::size_t n = 1;
     for (int64_t d : a.dims) {
       if (d <= 0) __builtin_trap();

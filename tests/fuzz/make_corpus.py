@@ -53,6 +53,15 @@ write("idx", "truncated_plain", mode(3) + images[:-3])
 write("idx", "trailing_plain", mode(1) + labels + b"\x01\x02")
 write("idx", "wrong_magic", mode(1) + b"\x00\x00\x09\x01" + labels[4:])
 write("idx", "gz_trailing_garbage", mode(1) + gz(labels) + b"junk")
+# Gzip bombs in miniature (inputs are at most 4 KiB): a header claiming 2^31 images over 1 MB of
+# zeros (refused from the header: deflate cannot expand 1 KB that far), and a plausible claim of
+# 1000 labels over the same zeros (refused at the first byte past the claim).
+write("idx", "bomb_claims_2e31_images_gz", mode(3) + gz(idx([1 << 31, 28, 28], b"")[:16] + b"\x00" * (1 << 20)))
+write("idx", "bomb_labels_past_claim_gz", mode(1) + gz(idx([1000], b"\x00" * 1000) + b"\x00" * (1 << 20)))
+# Reading a prefix (mode bit 3: a limit of 1 + (mode >> 4)): two of four images.
+limited = bytes([mode(3)[0] | 8 | (1 << 4)])
+write("idx", "images_gz_limit_2", limited + gz(idx([4, 4, 3])))
+write("idx", "images_plain_limit_2", limited + idx([4, 4, 3]))
 
 
 # ---- safetensors: the file ----
@@ -107,6 +116,27 @@ raw = b'{"a":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,
 write("safetensors", "shape_overflow_then_zero", struct.pack("<Q", len(raw)) + raw)
 raw = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}\x00junk'
 write("safetensors", "nul_in_header", struct.pack("<Q", len(raw)) + raw + b"\x05")
+
+# Hostile nesting: refused before parsing (more than 8 deep), whatever the value.
+deep = b"[" * 1500 + b"1" + b"]" * 1500
+raw = b'{"a":{"dtype":"F32","shape":' + deep + b',"data_offsets":[0,4]}}'
+write("safetensors", "deep_shape", struct.pack("<Q", len(raw)) + raw + b"\x00" * 4)
+raw = b'{"__metadata__":{"k":' + b'{"a":' * 600 + b'"v"' + b"}" * 600 + b"}}"
+write("safetensors", "deep_metadata", struct.pack("<Q", len(raw)) + raw)
+raw = b'{"__metadata__":{"k":"[[[[[[[[[[[[\\"{{{{{{{{{{\\\\"},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+write("safetensors", "brackets_in_strings", struct.pack("<Q", len(raw)) + raw + b"\x01")
+# Dtypes converted on load: F16 (zero, -0, 1, smallest subnormal, largest, inf, -inf, NaN) and F64
+# to f32, I64 to i32 (one file in range, one not), BF16 as raw bits.
+f16 = struct.pack("<8H", 0x0000, 0x8000, 0x3C00, 0x0001, 0x7BFF, 0x7C00, 0xFC00, 0x7E00)
+write("safetensors", "f16", safetensors([("h", "F16", [8], f16)]))
+write("safetensors", "bf16", safetensors([("b", "BF16", [2, 2], struct.pack("<4H", 0x3F80, 0xC000, 0x7F80, 0x7FC1))]))
+write("safetensors", "f64", safetensors([("d", "F64", [4], struct.pack("<4d", 0.1, 1e300, -0.0, 1 + 2 ** -24))]))
+write("safetensors", "i64", safetensors([("n", "I64", [3], struct.pack("<3q", 0, -(2 ** 31), 2 ** 31 - 1))]))
+write("safetensors", "i64_out_of_range", safetensors([("n", "I64", [2], struct.pack("<2q", 1, 2 ** 31))]))
+t16 = [("h", "F16", [8], f16), ("n", "I64", [1], struct.pack("<q", 7))]
+meta = {"format": "pt", "checksum_crc32": ""}
+meta["checksum_crc32"] = crc_of(t16, meta)
+write("safetensors", "f16_i64_with_checksum", safetensors(t16, meta))
 
 # ---- size: the text ----
 for i, s in enumerate(["64MiB", "1.5GiB", "0", "12", "512 KiB", "1 KB", "9e18", "1e400", "-1", "0x10",

@@ -15,8 +15,8 @@ namespace cumulus::io {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// Writes atomically (temporary file, fsync, rename). dtypes f32 -> "F32", i32 -> "I32", u8 -> "U8".
-// Tensors on CUDA are copied to the host. Names must be unique.
+// Writes atomically (temporary file, fsync, rename). dtypes f32 -> "F32", i32 -> "I32", u8 -> "U8",
+// bf16 -> "BF16". Tensors on CUDA are copied to the host. Names must be unique.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
@@ -25,9 +25,17 @@ struct SafetensorsContents {
   std::map<std::string, std::string> metadata;
 };
 
-// Reads a file, validating the header (length within the file, JSON, known dtypes, shapes that
-// match their byte ranges, ranges inside the data and not overlapping). Errors name the file and
-// the fault. Tensors are placed on `device` (category: the current scope's).
+// Reads a file, validating the header (length within the file, JSON nested at most 8 deep, known
+// dtypes, shapes that match their byte ranges, ranges inside the data and not overlapping).
+// Errors name the file and the fault, and quote at most ~80 characters of the file's content.
+// Only a regular file is read: a FIFO, a directory or a device is refused, never waited on.
+// Tensors are placed on `device` (category: the current scope's). Stored dtypes load as:
+//   F32 -> f32, I32 -> i32, U8 -> u8, BF16 -> bf16 (the raw bits)
+//   F16 -> f32 (exact: subnormals, infinities and NaN included)
+//   F64 -> f32 (rounded to nearest; finite values beyond the f32 range become +-inf)
+//   I64 -> i32 (every value range-checked: one outside i32 is an Error naming the file, the
+//               tensor and the value)
+// Other dtypes (BOOL, I8, I16, U16, U32, U64, F8_*) are an Error naming the tensor.
 SafetensorsContents load_safetensors(const std::string& path, Device device = Device::cpu());
 
 }  // namespace cumulus::io
