@@ -2,9 +2,11 @@
 # Installs the Debian packages cumulus builds with, if any is missing (needs root or sudo).
 # The CUDA toolkit is not a Debian package here: when nvcc is absent the build is CPU only.
 # --fuzz adds what scripts/fuzz.sh needs: clang and its runtime libraries (libFuzzer, sanitizers).
+# curl and ca-certificates: the app downloads Fashion-MNIST with curl over HTTPS when no copy is
+# found (minimal images have neither).
 set -euo pipefail
 packages=(cmake make g++ libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
-          libcli11-dev nlohmann-json3-dev)
+          libcli11-dev nlohmann-json3-dev curl ca-certificates)
 for arg in "$@"; do
   case "$arg" in
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;

@@ -1,11 +1,14 @@
 #include "data_files.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <vector>
 
 #include "cumulus/core/error.h"
@@ -56,6 +59,39 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// Whether `program` is an executable file in a directory of $PATH (what the shell would run).
+bool on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return false;
+  std::stringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / program;
+    std::error_code ec;
+    if (fs::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+std::string file_list() {
+  std::string s;
+  for (const FileInfo& f : kFiles) s += (s.empty() ? "" : ", ") + std::string(f.name);
+  return s;
+}
+
+// What to do when the files cannot be had here, for every download error.
+std::string what_to_do(const fs::path& dir) {
+  return "download the four files (" + file_list() + ") from " + kBaseUrls[0] + " into " + dir.string() +
+         ", or pass --data DIR (or set $CUMULUS_DATA) to a directory holding them";
+}
+
+// Removes the download's leftovers: the directories this run created, if they stayed empty.
+// Verified files stay, so a retry fetches only the rest.
+void clean_up(const std::vector<fs::path>& created) {
+  std::error_code ec;
+  for (auto it = created.rbegin(); it != created.rend(); ++it)
+    if (fs::is_directory(*it, ec) && fs::is_empty(*it, ec)) fs::remove(*it, ec);
+}
+
 // SHA-256 through coreutils' sha256sum: present wherever curl is, and not worth a hand-written hash.
 std::string sha256_of(const fs::path& file) {
   const std::string cmd = "sha256sum " + shell_quote(file.string()) + " 2>/dev/null";
@@ -71,6 +107,14 @@ std::string sha256_of(const fs::path& file) {
 void download(const fs::path& dir, const FileInfo& f, bool quiet) {
   const fs::path target = dir / f.name;
   const fs::path tmp = dir / (std::string(f.name) + ".part");
+  // Whatever happens below, no partial file stays behind (after the rename there is none).
+  struct RemovePart {
+    const fs::path& path;
+    ~RemovePart() {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  } remove_part{tmp};
   std::string tried;
   for (const char* base : kBaseUrls) {
     const std::string url = std::string(base) + f.name;
@@ -79,20 +123,21 @@ void download(const fs::path& dir, const FileInfo& f, bool quiet) {
     const std::string cmd = "curl -fsSL --retry 2 --connect-timeout 20 -o " + shell_quote(tmp.string()) + " " +
                             shell_quote(url) + (quiet ? " 2>/dev/null" : "");
     const int status = std::system(cmd.c_str());
-    if (status != 0 || !fs::is_regular_file(tmp)) continue;
+    if (status != -1 && WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM))
+      throw cumulus::Error(std::string("download of ") + f.name + " interrupted");
+    std::error_code ec;
+    if (status != 0 || !fs::is_regular_file(tmp, ec)) continue;
     const std::string sum = sha256_of(tmp);
     if (sum != f.sha256) {
-      fs::remove(tmp);
       throw cumulus::Error("downloaded " + url + " but its SHA-256 is " + sum + ", expected " + f.sha256 +
                            "; the file was discarded");
     }
     fs::rename(tmp, target);
     return;
   }
-  std::error_code ec;
-  fs::remove(tmp, ec);
-  throw cumulus::Error(std::string("could not download ") + f.name + " (tried " + tried +
-                       "); download the four files by hand into " + dir.string() + " or pass --data DIR");
+  throw cumulus::Error(std::string("could not download ") + f.name + " with curl (tried " + tried +
+                       "; is the network reachable, a proxy needed (https_proxy), ca-certificates installed?); " +
+                       what_to_do(dir));
 }
 
 }  // namespace
@@ -112,13 +157,29 @@ std::string locate_fashion_mnist(const std::string& data_flag, bool quiet) {
     if (missing_files(candidate).empty()) return candidate;
 
   const fs::path dir = "data/fashion-mnist";
+  const std::string searched = "--data, $CUMULUS_DATA, ./data/fashion-mnist, ../shared/data/fashion-mnist";
+  // Checked before anything is created, so a machine without the tools is told what to install
+  // and left as it was.
+  for (const char* tool : {"curl", "sha256sum"})
+    if (!on_path(tool))
+      throw cumulus::Error(std::string("Fashion-MNIST not found (") + searched + ") and " + tool +
+                           ", needed to download and verify it, is not installed (Debian: apt-get install " +
+                           (std::string(tool) == "curl" ? "curl ca-certificates" : "coreutils") +
+                           ", or scripts/install-deps.sh); or " + what_to_do(dir));
+  std::vector<fs::path> created;
   std::error_code ec;
+  for (const fs::path& d : {dir.parent_path(), dir})
+    if (!fs::exists(d, ec)) created.push_back(d);
   fs::create_directories(dir, ec);
   if (ec) throw cumulus::Error("cannot create " + dir.string() + " for the download: " + ec.message());
-  if (!quiet) std::fprintf(stderr, "Fashion-MNIST not found (--data, $CUMULUS_DATA, ./data/fashion-mnist, "
-                                   "../shared/data/fashion-mnist); downloading into %s\n", dir.c_str());
-  for (const FileInfo& f : kFiles)
-    if (!fs::is_regular_file(dir / f.name)) download(dir, f, quiet);
+  if (!quiet) std::fprintf(stderr, "Fashion-MNIST not found (%s); downloading into %s\n", searched.c_str(), dir.c_str());
+  try {
+    for (const FileInfo& f : kFiles)
+      if (!fs::is_regular_file(dir / f.name)) download(dir, f, quiet);
+  } catch (...) {
+    clean_up(created);
+    throw;
+  }
   return dir.string();
 }
 

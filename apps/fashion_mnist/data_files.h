@@ -9,8 +9,10 @@ namespace fmnist {
 // ./data/fashion-mnist, ../shared/data/fashion-mnist. A directory counts when it holds all four
 // files (each as NAME.gz or NAME). --data or $CUMULUS_DATA without them is a UsageFailure naming
 // what is missing. When no candidate holds them, the files are downloaded with curl from the
-// canonical location into ./data/fashion-mnist and their SHA-256 sums checked before use; a
-// failed download or a wrong sum is a cumulus::Error giving the URLs.
+// canonical location into ./data/fashion-mnist and their SHA-256 sums (sha256sum) checked before
+// use. Without curl or sha256sum on $PATH that is a cumulus::Error saying what to install, raised
+// before anything is created; a failed download or a wrong sum is a cumulus::Error giving the
+// URLs and what to do, and leaves no partial file and no directory this call created empty.
 std::string locate_fashion_mnist(const std::string& data_flag, bool quiet);
 
 }  // namespace fmnist
