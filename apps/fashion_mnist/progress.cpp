@@ -32,7 +32,11 @@ std::string format_progress_line(const ProgressLine& p, int columns) {
   char buf[64];
   const std::string epoch =
       "Epoch " + std::to_string(p.epoch) + (p.total_epochs > 0 ? "/" + std::to_string(p.total_epochs) : "");
-  const std::string count = std::to_string(p.done) + "/" + std::to_string(p.total);
+  // Padded to the total's digits, so the bar keeps its width as the count grows.
+  std::string count = std::to_string(p.done);
+  const std::string total = std::to_string(p.total);
+  if (count.size() < total.size()) count.insert(0, total.size() - count.size(), ' ');
+  count += "/" + total;
   std::snprintf(buf, sizeof buf, "loss %.4f", p.loss);
   const std::string loss = buf;
   if (p.samples_per_s >= 1000) std::snprintf(buf, sizeof buf, "%.1fk", p.samples_per_s / 1000);
