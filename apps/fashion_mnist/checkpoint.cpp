@@ -34,9 +34,6 @@ struct Setting {
   bool overridable;
 };
 
-// File content quoted in a message is cut short: a forged header could hold megabytes.
-std::string shorten(const std::string& text) { return text.size() <= 60 ? text : text.substr(0, 60) + "..."; }
-
 // The shortest text that reads back as the same float: "0.001", not "0.00100000005".
 std::string float_text(float v) {
   char buf[32];
@@ -181,7 +178,7 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
     throw cumulus::Error(path + ": not a cumulus checkpoint (its metadata 'format' is not " + std::string(kFormat) +
                          "); to start from plain weights use --init");
   if (format->second != kFormat)
-    throw cumulus::Error(path + ": a checkpoint in the older format '" + shorten(format->second) +
+    throw cumulus::Error(path + ": a checkpoint in the older format '" + cumulus::excerpt(format->second) +
                          "', which does not record every setting that changes the result, so it cannot be resumed "
                          "exactly by this version (" + kFormat + ")");
   if (c.metadata.count(kChecksumKey) == 0)
@@ -191,7 +188,7 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   TrainingState s;
   for (const Setting& setting : run_settings(options)) {
     auto it = c.metadata.find("setting." + setting.key);
-    const std::string saved = it == c.metadata.end() ? "(not recorded)" : shorten(it->second);
+    const std::string saved = it == c.metadata.end() ? "(not recorded)" : cumulus::excerpt(it->second);
     if (saved == setting.value) continue;
     const std::string name = setting.flag.substr(2);
     if (setting.overridable && options.overrides.count(name) == 1 && it != c.metadata.end()) {

@@ -533,7 +533,10 @@ int main(int argc, char** argv) {
   try {
     return fmnist::run(options);
   } catch (const fmnist::Interrupted&) {
-    std::fprintf(stderr, "fashion_mnist: interrupted (%s)\n", fmnist::signal_name(fmnist::g_signal));
+    // Before the first micro-batch (loading, planning) or in an --eval-only test pass: there is no
+    // new state to save, and a checkpoint being resumed is left as it was.
+    std::fprintf(stderr, "fashion_mnist: interrupted (%s) before training began; nothing was written\n",
+                 fmnist::signal_name(fmnist::g_signal));
     return fmnist::exit_code_for(fmnist::g_signal);
   } catch (const fmnist::UsageFailure& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());

@@ -87,6 +87,16 @@ void check_run_paths(const Options& o) {
       if (same_file(ids[i], ids[j]))
         throw UsageFailure(outputs[i].flag + " '" + outputs[i].path + "' and " + outputs[j].flag + " '" +
                            outputs[j].path + "' are the same file; give each output its own file");
+  // This process's stdout or stderr redirected into a file (or /dev/stdout naming it): writing
+  // an output there would replace the file the shell is still writing.
+  for (const int fd : {1, 2}) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      if (ids[i].exists && ids[i].device == st.st_dev && ids[i].inode == st.st_ino)
+        throw UsageFailure(outputs[i].flag + " '" + outputs[i].path + "' is the file this run's standard " +
+                           (fd == 1 ? "output" : "error") + " goes to; give the output its own file");
+  }
   for (const NamedPath& in : {NamedPath{"--init", o.init_path}, NamedPath{"--resume", o.resume_path}}) {
     if (in.path.empty()) continue;
     const Identity input = identify(in.path);
