@@ -35,8 +35,8 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-Result run_app(const std::string& args) {
-  const std::string cmd = std::string(FASHION_MNIST_BIN) + " " + args + " 2>&1";
+Result run_app(const std::string& args, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(FASHION_MNIST_BIN) + " " + args + " 2>&1";
   Result r;
   FILE* p = ::popen(cmd.c_str(), "r");
   char buf[4096];
@@ -117,6 +117,82 @@ TEST_F(AppTest, UsageErrorsExitTwoWithOneLine) {
     EXPECT_EQ(r.exit_code, 2) << r.out;
     EXPECT_NE(r.out.find("cuda"), std::string::npos) << r.out;
   }
+}
+
+TEST_F(AppTest, RunScriptAsTheReadmeShowsItTakesTheLastValueOfARepeatedFlag) {
+  // scripts/run.sh passes --epochs 20 itself; the user's --epochs 1 after it must win.
+  const fs::path bin = fs::path(FASHION_MNIST_BIN);
+  const std::string cmd = "CUMULUS_SKIP_BUILD=1 CUMULUS_BUILD_DIR=" + quote(bin.parent_path().parent_path().string()) +
+                          " CUMULUS_REPORTS_DIR=" + quote(path("run_sh_reports")) + " " +
+                          quote(std::string(CUMULUS_SOURCE_DIR) + "/scripts/run.sh") + " --epochs 1 " + data_arg() +
+                          " --train-limit 256 --test-limit 64 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("Epoch 1\n---"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Epoch 2\n---"), std::string::npos) << out;
+  for (const char* f : {"metrics.jsonl", "memory.json", "trace.json", "memory.svg", "weights.safetensors"})
+    EXPECT_TRUE(fs::exists(path("run_sh_reports/" + std::string(f)))) << f;
+}
+
+TEST_F(AppTest, VersionEvalOnlyQuietAndWrappedHelp) {
+  const Result version = run_app("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  for (const char* k : {"cumulus", "commit", "build type", "CUDA", "cuDNN", "NCCL", "MPI"})
+    EXPECT_NE(version.out.find(k), std::string::npos) << k << "\n" << version.out;
+
+  // --eval-only on saved weights prints the test results the training run printed last.
+  const std::string common = data_arg() + " --train-limit 512 --test-limit 100";
+  const Result trained = run_app(common + " --quiet --epochs 1 --save " + quote(path("eval_w.st")));
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  const Result eval = run_app(common + " --quiet --eval-only --init " + quote(path("eval_w.st")));
+  ASSERT_EQ(eval.exit_code, 0) << eval.out;
+  const std::size_t at = trained.out.find("Test Results:");
+  ASSERT_NE(at, std::string::npos) << trained.out;
+  EXPECT_EQ(eval.out, trained.out.substr(at)) << "--eval-only must print the same result lines";
+
+  // --quiet: the per-epoch results only, no planner, checkpoint or report lines.
+  const Result quiet = run_app(common + " --quiet --epochs 1 --effective-batch 64 --memory-budget 64MiB --checkpoint " +
+                               quote(path("quiet_ck.st")) + " --memory-report " + quote(path("quiet.json")));
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.out;
+  EXPECT_EQ(quiet.out.rfind("Epoch 1\n---", 0), 0u) << quiet.out;
+  for (const char* noise : {"planner", "checkpoint", "written", "memory per micro-batch"})
+    EXPECT_EQ(quiet.out.find(noise), std::string::npos) << noise << "\n" << quiet.out;
+
+  // Help fits an 80-column terminal.
+  const Result help = run_app("--help", "COLUMNS=80");
+  std::istringstream lines(help.out);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 80u) << line;
+}
+
+TEST_F(AppTest, LearningRateScheduleFlagsReachTheOptimizer) {
+  // 256 samples in micro-batches of 32: 8 optimizer steps per epoch. StepLR halves the rate every
+  // 3 steps, so the last step of epoch 2 (step 15) runs at lr / 2^5.
+  const Result r = run_app(data_arg() + " --quiet --train-limit 256 --test-limit 64 --batch-size 32 --epochs 2 "
+                           "--lr 0.1 --lr-schedule step --lr-step-size 3 --lr-gamma 0.5 --metrics " +
+                           quote(path("sched.jsonl")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::istringstream lines(read("sched.jsonl"));
+  std::string first, second;
+  std::getline(lines, first);
+  std::getline(lines, second);
+  EXPECT_FLOAT_EQ(nlohmann::json::parse(first)["lr"].get<float>(), 0.1f / 4);   // step 7: 2 halvings
+  EXPECT_FLOAT_EQ(nlohmann::json::parse(second)["lr"].get<float>(), 0.1f / 32);  // step 15: 5 halvings
+  // Cosine with warmup, AdamW betas and eps, SGD Nesterov: accepted and trained.
+  EXPECT_EQ(run_app(data_arg() + " --quiet --train-limit 256 --test-limit 64 --epochs 1 --lr-schedule cosine "
+                    "--warmup-steps 2 --min-lr 1e-5 --optimizer adamw --betas 0.8,0.99 --eps 1e-6 --threads 1")
+                .exit_code,
+            0);
+  EXPECT_EQ(run_app(data_arg() + " --quiet --train-limit 256 --test-limit 64 --epochs 1 --momentum 0.9 --nesterov")
+                .exit_code,
+            0);
+  EXPECT_EQ(run_app(data_arg() + " --lr-schedule step").exit_code, 2);
+  EXPECT_EQ(run_app(data_arg() + " --nesterov").exit_code, 2);
+  EXPECT_EQ(run_app(data_arg() + " --betas 0.9").exit_code, 2);
 }
 
 TEST_F(AppTest, CorruptDataIsARuntimeFailureNamingTheFile) {

@@ -126,6 +126,12 @@ int64_t get_int(const std::map<std::string, std::string>& meta, const std::strin
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> recorded_settings(const Options& options) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Setting& s : run_settings(options)) out.emplace_back(s.flag.substr(2), s.value);
+  return out;
+}
+
 void save_weights(const std::string& path, const cumulus::nn::Module& model) {
   io::save_safetensors(path, model.state_dict(), {{"format", "pt"}});
 }

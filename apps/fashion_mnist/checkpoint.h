@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cumulus/nn/module.h"
@@ -39,6 +40,9 @@ struct ResumeLimits {
   int64_t micro_batches_per_epoch = 0;
   int64_t train_samples = 0;
 };
+
+// The settings a checkpoint records (Note [Resume contract]), as (flag without dashes, value).
+std::vector<std::pair<std::string, std::string>> recorded_settings(const Options& options);
 
 void save_weights(const std::string& path, const cumulus::nn::Module& model);
 // Every parameter of `model` must be in the file with its shape, and finite; extra tensors are an

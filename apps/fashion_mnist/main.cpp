@@ -359,8 +359,11 @@ int run(Options& o) {
   if (o.model == "cnn") to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
+  to.settings = recorded_settings(o);
+  if (std::none_of(to.settings.begin(), to.settings.end(), [](const auto& kv) { return kv.first == "epochs"; }))
+    to.settings.emplace_back("epochs", std::to_string(o.epochs));
   MemoryTracker tracker(device, to);
-  Progress progress(stderr, !o.quiet);
+  Progress progress(stderr, !o.quiet, o.epochs);
 
   // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
   // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run`

@@ -13,6 +13,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/planner.h"
+#include "cumulus/version.h"
 
 namespace fmnist {
 
@@ -60,16 +61,13 @@ const std::set<std::string>& overridable_settings() {
 }
 
 std::string version_text() {
-#ifndef CUMULUS_VERSION_STRING
-#define CUMULUS_VERSION_STRING "unknown"
-#endif
 #ifndef CUMULUS_GIT_COMMIT
 #define CUMULUS_GIT_COMMIT "unknown"
 #endif
 #ifndef CUMULUS_BUILD_TYPE
 #define CUMULUS_BUILD_TYPE "unknown"
 #endif
-  std::string s = std::string("fashion_mnist (cumulus) ") + CUMULUS_VERSION_STRING + "\ncommit " + CUMULUS_GIT_COMMIT +
+  std::string s = std::string("fashion_mnist (cumulus) ") + CUMULUS_VERSION + "\ncommit " + CUMULUS_GIT_COMMIT +
                   ", build type " + CUMULUS_BUILD_TYPE + "\n";
   s += std::string("CUDA: ") + (cumulus::cuda_compiled() ? "compiled" : "not compiled");
 #ifdef CUMULUS_WITH_CUDNN
