@@ -36,7 +36,7 @@
 namespace cumulus::ops::detail {
 
 // The category for an op's output: the innermost scope's, else activations while the graph is
-// being recorded (grad mode on), else other. See DESIGN.md, decision 4.
+// being recorded (grad mode on), else other. See docs/ARCHITECTURE.md, "Memory accounting".
 inline MemoryCategory output_category() {
   return current_memory_category(GradMode::enabled() ? MemoryCategory::activations
                                                      : MemoryCategory::other);

@@ -1,5 +1,5 @@
-// Optimizer updates over one flat array (DESIGN.md, decision 8): one pass, the gradient scaled by
-// grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's) are in
+// Optimizer updates over one flat array (docs/ARCHITECTURE.md, "Gradients and accumulation"): one
+// pass, the gradient scaled by grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's) are in
 // kernels/optim_rules.h, shared with CUDA.
 #include <cmath>
 

@@ -1,6 +1,6 @@
 // Image classification datasets held on the device as uint8 (Fashion-MNIST is 55 MB that way),
 // and a DataLoader that gathers each batch there by index and scales it to [0, 1] in one kernel
-// (DESIGN.md, decision 6): no per-batch host copies.
+// (docs/ARCHITECTURE.md, "Data"): no per-batch host copies.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
 // length, a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str:
 // str}}, then the raw little-endian data. Weights saved with PyTorch's state-dict names load in
-// PyTorch with safetensors.torch.load_file and back (DESIGN.md, decision 10).
+// PyTorch with safetensors.torch.load_file and back (docs/ARCHITECTURE.md, "Files").
 #pragma once
 
 #include <map>

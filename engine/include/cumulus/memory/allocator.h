@@ -1,5 +1,5 @@
 // The caching allocator: one caching layer over a backend (cudaMalloc, or aligned host memory),
-// one instance per device. See DESIGN.md, decision 3, and Note [Caching allocator] in
+// one instance per device. See docs/ARCHITECTURE.md, "Memory accounting", and Note [Caching allocator] in
 // engine/memory/caching_allocator.cpp.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Memory categories: every block the allocator hands out carries one, set by the engine through
-// MemoryCategoryScope (users never tag memory by hand). See DESIGN.md, decision 4.
+// MemoryCategoryScope (users never tag memory by hand). See docs/ARCHITECTURE.md, "Memory accounting".
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// Budgets and the micro-batch planner (DESIGN.md, decision 5): predict before you run out.
+// Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"): predict before you run out.
 #pragma once
 
 #include <cstdint>

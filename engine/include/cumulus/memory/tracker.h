@@ -3,7 +3,7 @@
 // times; per optimizer step its time and the optimizer-state bytes; a summary with the fixed costs,
 // the activation bytes per sample and the peak of micro-batch B x N against batch B*N. It reads
 // the caching allocator's counters, which the engine keeps by category anyway, so tracking costs
-// a few counter reads per phase (DESIGN.md, decision 4).
+// a few counter reads per phase (docs/ARCHITECTURE.md, "Memory accounting").
 //
 // Calls, around the training loop:
 //   tracker.begin_micro_batch(epoch, index, samples); forward; tracker.end_forward();

@@ -1,8 +1,9 @@
 // FlatParameters: packs a model's parameters into one contiguous buffer and their gradients into
-// another (DESIGN.md, decision 8; llm.c and Megatron do the same). Every parameter, and its
-// persistent gradient buffer, becomes a view at a fixed offset, so the optimizer update, the global
-// gradient norm and the stale marking are each one pass over one array: one launch on CUDA,
-// whatever the number of parameters. Offsets are aligned to 64 elements (256 B).
+// another (docs/ARCHITECTURE.md, "Gradients and accumulation"; llm.c and Megatron do the same).
+// Every parameter, and its persistent gradient buffer, becomes a view at a fixed offset, so the
+// optimizer update, the global gradient norm and the stale marking are each one pass over one
+// array: one launch on CUDA, whatever the number of parameters. Offsets are aligned to 64
+// elements (256 B).
 #pragma once
 
 #include <string>

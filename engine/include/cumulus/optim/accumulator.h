@@ -1,5 +1,5 @@
 // Accumulator: the gradient-accumulation policy around an optimizer. See Note [Exact
-// normalization] in engine/optim/accumulator.cpp and DESIGN.md, decision 2.
+// normalization] in engine/optim/accumulator.cpp and docs/ARCHITECTURE.md, "Gradients and accumulation".
 //
 //   acc.begin_epoch(epoch, micro_batches_in_epoch);
 //   for each micro-batch:
