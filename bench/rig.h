@@ -26,7 +26,7 @@
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "models/mlp.h"
+#include "cumulus/models/mlp.h"
 
 namespace cumulus::bench {
 

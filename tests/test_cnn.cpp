@@ -31,7 +31,7 @@
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "models/cnn.h"
+#include "cumulus/models/cnn.h"
 #include "test_util.h"
 
 namespace cumulus {

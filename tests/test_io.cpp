@@ -28,7 +28,7 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/category.h"
 #include "cumulus/tensor/random.h"
-#include "models/mlp.h"
+#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus {

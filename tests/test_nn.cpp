@@ -14,7 +14,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "models/mlp.h"
+#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -23,7 +23,7 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "models/mlp.h"
+#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -15,7 +15,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/sgd.h"
-#include "models/mlp.h"
+#include "cumulus/models/mlp.h"
 
 using namespace cumulus;
 

@@ -1,4 +1,4 @@
-#include "models/cnn.h"
+#include "cumulus/models/cnn.h"
 
 #include "cumulus/ops/ops.h"
 

@@ -1,4 +1,4 @@
-#include "models/mlp.h"
+#include "cumulus/models/mlp.h"
 
 namespace cumulus::models {
 

@@ -1,0 +1,58 @@
+// cumulus in one include: everything a training loop needs, as `import torch` gives it.
+//
+//   #include <cumulus/cumulus.h>
+//   using namespace cumulus;
+//   Generator gen(0);
+//   models::SeedMLP model(gen);
+//   auto params = std::make_shared<nn::FlatParameters>(model);
+//   optim::AccumulatorOptions accumulation;
+//   accumulation.accum_steps = 4;
+//   optim::Accumulator acc(std::make_shared<optim::SGD>(params, optim::SGDOptions{}), accumulation);
+//   acc.begin_epoch(0);
+//   acc.backward(ops::cross_entropy(model(x), y, ops::Reduction::Sum), x.size(0));  // per micro-batch
+//   acc.step_if_ready();
+//   io::save_state_dict("weights.safetensors", model);  // PyTorch's load_state_dict takes it
+//
+// The CUDA-specific headers (core/cuda_*.h, core/cudnn_context.h) are left out: they need the CUDA
+// toolkit's headers and only matter to code that launches its own kernels.
+#pragma once
+
+#include "cumulus/core/device.h"
+#include "cumulus/core/error.h"
+#include "cumulus/core/timer.h"
+
+#include "cumulus/tensor/dtype.h"
+#include "cumulus/tensor/random.h"
+#include "cumulus/tensor/shape.h"
+#include "cumulus/tensor/tensor.h"
+
+#include "cumulus/autograd/grad_mode.h"
+
+#include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/ops.h"
+
+#include "cumulus/nn/conv_layers.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/layers.h"
+#include "cumulus/nn/module.h"
+
+#include "cumulus/optim/accumulator.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/optim/captured_training.h"
+#include "cumulus/optim/lr_schedule.h"
+#include "cumulus/optim/optimizer.h"
+#include "cumulus/optim/sgd.h"
+
+#include "cumulus/memory/allocator.h"
+#include "cumulus/memory/category.h"
+#include "cumulus/memory/planner.h"
+#include "cumulus/memory/tracker.h"
+
+#include "cumulus/data/dataset.h"
+#include "cumulus/data/idx.h"
+
+#include "cumulus/io/safetensors.h"
+#include "cumulus/io/state_dict.h"
+
+#include "cumulus/models/cnn.h"
+#include "cumulus/models/mlp.h"

@@ -1,0 +1,71 @@
+// A module's state dict (its parameters and buffers, with PyTorch's names) saved to and loaded from
+// a safetensors file, so weights move both ways between cumulus and PyTorch:
+//   PyTorch:  save_file(model.state_dict(), path)  /  model.load_state_dict(load_file(path))
+//   cumulus:  io::save_state_dict(path, model)      /  io::load_state_dict(path, model)
+//
+// Loading is all or nothing: every tensor is checked (names, shapes, dtypes) before any is copied,
+// so a failed load leaves the module as it was. Errors name the file and the tensor.
+//
+// dtypes: a file tensor whose dtype differs from the module's is converted when every value is
+// represented exactly in the module's dtype (Note [State-dict dtypes] in state_dict.cpp): bf16 ->
+// f32 always; i32 -> f32 for integers up to 2^24 in magnitude; f32 -> i32 for integral values in
+// range (PyTorch's int64 num_batches_tracked arrives as i32 from load_safetensors). Anything else
+// is refused.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "cumulus/io/safetensors.h"
+#include "cumulus/nn/module.h"
+
+namespace cumulus::io {
+
+// Tensors stored beside the module's, under a name prefix (a checkpoint's "optimizer." state).
+// Names here are without the prefix.
+struct ExtraTensors {
+  std::string prefix;
+  NamedTensors tensors;
+};
+
+// Writes module.state_dict() (and `extra`, each name prefixed with extra.prefix) atomically.
+// Metadata "format" defaults to "pt", as safetensors.torch.save_file writes it (some PyTorch
+// loaders check it); a "checksum_crc32" key makes the file carry a CRC-32 (see safetensors.h).
+void save_state_dict(const std::string& path, const nn::Module& module,
+                     const std::map<std::string, std::string>& metadata = {}, const ExtraTensors& extra = {});
+
+struct LoadStateDictOptions {
+  // Non-empty: file tensors whose names start with it are not the module's; they are returned in
+  // LoadedStateDict::extra (prefix removed) instead of being an error.
+  std::string extra_prefix;
+  // PyTorch's strict=False, split in two: module tensors the file lacks keep their values; file
+  // tensors the module lacks (outside extra_prefix) are ignored.
+  bool allow_missing = false;
+  bool allow_unexpected = false;
+  // false: a dtype that differs from the module's is an error, even where exact.
+  bool convert_dtypes = true;
+};
+
+struct LoadedStateDict {
+  std::map<std::string, std::string> metadata;  // the file's
+  NamedTensors extra;                           // under options.extra_prefix, on the host, prefix removed
+  std::vector<std::string> missing;             // module tensors not in the file (allow_missing)
+  std::vector<std::string> unexpected;          // file tensors ignored (allow_unexpected)
+};
+
+// Reads `path` (load_safetensors: header validated, checksum verified when present) and copies its
+// tensors into the module's (any device). Throws cumulus::Error naming the file and the tensor:
+// a tensor missing or unexpected, a shape that differs, a dtype that does not convert exactly.
+LoadedStateDict load_state_dict(const std::string& path, const nn::Module& module,
+                                const LoadStateDictOptions& options = {});
+
+// The copying half of load_state_dict, for callers that read the file themselves (to check its
+// metadata before touching the module). `source` names the file in error messages.
+LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsContents& contents,
+                                const nn::Module& module, const LoadStateDictOptions& options = {});
+
+// `t` as dtype `to` on the host, when every value converts exactly; otherwise throws cumulus::Error
+// with `what` (e.g. "file 'x': tensor 'y'") and the first value that does not.
+Tensor convert_exact(const Tensor& t, DType to, const std::string& what);
+
+}  // namespace cumulus::io

@@ -1,0 +1,172 @@
+#include "cumulus/io/state_dict.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "cumulus/core/error.h"
+
+namespace cumulus::io {
+
+namespace {
+
+std::string where(const std::string& source, const std::string& name) {
+  return "file '" + source + "': tensor '" + name + "'";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return !prefix.empty() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+float bf16_to_f32(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
+
+// Element i of a host tensor as a double (every value of our dtypes is exact in a double).
+double read_value(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return t.data<float>()[i];
+    case DType::i32: return t.data<int32_t>()[i];
+    case DType::u8: return t.data<uint8_t>()[i];
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
+  }
+  return 0.0;
+}
+
+// Stores v as element i of `out` if it is exactly representable there (NaN and infinities count as
+// exact for the floating types).
+bool write_exact(Tensor& out, int64_t i, double v) {
+  switch (out.dtype()) {
+    case DType::f32: {
+      const float f = static_cast<float>(v);
+      if (!std::isnan(v) && static_cast<double>(f) != v) return false;
+      out.data<float>()[i] = f;
+      return true;
+    }
+    case DType::bf16: {
+      const float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      if (std::isnan(v)) bits = 0x7FC00000u;  // a quiet NaN whose payload survives truncation
+      else if (static_cast<double>(f) != v || (bits & 0xFFFFu) != 0) return false;
+      static_cast<uint16_t*>(out.raw_data())[i] = static_cast<uint16_t>(bits >> 16);
+      return true;
+    }
+    case DType::i32:
+      if (!std::isfinite(v) || v != std::floor(v) || v < std::numeric_limits<int32_t>::min() ||
+          v > std::numeric_limits<int32_t>::max())
+        return false;
+      out.data<int32_t>()[i] = static_cast<int32_t>(v);
+      return true;
+    case DType::u8:
+      if (!std::isfinite(v) || v != std::floor(v) || v < 0 || v > 255) return false;
+      out.data<uint8_t>()[i] = static_cast<uint8_t>(v);
+      return true;
+  }
+  return false;
+}
+
+// Integers in full (16777217, not 1.67772e+07: the point is often the last digit), others to 9
+// significant digits.
+std::string format_value(double v) {
+  std::ostringstream os;
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e18) os << static_cast<long long>(v);
+  else os << std::setprecision(9) << v;
+  return os.str();
+}
+
+}  // namespace
+
+// Note [State-dict dtypes]
+// Files from PyTorch do not always hold the dtype our module uses: batch norm's num_batches_tracked
+// is int64 there (load_safetensors hands it over as i32, range-checked), weights may be bf16, and a
+// converted or hand-made file may hold a float counter. We convert only where no value changes, and
+// check every element rather than the dtype pair alone: i32 -> f32 is exact for |v| <= 2^24 but not
+// beyond, f32 -> i32 only for integral values. A silently rounded weight or counter would make a
+// model that "loads" but evaluates differently from the one saved; refusing names the first value
+// that would change, so the user can convert deliberately.
+Tensor convert_exact(const Tensor& t, DType to, const std::string& what) {
+  const Tensor src = t.to(Device::cpu());
+  Tensor out = Tensor::empty(src.shape(), to, Device::cpu());
+  const int64_t n = src.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = read_value(src, i);
+    if (!write_exact(out, i, v))
+      throw Error(what + ": dtype " + dtype_name(src.dtype()) + " in the file, " + dtype_name(to) +
+                  " in the module, and element " + std::to_string(i) + " (" + format_value(v) +
+                  ") is not exactly representable in " + dtype_name(to));
+  }
+  return out;
+}
+
+void save_state_dict(const std::string& path, const nn::Module& module,
+                     const std::map<std::string, std::string>& metadata, const ExtraTensors& extra) {
+  NamedTensors tensors = module.state_dict();
+  tensors.reserve(tensors.size() + extra.tensors.size());
+  for (const auto& [name, t] : extra.tensors) tensors.emplace_back(extra.prefix + name, t);
+  std::map<std::string, std::string> meta = metadata;
+  meta.emplace("format", "pt");  // kept when the caller set one
+  save_safetensors(path, tensors, meta);
+}
+
+LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsContents& contents,
+                                const nn::Module& module, const LoadStateDictOptions& options) {
+  LoadedStateDict result;
+  result.metadata = contents.metadata;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : contents.tensors) by_name.emplace(name, &t);
+
+  // Check everything first, copy after: a failed load leaves the module untouched.
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (module tensor, value to copy into it)
+  for (const auto& [name, target] : module.state_dict()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      result.missing.push_back(name);
+      continue;
+    }
+    const Tensor& t = *it->second;
+    by_name.erase(it);
+    if (t.shape() != target.shape())
+      throw Error(where(source, name) + ": shape " + t.shape().str() + " in the file, " + target.shape().str() +
+                  " in the module");
+    if (t.dtype() == target.dtype()) {
+      copies.emplace_back(target, t);
+    } else if (options.convert_dtypes) {
+      copies.emplace_back(target, convert_exact(t, target.dtype(), where(source, name)));
+    } else {
+      throw Error(where(source, name) + ": dtype " + dtype_name(t.dtype()) + " in the file, " +
+                  dtype_name(target.dtype()) + " in the module (dtype conversion is off)");
+    }
+  }
+  if (!result.missing.empty() && !options.allow_missing)
+    throw Error(where(source, result.missing.front()) + ": not in the file, but in the module's state dict" +
+                (result.missing.size() > 1 ? " (" + std::to_string(result.missing.size()) + " such tensors)" : ""));
+
+  // What is left in the file is extra (under the prefix) or unexpected; keep the file's order.
+  for (const auto& [name, t] : contents.tensors) {
+    if (by_name.count(name) == 0) continue;
+    if (starts_with(name, options.extra_prefix)) result.extra.emplace_back(name.substr(options.extra_prefix.size()), t);
+    else result.unexpected.push_back(name);
+  }
+  if (!result.unexpected.empty() && !options.allow_unexpected)
+    throw Error(where(source, result.unexpected.front()) + ": in the file, but not in the module's state dict" +
+                (options.extra_prefix.empty() ? "" : " nor under '" + options.extra_prefix + "'") +
+                (result.unexpected.size() > 1 ? " (" + std::to_string(result.unexpected.size()) + " such tensors)" : ""));
+
+  for (auto& [target, value] : copies) target.copy_from(value);
+  return result;
+}
+
+LoadedStateDict load_state_dict(const std::string& path, const nn::Module& module,
+                                const LoadStateDictOptions& options) {
+  return copy_state_dict(path, load_safetensors(path), module, options);
+}
+
+}  // namespace cumulus::io

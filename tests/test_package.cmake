@@ -1,0 +1,101 @@
+# The CMake package test, run by ctest (label "package") as
+#   cmake -DMODE=install|subdirectory -DCUMULUS_SOURCE_DIR=... -DCUMULUS_BUILD_DIR=... -DWORK_DIR=...
+#         [-DGENERATOR=... -DCXX_COMPILER=... -DBUILD_TYPE=... -DWITH_CUDA=ON|OFF -DEXTRA_FLAGS=...]
+#         -P test_package.cmake
+# install:      `cmake --install` of the already-built tree into a fresh prefix, then the consumer in
+#               tests/consumer configured with find_package(cumulus), built and run. The packages
+#               only our tests, apps and benchmarks use (GoogleTest, Google Benchmark, CLI11) and
+#               the header-only nlohmann_json are hidden from it: the package must not need them.
+# subdirectory: the consumer configured with add_subdirectory(<checkout>) with the same packages
+#               hidden; it checks that only the library is defined, and compiles its sources against
+#               the library's usage requirements. The engine itself is not built again: that takes
+#               minutes on a small machine and proves nothing the install mode does not (the same
+#               sources and flags); -DCONSUMER_FULL_BUILD=ON on the consumer does it by hand.
+cmake_minimum_required(VERSION 3.24)
+foreach(var MODE CUMULUS_SOURCE_DIR CUMULUS_BUILD_DIR WORK_DIR)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "test_package: -D${var}=... is required")
+  endif()
+endforeach()
+
+set(consumer_src ${CUMULUS_SOURCE_DIR}/tests/consumer)
+set(work ${WORK_DIR}/${MODE})
+file(REMOVE_RECURSE ${work})
+file(MAKE_DIRECTORY ${work})
+
+# Runs a command, echoing it; fails the test with its output when it fails.
+function(step)
+  string(JOIN " " shown ${ARGN})
+  message(STATUS "test_package (${MODE}): ${shown}")
+  string(TIMESTAMP t0 "%s")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(TIMESTAMP t1 "%s")
+  math(EXPR secs "${t1} - ${t0}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "test_package (${MODE}): failed (${rc}) after ${secs} s: ${shown}\n${out}\n${err}")
+  endif()
+  message(STATUS "  ok in ${secs} s")
+  set(step_output "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+set(configure_args -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON
+                   -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON)
+if(GENERATOR)
+  list(APPEND configure_args -G ${GENERATOR})
+endif()
+if(CXX_COMPILER)
+  list(APPEND configure_args -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+endif()
+if(BUILD_TYPE)
+  list(APPEND configure_args -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+endif()
+if(EXTRA_FLAGS)  # sanitizer builds: the consumer compiles and links with the same -fsanitize
+  list(APPEND configure_args "-DCMAKE_CXX_FLAGS=${EXTRA_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXTRA_FLAGS}")
+endif()
+set(config_args)
+if(BUILD_TYPE)
+  set(config_args --config ${BUILD_TYPE})
+endif()
+
+if(MODE STREQUAL "install")
+  set(prefix ${work}/prefix)
+  step(${CMAKE_COMMAND} --install ${CUMULUS_BUILD_DIR} --prefix ${prefix} ${config_args})
+  # The prefix holds the library, the package files and <cumulus/...> headers; nothing private.
+  file(GLOB_RECURSE config_file ${prefix}/*/cumulusConfig.cmake)
+  file(GLOB_RECURSE version_file ${prefix}/*/cumulusConfigVersion.cmake)
+  file(GLOB_RECURSE library ${prefix}/*/libcumulus_engine.*)
+  file(GLOB include_entries RELATIVE ${prefix}/include ${prefix}/include/*)
+  foreach(f config_file version_file library)
+    if(NOT ${f})
+      message(FATAL_ERROR "test_package: ${f} not installed under ${prefix}")
+    endif()
+  endforeach()
+  if(NOT include_entries STREQUAL "cumulus" OR NOT EXISTS ${prefix}/include/cumulus/cumulus.h)
+    message(FATAL_ERROR "test_package: ${prefix}/include holds '${include_entries}', expected cumulus/ with cumulus.h")
+  endif()
+  step(${CMAKE_COMMAND} -S ${consumer_src} -B ${work}/build -DCMAKE_PREFIX_PATH=${prefix}
+       -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON ${configure_args})
+  step(${CMAKE_COMMAND} --build ${work}/build ${config_args} -j 2)
+  file(GLOB_RECURSE exe ${work}/build/consumer ${work}/build/*/consumer)
+  if(NOT exe)
+    message(FATAL_ERROR "test_package: the consumer binary was not built under ${work}/build")
+  endif()
+  list(GET exe 0 exe)
+  step(${exe} ${work})
+  message(STATUS "${step_output}")
+elseif(MODE STREQUAL "subdirectory")
+  set(cuda OFF)
+  if(WITH_CUDA)
+    set(cuda ON)
+  endif()
+  step(${CMAKE_COMMAND} -S ${consumer_src} -B ${work}/build -DCUMULUS_SOURCE_DIR=${CUMULUS_SOURCE_DIR}
+       -DCUMULUS_CUDA=${cuda} ${configure_args})
+  if(NOT step_output MATCHES "defines cumulus_engine alone")
+    message(FATAL_ERROR "test_package: the consumer did not report its target check:\n${step_output}")
+  endif()
+  step(${CMAKE_COMMAND} --build ${work}/build ${config_args} --target main_compiles hidden_headers_compiles)
+else()
+  message(FATAL_ERROR "test_package: MODE must be install or subdirectory, not '${MODE}'")
+endif()
+file(REMOVE_RECURSE ${work})
+message(STATUS "test_package (${MODE}): passed")
