@@ -2,6 +2,7 @@
 // errors (naming file and tensor) and the exact dtype conversions files from PyTorch need.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -209,6 +210,25 @@ TEST(StateDict, ExactDtypeConversions) {
   io::LoadStateDictOptions strict;
   strict.convert_dtypes = false;
   expect_error([&] { io::load_state_dict(path, bn, strict); }, {"tensor 'num_batches_tracked'", "conversion is off"});
+}
+
+TEST(StateDict, RequireFiniteRefusesNaNBeforeCopying) {
+  TempDir dir;
+  nn::BatchNorm2d a(3), b(3);
+  for (const auto& [name, t] : a.state_dict())
+    if (name == "running_var") {
+      Tensor target = t;
+      target.copy_from(Tensor::from_vector(std::vector<float>{1.0f, std::nanf(""), 2.0f}, Shape{3}));
+    }
+  const std::string path = dir.file("nan.safetensors");
+  io::save_state_dict(path, a);
+  io::LoadStateDictOptions o;
+  o.require_finite = true;
+  const auto before = values(b);
+  expect_error([&] { io::load_state_dict(path, b, o); }, {"file '" + path + "'", "tensor 'running_var'", "element 1"});
+  EXPECT_EQ(values(b), before);
+  io::load_state_dict(path, b);  // allowed by default, as PyTorch does
+  EXPECT_TRUE(std::isnan(tensor_of(b, "running_var").to_vector<float>()[1]));
 }
 
 // bf16 weights (as torch.bfloat16 saves them) into f32: always exact, bits << 16. Checked through

@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "cumulus/core/error.h"
 
@@ -82,6 +83,14 @@ std::string format_value(double v) {
   return os.str();
 }
 
+void check_finite(const std::string& source, const std::string& name, const Tensor& t) {
+  const std::vector<float> v = t.to_vector<float>();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw Error(where(source, name) + ": element " + std::to_string(i) + " is " + format_value(v[i]) +
+                  " (non-finite values are refused)");
+}
+
 }  // namespace
 
 // Note [State-dict dtypes]
@@ -124,7 +133,12 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
   for (const auto& [name, t] : contents.tensors) by_name.emplace(name, &t);
 
   // Check everything first, copy after: a failed load leaves the module untouched.
-  std::vector<std::pair<Tensor, Tensor>> copies;  // (module tensor, value to copy into it)
+  struct Copy {
+    std::string name;
+    Tensor target;  // the module's tensor
+    Tensor value;   // what goes into it: the file's tensor, or its conversion
+  };
+  std::vector<Copy> copies;
   for (const auto& [name, target] : module.state_dict()) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
@@ -137,9 +151,9 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
       throw Error(where(source, name) + ": shape " + t.shape().str() + " in the file, " + target.shape().str() +
                   " in the module");
     if (t.dtype() == target.dtype()) {
-      copies.emplace_back(target, t);
+      copies.push_back({name, target, t});
     } else if (options.convert_dtypes) {
-      copies.emplace_back(target, convert_exact(t, target.dtype(), where(source, name)));
+      copies.push_back({name, target, convert_exact(t, target.dtype(), where(source, name))});
     } else {
       throw Error(where(source, name) + ": dtype " + dtype_name(t.dtype()) + " in the file, " +
                   dtype_name(target.dtype()) + " in the module (dtype conversion is off)");
@@ -160,7 +174,10 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
                 (options.extra_prefix.empty() ? "" : " nor under '" + options.extra_prefix + "'") +
                 (result.unexpected.size() > 1 ? " (" + std::to_string(result.unexpected.size()) + " such tensors)" : ""));
 
-  for (auto& [target, value] : copies) target.copy_from(value);
+  if (options.require_finite)
+    for (const Copy& c : copies)
+      if (c.value.dtype() == DType::f32) check_finite(source, c.name, c.value);
+  for (Copy& c : copies) c.target.copy_from(c.value);
   return result;
 }
 

@@ -44,6 +44,9 @@ struct LoadStateDictOptions {
   bool allow_unexpected = false;
   // false: a dtype that differs from the module's is an error, even where exact.
   bool convert_dtypes = true;
+  // true: a NaN or an infinity in a floating-point tensor of the module's is an error (training
+  // from it produces only non-finite losses); checked before anything is copied.
+  bool require_finite = false;
 };
 
 struct LoadedStateDict {
