@@ -7,10 +7,10 @@
 #include <limits>
 #include <vector>
 #include <map>
-#include <set>
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/io/state_dict.h"
 
 namespace fmnist {
 
@@ -84,30 +84,15 @@ std::vector<Setting> run_settings(const Options& o) {
   return s;
 }
 
-void copy_into_model(const std::string& path, const cumulus::nn::Module& model, const io::NamedTensors& tensors,
-                     bool allow_extra_prefix) {
-  std::map<std::string, Tensor> by_name(tensors.begin(), tensors.end());
-  std::set<std::string> used;
-  // The state dict: parameters and buffers (batch norm's running statistics and counter).
-  for (const auto& [name, param] : model.state_dict()) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) throw cumulus::Error(path + ": no tensor '" + name + "' (in the model's state dict)");
-    const Tensor& t = it->second;
-    if (t.dtype() != param.dtype() || t.shape() != param.shape())
-      throw cumulus::Error(path + ": tensor '" + name + "' is " + t.shape().str() + " " + cumulus::dtype_name(t.dtype()) +
-                           ", the model's is " + param.shape().str() + " " + cumulus::dtype_name(param.dtype()));
-    if (t.dtype() == cumulus::DType::f32)
-      for (const float v : t.to_vector<float>())
-        if (!std::isfinite(v))
-          throw cumulus::Error(path + ": tensor '" + name + "' holds a non-finite value (" + std::to_string(v) +
-                               "); training from it would only produce non-finite losses");
-    Tensor target = param;
-    target.copy_from(t);
-    used.insert(name);
-  }
-  for (const auto& [name, t] : tensors) {
-    if (used.count(name) || (allow_extra_prefix && name.rfind(kOptimizerPrefix, 0) == 0)) continue;
-    throw cumulus::Error(path + ": tensor '" + name + "' is not in this model's state dict");
+// Every floating-point value the module now holds must be finite: training from a NaN or an Inf
+// produces only non-finite losses, every step skipped, and a test accuracy that means nothing.
+void check_finite(const std::string& path, const cumulus::nn::Module& model) {
+  for (const auto& [name, t] : model.state_dict()) {
+    if (t.dtype() != cumulus::DType::f32) continue;
+    for (const float v : t.to_vector<float>())
+      if (!std::isfinite(v))
+        throw cumulus::Error(path + ": tensor '" + name + "' holds a non-finite value (" + std::to_string(v) +
+                             "); training from it would only produce non-finite losses");
   }
 }
 
@@ -132,9 +117,7 @@ std::vector<std::pair<std::string, std::string>> recorded_settings(const Options
   return out;
 }
 
-void save_weights(const std::string& path, const cumulus::nn::Module& model) {
-  io::save_safetensors(path, model.state_dict(), {{"format", "pt"}});
-}
+void save_weights(const std::string& path, const cumulus::nn::Module& model) { io::save_state_dict(path, model); }
 
 void load_weights(const std::string& path, const cumulus::nn::Module& model) {
   const io::SafetensorsContents c = io::load_safetensors(path);
@@ -142,13 +125,12 @@ void load_weights(const std::string& path, const cumulus::nn::Module& model) {
   if (format != c.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0)
     throw UsageFailure("--init '" + path + "' is a cumulus checkpoint (weights, optimizer state and counters): "
                        "continue its run with --resume");
-  copy_into_model(path, model, c.tensors, false);
+  io::copy_state_dict(path, c, model);
+  check_finite(path, model);
 }
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                      const cumulus::optim::Optimizer& optimizer, const TrainingState& s, const Options& options) {
-  io::NamedTensors tensors = model.state_dict();
-  for (const auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
   std::map<std::string, std::string> meta;
   for (const Setting& setting : run_settings(options)) meta["setting." + setting.key] = setting.value;
   meta["format"] = kFormat;
@@ -167,7 +149,7 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
   // RNG state: the initialization is replaced by the saved weights, and the shuffle order of an
   // epoch is a pure function of (seed, epoch), both recorded here.
   meta[kChecksumKey] = "";  // computed by save_safetensors
-  io::save_safetensors(path, tensors, meta);
+  io::save_state_dict(path, model, meta, io::ExtraTensors{kOptimizerPrefix, optimizer.state()});
 }
 
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
@@ -237,12 +219,12 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);
   s.epoch_samples = counter("epoch_samples", 0, limits.train_samples);
 
-  copy_into_model(path, model, c.tensors, true);
-  cumulus::io::NamedTensors state;
-  for (const auto& [name, t] : c.tensors)
-    if (name.rfind(kOptimizerPrefix, 0) == 0) state.emplace_back(name.substr(std::string(kOptimizerPrefix).size()), t);
+  io::LoadStateDictOptions load_options;
+  load_options.extra_prefix = kOptimizerPrefix;
+  const io::LoadedStateDict loaded = io::copy_state_dict(path, c, model, load_options);
+  check_finite(path, model);
   try {
-    optimizer.load_state(state, s.optimizer_updates);
+    optimizer.load_state(loaded.extra, s.optimizer_updates);
   } catch (const cumulus::Error& e) {
     throw cumulus::Error("checkpoint '" + path + "': its optimizer state does not fit this run: " + e.what());
   }
