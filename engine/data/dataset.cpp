@@ -159,7 +159,7 @@ Batch DataLoader::next(int64_t i) {
     return b;
   }
   Batch b = empty_batch(i);
-  const int64_t count = b.x.size(0), row = b.x.size(1);
+  [[maybe_unused]] const int64_t count = b.x.size(0), row = b.x.size(1);
   [[maybe_unused]] const uint8_t* images = dataset_.images.data<uint8_t>();
   [[maybe_unused]] const int32_t* labels = dataset_.labels.data<int32_t>();
   [[maybe_unused]] const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
