@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "cumulus/io/file.h"
 
 namespace cumulus::data {
 
@@ -169,7 +170,7 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
                 "expected_ndim must be in [1, 255], got ", expected_ndim);
   CUMULUS_CHECK(limit >= 0, InvalidArgument, where(path), "limit must be >= 0 (0 reads everything), got ", limit);
   uint64_t size = 0;
-  const int fd = open_regular_file(path, where(path), size);  // a FIFO or a device is refused, not waited on
+  const int fd = io::open_regular_file(path, where(path), size);  // a FIFO or a device is refused, not waited on
   File file(::fdopen(fd, "rb"));
   if (!file) {
     const int saved = errno;

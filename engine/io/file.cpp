@@ -49,7 +49,7 @@ const char* kind_of(mode_t mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "a special file";
 }
 
 // ".tmp." and a pid of up to 10 digits follow the (possibly shortened) target name.
@@ -119,6 +119,36 @@ void check_output_writable(const std::string& path) {
                 std::strerror(errno));
   ::close(fd);
   ::unlink(tmp.c_str());
+}
+
+int open_regular_file(const std::string& path, const std::string& where, uint64_t& size) {
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever and past SIGTERM
+  // (the handler only sets a flag). O_NOCTTY: a terminal named as a file must not become ours.
+  int fd;
+  do fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    if (errno == ENOENT) throw Error(where + "not found");
+    throw Error(where + "cannot open: " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    throw Error(where + "cannot stat: " + std::strerror(saved));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(where + "is " + kind_of(st.st_mode) + ", not a regular file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    throw Error(where + "cannot switch to blocking reads: " + std::strerror(saved));
+  }
+  size = static_cast<uint64_t>(st.st_size);
+  return fd;
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {

@@ -59,12 +59,6 @@ std::string concat(const Args&... args) {
 // when shortened, so a hostile input cannot turn one message into megabytes.
 std::string excerpt(const std::string& text, std::size_t max_bytes = 80);
 
-// Opens `path` read-only for loading and returns the descriptor (the caller closes it), with the
-// file's size in `size`. Only a regular file is accepted: the open is non-blocking, so a FIFO
-// without a writer or a device cannot hang it; anything else is refused after fstat ("is a FIFO,
-// not a regular file"), and the descriptor is switched back to blocking reads. Error messages
-// start with `where`, which names the file: "not found", "cannot open: <reason>", "is a ...".
-int open_regular_file(const std::string& path, const std::string& where, uint64_t& size);
 
 }  // namespace cumulus
 

@@ -7,6 +7,7 @@
 // replaced by a regular file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace cumulus::io {
@@ -33,5 +34,12 @@ int remove_stale_temp_files(const std::string& target);
 // file (the directory exists and is writable, the filesystem takes new files, the name fits):
 // creates the temporary file and removes it. Throws cumulus::Error naming `path` and the reason.
 void check_output_writable(const std::string& path);
+
+// Opens `path` read-only for loading and returns the descriptor (the caller closes it), with the
+// file's size in `size`. Only a regular file is accepted: the open is non-blocking, so a FIFO
+// without a writer or a device cannot hang it; anything else is refused after fstat ("is a FIFO,
+// not a regular file"), and the descriptor is switched back to blocking reads. Error messages
+// start with `where`, which names the file: "not found", "cannot open: <reason>", "is a ...".
+int open_regular_file(const std::string& path, const std::string& where, uint64_t& size);
 
 }  // namespace cumulus::io
