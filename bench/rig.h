@@ -2,7 +2,7 @@
 // the optimizers of the comparison, a device timer for manual time, and one tracked micro-batch to
 // read the memory figures. Header-only: each benchmark binary includes it once.
 //
-// Timing (DESIGN.md, "Benchmarks time device work with CUDA events after warm-up"): every timed
+// Timing (device work timed with CUDA events after warm-up; bench/README.md): every timed
 // region is bracketed by two TimePoints on the benchmark's device. On CPU they read the host clock;
 // on CUDA they are events on the device's stream, so the time is the device's work (including the
 // gaps where the GPU waited for the host to launch, which is what a small MLP really pays). The
