@@ -1,6 +1,5 @@
 #include "checkpoint.h"
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -84,18 +83,6 @@ std::vector<Setting> run_settings(const Options& o) {
   return s;
 }
 
-// Every floating-point value the module now holds must be finite: training from a NaN or an Inf
-// produces only non-finite losses, every step skipped, and a test accuracy that means nothing.
-void check_finite(const std::string& path, const cumulus::nn::Module& model) {
-  for (const auto& [name, t] : model.state_dict()) {
-    if (t.dtype() != cumulus::DType::f32) continue;
-    for (const float v : t.to_vector<float>())
-      if (!std::isfinite(v))
-        throw cumulus::Error(path + ": tensor '" + name + "' holds a non-finite value (" + std::to_string(v) +
-                             "); training from it would only produce non-finite losses");
-  }
-}
-
 int64_t get_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
   auto it = meta.find(key);
   if (it == meta.end()) throw cumulus::Error(path + ": checkpoint metadata lacks '" + key + "'");
@@ -125,8 +112,9 @@ void load_weights(const std::string& path, const cumulus::nn::Module& model) {
   if (format != c.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0)
     throw UsageFailure("--init '" + path + "' is a cumulus checkpoint (weights, optimizer state and counters): "
                        "continue its run with --resume");
-  io::copy_state_dict(path, c, model);
-  check_finite(path, model);
+  io::LoadStateDictOptions load_options;
+  load_options.require_finite = true;  // training from NaN or Inf produces only non-finite losses
+  io::copy_state_dict(path, c, model, load_options);
 }
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
@@ -221,8 +209,8 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
 
   io::LoadStateDictOptions load_options;
   load_options.extra_prefix = kOptimizerPrefix;
+  load_options.require_finite = true;
   const io::LoadedStateDict loaded = io::copy_state_dict(path, c, model, load_options);
-  check_finite(path, model);
   try {
     optimizer.load_state(loaded.extra, s.optimizer_updates);
   } catch (const cumulus::Error& e) {
