@@ -59,7 +59,8 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
     fn();
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << "\nlacks: " << p;
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << "\nlacks: " << p;
   }
 }
 

@@ -172,7 +172,8 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
   if (!result.unexpected.empty() && !options.allow_unexpected)
     throw Error(where(source, result.unexpected.front()) + ": in the file, but not in the module's state dict" +
                 (options.extra_prefix.empty() ? "" : " nor under '" + options.extra_prefix + "'") +
-                (result.unexpected.size() > 1 ? " (" + std::to_string(result.unexpected.size()) + " such tensors)" : ""));
+                (result.unexpected.size() > 1 ? " (" + std::to_string(result.unexpected.size()) + " such tensors)"
+                                              : ""));
 
   if (options.require_finite)
     for (const Copy& c : copies)

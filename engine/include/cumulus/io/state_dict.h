@@ -51,7 +51,8 @@ struct LoadStateDictOptions {
 
 struct LoadedStateDict {
   std::map<std::string, std::string> metadata;  // the file's
-  NamedTensors extra;                           // under options.extra_prefix, on the host, prefix removed
+  // The tensors under options.extra_prefix, prefix removed (on the host from load_state_dict).
+  NamedTensors extra;
   std::vector<std::string> missing;             // module tensors not in the file (allow_missing)
   std::vector<std::string> unexpected;          // file tensors ignored (allow_unexpected)
 };
