@@ -354,6 +354,19 @@ TEST_F(CliRobustness, MessagesNameTheFileAndWhatToDo) {
   EXPECT_NE(r.out.find("--train-limit"), std::string::npos) << r.out;
 }
 
+TEST_F(CliRobustness, AHugeTensorInAWeightsFileIsRefusedBeforeItIsAllocated) {
+  // A header claiming a 64 GiB first weight over a sparse file of that size: the names and shapes
+  // are checked against the model from the header, so nothing of that size is ever allocated.
+  const uint64_t huge = uint64_t{512} * 33554432 * 4;
+  const std::string header = R"({"linear_relu_stack.0.weight":{"dtype":"F32","shape":[512,33554432],"data_offsets":[0,)" +
+                             std::to_string(huge) + "]}}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write_file(path("huge.st"), bytes + header);
+  fs::resize_file(path("huge.st"), 8 + header.size() + huge);  // sparse: no disk space used
+  expect_refused({"--init", path("huge.st")}, 1, {"huge.st", "linear_relu_stack.0.weight", "[512, 784]"});
+}
+
 TEST_F(CliRobustness, RepeatedFlagsTakeTheLastValue) {
   const Result r = run(common() + Args{"--epochs", "5", "--epochs", "1", "--metrics", path("last.jsonl")});
   ASSERT_EQ(r.exit_code, 0) << r.out;

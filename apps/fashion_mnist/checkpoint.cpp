@@ -107,14 +107,14 @@ std::vector<std::pair<std::string, std::string>> recorded_settings(const Options
 void save_weights(const std::string& path, const cumulus::nn::Module& model) { io::save_state_dict(path, model); }
 
 void load_weights(const std::string& path, const cumulus::nn::Module& model) {
-  const io::SafetensorsContents c = io::load_safetensors(path);
-  auto format = c.metadata.find("format");
-  if (format != c.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0)
+  const io::SafetensorsHeader header = io::read_safetensors_header(path);
+  auto format = header.metadata.find("format");
+  if (format != header.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0)
     throw UsageFailure("--init '" + path + "' is a cumulus checkpoint (weights, optimizer state and counters): "
                        "continue its run with --resume");
   io::LoadStateDictOptions load_options;
   load_options.require_finite = true;  // training from NaN or Inf produces only non-finite losses
-  io::copy_state_dict(path, c, model, load_options);
+  io::load_state_dict(path, model, load_options);
 }
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
@@ -143,31 +143,34 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                               cumulus::optim::Optimizer& optimizer, const Options& options,
                               const ResumeLimits& limits) {
-  io::SafetensorsContents c;
+  // The header first (no tensor data is read): is it a checkpoint of this run's settings? Then the
+  // whole file, its names and shapes checked against the model before any tensor is allocated, its
+  // checksum verified; the counters are read from the verified metadata.
+  io::SafetensorsHeader header;
   try {
-    c = io::load_safetensors(path);  // verifies the checksum when the file has one
+    header = io::read_safetensors_header(path);
   } catch (const cumulus::Error& e) {
     throw cumulus::Error("checkpoint '" + path + "' cannot be used: " + e.what());
   }
-  auto format = c.metadata.find("format");
-  if (format == c.metadata.end() || format->second.rfind(kFormatPrefix, 0) != 0)
+  auto format = header.metadata.find("format");
+  if (format == header.metadata.end() || format->second.rfind(kFormatPrefix, 0) != 0)
     throw cumulus::Error(path + ": not a cumulus checkpoint (its metadata 'format' is not " + std::string(kFormat) +
                          "); to start from plain weights use --init");
   if (format->second != kFormat)
     throw cumulus::Error(path + ": a checkpoint in the older format '" + cumulus::excerpt(format->second) +
                          "', which does not record every setting that changes the result, so it cannot be resumed "
                          "exactly by this version (" + kFormat + ")");
-  if (c.metadata.count(kChecksumKey) == 0)
+  if (header.metadata.count(kChecksumKey) == 0)
     throw cumulus::Error("checkpoint '" + path + "' is corrupt: its metadata has no '" + kChecksumKey +
                          "' (cumulus checkpoints store one; this file is damaged or older than that), so it "
                          "cannot be verified");
   TrainingState s;
   for (const Setting& setting : run_settings(options)) {
-    auto it = c.metadata.find("setting." + setting.key);
-    const std::string saved = it == c.metadata.end() ? "(not recorded)" : cumulus::excerpt(it->second);
+    auto it = header.metadata.find("setting." + setting.key);
+    const std::string saved = it == header.metadata.end() ? "(not recorded)" : cumulus::excerpt(it->second);
     if (saved == setting.value) continue;
     const std::string name = setting.flag.substr(2);
-    if (setting.overridable && options.overrides.count(name) == 1 && it != c.metadata.end()) {
+    if (setting.overridable && options.overrides.count(name) == 1 && it != header.metadata.end()) {
       s.overridden.push_back(name + " " + saved + " -> " + setting.value);
       continue;
     }
@@ -175,10 +178,20 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
                        setting.value + "; resume with the same value" +
                        (setting.overridable ? " or allow the change with --override " + name : ""));
   }
-  // Counters, validated before anything is restored: a damaged or forged value must name the file,
-  // not surface later as an accumulator error or a silently different run.
+  io::LoadStateDictOptions load_options;
+  load_options.extra_prefix = kOptimizerPrefix;
+  load_options.require_finite = true;
+  io::LoadedStateDict loaded;
+  try {
+    loaded = io::load_state_dict(path, model, load_options);
+  } catch (const cumulus::Error& e) {
+    throw cumulus::Error("checkpoint '" + path + "' cannot be used: " + e.what());
+  }
+  const std::map<std::string, std::string>& meta = loaded.metadata;  // verified by the checksum
+  // Counters, validated before the optimizer and the accumulator are restored: a damaged or forged
+  // value must name the file, not surface later as an accumulator error or a silently different run.
   auto counter = [&](const char* key, int64_t lo, int64_t hi) {
-    const int64_t v = get_int(c.metadata, key, path);
+    const int64_t v = get_int(meta, key, path);
     if (v < lo || v > hi)
       throw cumulus::Error("checkpoint '" + path + "': '" + key + "' is " + std::to_string(v) + ", outside [" +
                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -190,7 +203,7 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
     throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(s.epoch) + ", past --epochs " +
                        std::to_string(options.epochs) + "; give --epochs " + std::to_string(s.epoch) +
                        " or more (--epochs counts all epochs, not the ones still to run)");
-  s.next_micro_batch = get_int(c.metadata, "next_micro_batch", path);
+  s.next_micro_batch = get_int(meta, "next_micro_batch", path);
   // At the epoch's end (== micro-batches) the epoch's test pass is still to run: it was interrupted.
   if (s.next_micro_batch < 0 || s.next_micro_batch > limits.micro_batches_per_epoch)
     throw cumulus::Error("checkpoint '" + path + "' continues at micro-batch " + std::to_string(s.next_micro_batch) +
@@ -203,14 +216,10 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   s.counters.optimizer_steps = counter("optimizer_steps", 0, kMax);
   s.counters.skipped_steps = counter("skipped_steps", 0, s.counters.optimizer_steps);
   s.optimizer_updates = counter("optimizer_updates", 0, s.counters.optimizer_steps);
-  const uint64_t bits = static_cast<uint64_t>(get_int(c.metadata, "epoch_loss_sum_bits", path));
+  const uint64_t bits = static_cast<uint64_t>(get_int(meta, "epoch_loss_sum_bits", path));
   std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);
   s.epoch_samples = counter("epoch_samples", 0, limits.train_samples);
 
-  io::LoadStateDictOptions load_options;
-  load_options.extra_prefix = kOptimizerPrefix;
-  load_options.require_finite = true;
-  const io::LoadedStateDict loaded = io::copy_state_dict(path, c, model, load_options);
   try {
     optimizer.load_state(loaded.extra, s.optimizer_updates);
   } catch (const cumulus::Error& e) {

@@ -309,12 +309,21 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   write_file_atomic(path, content);
 }
 
-SafetensorsContents load_safetensors(const std::string& path, Device device) {
-  check_device_available(device);
+namespace {
+
+// A validated header: its entries sorted by data offset (they tile the data section) and its
+// metadata; the file stays open for the data.
+struct Header {
   Fd file;
+  uint64_t data_start = 0;
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+void read_header(const std::string& path, Header& out) {
+  Fd& file = out.file;
   uint64_t file_size = 0;
   file.fd = open_regular_file(path, where(path), file_size);  // a FIFO or a device is refused, not waited on
-
   // ---- the header length, then the header ----
   CUMULUS_CHECK(file_size >= 8, Error, where(path), "file too short: ", file_size,
                 " bytes, a safetensors file starts with an 8-byte header length");
@@ -356,8 +365,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   CUMULUS_CHECK(header.is_object(), Error, where(path), "the header is not a JSON object");
   CUMULUS_CHECK(duplicate.empty(), Error, where(path, duplicate), "duplicate tensor name in the header");
 
-  SafetensorsContents out;
-  std::vector<Entry> entries;
+  std::vector<Entry>& entries = out.entries;
   for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) {
       if (value.is_null()) continue;  // the reference writes no key, but reads null as none
@@ -373,6 +381,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
 
   // ---- the byte ranges tile the data section: sorted, each starts where the last ended ----
   const uint64_t data_start = 8 + n, data_size = file_size - data_start;
+  out.data_start = data_start;
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t covered = 0;
@@ -389,6 +398,29 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   }
   CUMULUS_CHECK(covered == data_size, Error, where(path), "the tensors cover ", covered,
                 " bytes but the data section has ", data_size, ": trailing bytes belong to no tensor");
+
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  Header h;
+  read_header(path, h);
+  SafetensorsHeader out;
+  out.metadata = std::move(h.metadata);
+  for (const Entry& e : h.entries) out.tensors.push_back({e.name, e.dtype->loads_as, e.shape});
+  return out;
+}
+
+SafetensorsContents load_safetensors(const std::string& path, Device device) {
+  check_device_available(device);
+  Header h;
+  read_header(path, h);
+  const Fd& file = h.file;
+  const std::vector<Entry>& entries = h.entries;
+  const uint64_t data_start = h.data_start;
+  SafetensorsContents out;
+  out.metadata = std::move(h.metadata);
 
   // ---- the checksum, when the file has one (Note [Checksum]) ----
   std::string stored_checksum;
@@ -407,7 +439,12 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   std::vector<char> staging;  // the tensor's bytes on the host, bound for CUDA
   std::string range_error;    // an I64 value past i32, reported after the checksum (corruption first)
   for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype->loads_as, device);
+    Tensor t;
+    try {
+      t = Tensor::empty(e.shape, e.dtype->loads_as, device);
+    } catch (const OutOfMemory& oom) {
+      throw OutOfMemory(where(path, e.name) + "shape " + e.shape.str() + " does not fit in memory: " + oom.what());
+    }
     const std::size_t bytes = t.nbytes(), file_bytes = e.end - e.begin;
     const std::size_t count = static_cast<std::size_t>(t.numel());
     void* host = t.raw_data();

@@ -125,10 +125,56 @@ void save_state_dict(const std::string& path, const nn::Module& module,
   save_safetensors(path, tensors, meta);
 }
 
+namespace {
+
+struct Layout {
+  std::vector<std::string> missing, unexpected;
+};
+
+// The file's tensor names and shapes against the module's state dict: throws naming the file and
+// the tensor for a shape that differs, a missing tensor (unless allowed) or an unexpected one
+// outside the extra prefix (unless allowed). It needs no tensor data, so load_state_dict runs it
+// on the header before reading any.
+Layout check_layout(const std::string& source, const std::vector<std::pair<std::string, Shape>>& file_tensors,
+                    const nn::Module& module, const LoadStateDictOptions& options) {
+  Layout layout;
+  std::map<std::string, const Shape*> by_name;
+  for (const auto& [name, shape] : file_tensors) by_name.emplace(name, &shape);
+  for (const auto& [name, target] : module.state_dict()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      layout.missing.push_back(name);
+      continue;
+    }
+    if (*it->second != target.shape())
+      throw Error(where(source, name) + ": shape " + it->second->str() + " in the file, " + target.shape().str() +
+                  " in the module");
+    by_name.erase(it);
+  }
+  if (!layout.missing.empty() && !options.allow_missing)
+    throw Error(where(source, layout.missing.front()) + ": not in the file, but in the module's state dict" +
+                (layout.missing.size() > 1 ? " (" + std::to_string(layout.missing.size()) + " such tensors)" : ""));
+  for (const auto& [name, shape] : file_tensors)
+    if (by_name.count(name) == 1 && !starts_with(name, options.extra_prefix)) layout.unexpected.push_back(name);
+  if (!layout.unexpected.empty() && !options.allow_unexpected)
+    throw Error(where(source, layout.unexpected.front()) + ": in the file, but not in the module's state dict" +
+                (options.extra_prefix.empty() ? "" : " nor under '" + options.extra_prefix + "'") +
+                (layout.unexpected.size() > 1 ? " (" + std::to_string(layout.unexpected.size()) + " such tensors)"
+                                              : ""));
+  return layout;
+}
+
+}  // namespace
+
 LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsContents& contents,
                                 const nn::Module& module, const LoadStateDictOptions& options) {
+  std::vector<std::pair<std::string, Shape>> file_tensors;
+  for (const auto& [name, t] : contents.tensors) file_tensors.emplace_back(name, t.shape());
+  Layout layout = check_layout(source, file_tensors, module, options);
   LoadedStateDict result;
   result.metadata = contents.metadata;
+  result.missing = std::move(layout.missing);
+  result.unexpected = std::move(layout.unexpected);
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : contents.tensors) by_name.emplace(name, &t);
 
@@ -141,15 +187,9 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
   std::vector<Copy> copies;
   for (const auto& [name, target] : module.state_dict()) {
     auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      result.missing.push_back(name);
-      continue;
-    }
+    if (it == by_name.end()) continue;  // missing, and allowed
     const Tensor& t = *it->second;
     by_name.erase(it);
-    if (t.shape() != target.shape())
-      throw Error(where(source, name) + ": shape " + t.shape().str() + " in the file, " + target.shape().str() +
-                  " in the module");
     if (t.dtype() == target.dtype()) {
       copies.push_back({name, target, t});
     } else if (options.convert_dtypes) {
@@ -159,21 +199,10 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
                   dtype_name(target.dtype()) + " in the module (dtype conversion is off)");
     }
   }
-  if (!result.missing.empty() && !options.allow_missing)
-    throw Error(where(source, result.missing.front()) + ": not in the file, but in the module's state dict" +
-                (result.missing.size() > 1 ? " (" + std::to_string(result.missing.size()) + " such tensors)" : ""));
-
-  // What is left in the file is extra (under the prefix) or unexpected; keep the file's order.
-  for (const auto& [name, t] : contents.tensors) {
-    if (by_name.count(name) == 0) continue;
-    if (starts_with(name, options.extra_prefix)) result.extra.emplace_back(name.substr(options.extra_prefix.size()), t);
-    else result.unexpected.push_back(name);
-  }
-  if (!result.unexpected.empty() && !options.allow_unexpected)
-    throw Error(where(source, result.unexpected.front()) + ": in the file, but not in the module's state dict" +
-                (options.extra_prefix.empty() ? "" : " nor under '" + options.extra_prefix + "'") +
-                (result.unexpected.size() > 1 ? " (" + std::to_string(result.unexpected.size()) + " such tensors)"
-                                              : ""));
+  // What is left in the file under the prefix is extra; keep the file's order.
+  for (const auto& [name, t] : contents.tensors)
+    if (by_name.count(name) == 1 && starts_with(name, options.extra_prefix))
+      result.extra.emplace_back(name.substr(options.extra_prefix.size()), t);
 
   if (options.require_finite)
     for (const Copy& c : copies)
@@ -184,6 +213,11 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
 
 LoadedStateDict load_state_dict(const std::string& path, const nn::Module& module,
                                 const LoadStateDictOptions& options) {
+  // Names and shapes from the header first: a file for another model, or a forged shape, is
+  // refused before any tensor is allocated or read.
+  std::vector<std::pair<std::string, Shape>> file_tensors;
+  for (const SafetensorsTensorInfo& t : read_safetensors_header(path).tensors) file_tensors.emplace_back(t.name, t.shape);
+  check_layout(path, file_tensors, module, options);
   return copy_state_dict(path, load_safetensors(path), module, options);
 }
 

@@ -38,4 +38,20 @@ struct SafetensorsContents {
 // Other dtypes (BOOL, I8, I16, U16, U32, U64, F8_*) are an Error naming the tensor.
 SafetensorsContents load_safetensors(const std::string& path, Device device = Device::cpu());
 
+// The header alone, validated as load_safetensors validates it (the checksum, which covers the
+// data, is not checked): names, the dtypes the tensors load as, shapes, and the metadata. Reading
+// it costs no allocation of tensor size, so a file can be checked against a model (names, shapes)
+// before its data is read; a forged header cannot make the reader allocate what the model would
+// refuse anyway.
+struct SafetensorsTensorInfo {
+  std::string name;
+  DType dtype;  // as loaded (see above)
+  Shape shape;
+};
+struct SafetensorsHeader {
+  std::vector<SafetensorsTensorInfo> tensors;  // in file order of their data offsets
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
 }  // namespace cumulus::io
