@@ -1,6 +1,6 @@
 // The cumulus version, for reports (memory.json's "versions") and banners.
 #pragma once
 
-// Must match project(cumulus VERSION ...) in the root CMakeLists.txt: until the build generates
-// this header, a version bump changes both.
+// Must match project(cumulus VERSION ...) in the root CMakeLists.txt (configuring fails if not),
+// so a version bump changes both.
 #define CUMULUS_VERSION "0.1.0"
