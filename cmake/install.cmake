@@ -13,9 +13,6 @@ install(TARGETS cumulus_engine EXPORT cumulusTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/engine/include/cumulus DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
-# The one kernels/ header a public header includes (see the include directories in CMakeLists.txt).
-install(FILES ${CUMULUS_INTERNAL_INCLUDE_DIR}/kernels/optim_rules.h
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/cumulus/internal/kernels)
 install(EXPORT cumulusTargets NAMESPACE cumulus:: DESTINATION ${CUMULUS_INSTALL_CMAKEDIR})
 
 # What cumulusConfig.cmake must find again on the consumer's side. A static library carries its

@@ -34,6 +34,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "engine/ops/internal.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 

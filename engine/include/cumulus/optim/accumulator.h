@@ -13,7 +13,6 @@
 
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
-#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 
