@@ -280,6 +280,13 @@ TEST_F(CliRobustness, NonFiniteInitialWeightsAreRefusedNamingTheTensor) {
   expect_refused({"--init", path("nan_w.st")}, 1, {"nan_w.st", "linear_relu_stack.0.weight", "non-finite"});
 }
 
+TEST_F(CliRobustness, NonFiniteGradientsDuringTrainingAreReported) {
+  // An absurd learning rate overflows the weights after the first step; every later step sees a
+  // non-finite gradient, is skipped by the guard, and the run says so.
+  const Result r = run(common() + Args{"--epochs", "1", "--lr", "1e38", "--momentum", "0.9"});
+  EXPECT_NE(r.out.find("skipped for non-finite gradients"), std::string::npos) << r.out;
+}
+
 // ---- 8. signals ----------------------------------------------------------------------------------
 
 TEST_F(CliRobustness, ClosedStdoutIsAnInterruptThatStillCheckpoints) {
