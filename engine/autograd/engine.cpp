@@ -137,7 +137,10 @@ void run_backward(const Tensor& root, float seed_value) {
       else if (e.leaf) sinks.push_back(GradSink::leaf(e.leaf.get()));
       else sinks.push_back(GradSink::none());
     }
-    node->backward(grad_output, sinks);
+    {
+      OpScope op_scope(node->name(), /*backward=*/true);  // its allocations read "<op> backward"
+      node->backward(grad_output, sinks);
+    }
     node->release_saved();
     node->set_consumed();
 

@@ -10,7 +10,10 @@
 //
 // When the backend fails (or the memory limit would be passed), the wholly free segments are
 // returned to the backend and the request is tried once more; then OutOfMemory is thrown with the
-// request, the device and the usage by category. The allocator stays consistent and usable.
+// request, the op that asked, the device and the usage by category and by op; the same facts are
+// kept as an OutOfMemoryRecord for the memory report. The allocator stays consistent and usable.
+// Each live block notes the op that allocated it (a pointer to the name OpScope set, no string
+// built), so live bytes by op cost nothing until a failure walks the segments.
 //
 // Note [Graph pool]
 // A CUDA graph replays the addresses it was captured with, and nothing tells the allocator when a
@@ -44,6 +47,8 @@ struct CachingAllocator::Block {
   bool small = false;
   int pool = 0;  // kGeneralPool or kGraphPool, the same for every block of a segment
   MemoryCategory category = MemoryCategory::other;
+  bool op_backward = false;
+  const char* op = nullptr;  // while allocated: the OpScope name current then (nullptr: no op)
   Block* prev = nullptr;  // neighbours within the same segment
   Block* next = nullptr;
 };
@@ -64,6 +69,7 @@ struct CachingAllocator::Pools {
   FreeList& free_list(const Block* b) { return free[b->pool][b->small ? 1 : 0]; }
   MemoryStats stats;
   AllocationObserver* observer = nullptr;
+  std::optional<OutOfMemoryRecord> last_oom;
 };
 
 namespace {
@@ -150,12 +156,52 @@ void CachingAllocator::release_cached_segments_locked() {
   }
 }
 
-void CachingAllocator::throw_oom_locked(std::size_t bytes, MemoryCategory category) {
+void CachingAllocator::throw_oom_locked(std::size_t bytes, std::size_t segment_bytes, MemoryCategory category) {
   MemoryStats& st = pools_->stats;
   st.oom_count += 1;
+  const CurrentOp asking = current_op();
+  OutOfMemoryRecord r;
+  r.sequence = st.oom_count;
+  r.requested_bytes = static_cast<int64_t>(bytes);
+  r.rounded_bytes = static_cast<int64_t>(round_up(bytes, kRounding));
+  r.segment_bytes = static_cast<int64_t>(segment_bytes);
+  r.category = category;
+  r.op = op_label(asking.name, asking.backward);
+  r.limit = st.limit;
+  r.reserved = st.reserved;
+  r.allocated = st.allocated;
+  r.peak_bytes = st.allocated_peak;
+  r.reserved_peak = st.reserved_peak;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) r.live_by_category[c] = st.by_category[c].current;
+  // Live bytes by op: one walk over every block (only on failure). Keyed by the name's pointer
+  // first; equal names from different literals merge when labelled.
+  struct Key {
+    const char* name;
+    bool backward;
+    int64_t bytes;
+  };
+  std::vector<Key> keys;
+  for (Block* seg : pools_->segments) {
+    for (Block* b = seg; b; b = b->next) {
+      if (!b->allocated) continue;
+      auto it = std::find_if(keys.begin(), keys.end(),
+                             [&](const Key& k) { return k.name == b->op && k.backward == b->op_backward; });
+      if (it == keys.end()) keys.push_back({b->op, b->op_backward, static_cast<int64_t>(b->requested)});
+      else it->bytes += static_cast<int64_t>(b->requested);
+    }
+  }
+  for (const Key& k : keys) {
+    std::string label = op_label(k.name, k.backward);
+    auto it = std::find_if(r.live_by_op.begin(), r.live_by_op.end(), [&](const auto& e) { return e.first == label; });
+    if (it == r.live_by_op.end()) r.live_by_op.emplace_back(std::move(label), k.bytes);
+    else it->second += k.bytes;
+  }
+  std::stable_sort(r.live_by_op.begin(), r.live_by_op.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+
   std::ostringstream os;
-  os << "out of memory on " << device_.str() << ": tried to allocate " << format_bytes(bytes)
-     << " (" << category_name(category) << ")";
+  os << "out of memory on " << device_.str() << ": tried to allocate " << format_bytes(r.requested_bytes)
+     << " (" << category_name(category) << ") in " << r.op;
   if (st.limit > 0) os << "; memory limit " << format_bytes(st.limit);
   os << "; reserved " << format_bytes(st.reserved) << ", allocated " << format_bytes(st.allocated)
      << " [";
@@ -164,6 +210,12 @@ void CachingAllocator::throw_oom_locked(std::size_t bytes, MemoryCategory catego
        << format_bytes(st.by_category[c].current);
   }
   os << "]";
+  if (!r.live_by_op.empty()) {
+    os << "; largest live by op:";
+    for (std::size_t i = 0; i < r.live_by_op.size() && i < 3; ++i)
+      os << (i ? ", " : " ") << r.live_by_op[i].first << " " << format_bytes(r.live_by_op[i].second);
+  }
+  pools_->last_oom = std::move(r);
   throw OutOfMemory(os.str());
 }
 
@@ -189,7 +241,7 @@ Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category
       release_cached_segments_locked();
       block = allocate_segment_locked(seg, small);
     }
-    if (block == nullptr) throw_oom_locked(bytes, category);
+    if (block == nullptr) throw_oom_locked(bytes, seg, category);
   }
 
   const std::size_t remainder = block->size - size;
@@ -210,6 +262,9 @@ Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category
   block->allocated = true;
   block->requested = size;
   block->category = category;
+  const CurrentOp op = current_op();
+  block->op = op.name;
+  block->op_backward = op.backward;
 
   // Stats count the rounded request, not the block: an unsplit tail (< 1 MiB of a large segment)
   // is cache, not usage, so parameter bytes equal the model's sizes up to the 512-B rounding.
@@ -327,6 +382,11 @@ void CachingAllocator::release_graph_pool() noexcept {
       if (was_free) pools_->free_list(b).insert(b);
     }
   }
+}
+
+std::optional<OutOfMemoryRecord> CachingAllocator::last_out_of_memory() const {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  return pools_->last_oom;
 }
 
 int64_t CachingAllocator::memory_limit() const {

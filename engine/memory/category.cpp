@@ -7,6 +7,8 @@ namespace cumulus {
 namespace {
 thread_local bool tls_scope_set = false;
 thread_local MemoryCategory tls_category = MemoryCategory::other;
+thread_local const char* tls_op_name = nullptr;
+thread_local bool tls_op_backward = false;
 }  // namespace
 
 const char* category_name(MemoryCategory c) {
@@ -36,6 +38,24 @@ MemoryCategoryScope::~MemoryCategoryScope() {
 
 MemoryCategory current_memory_category(MemoryCategory fallback) {
   return tls_scope_set ? tls_category : fallback;
+}
+
+OpScope::OpScope(const char* name, bool backward)
+    : previous_name_(tls_op_name), previous_backward_(tls_op_backward) {
+  tls_op_name = name;
+  tls_op_backward = backward;
+}
+
+OpScope::~OpScope() {
+  tls_op_name = previous_name_;
+  tls_op_backward = previous_backward_;
+}
+
+CurrentOp current_op() { return {tls_op_name, tls_op_backward}; }
+
+std::string op_label(const char* name, bool backward) {
+  if (name == nullptr) return "(no op)";
+  return backward ? std::string(name) + " backward" : std::string(name);
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -35,6 +35,40 @@ ojson by_category_json(const std::array<int64_t, kNumMemoryCategories>& bytes) {
   return j;
 }
 
+// The out-of-memory object of the report (README "Memory reports").
+ojson out_of_memory_json(const TrackedOutOfMemory& t) {
+  const OutOfMemoryRecord& f = t.failure;
+  ojson j;
+  j["op"] = f.op;
+  j["category"] = category_name(f.category);
+  j["requested_bytes"] = f.requested_bytes;
+  j["rounded_bytes"] = f.rounded_bytes;
+  j["segment_bytes"] = f.segment_bytes;
+  j["limit_bytes"] = f.limit;
+  j["reserved_bytes"] = f.reserved;
+  j["allocated_bytes"] = f.allocated;
+  j["peak_bytes"] = f.peak_bytes;
+  j["live_by_category"] = by_category_json(f.live_by_category);
+  ojson ops = ojson::object();
+  for (const auto& [op, bytes] : f.live_by_op) ops[op] = bytes;
+  j["live_by_op"] = std::move(ops);
+  if (t.in_progress) {
+    ojson m;
+    m["phase"] = t.phase;
+    m["epoch"] = t.epoch + 1;
+    if (std::string(t.phase) == "step") {
+      m["step"] = t.step;
+    } else {
+      m["index"] = t.index;
+      m["samples"] = t.samples;
+    }
+    j["micro_batch"] = std::move(m);
+  } else {
+    j["micro_batch"] = nullptr;  // outside the training phases (e.g. the test pass)
+  }
+  return j;
+}
+
 std::string trimmed(std::string s) {
   const std::size_t a = s.find_first_not_of(' ');
   if (a == std::string::npos) return "";
@@ -109,6 +143,21 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
                static_cast<long long>(s.micro_batch_size * s.accum_steps),
                format_bytes(s.peak_at_effective_batch).c_str(),
                s.effective_batch_measured ? "measured" : "predicted");
+  if (const auto oom = tracker.out_of_memory()) {
+    const OutOfMemoryRecord& f = oom->failure;
+    std::string where;
+    if (oom->in_progress)
+      where = std::string(" in the ") + oom->phase + " of epoch " + std::to_string(oom->epoch + 1) +
+              (std::string(oom->phase) == "step" ? ", step " + std::to_string(oom->step)
+                                                 : ", micro-batch " + std::to_string(oom->index));
+    std::string top;
+    for (std::size_t i = 0; i < f.live_by_op.size() && i < 3; ++i)
+      top += (i ? ", " : "") + f.live_by_op[i].first + " " + format_bytes(f.live_by_op[i].second);
+    std::fprintf(out, "  out of memory%s: %s asked for %s (%s) with %s reserved of %s; live by op: %s\n",
+                 where.c_str(), f.op.c_str(), format_bytes(f.requested_bytes).c_str(), category_name(f.category),
+                 format_bytes(f.reserved).c_str(), f.limit > 0 ? format_bytes(f.limit).c_str() : "no limit",
+                 top.empty() ? "none" : top.c_str());
+  }
 }
 
 std::string memory_report_json(MemoryTracker& tracker) {
@@ -143,6 +192,7 @@ std::string memory_report_json(MemoryTracker& tracker) {
   summary["peak_at_effective_batch_bytes"] = s.peak_at_effective_batch;
   summary["effective_batch_peak"] = s.effective_batch_measured ? "measured" : "predicted";
   j["summary"] = std::move(summary);
+  if (const auto oom = tracker.out_of_memory()) j["out_of_memory"] = out_of_memory_json(*oom);
   j["micro_batches_total"] = tracker.micro_batches_seen();  // the lists keep the first max_records
   j["steps_total"] = tracker.steps_seen();
   ojson mbs = ojson::array();

@@ -43,6 +43,7 @@ MemoryTracker::MemoryTracker(Device device, Options options)
   CUMULUS_CHECK(options_.accum_steps > 0 && options_.micro_batch_size >= 0 && options_.timeline_steps >= 0,
                 InvalidArgument, "MemoryTracker: accum_steps must be > 0, sizes >= 0");
   origin_ms_ = now_ms();
+  ooms_at_start_ = allocator_.stats().oom_count;
   observer_ = std::make_unique<Observer>(timeline_, origin_ms_);
   if (options_.timeline_steps > 0) allocator_.set_observer(observer_.get());
 }
@@ -69,7 +70,10 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples)
   current_.epoch = epoch;
   current_.index = index;
   current_.samples = samples;
-  activations_at_start_ = allocator_.stats()[MemoryCategory::activations].current;
+  const MemoryStats st = allocator_.stats();
+  activations_at_start_ = st[MemoryCategory::activations].current;
+  ooms_at_phase_ = st.oom_count;
+  forward_ended_ = false;
   t_start_ = TimePoint::now(device_);
   sample_timeline();
   if (observer_->enabled) slices_.push_back({"forward", host_ms(), 0.0, epoch, index});
@@ -79,6 +83,7 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples)
 void MemoryTracker::end_forward() {
   CUMULUS_CHECK(in_micro_batch_, InvalidArgument, "MemoryTracker::end_forward outside a micro-batch");
   t_forward_end_ = TimePoint::now(device_);
+  forward_ended_ = true;
   current_.activation_bytes = allocator_.stats()[MemoryCategory::activations].current - activations_at_start_;
   if (observer_->enabled) {
     synchronize(device_);
@@ -135,6 +140,7 @@ void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint
 void MemoryTracker::begin_step() {
   CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument, "MemoryTracker::begin_step inside a micro-batch");
   allocator_.reset_peak();
+  ooms_at_phase_ = allocator_.stats().oom_count;
   t_step_start_ = TimePoint::now(device_);
   if (observer_->enabled) {
     synchronize(device_);
@@ -228,6 +234,8 @@ MemorySummary MemoryTracker::summary() {
   if (n >= 2 && var > 1e-9 * n * fit_sxx_) s.activation_bytes_per_sample = (n * fit_sxy_ - fit_sx_ * fit_sy_) / var;
   else if (fit_sx_ > 0) s.activation_bytes_per_sample = fit_sy_ / fit_sx_;
   s.peak_bytes = run_peak_;
+  // A run that failed: the peak reached before the failure counts, though no record completed.
+  if (const auto oom = out_of_memory()) s.peak_bytes = std::max(s.peak_bytes, oom->failure.peak_bytes);
 
   // Peak at B and at B*N: measured where a micro-batch of that size ran; B*N otherwise predicted
   // by scaling the part of the peak above the fixed costs linearly in the batch size.
@@ -249,6 +257,24 @@ MemorySummary MemoryTracker::summary() {
     }
   }
   return s;
+}
+
+std::optional<TrackedOutOfMemory> MemoryTracker::out_of_memory() const {
+  std::optional<OutOfMemoryRecord> failure = allocator_.last_out_of_memory();
+  if (!failure || failure->sequence <= ooms_at_start_) return std::nullopt;
+  TrackedOutOfMemory t;
+  // The failure happened in the open phase only if it came after the phase began (a phase left
+  // open by the exception is never ended).
+  if ((in_micro_batch_ || in_step_) && failure->sequence > ooms_at_phase_) {
+    t.in_progress = true;
+    t.phase = in_step_ ? "step" : forward_ended_ ? "backward" : "forward";
+    t.epoch = current_.epoch;
+    t.index = current_.index;
+    t.samples = in_step_ ? 0 : current_.samples;
+    t.step = in_step_ ? steps_taken_ + 1 : 0;
+  }
+  t.failure = std::move(*failure);
+  return t;
 }
 
 }  // namespace cumulus

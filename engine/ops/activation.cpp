@@ -32,6 +32,7 @@ class ReluBackward final : public Node {
 }  // namespace
 
 Tensor relu(const Tensor& x) {
+  OpScope op_scope("relu");
   detail::check_dtype("relu", "input", x, DType::f32);
   const Device device = x.device();
   Tensor y = detail::new_output(x.shape(), DType::f32, device);

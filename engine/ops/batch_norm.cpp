@@ -137,6 +137,7 @@ void check_channel_vector(const char* what, const Tensor& t, const Tensor& x) {
 Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                     const Tensor& running_var, const Tensor& num_batches_tracked, const BatchNormOptions& options) {
   constexpr const char* op = "batch_norm2d";
+  OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());

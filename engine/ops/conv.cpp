@@ -89,6 +89,7 @@ class Conv2dBackward final : public Node {
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
   constexpr const char* op = "conv2d";
+  OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",

@@ -42,6 +42,7 @@ class CrossEntropyBackward final : public Node {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction) {
   constexpr const char* op = "cross_entropy";
+  OpScope op_scope(op);
   detail::check_dtype(op, "logits", logits, DType::f32);
   detail::check_dtype(op, "labels", labels, DType::i32);
   CUMULUS_CHECK(logits.ndim() == 2 && logits.size(1) > 0, ShapeError, op,

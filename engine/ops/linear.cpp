@@ -63,6 +63,7 @@ class LinearBackward final : public Node {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr const char* op = "linear";
+  OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(x.ndim() == 2, ShapeError, op, ": input must be [batch, in_features], got ", x.shape().str());

@@ -49,6 +49,7 @@ class MaxPool2dBackward final : public Node {
 
 Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   constexpr const char* op = "max_pool2d";
+  OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());

@@ -32,6 +32,7 @@ class SumBackward final : public Node {
 };
 
 Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
+  OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   const Device device = x.device();
   const int64_t n = x.numel();
@@ -51,6 +52,7 @@ Tensor sum(const Tensor& x) { return reduce_all("sum", x, false); }
 Tensor mean(const Tensor& x) { return reduce_all("mean", x, true); }
 
 Tensor argmax(const Tensor& x) {
+  OpScope op_scope("argmax");
   detail::check_dtype("argmax", "input", x, DType::f32);
   CUMULUS_CHECK(x.ndim() == 2 && x.size(1) > 0, ShapeError, "argmax: input must be [rows, cols > 0], got ",
                 x.shape().str());

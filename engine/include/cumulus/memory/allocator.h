@@ -7,7 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cumulus/core/device.h"
 #include "cumulus/memory/category.h"
@@ -39,6 +42,24 @@ struct MemoryStats {
   const CategoryStats& operator[](MemoryCategory c) const {
     return by_category[static_cast<std::size_t>(c)];
   }
+};
+
+// The state of the allocator when it threw OutOfMemory: the failing request and what held the
+// memory then. Live bytes by category and by op each add up to `allocated`.
+struct OutOfMemoryRecord {
+  int64_t sequence = 0;         // MemoryStats::oom_count counting this failure
+  int64_t requested_bytes = 0;  // as asked
+  int64_t rounded_bytes = 0;    // rounded up to 512 B
+  int64_t segment_bytes = 0;    // what it tried to reserve from the backend for it
+  MemoryCategory category = MemoryCategory::other;
+  std::string op;  // the op that asked ("linear", "conv2d backward", "(no op)")
+  int64_t limit = 0;  // 0: none (the backend itself failed)
+  int64_t reserved = 0;  // after returning the cache to the backend
+  int64_t allocated = 0;
+  int64_t peak_bytes = 0;  // allocated peak since the last reset_peak()
+  int64_t reserved_peak = 0;
+  std::array<int64_t, kNumMemoryCategories> live_by_category{};
+  std::vector<std::pair<std::string, int64_t>> live_by_op;  // largest first
 };
 
 // Raw memory from a device, no caching. Returns nullptr when the device is out of memory.
@@ -99,6 +120,8 @@ class CachingAllocator {
   Allocation allocate(std::size_t bytes, MemoryCategory category);
 
   MemoryStats stats() const;
+  // The last out-of-memory this allocator threw, if any (kept until the next one).
+  std::optional<OutOfMemoryRecord> last_out_of_memory() const;
   void reset_peak();         // peaks (total, per category, reserved) restart from current values
   void empty_cache();        // returns every wholly free segment to the backend
   void set_memory_limit(int64_t bytes);  // reserved bytes may not exceed this; 0 removes the limit
@@ -122,7 +145,7 @@ class CachingAllocator {
   void release(void* block) noexcept;
   Block* allocate_segment_locked(std::size_t segment_bytes, bool small);
   void release_cached_segments_locked();
-  [[noreturn]] void throw_oom_locked(std::size_t bytes, MemoryCategory category);
+  [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t segment_bytes, MemoryCategory category);
 
   Device device_;
   std::unique_ptr<MemoryBackend> backend_;

@@ -39,6 +39,30 @@ class MemoryCategoryScope {
 // The innermost scope's category, or `fallback` when no scope is open on this thread.
 MemoryCategory current_memory_category(MemoryCategory fallback = MemoryCategory::other);
 
+// Names the op whose work runs on this thread for its lifetime, so that every block allocated
+// meanwhile is attributed to it (out-of-memory reports list live bytes by op). `name` must outlive
+// the blocks: a string literal. Scopes nest; the innermost names the op. `backward` marks the op's
+// backward work ("linear backward"). Two thread-local stores: cheap enough for every op call.
+class OpScope {
+ public:
+  explicit OpScope(const char* name, bool backward = false);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  const char* previous_name_;
+  bool previous_backward_;
+};
+
+struct CurrentOp {
+  const char* name = nullptr;  // nullptr: no op (allocations outside any op)
+  bool backward = false;
+};
+CurrentOp current_op();
+// "linear", "linear backward", or "(no op)".
+std::string op_label(const char* name, bool backward);
+
 // "12.0 MiB", "512 B": for messages and reports.
 std::string format_bytes(int64_t bytes);
 

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,18 @@ struct MemorySummary {
   int64_t peak_at_micro_batch = 0;
   int64_t peak_at_effective_batch = 0;
   bool effective_batch_measured = false;  // false: predicted from the per-sample growth of the peak
+};
+
+// An out-of-memory the allocator threw while this tracker ran (its last), with what the tracker
+// was doing then: the micro-batch (or step) in progress and its phase.
+struct TrackedOutOfMemory {
+  OutOfMemoryRecord failure;
+  bool in_progress = false;  // a micro-batch or an optimizer step had begun and not ended
+  const char* phase = "";    // "forward", "backward" or "step" (when in_progress)
+  int epoch = 0;             // from 0; of the micro-batch in progress (or the last one, for a step)
+  int64_t index = 0;         // the micro-batch's index in its epoch
+  int64_t samples = 0;
+  int64_t step = 0;          // for "step": the step's number
 };
 
 struct TimelineSample {
@@ -129,6 +142,9 @@ class MemoryTracker {
   const std::vector<TimelineSample>& timeline() const { return timeline_; }
   const std::vector<TimelineSlice>& slices() const { return slices_; }
   MemorySummary summary();
+  // The allocator's last out-of-memory, if it happened after this tracker was created. The
+  // summary's peak_bytes counts the peak reached up to it.
+  std::optional<TrackedOutOfMemory> out_of_memory() const;
 
  private:
   class Observer;
@@ -165,6 +181,9 @@ class MemoryTracker {
   int64_t activations_at_start_ = 0;
   int64_t steps_taken_ = 0;
   bool in_micro_batch_ = false, in_step_ = false;
+  bool forward_ended_ = false;
+  // Allocator out-of-memory counts: at creation, and when the open phase began.
+  int64_t ooms_at_start_ = 0, ooms_at_phase_ = 0;
 };
 
 // Reports (engine/memory/report.cpp).
