@@ -26,6 +26,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/io/file.h"
 #include "cumulus/memory/planner.h"
+#include "cumulus/memory/prediction.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
@@ -183,14 +184,17 @@ class MetricsFile {
   std::string path_, content_;
 };
 
-// --effective-batch with --memory-budget. The budget limits reserved bytes (what a device of that
-// size could hold, segments rounded as cudaMalloc's are), so the fixed cost is what is reserved
-// at rest (parameters, gradients, data) plus the optimizer state the first step will allocate, and
-// the growth per sample comes from probing micro-batches of two sizes. The planner's choice is then
-// verified by running one micro-batch of it under the limit, with the optimizer state held; on
-// failure the next smaller divisor is tried. Parameters are not changed (probe gradients are
-// discarded).
-void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
+// --effective-batch: the planner (Note [Memory prediction] in engine/memory/prediction.cpp). The
+// budget limits reserved bytes (what a device of that size could hold, segments rounded as
+// cudaMalloc's are). One training micro-batch is recorded allocation by allocation at two sizes, and
+// every divisor of the effective batch is predicted by replaying its sequence through a caching
+// allocator without memory, from the state at rest plus the optimizer state the first step will
+// allocate. The largest divisor whose predicted reserved bytes fit is verified by running one
+// micro-batch of it under the limit, with the optimizer state held; on failure the next smaller
+// divisor is tried. Should the sequences not match, the planner falls back to a line through the
+// peaks of two probes and says so. Parameters are not changed (probe gradients are discarded).
+// Returns false when --plan-only asks to stop after the table.
+bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
   CachingAllocator& alloc = allocator_for(o.resolved_device);
   // Probes are training forwards: they would move batch norm's running statistics. Keep a copy.
   std::vector<Tensor> buffers_before;
@@ -206,31 +210,114 @@ void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
       }
     }
   } restore{model, buffers_before};
-  auto probe = [&](int64_t b) {
+  auto micro_batch = [&](int64_t b) {
     throw_if_interrupted();
     data::DataLoader loader(train, b);
     const data::Batch batch = loader.batch(0);
-    alloc.reset_peak();
     Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
     loss.backward();
     loss = Tensor();
     flat.mark_gradients_stale();
+  };
+  auto probe = [&](int64_t b) {
+    alloc.reset_peak();
+    micro_batch(b);
     return alloc.stats().allocated_peak;
   };
   const int copies = o.optimizer == "adamw" ? 2 : (o.momentum > 0 ? 1 : 0);
-  const int64_t state_bytes = copies * static_cast<int64_t>(flat.values().allocated_bytes());
-  const int64_t large = std::min<int64_t>({o.effective_batch, 8, train.size()});
-  const int64_t small = std::max<int64_t>(1, large / 2);
-  const int64_t p_small = probe(small);
-  const int64_t p_large = large > small ? probe(large) : p_small;
-  MemoryCost cost = large > small ? memory_cost_from_probes(small, p_small, large, p_large) : MemoryCost{p_small, 0.0};
+  const int64_t copy_bytes = static_cast<int64_t>(flat.values().allocated_bytes());
+  const int64_t budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
+
+  // Recording sizes: 128 and 256 make each size's fit exact (see the note); smaller when the
+  // training set is.
+  int64_t large = 256;
+  while (large > train.size()) large /= 2;
+  MemoryPredictor predictor;
+  if (large >= 2) {
+    std::vector<FixedBlock> state(static_cast<std::size_t>(copies), FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
+    predictor = record_micro_batch(alloc, micro_batch, large / 2, large, state);
+  }
+  const int64_t at_rest = predictor.ok() ? predictor.rest_reserved() : (alloc.empty_cache(), alloc.stats().reserved);
+
+  std::vector<int64_t> divisors;
+  for (int64_t b = o.effective_batch; b >= 1; --b)
+    if (o.effective_batch % b == 0) divisors.push_back(b);
+  if (predictor.ok()) {
+    std::vector<PredictedMemory> predicted;
+    for (int64_t b : divisors) predicted.push_back(predictor.predict(b));
+    if (!o.quiet || o.plan_only) {
+      say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
+          predictor.reason().c_str(), format_bytes(at_rest).c_str(), budget > 0 ? format_bytes(budget).c_str() : "none");
+      say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
+      for (const PredictedMemory& p : predicted)
+        say("  %11lld %10.2f %15lld %5s %6lld\n", static_cast<long long>(p.micro_batch),
+            static_cast<double>(p.peak_bytes) / (1 << 20), static_cast<long long>(p.reserved_bytes),
+            budget <= 0 ? "-" : p.reserved_bytes <= budget ? "yes" : "no",
+            static_cast<long long>(o.effective_batch / p.micro_batch));
+    }
+    if (o.plan_only) return false;
+    for (std::size_t i = 0; i < predicted.size(); ++i) {
+      const PredictedMemory& p = predicted[i];
+      if (budget > 0 && p.reserved_bytes > budget) continue;
+      bool fits = true;
+      try {
+        std::vector<Tensor> state;
+        MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+        for (int c = 0; c < copies; ++c) state.push_back(Tensor::empty(Shape{copy_bytes / 4}, DType::f32, o.resolved_device));
+        alloc.reset_peak();
+        micro_batch(p.micro_batch);
+      } catch (const OutOfMemory&) {
+        fits = false;
+        flat.mark_gradients_stale();
+      }
+      const MemoryStats measured = alloc.stats();
+      alloc.empty_cache();
+      if (!fits) continue;
+      o.batch_size = p.micro_batch;
+      o.accum_steps = static_cast<int>(o.effective_batch / p.micro_batch);
+      if (!o.quiet) {
+        std::string why = i == 0 ? "the whole effective batch fits"
+                                 : "micro-batch " + std::to_string(predicted[i - 1].micro_batch) + " would reserve " +
+                                       format_bytes(predicted[i - 1].reserved_bytes);
+        say("planner: micro-batch %lld x %d steps = effective batch %lld: predicted peak %s, reserved %s within the "
+            "budget %s (%s); verified by a probe micro-batch under the limit: peak %s, reserved %s\n",
+            static_cast<long long>(o.batch_size), o.accum_steps, static_cast<long long>(o.effective_batch),
+            format_bytes(p.peak_bytes).c_str(), format_bytes(p.reserved_bytes).c_str(),
+            budget > 0 ? format_bytes(budget).c_str() : "none", why.c_str(),
+            format_bytes(measured.allocated_peak).c_str(), format_bytes(measured.reserved_peak).c_str());
+      }
+      return true;
+    }
+    throw OutOfMemory("planner: no micro-batch dividing " + std::to_string(o.effective_batch) + " fits --memory-budget " +
+                      o.memory_budget + " (a micro-batch of 1 is predicted to reserve " +
+                      format_bytes(predicted.back().reserved_bytes) + ", reserved at rest " + format_bytes(at_rest) + ")");
+  }
+
+  // Fallback: a line through the peaks of two probes, with a safety margin for what it misses.
+  if (!o.quiet || o.plan_only)
+    say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
+        predictor.reason().empty() ? "the training set is too small to record" : predictor.reason().c_str());
+  const int64_t state_bytes = copies * copy_bytes;
+  const int64_t fl = std::min<int64_t>({o.effective_batch, 8, train.size()});
+  const int64_t fs = std::max<int64_t>(1, fl / 2);
+  const int64_t p_small = probe(fs);
+  const int64_t p_large = fl > fs ? probe(fl) : p_small;
+  MemoryCost cost = fl > fs ? memory_cost_from_probes(fs, p_small, fl, p_large) : MemoryCost{p_small, 0.0};
   alloc.empty_cache();
-  const int64_t at_rest = alloc.stats().reserved;
   constexpr int64_t kSegment = CachingAllocator::kLargeSegmentRounding;
   cost.fixed_bytes = at_rest + (state_bytes + kSegment - 1) / kSegment * kSegment;
+  if (o.plan_only) {
+    say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
+    for (int64_t b : divisors) {
+      const int64_t peak = cost.predicted_peak(b);
+      say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(b), static_cast<double>(peak) / (1 << 20), "-",
+          budget <= 0 ? "-" : peak <= budget * 0.95 ? "yes" : "no", static_cast<long long>(o.effective_batch / b));
+    }
+    return false;
+  }
 
   for (int64_t cap = o.effective_batch;;) {
-    const MicroBatchPlan plan = plan_micro_batch(o.memory_budget_bytes, o.effective_batch, cost, 0.05, cap);
+    const MicroBatchPlan plan = plan_micro_batch(budget, o.effective_batch, cost, 0.05, cap);
     bool fits = true;
     try {
       Tensor state;
@@ -248,7 +335,7 @@ void plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
       o.batch_size = plan.micro_batch;
       o.accum_steps = plan.accum_steps;
       if (!o.quiet) say("planner: %s; verified by a probe micro-batch under the limit\n", plan.reason.c_str());
-      return;
+      return true;
     }
     if (plan.micro_batch == 1)
       throw OutOfMemory("planner: a micro-batch of 1 does not fit --memory-budget " + o.memory_budget +
@@ -317,7 +404,7 @@ int run(Options& o) {
                          " this run holds before its first micro-batch (dataset, parameters, gradients)");
     allocator_for(device).set_memory_limit(o.memory_budget_bytes);
   }
-  if (o.effective_batch > 0) plan_batch(o, model, *flat, train);
+  if (o.effective_batch > 0 && !plan_batch(o, model, *flat, train)) return 0;  // --plan-only
 
   data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed);
   const int64_t micro_batches = train_loader.num_batches();

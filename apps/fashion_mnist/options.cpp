@@ -238,6 +238,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "With --memory-budget: the samples per optimizer step; the planner probes a micro-batch and picks "
                  "the largest micro-batch (a divisor of it) that fits the budget, and the accumulation steps")
       ->check(integer_in(1, kMaxBatch));
+  app.add_flag("--plan-only", o.plan_only,
+               "With --effective-batch: print the planner's prediction for every micro-batch dividing it (size, "
+               "predicted peak in MiB, predicted reserved bytes, whether that fits --memory-budget: '-' without "
+               "one) and exit 0 without training");
   app.add_option("--memory-budget", o.memory_budget,
                  "Device memory limit, e.g. 64MiB or 1.5GiB: the device behaves as if it had only that much; "
                  "going over is an out-of-memory error (exit 1)");
@@ -366,8 +370,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       }
       require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
     }
+    require(!o.plan_only || o.effective_batch > 0, "--plan-only needs --effective-batch (its divisors are the candidates)");
     if (o.effective_batch > 0) {
-      require(o.memory_budget_bytes > 0, "--effective-batch needs --memory-budget (the planner fits the batch to it)");
+      require(o.memory_budget_bytes > 0 || o.plan_only,
+              "--effective-batch needs --memory-budget (the planner fits the batch to it)");
       require(app.count("--batch-size") == 0 && app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
               "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
     }

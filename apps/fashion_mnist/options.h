@@ -27,6 +27,7 @@ struct Options {
   int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps
   std::string memory_budget;
   int64_t memory_budget_bytes = 0;
+  bool plan_only = false;  // --plan-only: print the planner's table of candidates and exit
   float lr = 1e-3f;
   std::string lr_schedule = "constant";  // constant | step | cosine, per optimizer step
   int64_t lr_step_size = 0;              // step: multiply by lr_gamma every lr_step_size steps

@@ -1,0 +1,182 @@
+// Memory prediction from the recorded allocation sequence (Note [Memory prediction]): predicted
+// peaks and reserved bytes against real micro-batches of the MLP and the CNN.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+
+#include "cumulus/memory/allocator.h"
+#include "cumulus/memory/prediction.h"
+#include "cumulus/models/cnn.h"
+#include "cumulus/models/mlp.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/ops/ops.h"
+#include "test_util.h"
+
+namespace cumulus {
+namespace {
+
+using testing::DeviceTest;
+
+// One training micro-batch as the app runs it: the batch (category data), forward, summed loss,
+// backward into the persistent gradient buffers; everything it made is freed on return.
+struct Rig {
+  Device device;
+  std::unique_ptr<nn::Module> model;
+  std::unique_ptr<nn::FlatParameters> flat;
+
+  Rig(const std::string& name, Device d) : device(d) {
+    Generator gen(3);
+    if (name == "cnn") model = std::make_unique<models::CNN>(gen, d);
+    else model = std::make_unique<models::SeedMLP>(gen, d);
+    flat = std::make_unique<nn::FlatParameters>(*model);
+    allocator_for(d).empty_cache();
+  }
+  void micro_batch(int64_t b) const {
+    Tensor x, y;
+    {
+      MemoryCategoryScope scope(MemoryCategory::data);
+      x = Tensor::zeros(Shape{b, 784}, DType::f32, device);
+      y = Tensor::zeros(Shape{b}, DType::i32, device);
+    }
+    Tensor loss = ops::cross_entropy((*model)(x), y, ops::Reduction::Sum);
+    loss.backward();
+    loss = Tensor();
+    flat->mark_gradients_stale();
+  }
+  // The real peak and reserved of one micro-batch from the state at rest (cache emptied).
+  std::pair<int64_t, int64_t> measure(int64_t b) const {
+    CachingAllocator& alloc = allocator_for(device);
+    alloc.empty_cache();
+    alloc.reset_peak();
+    micro_batch(b);
+    const MemoryStats st = alloc.stats();
+    alloc.empty_cache();
+    return {st.allocated_peak, st.reserved_peak};
+  }
+  MemoryPredictor record(std::vector<FixedBlock> fixed = {}) const {
+    return record_micro_batch(allocator_for(device), [this](int64_t b) { micro_batch(b); }, 128, 256,
+                              std::move(fixed));
+  }
+};
+
+double rel(int64_t predicted, int64_t measured) {
+  return static_cast<double>(predicted - measured) / static_cast<double>(measured);
+}
+
+class PredictionTest : public DeviceTest {};
+
+void check_model(const std::string& name, Device device, const std::vector<int64_t>& sizes) {
+  const Rig rig(name, device);
+  const MemoryPredictor p = rig.record();
+  ASSERT_TRUE(p.ok()) << p.reason();
+  for (int64_t b : sizes) {
+    const PredictedMemory pm = p.predict(b);
+    const auto [peak, reserved] = rig.measure(b);
+    std::printf("%s B=%lld: peak predicted %lld measured %lld (%+.2f%%), reserved predicted %lld measured %lld "
+                "(%+.2f%%)\n",
+                name.c_str(), static_cast<long long>(b), static_cast<long long>(pm.peak_bytes),
+                static_cast<long long>(peak), 100 * rel(pm.peak_bytes, peak),
+                static_cast<long long>(pm.reserved_bytes), static_cast<long long>(reserved),
+                100 * rel(pm.reserved_bytes, reserved));
+    // Known limit: some CNN allocation below 64 samples is not affine in the batch (probably a
+    // convolution buffer capped in samples), so small CNN batches are over-predicted (up to 2x at
+    // B=1). Over, never under: the planner stays safe. Within 5% from 64 up.
+    const bool exact = name != "cnn" || b >= 64;
+    EXPECT_GE(pm.peak_bytes, peak) << name << " B=" << b;
+    EXPECT_GE(pm.reserved_bytes, reserved) << name << " B=" << b;
+    if (exact) {
+      EXPECT_LE(std::abs(rel(pm.peak_bytes, peak)), 0.05) << name << " B=" << b;
+      EXPECT_LE(std::abs(rel(pm.reserved_bytes, reserved)), 0.05) << name << " B=" << b;
+    }
+    int64_t sum = 0;
+    for (int64_t c : pm.peak_by_category) sum += c;
+    EXPECT_EQ(sum, pm.peak_bytes);
+  }
+}
+
+TEST_P(PredictionTest, MlpPeakAndReservedWithinFivePercent) {
+  check_model("mlp", device(), {1, 3, 16, 64, 257, 1024});
+}
+
+// The CNN stops at 257 on the CPU: a micro-batch of 1024 holds about 0.5 GB and takes seconds there.
+TEST_P(PredictionTest, CnnPeakAndReservedWithinFivePercent) {
+  check_model("cnn", device(), device().is_cpu() ? std::vector<int64_t>{1, 3, 16, 64, 257}
+                                                 : std::vector<int64_t>{1, 3, 16, 64, 257, 1024});
+}
+
+TEST_P(PredictionTest, SequencesMatchAndFixedBlocksAreHeld) {
+  const Rig rig("mlp", device());
+  const MemoryPredictor p = rig.record();
+  ASSERT_TRUE(p.ok()) << p.reason();
+  // The recorded sequence at a probe size is reproduced exactly.
+  const std::vector<MemoryEvent> at = record_allocations(allocator_for(device()), [&] { rig.micro_batch(256); });
+  const std::vector<MemoryEvent> predicted = p.sequence(256);
+  ASSERT_EQ(at.size(), predicted.size());
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    EXPECT_EQ(at[i].category, predicted[i].category) << i;
+    EXPECT_EQ(at[i].alloc, predicted[i].alloc) << i;
+    EXPECT_EQ(at[i].bytes, predicted[i].bytes) << i;
+  }
+  // Optimizer state held through the micro-batch adds its bytes to the peak and its segment to reserved.
+  const int64_t state = 8 << 20;
+  const MemoryPredictor q = rig.record({FixedBlock{MemoryCategory::optimizer_state, state}});
+  const PredictedMemory a = p.predict(64), b = q.predict(64);
+  EXPECT_EQ(b.peak_bytes - a.peak_bytes, state);
+  EXPECT_EQ(b.peak_by_category[static_cast<std::size_t>(MemoryCategory::optimizer_state)], state);
+  EXPECT_GE(b.reserved_bytes - a.reserved_bytes, state);
+}
+
+TEST(Prediction, MismatchedSequencesFallBackWithAReason) {
+  const std::array<int64_t, kNumMemoryCategories> rest{};
+  const std::vector<MemoryEvent> s{{MemoryCategory::activations, true, 512}, {MemoryCategory::activations, false, 512}};
+  const std::vector<MemoryEvent> l{{MemoryCategory::activations, true, 1024}};
+  const MemoryPredictor p = MemoryPredictor::from_recordings(1, s, 2, l, rest, 0);
+  EXPECT_FALSE(p.ok());
+  EXPECT_NE(p.reason().find("do not match"), std::string::npos) << p.reason();
+  EXPECT_THROW(p.predict(4), InvalidArgument);
+  // An affine size: 512 B at 1, 1024 at 2 gives 512 * B; a large one gets its own 2 MiB-rounded segment.
+  const std::vector<MemoryEvent> l2{{MemoryCategory::activations, true, 1024}, {MemoryCategory::activations, false, 1024}};
+  const MemoryPredictor q = MemoryPredictor::from_recordings(1, s, 2, l2, rest, 0);
+  ASSERT_TRUE(q.ok()) << q.reason();
+  EXPECT_EQ(q.predict(5000).peak_bytes, 512 * 5000);
+  EXPECT_EQ(q.predict(5000).reserved_bytes, 4 << 20);
+  EXPECT_EQ(q.predict(3).reserved_bytes, 2 << 20);  // the small pool's segment
+}
+
+// The table in bench/results/2026-11-23-cpu-prediction/, run by hand:
+//   CUMULUS_PREDICTION_TABLE=out.tsv test_prediction --gtest_also_run_disabled_tests \
+//     --gtest_filter='*DISABLED_Table*'
+TEST(Prediction, DISABLED_Table) {
+  const char* out_path = std::getenv("CUMULUS_PREDICTION_TABLE");
+  ASSERT_NE(out_path, nullptr) << "set CUMULUS_PREDICTION_TABLE to the output file";
+  std::ofstream out(out_path);
+  out << "model\tmicro_batch\tpredicted_peak\tmeasured_peak\tpeak_error_pct\tpredicted_reserved\t"
+         "measured_reserved\treserved_error_pct\tmeasure_s\n";
+  for (const std::string name : {"mlp", "cnn"}) {
+    const Rig rig(name, Device::cpu());
+    const MemoryPredictor p = rig.record();
+    ASSERT_TRUE(p.ok()) << p.reason();
+    for (int64_t b : {1, 2, 3, 4, 7, 8, 16, 31, 32, 64, 100, 128, 255, 256, 257, 512, 1000, 1024, 2048, 3001, 4096}) {
+      const PredictedMemory pm = p.predict(b);
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto [peak, reserved] = rig.measure(b);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      char line[512];
+      std::snprintf(line, sizeof line, "%s\t%lld\t%lld\t%lld\t%.3f\t%lld\t%lld\t%.3f\t%.2f\n", name.c_str(),
+                    static_cast<long long>(b), static_cast<long long>(pm.peak_bytes), static_cast<long long>(peak),
+                    100 * rel(pm.peak_bytes, peak), static_cast<long long>(pm.reserved_bytes),
+                    static_cast<long long>(reserved), 100 * rel(pm.reserved_bytes, reserved), s);
+      out << line << std::flush;
+      std::fputs(line, stdout);
+    }
+  }
+}
+
+CUMULUS_INSTANTIATE_DEVICES(PredictionTest);
+
+}  // namespace
+}  // namespace cumulus
