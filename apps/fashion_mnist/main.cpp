@@ -590,9 +590,15 @@ int run(Options& o) {
                     exit_code_for(g_signal), "interrupted");
     }
   } catch (const OutOfMemory& e) {
-    return stop(std::string(e.what()) +
-                    "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
-                1, "out of memory; resumes at the last completed step");
+    const int status =
+        stop(std::string(e.what()) +
+                 "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
+             1, "out of memory; resumes at the last completed step");
+    if (!o.quiet) {
+      print_memory_table(tracker, stdout);  // with the failing request and the largest live ops
+      say("");
+    }
+    return status;
   } catch (const Error& e) {
     return stop(e.what(), 1, "after an error; resumes at the last completed step");
   }

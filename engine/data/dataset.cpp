@@ -179,6 +179,7 @@ Batch DataLoader::empty_batch(int64_t i) const {
   const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
   const Device device = dataset_.images.device();
   MemoryCategoryScope scope(MemoryCategory::data);
+  OpScope op("gather batch");  // an out-of-memory report names the batch, not "(no op)"
   return {Tensor::empty(Shape{count, row}, DType::f32, device), Tensor::empty(Shape{count}, DType::i32, device)};
 }
 
