@@ -169,6 +169,29 @@ TEST_F(AppTest, VersionEvalOnlyQuietAndWrappedHelp) {
   for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 80u) << line;
 }
 
+TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
+  const Result r = run_app(data_arg() + " --effective-batch 64 --memory-budget 64MiB --plan-only --metrics " +
+                           quote(path("plan_only.jsonl")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(path("plan_only.jsonl"))) << "--plan-only trained";
+  // One row per divisor of 64, the size first, then the peak in MiB, reserved bytes, fits.
+  std::istringstream lines(r.out);
+  std::vector<long> sizes;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream row(line);
+    long size = 0, reserved = 0;
+    double peak_mib = 0;
+    std::string fits;
+    if (row >> size >> peak_mib >> reserved >> fits) {
+      sizes.push_back(size);
+      EXPECT_GT(peak_mib, 0.0) << line;
+      EXPECT_TRUE(fits == "yes" || fits == "no") << line;
+    }
+  }
+  EXPECT_EQ(sizes, (std::vector<long>{64, 32, 16, 8, 4, 2, 1})) << r.out;
+}
+
 TEST_F(AppTest, LearningRateScheduleFlagsReachTheOptimizer) {
   // 256 samples in micro-batches of 32: 8 optimizer steps per epoch. StepLR halves the rate every
   // 3 steps, so the last step of epoch 2 (step 15) runs at lr / 2^5.

@@ -239,9 +239,14 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   }
   const int64_t at_rest = predictor.ok() ? predictor.rest_reserved() : (alloc.empty_cache(), alloc.stats().reserved);
 
+  // Divisors of the effective batch, largest first (found up to its square root: it may be 2^31).
   std::vector<int64_t> divisors;
-  for (int64_t b = o.effective_batch; b >= 1; --b)
-    if (o.effective_batch % b == 0) divisors.push_back(b);
+  for (int64_t d = 1; d * d <= o.effective_batch; ++d)
+    if (o.effective_batch % d == 0) {
+      divisors.push_back(d);
+      if (d * d != o.effective_batch) divisors.push_back(o.effective_batch / d);
+    }
+  std::sort(divisors.rbegin(), divisors.rend());
   if (predictor.ok()) {
     std::vector<PredictedMemory> predicted;
     for (int64_t b : divisors) predicted.push_back(predictor.predict(b));
