@@ -45,14 +45,13 @@ class CliRobustness : public ::testing::Test {
     cumulus::testing::write_toy_split(dir_ / "data", "train", 256, 1);
     cumulus::testing::write_toy_split(dir_ / "data", "t10k", 64, 2);
     // A good checkpoint after 1 of 3 epochs, and its final weights, for the resume cases.
-    const Result r = run(common() + Args{"--epochs", "1", "--checkpoint", path("good_ck.st"), "--save", path("good_w.st")});
+    const Result r =
+        run(common() + Args{"--epochs", "1", "--checkpoint", path("good_ck.st"), "--save", path("good_w.st")});
     ASSERT_EQ(r.exit_code, 0) << r.out;
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   static std::string path(const std::string& name) { return (dir_ / name).string(); }
-  static Args common() {
-    return {"--data", path("data"), "--device", "cpu", "--quiet", "--batch-size", "32"};
-  }
+  static Args common() { return {"--data", path("data"), "--device", "cpu", "--quiet", "--batch-size", "32"}; }
   // Runs the app to its end; every case must end well within `limit` (a hang fails the test
   // instead of stalling the suite: the app is killed and the case reported).
   static Result run(const Args& args, std::chrono::seconds limit = std::chrono::seconds(60)) {
@@ -83,7 +82,8 @@ class CliRobustness : public ::testing::Test {
     std::string shown;
     for (const auto& a : args) shown += " " + a;
     EXPECT_EQ(r.exit_code, code) << shown << "\n" << r.out;
-    for (const auto& f : fragments) EXPECT_NE(r.out.find(f), std::string::npos) << shown << ": no '" << f << "' in\n" << r.out;
+    for (const auto& f : fragments)
+      EXPECT_NE(r.out.find(f), std::string::npos) << shown << ": no '" << f << "' in\n" << r.out;
     EXPECT_LT(r.out.size(), 1000u) << shown << ": messages must be short\n" << r.out.substr(0, 2000);
   }
   static fs::path dir_;
@@ -110,7 +110,8 @@ TEST_F(CliRobustness, OutputsThatCollideWithInputsOrEachOtherAreRefusedAndNothin
   EXPECT_TRUE(read_file(w) == w_before) << "the weights were changed";
   // Resuming from a checkpoint and writing the next ones to the same file is the normal use.
   fs::copy_file(ck, path("again_ck.st"));
-  const Result r = run(common() + Args{"--epochs", "2", "--resume", path("again_ck.st"), "--checkpoint", path("again_ck.st")});
+  const Result r =
+      run(common() + Args{"--epochs", "2", "--resume", path("again_ck.st"), "--checkpoint", path("again_ck.st")});
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
@@ -141,7 +142,8 @@ TEST_F(CliRobustness, DeeplyNestedSafetensorsHeadersAreRefusedWithAShortMessage)
                                    ? R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,4]}})"
                                    : R"({"__metadata__":{"k":)" + deep + R"(}})";
     std::string file(8, '\0');
-    for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      file[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
     file += header + std::string(4, '\0');
     const std::string p = path(std::string("deep_") + where + ".st");
     write_file(p, file);
@@ -229,7 +231,8 @@ TEST_F(CliRobustness, ForgedCheckpointCountersAreRefusedNamingTheFile) {
   forge("forged_epoch.st", "epoch", "4294967297");  // 2^32 + 1: would wrap to epoch 1 in an int
   expect_refused({"--epochs", "3", "--resume", path("forged_epoch.st")}, 1, {"forged_epoch.st", "epoch"});
   forge("forged_negative.st", "optimizer_steps", "-5");
-  expect_refused({"--epochs", "3", "--resume", path("forged_negative.st")}, 1, {"forged_negative.st", "optimizer_steps"});
+  expect_refused({"--epochs", "3", "--resume", path("forged_negative.st")}, 1,
+                 {"forged_negative.st", "optimizer_steps"});
   forge("forged_position.st", "next_micro_batch", "1164");  // past an epoch of 8 micro-batches
   expect_refused({"--epochs", "3", "--resume", path("forged_position.st")}, 1,
                  {"forged_position.st", "1164", "other data"});
@@ -275,7 +278,8 @@ TEST_F(CliRobustness, WriteFailuresAreCaughtBeforeTrainingOrReportedNamingTheFla
 TEST_F(CliRobustness, NonFiniteInitialWeightsAreRefusedNamingTheTensor) {
   cumulus::io::SafetensorsContents c = cumulus::io::load_safetensors(path("good_w.st"));
   for (auto& [name, t] : c.tensors)
-    if (name == "linear_relu_stack.0.weight") t = cumulus::Tensor::full(t.shape(), std::numeric_limits<float>::quiet_NaN());
+    if (name == "linear_relu_stack.0.weight")
+      t = cumulus::Tensor::full(t.shape(), std::numeric_limits<float>::quiet_NaN());
   cumulus::io::save_safetensors(path("nan_w.st"), c.tensors, c.metadata);
   expect_refused({"--init", path("nan_w.st")}, 1, {"nan_w.st", "linear_relu_stack.0.weight", "non-finite"});
 }
@@ -311,8 +315,8 @@ TEST_F(CliRobustness, CtrlCInTheTestPassIsHonouredAndTheResumeRunsThatTestPass) 
   fs::create_directories(path("slow_eval"));
   cumulus::testing::write_toy_split(path("slow_eval"), "train", 64, 3);
   cumulus::testing::write_toy_split(path("slow_eval"), "t10k", 2000, 4);
-  const Args args = {"--data", path("slow_eval"), "--device", "cpu", "--batch-size", "32",
-                     "--eval-batch-size", "1", "--epochs", "2"};
+  const Args args = {"--data", path("slow_eval"),   "--device", "cpu",      "--batch-size",
+                     "32",     "--eval-batch-size", "1",        "--epochs", "2"};
   Result straight = run(args + Args{"--save", path("eval_straight.st")});
   ASSERT_EQ(straight.exit_code, 0) << straight.out;
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -365,8 +369,9 @@ TEST_F(CliRobustness, AHugeTensorInAWeightsFileIsRefusedBeforeItIsAllocated) {
   // A header claiming a 64 GiB first weight over a sparse file of that size: the names and shapes
   // are checked against the model from the header, so nothing of that size is ever allocated.
   const uint64_t huge = uint64_t{512} * 33554432 * 4;
-  const std::string header = R"({"linear_relu_stack.0.weight":{"dtype":"F32","shape":[512,33554432],"data_offsets":[0,)" +
-                             std::to_string(huge) + "]}}";
+  const std::string header =
+      R"({"linear_relu_stack.0.weight":{"dtype":"F32","shape":[512,33554432],"data_offsets":[0,)" +
+      std::to_string(huge) + "]}}";
   std::string bytes(8, '\0');
   for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   write_file(path("huge.st"), bytes + header);

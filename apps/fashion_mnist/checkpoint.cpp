@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <vector>
 #include <map>
+#include <vector>
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
@@ -46,7 +46,8 @@ std::string float_text(float v) {
 // Every setting that changes the result of a run (Note [Resume contract] in checkpoint.h).
 std::vector<Setting> run_settings(const Options& o) {
   std::string schedule;
-  for (const auto& [e, s] : o.schedule) schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s);
+  for (const auto& [e, s] : o.schedule)
+    schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s);
   const bool adamw = o.optimizer == "adamw";
   std::vector<Setting> s = {
       {"model", "--model", o.model, false},
@@ -110,7 +111,8 @@ void load_weights(const std::string& path, const cumulus::nn::Module& model) {
   const io::SafetensorsHeader header = io::read_safetensors_header(path);
   auto format = header.metadata.find("format");
   if (format != header.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0)
-    throw UsageFailure("--init '" + path + "' is a cumulus checkpoint (weights, optimizer state and counters): "
+    throw UsageFailure("--init '" + path +
+                       "' is a cumulus checkpoint (weights, optimizer state and counters): "
                        "continue its run with --resume");
   io::LoadStateDictOptions load_options;
   load_options.require_finite = true;  // training from NaN or Inf produces only non-finite losses
@@ -159,7 +161,8 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   if (format->second != kFormat)
     throw cumulus::Error(path + ": a checkpoint in the older format '" + cumulus::excerpt(format->second) +
                          "', which does not record every setting that changes the result, so it cannot be resumed "
-                         "exactly by this version (" + kFormat + ")");
+                         "exactly by this version (" +
+                         kFormat + ")");
   if (header.metadata.count(kChecksumKey) == 0)
     throw cumulus::Error("checkpoint '" + path + "' is corrupt: its metadata has no '" + kChecksumKey +
                          "' (cumulus checkpoints store one; this file is damaged or older than that), so it "
@@ -200,9 +203,9 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   s.epoch = static_cast<int>(counter("epoch", 0, std::numeric_limits<int>::max()));
   if (s.epoch > options.epochs)
-    throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(s.epoch) + ", past --epochs " +
-                       std::to_string(options.epochs) + "; give --epochs " + std::to_string(s.epoch) +
-                       " or more (--epochs counts all epochs, not the ones still to run)");
+    throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(s.epoch) +
+                       ", past --epochs " + std::to_string(options.epochs) + "; give --epochs " +
+                       std::to_string(s.epoch) + " or more (--epochs counts all epochs, not the ones still to run)");
   s.next_micro_batch = get_int(meta, "next_micro_batch", path);
   // At the epoch's end (== micro-batches) the epoch's test pass is still to run: it was interrupted.
   if (s.next_micro_batch < 0 || s.next_micro_batch > limits.micro_batches_per_epoch)

@@ -56,7 +56,6 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
 // unreadable, truncated, corrupt (checksum mismatch), lacks a checksum or has counters outside
 // `limits`.
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                              cumulus::optim::Optimizer& optimizer, const Options& options,
-                              const ResumeLimits& limits);
+                              cumulus::optim::Optimizer& optimizer, const Options& options, const ResumeLimits& limits);
 
 }  // namespace fmnist

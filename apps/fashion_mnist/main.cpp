@@ -28,14 +28,14 @@
 #include "cumulus/memory/planner.h"
 #include "cumulus/memory/prediction.h"
 #include "cumulus/memory/tracker.h"
+#include "cumulus/models/cnn.h"
+#include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/sgd.h"
 #include "data_files.h"
-#include "cumulus/models/cnn.h"
-#include "cumulus/models/mlp.h"
 #include "options.h"
 #include "progress.h"
 #include "run_paths.h"
@@ -234,7 +234,8 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   while (large > train.size()) large /= 2;
   MemoryPredictor predictor;
   if (large >= 2) {
-    std::vector<FixedBlock> state(static_cast<std::size_t>(copies), FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
+    std::vector<FixedBlock> state(static_cast<std::size_t>(copies),
+                                  FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
     predictor = record_micro_batch(alloc, micro_batch, large / 2, large, state);
   }
   const int64_t at_rest = predictor.ok() ? predictor.rest_reserved() : (alloc.empty_cache(), alloc.stats().reserved);
@@ -252,12 +253,15 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
     for (int64_t b : divisors) predicted.push_back(predictor.predict(b));
     if (!o.quiet || o.plan_only) {
       say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
-          predictor.reason().c_str(), format_bytes(at_rest).c_str(), budget > 0 ? format_bytes(budget).c_str() : "none");
+          predictor.reason().c_str(), format_bytes(at_rest).c_str(),
+          budget > 0 ? format_bytes(budget).c_str() : "none");
       say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
       for (const PredictedMemory& p : predicted)
         say("  %11lld %10.2f %15lld %5s %6lld\n", static_cast<long long>(p.micro_batch),
             static_cast<double>(p.peak_bytes) / (1 << 20), static_cast<long long>(p.reserved_bytes),
-            budget <= 0 ? "-" : p.reserved_bytes <= budget ? "yes" : "no",
+            budget <= 0                  ? "-"
+            : p.reserved_bytes <= budget ? "yes"
+                                         : "no",
             static_cast<long long>(o.effective_batch / p.micro_batch));
     }
     if (o.plan_only) return false;
@@ -268,7 +272,8 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
       try {
         std::vector<Tensor> state;
         MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-        for (int c = 0; c < copies; ++c) state.push_back(Tensor::empty(Shape{copy_bytes / 4}, DType::f32, o.resolved_device));
+        for (int c = 0; c < copies; ++c)
+          state.push_back(Tensor::empty(Shape{copy_bytes / 4}, DType::f32, o.resolved_device));
         alloc.reset_peak();
         micro_batch(p.micro_batch);
       } catch (const OutOfMemory&) {
@@ -293,9 +298,10 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
       }
       return true;
     }
-    throw OutOfMemory("planner: no micro-batch dividing " + std::to_string(o.effective_batch) + " fits --memory-budget " +
-                      o.memory_budget + " (a micro-batch of 1 is predicted to reserve " +
-                      format_bytes(predicted.back().reserved_bytes) + ", reserved at rest " + format_bytes(at_rest) + ")");
+    throw OutOfMemory("planner: no micro-batch dividing " + std::to_string(o.effective_batch) +
+                      " fits --memory-budget " + o.memory_budget + " (a micro-batch of 1 is predicted to reserve " +
+                      format_bytes(predicted.back().reserved_bytes) + ", reserved at rest " + format_bytes(at_rest) +
+                      ")");
   }
 
   // Fallback: a line through the peaks of two probes, with a safety margin for what it misses.
@@ -316,7 +322,10 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
     for (int64_t b : divisors) {
       const int64_t peak = cost.predicted_peak(b);
       say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(b), static_cast<double>(peak) / (1 << 20), "-",
-          budget <= 0 ? "-" : peak <= budget * 0.95 ? "yes" : "no", static_cast<long long>(o.effective_batch / b));
+          budget <= 0             ? "-"
+          : peak <= budget * 0.95 ? "yes"
+                                  : "no",
+          static_cast<long long>(o.effective_batch / b));
     }
     return false;
   }
@@ -429,26 +438,32 @@ int run(Options& o) {
   throw_if_interrupted();
 
   if (!o.quiet) {
-    const int n0 = optim::Accumulator::steps_for_epoch(o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
-    say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch %lld | %s lr %g%s\n",
-        device.describe().c_str(), o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10",
-        data_dir.c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
-        static_cast<long long>(o.batch_size), n0, static_cast<long long>(o.batch_size * n0),
-        o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
-        o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
+    const int n0 = optim::Accumulator::steps_for_epoch(
+        o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
+    say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch "
+        "%lld | %s lr %g%s\n",
+        device.describe().c_str(),
+        o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10", data_dir.c_str(),
+        static_cast<long long>(train.size()), static_cast<long long>(test.size()), static_cast<long long>(o.batch_size),
+        n0, static_cast<long long>(o.batch_size * n0), o.optimizer == "adamw" ? "AdamW" : "SGD",
+        static_cast<double>(o.lr), o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (!o.resume_path.empty())
       say("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.epoch + 1,
           static_cast<long long>(state.next_micro_batch));
   }
-  for (const std::string& change : state.overridden) std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
+  for (const std::string& change : state.overridden)
+    std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
   if (state.epoch == o.epochs) {
-    std::fprintf(stderr, "fashion_mnist: '%s' has finished all %d epochs (--epochs %d): nothing to train; give a "
-                 "larger --epochs to train further\n", o.resume_path.c_str(), o.epochs, o.epochs);
+    std::fprintf(stderr,
+                 "fashion_mnist: '%s' has finished all %d epochs (--epochs %d): nothing to train; give a "
+                 "larger --epochs to train further\n",
+                 o.resume_path.c_str(), o.epochs, o.epochs);
   }
 
   MemoryTracker::Options to;
   to.model = o.model == "cnn" ? "cnn" : "seed_mlp";
-  if (o.model == "cnn") to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
+  if (o.model == "cnn")
+    to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   to.settings = recorded_settings(o);
@@ -542,19 +557,24 @@ int run(Options& o) {
           boundary.epoch_samples = samples;
         }
         if (progress.due(i + 1))
-          progress.update(i + 1, (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(boundary.epoch_samples, 1)),
+          progress.update(i + 1,
+                          (loss_before_run + acc.epoch_loss_sum()) /
+                              static_cast<double>(std::max<int64_t>(boundary.epoch_samples, 1)),
                           samples_this_run);
       }
       progress.end_epoch();
       // Reading the loss waits for the device, so the epoch's time below includes its queued work
       // (with graphs the host runs far ahead of the GPU).
-      const double train_loss = (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(samples, 1));
+      const double train_loss =
+          (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(samples, 1));
       const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int64_t skipped = acc.skipped_steps() - skipped_before;
       if (skipped > 0 || !std::isfinite(train_loss))
-        std::fprintf(stderr, "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
+        std::fprintf(stderr,
+                     "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                      "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
-                     "--clip-grad-norm)\n", epoch + 1, static_cast<long long>(skipped), train_loss);
+                     "--clip-grad-norm)\n",
+                     epoch + 1, static_cast<long long>(skipped), train_loss);
 
       EvalResult r;
       try {
@@ -595,10 +615,10 @@ int run(Options& o) {
                     exit_code_for(g_signal), "interrupted");
     }
   } catch (const OutOfMemory& e) {
-    const int status =
-        stop(std::string(e.what()) +
-                 "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
-             1, "out of memory; resumes at the last completed step");
+    const int status = stop(
+        std::string(e.what()) +
+            "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
+        1, "out of memory; resumes at the last completed step");
     if (!o.quiet) {
       print_memory_table(tracker, stdout);  // with the failing request and the largest live ops
       say("");

@@ -6,8 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <tuple>
 
@@ -29,7 +29,8 @@ std::map<int, int> parse_accum_schedule(const std::string& text) {
   std::map<int, int> out;
   std::size_t pos = 0;
   auto bad = [&](const std::string& why) {
-    return InvalidArgument("--accum-schedule '" + text + "': " + why + " (expected EPOCH:STEPS,... starting at 0, e.g. 0:8,4:2)");
+    return InvalidArgument("--accum-schedule '" + text + "': " + why +
+                           " (expected EPOCH:STEPS,... starting at 0, e.g. 0:8,4:2)");
   };
   while (pos <= text.size()) {
     const std::size_t comma = text.find(',', pos);
@@ -42,7 +43,8 @@ std::map<int, int> parse_accum_schedule(const std::string& text) {
     const char* steps_text = item.c_str() + colon + 1;
     const long steps = std::strtol(steps_text, &end, 10);
     if (*steps_text == '\0' || *end != '\0' || steps <= 0 || steps > 1000000) throw bad("bad steps in '" + item + "'");
-    if (!out.emplace(static_cast<int>(epoch), static_cast<int>(steps)).second) throw bad("epoch " + std::to_string(epoch) + " given twice");
+    if (!out.emplace(static_cast<int>(epoch), static_cast<int>(steps)).second)
+      throw bad("epoch " + std::to_string(epoch) + " given twice");
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -54,9 +56,9 @@ const std::set<std::string>& overridable_settings() {
   // The hyperparameters of the update rule: changing them changes the result from here on, but the
   // checkpoint's state still means the same thing. Structural settings (model, optimizer, batch,
   // accumulation, data order, momentum buffer) are never overridable.
-  static const std::set<std::string> names = {"lr",       "lr-schedule", "lr-step-size", "lr-gamma",
-                                              "warmup-steps", "min-lr",  "weight-decay", "clip-grad-norm",
-                                              "betas",    "eps",         "nesterov"};
+  static const std::set<std::string> names = {"lr",           "lr-schedule", "lr-step-size", "lr-gamma",
+                                              "warmup-steps", "min-lr",      "weight-decay", "clip-grad-norm",
+                                              "betas",        "eps",         "nesterov"};
   return names;
 }
 
@@ -101,7 +103,8 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
         const bool digits = !text.empty() && end == text.c_str() + text.size() &&
                             text.find_first_not_of("+-0123456789") == std::string::npos;
         if (!digits || errno == ERANGE || v < lo || v > hi)
-          return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text + "'";
+          return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text +
+                 "'";
         return {};
       },
       "INT", "integer_in");
@@ -161,8 +164,8 @@ std::string wrap_help(const std::string& help, int width, std::size_t descriptio
     if (eol == std::string::npos) eol = help.size();
     std::string line = help.substr(pos, eol - pos);
     pos = eol + 1;
-    const bool option_line = line.size() > description_column && line.rfind("  -", 0) == 0 &&
-                             line[description_column - 1] == ' ';
+    const bool option_line =
+        line.size() > description_column && line.rfind("  -", 0) == 0 && line[description_column - 1] == ' ';
     const std::size_t indent =
         option_line ? description_column : std::min<std::size_t>(line.find_first_not_of(' '), 20);
     while (static_cast<int>(line.size()) > width) {
@@ -180,7 +183,9 @@ std::string wrap_help(const std::string& help, int width, std::size_t descriptio
 // "0.9,0.999" -> (0.9, 0.999), each in [0, 1).
 std::pair<float, float> parse_betas(const std::string& text) {
   const std::size_t comma = text.find(',');
-  auto bad = [&] { return UsageError{"--betas '" + text + "': expected two numbers in [0, 1) as B1,B2, e.g. 0.9,0.999"}; };
+  auto bad = [&] {
+    return UsageError{"--betas '" + text + "': expected two numbers in [0, 1) as B1,B2, e.g. 0.9,0.999"};
+  };
   if (comma == std::string::npos) throw bad();
   char* end = nullptr;
   const std::string a = text.substr(0, comma), b = text.substr(comma + 1);
@@ -216,7 +221,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "Directory with the four Fashion-MNIST IDX files (.gz or plain). Default: $CUMULUS_DATA, "
                  "./data/fashion-mnist, ../shared/data/fashion-mnist, else downloaded into ./data/fashion-mnist "
                  "and verified by SHA-256");
-  app.add_option("--device", o.device, "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--device", o.device, "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N")
+      ->capture_default_str();
   app.add_option("--model", o.model,
                  "mlp: the seed's 784-512-512-10 MLP; cnn: conv-BN-ReLU-pool x 2, then 3136-128-10. Batch norm "
                  "computes its statistics per micro-batch (as every framework does): with accumulation, "
@@ -228,10 +234,14 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
-      ->check(integer_in(1, 1000000))->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "Micro-batch size")->check(integer_in(1, kMaxBatch))->capture_default_str();
+      ->check(integer_in(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Micro-batch size")
+      ->check(integer_in(1, kMaxBatch))
+      ->capture_default_str();
   app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step")
-      ->check(integer_in(1, 1000000))->capture_default_str();
+      ->check(integer_in(1, 1000000))
+      ->capture_default_str();
   app.add_option("--accum-schedule", o.accum_schedule,
                  "Accumulation steps per epoch, EPOCH:STEPS,... from epoch 0 (e.g. 0:8,4:2); replaces --accum-steps");
   app.add_option("--effective-batch", o.effective_batch,
@@ -256,7 +266,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(integer_in(1, kMaxSamples));
   app.add_option("--lr-gamma", o.lr_gamma, "step schedule: the factor of each decay")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "cosine schedule: optimizer steps of linear warmup")
-      ->check(integer_in(0, kMaxSamples))->capture_default_str();
+      ->check(integer_in(0, kMaxSamples))
+      ->capture_default_str();
   app.add_option("--min-lr", o.min_lr, "cosine schedule: the rate at the last step")->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum (needs --momentum > 0)");
@@ -272,7 +283,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->capture_default_str();
   app.add_flag("--shuffle", o.shuffle, "Shuffle the training data each epoch (order from --seed and the epoch)");
   app.add_option("--seed", seed_text, "Seed of the weight initialization and of the shuffle (0 to 2^64-1)")
-      ->check(unsigned_64())->capture_default_str();
+      ->check(unsigned_64())
+      ->capture_default_str();
   app.add_option("--init", o.init_path, "Start from these weights (safetensors with PyTorch's state-dict names)");
   app.add_flag("--eval-only", o.eval_only,
                "Run the test pass only (with --init weights, or the seeded initialization) and print its result");
@@ -289,18 +301,23 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "the banner and --metrics record them");
   app.add_option("--memory-report", o.memory_report_path, "Write the memory report (JSON) here");
   app.add_option("--trace", o.trace_path, "Write a Chrome trace (JSON; open in Perfetto or chrome://tracing) here");
-  app.add_option("--memory-plot", o.memory_plot_path, "Write an SVG plot of memory by category over the first steps here");
+  app.add_option("--memory-plot", o.memory_plot_path,
+                 "Write an SVG plot of memory by category over the first steps here");
   app.add_option("--metrics", o.metrics_path,
                  "Write one JSON object per epoch here (epoch, train_loss, test_loss, test_accuracy, samples_per_s, "
                  "optimizer_steps, peak_bytes, ...); with --resume, the file's lines up to the checkpoint are kept");
   app.add_option("--train-limit", o.train_limit, "Use only the first N training samples (0: all)")
-      ->check(integer_in(0, kMaxSamples))->capture_default_str();
+      ->check(integer_in(0, kMaxSamples))
+      ->capture_default_str();
   app.add_option("--test-limit", o.test_limit, "Use only the first N test samples (0: all)")
-      ->check(integer_in(0, kMaxSamples))->capture_default_str();
+      ->check(integer_in(0, kMaxSamples))
+      ->capture_default_str();
   app.add_option("--eval-batch-size", o.eval_batch_size, "Batch size of the test pass (the seed uses 64)")
-      ->check(integer_in(1, kMaxBatch))->capture_default_str();
+      ->check(integer_in(1, kMaxBatch))
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads for the matrix products (0: every core)")
-      ->check(integer_in(0, 4096))->capture_default_str();
+      ->check(integer_in(0, 4096))
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "Print only the per-epoch results, warnings and errors");
 
   try {
@@ -330,14 +347,14 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     require(o.optimizer == "sgd" || o.optimizer == "adamw", "--optimizer '" + o.optimizer + "': expected sgd or adamw");
     require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
             "--momentum must be in [0, 1), got " + std::to_string(o.momentum));
-    require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov), "--momentum and --nesterov apply to --optimizer sgd only");
+    require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
+            "--momentum and --nesterov apply to --optimizer sgd only");
     require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
     require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),
             "--betas and --eps apply to --optimizer adamw only");
     std::tie(o.beta1, o.beta2) = parse_betas(betas_text);
     require(std::isfinite(o.eps) && o.eps > 0, "--eps must be a positive number, got " + std::to_string(o.eps));
-    require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0),
-            "--weight-decay must be >= 0");
+    require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0), "--weight-decay must be >= 0");
     require(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0");
     require(o.normalize == "samples" || o.normalize == "micro-batches",
             "--normalize '" + o.normalize + "': expected samples or micro-batches");
@@ -370,7 +387,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       }
       require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
     }
-    require(!o.plan_only || o.effective_batch > 0, "--plan-only needs --effective-batch (its divisors are the candidates)");
+    require(!o.plan_only || o.effective_batch > 0,
+            "--plan-only needs --effective-batch (its divisors are the candidates)");
     if (o.effective_batch > 0) {
       require(o.memory_budget_bytes > 0 || o.plan_only,
               "--effective-batch needs --memory-budget (the planner fits the batch to it)");
@@ -383,8 +401,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       std::string name = overrides_text.substr(pos, comma - pos);
       if (name.rfind("--", 0) == 0) name = name.substr(2);
       require(overridable_settings().count(name) == 1,
-              "--override '" + name + "': not a setting a resumed run may change (those are: lr, lr-schedule, "
-              "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov)");
+              "--override '" + name +
+                  "': not a setting a resumed run may change (those are: lr, lr-schedule, "
+                  "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov)");
       o.overrides.insert(name);
       pos = comma + 1;
     }

@@ -38,7 +38,7 @@ struct Options {
   float momentum = 0.0f;
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
-  std::optional<float> weight_decay;  // default: 0 for SGD, 0.01 for AdamW (PyTorch's defaults)
+  std::optional<float> weight_decay;                // default: 0 for SGD, 0.01 for AdamW (PyTorch's defaults)
   float clip_grad_norm = 0.0f;
   std::string normalize = "samples";
   bool shuffle = false;

@@ -115,8 +115,8 @@ void check_output_writable(const std::string& path) {
   const std::string tmp = temp_path_for(target, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
-    throw Error("cannot write '" + path + "': cannot create a file in '" + parent_dir(target) + "': " +
-                std::strerror(errno));
+    throw Error("cannot write '" + path + "': cannot create a file in '" + parent_dir(target) +
+                "': " + std::strerror(errno));
   ::close(fd);
   ::unlink(tmp.c_str());
 }
