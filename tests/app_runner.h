@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 extern char** environ;
 
 namespace cumulus::testing {
@@ -37,12 +39,6 @@ inline void write_file(const std::filesystem::path& p, const std::string& bytes)
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(f.good()) << p;
 }
-
-struct Result {
-  int exit_code = -1;  // when it exited
-  int signal = 0;      // when a signal ended it
-  std::string out;     // stdout and stderr together
-};
 
 // Starts the app with `args` (and `env` entries before the inherited environment).
 inline pid_t start_app(const Args& args, const std::filesystem::path& log, const Args& env = {}) {

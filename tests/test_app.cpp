@@ -18,33 +18,18 @@
 #include <vector>
 
 #include "cumulus/core/device.h"
+#include "test_util.h"
 #include "toy_dataset.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using cumulus::testing::quote;
+using cumulus::testing::Result;
+using cumulus::testing::run_command;
 
 Result run_app(const std::string& args, const std::string& env = "") {
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(FASHION_MNIST_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return run_command((env.empty() ? "" : "env " + env + " ") + std::string(FASHION_MNIST_BIN) + " " + args + " 2>&1");
 }
 
 using cumulus::testing::put_be32;
@@ -126,13 +111,9 @@ TEST_F(AppTest, RunScriptAsTheReadmeShowsItTakesTheLastValueOfARepeatedFlag) {
                           " CUMULUS_REPORTS_DIR=" + quote(path("run_sh_reports")) + " " +
                           quote(std::string(CUMULUS_SOURCE_DIR) + "/scripts/run.sh") + " --epochs 1 " + data_arg() +
                           " --train-limit 256 --test-limit 64 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = ::pclose(p);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const Result r = run_command(cmd);
+  const std::string& out = r.out;
+  ASSERT_EQ(r.exit_code, 0) << out;
   EXPECT_NE(out.find("Epoch 1\n---"), std::string::npos) << out;
   EXPECT_EQ(out.find("Epoch 2\n---"), std::string::npos) << out;
   for (const char* f : {"metrics.jsonl", "memory.json", "trace.json", "memory.svg", "weights.safetensors"})

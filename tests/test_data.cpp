@@ -33,6 +33,8 @@
 namespace cumulus {
 namespace {
 
+using cumulus::testing::expect_returns_promptly;
+
 namespace fs = std::filesystem;
 using data::DataLoader;
 using data::ImageDataset;
@@ -158,27 +160,6 @@ void write_gzip_of_zeros(const std::string& path, const Bytes& head, uint64_t ze
   }
   deflateEnd(&z);
   ASSERT_EQ(std::fclose(f), 0);
-}
-
-// Runs `fn`, which must refuse the FIFO at `fifo`, on a thread, and fails if it has not returned
-// within 5 s. A reader stuck in open() is then released by opening the FIFO for writing, so a
-// regression fails the test instead of hanging the binary.
-template <typename Fn>
-void expect_returns_promptly(const std::string& fifo, Fn fn) {
-  std::promise<void> done;
-  std::future<void> finished = done.get_future();
-  std::thread worker([&] {
-    fn();
-    done.set_value();
-  });
-  if (finished.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    ADD_FAILURE() << "reading the FIFO " << fifo << " hangs";
-    while (finished.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  worker.join();
 }
 
 // ---- read_idx_u8 -----------------------------------------------------------------------------

@@ -19,6 +19,9 @@
 namespace {
 
 namespace fs = std::filesystem;
+using cumulus::testing::quote;
+using cumulus::testing::Result;
+using cumulus::testing::run_command;
 using cumulus::testing::TempDir;
 
 // The app's binary: FASHION_MNIST_BIN where the build defines it, else beside this test (both land
@@ -33,30 +36,11 @@ std::string app_binary() {
 #endif
 }
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
 // Runs the app in `cwd` with $PATH set to `path` and no $CUMULUS_DATA, so it must download.
 Result run_app(const std::string& cwd, const std::string& path, const std::string& args) {
   const std::string cmd = "cd " + quote(cwd) + " && /usr/bin/env -u CUMULUS_DATA PATH=" + quote(path) + " " +
                           quote(app_binary()) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return run_command(cmd);
 }
 
 void write_file(const fs::path& path, const std::string& text, bool executable = false) {

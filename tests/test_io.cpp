@@ -34,6 +34,8 @@
 namespace cumulus {
 namespace {
 
+using cumulus::testing::expect_returns_promptly;
+
 namespace fs = std::filesystem;
 using io::load_safetensors;
 using io::NamedTensors;
@@ -360,27 +362,6 @@ TEST(Safetensors, MessagesQuoteAtMostAnExcerptOfTheFile) {
   EXPECT_EQ(excerpt(std::string(100, 'x')), std::string(80, 'x') + "...");
   EXPECT_EQ(excerpt(std::string(79, 'x') + "\xc3\xa9" + "yz"), std::string(79, 'x') + "...")
       << "never cut inside a UTF-8 character";
-}
-
-// Runs `fn`, which must refuse the FIFO at `fifo`, on a thread, and fails if it has not returned
-// within 5 s. A reader stuck in open() is then released by opening the FIFO for writing, so a
-// regression fails the test instead of hanging the binary.
-template <typename Fn>
-void expect_returns_promptly(const std::string& fifo, Fn fn) {
-  std::promise<void> done;
-  std::future<void> finished = done.get_future();
-  std::thread worker([&] {
-    fn();
-    done.set_value();
-  });
-  if (finished.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    ADD_FAILURE() << "reading the FIFO " << fifo << " hangs";
-    while (finished.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  worker.join();
 }
 
 TEST(Safetensors, OnlyRegularFilesAreRead) {

@@ -4,13 +4,19 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -21,6 +27,53 @@ inline std::vector<Device> all_devices() { return {Device::cpu(), Device::cuda(0
 
 inline std::string device_name(const ::testing::TestParamInfo<Device>& info) {
   return info.param.is_cpu() ? "cpu" : "cuda";
+}
+
+// A child process's outcome.
+struct Result {
+  int exit_code = -1;  // when it exited (run_command: 128 + the signal when one ended it)
+  int signal = 0;      // when a signal ended it (start_app / wait_app)
+  std::string out;     // stdout and stderr together
+};
+
+// `s` quoted for /bin/sh.
+inline std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs a shell command line; its stdout is the result's output (add 2>&1 for stderr).
+inline Result run_command(const std::string& cmd) {
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// Runs `fn`, which must refuse the FIFO at `fifo`, on a thread, and fails if it has not returned
+// within 5 s. A reader stuck in open() is then released by opening the FIFO for writing, so a
+// regression fails the test instead of hanging the binary.
+template <typename Fn>
+void expect_returns_promptly(const std::string& fifo, Fn fn) {
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+  std::thread worker([&] {
+    fn();
+    done.set_value();
+  });
+  if (finished.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading the FIFO " << fifo << " hangs";
+    while (finished.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  worker.join();
 }
 
 // Fixture for tests parameterized over devices.
