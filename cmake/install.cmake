@@ -31,6 +31,10 @@ else()
   set(CUMULUS_WITH_CUDNN OFF)
 endif()
 
+if(CUMULUS_WITH_NCCL)
+  get_filename_component(CUMULUS_NCCL_DIR ${NCCL_LIBRARY} DIRECTORY)
+endif()
+
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/cumulusConfig.cmake.in
                               ${CMAKE_CURRENT_BINARY_DIR}/cumulusConfig.cmake
                               INSTALL_DESTINATION ${CUMULUS_INSTALL_CMAKEDIR})

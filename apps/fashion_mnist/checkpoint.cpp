@@ -45,15 +45,18 @@ std::string float_text(float v) {
 
 // Every setting that changes the result of a run (Note [Resume contract] in checkpoint.h).
 std::vector<Setting> run_settings(const Options& o) {
+  // Accumulation is recorded as micro-batches per step, all ranks together: a checkpoint written by
+  // 4 ranks of 16 x 1 resumes on 2 ranks of 16 x 2 or 1 of 16 x 4 (the same global groups).
   std::string schedule;
   for (const auto& [e, s] : o.schedule)
-    schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s);
+    schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s * o.world_size);
   const bool adamw = o.optimizer == "adamw";
   std::vector<Setting> s = {
       {"model", "--model", o.model, false},
       {"optimizer", "--optimizer", o.optimizer, false},
       {"micro_batch_size", "--batch-size", std::to_string(o.batch_size), false},
-      {"accum_steps", "--accum-steps", schedule.empty() ? std::to_string(o.accum_steps) : schedule, false},
+      {"accum_steps", "--accum-steps", schedule.empty() ? std::to_string(o.accum_steps * o.world_size) : schedule,
+       false},
       {"normalize", "--normalize", o.normalize, false},
       {"shuffle", "--shuffle", o.shuffle ? "true" : "false", false},
       {"seed", "--seed", std::to_string(o.seed), false},
@@ -177,8 +180,9 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
       s.overridden.push_back(name + " " + saved + " -> " + setting.value);
       continue;
     }
+    const char* unit = setting.key == "accum_steps" ? " (micro-batches per step, all ranks together)" : "";
     throw UsageFailure("--resume '" + path + "' was made with " + setting.flag + " " + saved + ", this run has " +
-                       setting.value + "; resume with the same value" +
+                       setting.value + unit + "; resume with the same value" +
                        (setting.overridable ? " or allow the change with --override " + name : ""));
   }
   io::LoadStateDictOptions load_options;

@@ -24,6 +24,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/dist/communicator.h"
 #include "cumulus/io/file.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/memory/prediction.h"
@@ -55,6 +56,12 @@ void on_signal(int sig) {
 int exit_code_for(int sig) { return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 141; }
 const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stdout closed"; }
 
+// A usage error every rank finds at once (ranks started with different settings): rank 0 says it,
+// and the ranks end together.
+struct SameOnEveryRank : UsageFailure {
+  using UsageFailure::UsageFailure;
+};
+
 // Thrown where a phase outside the training loop (loading, planning, the test pass) notices an
 // interrupt; the training loop itself stops at a group boundary without it.
 struct Interrupted {};
@@ -63,9 +70,17 @@ void throw_if_interrupted() {
   if (g_signal != 0) throw Interrupted{};
 }
 
+// Data parallel (mpirun): rank 0 prints, writes the checkpoint, the weights and the metrics;
+// every rank writes its own memory report. See run_data_parallel_setup().
+bool g_root = true;
+// Set when every rank stopped at the same group boundary (a signal, agreed on): the ranks end
+// together. Any other non-zero exit on one rank ends the job (MPI_Abort) instead.
+bool g_agreed_exit = false;
+
 // stdout, flushed at once: a failed write (a closed pipe, a full disk) is noticed here and turned
 // into an interrupt, so the run still checkpoints and exits non-zero instead of dying or lying.
 void say(const char* format, ...) {
+  if (!g_root) return;
   std::va_list args;
   va_start(args, format);
   std::vfprintf(stdout, format, args);
@@ -126,12 +141,13 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_p
   return std::make_shared<optim::SGD>(flat, s);
 }
 
-// Optimizer steps of the whole run: each epoch's micro-batches in groups of that epoch's steps.
+// Optimizer steps of the whole run: each epoch's micro-batches in groups of that epoch's steps
+// (per rank) times the ranks.
 int64_t total_optimizer_steps(const Options& o, int64_t micro_batches) {
   const std::map<int, int> schedule = o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule;
   int64_t steps = 0;
   for (int e = 0; e < o.epochs; ++e) {
-    const int n = optim::Accumulator::steps_for_epoch(schedule, e);
+    const int n = optim::Accumulator::steps_for_epoch(schedule, e) * o.world_size;
     steps += (micro_batches + n - 1) / n;
   }
   return steps;
@@ -373,17 +389,75 @@ void write_reports(const Options& o, MemoryTracker& tracker) {
   write("--memory-plot", o.memory_plot_path, memory_plot_svg(tracker), "memory plot");
 }
 
+// "memory.json" -> "memory.rank1.json": each rank's own report.
+std::string rank_path(const std::string& path, int rank) {
+  if (path.empty()) return path;
+  const std::string suffix = ".rank" + std::to_string(rank);
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1)
+    return path + suffix;
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
+
+// Data parallel setup, before any file is touched: the ranks' roles and outputs, the device of
+// each rank, the accumulation steps from --effective-batch, and the check that every rank was
+// started with the same settings (a usage error on every rank, naming the setting, if not).
+void run_data_parallel_setup(Options& o, dist::Communicator& comm) {
+  o.rank = comm.rank();
+  o.world_size = comm.world_size();
+  g_root = comm.is_root();
+  if (o.elastic) {
+    const int64_t per_step = o.batch_size * o.world_size;
+    if (o.effective_batch % per_step != 0)
+      throw UsageFailure("--effective-batch " + std::to_string(o.effective_batch) + " is not a multiple of --batch-size " +
+                         std::to_string(o.batch_size) + " x " + std::to_string(o.world_size) + " rank(s) = " +
+                         std::to_string(per_step));
+    o.accum_steps = static_cast<int>(o.effective_batch / per_step);
+  }
+  if (o.world_size == 1) return;
+  if (o.effective_batch > 0 && !o.elastic)
+    throw UsageFailure("the planner (--effective-batch without --batch-size) runs in one process; with " +
+                       std::to_string(o.world_size) + " ranks give --effective-batch and --batch-size");
+  if (o.resolved_device.is_cuda()) {
+    if (o.graphs == "on") throw UsageFailure("--graphs on: CUDA graphs with several ranks are not supported yet");
+    o.use_graphs = false;
+    if (o.device == "auto" || o.device == "cuda")  // one GPU per rank on each host
+      o.resolved_device = Device::cuda(comm.local_rank() % cuda_device_count());
+  }
+  if (!g_root) {
+    o.checkpoint_path.clear();
+    o.save_path.clear();
+    o.metrics_path.clear();
+    o.memory_report_path = rank_path(o.memory_report_path, o.rank);
+    o.trace_path = rank_path(o.trace_path, o.rank);
+    o.memory_plot_path = rank_path(o.memory_plot_path, o.rank);
+  }
+  std::vector<std::pair<std::string, std::string>> settings = recorded_settings(o);
+  settings.emplace_back("epochs", std::to_string(o.epochs));
+  settings.emplace_back("init", o.init_path);
+  settings.emplace_back("resume", o.resume_path);
+  settings.emplace_back("eval-only", o.eval_only ? "true" : "false");
+  settings.emplace_back("device", o.resolved_device.is_cuda() ? "cuda" : "cpu");
+  try {
+    dist::check_same_settings(comm, settings);
+  } catch (const InvalidArgument& e) {
+    throw SameOnEveryRank(e.what());
+  }
+}
+
 void print_test_results(const EvalResult& r) {
   say("Test Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", 100.0 * r.accuracy, r.avg_loss);
 }
 
-int run(Options& o) {
+int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   // From the start: a signal during loading must also end in a clean exit (130/143), never in
   // death by the signal. SIGPIPE: see say().
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
   if (o.threads > 0) set_cpu_threads(o.threads);
+  run_data_parallel_setup(o, *comm);
   const Device device = o.resolved_device;
   check_run_paths(o);
   const std::string data_dir = locate_fashion_mnist(o.data_dir, o.quiet);
@@ -403,7 +477,7 @@ int run(Options& o) {
       say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", device.describe().c_str(), o.model.c_str(),
           o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
           static_cast<long long>(test.size()));
-    print_test_results(evaluate(model, test_loader));
+    if (g_root) print_test_results(evaluate(model, test_loader));  // the other ranks hold the same weights
     return g_signal == 0 ? 0 : exit_code_for(g_signal);
   }
   const data::ImageDataset train = data::load_mnist_split(data_dir, true, device, o.train_limit);
@@ -418,14 +492,16 @@ int run(Options& o) {
                          " this run holds before its first micro-batch (dataset, parameters, gradients)");
     allocator_for(device).set_memory_limit(o.memory_budget_bytes);
   }
-  if (o.effective_batch > 0 && !plan_batch(o, model, *flat, train)) return 0;  // --plan-only
+  if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, *flat, train)) return 0;  // --plan-only
 
   data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed);
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(o, flat);
   optim::AccumulatorOptions ao;
-  ao.accum_steps = o.accum_steps;
-  ao.schedule = o.schedule;
+  // The Accumulator counts the micro-batches of all ranks (Note [Data parallel accumulation]).
+  ao.accum_steps = o.accum_steps * o.world_size;
+  for (const auto& [epoch, steps] : o.schedule) ao.schedule[epoch] = steps * o.world_size;
+  if (o.world_size > 1) ao.communicator = comm;
   ao.normalization = o.normalization();
   ao.clip_grad_norm = o.clip_grad_norm;
   optim::Accumulator acc(optimizer, ao, make_lr_schedule(o, micro_batches));
@@ -440,20 +516,26 @@ int run(Options& o) {
   if (!o.quiet) {
     const int n0 = optim::Accumulator::steps_for_epoch(
         o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
-    say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps = effective batch "
+    const std::string ranks =
+        o.world_size > 1 ? " x " + std::to_string(o.world_size) + " ranks" : std::string();
+    say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps%s = effective batch "
         "%lld | %s lr %g%s\n",
         device.describe().c_str(),
         o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10", data_dir.c_str(),
         static_cast<long long>(train.size()), static_cast<long long>(test.size()), static_cast<long long>(o.batch_size),
-        n0, static_cast<long long>(o.batch_size * n0), o.optimizer == "adamw" ? "AdamW" : "SGD",
+        n0, ranks.c_str(), static_cast<long long>(o.batch_size * n0 * o.world_size), o.optimizer == "adamw" ? "AdamW" : "SGD",
         static_cast<double>(o.lr), o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
+    if (o.world_size > 1)
+      say("data parallel: %d ranks (%s), this is rank 0; one all-reduce of the gradient per optimizer step, in %s "
+          "buckets overlapping the last backward of each group\n",
+          o.world_size, comm->backend().c_str(), "1 MiB");
     if (!o.resume_path.empty())
       say("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.epoch + 1,
           static_cast<long long>(state.next_micro_batch));
   }
   for (const std::string& change : state.overridden)
-    std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
-  if (state.epoch == o.epochs) {
+    if (g_root) std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
+  if (state.epoch == o.epochs && g_root) {
     std::fprintf(stderr,
                  "fashion_mnist: '%s' has finished all %d epochs (--epochs %d): nothing to train; give a "
                  "larger --epochs to train further\n",
@@ -467,10 +549,14 @@ int run(Options& o) {
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   to.settings = recorded_settings(o);
+  if (o.world_size > 1) {
+    to.settings.emplace_back("world-size", std::to_string(o.world_size));
+    to.settings.emplace_back("rank", std::to_string(o.rank));
+  }
   if (std::none_of(to.settings.begin(), to.settings.end(), [](const auto& kv) { return kv.first == "epochs"; }))
     to.settings.emplace_back("epochs", std::to_string(o.epochs));
   MemoryTracker tracker(device, to);
-  Progress progress(stderr, !o.quiet, o.epochs);
+  Progress progress(stderr, !o.quiet && g_root, o.epochs);
 
   // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
   // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run`
@@ -517,6 +603,24 @@ int run(Options& o) {
     return status;
   };
 
+  // Data parallel: whether any rank was signalled (a collective: every rank asks at the same
+  // boundary). A rank stopped by another's signal reports it as SIGTERM.
+  auto stop_agreed = [&] {
+    if (!comm->any(g_signal != 0)) return false;
+    if (g_signal == 0) g_signal = SIGTERM;
+    return true;
+  };
+  // A stop every rank makes at the same boundary: after rank 0 has written the checkpoint and the
+  // reports, the ranks meet and end together (no rank is aborted mid-write).
+  auto stop_together = [&](const std::string& message, int code, const char* why) {
+    const int status = stop(g_root ? message : std::string(), code, why);
+    if (o.world_size > 1) {
+      comm->barrier();
+      g_agreed_exit = true;
+    }
+    return status;
+  };
+
   try {
     for (int epoch = state.epoch; epoch < o.epochs; ++epoch) {
       const bool resuming_epoch = epoch == state.epoch;
@@ -532,21 +636,29 @@ int run(Options& o) {
       boundary.counters = acc.counters();
       boundary.epoch_samples = samples;
       const int64_t skipped_before = acc.skipped_steps();
+      const dist::Communicator::Stats comm_before = comm->stats();
       const auto t0 = std::chrono::steady_clock::now();
       int64_t epoch_peak = 0;
 
       for (int64_t i = first; i < micro_batches; ++i) {
-        if (g_signal != 0)  // only ever true here at a group boundary
-          return stop("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " + std::to_string(epoch + 1) +
-                          ", micro-batch " + std::to_string(i),
-                      exit_code_for(g_signal), "interrupted");
+        // A stop is honoured at the last group boundary (what the checkpoint holds); with several
+        // ranks, at a boundary all of them agree on, so they stop together.
+        if (o.world_size == 1 ? g_signal != 0 : acc.micro_batches_in_group() == 0 && stop_agreed())
+          return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
+                                   std::to_string(epoch + 1) + ", micro-batch " + std::to_string(i),
+                               exit_code_for(g_signal), "interrupted");
         const int64_t b = std::min<int64_t>(o.batch_size, train.size() - i * o.batch_size);
-        runner.micro_batch(b, [&] {
-          const data::Batch batch = train_loader.next(i);
-          return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
-        });
-        epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);
-        samples += b;
+        if (dist::owner_of_micro_batch(i, o.world_size) == o.rank) {
+          if (train_loader.position() != i) train_loader.seek(i);  // another rank's micro-batches in between
+          runner.micro_batch(b, [&] {
+            const data::Batch batch = train_loader.next(i);
+            return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+          });
+          epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);
+        } else {
+          acc.skip_micro_batch();
+        }
+        samples += b;  // every rank's: the epoch's samples, as one process counts them
         samples_this_run += b;
         if (runner.step_if_ready()) {
           epoch_peak = std::max(epoch_peak, allocator_for(device).stats().allocated_peak);
@@ -569,7 +681,7 @@ int run(Options& o) {
           (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(samples, 1));
       const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int64_t skipped = acc.skipped_steps() - skipped_before;
-      if (skipped > 0 || !std::isfinite(train_loss))
+      if (g_root && (skipped > 0 || !std::isfinite(train_loss)))
         std::fprintf(stderr,
                      "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                      "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
@@ -578,7 +690,7 @@ int run(Options& o) {
 
       EvalResult r;
       try {
-        r = evaluate(model, test_loader);
+        if (g_root) r = evaluate(model, test_loader);  // the other ranks hold the same weights
       } catch (const Interrupted&) {
         return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +
                         std::to_string(epoch + 1) + "; a resumed run starts with that test pass",
@@ -600,6 +712,12 @@ int run(Options& o) {
                                      {"model", o.model},
                                      {"accum_steps", acc.accum_steps()},
                                      {"lr", acc.last_lr()}};
+      if (o.world_size > 1) {
+        const dist::Communicator::Stats now = comm->stats();
+        line["world_size"] = o.world_size;
+        line["gradient_reductions"] = now.gradient_reductions - comm_before.gradient_reductions;
+        line["communication_wait_seconds"] = now.wait_seconds - comm_before.wait_seconds;
+      }
       if (o.model == "cnn") line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
       if (!state.overridden.empty()) line["overrides"] = state.overridden;
       metrics.append(line);
@@ -610,9 +728,11 @@ int run(Options& o) {
       boundary.counters.micro_batch_index = 0;
       boundary.epoch_samples = 0;
       checkpoint_now("epoch end");
-      if (g_signal != 0)  // after the epoch's checkpoint: nothing is lost, the next run starts the next epoch
-        return stop("interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " + std::to_string(epoch + 1),
-                    exit_code_for(g_signal), "interrupted");
+      // After the epoch's checkpoint: nothing is lost, the next run starts the next epoch.
+      if (o.world_size == 1 ? g_signal != 0 : stop_agreed())
+        return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " +
+                                 std::to_string(epoch + 1),
+                             exit_code_for(g_signal), "interrupted");
     }
   } catch (const OutOfMemory& e) {
     const int status = stop(
@@ -636,30 +756,35 @@ int run(Options& o) {
     }
     if (!o.quiet) say("weights written to %s\n", o.save_path.c_str());
   }
-  if (!o.quiet) {
+  if (!o.quiet && g_root) {
     print_memory_table(tracker, stdout);
     say("");
   }
   write_reports(o, tracker);
+  if (g_root && o.world_size > 1 && !o.quiet) {
+    const dist::Communicator::Stats st = comm->stats();
+    say("data parallel: %lld gradient all-reduces (%lld transport calls, %.1f MiB per rank), %.3f s waiting for "
+        "communication\n",
+        static_cast<long long>(st.gradient_reductions), static_cast<long long>(st.messages),
+        static_cast<double>(st.bytes_reduced) / (1 << 20), st.wait_seconds);
+  }
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 
-}  // namespace
-}  // namespace fmnist
-
-int main(int argc, char** argv) {
-  fmnist::Options options;
-  const fmnist::ParseResult parsed = fmnist::parse_options(argc, argv, options);
-  if (!parsed.proceed) return parsed.exit_code;
+int run_and_report(Options& options, const std::shared_ptr<cumulus::dist::Communicator>& comm) {
   try {
-    return fmnist::run(options);
-  } catch (const fmnist::Interrupted&) {
+    return run(options, comm);
+  } catch (const Interrupted&) {
     // Before the first micro-batch (loading, planning) or in an --eval-only test pass: there is no
     // new state to save, and a checkpoint being resumed is left as it was.
     std::fprintf(stderr, "fashion_mnist: interrupted (%s) before training began; nothing was written\n",
-                 fmnist::signal_name(fmnist::g_signal));
-    return fmnist::exit_code_for(fmnist::g_signal);
-  } catch (const fmnist::UsageFailure& e) {
+                 signal_name(g_signal));
+    return exit_code_for(g_signal);
+  } catch (const SameOnEveryRank& e) {
+    if (g_root) std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    g_agreed_exit = true;
+    return 2;
+  } catch (const UsageFailure& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;
   } catch (const cumulus::Error& e) {
@@ -669,4 +794,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fashion_mnist: unexpected error: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+}  // namespace fmnist
+
+int main(int argc, char** argv) {
+  fmnist::Options options;
+  const fmnist::ParseResult parsed = fmnist::parse_options(argc, argv, options);
+  if (!parsed.proceed) return parsed.exit_code;
+  std::shared_ptr<cumulus::dist::Communicator> comm;
+  try {
+    comm = cumulus::dist::Communicator::from_environment();
+  } catch (const cumulus::Error& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+  const int code = fmnist::run_and_report(options, comm);
+  // With several ranks, a failure on one rank ends the job: the others may be waiting in a
+  // collective for it. mpirun names the rank; rank 0's last checkpoint was written atomically.
+  if (code != 0 && comm->world_size() > 1 && !fmnist::g_agreed_exit) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    comm->abort(code);
+  }
+  return code;
 }

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "cumulus/core/error.h"
+#include "cumulus/dist/communicator.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/version.h"
 
@@ -77,7 +78,7 @@ std::string version_text() {
 #else
   s += ", cuDNN: not compiled";
 #endif
-  s += ", NCCL: not compiled, MPI: not compiled\n";
+  s += ", " + cumulus::dist::transports_text() + "\n";
   return s;
 }
 
@@ -236,17 +237,19 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "Micro-batch size")
+  app.add_option("--batch-size", o.batch_size, "Micro-batch size (per rank with mpirun)")
       ->check(integer_in(1, kMaxBatch))
       ->capture_default_str();
-  app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step")
+  app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step (per rank with mpirun)")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
   app.add_option("--accum-schedule", o.accum_schedule,
                  "Accumulation steps per epoch, EPOCH:STEPS,... from epoch 0 (e.g. 0:8,4:2); replaces --accum-steps");
   app.add_option("--effective-batch", o.effective_batch,
-                 "With --memory-budget: the samples per optimizer step; the planner probes a micro-batch and picks "
-                 "the largest micro-batch (a divisor of it) that fits the budget, and the accumulation steps")
+                 "Samples per optimizer step, all ranks together. With --batch-size: the accumulation steps are "
+                 "effective batch / (batch size x ranks), so a job keeps its result on 1, 2 or 8 processes "
+                 "(mpirun -np N). With --memory-budget instead: the planner picks the largest micro-batch (a "
+                 "divisor of it) that fits the budget, and the accumulation steps")
       ->check(integer_in(1, kMaxBatch));
   app.add_flag("--plan-only", o.plan_only,
                "With --effective-batch: print the planner's prediction for every micro-batch dividing it (size, "
@@ -389,10 +392,16 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     }
     require(!o.plan_only || o.effective_batch > 0,
             "--plan-only needs --effective-batch (its divisors are the candidates)");
-    if (o.effective_batch > 0) {
+    o.elastic = o.effective_batch > 0 && app.count("--batch-size") > 0;
+    if (o.elastic) {
+      require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
+              "--effective-batch with --batch-size sets the accumulation steps; do not give --accum-steps too");
+      require(!o.plan_only, "--plan-only runs the planner: give --effective-batch without --batch-size");
+    } else if (o.effective_batch > 0) {
       require(o.memory_budget_bytes > 0 || o.plan_only,
-              "--effective-batch needs --memory-budget (the planner fits the batch to it)");
-      require(app.count("--batch-size") == 0 && app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
+              "--effective-batch needs --batch-size (accumulation steps from it) or --memory-budget (the planner "
+              "picks the micro-batch)");
+      require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
               "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
     }
     for (std::size_t pos = 0; !overrides_text.empty() && pos <= overrides_text.size();) {

@@ -25,6 +25,7 @@ struct Options {
   std::string accum_schedule;  // "0:8,4:2"
   std::map<int, int> schedule;
   int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps
+  bool elastic = false;         // effective_batch with batch_size: accum_steps = effective / (batch x ranks)
   std::string memory_budget;
   int64_t memory_budget_bytes = 0;
   bool plan_only = false;  // --plan-only: print the planner's table of candidates and exit
@@ -55,6 +56,7 @@ struct Options {
 
   cumulus::Device resolved_device;
   bool use_graphs = false;  // resolved from `graphs` and the device
+  int rank = 0, world_size = 1;  // data parallel (mpirun): this process's rank and the number of ranks
   cumulus::optim::Normalization normalization() const;
   float resolved_weight_decay() const { return weight_decay.value_or(optimizer == "adamw" ? 0.01f : 0.0f); }
 };

@@ -83,7 +83,7 @@ void attach_node(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<
 
 // ---- the walk --------------------------------------------------------------------------------
 
-void run_backward(const Tensor& root, float seed_value) {
+void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {
   CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
   CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
                 "backward: the tensor does not require grad (no parameter or input that requires "
@@ -96,11 +96,14 @@ void run_backward(const Tensor& root, float seed_value) {
 
   if (root.is_leaf()) {
     GradSink::leaf(root.impl().get()).give(seed);
+    if (on_leaf_done) on_leaf_done(root.impl().get());
     return;
   }
 
-  // Dependencies: for every reachable node, the number of edges pointing at it.
+  // Dependencies: for every reachable node, the number of edges pointing at it (and, for the
+  // hook, at every leaf).
   std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<const TensorImpl*, int> leaf_edges;
   std::vector<Node*> stack{root.grad_fn().get()};
   dependencies[root.grad_fn().get()] = 0;
   while (!stack.empty()) {
@@ -110,6 +113,7 @@ void run_backward(const Tensor& root, float seed_value) {
                   "' was already used by a backward call and its saved tensors are released; "
                   "run the forward again");
     for (Edge& e : n->next_edges()) {
+      if (e.leaf && on_leaf_done) leaf_edges[e.leaf.get()] += 1;
       if (!e.node) continue;
       auto [it, first] = dependencies.try_emplace(e.node.get(), 0);
       it->second += 1;
@@ -145,6 +149,7 @@ void run_backward(const Tensor& root, float seed_value) {
     node->set_consumed();
 
     for (Edge& e : node->next_edges()) {
+      if (e.leaf && on_leaf_done && --leaf_edges[e.leaf.get()] == 0) on_leaf_done(e.leaf.get());
       if (!e.node) continue;
       if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
     }

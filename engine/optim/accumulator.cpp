@@ -25,6 +25,7 @@
 // the optimizer's lr, rewritten when set_lr changes it.
 #include "cumulus/optim/accumulator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <iterator>
@@ -33,6 +34,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
+#include "cumulus/dist/communicator.h"
 #include "engine/ops/internal.h"
 #include "kernels/optim_rules.h"
 
@@ -53,9 +55,79 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
   }
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Accumulator: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
+  if (distributed()) {
+    const int world = options.communicator->world_size();
+    std::map<int, int> steps = options.schedule;
+    if (steps.empty()) steps[0] = options.accum_steps;
+    for (const auto& [epoch, n] : steps)
+      CUMULUS_CHECK(n % world == 0, InvalidArgument, "Accumulator: ", n,
+                    " accumulation steps (micro-batches of all ranks per step) do not divide over ", world,
+                    " ranks; give a multiple of the world size");
+    plan_buckets();
+  }
   known_updates_ = optimizer_->updates();
   steps_offset_ = known_updates_;
   begin_epoch(0, 0);
+}
+
+bool Accumulator::distributed() const { return options_.communicator && options_.communicator->world_size() > 1; }
+
+void Accumulator::plan_buckets() {
+  CUMULUS_CHECK(options_.bucket_bytes > 0, InvalidArgument, "Accumulator: bucket_bytes must be > 0");
+  const auto& slots = optimizer_->parameters().slots();
+  bucket_of_slot_.assign(slots.size(), 0);
+  // Reverse slot order: backward finishes the last layers first.
+  for (std::size_t end = slots.size(); end > 0;) {
+    Bucket b;
+    b.end_slot = end;
+    int64_t bytes = 0;
+    std::size_t first = end;
+    while (first > 0 && (bytes == 0 || bytes + slots[first - 1].numel * 4 <= options_.bucket_bytes)) {
+      --first;
+      bytes += slots[first].numel * 4;
+    }
+    b.first_slot = first;
+    b.offset = slots[first].offset;
+    b.count = slots[end - 1].offset + slots[end - 1].numel - b.offset;
+    b.slots_pending = static_cast<int>(end - first);
+    for (std::size_t i = first; i < end; ++i) {
+      bucket_of_slot_[i] = buckets_.size();
+      slot_of_leaf_[slots[i].param.impl().get()] = i;
+    }
+    buckets_.push_back(b);
+    end = first;
+  }
+}
+
+void Accumulator::start_bucket(std::size_t index) {
+  Bucket& b = buckets_[index];
+  const nn::FlatParameters& params = optimizer_->parameters();
+  float* grad = static_cast<float*>(params.gradients().raw_data()) + b.offset;
+  options_.communicator->start_all_reduce_sum(grad, b.count, dist::Element::f32, params.device());
+}
+
+bool Accumulator::last_own_micro_batch_in_group() const {
+  const int world = options_.communicator->world_size();
+  const int rank = options_.communicator->rank();
+  const int64_t start = mb_in_epoch_ - group_mbs_;
+  int64_t end = start + accum_steps_;
+  if (mb_epoch_len_ > 0) end = std::min(end, mb_epoch_len_);
+  const int64_t last = end - 1 - (((end - 1 - rank) % world) + world) % world;
+  return mb_in_epoch_ == last;
+}
+
+void Accumulator::reduce_across_ranks() {
+  dist::Communicator& comm = *options_.communicator;
+  const nn::FlatParameters& params = optimizer_->parameters();
+  int64_t elements = 0;
+  while (next_bucket_ < buckets_.size()) start_bucket(next_bucket_++);
+  for (const Bucket& b : buckets_) elements += b.count;
+  // The group's sample and loss sums (adjacent in the step state): the normalization is global.
+  static_assert(offsetof(kernels::StepState, group_loss) == offsetof(kernels::StepState, group_samples) + sizeof(double));
+  kernels::StepBuffers* buf = optimizer_->step_buffers();
+  comm.start_all_reduce_sum(&buf->state.group_samples, 2, dist::Element::f64, params.device());
+  comm.wait_all();
+  comm.count_gradient_reduction(elements * static_cast<int64_t>(sizeof(float)));
 }
 
 namespace {
@@ -115,6 +187,11 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
 
 void Accumulator::check_micro_batch(int64_t samples) const {
   CUMULUS_CHECK(samples > 0, InvalidArgument, "Accumulator::backward: samples must be > 0, got ", samples);
+  CUMULUS_CHECK(!distributed() || dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) ==
+                                      options_.communicator->rank(),
+                InvalidArgument, "Accumulator::backward: micro-batch ", mb_in_epoch_, " of the epoch belongs to rank ",
+                dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator ? options_.communicator->world_size() : 1),
+                " (dist::owner_of_micro_batch); call skip_micro_batch() for it");
   CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
                 "Accumulator::backward: more micro-batches than the ", mb_epoch_len_, " announced for epoch ", epoch_);
 }
@@ -126,13 +203,41 @@ void Accumulator::count_micro_batch(int64_t samples) {
   mb_total_ += 1;
 }
 
+void Accumulator::skip_micro_batch() {
+  CUMULUS_CHECK(distributed(), InvalidArgument,
+                "Accumulator::skip_micro_batch: only for data parallel training (a communicator of several ranks)");
+  CUMULUS_CHECK(dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) !=
+                    options_.communicator->rank(),
+                InvalidArgument, "Accumulator::skip_micro_batch: micro-batch ", mb_in_epoch_, " of the epoch is rank ",
+                options_.communicator->rank(), "'s own");
+  CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
+                "Accumulator::skip_micro_batch: more micro-batches than the ", mb_epoch_len_, " announced for epoch ",
+                epoch_);
+  group_mbs_ += 1;
+  mb_in_epoch_ += 1;
+  mb_total_ += 1;
+}
+
 void Accumulator::backward(const Tensor& loss, int64_t samples) {
   check_micro_batch(samples);
   // micro_batches: each micro-batch contributes mean loss / N, whatever the group turns out to be.
   const float seed = options_.normalization == Normalization::micro_batches
                          ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))
                          : 1.0f;
-  run_backward(loss, seed);
+  if (distributed() && last_own_micro_batch_in_group()) {
+    // The rank's last backward before the step: each bucket is reduced as soon as it is final.
+    run_backward(loss, seed, [this](const TensorImpl* leaf) {
+      auto it = slot_of_leaf_.find(leaf);
+      if (it == slot_of_leaf_.end()) return;
+      // Buckets start in index order on every rank (collectives must match across ranks): a bucket
+      // finished early waits for the ones before it.
+      --buckets_[bucket_of_slot_[it->second]].slots_pending;
+      while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].slots_pending == 0) start_bucket(next_bucket_++);
+      options_.communicator->progress();
+    });
+  } else {
+    run_backward(loss, seed);
+  }
   kernels::StepBuffers* buf = optimizer_->step_buffers();
   const Device device = optimizer_->parameters().device();
   CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
@@ -198,6 +303,7 @@ void Accumulator::launch_step() {
   const float* grad = params.gradients().data<float>();
   const float* table = lr_table_.data<float>();
   const int64_t n = params.size();
+  if (distributed()) reduce_across_ranks();
   CUMULUS_DISPATCH(params.device(),
       kernels::prepare_step(buf->state, config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config, table),
       kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, table, ctx.stream()));
@@ -206,6 +312,8 @@ void Accumulator::launch_step() {
 
 void Accumulator::finish_step_host() {
   optimizer_->zero_grad();
+  for (Bucket& b : buckets_) b.slots_pending = static_cast<int>(b.end_slot - b.first_slot);
+  next_bucket_ = 0;
   ++attempted_;
   ++attempts_since_read_;
   group_samples_ = 0;

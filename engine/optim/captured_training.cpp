@@ -52,6 +52,9 @@ CapturedTraining::CapturedTraining(Accumulator& accumulator, bool use_graphs, Me
   CUMULUS_CHECK(!use_graphs || acc_.optimizer().parameters().device().is_cuda(), InvalidArgument,
                 "CapturedTraining: CUDA graphs need the parameters on a CUDA device, they are on ",
                 acc_.optimizer().parameters().device().str());
+  // Not yet: the reductions across ranks would have to be captured too (NCCL allows it; untested).
+  CUMULUS_CHECK(!use_graphs || !acc_.distributed(), InvalidArgument,
+                "CapturedTraining: CUDA graphs with data parallel training are not supported yet; run eagerly");
 #if !CUMULUS_WITH_CUDA
   CUMULUS_CHECK(!use_graphs, InvalidArgument, "CapturedTraining: cumulus was built without CUDA");
 #endif

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,7 +93,13 @@ bool should_record(std::initializer_list<const Tensor*> inputs);
 void attach_node(Tensor& out, std::shared_ptr<Node> node,
                  std::initializer_list<const Tensor*> inputs);
 
+// Called during a backward for each leaf whose gradient this backward has finished writing (every
+// edge to it delivered), in the order they finish: data parallel training starts reducing a
+// gradient bucket there while the rest of backward runs (Note [Data parallel accumulation] in
+// engine/dist/communicator.cpp).
+using LeafGradientDone = std::function<void(const TensorImpl* leaf)>;
+
 // Runs reverse-mode from `root` (a scalar), seeding its gradient with `seed`.
-void run_backward(const Tensor& root, float seed = 1.0f);
+void run_backward(const Tensor& root, float seed = 1.0f, const LeafGradientDone& on_leaf_done = nullptr);
 
 }  // namespace cumulus

@@ -10,9 +10,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
+
+namespace cumulus::dist {
+class Communicator;
+}
 
 namespace cumulus::optim {
 
@@ -37,6 +42,14 @@ struct AccumulatorOptions {
   Normalization normalization = Normalization::samples;
   float clip_grad_norm = 0.0f;  // > 0: clip the normalized gradient's global L2 norm to this
   bool skip_non_finite = true;  // a NaN/Inf in the normalized gradient skips the step
+  // Data parallel (Note [Data parallel accumulation] in engine/dist/communicator.cpp): null or a
+  // world of one trains alone. With more ranks, accum_steps (and the schedule's steps) count the
+  // micro-batches of a global group, all ranks together, and must be a multiple of the world size;
+  // every rank calls backward() for its own micro-batches and skip_micro_batch() for the others'.
+  std::shared_ptr<dist::Communicator> communicator;
+  // Gradient bytes per bucket reduced while backward still runs (whole parameter slots, so a slot
+  // larger than this is a bucket of its own).
+  int64_t bucket_bytes = 1 << 20;
 };
 
 class Accumulator {
@@ -51,6 +64,9 @@ class Accumulator {
   // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers; the
   // sample count and the loss value are added to the step state on the device (no host read).
   void backward(const Tensor& loss, int64_t samples);
+  // Data parallel: counts a micro-batch that another rank processes (dist::owner_of_micro_batch),
+  // so every rank sees the same group boundaries.
+  void skip_micro_batch();
   // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
   // was attempted (taken or skipped as non-finite).
   bool step_if_ready();
@@ -70,8 +86,8 @@ class Accumulator {
   int64_t attempted_steps() const { return attempted_; }  // steps attempted (taken or skipped)
   int64_t optimizer_steps() const;                        // (device) steps taken
   int64_t skipped_steps() const;                          // (device) steps skipped as non-finite
-  int64_t samples_in_group() const { return group_samples_; }
-  int micro_batches_in_group() const { return group_mbs_; }
+  int64_t samples_in_group() const { return group_samples_; }  // this rank's
+  int micro_batches_in_group() const { return group_mbs_; }  // every rank's
   // (device) Global L2 norm of the normalized gradient before clipping, at the last step; NaN when
   // the step did not compute it (no clipping and no non-finite guard).
   float last_grad_norm() const;
@@ -81,6 +97,8 @@ class Accumulator {
   double epoch_loss_sum() const;
   double epoch_samples_stepped() const;
   Optimizer& optimizer() { return *optimizer_; }
+  // Whether a communicator of more than one rank is attached (data parallel).
+  bool distributed() const;
 
   // Everything a checkpoint needs to resume exactly at a group boundary.
   struct Counters {
@@ -112,6 +130,13 @@ class Accumulator {
   void count_micro_batch(int64_t samples);
   bool do_step();
   kernels::StepState read_state() const;
+  // Whether the micro-batch being counted next is this rank's last in its group.
+  bool last_own_micro_batch_in_group() const;
+  void plan_buckets();
+  void start_bucket(std::size_t bucket);
+  // Sums the gradient (the buckets not started yet) and the group's sample and loss sums across
+  // ranks: the step's one reduction.
+  void reduce_across_ranks();
   void write_lr_table(int64_t base_update);
 
   std::shared_ptr<Optimizer> optimizer_;
@@ -133,6 +158,16 @@ class Accumulator {
   mutable int64_t known_updates_ = 0;
   mutable int64_t attempts_since_read_ = 0;
   int64_t steps_offset_ = 0;  // optimizer updates not made by this accumulator (before restore)
+  // Data parallel buckets: slot ranges [first_slot, end_slot), in reverse slot order (backward's).
+  struct Bucket {
+    std::size_t first_slot, end_slot;
+    int64_t offset, count;  // elements of the flat gradient
+    int slots_pending = 0;  // slots the current backward has not finished
+  };
+  std::vector<Bucket> buckets_;
+  std::size_t next_bucket_ = 0;  // buckets [0, next_bucket_) are started for this step
+  std::vector<std::size_t> bucket_of_slot_;
+  std::map<const void*, std::size_t> slot_of_leaf_;
 };
 
 }  // namespace cumulus::optim

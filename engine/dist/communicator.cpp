@@ -1,0 +1,125 @@
+// Note [Data parallel accumulation]
+// Data parallelism and gradient accumulation are the same sum split two ways. A global group (one
+// optimizer step) is accumulation steps x world size micro-batches of the epoch's order, exactly
+// the group a single process would form; rank r processes the micro-batches i with
+// i % world == r (dist::owner_of_micro_batch) and counts the others without running them
+// (Accumulator::skip_micro_batch), so every rank agrees on where each group ends, a short last
+// group included, and the Accumulator's counters, checkpoints and learning-rate schedule are
+// those of one process whatever the world size.
+//
+// At the step the flat gradient buffer, and the step state's sample and loss sums, are summed
+// across ranks: one logical all-reduce per optimizer step, never per micro-batch. It is split
+// into buckets of whole parameter slots, in reverse order, and a bucket starts as soon as the
+// backward of the rank's last micro-batch in the group has finished writing it (the backward
+// engine's leaf-gradient hook), so communication overlaps the rest of that backward; the rest
+// are started at the step. Each rank then normalizes by the global sample count, computes the
+// global norm, decides on clipping and on a non-finite skip, and updates: all from identical
+// inputs, so the decision and the optimizer state are the same on every rank without another
+// message. The reductions work in place on the persistent gradient buffer (its slices never move
+// or get freed), so they need no buffer of their own and no allocator support for a second stream.
+//
+// Batch norm's running statistics are not reduced: each rank's see its own micro-batches (as with
+// PyTorch DDP without SyncBatchNorm) and rank 0's are saved.
+#include "cumulus/dist/communicator.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "cumulus/core/error.h"
+
+namespace cumulus::dist {
+
+namespace {
+
+// A world of one: every collective is the identity.
+class SingleProcess final : public Communicator {
+ public:
+  SingleProcess() : Communicator(0, 1, 0) {}
+  std::string backend() const override { return "single"; }
+  void all_reduce_sum(void*, int64_t, Element, Device) override {}
+  void start_all_reduce_sum(void*, int64_t, Element, Device) override {}
+  void progress() override {}
+  void wait_all() override {}
+  bool any(bool mine) override { return mine; }
+  std::string broadcast_from_root(const std::string& root_value) override { return root_value; }
+  std::vector<std::string> gather_to_root(const std::string& mine) override { return {mine}; }
+  void barrier() override {}
+  void abort(int) override {}
+};
+
+bool started_by_launcher() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+}  // namespace
+
+#if CUMULUS_WITH_MPI
+// mpi_communicator.cpp
+std::shared_ptr<Communicator> make_mpi_communicator();
+std::string mpi_library_version();
+#endif
+
+std::shared_ptr<Communicator> Communicator::single() { return std::make_shared<SingleProcess>(); }
+
+std::shared_ptr<Communicator> Communicator::from_environment() {
+  if (!started_by_launcher()) return single();
+#if CUMULUS_WITH_MPI
+  return make_mpi_communicator();
+#else
+  throw Error(
+      "started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set) but cumulus was built "
+      "without MPI: every rank would train alone; rebuild with OpenMPI (libopenmpi-dev) and CUMULUS_DIST=ON");
+#endif
+}
+
+bool mpi_compiled() { return CUMULUS_WITH_MPI != 0; }
+bool nccl_compiled() { return CUMULUS_WITH_NCCL != 0; }
+
+std::string transports_text() {
+#if CUMULUS_WITH_MPI
+  std::string s = "MPI: " + mpi_library_version();
+#else
+  std::string s = "MPI: not compiled";
+#endif
+  return s + (nccl_compiled() ? ", NCCL: compiled" : ", NCCL: not compiled");
+}
+
+void check_same_settings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings) {
+  if (comm.world_size() == 1) return;
+  // One line per setting, "name=value"; values hold no newline (they are flag values).
+  std::string mine;
+  for (const auto& [name, value] : settings) mine += name + "=" + value + "\n";
+  const std::vector<std::string> all = comm.gather_to_root(mine);
+  std::string verdict;
+  if (comm.is_root()) {
+    auto lines = [](const std::string& text) {
+      std::vector<std::string> out;
+      for (std::size_t pos = 0; pos < text.size();) {
+        const std::size_t end = text.find('\n', pos);
+        out.push_back(text.substr(pos, end - pos));
+        pos = end + 1;
+      }
+      return out;
+    };
+    const std::vector<std::string> root = lines(all[0]);
+    for (std::size_t r = 1; r < all.size() && verdict.empty(); ++r) {
+      const std::vector<std::string> other = lines(all[r]);
+      for (std::size_t i = 0; i < std::max(root.size(), other.size()) && verdict.empty(); ++i) {
+        const std::string a = i < root.size() ? root[i] : "(nothing)";
+        const std::string b = i < other.size() ? other[i] : "(nothing)";
+        if (a == b) continue;
+        const std::string name = a.substr(0, a.find('='));
+        verdict = "rank " + std::to_string(r) + " was started with other settings than rank 0: --" + name + " " +
+                  (b.find('=') == std::string::npos ? b : b.substr(b.find('=') + 1)) + " on rank " + std::to_string(r) +
+                  ", " + (a.find('=') == std::string::npos ? a : a.substr(a.find('=') + 1)) +
+                  " on rank 0; start every rank with the same options";
+      }
+    }
+  }
+  verdict = comm.broadcast_from_root(verdict);
+  CUMULUS_CHECK(verdict.empty(), InvalidArgument, verdict);
+}
+
+}  // namespace cumulus::dist

@@ -1,0 +1,103 @@
+// Data parallelism: ranks, and the sums across them. See Note [Data parallel accumulation] in
+// engine/dist/communicator.cpp and docs/ARCHITECTURE.md, "Data parallel".
+//
+//   auto comm = dist::Communicator::from_environment();  // world 1 unless started by mpirun
+//   AccumulatorOptions ao; ao.communicator = comm; ...    // one all-reduce per optimizer step
+//
+// Two real transports, never a hand-made one: MPI (OpenMPI) launches the ranks and carries CPU
+// tensors between them; NCCL carries CUDA tensors, one GPU per rank, its id exchanged over MPI.
+// Without either compiled in, or when not started by a launcher, the communicator is the world of
+// one rank and every collective is a no-op.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cumulus/core/device.h"
+
+namespace cumulus::dist {
+
+// Which transports this build has.
+bool mpi_compiled();
+bool nccl_compiled();
+// "MPI: Open MPI v4.1.4, NCCL: not compiled", for --version and reports.
+std::string transports_text();
+
+// The rank that processes micro-batch `index` of an epoch: round-robin, so every global group of
+// accumulation steps x world micro-batches gives each rank the same number, and a short last group
+// spreads over the lowest ranks. The same function everywhere makes the split deterministic.
+inline int owner_of_micro_batch(int64_t index, int world_size) { return static_cast<int>(index % world_size); }
+
+// What a reduction sums: gradients are f32, the step's sample and loss sums f64.
+enum class Element { f32, f64 };
+
+class Communicator {
+ public:
+  struct Stats {
+    int64_t gradient_reductions = 0;  // logical all-reduces of the gradient: one per optimizer step
+    int64_t messages = 0;             // transport calls they took (buckets), plus small collectives
+    int64_t bytes_reduced = 0;        // payload of the gradient reductions, per rank
+    double wait_seconds = 0.0;        // host time spent waiting for communication to finish
+  };
+
+  // The world this process belongs to: MPI's when started by mpirun/srun (OMPI_COMM_WORLD_SIZE,
+  // PMI_SIZE or PMIX_RANK set), else a world of one. Initializes MPI once; MPI is finalized at
+  // exit. Throws when started by a launcher but built without MPI (every rank would otherwise
+  // train alone and write the same files).
+  static std::shared_ptr<Communicator> from_environment();
+  // A world of one (tests, and library users who want no MPI).
+  static std::shared_ptr<Communicator> single();
+
+  virtual ~Communicator() = default;
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  bool is_root() const { return rank_ == 0; }
+  // The rank among those on this host (OMPI_COMM_WORLD_LOCAL_RANK): which GPU it takes.
+  int local_rank() const { return local_rank_; }
+  // "MPI", "MPI+NCCL" or "single".
+  virtual std::string backend() const = 0;
+
+  // Sums `count` elements (f32 or f64) at `data`, in place, across ranks; `data` lives on `device`.
+  // CPU memory goes through MPI, CUDA memory through NCCL on the device's stream (stream-ordered:
+  // the host does not wait). Every rank must call with the same count and element type.
+  virtual void all_reduce_sum(void* data, int64_t count, Element type, Device device) = 0;
+  // The same, started now and finished by wait_all(): for buckets reduced while backward still
+  // runs. `data` must not be touched until wait_all() returns.
+  virtual void start_all_reduce_sum(void* data, int64_t count, Element type, Device device) = 0;
+  // Lets started reductions progress (MPI progresses non-blocking collectives only inside MPI
+  // calls); cheap, called between backward ops.
+  virtual void progress() = 0;
+  virtual void wait_all() = 0;
+
+  // Host-side control, through MPI (never NCCL): whether any rank says true; the root's string on
+  // every rank; every rank's string at the root (empty elsewhere).
+  virtual bool any(bool mine) = 0;
+  virtual std::string broadcast_from_root(const std::string& root_value) = 0;
+  virtual std::vector<std::string> gather_to_root(const std::string& mine) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the job (MPI_Abort) after an error on this one, with `exit_code`; the
+  // launcher names the rank. Returns at once in a world of one.
+  virtual void abort(int exit_code) = 0;
+
+  // Counts a finished logical gradient reduction of `bytes` (the Accumulator calls this once per
+  // step, however many buckets it took).
+  void count_gradient_reduction(int64_t bytes) {
+    stats_.gradient_reductions += 1;
+    stats_.bytes_reduced += bytes;
+  }
+  const Stats& stats() const { return stats_; }
+
+ protected:
+  Communicator(int rank, int world, int local_rank) : rank_(rank), world_(world), local_rank_(local_rank) {}
+  int rank_, world_, local_rank_;
+  Stats stats_;
+};
+
+// Refuses ranks started with different settings: every rank passes its (name, value) pairs; if any
+// rank differs from rank 0, every rank throws InvalidArgument naming the first differing setting,
+// the rank and both values. A no-op in a world of one.
+void check_same_settings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings);
+
+}  // namespace cumulus::dist
