@@ -31,4 +31,14 @@ Tensor CNN::forward(const Tensor& x) {
   return Sequential::forward(images);
 }
 
+const std::vector<nn::LayerRange>& CNN::recompute_segments_default() {
+  static const std::vector<nn::LayerRange> segments{{0, 4}, {0, 2}, {4, 8}, {4, 6}};
+  return segments;
+}
+
+CNN& CNN::set_recompute(bool on) {
+  Sequential::set_recompute(on ? recompute_segments_default() : std::vector<nn::LayerRange>{});
+  return *this;
+}
+
 }  // namespace cumulus::models

@@ -15,4 +15,9 @@ SeedMLP::SeedMLP(Generator& gen, Device device) {
 
 Tensor SeedMLP::forward(const Tensor& x) { return linear_relu_stack_->forward(flatten_->forward(x)); }
 
+SeedMLP& SeedMLP::set_recompute(bool on) {
+  linear_relu_stack_->set_recompute(on ? std::vector<nn::LayerRange>{{0, 4}} : std::vector<nn::LayerRange>{});
+  return *this;
+}
+
 }  // namespace cumulus::models

@@ -1,7 +1,9 @@
 #include "cumulus/nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "cumulus/autograd/checkpoint.h"
 #include "cumulus/ops/ops.h"
 
 namespace cumulus::nn {
@@ -30,8 +32,53 @@ Sequential& Sequential::add(std::shared_ptr<Module> module) {
 }
 
 Tensor Sequential::forward(const Tensor& x) {
+  if (segments_.empty()) {
+    Tensor h = x;
+    for (auto& layer : layers_) h = layer->forward(h);
+    return h;
+  }
+  return run_layers(0, layers_.size(), x, 0);
+}
+
+Sequential& Sequential::set_recompute(std::vector<LayerRange> segments) {
+  for (const LayerRange& r : segments)
+    CUMULUS_CHECK(r.begin < r.end && r.end <= layers_.size(), InvalidArgument, "Sequential::set_recompute: segment [",
+                  r.begin, ", ", r.end, ") is not a non-empty range of the ", layers_.size(), " layers");
+  std::sort(segments.begin(), segments.end(), [](const LayerRange& a, const LayerRange& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end > b.end;
+  });
+  for (std::size_t i = 0; i < segments.size(); ++i)
+    for (std::size_t j = i + 1; j < segments.size(); ++j) {
+      const LayerRange &a = segments[i], &b = segments[j];  // a.begin <= b.begin
+      const bool disjoint = a.end <= b.begin, nested = b.end <= a.end;
+      CUMULUS_CHECK(!(a == b), InvalidArgument, "Sequential::set_recompute: segment [", a.begin, ", ", a.end,
+                    ") is given twice");
+      CUMULUS_CHECK(disjoint || nested, InvalidArgument, "Sequential::set_recompute: segments [", a.begin, ", ", a.end,
+                    ") and [", b.begin, ", ", b.end, ") overlap without one containing the other");
+    }
+  segments_ = std::move(segments);
+  return *this;
+}
+
+Tensor Sequential::run_layers(std::size_t begin, std::size_t end, const Tensor& x, std::size_t first) {
   Tensor h = x;
-  for (auto& layer : layers_) h = layer->forward(h);
+  std::size_t i = begin;
+  while (i < end) {
+    // The outermost segment starting here that fits in [begin, end) and is not already running.
+    std::size_t s = first;
+    while (s < segments_.size() && !(segments_[s].begin == i && segments_[s].end <= end)) ++s;
+    if (s == segments_.size()) {
+      h = layers_[i]->forward(h);
+      ++i;
+      continue;
+    }
+    const LayerRange r = segments_[s];
+    std::vector<Tensor> parameters;
+    for (std::size_t k = r.begin; k < r.end; ++k)
+      for (const Tensor& p : layers_[k]->parameters()) parameters.push_back(p);
+    h = checkpoint([this, r, s](const Tensor& in) { return run_layers(r.begin, r.end, in, s + 1); }, h, parameters);
+    i = r.end;
+  }
   return h;
 }
 

@@ -11,6 +11,7 @@
 //   dx = weight * invstd * dy                                           (evaluation)
 // Under gradient accumulation every micro-batch is normalized by its own statistics, as in every
 // framework: 16 x 4 then matches four separate micro-batches of 16, not one batch of 64.
+#include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
@@ -178,8 +179,12 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   const float* xp = x.data<float>();
   const float* gp = weight.data<float>();
   const float* bp = bias.data<float>();
-  float* rm = has_running ? running_mean.data<float>() : nullptr;
-  float* rv = has_running ? running_var.data<float>() : nullptr;
+  // A recomputed training forward (Note [Recompute] in engine/autograd/checkpoint.cpp) normalizes
+  // with the batch's statistics as the first run did, but the first run already updated the
+  // running statistics and the counter: null pointers leave them alone (cuDNN likewise).
+  const bool update_running = options.training && !recomputing();
+  float* rm = has_running && (update_running || !options.training) ? running_mean.data<float>() : nullptr;
+  float* rv = has_running && (update_running || !options.training) ? running_var.data<float>() : nullptr;
   float* yp = y.data<float>();
   float* smp = save_mean.data<float>();
   float* sip = save_invstd.data<float>();
@@ -189,7 +194,7 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
         kernels::batch_norm_forward_training_cpu(xp, gp, bp, n, c, hw, eps, momentum, rm, rv, yp, smp, sip),
         CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), xp, gp, bp, n, c,
                                                                      hw, eps, momentum, rm, rv, yp, smp, sip)));
-    if (num_batches_tracked.defined()) {
+    if (num_batches_tracked.defined() && update_running) {
       int32_t* counter = num_batches_tracked.data<int32_t>();
       CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
     }

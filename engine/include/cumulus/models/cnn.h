@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/layers.h"
@@ -23,6 +24,18 @@ class CNN : public nn::Sequential {
   explicit CNN(Generator& gen, Device device = Device::cpu());
   // x: [B, 784], [B, 28, 28] or [B, 1, 28, 28] f32 -> logits [B, 10]
   Tensor forward(const Tensor& x) override;
+
+  // Activation checkpointing (Note [Recompute] in engine/autograd/checkpoint.cpp), off by
+  // default: on, the segments are kRecomputeSegments (nn::Sequential::set_recompute takes any
+  // other choice). Gradients and running statistics are unchanged, bit for bit on the CPU.
+  CNN& set_recompute(bool on);
+  using nn::Sequential::set_recompute;  // any segments
+  bool recompute() const { return !recompute_segments().empty(); }
+  // Each convolution block [conv, batch norm, ReLU, pool] is a segment, and within it [conv,
+  // batch norm] again: forward keeps the blocks' inputs (and the head's activations), and at most
+  // one block's conv output is alive at a time in backward. See Note [CNN recompute segments] in
+  // engine/models/cnn.cpp for the measurements behind the choice.
+  static const std::vector<nn::LayerRange>& recompute_segments_default();
 };
 
 }  // namespace cumulus::models

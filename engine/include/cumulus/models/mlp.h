@@ -19,6 +19,13 @@ class SeedMLP : public nn::Module {
   Tensor forward(const Tensor& x) override;
   nn::Sequential& stack() { return *linear_relu_stack_; }
 
+  // Activation checkpointing (Note [Recompute] in engine/autograd/checkpoint.cpp), off by
+  // default: on, linear_relu_stack's first two Linear + ReLU pairs are one segment, so the first
+  // ReLU's output [B, 512] is recomputed instead of kept (the second's is the last Linear's input
+  // and stays). Gradients are unchanged, bit for bit on the CPU.
+  SeedMLP& set_recompute(bool on);
+  bool recompute() const { return !linear_relu_stack_->recompute_segments().empty(); }
+
  private:
   std::shared_ptr<nn::Flatten> flatten_;
   std::shared_ptr<nn::Sequential> linear_relu_stack_;

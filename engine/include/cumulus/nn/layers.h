@@ -36,6 +36,12 @@ class Flatten : public Module {
   Tensor forward(const Tensor& x) override;
 };
 
+// A run of layers [begin, end) of a Sequential.
+struct LayerRange {
+  std::size_t begin = 0, end = 0;
+  bool operator==(const LayerRange& o) const { return begin == o.begin && end == o.end; }
+};
+
 // Children named "0", "1", ... as torch.nn.Sequential names them.
 class Sequential : public Module {
  public:
@@ -45,8 +51,20 @@ class Sequential : public Module {
   std::size_t size() const { return layers_.size(); }
   Module& operator[](std::size_t i) const { return *layers_.at(i); }
 
+  // Activation checkpointing (Note [Recompute] in engine/autograd/checkpoint.cpp): in a forward
+  // that records the graph, each segment keeps only its input for backward and runs again when
+  // backward reaches it. Segments are non-empty ranges of layers; any two are disjoint or one
+  // lies strictly inside the other (a nested segment recomputes again within its parent's
+  // recomputation). An empty list (the default) stores every activation. Names, parameters and
+  // state dicts do not change.
+  Sequential& set_recompute(std::vector<LayerRange> segments);
+  const std::vector<LayerRange>& recompute_segments() const { return segments_; }
+
  private:
+  // Layers [begin, end); segments from index `first` on (sorted) may start checkpoints.
+  Tensor run_layers(std::size_t begin, std::size_t end, const Tensor& x, std::size_t first);
   std::vector<std::shared_ptr<Module>> layers_;
+  std::vector<LayerRange> segments_;  // sorted by begin, then by end descending (parents first)
 };
 
 }  // namespace cumulus::nn
