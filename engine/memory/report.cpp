@@ -120,6 +120,36 @@ ojson versions_json() {
   return v;
 }
 
+// Activation checkpointing over the kept records (Note [Recompute] in
+// engine/autograd/checkpoint.cpp): the micro-batches that recomputed, their largest activation
+// footprint at the micro-batch size with and without recompute, and the time it cost.
+struct RecomputeSummary {
+  int64_t micro_batches = 0;            // records that recomputed at least one segment
+  int64_t segments = 0;                 // most segments one micro-batch recomputed
+  int64_t activation_bytes = 0;         // at the end of forward, at micro_batch_size (the largest)
+  int64_t stored_activation_bytes = 0;  // the same micro-batch's footprint without recompute
+  int64_t recomputed_bytes = 0;         // what its recomputations held, summed
+  // Totals over the records that recomputed.
+  double recompute_ms = 0.0, backward_ms = 0.0;
+};
+
+RecomputeSummary summarize_recompute(MemoryTracker& tracker, int64_t micro_batch_size) {
+  RecomputeSummary rs;
+  for (const MicroBatchRecord& r : tracker.micro_batches()) {
+    if (r.recompute_segments == 0) continue;
+    rs.micro_batches += 1;
+    rs.segments = std::max(rs.segments, r.recompute_segments);
+    rs.recompute_ms += r.recompute_ms;
+    rs.backward_ms += r.backward_ms;
+    if (r.samples == micro_batch_size && r.activation_bytes >= rs.activation_bytes) {
+      rs.activation_bytes = r.activation_bytes;
+      rs.stored_activation_bytes = r.activation_bytes + r.recompute_avoided_bytes;
+      rs.recomputed_bytes = r.recomputed_bytes;
+    }
+  }
+  return rs;
+}
+
 }  // namespace
 
 void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
@@ -143,6 +173,15 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
                static_cast<long long>(s.micro_batch_size * s.accum_steps),
                format_bytes(s.peak_at_effective_batch).c_str(),
                s.effective_batch_measured ? "measured" : "predicted");
+  if (const RecomputeSummary rs = summarize_recompute(tracker, s.micro_batch_size); rs.micro_batches > 0) {
+    const double share = rs.backward_ms > 0 ? 100.0 * rs.recompute_ms / rs.backward_ms : 0.0;
+    std::fprintf(out,
+                 "  recompute on: %lld segments per micro-batch; activations %s kept vs %s without recompute; "
+                 "recomputing took %.1f%% of backward (%.2f ms per micro-batch)\n",
+                 static_cast<long long>(rs.segments), format_bytes(rs.activation_bytes).c_str(),
+                 format_bytes(rs.stored_activation_bytes).c_str(), share,
+                 rs.recompute_ms / static_cast<double>(rs.micro_batches));
+  }
   if (const auto oom = tracker.out_of_memory()) {
     const OutOfMemoryRecord& f = oom->failure;
     std::string where;
@@ -191,6 +230,21 @@ std::string memory_report_json(MemoryTracker& tracker) {
   summary["peak_at_micro_batch_bytes"] = s.peak_at_micro_batch;
   summary["peak_at_effective_batch_bytes"] = s.peak_at_effective_batch;
   summary["effective_batch_peak"] = s.effective_batch_measured ? "measured" : "predicted";
+  // Additive to schema 2: "recompute" is present only when some kept micro-batch recomputed
+  // checkpointed segments (Note [Recompute] in engine/autograd/checkpoint.cpp). At the
+  // micro-batch size: the activation footprint kept with recompute, the one a stored run keeps,
+  // what the recomputations held; over the micro-batches that recomputed: the time.
+  if (const RecomputeSummary rs = summarize_recompute(tracker, s.micro_batch_size); rs.micro_batches > 0) {
+    ojson r;
+    r["segments_per_micro_batch"] = rs.segments;
+    r["activation_bytes"] = rs.activation_bytes;
+    r["activation_bytes_without_recompute"] = rs.stored_activation_bytes;
+    r["saved_bytes"] = rs.stored_activation_bytes - rs.activation_bytes;
+    r["recomputed_bytes"] = rs.recomputed_bytes;
+    r["recompute_ms_per_micro_batch"] = rs.recompute_ms / static_cast<double>(rs.micro_batches);
+    r["recompute_share_of_backward"] = rs.backward_ms > 0 ? rs.recompute_ms / rs.backward_ms : 0.0;
+    summary["recompute"] = std::move(r);
+  }
   j["summary"] = std::move(summary);
   if (const auto oom = tracker.out_of_memory()) j["out_of_memory"] = out_of_memory_json(*oom);
   j["micro_batches_total"] = tracker.micro_batches_seen();  // the lists keep the first max_records
@@ -207,6 +261,12 @@ std::string memory_report_json(MemoryTracker& tracker) {
     m["reserved_bytes"] = r.reserved_bytes;
     m["forward_ms"] = r.forward_ms;
     m["backward_ms"] = r.backward_ms;
+    if (r.recompute_segments > 0) {  // additive to schema 2: only on micro-batches that recomputed
+      m["recompute_segments"] = r.recompute_segments;
+      m["recomputed_bytes"] = r.recomputed_bytes;
+      m["recompute_avoided_bytes"] = r.recompute_avoided_bytes;
+      m["recompute_ms"] = r.recompute_ms;
+    }
     mbs.push_back(std::move(m));
   }
   j["micro_batches"] = std::move(mbs);
@@ -240,6 +300,15 @@ std::string memory_trace_json(MemoryTracker& tracker) {
     ojson args = ojson::object();
     args["epoch"] = s.epoch + 1;
     args[s.name == "step" ? "step" : "index"] = s.index;
+    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", 1}, {"tid", 1}, {"ts", s.start_ms * 1000.0},
+                      {"dur", std::max(0.0, s.end_ms - s.start_ms) * 1000.0}, {"args", args}});
+  }
+  // Recomputations of checkpointed segments, nested inside their backward slice.
+  for (const TimelineSlice& s : tracker.recompute_slices()) {
+    ojson args = ojson::object();
+    args["epoch"] = s.epoch + 1;
+    args["index"] = s.index;
+    args["recomputed_bytes"] = s.bytes;
     events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", 1}, {"tid", 1}, {"ts", s.start_ms * 1000.0},
                       {"dur", std::max(0.0, s.end_ms - s.start_ms) * 1000.0}, {"args", args}});
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "cumulus/autograd/checkpoint.h"
 #include "cumulus/core/error.h"
 
 namespace cumulus {
@@ -74,6 +75,7 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples)
   activations_at_start_ = st[MemoryCategory::activations].current;
   ooms_at_phase_ = st.oom_count;
   forward_ended_ = false;
+  take_recompute_log();  // what happened before this micro-batch is not its own
   t_start_ = TimePoint::now(device_);
   sample_timeline();
   if (observer_->enabled) slices_.push_back({"forward", host_ms(), 0.0, epoch, index});
@@ -101,12 +103,20 @@ void MemoryTracker::end_backward() {
   r.peak_bytes = st.allocated_peak;
   r.peak_by_category = st.at_peak;
   r.reserved_bytes = st.reserved;
+  RecomputeLog recompute = take_recompute_log();
+  r.recompute_segments = recompute.segments_recomputed;
+  r.recomputed_bytes = recompute.recomputed_bytes;
+  r.recompute_avoided_bytes = recompute.avoided_bytes();
+  r.recompute_ms = recompute.resolved_ms;  // CPU; CUDA spans are resolved with the other times
   const TimePoint times[3] = {t_start_, t_forward_end_, t_end};
-  count_micro_batch(r, times);
+  count_micro_batch(r, times, std::move(recompute.pending));
   if (observer_->enabled) {
     synchronize(device_);
     sample_timeline();
     slices_.back().end_ms = host_ms();
+    for (const RecomputeLog::Interval& i : recompute.intervals)
+      recompute_slices_.push_back(
+          {"recompute", i.host_start_ms - origin_ms_, i.host_end_ms - origin_ms_, r.epoch, r.index, i.bytes});
   }
   in_micro_batch_ = false;
 }
@@ -117,7 +127,8 @@ void MemoryTracker::add_graph_micro_batch(const MicroBatchRecord& captured) {
   count_micro_batch(captured, nullptr);
 }
 
-void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint* times) {
+void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
+                                      std::vector<std::pair<TimePoint, TimePoint>> recompute_times) {
   ++micro_batches_seen_;
   const double x = static_cast<double>(r.samples), y = static_cast<double>(r.activation_bytes);
   fit_n_ += 1;
@@ -131,7 +142,7 @@ void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint
   if (records_.size() < options_.max_records) {
     records_.push_back(r);
     if (times) {
-      pending_.push_back({records_.size() - 1, false, times[0], times[1], times[2]});
+      pending_.push_back({records_.size() - 1, false, times[0], times[1], times[2], std::move(recompute_times)});
       if (pending_.size() >= kMaxPendingTimes) resolve_times();
     }
   }
@@ -186,7 +197,7 @@ void MemoryTracker::count_step(const StepRecord& s, const TimePoint* times) {
   if (steps_.size() < options_.max_records) {
     steps_.push_back(s);
     if (times) {
-      pending_.push_back({steps_.size() - 1, true, times[0], times[1], times[2]});
+      pending_.push_back({steps_.size() - 1, true, times[0], times[1], times[2], {}});
       if (pending_.size() >= kMaxPendingTimes) resolve_times();
     }
   }
@@ -200,6 +211,7 @@ void MemoryTracker::resolve_times() {
     } else {
       records_[p.record].forward_ms = p.mid.ms_since(p.start);
       records_[p.record].backward_ms = p.end.ms_since(p.mid);
+      for (const auto& [start, end] : p.recompute) records_[p.record].recompute_ms += end.ms_since(start);
     }
   }
   pending_.clear();

@@ -44,6 +44,15 @@ struct MicroBatchRecord {
   int64_t reserved_bytes = 0;
   double forward_ms = 0.0;
   double backward_ms = 0.0;
+  // Activation checkpointing (Note [Recompute] in engine/autograd/checkpoint.cpp); all 0 without.
+  int64_t recompute_segments = 0;  // segments recomputed during this micro-batch's backward
+  // Activations the recomputations held at the end of their forwards, summed (what a stored run
+  // keeps for these segments, their outputs included).
+  int64_t recomputed_bytes = 0;
+  // What the stored run would have kept in addition at the end of forward: activation_bytes +
+  // recompute_avoided_bytes is the footprint without recompute.
+  int64_t recompute_avoided_bytes = 0;
+  double recompute_ms = 0.0;  // the recomputed forwards' time, part of backward_ms
 };
 
 struct StepRecord {
@@ -89,10 +98,11 @@ struct TimelineSample {
 };
 
 struct TimelineSlice {
-  std::string name;  // forward, backward, step
+  std::string name;  // forward, backward, step; recompute (recompute_slices(), inside a backward)
   double start_ms = 0.0, end_ms = 0.0;
   int epoch = 0;      // from 0
   int64_t index = 0;  // forward, backward: the micro-batch's index in the epoch; step: the step number
+  int64_t bytes = 0;  // recompute: the activations the recomputation held
 };
 
 class MemoryTracker {
@@ -141,6 +151,9 @@ class MemoryTracker {
   int64_t steps_seen() const { return steps_seen_; }
   const std::vector<TimelineSample>& timeline() const { return timeline_; }
   const std::vector<TimelineSlice>& slices() const { return slices_; }
+  // Recomputations of checkpointed segments inside the backward slices (host clock; each with
+  // the activations it held), over the timeline window.
+  const std::vector<TimelineSlice>& recompute_slices() const { return recompute_slices_; }
   MemorySummary summary();
   // The allocator's last out-of-memory, if it happened after this tracker was created. The
   // summary's peak_bytes counts the peak reached up to it.
@@ -151,7 +164,8 @@ class MemoryTracker {
   double host_ms() const;
   bool in_timeline_window() const;
   void resolve_times();
-  void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times);
+  void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
+                         std::vector<std::pair<TimePoint, TimePoint>> recompute_times = {});
   void count_step(const StepRecord& s, const TimePoint* times);
   void sample_timeline();
 
@@ -170,11 +184,13 @@ class MemoryTracker {
   std::map<int64_t, MicroBatchRecord> highest_peak_by_samples_;
   std::vector<TimelineSample> timeline_;
   std::vector<TimelineSlice> slices_;
+  std::vector<TimelineSlice> recompute_slices_;
   // Device time points waiting to be read (reading waits for the device: done lazily).
   struct PendingTimes {
     std::size_t record;
     bool is_step;
     TimePoint start, mid, end;
+    std::vector<std::pair<TimePoint, TimePoint>> recompute;  // device spans of recomputations
   };
   std::vector<PendingTimes> pending_;
   TimePoint t_start_, t_forward_end_, t_step_start_;
