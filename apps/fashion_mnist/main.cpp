@@ -710,7 +710,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
                                      {"peak_bytes", epoch_peak},
                                      {"micro_batch_size", o.batch_size},
                                      {"model", o.model},
-                                     {"accum_steps", acc.accum_steps()},
+                                     {"accum_steps", acc.accum_steps() / o.world_size},  // per rank, as --accum-steps
                                      {"lr", acc.last_lr()}};
       if (o.world_size > 1) {
         const dist::Communicator::Stats now = comm->stats();

@@ -1,0 +1,314 @@
+// Data parallel training (Note [Data parallel accumulation] in engine/dist/communicator.cpp): the
+// Accumulator's guards in one process, then the app through mpirun on small generated IDX files:
+// 1 x (16 x 4), 2 x (16 x 2) and 4 x (16 x 1) give the same weights after a subset that ends with
+// a partial group; a checkpoint written by 4 ranks resumes on 2; one gradient reduction per
+// optimizer step; ranks started with different options are refused; a rank that dies ends the job
+// and leaves the last checkpoint usable.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cumulus/dist/communicator.h"
+#include "cumulus/io/safetensors.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/optim/accumulator.h"
+#include "cumulus/optim/sgd.h"
+#include "test_util.h"
+#include "toy_dataset.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace cumulus;
+using cumulus::testing::quote;
+using cumulus::testing::Result;
+using cumulus::testing::run_command;
+
+// ---- in one process ---------------------------------------------------------------------------
+
+TEST(DataParallel, OwnerIsRoundRobinSoEveryFullGroupSplitsEvenly) {
+  EXPECT_EQ(dist::owner_of_micro_batch(0, 4), 0);
+  EXPECT_EQ(dist::owner_of_micro_batch(5, 4), 1);
+  EXPECT_EQ(dist::owner_of_micro_batch(7, 1), 0);
+  // A group of 8 micro-batches over 4 ranks: two each.
+  std::vector<int> count(4);
+  for (int64_t i = 8; i < 16; ++i) count[dist::owner_of_micro_batch(i, 4)] += 1;
+  EXPECT_EQ(count, (std::vector<int>{2, 2, 2, 2}));
+}
+
+TEST(DataParallel, SingleWorldIsTheIdentity) {
+  auto comm = dist::Communicator::single();
+  EXPECT_EQ(comm->world_size(), 1);
+  EXPECT_EQ(comm->rank(), 0);
+  float x[2] = {1.5f, -2.0f};
+  comm->all_reduce_sum(x, 2, dist::Element::f32, Device::cpu());
+  EXPECT_EQ(x[0], 1.5f);
+  EXPECT_EQ(x[1], -2.0f);
+  EXPECT_TRUE(comm->any(true));
+  EXPECT_FALSE(comm->any(false));
+  EXPECT_NO_THROW(dist::check_same_settings(*comm, {{"lr", "0.1"}}));
+}
+
+// A world of two in one process: enough for the Accumulator's guards, which never communicate.
+class PretendWorld : public dist::Communicator {
+ public:
+  PretendWorld(int rank, int world) : Communicator(rank, world, rank) {}
+  std::string backend() const override { return "pretend"; }
+  void all_reduce_sum(void*, int64_t, dist::Element, Device) override {}
+  void start_all_reduce_sum(void*, int64_t, dist::Element, Device) override {}
+  void progress() override {}
+  void wait_all() override {}
+  bool any(bool mine) override { return mine; }
+  std::string broadcast_from_root(const std::string& v) override { return v; }
+  std::vector<std::string> gather_to_root(const std::string& v) override { return {v}; }
+  void barrier() override {}
+  void abort(int) override {}
+};
+
+struct TinyModel {
+  Tensor w = Tensor::full(Shape{4, 3}, 0.5f).set_requires_grad(true);
+  Tensor b = Tensor::zeros(Shape{4}).set_requires_grad(true);
+  std::shared_ptr<nn::FlatParameters> flat =
+      std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}, {"b", b}});
+  std::shared_ptr<optim::SGD> sgd = std::make_shared<optim::SGD>(flat, optim::SGDOptions{});
+  Tensor loss() { return ops::sum(ops::linear(Tensor::full(Shape{2, 3}, 1.0f), w, b)); }
+};
+
+TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
+  TinyModel m;
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = 3;
+  ao.communicator = std::make_shared<PretendWorld>(0, 2);
+  try {
+    optim::Accumulator acc(m.sgd, ao);
+    FAIL() << "3 accumulation steps over 2 ranks was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("do not divide over 2 ranks"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
+  TinyModel m;
+  optim::AccumulatorOptions ao;
+  ao.accum_steps = 4;
+  ao.communicator = std::make_shared<PretendWorld>(1, 2);
+  optim::Accumulator acc(m.sgd, ao);
+  acc.begin_epoch(0, 4);
+  // Micro-batch 0 is rank 0's: running it here is a mistake the Accumulator names.
+  EXPECT_THROW(acc.backward(m.loss(), 2), InvalidArgument);
+  acc.skip_micro_batch();
+  EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);  // micro-batch 1 is rank 1's own
+  acc.backward(m.loss(), 2);
+  acc.skip_micro_batch();
+  EXPECT_FALSE(acc.ready());
+  acc.backward(m.loss(), 2);
+  EXPECT_TRUE(acc.ready());  // the group counts every rank's micro-batches
+  EXPECT_EQ(acc.micro_batches_in_group(), 4);
+  EXPECT_EQ(acc.samples_in_group(), 4);  // this rank's samples; the step sums them across ranks
+}
+
+TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
+  TinyModel m;
+  optim::Accumulator acc(m.sgd, optim::AccumulatorOptions{});
+  EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);
+}
+
+// ---- through mpirun -----------------------------------------------------------------------------
+
+std::string read_log(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+class MpiRunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("cumulus_dist_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_ / "data");
+    // 1000 = 15 x 64 + 40: the last group of every epoch is partial (16 + 16 + 8 samples).
+    cumulus::testing::write_toy_split(dir_ / "data", "train", 1000, 1);
+    cumulus::testing::write_toy_split(dir_ / "data", "t10k", 200, 2);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!dist::mpi_compiled()) GTEST_SKIP() << "built without MPI (CUMULUS_DIST): nothing to launch";
+    ASSERT_EQ(run_command("command -v mpirun > /dev/null").exit_code, 0)
+        << "cumulus was built with MPI but mpirun is not on PATH (install openmpi-bin)";
+  }
+  static std::string path(const std::string& name) { return (dir_ / name).string(); }
+  // The app on `ranks` processes. One OpenBLAS thread per rank (2 cores here); OpenMPI's own
+  // allocations at exit are not ours to fix, so LeakSanitizer (in the sanitizer build) skips them.
+  static Result launch(int ranks, const std::string& args) {
+    const std::string env = "LSAN_OPTIONS=suppressions=" + quote(std::string(CUMULUS_SOURCE_DIR) + "/tests/lsan_mpi.supp");
+    const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+    return run_command("env " + env + " mpirun " + root + "--oversubscribe -np " + std::to_string(ranks) + " " +
+                       std::string(FASHION_MNIST_BIN) + " " + args + " 2>&1");
+  }
+  static std::string common() {
+    return "--data " + quote(path("data")) + " --device cpu --threads 1 --quiet --batch-size 16 --effective-batch 64";
+  }
+  static std::map<std::string, std::vector<float>> weights(const std::string& file) {
+    std::map<std::string, std::vector<float>> out;
+    for (const auto& [name, t] : io::load_safetensors(path(file)).tensors)
+      if (t.dtype() == DType::f32) out[name] = t.to_vector<float>();
+    return out;
+  }
+  // Per tensor, max |a - b| / max |b| <= `elementwise`; over all tensors together, the relative L2
+  // distance ||a - b|| / ||b|| <= `overall`.
+  static void expect_same_weights(const std::string& a, const std::string& b, double elementwise, double overall) {
+    const auto wa = weights(a), wb = weights(b);
+    ASSERT_EQ(wa.size(), wb.size());
+    ASSERT_FALSE(wa.empty());
+    double diff2 = 0, norm2 = 0;
+    for (const auto& [name, values] : wa) {
+      ASSERT_EQ(wb.count(name), 1u) << name;
+      const std::vector<float>& other = wb.at(name);
+      ASSERT_EQ(values.size(), other.size()) << name;
+      EXPECT_LE(cumulus::testing::max_rel_diff(values, other), elementwise) << a << " vs " << b << ": " << name;
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        diff2 += (double(values[i]) - other[i]) * (double(values[i]) - other[i]);
+        norm2 += double(other[i]) * other[i];
+      }
+    }
+    EXPECT_LE(std::sqrt(diff2 / norm2), overall) << a << " vs " << b << ": all weights";
+  }
+  static std::vector<nlohmann::json> metrics(const std::string& file) {
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(path(file));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+  static fs::path dir_;
+};
+fs::path MpiRunTest::dir_;
+
+// Note [Data parallel tolerance]
+// The ranks sum the same gradients in another order than one process does (each rank's buffer
+// first, then across ranks), so results agree up to float rounding, as 16 x 4 and 64 x 1 do in one
+// process. SGD carries that rounding through linearly: every weight agrees to 1e-6 of its tensor's
+// largest. AdamW divides by sqrt(v), so where a gradient element is a near-cancellation (a few
+// ulps of its terms) its rounding becomes a visible part of that element's update: single weights
+// then differ by ~1e-5 of the tensor's largest (the same happens between 16 x 4 and 64 x 1 in one
+// process), while the weight vector as a whole agrees to 1e-6.
+
+// The three layouts of an effective batch of 64, with SGD-momentum, AdamW and clipping.
+TEST_F(MpiRunTest, OneTwoAndFourRanksGiveTheSameWeights) {
+  struct Case {
+    std::string options;
+    double elementwise, overall;
+  };
+  const std::vector<Case> cases = {{"--optimizer sgd --momentum 0.9 --lr 0.05 --clip-grad-norm 0.5", 1e-6, 1e-6},
+                                   {"--optimizer adamw --lr 0.002 --clip-grad-norm 0.5", 1e-4, 1e-6}};
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const std::string tag = std::to_string(k);
+    for (int ranks : {1, 2, 4}) {
+      const Result r = launch(ranks, common() + " --epochs 1 --shuffle " + cases[k].options + " --save " +
+                                         quote(path("w" + tag + "_" + std::to_string(ranks) + ".safetensors")));
+      ASSERT_EQ(r.exit_code, 0) << ranks << " ranks: " << r.out;
+    }
+    for (const char* ranks : {"2", "4"})
+      expect_same_weights("w" + tag + "_" + ranks + ".safetensors", "w" + tag + "_1.safetensors", cases[k].elementwise,
+                          cases[k].overall);
+  }
+}
+
+TEST_F(MpiRunTest, CheckpointOfFourRanksResumesOnTwo) {
+  const std::string opt = " --optimizer sgd --momentum 0.9 --lr 0.05 --shuffle";
+  Result r = launch(1, common() + opt + " --epochs 2 --save " + quote(path("elastic_1.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = launch(4, common() + opt + " --epochs 1 --checkpoint " + quote(path("elastic.ckpt")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = launch(2, common() + opt + " --epochs 2 --resume " + quote(path("elastic.ckpt")) + " --save " +
+                    quote(path("elastic_2.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  expect_same_weights("elastic_2.safetensors", "elastic_1.safetensors", 1e-6, 1e-6);
+}
+
+TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
+  const Result r = launch(2, common() + " --epochs 2 --metrics " + quote(path("reductions.jsonl")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = metrics("reductions.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  // 1000 samples in micro-batches of 16: 63 micro-batches, 16 steps of 4 (the last one of 3).
+  int64_t steps_before = 0;
+  for (const auto& line : lines) {
+    const int64_t steps = line["optimizer_steps"].get<int64_t>() - steps_before;
+    steps_before = line["optimizer_steps"].get<int64_t>();
+    EXPECT_EQ(steps, 16);
+    EXPECT_EQ(line["gradient_reductions"].get<int64_t>(), steps) << line.dump();
+    EXPECT_EQ(line["world_size"].get<int>(), 2);
+    EXPECT_EQ(line["accum_steps"].get<int>(), 2) << "per rank";
+  }
+}
+
+TEST_F(MpiRunTest, RanksStartedWithDifferentOptionsAreRefused) {
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  const std::string app = std::string(FASHION_MNIST_BIN) + " " + common() + " --epochs 1";
+  const Result r = run_command("mpirun " + root + "--oversubscribe -np 1 " + app + " --lr 0.1 : -np 1 " + app +
+                               " --lr 0.2 2>&1");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 1 was started with other settings than rank 0: --lr 0.2 on rank 1, 0.1 on rank 0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
+}
+
+TEST_F(MpiRunTest, EffectiveBatchThatDoesNotDivideIsAUsageError) {
+  const Result r = launch(3, "--data " + quote(path("data")) +
+                                 " --device cpu --threads 1 --epochs 1 --batch-size 16 --effective-batch 64");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--effective-batch 64 is not a multiple of --batch-size 16 x 3 rank(s) = 48"), std::string::npos)
+      << r.out;
+}
+
+// A rank killed mid-run: the job ends on every rank (not a hang), the launcher names the rank, and
+// the checkpoint of the last finished epoch resumes.
+TEST_F(MpiRunTest, ARankThatDiesEndsTheJobAndTheCheckpointResumes) {
+  const std::string ckpt = path("fault.ckpt");
+  const std::string log = path("fault.log");
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  const std::string app = std::string(FASHION_MNIST_BIN) + " " + common() + " --epochs 400 --checkpoint " + quote(ckpt);
+  // In the background through sh, so the test can find the ranks (mpirun's children) and kill one.
+  const Result started = run_command("(mpirun " + root + "--oversubscribe -np 2 " + app + " > " + quote(log) +
+                                     " 2>&1; echo \"job exit status $?\" >> " + quote(log) + ") > /dev/null 2>&1 & echo $!");
+  ASSERT_EQ(started.exit_code, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(ckpt) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(ckpt)) << "no checkpoint after 120 s";
+  // The ranks: the processes whose command line starts with the app binary (not the shell or mpirun).
+  const Result pids = run_command("pgrep -f -- " + quote("^" + std::string(FASHION_MNIST_BIN) + " .*--checkpoint " + ckpt) +
+                                  " | sort -n | tail -1");
+  ASSERT_FALSE(pids.out.empty());
+  const pid_t victim = static_cast<pid_t>(std::stol(pids.out));
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  std::string out;
+  const auto end_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < end_deadline) {
+    out = read_log(log);
+    if (out.find("job exit status ") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(out.find("job exit status "), std::string::npos) << "the job did not end within 60 s of a rank's death: " << out;
+  EXPECT_EQ(out.find("job exit status 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("exited on signal 9"), std::string::npos) << "the launcher does not name the dead rank: " << out;
+  // The checkpoint is whole: it resumes, for one more epoch, on one rank.
+  const io::SafetensorsHeader header = io::read_safetensors_header(ckpt);
+  const int epochs_done = std::stoi(header.metadata.at("epoch"));
+  const Result resumed = launch(1, common() + " --resume " + quote(ckpt) + " --epochs " +
+                                       std::to_string(epochs_done + 1) + " --save " + quote(path("after_fault.safetensors")));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_TRUE(fs::exists(path("after_fault.safetensors"))) << resumed.out;
+}
+
+}  // namespace
