@@ -147,10 +147,9 @@ TEST_P(RecomputeTest, CnnGivesTheSameGradientsWeightsAndRunningStatisticsAcrossA
   const RunResult a = train(stored, data, 8, 3, 2);
   const RunResult b = train(recomputed, data, 8, 3, 2);
   const RecomputeLog log = take_recompute_log();
-  // Per micro-batch: two blocks recorded in forward, each recomputed, recording its inner
-  // [conv, batch norm] again, which is recomputed in turn.
-  EXPECT_EQ(log.segments_recomputed, 6 * 4);
-  EXPECT_EQ(log.segments_recorded, 6 * 4);
+  // Per micro-batch: [conv, batch norm] of each block, recorded in forward, recomputed in backward.
+  EXPECT_EQ(log.segments_recomputed, 6 * 2);
+  EXPECT_EQ(log.segments_recorded, 6 * 2);
   expect_same(a.group_gradients, b.group_gradients, device(), "flat gradient at a group's end");
   expect_same(a.final_state, b.final_state, device(), "state dict after two steps");
   // Six training forwards each, not more: the recomputations left the counters alone.
@@ -177,7 +176,8 @@ TEST_P(RecomputeTest, EverySegmentationOfTheCnnGivesTheSameGradients) {
   const std::vector<std::pair<std::string, std::vector<nn::LayerRange>>> cuts = {
       {"blocks", {{0, 4}, {4, 8}}},
       {"conv + batch norm", {{0, 2}, {4, 6}}},
-      {"the default (nested)", models::CNN::recompute_segments_default()},
+      {"the default", models::CNN::recompute_segments_default()},
+      {"blocks with [conv, batch norm] nested", {{0, 4}, {0, 2}, {4, 8}, {4, 6}}},
       {"the whole network", {{0, 12}}},
       {"the whole network around the blocks", {{0, 12}, {0, 4}, {4, 8}, {1, 3}}},
       {"the head", {{8, 12}}},
@@ -281,14 +281,13 @@ struct CnnTensors {
         stats2(2 * rounded(64 * 4)) {}
   // Stored: c1 and bn1's statistics, r1, p1, c2 and bn2's statistics, r2, p2, r3, the logits, the loss.
   int64_t stored() const { return c1 + stats1 + r1 + p1 + c2 + stats2 + r2 + p2 + r3 + logits + loss; }
-  // With the default segments the forward keeps each block's output (p1: block 2's input; p2:
-  // flattened, linear1's) and the head's activations; the input is the dataset's (category data).
-  int64_t recomputed_footprint() const { return p1 + p2 + r3 + logits + loss; }
-  // What the recomputations hold at the end of their forwards, summed: block 1 again (its inner
-  // checkpoint keeps the batch norm's output b1, which the ReLU reads and does not save; then r1
-  // and the block's output p1), then [conv, batch norm] (c1, its statistics and its output b1);
-  // the same for block 2.
-  int64_t recomputed_bytes() const { return (r1 + p1) + (c1 + stats1 + r1) + (r2 + p2) + (c2 + stats2 + r2); }
+  // With the default segments ([conv, batch norm] of each block) the forward no longer keeps the
+  // conv outputs and the batch norms' statistics; the input is the dataset's (category data).
+  int64_t recomputed_footprint() const { return r1 + p1 + r2 + p2 + r3 + logits + loss; }
+  // What the recomputations hold at the end of their forwards, summed: c1, bn1's statistics and
+  // its output b1 (the size of r1; the ReLU after it reads it and saves its own output), and the
+  // same for block 2.
+  int64_t recomputed_bytes() const { return (c1 + stats1 + r1) + (c2 + stats2 + r2); }
 };
 
 MemoryTracker::Options tracker_options(const std::string& model, int timeline_steps) {
@@ -347,13 +346,13 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
     const MicroBatchRecord &r = records[i], &s = stored_records[i];
     const CnnTensors t(r.samples);
     SCOPED_TRACE("micro-batch " + std::to_string(i) + " of " + std::to_string(r.samples));
-    EXPECT_EQ(s.activation_bytes, t.stored() + (cuda ? t.p1 + t.p2 : 0))  // cuDNN's pool saves its output
-        << "the stored footprint (test_cnn.cpp's analytic sum)";
+    EXPECT_EQ(s.activation_bytes, t.stored()) << "the stored footprint (test_cnn.cpp's analytic sum)";
     EXPECT_EQ(r.activation_bytes, t.recomputed_footprint());
     EXPECT_EQ(r.activation_bytes + r.recompute_avoided_bytes, s.activation_bytes)
         << "the tracker's saving is exactly the difference to the stored run";
+    // Pinned on the CPU; on CUDA the same sum is expected but has not been run yet.
     if (!cuda) EXPECT_EQ(r.recomputed_bytes, t.recomputed_bytes());
-    EXPECT_EQ(r.recompute_segments, 4);
+    EXPECT_EQ(r.recompute_segments, 2);
     EXPECT_EQ(s.recompute_segments, 0);
     EXPECT_EQ(s.recompute_avoided_bytes, 0);
     EXPECT_LT(r.peak_bytes, s.peak_bytes);
@@ -372,13 +371,13 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   ASSERT_TRUE(j["summary"].contains("recompute")) << j["summary"].dump();
   const auto& rj = j["summary"]["recompute"];
   const CnnTensors t5(5);
-  EXPECT_EQ(rj["segments_per_micro_batch"].get<int64_t>(), 4);
+  EXPECT_EQ(rj["segments_per_micro_batch"].get<int64_t>(), 2);
   EXPECT_EQ(rj["activation_bytes"].get<int64_t>(), t5.recomputed_footprint());
   EXPECT_EQ(rj["activation_bytes_without_recompute"].get<int64_t>(), stored_records.back().activation_bytes);
   EXPECT_EQ(rj["saved_bytes"].get<int64_t>(), stored_records.back().activation_bytes - t5.recomputed_footprint());
   EXPECT_GT(rj["recompute_share_of_backward"].get<double>(), 0.0);
   EXPECT_LT(rj["recompute_share_of_backward"].get<double>(), 1.0);
-  EXPECT_EQ(j["micro_batches"][0]["recompute_segments"].get<int64_t>(), 4);
+  EXPECT_EQ(j["micro_batches"][0]["recompute_segments"].get<int64_t>(), 2);
   const auto stored_json = nlohmann::json::parse(memory_report_json(stored_tracker));
   EXPECT_FALSE(stored_json["summary"].contains("recompute"));
   EXPECT_FALSE(stored_json["micro_batches"][0].contains("recompute_segments"));
@@ -390,8 +389,8 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
       ++recompute_events;
       EXPECT_GT(e["args"]["recomputed_bytes"].get<int64_t>(), 0);
     }
-  // The timeline covers the first 2 optimizer steps: 4 micro-batches of 4 recomputations each.
-  EXPECT_EQ(recompute_events, 16);
+  // The timeline covers the first 2 optimizer steps: 4 micro-batches of 2 recomputations each.
+  EXPECT_EQ(recompute_events, 8);
 
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);
@@ -400,7 +399,34 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   std::string table(4096, '\0');
   table.resize(std::fread(table.data(), 1, table.size(), f));
   std::fclose(f);
-  EXPECT_NE(table.find("recompute on: 4 segments per micro-batch"), std::string::npos) << table;
+  EXPECT_NE(table.find("recompute on: 2 segments per micro-batch"), std::string::npos) << table;
+}
+
+// Note [CNN recompute segments] in engine/models/cnn.cpp: stored, the peak above the fixed costs
+// is four tensors of conv1's output size (relu1's backward); with the default segments, three.
+TEST_P(RecomputeTest, CnnPeakFallsFromFourToThreeConvOutputs) {
+  const int64_t b = 128;
+  const Batch data = make_batch(2 * b, 18, device());
+  auto variable_peak = [&](bool recompute) {
+    Generator gen(4);
+    models::CNN model(gen, device());
+    model.set_recompute(recompute);
+    MemoryTracker tracker(device(), tracker_options("cnn", 0));
+    const MicroBatchRecord r = tracked_run(model, tracker, data, {b}, 2).back();
+    int64_t fixed = 0;
+    for (MemoryCategory c :
+         {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state, MemoryCategory::data})
+      fixed += r.peak_by_category[static_cast<std::size_t>(c)];
+    return r.peak_bytes - fixed;
+  };
+  const int64_t c1 = CnnTensors(b).c1;
+  const int64_t stored = variable_peak(false), recomputed = variable_peak(true);
+  std::printf("variable peak at %lld: stored %.2f c1, recompute %.2f c1\n", static_cast<long long>(b),
+              double(stored) / double(c1), double(recomputed) / double(c1));
+  EXPECT_GE(stored, 4 * c1);
+  EXPECT_LT(stored, 4 * c1 + c1 / 2);
+  EXPECT_GE(recomputed, 3 * c1);
+  EXPECT_LT(recomputed, 3 * c1 + c1 / 2);
 }
 
 TEST_P(RecomputeTest, MlpFootprintDropsByTheFirstReluOutput) {

@@ -31,10 +31,9 @@ class CNN : public nn::Sequential {
   CNN& set_recompute(bool on);
   using nn::Sequential::set_recompute;  // any segments
   bool recompute() const { return !recompute_segments().empty(); }
-  // Each convolution block [conv, batch norm, ReLU, pool] is a segment, and within it [conv,
-  // batch norm] again: forward keeps the blocks' inputs (and the head's activations), and at most
-  // one block's conv output is alive at a time in backward. See Note [CNN recompute segments] in
-  // engine/models/cnn.cpp for the measurements behind the choice.
+  // [conv, batch norm] of each block: the conv outputs (the batch norms' inputs, the largest
+  // activations with the ReLU outputs) are not kept; see Note [CNN recompute segments] in
+  // engine/models/cnn.cpp for why these and not whole blocks.
   static const std::vector<nn::LayerRange>& recompute_segments_default();
 };
 
