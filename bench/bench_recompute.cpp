@@ -8,9 +8,10 @@
 // backward of one micro-batch of B (64, 256) samples, gradients overwritten (stale marking outside
 // the timed region), no optimizer step. Variants:
 //   stored      no recompute (the default)
-//   recompute   CNN::set_recompute(true): each block [conv, BN, ReLU, pool] and within it [conv, BN]
-//   blocks      the blocks only ({0,4}, {4,8})
-//   conv_bn     [conv, BN] only ({0,2}, {4,6})
+//   recompute   CNN::set_recompute(true): [conv, BN] of each block ({0,2}, {4,6})
+//   blocks      the blocks ({0,4}, {4,8})
+//   nested      the blocks and within them [conv, BN] ({0,4}, {0,2}, {4,8}, {4,6})
+//   conv_bn_first  the first block's [conv, BN] only ({0,2}): its conv is the cheap one
 // Counters: us_per_micro_batch, samples_per_s; from one tracked, untimed micro-batch:
 // activation_bytes_per_micro_batch (held at the end of forward), activation_bytes_stored (what
 // the stored run holds: activation bytes + the tracker's recompute saving), peak_bytes and
@@ -46,7 +47,8 @@ const std::vector<Variant>& variants() {
       {"stored", {}},
       {"recompute", models::CNN::recompute_segments_default()},
       {"blocks", {{0, 4}, {4, 8}}},
-      {"conv_bn", {{0, 2}, {4, 6}}},
+      {"nested", {{0, 4}, {0, 2}, {4, 8}, {4, 6}}},
+      {"conv_bn_first", {{0, 2}}},
   };
   return v;
 }

@@ -18,6 +18,7 @@
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/prediction.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
@@ -427,6 +428,47 @@ TEST_P(RecomputeTest, CnnPeakFallsFromFourToThreeConvOutputs) {
   EXPECT_LT(stored, 4 * c1 + c1 / 2);
   EXPECT_GE(recomputed, 3 * c1);
   EXPECT_LT(recomputed, 3 * c1 + c1 / 2);
+}
+
+// A planner can weigh recompute before running it: the recorded-sequence predictor
+// (Note [Memory prediction]) foresees the recomputing CNN's peak as well as the stored one's, so
+// recording both and comparing the largest micro-batch that fits tells whether recompute is
+// needed (the app's planner: choose it only then).
+TEST_P(RecomputeTest, ThePredictorForeseesTheRecomputedPeak) {
+  auto predictor_and_measure = [&](bool recompute, int64_t b) {
+    Generator gen(3);
+    models::CNN model(gen, device());
+    model.set_recompute(recompute);
+    nn::FlatParameters flat(model);
+    CachingAllocator& alloc = allocator_for(device());
+    auto micro_batch = [&](int64_t n) {
+      Tensor x, y;
+      {
+        MemoryCategoryScope scope(MemoryCategory::data);
+        x = Tensor::zeros(Shape{n, 784}, DType::f32, device());
+        y = Tensor::zeros(Shape{n}, DType::i32, device());
+      }
+      ops::cross_entropy(model(x), y, ops::Reduction::Sum).backward();
+      flat.mark_gradients_stale();
+    };
+    alloc.empty_cache();
+    const MemoryPredictor p = record_micro_batch(alloc, micro_batch, 128, 256);
+    EXPECT_TRUE(p.ok()) << p.reason();
+    alloc.empty_cache();
+    alloc.reset_peak();
+    micro_batch(b);
+    const int64_t measured = alloc.stats().allocated_peak;
+    alloc.empty_cache();
+    return std::pair<int64_t, int64_t>{p.ok() ? p.predict(b).peak_bytes : 0, measured};
+  };
+  for (int64_t b : {64, 200}) {
+    const auto [stored_predicted, stored_measured] = predictor_and_measure(false, b);
+    const auto [predicted, measured] = predictor_and_measure(true, b);
+    SCOPED_TRACE("micro-batch " + std::to_string(b));
+    EXPECT_NEAR(double(predicted), double(measured), 0.05 * double(measured));
+    EXPECT_NEAR(double(stored_predicted), double(stored_measured), 0.05 * double(stored_measured));
+    EXPECT_LT(predicted, stored_predicted);
+  }
 }
 
 TEST_P(RecomputeTest, MlpFootprintDropsByTheFirstReluOutput) {
