@@ -352,11 +352,15 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
     EXPECT_EQ(r.activation_bytes + r.recompute_avoided_bytes, s.activation_bytes)
         << "the tracker's saving is exactly the difference to the stored run";
     // Pinned on the CPU; on CUDA the same sum is expected but has not been run yet.
-    if (!cuda) EXPECT_EQ(r.recomputed_bytes, t.recomputed_bytes());
+    if (!cuda) {
+      EXPECT_EQ(r.recomputed_bytes, t.recomputed_bytes());
+    }
     EXPECT_EQ(r.recompute_segments, 2);
     EXPECT_EQ(s.recompute_segments, 0);
     EXPECT_EQ(s.recompute_avoided_bytes, 0);
-    EXPECT_LT(r.peak_bytes, s.peak_bytes);
+    // cuDNN's workspaces may set the peak of tiny micro-batches on CUDA (not measured yet).
+    if (cuda) EXPECT_LE(r.peak_bytes, s.peak_bytes);
+    else EXPECT_LT(r.peak_bytes, s.peak_bytes);
   }
   EXPECT_EQ(allocator_for(device()).stats()[MemoryCategory::activations].current, 0)
       << "backward released every saved and recomputed tensor";
@@ -406,6 +410,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
 // Note [CNN recompute segments] in engine/models/cnn.cpp: stored, the peak above the fixed costs
 // is four tensors of conv1's output size (relu1's backward); with the default segments, three.
 TEST_P(RecomputeTest, CnnPeakFallsFromFourToThreeConvOutputs) {
+  if (device().is_cuda()) GTEST_SKIP() << "the CPU kernels' working sets; cuDNN's have not been measured";
   const int64_t b = 128;
   const Batch data = make_batch(2 * b, 18, device());
   auto variable_peak = [&](bool recompute) {
