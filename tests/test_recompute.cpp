@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
+#include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/prediction.h"
 #include "cumulus/memory/tracker.h"
@@ -216,6 +218,35 @@ TEST_P(RecomputeTest, InputGradientsFlowThroughACheckpoint) {
   for (bool inner : {false, true})
     expect_same(run(false, inner), run(true, inner), device(),
                 std::string("gradients, the input's last; input ") + (inner ? "made by an op" : "a leaf"));
+}
+
+// Data parallel training starts reducing a parameter's gradient when the backward engine reports
+// the leaf finished (run_backward's on_leaf_done). A checkpoint's node has an edge to every
+// parameter of its segment, so each is reported once, after the recomputation wrote its gradient.
+TEST_P(RecomputeTest, FinishedLeavesAreReportedAfterTheirRecomputedGradients) {
+  const Batch data = make_batch(4, 19, device());
+  auto run = [&](bool recompute) {
+    Generator gen(10);
+    models::CNN model(gen, device());
+    model.set_recompute(recompute);
+    std::map<const TensorImpl*, std::vector<float>> at_report;
+    const Tensor loss = ops::cross_entropy(model(data.x), data.y, ops::Reduction::Sum);
+    run_backward(loss, 1.0f, [&](const TensorImpl* leaf) {
+      for (const Tensor& p : model.parameters())
+        if (p.impl().get() == leaf) {
+          EXPECT_EQ(at_report.count(leaf), 0u) << "a leaf reported twice";
+          at_report[leaf] = p.grad().to_vector<float>();
+        }
+    });
+    Values reported, final_grads = gradients_of(model);
+    for (const Tensor& p : model.parameters()) {
+      EXPECT_EQ(at_report.count(p.impl().get()), 1u) << "a parameter never reported";
+      reported.push_back(at_report[p.impl().get()]);
+    }
+    expect_same(reported, final_grads, device(), "gradient when reported vs at the end");
+    return final_grads;
+  };
+  expect_same(run(false), run(true), device(), "gradients");
 }
 
 TEST_P(RecomputeTest, WithoutARecordingForwardACheckpointIsAPlainCall) {
