@@ -637,6 +637,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
       boundary.epoch_samples = samples;
       const int64_t skipped_before = acc.skipped_steps();
       const dist::Communicator::Stats comm_before = comm->stats();
+      const int64_t buckets_in_backward_before = acc.buckets_started_in_backward();
       const auto t0 = std::chrono::steady_clock::now();
       int64_t epoch_peak = 0;
 
@@ -717,6 +718,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         line["world_size"] = o.world_size;
         line["gradient_reductions"] = now.gradient_reductions - comm_before.gradient_reductions;
         line["communication_wait_seconds"] = now.wait_seconds - comm_before.wait_seconds;
+        line["gradient_buckets"] = acc.gradient_buckets();
+        line["buckets_started_in_backward"] = acc.buckets_started_in_backward() - buckets_in_backward_before;
       }
       if (o.model == "cnn") line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
       if (!state.overridden.empty()) line["overrides"] = state.overridden;

@@ -232,7 +232,10 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
       // Buckets start in index order on every rank (collectives must match across ranks): a bucket
       // finished early waits for the ones before it.
       --buckets_[bucket_of_slot_[it->second]].slots_pending;
-      while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].slots_pending == 0) start_bucket(next_bucket_++);
+      while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].slots_pending == 0) {
+        start_bucket(next_bucket_++);
+        ++buckets_in_backward_;
+      }
       options_.communicator->progress();
     });
   } else {

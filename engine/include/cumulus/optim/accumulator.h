@@ -99,6 +99,10 @@ class Accumulator {
   Optimizer& optimizer() { return *optimizer_; }
   // Whether a communicator of more than one rank is attached (data parallel).
   bool distributed() const;
+  // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so far
+  // started while a backward was still running (the rest started at the step).
+  std::size_t gradient_buckets() const { return buckets_.size(); }
+  int64_t buckets_started_in_backward() const { return buckets_in_backward_; }
 
   // Everything a checkpoint needs to resume exactly at a group boundary.
   struct Counters {
@@ -166,6 +170,7 @@ class Accumulator {
   };
   std::vector<Bucket> buckets_;
   std::size_t next_bucket_ = 0;  // buckets [0, next_bucket_) are started for this step
+  int64_t buckets_in_backward_ = 0;
   std::vector<std::size_t> bucket_of_slot_;
   std::map<const void*, std::size_t> slot_of_leaf_;
 };
