@@ -242,8 +242,23 @@ TEST_F(MpiRunTest, CheckpointOfFourRanksResumesOnTwo) {
 }
 
 TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
-  const Result r = launch(2, common() + " --epochs 2 --metrics " + quote(path("reductions.jsonl")));
+  const Result r = launch(2, common() + " --epochs 2 --metrics " + quote(path("reductions.jsonl")) +
+                                " --memory-report " + quote(path("memory.json")) + " --trace " + quote(path("trace.json")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
+  // Each rank's own report, and the wait for the all-reduce in every step record and trace step.
+  for (const char* name : {"memory.json", "memory.rank1.json"}) {
+    const nlohmann::json report = nlohmann::json::parse(read_log(path(name)));
+    ASSERT_FALSE(report["steps"].empty()) << name;
+    for (const auto& step : report["steps"]) EXPECT_GT(step.value("communication_ms", 0.0), 0.0) << name << step.dump();
+  }
+  int trace_steps = 0;
+  const nlohmann::json trace = nlohmann::json::parse(read_log(path("trace.json")));
+  for (const auto& e : trace["traceEvents"])
+    if (e.value("name", "") == "step") {
+      ++trace_steps;
+      EXPECT_GT(e["args"].value("all_reduce_wait_ms", 0.0), 0.0) << e.dump();
+    }
+  EXPECT_GT(trace_steps, 0);
   const auto lines = metrics("reductions.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   // 1000 samples in micro-batches of 16: 63 micro-batches, 16 steps of 4 (the last one of 3).

@@ -278,6 +278,7 @@ std::string memory_report_json(MemoryTracker& tracker) {
     st["ms"] = r.ms;
     st["optimizer_state_bytes"] = r.optimizer_state_bytes;
     st["peak_bytes"] = r.peak_bytes;
+    if (r.communication_ms > 0.0) st["communication_ms"] = r.communication_ms;  // data parallel only
     steps.push_back(std::move(st));
   }
   j["steps"] = std::move(steps);
@@ -300,6 +301,7 @@ std::string memory_trace_json(MemoryTracker& tracker) {
     ojson args = ojson::object();
     args["epoch"] = s.epoch + 1;
     args[s.name == "step" ? "step" : "index"] = s.index;
+    if (s.communication_ms > 0.0) args["all_reduce_wait_ms"] = s.communication_ms;  // data parallel
     events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", 1}, {"tid", 1}, {"ts", s.start_ms * 1000.0},
                       {"dur", std::max(0.0, s.end_ms - s.start_ms) * 1000.0}, {"args", args}});
   }

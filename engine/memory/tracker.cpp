@@ -161,7 +161,7 @@ void MemoryTracker::begin_step() {
   in_step_ = true;
 }
 
-void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes) {
+void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes, double communication_ms) {
   CUMULUS_CHECK(in_step_, InvalidArgument, "MemoryTracker::end_step without begin_step");
   const TimePoint t_end = TimePoint::now(device_);
   StepRecord s;
@@ -169,6 +169,7 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes) {
   s.epoch = current_.epoch;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_bytes = allocator_.stats().allocated_peak;
+  s.communication_ms = communication_ms;
   const TimePoint times[3] = {t_step_start_, TimePoint(), t_end};
   count_step(s, times);
   if (observer_->enabled) {
@@ -176,6 +177,7 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes) {
     sample_timeline();
     slices_.back().end_ms = host_ms();
     slices_.back().index = step;
+    slices_.back().communication_ms = communication_ms;
   }
   in_step_ = false;
   if (!in_timeline_window()) observer_->enabled = false;

@@ -61,6 +61,8 @@ struct StepRecord {
   double ms = 0.0;
   int64_t optimizer_state_bytes = 0;
   int64_t peak_bytes = 0;
+  // Data parallel: host time the step spent waiting for the gradient all-reduce (0 alone).
+  double communication_ms = 0.0;
 };
 
 struct MemorySummary {
@@ -103,6 +105,7 @@ struct TimelineSlice {
   int epoch = 0;      // from 0
   int64_t index = 0;  // forward, backward: the micro-batch's index in the epoch; step: the step number
   int64_t bytes = 0;  // recompute: the activations the recomputation held
+  double communication_ms = 0.0;  // step: waiting for the gradient all-reduce (data parallel)
 };
 
 class MemoryTracker {
@@ -132,7 +135,8 @@ class MemoryTracker {
   void end_forward();
   void end_backward();
   void begin_step();
-  void end_step(int64_t step, int64_t optimizer_state_bytes);
+  // `communication_ms`: data parallel, the step's wait for the gradient all-reduce.
+  void end_step(int64_t step, int64_t optimizer_state_bytes, double communication_ms = 0.0);
   // A micro-batch or step that ran as a CUDA graph replay (optim::CapturedTraining): nothing is
   // allocated during a replay, so its memory is what the capture measured (`captured`, with its
   // epoch and index set); it counts in the summary like any other, without times.
