@@ -35,18 +35,18 @@
 // forward (the bytes a stored run would have kept for that segment), what the checkpointed forward
 // kept (its output) and the recomputation's time; MemoryTracker drains it per micro-batch.
 //
-// The walk below is the backward engine's (engine/autograd/engine.cpp) with one difference: the
-// gradient meant for the recomputed graph's input leaf goes to the outer graph's sink.
+// The recomputed graph is walked by the backward engine's own walk (engine/autograd/walk.h), with
+// one redirect: the gradient meant for the recomputed graph's input leaf goes to the outer sink.
 #include "cumulus/autograd/checkpoint.h"
 
 #include <algorithm>
 #include <chrono>
-#include <unordered_map>
 #include <utility>
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
+#include "engine/autograd/walk.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus {
@@ -98,54 +98,6 @@ bool can_time(const Device& device) {
 #endif
   (void)device;
   return true;
-}
-
-// Reverse-mode from `root`, seeded with `root_grad`; `input_leaf`'s gradient goes to `input_sink`.
-void walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, const TensorImpl* input_leaf,
-          GradSink input_sink) {
-  std::unordered_map<Node*, int> dependencies;
-  std::vector<Node*> stack{root.get()};
-  dependencies[root.get()] = 0;
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (Edge& e : n->next_edges()) {
-      if (!e.node) continue;
-      auto [it, first] = dependencies.try_emplace(e.node.get(), 0);
-      it->second += 1;
-      if (first) stack.push_back(e.node.get());
-    }
-  }
-  // Element addresses of an unordered_map are stable, which GradSink::pending relies on.
-  std::unordered_map<Node*, Tensor> pending;
-  pending[root.get()] = root_grad;
-  std::vector<Node*> ready{root.get()};
-  std::vector<GradSink> sinks;
-  while (!ready.empty()) {
-    Node* node = ready.back();
-    ready.pop_back();
-    Tensor grad_output = std::move(pending[node]);
-    pending.erase(node);
-    CUMULUS_CHECK(grad_output.defined(), Error, "backward: op '", node->name(),
-                  "' received no gradient during a recomputation");
-    sinks.clear();
-    for (Edge& e : node->next_edges()) {
-      if (e.node) sinks.push_back(GradSink::pending(&pending[e.node.get()]));
-      else if (e.leaf && e.leaf.get() == input_leaf) sinks.push_back(input_sink);
-      else if (e.leaf) sinks.push_back(GradSink::leaf(e.leaf.get()));
-      else sinks.push_back(GradSink::none());
-    }
-    {
-      OpScope op_scope(node->name(), /*backward=*/true);
-      node->backward(grad_output, sinks);
-    }
-    node->release_saved();
-    node->set_consumed();
-    for (Edge& e : node->next_edges()) {
-      if (!e.node) continue;
-      if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
-    }
-  }
 }
 
 class CheckpointNode final : public Node {
@@ -204,7 +156,7 @@ class CheckpointNode final : public Node {
     }
     root = output.grad_fn();
     output = Tensor();  // the output's storage goes unless an op of the segment saved it
-    walk(root, grad_output, leaf.impl().get(), grads[0]);
+    detail::backward_walk(root, grad_output, {leaf.impl().get(), grads[0]}, nullptr);
   }
 
   void release_saved() override {

@@ -15,6 +15,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
+#include "engine/autograd/walk.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus {
@@ -83,29 +84,16 @@ void attach_node(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<
 
 // ---- the walk --------------------------------------------------------------------------------
 
-void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {
-  CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
-  CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
-                "backward: the tensor does not require grad (no parameter or input that requires "
-                "grad took part in computing it, or it was computed under NoGradGuard)");
-  CUMULUS_CHECK(root.numel() == 1, ShapeError, "backward: needs a scalar, got ", root.shape().str());
+namespace detail {
 
-  NoGradGuard no_grad;
-  MemoryCategoryScope category(MemoryCategory::backward_temporaries);
-  const Tensor seed = Tensor::full(root.shape(), seed_value, root.device());
-
-  if (root.is_leaf()) {
-    GradSink::leaf(root.impl().get()).give(seed);
-    if (on_leaf_done) on_leaf_done(root.impl().get());
-    return;
-  }
-
+void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, const LeafRedirect& redirect,
+                   const LeafGradientDone& on_leaf_done) {
   // Dependencies: for every reachable node, the number of edges pointing at it (and, for the
   // hook, at every leaf).
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<const TensorImpl*, int> leaf_edges;
-  std::vector<Node*> stack{root.grad_fn().get()};
-  dependencies[root.grad_fn().get()] = 0;
+  std::vector<Node*> stack{root.get()};
+  dependencies[root.get()] = 0;
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
@@ -124,8 +112,8 @@ void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& 
   // Pending output gradients of nodes still waiting for consumers. unordered_map keeps element
   // addresses stable, which GradSink::pending relies on.
   std::unordered_map<Node*, Tensor> pending;
-  pending[root.grad_fn().get()] = seed;
-  std::vector<Node*> ready{root.grad_fn().get()};
+  pending[root.get()] = root_grad;
+  std::vector<Node*> ready{root.get()};
   std::vector<GradSink> sinks;
   while (!ready.empty()) {
     Node* node = ready.back();
@@ -138,6 +126,7 @@ void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& 
     sinks.clear();
     for (Edge& e : node->next_edges()) {
       if (e.node) sinks.push_back(GradSink::pending(&pending[e.node.get()]));
+      else if (e.leaf && e.leaf.get() == redirect.leaf) sinks.push_back(redirect.sink);
       else if (e.leaf) sinks.push_back(GradSink::leaf(e.leaf.get()));
       else sinks.push_back(GradSink::none());
     }
@@ -154,6 +143,28 @@ void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& 
       if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
     }
   }
+}
+
+}  // namespace detail
+
+void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {
+  CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
+  CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
+                "backward: the tensor does not require grad (no parameter or input that requires "
+                "grad took part in computing it, or it was computed under NoGradGuard)");
+  CUMULUS_CHECK(root.numel() == 1, ShapeError, "backward: needs a scalar, got ", root.shape().str());
+
+  NoGradGuard no_grad;
+  MemoryCategoryScope category(MemoryCategory::backward_temporaries);
+  const Tensor seed = Tensor::full(root.shape(), seed_value, root.device());
+
+  if (root.is_leaf()) {
+    GradSink::leaf(root.impl().get()).give(seed);
+    if (on_leaf_done) on_leaf_done(root.impl().get());
+    return;
+  }
+
+  detail::backward_walk(root.grad_fn(), seed, {}, on_leaf_done);
 }
 
 }  // namespace cumulus
