@@ -65,7 +65,7 @@ TEST_F(AppTest, HelpListsEveryOption) {
                            "--effective-batch", "--memory-budget", "--lr", "--optimizer", "--momentum",
                            "--weight-decay", "--clip-grad-norm", "--normalize", "--shuffle", "--seed", "--init",
                            "--save", "--checkpoint", "--resume", "--memory-report", "--trace", "--memory-plot",
-                           "--metrics", "--train-limit", "--test-limit", "--quiet"})
+                           "--metrics", "--train-limit", "--test-limit", "--quiet", "--recompute"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -148,6 +148,24 @@ TEST_F(AppTest, VersionEvalOnlyQuietAndWrappedHelp) {
   const Result help = run_app("--help", "COLUMNS=80");
   std::istringstream lines(help.out);
   for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 80u) << line;
+}
+
+// --recompute on keeps less for backward and trains the same weights, bit for bit on the CPU.
+TEST_F(AppTest, RecomputeTrainsTheSameWeightsWithLessActivationMemory) {
+  for (const char* mode : {"off", "on"}) {
+    const Result r = run_app(data_arg() + " --model cnn --epochs 1 --train-limit 96 --test-limit 32 --batch-size 32 --quiet" +
+                             " --recompute " + mode + " --save " + quote(path(std::string("rc_") + mode + ".safetensors")) +
+                             " --memory-report " + quote(path(std::string("rc_") + mode + ".json")));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+  EXPECT_EQ(read("rc_off.safetensors"), read("rc_on.safetensors"));
+  const nlohmann::json off = nlohmann::json::parse(read("rc_off.json"));
+  const nlohmann::json on = nlohmann::json::parse(read("rc_on.json"));
+  EXPECT_FALSE(off["summary"].contains("recompute"));
+  ASSERT_TRUE(on["summary"].contains("recompute")) << on["summary"].dump();
+  EXPECT_LT(on["micro_batches"][0]["activation_bytes"].get<int64_t>(),
+            off["micro_batches"][0]["activation_bytes"].get<int64_t>());
+  EXPECT_LT(on["summary"]["peak_bytes"].get<int64_t>(), off["summary"]["peak_bytes"].get<int64_t>());
 }
 
 TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {

@@ -119,8 +119,15 @@ EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
 }
 
 std::unique_ptr<nn::Module> make_model(const Options& o, Generator& gen) {
-  if (o.model == "cnn") return std::make_unique<models::CNN>(gen, o.resolved_device);
-  return std::make_unique<models::SeedMLP>(gen, o.resolved_device);
+  const bool recompute = o.recompute == "on";
+  if (o.model == "cnn") {
+    auto cnn = std::make_unique<models::CNN>(gen, o.resolved_device);
+    cnn->set_recompute(recompute);
+    return cnn;
+  }
+  auto mlp = std::make_unique<models::SeedMLP>(gen, o.resolved_device);
+  mlp->set_recompute(recompute);
+  return mlp;
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_ptr<nn::FlatParameters> flat) {
@@ -549,6 +556,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   to.settings = recorded_settings(o);
+  to.settings.emplace_back("recompute", o.recompute);
   if (o.world_size > 1) {
     to.settings.emplace_back("world-size", std::to_string(o.world_size));
     to.settings.emplace_back("rank", std::to_string(o.rank));

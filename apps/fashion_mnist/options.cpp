@@ -234,6 +234,12 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app.add_option("--recompute", o.recompute,
+                 "off|on. on: recompute activations in backward instead of keeping them (activation "
+                 "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
+                 "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time")
+      ->check(CLI::IsMember({"off", "on"}))
+      ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
