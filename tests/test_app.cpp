@@ -168,6 +168,25 @@ TEST_F(AppTest, RecomputeTrainsTheSameWeightsWithLessActivationMemory) {
   EXPECT_LT(on["summary"]["peak_bytes"].get<int64_t>(), off["summary"]["peak_bytes"].get<int64_t>());
 }
 
+// --recompute auto: the planner takes recompute only when it lets a larger micro-batch fit.
+TEST_F(AppTest, PlannerChoosesRecomputeOnlyWhenItLetsALargerMicroBatchFit) {
+  const std::string args = data_arg() + " --model cnn --epochs 1 --train-limit 512 --test-limit 32 --effective-batch 512" +
+                           " --recompute auto --memory-budget ";
+  // 130 MiB: 256 reserves ~160 MiB as is, ~120 MiB with recompute (CPU, 512-B rounding, 2 MiB segments).
+  Result r = run_app(args + "130MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("planner: recompute on: micro-batch 256 fits with it, 128 without"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("micro-batch 256 x 2 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("recompute on: 2 segments per micro-batch"), std::string::npos) << r.out;
+  r = run_app(args + "400MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("planner: recompute off: the whole effective batch fits without it"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("recompute on:"), std::string::npos) << r.out;
+  r = run_app(data_arg() + " --recompute auto --epochs 1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--recompute auto lets the planner decide"), std::string::npos) << r.out;
+}
+
 TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   const Result r = run_app(data_arg() + " --effective-batch 64 --memory-budget 64MiB --plan-only --metrics " +
                            quote(path("plan_only.jsonl")));

@@ -118,8 +118,13 @@ EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
   return r;
 }
 
+void set_model_recompute(nn::Module& model, bool on) {
+  if (auto* cnn = dynamic_cast<models::CNN*>(&model)) cnn->set_recompute(on);
+  else if (auto* mlp = dynamic_cast<models::SeedMLP*>(&model)) mlp->set_recompute(on);
+}
+
 std::unique_ptr<nn::Module> make_model(const Options& o, Generator& gen) {
-  const bool recompute = o.recompute == "on";
+  const bool recompute = o.recompute == "on";  // auto: off until the planner decides
   if (o.model == "cnn") {
     auto cnn = std::make_unique<models::CNN>(gen, o.resolved_device);
     cnn->set_recompute(recompute);
@@ -256,11 +261,9 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   int64_t large = 256;
   while (large > train.size()) large /= 2;
   MemoryPredictor predictor;
-  if (large >= 2) {
-    std::vector<FixedBlock> state(static_cast<std::size_t>(copies),
-                                  FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
-    predictor = record_micro_batch(alloc, micro_batch, large / 2, large, state);
-  }
+  const std::vector<FixedBlock> state(static_cast<std::size_t>(copies),
+                                      FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
+  if (large >= 2) predictor = record_micro_batch(alloc, micro_batch, large / 2, large, state);
   const int64_t at_rest = predictor.ok() ? predictor.rest_reserved() : (alloc.empty_cache(), alloc.stats().reserved);
 
   // Divisors of the effective batch, largest first (found up to its square root: it may be 2^31).
@@ -274,6 +277,38 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   if (predictor.ok()) {
     std::vector<PredictedMemory> predicted;
     for (int64_t b : divisors) predicted.push_back(predictor.predict(b));
+    // --recompute auto: recompute only if it lets a larger micro-batch fit (predicted the same way,
+    // from a recording with recompute on).
+    if (o.recompute == "auto") {
+      auto largest_fitting = [&](const std::vector<PredictedMemory>& candidates) -> int64_t {
+        for (const PredictedMemory& p : candidates)
+          if (p.reserved_bytes <= budget) return p.micro_batch;
+        return 0;
+      };
+      const int64_t without = largest_fitting(predicted);
+      bool chosen = false;
+      if (without != o.effective_batch) {
+        set_model_recompute(model, true);
+        const MemoryPredictor with = record_micro_batch(alloc, micro_batch, large / 2, large, state);
+        if (with.ok()) {
+          std::vector<PredictedMemory> predicted_with;
+          for (int64_t b : divisors) predicted_with.push_back(with.predict(b));
+          const int64_t with_recompute = largest_fitting(predicted_with);
+          if (with_recompute > without) {
+            if (!o.quiet)
+              say("planner: recompute on: micro-batch %lld fits with it, %lld without\n",
+                  static_cast<long long>(with_recompute), static_cast<long long>(without));
+            predicted = std::move(predicted_with);
+            chosen = true;
+          }
+        }
+        if (!chosen) set_model_recompute(model, false);
+      }
+      if (!chosen && !o.quiet)
+        say("planner: recompute off: %s\n", without == o.effective_batch ? "the whole effective batch fits without it"
+                                                                          : "it would not let a larger micro-batch fit");
+      o.recompute = chosen ? "on" : "off";
+    }
     if (!o.quiet || o.plan_only) {
       say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
           predictor.reason().c_str(), format_bytes(at_rest).c_str(),
@@ -328,6 +363,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   }
 
   // Fallback: a line through the peaks of two probes, with a safety margin for what it misses.
+  if (o.recompute == "auto") o.recompute = "off";  // nothing to compare the choice with
   if (!o.quiet || o.plan_only)
     say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
         predictor.reason().empty() ? "the training set is too small to record" : predictor.reason().c_str());
@@ -532,6 +568,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         static_cast<long long>(train.size()), static_cast<long long>(test.size()), static_cast<long long>(o.batch_size),
         n0, ranks.c_str(), static_cast<long long>(o.batch_size * n0 * o.world_size), o.optimizer == "adamw" ? "AdamW" : "SGD",
         static_cast<double>(o.lr), o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
+    if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
     if (o.world_size > 1)
       say("data parallel: %d ranks (%s), this is rank 0; one all-reduce of the gradient per optimizer step, in %s "
           "buckets overlapping the last backward of each group\n",

@@ -235,10 +235,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app.add_option("--recompute", o.recompute,
-                 "off|on. on: recompute activations in backward instead of keeping them (activation "
+                 "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
                  "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
-                 "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time")
-      ->check(CLI::IsMember({"off", "on"}))
+                 "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
+                 "with the planner: on only if it lets a larger micro-batch fit the budget")
+      ->check(CLI::IsMember({"off", "on", "auto"}))
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
       ->check(integer_in(1, 1000000))
@@ -410,6 +411,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
               "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
     }
+    require(o.recompute != "auto" || (o.effective_batch > 0 && !o.elastic && o.memory_budget_bytes > 0 && !o.plan_only),
+            "--recompute auto lets the planner decide: give --effective-batch and --memory-budget (not --batch-size)");
     for (std::size_t pos = 0; !overrides_text.empty() && pos <= overrides_text.size();) {
       std::size_t comma = overrides_text.find(',', pos);
       if (comma == std::string::npos) comma = overrides_text.size();

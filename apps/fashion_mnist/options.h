@@ -53,7 +53,7 @@ struct Options {
   bool eval_only = false;
   bool quiet = false;
   std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
-  std::string recompute = "off";  // off|on: activation checkpointing of the model's segments
+  std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
 
   cumulus::Device resolved_device;
   bool use_graphs = false;  // resolved from `graphs` and the device
