@@ -61,7 +61,7 @@ TEST(DataParallel, SingleWorldIsTheIdentity) {
 // A world of two in one process: enough for the Accumulator's guards, which never communicate.
 class PretendWorld : public dist::Communicator {
  public:
-  PretendWorld(int rank, int world) : Communicator(rank, world, rank) {}
+  PretendWorld(int rank, int world) : Communicator(rank, world, rank, world) {}
   std::string backend() const override { return "pretend"; }
   void all_reduce_sum(void*, int64_t, dist::Element, Device) override {}
   void start_all_reduce_sum(void*, int64_t, dist::Element, Device) override {}

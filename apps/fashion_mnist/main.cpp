@@ -19,6 +19,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
@@ -459,6 +460,9 @@ void run_data_parallel_setup(Options& o, dist::Communicator& comm) {
     o.accum_steps = static_cast<int>(o.effective_batch / per_step);
   }
   if (o.world_size == 1) return;
+  // Ranks on one host share its cores: without --threads, each takes its share.
+  if (o.threads == 0)
+    set_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.local_size()));
   if (o.effective_batch > 0 && !o.elastic)
     throw UsageFailure("the planner (--effective-batch without --batch-size) runs in one process; with " +
                        std::to_string(o.world_size) + " ranks give --effective-batch and --batch-size");

@@ -325,7 +325,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--eval-batch-size", o.eval_batch_size, "Batch size of the test pass (the seed uses 64)")
       ->check(integer_in(1, kMaxBatch))
       ->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads for the matrix products (0: every core)")
+  app.add_option("--threads", o.threads,
+                 "CPU threads for the matrix products (0: every core; under mpirun, the host's cores shared "
+                 "out among its ranks)")
       ->check(integer_in(0, 4096))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "Print only the per-epoch results, warnings and errors");

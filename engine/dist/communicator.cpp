@@ -34,7 +34,7 @@ namespace {
 // A world of one: every collective is the identity.
 class SingleProcess final : public Communicator {
  public:
-  SingleProcess() : Communicator(0, 1, 0) {}
+  SingleProcess() : Communicator(0, 1, 0, 1) {}
   std::string backend() const override { return "single"; }
   void all_reduce_sum(void*, int64_t, Element, Device) override {}
   void start_all_reduce_sum(void*, int64_t, Element, Device) override {}

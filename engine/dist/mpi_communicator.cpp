@@ -44,7 +44,8 @@ using Clock = std::chrono::steady_clock;
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(int rank, int world, int local_rank) : Communicator(rank, world, local_rank) {}
+  MpiCommunicator(int rank, int world, int local_rank, int local_size)
+      : Communicator(rank, world, local_rank, local_size) {}
   ~MpiCommunicator() override {
 #if CUMULUS_WITH_NCCL
     if (nccl_ != nullptr) ncclCommDestroy(nccl_);
@@ -195,12 +196,6 @@ void finalize_mpi() {
   if (!finalized) MPI_Finalize();
 }
 
-int local_rank_from_environment() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  return 0;
-}
-
 }  // namespace
 
 std::string mpi_library_version() {
@@ -230,7 +225,15 @@ std::shared_ptr<Communicator> make_mpi_communicator() {
     int rank = 0, size = 1;
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
-    world = std::make_shared<MpiCommunicator>(rank, size, local_rank_from_environment());
+    // The ranks that share this host's memory.
+    MPI_Comm host;
+    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host),
+              "MPI_Comm_split_type");
+    int local_rank = 0, local_size = 1;
+    check_mpi(MPI_Comm_rank(host, &local_rank), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(host, &local_size), "MPI_Comm_size");
+    MPI_Comm_free(&host);
+    world = std::make_shared<MpiCommunicator>(rank, size, local_rank, local_size);
   });
   return world;
 }

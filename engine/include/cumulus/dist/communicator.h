@@ -54,8 +54,10 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   bool is_root() const { return rank_ == 0; }
-  // The rank among those on this host (OMPI_COMM_WORLD_LOCAL_RANK): which GPU it takes.
+  // The rank among those on this host, and their number (MPI's shared-memory split): which GPU a
+  // rank takes, and how many CPU threads it should use.
   int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
   // "MPI", "MPI+NCCL" or "single".
   virtual std::string backend() const = 0;
 
@@ -90,8 +92,9 @@ class Communicator {
   const Stats& stats() const { return stats_; }
 
  protected:
-  Communicator(int rank, int world, int local_rank) : rank_(rank), world_(world), local_rank_(local_rank) {}
-  int rank_, world_, local_rank_;
+  Communicator(int rank, int world, int local_rank, int local_size)
+      : rank_(rank), world_(world), local_rank_(local_rank), local_size_(local_size) {}
+  int rank_, world_, local_rank_, local_size_;
   Stats stats_;
 };
 
