@@ -5,10 +5,10 @@
 // optimizer step; ranks started with different options are refused; a rank that dies ends the job
 // and leaves the last checkpoint usable.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -242,8 +242,9 @@ TEST_F(MpiRunTest, CheckpointOfFourRanksResumesOnTwo) {
 }
 
 TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
-  const Result r = launch(2, common() + " --epochs 2 --metrics " + quote(path("reductions.jsonl")) +
-                                " --memory-report " + quote(path("memory.json")) + " --trace " + quote(path("trace.json")));
+  const Result r =
+      launch(2, common() + " --epochs 2 --metrics " + quote(path("reductions.jsonl")) + " --memory-report " +
+                    quote(path("memory.json")) + " --trace " + quote(path("trace.json")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   // Each rank's own report, and the wait for the all-reduce in every step record and trace step.
   for (const char* name : {"memory.json", "memory.rank1.json"}) {
@@ -281,8 +282,8 @@ TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
 TEST_F(MpiRunTest, RanksStartedWithDifferentOptionsAreRefused) {
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
   const std::string app = std::string(FASHION_MNIST_BIN) + " " + common() + " --epochs 1";
-  const Result r = run_command(mpi_env() + "mpirun " + root + "--oversubscribe -np 1 " + app + " --lr 0.1 : -np 1 " + app +
-                               " --lr 0.2 2>&1");
+  const Result r = run_command(mpi_env() + "mpirun " + root + "--oversubscribe -np 1 " + app + " --lr 0.1 : -np 1 " +
+                               app + " --lr 0.2 2>&1");
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("rank 1 was started with other settings than rank 0: --lr 0.2 on rank 1, 0.1 on rank 0"),
             std::string::npos)
@@ -291,8 +292,8 @@ TEST_F(MpiRunTest, RanksStartedWithDifferentOptionsAreRefused) {
 }
 
 TEST_F(MpiRunTest, EffectiveBatchThatDoesNotDivideIsAUsageError) {
-  const Result r = launch(3, "--data " + quote(path("data")) +
-                                 " --device cpu --threads 1 --epochs 1 --batch-size 16 --effective-batch 64");
+  const Result r = launch(
+      3, "--data " + quote(path("data")) + " --device cpu --threads 1 --epochs 1 --batch-size 16 --effective-batch 64");
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("--effective-batch 64 is not a multiple of --batch-size 16 x 3 rank(s) = 48"), std::string::npos)
       << r.out;
@@ -306,16 +307,18 @@ TEST_F(MpiRunTest, ARankThatDiesEndsTheJobAndTheCheckpointResumes) {
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
   const std::string app = std::string(FASHION_MNIST_BIN) + " " + common() + " --epochs 400 --checkpoint " + quote(ckpt);
   // In the background through sh, so the test can find the ranks (mpirun's children) and kill one.
-  const Result started = run_command("(" + mpi_env() + "mpirun " + root + "--oversubscribe -np 2 " + app + " > " + quote(log) +
-                                     " 2>&1; echo \"job exit status $?\" >> " + quote(log) + ") > /dev/null 2>&1 & echo $!");
+  const Result started =
+      run_command("(" + mpi_env() + "mpirun " + root + "--oversubscribe -np 2 " + app + " > " + quote(log) +
+                  " 2>&1; echo \"job exit status $?\" >> " + quote(log) + ") > /dev/null 2>&1 & echo $!");
   ASSERT_EQ(started.exit_code, 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!fs::exists(ckpt) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_TRUE(fs::exists(ckpt)) << "no checkpoint after 120 s";
   // The ranks: the processes whose command line starts with the app binary (not the shell or mpirun).
-  const Result pids = run_command("pgrep -f -- " + quote("^" + std::string(FASHION_MNIST_BIN) + " .*--checkpoint " + ckpt) +
-                                  " | sort -n | tail -1");
+  const Result pids =
+      run_command("pgrep -f -- " + quote("^" + std::string(FASHION_MNIST_BIN) + " .*--checkpoint " + ckpt) +
+                  " | sort -n | tail -1");
   ASSERT_FALSE(pids.out.empty());
   const pid_t victim = static_cast<pid_t>(std::stol(pids.out));
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -326,14 +329,16 @@ TEST_F(MpiRunTest, ARankThatDiesEndsTheJobAndTheCheckpointResumes) {
     if (out.find("job exit status ") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_NE(out.find("job exit status "), std::string::npos) << "the job did not end within 60 s of a rank's death: " << out;
+  ASSERT_NE(out.find("job exit status "), std::string::npos)
+      << "the job did not end within 60 s of a rank's death: " << out;
   EXPECT_EQ(out.find("job exit status 0"), std::string::npos) << out;
   EXPECT_NE(out.find("exited on signal 9"), std::string::npos) << "the launcher does not name the dead rank: " << out;
   // The checkpoint is whole: it resumes, for one more epoch, on one rank.
   const io::SafetensorsHeader header = io::read_safetensors_header(ckpt);
   const int epochs_done = std::stoi(header.metadata.at("epoch"));
-  const Result resumed = launch(1, common() + " --resume " + quote(ckpt) + " --epochs " +
-                                       std::to_string(epochs_done + 1) + " --save " + quote(path("after_fault.safetensors")));
+  const Result resumed =
+      launch(1, common() + " --resume " + quote(ckpt) + " --epochs " + std::to_string(epochs_done + 1) + " --save " +
+                    quote(path("after_fault.safetensors")));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
   EXPECT_TRUE(fs::exists(path("after_fault.safetensors"))) << resumed.out;
 }

@@ -307,7 +307,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
       }
       if (!chosen && !o.quiet)
         say("planner: recompute off: %s\n", without == o.effective_batch ? "the whole effective batch fits without it"
-                                                                          : "it would not let a larger micro-batch fit");
+                                                                         : "it would not let a larger micro-batch fit");
       o.recompute = chosen ? "on" : "off";
     }
     if (!o.quiet || o.plan_only) {
@@ -439,8 +439,7 @@ std::string rank_path(const std::string& path, int rank) {
   const std::string suffix = ".rank" + std::to_string(rank);
   const std::size_t slash = path.find_last_of('/');
   const std::size_t dot = path.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1)
-    return path + suffix;
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) return path + suffix;
   return path.substr(0, dot) + suffix + path.substr(dot);
 }
 
@@ -454,9 +453,9 @@ void run_data_parallel_setup(Options& o, dist::Communicator& comm) {
   if (o.elastic) {
     const int64_t per_step = o.batch_size * o.world_size;
     if (o.effective_batch % per_step != 0)
-      throw UsageFailure("--effective-batch " + std::to_string(o.effective_batch) + " is not a multiple of --batch-size " +
-                         std::to_string(o.batch_size) + " x " + std::to_string(o.world_size) + " rank(s) = " +
-                         std::to_string(per_step));
+      throw UsageFailure("--effective-batch " + std::to_string(o.effective_batch) +
+                         " is not a multiple of --batch-size " + std::to_string(o.batch_size) + " x " +
+                         std::to_string(o.world_size) + " rank(s) = " + std::to_string(per_step));
     o.accum_steps = static_cast<int>(o.effective_batch / per_step);
   }
   if (o.world_size == 1) return;
@@ -563,15 +562,15 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   if (!o.quiet) {
     const int n0 = optim::Accumulator::steps_for_epoch(
         o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
-    const std::string ranks =
-        o.world_size > 1 ? " x " + std::to_string(o.world_size) + " ranks" : std::string();
+    const std::string ranks = o.world_size > 1 ? " x " + std::to_string(o.world_size) + " ranks" : std::string();
     say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps%s = effective batch "
         "%lld | %s lr %g%s\n",
         device.describe().c_str(),
         o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10", data_dir.c_str(),
         static_cast<long long>(train.size()), static_cast<long long>(test.size()), static_cast<long long>(o.batch_size),
-        n0, ranks.c_str(), static_cast<long long>(o.batch_size * n0 * o.world_size), o.optimizer == "adamw" ? "AdamW" : "SGD",
-        static_cast<double>(o.lr), o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
+        n0, ranks.c_str(), static_cast<long long>(o.batch_size * n0 * o.world_size),
+        o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
+        o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
     if (o.world_size > 1)
       say("data parallel: %d ranks (%s), this is rank 0; one all-reduce of the gradient per optimizer step, in %s "
@@ -782,9 +781,9 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
       checkpoint_now("epoch end");
       // After the epoch's checkpoint: nothing is lost, the next run starts the next epoch.
       if (o.world_size == 1 ? g_signal != 0 : stop_agreed())
-        return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " +
-                                 std::to_string(epoch + 1),
-                             exit_code_for(g_signal), "interrupted");
+        return stop_together(
+            "interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " + std::to_string(epoch + 1),
+            exit_code_for(g_signal), "interrupted");
     }
   } catch (const OutOfMemory& e) {
     const int status = stop(

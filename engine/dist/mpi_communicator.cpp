@@ -113,7 +113,8 @@ class MpiCommunicator final : public Communicator {
     int64_t length = static_cast<int64_t>(root_value.size());
     check_mpi(MPI_Bcast(&length, 1, MPI_INT64_T, 0, MPI_COMM_WORLD), "MPI_Bcast");
     std::string out = is_root() ? root_value : std::string(static_cast<std::size_t>(length), '\0');
-    if (length > 0) check_mpi(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    if (length > 0)
+      check_mpi(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
     stats_.messages += 2;
     return out;
   }
@@ -148,8 +149,9 @@ class MpiCommunicator final : public Communicator {
                   [[maybe_unused]] Device device) {
 #if CUMULUS_WITH_NCCL
     init_nccl(device.index());
-    CUMULUS_CHECK(device.index() == nccl_device_, DeviceError, "NCCL: this rank's communicator is on cuda:",
-                  nccl_device_, ", asked to reduce memory on ", device.str(), " (one GPU per rank)");
+    CUMULUS_CHECK(device.index() == nccl_device_, DeviceError,
+                  "NCCL: this rank's communicator is on cuda:", nccl_device_, ", asked to reduce memory on ",
+                  device.str(), " (one GPU per rank)");
     cuda::Context& ctx = cuda::context(device.index());
     cuda::DeviceGuard guard(device.index());
     // After the kernels queued so far (the backward that wrote this bucket), concurrent with later ones.

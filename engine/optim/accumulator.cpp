@@ -50,8 +50,8 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
     CUMULUS_CHECK(options.schedule.begin()->first == 0, InvalidArgument,
                   "Accumulator: the accumulation schedule must start at epoch 0");
     for (const auto& [epoch, steps] : options.schedule)
-      CUMULUS_CHECK(epoch >= 0 && steps > 0, InvalidArgument, "Accumulator: bad schedule entry ", epoch,
-                    ":", steps, " (epochs >= 0, steps > 0)");
+      CUMULUS_CHECK(epoch >= 0 && steps > 0, InvalidArgument, "Accumulator: bad schedule entry ", epoch, ":", steps,
+                    " (epochs >= 0, steps > 0)");
   }
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Accumulator: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
@@ -123,7 +123,8 @@ void Accumulator::reduce_across_ranks() {
   while (next_bucket_ < buckets_.size()) start_bucket(next_bucket_++);
   for (const Bucket& b : buckets_) elements += b.count;
   // The group's sample and loss sums (adjacent in the step state): the normalization is global.
-  static_assert(offsetof(kernels::StepState, group_loss) == offsetof(kernels::StepState, group_samples) + sizeof(double));
+  static_assert(offsetof(kernels::StepState, group_loss) ==
+                offsetof(kernels::StepState, group_samples) + sizeof(double));
   kernels::StepBuffers* buf = optimizer_->step_buffers();
   comm.start_all_reduce_sum(&buf->state.group_samples, 2, dist::Element::f64, params.device());
   comm.wait_all();
@@ -187,11 +188,12 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
 
 void Accumulator::check_micro_batch(int64_t samples) const {
   CUMULUS_CHECK(samples > 0, InvalidArgument, "Accumulator::backward: samples must be > 0, got ", samples);
-  CUMULUS_CHECK(!distributed() || dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) ==
-                                      options_.communicator->rank(),
-                InvalidArgument, "Accumulator::backward: micro-batch ", mb_in_epoch_, " of the epoch belongs to rank ",
-                dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator ? options_.communicator->world_size() : 1),
-                " (dist::owner_of_micro_batch); call skip_micro_batch() for it");
+  CUMULUS_CHECK(
+      !distributed() || dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) ==
+                            options_.communicator->rank(),
+      InvalidArgument, "Accumulator::backward: micro-batch ", mb_in_epoch_, " of the epoch belongs to rank ",
+      dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator ? options_.communicator->world_size() : 1),
+      " (dist::owner_of_micro_batch); call skip_micro_batch() for it");
   CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
                 "Accumulator::backward: more micro-batches than the ", mb_epoch_len_, " announced for epoch ", epoch_);
 }
@@ -206,10 +208,10 @@ void Accumulator::count_micro_batch(int64_t samples) {
 void Accumulator::skip_micro_batch() {
   CUMULUS_CHECK(distributed(), InvalidArgument,
                 "Accumulator::skip_micro_batch: only for data parallel training (a communicator of several ranks)");
-  CUMULUS_CHECK(dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) !=
-                    options_.communicator->rank(),
-                InvalidArgument, "Accumulator::skip_micro_batch: micro-batch ", mb_in_epoch_, " of the epoch is rank ",
-                options_.communicator->rank(), "'s own");
+  CUMULUS_CHECK(
+      dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) != options_.communicator->rank(),
+      InvalidArgument, "Accumulator::skip_micro_batch: micro-batch ", mb_in_epoch_, " of the epoch is rank ",
+      options_.communicator->rank(), "'s own");
   CUMULUS_CHECK(mb_epoch_len_ == 0 || mb_in_epoch_ < mb_epoch_len_, InvalidArgument,
                 "Accumulator::skip_micro_batch: more micro-batches than the ", mb_epoch_len_, " announced for epoch ",
                 epoch_);
@@ -245,8 +247,9 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   const Device device = optimizer_->parameters().device();
   CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
                 ", parameters on ", device.str());
-  CUMULUS_DISPATCH(device, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
-                   kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
+  CUMULUS_DISPATCH(
+      device, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
+      kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
   count_micro_batch(samples);
 }
 
@@ -307,7 +310,8 @@ void Accumulator::launch_step() {
   const float* table = lr_table_.data<float>();
   const int64_t n = params.size();
   if (distributed()) reduce_across_ranks();
-  CUMULUS_DISPATCH(params.device(),
+  CUMULUS_DISPATCH(
+      params.device(),
       kernels::prepare_step(buf->state, config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config, table),
       kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, table, ctx.stream()));
   optimizer_->apply_prepared_update();

@@ -80,14 +80,14 @@ class Accumulator {
   // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
   // not per step.
   int epoch() const { return epoch_; }
-  int accum_steps() const { return accum_steps_; }        // N for the current epoch
+  int accum_steps() const { return accum_steps_; }            // N for the current epoch
   int64_t micro_batch_index() const { return mb_in_epoch_; }  // micro-batches done this epoch
   int64_t micro_batches_total() const { return mb_total_; }
-  int64_t attempted_steps() const { return attempted_; }  // steps attempted (taken or skipped)
-  int64_t optimizer_steps() const;                        // (device) steps taken
-  int64_t skipped_steps() const;                          // (device) steps skipped as non-finite
+  int64_t attempted_steps() const { return attempted_; }       // steps attempted (taken or skipped)
+  int64_t optimizer_steps() const;                             // (device) steps taken
+  int64_t skipped_steps() const;                               // (device) steps skipped as non-finite
   int64_t samples_in_group() const { return group_samples_; }  // this rank's
-  int micro_batches_in_group() const { return group_mbs_; }  // every rank's
+  int micro_batches_in_group() const { return group_mbs_; }    // every rank's
   // (device) Global L2 norm of the normalized gradient before clipping, at the last step; NaN when
   // the step did not compute it (no clipping and no non-finite guard).
   float last_grad_norm() const;
@@ -156,7 +156,7 @@ class Accumulator {
   // The learning-rate table the device reads (Note [Learning-rate table] in accumulator.cpp).
   Tensor lr_table_;
   int64_t lr_table_size_ = 0;
-  int64_t lr_table_base_ = 0;       // the update count lr_table_[0] is for
+  int64_t lr_table_base_ = 0;        // the update count lr_table_[0] is for
   float lr_table_constant_ = -1.0f;  // without a schedule: the lr the one-entry table holds
   // What the host knows of the device's update count: as of the last read, plus the attempts
   // since (each may have updated or not).
