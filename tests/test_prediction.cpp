@@ -73,25 +73,20 @@ void check_model(const std::string& name, Device device, const std::vector<int64
   const Rig rig(name, device);
   const MemoryPredictor p = rig.record();
   ASSERT_TRUE(p.ok()) << p.reason();
+  std::printf("%s: %s\n", name.c_str(), p.reason().c_str());
   for (int64_t b : sizes) {
     const PredictedMemory pm = p.predict(b);
     const auto [peak, reserved] = rig.measure(b);
-    std::printf("%s B=%lld: peak predicted %lld measured %lld (%+.2f%%), reserved predicted %lld measured %lld "
-                "(%+.2f%%)\n",
-                name.c_str(), static_cast<long long>(b), static_cast<long long>(pm.peak_bytes),
-                static_cast<long long>(peak), 100 * rel(pm.peak_bytes, peak),
-                static_cast<long long>(pm.reserved_bytes), static_cast<long long>(reserved),
-                100 * rel(pm.reserved_bytes, reserved));
-    // Known limit: some CNN allocation below 64 samples is not affine in the batch (probably a
-    // convolution buffer capped in samples), so small CNN batches are over-predicted (up to 2x at
-    // B=1). Over, never under: the planner stays safe. Within 5% from 64 up.
-    const bool exact = name != "cnn" || b >= 64;
+    std::printf(
+        "%s B=%lld: peak predicted %lld measured %lld (%+.2f%%), reserved predicted %lld measured %lld "
+        "(%+.2f%%)\n",
+        name.c_str(), static_cast<long long>(b), static_cast<long long>(pm.peak_bytes), static_cast<long long>(peak),
+        100 * rel(pm.peak_bytes, peak), static_cast<long long>(pm.reserved_bytes), static_cast<long long>(reserved),
+        100 * rel(pm.reserved_bytes, reserved));
     EXPECT_GE(pm.peak_bytes, peak) << name << " B=" << b;
     EXPECT_GE(pm.reserved_bytes, reserved) << name << " B=" << b;
-    if (exact) {
-      EXPECT_LE(std::abs(rel(pm.peak_bytes, peak)), 0.05) << name << " B=" << b;
-      EXPECT_LE(std::abs(rel(pm.reserved_bytes, reserved)), 0.05) << name << " B=" << b;
-    }
+    EXPECT_LE(std::abs(rel(pm.peak_bytes, peak)), 0.05) << name << " B=" << b;
+    EXPECT_LE(std::abs(rel(pm.reserved_bytes, reserved)), 0.05) << name << " B=" << b;
     int64_t sum = 0;
     for (int64_t c : pm.peak_by_category) sum += c;
     EXPECT_EQ(sum, pm.peak_bytes);
@@ -106,6 +101,12 @@ TEST_P(PredictionTest, MlpPeakAndReservedWithinFivePercent) {
 TEST_P(PredictionTest, CnnPeakAndReservedWithinFivePercent) {
   check_model("cnn", device(), device().is_cpu() ? std::vector<int64_t>{1, 3, 16, 64, 257}
                                                  : std::vector<int64_t>{1, 3, 16, 64, 257, 1024});
+}
+
+// The small micro-batches, where the convolution's scratch (min(B, c) samples) bends: before the
+// piecewise fit, the CNN was over-predicted by up to 121% here.
+TEST_P(PredictionTest, CnnSmallMicroBatchesWithinFivePercent) {
+  check_model("cnn", device(), {1, 2, 4, 8, 16, 32, 17, 18, 19, 40, 41, 42});
 }
 
 TEST_P(PredictionTest, SequencesMatchAndFixedBlocksAreHeld) {
@@ -145,6 +146,48 @@ TEST(Prediction, MismatchedSequencesFallBackWithAReason) {
   EXPECT_EQ(q.predict(5000).peak_bytes, 512 * 5000);
   EXPECT_EQ(q.predict(5000).reserved_bytes, 4 << 20);
   EXPECT_EQ(q.predict(3).reserved_bytes, 2 << 20);  // the small pool's segment
+}
+
+// A scratch buffer capped in samples (min(B, 10) x 4 KiB, as the CPU convolution's im2col
+// columns are) beside an affine one: recorded at 256, 128 and the halvings, the refinement sizes pin
+// the bend and every size from 1 to 300 is predicted exactly.
+TEST(Prediction, CappedAllocationIsFittedPiecewise) {
+  auto events = [](int64_t b) {
+    const int64_t capped = std::min<int64_t>(b, 10) * 4096, affine = b * 3072;
+    return std::vector<MemoryEvent>{{MemoryCategory::activations, true, affine},
+                                    {MemoryCategory::workspace, true, capped},
+                                    {MemoryCategory::workspace, false, capped},
+                                    {MemoryCategory::activations, false, affine}};
+  };
+  const std::array<int64_t, kNumMemoryCategories> rest{};
+  std::vector<MemoryRecording> recs;
+  for (int64_t b = 256; b >= 1; b /= 2) recs.push_back({b, events(b)});
+  MemoryPredictor p = MemoryPredictor::from_recordings(recs, rest, 0);
+  ASSERT_TRUE(p.ok()) << p.reason();
+  EXPECT_EQ(p.piecewise_events(), 1u);
+  int rounds = 0;
+  for (std::vector<int64_t> more = p.refinement_sizes(); !more.empty(); more = p.refinement_sizes()) {
+    ASSERT_LT(++rounds, 10);
+    for (int64_t b : more) recs.push_back({b, events(b)});
+    p = MemoryPredictor::from_recordings(recs, rest, 0);
+    ASSERT_TRUE(p.ok()) << p.reason();
+  }
+  EXPECT_LE(rounds, 3);  // 12, then 10, then 11 (the bend is between 10 and 11: equal at 10)
+  for (int64_t b = 1; b <= 300; ++b)
+    ASSERT_EQ(p.predict(b).peak_bytes, b * 3072 + std::min<int64_t>(b, 10) * 4096) << "B=" << b;
+}
+
+// The live blocks the replay rebuilds the state at rest from add up to the bytes held by category.
+TEST(Prediction, LiveBlocksAddUpToTheStats) {
+  const Rig rig("cnn", Device::cpu());
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  std::array<int64_t, kNumMemoryCategories> sum{};
+  for (const LiveBlock& b : alloc.live_blocks()) {
+    EXPECT_LE(b.offset + b.bytes, b.segment_bytes);
+    sum[static_cast<std::size_t>(b.category)] += b.bytes;
+  }
+  const MemoryStats st = alloc.stats();
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) EXPECT_EQ(sum[c], st.by_category[c].current) << c;
 }
 
 // The table in bench/results/2026-11-23-cpu-prediction/, run by hand:

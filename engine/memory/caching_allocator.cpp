@@ -324,6 +324,21 @@ MemoryStats CachingAllocator::stats() const {
   return pools_->stats;
 }
 
+std::vector<LiveBlock> CachingAllocator::live_blocks() const {
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  std::vector<LiveBlock> out;
+  const auto& segs = pools_->segments;
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    int64_t seg_bytes = 0;
+    for (const Block* b = segs[i]; b != nullptr; b = b->next) seg_bytes += static_cast<int64_t>(b->size);
+    for (const Block* b = segs[i]; b != nullptr; b = b->next)
+      if (b->allocated)
+        out.push_back(LiveBlock{static_cast<int64_t>(b->requested), b->category, b->small, static_cast<int64_t>(i),
+                                static_cast<int64_t>(b->ptr - segs[i]->ptr), seg_bytes});
+  }
+  return out;
+}
+
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(pools_->mutex);
   MemoryStats& st = pools_->stats;

@@ -3,28 +3,44 @@
 // segments, large segments rounded to 2 MiB, blocks that cannot be reused because a free one is too
 // small. So the predictor works at the level of single allocations. The allocator's observer sees
 // the stats after every allocation and free; the one category whose `current` changed, and by how
-// much, is the event (alloc or free, category, rounded size). Two micro-batches of sizes S < L give
-// two sequences; the engine runs the same ops in the same order at every size, so they match event
-// by event, and each size is affine in the micro-batch (a [b, k] tensor of 4-byte elements is 4kb
-// bytes; with S and L multiples of 128 that is a whole number of 512-B units at both, so the fit has
-// no rounding error). A free is paired with the latest live allocation of its category and size
-// (backward releases in reverse order), decided once on the larger recording, where sizes collide
-// least, and checked on the smaller.
+// much, is the event (alloc or free, category, rounded size). Micro-batches of different sizes give
+// sequences that match event by event (the engine runs the same ops in the same order at every
+// size). A free is paired with the latest live allocation of its category and size (backward
+// releases in reverse order), decided once on the largest recording, where sizes collide least,
+// and checked on the others.
+//
+// Most sizes are affine in the micro-batch B (a [B, k] tensor of 4-byte elements is 4kB bytes; at
+// the two largest recorded sizes, multiples of 128 in practice, that is a whole number of 512-B
+// units, so the line through them has no rounding error). Not all: a buffer capped in samples bends.
+// The CPU convolution's im2col scratch holds min(B, c) samples (c = 41 for the CNN's first layer,
+// 18 for its second), so it is constant at 128 and 256 and the line through them over-predicted
+// every micro-batch below c (+121% peak at B = 1). Hence a size is modelled as piecewise affine:
+// record_micro_batch also records small / 2, small / 4, ..., 1; the top piece is the line through
+// the two largest sizes, extended down while it reproduces the recorded size (after rounding to
+// 512 B; within one 512-B unit, since a line through rounded sizes may be off by that); where it
+// stops, a new piece starts, the widest line through recorded sizes below that reproduces all
+// between. Between two pieces lies a bend at an unrecorded size; refinement_sizes() asks for the
+// midpoints of such gaps and record_micro_batch records them until each bend sits between two
+// adjacent sizes (a handful of recordings, all smaller than `small`). A size still in a gap (too
+// many bends) is predicted as the larger of its two neighbouring pieces: over, never under. Not
+// seen: a bend above the largest recorded size or between the two largest (the top piece is their
+// line), so a buffer capped above 256 samples is over-predicted there.
 //
 // predict(B) builds the sequence for B and replays it through a real CachingAllocator whose backend
 // hands out distinct fake addresses and never memory. The allocator only does arithmetic and
 // comparisons on block pointers (it splits a block at ptr + size and orders free blocks by address);
 // it never reads or writes through them, so nothing is touched. The replay starts from the state at
-// rest: one block per category of the bytes held at rest, plus the fixed blocks the caller adds (the
-// optimizer state a training step holds). Predicted reserved = the real reserved at rest + what the
-// replay reserves above its own rest. The real cache at rest may have room the replay's does not
-// (tails of partly used segments), so reserved errs on the high side.
+// rest, its segments rebuilt block by block (Note [Replaying the state at rest]; from the old
+// two-recording entry point without the blocks, one block per category), plus the fixed blocks the
+// caller adds (the optimizer state a training step holds). Predicted reserved = the real reserved
+// at rest + what the replay reserves above its own rest.
 #include "cumulus/memory/prediction.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "cumulus/core/error.h"
@@ -74,6 +90,42 @@ int64_t round_512(double bytes) {
   return (b + r - 1) / r * r;
 }
 
+// Note [Replaying the state at rest]
+// What a micro-batch reserves depends on the room the cache has at rest: the tail of the small
+// segment that holds the batch-norm buffers, a free block left in a large segment by an earlier
+// model. So the replay rebuilds the segments as live_blocks() reports them, in order. A large
+// segment is made by allocating its whole size and freeing it (the only free large block then, as
+// everything placed before is still held); blocks are then placed in address order, each hole
+// before a block and each small segment's tail taken by a filler, so no later block lands in them;
+// the fillers are freed last and coalesce into the holes the real cache has. A hole of at most
+// 1 MiB in a large segment cannot be made (such a request goes to the small pool) and is closed
+// up; it serves no request either way (large requests exceed 1 MiB), it only shifts what follows.
+void replay_layout(CachingAllocator& replay, const std::vector<LiveBlock>& blocks, std::vector<Allocation>& held) {
+  constexpr int64_t kSmallRequest = static_cast<int64_t>(CachingAllocator::kSmallRequest);
+  std::vector<Allocation> fillers;
+  auto fill = [&](int64_t bytes, bool small) {
+    if (!small) {
+      if (bytes > kSmallRequest)
+        fillers.push_back(replay.allocate(static_cast<std::size_t>(bytes), MemoryCategory::other));
+      return;
+    }
+    for (; bytes > 0; bytes -= kSmallRequest)
+      fillers.push_back(
+          replay.allocate(static_cast<std::size_t>(std::min(bytes, kSmallRequest)), MemoryCategory::other));
+  };
+  for (std::size_t i = 0; i < blocks.size();) {
+    const LiveBlock& first = blocks[i];
+    if (!first.small) replay.allocate(static_cast<std::size_t>(first.segment_bytes), MemoryCategory::other).reset();
+    int64_t pos = 0;
+    for (; i < blocks.size() && blocks[i].segment == first.segment; ++i) {
+      fill(blocks[i].offset - pos, first.small);
+      held.push_back(replay.allocate(static_cast<std::size_t>(blocks[i].bytes), blocks[i].category));
+      pos = blocks[i].offset + blocks[i].bytes;
+    }
+    fill(first.segment_bytes - pos, first.small);  // a large tail of at most 1 MiB went to the last block
+  }
+}
+
 }  // namespace
 
 std::vector<MemoryEvent> record_allocations(CachingAllocator& alloc, const std::function<void()>& run) {
@@ -93,34 +145,73 @@ std::vector<MemoryEvent> record_allocations(CachingAllocator& alloc, const std::
   return std::move(rec.events);
 }
 
+namespace {
+
+// Whether `r` has the structure of the reference recording: the same events in kind and category,
+// and every free (paired on the reference) returning a block of its size.
+std::string mismatch(const std::vector<MemoryEvent>& r, const std::vector<MemoryEvent>& ref,
+                     const std::vector<int64_t>& pair) {
+  if (r.size() != ref.size())
+    return std::to_string(r.size()) + " vs " + std::to_string(ref.size()) + " allocations and frees";
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (r[i].category != ref[i].category || r[i].alloc != ref[i].alloc)
+      return "event " + std::to_string(i) + " is a " + (r[i].alloc ? "alloc" : "free") + " of " +
+             category_name(r[i].category) + " vs a " + (ref[i].alloc ? "alloc" : "free") + " of " +
+             category_name(ref[i].category);
+    if (!r[i].alloc && r[static_cast<std::size_t>(pair[i])].bytes != r[i].bytes)
+      return "event " + std::to_string(i) + " frees a block of another size";
+  }
+  return {};
+}
+
+}  // namespace
+
 MemoryPredictor MemoryPredictor::from_recordings(int64_t small, const std::vector<MemoryEvent>& se, int64_t large,
                                                  const std::vector<MemoryEvent>& le,
                                                  const std::array<int64_t, kNumMemoryCategories>& rest,
                                                  int64_t rest_reserved, std::vector<FixedBlock> extra_fixed) {
   CUMULUS_CHECK(0 < small && small < large, InvalidArgument, "MemoryPredictor: need 0 < small < large, got ", small,
                 " and ", large);
+  return from_recordings({MemoryRecording{small, se}, MemoryRecording{large, le}}, rest, rest_reserved,
+                         std::move(extra_fixed));
+}
+
+MemoryPredictor MemoryPredictor::from_recordings(std::vector<MemoryRecording> recs,
+                                                 const std::array<int64_t, kNumMemoryCategories>& rest,
+                                                 int64_t rest_reserved, std::vector<FixedBlock> extra_fixed,
+                                                 std::vector<LiveBlock> rest_blocks) {
+  CUMULUS_CHECK(recs.size() >= 2, InvalidArgument, "MemoryPredictor: need recordings at two sizes at least, got ",
+                recs.size());
+  std::sort(recs.begin(), recs.end(),
+            [](const MemoryRecording& a, const MemoryRecording& b) { return a.micro_batch > b.micro_batch; });
+  for (std::size_t j = 0; j < recs.size(); ++j) {
+    CUMULUS_CHECK(recs[j].micro_batch > 0, InvalidArgument, "MemoryPredictor: micro-batch sizes must be > 0, got ",
+                  recs[j].micro_batch);
+    CUMULUS_CHECK(j == 0 || recs[j].micro_batch != recs[j - 1].micro_batch, InvalidArgument,
+                  "MemoryPredictor: micro-batch ", recs[j].micro_batch, " recorded twice");
+  }
   MemoryPredictor p;
-  p.small_ = small;
-  p.large_ = large;
+  p.large_ = recs[0].micro_batch;
+  p.small_ = recs[1].micro_batch;
   p.rest_ = rest;
   p.rest_reserved_ = rest_reserved;
   p.extra_fixed_ = std::move(extra_fixed);
+  if (!rest_blocks.empty()) {
+    std::array<int64_t, kNumMemoryCategories> sum{};
+    for (const LiveBlock& b : rest_blocks) sum[static_cast<std::size_t>(b.category)] += b.bytes;
+    CUMULUS_CHECK(sum == rest, InvalidArgument,
+                  "MemoryPredictor: the live blocks at rest do not add up to the bytes at rest by category");
+  }
+  p.rest_blocks_ = std::move(rest_blocks);
   auto fail = [&](std::string why) {
     p.ok_ = false;
-    p.reason_ = "the recorded allocation sequences of micro-batches " + std::to_string(small) + " and " +
-                std::to_string(large) + " do not match: " + why;
+    p.reason_ = "the recorded allocation sequences of micro-batches " + std::to_string(p.small_) + " and " +
+                std::to_string(p.large_) + " do not match: " + why;
     return p;
   };
-  if (se.size() != le.size())
-    return fail(std::to_string(se.size()) + " vs " + std::to_string(le.size()) + " allocations and frees");
+  const std::vector<MemoryEvent>& le = recs[0].events;
   const std::size_t n = le.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    if (se[i].category != le[i].category || se[i].alloc != le[i].alloc)
-      return fail("event " + std::to_string(i) + " is a " + (se[i].alloc ? "alloc" : "free") + " of " +
-                  category_name(se[i].category) + " vs a " + (le[i].alloc ? "alloc" : "free") + " of " +
-                  category_name(le[i].category));
-  }
-  // Pair frees with allocations on the larger recording, latest first; check them on the smaller.
+  // Pair frees with allocations on the largest recording, latest first.
   p.pair_.assign(n, -1);
   std::map<std::pair<int, int64_t>, std::vector<int64_t>> live;
   for (std::size_t i = 0; i < n; ++i) {
@@ -134,25 +225,123 @@ MemoryPredictor MemoryPredictor::from_recordings(int64_t small, const std::vecto
                   category_name(le[i].category) + " that the micro-batch did not allocate");
     p.pair_[i] = stack.back();
     stack.pop_back();
-    if (se[static_cast<std::size_t>(p.pair_[i])].bytes != se[i].bytes)
-      return fail("event " + std::to_string(i) + " frees a block of another size at micro-batch " +
-                  std::to_string(small));
   }
+  if (std::string why = mismatch(recs[1].events, le, p.pair_); !why.empty())
+    return fail(why + " at micro-batch " + std::to_string(p.small_));
+  // The smaller recordings that match join the fit; one that does not is left out.
+  std::vector<const MemoryRecording*> used{&recs[0], &recs[1]};
+  std::string dropped;
+  for (std::size_t j = 2; j < recs.size(); ++j) {
+    if (mismatch(recs[j].events, le, p.pair_).empty()) used.push_back(&recs[j]);
+    else dropped += (dropped.empty() ? "" : ", ") + std::to_string(recs[j].micro_batch);
+  }
+  for (const MemoryRecording* r : used) p.sizes_.push_back(r->micro_batch);
+
   p.alloc_.resize(n);
   p.category_.resize(n);
-  p.intercept_.assign(n, 0.0);
-  p.slope_.assign(n, 0.0);
+  p.pieces_.assign(n, {});
+  const std::size_t m = used.size();
+  std::vector<int64_t> v(m);
   for (std::size_t i = 0; i < n; ++i) {
     p.alloc_[i] = le[i].alloc;
     p.category_[i] = le[i].category;
     if (!le[i].alloc) continue;
-    p.slope_[i] = static_cast<double>(le[i].bytes - se[i].bytes) / static_cast<double>(large - small);
-    p.intercept_[i] = static_cast<double>(se[i].bytes) - p.slope_[i] * static_cast<double>(small);
+    for (std::size_t j = 0; j < m; ++j) v[j] = used[j]->events[i].bytes;
+    p.pieces_[i] = fit_pieces(p.sizes_, v);
   }
   p.ok_ = true;
-  p.reason_ = std::to_string(n) + " allocations and frees per micro-batch, matched between micro-batches " +
-              std::to_string(small) + " and " + std::to_string(large);
+  p.reason_ = std::to_string(n) + " allocations and frees per micro-batch, matched over micro-batches " +
+              std::to_string(p.sizes_.back()) + " to " + std::to_string(p.large_) + " (" + std::to_string(m) +
+              " sizes), " + std::to_string(p.piecewise_events()) + " of them piecewise in the micro-batch";
+  if (!dropped.empty()) p.reason_ += "; left out, not matching: micro-batch " + dropped;
   return p;
+}
+
+std::vector<MemoryPredictor::Piece> MemoryPredictor::fit_pieces(const std::vector<int64_t>& s,
+                                                                const std::vector<int64_t>& v) {
+  auto line = [&](std::size_t a, std::size_t b) {  // through recorded sizes a and b, s[a] > s[b]
+    Piece q;
+    q.hi = s[a];
+    q.lo = s[b];
+    q.slope = static_cast<double>(v[a] - v[b]) / static_cast<double>(s[a] - s[b]);
+    q.intercept = static_cast<double>(v[b]) - q.slope * static_cast<double>(s[b]);
+    return q;
+  };
+  // Within one 512-B unit: a line through sizes rounded up to 512 B may miss by one (the note).
+  auto miss = [&](const Piece& q, std::size_t j) {
+    return std::abs(round_512(q.intercept + q.slope * static_cast<double>(s[j])) - v[j]);
+  };
+  constexpr int64_t kUnit = static_cast<int64_t>(CachingAllocator::kRounding);
+  const std::size_t m = s.size();
+  std::vector<Piece> out{line(0, 1)};
+  std::size_t j = 2;
+  while (j < m) {
+    if (miss(out.back(), j) <= kUnit) {
+      out.back().lo = s[j++];
+      continue;
+    }
+    // A new piece from s[j] down: the widest line through s[j] and a smaller size that reproduces
+    // every size between; a single size when none does (constant there).
+    Piece q;
+    q.hi = q.lo = s[j];
+    q.intercept = static_cast<double>(v[j]);
+    std::size_t last = j;
+    for (std::size_t k = m - 1; k > j; --k) {
+      const Piece c = line(j, k);
+      bool all = true;
+      for (std::size_t t = j + 1; t < k && all; ++t) all = miss(c, t) <= kUnit;
+      if (all) {
+        q = c;
+        last = k;
+        break;
+      }
+    }
+    // Of the lines through two of its sizes, the widest that reproduces all of them exactly, if
+    // any: that one has no rounding error at the recorded sizes.
+    for (std::size_t span = last - j; span >= 1; --span) {
+      bool found = false;
+      for (std::size_t a = j; a + span <= last && !found; ++a) {
+        Piece c = line(a, a + span);
+        bool all = true;
+        for (std::size_t t = j; t <= last && all; ++t) all = miss(c, t) == 0;
+        if (all) {
+          c.hi = s[j];
+          c.lo = s[last];
+          q = c;
+          found = true;
+        }
+      }
+      if (found) break;
+    }
+    out.push_back(q);
+    j = last + 1;
+  }
+  return out;
+}
+
+std::size_t MemoryPredictor::piecewise_events() const {
+  std::size_t k = 0;
+  for (const auto& ps : pieces_) k += ps.size() > 1 ? 1 : 0;
+  return k;
+}
+
+std::vector<int64_t> MemoryPredictor::refinement_sizes() const {
+  std::set<int64_t> out;
+  for (const auto& ps : pieces_)
+    for (std::size_t k = 1; k < ps.size(); ++k)
+      if (ps[k - 1].lo - ps[k].hi > 1) out.insert((ps[k - 1].lo + ps[k].hi) / 2);
+  return {out.begin(), out.end()};
+}
+
+int64_t MemoryPredictor::bytes_at(std::size_t i, int64_t b) const {
+  const std::vector<Piece>& ps = pieces_[i];
+  auto at = [b](const Piece& q) { return round_512(q.intercept + q.slope * static_cast<double>(b)); };
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    if (b < ps[k].lo) continue;
+    if (k == 0 || b <= ps[k].hi) return at(ps[k]);
+    return std::max(at(ps[k]), at(ps[k - 1]));  // in the gap above piece k: the bend is unknown
+  }
+  return at(ps.back());  // below the smallest recorded size
 }
 
 std::vector<MemoryEvent> MemoryPredictor::sequence(int64_t micro_batch) const {
@@ -162,8 +351,7 @@ std::vector<MemoryEvent> MemoryPredictor::sequence(int64_t micro_batch) const {
   out.reserve(alloc_.size());
   std::vector<int64_t> bytes(alloc_.size(), 0);
   for (std::size_t i = 0; i < alloc_.size(); ++i) {
-    bytes[i] = alloc_[i] ? round_512(intercept_[i] + slope_[i] * static_cast<double>(micro_batch))
-                         : bytes[static_cast<std::size_t>(pair_[i])];
+    bytes[i] = alloc_[i] ? bytes_at(i, micro_batch) : bytes[static_cast<std::size_t>(pair_[i])];
     if (bytes[i] > 0) out.push_back(MemoryEvent{category_[i], alloc_[i], bytes[i]});
   }
   return out;
@@ -174,8 +362,13 @@ PredictedMemory MemoryPredictor::predict(int64_t micro_batch) const {
   CUMULUS_CHECK(micro_batch > 0, InvalidArgument, "MemoryPredictor: micro-batch must be > 0, got ", micro_batch);
   CachingAllocator replay(Device::cpu(), std::make_unique<FakeBackend>());
   std::vector<Allocation> held;  // the state at rest and the extra fixed blocks
-  for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
-    if (rest_[c] > 0) held.push_back(replay.allocate(static_cast<std::size_t>(rest_[c]), static_cast<MemoryCategory>(c)));
+  if (!rest_blocks_.empty()) {
+    replay_layout(replay, rest_blocks_, held);
+  } else {
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
+      if (rest_[c] > 0)
+        held.push_back(replay.allocate(static_cast<std::size_t>(rest_[c]), static_cast<MemoryCategory>(c)));
+  }
   const int64_t replay_rest_reserved = replay.stats().reserved;
   for (const FixedBlock& f : extra_fixed_)
     if (f.bytes > 0) held.push_back(replay.allocate(static_cast<std::size_t>(f.bytes), f.category));
@@ -184,7 +377,7 @@ PredictedMemory MemoryPredictor::predict(int64_t micro_batch) const {
   std::vector<Allocation> blocks(alloc_.size());
   for (std::size_t i = 0; i < alloc_.size(); ++i) {
     if (alloc_[i]) {
-      const int64_t b = round_512(intercept_[i] + slope_[i] * static_cast<double>(micro_batch));
+      const int64_t b = bytes_at(i, micro_batch);
       if (b > 0) blocks[i] = replay.allocate(static_cast<std::size_t>(b), category_[i]);
     } else {
       blocks[static_cast<std::size_t>(pair_[i])].reset();
@@ -215,10 +408,31 @@ MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<
   const MemoryStats rest = alloc.stats();
   std::array<int64_t, kNumMemoryCategories> rest_bytes{};
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c) rest_bytes[c] = rest.by_category[c].current;
-  const std::vector<MemoryEvent> se = record_allocations(alloc, [&] { micro_batch(small); });
-  const std::vector<MemoryEvent> le = record_allocations(alloc, [&] { micro_batch(large); });
+  std::vector<MemoryRecording> recs;
+  std::set<int64_t> recorded;
+  auto record = [&](int64_t b) {
+    recorded.insert(b);
+    recs.push_back(MemoryRecording{b, record_allocations(alloc, [&] { micro_batch(b); })});
+  };
+  record(small);
+  record(large);
+  for (int64_t b = small / 2; b >= 1; b /= 2) record(b);
+  const std::vector<LiveBlock> rest_blocks = alloc.live_blocks();
+  MemoryPredictor p = MemoryPredictor::from_recordings(recs, rest_bytes, rest.reserved, extra_fixed, rest_blocks);
+  // Pin the bends (Note [Memory prediction]): each round records the midpoints of the open gaps.
+  for (int extra = 0; p.ok();) {
+    bool more = false;
+    for (int64_t b : p.refinement_sizes()) {
+      if (extra >= kMaxRefinements || recorded.count(b) > 0) continue;
+      record(b);
+      ++extra;
+      more = true;
+    }
+    if (!more) break;
+    p = MemoryPredictor::from_recordings(recs, rest_bytes, rest.reserved, extra_fixed, rest_blocks);
+  }
   alloc.empty_cache();
-  return MemoryPredictor::from_recordings(small, se, large, le, rest_bytes, rest.reserved, std::move(extra_fixed));
+  return p;
 }
 
 }  // namespace cumulus

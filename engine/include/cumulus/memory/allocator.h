@@ -72,6 +72,17 @@ class MemoryBackend {
 
 class CachingAllocator;
 
+// One live block (CachingAllocator::live_blocks): what a replay of the state needs (Note [Memory
+// prediction] in engine/memory/prediction.cpp).
+struct LiveBlock {
+  int64_t bytes = 0;  // the request rounded up to 512 B, as the stats count it
+  MemoryCategory category = MemoryCategory::other;
+  bool small = false;   // in the small pool
+  int64_t segment = 0;  // index of its segment, in the order the segments were reserved
+  int64_t offset = 0;   // from the start of its segment
+  int64_t segment_bytes = 0;
+};
+
 // Told of every allocation and free, with the stats after it, while the allocator's lock is held:
 // it must be quick and must not allocate from the same allocator. Used for memory timelines.
 class AllocationObserver {
@@ -120,6 +131,8 @@ class CachingAllocator {
   Allocation allocate(std::size_t bytes, MemoryCategory category);
 
   MemoryStats stats() const;
+  // Every live block, segment by segment, in address order within a segment.
+  std::vector<LiveBlock> live_blocks() const;
   // The last out-of-memory this allocator threw, if any (kept until the next one).
   std::optional<OutOfMemoryRecord> last_out_of_memory() const;
   void reset_peak();         // peaks (total, per category, reserved) restart from current values
