@@ -340,16 +340,16 @@ TEST_F(AppTest, OutOfMemoryUnderABudgetReportsSavesAndExitsOne) {
 }
 
 TEST_F(AppTest, PlannerFitsTheEffectiveBatchToTheBudget) {
-  // 14 MiB: reserved at rest is 12 MiB here (parameters and gradients in 4 MiB segments, data in 2
-  // MiB ones), which leaves room for 64 x 4 but not 256 x 1.
-  const Result r = run_app(data_arg() + " --epochs 1 --effective-batch 256 --memory-budget 14MiB "
+  // 13 MiB: reserved at rest is 12 MiB here (parameters and gradients in 4 MiB segments, data in 2
+  // MiB ones); 128 x 2 fits in it, 256 x 1 reserves 14 MiB (predicted and measured).
+  const Result r = run_app(data_arg() + " --epochs 1 --effective-batch 256 --memory-budget 13MiB "
                            "--metrics " + quote(path("plan.jsonl")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("planner: micro-batch"), std::string::npos) << r.out;
   const auto m = nlohmann::json::parse(read("plan.jsonl").substr(0, read("plan.jsonl").find('\n')));
   EXPECT_LT(m["micro_batch_size"].get<int64_t>(), 256);
   EXPECT_EQ(256 % m["micro_batch_size"].get<int64_t>(), 0);
-  EXPECT_LE(m["peak_bytes"].get<int64_t>(), 14 << 20);
+  EXPECT_LE(m["peak_bytes"].get<int64_t>(), 13 << 20);
 }
 
 TEST_F(AppTest, TrainsTheCnnAndResumesItExactly) {
