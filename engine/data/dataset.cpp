@@ -168,7 +168,7 @@ Batch DataLoader::next(int64_t i) {
   [[maybe_unused]] float* x = b.x.data<float>();
   [[maybe_unused]] int32_t* y = b.y.data<int32_t>();
   CUMULUS_DISPATCH(device, (void)0,
-                   kernels::gather_batch_at_cursor_cuda(images, labels, order, cursor, done, batch_size_, count, row, x,
+                   kernels::gather_batch_at_cursor_cuda(images, labels, order, cursor, done, batch_size_, 0, count, row, x,
                                                         y, ctx.stream()));
   ++position_;
   return b;

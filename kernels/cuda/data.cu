@@ -35,13 +35,13 @@ __global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels
   gather_rows(images, labels, order, start, count, row, x, y);
 }
 
-// The batch at *cursor; the last block to finish advances the cursor (every block has read it by
-// then: each reads it before counting itself done).
+// The batch at *cursor (or at ring slot *cursor % ring); the last block to finish advances the
+// cursor (every block has read it by then: each reads it before counting itself done).
 __global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                              int64_t* cursor, uint32_t* blocks_done, int64_t batch_size,
+                                              int64_t* cursor, uint32_t* blocks_done, int64_t batch_size, int64_t ring,
                                               int64_t count, int64_t row, float* x, int32_t* y) {
   __shared__ int64_t start;
-  if (threadIdx.x == 0) start = *cursor * batch_size;
+  if (threadIdx.x == 0) start = (ring > 0 ? *cursor % ring : *cursor) * batch_size;
   __syncthreads();
   gather_rows(images, labels, order, start, count, row, x, y);
   __syncthreads();
@@ -65,10 +65,10 @@ void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32
 }
 
 void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t* cursor,
-                                 uint32_t* blocks_done, int64_t batch_size, int64_t count, int64_t row, float* x,
-                                 int32_t* y, cudaStream_t stream) {
+                                 uint32_t* blocks_done, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
+                                 float* x, int32_t* y, cudaStream_t stream) {
   gather_batch_at_cursor_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(
-      images, labels, order, cursor, blocks_done, batch_size, count, row, x, y);
+      images, labels, order, cursor, blocks_done, batch_size, ring, count, row, x, y);
   CUMULUS_LAUNCH_CHECK();
 }
 

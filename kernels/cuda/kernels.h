@@ -72,10 +72,13 @@ namespace cumulus::kernels {
 // images[s, :] / 255.0f and y [count] = labels[s] for s = order[start + r] (order null: start + r).
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
                        int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream);
-// The same for the batch at *cursor (start = *cursor * batch_size), then *cursor += 1, in the one
-// launch (blocks_done: a u32 counter, zero between launches).
+// The same for the batch at *cursor, then *cursor += 1, in the one launch (blocks_done: a u32
+// counter, zero between launches). ring 0: the batch starts at sample *cursor * batch_size of the
+// dataset. ring k > 0: `images`/`labels` are a staging ring of k slots of batch_size samples each
+// (host-resident data, Note [Host-resident data] in engine/data/dataset.cpp) and the batch is slot
+// *cursor % k, in order (order must be null).
 void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t* cursor,
-                                 uint32_t* blocks_done, int64_t batch_size, int64_t count, int64_t row, float* x,
-                                 int32_t* y, cudaStream_t stream);
+                                 uint32_t* blocks_done, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
+                                 float* x, int32_t* y, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
