@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One measuring session on a lent GPU machine (see ../README.md, "Running on a GPU"): every test
 # binary, the CUDA benchmarks, and the seed experiment (20 epochs, 16 x 4, a test pass after each
-# epoch, timed from process start to exit) with CUDA graphs on and off. If a second bundle of an
-# earlier commit is in .gpu-base/, its benchmarks and seed run are measured in the same session,
-# interleaved, for side-by-side ratios. Writes logs and JSON under $OUT.
+# epoch, timed from process start to exit) with CUDA graphs on and off, and with the dataset on the
+# host (--data-on host, graphs on: the device peak and the time against device-resident data). If a
+# second bundle of an earlier commit is in .gpu-base/, its benchmarks and seed run are measured in
+# the same session, interleaved, for side-by-side ratios. Writes logs and JSON under $OUT.
 # Usage (on the GPU machine, from the repository root): scripts/gpu_session.sh DATA_DIR [tests|bench|seed|all]
 set -uo pipefail
 data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|all]}
@@ -30,18 +31,24 @@ fi
 if [[ $what == seed || $what == all ]]; then
   for b in "${bundles[@]}"; do
     name=$(basename "$b" | tr -d .)
-    modes=(on off)
+    modes=(on off host)
     [ "$name" = gpu-base ] && modes=(default)
     for g in "${modes[@]}"; do
-      flag=(); [ "$g" != default ] && flag=(--graphs "$g")
+      flag=()
+      case $g in
+        on|off) flag=(--graphs "$g" --memory-report "$OUT/seed_${name}_${g}_memory.json") ;;
+        host) flag=(--graphs on --data-on host --memory-report "$OUT/seed_${name}_${g}_memory.json") ;;
+      esac
       # Timed inside run.sh's environment, so unpacking the bundle is not counted.
       bash "$b/run.sh" bash -c 's=$(date +%s%N); fashion_mnist "$@"; r=$?; e=$(date +%s%N);
         echo "wall_ms $(( (e - s) / 1000000 ))"; exit $r' _ --device cuda --batch-size 16 --accum-steps 4 \
         --epochs 20 --data "$data" "${flag[@]}" --metrics "$OUT/seed_${name}_${g}.jsonl" \
         > "$OUT/seed_${name}_${g}.log" 2>&1 || status=1
-      printf 'seed run %s graphs=%s: %s ms wall; epoch 20: %s\n' "$name" "$g" \
+      printf 'seed run %s mode=%s: %s ms wall; epoch 20: %s; device peak: %s bytes\n' "$name" "$g" \
         "$(grep -o 'wall_ms [0-9]*' "$OUT/seed_${name}_${g}.log" | cut -d' ' -f2)" \
-        "$(grep -A3 'Epoch 20' "$OUT/seed_${name}_${g}.log" | grep Accuracy | tr -s ' ')"
+        "$(grep -A3 'Epoch 20' "$OUT/seed_${name}_${g}.log" | grep Accuracy | tr -s ' ')" \
+        "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["summary"]["peak_bytes"])' \
+             "$OUT/seed_${name}_${g}_memory.json" 2>/dev/null)"
     done
   done
 fi

@@ -25,6 +25,9 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_context.h"
+#endif
 #include "cumulus/data/dataset.h"
 #include "cumulus/data/idx.h"
 #include "cumulus/memory/category.h"
@@ -686,7 +689,83 @@ TEST_P(LoaderTest, OneKernelPerBatch) {
   (void)b;
 }
 
+// Host-resident data (Note [Host-resident data]): the dataset stays on the CPU and batches are
+// staged to the device one ahead. Every batch equals the device-resident loader's, bit for bit, for
+// two shuffled epochs with a partial last batch, whether stage() is called with the next batch
+// (prefetch hits), with a stride of 2 (every prefetch misses: another rank's batch in between), or
+// not at all (next() stages by itself); and the evaluation form batch(i) too. On the CPU the
+// option means nothing: the loader is not host-resident and stage() changes nothing.
+TEST_P(LoaderTest, HostResidentBatchesEqualDeviceResidentBatches) {
+  const ImageDataset on_device = make_dataset(23);
+  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  DataLoader reference(on_device, 4, true, 3);
+  DataLoader staged(on_host, 4, true, 3, device());
+  EXPECT_EQ(staged.host_resident(), device().is_cuda());
+  EXPECT_EQ(staged.num_batches(), 6);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    reference.set_epoch(epoch);
+    staged.set_epoch(epoch);
+    for (const int stride : {1, 2, 0}) {
+      SCOPED_TRACE("epoch " + std::to_string(epoch) + ", stride " + std::to_string(stride));
+      for (int64_t i = 0; i < staged.num_batches(); ++i) {
+        reference.seek(i);
+        staged.seek(i);
+        if (stride > 0) staged.stage(i, i + stride);
+        const data::Batch want = reference.next(i);
+        const data::Batch got = staged.next(i);
+        EXPECT_EQ(got.x.device(), device());
+        EXPECT_EQ(got.x.to_vector<float>(), want.x.to_vector<float>()) << "batch " << i;
+        EXPECT_EQ(got.y.to_vector<int32_t>(), want.y.to_vector<int32_t>()) << "batch " << i;
+        EXPECT_EQ(staged.batch(i).x.to_vector<float>(), want.x.to_vector<float>()) << "batch(" << i << ")";
+      }
+    }
+  }
+}
+
+#if CUMULUS_WITH_CUDA
+// With host-resident data a captured gather reads the staging slot from the device cursor, so one
+// graph replayed after stage(i) delivers batch i every time.
+TEST_P(LoaderTest, HostResidentGatherReplaysFromACapturedGraph) {
+  if (!device().is_cuda()) GTEST_SKIP() << "CUDA graphs";
+  const ImageDataset on_device = make_dataset(40);
+  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  DataLoader reference(on_device, 8, true, 5);
+  DataLoader staged(on_host, 8, true, 5, device());
+  staged.seek(0);
+  staged.stage(0, 1);
+  const data::Batch first = staged.next(0);  // eager
+  EXPECT_EQ(first.x.to_vector<float>(), reference.batch(0).x.to_vector<float>());
+  staged.stage(1, 2);
+  data::Batch captured;
+  cuda::Graph graph = cuda::Graph::capture(cuda::context(device().index()), [&] { captured = staged.next(1); });
+  for (int64_t i = 1; i < staged.num_batches(); ++i) {
+    if (i > 1) staged.stage(i, i + 1);
+    graph.launch();
+    EXPECT_EQ(captured.x.to_vector<float>(), reference.batch(i).x.to_vector<float>()) << "replay for batch " << i;
+    EXPECT_EQ(captured.y.to_vector<int32_t>(), reference.batch(i).y.to_vector<int32_t>()) << "replay for batch " << i;
+  }
+}
+#endif
+
 CUMULUS_INSTANTIATE_DEVICES(LoaderTest);
+
+// A host-resident loader needs its CUDA device; a dataset on a GPU does not make CPU batches.
+TEST(HostResidentData, IsRefusedWithoutAUsableDeviceAndOnlyFromTheHost) {
+  TempDir dir;
+  write_split(dir, true, 6, 6, /*gzip=*/false);
+  const ImageDataset on_host = data::load_mnist_split(dir.str(), true, Device::cpu());
+  if (!cuda_available()) {
+    EXPECT_THROW(DataLoader(on_host, 2, false, 0, Device::cuda(0)), DeviceError);
+    return;
+  }
+  const ImageDataset on_gpu = data::load_mnist_split(dir.str(), true, Device::cuda(0));
+  try {
+    DataLoader loader(on_gpu, 2, false, 0, Device::cpu());
+    ADD_FAILURE() << "a CUDA dataset with CPU batches was accepted";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("kept on the host"), std::string::npos) << e.what();
+  }
+}
 
 // ---- the real Fashion-MNIST, when present ----------------------------------------------------
 

@@ -12,6 +12,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
+#include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
@@ -609,6 +610,67 @@ TEST(OpsParity, CpuMatchesCuda) {
   for (std::size_t i = 0; i < cpu.size(); ++i)
     EXPECT_LT(max_rel_diff(gpu[i], cpu[i], 1e-6), i == 4 ? 1e-12 : 1e-5) << what[i];
 }
+
+// ---- ClassificationTally -------------------------------------------------------------------------
+
+class TallyTest : public DeviceTest {};
+
+// The device-side totals equal what a per-batch host loop computes: the batches' mean losses summed
+// in double, and the rows whose ops::argmax equals the label (ties to the first maximum, a NaN row).
+TEST_P(TallyTest, EqualsThePerBatchHostLoop) {
+  const std::vector<std::vector<float>> batches = {
+      {0.1f, 2.0f, -1.0f, /**/ 3.0f, 3.0f, 1.0f, /**/ -5.0f, -5.0f, -4.0f},  // a tie: the first maximum
+      {NAN, 1.0f, 0.0f, /**/ 1.0f, NAN, 2.0f},                               // NaN rows
+      {100.0f, -100.0f, 0.0f}};
+  const std::vector<std::vector<int32_t>> labels = {{1, 1, 2}, {0, 2}, {0}};
+  ops::ClassificationTally tally(device());
+  double loss_sum = 0.0;
+  int64_t correct = 0, samples = 0;
+  for (std::size_t k = 0; k < batches.size(); ++k) {
+    const int64_t rows = static_cast<int64_t>(labels[k].size());
+    const Tensor logits = Tensor::from_vector(batches[k], Shape{rows, 3}, device());
+    const Tensor y = Tensor::from_vector(labels[k], Shape{rows}, device());
+    const Tensor loss = ops::cross_entropy(logits, y, Reduction::Mean);
+    tally.add(logits, y, loss);
+    loss_sum += static_cast<double>(loss.item());
+    const std::vector<int32_t> pred = ops::argmax(logits).to_vector<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) correct += pred[static_cast<std::size_t>(r)] == labels[k][static_cast<std::size_t>(r)];
+    samples += rows;
+  }
+  const ops::ClassificationTally::Totals t = tally.read();
+  EXPECT_TRUE(std::isnan(loss_sum)) << "the NaN batch's loss is NaN, and the sum with it";
+  EXPECT_TRUE(std::isnan(t.loss_sum));
+  EXPECT_EQ(t.correct, correct);
+  EXPECT_EQ(t.correct, 5) << "batch 1: rows 0 and 2 (the tie goes to class 0, not its label 1); the NaN batch: "
+                              "both (a leading NaN stays the maximum, a later one never becomes it); batch 3";
+  EXPECT_EQ(t.samples, samples);
+  EXPECT_EQ(t.batches, 3);
+
+  // Without the NaN batch the loss sums match to the last bit.
+  ops::ClassificationTally finite(device());
+  double want = 0.0;
+  for (std::size_t k : {std::size_t(0), std::size_t(2)}) {
+    const int64_t rows = static_cast<int64_t>(labels[k].size());
+    const Tensor logits = Tensor::from_vector(batches[k], Shape{rows, 3}, device());
+    const Tensor y = Tensor::from_vector(labels[k], Shape{rows}, device());
+    const Tensor loss = ops::cross_entropy(logits, y, Reduction::Mean);
+    finite.add(logits, y, loss);
+    want += static_cast<double>(loss.item());
+  }
+  EXPECT_EQ(finite.read().loss_sum, want);
+}
+
+TEST_P(TallyTest, RefusesMismatchedShapes) {
+  ops::ClassificationTally tally(device());
+  const Tensor logits = Tensor::zeros(Shape{4, 3}, DType::f32, device());
+  const Tensor loss = Tensor::zeros(Shape{}, DType::f32, device());
+  EXPECT_THROW(tally.add(logits, Tensor::zeros(Shape{3}, DType::i32, device()), loss), ShapeError);
+  EXPECT_THROW(tally.add(logits, Tensor::zeros(Shape{4}, DType::f32, device()), loss), Error);
+  EXPECT_THROW(tally.add(logits, Tensor::zeros(Shape{4}, DType::i32, device()), logits), ShapeError);
+  EXPECT_EQ(tally.read().batches, 0);
+}
+
+CUMULUS_INSTANTIATE_DEVICES(TallyTest);
 
 }  // namespace
 }  // namespace cumulus

@@ -33,6 +33,7 @@
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
+#include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/captured_training.h"
@@ -94,7 +95,8 @@ struct EvalResult {
   double avg_loss = 0.0;
 };
 
-// The seed's test loop: accuracy over all samples, and the mean over batches of each batch's mean loss.
+// The seed's test loop: accuracy over all samples, and the mean over batches of each batch's mean
+// loss. The totals stay on the device until the pass ends: one read per pass, not three per batch.
 EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
   NoGradGuard no_grad;
   model.eval();  // batch norm normalizes with its running statistics and leaves them alone
@@ -102,20 +104,17 @@ EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
     nn::Module& m;
     ~BackToTraining() { m.train(); }
   } restore{model};
-  double loss_sum = 0.0;
-  int64_t correct = 0;
+  ops::ClassificationTally tally(loader.device());
   for (int64_t i = 0; i < loader.num_batches(); ++i) {
     throw_if_interrupted();
     const data::Batch b = loader.batch(i);
     const Tensor logits = model(b.x);
-    loss_sum += ops::cross_entropy(logits, b.y, ops::Reduction::Mean).item();
-    const std::vector<int32_t> pred = ops::argmax(logits).to_vector<int32_t>();
-    const std::vector<int32_t> truth = b.y.to_vector<int32_t>();
-    for (std::size_t k = 0; k < pred.size(); ++k) correct += pred[k] == truth[k];
+    tally.add(logits, b.y, ops::cross_entropy(logits, b.y, ops::Reduction::Mean));
   }
+  const ops::ClassificationTally::Totals t = tally.read();
   EvalResult r;
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(loader.dataset().size());
-  r.avg_loss = loss_sum / static_cast<double>(loader.num_batches());
+  r.accuracy = static_cast<double>(t.correct) / static_cast<double>(loader.dataset().size());
+  r.avg_loss = t.loss_sum / static_cast<double>(loader.num_batches());
   return r;
 }
 
@@ -241,7 +240,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   } restore{model, buffers_before};
   auto micro_batch = [&](int64_t b) {
     throw_if_interrupted();
-    data::DataLoader loader(train, b);
+    data::DataLoader loader(train, b, false, 0, o.resolved_device);  // host-resident data: staging included
     const data::Batch batch = loader.batch(0);
     Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
     loss.backward();
@@ -515,9 +514,11 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   if (!o.init_path.empty()) load_weights(o.init_path, model);
   throw_if_interrupted();
 
-  const data::ImageDataset test = data::load_mnist_split(data_dir, false, device, o.test_limit);
+  // --data-on host: the splits stay in host memory and the loaders stage batches to the device.
+  const Device data_device = o.data_on == "host" ? Device::cpu() : device;
+  const data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, o.test_limit);
   throw_if_interrupted();
-  const data::DataLoader test_loader(test, o.eval_batch_size);
+  const data::DataLoader test_loader(test, o.eval_batch_size, false, 0, device);
   if (o.eval_only) {
     if (!o.quiet)
       say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", device.describe().c_str(), o.model.c_str(),
@@ -526,7 +527,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
     if (g_root) print_test_results(evaluate(model, test_loader));  // the other ranks hold the same weights
     return g_signal == 0 ? 0 : exit_code_for(g_signal);
   }
-  const data::ImageDataset train = data::load_mnist_split(data_dir, true, device, o.train_limit);
+  const data::ImageDataset train = data::load_mnist_split(data_dir, true, data_device, o.train_limit);
   throw_if_interrupted();
 
   auto flat = std::make_shared<nn::FlatParameters>(model);
@@ -540,7 +541,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   }
   if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, *flat, train)) return 0;  // --plan-only
 
-  data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed);
+  data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed, device);
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(o, flat);
   optim::AccumulatorOptions ao;
@@ -572,6 +573,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
         o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
+    if (train_loader.host_resident())
+      say("data: on the host; micro-batches copied to the device one ahead (pinned staging, copy stream)\n");
     if (o.world_size > 1)
       say("data parallel: %d ranks (%s), this is rank 0; one all-reduce of the gradient per optimizer step, in %s "
           "buckets overlapping the last backward of each group\n",
@@ -597,6 +600,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   to.settings = recorded_settings(o);
   to.settings.emplace_back("recompute", o.recompute);
+  to.settings.emplace_back("data-on", o.data_on);
   if (o.world_size > 1) {
     to.settings.emplace_back("world-size", std::to_string(o.world_size));
     to.settings.emplace_back("rank", std::to_string(o.rank));
@@ -699,6 +703,9 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         const int64_t b = std::min<int64_t>(o.batch_size, train.size() - i * o.batch_size);
         if (dist::owner_of_micro_batch(i, o.world_size) == o.rank) {
           if (train_loader.position() != i) train_loader.seek(i);  // another rank's micro-batches in between
+          // Host-resident data: batch i onto the device, this rank's next one behind it (outside
+          // the closure: a replayed graph runs no host code).
+          train_loader.stage(i, i + o.world_size);
           runner.micro_batch(b, [&] {
             const data::Batch batch = train_loader.next(i);
             return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);

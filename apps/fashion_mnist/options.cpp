@@ -241,6 +241,13 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "with the planner: on only if it lets a larger micro-batch fit the budget")
       ->check(CLI::IsMember({"off", "on", "auto"}))
       ->capture_default_str();
+  app.add_option("--data-on", o.data_on,
+                 "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
+                 "one gather there). host: it stays in host memory and each micro-batch is copied through pinned "
+                 "memory on a copy stream one micro-batch ahead, overlapped with compute, so the device holds "
+                 "only two micro-batches of data. Same results either way. CPU: no difference")
+      ->check(CLI::IsMember({"device", "host"}))
+      ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();

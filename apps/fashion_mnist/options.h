@@ -54,6 +54,7 @@ struct Options {
   bool quiet = false;
   std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
   std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
+  std::string data_on = "device";  // device|host: where the dataset lives (host: staged batch by batch)
 
   cumulus::Device resolved_device;
   bool use_graphs = false;  // resolved from `graphs` and the device

@@ -51,4 +51,20 @@ void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int6
   }
 }
 
+void classification_tally_cpu(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                              const float* batch_loss, ClassificationTotals* totals) {
+  int64_t correct = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = logits + r * cols;
+    int32_t best = 0;  // argmax_rows_cpu's result (std::max_element: the first maximum by >)
+    for (int64_t j = 1; j < cols; ++j)
+      if (xr[j] > xr[best]) best = static_cast<int32_t>(j);
+    correct += best == labels[r];
+  }
+  totals->loss_sum += static_cast<double>(*batch_loss);
+  totals->correct += correct;
+  totals->samples += rows;
+  totals->batches += 1;
+}
+
 }  // namespace cumulus::kernels

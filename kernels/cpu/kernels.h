@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/metrics.h"
+
 namespace cumulus::kernels {
 
 // c[m, n] = alpha * op(a)[m, k] * op(b)[k, n] + beta * c; op transposes when trans_* is set.
@@ -40,6 +42,9 @@ void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int6
 
 // out[r] = index of the first maximum of x[r, :]
 void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out);
+// totals += {batch_loss[0], rows whose argmax (argmax_rows_cpu's rule) equals the label, rows, 1}.
+void classification_tally_cpu(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                              const float* batch_loss, ClassificationTotals* totals);
 
 }  // namespace cumulus::kernels
 

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
@@ -94,6 +95,33 @@ void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int
   if (batch == 0) return;
   cross_entropy_backward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
       logits, labels, batch, classes, grad_loss, scale, beta, dlogits);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+// One block: each thread takes rows tid, tid + blockDim, ...; argmax_rows's rule exactly (the
+// first maximum by >), then the block's count and one thread's update.
+__global__ void classification_tally_kernel(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                            const float* batch_loss, ClassificationTotals* totals) {
+  int64_t correct = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const float* xr = logits + r * cols;
+    int32_t best = 0;
+    for (int64_t j = 1; j < cols; ++j)
+      if (xr[j] > xr[best]) best = static_cast<int32_t>(j);
+    correct += best == labels[r];
+  }
+  correct = cuda_common::block_sum<long long>(correct);
+  if (threadIdx.x == 0) {
+    totals->loss_sum += static_cast<double>(*batch_loss);
+    totals->correct += correct;
+    totals->samples += rows;
+    totals->batches += 1;
+  }
+}
+
+void classification_tally_cuda(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                               const float* batch_loss, ClassificationTotals* totals, cudaStream_t stream) {
+  classification_tally_kernel<<<1, cuda_common::kThreads, 0, stream>>>(logits, labels, rows, cols, batch_loss, totals);
   CUMULUS_LAUNCH_CHECK();
 }
 

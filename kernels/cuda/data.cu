@@ -35,21 +35,22 @@ __global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels
   gather_rows(images, labels, order, start, count, row, x, y);
 }
 
-// The batch at *cursor (or at ring slot *cursor % ring); the last block to finish advances the
-// cursor (every block has read it by then: each reads it before counting itself done).
+// The batch at cursor->position (or in ring slot cursor->ring_slot); the last block to finish
+// advances the cursor (every block has read it by then: each reads it before counting itself done).
 __global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                              int64_t* cursor, uint32_t* blocks_done, int64_t batch_size, int64_t ring,
-                                              int64_t count, int64_t row, float* x, int32_t* y) {
+                                              GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count,
+                                              int64_t row, float* x, int32_t* y) {
   __shared__ int64_t start;
-  if (threadIdx.x == 0) start = (ring > 0 ? *cursor % ring : *cursor) * batch_size;
+  if (threadIdx.x == 0) start = (ring > 0 ? int64_t(cursor->ring_slot) : cursor->position) * batch_size;
   __syncthreads();
   gather_rows(images, labels, order, start, count, row, x, y);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
-      *cursor += 1;
-      *blocks_done = 0;
+    if (atomicAdd(&cursor->blocks_done, 1u) == gridDim.x - 1) {
+      cursor->position += 1;
+      if (ring > 0) cursor->ring_slot = static_cast<uint32_t>((cursor->ring_slot + 1) % ring);
+      cursor->blocks_done = 0;
     }
   }
 }
@@ -64,11 +65,11 @@ void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32
   CUMULUS_LAUNCH_CHECK();
 }
 
-void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t* cursor,
-                                 uint32_t* blocks_done, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
+void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
+                                 GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
                                  float* x, int32_t* y, cudaStream_t stream) {
-  gather_batch_at_cursor_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(
-      images, labels, order, cursor, blocks_done, batch_size, ring, count, row, x, y);
+  gather_batch_at_cursor_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, cursor,
+                                                                                   batch_size, ring, count, row, x, y);
   CUMULUS_LAUNCH_CHECK();
 }
 

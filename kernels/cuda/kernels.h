@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/metrics.h"
+
 namespace cumulus::kernels {
 
 // Row-major c[m, n] = alpha * op(a) * op(b) + beta * c, through cuBLAS (FP32, no TF32).
@@ -37,6 +39,9 @@ void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int
                                  float* dlogits, cudaStream_t stream);
 
 void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+// classification_tally_cpu's update in one launch (one block), queued: no host read.
+void classification_tally_cuda(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                               const float* batch_loss, ClassificationTotals* totals, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
 
@@ -72,13 +77,21 @@ namespace cumulus::kernels {
 // images[s, :] / 255.0f and y [count] = labels[s] for s = order[start + r] (order null: start + r).
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
                        int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream);
-// The same for the batch at *cursor, then *cursor += 1, in the one launch (blocks_done: a u32
-// counter, zero between launches). ring 0: the batch starts at sample *cursor * batch_size of the
-// dataset. ring k > 0: `images`/`labels` are a staging ring of k slots of batch_size samples each
-// (host-resident data, Note [Host-resident data] in engine/data/dataset.cpp) and the batch is slot
-// *cursor % k, in order (order must be null).
-void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t* cursor,
-                                 uint32_t* blocks_done, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
+// The DataLoader's device-side position (16 bytes, zeroed at creation): the batch index, a count
+// of the gather's finished blocks (zero between launches) and, for a staging ring, the slot the
+// next gather reads.
+struct GatherCursor {
+  int64_t position;
+  uint32_t blocks_done;
+  uint32_t ring_slot;
+};
+// The same for the batch at cursor->position, then position += 1, in the one launch. ring 0: the
+// batch starts at sample position * batch_size of the dataset. ring k > 0: `images`/`labels` are
+// a staging ring of k slots of batch_size samples each (host-resident data, Note [Host-resident
+// data] in engine/data/dataset.cpp), order must be null, the batch is slot cursor->ring_slot and
+// the launch advances ring_slot to the next slot (mod k).
+void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
+                                 GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
                                  float* x, int32_t* y, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

@@ -29,6 +29,7 @@
 #include "cumulus/autograd/grad_mode.h"
 
 #include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 
 #include "cumulus/nn/conv_layers.h"

@@ -1,9 +1,12 @@
-// Image classification datasets held on the device as uint8 (Fashion-MNIST is 55 MB that way),
-// and a DataLoader that gathers each batch there by index and scales it to [0, 1] in one kernel
-// (docs/ARCHITECTURE.md, "Data"): no per-batch host copies.
+// Image classification datasets held as uint8 (Fashion-MNIST is 55 MB that way), and a DataLoader
+// that gathers each batch by index and scales it to [0, 1] in one kernel (docs/ARCHITECTURE.md,
+// "Data"). The dataset lives on the training device (no per-batch host copies) or, for a dataset
+// the device should not hold, on the host: then batches are staged through pinned memory and
+// copied one micro-batch ahead on a copy stream (Note [Host-resident data] in engine/data/dataset.cpp).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,12 +42,21 @@ class DataLoader {
   // Batches of `batch_size` in dataset order, or in a permutation drawn per epoch from `seed` when
   // `shuffle` (the same seed and epoch give the same order on every device and after a resume).
   // The last batch of an epoch may be smaller (drop_last = false, as PyTorch's default).
+  // Batches are made on `device` (default: the dataset's). A dataset on the CPU with a CUDA
+  // `device` is host-resident: only two staging slots of batch_size samples live on the device.
   DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle = false, uint64_t seed = 0);
+  DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device);
+  ~DataLoader();
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
 
   void set_epoch(int epoch);  // draws that epoch's order (no-op without shuffle)
   int64_t num_batches() const;
   int64_t batch_size() const { return batch_size_; }
-  // Batch i of the current epoch; tensors are made in category data.
+  Device device() const { return device_; }
+  bool host_resident() const { return staging_ != nullptr; }
+  // Batch i of the current epoch; tensors are made in category data. Synchronous for
+  // host-resident data (evaluation's form).
   Batch batch(int64_t i) const;
   // The training loop's form: batch i, where i must be the device cursor's position (seek(i), or
   // the batch after the previous next()). The position lives on the device and the gather kernel
@@ -54,19 +66,30 @@ class DataLoader {
   // (the last batch may be smaller). seek() is queued, no synchronization.
   void seek(int64_t i);
   Batch next(int64_t i);
+  // Host-resident data only (a no-op otherwise): makes batch i ready on the device for the next
+  // gather and starts copying batch `then` (usually i + 1; none when out of range) behind it.
+  // next(i) stages by itself when it has to, but a replayed CUDA graph runs no host code: with
+  // graphs, call stage(i) before every micro-batch, outside the captured work. Each stage() must be
+  // followed by exactly one gather (next(i), or the replay of a graph that holds one).
+  void stage(int64_t i, int64_t then);
   int64_t position() const { return position_; }
   const ImageDataset& dataset() const { return dataset_; }
 
  private:
+  struct HostStaging;  // the pinned ring, its device twin, the copy stream and events (CUDA builds)
   Batch empty_batch(int64_t i) const;  // batch i's tensors (category data), unwritten
+  int64_t sample_of(int64_t i, int64_t r) const;  // dataset index of row r of batch i (host order)
 
   ImageDataset dataset_;
   int64_t batch_size_;
   bool shuffle_;
   uint64_t seed_;
-  Tensor order_;  // [n] i32 on the device: the current epoch's permutation (shuffle only)
-  Tensor cursor_;  // on the device: {i64 position, u32 blocks done} (kernels/cuda/data.cu)
+  Device device_;
+  std::vector<int32_t> host_order_;  // host-resident data: the current epoch's permutation (shuffle only)
+  Tensor order_;  // [n] i32 on the device: the current epoch's permutation (device-resident, shuffle only)
+  Tensor cursor_;  // on the device: kernels::GatherCursor (kernels/cuda/kernels.h)
   int64_t position_ = 0;  // the host's copy of the position
+  std::unique_ptr<HostStaging> staging_;
 };
 
 }  // namespace cumulus::data
