@@ -122,7 +122,7 @@ struct DataLoader::HostStaging {
   static constexpr int kSlots = 2;
   int64_t row = 0, batch = 0;     // bytes of one image; samples per slot
   Tensor images, labels;          // device ring: [kSlots * batch, row] u8, [kSlots * batch] i32 (category data)
-  uint8_t* pinned = nullptr;      // host ring: per slot batch * row image bytes, then batch i32 labels
+  uint8_t* pinned = nullptr;      // host ring: per slot batch i32 labels, then batch * row image bytes
   cudaStream_t copy_stream = nullptr;
   cudaEvent_t copied[kSlots] = {};    // the slot's copy to the device is done (copy stream)
   cudaEvent_t consumed[kSlots] = {};  // the gather that read the slot is done (compute stream)
@@ -133,7 +133,8 @@ struct DataLoader::HostStaging {
   int pending_consumed = -1;  // the slot of the last staged gather, not yet marked consumed
   int64_t staged = -1;        // the batch stage() made ready for the next gather (-1: none)
 
-  std::size_t slot_bytes() const { return static_cast<std::size_t>(batch * row + batch * 4); }
+  // Rounded up to 4 bytes, so every slot's labels are aligned.
+  std::size_t slot_bytes() const { return static_cast<std::size_t>((batch * 4 + batch * row + 3) / 4 * 4); }
 
   HostStaging(int device_index, int64_t batch_size, int64_t image_bytes) : row(image_bytes), batch(batch_size) {
     cuda::DeviceGuard guard(device_index);
@@ -270,8 +271,8 @@ void DataLoader::stage(int64_t i, int64_t then) {
   auto fill = [&](int k, int64_t b) {
     HostStaging::wait_if_pending(st.copied[k]);
     const int64_t count = std::min(batch_size_, dataset_.size() - b * batch_size_);
-    uint8_t* host_images = st.pinned + k * st.slot_bytes();
-    auto* host_labels = reinterpret_cast<int32_t*>(host_images + st.batch * st.row);
+    auto* host_labels = reinterpret_cast<int32_t*>(st.pinned + k * st.slot_bytes());  // 4-aligned
+    uint8_t* host_images = st.pinned + k * st.slot_bytes() + st.batch * sizeof(int32_t);
     const auto* images = dataset_.images.data<uint8_t>();
     const auto* labels = dataset_.labels.data<int32_t>();
     for (int64_t r = 0; r < count; ++r) {
