@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
+#include "cumulus/autograd/node.h"
 #include "cumulus/core/error.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
@@ -295,7 +296,8 @@ std::vector<Case> make_cases(uint64_t seed) {
 
 // The seed MLP's shape in miniature: linear -> relu -> linear -> relu -> linear -> CE(Mean).
 // Inputs are resampled until every hidden pre-activation is at least 0.05 away from relu's kink.
-Case make_mlp_case(uint64_t seed) {
+// fused: each linear -> relu pair is the fused ops::linear(..., Activation::relu).
+Case make_mlp_case(uint64_t seed, bool fused = false) {
   const int B = 3, in = 5, h1 = 6, h2 = 4, C = 3;
   for (uint64_t attempt = 0;; ++attempt) {
     Generator g(seed + 1000 * attempt);
@@ -310,11 +312,14 @@ Case make_mlp_case(uint64_t seed) {
     for (double v : pre1) ok = ok && std::fabs(v) > 0.05, active1 += v > 0;
     for (double v : pre2) ok = ok && std::fabs(v) > 0.05, active2 += v > 0;
     if (!ok || active1 < 3 || active2 < 3) continue;
-    return {"mlp3_ce_mean",
+    return {fused ? "mlp3_fused_ce_mean" : "mlp3_ce_mean",
             {x, w1, b1, w2, b2, w3, b3},
-            [y](const std::vector<Tensor>& t) {
-              Tensor h = ops::relu(ops::linear(t[0], t[1], t[2]));
-              h = ops::relu(ops::linear(h, t[3], t[4]));
+            [y, fused](const std::vector<Tensor>& t) {
+              auto linear_relu = [fused](const Tensor& in, const Tensor& w, const Tensor& b) {
+                return fused ? ops::linear(in, w, b, ops::Activation::relu) : ops::relu(ops::linear(in, w, b));
+              };
+              Tensor h = linear_relu(t[0], t[1], t[2]);
+              h = linear_relu(h, t[3], t[4]);
               return ops::cross_entropy(ops::linear(h, t[5], t[6]),
                                         Tensor::from_vector(y, {B}, t[0].device()), Reduction::Mean);
             },
@@ -331,6 +336,7 @@ class OpsTest : public DeviceTest {};
 TEST_P(OpsTest, GradientsMatchFiniteDifferences) {
   std::vector<Case> cases = make_cases(42);
   cases.push_back(make_mlp_case(43));
+  cases.push_back(make_mlp_case(43, /*fused=*/true));
   for (const Case& c : cases) check_gradients(c.name, c.inputs, c.engine, c.ref, device());
 }
 
@@ -555,6 +561,111 @@ TEST_P(OpsTest, LeavesThatNeedNoGradientAreSkipped) {
       EXPECT_NEAR(gw[o * 4 + k], xv[k] + xv[4 + k] + xv[8 + k], 1e-6);
 }
 
+// ---- fused linear + relu against the two ops ---------------------------------------------------
+
+// Forward value and the gradients of every leaf of L = CE(linear(act(x W1^T + b1), W2, b2)), where the
+// first layer is linear + relu either fused or as two ops, after one backward (every leaf's sink
+// overwrites) and after a second one (they accumulate). Bias optional; x requires grad or not.
+struct FusedRun {
+  std::vector<std::vector<float>> values;  // y of the first layer, loss, then the gradients
+};
+
+FusedRun run_linear_relu(bool fused, Device d, bool bias, bool x_grad, int B, int in, int hidden, int C,
+                         uint64_t seed) {
+  Generator g(seed);
+  const auto labels = random_labels(B, C, g);
+  Tensor x = Tensor::from_vector(random_values(B * in, g), {B, in}, d);
+  Tensor w1 = Tensor::from_vector(random_values(hidden * in, g, -0.5f, 0.5f), {hidden, in}, d);
+  Tensor b1 = bias ? Tensor::from_vector(random_values(hidden, g, -0.5f, 0.5f), {hidden}, d) : Tensor();
+  Tensor w2 = Tensor::from_vector(random_values(C * hidden, g), {C, hidden}, d);
+  Tensor b2 = Tensor::from_vector(random_values(C, g), {C}, d);
+  std::vector<Tensor> leaves{w1, w2, b2};
+  if (bias) leaves.push_back(b1);
+  if (x_grad) leaves.push_back(x);
+  for (Tensor& t : leaves) t.set_requires_grad(true);
+  FusedRun r;
+  for (int pass = 0; pass < 2; ++pass) {
+    Tensor h = fused ? ops::linear(x, w1, b1, ops::Activation::relu) : ops::relu(ops::linear(x, w1, b1));
+    Tensor loss = ops::cross_entropy(ops::linear(h, w2, b2), Tensor::from_vector(labels, {B}, d), Reduction::Sum);
+    r.values.push_back(h.to_vector<float>());
+    r.values.push_back({loss.item()});
+    loss.backward();  // pass 0: the leaves' buffers are stale (overwrite); pass 1: accumulate
+    for (const Tensor& t : leaves) r.values.push_back(t.grad().to_vector<float>());
+  }
+  return r;
+}
+
+TEST_P(OpsTest, FusedLinearReluEqualsLinearThenRelu) {
+  const Device d = device();
+  struct Shape3 {
+    int B, in, hidden, C;
+  };
+  for (const Shape3 s : {Shape3{5, 7, 6, 3}, Shape3{33, 40, 70, 10}}) {
+    for (bool bias : {true, false}) {
+      for (bool x_grad : {false, true}) {
+        SCOPED_TRACE("B " + std::to_string(s.B) + (bias ? " bias" : " no bias") + (x_grad ? " dx" : ""));
+        const FusedRun fused = run_linear_relu(true, d, bias, x_grad, s.B, s.in, s.hidden, s.C, 11);
+        const FusedRun plain = run_linear_relu(false, d, bias, x_grad, s.B, s.in, s.hidden, s.C, 11);
+        ASSERT_EQ(fused.values.size(), plain.values.size());
+        int zeros = 0;
+        for (float v : plain.values[0]) zeros += v == 0.0f;
+        EXPECT_GT(zeros, 0) << "relu must cut something for the mask to be tested";
+        for (std::size_t i = 0; i < plain.values.size(); ++i) {
+          if (d.is_cpu()) {
+            // The same arithmetic in the same order: identical bits, forward and every gradient.
+            EXPECT_EQ(fused.values[i], plain.values[i]) << "value " << i;
+          } else {
+            EXPECT_LT(max_rel_diff(fused.values[i], plain.values[i]), 1e-5) << "value " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpsTest, FusedLinearReluPropagatesNaN) {
+  // As relu alone (ReluPropagatesNaN): a NaN pre-activation stays NaN. On CUDA the ReLU is
+  // cuBLASLt's epilogue, whose NaN rule is not documented: this case is what pins it.
+  const Device d = device();
+  const float nan = std::nanf("");
+  Tensor x = Tensor::from_vector<float>({1.0f, nan, -1.0f, 0.5f, 0.25f, -2.0f}, {2, 3}, d);
+  Tensor w = Tensor::from_vector<float>({1, 1, 1, -1, -1, -1, 2, 0, 0, 0, 0, 3}, {4, 3}, d);
+  Tensor b = Tensor::from_vector<float>({0, 0, 0, 0}, {4}, d);
+  const auto fused = ops::linear(x, w, b, ops::Activation::relu).to_vector<float>();
+  const auto plain = ops::relu(ops::linear(x, w, b)).to_vector<float>();
+  ASSERT_TRUE(std::isnan(plain[0]) && std::isnan(plain[1])) << "the NaN must reach the output";
+  for (int j = 0; j < 4; ++j)
+    EXPECT_EQ(std::isnan(fused[j]), std::isnan(plain[j])) << "row 0, column " << j << ": fused " << fused[j];
+  for (int j = 4; j < 8; ++j) EXPECT_EQ(fused[j], plain[j]) << "row 1, column " << j - 4;
+}
+
+TEST_P(OpsTest, FusedLinearReluRecordsOneNodeAndSavesItsOutput) {
+  const Device d = device();
+  Generator g(4);
+  Tensor x = Tensor::from_vector(random_values(12, g), {3, 4}, d);
+  Tensor w = Tensor::from_vector(random_values(8, g), {2, 4}, d);
+  Tensor b = Tensor::from_vector(random_values(2, g), {2}, d);
+  w.set_requires_grad(true);
+  Tensor y = ops::linear(x, w, b, ops::Activation::relu);
+  ASSERT_TRUE(y.grad_fn() != nullptr);
+  EXPECT_STREQ(y.grad_fn()->name(), "linear+relu");
+  EXPECT_EQ(y.grad_fn()->next_edges().size(), 3u);
+  EXPECT_STREQ(ops::linear(x, w, b, ops::Activation::none).grad_fn()->name(), "linear");
+  {
+    NoGradGuard no_grad;
+    Tensor e = ops::linear(x, w, b, ops::Activation::relu);
+    EXPECT_TRUE(e.grad_fn() == nullptr);
+    EXPECT_EQ(e.to_vector<float>(), y.to_vector<float>());
+  }
+  // Shape errors name the fused op.
+  try {
+    ops::linear(x, Tensor::from_vector(random_values(6, g), {2, 3}, d), b, ops::Activation::relu);
+    ADD_FAILURE() << "a mismatched weight must be refused";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("linear+relu"), std::string::npos) << e.what();
+  }
+}
+
 CUMULUS_INSTANTIATE_DEVICES(OpsTest);
 
 // ---- CPU versus CUDA -------------------------------------------------------------------------
@@ -573,6 +684,7 @@ TEST(OpsParity, CpuMatchesCuda) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::vector<Case> cases = make_cases(42);
   cases.push_back(make_mlp_case(43));
+  cases.push_back(make_mlp_case(43, /*fused=*/true));
   for (const Case& c : cases) expect_parity(c.name, c.inputs, c.engine);
 
   // The seed MLP's real sizes, where cuBLAS picks its large-matrix algorithms (and TF32 would show).

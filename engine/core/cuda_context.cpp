@@ -46,15 +46,21 @@ DeviceGuard::~DeviceGuard() {
 // One Context per device holds everything CUDA of that device: the stream every op, copy and
 // graph replay of the device is queued on (one stream, so work is ordered without events and the
 // caching allocator may hand out a freed block at once), the cuBLAS handle bound to that stream
-// with its workspace, and the capture flag. Ops reach it through CUMULUS_DISPATCH, which binds it
-// as `ctx`. The contexts are created once and never destroyed; after creation, context() is one
-// atomic load, so the dispatch path takes no lock.
+// and the cuBLASLt handle with the workspace they share, and the capture flag. Ops reach it through
+// CUMULUS_DISPATCH, which binds it as `ctx`. The contexts are created once and never destroyed;
+// after creation, context() is one atomic load, so the dispatch path takes no lock.
+//
+// One workspace for both libraries: every cuBLAS and cuBLASLt call of the device is queued on the
+// one stream, so no two of them ever run at the same time and neither can see the other's scratch
+// half-written. Two blocks would only double the figure (the memory report would show 16 MiB of
+// workspace of which 8 can never be in use). The block is allocated when the first handle is made,
+// eagerly, never during a capture (an allocation there would come from the graph pool and belong
+// to that graph's lifetime).
 
 namespace {
 
-// cuBLAS's own default workspace on Hopper is 32 MiB; 8 MiB covers the GEMM shapes of our models
-// and keeps the figure visible in the memory report (category workspace).
-constexpr std::size_t kCublasWorkspaceBytes = 8u << 20;
+// cuBLAS's own default workspace on Hopper is 32 MiB; Context::kWorkspaceBytes (8 MiB) covers the
+// GEMM shapes of our models and keeps the figure visible in the memory report (category workspace).
 constexpr int kMaxDevices = 64;
 
 std::atomic<Context*> g_contexts[kMaxDevices] = {};
@@ -81,6 +87,16 @@ Context& context(int index) {
   return *c;
 }
 
+void* Context::workspace() {
+  if (workspace_ != nullptr) return workspace_;
+  CUMULUS_CHECK(!capturing(), CudaError, "library workspace of cuda:", index_,
+                " allocated during a graph capture: run the work once eagerly before capturing it");
+  // Never freed, as the context.
+  auto* block = new Allocation(allocator_for(Device::cuda(index_)).allocate(kWorkspaceBytes, MemoryCategory::workspace));
+  workspace_ = block->get();
+  return workspace_;
+}
+
 cublasHandle_t Context::cublas() {
   if (cublas_ != nullptr) return cublas_;
   CUMULUS_CHECK(!capturing(), CudaError, "cuBLAS handle of cuda:", index_,
@@ -89,12 +105,21 @@ cublasHandle_t Context::cublas() {
   cublasHandle_t h = nullptr;
   CUMULUS_CUBLAS_CHECK(cublasCreate(&h));
   CUMULUS_CUBLAS_CHECK(cublasSetStream(h, stream_));
-  static Allocation* workspace[kMaxDevices] = {};  // never freed, as the context
-  workspace[index_] = new Allocation(
-      allocator_for(Device::cuda(index_)).allocate(kCublasWorkspaceBytes, MemoryCategory::workspace));
-  CUMULUS_CUBLAS_CHECK(cublasSetWorkspace(h, workspace[index_]->get(), kCublasWorkspaceBytes));
+  CUMULUS_CUBLAS_CHECK(cublasSetWorkspace(h, workspace(), kWorkspaceBytes));
   cublas_ = h;
   return cublas_;
+}
+
+cublasLtHandle_t Context::cublaslt() {
+  if (cublaslt_ != nullptr) return cublaslt_;
+  CUMULUS_CHECK(!capturing(), CudaError, "cuBLASLt handle of cuda:", index_,
+                " created during a graph capture: run the work once eagerly before capturing it");
+  DeviceGuard guard(index_);
+  workspace();  // before the handle, so a failed allocation leaves no handle behind
+  cublasLtHandle_t h = nullptr;
+  CUMULUS_CUBLAS_CHECK(cublasLtCreate(&h));
+  cublaslt_ = h;
+  return cublaslt_;
 }
 
 void synchronize_stream(cudaStream_t s) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <typeinfo>
 
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/ops/ops.h"
@@ -21,6 +22,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, Device
 
 Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight_, bias_); }
 
+Tensor Linear::forward(const Tensor& x, ops::Activation activation) {
+  return ops::linear(x, weight_, bias_, activation);
+}
+
 Tensor ReLU::forward(const Tensor& x) { return ops::relu(x); }
 
 Tensor Flatten::forward(const Tensor& x) { return ops::flatten(x, 1); }
@@ -31,13 +36,18 @@ Sequential& Sequential::add(std::shared_ptr<Module> module) {
   return *this;
 }
 
-Tensor Sequential::forward(const Tensor& x) {
-  if (segments_.empty()) {
-    Tensor h = x;
-    for (auto& layer : layers_) h = layer->forward(h);
-    return h;
-  }
-  return run_layers(0, layers_.size(), x, 0);
+Tensor Sequential::forward(const Tensor& x) { return run_layers(0, layers_.size(), x, 0); }
+
+bool Sequential::fuses_with_next(std::size_t i, std::size_t end) const {
+  if (i + 1 >= end) return false;
+  // Exactly these classes: a subclass may change what forward does.
+  const Module &first = *layers_[i], &second = *layers_[i + 1];
+  if (typeid(first) != typeid(Linear) || typeid(second) != typeid(ReLU)) return false;
+  // A segment boundary between the two would put the Linear and the ReLU in different
+  // checkpoints (or one in none): never fuse across it.
+  for (const LayerRange& r : segments_)
+    if (r.begin == i + 1 || r.end == i + 1) return false;
+  return true;
 }
 
 Sequential& Sequential::set_recompute(std::vector<LayerRange> segments) {
@@ -68,8 +78,13 @@ Tensor Sequential::run_layers(std::size_t begin, std::size_t end, const Tensor& 
     std::size_t s = first;
     while (s < segments_.size() && !(segments_[s].begin == i && segments_[s].end <= end)) ++s;
     if (s == segments_.size()) {
-      h = layers_[i]->forward(h);
-      ++i;
+      if (fuses_with_next(i, end)) {
+        h = static_cast<Linear&>(*layers_[i]).forward(h, ops::Activation::relu);
+        i += 2;
+      } else {
+        h = layers_[i]->forward(h);
+        ++i;
+      }
       continue;
     }
     const LayerRange r = segments_[s];

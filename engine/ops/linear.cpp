@@ -1,11 +1,30 @@
-// linear: y = x W^T + b.   x: [B, in], W: [out, in], b: [out] -> y: [B, out]
-// Forward: y is filled with b row by row, then one GEMM adds x W^T (beta = 1); no bias: beta = 0.
-// Backward, each part only when its input needs a gradient:
-//   dx [B, in]  = dy W        needs W  (saved only if x needs a gradient)
-//   dW [out, in] (+)= dy^T x  needs x  (saved only if W needs a gradient)
-//   db [out]    (+)= sum_rows dy
+// linear: y = x W^T + b, optionally followed by ReLU in the same op.
+//   x: [B, in], W: [out, in], b: [out] -> y: [B, out]
+// Forward on the CPU: y is filled with b row by row, then one GEMM adds x W^T (beta = 1; no bias:
+// beta = 0), then ReLU in place. On CUDA: one cuBLASLt GEMM whose epilogue adds b and applies ReLU
+// (Note [Fused linear] below).
+// Backward, each part only when its input needs a gradient, with dz = dy * (y > 0) under ReLU and
+// dz = dy otherwise:
+//   dx [B, in]  = dz W        needs W  (saved only if x needs a gradient)
+//   dW [out, in] (+)= dz^T x  needs x  (saved only if W needs a gradient)
+//   db [out]    (+)= sum_rows dz
 // dW and db are written straight into the sinks' buffers with the sinks' beta: for parameters
 // that is the persistent gradient buffer, so accumulation happens inside the GEMM.
+//
+// Note [Fused linear]
+// ops::linear(x, W, b, Activation::relu) is linear followed by relu as one op and one autograd
+// node ("linear+relu"); nn::Sequential calls it where a Linear is followed by a ReLU.
+// - CPU: the arithmetic of the two unfused ops, in the same order (broadcast, GEMM with beta 1,
+//   ReLU in place over y), so results are bit-identical to linear + relu, forward and backward.
+// - CUDA: one cuBLASLt call with the BIAS or RELU_BIAS epilogue writes y: no broadcast kernel, no
+//   ReLU kernel (the unfused linear is the same call with BIAS). Where cuBLASLt has no algorithm
+//   for an epilogue (gemm_lt_cuda returns false) the unfused kernels run instead.
+// - Memory: the node saves y for the ReLU mask, which is the tensor the next op saves anyway
+//   (the next Linear's input), and no longer the pre-activation: the activation footprint is
+//   that of linear + relu (relu saved its output; the Linear output before it was freed at once).
+//   Backward forms dz in the incoming gradient itself when the engine holds the only reference
+//   to it (nothing else can observe the change), else in a temporary of its size: so backward
+//   holds no more than linear + relu did, where relu's dz replaced dy before the Linear ran.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
@@ -14,23 +33,74 @@ namespace cumulus::ops {
 
 namespace {
 
+// y = act(x W^T + b) on the CPU: what linear then relu compute, in the same order.
+void linear_forward_cpu(const float* xp, const float* wp, const float* bp, float* yp, int64_t batch, int64_t in,
+                        int64_t out, bool relu) {
+  if (bp != nullptr) kernels::broadcast_rows_cpu(bp, batch, out, yp);
+  kernels::gemm_cpu(false, true, batch, out, in, 1.0f, xp, in, wp, in, bp != nullptr ? 1.0f : 0.0f, yp, out);
+  if (relu) kernels::relu_forward_cpu(yp, yp, batch * out);
+}
+
+#if CUMULUS_WITH_CUDA
+// y = act(x W^T + b) on CUDA: one cuBLASLt GEMM with the matching epilogue, else the unfused
+// kernels (broadcast, cuBLAS GEMM, ReLU).
+void linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, const float* bp, float* yp,
+                         int64_t batch, int64_t in, int64_t out, bool relu) {
+  kernels::GemmEpilogueArgs epilogue;
+  epilogue.kind = bp != nullptr ? (relu ? kernels::GemmEpilogue::relu_bias : kernels::GemmEpilogue::bias)
+                                : (relu ? kernels::GemmEpilogue::relu : kernels::GemmEpilogue::none);
+  epilogue.bias = bp;
+  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch,
+                            out, in, 1.0f, xp, in, wp, in, 0.0f, yp, out, epilogue, ctx.stream()))
+    return;
+  if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream());
+  kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, xp, in, wp, in, bp != nullptr ? 1.0f : 0.0f,
+                     yp, out);
+  if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
+}
+
+#endif
+
+// Whether backward may overwrite `grad` in place: the engine's reference is the only one to the
+// tensor and to its storage, so no other node or caller can see it.
+bool sole_owner(const Tensor& grad) {
+  return grad.impl().use_count() == 1 && grad.impl()->storage.use_count() == 1;
+}
+
 class LinearBackward final : public Node {
  public:
-  LinearBackward(Tensor x, Tensor w, bool has_bias)
-      : Node("linear"), x_(std::move(x)), w_(std::move(w)), has_bias_(has_bias) {}
+  // y: the op's output, saved only with ReLU (its mask is y > 0).
+  LinearBackward(Tensor x, Tensor w, Tensor y, bool has_bias, bool relu)
+      : Node(relu ? "linear+relu" : "linear"),
+        x_(std::move(x)),
+        w_(std::move(w)),
+        y_(std::move(y)),
+        has_bias_(has_bias),
+        relu_(relu) {}
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     const Device device = dy.device();
     const int64_t batch = dy.size(0), out = dy.size(1);
-    const float* dyp = dy.data<float>();
+    // dz = dy * (y > 0): ReluBackward's arithmetic with beta 0, so the CPU gives relu's bits.
+    const bool masked_copy = relu_ && !sole_owner(dy);  // checked before `dz` shares dy
+    Tensor dz = masked_copy ? Tensor::empty(dy.shape(), DType::f32, device) : dy;
+    if (relu_) {
+      const float* yp = y_.data<float>();
+      const float* dyp = dy.data<float>();
+      float* dzp = dz.data<float>();
+      const int64_t n = dy.numel();
+      CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
+                       kernels::relu_backward_cuda(yp, dyp, 0.0f, dzp, n, ctx.stream()));
+    }
+    const float* dzp = dz.data<float>();
     if (grads[0].needed()) {
       const int64_t in = w_.size(1);
       GradSink::Target dx = grads[0].begin(Shape{batch, in}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
       CUMULUS_DISPATCH(device,
-          kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dyp, out, wp, in, dx.beta(), dxp, in),
-          kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dyp, out, wp, in, dx.beta(), dxp, in));
+          kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in),
+          kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in));
     }
     if (grads[1].needed()) {
       const int64_t in = x_.size(1);
@@ -38,31 +108,37 @@ class LinearBackward final : public Node {
       const float* xp = x_.data<float>();
       float* dwp = dw.tensor.data<float>();
       CUMULUS_DISPATCH(device,
-          kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dyp, out, xp, in, dw.beta(), dwp, in),
-          kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dyp, out, xp, in, dw.beta(), dwp, in));
+          kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in),
+          kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in));
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{out}, device);
       float* dbp = db.tensor.data<float>();
-      CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dyp, batch, out, db.beta(), dbp),
-                       kernels::sum_rows_cuda(dyp, batch, out, db.beta(), dbp, ctx.stream()));
+      CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
+                       kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream()));
     }
   }
 
   void release_saved() override {
     x_ = Tensor();
     w_ = Tensor();
+    y_ = Tensor();
   }
 
  private:
-  Tensor x_, w_;
-  bool has_bias_;
+  Tensor x_, w_, y_;
+  bool has_bias_, relu_;
 };
 
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  constexpr const char* op = "linear";
+  return linear(x, weight, bias, Activation::none);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
+  const bool relu = activation == Activation::relu;
+  const char* op = relu ? "linear+relu" : "linear";
   OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   detail::check_dtype(op, "weight", weight, DType::f32);
@@ -85,21 +161,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = detail::new_output(Shape{batch, out}, DType::f32, device);
   const float* xp = x.data<float>();
   const float* wp = weight.data<float>();
+  const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  const float beta = has_bias ? 1.0f : 0.0f;
-  if (has_bias) {
-    const float* bp = bias.data<float>();
-    CUMULUS_DISPATCH(device, kernels::broadcast_rows_cpu(bp, batch, out, yp),
-                     kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream()));
-  }
-  CUMULUS_DISPATCH(device,
-      kernels::gemm_cpu(false, true, batch, out, in, 1.0f, xp, in, wp, in, beta, yp, out),
-      kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, xp, in, wp, in, beta, yp, out));
+  CUMULUS_DISPATCH(device, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
+                   linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu));
 
   if (should_record({&x, &weight, &bias})) {
-    // Save only what the needed gradients read (Note: detach, so the saved handles hold no graph).
+    // Save only what the needed gradients read (detach, so the saved handles hold no graph).
     auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x.detach() : Tensor(),
-                                                 x.requires_grad() ? weight.detach() : Tensor(), has_bias);
+                                                 x.requires_grad() ? weight.detach() : Tensor(),
+                                                 relu ? y.detach() : Tensor(), has_bias, relu);
     attach_node(y, std::move(node), {&x, &weight, &bias});
   }
   return y;

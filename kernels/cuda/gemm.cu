@@ -2,7 +2,16 @@
 // of its transpose, so row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T:
 // the operands swap places and m, n swap, the leading dimensions stay. With beta = 1 a Linear's
 // weight gradient accumulates inside the GEMM (Note [Gradient sinks]).
+//
+// gemm_lt_cuda is the same GEMM through cuBLASLt, which can fold a bias, a ReLU or a bias gradient
+// into the GEMM's epilogue (Note [Fused linear] in engine/ops/linear.cpp). The same swap applies:
+// cuBLASLt's A is our b, its B is our a, and its D is our c transposed, [n rows, m columns].
+#include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/kernels.h"
@@ -21,6 +30,164 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
                                    static_cast<int>(m), static_cast<int>(k), &alpha, b,
                                    static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c,
                                    static_cast<int>(ldc)));
+}
+
+// Note [cuBLASLt plan cache]
+// A cuBLASLt GEMM needs a matmul descriptor, matrix layouts and an algorithm from the heuristic
+// (cublasLtMatmulAlgoGetHeuristic): host work that costs more than the GEMM itself at the seed
+// MLP's sizes. A training run has few distinct GEMMs (per Linear: forward, dx and dW, for the full
+// micro-batch, the last partial one and the evaluation batch), so each is planned once and kept in
+// a small map, keyed by everything the plan depends on; from the second call with a key on, no
+// heuristic is queried. Entries live until process exit, as the handles (one per device context).
+// - Capture: planning is host work only (no device allocation, no synchronization), so a shape
+//   first seen while a graph is being captured is planned there too; the workspace is the
+//   caller's (the context's), passed explicitly, and the GEMM allocates nothing.
+// - Alignment: the heuristic assumes 256-byte aligned matrices unless told otherwise, while a
+//   view (narrow_rows) starts wherever a row does. Every pointer of the call is classed by its
+//   alignment capped at 16 bytes (the widest vector access), the heuristic is told that class, and
+//   a plan serves only calls of the same class. So an algorithm is never used on pointers less
+//   aligned than it was chosen for, and eager and captured runs of one shape get the same
+//   algorithm, hence the same bits.
+// - Threads: the map is shared; the lock is also held while the call's bias pointer is set in the
+//   entry's descriptor and the GEMM is queued (the descriptor is shared state). Uncontended it
+//   costs tens of nanoseconds against microseconds of launch.
+// - No algorithm (an epilogue cuBLASLt does not offer for FP32 or this shape) is remembered too:
+//   the call returns false and the caller runs the unfused kernels, without asking again.
+
+namespace {
+
+struct PlanKey {
+  cublasLtHandle_t handle;
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  GemmEpilogue epilogue;
+  uint32_t alignment;
+  std::size_t workspace_bytes;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue, alignment, workspace_bytes) <
+           std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.epilogue, o.alignment,
+                    o.workspace_bytes);
+  }
+};
+
+struct Plan {
+  bool supported = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The largest power of two dividing the address, at most 16 (null pointers do not constrain).
+uint32_t alignment_class(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 16;
+  const uintptr_t low = v & (~v + 1);
+  return static_cast<uint32_t>(low < 16 ? low : 16);
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::relu: return CUBLASLT_EPILOGUE_RELU;
+    case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+void destroy(Plan& p) noexcept {
+  if (p.desc != nullptr) cublasLtMatmulDescDestroy(p.desc);
+  if (p.a != nullptr) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b != nullptr) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c != nullptr) cublasLtMatrixLayoutDestroy(p.c);
+  p = Plan();
+}
+
+void set_bias_pointer(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) {
+  const void* bias = e.bias;
+  CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+}
+
+// Descriptor, layouts and the heuristic's first algorithm for `key`; supported = false when the
+// heuristic has none.
+Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
+  Plan p;
+  try {
+    CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int32_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
+    const int32_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    const auto epilogue = static_cast<uint32_t>(lt_epilogue(key.epilogue));
+    CUMULUS_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (key.epilogue != GemmEpilogue::none && key.epilogue != GemmEpilogue::relu) set_bias_pointer(p.desc, e);
+    // Column-major views of the stored matrices: our b is [k, n] row-major (or [n, k] transposed),
+    // i.e. [n, k] column-major (or [k, n]); likewise our a; our c [m, n] is D [n, m].
+    const uint64_t k = static_cast<uint64_t>(key.k), m = static_cast<uint64_t>(key.m),
+                   n = static_cast<uint64_t>(key.n);
+    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
+    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
+    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, m, key.ldc));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    const uint64_t workspace = key.workspace_bytes;
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                              sizeof workspace);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(key.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUMULUS_CUBLAS_CHECK(st);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+      p.algo = result.algo;
+      p.supported = true;
+    } else {
+      destroy(p);  // remembered as unsupported: no descriptors kept
+    }
+  } catch (...) {
+    destroy(p);
+    throw;
+  }
+  return p;
+}
+
+}  // namespace
+
+bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
+                  int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
+                  cudaStream_t stream) {
+  if (m == 0 || n == 0 || k == 0) return false;  // the unfused path handles empty products
+  const bool uses_bias = epilogue.kind == GemmEpilogue::bias || epilogue.kind == GemmEpilogue::relu_bias;
+  CUMULUS_CHECK(!uses_bias || epilogue.bias != nullptr, InvalidArgument, "gemm_lt_cuda: the epilogue needs a bias");
+  uint32_t alignment = 16;
+  for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c),
+                        static_cast<const void*>(epilogue.bias),
+                        static_cast<const void*>(workspace)})
+    alignment = std::min(alignment, alignment_class(p));
+  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue.kind, alignment, workspace_bytes};
+
+  static auto* plans = new std::map<PlanKey, Plan>();  // never destroyed: Note [cuBLASLt plan cache]
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = plans->find(key);
+  if (it == plans->end()) it = plans->emplace(key, make_plan(key, epilogue)).first;
+  const Plan& plan = it->second;
+  if (!plan.supported) return false;
+  if (uses_bias) set_bias_pointer(plan.desc, epilogue);
+  detail::count_launch();
+  // cuBLASLt's A is our b and its B our a (the swap above); D is written in place of C.
+  CUMULUS_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
+                                      &plan.algo, workspace, workspace_bytes, stream));
+  return true;
 }
 
 }  // namespace cumulus::kernels

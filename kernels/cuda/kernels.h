@@ -3,9 +3,11 @@
 // grad_loss, so no launcher synchronizes with the host.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/metrics.h"
@@ -16,6 +18,29 @@ namespace cumulus::kernels {
 void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                float* c, int64_t ldc);
+
+// What a cuBLASLt GEMM does to its result besides alpha * op(a) op(b) + beta * c (row-major, as gemm_cuda).
+enum class GemmEpilogue : uint8_t {
+  none,
+  relu,       // max(., 0)
+  bias,       // + bias[j] on every row of c (bias: n floats)
+  relu_bias,  // max(. + bias[j], 0)
+};
+
+struct GemmEpilogueArgs {
+  GemmEpilogue kind = GemmEpilogue::none;
+  const float* bias = nullptr;  // bias, relu_bias
+};
+
+// The same GEMM through cuBLASLt (FP32 compute, no TF32) with an epilogue, queued on `stream`.
+// `workspace` (workspace_bytes) is the caller's and nothing is allocated, so the call may be
+// captured in a CUDA graph (Note [cuBLASLt plan cache] in gemm.cu).
+// Returns false, having queued nothing, when cuBLASLt has no algorithm for this epilogue and shape
+// or a size is 0; the caller then runs the unfused equivalent (gemm_cuda and kernels).
+bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
+                  int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
+                  cudaStream_t stream);
 
 void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream);
 void sum_rows_cuda(const float* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream);

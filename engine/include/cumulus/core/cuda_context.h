@@ -1,14 +1,17 @@
 // The CUDA execution context of a device: the one stream all of that device's work is queued on,
-// the cuBLAS handle bound to it with its workspace, and whether a graph capture is under way.
+// the cuBLAS and cuBLASLt handles with the workspace they share, and whether a graph capture is
+// under way.
 // Ops and launchers get it explicitly (CUMULUS_DISPATCH binds `ctx`); nothing else holds CUDA
 // state. See Note [Execution context] in engine/core/cuda_context.cpp and docs/ARCHITECTURE.md.
 // Only for CUDA builds.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -32,6 +35,12 @@ class Context {
   cudaStream_t stream() const { return stream_; }
   // Created on first use (never during a capture: warm up first), workspace in category workspace.
   cublasHandle_t cublas();
+  // The same for cuBLASLt. Its calls take the workspace explicitly (workspace(), the one cuBLAS
+  // uses: Note [Execution context] says why one block serves both).
+  cublasLtHandle_t cublaslt();
+  // The libraries' workspace: kWorkspaceBytes in category workspace, made with the first handle.
+  void* workspace();
+  static constexpr std::size_t kWorkspaceBytes = 8u << 20;
   // Whether a graph capture is recording this context's stream (set by Graph::capture).
   bool capturing() const { return capturing_.load(std::memory_order_relaxed); }
 
@@ -42,6 +51,8 @@ class Context {
   int index_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublaslt_ = nullptr;
+  void* workspace_ = nullptr;
   std::atomic<bool> capturing_{false};
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cumulus/nn/module.h"
+#include "cumulus/ops/ops.h"
 
 namespace cumulus::nn {
 
@@ -15,6 +16,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, Generator& gen, Device device = Device::cpu(),
          bool bias = true);
   Tensor forward(const Tensor& x) override;
+  // activation(x W^T + b) as one fused op (ops::linear with an Activation): what Sequential runs
+  // for a Linear followed by a ReLU.
+  Tensor forward(const Tensor& x, ops::Activation activation);
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   int64_t in_features() const { return in_features_; }
@@ -42,7 +46,10 @@ struct LayerRange {
   bool operator==(const LayerRange& o) const { return begin == o.begin && end == o.end; }
 };
 
-// Children named "0", "1", ... as torch.nn.Sequential names them.
+// Children named "0", "1", ... as torch.nn.Sequential names them. A Linear immediately followed
+// by a ReLU runs as one fused op (ops::linear with Activation::relu: the same values, one node,
+// fewer launches on CUDA) unless a recompute segment starts or ends between them; the modules,
+// their names and the state dict are those of the two layers.
 class Sequential : public Module {
  public:
   Sequential() = default;
@@ -63,6 +70,8 @@ class Sequential : public Module {
  private:
   // Layers [begin, end); segments from index `first` on (sorted) may start checkpoints.
   Tensor run_layers(std::size_t begin, std::size_t end, const Tensor& x, std::size_t first);
+  // Whether layers i and i + 1 (< end) are a Linear and a ReLU that run as one fused op.
+  bool fuses_with_next(std::size_t i, std::size_t end) const;
   std::vector<std::shared_ptr<Module>> layers_;
   std::vector<LayerRange> segments_;  // sorted by begin, then by end descending (parents first)
 };

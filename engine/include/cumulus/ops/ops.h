@@ -11,6 +11,14 @@ namespace cumulus::ops {
 // y = x weight^T + bias. Backward writes dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+// What a fused op applies to its result.
+enum class Activation { none, relu };
+
+// act(x weight^T + bias) as one op and one autograd node (Note [Fused linear] in
+// engine/ops/linear.cpp): relu(linear(x, weight, bias)) bit for bit on the CPU; on CUDA one
+// cuBLASLt GEMM with the bias (and ReLU) in its epilogue. Saves y for the ReLU mask, as relu does.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation);
+
 // max(x, 0), any shape. Saves its output (the mask is output > 0).
 Tensor relu(const Tensor& x);
 
