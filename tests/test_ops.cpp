@@ -784,5 +784,48 @@ TEST_P(TallyTest, RefusesMismatchedShapes) {
 
 CUMULUS_INSTANTIATE_DEVICES(TallyTest);
 
+// The bias gradient from the weight-gradient GEMM's BGRADB epilogue (CUDA, when db's sink
+// overwrites) against the CPU's sum_rows, then accumulated by sum_rows_cuda on a second backward;
+// the overwriting backward must launch one kernel less than the accumulating one.
+TEST(OpsParity, BiasGradientFromTheWeightGradientGemm) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const int B : {16, 33, 64}) {
+    for (const bool relu : {false, true}) {
+      SCOPED_TRACE("B " + std::to_string(B) + (relu ? " linear+relu" : " linear"));
+      const int in = 784, out = 512, C = 10;
+      Generator g(900 + B);
+      const auto labels = random_labels(B, C, g);
+      const auto xv = random_values(B * in, g, 0, 1), w1v = random_values(out * in, g, -0.035f, 0.035f),
+                 b1v = random_values(out, g, -0.035f, 0.035f), w2v = random_values(C * out, g, -0.044f, 0.044f);
+      auto run = [&](Device d, std::vector<int64_t>* launches) {
+        Tensor x = Tensor::from_vector(xv, {B, in}, d);
+        Tensor w1 = Tensor::from_vector(w1v, {out, in}, d), b1 = Tensor::from_vector(b1v, {out}, d);
+        Tensor w2 = Tensor::from_vector(w2v, {C, out}, d);
+        w1.set_requires_grad(true);
+        b1.set_requires_grad(true);
+        std::vector<std::vector<float>> grads;
+        for (int pass = 0; pass < 2; ++pass) {  // overwrite, then accumulate
+          Tensor h = ops::linear(x, w1, b1, relu ? ops::Activation::relu : ops::Activation::none);
+          Tensor loss = ops::cross_entropy(ops::linear(h, w2, Tensor()), Tensor::from_vector(labels, {B}, d),
+                                           Reduction::Sum);
+          const int64_t before = cuda_kernel_launches();
+          loss.backward();
+          if (launches != nullptr) launches->push_back(cuda_kernel_launches() - before);
+          grads.push_back(w1.grad().to_vector<float>());
+          grads.push_back(b1.grad().to_vector<float>());
+        }
+        return grads;
+      };
+      std::vector<int64_t> launches;
+      const auto cpu = run(Device::cpu(), nullptr);
+      const auto gpu = run(Device::cuda(0), &launches);
+      const char* what[] = {"dW (overwrite)", "db (overwrite: BGRADB)", "dW (accumulate)", "db (accumulate: sum_rows)"};
+      for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_LT(max_rel_diff(gpu[i], cpu[i]), 1e-5) << what[i];
+      ASSERT_EQ(launches.size(), 2u);
+      EXPECT_EQ(launches[0] + 1, launches[1]) << "db inside the dW GEMM saves one launch when it overwrites";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cumulus

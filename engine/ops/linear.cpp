@@ -25,6 +25,10 @@
 //   Backward forms dz in the incoming gradient itself when the engine holds the only reference
 //   to it (nothing else can observe the change), else in a temporary of its size: so backward
 //   holds no more than linear + relu did, where relu's dz replaced dy before the Linear ran.
+// - Bias gradient on CUDA: when db's sink overwrites (the first micro-batch after a step), the
+//   weight-gradient GEMM also writes db through the BGRAD epilogue; cuBLASLt's bias gradient
+//   overwrites its output, so in accumulate mode db comes from sum_rows_cuda with beta 1 as
+//   before (Note [Bias gradient epilogue] in kernels/cuda/gemm.cu says which BGRAD applies).
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
@@ -59,6 +63,21 @@ void linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, c
   if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
 }
 
+// dW (+)= dz^T x, and db = sum_rows dz in the same cuBLASLt call when `dbp` is given (db's sink
+// overwrites). Returns whether db was written.
+bool weight_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* xp, float beta, float* dwp, float* dbp,
+                          int64_t batch, int64_t in, int64_t out) {
+  if (dbp != nullptr) {
+    kernels::GemmEpilogueArgs epilogue;
+    epilogue.kind = kernels::GemmEpilogue::bias_grad;
+    epilogue.bias_grad = dbp;
+    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, true, false, out, in,
+                              batch, 1.0f, dzp, out, xp, in, beta, dwp, in, epilogue, ctx.stream()))
+      return true;
+  }
+  kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dzp, out, xp, in, beta, dwp, in);
+  return false;
+}
 #endif
 
 // Whether backward may overwrite `grad` in place: the engine's reference is the only one to the
@@ -102,17 +121,23 @@ class LinearBackward final : public Node {
           kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in),
           kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in));
     }
+    // db's target is taken first: with an overwriting sink the CUDA weight-gradient GEMM writes it.
+    const bool want_db = has_bias_ && grads[2].needed();
+    GradSink::Target db{Tensor(), GradientMode::overwrite};
+    if (want_db) db = grads[2].begin(Shape{out}, device);
+    bool db_written = false;
     if (grads[1].needed()) {
       const int64_t in = x_.size(1);
       GradSink::Target dw = grads[1].begin(Shape{out, in}, device);
       const float* xp = x_.data<float>();
       float* dwp = dw.tensor.data<float>();
+      float* fused_db = want_db && db.mode == GradientMode::overwrite ? db.tensor.data<float>() : nullptr;
+      (void)fused_db;
       CUMULUS_DISPATCH(device,
           kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in),
-          kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in));
+          db_written = weight_gradient_cuda(ctx, dzp, xp, dw.beta(), dwp, fused_db, batch, in, out));
     }
-    if (has_bias_ && grads[2].needed()) {
-      GradSink::Target db = grads[2].begin(Shape{out}, device);
+    if (want_db && !db_written) {
       float* dbp = db.tensor.data<float>();
       CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
                        kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream()));

@@ -53,6 +53,15 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 //   costs tens of nanoseconds against microseconds of launch.
 // - No algorithm (an epilogue cuBLASLt does not offer for FP32 or this shape) is remembered too:
 //   the call returns false and the caller runs the unfused kernels, without asking again.
+//
+// Note [Bias gradient epilogue]
+// GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
+// `a` over the GEMM's k. After the swap our `a` is cuBLASLt's B and our c's rows are D's columns:
+// cuBLASLt documents BGRADB as "the bias gradient of the input matrix B, reduced over k, one
+// value per column of D" and BGRADA as the same for A with one value per row of D. So bias_grad
+// is CUBLASLT_EPILOGUE_BGRADB. For a Linear's weight gradient, dW [out, in] = dz^T x: our a is dz
+// (transposed, [out, B]), k is the batch, and BGRADB gives db[o] = sum_b dz[b, o]. The output
+// is written, never accumulated (no beta for it): only for an overwriting gradient sink.
 
 namespace {
 
@@ -91,6 +100,7 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
     case GemmEpilogue::relu: return CUBLASLT_EPILOGUE_RELU;
     case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case GemmEpilogue::bias_grad: return CUBLASLT_EPILOGUE_BGRADB;  // Note [Bias gradient epilogue]
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -104,7 +114,8 @@ void destroy(Plan& p) noexcept {
 }
 
 void set_bias_pointer(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) {
-  const void* bias = e.bias;
+  const void* bias = e.kind == GemmEpilogue::bias_grad ? static_cast<const void*>(e.bias_grad)
+                                                       : static_cast<const void*>(e.bias);
   CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 }
 
@@ -166,11 +177,14 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                   int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream) {
   if (m == 0 || n == 0 || k == 0) return false;  // the unfused path handles empty products
+  const bool bias_grad = epilogue.kind == GemmEpilogue::bias_grad;
   const bool uses_bias = epilogue.kind == GemmEpilogue::bias || epilogue.kind == GemmEpilogue::relu_bias;
   CUMULUS_CHECK(!uses_bias || epilogue.bias != nullptr, InvalidArgument, "gemm_lt_cuda: the epilogue needs a bias");
+  CUMULUS_CHECK(!bias_grad || epilogue.bias_grad != nullptr, InvalidArgument,
+                "gemm_lt_cuda: the epilogue needs a bias-gradient output");
   uint32_t alignment = 16;
   for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c),
-                        static_cast<const void*>(epilogue.bias),
+                        static_cast<const void*>(epilogue.bias), static_cast<const void*>(epilogue.bias_grad),
                         static_cast<const void*>(workspace)})
     alignment = std::min(alignment, alignment_class(p));
   const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue.kind, alignment, workspace_bytes};
@@ -182,7 +196,7 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
   if (it == plans->end()) it = plans->emplace(key, make_plan(key, epilogue)).first;
   const Plan& plan = it->second;
   if (!plan.supported) return false;
-  if (uses_bias) set_bias_pointer(plan.desc, epilogue);
+  if (uses_bias || bias_grad) set_bias_pointer(plan.desc, epilogue);
   detail::count_launch();
   // cuBLASLt's A is our b and its B our a (the swap above); D is written in place of C.
   CUMULUS_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,

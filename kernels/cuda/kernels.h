@@ -25,11 +25,13 @@ enum class GemmEpilogue : uint8_t {
   relu,       // max(., 0)
   bias,       // + bias[j] on every row of c (bias: n floats)
   relu_bias,  // max(. + bias[j], 0)
+  bias_grad,  // c as none, and bias_grad[i] = sum_k op(a)[i, k] (m floats), overwritten: no beta
 };
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::none;
   const float* bias = nullptr;  // bias, relu_bias
+  float* bias_grad = nullptr;   // bias_grad
 };
 
 // The same GEMM through cuBLASLt (FP32 compute, no TF32) with an epilogue, queued on `stream`.
