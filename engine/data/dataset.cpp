@@ -250,9 +250,16 @@ void DataLoader::seek(int64_t i) {
   copy_bytes(cursor_.raw_data(), device_, &i, Device::cpu(), sizeof(i));  // the position only
 }
 
-int64_t DataLoader::sample_of(int64_t i, int64_t r) const {
-  const int64_t k = i * batch_size_ + r;
-  return shuffle_ ? static_cast<int64_t>(host_order_[static_cast<std::size_t>(k)]) : k;
+void DataLoader::copy_rows_on_host(int64_t i, int64_t count, uint8_t* images_out, int32_t* labels_out) const {
+  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
+  const auto* images = dataset_.images.data<uint8_t>();
+  const auto* labels = dataset_.labels.data<int32_t>();
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t k = i * batch_size_ + r;
+    const int64_t s = shuffle_ ? static_cast<int64_t>(host_order_[static_cast<std::size_t>(k)]) : k;
+    std::copy_n(images + s * row, row, images_out + r * row);
+    labels_out[r] = labels[s];
+  }
 }
 
 void DataLoader::stage(int64_t i, int64_t then) {
@@ -273,13 +280,7 @@ void DataLoader::stage(int64_t i, int64_t then) {
     const int64_t count = std::min(batch_size_, dataset_.size() - b * batch_size_);
     auto* host_labels = reinterpret_cast<int32_t*>(st.pinned + k * st.slot_bytes());  // 4-aligned
     uint8_t* host_images = st.pinned + k * st.slot_bytes() + st.batch * sizeof(int32_t);
-    const auto* images = dataset_.images.data<uint8_t>();
-    const auto* labels = dataset_.labels.data<int32_t>();
-    for (int64_t r = 0; r < count; ++r) {
-      const int64_t s = sample_of(b, r);
-      std::copy_n(images + s * st.row, st.row, host_images + r * st.row);
-      host_labels[r] = labels[s];
-    }
+    copy_rows_on_host(b, count, host_images, host_labels);
     CUMULUS_CUDA_CHECK(cudaStreamWaitEvent(st.copy_stream, st.consumed[k], 0));
     auto* device_images = st.images.data<uint8_t>() + k * st.batch * st.row;
     auto* device_labels = st.labels.data<int32_t>() + k * st.batch;
@@ -375,13 +376,7 @@ Batch DataLoader::batch(int64_t i) const {
     // quarter of the f32 bytes), scaled on the device by the ordinary gather.
     std::vector<uint8_t> rows(static_cast<std::size_t>(count * row));
     std::vector<int32_t> row_labels(static_cast<std::size_t>(count));
-    const auto* images = dataset_.images.data<uint8_t>();
-    const auto* labels = dataset_.labels.data<int32_t>();
-    for (int64_t r = 0; r < count; ++r) {
-      const int64_t s = sample_of(i, r);
-      std::copy_n(images + s * row, row, rows.data() + r * row);
-      row_labels[static_cast<std::size_t>(r)] = labels[s];
-    }
+    copy_rows_on_host(i, count, rows.data(), row_labels.data());
     Tensor staged_images, staged_labels;
     {
       MemoryCategoryScope scope(MemoryCategory::data);

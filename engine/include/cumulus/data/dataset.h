@@ -78,7 +78,8 @@ class DataLoader {
  private:
   struct HostStaging;  // the pinned ring, its device twin, the copy stream and events (CUDA builds)
   Batch empty_batch(int64_t i) const;  // batch i's tensors (category data), unwritten
-  int64_t sample_of(int64_t i, int64_t r) const;  // dataset index of row r of batch i (host order)
+  // Host-resident data: the first `count` rows of batch i (in the epoch's order) as u8 images and labels.
+  void copy_rows_on_host(int64_t i, int64_t count, uint8_t* images_out, int32_t* labels_out) const;
 
   ImageDataset dataset_;
   int64_t batch_size_;
