@@ -10,6 +10,24 @@
 // The walk: count, for every node reachable from the root, how many edges point at it; run a node
 // when all its consumers have delivered their gradient; release its saved tensors at once, so
 // activation memory falls during backward, not after it.
+//
+// Note [ReLU mask across nodes]
+// A fused linear+relu on CUDA keeps the ReLU's bit mask of its output (cuBLASLt's RELU_AUX_BIAS
+// epilogue writes it in the forward GEMM). Its backward starts with dz = dy * mask, one kernel,
+// unless whoever wrote dy applied the mask already: the next Linear's input-gradient GEMM can,
+// with cuBLASLt's DRELU epilogue, for free. That crosses nodes, so the engine arbitrates:
+// - When it builds a consumer's sink for an edge to node P, it offers P's mask
+//   (Node::output_relu_mask) only if that edge will carry P's only contribution: P's pending
+//   gradient is still empty and this is the last edge pointing at P (so an output used twice, or
+//   an op with P as two of its inputs, never gets the offer).
+// - A consumer that takes the offer writes through an overwriting Target with the mask applied
+//   and calls GradSink::mark_masked; the engine keeps the flag beside P's pending gradient and sets
+//   Node::grad_output_masked before P's backward, which then skips its masking. A consumer that
+//   ignores the offer changes nothing.
+// - A recomputed segment's input sink is used by every inner edge to the input, so it is handed
+//   on without the offer. A second contribution to a gradient marked masked is an internal error
+//   (checked), never a silently half-masked gradient.
+// On the CPU no node keeps a mask, so nothing is ever offered and the arithmetic is unchanged.
 #include <unordered_map>
 #include <vector>
 
@@ -41,12 +59,20 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device) {
   }
   CUMULUS_CHECK(slot_ != nullptr, Error, "GradSink::begin on a sink that needs no gradient");
   if (slot_->defined()) {
+    CUMULUS_CHECK(masked_ == nullptr || !*masked_, Error,
+                  "backward: a second contribution to a gradient already written with its producer's ReLU mask");
     CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(),
                   " and ", slot_->shape().str(), " for the same tensor");
     return {*slot_, GradientMode::accumulate};
   }
   *slot_ = Tensor::empty(shape, DType::f32, device);
   return {*slot_, GradientMode::overwrite};
+}
+
+void GradSink::mark_masked() {
+  CUMULUS_CHECK(masked_ != nullptr && slot_ != nullptr && slot_->defined(), Error,
+                "GradSink::mark_masked without a mask offer or before the gradient was written");
+  *masked_ = true;
 }
 
 void GradSink::give(const Tensor& grad) {
@@ -112,6 +138,7 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
   // Pending output gradients of nodes still waiting for consumers. unordered_map keeps element
   // addresses stable, which GradSink::pending relies on.
   std::unordered_map<Node*, Tensor> pending;
+  std::unordered_map<Node*, bool> masked;  // Note [ReLU mask across nodes]
   pending[root.get()] = root_grad;
   std::vector<Node*> ready{root.get()};
   std::vector<GradSink> sinks;
@@ -120,18 +147,33 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
     ready.pop_back();
     Tensor grad_output = std::move(pending[node]);
     pending.erase(node);
+    bool grad_output_masked = false;
+    if (auto it = masked.find(node); it != masked.end()) {
+      grad_output_masked = it->second;
+      masked.erase(it);
+    }
     CUMULUS_CHECK(grad_output.defined(), Error, "backward: op '", node->name(),
                   "' received no gradient (an op before it skipped an input that needs one)");
 
     sinks.clear();
     for (Edge& e : node->next_edges()) {
-      if (e.node) sinks.push_back(GradSink::pending(&pending[e.node.get()]));
-      else if (e.leaf && e.leaf.get() == redirect.leaf) sinks.push_back(redirect.sink);
-      else if (e.leaf) sinks.push_back(GradSink::leaf(e.leaf.get()));
-      else sinks.push_back(GradSink::none());
+      if (e.node) {
+        Node* producer = e.node.get();
+        Tensor* slot = &pending[producer];
+        const ReluMask mask =
+            !slot->defined() && dependencies[producer] == 1 ? producer->output_relu_mask() : ReluMask{};
+        sinks.push_back(GradSink::pending(slot, mask, mask ? &masked[producer] : nullptr));
+      } else if (e.leaf && e.leaf.get() == redirect.leaf) {
+        sinks.push_back(redirect.sink.without_relu_mask());
+      } else if (e.leaf) {
+        sinks.push_back(GradSink::leaf(e.leaf.get()));
+      } else {
+        sinks.push_back(GradSink::none());
+      }
     }
     {
       OpScope op_scope(node->name(), /*backward=*/true);  // its allocations read "<op> backward"
+      node->set_grad_output_masked(grad_output_masked);
       node->backward(grad_output, sinks);
     }
     node->release_saved();

@@ -25,6 +25,10 @@
 //   Backward forms dz in the incoming gradient itself when the engine holds the only reference
 //   to it (nothing else can observe the change), else in a temporary of its size: so backward
 //   holds no more than linear + relu did, where relu's dz replaced dy before the Linear ran.
+// - ReLU mask on CUDA: a recorded fused op also keeps the mask as bits (RELU_AUX_BIAS epilogue,
+//   1/32 of y). When the next Linear is the only consumer of y, its dx GEMM applies the mask as it
+//   writes (DRELU epilogue) and this node's backward skips its mask kernel (Note [ReLU mask across
+//   nodes] in engine/autograd/engine.cpp). The CPU keeps no mask and always masks here.
 // - Bias gradient on CUDA: when db's sink overwrites (the first micro-batch after a step), the
 //   weight-gradient GEMM also writes db through the BGRAD epilogue; cuBLASLt's bias gradient
 //   overwrites its output, so in accumulate mode db comes from sum_rows_cuda with beta 1 as
@@ -47,20 +51,50 @@ void linear_forward_cpu(const float* xp, const float* wp, const float* bp, float
 
 #if CUMULUS_WITH_CUDA
 // y = act(x W^T + b) on CUDA: one cuBLASLt GEMM with the matching epilogue, else the unfused
-// kernels (broadcast, cuBLAS GEMM, ReLU).
-void linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, const float* bp, float* yp,
-                         int64_t batch, int64_t in, int64_t out, bool relu) {
+// kernels (broadcast, cuBLAS GEMM, ReLU). With `mask` (relu only) the GEMM also writes the ReLU
+// bit mask (RELU_AUX epilogues, mask_ld bits per sample); returns whether it did.
+bool linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, const float* bp, float* yp,
+                         int64_t batch, int64_t in, int64_t out, bool relu, void* mask, int64_t mask_ld) {
+  using kernels::GemmEpilogue;
   kernels::GemmEpilogueArgs epilogue;
-  epilogue.kind = bp != nullptr ? (relu ? kernels::GemmEpilogue::relu_bias : kernels::GemmEpilogue::bias)
-                                : (relu ? kernels::GemmEpilogue::relu : kernels::GemmEpilogue::none);
   epilogue.bias = bp;
-  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch,
-                            out, in, 1.0f, xp, in, wp, in, 0.0f, yp, out, epilogue, ctx.stream()))
-    return;
+  auto run = [&] {
+    return kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch,
+                                 out, in, 1.0f, xp, in, wp, in, 0.0f, yp, out, epilogue, ctx.stream());
+  };
+  if (mask != nullptr) {
+    epilogue.kind = bp != nullptr ? GemmEpilogue::relu_aux_bias : GemmEpilogue::relu_aux;
+    epilogue.aux = mask;
+    epilogue.aux_ld = mask_ld;
+    if (run()) return true;
+    epilogue.aux = nullptr;
+    epilogue.aux_ld = 0;
+  }
+  epilogue.kind = bp != nullptr ? (relu ? GemmEpilogue::relu_bias : GemmEpilogue::bias)
+                                : (relu ? GemmEpilogue::relu : GemmEpilogue::none);
+  if (run()) return false;
   if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream());
   kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, xp, in, wp, in, bp != nullptr ? 1.0f : 0.0f,
                      yp, out);
   if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
+  return false;
+}
+
+// dx (+)= dz W. With `producer_mask` (offered by the engine, dx's sink overwriting) the GEMM applies
+// the producer's ReLU mask as it writes (DRELU epilogue): returns whether it did.
+bool input_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* wp, float beta, float* dxp,
+                         const ReluMask* producer_mask, int64_t batch, int64_t in, int64_t out) {
+  if (producer_mask != nullptr) {
+    kernels::GemmEpilogueArgs epilogue;
+    epilogue.kind = kernels::GemmEpilogue::drelu;
+    epilogue.aux = const_cast<void*>(producer_mask->bits);  // read only with drelu
+    epilogue.aux_ld = producer_mask->ld;
+    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, false, batch,
+                              in, out, 1.0f, dzp, out, wp, in, beta, dxp, in, epilogue, ctx.stream()))
+      return true;
+  }
+  kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, beta, dxp, in);
+  return false;
 }
 
 // dW (+)= dz^T x, and db = sum_rows dz in the same cuBLASLt call when `dbp` is given (db's sink
@@ -88,22 +122,31 @@ bool sole_owner(const Tensor& grad) {
 
 class LinearBackward final : public Node {
  public:
-  // y: the op's output, saved only with ReLU (its mask is y > 0).
-  LinearBackward(Tensor x, Tensor w, Tensor y, bool has_bias, bool relu)
+  // y: the op's output, saved only with ReLU (its mask is y > 0). mask: the same mask as bits,
+  // kept on CUDA for the next Linear's backward GEMM (Note [ReLU mask across nodes]), or undefined.
+  LinearBackward(Tensor x, Tensor w, Tensor y, Tensor mask, int64_t mask_ld, bool has_bias, bool relu)
       : Node(relu ? "linear+relu" : "linear"),
         x_(std::move(x)),
         w_(std::move(w)),
         y_(std::move(y)),
+        mask_(std::move(mask)),
+        mask_ld_(mask_ld),
         has_bias_(has_bias),
         relu_(relu) {}
+
+  ReluMask output_relu_mask() const override {
+    return mask_.defined() ? ReluMask{mask_.raw_data(), mask_ld_} : ReluMask{};
+  }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     const Device device = dy.device();
     const int64_t batch = dy.size(0), out = dy.size(1);
     // dz = dy * (y > 0): ReluBackward's arithmetic with beta 0, so the CPU gives relu's bits.
-    const bool masked_copy = relu_ && !sole_owner(dy);  // checked before `dz` shares dy
+    // Skipped when the consumer's GEMM applied the mask already (CUDA only).
+    const bool mask_here = relu_ && !grad_output_masked();
+    const bool masked_copy = mask_here && !sole_owner(dy);  // checked before `dz` shares dy
     Tensor dz = masked_copy ? Tensor::empty(dy.shape(), DType::f32, device) : dy;
-    if (relu_) {
+    if (mask_here) {
       const float* yp = y_.data<float>();
       const float* dyp = dy.data<float>();
       float* dzp = dz.data<float>();
@@ -117,9 +160,14 @@ class LinearBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{batch, in}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
+      const ReluMask& offer = grads[0].producer_relu_mask();
+      const ReluMask* producer_mask = offer && dx.mode == GradientMode::overwrite ? &offer : nullptr;
+      (void)producer_mask;
+      bool dx_masked = false;
       CUMULUS_DISPATCH(device,
           kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in),
-          kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in));
+          dx_masked = input_gradient_cuda(ctx, dzp, wp, dx.beta(), dxp, producer_mask, batch, in, out));
+      if (dx_masked) grads[0].mark_masked();
     }
     // db's target is taken first: with an overwriting sink the CUDA weight-gradient GEMM writes it.
     const bool want_db = has_bias_ && grads[2].needed();
@@ -148,10 +196,12 @@ class LinearBackward final : public Node {
     x_ = Tensor();
     w_ = Tensor();
     y_ = Tensor();
+    mask_ = Tensor();
   }
 
  private:
-  Tensor x_, w_, y_;
+  Tensor x_, w_, y_, mask_;
+  int64_t mask_ld_;
   bool has_bias_, relu_;
 };
 
@@ -188,14 +238,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
+  const bool record = should_record({&x, &weight, &bias});
+  // On CUDA a recorded ReLU also keeps its bit mask for the next Linear's backward GEMM: ld bits
+  // per sample, rounded to cuBLASLt's 128 (Note [ReLU mask across nodes] in engine/autograd/engine.cpp).
+  Tensor mask;
+  const int64_t mask_ld = (out + 127) / 128 * 128;
+  if (relu && record && device.is_cuda()) mask = detail::new_output(Shape{batch, mask_ld / 8}, DType::u8, device);
+  bool mask_written = false;
   CUMULUS_DISPATCH(device, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
-                   linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu));
+                   mask_written = linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu,
+                                                      mask.defined() ? mask.raw_data() : nullptr, mask_ld));
+  if (!mask_written) mask = Tensor();
 
-  if (should_record({&x, &weight, &bias})) {
+  if (record) {
     // Save only what the needed gradients read (detach, so the saved handles hold no graph).
     auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x.detach() : Tensor(),
                                                  x.requires_grad() ? weight.detach() : Tensor(),
-                                                 relu ? y.detach() : Tensor(), has_bias, relu);
+                                                 relu ? y.detach() : Tensor(), mask, mask_ld, has_bias, relu);
     attach_node(y, std::move(node), {&x, &weight, &bias});
   }
   return y;

@@ -53,6 +53,10 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 //   costs tens of nanoseconds against microseconds of launch.
 // - No algorithm (an epilogue cuBLASLt does not offer for FP32 or this shape) is remembered too:
 //   the call returns false and the caller runs the unfused kernels, without asking again.
+// - ReLU mask (relu_aux*, drelu): cuBLASLt lays it over D, i.e. our c transposed, aux_ld bits per
+//   row of c. A Linear's forward D is [out, B] and the next Linear's dx GEMM has D [in = out, B],
+//   so the mask one writes is the mask the other reads, as is. aux_ld is part of the key (it is a
+//   descriptor attribute); the mask pointer, like the bias pointer, is set per call.
 //
 // Note [Bias gradient epilogue]
 // GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
@@ -70,12 +74,13 @@ struct PlanKey {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
   GemmEpilogue epilogue;
+  int64_t aux_ld;
   uint32_t alignment;
   std::size_t workspace_bytes;
   bool operator<(const PlanKey& o) const {
-    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue, alignment, workspace_bytes) <
-           std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.epilogue, o.alignment,
-                    o.workspace_bytes);
+    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue, aux_ld, alignment, workspace_bytes) <
+           std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.epilogue, o.aux_ld,
+                    o.alignment, o.workspace_bytes);
   }
 };
 
@@ -101,6 +106,9 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
     case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
     case GemmEpilogue::bias_grad: return CUBLASLT_EPILOGUE_BGRADB;  // Note [Bias gradient epilogue]
+    case GemmEpilogue::relu_aux: return CUBLASLT_EPILOGUE_RELU_AUX;
+    case GemmEpilogue::relu_aux_bias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case GemmEpilogue::drelu: return CUBLASLT_EPILOGUE_DRELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -113,7 +121,23 @@ void destroy(Plan& p) noexcept {
   p = Plan();
 }
 
-void set_bias_pointer(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) {
+bool uses_bias(GemmEpilogue e) {
+  return e == GemmEpilogue::bias || e == GemmEpilogue::relu_bias || e == GemmEpilogue::relu_aux_bias ||
+         e == GemmEpilogue::bias_grad;
+}
+
+bool uses_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::relu_aux || e == GemmEpilogue::relu_aux_bias || e == GemmEpilogue::drelu;
+}
+
+// The call's own pointers in the descriptor: the bias (or bias gradient) and the ReLU mask. Under
+// capture the values are taken when the GEMM is queued, so later calls may change them.
+void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) {
+  if (uses_aux(e.kind)) {
+    CUMULUS_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof e.aux));
+  }
+  if (!uses_bias(e.kind)) return;
   const void* bias = e.kind == GemmEpilogue::bias_grad ? static_cast<const void*>(e.bias_grad)
                                                        : static_cast<const void*>(e.bias);
   CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -132,7 +156,11 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
     const auto epilogue = static_cast<uint32_t>(lt_epilogue(key.epilogue));
     CUMULUS_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    if (key.epilogue != GemmEpilogue::none && key.epilogue != GemmEpilogue::relu) set_bias_pointer(p.desc, e);
+    if (uses_aux(key.epilogue)) {
+      CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.aux_ld,
+                                                          sizeof key.aux_ld));
+    }
+    set_epilogue_pointers(p.desc, e);  // the heuristic reads their alignment
     // Column-major views of the stored matrices: our b is [k, n] row-major (or [n, k] transposed),
     // i.e. [n, k] column-major (or [k, n]); likewise our a; our c [m, n] is D [n, m].
     const uint64_t k = static_cast<uint64_t>(key.k), m = static_cast<uint64_t>(key.m),
@@ -178,16 +206,21 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                   cudaStream_t stream) {
   if (m == 0 || n == 0 || k == 0) return false;  // the unfused path handles empty products
   const bool bias_grad = epilogue.kind == GemmEpilogue::bias_grad;
-  const bool uses_bias = epilogue.kind == GemmEpilogue::bias || epilogue.kind == GemmEpilogue::relu_bias;
-  CUMULUS_CHECK(!uses_bias || epilogue.bias != nullptr, InvalidArgument, "gemm_lt_cuda: the epilogue needs a bias");
+  CUMULUS_CHECK(!uses_bias(epilogue.kind) || bias_grad || epilogue.bias != nullptr, InvalidArgument,
+                "gemm_lt_cuda: the epilogue needs a bias");
   CUMULUS_CHECK(!bias_grad || epilogue.bias_grad != nullptr, InvalidArgument,
                 "gemm_lt_cuda: the epilogue needs a bias-gradient output");
+  CUMULUS_CHECK(!uses_aux(epilogue.kind) || (epilogue.aux != nullptr && epilogue.aux_ld % 128 == 0 &&
+                                             epilogue.aux_ld >= n),
+                InvalidArgument, "gemm_lt_cuda: the epilogue needs a ReLU mask with a leading dimension that is a "
+                                 "multiple of 128 bits and at least ", n);
   uint32_t alignment = 16;
   for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c),
                         static_cast<const void*>(epilogue.bias), static_cast<const void*>(epilogue.bias_grad),
-                        static_cast<const void*>(workspace)})
+                        static_cast<const void*>(epilogue.aux), static_cast<const void*>(workspace)})
     alignment = std::min(alignment, alignment_class(p));
-  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue.kind, alignment, workspace_bytes};
+  const int64_t aux_ld = uses_aux(epilogue.kind) ? epilogue.aux_ld : 0;
+  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue.kind, aux_ld, alignment, workspace_bytes};
 
   static auto* plans = new std::map<PlanKey, Plan>();  // never destroyed: Note [cuBLASLt plan cache]
   static std::mutex mutex;
@@ -196,7 +229,7 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
   if (it == plans->end()) it = plans->emplace(key, make_plan(key, epilogue)).first;
   const Plan& plan = it->second;
   if (!plan.supported) return false;
-  if (uses_bias || bias_grad) set_bias_pointer(plan.desc, epilogue);
+  set_epilogue_pointers(plan.desc, epilogue);
   detail::count_launch();
   // cuBLASLt's A is our b and its B our a (the swap above); D is written in place of C.
   CUMULUS_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,

@@ -26,12 +26,19 @@ enum class GemmEpilogue : uint8_t {
   bias,       // + bias[j] on every row of c (bias: n floats)
   relu_bias,  // max(. + bias[j], 0)
   bias_grad,  // c as none, and bias_grad[i] = sum_k op(a)[i, k] (m floats), overwritten: no beta
+  relu_aux,       // relu, and the ReLU bit mask written to aux
+  relu_aux_bias,  // relu_bias, and the ReLU bit mask written to aux
+  drelu,          // the result times the ReLU bit mask read from aux (0 where the mask bit is 0)
 };
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::none;
-  const float* bias = nullptr;  // bias, relu_bias
+  const float* bias = nullptr;  // bias, relu_bias, relu_aux_bias
   float* bias_grad = nullptr;   // bias_grad
+  // The ReLU bit mask (relu_aux*, drelu): one bit per element of c's transpose, aux_ld bits per
+  // row of c (a multiple of 128, at least n), as cuBLASLt lays it out.
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
 
 // The same GEMM through cuBLASLt (FP32 compute, no TF32) with an epilogue, queued on `stream`.
