@@ -92,7 +92,8 @@ void* Context::workspace() {
   CUMULUS_CHECK(!capturing(), CudaError, "library workspace of cuda:", index_,
                 " allocated during a graph capture: run the work once eagerly before capturing it");
   // Never freed, as the context.
-  auto* block = new Allocation(allocator_for(Device::cuda(index_)).allocate(kWorkspaceBytes, MemoryCategory::workspace));
+  auto* block =
+      new Allocation(allocator_for(Device::cuda(index_)).allocate(kWorkspaceBytes, MemoryCategory::workspace));
   workspace_ = block->get();
   return workspace_;
 }

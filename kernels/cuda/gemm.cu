@@ -48,9 +48,9 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 //   a plan serves only calls of the same class. So an algorithm is never used on pointers less
 //   aligned than it was chosen for, and eager and captured runs of one shape get the same
 //   algorithm, hence the same bits.
-// - Threads: the map is shared; the lock is also held while the call's bias pointer is set in the
-//   entry's descriptor and the GEMM is queued (the descriptor is shared state). Uncontended it
-//   costs tens of nanoseconds against microseconds of launch.
+// - Threads: the map is shared; the lock is also held while the call's bias and mask pointers are
+//   set in the entry's descriptor and the GEMM is queued (the descriptor is shared state).
+//   Uncontended it costs tens of nanoseconds against microseconds of launch.
 // - No algorithm (an epilogue cuBLASLt does not offer for FP32 or this shape) is remembered too:
 //   the call returns false and the caller runs the unfused kernels, without asking again.
 // - ReLU mask (relu_aux*, drelu): cuBLASLt lays it over D, i.e. our c transposed, aux_ld bits per
@@ -60,10 +60,9 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 //
 // Note [Bias gradient epilogue]
 // GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
-// `a` over the GEMM's k. After the swap our `a` is cuBLASLt's B and our c's rows are D's columns:
-// cuBLASLt documents BGRADB as "the bias gradient of the input matrix B, reduced over k, one
-// value per column of D" and BGRADA as the same for A with one value per row of D. So bias_grad
-// is CUBLASLT_EPILOGUE_BGRADB. For a Linear's weight gradient, dW [out, in] = dz^T x: our a is dz
+// `a` over the GEMM's k. After the swap our `a` is cuBLASLt's B and our c's rows are D's columns.
+// cuBLASLt's BGRADB is the bias gradient of its input B, reduced over k, one value per column of
+// D; BGRADA is the same for A, one value per row of D. So bias_grad is CUBLASLT_EPILOGUE_BGRADB. For a Linear's weight gradient, dW [out, in] = dz^T x: our a is dz
 // (transposed, [out, B]), k is the batch, and BGRADB gives db[o] = sum_b dz[b, o]. The output
 // is written, never accumulated (no beta for it): only for an overwriting gradient sink.
 
@@ -165,8 +164,10 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
     // i.e. [n, k] column-major (or [k, n]); likewise our a; our c [m, n] is D [n, m].
     const uint64_t k = static_cast<uint64_t>(key.k), m = static_cast<uint64_t>(key.m),
                    n = static_cast<uint64_t>(key.n);
-    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
-    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
+    CUMULUS_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
+    CUMULUS_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, m, key.ldc));
 
     cublasLtMatmulPreference_t pref = nullptr;
@@ -220,7 +221,8 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                         static_cast<const void*>(epilogue.aux), static_cast<const void*>(workspace)})
     alignment = std::min(alignment, alignment_class(p));
   const int64_t aux_ld = uses_aux(epilogue.kind) ? epilogue.aux_ld : 0;
-  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue.kind, aux_ld, alignment, workspace_bytes};
+  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc,
+                    epilogue.kind, aux_ld, alignment, workspace_bytes};
 
   static auto* plans = new std::map<PlanKey, Plan>();  // never destroyed: Note [cuBLASLt plan cache]
   static std::mutex mutex;
