@@ -421,6 +421,30 @@ TEST_P(AutogradTest, BackwardChecksItsRoot) {
   EXPECT_THROW(Tensor().backward(), InvalidArgument);
 }
 
+// A seed given as a tensor is borrowed (the Accumulator keeps its seeds): the engine reads it and
+// never writes it, even where a node may form its gradient in place. Here the fused linear+relu
+// receives a view of the seed (through reshape) and its ReLU masks everything: writing in place
+// would turn the seed into 0.
+TEST_P(AutogradTest, ABorrowedSeedIsNeverWritten) {
+  const Device d = device();
+  Generator g(15);
+  Tensor w = leaf({1, 3}, -1, 1, g, d);
+  const Tensor x = Tensor::full({1, 3}, 1.0f, d);
+  const Tensor bias = Tensor::full({1}, -10.0f, d);  // y < 0: the ReLU passes no gradient
+  auto forward = [&] { return ops::linear(x, w, bias, ops::Activation::relu).reshape({}); };
+  const Tensor seed = Tensor::full({}, 2.0f, d);
+  run_backward(forward(), seed);
+  EXPECT_EQ(seed.item(), 2.0f);
+  const std::vector<float> borrowed = w.grad().to_vector<float>();
+  w.mark_grad_stale();
+  run_backward(forward(), 2.0f);
+  EXPECT_EQ(borrowed, w.grad().to_vector<float>());
+
+  EXPECT_THROW(run_backward(forward(), Tensor::full({1}, 1.0f, d)), InvalidArgument) << "not the root's shape";
+  EXPECT_THROW(run_backward(forward(), Tensor::zeros({}, DType::i32, d)), InvalidArgument) << "not f32";
+  EXPECT_THROW(run_backward(forward(), Tensor()), InvalidArgument);
+}
+
 TEST_P(AutogradTest, ErrorsNameTheOp) {
   const Device d = device();
   Generator g(15);

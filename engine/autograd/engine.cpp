@@ -189,24 +189,37 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
 
 }  // namespace detail
 
-void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {
+void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone& on_leaf_done) {
   CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
   CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
                 "backward: the tensor does not require grad (no parameter or input that requires "
                 "grad took part in computing it, or it was computed under NoGradGuard)");
   CUMULUS_CHECK(root.numel() == 1, ShapeError, "backward: needs a scalar, got ", root.shape().str());
+  CUMULUS_CHECK(seed.defined() && seed.dtype() == DType::f32 && seed.shape() == root.shape() &&
+                    seed.device() == root.device(),
+                InvalidArgument, "backward: the seed must be an f32 tensor of the root's shape ", root.shape().str(),
+                " on ", root.device().str());
 
   NoGradGuard no_grad;
   MemoryCategoryScope category(MemoryCategory::backward_temporaries);
-  const Tensor seed = Tensor::full(root.shape(), seed_value, root.device());
-
   if (root.is_leaf()) {
-    GradSink::leaf(root.impl().get()).give(seed);
+    GradSink::leaf(root.impl().get()).give(seed);  // copied into the leaf's buffer
     if (on_leaf_done) on_leaf_done(root.impl().get());
     return;
   }
-
+  // The seed is borrowed: the walk's references keep it from ever being the sole owner of its
+  // storage, so no node overwrites it in place (sole_owner in engine/ops/linear.cpp).
   detail::backward_walk(root.grad_fn(), seed, {}, on_leaf_done);
+}
+
+void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {
+  CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
+  Tensor seed;
+  {
+    MemoryCategoryScope category(MemoryCategory::backward_temporaries);
+    seed = Tensor::full(root.shape(), seed_value, root.device());
+  }
+  run_backward(root, seed, on_leaf_done);
 }
 
 }  // namespace cumulus

@@ -226,9 +226,10 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   const float seed = options_.normalization == Normalization::micro_batches
                          ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))
                          : 1.0f;
+  const Tensor seed_tensor = backward_seed(seed, loss);
   if (distributed() && last_own_micro_batch_in_group()) {
     // The rank's last backward before the step: each bucket is reduced as soon as it is final.
-    run_backward(loss, seed, [this](const TensorImpl* leaf) {
+    run_backward(loss, seed_tensor, [this](const TensorImpl* leaf) {
       auto it = slot_of_leaf_.find(leaf);
       if (it == slot_of_leaf_.end()) return;
       // Buckets start in index order on every rank (collectives must match across ranks): a bucket
@@ -241,7 +242,7 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
       options_.communicator->progress();
     });
   } else {
-    run_backward(loss, seed);
+    run_backward(loss, seed_tensor);
   }
   kernels::StepBuffers* buf = optimizer_->step_buffers();
   const Device device = optimizer_->parameters().device();
@@ -251,6 +252,22 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
       device, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
       kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
   count_micro_batch(samples);
+}
+
+// Each kept seed is made once and never written again (a graph captured with it reads the right
+// value at every replay, and it is never freed under one). Normalization::samples uses 1 only;
+// micro_batches one value per micro-batch size (the full one and an epoch's partial last one, in
+// practice). Past kMaxSeeds values a seed is made per call, as run_backward(loss, value) would.
+Tensor Accumulator::backward_seed(float value, const Tensor& loss) {
+  for (const auto& [v, t] : seeds_)
+    if (v == value && t.shape() == loss.shape() && t.device() == loss.device()) return t;
+  if (seeds_.size() >= kMaxSeeds) {
+    MemoryCategoryScope scope(MemoryCategory::backward_temporaries);
+    return Tensor::full(loss.shape(), value, loss.device());
+  }
+  MemoryCategoryScope scope(MemoryCategory::other);
+  seeds_.emplace_back(value, Tensor::full(loss.shape(), value, loss.device()));
+  return seeds_.back().second;
 }
 
 bool Accumulator::ready() const {

@@ -21,6 +21,17 @@ inline unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)));
 }
 
+// for (int64_t i = ...; i < n; ...) over the whole grid, for kernels launched with blocks_for(n).
+#define CUMULUS_GRID_STRIDE_LOOP(i, n)                                                   \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// A gradient sink's write (GradientMode as the GEMM-style beta): 0 overwrites without reading the
+// old value, which may be anything (NaN included); 1 adds to it.
+__device__ __forceinline__ float blend(float value, float beta, float old) {
+  return beta == 0.0f ? value : value + beta * old;
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 // Warp shuffles, then one value per warp through shared memory: a fixed order, so results are
 // reproducible bit for bit.
@@ -41,6 +52,15 @@ __device__ T block_sum(T v) {
   total = warp_sums[0];
   __syncthreads();  // warp_sums may be reused by the next call
   return total;
+}
+
+// Sum of x[0, n) by the whole block (every thread gets it): each thread a strided partial sum,
+// then block_sum. The order depends only on n and blockDim, so a loss summed in one kernel or in
+// another gives the same bits.
+__device__ inline float block_sum_all(const float* x, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  return block_sum(s);
 }
 
 }  // namespace cumulus::kernels::cuda_common

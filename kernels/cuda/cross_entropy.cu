@@ -1,7 +1,8 @@
 // Softmax cross-entropy over integer labels on CUDA (the math: kernels/cpu/cross_entropy.cpp).
 // One warp per row: lanes stride over the classes, the max and the sum of exponentials are reduced
 // with shuffles, so a row of any width costs one pass for the max and one for the sum.
-//   forward:  per-row losses into scratch, then the deterministic one-block sum (reduce.cu).
+//   forward:  per-row losses into scratch, then the deterministic one-block sum (reduce.cu); up to
+//             256 rows both in one launch.
 //   backward: dx = scale * g * (softmax - onehot) (+ beta * dx); recomputes the row statistics
 //             from the saved logits instead of saving the softmax (saves B x C floats).
 // A label outside [0, C) makes the row's loss NaN: a kernel cannot throw, and a host-side check
@@ -39,11 +40,9 @@ __device__ __forceinline__ void warp_row_stats(const float* x, int64_t n, int la
   log_sum = logf(warp_sum(s));
 }
 
-__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* labels,
-                                             int64_t batch, int64_t classes, float* row_loss) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= batch) return;
+// Row `row`'s loss into row_loss[row], by the calling warp.
+__device__ __forceinline__ void row_loss_by_warp(const float* logits, const int32_t* labels, int64_t row,
+                                                 int64_t classes, int lane, float* row_loss) {
   const float* x = logits + row * classes;
   float m, log_sum;
   warp_row_stats(x, classes, lane, m, log_sum);
@@ -51,6 +50,25 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t*
     const int32_t y = labels[row];
     row_loss[row] = (y >= 0 && y < classes) ? (m - x[y]) + log_sum : NAN;
   }
+}
+
+__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* labels,
+                                             int64_t batch, int64_t classes, float* row_loss) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  if (row < batch) row_loss_by_warp(logits, labels, row, classes, threadIdx.x % kWarp, row_loss);
+}
+
+// Small batches in one launch: the block's warps take the rows in turn, then the block sums them
+// as sum_all_cuda does (cuda_common::block_sum_all), so the loss has the same bits as the two-launch
+// path. __syncthreads makes the block's global writes visible to the whole block.
+__global__ void cross_entropy_forward_one_block_kernel(const float* logits, const int32_t* labels, int64_t batch,
+                                                       int64_t classes, float scale, float* row_loss, float* loss) {
+  const int lane = threadIdx.x % kWarp;
+  for (int64_t row = threadIdx.x / kWarp; row < batch; row += kWarpsPerBlock)
+    row_loss_by_warp(logits, labels, row, classes, lane, row_loss);
+  __syncthreads();
+  const float total = cuda_common::block_sum_all(row_loss, batch);
+  if (threadIdx.x == 0) loss[0] = scale * total;
 }
 
 __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* labels,
@@ -81,6 +99,16 @@ inline unsigned blocks_for_rows(int64_t batch) {
 void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,
                                 int64_t classes, float scale, float* row_loss, float* loss,
                                 cudaStream_t stream) {
+  static_assert(kWarpsPerBlock * kWarp == cuda_common::kThreads, "sum_all_cuda's block size");
+  // Up to 32 rows per warp, one block costs less than a second launch (a training micro-batch);
+  // larger batches (evaluation) spread the rows over the GPU first.
+  constexpr int64_t kOneBlockRows = 32 * kWarpsPerBlock;
+  if (batch > 0 && batch <= kOneBlockRows) {
+    cross_entropy_forward_one_block_kernel<<<1, kWarpsPerBlock * kWarp, 0, stream>>>(logits, labels, batch, classes,
+                                                                                     scale, row_loss, loss);
+    CUMULUS_LAUNCH_CHECK();
+    return;
+  }
   if (batch > 0) {
     cross_entropy_forward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
         logits, labels, batch, classes, row_loss);

@@ -8,21 +8,19 @@
 // running statistics the backward uses (cuDNN has no inference backward, so that backward is ours:
 // dx = gamma * invstd * dy, dgamma = sum dy * x_hat, dbeta = sum dy, per channel).
 #if CUMULUS_WITH_CUDNN
-#include <algorithm>
 
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cudnn_context.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cudnn_kernels.h"
 
 namespace cumulus::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-__device__ __forceinline__ float blend(float value, float beta, float old) {
-  return beta == 0.0f ? value : value + beta * old;
-}
+using cuda_common::blend;
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
 
 // save_mean = running_mean, save_invstd = 1 / sqrt(running_var + eps), one thread per channel.
 __global__ void save_running_stats_kernel(const float* running_mean, const float* running_var, int64_t c,
@@ -38,7 +36,6 @@ __global__ void save_running_stats_kernel(const float* running_mean, const float
 __global__ void bn_param_grads_kernel(const float* x, const float* dy, const float* save_mean,
                                       const float* save_invstd, int64_t n, int64_t c, int64_t hw,
                                       float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta) {
-  __shared__ float s_dy[kThreads], s_dyx[kThreads];
   const int64_t ch = blockIdx.x;
   const float mean = save_mean[ch], invstd = save_invstd[ch];
   float a = 0.0f, b = 0.0f;
@@ -48,27 +45,18 @@ __global__ void bn_param_grads_kernel(const float* x, const float* dy, const flo
     a += g;
     b += g * (x[idx] - mean) * invstd;
   }
-  s_dy[threadIdx.x] = a;
-  s_dyx[threadIdx.x] = b;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      s_dy[threadIdx.x] += s_dy[threadIdx.x + stride];
-      s_dyx[threadIdx.x] += s_dyx[threadIdx.x + stride];
-    }
-    __syncthreads();
-  }
+  a = cuda_common::block_sum(a);
+  b = cuda_common::block_sum(b);
   if (threadIdx.x == 0) {
-    if (dgamma != nullptr) dgamma[ch] = blend(s_dyx[0], beta_dgamma, dgamma[ch]);
-    if (dbeta != nullptr) dbeta[ch] = blend(s_dy[0], beta_dbeta, dbeta[ch]);
+    if (dgamma != nullptr) dgamma[ch] = blend(b, beta_dgamma, dgamma[ch]);
+    if (dbeta != nullptr) dbeta[ch] = blend(a, beta_dbeta, dbeta[ch]);
   }
 }
 
 // dx = gamma * invstd * dy (+ beta * dx): the statistics are constants in evaluation mode.
 __global__ void bn_inference_dx_kernel(const float* dy, const float* gamma, const float* save_invstd, int64_t c,
                                        int64_t hw, int64_t total, float beta, float* dx) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  CUMULUS_GRID_STRIDE_LOOP(i, total) {
     const int64_t ch = (i / hw) % c;
     dx[i] = blend(gamma[ch] * save_invstd[ch] * dy[i], beta, dx[i]);
   }
@@ -143,8 +131,7 @@ void batch_norm_backward_inference_cuda(const float* x, const float* dy, const f
   }
   if (dx != nullptr) {
     const int64_t total = n * c * hw;
-    const int blocks = static_cast<int>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535));
-    bn_inference_dx_kernel<<<blocks, kThreads, 0, stream>>>(dy, gamma, save_invstd, c, hw, total, beta_dx, dx);
+    bn_inference_dx_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dy, gamma, save_invstd, c, hw, total, beta_dx, dx);
     CUMULUS_LAUNCH_CHECK();
   }
 }

@@ -1,52 +1,42 @@
 // Elementwise ops on CUDA: one thread per element over a grid-stride loop. Where beta is 0 the
 // destination is never read.
-#include <algorithm>
-
 #include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n) {
-  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
-}
-
-__device__ __forceinline__ float blend(float value, float beta, float old) {
-  return beta == 0.0f ? value : value + beta * old;
-}
-
-#define GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+using cuda_common::blend;
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
 
 __global__ void broadcast_rows_kernel(const float* row, int64_t rows, int64_t cols, float* out) {
-  GRID_STRIDE(i, rows * cols) out[i] = row[i % cols];
+  CUMULUS_GRID_STRIDE_LOOP(i, rows * cols) out[i] = row[i % cols];
 }
 
 // NaN propagates as on the CPU (kernels/cpu/elementwise.cpp): `x <= 0 ? 0 : x`, never fmaxf(x, 0),
 // which returns 0 for NaN.
 __global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
-  GRID_STRIDE(i, n) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
 __global__ void relu_backward_kernel(const float* y, const float* dy, float beta, float* dx, int64_t n) {
-  GRID_STRIDE(i, n) dx[i] = blend(y[i] <= 0.0f ? 0.0f : dy[i], beta, dx[i]);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) dx[i] = blend(y[i] <= 0.0f ? 0.0f : dy[i], beta, dx[i]);
 }
 
 __global__ void fill_kernel(float* out, float value, int64_t n) {
-  GRID_STRIDE(i, n) out[i] = value;
+  CUMULUS_GRID_STRIDE_LOOP(i, n) out[i] = value;
 }
 
 __global__ void fill_from_scalar_kernel(const float* scalar, float scale, float beta, float* out, int64_t n) {
   const float v = scale * scalar[0];
-  GRID_STRIDE(i, n) out[i] = blend(v, beta, out[i]);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) out[i] = blend(v, beta, out[i]);
 }
 
 __global__ void accumulate_kernel(const float* x, float beta, float* y, int64_t n) {
-  GRID_STRIDE(i, n) y[i] = blend(x[i], beta, y[i]);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = blend(x[i], beta, y[i]);
 }
 
 }  // namespace

@@ -2,19 +2,20 @@
 //   sum_rows: out[c] = sum_r x[r, c] (+ beta * out[c]): the bias gradient, accumulated in its own
 //             kernel (Note [Gradient sinks]). One thread per column walks the rows, so neighbouring
 //             threads read neighbouring addresses; the order is fixed, so results are reproducible.
-//   sum_all:  one block, each thread a strided partial sum, then a tree in shared memory:
-//             deterministic (no atomics), and enough for the scalars we reduce (losses, small x).
+//   sum_all:  one block, cuda_common::block_sum_all: deterministic (no atomics), and enough for
+//             the scalars we reduce (losses, small x).
 //   argmax_rows: one thread per row.
 #include <algorithm>
 
 #include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
+using cuda_common::kThreads;
 
 __global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, float beta, float* out) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -25,16 +26,8 @@ __global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, floa
 }
 
 __global__ void sum_all_kernel(const float* x, int64_t n, float scale, float* out) {
-  __shared__ float partial[kThreads];
-  float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[0] = scale * partial[0];
+  const float total = cuda_common::block_sum_all(x, n);
+  if (threadIdx.x == 0) out[0] = scale * total;
 }
 
 __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, int32_t* out) {
@@ -47,6 +40,7 @@ __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, i
   out[r] = best;
 }
 
+// One thread per element, uncapped: these kernels are not grid-stride loops.
 inline unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 }  // namespace

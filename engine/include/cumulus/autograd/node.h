@@ -136,7 +136,12 @@ void attach_node(Tensor& out, std::shared_ptr<Node> node,
 // engine/dist/communicator.cpp).
 using LeafGradientDone = std::function<void(const TensorImpl* leaf)>;
 
-// Runs reverse-mode from `root` (a scalar), seeding its gradient with `seed`.
+// Runs reverse-mode from `root` (a scalar), seeding its gradient with `seed` (a fill: one launch
+// on CUDA).
 void run_backward(const Tensor& root, float seed = 1.0f, const LeafGradientDone& on_leaf_done = nullptr);
+// The same with the seed given as an f32 tensor of the root's shape on its device, which the
+// engine reads and never writes: the Accumulator keeps its seeds on the device, so a backward
+// launches no fill.
+void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone& on_leaf_done = nullptr);
 
 }  // namespace cumulus

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cumulus/optim/lr_schedule.h"
@@ -143,6 +144,9 @@ class Accumulator {
   // ranks: the step's one reduction.
   void reduce_across_ranks();
   void write_lr_table(int64_t base_update);
+  // The backward seed tensor holding `value`, on the loss's device: kept, so an eager backward
+  // launches no fill and a captured one reads it from memory that outlives the graph.
+  Tensor backward_seed(float value, const Tensor& loss);
 
   std::shared_ptr<Optimizer> optimizer_;
   AccumulatorOptions options_;
@@ -158,6 +162,8 @@ class Accumulator {
   int64_t lr_table_size_ = 0;
   int64_t lr_table_base_ = 0;        // the update count lr_table_[0] is for
   float lr_table_constant_ = -1.0f;  // without a schedule: the lr the one-entry table holds
+  static constexpr std::size_t kMaxSeeds = 8;
+  std::vector<std::pair<float, Tensor>> seeds_;  // backward_seed's tensors, by value
   // What the host knows of the device's update count: as of the last read, plus the attempts
   // since (each may have updated or not).
   mutable int64_t known_updates_ = 0;
