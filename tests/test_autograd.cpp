@@ -599,6 +599,83 @@ TEST_P(AutogradTest, ReluMaskIsOfferedOnlyToTheSoleConsumer) {
   }
 }
 
+// ---- the engine's side of Note [Deferred gradient adds] -------------------------------------------
+// Hands its gradient to every input; an accumulating contribution goes to defer_add where the sink
+// allows it (as a CUDA Linear's bias gradient does).
+class DeferringPassThrough final : public Node {
+ public:
+  DeferringPassThrough() : Node("deferring_pass_through") {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    for (GradSink& g : grads) {
+      if (!g.needed()) continue;
+      if (!g.can_defer_add()) {
+        g.give(dy);
+        continue;
+      }
+      GradSink::Target t = g.begin(dy.shape(), dy.device());
+      if (t.mode == GradientMode::overwrite) {
+        t.tensor.copy_from(dy);
+      } else {
+        g.defer_add(dy.clone());
+        ++deferred;
+      }
+    }
+  }
+  int deferred = 0;
+};
+
+TEST_P(AutogradTest, DeferredGradientAddsLandBeforeBackwardReturns) {
+  const Device d = device();
+  auto leaf = [&] {
+    Tensor x = Tensor::full({3}, 0.0f, d);
+    x.set_requires_grad(true);
+    return x;
+  };
+  auto filled = [](float v) { return std::vector<float>(3, v); };
+  Tensor x = leaf();
+  {  // x used twice by one op: the first contribution overwrites the stale buffer, the second waits
+    Tensor c = Tensor::full({3}, 1.0f, d);
+    auto node = record<DeferringPassThrough>(c, {&x, &x});
+    ops::sum(c).backward();
+    EXPECT_EQ(node->deferred, 1);
+    EXPECT_EQ(x.grad().to_vector<float>(), filled(2.0f));
+  }
+  {  // the next backward accumulates: both wait, and land one after the other (the same target)
+    Tensor c = Tensor::full({3}, 1.0f, d);
+    auto node = record<DeferringPassThrough>(c, {&x, &x});
+    ops::sum(c).backward();
+    EXPECT_EQ(node->deferred, 2);
+    EXPECT_EQ(x.grad().to_vector<float>(), filled(4.0f));
+  }
+  {  // 20 leaves used twice: more targets than one launch takes, and repeated targets
+    std::vector<Tensor> leaves;
+    for (int i = 0; i < 20; ++i) leaves.push_back(leaf());
+    for (int round = 1; round <= 2; ++round) {
+      Tensor c = Tensor::full({3}, 1.0f, d);
+      auto node = std::make_shared<DeferringPassThrough>();
+      for (const Tensor& l : leaves)
+        for (int use = 0; use < 2; ++use) node->next_edges().push_back(edge_to(l));
+      attach_node(c, node, {});
+      ops::sum(c).backward();
+      EXPECT_EQ(node->deferred, round == 1 ? 20 : 40);
+      for (const Tensor& l : leaves) EXPECT_EQ(l.grad().to_vector<float>(), filled(2.0f * round)) << "round " << round;
+    }
+  }
+  {  // a backward that reports finished leaves defers nothing: at the report the gradient is final
+    x.mark_grad_stale();
+    Tensor c = Tensor::full({3}, 1.0f, d);
+    auto node = record<DeferringPassThrough>(c, {&x, &x});
+    int reports = 0;
+    run_backward(ops::sum(c), 1.0f, [&](const TensorImpl* done) {
+      EXPECT_EQ(done, x.impl().get());
+      EXPECT_EQ(x.grad().to_vector<float>(), filled(2.0f));
+      ++reports;
+    });
+    EXPECT_EQ(reports, 1);
+    EXPECT_EQ(node->deferred, 0);
+  }
+}
+
 CUMULUS_INSTANTIATE_DEVICES(AutogradTest);
 
 }  // namespace

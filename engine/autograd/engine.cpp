@@ -28,6 +28,22 @@
 //   on without the offer. A second contribution to a gradient marked masked is an internal error
 //   (checked), never a silently half-masked gradient.
 // On the CPU no node keeps a mask, so nothing is ever offered and the arithmetic is unchanged.
+//
+// Note [Deferred gradient adds]
+// A Linear's bias gradient on CUDA comes free with the weight-gradient GEMM (BGRADB epilogue), but
+// cuBLASLt writes it and cannot add it. When the sink accumulates (every micro-batch of a group but
+// the first) that would cost a reduction kernel per Linear. Instead the GEMM writes the
+// micro-batch's bias gradient into a temporary, the op hands it to the leaf's sink
+// (GradSink::defer_add), and the engine adds all of them into their buffers at the end of the
+// backward in one launch (kernels::VectorAdds: per device, distinct targets per launch, in the
+// order they were handed over).
+// - Only leaf sinks defer, and only in a backward without on_leaf_done: that hook declares a leaf's
+//   gradient final when its last edge has delivered (data parallel reduction starts there), which a
+//   pending add would contradict. A recomputed segment's inner walk shares the backward's list.
+// - The buffers are complete when run_backward returns, as without deferral. An exception drops
+//   the pending adds with the rest of that backward's (unusable) gradients.
+// - The CPU defers nothing (a loop costs no launch); the protocol is tested there with test nodes.
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -40,7 +56,9 @@ namespace cumulus {
 
 namespace {
 thread_local bool tls_grad_enabled = true;
-}
+// The running backward's deferred adds, or null where it allows none (Note [Deferred gradient adds]).
+thread_local detail::DeferredGradientAdds* tls_deferred_adds = nullptr;
+}  // namespace
 
 bool GradMode::enabled() { return tls_grad_enabled; }
 void GradMode::set_enabled(bool on) { tls_grad_enabled = on; }
@@ -83,6 +101,53 @@ void GradSink::give(const Tensor& grad) {
   Target t = begin(grad.shape(), grad.device());
   ops::detail::accumulate_into(t.tensor, grad, t.beta());
 }
+
+void GradSink::defer_add(Tensor partial) {
+  CUMULUS_CHECK(deferred_ != nullptr && leaf_ != nullptr, Error, "GradSink::defer_add on a sink that cannot defer");
+  const AutogradMeta& meta = leaf_->autograd;
+  CUMULUS_CHECK(meta.grad.defined() && !meta.grad_stale, Error,
+                "GradSink::defer_add before begin() (a deferred add accumulates into a written buffer)");
+  CUMULUS_CHECK(partial.shape() == meta.grad.shape() && partial.device() == meta.grad.device() &&
+                    partial.dtype() == DType::f32,
+                ShapeError, "GradSink::defer_add: a partial gradient ", partial.str(), " for a buffer ",
+                meta.grad.str());
+  deferred_->adds.push_back({std::move(partial), meta.grad});
+}
+
+namespace detail {
+
+void DeferredGradientAdds::flush() {
+  constexpr std::size_t kMaxPerLaunch = 16;
+  std::size_t next = 0;
+  while (next < adds.size()) {
+    // One launch: consecutive adds on one device, with distinct targets, at most kMaxPerLaunch.
+    const Device device = adds[next].target.device();
+    std::size_t end = next;
+    std::vector<const float*> targets;
+    while (end < adds.size() && end - next < kMaxPerLaunch && adds[end].target.device() == device &&
+           std::find(targets.begin(), targets.end(), adds[end].target.data<float>()) == targets.end())
+      targets.push_back(adds[end++].target.data<float>());
+    auto add_on_cpu = [&] {
+      for (std::size_t i = next; i < end; ++i)
+        kernels::accumulate_cpu(adds[i].partial.data<float>(), 1.0f, adds[i].target.data<float>(),
+                                adds[i].target.numel());
+    };
+#if CUMULUS_WITH_CUDA
+    static_assert(kernels::VectorAdds::kMaxPairs == kMaxPerLaunch);
+    kernels::VectorAdds launch;
+    for (std::size_t i = next; i < end; ++i, ++launch.count) {
+      launch.x[launch.count] = adds[i].partial.data<float>();
+      launch.y[launch.count] = adds[i].target.data<float>();
+      launch.n[launch.count] = adds[i].target.numel();
+    }
+#endif
+    CUMULUS_DISPATCH(device, add_on_cpu(), kernels::add_vectors_cuda(launch, ctx.stream()));
+    next = end;
+  }
+  adds.clear();
+}
+
+}  // namespace detail
 
 // ---- recording -------------------------------------------------------------------------------
 
@@ -166,7 +231,7 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
       } else if (e.leaf && e.leaf.get() == redirect.leaf) {
         sinks.push_back(redirect.sink.without_relu_mask());
       } else if (e.leaf) {
-        sinks.push_back(GradSink::leaf(e.leaf.get()));
+        sinks.push_back(GradSink::leaf(e.leaf.get(), tls_deferred_adds));
       } else {
         sinks.push_back(GradSink::none());
       }
@@ -209,7 +274,17 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
   }
   // The seed is borrowed: the walk's references keep it from ever being the sole owner of its
   // storage, so no node overwrites it in place (sole_owner in engine/ops/linear.cpp).
-  detail::backward_walk(root.grad_fn(), seed, {}, on_leaf_done);
+  detail::DeferredGradientAdds deferred;
+  detail::DeferredGradientAdds* const outer = tls_deferred_adds;
+  tls_deferred_adds = on_leaf_done ? nullptr : &deferred;
+  try {
+    detail::backward_walk(root.grad_fn(), seed, {}, on_leaf_done);
+  } catch (...) {
+    tls_deferred_adds = outer;
+    throw;
+  }
+  tls_deferred_adds = outer;
+  deferred.flush();
 }
 
 void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {

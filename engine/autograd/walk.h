@@ -3,10 +3,22 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "cumulus/autograd/node.h"
 
 namespace cumulus::detail {
+
+// The adds a backward defers to its end (Note [Deferred gradient adds] in engine.cpp).
+struct DeferredGradientAdds {
+  struct Add {
+    Tensor partial, target;
+  };
+  std::vector<Add> adds;
+  // Adds every partial into its target, in the order given; on CUDA up to
+  // kernels::VectorAdds::kMaxPairs with distinct targets per launch.
+  void flush();
+};
 
 // A leaf whose gradient goes to `sink` instead of its own buffer: a recomputed segment's input,
 // whose gradient belongs to the outer graph (Note [Recompute] in engine/autograd/checkpoint.cpp).

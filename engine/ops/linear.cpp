@@ -30,9 +30,12 @@
 //   writes (DRELU epilogue) and this node's backward skips its mask kernel (Note [ReLU mask across
 //   nodes] in engine/autograd/engine.cpp). The CPU keeps no mask and always masks here.
 // - Bias gradient on CUDA: when db's sink overwrites (the first micro-batch after a step), the
-//   weight-gradient GEMM also writes db through the BGRAD epilogue; cuBLASLt's bias gradient
-//   overwrites its output, so in accumulate mode db comes from sum_rows_cuda with beta 1 as
-//   before (Note [Bias gradient epilogue] in kernels/cuda/gemm.cu says which BGRAD applies).
+//   weight-gradient GEMM also writes db through the BGRAD epilogue. cuBLASLt's bias gradient
+//   overwrites its output, so in accumulate mode it goes to a temporary that the engine adds into
+//   db at the end of the backward, with the other Linears' in one launch (Note [Deferred gradient
+//   adds] in engine/autograd/engine.cpp); where the sink cannot defer (data parallel's reporting
+//   backward), sum_rows_cuda adds it with beta 1. Note [Bias gradient epilogue] in
+//   kernels/cuda/gemm.cu says which BGRAD applies.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
@@ -97,8 +100,8 @@ bool input_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* wp, 
   return false;
 }
 
-// dW (+)= dz^T x, and db = sum_rows dz in the same cuBLASLt call when `dbp` is given (db's sink
-// overwrites). Returns whether db was written.
+// dW (+)= dz^T x, and db = sum_rows dz in the same cuBLASLt call when `dbp` is given (db's
+// overwriting sink, or a temporary to defer). Returns whether db was written.
 bool weight_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* xp, float beta, float* dwp, float* dbp,
                           int64_t batch, int64_t in, int64_t out) {
   if (dbp != nullptr) {
@@ -179,11 +182,23 @@ class LinearBackward final : public Node {
       GradSink::Target dw = grads[1].begin(Shape{out, in}, device);
       const float* xp = x_.data<float>();
       float* dwp = dw.tensor.data<float>();
-      float* fused_db = want_db && db.mode == GradientMode::overwrite ? db.tensor.data<float>() : nullptr;
+      // The GEMM's bias gradient is written, never added: straight into an overwriting sink, else
+      // into a temporary the engine adds at the end of the backward (Note [Deferred gradient adds]).
+      Tensor db_partial;
+      float* fused_db = nullptr;
+      if (want_db && device.is_cuda()) {
+        if (db.mode == GradientMode::overwrite) {
+          fused_db = db.tensor.data<float>();
+        } else if (grads[2].can_defer_add()) {
+          db_partial = Tensor::empty(Shape{out}, DType::f32, device);
+          fused_db = db_partial.data<float>();
+        }
+      }
       (void)fused_db;
       CUMULUS_DISPATCH(device,
           kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in),
           db_written = weight_gradient_cuda(ctx, dzp, xp, dw.beta(), dwp, fused_db, batch, in, out));
+      if (db_written && db_partial.defined()) grads[2].defer_add(std::move(db_partial));
     }
     if (want_db && !db_written) {
       float* dbp = db.tensor.data<float>();

@@ -39,6 +39,14 @@ __global__ void accumulate_kernel(const float* x, float beta, float* y, int64_t 
   CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = blend(x[i], beta, y[i]);
 }
 
+// accumulate_kernel's arithmetic with beta 1, per pair (passed by value: captured with the graph).
+__global__ void add_vectors_kernel(VectorAdds adds) {
+  const int p = blockIdx.x;
+  const float* x = adds.x[p];
+  float* y = adds.y[p];
+  for (int64_t i = threadIdx.x; i < adds.n[p]; i += blockDim.x) y[i] = blend(x[i], 1.0f, y[i]);
+}
+
 }  // namespace
 
 void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream) {
@@ -75,6 +83,12 @@ void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* 
 void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   accumulate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, beta, y, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void add_vectors_cuda(const VectorAdds& adds, cudaStream_t stream) {
+  if (adds.count == 0) return;
+  add_vectors_kernel<<<static_cast<unsigned>(adds.count), kThreads, 0, stream>>>(adds);
   CUMULUS_LAUNCH_CHECK();
 }
 

@@ -62,9 +62,11 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 // GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
 // `a` over the GEMM's k. After the swap our `a` is cuBLASLt's B and our c's rows are D's columns.
 // cuBLASLt's BGRADB is the bias gradient of its input B, reduced over k, one value per column of
-// D; BGRADA is the same for A, one value per row of D. So bias_grad is CUBLASLT_EPILOGUE_BGRADB. For a Linear's weight gradient, dW [out, in] = dz^T x: our a is dz
-// (transposed, [out, B]), k is the batch, and BGRADB gives db[o] = sum_b dz[b, o]. The output
-// is written, never accumulated (no beta for it): only for an overwriting gradient sink.
+// D; BGRADA is the same for A, one value per row of D. So bias_grad is CUBLASLT_EPILOGUE_BGRADB.
+// For a Linear's weight gradient, dW [out, in] = dz^T x: our a is dz (transposed, [out, B]), k is
+// the batch, and BGRADB gives db[o] = sum_b dz[b, o]. The output is written, never accumulated (no
+// beta for it): an overwriting gradient sink, or a temporary the engine adds later (Note [Deferred
+// gradient adds] in engine/autograd/engine.cpp).
 
 namespace {
 

@@ -63,6 +63,16 @@ void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream);
 void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
                            cudaStream_t stream);
 void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream);
+// y[p] += x[p] for several vectors in one launch, one block per pair; the y[p] must be distinct
+// (the engine's deferred gradient adds: Note [Deferred gradient adds] in engine/autograd/engine.cpp).
+struct VectorAdds {
+  static constexpr int kMaxPairs = 16;
+  const float* x[kMaxPairs];
+  float* y[kMaxPairs];
+  int64_t n[kMaxPairs];
+  int count = 0;
+};
+void add_vectors_cuda(const VectorAdds& adds, cudaStream_t stream);
 
 // row_loss: scratch of `batch` floats. A label outside [0, C) makes that row's loss NaN.
 void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,

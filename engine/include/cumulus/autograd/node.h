@@ -14,6 +14,9 @@
 namespace cumulus {
 
 class Node;
+namespace detail {
+struct DeferredGradientAdds;  // engine/autograd/walk.h
+}
 
 struct Edge {
   std::shared_ptr<Node> node;        // the input was made by this op
@@ -51,7 +54,13 @@ class GradSink {
   };
 
   static GradSink none() { return GradSink(); }
-  static GradSink leaf(TensorImpl* leaf) { return GradSink(leaf, nullptr); }
+  // A leaf's persistent buffer; `deferred`: the backward's list of pending adds, where it allows
+  // them (Note [Deferred gradient adds] in engine/autograd/engine.cpp).
+  static GradSink leaf(TensorImpl* leaf, detail::DeferredGradientAdds* deferred = nullptr) {
+    GradSink s(leaf, nullptr);
+    s.deferred_ = deferred;
+    return s;
+  }
   // An inner node's pending gradient. producer_mask and masked: Note [ReLU mask across nodes].
   static GradSink pending(Tensor* slot, ReluMask producer_mask = {}, bool* masked = nullptr) {
     GradSink s(nullptr, slot);
@@ -80,6 +89,13 @@ class GradSink {
   // Delivers a finished gradient tensor: taken as is when nothing is there yet for an inner node,
   // otherwise copied or added into the target.
   void give(const Tensor& grad);
+  // Whether, after begin() gave GradientMode::accumulate, the op may hand its finished contribution
+  // to defer_add() instead of adding it itself: the engine then adds it at the end of the backward,
+  // with the others in one launch (Note [Deferred gradient adds]). Only some leaf sinks can.
+  bool can_defer_add() const { return deferred_ != nullptr; }
+  // `partial` (the target's shape, written in stream order before this call, not written after)
+  // is added into the target before run_backward returns.
+  void defer_add(Tensor partial);
 
  private:
   GradSink() = default;
@@ -88,6 +104,7 @@ class GradSink {
   Tensor* slot_ = nullptr;
   ReluMask producer_mask_;
   bool* masked_ = nullptr;  // the engine's flag for the producer's pending gradient
+  detail::DeferredGradientAdds* deferred_ = nullptr;
 };
 
 class Node {
