@@ -131,7 +131,8 @@ void batch_norm_backward_inference_cuda(const float* x, const float* dy, const f
   }
   if (dx != nullptr) {
     const int64_t total = n * c * hw;
-    bn_inference_dx_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dy, gamma, save_invstd, c, hw, total, beta_dx, dx);
+    bn_inference_dx_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dy, gamma, save_invstd, c, hw, total, beta_dx,
+                                                                       dx);
     CUMULUS_LAUNCH_CHECK();
   }
 }
