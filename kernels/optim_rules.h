@@ -5,11 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define CUMULUS_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define CUMULUS_HOST_DEVICE inline
-#endif
+#include "kernels/host_device.h"
 
 namespace cumulus::kernels {
 

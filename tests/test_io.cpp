@@ -397,18 +397,26 @@ double half_value(uint16_t h) {
   return sign ? -mag : mag;
 }
 
-TEST(Safetensors, F16LoadsAsF32Exactly) {
+// F16 loads as f16, the bits as stored, and saves back as F16; widened to f32 (Tensor::to), every
+// one of the 65536 patterns is exactly its value.
+TEST(Safetensors, F16LoadsAsStoredAndWidensExactly) {
   TempDir dir;
-  const std::string path = dir.file("half.safetensors");
+  const std::string path = dir.file("half.safetensors"), again = dir.file("again.safetensors");
   std::vector<uint16_t> all(65536);
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
   write_raw(path, make_file(one_tensor_header("F16", all.size(), 2 * all.size()), raw_bytes(all)));
   const io::SafetensorsContents c = load_safetensors(path);
   ASSERT_EQ(c.tensors.size(), 1u);
   const Tensor& t = c.tensors[0].second;
-  ASSERT_EQ(t.dtype(), DType::f32);
+  ASSERT_EQ(t.dtype(), DType::f16);
   ASSERT_EQ(t.shape(), Shape({65536}));
-  const auto v = t.to_vector<float>();
+  EXPECT_EQ(std::memcmp(t.raw_data(), all.data(), 2 * all.size()), 0);
+  save_safetensors(again, c.tensors);
+  EXPECT_NE(read_file(again).find(R"("dtype":"F16")"), std::string::npos);
+  const Tensor back = load_safetensors(again).tensors.at(0).second;
+  ASSERT_EQ(back.dtype(), DType::f16);
+  EXPECT_EQ(std::memcmp(back.raw_data(), all.data(), 2 * all.size()), 0);
+  const auto v = t.to(DType::f32).to_vector<float>();
   for (uint32_t h = 0; h < 65536; ++h) {
     const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
     uint32_t bits;
@@ -507,7 +515,7 @@ TEST(Safetensors, ChecksumCoversTheStoredBytesUnderTheStoredDtype) {
   const std::string header = std::string(R"({"__metadata__": {"format": "pt", "checksum_crc32": ")") + hex +
                              R"("}, "t": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]}})";
   write_raw(path, make_file(header, data));
-  const auto v = load_safetensors(path).tensors.at(0).second.to_vector<float>();
+  const auto v = load_safetensors(path).tensors.at(0).second.to(DType::f32).to_vector<float>();
   EXPECT_EQ(v[0], 1.0f);
   EXPECT_TRUE(std::isnan(v[1]));
   std::string flipped = data;

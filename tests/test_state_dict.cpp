@@ -264,6 +264,28 @@ TEST(StateDict, Bf16IntoF32) {
                {"file 'f': tensor 't'", "bf16 in the module", "element 0"});
 }
 
+// f16 weights (torch.float16) into f32: always exact. Through a file, as save_safetensors writes
+// f16 (F16) and load_safetensors reads it back (f16).
+TEST(StateDict, F16IntoF32) {
+  nn::BatchNorm2d bn(3);
+  io::SafetensorsContents c;
+  c.tensors = bn.state_dict();
+  const std::vector<float> w{1.5f, -0.0999755859375f, 65504.0f};  // each exactly an f16
+  for (auto& [name, v] : c.tensors)
+    if (name == "weight") v = Tensor::from_vector(w, Shape{3}).to(DType::f16);
+  TempDir dir;
+  const std::string path = dir.file("f16.safetensors");
+  io::save_safetensors(path, c.tensors);
+  io::load_state_dict(path, bn);
+  EXPECT_EQ(tensor_of(bn, "weight").to_vector<float>(), w);
+  // And back: f32 into f16 only where the value is exact.
+  EXPECT_NO_THROW(io::convert_exact(Tensor::full(Shape{2}, 65504.0f), DType::f16, "x"));
+  expect_error([] { io::convert_exact(Tensor::full(Shape{2}, 0.1f), DType::f16, "file 'f': tensor 't'"); },
+               {"file 'f': tensor 't'", "f16 in the module", "element 0"});
+  expect_error([] { io::convert_exact(Tensor::full(Shape{2}, 70000.0f), DType::f16, "file 'f': tensor 't'"); },
+               {"file 'f': tensor 't'", "f16 in the module", "element 0"});
+}
+
 // A file as PyTorch writes a batch norm's state dict in bfloat16: BF16 parameters and statistics,
 // I64 0-d num_batches_tracked (load_safetensors reads it as i32, range-checked; BF16 as bf16).
 TEST(StateDict, PyTorchStyleFileWithI64CounterAndBf16Weights) {

@@ -2,7 +2,9 @@
 // generator (reproducible, counter-based, identical on every device) and Linear's initialization.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -53,6 +55,9 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::i32), 4u);
   EXPECT_EQ(dtype_size(DType::u8), 1u);
   EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_EQ(dtype_size(DType::f16), 2u);
+  EXPECT_STREQ(dtype_name(DType::bf16), "bf16");
+  EXPECT_STREQ(dtype_name(DType::f16), "f16");
   EXPECT_STREQ(dtype_name(DType::f32), "f32");
   EXPECT_STREQ(dtype_name(DType::i32), "i32");
   EXPECT_STREQ(dtype_name(DType::u8), "u8");
@@ -234,6 +239,123 @@ TEST_P(TensorTest, ItemAndStr) {
   EXPECT_NE(str.find("f32"), std::string::npos) << str;
   EXPECT_NE(str.find(device().str()), std::string::npos) << str;
   EXPECT_NE(Tensor::zeros({3}, DType::u8, device()).str().find("u8"), std::string::npos);
+}
+
+// ---- 16-bit storage (Note [Half-precision conversions]) ------------------------------------------
+// The reference here is the formats' definitions, not the converter's bit manipulation: a value's
+// magnitude from its fields, and round-to-nearest-even checked at every midpoint between two
+// neighbouring 16-bit values and one f32 step either side of it.
+
+// The value of a 16-bit pattern by definition (finite ones only).
+double value_of_16(uint16_t h, DType t) {
+  const int sign = h >> 15;
+  double mag;
+  if (t == DType::f16) {
+    const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    mag = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25);
+  } else {
+    const int exp = (h >> 7) & 0xff, mant = h & 0x7f;
+    mag = exp == 0 ? std::ldexp(mant, -133) : std::ldexp(128 + mant, exp - 134);
+  }
+  return sign ? -mag : mag;
+}
+
+std::vector<uint16_t> bits_of(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  std::vector<uint16_t> v(static_cast<std::size_t>(host.numel()));
+  std::memcpy(v.data(), host.raw_data(), v.size() * 2);
+  return v;
+}
+
+Tensor from_bits(const std::vector<uint16_t>& bits, DType t, Device d) {
+  Tensor host = Tensor::empty(Shape{static_cast<int64_t>(bits.size())}, t, Device::cpu());
+  std::memcpy(host.raw_data(), bits.data(), bits.size() * 2);
+  return host.to(d);
+}
+
+TEST_P(TensorTest, SixteenBitConversionsRoundToNearestEven) {
+  const Device d = device();
+  for (const DType t : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const uint16_t inf = t == DType::f16 ? 0x7c00 : 0x7f80;
+    // Widening: every finite positive pattern is its defined value (the negatives by symmetry below).
+    std::vector<uint16_t> finite(inf);
+    std::iota(finite.begin(), finite.end(), uint16_t{0});
+    const std::vector<float> wide = from_bits(finite, t, d).to(DType::f32).to_vector<float>();
+    for (uint16_t h = 0; h < inf; ++h) ASSERT_EQ(static_cast<double>(wide[h]), value_of_16(h, t)) << std::hex << h;
+    // Narrowing: each pattern itself, the midpoint to its successor (to the even one of the two),
+    // and the nearest f32 either side of the midpoint. Past the largest finite value the successor
+    // is infinity, whose "value" is where the next binade would start.
+    std::vector<float> in;
+    std::vector<uint16_t> want;
+    for (uint32_t h = 0; h < inf; ++h) {
+      const double lo = value_of_16(static_cast<uint16_t>(h), t);
+      const double hi = h + 1 < inf ? value_of_16(static_cast<uint16_t>(h + 1), t)
+                                    : (t == DType::f16 ? 65536.0 : std::ldexp(1.0, 128));
+      const float mid = static_cast<float>((lo + hi) / 2);
+      ASSERT_EQ(static_cast<double>(mid), (lo + hi) / 2) << "midpoints are exact in f32";
+      in.insert(in.end(), {static_cast<float>(lo), std::nextafter(mid, 0.0f), mid, std::nextafter(mid, INFINITY)});
+      const uint16_t even = (h & 1) == 0 ? static_cast<uint16_t>(h) : static_cast<uint16_t>(h + 1);
+      want.insert(want.end(), {static_cast<uint16_t>(h), static_cast<uint16_t>(h), even, static_cast<uint16_t>(h + 1)});
+    }
+    // Negative values: the same with the sign bit.
+    const std::size_t positives = in.size();
+    for (std::size_t i = 0; i < positives; ++i) {
+      in.push_back(-in[i]);
+      want.push_back(static_cast<uint16_t>(want[i] | 0x8000));
+    }
+    const Tensor x = Tensor::from_vector(in, Shape{static_cast<int64_t>(in.size())}, d);
+    const std::vector<uint16_t> got = bits_of(x.to(t));
+    for (std::size_t i = 0; i < in.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << "from " << std::hexfloat << in[i] << std::defaultfloat << " (input " << i << ")";
+
+    // Specials: infinities, NaN (a NaN with sign, never infinity), values below half the smallest
+    // subnormal (a signed zero), the largest f32 (infinity), f32 subnormals.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float tiny = t == DType::f16 ? std::ldexp(1.0f, -25) : std::ldexp(1.0f, -134);
+    const std::vector<float> special{INFINITY, -INFINITY, nan, -nan, tiny, -tiny, std::nextafter(tiny, 1.0f),
+                                     std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()};
+    const std::vector<uint16_t> s =
+        bits_of(Tensor::from_vector(special, Shape{static_cast<int64_t>(special.size())}, d).to(t));
+    const uint16_t exp_mask = inf, mant_mask = static_cast<uint16_t>(t == DType::f16 ? 0x3ff : 0x7f);
+    EXPECT_EQ(s[0], inf);
+    EXPECT_EQ(s[1], inf | 0x8000);
+    EXPECT_TRUE((s[2] & exp_mask) == exp_mask && (s[2] & mant_mask) != 0 && (s[2] >> 15) == 0) << std::hex << s[2];
+    EXPECT_TRUE((s[3] & exp_mask) == exp_mask && (s[3] & mant_mask) != 0 && (s[3] >> 15) == 1) << std::hex << s[3];
+    EXPECT_EQ(s[4], 0x0000) << "half the smallest subnormal ties to even: zero";
+    EXPECT_EQ(s[5], 0x8000);
+    EXPECT_EQ(s[6], 0x0001);
+    EXPECT_EQ(s[7], inf) << "beyond the largest finite value by at least half a unit";
+    EXPECT_EQ(s[8], 0x0000);
+    // Widening the specials back: infinities and NaN (payload's top bits kept) survive.
+    const std::vector<float> back = from_bits(s, t, d).to(DType::f32).to_vector<float>();
+    EXPECT_EQ(back[0], INFINITY);
+    EXPECT_EQ(back[1], -INFINITY);
+    EXPECT_TRUE(std::isnan(back[2]) && !std::signbit(back[2]));
+    EXPECT_TRUE(std::isnan(back[3]) && std::signbit(back[3]));
+  }
+}
+
+TEST_P(TensorTest, ToDTypeConvertsOnlyAmongTheFloatTypes) {
+  const Device d = device();
+  const Tensor x = Tensor::from_vector(std::vector<float>{1.0f, -2.5f, 65504.0f, 0.1f}, Shape{2, 2}, d);
+  EXPECT_EQ(x.to(DType::f32).impl(), x.impl()) << "the same dtype: the same tensor";
+  const Tensor h = x.to(DType::f16);
+  EXPECT_EQ(h.dtype(), DType::f16);
+  EXPECT_EQ(h.shape(), x.shape());
+  EXPECT_EQ(h.device(), d);
+  const std::vector<float> back = h.to(DType::f32).to_vector<float>();
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], -2.5f);
+  EXPECT_EQ(back[2], 65504.0f);
+  EXPECT_EQ(back[3], 0.0999755859375f) << "0.1 to the nearest f16";
+  // bf16 <-> f16 goes through f32: one rounding.
+  EXPECT_EQ(h.to(DType::bf16).to(DType::f32).to_vector<float>()[3], 0.10009765625f);  // as PyTorch
+  EXPECT_EQ(x.to(DType::bf16).to(DType::f16).dtype(), DType::f16);
+  const Tensor labels = Tensor::zeros(Shape{3}, DType::i32, d);
+  EXPECT_THROW(labels.to(DType::f32), InvalidArgument);
+  EXPECT_THROW(x.to(DType::u8), InvalidArgument);
+  EXPECT_THROW(h.to(DType::i32), InvalidArgument);
 }
 
 CUMULUS_INSTANTIATE_DEVICES(TensorTest);

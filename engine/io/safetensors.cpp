@@ -11,7 +11,7 @@
 // followed by a NUL byte), then the data section. save_safetensors computes it when the metadata
 // it is given has the key (the given value is replaced), so callers opt in by naming it
 // (apps/fashion_mnist's checkpoints do). Files without the key, PyTorch's among them, load as before.
-// The checksum covers the bytes as stored, under the dtype name the file gives (F16, not F32).
+// The checksum covers the bytes as stored, under the dtype name the file gives (F64, not F32).
 //
 // Note [Hostile headers]: the header is untrusted text of up to 100 MB. Before it is parsed, its
 // nesting depth is counted (brackets outside strings) and refused past kMaxJsonDepth: a valid
@@ -19,10 +19,10 @@
 // value 100,000 levels deep overflowed the stack). Whatever a message quotes from the file (names,
 // values) goes through excerpt(), so no message grows with the file.
 //
-// Note [Dtypes read]: F32, I32, U8 and BF16 load as they are stored. Wider or narrower types the
-// engine does not hold are converted on load: F16 to f32 exactly (subnormals, infinities and NaN
-// included), F64 to f32 rounded to nearest (as a cast does; beyond the f32 range that is +-inf),
-// I64 to i32 with every value range-checked (an error names the tensor, the index and the value).
+// Note [Dtypes read]: F32, I32, U8, BF16 and F16 load as they are stored. Wider types the engine
+// does not hold are converted on load: F64 to f32 rounded to nearest (as a cast does; beyond the f32
+// range that is +-inf), I64 to i32 with every value range-checked (an error names the tensor, the
+// index and the value).
 // A state-dict loader converts further to the model's dtype.
 #include "cumulus/io/safetensors.h"
 
@@ -68,12 +68,13 @@ const char* file_dtype(DType t) {
     case DType::i32: return "I32";
     case DType::u8: return "U8";
     case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
   }
   return nullptr;
 }
 
 // A dtype as stored, and the engine dtype it loads as (Note [Dtypes read]).
-enum class Decode { none, f16, f64, i64 };  // none: the bytes are the tensor's as they are
+enum class Decode { none, f64, i64 };  // none: the bytes are the tensor's as they are
 struct StoredDtype {
   const char* name;
   std::size_t size;  // bytes per element in the file
@@ -83,7 +84,7 @@ struct StoredDtype {
 constexpr StoredDtype kStoredDtypes[] = {
     {"F32", 4, DType::f32, Decode::none},  {"I32", 4, DType::i32, Decode::none},
     {"U8", 1, DType::u8, Decode::none},    {"BF16", 2, DType::bf16, Decode::none},
-    {"F16", 2, DType::f32, Decode::f16},   {"F64", 8, DType::f32, Decode::f64},
+    {"F16", 2, DType::f16, Decode::none},  {"F64", 8, DType::f32, Decode::f64},
     {"I64", 8, DType::i32, Decode::i64},
 };
 
@@ -91,32 +92,6 @@ const StoredDtype* parse_dtype(const std::string& s) {
   for (const StoredDtype& d : kStoredDtypes)
     if (s == d.name) return &d;
   return nullptr;
-}
-
-// IEEE binary16 bits to the float of the same value: every half is exactly a float.
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // infinity, or NaN with its payload
-  } else if (exp != 0) {
-    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;  // signed zero
-  } else {
-    // Subnormal: mant * 2^-24; normalize so the leading 1 becomes the float's implicit bit.
-    int e = -14;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --e;
-    }
-    bits = sign | (static_cast<uint32_t>(e + 127) << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 // Refuses a header nested deeper than kMaxJsonDepth before the parser sees it (Note [Hostile
@@ -273,7 +248,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     CUMULUS_CHECK(t.defined(), InvalidArgument, where(path, name), "undefined tensor");
     const char* dtype = file_dtype(t.dtype());
     CUMULUS_CHECK(dtype != nullptr, InvalidArgument, where(path, name), "dtype ", dtype_name(t.dtype()),
-                  " cannot be saved (F32, I32, U8 and BF16 can)");
+                  " cannot be saved (F32, I32, U8, BF16 and F16 can)");
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
     for (int d = 0; d < t.ndim(); ++d) shape.push_back(t.shape()[d]);
     const uint64_t end = offset + t.nbytes();
@@ -462,14 +437,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
                   "cannot read ", file_bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
     if (!stored_checksum.empty()) checksum.add(src, file_bytes);
     const char* in = static_cast<const char*>(src);
-    if (e.dtype->decode == Decode::f16) {
-      auto* dst = static_cast<float*>(host);
-      for (std::size_t i = 0; i < count; ++i) {
-        uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        dst[i] = half_to_float(h);
-      }
-    } else if (e.dtype->decode == Decode::f64) {
+    if (e.dtype->decode == Decode::f64) {
       auto* dst = static_cast<float*>(host);
       for (std::size_t i = 0; i < count; ++i) {
         double d;

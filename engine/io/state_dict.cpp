@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "kernels/float16.h"
 
 namespace cumulus::io {
 
@@ -23,20 +24,14 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return !prefix.empty() && s.compare(0, prefix.size(), prefix) == 0;
 }
 
-float bf16_to_f32(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof f);
-  return f;
-}
-
 // Element i of a host tensor as a double (every value of our dtypes is exact in a double).
 double read_value(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
     case DType::f32: return t.data<float>()[i];
     case DType::i32: return t.data<int32_t>()[i];
     case DType::u8: return t.data<uint8_t>()[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
+    case DType::bf16: return kernels::bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
+    case DType::f16: return kernels::f16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
   }
   return 0.0;
 }
@@ -51,13 +46,15 @@ bool write_exact(Tensor& out, int64_t i, double v) {
       out.data<float>()[i] = f;
       return true;
     }
-    case DType::bf16: {
+    case DType::bf16:
+    case DType::f16: {
+      // Rounded, then kept only if nothing was lost (a NaN stays a NaN).
       const float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, sizeof bits);
-      if (std::isnan(v)) bits = 0x7FC00000u;  // a quiet NaN whose payload survives truncation
-      else if (static_cast<double>(f) != v || (bits & 0xFFFFu) != 0) return false;
-      static_cast<uint16_t*>(out.raw_data())[i] = static_cast<uint16_t>(bits >> 16);
+      const bool bf16 = out.dtype() == DType::bf16;
+      const uint16_t h = bf16 ? kernels::f32_to_bf16(f) : kernels::f32_to_f16(f);
+      if (!std::isnan(v) && static_cast<double>(bf16 ? kernels::bf16_to_f32(h) : kernels::f16_to_f32(h)) != v)
+        return false;
+      static_cast<uint16_t*>(out.raw_data())[i] = h;
       return true;
     }
     case DType::i32:
@@ -95,7 +92,7 @@ void check_finite(const std::string& source, const std::string& name, const Tens
 
 // Note [State-dict dtypes]
 // Files from PyTorch do not always hold the dtype our module uses: batch norm's num_batches_tracked
-// is int64 there (load_safetensors hands it over as i32, range-checked), weights may be bf16, and a
+// is int64 there (load_safetensors hands it over as i32, range-checked), weights may be bf16 or f16, and a
 // converted or hand-made file may hold a float counter. We convert only where no value changes, and
 // check every element rather than the dtype pair alone: i32 -> f32 is exact for |v| <= 2^24 but not
 // beyond, f32 -> i32 only for integral values. A silently rounded weight or counter would make a

@@ -42,6 +42,7 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::u8: return "u8";
     case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "unknown";
 }

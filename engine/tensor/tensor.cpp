@@ -153,6 +153,34 @@ Tensor Tensor::to(Device target) const {
   return t;
 }
 
+Tensor Tensor::to(DType target) const {
+  const DType from = dtype();
+  if (from == target) return *this;
+  auto float16 = [](DType t) { return t == DType::bf16 ? kernels::Float16::bf16 : kernels::Float16::f16; };
+  const bool narrow = from == DType::f32 && (target == DType::bf16 || target == DType::f16);
+  const bool widen = (from == DType::bf16 || from == DType::f16) && target == DType::f32;
+  if (!narrow && !widen) {
+    CUMULUS_CHECK((from == DType::bf16 || from == DType::f16) && (target == DType::bf16 || target == DType::f16),
+                  InvalidArgument, "Tensor::to: no conversion from ", dtype_name(from), " to ", dtype_name(target),
+                  " (f32, bf16 and f16 convert among themselves)");
+    return to(DType::f32).to(target);
+  }
+  Tensor t = empty(shape(), target, device());
+  const int64_t n = numel();
+  if (narrow) {
+    const float* x = data<float>();
+    auto* y = static_cast<uint16_t*>(t.raw_data());
+    CUMULUS_DISPATCH(device(), kernels::narrow_cpu(x, y, n, float16(target)),
+                     kernels::narrow_cuda(x, y, n, float16(target), ctx.stream()));
+  } else {
+    const auto* x = static_cast<const uint16_t*>(raw_data());
+    float* y = t.data<float>();
+    CUMULUS_DISPATCH(device(), kernels::widen_cpu(x, y, n, float16(from)),
+                     kernels::widen_cuda(x, y, n, float16(from), ctx.stream()));
+  }
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
   copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes());

@@ -11,6 +11,16 @@ namespace {
 inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
 }  // namespace
 
+void narrow_cpu(const float* x, uint16_t* y, int64_t n, Float16 type) {
+  if (type == Float16::bf16) for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+  else for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+void widen_cpu(const uint16_t* x, float* y, int64_t n, Float16 type) {
+  if (type == Float16::bf16) for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
+  else for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+
 void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out) {
   for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/float16.h"
 #include "kernels/metrics.h"
 
 namespace cumulus::kernels {
@@ -13,6 +14,10 @@ namespace cumulus::kernels {
 void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc);
+
+// 16-bit storage from and to f32 (Note [Half-precision conversions] in kernels/float16.h).
+void narrow_cpu(const float* x, uint16_t* y, int64_t n, Float16 type);
+void widen_cpu(const uint16_t* x, float* y, int64_t n, Float16 type);
 
 // out[r, :] = row for every r of [rows, cols].
 void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out);

@@ -39,6 +39,16 @@ __global__ void accumulate_kernel(const float* x, float beta, float* y, int64_t 
   CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = blend(x[i], beta, y[i]);
 }
 
+__global__ void narrow_kernel(const float* x, uint16_t* y, int64_t n, Float16 type) {
+  if (type == Float16::bf16) CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = f32_to_bf16(x[i]);
+  else CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = f32_to_f16(x[i]);
+}
+
+__global__ void widen_kernel(const uint16_t* x, float* y, int64_t n, Float16 type) {
+  if (type == Float16::bf16) CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = bf16_to_f32(x[i]);
+  else CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = f16_to_f32(x[i]);
+}
+
 // accumulate_kernel's arithmetic with beta 1, per pair (passed by value: captured with the graph).
 __global__ void add_vectors_kernel(VectorAdds adds) {
   const int p = blockIdx.x;
@@ -83,6 +93,18 @@ void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* 
 void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   accumulate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, beta, y, n);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void narrow_cuda(const float* x, uint16_t* y, int64_t n, Float16 type, cudaStream_t stream) {
+  if (n == 0) return;
+  narrow_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n, type);
+  CUMULUS_LAUNCH_CHECK();
+}
+
+void widen_cuda(const uint16_t* x, float* y, int64_t n, Float16 type, cudaStream_t stream) {
+  if (n == 0) return;
+  widen_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n, type);
   CUMULUS_LAUNCH_CHECK();
 }
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/float16.h"
 #include "kernels/metrics.h"
 
 namespace cumulus::kernels {
@@ -63,6 +64,9 @@ void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream);
 void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
                            cudaStream_t stream);
 void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream);
+// 16-bit storage from and to f32 (Note [Half-precision conversions] in kernels/float16.h).
+void narrow_cuda(const float* x, uint16_t* y, int64_t n, Float16 type, cudaStream_t stream);
+void widen_cuda(const uint16_t* x, float* y, int64_t n, Float16 type, cudaStream_t stream);
 // y[p] += x[p] for several vectors in one launch, one block per pair; the y[p] must be distinct
 // (the engine's deferred gradient adds: Note [Deferred gradient adds] in engine/autograd/engine.cpp).
 struct VectorAdds {

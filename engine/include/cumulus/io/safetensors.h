@@ -16,7 +16,7 @@ namespace cumulus::io {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Writes atomically (temporary file, fsync, rename). dtypes f32 -> "F32", i32 -> "I32", u8 -> "U8",
-// bf16 -> "BF16". Tensors on CUDA are copied to the host. Names must be unique.
+// bf16 -> "BF16", f16 -> "F16". Tensors on CUDA are copied to the host. Names must be unique.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
@@ -30,8 +30,8 @@ struct SafetensorsContents {
 // Errors name the file and the fault, and quote at most ~80 characters of the file's content.
 // Only a regular file is read: a FIFO, a directory or a device is refused, never waited on.
 // Tensors are placed on `device` (category: the current scope's). Stored dtypes load as:
-//   F32 -> f32, I32 -> i32, U8 -> u8, BF16 -> bf16 (the raw bits)
-//   F16 -> f32 (exact: subnormals, infinities and NaN included)
+//   F32 -> f32, I32 -> i32, U8 -> u8, BF16 -> bf16, F16 -> f16 (the raw bits; Tensor::to(DType::f32)
+//               widens bf16 and f16 exactly)
 //   F64 -> f32 (rounded to nearest; finite values beyond the f32 range become +-inf)
 //   I64 -> i32 (every value range-checked: one outside i32 is an Error naming the file, the
 //               tensor and the value)

@@ -7,8 +7,8 @@
 // so a failed load leaves the module as it was. Errors name the file and the tensor.
 //
 // dtypes: a file tensor whose dtype differs from the module's is converted when every value is
-// represented exactly in the module's dtype (Note [State-dict dtypes] in state_dict.cpp): bf16 ->
-// f32 always; i32 -> f32 for integers up to 2^24 in magnitude; f32 -> i32 for integral values in
+// represented exactly in the module's dtype (Note [State-dict dtypes] in state_dict.cpp): bf16 and
+// f16 -> f32 always; i32 -> f32 for integers up to 2^24 in magnitude; f32 -> i32 for integral values in
 // range (PyTorch's int64 num_batches_tracked arrives as i32 from load_safetensors). Anything else
 // is refused.
 #pragma once

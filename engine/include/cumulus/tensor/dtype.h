@@ -1,6 +1,6 @@
 // Element types. f32 is the compute type; i32 holds labels and indices; u8 holds raw data
-// (Fashion-MNIST pixels). bf16 has a slot so storage and file formats can carry it; no op
-// computes in it yet.
+// (Fashion-MNIST pixels). bf16 and f16 are 16-bit storage (Tensor::to(DType) converts, Note
+// [Half-precision conversions] in kernels/float16.h); no op computes in them yet.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +8,7 @@
 
 namespace cumulus {
 
-enum class DType : uint8_t { f32, i32, u8, bf16 };
+enum class DType : uint8_t { f32, i32, u8, bf16, f16 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -16,6 +16,7 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::u8: return 1;
     case DType::bf16: return 2;
+    case DType::f16: return 2;
   }
   return 0;
 }

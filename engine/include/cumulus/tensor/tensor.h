@@ -63,6 +63,10 @@ class Tensor {
 
   // ---- copies and views ----
   Tensor to(Device device) const;  // a copy on `device` (the same tensor if already there)
+  // A copy in `dtype` on the same device (the same tensor if already that type), outside the graph:
+  // f32 to bf16 or f16 rounds to nearest even, the other way is exact, bf16 <-> f16 goes through
+  // f32 (one rounding). Note [Half-precision conversions] in kernels/float16.h. Other pairs throw.
+  Tensor to(DType dtype) const;
   Tensor clone() const;            // a copy on the same device, outside the graph
   Tensor detach() const;           // shares storage, outside the graph
   Tensor reshape(const Shape& shape) const;  // a view; recorded by autograd

@@ -1,0 +1,88 @@
+// The 16-bit floating types' conversions, shared by the CPU and CUDA kernels (CUMULUS_HOST_DEVICE):
+// one definition, so a value converts to the same bits on every device.
+//
+// Note [Half-precision conversions]
+// bf16 is the upper half of an f32 (8 exponent bits, 7 stored mantissa bits); f16 is IEEE 754
+// binary16 (5 exponent bits, 10 mantissa bits, subnormals down to 2^-24, largest finite 65504).
+// - Widening (to f32) is exact for every value of both, subnormals, infinities and NaN included.
+// - Narrowing (from f32) rounds to nearest, ties to even, as IEEE's default and as PyTorch's
+//   `.to(torch.bfloat16)` / `.half()`: a value past the largest finite one by at least half a unit
+//   becomes infinity (f16: from 65520 up), and f32 values below the smallest subnormal's half become
+//   a signed zero. NaN stays NaN with its sign, quiet: rounding never carries a NaN's payload into
+//   the exponent and so never makes it an infinity.
+// Written with integer arithmetic, not the compilers' intrinsics: the host has no bf16 type of its
+// own in C++17, and the same code on both sides is the point.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/host_device.h"
+
+namespace cumulus::kernels {
+
+enum class Float16 : uint8_t { bf16, f16 };  // the two 16-bit storage types
+
+CUMULUS_HOST_DEVICE uint32_t f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+CUMULUS_HOST_DEVICE float f32_from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+CUMULUS_HOST_DEVICE float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
+
+CUMULUS_HOST_DEVICE uint16_t f32_to_bf16(float f) {
+  const uint32_t u = f32_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN, quiet
+  // Round the dropped 16 bits to nearest, ties to the even kept bit; a carry moves into the
+  // exponent, which is the right result (up to infinity).
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+CUMULUS_HOST_DEVICE float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return f32_from_bits(sign | 0x7F800000u | (mantissa << 13));  // inf, NaN
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in f32
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return f32_from_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));  // rebias 15 -> 127
+}
+
+CUMULUS_HOST_DEVICE uint16_t f32_to_f16(float f) {
+  const uint32_t u = f32_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));  // NaN, quiet
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 (and infinity): infinity
+  if (a >= 0x38800000u) {  // normal in f16 (>= 2^-14): rebias 127 -> 15, round the dropped 13 bits
+    const uint32_t r = a - (112u << 23);
+    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+  }
+  // Subnormal in f16 (or zero): the value in units of 2^-24 is m * 2^(e - 126 - 24 + 24), i.e.
+  // m >> (126 - e) with m the 24-bit significand; round what the shift drops.
+  const uint32_t e = a >> 23;
+  if (e < 102) return sign;  // below 2^-25: rounds to zero (f32 subnormals included)
+  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u, shift = 126u - e;  // shift in [14, 24]
+  uint32_t q = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (q & 1u) != 0)) ++q;  // may become 0x400: the smallest normal
+  return static_cast<uint16_t>(sign | q);
+}
+
+}  // namespace cumulus::kernels
