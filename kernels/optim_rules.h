@@ -35,6 +35,10 @@ struct StepState {
   int64_t updates;   // updates applied so far (skipped ones excluded): Adam's t, SGD's first step
   int64_t skipped;   // attempts skipped as non-finite
   int64_t lr_base;   // the update index of lr_table[0]
+  // Dynamic loss scaling (Note [Loss scaling] in engine/optim/accumulator.cpp): the factor of the
+  // backward seed for the group in flight, and the groups stepped since it last changed.
+  float loss_scale;
+  int32_t loss_scale_clean_steps;
 };
 
 // How the Accumulator normalizes and guards; kernel arguments, constant for a run.
@@ -44,6 +48,12 @@ struct StepConfig {
   int32_t skip_non_finite;
   float clip_grad_norm;       // > 0: clip the normalized norm to this
   int32_t lr_table_size;      // entries of lr_table (lr for update lr_base + i); the last one holds
+  // Dynamic loss scaling: 0 off (loss_scale unused); else the gradient is divided by loss_scale,
+  // a skipped group multiplies it by backoff, growth_interval clean groups in a row by growth.
+  int32_t dynamic_loss_scale;
+  int32_t loss_scale_growth_interval;
+  float loss_scale_growth;
+  float loss_scale_backoff;
 };
 
 // The step's device memory: the state, the per-block partial sums of the gradient's squared norm
@@ -64,7 +74,8 @@ CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double samples, double
 // The step decision of Note [Device-side step] (the arithmetic of the former host-side step, so
 // results did not move): `sum_squares` is the squared L2 norm of the accumulated gradient.
 CUMULUS_HOST_DEVICE void prepare_step(StepState& s, double sum_squares, const StepConfig& c, const float* lr_table) {
-  const float scale = c.divide_by_samples ? 1.0f / static_cast<float>(s.group_samples) : 1.0f;
+  float scale = c.divide_by_samples ? 1.0f / static_cast<float>(s.group_samples) : 1.0f;
+  if (c.dynamic_loss_scale) scale /= s.loss_scale;  // a power of two: exact
   float clip = 1.0f;
   s.grad_norm = NAN;
   s.skip = 0;
@@ -74,6 +85,15 @@ CUMULUS_HOST_DEVICE void prepare_step(StepState& s, double sum_squares, const St
     if (!std::isfinite(norm) && c.skip_non_finite) s.skip = 1;
     else if (c.clip_grad_norm > 0.0f && norm > c.clip_grad_norm)
       clip = static_cast<float>(c.clip_grad_norm / (norm + 1e-6));
+  }
+  if (c.dynamic_loss_scale) {
+    if (s.skip) {
+      s.loss_scale *= c.loss_scale_backoff;
+      s.loss_scale_clean_steps = 0;
+    } else if (++s.loss_scale_clean_steps >= c.loss_scale_growth_interval) {
+      s.loss_scale *= c.loss_scale_growth;
+      s.loss_scale_clean_steps = 0;
+    }
   }
   if (s.skip) {
     s.skipped += 1;

@@ -5,6 +5,7 @@
 // counted in optimizer steps, the non-finite guard, the counters, and optimizer-state memory.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -31,6 +32,7 @@ namespace {
 
 using optim::Accumulator;
 using optim::AccumulatorOptions;
+using optim::LossScaling;
 using optim::Normalization;
 using testing::DeviceTest;
 using testing::max_rel_diff;
@@ -119,12 +121,13 @@ struct TrainRun {
   std::vector<std::string> names;
   Weights initial, final;
   int64_t steps = 0;
+  float loss_scale = 1.0f;
 };
 
 // One epoch of the seed MLP over the synthetic dataset, micro-batches of sizes `cycle` (cycling),
 // grouped by `accum`; the epoch length is announced so the partial last group is stepped.
 TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cycle, int accum,
-                Normalization normalization = Normalization::samples) {
+                     Normalization normalization = Normalization::samples, const LossScaling& loss_scaling = {}) {
   const Dataset& data = synthetic_dataset(device);
   Generator gen(kModelSeed);
   models::SeedMLP model(gen, device);
@@ -132,6 +135,7 @@ TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cy
   AccumulatorOptions options;
   options.accum_steps = accum;
   options.normalization = normalization;
+  options.loss_scaling = loss_scaling;
   Accumulator acc(make_optimizer(kind, flat), options);
   TrainRun run;
   run.names = names_of(model);
@@ -148,6 +152,7 @@ TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cy
   EXPECT_EQ(acc.skipped_steps(), 0);
   run.steps = acc.optimizer_steps();
   run.final = snapshot(model);
+  run.loss_scale = acc.loss_scale();
   return run;
 }
 
@@ -913,6 +918,147 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   EXPECT_LT(max_rel_diff(got, expected), 1e-6);
   EXPECT_GT(max_rel_diff(got, after_first), 1e-3) << "the step after the skip did not move the weights";
   EXPECT_LT(max_rel_diff(t.m.gather(t.opt->momentum_buffer()), ref.m.gather(ref.opt->momentum_buffer())), 1e-6);
+}
+
+// ---- loss scaling (Note [Loss scaling]) -----------------------------------------------------------
+
+// Powers of two scale exactly: in f32, away from overflow, training with dynamic loss scaling gives
+// the same bits as without, while the scale grows every growth_interval steps.
+TEST_P(AccumulatorTest, LossScalingIsExactAwayFromOverflow) {
+  LossScaling ls;
+  ls.dynamic = true;
+  ls.initial_scale = 1024.0f;
+  ls.growth_interval = 3;
+  for (OptKind kind : {OptKind::momentum, OptKind::adamw}) {
+    const TrainRun plain = train_epoch(device(), kind, {16}, 4);
+    const TrainRun scaled = train_epoch(device(), kind, {16}, 4, Normalization::samples, ls);
+    ASSERT_EQ(scaled.steps, 16);  // 15 groups of 64 and one of 40
+    EXPECT_EQ(scaled.loss_scale, 1024.0f * 32.0f) << "16 clean steps, growth every 3rd: 5 doublings";
+    for (std::size_t i = 0; i < plain.final.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(plain.final[i].data(), scaled.final[i].data(), plain.final[i].size() * sizeof(float)))
+          << plain.names[i] << " differs with loss scaling";
+  }
+}
+
+// The case: an overflow in the third micro-batch of a group of four skips exactly that
+// group, halves the scale once, and leaves weights and optimizer state untouched; growth_interval
+// clean groups later the scale is back; the counters carry the scale through restore().
+TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce) {
+  const Tiny p;
+  LossScaling ls;
+  ls.dynamic = true;  // 2^16 to start
+  ls.growth_interval = 2;
+  struct Trainer {
+    TinyModel m;
+    std::shared_ptr<optim::SGD> opt;
+    std::unique_ptr<Accumulator> acc;
+  };
+  auto make = [&] {
+    Trainer t{TinyModel(p, device()), nullptr, nullptr};
+    optim::SGDOptions so;
+    so.lr = 0.1f;
+    so.momentum = 0.9f;
+    t.opt = std::make_shared<optim::SGD>(t.m.flat, so);
+    AccumulatorOptions ao;
+    ao.accum_steps = 4;
+    ao.loss_scaling = ls;
+    t.acc = std::make_unique<Accumulator>(t.opt, ao);
+    return t;
+  };
+  // One sample per micro-batch; `huge` makes the input's first feature 1e36: the softmax saturates
+  // on the wrong class for sample 1 (label 2, class 0 wins), so its weight gradient is ~1e36, finite
+  // unscaled but past the f32 range once multiplied by 2^16.
+  auto feed = [&](Trainer& t, int sample, bool huge = false) {
+    std::vector<float> xv(p.x.begin() + sample * Tiny::I, p.x.begin() + (sample + 1) * Tiny::I);
+    if (huge) xv[0] = 1e36f;
+    const Tensor x = Tensor::from_vector(xv, {1, Tiny::I}, device());
+    const Tensor y = Tensor::from_vector(std::vector<int32_t>{p.y[sample]}, {1}, device());
+    t.acc->backward(ops::cross_entropy(ops::linear(x, t.m.w, t.m.b), y, ops::Reduction::Sum), 1);
+    return t.acc->step_if_ready();
+  };
+  auto clean_group = [&](Trainer& t) {
+    for (int k = 0; k < 4; ++k) feed(t, k % 2);
+  };
+
+  Trainer t = make();
+  EXPECT_EQ(t.acc->loss_scale(), 65536.0f);
+  clean_group(t);
+  ASSERT_EQ(t.acc->optimizer_steps(), 1);
+  const auto weights = t.m.theta();
+  const auto momentum = t.m.gather(t.opt->momentum_buffer());
+
+  feed(t, 0);
+  feed(t, 1);
+  feed(t, 1, /*huge=*/true);  // the third micro-batch overflows
+  EXPECT_TRUE(feed(t, 1));
+  EXPECT_EQ(t.acc->skipped_steps(), 1);
+  EXPECT_EQ(t.acc->optimizer_steps(), 1);
+  EXPECT_EQ(t.opt->updates(), 1);
+  EXPECT_EQ(t.m.theta(), weights) << "weights changed by the skipped group";
+  EXPECT_EQ(t.m.gather(t.opt->momentum_buffer()), momentum) << "momentum changed by the skipped group";
+  EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "halved once";
+  {  // the control: without loss scaling the same group is finite and steps
+    Trainer plain = make();
+    AccumulatorOptions ao;
+    ao.accum_steps = 4;
+    plain.acc = std::make_unique<Accumulator>(plain.opt, ao);
+    feed(plain, 0);
+    feed(plain, 1);
+    feed(plain, 1, /*huge=*/true);
+    EXPECT_TRUE(feed(plain, 1));
+    EXPECT_EQ(plain.acc->skipped_steps(), 0);
+    EXPECT_EQ(plain.acc->loss_scale(), 1.0f);
+  }
+
+  clean_group(t);
+  EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "one clean group: not yet";
+  const Accumulator::Counters mid = t.acc->counters();
+  EXPECT_EQ(mid.loss_scale, 32768.0f);
+  EXPECT_EQ(mid.loss_scale_clean_steps, 1);
+  clean_group(t);
+  EXPECT_EQ(t.acc->loss_scale(), 65536.0f) << "growth after growth_interval clean groups";
+  EXPECT_EQ(t.acc->optimizer_steps(), 3);
+  EXPECT_EQ(t.acc->skipped_steps(), 1);
+
+  // Resumed from `mid`: the scale and the clean-step count are restored exactly, so the next clean
+  // group grows the scale at the same step as in the run that was not interrupted.
+  Trainer resumed = make();
+  resumed.acc->restore(mid);
+  EXPECT_EQ(resumed.acc->loss_scale(), 32768.0f);
+  EXPECT_EQ(resumed.acc->counters().loss_scale_clean_steps, 1);
+  clean_group(resumed);
+  EXPECT_EQ(resumed.acc->loss_scale(), 65536.0f);
+}
+
+TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
+  const Tiny p;
+  TinyModel m(p, device());
+  auto make = [&](LossScaling ls, Normalization n = Normalization::samples, bool skip = true) {
+    ls.dynamic = true;
+    AccumulatorOptions ao;
+    ao.loss_scaling = ls;
+    ao.normalization = n;
+    ao.skip_non_finite = skip;
+    Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  };
+  EXPECT_NO_THROW(make({}));
+  LossScaling bad;
+  bad.initial_scale = 1000.0f;
+  EXPECT_THROW(make(bad), InvalidArgument) << "not a power of two";
+  bad = LossScaling{};
+  bad.backoff_factor = 1.0f;
+  EXPECT_THROW(make(bad), InvalidArgument);
+  bad = LossScaling{};
+  bad.growth_factor = 0.5f;
+  EXPECT_THROW(make(bad), InvalidArgument);
+  bad = LossScaling{};
+  bad.growth_interval = 0;
+  EXPECT_THROW(make(bad), InvalidArgument);
+  bad = LossScaling{};
+  bad.initial_scale = INFINITY;
+  EXPECT_THROW(make(bad), InvalidArgument);
+  EXPECT_THROW(make({}, Normalization::micro_batches), InvalidArgument);
+  EXPECT_THROW(make({}, Normalization::samples, /*skip=*/false), InvalidArgument);
 }
 
 // ---- counters ----------------------------------------------------------------------------------

@@ -15,6 +15,21 @@
 // All of this is decided on the device (Note [Device-side step] in kernels/optim_rules.h): the
 // host never reads the norm, so a CUDA step costs two launches and no synchronization.
 //
+// Note [Loss scaling]
+// 16-bit gradients underflow where f32 ones do not, so with dynamic loss scaling backward is seeded
+// with a scale S (initially 2^16) instead of 1, and the update divides by S again. The seed is the
+// step state's loss_scale itself (a view: Optimizer::step_state_scalar), so the device decides S
+// and no host synchronization or fill is needed, captured graphs included. With accumulation:
+// - S changes only in the step (prepare_step), never inside a group, so every micro-batch of a group
+//   adds gradients of the same scale.
+// - A non-finite value anywhere in the group makes the accumulated gradient's norm non-finite: the
+//   group is skipped (weights and optimizer state untouched, counted), S is multiplied by the
+//   backoff (0.5), and the count of clean groups restarts; growth_interval clean groups in a row
+//   multiply S by the growth factor (2).
+// - Every factor is a power of two, so scaling and unscaling are exact: away from overflow and
+//   underflow, a run with loss scaling gives the same bits as one without (tested).
+// The reported loss is the true loss: only the seed is scaled.
+//
 // Note [Learning-rate table]
 // The schedule is host code (LRSchedule::lr_at), but whether a step is taken, and so which step
 // index the next one has, is known only on the device. The device therefore reads the rate from
@@ -55,6 +70,23 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
   }
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Accumulator: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
+  const LossScaling& ls = options.loss_scaling;
+  if (ls.dynamic) {
+    auto power_of_two = [](float v) {
+      int e = 0;
+      return std::isfinite(v) && v > 0.0f && std::frexp(v, &e) == 0.5f;
+    };
+    CUMULUS_CHECK(power_of_two(ls.initial_scale) && power_of_two(ls.growth_factor) && ls.growth_factor >= 1.0f &&
+                      power_of_two(ls.backoff_factor) && ls.backoff_factor < 1.0f,
+                  InvalidArgument, "Accumulator: loss scaling needs powers of two (initial scale ", ls.initial_scale,
+                  ", growth factor >= 1: ", ls.growth_factor, ", backoff factor < 1: ", ls.backoff_factor,
+                  "), so that unscaling is exact");
+    CUMULUS_CHECK(ls.growth_interval > 0, InvalidArgument, "Accumulator: loss scaling's growth interval must be > 0, got ",
+                  ls.growth_interval);
+    CUMULUS_CHECK(options.normalization == Normalization::samples && options.skip_non_finite, InvalidArgument,
+                  "Accumulator: dynamic loss scaling needs Normalization::samples and skip_non_finite (a group "
+                  "that overflows must be skipped)");
+  }
   if (distributed()) {
     const int world = options.communicator->world_size();
     std::map<int, int> steps = options.schedule;
@@ -67,6 +99,11 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
   }
   known_updates_ = optimizer_->updates();
   steps_offset_ = known_updates_;
+  const kernels::StepState fresh{};
+  const float scale = ls.dynamic ? ls.initial_scale : 1.0f;
+  optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale), &scale, sizeof(scale));
+  optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &fresh.loss_scale_clean_steps,
+                               sizeof(fresh.loss_scale_clean_steps));
   begin_epoch(0, 0);
 }
 
@@ -147,6 +184,7 @@ int64_t Accumulator::skipped_steps() const { return read_state().skipped; }
 float Accumulator::last_grad_norm() const { return read_state().grad_norm; }
 float Accumulator::last_clip_factor() const { return read_state().clip; }
 float Accumulator::last_lr() const { return read_state().lr; }
+float Accumulator::loss_scale() const { return read_state().loss_scale; }
 double Accumulator::epoch_loss_sum() const { return read_state().loss_sum; }
 double Accumulator::epoch_samples_stepped() const { return read_state().samples_sum; }
 
@@ -226,7 +264,13 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   const float seed = options_.normalization == Normalization::micro_batches
                          ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))
                          : 1.0f;
-  const Tensor seed_tensor = backward_seed(seed, loss);
+  const Device device = optimizer_->parameters().device();
+  CUMULUS_CHECK(loss.defined() && loss.device() == device, DeviceError, "Accumulator::backward: loss on ",
+                loss.defined() ? loss.device().str() : std::string("(undefined)"), ", parameters on ", device.str());
+  const Tensor seed_tensor =
+      options_.loss_scaling.dynamic && loss.numel() == 1
+          ? optimizer_->step_state_scalar(offsetof(kernels::StepState, loss_scale), loss.shape())  // Note [Loss scaling]
+          : backward_seed(seed, loss);
   if (distributed() && last_own_micro_batch_in_group()) {
     // The rank's last backward before the step: each bucket is reduced as soon as it is final.
     run_backward(loss, seed_tensor, [this](const TensorImpl* leaf) {
@@ -245,9 +289,6 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     run_backward(loss, seed_tensor);
   }
   kernels::StepBuffers* buf = optimizer_->step_buffers();
-  const Device device = optimizer_->parameters().device();
-  CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
-                ", parameters on ", device.str());
   CUMULUS_DISPATCH(
       device, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
       kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
@@ -280,7 +321,8 @@ bool Accumulator::step_if_ready() { return ready() && do_step(); }
 
 Accumulator::Counters Accumulator::counters() const {
   const kernels::StepState st = read_state();
-  return {epoch_, mb_in_epoch_, mb_total_, st.updates - steps_offset_, st.skipped};
+  return {epoch_, mb_in_epoch_, mb_total_, st.updates - steps_offset_, st.skipped, st.loss_scale,
+          st.loss_scale_clean_steps};
 }
 
 void Accumulator::restore(const Counters& c) {
@@ -292,6 +334,13 @@ void Accumulator::restore(const Counters& c) {
   mb_in_epoch_ = c.micro_batch_index;
   mb_total_ = c.micro_batches_total;
   optimizer_->write_step_state(offsetof(kernels::StepState, skipped), &c.skipped_steps, sizeof(c.skipped_steps));
+  if (options_.loss_scaling.dynamic) {
+    CUMULUS_CHECK(std::isfinite(c.loss_scale) && c.loss_scale > 0.0f && c.loss_scale_clean_steps >= 0, InvalidArgument,
+                  "Accumulator::restore: loss scale ", c.loss_scale, " with ", c.loss_scale_clean_steps, " clean steps");
+    optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale), &c.loss_scale, sizeof(c.loss_scale));
+    optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &c.loss_scale_clean_steps,
+                                 sizeof(c.loss_scale_clean_steps));
+  }
   steps_offset_ = read_state().updates - c.optimizer_steps;
   attempted_ = c.optimizer_steps + c.skipped_steps;
   lr_table_size_ = 0;  // rewritten at the next step
@@ -321,6 +370,11 @@ void Accumulator::launch_step() {
   config.skip_non_finite = options_.skip_non_finite ? 1 : 0;
   config.clip_grad_norm = options_.clip_grad_norm;
   config.lr_table_size = static_cast<int32_t>(lr_table_size_);
+  const LossScaling& ls = options_.loss_scaling;
+  config.dynamic_loss_scale = ls.dynamic ? 1 : 0;
+  config.loss_scale_growth_interval = ls.growth_interval;
+  config.loss_scale_growth = ls.growth_factor;
+  config.loss_scale_backoff = ls.backoff_factor;
   const nn::FlatParameters& params = optimizer_->parameters();
   kernels::StepBuffers* buf = optimizer_->step_buffers();
   const float* grad = params.gradients().data<float>();

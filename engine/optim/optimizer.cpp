@@ -35,6 +35,18 @@ void Optimizer::write_step_state(std::size_t offset, const void* value, std::siz
   copy_bytes(dst, params_->device(), value, Device::cpu(), bytes);
 }
 
+Tensor Optimizer::step_state_scalar(std::size_t offset, const Shape& shape) const {
+  CUMULUS_CHECK(offset % alignof(float) == 0 && offset + sizeof(float) <= sizeof(kernels::StepState) &&
+                    shape.numel() == 1,
+                InvalidArgument, "step_state_scalar: offset ", offset, ", shape ", shape.str());
+  auto view = std::make_shared<TensorImpl>();
+  view->storage = step_buffers_.impl()->storage;
+  view->offset_bytes = step_buffers_.impl()->offset_bytes + offsetof(kernels::StepBuffers, state) + offset;
+  view->shape = shape;
+  view->dtype = DType::f32;
+  return Tensor(std::move(view));
+}
+
 int64_t Optimizer::updates() const { return read_step_state().updates; }
 
 void Optimizer::set_updates(int64_t updates) {

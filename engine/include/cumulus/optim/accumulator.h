@@ -35,6 +35,18 @@ enum class Normalization {
   none,
 };
 
+// Dynamic loss scaling (Note [Loss scaling] in engine/optim/accumulator.cpp), for gradients that
+// would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
+// with a non-finite gradient is skipped and halves it; growth_interval clean groups in a row double
+// it. Every factor is a power of two, so unscaling (folded into the update) is exact.
+struct LossScaling {
+  bool dynamic = false;
+  float initial_scale = 65536.0f;  // 2^16, torch.amp.GradScaler's default
+  int growth_interval = 2000;      // clean steps in a row before the scale grows
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+};
+
 struct AccumulatorOptions {
   int accum_steps = 1;
   // Per-epoch accumulation steps {first_epoch: steps}, as Lightning's
@@ -51,6 +63,8 @@ struct AccumulatorOptions {
   // Gradient bytes per bucket reduced while backward still runs (whole parameter slots, so a slot
   // larger than this is a bucket of its own).
   int64_t bucket_bytes = 1 << 20;
+  // Needs Normalization::samples and skip_non_finite.
+  LossScaling loss_scaling;
 };
 
 class Accumulator {
@@ -94,6 +108,8 @@ class Accumulator {
   float last_grad_norm() const;
   float last_clip_factor() const;
   float last_lr() const;
+  // (device) The loss scale the next group's backward uses (1 without dynamic loss scaling).
+  float loss_scale() const;
   // (device) Summed training loss, and samples, of the groups stepped since begin_epoch().
   double epoch_loss_sum() const;
   double epoch_samples_stepped() const;
@@ -113,6 +129,9 @@ class Accumulator {
     int64_t micro_batches_total = 0;
     int64_t optimizer_steps = 0;
     int64_t skipped_steps = 0;
+    // Dynamic loss scaling's state (restored only where it is on).
+    float loss_scale = 1.0f;
+    int32_t loss_scale_clean_steps = 0;
   };
   Counters counters() const;
   // Restores counters at a group boundary (nothing accumulated); begin_epoch() follows. The

@@ -47,6 +47,9 @@ class Optimizer {
   kernels::StepBuffers* step_buffers() const;
   // Writes `bytes` at `offset` of the step state (queued in order on CUDA, no synchronization).
   void write_step_state(std::size_t offset, const void* value, std::size_t bytes);
+  // The f32 field at `offset` of the step state as a one-element tensor of `shape`, sharing its
+  // memory: the Accumulator's loss scale, which backward reads as its seed (Note [Loss scaling]).
+  Tensor step_state_scalar(std::size_t offset, const Shape& shape) const;
   // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
   virtual int64_t state_bytes() const = 0;
   // The state as named flat tensors (for checkpoints); empty before the first update.
