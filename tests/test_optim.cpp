@@ -1028,6 +1028,12 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   EXPECT_EQ(resumed.acc->counters().loss_scale_clean_steps, 1);
   clean_group(resumed);
   EXPECT_EQ(resumed.acc->loss_scale(), 65536.0f);
+  Accumulator::Counters broken = mid;
+  broken.loss_scale_clean_steps = ls.growth_interval;  // a count the step never leaves behind
+  EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
+  broken = mid;
+  broken.loss_scale = 0.0f;
+  EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
 }
 
 TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {

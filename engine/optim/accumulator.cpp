@@ -81,8 +81,8 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
                   InvalidArgument, "Accumulator: loss scaling needs powers of two (initial scale ", ls.initial_scale,
                   ", growth factor >= 1: ", ls.growth_factor, ", backoff factor < 1: ", ls.backoff_factor,
                   "), so that unscaling is exact");
-    CUMULUS_CHECK(ls.growth_interval > 0, InvalidArgument, "Accumulator: loss scaling's growth interval must be > 0, got ",
-                  ls.growth_interval);
+    CUMULUS_CHECK(ls.growth_interval > 0, InvalidArgument,
+                  "Accumulator: loss scaling's growth interval must be > 0, got ", ls.growth_interval);
     CUMULUS_CHECK(options.normalization == Normalization::samples && options.skip_non_finite, InvalidArgument,
                   "Accumulator: dynamic loss scaling needs Normalization::samples and skip_non_finite (a group "
                   "that overflows must be skipped)");
@@ -265,12 +265,13 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
                          ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))
                          : 1.0f;
   const Device device = optimizer_->parameters().device();
-  CUMULUS_CHECK(loss.defined() && loss.device() == device, DeviceError, "Accumulator::backward: loss on ",
-                loss.defined() ? loss.device().str() : std::string("(undefined)"), ", parameters on ", device.str());
-  const Tensor seed_tensor =
-      options_.loss_scaling.dynamic && loss.numel() == 1
-          ? optimizer_->step_state_scalar(offsetof(kernels::StepState, loss_scale), loss.shape())  // Note [Loss scaling]
-          : backward_seed(seed, loss);
+  CUMULUS_CHECK(loss.defined(), InvalidArgument, "Accumulator::backward: undefined loss");
+  CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
+                ", parameters on ", device.str());
+  // With loss scaling the seed is the device's current scale (Note [Loss scaling]).
+  const Tensor seed_tensor = options_.loss_scaling.dynamic && loss.numel() == 1
+                                 ? optimizer_->step_state_scalar(offsetof(kernels::StepState, loss_scale), loss.shape())
+                                 : backward_seed(seed, loss);
   if (distributed() && last_own_micro_batch_in_group()) {
     // The rank's last backward before the step: each bucket is reduced as soon as it is final.
     run_backward(loss, seed_tensor, [this](const TensorImpl* leaf) {
@@ -335,8 +336,11 @@ void Accumulator::restore(const Counters& c) {
   mb_total_ = c.micro_batches_total;
   optimizer_->write_step_state(offsetof(kernels::StepState, skipped), &c.skipped_steps, sizeof(c.skipped_steps));
   if (options_.loss_scaling.dynamic) {
-    CUMULUS_CHECK(std::isfinite(c.loss_scale) && c.loss_scale > 0.0f && c.loss_scale_clean_steps >= 0, InvalidArgument,
-                  "Accumulator::restore: loss scale ", c.loss_scale, " with ", c.loss_scale_clean_steps, " clean steps");
+    CUMULUS_CHECK(std::isfinite(c.loss_scale) && c.loss_scale > 0.0f && c.loss_scale_clean_steps >= 0 &&
+                      c.loss_scale_clean_steps < options_.loss_scaling.growth_interval,
+                  InvalidArgument, "Accumulator::restore: loss scale ", c.loss_scale, " with ",
+                  c.loss_scale_clean_steps, " clean steps (growth interval ", options_.loss_scaling.growth_interval,
+                  ")");
     optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale), &c.loss_scale, sizeof(c.loss_scale));
     optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &c.loss_scale_clean_steps,
                                  sizeof(c.loss_scale_clean_steps));
