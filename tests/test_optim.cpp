@@ -326,6 +326,20 @@ struct TinyModel {
   }
 };
 
+// The Tiny model trained by SGD (momentum 0.9) through an Accumulator.
+struct TinyTrainer {
+  TinyModel m;
+  std::shared_ptr<optim::SGD> opt;
+  std::unique_ptr<Accumulator> acc;
+  TinyTrainer(const Tiny& p, Device device, float lr, const AccumulatorOptions& options) : m(p, device) {
+    optim::SGDOptions so;
+    so.lr = lr;
+    so.momentum = 0.9f;
+    opt = std::make_shared<optim::SGD>(m.flat, so);
+    acc = std::make_unique<Accumulator>(opt, options);
+  }
+};
+
 std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
 // How the gradient reaches the optimizer: a mean loss and Optimizer::step(), or summed losses of
@@ -859,29 +873,18 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   poisoned[1] = std::numeric_limits<float>::quiet_NaN();
   const Tensor y = Tensor::from_vector(std::vector<int32_t>{1, 2}, {2}, device());
 
-  struct Trainer {
-    TinyModel m;
-    std::shared_ptr<optim::SGD> opt;
-    std::unique_ptr<Accumulator> acc;
-  };
   auto make = [&]() {
-    Trainer t{TinyModel(p, device()), nullptr, nullptr};
-    optim::SGDOptions so;
-    so.lr = 0.2f;
-    so.momentum = 0.9f;
-    t.opt = std::make_shared<optim::SGD>(t.m.flat, so);
     AccumulatorOptions ao;
     ao.accum_steps = 2;
-    t.acc = std::make_unique<Accumulator>(t.opt, ao);
-    return t;
+    return TinyTrainer(p, device(), 0.2f, ao);
   };
-  auto feed = [&](Trainer& t, const std::vector<float>& xv) {
+  auto feed = [&](TinyTrainer& t, const std::vector<float>& xv) {
     const Tensor x = Tensor::from_vector(xv, {2, Tiny::I}, device());
     t.acc->backward(ops::cross_entropy(ops::linear(x, t.m.w, t.m.b), y, ops::Reduction::Sum), 2);
     return t.acc->step_if_ready();
   };
 
-  Trainer t = make();
+  TinyTrainer t = make();
   feed(t, xs[0]);
   ASSERT_TRUE(feed(t, xs[1]));
   const auto after_first = t.m.theta();
@@ -908,7 +911,7 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   for (float v : got) ASSERT_TRUE(std::isfinite(v));
   EXPECT_TRUE(std::isfinite(t.acc->last_grad_norm()));
 
-  Trainer ref = make();
+  TinyTrainer ref = make();
   feed(ref, xs[0]);
   feed(ref, xs[1]);
   feed(ref, xs[4]);
@@ -948,27 +951,14 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   LossScaling ls;
   ls.dynamic = true;  // 2^16 to start
   ls.growth_interval = 2;
-  struct Trainer {
-    TinyModel m;
-    std::shared_ptr<optim::SGD> opt;
-    std::unique_ptr<Accumulator> acc;
-  };
-  auto make = [&] {
-    Trainer t{TinyModel(p, device()), nullptr, nullptr};
-    optim::SGDOptions so;
-    so.lr = 0.1f;
-    so.momentum = 0.9f;
-    t.opt = std::make_shared<optim::SGD>(t.m.flat, so);
-    AccumulatorOptions ao;
-    ao.accum_steps = 4;
-    ao.loss_scaling = ls;
-    t.acc = std::make_unique<Accumulator>(t.opt, ao);
-    return t;
-  };
+  AccumulatorOptions ao;
+  ao.accum_steps = 4;
+  ao.loss_scaling = ls;
+  auto make = [&] { return TinyTrainer(p, device(), 0.1f, ao); };
   // One sample per micro-batch; `huge` makes the input's first feature 1e36: the softmax saturates
   // on the wrong class for sample 1 (label 2, class 0 wins), so its weight gradient is ~1e36, finite
   // unscaled but past the f32 range once multiplied by 2^16.
-  auto feed = [&](Trainer& t, int sample, bool huge = false) {
+  auto feed = [&](TinyTrainer& t, int sample, bool huge = false) {
     std::vector<float> xv(p.x.begin() + sample * Tiny::I, p.x.begin() + (sample + 1) * Tiny::I);
     if (huge) xv[0] = 1e36f;
     const Tensor x = Tensor::from_vector(xv, {1, Tiny::I}, device());
@@ -976,11 +966,11 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
     t.acc->backward(ops::cross_entropy(ops::linear(x, t.m.w, t.m.b), y, ops::Reduction::Sum), 1);
     return t.acc->step_if_ready();
   };
-  auto clean_group = [&](Trainer& t) {
+  auto clean_group = [&](TinyTrainer& t) {
     for (int k = 0; k < 4; ++k) feed(t, k % 2);
   };
 
-  Trainer t = make();
+  TinyTrainer t = make();
   EXPECT_EQ(t.acc->loss_scale(), 65536.0f);
   clean_group(t);
   ASSERT_EQ(t.acc->optimizer_steps(), 1);
@@ -998,10 +988,9 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   EXPECT_EQ(t.m.gather(t.opt->momentum_buffer()), momentum) << "momentum changed by the skipped group";
   EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "halved once";
   {  // the control: without loss scaling the same group is finite and steps
-    Trainer plain = make();
-    AccumulatorOptions ao;
-    ao.accum_steps = 4;
-    plain.acc = std::make_unique<Accumulator>(plain.opt, ao);
+    AccumulatorOptions unscaled;
+    unscaled.accum_steps = 4;
+    TinyTrainer plain(p, device(), 0.1f, unscaled);
     feed(plain, 0);
     feed(plain, 1);
     feed(plain, 1, /*huge=*/true);
@@ -1022,7 +1011,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
 
   // Resumed from `mid`: the scale and the clean-step count are restored exactly, so the next clean
   // group grows the scale at the same step as in the run that was not interrupted.
-  Trainer resumed = make();
+  TinyTrainer resumed = make();
   resumed.acc->restore(mid);
   EXPECT_EQ(resumed.acc->loss_scale(), 32768.0f);
   EXPECT_EQ(resumed.acc->counters().loss_scale_clean_steps, 1);

@@ -99,11 +99,11 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
   }
   known_updates_ = optimizer_->updates();
   steps_offset_ = known_updates_;
-  const kernels::StepState fresh{};
   const float scale = ls.dynamic ? ls.initial_scale : 1.0f;
+  const int32_t no_clean_steps = 0;
   optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale), &scale, sizeof(scale));
-  optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &fresh.loss_scale_clean_steps,
-                               sizeof(fresh.loss_scale_clean_steps));
+  optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &no_clean_steps,
+                               sizeof(no_clean_steps));
   begin_epoch(0, 0);
 }
 
