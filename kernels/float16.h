@@ -17,11 +17,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cumulus/tensor/dtype.h"
 #include "kernels/host_device.h"
 
 namespace cumulus::kernels {
-
-enum class Float16 : uint8_t { bf16, f16 };  // the two 16-bit storage types
 
 CUMULUS_HOST_DEVICE uint32_t f32_bits(float f) {
 #ifdef __CUDA_ARCH__
@@ -83,6 +82,28 @@ CUMULUS_HOST_DEVICE uint16_t f32_to_f16(float f) {
   const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
   if (rest > half || (rest == half && (q & 1u) != 0)) ++q;  // may become 0x400: the smallest normal
   return static_cast<uint16_t>(sign | q);
+}
+
+// Loads and stores of a storage type T (float, BFloat16, Half) for kernels templated over it:
+// arithmetic is always f32, storage rounds once per store. For float both are the identity, so a
+// kernel instantiated for float computes exactly what it did before templating.
+CUMULUS_HOST_DEVICE float to_f32(float x) { return x; }
+CUMULUS_HOST_DEVICE float to_f32(BFloat16 x) { return bf16_to_f32(x.bits); }
+CUMULUS_HOST_DEVICE float to_f32(Half x) { return f16_to_f32(x.bits); }
+
+template <typename T>
+CUMULUS_HOST_DEVICE T from_f32(float x);
+template <>
+CUMULUS_HOST_DEVICE float from_f32<float>(float x) {
+  return x;
+}
+template <>
+CUMULUS_HOST_DEVICE BFloat16 from_f32<BFloat16>(float x) {
+  return BFloat16{f32_to_bf16(x)};
+}
+template <>
+CUMULUS_HOST_DEVICE Half from_f32<Half>(float x) {
+  return Half{f32_to_f16(x)};
 }
 
 }  // namespace cumulus::kernels

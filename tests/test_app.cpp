@@ -65,7 +65,7 @@ TEST_F(AppTest, HelpListsEveryOption) {
                            "--effective-batch", "--memory-budget", "--lr", "--optimizer", "--momentum",
                            "--weight-decay", "--clip-grad-norm", "--normalize", "--shuffle", "--seed", "--init",
                            "--save", "--checkpoint", "--resume", "--memory-report", "--trace", "--memory-plot",
-                           "--metrics", "--train-limit", "--test-limit", "--quiet", "--recompute"})
+                           "--metrics", "--train-limit", "--test-limit", "--quiet", "--recompute", "--precision"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -90,6 +90,8 @@ TEST_F(AppTest, UsageErrorsExitTwoWithOneLine) {
       {d + " --save /nonexistent/dir/w.safetensors", "/nonexistent/dir"},
       {d + " --no-such-flag", "no-such-flag"},
       {d + " --epochs many", "many"},
+      {d + " --precision fp8", "--precision"},
+      {d + " --model cnn --precision bf16", "--precision bf16"},
   };
   for (const auto& [args, needle] : cases) {
     const Result r = run_app(args);
@@ -329,6 +331,48 @@ TEST_F(AppTest, ResumeIsBitwiseExact) {
                                "--seed 9 --epochs 2 --resume " + quote(path("ck.safetensors")));
   EXPECT_EQ(other.exit_code, 2) << other.out;
   EXPECT_NE(other.out.find("was made with"), std::string::npos) << other.out;
+}
+
+// Note [Mixed precision]: bf16 and fp16 learn the toy as fp32 does, keep half the activation bytes
+// per sample, and fp16's loss scale and its count of clean steps go through a checkpoint.
+TEST_F(AppTest, MixedPrecisionTrainsHalvesActivationsAndResumesTheLossScaleExactly) {
+  const std::string common = data_arg() + " --quiet --batch-size 16 --accum-steps 4 --lr 0.05";
+  std::map<std::string, double> per_sample, accuracy;
+  for (const std::string p : {"fp32", "bf16", "fp16"}) {
+    const Result r = run_app(common + " --epochs 2 --precision " + p + " --metrics " + quote(path(p + ".jsonl")) +
+                             " --memory-report " + quote(path(p + ".json")));
+    ASSERT_EQ(r.exit_code, 0) << p << "\n" << r.out;
+    std::istringstream lines(read(p + ".jsonl"));
+    nlohmann::json last;
+    for (std::string line; std::getline(lines, line);) last = nlohmann::json::parse(line);
+    EXPECT_EQ(last["precision"], p);
+    accuracy[p] = last["test_accuracy"].get<double>();
+    per_sample[p] = nlohmann::json::parse(read(p + ".json"))["summary"]["activation_bytes_per_sample"].get<double>();
+    if (p == "fp16") EXPECT_EQ(last["loss_scale"].get<double>(), 65536.0) << "no overflow on the toy: unchanged";
+  }
+  for (const char* p : {"bf16", "fp16"}) {
+    EXPECT_NEAR(accuracy[p], accuracy["fp32"], 0.05) << p;
+    // One micro-batch size: bytes / samples, with the 512-byte rounding of the loss and logits.
+    EXPECT_NEAR(per_sample[p], per_sample["fp32"] / 2, 512.0 / 16) << p;
+  }
+  const std::string fp16 = common + " --precision fp16";
+  ASSERT_EQ(run_app(fp16 + " --epochs 2 --save " + quote(path("straight.safetensors"))).exit_code, 0);
+  ASSERT_EQ(run_app(fp16 + " --epochs 1 --checkpoint " + quote(path("ck.safetensors"))).exit_code, 0);
+  const Result r = run_app(fp16 + " --epochs 2 --resume " + quote(path("ck.safetensors")) + " --save " +
+                           quote(path("resumed.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(read("straight.safetensors") == read("resumed.safetensors")) << "fp16 weights differ after resume";
+  // The scale (65536's bits) and the epoch's 32 clean steps, which the resumed run continues from.
+  const std::string ck = read("ck.safetensors");
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | static_cast<unsigned char>(ck[i]);
+  const auto meta = nlohmann::json::parse(ck.substr(8, header_bytes))["__metadata__"];
+  EXPECT_EQ(meta["loss_scale_bits"], "1199570944");
+  EXPECT_EQ(meta["loss_scale_clean_steps"], "32");
+  const Result other = run_app(data_arg() + " --quiet --batch-size 16 --accum-steps 4 --lr 0.05 --epochs 2 "
+                               "--precision bf16 --resume " + quote(path("ck.safetensors")));
+  EXPECT_EQ(other.exit_code, 2) << other.out;
+  EXPECT_NE(other.out.find("--precision fp16"), std::string::npos) << other.out;
 }
 
 TEST_F(AppTest, SigintFinishesTheStepWritesTheCheckpointAndResumesExactly) {

@@ -31,6 +31,8 @@ constexpr const char* kOptimizerPrefix = "optimizer.";
 struct Setting {
   std::string key, flag, value;
   bool overridable;
+  // What a checkpoint written before the setting existed ran with (nullptr: the setting was always recorded).
+  const char* before_recorded = nullptr;
 };
 
 // The shortest text that reads back as the same float: "0.001", not "0.00100000005".
@@ -58,6 +60,7 @@ std::vector<Setting> run_settings(const Options& o) {
       {"accum_steps", "--accum-steps", schedule.empty() ? std::to_string(o.accum_steps * o.world_size) : schedule,
        false},
       {"normalize", "--normalize", o.normalize, false},
+      {"precision", "--precision", o.precision, false, "fp32"},
       {"shuffle", "--shuffle", o.shuffle ? "true" : "false", false},
       {"seed", "--seed", std::to_string(o.seed), false},
       {"train_limit", "--train-limit", std::to_string(o.train_limit), false},
@@ -133,6 +136,12 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
   meta["optimizer_steps"] = std::to_string(s.counters.optimizer_steps);
   meta["skipped_steps"] = std::to_string(s.counters.skipped_steps);
   meta["optimizer_updates"] = std::to_string(s.optimizer_updates);
+  // fp16's loss scale (a power of two, as its bit pattern) and its count of clean steps.
+  uint32_t scale_bits = 0;
+  static_assert(sizeof scale_bits == sizeof s.counters.loss_scale);
+  std::memcpy(&scale_bits, &s.counters.loss_scale, sizeof scale_bits);
+  meta["loss_scale_bits"] = std::to_string(scale_bits);
+  meta["loss_scale_clean_steps"] = std::to_string(s.counters.loss_scale_clean_steps);
   // The running loss as its exact bit pattern, so a resumed epoch reports the same train_loss.
   uint64_t bits = 0;
   static_assert(sizeof bits == sizeof s.epoch_loss_sum);
@@ -173,7 +182,9 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   TrainingState s;
   for (const Setting& setting : run_settings(options)) {
     auto it = header.metadata.find("setting." + setting.key);
-    const std::string saved = it == header.metadata.end() ? "(not recorded)" : cumulus::excerpt(it->second);
+    const std::string saved = it != header.metadata.end() ? cumulus::excerpt(it->second)
+                              : setting.before_recorded != nullptr ? setting.before_recorded
+                                                                   : "(not recorded)";
     if (saved == setting.value) continue;
     const std::string name = setting.flag.substr(2);
     if (setting.overridable && options.overrides.count(name) == 1 && it != header.metadata.end()) {
@@ -223,6 +234,12 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   s.counters.optimizer_steps = counter("optimizer_steps", 0, kMax);
   s.counters.skipped_steps = counter("skipped_steps", 0, s.counters.optimizer_steps);
   s.optimizer_updates = counter("optimizer_updates", 0, s.counters.optimizer_steps);
+  if (meta.count("loss_scale_bits") == 1) {  // absent from checkpoints older than --precision: fp32, unscaled
+    const auto scale_bits = static_cast<uint32_t>(counter("loss_scale_bits", 0, 0xFFFFFFFFLL));
+    std::memcpy(&s.counters.loss_scale, &scale_bits, sizeof scale_bits);
+    s.counters.loss_scale_clean_steps =
+        static_cast<int32_t>(counter("loss_scale_clean_steps", 0, std::numeric_limits<int32_t>::max()));
+  }
   const uint64_t bits = static_cast<uint64_t>(get_int(meta, "epoch_loss_sum_bits", path));
   std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);
   s.epoch_samples = counter("epoch_samples", 0, limits.train_samples);

@@ -95,6 +95,13 @@ struct EvalResult {
   double avg_loss = 0.0;
 };
 
+// fp16's loss scale, a power of two: "65536", "0.5".
+std::string loss_scale_text(float scale) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(scale));
+  return buf;
+}
+
 // The seed's test loop: accuracy over all samples, and the mean over batches of each batch's mean
 // loss. The totals stay on the device until the pass ends: one read per pass, not three per batch.
 EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
@@ -241,6 +248,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
   auto micro_batch = [&](int64_t b) {
     throw_if_interrupted();
     data::DataLoader loader(train, b, false, 0, o.resolved_device);  // host-resident data: staging included
+    loader.set_dtype(compute_dtype(o.resolved_precision));
     const data::Batch batch = loader.batch(0);
     Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
     loss.backward();
@@ -518,7 +526,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   const Device data_device = o.data_on == "host" ? Device::cpu() : device;
   const data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, o.test_limit);
   throw_if_interrupted();
-  const data::DataLoader test_loader(test, o.eval_batch_size, false, 0, device);
+  data::DataLoader test_loader(test, o.eval_batch_size, false, 0, device);
+  test_loader.set_dtype(compute_dtype(o.resolved_precision));  // evaluation in the training's precision
   if (o.eval_only) {
     if (!o.quiet)
       say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", device.describe().c_str(), o.model.c_str(),
@@ -542,6 +551,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, *flat, train)) return 0;  // --plan-only
 
   data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed, device);
+  train_loader.set_dtype(compute_dtype(o.resolved_precision));  // Note [Mixed precision]: ops follow the batch
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(o, flat);
   optim::AccumulatorOptions ao;
@@ -551,6 +561,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   if (o.world_size > 1) ao.communicator = comm;
   ao.normalization = o.normalization();
   ao.clip_grad_norm = o.clip_grad_norm;
+  ao.loss_scaling.dynamic = needs_loss_scaling(o.resolved_precision);
   optim::Accumulator acc(optimizer, ao, make_lr_schedule(o, micro_batches));
 
   TrainingState state;
@@ -573,6 +584,13 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
         o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
+    if (o.resolved_precision != Precision::fp32)
+      say("precision: %s activations, gradients of activations and GEMM weight copies; f32 weights, gradient "
+          "buffers, optimizer state and loss%s\n",
+          o.precision.c_str(),
+          needs_loss_scaling(o.resolved_precision) ? "; dynamic loss scale (now " +
+                                                         loss_scale_text(acc.loss_scale()) + ")"
+                                                   : std::string());
     if (train_loader.host_resident())
       say("data: on the host; micro-batches copied to the device one ahead (pinned staging, copy stream)\n");
     if (o.world_size > 1)
@@ -626,6 +644,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
     const optim::Accumulator::Counters now = acc.counters();
     boundary.counters.optimizer_steps = now.optimizer_steps;
     boundary.counters.skipped_steps = now.skipped_steps;
+    boundary.counters.loss_scale = now.loss_scale;
+    boundary.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
     boundary.optimizer_updates = optimizer->updates();
     boundary.epoch_loss_sum = boundary.next_micro_batch == 0 ? 0.0 : loss_before_run + acc.epoch_loss_sum();
     try {
@@ -737,7 +757,13 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
           (loss_before_run + acc.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(samples, 1));
       const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int64_t skipped = acc.skipped_steps() - skipped_before;
-      if (g_root && (skipped > 0 || !std::isfinite(train_loss)))
+      const bool scaling = needs_loss_scaling(o.resolved_precision);
+      const float loss_scale = scaling ? acc.loss_scale() : 1.0f;
+      // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault.
+      if (g_root && scaling && skipped > 0 && std::isfinite(train_loss) && !o.quiet)
+        say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
+            static_cast<long long>(skipped), loss_scale_text(loss_scale).c_str());
+      else if (g_root && (skipped > 0 || !std::isfinite(train_loss)))
         std::fprintf(stderr,
                      "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                      "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
@@ -767,7 +793,9 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
                                      {"micro_batch_size", o.batch_size},
                                      {"model", o.model},
                                      {"accum_steps", acc.accum_steps() / o.world_size},  // per rank, as --accum-steps
-                                     {"lr", acc.last_lr()}};
+                                     {"lr", acc.last_lr()},
+                                     {"precision", o.precision}};
+      if (scaling) line["loss_scale"] = loss_scale;
       if (o.world_size > 1) {
         const dist::Communicator::Stats now = comm->stats();
         line["world_size"] = o.world_size;

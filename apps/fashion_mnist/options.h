@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cumulus/core/device.h"
+#include "cumulus/core/precision.h"
 #include "cumulus/optim/accumulator.h"
 
 namespace fmnist {
@@ -55,8 +56,10 @@ struct Options {
   std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
   std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
   std::string data_on = "device";  // device|host: where the dataset lives (host: staged batch by batch)
+  std::string precision = "fp32";  // fp32|bf16|fp16: the compute type of activations (Note [Mixed precision])
 
   cumulus::Device resolved_device;
+  cumulus::Precision resolved_precision = cumulus::Precision::fp32;
   bool use_graphs = false;  // resolved from `graphs` and the device
   int rank = 0, world_size = 1;  // data parallel (mpirun): this process's rank and the number of ranks
   cumulus::optim::Normalization normalization() const;

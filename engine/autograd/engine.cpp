@@ -65,12 +65,14 @@ void GradMode::set_enabled(bool on) { tls_grad_enabled = on; }
 
 // ---- sinks -----------------------------------------------------------------------------------
 
-GradSink::Target GradSink::begin(const Shape& shape, const Device& device) {
+GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType dtype) {
   if (leaf_ != nullptr) {
     AutogradMeta& meta = leaf_->autograd;
     if (!meta.grad.defined()) ops::detail::allocate_grad_buffer(*leaf_);
     CUMULUS_CHECK(meta.grad.shape() == shape, ShapeError, "backward: gradient of shape ", shape.str(),
                   " for a leaf of shape ", meta.grad.shape().str());
+    CUMULUS_CHECK(meta.grad.dtype() == dtype, InvalidArgument, "backward: a ", dtype_name(dtype),
+                  " gradient for a leaf whose gradient buffer is ", dtype_name(meta.grad.dtype()));
     const GradientMode mode = meta.grad_stale ? GradientMode::overwrite : GradientMode::accumulate;
     meta.grad_stale = false;
     return {meta.grad, mode};
@@ -81,9 +83,11 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device) {
                   "backward: a second contribution to a gradient already written with its producer's ReLU mask");
     CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(),
                   " and ", slot_->shape().str(), " for the same tensor");
+    CUMULUS_CHECK(slot_->dtype() == dtype, InvalidArgument, "backward: gradients of types ", dtype_name(dtype),
+                  " and ", dtype_name(slot_->dtype()), " for the same tensor");
     return {*slot_, GradientMode::accumulate};
   }
-  *slot_ = Tensor::empty(shape, DType::f32, device);
+  *slot_ = Tensor::empty(shape, dtype, device);
   return {*slot_, GradientMode::overwrite};
 }
 
@@ -98,7 +102,7 @@ void GradSink::give(const Tensor& grad) {
     *slot_ = grad;  // first contribution to an inner node: take it, no copy
     return;
   }
-  Target t = begin(grad.shape(), grad.device());
+  Target t = begin(grad.shape(), grad.device(), grad.dtype());
   ops::detail::accumulate_into(t.tensor, grad, t.beta());
 }
 

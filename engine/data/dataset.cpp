@@ -339,14 +339,21 @@ Batch DataLoader::next(int64_t i) {
 #endif
   Batch b = empty_batch(i);
   [[maybe_unused]] const int64_t count = b.x.size(0), row = b.x.size(1);
-  [[maybe_unused]] float* x = b.x.data<float>();
   [[maybe_unused]] int32_t* y = b.y.data<int32_t>();
-  CUMULUS_DISPATCH(device_, (void)0,
-                   kernels::gather_batch_at_cursor_cuda(images, labels, order,
-                                                        static_cast<kernels::GatherCursor*>(cursor_.raw_data()),
-                                                        stride, ring, count, row, x, y, ctx.stream()));
+  CUMULUS_DISPATCH_FLOAT(dtype_, T, [[maybe_unused]] T* x = b.x.data<T>();
+                         CUMULUS_DISPATCH(device_, (void)0,
+                                          kernels::gather_batch_at_cursor_cuda(
+                                              images, labels, order, static_cast<kernels::GatherCursor*>(cursor_.raw_data()),
+                                              stride, ring, count, row, x, y, ctx.stream())));
   ++position_;
   return b;
+}
+
+DataLoader& DataLoader::set_dtype(DType dtype) {
+  CUMULUS_CHECK(is_floating(dtype), InvalidArgument, "DataLoader::set_dtype: batches are f32, bf16 or f16, not ",
+                dtype_name(dtype));
+  dtype_ = dtype;
+  return *this;
 }
 
 Batch DataLoader::empty_batch(int64_t i) const {
@@ -354,7 +361,7 @@ Batch DataLoader::empty_batch(int64_t i) const {
   const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
   MemoryCategoryScope scope(MemoryCategory::data);
   OpScope op("gather batch");  // an out-of-memory report names the batch, not "(no op)"
-  return {Tensor::empty(Shape{count, row}, DType::f32, device_), Tensor::empty(Shape{count}, DType::i32, device_)};
+  return {Tensor::empty(Shape{count, row}, dtype_, device_), Tensor::empty(Shape{count}, DType::i32, device_)};
 }
 
 // Ceiling division without n + b - 1, which overflows for a batch size near INT64_MAX.
@@ -369,7 +376,6 @@ Batch DataLoader::batch(int64_t i) const {
   const int64_t start = i * batch_size_;
   Batch b = empty_batch(i);
   const int64_t count = b.x.size(0), row = b.x.size(1);
-  float* x = b.x.data<float>();
   int32_t* y = b.y.data<int32_t>();
   if (staging_) {
     // Evaluation's synchronous form: the batch's rows gathered on the host, copied as u8 (a
@@ -385,14 +391,19 @@ Batch DataLoader::batch(int64_t i) const {
     }
     [[maybe_unused]] const uint8_t* si = staged_images.data<uint8_t>();
     [[maybe_unused]] const int32_t* sl = staged_labels.data<int32_t>();
-    CUMULUS_DISPATCH(device_, (void)0, kernels::gather_batch_cuda(si, sl, nullptr, 0, count, row, x, y, ctx.stream()));
+    CUMULUS_DISPATCH_FLOAT(dtype_, T, [[maybe_unused]] T* x = b.x.data<T>();
+                           CUMULUS_DISPATCH(device_, (void)0, kernels::gather_batch_cuda(si, sl, nullptr, 0, count, row,
+                                                                                         x, y, ctx.stream())));
     return b;
   }
   const uint8_t* images = dataset_.images.data<uint8_t>();
   const int32_t* labels = dataset_.labels.data<int32_t>();
   const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
-  CUMULUS_DISPATCH(device_, kernels::gather_batch_cpu(images, labels, order, start, count, row, x, y),
-                   kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y, ctx.stream()));
+  CUMULUS_DISPATCH_FLOAT(dtype_, T, T* x = b.x.data<T>();
+                         CUMULUS_DISPATCH(device_, kernels::gather_batch_cpu(images, labels, order, start, count, row,
+                                                                             x, y),
+                                          kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y,
+                                                                     ctx.stream())));
   return b;
 }
 

@@ -21,6 +21,7 @@ const char* category_name(MemoryCategory c) {
     case MemoryCategory::workspace: return "workspace";
     case MemoryCategory::data: return "data";
     case MemoryCategory::other: return "other";
+    case MemoryCategory::parameter_copies: return "parameter_copies";
   }
   return "unknown";
 }

@@ -342,10 +342,10 @@ namespace {
 // plot is there to show; shortening only outliers leaves a plot without them (the CPU's, usually)
 // linear.
 
-constexpr std::array<MemoryCategory, 8> kStackOrder = {
+constexpr std::array<MemoryCategory, kNumMemoryCategories> kStackOrder = {
     MemoryCategory::parameters,      MemoryCategory::gradients,   MemoryCategory::workspace,
-    MemoryCategory::data,            MemoryCategory::optimizer_state, MemoryCategory::activations,
-    MemoryCategory::backward_temporaries, MemoryCategory::other};
+    MemoryCategory::data,            MemoryCategory::optimizer_state, MemoryCategory::parameter_copies,
+    MemoryCategory::activations,     MemoryCategory::backward_temporaries, MemoryCategory::other};
 
 const char* category_color(MemoryCategory c) {
   switch (c) {
@@ -357,6 +357,7 @@ const char* category_color(MemoryCategory c) {
     case MemoryCategory::workspace: return "#bab0ac";
     case MemoryCategory::data: return "#59a14f";
     case MemoryCategory::other: return "#b07aa1";
+    case MemoryCategory::parameter_copies: return "#edc948";
   }
   return "#000000";
 }

@@ -1,6 +1,7 @@
 // cross_entropy: softmax cross-entropy of logits [B, C] against i32 labels [B] -> scalar.
 // Saves the logits and labels (both alive anyway: the logits are the last Linear's output) and
 // recomputes the softmax in backward rather than keeping a [B, C] probability tensor.
+// Logits may be bf16 or f16 (their gradient then is too); the softmax and the loss are f32.
 #include <cmath>
 
 #include "cumulus/autograd/node.h"
@@ -19,14 +20,14 @@ class CrossEntropyBackward final : public Node {
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (!grads[0].needed()) return;
     const Device device = dy.device();
-    GradSink::Target dx = grads[0].begin(logits_.shape(), device);
-    const float* lp = logits_.data<float>();
+    GradSink::Target dx = grads[0].begin(logits_.shape(), device, logits_.dtype());
     const int32_t* yp = labels_.data<int32_t>();
     const float* g = dy.data<float>();
-    float* dxp = dx.tensor.data<float>();
     const int64_t b = logits_.size(0), c = logits_.size(1);
-    CUMULUS_DISPATCH(device, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, dx.beta(), dxp),
-                     kernels::cross_entropy_backward_cuda(lp, yp, b, c, g, scale_, dx.beta(), dxp, ctx.stream()));
+    const float beta = dx.beta();
+    CUMULUS_DISPATCH_FLOAT(logits_.dtype(), T, const T* lp = logits_.data<T>(); T* dxp = dx.tensor.data<T>();
+        CUMULUS_DISPATCH(device, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, beta, dxp),
+                         kernels::cross_entropy_backward_cuda(lp, yp, b, c, g, scale_, beta, dxp, ctx.stream())));
   }
   void release_saved() override {
     logits_ = Tensor();
@@ -43,7 +44,7 @@ class CrossEntropyBackward final : public Node {
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction) {
   constexpr const char* op = "cross_entropy";
   OpScope op_scope(op);
-  detail::check_dtype(op, "logits", logits, DType::f32);
+  detail::check_floating(op, "logits", logits);
   detail::check_dtype(op, "labels", labels, DType::i32);
   CUMULUS_CHECK(logits.ndim() == 2 && logits.size(1) > 0, ShapeError, op,
                 ": logits must be [batch, classes > 0], got ", logits.shape().str());
@@ -55,18 +56,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
   const int64_t b = logits.size(0), c = logits.size(1);
   const float scale = reduction == Reduction::Mean ? (b > 0 ? 1.0f / static_cast<float>(b) : NAN) : 1.0f;
   Tensor loss = detail::new_output(Shape{}, DType::f32, device);
-  const float* lp = logits.data<float>();
   const int32_t* yp = labels.data<int32_t>();
   float* out = loss.data<float>();
   if (device.is_cpu()) {
-    const int64_t bad = kernels::cross_entropy_forward_cpu(lp, yp, b, c, scale, out);
+    int64_t bad = -1;
+    CUMULUS_DISPATCH_FLOAT(logits.dtype(), T,
+                           bad = kernels::cross_entropy_forward_cpu(logits.data<T>(), yp, b, c, scale, out));
     CUMULUS_CHECK(bad < 0, InvalidArgument, op, ": label ", bad >= 0 ? yp[bad] : 0, " at row ", bad,
                   " is outside [0, ", c, ")");
   } else {
     Tensor row_loss = detail::new_output(Shape{b}, DType::f32, device);  // freed on return
-    float* rl = row_loss.data<float>();
-    CUMULUS_DISPATCH(device, (void)rl /* CPU handled above */,
-                     kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out, ctx.stream()));
+    CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* lp = logits.data<T>(); float* rl = row_loss.data<float>();
+                           CUMULUS_DISPATCH(device, ((void)lp, (void)rl) /* CPU handled above */,
+                                            kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out,
+                                                                                ctx.stream())));
   }
   if (should_record({&logits}))
     attach_node(loss, std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), scale),

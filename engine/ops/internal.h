@@ -1,6 +1,8 @@
 // Private helpers shared by the op implementations and the autograd engine.
 #pragma once
 
+#include <string>
+
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/tensor/tensor.h"
@@ -33,6 +35,21 @@
   } while (0)
 #endif
 
+// CUMULUS_DISPATCH_FLOAT(dtype, T, body...): runs `body` with T the storage type of a floating
+// dtype (float, BFloat16, Half); throws for any other dtype. Kernels templated over T compute in
+// f32 (Note [Mixed precision] in engine/ops/linear.cpp).
+#define CUMULUS_DISPATCH_FLOAT(dtype, T, ...)                                                           \
+  do {                                                                                                 \
+    switch (dtype) {                                                                                   \
+      case ::cumulus::DType::f32: { using T = float; __VA_ARGS__; break; }                             \
+      case ::cumulus::DType::bf16: { using T = ::cumulus::BFloat16; __VA_ARGS__; break; }              \
+      case ::cumulus::DType::f16: { using T = ::cumulus::Half; __VA_ARGS__; break; }                   \
+      default:                                                                                         \
+        throw ::cumulus::InvalidArgument(std::string("no floating kernel for dtype ") +                \
+                                         ::cumulus::dtype_name(dtype));                                \
+    }                                                                                                  \
+  } while (0)
+
 namespace cumulus::ops::detail {
 
 // The category for an op's output: the innermost scope's, else activations while the graph is
@@ -47,7 +64,7 @@ inline Tensor new_output(const Shape& shape, DType dtype, const Device& device) 
   return Tensor::empty(shape, dtype, device);
 }
 
-// dst = src + beta * dst (beta 0 overwrites without reading dst). f32, same shape and device.
+// dst = src + beta * dst (beta 0 overwrites without reading dst). Same floating dtype, shape and device.
 void accumulate_into(const Tensor& dst, const Tensor& src, float beta);
 
 // Allocates a leaf's persistent gradient buffer (category gradients), contents stale.
@@ -57,6 +74,13 @@ inline void check_dtype(const char* op, const char* what, const Tensor& t, DType
   CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined");
   CUMULUS_CHECK(t.dtype() == expected, InvalidArgument, op, ": ", what, " must be ",
                 dtype_name(expected), ", got ", dtype_name(t.dtype()));
+}
+
+// A floating tensor (f32, bf16 or f16): the types ops compute with (Note [Mixed precision]).
+inline void check_floating(const char* op, const char* what, const Tensor& t) {
+  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined");
+  CUMULUS_CHECK(is_floating(t.dtype()), InvalidArgument, op, ": ", what, " must be f32, bf16 or f16, got ",
+                dtype_name(t.dtype()));
 }
 
 inline void check_same_device(const char* op, const char* what, const Tensor& t, const Tensor& ref) {

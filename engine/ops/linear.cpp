@@ -36,6 +36,27 @@
 //   adds] in engine/autograd/engine.cpp); where the sink cannot defer (data parallel's reporting
 //   backward), sum_rows_cuda adds it with beta 1. Note [Bias gradient epilogue] in
 //   kernels/cuda/gemm.cu says which BGRAD applies.
+//
+// Note [Mixed precision]
+// A Linear computes in its input's type: x in bf16 or f16 makes y, dz and dx that type, while the
+// weight and bias stay f32 (the master copy the optimizer updates) and so do their gradients.
+// - Forward: W is narrowed to x's type for the GEMM (category parameter_copies, saved for dx's
+//   GEMM); products are accumulated in f32 and the bias added in f32 before y is rounded once.
+//   The copy is made per forward, so it can never be stale, whatever changed the weights.
+// - Backward: dz = dy * (y > 0) in the 16-bit type; dx = dz W16, rounded once; dW (+)= dz^T x and
+//   db (+)= sum_rows dz are accumulated in f32 straight into the f32 gradient buffers (beta 0 or 1
+//   as in f32). So the persistent buffers sum micro-batches in f32: a bf16 buffer would drop the
+//   small contributions of later micro-batches (test_precision.cpp shows it does).
+// - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (y, dx) or f32
+//   (dW); the forward's bias and ReLU in the epilogue (an f32 bias), cublasGemmEx and our kernels
+//   where cuBLASLt has no algorithm. No ReLU bit masks: the node masks dz itself.
+// - CPU: the same arithmetic in f32 over widened copies (bf16 x bf16 products are exact in f32),
+//   rounded where the GPU rounds: tests compare the paths within the 16-bit types' tolerance.
+// Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
+// returns an f32 loss). The data loader gathers batches straight into the compute type, so the
+// saved activations of a 16-bit run are half an f32 run's.
+#include <type_traits>
+
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
@@ -50,6 +71,73 @@ void linear_forward_cpu(const float* xp, const float* wp, const float* bp, float
   if (bp != nullptr) kernels::broadcast_rows_cpu(bp, batch, out, yp);
   kernels::gemm_cpu(false, true, batch, out, in, 1.0f, xp, in, wp, in, bp != nullptr ? 1.0f : 0.0f, yp, out);
   if (relu) kernels::relu_forward_cpu(yp, yp, batch * out);
+}
+
+// A copy of `t` in `dtype` of the given category (workspace for the CPU's f32 scratch).
+Tensor converted(const Tensor& t, DType dtype, MemoryCategory category) {
+  MemoryCategoryScope scope(category);
+  return t.to(dtype);
+}
+
+// dst = src converted to dst's type (same shape and device).
+void convert_into(const Tensor& src, const Tensor& dst) {
+  const int64_t n = src.numel();
+  CUMULUS_DISPATCH_FLOAT(src.dtype(), From, CUMULUS_DISPATCH_FLOAT(dst.dtype(), To, {
+    if constexpr (!std::is_same_v<From, To>) {
+      const From* s = src.data<From>();
+      To* d = dst.data<To>();
+      CUMULUS_DISPATCH(src.device(), kernels::convert_cpu(s, d, n), kernels::convert_cuda(s, d, n, ctx.stream()));
+    }
+  }));
+}
+
+#if CUMULUS_WITH_CUDA
+// A backward GEMM of a 16-bit Linear (Note [Mixed precision]): cuBLASLt, else cublasGemmEx.
+void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                  int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc, kernels::GemmTypes types) {
+  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, trans_a, trans_b, m, n,
+                            k, 1.0f, a, lda, b, ldb, beta, c, ldc, types, kernels::GemmEpilogueArgs{}, ctx.stream()))
+    return;
+  kernels::gemm_ex_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types);
+}
+#endif
+
+// y = act(x W16^T + b) for a 16-bit x (Note [Mixed precision]).
+void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, const Tensor& y, bool relu) {
+  const Device device = x.device();
+  const int64_t batch = x.size(0), in = x.size(1), out = w16.size(0);
+  const float* bp = bias.defined() ? bias.data<float>() : nullptr;
+  if (device.is_cpu()) {
+    const Tensor xf = converted(x, DType::f32, MemoryCategory::workspace);
+    const Tensor wf = converted(w16, DType::f32, MemoryCategory::workspace);
+    Tensor yf;
+    {
+      MemoryCategoryScope scope(MemoryCategory::workspace);
+      yf = Tensor::empty(y.shape(), DType::f32, device);
+    }
+    linear_forward_cpu(xf.data<float>(), wf.data<float>(), bp, yf.data<float>(), batch, in, out, relu);
+    convert_into(yf, y);
+    return;
+  }
+#if CUMULUS_WITH_CUDA
+  using kernels::GemmEpilogue;
+  kernels::GemmEpilogueArgs epilogue;
+  epilogue.bias = bp;
+  epilogue.kind = bp != nullptr ? (relu ? GemmEpilogue::relu_bias : GemmEpilogue::bias)
+                                : (relu ? GemmEpilogue::relu : GemmEpilogue::none);
+  const kernels::GemmTypes types{x.dtype(), x.dtype()};
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, T* yp = y.data<T>(); CUMULUS_DISPATCH(device, (void)yp, {
+    // Without the epilogue: the bias broadcast into y first, then added to by the GEMM (beta 1).
+    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch, out,
+                              in, 1.0f, x.raw_data(), in, w16.raw_data(), in, 0.0f, yp, out, types, epilogue,
+                              ctx.stream()))
+      return;
+    if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream());
+    kernels::gemm_ex_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, x.raw_data(), in, w16.raw_data(), in,
+                          bp != nullptr ? 1.0f : 0.0f, yp, out, types);
+    if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
+  }));
+#endif
 }
 
 #if CUMULUS_WITH_CUDA
@@ -142,6 +230,7 @@ class LinearBackward final : public Node {
   }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (dy.dtype() != DType::f32) return backward_16(dy, grads);
     const Device device = dy.device();
     const int64_t batch = dy.size(0), out = dy.size(1);
     // dz = dy * (y > 0): ReluBackward's arithmetic with beta 0, so the CPU gives relu's bits.
@@ -215,6 +304,72 @@ class LinearBackward final : public Node {
   }
 
  private:
+  // Note [Mixed precision]: dy, y, x and w_ (the forward's 16-bit weight copy) in one 16-bit type;
+  // dW and db accumulate in f32.
+  void backward_16(const Tensor& dy, std::vector<GradSink>& grads) {
+    const Device device = dy.device();
+    const DType type = dy.dtype();
+    const int64_t batch = dy.size(0), out = dy.size(1);
+    Tensor dz = dy;
+    if (relu_) {
+      const bool in_place = sole_owner(dy);
+      if (!in_place) dz = Tensor::empty(dy.shape(), type, device);
+      const int64_t n = dy.numel();
+      CUMULUS_DISPATCH_FLOAT(type, T, const T* yp = y_.data<T>(); const T* dyp = dy.data<T>(); T* dzp = dz.data<T>();
+                             CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
+                                              kernels::relu_backward_cuda(yp, dyp, 0.0f, dzp, n, ctx.stream())));
+    }
+    const bool want_db = has_bias_ && grads[2].needed();
+    // The CPU computes in f32 over widened copies, rounding where the GPU rounds.
+    Tensor dzf;
+    if (device.is_cpu()) dzf = converted(dz, DType::f32, MemoryCategory::workspace);
+    if (grads[0].needed()) {
+      const int64_t in = w_.size(1);
+      GradSink::Target dx = grads[0].begin(Shape{batch, in}, device, type);
+      if (device.is_cpu()) {
+        const Tensor wf = converted(w_, DType::f32, MemoryCategory::workspace);
+        Tensor dxf;  // with beta 1 the GEMM adds to what dx holds, widened
+        {
+          MemoryCategoryScope scope(MemoryCategory::workspace);
+          dxf = dx.mode == GradientMode::accumulate ? dx.tensor.to(DType::f32)
+                                                    : Tensor::empty(Shape{batch, in}, DType::f32, device);
+        }
+        kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzf.data<float>(), out, wf.data<float>(), in, dx.beta(),
+                          dxf.data<float>(), in);
+        convert_into(dxf, dx.tensor);
+      } else {
+        CUMULUS_DISPATCH(device, (void)0,
+                         gemm_16_cuda(ctx, false, false, batch, in, out, dz.raw_data(), out, w_.raw_data(), in,
+                                      dx.beta(), dx.tensor.raw_data(), in, kernels::GemmTypes{type, type}));
+      }
+    }
+    if (grads[1].needed()) {
+      const int64_t in = x_.size(1);
+      GradSink::Target dw = grads[1].begin(Shape{out, in}, device);
+      float* dwp = dw.tensor.data<float>();
+      if (device.is_cpu()) {
+        const Tensor xf = converted(x_, DType::f32, MemoryCategory::workspace);
+        kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzf.data<float>(), out, xf.data<float>(), in, dw.beta(),
+                          dwp, in);
+      } else {
+        CUMULUS_DISPATCH(device, (void)0,
+                         gemm_16_cuda(ctx, true, false, out, in, batch, dz.raw_data(), out, x_.raw_data(), in,
+                                      dw.beta(), dwp, in, kernels::GemmTypes{type, DType::f32}));
+      }
+    }
+    if (want_db) {
+      GradSink::Target db = grads[2].begin(Shape{out}, device);
+      float* dbp = db.tensor.data<float>();
+      if (device.is_cpu()) {
+        kernels::sum_rows_cpu(dzf.data<float>(), batch, out, db.beta(), dbp);
+      } else {
+        CUMULUS_DISPATCH_FLOAT(type, T, const T* dzp = dz.data<T>();
+                               CUMULUS_DISPATCH(device, (void)dzp,
+                                                kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream())));
+      }
+    }
+  }
+
   Tensor x_, w_, y_, mask_;
   int64_t mask_ld_;
   bool has_bias_, relu_;
@@ -230,7 +385,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   const bool relu = activation == Activation::relu;
   const char* op = relu ? "linear+relu" : "linear";
   OpScope op_scope(op);
-  detail::check_dtype(op, "input", x, DType::f32);
+  detail::check_floating(op, "input", x);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(x.ndim() == 2, ShapeError, op, ": input must be [batch, in_features], got ", x.shape().str());
   CUMULUS_CHECK(weight.ndim() == 2, ShapeError, op, ": weight must be [out_features, in_features], got ",
@@ -248,12 +403,24 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 
   const Device device = x.device();
   const int64_t batch = x.size(0), in = x.size(1), out = weight.size(0);
+  const bool record = should_record({&x, &weight, &bias});
+  if (x.dtype() != DType::f32) {  // Note [Mixed precision]
+    const Tensor w16 = converted(weight, x.dtype(), MemoryCategory::parameter_copies);
+    Tensor y = detail::new_output(Shape{batch, out}, x.dtype(), device);
+    linear_forward_16(x, w16, bias, y, relu);
+    if (record) {
+      auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x.detach() : Tensor(),
+                                                   x.requires_grad() ? w16 : Tensor(), relu ? y.detach() : Tensor(),
+                                                   Tensor(), 0, has_bias, relu);
+      attach_node(y, std::move(node), {&x, &weight, &bias});
+    }
+    return y;
+  }
   Tensor y = detail::new_output(Shape{batch, out}, DType::f32, device);
   const float* xp = x.data<float>();
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  const bool record = should_record({&x, &weight, &bias});
   // On CUDA a recorded ReLU also keeps its bit mask for the next Linear's backward GEMM: ld bits
   // per sample, rounded to cuBLASLt's 128 (Note [ReLU mask across nodes] in engine/autograd/engine.cpp).
   Tensor mask;

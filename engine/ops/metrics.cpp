@@ -16,7 +16,7 @@ ClassificationTally::ClassificationTally(Device device) {
 void ClassificationTally::add(const Tensor& logits, const Tensor& labels, const Tensor& mean_loss) {
   constexpr const char* op = "classification tally";
   OpScope op_scope(op);
-  detail::check_dtype(op, "logits", logits, DType::f32);
+  detail::check_floating(op, "logits", logits);
   detail::check_dtype(op, "labels", labels, DType::i32);
   detail::check_dtype(op, "mean loss", mean_loss, DType::f32);
   CUMULUS_CHECK(logits.ndim() == 2 && logits.size(1) > 0, ShapeError, op, ": logits must be [rows, classes > 0], got ",
@@ -29,13 +29,14 @@ void ClassificationTally::add(const Tensor& logits, const Tensor& labels, const 
   detail::check_same_device(op, "logits", logits, totals_);
   detail::check_same_device(op, "labels", labels, totals_);
   detail::check_same_device(op, "mean loss", mean_loss, totals_);
-  const float* x = logits.data<float>();
   const int32_t* y = labels.data<int32_t>();
   const float* loss = mean_loss.data<float>();
   auto* totals = static_cast<kernels::ClassificationTotals*>(totals_.raw_data());
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  CUMULUS_DISPATCH(device, kernels::classification_tally_cpu(x, y, rows, cols, loss, totals),
-                   kernels::classification_tally_cuda(x, y, rows, cols, loss, totals, ctx.stream()));
+  CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* x = logits.data<T>();
+                         CUMULUS_DISPATCH(device, kernels::classification_tally_cpu(x, y, rows, cols, loss, totals),
+                                          kernels::classification_tally_cuda(x, y, rows, cols, loss, totals,
+                                                                             ctx.stream())));
 }
 
 ClassificationTally::Totals ClassificationTally::read() const {

@@ -53,15 +53,15 @@ Tensor mean(const Tensor& x) { return reduce_all("mean", x, true); }
 
 Tensor argmax(const Tensor& x) {
   OpScope op_scope("argmax");
-  detail::check_dtype("argmax", "input", x, DType::f32);
+  detail::check_floating("argmax", "input", x);
   CUMULUS_CHECK(x.ndim() == 2 && x.size(1) > 0, ShapeError, "argmax: input must be [rows, cols > 0], got ",
                 x.shape().str());
   const Device device = x.device();
   Tensor out = detail::new_output(Shape{x.size(0)}, DType::i32, device);
-  const float* xp = x.data<float>();
   int32_t* op = out.data<int32_t>();
-  CUMULUS_DISPATCH(device, kernels::argmax_rows_cpu(xp, x.size(0), x.size(1), op),
-                   kernels::argmax_rows_cuda(xp, x.size(0), x.size(1), op, ctx.stream()));
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>();
+                         CUMULUS_DISPATCH(device, kernels::argmax_rows_cpu(xp, x.size(0), x.size(1), op),
+                                          kernels::argmax_rows_cuda(xp, x.size(0), x.size(1), op, ctx.stream())));
   return out;
 }
 

@@ -1,5 +1,6 @@
 // reshape / flatten: views over the same storage (no copy, no allocation). Backward hands the
 // gradient on as a view with the input's shape.
+// cast: a copy in another floating type; backward hands the gradient on converted back.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
@@ -28,7 +29,32 @@ Tensor view(const Tensor& x, const Shape& shape) {
   return Tensor(std::move(impl));
 }
 
+class CastBackward final : public Node {
+ public:
+  explicit CastBackward(DType input_dtype) : Node("cast"), input_dtype_(input_dtype) {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (grads[0].needed()) grads[0].give(dy.to(input_dtype_));
+  }
+
+ private:
+  DType input_dtype_;
+};
+
 }  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  OpScope op_scope("cast");
+  detail::check_floating("cast", "input", x);
+  CUMULUS_CHECK(is_floating(dtype), InvalidArgument, "cast: to f32, bf16 or f16, not ", dtype_name(dtype));
+  if (x.dtype() == dtype) return x;
+  Tensor y;
+  {
+    MemoryCategoryScope scope(detail::output_category());
+    y = x.to(dtype);
+  }
+  if (should_record({&x})) attach_node(y, std::make_shared<CastBackward>(x.dtype()), {&x});
+  return y;
+}
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   CUMULUS_CHECK(x.defined(), InvalidArgument, "reshape: input is undefined");

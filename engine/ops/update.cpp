@@ -6,16 +6,15 @@ namespace cumulus::ops {
 
 namespace detail {
 void accumulate_into(const Tensor& dst, const Tensor& src, float beta) {
-  check_dtype("accumulate", "destination", dst, DType::f32);
-  check_dtype("accumulate", "source", src, DType::f32);
+  check_floating("accumulate", "destination", dst);
+  check_dtype("accumulate", "source", src, dst.dtype());
   CUMULUS_CHECK(dst.numel() == src.numel(), ShapeError, "accumulate: ", src.shape().str(), " into ",
                 dst.shape().str());
   check_same_device("accumulate", "source", src, dst);
-  const float* s = src.data<float>();
-  float* d = dst.data<float>();
   const int64_t n = dst.numel();
-  CUMULUS_DISPATCH(dst.device(), kernels::accumulate_cpu(s, beta, d, n),
-                   kernels::accumulate_cuda(s, beta, d, n, ctx.stream()));
+  CUMULUS_DISPATCH_FLOAT(dst.dtype(), T, const T* s = src.data<T>(); T* d = dst.data<T>();
+                         CUMULUS_DISPATCH(dst.device(), kernels::accumulate_cpu(s, beta, d, n),
+                                          kernels::accumulate_cuda(s, beta, d, n, ctx.stream())));
 }
 }  // namespace detail
 

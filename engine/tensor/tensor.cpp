@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
@@ -123,6 +124,8 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template int32_t* Tensor::data<int32_t>() const;
 template uint8_t* Tensor::data<uint8_t>() const;
+template BFloat16* Tensor::data<BFloat16>() const;
+template Half* Tensor::data<Half>() const;
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
@@ -156,28 +159,18 @@ Tensor Tensor::to(Device target) const {
 Tensor Tensor::to(DType target) const {
   const DType from = dtype();
   if (from == target) return *this;
-  auto float16 = [](DType t) { return t == DType::bf16 ? kernels::Float16::bf16 : kernels::Float16::f16; };
-  const bool narrow = from == DType::f32 && (target == DType::bf16 || target == DType::f16);
-  const bool widen = (from == DType::bf16 || from == DType::f16) && target == DType::f32;
-  if (!narrow && !widen) {
-    CUMULUS_CHECK((from == DType::bf16 || from == DType::f16) && (target == DType::bf16 || target == DType::f16),
-                  InvalidArgument, "Tensor::to: no conversion from ", dtype_name(from), " to ", dtype_name(target),
-                  " (f32, bf16 and f16 convert among themselves)");
-    return to(DType::f32).to(target);
-  }
+  CUMULUS_CHECK(is_floating(from) && is_floating(target), InvalidArgument, "Tensor::to: no conversion from ",
+                dtype_name(from), " to ", dtype_name(target), " (f32, bf16 and f16 convert among themselves)");
   Tensor t = empty(shape(), target, device());
   const int64_t n = numel();
-  if (narrow) {
-    const float* x = data<float>();
-    auto* y = static_cast<uint16_t*>(t.raw_data());
-    CUMULUS_DISPATCH(device(), kernels::narrow_cpu(x, y, n, float16(target)),
-                     kernels::narrow_cuda(x, y, n, float16(target), ctx.stream()));
-  } else {
-    const auto* x = static_cast<const uint16_t*>(raw_data());
-    float* y = t.data<float>();
-    CUMULUS_DISPATCH(device(), kernels::widen_cpu(x, y, n, float16(from)),
-                     kernels::widen_cuda(x, y, n, float16(from), ctx.stream()));
-  }
+  // Every pair but f32 -> f32 (returned above); the kernels convert through f32 (one rounding).
+  CUMULUS_DISPATCH_FLOAT(from, From, CUMULUS_DISPATCH_FLOAT(target, To, {
+    if constexpr (!std::is_same_v<From, To>) {
+      const From* x = data<From>();
+      To* y = t.data<To>();
+      CUMULUS_DISPATCH(device(), kernels::convert_cpu(x, y, n), kernels::convert_cuda(x, y, n, ctx.stream()));
+    }
+  }));
   return t;
 }
 

@@ -1,6 +1,8 @@
 // Softmax cross-entropy over integer labels.
 //   forward:  loss = scale * sum_i ((m_i - x_i,y_i) + log sum_j exp(x_ij - m_i)), m_i = max_j x_ij
 //   backward: dx_ij = scale * g * (softmax(x_i)_j - [j == y_i]); needs the logits and labels only.
+// Logits and their gradient may be stored in 16 bits; the arithmetic and the loss are f32 (double
+// for the sums), as Note [Mixed precision] in engine/ops/linear.cpp asks of losses and softmax.
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
@@ -10,55 +12,58 @@ namespace cumulus::kernels {
 namespace {
 // The row maximum m and log sum_j exp(x_j - m). The two are kept apart: folding them into one
 // float lse = m + log(s) would round away log(s) when |m| is large (1e3 and up).
-inline void row_stats(const float* x, int64_t n, float& max_out, float& log_sum_out) {
-  float m = x[0];
-  for (int64_t j = 1; j < n; ++j) m = std::fmax(m, x[j]);
+template <typename T>
+inline void row_stats(const T* x, int64_t n, float& max_out, float& log_sum_out) {
+  float m = to_f32(x[0]);
+  for (int64_t j = 1; j < n; ++j) m = std::fmax(m, to_f32(x[j]));
   double s = 0.0;
-  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(x[j] - m));
+  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(to_f32(x[j]) - m));
   max_out = m;
   log_sum_out = static_cast<float>(std::log(s));
 }
 }  // namespace
 
-int64_t cross_entropy_forward_cpu(const float* logits, const int32_t* labels, int64_t batch,
-                                  int64_t classes, float scale, float* loss) {
+template <typename T>
+int64_t cross_entropy_forward_cpu(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                  float scale, float* loss) {
   double total = 0.0;
   for (int64_t i = 0; i < batch; ++i) {
     const int32_t y = labels[i];
     if (y < 0 || y >= classes) return i;
-    const float* x = logits + i * classes;
+    const T* x = logits + i * classes;
     float m, log_sum;
     row_stats(x, classes, m, log_sum);
-    total += static_cast<double>(m - x[y]) + log_sum;
+    total += static_cast<double>(m - to_f32(x[y])) + log_sum;
   }
   loss[0] = static_cast<float>(total * scale);
   return -1;
 }
 
-void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int64_t batch,
-                                int64_t classes, const float* grad_loss, float scale, float beta,
-                                float* dlogits) {
+template <typename T>
+void cross_entropy_backward_cpu(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                const float* grad_loss, float scale, float beta, T* dlogits) {
   const float g = scale * grad_loss[0];
   for (int64_t i = 0; i < batch; ++i) {
-    const float* x = logits + i * classes;
-    float* dx = dlogits + i * classes;
+    const T* x = logits + i * classes;
+    T* dx = dlogits + i * classes;
     float m, log_sum;
     row_stats(x, classes, m, log_sum);
     for (int64_t j = 0; j < classes; ++j) {
-      const float v = g * (std::exp((x[j] - m) - log_sum) - (j == labels[i] ? 1.0f : 0.0f));
-      dx[j] = beta == 0.0f ? v : v + beta * dx[j];
+      const float v = g * (std::exp((to_f32(x[j]) - m) - log_sum) - (j == labels[i] ? 1.0f : 0.0f));
+      dx[j] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[j]));
     }
   }
 }
 
-void classification_tally_cpu(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+template <typename T>
+void classification_tally_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                               const float* batch_loss, ClassificationTotals* totals) {
   int64_t correct = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = logits + r * cols;
+    const T* xr = logits + r * cols;
     int32_t best = 0;  // argmax_rows_cpu's result (std::max_element: the first maximum by >)
     for (int64_t j = 1; j < cols; ++j)
-      if (xr[j] > xr[best]) best = static_cast<int32_t>(j);
+      if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
     correct += best == labels[r];
   }
   totals->loss_sum += static_cast<double>(*batch_loss);
@@ -66,5 +71,16 @@ void classification_tally_cpu(const float* logits, const int32_t* labels, int64_
   totals->samples += rows;
   totals->batches += 1;
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                                                \
+  template int64_t cross_entropy_forward_cpu(const T*, const int32_t*, int64_t, int64_t, float, float*);      \
+  template void cross_entropy_backward_cpu(const T*, const int32_t*, int64_t, int64_t, const float*, float,   \
+                                           float, T*);                                                       \
+  template void classification_tally_cpu(const T*, const int32_t*, int64_t, int64_t, const float*,           \
+                                         ClassificationTotals*);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

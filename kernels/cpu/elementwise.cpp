@@ -11,15 +11,16 @@ namespace {
 inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
 }  // namespace
 
-void narrow_cpu(const float* x, uint16_t* y, int64_t n, Float16 type) {
-  if (type == Float16::bf16) for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
-  else for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+template <typename From, typename To>
+void convert_cpu(const From* x, To* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<To>(to_f32(x[i]));
 }
-
-void widen_cpu(const uint16_t* x, float* y, int64_t n, Float16 type) {
-  if (type == Float16::bf16) for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
-  else for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
-}
+template void convert_cpu(const float*, BFloat16*, int64_t);
+template void convert_cpu(const float*, Half*, int64_t);
+template void convert_cpu(const BFloat16*, float*, int64_t);
+template void convert_cpu(const Half*, float*, int64_t);
+template void convert_cpu(const BFloat16*, Half*, int64_t);
+template void convert_cpu(const Half*, BFloat16*, int64_t);
 
 void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out) {
   for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
@@ -43,17 +44,22 @@ void sum_all_cpu(const float* x, int64_t n, float scale, float* out) {
 // ReLU propagates NaN, as PyTorch's does: `x <= 0 ? 0 : x` is false for NaN, which passes through
 // (`x > 0 ? x : 0` and fmax(x, 0) both turn it into 0 and hide a diverged model). Backward follows
 // PyTorch's threshold rule on the output: 0 where y <= 0, dy elsewhere, NaN outputs included.
-void relu_forward_cpu(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+// A 16-bit value is stored as is where no arithmetic touches it (max(x, 0) and its mask either
+// keep x or give 0), so the loops below need no rounding beyond the inputs' own.
+template <typename T>
+void relu_forward_cpu(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = to_f32(x[i]) <= 0.0f ? from_f32<T>(0.0f) : x[i];
 }
 
-void relu_backward_cpu(const float* y, const float* dy, float beta, float* dx, int64_t n) {
+template <typename T>
+void relu_backward_cpu(const T* y, const T* dy, float beta, T* dx, int64_t n) {
   // Two loops rather than blend() per element: a branch on beta inside the loop keeps the
   // compiler from vectorizing it, and this runs over every activation of the model.
   if (beta == 0.0f) {
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
+    for (int64_t i = 0; i < n; ++i) dx[i] = to_f32(y[i]) <= 0.0f ? from_f32<T>(0.0f) : dy[i];
   } else {
-    for (int64_t i = 0; i < n; ++i) dx[i] = (y[i] <= 0.0f ? 0.0f : dy[i]) + beta * dx[i];
+    for (int64_t i = 0; i < n; ++i)
+      dx[i] = from_f32<T>((to_f32(y[i]) <= 0.0f ? 0.0f : to_f32(dy[i])) + beta * to_f32(dx[i]));
   }
 }
 
@@ -64,16 +70,31 @@ void fill_from_scalar_cpu(const float* scalar, float scale, float beta, float* o
   for (int64_t i = 0; i < n; ++i) out[i] = blend(v, beta, out[i]);
 }
 
-void accumulate_cpu(const float* x, float beta, float* y, int64_t n) {
+template <typename T>
+void accumulate_cpu(const T* x, float beta, T* y, int64_t n) {
   if (beta == 0.0f) std::copy(x, x + n, y);
-  else for (int64_t i = 0; i < n; ++i) y[i] = x[i] + beta * y[i];
+  else for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(to_f32(x[i]) + beta * to_f32(y[i]));
 }
 
-void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+template <typename T>
+void argmax_rows_cpu(const T* x, int64_t rows, int64_t cols, int32_t* out) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    out[r] = static_cast<int32_t>(std::max_element(xr, xr + cols) - xr);
+    const T* xr = x + r * cols;
+    int32_t best = 0;  // the first maximum, as std::max_element
+    for (int64_t j = 1; j < cols; ++j)
+      if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
+    out[r] = best;
   }
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                      \
+  template void relu_forward_cpu(const T*, T*, int64_t);                            \
+  template void relu_backward_cpu(const T*, const T*, float, T*, int64_t);          \
+  template void accumulate_cpu(const T*, float, T*, int64_t);                       \
+  template void argmax_rows_cpu(const T*, int64_t, int64_t, int32_t*);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

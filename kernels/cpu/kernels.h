@@ -1,4 +1,5 @@
-// CPU launchers. Row-major, f32 unless noted. Every launcher that writes a gradient takes a beta:
+// CPU launchers. Row-major, f32 unless noted; a launcher templated over T (float, BFloat16, Half)
+// stores T and computes in f32 (Note [Mixed precision] in engine/ops/linear.cpp). Every launcher that writes a gradient takes a beta:
 // 0 overwrites without reading the destination (it may hold stale or uninitialized values),
 // 1 adds to it. See Note [Gradient sinks] in engine/include/cumulus/autograd/node.h.
 #pragma once
@@ -15,9 +16,10 @@ void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc);
 
-// 16-bit storage from and to f32 (Note [Half-precision conversions] in kernels/float16.h).
-void narrow_cpu(const float* x, uint16_t* y, int64_t n, Float16 type);
-void widen_cpu(const uint16_t* x, float* y, int64_t n, Float16 type);
+// y = x converted, among float, BFloat16 and Half (one rounding at most: through f32; Note
+// [Half-precision conversions] in kernels/float16.h).
+template <typename From, typename To>
+void convert_cpu(const From* x, To* y, int64_t n);
 
 // out[r, :] = row for every r of [rows, cols].
 void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out);
@@ -26,29 +28,35 @@ void sum_rows_cpu(const float* x, int64_t rows, int64_t cols, float beta, float*
 // out[0] = scale * sum_i x[i]   (accumulated in double)
 void sum_all_cpu(const float* x, int64_t n, float scale, float* out);
 
-void relu_forward_cpu(const float* x, float* y, int64_t n);
+template <typename T>
+void relu_forward_cpu(const T* x, T* y, int64_t n);
 // dx = dy * (y > 0) + beta * dx
-void relu_backward_cpu(const float* y, const float* dy, float beta, float* dx, int64_t n);
+template <typename T>
+void relu_backward_cpu(const T* y, const T* dy, float beta, T* dx, int64_t n);
 
 void fill_cpu(float* out, float value, int64_t n);
 // out = scale * scalar[0] + beta * out
 void fill_from_scalar_cpu(const float* scalar, float scale, float beta, float* out, int64_t n);
 // y = x + beta * y
-void accumulate_cpu(const float* x, float beta, float* y, int64_t n);
+template <typename T>
+void accumulate_cpu(const T* x, float beta, T* y, int64_t n);
 
 // loss[0] = scale * sum_i (logsumexp(logits_i) - logits_i[labels_i]); logits: [B, C], labels: [B].
-// Returns the index of the first row whose label is outside [0, C), or -1.
-int64_t cross_entropy_forward_cpu(const float* logits, const int32_t* labels, int64_t batch,
-                                  int64_t classes, float scale, float* loss);
+// The loss is f32 whatever T is. Returns the index of the first row whose label is outside [0, C), or -1.
+template <typename T>
+int64_t cross_entropy_forward_cpu(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                  float scale, float* loss);
 // dlogits = scale * grad_loss[0] * (softmax(logits) - onehot(labels)) + beta * dlogits
-void cross_entropy_backward_cpu(const float* logits, const int32_t* labels, int64_t batch,
-                                int64_t classes, const float* grad_loss, float scale, float beta,
-                                float* dlogits);
+template <typename T>
+void cross_entropy_backward_cpu(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                const float* grad_loss, float scale, float beta, T* dlogits);
 
 // out[r] = index of the first maximum of x[r, :]
-void argmax_rows_cpu(const float* x, int64_t rows, int64_t cols, int32_t* out);
+template <typename T>
+void argmax_rows_cpu(const T* x, int64_t rows, int64_t cols, int32_t* out);
 // totals += {batch_loss[0], rows whose argmax (argmax_rows_cpu's rule) equals the label, rows, 1}.
-void classification_tally_cpu(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+template <typename T>
+void classification_tally_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                               const float* batch_loss, ClassificationTotals* totals);
 
 }  // namespace cumulus::kernels
@@ -74,8 +82,9 @@ namespace cumulus::kernels {
 // ---- data (see kernels/cpu/data.cpp) ----
 
 // Row r < count of a batch is sample s = order[start + r] (order null: start + r) of u8 images
-// [n, row]: x[r, :] = images[s, :] / 255.0f (f32), y[r] = labels[s].
+// [n, row]: x[r, :] = images[s, :] / 255.0f (computed in f32, stored as T), y[r] = labels[s].
+template <typename T>
 void gather_batch_cpu(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                      int64_t count, int64_t row, float* x, int32_t* y);
+                      int64_t count, int64_t row, T* x, int32_t* y);
 
 }  // namespace cumulus::kernels

@@ -7,6 +7,8 @@
 //             from the saved logits instead of saving the softmax (saves B x C floats).
 // A label outside [0, C) makes the row's loss NaN: a kernel cannot throw, and a host-side check
 // would synchronize every micro-batch. The optimizer's non-finite guard then sees it.
+// Logits and their gradient may be stored in 16 bits (to_f32 / from_f32<T>); the row statistics,
+// the losses and the gradient's arithmetic are f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 #include <cmath>
 
 #include "cumulus/core/cuda_check.h"
@@ -31,28 +33,31 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // Row maximum m and log sum_j exp(x_j - m), computed by the whole warp; every lane gets both. They
 // stay apart: one float m + log(s) would round log(s) away when |m| is large.
-__device__ __forceinline__ void warp_row_stats(const float* x, int64_t n, int lane, float& m, float& log_sum) {
+template <typename T>
+__device__ __forceinline__ void warp_row_stats(const T* x, int64_t n, int lane, float& m, float& log_sum) {
   m = -INFINITY;
-  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, x[j]);
+  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, to_f32(x[j]));
   m = warp_max(m);
   float s = 0.0f;
-  for (int64_t j = lane; j < n; j += kWarp) s += expf(x[j] - m);
+  for (int64_t j = lane; j < n; j += kWarp) s += expf(to_f32(x[j]) - m);
   log_sum = logf(warp_sum(s));
 }
 
 // Row `row`'s loss into row_loss[row], by the calling warp.
-__device__ __forceinline__ void row_loss_by_warp(const float* logits, const int32_t* labels, int64_t row,
+template <typename T>
+__device__ __forceinline__ void row_loss_by_warp(const T* logits, const int32_t* labels, int64_t row,
                                                  int64_t classes, int lane, float* row_loss) {
-  const float* x = logits + row * classes;
+  const T* x = logits + row * classes;
   float m, log_sum;
   warp_row_stats(x, classes, lane, m, log_sum);
   if (lane == 0) {
     const int32_t y = labels[row];
-    row_loss[row] = (y >= 0 && y < classes) ? (m - x[y]) + log_sum : NAN;
+    row_loss[row] = (y >= 0 && y < classes) ? (m - to_f32(x[y])) + log_sum : NAN;
   }
 }
 
-__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* labels,
+template <typename T>
+__global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* labels,
                                              int64_t batch, int64_t classes, float* row_loss) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (row < batch) row_loss_by_warp(logits, labels, row, classes, threadIdx.x % kWarp, row_loss);
@@ -61,7 +66,8 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t*
 // Small batches in one launch: the block's warps take the rows in turn, then the block sums them
 // as sum_all_cuda does (cuda_common::block_sum_all), so the loss has the same bits as the two-launch
 // path. __syncthreads makes the block's global writes visible to the whole block.
-__global__ void cross_entropy_forward_one_block_kernel(const float* logits, const int32_t* labels, int64_t batch,
+template <typename T>
+__global__ void cross_entropy_forward_one_block_kernel(const T* logits, const int32_t* labels, int64_t batch,
                                                        int64_t classes, float scale, float* row_loss, float* loss) {
   const int lane = threadIdx.x % kWarp;
   for (int64_t row = threadIdx.x / kWarp; row < batch; row += kWarpsPerBlock)
@@ -71,22 +77,21 @@ __global__ void cross_entropy_forward_one_block_kernel(const float* logits, cons
   if (threadIdx.x == 0) loss[0] = scale * total;
 }
 
-__global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* labels,
-                                              int64_t batch, int64_t classes,
-                                              const float* grad_loss, float scale, float beta,
-                                              float* dlogits) {
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                              const float* grad_loss, float scale, float beta, T* dlogits) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= batch) return;
-  const float* x = logits + row * classes;
-  float* dx = dlogits + row * classes;
+  const T* x = logits + row * classes;
+  T* dx = dlogits + row * classes;
   float m, log_sum;
   warp_row_stats(x, classes, lane, m, log_sum);
   const float g = scale * grad_loss[0];
   const int32_t y = labels[row];
   for (int64_t j = lane; j < classes; j += kWarp) {
-    const float v = g * (expf((x[j] - m) - log_sum) - (j == y ? 1.0f : 0.0f));
-    dx[j] = beta == 0.0f ? v : v + beta * dx[j];
+    const float v = g * (expf((to_f32(x[j]) - m) - log_sum) - (j == y ? 1.0f : 0.0f));
+    dx[j] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[j]));
   }
 }
 
@@ -96,9 +101,9 @@ inline unsigned blocks_for_rows(int64_t batch) {
 
 }  // namespace
 
-void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,
-                                int64_t classes, float scale, float* row_loss, float* loss,
-                                cudaStream_t stream) {
+template <typename T>
+void cross_entropy_forward_cuda(const T* logits, const int32_t* labels, int64_t batch, int64_t classes, float scale,
+                                float* row_loss, float* loss, cudaStream_t stream) {
   static_assert(kWarpsPerBlock * kWarp == cuda_common::kThreads, "sum_all_cuda's block size");
   // Up to 32 rows per warp, one block costs less than a second launch (a training micro-batch);
   // larger batches (evaluation) spread the rows over the GPU first.
@@ -117,9 +122,9 @@ void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int6
   sum_all_cuda(row_loss, batch, scale, loss, stream);
 }
 
-void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int64_t batch,
-                                 int64_t classes, const float* grad_loss, float scale, float beta,
-                                 float* dlogits, cudaStream_t stream) {
+template <typename T>
+void cross_entropy_backward_cuda(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                 const float* grad_loss, float scale, float beta, T* dlogits, cudaStream_t stream) {
   if (batch == 0) return;
   cross_entropy_backward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
       logits, labels, batch, classes, grad_loss, scale, beta, dlogits);
@@ -128,14 +133,15 @@ void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int
 
 // One block: each thread takes rows tid, tid + blockDim, ...; argmax_rows's rule exactly (the
 // first maximum by >), then the block's count and one thread's update.
-__global__ void classification_tally_kernel(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+template <typename T>
+__global__ void classification_tally_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                             const float* batch_loss, ClassificationTotals* totals) {
   int64_t correct = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    const float* xr = logits + r * cols;
+    const T* xr = logits + r * cols;
     int32_t best = 0;
     for (int64_t j = 1; j < cols; ++j)
-      if (xr[j] > xr[best]) best = static_cast<int32_t>(j);
+      if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
     correct += best == labels[r];
   }
   correct = cuda_common::block_sum<long long>(correct);
@@ -147,10 +153,23 @@ __global__ void classification_tally_kernel(const float* logits, const int32_t* 
   }
 }
 
-void classification_tally_cuda(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+template <typename T>
+void classification_tally_cuda(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                const float* batch_loss, ClassificationTotals* totals, cudaStream_t stream) {
   classification_tally_kernel<<<1, cuda_common::kThreads, 0, stream>>>(logits, labels, rows, cols, batch_loss, totals);
   CUMULUS_LAUNCH_CHECK();
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                                                \
+  template void cross_entropy_forward_cuda(const T*, const int32_t*, int64_t, int64_t, float, float*, float*, \
+                                           cudaStream_t);                                                     \
+  template void cross_entropy_backward_cuda(const T*, const int32_t*, int64_t, int64_t, const float*, float,  \
+                                            float, T*, cudaStream_t);                                         \
+  template void classification_tally_cuda(const T*, const int32_t*, int64_t, int64_t, const float*,           \
+                                          ClassificationTotals*, cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

@@ -1,8 +1,9 @@
 // Batch gather for the DataLoader: row r of the batch is sample s = order[start + r] (or
 // start + r without an order) of a u8 dataset [n, row]:
-//   x[r, c] = images[s, c] / 255   (f32, as torchvision's ToTensor: a true division, not * (1/255);
+//   x[r, c] = images[s, c] / 255   (in f32, as torchvision's ToTensor: a true division, not * (1/255);
 //                                   nvcc's default -prec-div=true makes it the same IEEE-rounded
-//                                   quotient as the CPU kernel, bit for bit)
+//                                   quotient as the CPU kernel, bit for bit; then stored as T,
+//                                   rounded once for a 16-bit batch, as the CPU kernel does)
 //   y[r]    = labels[s]            (written by the thread of column 0: one launch per batch)
 // No backward: data has no gradient.
 #include <algorithm>
@@ -18,28 +19,31 @@ namespace {
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 
+template <typename T>
 __device__ __forceinline__ void gather_rows(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                            int64_t start, int64_t count, int64_t row, float* x, int32_t* y) {
+                                            int64_t start, int64_t count, int64_t row, T* x, int32_t* y) {
   const int64_t n = count * row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t r = i / row, c = i - r * row;
     const int64_t s = order ? static_cast<int64_t>(order[start + r]) : start + r;
-    x[i] = static_cast<float>(images[s * row + c]) / 255.0f;
+    x[i] = from_f32<T>(static_cast<float>(images[s * row + c]) / 255.0f);
     if (c == 0) y[r] = labels[s];
   }
 }
 
+template <typename T>
 __global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                    int64_t start, int64_t count, int64_t row, float* x, int32_t* y) {
+                                    int64_t start, int64_t count, int64_t row, T* x, int32_t* y) {
   gather_rows(images, labels, order, start, count, row, x, y);
 }
 
 // The batch at cursor->position (or in ring slot cursor->ring_slot); the last block to finish
 // advances the cursor (every block has read it by then: each reads it before counting itself done).
+template <typename T>
 __global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
                                               GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count,
-                                              int64_t row, float* x, int32_t* y) {
+                                              int64_t row, T* x, int32_t* y) {
   __shared__ int64_t start;
   if (threadIdx.x == 0) start = (ring > 0 ? int64_t(cursor->ring_slot) : cursor->position) * batch_size;
   __syncthreads();
@@ -57,20 +61,32 @@ __global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32
 
 }  // namespace
 
+template <typename T>
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                       int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream) {
+                       int64_t count, int64_t row, T* x, int32_t* y, cudaStream_t stream) {
   if (count * row == 0) return;
   gather_batch_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, start, count,
                                                                          row, x, y);
   CUMULUS_LAUNCH_CHECK();
 }
 
+template <typename T>
 void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
                                  GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
-                                 float* x, int32_t* y, cudaStream_t stream) {
+                                 T* x, int32_t* y, cudaStream_t stream) {
   gather_batch_at_cursor_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, cursor,
                                                                                    batch_size, ring, count, row, x, y);
   CUMULUS_LAUNCH_CHECK();
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                                                   \
+  template void gather_batch_cuda(const uint8_t*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t, T*, \
+                                  int32_t*, cudaStream_t);                                                       \
+  template void gather_batch_at_cursor_cuda(const uint8_t*, const int32_t*, const int32_t*, GatherCursor*,       \
+                                            int64_t, int64_t, int64_t, int64_t, T*, int32_t*, cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

@@ -12,18 +12,32 @@ using cuda_common::blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 
-__global__ void broadcast_rows_kernel(const float* row, int64_t rows, int64_t cols, float* out) {
-  CUMULUS_GRID_STRIDE_LOOP(i, rows * cols) out[i] = row[i % cols];
+// Every kernel templated over T loads with to_f32 and stores with from_f32<T> (float16.h): the
+// arithmetic is f32 and a 16-bit store rounds once; for float both are the identity.
+template <typename T>
+__global__ void broadcast_rows_kernel(const float* row, int64_t rows, int64_t cols, T* out) {
+  CUMULUS_GRID_STRIDE_LOOP(i, rows * cols) out[i] = from_f32<T>(row[i % cols]);
 }
 
 // NaN propagates as on the CPU (kernels/cpu/elementwise.cpp): `x <= 0 ? 0 : x`, never fmaxf(x, 0),
-// which returns 0 for NaN.
-__global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+// which returns 0 for NaN. A kept x is stored as is: no rounding, and a 16-bit NaN keeps its bits.
+template <typename T>
+__global__ void relu_forward_kernel(const T* x, T* y, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = to_f32(x[i]) <= 0.0f ? from_f32<T>(0.0f) : x[i];
 }
 
-__global__ void relu_backward_kernel(const float* y, const float* dy, float beta, float* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(i, n) dx[i] = blend(y[i] <= 0.0f ? 0.0f : dy[i], beta, dx[i]);
+// Beta 0 passes dy through as is where y > 0 (relu_backward_cpu's bits); otherwise the blend is f32,
+// rounded once.
+template <typename T>
+__global__ void relu_backward_kernel(const T* y, const T* dy, float beta, T* dx, int64_t n) {
+  if (beta == 0.0f) {
+    CUMULUS_GRID_STRIDE_LOOP(i, n) dx[i] = to_f32(y[i]) <= 0.0f ? from_f32<T>(0.0f) : dy[i];
+  } else {
+    CUMULUS_GRID_STRIDE_LOOP(i, n) {
+      const float v = to_f32(y[i]) <= 0.0f ? 0.0f : to_f32(dy[i]);
+      dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+    }
+  }
 }
 
 __global__ void fill_kernel(float* out, float value, int64_t n) {
@@ -35,18 +49,17 @@ __global__ void fill_from_scalar_kernel(const float* scalar, float scale, float 
   CUMULUS_GRID_STRIDE_LOOP(i, n) out[i] = blend(v, beta, out[i]);
 }
 
-__global__ void accumulate_kernel(const float* x, float beta, float* y, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = blend(x[i], beta, y[i]);
+// Beta 0 copies x as is (accumulate_cpu's std::copy), so y never changes x's bits.
+template <typename T>
+__global__ void accumulate_kernel(const T* x, float beta, T* y, int64_t n) {
+  if (beta == 0.0f) CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = x[i];
+  else CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(blend(to_f32(x[i]), beta, to_f32(y[i])));
 }
 
-__global__ void narrow_kernel(const float* x, uint16_t* y, int64_t n, Float16 type) {
-  if (type == Float16::bf16) CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = f32_to_bf16(x[i]);
-  else CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = f32_to_f16(x[i]);
-}
-
-__global__ void widen_kernel(const uint16_t* x, float* y, int64_t n, Float16 type) {
-  if (type == Float16::bf16) CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = bf16_to_f32(x[i]);
-  else CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = f16_to_f32(x[i]);
+// Through f32, as convert_cpu: widening is exact, so a 16-bit to 16-bit conversion rounds once.
+template <typename From, typename To>
+__global__ void convert_kernel(const From* x, To* y, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<To>(to_f32(x[i]));
 }
 
 // accumulate_kernel's arithmetic with beta 1, per pair (passed by value: captured with the graph).
@@ -59,19 +72,22 @@ __global__ void add_vectors_kernel(VectorAdds adds) {
 
 }  // namespace
 
-void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream) {
+template <typename T>
+void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, T* out, cudaStream_t stream) {
   if (rows * cols == 0) return;
   broadcast_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(row, rows, cols, out);
   CUMULUS_LAUNCH_CHECK();
 }
 
-void relu_forward_cuda(const float* x, float* y, int64_t n, cudaStream_t stream) {
+template <typename T>
+void relu_forward_cuda(const T* x, T* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   relu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   CUMULUS_LAUNCH_CHECK();
 }
 
-void relu_backward_cuda(const float* y, const float* dy, float beta, float* dx, int64_t n, cudaStream_t stream) {
+template <typename T>
+void relu_backward_cuda(const T* y, const T* dy, float beta, T* dx, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, dy, beta, dx, n);
   CUMULUS_LAUNCH_CHECK();
@@ -90,21 +106,17 @@ void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* 
   CUMULUS_LAUNCH_CHECK();
 }
 
-void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream) {
+template <typename T>
+void accumulate_cuda(const T* x, float beta, T* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   accumulate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, beta, y, n);
   CUMULUS_LAUNCH_CHECK();
 }
 
-void narrow_cuda(const float* x, uint16_t* y, int64_t n, Float16 type, cudaStream_t stream) {
+template <typename From, typename To>
+void convert_cuda(const From* x, To* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  narrow_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n, type);
-  CUMULUS_LAUNCH_CHECK();
-}
-
-void widen_cuda(const uint16_t* x, float* y, int64_t n, Float16 type, cudaStream_t stream) {
-  if (n == 0) return;
-  widen_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n, type);
+  convert_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   CUMULUS_LAUNCH_CHECK();
 }
 
@@ -113,5 +125,23 @@ void add_vectors_cuda(const VectorAdds& adds, cudaStream_t stream) {
   add_vectors_kernel<<<static_cast<unsigned>(adds.count), kThreads, 0, stream>>>(adds);
   CUMULUS_LAUNCH_CHECK();
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                            \
+  template void broadcast_rows_cuda(const float*, int64_t, int64_t, T*, cudaStream_t);    \
+  template void relu_forward_cuda(const T*, T*, int64_t, cudaStream_t);                   \
+  template void relu_backward_cuda(const T*, const T*, float, T*, int64_t, cudaStream_t); \
+  template void accumulate_cuda(const T*, float, T*, int64_t, cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+// The pairs convert_cpu is instantiated for.
+template void convert_cuda(const float*, BFloat16*, int64_t, cudaStream_t);
+template void convert_cuda(const float*, Half*, int64_t, cudaStream_t);
+template void convert_cuda(const BFloat16*, float*, int64_t, cudaStream_t);
+template void convert_cuda(const Half*, float*, int64_t, cudaStream_t);
+template void convert_cuda(const BFloat16*, Half*, int64_t, cudaStream_t);
+template void convert_cuda(const Half*, BFloat16*, int64_t, cudaStream_t);
 
 }  // namespace cumulus::kernels

@@ -6,6 +6,10 @@
 // gemm_lt_cuda is the same GEMM through cuBLASLt, which can fold a bias, a ReLU or a bias gradient
 // into the GEMM's epilogue (Note [Fused linear] in engine/ops/linear.cpp). The same swap applies:
 // cuBLASLt's A is our b, its B is our a, and its D is our c transposed, [n rows, m columns].
+//
+// gemm_ex_cuda and the void* gemm_lt_cuda take the operands' storage types (GemmTypes): a and b in
+// f32, bf16 or f16, c in f32 or a's type. The compute type stays CUBLAS_COMPUTE_32F, so products
+// accumulate in f32 whatever the storage, and 16-bit a and b run on tensor cores.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -17,6 +21,27 @@
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: break;
+  }
+  return CUDA_R_32F;  // unreachable after check_types
+}
+
+// The combinations cuBLAS offers with CUBLAS_COMPUTE_32F: a and b floating, c f32 or a's type.
+void check_types(const char* who, GemmTypes types) {
+  CUMULUS_CHECK(is_floating(types.ab) && (types.cd == DType::f32 || types.cd == types.ab), InvalidArgument, who,
+                ": unsupported operand types (a and b ", dtype_name(types.ab), ", c ", dtype_name(types.cd),
+                "): a and b must be f32, bf16 or f16, c f32 or a's type");
+}
+
+}  // namespace
 
 void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
@@ -32,13 +57,30 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
                                    static_cast<int>(ldc)));
 }
 
+void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
+                  GemmTypes types) {
+  check_types("gemm_ex_cuda", types);
+  if (m == 0 || n == 0) return;
+  CUMULUS_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
+                InvalidArgument, "gemm_ex_cuda: dimensions past 32 bits (m ", m, ", n ", n, ", k ", k, ")");
+  detail::count_launch();
+  // alpha and beta are floats: CUBLAS_COMPUTE_32F's scale type, whatever the storage types.
+  const cudaDataType_t ab = cuda_type(types.ab), cd = cuda_type(types.cd);
+  CUMULUS_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ab,
+                                    static_cast<int>(ldb), a, ab, static_cast<int>(lda), &beta, c, cd,
+                                    static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // Note [cuBLASLt plan cache]
 // A cuBLASLt GEMM needs a matmul descriptor, matrix layouts and an algorithm from the heuristic
 // (cublasLtMatmulAlgoGetHeuristic): host work that costs more than the GEMM itself at the seed
 // MLP's sizes. A training run has few distinct GEMMs (per Linear: forward, dx and dW, for the full
 // micro-batch, the last partial one and the evaluation batch), so each is planned once and kept in
-// a small map, keyed by everything the plan depends on; from the second call with a key on, no
-// heuristic is queried. Entries live until process exit, as the handles (one per device context).
+// a small map, keyed by everything the plan depends on, the operands' storage types (GemmTypes)
+// included; from the second call with a key on, no heuristic is queried. Entries live until process
+// exit, as the handles (one per device context).
 // - Capture: planning is host work only (no device allocation, no synchronization), so a shape
 //   first seen while a graph is being captured is planned there too; the workspace is the
 //   caller's (the context's), passed explicitly, and the GEMM allocates nothing.
@@ -51,8 +93,9 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 // - Threads: the map is shared; the lock is also held while the call's bias and mask pointers are
 //   set in the entry's descriptor and the GEMM is queued (the descriptor is shared state).
 //   Uncontended it costs tens of nanoseconds against microseconds of launch.
-// - No algorithm (an epilogue cuBLASLt does not offer for FP32 or this shape) is remembered too:
-//   the call returns false and the caller runs the unfused kernels, without asking again.
+// - No algorithm (an epilogue cuBLASLt does not offer for these types or this shape, or an f32 bias
+//   it refuses for a 16-bit c) is remembered too: the call returns false and the caller runs the
+//   unfused kernels, without asking again.
 // - ReLU mask (relu_aux*, drelu): cuBLASLt lays it over D, i.e. our c transposed, aux_ld bits per
 //   row of c. A Linear's forward D is [out, B] and the next Linear's dx GEMM has D [in = out, B],
 //   so the mask one writes is the mask the other reads, as is. aux_ld is part of the key (it is a
@@ -74,14 +117,15 @@ struct PlanKey {
   cublasLtHandle_t handle;
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
+  DType ab, cd;  // GemmTypes
   GemmEpilogue epilogue;
   int64_t aux_ld;
   uint32_t alignment;
   std::size_t workspace_bytes;
   bool operator<(const PlanKey& o) const {
-    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, epilogue, aux_ld, alignment, workspace_bytes) <
-           std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.epilogue, o.aux_ld,
-                    o.alignment, o.workspace_bytes);
+    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, cd, epilogue, aux_ld, alignment,
+                    workspace_bytes) < std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc,
+                                                o.ab, o.cd, o.epilogue, o.aux_ld, o.alignment, o.workspace_bytes);
   }
 };
 
@@ -122,6 +166,11 @@ void destroy(Plan& p) noexcept {
   p = Plan();
 }
 
+// The epilogues that add a bias (bias_grad writes one instead).
+bool adds_bias(GemmEpilogue e) {
+  return e == GemmEpilogue::bias || e == GemmEpilogue::relu_bias || e == GemmEpilogue::relu_aux_bias;
+}
+
 bool uses_bias(GemmEpilogue e) {
   return e == GemmEpilogue::bias || e == GemmEpilogue::relu_bias || e == GemmEpilogue::relu_aux_bias ||
          e == GemmEpilogue::bias_grad;
@@ -145,7 +194,7 @@ void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e)
 }
 
 // Descriptor, layouts and the heuristic's first algorithm for `key`; supported = false when the
-// heuristic has none.
+// heuristic has none, or when cuBLASLt refuses an f32 bias for a 16-bit c.
 Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
   Plan p;
   try {
@@ -161,16 +210,26 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
       CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.aux_ld,
                                                           sizeof key.aux_ld));
     }
+    if (key.cd != DType::f32 && adds_bias(key.epilogue)) {
+      // cuBLASLt's bias defaults to D's type; ours is f32 whatever c's type (GemmEpilogueArgs).
+      const int32_t bias_type = CUDA_R_32F;
+      const cublasStatus_t st =
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+        destroy(p);  // remembered as unsupported, as a missing algorithm
+        return p;
+      }
+      CUMULUS_CUBLAS_CHECK(st);
+    }
     set_epilogue_pointers(p.desc, e);  // the heuristic reads their alignment
     // Column-major views of the stored matrices: our b is [k, n] row-major (or [n, k] transposed),
     // i.e. [n, k] column-major (or [k, n]); likewise our a; our c [m, n] is D [n, m].
     const uint64_t k = static_cast<uint64_t>(key.k), m = static_cast<uint64_t>(key.m),
                    n = static_cast<uint64_t>(key.n);
-    CUMULUS_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
-    CUMULUS_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
-    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, m, key.ldc));
+    const cudaDataType_t ab = cuda_type(key.ab), cd = cuda_type(key.cd);
+    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
+    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
+    CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd, n, m, key.ldc));
 
     cublasLtMatmulPreference_t pref = nullptr;
     CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -207,8 +266,21 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                   int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                   int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream) {
+  return gemm_lt_cuda(handle, workspace, workspace_bytes, trans_a, trans_b, m, n, k, alpha, static_cast<const void*>(a),
+                      lda, static_cast<const void*>(b), ldb, beta, static_cast<void*>(c), ldc, GemmTypes{}, epilogue,
+                      stream);
+}
+
+bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
+                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
+                  int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types, const GemmEpilogueArgs& epilogue,
+                  cudaStream_t stream) {
+  check_types("gemm_lt_cuda", types);
   if (m == 0 || n == 0 || k == 0) return false;  // the unfused path handles empty products
   const bool bias_grad = epilogue.kind == GemmEpilogue::bias_grad;
+  CUMULUS_CHECK(!bias_grad || types.cd == DType::f32, InvalidArgument,
+                "gemm_lt_cuda: a bias gradient needs an f32 c (cuBLASLt writes it in c's type), not ",
+                dtype_name(types.cd));
   CUMULUS_CHECK(!uses_bias(epilogue.kind) || bias_grad || epilogue.bias != nullptr, InvalidArgument,
                 "gemm_lt_cuda: the epilogue needs a bias");
   CUMULUS_CHECK(!bias_grad || epilogue.bias_grad != nullptr, InvalidArgument,
@@ -223,7 +295,7 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                         static_cast<const void*>(epilogue.aux), static_cast<const void*>(workspace)})
     alignment = std::min(alignment, alignment_class(p));
   const int64_t aux_ld = uses_aux(epilogue.kind) ? epilogue.aux_ld : 0;
-  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc,
+  const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, types.ab, types.cd,
                     epilogue.kind, aux_ld, alignment, workspace_bytes};
 
   static auto* plans = new std::map<PlanKey, Plan>();  // never destroyed: Note [cuBLASLt plan cache]

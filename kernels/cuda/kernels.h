@@ -1,6 +1,8 @@
 // CUDA launchers: the same ops and contracts as kernels/cpu/kernels.h (beta 0 never reads the
 // destination), queued on `stream`. Pointers are device pointers, including scalar inputs such as
-// grad_loss, so no launcher synchronizes with the host.
+// grad_loss, so no launcher synchronizes with the host. A launcher templated over T (float,
+// BFloat16, Half) stores T and computes in f32, as its CPU twin (Note [Mixed precision] in
+// engine/ops/linear.cpp); it is instantiated for those three types.
 #pragma once
 
 #include <cublasLt.h>
@@ -20,6 +22,19 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                float* c, int64_t ldc);
 
+// The storage types of a GEMM's operands: a and b in `ab`, c in `cd` (f32, or ab's type). Products
+// are accumulated and scaled in f32 whatever they are (tensor cores for 16-bit a and b); a 16-bit c
+// is rounded once, after alpha and beta.
+struct GemmTypes {
+  DType ab = DType::f32;
+  DType cd = DType::f32;
+};
+
+// gemm_cuda with any GemmTypes, through cublasGemmEx (CUBLAS_COMPUTE_32F).
+void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc,
+                  GemmTypes types);
+
 // What a cuBLASLt GEMM does to its result besides alpha * op(a) op(b) + beta * c (row-major, as gemm_cuda).
 enum class GemmEpilogue : uint8_t {
   none,
@@ -34,8 +49,8 @@ enum class GemmEpilogue : uint8_t {
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::none;
-  const float* bias = nullptr;  // bias, relu_bias, relu_aux_bias
-  float* bias_grad = nullptr;   // bias_grad
+  const float* bias = nullptr;  // bias, relu_bias, relu_aux_bias: f32 whatever c's type
+  float* bias_grad = nullptr;   // bias_grad: f32 (c must be f32)
   // The ReLU bit mask (relu_aux*, drelu): one bit per element of c's transpose, aux_ld bits per
   // row of c (a multiple of 128, at least n), as cuBLASLt lays it out.
   void* aux = nullptr;
@@ -51,22 +66,36 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                   int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                   int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream);
+// The same with any GemmTypes (the f32 overload above is this with the default types). The types
+// are part of the plan's key.
+bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
+                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
+                  int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types, const GemmEpilogueArgs& epilogue,
+                  cudaStream_t stream);
 
-void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, float* out, cudaStream_t stream);
-void sum_rows_cuda(const float* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream);
+// out[r, :] = row (f32) for every row r, stored as T.
+template <typename T>
+void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, T* out, cudaStream_t stream);
+// out[c] = sum_r x[r, c] + beta * out[c], summed and stored in f32 whatever x's type.
+template <typename T>
+void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream);
 // out[0] = scale * sum_i x[i]; one block, fixed order: deterministic run to run.
 void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream_t stream);
 
-void relu_forward_cuda(const float* x, float* y, int64_t n, cudaStream_t stream);
-void relu_backward_cuda(const float* y, const float* dy, float beta, float* dx, int64_t n, cudaStream_t stream);
+template <typename T>
+void relu_forward_cuda(const T* x, T* y, int64_t n, cudaStream_t stream);
+template <typename T>
+void relu_backward_cuda(const T* y, const T* dy, float beta, T* dx, int64_t n, cudaStream_t stream);
 
 void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream);
 void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
                            cudaStream_t stream);
-void accumulate_cuda(const float* x, float beta, float* y, int64_t n, cudaStream_t stream);
-// 16-bit storage from and to f32 (Note [Half-precision conversions] in kernels/float16.h).
-void narrow_cuda(const float* x, uint16_t* y, int64_t n, Float16 type, cudaStream_t stream);
-void widen_cuda(const uint16_t* x, float* y, int64_t n, Float16 type, cudaStream_t stream);
+template <typename T>
+void accumulate_cuda(const T* x, float beta, T* y, int64_t n, cudaStream_t stream);
+// y = x converted, among float, BFloat16 and Half (convert_cpu's bits: Note [Half-precision
+// conversions] in kernels/float16.h). Instantiated for the pairs convert_cpu is.
+template <typename From, typename To>
+void convert_cuda(const From* x, To* y, int64_t n, cudaStream_t stream);
 // y[p] += x[p] for several vectors in one launch, one block per pair; the y[p] must be distinct
 // (the engine's deferred gradient adds: Note [Deferred gradient adds] in engine/autograd/engine.cpp).
 struct VectorAdds {
@@ -78,17 +107,20 @@ struct VectorAdds {
 };
 void add_vectors_cuda(const VectorAdds& adds, cudaStream_t stream);
 
-// row_loss: scratch of `batch` floats. A label outside [0, C) makes that row's loss NaN.
-void cross_entropy_forward_cuda(const float* logits, const int32_t* labels, int64_t batch,
-                                int64_t classes, float scale, float* row_loss, float* loss,
-                                cudaStream_t stream);
-void cross_entropy_backward_cuda(const float* logits, const int32_t* labels, int64_t batch,
-                                 int64_t classes, const float* grad_loss, float scale, float beta,
-                                 float* dlogits, cudaStream_t stream);
+// row_loss: scratch of `batch` floats. A label outside [0, C) makes that row's loss NaN. The loss
+// and row_loss are f32 whatever the logits' type.
+template <typename T>
+void cross_entropy_forward_cuda(const T* logits, const int32_t* labels, int64_t batch, int64_t classes, float scale,
+                                float* row_loss, float* loss, cudaStream_t stream);
+template <typename T>
+void cross_entropy_backward_cuda(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                 const float* grad_loss, float scale, float beta, T* dlogits, cudaStream_t stream);
 
-void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+template <typename T>
+void argmax_rows_cuda(const T* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 // classification_tally_cpu's update in one launch (one block), queued: no host read.
-void classification_tally_cuda(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+template <typename T>
+void classification_tally_cuda(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                const float* batch_loss, ClassificationTotals* totals, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
@@ -121,10 +153,12 @@ namespace cumulus::kernels {
 
 // ---- data (see kernels/cuda/data.cu) ----
 
-// The batch gather of gather_batch_cpu (kernels/cpu/kernels.h), one launch: x [count, row] f32 =
-// images[s, :] / 255.0f and y [count] = labels[s] for s = order[start + r] (order null: start + r).
+// The batch gather of gather_batch_cpu (kernels/cpu/kernels.h), one launch: x [count, row] =
+// images[s, :] / 255.0f (stored as T) and y [count] = labels[s] for s = order[start + r] (order
+// null: start + r).
+template <typename T>
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                       int64_t count, int64_t row, float* x, int32_t* y, cudaStream_t stream);
+                       int64_t count, int64_t row, T* x, int32_t* y, cudaStream_t stream);
 // The DataLoader's device-side position (16 bytes, zeroed at creation): the batch index, a count
 // of the gather's finished blocks (zero between launches) and, for a staging ring, the slot the
 // next gather reads.
@@ -138,8 +172,9 @@ struct GatherCursor {
 // a staging ring of k slots of batch_size samples each (host-resident data, Note [Host-resident
 // data] in engine/data/dataset.cpp), order must be null, the batch is slot cursor->ring_slot and
 // the launch advances ring_slot to the next slot (mod k).
+template <typename T>
 void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
                                  GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
-                                 float* x, int32_t* y, cudaStream_t stream);
+                                 T* x, int32_t* y, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

@@ -5,6 +5,7 @@
 //   sum_all:  one block, cuda_common::block_sum_all: deterministic (no atomics), and enough for
 //             the scalars we reduce (losses, small x).
 //   argmax_rows: one thread per row.
+// x may be stored in 16 bits (to_f32 loads it); the sums and comparisons are f32.
 #include <algorithm>
 
 #include "cumulus/core/cuda_check.h"
@@ -17,11 +18,12 @@ namespace {
 
 using cuda_common::kThreads;
 
-__global__ void sum_rows_kernel(const float* x, int64_t rows, int64_t cols, float beta, float* out) {
+template <typename T>
+__global__ void sum_rows_kernel(const T* x, int64_t rows, int64_t cols, float beta, float* out) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   float s = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
+  for (int64_t r = 0; r < rows; ++r) s += to_f32(x[r * cols + c]);
   out[c] = beta == 0.0f ? s : s + beta * out[c];
 }
 
@@ -30,13 +32,14 @@ __global__ void sum_all_kernel(const float* x, int64_t n, float scale, float* ou
   if (threadIdx.x == 0) out[0] = scale * total;
 }
 
-__global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+template <typename T>
+__global__ void argmax_rows_kernel(const T* x, int64_t rows, int64_t cols, int32_t* out) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
-  const float* xr = x + r * cols;
+  const T* xr = x + r * cols;
   int32_t best = 0;
   for (int64_t j = 1; j < cols; ++j)
-    if (xr[j] > xr[best]) best = static_cast<int32_t>(j);
+    if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
   out[r] = best;
 }
 
@@ -45,7 +48,8 @@ inline unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads -
 
 }  // namespace
 
-void sum_rows_cuda(const float* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream) {
+template <typename T>
+void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream) {
   if (cols == 0) return;
   sum_rows_kernel<<<blocks(cols), kThreads, 0, stream>>>(x, rows, cols, beta, out);
   CUMULUS_LAUNCH_CHECK();
@@ -56,10 +60,19 @@ void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream
   CUMULUS_LAUNCH_CHECK();
 }
 
-void argmax_rows_cuda(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+template <typename T>
+void argmax_rows_cuda(const T* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   argmax_rows_kernel<<<blocks(rows), kThreads, 0, stream>>>(x, rows, cols, out);
   CUMULUS_LAUNCH_CHECK();
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                          \
+  template void sum_rows_cuda(const T*, int64_t, int64_t, float, float*, cudaStream_t); \
+  template void argmax_rows_cuda(const T*, int64_t, int64_t, int32_t*, cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

@@ -84,8 +84,9 @@ class GradSink {
     return s;
   }
   // The buffer to write into and how. The buffer must be written (in stream order) before the
-  // next call on a sink of the same target, which then gets GradientMode::accumulate.
-  Target begin(const Shape& shape, const Device& device);
+  // next call on a sink of the same target, which then gets GradientMode::accumulate. `dtype` is
+  // the input's: a gradient is stored in its tensor's type (a leaf's buffer is f32, as the leaf).
+  Target begin(const Shape& shape, const Device& device, DType dtype = DType::f32);
   // Delivers a finished gradient tensor: taken as is when nothing is there yet for an inner node,
   // otherwise copied or added into the target.
   void give(const Tensor& grad);

@@ -33,7 +33,7 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
 std::vector<std::string> mnist_file_names(bool train);
 
 struct Batch {
-  Tensor x;  // [b, rows * cols] f32 in [0, 1] (pixel / 255, as torchvision's ToTensor)
+  Tensor x;  // [b, rows * cols] in [0, 1] (pixel / 255, as torchvision's ToTensor), the loader's dtype
   Tensor y;  // [b] i32
 };
 
@@ -53,6 +53,10 @@ class DataLoader {
   void set_epoch(int epoch);  // draws that epoch's order (no-op without shuffle)
   int64_t num_batches() const;
   int64_t batch_size() const { return batch_size_; }
+  // The type batches are made in: f32 (the default), or bf16 / f16 for mixed precision, where the
+  // batch is the first activation of the compute type (pixel / 255 computed in f32, rounded once).
+  DataLoader& set_dtype(DType dtype);
+  DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool host_resident() const { return staging_ != nullptr; }
   // Batch i of the current epoch; tensors are made in category data. Synchronous for
@@ -86,6 +90,7 @@ class DataLoader {
   bool shuffle_;
   uint64_t seed_;
   Device device_;
+  DType dtype_ = DType::f32;
   std::vector<int32_t> host_order_;  // host-resident data: the current epoch's permutation (shuffle only)
   Tensor order_;  // [n] i32 on the device: the current epoch's permutation (device-resident, shuffle only)
   Tensor cursor_;  // on the device: kernels::GatherCursor (kernels/cuda/kernels.h)

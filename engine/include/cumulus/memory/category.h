@@ -18,8 +18,9 @@ enum class MemoryCategory : uint8_t {
   workspace,             // library workspaces (cuBLAS, later cuDNN)
   data,                  // datasets and batches
   other,
+  parameter_copies,  // 16-bit copies of f32 parameters made for compute (mixed precision)
 };
-inline constexpr std::size_t kNumMemoryCategories = 8;
+inline constexpr std::size_t kNumMemoryCategories = 9;
 
 const char* category_name(MemoryCategory c);
 

@@ -9,6 +9,9 @@ namespace cumulus::ops {
 
 // x: [B, in], weight: [out, in] (PyTorch's layout), bias: [out] or undefined -> y: [B, out].
 // y = x weight^T + bias. Backward writes dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]).
+// weight and bias are f32; x may be f32, bf16 or f16, and y has x's type: a 16-bit x computes with
+// a 16-bit copy of the weight and f32 accumulation, and the weight's gradient stays f32 (Note
+// [Mixed precision] in engine/ops/linear.cpp).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // What a fused op applies to its result.
@@ -19,8 +22,12 @@ enum class Activation { none, relu };
 // cuBLASLt GEMM with the bias (and ReLU) in its epilogue. Saves y for the ReLU mask, as relu does.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation);
 
-// max(x, 0), any shape. Saves its output (the mask is output > 0).
+// max(x, 0), any shape, f32, bf16 or f16. Saves its output (the mask is output > 0).
 Tensor relu(const Tensor& x);
+
+// x converted to `dtype` among f32, bf16 and f16 (round to nearest even), recorded: the gradient
+// is converted back to x's type. x itself when it already has that type.
+Tensor cast(const Tensor& x, DType dtype);
 
 // Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest.
 Tensor reshape(const Tensor& x, const Shape& shape);
@@ -32,7 +39,7 @@ Tensor mean(const Tensor& x);
 
 enum class Reduction { Sum, Mean };
 
-// logits: [B, C] f32, labels: [B] i32 in [0, C) -> scalar: the sum (or mean) over the batch of
+// logits: [B, C] f32, bf16 or f16, labels: [B] i32 in [0, C) -> f32 scalar: the sum (or mean) over the batch of
 // logsumexp(logits_i) - logits_i[label_i]. Log-sum-exp is taken around the row maximum.
 // A label outside [0, C) is an InvalidArgument on CPU and gives a NaN loss on CUDA (the kernel
 // cannot throw, and checking on the host would cost a synchronization every micro-batch).

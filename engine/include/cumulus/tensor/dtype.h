@@ -1,6 +1,7 @@
 // Element types. f32 is the compute type; i32 holds labels and indices; u8 holds raw data
-// (Fashion-MNIST pixels). bf16 and f16 are 16-bit storage (Tensor::to(DType) converts, Note
-// [Half-precision conversions] in kernels/float16.h); no op computes in them yet.
+// (Fashion-MNIST pixels). bf16 and f16 are 16-bit storage for mixed precision: activations and
+// their gradients may be stored in them while every op computes in f32 (Note [Mixed precision] in
+// engine/ops/linear.cpp; conversions: Note [Half-precision conversions] in kernels/float16.h).
 #pragma once
 
 #include <cstddef>
@@ -23,6 +24,18 @@ constexpr std::size_t dtype_size(DType t) {
 
 const char* dtype_name(DType t);
 
+// The 16-bit storage types as C++ types (the bits only; kernels/float16.h converts), so that
+// Tensor::data<BFloat16>() checks the dtype as data<float>() does.
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
+inline bool is_float16(DType t) { return t == DType::bf16 || t == DType::f16; }
+inline bool is_floating(DType t) { return t == DType::f32 || is_float16(t); }
+
 template <typename T>
 struct dtype_of;
 template <>
@@ -36,6 +49,14 @@ struct dtype_of<int32_t> {
 template <>
 struct dtype_of<uint8_t> {
   static constexpr DType value = DType::u8;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::f16;
 };
 
 }  // namespace cumulus
