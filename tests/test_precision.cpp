@@ -6,6 +6,8 @@
 //  - accumulating 64 one-sample micro-batches per step for 100 steps in bf16 compute with f32
 //    gradient buffers ends within 1e-3 of the f32 run's weights, while the same run with buffers
 //    rounded to bf16 after every micro-batch (what a bf16 buffer holds) visibly does not;
+//  - conv2d, batch norm and max pooling in 16 bits against their f32 path;
+//  - the MLP's and the CNN's activation bytes per sample, exactly half in 16 bits;
 //  - CPU against CUDA per precision (skipped without a GPU).
 #include <gtest/gtest.h>
 
@@ -214,6 +216,78 @@ INSTANTIATE_TEST_SUITE_P(Types, PrecisionTest,
                                   dtype_name(std::get<1>(info.param));
                          });
 
+// ---- the convolutional ops: the 16-bit path against the f32 path ------------------------------
+// conv2d (with bias) -> batch_norm2d -> relu -> max_pool2d -> linear -> cross-entropy, every
+// gradient compared. The f32 path is checked against finite differences in test_cnn.cpp.
+
+Gradients conv_gradients(DType dtype, Device device) {
+  const Shape xs{4, 3, 6, 6}, ws{5, 3, 3, 3}, ls{2, 5 * 3 * 3};
+  std::vector<Tensor> leaves = {Tensor::from_vector(uniform_values(xs.numel(), -1, 1, 21), xs, device),
+                                Tensor::from_vector(uniform_values(ws.numel(), -0.3f, 0.3f, 22), ws, device),
+                                Tensor::from_vector(uniform_values(5, -0.1f, 0.1f, 23), Shape{5}, device),
+                                Tensor::from_vector(uniform_values(5, 0.5f, 1.5f, 24), Shape{5}, device),
+                                Tensor::from_vector(uniform_values(5, -0.2f, 0.2f, 25), Shape{5}, device),
+                                Tensor::from_vector(uniform_values(ls.numel(), -0.3f, 0.3f, 26), ls, device)};
+  for (Tensor& t : leaves) t.set_requires_grad(true);
+  const Tensor running_mean = Tensor::zeros(Shape{5}, DType::f32, device);
+  const Tensor running_var = Tensor::full(Shape{5}, 1.0f, device);
+  const Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1, 1, 0}, Shape{4}, device);
+  const Tensor x = ops::cast(leaves[0], dtype);
+  const Tensor c = ops::conv2d(x, leaves[1], leaves[2], 1, 1);
+  ops::BatchNormOptions bn;
+  const Tensor b = ops::batch_norm2d(c, leaves[3], leaves[4], running_mean, running_var, Tensor(), bn);
+  const Tensor p = ops::max_pool2d(ops::relu(b), 2);
+  EXPECT_EQ(p.dtype(), dtype);
+  Tensor loss = ops::cross_entropy(ops::linear(ops::flatten(p), leaves[5], Tensor()), labels, ops::Reduction::Sum);
+  Gradients g;
+  g.loss = loss.item();
+  loss.backward();
+  for (const Tensor& t : leaves) {
+    g.grads.push_back(values(t.grad()));
+    g.grad_dtypes.push_back(t.grad().dtype());
+  }
+  return g;
+}
+
+TEST_P(PrecisionTest, ConvolutionBatchNormAndPoolingStayCloseToTheF32Path) {
+  const Gradients f32 = conv_gradients(DType::f32, device());
+  const Gradients low = conv_gradients(dtype(), device());
+  // Batch norm divides by the batch's spread, which multiplies the inputs' rounding: a wider margin.
+  const double tol = 16 * roundoff(dtype());
+  EXPECT_NEAR(low.loss, f32.loss, tol * std::fabs(f32.loss));
+  EXPECT_EQ(low.grad_dtypes, (std::vector<DType>(6, DType::f32)));
+  // The conv bias's exact gradient is 0 (batch norm removes every channel's mean): its error is
+  // measured against the scale of the conv weight's gradient instead of its own.
+  double weight_scale = 0;
+  for (float v : f32.grads[1]) weight_scale = std::max(weight_scale, double(std::fabs(v)));
+  for (std::size_t i = 0; i < f32.grads.size(); ++i)
+    EXPECT_LT(max_rel_diff(low.grads[i], f32.grads[i], i == 2 ? weight_scale : 1e-12), tol) << "input " << i;
+}
+
+// Activation bytes per sample of the seed MLP and the CNN: what the recorded graph holds after the
+// forward, as the slope between two batch sizes at which every saved tensor is a whole number of
+// the allocator's 512-byte blocks in both types. 16 bits hold exactly half of f32's.
+TEST_P(PrecisionTest, ModelsKeepHalfTheActivationBytesPerSample) {
+  if (dtype() == DType::f32) GTEST_SKIP() << "compared with f32 below";
+  Generator gen(3);
+  models::SeedMLP mlp(gen, device());
+  models::CNN cnn(gen, device());
+  CachingAllocator& alloc = allocator_for(device());
+  auto held = [&](nn::Module& model, DType t, int64_t b) {
+    const Tensor x = Tensor::zeros(Shape{b, 784}, t, device());
+    const int64_t before = alloc.stats()[MemoryCategory::activations].current;
+    const Tensor logits = model(x);
+    return alloc.stats()[MemoryCategory::activations].current - before;
+  };
+  for (nn::Module* model : {static_cast<nn::Module*>(&mlp), static_cast<nn::Module*>(&cnn)}) {
+    const int64_t f32 = held(*model, DType::f32, 256) - held(*model, DType::f32, 128);
+    const int64_t low = held(*model, dtype(), 256) - held(*model, dtype(), 128);
+    EXPECT_GT(f32, 0);
+    EXPECT_EQ(2 * low, f32) << (model == &mlp ? "mlp" : "cnn") << ": 128 samples hold " << low << " bytes in "
+                            << dtype_name(dtype()) << ", " << f32 << " in f32";
+  }
+}
+
 // ---- why the gradient buffers are f32 ---------------------------------------------------------
 
 struct SmallMLP : nn::Module {
@@ -298,6 +372,16 @@ TEST(MixedPrecisionParity, CudaMatchesTheCpuPerPrecision) {
     EXPECT_NEAR(gpu.loss, cpu.loss, tol * std::fabs(cpu.loss));
     for (std::size_t i = 0; i < cpu.grads.size(); ++i)
       EXPECT_LT(max_rel_diff(gpu.grads[i], cpu.grads[i]), tol) << "input " << i;
+    // cuDNN rounds a 16-bit conv output before our kernel adds the bias: one more rounding, and batch
+    // norm amplifies it (ConvolutionBatchNormAndPoolingStayCloseToTheF32Path's margin).
+    const Gradients cpu_conv = conv_gradients(t, Device::cpu());
+    const Gradients gpu_conv = conv_gradients(t, Device::cuda(0));
+    double weight_scale = 0;
+    for (float v : cpu_conv.grads[1]) weight_scale = std::max(weight_scale, double(std::fabs(v)));
+    for (std::size_t i = 0; i < cpu_conv.grads.size(); ++i)
+      EXPECT_LT(max_rel_diff(gpu_conv.grads[i], cpu_conv.grads[i], i == 2 ? weight_scale : 1e-12),
+                16 * roundoff(t) + 1e-5)
+          << "conv input " << i;
   }
 }
 

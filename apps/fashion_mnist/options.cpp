@@ -244,9 +244,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--precision", o.precision,
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
                  "GEMMs on 16-bit copies of the weights with f32 accumulation; weights, gradient buffers, optimizer "
-                 "state and the loss stay f32 (mixed precision). fp16 adds dynamic loss scaling: a step whose "
-                 "gradients overflow is skipped and halves the scale, 2000 clean steps double it. MLP only; on "
-                 "CUDA bf16 needs compute capability 8.0, fp16 7.0")
+                 "state, the loss and batch-norm statistics stay f32 (mixed precision). fp16 adds dynamic loss "
+                 "scaling: a step whose gradients overflow is skipped and halves the scale, 2000 clean steps double "
+                 "it. On CUDA bf16 needs compute capability 8.0, fp16 7.0")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--data-on", o.data_on,
@@ -463,9 +463,6 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       }
     }
     o.resolved_precision = cumulus::parse_precision(o.precision);  // CLI11 checked the value
-    require(o.resolved_precision == cumulus::Precision::fp32 || o.model == "mlp",
-            "--precision " + o.precision +
-                " is for --model mlp: the CNN's convolution, batch norm and pooling compute in fp32 only");
     const std::string unsupported = cumulus::precision_unsupported_reason(o.resolved_precision, o.resolved_device);
     require(unsupported.empty(), "--precision " + o.precision + ": " + unsupported);
     require(o.graphs != "on" || o.resolved_device.is_cuda(),

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cuda_context.h"
@@ -75,6 +76,7 @@ cudnnHandle_t handle(int device_index) {
 bool ConvKey::operator<(const ConvKey& o) const {
   if (device != o.device) return device < o.device;
   if (direction != o.direction) return direction < o.direction;
+  if (dtype != o.dtype) return dtype < o.dtype;
   return sizes < o.sizes;
 }
 
@@ -106,9 +108,19 @@ int checked_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-TensorDescriptor nchw_descriptor(int64_t n, int64_t c, int64_t h, int64_t w) {
+cudnnDataType_t data_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    case DType::f16: return CUDNN_DATA_HALF;
+    default: break;
+  }
+  throw InvalidArgument(std::string("cuDNN: no floating data type for ") + dtype_name(dtype));
+}
+
+TensorDescriptor nchw_descriptor(int64_t n, int64_t c, int64_t h, int64_t w, DType dtype) {
   TensorDescriptor d;
-  CUMULUS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+  CUMULUS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, data_type(dtype),
                                                  checked_int(n, "batch"), checked_int(c, "channels"),
                                                  checked_int(h, "height"), checked_int(w, "width")));
   return d;

@@ -11,6 +11,8 @@
 //   dx = weight * invstd * dy                                           (evaluation)
 // Under gradient accumulation every micro-batch is normalized by its own statistics, as in every
 // framework: 16 x 4 then matches four separate micro-batches of 16, not one batch of 64.
+// A bf16 or f16 x gives y and dx in its type; the statistics, the parameters and their gradients
+// stay f32 (Note [Mixed precision] in engine/ops/linear.cpp). The CPU normalizes widened copies.
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
@@ -40,10 +42,9 @@ class BatchNormBackward final : public Node {
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     const Device device = dy.device();
+    const DType type = x_.dtype();
     const int64_t n = x_.size(0), c = x_.size(1), hw = x_.size(2) * x_.size(3);
     const Shape param_shape{c};
-    const float* xp = x_.data<float>();
-    const float* dyp = dy.data<float>();
     const float* gp = weight_.data<float>();
     const float* mp = save_mean_.data<float>();
     const float* ip = save_invstd_.data<float>();
@@ -55,17 +56,26 @@ class BatchNormBackward final : public Node {
     }
 #endif
     GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite}, dbeta{Tensor(), GradientMode::overwrite};
-    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device);
+    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device, type);
     if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
     if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
-    float* dxp = data_or_null(dx.tensor);
     float* dgp = data_or_null(dgamma.tensor);
     float* dbp = data_or_null(dbeta.tensor);
-    CUMULUS_DISPATCH(device,
-        kernels::batch_norm_backward_cpu(xp, dyp, gp, mp, ip, n, c, hw, training_, dx.beta(), dxp, dgamma.beta(), dgp,
-                                         dbeta.beta(), dbp),
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(xp, dyp, gp, mp, ip, n, c, hw, dx.beta(), dxp,
-                                                                       dgamma.beta(), dgp, dbeta.beta(), dbp, ctx.stream())));
+    if (device.is_cpu()) {
+      // 16 bits: the f32 kernel over widened x and dy, dx rounded into its target.
+      const Tensor xf = type == DType::f32 ? x_ : detail::converted(x_, DType::f32, MemoryCategory::workspace);
+      const Tensor dyf = type == DType::f32 ? dy : detail::converted(dy, DType::f32, MemoryCategory::workspace);
+      const Tensor dxf = dx.tensor.defined() ? detail::f32_stand_in(dx.tensor, dx.beta()) : Tensor();
+      kernels::batch_norm_backward_cpu(xf.data<float>(), dyf.data<float>(), gp, mp, ip, n, c, hw, training_, dx.beta(),
+                                       data_or_null(dxf), dgamma.beta(), dgp, dbeta.beta(), dbp);
+      if (dxf.defined()) detail::store_stand_in(dxf, dx.tensor);
+      return;
+    }
+    void* dxp = dx.tensor.defined() ? dx.tensor.raw_data() : nullptr;
+    CUMULUS_DISPATCH(device, (void)dxp,
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(type, x_.raw_data(), dy.raw_data(), gp, mp, ip,
+                                                                       n, c, hw, dx.beta(), dxp, dgamma.beta(), dgp,
+                                                                       dbeta.beta(), dbp, ctx.stream())));
   }
 
   void release_saved() override {
@@ -87,8 +97,8 @@ class BatchNormBackward final : public Node {
     const int64_t n = x_.size(0), c = x_.size(1), hw = x_.size(2) * x_.size(3);
     const Shape param_shape{c};
     GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite}, dbeta{Tensor(), GradientMode::overwrite};
-    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device);
-    else dx.tensor = Tensor::empty(x_.shape(), DType::f32, device);
+    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device, x_.dtype());
+    else dx.tensor = Tensor::empty(x_.shape(), x_.dtype(), device);
     if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
     if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
 
@@ -103,17 +113,15 @@ class BatchNormBackward final : public Node {
       if (grads[1].needed()) beta_params = dgamma.beta();
       else if (grads[2].needed()) beta_params = dbeta.beta();
     }
-    const float* xp = x_.data<float>();
-    const float* dyp = dy.data<float>();
     const float* gp = weight_.data<float>();
     const float* mp = save_mean_.data<float>();
     const float* ip = save_invstd_.data<float>();
-    float* dxp = dx.tensor.data<float>();
     float* dgp = g_out.data<float>();
     float* dbp = b_out.data<float>();
     CUMULUS_DISPATCH(device, (void)0,
-        kernels::batch_norm_backward_training_cuda(cudnn::handle(device.index()), xp, dyp, gp, mp, ip, n, c, hw,
-                                                   eps_, dx.beta(), dxp, beta_params, dgp, dbp));
+        kernels::batch_norm_backward_training_cuda(cudnn::handle(device.index()), x_.dtype(), x_.raw_data(),
+                                                   dy.raw_data(), gp, mp, ip, n, c, hw, eps_, dx.beta(),
+                                                   dx.tensor.raw_data(), beta_params, dgp, dbp));
     if (split) {
       detail::accumulate_into(dgamma.tensor, g_out, dgamma.beta());
       detail::accumulate_into(dbeta.tensor, b_out, dbeta.beta());
@@ -139,7 +147,7 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
                     const Tensor& running_var, const Tensor& num_batches_tracked, const BatchNormOptions& options) {
   constexpr const char* op = "batch_norm2d";
   OpScope op_scope(op);
-  detail::check_dtype(op, "input", x, DType::f32);
+  detail::check_floating(op, "input", x);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());
   CUMULUS_CHECK(x.numel() > 0, ShapeError, op, ": empty input ", x.shape().str());
@@ -172,11 +180,14 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   }
 
   const Device device = x.device();
-  Tensor y = detail::new_output(x.shape(), DType::f32, device);
+  Tensor y = detail::new_output(x.shape(), x.dtype(), device);
   // The statistics used, for backward ([C] each; freed on return when nothing is recorded).
   Tensor save_mean = detail::new_output(Shape{c}, DType::f32, device);
   Tensor save_invstd = detail::new_output(Shape{c}, DType::f32, device);
-  const float* xp = x.data<float>();
+  // 16 bits on the CPU: the f32 kernels over a widened x, y rounded at the end.
+  const bool widen = device.is_cpu() && x.dtype() != DType::f32;
+  const Tensor xf = widen ? detail::converted(x, DType::f32, MemoryCategory::workspace) : x;
+  const Tensor yf = widen ? detail::f32_scratch(x.shape(), device) : y;
   const float* gp = weight.data<float>();
   const float* bp = bias.data<float>();
   // A recomputed training forward (Note [Recompute] in engine/autograd/checkpoint.cpp) normalizes
@@ -185,25 +196,30 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   const bool update_running = options.training && !recomputing();
   float* rm = has_running && (update_running || !options.training) ? running_mean.data<float>() : nullptr;
   float* rv = has_running && (update_running || !options.training) ? running_var.data<float>() : nullptr;
-  float* yp = y.data<float>();
   float* smp = save_mean.data<float>();
   float* sip = save_invstd.data<float>();
   const float eps = options.eps, momentum = options.momentum;
+  [[maybe_unused]] const DType type = x.dtype();  // the CUDA launchers'
   if (options.training) {
     CUMULUS_DISPATCH(device,
-        kernels::batch_norm_forward_training_cpu(xp, gp, bp, n, c, hw, eps, momentum, rm, rv, yp, smp, sip),
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), xp, gp, bp, n, c,
-                                                                     hw, eps, momentum, rm, rv, yp, smp, sip)));
+        kernels::batch_norm_forward_training_cpu(xf.data<float>(), gp, bp, n, c, hw, eps, momentum, rm, rv,
+                                                 yf.data<float>(), smp, sip),
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), type, x.raw_data(),
+                                                                     gp, bp, n, c, hw, eps, momentum, rm, rv,
+                                                                     y.raw_data(), smp, sip)));
     if (num_batches_tracked.defined() && update_running) {
       int32_t* counter = num_batches_tracked.data<int32_t>();
       CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
     }
   } else {
     CUMULUS_DISPATCH(device,
-        kernels::batch_norm_forward_inference_cpu(xp, gp, bp, rm, rv, n, c, hw, eps, yp, smp, sip),
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), xp, gp, bp, rm,
-                                                                      rv, n, c, hw, eps, yp, smp, sip, ctx.stream())));
+        kernels::batch_norm_forward_inference_cpu(xf.data<float>(), gp, bp, rm, rv, n, c, hw, eps, yf.data<float>(),
+                                                  smp, sip),
+        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), type,
+                                                                      x.raw_data(), gp, bp, rm, rv, n, c, hw, eps,
+                                                                      y.raw_data(), smp, sip, ctx.stream())));
   }
+  if (widen) detail::convert_into(yf, y);
 
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_shared<BatchNormBackward>(x.detach(), weight.detach(), std::move(save_mean),

@@ -10,6 +10,11 @@
 // the first chunk's GEMM, 1 for the others) or inside cudnnConvolutionBackwardFilter (its beta),
 // exactly as linear does (Note [Gradient sinks]). The CPU scratch (the columns of a chunk of
 // samples) comes from the allocator in category workspace and lives for one call.
+// A bf16 or f16 x computes as Linear does (Note [Mixed precision] in engine/ops/linear.cpp): y, dx
+// in x's type, a 16-bit copy of W (parameter_copies), f32 bias and f32 accumulation. cuDNN writes
+// the weight gradient in the filter's type, so on CUDA a 16-bit dW is made per micro-batch and
+// added into the f32 buffer (accumulation across micro-batches stays f32); on the CPU it goes
+// straight into the buffer.
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
@@ -34,10 +39,12 @@ float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nu
 
 class Conv2dBackward final : public Node {
  public:
+  // w: the weight, or for a 16-bit x its 16-bit copy.
   Conv2dBackward(Tensor x, Tensor w, bool has_bias, const kernels::Conv2dGeometry& g)
       : Node("conv2d"), x_(std::move(x)), w_(std::move(w)), has_bias_(has_bias), g_(g) {}
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (dy.dtype() != DType::f32) return backward_16(dy, grads);
     const Device device = dy.device();
     const kernels::Conv2dGeometry& g = g_;
     const float* dyp = dy.data<float>();
@@ -51,7 +58,7 @@ class Conv2dBackward final : public Node {
             kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta(), dxp, data_or_null(ws));
           },
           CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_data_cuda(cudnn::handle(device.index()), device.index(), g,
-                                                                wp, dyp, dx.beta(), dxp)));
+                                                                DType::f32, wp, dyp, dx.beta(), dxp)));
     }
     if (grads[1].needed()) {
       GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
@@ -63,14 +70,14 @@ class Conv2dBackward final : public Node {
             kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta(), dwp, data_or_null(ws));
           },
           CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_filter_cuda(cudnn::handle(device.index()), device.index(),
-                                                                  g, xp, dyp, dw.beta(), dwp)));
+                                                                  g, DType::f32, xp, dyp, dw.beta(), dwp)));
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{g.k}, device);
       float* dbp = db.tensor.data<float>();
       CUMULUS_DISPATCH(device, kernels::conv2d_backward_bias_cpu(g, dyp, db.beta(), dbp),
-                       CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_bias_cuda(cudnn::handle(device.index()), g, dyp,
-                                                                             db.beta(), dbp)));
+                       CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_bias_cuda(cudnn::handle(device.index()), g,
+                                                                             DType::f32, dyp, db.beta(), dbp)));
     }
   }
 
@@ -80,17 +87,94 @@ class Conv2dBackward final : public Node {
   }
 
  private:
+  // dy, x and w_ in one 16-bit type; the parameter gradients f32.
+  void backward_16(const Tensor& dy, std::vector<GradSink>& grads) {
+    const Device device = dy.device();
+    const DType type = dy.dtype();
+    const kernels::Conv2dGeometry& g = g_;
+    if (device.is_cpu()) {
+      const Tensor dyf = detail::converted(dy, DType::f32, MemoryCategory::workspace);
+      const Tensor ws = cpu_workspace(g);
+      if (grads[0].needed()) {
+        GradSink::Target dx = grads[0].begin(Shape{g.n, g.c, g.h, g.w}, device, type);
+        const Tensor dxf = detail::f32_stand_in(dx.tensor, dx.beta());
+        const Tensor wf = detail::converted(w_, DType::f32, MemoryCategory::workspace);
+        kernels::conv2d_backward_data_cpu(g, wf.data<float>(), dyf.data<float>(), dx.beta(), dxf.data<float>(),
+                                          data_or_null(ws));
+        detail::store_stand_in(dxf, dx.tensor);
+      }
+      if (grads[1].needed()) {
+        GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
+        const Tensor xf = detail::converted(x_, DType::f32, MemoryCategory::workspace);
+        kernels::conv2d_backward_filter_cpu(g, xf.data<float>(), dyf.data<float>(), dw.beta(),
+                                            dw.tensor.data<float>(), data_or_null(ws));
+      }
+      if (has_bias_ && grads[2].needed()) {
+        GradSink::Target db = grads[2].begin(Shape{g.k}, device);
+        kernels::conv2d_backward_bias_cpu(g, dyf.data<float>(), db.beta(), db.tensor.data<float>());
+      }
+      return;
+    }
+#if CUMULUS_WITH_CUDNN
+    cudnnHandle_t handle = cudnn::handle(device.index());
+    if (grads[0].needed()) {
+      GradSink::Target dx = grads[0].begin(Shape{g.n, g.c, g.h, g.w}, device, type);
+      kernels::conv2d_backward_data_cuda(handle, device.index(), g, type, w_.raw_data(), dy.raw_data(), dx.beta(),
+                                         dx.tensor.raw_data());
+    }
+    if (grads[1].needed()) {
+      GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
+      const Tensor dw16 = Tensor::empty(dw.tensor.shape(), type, device);
+      kernels::conv2d_backward_filter_cuda(handle, device.index(), g, type, x_.raw_data(), dy.raw_data(), 0.0f,
+                                           dw16.raw_data());
+      detail::accumulate_into(dw.tensor, dw16.to(DType::f32), dw.beta());
+    }
+    if (has_bias_ && grads[2].needed()) {
+      GradSink::Target db = grads[2].begin(Shape{g.k}, device);
+      kernels::conv2d_backward_bias_cuda(handle, g, type, dy.raw_data(), db.beta(), db.tensor.data<float>());
+    }
+#endif
+  }
+
   Tensor x_, w_;
   bool has_bias_;
   kernels::Conv2dGeometry g_;
 };
+
+// conv2d with a 16-bit x (Note [Mixed precision] in engine/ops/linear.cpp), arguments checked.
+Tensor conv2d_16(const Tensor& x, const Tensor& weight, const Tensor& bias, const kernels::Conv2dGeometry& g,
+                 bool record) {
+  const Device device = x.device();
+  const Tensor w16 = detail::converted(weight, x.dtype(), MemoryCategory::parameter_copies);
+  Tensor y = detail::new_output(Shape{g.n, g.k, g.out_h, g.out_w}, x.dtype(), device);
+  const float* bp = bias.defined() ? bias.data<float>() : nullptr;
+  if (device.is_cpu()) {
+    const Tensor xf = detail::converted(x, DType::f32, MemoryCategory::workspace);
+    const Tensor wf = detail::converted(w16, DType::f32, MemoryCategory::workspace);
+    const Tensor yf = detail::f32_scratch(y.shape(), device);
+    const Tensor ws = cpu_workspace(g);
+    kernels::conv2d_forward_cpu(g, xf.data<float>(), wf.data<float>(), bp, yf.data<float>(), data_or_null(ws));
+    detail::convert_into(yf, y);
+  } else {
+    CUMULUS_DISPATCH(device, (void)bp,
+                     CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g,
+                                                                     x.dtype(), x.raw_data(), w16.raw_data(), bp,
+                                                                     y.raw_data())));
+  }
+  if (record) {
+    auto node = std::make_shared<Conv2dBackward>(weight.requires_grad() ? x.detach() : Tensor(),
+                                                 x.requires_grad() ? w16 : Tensor(), bias.defined(), g);
+    attach_node(y, std::move(node), {&x, &weight, &bias});
+  }
+  return y;
+}
 
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
   constexpr const char* op = "conv2d";
   OpScope op_scope(op);
-  detail::check_dtype(op, "input", x, DType::f32);
+  detail::check_floating(op, "input", x);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());
@@ -124,6 +208,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   g.out_w = (g.w + 2 * g.pad_w - g.s) / g.stride_w + 1;
 
   const Device device = x.device();
+  const bool record = should_record({&x, &weight, &bias});
+  if (x.dtype() != DType::f32) return conv2d_16(x, weight, bias, g, record);
   Tensor y = detail::new_output(Shape{g.n, g.k, g.out_h, g.out_w}, DType::f32, device);
   const float* xp = x.data<float>();
   const float* wp = weight.data<float>();
@@ -134,10 +220,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
         const Tensor ws = cpu_workspace(g);
         kernels::conv2d_forward_cpu(g, xp, wp, bp, yp, data_or_null(ws));
       },
-      CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g, xp, wp, bp,
-                                                      yp)));
+      CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g, DType::f32,
+                                                      xp, wp, bp, yp)));
 
-  if (should_record({&x, &weight, &bias})) {
+  if (record) {
     // Save only what the needed gradients read (detached: the saved handles hold no graph).
     auto node = std::make_shared<Conv2dBackward>(weight.requires_grad() ? x.detach() : Tensor(),
                                                  x.requires_grad() ? weight.detach() : Tensor(), has_bias, g);

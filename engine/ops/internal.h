@@ -90,4 +90,20 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
 
 inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
 
+// ---- 16-bit storage (Note [Mixed precision] in engine/ops/linear.cpp; engine/ops/mixed_precision.cpp) ----
+// The CPU runs a 16-bit op as its f32 kernels over widened copies and rounds the outputs where the
+// GPU's 16-bit outputs round; these helpers make the copies, in category workspace.
+
+// `t` converted to `dtype`, allocated in `category` (t itself when it already has that type).
+Tensor converted(const Tensor& t, DType dtype, MemoryCategory category);
+// f32 scratch of `shape` (category workspace), unwritten.
+Tensor f32_scratch(const Shape& shape, const Device& device);
+// dst = src converted to dst's type (same numel and device; f32, bf16 or f16).
+void convert_into(const Tensor& src, const Tensor& dst);
+// What an f32 kernel writes for a gradient target with the target's beta: the target itself when it
+// is f32, else f32 scratch holding the target's values (widened) when the target accumulates.
+Tensor f32_stand_in(const Tensor& target, float beta);
+// Rounds a stand-in back into its 16-bit target (nothing when the stand-in is the target).
+void store_stand_in(const Tensor& stand_in, const Tensor& target);
+
 }  // namespace cumulus::ops::detail

@@ -55,8 +55,6 @@
 // Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
 // returns an f32 loss). The data loader gathers batches straight into the compute type, so the
 // saved activations of a 16-bit run are half an f32 run's.
-#include <type_traits>
-
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
@@ -73,23 +71,8 @@ void linear_forward_cpu(const float* xp, const float* wp, const float* bp, float
   if (relu) kernels::relu_forward_cpu(yp, yp, batch * out);
 }
 
-// A copy of `t` in `dtype` of the given category (workspace for the CPU's f32 scratch).
-Tensor converted(const Tensor& t, DType dtype, MemoryCategory category) {
-  MemoryCategoryScope scope(category);
-  return t.to(dtype);
-}
-
-// dst = src converted to dst's type (same shape and device).
-void convert_into(const Tensor& src, const Tensor& dst) {
-  const int64_t n = src.numel();
-  CUMULUS_DISPATCH_FLOAT(src.dtype(), From, CUMULUS_DISPATCH_FLOAT(dst.dtype(), To, {
-    if constexpr (!std::is_same_v<From, To>) {
-      const From* s = src.data<From>();
-      To* d = dst.data<To>();
-      CUMULUS_DISPATCH(src.device(), kernels::convert_cpu(s, d, n), kernels::convert_cuda(s, d, n, ctx.stream()));
-    }
-  }));
-}
+using detail::converted;
+using detail::convert_into;
 
 #if CUMULUS_WITH_CUDA
 // A backward GEMM of a 16-bit Linear (Note [Mixed precision]): cuBLASLt, else cublasGemmEx.
@@ -110,11 +93,7 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
   if (device.is_cpu()) {
     const Tensor xf = converted(x, DType::f32, MemoryCategory::workspace);
     const Tensor wf = converted(w16, DType::f32, MemoryCategory::workspace);
-    Tensor yf;
-    {
-      MemoryCategoryScope scope(MemoryCategory::workspace);
-      yf = Tensor::empty(y.shape(), DType::f32, device);
-    }
+    const Tensor yf = detail::f32_scratch(y.shape(), device);
     linear_forward_cpu(xf.data<float>(), wf.data<float>(), bp, yf.data<float>(), batch, in, out, relu);
     convert_into(yf, y);
     return;
@@ -328,15 +307,10 @@ class LinearBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{batch, in}, device, type);
       if (device.is_cpu()) {
         const Tensor wf = converted(w_, DType::f32, MemoryCategory::workspace);
-        Tensor dxf;  // with beta 1 the GEMM adds to what dx holds, widened
-        {
-          MemoryCategoryScope scope(MemoryCategory::workspace);
-          dxf = dx.mode == GradientMode::accumulate ? dx.tensor.to(DType::f32)
-                                                    : Tensor::empty(Shape{batch, in}, DType::f32, device);
-        }
+        const Tensor dxf = detail::f32_stand_in(dx.tensor, dx.beta());
         kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzf.data<float>(), out, wf.data<float>(), in, dx.beta(),
                           dxf.data<float>(), in);
-        convert_into(dxf, dx.tensor);
+        detail::store_stand_in(dxf, dx.tensor);
       } else {
         CUMULUS_DISPATCH(device, (void)0,
                          gemm_16_cuda(ctx, false, false, batch, in, out, dz.raw_data(), out, w_.raw_data(), in,

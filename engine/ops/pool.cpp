@@ -4,6 +4,8 @@
 // Saves x, never an index tensor: the CPU recomputes each window's argmax from x, and cuDNN's
 // backward reads x and y, so on CUDA y is saved too. In the CNN both are alive anyway (the ReLU
 // before the pool saves x, the layer after it saves y), so the pool adds nothing to the footprint.
+// bf16 and f16 pool in their own type (a maximum needs no rounding); the CPU runs its f32 kernels
+// over widened copies, which give the same values.
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
@@ -26,13 +28,20 @@ class MaxPool2dBackward final : public Node {
     if (!grads[0].needed()) return;
     const Device device = dy.device();
     const kernels::Pool2dGeometry& g = g_;
-    GradSink::Target dx = grads[0].begin(x_.shape(), device);
-    const float* xp = x_.data<float>();
-    const float* dyp = dy.data<float>();
-    float* dxp = dx.tensor.data<float>();
-    CUMULUS_DISPATCH(device, kernels::max_pool2d_backward_cpu(g, xp, dyp, dx.beta(), dxp),
-                     CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, xp,
-                                                                          y_.data<float>(), dyp, dx.beta(), dxp)));
+    const DType type = x_.dtype();
+    GradSink::Target dx = grads[0].begin(x_.shape(), device, type);
+    if (device.is_cpu()) {
+      const Tensor xf = detail::converted(x_, DType::f32, MemoryCategory::workspace);
+      const Tensor dyf = detail::converted(dy, DType::f32, MemoryCategory::workspace);
+      const Tensor dxf = detail::f32_stand_in(dx.tensor, dx.beta());
+      kernels::max_pool2d_backward_cpu(g, xf.data<float>(), dyf.data<float>(), dx.beta(), dxf.data<float>());
+      detail::store_stand_in(dxf, dx.tensor);
+      return;
+    }
+    CUMULUS_DISPATCH(device, (void)0,
+                     CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, type,
+                                                                          x_.raw_data(), y_.raw_data(), dy.raw_data(),
+                                                                          dx.beta(), dx.tensor.raw_data())));
   }
 
   void release_saved() override {
@@ -50,7 +59,7 @@ class MaxPool2dBackward final : public Node {
 Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   constexpr const char* op = "max_pool2d";
   OpScope op_scope(op);
-  detail::check_dtype(op, "input", x, DType::f32);
+  detail::check_floating(op, "input", x);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());
   CUMULUS_CHECK(x.numel() > 0, ShapeError, op, ": empty input ", x.shape().str());
@@ -70,11 +79,18 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   g.out_w = (g.w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
 
   const Device device = x.device();
-  Tensor y = detail::new_output(Shape{g.n, g.c, g.out_h, g.out_w}, DType::f32, device);
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
-  CUMULUS_DISPATCH(device, kernels::max_pool2d_forward_cpu(g, xp, yp),
-                   CUMULUS_CUDNN_ONLY(kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()), g, xp, yp)));
+  Tensor y = detail::new_output(Shape{g.n, g.c, g.out_h, g.out_w}, x.dtype(), device);
+  if (device.is_cpu()) {
+    const bool widen = x.dtype() != DType::f32;
+    const Tensor xf = detail::converted(x, DType::f32, MemoryCategory::workspace);
+    const Tensor yf = widen ? detail::f32_scratch(y.shape(), device) : y;
+    kernels::max_pool2d_forward_cpu(g, xf.data<float>(), yf.data<float>());
+    if (widen) detail::convert_into(yf, y);
+  } else {
+    CUMULUS_DISPATCH(device, (void)0,
+                     CUMULUS_CUDNN_ONLY(kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()), g, x.dtype(),
+                                                                         x.raw_data(), y.raw_data())));
+  }
   if (should_record({&x}))
     attach_node(y, std::make_shared<MaxPool2dBackward>(x.detach(), device.is_cuda() ? y.detach() : Tensor(), g),
                 {&x});

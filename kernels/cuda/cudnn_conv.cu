@@ -1,23 +1,32 @@
-// conv2d on CUDA through cuDNN's legacy API: cudnnConvolutionForward (+ cudnnAddTensor for the
+// conv2d on CUDA through cuDNN's legacy API: cudnnConvolutionForward (+ cudnnAddTensor for an f32
 // bias), cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter, cudnnConvolutionBackwardBias.
 // Backward needs x for the filter gradient and the weight for the data gradient (the op saves
 // only what the needed gradients read). Every call blends with beta: the filter and bias gradients
 // accumulate inside cuDNN (beta 1), or overwrite a stale buffer without reading it (beta 0;
 // cuDNN never reads the output when beta is 0), exactly as Linear's GEMM does (Note [Gradient
-// sinks]). Algorithms: chosen once per (device, direction, shape) and cached; workspace from our
+// sinks]). Algorithms: chosen once per (device, direction, dtype, shape) and cached; workspace from our
 // allocator, category workspace (Note [cuDNN algorithm cache] in engine/core/cudnn_context.cpp).
-// Math is FP32 (CUDNN_FMA_MATH): no TF32, so results match the CPU path to float rounding.
+// f32 math is FP32 (CUDNN_FMA_MATH): no TF32, so results match the CPU path to float rounding.
+// bf16 / f16 data (x, weight, y and their gradients) run cuDNN's pseudo-16-bit configurations:
+// tensor-op math with f32 accumulation (the convolution's compute type is FLOAT). The bias and its
+// gradient stay f32 and cudnnAddTensor / cudnnConvolutionBackwardBias want one type for bias and
+// data, so for 16-bit data the bias add and the bias gradient are our kernels (f32 arithmetic).
 #if CUMULUS_WITH_CUDNN
 #include <vector>
 
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/memory/allocator.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cudnn_kernels.h"
+#include "kernels/float16.h"
 
 namespace cumulus::kernels {
 
 namespace {
+
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
 
 // Algorithms that want more workspace than this are taken only when nothing else works.
 constexpr std::size_t kPreferredMaxWorkspace = 256u << 20;
@@ -28,10 +37,13 @@ struct ConvDescriptors {
   cudnn::ConvolutionDescriptor conv;
 };
 
-ConvDescriptors describe(const Conv2dGeometry& g) {
-  ConvDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w), cudnn::nchw_descriptor(g.n, g.k, g.out_h, g.out_w),
-                    cudnn::FilterDescriptor(), cudnn::ConvolutionDescriptor()};
-  CUMULUS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+// x, y and the filter in `dtype`; the convolution computes in f32 whatever the storage (bf16 / f16:
+// PSEUDO_BFLOAT16 / PSEUDO_HALF), on tensor cores for 16-bit data, never TF32 for f32.
+ConvDescriptors describe(const Conv2dGeometry& g, DType dtype) {
+  ConvDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w, dtype),
+                    cudnn::nchw_descriptor(g.n, g.k, g.out_h, g.out_w, dtype), cudnn::FilterDescriptor(),
+                    cudnn::ConvolutionDescriptor()};
+  CUMULUS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.w.get(), cudnn::data_type(dtype), CUDNN_TENSOR_NCHW,
                                                  cudnn::checked_int(g.k, "out_channels"),
                                                  cudnn::checked_int(g.c, "in_channels"),
                                                  cudnn::checked_int(g.r, "kernel height"),
@@ -40,7 +52,8 @@ ConvDescriptors describe(const Conv2dGeometry& g) {
       d.conv.get(), cudnn::checked_int(g.pad_h, "pad"), cudnn::checked_int(g.pad_w, "pad"),
       cudnn::checked_int(g.stride_h, "stride"), cudnn::checked_int(g.stride_w, "stride"), 1, 1,
       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUMULUS_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), CUDNN_FMA_MATH));
+  CUMULUS_CUDNN_CHECK(
+      cudnnSetConvolutionMathType(d.conv.get(), dtype == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
   int n = 0, k = 0, oh = 0, ow = 0;
   CUMULUS_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(d.conv.get(), d.x.get(), d.w.get(), &n, &k, &oh, &ow));
   CUMULUS_CHECK(n == g.n && k == g.k && oh == g.out_h && ow == g.out_w, CudaError,
@@ -49,10 +62,11 @@ ConvDescriptors describe(const Conv2dGeometry& g) {
   return d;
 }
 
-cudnn::ConvKey key_of(int device, cudnn::ConvDirection direction, const Conv2dGeometry& g) {
+cudnn::ConvKey key_of(int device, cudnn::ConvDirection direction, DType dtype, const Conv2dGeometry& g) {
   cudnn::ConvKey key;
   key.device = device;
   key.direction = direction;
+  key.dtype = dtype;
   key.sizes = {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
   return key;
 }
@@ -76,13 +90,54 @@ Allocation take_workspace(int device, std::size_t bytes) {
   return allocator_for(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace);
 }
 
+// Our kernels go on the stream the handle is bound to, after the cuDNN calls before them.
+cudaStream_t stream_of(cudnnHandle_t handle) {
+  cudaStream_t stream = nullptr;
+  CUMULUS_CUDNN_CHECK(cudnnGetStream(handle, &stream));
+  return stream;
+}
+
+// y[n, k, i, j] += bias[k] for 16-bit y (f32 bias): one rounding per element.
+template <typename T>
+__global__ void add_bias_kernel(const float* bias, int64_t k, int64_t hw, int64_t total, T* y) {
+  CUMULUS_GRID_STRIDE_LOOP(i, total) y[i] = from_f32<T>(to_f32(y[i]) + bias[(i / hw) % k]);
+}
+
+// dbias[k] = sum over n, i, j of dy (+ beta * dbias[k]), one block per channel: a fixed order
+// (deterministic), f32 sums of 16-bit dy. Beta 0 never reads dbias.
+template <typename T>
+__global__ void bias_grad_kernel(const T* dy, int64_t n, int64_t k, int64_t hw, float beta, float* dbias) {
+  const int64_t ch = blockIdx.x;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += to_f32(dy[((i / hw) * k + ch) * hw + i % hw]);
+  s = cuda_common::block_sum(s);
+  if (threadIdx.x == 0) dbias[ch] = beta == 0.0f ? s : s + beta * dbias[ch];
+}
+
+template <typename T>
+void add_bias(cudaStream_t stream, const Conv2dGeometry& g, const float* bias, void* y) {
+  const int64_t hw = g.out_h * g.out_w, total = g.n * g.k * hw;
+  if (total == 0) return;
+  add_bias_kernel<<<blocks_for(total), kThreads, 0, stream>>>(bias, g.k, hw, total, static_cast<T*>(y));
+  CUMULUS_LAUNCH_CHECK();
+}
+
+template <typename T>
+void bias_grad(cudaStream_t stream, const Conv2dGeometry& g, const void* dy, float beta, float* dbias) {
+  if (g.k == 0) return;
+  CUMULUS_CHECK(g.k <= 2147483647, InvalidArgument, "conv2d: ", g.k, " output channels is too many for one grid");
+  bias_grad_kernel<<<static_cast<unsigned>(g.k), kThreads, 0, stream>>>(static_cast<const T*>(dy), g.n, g.k,
+                                                                        g.out_h * g.out_w, beta, dbias);
+  CUMULUS_LAUNCH_CHECK();
+}
+
 }  // namespace
 
-void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, const float* x,
-                         const float* weight, const float* bias, float* y) {
-  const ConvDescriptors d = describe(g);
+void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype, const void* x,
+                         const void* weight, const float* bias, void* y) {
+  const ConvDescriptors d = describe(g, dtype);
   const cudnn::ConvAlgorithm a =
-      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::forward, g), [&] {
+      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::forward, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
@@ -90,9 +145,9 @@ void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry&
                                                                    d.y.get(), max_count, &returned, perf.data()));
         cudnn::ConvAlgorithm c;
         c.algo = pick_algorithm(perf, returned, "forward");
-        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
-                                                                    d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
-                                                                    &c.workspace_bytes));
+        CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+            handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+            &c.workspace_bytes));
         return c;
       });
   Allocation workspace = take_workspace(device, a.workspace_bytes);
@@ -101,18 +156,23 @@ void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry&
   CUMULUS_CUDNN_CHECK(cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), weight, d.conv.get(),
                                               static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), workspace.get(),
                                               a.workspace_bytes, &zero, d.y.get(), y));
-  if (bias != nullptr) {
+  if (bias == nullptr) return;
+  if (dtype == DType::f32) {
     const cudnn::TensorDescriptor b = cudnn::nchw_descriptor(1, g.k, 1, 1);
     detail::count_launch();
     CUMULUS_CUDNN_CHECK(cudnnAddTensor(handle, &one, b.get(), bias, &one, d.y.get(), y));
+  } else if (dtype == DType::bf16) {
+    add_bias<BFloat16>(stream_of(handle), g, bias, y);
+  } else {  // f16: describe() took no other type
+    add_bias<Half>(stream_of(handle), g, bias, y);
   }
 }
 
-void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, const float* weight,
-                               const float* dy, float beta, float* dx) {
-  const ConvDescriptors d = describe(g);
+void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype,
+                               const void* weight, const void* dy, float beta, void* dx) {
+  const ConvDescriptors d = describe(g, dtype);
   const cudnn::ConvAlgorithm a =
-      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_data, g), [&] {
+      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_data, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
@@ -133,11 +193,11 @@ void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeo
                                                    workspace.get(), a.workspace_bytes, &beta, d.x.get(), dx));
 }
 
-void conv2d_backward_filter_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, const float* x,
-                                 const float* dy, float beta, float* dweight) {
-  const ConvDescriptors d = describe(g);
+void conv2d_backward_filter_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype,
+                                 const void* x, const void* dy, float beta, void* dweight) {
+  const ConvDescriptors d = describe(g, dtype);
   const cudnn::ConvAlgorithm a =
-      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_filter, g), [&] {
+      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_filter, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
@@ -153,19 +213,28 @@ void conv2d_backward_filter_cuda(cudnnHandle_t handle, int device, const Conv2dG
   Allocation workspace = take_workspace(device, a.workspace_bytes);
   const float one = 1.0f;
   detail::count_launch();
-  // beta = 1: the weight gradient accumulates inside cuDNN, into the persistent buffer.
+  // beta = 1: the weight gradient accumulates inside cuDNN, into the buffer (in the filter's type).
   CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &one, d.x.get(), x, d.y.get(), dy, d.conv.get(),
                                                      static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo),
                                                      workspace.get(), a.workspace_bytes, &beta, d.w.get(), dweight));
 }
 
-void conv2d_backward_bias_cuda(cudnnHandle_t handle, const Conv2dGeometry& g, const float* dy, float beta,
-                               float* dbias) {
-  const cudnn::TensorDescriptor dyd = cudnn::nchw_descriptor(g.n, g.k, g.out_h, g.out_w);
-  const cudnn::TensorDescriptor bd = cudnn::nchw_descriptor(1, g.k, 1, 1);
-  const float one = 1.0f;
-  detail::count_launch();
-  CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, dyd.get(), dy, &beta, bd.get(), dbias));
+void conv2d_backward_bias_cuda(cudnnHandle_t handle, const Conv2dGeometry& g, DType dtype, const void* dy,
+                               float beta, float* dbias) {
+  switch (dtype) {
+    case DType::f32: {
+      const cudnn::TensorDescriptor dyd = cudnn::nchw_descriptor(g.n, g.k, g.out_h, g.out_w);
+      const cudnn::TensorDescriptor bd = cudnn::nchw_descriptor(1, g.k, 1, 1);
+      const float one = 1.0f;
+      detail::count_launch();
+      CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, dyd.get(), dy, &beta, bd.get(), dbias));
+      return;
+    }
+    case DType::bf16: return bias_grad<BFloat16>(stream_of(handle), g, dy, beta, dbias);
+    case DType::f16: return bias_grad<Half>(stream_of(handle), g, dy, beta, dbias);
+    default: break;
+  }
+  throw InvalidArgument(detail::concat("conv2d: no bias gradient for dtype ", dtype_name(dtype)));
 }
 
 }  // namespace cumulus::kernels

@@ -2,7 +2,7 @@
 // CUDNN_POOLING_MAX_DETERMINISTIC and NaN propagation (as PyTorch). cuDNN's backward finds each
 // window's maximum again from x and y, so the op saves both (in the CNN both are alive anyway: the
 // ReLU before the pool saves x, the next layer saves y). dx is blended with beta (Note [Gradient
-// sinks]).
+// sinks]). x, y, dy and dx are all in `dtype` (f32, bf16 or f16; the scaling factors stay float).
 #if CUMULUS_WITH_CUDNN
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cudnn_context.h"
@@ -17,9 +17,9 @@ struct PoolDescriptors {
   cudnn::PoolingDescriptor pool;
 };
 
-PoolDescriptors describe(const Pool2dGeometry& g) {
-  PoolDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w), cudnn::nchw_descriptor(g.n, g.c, g.out_h, g.out_w),
-                    cudnn::PoolingDescriptor()};
+PoolDescriptors describe(const Pool2dGeometry& g, DType dtype) {
+  PoolDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w, dtype),
+                    cudnn::nchw_descriptor(g.n, g.c, g.out_h, g.out_w, dtype), cudnn::PoolingDescriptor()};
   CUMULUS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(
       d.pool.get(), CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, cudnn::checked_int(g.kernel_h, "kernel"),
       cudnn::checked_int(g.kernel_w, "kernel"), cudnn::checked_int(g.pad_h, "pad"), cudnn::checked_int(g.pad_w, "pad"),
@@ -34,16 +34,16 @@ PoolDescriptors describe(const Pool2dGeometry& g) {
 
 }  // namespace
 
-void max_pool2d_forward_cuda(cudnnHandle_t handle, const Pool2dGeometry& g, const float* x, float* y) {
-  const PoolDescriptors d = describe(g);
+void max_pool2d_forward_cuda(cudnnHandle_t handle, const Pool2dGeometry& g, DType dtype, const void* x, void* y) {
+  const PoolDescriptors d = describe(g, dtype);
   const float one = 1.0f, zero = 0.0f;
   detail::count_launch();
   CUMULUS_CUDNN_CHECK(cudnnPoolingForward(handle, d.pool.get(), &one, d.x.get(), x, &zero, d.y.get(), y));
 }
 
-void max_pool2d_backward_cuda(cudnnHandle_t handle, const Pool2dGeometry& g, const float* x, const float* y,
-                              const float* dy, float beta, float* dx) {
-  const PoolDescriptors d = describe(g);
+void max_pool2d_backward_cuda(cudnnHandle_t handle, const Pool2dGeometry& g, DType dtype, const void* x,
+                              const void* y, const void* dy, float beta, void* dx) {
+  const PoolDescriptors d = describe(g, dtype);
   const float one = 1.0f;
   detail::count_launch();
   CUMULUS_CUDNN_CHECK(cudnnPoolingBackward(handle, d.pool.get(), &one, d.y.get(), y, d.y.get(), dy, d.x.get(), x,

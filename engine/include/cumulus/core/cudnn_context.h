@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cumulus/core/error.h"
+#include "cumulus/tensor/dtype.h"
 
 namespace cumulus {
 // Whether this build has the cuDNN ops (conv2d, batch_norm2d, max_pool2d on CUDA).
@@ -71,11 +72,12 @@ struct ConvAlgorithm {
   std::size_t workspace_bytes = 0;
 };
 
-// A convolution's identity for the cache: device, direction and every size (n, c, h, w, k, r, s,
-// strides, paddings).
+// A convolution's identity for the cache: device, direction, storage type and every size (n, c,
+// h, w, k, r, s, strides, paddings).
 struct ConvKey {
   int device = 0;
   ConvDirection direction = ConvDirection::forward;
+  DType dtype = DType::f32;
   std::array<int64_t, 11> sizes{};
   bool operator<(const ConvKey& o) const;
 };
@@ -113,8 +115,10 @@ using PoolingDescriptor = Descriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolin
 
 // cuDNN's legacy API takes int sizes: checked narrowing (InvalidArgument past 32 bits).
 int checked_int(int64_t v, const char* what);
-// A packed NCHW f32 tensor descriptor.
-TensorDescriptor nchw_descriptor(int64_t n, int64_t c, int64_t h, int64_t w);
+// A packed NCHW tensor descriptor of `dtype` (f32, bf16 or f16).
+TensorDescriptor nchw_descriptor(int64_t n, int64_t c, int64_t h, int64_t w, DType dtype = DType::f32);
+// cuDNN's data type for f32, bf16 and f16 (InvalidArgument for the others).
+cudnnDataType_t data_type(DType dtype);
 
 }  // namespace cumulus::cudnn
 #endif  // CUMULUS_WITH_CUDNN
