@@ -4,10 +4,13 @@
 # epoch, timed from process start to exit) with CUDA graphs on and off, and with the dataset on the
 # host (--data-on host, graphs on: the device peak and the time against device-resident data). If a
 # second bundle of an earlier commit is in .gpu-base/, its benchmarks and seed run are measured in
-# the same session, interleaved, for side-by-side ratios. Writes logs and JSON under $OUT.
-# Usage (on the GPU machine, from the repository root): scripts/gpu_session.sh DATA_DIR [tests|bench|seed|all]
+# the same session, interleaved, for side-by-side ratios. `precision` (issue 13): bench_precision on
+# CUDA, the seed run in bf16 and fp16, and the CNN at micro-batch 256 for 5 epochs in fp32 and bf16.
+# Writes logs and JSON under $OUT.
+# Usage (on the GPU machine, from the repository root):
+#   scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|all]
 set -uo pipefail
-data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|all]}
+data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|all]}
 what=${2:-all}
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -50,6 +53,25 @@ if [[ $what == seed || $what == all ]]; then
         "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["summary"]["peak_bytes"])' \
              "$OUT/seed_${name}_${g}_memory.json" 2>/dev/null)"
     done
+  done
+fi
+if [[ $what == precision || $what == all ]]; then
+  bash .gpu/run.sh bench_precision --benchmark_filter='^cuda/' --benchmark_min_time=0.3 --benchmark_format=console \
+    --benchmark_out="$OUT/bench_precision.json" --benchmark_out_format=json > "$OUT/bench_precision.txt" 2>&1 || status=1
+  runs=("seed bf16 --batch-size 16 --accum-steps 4 --epochs 20 --precision bf16"
+        "seed fp16 --batch-size 16 --accum-steps 4 --epochs 20 --precision fp16"
+        "cnn fp32 --model cnn --batch-size 256 --epochs 5 --precision fp32"
+        "cnn bf16 --model cnn --batch-size 256 --epochs 5 --precision bf16")
+  for run in "${runs[@]}"; do
+    read -r model p args <<< "$run"
+    # shellcheck disable=SC2086  # args is a list of flags
+    bash .gpu/run.sh bash -c 's=$(date +%s%N); fashion_mnist "$@"; r=$?; e=$(date +%s%N);
+      echo "wall_ms $(( (e - s) / 1000000 ))"; exit $r' _ --device cuda --data "$data" $args \
+      --metrics "$OUT/${model}_${p}.jsonl" --memory-report "$OUT/${model}_${p}_memory.json" \
+      > "$OUT/${model}_${p}.log" 2>&1 || status=1
+    printf '%s %s: %s ms wall; last epoch: %s\n' "$model" "$p" \
+      "$(grep -o 'wall_ms [0-9]*' "$OUT/${model}_${p}.log" | cut -d' ' -f2)" \
+      "$(grep Accuracy "$OUT/${model}_${p}.log" | tail -1 | tr -s ' ')"
   done
 fi
 exit $status

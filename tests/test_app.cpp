@@ -91,6 +91,7 @@ TEST_F(AppTest, UsageErrorsExitTwoWithOneLine) {
       {d + " --no-such-flag", "no-such-flag"},
       {d + " --epochs many", "many"},
       {d + " --precision fp8", "--precision"},
+      {d + " --precision fp16 --normalize micro-batches", "--normalize samples"},
   };
   for (const auto& [args, needle] : cases) {
     const Result r = run_app(args);

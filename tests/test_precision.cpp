@@ -359,6 +359,27 @@ TEST(MixedPrecisionAccumulation, F32BuffersKeepTheSmallContributionsThatBf16Buff
   EXPECT_GT(with_bf16_buffers, 1.5 * with_f32_buffers);
 }
 
+// ---- the policy -------------------------------------------------------------------------------
+
+TEST(PrecisionPolicy, NamesTypesAndSupport) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    EXPECT_EQ(parse_precision(precision_name(p)), p);
+    EXPECT_EQ(precision_unsupported_reason(p, Device::cpu()), "") << "the CPU stores 16 bits and computes in f32";
+  }
+  EXPECT_EQ(compute_dtype(Precision::bf16), DType::bf16);
+  EXPECT_EQ(compute_dtype(Precision::fp16), DType::f16);
+  EXPECT_TRUE(needs_loss_scaling(Precision::fp16));
+  EXPECT_FALSE(needs_loss_scaling(Precision::bf16));
+  try {
+    parse_precision("fp8");
+    ADD_FAILURE() << "fp8 parsed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'fp8'"), std::string::npos) << e.what();
+  }
+  if (!cuda_compiled())
+    EXPECT_NE(precision_unsupported_reason(Precision::bf16, Device::cuda(0)), "") << "no CUDA in this build";
+}
+
 // ---- CPU against CUDA -------------------------------------------------------------------------
 
 TEST(MixedPrecisionParity, CudaMatchesTheCpuPerPrecision) {

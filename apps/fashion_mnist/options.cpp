@@ -463,6 +463,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       }
     }
     o.resolved_precision = cumulus::parse_precision(o.precision);  // CLI11 checked the value
+    require(!cumulus::needs_loss_scaling(o.resolved_precision) || o.normalize == "samples",
+            "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
+            "normalization of each step");
     const std::string unsupported = cumulus::precision_unsupported_reason(o.resolved_precision, o.resolved_device);
     require(unsupported.empty(), "--precision " + o.precision + ": " + unsupported);
     require(o.graphs != "on" || o.resolved_device.is_cuda(),
