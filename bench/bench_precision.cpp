@@ -12,12 +12,8 @@
 // Timing and memory method: see rig.h.
 #include <benchmark/benchmark.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "bench/rig.h"
 #include "cumulus/core/precision.h"
@@ -78,22 +74,9 @@ void micro_batch(benchmark::State& state, Device device, ModelKind kind, Precisi
   }
 
   Cursor cursor(d, b);
-  auto one = [&] { acc.backward(loss_of(cursor.next()), b); };
-  for (int i = 0; i < kWarmupIterations; ++i) {
-    acc.optimizer().zero_grad();
-    one();
-  }
-  synchronize(device);
-  DeviceTimer timer(device);
-  double total_s = 0.0;
-  for (auto _ : state) {
-    acc.optimizer().zero_grad();  // untimed: the flags of a step's end
-    timer.start();
-    one();
-    const double s = timer.seconds();
-    state.SetIterationTime(s);
-    total_s += s;
-  }
+  const double total_s = timed_loop(
+      state, device, [&] { acc.optimizer().zero_grad(); },  // untimed: the flags of a step's end
+      [&] { acc.backward(loss_of(cursor.next()), b); });
   if (!m.params->any_gradient()) state.SkipWithError("no gradient was accumulated");
   const double iters = static_cast<double>(state.iterations());
   state.counters["samples_per_s"] = benchmark::Counter(static_cast<double>(b) * iters, benchmark::Counter::kIsRate);
@@ -104,17 +87,6 @@ void micro_batch(benchmark::State& state, Device device, ModelKind kind, Precisi
 }
 
 // ---- registration --------------------------------------------------------------------------------
-// A cumulus error inside a benchmark marks that benchmark as failed instead of ending the run.
-template <typename Fn, typename... Args>
-benchmark::internal::Benchmark* add(const std::string& name, Fn fn, Args... args) {
-  return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
-    try {
-      fn(state, args...);
-    } catch (const std::exception& e) {
-      state.SkipWithError(e.what());
-    }
-  });
-}
 
 void register_device(Device device) {
   const std::string dev = device.is_cpu() ? "cpu" : "cuda";
@@ -134,23 +106,6 @@ void register_device(Device device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  bool cuda = false;
-  try {
-    cuda = cuda_available();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_precision: CUDA unusable (%s); CPU only\n", e.what());
-  }
-  register_device(Device::cpu());
-  if (cuda) register_device(Device::cuda(0));
-  const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
-  benchmark::AddCustomContext("cumulus_models", "seed MLP 784-512-512-10 and CNN (engine/models/cnn.h), Reduction::Sum");
-  benchmark::AddCustomContext("cumulus_cuda_compiled", cuda_compiled() ? "yes" : "no");
-  benchmark::AddCustomContext("cumulus_cuda_devices", std::to_string(cuda ? cuda_device_count() : 0));
-  benchmark::AddCustomContext("cumulus_openblas_num_threads", blas_threads ? blas_threads : "unset (all cores)");
-  benchmark::AddCustomContext("cumulus_hardware_threads", std::to_string(std::thread::hardware_concurrency()));
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return run_benchmarks(argc, argv, "bench_precision", "seed MLP 784-512-512-10 and CNN (engine/models/cnn.h), Reduction::Sum",
+                        register_device);
 }

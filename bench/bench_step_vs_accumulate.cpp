@@ -25,11 +25,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <string>
-#include <thread>
 
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
@@ -368,17 +364,6 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n) 
 }
 
 // ---- registration --------------------------------------------------------------------------------
-// A cumulus error inside a benchmark marks that benchmark as failed instead of ending the run.
-template <typename Fn, typename... Args>
-benchmark::internal::Benchmark* add(const std::string& name, Fn fn, Args... args) {
-  return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
-    try {
-      fn(state, args...);
-    } catch (const std::exception& e) {
-      state.SkipWithError(e.what());
-    }
-  });
-}
 
 // On CPU the reported CPU time is the whole process's (OpenBLAS worker threads included), so a
 // run on a busy machine can be judged by it too; on CUDA it is the host thread's.
@@ -416,23 +401,6 @@ void register_device(Device device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  bool cuda = false;
-  try {
-    cuda = cuda_available();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_step_vs_accumulate: CUDA unusable (%s); CPU only\n", e.what());
-  }
-  register_device(Device::cpu());
-  if (cuda) register_device(Device::cuda(0));
-  const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
-  benchmark::AddCustomContext("cumulus_model", "seed MLP 784-512-512-10, f32, Reduction::Sum");
-  benchmark::AddCustomContext("cumulus_cuda_compiled", cuda_compiled() ? "yes" : "no");
-  benchmark::AddCustomContext("cumulus_cuda_devices", std::to_string(cuda ? cuda_device_count() : 0));
-  benchmark::AddCustomContext("cumulus_openblas_num_threads", blas_threads ? blas_threads : "unset (all cores)");
-  benchmark::AddCustomContext("cumulus_hardware_threads", std::to_string(std::thread::hardware_concurrency()));
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return run_benchmarks(argc, argv, "bench_step_vs_accumulate", "seed MLP 784-512-512-10, f32, Reduction::Sum",
+                        register_device);
 }

@@ -13,8 +13,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -121,6 +125,29 @@ class DeviceTimer {
   TimePoint start_;
 };
 
+// The timed loop of a benchmark without launch counting: `before` then `work`, kWarmupIterations
+// times untimed; then per benchmark iteration `before` untimed and `work` timed on the device.
+// Returns the timed seconds in total.
+template <typename Before, typename Work>
+double timed_loop(benchmark::State& state, const Device& device, Before before, Work work) {
+  for (int i = 0; i < kWarmupIterations; ++i) {
+    before();
+    work();
+  }
+  synchronize(device);
+  DeviceTimer timer(device);
+  double total_s = 0.0;
+  for (auto _ : state) {
+    before();
+    timer.start();
+    work();
+    const double s = timer.seconds();
+    state.SetIterationTime(s);
+    total_s += s;
+  }
+  return total_s;
+}
+
 // Kernel launches through cumulus since construction (CUDA; always 0 on a CPU-only run).
 class LaunchCounter {
  public:
@@ -166,6 +193,44 @@ inline void set_memory_counters(benchmark::State& state, const MicroBatchMemory&
   state.counters["activation_bytes_per_micro_batch"] = bytes_counter(mem.activation_bytes);
   state.counters["peak_bytes"] = bytes_counter(mem.peak_bytes);
   state.counters["peak_bytes_excl_data"] = bytes_counter(mem.peak_bytes - mem.peak_data_bytes);
+}
+
+// ---- registration and main -------------------------------------------------------------------
+// A cumulus error inside a benchmark marks that benchmark as failed instead of ending the run.
+template <typename Fn, typename... Args>
+benchmark::internal::Benchmark* add(const std::string& name, Fn fn, Args... args) {
+  return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+    try {
+      fn(state, args...);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+    }
+  });
+}
+
+// The main of every benchmark binary: `register_device` for the CPU and, when a GPU is usable, for
+// CUDA; the context every record carries (`model` names what is measured); then the run.
+inline int run_benchmarks(int argc, char** argv, const char* program, const char* model,
+                          void (*register_device)(Device)) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  bool cuda = false;
+  try {
+    cuda = cuda_available();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: CUDA unusable (%s); CPU only\n", program, e.what());
+  }
+  register_device(Device::cpu());
+  if (cuda) register_device(Device::cuda(0));
+  const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
+  benchmark::AddCustomContext("cumulus_model", model);
+  benchmark::AddCustomContext("cumulus_cuda_compiled", cuda_compiled() ? "yes" : "no");
+  benchmark::AddCustomContext("cumulus_cuda_devices", std::to_string(cuda ? cuda_device_count() : 0));
+  benchmark::AddCustomContext("cumulus_openblas_num_threads", blas_threads ? blas_threads : "unset (all cores)");
+  benchmark::AddCustomContext("cumulus_hardware_threads", std::to_string(std::thread::hardware_concurrency()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace cumulus::bench

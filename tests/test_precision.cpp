@@ -14,6 +14,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cumulus/cumulus.h"
@@ -85,22 +86,8 @@ struct Gradients {
   std::vector<DType> grad_dtypes;
 };
 
-// The engine's loss and gradients with the activations in `dtype`; `fused`: Linear+ReLU as one op.
-Gradients engine_gradients(const Problem& p, DType dtype, Device device, bool fused) {
-  std::vector<Tensor> leaves = {
-      Tensor::from_vector(p.x, Shape{kBatch, kIn}, device),     Tensor::from_vector(p.w1, Shape{kHidden, kIn}, device),
-      Tensor::from_vector(p.b1, Shape{kHidden}, device),        Tensor::from_vector(p.w2, Shape{kClasses, kHidden}, device),
-      Tensor::from_vector(p.b2, Shape{kClasses}, device)};
-  for (Tensor& t : leaves) t.set_requires_grad(true);
-  const Tensor labels = Tensor::from_vector(p.y, Shape{kBatch}, device);
-  const Tensor x = ops::cast(leaves[0], dtype);
-  const Tensor h = fused ? ops::linear(x, leaves[1], leaves[2], ops::Activation::relu)
-                         : ops::relu(ops::linear(x, leaves[1], leaves[2]));
-  EXPECT_EQ(h.dtype(), dtype);
-  const Tensor logits = ops::linear(h, leaves[3], leaves[4]);
-  EXPECT_EQ(logits.dtype(), dtype);
-  Tensor loss = ops::cross_entropy(logits, labels, ops::Reduction::Sum);
-  EXPECT_EQ(loss.dtype(), DType::f32) << "the loss stays f32";
+// Runs backward from `loss` and reads every leaf's gradient (as f32) and its type.
+Gradients gradients_of(Tensor loss, const std::vector<Tensor>& leaves) {
   Gradients g;
   g.loss = loss.item();
   loss.backward();
@@ -109,6 +96,35 @@ Gradients engine_gradients(const Problem& p, DType dtype, Device device, bool fu
     g.grad_dtypes.push_back(t.grad().dtype());
   }
   return g;
+}
+
+std::vector<Tensor> leaves_of(const std::vector<std::pair<std::vector<float>, Shape>>& inputs, Device device) {
+  std::vector<Tensor> leaves;
+  for (const auto& [v, shape] : inputs) {
+    leaves.push_back(Tensor::from_vector(v, shape, device));
+    leaves.back().set_requires_grad(true);
+  }
+  return leaves;
+}
+
+// The engine's loss and gradients with the activations in `dtype`; `fused`: Linear+ReLU as one op.
+Gradients engine_gradients(const Problem& p, DType dtype, Device device, bool fused) {
+  const std::vector<Tensor> leaves = leaves_of({{p.x, Shape{kBatch, kIn}},
+                                                {p.w1, Shape{kHidden, kIn}},
+                                                {p.b1, Shape{kHidden}},
+                                                {p.w2, Shape{kClasses, kHidden}},
+                                                {p.b2, Shape{kClasses}}},
+                                               device);
+  const Tensor labels = Tensor::from_vector(p.y, Shape{kBatch}, device);
+  const Tensor x = ops::cast(leaves[0], dtype);
+  const Tensor h = fused ? ops::linear(x, leaves[1], leaves[2], ops::Activation::relu)
+                         : ops::relu(ops::linear(x, leaves[1], leaves[2]));
+  EXPECT_EQ(h.dtype(), dtype);
+  const Tensor logits = ops::linear(h, leaves[3], leaves[4]);
+  EXPECT_EQ(logits.dtype(), dtype);
+  const Tensor loss = ops::cross_entropy(logits, labels, ops::Reduction::Sum);
+  EXPECT_EQ(loss.dtype(), DType::f32) << "the loss stays f32";
+  return gradients_of(loss, leaves);
 }
 
 // Unit roundoff of each type; the tolerances below are a small multiple of it (a few roundings of
@@ -222,13 +238,13 @@ INSTANTIATE_TEST_SUITE_P(Types, PrecisionTest,
 
 Gradients conv_gradients(DType dtype, Device device) {
   const Shape xs{4, 3, 6, 6}, ws{5, 3, 3, 3}, ls{2, 5 * 3 * 3};
-  std::vector<Tensor> leaves = {Tensor::from_vector(uniform_values(xs.numel(), -1, 1, 21), xs, device),
-                                Tensor::from_vector(uniform_values(ws.numel(), -0.3f, 0.3f, 22), ws, device),
-                                Tensor::from_vector(uniform_values(5, -0.1f, 0.1f, 23), Shape{5}, device),
-                                Tensor::from_vector(uniform_values(5, 0.5f, 1.5f, 24), Shape{5}, device),
-                                Tensor::from_vector(uniform_values(5, -0.2f, 0.2f, 25), Shape{5}, device),
-                                Tensor::from_vector(uniform_values(ls.numel(), -0.3f, 0.3f, 26), ls, device)};
-  for (Tensor& t : leaves) t.set_requires_grad(true);
+  const std::vector<Tensor> leaves = leaves_of({{uniform_values(xs.numel(), -1, 1, 21), xs},
+                                                {uniform_values(ws.numel(), -0.3f, 0.3f, 22), ws},
+                                                {uniform_values(5, -0.1f, 0.1f, 23), Shape{5}},
+                                                {uniform_values(5, 0.5f, 1.5f, 24), Shape{5}},
+                                                {uniform_values(5, -0.2f, 0.2f, 25), Shape{5}},
+                                                {uniform_values(ls.numel(), -0.3f, 0.3f, 26), ls}},
+                                               device);
   const Tensor running_mean = Tensor::zeros(Shape{5}, DType::f32, device);
   const Tensor running_var = Tensor::full(Shape{5}, 1.0f, device);
   const Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1, 1, 0}, Shape{4}, device);
@@ -238,15 +254,9 @@ Gradients conv_gradients(DType dtype, Device device) {
   const Tensor b = ops::batch_norm2d(c, leaves[3], leaves[4], running_mean, running_var, Tensor(), bn);
   const Tensor p = ops::max_pool2d(ops::relu(b), 2);
   EXPECT_EQ(p.dtype(), dtype);
-  Tensor loss = ops::cross_entropy(ops::linear(ops::flatten(p), leaves[5], Tensor()), labels, ops::Reduction::Sum);
-  Gradients g;
-  g.loss = loss.item();
-  loss.backward();
-  for (const Tensor& t : leaves) {
-    g.grads.push_back(values(t.grad()));
-    g.grad_dtypes.push_back(t.grad().dtype());
-  }
-  return g;
+  return gradients_of(ops::cross_entropy(ops::linear(ops::flatten(p), leaves[5], Tensor()), labels,
+                                         ops::Reduction::Sum),
+                      leaves);
 }
 
 TEST_P(PrecisionTest, ConvolutionBatchNormAndPoolingStayCloseToTheF32Path) {
