@@ -12,7 +12,7 @@
 // Under gradient accumulation every micro-batch is normalized by its own statistics, as in every
 // framework: 16 x 4 then matches four separate micro-batches of 16, not one batch of 64.
 // A bf16 or f16 x gives y and dx in its type; the statistics, the parameters and their gradients
-// stay f32 (Note [Mixed precision] in engine/ops/linear.cpp). The CPU normalizes widened copies.
+// stay f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
@@ -61,21 +61,15 @@ class BatchNormBackward final : public Node {
     if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
     float* dgp = data_or_null(dgamma.tensor);
     float* dbp = data_or_null(dbeta.tensor);
-    if (device.is_cpu()) {
-      // 16 bits: the f32 kernel over widened x and dy, dx rounded into its target.
-      const Tensor xf = type == DType::f32 ? x_ : detail::converted(x_, DType::f32, MemoryCategory::workspace);
-      const Tensor dyf = type == DType::f32 ? dy : detail::converted(dy, DType::f32, MemoryCategory::workspace);
-      const Tensor dxf = dx.tensor.defined() ? detail::f32_stand_in(dx.tensor, dx.beta()) : Tensor();
-      kernels::batch_norm_backward_cpu(xf.data<float>(), dyf.data<float>(), gp, mp, ip, n, c, hw, training_, dx.beta(),
-                                       data_or_null(dxf), dgamma.beta(), dgp, dbeta.beta(), dbp);
-      if (dxf.defined()) detail::store_stand_in(dxf, dx.tensor);
-      return;
-    }
     void* dxp = dx.tensor.defined() ? dx.tensor.raw_data() : nullptr;
-    CUMULUS_DISPATCH(device, (void)dxp,
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(type, x_.raw_data(), dy.raw_data(), gp, mp, ip,
-                                                                       n, c, hw, dx.beta(), dxp, dgamma.beta(), dgp,
-                                                                       dbeta.beta(), dbp, ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(type, T,
+        CUMULUS_DISPATCH(device,
+            kernels::batch_norm_backward_cpu(x_.data<T>(), dy.data<T>(), gp, mp, ip, n, c, hw, training_, dx.beta(),
+                                             static_cast<T*>(dxp), dgamma.beta(), dgp, dbeta.beta(), dbp),
+            CUMULUS_CUDNN_ONLY(kernels::batch_norm_backward_inference_cuda(type, x_.raw_data(), dy.raw_data(), gp, mp,
+                                                                           ip, n, c, hw, dx.beta(), dxp,
+                                                                           dgamma.beta(), dgp, dbeta.beta(), dbp,
+                                                                           ctx.stream()))));
   }
 
   void release_saved() override {
@@ -184,10 +178,6 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   // The statistics used, for backward ([C] each; freed on return when nothing is recorded).
   Tensor save_mean = detail::new_output(Shape{c}, DType::f32, device);
   Tensor save_invstd = detail::new_output(Shape{c}, DType::f32, device);
-  // 16 bits on the CPU: the f32 kernels over a widened x, y rounded at the end.
-  const bool widen = device.is_cpu() && x.dtype() != DType::f32;
-  const Tensor xf = widen ? detail::converted(x, DType::f32, MemoryCategory::workspace) : x;
-  const Tensor yf = widen ? detail::f32_scratch(x.shape(), device) : y;
   const float* gp = weight.data<float>();
   const float* bp = bias.data<float>();
   // A recomputed training forward (Note [Recompute] in engine/autograd/checkpoint.cpp) normalizes
@@ -199,27 +189,28 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   float* smp = save_mean.data<float>();
   float* sip = save_invstd.data<float>();
   const float eps = options.eps, momentum = options.momentum;
-  [[maybe_unused]] const DType type = x.dtype();  // the CUDA launchers'
+  const DType type = x.dtype();
   if (options.training) {
-    CUMULUS_DISPATCH(device,
-        kernels::batch_norm_forward_training_cpu(xf.data<float>(), gp, bp, n, c, hw, eps, momentum, rm, rv,
-                                                 yf.data<float>(), smp, sip),
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), type, x.raw_data(),
-                                                                     gp, bp, n, c, hw, eps, momentum, rm, rv,
-                                                                     y.raw_data(), smp, sip)));
+    CUMULUS_DISPATCH_FLOAT(type, T,
+        CUMULUS_DISPATCH(device,
+            kernels::batch_norm_forward_training_cpu(x.data<T>(), gp, bp, n, c, hw, eps, momentum, rm, rv, y.data<T>(),
+                                                     smp, sip),
+            CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), type,
+                                                                         x.raw_data(), gp, bp, n, c, hw, eps,
+                                                                         momentum, rm, rv, y.raw_data(), smp, sip))));
     if (num_batches_tracked.defined() && update_running) {
       int32_t* counter = num_batches_tracked.data<int32_t>();
       CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
     }
   } else {
-    CUMULUS_DISPATCH(device,
-        kernels::batch_norm_forward_inference_cpu(xf.data<float>(), gp, bp, rm, rv, n, c, hw, eps, yf.data<float>(),
-                                                  smp, sip),
-        CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), type,
-                                                                      x.raw_data(), gp, bp, rm, rv, n, c, hw, eps,
-                                                                      y.raw_data(), smp, sip, ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(type, T,
+        CUMULUS_DISPATCH(device,
+            kernels::batch_norm_forward_inference_cpu(x.data<T>(), gp, bp, rm, rv, n, c, hw, eps, y.data<T>(), smp,
+                                                      sip),
+            CUMULUS_CUDNN_ONLY(kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), type,
+                                                                          x.raw_data(), gp, bp, rm, rv, n, c, hw, eps,
+                                                                          y.raw_data(), smp, sip, ctx.stream()))));
   }
-  if (widen) detail::convert_into(yf, y);
 
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_shared<BatchNormBackward>(x.detach(), weight.detach(), std::move(save_mean),

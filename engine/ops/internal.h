@@ -91,8 +91,9 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
 inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
 
 // ---- 16-bit storage (Note [Mixed precision] in engine/ops/linear.cpp; engine/ops/mixed_precision.cpp) ----
-// The CPU runs a 16-bit op as its f32 kernels over widened copies and rounds the outputs where the
-// GPU's 16-bit outputs round; these helpers make the copies, in category workspace.
+// The CPU runs a 16-bit GEMM-based op (Linear, conv2d) as its f32 kernels over widened copies and
+// rounds the outputs where the GPU's 16-bit outputs round; these helpers make the copies, in
+// category workspace. Elementwise ops, batch norm and pooling have kernels templated over the type.
 
 // `t` converted to `dtype`, allocated in `category` (t itself when it already has that type).
 Tensor converted(const Tensor& t, DType dtype, MemoryCategory category);

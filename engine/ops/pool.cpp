@@ -4,8 +4,7 @@
 // Saves x, never an index tensor: the CPU recomputes each window's argmax from x, and cuDNN's
 // backward reads x and y, so on CUDA y is saved too. In the CNN both are alive anyway (the ReLU
 // before the pool saves x, the layer after it saves y), so the pool adds nothing to the footprint.
-// bf16 and f16 pool in their own type (a maximum needs no rounding); the CPU runs its f32 kernels
-// over widened copies, which give the same values.
+// bf16 and f16 pool in their own type (a maximum needs no rounding).
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
@@ -30,18 +29,12 @@ class MaxPool2dBackward final : public Node {
     const kernels::Pool2dGeometry& g = g_;
     const DType type = x_.dtype();
     GradSink::Target dx = grads[0].begin(x_.shape(), device, type);
-    if (device.is_cpu()) {
-      const Tensor xf = detail::converted(x_, DType::f32, MemoryCategory::workspace);
-      const Tensor dyf = detail::converted(dy, DType::f32, MemoryCategory::workspace);
-      const Tensor dxf = detail::f32_stand_in(dx.tensor, dx.beta());
-      kernels::max_pool2d_backward_cpu(g, xf.data<float>(), dyf.data<float>(), dx.beta(), dxf.data<float>());
-      detail::store_stand_in(dxf, dx.tensor);
-      return;
-    }
-    CUMULUS_DISPATCH(device, (void)0,
-                     CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, type,
-                                                                          x_.raw_data(), y_.raw_data(), dy.raw_data(),
-                                                                          dx.beta(), dx.tensor.raw_data())));
+    CUMULUS_DISPATCH_FLOAT(type, T,
+        CUMULUS_DISPATCH(device,
+            kernels::max_pool2d_backward_cpu(g, x_.data<T>(), dy.data<T>(), dx.beta(), dx.tensor.data<T>()),
+            CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, type, x_.raw_data(),
+                                                                 y_.raw_data(), dy.raw_data(), dx.beta(),
+                                                                 dx.tensor.raw_data()))));
   }
 
   void release_saved() override {
@@ -80,17 +73,10 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
 
   const Device device = x.device();
   Tensor y = detail::new_output(Shape{g.n, g.c, g.out_h, g.out_w}, x.dtype(), device);
-  if (device.is_cpu()) {
-    const bool widen = x.dtype() != DType::f32;
-    const Tensor xf = detail::converted(x, DType::f32, MemoryCategory::workspace);
-    const Tensor yf = widen ? detail::f32_scratch(y.shape(), device) : y;
-    kernels::max_pool2d_forward_cpu(g, xf.data<float>(), yf.data<float>());
-    if (widen) detail::convert_into(yf, y);
-  } else {
-    CUMULUS_DISPATCH(device, (void)0,
-                     CUMULUS_CUDNN_ONLY(kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()), g, x.dtype(),
-                                                                         x.raw_data(), y.raw_data())));
-  }
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
+      CUMULUS_DISPATCH(device, kernels::max_pool2d_forward_cpu(g, x.data<T>(), y.data<T>()),
+                       CUMULUS_CUDNN_ONLY(kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()), g,
+                                                                           x.dtype(), x.raw_data(), y.raw_data()))));
   if (should_record({&x}))
     attach_node(y, std::make_shared<MaxPool2dBackward>(x.detach(), device.is_cuda() ? y.detach() : Tensor(), g),
                 {&x});

@@ -7,7 +7,8 @@
 //   dx = gamma * invstd * (dy - dbeta / m - x_hat * dgamma / m)   (batch statistics)
 //   dx = gamma * invstd * dy                                    (running statistics: constants)
 // The sums are formed before anything is written, so accumulating into dgamma / dbeta (beta 1)
-// does not disturb dx.
+// does not disturb dx. x, y, dy and dx may be stored in 16 bits (T: float, BFloat16, Half); the
+// arithmetic and everything per channel are f32 (double for the sums).
 #include <cmath>
 
 #include "kernels/cpu/conv_kernels.h"
@@ -23,53 +24,57 @@ inline float blend(float value, float beta, float old) { return beta == 0.0f ? v
 // the sum over planes is taken in double by the callers.
 constexpr int kLanes = 8;
 
-double plane_sum(const float* p, int64_t n) {
+template <typename T>
+double plane_sum(const T* p, int64_t n) {
   float acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += p[j + l];
+    for (int l = 0; l < kLanes; ++l) acc[l] += to_f32(p[j + l]);
   double s = 0.0;
   for (int l = 0; l < kLanes; ++l) s += acc[l];
-  for (; j < n; ++j) s += p[j];
+  for (; j < n; ++j) s += to_f32(p[j]);
   return s;
 }
 
 // sum (p - mean)^2
-double plane_squared_deviation(const float* p, int64_t n, float mean) {
+template <typename T>
+double plane_squared_deviation(const T* p, int64_t n, float mean) {
   float acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const float d = p[j + l] - mean;
+      const float d = to_f32(p[j + l]) - mean;
       acc[l] += d * d;
     }
   double s = 0.0;
   for (int l = 0; l < kLanes; ++l) s += acc[l];
-  for (; j < n; ++j) s += static_cast<double>(p[j] - mean) * (p[j] - mean);
+  for (; j < n; ++j) s += static_cast<double>(to_f32(p[j]) - mean) * (to_f32(p[j]) - mean);
   return s;
 }
 
 // sum g and sum g * (p - mean), added to *sum_g and *sum_gd.
-void plane_grad_sums(const float* p, const float* g, int64_t n, float mean, double* sum_g, double* sum_gd) {
+template <typename T>
+void plane_grad_sums(const T* p, const T* g, int64_t n, float mean, double* sum_g, double* sum_gd) {
   float a[kLanes] = {}, b[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      a[l] += g[j + l];
-      b[l] += g[j + l] * (p[j + l] - mean);
+      a[l] += to_f32(g[j + l]);
+      b[l] += to_f32(g[j + l]) * (to_f32(p[j + l]) - mean);
     }
   double sa = 0.0, sb = 0.0;
   for (int l = 0; l < kLanes; ++l) sa += a[l], sb += b[l];
-  for (; j < n; ++j) sa += g[j], sb += static_cast<double>(g[j]) * (p[j] - mean);
+  for (; j < n; ++j) sa += to_f32(g[j]), sb += static_cast<double>(to_f32(g[j])) * (to_f32(p[j]) - mean);
   *sum_g += sa;
   *sum_gd += sb;
 }
 
 }  // namespace
 
-void batch_norm_forward_training_cpu(const float* x, const float* gamma, const float* beta, int64_t n,
-                                     int64_t c, int64_t hw, float eps, float momentum, float* running_mean,
-                                     float* running_var, float* y, float* save_mean, float* save_invstd) {
+template <typename T>
+void batch_norm_forward_training_cpu(const T* x, const float* gamma, const float* beta, int64_t n, int64_t c,
+                                     int64_t hw, float eps, float momentum, float* running_mean, float* running_var,
+                                     T* y, float* save_mean, float* save_invstd) {
   const double m = static_cast<double>(n * hw);
   for (int64_t ch = 0; ch < c; ++ch) {
     double s = 0.0;
@@ -89,34 +94,34 @@ void batch_norm_forward_training_cpu(const float* x, const float* gamma, const f
     }
     const float scale = gamma[ch] * invstd, shift = beta[ch] - fmean * scale;
     for (int64_t i = 0; i < n; ++i) {
-      const float* p = x + (i * c + ch) * hw;
-      float* q = y + (i * c + ch) * hw;
-      for (int64_t j = 0; j < hw; ++j) q[j] = p[j] * scale + shift;
+      const T* p = x + (i * c + ch) * hw;
+      T* q = y + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; ++j) q[j] = from_f32<T>(to_f32(p[j]) * scale + shift);
     }
   }
 }
 
-void batch_norm_forward_inference_cpu(const float* x, const float* gamma, const float* beta,
-                                      const float* running_mean, const float* running_var, int64_t n,
-                                      int64_t c, int64_t hw, float eps, float* y, float* save_mean,
-                                      float* save_invstd) {
+template <typename T>
+void batch_norm_forward_inference_cpu(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                                      const float* running_var, int64_t n, int64_t c, int64_t hw, float eps, T* y,
+                                      float* save_mean, float* save_invstd) {
   for (int64_t ch = 0; ch < c; ++ch) {
     const float invstd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[ch]) + eps));
     save_mean[ch] = running_mean[ch];
     save_invstd[ch] = invstd;
     const float scale = gamma[ch] * invstd, shift = beta[ch] - running_mean[ch] * scale;
     for (int64_t i = 0; i < n; ++i) {
-      const float* p = x + (i * c + ch) * hw;
-      float* q = y + (i * c + ch) * hw;
-      for (int64_t j = 0; j < hw; ++j) q[j] = p[j] * scale + shift;
+      const T* p = x + (i * c + ch) * hw;
+      T* q = y + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; ++j) q[j] = from_f32<T>(to_f32(p[j]) * scale + shift);
     }
   }
 }
 
-void batch_norm_backward_cpu(const float* x, const float* dy, const float* gamma, const float* save_mean,
-                             const float* save_invstd, int64_t n, int64_t c, int64_t hw, bool training,
-                             float beta_dx, float* dx, float beta_dgamma, float* dgamma, float beta_dbeta,
-                             float* dbeta) {
+template <typename T>
+void batch_norm_backward_cpu(const T* x, const T* dy, const float* gamma, const float* save_mean,
+                             const float* save_invstd, int64_t n, int64_t c, int64_t hw, bool training, float beta_dx,
+                             T* dx, float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta) {
   const double m = static_cast<double>(n * hw);
   for (int64_t ch = 0; ch < c; ++ch) {
     const float mean = save_mean[ch], invstd = save_invstd[ch];
@@ -131,15 +136,28 @@ void batch_norm_backward_cpu(const float* x, const float* dy, const float* gamma
     const float mean_dy = training ? static_cast<float>(sum_dy / m) : 0.0f;
     const float mean_dy_xhat = training ? static_cast<float>(sum_dy_xhat / m) : 0.0f;
     for (int64_t i = 0; i < n; ++i) {
-      const float* p = x + (i * c + ch) * hw;
-      const float* g = dy + (i * c + ch) * hw;
-      float* q = dx + (i * c + ch) * hw;
+      const T* p = x + (i * c + ch) * hw;
+      const T* g = dy + (i * c + ch) * hw;
+      T* q = dx + (i * c + ch) * hw;
       for (int64_t j = 0; j < hw; ++j) {
-        const float xhat = (p[j] - mean) * invstd;
-        q[j] = blend(scale * (g[j] - mean_dy - xhat * mean_dy_xhat), beta_dx, q[j]);
+        const float xhat = (to_f32(p[j]) - mean) * invstd;
+        q[j] = from_f32<T>(blend(scale * (to_f32(g[j]) - mean_dy - xhat * mean_dy_xhat), beta_dx, to_f32(q[j])));
       }
     }
   }
 }
+
+#define CUMULUS_INSTANTIATE(T)                                                                                   \
+  template void batch_norm_forward_training_cpu(const T*, const float*, const float*, int64_t, int64_t, int64_t, \
+                                                float, float, float*, float*, T*, float*, float*);               \
+  template void batch_norm_forward_inference_cpu(const T*, const float*, const float*, const float*,             \
+                                                 const float*, int64_t, int64_t, int64_t, float, T*, float*,     \
+                                                 float*);                                                        \
+  template void batch_norm_backward_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,   \
+                                        int64_t, int64_t, bool, float, T*, float, float*, float, float*);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

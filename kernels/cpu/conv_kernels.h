@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/float16.h"
+
 namespace cumulus::kernels {
 
 // x: [n, c, h, w], weight: [k, c, r, s] -> y: [n, k, out_h, out_w] with
@@ -47,31 +49,35 @@ void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const f
 void conv2d_backward_bias_cpu(const Conv2dGeometry& g, const float* dy, float beta, float* dbias);
 
 // ---- batch_norm2d (kernels/cpu/batch_norm.cpp) ----
-// x: [n, c, hw]; statistics per channel over n * hw values.
+// x: [n, c, hw]; statistics per channel over n * hw values. x, y, dy, dx stored as T (float,
+// BFloat16, Half; f32 arithmetic); parameters, statistics and their gradients f32.
 
 // Batch statistics: save_mean, save_invstd = 1 / sqrt(biased var + eps); y = gamma * x_hat + beta.
 // running_mean / running_var (both null or both set) become (1 - momentum) * running + momentum *
 // batch statistic, with the unbiased variance (as PyTorch and cuDNN).
-void batch_norm_forward_training_cpu(const float* x, const float* gamma, const float* beta, int64_t n,
-                                     int64_t c, int64_t hw, float eps, float momentum, float* running_mean,
-                                     float* running_var, float* y, float* save_mean, float* save_invstd);
+template <typename T>
+void batch_norm_forward_training_cpu(const T* x, const float* gamma, const float* beta, int64_t n, int64_t c,
+                                     int64_t hw, float eps, float momentum, float* running_mean, float* running_var,
+                                     T* y, float* save_mean, float* save_invstd);
 // Running statistics: save_mean = running_mean, save_invstd = 1 / sqrt(running_var + eps).
-void batch_norm_forward_inference_cpu(const float* x, const float* gamma, const float* beta,
-                                      const float* running_mean, const float* running_var, int64_t n,
-                                      int64_t c, int64_t hw, float eps, float* y, float* save_mean,
-                                      float* save_invstd);
+template <typename T>
+void batch_norm_forward_inference_cpu(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                                      const float* running_var, int64_t n, int64_t c, int64_t hw, float eps, T* y,
+                                      float* save_mean, float* save_invstd);
 // Gradients from the saved statistics; any of dx, dgamma, dbeta may be null (skipped).
 // training: the statistics depended on x (batch statistics); otherwise they were constants.
-void batch_norm_backward_cpu(const float* x, const float* dy, const float* gamma, const float* save_mean,
-                             const float* save_invstd, int64_t n, int64_t c, int64_t hw, bool training,
-                             float beta_dx, float* dx, float beta_dgamma, float* dgamma, float beta_dbeta,
-                             float* dbeta);
+template <typename T>
+void batch_norm_backward_cpu(const T* x, const T* dy, const float* gamma, const float* save_mean,
+                             const float* save_invstd, int64_t n, int64_t c, int64_t hw, bool training, float beta_dx,
+                             T* dx, float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta);
 
 // ---- max_pool2d (kernels/cpu/pool.cpp) ----
 
-// A NaN in a window is its maximum (propagated, as PyTorch); ties go to the first element.
-void max_pool2d_forward_cpu(const Pool2dGeometry& g, const float* x, float* y);
+// A NaN in a window is its maximum (propagated, as PyTorch); ties go to the first element. Any T.
+template <typename T>
+void max_pool2d_forward_cpu(const Pool2dGeometry& g, const T* x, T* y);
 // dx[argmax of each window] += dy; the argmax is recomputed from x, as the forward chose it.
-void max_pool2d_backward_cpu(const Pool2dGeometry& g, const float* x, const float* dy, float beta, float* dx);
+template <typename T>
+void max_pool2d_backward_cpu(const Pool2dGeometry& g, const T* x, const T* dy, float beta, T* dx);
 
 }  // namespace cumulus::kernels
