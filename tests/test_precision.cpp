@@ -12,8 +12,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -296,6 +298,35 @@ TEST_P(PrecisionTest, ModelsKeepHalfTheActivationBytesPerSample) {
     EXPECT_EQ(2 * low, f32) << (model == &mlp ? "mlp" : "cnn") << ": 128 samples hold " << low << " bytes in "
                             << dtype_name(dtype()) << ", " << f32 << " in f32";
   }
+}
+
+// The text memory report names the weight copies when a micro-batch's peak held some.
+TEST_P(PrecisionTest, MemoryTableNamesTheWeightCopies) {
+  Generator gen(5);
+  models::SeedMLP model(gen, device());
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), optim::AccumulatorOptions{});
+  MemoryTracker::Options o;
+  o.micro_batch_size = 8;
+  o.timeline_steps = 0;
+  MemoryTracker tracker(device(), o);
+  const Tensor x = Tensor::zeros(Shape{8, 784}, dtype(), device());
+  const Tensor y = Tensor::zeros(Shape{8}, DType::i32, device());
+  tracker.begin_micro_batch(0, 0, 8);
+  Tensor loss = ops::cross_entropy(model(x), y, ops::Reduction::Sum);
+  tracker.end_forward();
+  acc.backward(loss, 8);
+  loss = Tensor();
+  tracker.end_backward();
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  print_memory_table(tracker, f);
+  std::rewind(f);
+  std::string table(4096, '\0');
+  table.resize(std::fread(table.data(), 1, table.size(), f));
+  std::fclose(f);
+  const bool named = table.find("16-bit weight copies") != std::string::npos;
+  EXPECT_EQ(named, dtype() != DType::f32) << table;
 }
 
 // ---- why the gradient buffers are f32 ---------------------------------------------------------

@@ -182,6 +182,14 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
                  format_bytes(rs.stored_activation_bytes).c_str(), share,
                  rs.recompute_ms / static_cast<double>(rs.micro_batches));
   }
+  // Mixed precision (Note [Mixed precision] in engine/ops/linear.cpp): the 16-bit weight copies live
+  // from a forward to its backward, so they are part of each micro-batch's peak, not of the step's.
+  int64_t copies = 0;
+  for (const auto& r : tracker.micro_batches())
+    copies = std::max(copies, r.peak_by_category[static_cast<std::size_t>(MemoryCategory::parameter_copies)]);
+  if (copies > 0)
+    std::fprintf(out, "  16-bit weight copies (mixed precision): %s at a micro-batch's peak\n",
+                 format_bytes(copies).c_str());
   if (const auto oom = tracker.out_of_memory()) {
     const OutOfMemoryRecord& f = oom->failure;
     std::string where;
