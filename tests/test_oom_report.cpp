@@ -18,6 +18,7 @@ namespace cumulus {
 namespace {
 
 using testing::DeviceTest;
+using testing::memory_table_text;
 
 constexpr int64_t MiB = 1 << 20;
 
@@ -167,13 +168,7 @@ TEST_P(OomReportTest, ForwardFailureNamesLinearAndAddsUp) {
   EXPECT_EQ(j["summary"]["peak_bytes"], rec->peak_bytes);
 
   // The table prints one line about it, naming the op.
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  print_memory_table(tracker, f);
-  std::rewind(f);
-  std::string table(4096, '\0');
-  table.resize(std::fread(table.data(), 1, table.size(), f));
-  std::fclose(f);
+  const std::string table = memory_table_text(tracker);
   EXPECT_NE(table.find("out of memory in the forward of epoch 3, micro-batch 5: linear asked for 3.0 MiB"),
             std::string::npos)
       << table;

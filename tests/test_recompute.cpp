@@ -36,6 +36,7 @@ namespace {
 
 using testing::DeviceTest;
 using testing::max_rel_diff;
+using testing::memory_table_text;
 
 class RecomputeTest : public DeviceTest {};
 
@@ -429,13 +430,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   // The timeline covers the first 2 optimizer steps: 4 micro-batches of 2 recomputations each.
   EXPECT_EQ(recompute_events, 8);
 
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  print_memory_table(tracker, f);
-  std::rewind(f);
-  std::string table(4096, '\0');
-  table.resize(std::fread(table.data(), 1, table.size(), f));
-  std::fclose(f);
+  const std::string table = memory_table_text(tracker);
   EXPECT_NE(table.find("recompute on: 2 segments per micro-batch"), std::string::npos) << table;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cumulus/core/device.h"
+#include "cumulus/memory/tracker.h"
 
 namespace cumulus::testing {
 
@@ -121,6 +122,19 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// What print_memory_table writes for `tracker` (the text report the app prints at the end).
+inline std::string memory_table_text(MemoryTracker& tracker) {
+  std::FILE* f = std::tmpfile();
+  EXPECT_NE(f, nullptr);
+  if (f == nullptr) return {};
+  print_memory_table(tracker, f);
+  std::rewind(f);
+  std::string table(4096, '\0');
+  table.resize(std::fread(table.data(), 1, table.size(), f));
+  std::fclose(f);
+  return table;
+}
 
 // max |a - b| / max(max |b|, floor): the relative error measure the issues use.
 inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-12) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
@@ -162,15 +161,7 @@ Tensor Tensor::to(DType target) const {
   CUMULUS_CHECK(is_floating(from) && is_floating(target), InvalidArgument, "Tensor::to: no conversion from ",
                 dtype_name(from), " to ", dtype_name(target), " (f32, bf16 and f16 convert among themselves)");
   Tensor t = empty(shape(), target, device());
-  const int64_t n = numel();
-  // Every pair but f32 -> f32 (returned above); the kernels convert through f32 (one rounding).
-  CUMULUS_DISPATCH_FLOAT(from, From, CUMULUS_DISPATCH_FLOAT(target, To, {
-    if constexpr (!std::is_same_v<From, To>) {
-      const From* x = data<From>();
-      To* y = t.data<To>();
-      CUMULUS_DISPATCH(device(), kernels::convert_cpu(x, y, n), kernels::convert_cuda(x, y, n, ctx.stream()));
-    }
-  }));
+  ops::detail::convert_into(*this, t);  // through f32: one rounding
   return t;
 }
 
