@@ -19,6 +19,10 @@
 //       cursor, each micro-batch and the step's device part replayed as CUDA graphs
 //       (optim::CapturedTraining). Extra counters: kernels_per_micro_batch / kernels_per_step
 //       (inside the graphs) and host_syncs_per_step (must be 0).
+//   micro_batch_fused/..., step_of_64_fused/BxN, and on CUDA micro_batch_graph_fused/...,
+//       step_of_64_graph_fused/BxN   the same families on the fused MLP op (ops::mlp_cross_entropy,
+//       Note [Fused MLP] in engine/ops/fused_mlp.cpp); the families without "_fused" run the
+//       generic ops (one op per layer, cuBLASLt on CUDA), whatever the size.
 // Counters: samples_per_s (rate), us_per_micro_batch / us_per_step, activation bytes per
 // micro-batch, peak bytes (and without the synthetic dataset), and on CUDA kernel launches per
 // micro-batch / per step. Timing and memory method: see rig.h.
@@ -43,9 +47,9 @@ void set_launch_counter(benchmark::State& state, const Device& device, const cha
 }
 
 // ---- micro_batch -------------------------------------------------------------------------------
-void micro_batch(benchmark::State& state, Device device, int64_t b, bool accumulate) {
+void micro_batch(benchmark::State& state, Device device, int64_t b, bool accumulate, models::KernelChoice kernels) {
   const Data d = make_data(device);
-  Model m(device);
+  Model m(device, kernels);
   optim::Accumulator acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);
   Cursor cursor(d, b);
@@ -180,9 +184,9 @@ void zero_grad_write_zeros(benchmark::State& state, Device device) {
 }
 
 // ---- step_of_64 ----------------------------------------------------------------------------------
-void step_of_64(benchmark::State& state, Device device, int64_t b, int n) {
+void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
   const Data d = make_data(device);
-  Model m(device);
+  Model m(device, kernels);
   optim::AccumulatorOptions o;
   o.accum_steps = n;
   optim::Accumulator acc(make_optimizer(OptimizerKind::sgd, m.params), o);
@@ -255,8 +259,8 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n) {
 // The app's form of the loop: a u8 dataset behind a DataLoader, micro-batches through
 // CapturedTraining. Full micro-batches only: the cursor is rewound before a partial one.
 struct GraphLoop {
-  GraphLoop(Device device, int64_t b, const optim::AccumulatorOptions& o)
-      : m(device), acc(make_optimizer(OptimizerKind::sgd, m.params), o), runner(acc, true) {
+  GraphLoop(Device device, int64_t b, const optim::AccumulatorOptions& o, models::KernelChoice kernels)
+      : m(device, kernels), acc(make_optimizer(OptimizerKind::sgd, m.params), o), runner(acc, true) {
     Generator gen(7);
     std::vector<float> u(static_cast<std::size_t>(kDataRows * models::SeedMLP::kInputs));
     gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 256.0f);
@@ -278,7 +282,7 @@ struct GraphLoop {
     const int64_t i = index++;
     runner.micro_batch(b, [&] {
       const data::Batch batch = loader->next(i);
-      return ops::cross_entropy(m.net(batch.x), batch.y, ops::Reduction::Sum);
+      return m.net.loss(batch.x, batch.y, ops::Reduction::Sum);
     });
   }
   Model m;
@@ -289,8 +293,9 @@ struct GraphLoop {
   int64_t index = 0;  // the next batch (the loader's cursor on the device says the same)
 };
 
-void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool accumulate) {
-  GraphLoop g(device, b, never_stepping());
+void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool accumulate,
+                       models::KernelChoice kernels) {
+  GraphLoop g(device, b, never_stepping(), kernels);
   for (int i = 0; i < kWarmupIterations; ++i) {
     if (!accumulate) g.acc.optimizer().zero_grad();
     g.micro_batch(b);
@@ -322,10 +327,10 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
   set_launch_counter(state, device, "launches_per_micro_batch", launches, 1.0);
 }
 
-void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n) {
+void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
   optim::AccumulatorOptions o;
   o.accum_steps = n;
-  GraphLoop g(device, b, o);
+  GraphLoop g(device, b, o, kernels);
   auto one_step = [&] {
     for (int i = 0; i < n; ++i) {
       g.micro_batch(b);
@@ -374,28 +379,40 @@ benchmark::internal::Benchmark* timed(benchmark::internal::Benchmark* b, const D
 
 void register_device(Device device) {
   const std::string dev = device.is_cpu() ? "cpu" : "cuda";
-  for (int64_t b : {16, 64, 256, 1024})
-    for (bool accumulate : {false, true})
-      timed(add(dev + "/micro_batch/" + (accumulate ? "accumulate/" : "overwrite/") + std::to_string(b), micro_batch,
-                device, b, accumulate),
-            device);
+  using models::KernelChoice;
+  // Family name suffix per path: the generic ops keep the families' historical names.
+  const std::vector<std::pair<KernelChoice, std::string>> paths = {{KernelChoice::generic, ""},
+                                                                   {KernelChoice::fused, "_fused"}};
+  for (const auto& [kernels, sfx] : paths)
+    for (int64_t b : {16, 64, 256, 1024})
+      for (bool accumulate : {false, true})
+        timed(add(dev + "/micro_batch" + sfx + "/" + (accumulate ? "accumulate/" : "overwrite/") + std::to_string(b),
+                  micro_batch, device, b, accumulate, kernels),
+              device);
   for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::sgd_momentum, OptimizerKind::adamw}) {
     timed(add(dev + "/optimizer_step/" + optimizer_name(k), optimizer_step, device, k), device);
     timed(add(dev + "/accumulator_step/" + optimizer_name(k), accumulator_step, device, k), device);
   }
   add(dev + "/zero_grad/mark_stale", zero_grad_mark_stale, device)->Unit(benchmark::kNanosecond);
   timed(add(dev + "/zero_grad/write_zeros", zero_grad_write_zeros, device), device);
-  for (auto [b, n] : {std::pair<int64_t, int>{64, 1}, {16, 4}, {4, 16}, {1, 64}})
-    timed(add(dev + "/step_of_64/" + std::to_string(b) + "x" + std::to_string(n), step_of_64, device, b, n), device);
-  if (device.is_cpu()) return;
-  for (int64_t b : {16, 64, 256, 1024})
-    for (bool accumulate : {false, true})
-      timed(add(dev + "/micro_batch_graph/" + (accumulate ? "accumulate/" : "overwrite/") + std::to_string(b),
-                micro_batch_graph, device, b, accumulate),
+  for (const auto& [kernels, sfx] : paths)
+    for (auto [b, n] : {std::pair<int64_t, int>{64, 1}, {16, 4}, {4, 16}, {1, 64}})
+      timed(add(dev + "/step_of_64" + sfx + "/" + std::to_string(b) + "x" + std::to_string(n), step_of_64, device, b,
+                n, kernels),
             device);
-  for (auto [b, n] : {std::pair<int64_t, int>{64, 1}, {16, 4}, {4, 16}, {1, 64}})
-    timed(add(dev + "/step_of_64_graph/" + std::to_string(b) + "x" + std::to_string(n), step_of_64_graph, device, b, n),
-          device);
+  if (device.is_cpu()) return;
+  for (const auto& [kernels, sfx] : paths) {
+    for (int64_t b : {16, 64, 256, 1024})
+      for (bool accumulate : {false, true})
+        timed(add(dev + "/micro_batch_graph" + sfx + "/" + (accumulate ? "accumulate/" : "overwrite/") +
+                      std::to_string(b),
+                  micro_batch_graph, device, b, accumulate, kernels),
+              device);
+    for (auto [b, n] : {std::pair<int64_t, int>{64, 1}, {16, 4}, {4, 16}, {1, 64}})
+      timed(add(dev + "/step_of_64_graph" + sfx + "/" + std::to_string(b) + "x" + std::to_string(n), step_of_64_graph,
+                device, b, n, kernels),
+            device);
+  }
 }
 
 }  // namespace

@@ -206,6 +206,27 @@ def bench_tables(bench, dev):
     if z or w:
         md.append(f"\nzero_grad (mark stale, flags only, host time): {fmt(to_us(z) * 1e3) if z else 'n/a'} ns; "
                   f"writing zeros over the 2.55 MB flat gradient instead: {fmt(to_us(w)) if w else 'n/a'} µs.")
+    rows = []
+    for b in (16, 64, 256, 1024):  # the fused MLP op against the generic ops, same form of loop
+        cells = []
+        for fam in ("micro_batch", "micro_batch_graph"):
+            gen, fus = g(f"{fam}/accumulate/{b}"), g(f"{fam}_fused/accumulate/{b}")
+            cells += [fmt(to_us(gen)) if gen else "n/a", fmt(to_us(fus)) if fus else "n/a",
+                      ratio(to_us(gen), to_us(fus)) if gen and fus else "n/a"]
+        if any(c != "n/a" for c in cells):
+            rows.append([b] + cells)
+    for cfg in ("64x1", "16x4"):
+        cells = []
+        for fam in ("step_of_64", "step_of_64_graph"):
+            gen, fus = g(f"{fam}/{cfg}"), g(f"{fam}_fused/{cfg}")
+            cells += [fmt(gen.get("us_per_step")) if gen else "n/a", fmt(fus.get("us_per_step")) if fus else "n/a",
+                      ratio(gen.get("us_per_step"), fus.get("us_per_step")) if gen and fus else "n/a"]
+        if any(c != "n/a" for c in cells):
+            rows.append([f"step {cfg}"] + cells)
+    if rows:
+        md.append("\n### Fused MLP op vs generic ops (accumulating micro-batch; optimizer step of 64)\n")
+        md.append(table(["micro-batch", "generic µs", "fused µs", "generic / fused", "graph generic µs",
+                         "graph fused µs", "graph generic / fused"], rows))
     return "\n".join(md)
 
 
@@ -319,6 +340,7 @@ def side_by_side_cuda(cfg, b, n, bench, dev, runs, train_samples):
     micro_batches = -(-train_samples // b)
     steps = -(-micro_batches // n)
     cols = {"cumulus graphs": runs.get("app_graphs"), "cumulus eager": runs.get("app_eager"),
+            "cumulus graphs generic": runs.get("app_graphs_generic"),
             "PyTorch graphs": runs.get("graphs"), "fast PyTorch": runs.get("fast"), "seed PyTorch": runs.get("seed"),
             "cumulus bench graphs": bench_column(bench, dev, cfg, b, n, steps, graph=True),
             "cumulus bench eager": bench_column(bench, dev, cfg, b, n, steps, graph=False)}
@@ -346,6 +368,7 @@ def side_by_side_cuda(cfg, b, n, bench, dev, runs, train_samples):
              ("fast PyTorch", cols["fast PyTorch"], cg_name, cg),
              ("seed PyTorch", cols["seed PyTorch"], cg_name, cg),
              (ce_name, ce, cg_name, cg),
+             ("cumulus graphs generic", cols["cumulus graphs generic"], cg_name, cg),
              ("fast PyTorch", cols["fast PyTorch"], "PyTorch graphs", cols["PyTorch graphs"]))
     rows = []
     for label, key, _ in metrics:
@@ -361,13 +384,18 @@ def side_by_side_cuda(cfg, b, n, bench, dev, runs, train_samples):
     return "\n".join(md), cols
 
 
-def app_supports_graphs(app_exe, env):
-    """Whether the app's --help lists --graphs (CUDA builds with graph support)."""
+def app_supports_flag(app_exe, env, flag):
+    """Whether the app's --help lists `flag`."""
     try:
         p = subprocess.run([app_exe, "--help"], env=env, capture_output=True, text=True, timeout=60)
     except Exception:
         return False
-    return "--graphs" in p.stdout + p.stderr
+    return flag in p.stdout + p.stderr
+
+
+def app_supports_graphs(app_exe, env):
+    """Whether the app's --help lists --graphs (CUDA builds with graph support)."""
+    return app_supports_flag(app_exe, env, "--graphs")
 
 
 def main():
@@ -449,6 +477,10 @@ def main():
     if have_app and cuda:
         if app_supports_graphs(app_exe, env):
             app_modes = [("graphs", ["--graphs", "on"]), ("eager", ["--graphs", "off"])]
+            # The app's default kernels are the fused MLP op where it applies (micro-batches up to
+            # 128); the generic ops with graphs are the reference it is measured against.
+            if app_supports_flag(app_exe, env, "--kernels"):
+                app_modes.append(("graphs_generic", ["--graphs", "on", "--kernels", "generic"]))
         else:
             app_modes = [("eager", [])]
             notes.append("cumulus app: its --help lists no --graphs flag: ran once without it, shown as 'cumulus eager'")
@@ -523,7 +555,9 @@ def main():
             "peak RSS on CPU (not comparable).", ""]
     if cuda:
         head[-2] = (
-            "Columns: 'cumulus graphs' / 'cumulus eager' are the app with `--graphs on` / `--graphs off`; 'PyTorch "
+            "Columns: 'cumulus graphs' / 'cumulus eager' are the app with `--graphs on` / `--graphs off` and its "
+            "default kernels (the fused MLP op up to micro-batch 128), 'cumulus graphs generic' the app with "
+            "`--graphs on --kernels generic` (one op per layer); 'PyTorch "
             "graphs' is graphs_pytorch.py (micro-batch and optimizer step captured in CUDA graphs), 'fast PyTorch' "
             "fast_pytorch.py (eager, data preloaded on the device), 'seed PyTorch' seed_pytorch.py (the quickstart); "
             "'cumulus bench graphs' / 'eager' are the microbenchmarks `step_of_64_graph/BxN` / `step_of_64/BxN` "

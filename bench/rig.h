@@ -72,9 +72,13 @@ class Cursor {
 };
 
 // The seed model (784-512-512-10, PyTorch's initialization) with its parameters and gradients
-// packed into flat buffers, as the app builds it.
+// packed into flat buffers, as the app builds it. Its training loss runs on `kernels`: the generic
+// ops by default, the fused op (Note [Fused MLP] in engine/ops/fused_mlp.cpp) where a family says so.
 struct Model {
-  explicit Model(Device device) : gen(0), net(gen, device), params(std::make_shared<nn::FlatParameters>(net)) {}
+  explicit Model(Device device, models::KernelChoice kernels = models::KernelChoice::generic)
+      : gen(0), net(gen, device), params(std::make_shared<nn::FlatParameters>(net)) {
+    net.set_kernels(kernels);
+  }
   Generator gen;
   models::SeedMLP net;
   std::shared_ptr<nn::FlatParameters> params;
@@ -82,7 +86,7 @@ struct Model {
 
 // Summed cross-entropy of rows [start, start + b): what Accumulator::backward expects.
 inline Tensor micro_batch_loss(Model& m, const Data& d, int64_t start, int64_t b) {
-  return ops::cross_entropy(m.net(d.x.narrow_rows(start, b)), d.y.narrow_rows(start, b), ops::Reduction::Sum);
+  return m.net.loss(d.x.narrow_rows(start, b), d.y.narrow_rows(start, b), ops::Reduction::Sum);
 }
 
 enum class OptimizerKind { sgd, sgd_momentum, adamw };

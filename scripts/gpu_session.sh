@@ -6,11 +6,13 @@
 # second bundle of an earlier commit is in .gpu-base/, its benchmarks and seed run are measured in
 # the same session, interleaved, for side-by-side ratios. `precision` (issue 13): bench_precision on
 # CUDA, the seed run in bf16 and fp16, and the CNN at micro-batch 256 for 5 epochs in fp32 and bf16.
+# `fused` (issue 12): bench_fused_kernels, the graph families fused against generic, the seed run
+# with --kernels fused and generic, and compare.py (2 epochs, 64x1 and 16x4, with PyTorch).
 # Writes logs and JSON under $OUT.
 # Usage (on the GPU machine, from the repository root):
-#   scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|all]
+#   scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|all]
 set -uo pipefail
-data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|all]}
+data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|all]}
 what=${2:-all}
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -73,5 +75,30 @@ if [[ $what == precision || $what == all ]]; then
       "$(grep -o 'wall_ms [0-9]*' "$OUT/${model}_${p}.log" | cut -d' ' -f2)" \
       "$(grep Accuracy "$OUT/${model}_${p}.log" | tail -1 | tr -s ' ')"
   done
+fi
+if [[ $what == fused || $what == all ]]; then
+  bash .gpu/run.sh bench_fused_kernels --benchmark_min_time=0.2 --benchmark_format=console \
+    --benchmark_out="$OUT/bench_fused_kernels.json" --benchmark_out_format=json > "$OUT/bench_fused_kernels.txt" 2>&1 \
+    || status=1
+  bash .gpu/run.sh bench_step_vs_accumulate \
+    --benchmark_filter='^cuda/(micro_batch|micro_batch_fused|micro_batch_graph|micro_batch_graph_fused|step_of_64_graph|step_of_64_graph_fused)/' \
+    --benchmark_min_time=0.3 --benchmark_format=console \
+    --benchmark_out="$OUT/bench_fused_vs_generic.json" --benchmark_out_format=json > "$OUT/bench_fused_vs_generic.txt" 2>&1 \
+    || status=1
+  for k in fused generic; do
+    bash .gpu/run.sh bash -c 's=$(date +%s%N); fashion_mnist "$@"; r=$?; e=$(date +%s%N);
+      echo "wall_ms $(( (e - s) / 1000000 ))"; exit $r' _ --device cuda --batch-size 16 --accum-steps 4 --epochs 20 \
+      --graphs on --kernels "$k" --data "$data" --metrics "$OUT/seed_kernels_${k}.jsonl" \
+      --memory-report "$OUT/seed_kernels_${k}_memory.json" --save "$OUT/seed_kernels_${k}.safetensors" \
+      > "$OUT/seed_kernels_${k}.log" 2>&1 || status=1
+    printf 'seed run --kernels %s: %s ms wall; epoch 20: %s\n' "$k" \
+      "$(grep -o 'wall_ms [0-9]*' "$OUT/seed_kernels_${k}.log" | cut -d' ' -f2)" \
+      "$(grep -A3 'Epoch 20' "$OUT/seed_kernels_${k}.log" | grep Accuracy | tr -s ' ')"
+  done
+  # compare.py with the bundle's binaries (its --build is the folder holding bin/).
+  bash .gpu/run.sh bash -c 'python3 bench/compare.py --device cuda --data "$1" --out-dir "$2" \
+      --build "$(dirname "$(dirname "$(command -v fashion_mnist)")")"' _ "$data" "$OUT/compare" \
+    > "$OUT/compare.log" 2>&1 || status=1
+  echo "compare.py: $(grep -c . "$OUT/compare/summary.md" 2>/dev/null) lines in compare/summary.md"
 fi
 exit $status

@@ -112,9 +112,10 @@ std::shared_ptr<optim::Optimizer> make_optimizer(OptKind kind, std::shared_ptr<n
   return std::make_shared<optim::SGD>(flat, o);
 }
 
-Tensor sum_loss(nn::Module& model, const Dataset& d, int64_t start, int64_t length) {
-  return ops::cross_entropy(model(d.x.narrow_rows(start, length)), d.y.narrow_rows(start, length),
-                            ops::Reduction::Sum);
+// The summed loss through the model's training loss (the fused op or the generic ops, as its
+// KernelChoice says).
+Tensor sum_loss(models::SeedMLP& model, const Dataset& d, int64_t start, int64_t length) {
+  return model.loss(d.x.narrow_rows(start, length), d.y.narrow_rows(start, length), ops::Reduction::Sum);
 }
 
 struct TrainRun {
@@ -127,10 +128,12 @@ struct TrainRun {
 // One epoch of the seed MLP over the synthetic dataset, micro-batches of sizes `cycle` (cycling),
 // grouped by `accum`; the epoch length is announced so the partial last group is stepped.
 TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cycle, int accum,
-                     Normalization normalization = Normalization::samples, const LossScaling& loss_scaling = {}) {
+                     Normalization normalization = Normalization::samples, const LossScaling& loss_scaling = {},
+                     models::KernelChoice kernels = models::KernelChoice::generic) {
   const Dataset& data = synthetic_dataset(device);
   Generator gen(kModelSeed);
   models::SeedMLP model(gen, device);
+  model.set_kernels(kernels);
   auto flat = std::make_shared<nn::FlatParameters>(model);
   AccumulatorOptions options;
   options.accum_steps = accum;
@@ -474,8 +477,8 @@ CUMULUS_INSTANTIATE_DEVICES(OptimizerMathTest);
 // zero) shows up here as well as a wrong normalization would.
 class EquivalenceTest : public DeviceTest {
  protected:
-  void check(OptKind kind) {
-    const TrainRun ref = train_epoch(device(), kind, {64}, 1);
+  void check(OptKind kind, models::KernelChoice kernels = models::KernelChoice::generic) {
+    const TrainRun ref = train_epoch(device(), kind, {64}, 1, Normalization::samples, {}, kernels);
     ASSERT_EQ(ref.steps, 16) << "15 groups of 64 and one of 40";
     ASSERT_TRUE(all_finite(ref.final));
     for (std::size_t i = 0; i < ref.final.size(); ++i) {
@@ -493,7 +496,7 @@ class EquivalenceTest : public DeviceTest {
         {"16x4", {16}, 4}, {"8x8", {8}, 8}, {"32x2", {32}, 2}, {"8+24+16+16", {8, 24, 16, 16}, 4}};
     for (const Split& s : splits) {
       SCOPED_TRACE(s.name);
-      const TrainRun run = train_epoch(device(), kind, s.cycle, s.accum);
+      const TrainRun run = train_epoch(device(), kind, s.cycle, s.accum, Normalization::samples, {}, kernels);
       EXPECT_EQ(run.steps, 16);
       ASSERT_EQ(run.initial, ref.initial) << "runs must start from the same weights";
       double worst = 0;
@@ -502,7 +505,8 @@ class EquivalenceTest : public DeviceTest {
         worst = std::max(worst, d);
         EXPECT_LT(d, 1e-5) << ref.names[i];
       }
-      std::printf("    [%s] %s vs 64x1: worst max_rel_diff %.3g\n", device().str().c_str(), s.name, worst);
+      std::printf("    [%s, %s kernels] %s vs 64x1: worst max_rel_diff %.3g\n", device().str().c_str(),
+                  models::kernel_choice_name(kernels), s.name, worst);
     }
   }
 };
@@ -510,6 +514,9 @@ class EquivalenceTest : public DeviceTest {
 TEST_P(EquivalenceTest, Sgd) { check(OptKind::sgd); }
 TEST_P(EquivalenceTest, SgdMomentum) { check(OptKind::momentum); }
 TEST_P(EquivalenceTest, AdamW) { check(OptKind::adamw); }
+// The same splits on the fused MLP op (Note [Fused MLP] in engine/ops/fused_mlp.cpp).
+TEST_P(EquivalenceTest, FusedSgd) { check(OptKind::sgd, models::KernelChoice::fused); }
+TEST_P(EquivalenceTest, FusedAdamW) { check(OptKind::adamw, models::KernelChoice::fused); }
 
 CUMULUS_INSTANTIATE_DEVICES(EquivalenceTest);
 

@@ -139,7 +139,24 @@ std::unique_ptr<nn::Module> make_model(const Options& o, Generator& gen) {
   }
   auto mlp = std::make_unique<models::SeedMLP>(gen, o.resolved_device);
   mlp->set_recompute(recompute);
+  models::KernelChoice kernels = models::KernelChoice::automatic;
+  models::parse_kernel_choice(o.kernels, kernels);  // CLI11 checked the value
+  mlp->set_kernels(kernels);
   return mlp;
+}
+
+// A training micro-batch's summed loss: the MLP's own (the fused op where it applies, Note [Fused
+// MLP] in engine/ops/fused_mlp.cpp), cross-entropy of the model's logits otherwise.
+Tensor training_loss(nn::Module& model, const data::Batch& batch) {
+  if (auto* mlp = dynamic_cast<models::SeedMLP*>(&model)) return mlp->loss(batch.x, batch.y, ops::Reduction::Sum);
+  return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+}
+
+// Which kernels train micro-batches of `batch` samples: "fused" or "generic" (the banner and reports).
+std::string kernels_used(const nn::Module& model, const Options& o, int64_t batch) {
+  const auto* mlp = dynamic_cast<const models::SeedMLP*>(&model);
+  return mlp != nullptr && mlp->fuses(o.resolved_device, compute_dtype(o.resolved_precision), batch) ? "fused"
+                                                                                                     : "generic";
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_ptr<nn::FlatParameters> flat) {
@@ -250,7 +267,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
     data::DataLoader loader(train, b, false, 0, o.resolved_device);  // host-resident data: staging included
     loader.set_dtype(compute_dtype(o.resolved_precision));
     const data::Batch batch = loader.batch(0);
-    Tensor loss = ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+    Tensor loss = training_loss(model, batch);
     loss.backward();
     loss = Tensor();
     flat.mark_gradients_stale();
@@ -584,6 +601,11 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
         o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
+    if (o.model == "mlp")
+      say("kernels: %s\n", kernels_used(model, o, o.batch_size) == "fused"
+                               ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "
+                                 "launches of our own)"
+                               : "generic (one op per layer)");
     if (o.resolved_precision != Precision::fp32)
       say("precision: %s activations, gradients of activations and GEMM weight copies; f32 weights, gradient "
           "buffers, optimizer state and loss%s\n",
@@ -618,6 +640,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
   to.settings = recorded_settings(o);
   to.settings.emplace_back("recompute", o.recompute);
+  to.settings.emplace_back("kernels", kernels_used(model, o, o.batch_size));
   to.settings.emplace_back("data-on", o.data_on);
   if (o.world_size > 1) {
     to.settings.emplace_back("world-size", std::to_string(o.world_size));
@@ -727,8 +750,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
           // the closure: a replayed graph runs no host code).
           train_loader.stage(i, i + o.world_size);
           runner.micro_batch(b, [&] {
-            const data::Batch batch = train_loader.next(i);
-            return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+            return training_loss(model, train_loader.next(i));
           });
           epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);
         } else {
@@ -794,7 +816,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
                                      {"model", o.model},
                                      {"accum_steps", acc.accum_steps() / o.world_size},  // per rank, as --accum-steps
                                      {"lr", acc.last_lr()},
-                                     {"precision", o.precision}};
+                                     {"precision", o.precision},
+                                     {"kernels", kernels_used(model, o, o.batch_size)}};
       if (scaling) line["loss_scale"] = loss_scale;
       if (o.world_size > 1) {
         const dist::Communicator::Stats now = comm->stats();

@@ -249,6 +249,14 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "it. On CUDA bf16 needs compute capability 8.0, fp16 7.0")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
+  app.add_option("--kernels", o.kernels,
+                 "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
+                 "loss and backward in a few launches (3 + 3 for the seed MLP) instead of cuBLASLt calls; generic: "
+                 "one op per layer (the reference). auto: fused on CUDA in fp32 for micro-batches up to 128 "
+                 "without recompute, generic otherwise. fused needs --model mlp and --precision fp32; on the CPU it "
+                 "computes the generic path's bits")
+      ->check(CLI::IsMember({"auto", "fused", "generic"}))
+      ->capture_default_str();
   app.add_option("--data-on", o.data_on,
                  "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
                  "one gather there). host: it stays in host memory and each micro-batch is copied through pinned "
@@ -468,6 +476,12 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
             "normalization of each step");
     const std::string unsupported = cumulus::precision_unsupported_reason(o.resolved_precision, o.resolved_device);
     require(unsupported.empty(), "--precision " + o.precision + ": " + unsupported);
+    if (o.kernels == "fused") {
+      require(o.model == "mlp", "--kernels fused runs the MLP only (the model is " + o.model + ")");
+      require(o.resolved_precision == cumulus::Precision::fp32,
+              "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
+      require(o.recompute == "off", "--kernels fused keeps every activation: give --recompute off");
+    }
     require(o.graphs != "on" || o.resolved_device.is_cuda(),
             "--graphs on needs a CUDA device (the device is " + o.resolved_device.str() + ")");
     o.use_graphs = o.resolved_device.is_cuda() && o.graphs != "off";

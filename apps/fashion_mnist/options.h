@@ -57,6 +57,7 @@ struct Options {
   std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
   std::string data_on = "device";  // device|host: where the dataset lives (host: staged batch by batch)
   std::string precision = "fp32";  // fp32|bf16|fp16: the compute type of activations (Note [Mixed precision])
+  std::string kernels = "auto";     // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
 
   cumulus::Device resolved_device;
   cumulus::Precision resolved_precision = cumulus::Precision::fp32;

@@ -163,18 +163,34 @@ Edge edge_to(const Tensor& t) {
   return e;
 }
 
-bool should_record(std::initializer_list<const Tensor*> inputs) {
+namespace {
+
+template <typename Inputs>
+bool any_requires_grad(const Inputs& inputs) {
   if (!GradMode::enabled()) return false;
   for (const Tensor* t : inputs)
     if (t->defined() && t->requires_grad()) return true;
   return false;
 }
 
-void attach_node(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs) {
+template <typename Inputs>
+void attach_with_edges(Tensor& out, std::shared_ptr<Node> node, const Inputs& inputs) {
   for (const Tensor* t : inputs) node->next_edges().push_back(edge_to(*t));
   AutogradMeta& meta = out.impl()->autograd;
   meta.requires_grad = true;
   meta.grad_fn = std::move(node);
+}
+
+}  // namespace
+
+bool should_record(std::initializer_list<const Tensor*> inputs) { return any_requires_grad(inputs); }
+bool should_record(const std::vector<const Tensor*>& inputs) { return any_requires_grad(inputs); }
+
+void attach_node(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs) {
+  attach_with_edges(out, std::move(node), inputs);
+}
+void attach_node(Tensor& out, std::shared_ptr<Node> node, const std::vector<const Tensor*>& inputs) {
+  attach_with_edges(out, std::move(node), inputs);
 }
 
 // ---- the walk --------------------------------------------------------------------------------

@@ -98,6 +98,16 @@ void* Context::workspace() {
   return workspace_;
 }
 
+unsigned* Context::arrival_counter() {
+  if (arrival_counter_ != nullptr) return arrival_counter_;
+  CUMULUS_CHECK(!capturing(), CudaError, "arrival counter of cuda:", index_,
+                " made during a graph capture: run the work once eagerly before capturing it");
+  auto* block = new Allocation(allocator_for(Device::cuda(index_)).allocate(sizeof(unsigned), MemoryCategory::workspace));
+  arrival_counter_ = static_cast<unsigned*>(block->get());
+  CUMULUS_CUDA_CHECK(cudaMemsetAsync(arrival_counter_, 0, sizeof(unsigned), stream_));
+  return arrival_counter_;
+}
+
 cublasHandle_t Context::cublas() {
   if (cublas_ != nullptr) return cublas_;
   CUMULUS_CHECK(!capturing(), CudaError, "cuBLAS handle of cuda:", index_,

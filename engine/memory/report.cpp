@@ -182,6 +182,10 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
                  format_bytes(rs.stored_activation_bytes).c_str(), share,
                  rs.recompute_ms / static_cast<double>(rs.micro_batches));
   }
+  // Which kernels trained (the app's "kernels" setting): the fused MLP op keeps a different set of
+  // activations than the generic ops (Note [Fused MLP] in engine/ops/fused_mlp.cpp).
+  for (const auto& [key, value] : tracker.options().settings)
+    if (key == "kernels") std::fprintf(out, "  kernels: %s\n", value.c_str());
   // Mixed precision (Note [Mixed precision] in engine/ops/linear.cpp): the 16-bit weight copies live
   // from a forward to its backward, so they are part of each micro-batch's peak, not of the step's.
   int64_t copies = 0;

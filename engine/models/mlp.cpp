@@ -1,5 +1,8 @@
 #include "cumulus/models/mlp.h"
 
+#include "cumulus/core/error.h"
+#include "cumulus/ops/fused_mlp.h"
+
 namespace cumulus::models {
 
 SeedMLP::SeedMLP(Generator& gen, Device device) {
@@ -18,6 +21,51 @@ Tensor SeedMLP::forward(const Tensor& x) { return linear_relu_stack_->forward(fl
 SeedMLP& SeedMLP::set_recompute(bool on) {
   linear_relu_stack_->set_recompute(on ? std::vector<nn::LayerRange>{{0, 4}} : std::vector<nn::LayerRange>{});
   return *this;
+}
+
+const char* kernel_choice_name(KernelChoice choice) {
+  switch (choice) {
+    case KernelChoice::automatic: return "auto";
+    case KernelChoice::fused: return "fused";
+    case KernelChoice::generic: return "generic";
+  }
+  return "?";
+}
+
+bool parse_kernel_choice(const std::string& name, KernelChoice& choice) {
+  for (KernelChoice c : {KernelChoice::automatic, KernelChoice::fused, KernelChoice::generic})
+    if (name == kernel_choice_name(c)) {
+      choice = c;
+      return true;
+    }
+  return false;
+}
+
+SeedMLP& SeedMLP::set_kernels(KernelChoice choice) {
+  kernels_ = choice;
+  return *this;
+}
+
+bool SeedMLP::fuses(Device device, DType dtype, int64_t batch) const {
+  switch (kernels_) {
+    case KernelChoice::fused: return true;
+    case KernelChoice::generic: return false;
+    case KernelChoice::automatic: break;
+  }
+  return device.is_cuda() && dtype == DType::f32 && batch <= kFusedAutoMaxBatch && !recompute();
+}
+
+Tensor SeedMLP::loss(const Tensor& x, const Tensor& labels, ops::Reduction reduction) {
+  if (!fuses(x)) return ops::cross_entropy(forward(x), labels, reduction);
+  CUMULUS_CHECK(!recompute(), InvalidArgument,
+                "SeedMLP: the fused kernels keep every activation; turn recompute off or use the generic kernels");
+  std::vector<Tensor> weights, biases;
+  for (std::size_t i = 0; i < linear_relu_stack_->size(); i += 2) {
+    const auto& layer = dynamic_cast<const nn::Linear&>((*linear_relu_stack_)[i]);
+    weights.push_back(layer.weight());
+    biases.push_back(layer.bias());
+  }
+  return ops::mlp_cross_entropy(flatten_->forward(x), labels, weights, biases, reduction);
 }
 
 }  // namespace cumulus::models

@@ -90,6 +90,12 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
 
 inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
 
+// y = act(x W^T + b) on the CPU, f32 (engine/ops/linear.cpp): b broadcast into y, one GEMM adding
+// x W^T (beta 1; without a bias beta 0), ReLU in place. One definition, so every op that runs a
+// Linear on the CPU (linear, mlp_cross_entropy) computes the same bits.
+void linear_forward_cpu(const float* xp, const float* wp, const float* bp, float* yp, int64_t batch, int64_t in,
+                        int64_t out, bool relu);
+
 // ---- 16-bit storage (Note [Mixed precision] in engine/ops/linear.cpp; engine/ops/mixed_precision.cpp) ----
 // The CPU runs a 16-bit GEMM-based op (Linear, conv2d) as its f32 kernels over widened copies and
 // rounds the outputs where the GPU's 16-bit outputs round; these helpers make the copies, in

@@ -61,16 +61,16 @@
 
 namespace cumulus::ops {
 
-namespace {
-
-// y = act(x W^T + b) on the CPU: what linear then relu compute, in the same order.
-void linear_forward_cpu(const float* xp, const float* wp, const float* bp, float* yp, int64_t batch, int64_t in,
-                        int64_t out, bool relu) {
+void detail::linear_forward_cpu(const float* xp, const float* wp, const float* bp, float* yp, int64_t batch,
+                                int64_t in, int64_t out, bool relu) {
   if (bp != nullptr) kernels::broadcast_rows_cpu(bp, batch, out, yp);
   kernels::gemm_cpu(false, true, batch, out, in, 1.0f, xp, in, wp, in, bp != nullptr ? 1.0f : 0.0f, yp, out);
   if (relu) kernels::relu_forward_cpu(yp, yp, batch * out);
 }
 
+namespace {
+
+using detail::linear_forward_cpu;
 using detail::converted;
 using detail::convert_into;
 

@@ -123,6 +123,53 @@ template <typename T>
 void classification_tally_cuda(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                const float* batch_loss, ClassificationTotals* totals, cudaStream_t stream);
 
+// ---- the fused MLP training path (kernels/cuda/fused_mlp.cu; Note [Fused MLP] in engine/ops/fused_mlp.cpp) ----
+// A stack of Linear layers with ReLU between them, ending in softmax cross-entropy, trained with a
+// few kernels of our own per micro-batch instead of library calls. f32, row-major, weights in
+// PyTorch's [out, in] layout, any batch >= 1 and widths >= 1. Every sum runs in a fixed order (no
+// atomics on values), so two runs give the same bits.
+
+// The head supports at most this many classes (one warp lane per class).
+constexpr int64_t kFusedMaxClasses = 32;
+
+// y [batch, out] = act(x W^T + b): x [batch, in], w [out, in], b [out]; act is ReLU or nothing.
+void fused_linear_forward_cuda(const float* x, const float* w, const float* b, int64_t batch, int64_t in,
+                               int64_t out, bool relu, float* y, cudaStream_t stream);
+
+// The head's forward: logits = h W^T + b ([batch, classes], classes <= kFusedMaxClasses), then per
+// row probs = softmax(logits) and row_loss = logsumexp(logits) - logits[label] (NaN for a label
+// outside [0, classes)); loss[0] = scale * sum of row_loss, summed in cross_entropy_forward_cuda's
+// order. probs: [batch, classes] (kept for backward), row_loss: scratch of `batch` floats.
+// arrival_counter: a device counter that is 0 on entry and left 0 (cuda::Context::arrival_counter).
+void fused_head_forward_cuda(const float* h, const float* w, const float* b, const int32_t* labels, int64_t batch,
+                             int64_t in, int64_t classes, float scale, float* probs, float* row_loss, float* loss,
+                             unsigned* arrival_counter, cudaStream_t stream);
+
+// Where a fused backward writes, each with its GradientMode as beta (0 overwrites without reading,
+// 1 adds); a null pointer skips that gradient. dx is the gradient of the layer's input x, times
+// (x > 0) when mask_relu (x is a ReLU's output).
+struct FusedGradients {
+  float* dw = nullptr;
+  float beta_w = 0.0f;
+  float* db = nullptr;
+  float beta_b = 0.0f;
+  float* dx = nullptr;
+  float beta_x = 0.0f;
+  bool mask_relu = false;
+};
+
+// The head's backward, one launch: dlogits = grad_loss[0] * scale * (probs - onehot(labels)), then
+//   dw [classes, in] (+)= dlogits^T h, db [classes] (+)= sum_rows dlogits, dx [batch, in] (+)= dlogits W.
+void fused_head_backward_cuda(const float* probs, const int32_t* labels, const float* grad_loss, float scale,
+                              const float* h, const float* w, int64_t batch, int64_t in, int64_t classes,
+                              const FusedGradients& grads, cudaStream_t stream);
+
+// A hidden layer's backward, one launch: dz [batch, out] is the gradient of its output (already
+// masked by its ReLU), x [batch, in] its input, w [out, in]:
+//   dw (+)= dz^T x, db (+)= sum_rows dz, dx (+)= dz W.
+void fused_linear_backward_cuda(const float* dz, const float* x, const float* w, int64_t batch, int64_t in,
+                                int64_t out, const FusedGradients& grads, cudaStream_t stream);
+
 }  // namespace cumulus::kernels
 
 namespace cumulus::kernels {

@@ -30,6 +30,7 @@
 #include "cumulus/autograd/grad_mode.h"
 
 #include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 

@@ -147,6 +147,9 @@ bool should_record(std::initializer_list<const Tensor*> inputs);
 // Makes `out` the output of `node`, with one edge per input (in order).
 void attach_node(Tensor& out, std::shared_ptr<Node> node,
                  std::initializer_list<const Tensor*> inputs);
+// The same for an op whose number of inputs is known only at run time (ops::mlp_cross_entropy).
+bool should_record(const std::vector<const Tensor*>& inputs);
+void attach_node(Tensor& out, std::shared_ptr<Node> node, const std::vector<const Tensor*>& inputs);
 
 // Called during a backward for each leaf whose gradient this backward has finished writing (every
 // edge to it delivered), in the order they finish: data parallel training starts reducing a

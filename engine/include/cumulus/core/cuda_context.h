@@ -41,6 +41,10 @@ class Context {
   // The libraries' workspace: kWorkspaceBytes in category workspace, made with the first handle.
   void* workspace();
   static constexpr std::size_t kWorkspaceBytes = 8u << 20;
+  // A device counter for kernels whose last block to finish completes the work (it counts the
+  // blocks that arrived): 0 between kernels, each such kernel leaves it 0. The stream runs one
+  // kernel at a time, so they can all share it. Made, zeroed, on first use (never during a capture).
+  unsigned* arrival_counter();
   // Whether a graph capture is recording this context's stream (set by Graph::capture).
   bool capturing() const { return capturing_.load(std::memory_order_relaxed); }
 
@@ -53,6 +57,7 @@ class Context {
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
   void* workspace_ = nullptr;
+  unsigned* arrival_counter_ = nullptr;
   std::atomic<bool> capturing_{false};
 };
 

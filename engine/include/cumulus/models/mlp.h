@@ -5,10 +5,19 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "cumulus/nn/layers.h"
 
 namespace cumulus::models {
+
+// The kernels a model's training loss runs on: the fused op (ops::mlp_cross_entropy, Note [Fused
+// MLP] in engine/ops/fused_mlp.cpp), the generic ops (the reference, and what everything else
+// uses), or the model's choice by device, dtype and micro-batch size.
+enum class KernelChoice { automatic, fused, generic };
+const char* kernel_choice_name(KernelChoice choice);  // "auto", "fused", "generic"
+// The choice named `name`; false for an unknown name.
+bool parse_kernel_choice(const std::string& name, KernelChoice& choice);
 
 class SeedMLP : public nn::Module {
  public:
@@ -26,9 +35,25 @@ class SeedMLP : public nn::Module {
   SeedMLP& set_recompute(bool on);
   bool recompute() const { return !linear_relu_stack_->recompute_segments().empty(); }
 
+  // The fused op's kernels have no tensor cores and no register tiling for large batches, so the
+  // automatic choice takes them only up to this micro-batch size (cuBLASLt runs larger ones).
+  static constexpr int64_t kFusedAutoMaxBatch = 128;
+  SeedMLP& set_kernels(KernelChoice choice);
+  KernelChoice kernels() const { return kernels_; }
+  // cross_entropy(forward(x), labels, reduction), recorded for backward, through the fused op when
+  // fuses(x) says so. The fused choice with recompute on, or with an input the fused op does not
+  // take (ops::mlp_cross_entropy_unsupported_reason), is an InvalidArgument.
+  Tensor loss(const Tensor& x, const Tensor& labels, ops::Reduction reduction);
+  // Whether loss(x, ...) runs the fused op: always with KernelChoice::fused, never with generic;
+  // automatic: on CUDA, f32, at most kFusedAutoMaxBatch samples, recompute off.
+  bool fuses(const Tensor& x) const { return fuses(x.device(), x.dtype(), x.ndim() > 0 ? x.size(0) : 0); }
+  // The same for an input on `device` of `dtype` with `batch` samples.
+  bool fuses(Device device, DType dtype, int64_t batch) const;
+
  private:
   std::shared_ptr<nn::Flatten> flatten_;
   std::shared_ptr<nn::Sequential> linear_relu_stack_;
+  KernelChoice kernels_ = KernelChoice::automatic;
 };
 
 }  // namespace cumulus::models

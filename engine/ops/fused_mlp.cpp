@@ -1,0 +1,264 @@
+// mlp_cross_entropy: Linear, ReLU, ..., Linear, softmax cross-entropy as one op and one node.
+//
+// Note [Fused MLP]
+// At micro-batch 16 the seed MLP's generic path is bound by launches, not arithmetic: each
+// cuBLASLt call is 2-3 kernels, and even captured in a CUDA graph a micro-batch of 9 GEMMs plus the
+// loss costs several times the ~5 us that moving its 9 MB of weights and gradients (all in L2) and
+// its 64 MFLOP would. This op runs the whole micro-batch with kernels of our own
+// (kernels/cuda/fused_mlp.cu), two per layer, each computing everything that depends on the same
+// inputs:
+//   forward   one kernel per hidden layer (x W^T + b, ReLU), one for the head (logits, softmax,
+//             the row losses and their sum, by the last block to finish);
+//   backward  one for the head (the last layer's dW and db, and the gradient of its input, masked
+//             by the ReLU before it), one per hidden layer (its dW and db, and its input's gradient).
+// For the seed MLP that is 3 + 3 launches where the generic path makes 11-12 (plus the batch gather
+// and the step state's record in both). Every sum runs in a fixed order and nothing adds with
+// atomics, so two runs give the same bits; dW and db are written with their sink's beta (overwrite
+// after a step, add otherwise), so accumulation is the generic path's.
+// - Saved for backward: x (the batch, alive anyway), each hidden layer's output (its ReLU mask is
+//   output > 0) and [B, classes] of the head: the softmax on CUDA, the logits on the CPU. The
+//   activation footprint is B * (hidden widths + classes) floats plus the loss, the same as the
+//   generic path's less its ReLU bit masks; the memory test checks it against that analytic size.
+// - The CPU runs the unfused ops' kernels in their order (broadcast, GEMM with beta 1, ReLU in
+//   place; the cross-entropy kernels; then per layer dx, dW, db, the ReLU mask in place), so on
+//   the CPU the op equals the generic path bit for bit: the reference the CUDA kernels are tested
+//   against, besides double-precision finite differences.
+// - Where it applies: f32 (mixed precision keeps the generic path), at most kFusedMaxClasses classes
+//   on CUDA. The kernels have no tensor cores and no register tiling for large batches, so models
+//   choose it automatically only up to a micro-batch size (models::SeedMLP::kFusedAutoMaxBatch) and
+//   fall back to cuBLASLt above it.
+#include "cumulus/ops/fused_mlp.h"
+
+#include "cumulus/autograd/node.h"
+#include "engine/ops/internal.h"
+
+namespace cumulus::ops {
+
+namespace {
+
+constexpr const char* kOp = "mlp_cross_entropy";
+
+class MLPCrossEntropyBackward final : public Node {
+ public:
+  // hidden[i]: layer i's output after its ReLU (i < layers - 1). head: the CPU's logits or the
+  // softmax on CUDA. x: saved only when a first-layer gradient needs it.
+  MLPCrossEntropyBackward(Tensor x, std::vector<Tensor> hidden, Tensor head, Tensor labels, std::vector<Tensor> weights,
+                          float scale)
+      : Node("mlp_cross_entropy"),
+        x_(std::move(x)),
+        hidden_(std::move(hidden)),
+        head_(std::move(head)),
+        labels_(std::move(labels)),
+        weights_(std::move(weights)),
+        scale_(scale) {}
+
+  // grads: x, then weight and bias of each layer in order.
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    const Device device = dy.device();
+    const int64_t layers = detail::to_int(weights_.size());
+    const int64_t batch = labels_.size(0), classes = weights_.back().size(0);
+    const float* seed = dy.data<float>();
+    const int32_t* yp = labels_.data<int32_t>();
+    // The gradient of the current layer's output, on the CPU; on CUDA the head's backward forms it
+    // from the saved softmax as it goes.
+    Tensor dz;
+    if (device.is_cpu()) {
+      dz = Tensor::empty(Shape{batch, classes}, DType::f32, device);
+      kernels::cross_entropy_backward_cpu(head_.data<float>(), yp, batch, classes, seed, scale_, 0.0f,
+                                          dz.data<float>());
+    }
+    for (int64_t l = layers - 1; l >= 0; --l) {
+      const Tensor& w = weights_[static_cast<std::size_t>(l)];
+      const Tensor& input = l > 0 ? hidden_[static_cast<std::size_t>(l - 1)] : x_;
+      const int64_t in = w.size(1), out = w.size(0);
+      GradSink& x_sink = grads[0];
+      GradSink& w_sink = grads[static_cast<std::size_t>(1 + 2 * l)];
+      GradSink& b_sink = grads[static_cast<std::size_t>(2 + 2 * l)];
+      // The input's gradient: a temporary for a hidden layer's output, x's sink for the first layer.
+      Tensor dx;
+      float beta_x = 0.0f;
+      if (l > 0) {
+        dx = Tensor::empty(Shape{batch, in}, DType::f32, device);
+      } else if (x_sink.needed()) {
+        const GradSink::Target t = x_sink.begin(Shape{batch, in}, device);
+        dx = t.tensor;
+        beta_x = t.beta();
+      }
+      Tensor dw, db;
+      float beta_w = 0.0f, beta_b = 0.0f;
+      if (w_sink.needed()) {
+        const GradSink::Target t = w_sink.begin(w.shape(), device);
+        dw = t.tensor;
+        beta_w = t.beta();
+      }
+      if (b_sink.needed()) {
+        const GradSink::Target t = b_sink.begin(Shape{out}, device);
+        db = t.tensor;
+        beta_b = t.beta();
+      }
+      const float* ap = input.defined() ? input.data<float>() : nullptr;  // x_ is kept only if dW1 needs it
+      const float* wp = w.data<float>();
+      float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+      float* dwp = dw.defined() ? dw.data<float>() : nullptr;
+      float* dbp = db.defined() ? db.data<float>() : nullptr;
+      if (device.is_cpu()) {
+        // LinearBackward's order and kernels (engine/ops/linear.cpp): dx, dW, db; then the ReLU
+        // mask of the layer below, in place (its output is the only reference to the gradient).
+        const float* dzp = dz.data<float>();
+        if (dxp != nullptr) kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, beta_x, dxp, in);
+        if (dwp != nullptr) kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, ap, in, beta_w, dwp, in);
+        if (dbp != nullptr) kernels::sum_rows_cpu(dzp, batch, out, beta_b, dbp);
+        if (l > 0) kernels::relu_backward_cpu(ap, dxp, 0.0f, dxp, batch * in);
+      } else {
+#if CUMULUS_WITH_CUDA
+        kernels::FusedGradients g;
+        g.dw = dwp;
+        g.beta_w = beta_w;
+        g.db = dbp;
+        g.beta_b = beta_b;
+        g.dx = dxp;
+        g.beta_x = beta_x;
+        g.mask_relu = l > 0;
+        CUMULUS_DISPATCH(device, (void)g,
+                         l == layers - 1
+                             ? kernels::fused_head_backward_cuda(head_.data<float>(), yp, seed, scale_, ap, wp, batch,
+                                                                 in, classes, g, ctx.stream())
+                             : kernels::fused_linear_backward_cuda(dz.data<float>(), ap, wp, batch, in, out, g,
+                                                                   ctx.stream()));
+#endif
+      }
+      dz = dx;  // the layer below's output gradient, masked; freed once that layer has used it
+    }
+  }
+
+  void release_saved() override {
+    x_ = Tensor();
+    hidden_.clear();
+    head_ = Tensor();
+    labels_ = Tensor();
+    weights_.clear();
+  }
+
+ private:
+  Tensor x_;
+  std::vector<Tensor> hidden_;
+  Tensor head_, labels_;
+  std::vector<Tensor> weights_;
+  float scale_;
+};
+
+void check_arguments(const Tensor& x, const Tensor& labels, const std::vector<Tensor>& weights,
+                     const std::vector<Tensor>& biases) {
+  const std::string unsupported = mlp_cross_entropy_unsupported_reason(x, weights);
+  CUMULUS_CHECK(unsupported.empty(), InvalidArgument, kOp, ": ", unsupported);
+  CUMULUS_CHECK(x.ndim() == 2 && x.size(0) > 0, ShapeError, kOp, ": input must be [batch > 0, features], got ",
+                x.shape().str());
+  detail::check_dtype(kOp, "labels", labels, DType::i32);
+  CUMULUS_CHECK(labels.ndim() == 1 && labels.size(0) == x.size(0), ShapeError, kOp, ": labels ", labels.shape().str(),
+                " do not match the input ", x.shape().str());
+  detail::check_same_device(kOp, "labels", labels, x);
+  CUMULUS_CHECK(biases.size() == weights.size(), InvalidArgument, kOp, ": ", weights.size(), " weights but ",
+                biases.size(), " biases");
+  int64_t features = x.size(1);
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& w = weights[i];
+    const Tensor& b = biases[i];
+    const std::string which = "layer " + std::to_string(i);
+    detail::check_dtype(kOp, (which + " weight").c_str(), w, DType::f32);
+    detail::check_dtype(kOp, (which + " bias").c_str(), b, DType::f32);
+    CUMULUS_CHECK(w.ndim() == 2 && w.size(1) == features && w.size(0) > 0, ShapeError, kOp, ": ", which,
+                  " weight ", w.shape().str(), " does not take ", features, " input features");
+    CUMULUS_CHECK(b.ndim() == 1 && b.size(0) == w.size(0), ShapeError, kOp, ": ", which, " bias ", b.shape().str(),
+                  " does not match ", w.size(0), " output features");
+    detail::check_same_device(kOp, (which + " weight").c_str(), w, x);
+    detail::check_same_device(kOp, (which + " bias").c_str(), b, x);
+    features = w.size(0);
+  }
+}
+
+}  // namespace
+
+std::string mlp_cross_entropy_unsupported_reason(const Tensor& x, const std::vector<Tensor>& weights) {
+  if (!x.defined()) return "the input is undefined";
+  if (x.dtype() != DType::f32)
+    return std::string("the input is ") + dtype_name(x.dtype()) + "; the fused path is f32 only";
+  if (weights.empty()) return "there are no layers";
+  if (!weights.back().defined() || weights.back().ndim() != 2) return "the last layer's weight is not a matrix";
+#if CUMULUS_WITH_CUDA
+  if (x.device().is_cuda() && weights.back().size(0) > kernels::kFusedMaxClasses)
+    return "the head has " + std::to_string(weights.back().size(0)) + " classes; the CUDA kernels take at most " +
+           std::to_string(kernels::kFusedMaxClasses);
+#endif
+  return {};
+}
+
+Tensor mlp_cross_entropy(const Tensor& x, const Tensor& labels, const std::vector<Tensor>& weights,
+                         const std::vector<Tensor>& biases, Reduction reduction) {
+  OpScope op_scope(kOp);
+  check_arguments(x, labels, weights, biases);
+  const Device device = x.device();
+  const int64_t batch = x.size(0), layers = detail::to_int(weights.size());
+  const int64_t classes = weights.back().size(0);
+  const float scale = reduction == Reduction::Mean ? 1.0f / static_cast<float>(batch) : 1.0f;
+  std::vector<const Tensor*> inputs{&x};
+  for (int64_t l = 0; l < layers; ++l) {
+    inputs.push_back(&weights[static_cast<std::size_t>(l)]);
+    inputs.push_back(&biases[static_cast<std::size_t>(l)]);
+  }
+  const bool record = should_record(inputs);
+
+  // Forward through the hidden layers: each output is the next one's input and, recorded, saved.
+  std::vector<Tensor> hidden;
+  Tensor h = x;
+  for (int64_t l = 0; l + 1 < layers; ++l) {
+    const Tensor& w = weights[static_cast<std::size_t>(l)];
+    const int64_t in = w.size(1), out = w.size(0);
+    Tensor y = detail::new_output(Shape{batch, out}, DType::f32, device);
+    const float* hp = h.data<float>();
+    const float* wp = w.data<float>();
+    const float* bp = biases[static_cast<std::size_t>(l)].data<float>();
+    float* yp = y.data<float>();
+    CUMULUS_DISPATCH(device, detail::linear_forward_cpu(hp, wp, bp, yp, batch, in, out, /*relu=*/true),
+                     kernels::fused_linear_forward_cuda(hp, wp, bp, batch, in, out, /*relu=*/true, yp, ctx.stream()));
+    hidden.push_back(y);
+    h = y;
+  }
+  // The head: logits, the loss and (CUDA) the softmax backward will use.
+  const Tensor& w = weights.back();
+  const int64_t in = w.size(1);
+  Tensor head = detail::new_output(Shape{batch, classes}, DType::f32, device);
+  Tensor loss = detail::new_output(Shape{}, DType::f32, device);
+  const float* hp = h.data<float>();
+  const float* wp = w.data<float>();
+  const float* bp = biases.back().data<float>();
+  const int32_t* yp = labels.data<int32_t>();
+  float* headp = head.data<float>();
+  if (device.is_cpu()) {
+    detail::linear_forward_cpu(hp, wp, bp, headp, batch, in, classes, /*relu=*/false);
+    const int64_t bad = kernels::cross_entropy_forward_cpu(headp, yp, batch, classes, scale, loss.data<float>());
+    CUMULUS_CHECK(bad < 0, InvalidArgument, kOp, ": label ", bad >= 0 ? yp[bad] : 0, " at row ", bad,
+                  " is outside [0, ", classes, ")");
+  } else {
+    Tensor row_loss = detail::new_output(Shape{batch}, DType::f32, device);  // freed on return
+    float* rl = row_loss.data<float>();
+    float* lp = loss.data<float>();
+    CUMULUS_DISPATCH(device, ((void)rl, (void)lp) /* CPU handled above */,
+                     kernels::fused_head_forward_cuda(hp, wp, bp, yp, batch, in, classes, scale, headp, rl, lp,
+                                                      ctx.arrival_counter(), ctx.stream()));
+  }
+  if (record) {
+    std::vector<Tensor> saved_hidden;
+    for (const Tensor& t : hidden) saved_hidden.push_back(t.detach());
+    std::vector<Tensor> saved_weights;
+    for (const Tensor& t : weights) saved_weights.push_back(t.detach());
+    // x is read by the first layer's weight gradient only.
+    Tensor saved_x = weights.front().requires_grad() ? x.detach() : Tensor();
+    attach_node(loss,
+                std::make_shared<MLPCrossEntropyBackward>(std::move(saved_x), std::move(saved_hidden), head.detach(),
+                                                          labels.detach(), std::move(saved_weights), scale),
+                inputs);
+  }
+  return loss;
+}
+
+}  // namespace cumulus::ops

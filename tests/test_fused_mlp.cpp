@@ -1,0 +1,410 @@
+// The fused MLP op (ops::mlp_cross_entropy, Note [Fused MLP] in engine/ops/fused_mlp.cpp) against an
+// independent double-precision reference and against the generic ops, on every device: outputs,
+// loss and every gradient, at micro-batch sizes 1 to 1024, overwriting and accumulating, with labels
+// at the class boundaries and with large logits. Also its saved activations against their analytic
+// size, run-to-run bits, the model's choice of path, the errors, and (CUDA) its launch count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cumulus/autograd/node.h"
+#include "cumulus/cumulus.h"
+#include "cumulus/memory/allocator.h"
+#include "test_util.h"
+
+namespace cumulus::testing {
+namespace {
+
+// ---- the problem ----------------------------------------------------------------------------
+
+// An MLP of widths {in, hidden..., classes}, weights [out, in] and biases as PyTorch's nn.Linear
+// draws them (uniform in +-1/sqrt(in)); head_gain scales the last layer (large logits).
+struct Net {
+  std::vector<int64_t> widths;
+  std::vector<std::vector<float>> w, b;
+  int64_t layers() const { return static_cast<int64_t>(w.size()); }
+};
+
+Net make_net(const std::vector<int64_t>& widths, uint64_t seed, float head_gain = 1.0f) {
+  Net net;
+  net.widths = widths;
+  Generator gen(seed);
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    const int64_t in = widths[l], out = widths[l + 1];
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in)) * (l + 2 == widths.size() ? head_gain : 1.0f);
+    std::vector<float> w(static_cast<std::size_t>(out * in)), b(static_cast<std::size_t>(out));
+    gen.fill_uniform(w.data(), out * in, -bound, bound);
+    gen.fill_uniform(b.data(), out, -bound, bound);
+    net.w.push_back(std::move(w));
+    net.b.push_back(std::move(b));
+  }
+  return net;
+}
+
+const std::vector<int64_t> kSeedWidths = {784, 512, 512, 10};
+
+struct Batch {
+  int64_t size = 0;
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+// x uniform in [0, 1) like scaled pixels; labels cycle through the first class, the last and the
+// ones between, so both class boundaries occur at every size above 1.
+Batch make_batch(int64_t size, int64_t in, int64_t classes, uint64_t seed) {
+  Batch b;
+  b.size = size;
+  b.x.resize(static_cast<std::size_t>(size * in));
+  Generator gen(seed);
+  gen.fill_uniform(b.x.data(), size * in, 0.0f, 1.0f);
+  for (int64_t i = 0; i < size; ++i)
+    b.y.push_back(static_cast<int32_t>(i % 3 == 0 ? 0 : i % 3 == 1 ? classes - 1 : (i * 7) % classes));
+  return b;
+}
+
+// The loss and gradients {x, w0, b0, w1, b1, ...}.
+template <typename T>
+struct Result {
+  T loss = 0;
+  std::vector<std::vector<T>> grads;
+};
+
+// The summed loss and its gradients in double, by the textbook formulas (no code shared with the engine).
+Result<double> reference(const Net& net, const Batch& batch) {
+  const int64_t layers = net.layers(), n = batch.size;
+  std::vector<std::vector<double>> acts;  // acts[l]: layer l's input, [n, widths[l]]
+  acts.emplace_back(batch.x.begin(), batch.x.end());
+  std::vector<double> logits;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t in = net.widths[l], out = net.widths[l + 1];
+    std::vector<double> y(static_cast<std::size_t>(n * out));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) {
+        double s = net.b[l][j];
+        for (int64_t k = 0; k < in; ++k) s += acts[l][i * in + k] * static_cast<double>(net.w[l][j * in + k]);
+        y[i * out + j] = l + 1 < layers ? std::max(s, 0.0) : s;
+      }
+    if (l + 1 < layers) acts.push_back(std::move(y));
+    else logits = std::move(y);
+  }
+  const int64_t classes = net.widths.back();
+  Result<double> r;
+  std::vector<double> dz(static_cast<std::size_t>(n * classes));
+  for (int64_t i = 0; i < n; ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < classes; ++c) m = std::max(m, logits[i * classes + c]);
+    double s = 0;
+    for (int64_t c = 0; c < classes; ++c) s += std::exp(logits[i * classes + c] - m);
+    r.loss += m + std::log(s) - logits[i * classes + batch.y[i]];
+    for (int64_t c = 0; c < classes; ++c)
+      dz[i * classes + c] = std::exp(logits[i * classes + c] - m) / s - (c == batch.y[i] ? 1.0 : 0.0);
+  }
+  r.grads.resize(static_cast<std::size_t>(1 + 2 * layers));
+  for (int64_t l = layers - 1; l >= 0; --l) {
+    const int64_t in = net.widths[l], out = net.widths[l + 1];
+    std::vector<double> dw(static_cast<std::size_t>(out * in), 0.0), db(static_cast<std::size_t>(out), 0.0),
+        dx(static_cast<std::size_t>(n * in), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) {
+        const double g = dz[i * out + j];
+        db[j] += g;
+        for (int64_t k = 0; k < in; ++k) {
+          dw[j * in + k] += g * acts[l][i * in + k];
+          dx[i * in + k] += g * static_cast<double>(net.w[l][j * in + k]);
+        }
+      }
+    if (l > 0)
+      for (std::size_t k = 0; k < dx.size(); ++k)
+        if (acts[l][k] <= 0) dx[k] = 0;
+    r.grads[static_cast<std::size_t>(1 + 2 * l)] = std::move(dw);
+    r.grads[static_cast<std::size_t>(2 + 2 * l)] = std::move(db);
+    dz = dx;
+    if (l == 0) r.grads[0] = std::move(dx);
+  }
+  return r;
+}
+
+std::vector<float> values(const Tensor& t) { return t.to(Device::cpu()).to_vector<float>(); }
+
+// Leaves {x, w0, b0, ...} on `device`, each requiring grad.
+std::vector<Tensor> make_leaves(const Net& net, const Batch& batch, Device device) {
+  std::vector<Tensor> leaves{Tensor::from_vector(batch.x, Shape{batch.size, net.widths[0]}, device)};
+  for (int64_t l = 0; l < net.layers(); ++l) {
+    leaves.push_back(Tensor::from_vector(net.w[l], Shape{net.widths[l + 1], net.widths[l]}, device));
+    leaves.push_back(Tensor::from_vector(net.b[l], Shape{net.widths[l + 1]}, device));
+  }
+  for (Tensor& t : leaves) t.set_requires_grad(true);
+  return leaves;
+}
+
+// The summed loss of the leaves' MLP through the fused op or the generic ops.
+Tensor loss_of(const std::vector<Tensor>& leaves, const Tensor& labels, bool fused) {
+  std::vector<Tensor> weights, biases;
+  for (std::size_t i = 1; i < leaves.size(); i += 2) {
+    weights.push_back(leaves[i]);
+    biases.push_back(leaves[i + 1]);
+  }
+  if (fused) return ops::mlp_cross_entropy(leaves[0], labels, weights, biases, ops::Reduction::Sum);
+  Tensor h = leaves[0];
+  for (std::size_t l = 0; l < weights.size(); ++l)
+    h = l + 1 < weights.size() ? ops::linear(h, weights[l], biases[l], ops::Activation::relu)
+                               : ops::linear(h, weights[l], biases[l]);
+  return ops::cross_entropy(h, labels, ops::Reduction::Sum);
+}
+
+// The engine's loss and gradients. passes 1: the gradient buffers start stale and hold NaN (an
+// overwriting write must not read them); passes 2: a second backward adds to the first.
+Result<float> engine_result(const Net& net, const Batch& batch, Device device, bool fused, int passes) {
+  const std::vector<Tensor> leaves = make_leaves(net, batch, device);
+  const Tensor labels = Tensor::from_vector(batch.y, Shape{batch.size}, device);
+  for (const Tensor& t : leaves) {
+    t.allocate_grad();
+    t.grad_buffer().copy_from(Tensor::full(t.shape(), std::numeric_limits<float>::quiet_NaN(), device));
+    t.mark_grad_stale();
+  }
+  Result<float> r;
+  for (int p = 0; p < passes; ++p) {
+    const Tensor loss = loss_of(leaves, labels, fused);
+    r.loss = loss.item();
+    loss.backward();
+  }
+  for (const Tensor& t : leaves) r.grads.push_back(values(t.grad()));
+  return r;
+}
+
+// max |a - b| / max |b| (b the reference), per tensor.
+double rel_to_reference(const std::vector<float>& a, const std::vector<double>& b, double scale = 1.0) {
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - scale * b[i]));
+    largest = std::max(largest, std::abs(scale * b[i]));
+  }
+  return largest > 0 ? worst / largest : worst;
+}
+
+const char* kGradNames[] = {"dx", "dW0", "db0", "dW1", "db1", "dW2", "db2"};
+
+class FusedMLPTest : public DeviceTest {};
+
+// ---- correctness ----------------------------------------------------------------------------
+
+// Against double precision, overwriting and accumulating, at every micro-batch size the issue
+// names; the seed MLP's shape, then large logits (the head scaled by 40: logits of tens, softmax
+// saturated) at two sizes.
+TEST_P(FusedMLPTest, MatchesTheDoublePrecisionReference) {
+  struct Case {
+    int64_t batch;
+    float head_gain;
+  };
+  const std::vector<Case> cases = {{1, 1}, {7, 1}, {16, 1}, {64, 1}, {100, 1}, {1024, 1}, {7, 40}, {64, 40}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("batch " + std::to_string(c.batch) + ", head gain " + std::to_string(c.head_gain));
+    const Net net = make_net(kSeedWidths, 11, c.head_gain);
+    const Batch batch = make_batch(c.batch, kSeedWidths[0], kSeedWidths.back(), 100 + c.batch);
+    const Result<double> ref = reference(net, batch);
+    for (int passes : {1, 2}) {
+      SCOPED_TRACE(passes == 1 ? "overwrite" : "accumulate");
+      const Result<float> got = engine_result(net, batch, device(), /*fused=*/true, passes);
+      EXPECT_LT(std::abs(got.loss - ref.loss), 1e-5 * std::abs(ref.loss) + 1e-5) << got.loss << " vs " << ref.loss;
+      for (std::size_t i = 0; i < got.grads.size(); ++i)
+        EXPECT_LT(rel_to_reference(got.grads[i], ref.grads[i], passes), 1e-4) << kGradNames[i];
+    }
+  }
+}
+
+// Against the generic ops on the same device: the same bits on the CPU (the same kernels in the
+// same order), within float rounding on CUDA.
+TEST_P(FusedMLPTest, MatchesTheGenericPath) {
+  for (int64_t size : {1, 7, 16, 64, 100, 1024}) {
+    SCOPED_TRACE("batch " + std::to_string(size));
+    const Net net = make_net(kSeedWidths, 12);
+    const Batch batch = make_batch(size, kSeedWidths[0], kSeedWidths.back(), 200 + size);
+    for (int passes : {1, 2}) {
+      const Result<float> fused = engine_result(net, batch, device(), true, passes);
+      const Result<float> generic = engine_result(net, batch, device(), false, passes);
+      if (device().is_cpu()) {
+        EXPECT_EQ(fused.loss, generic.loss);
+        EXPECT_EQ(fused.grads, generic.grads);
+      } else {
+        EXPECT_NEAR(fused.loss, generic.loss, 1e-5 * std::abs(generic.loss));
+        for (std::size_t i = 0; i < fused.grads.size(); ++i)
+          EXPECT_LT(max_rel_diff(fused.grads[i], generic.grads[i]), 1e-5) << kGradNames[i];
+      }
+    }
+  }
+}
+
+// Other shapes: one layer (the head alone, no ReLU), three hidden layers of odd widths, and a batch
+// that is not a multiple of any tile.
+TEST_P(FusedMLPTest, TakesAnyDepthAndWidth) {
+  for (const std::vector<int64_t>& widths :
+       std::vector<std::vector<int64_t>>{{33, 5}, {37, 19, 3, 29, 2}, {130, 257, 32}}) {
+    SCOPED_TRACE("widths " + std::to_string(widths.size()) + " layers, in " + std::to_string(widths[0]));
+    const Net net = make_net(widths, 13);
+    const Batch batch = make_batch(21, widths[0], widths.back(), 21);
+    const Result<double> ref = reference(net, batch);
+    const Result<float> got = engine_result(net, batch, device(), true, 1);
+    EXPECT_LT(std::abs(got.loss - ref.loss), 1e-5 * std::abs(ref.loss) + 1e-5);
+    for (std::size_t i = 0; i < got.grads.size(); ++i) EXPECT_LT(rel_to_reference(got.grads[i], ref.grads[i]), 1e-4);
+  }
+}
+
+// Every sum in a fixed order: two runs give the same bits.
+TEST_P(FusedMLPTest, TwoRunsGiveTheSameBits) {
+  const Net net = make_net(kSeedWidths, 14);
+  const Batch batch = make_batch(100, kSeedWidths[0], kSeedWidths.back(), 14);
+  const Result<float> a = engine_result(net, batch, device(), true, 2);
+  const Result<float> b = engine_result(net, batch, device(), true, 2);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grads, b.grads);
+}
+
+// The mean reduction divides the loss and every gradient by the batch.
+TEST_P(FusedMLPTest, MeanReductionScalesLossAndGradients) {
+  const Net net = make_net({20, 8, 4}, 15);
+  const Batch batch = make_batch(9, 20, 4, 15);
+  const std::vector<Tensor> leaves = make_leaves(net, batch, device());
+  const Tensor labels = Tensor::from_vector(batch.y, Shape{batch.size}, device());
+  const Tensor loss = ops::mlp_cross_entropy(leaves[0], labels, {leaves[1], leaves[3]}, {leaves[2], leaves[4]});
+  loss.backward();
+  const Result<double> ref = reference(net, batch);
+  EXPECT_NEAR(loss.item(), ref.loss / 9, 1e-6);
+  EXPECT_LT(rel_to_reference(values(leaves[1].grad()), ref.grads[1], 1.0 / 9), 1e-5);
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+int64_t blocks_of(int64_t bytes) { return (bytes + 511) / 512 * 512; }  // the allocator's rounding
+
+// What a recorded forward keeps for backward, in category activations: the two hidden outputs, the
+// head's [B, 10] (logits or softmax) and the loss scalar, each rounded to the allocator's 512-byte
+// blocks: the analytic footprint.
+TEST_P(FusedMLPTest, KeepsTheAnalyticActivationFootprint) {
+  Generator gen(16);
+  models::SeedMLP model(gen, device());
+  model.set_kernels(models::KernelChoice::fused);
+  CachingAllocator& alloc = allocator_for(device());
+  for (int64_t b : {16, 100}) {
+    const Tensor x = Tensor::zeros(Shape{b, 784}, DType::f32, device());
+    const Tensor y = Tensor::zeros(Shape{b}, DType::i32, device());
+    const int64_t before = alloc.stats()[MemoryCategory::activations].current;
+    const Tensor loss = model.loss(x, y, ops::Reduction::Sum);
+    ASSERT_STREQ(loss.grad_fn()->name(), "mlp_cross_entropy");
+    const int64_t held = alloc.stats()[MemoryCategory::activations].current - before;
+    EXPECT_EQ(held, 2 * blocks_of(b * 512 * 4) + blocks_of(b * 10 * 4) + blocks_of(4)) << "batch " << b;
+  }
+}
+
+// ---- the model's choice ---------------------------------------------------------------------
+
+TEST_P(FusedMLPTest, SeedMLPChoosesThePathByDeviceDtypeAndSize) {
+  Generator gen(17);
+  models::SeedMLP model(gen, device());
+  const Tensor x16 = Tensor::zeros(Shape{16, 784}, DType::f32, device());
+  const Tensor x_big = Tensor::zeros(Shape{models::SeedMLP::kFusedAutoMaxBatch + 1, 784}, DType::f32, device());
+  const Tensor x_bf16 = Tensor::zeros(Shape{16, 784}, DType::bf16, device());
+  EXPECT_EQ(model.kernels(), models::KernelChoice::automatic);
+  EXPECT_EQ(model.fuses(x16), device().is_cuda()) << "automatic: fused on CUDA only";
+  EXPECT_FALSE(model.fuses(x_big)) << "automatic: cuBLASLt above kFusedAutoMaxBatch";
+  EXPECT_FALSE(model.fuses(x_bf16)) << "automatic: f32 only";
+  model.set_recompute(true);
+  EXPECT_FALSE(model.fuses(x16)) << "automatic: recompute keeps the generic path";
+  model.set_kernels(models::KernelChoice::fused);
+  const Tensor y = Tensor::zeros(Shape{16}, DType::i32, device());
+  EXPECT_THROW(model.loss(x16, y, ops::Reduction::Sum), InvalidArgument) << "fused with recompute";
+  model.set_recompute(false);
+  EXPECT_STREQ(model.loss(x16, y, ops::Reduction::Sum).grad_fn()->name(), "mlp_cross_entropy");
+  EXPECT_THROW(model.loss(x_bf16, y, ops::Reduction::Sum), InvalidArgument) << "fused takes f32 only";
+  model.set_kernels(models::KernelChoice::generic);
+  EXPECT_STREQ(model.loss(x16, y, ops::Reduction::Sum).grad_fn()->name(), "cross_entropy");
+
+  models::KernelChoice c = models::KernelChoice::generic;
+  EXPECT_TRUE(models::parse_kernel_choice("auto", c));
+  EXPECT_EQ(c, models::KernelChoice::automatic);
+  EXPECT_FALSE(models::parse_kernel_choice("Fused", c));
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+
+TEST_P(FusedMLPTest, RefusesBadArgumentsNamingThem) {
+  const Net net = make_net({6, 4, 3}, 18);
+  const Batch batch = make_batch(5, 6, 3, 18);
+  const std::vector<Tensor> l = make_leaves(net, batch, device());
+  const Tensor labels = Tensor::from_vector(batch.y, Shape{5}, device());
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { ops::mlp_cross_entropy(l[0], labels, {l[3], l[1]}, {l[4], l[2]}); }).find("layer 0 weight"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::mlp_cross_entropy(l[0], labels, {l[1], l[3]}, {l[2]}); }).find("2 weights but 1 biases"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              ops::mlp_cross_entropy(l[0], labels.narrow_rows(0, 4), {l[1], l[3]}, {l[2], l[4]});
+            }).find("labels"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::mlp_cross_entropy(l[0].to(DType::bf16), labels, {l[1], l[3]}, {l[2], l[4]}); })
+                .find("f32 only"),
+            std::string::npos);
+  const Tensor bad = Tensor::from_vector(std::vector<int32_t>{0, 1, 3, 0, 1}, Shape{5}, device());
+  if (device().is_cpu()) {
+    EXPECT_THROW(ops::mlp_cross_entropy(l[0], bad, {l[1], l[3]}, {l[2], l[4]}), InvalidArgument);
+  } else {  // as cross_entropy on CUDA: no host check, a NaN loss the step's guard sees
+    EXPECT_TRUE(std::isnan(ops::mlp_cross_entropy(l[0], bad, {l[1], l[3]}, {l[2], l[4]}).item()));
+  }
+}
+
+CUMULUS_INSTANTIATE_DEVICES(FusedMLPTest);
+
+// ---- CUDA only ------------------------------------------------------------------------------
+
+// The CUDA kernels against the CPU path (the generic arithmetic) at the sizes above.
+TEST(FusedMLPParity, CudaMatchesTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  for (int64_t size : {1, 7, 16, 64, 100, 1024}) {
+    SCOPED_TRACE("batch " + std::to_string(size));
+    const Net net = make_net(kSeedWidths, 19);
+    const Batch batch = make_batch(size, kSeedWidths[0], kSeedWidths.back(), 300 + size);
+    const Result<float> cpu = engine_result(net, batch, Device::cpu(), true, 2);
+    const Result<float> gpu = engine_result(net, batch, Device::cuda(0), true, 2);
+    EXPECT_NEAR(gpu.loss, cpu.loss, 1e-5 * std::abs(cpu.loss));
+    for (std::size_t i = 0; i < cpu.grads.size(); ++i)
+      EXPECT_LT(max_rel_diff(gpu.grads[i], cpu.grads[i]), 1e-5) << kGradNames[i];
+  }
+}
+
+// Launches of one eager fused micro-batch (forward, loss, Accumulator::backward): forward 3 (two
+// hidden layers, the head), backward 3 (the head, two hidden layers), the micro-batch record 1, in
+// either gradient mode; the generic path makes 11-12 (tests/test_nn.cpp).
+TEST(FusedMLPLaunches, SeedMLPEagerMicroBatch) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  const Device d = Device::cuda(0);
+  Generator gen(0);
+  models::SeedMLP model(gen, d);
+  model.set_kernels(models::KernelChoice::fused);
+  optim::AccumulatorOptions o;
+  o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
+  optim::Accumulator acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
+                         o);
+  const int64_t b = 16;
+  const Tensor x = Tensor::full(Shape{b, 784}, 0.5f, d);
+  const Tensor y = Tensor::zeros(Shape{b}, DType::i32, d);
+  auto micro_batch = [&] {
+    const int64_t before = cuda_kernel_launches();
+    acc.backward(model.loss(x, y, ops::Reduction::Sum), b);
+    return cuda_kernel_launches() - before;
+  };
+  acc.optimizer().zero_grad();
+  micro_batch();  // warm-up: the arrival counter, step buffers
+  acc.optimizer().zero_grad();
+  EXPECT_EQ(micro_batch(), 3 + 3 + 1) << "overwriting";
+  EXPECT_EQ(micro_batch(), 3 + 3 + 1) << "accumulating";
+}
+
+}  // namespace
+}  // namespace cumulus::testing
