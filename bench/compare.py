@@ -556,7 +556,7 @@ def main():
     if cuda:
         head[-2] = (
             "Columns: 'cumulus graphs' / 'cumulus eager' are the app with `--graphs on` / `--graphs off` and its "
-            "default kernels (the fused MLP op up to micro-batch 128), 'cumulus graphs generic' the app with "
+            "default kernels (the fused MLP op up to micro-batch 64), 'cumulus graphs generic' the app with "
             "`--graphs on --kernels generic` (one op per layer); 'PyTorch "
             "graphs' is graphs_pytorch.py (micro-batch and optimizer step captured in CUDA graphs), 'fast PyTorch' "
             "fast_pytorch.py (eager, data preloaded on the device), 'seed PyTorch' seed_pytorch.py (the quickstart); "

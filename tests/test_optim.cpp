@@ -516,6 +516,7 @@ TEST_P(EquivalenceTest, SgdMomentum) { check(OptKind::momentum); }
 TEST_P(EquivalenceTest, AdamW) { check(OptKind::adamw); }
 // The same splits on the fused MLP op (Note [Fused MLP] in engine/ops/fused_mlp.cpp).
 TEST_P(EquivalenceTest, FusedSgd) { check(OptKind::sgd, models::KernelChoice::fused); }
+TEST_P(EquivalenceTest, FusedSgdMomentum) { check(OptKind::momentum, models::KernelChoice::fused); }
 TEST_P(EquivalenceTest, FusedAdamW) { check(OptKind::adamw, models::KernelChoice::fused); }
 
 CUMULUS_INSTANTIATE_DEVICES(EquivalenceTest);

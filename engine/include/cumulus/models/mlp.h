@@ -35,9 +35,11 @@ class SeedMLP : public nn::Module {
   SeedMLP& set_recompute(bool on);
   bool recompute() const { return !linear_relu_stack_->recompute_segments().empty(); }
 
-  // The fused op's kernels have no tensor cores and no register tiling for large batches, so the
-  // automatic choice takes them only up to this micro-batch size (cuBLASLt runs larger ones).
-  static constexpr int64_t kFusedAutoMaxBatch = 128;
+  // The fused op's kernels have no tensor cores and sum each weight gradient over the rows in one
+  // thread, so past small micro-batches cuBLASLt should win: the automatic choice takes them up to
+  // this size, the two the fused path was built for (16, 64). Not yet measured on a GPU
+  // (bench_step_vs_accumulate's *_fused families against the generic ones decide it).
+  static constexpr int64_t kFusedAutoMaxBatch = 64;
   SeedMLP& set_kernels(KernelChoice choice);
   KernelChoice kernels() const { return kernels_; }
   // cross_entropy(forward(x), labels, reduction), recorded for backward, through the fused op when
