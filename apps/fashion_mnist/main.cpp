@@ -601,11 +601,14 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
         o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
     if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
-    if (o.model == "mlp")
-      say("kernels: %s\n", kernels_used(model, o, o.batch_size) == "fused"
-                               ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "
-                                 "launches of our own)"
-                               : "generic (one op per layer)");
+    if (o.model == "mlp") {
+      const char* fused = o.resolved_device.is_cuda()
+                              ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "
+                                "launches of our own)"
+                              : "fused (mlp_cross_entropy: one op for the micro-batch; on the CPU the generic "
+                                "kernels' arithmetic)";
+      say("kernels: %s\n", kernels_used(model, o, o.batch_size) == "fused" ? fused : "generic (one op per layer)");
+    }
     if (o.resolved_precision != Precision::fp32)
       say("precision: %s activations, gradients of activations and GEMM weight copies; f32 weights, gradient "
           "buffers, optimizer state and loss%s\n",
