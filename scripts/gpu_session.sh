@@ -7,7 +7,8 @@
 # the same session, interleaved, for side-by-side ratios. `precision` (issue 13): bench_precision on
 # CUDA, the seed run in bf16 and fp16, and the CNN at micro-batch 256 for 5 epochs in fp32 and bf16.
 # `fused` (issue 12): bench_fused_kernels, the graph families fused against generic, the seed run
-# with --kernels fused and generic, and compare.py (2 epochs, 64x1 and 16x4, with PyTorch).
+# with --kernels fused and generic, and compare.py (2 epochs, 64x1 and 16x4, with PyTorch): several
+# minutes, so give it a device call of its own.
 # Writes logs and JSON under $OUT.
 # Usage (on the GPU machine, from the repository root):
 #   scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|all]
@@ -96,7 +97,9 @@ if [[ $what == fused || $what == all ]]; then
       "$(grep -A3 'Epoch 20' "$OUT/seed_kernels_${k}.log" | grep Accuracy | tr -s ' ')"
   done
   # compare.py with the bundle's binaries (its --build is the folder holding bin/).
+  # One repetition of short benchmarks there: the families above are the careful measurement.
   bash .gpu/run.sh bash -c 'python3 bench/compare.py --device cuda --data "$1" --out-dir "$2" \
+      --bench-repetitions 1 --bench-min-time 0.2 \
       --build "$(dirname "$(dirname "$(command -v fashion_mnist)")")"' _ "$data" "$OUT/compare" \
     > "$OUT/compare.log" 2>&1 || status=1
   echo "compare.py: $(grep -c . "$OUT/compare/summary.md" 2>/dev/null) lines in compare/summary.md"
