@@ -17,8 +17,9 @@
 //       threads: cross_entropy_forward_cuda's order, so the loss has the unfused path's bits for
 //       the same logits. 256 threads for the whole kernel so that sum needs no second block size.
 //   head_backward and linear_backward: one launch each, the grid cut into parts by blockIdx.x
-//       ranges (dx, then dw, then db; a null destination has no blocks). dw and db: one thread per
-//       element summing over the rows in order. The head's dx: one thread per element summing over
+//       ranges (dx, then dw, then db; a null destination has no blocks). dw and db: each element
+//       summed over the rows in order by one thread (a hidden layer's dw: 4 consecutive elements
+//       of a row per thread, sharing the load of dz). The head's dx: one thread per element summing over
 //       the classes in order. A hidden layer's dx = dz W: a block owns 32 k x 16 rows, its 8
 //       warps split the reduction over n and meet in shared memory in warp order. dx's blocks come
 //       first in the grid because they are the longest; the short dw blocks fill the other SMs.
@@ -71,6 +72,10 @@ constexpr int kDxQuads = kDxChunk / 4 / kDxWarps;  // groups of 4 n per warp per
 static_assert(kDxWarps * kDxRows * kDxCols == kDxRows * kDxChunk, "the partial sums reuse the dz tile's memory");
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int64_t ceil_div_device(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A hidden layer's weight gradient: consecutive k per thread (see linear_backward_kernel).
+constexpr int kDwPerThread = 4;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
@@ -440,15 +445,27 @@ __global__ void __launch_bounds__(kThreads)
   }
   block -= dx_blocks;
   if (block < dw_blocks) {
-    // dw[n, k] = sum_row dz[row, n] x[row, k], rows in order (one accumulator; unrolled so the
-    // loads of 4 rows are in flight together).
-    const int64_t e = static_cast<int64_t>(block) * kThreads + threadIdx.x;
-    if (e >= out * in) return;
-    const int64_t n = e / in, k = e % in;
-    float v = 0.0f;
+    // dw[n, k] = sum_row dz[row, n] x[row, k], rows in order, one accumulator per element. A
+    // thread takes kDwPerThread consecutive k of one n: dz[row, n] is loaded once for all of them,
+    // and a quarter of the threads (and waves of blocks) covers the matrix. Unrolled so the loads
+    // of 4 rows are in flight together.
+    const int64_t groups_per_row = ceil_div_device(in, kDwPerThread);
+    const int64_t group = static_cast<int64_t>(block) * kThreads + threadIdx.x;
+    if (group >= out * groups_per_row) return;
+    const int64_t n = group / groups_per_row, k0 = group % groups_per_row * kDwPerThread;
+    const int kn = static_cast<int>(in - k0 < kDwPerThread ? in - k0 : kDwPerThread);  // the last group may be short
+    float v[kDwPerThread] = {};
 #pragma unroll 4
-    for (int64_t row = 0; row < batch; ++row) v = fmaf(__ldg(dz + row * out + n), __ldg(x + row * in + k), v);
-    store_blend(grads.dw + e, v, grads.beta_w);
+    for (int64_t row = 0; row < batch; ++row) {
+      const float d = __ldg(dz + row * out + n);
+      const float* xr = x + row * in + k0;
+#pragma unroll
+      for (int i = 0; i < kDwPerThread; ++i)
+        if (i < kn) v[i] = fmaf(d, __ldg(xr + i), v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kDwPerThread; ++i)
+      if (i < kn) store_blend(grads.dw + n * in + k0 + i, v[i], grads.beta_w);
     return;
   }
   block -= dw_blocks;
@@ -512,7 +529,7 @@ void fused_linear_backward_cuda(const float* dz, const float* x, const float* w,
                                 const FusedGradients& grads, cudaStream_t stream) {
   const int64_t col_tiles = ceil_div(in, kDxCols);
   const int64_t dx_blocks = grads.dx == nullptr ? 0 : col_tiles * ceil_div(batch, kDxRows);
-  const int64_t dw_blocks = element_blocks(grads.dw, out * in);
+  const int64_t dw_blocks = element_blocks(grads.dw, out * ceil_div(in, kDwPerThread));
   const int64_t db_blocks = element_blocks(grads.db, out);
   const int64_t blocks = dx_blocks + dw_blocks + db_blocks;
   if (blocks == 0) return;
