@@ -7,10 +7,11 @@
 // Why written here: no packaged library runs CUDA C++ kernels on a CPU, and the fused kernels were
 // written on a machine without a GPU; this lets CI execute exactly the source nvcc compiles.
 // The model: every CUDA thread of a block is a std::thread; blocks run one after another, so a
-// function-local static is the block's shared memory (and the last block to arrive is the last); __syncthreads is a barrier of the block's
-// threads and a warp shuffle a barrier of the warp's 32 (every lane must take part, as with a full
-// mask). A barrier that not every thread reaches hangs, as it would be undefined on a GPU. What it
-// cannot show: timing, the memory model across blocks running at once, nvcc's code generation.
+// function-local static is the block's shared memory (and the last block to arrive is the last
+// launched). __syncthreads is a barrier of the block's threads and a warp shuffle a barrier of the
+// warp's 32 (every lane must take part, as with a full mask). A barrier that not every thread
+// reaches hangs, as it would be undefined on a GPU. What it cannot show: timing, the memory model
+// across blocks running at once, nvcc's code generation.
 #pragma once
 
 #include <cmath>
