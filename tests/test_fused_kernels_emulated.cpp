@@ -224,6 +224,45 @@ TEST(FusedKernelsEmulated, LinearBackwardMatchesTheReference) {
     }
 }
 
+// The seed MLP's own shapes at micro-batch 16, each launcher once: 784 is six chunks of 128 and a
+// partial seventh, 512 outputs are 64 feature tiles and two n chunks of 256.
+TEST(FusedKernelsEmulated, SeedShapesMatchTheReference) {
+  const int64_t batch = 16;
+  const auto x = random_values(batch * 784, 0, 1, 20), w1 = random_values(512 * 784, -0.05f, 0.05f, 21),
+             b1 = random_values(512, -0.05f, 0.05f, 22), dz = random_values(batch * 512, -1, 1, 23),
+             w2 = random_values(512 * 512, -0.05f, 0.05f, 24);
+  std::vector<float> h(static_cast<std::size_t>(batch * 512), kNaN);
+  kernels::fused_linear_forward_cuda(x.data(), w1.data(), b1.data(), batch, 784, 512, true, h.data(), nullptr);
+  std::vector<double> want_h(h.size());
+  for (int64_t r = 0; r < batch; ++r)
+    for (int64_t n = 0; n < 512; ++n) {
+      double s = b1[n];
+      for (int64_t k = 0; k < 784; ++k) s += static_cast<double>(x[r * 784 + k]) * w1[n * 784 + k];
+      want_h[r * 512 + n] = std::max(s, 0.0);
+    }
+  expect_close(h, want_h, "h1");
+  // The second layer's backward: dW2, db2 and dh1 masked by h1 > 0.
+  std::vector<float> dw(static_cast<std::size_t>(512 * 512), kNaN), db(512, kNaN),
+      dx(static_cast<std::size_t>(batch * 512), kNaN);
+  const FusedGradients g{dw.data(), 0.0f, db.data(), 0.0f, dx.data(), 0.0f, true};
+  kernels::fused_linear_backward_cuda(dz.data(), h.data(), w2.data(), batch, 512, 512, g, nullptr);
+  std::vector<double> want_dw(dw.size(), 0.0), want_db(db.size(), 0.0), want_dx(dx.size(), 0.0);
+  for (int64_t r = 0; r < batch; ++r)
+    for (int64_t n = 0; n < 512; ++n) {
+      const double d = dz[r * 512 + n];
+      want_db[n] += d;
+      for (int64_t k = 0; k < 512; ++k) {
+        want_dw[n * 512 + k] += d * h[r * 512 + k];
+        want_dx[r * 512 + k] += d * w2[n * 512 + k];
+      }
+    }
+  for (std::size_t i = 0; i < want_dx.size(); ++i)
+    if (h[i] <= 0) want_dx[i] = 0;
+  expect_close(dw, want_dw, "dW2");
+  expect_close(db, want_db, "db2");
+  expect_close(dx, want_dx, "dh1");
+}
+
 // Every sum in a fixed order: two launches give the same bits.
 TEST(FusedKernelsEmulated, TwoRunsGiveTheSameBits) {
   const int64_t batch = 17, in = 40, out = 257;
