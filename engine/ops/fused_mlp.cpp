@@ -11,7 +11,7 @@
 //             the row losses and their sum, by the last block to finish);
 //   backward  one for the head (the last layer's dW and db, and the gradient of its input, masked
 //             by the ReLU before it), one per hidden layer (its dW and db, and its input's gradient).
-// For the seed MLP that is 3 + 3 launches where the generic path makes 11-12 (plus the batch gather
+// For the seed MLP that is 3 + 3 launches where the generic path makes 10-11 (plus the batch gather
 // and the step state's record in both). Every sum runs in a fixed order and nothing adds with
 // atomics, so two runs give the same bits; dW and db are written with their sink's beta (overwrite
 // after a step, add otherwise), so accumulation is the generic path's.
