@@ -111,14 +111,7 @@ class MLPCrossEntropyBackward final : public Node {
         if (l > 0) kernels::relu_backward_cpu(ap, dxp, 0.0f, dxp, batch * in);
       } else {
 #if CUMULUS_WITH_CUDA
-        kernels::FusedGradients g;
-        g.dw = dwp;
-        g.beta_w = beta_w;
-        g.db = dbp;
-        g.beta_b = beta_b;
-        g.dx = dxp;
-        g.beta_x = beta_x;
-        g.mask_relu = l > 0;
+        const kernels::FusedGradients g{dwp, beta_w, dbp, beta_b, dxp, beta_x, /*mask_relu=*/l > 0};
         CUMULUS_DISPATCH(device, (void)g,
                          l == layers - 1
                              ? kernels::fused_head_backward_cuda(head_.data<float>(), yp, seed, scale_, ap, wp, batch,

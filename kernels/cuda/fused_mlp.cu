@@ -71,8 +71,7 @@ constexpr int kDxWarps = kThreads / kWarp;
 constexpr int kDxQuads = kDxChunk / 4 / kDxWarps;  // groups of 4 n per warp per chunk
 static_assert(kDxWarps * kDxRows * kDxCols == kDxRows * kDxChunk, "the partial sums reuse the dz tile's memory");
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-__device__ __forceinline__ int64_t ceil_div_device(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // A hidden layer's weight gradient: consecutive k per thread (see linear_backward_kernel).
 constexpr int kDwPerThread = 4;
@@ -449,7 +448,7 @@ __global__ void __launch_bounds__(kThreads)
     // thread takes kDwPerThread consecutive k of one n: dz[row, n] is loaded once for all of them,
     // and a quarter of the threads (and waves of blocks) covers the matrix. Unrolled so the loads
     // of 4 rows are in flight together.
-    const int64_t groups_per_row = ceil_div_device(in, kDwPerThread);
+    const int64_t groups_per_row = ceil_div(in, kDwPerThread);
     const int64_t group = static_cast<int64_t>(block) * kThreads + threadIdx.x;
     if (group >= out * groups_per_row) return;
     const int64_t n = group / groups_per_row, k0 = group % groups_per_row * kDwPerThread;
