@@ -1,13 +1,41 @@
-// What every CUDA kernel file shares: the block size, grid sizing for grid-stride loops, and the
-// block reduction. One definition each, so a change of policy is made in one place.
+// What every CUDA kernel file shares: the launch, the block size, grid sizing for grid-stride
+// loops, and the block reduction. One definition each, so a change of policy is made in one place.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+
+#ifndef CUMULUS_CUDA_EMULATION
+#include "cumulus/core/cuda_check.h"
+#endif
 
 namespace cumulus::kernels::cuda_common {
+
+// Note [Kernel launches]
+// Every kernel in kernels/cuda is launched as launch<kernel>(grid, block, stream, args...): under
+// nvcc a triple-chevron launch followed by CUMULUS_LAUNCH_CHECK (the launch counted, a bad
+// configuration caught at the launch site); in the CPU emulation (tests/emulation/cuda_runtime.h,
+// which defines CUMULUS_CUDA_EMULATION) the emulated launch, which also records the kernel's name.
+// One syntax for both, so no launch can escape the emulated test suite: tests/CMakeLists.txt
+// refuses a kernel file with `<<<` in it, and compiles every kernel file into the emulation (a file
+// it cannot build fails the build). No dynamic shared memory: no kernel of ours uses it, and the
+// emulation does not model it.
+template <auto Kernel, typename... Args>
+void launch(dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+#ifdef CUMULUS_CUDA_EMULATION
+  (void)stream;
+  cuda_emulation::launch<Kernel>(grid, block, std::forward<Args>(args)...);
+#else
+  // (clang-format would split the chevrons)
+  // clang-format off
+  Kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+  // clang-format on
+  CUMULUS_LAUNCH_CHECK();
+#endif
+}
 
 // 256 threads: 8 warps, enough to hide latency in the memory-bound kernels we write, and a
 // multiple of every warp-level reduction below.

@@ -11,13 +11,14 @@
 // the losses and the gradient's arithmetic are f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 #include <cmath>
 
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
 
 namespace {
+
+using cuda_common::launch;
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
@@ -109,15 +110,13 @@ void cross_entropy_forward_cuda(const T* logits, const int32_t* labels, int64_t 
   // larger batches (evaluation) spread the rows over the GPU first.
   constexpr int64_t kOneBlockRows = 32 * kWarpsPerBlock;
   if (batch > 0 && batch <= kOneBlockRows) {
-    cross_entropy_forward_one_block_kernel<<<1, kWarpsPerBlock * kWarp, 0, stream>>>(logits, labels, batch, classes,
-                                                                                     scale, row_loss, loss);
-    CUMULUS_LAUNCH_CHECK();
+    launch<cross_entropy_forward_one_block_kernel<T>>(1, kWarpsPerBlock * kWarp, stream, logits, labels, batch, classes,
+                                                      scale, row_loss, loss);
     return;
   }
   if (batch > 0) {
-    cross_entropy_forward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
-        logits, labels, batch, classes, row_loss);
-    CUMULUS_LAUNCH_CHECK();
+    launch<cross_entropy_forward_kernel<T>>(blocks_for_rows(batch), kWarpsPerBlock * kWarp, stream, logits, labels,
+                                            batch, classes, row_loss);
   }
   sum_all_cuda(row_loss, batch, scale, loss, stream);
 }
@@ -126,9 +125,8 @@ template <typename T>
 void cross_entropy_backward_cuda(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
                                  const float* grad_loss, float scale, float beta, T* dlogits, cudaStream_t stream) {
   if (batch == 0) return;
-  cross_entropy_backward_kernel<<<blocks_for_rows(batch), kWarpsPerBlock * kWarp, 0, stream>>>(
-      logits, labels, batch, classes, grad_loss, scale, beta, dlogits);
-  CUMULUS_LAUNCH_CHECK();
+  launch<cross_entropy_backward_kernel<T>>(blocks_for_rows(batch), kWarpsPerBlock * kWarp, stream, logits, labels,
+                                           batch, classes, grad_loss, scale, beta, dlogits);
 }
 
 // One block: each thread takes rows tid, tid + blockDim, ...; argmax_rows's rule exactly (the
@@ -156,8 +154,8 @@ __global__ void classification_tally_kernel(const T* logits, const int32_t* labe
 template <typename T>
 void classification_tally_cuda(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                const float* batch_loss, ClassificationTotals* totals, cudaStream_t stream) {
-  classification_tally_kernel<<<1, cuda_common::kThreads, 0, stream>>>(logits, labels, rows, cols, batch_loss, totals);
-  CUMULUS_LAUNCH_CHECK();
+  launch<classification_tally_kernel<T>>(1, cuda_common::kThreads, stream, logits, labels, rows, cols, batch_loss,
+                                         totals);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                                                \

@@ -17,16 +17,13 @@
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/memory/allocator.h"
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cudnn_kernels.h"
+#include "kernels/cuda/kernels.h"
 #include "kernels/float16.h"
 
 namespace cumulus::kernels {
 
 namespace {
-
-using cuda_common::blocks_for;
-using cuda_common::kThreads;
 
 // Algorithms that want more workspace than this are taken only when nothing else works.
 constexpr std::size_t kPreferredMaxWorkspace = 256u << 20;
@@ -97,38 +94,15 @@ cudaStream_t stream_of(cudnnHandle_t handle) {
   return stream;
 }
 
-// y[n, k, i, j] += bias[k] for 16-bit y (f32 bias): one rounding per element.
-template <typename T>
-__global__ void add_bias_kernel(const float* bias, int64_t k, int64_t hw, int64_t total, T* y) {
-  CUMULUS_GRID_STRIDE_LOOP(i, total) y[i] = from_f32<T>(to_f32(y[i]) + bias[(i / hw) % k]);
-}
-
-// dbias[k] = sum over n, i, j of dy (+ beta * dbias[k]), one block per channel: a fixed order
-// (deterministic), f32 sums of 16-bit dy. Beta 0 never reads dbias.
-template <typename T>
-__global__ void bias_grad_kernel(const T* dy, int64_t n, int64_t k, int64_t hw, float beta, float* dbias) {
-  const int64_t ch = blockIdx.x;
-  float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += to_f32(dy[((i / hw) * k + ch) * hw + i % hw]);
-  s = cuda_common::block_sum(s);
-  if (threadIdx.x == 0) dbias[ch] = beta == 0.0f ? s : s + beta * dbias[ch];
-}
-
+// The 16-bit bias add and bias gradient are ours (kernels/cuda/conv.cu), on the handle's stream.
 template <typename T>
 void add_bias(cudaStream_t stream, const Conv2dGeometry& g, const float* bias, void* y) {
-  const int64_t hw = g.out_h * g.out_w, total = g.n * g.k * hw;
-  if (total == 0) return;
-  add_bias_kernel<<<blocks_for(total), kThreads, 0, stream>>>(bias, g.k, hw, total, static_cast<T*>(y));
-  CUMULUS_LAUNCH_CHECK();
+  conv2d_add_bias_cuda(bias, g.n, g.k, g.out_h * g.out_w, static_cast<T*>(y), stream);
 }
 
 template <typename T>
 void bias_grad(cudaStream_t stream, const Conv2dGeometry& g, const void* dy, float beta, float* dbias) {
-  if (g.k == 0) return;
-  CUMULUS_CHECK(g.k <= 2147483647, InvalidArgument, "conv2d: ", g.k, " output channels is too many for one grid");
-  bias_grad_kernel<<<static_cast<unsigned>(g.k), kThreads, 0, stream>>>(static_cast<const T*>(dy), g.n, g.k,
-                                                                        g.out_h * g.out_w, beta, dbias);
-  CUMULUS_LAUNCH_CHECK();
+  conv2d_bias_grad_cuda(static_cast<const T*>(dy), g.n, g.k, g.out_h * g.out_w, beta, dbias, stream);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "cumulus/tensor/dtype.h"
 #include "kernels/cpu/conv_kernels.h"
+#include "kernels/cuda/kernels.h"
 
 namespace cumulus::kernels {
 
@@ -56,14 +57,7 @@ void batch_norm_backward_training_cuda(cudnnHandle_t handle, DType dtype, const 
                                        const float* gamma, const float* save_mean, const float* save_invstd,
                                        int64_t n, int64_t c, int64_t hw, float eps, float beta_dx, void* dx,
                                        float beta_params, float* dgamma, float* dbeta);
-// Running statistics (evaluation mode; cuDNN has no backward for it): our kernels. Any of dx,
-// dgamma, dbeta may be null.
-void batch_norm_backward_inference_cuda(DType dtype, const void* x, const void* dy, const float* gamma,
-                                        const float* save_mean, const float* save_invstd, int64_t n, int64_t c,
-                                        int64_t hw, float beta_dx, void* dx, float beta_dgamma, float* dgamma,
-                                        float beta_dbeta, float* dbeta, cudaStream_t stream);
-// counter[0] += 1 (BatchNorm2d's num_batches_tracked, i32), without a host round trip.
-void increment_i32_cuda(int32_t* counter, cudaStream_t stream);
+// Evaluation mode's backward, and the num_batches_tracked counter, are kernels of our own: kernels/cuda/kernels.h.
 
 // ---- max_pool2d (kernels/cuda/cudnn_pool.cu) ----
 // CUDNN_POOLING_MAX_DETERMINISTIC, NaN propagated. cuDNN's backward reads x and y.

@@ -8,7 +8,6 @@
 // No backward: data has no gradient.
 #include <algorithm>
 
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -18,6 +17,7 @@ namespace {
 
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
+using cuda_common::launch;
 
 template <typename T>
 __device__ __forceinline__ void gather_rows(const uint8_t* images, const int32_t* labels, const int32_t* order,
@@ -65,18 +65,16 @@ template <typename T>
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
                        int64_t count, int64_t row, T* x, int32_t* y, cudaStream_t stream) {
   if (count * row == 0) return;
-  gather_batch_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, start, count,
-                                                                         row, x, y);
-  CUMULUS_LAUNCH_CHECK();
+  launch<gather_batch_kernel<T>>(blocks_for(count * row), kThreads, stream, images, labels, order, start, count, row, x,
+                                 y);
 }
 
 template <typename T>
 void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
                                  GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
                                  T* x, int32_t* y, cudaStream_t stream) {
-  gather_batch_at_cursor_kernel<<<blocks_for(count * row), kThreads, 0, stream>>>(images, labels, order, cursor,
-                                                                                   batch_size, ring, count, row, x, y);
-  CUMULUS_LAUNCH_CHECK();
+  launch<gather_batch_at_cursor_kernel<T>>(blocks_for(count * row), kThreads, stream, images, labels, order, cursor,
+                                           batch_size, ring, count, row, x, y);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                                                   \

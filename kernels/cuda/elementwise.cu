@@ -1,6 +1,5 @@
 // Elementwise ops on CUDA: one thread per element over a grid-stride loop. Where beta is 0 the
 // destination is never read.
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -11,6 +10,7 @@ namespace {
 using cuda_common::blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
+using cuda_common::launch;
 
 // Every kernel templated over T loads with to_f32 and stores with from_f32<T> (float16.h): the
 // arithmetic is f32 and a 16-bit store rounds once; for float both are the identity.
@@ -75,55 +75,47 @@ __global__ void add_vectors_kernel(VectorAdds adds) {
 template <typename T>
 void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, T* out, cudaStream_t stream) {
   if (rows * cols == 0) return;
-  broadcast_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(row, rows, cols, out);
-  CUMULUS_LAUNCH_CHECK();
+  launch<broadcast_rows_kernel<T>>(blocks_for(rows * cols), kThreads, stream, row, rows, cols, out);
 }
 
 template <typename T>
 void relu_forward_cuda(const T* x, T* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  relu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  CUMULUS_LAUNCH_CHECK();
+  launch<relu_forward_kernel<T>>(blocks_for(n), kThreads, stream, x, y, n);
 }
 
 template <typename T>
 void relu_backward_cuda(const T* y, const T* dy, float beta, T* dx, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, dy, beta, dx, n);
-  CUMULUS_LAUNCH_CHECK();
+  launch<relu_backward_kernel<T>>(blocks_for(n), kThreads, stream, y, dy, beta, dx, n);
 }
 
 void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, value, n);
-  CUMULUS_LAUNCH_CHECK();
+  launch<fill_kernel>(blocks_for(n), kThreads, stream, out, value, n);
 }
 
 void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
                            cudaStream_t stream) {
   if (n == 0) return;
-  fill_from_scalar_kernel<<<blocks_for(n), kThreads, 0, stream>>>(scalar, scale, beta, out, n);
-  CUMULUS_LAUNCH_CHECK();
+  launch<fill_from_scalar_kernel>(blocks_for(n), kThreads, stream, scalar, scale, beta, out, n);
 }
 
 template <typename T>
 void accumulate_cuda(const T* x, float beta, T* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  accumulate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, beta, y, n);
-  CUMULUS_LAUNCH_CHECK();
+  launch<accumulate_kernel<T>>(blocks_for(n), kThreads, stream, x, beta, y, n);
 }
 
 template <typename From, typename To>
 void convert_cuda(const From* x, To* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  convert_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  CUMULUS_LAUNCH_CHECK();
+  launch<convert_kernel<From, To>>(blocks_for(n), kThreads, stream, x, y, n);
 }
 
 void add_vectors_cuda(const VectorAdds& adds, cudaStream_t stream) {
   if (adds.count == 0) return;
-  add_vectors_kernel<<<static_cast<unsigned>(adds.count), kThreads, 0, stream>>>(adds);
-  CUMULUS_LAUNCH_CHECK();
+  launch<add_vectors_kernel>(static_cast<unsigned>(adds.count), kThreads, stream, adds);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                            \

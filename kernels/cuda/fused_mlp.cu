@@ -34,7 +34,6 @@
 #include <climits>
 #include <cmath>
 
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -44,6 +43,7 @@ namespace {
 
 using cuda_common::blend;
 using cuda_common::kThreads;
+using cuda_common::launch;
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -492,8 +492,7 @@ void fused_linear_forward_cuda(const float* x, const float* w, const float* b, i
   if (batch <= 0 || out <= 0) return;
   const int64_t feature_tiles = ceil_div(out, kFwdFeatures);
   const unsigned blocks = grid_size(feature_tiles * ceil_div(batch, kTileRows), "fused_linear_forward");
-  linear_forward_kernel<<<blocks, kFwdThreads, 0, stream>>>(x, w, b, batch, in, out, relu, y, feature_tiles);
-  CUMULUS_LAUNCH_CHECK();
+  launch<linear_forward_kernel>(blocks, kFwdThreads, stream, x, w, b, batch, in, out, relu, y, feature_tiles);
 }
 
 void fused_head_forward_cuda(const float* h, const float* w, const float* b, const int32_t* labels, int64_t batch,
@@ -503,9 +502,8 @@ void fused_head_forward_cuda(const float* h, const float* w, const float* b, con
                 " classes (1 to ", kFusedMaxClasses, " supported)");
   // At least one block, so that an empty batch still writes loss = 0 (as sum_all_cuda does).
   const unsigned blocks = grid_size(std::max<int64_t>(1, ceil_div(batch, kTileRows)), "fused_head_forward");
-  head_forward_kernel<<<blocks, kThreads, 0, stream>>>(h, w, b, labels, batch, in, classes, scale, probs, row_loss,
-                                                       loss, arrival_counter);
-  CUMULUS_LAUNCH_CHECK();
+  launch<head_forward_kernel>(blocks, kThreads, stream, h, w, b, labels, batch, in, classes, scale, probs, row_loss,
+                              loss, arrival_counter);
 }
 
 void fused_head_backward_cuda(const float* probs, const int32_t* labels, const float* grad_loss, float scale,
@@ -518,10 +516,9 @@ void fused_head_backward_cuda(const float* probs, const int32_t* labels, const f
   const int64_t db_blocks = element_blocks(grads.db, classes);
   const int64_t blocks = dx_blocks + dw_blocks + db_blocks;
   if (blocks == 0) return;
-  head_backward_kernel<<<grid_size(blocks, "fused_head_backward"), kThreads, 0, stream>>>(
-      probs, labels, grad_loss, scale, h, w, batch, in, classes, grads, static_cast<unsigned>(dx_blocks),
-      static_cast<unsigned>(dw_blocks));
-  CUMULUS_LAUNCH_CHECK();
+  launch<head_backward_kernel>(grid_size(blocks, "fused_head_backward"), kThreads, stream, probs, labels, grad_loss,
+                               scale, h, w, batch, in, classes, grads, static_cast<unsigned>(dx_blocks),
+                               static_cast<unsigned>(dw_blocks));
 }
 
 void fused_linear_backward_cuda(const float* dz, const float* x, const float* w, int64_t batch, int64_t in, int64_t out,
@@ -532,9 +529,8 @@ void fused_linear_backward_cuda(const float* dz, const float* x, const float* w,
   const int64_t db_blocks = element_blocks(grads.db, out);
   const int64_t blocks = dx_blocks + dw_blocks + db_blocks;
   if (blocks == 0) return;
-  linear_backward_kernel<<<grid_size(blocks, "fused_linear_backward"), kThreads, 0, stream>>>(
-      dz, x, w, batch, in, out, grads, static_cast<unsigned>(dx_blocks), static_cast<unsigned>(dw_blocks), col_tiles);
-  CUMULUS_LAUNCH_CHECK();
+  launch<linear_backward_kernel>(grid_size(blocks, "fused_linear_backward"), kThreads, stream, dz, x, w, batch, in, out,
+                                 grads, static_cast<unsigned>(dx_blocks), static_cast<unsigned>(dw_blocks), col_tiles);
 }
 
 }  // namespace cumulus::kernels

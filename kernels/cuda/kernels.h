@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cumulus/tensor/dtype.h"
 #include "kernels/float16.h"
 #include "kernels/metrics.h"
 
@@ -223,5 +224,33 @@ template <typename T>
 void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
                                  GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
                                  T* x, int32_t* y, cudaStream_t stream);
+
+}  // namespace cumulus::kernels
+
+namespace cumulus::kernels {
+
+// ---- kernels of our own beside cuDNN's convolution and batch norm (kernels/cuda/conv.cu,
+// kernels/cuda/batch_norm.cu; the cuDNN calls are declared in kernels/cuda/cudnn_kernels.h) ----
+
+// y [n, k, hw] += bias[k] (f32 bias), stored as T: the 16-bit conv's bias, which cuDNN adds only in
+// the data's type.
+template <typename T>
+void conv2d_add_bias_cuda(const float* bias, int64_t n, int64_t k, int64_t hw, T* y, cudaStream_t stream);
+// dbias[k] = sum over n, hw of dy + beta * dbias[k], summed in f32 in a fixed order.
+template <typename T>
+void conv2d_bias_grad_cuda(const T* dy, int64_t n, int64_t k, int64_t hw, float beta, float* dbias,
+                           cudaStream_t stream);
+
+// Evaluation mode: save_mean = running_mean, save_invstd = 1 / sqrt(running_var + eps).
+void batch_norm_save_running_stats_cuda(const float* running_mean, const float* running_var, int64_t c, float eps,
+                                        float* save_mean, float* save_invstd, cudaStream_t stream);
+// Evaluation mode's backward with the running statistics (cuDNN has none): x, dy, dx [n, c, hw] in
+// `dtype`; any of dx, dgamma, dbeta may be null. batch_norm_backward_cpu with training false.
+void batch_norm_backward_inference_cuda(DType dtype, const void* x, const void* dy, const float* gamma,
+                                        const float* save_mean, const float* save_invstd, int64_t n, int64_t c,
+                                        int64_t hw, float beta_dx, void* dx, float beta_dgamma, float* dgamma,
+                                        float beta_dbeta, float* dbeta, cudaStream_t stream);
+// counter[0] += 1 (BatchNorm2d's num_batches_tracked, i32), without a host round trip.
+void increment_i32_cuda(int32_t* counter, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

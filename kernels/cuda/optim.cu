@@ -9,7 +9,6 @@
 //       kernels/optim_rules.h, shared with the CPU.
 // One launch updates every parameter of the model (PyTorch's multi-tensor apply, made trivial by
 // the flat layout of FlatParameters).
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/optim_rules.h"
@@ -21,6 +20,7 @@ namespace {
 using cuda_common::block_sum;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
+using cuda_common::launch;
 
 __global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepBuffers* buf, StepConfig config,
                                              const float* lr_table) {
@@ -108,43 +108,36 @@ constexpr int kSumSquaresPartials = 256;
 int sum_squares_partials() { return kSumSquaresPartials; }
 
 void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream) {
-  sum_squares_stage1<<<kSumSquaresPartials, kThreads, 0, stream>>>(x, n, partials);
-  CUMULUS_LAUNCH_CHECK();
-  sum_squares_stage2<<<1, kThreads, 0, stream>>>(partials, kSumSquaresPartials, out);
-  CUMULUS_LAUNCH_CHECK();
+  launch<sum_squares_stage1>(kSumSquaresPartials, kThreads, stream, x, n, partials);
+  launch<sum_squares_stage2>(1, kThreads, stream, partials, kSumSquaresPartials, out);
 }
 
 void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, const StepConfig& config,
                                      const float* lr_table, cudaStream_t stream) {
   const unsigned blocks = config.need_norm ? StepBuffers::kNormPartials : 1;
-  grad_norm_and_prepare_kernel<<<blocks, kThreads, 0, stream>>>(grad, n, buffers, config, lr_table);
-  CUMULUS_LAUNCH_CHECK();
+  launch<grad_norm_and_prepare_kernel>(blocks, kThreads, stream, grad, n, buffers, config, lr_table);
 }
 
 void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_t stream) {
-  set_step_kernel<<<1, 1, 0, stream>>>(&buffers->state, grad_scale, lr);
-  CUMULUS_LAUNCH_CHECK();
+  launch<set_step_kernel>(1, 1, stream, &buffers->state, grad_scale, lr);
 }
 
 void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream) {
-  record_micro_batch_kernel<<<1, 1, 0, stream>>>(&buffers->state, loss, samples);
-  CUMULUS_LAUNCH_CHECK();
+  launch<record_micro_batch_kernel>(1, 1, stream, &buffers->state, loss, samples);
 }
 
 void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
                      float momentum, float dampening, bool nesterov, float weight_decay, cudaStream_t stream) {
   if (n == 0) return;
-  sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, grad, momentum_buf, n, &buffers->state, momentum,
-                                                            dampening, nesterov, weight_decay);
-  CUMULUS_LAUNCH_CHECK();
+  launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, &buffers->state, momentum,
+                            dampening, nesterov, weight_decay);
 }
 
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
                        float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
   if (n == 0) return;
-  adamw_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, grad, m, v, n, &buffers->state, beta1, beta2, eps,
-                                                              weight_decay);
-  CUMULUS_LAUNCH_CHECK();
+  launch<adamw_update_kernel>(blocks_for(n), kThreads, stream, w, grad, m, v, n, &buffers->state, beta1, beta2, eps,
+                              weight_decay);
 }
 
 }  // namespace cumulus::kernels

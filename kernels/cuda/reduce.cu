@@ -8,7 +8,6 @@
 // x may be stored in 16 bits (to_f32 loads it); the sums and comparisons are f32.
 #include <algorithm>
 
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -17,6 +16,7 @@ namespace cumulus::kernels {
 namespace {
 
 using cuda_common::kThreads;
+using cuda_common::launch;
 
 template <typename T>
 __global__ void sum_rows_kernel(const T* x, int64_t rows, int64_t cols, float beta, float* out) {
@@ -51,20 +51,17 @@ inline unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads -
 template <typename T>
 void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream) {
   if (cols == 0) return;
-  sum_rows_kernel<<<blocks(cols), kThreads, 0, stream>>>(x, rows, cols, beta, out);
-  CUMULUS_LAUNCH_CHECK();
+  launch<sum_rows_kernel<T>>(blocks(cols), kThreads, stream, x, rows, cols, beta, out);
 }
 
 void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream_t stream) {
-  sum_all_kernel<<<1, kThreads, 0, stream>>>(x, n, scale, out);
-  CUMULUS_LAUNCH_CHECK();
+  launch<sum_all_kernel>(1, kThreads, stream, x, n, scale, out);
 }
 
 template <typename T>
 void argmax_rows_cuda(const T* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
-  argmax_rows_kernel<<<blocks(rows), kThreads, 0, stream>>>(x, rows, cols, out);
-  CUMULUS_LAUNCH_CHECK();
+  launch<argmax_rows_kernel<T>>(blocks(rows), kThreads, stream, x, rows, cols, out);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                          \

@@ -3,9 +3,7 @@
 // at shapes with partial tiles, several K chunks and several n chunks, beta 0 over NaN (never read),
 // beta 1 accumulating, the ReLU mask on and off, a missing gradient, a label out of range, the
 // arrival counter left at 0, the loss in cross-entropy's summation order, and the same bits run to
-// run. The build compiles this file and the rewritten kernels with `kernels` renamed (CMake), so
-// nothing here can collide with the engine's real launchers. On a GPU, tests/test_fused_mlp.cpp
-// runs the compiled kernels themselves.
+// run. On a GPU, tests/test_fused_mlp.cpp runs the compiled kernels themselves.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,36 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "cumulus/tensor/random.h"
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "tests/emulated/emulated.h"
 
 namespace cumulus::testing {
 namespace {
 
 using kernels::FusedGradients;
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> random_values(int64_t n, float lo, float hi, uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  Generator gen(seed);
-  gen.fill_uniform(v.data(), n, lo, hi);
-  return v;
-}
-
-// |got - want| <= 1e-5 (1 + |want|) everywhere, NaN where the reference is NaN.
-void expect_close(const std::vector<float>& got, const std::vector<double>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(want[i])) {
-      ASSERT_TRUE(std::isnan(got[i])) << what << " at " << i;
-      continue;
-    }
-    ASSERT_LE(std::abs(got[i] - want[i]), 1e-5 * (1 + std::abs(want[i]))) << what << " at " << i << ": " << got[i]
-                                                                          << " vs " << want[i];
-  }
-}
-
 std::string shape_name(int64_t batch, int64_t in, int64_t out) {
   return "batch " + std::to_string(batch) + ", " + std::to_string(in) + " -> " + std::to_string(out);
 }
@@ -123,16 +98,10 @@ TEST(FusedKernelsEmulated, HeadForwardMatchesTheReferenceAndCrossEntropysSum) {
         }
         expect_close(hd.probs, probs, "softmax");
         expect_close(hd.row_loss, rows, "row losses");
-        expect_close({hd.loss}, {total * hd.scale}, "loss");
-        // The sum of the row losses is cross_entropy_forward_cuda's: block_sum_all over 256 threads.
+        expect_close(std::vector<float>{hd.loss}, {total * hd.scale}, "loss");
+        // The sum of the row losses is cross_entropy_forward_cuda's, whose sum is sum_all_cuda's.
         float reference_sum = kNaN;
-        cumulus_emulate_launch(
-            [](const float* x, int64_t n, float scale, float* out) {
-              const float t = kernels::cuda_common::block_sum_all(x, n);
-              if (threadIdx.x == 0) out[0] = scale * t;
-            },
-            1u, kernels::cuda_common::kThreads, static_cast<const float*>(hd.row_loss.data()), batch, hd.scale,
-            &reference_sum);
+        kernels::sum_all_cuda(hd.row_loss.data(), batch, hd.scale, &reference_sum, nullptr);
         EXPECT_EQ(std::memcmp(&reference_sum, &hd.loss, sizeof(float)), 0) << hd.loss << " vs " << reference_sum;
       }
 }
