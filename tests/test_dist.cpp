@@ -58,6 +58,36 @@ TEST(DataParallel, SingleWorldIsTheIdentity) {
   EXPECT_NO_THROW(dist::check_same_settings(*comm, {{"lr", "0.1"}}));
 }
 
+// Item 1 of issue 26: the device rule refuses a node with more ranks than GPUs on every one of its
+// ranks (NCCL would refuse two ranks on one GPU only inside the first backward), naming both counts.
+TEST(DataParallel, EachRankOfANodeGetsAGpuOfItsOwnOrAnErrorNamingRanksAndDevices) {
+  EXPECT_EQ(dist::device_for_local_rank(0, 1, 1), 0);
+  EXPECT_EQ(dist::device_for_local_rank(1, 2, 2), 1);
+  EXPECT_EQ(dist::device_for_local_rank(2, 3, 8), 2);
+  auto message = [](int local_rank, int local_ranks, int devices) {
+    try {
+      dist::device_for_local_rank(local_rank, local_ranks, devices);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  // Every rank of the node, the first one included: not only those past the last GPU.
+  for (int local_rank : {0, 1})
+    EXPECT_EQ(message(local_rank, 2, 1),
+              "2 ranks run on this node but it has 1 CUDA device: each rank needs a GPU of its own (NCCL refuses "
+              "two ranks on one GPU)");
+  EXPECT_NE(message(0, 3, 2).find("3 ranks run on this node but it has 2 CUDA devices"), std::string::npos);
+  EXPECT_NE(message(0, 1, 0).find("1 rank runs on this node but it has no CUDA devices"), std::string::npos);
+  EXPECT_NE(message(2, 2, 4).find("local rank 2 of 2"), std::string::npos) << "a rank outside its node";
+}
+
+TEST(DataParallel, AProblemOfAnyRankIsNamedWithItsRank) {
+  auto comm = dist::Communicator::single();
+  EXPECT_EQ(dist::problem_of_any_rank(*comm, ""), "");
+  EXPECT_EQ(dist::problem_of_any_rank(*comm, "too few GPUs"), "rank 0: too few GPUs");
+}
+
 // A world of two in one process: enough for the Accumulator's guards, which never communicate.
 class PretendWorld : public dist::Communicator {
  public:
@@ -297,6 +327,26 @@ TEST_F(MpiRunTest, EffectiveBatchThatDoesNotDivideIsAUsageError) {
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("--effective-batch 64 is not a multiple of --batch-size 16 x 3 rank(s) = 48"), std::string::npos)
       << r.out;
+}
+
+// Item 1 of issue 26 on a machine with GPUs: one rank more than the node has GPUs is a usage error
+// before any work (no data read, no epoch), said once by rank 0, naming the ranks and the devices.
+TEST_F(MpiRunTest, MoreRanksThanGpusIsAUsageErrorBeforeAnyWork) {
+  const int gpus = cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA GPU: the app never picks a device per rank";
+  if (!dist::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  const int ranks = gpus + 1;
+  const Result r =
+      launch(ranks, "--data " + quote(path("data")) + " --device cuda --quiet --epochs 1 --batch-size 16 "
+                    "--effective-batch " + std::to_string(16 * ranks));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  const std::string expected = std::to_string(ranks) + " ranks run on this node but it has " + std::to_string(gpus) +
+                               " CUDA device" + (gpus == 1 ? "" : "s");
+  const std::size_t at = r.out.find(expected);
+  EXPECT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(expected, at + 1), std::string::npos) << "said more than once: " << r.out;
+  EXPECT_EQ(r.out.find("NCCL: "), std::string::npos) << "reached NCCL: " << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
 }
 
 // A rank killed mid-run: the job ends on every rank (not a hang), the launcher names the rank, and

@@ -21,6 +21,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/threads.h"
@@ -58,8 +60,9 @@ void on_signal(int sig) {
 int exit_code_for(int sig) { return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 141; }
 const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stdout closed"; }
 
-// A usage error every rank finds at once (ranks started with different settings): rank 0 says it,
-// and the ranks end together.
+// A usage error every rank finds at once (ranks started with different settings, or a problem one
+// rank found and dist::problem_of_any_rank told every rank of): rank 0 says it, and the ranks end
+// together.
 struct SameOnEveryRank : UsageFailure {
   using UsageFailure::UsageFailure;
 };
@@ -467,6 +470,29 @@ std::string rank_path(const std::string& path, int rank) {
   return path.substr(0, dot) + suffix + path.substr(dot);
 }
 
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("unknown");
+}
+
+// One GPU per rank on each node: the rank's place among the node's ranks (--device auto or cuda;
+// an explicit cuda:N is taken as given on every rank, for launchers that give each rank its own
+// CUDA_VISIBLE_DEVICES). Returns this rank's problem ("" if none) instead of throwing, so that
+// every rank can learn of it and all stop together.
+std::string choose_rank_device(Options& o, const dist::Communicator& comm) {
+  if (!o.resolved_device.is_cuda() || (o.device != "auto" && o.device != "cuda")) return "";
+  const int devices = cuda_device_count();
+  try {
+    o.resolved_device = Device::cuda(dist::device_for_local_rank(comm.local_rank(), comm.local_size(), devices));
+    return "";
+  } catch (const InvalidArgument& e) {
+    const std::string n = std::to_string(devices);
+    return "host " + host_name() + ": " + e.what() + "; start at most " + n + " per node (mpirun -npernode " + n +
+           "), or give --device cpu (or --device cuda:0 where each rank sees a GPU of its own through "
+           "CUDA_VISIBLE_DEVICES)";
+  }
+}
+
 // Data parallel setup, before any file is touched: the ranks' roles and outputs, the device of
 // each rank, the accumulation steps from --effective-batch, and the check that every rank was
 // started with the same settings (a usage error on every rank, naming the setting, if not).
@@ -492,9 +518,10 @@ void run_data_parallel_setup(Options& o, dist::Communicator& comm) {
   if (o.resolved_device.is_cuda()) {
     if (o.graphs == "on") throw UsageFailure("--graphs on: CUDA graphs with several ranks are not supported yet");
     o.use_graphs = false;
-    if (o.device == "auto" || o.device == "cuda")  // one GPU per rank on each host
-      o.resolved_device = Device::cuda(comm.local_rank() % cuda_device_count());
   }
+  // Before any work: NCCL would refuse two ranks on one GPU only in the first backward.
+  if (const std::string problem = dist::problem_of_any_rank(comm, choose_rank_device(o, comm)); !problem.empty())
+    throw SameOnEveryRank(problem);
   if (!g_root) {
     o.checkpoint_path.clear();
     o.save_path.clear();

@@ -222,7 +222,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "Directory with the four Fashion-MNIST IDX files (.gz or plain). Default: $CUMULUS_DATA, "
                  "./data/fashion-mnist, ../shared/data/fashion-mnist, else downloaded into ./data/fashion-mnist "
                  "and verified by SHA-256");
-  app.add_option("--device", o.device, "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N")
+  app.add_option("--device", o.device,
+                 "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N. Under mpirun, auto and cuda give "
+                 "each rank of a node a GPU of its own (more ranks than GPUs on a node is refused); cuda:N is "
+                 "taken as given on every rank")
       ->capture_default_str();
   app.add_option("--model", o.model,
                  "mlp: the seed's 784-512-512-10 MLP; cnn: conv-BN-ReLU-pool x 2, then 3136-128-10. Batch norm "

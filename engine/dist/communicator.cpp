@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "cumulus/core/error.h"
 
@@ -84,6 +86,24 @@ std::string transports_text() {
   std::string s = "MPI: not compiled";
 #endif
   return s + (nccl_compiled() ? ", NCCL: compiled" : ", NCCL: not compiled");
+}
+
+int device_for_local_rank(int local_rank, int local_ranks, int device_count) {
+  CUMULUS_CHECK(local_ranks > 0 && local_rank >= 0 && local_rank < local_ranks, InvalidArgument,
+                "device_for_local_rank: local rank ", local_rank, " of ", local_ranks);
+  CUMULUS_CHECK(local_ranks <= device_count, InvalidArgument, local_ranks, local_ranks == 1 ? " rank runs" : " ranks run",
+                " on this node but it has ", device_count == 0 ? "no" : std::to_string(device_count), " CUDA device",
+                device_count == 1 ? "" : "s", ": each rank needs a GPU of its own (NCCL refuses two ranks on one GPU)");
+  return local_rank;
+}
+
+std::string problem_of_any_rank(Communicator& comm, const std::string& mine) {
+  if (comm.world_size() == 1) return mine.empty() ? mine : "rank 0: " + mine;
+  const std::vector<std::string> all = comm.gather_to_root(mine);  // empty except at the root
+  std::string first;
+  for (std::size_t r = 0; r < all.size() && first.empty(); ++r)
+    if (!all[r].empty()) first = "rank " + std::to_string(r) + ": " + all[r];
+  return comm.broadcast_from_root(first);
 }
 
 void check_same_settings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings) {

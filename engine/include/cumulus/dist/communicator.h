@@ -98,6 +98,19 @@ class Communicator {
   Stats stats_;
 };
 
+// The CUDA device of the rank that is `local_rank`-th of the `local_ranks` ranks on a node with
+// `device_count` GPUs: its own GPU, index local_rank. NCCL refuses two ranks on one GPU ("Duplicate
+// GPU detected", ncclInvalidUsage), and only inside the first reduction, after loading and a first
+// backward; so a node with more ranks than GPUs throws InvalidArgument here, naming both counts, for
+// every rank of that node.
+int device_for_local_rank(int local_rank, int local_ranks, int device_count);
+
+// A problem any rank found, known to every rank: each passes its own (empty: none); every rank gets
+// "rank R: <problem>" for the lowest rank R that has one, or "" if none has. Lets all ranks stop
+// together with one message where one rank's error alone would end the job through abort(). A
+// collective: every rank must call it.
+std::string problem_of_any_rank(Communicator& comm, const std::string& mine);
+
 // Refuses ranks started with different settings: every rank passes its (name, value) pairs; if any
 // rank differs from rank 0, every rank throws InvalidArgument naming the first differing setting,
 // the rank and both values. A no-op in a world of one.
