@@ -336,9 +336,8 @@ TEST_F(MpiRunTest, MoreRanksThanGpusIsAUsageErrorBeforeAnyWork) {
   if (gpus == 0) GTEST_SKIP() << "no CUDA GPU: the app never picks a device per rank";
   if (!dist::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
   const int ranks = gpus + 1;
-  const Result r =
-      launch(ranks, "--data " + quote(path("data")) + " --device cuda --quiet --epochs 1 --batch-size 16 "
-                    "--effective-batch " + std::to_string(16 * ranks));
+  const std::string batches = " --batch-size 16 --effective-batch " + std::to_string(16 * ranks);
+  const Result r = launch(ranks, "--data " + quote(path("data")) + " --device cuda --quiet --epochs 1" + batches);
   EXPECT_EQ(r.exit_code, 2) << r.out;
   const std::string expected = std::to_string(ranks) + " ranks run on this node but it has " + std::to_string(gpus) +
                                " CUDA device" + (gpus == 1 ? "" : "s");

@@ -91,9 +91,10 @@ std::string transports_text() {
 int device_for_local_rank(int local_rank, int local_ranks, int device_count) {
   CUMULUS_CHECK(local_ranks > 0 && local_rank >= 0 && local_rank < local_ranks, InvalidArgument,
                 "device_for_local_rank: local rank ", local_rank, " of ", local_ranks);
-  CUMULUS_CHECK(local_ranks <= device_count, InvalidArgument, local_ranks, local_ranks == 1 ? " rank runs" : " ranks run",
-                " on this node but it has ", device_count == 0 ? "no" : std::to_string(device_count), " CUDA device",
-                device_count == 1 ? "" : "s", ": each rank needs a GPU of its own (NCCL refuses two ranks on one GPU)");
+  CUMULUS_CHECK(local_ranks <= device_count, InvalidArgument, local_ranks,
+                local_ranks == 1 ? " rank runs" : " ranks run", " on this node but it has ",
+                device_count == 0 ? "no" : std::to_string(device_count), " CUDA device", device_count == 1 ? "" : "s",
+                ": each rank needs a GPU of its own (NCCL refuses two ranks on one GPU)");
   return local_rank;
 }
 
