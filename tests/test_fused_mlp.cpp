@@ -425,7 +425,7 @@ TEST(FusedMLPContext, TheFirstMicroBatchAllocatesNoWorkspace) {
   const int64_t before = alloc.stats()[MemoryCategory::workspace].allocs;
   const Tensor loss = model.loss(x, y, ops::Reduction::Sum);
   ASSERT_STREQ(loss.grad_fn()->name(), "mlp_cross_entropy");
-  EXPECT_EQ(alloc.stats()[MemoryCategory::workspace].allocs, before) << "the first fused forward made a workspace block";
+  EXPECT_EQ(alloc.stats()[MemoryCategory::workspace].allocs, before) << "the first fused forward allocated workspace";
 }
 
 #if CUMULUS_WITH_CUDA

@@ -77,7 +77,8 @@ Context::Context(int index) : index_(index) {
   DeviceGuard guard(index);
   CUMULUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   // Never freed, as the context.
-  auto* block = new Allocation(allocator_for(Device::cuda(index)).allocate(sizeof(unsigned), MemoryCategory::workspace));
+  CachingAllocator& alloc = allocator_for(Device::cuda(index));
+  auto* block = new Allocation(alloc.allocate(sizeof(unsigned), MemoryCategory::workspace));
   arrival_counter_ = static_cast<unsigned*>(block->get());
   CUMULUS_CUDA_CHECK(cudaMemsetAsync(arrival_counter_, 0, sizeof(unsigned), stream_));
 }
