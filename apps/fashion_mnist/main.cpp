@@ -811,16 +811,24 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
       const int64_t skipped = acc.skipped_steps() - skipped_before;
       const bool scaling = needs_loss_scaling(o.resolved_precision);
       const float loss_scale = scaling ? acc.loss_scale() : 1.0f;
-      // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault.
-      if (g_root && scaling && skipped > 0 && std::isfinite(train_loss) && !o.quiet)
+      // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault; at
+      // its floor (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
+      const bool at_floor = scaling && loss_scale <= ao.loss_scaling.min_scale;
+      if (g_root && scaling && skipped > 0 && std::isfinite(train_loss) && !at_floor && !o.quiet)
         say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
             static_cast<long long>(skipped), loss_scale_text(loss_scale).c_str());
-      else if (g_root && (skipped > 0 || !std::isfinite(train_loss)))
+      else if (g_root && (skipped > 0 || !std::isfinite(train_loss))) {
+        const std::string floor_note = at_floor && skipped > 0 ? "; fp16's loss scale holds at its floor of " +
+                                                                     loss_scale_text(ao.loss_scaling.min_scale) +
+                                                                     ", so these gradients overflow unscaled"
+                                                               : "";
         std::fprintf(stderr,
                      "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                      "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
-                     "--clip-grad-norm)\n",
-                     epoch + 1, static_cast<long long>(skipped), train_loss);
+                     "--clip-grad-norm%s)%s\n",
+                     epoch + 1, static_cast<long long>(skipped), train_loss, scaling ? " or --precision bf16" : "",
+                     floor_note.c_str());
+      }
 
       EvalResult r;
       try {

@@ -248,8 +248,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
                  "GEMMs on 16-bit copies of the weights with f32 accumulation; weights, gradient buffers, optimizer "
                  "state, the loss and batch-norm statistics stay f32 (mixed precision). fp16 adds dynamic loss "
-                 "scaling: a step whose gradients overflow is skipped and halves the scale, 2000 clean steps double "
-                 "it. On CUDA bf16 needs compute capability 8.0, fp16 7.0")
+                 "scaling: a step whose gradients overflow is skipped and halves the scale (it holds at its floor "
+                 "of 1, and an epoch that still overflows there is warned about), 2000 clean steps double it. On "
+                 "CUDA bf16 needs compute capability 8.0, fp16 7.0")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--kernels", o.kernels,
