@@ -125,7 +125,8 @@ class Accumulator {
   // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so far
   // started while a backward was still running (the rest started at the step).
   std::size_t gradient_buckets() const { return buckets_.size(); }
-  const dist::Communicator* communicator() const { return options_.communicator.get(); }
+  // Not part of the Accumulator's state: collectives and timing change it, not the accumulation.
+  dist::Communicator* communicator() const { return options_.communicator.get(); }
   int64_t buckets_started_in_backward() const { return buckets_in_backward_; }
 
   // Everything a checkpoint needs to resume exactly at a group boundary.
