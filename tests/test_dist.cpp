@@ -18,8 +18,8 @@
 
 #include "cumulus/core/timer.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/memory/tracker.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/accumulator.h"
