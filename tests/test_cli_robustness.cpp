@@ -6,12 +6,12 @@
 //   3 crashes (deep JSON)      6 silent or late write failures 9 messages that say what and where
 // The app runs on small generated IDX files (toy_dataset.h), on the CPU.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -440,8 +440,8 @@ TEST(FusedMLPContext, ACaptureMayBeTheFirstToRunTheOp) {
   NoGradGuard no_grad;
   Tensor captured;
   cuda::Graph graph;
-  ASSERT_NO_THROW(graph = cuda::Graph::capture(cuda::context(0),
-                                               [&] { captured = model.loss(x, y, ops::Reduction::Sum); }));
+  ASSERT_NO_THROW(
+      graph = cuda::Graph::capture(cuda::context(0), [&] { captured = model.loss(x, y, ops::Reduction::Sum); }));
   graph.launch();
   const std::vector<float> eager = model.loss(x, y, ops::Reduction::Sum).to_vector<float>();
   EXPECT_EQ(captured.to_vector<float>(), eager) << "the replayed loss differs from the eager one";
