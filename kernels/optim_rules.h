@@ -49,11 +49,13 @@ struct StepConfig {
   float clip_grad_norm;       // > 0: clip the normalized norm to this
   int32_t lr_table_size;      // entries of lr_table (lr for update lr_base + i); the last one holds
   // Dynamic loss scaling: 0 off (loss_scale unused); else the gradient is divided by loss_scale,
-  // a skipped group multiplies it by backoff, growth_interval clean groups in a row by growth.
+  // a skipped group multiplies it by backoff, but never below loss_scale_min, growth_interval clean
+  // groups in a row by growth, but never to infinity.
   int32_t dynamic_loss_scale;
   int32_t loss_scale_growth_interval;
   float loss_scale_growth;
   float loss_scale_backoff;
+  float loss_scale_min;  // a power of two >= the smallest normal f32, 2^-126: 1 / it is finite
 };
 
 // The step's device memory: the state, the per-block partial sums of the gradient's squared norm
@@ -71,6 +73,22 @@ CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double samples, double
   s.group_loss += loss;
 }
 
+// Dynamic loss scaling's rule (Note [Loss scaling] in engine/optim/accumulator.cpp), after the
+// skip decision. Powers of two times powers of two stay powers of two, so unscaling stays exact.
+// The floor and the ceiling keep the scale usable: backed off to 0, the seed would be 0 and 1 / 0
+// infinite, so every later group would be skipped; grown to infinity, every group would overflow.
+CUMULUS_HOST_DEVICE void update_loss_scale(StepState& s, const StepConfig& c) {
+  if (s.skip) {
+    const float lower = s.loss_scale * c.loss_scale_backoff;
+    s.loss_scale = lower < c.loss_scale_min ? c.loss_scale_min : lower;  // held at the floor
+    s.loss_scale_clean_steps = 0;
+  } else if (++s.loss_scale_clean_steps >= c.loss_scale_growth_interval) {
+    const float higher = s.loss_scale * c.loss_scale_growth;
+    if (std::isfinite(higher)) s.loss_scale = higher;  // else held at the largest finite power of two
+    s.loss_scale_clean_steps = 0;
+  }
+}
+
 // The step decision of Note [Device-side step] (the arithmetic of the former host-side step, so
 // results did not move): `sum_squares` is the squared L2 norm of the accumulated gradient.
 CUMULUS_HOST_DEVICE void prepare_step(StepState& s, double sum_squares, const StepConfig& c, const float* lr_table) {
@@ -86,15 +104,7 @@ CUMULUS_HOST_DEVICE void prepare_step(StepState& s, double sum_squares, const St
     else if (c.clip_grad_norm > 0.0f && norm > c.clip_grad_norm)
       clip = static_cast<float>(c.clip_grad_norm / (norm + 1e-6));
   }
-  if (c.dynamic_loss_scale) {
-    if (s.skip) {
-      s.loss_scale *= c.loss_scale_backoff;
-      s.loss_scale_clean_steps = 0;
-    } else if (++s.loss_scale_clean_steps >= c.loss_scale_growth_interval) {
-      s.loss_scale *= c.loss_scale_growth;
-      s.loss_scale_clean_steps = 0;
-    }
-  }
+  if (c.dynamic_loss_scale) update_loss_scale(s, c);
   if (s.skip) {
     s.skipped += 1;
   } else {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -289,6 +290,23 @@ TEST_F(CliRobustness, NonFiniteGradientsDuringTrainingAreReported) {
   // non-finite gradient, is skipped by the guard, and the run says so.
   const Result r = run(common() + Args{"--epochs", "1", "--lr", "1e38", "--momentum", "0.9"});
   EXPECT_NE(r.out.find("skipped for non-finite gradients"), std::string::npos) << r.out;
+}
+
+// Item 6 of issue 26: under fp16 every skipped step halves the loss scale, but it holds at its floor
+// of 1 (Note [Loss scaling]); 32 steps of which at most one is finite would otherwise take 2^16 to
+// 2^-15 or below. The run says where the scale is and why it cannot help.
+TEST_F(CliRobustness, Fp16LossScaleHoldsAtItsFloorAndTheRunSaysSo) {
+  const Result r = run(common() + Args{"--epochs", "1", "--batch-size", "8", "--precision", "fp16", "--lr", "1e38",
+                                       "--momentum", "0.9", "--metrics", path("floor.jsonl")});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("fp16's loss scale holds at its floor of 1, so these gradients overflow unscaled"),
+            std::string::npos)
+      << r.out;
+  const std::string line = read_file(path("floor.jsonl"));
+  ASSERT_FALSE(line.empty()) << "no metrics line";
+  const nlohmann::json m = nlohmann::json::parse(line.substr(0, line.find('\n')));
+  EXPECT_GE(m["skipped_steps"].get<int64_t>(), 17) << line;
+  EXPECT_EQ(m["loss_scale"].get<double>(), 1.0) << line;
 }
 
 // ---- 8. signals ----------------------------------------------------------------------------------

@@ -745,6 +745,37 @@ TEST_P(LoaderTest, HostResidentGatherReplaysFromACapturedGraph) {
     EXPECT_EQ(captured.y.to_vector<int32_t>(), reference.batch(i).y.to_vector<int32_t>()) << "replay for batch " << i;
   }
 }
+
+// Item 5 of issue 26: the staging ring comes from the compute stream's allocator, which hands out a
+// block freed there at once, while the copy stream fills it. Here the block the ring takes is
+// still to be written by the compute stream (a memset of 0xFF queued behind some 40 ms of work)
+// when the ring is made: the first fill must land after that write, or the first batches read
+// 0xFF pixels. Only a GPU can show the race.
+TEST_P(LoaderTest, HostResidentFirstFillWaitsForComputeWorkOnTheRingsMemory) {
+  if (!device().is_cuda()) GTEST_SKIP() << "the copy stream exists on CUDA only";
+  const ImageDataset on_device = make_dataset(40);
+  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  const int64_t batch = 8;
+  DataLoader reference(on_device, batch, false, 0);
+  const std::vector<float> want0 = reference.batch(0).x.to_vector<float>();
+  const std::vector<float> want1 = reference.batch(1).x.to_vector<float>();
+  allocator_for(device()).empty_cache();
+  const cudaStream_t compute = cuda::stream(device().index());
+  {
+    // The ring's image block: two slots of `batch` rows, freed below with a write still queued.
+    Tensor ring_sized = Tensor::empty(Shape{2 * batch, 784}, DType::u8, device());
+    Tensor busy = Tensor::empty(Shape{int64_t{512} << 20}, DType::u8, device());
+    for (int k = 0; k < 200; ++k)
+      ASSERT_EQ(cudaMemsetAsync(busy.raw_data(), k & 0xFF, busy.nbytes(), compute), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(ring_sized.raw_data(), 0xFF, ring_sized.nbytes(), compute), cudaSuccess);
+  }
+  DataLoader staged(on_host, batch, false, 0, device());
+  staged.seek(0);
+  staged.stage(0, 1);
+  EXPECT_EQ(staged.next(0).x.to_vector<float>(), want0) << "batch 0 was overwritten by earlier compute work";
+  staged.stage(1, 2);
+  EXPECT_EQ(staged.next(1).x.to_vector<float>(), want1) << "batch 1 was overwritten by earlier compute work";
+}
 #endif
 
 CUMULUS_INSTANTIATE_DEVICES(LoaderTest);

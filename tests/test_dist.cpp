@@ -16,14 +16,19 @@
 #include <fstream>
 #include <thread>
 
+#include "cumulus/core/timer.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "test_util.h"
 #include "toy_dataset.h"
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_context.h"
+#endif
 
 namespace {
 
@@ -56,6 +61,36 @@ TEST(DataParallel, SingleWorldIsTheIdentity) {
   EXPECT_TRUE(comm->any(true));
   EXPECT_FALSE(comm->any(false));
   EXPECT_NO_THROW(dist::check_same_settings(*comm, {{"lr", "0.1"}}));
+}
+
+// Item 1 of issue 26: the device rule refuses a node with more ranks than GPUs on every one of its
+// ranks (NCCL would refuse two ranks on one GPU only inside the first backward), naming both counts.
+TEST(DataParallel, EachRankOfANodeGetsAGpuOfItsOwnOrAnErrorNamingRanksAndDevices) {
+  EXPECT_EQ(dist::device_for_local_rank(0, 1, 1), 0);
+  EXPECT_EQ(dist::device_for_local_rank(1, 2, 2), 1);
+  EXPECT_EQ(dist::device_for_local_rank(2, 3, 8), 2);
+  auto message = [](int local_rank, int local_ranks, int devices) {
+    try {
+      dist::device_for_local_rank(local_rank, local_ranks, devices);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  // Every rank of the node, the first one included: not only those past the last GPU.
+  for (int local_rank : {0, 1})
+    EXPECT_EQ(message(local_rank, 2, 1),
+              "2 ranks run on this node but it has 1 CUDA device: each rank needs a GPU of its own (NCCL refuses "
+              "two ranks on one GPU)");
+  EXPECT_NE(message(0, 3, 2).find("3 ranks run on this node but it has 2 CUDA devices"), std::string::npos);
+  EXPECT_NE(message(0, 1, 0).find("1 rank runs on this node but it has no CUDA devices"), std::string::npos);
+  EXPECT_NE(message(2, 2, 4).find("local rank 2 of 2"), std::string::npos) << "a rank outside its node";
+}
+
+TEST(DataParallel, AProblemOfAnyRankIsNamedWithItsRank) {
+  auto comm = dist::Communicator::single();
+  EXPECT_EQ(dist::problem_of_any_rank(*comm, ""), "");
+  EXPECT_EQ(dist::problem_of_any_rank(*comm, "too few GPUs"), "rank 0: too few GPUs");
 }
 
 // A world of two in one process: enough for the Accumulator's guards, which never communicate.
@@ -115,6 +150,92 @@ TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   EXPECT_EQ(acc.micro_batches_in_group(), 4);
   EXPECT_EQ(acc.samples_in_group(), 4);  // this rank's samples; the step sums them across ranks
 }
+
+// ---- communication time (Note [Communication time]) ----------------------------------------------
+
+// A world whose reductions take a known host time, as MPI's waits do.
+class TimedWorld : public PretendWorld {
+ public:
+  TimedWorld() : PretendWorld(0, 2) {}
+  void reduce_for(std::chrono::milliseconds ms) {
+    const TimePoint start = TimePoint::now(Device::cpu());
+    std::this_thread::sleep_for(ms);
+    add_span(start, TimePoint::now(Device::cpu()));
+  }
+};
+
+// Item 6 of issue 26: the communication time is the reductions' spans, resolved when read: the
+// totals in stats(), and each step's own spans handed over once (for the memory tracker).
+TEST(CommunicationTime, StatsSumTheReductionsAndEachSpanIsTakenOnce) {
+  TimedWorld w;
+  w.reduce_for(std::chrono::milliseconds(20));
+  w.reduce_for(std::chrono::milliseconds(10));
+  const TimeSpans step = w.take_recent_spans();
+  ASSERT_EQ(step.size(), 2u);
+  EXPECT_GE(total_ms(step), 30.0);
+  EXPECT_TRUE(w.take_recent_spans().empty()) << "taken twice";
+  w.reduce_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(w.take_recent_spans().size(), 1u);
+  const double seconds = w.stats().communication_seconds;
+  EXPECT_GE(seconds, 0.035);
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ(w.stats().communication_seconds, seconds) << "resolved once";
+}
+
+TEST(CommunicationTime, UntakenSpansStayBoundedAndTheTotalCountsThemAll) {
+  TimedWorld w;
+  const std::size_t n = dist::Communicator::kMaxRecentSpans + 300;
+  for (std::size_t i = 0; i < n; ++i) w.reduce_for(std::chrono::milliseconds(0));
+  const TimeSpans kept = w.take_recent_spans();
+  EXPECT_LT(kept.size(), dist::Communicator::kMaxRecentSpans);
+  EXPECT_GE(kept.size(), 300u) << "the latest spans are kept";
+  EXPECT_GT(w.stats().communication_seconds, 0.0);
+}
+
+// The memory tracker reads a step's spans with its other times: the step record's and the trace's
+// communication figure.
+TEST(CommunicationTime, TheTrackerReadsAStepsSpans) {
+  TimedWorld w;
+  MemoryTracker tracker(Device::cpu(), MemoryTracker::Options{});
+  tracker.begin_micro_batch(0, 0, 1);  // opens the timeline window
+  tracker.end_forward();
+  tracker.end_backward();
+  tracker.begin_step();
+  w.reduce_for(std::chrono::milliseconds(20));
+  tracker.end_step(1, 0, w.take_recent_spans());
+  ASSERT_EQ(tracker.steps().size(), 1u);
+  EXPECT_GE(tracker.steps()[0].communication_ms, 20.0);
+  ASSERT_FALSE(tracker.slices().empty()) << "the first step is in the timeline";
+  EXPECT_GE(tracker.slices().back().communication_ms, 20.0);
+  const nlohmann::json trace = nlohmann::json::parse(memory_trace_json(tracker));
+  bool found = false;
+  for (const auto& e : trace["traceEvents"])
+    if (e.value("name", "") == "step") found = e["args"].value("all_reduce_ms", 0.0) >= 20.0;
+  EXPECT_TRUE(found) << trace.dump();
+}
+
+#if CUMULUS_WITH_CUDA
+// What NCCL's timing rests on: points on a stream other than the compute stream time that stream's
+// work (a reduction on the communication stream), read later.
+TEST(CommunicationTime, DevicePointsOnAnotherStreamTimeThatStreamsWork) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device d = Device::cuda(0);
+  cuda::DeviceGuard guard(0);
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  Tensor busy = Tensor::empty(Shape{int64_t{256} << 20}, DType::u8, d);
+  cuda::synchronize_stream(cuda::stream(0));  // the allocation's stream has nothing queued after this
+  const TimePoint start = TimePoint::now_on(d, side);
+  for (int k = 0; k < 20; ++k) ASSERT_EQ(cudaMemsetAsync(busy.raw_data(), k, busy.nbytes(), side), cudaSuccess);
+  const TimePoint end = TimePoint::now_on(d, side);
+  const TimePoint compute_start = TimePoint::now(d), compute_end = TimePoint::now(d);
+  const double ms = total_ms({{start, end}});
+  EXPECT_GT(ms, 0.05) << "20 memsets of 256 MiB";
+  EXPECT_LT(compute_end.ms_since(compute_start), ms) << "the compute stream had nothing to do";
+  ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+}
+#endif
 
 TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
   TinyModel m;
@@ -246,7 +367,8 @@ TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
       launch(2, common() + " --epochs 2 --metrics " + quote(path("reductions.jsonl")) + " --memory-report " +
                     quote(path("memory.json")) + " --trace " + quote(path("trace.json")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  // Each rank's own report, and the wait for the all-reduce in every step record and trace step.
+  // Each rank's own report, and the reductions' time (Note [Communication time]) in every step
+  // record and trace step, and in the metrics.
   for (const char* name : {"memory.json", "memory.rank1.json"}) {
     const nlohmann::json report = nlohmann::json::parse(read_log(path(name)));
     ASSERT_FALSE(report["steps"].empty()) << name;
@@ -257,7 +379,7 @@ TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
   for (const auto& e : trace["traceEvents"])
     if (e.value("name", "") == "step") {
       ++trace_steps;
-      EXPECT_GT(e["args"].value("all_reduce_wait_ms", 0.0), 0.0) << e.dump();
+      EXPECT_GT(e["args"].value("all_reduce_ms", 0.0), 0.0) << e.dump();
     }
   EXPECT_GT(trace_steps, 0);
   const auto lines = metrics("reductions.jsonl");
@@ -269,6 +391,7 @@ TEST_F(MpiRunTest, OneGradientReductionPerOptimizerStep) {
     steps_before = line["optimizer_steps"].get<int64_t>();
     EXPECT_EQ(steps, 16);
     EXPECT_EQ(line["gradient_reductions"].get<int64_t>(), steps) << line.dump();
+    EXPECT_GT(line.value("communication_seconds", 0.0), 0.0) << line.dump();
     EXPECT_EQ(line["world_size"].get<int>(), 2);
     EXPECT_EQ(line["accum_steps"].get<int>(), 2) << "per rank";
     // Rank 0 (which writes the metrics) runs the first micro-batch of every group, so every one of
@@ -297,6 +420,41 @@ TEST_F(MpiRunTest, EffectiveBatchThatDoesNotDivideIsAUsageError) {
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("--effective-batch 64 is not a multiple of --batch-size 16 x 3 rank(s) = 48"), std::string::npos)
       << r.out;
+}
+
+// Item 1 of issue 26 on a machine with GPUs: one rank more than the node has GPUs is a usage error
+// before any work (no data read, no epoch), said once by rank 0, naming the ranks and the devices.
+TEST_F(MpiRunTest, MoreRanksThanGpusIsAUsageErrorBeforeAnyWork) {
+  const int gpus = cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA GPU: the app never picks a device per rank";
+  if (!dist::nccl_compiled()) GTEST_SKIP() << "built without NCCL";
+  const int ranks = gpus + 1;
+  const std::string batches = " --batch-size 16 --effective-batch " + std::to_string(16 * ranks);
+  const Result r = launch(ranks, "--data " + quote(path("data")) + " --device cuda --quiet --epochs 1" + batches);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  const std::string expected = std::to_string(ranks) + " ranks run on this node but it has " + std::to_string(gpus) +
+                               " CUDA device" + (gpus == 1 ? "" : "s");
+  const std::size_t at = r.out.find(expected);
+  EXPECT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(expected, at + 1), std::string::npos) << "said more than once: " << r.out;
+  EXPECT_EQ(r.out.find("NCCL: "), std::string::npos) << "reached NCCL: " << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
+}
+
+// Item 6 of issue 26 on a machine with two GPUs or more: NCCL's reductions are timed from events on
+// the communication stream (Note [Communication time]); a host clock read about 0 for them.
+TEST_F(MpiRunTest, NcclReductionsAreTimedOnTheDevice) {
+  if (cuda_device_count() < 2 || !dist::nccl_compiled()) GTEST_SKIP() << "needs 2 CUDA GPUs and NCCL";
+  const Result r = launch(2, "--data " + quote(path("data")) +
+                                 " --device cuda --quiet --epochs 1 --batch-size 16 --effective-batch 64 --metrics " +
+                                 quote(path("nccl.jsonl")) + " --memory-report " + quote(path("nccl_memory.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = metrics("nccl.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_GT(lines[0].value("communication_seconds", 0.0), 0.0) << lines[0].dump();
+  const nlohmann::json report = nlohmann::json::parse(read_log(path("nccl_memory.json")));
+  ASSERT_FALSE(report["steps"].empty());
+  for (const auto& step : report["steps"]) EXPECT_GT(step.value("communication_ms", 0.0), 0.0) << step.dump();
 }
 
 // A rank killed mid-run: the job ends on every rank (not a hang), the launcher names the rank, and

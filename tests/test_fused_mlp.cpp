@@ -12,6 +12,9 @@
 #include "cumulus/cumulus.h"
 #include "cumulus/memory/allocator.h"
 #include "test_util.h"
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_context.h"
+#endif
 
 namespace cumulus::testing {
 namespace {
@@ -405,6 +408,45 @@ TEST(FusedMLPLaunches, SeedMLPEagerMicroBatch) {
   EXPECT_EQ(micro_batch(), 3 + 3 + 1) << "overwriting";
   EXPECT_EQ(micro_batch(), 3 + 3 + 1) << "accumulating";
 }
+
+// Item 6 of issue 26: the head kernel's arrival counter is made with the execution context. So the
+// first fused micro-batch allocates no workspace of its own, and a capture may be the first to run
+// the op (made lazily, the counter threw "made during a graph capture"). Each case runs in a process
+// of its own under ctest, so the op has not run before in it.
+TEST(FusedMLPContext, TheFirstMicroBatchAllocatesNoWorkspace) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  const Device d = Device::cuda(0);
+  Generator gen(0);
+  models::SeedMLP model(gen, d);
+  model.set_kernels(models::KernelChoice::fused);
+  const Tensor x = Tensor::full(Shape{16, 784}, 0.5f, d);
+  const Tensor y = Tensor::zeros(Shape{16}, DType::i32, d);
+  CachingAllocator& alloc = allocator_for(d);
+  const int64_t before = alloc.stats()[MemoryCategory::workspace].allocs;
+  const Tensor loss = model.loss(x, y, ops::Reduction::Sum);
+  ASSERT_STREQ(loss.grad_fn()->name(), "mlp_cross_entropy");
+  EXPECT_EQ(alloc.stats()[MemoryCategory::workspace].allocs, before) << "the first fused forward allocated workspace";
+}
+
+#if CUMULUS_WITH_CUDA
+TEST(FusedMLPContext, ACaptureMayBeTheFirstToRunTheOp) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  const Device d = Device::cuda(0);
+  Generator gen(0);
+  models::SeedMLP model(gen, d);
+  model.set_kernels(models::KernelChoice::fused);
+  const Tensor x = Tensor::full(Shape{16, 784}, 0.5f, d);
+  const Tensor y = Tensor::zeros(Shape{16}, DType::i32, d);
+  NoGradGuard no_grad;
+  Tensor captured;
+  cuda::Graph graph;
+  ASSERT_NO_THROW(
+      graph = cuda::Graph::capture(cuda::context(0), [&] { captured = model.loss(x, y, ops::Reduction::Sum); }));
+  graph.launch();
+  const std::vector<float> eager = model.loss(x, y, ops::Reduction::Sum).to_vector<float>();
+  EXPECT_EQ(captured.to_vector<float>(), eager) << "the replayed loss differs from the eager one";
+}
+#endif
 
 }  // namespace
 }  // namespace cumulus::testing

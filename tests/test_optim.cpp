@@ -1031,6 +1031,72 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   broken = mid;
   broken.loss_scale = 0.0f;
   EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
+  // A scale below the floor (saved before the floor existed) resumes at the floor.
+  Accumulator::Counters low = mid;
+  low.loss_scale = 0.25f;
+  TinyTrainer floored = make();
+  floored.acc->restore(low);
+  EXPECT_EQ(floored.acc->loss_scale(), 1.0f);
+}
+
+// Item 6 of issue 26: repeated overflow holds the scale at its floor (a power of two, never 0), and
+// the first group that is finite there steps: the run recovers by itself. Without the floor, 200
+// skipped groups took the scale from 8 to 0, and from there every group was skipped (a zero seed,
+// then 1 / 0 in the unscaling). The same at the lowest floor allowed, 2^-126.
+TEST_P(AccumulatorTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
+  const Tiny p;
+  // One sample per micro-batch and step; an infinite feature overflows at any scale.
+  auto feed = [&](TinyTrainer& t, bool overflow) {
+    std::vector<float> xv(p.x.begin(), p.x.begin() + Tiny::I);
+    if (overflow) xv[0] = INFINITY;
+    const Tensor x = Tensor::from_vector(xv, {1, Tiny::I}, device());
+    const Tensor y = Tensor::from_vector(std::vector<int32_t>{p.y[0]}, {1}, device());
+    t.acc->backward(ops::cross_entropy(ops::linear(x, t.m.w, t.m.b), y, ops::Reduction::Sum), 1);
+    return t.acc->step_if_ready();
+  };
+  for (const float floor : {1.0f, std::numeric_limits<float>::min()}) {
+    SCOPED_TRACE("floor " + std::to_string(std::ilogb(floor)));
+    LossScaling ls;
+    ls.dynamic = true;
+    ls.initial_scale = 8.0f;
+    ls.growth_interval = 2;
+    ls.min_scale = floor;
+    AccumulatorOptions ao;
+    ao.loss_scaling = ls;
+    TinyTrainer t(p, device(), 0.1f, ao);
+    constexpr int kOverflows = 200;
+    for (int k = 0; k < kOverflows; ++k) feed(t, true);
+    EXPECT_EQ(t.acc->skipped_steps(), kOverflows);
+    EXPECT_EQ(t.acc->optimizer_steps(), 0);
+    EXPECT_EQ(t.acc->loss_scale(), floor) << "held at the floor";
+    const auto weights = t.m.theta();
+    EXPECT_TRUE(feed(t, false));
+    EXPECT_EQ(t.acc->optimizer_steps(), 1) << "a finite group steps at the floor";
+    EXPECT_EQ(t.acc->skipped_steps(), kOverflows);
+    // At 2^-126 the seeded gradient is subnormal, which CUDA kernels may flush to 0: moved at 1 only.
+    if (floor == 1.0f) EXPECT_NE(t.m.theta(), weights) << "the step at the floor did not move the weights";
+    feed(t, false);
+    EXPECT_EQ(t.acc->loss_scale(), 2.0f * floor) << "growth from the floor after growth_interval clean groups";
+    feed(t, true);
+    EXPECT_EQ(t.acc->loss_scale(), floor) << "backed off to the floor again, not below";
+  }
+}
+
+// Growth stops at the largest finite power of two: an infinite scale would overflow every group.
+TEST_P(AccumulatorTest, LossScaleNeverGrowsToInfinity) {
+  const Tiny p;
+  LossScaling ls;
+  ls.dynamic = true;
+  ls.initial_scale = 0x1p126f;
+  ls.growth_interval = 1;
+  AccumulatorOptions ao;
+  ao.loss_scaling = ls;
+  TinyTrainer t(p, device(), 0.0f, ao);  // lr 0: the weights, and so the gradients, stay put
+  for (int k = 0; k < 3; ++k) {
+    t.acc->backward(t.m.loss(ops::Reduction::Sum, 0, 1), 1);
+    t.acc->step_if_ready();
+  }
+  EXPECT_EQ(t.acc->loss_scale(), 0x1p127f) << "held at 2^127";
 }
 
 TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
@@ -1060,6 +1126,21 @@ TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
   bad = LossScaling{};
   bad.initial_scale = INFINITY;
   EXPECT_THROW(make(bad), InvalidArgument);
+  // The floor: a power of two from 2^-126 (1 / it is finite) to the initial scale.
+  LossScaling floor;
+  floor.min_scale = std::numeric_limits<float>::min();
+  EXPECT_NO_THROW(make(floor));
+  for (const float v : {3.0f, 0x1p-127f, 0x1p17f, 0.0f, -1.0f}) {
+    floor.min_scale = v;
+    try {
+      make(floor);
+      ADD_FAILURE() << "floor " << v << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("must be a power of two from 2^-126 to the initial scale 65536"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   EXPECT_THROW(make({}, Normalization::micro_batches), InvalidArgument);
   EXPECT_THROW(make({}, Normalization::samples, /*skip=*/false), InvalidArgument);
 }

@@ -21,6 +21,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/threads.h"
@@ -58,8 +60,9 @@ void on_signal(int sig) {
 int exit_code_for(int sig) { return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 141; }
 const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stdout closed"; }
 
-// A usage error every rank finds at once (ranks started with different settings): rank 0 says it,
-// and the ranks end together.
+// A usage error every rank finds at once (ranks started with different settings, or a problem one
+// rank found and dist::problem_of_any_rank told every rank of): rank 0 says it, and the ranks end
+// together.
 struct SameOnEveryRank : UsageFailure {
   using UsageFailure::UsageFailure;
 };
@@ -467,6 +470,29 @@ std::string rank_path(const std::string& path, int rank) {
   return path.substr(0, dot) + suffix + path.substr(dot);
 }
 
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("unknown");
+}
+
+// One GPU per rank on each node: the rank's place among the node's ranks (--device auto or cuda;
+// an explicit cuda:N is taken as given on every rank, for launchers that give each rank its own
+// CUDA_VISIBLE_DEVICES). Returns this rank's problem ("" if none) instead of throwing, so that
+// every rank can learn of it and all stop together.
+std::string choose_rank_device(Options& o, const dist::Communicator& comm) {
+  if (!o.resolved_device.is_cuda() || (o.device != "auto" && o.device != "cuda")) return "";
+  const int devices = cuda_device_count();
+  try {
+    o.resolved_device = Device::cuda(dist::device_for_local_rank(comm.local_rank(), comm.local_size(), devices));
+    return "";
+  } catch (const InvalidArgument& e) {
+    const std::string n = std::to_string(devices);
+    return "host " + host_name() + ": " + e.what() + "; start at most " + n + " per node (mpirun -npernode " + n +
+           "), or give --device cpu (or --device cuda:0 where each rank sees a GPU of its own through "
+           "CUDA_VISIBLE_DEVICES)";
+  }
+}
+
 // Data parallel setup, before any file is touched: the ranks' roles and outputs, the device of
 // each rank, the accumulation steps from --effective-batch, and the check that every rank was
 // started with the same settings (a usage error on every rank, naming the setting, if not).
@@ -492,9 +518,10 @@ void run_data_parallel_setup(Options& o, dist::Communicator& comm) {
   if (o.resolved_device.is_cuda()) {
     if (o.graphs == "on") throw UsageFailure("--graphs on: CUDA graphs with several ranks are not supported yet");
     o.use_graphs = false;
-    if (o.device == "auto" || o.device == "cuda")  // one GPU per rank on each host
-      o.resolved_device = Device::cuda(comm.local_rank() % cuda_device_count());
   }
+  // Before any work: NCCL would refuse two ranks on one GPU only in the first backward.
+  if (const std::string problem = dist::problem_of_any_rank(comm, choose_rank_device(o, comm)); !problem.empty())
+    throw SameOnEveryRank(problem);
   if (!g_root) {
     o.checkpoint_path.clear();
     o.save_path.clear();
@@ -784,16 +811,24 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
       const int64_t skipped = acc.skipped_steps() - skipped_before;
       const bool scaling = needs_loss_scaling(o.resolved_precision);
       const float loss_scale = scaling ? acc.loss_scale() : 1.0f;
-      // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault.
-      if (g_root && scaling && skipped > 0 && std::isfinite(train_loss) && !o.quiet)
+      // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault; at
+      // its floor (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
+      const bool at_floor = scaling && loss_scale <= ao.loss_scaling.min_scale;
+      if (g_root && scaling && skipped > 0 && std::isfinite(train_loss) && !at_floor && !o.quiet)
         say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
             static_cast<long long>(skipped), loss_scale_text(loss_scale).c_str());
-      else if (g_root && (skipped > 0 || !std::isfinite(train_loss)))
+      else if (g_root && (skipped > 0 || !std::isfinite(train_loss))) {
+        const std::string floor_note = at_floor && skipped > 0 ? "; fp16's loss scale holds at its floor of " +
+                                                                     loss_scale_text(ao.loss_scaling.min_scale) +
+                                                                     ", so these gradients overflow unscaled"
+                                                               : "";
         std::fprintf(stderr,
                      "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                      "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
-                     "--clip-grad-norm)\n",
-                     epoch + 1, static_cast<long long>(skipped), train_loss);
+                     "--clip-grad-norm%s)%s\n",
+                     epoch + 1, static_cast<long long>(skipped), train_loss, scaling ? " or --precision bf16" : "",
+                     floor_note.c_str());
+      }
 
       EvalResult r;
       try {
@@ -826,7 +861,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         const dist::Communicator::Stats now = comm->stats();
         line["world_size"] = o.world_size;
         line["gradient_reductions"] = now.gradient_reductions - comm_before.gradient_reductions;
-        line["communication_wait_seconds"] = now.wait_seconds - comm_before.wait_seconds;
+        line["communication_seconds"] = now.communication_seconds - comm_before.communication_seconds;
         line["gradient_buckets"] = acc.gradient_buckets();
         line["buckets_started_in_backward"] = acc.buckets_started_in_backward() - buckets_in_backward_before;
       }
@@ -875,10 +910,11 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   write_reports(o, tracker);
   if (g_root && o.world_size > 1 && !o.quiet) {
     const dist::Communicator::Stats st = comm->stats();
-    say("data parallel: %lld gradient all-reduces (%lld transport calls, %.1f MiB per rank), %.3f s waiting for "
-        "communication\n",
+    const bool nccl = comm->backend() == "MPI+NCCL";  // Note [Communication time]
+    say("data parallel: %lld gradient all-reduces (%lld transport calls, %.1f MiB per rank), %.3f s in them (%s)\n",
         static_cast<long long>(st.gradient_reductions), static_cast<long long>(st.messages),
-        static_cast<double>(st.bytes_reduced) / (1 << 20), st.wait_seconds);
+        static_cast<double>(st.bytes_reduced) / (1 << 20), st.communication_seconds,
+        nccl ? "NCCL's device time" : "the host's wait for MPI");
   }
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }

@@ -222,7 +222,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "Directory with the four Fashion-MNIST IDX files (.gz or plain). Default: $CUMULUS_DATA, "
                  "./data/fashion-mnist, ../shared/data/fashion-mnist, else downloaded into ./data/fashion-mnist "
                  "and verified by SHA-256");
-  app.add_option("--device", o.device, "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N")
+  app.add_option("--device", o.device,
+                 "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N. Under mpirun, auto and cuda give "
+                 "each rank of a node a GPU of its own (more ranks than GPUs on a node is refused); cuda:N is "
+                 "taken as given on every rank")
       ->capture_default_str();
   app.add_option("--model", o.model,
                  "mlp: the seed's 784-512-512-10 MLP; cnn: conv-BN-ReLU-pool x 2, then 3136-128-10. Batch norm "
@@ -245,8 +248,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
                  "GEMMs on 16-bit copies of the weights with f32 accumulation; weights, gradient buffers, optimizer "
                  "state, the loss and batch-norm statistics stay f32 (mixed precision). fp16 adds dynamic loss "
-                 "scaling: a step whose gradients overflow is skipped and halves the scale, 2000 clean steps double "
-                 "it. On CUDA bf16 needs compute capability 8.0, fp16 7.0")
+                 "scaling: a step whose gradients overflow is skipped and halves the scale (it holds at its floor "
+                 "of 1, and an epoch that still overflows there is warned about), 2000 clean steps double it. On "
+                 "CUDA bf16 needs compute capability 8.0, fp16 7.0")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--kernels", o.kernels,

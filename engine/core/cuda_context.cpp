@@ -56,6 +56,11 @@ DeviceGuard::~DeviceGuard() {
 // workspace of which 8 can never be in use). The block is allocated when the first handle is made,
 // eagerly, never during a capture (an allocation there would come from the graph pool and belong
 // to that graph's lifetime).
+//
+// The arrival counter (a 4-byte device word, category workspace) is made with the context, not at
+// its first use: made lazily it was an allocation inside the first micro-batch that ran the fused
+// op (in that micro-batch's memory record and timeline, a one-off that was not the micro-batch's
+// own), and a capture of that op before any eager run threw.
 
 namespace {
 
@@ -71,6 +76,11 @@ std::atomic<int64_t> g_host_syncs{0};
 Context::Context(int index) : index_(index) {
   DeviceGuard guard(index);
   CUMULUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // Never freed, as the context.
+  CachingAllocator& alloc = allocator_for(Device::cuda(index));
+  auto* block = new Allocation(alloc.allocate(sizeof(unsigned), MemoryCategory::workspace));
+  arrival_counter_ = static_cast<unsigned*>(block->get());
+  CUMULUS_CUDA_CHECK(cudaMemsetAsync(arrival_counter_, 0, sizeof(unsigned), stream_));
 }
 
 Context& context(int index) {
@@ -96,16 +106,6 @@ void* Context::workspace() {
       new Allocation(allocator_for(Device::cuda(index_)).allocate(kWorkspaceBytes, MemoryCategory::workspace));
   workspace_ = block->get();
   return workspace_;
-}
-
-unsigned* Context::arrival_counter() {
-  if (arrival_counter_ != nullptr) return arrival_counter_;
-  CUMULUS_CHECK(!capturing(), CudaError, "arrival counter of cuda:", index_,
-                " made during a graph capture: run the work once eagerly before capturing it");
-  auto* block = new Allocation(allocator_for(Device::cuda(index_)).allocate(sizeof(unsigned), MemoryCategory::workspace));
-  arrival_counter_ = static_cast<unsigned*>(block->get());
-  CUMULUS_CUDA_CHECK(cudaMemsetAsync(arrival_counter_, 0, sizeof(unsigned), stream_));
-  return arrival_counter_;
 }
 
 cublasHandle_t Context::cublas() {

@@ -117,6 +117,13 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
 // gather. The only host wait is for a pinned buffer's previous copy before it is refilled (two
 // batches back: normally long finished, and then not counted as a host synchronization). On the
 // CPU the option means nothing: the data is already where the batches are made.
+//
+// The device ring comes from the caching allocator, which hands out a block freed on the compute
+// stream at once (Note [Caching allocator]): kernels queued before, the planner's probes for one,
+// may still be using that memory when the ring is made. The copy stream is not ordered after them
+// by the allocator, so each slot starts out consumed at the ring's allocation (its event recorded
+// on the compute stream there): the first fill of a slot waits for that work like every later one.
+// An event never recorded would not order anything: waiting for it is no wait at all.
 struct DataLoader::HostStaging {
 #if CUMULUS_WITH_CUDA
   static constexpr int kSlots = 2;
@@ -150,6 +157,8 @@ struct DataLoader::HostStaging {
     for (int k = 0; k < kSlots; ++k) {
       CUMULUS_CUDA_CHECK(cudaEventCreateWithFlags(&copied[k], cudaEventDisableTiming));
       CUMULUS_CUDA_CHECK(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming));
+      // The ring's first fill waits for this: the work queued before the ring's allocation.
+      CUMULUS_CUDA_CHECK(cudaEventRecord(consumed[k], cuda::stream(device_index)));
     }
   }
 

@@ -20,10 +20,27 @@
 //
 // Batch norm's running statistics are not reduced: each rank's see its own micro-batches (as with
 // PyTorch DDP without SyncBatchNorm) and rank 0's are saved.
+//
+// Note [Communication time]
+// The time a rank spends communicating is measured where the transport spends it. MPI (CPU memory)
+// progresses the reductions inside MPI calls, so its figure is the host's wait in wait_all(). NCCL
+// (CUDA memory) runs them as kernels on the communication stream and the host never waits for them
+// (the compute stream does, through an event), so a host clock around wait_all() reads about 0:
+// instead each NCCL reduction is bracketed by two timing events on the communication stream, and
+// its time is the device time between them, from the moment the stream reaches it (its bucket
+// written by backward, the previous reduction done) to its end, the wait for the slowest rank
+// included. Reading an event's time waits for it, so spans are kept unread: stats() resolves them
+// where the host waits anyway (the app reads it at an epoch's end), every kMaxUnresolvedSpans
+// spans those the device has finished are resolved in a batch (never waiting), and
+// take_recent_spans() hands a step's spans to the memory tracker, which reads them with its other
+// device times.
 #include "cumulus/dist/communicator.h"
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cumulus/core/error.h"
 
@@ -74,6 +91,42 @@ std::shared_ptr<Communicator> Communicator::from_environment() {
 #endif
 }
 
+namespace {
+constexpr std::size_t kMaxUnresolvedSpans = 256;  // resolved in batches, long after they ended
+}  // namespace
+
+void Communicator::add_span(const TimePoint& start, const TimePoint& end) {
+  unresolved_.emplace_back(start, end);
+  if (unresolved_.size() >= kMaxUnresolvedSpans) resolve_finished_spans();
+  // Bounded for callers that never take them (the older half goes); one taking them per step
+  // stays far below.
+  if (recent_.size() >= kMaxRecentSpans)
+    recent_.erase(recent_.begin(), recent_.begin() + static_cast<std::ptrdiff_t>(kMaxRecentSpans / 2));
+  recent_.emplace_back(start, end);
+}
+
+void Communicator::resolve_spans() {
+  stats_.communication_seconds += total_ms(unresolved_) / 1e3;
+  unresolved_.clear();
+}
+
+// Inside a step: only the spans the device has finished, oldest first (a stream finishes its
+// work in order), so that this never waits.
+void Communicator::resolve_finished_spans() {
+  std::size_t done = 0;
+  while (done < unresolved_.size() && unresolved_[done].second.reached()) ++done;
+  const auto end = unresolved_.begin() + static_cast<std::ptrdiff_t>(done);
+  stats_.communication_seconds += total_ms(TimeSpans(unresolved_.begin(), end)) / 1e3;
+  unresolved_.erase(unresolved_.begin(), end);
+}
+
+Communicator::Stats Communicator::stats() {
+  resolve_spans();
+  return stats_;
+}
+
+TimeSpans Communicator::take_recent_spans() { return std::exchange(recent_, {}); }
+
 bool mpi_compiled() { return CUMULUS_WITH_MPI != 0; }
 bool nccl_compiled() { return CUMULUS_WITH_NCCL != 0; }
 
@@ -84,6 +137,25 @@ std::string transports_text() {
   std::string s = "MPI: not compiled";
 #endif
   return s + (nccl_compiled() ? ", NCCL: compiled" : ", NCCL: not compiled");
+}
+
+int device_for_local_rank(int local_rank, int local_ranks, int device_count) {
+  CUMULUS_CHECK(local_ranks > 0 && local_rank >= 0 && local_rank < local_ranks, InvalidArgument,
+                "device_for_local_rank: local rank ", local_rank, " of ", local_ranks);
+  CUMULUS_CHECK(local_ranks <= device_count, InvalidArgument, local_ranks,
+                local_ranks == 1 ? " rank runs" : " ranks run", " on this node but it has ",
+                device_count == 0 ? "no" : std::to_string(device_count), " CUDA device", device_count == 1 ? "" : "s",
+                ": each rank needs a GPU of its own (NCCL refuses two ranks on one GPU)");
+  return local_rank;
+}
+
+std::string problem_of_any_rank(Communicator& comm, const std::string& mine) {
+  if (comm.world_size() == 1) return mine.empty() ? mine : "rank 0: " + mine;
+  const std::vector<std::string> all = comm.gather_to_root(mine);  // empty except at the root
+  std::string first;
+  for (std::size_t r = 0; r < all.size() && first.empty(); ++r)
+    if (!all[r].empty()) first = "rank " + std::to_string(r) + ": " + all[r];
+  return comm.broadcast_from_root(first);
 }
 
 void check_same_settings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings) {

@@ -1,11 +1,11 @@
 // The MPI communicator (Note [Data parallel accumulation] in communicator.cpp): MPI for the
 // processes and CPU tensors, NCCL for CUDA tensors when compiled in (one GPU per rank, the NCCL
 // id broadcast over MPI, reductions on a communication stream ordered after the compute stream by
-// events, so they overlap later kernels and the host never waits).
+// events, so they overlap later kernels and the host never waits; their time is taken from timing
+// events on that stream, Note [Communication time] in communicator.cpp).
 #if CUMULUS_WITH_MPI
 #include <mpi.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -39,8 +39,6 @@ void check_nccl(ncclResult_t code, const char* what) {
   throw DeviceError(std::string("NCCL: ") + what + " failed: " + ncclGetErrorString(code));
 }
 #endif
-
-using Clock = std::chrono::steady_clock;
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -85,10 +83,11 @@ class MpiCommunicator final : public Communicator {
   }
 
   void wait_all() override {
-    const auto t0 = Clock::now();
     if (!requests_.empty()) {
+      const TimePoint start = TimePoint::now(Device::cpu());  // MPI's time: the host's wait
       check_mpi(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
       requests_.clear();
+      add_span(start, TimePoint::now(Device::cpu()));
     }
 #if CUMULUS_WITH_NCCL
     if (nccl_pending_) {
@@ -99,7 +98,6 @@ class MpiCommunicator final : public Communicator {
       nccl_pending_ = false;
     }
 #endif
-    stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
   bool any(bool mine) override {
@@ -157,9 +155,12 @@ class MpiCommunicator final : public Communicator {
     // After the kernels queued so far (the backward that wrote this bucket), concurrent with later ones.
     CUMULUS_CUDA_CHECK(cudaEventRecord(compute_ready_, ctx.stream()));
     CUMULUS_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0));
+    // Note [Communication time]: the reduction's device time, read later.
+    const TimePoint start = TimePoint::now_on(device, comm_stream_);
     check_nccl(ncclAllReduce(data, data, static_cast<size_t>(count), type == Element::f32 ? ncclFloat32 : ncclFloat64,
                              ncclSum, nccl_, comm_stream_),
                "ncclAllReduce");
+    add_span(start, TimePoint::now_on(device, comm_stream_));
     nccl_pending_ = true;
 #else
     throw DeviceError(

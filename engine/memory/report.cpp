@@ -313,7 +313,7 @@ std::string memory_trace_json(MemoryTracker& tracker) {
     ojson args = ojson::object();
     args["epoch"] = s.epoch + 1;
     args[s.name == "step" ? "step" : "index"] = s.index;
-    if (s.communication_ms > 0.0) args["all_reduce_wait_ms"] = s.communication_ms;  // data parallel
+    if (s.communication_ms > 0.0) args["all_reduce_ms"] = s.communication_ms;  // data parallel
     events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", 1}, {"tid", 1}, {"ts", s.start_ms * 1000.0},
                       {"dur", std::max(0.0, s.end_ms - s.start_ms) * 1000.0}, {"args", args}});
   }

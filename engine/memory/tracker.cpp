@@ -142,7 +142,7 @@ void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint
   if (records_.size() < options_.max_records) {
     records_.push_back(r);
     if (times) {
-      pending_.push_back({records_.size() - 1, false, times[0], times[1], times[2], std::move(recompute_times)});
+      pending_.push_back({records_.size() - 1, false, times[0], times[1], times[2], std::move(recompute_times), {}});
       if (pending_.size() >= kMaxPendingTimes) resolve_times();
     }
   }
@@ -161,7 +161,7 @@ void MemoryTracker::begin_step() {
   in_step_ = true;
 }
 
-void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes, double communication_ms) {
+void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes, TimeSpans communication) {
   CUMULUS_CHECK(in_step_, InvalidArgument, "MemoryTracker::end_step without begin_step");
   const TimePoint t_end = TimePoint::now(device_);
   StepRecord s;
@@ -169,16 +169,16 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes, double
   s.epoch = current_.epoch;
   s.optimizer_state_bytes = optimizer_state_bytes;
   s.peak_bytes = allocator_.stats().allocated_peak;
-  s.communication_ms = communication_ms;
   const TimePoint times[3] = {t_step_start_, TimePoint(), t_end};
-  count_step(s, times);
   if (observer_->enabled) {
+    // The device caught up, the reductions included (the step's stream waited for them).
     synchronize(device_);
     sample_timeline();
     slices_.back().end_ms = host_ms();
     slices_.back().index = step;
-    slices_.back().communication_ms = communication_ms;
+    slices_.back().communication_ms = total_ms(communication);
   }
+  count_step(s, times, std::move(communication));
   in_step_ = false;
   if (!in_timeline_window()) observer_->enabled = false;
 }
@@ -193,13 +193,13 @@ void MemoryTracker::add_graph_step(int64_t step, int64_t optimizer_state_bytes) 
   count_step(s, nullptr);
 }
 
-void MemoryTracker::count_step(const StepRecord& s, const TimePoint* times) {
+void MemoryTracker::count_step(const StepRecord& s, const TimePoint* times, TimeSpans communication) {
   ++steps_seen_;
   run_peak_ = std::max(run_peak_, s.peak_bytes);
   if (steps_.size() < options_.max_records) {
     steps_.push_back(s);
     if (times) {
-      pending_.push_back({steps_.size() - 1, true, times[0], times[1], times[2], {}});
+      pending_.push_back({steps_.size() - 1, true, times[0], times[1], times[2], {}, std::move(communication)});
       if (pending_.size() >= kMaxPendingTimes) resolve_times();
     }
   }
@@ -210,6 +210,7 @@ void MemoryTracker::resolve_times() {
   for (const PendingTimes& p : pending_) {
     if (p.is_step) {
       steps_[p.record].ms = p.end.ms_since(p.start);
+      steps_[p.record].communication_ms = total_ms(p.communication);
     } else {
       records_[p.record].forward_ms = p.mid.ms_since(p.start);
       records_[p.record].backward_ms = p.end.ms_since(p.mid);

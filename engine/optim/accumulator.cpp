@@ -26,6 +26,15 @@
 //   group is skipped (weights and optimizer state untouched, counted), S is multiplied by the
 //   backoff (0.5), and the count of clean groups restarts; growth_interval clean groups in a row
 //   multiply S by the growth factor (2).
+// - S holds at a floor, LossScaling::min_scale (default 1), rather than stopping the run: without
+//   one, repeated overflow backed it off to 0, and from there every group was skipped for good
+//   (a zero seed, then 1 / 0 in the unscaling), silently. A group that still overflows at the
+//   floor is skipped and counted like any other (the app says so at the epoch's end, naming the
+//   floor), and the first group that is finite there steps: the run recovers by itself if the
+//   overflow passes. The default floor is 1 because below it the scale protects nothing from
+//   underflow; it only shrinks gradients that overflow unscaled, which a diverging run has, and a
+//   scale driven far below 1 would flush small gradients to zero for growth_interval steps per
+//   doubling on the way back. Growth likewise stops at the largest finite power of two.
 // - Every factor is a power of two, so scaling and unscaling are exact: away from overflow and
 //   underflow, a run with loss scaling gives the same bits as one without (tested).
 // The reported loss is the true loss: only the seed is scaled.
@@ -81,6 +90,10 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
                   InvalidArgument, "Accumulator: loss scaling needs powers of two (initial scale ", ls.initial_scale,
                   ", growth factor >= 1: ", ls.growth_factor, ", backoff factor < 1: ", ls.backoff_factor,
                   "), so that unscaling is exact");
+    CUMULUS_CHECK(power_of_two(ls.min_scale) && ls.min_scale >= std::numeric_limits<float>::min() &&
+                      ls.min_scale <= ls.initial_scale,
+                  InvalidArgument, "Accumulator: loss scaling's floor ", ls.min_scale,
+                  " must be a power of two from 2^-126 to the initial scale ", ls.initial_scale);
     CUMULUS_CHECK(ls.growth_interval > 0, InvalidArgument,
                   "Accumulator: loss scaling's growth interval must be > 0, got ", ls.growth_interval);
     CUMULUS_CHECK(options.normalization == Normalization::samples && options.skip_non_finite, InvalidArgument,
@@ -341,7 +354,9 @@ void Accumulator::restore(const Counters& c) {
                   InvalidArgument, "Accumulator::restore: loss scale ", c.loss_scale, " with ",
                   c.loss_scale_clean_steps, " clean steps (growth interval ", options_.loss_scaling.growth_interval,
                   ")");
-    optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale), &c.loss_scale, sizeof(c.loss_scale));
+    // Saved before the floor existed (or under a lower one): resumed where the rule now holds it.
+    const float scale = std::max(c.loss_scale, options_.loss_scaling.min_scale);
+    optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale), &scale, sizeof(scale));
     optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &c.loss_scale_clean_steps,
                                  sizeof(c.loss_scale_clean_steps));
   }
@@ -379,6 +394,7 @@ void Accumulator::launch_step() {
   config.loss_scale_growth_interval = ls.growth_interval;
   config.loss_scale_growth = ls.growth_factor;
   config.loss_scale_backoff = ls.backoff_factor;
+  config.loss_scale_min = ls.min_scale;
   const nn::FlatParameters& params = optimizer_->parameters();
   kernels::StepBuffers* buf = optimizer_->step_buffers();
   const float* grad = params.gradients().data<float>();

@@ -22,6 +22,8 @@
 // the trace shows true phases.
 #include "cumulus/optim/captured_training.h"
 
+#include <utility>
+
 #include "cumulus/core/error.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/nn/flat_parameters.h"
@@ -142,11 +144,11 @@ bool CapturedTraining::step(bool only_if_ready) {
   Optimizer& opt = acc_.optimizer();
   if (!graphs) {
     if (tracker_) tracker_->begin_step();
-    const dist::Communicator* comm = acc_.communicator();
-    const double waited_before = comm ? comm->stats().wait_seconds : 0.0;
     acc_.do_step();
-    const double communication_ms = comm ? 1e3 * (comm->stats().wait_seconds - waited_before) : 0.0;
-    if (tracker_) tracker_->end_step(acc_.attempted_steps(), opt.state_bytes(), communication_ms);
+    // The step's reductions, those started during the last backward included.
+    dist::Communicator* comm = acc_.communicator();
+    TimeSpans reductions = comm ? comm->take_recent_spans() : TimeSpans();
+    if (tracker_) tracker_->end_step(acc_.attempted_steps(), opt.state_bytes(), std::move(reductions));
     ++stats_.eager_steps;
     return true;
   }

@@ -43,8 +43,9 @@ class Context {
   static constexpr std::size_t kWorkspaceBytes = 8u << 20;
   // A device counter for kernels whose last block to finish completes the work (it counts the
   // blocks that arrived): 0 between kernels, each such kernel leaves it 0. The stream runs one
-  // kernel at a time, so they can all share it. Made, zeroed, on first use (never during a capture).
-  unsigned* arrival_counter();
+  // kernel at a time, so they can all share it. Made, zeroed, with the context (Note [Execution
+  // context]), so any capture may use it.
+  unsigned* arrival_counter() const { return arrival_counter_; }
   // Whether a graph capture is recording this context's stream (set by Graph::capture).
   bool capturing() const { return capturing_.load(std::memory_order_relaxed); }
 

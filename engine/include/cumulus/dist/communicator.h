@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cumulus/core/device.h"
+#include "cumulus/core/timer.h"
 
 namespace cumulus::dist {
 
@@ -39,7 +40,9 @@ class Communicator {
     int64_t gradient_reductions = 0;  // logical all-reduces of the gradient: one per optimizer step
     int64_t messages = 0;             // transport calls they took (buckets), plus small collectives
     int64_t bytes_reduced = 0;        // payload of the gradient reductions, per rank
-    double wait_seconds = 0.0;        // host time spent waiting for communication to finish
+    // Time in the reductions (Note [Communication time] in engine/dist/communicator.cpp): MPI's,
+    // the host's wait for them; NCCL's, their device time from events on the communication stream.
+    double communication_seconds = 0.0;
   };
 
   // The world this process belongs to: MPI's when started by mpirun/srun (OMPI_COMM_WORLD_SIZE,
@@ -89,14 +92,41 @@ class Communicator {
     stats_.gradient_reductions += 1;
     stats_.bytes_reduced += bytes;
   }
-  const Stats& stats() const { return stats_; }
+  // The counters, with communication_seconds complete: waits for reductions still running on the
+  // device, so read it where the host waits anyway (an epoch's end), not inside a step.
+  Stats stats();
+  // The reductions' spans since the last call, for a figure per step read later without waiting
+  // now (MemoryTracker::end_step). Fewer than kMaxRecentSpans are kept for it: the latest.
+  TimeSpans take_recent_spans();
+  static constexpr std::size_t kMaxRecentSpans = 1024;
 
  protected:
   Communicator(int rank, int world, int local_rank, int local_size)
       : rank_(rank), world_(world), local_rank_(local_rank), local_size_(local_size) {}
+  // A transport's reduction took from `start` to `end` (points on the host or on the device).
+  void add_span(const TimePoint& start, const TimePoint& end);
   int rank_, world_, local_rank_, local_size_;
   Stats stats_;
+
+ private:
+  void resolve_spans();
+  void resolve_finished_spans();
+  TimeSpans unresolved_;  // not yet in stats_.communication_seconds
+  TimeSpans recent_;      // not yet taken
 };
+
+// The CUDA device of the rank that is `local_rank`-th of the `local_ranks` ranks on a node with
+// `device_count` GPUs: its own GPU, index local_rank. NCCL refuses two ranks on one GPU ("Duplicate
+// GPU detected", ncclInvalidUsage), and only inside the first reduction, after loading and a first
+// backward; so a node with more ranks than GPUs throws InvalidArgument here, naming both counts, for
+// every rank of that node.
+int device_for_local_rank(int local_rank, int local_ranks, int device_count);
+
+// A problem any rank found, known to every rank: each passes its own (empty: none); every rank gets
+// "rank R: <problem>" for the lowest rank R that has one, or "" if none has. Lets all ranks stop
+// together with one message where one rank's error alone would end the job through abort(). A
+// collective: every rank must call it.
+std::string problem_of_any_rank(Communicator& comm, const std::string& mine);
 
 // Refuses ranks started with different settings: every rank passes its (name, value) pairs; if any
 // rank differs from rank 0, every rank throws InvalidArgument naming the first differing setting,

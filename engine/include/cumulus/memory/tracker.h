@@ -61,7 +61,8 @@ struct StepRecord {
   double ms = 0.0;
   int64_t optimizer_state_bytes = 0;
   int64_t peak_bytes = 0;
-  // Data parallel: host time the step spent waiting for the gradient all-reduce (0 alone).
+  // Data parallel: the time of the step's gradient reductions (0 alone): MPI's host wait, NCCL's
+  // device time (Note [Communication time] in engine/dist/communicator.cpp).
   double communication_ms = 0.0;
 };
 
@@ -105,7 +106,7 @@ struct TimelineSlice {
   int epoch = 0;      // from 0
   int64_t index = 0;  // forward, backward: the micro-batch's index in the epoch; step: the step number
   int64_t bytes = 0;  // recompute: the activations the recomputation held
-  double communication_ms = 0.0;  // step: waiting for the gradient all-reduce (data parallel)
+  double communication_ms = 0.0;  // step: its gradient reductions' time (data parallel)
 };
 
 class MemoryTracker {
@@ -135,8 +136,9 @@ class MemoryTracker {
   void end_forward();
   void end_backward();
   void begin_step();
-  // `communication_ms`: data parallel, the step's wait for the gradient all-reduce.
-  void end_step(int64_t step, int64_t optimizer_state_bytes, double communication_ms = 0.0);
+  // `communication`: data parallel, the spans of the step's gradient reductions
+  // (dist::Communicator::take_recent_spans), read with the step's other device times.
+  void end_step(int64_t step, int64_t optimizer_state_bytes, TimeSpans communication = {});
   // A micro-batch or step that ran as a CUDA graph replay (optim::CapturedTraining): nothing is
   // allocated during a replay, so its memory is what the capture measured (`captured`, with its
   // epoch and index set); it counts in the summary like any other, without times.
@@ -170,7 +172,7 @@ class MemoryTracker {
   void resolve_times();
   void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
                          std::vector<std::pair<TimePoint, TimePoint>> recompute_times = {});
-  void count_step(const StepRecord& s, const TimePoint* times);
+  void count_step(const StepRecord& s, const TimePoint* times, TimeSpans communication = {});
   void sample_timeline();
 
   Device device_;
@@ -195,6 +197,7 @@ class MemoryTracker {
     bool is_step;
     TimePoint start, mid, end;
     std::vector<std::pair<TimePoint, TimePoint>> recompute;  // device spans of recomputations
+    TimeSpans communication;                                 // a step's reductions
   };
   std::vector<PendingTimes> pending_;
   TimePoint t_start_, t_forward_end_, t_step_start_;

@@ -37,14 +37,20 @@ enum class Normalization {
 
 // Dynamic loss scaling (Note [Loss scaling] in engine/optim/accumulator.cpp), for gradients that
 // would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
-// with a non-finite gradient is skipped and halves it; growth_interval clean groups in a row double
-// it. Every factor is a power of two, so unscaling (folded into the update) is exact.
+// with a non-finite gradient is skipped and halves it, but never below min_scale (it holds there);
+// growth_interval clean groups in a row double it. Every factor is a power of two, so unscaling
+// (folded into the update) is exact.
 struct LossScaling {
   bool dynamic = false;
   float initial_scale = 65536.0f;  // 2^16, torch.amp.GradScaler's default
   int growth_interval = 2000;      // clean steps in a row before the scale grows
   float growth_factor = 2.0f;
   float backoff_factor = 0.5f;
+  // The floor: a power of two from 2^-126 (the smallest normal f32) to initial_scale. Below 1 the
+  // scale no longer keeps small gradients from underflowing: it only shrinks gradients that
+  // overflow unscaled, which a diverging run has (torch.amp.GradScaler, without a floor, goes on
+  // down; give 2^-126 for that).
+  float min_scale = 1.0f;
 };
 
 struct AccumulatorOptions {
@@ -119,7 +125,8 @@ class Accumulator {
   // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so far
   // started while a backward was still running (the rest started at the step).
   std::size_t gradient_buckets() const { return buckets_.size(); }
-  const dist::Communicator* communicator() const { return options_.communicator.get(); }
+  // Not part of the Accumulator's state: collectives and timing change it, not the accumulation.
+  dist::Communicator* communicator() const { return options_.communicator.get(); }
   int64_t buckets_started_in_backward() const { return buckets_in_backward_; }
 
   // Everything a checkpoint needs to resume exactly at a group boundary.
