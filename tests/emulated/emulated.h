@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/tensor/dtype.h"
 #include "cumulus/tensor/random.h"
 #include "kernels/float16.h"
 
@@ -33,6 +35,61 @@ std::vector<T> stored_as(const std::vector<float>& v) {
   std::vector<T> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = kernels::from_f32<T>(v[i]);
   return out;
+}
+
+// The storage types a templated launcher is instantiated for, for typed tests named after them
+// (TYPED_TEST_SUITE(Suite, StorageTypes, StorageTypeName)).
+using StorageTypes = ::testing::Types<float, BFloat16, Half>;
+struct StorageTypeName {
+  template <typename T>
+  static std::string GetName(int) {
+    return dtype_name(dtype_of<T>::value);
+  }
+};
+
+// v with one value every `stride` elements (from `first`) replaced by a value that elementwise
+// rules and conversions must get right: NaN of both signs and a signalling one, infinities, signed
+// zeros, an f32 subnormal, f16's largest finite value and its overflow threshold, bf16 ties (1 +
+// 2^-8 rounds down to even, 1 + 3 * 2^-8 up) and an f16 subnormal tie (2^-25 rounds to 0).
+inline std::vector<float> with_specials(std::vector<float> v, std::size_t stride = 7, std::size_t first = 0) {
+  const uint32_t signalling = 0x7F800001u;
+  float snan;
+  std::memcpy(&snan, &signalling, sizeof snan);
+  const float specials[] = {kNaN,    -kNaN,    kInf,      -kInf,     -0.0f,    0.0f, 1e-40f,
+                            65504.f, -65520.f, 0x1.01p0f, 0x1.03p0f, 0x1p-25f, snan};
+  constexpr std::size_t count = sizeof(specials) / sizeof(specials[0]);
+  for (std::size_t i = first, k = 0; i < v.size(); i += stride, ++k) v[i] = specials[k % count];
+  return v;
+}
+
+// x widened to f32 (exact for every T).
+template <typename T>
+std::vector<float> widened(const std::vector<T>& x) {
+  std::vector<float> out;
+  out.reserve(x.size());
+  for (const T& v : x) out.push_back(kernels::to_f32(v));
+  return out;
+}
+
+// rows x cols values in {0, 1, 2, 3}, so most rows have tied maxima, stored as T; with 6 rows and
+// 3 columns or more, the first rows hold NaN first, NaN in the middle, all NaN, +inf last, all -inf,
+// and -0 before +0 (equal) as their maximum: the cases an argmax rule must settle.
+template <typename T>
+std::vector<T> tied_rows(int64_t rows, int64_t cols, uint64_t seed) {
+  auto x = random_values(rows * cols, 0, 4, seed);
+  for (float& v : x) v = std::floor(v);
+  auto row = [&](int64_t r) { return x.begin() + r * cols; };
+  if (rows >= 6 && cols >= 3) {
+    row(0)[0] = kNaN;
+    row(1)[cols / 2] = kNaN;
+    std::fill(row(2), row(3), kNaN);
+    row(3)[cols - 1] = kInf;
+    std::fill(row(4), row(5), -kInf);
+    std::fill(row(5), row(6), -1.0f);
+    row(5)[1] = -0.0f;
+    row(5)[2] = 0.0f;
+  }
+  return stored_as<T>(x);
 }
 
 // The same bits, element by element (NaN included): where the CPU kernel fixes the order of every
