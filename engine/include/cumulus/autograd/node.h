@@ -29,8 +29,9 @@ struct Edge {
 // reading the destination, 1 adds to it.
 enum class GradientMode : uint8_t { overwrite, accumulate };
 
-// A ReLU bit mask over a node's output as cuBLASLt's RELU_AUX epilogues write it: one bit per
-// element of the output's column-major transpose, `ld` bits per sample (a multiple of 128).
+// A ReLU bit mask over a node's output in cuBLASLt's RELU_AUX layout: one bit per element of the
+// output's column-major transpose, `ld` bits per sample (a multiple of 128). No op offers one at
+// present (Note [ReLU mask across nodes] in engine/autograd/engine.cpp).
 struct ReluMask {
   const void* bits = nullptr;  // device memory; null: no mask
   int64_t ld = 0;
