@@ -122,8 +122,8 @@ class Node {
   virtual void backward(const Tensor& grad_output, std::vector<GradSink>& grad_inputs) = 0;
   // Drops saved tensors; called by the engine right after backward().
   virtual void release_saved() {}
-  // The ReLU bit mask of this node's output, when it keeps one (a fused linear+relu on CUDA),
-  // valid until its backward has run. Note [ReLU mask across nodes].
+  // The ReLU bit mask of this node's output, when it keeps one (no op does at present), valid
+  // until its backward has run. Note [ReLU mask across nodes].
   virtual ReluMask output_relu_mask() const { return {}; }
   // Whether the gradient handed to backward() already has that mask applied (set by the engine
   // just before backward()).
