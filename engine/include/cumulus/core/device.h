@@ -48,8 +48,9 @@ void check_device_available(const Device& device);
 int64_t cuda_kernel_launches();
 // The cuBLASLt epilogues cumulus uses (a Linear's bias in its forward GEMM, its bias gradient in its
 // weight-gradient GEMM) and how their calls went so far in this process: `fused` ran the GEMM with
-// the epilogue, `declined` ran the unfused kernels instead (one launch more each) because cuBLASLt
-// offered no algorithm (Note [No fused algorithm] in kernels/cuda/gemm.cu). 0 without CUDA.
+// the epilogue, `declined` ran the unfused kernels instead (more launches) because cuBLASLt
+// offered no algorithm (Note [No fused algorithm] in kernels/cuda/gemm.cu). A call recorded into a
+// graph counts when recorded, replays do not. 0 without CUDA.
 // Launch-count tests read differences of them to know which of the two outcomes each GEMM had.
 enum class CudaEpilogue { bias, bias_gradient };
 struct CudaEpilogueCalls {
