@@ -522,7 +522,7 @@ class MaskProducer final : public Node {
 };
 
 // Passes its gradient to every input; with take_offer, writes it through an offered sink and says it
-// is masked (as the next Linear's DRELU GEMM does).
+// is masked (as a consumer GEMM applying the mask would).
 class PassThrough final : public Node {
  public:
   explicit PassThrough(bool take_offer) : Node("pass_through"), take_offer_(take_offer) {}

@@ -276,6 +276,133 @@ TEST_P(FusedMLPTest, MeanReductionScalesLossAndGradients) {
   EXPECT_LT(rel_to_reference(values(leaves[1].grad()), ref.grads[1], 1.0 / 9), 1e-5);
 }
 
+// ---- NaN through the ReLU ----------------------------------------------------------------------
+// Note [ReLU epilogues and NaN] in engine/ops/linear.cpp: a NaN pre-activation stays NaN through
+// the ReLU and its gradient passes there, while a unit the ReLU cuts for every sample gets an exact
+// 0 (not 0 * NaN), on every path. So the NaN positions of every gradient are a property of the
+// model, not of the kernels that ran it.
+
+// Positions where a and b differ, a NaN matching only a NaN.
+int64_t differences(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return -1;
+  int64_t n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += std::isnan(a[i]) ? !std::isnan(b[i]) : !(a[i] == b[i]);
+  return n;
+}
+
+// The smallest |max over samples of x W^T + b| over the units, NaN units skipped: how far every
+// unit is from changing between "cut for every sample" and "passed for some", which decides the
+// NaN rows of dW. The tests ask for 1e-3, above the worst-case rounding of these sums (k eps
+// sum |x w|: about 2e-4 for the seed MLP's 784 inputs), so those rows are the same on every device.
+float unit_margin(const Tensor& x, const Tensor& w, const Tensor& b) {
+  NoGradGuard no_grad;
+  const std::vector<float> z = values(ops::linear(x.to(Device::cpu()), w.to(Device::cpu()), b.to(Device::cpu())));
+  const int64_t samples = x.size(0), units = w.size(0);
+  float margin = std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < units; ++j) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < samples; ++i) top = std::max(top, z[static_cast<std::size_t>(i * units + j)]);
+    if (!std::isnan(top)) margin = std::min(margin, std::abs(top));
+  }
+  return margin;
+}
+
+// Linear -> ReLU -> Linear -> cross-entropy (sum) three ways: the unfused ops (linear, relu), the
+// generic path as models run it (linear+relu as one op: on CUDA a cuBLASLt GEMM with the BIAS
+// epilogue), and the fused MLP op.
+enum class TwoLayerPath { linear_then_relu, linear_relu, mlp_op };
+const char* path_name(TwoLayerPath p) {
+  return p == TwoLayerPath::linear_then_relu ? "linear, relu"
+         : p == TwoLayerPath::linear_relu    ? "linear+relu"
+                                             : "mlp op";
+}
+
+Result<float> two_layer_result(const Net& net, const Batch& batch, Device device, TwoLayerPath path) {
+  const std::vector<Tensor> l = make_leaves(net, batch, device);
+  const Tensor labels = Tensor::from_vector(batch.y, Shape{batch.size}, device);
+  const Tensor loss = path == TwoLayerPath::linear_then_relu
+                          ? ops::cross_entropy(ops::linear(ops::relu(ops::linear(l[0], l[1], l[2])), l[3], l[4]),
+                                               labels, ops::Reduction::Sum)
+                          : loss_of(l, labels, path == TwoLayerPath::mlp_op);
+  Result<float> r;
+  r.loss = loss.item();
+  loss.backward();
+  for (const Tensor& t : l) r.grads.push_back(values(t.grad()));
+  return r;
+}
+
+// One NaN in the first layer's pre-activation (its bias, so one unit of every sample) and one unit
+// the ReLU cuts for every sample: the NaN reaches the loss and dW1 (= kGradNames' dW0) at the same
+// positions on all three paths, on every device, against the CPU's unfused ops.
+TEST_P(FusedMLPTest, NaNPreActivationReachesTheFirstWeightGradientAlikeOnEveryPath) {
+  const int64_t in = 24, hidden = 16, classes = 5, nan_unit = 3, dead_unit = 7;
+  Net net = make_net({in, hidden, classes}, 20);
+  net.b[0][nan_unit] = std::numeric_limits<float>::quiet_NaN();
+  net.b[0][dead_unit] = -100.0f;  // below 0 for every sample: x in [0, 1), |W| < 0.21
+  const Batch batch = make_batch(6, in, classes, 20);
+  const std::vector<Tensor> l = make_leaves(net, batch, Device::cpu());
+  ASSERT_GT(unit_margin(l[0], l[1], l[2]), 1e-3f) << "a unit on the edge of the ReLU would make the NaN rows fragile";
+  const Result<float> ref = two_layer_result(net, batch, Device::cpu(), TwoLayerPath::linear_then_relu);
+  ASSERT_TRUE(std::isnan(ref.loss)) << "the NaN must reach the loss";
+  const std::vector<float>& dw1 = ref.grads[1];
+  int64_t nan_rows = 0;
+  for (int64_t j = 0; j < hidden; ++j) nan_rows += std::isnan(dw1[static_cast<std::size_t>(j * in)]);
+  for (int64_t k = 0; k < in; ++k) {
+    EXPECT_TRUE(std::isnan(dw1[static_cast<std::size_t>(nan_unit * in + k)])) << "the NaN unit's gradient passes";
+    EXPECT_EQ(dw1[static_cast<std::size_t>(dead_unit * in + k)], 0.0f) << "the cut unit's stays 0, not 0 * NaN";
+  }
+  EXPECT_LT(nan_rows, hidden) << "rows cut for every sample stay finite";
+  for (TwoLayerPath path : {TwoLayerPath::linear_then_relu, TwoLayerPath::linear_relu, TwoLayerPath::mlp_op}) {
+    SCOPED_TRACE(path_name(path));
+    const Result<float> got = two_layer_result(net, batch, device(), path);
+    EXPECT_TRUE(std::isnan(got.loss)) << got.loss;
+    // Every gradient is NaN or an exact 0 here, so equality (NaN with NaN) holds on CUDA too.
+    for (std::size_t i = 0; i < ref.grads.size(); ++i)
+      EXPECT_EQ(differences(got.grads[i], ref.grads[i]), 0) << kGradNames[i];
+  }
+}
+
+// The same through the seed model, as the app runs it: --kernels generic (cuBLASLt with its
+// epilogues on CUDA) against --kernels fused, one NaN in the first layer's bias and one unit cut
+// for every sample; dW1 compared with the CPU's generic result.
+TEST_P(FusedMLPTest, SeedMLPNaNReachesTheFirstWeightGradientAlikeWithEitherKernels) {
+  const int64_t b = 16, nan_unit = 5, dead_unit = 9;
+  const Batch batch = make_batch(b, models::SeedMLP::kInputs, models::SeedMLP::kClasses, 22);
+  auto run = [&](Device device, models::KernelChoice kernels) {
+    Generator gen(22);
+    models::SeedMLP model(gen, device);
+    model.set_kernels(kernels);
+    Tensor bias, weight;
+    for (const auto& [name, t] : model.named_parameters()) {
+      if (name == "linear_relu_stack.0.bias") bias = t;
+      if (name == "linear_relu_stack.0.weight") weight = t;
+    }
+    std::vector<float> bv = values(bias);
+    bv[nan_unit] = std::numeric_limits<float>::quiet_NaN();
+    bv[dead_unit] = -100.0f;  // |x W^T| < 784 * 0.036 for x in [0, 1)
+    bias.copy_from(Tensor::from_vector(bv, bias.shape(), device));
+    const Tensor x = Tensor::from_vector(batch.x, Shape{b, models::SeedMLP::kInputs}, device);
+    const Tensor y = Tensor::from_vector(batch.y, Shape{b}, device);
+    EXPECT_GT(unit_margin(x, weight, bias), 1e-3f) << "a unit on the edge of the ReLU would make the NaN rows fragile";
+    const Tensor loss = model.loss(x, y, ops::Reduction::Sum);
+    EXPECT_STREQ(loss.grad_fn()->name(),
+                 kernels == models::KernelChoice::fused ? "mlp_cross_entropy" : "cross_entropy");
+    EXPECT_TRUE(std::isnan(loss.item())) << "the NaN must reach the loss";
+    loss.backward();
+    return values(weight.grad());
+  };
+  const std::vector<float> ref = run(Device::cpu(), models::KernelChoice::generic);
+  const int64_t in = models::SeedMLP::kInputs;
+  for (int64_t k = 0; k < in; ++k) {
+    ASSERT_TRUE(std::isnan(ref[static_cast<std::size_t>(nan_unit * in + k)])) << "the NaN unit's gradient passes";
+    ASSERT_EQ(ref[static_cast<std::size_t>(dead_unit * in + k)], 0.0f) << "the cut unit's stays 0, not 0 * NaN";
+  }
+  for (models::KernelChoice kernels : {models::KernelChoice::generic, models::KernelChoice::fused}) {
+    SCOPED_TRACE(models::kernel_choice_name(kernels));
+    EXPECT_EQ(differences(run(device(), kernels), ref), 0) << "dW1: NaN rows and exact zeros alike";
+  }
+}
+
 // ---- memory ---------------------------------------------------------------------------------
 
 int64_t blocks_of(int64_t bytes) { return (bytes + 511) / 512 * 512; }  // the allocator's rounding
@@ -383,7 +510,8 @@ TEST(FusedMLPParity, CudaMatchesTheCpu) {
 
 // Launches of one eager fused micro-batch (forward, loss, Accumulator::backward): forward 3 (two
 // hidden layers, the head), backward 3 (the head, two hidden layers), the micro-batch record 1, in
-// either gradient mode; the generic path makes 11-12 with the record (tests/test_nn.cpp).
+// either gradient mode; the generic path makes 15-16 with the record when cuBLASLt fuses every
+// epilogue (tests/test_nn.cpp).
 TEST(FusedMLPLaunches, SeedMLPEagerMicroBatch) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
   const Device d = Device::cuda(0);

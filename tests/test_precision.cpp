@@ -209,6 +209,27 @@ TEST_P(PrecisionTest, WeightCopiesAreParameterCopiesAndActivationsAreHalfTheByte
   EXPECT_EQ(alloc.stats()[MemoryCategory::parameter_copies].current, copies_before) << "released with the graph";
 }
 
+// The forward adds the f32 bias to the f32 sum of products and rounds once (Note [Mixed precision]
+// in engine/ops/linear.cpp), on every device. u is the type's spacing at 1 (bf16 2^-7, f16 2^-10);
+// x = 1 and W = u/4 are exact in both types. Column 0: u/4 + (1 + 3u/8) = 1 + 5u/8 rounds to 1 + u,
+// where rounding the bias first (to 1) and then the sum (1 + u/4) would give 1. Column 1: the
+// negated bias gives -(1 + u/8), which rounds to -1, and ReLU makes it 0.
+TEST_P(PrecisionTest, LinearAddsTheF32BiasInF32AndRoundsOnce) {
+  if (dtype() == DType::f32) GTEST_SKIP() << "16-bit only";
+  const float u = dtype() == DType::bf16 ? 1.0f / 128 : 1.0f / 1024;
+  const Tensor x = ops::cast(Tensor::full(Shape{3, 1}, 1.0f, device()), dtype());
+  const Tensor w = Tensor::from_vector(std::vector<float>{u / 4, u / 4}, Shape{2, 1}, device());
+  const Tensor b = Tensor::from_vector(std::vector<float>{1 + 3 * u / 8, -(1 + 3 * u / 8)}, Shape{2}, device());
+  const std::vector<float> plain = values(ops::linear(x, w, b));
+  const std::vector<float> relu = values(ops::linear(x, w, b, ops::Activation::relu));
+  for (int row = 0; row < 3; ++row) {
+    EXPECT_EQ(plain[row * 2], 1 + u) << "row " << row << ": the bias rounded before the sum gives 1";
+    EXPECT_EQ(plain[row * 2 + 1], -1.0f) << "row " << row;
+    EXPECT_EQ(relu[row * 2], 1 + u) << "row " << row;
+    EXPECT_EQ(relu[row * 2 + 1], 0.0f) << "row " << row;
+  }
+}
+
 TEST_P(PrecisionTest, CastRoundsToNearestEvenAndConvertsTheGradientBack) {
   if (dtype() == DType::f32) GTEST_SKIP() << "16-bit only";
   // 1 + 2^-9 lies between bf16's 1 and 1 + 2^-7... and rounds to 1; f16 keeps it (10 mantissa bits).

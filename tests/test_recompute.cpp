@@ -300,15 +300,14 @@ int64_t rounded(int64_t bytes) { return (bytes + kRound - 1) / kRound * kRound; 
 // The CNN's tensors at micro-batch b (f32 bytes), as in test_cnn.cpp's analytic footprint.
 struct CnnTensors {
   int64_t c1, r1, p1, c2, r2, p2, r3, logits, loss, stats1, stats2;
-  // cuda: r3 includes the fused linear1+relu3's ReLU bit mask (b x 128 bits), kept on CUDA only.
-  explicit CnnTensors(int64_t b, bool cuda = false)
+  explicit CnnTensors(int64_t b)
       : c1(rounded(b * 32 * 28 * 28 * 4)),
         r1(c1),
         p1(rounded(b * 32 * 14 * 14 * 4)),
         c2(rounded(b * 64 * 14 * 14 * 4)),
         r2(c2),
         p2(rounded(b * 64 * 7 * 7 * 4)),
-        r3(rounded(b * 128 * 4) + (cuda ? rounded(b * 128 / 8) : 0)),
+        r3(rounded(b * 128 * 4)),
         logits(rounded(b * 10 * 4)),
         loss(rounded(4)),
         stats1(2 * rounded(32 * 4)),
@@ -378,7 +377,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   const bool cuda = device().is_cuda();
   for (std::size_t i = 0; i < records.size(); ++i) {
     const MicroBatchRecord &r = records[i], &s = stored_records[i];
-    const CnnTensors t(r.samples, cuda);
+    const CnnTensors t(r.samples);
     SCOPED_TRACE("micro-batch " + std::to_string(i) + " of " + std::to_string(r.samples));
     EXPECT_EQ(s.activation_bytes, t.stored()) << "the stored footprint (test_cnn.cpp's analytic sum)";
     EXPECT_EQ(r.activation_bytes, t.recomputed_footprint());
@@ -408,7 +407,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   const auto j = nlohmann::json::parse(memory_report_json(tracker));
   ASSERT_TRUE(j["summary"].contains("recompute")) << j["summary"].dump();
   const auto& rj = j["summary"]["recompute"];
-  const CnnTensors t5(5, device().is_cuda());
+  const CnnTensors t5(5);
   EXPECT_EQ(rj["segments_per_micro_batch"].get<int64_t>(), 2);
   EXPECT_EQ(rj["activation_bytes"].get<int64_t>(), t5.recomputed_footprint());
   EXPECT_EQ(rj["activation_bytes_without_recompute"].get<int64_t>(), stored_records.back().activation_bytes);
@@ -514,13 +513,10 @@ TEST_P(RecomputeTest, MlpFootprintDropsByTheFirstReluOutput) {
   const auto r = tracked_run(recomputed, tracker, data, {3, 5}, 2);
   for (std::size_t i = 0; i < r.size(); ++i) {
     const int64_t b = r[i].samples;
-    // Stored: both ReLU outputs [b, 512] (on CUDA with their bit masks, Note [ReLU mask across
-    // nodes]), the logits, the loss. Recomputed: the first output and the masks go (the
-    // checkpointed forward records nothing, so it keeps no mask).
-    const int64_t mask = device().is_cuda() ? rounded(b * 512 / 8) : 0;
-    EXPECT_EQ(s[i].activation_bytes, 2 * rounded(b * 512 * 4) + 2 * mask + rounded(b * 10 * 4) + rounded(4));
+    // Stored: both ReLU outputs [b, 512], the logits, the loss. Recomputed: the first output goes.
+    EXPECT_EQ(s[i].activation_bytes, 2 * rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4));
     EXPECT_EQ(r[i].activation_bytes, rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4));
-    EXPECT_EQ(r[i].recompute_avoided_bytes, rounded(b * 512 * 4) + 2 * mask);
+    EXPECT_EQ(r[i].recompute_avoided_bytes, rounded(b * 512 * 4));
     EXPECT_EQ(r[i].recompute_segments, 1);
   }
 }

@@ -12,10 +12,14 @@
 // activation memory falls during backward, not after it.
 //
 // Note [ReLU mask across nodes]
-// A fused linear+relu on CUDA keeps the ReLU's bit mask of its output (cuBLASLt's RELU_AUX_BIAS
-// epilogue writes it in the forward GEMM). Its backward starts with dz = dy * mask, one kernel,
-// unless whoever wrote dy applied the mask already: the next Linear's input-gradient GEMM can,
-// with cuBLASLt's DRELU epilogue, for free. That crosses nodes, so the engine arbitrates:
+// A node whose backward starts by masking its output gradient with a ReLU (dz = dy * mask, one
+// kernel) may keep that mask and offer it to the consumer that writes dy, which can apply it as it
+// writes, for free. That crosses nodes, so the engine arbitrates, as below. No op offers a mask
+// today: the fused linear+relu did on CUDA, with cuBLASLt's RELU_AUX_BIAS epilogue writing the mask
+// and DRELU applying it in the next Linear's input-gradient GEMM, until those epilogues were
+// dropped because cuBLASLt does not document their NaN behaviour (Note [ReLU epilogues and NaN] in
+// engine/ops/linear.cpp). A future producer must mask exactly as relu_backward does, NaN included.
+// The protocol, tested with test nodes (tests/test_autograd.cpp):
 // - When it builds a consumer's sink for an edge to node P, it offers P's mask
 //   (Node::output_relu_mask) only if that edge will carry P's only contribution: P's pending
 //   gradient is still empty and this is the last edge pointing at P (so an output used twice, or
@@ -27,7 +31,6 @@
 // - A recomputed segment's input sink is used by every inner edge to the input, so it is handed
 //   on without the offer. A second contribution to a gradient marked masked is an internal error
 //   (checked), never a silently half-masked gradient.
-// On the CPU no node keeps a mask, so nothing is ever offered and the arithmetic is unchanged.
 //
 // Note [Deferred gradient adds]
 // A Linear's bias gradient on CUDA comes free with the weight-gradient GEMM (BGRADB epilogue), but

@@ -8,6 +8,7 @@
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cuda_context.h"
+#include "kernels/cuda/kernels.h"
 #endif
 
 namespace cumulus {
@@ -106,6 +107,17 @@ int64_t cuda_kernel_launches() {
   return detail::cuda_launches.load(std::memory_order_relaxed);
 #else
   return 0;
+#endif
+}
+
+CudaEpilogueCalls cuda_epilogue_calls(CudaEpilogue epilogue) {
+#if CUMULUS_WITH_CUDA
+  const kernels::GemmLtOutcomes o = kernels::gemm_lt_outcomes(
+      epilogue == CudaEpilogue::bias ? kernels::GemmEpilogue::bias : kernels::GemmEpilogue::bias_grad);
+  return {o.fused, o.declined};
+#else
+  (void)epilogue;
+  return {};
 #endif
 }
 

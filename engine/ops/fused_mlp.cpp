@@ -11,18 +11,21 @@
 //             the row losses and their sum, by the last block to finish);
 //   backward  one for the head (the last layer's dW and db, and the gradient of its input, masked
 //             by the ReLU before it), one per hidden layer (its dW and db, and its input's gradient).
-// For the seed MLP that is 3 + 3 launches where the generic path makes 10-11 (plus the batch gather
+// For the seed MLP that is 3 + 3 launches where the generic path makes 14-15 (plus the batch gather
 // and the step state's record in both). Every sum runs in a fixed order and nothing adds with
 // atomics, so two runs give the same bits; dW and db are written with their sink's beta (overwrite
 // after a step, add otherwise), so accumulation is the generic path's.
 // - Saved for backward: x (the batch, alive anyway), each hidden layer's output (its ReLU mask is
 //   output > 0) and [B, classes] of the head: the softmax on CUDA, the logits on the CPU. The
 //   activation footprint is B * (hidden widths + classes) floats plus the loss, the same as the
-//   generic path's less its ReLU bit masks; the memory test checks it against that analytic size.
+//   generic path's; the memory test checks it against that analytic size.
 // - The CPU runs the unfused ops' kernels in their order (broadcast, GEMM with beta 1, ReLU in
 //   place; the cross-entropy kernels; then per layer dx, dW, db, the ReLU mask in place), so on
 //   the CPU the op equals the generic path bit for bit: the reference the CUDA kernels are tested
 //   against, besides double-precision finite differences.
+// - ReLU: `t <= 0 ? 0 : t` forward and zero where the layer's output is <= 0 backward, relu's own
+//   tests, so a NaN pre-activation reaches the loss and the gradients at the same positions as on
+//   the generic path (Note [ReLU epilogues and NaN] in engine/ops/linear.cpp).
 // - Where it applies: f32 (mixed precision keeps the generic path), at most kFusedMaxClasses classes
 //   on CUDA. The kernels have no tensor cores and no register tiling for large batches, so models
 //   choose it automatically only up to a micro-batch size (models::SeedMLP::kFusedAutoMaxBatch) and

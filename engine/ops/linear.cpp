@@ -1,8 +1,8 @@
 // linear: y = x W^T + b, optionally followed by ReLU in the same op.
 //   x: [B, in], W: [out, in], b: [out] -> y: [B, out]
 // Forward on the CPU: y is filled with b row by row, then one GEMM adds x W^T (beta = 1; no bias:
-// beta = 0), then ReLU in place. On CUDA: one cuBLASLt GEMM whose epilogue adds b and applies ReLU
-// (Note [Fused linear] below).
+// beta = 0), then ReLU in place. On CUDA: one cuBLASLt GEMM whose epilogue adds b, then ReLU in
+// place (Note [Fused linear] below).
 // Backward, each part only when its input needs a gradient, with dz = dy * (y > 0) under ReLU and
 // dz = dy otherwise:
 //   dx [B, in]  = dz W        needs W  (saved only if x needs a gradient)
@@ -16,19 +16,20 @@
 // node ("linear+relu"); nn::Sequential calls it where a Linear is followed by a ReLU.
 // - CPU: the arithmetic of the two unfused ops, in the same order (broadcast, GEMM with beta 1,
 //   ReLU in place over y), so results are bit-identical to linear + relu, forward and backward.
-// - CUDA: one cuBLASLt call with the BIAS or RELU_BIAS epilogue writes y: no broadcast kernel, no
-//   ReLU kernel (the unfused linear is the same call with BIAS). Where cuBLASLt has no algorithm
-//   for an epilogue (gemm_lt_cuda returns false) the unfused kernels run instead.
+// - CUDA: one cuBLASLt call with the BIAS epilogue writes x W^T + b (no broadcast kernel), then our
+//   ReLU kernel runs over y in place: cuBLASLt's RELU epilogues are not used (Note [ReLU epilogues
+//   and NaN]). Where cuBLASLt has no algorithm for the epilogue (gemm_lt_cuda returns false) the
+//   broadcast and cuBLAS's GEMM with beta 1 run instead.
 // - Memory: the node saves y for the ReLU mask, which is the tensor the next op saves anyway
 //   (the next Linear's input), and no longer the pre-activation: the activation footprint is
 //   that of linear + relu (relu saved its output; the Linear output before it was freed at once).
 //   Backward forms dz in the incoming gradient itself when the engine holds the only reference
 //   to it (nothing else can observe the change), else in a temporary of its size: so backward
 //   holds no more than linear + relu did, where relu's dz replaced dy before the Linear ran.
-// - ReLU mask on CUDA: a recorded fused op also keeps the mask as bits (RELU_AUX_BIAS epilogue,
-//   1/32 of y). When the next Linear is the only consumer of y, its dx GEMM applies the mask as it
-//   writes (DRELU epilogue) and this node's backward skips its mask kernel (Note [ReLU mask across
-//   nodes] in engine/autograd/engine.cpp). The CPU keeps no mask and always masks here.
+// - ReLU mask: backward masks with relu_backward's kernel on both devices (y <= 0 ? 0 : dy). No bit
+//   mask is kept and the next Linear's dx GEMM applies none (cuBLASLt's RELU_AUX and DRELU
+//   epilogues: Note [ReLU epilogues and NaN]), so this node offers none across nodes (Note [ReLU
+//   mask across nodes] in engine/autograd/engine.cpp).
 // - Bias gradient on CUDA: when db's sink overwrites (the first micro-batch after a step), the
 //   weight-gradient GEMM also writes db through the BGRAD epilogue. cuBLASLt's bias gradient
 //   overwrites its output, so in accumulate mode it goes to a temporary that the engine adds into
@@ -37,19 +38,40 @@
 //   backward), sum_rows_cuda adds it with beta 1. Note [Bias gradient epilogue] in
 //   kernels/cuda/gemm.cu says which BGRAD applies.
 //
+// Note [ReLU epilogues and NaN]
+// Our ReLU lets NaN through, as PyTorch's does: forward `x <= 0 ? 0 : x` keeps a NaN pre-activation
+// NaN, backward `y <= 0 ? 0 : dy` passes the gradient where the output is NaN and writes 0 (not
+// 0 * dy) where it is cut. That holds on the CPU, in relu_forward_cuda / relu_backward_cuda and in
+// the fused MLP's kernels (Note [Fused MLP]), so a NaN born in a hidden layer reaches the loss and
+// every weight gradient it touches the same way on every path, and the step's non-finite guard
+// sees it. cuBLASLt documents its RELU epilogues only as x := max(x, 0) and DRELU as applying the
+// ReLU gradient from a bit mask, and says nothing of NaN: a max that returns the number for
+// (NaN, 0) would turn the NaN into 0 and let the loss look finite, and a mask bit cannot say NaN.
+// So the Linear does not use RELU, RELU_BIAS, RELU_AUX(_BIAS) or DRELU: the BIAS epilogue (an
+// addition, which propagates NaN) and our ReLU kernels instead. A run-time probe was the other
+// option, but it would vouch only for the algorithm it ran, while the heuristic picks one per
+// shape and pointer alignment. The price is one launch per hidden Linear in forward (the ReLU)
+// and one in backward (the mask, where DRELU applied it inside the next Linear's dx GEMM).
+// tests/test_fused_mlp.cpp checks the two-Linear case: a NaN pre-activation reaches dW1 at the same
+// positions through the generic ops, the fused linear+relu and the fused MLP op.
+//
 // Note [Mixed precision]
 // A Linear computes in its input's type: x in bf16 or f16 makes y, dz and dx that type, while the
 // weight and bias stay f32 (the master copy the optimizer updates) and so do their gradients.
 // - Forward: W is narrowed to x's type for the GEMM (category parameter_copies, saved for dx's
-//   GEMM); products are accumulated in f32 and the bias added in f32 before y is rounded once.
+//   GEMM); products are accumulated in f32 and the bias added in f32 before y is rounded once, then
+//   ReLU (rounding is monotonic and keeps 0, so ReLU before or after it gives the same bits).
 //   The copy is made per forward, so it can never be stale, whatever changed the weights.
 // - Backward: dz = dy * (y > 0) in the 16-bit type; dx = dz W16, rounded once; dW (+)= dz^T x and
 //   db (+)= sum_rows dz are accumulated in f32 straight into the f32 gradient buffers (beta 0 or 1
 //   as in f32). So the persistent buffers sum micro-batches in f32: a bf16 buffer would drop the
 //   small contributions of later micro-batches (test_precision.cpp shows it does).
-// - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (y, dx) or f32
-//   (dW); the forward's bias and ReLU in the epilogue (an f32 bias), cublasGemmEx and our kernels
-//   where cuBLASLt has no algorithm. No ReLU bit masks: the node masks dz itself.
+// - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (dx, y without a
+//   bias) or f32 (dW); cublasGemmEx where cuBLASLt has no algorithm. With a bias the forward GEMM
+//   writes an f32 scratch (BIAS epilogue, or the broadcast bias and beta 1), which one conversion
+//   rounds into y: cuBLASLt reads an epilogue's bias in D's type (Note [Epilogue bias type] in
+//   kernels/cuda/gemm.cu), and broadcasting the bias into a 16-bit y would round it before the
+//   sum. Then our ReLU kernel over y, as in f32.
 // - CPU: the same arithmetic in f32 over widened copies (bf16 x bf16 products are exact in f32),
 //   rounded where the GPU rounds: tests compare the paths within the 16-bit types' tolerance.
 // Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
@@ -83,9 +105,31 @@ void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int
     return;
   kernels::gemm_ex_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types);
 }
+
+// c = x W^T + b on CUDA, x and W in types.ab, c in types.cd (f32 whenever there is a bias: Note
+// [Epilogue bias type] in kernels/cuda/gemm.cu). One cuBLASLt GEMM with the BIAS epilogue, else
+// the bias broadcast into c and cuBLAS's GEMM adding to it (beta 1); both sum in f32.
+void forward_gemm_cuda(cuda::Context& ctx, const void* xp, const void* wp, const float* bp, void* cp, int64_t batch,
+                       int64_t in, int64_t out, kernels::GemmTypes types) {
+  kernels::GemmEpilogueArgs epilogue;
+  epilogue.kind = bp != nullptr ? kernels::GemmEpilogue::bias : kernels::GemmEpilogue::none;
+  epilogue.bias = bp;
+  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch, out,
+                            in, 1.0f, xp, in, wp, in, 0.0f, cp, out, types, epilogue, ctx.stream()))
+    return;
+  if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, static_cast<float*>(cp), ctx.stream());
+  const float beta = bp != nullptr ? 1.0f : 0.0f;
+  if (types.ab == DType::f32 && types.cd == DType::f32) {
+    kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, static_cast<const float*>(xp), in,
+                       static_cast<const float*>(wp), in, beta, static_cast<float*>(cp), out);
+  } else {
+    kernels::gemm_ex_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, xp, in, wp, in, beta, cp, out, types);
+  }
+}
 #endif
 
-// y = act(x W16^T + b) for a 16-bit x (Note [Mixed precision]).
+// y = act(x W16^T + b) for a 16-bit x (Note [Mixed precision]): the products and the f32 bias summed
+// in f32 and rounded once into y, then ReLU, on both devices.
 void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, const Tensor& y, bool relu) {
   const Device device = x.device();
   const int64_t batch = x.size(0), in = x.size(1), out = w16.size(0);
@@ -99,72 +143,25 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
     return;
   }
 #if CUMULUS_WITH_CUDA
-  using kernels::GemmEpilogue;
-  kernels::GemmEpilogueArgs epilogue;
-  epilogue.bias = bp;
-  epilogue.kind = bp != nullptr ? (relu ? GemmEpilogue::relu_bias : GemmEpilogue::bias)
-                                : (relu ? GemmEpilogue::relu : GemmEpilogue::none);
-  const kernels::GemmTypes types{x.dtype(), x.dtype()};
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, T* yp = y.data<T>(); CUMULUS_DISPATCH(device, (void)yp, {
-    // Without the epilogue: the bias broadcast into y first, then added to by the GEMM (beta 1).
-    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch, out,
-                              in, 1.0f, x.raw_data(), in, w16.raw_data(), in, 0.0f, yp, out, types, epilogue,
-                              ctx.stream()))
-      return;
-    if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream());
-    kernels::gemm_ex_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, x.raw_data(), in, w16.raw_data(), in,
-                          bp != nullptr ? 1.0f : 0.0f, yp, out, types);
-    if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
-  }));
+  // With a bias the GEMM writes f32 and the conversion rounds; without, it rounds into y itself.
+  const Tensor z = bp != nullptr ? detail::f32_scratch(y.shape(), device) : y;
+  const kernels::GemmTypes types{x.dtype(), z.dtype()};
+  CUMULUS_DISPATCH(device, (void)0,
+                   forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, z.raw_data(), batch, in, out, types));
+  if (bp != nullptr) convert_into(z, y);
+  if (!relu) return;
+  const int64_t n = y.numel();
+  CUMULUS_DISPATCH_FLOAT(y.dtype(), T, T* yp = y.data<T>();
+                         CUMULUS_DISPATCH(device, (void)yp, kernels::relu_forward_cuda(yp, yp, n, ctx.stream())));
 #endif
 }
 
 #if CUMULUS_WITH_CUDA
-// y = act(x W^T + b) on CUDA: one cuBLASLt GEMM with the matching epilogue, else the unfused
-// kernels (broadcast, cuBLAS GEMM, ReLU). With `mask` (relu only) the GEMM also writes the ReLU
-// bit mask (RELU_AUX epilogues, mask_ld bits per sample); returns whether it did.
-bool linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, const float* bp, float* yp,
-                         int64_t batch, int64_t in, int64_t out, bool relu, void* mask, int64_t mask_ld) {
-  using kernels::GemmEpilogue;
-  kernels::GemmEpilogueArgs epilogue;
-  epilogue.bias = bp;
-  auto run = [&] {
-    return kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch,
-                                 out, in, 1.0f, xp, in, wp, in, 0.0f, yp, out, epilogue, ctx.stream());
-  };
-  if (mask != nullptr) {
-    epilogue.kind = bp != nullptr ? GemmEpilogue::relu_aux_bias : GemmEpilogue::relu_aux;
-    epilogue.aux = mask;
-    epilogue.aux_ld = mask_ld;
-    if (run()) return true;
-    epilogue.aux = nullptr;
-    epilogue.aux_ld = 0;
-  }
-  epilogue.kind = bp != nullptr ? (relu ? GemmEpilogue::relu_bias : GemmEpilogue::bias)
-                                : (relu ? GemmEpilogue::relu : GemmEpilogue::none);
-  if (run()) return false;
-  if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, yp, ctx.stream());
-  kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, xp, in, wp, in, bp != nullptr ? 1.0f : 0.0f,
-                     yp, out);
+// y = act(x W^T + b) on CUDA: forward_gemm_cuda, then our ReLU in place (Note [ReLU epilogues and NaN]).
+void linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, const float* bp, float* yp,
+                         int64_t batch, int64_t in, int64_t out, bool relu) {
+  forward_gemm_cuda(ctx, xp, wp, bp, yp, batch, in, out, kernels::GemmTypes{});
   if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
-  return false;
-}
-
-// dx (+)= dz W. With `producer_mask` (offered by the engine, dx's sink overwriting) the GEMM applies
-// the producer's ReLU mask as it writes (DRELU epilogue): returns whether it did.
-bool input_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* wp, float beta, float* dxp,
-                         const ReluMask* producer_mask, int64_t batch, int64_t in, int64_t out) {
-  if (producer_mask != nullptr) {
-    kernels::GemmEpilogueArgs epilogue;
-    epilogue.kind = kernels::GemmEpilogue::drelu;
-    epilogue.aux = const_cast<void*>(producer_mask->bits);  // read only with drelu
-    epilogue.aux_ld = producer_mask->ld;
-    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, false, batch,
-                              in, out, 1.0f, dzp, out, wp, in, beta, dxp, in, epilogue, ctx.stream()))
-      return true;
-  }
-  kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, beta, dxp, in);
-  return false;
 }
 
 // dW (+)= dz^T x, and db = sum_rows dz in the same cuBLASLt call when `dbp` is given (db's
@@ -192,32 +189,23 @@ bool sole_owner(const Tensor& grad) {
 
 class LinearBackward final : public Node {
  public:
-  // y: the op's output, saved only with ReLU (its mask is y > 0). mask: the same mask as bits,
-  // kept on CUDA for the next Linear's backward GEMM (Note [ReLU mask across nodes]), or undefined.
-  LinearBackward(Tensor x, Tensor w, Tensor y, Tensor mask, int64_t mask_ld, bool has_bias, bool relu)
+  // y: the op's output, saved only with ReLU (its mask is y > 0).
+  LinearBackward(Tensor x, Tensor w, Tensor y, bool has_bias, bool relu)
       : Node(relu ? "linear+relu" : "linear"),
         x_(std::move(x)),
         w_(std::move(w)),
         y_(std::move(y)),
-        mask_(std::move(mask)),
-        mask_ld_(mask_ld),
         has_bias_(has_bias),
         relu_(relu) {}
-
-  ReluMask output_relu_mask() const override {
-    return mask_.defined() ? ReluMask{mask_.raw_data(), mask_ld_} : ReluMask{};
-  }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (dy.dtype() != DType::f32) return backward_16(dy, grads);
     const Device device = dy.device();
     const int64_t batch = dy.size(0), out = dy.size(1);
-    // dz = dy * (y > 0): ReluBackward's arithmetic with beta 0, so the CPU gives relu's bits.
-    // Skipped when the consumer's GEMM applied the mask already (CUDA only).
-    const bool mask_here = relu_ && !grad_output_masked();
-    const bool masked_copy = mask_here && !sole_owner(dy);  // checked before `dz` shares dy
+    // dz = dy * (y > 0): ReluBackward's arithmetic with beta 0, so every device gives relu's bits.
+    const bool masked_copy = relu_ && !sole_owner(dy);  // checked before `dz` shares dy
     Tensor dz = masked_copy ? Tensor::empty(dy.shape(), DType::f32, device) : dy;
-    if (mask_here) {
+    if (relu_) {
       const float* yp = y_.data<float>();
       const float* dyp = dy.data<float>();
       float* dzp = dz.data<float>();
@@ -231,14 +219,9 @@ class LinearBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{batch, in}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
-      const ReluMask& offer = grads[0].producer_relu_mask();
-      const ReluMask* producer_mask = offer && dx.mode == GradientMode::overwrite ? &offer : nullptr;
-      (void)producer_mask;
-      bool dx_masked = false;
       CUMULUS_DISPATCH(device,
           kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in),
-          dx_masked = input_gradient_cuda(ctx, dzp, wp, dx.beta(), dxp, producer_mask, batch, in, out));
-      if (dx_masked) grads[0].mark_masked();
+          kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in));
     }
     // db's target is taken first: with an overwriting sink the CUDA weight-gradient GEMM writes it.
     const bool want_db = has_bias_ && grads[2].needed();
@@ -279,7 +262,6 @@ class LinearBackward final : public Node {
     x_ = Tensor();
     w_ = Tensor();
     y_ = Tensor();
-    mask_ = Tensor();
   }
 
  private:
@@ -344,8 +326,7 @@ class LinearBackward final : public Node {
     }
   }
 
-  Tensor x_, w_, y_, mask_;
-  int64_t mask_ld_;
+  Tensor x_, w_, y_;
   bool has_bias_, relu_;
 };
 
@@ -385,7 +366,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     if (record) {
       auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x.detach() : Tensor(),
                                                    x.requires_grad() ? w16 : Tensor(), relu ? y.detach() : Tensor(),
-                                                   Tensor(), 0, has_bias, relu);
+                                                   has_bias, relu);
       attach_node(y, std::move(node), {&x, &weight, &bias});
     }
     return y;
@@ -395,22 +376,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  // On CUDA a recorded ReLU also keeps its bit mask for the next Linear's backward GEMM: ld bits
-  // per sample, rounded to cuBLASLt's 128 (Note [ReLU mask across nodes] in engine/autograd/engine.cpp).
-  Tensor mask;
-  const int64_t mask_ld = (out + 127) / 128 * 128;
-  if (relu && record && device.is_cuda()) mask = detail::new_output(Shape{batch, mask_ld / 8}, DType::u8, device);
-  bool mask_written = false;
   CUMULUS_DISPATCH(device, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
-                   mask_written = linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu,
-                                                      mask.defined() ? mask.raw_data() : nullptr, mask_ld));
-  if (!mask_written) mask = Tensor();
+                   linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu));
 
   if (record) {
     // Save only what the needed gradients read (detach, so the saved handles hold no graph).
     auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x.detach() : Tensor(),
                                                  x.requires_grad() ? weight.detach() : Tensor(),
-                                                 relu ? y.detach() : Tensor(), mask, mask_ld, has_bias, relu);
+                                                 relu ? y.detach() : Tensor(), has_bias, relu);
     attach_node(y, std::move(node), {&x, &weight, &bias});
   }
   return y;

@@ -3,14 +3,16 @@
 // the operands swap places and m, n swap, the leading dimensions stay. With beta = 1 a Linear's
 // weight gradient accumulates inside the GEMM (Note [Gradient sinks]).
 //
-// gemm_lt_cuda is the same GEMM through cuBLASLt, which can fold a bias, a ReLU or a bias gradient
-// into the GEMM's epilogue (Note [Fused linear] in engine/ops/linear.cpp). The same swap applies:
+// gemm_lt_cuda is the same GEMM through cuBLASLt, which can fold a bias or a bias gradient into the
+// GEMM's epilogue (Note [Fused linear] in engine/ops/linear.cpp; its ReLU epilogues we do not use:
+// Note [ReLU epilogues and NaN] there). The same swap applies:
 // cuBLASLt's A is our b, its B is our a, and its D is our c transposed, [n rows, m columns].
 //
 // gemm_ex_cuda and the void* gemm_lt_cuda take the operands' storage types (GemmTypes): a and b in
 // f32, bf16 or f16, c in f32 or a's type. The compute type stays CUBLAS_COMPUTE_32F, so products
 // accumulate in f32 whatever the storage, and 16-bit a and b run on tensor cores.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -90,16 +92,32 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 //   a plan serves only calls of the same class. So an algorithm is never used on pointers less
 //   aligned than it was chosen for, and eager and captured runs of one shape get the same
 //   algorithm, hence the same bits.
-// - Threads: the map is shared; the lock is also held while the call's bias and mask pointers are
-//   set in the entry's descriptor and the GEMM is queued (the descriptor is shared state).
-//   Uncontended it costs tens of nanoseconds against microseconds of launch.
-// - No algorithm (an epilogue cuBLASLt does not offer for these types or this shape, or an f32 bias
-//   it refuses for a 16-bit c) is remembered too: the call returns false and the caller runs the
-//   unfused kernels, without asking again.
-// - ReLU mask (relu_aux*, drelu): cuBLASLt lays it over D, i.e. our c transposed, aux_ld bits per
-//   row of c. A Linear's forward D is [out, B] and the next Linear's dx GEMM has D [in = out, B],
-//   so the mask one writes is the mask the other reads, as is. aux_ld is part of the key (it is a
-//   descriptor attribute); the mask pointer, like the bias pointer, is set per call.
+// - Threads: the map is shared; the lock is also held while the call's bias pointer is set in the
+//   entry's descriptor and the GEMM is queued (the descriptor is shared state). Uncontended it
+//   costs tens of nanoseconds against microseconds of launch.
+// - No algorithm (Note [No fused algorithm]) is remembered too: the call returns false and the
+//   caller runs the unfused kernels, without asking again.
+//
+// Note [No fused algorithm]
+// cublasLtMatmulAlgoGetHeuristic's documentation (cublasLt.h) names CUBLAS_STATUS_NOT_SUPPORTED for
+// "no heuristic for this configuration", but that is not the only answer a configuration it
+// rejects gets: it validates the descriptor and layouts itself and answers other statuses, such as
+// CUBLAS_STATUS_INVALID_VALUE (its log shows that for an epilogue or scaling setup it refuses), and
+// a query may also succeed with no result, or with a first result whose own state is not success.
+// To us all of these mean one thing: cuBLASLt offers no fused algorithm for this epilogue, these
+// types, shape and alignment. So any answer but a successful result (lt_heuristic_found) is
+// remembered as unsupported, gemm_lt_cuda queues nothing and returns false, and the caller runs
+// the unfused kernels. Only the heuristic's answer is read this way: the descriptor, layout and
+// preference calls before it and the matmul after it fail only on real errors, and throw.
+//
+// Note [Epilogue bias type]
+// cuBLASLt reads the bias of its BIAS epilogues in the type CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+// names, by default D's type; the documented exceptions are IMMA kernels (integer compute) and
+// FP8 kernels, neither ours. Our bias is the f32 master copy, so a bias epilogue runs only with an
+// f32 c: the attribute keeps its default, and a 16-bit c with a bias is refused (InvalidArgument)
+// rather than handed an f32 bias cuBLASLt would read as 16-bit. A 16-bit Linear has its GEMM write
+// f32 and rounds once afterwards (Note [Mixed precision] in engine/ops/linear.cpp): the CPU's
+// arithmetic.
 //
 // Note [Bias gradient epilogue]
 // GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
@@ -111,6 +129,10 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 // beta for it): an overwriting gradient sink, or a temporary the engine adds later (Note [Deferred
 // gradient adds] in engine/autograd/engine.cpp).
 
+bool lt_heuristic_found(cublasStatus_t status, int returned, cublasStatus_t first_state) {
+  return status == CUBLAS_STATUS_SUCCESS && returned > 0 && first_state == CUBLAS_STATUS_SUCCESS;
+}
+
 namespace {
 
 struct PlanKey {
@@ -119,13 +141,12 @@ struct PlanKey {
   int64_t m, n, k, lda, ldb, ldc;
   DType ab, cd;  // GemmTypes
   GemmEpilogue epilogue;
-  int64_t aux_ld;
   uint32_t alignment;
   std::size_t workspace_bytes;
   bool operator<(const PlanKey& o) const {
-    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, cd, epilogue, aux_ld, alignment,
-                    workspace_bytes) < std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc,
-                                                o.ab, o.cd, o.epilogue, o.aux_ld, o.alignment, o.workspace_bytes);
+    return std::tie(handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, cd, epilogue, alignment, workspace_bytes) <
+           std::tie(o.handle, o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.ab, o.cd, o.epilogue,
+                    o.alignment, o.workspace_bytes);
   }
 };
 
@@ -135,6 +156,13 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
   cublasLtMatmulAlgo_t algo{};
 };
+
+// gemm_lt_cuda's outcomes per epilogue: [kind][0] fused, [kind][1] declined.
+std::atomic<int64_t> g_outcomes[kGemmEpilogues][2] = {};
+
+void count_outcome(GemmEpilogue kind, bool fused) {
+  g_outcomes[static_cast<int>(kind)][fused ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+}
 
 // The largest power of two dividing the address, at most 16 (null pointers do not constrain).
 uint32_t alignment_class(const void* p) {
@@ -147,13 +175,8 @@ uint32_t alignment_class(const void* p) {
 cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
   switch (e) {
     case GemmEpilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
-    case GemmEpilogue::relu: return CUBLASLT_EPILOGUE_RELU;
     case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
     case GemmEpilogue::bias_grad: return CUBLASLT_EPILOGUE_BGRADB;  // Note [Bias gradient epilogue]
-    case GemmEpilogue::relu_aux: return CUBLASLT_EPILOGUE_RELU_AUX;
-    case GemmEpilogue::relu_aux_bias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
-    case GemmEpilogue::drelu: return CUBLASLT_EPILOGUE_DRELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -166,35 +189,41 @@ void destroy(Plan& p) noexcept {
   p = Plan();
 }
 
-// The epilogues that add a bias (bias_grad writes one instead).
-bool adds_bias(GemmEpilogue e) {
-  return e == GemmEpilogue::bias || e == GemmEpilogue::relu_bias || e == GemmEpilogue::relu_aux_bias;
-}
-
-bool uses_bias(GemmEpilogue e) {
-  return e == GemmEpilogue::bias || e == GemmEpilogue::relu_bias || e == GemmEpilogue::relu_aux_bias ||
-         e == GemmEpilogue::bias_grad;
-}
-
-bool uses_aux(GemmEpilogue e) {
-  return e == GemmEpilogue::relu_aux || e == GemmEpilogue::relu_aux_bias || e == GemmEpilogue::drelu;
-}
-
-// The call's own pointers in the descriptor: the bias (or bias gradient) and the ReLU mask. Under
-// capture the values are taken when the GEMM is queued, so later calls may change them.
-void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) {
-  if (uses_aux(e.kind)) {
-    CUMULUS_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof e.aux));
-  }
-  if (!uses_bias(e.kind)) return;
+// The call's own pointer in the descriptor: the bias (or bias gradient). Under capture the value is
+// taken when the GEMM is queued, so later calls may change it.
+void set_epilogue_pointer(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) {
+  if (e.kind == GemmEpilogue::none) return;
   const void* bias = e.kind == GemmEpilogue::bias_grad ? static_cast<const void*>(e.bias_grad)
                                                        : static_cast<const void*>(e.bias);
   CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 }
 
-// Descriptor, layouts and the heuristic's first algorithm for `key`; supported = false when the
-// heuristic has none, or when cuBLASLt refuses an f32 bias for a 16-bit c.
+// The heuristic's first algorithm for the plan's descriptor and layouts, into *algo; false when it
+// offers none (Note [No fused algorithm]). The preference's own calls throw on failure.
+bool first_algorithm(const PlanKey& key, const Plan& p, cublasLtMatmulAlgo_t* algo) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  struct Destroy {
+    cublasLtMatmulPreference_t pref;
+    ~Destroy() { cublasLtMatmulPreferenceDestroy(pref); }
+  } destroy_pref{pref};
+  const uint64_t workspace = key.workspace_bytes;
+  CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                            sizeof workspace));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(key.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  if (!lt_heuristic_found(st, found, result.state)) return false;
+  *algo = result.algo;
+  return true;
+}
+
+// Descriptor, layouts and the heuristic's first algorithm for `key`; supported = false (and
+// nothing kept) when the heuristic offers none.
 Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
   Plan p;
   try {
@@ -206,22 +235,7 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
     const auto epilogue = static_cast<uint32_t>(lt_epilogue(key.epilogue));
     CUMULUS_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    if (uses_aux(key.epilogue)) {
-      CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.aux_ld,
-                                                          sizeof key.aux_ld));
-    }
-    if (key.cd != DType::f32 && adds_bias(key.epilogue)) {
-      // cuBLASLt's bias defaults to D's type; ours is f32 whatever c's type (GemmEpilogueArgs).
-      const int32_t bias_type = CUDA_R_32F;
-      const cublasStatus_t st =
-          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
-      if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
-        destroy(p);  // remembered as unsupported, as a missing algorithm
-        return p;
-      }
-      CUMULUS_CUBLAS_CHECK(st);
-    }
-    set_epilogue_pointers(p.desc, e);  // the heuristic reads their alignment
+    set_epilogue_pointer(p.desc, e);  // the heuristic reads its alignment
     // Column-major views of the stored matrices: our b is [k, n] row-major (or [n, k] transposed),
     // i.e. [n, k] column-major (or [k, n]); likewise our a; our c [m, n] is D [n, m].
     const uint64_t k = static_cast<uint64_t>(key.k), m = static_cast<uint64_t>(key.m),
@@ -230,25 +244,7 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd, n, m, key.ldc));
-
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    const uint64_t workspace = key.workspace_bytes;
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                              sizeof workspace);
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment);
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(key.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUMULUS_CUBLAS_CHECK(st);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-      p.algo = result.algo;
+    if (first_algorithm(key, p, &p.algo)) {
       p.supported = true;
     } else {
       destroy(p);  // remembered as unsupported: no descriptors kept
@@ -260,7 +256,27 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
   return p;
 }
 
+// The arguments gemm_lt_cuda refuses, before anything reaches cuBLASLt.
+void check_epilogue(const GemmEpilogueArgs& e, GemmTypes types) {
+  const bool bias_grad = e.kind == GemmEpilogue::bias_grad;
+  CUMULUS_CHECK(!bias_grad || types.cd == DType::f32, InvalidArgument,
+                "gemm_lt_cuda: a bias gradient needs an f32 c (cuBLASLt writes it in c's type), not ",
+                dtype_name(types.cd));
+  CUMULUS_CHECK(e.kind != GemmEpilogue::bias || types.cd == DType::f32, InvalidArgument,
+                "gemm_lt_cuda: the bias epilogue needs an f32 c (cuBLASLt reads the f32 bias in c's type: "
+                "Note [Epilogue bias type]), not ", dtype_name(types.cd));
+  CUMULUS_CHECK(e.kind != GemmEpilogue::bias || e.bias != nullptr, InvalidArgument,
+                "gemm_lt_cuda: the epilogue needs a bias");
+  CUMULUS_CHECK(!bias_grad || e.bias_grad != nullptr, InvalidArgument,
+                "gemm_lt_cuda: the epilogue needs a bias-gradient output");
+}
+
 }  // namespace
+
+GemmLtOutcomes gemm_lt_outcomes(GemmEpilogue kind) {
+  const auto& o = g_outcomes[static_cast<int>(kind)];
+  return {o[0].load(std::memory_order_relaxed), o[1].load(std::memory_order_relaxed)};
+}
 
 bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
                   int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
@@ -276,27 +292,17 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                   int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream) {
   check_types("gemm_lt_cuda", types);
-  if (m == 0 || n == 0 || k == 0) return false;  // the unfused path handles empty products
-  const bool bias_grad = epilogue.kind == GemmEpilogue::bias_grad;
-  CUMULUS_CHECK(!bias_grad || types.cd == DType::f32, InvalidArgument,
-                "gemm_lt_cuda: a bias gradient needs an f32 c (cuBLASLt writes it in c's type), not ",
-                dtype_name(types.cd));
-  CUMULUS_CHECK(!uses_bias(epilogue.kind) || bias_grad || epilogue.bias != nullptr, InvalidArgument,
-                "gemm_lt_cuda: the epilogue needs a bias");
-  CUMULUS_CHECK(!bias_grad || epilogue.bias_grad != nullptr, InvalidArgument,
-                "gemm_lt_cuda: the epilogue needs a bias-gradient output");
-  CUMULUS_CHECK(!uses_aux(epilogue.kind) || (epilogue.aux != nullptr && epilogue.aux_ld % 128 == 0 &&
-                                             epilogue.aux_ld >= n),
-                InvalidArgument, "gemm_lt_cuda: the epilogue needs a ReLU mask with a leading dimension that is a "
-                                 "multiple of 128 bits and at least ", n);
+  check_epilogue(epilogue, types);
+  if (m == 0 || n == 0 || k == 0) {  // the unfused path handles empty products
+    count_outcome(epilogue.kind, false);
+    return false;
+  }
   uint32_t alignment = 16;
-  for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c),
-                        static_cast<const void*>(epilogue.bias), static_cast<const void*>(epilogue.bias_grad),
-                        static_cast<const void*>(epilogue.aux), static_cast<const void*>(workspace)})
+  for (const void* p : {a, b, static_cast<const void*>(c), static_cast<const void*>(epilogue.bias),
+                        static_cast<const void*>(epilogue.bias_grad), static_cast<const void*>(workspace)})
     alignment = std::min(alignment, alignment_class(p));
-  const int64_t aux_ld = uses_aux(epilogue.kind) ? epilogue.aux_ld : 0;
   const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, types.ab, types.cd,
-                    epilogue.kind, aux_ld, alignment, workspace_bytes};
+                    epilogue.kind, alignment, workspace_bytes};
 
   static auto* plans = new std::map<PlanKey, Plan>();  // never destroyed: Note [cuBLASLt plan cache]
   static std::mutex mutex;
@@ -304,8 +310,9 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
   auto it = plans->find(key);
   if (it == plans->end()) it = plans->emplace(key, make_plan(key, epilogue)).first;
   const Plan& plan = it->second;
+  count_outcome(epilogue.kind, plan.supported);
   if (!plan.supported) return false;
-  set_epilogue_pointers(plan.desc, epilogue);
+  set_epilogue_pointer(plan.desc, epilogue);
   detail::count_launch();
   // cuBLASLt's A is our b and its B our a (the swap above); D is written in place of C.
   CUMULUS_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,

@@ -37,32 +37,29 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
                   GemmTypes types);
 
 // What a cuBLASLt GEMM does to its result besides alpha * op(a) op(b) + beta * c (row-major, as gemm_cuda).
+// No ReLU epilogues: cuBLASLt does not document what they do with NaN (Note [ReLU epilogues and NaN]
+// in engine/ops/linear.cpp).
 enum class GemmEpilogue : uint8_t {
   none,
-  relu,       // max(., 0)
-  bias,       // + bias[j] on every row of c (bias: n floats)
-  relu_bias,  // max(. + bias[j], 0)
+  bias,       // + bias[j] on every row of c (bias: n floats; c must be f32)
   bias_grad,  // c as none, and bias_grad[i] = sum_k op(a)[i, k] (m floats), overwritten: no beta
-  relu_aux,       // relu, and the ReLU bit mask written to aux
-  relu_aux_bias,  // relu_bias, and the ReLU bit mask written to aux
-  drelu,          // the result times the ReLU bit mask read from aux (0 where the mask bit is 0)
 };
+constexpr int kGemmEpilogues = 3;
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::none;
-  const float* bias = nullptr;  // bias, relu_bias, relu_aux_bias: f32 whatever c's type
-  float* bias_grad = nullptr;   // bias_grad: f32 (c must be f32)
-  // The ReLU bit mask (relu_aux*, drelu): one bit per element of c's transpose, aux_ld bits per
-  // row of c (a multiple of 128, at least n), as cuBLASLt lays it out.
-  void* aux = nullptr;
-  int64_t aux_ld = 0;
+  // bias: f32. cuBLASLt reads the bias in c's type (Note [Epilogue bias type] in gemm.cu), so the
+  // bias epilogue takes an f32 c only.
+  const float* bias = nullptr;
+  float* bias_grad = nullptr;  // bias_grad: f32 (c must be f32)
 };
 
 // The same GEMM through cuBLASLt (FP32 compute, no TF32) with an epilogue, queued on `stream`.
 // `workspace` (workspace_bytes) is the caller's and nothing is allocated, so the call may be
 // captured in a CUDA graph (Note [cuBLASLt plan cache] in gemm.cu).
 // Returns false, having queued nothing, when cuBLASLt has no algorithm for this epilogue and shape
-// or a size is 0; the caller then runs the unfused equivalent (gemm_cuda and kernels).
+// (Note [No fused algorithm] in gemm.cu) or a size is 0; the caller then runs the unfused
+// equivalent (gemm_cuda and kernels).
 bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
                   int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                   int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
@@ -73,6 +70,20 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
                   int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
                   int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream);
+
+// Whether an answer of cublasLtMatmulAlgoGetHeuristic names an algorithm to run: its status, how
+// many results it returned and the first result's state. Anything but success with a successful
+// first result means "no fused algorithm" (Note [No fused algorithm] in gemm.cu).
+bool lt_heuristic_found(cublasStatus_t status, int returned, cublasStatus_t first_state);
+
+// gemm_lt_cuda's calls with `kind` so far in this process: `fused` queued the GEMM with the epilogue,
+// `declined` returned false (the caller ran the unfused kernels). Tests predict launch counts from
+// them (cumulus::cuda_epilogue_calls).
+struct GemmLtOutcomes {
+  int64_t fused = 0;
+  int64_t declined = 0;
+};
+GemmLtOutcomes gemm_lt_outcomes(GemmEpilogue kind);
 
 // out[r, :] = row (f32) for every row r, stored as T.
 template <typename T>

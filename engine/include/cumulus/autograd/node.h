@@ -29,8 +29,9 @@ struct Edge {
 // reading the destination, 1 adds to it.
 enum class GradientMode : uint8_t { overwrite, accumulate };
 
-// A ReLU bit mask over a node's output as cuBLASLt's RELU_AUX epilogues write it: one bit per
-// element of the output's column-major transpose, `ld` bits per sample (a multiple of 128).
+// A ReLU bit mask over a node's output in cuBLASLt's RELU_AUX layout: one bit per element of the
+// output's column-major transpose, `ld` bits per sample (a multiple of 128). No op offers one at
+// present (Note [ReLU mask across nodes] in engine/autograd/engine.cpp).
 struct ReluMask {
   const void* bits = nullptr;  // device memory; null: no mask
   int64_t ld = 0;
@@ -121,8 +122,8 @@ class Node {
   virtual void backward(const Tensor& grad_output, std::vector<GradSink>& grad_inputs) = 0;
   // Drops saved tensors; called by the engine right after backward().
   virtual void release_saved() {}
-  // The ReLU bit mask of this node's output, when it keeps one (a fused linear+relu on CUDA),
-  // valid until its backward has run. Note [ReLU mask across nodes].
+  // The ReLU bit mask of this node's output, when it keeps one (no op does at present), valid
+  // until its backward has run. Note [ReLU mask across nodes].
   virtual ReluMask output_relu_mask() const { return {}; }
   // Whether the gradient handed to backward() already has that mask applied (set by the engine
   // just before backward()).

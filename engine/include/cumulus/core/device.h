@@ -46,6 +46,18 @@ void check_device_available(const Device& device);
 // CUDA kernels launched so far by this process through cumulus (a cuBLAS GEMM counts as one, a
 // graph replay as one, kernels recorded into a graph as none); 0 without CUDA. Benchmarks read differences of it.
 int64_t cuda_kernel_launches();
+// The cuBLASLt epilogues cumulus uses (a Linear's bias in its forward GEMM, its bias gradient in its
+// weight-gradient GEMM) and how their calls went so far in this process: `fused` ran the GEMM with
+// the epilogue, `declined` ran the unfused kernels instead (more launches) because cuBLASLt
+// offered no algorithm (Note [No fused algorithm] in kernels/cuda/gemm.cu). A call recorded into a
+// graph counts when recorded, replays do not. 0 without CUDA.
+// Launch-count tests read differences of them to know which of the two outcomes each GEMM had.
+enum class CudaEpilogue { bias, bias_gradient };
+struct CudaEpilogueCalls {
+  int64_t fused = 0;
+  int64_t declined = 0;
+};
+CudaEpilogueCalls cuda_epilogue_calls(CudaEpilogue epilogue);
 // Times the host has waited for a CUDA device (stream or event synchronizations, copies to host
 // memory) through cumulus; 0 without CUDA. A training step should add none.
 int64_t host_synchronizations();
