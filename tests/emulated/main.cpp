@@ -32,13 +32,6 @@ const std::set<std::string> kNotYetTested = {"save_running_stats_kernel",
                                              "accumulate_kernel",
                                              "convert_kernel",
                                              "add_vectors_kernel",
-                                             "grad_norm_and_prepare_kernel",
-                                             "set_step_kernel",
-                                             "record_micro_batch_kernel",
-                                             "sgd_update_kernel",
-                                             "adamw_update_kernel",
-                                             "sum_squares_stage1",
-                                             "sum_squares_stage2",
                                              "sum_rows_kernel",
                                              "argmax_rows_kernel"};
 
