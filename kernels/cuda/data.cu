@@ -4,7 +4,8 @@
 //                                   nvcc's default -prec-div=true makes it the same IEEE-rounded
 //                                   quotient as the CPU kernel, bit for bit; then stored as T,
 //                                   rounded once for a 16-bit batch, as the CPU kernel does)
-//   y[r]    = labels[s]            (written by the thread of column 0: one launch per batch)
+//   y[r]    = labels[s]            (written by the thread of column 0: one launch per batch; by a
+//                                   loop of their own for rows of 0 pixels)
 // No backward: data has no gradient.
 #include <algorithm>
 
@@ -30,6 +31,9 @@ __device__ __forceinline__ void gather_rows(const uint8_t* images, const int32_t
     x[i] = from_f32<T>(static_cast<float>(images[s * row + c]) / 255.0f);
     if (c == 0) y[r] = labels[s];
   }
+  // Images of no pixels have no column 0 to carry the labels, which gather_batch_cpu still writes.
+  if (row == 0)
+    CUMULUS_GRID_STRIDE_LOOP(r, count) y[r] = labels[order ? static_cast<int64_t>(order[start + r]) : start + r];
 }
 
 template <typename T>
@@ -64,7 +68,7 @@ __global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32
 template <typename T>
 void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
                        int64_t count, int64_t row, T* x, int32_t* y, cudaStream_t stream) {
-  if (count * row == 0) return;
+  if (count == 0) return;  // (row 0 still writes the labels)
   launch<gather_batch_kernel<T>>(blocks_for(count * row), kThreads, stream, images, labels, order, start, count, row, x,
                                  y);
 }
