@@ -8,7 +8,8 @@
 //    rounded to bf16 after every micro-batch (what a bf16 buffer holds) visibly does not;
 //  - conv2d, batch norm and max pooling in 16 bits against their f32 path;
 //  - the MLP's and the CNN's activation bytes per sample, exactly half in 16 bits;
-//  - CPU against CUDA per precision (skipped without a GPU).
+//  - CPU against CUDA per precision, and the bf16 CNN (batch norm and pooling on kernels of our
+//    own there) in training and evaluation mode (skipped without a GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -460,6 +461,72 @@ TEST(MixedPrecisionParity, CudaMatchesTheCpuPerPrecision) {
                 16 * roundoff(t) + 1e-5)
           << "conv input " << i;
   }
+}
+
+// The CNN in bf16 on CUDA against the same CNN on the CPU: there bf16 batch norm and max pooling
+// run on kernels of our own, not cuDNN (Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h;
+// tests/emulated runs those kernels without a GPU, this runs them on one, inside the model).
+// Training mode: the loss, every parameter's gradient after one backward and after a second one
+// (the persistent buffers accumulating, batch norm's through the kernel's betas), the running
+// statistics and num_batches_tracked; then evaluation mode's logits and input gradient. Tolerances
+// as CudaMatchesTheCpuPerPrecision's conv chain: cuDNN rounds a conv's output before our kernel adds
+// its bias, and batch norm amplifies that rounding, so 16 of bf16's roundings relative to the
+// largest value; the running statistics see only the conv's rounding (4).
+struct CnnRun {
+  float loss = 0;
+  std::vector<std::vector<float>> once, twice, buffers, eval;  // eval: logits, then the input's gradient
+};
+
+CnnRun run_bf16_cnn(Device device) {
+  Generator gen(5);
+  models::CNN cnn(gen, device);
+  const int64_t b = 8;
+  std::vector<int32_t> labels_v(b);
+  for (int64_t i = 0; i < b; ++i) labels_v[i] = static_cast<int32_t>((3 * i) % models::CNN::kClasses);
+  const Tensor labels = Tensor::from_vector(labels_v, Shape{b}, device);
+  Tensor x = Tensor::from_vector(uniform_values(b * 784, 0.0f, 1.0f, 60), Shape{b, 784}, device);
+  auto loss = [&] { return ops::cross_entropy(cnn(ops::cast(x, DType::bf16)), labels, ops::Reduction::Sum); };
+  CnnRun r;
+  Tensor l = loss();
+  r.loss = l.item();
+  l.backward();
+  for (const Tensor& p : cnn.parameters()) r.once.push_back(values(p.grad()));
+  loss().backward();
+  for (const Tensor& p : cnn.parameters()) r.twice.push_back(values(p.grad()));
+  for (const auto& [name, t] : cnn.named_buffers()) {
+    if (t.dtype() == DType::i32) {
+      const std::vector<int32_t> v = t.to(Device::cpu()).to_vector<int32_t>();
+      r.buffers.emplace_back(v.begin(), v.end());
+    } else {
+      r.buffers.push_back(values(t));
+    }
+  }
+  cnn.eval();
+  x.set_requires_grad(true);
+  const Tensor logits = cnn(ops::cast(x, DType::bf16));
+  EXPECT_EQ(logits.dtype(), DType::bf16);
+  r.eval.push_back(values(logits));
+  ops::sum(ops::cast(logits, DType::f32)).backward();
+  r.eval.push_back(values(x.grad()));
+  return r;
+}
+
+TEST(MixedPrecisionParity, Bf16CnnOnCudaMatchesTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  const CnnRun cpu = run_bf16_cnn(Device::cpu());
+  const CnnRun gpu = run_bf16_cnn(Device::cuda(0));
+  const double tol = 16 * roundoff(DType::bf16);
+  EXPECT_NEAR(gpu.loss, cpu.loss, 4 * roundoff(DType::bf16) * std::fabs(cpu.loss));
+  ASSERT_EQ(gpu.once.size(), cpu.once.size());
+  for (std::size_t i = 0; i < cpu.once.size(); ++i) {
+    EXPECT_LT(max_rel_diff(gpu.once[i], cpu.once[i]), tol) << "parameter " << i << ", one backward";
+    EXPECT_LT(max_rel_diff(gpu.twice[i], cpu.twice[i]), tol) << "parameter " << i << ", two backwards";
+  }
+  ASSERT_EQ(gpu.buffers.size(), cpu.buffers.size());
+  for (std::size_t i = 0; i < cpu.buffers.size(); ++i)
+    EXPECT_LT(max_rel_diff(gpu.buffers[i], cpu.buffers[i]), 4 * roundoff(DType::bf16)) << "buffer " << i;
+  for (std::size_t i = 0; i < cpu.eval.size(); ++i)
+    EXPECT_LT(max_rel_diff(gpu.eval[i], cpu.eval[i]), tol) << (i == 0 ? "evaluation logits" : "evaluation dx");
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // max_pool2d: y[n, c, i, j] = max over the window of output (i, j) of x[n, c].  x: [N, C, H, W]
 //   -> y: [N, C, OH, OW], OH = (H + 2 pad_h - kernel_h) / stride_h + 1 (floor, as PyTorch's default).
 // Backward: dx (+)= dy routed to each window's maximum (summed where windows overlap).
-// Saves x, never an index tensor: the CPU recomputes each window's argmax from x, and cuDNN's
-// backward reads x and y, so on CUDA y is saved too. In the CNN both are alive anyway (the ReLU
-// before the pool saves x, the layer after it saves y), so the pool adds nothing to the footprint.
-// bf16 and f16 pool in their own type (a maximum needs no rounding).
+// Saves x, never an index tensor: the CPU and our CUDA kernels recompute each window's argmax from
+// x, and cuDNN's backward reads x and y, so for cuDNN y is saved too. In the CNN both are alive
+// anyway (the ReLU before the pool saves x, the layer after it saves y), so the pool adds nothing to
+// the footprint. bf16 and f16 pool in their own type (a maximum needs no rounding); on CUDA f32 and
+// f16 pool through cuDNN, bf16 with kernels of our own (Note [bf16 on cuDNN] in
+// kernels/cuda/cudnn_kernels.h).
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
@@ -32,9 +34,12 @@ class MaxPool2dBackward final : public Node {
     CUMULUS_DISPATCH_FLOAT(type, T,
         CUMULUS_DISPATCH(device,
             kernels::max_pool2d_backward_cpu(g, x_.data<T>(), dy.data<T>(), dx.beta(), dx.tensor.data<T>()),
-            CUMULUS_CUDNN_ONLY(kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, type, x_.raw_data(),
-                                                                 y_.raw_data(), dy.raw_data(), dx.beta(),
-                                                                 dx.tensor.raw_data()))));
+            CUMULUS_CUDNN_ONLY(y_.defined()
+                                   ? kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, type,
+                                                                       x_.raw_data(), y_.raw_data(), dy.raw_data(),
+                                                                       dx.beta(), dx.tensor.raw_data())
+                                   : kernels::max_pool2d_backward_cuda(g, x_.data<T>(), dy.data<T>(), dx.beta(),
+                                                                       dx.tensor.data<T>(), ctx.stream()))));
   }
 
   void release_saved() override {
@@ -43,7 +48,7 @@ class MaxPool2dBackward final : public Node {
   }
 
  private:
-  Tensor x_, y_;  // y_: CUDA only
+  Tensor x_, y_;  // y_: for cuDNN only
   kernels::Pool2dGeometry g_;
 };
 
@@ -73,13 +78,17 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
 
   const Device device = x.device();
   Tensor y = detail::new_output(Shape{g.n, g.c, g.out_h, g.out_w}, x.dtype(), device);
+  bool on_cudnn = false;
   CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
       CUMULUS_DISPATCH(device, kernels::max_pool2d_forward_cpu(g, x.data<T>(), y.data<T>()),
-                       CUMULUS_CUDNN_ONLY(kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()), g,
-                                                                           x.dtype(), x.raw_data(), y.raw_data()))));
+                       CUMULUS_CUDNN_ONLY(on_cudnn = kernels::cudnn_runs_batch_norm_and_pooling(x.dtype());
+                                          on_cudnn ? kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()),
+                                                                                      g, x.dtype(), x.raw_data(),
+                                                                                      y.raw_data())
+                                                   : kernels::max_pool2d_forward_cuda(g, x.data<T>(), y.data<T>(),
+                                                                                      ctx.stream()))));
   if (should_record({&x}))
-    attach_node(y, std::make_shared<MaxPool2dBackward>(x.detach(), device.is_cuda() ? y.detach() : Tensor(), g),
-                {&x});
+    attach_node(y, std::make_shared<MaxPool2dBackward>(x.detach(), on_cudnn ? y.detach() : Tensor(), g), {&x});
   return y;
 }
 

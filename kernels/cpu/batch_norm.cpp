@@ -140,7 +140,9 @@ void batch_norm_backward_cpu(const T* x, const T* dy, const float* gamma, const 
       const T* g = dy + (i * c + ch) * hw;
       T* q = dx + (i * c + ch) * hw;
       for (int64_t j = 0; j < hw; ++j) {
-        const float xhat = (to_f32(p[j]) - mean) * invstd;
+        // Evaluation mode's dx is scale * dy whatever x is: x_hat * 0 would make a NaN or an infinite
+        // x a NaN dx (CUDA's inference_dx_kernel, and PyTorch, never read x).
+        const float xhat = training ? (to_f32(p[j]) - mean) * invstd : 0.0f;
         q[j] = from_f32<T>(blend(scale * (to_f32(g[j]) - mean_dy - xhat * mean_dy_xhat), beta_dx, to_f32(q[j])));
       }
     }

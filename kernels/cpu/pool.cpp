@@ -1,44 +1,17 @@
 // max_pool2d on the CPU: plain loops over each output's window. Padding is skipped (as -inf would
-// be: every window holds an input element), a NaN wins its window, ties go to the
-// first element in row-major window order. Backward recomputes each window's argmax from x with
-// the same rule instead of keeping an index tensor: x is alive anyway (the ReLU before the pool
-// saves it), and cuDNN's pooling backward reads it too. x, y, dy, dx are stored as T (float, BFloat16,
-// Half): a maximum is one of its inputs, so a 16-bit forward rounds nothing; backward adds in f32.
+// be: every window holds an input element), a NaN wins its window, ties go to the first element in
+// row-major window order (pool_window_argmax in kernels/pool_rules.h, shared with CUDA). Backward
+// recomputes each window's argmax from x with the same rule instead of keeping an index tensor: x is
+// alive anyway (the ReLU before the pool saves it), and cuDNN's pooling backward reads it too. x, y,
+// dy, dx are stored as T (float, BFloat16, Half): a maximum is one of its inputs, so a 16-bit forward
+// rounds nothing; backward adds in f32.
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/conv_kernels.h"
+#include "kernels/pool_rules.h"
 
 namespace cumulus::kernels {
-
-namespace {
-
-// Index into the plane [h, w] of the window maximum of output (oi, oj): the first NaN, else the
-// first largest value. The op's checks (padding at most half the kernel) guarantee every window
-// covers at least one input element.
-template <typename T>
-inline int64_t window_argmax(const Pool2dGeometry& g, const T* plane, int64_t oi, int64_t oj) {
-  const int64_t i0 = oi * g.stride_h - g.pad_h, j0 = oj * g.stride_w - g.pad_w;
-  const int64_t i_begin = std::max<int64_t>(i0, 0), i_end = std::min(i0 + g.kernel_h, g.h);
-  const int64_t j_begin = std::max<int64_t>(j0, 0), j_end = std::min(j0 + g.kernel_w, g.w);
-  int64_t best = i_begin * g.w + j_begin;
-  float best_value = to_f32(plane[best]);
-  if (best_value != best_value) return best;  // NaN
-  for (int64_t i = i_begin; i < i_end; ++i) {
-    const T* row = plane + i * g.w;
-    for (int64_t j = j_begin; j < j_end; ++j) {
-      const float v = to_f32(row[j]);
-      if (!(v <= best_value)) {  // larger, or NaN
-        best = i * g.w + j;
-        best_value = v;
-        if (v != v) return best;
-      }
-    }
-  }
-  return best;
-}
-
-}  // namespace
 
 namespace {
 
@@ -47,7 +20,7 @@ bool is_2x2_stride_2(const Pool2dGeometry& g) {
   return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0;
 }
 
-// Index (0..3) of the maximum of a, b, c, d under the same rule as window_argmax.
+// Index (0..3) of the maximum of a, b, c, d under the same rule as pool_window_argmax.
 inline int argmax4(float a, float b, float c, float d) {
   const float v[4] = {a, b, c, d};
   int best = 0;
@@ -87,7 +60,7 @@ void max_pool2d_forward_cpu(const Pool2dGeometry& g, const T* x, T* y) {
     const T* plane = x + p * hw;
     T* out = y + p * ohw;
     for (int64_t oi = 0; oi < g.out_h; ++oi)
-      for (int64_t oj = 0; oj < g.out_w; ++oj) out[oi * g.out_w + oj] = plane[window_argmax(g, plane, oi, oj)];
+      for (int64_t oj = 0; oj < g.out_w; ++oj) out[oi * g.out_w + oj] = plane[pool_window_argmax(g, plane, oi, oj)];
   }
 }
 
@@ -131,7 +104,7 @@ void max_pool2d_backward_cpu(const Pool2dGeometry& g, const T* x, const T* dy, f
     T* d = dx + p * hw;
     for (int64_t oi = 0; oi < g.out_h; ++oi)
       for (int64_t oj = 0; oj < g.out_w; ++oj) {
-        T& target = d[window_argmax(g, plane, oi, oj)];
+        T& target = d[pool_window_argmax(g, plane, oi, oj)];
         target = from_f32<T>(to_f32(target) + to_f32(g_out[oi * g.out_w + oj]));
       }
   }

@@ -1,9 +1,13 @@
 // The kernels of our own for batch_norm2d on CUDA (cuDNN's calls are in kernels/cuda/cudnn_batch_norm.cu):
 // evaluation mode's saved statistics and its backward (cuDNN has none: dx = gamma * invstd * dy,
-// dgamma = sum dy * x_hat, dbeta = sum dy, per channel) and the num_batches_tracked counter. In a
-// file without cuDNN's header, so that the CPU emulation runs them (Note [Kernel launches] in
-// kernels/cuda/common.cuh). x, dy and dx are stored as T (float, BFloat16, Half): loads through
-// to_f32, f32 arithmetic, one rounding per 16-bit store; parameters and statistics are f32.
+// dgamma = sum dy * x_hat, dbeta = sum dy, per channel), the num_batches_tracked counter, and both
+// modes for bf16, which cuDNN's batch norm is not documented for (Note [bf16 on cuDNN] in
+// kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU emulation runs
+// them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
+// BFloat16, Half): loads through to_f32, f32 arithmetic, one rounding per 16-bit store; parameters
+// and statistics are f32. Each channel's sums are one block's (fixed order: deterministic), and the
+// normalizing and the dx formulas are kernels/cpu/batch_norm.cpp's, so the two differ only by the
+// order of the sums.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -25,26 +29,110 @@ __global__ void save_running_stats_kernel(const float* running_mean, const float
   save_invstd[ch] = rsqrtf(running_var[ch] + eps);
 }
 
+// The offset of the i-th of channel ch's n * hw values in [n, c, hw].
+__device__ __forceinline__ int64_t channel_offset(int64_t i, int64_t c, int64_t hw, int64_t ch) {
+  return ((i / hw) * c + ch) * hw + i % hw;
+}
+
+// sum f(x) over channel ch (blockIdx.x) by the whole block: each thread a strided partial sum, then
+// block_sum. The order depends only on n * hw and blockDim; every thread gets the total.
+template <typename T, typename F>
+__device__ float channel_sum(const T* x, int64_t n, int64_t c, int64_t hw, F f) {
+  const int64_t ch = blockIdx.x;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += f(to_f32(x[channel_offset(i, c, hw, ch)]));
+  return cuda_common::block_sum(s);
+}
+
+// One block per channel: the batch mean, then the variance from a second pass (sum (x - mean)^2: no
+// cancellation when the mean is large against the spread), saved as mean and 1 / sqrt(var + eps);
+// the running statistics, when given, move by momentum towards the mean and the unbiased variance.
+template <typename T>
+__global__ void batch_stats_kernel(const T* x, int64_t n, int64_t c, int64_t hw, float eps, float momentum,
+                                   float* running_mean, float* running_var, float* save_mean, float* save_invstd) {
+  const int64_t ch = blockIdx.x;
+  const float m = static_cast<float>(n * hw);
+  const float mean = channel_sum(x, n, c, hw, [](float v) { return v; }) / m;
+  const float ss = channel_sum(x, n, c, hw, [mean](float v) { return (v - mean) * (v - mean); });
+  if (threadIdx.x != 0) return;
+  const float var = ss / m;
+  save_mean[ch] = mean;
+  save_invstd[ch] = 1.0f / sqrtf(var + eps);
+  if (running_mean != nullptr) {
+    const float unbiased = n * hw > 1 ? ss / (m - 1.0f) : var;
+    running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * mean;
+    running_var[ch] = (1.0f - momentum) * running_var[ch] + momentum * unbiased;
+  }
+}
+
+// y = x * scale + shift with scale = gamma * invstd, shift = beta - mean * scale (the CPU's formula),
+// one thread per element.
+template <typename T>
+__global__ void normalize_kernel(const T* x, const float* gamma, const float* beta, const float* save_mean,
+                                 const float* save_invstd, int64_t c, int64_t hw, int64_t total, T* y) {
+  CUMULUS_GRID_STRIDE_LOOP(i, total) {
+    const int64_t ch = (i / hw) % c;
+    const float scale = gamma[ch] * save_invstd[ch], shift = beta[ch] - save_mean[ch] * scale;
+    y[i] = from_f32<T>(to_f32(x[i]) * scale + shift);
+  }
+}
+
+// A channel's sum dy and sum dy * x_hat, every thread of its block getting both.
+struct GradSums {
+  float dy, dy_xhat;
+};
+
+template <typename T>
+__device__ GradSums channel_grad_sums(const T* x, const T* dy, float mean, float invstd, int64_t n, int64_t c,
+                                      int64_t hw) {
+  const int64_t ch = blockIdx.x;
+  float a = 0.0f, b = 0.0f;
+  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
+    const int64_t idx = channel_offset(i, c, hw, ch);
+    const float g = to_f32(dy[idx]);
+    a += g;
+    b += g * (to_f32(x[idx]) - mean) * invstd;
+  }
+  return GradSums{cuda_common::block_sum(a), cuda_common::block_sum(b)};
+}
+
+// dgamma = sum dy * x_hat, dbeta = sum dy, each blended with its own beta; by thread 0.
+__device__ inline void write_param_grads(const GradSums& s, float beta_dgamma, float* dgamma, float beta_dbeta,
+                                         float* dbeta) {
+  const int64_t ch = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  if (dgamma != nullptr) dgamma[ch] = blend(s.dy_xhat, beta_dgamma, dgamma[ch]);
+  if (dbeta != nullptr) dbeta[ch] = blend(s.dy, beta_dbeta, dbeta[ch]);
+}
+
 // One block per channel: sum dy and sum dy * x_hat over the channel's n * hw values in a fixed order
 // (deterministic), then the parameter gradients.
 template <typename T>
 __global__ void param_grads_kernel(const T* x, const T* dy, const float* save_mean, const float* save_invstd, int64_t n,
                                    int64_t c, int64_t hw, float beta_dgamma, float* dgamma, float beta_dbeta,
                                    float* dbeta) {
+  const GradSums s = channel_grad_sums(x, dy, save_mean[blockIdx.x], save_invstd[blockIdx.x], n, c, hw);
+  write_param_grads(s, beta_dgamma, dgamma, beta_dbeta, dbeta);
+}
+
+// Training mode's backward, one block per channel: the sums and the parameter gradients as
+// param_grads_kernel, then dx = gamma * invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat)) over
+// the channel (the sums are taken before anything is written, so dgamma and dbeta may accumulate).
+template <typename T>
+__global__ void training_backward_kernel(const T* x, const T* dy, const float* gamma, const float* save_mean,
+                                         const float* save_invstd, int64_t n, int64_t c, int64_t hw, float beta_dx,
+                                         T* dx, float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta) {
   const int64_t ch = blockIdx.x;
   const float mean = save_mean[ch], invstd = save_invstd[ch];
-  float a = 0.0f, b = 0.0f;
+  const GradSums s = channel_grad_sums(x, dy, mean, invstd, n, c, hw);
+  write_param_grads(s, beta_dgamma, dgamma, beta_dbeta, dbeta);
+  if (dx == nullptr) return;
+  const float m = static_cast<float>(n * hw), scale = gamma[ch] * invstd;
+  const float mean_dy = s.dy / m, mean_dy_xhat = s.dy_xhat / m;
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
-    const int64_t idx = ((i / hw) * c + ch) * hw + i % hw;
-    const float g = to_f32(dy[idx]);
-    a += g;
-    b += g * (to_f32(x[idx]) - mean) * invstd;
-  }
-  a = cuda_common::block_sum(a);
-  b = cuda_common::block_sum(b);
-  if (threadIdx.x == 0) {
-    if (dgamma != nullptr) dgamma[ch] = blend(b, beta_dgamma, dgamma[ch]);
-    if (dbeta != nullptr) dbeta[ch] = blend(a, beta_dbeta, dbeta[ch]);
+    const int64_t idx = channel_offset(i, c, hw, ch);
+    const float xhat = (to_f32(x[idx]) - mean) * invstd;
+    dx[idx] = from_f32<T>(blend(scale * (to_f32(dy[idx]) - mean_dy - xhat * mean_dy_xhat), beta_dx, to_f32(dx[idx])));
   }
 }
 
@@ -60,12 +148,26 @@ __global__ void inference_dx_kernel(const T* dy, const float* gamma, const float
 
 __global__ void increment_i32_kernel(int32_t* counter) { counter[0] += 1; }
 
+// One block per channel needs c to fit a grid's x dimension.
+void check_channels(int64_t c) {
+  CUMULUS_CHECK(c <= 2147483647, InvalidArgument, "batch_norm2d: ", c, " channels is too many for one grid");
+}
+
+template <typename T>
+void normalize(const T* x, const float* gamma, const float* beta, const float* save_mean, const float* save_invstd,
+               int64_t n, int64_t c, int64_t hw, T* y, cudaStream_t stream) {
+  const int64_t total = n * c * hw;
+  if (total > 0)
+    launch<normalize_kernel<T>>(blocks_for(total), kThreads, stream, x, gamma, beta, save_mean, save_invstd, c, hw,
+                                total, y);
+}
+
 template <typename T>
 void backward_inference(const void* x, const void* dy, const float* gamma, const float* save_mean,
                         const float* save_invstd, int64_t n, int64_t c, int64_t hw, float beta_dx, void* dx,
                         float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta, cudaStream_t stream) {
   if ((dgamma != nullptr || dbeta != nullptr) && c > 0) {
-    CUMULUS_CHECK(c <= 2147483647, InvalidArgument, "batch_norm2d: ", c, " channels is too many for one grid");
+    check_channels(c);
     launch<param_grads_kernel<T>>(static_cast<unsigned>(c), kThreads, stream, static_cast<const T*>(x),
                                   static_cast<const T*>(dy), save_mean, save_invstd, n, c, hw, beta_dgamma, dgamma,
                                   beta_dbeta, dbeta);
@@ -106,5 +208,48 @@ void batch_norm_backward_inference_cuda(DType dtype, const void* x, const void* 
 }
 
 void increment_i32_cuda(int32_t* counter, cudaStream_t stream) { launch<increment_i32_kernel>(1, 1, stream, counter); }
+
+template <typename T>
+void batch_norm_forward_training_cuda(const T* x, const float* gamma, const float* beta, int64_t n, int64_t c,
+                                      int64_t hw, float eps, float momentum, float* running_mean, float* running_var,
+                                      T* y, float* save_mean, float* save_invstd, cudaStream_t stream) {
+  if (c == 0) return;
+  check_channels(c);
+  launch<batch_stats_kernel<T>>(static_cast<unsigned>(c), kThreads, stream, x, n, c, hw, eps, momentum, running_mean,
+                                running_var, save_mean, save_invstd);
+  normalize(x, gamma, beta, save_mean, save_invstd, n, c, hw, y, stream);
+}
+
+template <typename T>
+void batch_norm_forward_inference_cuda(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                                       const float* running_var, int64_t n, int64_t c, int64_t hw, float eps, T* y,
+                                       float* save_mean, float* save_invstd, cudaStream_t stream) {
+  batch_norm_save_running_stats_cuda(running_mean, running_var, c, eps, save_mean, save_invstd, stream);
+  normalize(x, gamma, beta, save_mean, save_invstd, n, c, hw, y, stream);
+}
+
+template <typename T>
+void batch_norm_backward_training_cuda(const T* x, const T* dy, const float* gamma, const float* save_mean,
+                                       const float* save_invstd, int64_t n, int64_t c, int64_t hw, float beta_dx, T* dx,
+                                       float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta,
+                                       cudaStream_t stream) {
+  if (c == 0 || (dx == nullptr && dgamma == nullptr && dbeta == nullptr)) return;
+  check_channels(c);
+  launch<training_backward_kernel<T>>(static_cast<unsigned>(c), kThreads, stream, x, dy, gamma, save_mean, save_invstd,
+                                      n, c, hw, beta_dx, dx, beta_dgamma, dgamma, beta_dbeta, dbeta);
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void batch_norm_forward_training_cuda(const T*, const float*, const float*, int64_t, int64_t, int64_t,      \
+                                                 float, float, float*, float*, T*, float*, float*, cudaStream_t);      \
+  template void batch_norm_forward_inference_cuda(const T*, const float*, const float*, const float*, const float*,    \
+                                                  int64_t, int64_t, int64_t, float, T*, float*, float*, cudaStream_t); \
+  template void batch_norm_backward_training_cuda(const T*, const T*, const float*, const float*, const float*,        \
+                                                  int64_t, int64_t, int64_t, float, T*, float, float*, float, float*,  \
+                                                  cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

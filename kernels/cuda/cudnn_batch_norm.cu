@@ -7,8 +7,9 @@
 // Evaluation mode: cudnnBatchNormalizationForwardInference, plus a small kernel that saves the
 // running statistics the backward uses (cuDNN has no inference backward, so that backward is ours;
 // our kernels live in kernels/cuda/batch_norm.cu, without cuDNN's header, so the CPU emulation runs
-// them). x, y, dy and dx may be bf16 / f16 (cuDNN's 16-bit batch norm computes in f32, with f32
-// parameters and statistics).
+// them). x, y, dy and dx may be f16 (cuDNN's half batch norm computes in f32, with f32 parameters
+// and statistics); bf16 runs on kernels of our own in both modes (Note [bf16 on cuDNN] in
+// kernels/cuda/cudnn_kernels.h) and is refused here.
 #if CUMULUS_WITH_CUDNN
 
 #include "cumulus/core/cuda_check.h"
@@ -29,6 +30,8 @@ struct BnDescriptors {
 // cudnnDeriveBNTensorDescriptor gives for f32 and f16 x, written out so that our f32 buffers are
 // described as f32 whatever x's type (a type cuDNN refuses fails loudly; a wrong one would not).
 BnDescriptors describe(DType dtype, int64_t n, int64_t c, int64_t hw) {
+  CUMULUS_CHECK(cudnn_runs_batch_norm_and_pooling(dtype), InvalidArgument, "batch_norm2d: cuDNN's batch norm is not ",
+                "documented for ", dtype_name(dtype), " (Note [bf16 on cuDNN]); use the kernels of our own");
   return BnDescriptors{cudnn::nchw_descriptor(n, c, 1, hw, dtype), cudnn::nchw_descriptor(1, c, 1, 1)};
 }
 

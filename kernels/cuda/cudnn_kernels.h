@@ -19,6 +19,22 @@
 
 namespace cumulus::kernels {
 
+// Note [bf16 on cuDNN]
+// cuDNN 9 marks its legacy batch-norm calls (cudnnBatchNormalizationForwardTraining,
+// ...ForwardInference, ...Backward) and its pooling calls deprecated (CUDNN_DEPRECATED in
+// cudnn_ops.h), and we found no bf16 configuration documented for them: the header sets the
+// descriptor of the batch-norm parameters and statistics to double for double data and to float
+// otherwise, written with float and half data in mind (half data with float parameters is the
+// documented mixed-precision case, and the one PyTorch hands to cuDNN). The API reference,
+// https://docs.nvidia.com/deeplearning/cudnn/latest/api/cudnn-ops-library.html, lists the calls
+// under the deprecated legacy API. PyTorch keeps bf16 away from cuDNN's batch norm
+// (_select_batch_norm_backend in aten/src/ATen/native/Normalization.cpp: a bf16 input or weight
+// takes its own kernels, added in https://github.com/pytorch/pytorch/pull/44994) and pools with
+// kernels of its own for every type. So bf16 batch norm (both modes) and bf16 max pooling run on
+// kernels of our own (kernels/cuda/batch_norm.cu, kernels/cuda/pool.cu; declared in
+// kernels/cuda/kernels.h); f32 and f16 stay on cuDNN.
+inline bool cudnn_runs_batch_norm_and_pooling(DType dtype) { return dtype != DType::bf16; }
+
 // ---- conv2d (kernels/cuda/cudnn_conv.cu) ----
 // f32: FP32 math (CUDNN_FMA_MATH: no TF32), so results match the CPU's to float rounding. bf16 and
 // f16: tensor-core math with f32 accumulation (cuDNN's pseudo-16-bit configurations). The
@@ -40,7 +56,8 @@ void conv2d_backward_bias_cuda(cudnnHandle_t handle, const Conv2dGeometry& g, DT
                                float beta, float* dbias);
 
 // ---- batch_norm2d (kernels/cuda/cudnn_batch_norm.cu) ----
-// x: [n, c, hw]; spatial mode (statistics per channel). The contracts of the CPU launchers.
+// x: [n, c, hw]; spatial mode (statistics per channel). The contracts of the CPU launchers. f32 and
+// f16 (Note [bf16 on cuDNN]).
 
 void batch_norm_forward_training_cuda(cudnnHandle_t handle, DType dtype, const void* x, const float* gamma,
                                       const float* beta, int64_t n, int64_t c, int64_t hw, float eps,
@@ -57,10 +74,12 @@ void batch_norm_backward_training_cuda(cudnnHandle_t handle, DType dtype, const 
                                        const float* gamma, const float* save_mean, const float* save_invstd,
                                        int64_t n, int64_t c, int64_t hw, float eps, float beta_dx, void* dx,
                                        float beta_params, float* dgamma, float* dbeta);
-// Evaluation mode's backward, and the num_batches_tracked counter, are kernels of our own: kernels/cuda/kernels.h.
+// Evaluation mode's backward, the num_batches_tracked counter and bf16 in both modes are kernels of our own:
+// kernels/cuda/kernels.h.
 
 // ---- max_pool2d (kernels/cuda/cudnn_pool.cu) ----
-// CUDNN_POOLING_MAX_DETERMINISTIC, NaN propagated. cuDNN's backward reads x and y.
+// CUDNN_POOLING_MAX_DETERMINISTIC, NaN propagated. cuDNN's backward reads x and y. f32 and f16; bf16
+// pools with kernels of our own (Note [bf16 on cuDNN]).
 
 void max_pool2d_forward_cuda(cudnnHandle_t handle, const Pool2dGeometry& g, DType dtype, const void* x, void* y);
 void max_pool2d_backward_cuda(cudnnHandle_t handle, const Pool2dGeometry& g, DType dtype, const void* x,

@@ -2,7 +2,8 @@
 // CUDNN_POOLING_MAX_DETERMINISTIC and NaN propagation (as PyTorch). cuDNN's backward finds each
 // window's maximum again from x and y, so the op saves both (in the CNN both are alive anyway: the
 // ReLU before the pool saves x, the next layer saves y). dx is blended with beta (Note [Gradient
-// sinks]). x, y, dy and dx are all in `dtype` (f32, bf16 or f16; the scaling factors stay float).
+// sinks]). x, y, dy and dx are all in `dtype` (f32 or f16; the scaling factors stay float). bf16 pools
+// with kernels of our own (kernels/cuda/pool.cu; Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h).
 #if CUMULUS_WITH_CUDNN
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/cudnn_context.h"
@@ -18,6 +19,8 @@ struct PoolDescriptors {
 };
 
 PoolDescriptors describe(const Pool2dGeometry& g, DType dtype) {
+  CUMULUS_CHECK(cudnn_runs_batch_norm_and_pooling(dtype), InvalidArgument, "max_pool2d: cuDNN's pooling is not ",
+                "documented for ", dtype_name(dtype), " (Note [bf16 on cuDNN]); use the kernels of our own");
   PoolDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w, dtype),
                     cudnn::nchw_descriptor(g.n, g.c, g.out_h, g.out_w, dtype), cudnn::PoolingDescriptor()};
   CUMULUS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(

@@ -240,8 +240,11 @@ void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, c
 
 namespace cumulus::kernels {
 
-// ---- kernels of our own beside cuDNN's convolution and batch norm (kernels/cuda/conv.cu,
-// kernels/cuda/batch_norm.cu; the cuDNN calls are declared in kernels/cuda/cudnn_kernels.h) ----
+struct Pool2dGeometry;  // kernels/cpu/conv_kernels.h
+
+// ---- kernels of our own beside cuDNN's convolution, batch norm and pooling (kernels/cuda/conv.cu,
+// kernels/cuda/batch_norm.cu, kernels/cuda/pool.cu; the cuDNN calls are declared in
+// kernels/cuda/cudnn_kernels.h) ----
 
 // y [n, k, hw] += bias[k] (f32 bias), stored as T: the 16-bit conv's bias, which cuDNN adds only in
 // the data's type.
@@ -263,5 +266,33 @@ void batch_norm_backward_inference_cuda(DType dtype, const void* x, const void* 
                                         float beta_dbeta, float* dbeta, cudaStream_t stream);
 // counter[0] += 1 (BatchNorm2d's num_batches_tracked, i32), without a host round trip.
 void increment_i32_cuda(int32_t* counter, cudaStream_t stream);
+
+// batch_norm2d without cuDNN, for bf16 (Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h), with
+// the contracts of batch_norm_forward_training_cpu, batch_norm_forward_inference_cpu and
+// batch_norm_backward_cpu (training true): x, y, dy, dx [n, c, hw] stored as T, everything per
+// channel f32, each channel's sums in a fixed order (one block per channel), the variance from a
+// second pass over the channel. Null running statistics are left alone; any of dx, dgamma, dbeta
+// may be null.
+template <typename T>
+void batch_norm_forward_training_cuda(const T* x, const float* gamma, const float* beta, int64_t n, int64_t c,
+                                      int64_t hw, float eps, float momentum, float* running_mean, float* running_var,
+                                      T* y, float* save_mean, float* save_invstd, cudaStream_t stream);
+template <typename T>
+void batch_norm_forward_inference_cuda(const T* x, const float* gamma, const float* beta, const float* running_mean,
+                                       const float* running_var, int64_t n, int64_t c, int64_t hw, float eps, T* y,
+                                       float* save_mean, float* save_invstd, cudaStream_t stream);
+template <typename T>
+void batch_norm_backward_training_cuda(const T* x, const T* dy, const float* gamma, const float* save_mean,
+                                       const float* save_invstd, int64_t n, int64_t c, int64_t hw, float beta_dx, T* dx,
+                                       float beta_dgamma, float* dgamma, float beta_dbeta, float* dbeta,
+                                       cudaStream_t stream);
+
+// max_pool2d without cuDNN, for bf16 (the same Note): max_pool2d_forward_cpu's and
+// max_pool2d_backward_cpu's contracts and results (the same element per window, the same additions
+// in the same order), without atomics (a gather per input element).
+template <typename T>
+void max_pool2d_forward_cuda(const Pool2dGeometry& g, const T* x, T* y, cudaStream_t stream);
+template <typename T>
+void max_pool2d_backward_cuda(const Pool2dGeometry& g, const T* x, const T* dy, float beta, T* dx, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
