@@ -75,18 +75,13 @@ Tensor Tensor::full(const Shape& shape, float value, Device device) {
   return t;
 }
 
-template <typename T>
-Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  CUMULUS_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), ShapeError, "from_vector: ",
-                values.size(), " values for shape ", shape.str());
-  Tensor t = empty(shape, dtype_of<T>::value, device);
-  copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+Tensor Tensor::from_host(const void* values, std::size_t count, DType dtype, const Shape& shape, Device device) {
+  CUMULUS_CHECK(static_cast<int64_t>(count) == shape.numel(), ShapeError, "from_vector: ", count, " values for shape ",
+                shape.str());
+  Tensor t = empty(shape, dtype, device);
+  copy_bytes(t.raw_data(), device, values, Device::cpu(), t.nbytes());
   return t;
 }
-
-template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device);
-template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device);
-template Tensor Tensor::from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, Device);
 
 // ---- metadata and data -----------------------------------------------------------------------
 
@@ -114,27 +109,15 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(t.storage->memory.get()) + t.offset_bytes;
 }
 
-template <typename T>
-T* Tensor::data() const {
-  CUMULUS_CHECK(dtype() == dtype_of<T>::value, InvalidArgument, "data<", dtype_name(dtype_of<T>::value),
-                ">() on a tensor of dtype ", dtype_name(dtype()));
-  return static_cast<T*>(raw_data());
+void* Tensor::typed_data(DType dtype) const {
+  CUMULUS_CHECK(this->dtype() == dtype, InvalidArgument, "data<", dtype_name(dtype), ">() on a tensor of dtype ",
+                dtype_name(this->dtype()));
+  return raw_data();
 }
-template float* Tensor::data<float>() const;
-template int32_t* Tensor::data<int32_t>() const;
-template uint8_t* Tensor::data<uint8_t>() const;
-template BFloat16* Tensor::data<BFloat16>() const;
-template Half* Tensor::data<Half>() const;
 
-template <typename T>
-std::vector<T> Tensor::to_vector() const {
-  std::vector<T> out(static_cast<std::size_t>(numel()));
-  copy_bytes(out.data(), Device::cpu(), data<T>(), device(), nbytes());
-  return out;
+void Tensor::to_host(void* out, DType dtype) const {
+  copy_bytes(out, Device::cpu(), typed_data(dtype), device(), nbytes());
 }
-template std::vector<float> Tensor::to_vector<float>() const;
-template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
-template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 float Tensor::item() const {
   CUMULUS_CHECK(numel() == 1, ShapeError, "item() on a tensor of shape ", shape().str());

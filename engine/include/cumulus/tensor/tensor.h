@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -18,6 +19,16 @@ namespace cumulus {
 
 class Node;
 struct TensorImpl;
+
+// The C++ element types a tensor exchanges with host vectors (from_vector, to_vector): float (f32),
+// int32_t (i32), uint8_t (u8). data<T>() also takes BFloat16 and Half. Any other type is a compile
+// error naming these, never a link error.
+template <typename T>
+inline constexpr bool kHostElementType =
+    std::is_same_v<T, float> || std::is_same_v<T, int32_t> || std::is_same_v<T, uint8_t>;
+template <typename T>
+inline constexpr bool kStorageElementType =
+    kHostElementType<T> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
 
 // One allocation on one device; shared by a tensor and its views.
 struct Storage {
@@ -34,9 +45,15 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
+  // T: float, int32_t or uint8_t (kHostElementType).
   template <typename T>
-  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
-                            Device device = Device::cpu());
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu()) {
+    static_assert(kHostElementType<T>,
+                  "Tensor::from_vector: the element type must be float (f32), int32_t (i32) or uint8_t (u8)");
+    if constexpr (kHostElementType<T>)
+      return from_host(values.data(), values.size(), dtype_of<T>::value, shape, device);
+    else return Tensor();
+  }
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }
@@ -55,10 +72,26 @@ class Tensor {
 
   // ---- data ----
   void* raw_data() const;  // device pointer on CUDA
+  // Checks the dtype. T: float, int32_t, uint8_t, BFloat16 or Half (kStorageElementType).
   template <typename T>
-  T* data() const;  // checks the dtype
+  T* data() const {
+    static_assert(kStorageElementType<T>,
+                  "Tensor::data: the element type must be float, int32_t, uint8_t, BFloat16 or Half");
+    if constexpr (kStorageElementType<T>) return static_cast<T*>(typed_data(dtype_of<T>::value));
+    else return nullptr;
+  }
+  // Copies to the host (synchronizes). T: float, int32_t or uint8_t (kHostElementType).
   template <typename T>
-  std::vector<T> to_vector() const;  // copies to the host (synchronizes)
+  std::vector<T> to_vector() const {
+    static_assert(kHostElementType<T>,
+                  "Tensor::to_vector: the element type must be float (f32), int32_t (i32) or uint8_t (u8)");
+    std::vector<T> out;
+    if constexpr (kHostElementType<T>) {
+      out.resize(static_cast<std::size_t>(numel()));
+      to_host(out.data(), dtype_of<T>::value);
+    }
+    return out;
+  }
   float item() const;                // the one element of an f32 tensor
 
   // ---- copies and views ----
@@ -98,6 +131,11 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
 
  private:
+  // The untyped halves of from_vector, data and to_vector: each checks the dtype against the
+  // element type's.
+  static Tensor from_host(const void* values, std::size_t count, DType dtype, const Shape& shape, Device device);
+  void* typed_data(DType dtype) const;
+  void to_host(void* out, DType dtype) const;
   TensorImpl& checked() const;
   std::shared_ptr<TensorImpl> impl_;
 };
