@@ -5,9 +5,10 @@
 // counted in optimizer steps, the non-finite guard, the counters, and optimizer-state memory.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -16,15 +17,17 @@
 #include <vector>
 
 #include "cumulus/memory/allocator.h"
+#include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
+#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
+#include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -1062,6 +1065,77 @@ TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
   EXPECT_THROW(make(bad), InvalidArgument);
   EXPECT_THROW(make({}, Normalization::micro_batches), InvalidArgument);
   EXPECT_THROW(make({}, Normalization::samples, /*skip=*/false), InvalidArgument);
+}
+
+// ---- mean-reduced losses (issue 28) -----------------------------------------------------------------
+
+// The message of the InvalidArgument `fn` throws ("" when it throws none).
+template <typename Fn>
+std::string refusal(Fn fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A mean-reduced loss would make the gradient 1/B of the right one (the step divides by the samples
+// again): refused, with the fix in the message, and nothing is accumulated or counted.
+TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
+  const Tiny p;
+  TinyModel m(p, device());
+  AccumulatorOptions ao;
+  ao.accum_steps = 2;
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> means = {
+      {"cross_entropy's default", [&] { return ops::cross_entropy(ops::linear(x, m.w, m.b), y); }},
+      {"cross_entropy Mean", [&] { return m.loss(ops::Reduction::Mean); }},
+      {"mlp_cross_entropy Mean", [&] { return ops::mlp_cross_entropy(x, y, {m.w}, {m.b}, ops::Reduction::Mean); }},
+      {"ops::mean", [&] { return ops::mean(ops::linear(x, m.w, m.b)); }},
+      {"reshaped mean", [&] { return ops::reshape(m.loss(ops::Reduction::Mean), {1}); }},
+      {"sum of one mean",
+       [&] {
+         return ops::sum(ops::flatten(m.loss(ops::Reduction::Mean).reshape({1, 1}), 0));
+       }},
+  };
+  for (const auto& [name, loss] : means) {
+    SCOPED_TRACE(name);
+    const std::string what = refusal([&] { acc.backward(loss(), 2); });
+    EXPECT_NE(what.find("the loss is a mean"), std::string::npos) << what;
+    const bool is_mean_op = name == std::string("ops::mean");
+    EXPECT_NE(what.find(is_mean_op ? "ops::sum instead of ops::mean" : "ops::Reduction::Sum"), std::string::npos)
+        << what;
+    EXPECT_EQ(acc.micro_batch_index(), 0);
+    EXPECT_EQ(acc.samples_in_group(), 0);
+    EXPECT_FALSE(m.w.grad().defined()) << "backward ran";
+  }
+  // The same check on CapturedTraining's path (eager here; on CUDA the capture calls backward too).
+  optim::CapturedTraining run(acc, /*use_graphs=*/false);
+  EXPECT_THROW(run.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
+  EXPECT_EQ(acc.micro_batch_index(), 0);
+}
+
+// Only what is known to be a mean is refused: sums, views of sums, one-element reductions, leaves
+// and ops of unknown meaning go through (Note [Mean-reduced losses]).
+TEST_P(AccumulatorTest, AcceptsSummedLosses) {
+  const Tiny p;
+  TinyModel m(p, device());
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulatorOptions{});
+  const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> sums = {
+      {"cross_entropy Sum", [&] { return m.loss(ops::Reduction::Sum); }},
+      {"mlp_cross_entropy Sum", [&] { return ops::mlp_cross_entropy(x, y, {m.w}, {m.b}, ops::Reduction::Sum); }},
+      {"ops::sum", [&] { return ops::sum(ops::linear(x, m.w, m.b)); }},
+      {"reshaped sum", [&] { return ops::reshape(m.loss(ops::Reduction::Sum), {1}); }},
+      {"mean of one sum", [&] { return ops::mean(ops::reshape(m.loss(ops::Reduction::Sum), {1})); }},
+  };
+  for (const auto& [name, loss] : sums) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(acc.backward(loss(), 2));
+    EXPECT_TRUE(acc.step_if_ready());
+  }
 }
 
 // ---- counters ----------------------------------------------------------------------------------
