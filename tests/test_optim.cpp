@@ -1138,6 +1138,32 @@ TEST_P(AccumulatorTest, AcceptsSummedLosses) {
   }
 }
 
+// ---- grad() after a step (issue 28) ------------------------------------------------------------
+
+// The step releases the gradients (marks them stale): grad() is then undefined, as PyTorch's .grad
+// after zero_grad(), and using it says so and how to read it instead.
+TEST_P(AccumulatorTest, GradAfterAStepSaysWhyItIsUndefined) {
+  const Tiny p;
+  TinyModel m(p, device());
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulatorOptions{});
+  acc.backward(m.loss(ops::Reduction::Sum), Tiny::B);
+  const std::vector<float> summed = m.w.grad().to_vector<float>();
+  ASSERT_TRUE(acc.step_if_ready());
+  EXPECT_FALSE(m.w.grad().defined());
+  const std::string what = refusal([&] { m.w.grad().to_vector<float>(); });
+  EXPECT_NE(what.find("use of an undefined tensor"), std::string::npos) << what;
+  EXPECT_NE(what.find("after the optimizer step"), std::string::npos) << what;
+  EXPECT_NE(what.find("before step_if_ready()"), std::string::npos) << what;
+  EXPECT_NE(what.find("grad_buffer()"), std::string::npos) << what;
+  // An op handed the undefined gradient says why too.
+  const std::string in_op = refusal([&] { ops::sum(m.w.grad()); });
+  EXPECT_NE(in_op.find("after the optimizer step"), std::string::npos) << in_op;
+  // What the message promises: the buffer keeps the group's summed gradient until the next backward.
+  EXPECT_EQ(m.w.grad_buffer().to_vector<float>(), summed);
+  acc.backward(m.loss(ops::Reduction::Sum), Tiny::B);
+  EXPECT_TRUE(m.w.grad().defined());
+}
+
 // ---- counters ----------------------------------------------------------------------------------
 
 TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {

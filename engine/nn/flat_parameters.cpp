@@ -43,6 +43,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
     char* dst = static_cast<char*>(values_.raw_data()) + s.offset * sizeof(float);
     copy_bytes(dst, device, s.param.raw_data(), device, bytes);
     const bool stale = s.param.grad_stale();
+    const StaleReason why = s.param.impl()->autograd.stale_reason;
     const Tensor old_grad = s.param.grad_buffer();
     if (old_grad.defined() && !stale) {
       char* gdst = static_cast<char*>(grads_.raw_data()) + s.offset * sizeof(float);
@@ -51,7 +52,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
     repoint(s.param, values_, s.offset);
     if (!old_grad.defined()) s.param.allocate_grad();
     repoint(s.param.grad_buffer(), grads_, s.offset);
-    if (stale) s.param.mark_grad_stale();
+    if (stale) s.param.mark_grad_stale(why);
   }
 }
 
@@ -79,8 +80,8 @@ void FlatParameters::zero_stale_gradients() const {
   }
 }
 
-void FlatParameters::mark_gradients_stale() const {
-  for (const Slot& s : slots_) s.param.mark_grad_stale();
+void FlatParameters::mark_gradients_stale(StaleReason why) const {
+  for (const Slot& s : slots_) s.param.mark_grad_stale(why);
 }
 
 double FlatParameters::gradient_sum_of_squares() const {

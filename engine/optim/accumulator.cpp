@@ -277,9 +277,9 @@ void Accumulator::check_summed_loss(const Tensor& loss) {
   const std::string op = node->name();
   throw InvalidArgument("Accumulator::backward: the loss is a mean (made by op '" + op + "'" +
                         (takes_reduction(op) ? " with Reduction::Mean" : "") +
-                        "), so its gradient would be 1/B of the right one: the Accumulator divides by the "
+                        "), so its gradient would be 1/B of the right one: the step divides by the group's "
                         "samples itself. Pass the summed loss: " +
-                        summed_instead(op) + " (Note [Mean-reduced losses])");
+                        summed_instead(op));
 }
 
 void Accumulator::skip_micro_batch() {
@@ -433,7 +433,8 @@ void Accumulator::launch_step() {
 }
 
 void Accumulator::finish_step_host() {
-  optimizer_->zero_grad();
+  // grad() now says the step released the gradient (Note [Why a gradient is undefined]).
+  optimizer_->parameters().mark_gradients_stale(StaleReason::optimizer_step);
   for (Bucket& b : buckets_) b.slots_pending = static_cast<int>(b.end_slot - b.first_slot);
   next_bucket_ = 0;
   ++attempted_;

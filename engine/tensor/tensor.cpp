@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
@@ -86,7 +87,8 @@ Tensor Tensor::from_host(const void* values, std::size_t count, DType dtype, con
 // ---- metadata and data -----------------------------------------------------------------------
 
 TensorImpl& Tensor::checked() const {
-  CUMULUS_CHECK(impl_ != nullptr, InvalidArgument, "use of an undefined tensor");
+  CUMULUS_CHECK(impl_ != nullptr, InvalidArgument, "use of an undefined tensor",
+                undefined_reason_ ? std::string(": ") + undefined_reason_ : std::string());
   return *impl_;
 }
 
@@ -201,14 +203,49 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
+// Note [Why a gradient is undefined]
+// grad() returns an undefined tensor where PyTorch's .grad is None. Used anyway, it would only say
+// "use of an undefined tensor", and the likeliest cause, reading p.grad() after the Accumulator's
+// step, looks like a bug in the library. So the undefined tensor carries a reason (a string
+// literal: Tensor::undefined_reason), told apart by the leaf's state and by why its buffer was
+// marked stale (StaleReason: the step marks it optimizer_step, zero_grad marks it zero_grad).
+namespace {
+const char* why_no_gradient(const AutogradMeta& m) {
+  if (m.grad_fn != nullptr)
+    return "grad() of a tensor made by an op: only leaves keep a gradient (read the gradient of the leaves it "
+           "was made from)";
+  if (!m.requires_grad)
+    return "grad() of a tensor that does not require grad (a frozen parameter has none): call "
+           "set_requires_grad(true) before the forward";
+  switch (m.grad.defined() ? m.stale_reason : StaleReason::no_backward) {
+    case StaleReason::optimizer_step:
+      return "grad() after the optimizer step: the Accumulator's step used the group's gradient and released it "
+             "(the next backward overwrites the buffer). Read grad() after the group's last backward and before "
+             "step_if_ready() or flush(), or read grad_buffer(), which keeps the group's summed gradient "
+             "(before the division by its samples) until the next backward";
+    case StaleReason::zero_grad:
+      return "grad() after zero_grad(): no backward has reached this tensor since its gradient was zeroed";
+    case StaleReason::no_backward: break;
+  }
+  return "grad() before any backward reached this tensor";
+}
+}  // namespace
+
 Tensor Tensor::grad() const {
   const AutogradMeta& m = checked().autograd;
-  return (m.grad.defined() && !m.grad_stale) ? m.grad : Tensor();
+  if (m.grad.defined() && !m.grad_stale) return m.grad;
+  Tensor none;
+  none.undefined_reason_ = why_no_gradient(m);
+  return none;
 }
 
 Tensor Tensor::grad_buffer() const { return checked().autograd.grad; }
 bool Tensor::grad_stale() const { return checked().autograd.grad_stale; }
-void Tensor::mark_grad_stale() const { checked().autograd.grad_stale = true; }
+void Tensor::mark_grad_stale(StaleReason why) const {
+  AutogradMeta& m = checked().autograd;
+  m.grad_stale = true;
+  m.stale_reason = why;
+}
 
 void Tensor::allocate_grad() const {
   CUMULUS_CHECK(requires_grad() && is_leaf(), InvalidArgument,
@@ -223,6 +260,7 @@ void allocate_grad_buffer(TensorImpl& leaf) {
   MemoryCategoryScope scope(MemoryCategory::gradients);
   leaf.autograd.grad = Tensor::empty(leaf.shape, DType::f32, leaf.storage->device);
   leaf.autograd.grad_stale = true;
+  leaf.autograd.stale_reason = StaleReason::no_backward;
 }
 }  // namespace ops::detail
 

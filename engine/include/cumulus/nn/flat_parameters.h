@@ -45,7 +45,8 @@ class FlatParameters {
   // Zeroes the gradient slice of every stale slot (and the padding is always zero), so a pass over
   // gradients() sees exact zeros where no backward wrote. Cheap when nothing is stale.
   void zero_stale_gradients() const;
-  void mark_gradients_stale() const;
+  // `why`: what each parameter's grad() reports until the next backward (Tensor::mark_grad_stale).
+  void mark_gradients_stale(StaleReason why = StaleReason::zero_grad) const;
 
  private:
   std::vector<Slot> slots_;

@@ -30,6 +30,14 @@ template <typename T>
 inline constexpr bool kStorageElementType =
     kHostElementType<T> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
 
+// Why a leaf's gradient buffer is stale (logically zero), so that grad() can say why it returns an
+// undefined tensor (Note [Why a gradient is undefined] in engine/tensor/tensor.cpp).
+enum class StaleReason : uint8_t {
+  no_backward,     // no backward has written the buffer since it was made
+  zero_grad,       // zero_grad() or mark_grad_stale()
+  optimizer_step,  // the Accumulator's step used the gradient and released it
+};
+
 // One allocation on one device; shared by a tensor and its views.
 struct Storage {
   Allocation memory;
@@ -57,6 +65,9 @@ class Tensor {
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }
+  // Why this tensor is undefined, when the call that returned it said (grad() does); else nullptr.
+  // Using an undefined tensor throws with this reason in the message.
+  const char* undefined_reason() const { return impl_ == nullptr ? undefined_reason_ : nullptr; }
   const Shape& shape() const;
   int ndim() const { return shape().ndim(); }
   int64_t size(int dim) const;  // negative dims count from the end
@@ -115,13 +126,17 @@ class Tensor {
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   // The accumulated gradient, or an undefined tensor if none was accumulated since the buffer
-  // was marked stale (the equivalent of PyTorch's `grad is None` after zero_grad()).
+  // was marked stale (the equivalent of PyTorch's `grad is None` after zero_grad()). The undefined
+  // tensor carries the reason (undefined_reason()): after an Accumulator step, for instance, that
+  // the step released the gradient, and how to read it (before the step, or grad_buffer()).
   Tensor grad() const;
-  // The persistent buffer itself, whatever its state (undefined until first allocated).
+  // The persistent buffer itself, whatever its state (undefined until first allocated). After an
+  // Accumulator step it still holds the group's summed gradient until the next backward writes it.
   Tensor grad_buffer() const;
   bool grad_stale() const;
-  // The next backward overwrites the buffer instead of adding to it (zero_grad that costs nothing).
-  void mark_grad_stale() const;
+  // The next backward overwrites the buffer instead of adding to it (zero_grad that costs nothing);
+  // `why` is what grad() reports meanwhile.
+  void mark_grad_stale(StaleReason why = StaleReason::zero_grad) const;
   // Allocates the persistent buffer now (category gradients) instead of at the first backward.
   void allocate_grad() const;
   // Reverse-mode from this scalar; the seed gradient is 1.
@@ -138,6 +153,7 @@ class Tensor {
   void to_host(void* out, DType dtype) const;
   TensorImpl& checked() const;
   std::shared_ptr<TensorImpl> impl_;
+  const char* undefined_reason_ = nullptr;  // a string literal; only while impl_ is null
 };
 
 struct AutogradMeta {
@@ -145,6 +161,7 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;  // null for leaves
   Tensor grad;                    // leaves: the persistent gradient buffer
   bool grad_stale = true;         // buffer contents are logically zero
+  StaleReason stale_reason = StaleReason::no_backward;
 };
 
 struct TensorImpl {
