@@ -51,6 +51,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->storage->device = device;
   impl->storage->memory = allocator_for(device).allocate(
       static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), current_memory_category());
+  impl->storage->category_by_default = !memory_category_scope_open();
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));

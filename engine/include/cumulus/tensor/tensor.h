@@ -42,6 +42,9 @@ enum class StaleReason : uint8_t {
 struct Storage {
   Allocation memory;
   Device device;
+  // Allocated with no MemoryCategoryScope open (category other): if it becomes an autograd node's
+  // output, it is counted as an activation (Note [Custom op outputs are activations]).
+  bool category_by_default = false;
 };
 
 class Tensor {
@@ -49,7 +52,8 @@ class Tensor {
   Tensor() = default;  // undefined
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // ---- factories (category from the innermost MemoryCategoryScope, else `other`) ----
+  // ---- factories (category from the innermost MemoryCategoryScope, else `other`; a tensor made
+  // outside any scope that becomes a recorded op's output counts as an activation) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
