@@ -470,6 +470,134 @@ TEST_P(OptimizerMathTest, AdamWTwoStepsMatchHandComputation) {
   }
 }
 
+// ---- frozen parameters (issue 28; Note [Frozen parameters] in kernels/optim_rules.h) -----------
+
+// torch.optim's rules in double for the Tiny problem, with state and update count per parameter
+// (W: the first 12 coordinates, b: the last 3); a frozen parameter is skipped whole, as PyTorch
+// skips a parameter without a gradient.
+struct PerParameterReference {
+  const Tiny& p;
+  OptKind kind;
+  float lr, wd;
+  std::vector<double> theta = p.theta0(), m = std::vector<double>(15, 0.0), v = std::vector<double>(15, 0.0);
+  int t[2] = {0, 0};  // own updates of W, b
+  void step(bool w_frozen) {
+    const std::vector<double> g = p.grad(theta);
+    for (int param = w_frozen ? 1 : 0; param < 2; ++param) {
+      const int own = ++t[param];
+      for (int k = param == 0 ? 0 : Tiny::O * Tiny::I; k < (param == 0 ? Tiny::O * Tiny::I : 15); ++k) {
+        if (kind == OptKind::adamw) {
+          const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+          theta[k] *= 1.0 - lr * wd;
+          m[k] = b1 * m[k] + (1 - b1) * g[k];
+          v[k] = b2 * v[k] + (1 - b2) * g[k] * g[k];
+          theta[k] -= lr / (1 - std::pow(b1, own)) * m[k] / (std::sqrt(v[k]) / std::sqrt(1 - std::pow(b2, own)) + eps);
+        } else {  // momentum 0.9, dampening 0.5: the first update sets the buffer to g undamped
+          const double gk = g[k] + wd * theta[k];
+          m[k] = own == 1 ? gk : 0.9 * m[k] + 0.5 * gk;
+          theta[k] -= lr * m[k];
+        }
+      }
+    }
+  }
+};
+
+std::vector<float> w_part(const std::vector<float>& theta) {
+  return std::vector<float>(theta.begin(), theta.begin() + Tiny::O * Tiny::I);
+}
+
+// A parameter frozen after the optimizer exists is left bit-identical (no decay, no momentum, no
+// Adam step, its state untouched), and unfrozen it resumes its own state and update count. SGD's
+// W is frozen before its first update (its momentum buffer then starts from the gradient), AdamW's
+// after it (its bias corrections continue from its own count, not the optimizer's).
+TEST_P(OptimizerMathTest, FrozenParameterIsLeftAloneAndResumesItsOwnState) {
+  const Tiny p;
+  for (OptKind kind : {OptKind::momentum, OptKind::adamw}) {
+    SCOPED_TRACE(kind == OptKind::adamw ? "AdamW" : "SGD momentum");
+    TinyModel m(p, device());
+    const float lr = kind == OptKind::adamw ? 0.05f : 0.1f, wd = 0.1f;
+    std::shared_ptr<optim::Optimizer> opt;
+    if (kind == OptKind::adamw) {
+      optim::AdamWOptions o;
+      o.lr = lr;
+      o.weight_decay = wd;
+      opt = std::make_shared<optim::AdamW>(m.flat, o);
+    } else {
+      optim::SGDOptions o;
+      o.lr = lr;
+      o.momentum = 0.9f;
+      o.dampening = 0.5f;
+      o.weight_decay = wd;
+      opt = std::make_shared<optim::SGD>(m.flat, o);
+    }
+    AccumulatorOptions ao;
+    ao.accum_steps = 2;
+    Accumulator acc(opt, ao);
+    // The optimizer's f32 state tensors (momentum, exp_avg, exp_avg_sq) in theta's order.
+    auto float_state = [&] {
+      std::vector<std::vector<float>> out;
+      for (const auto& [name, t] : opt->state())
+        if (t.dtype() == DType::f32) out.push_back(m.gather(t));
+      return out;
+    };
+    PerParameterReference ref{p, kind, lr, wd};
+    // SGD: W frozen from the start for two steps; AdamW: one step, then W frozen for two.
+    const int first_frozen = kind == OptKind::adamw ? 1 : 0;
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step + 1));
+      const bool frozen = step >= first_frozen && step < first_frozen + 2;
+      m.w.set_requires_grad(!frozen);
+      const std::vector<float> w_before = m.w.to_vector<float>();
+      const std::vector<std::vector<float>> state_before = float_state();
+      take_step(m, *opt, &acc, Path::accumulator_two_micro_batches);
+      ref.step(frozen);
+      if (frozen) {
+        EXPECT_EQ(m.w.to_vector<float>(), w_before) << "a frozen parameter moved";
+        const std::vector<std::vector<float>> state_after = float_state();
+        for (std::size_t i = 0; i < state_before.size(); ++i)  // none before the first update
+          EXPECT_EQ(w_part(state_after[i]), w_part(state_before[i])) << "its optimizer state moved";
+      }
+      EXPECT_LT(max_rel_diff(m.theta(), to_float(ref.theta)), 1e-6);
+    }
+    EXPECT_EQ(opt->updates(), 4);
+    EXPECT_GT(max_rel_diff(w_part(m.theta()), p.w0), 1e-2) << "W never trained: the test would be vacuous";
+  }
+}
+
+// The counts of missed updates are optimizer state: a checkpoint taken while a parameter is frozen
+// resumes to the same bits.
+TEST_P(OptimizerMathTest, FrozenStateSurvivesACheckpoint) {
+  const Tiny p;
+  auto make = [&](TinyModel& model) {
+    optim::AdamWOptions o;
+    o.lr = 0.05f;
+    return std::make_shared<optim::AdamW>(model.flat, o);
+  };
+  AccumulatorOptions ao;
+  ao.accum_steps = 2;
+  TinyModel a(p, device());
+  auto opt_a = make(a);
+  Accumulator acc_a(opt_a, ao);
+  take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
+  a.w.set_requires_grad(false);
+  take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
+  std::vector<std::pair<std::string, Tensor>> saved;
+  for (const auto& [name, t] : opt_a->state()) saved.emplace_back(name, t.clone());
+  ASSERT_EQ(saved.size(), 3u) << "exp_avg, exp_avg_sq and the missed updates";
+
+  TinyModel b(p, device());
+  b.w.copy_from(a.w);
+  b.b.copy_from(a.b);
+  b.w.set_requires_grad(false);
+  auto opt_b = make(b);
+  opt_b->load_state(saved, opt_a->updates());
+  Accumulator acc_b(opt_b, ao);
+  for (TinyModel* model : {&a, &b}) model->w.set_requires_grad(true);
+  take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
+  take_step(b, *opt_b, &acc_b, Path::accumulator_two_micro_batches);
+  EXPECT_EQ(b.theta(), a.theta());
+}
+
 CUMULUS_INSTANTIATE_DEVICES(OptimizerMathTest);
 
 // ---- exact normalization: micro-batch splits reproduce 64 x 1 ----------------------------------

@@ -395,6 +395,7 @@ bool Accumulator::flush() { return group_mbs_ > 0 && do_step(); }
 void Accumulator::prepare_step_host() {
   NoGradGuard no_grad;
   optimizer_->parameters().zero_stale_gradients();
+  optimizer_->prepare_frozen();  // Note [Frozen parameters]
   if (!schedule_) {
     if (lr_table_size_ != 1 || lr_table_constant_ != optimizer_->lr()) write_lr_table(0);
     return;

@@ -126,7 +126,9 @@ class Tensor {
 
   // ---- autograd ----
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool on);  // leaves only
+  // Leaves only. Freezing a parameter (false) after its optimizer exists makes every update leave it
+  // alone until it requires grad again (Note [Frozen parameters] in kernels/optim_rules.h).
+  Tensor& set_requires_grad(bool on);
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   // The accumulated gradient, or an undefined tensor if none was accumulated since the buffer
