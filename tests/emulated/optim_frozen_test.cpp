@@ -61,7 +61,7 @@ void expect_same(const Arrays& got, const Arrays& want, const Arrays& initial, b
   EXPECT_EQ(got.missed, missed) << "each frozen chunk counts the update it missed, once";
 }
 
-TEST(OptimKernelsEmulated, AdamWMatchesTheCpuLoopWithFrozenChunks) {
+TEST(FrozenOptimKernelsEmulated, AdamWMatchesTheCpuLoopWithFrozenChunks) {
   for (bool with_mask : {false, true})
     for (int32_t skip : {0, 1}) {
       SCOPED_TRACE(std::string(with_mask ? "frozen chunks" : "no mask") + (skip ? ", skipped step" : ""));
@@ -77,7 +77,7 @@ TEST(OptimKernelsEmulated, AdamWMatchesTheCpuLoopWithFrozenChunks) {
     }
 }
 
-TEST(OptimKernelsEmulated, SgdMatchesTheCpuLoopWithFrozenChunks) {
+TEST(FrozenOptimKernelsEmulated, SgdMatchesTheCpuLoopWithFrozenChunks) {
   for (bool with_mask : {false, true})
     for (int32_t skip : {0, 1}) {
       SCOPED_TRACE(std::string(with_mask ? "frozen chunks" : "no mask") + (skip ? ", skipped step" : ""));
