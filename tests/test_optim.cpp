@@ -1243,6 +1243,13 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
   optim::CapturedTraining run(acc, /*use_graphs=*/false);
   EXPECT_THROW(run.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
   EXPECT_EQ(acc.micro_batch_index(), 0);
+  // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.
+  ao.normalization = Normalization::micro_batches;
+  Accumulator classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  EXPECT_THROW(classic.backward(m.loss(ops::Reduction::Mean), 2), InvalidArgument);
+  ao.normalization = Normalization::none;
+  Accumulator as_accumulated(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  EXPECT_NO_THROW(as_accumulated.backward(m.loss(ops::Reduction::Mean), 2));
 }
 
 // Only what is known to be a mean is refused: sums, views of sums, one-element reductions, leaves

@@ -32,9 +32,10 @@
 //
 // Note [Mean-reduced losses]
 // A mean-reduced loss (cross_entropy's default Reduction::Mean) is a quiet disaster here: the step
-// divides by the group's samples again, so the gradient is 1/B of the right one and training just
-// crawls. backward() therefore refuses a loss known to be a mean. Each autograd node says how its
-// output reduces its input (OutputReduction in cumulus/autograd/node.h): cross_entropy and
+// divides by the group's samples again (Normalization::samples; micro_batches by the micro-batch's
+// samples), so the gradient is 1/B of the right one and training just crawls. backward() therefore
+// refuses a loss known to be a mean, except under Normalization::none, which divides by nothing. Each autograd node
+// says how its output reduces its input (OutputReduction in cumulus/autograd/node.h): cross_entropy and
 // mlp_cross_entropy say sum or mean by their Reduction, ops::sum and ops::mean say so over more than
 // one element; reshape, flatten, cast, and a sum or mean of one element pass the values on (none).
 // The check follows the loss's grad_fn through pass-on nodes and refuses only when it arrives at a
@@ -307,7 +308,8 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   CUMULUS_CHECK(loss.defined(), InvalidArgument, "Accumulator::backward: undefined loss");
   CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
                 ", parameters on ", device.str());
-  check_summed_loss(loss);
+  // Normalization::none divides by nothing: any loss is what the caller wants.
+  if (options_.normalization != Normalization::none) check_summed_loss(loss);
   // With loss scaling the seed is the device's current scale (Note [Loss scaling]).
   const Tensor seed_tensor = options_.loss_scaling.dynamic && loss.numel() == 1
                                  ? optimizer_->step_state_scalar(offsetof(kernels::StepState, loss_scale), loss.shape())
