@@ -130,9 +130,51 @@ CUMULUS_HOST_DEVICE void set_step(StepState& s, float grad_scale, float lr) {
   s.updates += 1;
 }
 
+// Note [Frozen parameters]
+// A parameter frozen after the optimizer exists (set_requires_grad(false)) must be left bit-identical
+// by every update: no weight decay, no momentum, no Adam step, as PyTorch leaves a parameter alone
+// while it has no gradient. The update stays one pass over the flat arrays (one launch on CUDA, no
+// host synchronization) by reading a mask: FlatParameters aligns every slot to 64 elements, so each
+// chunk of 64 belongs to one parameter, and FlatParameters::refresh_frozen writes one byte per chunk
+// (1: frozen) from the slots' requires_grad before each step's device part (host work, a small copy
+// only when a parameter changed; never inside a captured graph, which reads the mask's memory).
+// Until a parameter is first frozen there is no mask (null) and the kernels run their plain loop.
+// - A frozen chunk is skipped whole, its optimizer state included; the update that skips it counts
+//   it in the optimizer's per-chunk `missed` (Optimizer::prepare_frozen allocates it with the mask).
+// - Unfrozen again, a parameter resumes its own state, as in PyTorch where state['step'] is per
+//   parameter: its update count is the optimizer's minus the updates it missed, so Adam's bias
+//   corrections and SGD's first-update rule (momentum buffer = gradient) are those of its own
+//   updates. A parameter frozen before its first update starts as a fresh one. Such chunks compute
+//   Adam's constants themselves (two pows in double: per chunk on the CPU, per element on CUDA).
+// - Its gradient is not touched: backward writes none while it is frozen (the slot stays stale and
+//   is zeroed for the norm); a gradient left from before the freeze still counts in the clipping
+//   norm, as clip_grad_norm_ over all parameters with a gradient would.
+// - A skipped (non-finite) step updates nothing and counts nothing, frozen chunks included.
+// - Data parallel: a frozen slot never reports a finished gradient, so its bucket is reduced at the
+//   step instead of during backward (its zeros; correct, only later).
+// - A parameter frozen before FlatParameters(model) gets no slot at all (it stays out if unfrozen).
+struct FrozenChunks {
+  static constexpr int64_t kChunk = 64;  // FlatParameters::kAlignElements
+  const uint8_t* frozen = nullptr;       // per chunk, 1: frozen; null: no parameter was ever frozen
+  int32_t* missed = nullptr;             // per chunk: updates it sat out while frozen
+};
+
 }  // namespace cumulus::kernels
 
 namespace cumulus::kernels::rules {
+
+// Element i's own update count for an update that makes the optimizer's count `updates` (Adam's t,
+// SGD's first update at 1), or 0 when its chunk is frozen: the update leaves the element alone, and
+// the call for the chunk's first element counts the missed update (Note [Frozen parameters]).
+CUMULUS_HOST_DEVICE int64_t own_updates(const FrozenChunks& f, int64_t i, int64_t updates) {
+  if (f.frozen == nullptr) return updates;
+  const int64_t c = i / FrozenChunks::kChunk;
+  if (f.frozen[c]) {
+    if (i % FrozenChunks::kChunk == 0) f.missed[c] += 1;
+    return 0;
+  }
+  return updates - f.missed[c];
+}
 
 // AdamW's per-step constants for update t (1-based): step_size = lr / (1 - beta1^t) and
 // bc2_sqrt = sqrt(1 - beta2^t), the powers in double as torch.optim.AdamW computes them.

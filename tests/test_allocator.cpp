@@ -491,6 +491,29 @@ TEST_P(AllocatorTest, TensorsCarryTheCategoryOfTheScope) {
   EXPECT_EQ(after[MemoryCategory::other].current - before[MemoryCategory::other].current, 512);
 }
 
+// Allocation::recategorize (Note [Custom op outputs are activations]): the live block moves, counted
+// as a free in the old category and an allocation in the new one; the total does not change.
+TEST_P(AllocatorTest, RecategorizeMovesALiveBlock) {
+  CachingAllocator& A = alloc();
+  const MemoryStats before = A.stats();
+  Allocation a = A.allocate(1000, MemoryCategory::other);  // 1024
+  a.recategorize(MemoryCategory::activations);
+  EXPECT_EQ(a.category(), MemoryCategory::activations);
+  const MemoryStats mid = A.stats();
+  EXPECT_EQ(mid[MemoryCategory::other].current, before[MemoryCategory::other].current);
+  EXPECT_EQ(mid[MemoryCategory::other].allocs - before[MemoryCategory::other].allocs, 1);
+  EXPECT_EQ(mid[MemoryCategory::other].frees - before[MemoryCategory::other].frees, 1);
+  EXPECT_EQ(mid[MemoryCategory::activations].current - before[MemoryCategory::activations].current, 1024);
+  EXPECT_EQ(mid[MemoryCategory::activations].allocs - before[MemoryCategory::activations].allocs, 1);
+  EXPECT_GE(mid[MemoryCategory::activations].peak, mid[MemoryCategory::activations].current);
+  EXPECT_EQ(mid.allocated - before.allocated, 1024);
+  a.reset();
+  const MemoryStats after = A.stats();
+  EXPECT_EQ(after[MemoryCategory::activations].current, before[MemoryCategory::activations].current);
+  EXPECT_EQ(after[MemoryCategory::activations].frees - before[MemoryCategory::activations].frees, 1);
+  EXPECT_EQ(after.allocated, before.allocated);
+}
+
 TEST_P(AllocatorTest, DirectAllocationsByCategoryAndPeakSplit) {
   CachingAllocator& A = alloc();
   A.reset_peak();

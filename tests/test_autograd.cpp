@@ -676,6 +676,31 @@ TEST_P(AutogradTest, DeferredGradientAddsLandBeforeBackwardReturns) {
   }
 }
 
+// The reasons grad() gives for an undefined gradient (Note [Why a gradient is undefined]); the one
+// after an optimizer step is tested in test_optim.cpp.
+TEST_P(AutogradTest, UndefinedGradientsSayWhy) {
+  Generator g(4);
+  const Device d = device();
+  TinyModel m(5, 4, 3, 7, d);
+  const Tensor x = uniform({2, 5}, -1, 1, g, d), y = labels({0, 2}, d);
+  auto use_grad = [](const Tensor& t) {
+    try {
+      t.grad().numel();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(use_grad(m.w1).find("before any backward"), std::string::npos) << use_grad(m.w1);
+  const Tensor loss = m.loss(x, y);
+  EXPECT_NE(use_grad(loss).find("only leaves keep a gradient"), std::string::npos) << use_grad(loss);
+  loss.backward();
+  EXPECT_NO_THROW(m.w1.grad().numel());
+  m.mark_stale();
+  EXPECT_NE(use_grad(m.w1).find("after zero_grad()"), std::string::npos) << use_grad(m.w1);
+  EXPECT_NE(use_grad(x).find("does not require grad"), std::string::npos) << use_grad(x);
+}
+
 CUMULUS_INSTANTIATE_DEVICES(AutogradTest);
 
 }  // namespace

@@ -5,15 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/memory/tracker.h"
+#include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -321,6 +323,86 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
 }
 
 CUMULUS_INSTANTIATE_DEVICES(MemoryTrackerTest);
+
+// ---- custom ops (issue 28) -------------------------------------------------------------------------
+// A custom op as a user writes it against the public headers, with no memory category in sight:
+// y = 2x, computed on the host (any device), its output made by Tensor::from_vector.
+
+class Doubling final : public Node {
+ public:
+  Doubling() : Node("doubling") {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (grads[0].needed()) grads[0].give(times_two(dy));
+  }
+  static Tensor times_two(const Tensor& x) {
+    std::vector<float> v = x.to_vector<float>();
+    for (float& e : v) e *= 2.0f;
+    return Tensor::from_vector(v, x.shape(), x.device());
+  }
+};
+
+Tensor doubled(const Tensor& x) {
+  Tensor y = Doubling::times_two(x);
+  if (should_record({&x})) attach_node(y, std::make_shared<Doubling>(), {&x});
+  return y;
+}
+
+// An identity op whose output is a view of its input.
+class Identity final : public Node {
+ public:
+  Identity() : Node("identity") {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (grads[0].needed()) grads[0].give(dy);
+  }
+};
+
+class CustomOpMemoryTest : public DeviceTest {};
+
+TEST_P(CustomOpMemoryTest, ACustomOpsOutputIsAnActivation) {
+  CachingAllocator& alloc = allocator_for(device());
+  Tensor x = Tensor::full({64, 100}, 0.5f, device());
+  x.set_requires_grad(true);
+  const int64_t bytes = rounded(64 * 100 * 4);
+  const MemoryStats before = alloc.stats();
+  Tensor y = doubled(x);
+  const MemoryStats after = alloc.stats();
+  EXPECT_EQ(y.memory_category(), MemoryCategory::activations);
+  EXPECT_EQ(after[MemoryCategory::activations].current - before[MemoryCategory::activations].current, bytes);
+  EXPECT_EQ(after[MemoryCategory::other].current, before[MemoryCategory::other].current);
+  EXPECT_EQ(x.memory_category(), MemoryCategory::other) << "the input is not an activation";
+  y = Tensor();
+  EXPECT_EQ(alloc.stats()[MemoryCategory::activations].current, before[MemoryCategory::activations].current);
+
+  // Not recorded (no grad mode): an ordinary tensor.
+  {
+    NoGradGuard no_grad;
+    EXPECT_EQ(doubled(x).memory_category(), MemoryCategory::other);
+  }
+  // An output that is a view of the input keeps the input's category.
+  Tensor same = x.detach();
+  attach_node(same, std::make_shared<Identity>(), {&x});
+  EXPECT_EQ(same.memory_category(), MemoryCategory::other);
+  EXPECT_EQ(x.memory_category(), MemoryCategory::other);
+
+  // The tracker counts it in the micro-batch's activation footprint: a Linear keeps it for its
+  // weight gradient (the Linear's own output is gone: sum saves nothing), beside the loss scalar.
+  Tensor w = Tensor::full({3, 100}, 0.25f, device());
+  w.set_requires_grad(true);
+  MemoryTracker::Options o;
+  o.timeline_steps = 0;
+  MemoryTracker tracker(device(), o);
+  tracker.begin_micro_batch(0, 0, 64);
+  Tensor loss = ops::sum(ops::linear(doubled(x), w, Tensor()));
+  tracker.end_forward();
+  loss.backward();
+  loss = Tensor();
+  tracker.end_backward();
+  ASSERT_EQ(tracker.micro_batches().size(), 1u);
+  EXPECT_EQ(tracker.micro_batches()[0].activation_bytes, bytes + rounded(4));
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(64 * 100, 2.0f * 3 * 0.25f));
+}
+
+CUMULUS_INSTANTIATE_DEVICES(CustomOpMemoryTest);
 
 TEST(Planner, ParsesSizes) {
   EXPECT_EQ(parse_byte_size("1048576"), 1048576);

@@ -262,6 +262,48 @@ double accuracy(models::SeedMLP& model, const Tensor& x, const std::vector<int32
   return double(correct) / double(y.size());
 }
 
+// FlatParameters(model) packs only the parameters that train (issue 28): one frozen before the pack
+// keeps its own storage and, through training, its values; a model with nothing to train is refused.
+TEST_P(NnTest, FlatParametersSkipFrozenParameters) {
+  Generator gen(0);
+  models::SeedMLP model(gen, device());
+  const auto named = model.named_parameters();
+  Tensor frozen = named[0].second;  // linear_relu_stack.0.weight
+  frozen.set_requires_grad(false);
+  const std::vector<float> before = frozen.to_vector<float>();
+  const void* address = frozen.raw_data();
+  std::shared_ptr<nn::FlatParameters> flat;
+  ASSERT_NO_THROW(flat = std::make_shared<nn::FlatParameters>(model));
+  ASSERT_EQ(flat->slots().size(), named.size() - 1);
+  for (const auto& slot : flat->slots()) EXPECT_NE(slot.name, named[0].first);
+  EXPECT_EQ(flat->num_parameters(), 669706 - 512 * 784);
+  EXPECT_EQ(frozen.raw_data(), address) << "a frozen parameter is not moved into the flat buffers";
+
+  optim::SGDOptions so;
+  so.lr = 0.1f;
+  so.momentum = 0.9f;
+  so.weight_decay = 0.1f;
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), optim::AccumulatorOptions{});
+  Generator data(1);
+  const Tensor x = uniform({8, 784}, 0.0f, 1.0f, data, device());
+  const Tensor y = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5, 6, 7}, {8}, device());
+  const std::vector<float> trained_before = named[2].second.to_vector<float>();
+  for (int step = 0; step < 2; ++step) {
+    acc.backward(ops::cross_entropy(model(x), y, ops::Reduction::Sum), 8);
+    ASSERT_TRUE(acc.step_if_ready());
+  }
+  EXPECT_EQ(frozen.to_vector<float>(), before);
+  EXPECT_NE(named[2].second.to_vector<float>(), trained_before) << "the other parameters train";
+
+  for (auto [name, p] : named) p.set_requires_grad(false);
+  try {
+    nn::FlatParameters none(model);
+    ADD_FAILURE() << "a model with every parameter frozen was packed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("every parameter of the model is frozen"), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(NnTest, SGDTrainingReducesTheLoss) {
   const Device d = device();
   Generator pg(100);

@@ -5,9 +5,10 @@
 // counted in optimizer steps, the non-finite guard, the counters, and optimizer-state memory.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -16,15 +17,17 @@
 #include <vector>
 
 #include "cumulus/memory/allocator.h"
+#include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
+#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
+#include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -465,6 +468,134 @@ TEST_P(OptimizerMathTest, AdamWTwoStepsMatchHandComputation) {
       EXPECT_LT(max_rel_diff(m.gather(opt->exp_avg_sq()), to_float(var)), 1e-6) << "exp_avg_sq";
     }
   }
+}
+
+// ---- frozen parameters (issue 28; Note [Frozen parameters] in kernels/optim_rules.h) -----------
+
+// torch.optim's rules in double for the Tiny problem, with state and update count per parameter
+// (W: the first 12 coordinates, b: the last 3); a frozen parameter is skipped whole, as PyTorch
+// skips a parameter without a gradient.
+struct PerParameterReference {
+  const Tiny& p;
+  OptKind kind;
+  float lr, wd;
+  std::vector<double> theta = p.theta0(), m = std::vector<double>(15, 0.0), v = std::vector<double>(15, 0.0);
+  int t[2] = {0, 0};  // own updates of W, b
+  void step(bool w_frozen) {
+    const std::vector<double> g = p.grad(theta);
+    for (int param = w_frozen ? 1 : 0; param < 2; ++param) {
+      const int own = ++t[param];
+      for (int k = param == 0 ? 0 : Tiny::O * Tiny::I; k < (param == 0 ? Tiny::O * Tiny::I : 15); ++k) {
+        if (kind == OptKind::adamw) {
+          const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+          theta[k] *= 1.0 - lr * wd;
+          m[k] = b1 * m[k] + (1 - b1) * g[k];
+          v[k] = b2 * v[k] + (1 - b2) * g[k] * g[k];
+          theta[k] -= lr / (1 - std::pow(b1, own)) * m[k] / (std::sqrt(v[k]) / std::sqrt(1 - std::pow(b2, own)) + eps);
+        } else {  // momentum 0.9, dampening 0.5: the first update sets the buffer to g undamped
+          const double gk = g[k] + wd * theta[k];
+          m[k] = own == 1 ? gk : 0.9 * m[k] + 0.5 * gk;
+          theta[k] -= lr * m[k];
+        }
+      }
+    }
+  }
+};
+
+std::vector<float> w_part(const std::vector<float>& theta) {
+  return std::vector<float>(theta.begin(), theta.begin() + Tiny::O * Tiny::I);
+}
+
+// A parameter frozen after the optimizer exists is left bit-identical (no decay, no momentum, no
+// Adam step, its state untouched), and unfrozen it resumes its own state and update count. SGD's
+// W is frozen before its first update (its momentum buffer then starts from the gradient), AdamW's
+// after it (its bias corrections continue from its own count, not the optimizer's).
+TEST_P(OptimizerMathTest, FrozenParameterIsLeftAloneAndResumesItsOwnState) {
+  const Tiny p;
+  for (OptKind kind : {OptKind::momentum, OptKind::adamw}) {
+    SCOPED_TRACE(kind == OptKind::adamw ? "AdamW" : "SGD momentum");
+    TinyModel m(p, device());
+    const float lr = kind == OptKind::adamw ? 0.05f : 0.1f, wd = 0.1f;
+    std::shared_ptr<optim::Optimizer> opt;
+    if (kind == OptKind::adamw) {
+      optim::AdamWOptions o;
+      o.lr = lr;
+      o.weight_decay = wd;
+      opt = std::make_shared<optim::AdamW>(m.flat, o);
+    } else {
+      optim::SGDOptions o;
+      o.lr = lr;
+      o.momentum = 0.9f;
+      o.dampening = 0.5f;
+      o.weight_decay = wd;
+      opt = std::make_shared<optim::SGD>(m.flat, o);
+    }
+    AccumulatorOptions ao;
+    ao.accum_steps = 2;
+    Accumulator acc(opt, ao);
+    // The optimizer's f32 state tensors (momentum, exp_avg, exp_avg_sq) in theta's order.
+    auto float_state = [&] {
+      std::vector<std::vector<float>> out;
+      for (const auto& [name, t] : opt->state())
+        if (t.dtype() == DType::f32) out.push_back(m.gather(t));
+      return out;
+    };
+    PerParameterReference ref{p, kind, lr, wd};
+    // SGD: W frozen from the start for two steps; AdamW: one step, then W frozen for two.
+    const int first_frozen = kind == OptKind::adamw ? 1 : 0;
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step + 1));
+      const bool frozen = step >= first_frozen && step < first_frozen + 2;
+      m.w.set_requires_grad(!frozen);
+      const std::vector<float> w_before = m.w.to_vector<float>();
+      const std::vector<std::vector<float>> state_before = float_state();
+      take_step(m, *opt, &acc, Path::accumulator_two_micro_batches);
+      ref.step(frozen);
+      if (frozen) {
+        EXPECT_EQ(m.w.to_vector<float>(), w_before) << "a frozen parameter moved";
+        const std::vector<std::vector<float>> state_after = float_state();
+        for (std::size_t i = 0; i < state_before.size(); ++i)  // none before the first update
+          EXPECT_EQ(w_part(state_after[i]), w_part(state_before[i])) << "its optimizer state moved";
+      }
+      EXPECT_LT(max_rel_diff(m.theta(), to_float(ref.theta)), 1e-6);
+    }
+    EXPECT_EQ(opt->updates(), 4);
+    EXPECT_GT(max_rel_diff(w_part(m.theta()), p.w0), 1e-2) << "W never trained: the test would be vacuous";
+  }
+}
+
+// The counts of missed updates are optimizer state: a checkpoint taken while a parameter is frozen
+// resumes to the same bits.
+TEST_P(OptimizerMathTest, FrozenStateSurvivesACheckpoint) {
+  const Tiny p;
+  auto make = [&](TinyModel& model) {
+    optim::AdamWOptions o;
+    o.lr = 0.05f;
+    return std::make_shared<optim::AdamW>(model.flat, o);
+  };
+  AccumulatorOptions ao;
+  ao.accum_steps = 2;
+  TinyModel a(p, device());
+  auto opt_a = make(a);
+  Accumulator acc_a(opt_a, ao);
+  take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
+  a.w.set_requires_grad(false);
+  take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
+  std::vector<std::pair<std::string, Tensor>> saved;
+  for (const auto& [name, t] : opt_a->state()) saved.emplace_back(name, t.clone());
+  ASSERT_EQ(saved.size(), 3u) << "exp_avg, exp_avg_sq and the missed updates";
+
+  TinyModel b(p, device());
+  b.w.copy_from(a.w);
+  b.b.copy_from(a.b);
+  b.w.set_requires_grad(false);
+  auto opt_b = make(b);
+  opt_b->load_state(saved, opt_a->updates());
+  Accumulator acc_b(opt_b, ao);
+  for (TinyModel* model : {&a, &b}) model->w.set_requires_grad(true);
+  take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
+  take_step(b, *opt_b, &acc_b, Path::accumulator_two_micro_batches);
+  EXPECT_EQ(b.theta(), a.theta());
 }
 
 CUMULUS_INSTANTIATE_DEVICES(OptimizerMathTest);
@@ -1143,6 +1274,110 @@ TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
   }
   EXPECT_THROW(make({}, Normalization::micro_batches), InvalidArgument);
   EXPECT_THROW(make({}, Normalization::samples, /*skip=*/false), InvalidArgument);
+}
+
+// ---- mean-reduced losses (issue 28) -----------------------------------------------------------------
+
+// The message of the InvalidArgument `fn` throws ("" when it throws none).
+template <typename Fn>
+std::string refusal(Fn fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A mean-reduced loss would make the gradient 1/B of the right one (the step divides by the samples
+// again): refused, with the fix in the message, and nothing is accumulated or counted.
+TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
+  const Tiny p;
+  TinyModel m(p, device());
+  AccumulatorOptions ao;
+  ao.accum_steps = 2;
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> means = {
+      {"cross_entropy's default", [&] { return ops::cross_entropy(ops::linear(x, m.w, m.b), y); }},
+      {"cross_entropy Mean", [&] { return m.loss(ops::Reduction::Mean); }},
+      {"mlp_cross_entropy Mean", [&] { return ops::mlp_cross_entropy(x, y, {m.w}, {m.b}, ops::Reduction::Mean); }},
+      {"ops::mean", [&] { return ops::mean(ops::linear(x, m.w, m.b)); }},
+      {"reshaped mean", [&] { return ops::reshape(m.loss(ops::Reduction::Mean), {1}); }},
+      {"sum of one mean",
+       [&] {
+         return ops::sum(ops::flatten(m.loss(ops::Reduction::Mean).reshape({1, 1}), 0));
+       }},
+  };
+  for (const auto& [name, loss] : means) {
+    SCOPED_TRACE(name);
+    const std::string what = refusal([&] { acc.backward(loss(), 2); });
+    EXPECT_NE(what.find("the loss is a mean"), std::string::npos) << what;
+    const bool is_mean_op = name == std::string("ops::mean");
+    EXPECT_NE(what.find(is_mean_op ? "ops::sum instead of ops::mean" : "ops::Reduction::Sum"), std::string::npos)
+        << what;
+    EXPECT_EQ(acc.micro_batch_index(), 0);
+    EXPECT_EQ(acc.samples_in_group(), 0);
+    EXPECT_FALSE(m.w.grad().defined()) << "backward ran";
+  }
+  // The same check on CapturedTraining's path (eager here; on CUDA the capture calls backward too).
+  optim::CapturedTraining run(acc, /*use_graphs=*/false);
+  EXPECT_THROW(run.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
+  EXPECT_EQ(acc.micro_batch_index(), 0);
+  // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.
+  ao.normalization = Normalization::micro_batches;
+  Accumulator classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  EXPECT_THROW(classic.backward(m.loss(ops::Reduction::Mean), 2), InvalidArgument);
+  ao.normalization = Normalization::none;
+  Accumulator as_accumulated(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  EXPECT_NO_THROW(as_accumulated.backward(m.loss(ops::Reduction::Mean), 2));
+}
+
+// Only what is known to be a mean is refused: sums, views of sums, one-element reductions, leaves
+// and ops of unknown meaning go through (Note [Mean-reduced losses]).
+TEST_P(AccumulatorTest, AcceptsSummedLosses) {
+  const Tiny p;
+  TinyModel m(p, device());
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulatorOptions{});
+  const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> sums = {
+      {"cross_entropy Sum", [&] { return m.loss(ops::Reduction::Sum); }},
+      {"mlp_cross_entropy Sum", [&] { return ops::mlp_cross_entropy(x, y, {m.w}, {m.b}, ops::Reduction::Sum); }},
+      {"ops::sum", [&] { return ops::sum(ops::linear(x, m.w, m.b)); }},
+      {"reshaped sum", [&] { return ops::reshape(m.loss(ops::Reduction::Sum), {1}); }},
+      {"mean of one sum", [&] { return ops::mean(ops::reshape(m.loss(ops::Reduction::Sum), {1})); }},
+  };
+  for (const auto& [name, loss] : sums) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(acc.backward(loss(), 2));
+    EXPECT_TRUE(acc.step_if_ready());
+  }
+}
+
+// ---- grad() after a step (issue 28) ------------------------------------------------------------
+
+// The step releases the gradients (marks them stale): grad() is then undefined, as PyTorch's .grad
+// after zero_grad(), and using it says so and how to read it instead.
+TEST_P(AccumulatorTest, GradAfterAStepSaysWhyItIsUndefined) {
+  const Tiny p;
+  TinyModel m(p, device());
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulatorOptions{});
+  acc.backward(m.loss(ops::Reduction::Sum), Tiny::B);
+  const std::vector<float> summed = m.w.grad().to_vector<float>();
+  ASSERT_TRUE(acc.step_if_ready());
+  EXPECT_FALSE(m.w.grad().defined());
+  const std::string what = refusal([&] { m.w.grad().to_vector<float>(); });
+  EXPECT_NE(what.find("use of an undefined tensor"), std::string::npos) << what;
+  EXPECT_NE(what.find("after the optimizer step"), std::string::npos) << what;
+  EXPECT_NE(what.find("before step_if_ready()"), std::string::npos) << what;
+  EXPECT_NE(what.find("grad_buffer()"), std::string::npos) << what;
+  // An op handed the undefined gradient says why too.
+  const std::string in_op = refusal([&] { ops::sum(m.w.grad()); });
+  EXPECT_NE(in_op.find("after the optimizer step"), std::string::npos) << in_op;
+  // What the message promises: the buffer keeps the group's summed gradient until the next backward.
+  EXPECT_EQ(m.w.grad_buffer().to_vector<float>(), summed);
+  acc.backward(m.loss(ops::Reduction::Sum), Tiny::B);
+  EXPECT_TRUE(m.w.grad().defined());
 }
 
 // ---- counters ----------------------------------------------------------------------------------

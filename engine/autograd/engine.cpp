@@ -176,8 +176,28 @@ bool any_requires_grad(const Inputs& inputs) {
   return false;
 }
 
+// Note [Custom op outputs are activations]
+// Built-in ops allocate their outputs under the category of docs/ARCHITECTURE.md, "Memory
+// accounting" (detail::new_output: activations while a graph is recorded). A custom op, written
+// against the public headers, allocates with Tensor::empty and no scope, so its output would count
+// as `other` unless its author opened a MemoryCategoryScope. attach_node is where an output becomes
+// what a graph holds for backward, so there a block allocated with no scope open
+// (Storage::category_by_default) moves to activations (Allocation::recategorize). Nothing else
+// moves: a block allocated under any scope (every built-in op's, so their numbers stand) and a
+// block shared with an input (a view of it: a reshaped input keeps its own category).
+template <typename Inputs>
+void count_output_as_activation(const Tensor& out, const Inputs& inputs) {
+  if (out.impl()->storage == nullptr || !out.impl()->storage->category_by_default) return;
+  Storage& storage = *out.impl()->storage;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->impl()->storage.get() == &storage) return;
+  storage.memory.recategorize(MemoryCategory::activations);
+  storage.category_by_default = false;
+}
+
 template <typename Inputs>
 void attach_with_edges(Tensor& out, std::shared_ptr<Node> node, const Inputs& inputs) {
+  count_output_as_activation(out, inputs);
   for (const Tensor* t : inputs) node->next_edges().push_back(edge_to(*t));
   AutogradMeta& meta = out.impl()->autograd;
   meta.requires_grad = true;

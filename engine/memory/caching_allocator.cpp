@@ -104,6 +104,12 @@ void Allocation::reset() noexcept {
   owner_ = nullptr;
 }
 
+void Allocation::recategorize(MemoryCategory c) {
+  if (owner_ == nullptr || c == category_) return;
+  owner_->recategorize(block_, c);
+  category_ = c;
+}
+
 // ---- CachingAllocator ------------------------------------------------------------------------
 
 CachingAllocator::CachingAllocator(Device device, std::unique_ptr<MemoryBackend> backend)
@@ -316,6 +322,22 @@ void CachingAllocator::release(void* opaque) noexcept {
     block = p;
   }
   pool.insert(block);
+  if (pools_->observer) pools_->observer->on_change(st);
+}
+
+void CachingAllocator::recategorize(void* opaque, MemoryCategory category) {
+  auto* block = static_cast<Block*>(opaque);
+  std::lock_guard<std::mutex> lock(pools_->mutex);
+  MemoryStats& st = pools_->stats;
+  const auto bytes = static_cast<int64_t>(block->requested);
+  auto& from = st.by_category[static_cast<std::size_t>(block->category)];
+  from.current -= bytes;
+  from.frees += 1;
+  auto& to = st.by_category[static_cast<std::size_t>(category)];
+  to.current += bytes;
+  to.peak = std::max(to.peak, to.current);
+  to.allocs += 1;
+  block->category = category;
   if (pools_->observer) pools_->observer->on_change(st);
 }
 

@@ -41,6 +41,8 @@ MemoryCategory current_memory_category(MemoryCategory fallback) {
   return tls_scope_set ? tls_category : fallback;
 }
 
+bool memory_category_scope_open() { return tls_scope_set; }
+
 OpScope::OpScope(const char* name, bool backward)
     : previous_name_(tls_op_name), previous_backward_(tls_op_backward) {
   tls_op_name = name;

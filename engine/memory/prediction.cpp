@@ -71,12 +71,15 @@ class Recorder final : public AllocationObserver {
     events.reserve(1 << 12);
   }
   void on_change(const MemoryStats& stats) override {
-    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
-      const int64_t d = stats.by_category[c].current - last_[c];
-      if (d == 0) continue;
-      events.push_back(MemoryEvent{static_cast<MemoryCategory>(c), d > 0, d > 0 ? d : -d});
-      last_[c] = stats.by_category[c].current;
-    }
+    // Frees first: a recategorized block (Allocation::recategorize) changes two categories at once,
+    // and replayed as a free then an allocation it is never held twice.
+    for (const bool freed : {true, false})
+      for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+        const int64_t d = stats.by_category[c].current - last_[c];
+        if (d == 0 || (d < 0) != freed) continue;
+        events.push_back(MemoryEvent{static_cast<MemoryCategory>(c), d > 0, d > 0 ? d : -d});
+        last_[c] = stats.by_category[c].current;
+      }
   }
   std::vector<MemoryEvent> events;
 

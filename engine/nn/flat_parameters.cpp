@@ -1,7 +1,10 @@
 #include "cumulus/nn/flat_parameters.h"
 
+#include <utility>
+
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::nn {
 
@@ -14,17 +17,32 @@ void repoint(const Tensor& t, const Tensor& flat, int64_t offset) {
   impl.storage = flat.impl()->storage;
   impl.offset_bytes = flat.impl()->offset_bytes + static_cast<std::size_t>(offset) * sizeof(float);
 }
+
+// The parameters that train: a frozen one gets no slot (Note [Frozen parameters]).
+std::vector<std::pair<std::string, Tensor>> trainable_parameters(const Module& model) {
+  std::vector<std::pair<std::string, Tensor>> all = model.named_parameters(), out;
+  for (auto& named : all)
+    if (!named.second.defined() || named.second.requires_grad()) out.push_back(std::move(named));
+  CUMULUS_CHECK(!out.empty() || all.empty(), InvalidArgument,
+                "FlatParameters: every parameter of the model is frozen (requires_grad false): nothing to train");
+  return out;
+}
+
 }  // namespace
 
-FlatParameters::FlatParameters(const Module& model) : FlatParameters(model.named_parameters()) {}
+static_assert(FlatParameters::kAlignElements == kernels::FrozenChunks::kChunk,
+              "the frozen mask's chunks are the slots' alignment (Note [Frozen parameters])");
+
+FlatParameters::FlatParameters(const Module& model) : FlatParameters(trainable_parameters(model)) {}
 
 FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>& named) {
   CUMULUS_CHECK(!named.empty(), InvalidArgument, "FlatParameters: no parameters");
   const Device device = named.front().second.device();
   int64_t total = 0;
   for (const auto& [name, p] : named) {
-    CUMULUS_CHECK(p.defined() && p.is_leaf() && p.requires_grad() && p.dtype() == DType::f32,
-                  InvalidArgument, "FlatParameters: '", name, "' must be an f32 leaf that requires grad");
+    CUMULUS_CHECK(p.defined() && p.is_leaf() && p.requires_grad() && p.dtype() == DType::f32, InvalidArgument,
+                  "FlatParameters: '", name,
+                  "' must be an f32 leaf that requires grad (leave frozen parameters out of the list)");
     CUMULUS_CHECK(p.device() == device, DeviceError, "FlatParameters: '", name, "' is on ",
                   p.device().str(), ", the first parameter on ", device.str());
     slots_.push_back({name, p, total, p.numel()});
@@ -43,6 +61,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
     char* dst = static_cast<char*>(values_.raw_data()) + s.offset * sizeof(float);
     copy_bytes(dst, device, s.param.raw_data(), device, bytes);
     const bool stale = s.param.grad_stale();
+    const StaleReason why = s.param.impl()->autograd.stale_reason;
     const Tensor old_grad = s.param.grad_buffer();
     if (old_grad.defined() && !stale) {
       char* gdst = static_cast<char*>(grads_.raw_data()) + s.offset * sizeof(float);
@@ -51,7 +70,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
     repoint(s.param, values_, s.offset);
     if (!old_grad.defined()) s.param.allocate_grad();
     repoint(s.param.grad_buffer(), grads_, s.offset);
-    if (stale) s.param.mark_grad_stale();
+    if (stale) s.param.mark_grad_stale(why);
   }
 }
 
@@ -68,19 +87,51 @@ bool FlatParameters::any_gradient() const {
 }
 
 void FlatParameters::zero_stale_gradients() const {
-  for (const Slot& s : slots_) {
-    if (!s.param.grad_stale()) continue;
-    // A slot no backward reached since the last step: its gradient is zero. Write the zeros (beta
-    // 0 over a zero source is not needed: fill) and leave it stale so the next backward overwrites.
-    const Tensor g = s.param.grad_buffer();
-    float* p = g.data<float>();
-    const int64_t n = s.numel;
-    CUMULUS_DISPATCH(g.device(), kernels::fill_cpu(p, 0.0f, n), kernels::fill_cuda(p, 0.0f, n, ctx.stream()));
+  // A slot no backward reached since the last step (a frozen one, say) has a zero gradient. Write
+  // the zeros and leave it stale, so the next backward overwrites it. Consecutive stale slots are
+  // one fill (the padding between them is zero anyway).
+  float* g = grads_.data<float>();
+  for (std::size_t i = 0; i < slots_.size();) {
+    if (!slots_[i].param.grad_stale()) {
+      ++i;
+      continue;
+    }
+    std::size_t end = i + 1;
+    while (end < slots_.size() && slots_[end].param.grad_stale()) ++end;
+    float* p = g + slots_[i].offset;
+    const int64_t n = slots_[end - 1].offset + slots_[end - 1].numel - slots_[i].offset;
+    CUMULUS_DISPATCH(device(), kernels::fill_cpu(p, 0.0f, n), kernels::fill_cuda(p, 0.0f, n, ctx.stream()));
+    i = end;
   }
 }
 
-void FlatParameters::mark_gradients_stale() const {
-  for (const Slot& s : slots_) s.param.mark_grad_stale();
+void FlatParameters::mark_gradients_stale(StaleReason why) const {
+  for (const Slot& s : slots_) s.param.mark_grad_stale(why);
+}
+
+void FlatParameters::refresh_frozen(bool need_mask) {
+  if (slot_frozen_.empty()) slot_frozen_.assign(slots_.size(), false);
+  std::vector<std::size_t> changed;
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (slot_frozen_[i] != !slots_[i].param.requires_grad()) changed.push_back(i);
+  if (changed.empty() && (frozen_mask_.defined() || !need_mask)) return;
+  if (!frozen_mask_.defined()) {
+    MemoryCategoryScope scope(MemoryCategory::other);
+    frozen_mask_ = Tensor::zeros(Shape{num_chunks()}, DType::u8, device());
+  }
+  // Rewrite the changed slots' chunks only (queued in stream order on CUDA, no synchronization).
+  for (std::size_t i : changed) {
+    const bool frozen = !slots_[i].param.requires_grad();
+    const int64_t first = slots_[i].offset / kAlignElements;
+    const int64_t count = align_up(slots_[i].numel, kAlignElements) / kAlignElements;
+    const std::vector<uint8_t> bytes(static_cast<std::size_t>(count), frozen ? 1 : 0);
+    copy_bytes(frozen_mask_.data<uint8_t>() + first, device(), bytes.data(), Device::cpu(), bytes.size());
+    slot_frozen_[i] = frozen;
+  }
+}
+
+const uint8_t* FlatParameters::frozen_chunks() const {
+  return frozen_mask_.defined() ? frozen_mask_.data<uint8_t>() : nullptr;
 }
 
 double FlatParameters::gradient_sum_of_squares() const {

@@ -14,8 +14,10 @@ namespace {
 
 class CrossEntropyBackward final : public Node {
  public:
-  CrossEntropyBackward(Tensor logits, Tensor labels, float scale)
-      : Node("cross_entropy"), logits_(std::move(logits)), labels_(std::move(labels)), scale_(scale) {}
+  CrossEntropyBackward(Tensor logits, Tensor labels, float scale, Reduction reduction)
+      : Node("cross_entropy"), logits_(std::move(logits)), labels_(std::move(labels)), scale_(scale) {
+    set_output_reduction(reduction == Reduction::Mean ? OutputReduction::mean : OutputReduction::sum);
+  }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (!grads[0].needed()) return;
@@ -72,7 +74,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
                                                                                 ctx.stream())));
   }
   if (should_record({&logits}))
-    attach_node(loss, std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), scale),
+    attach_node(loss, std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), scale, reduction),
                 {&logits});
   return loss;
 }

@@ -46,14 +46,16 @@ class MLPCrossEntropyBackward final : public Node {
   // hidden[i]: layer i's output after its ReLU (i < layers - 1). head: the CPU's logits or the
   // softmax on CUDA. x: saved only when a first-layer gradient needs it.
   MLPCrossEntropyBackward(Tensor x, std::vector<Tensor> hidden, Tensor head, Tensor labels, std::vector<Tensor> weights,
-                          float scale)
+                          float scale, Reduction reduction)
       : Node("mlp_cross_entropy"),
         x_(std::move(x)),
         hidden_(std::move(hidden)),
         head_(std::move(head)),
         labels_(std::move(labels)),
         weights_(std::move(weights)),
-        scale_(scale) {}
+        scale_(scale) {
+    set_output_reduction(reduction == Reduction::Mean ? OutputReduction::mean : OutputReduction::sum);
+  }
 
   // grads: x, then weight and bias of each layer in order.
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
@@ -251,7 +253,7 @@ Tensor mlp_cross_entropy(const Tensor& x, const Tensor& labels, const std::vecto
     Tensor saved_x = weights.front().requires_grad() ? x.detach() : Tensor();
     attach_node(loss,
                 std::make_shared<MLPCrossEntropyBackward>(std::move(saved_x), std::move(saved_hidden), head.detach(),
-                                                          labels.detach(), std::move(saved_weights), scale),
+                                                          labels.detach(), std::move(saved_weights), scale, reduction),
                 inputs);
   }
   return loss;

@@ -70,15 +70,20 @@ void accumulate_into(const Tensor& dst, const Tensor& src, float beta);
 // Allocates a leaf's persistent gradient buffer (category gradients), contents stale.
 void allocate_grad_buffer(TensorImpl& leaf);
 
+// ": <why>" when `t` is undefined for a known reason (Tensor::undefined_reason), else "".
+inline std::string undefined_because(const Tensor& t) {
+  return t.undefined_reason() ? std::string(": ") + t.undefined_reason() : std::string();
+}
+
 inline void check_dtype(const char* op, const char* what, const Tensor& t, DType expected) {
-  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined");
+  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined", undefined_because(t));
   CUMULUS_CHECK(t.dtype() == expected, InvalidArgument, op, ": ", what, " must be ",
                 dtype_name(expected), ", got ", dtype_name(t.dtype()));
 }
 
 // A floating tensor (f32, bf16 or f16): the types ops compute with (Note [Mixed precision]).
 inline void check_floating(const char* op, const char* what, const Tensor& t) {
-  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined");
+  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined", undefined_because(t));
   CUMULUS_CHECK(is_floating(t.dtype()), InvalidArgument, op, ": ", what, " must be f32, bf16 or f16, got ",
                 dtype_name(t.dtype()));
 }

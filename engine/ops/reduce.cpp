@@ -13,8 +13,13 @@ namespace {
 
 class SumBackward final : public Node {
  public:
-  SumBackward(const char* name, Shape input_shape, float scale)
-      : Node(name), input_shape_(input_shape), scale_(scale) {}
+  SumBackward(const char* name, Shape input_shape, float scale, bool mean)
+      : Node(name), input_shape_(input_shape), scale_(scale) {
+    // Of one element, either is the element itself.
+    set_output_reduction(input_shape.numel() == 1 ? OutputReduction::none
+                         : mean                   ? OutputReduction::mean
+                                                  : OutputReduction::sum);
+  }
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (!grads[0].needed()) return;
     const Device device = dy.device();
@@ -42,7 +47,7 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
   float* yp = y.data<float>();
   CUMULUS_DISPATCH(device, kernels::sum_all_cpu(xp, n, scale, yp),
                    kernels::sum_all_cuda(xp, n, scale, yp, ctx.stream()));
-  if (should_record({&x})) attach_node(y, std::make_shared<SumBackward>(op, x.shape(), scale), {&x});
+  if (should_record({&x})) attach_node(y, std::make_shared<SumBackward>(op, x.shape(), scale, mean), {&x});
   return y;
 }
 

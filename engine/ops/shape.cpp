@@ -11,7 +11,9 @@ namespace {
 
 class ReshapeBackward final : public Node {
  public:
-  explicit ReshapeBackward(Shape input_shape) : Node("reshape"), input_shape_(input_shape) {}
+  explicit ReshapeBackward(Shape input_shape) : Node("reshape"), input_shape_(input_shape) {
+    set_output_reduction(OutputReduction::none);
+  }
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (grads[0].needed()) grads[0].give(dy.detach().reshape(input_shape_));
   }
@@ -31,7 +33,9 @@ Tensor view(const Tensor& x, const Shape& shape) {
 
 class CastBackward final : public Node {
  public:
-  explicit CastBackward(DType input_dtype) : Node("cast"), input_dtype_(input_dtype) {}
+  explicit CastBackward(DType input_dtype) : Node("cast"), input_dtype_(input_dtype) {
+    set_output_reduction(OutputReduction::none);
+  }
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (grads[0].needed()) grads[0].give(dy.to(input_dtype_));
   }

@@ -39,6 +39,22 @@
 //   underflow, a run with loss scaling gives the same bits as one without (tested).
 // The reported loss is the true loss: only the seed is scaled.
 //
+// Note [Mean-reduced losses]
+// A mean-reduced loss (cross_entropy's default Reduction::Mean) is a quiet disaster here: the step
+// divides by the group's samples again (Normalization::samples; micro_batches by the micro-batch's
+// samples), so the gradient is 1/B of the right one and training just crawls. backward() therefore
+// refuses a loss known to be a mean, except under Normalization::none, which divides by nothing. Each autograd node
+// says how its output reduces its input (OutputReduction in cumulus/autograd/node.h): cross_entropy and
+// mlp_cross_entropy say sum or mean by their Reduction, ops::sum and ops::mean say so over more than
+// one element; reshape, flatten, cast, and a sum or mean of one element pass the values on (none).
+// The check follows the loss's grad_fn through pass-on nodes and refuses only when it arrives at a
+// mean. Anything else is accepted: a sum, a leaf, and any node whose relation to a per-sample sum
+// is unknown (a custom op, a recomputed segment), so a correct summed loss is never refused; a
+// custom loss op can declare itself with Node::set_output_reduction. Every entry point runs it:
+// eager and data parallel micro-batches come through backward(), and CapturedTraining's eager and
+// captured calls do; a replayed graph sees no loss, but it replays a closure whose loss was
+// checked when the key ran eagerly.
+//
 // Note [Learning-rate table]
 // The schedule is host code (LRSchedule::lr_at), but whether a step is taken, and so which step
 // index the next one has, is known only on the device. The device therefore reads the rate from
@@ -54,6 +70,7 @@
 #include <cstddef>
 #include <iterator>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
@@ -256,6 +273,29 @@ void Accumulator::count_micro_batch(int64_t samples) {
   mb_total_ += 1;
 }
 
+namespace {
+bool takes_reduction(const std::string& op) { return op == "cross_entropy" || op == "mlp_cross_entropy"; }
+// The fix for a mean-reduced loss made by `op`.
+std::string summed_instead(const std::string& op) {
+  if (op == "mean") return "ops::sum instead of ops::mean";
+  if (takes_reduction(op)) return "ops::" + op + "(..., ops::Reduction::Sum)";
+  return "the sum over the samples instead";
+}
+}  // namespace
+
+void Accumulator::check_summed_loss(const Tensor& loss) {
+  Node* node = loss.grad_fn().get();
+  while (node != nullptr && node->output_reduction() == OutputReduction::none && node->next_edges().size() == 1)
+    node = node->next_edges().front().node.get();
+  if (node == nullptr || node->output_reduction() != OutputReduction::mean) return;
+  const std::string op = node->name();
+  throw InvalidArgument("Accumulator::backward: the loss is a mean (made by op '" + op + "'" +
+                        (takes_reduction(op) ? " with Reduction::Mean" : "") +
+                        "), so its gradient would be 1/B of the right one: the step divides by the group's "
+                        "samples itself. Pass the summed loss: " +
+                        summed_instead(op));
+}
+
 void Accumulator::skip_micro_batch() {
   CUMULUS_CHECK(distributed(), InvalidArgument,
                 "Accumulator::skip_micro_batch: only for data parallel training (a communicator of several ranks)");
@@ -281,6 +321,8 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   CUMULUS_CHECK(loss.defined(), InvalidArgument, "Accumulator::backward: undefined loss");
   CUMULUS_CHECK(loss.device() == device, DeviceError, "Accumulator::backward: loss on ", loss.device().str(),
                 ", parameters on ", device.str());
+  // Normalization::none divides by nothing: any loss is what the caller wants.
+  if (options_.normalization != Normalization::none) check_summed_loss(loss);
   // With loss scaling the seed is the device's current scale (Note [Loss scaling]).
   const Tensor seed_tensor = options_.loss_scaling.dynamic && loss.numel() == 1
                                  ? optimizer_->step_state_scalar(offsetof(kernels::StepState, loss_scale), loss.shape())
@@ -370,6 +412,7 @@ bool Accumulator::flush() { return group_mbs_ > 0 && do_step(); }
 void Accumulator::prepare_step_host() {
   NoGradGuard no_grad;
   optimizer_->parameters().zero_stale_gradients();
+  optimizer_->prepare_frozen();  // Note [Frozen parameters]
   if (!schedule_) {
     if (lr_table_size_ != 1 || lr_table_constant_ != optimizer_->lr()) write_lr_table(0);
     return;
@@ -409,7 +452,8 @@ void Accumulator::launch_step() {
 }
 
 void Accumulator::finish_step_host() {
-  optimizer_->zero_grad();
+  // grad() now says the step released the gradient (Note [Why a gradient is undefined]).
+  optimizer_->parameters().mark_gradients_stale(StaleReason::optimizer_step);
   for (Bucket& b : buckets_) b.slots_pending = static_cast<int>(b.end_slot - b.first_slot);
   next_bucket_ = 0;
   ++attempted_;

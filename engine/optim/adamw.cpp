@@ -17,12 +17,14 @@ AdamW::AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& opt
 }
 
 int64_t AdamW::state_bytes() const {
-  return m_.defined() ? static_cast<int64_t>(m_.allocated_bytes() + v_.allocated_bytes()) : 0;
+  return (m_.defined() ? static_cast<int64_t>(m_.allocated_bytes() + v_.allocated_bytes()) : 0) + frozen_state_bytes();
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   if (!m_.defined()) return {};
-  return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  std::vector<std::pair<std::string, Tensor>> out{{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  append_frozen_state(out);
+  return out;
 }
 
 void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
@@ -30,6 +32,7 @@ void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
   if (updates > 0) {
     restore_tensor(state, "exp_avg", m_);
     restore_tensor(state, "exp_avg_sq", v_);
+    restore_frozen_state(state);
   }
   set_updates(updates);
 }
@@ -47,14 +50,16 @@ void AdamW::apply(const kernels::StepState& host) {
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   const int64_t n = p.size();
+  const kernels::FrozenChunks frozen = frozen_chunks();
   if (p.device().is_cpu()) {
     if (host.skip) return;
     kernels::adamw_step_cpu(w, g, m, v, n, host.grad_scale, host.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-                            host.updates);
+                            host.updates, frozen);
     return;
   }
   CUMULUS_DISPATCH(p.device(), (void)0,
-      kernels::adamw_update_cuda(w, g, m, v, n, step_buffers(), o.beta1, o.beta2, o.eps, o.weight_decay, ctx.stream()));
+                   kernels::adamw_update_cuda(w, g, m, v, n, step_buffers(), o.beta1, o.beta2, o.eps, o.weight_decay,
+                                              frozen, ctx.stream()));
 }
 
 }  // namespace cumulus::optim

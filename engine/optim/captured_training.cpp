@@ -11,6 +11,10 @@
 //    micro-batch of an epoch gets its own pair;
 //  - the host state a micro-batch changes (the Accumulator's counters, the slots' stale flags) is
 //    replayed on the host too;
+//  - freezing or unfreezing a parameter changes which gradients a micro-batch computes, so the
+//    frozen pattern is part of the key too; the step graph reads the frozen mask's memory, which
+//    the host refreshes before each replay, and is captured afresh when the mask or the optimizer's
+//    count of missed updates is first allocated (Note [Frozen parameters] in kernels/optim_rules.h);
 //  - memory: the capture allocates from the graph pool (Note [Graph pool]), so a replay allocates
 //    nothing and the addresses it writes are never handed out to anything else.
 // A key seen for the first time runs eagerly (that creates handles and lazily allocated state,
@@ -40,6 +44,7 @@ struct CapturedTraining::Captured {
   cuda::Graph graph;
 #endif
   std::vector<bool> stale_after;  // the slots' stale flags after the micro-batch
+  const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
   MicroBatchRecord memory;        // measured while capturing
   bool captured() const {
 #if CUMULUS_WITH_CUDA
@@ -77,6 +82,13 @@ std::vector<bool> CapturedTraining::stale_pattern() const {
   return stale;
 }
 
+std::vector<bool> CapturedTraining::frozen_pattern() const {
+  const auto& slots = acc_.optimizer().parameters().slots();
+  std::vector<bool> frozen(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) frozen[i] = !slots[i].param.requires_grad();
+  return frozen;
+}
+
 void CapturedTraining::micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
   const bool graphs = use_graphs_ && !(tracker_ && tracker_->timeline_active());
   auto eager = [&] {
@@ -89,7 +101,7 @@ void CapturedTraining::micro_batch(int64_t samples, const std::function<Tensor()
     ++stats_.eager_micro_batches;
   };
   if (!graphs) return eager();
-  std::unique_ptr<Captured>& c = micro_batches_[{samples, stale_pattern()}];
+  std::unique_ptr<Captured>& c = micro_batches_[{samples, stale_pattern(), frozen_pattern()}];
   if (!c) c = std::make_unique<Captured>();
   if (c->seen++ == 0) return eager();
 #if CUMULUS_WITH_CUDA
@@ -153,7 +165,14 @@ bool CapturedTraining::step(bool only_if_ready) {
     return true;
   }
   acc_.prepare_step_host();
-  if (!step_) step_ = std::make_unique<Captured>();
+  // The update's arguments include the frozen mask, allocated at the first freeze (with the
+  // optimizer's missed counts): a graph captured before has none.
+  const void* frozen_mask = opt.parameters().frozen_chunks();
+  if (step_ && step_->frozen_mask != frozen_mask) step_.reset();
+  if (!step_) {
+    step_ = std::make_unique<Captured>();
+    step_->frozen_mask = frozen_mask;
+  }
   if (step_->seen++ == 0) {
     acc_.launch_step();  // creates the optimizer state: never during a capture
     ++stats_.eager_steps;

@@ -4,12 +4,19 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
 #include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
+
+namespace {
+constexpr const char* kFrozenStateName = "frozen_missed_updates";
+}  // namespace
 
 Optimizer::Optimizer(std::shared_ptr<nn::FlatParameters> params, float lr) : params_(std::move(params)) {
   CUMULUS_CHECK(params_ != nullptr, InvalidArgument, "optimizer: no parameters");
@@ -81,10 +88,58 @@ void Optimizer::update(float grad_scale, float lr) {
   CUMULUS_CHECK(std::isfinite(grad_scale), InvalidArgument, "optimizer: gradient scale ", grad_scale);
   NoGradGuard no_grad;
   params_->zero_stale_gradients();
+  prepare_frozen();
   kernels::StepBuffers* buf = step_buffers();
   CUMULUS_DISPATCH(params_->device(), kernels::set_step(buf->state, grad_scale, lr),
                    kernels::set_step_cuda(buf, grad_scale, lr, ctx.stream()));
   apply_prepared_update();
+}
+
+// ---- frozen parameters (Note [Frozen parameters] in kernels/optim_rules.h) ----
+
+void Optimizer::prepare_frozen() {
+  // Restored counts need the chunked update even when nothing is frozen now.
+  params_->refresh_frozen(/*need_mask=*/missed_updates_.defined());
+  if (params_->frozen_chunks() == nullptr || missed_updates_.defined()) return;
+  MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+  missed_updates_ = Tensor::zeros(Shape{params_->num_chunks()}, DType::i32, params_->device());
+}
+
+kernels::FrozenChunks Optimizer::frozen_chunks() const {
+  kernels::FrozenChunks f;
+  if (!missed_updates_.defined()) return f;
+  f.frozen = params_->frozen_chunks();
+  f.missed = missed_updates_.data<int32_t>();
+  return f;
+}
+
+void Optimizer::append_frozen_state(std::vector<std::pair<std::string, Tensor>>& state) const {
+  if (missed_updates_.defined()) state.emplace_back(kFrozenStateName, missed_updates_);
+}
+
+void Optimizer::restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+  for (const auto& [name, t] : state) {
+    if (name != kFrozenStateName) continue;
+    CUMULUS_CHECK(t.dtype() == DType::i32 && t.numel() == params_->num_chunks(), ShapeError, "optimizer state '", name,
+                  "' has ", t.numel(), " elements (", dtype_name(t.dtype()), "), expected ", params_->num_chunks(),
+                  " i32 (was the checkpoint written for this model?)");
+    if (!missed_updates_.defined()) {
+      MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+      missed_updates_ = Tensor::empty(Shape{params_->num_chunks()}, DType::i32, params_->device());
+    }
+    copy_bytes(missed_updates_.raw_data(), missed_updates_.device(), t.raw_data(), t.device(), t.nbytes());
+    return;
+  }
+  // A checkpoint from before any freeze: no parameter missed an update.
+  if (missed_updates_.defined()) {
+    const std::vector<int32_t> zeros(static_cast<std::size_t>(params_->num_chunks()), 0);
+    copy_bytes(missed_updates_.raw_data(), missed_updates_.device(), zeros.data(), Device::cpu(),
+               missed_updates_.nbytes());
+  }
+}
+
+int64_t Optimizer::frozen_state_bytes() const {
+  return missed_updates_.defined() ? static_cast<int64_t>(missed_updates_.allocated_bytes()) : 0;
 }
 
 void Optimizer::apply_prepared_update() {

@@ -14,16 +14,21 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
                 InvalidArgument, "SGD: Nesterov momentum needs momentum > 0 and dampening 0");
 }
 
-int64_t SGD::state_bytes() const { return momentum_.defined() ? static_cast<int64_t>(momentum_.allocated_bytes()) : 0; }
+int64_t SGD::state_bytes() const {
+  return (momentum_.defined() ? static_cast<int64_t>(momentum_.allocated_bytes()) : 0) + frozen_state_bytes();
+}
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
-  if (!momentum_.defined()) return {};
-  return {{"momentum_buffer", momentum_}};
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (momentum_.defined()) out.emplace_back("momentum_buffer", momentum_);
+  append_frozen_state(out);
+  return out;
 }
 
 void SGD::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
   CUMULUS_CHECK(updates >= 0, InvalidArgument, "SGD::load_state: negative update count");
   if (options_.momentum != 0.0f && updates > 0) restore_tensor(state, "momentum_buffer", momentum_);
+  if (updates > 0) restore_frozen_state(state);
   set_updates(updates);
 }
 
@@ -38,14 +43,16 @@ void SGD::apply(const kernels::StepState& host) {
   float* buf = momentum_.defined() ? momentum_.data<float>() : nullptr;
   const int64_t n = p.size();
   const SGDOptions& o = options_;
+  const kernels::FrozenChunks frozen = frozen_chunks();
   if (p.device().is_cpu()) {
     if (host.skip) return;
-    kernels::sgd_step_cpu(w, g, buf, n, host.grad_scale, host.lr, o.momentum, o.dampening, o.nesterov,
-                          o.weight_decay, host.updates == 1);
+    kernels::sgd_step_cpu(w, g, buf, n, host.grad_scale, host.lr, o.momentum, o.dampening, o.nesterov, o.weight_decay,
+                          host.updates, frozen);
     return;
   }
   CUMULUS_DISPATCH(p.device(), (void)0,
-      kernels::sgd_update_cuda(w, g, buf, n, step_buffers(), o.momentum, o.dampening, o.nesterov, o.weight_decay, ctx.stream()));
+                   kernels::sgd_update_cuda(w, g, buf, n, step_buffers(), o.momentum, o.dampening, o.nesterov,
+                                            o.weight_decay, frozen, ctx.stream()));
 }
 
 }  // namespace cumulus::optim

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
@@ -50,6 +51,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->storage->device = device;
   impl->storage->memory = allocator_for(device).allocate(
       static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), current_memory_category());
+  impl->storage->category_by_default = !memory_category_scope_open();
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
@@ -75,23 +77,19 @@ Tensor Tensor::full(const Shape& shape, float value, Device device) {
   return t;
 }
 
-template <typename T>
-Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  CUMULUS_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), ShapeError, "from_vector: ",
-                values.size(), " values for shape ", shape.str());
-  Tensor t = empty(shape, dtype_of<T>::value, device);
-  copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+Tensor Tensor::from_host(const void* values, std::size_t count, DType dtype, const Shape& shape, Device device) {
+  CUMULUS_CHECK(static_cast<int64_t>(count) == shape.numel(), ShapeError, "from_vector: ", count, " values for shape ",
+                shape.str());
+  Tensor t = empty(shape, dtype, device);
+  copy_bytes(t.raw_data(), device, values, Device::cpu(), t.nbytes());
   return t;
 }
-
-template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device);
-template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device);
-template Tensor Tensor::from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, Device);
 
 // ---- metadata and data -----------------------------------------------------------------------
 
 TensorImpl& Tensor::checked() const {
-  CUMULUS_CHECK(impl_ != nullptr, InvalidArgument, "use of an undefined tensor");
+  CUMULUS_CHECK(impl_ != nullptr, InvalidArgument, "use of an undefined tensor",
+                undefined_reason_ ? std::string(": ") + undefined_reason_ : std::string());
   return *impl_;
 }
 
@@ -114,27 +112,15 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(t.storage->memory.get()) + t.offset_bytes;
 }
 
-template <typename T>
-T* Tensor::data() const {
-  CUMULUS_CHECK(dtype() == dtype_of<T>::value, InvalidArgument, "data<", dtype_name(dtype_of<T>::value),
-                ">() on a tensor of dtype ", dtype_name(dtype()));
-  return static_cast<T*>(raw_data());
+void* Tensor::typed_data(DType dtype) const {
+  CUMULUS_CHECK(this->dtype() == dtype, InvalidArgument, "data<", dtype_name(dtype), ">() on a tensor of dtype ",
+                dtype_name(this->dtype()));
+  return raw_data();
 }
-template float* Tensor::data<float>() const;
-template int32_t* Tensor::data<int32_t>() const;
-template uint8_t* Tensor::data<uint8_t>() const;
-template BFloat16* Tensor::data<BFloat16>() const;
-template Half* Tensor::data<Half>() const;
 
-template <typename T>
-std::vector<T> Tensor::to_vector() const {
-  std::vector<T> out(static_cast<std::size_t>(numel()));
-  copy_bytes(out.data(), Device::cpu(), data<T>(), device(), nbytes());
-  return out;
+void Tensor::to_host(void* out, DType dtype) const {
+  copy_bytes(out, Device::cpu(), typed_data(dtype), device(), nbytes());
 }
-template std::vector<float> Tensor::to_vector<float>() const;
-template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
-template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 float Tensor::item() const {
   CUMULUS_CHECK(numel() == 1, ShapeError, "item() on a tensor of shape ", shape().str());
@@ -218,14 +204,49 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
+// Note [Why a gradient is undefined]
+// grad() returns an undefined tensor where PyTorch's .grad is None. Used anyway, it would only say
+// "use of an undefined tensor", and the likeliest cause, reading p.grad() after the Accumulator's
+// step, looks like a bug in the library. So the undefined tensor carries a reason (a string
+// literal: Tensor::undefined_reason), told apart by the leaf's state and by why its buffer was
+// marked stale (StaleReason: the step marks it optimizer_step, zero_grad marks it zero_grad).
+namespace {
+const char* why_no_gradient(const AutogradMeta& m) {
+  if (m.grad_fn != nullptr)
+    return "grad() of a tensor made by an op: only leaves keep a gradient (read the gradient of the leaves it "
+           "was made from)";
+  if (!m.requires_grad)
+    return "grad() of a tensor that does not require grad (a frozen parameter has none): call "
+           "set_requires_grad(true) before the forward";
+  switch (m.grad.defined() ? m.stale_reason : StaleReason::no_backward) {
+    case StaleReason::optimizer_step:
+      return "grad() after the optimizer step: the Accumulator's step used the group's gradient and released it "
+             "(the next backward overwrites the buffer). Read grad() after the group's last backward and before "
+             "step_if_ready() or flush(), or read grad_buffer(), which keeps the group's summed gradient "
+             "(before the division by its samples) until the next backward";
+    case StaleReason::zero_grad:
+      return "grad() after zero_grad(): no backward has reached this tensor since its gradient was zeroed";
+    case StaleReason::no_backward: break;
+  }
+  return "grad() before any backward reached this tensor";
+}
+}  // namespace
+
 Tensor Tensor::grad() const {
   const AutogradMeta& m = checked().autograd;
-  return (m.grad.defined() && !m.grad_stale) ? m.grad : Tensor();
+  if (m.grad.defined() && !m.grad_stale) return m.grad;
+  Tensor none;
+  none.undefined_reason_ = why_no_gradient(m);
+  return none;
 }
 
 Tensor Tensor::grad_buffer() const { return checked().autograd.grad; }
 bool Tensor::grad_stale() const { return checked().autograd.grad_stale; }
-void Tensor::mark_grad_stale() const { checked().autograd.grad_stale = true; }
+void Tensor::mark_grad_stale(StaleReason why) const {
+  AutogradMeta& m = checked().autograd;
+  m.grad_stale = true;
+  m.stale_reason = why;
+}
 
 void Tensor::allocate_grad() const {
   CUMULUS_CHECK(requires_grad() && is_leaf(), InvalidArgument,
@@ -240,6 +261,7 @@ void allocate_grad_buffer(TensorImpl& leaf) {
   MemoryCategoryScope scope(MemoryCategory::gradients);
   leaf.autograd.grad = Tensor::empty(leaf.shape, DType::f32, leaf.storage->device);
   leaf.autograd.grad_stale = true;
+  leaf.autograd.stale_reason = StaleReason::no_backward;
 }
 }  // namespace ops::detail
 

@@ -65,15 +65,18 @@ namespace cumulus::kernels {
 
 // ---- optimizer passes over flat arrays (see engine/include/cumulus/optim/*.h for the rules) ----
 
+struct FrozenChunks;  // kernels/optim_rules.h
+
 // sum_i x[i]^2, accumulated in double.
 double sum_squares_cpu(const float* x, int64_t n);
-// momentum_buf may be null when momentum == 0. first: the buffer is set to g, not blended.
-void sgd_step_cpu(float* w, const float* grad, float* momentum_buf, int64_t n, float grad_scale,
-                  float lr, float momentum, float dampening, bool nesterov, float weight_decay,
-                  bool first);
+// momentum_buf may be null when momentum == 0. t: this update's number, 1 for the first (the buffer
+// is set to g, not blended). Frozen chunks are left alone (Note [Frozen parameters]).
+void sgd_step_cpu(float* w, const float* grad, float* momentum_buf, int64_t n, float grad_scale, float lr,
+                  float momentum, float dampening, bool nesterov, float weight_decay, int64_t t,
+                  const FrozenChunks& frozen);
 // t: this update's number, 1 for the first (bias corrections 1 - beta^t).
-void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
-                    float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t);
+void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int64_t t, const FrozenChunks& frozen);
 
 }  // namespace cumulus::kernels
 

@@ -1,6 +1,7 @@
 // Optimizer updates over one flat array (docs/ARCHITECTURE.md, "Gradients and accumulation"): one
 // pass, the gradient scaled by grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's) are in
 // kernels/optim_rules.h, shared with CUDA.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
@@ -22,18 +23,43 @@ double sum_squares_cpu(const float* x, int64_t n) {
   return s;
 }
 
-void sgd_step_cpu(float* w, const float* grad, float* buf, int64_t n, float grad_scale, float lr,
-                  float momentum, float dampening, bool nesterov, float weight_decay, bool first) {
-  for (int64_t i = 0; i < n; ++i)
-    rules::sgd(w[i], grad[i], buf ? buf + i : nullptr, grad_scale, lr, momentum, dampening, nesterov, weight_decay, first);
+void sgd_step_cpu(float* w, const float* grad, float* buf, int64_t n, float grad_scale, float lr, float momentum,
+                  float dampening, bool nesterov, float weight_decay, int64_t t, const FrozenChunks& frozen) {
+  auto run = [&](int64_t begin, int64_t end, bool first) {
+    for (int64_t i = begin; i < end; ++i)
+      rules::sgd(w[i], grad[i], buf ? buf + i : nullptr, grad_scale, lr, momentum, dampening, nesterov, weight_decay,
+                 first);
+  };
+  if (frozen.frozen == nullptr) return run(0, n, t == 1);
+  // Chunk by chunk (Note [Frozen parameters]), with each chunk's own update count.
+  for (int64_t begin = 0; begin < n; begin += FrozenChunks::kChunk) {
+    const int64_t own = rules::own_updates(frozen, begin, t);
+    if (own > 0) run(begin, std::min(n, begin + FrozenChunks::kChunk), own == 1);
+  }
 }
 
-void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale,
-                    float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int64_t t, const FrozenChunks& frozen) {
   float step_size, bc2_sqrt;
   rules::adamw_constants(lr, beta1, beta2, t, step_size, bc2_sqrt);
-  for (int64_t i = 0; i < n; ++i)
-    rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt);
+  auto run = [&](int64_t begin, int64_t end, float s, float b) {
+    for (int64_t i = begin; i < end; ++i)
+      rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, s, b);
+  };
+  if (frozen.frozen == nullptr) return run(0, n, step_size, bc2_sqrt);
+  // Chunk by chunk (Note [Frozen parameters]): a chunk behind the optimizer's count computes its own
+  // constants, kept while the next chunks (the rest of its parameter) share its count.
+  int64_t constants_for = t;
+  float s = step_size, b = bc2_sqrt;
+  for (int64_t begin = 0; begin < n; begin += FrozenChunks::kChunk) {
+    const int64_t own = rules::own_updates(frozen, begin, t);
+    if (own == 0) continue;
+    if (own != constants_for) {
+      rules::adamw_constants(lr, beta1, beta2, own, s, b);
+      constants_for = own;
+    }
+    run(begin, std::min(n, begin + FrozenChunks::kChunk), s, b);
+  }
 }
 
 }  // namespace cumulus::kernels

@@ -188,6 +188,7 @@ namespace cumulus::kernels {
 
 struct StepBuffers;
 struct StepConfig;
+struct FrozenChunks;
 
 // ---- optimizer step (kernels/cuda/optim.cu; Note [Device-side step] in kernels/optim_rules.h) ----
 
@@ -201,10 +202,13 @@ void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* 
 void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_t stream);
 // group_samples += samples, group_loss += loss[0].
 void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream);
+// The updates leave frozen chunks alone (Note [Frozen parameters] in kernels/optim_rules.h).
 void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
-                     float momentum, float dampening, bool nesterov, float weight_decay, cudaStream_t stream);
+                     float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
+                     cudaStream_t stream);
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
-                       float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream);
+                       float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
+                       cudaStream_t stream);
 
 }  // namespace cumulus::kernels
 

@@ -5,8 +5,9 @@
 //       after a memory fence) sums the partials in block order and runs prepare_step. Fixed
 //       order throughout: deterministic.
 //   sgd_update / adamw_update: one grid-stride pass over the flat arrays reading the decision
-//       (skip, grad_scale, lr, update count) from the StepState; the per-element rules are
-//       kernels/optim_rules.h, shared with the CPU.
+//       (skip, grad_scale, lr, update count) from the StepState and skipping frozen parameters
+//       (Note [Frozen parameters]); the per-element rules are kernels/optim_rules.h, shared with
+//       the CPU.
 // One launch updates every parameter of the model (PyTorch's multi-tensor apply, made trivial by
 // the flat layout of FlatParameters).
 #include "kernels/cuda/common.cuh"
@@ -62,27 +63,39 @@ __global__ void record_micro_batch_kernel(StepState* state, const float* loss, d
   record_micro_batch(*state, samples, static_cast<double>(loss[0]));
 }
 
+// Frozen chunks are skipped and others use their own update count (Note [Frozen parameters]).
 __global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_buf, int64_t n, const StepState* state,
-                                  float momentum, float dampening, bool nesterov, float weight_decay) {
+                                  float momentum, float dampening, bool nesterov, float weight_decay,
+                                  FrozenChunks frozen) {
   if (state->skip) return;
   const float grad_scale = state->grad_scale, lr = state->lr;
-  const bool first = state->updates == 1;  // no momentum yet: the buffer takes the gradient
+  const int64_t updates = state->updates;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    rules::sgd(w[i], grad[i], momentum_buf ? momentum_buf + i : nullptr, grad_scale, lr, momentum, dampening,
-               nesterov, weight_decay, first);
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t own = rules::own_updates(frozen, i, updates);
+    if (own == 0) continue;
+    // own == 1: no momentum yet, the buffer takes the gradient.
+    rules::sgd(w[i], grad[i], momentum_buf ? momentum_buf + i : nullptr, grad_scale, lr, momentum, dampening, nesterov,
+               weight_decay, own == 1);
+  }
 }
 
 __global__ void adamw_update_kernel(float* w, const float* grad, float* m, float* v, int64_t n, const StepState* state,
-                                    float beta1, float beta2, float eps, float weight_decay) {
+                                    float beta1, float beta2, float eps, float weight_decay, FrozenChunks frozen) {
   if (state->skip) return;
   __shared__ float step_size, bc2_sqrt;
   const float grad_scale = state->grad_scale, lr = state->lr;
-  if (threadIdx.x == 0) rules::adamw_constants(lr, beta1, beta2, state->updates, step_size, bc2_sqrt);
+  const int64_t updates = state->updates;
+  if (threadIdx.x == 0) rules::adamw_constants(lr, beta1, beta2, updates, step_size, bc2_sqrt);
   __syncthreads();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-    rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt);
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t own = rules::own_updates(frozen, i, updates);
+    if (own == 0) continue;
+    float s = step_size, b = bc2_sqrt;
+    if (own != updates) rules::adamw_constants(lr, beta1, beta2, own, s, b);  // behind after a freeze
+    rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, s, b);
+  }
 }
 
 __global__ void sum_squares_stage1(const float* x, int64_t n, float* partials) {
@@ -127,17 +140,19 @@ void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double sam
 }
 
 void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
-                     float momentum, float dampening, bool nesterov, float weight_decay, cudaStream_t stream) {
+                     float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
+                     cudaStream_t stream) {
   if (n == 0) return;
   launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, &buffers->state, momentum,
-                            dampening, nesterov, weight_decay);
+                            dampening, nesterov, weight_decay, frozen);
 }
 
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
-                       float beta1, float beta2, float eps, float weight_decay, cudaStream_t stream) {
+                       float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
+                       cudaStream_t stream) {
   if (n == 0) return;
   launch<adamw_update_kernel>(blocks_for(n), kThreads, stream, w, grad, m, v, n, &buffers->state, beta1, beta2, eps,
-                              weight_decay);
+                              weight_decay, frozen);
 }
 
 }  // namespace cumulus::kernels

@@ -200,10 +200,10 @@ class StepRun {
     const OptimizerConfig& o = opt_;
     if (o.adamw)
       kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, &dev_, o.beta1, o.beta2, o.eps,
-                                 o.weight_decay, nullptr);
+                                 o.weight_decay, kernels::FrozenChunks{}, nullptr);
     else
       kernels::sgd_update_cuda(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, &dev_,
-                               o.momentum, o.dampening, o.nesterov, o.weight_decay, nullptr);
+                               o.momentum, o.dampening, o.nesterov, o.weight_decay, kernels::FrozenChunks{}, nullptr);
   }
 
   // Optimizer::apply's CPU branch.
@@ -213,10 +213,11 @@ class StepRun {
     const OptimizerConfig& o = opt_;
     if (o.adamw)
       kernels::adamw_step_cpu(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, cpu_.grad_scale, cpu_.lr, o.beta1,
-                              o.beta2, o.eps, o.weight_decay, cpu_.updates);
+                              o.beta2, o.eps, o.weight_decay, cpu_.updates, kernels::FrozenChunks{});
     else
       kernels::sgd_step_cpu(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, cpu_.grad_scale,
-                            cpu_.lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, cpu_.updates == 1);
+                            cpu_.lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, cpu_.updates,
+                            kernels::FrozenChunks{});
   }
 
   void check_guard(const Params& p) const {

@@ -109,6 +109,15 @@ class GradSink {
   detail::DeferredGradientAdds* deferred_ = nullptr;
 };
 
+// What a node's output is to its input's values, as far as Accumulator::backward needs to know to
+// refuse a mean-reduced loss (Note [Mean-reduced losses] in engine/optim/accumulator.cpp).
+enum class OutputReduction : uint8_t {
+  unknown,  // the default: any other op, custom ops included
+  none,     // the input's values, unreduced: reshape, flatten, cast, a sum or mean of one element
+  sum,      // a sum over elements: ops::sum, cross_entropy and mlp_cross_entropy with Reduction::Sum
+  mean,     // a mean over elements: ops::mean, cross_entropy and mlp_cross_entropy with Reduction::Mean
+};
+
 class Node {
  public:
   explicit Node(const char* name) : name_(name) {}
@@ -129,6 +138,9 @@ class Node {
   // just before backward()).
   bool grad_output_masked() const { return grad_output_masked_; }
   void set_grad_output_masked(bool on) { grad_output_masked_ = on; }
+  // How the output reduces the input (set by the op; a custom loss op may declare its own).
+  OutputReduction output_reduction() const { return output_reduction_; }
+  void set_output_reduction(OutputReduction reduction) { output_reduction_ = reduction; }
 
   std::vector<Edge>& next_edges() { return next_edges_; }
   bool consumed() const { return consumed_; }
@@ -139,6 +151,7 @@ class Node {
   std::vector<Edge> next_edges_;
   bool consumed_ = false;
   bool grad_output_masked_ = false;
+  OutputReduction output_reduction_ = OutputReduction::unknown;
 };
 
 // An Edge to `t`'s gradient path (node, leaf, or nothing).

@@ -105,6 +105,11 @@ class Allocation {
   std::size_t size() const { return size_; }  // the request rounded up to 512 B
   MemoryCategory category() const { return category_; }
   void reset() noexcept;
+  // Moves the live block to category `c`: the stats count it as freed in the old category and
+  // allocated in the new one (the observer is told once). For the engine: an op output allocated
+  // before anything said what it is (Note [Custom op outputs are activations] in
+  // engine/autograd/engine.cpp).
+  void recategorize(MemoryCategory c);
 
  private:
   friend class CachingAllocator;
@@ -156,6 +161,7 @@ class CachingAllocator {
   struct Block;
   struct Pools;
   void release(void* block) noexcept;
+  void recategorize(void* block, MemoryCategory category);
   Block* allocate_segment_locked(std::size_t segment_bytes, bool small);
   void release_cached_segments_locked();
   [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t segment_bytes, MemoryCategory category);

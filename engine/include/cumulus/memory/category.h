@@ -39,6 +39,8 @@ class MemoryCategoryScope {
 
 // The innermost scope's category, or `fallback` when no scope is open on this thread.
 MemoryCategory current_memory_category(MemoryCategory fallback = MemoryCategory::other);
+// Whether a MemoryCategoryScope is open on this thread.
+bool memory_category_scope_open();
 
 // Names the op whose work runs on this thread for its lifetime, so that every block allocated
 // meanwhile is attributed to it (out-of-memory reports list live bytes by op). `name` must outlive

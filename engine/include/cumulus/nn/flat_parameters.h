@@ -24,8 +24,11 @@ class FlatParameters {
     int64_t numel;
   };
 
-  // Moves every parameter of `model` (and its gradient buffer) into the flat buffers, keeping
-  // values. The model's tensor handles stay valid and point into the flat storage afterwards.
+  // Moves every parameter of `model` that requires grad (and its gradient buffer) into the flat
+  // buffers, keeping values. The model's tensor handles stay valid and point into the flat storage
+  // afterwards. Frozen parameters (requires_grad false) are left out, and stay out if unfrozen
+  // later: to train a parameter in phases, freeze it after this instead (Note [Frozen parameters]
+  // in kernels/optim_rules.h: the optimizer then leaves it alone until it is unfrozen).
   explicit FlatParameters(const Module& model);
   // The same for named leaf tensors that require grad (all f32, on one device). Do this before any
   // forward: tensors saved by a recorded graph would still point at the old storage.
@@ -45,11 +48,24 @@ class FlatParameters {
   // Zeroes the gradient slice of every stale slot (and the padding is always zero), so a pass over
   // gradients() sees exact zeros where no backward wrote. Cheap when nothing is stale.
   void zero_stale_gradients() const;
-  void mark_gradients_stale() const;
+  // `why`: what each parameter's grad() reports until the next backward (Tensor::mark_grad_stale).
+  void mark_gradients_stale(StaleReason why = StaleReason::zero_grad) const;
+
+  // ---- frozen parameters (Note [Frozen parameters] in kernels/optim_rules.h) ----
+  // Re-reads which slots are frozen (requires_grad false) into the mask the optimizer's update
+  // reads: host work before a step's device part (a small copy when a slot changed), never during
+  // a graph capture. The mask is allocated when a slot is first frozen, or now if `need_mask`.
+  void refresh_frozen(bool need_mask = false);
+  // One byte per kAlignElements elements, 1 where frozen (as of the last refresh_frozen); null
+  // until a mask was needed.
+  const uint8_t* frozen_chunks() const;
+  int64_t num_chunks() const { return size() / kAlignElements; }
 
  private:
   std::vector<Slot> slots_;
   Tensor values_, grads_;
+  Tensor frozen_mask_;             // u8 [num_chunks()], category other; undefined until needed
+  std::vector<bool> slot_frozen_;  // what frozen_mask_ holds, per slot
 };
 
 }  // namespace cumulus::nn

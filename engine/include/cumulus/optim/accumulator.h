@@ -84,6 +84,9 @@ class Accumulator {
   void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
   // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers; the
   // sample count and the loss value are added to the step state on the device (no host read).
+  // Normalization samples and micro_batches divide by the samples themselves, so a loss known to be
+  // a mean (cross_entropy with Reduction::Mean, ops::mean) is refused with InvalidArgument (Note
+  // [Mean-reduced losses] in engine/optim/accumulator.cpp); Normalization::none takes any loss.
   void backward(const Tensor& loss, int64_t samples);
   // Data parallel: counts a micro-batch that another rank processes (dist::owner_of_micro_batch),
   // so every rank sees the same group boundaries.
@@ -159,6 +162,8 @@ class Accumulator {
   friend class CapturedTraining;
   // The host side of backward(), alone (for a replayed micro-batch): the checks, the counters.
   void check_micro_batch(int64_t samples) const;
+  // Refuses a loss known to be mean-reduced (Note [Mean-reduced losses]).
+  static void check_summed_loss(const Tensor& loss);
   void count_micro_batch(int64_t samples);
   bool do_step();
   kernels::StepState read_state() const;

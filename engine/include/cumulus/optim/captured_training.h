@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "cumulus/memory/tracker.h"
@@ -55,13 +56,16 @@ class CapturedTraining {
   struct Captured;
   bool step(bool only_if_ready);
   std::vector<bool> stale_pattern() const;
+  std::vector<bool> frozen_pattern() const;
 
   Accumulator& acc_;
   bool use_graphs_;
   MemoryTracker* tracker_;
-  // Micro-batch graphs by (samples, which gradient slots are stale): the sinks' modes (overwrite or
-  // accumulate) are part of the captured work. Seen once: eager; twice: captured, then replayed.
-  std::map<std::pair<int64_t, std::vector<bool>>, std::unique_ptr<Captured>> micro_batches_;
+  // Micro-batch graphs by (samples, which gradient slots are stale, which parameters are frozen):
+  // the sinks' modes (overwrite or accumulate) and the gradients computed at all are part of the
+  // captured work. Seen once: eager; twice: captured, then replayed.
+  using MicroBatchKey = std::tuple<int64_t, std::vector<bool>, std::vector<bool>>;
+  std::map<MicroBatchKey, std::unique_ptr<Captured>> micro_batches_;
   std::unique_ptr<Captured> step_;
   Stats stats_;
 };

@@ -3,7 +3,9 @@
 // normalization 1/samples and the clipping factor into it), then the rule is applied. State is
 // allocated at the first update, in category optimizer_state. The step's scalars and counters
 // (scale, lr, skip, the update count) live in a StepState in the parameters' memory, so a CUDA
-// update never waits for the host (Note [Device-side step] in kernels/optim_rules.h).
+// update never waits for the host (Note [Device-side step] in kernels/optim_rules.h). A frozen
+// parameter (requires_grad false) is left bit-identical by every update, its state included, and
+// resumes its own state when unfrozen (Note [Frozen parameters] in kernels/optim_rules.h).
 #pragma once
 
 #include <memory>
@@ -16,6 +18,7 @@
 namespace cumulus::kernels {
 struct StepBuffers;
 struct StepState;
+struct FrozenChunks;
 }  // namespace cumulus::kernels
 
 namespace cumulus::optim {
@@ -28,8 +31,13 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One update with g_eff = grad_scale * gradient, at learning rate `lr`. Stale slots count as zero
-  // gradient. Does not mark gradients stale (the caller does, or zero_grad()).
+  // gradient; frozen parameters are left alone. Does not mark gradients stale (the caller does, or
+  // zero_grad()).
   void update(float grad_scale, float lr);
+  // Reads which parameters are frozen now (FlatParameters::refresh_frozen) and, once one was, keeps
+  // per-chunk counts of the updates they missed. Host work before an update's device part: update()
+  // calls it, the Accumulator before every step (never during a graph capture).
+  void prepare_frozen();
   // The update the step state already describes (the Accumulator's prepare_step wrote it; a
   // skipped step changes nothing). Queued only: no host synchronization.
   void apply_prepared_update();
@@ -67,6 +75,14 @@ class Optimizer {
   virtual void apply(const kernels::StepState& host) = 0;
   // Sets the update count (load_state).
   void set_updates(int64_t updates);
+  // What the update kernels take for frozen parameters (null pointers until one was frozen).
+  kernels::FrozenChunks frozen_chunks() const;
+  // The missed-update counts as optimizer state: state() appends them ("frozen_missed_updates", i32,
+  // once a parameter was frozen), load_state restores them (zeros when the checkpoint has none),
+  // state_bytes() counts them.
+  void append_frozen_state(std::vector<std::pair<std::string, Tensor>>& state) const;
+  void restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state);
+  int64_t frozen_state_bytes() const;
   // Finds `name` in `state` and copies it into `into` (allocated in category optimizer_state
   // with the flat size when undefined).
   void restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
@@ -74,6 +90,7 @@ class Optimizer {
   std::shared_ptr<nn::FlatParameters> params_;
   float lr_;
   Tensor step_buffers_;  // one kernels::StepBuffers, category other
+  Tensor missed_updates_;  // i32 per FlatParameters chunk, optimizer_state; undefined until a freeze
 };
 
 }  // namespace cumulus::optim

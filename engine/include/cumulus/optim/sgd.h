@@ -20,7 +20,8 @@ class SGD final : public Optimizer {
  public:
   SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options);
   int64_t state_bytes() const override;
-  std::vector<std::pair<std::string, Tensor>> state() const override;  // "momentum_buffer"
+  // "momentum_buffer" (and "frozen_missed_updates" once a parameter was frozen).
+  std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) override;
   const SGDOptions& options() const { return options_; }
   const Tensor& momentum_buffer() const { return momentum_; }  // undefined until the first update

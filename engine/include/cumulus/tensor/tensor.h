@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -19,10 +20,31 @@ namespace cumulus {
 class Node;
 struct TensorImpl;
 
+// The C++ element types a tensor exchanges with host vectors (from_vector, to_vector): float (f32),
+// int32_t (i32), uint8_t (u8). data<T>() also takes BFloat16 and Half. Any other type is a compile
+// error naming these, never a link error.
+template <typename T>
+inline constexpr bool kHostElementType =
+    std::is_same_v<T, float> || std::is_same_v<T, int32_t> || std::is_same_v<T, uint8_t>;
+template <typename T>
+inline constexpr bool kStorageElementType =
+    kHostElementType<T> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
+
+// Why a leaf's gradient buffer is stale (logically zero), so that grad() can say why it returns an
+// undefined tensor (Note [Why a gradient is undefined] in engine/tensor/tensor.cpp).
+enum class StaleReason : uint8_t {
+  no_backward,     // no backward has written the buffer since it was made
+  zero_grad,       // zero_grad() or mark_grad_stale()
+  optimizer_step,  // the Accumulator's step used the gradient and released it
+};
+
 // One allocation on one device; shared by a tensor and its views.
 struct Storage {
   Allocation memory;
   Device device;
+  // Allocated with no MemoryCategoryScope open (category other): if it becomes an autograd node's
+  // output, it is counted as an activation (Note [Custom op outputs are activations]).
+  bool category_by_default = false;
 };
 
 class Tensor {
@@ -30,16 +52,26 @@ class Tensor {
   Tensor() = default;  // undefined
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // ---- factories (category from the innermost MemoryCategoryScope, else `other`) ----
+  // ---- factories (category from the innermost MemoryCategoryScope, else `other`; a tensor made
+  // outside any scope that becomes a recorded op's output counts as an activation) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
+  // T: float, int32_t or uint8_t (kHostElementType).
   template <typename T>
-  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
-                            Device device = Device::cpu());
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu()) {
+    static_assert(kHostElementType<T>,
+                  "Tensor::from_vector: the element type must be float (f32), int32_t (i32) or uint8_t (u8)");
+    if constexpr (kHostElementType<T>)
+      return from_host(values.data(), values.size(), dtype_of<T>::value, shape, device);
+    else return Tensor();
+  }
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }
+  // Why this tensor is undefined, when the call that returned it said (grad() does); else nullptr.
+  // Using an undefined tensor throws with this reason in the message.
+  const char* undefined_reason() const { return impl_ == nullptr ? undefined_reason_ : nullptr; }
   const Shape& shape() const;
   int ndim() const { return shape().ndim(); }
   int64_t size(int dim) const;  // negative dims count from the end
@@ -55,10 +87,26 @@ class Tensor {
 
   // ---- data ----
   void* raw_data() const;  // device pointer on CUDA
+  // Checks the dtype. T: float, int32_t, uint8_t, BFloat16 or Half (kStorageElementType).
   template <typename T>
-  T* data() const;  // checks the dtype
+  T* data() const {
+    static_assert(kStorageElementType<T>,
+                  "Tensor::data: the element type must be float, int32_t, uint8_t, BFloat16 or Half");
+    if constexpr (kStorageElementType<T>) return static_cast<T*>(typed_data(dtype_of<T>::value));
+    else return nullptr;
+  }
+  // Copies to the host (synchronizes). T: float, int32_t or uint8_t (kHostElementType).
   template <typename T>
-  std::vector<T> to_vector() const;  // copies to the host (synchronizes)
+  std::vector<T> to_vector() const {
+    static_assert(kHostElementType<T>,
+                  "Tensor::to_vector: the element type must be float (f32), int32_t (i32) or uint8_t (u8)");
+    std::vector<T> out;
+    if constexpr (kHostElementType<T>) {
+      out.resize(static_cast<std::size_t>(numel()));
+      to_host(out.data(), dtype_of<T>::value);
+    }
+    return out;
+  }
   float item() const;                // the one element of an f32 tensor
 
   // ---- copies and views ----
@@ -78,17 +126,23 @@ class Tensor {
 
   // ---- autograd ----
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool on);  // leaves only
+  // Leaves only. Freezing a parameter (false) after its optimizer exists makes every update leave it
+  // alone until it requires grad again (Note [Frozen parameters] in kernels/optim_rules.h).
+  Tensor& set_requires_grad(bool on);
   bool is_leaf() const;
   const std::shared_ptr<Node>& grad_fn() const;
   // The accumulated gradient, or an undefined tensor if none was accumulated since the buffer
-  // was marked stale (the equivalent of PyTorch's `grad is None` after zero_grad()).
+  // was marked stale (the equivalent of PyTorch's `grad is None` after zero_grad()). The undefined
+  // tensor carries the reason (undefined_reason()): after an Accumulator step, for instance, that
+  // the step released the gradient, and how to read it (before the step, or grad_buffer()).
   Tensor grad() const;
-  // The persistent buffer itself, whatever its state (undefined until first allocated).
+  // The persistent buffer itself, whatever its state (undefined until first allocated). After an
+  // Accumulator step it still holds the group's summed gradient until the next backward writes it.
   Tensor grad_buffer() const;
   bool grad_stale() const;
-  // The next backward overwrites the buffer instead of adding to it (zero_grad that costs nothing).
-  void mark_grad_stale() const;
+  // The next backward overwrites the buffer instead of adding to it (zero_grad that costs nothing);
+  // `why` is what grad() reports meanwhile.
+  void mark_grad_stale(StaleReason why = StaleReason::zero_grad) const;
   // Allocates the persistent buffer now (category gradients) instead of at the first backward.
   void allocate_grad() const;
   // Reverse-mode from this scalar; the seed gradient is 1.
@@ -98,8 +152,14 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
 
  private:
+  // The untyped halves of from_vector, data and to_vector: each checks the dtype against the
+  // element type's.
+  static Tensor from_host(const void* values, std::size_t count, DType dtype, const Shape& shape, Device device);
+  void* typed_data(DType dtype) const;
+  void to_host(void* out, DType dtype) const;
   TensorImpl& checked() const;
   std::shared_ptr<TensorImpl> impl_;
+  const char* undefined_reason_ = nullptr;  // a string literal; only while impl_ is null
 };
 
 struct AutogradMeta {
@@ -107,6 +167,7 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;  // null for leaves
   Tensor grad;                    // leaves: the persistent gradient buffer
   bool grad_stale = true;         // buffer contents are logically zero
+  StaleReason stale_reason = StaleReason::no_backward;
 };
 
 struct TensorImpl {
