@@ -503,100 +503,12 @@ TEST_P(AutogradTest, MixingDevicesThrowsDeviceError) {
   EXPECT_THROW(ops::cross_entropy(uniform({4, 3}, -1, 1, g, d), labels({0, 1, 2, 0}, other)), DeviceError);
 }
 
-// ---- the engine's side of Note [ReLU mask across nodes] -------------------------------------------
-// Nodes written here: a producer that claims a ReLU mask of its output (never dereferenced: only
-// the engine's offer is tested, on any device) and consumers that take the offer or not.
-
-class MaskProducer final : public Node {
- public:
-  MaskProducer() : Node("mask_producer") {}
-  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
-    saw_masked = grad_output_masked();
-    if (grads[0].needed()) grads[0].give(dy);
-  }
-  ReluMask output_relu_mask() const override { return {&bits_, 128}; }
-  bool saw_masked = false;
-
- private:
-  int bits_ = 0;
-};
-
-// Passes its gradient to every input; with take_offer, writes it through an offered sink and says it
-// is masked (as a consumer GEMM applying the mask would).
-class PassThrough final : public Node {
- public:
-  explicit PassThrough(bool take_offer) : Node("pass_through"), take_offer_(take_offer) {}
-  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
-    for (GradSink& g : grads) {
-      if (!g.needed()) continue;
-      if (g.producer_relu_mask()) ++offers;
-      if (g.producer_relu_mask() && take_offer_) {
-        GradSink::Target t = g.begin(dy.shape(), dy.device());
-        EXPECT_EQ(t.mode, GradientMode::overwrite) << "an offer comes with the only contribution";
-        t.tensor.copy_from(dy);
-        g.mark_masked();
-      } else {
-        g.give(dy);
-      }
-    }
-  }
-  int offers = 0;
-
- private:
-  bool take_offer_;
-};
-
+// A test node of type N made the producer of `out`, with `inputs`' edges.
 template <typename N, typename... Args>
 std::shared_ptr<N> record(Tensor& out, std::initializer_list<const Tensor*> inputs, Args... args) {
   auto node = std::make_shared<N>(args...);
   attach_node(out, node, inputs);
   return node;
-}
-
-TEST_P(AutogradTest, ReluMaskIsOfferedOnlyToTheSoleConsumer) {
-  const Device d = device();
-  auto leaf = [&] {
-    Tensor x = Tensor::full({2, 3}, 1.0f, d);
-    x.set_requires_grad(true);
-    return x;
-  };
-  {  // one consumer that takes the offer: the producer is told its gradient is masked
-    Tensor x = leaf(), p = Tensor::full({2, 3}, 1.0f, d), c = Tensor::full({2, 3}, 1.0f, d);
-    auto producer = record<MaskProducer>(p, {&x});
-    auto consumer = record<PassThrough>(c, {&p}, true);
-    ops::sum(c).backward();
-    EXPECT_EQ(consumer->offers, 1);
-    EXPECT_TRUE(producer->saw_masked);
-    EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(6, 1.0f));
-  }
-  {  // one consumer that ignores it: nothing changes
-    Tensor x = leaf(), p = Tensor::full({2, 3}, 1.0f, d), c = Tensor::full({2, 3}, 1.0f, d);
-    auto producer = record<MaskProducer>(p, {&x});
-    auto consumer = record<PassThrough>(c, {&p}, false);
-    ops::sum(c).backward();
-    EXPECT_EQ(consumer->offers, 1);
-    EXPECT_FALSE(producer->saw_masked);
-  }
-  {  // the output used twice by one op, and by two ops: never offered
-    Tensor x = leaf(), p = Tensor::full({2, 3}, 1.0f, d), c = Tensor::full({2, 3}, 1.0f, d);
-    auto producer = record<MaskProducer>(p, {&x});
-    auto consumer = record<PassThrough>(c, {&p, &p}, true);
-    ops::sum(c).backward();
-    EXPECT_EQ(consumer->offers, 0);
-    EXPECT_FALSE(producer->saw_masked);
-    EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(6, 2.0f));
-
-    Tensor y = leaf(), q = Tensor::full({2, 3}, 1.0f, d), c1 = Tensor::full({2, 3}, 1.0f, d),
-           c2 = Tensor::full({2, 3}, 1.0f, d), j = Tensor::full({2, 3}, 1.0f, d);
-    auto producer2 = record<MaskProducer>(q, {&y});
-    auto first = record<PassThrough>(c1, {&q}, true);
-    auto second = record<PassThrough>(c2, {&q}, true);
-    record<PassThrough>(j, {&c1, &c2}, true);
-    ops::sum(j).backward();
-    EXPECT_EQ(first->offers + second->offers, 0);
-    EXPECT_FALSE(producer2->saw_masked);
-    EXPECT_EQ(y.grad().to_vector<float>(), std::vector<float>(6, 2.0f));
-  }
 }
 
 // ---- the engine's side of Note [Deferred gradient adds] -------------------------------------------

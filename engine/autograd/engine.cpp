@@ -11,27 +11,6 @@
 // when all its consumers have delivered their gradient; release its saved tensors at once, so
 // activation memory falls during backward, not after it.
 //
-// Note [ReLU mask across nodes]
-// A node whose backward starts by masking its output gradient with a ReLU (dz = dy * mask, one
-// kernel) may keep that mask and offer it to the consumer that writes dy, which can apply it as it
-// writes, for free. That crosses nodes, so the engine arbitrates, as below. No op offers a mask
-// today: the fused linear+relu did on CUDA, with cuBLASLt's RELU_AUX_BIAS epilogue writing the mask
-// and DRELU applying it in the next Linear's input-gradient GEMM, until those epilogues were
-// dropped because cuBLASLt does not document their NaN behaviour (Note [ReLU epilogues and NaN] in
-// engine/ops/linear.cpp). A future producer must mask exactly as relu_backward does, NaN included.
-// The protocol, tested with test nodes (tests/test_autograd.cpp):
-// - When it builds a consumer's sink for an edge to node P, it offers P's mask
-//   (Node::output_relu_mask) only if that edge will carry P's only contribution: P's pending
-//   gradient is still empty and this is the last edge pointing at P (so an output used twice, or
-//   an op with P as two of its inputs, never gets the offer).
-// - A consumer that takes the offer writes through an overwriting Target with the mask applied
-//   and calls GradSink::mark_masked; the engine keeps the flag beside P's pending gradient and sets
-//   Node::grad_output_masked before P's backward, which then skips its masking. A consumer that
-//   ignores the offer changes nothing.
-// - A recomputed segment's input sink is used by every inner edge to the input, so it is handed
-//   on without the offer. A second contribution to a gradient marked masked is an internal error
-//   (checked), never a silently half-masked gradient.
-//
 // Note [Deferred gradient adds]
 // A Linear's bias gradient on CUDA comes free with the weight-gradient GEMM (BGRADB epilogue), but
 // cuBLASLt writes it and cannot add it. When the sink accumulates (every micro-batch of a group but
@@ -82,8 +61,6 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType
   }
   CUMULUS_CHECK(slot_ != nullptr, Error, "GradSink::begin on a sink that needs no gradient");
   if (slot_->defined()) {
-    CUMULUS_CHECK(masked_ == nullptr || !*masked_, Error,
-                  "backward: a second contribution to a gradient already written with its producer's ReLU mask");
     CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(),
                   " and ", slot_->shape().str(), " for the same tensor");
     CUMULUS_CHECK(slot_->dtype() == dtype, InvalidArgument, "backward: gradients of types ", dtype_name(dtype),
@@ -92,12 +69,6 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType
   }
   *slot_ = Tensor::empty(shape, dtype, device);
   return {*slot_, GradientMode::overwrite};
-}
-
-void GradSink::mark_masked() {
-  CUMULUS_CHECK(masked_ != nullptr && slot_ != nullptr && slot_->defined(), Error,
-                "GradSink::mark_masked without a mask offer or before the gradient was written");
-  *masked_ = true;
 }
 
 void GradSink::give(const Tensor& grad) {
@@ -246,7 +217,6 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
   // Pending output gradients of nodes still waiting for consumers. unordered_map keeps element
   // addresses stable, which GradSink::pending relies on.
   std::unordered_map<Node*, Tensor> pending;
-  std::unordered_map<Node*, bool> masked;  // Note [ReLU mask across nodes]
   pending[root.get()] = root_grad;
   std::vector<Node*> ready{root.get()};
   std::vector<GradSink> sinks;
@@ -255,24 +225,15 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
     ready.pop_back();
     Tensor grad_output = std::move(pending[node]);
     pending.erase(node);
-    bool grad_output_masked = false;
-    if (auto it = masked.find(node); it != masked.end()) {
-      grad_output_masked = it->second;
-      masked.erase(it);
-    }
     CUMULUS_CHECK(grad_output.defined(), Error, "backward: op '", node->name(),
                   "' received no gradient (an op before it skipped an input that needs one)");
 
     sinks.clear();
     for (Edge& e : node->next_edges()) {
       if (e.node) {
-        Node* producer = e.node.get();
-        Tensor* slot = &pending[producer];
-        const ReluMask mask =
-            !slot->defined() && dependencies[producer] == 1 ? producer->output_relu_mask() : ReluMask{};
-        sinks.push_back(GradSink::pending(slot, mask, mask ? &masked[producer] : nullptr));
+        sinks.push_back(GradSink::pending(&pending[e.node.get()]));
       } else if (e.leaf && e.leaf.get() == redirect.leaf) {
-        sinks.push_back(redirect.sink.without_relu_mask());
+        sinks.push_back(redirect.sink);
       } else if (e.leaf) {
         sinks.push_back(GradSink::leaf(e.leaf.get(), tls_deferred_adds));
       } else {
@@ -281,7 +242,6 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
     }
     {
       OpScope op_scope(node->name(), /*backward=*/true);  // its allocations read "<op> backward"
-      node->set_grad_output_masked(grad_output_masked);
       node->backward(grad_output, sinks);
     }
     node->release_saved();

@@ -28,8 +28,7 @@
 //   holds no more than linear + relu did, where relu's dz replaced dy before the Linear ran.
 // - ReLU mask: backward masks with relu_backward's kernel on both devices (y <= 0 ? 0 : dy). No bit
 //   mask is kept and the next Linear's dx GEMM applies none (cuBLASLt's RELU_AUX and DRELU
-//   epilogues: Note [ReLU epilogues and NaN]), so this node offers none across nodes (Note [ReLU
-//   mask across nodes] in engine/autograd/engine.cpp).
+//   epilogues: Note [ReLU epilogues and NaN]).
 // - Bias gradient on CUDA: when db's sink overwrites (the first micro-batch after a step), the
 //   weight-gradient GEMM also writes db through the BGRAD epilogue. cuBLASLt's bias gradient
 //   overwrites its output, so in accumulate mode it goes to a temporary that the engine adds into

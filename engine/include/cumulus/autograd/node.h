@@ -29,15 +29,6 @@ struct Edge {
 // reading the destination, 1 adds to it.
 enum class GradientMode : uint8_t { overwrite, accumulate };
 
-// A ReLU bit mask over a node's output in cuBLASLt's RELU_AUX layout: one bit per element of the
-// output's column-major transpose, `ld` bits per sample (a multiple of 128). No op offers one at
-// present (Note [ReLU mask across nodes] in engine/autograd/engine.cpp).
-struct ReluMask {
-  const void* bits = nullptr;  // device memory; null: no mask
-  int64_t ld = 0;
-  explicit operator bool() const { return bits != nullptr; }
-};
-
 // Note [Gradient sinks]
 // The backward engine hands each op one GradSink per input, saying where that input's gradient
 // goes. For a leaf it is the leaf's persistent buffer: the op overwrites it if the buffer is stale
@@ -62,28 +53,10 @@ class GradSink {
     s.deferred_ = deferred;
     return s;
   }
-  // An inner node's pending gradient. producer_mask and masked: Note [ReLU mask across nodes].
-  static GradSink pending(Tensor* slot, ReluMask producer_mask = {}, bool* masked = nullptr) {
-    GradSink s(nullptr, slot);
-    s.producer_mask_ = producer_mask;
-    s.masked_ = producer_mask ? masked : nullptr;
-    return s;
-  }
+  // An inner node's pending gradient.
+  static GradSink pending(Tensor* slot) { return GradSink(nullptr, slot); }
 
   bool needed() const { return leaf_ != nullptr || slot_ != nullptr; }
-  // The ReLU mask of the node that made this input, offered only when this sink carries the one
-  // and only contribution to that node's gradient (Note [ReLU mask across nodes]); else empty.
-  const ReluMask& producer_relu_mask() const { return producer_mask_; }
-  // After writing the gradient through an overwriting Target with the producer's mask applied
-  // (dy * mask, as its ReLU backward would): the producer then skips its own masking.
-  void mark_masked();
-  // The same sink without the mask offer (a sink shared by several uses: a recomputed input).
-  GradSink without_relu_mask() const {
-    GradSink s = *this;
-    s.producer_mask_ = ReluMask{};
-    s.masked_ = nullptr;
-    return s;
-  }
   // The buffer to write into and how. The buffer must be written (in stream order) before the
   // next call on a sink of the same target, which then gets GradientMode::accumulate. `dtype` is
   // the input's: a gradient is stored in its tensor's type (a leaf's buffer is f32, as the leaf).
@@ -104,8 +77,6 @@ class GradSink {
   GradSink(TensorImpl* leaf, Tensor* slot) : leaf_(leaf), slot_(slot) {}
   TensorImpl* leaf_ = nullptr;
   Tensor* slot_ = nullptr;
-  ReluMask producer_mask_;
-  bool* masked_ = nullptr;  // the engine's flag for the producer's pending gradient
   detail::DeferredGradientAdds* deferred_ = nullptr;
 };
 
@@ -131,13 +102,6 @@ class Node {
   virtual void backward(const Tensor& grad_output, std::vector<GradSink>& grad_inputs) = 0;
   // Drops saved tensors; called by the engine right after backward().
   virtual void release_saved() {}
-  // The ReLU bit mask of this node's output, when it keeps one (no op does at present), valid
-  // until its backward has run. Note [ReLU mask across nodes].
-  virtual ReluMask output_relu_mask() const { return {}; }
-  // Whether the gradient handed to backward() already has that mask applied (set by the engine
-  // just before backward()).
-  bool grad_output_masked() const { return grad_output_masked_; }
-  void set_grad_output_masked(bool on) { grad_output_masked_ = on; }
   // How the output reduces the input (set by the op; a custom loss op may declare its own).
   OutputReduction output_reduction() const { return output_reduction_; }
   void set_output_reduction(OutputReduction reduction) { output_reduction_ = reduction; }
@@ -150,7 +114,6 @@ class Node {
   const char* name_;
   std::vector<Edge> next_edges_;
   bool consumed_ = false;
-  bool grad_output_masked_ = false;
   OutputReduction output_reduction_ = OutputReduction::unknown;
 };
 
