@@ -2,6 +2,8 @@
 # package, so that after `cmake --install <build> --prefix <p>` a project finds it with
 #   find_package(cumulus REQUIRED)     # CMAKE_PREFIX_PATH=<p>
 #   target_link_libraries(app PRIVATE cumulus::engine)
+# The library is shared and all its dependencies private (the root CMakeLists.txt says why), so the
+# exported target carries no link dependency and the package finds nothing on the consumer's side.
 include(CMakePackageConfigHelpers)
 
 set(CUMULUS_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/cumulus CACHE STRING
@@ -11,29 +13,12 @@ install(TARGETS cumulus_engine EXPORT cumulusTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The CUDA backend's own headers (core/cuda_check.h, cuda_context.h, cudnn_context.h) stay behind:
+# they include the toolkit's headers, and a consumer of the package needs no toolkit. They serve
+# the engine and the in-tree tests and benchmarks only (cumulus.h does not include them either).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/engine/include/cumulus DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h")
+        FILES_MATCHING PATTERN "*.h" PATTERN "cuda_*.h" EXCLUDE PATTERN "cudnn_*.h" EXCLUDE)
 install(EXPORT cumulusTargets NAMESPACE cumulus:: DESTINATION ${CUMULUS_INSTALL_CMAKEDIR})
-
-# What cumulusConfig.cmake must find again on the consumer's side. A static library carries its
-# private dependencies into the consumer's link (OpenBLAS, zlib); a shared one links them itself.
-get_target_property(CUMULUS_LIBRARY_TYPE cumulus_engine TYPE)
-if(CUMULUS_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
-  set(CUMULUS_STATIC ON)
-else()
-  set(CUMULUS_STATIC OFF)
-endif()
-get_filename_component(CUMULUS_OPENBLAS_DIR ${OPENBLAS_LIBRARY} DIRECTORY)
-get_filename_component(CUMULUS_OPENBLAS_NAME ${OPENBLAS_LIBRARY} NAME)
-if(CUMULUS_WITH_CUDA AND CUDNN_LIBRARY AND CUDNN_INCLUDE_DIR)
-  set(CUMULUS_WITH_CUDNN ON)
-else()
-  set(CUMULUS_WITH_CUDNN OFF)
-endif()
-
-if(CUMULUS_WITH_NCCL)
-  get_filename_component(CUMULUS_NCCL_DIR ${NCCL_LIBRARY} DIRECTORY)
-endif()
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/cumulusConfig.cmake.in
                               ${CMAKE_CURRENT_BINARY_DIR}/cumulusConfig.cmake

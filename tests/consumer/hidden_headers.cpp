@@ -7,4 +7,13 @@
 #error "cumulus exposes its private folders (kernels/, tests/, apps/, engine/) to consumers"
 #endif
 
+// The CUDA backend's own headers include the toolkit's and are not installed: a consumer of the
+// installed package has no CUDA toolkit to compile them with (tests/test_package.cmake also scans
+// every installed header for CUDA, MPI, NCCL, BLAS and zlib includes).
+#if defined(CONSUMER_OF_INSTALLED_PACKAGE) &&                                                    \
+    (__has_include(<cumulus/core/cuda_check.h>) || __has_include(<cumulus/core/cuda_context.h>) || \
+     __has_include(<cumulus/core/cudnn_context.h>))
+#error "cumulus installs the CUDA backend's internal headers"
+#endif
+
 int cumulus_consumer_hidden_headers_checked = 1;
