@@ -1,18 +1,19 @@
-# Install rules: the engine library (exported as cumulus::engine), its public headers and the CMake
-# package, so that after `cmake --install <build> --prefix <p>` a project finds it with
+# Install rules: the engine library (exported as cumulus::engine), the models library on top of it
+# (cumulus::models), their public headers and the CMake package, so that after
+# `cmake --install <build> --prefix <p>` a project finds them with
 #   find_package(cumulus REQUIRED)     # CMAKE_PREFIX_PATH=<p>
-#   target_link_libraries(app PRIVATE cumulus::engine)
+#   target_link_libraries(app PRIVATE cumulus::engine)   # or cumulus::models for the MLP and the CNN
 include(CMakePackageConfigHelpers)
 
 set(CUMULUS_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/cumulus CACHE STRING
     "Where cumulusConfig.cmake is installed, relative to the prefix")
 
-install(TARGETS cumulus_engine EXPORT cumulusTargets
+install(TARGETS cumulus_engine cumulus_models EXPORT cumulusTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/engine/include/cumulus DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h")
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/engine/include/cumulus ${PROJECT_SOURCE_DIR}/models/include/cumulus
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 install(EXPORT cumulusTargets NAMESPACE cumulus:: DESTINATION ${CUMULUS_INSTALL_CMAKEDIR})
 
 # What cumulusConfig.cmake must find again on the consumer's side. A static library carries its
