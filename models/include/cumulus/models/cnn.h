@@ -30,6 +30,7 @@ class CNN : public nn::Model {
   std::string name() const override { return "cnn"; }
   // Batch norm: in training, each micro-batch is normalized with its own statistics.
   bool uses_batch_statistics() const override { return true; }
+  // The layers by index, as nn::Sequential gives them (the CNN runs one without being one).
   std::size_t size() const { return layers_.size(); }
   nn::Module& operator[](std::size_t i) const { return layers_[i]; }
 
