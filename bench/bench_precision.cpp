@@ -106,6 +106,6 @@ void register_device(Device device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_benchmarks(argc, argv, "bench_precision", "seed MLP 784-512-512-10 and CNN (engine/models/cnn.h), Reduction::Sum",
-                        register_device);
+  return run_benchmarks(argc, argv, "bench_precision",
+                        "seed MLP 784-512-512-10 and CNN (cumulus/models/cnn.h), Reduction::Sum", register_device);
 }

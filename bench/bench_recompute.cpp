@@ -1,6 +1,6 @@
 // bench_recompute: what activation checkpointing (Note [Recompute] in
 // engine/autograd/checkpoint.cpp) saves in memory and costs in time, for the CNN (Conv-BN-ReLU-Pool
-// x 2, then Linear-ReLU-Linear: engine/models/cnn.h), on CPU and (when a GPU is usable) on CUDA.
+// x 2, then Linear-ReLU-Linear: cumulus/models/cnn.h), on CPU and (when a GPU is usable) on CUDA.
 // Issue 16's target: at micro-batch 256, a peak at least 40% lower for at most 35% more time per
 // micro-batch.
 //
@@ -123,6 +123,6 @@ void register_device(Device device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_benchmarks(argc, argv, "bench_recompute", "CNN (engine/models/cnn.h), f32, Reduction::Sum",
+  return run_benchmarks(argc, argv, "bench_recompute", "CNN (cumulus/models/cnn.h), f32, Reduction::Sum",
                         register_device);
 }

@@ -11,6 +11,7 @@
 #include "cumulus/autograd/node.h"
 #include "cumulus/cumulus.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/models/mlp.h"
 #include "test_util.h"
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"

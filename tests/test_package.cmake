@@ -14,10 +14,10 @@
 #               CUDA build: libcudart), and the consumer runs on the CPU against it with
 #               LD_LIBRARY_PATH unset, finding them through the library alone.
 # subdirectory: the consumer configured with add_subdirectory(<checkout>) with the same packages
-#               hidden; it checks that only the library is defined, and compiles its sources against
-#               the library's usage requirements. The engine itself is not built again: that takes
-#               minutes on a small machine and proves nothing the install mode does not (the same
-#               sources and flags); -DCONSUMER_FULL_BUILD=ON on the consumer does it by hand.
+#               hidden; it checks that only the libraries (engine, models) are defined, and compiles
+#               its sources against their usage requirements. The libraries are not built again: that
+#               takes minutes on a small machine and proves nothing the install mode does not (the
+#               same sources and flags); -DCONSUMER_FULL_BUILD=ON on the consumer does it by hand.
 cmake_minimum_required(VERSION 3.24)
 foreach(var MODE CUMULUS_SOURCE_DIR CUMULUS_BUILD_DIR WORK_DIR)
   if(NOT DEFINED ${var})
@@ -92,14 +92,17 @@ if(MODE STREQUAL "install")
   file(GLOB_RECURSE config_file ${prefix}/*/cumulusConfig.cmake)
   file(GLOB_RECURSE version_file ${prefix}/*/cumulusConfigVersion.cmake)
   file(GLOB_RECURSE library ${prefix}/*/libcumulus_engine.so)
+  file(GLOB_RECURSE models_library ${prefix}/*/libcumulus_models.*)
   file(GLOB include_entries RELATIVE ${prefix}/include ${prefix}/include/*)
-  foreach(f config_file version_file library)
+  foreach(f config_file version_file library models_library)
     if(NOT ${f})
       message(FATAL_ERROR "test_package: ${f} not installed under ${prefix}")
     endif()
   endforeach()
-  if(NOT include_entries STREQUAL "cumulus" OR NOT EXISTS ${prefix}/include/cumulus/cumulus.h)
-    message(FATAL_ERROR "test_package: ${prefix}/include holds '${include_entries}', expected cumulus/ with cumulus.h")
+  if(NOT include_entries STREQUAL "cumulus" OR NOT EXISTS ${prefix}/include/cumulus/cumulus.h OR
+     NOT EXISTS ${prefix}/include/cumulus/models/mlp.h)
+    message(FATAL_ERROR "test_package: ${prefix}/include holds '${include_entries}', expected cumulus/ with cumulus.h "
+                        "and models/mlp.h")
   endif()
   # No installed header may include a header of the library's dependencies: a consumer has none.
   file(GLOB_RECURSE headers ${prefix}/include/*)
@@ -147,7 +150,7 @@ elseif(MODE STREQUAL "subdirectory")
   endif()
   step(${CMAKE_COMMAND} -S ${consumer_src} -B ${work}/build -DCUMULUS_SOURCE_DIR=${CUMULUS_SOURCE_DIR}
        -DCUMULUS_CUDA=${cuda} ${configure_args})
-  if(NOT step_output MATCHES "defines cumulus_engine alone")
+  if(NOT step_output MATCHES "defines cumulus_engine and cumulus_models alone")
     message(FATAL_ERROR "test_package: the consumer did not report its target check:\n${step_output}")
   endif()
   step(${CMAKE_COMMAND} --build ${work}/build ${config_args} --target main_compiles hidden_headers_compiles)

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "cumulus/cumulus.h"
+#include "cumulus/models/cnn.h"
+#include "cumulus/models/mlp.h"
 #include "test_util.h"
 
 namespace cumulus::testing {

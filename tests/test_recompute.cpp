@@ -433,7 +433,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   EXPECT_NE(table.find("recompute on: 2 segments per micro-batch"), std::string::npos) << table;
 }
 
-// Note [CNN recompute segments] in engine/models/cnn.cpp: stored, the peak above the fixed costs
+// Note [CNN recompute segments] in models/cnn.cpp: stored, the peak above the fixed costs
 // is four tensors of conv1's output size (relu1's backward); with the default segments, three.
 TEST_P(RecomputeTest, CnnPeakFallsFromFourToThreeConvOutputs) {
   if (device().is_cuda()) GTEST_SKIP() << "the CPU kernels' working sets; cuDNN's have not been measured";

@@ -35,6 +35,7 @@
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/model.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
@@ -128,38 +129,27 @@ EvalResult evaluate(nn::Module& model, const data::DataLoader& loader) {
   return r;
 }
 
-void set_model_recompute(nn::Module& model, bool on) {
-  if (auto* cnn = dynamic_cast<models::CNN*>(&model)) cnn->set_recompute(on);
-  else if (auto* mlp = dynamic_cast<models::SeedMLP*>(&model)) mlp->set_recompute(on);
+// The one place that knows the models by name; everything after asks the nn::Model interface.
+std::unique_ptr<nn::Model> make_model(const Options& o, Generator& gen) {
+  std::unique_ptr<nn::Model> model;
+  if (o.model == "cnn") model = std::make_unique<models::CNN>(gen, o.resolved_device);
+  else model = std::make_unique<models::SeedMLP>(gen, o.resolved_device);
+  model->set_recompute(o.recompute == "on");  // auto: off until the planner decides
+  nn::KernelChoice kernels = nn::KernelChoice::automatic;
+  nn::parse_kernel_choice(o.kernels, kernels);  // CLI11 checked the value, and fused against --model
+  model->set_kernels(kernels);
+  return model;
 }
 
-std::unique_ptr<nn::Module> make_model(const Options& o, Generator& gen) {
-  const bool recompute = o.recompute == "on";  // auto: off until the planner decides
-  if (o.model == "cnn") {
-    auto cnn = std::make_unique<models::CNN>(gen, o.resolved_device);
-    cnn->set_recompute(recompute);
-    return cnn;
-  }
-  auto mlp = std::make_unique<models::SeedMLP>(gen, o.resolved_device);
-  mlp->set_recompute(recompute);
-  models::KernelChoice kernels = models::KernelChoice::automatic;
-  models::parse_kernel_choice(o.kernels, kernels);  // CLI11 checked the value
-  mlp->set_kernels(kernels);
-  return mlp;
-}
-
-// A training micro-batch's summed loss: the MLP's own (the fused op where it applies, Note [Fused
-// MLP] in engine/ops/fused_mlp.cpp), cross-entropy of the model's logits otherwise.
-Tensor training_loss(nn::Module& model, const data::Batch& batch) {
-  if (auto* mlp = dynamic_cast<models::SeedMLP*>(&model)) return mlp->loss(batch.x, batch.y, ops::Reduction::Sum);
-  return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
+// A training micro-batch's summed loss: the model's own (the MLP's fused op where it applies, Note
+// [Fused MLP] in engine/ops/fused_mlp.cpp; cross-entropy of the logits by default).
+Tensor training_loss(nn::Model& model, const data::Batch& batch) {
+  return model.loss(batch.x, batch.y, ops::Reduction::Sum);
 }
 
 // Which kernels train micro-batches of `batch` samples: "fused" or "generic" (the banner and reports).
-std::string kernels_used(const nn::Module& model, const Options& o, int64_t batch) {
-  const auto* mlp = dynamic_cast<const models::SeedMLP*>(&model);
-  return mlp != nullptr && mlp->fuses(o.resolved_device, compute_dtype(o.resolved_precision), batch) ? "fused"
-                                                                                                     : "generic";
+std::string kernels_used(const nn::Model& model, const Options& o, int64_t batch) {
+  return nn::kernel_choice_name(model.kernels_for(o.resolved_device, compute_dtype(o.resolved_precision), batch));
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_ptr<nn::FlatParameters> flat) {
@@ -249,7 +239,7 @@ class MetricsFile {
 // divisor is tried. Should the sequences not match, the planner falls back to a line through the
 // peaks of two probes and says so. Parameters are not changed (probe gradients are discarded).
 // Returns false when --plan-only asks to stop after the table.
-bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
+bool plan_batch(Options& o, nn::Model& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
   CachingAllocator& alloc = allocator_for(o.resolved_device);
   // Probes are training forwards: they would move batch norm's running statistics. Keep a copy.
   std::vector<Tensor> buffers_before;
@@ -316,7 +306,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
       const int64_t without = largest_fitting(predicted);
       bool chosen = false;
       if (without != o.effective_batch) {
-        set_model_recompute(model, true);
+        model.set_recompute(true);
         const MemoryPredictor with = record_micro_batch(alloc, micro_batch, large / 2, large, state);
         if (with.ok()) {
           std::vector<PredictedMemory> predicted_with;
@@ -330,7 +320,7 @@ bool plan_batch(Options& o, nn::Module& model, const nn::FlatParameters& flat, c
             chosen = true;
           }
         }
-        if (!chosen) set_model_recompute(model, false);
+        if (!chosen) model.set_recompute(false);
       }
       if (!chosen && !o.quiet)
         say("planner: recompute off: %s\n", without == o.effective_batch ? "the whole effective batch fits without it"
@@ -561,8 +551,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   check_outputs_against_data(o, data_dir);
 
   Generator gen(o.seed);
-  const std::unique_ptr<nn::Module> model_ptr = make_model(o, gen);
-  nn::Module& model = *model_ptr;
+  const std::unique_ptr<nn::Model> model_ptr = make_model(o, gen);
+  nn::Model& model = *model_ptr;
   if (!o.init_path.empty()) load_weights(o.init_path, model);
   throw_if_interrupted();
 
@@ -663,8 +653,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   }
 
   MemoryTracker::Options to;
-  to.model = o.model == "cnn" ? "cnn" : "seed_mlp";
-  if (o.model == "cnn")
+  to.model = model.name();
+  if (model.uses_batch_statistics())
     to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
@@ -865,7 +855,8 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
         line["gradient_buckets"] = acc.gradient_buckets();
         line["buckets_started_in_backward"] = acc.buckets_started_in_backward() - buckets_in_backward_before;
       }
-      if (o.model == "cnn") line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
+      if (model.uses_batch_statistics())
+        line["batch_norm_statistics_samples"] = o.batch_size;  // per micro-batch, not per group
       if (!state.overridden.empty()) line["overrides"] = state.overridden;
       metrics.append(line);
       boundary.epoch = epoch + 1;

@@ -1,7 +1,10 @@
-// An application outside cumulus, built against it the way a user's project would be: one include,
-// the seed MLP, one SGD step on random data (the loss must go down), and state dicts of the MLP and
-// of the CNN (batch-norm buffers included) saved and loaded back. Run by tests/test_package.cmake.
+// An application outside cumulus, built against it the way a user's project would be: the engine's
+// one include and the models' headers, the seed MLP, one SGD step on random data (the loss must go
+// down), and state dicts of the MLP and of the CNN (batch-norm buffers included) saved and loaded
+// back. Run by tests/test_package.cmake.
 #include <cumulus/cumulus.h>
+#include <cumulus/models/cnn.h>
+#include <cumulus/models/mlp.h>
 
 #include <cstdint>
 #include <cstdio>

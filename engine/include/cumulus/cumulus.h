@@ -1,6 +1,9 @@
-// cumulus in one include: everything a training loop needs, as `import torch` gives it.
+// cumulus in one include: everything a training loop needs, as `import torch` gives it. The models
+// are a library of their own on top of the engine (cumulus::models, <cumulus/models/mlp.h> and
+// <cumulus/models/cnn.h>); a model of the user's own implements nn::Model (cumulus/nn/model.h).
 //
 //   #include <cumulus/cumulus.h>
+//   #include <cumulus/models/mlp.h>
 //   using namespace cumulus;
 //   Generator gen(0);
 //   models::SeedMLP model(gen);
@@ -38,6 +41,7 @@
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
+#include "cumulus/nn/model.h"
 #include "cumulus/nn/module.h"
 
 #include "cumulus/optim/accumulator.h"
@@ -57,6 +61,3 @@
 
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
-
-#include "cumulus/models/cnn.h"
-#include "cumulus/models/mlp.h"

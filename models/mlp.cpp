@@ -23,24 +23,6 @@ SeedMLP& SeedMLP::set_recompute(bool on) {
   return *this;
 }
 
-const char* kernel_choice_name(KernelChoice choice) {
-  switch (choice) {
-    case KernelChoice::automatic: return "auto";
-    case KernelChoice::fused: return "fused";
-    case KernelChoice::generic: return "generic";
-  }
-  return "?";
-}
-
-bool parse_kernel_choice(const std::string& name, KernelChoice& choice) {
-  for (KernelChoice c : {KernelChoice::automatic, KernelChoice::fused, KernelChoice::generic})
-    if (name == kernel_choice_name(c)) {
-      choice = c;
-      return true;
-    }
-  return false;
-}
-
 SeedMLP& SeedMLP::set_kernels(KernelChoice choice) {
   kernels_ = choice;
   return *this;

@@ -1,5 +1,7 @@
 #include "cumulus/models/cnn.h"
 
+#include <utility>
+
 #include "cumulus/ops/ops.h"
 
 namespace cumulus::models {
@@ -19,6 +21,11 @@ CNN::CNN(Generator& gen, Device device) {
   add(std::make_shared<nn::Linear>(kHidden, kClasses, gen, device));
 }
 
+void CNN::add(std::shared_ptr<nn::Module> layer) {
+  register_module(std::to_string(layers_.size()), layer);
+  layers_.add(std::move(layer));
+}
+
 Tensor CNN::forward(const Tensor& x) {
   CUMULUS_CHECK(x.defined(), InvalidArgument, "CNN: input is undefined");
   const bool ok = (x.ndim() == 2 && x.size(1) == kSide * kSide) ||
@@ -28,7 +35,7 @@ Tensor CNN::forward(const Tensor& x) {
                 "CNN: input must be [B, 784], [B, 28, 28] or [B, 1, 28, 28], got ", x.shape().str());
   // A view (no copy): the loader's [B, 784] rows are already NCHW with one channel.
   const Tensor images = x.ndim() == 4 ? x : ops::reshape(x, Shape{x.size(0), 1, kSide, kSide});
-  return Sequential::forward(images);
+  return layers_.forward(images);
 }
 
 // Note [CNN recompute segments]
@@ -54,7 +61,11 @@ const std::vector<nn::LayerRange>& CNN::recompute_segments_default() {
 }
 
 CNN& CNN::set_recompute(bool on) {
-  Sequential::set_recompute(on ? recompute_segments_default() : std::vector<nn::LayerRange>{});
+  return set_recompute(on ? recompute_segments_default() : std::vector<nn::LayerRange>{});
+}
+
+CNN& CNN::set_recompute(std::vector<nn::LayerRange> segments) {
+  layers_.set_recompute(std::move(segments));
   return *this;
 }
 
