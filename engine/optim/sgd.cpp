@@ -16,6 +16,11 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
 
 int64_t SGD::state_bytes() const { return momentum_.defined() ? static_cast<int64_t>(momentum_.allocated_bytes()) : 0; }
 
+std::vector<int64_t> SGD::state_to_allocate() const {
+  if (options_.momentum == 0.0f || momentum_.defined()) return {};
+  return {static_cast<int64_t>(params_->values().nbytes())};  // apply() allocates it with the values' shape
+}
+
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   if (!momentum_.defined()) return {};
   return {{"momentum_buffer", momentum_}};
