@@ -240,25 +240,13 @@ class MetricsFile {
 };
 
 // The planner's recompute decision and its table, shown as soon as the library has them (before
-// its verifying probes run).
+// its verifying probes run). The fallback's table (a line through two probes) only with --plan-only.
 void print_plan_table(const Options& o, const Plan& plan) {
   const int64_t budget = o.memory_budget_bytes;
-  const char* header = "  %11s %10s %15s %5s %6s\n";
-  if (plan.method == PlanMethod::probe_line) {
-    if (!o.quiet || o.plan_only)
-      say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
-          plan.prediction.c_str());
-    if (!o.plan_only) return;
-    say(header, "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
-    for (const PlanRow& r : plan.table)
-      say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(r.micro_batch),
-          static_cast<double>(r.peak_bytes) / (1 << 20), "-",
-          budget <= 0 ? "-"
-          : r.fits    ? "yes"
-                      : "no",
-          static_cast<long long>(r.accum_steps));
-    return;
-  }
+  const bool line = plan.method == PlanMethod::probe_line;
+  if (line && (!o.quiet || o.plan_only))
+    say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
+        plan.prediction.c_str());
   if (plan.recompute_weighed && !o.quiet) {
     if (plan.recompute)
       say("planner: recompute on: micro-batch %lld fits with it, %lld without\n",
@@ -268,18 +256,21 @@ void print_plan_table(const Options& o, const Plan& plan) {
                                               ? "the whole effective batch fits without it"
                                               : "it would not let a larger micro-batch fit");
   }
-  if (o.quiet && !o.plan_only) return;
-  say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
-      plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
-      budget > 0 ? format_bytes(budget).c_str() : "none");
-  say(header, "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
-  for (const PlanRow& r : plan.table)
-    say("  %11lld %10.2f %15lld %5s %6lld\n", static_cast<long long>(r.micro_batch),
-        static_cast<double>(r.peak_bytes) / (1 << 20), static_cast<long long>(r.reserved_bytes),
+  if (line ? !o.plan_only : o.quiet && !o.plan_only) return;
+  if (!line)
+    say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
+        plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
+        budget > 0 ? format_bytes(budget).c_str() : "none");
+  say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
+  for (const PlanRow& r : plan.table) {
+    const std::string reserved = line ? "-" : std::to_string(r.reserved_bytes);
+    say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(r.micro_batch),
+        static_cast<double>(r.peak_bytes) / (1 << 20), reserved.c_str(),
         budget <= 0 ? "-"
         : r.fits    ? "yes"
                     : "no",
         static_cast<long long>(r.accum_steps));
+  }
 }
 
 // --effective-batch: the library's planner (cumulus::plan_batch, Note [Planning a micro-batch] in
