@@ -229,33 +229,56 @@ class MetricsFile {
   std::string path_, content_;
 };
 
-// --effective-batch: the planner (Note [Memory prediction] in engine/memory/prediction.cpp). The
-// budget limits reserved bytes (what a device of that size could hold, segments rounded as
-// cudaMalloc's are). One training micro-batch is recorded allocation by allocation at two sizes, and
-// every divisor of the effective batch is predicted by replaying its sequence through a caching
-// allocator without memory, from the state at rest plus the optimizer state the first step will
-// allocate. The largest divisor whose predicted reserved bytes fit is verified by running one
-// micro-batch of it under the limit, with the optimizer state held; on failure the next smaller
-// divisor is tried. Should the sequences not match, the planner falls back to a line through the
-// peaks of two probes and says so. Parameters are not changed (probe gradients are discarded).
+// The planner's recompute decision and its table, shown as soon as the library has them (before
+// its verifying probes run). The fallback's table (a line through two probes) only with --plan-only.
+void print_plan_table(const Options& o, const Plan& plan) {
+  const int64_t budget = o.memory_budget_bytes;
+  const bool line = plan.method == PlanMethod::probe_line;
+  if (line && (!o.quiet || o.plan_only))
+    say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
+        plan.prediction.c_str());
+  if (plan.recompute_weighed && !o.quiet) {
+    if (plan.recompute)
+      say("planner: recompute on: micro-batch %lld fits with it, %lld without\n",
+          static_cast<long long>(plan.largest_with_recompute), static_cast<long long>(plan.largest_without_recompute));
+    else
+      say("planner: recompute off: %s\n", plan.largest_without_recompute == o.effective_batch
+                                              ? "the whole effective batch fits without it"
+                                              : "it would not let a larger micro-batch fit");
+  }
+  if (line ? !o.plan_only : o.quiet && !o.plan_only) return;
+  if (!line)
+    say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
+        plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
+        budget > 0 ? format_bytes(budget).c_str() : "none");
+  say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
+  for (const PlanRow& r : plan.table) {
+    const std::string reserved = line ? "-" : std::to_string(r.reserved_bytes);
+    say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(r.micro_batch),
+        static_cast<double>(r.peak_bytes) / (1 << 20), reserved.c_str(),
+        budget <= 0 ? "-"
+        : r.fits    ? "yes"
+                    : "no",
+        static_cast<long long>(r.accum_steps));
+  }
+}
+
+// --effective-batch: the library's planner (cumulus::plan_batch, Note [Planning a micro-batch] in
+// engine/memory/planner.cpp) with this run's training micro-batch, optimizer and budget: every
+// divisor predicted in reserved bytes with the optimizer state the first step allocates, the
+// largest that fits verified by one probe under the limit (--recompute auto: recompute only if it
+// lets a larger micro-batch fit). Parameters and batch norm's statistics are left as they were.
 // Returns false when --plan-only asks to stop after the table.
-bool plan_batch(Options& o, nn::Model& model, const nn::FlatParameters& flat, const data::ImageDataset& train) {
-  CachingAllocator& alloc = allocator_for(o.resolved_device);
-  // Probes are training forwards: they would move batch norm's running statistics. Keep a copy.
-  std::vector<Tensor> buffers_before;
-  for (const auto& [name, t] : model.named_buffers()) buffers_before.push_back(t.clone());
-  struct RestoreBuffers {
-    nn::Module& m;
-    std::vector<Tensor>& saved;
-    ~RestoreBuffers() {
-      std::size_t i = 0;
-      for (const auto& [name, t] : m.named_buffers()) {
-        Tensor target = t;
-        target.copy_from(saved[i++]);
-      }
-    }
-  } restore{model, buffers_before};
-  auto micro_batch = [&](int64_t b) {
+bool plan_batch(Options& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                const data::ImageDataset& train) {
+  // The run's optimizer is made after planning; one with its settings tells the planner what state
+  // its first step allocates.
+  const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+  PlanRequest request;
+  request.device = o.resolved_device;
+  request.effective_batch = o.effective_batch;
+  request.budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
+  request.micro_batch = [&](int64_t b) {
     throw_if_interrupted();
     data::DataLoader loader(train, b, false, 0, o.resolved_device);  // host-resident data: staging included
     loader.set_dtype(compute_dtype(o.resolved_precision));
@@ -263,176 +286,23 @@ bool plan_batch(Options& o, nn::Model& model, const nn::FlatParameters& flat, co
     Tensor loss = training_loss(model, batch);
     loss.backward();
     loss = Tensor();
-    flat.mark_gradients_stale();
+    flat->mark_gradients_stale();
   };
-  auto probe = [&](int64_t b) {
-    alloc.reset_peak();
-    micro_batch(b);
-    return alloc.stats().allocated_peak;
-  };
-  const int copies = o.optimizer == "adamw" ? 2 : (o.momentum > 0 ? 1 : 0);
-  const int64_t copy_bytes = static_cast<int64_t>(flat.values().allocated_bytes());
-  const int64_t budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
-
-  // Recording sizes: 128 and 256 make each size's fit exact (see the note); smaller when the
-  // training set is.
-  int64_t large = 256;
-  while (large > train.size()) large /= 2;
-  MemoryPredictor predictor;
-  const std::vector<FixedBlock> state(static_cast<std::size_t>(copies),
-                                      FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
-  if (large >= 2) predictor = record_micro_batch(alloc, micro_batch, large / 2, large, state);
-  const int64_t at_rest = predictor.ok() ? predictor.rest_reserved() : (alloc.empty_cache(), alloc.stats().reserved);
-
-  // Divisors of the effective batch, largest first (found up to its square root: it may be 2^31).
-  std::vector<int64_t> divisors;
-  for (int64_t d = 1; d * d <= o.effective_batch; ++d)
-    if (o.effective_batch % d == 0) {
-      divisors.push_back(d);
-      if (d * d != o.effective_batch) divisors.push_back(o.effective_batch / d);
-    }
-  std::sort(divisors.rbegin(), divisors.rend());
-  if (predictor.ok()) {
-    std::vector<PredictedMemory> predicted;
-    for (int64_t b : divisors) predicted.push_back(predictor.predict(b));
-    // --recompute auto: recompute only if it lets a larger micro-batch fit (predicted the same way,
-    // from a recording with recompute on).
-    if (o.recompute == "auto") {
-      auto largest_fitting = [&](const std::vector<PredictedMemory>& candidates) -> int64_t {
-        for (const PredictedMemory& p : candidates)
-          if (p.reserved_bytes <= budget) return p.micro_batch;
-        return 0;
-      };
-      const int64_t without = largest_fitting(predicted);
-      bool chosen = false;
-      if (without != o.effective_batch) {
-        model.set_recompute(true);
-        const MemoryPredictor with = record_micro_batch(alloc, micro_batch, large / 2, large, state);
-        if (with.ok()) {
-          std::vector<PredictedMemory> predicted_with;
-          for (int64_t b : divisors) predicted_with.push_back(with.predict(b));
-          const int64_t with_recompute = largest_fitting(predicted_with);
-          if (with_recompute > without) {
-            if (!o.quiet)
-              say("planner: recompute on: micro-batch %lld fits with it, %lld without\n",
-                  static_cast<long long>(with_recompute), static_cast<long long>(without));
-            predicted = std::move(predicted_with);
-            chosen = true;
-          }
-        }
-        if (!chosen) model.set_recompute(false);
-      }
-      if (!chosen && !o.quiet)
-        say("planner: recompute off: %s\n", without == o.effective_batch ? "the whole effective batch fits without it"
-                                                                         : "it would not let a larger micro-batch fit");
-      o.recompute = chosen ? "on" : "off";
-    }
-    if (!o.quiet || o.plan_only) {
-      say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
-          predictor.reason().c_str(), format_bytes(at_rest).c_str(),
-          budget > 0 ? format_bytes(budget).c_str() : "none");
-      say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
-      for (const PredictedMemory& p : predicted)
-        say("  %11lld %10.2f %15lld %5s %6lld\n", static_cast<long long>(p.micro_batch),
-            static_cast<double>(p.peak_bytes) / (1 << 20), static_cast<long long>(p.reserved_bytes),
-            budget <= 0                  ? "-"
-            : p.reserved_bytes <= budget ? "yes"
-                                         : "no",
-            static_cast<long long>(o.effective_batch / p.micro_batch));
-    }
-    if (o.plan_only) return false;
-    for (std::size_t i = 0; i < predicted.size(); ++i) {
-      const PredictedMemory& p = predicted[i];
-      if (budget > 0 && p.reserved_bytes > budget) continue;
-      bool fits = true;
-      try {
-        std::vector<Tensor> state;
-        MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-        for (int c = 0; c < copies; ++c)
-          state.push_back(Tensor::empty(Shape{copy_bytes / 4}, DType::f32, o.resolved_device));
-        alloc.reset_peak();
-        micro_batch(p.micro_batch);
-      } catch (const OutOfMemory&) {
-        fits = false;
-        flat.mark_gradients_stale();
-      }
-      const MemoryStats measured = alloc.stats();
-      alloc.empty_cache();
-      if (!fits) continue;
-      o.batch_size = p.micro_batch;
-      o.accum_steps = static_cast<int>(o.effective_batch / p.micro_batch);
-      if (!o.quiet) {
-        std::string why = i == 0 ? "the whole effective batch fits"
-                                 : "micro-batch " + std::to_string(predicted[i - 1].micro_batch) + " would reserve " +
-                                       format_bytes(predicted[i - 1].reserved_bytes);
-        say("planner: micro-batch %lld x %d steps = effective batch %lld: predicted peak %s, reserved %s within the "
-            "budget %s (%s); verified by a probe micro-batch under the limit: peak %s, reserved %s\n",
-            static_cast<long long>(o.batch_size), o.accum_steps, static_cast<long long>(o.effective_batch),
-            format_bytes(p.peak_bytes).c_str(), format_bytes(p.reserved_bytes).c_str(),
-            budget > 0 ? format_bytes(budget).c_str() : "none", why.c_str(),
-            format_bytes(measured.allocated_peak).c_str(), format_bytes(measured.reserved_peak).c_str());
-      }
-      return true;
-    }
-    throw OutOfMemory("planner: no micro-batch dividing " + std::to_string(o.effective_batch) +
-                      " fits --memory-budget " + o.memory_budget + " (a micro-batch of 1 is predicted to reserve " +
-                      format_bytes(predicted.back().reserved_bytes) + ", reserved at rest " + format_bytes(at_rest) +
-                      ")");
-  }
-
-  // Fallback: a line through the peaks of two probes, with a safety margin for what it misses.
-  if (o.recompute == "auto") o.recompute = "off";  // nothing to compare the choice with
-  if (!o.quiet || o.plan_only)
-    say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
-        predictor.reason().empty() ? "the training set is too small to record" : predictor.reason().c_str());
-  const int64_t state_bytes = copies * copy_bytes;
-  const int64_t fl = std::min<int64_t>({o.effective_batch, 8, train.size()});
-  const int64_t fs = std::max<int64_t>(1, fl / 2);
-  const int64_t p_small = probe(fs);
-  const int64_t p_large = fl > fs ? probe(fl) : p_small;
-  MemoryCost cost = fl > fs ? memory_cost_from_probes(fs, p_small, fl, p_large) : MemoryCost{p_small, 0.0};
-  alloc.empty_cache();
-  constexpr int64_t kSegment = CachingAllocator::kLargeSegmentRounding;
-  cost.fixed_bytes = at_rest + (state_bytes + kSegment - 1) / kSegment * kSegment;
-  if (o.plan_only) {
-    say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
-    for (int64_t b : divisors) {
-      const int64_t peak = cost.predicted_peak(b);
-      say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(b), static_cast<double>(peak) / (1 << 20), "-",
-          budget <= 0             ? "-"
-          : peak <= budget * 0.95 ? "yes"
-                                  : "no",
-          static_cast<long long>(o.effective_batch / b));
-    }
-    return false;
-  }
-
-  for (int64_t cap = o.effective_batch;;) {
-    const MicroBatchPlan plan = plan_micro_batch(budget, o.effective_batch, cost, 0.05, cap);
-    bool fits = true;
-    try {
-      Tensor state;
-      if (state_bytes > 0) {
-        MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-        state = Tensor::empty(Shape{state_bytes / 4}, DType::f32, o.resolved_device);
-      }
-      probe(plan.micro_batch);
-    } catch (const OutOfMemory&) {
-      fits = false;
-      flat.mark_gradients_stale();
-    }
-    alloc.empty_cache();
-    if (fits) {
-      o.batch_size = plan.micro_batch;
-      o.accum_steps = plan.accum_steps;
-      if (!o.quiet) say("planner: %s; verified by a probe micro-batch under the limit\n", plan.reason.c_str());
-      return true;
-    }
-    if (plan.micro_batch == 1)
-      throw OutOfMemory("planner: a micro-batch of 1 does not fit --memory-budget " + o.memory_budget +
-                        " (reserved at rest " + format_bytes(at_rest) + ")");
-    cap = plan.micro_batch - 1;
-  }
+  request.optimizer = optimizer.get();
+  request.sample_limit = train.size();
+  if (o.recompute == "auto") request.set_recompute = [&](bool on) { model.set_recompute(on); };
+  request.model = &model;
+  request.verify = !o.plan_only;
+  request.budget_name = "--memory-budget " + o.memory_budget;
+  request.on_table = [&](const Plan& plan) { print_plan_table(o, plan); };
+  const Plan plan = cumulus::plan_batch(request);
+  if (o.recompute == "auto") o.recompute = plan.recompute ? "on" : "off";
+  if (o.plan_only) return false;
+  if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
+  o.batch_size = plan.micro_batch;
+  o.accum_steps = static_cast<int>(plan.accum_steps);
+  if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
+  return true;
 }
 
 void write_reports(const Options& o, MemoryTracker& tracker) {
@@ -582,7 +452,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
                          " this run holds before its first micro-batch (dataset, parameters, gradients)");
     allocator_for(device).set_memory_limit(o.memory_budget_bytes);
   }
-  if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, *flat, train)) return 0;  // --plan-only
+  if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, flat, train)) return 0;  // --plan-only
 
   data::DataLoader train_loader(train, o.batch_size, o.shuffle, o.seed, device);
   train_loader.set_dtype(compute_dtype(o.resolved_precision));  // Note [Mixed precision]: ops follow the batch

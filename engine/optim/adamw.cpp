@@ -20,6 +20,12 @@ int64_t AdamW::state_bytes() const {
   return (m_.defined() ? static_cast<int64_t>(m_.allocated_bytes() + v_.allocated_bytes()) : 0) + frozen_state_bytes();
 }
 
+std::vector<int64_t> AdamW::state_to_allocate() const {
+  if (m_.defined()) return {};
+  const auto bytes = static_cast<int64_t>(params_->values().nbytes());  // m and v, shaped as the values
+  return {bytes, bytes};
+}
+
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   if (!m_.defined()) return {};
   std::vector<std::pair<std::string, Tensor>> out{{"exp_avg", m_}, {"exp_avg_sq", v_}};

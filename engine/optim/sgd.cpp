@@ -18,6 +18,11 @@ int64_t SGD::state_bytes() const {
   return (momentum_.defined() ? static_cast<int64_t>(momentum_.allocated_bytes()) : 0) + frozen_state_bytes();
 }
 
+std::vector<int64_t> SGD::state_to_allocate() const {
+  if (options_.momentum == 0.0f || momentum_.defined()) return {};
+  return {static_cast<int64_t>(params_->values().nbytes())};  // apply() allocates it with the values' shape
+}
+
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   if (momentum_.defined()) out.emplace_back("momentum_buffer", momentum_);

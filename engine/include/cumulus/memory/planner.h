@@ -1,17 +1,39 @@
-// Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"): predict before you run out.
+// Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"; Note [Planning a
+// micro-batch] in engine/memory/planner.cpp): predict before you run out.
+//
+//   PlanRequest r;
+//   r.device = device;
+//   r.effective_batch = 1024;
+//   r.budget = parse_byte_size("3GiB");        // reserved bytes, as CachingAllocator's limit counts them
+//   r.micro_batch = [&](int64_t b) { ... };    // forward, loss, backward of b samples; grads discarded
+//   r.optimizer = optimizer.get();             // its first step's state is counted
+//   const Plan plan = plan_batch(r);           // plan.micro_batch x plan.accum_steps, plan.table, plan.reason
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
+
+#include "cumulus/core/device.h"
+#include "cumulus/memory/category.h"
 
 namespace cumulus {
+
+namespace nn {
+class Module;
+}  // namespace nn
+namespace optim {
+class Optimizer;
+}  // namespace optim
 
 // Parses a byte size: "1048576", "512KiB", "64MiB", "1.5GiB", "2GB" (KB/MB/GB are powers of 1000,
 // KiB/MiB/GiB of 1024; a space before the unit is allowed). Throws InvalidArgument naming the text.
 int64_t parse_byte_size(const std::string& text);
 
-// What one micro-batch costs, measured by a probe: memory that does not depend on the batch size
-// (parameters, gradients, optimizer state, workspace, data) and the peak's growth per sample.
+// A line through the allocated peaks of two probes: memory that does not depend on the batch size
+// and the peak's growth per sample. plan_batch's fallback when recordings do not match.
 struct MemoryCost {
   int64_t fixed_bytes = 0;
   double peak_bytes_per_sample = 0.0;
@@ -23,18 +45,99 @@ struct MemoryCost {
 // Derives the cost from two probed micro-batches of sizes small < large and their peaks.
 MemoryCost memory_cost_from_probes(int64_t small, int64_t small_peak, int64_t large, int64_t large_peak);
 
-struct MicroBatchPlan {
-  int64_t micro_batch = 0;
-  int accum_steps = 0;
-  int64_t predicted_peak = 0;
-  std::string reason;  // one or two sentences for the user
+// How a plan's table was predicted.
+enum class PlanMethod {
+  // Note [Memory prediction]: the recorded allocation sequence replayed through a caching
+  // allocator; peak and reserved bytes.
+  recorded_sequence,
+  // The fallback when the recordings do not match: reserved bytes at rest and the optimizer state
+  // (each block rounded to a 2 MiB segment) plus a line through two probes' allocated peaks,
+  // within the budget less a 5% margin. No reserved bytes.
+  probe_line,
 };
 
-// The largest micro-batch (at most `max_micro_batch`, 0: no cap) that divides `effective_batch`
-// and whose predicted peak stays within `budget` minus a safety margin (for allocator rounding and
-// fragmentation), and the accumulation steps that make up the effective batch. Throws OutOfMemory
-// if even a micro-batch of 1 does not fit.
-MicroBatchPlan plan_micro_batch(int64_t budget, int64_t effective_batch, const MemoryCost& cost,
-                                double safety_margin = 0.05, int64_t max_micro_batch = 0);
+// One candidate micro-batch: a divisor of the effective batch.
+struct PlanRow {
+  int64_t micro_batch = 0;
+  int64_t accum_steps = 0;     // effective batch / micro_batch
+  int64_t peak_bytes = 0;      // predicted allocated peak, the state at rest and the optimizer state included
+  int64_t reserved_bytes = 0;  // predicted reserved at the peak (what a budget limits); -1 with probe_line
+  std::array<int64_t, kNumMemoryCategories> peak_by_category{};  // the split at the peak (recorded_sequence)
+  // Predicted within the budget (always, without one).
+  bool fits = true;
+};
+
+struct Plan;
+
+struct PlanRequest {
+  Device device = Device::cpu();
+  int64_t effective_batch = 0;  // > 0
+  // Reserved bytes (what CachingAllocator::set_memory_limit counts, and what a smaller device runs
+  // out of). 0: none; every divisor is predicted and the whole effective batch chosen, unprobed.
+  int64_t budget = 0;
+  // Runs one training micro-batch of `samples`: batch, forward, loss, backward into the gradient
+  // buffers, then frees all it allocated and discards the gradients (called at several sizes,
+  // also above and below the choice). May throw (an interrupt): the exception leaves plan_batch
+  // after the allocator's limit, the model's buffers and the recompute lever are restored. Blocks
+  // the training loop will hold that exist neither now nor in a micro-batch (an
+  // optim::Accumulator's 16 KiB learning-rate table and loss seed, made with its first micro-batch)
+  // are not seen: they need room in the small pool.
+  std::function<void(int64_t samples)> micro_batch;
+  // The optimizer that will train: the state its first update allocates (state_to_allocate()) is
+  // held in every prediction and probe. Its gradients are discarded after a probe that ran out of
+  // memory. Required.
+  optim::Optimizer* optimizer = nullptr;
+  // The most samples `micro_batch` can take (the training set's size): recordings stay within it.
+  // 0: no limit.
+  int64_t sample_limit = 0;
+  // Optional recompute lever (a model's set_recompute): when given, recompute is turned on only
+  // if the prediction with it lets a larger micro-batch fit than without; it is left as chosen.
+  std::function<void(bool on)> set_recompute;
+  // Optional: the model whose buffers (batch norm's running statistics) the probes' training
+  // forwards move; they are copied first and written back when plan_batch returns or throws.
+  nn::Module* model = nullptr;
+  // False: predict and choose only, no probe (plan.verified stays false).
+  bool verify = true;
+  // How messages name the budget, e.g. the flag it came from ("--memory-budget 3GiB"); empty: "the
+  // budget" and its bytes.
+  std::string budget_name;
+  // Optional: called once with the plan so far (table, prediction, recompute; no choice yet) as
+  // soon as the table is known, before any verifying probe, so that it can be shown early.
+  std::function<void(const Plan&)> on_table;
+};
+
+struct Plan {
+  PlanMethod method = PlanMethod::recorded_sequence;
+  // The predictor's one-line summary, or why there is no prediction (probe_line).
+  std::string prediction;
+  int64_t reserved_at_rest = 0;       // from the allocator, after its cache was emptied
+  int64_t optimizer_state_bytes = 0;  // what the first update will allocate, held in every row
+  std::vector<PlanRow> table;         // every divisor of the effective batch, largest first
+  // Recompute (only with a lever and a recorded sequence): whether it was weighed, whether it was
+  // turned on, and the largest micro-batch predicted to fit without and with it (0: none, or not
+  // recorded because the whole effective batch fits without it). With recompute on, the table is
+  // the one predicted with it.
+  bool recompute_weighed = false;
+  bool recompute = false;
+  int64_t largest_without_recompute = 0;
+  int64_t largest_with_recompute = 0;
+  // The choice: the largest divisor predicted to fit that also fit its probe. 0: none fits (reason
+  // says why; the caller decides whether that is an error).
+  int64_t micro_batch = 0;
+  int64_t accum_steps = 0;
+  bool verified = false;            // one micro-batch of it ran under the budget, the state held
+  int64_t verified_peak_bytes = 0;  // that probe's allocated and reserved peaks
+  int64_t verified_reserved_bytes = 0;
+  std::vector<int64_t> rejected_by_probe;  // predicted to fit, ran out of memory in their probe
+  std::string reason;                      // the choice and why, or why none fits, in one sentence
+};
+
+// Plans the micro-batch for `request.effective_batch` under `request.budget`: records the
+// micro-batch's allocations at two sizes (and smaller ones), predicts every divisor from the state
+// at rest plus the optimizer's first-step state, and verifies the largest that fits with one probe
+// micro-batch under the budget, falling back to the next smaller divisor when the probe runs out of
+// memory. Prints nothing. Throws InvalidArgument for a malformed request; what `micro_batch` throws
+// (other than an OutOfMemory in a verifying probe) passes through.
+Plan plan_batch(const PlanRequest& request);
 
 }  // namespace cumulus

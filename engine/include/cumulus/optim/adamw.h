@@ -19,6 +19,7 @@ class AdamW final : public Optimizer {
  public:
   AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& options);
   int64_t state_bytes() const override;
+  std::vector<int64_t> state_to_allocate() const override;  // exp_avg and exp_avg_sq
   // "exp_avg", "exp_avg_sq" (and "frozen_missed_updates" once a parameter was frozen).
   std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) override;

@@ -8,6 +8,7 @@
 // resumes its own state when unfrozen (Note [Frozen parameters] in kernels/optim_rules.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -60,6 +61,10 @@ class Optimizer {
   Tensor step_state_scalar(std::size_t offset, const Shape& shape) const;
   // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
   virtual int64_t state_bytes() const = 0;
+  // The state the next update will allocate, one entry per tensor (bytes requested): all of it
+  // before the first update, nothing once held. What a planner must add to the memory at rest,
+  // since every micro-batch after the first step runs beside it (cumulus/memory/planner.h).
+  virtual std::vector<int64_t> state_to_allocate() const = 0;
   // The state as named flat tensors (for checkpoints); empty before the first update.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   // Restores what state() returned (copied into this optimizer's own buffers, allocated if needed)

@@ -20,6 +20,7 @@ class SGD final : public Optimizer {
  public:
   SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options);
   int64_t state_bytes() const override;
+  std::vector<int64_t> state_to_allocate() const override;  // the momentum buffer, if momentum != 0
   // "momentum_buffer" (and "frozen_missed_updates" once a parameter was frozen).
   std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) override;

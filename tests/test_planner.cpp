@@ -1,0 +1,378 @@
+// The micro-batch planner in the library (cumulus::plan_batch, Note [Planning a micro-batch] in
+// engine/memory/planner.cpp): its table, its choice under a budget in reserved bytes with the
+// optimizer state counted, the verifying probe, recompute, the fallback, and what it restores.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cumulus/memory/allocator.h"
+#include "cumulus/memory/planner.h"
+#include "cumulus/models/cnn.h"
+#include "cumulus/models/mlp.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/layers.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/optim/accumulator.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/optim/sgd.h"
+
+namespace cumulus {
+namespace {
+
+const Device kCpu = Device::cpu();
+
+int64_t rounded(int64_t bytes) {
+  constexpr auto r = static_cast<int64_t>(CachingAllocator::kRounding);
+  return (bytes + r - 1) / r * r;
+}
+
+// Sets the allocator's limit for a scope.
+struct LimitGuard {
+  explicit LimitGuard(int64_t limit) { allocator_for(kCpu).set_memory_limit(limit); }
+  ~LimitGuard() { allocator_for(kCpu).set_memory_limit(0); }
+};
+
+// A model, its flat parameters and one training micro-batch of zeros as a planner's caller writes
+// it: the batch (category data), forward, summed loss, backward, the gradients discarded.
+struct Rig {
+  Generator gen{3};
+  std::unique_ptr<nn::Module> model;
+  std::shared_ptr<nn::FlatParameters> flat;
+
+  explicit Rig(std::unique_ptr<nn::Module> m) : model(std::move(m)) {
+    flat = std::make_shared<nn::FlatParameters>(*model);
+    allocator_for(kCpu).empty_cache();
+  }
+  std::pair<Tensor, Tensor> batch(int64_t b) const {
+    MemoryCategoryScope scope(MemoryCategory::data);
+    return {Tensor::zeros(Shape{b, 784}, DType::f32, kCpu), Tensor::zeros(Shape{b}, DType::i32, kCpu)};
+  }
+  void micro_batch(int64_t b) const {
+    {
+      const auto [x, y] = batch(b);
+      ops::cross_entropy((*model)(x), y, ops::Reduction::Sum).backward();
+    }
+    flat->mark_gradients_stale();
+  }
+  PlanRequest request(optim::Optimizer& optimizer, int64_t effective_batch, int64_t budget) const {
+    PlanRequest r;
+    r.device = kCpu;
+    r.effective_batch = effective_batch;
+    r.budget = budget;
+    r.micro_batch = [this](int64_t b) { micro_batch(b); };
+    r.optimizer = &optimizer;
+    r.model = model.get();
+    return r;
+  }
+  // Trains two optimizer steps of micro-batch x accum under `budget` as the allocator's limit (the
+  // second group runs beside the state the first step allocates). The OutOfMemory's message, or "".
+  std::string train_two_steps(const std::shared_ptr<optim::Optimizer>& optimizer, int64_t micro_batch, int64_t accum,
+                              int64_t budget) const {
+    optim::AccumulatorOptions ao;
+    ao.accum_steps = static_cast<int>(accum);
+    optim::Accumulator acc(optimizer, ao);
+    allocator_for(kCpu).empty_cache();
+    allocator_for(kCpu).reset_peak();
+    const LimitGuard limit(budget);
+    try {
+      acc.begin_epoch(0, 2 * accum);
+      for (int64_t i = 0; i < 2 * accum; ++i) {
+        const auto [x, y] = batch(micro_batch);
+        acc.backward(ops::cross_entropy((*model)(x), y, ops::Reduction::Sum), micro_batch);
+        acc.step_if_ready();
+      }
+    } catch (const OutOfMemory& e) {
+      return e.what();
+    }
+    EXPECT_EQ(acc.optimizer_steps(), 2);
+    EXPECT_LE(allocator_for(kCpu).stats().reserved_peak, budget);
+    return "";
+  }
+};
+
+std::unique_ptr<nn::Module> mlp() {
+  Generator gen(3);
+  return std::make_unique<models::SeedMLP>(gen, kCpu);
+}
+
+// The rule plan_micro_batch applied until the library's planner replaced it: a line through two
+// probes' allocated peaks, the largest divisor whose peak is within the budget less 5%. Allocated
+// bytes are compared with a budget that counts reserved ones, and the optimizer state is unseen.
+int64_t old_rule_choice(const Rig& rig, int64_t effective_batch, int64_t budget) {
+  CachingAllocator& alloc = allocator_for(kCpu);
+  auto probe = [&](int64_t b) {
+    alloc.reset_peak();
+    rig.micro_batch(b);
+    return alloc.stats().allocated_peak;
+  };
+  const MemoryCost cost = memory_cost_from_probes(8, probe(8), 32, probe(32));
+  alloc.empty_cache();
+  for (int64_t b = effective_batch; b >= 1; --b)
+    if (effective_batch % b == 0 && cost.predicted_peak(b) <= static_cast<int64_t>(0.95 * static_cast<double>(budget)))
+      return b;
+  return 0;
+}
+
+// The failure on the seed MLP with AdamW: under 24 MiB the old rule took the whole
+// effective batch of 1024 (peak 16.2 MiB predicted in allocated bytes, no optimizer state), which
+// ran out of memory once AdamW's first step had allocated its two copies of the parameters.
+TEST(PlanBatch, ItsChoiceTrainsUnderTheBudgetWhereTheOldRuleRanOutOfMemory) {
+  const Rig rig(mlp());
+  constexpr int64_t kBudget = int64_t{24} << 20, kEffective = 1024;
+  auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  const Plan plan = plan_batch(rig.request(*adamw, kEffective, kBudget));
+  std::printf("%s\n", plan.reason.c_str());
+  ASSERT_GT(plan.micro_batch, 0) << plan.reason;
+  EXPECT_EQ(plan.method, PlanMethod::recorded_sequence) << plan.prediction;
+  EXPECT_TRUE(plan.verified);
+  EXPECT_LE(plan.verified_reserved_bytes, kBudget);
+  EXPECT_EQ(plan.optimizer_state_bytes, 2 * rounded(static_cast<int64_t>(rig.flat->values().nbytes())));
+  EXPECT_EQ(plan.micro_batch * plan.accum_steps, kEffective);
+  EXPECT_EQ(rig.train_two_steps(adamw, plan.micro_batch, plan.accum_steps, kBudget), "");
+  EXPECT_GT(adamw->state_bytes(), 0);
+
+  // The old rule's answer under the same budget, trained with a fresh AdamW: out of memory.
+  const int64_t old = old_rule_choice(rig, kEffective, kBudget);
+  EXPECT_EQ(old, kEffective);
+  EXPECT_GT(old, plan.micro_batch);
+  const std::string oom = rig.train_two_steps(std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{}), old,
+                                              kEffective / old, kBudget);
+  EXPECT_NE(oom.find("out of memory"), std::string::npos) << "micro-batch " << old << " trained under the budget";
+}
+
+// Every divisor, largest first, with the optimizer's first-step state in every row: AdamW's two
+// copies of the parameters raise each peak by exactly their bytes, and its choice under a budget
+// is no larger than plain SGD's (which holds no state). Without a budget: every divisor fits and
+// the whole effective batch is taken, unprobed.
+TEST(PlanBatch, TableHasEveryDivisorAndCountsTheOptimizerState) {
+  const Rig rig(mlp());
+  constexpr int64_t kEffective = 512;
+  optim::SGD sgd(rig.flat, optim::SGDOptions{});
+  optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
+  int tables = 0;
+  PlanRequest request = rig.request(sgd, kEffective, 0);
+  request.on_table = [&](const Plan& p) {
+    ++tables;
+    EXPECT_EQ(p.table.size(), 10u);
+    EXPECT_EQ(p.micro_batch, 0);  // shown before the choice
+  };
+  const Plan sgd_free = plan_batch(request);
+  const Plan adamw_free = plan_batch(rig.request(adamw, kEffective, 0));
+  EXPECT_EQ(tables, 1);
+  const std::vector<int64_t> divisors = {512, 256, 128, 64, 32, 16, 8, 4, 2, 1};
+  ASSERT_EQ(sgd_free.table.size(), divisors.size());
+  ASSERT_EQ(adamw_free.table.size(), divisors.size());
+  EXPECT_EQ(sgd_free.optimizer_state_bytes, 0);
+  EXPECT_EQ(adamw_free.optimizer_state_bytes, 2 * rounded(static_cast<int64_t>(rig.flat->values().nbytes())));
+  for (std::size_t i = 0; i < divisors.size(); ++i) {
+    const PlanRow &s = sgd_free.table[i], &a = adamw_free.table[i];
+    EXPECT_EQ(s.micro_batch, divisors[i]);
+    EXPECT_EQ(s.accum_steps, kEffective / divisors[i]);
+    EXPECT_EQ(a.micro_batch, divisors[i]);
+    EXPECT_TRUE(s.fits && a.fits);
+    EXPECT_EQ(a.peak_bytes - s.peak_bytes, adamw_free.optimizer_state_bytes) << divisors[i];
+    EXPECT_GE(a.reserved_bytes - s.reserved_bytes, adamw_free.optimizer_state_bytes) << divisors[i];
+    EXPECT_EQ(a.peak_by_category[static_cast<std::size_t>(MemoryCategory::optimizer_state)],
+              adamw_free.optimizer_state_bytes);
+  }
+  for (const Plan* p : {&sgd_free, &adamw_free}) {
+    EXPECT_EQ(p->micro_batch, kEffective);
+    EXPECT_EQ(p->accum_steps, 1);
+    EXPECT_FALSE(p->verified);
+    EXPECT_NE(p->reason.find("no budget"), std::string::npos) << p->reason;
+    EXPECT_GT(p->reserved_at_rest, 0);
+  }
+
+  // A budget AdamW's whole batch exceeds but a smaller divisor of it fits.
+  int64_t budget = 0;
+  for (const PlanRow& r : adamw_free.table)
+    if (r.reserved_bytes < adamw_free.table[0].reserved_bytes) {
+      budget = r.reserved_bytes;
+      break;
+    }
+  ASSERT_GT(budget, 0);
+  const Plan with_sgd = plan_batch(rig.request(sgd, kEffective, budget));
+  const Plan with_adamw = plan_batch(rig.request(adamw, kEffective, budget));
+  EXPECT_EQ(with_sgd.micro_batch, kEffective) << with_sgd.reason;
+  EXPECT_GT(with_adamw.micro_batch, 0) << with_adamw.reason;
+  EXPECT_LT(with_adamw.micro_batch, with_sgd.micro_batch) << with_adamw.reason;
+  EXPECT_TRUE(with_sgd.verified && with_adamw.verified);
+  EXPECT_FALSE(with_adamw.table[0].fits);
+  EXPECT_EQ(allocator_for(kCpu).memory_limit(), 0);  // the caller's limit is back
+}
+
+// Probes are training forwards: batch norm's running statistics move, and the planner puts them back.
+TEST(PlanBatch, RestoresTheModelsBuffers) {
+  Generator gen(5);
+  const Rig rig(std::make_unique<models::CNN>(gen, kCpu));
+  auto snapshot = [&] {
+    std::vector<std::vector<float>> out;
+    for (const auto& [name, t] : rig.model->named_buffers())
+      if (t.dtype() == DType::f32) out.push_back(t.to_vector<float>());
+    return out;
+  };
+  const auto before = snapshot();
+  ASSERT_FALSE(before.empty());
+  optim::SGD sgd(rig.flat, optim::SGDOptions{});
+  PlanRequest request = rig.request(sgd, 16, 0);
+  request.sample_limit = 16;
+  const Plan plan = plan_batch(request);
+  EXPECT_EQ(plan.micro_batch, 16) << plan.reason;
+  EXPECT_EQ(snapshot(), before);
+  Tensor x = Tensor::full(Shape{4, 784}, 0.5f, kCpu);
+  (*rig.model)(x);
+  EXPECT_NE(snapshot(), before) << "a training forward no longer moves the statistics: the test shows nothing";
+}
+
+// A micro-batch of our own making, exact to predict: activations of `per_sample` bytes a sample
+// (fewer with recompute) and 4 KiB of backward temporaries. Planned with a tiny model's SGD (no
+// state).
+struct Synthetic {
+  Generator gen{1};
+  nn::Linear layer{4, 2, gen, kCpu};
+  std::shared_ptr<nn::FlatParameters> flat = std::make_shared<nn::FlatParameters>(layer);
+  optim::SGD sgd{flat, optim::SGDOptions{}};
+  int64_t per_sample = 64 << 10;
+  int64_t per_sample_recomputing = 24 << 10;
+  bool recompute = false;
+  std::function<void(int64_t)> also;  // run inside each micro-batch (faults, interrupts)
+
+  Synthetic() { allocator_for(kCpu).empty_cache(); }
+  void micro_batch(int64_t b) {
+    CachingAllocator& alloc = allocator_for(kCpu);
+    const Allocation act = alloc.allocate(
+        static_cast<std::size_t>(b * (recompute ? per_sample_recomputing : per_sample)), MemoryCategory::activations);
+    if (also) also(b);
+    const Allocation tmp = alloc.allocate(4096, MemoryCategory::backward_temporaries);
+  }
+  PlanRequest request(int64_t effective_batch, int64_t budget) {
+    PlanRequest r;
+    r.effective_batch = effective_batch;
+    r.budget = budget;
+    r.micro_batch = [this](int64_t b) { micro_batch(b); };
+    r.optimizer = &sgd;
+    return r;
+  }
+  // What micro-batch `b` is predicted to reserve (from a plan without a budget).
+  int64_t reserved(int64_t effective_batch, int64_t b) {
+    for (const PlanRow& r : plan_batch(request(effective_batch, 0)).table)
+      if (r.micro_batch == b) return r.reserved_bytes;
+    return -1;
+  }
+};
+
+TEST(PlanBatch, ProbeThatRunsOutOfMemoryFallsBackToTheNextSmallerDivisor) {
+  Synthetic s;
+  const int64_t budget = s.reserved(64, 64);
+  PlanRequest request = s.request(64, budget);
+  // After the table: an allocation the recordings never saw, in the probe of 64 only.
+  request.on_table = [&](const Plan&) {
+    s.also = [](int64_t b) {
+      if (b == 64) allocator_for(kCpu).allocate(std::size_t{64} << 20, MemoryCategory::other);
+    };
+  };
+  const Plan plan = plan_batch(request);
+  EXPECT_TRUE(plan.table[0].fits);
+  EXPECT_EQ(plan.rejected_by_probe, std::vector<int64_t>{64});
+  EXPECT_EQ(plan.micro_batch, 32);
+  EXPECT_EQ(plan.accum_steps, 2);
+  EXPECT_TRUE(plan.verified);
+  EXPECT_NE(plan.reason.find("micro-batch 64 ran out of memory in its probe"), std::string::npos) << plan.reason;
+}
+
+TEST(PlanBatch, RecomputeOnlyWhenItLetsALargerMicroBatchFit) {
+  Synthetic s;
+  std::vector<bool> lever;
+  auto plan_with_lever = [&](int64_t budget) {
+    PlanRequest request = s.request(64, budget);
+    request.set_recompute = [&](bool on) {
+      lever.push_back(on);
+      s.recompute = on;
+    };
+    return plan_batch(request);
+  };
+  const int64_t whole = s.reserved(64, 64), half = s.reserved(64, 32);
+  ASSERT_LT(half, whole);
+
+  Plan p = plan_with_lever(whole);  // fits without: recompute is not even recorded
+  EXPECT_TRUE(lever.empty());
+  EXPECT_TRUE(p.recompute_weighed);
+  EXPECT_FALSE(p.recompute);
+  EXPECT_EQ(p.largest_without_recompute, 64);
+  EXPECT_EQ(p.micro_batch, 64);
+
+  p = plan_with_lever(half);  // 24 KiB a sample instead of 64: 64 fits with recompute
+  EXPECT_EQ(lever, std::vector<bool>{true});
+  EXPECT_TRUE(p.recompute && s.recompute);
+  EXPECT_EQ(p.largest_without_recompute, 32);
+  EXPECT_EQ(p.largest_with_recompute, 64);
+  EXPECT_EQ(p.micro_batch, 64);
+  EXPECT_TRUE(p.table[0].fits);  // the table predicted with recompute
+
+  lever.clear();
+  s.recompute = false;
+  s.per_sample_recomputing = s.per_sample;  // a lever that saves nothing is put back
+  p = plan_with_lever(half);
+  EXPECT_EQ(lever, (std::vector<bool>{true, false}));
+  EXPECT_FALSE(p.recompute);
+  EXPECT_EQ(p.micro_batch, 32);
+}
+
+TEST(PlanBatch, AnExceptionFromTheMicroBatchLeavesTheLimitAndTheLeverAsTheyWere) {
+  struct Interrupt {};
+  Synthetic s;
+  const int64_t half = s.reserved(64, 32);
+  PlanRequest request = s.request(64, half);
+  request.set_recompute = [&](bool on) { s.recompute = on; };
+  s.also = [&](int64_t) {
+    if (s.recompute) throw Interrupt{};  // while recording with recompute on
+  };
+  allocator_for(kCpu).set_memory_limit(int64_t{1} << 40);
+  EXPECT_THROW(plan_batch(request), Interrupt);
+  EXPECT_FALSE(s.recompute);
+  EXPECT_EQ(allocator_for(kCpu).memory_limit(), int64_t{1} << 40);
+  allocator_for(kCpu).set_memory_limit(0);
+}
+
+// Recordings that do not match (the allocations change with the size) leave the line through two
+// probes, held against the budget less 5% and verified the same way.
+TEST(PlanBatch, FallsBackToALineThroughTwoProbesWhenRecordingsDoNotMatch) {
+  Synthetic s;
+  s.also = [](int64_t b) {
+    if (b > 128) allocator_for(kCpu).allocate(1000, MemoryCategory::other);
+  };
+  const Plan free = plan_batch(s.request(64, 0));
+  EXPECT_EQ(free.method, PlanMethod::probe_line);
+  EXPECT_NE(free.prediction.find("do not match"), std::string::npos) << free.prediction;
+  ASSERT_EQ(free.table.size(), 7u);
+  EXPECT_EQ(free.table[0].reserved_bytes, -1);
+  EXPECT_EQ(free.micro_batch, 64);
+
+  const Plan roomy = plan_batch(s.request(64, free.reserved_at_rest + (int64_t{64} << 20)));
+  EXPECT_EQ(roomy.micro_batch, 64);
+  EXPECT_TRUE(roomy.verified);
+  EXPECT_NE(roomy.reason.find("less 5% margin"), std::string::npos) << roomy.reason;
+
+  const Plan none = plan_batch(s.request(64, free.reserved_at_rest));
+  EXPECT_EQ(none.micro_batch, 0);
+  EXPECT_EQ(none.reason.rfind("even a micro-batch of 1 needs", 0), 0u) << none.reason;
+}
+
+TEST(PlanBatch, RejectsAMalformedRequest) {
+  Synthetic s;
+  PlanRequest r = s.request(0, 0);
+  EXPECT_THROW(plan_batch(r), InvalidArgument);
+  r = s.request(8, 0);
+  r.optimizer = nullptr;
+  EXPECT_THROW(plan_batch(r), InvalidArgument);
+  r = s.request(8, 0);
+  r.micro_batch = nullptr;
+  EXPECT_THROW(plan_batch(r), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace cumulus
