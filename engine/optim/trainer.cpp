@@ -1,0 +1,219 @@
+// Note [Training API]
+// A user's loop needs, per micro-batch and step: the Accumulator's backward and step, five
+// MemoryTracker calls around them, and on CUDA the graph capture and replay of both. Spread over
+// the loop (as apps and tests once wrote it) that is easy to get subtly wrong: a missed
+// end_forward, a replay that records nothing. The Trainer makes all of them from one call per
+// micro-batch and one per step; the loop keeps its own shape (its data, its model, its closure
+// returning the summed loss), as Lightning's Trainer keeps the LightningModule's training_step.
+// Decisions:
+//  - It owns its Accumulator. The step count, the LR schedule's position (the update count less
+//    steps_offset_) and the loss scale live there; changing the accumulation steps used to mean a
+//    new Accumulator, which restarted all three silently. set_accum_steps changes N on the same
+//    one. The Accumulator stays public as the policy underneath (usable by hand, timed in parts by
+//    the benchmarks); this class replaces CapturedTraining, which drove one it did not own.
+//  - set_accum_steps mid-group is deferred, not refused: the group in progress keeps the size its
+//    first micro-batches were normalized for (Normalization::micro_batches seeds 1 / (samples *
+//    N)), and a caller (a callback, a budget that changed) need not know where the group stands.
+//    The new N then holds for the rest of the run, replacing the per-epoch schedule, which would
+//    otherwise undo it silently at the next epoch; counters() carries it so a resume keeps it.
+//  - The tracker is an option, attachable later (set_tracker): the app makes its tracker after a
+//    checkpoint is restored. Counters are the Accumulator's, read through accumulator() rather than
+//    forwarded one by one.
+//
+// Note [Captured training]
+// A micro-batch of the seed MLP is ~20 kernels of a few microseconds each; launched one by one
+// from the host, the launches, not the GPU, set the pace. The Trainer records each distinct
+// micro-batch once as a CUDA graph and replays it with one host call; the same for the device
+// part of the optimizer step (Accumulator::launch_step). What makes a replay equal to an eager run:
+//  - inputs come from device state: the DataLoader's cursor, the step state's counters and the
+//    learning-rate table (Note [Device-side step], Note [Learning-rate table]);
+//  - the gradient sinks' modes (overwrite after a step, accumulate otherwise) are captured, so a
+//    graph is keyed by the sample count and the stale pattern of the gradient slots: with 16 x 4
+//    that is two graphs, "first micro-batch of a group" and "the others"; the partial last
+//    micro-batch of an epoch gets its own pair; with Normalization::micro_batches the backward
+//    seed 1 / (samples * N) is captured too, so N joins the key (a set_accum_steps or a new
+//    epoch of the schedule makes new graphs instead of replaying the old seed);
+//  - the host state a micro-batch changes (the Accumulator's counters, the slots' stale flags) is
+//    replayed on the host too;
+//  - memory: the capture allocates from the graph pool (Note [Graph pool]), so a replay allocates
+//    nothing and the addresses it writes are never handed out to anything else.
+// A key seen for the first time runs eagerly (that creates handles and lazily allocated state,
+// which must not happen during a capture); the second time it is captured, then launched. A
+// captured key costs one graph launch per call. The memory a graph uses is measured while it is
+// captured (the allocations are real, only the kernels are deferred) and reported for every
+// replay (MemoryTracker::add_graph_micro_batch); per-micro-batch times of replays are not taken.
+// While the tracker records its timeline (the first optimizer steps) everything runs eagerly, so
+// the trace shows true phases.
+#include "cumulus/optim/trainer.h"
+
+#include <utility>
+
+#include "cumulus/core/error.h"
+#include "cumulus/dist/communicator.h"
+#include "cumulus/nn/flat_parameters.h"
+
+#if CUMULUS_WITH_CUDA
+#include "cumulus/core/cuda_context.h"
+#endif
+
+namespace cumulus::optim {
+
+struct Trainer::Captured {
+  int64_t seen = 0;
+#if CUMULUS_WITH_CUDA
+  cuda::Graph graph;
+#endif
+  std::vector<bool> stale_after;  // the slots' stale flags after the micro-batch
+  MicroBatchRecord memory;        // measured while capturing
+  bool captured() const {
+#if CUMULUS_WITH_CUDA
+    return graph.valid();
+#else
+    return false;
+#endif
+  }
+};
+
+Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
+                 std::shared_ptr<const LRSchedule> schedule)
+    : acc_(std::move(optimizer), options, std::move(schedule)),
+      use_graphs_(options.use_graphs),
+      tracker_(options.tracker) {
+  CUMULUS_CHECK(!use_graphs_ || acc_.optimizer().parameters().device().is_cuda(), InvalidArgument,
+                "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ",
+                acc_.optimizer().parameters().device().str());
+  // Not yet: the reductions across ranks would have to be captured too (NCCL allows it; untested).
+  CUMULUS_CHECK(!use_graphs_ || !acc_.distributed(), InvalidArgument,
+                "Trainer: CUDA graphs with data parallel training are not supported yet; run eagerly");
+#if !CUMULUS_WITH_CUDA
+  CUMULUS_CHECK(!use_graphs_, InvalidArgument, "Trainer: cumulus was built without CUDA");
+#endif
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
+  acc_.begin_epoch(epoch, micro_batches, first);
+}
+void Trainer::skip_micro_batch() { acc_.skip_micro_batch(); }
+void Trainer::set_accum_steps(int steps) { acc_.set_accum_steps(steps); }
+
+void Trainer::reset() {
+  micro_batches_.clear();
+  step_.reset();
+}
+
+std::vector<bool> Trainer::stale_pattern() const {
+  const auto& slots = acc_.optimizer_->parameters().slots();
+  std::vector<bool> stale(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) stale[i] = slots[i].param.grad_stale();
+  return stale;
+}
+
+// Graphs stay off while the tracker records its timeline, so the trace shows true phases.
+bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_->timeline_active()); }
+
+void Trainer::micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
+  if (!graphs_now()) return eager_micro_batch(samples, forward_loss);
+  const int seed_steps = acc_.options_.normalization == Normalization::micro_batches ? acc_.accum_steps() : 0;
+  std::unique_ptr<Captured>& c = micro_batches_[GraphKey{samples, stale_pattern(), seed_steps}];
+  if (!c) c = std::make_unique<Captured>();
+  if (c->seen++ == 0) return eager_micro_batch(samples, forward_loss);
+  graph_micro_batch(*c, samples, forward_loss);
+}
+
+void Trainer::eager_micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
+  if (tracker_) tracker_->begin_micro_batch(acc_.epoch(), acc_.micro_batch_index(), samples);
+  Tensor loss = forward_loss();
+  if (tracker_) tracker_->end_forward();
+  acc_.backward(loss, samples);
+  loss = Tensor();  // freed inside the record: the loss is the micro-batch's
+  if (tracker_) tracker_->end_backward();
+  ++stats_.eager_micro_batches;
+}
+
+// The second time a key is seen it is captured (the host runs the closure and backward: the
+// allocations and the bookkeeping are real, the kernels recorded), then launched; later, the
+// graph is launched after the host side of the micro-batch is replayed.
+void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::function<Tensor()>& forward_loss) {
+#if CUMULUS_WITH_CUDA
+  const int epoch = acc_.epoch();
+  const int64_t index = acc_.micro_batch_index();
+  if (!c.captured()) {
+    CachingAllocator& alloc = allocator_for(acc_.optimizer().parameters().device());
+    alloc.reset_peak();
+    const int64_t activations_before = alloc.stats()[MemoryCategory::activations].current;
+    MicroBatchRecord& r = c.memory;
+    r.samples = samples;
+    cuda::Context& ctx = cuda::context(acc_.optimizer().parameters().device().index());
+    c.graph = cuda::Graph::capture(ctx, [&] {
+      Tensor loss = forward_loss();
+      r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
+      acc_.backward(loss, samples);
+    });
+    const MemoryStats st = alloc.stats();
+    r.peak_bytes = st.allocated_peak;
+    r.peak_by_category = st.at_peak;
+    r.reserved_bytes = st.reserved;
+    c.stale_after = stale_pattern();
+    stats_.kernels_per_micro_batch = c.graph.kernel_nodes();
+    ++stats_.captures;
+  } else {
+    acc_.check_micro_batch(samples);
+    acc_.count_micro_batch(samples);
+    const auto& slots = acc_.optimizer().parameters().slots();
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (!c.stale_after[i]) slots[i].param.impl()->autograd.grad_stale = false;
+  }
+  c.graph.launch();
+  ++stats_.replayed_micro_batches;
+  if (tracker_) {
+    MicroBatchRecord r = c.memory;
+    r.epoch = epoch;
+    r.index = index;
+    tracker_->add_graph_micro_batch(r);
+  }
+#else
+  (void)c, (void)samples, (void)forward_loss;  // unreachable: the constructor refuses graphs
+#endif
+}
+
+bool Trainer::step_if_ready() { return step(true); }
+bool Trainer::flush() { return step(false); }
+
+bool Trainer::step(bool only_if_ready) {
+  if (only_if_ready ? !acc_.ready() : acc_.micro_batches_in_group() == 0) return false;
+  Optimizer& opt = acc_.optimizer();
+  if (!graphs_now()) {
+    if (tracker_) tracker_->begin_step();
+    acc_.do_step();
+    // The step's reductions, those started during the last backward included.
+    dist::Communicator* comm = acc_.communicator();
+    TimeSpans reductions = comm ? comm->take_recent_spans() : TimeSpans();
+    if (tracker_) tracker_->end_step(acc_.attempted_steps(), opt.state_bytes(), std::move(reductions));
+    ++stats_.eager_steps;
+    return true;
+  }
+  acc_.prepare_step_host();
+  if (!step_) step_ = std::make_unique<Captured>();
+  if (step_->seen++ == 0) {
+    acc_.launch_step();  // creates the optimizer state: never during a capture
+    ++stats_.eager_steps;
+  } else {
+#if CUMULUS_WITH_CUDA
+    if (!step_->captured()) {
+      cuda::Context& ctx = cuda::context(opt.parameters().device().index());
+      step_->graph = cuda::Graph::capture(ctx, [&] { acc_.launch_step(); });
+      stats_.kernels_per_step = step_->graph.kernel_nodes();
+      ++stats_.captures;
+    }
+    step_->graph.launch();
+    ++stats_.replayed_steps;
+#endif
+  }
+  acc_.finish_step_host();
+  if (tracker_) tracker_->add_graph_step(acc_.attempted_steps(), opt.state_bytes());
+  return true;
+}
+
+}  // namespace cumulus::optim
