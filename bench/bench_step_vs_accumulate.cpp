@@ -17,7 +17,7 @@
 //   micro_batch_graph/..., step_of_64_graph/BxN (CUDA only)   the same work as the app runs it
 //       in its steady state: the batch gathered from a u8 dataset by the DataLoader's device
 //       cursor, each micro-batch and the step's device part replayed as CUDA graphs
-//       (optim::CapturedTraining). Extra counters: kernels_per_micro_batch / kernels_per_step
+//       (optim::Trainer). Extra counters: kernels_per_micro_batch / kernels_per_step
 //       (inside the graphs) and host_syncs_per_step (must be 0).
 //   micro_batch_fused/..., step_of_64_fused/BxN, and on CUDA micro_batch_graph_fused/...,
 //       step_of_64_graph_fused/BxN   the same families on the fused MLP op (ops::mlp_cross_entropy,
@@ -33,7 +33,7 @@
 
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/optim/captured_training.h"
+#include "cumulus/optim/trainer.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -257,10 +257,10 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
 
 // ---- graphs (CUDA) --------------------------------------------------------------------------------
 // The app's form of the loop: a u8 dataset behind a DataLoader, micro-batches through
-// CapturedTraining. Full micro-batches only: the cursor is rewound before a partial one.
+// the Trainer. Full micro-batches only: the cursor is rewound before a partial one.
 struct GraphLoop {
   GraphLoop(Device device, int64_t b, const optim::AccumulatorOptions& o, models::KernelChoice kernels)
-      : m(device, kernels), acc(make_optimizer(OptimizerKind::sgd, m.params), o), runner(acc, true) {
+      : m(device, kernels), trainer(make_optimizer(OptimizerKind::sgd, m.params), with_graphs(o)) {
     Generator gen(7);
     std::vector<float> u(static_cast<std::size_t>(kDataRows * models::SeedMLP::kInputs));
     gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 256.0f);
@@ -272,7 +272,13 @@ struct GraphLoop {
     ds.images = Tensor::from_vector(px, Shape{kDataRows, 28, 28}, device);
     ds.labels = Tensor::from_vector(y, Shape{kDataRows}, device);
     loader = std::make_unique<data::DataLoader>(ds, b);
-    acc.begin_epoch(0, 0);
+    trainer.begin_epoch(0, 0);
+  }
+  static optim::TrainerOptions with_graphs(const optim::AccumulatorOptions& o) {
+    optim::TrainerOptions t;
+    static_cast<optim::AccumulatorOptions&>(t) = o;
+    t.use_graphs = true;
+    return t;
   }
   void micro_batch(int64_t b) {
     if ((index + 1) * b > kDataRows) {
@@ -280,14 +286,13 @@ struct GraphLoop {
       loader->seek(0);
     }
     const int64_t i = index++;
-    runner.micro_batch(b, [&] {
+    trainer.micro_batch(b, [&] {
       const data::Batch batch = loader->next(i);
       return m.net.loss(batch.x, batch.y, ops::Reduction::Sum);
     });
   }
   Model m;
-  optim::Accumulator acc;
-  optim::CapturedTraining runner;
+  optim::Trainer trainer;
   data::ImageDataset ds;
   std::unique_ptr<data::DataLoader> loader;
   int64_t index = 0;  // the next batch (the loader's cursor on the device says the same)
@@ -297,7 +302,7 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
                        models::KernelChoice kernels) {
   GraphLoop g(device, b, never_stepping(), kernels);
   for (int i = 0; i < kWarmupIterations; ++i) {
-    if (!accumulate) g.acc.optimizer().zero_grad();
+    if (!accumulate) g.trainer.optimizer().zero_grad();
     g.micro_batch(b);
   }
   synchronize(device);
@@ -306,7 +311,7 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
   const int64_t syncs = host_synchronizations();
   double total_s = 0.0;
   for (auto _ : state) {
-    if (!accumulate) g.acc.optimizer().zero_grad();
+    if (!accumulate) g.trainer.optimizer().zero_grad();
     timer.start();
     g.micro_batch(b);
     const double s = timer.seconds();  // waits on an event: one synchronization per iteration
@@ -314,13 +319,13 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
     total_s += s;
   }
   const double iters = static_cast<double>(state.iterations());
-  if (g.runner.stats().replayed_micro_batches < state.iterations())
+  if (g.trainer.stats().replayed_micro_batches < state.iterations())
     state.SkipWithError("micro-batches were not replayed as graphs");
   state.counters["samples_per_s"] = benchmark::Counter(static_cast<double>(b) * iters, benchmark::Counter::kIsRate);
   state.counters["us_per_micro_batch"] = iters > 0 ? total_s * 1e6 / iters : 0.0;
   state.counters["micro_batch"] = static_cast<double>(b);
   state.counters["beta"] = accumulate ? 1.0 : 0.0;
-  state.counters["kernels_per_micro_batch"] = static_cast<double>(g.runner.stats().kernels_per_micro_batch);
+  state.counters["kernels_per_micro_batch"] = static_cast<double>(g.trainer.stats().kernels_per_micro_batch);
   // The timer's own event wait is the only synchronization: subtract it.
   state.counters["host_syncs_per_micro_batch"] =
       iters > 0 ? static_cast<double>(host_synchronizations() - syncs) / iters - 1.0 : 0.0;
@@ -334,7 +339,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   auto one_step = [&] {
     for (int i = 0; i < n; ++i) {
       g.micro_batch(b);
-      g.runner.step_if_ready();
+      g.trainer.step_if_ready();
     }
   };
   for (int i = 0; i < kWarmupIterations; ++i) one_step();
@@ -342,7 +347,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   DeviceTimer timer(device);
   LaunchCounter launches;
   const int64_t syncs = host_synchronizations();
-  const int64_t steps_before = g.acc.attempted_steps();
+  const int64_t steps_before = g.trainer.accumulator().attempted_steps();
   double total_s = 0.0;
   for (auto _ : state) {
     timer.start();
@@ -353,7 +358,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   }
   const double iters = static_cast<double>(state.iterations());
   const int64_t host_syncs = host_synchronizations() - syncs - state.iterations();  // minus the timer's
-  if (g.acc.attempted_steps() - steps_before != state.iterations())
+  if (g.trainer.accumulator().attempted_steps() - steps_before != state.iterations())
     state.SkipWithError("expected exactly one optimizer step per iteration");
   state.counters["samples_per_s"] =
       benchmark::Counter(static_cast<double>(b * n) * iters, benchmark::Counter::kIsRate);
@@ -361,8 +366,8 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   state.counters["us_per_micro_batch"] = iters > 0 ? total_s * 1e6 / (iters * n) : 0.0;
   state.counters["micro_batch"] = static_cast<double>(b);
   state.counters["accum_steps"] = static_cast<double>(n);
-  state.counters["kernels_per_micro_batch"] = static_cast<double>(g.runner.stats().kernels_per_micro_batch);
-  state.counters["kernels_per_step"] = static_cast<double>(g.runner.stats().kernels_per_step);
+  state.counters["kernels_per_micro_batch"] = static_cast<double>(g.trainer.stats().kernels_per_micro_batch);
+  state.counters["kernels_per_step"] = static_cast<double>(g.trainer.stats().kernels_per_step);
   state.counters["host_syncs_per_step"] = iters > 0 ? static_cast<double>(host_syncs) / iters : 0.0;
   set_launch_counter(state, device, "launches_per_step", launches, 1.0);
   set_launch_counter(state, device, "launches_per_micro_batch", launches, static_cast<double>(n));

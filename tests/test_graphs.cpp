@@ -1,4 +1,4 @@
-// CapturedTraining and the host-free CUDA step (Note [Captured training], Note [Device-side
+// The Trainer's CUDA graphs and the host-free CUDA step (Note [Captured training], Note [Device-side
 // step]): captured and eager training give the same weights bit for bit (partial micro-batch,
 // partial group, SGD with momentum, AdamW, clipping, a non-finite step skipped on the device);
 // replays never allocate; the steady state never synchronizes with the host; the memory report
@@ -19,8 +19,8 @@
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
-#include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/optim/trainer.h"
 #include "test_util.h"
 
 #if CUMULUS_WITH_CUDA
@@ -55,7 +55,7 @@ struct RunResult {
   std::vector<float> weights;
   int64_t steps = 0, skipped = 0;
   double last_epoch_loss = 0.0;
-  optim::CapturedTraining::Stats stats;
+  optim::Trainer::Stats stats;
 };
 
 // 3 epochs of 8 micro-batches of 5 (the last holds 2) in groups of 3 (the last holds 2); before
@@ -72,8 +72,10 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
   model.add(std::make_shared<nn::Linear>(8, kClasses, gen, device));
   auto flat = std::make_shared<nn::FlatParameters>(model);
   std::shared_ptr<optim::Optimizer> optimizer;
-  optim::AccumulatorOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 3;
+  ao.use_graphs = graphs;
+  ao.tracker = tracker;
   if (opt == Opt::adamw) {
     optim::AdamWOptions a;
     a.lr = 0.01f;
@@ -85,15 +87,15 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
     optimizer = std::make_shared<optim::SGD>(flat, s);
     ao.clip_grad_norm = 0.5f;
   }
-  optim::Accumulator acc(optimizer, ao);
-  optim::CapturedTraining runner(acc, graphs, tracker);
+  optim::Trainer trainer(optimizer, ao);
+  const optim::Accumulator& acc = trainer.accumulator();
   data::DataLoader loader(ds, 5, /*shuffle=*/true, 9);
   RunResult r;
   float poisoned_value = 0.0f;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     loader.set_epoch(epoch);
     loader.seek(0);
-    acc.begin_epoch(epoch, loader.num_batches());
+    trainer.begin_epoch(epoch, loader.num_batches());
     for (int64_t i = 0; i < loader.num_batches(); ++i) {
       const bool poison = epoch == 1 && i == 3;
       const float saved = poison ? first->bias().to_vector<float>()[0] : 0.0f;
@@ -102,11 +104,11 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
         copy_bytes(first->bias().raw_data(), device, &inf, Device::cpu(), sizeof(float));
       }
       const int64_t b = std::min<int64_t>(5, kSamples - i * 5);
-      runner.micro_batch(b, [&] {
+      trainer.micro_batch(b, [&] {
         const data::Batch batch = loader.next(i);
         return ops::cross_entropy(model(batch.x), batch.y, ops::Reduction::Sum);
       });
-      const bool stepped = runner.step_if_ready();
+      const bool stepped = trainer.step_if_ready();
       if (poison) poisoned_value = saved;
       if (epoch == 1 && i >= 3 && i < 6 && stepped)  // the poisoned group's step is done: restore
         copy_bytes(first->bias().raw_data(), device, &poisoned_value, Device::cpu(), sizeof(float));
@@ -116,13 +118,13 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
   r.weights = flat->values().to_vector<float>();
   r.steps = acc.optimizer_steps();
   r.skipped = acc.skipped_steps();
-  r.stats = runner.stats();
+  r.stats = trainer.stats();
   return r;
 }
 
-class CapturedTrainingTest : public DeviceTest {};
+class TrainerGraphsTest : public DeviceTest {};
 
-TEST_P(CapturedTrainingTest, GraphsGiveTheEagerWeightsBitForBit) {
+TEST_P(TrainerGraphsTest, GraphsGiveTheEagerWeightsBitForBit) {
   for (Opt opt : {Opt::sgd_momentum_clip, Opt::adamw}) {
     const RunResult eager = train(device(), opt, false);
     const RunResult captured = train(device(), opt, device().is_cuda());
@@ -144,7 +146,7 @@ TEST_P(CapturedTrainingTest, GraphsGiveTheEagerWeightsBitForBit) {
   }
 }
 
-TEST_P(CapturedTrainingTest, MemoryReportHasTheEagerCategoriesAndFixedCosts) {
+TEST_P(TrainerGraphsTest, MemoryReportHasTheEagerCategoriesAndFixedCosts) {
   MemoryTracker::Options to;
   to.timeline_steps = 1;
   MemoryTracker eager_tracker(device(), to);
@@ -164,7 +166,7 @@ TEST_P(CapturedTrainingTest, MemoryReportHasTheEagerCategoriesAndFixedCosts) {
   if (device().is_cuda()) EXPECT_GT(g.stats.replayed_micro_batches, 0);
 }
 
-CUMULUS_INSTANTIATE_DEVICES(CapturedTrainingTest);
+CUMULUS_INSTANTIATE_DEVICES(TrainerGraphsTest);
 
 #if CUMULUS_WITH_CUDA
 class GraphCudaTest : public ::testing::Test {
@@ -182,8 +184,8 @@ struct Loop {
   nn::Sequential model;
   std::shared_ptr<nn::FlatParameters> flat;
   std::shared_ptr<optim::SGD> opt;
-  std::unique_ptr<optim::Accumulator> acc;
-  std::unique_ptr<optim::CapturedTraining> runner;
+  std::unique_ptr<optim::Trainer> trainer;
+  optim::Accumulator* acc = nullptr;  // the trainer's
   std::unique_ptr<data::DataLoader> loader;
   Loop() {
     model.add(std::make_shared<nn::Flatten>());
@@ -194,23 +196,24 @@ struct Loop {
     optim::SGDOptions s;
     s.momentum = 0.9f;
     opt = std::make_shared<optim::SGD>(flat, s);
-    optim::AccumulatorOptions ao;
+    optim::TrainerOptions ao;
     ao.accum_steps = 2;
     ao.clip_grad_norm = 1.0f;
-    acc = std::make_unique<optim::Accumulator>(opt, ao);
-    runner = std::make_unique<optim::CapturedTraining>(*acc, true);
+    ao.use_graphs = true;
+    trainer = std::make_unique<optim::Trainer>(opt, ao);
+    acc = &trainer->accumulator();
     loader = std::make_unique<data::DataLoader>(ds, 4);  // 37 = 9 x 4 + 1
   }
   // Full micro-batches only (32 samples: 4 groups of 2 x 4), from the start of the epoch.
   void epoch_of_full_batches(int epoch) {
     loader->set_epoch(epoch);
-    acc->begin_epoch(epoch, 8);
+    trainer->begin_epoch(epoch, 8);
     for (int64_t i = 0; i < 8; ++i) {
-      runner->micro_batch(4, [&] {
+      trainer->micro_batch(4, [&] {
         const data::Batch b = loader->next(i);
         return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum);
       });
-      runner->step_if_ready();
+      trainer->step_if_ready();
     }
   }
 };
@@ -222,10 +225,10 @@ TEST_F(GraphCudaTest, ReplaysNeverAllocateNorSynchronize) {
   CachingAllocator& alloc = allocator_for(loop.device);
   const MemoryStats before = alloc.stats();
   const int64_t syncs = host_synchronizations();
-  const auto replayed = loop.runner->stats().replayed_micro_batches;
+  const auto replayed = loop.trainer->stats().replayed_micro_batches;
   loop.epoch_of_full_batches(2);
   loop.epoch_of_full_batches(3);
-  EXPECT_EQ(loop.runner->stats().replayed_micro_batches, replayed + 16);
+  EXPECT_EQ(loop.trainer->stats().replayed_micro_batches, replayed + 16);
   const MemoryStats after = alloc.stats();
   EXPECT_EQ(after.backend_allocs, before.backend_allocs) << "a replay reached cudaMalloc";
   int64_t allocs_before = 0, allocs_after = 0;

@@ -24,7 +24,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
-#include "cumulus/optim/captured_training.h"
+#include "cumulus/optim/trainer.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
@@ -1320,10 +1320,12 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
     EXPECT_EQ(acc.samples_in_group(), 0);
     EXPECT_FALSE(m.w.grad().defined()) << "backward ran";
   }
-  // The same check on CapturedTraining's path (eager here; on CUDA the capture calls backward too).
-  optim::CapturedTraining run(acc, /*use_graphs=*/false);
-  EXPECT_THROW(run.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
-  EXPECT_EQ(acc.micro_batch_index(), 0);
+  // The same check on the Trainer's path (eager here; on CUDA the capture calls backward too).
+  optim::TrainerOptions to;
+  static_cast<optim::AccumulatorOptions&>(to) = ao;
+  optim::Trainer trainer(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), to);
+  EXPECT_THROW(trainer.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
+  EXPECT_EQ(trainer.accumulator().micro_batch_index(), 0);
   // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.
   ao.normalization = Normalization::micro_batches;
   Accumulator classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);

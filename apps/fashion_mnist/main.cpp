@@ -39,8 +39,8 @@
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
-#include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/optim/trainer.h"
 #include "data_files.h"
 #include "options.h"
 #include "progress.h"
@@ -458,7 +458,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   train_loader.set_dtype(compute_dtype(o.resolved_precision));  // Note [Mixed precision]: ops follow the batch
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(o, flat);
-  optim::AccumulatorOptions ao;
+  optim::TrainerOptions ao;
   // The Accumulator counts the micro-batches of all ranks (Note [Data parallel accumulation]).
   ao.accum_steps = o.accum_steps * o.world_size;
   for (const auto& [epoch, steps] : o.schedule) ao.schedule[epoch] = steps * o.world_size;
@@ -466,12 +466,14 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   ao.normalization = o.normalization();
   ao.clip_grad_norm = o.clip_grad_norm;
   ao.loss_scaling.dynamic = needs_loss_scaling(o.resolved_precision);
-  optim::Accumulator acc(optimizer, ao, make_lr_schedule(o, micro_batches));
+  ao.use_graphs = o.use_graphs;
+  optim::Trainer trainer(optimizer, ao, make_lr_schedule(o, micro_batches));
+  const optim::Accumulator& acc = trainer.accumulator();  // the counters
 
   TrainingState state;
   if (!o.resume_path.empty()) {
     state = load_checkpoint(o.resume_path, model, *optimizer, o, ResumeLimits{micro_batches, train.size()});
-    acc.restore(state.counters);
+    trainer.restore(state.counters);
   }
   throw_if_interrupted();
 
@@ -545,7 +547,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run`
   // is what a resumed epoch had before this run.
   double loss_before_run = 0.0;
-  optim::CapturedTraining runner(acc, o.use_graphs, &tracker);
+  trainer.set_tracker(&tracker);
 
   // The position of the last group boundary: what a checkpoint written now restores. Its step
   // counters live on the device and are read when a checkpoint is written. After an epoch's last
@@ -614,7 +616,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
       int64_t samples = resuming_epoch ? state.epoch_samples : 0, samples_this_run = 0;
       train_loader.set_epoch(epoch);
       train_loader.seek(first);
-      acc.begin_epoch(epoch, micro_batches, first);
+      trainer.begin_epoch(epoch, micro_batches, first);
       progress.begin_epoch(epoch, micro_batches, first);
       boundary.epoch = epoch;
       boundary.next_micro_batch = first;
@@ -639,16 +641,14 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
           // Host-resident data: batch i onto the device, this rank's next one behind it (outside
           // the closure: a replayed graph runs no host code).
           train_loader.stage(i, i + o.world_size);
-          runner.micro_batch(b, [&] {
-            return training_loss(model, train_loader.next(i));
-          });
+          trainer.micro_batch(b, [&] { return training_loss(model, train_loader.next(i)); });
           epoch_peak = std::max(epoch_peak, tracker.last_micro_batch().peak_bytes);
         } else {
-          acc.skip_micro_batch();
+          trainer.skip_micro_batch();
         }
         samples += b;  // every rank's: the epoch's samples, as one process counts them
         samples_this_run += b;
-        if (runner.step_if_ready()) {
+        if (trainer.step_if_ready()) {
           epoch_peak = std::max(epoch_peak, allocator_for(device).stats().allocated_peak);
           boundary.next_micro_batch = i + 1;
           boundary.counters.epoch = epoch;

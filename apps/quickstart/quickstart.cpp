@@ -1,158 +1,112 @@
-// quickstart: the seed MLP trained with gradient accumulation (micro-batch 16 x 4 steps by default)
-// on a synthetic 10-class problem, on the best device present, with the loss and the memory of a
-// micro-batch by category. A stand-in for apps/fashion_mnist until that app exists: it shows the
-// engine's training loop and memory accounting end to end.
-#include <chrono>
+// quickstart: a training loop of one's own with the training API (optim::Trainer), as a PyTorch
+// user writes one with Lightning's Trainer(accumulate_grad_batches=4): the user's own model (Net),
+// 8 x 8 digit-like images made here (10 classes, as scikit-learn's digits), AdamW with gradient
+// clipping and warmup + cosine, micro-batch 16 x 4 accumulation steps and 16 x 8 for the second
+// half (the schedule and the step count go on), the memory tracker's table, and the weights as
+// safetensors (safetensors.torch.load_file reads them). pytorch_equivalent.py is the same job.
+//   quickstart [cpu|cuda|cuda:N]    (default: cuda:0 when a GPU is usable, else cpu)
+#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
-#include <string>
-#include <vector>
 
-#include "cumulus/autograd/grad_mode.h"
-#include "cumulus/memory/allocator.h"
-#include "cumulus/ops/ops.h"
-#include "cumulus/nn/flat_parameters.h"
-#include "cumulus/optim/accumulator.h"
-#include "cumulus/optim/sgd.h"
-#include "cumulus/models/mlp.h"
+#include <cumulus/cumulus.h>
 
 using namespace cumulus;
 
 namespace {
 
-// 10 classes, each a Gaussian blob around its own random mean in 784 dimensions.
-struct Synthetic {
-  Tensor x;  // [n, 784]
-  Tensor y;  // [n] i32
+// The user's own model, written as a torch.nn.Module subclass is: 64 -> 128 -> ReLU -> 10.
+class Net : public nn::Module {
+ public:
+  Net(Generator& gen, Device device)
+      : fc1_(register_module("fc1", std::make_shared<nn::Linear>(64, 128, gen, device))),
+        fc2_(register_module("fc2", std::make_shared<nn::Linear>(128, 10, gen, device))) {}
+  Tensor forward(const Tensor& x) override { return (*fc2_)(ops::relu((*fc1_)(x))); }
+
+ private:
+  std::shared_ptr<nn::Linear> fc1_, fc2_;
 };
 
-Synthetic make_data(int64_t n, uint64_t seed, Device device) {
-  Generator gen(seed);
-  std::vector<float> means(10 * 784);
-  gen.fill_uniform(means.data(), static_cast<int64_t>(means.size()), 0.0f, 1.0f);
-  std::vector<float> x(static_cast<std::size_t>(n * 784));
-  gen.fill_normal(x.data(), n * 784, 0.0f, 0.5f);
-  std::vector<int32_t> y(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    y[i] = static_cast<int32_t>(i % 10);
-    for (int64_t j = 0; j < 784; ++j) x[i * 784 + j] += means[y[i] * 784 + j];
-  }
-  MemoryCategoryScope scope(MemoryCategory::data);
-  return {Tensor::from_vector(x, Shape{n, 784}, device), Tensor::from_vector(y, Shape{n}, device)};
+// n noisy 8 x 8 images of 10 fixed random patterns (pixels 0..255), labelled by pattern.
+data::ImageDataset make_digits(int64_t n, uint64_t seed, Device device) {
+  std::vector<float> pattern(10 * 64), noise(static_cast<std::size_t>(n * 64));
+  Generator(7).fill_uniform(pattern.data(), 10 * 64, 0.0f, 255.0f);
+  Generator(seed).fill_normal(noise.data(), n * 64, 0.0f, 160.0f);
+  std::vector<uint8_t> pixels(noise.size());  // image i is pattern i % 10, plus noise
+  for (std::size_t p = 0; p < pixels.size(); ++p)
+    pixels[p] = static_cast<uint8_t>(std::clamp(pattern[p / 64 % 10 * 64 + p % 64] + noise[p], 0.0f, 255.0f));
+  std::vector<int32_t> labels(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 10);
+  MemoryCategoryScope scope(MemoryCategory::data);  // the tracker's "data" category
+  return {Tensor::from_vector(pixels, {n, 8, 8}, device), Tensor::from_vector(labels, {n}, device), 10};
 }
 
-int run(Device device, int steps, int64_t micro_batch, int accum_steps) {
-  std::printf("device: %s | seed MLP 784-512-512-10 | micro-batch %lld x %d steps = effective batch %lld"
-              " | SGD lr 0.05 | %d optimizer steps\n",
-              device.str().c_str(), static_cast<long long>(micro_batch), accum_steps,
-              static_cast<long long>(micro_batch * accum_steps), steps);
-  Synthetic train = make_data(4096, 1, device);
+double accuracy(Net& model, const data::ImageDataset& test) {
+  NoGradGuard no_grad;
+  const data::Batch all = data::DataLoader(test, test.size()).batch(0);
+  ops::ClassificationTally tally(all.x.device());
+  const Tensor logits = model(all.x);
+  tally.add(logits, all.y, ops::cross_entropy(logits, all.y));
+  return 100.0 * static_cast<double>(tally.read().correct) / static_cast<double>(test.size());
+}
+
+void train(Device device) {
+  constexpr int kEpochs = 10, kAccumSteps = 4, kMicroBatch = 16;
+  const data::ImageDataset train_set = make_digits(1500, 1, device), test_set = make_digits(300, 2, device);
+  data::DataLoader loader(train_set, kMicroBatch, /*shuffle=*/true, /*seed=*/0);
   Generator gen(0);
-  models::SeedMLP model(gen, device);
-  auto params = std::make_shared<nn::FlatParameters>(model);
-  optim::SGDOptions sgd;
-  sgd.lr = 0.05f;
-  optim::AccumulatorOptions acc_options;
-  acc_options.accum_steps = accum_steps;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(params, sgd), acc_options);
-  CachingAllocator& alloc = allocator_for(device);
+  Net model(gen, device);
+  auto params = std::make_shared<nn::FlatParameters>(model);  // one flat buffer for weights, one for grads
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t n = train.x.size(0);
-  int64_t start = 0;
-  double group_loss = 0.0;
-  MemoryStats micro_batch_stats;
-  while (acc.optimizer_steps() < steps) {
-    if (start + micro_batch > n) start = 0;
-    alloc.reset_peak();
-    Tensor logits = model(train.x.narrow_rows(start, micro_batch));
-    Tensor loss = ops::cross_entropy(logits, train.y.narrow_rows(start, micro_batch), ops::Reduction::Sum);
-    group_loss += loss.item();  // synchronizes: fine for a demo, the real app reads losses lazily
-    acc.backward(loss, micro_batch);
-    micro_batch_stats = alloc.stats();
-    start += micro_batch;
-    if (acc.step_if_ready()) {
-      const int64_t step = acc.optimizer_steps();
-      if (step % 50 == 1 || step == steps)
-        std::printf("step %4lld  loss %.4f\n", static_cast<long long>(step),
-                    group_loss / static_cast<double>(micro_batch * accum_steps));
-      group_loss = 0.0;
+  // Planner: a memory budget would choose the micro-batch and the accumulation steps here, from a
+  // measured probe of `model` (the library's planner call goes in this place).
+  MemoryTracker::Options report;
+  report.model = "Net 64-128-10";
+  report.micro_batch_size = kMicroBatch;
+  report.accum_steps = kAccumSteps;
+  MemoryTracker tracker(device, report);
+
+  optim::TrainerOptions options;
+  options.accum_steps = kAccumSteps;
+  options.clip_grad_norm = 1.0f;
+  options.use_graphs = device.is_cuda();  // the closure reads its batch through DataLoader::next
+  options.tracker = &tracker;
+  auto groups = [&](int64_t n) { return (loader.num_batches() + n - 1) / n; };
+  const int64_t steps = kEpochs / 2 * (groups(kAccumSteps) + groups(2 * kAccumSteps));
+  optim::AdamWOptions adamw;
+  adamw.lr = 3e-3f;
+  optim::Trainer trainer(std::make_shared<optim::AdamW>(params, adamw), options,
+                         std::make_shared<optim::CosineWarmupLR>(adamw.lr, /*warmup_steps=*/10, steps));
+  const optim::Accumulator& counters = trainer.accumulator();
+
+  for (int epoch = 0; epoch < kEpochs; ++epoch) {
+    if (epoch == kEpochs / 2) trainer.set_accum_steps(2 * kAccumSteps);  // effective batch 64 -> 128
+    loader.set_epoch(epoch);
+    loader.seek(0);
+    trainer.begin_epoch(epoch, loader.num_batches());
+    for (int64_t i = 0; i < loader.num_batches(); ++i) {
+      trainer.micro_batch(std::min<int64_t>(kMicroBatch, train_set.size() - i * kMicroBatch), [&] {
+        const data::Batch b = loader.next(i);
+        return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum);
+      });
+      trainer.step_if_ready();
     }
+    std::printf("epoch %2d  train loss %.4f  lr %.5f  steps %3lld  test accuracy %.1f%%\n", epoch + 1,
+                counters.epoch_loss_sum() / counters.epoch_samples_stepped(), counters.last_lr(),
+                static_cast<long long>(counters.optimizer_steps()), accuracy(model, test_set));
   }
-  synchronize(device);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  // Accuracy on the training set, without recording a graph.
-  int64_t correct = 0;
-  {
-    NoGradGuard no_grad;
-    std::vector<int32_t> pred = ops::argmax(model(train.x)).to_vector<int32_t>();
-    std::vector<int32_t> truth = train.y.to_vector<int32_t>();
-    for (std::size_t i = 0; i < pred.size(); ++i) correct += pred[i] == truth[i];
-  }
-  std::printf("train accuracy %.1f%%, %.0f samples/s\n", 100.0 * static_cast<double>(correct) / static_cast<double>(n),
-              static_cast<double>(acc.micro_batches_total() * micro_batch) / secs);
-
-  const MemoryStats& st = micro_batch_stats;  // peak of the last micro-batch (forward + backward)
-  std::printf("memory per micro-batch (%s, %lld samples): peak %s, reserved %s, backend allocations %lld\n",
-              device.str().c_str(), static_cast<long long>(micro_batch), format_bytes(st.allocated_peak).c_str(),
-              format_bytes(st.reserved).c_str(), static_cast<long long>(st.backend_allocs));
-  for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
-    std::printf("  %-22s at peak %10s   category peak %10s\n", category_name(static_cast<MemoryCategory>(c)),
-                format_bytes(st.at_peak[c]).c_str(), format_bytes(st.by_category[c].peak).c_str());
-  return 0;
+  print_memory_table(tracker, stdout);
+  io::save_state_dict("quickstart.safetensors", model);
+  std::printf("weights written to quickstart.safetensors\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
-    int steps = 200;
-    int64_t micro_batch = 16;
-    int accum_steps = 4;
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "--help" || a == "-h") {
-        std::printf(
-            "usage: quickstart [--device cpu|cuda|cuda:N] [--steps N] [--batch-size B] [--accum-steps N]\n"
-            "Trains the seed MLP on a synthetic 10-class problem with gradient accumulation and prints\n"
-            "the loss and the memory of one micro-batch by category.\n"
-            "  --device       where to train (default: cuda:0 if a GPU is usable, else cpu)\n"
-            "  --steps        optimizer steps (default 200)\n"
-            "  --batch-size   micro-batch size (default 16)\n"
-            "  --accum-steps  micro-batches per optimizer step (default 4)\n");
-        return 0;
-      } else if (a == "--device" && i + 1 < argc) {
-        try {
-          device = Device::parse(argv[++i]);
-          check_device_available(device);
-        } catch (const Error& e) {
-          std::fprintf(stderr, "quickstart: --device: %s\n", e.what());
-          return 2;
-        }
-      } else if ((a == "--steps" || a == "--batch-size" || a == "--accum-steps") && i + 1 < argc) {
-        char* end = nullptr;
-        const long v = std::strtol(argv[++i], &end, 10);
-        if (*end != '\0' || v <= 0 || v > 1000000) {
-          std::fprintf(stderr, "quickstart: %s must be a positive integer, got '%s'\n", a.c_str(), argv[i]);
-          return 2;
-        }
-        if (a == "--steps") steps = static_cast<int>(v);
-        else if (a == "--batch-size") micro_batch = v;
-        else accum_steps = static_cast<int>(v);
-      } else {
-        std::fprintf(stderr, "quickstart: unknown or incomplete argument '%s' (see --help)\n", a.c_str());
-        return 2;
-      }
-    }
-    if (micro_batch > 4096) {
-      std::fprintf(stderr, "quickstart: --batch-size %lld exceeds the 4096 synthetic samples\n",
-                   static_cast<long long>(micro_batch));
-      return 2;
-    }
-    return run(device, steps, micro_batch, accum_steps);
+    const Device device = argc > 1 ? Device::parse(argv[1]) : cuda_available() ? Device::cuda(0) : Device::cpu();
+    check_device_available(device);
+    train(device);
+    return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "quickstart: %s\n", e.what());
     return 1;

@@ -51,7 +51,7 @@
 // mean. Anything else is accepted: a sum, a leaf, and any node whose relation to a per-sample sum
 // is unknown (a custom op, a recomputed segment), so a correct summed loss is never refused; a
 // custom loss op can declare itself with Node::set_output_reduction. Every entry point runs it:
-// eager and data parallel micro-batches come through backward(), and CapturedTraining's eager and
+// eager and data parallel micro-batches come through backward(), and the Trainer's eager and
 // captured calls do; a replayed graph sees no loss, but it replays a closure whose loss was
 // checked when the key ran eagerly.
 //
@@ -246,7 +246,8 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   CUMULUS_CHECK(group_mbs_ == 0, InvalidArgument, "Accumulator: begin_epoch(", epoch, ") with ", group_mbs_,
                 " micro-batch(es) of the previous epoch not stepped; call flush() first");
   epoch_ = epoch;
-  accum_steps_ = options_.schedule.empty() ? options_.accum_steps : steps_for_epoch(options_.schedule, epoch);
+  if (accum_override_ > 0) accum_steps_ = accum_override_;
+  else accum_steps_ = options_.schedule.empty() ? options_.accum_steps : steps_for_epoch(options_.schedule, epoch);
   mb_in_epoch_ = first;
   mb_epoch_len_ = micro_batches;
   const double zeros[2] = {0.0, 0.0};  // loss_sum, samples_sum
@@ -377,15 +378,38 @@ bool Accumulator::step_if_ready() { return ready() && do_step(); }
 
 Accumulator::Counters Accumulator::counters() const {
   const kernels::StepState st = read_state();
-  return {epoch_, mb_in_epoch_, mb_total_, st.updates - steps_offset_, st.skipped, st.loss_scale,
-          st.loss_scale_clean_steps};
+  Counters c;
+  c.epoch = epoch_;
+  c.micro_batch_index = mb_in_epoch_;
+  c.micro_batches_total = mb_total_;
+  c.optimizer_steps = st.updates - steps_offset_;
+  c.skipped_steps = st.skipped;
+  c.loss_scale = st.loss_scale;
+  c.loss_scale_clean_steps = st.loss_scale_clean_steps;
+  c.accum_steps_override = accum_override_;
+  return c;
+}
+
+void Accumulator::check_accum_steps(int steps, const char* caller) const {
+  CUMULUS_CHECK(steps > 0, InvalidArgument, "Accumulator::", caller, ": accumulation steps must be > 0, got ", steps);
+  CUMULUS_CHECK(!distributed() || steps % options_.communicator->world_size() == 0, InvalidArgument,
+                "Accumulator::", caller, ": ", steps,
+                " accumulation steps (micro-batches of all ranks per step) do not divide over ",
+                options_.communicator->world_size(), " ranks; give a multiple of the world size");
+}
+
+void Accumulator::set_accum_steps(int steps) {
+  check_accum_steps(steps, "set_accum_steps");
+  accum_override_ = steps;
+  if (group_mbs_ == 0) accum_steps_ = steps;  // else finish_step_host applies it after this group's step
 }
 
 void Accumulator::restore(const Counters& c) {
   CUMULUS_CHECK(group_mbs_ == 0, InvalidArgument, "Accumulator::restore with micro-batches accumulated");
   CUMULUS_CHECK(c.epoch >= 0 && c.micro_batch_index >= 0 && c.micro_batches_total >= 0 && c.optimizer_steps >= 0 &&
-                    c.skipped_steps >= 0,
+                    c.skipped_steps >= 0 && c.accum_steps_override >= 0,
                 InvalidArgument, "Accumulator::restore: negative counter");
+  if (c.accum_steps_override > 0) check_accum_steps(c.accum_steps_override, "restore");
   epoch_ = c.epoch;
   mb_in_epoch_ = c.micro_batch_index;
   mb_total_ = c.micro_batches_total;
@@ -402,6 +426,7 @@ void Accumulator::restore(const Counters& c) {
     optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &c.loss_scale_clean_steps,
                                  sizeof(c.loss_scale_clean_steps));
   }
+  accum_override_ = c.accum_steps_override;  // begin_epoch() applies it
   steps_offset_ = read_state().updates - c.optimizer_steps;
   attempted_ = c.optimizer_steps + c.skipped_steps;
   lr_table_size_ = 0;  // rewritten at the next step
@@ -460,6 +485,7 @@ void Accumulator::finish_step_host() {
   ++attempts_since_read_;
   group_samples_ = 0;
   group_mbs_ = 0;
+  if (accum_override_ > 0) accum_steps_ = accum_override_;  // a set_accum_steps made mid-group
 }
 
 bool Accumulator::do_step() {

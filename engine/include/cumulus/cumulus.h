@@ -8,12 +8,12 @@
 //   Generator gen(0);
 //   models::SeedMLP model(gen);
 //   auto params = std::make_shared<nn::FlatParameters>(model);
-//   optim::AccumulatorOptions accumulation;
-//   accumulation.accum_steps = 4;
-//   optim::Accumulator acc(std::make_shared<optim::SGD>(params, optim::SGDOptions{}), accumulation);
-//   acc.begin_epoch(0);
-//   acc.backward(ops::cross_entropy(model(x), y, ops::Reduction::Sum), x.size(0));  // per micro-batch
-//   acc.step_if_ready();
+//   optim::TrainerOptions options;
+//   options.accum_steps = 4;
+//   optim::Trainer trainer(std::make_shared<optim::SGD>(params, optim::SGDOptions{}), options);
+//   trainer.begin_epoch(0);
+//   trainer.micro_batch(x.size(0), [&] { return ops::cross_entropy(model(x), y, ops::Reduction::Sum); });
+//   trainer.step_if_ready();                             // per micro-batch; flush() at an epoch's end
 //   io::save_state_dict("weights.safetensors", model);  // PyTorch's load_state_dict takes it
 //
 // The CUDA-specific headers (core/cuda_*.h, core/cudnn_context.h) are left out: they need the CUDA
@@ -46,10 +46,10 @@
 
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
-#include "cumulus/optim/captured_training.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/optim/trainer.h"
 
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"

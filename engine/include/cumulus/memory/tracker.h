@@ -5,7 +5,8 @@
 // the caching allocator's counters, which the engine keeps by category anyway, so tracking costs
 // a few counter reads per phase (docs/ARCHITECTURE.md, "Memory accounting").
 //
-// Calls, around the training loop:
+// optim::Trainer makes its calls (TrainerOptions::tracker); a loop that drives an Accumulator by
+// hand makes them itself:
 //   tracker.begin_micro_batch(epoch, index, samples); forward; tracker.end_forward();
 //   backward; tracker.end_backward();
 //   if stepping: tracker.begin_step(); step; tracker.end_step(step, optimizer.state_bytes());
@@ -139,7 +140,7 @@ class MemoryTracker {
   // `communication`: data parallel, the spans of the step's gradient reductions
   // (dist::Communicator::take_recent_spans), read with the step's other device times.
   void end_step(int64_t step, int64_t optimizer_state_bytes, TimeSpans communication = {});
-  // A micro-batch or step that ran as a CUDA graph replay (optim::CapturedTraining): nothing is
+  // A micro-batch or step that ran as a CUDA graph replay (optim::Trainer): nothing is
   // allocated during a replay, so its memory is what the capture measured (`captured`, with its
   // epoch and index set); it counts in the summary like any other, without times.
   void add_graph_micro_batch(const MicroBatchRecord& captured);

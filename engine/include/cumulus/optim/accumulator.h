@@ -5,6 +5,9 @@
 //   for each micro-batch:
 //     acc.backward(cross_entropy(model(x), y, Reduction::Sum), x.size(0));
 //     acc.step_if_ready();     // steps at each group boundary and after the epoch's last micro-batch
+//
+// optim::Trainer (cumulus/optim/trainer.h) drives one for a training loop: the memory tracker's
+// records, CUDA graphs and the closure-per-micro-batch form; this class is the policy underneath.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +101,11 @@ class Accumulator {
   bool ready() const;
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
+  // Groups of `steps` micro-batches from the next group boundary on (at once when the group is
+  // empty; mid-group the group in progress keeps its size), for the rest of the run: it replaces
+  // accum_steps and the per-epoch schedule, and counters() carries it. The optimizer's step count,
+  // the LR schedule's position and the loss scale go on (a new Accumulator would restart them).
+  void set_accum_steps(int steps);
 
   // ---- counters a report can quote ----
   // Host-side ones are free. Those marked (device) read the step state: on CUDA they wait for the
@@ -142,6 +150,8 @@ class Accumulator {
     // Dynamic loss scaling's state (restored only where it is on).
     float loss_scale = 1.0f;
     int32_t loss_scale_clean_steps = 0;
+    // set_accum_steps' value, 0 where it was not called (the options' steps or schedule apply).
+    int accum_steps_override = 0;
   };
   Counters counters() const;
   // Restores counters at a group boundary (nothing accumulated); begin_epoch() follows. The
@@ -149,7 +159,7 @@ class Accumulator {
   void restore(const Counters& counters);
   static int steps_for_epoch(const std::map<int, int>& schedule, int epoch);
 
-  // ---- the step in three parts, for CapturedTraining (engine/optim/captured_training.cpp) ----
+  // ---- the step in three parts, for Trainer's CUDA graphs (engine/optim/trainer.cpp) ----
   // Host work before the device part: zeroes stale gradient slots and keeps the learning-rate
   // table valid (rarely a host read, never during a capture: it runs eagerly before every step).
   void prepare_step_host();
@@ -159,11 +169,12 @@ class Accumulator {
   void finish_step_host();
 
  private:
-  friend class CapturedTraining;
+  friend class Trainer;
   // The host side of backward(), alone (for a replayed micro-batch): the checks, the counters.
   void check_micro_batch(int64_t samples) const;
   // Refuses a loss known to be mean-reduced (Note [Mean-reduced losses]).
   static void check_summed_loss(const Tensor& loss);
+  void check_accum_steps(int steps, const char* caller) const;
   void count_micro_batch(int64_t samples);
   bool do_step();
   kernels::StepState read_state() const;
@@ -184,6 +195,7 @@ class Accumulator {
   std::shared_ptr<const LRSchedule> schedule_;
   int epoch_ = 0;
   int accum_steps_ = 1;
+  int accum_override_ = 0;  // set_accum_steps' value (0: none); accum_steps_ takes it at a boundary
   int64_t mb_in_epoch_ = 0, mb_epoch_len_ = 0, mb_total_ = 0;
   int64_t attempted_ = 0;
   int64_t group_samples_ = 0;

@@ -1,6 +1,28 @@
+// Note [Training API]
+// A user's loop needs, per micro-batch and step: the Accumulator's backward and step, five
+// MemoryTracker calls around them, and on CUDA the graph capture and replay of both. Spread over
+// the loop (as apps and tests once wrote it) that is easy to get subtly wrong: a missed
+// end_forward, a replay that records nothing. The Trainer makes all of them from one call per
+// micro-batch and one per step; the loop keeps its own shape (its data, its model, its closure
+// returning the summed loss), as Lightning's Trainer keeps the LightningModule's training_step.
+// Decisions:
+//  - It owns its Accumulator. The step count, the LR schedule's position (the update count less
+//    steps_offset_) and the loss scale live there; changing the accumulation steps used to mean a
+//    new Accumulator, which restarted all three silently. set_accum_steps changes N on the same
+//    one. The Accumulator stays public as the policy underneath (usable by hand, timed in parts by
+//    the benchmarks); this class replaces CapturedTraining, which drove one it did not own.
+//  - set_accum_steps mid-group is deferred, not refused: the group in progress keeps the size its
+//    first micro-batches were normalized for (Normalization::micro_batches seeds 1 / (samples *
+//    N)), and a caller (a callback, a budget that changed) need not know where the group stands.
+//    The new N then holds for the rest of the run, replacing the per-epoch schedule, which would
+//    otherwise undo it silently at the next epoch; counters() carries it so a resume keeps it.
+//  - The tracker is an option, attachable later (set_tracker): the app makes its tracker after a
+//    checkpoint is restored. Counters are the Accumulator's, read through accumulator() rather than
+//    forwarded one by one.
+//
 // Note [Captured training]
 // A micro-batch of the seed MLP is ~20 kernels of a few microseconds each; launched one by one
-// from the host, the launches, not the GPU, set the pace. CapturedTraining records each distinct
+// from the host, the launches, not the GPU, set the pace. The Trainer records each distinct
 // micro-batch once as a CUDA graph and replays it with one host call; the same for the device
 // part of the optimizer step (Accumulator::launch_step). What makes a replay equal to an eager run:
 //  - inputs come from device state: the DataLoader's cursor, the step state's counters and the
@@ -8,13 +30,15 @@
 //  - the gradient sinks' modes (overwrite after a step, accumulate otherwise) are captured, so a
 //    graph is keyed by the sample count and the stale pattern of the gradient slots: with 16 x 4
 //    that is two graphs, "first micro-batch of a group" and "the others"; the partial last
-//    micro-batch of an epoch gets its own pair;
-//  - the host state a micro-batch changes (the Accumulator's counters, the slots' stale flags) is
-//    replayed on the host too;
+//    micro-batch of an epoch gets its own pair; with Normalization::micro_batches the backward
+//    seed 1 / (samples * N) is captured too, so N joins the key (a set_accum_steps or a new
+//    epoch of the schedule makes new graphs instead of replaying the old seed);
 //  - freezing or unfreezing a parameter changes which gradients a micro-batch computes, so the
 //    frozen pattern is part of the key too; the step graph reads the frozen mask's memory, which
 //    the host refreshes before each replay, and is captured afresh when the mask or the optimizer's
 //    count of missed updates is first allocated (Note [Frozen parameters] in kernels/optim_rules.h);
+//  - the host state a micro-batch changes (the Accumulator's counters, the slots' stale flags) is
+//    replayed on the host too;
 //  - memory: the capture allocates from the graph pool (Note [Graph pool]), so a replay allocates
 //    nothing and the addresses it writes are never handed out to anything else.
 // A key seen for the first time runs eagerly (that creates handles and lazily allocated state,
@@ -24,7 +48,7 @@
 // replay (MemoryTracker::add_graph_micro_batch); per-micro-batch times of replays are not taken.
 // While the tracker records its timeline (the first optimizer steps) everything runs eagerly, so
 // the trace shows true phases.
-#include "cumulus/optim/captured_training.h"
+#include "cumulus/optim/trainer.h"
 
 #include <utility>
 
@@ -38,7 +62,7 @@
 
 namespace cumulus::optim {
 
-struct CapturedTraining::Captured {
+struct Trainer::Captured {
   int64_t seen = 0;
 #if CUMULUS_WITH_CUDA
   cuda::Graph graph;
@@ -55,68 +79,86 @@ struct CapturedTraining::Captured {
   }
 };
 
-CapturedTraining::CapturedTraining(Accumulator& accumulator, bool use_graphs, MemoryTracker* tracker)
-    : acc_(accumulator), use_graphs_(use_graphs), tracker_(tracker) {
-  CUMULUS_CHECK(!use_graphs || acc_.optimizer().parameters().device().is_cuda(), InvalidArgument,
-                "CapturedTraining: CUDA graphs need the parameters on a CUDA device, they are on ",
+Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
+                 std::shared_ptr<const LRSchedule> schedule)
+    : acc_(std::move(optimizer), options, std::move(schedule)),
+      use_graphs_(options.use_graphs),
+      tracker_(options.tracker) {
+  CUMULUS_CHECK(!use_graphs_ || acc_.optimizer().parameters().device().is_cuda(), InvalidArgument,
+                "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ",
                 acc_.optimizer().parameters().device().str());
   // Not yet: the reductions across ranks would have to be captured too (NCCL allows it; untested).
-  CUMULUS_CHECK(!use_graphs || !acc_.distributed(), InvalidArgument,
-                "CapturedTraining: CUDA graphs with data parallel training are not supported yet; run eagerly");
+  CUMULUS_CHECK(!use_graphs_ || !acc_.distributed(), InvalidArgument,
+                "Trainer: CUDA graphs with data parallel training are not supported yet; run eagerly");
 #if !CUMULUS_WITH_CUDA
-  CUMULUS_CHECK(!use_graphs, InvalidArgument, "CapturedTraining: cumulus was built without CUDA");
+  CUMULUS_CHECK(!use_graphs_, InvalidArgument, "Trainer: cumulus was built without CUDA");
 #endif
 }
 
-CapturedTraining::~CapturedTraining() = default;
+Trainer::~Trainer() = default;
 
-void CapturedTraining::reset() {
+void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
+  acc_.begin_epoch(epoch, micro_batches, first);
+}
+void Trainer::skip_micro_batch() { acc_.skip_micro_batch(); }
+void Trainer::set_accum_steps(int steps) { acc_.set_accum_steps(steps); }
+
+void Trainer::reset() {
   micro_batches_.clear();
   step_.reset();
 }
 
-std::vector<bool> CapturedTraining::stale_pattern() const {
-  const auto& slots = acc_.optimizer().parameters().slots();
+std::vector<bool> Trainer::stale_pattern() const {
+  const auto& slots = acc_.optimizer_->parameters().slots();
   std::vector<bool> stale(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) stale[i] = slots[i].param.grad_stale();
   return stale;
 }
 
-std::vector<bool> CapturedTraining::frozen_pattern() const {
-  const auto& slots = acc_.optimizer().parameters().slots();
+std::vector<bool> Trainer::frozen_pattern() const {
+  const auto& slots = acc_.optimizer_->parameters().slots();
   std::vector<bool> frozen(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) frozen[i] = !slots[i].param.requires_grad();
   return frozen;
 }
 
-void CapturedTraining::micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
-  const bool graphs = use_graphs_ && !(tracker_ && tracker_->timeline_active());
-  auto eager = [&] {
-    if (tracker_) tracker_->begin_micro_batch(acc_.epoch(), acc_.micro_batch_index(), samples);
-    Tensor loss = forward_loss();
-    if (tracker_) tracker_->end_forward();
-    acc_.backward(loss, samples);
-    loss = Tensor();
-    if (tracker_) tracker_->end_backward();
-    ++stats_.eager_micro_batches;
-  };
-  if (!graphs) return eager();
-  std::unique_ptr<Captured>& c = micro_batches_[{samples, stale_pattern(), frozen_pattern()}];
+// Graphs stay off while the tracker records its timeline, so the trace shows true phases.
+bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_->timeline_active()); }
+
+void Trainer::micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
+  if (!graphs_now()) return eager_micro_batch(samples, forward_loss);
+  const int seed_steps = acc_.options_.normalization == Normalization::micro_batches ? acc_.accum_steps() : 0;
+  std::unique_ptr<Captured>& c = micro_batches_[GraphKey{samples, stale_pattern(), frozen_pattern(), seed_steps}];
   if (!c) c = std::make_unique<Captured>();
-  if (c->seen++ == 0) return eager();
+  if (c->seen++ == 0) return eager_micro_batch(samples, forward_loss);
+  graph_micro_batch(*c, samples, forward_loss);
+}
+
+void Trainer::eager_micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
+  if (tracker_) tracker_->begin_micro_batch(acc_.epoch(), acc_.micro_batch_index(), samples);
+  Tensor loss = forward_loss();
+  if (tracker_) tracker_->end_forward();
+  acc_.backward(loss, samples);
+  loss = Tensor();  // freed inside the record: the loss is the micro-batch's
+  if (tracker_) tracker_->end_backward();
+  ++stats_.eager_micro_batches;
+}
+
+// The second time a key is seen it is captured (the host runs the closure and backward: the
+// allocations and the bookkeeping are real, the kernels recorded), then launched; later, the
+// graph is launched after the host side of the micro-batch is replayed.
+void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::function<Tensor()>& forward_loss) {
 #if CUMULUS_WITH_CUDA
   const int epoch = acc_.epoch();
   const int64_t index = acc_.micro_batch_index();
-  if (!c->captured()) {
-    // Capture: the host runs the closure and backward (allocations and bookkeeping are real, the
-    // kernels are recorded), then the graph is launched once for this micro-batch.
+  if (!c.captured()) {
     CachingAllocator& alloc = allocator_for(acc_.optimizer().parameters().device());
     alloc.reset_peak();
     const int64_t activations_before = alloc.stats()[MemoryCategory::activations].current;
-    MicroBatchRecord& r = c->memory;
+    MicroBatchRecord& r = c.memory;
     r.samples = samples;
     cuda::Context& ctx = cuda::context(acc_.optimizer().parameters().device().index());
-    c->graph = cuda::Graph::capture(ctx, [&] {
+    c.graph = cuda::Graph::capture(ctx, [&] {
       Tensor loss = forward_loss();
       r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
       acc_.backward(loss, samples);
@@ -125,36 +167,36 @@ void CapturedTraining::micro_batch(int64_t samples, const std::function<Tensor()
     r.peak_bytes = st.allocated_peak;
     r.peak_by_category = st.at_peak;
     r.reserved_bytes = st.reserved;
-    c->stale_after = stale_pattern();
-    stats_.kernels_per_micro_batch = c->graph.kernel_nodes();
+    c.stale_after = stale_pattern();
+    stats_.kernels_per_micro_batch = c.graph.kernel_nodes();
     ++stats_.captures;
   } else {
-    // Replay: the host side of the micro-batch (the accumulator's counters, the stale flags).
     acc_.check_micro_batch(samples);
     acc_.count_micro_batch(samples);
     const auto& slots = acc_.optimizer().parameters().slots();
     for (std::size_t i = 0; i < slots.size(); ++i)
-      if (!c->stale_after[i]) slots[i].param.impl()->autograd.grad_stale = false;
+      if (!c.stale_after[i]) slots[i].param.impl()->autograd.grad_stale = false;
   }
-  c->graph.launch();
+  c.graph.launch();
   ++stats_.replayed_micro_batches;
   if (tracker_) {
-    MicroBatchRecord r = c->memory;
+    MicroBatchRecord r = c.memory;
     r.epoch = epoch;
     r.index = index;
     tracker_->add_graph_micro_batch(r);
   }
+#else
+  (void)c, (void)samples, (void)forward_loss;  // unreachable: the constructor refuses graphs
 #endif
 }
 
-bool CapturedTraining::step_if_ready() { return step(true); }
-bool CapturedTraining::flush() { return step(false); }
+bool Trainer::step_if_ready() { return step(true); }
+bool Trainer::flush() { return step(false); }
 
-bool CapturedTraining::step(bool only_if_ready) {
+bool Trainer::step(bool only_if_ready) {
   if (only_if_ready ? !acc_.ready() : acc_.micro_batches_in_group() == 0) return false;
-  const bool graphs = use_graphs_ && !(tracker_ && tracker_->timeline_active());
   Optimizer& opt = acc_.optimizer();
-  if (!graphs) {
+  if (!graphs_now()) {
     if (tracker_) tracker_->begin_step();
     acc_.do_step();
     // The step's reductions, those started during the last backward included.

@@ -1,0 +1,130 @@
+// Trainer: the training API. One object runs a user's micro-batches and optimizer steps through
+// an Accumulator (normalization, clipping, the LR schedule, loss scaling), records the memory
+// tracker itself, replays CUDA graphs when asked, exposes its counters for checkpoints and changes
+// the accumulation steps mid-run without restarting the schedule or the step count: what
+// Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around the user's own
+// loop. See Note [Training API] and Note [Captured training] in engine/optim/trainer.cpp.
+//
+//   optim::TrainerOptions options;
+//   options.accum_steps = 4;              // or options.schedule = {{0, 8}, {4, 2}} (per epoch)
+//   options.clip_grad_norm = 1.0f;
+//   options.tracker = &tracker;           // optional: records every micro-batch and step
+//   optim::Trainer trainer(optimizer, options, lr_schedule);
+//   for each epoch:
+//     loader.seek(0);
+//     trainer.begin_epoch(epoch, loader.num_batches());
+//     for each micro-batch i:
+//       trainer.micro_batch(samples, [&] { data::Batch b = loader.next(i);
+//                                          return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); });
+//       trainer.step_if_ready();          // at each group boundary and after the epoch's last micro-batch
+//   trainer.set_accum_steps(8);           // any time: from the next group boundary on
+//
+// The closure returns the loss summed over `samples` samples. With use_graphs it must queue the
+// same work every time for a given sample count: its inputs come from device-side state
+// (DataLoader::next), never from host values that change between calls. On the CPU, or with
+// use_graphs false, everything runs eagerly through the same calls, with the Accumulator's results
+// bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "cumulus/memory/tracker.h"
+#include "cumulus/optim/accumulator.h"
+
+namespace cumulus::optim {
+
+struct TrainerOptions : AccumulatorOptions {
+  // Replays each micro-batch and the step's device part as CUDA graphs (needs the parameters on a
+  // CUDA device and a single rank); off, every call runs eagerly.
+  bool use_graphs = false;
+  // Records every micro-batch and optimizer step (MemoryTracker's calls, made by the Trainer). Not
+  // owned; may be null (no records), or attached later with set_tracker().
+  MemoryTracker* tracker = nullptr;
+};
+
+class Trainer {
+ public:
+  // `schedule` may be null: the optimizer's own lr is used.
+  Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
+          std::shared_ptr<const LRSchedule> schedule = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
+  // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
+  void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
+  // Forward (the closure returns the loss summed over `samples` samples), backward into the
+  // gradient buffers, the accumulation's bookkeeping and the tracker's record.
+  void micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss);
+  // Data parallel: counts a micro-batch another rank processes (dist::owner_of_micro_batch).
+  void skip_micro_batch();
+  // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
+  // was attempted (taken, or skipped on the device for a non-finite gradient).
+  bool step_if_ready();
+  // Steps on whatever the group holds (a partial group); returns false if it is empty.
+  bool flush();
+  // Groups of `steps` micro-batches from the next group boundary on, for the rest of the run
+  // (replacing accum_steps and the per-epoch schedule). Called mid-group it is deferred, never
+  // refused: the group in progress keeps its size. The optimizer's step count, the LR schedule's
+  // position and the loss scale continue.
+  void set_accum_steps(int steps);
+
+  // Everything a checkpoint needs to resume at a group boundary (set_accum_steps' value included),
+  // and its restoration: the optimizer's state (Optimizer::load_state) first, then restore(), then
+  // begin_epoch(counters.epoch, micro_batches, counters.micro_batch_index).
+  Accumulator::Counters counters() const { return acc_.counters(); }
+  void restore(const Accumulator::Counters& counters) { acc_.restore(counters); }
+
+  // The counters a report quotes (optimizer_steps(), epoch_loss_sum(), last_lr(), ...; see
+  // accumulator.h for which read the device). Driving it directly bypasses the tracker and the
+  // graphs: the non-const form is for tests and benchmarks that time its parts.
+  const Accumulator& accumulator() const { return acc_; }
+  Accumulator& accumulator() { return acc_; }
+  Optimizer& optimizer() { return acc_.optimizer(); }
+
+  // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
+  void set_tracker(MemoryTracker* tracker) { tracker_ = tracker; }
+  MemoryTracker* tracker() const { return tracker_; }
+
+  bool graphs_enabled() const { return use_graphs_; }
+  struct Stats {
+    int64_t eager_micro_batches = 0, replayed_micro_batches = 0;
+    int64_t eager_steps = 0, replayed_steps = 0;
+    int64_t captures = 0;
+    int64_t kernels_per_micro_batch = 0;  // in the last micro-batch graph captured
+    int64_t kernels_per_step = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  // Frees every graph (their memory returns to the general cache). Later calls capture afresh.
+  void reset();
+
+ private:
+  struct Captured;
+  // A micro-batch graph's key: the sample count, the stale pattern of the gradient slots, the frozen
+  // pattern of the parameters (which gradients are computed at all), and the backward seed's
+  // accumulation steps (Normalization::micro_batches only; 0 otherwise).
+  using GraphKey = std::tuple<int64_t, std::vector<bool>, std::vector<bool>, int>;
+  void eager_micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss);
+  void graph_micro_batch(Captured& c, int64_t samples, const std::function<Tensor()>& forward_loss);
+  bool step(bool only_if_ready);
+  bool graphs_now() const;
+  std::vector<bool> stale_pattern() const;
+  std::vector<bool> frozen_pattern() const;
+
+  Accumulator acc_;
+  bool use_graphs_;
+  MemoryTracker* tracker_;
+  // Micro-batch graphs by GraphKey: the sinks' modes (overwrite or accumulate), the gradients
+  // computed and the seed are part of the captured work. Seen once: eager; twice: captured, then replayed.
+  std::map<GraphKey, std::unique_ptr<Captured>> micro_batches_;
+  std::unique_ptr<Captured> step_;
+  Stats stats_;
+};
+
+}  // namespace cumulus::optim

@@ -1,0 +1,290 @@
+// The training API (optim::Trainer, Note [Training API] in engine/optim/trainer.cpp): eager, it
+// is the Accumulator driven by hand, bit for bit; set_accum_steps mid-run keeps the optimizer's
+// step count and the LR schedule's position (a new Accumulator restarted both), is deferred to the
+// group boundary, outlives the per-epoch schedule and survives a checkpoint; the memory tracker's
+// records appear without a call of the user's. CUDA graphs are covered by test_graphs.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cumulus/memory/tracker.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/layers.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/optim/lr_schedule.h"
+#include "cumulus/optim/trainer.h"
+#include "cumulus/tensor/random.h"
+#include "test_util.h"
+
+namespace cumulus {
+namespace {
+
+using testing::DeviceTest;
+
+constexpr int64_t kRows = 94, kFeatures = 6, kClasses = 3, kBatch = 4;
+constexpr int64_t kMicroBatches = 24;  // an epoch: 23 micro-batches of 4 and one of 2
+
+// A model of the test's own: Linear-ReLU-Linear on a fixed synthetic problem, AdamW with clipping
+// and warmup + cosine. Two of these start from the same weights.
+struct Problem {
+  explicit Problem(Device device) : device(device) {
+    Generator gen(11);
+    x = uniform({kRows, kFeatures}, -1.0f, 1.0f, gen, device);
+    std::vector<int32_t> labels(kRows);
+    for (int64_t i = 0; i < kRows; ++i) labels[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 5) % kClasses);
+    y = Tensor::from_vector(labels, {kRows}, device);
+    model.add(std::make_shared<nn::Linear>(kFeatures, 8, gen, device));
+    model.add(std::make_shared<nn::ReLU>());
+    model.add(std::make_shared<nn::Linear>(8, kClasses, gen, device));
+    flat = std::make_shared<nn::FlatParameters>(model);
+    optim::AdamWOptions a;
+    a.lr = 0.02f;
+    optimizer = std::make_shared<optim::AdamW>(flat, a);
+    options.clip_grad_norm = 0.5f;
+  }
+  int64_t samples(int64_t i) const { return std::min(kBatch, kRows - i * kBatch); }
+  Tensor loss(int64_t i) {
+    return ops::cross_entropy(model(x.narrow_rows(i * kBatch, samples(i))), y.narrow_rows(i * kBatch, samples(i)),
+                              ops::Reduction::Sum);
+  }
+  std::vector<float> weights() const { return flat->values().to_vector<float>(); }
+
+  Device device;
+  Tensor x, y;
+  nn::Sequential model;
+  std::shared_ptr<nn::FlatParameters> flat;
+  std::shared_ptr<optim::Optimizer> optimizer;
+  optim::TrainerOptions options;
+  std::shared_ptr<const optim::LRSchedule> schedule = std::make_shared<optim::CosineWarmupLR>(0.02f, 3, 20, 0.002f);
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// What each optimizer step reports: the micro-batches in its group, the step count after it and
+// the learning rate it used.
+struct StepLog {
+  std::vector<int> group;
+  std::vector<int64_t> steps;
+  std::vector<float> lr;
+  void add(int group_size, const optim::Accumulator& acc) {
+    group.push_back(group_size);
+    steps.push_back(acc.optimizer_steps());
+    lr.push_back(acc.last_lr());
+  }
+};
+
+class TrainerTest : public DeviceTest {};
+
+// Both drive the same micro-batches (with a set_accum_steps mid-epoch, at an empty group); the
+// Trainer without graphs must be the Accumulator's calls, nothing added or reordered.
+TEST_P(TrainerTest, WithoutGraphsItIsTheAccumulatorDrivenByHandBitForBit) {
+  Problem by_hand(device()), with_trainer(device());
+  by_hand.options.accum_steps = with_trainer.options.accum_steps = 3;
+  optim::Accumulator acc(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  optim::Trainer trainer(with_trainer.optimizer, with_trainer.options, with_trainer.schedule);
+  ASSERT_TRUE(same_bits(by_hand.weights(), with_trainer.weights()));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    acc.begin_epoch(epoch, kMicroBatches);
+    trainer.begin_epoch(epoch, kMicroBatches);
+    for (int64_t i = 0; i < kMicroBatches; ++i) {
+      if (epoch == 1 && i == 6) {
+        acc.set_accum_steps(4);
+        trainer.set_accum_steps(4);
+      }
+      acc.backward(by_hand.loss(i), by_hand.samples(i));
+      trainer.micro_batch(with_trainer.samples(i), [&] { return with_trainer.loss(i); });
+      ASSERT_EQ(acc.step_if_ready(), trainer.step_if_ready()) << "epoch " << epoch << ", micro-batch " << i;
+    }
+    EXPECT_EQ(acc.epoch_loss_sum(), trainer.accumulator().epoch_loss_sum());
+  }
+  const optim::Accumulator& t = trainer.accumulator();
+  EXPECT_EQ(t.optimizer_steps(), acc.optimizer_steps());
+  EXPECT_EQ(t.optimizer_steps(), 8 + 2 + 5);  // 8 of 3; then 2 of 3 and 5 of 4 (the last of 2)
+  EXPECT_EQ(t.last_lr(), acc.last_lr());
+  EXPECT_EQ(t.last_grad_norm(), acc.last_grad_norm());
+  EXPECT_TRUE(same_bits(by_hand.weights(), with_trainer.weights())) << "the Trainer's weights differ";
+  EXPECT_EQ(trainer.stats().eager_micro_batches, 2 * kMicroBatches);
+  EXPECT_EQ(trainer.stats().replayed_micro_batches, 0);
+}
+
+// Groups of 2 until micro-batch 7 of epoch 0, where set_accum_steps(4) comes mid-group: the group
+// {6, 7} still steps at 2, then groups of 4, in epoch 1 too. The reference reaches the same
+// groups with today's per-epoch schedule ({0: 2, 1: 4}, epoch 0 cut after micro-batch 7), where
+// one Accumulator lives through the change. The step count and the learning rate must go on
+// across it; replacing the Accumulator, as changing the steps used to need, restarted both.
+TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
+  Problem s(device());
+  s.options.accum_steps = 2;
+  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  const optim::Accumulator& acc = trainer.accumulator();
+  StepLog log;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    trainer.begin_epoch(epoch, kMicroBatches);
+    for (int64_t i = 0; i < kMicroBatches; ++i) {
+      if (epoch == 0 && i == 7) {
+        ASSERT_EQ(acc.micro_batches_in_group(), 1);
+        trainer.set_accum_steps(4);
+        EXPECT_EQ(acc.accum_steps(), 2) << "the group in progress keeps its size";
+      }
+      trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
+      const int in_group = acc.micro_batches_in_group();
+      if (trainer.step_if_ready()) log.add(in_group, acc);
+    }
+  }
+
+  Problem r(device());
+  r.options.schedule = {{0, 2}, {1, 4}};
+  optim::Accumulator ref(r.optimizer, r.options, r.schedule);
+  StepLog expected;
+  const std::vector<std::pair<int64_t, int64_t>> epochs = {{0, 8}, {8, kMicroBatches}, {0, kMicroBatches}};
+  for (std::size_t e = 0; e < epochs.size(); ++e) {
+    ref.begin_epoch(static_cast<int>(e), epochs[e].second - epochs[e].first);
+    for (int64_t i = epochs[e].first; i < epochs[e].second; ++i) {
+      ref.backward(r.loss(i), r.samples(i));
+      const int in_group = ref.micro_batches_in_group();
+      if (ref.step_if_ready()) expected.add(in_group, ref);
+    }
+  }
+
+  const std::vector<int> groups = {2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
+  EXPECT_EQ(log.group, groups);
+  EXPECT_EQ(expected.group, groups);
+  EXPECT_EQ(log.steps, expected.steps) << "the step count restarted at the change";
+  EXPECT_EQ(log.steps.back(), 14);
+  EXPECT_EQ(log.lr, expected.lr) << "the LR schedule restarted at the change";
+  for (std::size_t k = 0; k < log.lr.size(); ++k) EXPECT_EQ(log.lr[k], s.schedule->lr_at(static_cast<int64_t>(k)));
+  EXPECT_TRUE(same_bits(s.weights(), r.weights())) << "the weights differ from the reference's";
+  EXPECT_EQ(acc.counters().accum_steps_override, 4);
+}
+
+TEST_P(TrainerTest, SetAccumStepsAtABoundaryAppliesAtOnceAndOutlivesTheEpochSchedule) {
+  Problem s(device());
+  s.options.schedule = {{0, 2}, {1, 3}};
+  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  const optim::Accumulator& acc = trainer.accumulator();
+  trainer.begin_epoch(0, 4);
+  for (int64_t i = 0; i < 2; ++i) {
+    trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
+    trainer.step_if_ready();
+  }
+  EXPECT_EQ(acc.optimizer_steps(), 1);
+  trainer.set_accum_steps(5);
+  EXPECT_EQ(acc.accum_steps(), 5) << "an empty group takes the new size at once";
+  for (int64_t i = 2; i < 4; ++i) {
+    trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
+    trainer.step_if_ready();
+  }
+  EXPECT_EQ(acc.optimizer_steps(), 2) << "the epoch's end steps the partial group";
+  trainer.begin_epoch(1, 10);
+  EXPECT_EQ(acc.accum_steps(), 5) << "the schedule's 3 for epoch 1 would undo the change";
+  EXPECT_THROW(trainer.set_accum_steps(0), InvalidArgument);
+  EXPECT_THROW(trainer.set_accum_steps(-2), InvalidArgument);
+  EXPECT_EQ(acc.accum_steps(), 5);
+}
+
+// A checkpoint at a group boundary after set_accum_steps(3): a fresh Trainer configured with 2
+// restores the counters (the new steps with them) and the optimizer's state, and ends where the
+// uninterrupted run ends, bit for bit, at the same step and learning rate.
+TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
+  Problem a(device()), b(device());
+  a.options.accum_steps = b.options.accum_steps = 2;
+  optim::Trainer first(a.optimizer, a.options, a.schedule);
+  optim::Accumulator::Counters saved;
+  Tensor weights;
+  std::vector<std::pair<std::string, Tensor>> state;
+  int64_t updates = 0;
+  first.begin_epoch(0, kMicroBatches);
+  for (int64_t i = 0; i < kMicroBatches; ++i) {
+    if (i == 4) first.set_accum_steps(3);
+    first.micro_batch(a.samples(i), [&] { return a.loss(i); });
+    first.step_if_ready();
+    if (i == 9) {  // groups {0, 1}, {2, 3}, {4, 5, 6}, {7, 8, 9}: a boundary
+      ASSERT_EQ(first.accumulator().micro_batches_in_group(), 0);
+      saved = first.counters();
+      weights = a.flat->values().clone();
+      for (const auto& [name, t] : a.optimizer->state()) state.emplace_back(name, t.clone());
+      updates = a.optimizer->updates();
+    }
+  }
+  EXPECT_EQ(saved.accum_steps_override, 3);
+  EXPECT_EQ(saved.optimizer_steps, 4);
+  EXPECT_EQ(saved.micro_batch_index, 10);
+
+  Tensor values = b.flat->values();  // a handle on the flat buffer
+  values.copy_from(weights);
+  b.optimizer->load_state(state, updates);
+  optim::Trainer resumed(b.optimizer, b.options, b.schedule);
+  resumed.restore(saved);
+  resumed.begin_epoch(saved.epoch, kMicroBatches, saved.micro_batch_index);
+  EXPECT_EQ(resumed.accumulator().accum_steps(), 3);
+  for (int64_t i = saved.micro_batch_index; i < kMicroBatches; ++i) {
+    resumed.micro_batch(b.samples(i), [&] { return b.loss(i); });
+    resumed.step_if_ready();
+  }
+  EXPECT_EQ(resumed.accumulator().optimizer_steps(), first.accumulator().optimizer_steps());
+  EXPECT_EQ(resumed.accumulator().optimizer_steps(), 4 + 5);  // {10-12} ... {19-21}, {22, 23}
+  EXPECT_EQ(resumed.accumulator().last_lr(), first.accumulator().last_lr());
+  EXPECT_TRUE(same_bits(a.weights(), b.weights())) << "the resumed run's weights differ";
+}
+
+// The Trainer makes MemoryTracker's calls: one record per micro-batch with its epoch, index and
+// samples, one per optimizer step, and a tracker attached later sees only what follows.
+TEST_P(TrainerTest, TrackerRecordsEveryMicroBatchAndStepWithoutManualCalls) {
+  Problem s(device());
+  MemoryTracker::Options to;
+  to.timeline_steps = 2;
+  MemoryTracker tracker(device(), to);
+  to.timeline_steps = 0;  // one allocator observer at a time: the first tracker's
+  MemoryTracker later(device(), to);
+  s.options.accum_steps = 5;
+  s.options.tracker = &tracker;
+  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    if (epoch == 1) trainer.set_tracker(&later);
+    trainer.begin_epoch(epoch, kMicroBatches);
+    for (int64_t i = 0; i < kMicroBatches; ++i) {
+      trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
+      trainer.step_if_ready();
+    }
+  }
+  EXPECT_EQ(tracker.micro_batches_seen(), kMicroBatches);
+  EXPECT_EQ(tracker.steps_seen(), 5);  // 4 groups of 5 and one of 4
+  EXPECT_EQ(later.micro_batches_seen(), kMicroBatches);
+  EXPECT_EQ(later.steps_seen(), 5);
+  const std::vector<MicroBatchRecord>& records = tracker.micro_batches();
+  ASSERT_EQ(records.size(), static_cast<std::size_t>(kMicroBatches));
+  for (int64_t i = 0; i < kMicroBatches; ++i) {
+    const MicroBatchRecord& r = records[static_cast<std::size_t>(i)];
+    EXPECT_EQ(r.epoch, 0);
+    EXPECT_EQ(r.index, i);
+    EXPECT_EQ(r.samples, s.samples(i));
+    EXPECT_GT(r.activation_bytes, 0) << "micro-batch " << i;
+    EXPECT_GE(r.peak_bytes, r.activation_bytes);
+  }
+  EXPECT_EQ(later.micro_batches().front().epoch, 1);
+  const std::vector<StepRecord>& steps = later.steps();
+  ASSERT_EQ(steps.size(), 5u);
+  EXPECT_EQ(steps.front().step, 6);  // the run's sixth step: the count goes on
+  EXPECT_GT(steps.front().optimizer_state_bytes, 0);
+  EXPECT_FALSE(tracker.slices().empty()) << "the timeline of the first steps was not recorded";
+}
+
+TEST_P(TrainerTest, RefusesGraphsWithoutACudaDevice) {
+  if (device().is_cuda()) GTEST_SKIP() << "graphs are allowed on CUDA (test_graphs.cpp)";
+  Problem s(device());
+  s.options.use_graphs = true;
+  EXPECT_THROW(optim::Trainer(s.optimizer, s.options, s.schedule), InvalidArgument);
+}
+
+CUMULUS_INSTANTIATE_DEVICES(TrainerTest);
+
+}  // namespace
+}  // namespace cumulus
