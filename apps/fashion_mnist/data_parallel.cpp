@@ -8,6 +8,7 @@
 #include "checkpoint.h"
 #include "cumulus/core/threads.h"
 #include "run_control.h"
+#include "settings.h"
 
 using namespace cumulus;
 
@@ -71,14 +72,8 @@ void assign_rank_outputs(Options& o) {
 }
 
 void check_same_settings_on_every_rank(const Options& o, dist::Communicator& comm) {
-  std::vector<std::pair<std::string, std::string>> settings = recorded_settings(o);
-  settings.emplace_back("epochs", std::to_string(o.epochs));
-  settings.emplace_back("init", o.init_path);
-  settings.emplace_back("resume", o.resume_path);
-  settings.emplace_back("eval-only", o.eval_only ? "true" : "false");
-  settings.emplace_back("device", o.resolved_device.is_cuda() ? "cuda" : "cpu");
   try {
-    dist::check_same_settings(comm, settings);
+    dist::check_same_settings(comm, named_settings(kRanksAgree, {o, ""}));
   } catch (const InvalidArgument& e) {
     throw SameOnEveryRank(e.what());
   }

@@ -15,6 +15,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/version.h"
+#include "settings.h"
 
 namespace fmnist {
 
@@ -51,16 +52,6 @@ std::map<int, int> parse_accum_schedule(const std::string& text) {
   }
   if (out.empty() || out.begin()->first != 0) throw bad("the schedule must start at epoch 0");
   return out;
-}
-
-const std::set<std::string>& overridable_settings() {
-  // The hyperparameters of the update rule: changing them changes the result from here on, but the
-  // checkpoint's state still means the same thing. Structural settings (model, optimizer, batch,
-  // accumulation, data order, momentum buffer) are never overridable.
-  static const std::set<std::string> names = {"lr",           "lr-schedule", "lr-step-size", "lr-gamma",
-                                              "warmup-steps", "min-lr",      "weight-decay", "clip-grad-norm",
-                                              "betas",        "eps",         "nesterov"};
-  return names;
 }
 
 std::string version_text() {
@@ -337,9 +328,8 @@ void add_file_flags(CLI::App& app, Options& o, RawText& raw) {
                  "Resume exactly from this checkpoint; every setting it recorded must be given the same "
                  "(may be the --checkpoint file)");
   app.add_option("--override", raw.overrides,
-                 "With --resume: settings that may differ from the checkpoint's, comma-separated (lr, lr-schedule, "
-                 "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov); "
-                 "the banner and --metrics record them");
+                 "With --resume: settings that may differ from the checkpoint's, comma-separated (" +
+                     overridable_settings_text() + "); the banner and --metrics record them");
   app.add_option("--memory-report", o.memory_report_path, "Write the memory report (JSON) here");
   app.add_option("--trace", o.trace_path, "Write a Chrome trace (JSON; open in Perfetto or chrome://tracing) here");
   app.add_option("--memory-plot", o.memory_plot_path,
@@ -452,9 +442,8 @@ void parse_overrides(Options& o, const RawText& raw) {
     std::string name = raw.overrides.substr(pos, comma - pos);
     if (name.rfind("--", 0) == 0) name = name.substr(2);
     require(overridable_settings().count(name) == 1,
-            "--override '" + name +
-                "': not a setting a resumed run may change (those are: lr, lr-schedule, "
-                "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov)");
+            "--override '" + name + "': not a setting a resumed run may change (those are: " +
+                overridable_settings_text() + ")");
     o.overrides.insert(name);
     pos = comma + 1;
   }

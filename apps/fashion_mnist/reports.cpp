@@ -7,6 +7,7 @@
 #include "cumulus/io/file.h"
 #include "cumulus/memory/prediction.h"
 #include "run_control.h"
+#include "settings.h"
 #include "training_setup.h"
 
 using namespace cumulus;
@@ -73,16 +74,7 @@ MemoryTracker::Options tracker_options(const Options& o, const nn::Model& model)
     to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
-  to.settings = recorded_settings(o);
-  to.settings.emplace_back("recompute", o.recompute);
-  to.settings.emplace_back("kernels", kernels_used(model, o, o.batch_size));
-  to.settings.emplace_back("data-on", o.data_on);
-  if (o.world_size > 1) {
-    to.settings.emplace_back("world-size", std::to_string(o.world_size));
-    to.settings.emplace_back("rank", std::to_string(o.rank));
-  }
-  if (std::none_of(to.settings.begin(), to.settings.end(), [](const auto& kv) { return kv.first == "epochs"; }))
-    to.settings.emplace_back("epochs", std::to_string(o.epochs));
+  to.settings = named_settings(kMemoryReport, {o, kernels_used(model, o, o.batch_size)});
   return to;
 }
 
