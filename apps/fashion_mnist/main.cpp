@@ -9,7 +9,9 @@
 //      micro-batch, the accumulation steps and --recompute auto. From the Trainer on, the options
 //      are read only.
 //   3. run: the model, the data, the optimizer and the Trainer (training_setup.cpp), a resumed
-//      checkpoint (checkpoint.cpp), the banner (reports.cpp), then train() (training_loop.cpp):
+//      checkpoint (checkpoint.cpp; the settings it records, the ranks compare and the memory
+//      report shows come from one table, settings.cpp), the banner (reports.cpp), then train()
+//      (training_loop.cpp):
 //      epochs, test passes (evaluation.cpp), --metrics (metrics_file.cpp), checkpoints, and the
 //      stops at a group boundary; then the final weights and the reports.
 //   4. exit code: run_and_report() maps how the run ended to 0, 1 (runtime failure), 2 (usage),
@@ -93,34 +95,34 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, flat, train_set)) return 0;  // --plan-only
 
   // Resolved: from here on the options are only read.
-  const Options& settings = o;
-  data::DataLoader train_loader(train_set, settings.batch_size, settings.shuffle, settings.seed, device);
-  train_loader.set_dtype(compute_dtype(settings.resolved_precision));  // Note [Mixed precision]: ops follow the batch
+  const Options& config = o;
+  data::DataLoader train_loader(train_set, config.batch_size, config.shuffle, config.seed, device);
+  train_loader.set_dtype(compute_dtype(config.resolved_precision));  // Note [Mixed precision]: ops follow the batch
   const int64_t micro_batches = train_loader.num_batches();
-  auto optimizer = make_optimizer(settings, flat);
-  const optim::TrainerOptions trainer_opts = trainer_options(settings, comm);
-  optim::Trainer trainer(optimizer, trainer_opts, make_lr_schedule(settings, micro_batches));
+  auto optimizer = make_optimizer(config, flat);
+  const optim::TrainerOptions trainer_opts = trainer_options(config, comm);
+  optim::Trainer trainer(optimizer, trainer_opts, make_lr_schedule(config, micro_batches));
 
   TrainingState state;
-  if (!settings.resume_path.empty()) {
-    state = load_checkpoint(settings.resume_path, model, *optimizer, settings,
-                            ResumeLimits{micro_batches, train_set.size()});
+  if (!config.resume_path.empty()) {
+    state =
+        load_checkpoint(config.resume_path, model, *optimizer, config, ResumeLimits{micro_batches, train_set.size()});
     trainer.restore(state.counters);
   }
   throw_if_interrupted();
 
   RunDescription description{data_dir, train_set.size(), test.size(), train_loader.host_resident()};
-  if (!settings.quiet && needs_loss_scaling(settings.resolved_precision))
+  if (!config.quiet && needs_loss_scaling(config.resolved_precision))
     description.loss_scale = trainer.accumulator().loss_scale();  // a read from the device
   description.backend = comm->backend();
-  announce_run(settings, model, description, state);
-  MemoryTracker tracker(device, tracker_options(settings, model));
-  const TrainingParts parts{settings,     model, *optimizer, trainer, trainer_opts, train_loader,
-                            test_loader, *comm, tracker,    state};
+  announce_run(config, model, description, state);
+  MemoryTracker tracker(device, tracker_options(config, model));
+  const TrainingParts parts{config,       model,       *optimizer, trainer, trainer_opts,
+                            train_loader, test_loader, *comm,      tracker, state};
   if (const std::optional<int> stopped = train(parts)) return *stopped;
 
-  save_final_weights(settings, model);
-  finish_reports(settings, tracker, *comm);
+  save_final_weights(config, model);
+  finish_reports(config, tracker, *comm);
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 

@@ -213,16 +213,16 @@ void TrainingLoop::end_training_of(Epoch& e) {
     say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
         static_cast<long long>(skipped), loss_scale_text(e.loss_scale).c_str());
   else if (g_root && (skipped > 0 || !std::isfinite(e.train_loss))) {
-    const std::string floor_note = at_floor && skipped > 0 ? "; fp16's loss scale holds at its floor of " +
-                                                                 loss_scale_text(min_scale) +
-                                                                 ", so these gradients overflow unscaled"
-                                                           : "";
+    const std::string floor_note = at_floor && skipped > 0
+                                       ? "; fp16's loss scale holds at its floor of " + loss_scale_text(min_scale) +
+                                             ", so these gradients overflow unscaled"
+                                       : "";
     std::fprintf(stderr,
                  "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                  "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
                  "--clip-grad-norm%s)%s\n",
-                 e.index + 1, static_cast<long long>(skipped), e.train_loss,
-                 e.scaling ? " or --precision bf16" : "", floor_note.c_str());
+                 e.index + 1, static_cast<long long>(skipped), e.train_loss, e.scaling ? " or --precision bf16" : "",
+                 floor_note.c_str());
   }
 }
 
