@@ -9,6 +9,7 @@ lines, with const/noexcept/override or a constructor's initializer list after it
 and character literals are skipped; lambdas and control blocks count towards their function.
 """
 import re
+import signal
 import sys
 
 
@@ -86,4 +87,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
     sys.exit(main(sys.argv[1:]))
