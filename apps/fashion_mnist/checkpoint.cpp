@@ -10,6 +10,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
+#include "settings.h"
 
 namespace fmnist {
 
@@ -26,70 +27,6 @@ constexpr const char* kFormatPrefix = "cumulus-checkpoint-";
 constexpr const char* kChecksumKey = "checksum_crc32";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 
-// One recorded setting: its metadata key, the flag that sets it, its value as text (equal floats
-// give equal text), and whether --override may change it.
-struct Setting {
-  std::string key, flag, value;
-  bool overridable;
-  // What a checkpoint written before the setting existed ran with (nullptr: the setting was always recorded).
-  const char* before_recorded = nullptr;
-};
-
-// The shortest text that reads back as the same float: "0.001", not "0.00100000005".
-std::string float_text(float v) {
-  char buf[32];
-  for (int digits = 6; digits <= 9; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
-    if (std::strtof(buf, nullptr) == v) break;
-  }
-  return buf;
-}
-
-// Every setting that changes the result of a run (Note [Resume contract] in checkpoint.h).
-std::vector<Setting> run_settings(const Options& o) {
-  // Accumulation is recorded as micro-batches per step, all ranks together: a checkpoint written by
-  // 4 ranks of 16 x 1 resumes on 2 ranks of 16 x 2 or 1 of 16 x 4 (the same global groups).
-  std::string schedule;
-  for (const auto& [e, s] : o.schedule)
-    schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s * o.world_size);
-  const bool adamw = o.optimizer == "adamw";
-  std::vector<Setting> s = {
-      {"model", "--model", o.model, false},
-      {"optimizer", "--optimizer", o.optimizer, false},
-      {"micro_batch_size", "--batch-size", std::to_string(o.batch_size), false},
-      {"accum_steps", "--accum-steps", schedule.empty() ? std::to_string(o.accum_steps * o.world_size) : schedule,
-       false},
-      {"normalize", "--normalize", o.normalize, false},
-      {"precision", "--precision", o.precision, false, "fp32"},
-      {"shuffle", "--shuffle", o.shuffle ? "true" : "false", false},
-      {"seed", "--seed", std::to_string(o.seed), false},
-      {"train_limit", "--train-limit", std::to_string(o.train_limit), false},
-      // The momentum buffer exists only with momentum: changing it would drop or invent state.
-      {"momentum", "--momentum", float_text(o.momentum), false},
-      {"lr", "--lr", float_text(o.lr), true},
-      {"lr_schedule", "--lr-schedule", o.lr_schedule, true},
-      {"weight_decay", "--weight-decay", float_text(o.resolved_weight_decay()), true},
-      {"clip_grad_norm", "--clip-grad-norm", float_text(o.clip_grad_norm), true},
-  };
-  if (o.lr_schedule == "step") {
-    s.push_back({"lr_step_size", "--lr-step-size", std::to_string(o.lr_step_size), true});
-    s.push_back({"lr_gamma", "--lr-gamma", float_text(o.lr_gamma), true});
-  }
-  if (o.lr_schedule == "cosine") {
-    s.push_back({"warmup_steps", "--warmup-steps", std::to_string(o.warmup_steps), true});
-    s.push_back({"min_lr", "--min-lr", float_text(o.min_lr), true});
-    // The cosine decays to the run's last step, which --epochs sets.
-    s.push_back({"epochs", "--epochs", std::to_string(o.epochs), false});
-  }
-  if (adamw) {
-    s.push_back({"betas", "--betas", float_text(o.beta1) + "," + float_text(o.beta2), true});
-    s.push_back({"eps", "--eps", float_text(o.eps), true});
-  } else {
-    s.push_back({"nesterov", "--nesterov", o.nesterov ? "true" : "false", true});
-  }
-  return s;
-}
-
 int64_t get_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
   auto it = meta.find(key);
   if (it == meta.end()) throw cumulus::Error(path + ": checkpoint metadata lacks '" + key + "'");
@@ -104,12 +41,6 @@ int64_t get_int(const std::map<std::string, std::string>& meta, const std::strin
 }
 
 }  // namespace
-
-std::vector<std::pair<std::string, std::string>> recorded_settings(const Options& options) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const Setting& s : run_settings(options)) out.emplace_back(s.flag.substr(2), s.value);
-  return out;
-}
 
 void save_weights(const std::string& path, const cumulus::nn::Module& model) { io::save_state_dict(path, model); }
 
@@ -128,7 +59,8 @@ void load_weights(const std::string& path, const cumulus::nn::Module& model) {
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                      const cumulus::optim::Optimizer& optimizer, const TrainingState& s, const Options& options) {
   std::map<std::string, std::string> meta;
-  for (const Setting& setting : run_settings(options)) meta["setting." + setting.key] = setting.value;
+  for (const SettingValue& setting : settings_for(kCheckpoint, {options, ""}))
+    meta["setting." + std::string(setting.row->key)] = setting.value;
   meta["format"] = kFormat;
   meta["epoch"] = std::to_string(s.epoch);
   meta["next_micro_batch"] = std::to_string(s.next_micro_batch);
@@ -180,21 +112,22 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
                          "' (cumulus checkpoints store one; this file is damaged or older than that), so it "
                          "cannot be verified");
   TrainingState s;
-  for (const Setting& setting : run_settings(options)) {
-    auto it = header.metadata.find("setting." + setting.key);
+  for (const SettingValue& setting : settings_for(kCheckpoint, {options, ""})) {
+    const SettingRow& row = *setting.row;
+    auto it = header.metadata.find("setting." + std::string(row.key));
     const std::string saved = it != header.metadata.end() ? cumulus::excerpt(it->second)
-                              : setting.before_recorded != nullptr ? setting.before_recorded
-                                                                   : "(not recorded)";
+                              : row.before_recorded != nullptr ? row.before_recorded
+                                                               : "(not recorded)";
     if (saved == setting.value) continue;
-    const std::string name = setting.flag.substr(2);
-    if (setting.overridable && options.overrides.count(name) == 1 && it != header.metadata.end()) {
+    const std::string name = row.name;
+    if (row.overridable && options.overrides.count(name) == 1 && it != header.metadata.end()) {
       s.overridden.push_back(name + " " + saved + " -> " + setting.value);
       continue;
     }
-    const char* unit = setting.key == "accum_steps" ? " (micro-batches per step, all ranks together)" : "";
-    throw UsageFailure("--resume '" + path + "' was made with " + setting.flag + " " + saved + ", this run has " +
+    const char* unit = name == "accum-steps" ? " (micro-batches per step, all ranks together)" : "";
+    throw UsageFailure("--resume '" + path + "' was made with --" + name + " " + saved + ", this run has " +
                        setting.value + unit + "; resume with the same value" +
-                       (setting.overridable ? " or allow the change with --override " + name : ""));
+                       (row.overridable ? " or allow the change with --override " + name : ""));
   }
   io::LoadStateDictOptions load_options;
   load_options.extra_prefix = kOptimizerPrefix;

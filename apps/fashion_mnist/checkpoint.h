@@ -4,7 +4,7 @@
 // counters and the settings it was made with, so a resumed run continues exactly (bitwise on CPU)
 // where the first one stopped.
 //
-// Note [Resume contract]: the checkpoint records every setting that changes the result (model,
+// Note [Resume contract]: the checkpoint records (Note [Settings table] in settings.h) every setting that changes the result (model,
 // optimizer and its hyperparameters, batch and accumulation, normalization, data order, learning
 // rate schedule, clipping, weight decay, ...). Resuming with a different value is refused naming
 // the flag, unless the setting is a hyperparameter of the update rule listed in --override, in
@@ -40,9 +40,6 @@ struct ResumeLimits {
   int64_t micro_batches_per_epoch = 0;
   int64_t train_samples = 0;
 };
-
-// The settings a checkpoint records (Note [Resume contract]), as (flag without dashes, value).
-std::vector<std::pair<std::string, std::string>> recorded_settings(const Options& options);
 
 void save_weights(const std::string& path, const cumulus::nn::Module& model);
 // Every parameter of `model` must be in the file with its shape, and finite; extra tensors are an

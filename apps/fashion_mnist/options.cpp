@@ -15,6 +15,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/version.h"
+#include "settings.h"
 
 namespace fmnist {
 
@@ -51,16 +52,6 @@ std::map<int, int> parse_accum_schedule(const std::string& text) {
   }
   if (out.empty() || out.begin()->first != 0) throw bad("the schedule must start at epoch 0");
   return out;
-}
-
-const std::set<std::string>& overridable_settings() {
-  // The hyperparameters of the update rule: changing them changes the result from here on, but the
-  // checkpoint's state still means the same thing. Structural settings (model, optimizer, batch,
-  // accumulation, data order, momentum buffer) are never overridable.
-  static const std::set<std::string> names = {"lr",           "lr-schedule", "lr-step-size", "lr-gamma",
-                                              "warmup-steps", "min-lr",      "weight-decay", "clip-grad-norm",
-                                              "betas",        "eps",         "nesterov"};
-  return names;
 }
 
 std::string version_text() {
@@ -197,27 +188,19 @@ std::pair<float, float> parse_betas(const std::string& text) {
   return {b1, b2};
 }
 
-}  // namespace
+const int64_t kMaxBatch = int64_t{1} << 31;  // far above any batch a device holds; keeps sizes far from overflow
+const int64_t kMaxSamples = int64_t{1} << 40;
+constexpr std::size_t kDescriptionColumn = 34;
 
-ParseResult parse_options(int argc, char** argv, Options& o) {
-  constexpr std::size_t kDescriptionColumn = 34;
-  CLI::App app{
-      "fashion_mnist: the seed experiment of cumulus. Trains the 784-512-512-10 MLP (or a small CNN) on "
-      "Fashion-MNIST with gradient accumulation (micro-batch x accumulation steps = effective batch), prints the "
-      "test accuracy and loss after each epoch in the seed's format, and reports where the memory went. The last "
-      "value of a repeated flag wins.\n"
-      "Exit codes: 0 done, 1 runtime failure (e.g. out of memory, a damaged file), 2 usage error, 130 interrupted "
-      "(Ctrl-C: the current optimizer step finishes and --checkpoint is written), 143 terminated (SIGTERM, same), "
-      "141 standard output closed (e.g. piped into head; same).",
-      "fashion_mnist"};
-  app.get_formatter()->column_width(kDescriptionColumn);
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+// Flags read as text and converted after parsing.
+struct RawText {
   bool show_version = false;
-  std::string seed_text = "0", betas_text = "0.9,0.999", overrides_text;
-  const int64_t kMaxBatch = int64_t{1} << 31;  // far above any batch a device holds; keeps sizes far from overflow
-  const int64_t kMaxSamples = int64_t{1} << 40;
+  std::string seed = "0", betas = "0.9,0.999", overrides;
+};
 
-  app.add_flag("--version", show_version, "Print the version, commit, build type and compiled backends, then exit");
+// The flags, in the order --help lists them: what runs where, and how.
+void add_run_flags(CLI::App& app, Options& o, RawText& raw) {
+  app.add_flag("--version", raw.show_version, "Print the version, commit, build type and compiled backends, then exit");
   app.add_option("--data", o.data_dir,
                  "Directory with the four Fashion-MNIST IDX files (.gz or plain). Default: $CUMULUS_DATA, "
                  "./data/fashion-mnist, ../shared/data/fashion-mnist, else downloaded into ./data/fashion-mnist "
@@ -268,6 +251,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "only two micro-batches of data. Same results either way. CPU: no difference")
       ->check(CLI::IsMember({"device", "host"}))
       ->capture_default_str();
+}
+
+// The batch, accumulation and the planner.
+void add_batch_flags(CLI::App& app, Options& o) {
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
@@ -292,6 +279,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--memory-budget", o.memory_budget,
                  "Device memory limit, e.g. 64MiB or 1.5GiB: the device behaves as if it had only that much; "
                  "going over is an out-of-memory error (exit 1)");
+}
+
+// The optimizer, its learning-rate schedule and the gradient's normalization.
+void add_optimizer_flags(CLI::App& app, Options& o, RawText& raw) {
   app.add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
   app.add_option("--lr", o.lr, "Learning rate (the peak rate with a schedule)")->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
@@ -308,7 +299,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--min-lr", o.min_lr, "cosine schedule: the rate at the last step")->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum (needs --momentum > 0)");
-  app.add_option("--betas", betas_text, "AdamW: B1,B2, the decay rates of the moment estimates")->capture_default_str();
+  app.add_option("--betas", raw.betas, "AdamW: B1,B2, the decay rates of the moment estimates")->capture_default_str();
   app.add_option("--eps", o.eps, "AdamW: the term added to the denominator")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
@@ -318,8 +309,12 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
                  "samples: divide by the samples in each group (exact for partial groups); micro-batches: the "
                  "classic mean loss / N per micro-batch (inexact for a partial last group)")
       ->capture_default_str();
+}
+
+// Data order, files in and out, limits and output.
+void add_file_flags(CLI::App& app, Options& o, RawText& raw) {
   app.add_flag("--shuffle", o.shuffle, "Shuffle the training data each epoch (order from --seed and the epoch)");
-  app.add_option("--seed", seed_text, "Seed of the weight initialization and of the shuffle (0 to 2^64-1)")
+  app.add_option("--seed", raw.seed, "Seed of the weight initialization and of the shuffle (0 to 2^64-1)")
       ->check(unsigned_64())
       ->capture_default_str();
   app.add_option("--init", o.init_path, "Start from these weights (safetensors with PyTorch's state-dict names)");
@@ -332,10 +327,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--resume", o.resume_path,
                  "Resume exactly from this checkpoint; every setting it recorded must be given the same "
                  "(may be the --checkpoint file)");
-  app.add_option("--override", overrides_text,
-                 "With --resume: settings that may differ from the checkpoint's, comma-separated (lr, lr-schedule, "
-                 "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov); "
-                 "the banner and --metrics record them");
+  app.add_option("--override", raw.overrides,
+                 "With --resume: settings that may differ from the checkpoint's, comma-separated (" +
+                     overridable_settings_text() + "); the banner and --metrics record them");
   app.add_option("--memory-report", o.memory_report_path, "Write the memory report (JSON) here");
   app.add_option("--trace", o.trace_path, "Write a Chrome trace (JSON; open in Perfetto or chrome://tracing) here");
   app.add_option("--memory-plot", o.memory_plot_path,
@@ -358,6 +352,165 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(integer_in(0, 4096))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "Print only the per-epoch results, warnings and errors");
+}
+
+// The seed, and paths given empty.
+void check_texts(const CLI::App& app, Options& o, const RawText& raw) {
+  o.seed = std::strtoull(raw.seed.c_str(), nullptr, 10);  // checked by unsigned_64()
+  // Paths: an empty value would silently write or read nothing.
+  for (const char* flag : {"--data", "--init", "--save", "--checkpoint", "--resume", "--memory-report", "--trace",
+                           "--memory-plot", "--metrics"}) {
+    const CLI::Option* opt = app.get_option(flag);
+    require(opt->count() == 0 || !opt->results().back().empty(), std::string(flag) + " needs a path, got ''");
+  }
+}
+
+// The model, the optimizer and its learning-rate schedule.
+void check_optimizer(const CLI::App& app, Options& o, const RawText& raw) {
+  require(o.model == "mlp" || o.model == "cnn", "--model '" + o.model + "': unknown model (expected mlp or cnn)");
+  require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got " + std::to_string(o.lr));
+  require(o.optimizer == "sgd" || o.optimizer == "adamw", "--optimizer '" + o.optimizer + "': expected sgd or adamw");
+  require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
+          "--momentum must be in [0, 1), got " + std::to_string(o.momentum));
+  require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
+          "--momentum and --nesterov apply to --optimizer sgd only");
+  require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+  require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),
+          "--betas and --eps apply to --optimizer adamw only");
+  std::tie(o.beta1, o.beta2) = parse_betas(raw.betas);
+  require(std::isfinite(o.eps) && o.eps > 0, "--eps must be a positive number, got " + std::to_string(o.eps));
+  require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0), "--weight-decay must be >= 0");
+  require(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0");
+  require(o.normalize == "samples" || o.normalize == "micro-batches",
+          "--normalize '" + o.normalize + "': expected samples or micro-batches");
+  if (o.lr_schedule == "step") {
+    require(o.lr_step_size > 0, "--lr-schedule step needs --lr-step-size N (optimizer steps between decays)");
+    require(std::isfinite(o.lr_gamma) && o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1]");
+  } else {
+    require(app.count("--lr-step-size") == 0 && app.count("--lr-gamma") == 0,
+            "--lr-step-size and --lr-gamma apply to --lr-schedule step only");
+  }
+  if (o.lr_schedule == "cosine") {
+    require(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr]");
+  } else {
+    require(app.count("--warmup-steps") == 0 && app.count("--min-lr") == 0,
+            "--warmup-steps and --min-lr apply to --lr-schedule cosine only");
+  }
+}
+
+// Accumulation, the memory budget, --effective-batch and --recompute auto.
+void check_batch(const CLI::App& app, Options& o) {
+  if (!o.accum_schedule.empty()) {
+    require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
+    try {
+      o.schedule = parse_accum_schedule(o.accum_schedule);
+    } catch (const InvalidArgument& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (!o.memory_budget.empty()) {
+    try {
+      o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget);
+    } catch (const InvalidArgument& e) {
+      throw UsageError{std::string("--memory-budget: ") + e.what()};
+    }
+    require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
+  }
+  require(!o.plan_only || o.effective_batch > 0,
+          "--plan-only needs --effective-batch (its divisors are the candidates)");
+  o.elastic = o.effective_batch > 0 && app.count("--batch-size") > 0;
+  if (o.elastic) {
+    require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
+            "--effective-batch with --batch-size sets the accumulation steps; do not give --accum-steps too");
+    require(!o.plan_only, "--plan-only runs the planner: give --effective-batch without --batch-size");
+  } else if (o.effective_batch > 0) {
+    require(o.memory_budget_bytes > 0 || o.plan_only,
+            "--effective-batch needs --batch-size (accumulation steps from it) or --memory-budget (the planner "
+            "picks the micro-batch)");
+    require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
+            "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
+  }
+  require(o.recompute != "auto" || (o.effective_batch > 0 && !o.elastic && o.memory_budget_bytes > 0 && !o.plan_only),
+          "--recompute auto lets the planner decide: give --effective-batch and --memory-budget (not --batch-size)");
+}
+
+// --override NAME,...: the settings a resumed run may change.
+void parse_overrides(Options& o, const RawText& raw) {
+  for (std::size_t pos = 0; !raw.overrides.empty() && pos <= raw.overrides.size();) {
+    std::size_t comma = raw.overrides.find(',', pos);
+    if (comma == std::string::npos) comma = raw.overrides.size();
+    std::string name = raw.overrides.substr(pos, comma - pos);
+    if (name.rfind("--", 0) == 0) name = name.substr(2);
+    require(overridable_settings().count(name) == 1,
+            "--override '" + name + "': not a setting a resumed run may change (those are: " +
+                overridable_settings_text() + ")");
+    o.overrides.insert(name);
+    pos = comma + 1;
+  }
+  require(o.overrides.empty() || !o.resume_path.empty(), "--override applies to --resume only");
+}
+
+// --data, --init and --resume, and the modes they combine with.
+void check_input_files(const Options& o) {
+  if (!o.data_dir.empty()) {
+    std::error_code ec;
+    require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
+  }
+  check_readable_file("--init", o.init_path);
+  check_readable_file("--resume", o.resume_path);
+  require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
+  require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
+
+}
+
+// The device, the precision and the kernels, and whether they go together.
+void resolve_device(Options& o) {
+  if (o.device == "auto") {
+    o.resolved_device = cumulus::cuda_available() ? cumulus::Device::cuda(0) : cumulus::Device::cpu();
+  } else {
+    try {
+      o.resolved_device = cumulus::Device::parse(o.device);
+      cumulus::check_device_available(o.resolved_device);
+    } catch (const cumulus::Error& e) {
+      throw UsageError{"--device: " + std::string(e.what())};
+    }
+  }
+  o.resolved_precision = cumulus::parse_precision(o.precision);  // CLI11 checked the value
+  require(!cumulus::needs_loss_scaling(o.resolved_precision) || o.normalize == "samples",
+          "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
+          "normalization of each step");
+  const std::string unsupported = cumulus::precision_unsupported_reason(o.resolved_precision, o.resolved_device);
+  require(unsupported.empty(), "--precision " + o.precision + ": " + unsupported);
+  if (o.kernels == "fused") {
+    require(o.model == "mlp", "--kernels fused runs the MLP only (the model is " + o.model + ")");
+    require(o.resolved_precision == cumulus::Precision::fp32,
+            "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
+    require(o.recompute == "off", "--kernels fused keeps every activation: give --recompute off");
+  }
+  require(o.graphs != "on" || o.resolved_device.is_cuda(),
+          "--graphs on needs a CUDA device (the device is " + o.resolved_device.str() + ")");
+  o.use_graphs = o.resolved_device.is_cuda() && o.graphs != "off";
+}
+
+}  // namespace
+
+ParseResult parse_options(int argc, char** argv, Options& o) {
+  CLI::App app{
+      "fashion_mnist: the seed experiment of cumulus. Trains the 784-512-512-10 MLP (or a small CNN) on "
+      "Fashion-MNIST with gradient accumulation (micro-batch x accumulation steps = effective batch), prints the "
+      "test accuracy and loss after each epoch in the seed's format, and reports where the memory went. The last "
+      "value of a repeated flag wins.\n"
+      "Exit codes: 0 done, 1 runtime failure (e.g. out of memory, a damaged file), 2 usage error, 130 interrupted "
+      "(Ctrl-C: the current optimizer step finishes and --checkpoint is written), 143 terminated (SIGTERM, same), "
+      "141 standard output closed (e.g. piped into head; same).",
+      "fashion_mnist"};
+  app.get_formatter()->column_width(kDescriptionColumn);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  RawText raw;
+  add_run_flags(app, o, raw);
+  add_batch_flags(app, o);
+  add_optimizer_flags(app, o, raw);
+  add_file_flags(app, o, raw);
 
   try {
     app.parse(argc, argv);
@@ -368,127 +521,18 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     std::fprintf(stderr, "fashion_mnist: %s (see --help)\n", e.what());
     return {false, 2};
   }
-  if (show_version) {
+  if (raw.show_version) {
     std::printf("%s", version_text().c_str());
     return {false, 0};
   }
 
   try {
-    o.seed = std::strtoull(seed_text.c_str(), nullptr, 10);  // checked by unsigned_64()
-    // Paths: an empty value would silently write or read nothing.
-    for (const char* flag : {"--data", "--init", "--save", "--checkpoint", "--resume", "--memory-report", "--trace",
-                             "--memory-plot", "--metrics"}) {
-      const CLI::Option* opt = app.get_option(flag);
-      require(opt->count() == 0 || !opt->results().back().empty(), std::string(flag) + " needs a path, got ''");
-    }
-    require(o.model == "mlp" || o.model == "cnn", "--model '" + o.model + "': unknown model (expected mlp or cnn)");
-    require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got " + std::to_string(o.lr));
-    require(o.optimizer == "sgd" || o.optimizer == "adamw", "--optimizer '" + o.optimizer + "': expected sgd or adamw");
-    require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
-            "--momentum must be in [0, 1), got " + std::to_string(o.momentum));
-    require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
-            "--momentum and --nesterov apply to --optimizer sgd only");
-    require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
-    require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),
-            "--betas and --eps apply to --optimizer adamw only");
-    std::tie(o.beta1, o.beta2) = parse_betas(betas_text);
-    require(std::isfinite(o.eps) && o.eps > 0, "--eps must be a positive number, got " + std::to_string(o.eps));
-    require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0), "--weight-decay must be >= 0");
-    require(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0");
-    require(o.normalize == "samples" || o.normalize == "micro-batches",
-            "--normalize '" + o.normalize + "': expected samples or micro-batches");
-    if (o.lr_schedule == "step") {
-      require(o.lr_step_size > 0, "--lr-schedule step needs --lr-step-size N (optimizer steps between decays)");
-      require(std::isfinite(o.lr_gamma) && o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1]");
-    } else {
-      require(app.count("--lr-step-size") == 0 && app.count("--lr-gamma") == 0,
-              "--lr-step-size and --lr-gamma apply to --lr-schedule step only");
-    }
-    if (o.lr_schedule == "cosine") {
-      require(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr must be in [0, --lr]");
-    } else {
-      require(app.count("--warmup-steps") == 0 && app.count("--min-lr") == 0,
-              "--warmup-steps and --min-lr apply to --lr-schedule cosine only");
-    }
-    if (!o.accum_schedule.empty()) {
-      require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
-      try {
-        o.schedule = parse_accum_schedule(o.accum_schedule);
-      } catch (const InvalidArgument& e) {
-        throw UsageError{e.what()};
-      }
-    }
-    if (!o.memory_budget.empty()) {
-      try {
-        o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget);
-      } catch (const InvalidArgument& e) {
-        throw UsageError{std::string("--memory-budget: ") + e.what()};
-      }
-      require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
-    }
-    require(!o.plan_only || o.effective_batch > 0,
-            "--plan-only needs --effective-batch (its divisors are the candidates)");
-    o.elastic = o.effective_batch > 0 && app.count("--batch-size") > 0;
-    if (o.elastic) {
-      require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
-              "--effective-batch with --batch-size sets the accumulation steps; do not give --accum-steps too");
-      require(!o.plan_only, "--plan-only runs the planner: give --effective-batch without --batch-size");
-    } else if (o.effective_batch > 0) {
-      require(o.memory_budget_bytes > 0 || o.plan_only,
-              "--effective-batch needs --batch-size (accumulation steps from it) or --memory-budget (the planner "
-              "picks the micro-batch)");
-      require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
-              "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
-    }
-    require(o.recompute != "auto" || (o.effective_batch > 0 && !o.elastic && o.memory_budget_bytes > 0 && !o.plan_only),
-            "--recompute auto lets the planner decide: give --effective-batch and --memory-budget (not --batch-size)");
-    for (std::size_t pos = 0; !overrides_text.empty() && pos <= overrides_text.size();) {
-      std::size_t comma = overrides_text.find(',', pos);
-      if (comma == std::string::npos) comma = overrides_text.size();
-      std::string name = overrides_text.substr(pos, comma - pos);
-      if (name.rfind("--", 0) == 0) name = name.substr(2);
-      require(overridable_settings().count(name) == 1,
-              "--override '" + name +
-                  "': not a setting a resumed run may change (those are: lr, lr-schedule, "
-                  "lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, nesterov)");
-      o.overrides.insert(name);
-      pos = comma + 1;
-    }
-    require(o.overrides.empty() || !o.resume_path.empty(), "--override applies to --resume only");
-    if (!o.data_dir.empty()) {
-      std::error_code ec;
-      require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
-    }
-    check_readable_file("--init", o.init_path);
-    check_readable_file("--resume", o.resume_path);
-    require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
-    require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
-
-    if (o.device == "auto") {
-      o.resolved_device = cumulus::cuda_available() ? cumulus::Device::cuda(0) : cumulus::Device::cpu();
-    } else {
-      try {
-        o.resolved_device = cumulus::Device::parse(o.device);
-        cumulus::check_device_available(o.resolved_device);
-      } catch (const cumulus::Error& e) {
-        throw UsageError{"--device: " + std::string(e.what())};
-      }
-    }
-    o.resolved_precision = cumulus::parse_precision(o.precision);  // CLI11 checked the value
-    require(!cumulus::needs_loss_scaling(o.resolved_precision) || o.normalize == "samples",
-            "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
-            "normalization of each step");
-    const std::string unsupported = cumulus::precision_unsupported_reason(o.resolved_precision, o.resolved_device);
-    require(unsupported.empty(), "--precision " + o.precision + ": " + unsupported);
-    if (o.kernels == "fused") {
-      require(o.model == "mlp", "--kernels fused runs the MLP only (the model is " + o.model + ")");
-      require(o.resolved_precision == cumulus::Precision::fp32,
-              "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
-      require(o.recompute == "off", "--kernels fused keeps every activation: give --recompute off");
-    }
-    require(o.graphs != "on" || o.resolved_device.is_cuda(),
-            "--graphs on needs a CUDA device (the device is " + o.resolved_device.str() + ")");
-    o.use_graphs = o.resolved_device.is_cuda() && o.graphs != "off";
+    check_texts(app, o, raw);
+    check_optimizer(app, o, raw);
+    check_batch(app, o);
+    parse_overrides(o, raw);
+    check_input_files(o);
+    resolve_device(o);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.message.c_str());
     return {false, 2};

@@ -82,10 +82,6 @@ ParseResult parse_options(int argc, char** argv, Options& options);
 // "0:8,4:2" -> {{0, 8}, {4, 2}}; throws cumulus::InvalidArgument naming the text.
 std::map<int, int> parse_accum_schedule(const std::string& text);
 
-// The settings a checkpoint records that --override may change on resume (flag names without
-// the leading dashes); every other recorded setting must match.
-const std::set<std::string>& overridable_settings();
-
 // What --version prints: version, commit, build type, and the backends compiled in.
 std::string version_text();
 

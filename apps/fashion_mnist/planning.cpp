@@ -1,0 +1,85 @@
+#include "planning.h"
+
+#include "cumulus/memory/category.h"
+#include "cumulus/memory/planner.h"
+#include "run_control.h"
+#include "training_setup.h"
+
+using namespace cumulus;
+
+namespace fmnist {
+namespace {
+
+// The planner's recompute decision and its table, shown as soon as the library has them (before
+// its verifying probes run). The fallback's table (a line through two probes) only with --plan-only.
+void print_plan_table(const Options& o, const Plan& plan) {
+  const int64_t budget = o.memory_budget_bytes;
+  const bool line = plan.method == PlanMethod::probe_line;
+  if (line && (!o.quiet || o.plan_only))
+    say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
+        plan.prediction.c_str());
+  if (plan.recompute_weighed && !o.quiet) {
+    if (plan.recompute)
+      say("planner: recompute on: micro-batch %lld fits with it, %lld without\n",
+          static_cast<long long>(plan.largest_with_recompute), static_cast<long long>(plan.largest_without_recompute));
+    else
+      say("planner: recompute off: %s\n", plan.largest_without_recompute == o.effective_batch
+                                              ? "the whole effective batch fits without it"
+                                              : "it would not let a larger micro-batch fit");
+  }
+  if (line ? !o.plan_only : o.quiet && !o.plan_only) return;
+  if (!line)
+    say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
+        plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
+        budget > 0 ? format_bytes(budget).c_str() : "none");
+  say("  %11s %10s %15s %5s %6s\n", "micro-batch", "peak MiB", "reserved bytes", "fits", "accum");
+  for (const PlanRow& r : plan.table) {
+    const std::string reserved = line ? "-" : std::to_string(r.reserved_bytes);
+    say("  %11lld %10.2f %15s %5s %6lld\n", static_cast<long long>(r.micro_batch),
+        static_cast<double>(r.peak_bytes) / (1 << 20), reserved.c_str(),
+        budget <= 0 ? "-"
+        : r.fits    ? "yes"
+                    : "no",
+        static_cast<long long>(r.accum_steps));
+  }
+}
+
+}  // namespace
+
+bool plan_batch(Options& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                const data::ImageDataset& train) {
+  // The run's optimizer is made after planning; one with its settings tells the planner what state
+  // its first step allocates.
+  const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+  PlanRequest request;
+  request.device = o.resolved_device;
+  request.effective_batch = o.effective_batch;
+  request.budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
+  request.micro_batch = [&](int64_t b) {
+    throw_if_interrupted();
+    data::DataLoader loader(train, b, false, 0, o.resolved_device);  // host-resident data: staging included
+    loader.set_dtype(compute_dtype(o.resolved_precision));
+    const data::Batch batch = loader.batch(0);
+    Tensor loss = training_loss(model, batch);
+    loss.backward();
+    loss = Tensor();
+    flat->mark_gradients_stale();
+  };
+  request.optimizer = optimizer.get();
+  request.sample_limit = train.size();
+  if (o.recompute == "auto") request.set_recompute = [&](bool on) { model.set_recompute(on); };
+  request.model = &model;
+  request.verify = !o.plan_only;
+  request.budget_name = "--memory-budget " + o.memory_budget;
+  request.on_table = [&](const Plan& plan) { print_plan_table(o, plan); };
+  const Plan plan = cumulus::plan_batch(request);
+  if (o.recompute == "auto") o.recompute = plan.recompute ? "on" : "off";
+  if (o.plan_only) return false;
+  if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
+  o.batch_size = plan.micro_batch;
+  o.accum_steps = static_cast<int>(plan.accum_steps);
+  if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
+  return true;
+}
+
+}  // namespace fmnist

@@ -1,0 +1,39 @@
+// What the run prints and writes about itself: the banner, the memory tracker's settings, the
+// reports (--memory-report, --trace, --memory-plot) and the closing summary.
+#pragma once
+
+#include <string>
+
+#include "checkpoint.h"
+#include "cumulus/data/dataset.h"
+#include "cumulus/dist/communicator.h"
+#include "cumulus/memory/tracker.h"
+#include "cumulus/nn/model.h"
+#include "options.h"
+
+namespace fmnist {
+
+// What the banner describes besides the options and the model.
+struct RunDescription {
+  std::string data_dir;
+  int64_t train_samples = 0, test_samples = 0;
+  bool host_resident_data = false;
+  float loss_scale = 1.0f;
+  std::string backend;  // the communicator's
+};
+
+// The banner (unless --quiet), then on stderr the settings --override changed and a note when a
+// resumed checkpoint has nothing left to train.
+void announce_run(const Options& o, const cumulus::nn::Model& model, const RunDescription& d,
+                  const TrainingState& state);
+
+// The memory tracker's model, micro-batch and the settings its report records.
+cumulus::MemoryTracker::Options tracker_options(const Options& o, const cumulus::nn::Model& model);
+
+void write_reports(const Options& o, cumulus::MemoryTracker& tracker);
+
+// After the last epoch: the memory table, the reports and, with several ranks, the all-reduces'
+// totals.
+void finish_reports(const Options& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
+
+}  // namespace fmnist

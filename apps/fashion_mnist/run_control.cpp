@@ -1,0 +1,43 @@
+#include "run_control.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace fmnist {
+
+volatile std::sig_atomic_t g_signal = 0;
+bool g_root = true;
+bool g_agreed_exit = false;
+
+namespace {
+
+void on_signal(int sig) {
+  g_signal = sig;
+  std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+int exit_code_for(int sig) { return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 141; }
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stdout closed"; }
+
+void throw_if_interrupted() {
+  if (g_signal != 0) throw Interrupted{};
+}
+
+void say(const char* format, ...) {
+  if (!g_root) return;
+  std::va_list args;
+  va_start(args, format);
+  std::vfprintf(stdout, format, args);
+  va_end(args);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) g_signal = SIGPIPE;
+}
+
+}  // namespace fmnist

@@ -1,0 +1,57 @@
+// Note [Settings table]: the one table of the run's settings that something outside the run
+// records or compares: its name (the flag without dashes), the checkpoint's metadata key, whether
+// --override may change it on resume, where it is used, and how its value prints (equal floats
+// give equal text). It feeds the checkpoint (Note [Resume contract] in checkpoint.h), --override,
+// the data-parallel agreement check and the memory report's "settings", each taking the rows
+// marked for it, in the table's order.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "options.h"
+
+namespace fmnist {
+
+enum SettingUse : unsigned {
+  kCheckpoint = 1u << 0,    // recorded in a checkpoint: a resume must match it (or --override it)
+  kRanksAgree = 1u << 1,    // every rank of a data-parallel job must be started with the same
+  kMemoryReport = 1u << 2,  // in the memory report's settings
+};
+
+// What a printer may read besides the options: facts known only once the model is made.
+struct SettingContext {
+  const Options& o;
+  std::string kernels;  // the memory report's "kernels": fused or generic
+};
+
+struct SettingRow {
+  const char* name;  // the flag without its dashes: what --override, the ranks' check and the report say
+  const char* key;   // the checkpoint's metadata key, after "setting."
+  bool overridable;  // --override may change it on resume (a hyperparameter of the update rule)
+  unsigned uses;     // SettingUse bits
+  // What a checkpoint written before the setting was recorded ran with (nullptr: always recorded).
+  const char* before_recorded;
+  // The value as text; nothing where the setting does not apply to this run (lr-gamma without
+  // the step schedule, world-size with one rank).
+  std::optional<std::string> (*print)(const SettingContext&);
+};
+
+struct SettingValue {
+  const SettingRow* row;
+  std::string value;
+};
+
+// The rows for `use` that apply to this run, with their values, in the table's order.
+std::vector<SettingValue> settings_for(SettingUse use, const SettingContext& context);
+// The same as (name, value).
+std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context);
+
+// The names --override accepts, and them as the help and the error list them.
+const std::set<std::string>& overridable_settings();
+const std::string& overridable_settings_text();
+
+}  // namespace fmnist

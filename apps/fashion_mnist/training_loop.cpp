@@ -1,0 +1,316 @@
+#include "training_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "cumulus/core/error.h"
+#include "cumulus/memory/allocator.h"
+#include "evaluation.h"
+#include "metrics_file.h"
+#include "progress.h"
+#include "reports.h"
+#include "run_control.h"
+#include "training_setup.h"
+
+using namespace cumulus;
+
+namespace fmnist {
+namespace {
+
+// One epoch's counts as the loop goes, and its training results at its end.
+struct Epoch {
+  int index = 0;
+  int64_t first = 0;  // the micro-batch this run starts it at (a resume)
+  int64_t samples = 0, samples_this_run = 0;
+  int64_t skipped_before = 0, buckets_in_backward_before = 0;
+  dist::Communicator::Stats comm_before;
+  std::chrono::steady_clock::time_point t0;
+  int64_t peak = 0;
+  double train_loss = 0.0, seconds = 0.0;
+  bool scaling = false;
+  float loss_scale = 1.0f;
+};
+
+class TrainingLoop {
+ public:
+  explicit TrainingLoop(const TrainingParts& p)
+      : p_(p),
+        o_(p.o),
+        acc_(p.trainer.accumulator()),
+        progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
+        boundary_(p.state),
+        metrics_(p.o.metrics_path, !p.o.resume_path.empty(), p.state.epoch) {
+    p.trainer.set_tracker(&p.tracker);
+  }
+
+  std::optional<int> run();
+
+ private:
+  Epoch begin_epoch(int epoch);
+  std::optional<int> train_micro_batches(Epoch& e);
+  void end_training_of(Epoch& e);
+  std::optional<int> test_and_record(const Epoch& e);
+  nlohmann::ordered_json metrics_line(const Epoch& e, const EvalResult& r) const;
+  void checkpoint_now(const char* why);
+  int stop(const std::string& message, int code, const char* why);
+  bool stop_agreed();
+  int stop_together(const std::string& message, int code, const char* why);
+
+  const TrainingParts& p_;
+  const Options& o_;
+  const optim::Accumulator& acc_;  // the counters
+  Progress progress_;
+  // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
+  // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run_`
+  // is what a resumed epoch had before this run.
+  double loss_before_run_ = 0.0;
+  // The position of the last group boundary: what a checkpoint written now restores. Its step
+  // counters live on the device and are read when a checkpoint is written. After an epoch's last
+  // group and before its test pass, the boundary is the epoch's end (next_micro_batch equal to
+  // the epoch's micro-batches): a run interrupted in the test pass resumes with that test pass.
+  TrainingState boundary_;
+  MetricsFile metrics_;
+};
+
+void TrainingLoop::checkpoint_now(const char* why) {
+  if (o_.checkpoint_path.empty()) return;
+  const optim::Accumulator::Counters now = acc_.counters();
+  boundary_.counters.optimizer_steps = now.optimizer_steps;
+  boundary_.counters.skipped_steps = now.skipped_steps;
+  boundary_.counters.loss_scale = now.loss_scale;
+  boundary_.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
+  boundary_.optimizer_updates = p_.optimizer.updates();
+  boundary_.epoch_loss_sum = boundary_.next_micro_batch == 0 ? 0.0 : loss_before_run_ + acc_.epoch_loss_sum();
+  try {
+    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, boundary_, o_);
+  } catch (const Error& e) {
+    throw Error("--checkpoint: " + std::string(e.what()));
+  }
+  if (!o_.quiet) say("checkpoint (%s) written to %s\n", why, o_.checkpoint_path.c_str());
+}
+
+// Ends the run after an interrupt, an out-of-memory or a failed write: the checkpoint of the last
+// group boundary and the reports are still written (each failure reported, none hiding another).
+int TrainingLoop::stop(const std::string& message, int code, const char* why) {
+  progress_.end_epoch();
+  if (!message.empty()) std::fprintf(stderr, "fashion_mnist: %s\n", message.c_str());
+  allocator_for(o_.resolved_device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
+  int status = code;
+  for (auto& write : {std::function<void()>([&] { checkpoint_now(why); }),
+                      std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
+    try {
+      write();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+      status = status == 0 ? 1 : status;
+    }
+  }
+  return status;
+}
+
+// Data parallel: whether any rank was signalled (a collective: every rank asks at the same
+// boundary). A rank stopped by another's signal reports it as SIGTERM.
+bool TrainingLoop::stop_agreed() {
+  if (!p_.comm.any(g_signal != 0)) return false;
+  if (g_signal == 0) g_signal = SIGTERM;
+  return true;
+}
+
+// A stop every rank makes at the same boundary: after rank 0 has written the checkpoint and the
+// reports, the ranks meet and end together (no rank is aborted mid-write).
+int TrainingLoop::stop_together(const std::string& message, int code, const char* why) {
+  const int status = stop(g_root ? message : std::string(), code, why);
+  if (o_.world_size > 1) {
+    p_.comm.barrier();
+    g_agreed_exit = true;
+  }
+  return status;
+}
+
+Epoch TrainingLoop::begin_epoch(int epoch) {
+  const TrainingState& state = p_.state;
+  const bool resuming_epoch = epoch == state.epoch;
+  Epoch e;
+  e.index = epoch;
+  e.first = resuming_epoch ? state.next_micro_batch : 0;
+  loss_before_run_ = resuming_epoch ? state.epoch_loss_sum : 0.0;
+  e.samples = resuming_epoch ? state.epoch_samples : 0;
+  const int64_t micro_batches = p_.train_loader.num_batches();
+  p_.train_loader.set_epoch(epoch);
+  p_.train_loader.seek(e.first);
+  p_.trainer.begin_epoch(epoch, micro_batches, e.first);
+  progress_.begin_epoch(epoch, micro_batches, e.first);
+  boundary_.epoch = epoch;
+  boundary_.next_micro_batch = e.first;
+  boundary_.counters = acc_.counters();
+  boundary_.epoch_samples = e.samples;
+  e.skipped_before = acc_.skipped_steps();
+  e.comm_before = p_.comm.stats();
+  e.buckets_in_backward_before = acc_.buckets_started_in_backward();
+  e.t0 = std::chrono::steady_clock::now();
+  return e;
+}
+
+std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
+  data::DataLoader& train_loader = p_.train_loader;
+  const int64_t micro_batches = train_loader.num_batches(), train_size = train_loader.dataset().size();
+  for (int64_t i = e.first; i < micro_batches; ++i) {
+    // A stop is honoured at the last group boundary (what the checkpoint holds); with several
+    // ranks, at a boundary all of them agree on, so they stop together.
+    if (o_.world_size == 1 ? g_signal != 0 : acc_.micro_batches_in_group() == 0 && stop_agreed())
+      return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
+                               std::to_string(e.index + 1) + ", micro-batch " + std::to_string(i),
+                           exit_code_for(g_signal), "interrupted");
+    const int64_t b = std::min<int64_t>(o_.batch_size, train_size - i * o_.batch_size);
+    if (dist::owner_of_micro_batch(i, o_.world_size) == o_.rank) {
+      if (train_loader.position() != i) train_loader.seek(i);  // another rank's micro-batches in between
+      // Host-resident data: batch i onto the device, this rank's next one behind it (outside
+      // the closure: a replayed graph runs no host code).
+      train_loader.stage(i, i + o_.world_size);
+      p_.trainer.micro_batch(b, [&] { return training_loss(p_.model, train_loader.next(i)); });
+      e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
+    } else {
+      p_.trainer.skip_micro_batch();
+    }
+    e.samples += b;  // every rank's: the epoch's samples, as one process counts them
+    e.samples_this_run += b;
+    if (p_.trainer.step_if_ready()) {
+      e.peak = std::max(e.peak, allocator_for(o_.resolved_device).stats().allocated_peak);
+      boundary_.next_micro_batch = i + 1;
+      boundary_.counters.epoch = e.index;
+      boundary_.counters.micro_batch_index = acc_.micro_batch_index();
+      boundary_.counters.micro_batches_total = acc_.micro_batches_total();
+      boundary_.epoch_samples = e.samples;
+    }
+    if (progress_.due(i + 1))
+      progress_.update(i + 1,
+                       (loss_before_run_ + acc_.epoch_loss_sum()) /
+                           static_cast<double>(std::max<int64_t>(boundary_.epoch_samples, 1)),
+                       e.samples_this_run);
+  }
+  return std::nullopt;
+}
+
+// The epoch's training loss and time, and a word on skipped steps.
+void TrainingLoop::end_training_of(Epoch& e) {
+  progress_.end_epoch();
+  // Reading the loss waits for the device, so the epoch's time below includes its queued work
+  // (with graphs the host runs far ahead of the GPU).
+  e.train_loss = (loss_before_run_ + acc_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(e.samples, 1));
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e.t0).count();
+  const int64_t skipped = acc_.skipped_steps() - e.skipped_before;
+  e.scaling = needs_loss_scaling(o_.resolved_precision);
+  e.loss_scale = e.scaling ? acc_.loss_scale() : 1.0f;
+  // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault; at
+  // its floor (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
+  const float min_scale = p_.trainer_options.loss_scaling.min_scale;
+  const bool at_floor = e.scaling && e.loss_scale <= min_scale;
+  if (g_root && e.scaling && skipped > 0 && std::isfinite(e.train_loss) && !at_floor && !o_.quiet)
+    say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
+        static_cast<long long>(skipped), loss_scale_text(e.loss_scale).c_str());
+  else if (g_root && (skipped > 0 || !std::isfinite(e.train_loss))) {
+    const std::string floor_note = at_floor && skipped > 0
+                                       ? "; fp16's loss scale holds at its floor of " + loss_scale_text(min_scale) +
+                                             ", so these gradients overflow unscaled"
+                                       : "";
+    std::fprintf(stderr,
+                 "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
+                 "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
+                 "--clip-grad-norm%s)%s\n",
+                 e.index + 1, static_cast<long long>(skipped), e.train_loss, e.scaling ? " or --precision bf16" : "",
+                 floor_note.c_str());
+  }
+}
+
+nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResult& r) const {
+  nlohmann::ordered_json line = {{"epoch", e.index + 1},
+                                 {"train_loss", e.train_loss},
+                                 {"test_loss", r.avg_loss},
+                                 {"test_accuracy", r.accuracy},
+                                 {"samples_per_s", static_cast<double>(e.samples_this_run) / e.seconds},
+                                 {"epoch_seconds", e.seconds},
+                                 {"optimizer_steps", acc_.optimizer_steps()},
+                                 {"skipped_steps", acc_.skipped_steps()},
+                                 {"peak_bytes", e.peak},
+                                 {"micro_batch_size", o_.batch_size},
+                                 {"model", o_.model},
+                                 {"accum_steps", acc_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
+                                 {"lr", acc_.last_lr()},
+                                 {"precision", o_.precision},
+                                 {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
+  if (e.scaling) line["loss_scale"] = e.loss_scale;
+  if (o_.world_size > 1) {
+    const dist::Communicator::Stats now = p_.comm.stats();
+    line["world_size"] = o_.world_size;
+    line["gradient_reductions"] = now.gradient_reductions - e.comm_before.gradient_reductions;
+    line["communication_seconds"] = now.communication_seconds - e.comm_before.communication_seconds;
+    line["gradient_buckets"] = acc_.gradient_buckets();
+    line["buckets_started_in_backward"] = acc_.buckets_started_in_backward() - e.buckets_in_backward_before;
+  }
+  if (p_.model.uses_batch_statistics())
+    line["batch_norm_statistics_samples"] = o_.batch_size;  // per micro-batch, not per group
+  if (!p_.state.overridden.empty()) line["overrides"] = p_.state.overridden;
+  return line;
+}
+
+// The test pass, the epoch's results and --metrics line, and the epoch's checkpoint.
+std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
+  EvalResult r;
+  try {
+    if (g_root) r = evaluate(p_.model, p_.test_loader);  // the other ranks hold the same weights
+  } catch (const Interrupted&) {
+    return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +
+                    std::to_string(e.index + 1) + "; a resumed run starts with that test pass",
+                exit_code_for(g_signal), "interrupted");
+  }
+  say("Epoch %d\n-------------------\n", e.index + 1);
+  print_test_results(r);
+  metrics_.append(metrics_line(e, r));
+  boundary_.epoch = e.index + 1;
+  boundary_.next_micro_batch = 0;
+  boundary_.counters = acc_.counters();
+  boundary_.counters.epoch = e.index + 1;
+  boundary_.counters.micro_batch_index = 0;
+  boundary_.epoch_samples = 0;
+  checkpoint_now("epoch end");
+  // After the epoch's checkpoint: nothing is lost, the next run starts the next epoch.
+  if (o_.world_size == 1 ? g_signal != 0 : stop_agreed())
+    return stop_together(
+        "interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " + std::to_string(e.index + 1),
+        exit_code_for(g_signal), "interrupted");
+  return std::nullopt;
+}
+
+std::optional<int> TrainingLoop::run() {
+  try {
+    for (int epoch = p_.state.epoch; epoch < o_.epochs; ++epoch) {
+      Epoch e = begin_epoch(epoch);
+      if (const std::optional<int> stopped = train_micro_batches(e)) return stopped;
+      end_training_of(e);
+      if (const std::optional<int> stopped = test_and_record(e)) return stopped;
+    }
+  } catch (const OutOfMemory& e) {
+    const int status = stop(
+        std::string(e.what()) +
+            "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
+        1, "out of memory; resumes at the last completed step");
+    if (!o_.quiet) {
+      print_memory_table(p_.tracker, stdout);  // with the failing request and the largest live ops
+      say("");
+    }
+    return status;
+  } catch (const Error& e) {
+    return stop(e.what(), 1, "after an error; resumes at the last completed step");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> train(const TrainingParts& parts) { return TrainingLoop(parts).run(); }
+
+}  // namespace fmnist

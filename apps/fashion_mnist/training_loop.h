@@ -1,0 +1,42 @@
+// The training loop: epochs of micro-batches through optim::Trainer, a test pass and a --metrics
+// line after each, the checkpoint at each epoch end, and the stops (a signal, out of memory, a
+// failed write) at the last group boundary with the checkpoint and the reports still written.
+//
+// Per micro-batch: gather the batch on the device, forward, summed cross-entropy,
+// Accumulator::backward (gradients add into the persistent buffers), and at each group boundary one
+// fused optimizer step. The memory tracker wraps each phase.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "checkpoint.h"
+#include "cumulus/data/dataset.h"
+#include "cumulus/dist/communicator.h"
+#include "cumulus/memory/tracker.h"
+#include "cumulus/nn/model.h"
+#include "cumulus/optim/trainer.h"
+#include "options.h"
+
+namespace fmnist {
+
+// What the loop trains with; all made before it starts.
+struct TrainingParts {
+  const Options& o;
+  cumulus::nn::Model& model;
+  cumulus::optim::Optimizer& optimizer;
+  cumulus::optim::Trainer& trainer;
+  const cumulus::optim::TrainerOptions& trainer_options;
+  cumulus::data::DataLoader& train_loader;
+  const cumulus::data::DataLoader& test_loader;
+  cumulus::dist::Communicator& comm;
+  cumulus::MemoryTracker& tracker;
+  const TrainingState& state;  // where the run starts (a resumed checkpoint's, else epoch 0)
+};
+
+// Trains from parts.state to --epochs. Returns the exit code of a run that stopped early (an
+// interrupt, out of memory, an error: the checkpoint of the last group boundary and the reports
+// are written first), or nothing when every epoch finished.
+std::optional<int> train(const TrainingParts& parts);
+
+}  // namespace fmnist
