@@ -10,6 +10,7 @@
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/device.h"
 #include "cumulus/memory/allocator.h"
+#include "kernels/cuda/kernels.h"
 
 namespace cumulus {
 
@@ -81,6 +82,7 @@ Context::Context(int index) : index_(index) {
   auto* block = new Allocation(alloc.allocate(sizeof(unsigned), MemoryCategory::workspace));
   arrival_counter_ = static_cast<unsigned*>(block->get());
   CUMULUS_CUDA_CHECK(cudaMemsetAsync(arrival_counter_, 0, sizeof(unsigned), stream_));
+  gemm_lt_plans_ = new kernels::GemmLtPlans();  // never destroyed, as the context
 }
 
 Context& context(int index) {

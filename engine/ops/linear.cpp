@@ -99,8 +99,9 @@ using detail::convert_into;
 // A backward GEMM of a 16-bit Linear (Note [Mixed precision]): cuBLASLt, else cublasGemmEx.
 void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc, kernels::GemmTypes types) {
-  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, trans_a, trans_b, m, n,
-                            k, 1.0f, a, lda, b, ldb, beta, c, ldc, types, kernels::GemmEpilogueArgs{}, ctx.stream()))
+  if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes,
+                            trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types,
+                            kernels::GemmEpilogueArgs{}, ctx.stream()))
     return;
   kernels::gemm_ex_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types);
 }
@@ -113,8 +114,8 @@ void forward_gemm_cuda(cuda::Context& ctx, const void* xp, const void* wp, const
   kernels::GemmEpilogueArgs epilogue;
   epilogue.kind = bp != nullptr ? kernels::GemmEpilogue::bias : kernels::GemmEpilogue::none;
   epilogue.bias = bp;
-  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch, out,
-                            in, 1.0f, xp, in, wp, in, 0.0f, cp, out, types, epilogue, ctx.stream()))
+  if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false,
+                            true, batch, out, in, 1.0f, xp, in, wp, in, 0.0f, cp, out, types, epilogue, ctx.stream()))
     return;
   if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, static_cast<float*>(cp), ctx.stream());
   const float beta = bp != nullptr ? 1.0f : 0.0f;
@@ -171,8 +172,9 @@ bool weight_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* xp,
     kernels::GemmEpilogueArgs epilogue;
     epilogue.kind = kernels::GemmEpilogue::bias_grad;
     epilogue.bias_grad = dbp;
-    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, true, false, out, in,
-                              batch, 1.0f, dzp, out, xp, in, beta, dwp, in, epilogue, ctx.stream()))
+    if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes,
+                              true, false, out, in, batch, 1.0f, dzp, out, xp, in, beta, dwp, in, epilogue,
+                              ctx.stream()))
       return true;
   }
   kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dzp, out, xp, in, beta, dwp, in);
