@@ -47,8 +47,9 @@ DeviceGuard::~DeviceGuard() {
 // One Context per device holds everything CUDA of that device: the stream every op, copy and
 // graph replay of the device is queued on (one stream, so work is ordered without events and the
 // caching allocator may hand out a freed block at once), the cuBLAS handle bound to that stream
-// and the cuBLASLt handle with the workspace they share, and the capture flag. Ops reach it through
-// CUMULUS_DISPATCH, which binds it as `ctx`. The contexts are created once and never destroyed;
+// and the cuBLASLt handle with the workspace they share, the cuBLASLt plan cache, and the capture
+// flag. Ops reach it through CUMULUS_DISPATCH, which binds it to the name the op gives (`ctx`
+// throughout) for the launchers to take explicitly. The contexts are created once and never destroyed;
 // after creation, context() is one atomic load, so the dispatch path takes no lock.
 //
 // One workspace for both libraries: every cuBLAS and cuBLASLt call of the device is queued on the

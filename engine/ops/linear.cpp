@@ -146,13 +146,13 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
   // With a bias the GEMM writes f32 and the conversion rounds; without, it rounds into y itself.
   const Tensor z = bp != nullptr ? detail::f32_scratch(y.shape(), device) : y;
   const kernels::GemmTypes types{x.dtype(), z.dtype()};
-  CUMULUS_DISPATCH(device, (void)0,
+  CUMULUS_DISPATCH(device, ctx, (void)0,
                    forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, z.raw_data(), batch, in, out, types));
   if (bp != nullptr) convert_into(z, y);
   if (!relu) return;
   const int64_t n = y.numel();
   CUMULUS_DISPATCH_FLOAT(y.dtype(), T, T* yp = y.data<T>();
-                         CUMULUS_DISPATCH(device, (void)yp, kernels::relu_forward_cuda(yp, yp, n, ctx.stream())));
+                         CUMULUS_DISPATCH(device, ctx, (void)yp, kernels::relu_forward_cuda(yp, yp, n, ctx.stream())));
 #endif
 }
 
@@ -211,7 +211,7 @@ class LinearBackward final : public Node {
       const float* dyp = dy.data<float>();
       float* dzp = dz.data<float>();
       const int64_t n = dy.numel();
-      CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
+      CUMULUS_DISPATCH(device, ctx, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
                        kernels::relu_backward_cuda(yp, dyp, 0.0f, dzp, n, ctx.stream()));
     }
     const float* dzp = dz.data<float>();
@@ -220,7 +220,7 @@ class LinearBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{batch, in}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
-      CUMULUS_DISPATCH(device,
+      CUMULUS_DISPATCH(device, ctx,
           kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in),
           kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in));
     }
@@ -247,14 +247,14 @@ class LinearBackward final : public Node {
         }
       }
       (void)fused_db;
-      CUMULUS_DISPATCH(device,
+      CUMULUS_DISPATCH(device, ctx,
           kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in),
           db_written = weight_gradient_cuda(ctx, dzp, xp, dw.beta(), dwp, fused_db, batch, in, out));
       if (db_written && db_partial.defined()) grads[2].defer_add(std::move(db_partial));
     }
     if (want_db && !db_written) {
       float* dbp = db.tensor.data<float>();
-      CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
+      CUMULUS_DISPATCH(device, ctx, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
                        kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream()));
     }
   }
@@ -278,7 +278,7 @@ class LinearBackward final : public Node {
       if (!in_place) dz = Tensor::empty(dy.shape(), type, device);
       const int64_t n = dy.numel();
       CUMULUS_DISPATCH_FLOAT(type, T, const T* yp = y_.data<T>(); const T* dyp = dy.data<T>(); T* dzp = dz.data<T>();
-                             CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
+                             CUMULUS_DISPATCH(device, ctx, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
                                               kernels::relu_backward_cuda(yp, dyp, 0.0f, dzp, n, ctx.stream())));
     }
     const bool want_db = has_bias_ && grads[2].needed();
@@ -295,7 +295,7 @@ class LinearBackward final : public Node {
                           dxf.data<float>(), in);
         detail::store_stand_in(dxf, dx.tensor);
       } else {
-        CUMULUS_DISPATCH(device, (void)0,
+        CUMULUS_DISPATCH(device, ctx, (void)0,
                          gemm_16_cuda(ctx, false, false, batch, in, out, dz.raw_data(), out, w_.raw_data(), in,
                                       dx.beta(), dx.tensor.raw_data(), in, kernels::GemmTypes{type, type}));
       }
@@ -309,7 +309,7 @@ class LinearBackward final : public Node {
         kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzf.data<float>(), out, xf.data<float>(), in, dw.beta(),
                           dwp, in);
       } else {
-        CUMULUS_DISPATCH(device, (void)0,
+        CUMULUS_DISPATCH(device, ctx, (void)0,
                          gemm_16_cuda(ctx, true, false, out, in, batch, dz.raw_data(), out, x_.raw_data(), in,
                                       dw.beta(), dwp, in, kernels::GemmTypes{type, DType::f32}));
       }
@@ -321,7 +321,7 @@ class LinearBackward final : public Node {
         kernels::sum_rows_cpu(dzf.data<float>(), batch, out, db.beta(), dbp);
       } else {
         CUMULUS_DISPATCH_FLOAT(type, T, const T* dzp = dz.data<T>();
-                               CUMULUS_DISPATCH(device, (void)dzp,
+                               CUMULUS_DISPATCH(device, ctx, (void)dzp,
                                                 kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream())));
       }
     }
@@ -377,7 +377,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  CUMULUS_DISPATCH(device, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
+  CUMULUS_DISPATCH(device, ctx, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
                    linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu));
 
   if (record) {

@@ -1,8 +1,8 @@
 // The CUDA execution context of a device: the one stream all of that device's work is queued on,
 // the cuBLAS and cuBLASLt handles with the workspace they share, the cuBLASLt plan cache, and
 // whether a graph capture is under way.
-// Ops and launchers get it explicitly (CUMULUS_DISPATCH binds `ctx`); nothing else holds CUDA
-// state. See Note [Execution context] in engine/core/cuda_context.cpp and docs/ARCHITECTURE.md.
+// Ops and launchers get it explicitly (CUMULUS_DISPATCH binds it to the name an op gives);
+// nothing else holds CUDA state. See Note [Execution context] in engine/core/cuda_context.cpp and docs/ARCHITECTURE.md.
 // Only for CUDA builds.
 #pragma once
 
