@@ -53,11 +53,12 @@ TEST(CublasLtArguments, RefusesTheBiasEpilogueWithA16BitC) {
   GemmEpilogueArgs e;
   e.kind = GemmEpilogue::bias;
   e.bias = operand;
+  kernels::GemmLtPlans plans;
   for (DType cd : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(cd));
     const std::string what = invalid_argument([&] {
-      kernels::gemm_lt_cuda(nullptr, nullptr, 0, false, true, 2, 2, 2, 1.0f, static_cast<const void*>(operand), 2,
-                            static_cast<const void*>(operand), 2, 0.0f, static_cast<void*>(operand), 2,
+      kernels::gemm_lt_cuda(plans, nullptr, nullptr, 0, false, true, 2, 2, 2, 1.0f, static_cast<const void*>(operand),
+                            2, static_cast<const void*>(operand), 2, 0.0f, static_cast<void*>(operand), 2,
                             GemmTypes{cd, cd}, e, nullptr);
     });
     EXPECT_NE(what.find("bias epilogue needs an f32 c"), std::string::npos) << what;
@@ -73,8 +74,9 @@ TEST(CublasLtArguments, AnEmptyProductIsDeclinedWithoutCallingCublasLt) {
   e.bias = operand;
   const kernels::GemmLtOutcomes before = kernels::gemm_lt_outcomes(GemmEpilogue::bias);
   const CudaEpilogueCalls public_before = cuda_epilogue_calls(CudaEpilogue::bias);
-  EXPECT_FALSE(kernels::gemm_lt_cuda(nullptr, nullptr, 0, false, true, 0, 2, 2, 1.0f, operand, 2, operand, 2, 0.0f,
-                                     operand, 2, e, nullptr));
+  kernels::GemmLtPlans plans;
+  EXPECT_FALSE(kernels::gemm_lt_cuda(plans, nullptr, nullptr, 0, false, true, 0, 2, 2, 1.0f, operand, 2, operand, 2,
+                                     0.0f, operand, 2, e, nullptr));
   const kernels::GemmLtOutcomes after = kernels::gemm_lt_outcomes(GemmEpilogue::bias);
   EXPECT_EQ(after.declined, before.declined + 1);
   EXPECT_EQ(after.fused, before.fused);

@@ -119,7 +119,7 @@ void DeferredGradientAdds::flush() {
       launch.n[launch.count] = adds[i].target.numel();
     }
 #endif
-    CUMULUS_DISPATCH(device, add_on_cpu(), kernels::add_vectors_cuda(launch, ctx.stream()));
+    CUMULUS_DISPATCH(device, ctx, add_on_cpu(), kernels::add_vectors_cuda(launch, ctx.stream()));
     next = end;
   }
   adds.clear();

@@ -10,6 +10,7 @@
 #include "cumulus/core/cuda_check.h"
 #include "cumulus/core/device.h"
 #include "cumulus/memory/allocator.h"
+#include "kernels/cuda/kernels.h"
 
 namespace cumulus {
 
@@ -46,8 +47,9 @@ DeviceGuard::~DeviceGuard() {
 // One Context per device holds everything CUDA of that device: the stream every op, copy and
 // graph replay of the device is queued on (one stream, so work is ordered without events and the
 // caching allocator may hand out a freed block at once), the cuBLAS handle bound to that stream
-// and the cuBLASLt handle with the workspace they share, and the capture flag. Ops reach it through
-// CUMULUS_DISPATCH, which binds it as `ctx`. The contexts are created once and never destroyed;
+// and the cuBLASLt handle with the workspace they share, the cuBLASLt plan cache, and the capture
+// flag. Ops reach it through CUMULUS_DISPATCH, which binds it to the name the op gives (`ctx`
+// throughout) for the launchers to take explicitly. The contexts are created once and never destroyed;
 // after creation, context() is one atomic load, so the dispatch path takes no lock.
 //
 // One workspace for both libraries: every cuBLAS and cuBLASLt call of the device is queued on the
@@ -81,6 +83,7 @@ Context::Context(int index) : index_(index) {
   auto* block = new Allocation(alloc.allocate(sizeof(unsigned), MemoryCategory::workspace));
   arrival_counter_ = static_cast<unsigned*>(block->get());
   CUMULUS_CUDA_CHECK(cudaMemsetAsync(arrival_counter_, 0, sizeof(unsigned), stream_));
+  gemm_lt_plans_ = new kernels::GemmLtPlans();  // never destroyed, as the context
 }
 
 Context& context(int index) {

@@ -350,7 +350,7 @@ Batch DataLoader::next(int64_t i) {
   [[maybe_unused]] const int64_t count = b.x.size(0), row = b.x.size(1);
   [[maybe_unused]] int32_t* y = b.y.data<int32_t>();
   CUMULUS_DISPATCH_FLOAT(dtype_, T, [[maybe_unused]] T* x = b.x.data<T>();
-                         CUMULUS_DISPATCH(device_, (void)0,
+                         CUMULUS_DISPATCH(device_, ctx, (void)0,
                                           kernels::gather_batch_at_cursor_cuda(
                                               images, labels, order, static_cast<kernels::GatherCursor*>(cursor_.raw_data()),
                                               stride, ring, count, row, x, y, ctx.stream())));
@@ -400,19 +400,17 @@ Batch DataLoader::batch(int64_t i) const {
     }
     [[maybe_unused]] const uint8_t* si = staged_images.data<uint8_t>();
     [[maybe_unused]] const int32_t* sl = staged_labels.data<int32_t>();
-    CUMULUS_DISPATCH_FLOAT(dtype_, T, [[maybe_unused]] T* x = b.x.data<T>();
-                           CUMULUS_DISPATCH(device_, (void)0, kernels::gather_batch_cuda(si, sl, nullptr, 0, count, row,
-                                                                                         x, y, ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(
+        dtype_, T, [[maybe_unused]] T* x = b.x.data<T>(); CUMULUS_DISPATCH(
+            device_, ctx, (void)0, kernels::gather_batch_cuda(si, sl, nullptr, 0, count, row, x, y, ctx.stream())));
     return b;
   }
   const uint8_t* images = dataset_.images.data<uint8_t>();
   const int32_t* labels = dataset_.labels.data<int32_t>();
   const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
-  CUMULUS_DISPATCH_FLOAT(dtype_, T, T* x = b.x.data<T>();
-                         CUMULUS_DISPATCH(device_, kernels::gather_batch_cpu(images, labels, order, start, count, row,
-                                                                             x, y),
-                                          kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y,
-                                                                     ctx.stream())));
+  CUMULUS_DISPATCH_FLOAT(dtype_, T, T* x = b.x.data<T>(); CUMULUS_DISPATCH(
+                             device_, ctx, kernels::gather_batch_cpu(images, labels, order, start, count, row, x, y),
+                             kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y, ctx.stream())));
   return b;
 }
 

@@ -100,7 +100,7 @@ void FlatParameters::zero_stale_gradients() const {
     while (end < slots_.size() && slots_[end].param.grad_stale()) ++end;
     float* p = g + slots_[i].offset;
     const int64_t n = slots_[end - 1].offset + slots_[end - 1].numel - slots_[i].offset;
-    CUMULUS_DISPATCH(device(), kernels::fill_cpu(p, 0.0f, n), kernels::fill_cuda(p, 0.0f, n, ctx.stream()));
+    CUMULUS_DISPATCH(device(), ctx, kernels::fill_cpu(p, 0.0f, n), kernels::fill_cuda(p, 0.0f, n, ctx.stream()));
     i = end;
   }
 }
@@ -147,7 +147,7 @@ double FlatParameters::gradient_sum_of_squares() const {
     MemoryCategoryScope scope(MemoryCategory::other);
     Tensor scratch = Tensor::empty(Shape{kernels::sum_squares_partials() + 1}, DType::f32, device());
     float* partials = scratch.data<float>();
-    CUMULUS_DISPATCH(device(), (void)0, kernels::sum_squares_cuda(g, n, partials + 1, partials, ctx.stream()));
+    CUMULUS_DISPATCH(device(), ctx, (void)0, kernels::sum_squares_cuda(g, n, partials + 1, partials, ctx.stream()));
     result = scratch.narrow_rows(0, 1).item();
 #endif
   }

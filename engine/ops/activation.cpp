@@ -20,7 +20,7 @@ class ReluBackward final : public Node {
     const int64_t n = y_.numel();
     CUMULUS_DISPATCH_FLOAT(y_.dtype(), T, const T* yp = y_.data<T>(); const T* dyp = dy.data<T>();
                            T* dxp = dx.tensor.data<T>();
-                           CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, dx.beta(), dxp, n),
+                           CUMULUS_DISPATCH(device, ctx, kernels::relu_backward_cpu(yp, dyp, dx.beta(), dxp, n),
                                             kernels::relu_backward_cuda(yp, dyp, dx.beta(), dxp, n, ctx.stream())));
   }
   void release_saved() override { y_ = Tensor(); }
@@ -38,7 +38,7 @@ Tensor relu(const Tensor& x) {
   Tensor y = detail::new_output(x.shape(), x.dtype(), device);
   const int64_t n = x.numel();
   CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>();
-                         CUMULUS_DISPATCH(device, kernels::relu_forward_cpu(xp, yp, n),
+                         CUMULUS_DISPATCH(device, ctx, kernels::relu_forward_cpu(xp, yp, n),
                                           kernels::relu_forward_cuda(xp, yp, n, ctx.stream())));
   if (should_record({&x})) attach_node(y, std::make_shared<ReluBackward>(y.detach()), {&x});
   return y;

@@ -64,7 +64,7 @@ class BatchNormBackward final : public Node {
     float* dbp = data_or_null(dbeta.tensor);
     void* dxp = dx.tensor.defined() ? dx.tensor.raw_data() : nullptr;
     CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device,
+        CUMULUS_DISPATCH(device, ctx,
             kernels::batch_norm_backward_cpu(x_.data<T>(), dy.data<T>(), gp, mp, ip, n, c, hw, training_, dx.beta(),
                                              static_cast<T*>(dxp), dgamma.beta(), dgp, dbeta.beta(), dbp),
             CUMULUS_CUDNN_ONLY(training_  // bf16 (Note [bf16 on cuDNN])
@@ -116,7 +116,7 @@ class BatchNormBackward final : public Node {
     const float* ip = save_invstd_.data<float>();
     float* dgp = g_out.data<float>();
     float* dbp = b_out.data<float>();
-    CUMULUS_DISPATCH(device, (void)0,
+    CUMULUS_DISPATCH(device, ctx, (void)0,
         kernels::batch_norm_backward_training_cuda(cudnn::handle(device.index()), x_.dtype(), x_.raw_data(),
                                                    dy.raw_data(), gp, mp, ip, n, c, hw, eps_, dx.beta(),
                                                    dx.tensor.raw_data(), beta_params, dgp, dbp));
@@ -197,7 +197,7 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   // On CUDA, bf16 takes kernels of our own in both modes (Note [bf16 on cuDNN]).
   if (options.training) {
     CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device,
+        CUMULUS_DISPATCH(device, ctx,
             kernels::batch_norm_forward_training_cpu(x.data<T>(), gp, bp, n, c, hw, eps, momentum, rm, rv, y.data<T>(),
                                                      smp, sip),
             CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm_and_pooling(type)
@@ -209,11 +209,12 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
                                                                                ctx.stream()))));
     if (num_batches_tracked.defined() && update_running) {
       int32_t* counter = num_batches_tracked.data<int32_t>();
-      CUMULUS_DISPATCH(device, counter[0] += 1, CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
+      CUMULUS_DISPATCH(device, ctx, counter[0] += 1,
+                       CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
     }
   } else {
     CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device,
+        CUMULUS_DISPATCH(device, ctx,
             kernels::batch_norm_forward_inference_cpu(x.data<T>(), gp, bp, rm, rv, n, c, hw, eps, y.data<T>(), smp,
                                                       sip),
             CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm_and_pooling(type)

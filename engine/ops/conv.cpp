@@ -52,7 +52,7 @@ class Conv2dBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{g.n, g.c, g.h, g.w}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
-      CUMULUS_DISPATCH(device,
+      CUMULUS_DISPATCH(device, ctx,
           {
             const Tensor ws = cpu_workspace(g);
             kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta(), dxp, data_or_null(ws));
@@ -64,7 +64,7 @@ class Conv2dBackward final : public Node {
       GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
       const float* xp = x_.data<float>();
       float* dwp = dw.tensor.data<float>();
-      CUMULUS_DISPATCH(device,
+      CUMULUS_DISPATCH(device, ctx,
           {
             const Tensor ws = cpu_workspace(g);
             kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta(), dwp, data_or_null(ws));
@@ -75,7 +75,7 @@ class Conv2dBackward final : public Node {
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{g.k}, device);
       float* dbp = db.tensor.data<float>();
-      CUMULUS_DISPATCH(device, kernels::conv2d_backward_bias_cpu(g, dyp, db.beta(), dbp),
+      CUMULUS_DISPATCH(device, ctx, kernels::conv2d_backward_bias_cpu(g, dyp, db.beta(), dbp),
                        CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_bias_cuda(cudnn::handle(device.index()), g,
                                                                              DType::f32, dyp, db.beta(), dbp)));
     }
@@ -156,7 +156,7 @@ Tensor conv2d_16(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
     kernels::conv2d_forward_cpu(g, xf.data<float>(), wf.data<float>(), bp, yf.data<float>(), data_or_null(ws));
     detail::convert_into(yf, y);
   } else {
-    CUMULUS_DISPATCH(device, (void)bp,
+    CUMULUS_DISPATCH(device, ctx, (void)bp,
                      CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g,
                                                                      x.dtype(), x.raw_data(), w16.raw_data(), bp,
                                                                      y.raw_data())));
@@ -215,7 +215,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  CUMULUS_DISPATCH(device,
+  CUMULUS_DISPATCH(device, ctx,
       {
         const Tensor ws = cpu_workspace(g);
         kernels::conv2d_forward_cpu(g, xp, wp, bp, yp, data_or_null(ws));

@@ -28,7 +28,7 @@ class CrossEntropyBackward final : public Node {
     const int64_t b = logits_.size(0), c = logits_.size(1);
     const float beta = dx.beta();
     CUMULUS_DISPATCH_FLOAT(logits_.dtype(), T, const T* lp = logits_.data<T>(); T* dxp = dx.tensor.data<T>();
-        CUMULUS_DISPATCH(device, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, beta, dxp),
+        CUMULUS_DISPATCH(device, ctx, kernels::cross_entropy_backward_cpu(lp, yp, b, c, g, scale_, beta, dxp),
                          kernels::cross_entropy_backward_cuda(lp, yp, b, c, g, scale_, beta, dxp, ctx.stream())));
   }
   void release_saved() override {
@@ -69,7 +69,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
   } else {
     Tensor row_loss = detail::new_output(Shape{b}, DType::f32, device);  // freed on return
     CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* lp = logits.data<T>(); float* rl = row_loss.data<float>();
-                           CUMULUS_DISPATCH(device, ((void)lp, (void)rl) /* CPU handled above */,
+                           CUMULUS_DISPATCH(device, ctx, ((void)lp, (void)rl) /* CPU handled above */,
                                             kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out,
                                                                                 ctx.stream())));
   }

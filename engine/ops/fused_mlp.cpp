@@ -117,7 +117,7 @@ class MLPCrossEntropyBackward final : public Node {
       } else {
 #if CUMULUS_WITH_CUDA
         const kernels::FusedGradients g{dwp, beta_w, dbp, beta_b, dxp, beta_x, /*mask_relu=*/l > 0};
-        CUMULUS_DISPATCH(device, (void)g,
+        CUMULUS_DISPATCH(device, ctx, (void)g,
                          l == layers - 1
                              ? kernels::fused_head_backward_cuda(head_.data<float>(), yp, seed, scale_, ap, wp, batch,
                                                                  in, classes, g, ctx.stream())
@@ -216,7 +216,7 @@ Tensor mlp_cross_entropy(const Tensor& x, const Tensor& labels, const std::vecto
     const float* wp = w.data<float>();
     const float* bp = biases[static_cast<std::size_t>(l)].data<float>();
     float* yp = y.data<float>();
-    CUMULUS_DISPATCH(device, detail::linear_forward_cpu(hp, wp, bp, yp, batch, in, out, /*relu=*/true),
+    CUMULUS_DISPATCH(device, ctx, detail::linear_forward_cpu(hp, wp, bp, yp, batch, in, out, /*relu=*/true),
                      kernels::fused_linear_forward_cuda(hp, wp, bp, batch, in, out, /*relu=*/true, yp, ctx.stream()));
     hidden.push_back(y);
     h = y;
@@ -240,7 +240,7 @@ Tensor mlp_cross_entropy(const Tensor& x, const Tensor& labels, const std::vecto
     Tensor row_loss = detail::new_output(Shape{batch}, DType::f32, device);  // freed on return
     float* rl = row_loss.data<float>();
     float* lp = loss.data<float>();
-    CUMULUS_DISPATCH(device, ((void)rl, (void)lp) /* CPU handled above */,
+    CUMULUS_DISPATCH(device, ctx, ((void)rl, (void)lp) /* CPU handled above */,
                      kernels::fused_head_forward_cuda(hp, wp, bp, yp, batch, in, classes, scale, headp, rl, lp,
                                                       ctx.arrival_counter(), ctx.stream()));
   }

@@ -13,11 +13,13 @@
 #endif
 #include "kernels/cpu/kernels.h"
 
-// CUMULUS_DISPATCH(device, cpu_statement, cuda_statement): runs the launcher for the device.
-// In the CUDA branch `ctx` is the device's execution context (cuda_context.h: ctx.stream(),
-// ctx.cublas()) and the device is current.
+// CUMULUS_DISPATCH(device, ctx, cpu_statement, cuda_statement): runs the launcher for the device.
+// In the CUDA branch the name the caller gives as `ctx` is bound to the device's execution context
+// (cuda_context.h: ctx.stream(), ctx.cublas()), which the statement passes to its launcher
+// explicitly, and the device is current. (A macro rather than a function taking lambdas: a build
+// without CUDA drops the CUDA statement, whose launchers it does not declare.)
 #if CUMULUS_WITH_CUDA
-#define CUMULUS_DISPATCH(device, cpu_stmt, cuda_stmt)                            \
+#define CUMULUS_DISPATCH(device, ctx, cpu_stmt, cuda_stmt)                       \
   do {                                                                           \
     if ((device).is_cuda()) {                                                    \
       ::cumulus::cuda::DeviceGuard cumulus_guard_((device).index());            \
@@ -28,7 +30,7 @@
     }                                                                            \
   } while (0)
 #else
-#define CUMULUS_DISPATCH(device, cpu_stmt, cuda_stmt)                                \
+#define CUMULUS_DISPATCH(device, ctx, cpu_stmt, cuda_stmt)                           \
   do {                                                                               \
     if ((device).is_cuda()) throw ::cumulus::DeviceError("cumulus was built without CUDA"); \
     cpu_stmt;                                                                        \

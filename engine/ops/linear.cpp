@@ -99,8 +99,9 @@ using detail::convert_into;
 // A backward GEMM of a 16-bit Linear (Note [Mixed precision]): cuBLASLt, else cublasGemmEx.
 void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc, kernels::GemmTypes types) {
-  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, trans_a, trans_b, m, n,
-                            k, 1.0f, a, lda, b, ldb, beta, c, ldc, types, kernels::GemmEpilogueArgs{}, ctx.stream()))
+  if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes,
+                            trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types,
+                            kernels::GemmEpilogueArgs{}, ctx.stream()))
     return;
   kernels::gemm_ex_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types);
 }
@@ -113,8 +114,8 @@ void forward_gemm_cuda(cuda::Context& ctx, const void* xp, const void* wp, const
   kernels::GemmEpilogueArgs epilogue;
   epilogue.kind = bp != nullptr ? kernels::GemmEpilogue::bias : kernels::GemmEpilogue::none;
   epilogue.bias = bp;
-  if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false, true, batch, out,
-                            in, 1.0f, xp, in, wp, in, 0.0f, cp, out, types, epilogue, ctx.stream()))
+  if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false,
+                            true, batch, out, in, 1.0f, xp, in, wp, in, 0.0f, cp, out, types, epilogue, ctx.stream()))
     return;
   if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, static_cast<float*>(cp), ctx.stream());
   const float beta = bp != nullptr ? 1.0f : 0.0f;
@@ -145,13 +146,13 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
   // With a bias the GEMM writes f32 and the conversion rounds; without, it rounds into y itself.
   const Tensor z = bp != nullptr ? detail::f32_scratch(y.shape(), device) : y;
   const kernels::GemmTypes types{x.dtype(), z.dtype()};
-  CUMULUS_DISPATCH(device, (void)0,
+  CUMULUS_DISPATCH(device, ctx, (void)0,
                    forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, z.raw_data(), batch, in, out, types));
   if (bp != nullptr) convert_into(z, y);
   if (!relu) return;
   const int64_t n = y.numel();
   CUMULUS_DISPATCH_FLOAT(y.dtype(), T, T* yp = y.data<T>();
-                         CUMULUS_DISPATCH(device, (void)yp, kernels::relu_forward_cuda(yp, yp, n, ctx.stream())));
+                         CUMULUS_DISPATCH(device, ctx, (void)yp, kernels::relu_forward_cuda(yp, yp, n, ctx.stream())));
 #endif
 }
 
@@ -171,8 +172,9 @@ bool weight_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* xp,
     kernels::GemmEpilogueArgs epilogue;
     epilogue.kind = kernels::GemmEpilogue::bias_grad;
     epilogue.bias_grad = dbp;
-    if (kernels::gemm_lt_cuda(ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, true, false, out, in,
-                              batch, 1.0f, dzp, out, xp, in, beta, dwp, in, epilogue, ctx.stream()))
+    if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes,
+                              true, false, out, in, batch, 1.0f, dzp, out, xp, in, beta, dwp, in, epilogue,
+                              ctx.stream()))
       return true;
   }
   kernels::gemm_cuda(ctx.cublas(), true, false, out, in, batch, 1.0f, dzp, out, xp, in, beta, dwp, in);
@@ -209,7 +211,7 @@ class LinearBackward final : public Node {
       const float* dyp = dy.data<float>();
       float* dzp = dz.data<float>();
       const int64_t n = dy.numel();
-      CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
+      CUMULUS_DISPATCH(device, ctx, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
                        kernels::relu_backward_cuda(yp, dyp, 0.0f, dzp, n, ctx.stream()));
     }
     const float* dzp = dz.data<float>();
@@ -218,7 +220,7 @@ class LinearBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{batch, in}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
-      CUMULUS_DISPATCH(device,
+      CUMULUS_DISPATCH(device, ctx,
           kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in),
           kernels::gemm_cuda(ctx.cublas(), false, false, batch, in, out, 1.0f, dzp, out, wp, in, dx.beta(), dxp, in));
     }
@@ -245,14 +247,14 @@ class LinearBackward final : public Node {
         }
       }
       (void)fused_db;
-      CUMULUS_DISPATCH(device,
+      CUMULUS_DISPATCH(device, ctx,
           kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, xp, in, dw.beta(), dwp, in),
           db_written = weight_gradient_cuda(ctx, dzp, xp, dw.beta(), dwp, fused_db, batch, in, out));
       if (db_written && db_partial.defined()) grads[2].defer_add(std::move(db_partial));
     }
     if (want_db && !db_written) {
       float* dbp = db.tensor.data<float>();
-      CUMULUS_DISPATCH(device, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
+      CUMULUS_DISPATCH(device, ctx, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
                        kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream()));
     }
   }
@@ -276,7 +278,7 @@ class LinearBackward final : public Node {
       if (!in_place) dz = Tensor::empty(dy.shape(), type, device);
       const int64_t n = dy.numel();
       CUMULUS_DISPATCH_FLOAT(type, T, const T* yp = y_.data<T>(); const T* dyp = dy.data<T>(); T* dzp = dz.data<T>();
-                             CUMULUS_DISPATCH(device, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
+                             CUMULUS_DISPATCH(device, ctx, kernels::relu_backward_cpu(yp, dyp, 0.0f, dzp, n),
                                               kernels::relu_backward_cuda(yp, dyp, 0.0f, dzp, n, ctx.stream())));
     }
     const bool want_db = has_bias_ && grads[2].needed();
@@ -293,7 +295,7 @@ class LinearBackward final : public Node {
                           dxf.data<float>(), in);
         detail::store_stand_in(dxf, dx.tensor);
       } else {
-        CUMULUS_DISPATCH(device, (void)0,
+        CUMULUS_DISPATCH(device, ctx, (void)0,
                          gemm_16_cuda(ctx, false, false, batch, in, out, dz.raw_data(), out, w_.raw_data(), in,
                                       dx.beta(), dx.tensor.raw_data(), in, kernels::GemmTypes{type, type}));
       }
@@ -307,7 +309,7 @@ class LinearBackward final : public Node {
         kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzf.data<float>(), out, xf.data<float>(), in, dw.beta(),
                           dwp, in);
       } else {
-        CUMULUS_DISPATCH(device, (void)0,
+        CUMULUS_DISPATCH(device, ctx, (void)0,
                          gemm_16_cuda(ctx, true, false, out, in, batch, dz.raw_data(), out, x_.raw_data(), in,
                                       dw.beta(), dwp, in, kernels::GemmTypes{type, DType::f32}));
       }
@@ -319,7 +321,7 @@ class LinearBackward final : public Node {
         kernels::sum_rows_cpu(dzf.data<float>(), batch, out, db.beta(), dbp);
       } else {
         CUMULUS_DISPATCH_FLOAT(type, T, const T* dzp = dz.data<T>();
-                               CUMULUS_DISPATCH(device, (void)dzp,
+                               CUMULUS_DISPATCH(device, ctx, (void)dzp,
                                                 kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream())));
       }
     }
@@ -375,7 +377,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  CUMULUS_DISPATCH(device, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
+  CUMULUS_DISPATCH(device, ctx, linear_forward_cpu(xp, wp, bp, yp, batch, in, out, relu),
                    linear_forward_cuda(ctx, xp, wp, bp, yp, batch, in, out, relu));
 
   if (record) {

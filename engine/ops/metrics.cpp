@@ -33,10 +33,9 @@ void ClassificationTally::add(const Tensor& logits, const Tensor& labels, const 
   const float* loss = mean_loss.data<float>();
   auto* totals = static_cast<kernels::ClassificationTotals*>(totals_.raw_data());
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* x = logits.data<T>();
-                         CUMULUS_DISPATCH(device, kernels::classification_tally_cpu(x, y, rows, cols, loss, totals),
-                                          kernels::classification_tally_cuda(x, y, rows, cols, loss, totals,
-                                                                             ctx.stream())));
+  CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* x = logits.data<T>(); CUMULUS_DISPATCH(
+                             device, ctx, kernels::classification_tally_cpu(x, y, rows, cols, loss, totals),
+                             kernels::classification_tally_cuda(x, y, rows, cols, loss, totals, ctx.stream())));
 }
 
 ClassificationTally::Totals ClassificationTally::read() const {

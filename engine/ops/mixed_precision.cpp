@@ -26,7 +26,7 @@ void convert_into(const Tensor& src, const Tensor& dst) {
     } else {
       const From* s = src.data<From>();
       To* d = dst.data<To>();
-      CUMULUS_DISPATCH(src.device(), kernels::convert_cpu(s, d, n), kernels::convert_cuda(s, d, n, ctx.stream()));
+      CUMULUS_DISPATCH(src.device(), ctx, kernels::convert_cpu(s, d, n), kernels::convert_cuda(s, d, n, ctx.stream()));
     }
   }));
 }

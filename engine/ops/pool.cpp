@@ -32,7 +32,7 @@ class MaxPool2dBackward final : public Node {
     const DType type = x_.dtype();
     GradSink::Target dx = grads[0].begin(x_.shape(), device, type);
     CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device,
+        CUMULUS_DISPATCH(device, ctx,
             kernels::max_pool2d_backward_cpu(g, x_.data<T>(), dy.data<T>(), dx.beta(), dx.tensor.data<T>()),
             CUMULUS_CUDNN_ONLY(y_.defined()
                                    ? kernels::max_pool2d_backward_cuda(cudnn::handle(device.index()), g, type,
@@ -80,7 +80,7 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   Tensor y = detail::new_output(Shape{g.n, g.c, g.out_h, g.out_w}, x.dtype(), device);
   bool on_cudnn = false;
   CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
-      CUMULUS_DISPATCH(device, kernels::max_pool2d_forward_cpu(g, x.data<T>(), y.data<T>()),
+      CUMULUS_DISPATCH(device, ctx, kernels::max_pool2d_forward_cpu(g, x.data<T>(), y.data<T>()),
                        CUMULUS_CUDNN_ONLY(on_cudnn = kernels::cudnn_runs_batch_norm_and_pooling(x.dtype());
                                           on_cudnn ? kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()),
                                                                                       g, x.dtype(), x.raw_data(),

@@ -27,7 +27,7 @@ class SumBackward final : public Node {
     const float* g = dy.data<float>();
     float* dxp = dx.tensor.data<float>();
     const int64_t n = input_shape_.numel();
-    CUMULUS_DISPATCH(device, kernels::fill_from_scalar_cpu(g, scale_, dx.beta(), dxp, n),
+    CUMULUS_DISPATCH(device, ctx, kernels::fill_from_scalar_cpu(g, scale_, dx.beta(), dxp, n),
                      kernels::fill_from_scalar_cuda(g, scale_, dx.beta(), dxp, n, ctx.stream()));
   }
 
@@ -45,7 +45,7 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
   Tensor y = detail::new_output(Shape{}, DType::f32, device);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  CUMULUS_DISPATCH(device, kernels::sum_all_cpu(xp, n, scale, yp),
+  CUMULUS_DISPATCH(device, ctx, kernels::sum_all_cpu(xp, n, scale, yp),
                    kernels::sum_all_cuda(xp, n, scale, yp, ctx.stream()));
   if (should_record({&x})) attach_node(y, std::make_shared<SumBackward>(op, x.shape(), scale, mean), {&x});
   return y;
@@ -65,7 +65,7 @@ Tensor argmax(const Tensor& x) {
   Tensor out = detail::new_output(Shape{x.size(0)}, DType::i32, device);
   int32_t* op = out.data<int32_t>();
   CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>();
-                         CUMULUS_DISPATCH(device, kernels::argmax_rows_cpu(xp, x.size(0), x.size(1), op),
+                         CUMULUS_DISPATCH(device, ctx, kernels::argmax_rows_cpu(xp, x.size(0), x.size(1), op),
                                           kernels::argmax_rows_cuda(xp, x.size(0), x.size(1), op, ctx.stream())));
   return out;
 }

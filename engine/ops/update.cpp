@@ -13,7 +13,7 @@ void accumulate_into(const Tensor& dst, const Tensor& src, float beta) {
   check_same_device("accumulate", "source", src, dst);
   const int64_t n = dst.numel();
   CUMULUS_DISPATCH_FLOAT(dst.dtype(), T, const T* s = src.data<T>(); T* d = dst.data<T>();
-                         CUMULUS_DISPATCH(dst.device(), kernels::accumulate_cpu(s, beta, d, n),
+                         CUMULUS_DISPATCH(dst.device(), ctx, kernels::accumulate_cpu(s, beta, d, n),
                                           kernels::accumulate_cuda(s, beta, d, n, ctx.stream())));
 }
 }  // namespace detail

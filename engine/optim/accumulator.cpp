@@ -347,7 +347,7 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   }
   kernels::StepBuffers* buf = optimizer_->step_buffers();
   CUMULUS_DISPATCH(
-      device, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
+      device, ctx, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
       kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
   count_micro_batch(samples);
 }
@@ -470,7 +470,7 @@ void Accumulator::launch_step() {
   const int64_t n = params.size();
   if (distributed()) reduce_across_ranks();
   CUMULUS_DISPATCH(
-      params.device(),
+      params.device(), ctx,
       kernels::prepare_step(buf->state, config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config, table),
       kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, table, ctx.stream()));
   optimizer_->apply_prepared_update();

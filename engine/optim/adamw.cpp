@@ -63,7 +63,7 @@ void AdamW::apply(const kernels::StepState& host) {
                             host.updates, frozen);
     return;
   }
-  CUMULUS_DISPATCH(p.device(), (void)0,
+  CUMULUS_DISPATCH(p.device(), ctx, (void)0,
                    kernels::adamw_update_cuda(w, g, m, v, n, step_buffers(), o.beta1, o.beta2, o.eps, o.weight_decay,
                                               frozen, ctx.stream()));
 }

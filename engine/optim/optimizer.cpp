@@ -90,7 +90,7 @@ void Optimizer::update(float grad_scale, float lr) {
   params_->zero_stale_gradients();
   prepare_frozen();
   kernels::StepBuffers* buf = step_buffers();
-  CUMULUS_DISPATCH(params_->device(), kernels::set_step(buf->state, grad_scale, lr),
+  CUMULUS_DISPATCH(params_->device(), ctx, kernels::set_step(buf->state, grad_scale, lr),
                    kernels::set_step_cuda(buf, grad_scale, lr, ctx.stream()));
   apply_prepared_update();
 }

@@ -55,7 +55,7 @@ void SGD::apply(const kernels::StepState& host) {
                           host.updates, frozen);
     return;
   }
-  CUMULUS_DISPATCH(p.device(), (void)0,
+  CUMULUS_DISPATCH(p.device(), ctx, (void)0,
                    kernels::sgd_update_cuda(w, g, buf, n, step_buffers(), o.momentum, o.dampening, o.nesterov,
                                             o.weight_decay, frozen, ctx.stream()));
 }

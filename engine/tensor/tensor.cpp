@@ -72,7 +72,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::full(const Shape& shape, float value, Device device) {
   Tensor t = empty(shape, DType::f32, device);
-  CUMULUS_DISPATCH(device, kernels::fill_cpu(t.data<float>(), value, t.numel()),
+  CUMULUS_DISPATCH(device, ctx, kernels::fill_cpu(t.data<float>(), value, t.numel()),
                    kernels::fill_cuda(t.data<float>(), value, t.numel(), ctx.stream()));
   return t;
 }

@@ -80,9 +80,11 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 // (cublasLtMatmulAlgoGetHeuristic): host work that costs more than the GEMM itself at the seed
 // MLP's sizes. A training run has few distinct GEMMs (per Linear: forward, dx and dW, for the full
 // micro-batch, the last partial one and the evaluation batch), so each is planned once and kept in
-// a small map, keyed by everything the plan depends on, the operands' storage types (GemmTypes)
-// included; from the second call with a key on, no heuristic is queried. Entries live until process
-// exit, as the handles (one per device context).
+// a map, keyed by everything the plan depends on, the operands' storage types (GemmTypes)
+// included; from the second call with a key on, no heuristic is queried. The map is the caller's
+// GemmLtPlans, passed to each call as explicitly as the handle and the workspace: the execution
+// context owns one per device (cuda::Context::gemm_lt_plans), which lives, with the context's
+// handles, until process exit; a GemmLtPlans destroyed earlier (a test's own) destroys its plans.
 // - Capture: planning is host work only (no device allocation, no synchronization), so a shape
 //   first seen while a graph is being captured is planned there too; the workspace is the
 //   caller's (the context's), passed explicitly, and the GEMM allocates nothing.
@@ -92,9 +94,10 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 //   a plan serves only calls of the same class. So an algorithm is never used on pointers less
 //   aligned than it was chosen for, and eager and captured runs of one shape get the same
 //   algorithm, hence the same bits.
-// - Threads: the map is shared; the lock is also held while the call's bias pointer is set in the
-//   entry's descriptor and the GEMM is queued (the descriptor is shared state). Uncontended it
-//   costs tens of nanoseconds against microseconds of launch.
+// - Threads: a context's map is shared by every thread queuing on its device; the map's lock is
+//   also held while the call's bias pointer is set in the entry's descriptor and the GEMM is queued
+//   (the descriptor is shared state). Uncontended it costs tens of nanoseconds against
+//   microseconds of launch.
 // - No algorithm (Note [No fused algorithm]) is remembered too: the call returns false and the
 //   caller runs the unfused kernels, without asking again.
 //
@@ -256,6 +259,21 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
   return p;
 }
 
+}  // namespace
+
+struct GemmLtPlans::Impl {
+  std::mutex mutex;  // held while a plan is looked up, made or used (Note [cuBLASLt plan cache])
+  std::map<PlanKey, Plan> plans;
+};
+
+GemmLtPlans::GemmLtPlans() : impl_(std::make_unique<Impl>()) {}
+
+GemmLtPlans::~GemmLtPlans() {
+  for (auto& entry : impl_->plans) destroy(entry.second);
+}
+
+namespace {
+
 // The arguments gemm_lt_cuda refuses, before anything reaches cuBLASLt.
 void check_epilogue(const GemmEpilogueArgs& e, GemmTypes types) {
   const bool bias_grad = e.kind == GemmEpilogue::bias_grad;
@@ -278,19 +296,19 @@ GemmLtOutcomes gemm_lt_outcomes(GemmEpilogue kind) {
   return {o[0].load(std::memory_order_relaxed), o[1].load(std::memory_order_relaxed)};
 }
 
-bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-                  int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
+bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes,
+                  bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream) {
-  return gemm_lt_cuda(handle, workspace, workspace_bytes, trans_a, trans_b, m, n, k, alpha, static_cast<const void*>(a),
-                      lda, static_cast<const void*>(b), ldb, beta, static_cast<void*>(c), ldc, GemmTypes{}, epilogue,
-                      stream);
+  return gemm_lt_cuda(plans, handle, workspace, workspace_bytes, trans_a, trans_b, m, n, k, alpha,
+                      static_cast<const void*>(a), lda, static_cast<const void*>(b), ldb, beta, static_cast<void*>(c),
+                      ldc, GemmTypes{}, epilogue, stream);
 }
 
-bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
-                  int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types, const GemmEpilogueArgs& epilogue,
-                  cudaStream_t stream) {
+bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes,
+                  bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+                  const void* b, int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types,
+                  const GemmEpilogueArgs& epilogue, cudaStream_t stream) {
   check_types("gemm_lt_cuda", types);
   check_epilogue(epilogue, types);
   if (m == 0 || n == 0 || k == 0) {  // the unfused path handles empty products
@@ -304,11 +322,10 @@ bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspac
   const PlanKey key{handle, trans_a, trans_b, m, n, k, lda, ldb, ldc, types.ab, types.cd,
                     epilogue.kind, alignment, workspace_bytes};
 
-  static auto* plans = new std::map<PlanKey, Plan>();  // never destroyed: Note [cuBLASLt plan cache]
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = plans->find(key);
-  if (it == plans->end()) it = plans->emplace(key, make_plan(key, epilogue)).first;
+  GemmLtPlans::Impl& cache = plans.impl();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.plans.find(key);
+  if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(key, epilogue)).first;
   const Plan& plan = it->second;
   count_outcome(epilogue.kind, plan.supported);
   if (!plan.supported) return false;

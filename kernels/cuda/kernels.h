@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "cumulus/tensor/dtype.h"
 #include "kernels/float16.h"
@@ -54,22 +55,39 @@ struct GemmEpilogueArgs {
   float* bias_grad = nullptr;  // bias_grad: f32 (c must be f32)
 };
 
+// The plans gemm_lt_cuda made (Note [cuBLASLt plan cache] in gemm.cu), owned by the caller: the
+// execution context keeps one per device (cuda::Context::gemm_lt_plans). Its destructor destroys
+// the descriptors and layouts it holds.
+class GemmLtPlans {
+ public:
+  GemmLtPlans();
+  ~GemmLtPlans();
+  GemmLtPlans(const GemmLtPlans&) = delete;
+  GemmLtPlans& operator=(const GemmLtPlans&) = delete;
+  struct Impl;  // gemm.cu
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 // The same GEMM through cuBLASLt (FP32 compute, no TF32) with an epilogue, queued on `stream`.
-// `workspace` (workspace_bytes) is the caller's and nothing is allocated, so the call may be
-// captured in a CUDA graph (Note [cuBLASLt plan cache] in gemm.cu).
+// `plans` (the shapes planned so far), `handle` and `workspace` (workspace_bytes) are the caller's,
+// its execution context's, and nothing is allocated, so the call may be captured in a CUDA graph
+// (Note [cuBLASLt plan cache] in gemm.cu).
 // Returns false, having queued nothing, when cuBLASLt has no algorithm for this epilogue and shape
 // (Note [No fused algorithm] in gemm.cu) or a size is 0; the caller then runs the unfused
 // equivalent (gemm_cuda and kernels).
-bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-                  int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
+bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes,
+                  bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const GemmEpilogueArgs& epilogue,
                   cudaStream_t stream);
 // The same with any GemmTypes (the f32 overload above is this with the default types). The types
 // are part of the plan's key.
-bool gemm_lt_cuda(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, bool trans_a, bool trans_b,
-                  int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda, const void* b,
-                  int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types, const GemmEpilogueArgs& epilogue,
-                  cudaStream_t stream);
+bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes,
+                  bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+                  const void* b, int64_t ldb, float beta, void* c, int64_t ldc, GemmTypes types,
+                  const GemmEpilogueArgs& epilogue, cudaStream_t stream);
 
 // Whether an answer of cublasLtMatmulAlgoGetHeuristic names an algorithm to run: its status, how
 // many results it returned and the first result's state. Anything but success with a successful

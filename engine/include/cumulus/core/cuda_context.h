@@ -1,8 +1,8 @@
 // The CUDA execution context of a device: the one stream all of that device's work is queued on,
-// the cuBLAS and cuBLASLt handles with the workspace they share, and whether a graph capture is
-// under way.
-// Ops and launchers get it explicitly (CUMULUS_DISPATCH binds `ctx`); nothing else holds CUDA
-// state. See Note [Execution context] in engine/core/cuda_context.cpp and docs/ARCHITECTURE.md.
+// the cuBLAS and cuBLASLt handles with the workspace they share, the cuBLASLt plan cache, and
+// whether a graph capture is under way.
+// Ops and launchers get it explicitly (CUMULUS_DISPATCH binds it to the name an op gives);
+// nothing else holds CUDA state. See Note [Execution context] in engine/core/cuda_context.cpp and docs/ARCHITECTURE.md.
 // Only for CUDA builds.
 #pragma once
 
@@ -14,6 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+
+namespace cumulus::kernels {
+class GemmLtPlans;  // kernels/cuda/kernels.h
+}  // namespace cumulus::kernels
 
 namespace cumulus::cuda {
 
@@ -41,6 +45,9 @@ class Context {
   // The libraries' workspace: kWorkspaceBytes in category workspace, made with the first handle.
   void* workspace();
   static constexpr std::size_t kWorkspaceBytes = 8u << 20;
+  // The cuBLASLt GEMMs planned on this device (Note [cuBLASLt plan cache] in
+  // kernels/cuda/gemm.cu): made with the context, alive as long as it.
+  kernels::GemmLtPlans& gemm_lt_plans() const { return *gemm_lt_plans_; }
   // A device counter for kernels whose last block to finish completes the work (it counts the
   // blocks that arrived): 0 between kernels, each such kernel leaves it 0. The stream runs one
   // kernel at a time, so they can all share it. Made, zeroed, with the context (Note [Execution
@@ -59,6 +66,7 @@ class Context {
   cublasLtHandle_t cublaslt_ = nullptr;
   void* workspace_ = nullptr;
   unsigned* arrival_counter_ = nullptr;
+  kernels::GemmLtPlans* gemm_lt_plans_ = nullptr;
   std::atomic<bool> capturing_{false};
 };
 

@@ -210,7 +210,8 @@ class MemoryTracker {
   int64_t ooms_at_start_ = 0, ooms_at_phase_ = 0;
 };
 
-// Reports (engine/memory/report.cpp).
+// Reports, one file per output format (engine/memory/report_table.cpp, report_json.cpp,
+// report_trace.cpp, report_svg.cpp).
 void print_memory_table(MemoryTracker& tracker, std::FILE* out);
 // The documented schema (README "Memory reports"), in this order: schema_version, settings, device,
 // versions, model, micro_batch_size, accum_steps, summary, then the records.
