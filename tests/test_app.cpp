@@ -438,21 +438,38 @@ TEST_F(AppTest, MixedPrecisionTrainsHalvesActivationsAndResumesTheLossScaleExact
 }
 
 TEST_F(AppTest, SigintFinishesTheStepWritesTheCheckpointAndResumesExactly) {
-  const std::string common =
-      data_arg() + " --quiet --batch-size 2 --accum-steps 3 --momentum 0.9 --lr 0.01 --epochs 2 --train-limit 800";
+  const std::string loud =
+      data_arg() + " --batch-size 2 --accum-steps 3 --momentum 0.9 --lr 0.01 --epochs 2 --train-limit 800";
+  const std::string common = loud + " --quiet";
   ASSERT_EQ(run_app(common + " --save " + quote(path("s3.safetensors"))).exit_code, 0);
   fs::remove(path("ck_int.safetensors"));
   for (int attempt = 0; attempt < 4; ++attempt) {
-    const std::string cmd = std::string(FASHION_MNIST_BIN) + " " + common + " --checkpoint " +
-                            quote(path("ck_int.safetensors")) + " > /dev/null 2>&1";
+    // Not quiet: the banner on stdout says the run is past loading (its signal handlers are in
+    // place since the start of run()); SIGINT follows it by a delay, never by a guess at start-up.
+    const std::string cmd = std::string(FASHION_MNIST_BIN) + " " + loud + " --checkpoint " +
+                            quote(path("ck_int.safetensors")) + " 2> /dev/null";
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::close(out[0]);
+      ::close(out[1]);
       ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250 + 150 * attempt));
+    ::close(out[1]);
+    FILE* stdout_of_app = ::fdopen(out[0], "r");
+    ASSERT_NE(stdout_of_app, nullptr);
+    char line[4096];
+    while (std::fgets(line, sizeof line, stdout_of_app) != nullptr && std::string(line).rfind("device:", 0) != 0) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + 150 * attempt));
     ::kill(pid, SIGINT);
+    while (std::fgets(line, sizeof line, stdout_of_app) != nullptr) {  // drain: the app never blocks on a write
+    }
+    std::fclose(stdout_of_app);
     int status = 0;
     ::waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFEXITED(status)) << "the app must exit, not die of the signal";
