@@ -69,19 +69,25 @@ void Optimizer::set_lr(float lr) {
 
 void Optimizer::restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state,
                                const std::string& name, Tensor& into) const {
+  if (!copy_state_tensor(state, name, DType::f32, params_->values().shape(), into))
+    throw InvalidArgument("optimizer state '" + name + "' is missing from the checkpoint");
+}
+
+bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
+                                  DType dtype, const Shape& shape, Tensor& into) const {
   for (const auto& [n, t] : state) {
     if (n != name) continue;
-    CUMULUS_CHECK(t.dtype() == DType::f32 && t.numel() == params_->size(), ShapeError, "optimizer state '", name,
-                  "' has ", t.numel(), " elements (", dtype_name(t.dtype()), "), expected ", params_->size(),
-                  " f32 (was the checkpoint written for this model?)");
+    CUMULUS_CHECK(t.dtype() == dtype && t.numel() == shape.numel(), ShapeError, "optimizer state '", name, "' has ",
+                  t.numel(), " elements (", dtype_name(t.dtype()), "), expected ", shape.numel(), " ",
+                  dtype_name(dtype), " (was the checkpoint written for this model?)");
     if (!into.defined()) {
       MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-      into = Tensor::empty(params_->values().shape(), DType::f32, params_->device());
+      into = Tensor::empty(shape, dtype, params_->device());
     }
     copy_bytes(into.raw_data(), into.device(), t.raw_data(), t.device(), into.nbytes());
-    return;
+    return true;
   }
-  throw InvalidArgument("optimizer state '" + name + "' is missing from the checkpoint");
+  return false;
 }
 
 void Optimizer::update(float grad_scale, float lr) {
@@ -118,18 +124,7 @@ void Optimizer::append_frozen_state(std::vector<std::pair<std::string, Tensor>>&
 }
 
 void Optimizer::restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state) {
-  for (const auto& [name, t] : state) {
-    if (name != kFrozenStateName) continue;
-    CUMULUS_CHECK(t.dtype() == DType::i32 && t.numel() == params_->num_chunks(), ShapeError, "optimizer state '", name,
-                  "' has ", t.numel(), " elements (", dtype_name(t.dtype()), "), expected ", params_->num_chunks(),
-                  " i32 (was the checkpoint written for this model?)");
-    if (!missed_updates_.defined()) {
-      MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-      missed_updates_ = Tensor::empty(Shape{params_->num_chunks()}, DType::i32, params_->device());
-    }
-    copy_bytes(missed_updates_.raw_data(), missed_updates_.device(), t.raw_data(), t.device(), t.nbytes());
-    return;
-  }
+  if (copy_state_tensor(state, kFrozenStateName, DType::i32, Shape{params_->num_chunks()}, missed_updates_)) return;
   // A checkpoint from before any freeze: no parameter missed an update.
   if (missed_updates_.defined()) {
     const std::vector<int32_t> zeros(static_cast<std::size_t>(params_->num_chunks()), 0);

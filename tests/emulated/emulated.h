@@ -103,23 +103,6 @@ void expect_same_bits(const std::vector<T>& got, const std::vector<T>& want, con
         << what << " at " << i << ": " << kernels::to_f32(got[i]) << " vs " << kernels::to_f32(want[i]);
 }
 
-// |got - want| <= tol (1 + |want|) everywhere, NaN where the reference is NaN, an infinity of the
-// same sign where it is one.
-template <typename T>
-void expect_close(const std::vector<T>& got, const std::vector<double>& want, const std::string& what,
-                  double tol = 1e-5) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = kernels::to_f32(got[i]);
-    if (std::isnan(want[i]) || std::isinf(want[i])) {
-      ASSERT_TRUE(std::isnan(want[i]) ? std::isnan(g) : g == want[i]) << what << " at " << i << ": " << g;
-      continue;
-    }
-    ASSERT_LE(std::abs(g - want[i]), tol * (1 + std::abs(want[i])))
-        << what << " at " << i << ": " << g << " vs " << want[i];
-  }
-}
-
 // The same values element by element: the same bits, except that a NaN matches any NaN (a NaN's
 // sign and payload are no contract of ours, and a GPU's arithmetic makes its own).
 template <typename T>
@@ -155,6 +138,13 @@ void expect_within(const std::vector<T>& got, const std::vector<double>& want, d
     ASSERT_LE(std::abs(g - want[i]), rel * std::abs(want[i]) + abs)
         << what << " at " << i << ": " << g << " vs " << want[i];
   }
+}
+
+// |got - want| <= tol (1 + |want|): expect_within with the same relative and absolute tolerance.
+template <typename T>
+void expect_close(const std::vector<T>& got, const std::vector<double>& want, const std::string& what,
+                  double tol = 1e-5) {
+  expect_within(got, want, tol, tol, what);
 }
 
 // One rounding of T relative to the value: T keeps 23, 10 or 7 fraction bits, so a unit in the last

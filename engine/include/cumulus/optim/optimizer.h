@@ -92,6 +92,10 @@ class Optimizer {
   // with the flat size when undefined).
   void restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
                       Tensor& into) const;
+  // The one lookup both use: copies `name` (checked: `shape`'s elements of `dtype`) into `into`,
+  // allocated as optimizer state when undefined; false when `state` has no `name`.
+  bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
+                         DType dtype, const Shape& shape, Tensor& into) const;
   std::shared_ptr<nn::FlatParameters> params_;
   float lr_;
   Tensor step_buffers_;  // one kernels::StepBuffers, category other
