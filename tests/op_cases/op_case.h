@@ -1,0 +1,104 @@
+// The op-case registry (Note [Op cases]): every op's test cases in one place, each driving
+//   tests/test_op_cases.cpp   the forward against a double-precision reference; every floating
+//                             input's gradient against central finite differences of that
+//                             reference (double); the output counted as activations and the op
+//                             named in an out-of-memory report; CPU against CUDA (when a GPU is
+//                             present: the op-level parity; the CUDA kernels themselves also run
+//                             on the CPU through the emulation, tests/emulated/)
+//   bench/bench_ops.cpp       forward and forward + backward time per case, GB/s and FLOP/s
+//
+// A case file (tests/op_cases/cases_*.cpp) registers its cases with CUMULUS_OP_CASES:
+//
+//   CUMULUS_OP_CASES(activation) {
+//     OpCase c;
+//     c.op = "relu";
+//     c.name = "relu_3x5_f32";
+//     c.inputs = {{{3, 5}, DType::f32, -2, 2, 0.05}};  // |x| >= 0.05: off the kink at 0
+//     c.forward = [](const Inputs& t) { return ops::relu(t[0]); };
+//     c.reference = [](const Values& v) { return map(v[0], [](double x) { return std::max(x, 0.0); }); };
+//     cases.push_back(c);
+//   }
+//
+// Note [Op cases]
+// The drivers reduce an op's output to a scalar themselves: loss = sum_k w_k * out_k with fixed
+// weights w_k = +-m/8 (m in 1..16), exact in bf16 and f16, so the upstream gradient is not uniform
+// (a uniform one hides transposed or misplaced gradients) and a 16-bit case sees no rounding of it.
+// The engine computes the loss as cast(out, f32) reshaped to [1, N] times w through ops::linear; the
+// reference as the same sum in double. Each input's values are drawn once, stored in its dtype, and
+// read back, so the reference sees exactly the (rounded) values the engine does. Integer inputs
+// (labels, indices) take no gradient and are not perturbed.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cumulus/tensor/tensor.h"
+
+namespace cumulus::testing {
+
+using Inputs = std::vector<Tensor>;
+using Values = std::vector<std::vector<double>>;  // one flat, row-major vector per input
+
+// How one input is made. Floating values are uniform in [lo, hi) and kept at |v| >= min_abs (off an
+// op's kinks: relu at 0, an abs at 0); integer values are uniform integers in [lo, hi).
+struct CaseInput {
+  Shape shape;
+  DType dtype = DType::f32;
+  double lo = -1, hi = 1, min_abs = 0;
+  bool grad = true;  // floating inputs: a leaf requiring grad, checked by finite differences
+};
+
+struct OpCase {
+  std::string op;    // the op's name as it gives it to OpScope: "relu", "add"
+  std::string name;  // unique, [A-Za-z0-9_]: "relu_3x5_f32"
+  std::vector<CaseInput> inputs;
+  // The op under test, on the inputs' device. Its output may have any shape and a floating dtype.
+  std::function<Tensor(const Inputs&)> forward;
+  // The same function in double precision, flat and row-major, on the inputs' values.
+  std::function<std::vector<double>(const Values&)> reference;
+  // Forward: max |engine - reference| <= tolerance * max(1, max |reference|).
+  double tolerance = 1e-5;
+  // Gradients: max |engine - finite differences| <= grad_tolerance * max |finite differences|.
+  double grad_tolerance = 1e-4;
+  // The op returns a view of its input (reshape, narrow): it allocates nothing, so the driver checks
+  // neither the output's memory category nor an out-of-memory report for it.
+  bool view = false;
+  // Per forward, for the benchmark: FLOPs (0 for memory-bound ops, reported in GB/s). The bytes are
+  // counted by the driver: every input read once and the output written once.
+  double flops = 0;
+};
+
+using OpCaseFactory = void (*)(std::vector<OpCase>& cases);
+
+// Every registered case, in registration order within a group and groups by name.
+const std::vector<OpCase>& all_op_cases();
+
+// Registration (use CUMULUS_OP_CASES): returns true so it can initialize a static.
+bool register_op_cases(const char* group, OpCaseFactory factory);
+
+// ---- for the drivers ----
+// A case's inputs on one device. Only f32 tensors can be leaves (16-bit types are compute types,
+// Note [Mixed precision] in engine/ops/linear.cpp), so a 16-bit input is its f32 leaf cast to the
+// type, recorded: its gradient reaches the leaf converted exactly.
+struct CaseTensors {
+  Inputs leaves;  // f32 leaves (requiring grad when the input takes one), integer inputs as they are
+  Inputs inputs;  // what the op gets: the leaves, cast to each input's dtype
+};
+// The case's inputs on `device`, drawn from `seed` (the same values on every device), each rounded
+// to its dtype once.
+CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed);
+// A tensor's values (any dtype, any device) as doubles, flat and row-major.
+std::vector<double> values_of(const Tensor& t);
+
+// ---- for references ----
+// f applied to every element.
+std::vector<double> map(const std::vector<double>& x, const std::function<double(double)>& f);
+
+}  // namespace cumulus::testing
+
+#define CUMULUS_OP_CASES(group)                                                         \
+  static void cumulus_op_cases_##group(std::vector<::cumulus::testing::OpCase>& cases); \
+  [[maybe_unused]] static const bool cumulus_op_cases_registered_##group =              \
+      ::cumulus::testing::register_op_cases(#group, cumulus_op_cases_##group);          \
+  static void cumulus_op_cases_##group(std::vector<::cumulus::testing::OpCase>& cases)

@@ -1,0 +1,116 @@
+// The op-case registry and the input making the drivers share (tests/op_cases/op_case.h).
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/core/error.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/tensor/random.h"
+#include "op_case.h"
+
+namespace cumulus::testing {
+
+namespace {
+
+// Groups by name, so the order of the cases does not depend on the order of static initialization.
+std::map<std::string, OpCaseFactory>& factories() {
+  static std::map<std::string, OpCaseFactory> groups;
+  return groups;
+}
+
+bool valid_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+  });
+}
+
+std::vector<OpCase> build_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [group, factory] : factories()) factory(cases);
+  std::vector<std::string> names;
+  for (const OpCase& c : cases) {
+    CUMULUS_CHECK(valid_name(c.name), InvalidArgument, "op case name '", c.name, "' must be [A-Za-z0-9_]+");
+    CUMULUS_CHECK(!c.op.empty() && c.forward && c.reference, InvalidArgument, "op case ", c.name,
+                  " needs an op name, a forward and a reference");
+    names.push_back(c.name);
+  }
+  std::sort(names.begin(), names.end());
+  const auto dup = std::adjacent_find(names.begin(), names.end());
+  CUMULUS_CHECK(dup == names.end(), InvalidArgument, "two op cases are named ", *dup);
+  return cases;
+}
+
+// Floating values uniform in [lo, hi), moved off (-min_abs, min_abs).
+std::vector<float> floating_values(const CaseInput& in, Generator& gen) {
+  std::vector<float> v(static_cast<std::size_t>(in.shape.numel()));
+  gen.fill_uniform(v.data(), static_cast<int64_t>(v.size()), static_cast<float>(in.lo), static_cast<float>(in.hi));
+  const float m = static_cast<float>(in.min_abs);
+  for (float& x : v)
+    if (std::fabs(x) < m) x = x < 0 ? -m - (m + x) : m + (m - x);  // reflected out of the gap
+  return v;
+}
+
+std::vector<int32_t> integer_values(const CaseInput& in, Generator& gen) {
+  std::vector<float> u(static_cast<std::size_t>(in.shape.numel()));
+  gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 1.0f);
+  std::vector<int32_t> v(u.size());
+  const double span = in.hi - in.lo;
+  for (std::size_t i = 0; i < u.size(); ++i)
+    v[i] = static_cast<int32_t>(std::min(in.hi - 1, std::floor(in.lo + u[i] * span)));
+  return v;
+}
+
+}  // namespace
+
+bool register_op_cases(const char* group, OpCaseFactory factory) {
+  factories().emplace(group, factory);
+  return true;
+}
+
+const std::vector<OpCase>& all_op_cases() {
+  static const std::vector<OpCase> cases = build_cases();
+  return cases;
+}
+
+CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed) {
+  Generator gen(seed);
+  CaseTensors made;
+  for (const CaseInput& in : c.inputs) {
+    if (!is_floating(in.dtype)) {
+      CUMULUS_CHECK(in.dtype == DType::i32, InvalidArgument, "op case ", c.name, ": integer inputs are i32, got ",
+                    dtype_name(in.dtype));
+      made.leaves.push_back(Tensor::from_vector(integer_values(in, gen), in.shape, device));
+      made.inputs.push_back(made.leaves.back());
+      continue;
+    }
+    Tensor leaf = Tensor::from_vector(floating_values(in, gen), in.shape, device);
+    {
+      NoGradGuard no_grad;  // round the leaf's values to the input's type once
+      leaf = ops::cast(ops::cast(leaf, in.dtype), DType::f32);
+    }
+    if (in.grad) leaf.set_requires_grad(true);
+    made.leaves.push_back(leaf);
+    made.inputs.push_back(ops::cast(leaf, in.dtype));
+  }
+  return made;
+}
+
+std::vector<double> values_of(const Tensor& t) {
+  Tensor host = t.to(Device::cpu());
+  if (host.dtype() == DType::i32) {
+    const std::vector<int32_t> v = host.to_vector<int32_t>();
+    return std::vector<double>(v.begin(), v.end());
+  }
+  NoGradGuard no_grad;
+  const std::vector<float> v = ops::cast(host, DType::f32).to_vector<float>();
+  return std::vector<double>(v.begin(), v.end());
+}
+
+std::vector<double> map(const std::vector<double>& x, const std::function<double(double)>& f) {
+  std::vector<double> y(x.size());
+  std::transform(x.begin(), x.end(), y.begin(), f);
+  return y;
+}
+
+}  // namespace cumulus::testing

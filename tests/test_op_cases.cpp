@@ -1,0 +1,187 @@
+// Every registered op case (tests/op_cases/, Note [Op cases] in op_case.h) through four checks:
+// the forward against its double-precision reference, each floating input's gradient against
+// central finite differences of the reference, the memory accounting (the output is an activation,
+// every allocation is named after the op), and CPU against CUDA (skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "cumulus/memory/allocator.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/tensor/random.h"
+#include "op_cases/op_case.h"
+#include "test_util.h"
+
+namespace cumulus::testing {
+namespace {
+
+constexpr uint64_t kInputSeed = 20261124;
+constexpr uint64_t kWeightSeed = 7;
+
+// The loss weights of Note [Op cases]: +-m/8, m in 1..16, exact in every floating dtype.
+std::vector<double> loss_weights(int64_t n) {
+  std::vector<float> u(static_cast<std::size_t>(2 * n));
+  Generator(kWeightSeed).fill_uniform(u.data(), 2 * n, 0.0f, 1.0f);
+  std::vector<double> w(static_cast<std::size_t>(n));
+  for (int64_t k = 0; k < n; ++k)
+    w[k] = (u[2 * k] < 0.5f ? -1.0 : 1.0) * std::min(16.0, std::floor(1.0 + 16.0 * u[2 * k + 1])) / 8.0;
+  return w;
+}
+
+// sum_k w_k out_k through the engine's ops (recorded), as a scalar.
+Tensor engine_loss(const Tensor& out, const std::vector<double>& w) {
+  const int64_t n = out.numel();
+  const Tensor weights = Tensor::from_vector(std::vector<float>(w.begin(), w.end()), {1, n}, out.device());
+  const Tensor row = ops::reshape(ops::cast(out, DType::f32), {1, n});
+  return ops::sum(ops::linear(row, weights, Tensor()));
+}
+
+double reference_loss(const OpCase& c, const Values& x, const std::vector<double>& w) {
+  const std::vector<double> y = c.reference(x);
+  double loss = 0;
+  for (std::size_t k = 0; k < y.size(); ++k) loss += w[k] * y[k];
+  return loss;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// max |a - b|, NaN when the sizes differ or either holds a NaN.
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return NAN;
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(a[i] - b[i]);
+    if (!(d <= m)) m = std::isnan(d) ? NAN : d;
+    if (std::isnan(m)) return m;
+  }
+  return m;
+}
+
+Values input_values(const Inputs& inputs) {
+  Values v;
+  for (const Tensor& t : inputs) v.push_back(values_of(t));
+  return v;
+}
+
+// The gradient of reference_loss with respect to input i, by central differences in double.
+std::vector<double> finite_differences(const OpCase& c, const Values& x, std::size_t i, const std::vector<double>& w) {
+  const double h = 1e-6;
+  std::vector<double> g(x[i].size());
+  Values xp = x;
+  for (std::size_t k = 0; k < x[i].size(); ++k) {
+    xp[i][k] = x[i][k] + h;
+    const double up = reference_loss(c, xp, w);
+    xp[i][k] = x[i][k] - h;
+    const double down = reference_loss(c, xp, w);
+    xp[i][k] = x[i][k];
+    g[k] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+class OpCaseTest : public ::testing::TestWithParam<std::size_t> {
+ protected:
+  const OpCase& op_case() const { return all_op_cases()[GetParam()]; }
+};
+
+TEST_P(OpCaseTest, ForwardMatchesReference) {
+  const OpCase& c = op_case();
+  const CaseTensors t = make_inputs(c, Device::cpu(), kInputSeed);
+  const std::vector<double> expected = c.reference(input_values(t.inputs));
+  const std::vector<double> got = values_of(c.forward(t.inputs));
+  ASSERT_EQ(got.size(), expected.size()) << "the output's numel differs from the reference's";
+  const double err = max_abs_diff(got, expected) / std::max(1.0, max_abs(expected));
+  EXPECT_LE(err, c.tolerance) << "max |engine - reference| relative to max(1, max |reference|)";
+}
+
+TEST_P(OpCaseTest, GradientsMatchFiniteDifferences) {
+  const OpCase& c = op_case();
+  const CaseTensors t = make_inputs(c, Device::cpu(), kInputSeed);
+  const Values x = input_values(t.inputs);
+  const Tensor out = c.forward(t.inputs);
+  const std::vector<double> w = loss_weights(out.numel());
+  engine_loss(out, w).backward();
+  int checked = 0;
+  for (std::size_t i = 0; i < t.leaves.size(); ++i) {
+    if (!is_floating(c.inputs[i].dtype) || !c.inputs[i].grad) continue;
+    SCOPED_TRACE("input " + std::to_string(i) + " " + t.leaves[i].shape().str());
+    const std::vector<double> fd = finite_differences(c, x, i, w);
+    const double scale = max_abs(fd);
+    EXPECT_GT(scale, 1e-3) << "the reference gradient is ~0: the check would be empty";
+    const Tensor g = t.leaves[i].grad();
+    ASSERT_TRUE(g.defined()) << "no gradient reached the input";
+    EXPECT_LE(max_abs_diff(values_of(g), fd), c.grad_tolerance * scale)
+        << "analytic gradient against finite differences (tolerance relative to max |fd| = " << scale << ")";
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no floating input takes a gradient";
+}
+
+// Records which op each allocation was made under (Note [Op cases]: the tracker and the
+// out-of-memory report name the op from the same OpScope).
+class OpRecorder final : public AllocationObserver {
+ public:
+  void on_change(const MemoryStats& stats) override {
+    if (stats.allocated > last_) ops_.insert(current_op().name ? current_op().name : "(no op)");
+    last_ = stats.allocated;
+  }
+  std::set<std::string> ops_;
+  int64_t last_ = 0;
+};
+
+TEST_P(OpCaseTest, OutputIsAnActivationNamedAfterTheOp) {
+  const OpCase& c = op_case();
+  if (c.view) GTEST_SKIP() << "a view allocates nothing";
+  const CaseTensors t = make_inputs(c, Device::cpu(), kInputSeed);
+  CachingAllocator& allocator = allocator_for(Device::cpu());
+  OpRecorder recorder;
+  recorder.last_ = allocator.stats().allocated;
+  allocator.set_observer(&recorder);
+  Tensor out;
+  try {
+    out = c.forward(t.inputs);
+  } catch (...) {
+    allocator.set_observer(nullptr);
+    throw;
+  }
+  allocator.set_observer(nullptr);
+  EXPECT_EQ(out.memory_category(), MemoryCategory::activations);
+  ASSERT_FALSE(recorder.ops_.empty()) << "the op allocated nothing; mark the case a view if it is one";
+  EXPECT_EQ(recorder.ops_, std::set<std::string>{c.op}) << "allocations made outside the op's OpScope";
+}
+
+TEST_P(OpCaseTest, CudaMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  const OpCase& c = op_case();
+  auto run = [&](Device device, std::vector<std::vector<double>>& grads) {
+    const CaseTensors t = make_inputs(c, device, kInputSeed);
+    const Tensor out = c.forward(t.inputs);
+    const std::vector<double> y = values_of(out);
+    engine_loss(out, loss_weights(out.numel())).backward();
+    for (std::size_t i = 0; i < t.leaves.size(); ++i)
+      if (is_floating(c.inputs[i].dtype) && c.inputs[i].grad) grads.push_back(values_of(t.leaves[i].grad()));
+    return y;
+  };
+  std::vector<std::vector<double>> cpu_grads, cuda_grads;
+  const std::vector<double> cpu = run(Device::cpu(), cpu_grads);
+  const std::vector<double> cuda = run(Device::cuda(0), cuda_grads);
+  EXPECT_LE(max_abs_diff(cuda, cpu), c.tolerance * std::max(1.0, max_abs(cpu))) << "forward";
+  for (std::size_t i = 0; i < cpu_grads.size(); ++i)
+    EXPECT_LE(max_abs_diff(cuda_grads[i], cpu_grads[i]), c.grad_tolerance * std::max(1.0, max_abs(cpu_grads[i])))
+        << "gradient " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpCaseTest, ::testing::Range<std::size_t>(0, all_op_cases().size()),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           return all_op_cases()[info.param].name;
+                         });
+
+}  // namespace
+}  // namespace cumulus::testing
