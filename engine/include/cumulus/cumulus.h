@@ -56,6 +56,7 @@
 #include "cumulus/memory/planner.h"
 #include "cumulus/memory/tracker.h"
 
+#include "cumulus/data/csv.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/data/idx.h"
 
