@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "app_runner.h"
+#include "cumulus/io/file.h"
 #include "cumulus/io/safetensors.h"
 #include "toy_dataset.h"
 
@@ -267,11 +268,40 @@ TEST_F(CliRobustness, WriteFailuresAreCaughtBeforeTrainingOrReportedNamingTheFla
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
   ::waitpid(dead, nullptr, 0);
-  const std::string stale = path("stale_w.st.tmp." + std::to_string(dead));
+  const std::string stale = cumulus::io::temp_path_for(path("stale_w.st"), dead, 0xfeed1234);
   write_file(stale, "half a file");
+  // Issue 30 item 2: a user's file that merely looks like an old temporary name stays.
+  const std::string users = path("stale_w.st.tmp." + std::to_string(dead));
+  write_file(users, "the user's notes");
   r = run(common() + Args{"--epochs", "1", "--save", path("stale_w.st")});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_FALSE(fs::exists(stale)) << "the dead writer's temporary file is still there";
+  EXPECT_EQ(read_file(users), "the user's notes") << "the clean-up removed a user's file";
+}
+
+// Issue 30 items 1 and 4: someone who can write in the output directory plants a link at the
+// temporary name an earlier version used for the final save (after the start-up checks, the pid
+// being public); the save must not go through it. A private output stays private when replaced.
+TEST_F(CliRobustness, TheFinalSaveCannotBeRedirectedAndKeepsThePermissions) {
+  const std::string target = path("hijack_w.st"), victim = path("hijack_victim"), metrics = path("hijack.jsonl");
+  write_file(victim, "precious");
+  write_file(target, "old weights");
+  ASSERT_EQ(::chmod(target.c_str(), 0600), 0);
+  const pid_t pid = start_app(common() + Args{"--epochs", "60", "--train-limit", "64", "--save", target,
+                                             "--metrics", metrics},
+                              dir_ / "hijack.log");
+  // The first epoch's metrics line says the run is past its start-up checks.
+  while (!fs::exists(metrics) && ::waitpid(pid, nullptr, WNOHANG) == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  fs::create_symlink(victim, target + ".tmp." + std::to_string(pid));
+  const Result r = wait_app(pid, dir_ / "hijack.log");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(read_file(victim) == "precious") << "the final save was written through the planted link";
+  EXPECT_FALSE(fs::is_symlink(target));
+  EXPECT_NO_THROW(cumulus::io::load_safetensors(target));
+  struct stat st {};
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "replacing the private output widened its permissions";
 }
 
 // ---- 7. NaN hidden -------------------------------------------------------------------------------

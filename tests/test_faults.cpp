@@ -68,10 +68,10 @@ class FaultTest : public ::testing::Test {
   static Result run(const Args& args, const Args& env = {}) {
     return wait_app(start_app(args, dir_ / "run.log", env), dir_ / "run.log");
   }
-  // Temporary files write_file_atomic left beside `target` (target.tmp.<pid>).
+  // Temporary files write_file_atomic left beside `target` (target.cumulus-tmp.<host>.<pid>.<random>).
   static std::vector<fs::path> temporaries(const std::string& target) {
     std::vector<fs::path> out;
-    const std::string prefix = fs::path(target).filename().string() + ".tmp.";
+    const std::string prefix = fs::path(target).filename().string() + ".cumulus-tmp.";
     for (const auto& e : fs::directory_iterator(dir_))
       if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path());
     return out;
