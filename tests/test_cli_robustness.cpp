@@ -253,6 +253,15 @@ TEST_F(CliRobustness, OutOfRangeIntegersAreRefusedNotClamped) {
 
 // ---- 6. silent and late write failures ----------------------------------------------------------
 
+// Issue 30 item 14: an empty value is a usage error naming the flag, for every flag that takes a
+// value, never a silent default or 0.
+TEST_F(CliRobustness, EmptyValuesAreUsageErrorsNamingTheFlag) {
+  for (const char* flag : {"--lr", "--momentum", "--weight-decay", "--clip-grad-norm", "--accum-schedule",
+                           "--memory-budget", "--optimizer", "--betas", "--override", "--epochs"})
+    expect_refused({flag, ""}, 2, {flag, "''"});
+  expect_refused({"--lr-schedule", "cosine", "--min-lr", ""}, 2, {"--min-lr", "''"});
+}
+
 TEST_F(CliRobustness, WriteFailuresAreCaughtBeforeTrainingOrReportedNamingTheFlag) {
   expect_refused({"--save", ""}, 2, {"--save"});
   expect_refused({"--metrics", ""}, 2, {"--metrics"});
