@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -238,6 +239,66 @@ TEST_F(CliRobustness, ForgedCheckpointCountersAreRefusedNamingTheFile) {
   forge("forged_position.st", "next_micro_batch", "1164");  // past an epoch of 8 micro-batches
   expect_refused({"--epochs", "3", "--resume", path("forged_position.st")}, 1,
                  {"forged_position.st", "1164", "other data"});
+}
+
+// Issue 30 items 7 and 13: a checkpoint whose optimizer state holds a NaN (with a valid checksum)
+// would skip every step and save NaN weights; a forged loss scale of 0 or NaN is refused too, and
+// both messages name the checkpoint file (and the tensor or the key).
+TEST_F(CliRobustness, ForgedOptimizerStateAndLossScaleAreRefusedNamingTheFile) {
+  const Args momentum = common() + Args{"--momentum", "0.9", "--precision", "fp16", "--epochs", "3"};
+  Result r = run(momentum + Args{"--epochs", "1", "--checkpoint", path("momentum_ck.st")});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto forge = [&](const std::string& name, const std::function<void(cumulus::io::SafetensorsContents&)>& change) {
+    cumulus::io::SafetensorsContents c = cumulus::io::load_safetensors(path("momentum_ck.st"));
+    change(c);
+    c.metadata["checksum_crc32"] = "";  // recomputed: the forgery is internally consistent
+    cumulus::io::save_safetensors(path(name), c.tensors, c.metadata);
+  };
+  forge("nan_momentum.st", [](cumulus::io::SafetensorsContents& c) {
+    for (auto& [name, t] : c.tensors)
+      if (name == "optimizer.momentum_buffer") t.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  });
+  expect_refused(momentum + Args{"--resume", path("nan_momentum.st")}, 1,
+                 {"nan_momentum.st", "optimizer.momentum_buffer", "non-finite"});
+  for (const char* bits : {"0", "2143289344" /* a quiet NaN */}) {
+    forge("bad_scale.st", [&](cumulus::io::SafetensorsContents& c) { c.metadata["loss_scale_bits"] = bits; });
+    expect_refused(momentum + Args{"--resume", path("bad_scale.st")}, 1, {"bad_scale.st", "loss scale"});
+  }
+}
+
+// Issue 30 item 11: a checkpoint's optimizer tensor with a forged shape (over a sparse file, so
+// the data section is as long as the header says) is refused from the header, naming the tensor
+// and the shape the run keeps, before anything of that size is allocated.
+TEST_F(CliRobustness, AForgedOptimizerTensorIsRefusedBeforeItIsAllocated) {
+  const Args momentum = common() + Args{"--momentum", "0.9", "--epochs", "3"};
+  const Result r = run(momentum + Args{"--epochs", "1", "--checkpoint", path("shape_ck.st")});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const cumulus::io::SafetensorsHeader good = cumulus::io::read_safetensors_header(path("shape_ck.st"));
+  nlohmann::ordered_json header;
+  header["__metadata__"] = good.metadata;
+  uint64_t offset = 0;
+  int64_t flat = 0;
+  for (const auto& t : good.tensors) {
+    std::vector<int64_t> shape;
+    for (int d = 0; d < t.shape.ndim(); ++d) shape.push_back(t.shape[d]);
+    if (t.name == "optimizer.momentum_buffer") {
+      flat = t.shape.numel();
+      shape = {int64_t{1} << 34};  // 64 GiB of f32
+    }
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    const uint64_t end = offset + 4 * static_cast<uint64_t>(n);  // f32 and i32 alike
+    header[t.name] = {{"dtype", t.dtype == cumulus::DType::i32 ? "I32" : "F32"}, {"shape", shape}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  ASSERT_GT(flat, 0) << "the checkpoint has no momentum buffer";
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  write_file(path("huge_ck.st"), bytes + text);
+  fs::resize_file(path("huge_ck.st"), 8 + text.size() + offset);  // sparse: no disk space used
+  expect_refused(momentum + Args{"--resume", path("huge_ck.st")}, 1,
+                 {"huge_ck.st", "optimizer.momentum_buffer", "[" + std::to_string(flat) + "]", "expected"});
 }
 
 TEST_F(CliRobustness, OutOfRangeIntegersAreRefusedNotClamped) {
