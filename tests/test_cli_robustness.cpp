@@ -7,6 +7,7 @@
 // The app runs on small generated IDX files (toy_dataset.h), on the CPU.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,6 +198,30 @@ TEST_F(CliRobustness, AGzipBombIsRefusedFastAndInBoundedMemory) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("train-images-idx3-ubyte.gz"), std::string::npos) << r.out;
   EXPECT_LT(seconds, 10.0) << r.out;
+}
+
+// Issue 30 item 12: 800,000 images of zeros (627 MB, about 600 KB gzipped: a claim the file can
+// back) beside 256 labels. Both headers are read and compared before either file is inflated, so
+// the run ends at once and never holds the images.
+TEST_F(CliRobustness, ImagesAndLabelsAreComparedBeforeAnythingIsInflated) {
+  fs::create_directories(path("mismatch"));
+  for (const char* f : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    fs::copy_file(path(std::string("data/") + f), path(std::string("mismatch/") + f));
+  gzFile gz = gzopen(path("mismatch/train-images-idx3-ubyte.gz").c_str(), "wb1");
+  ASSERT_NE(gz, nullptr);
+  std::string header;
+  for (uint32_t v : {0x803u, 800000u, 28u, 28u}) cumulus::testing::put_be32(header, v);
+  gzwrite(gz, header.data(), static_cast<unsigned>(header.size()));
+  const std::string zeros(784 * 1000, '\0');
+  for (int i = 0; i < 800; ++i) gzwrite(gz, zeros.data(), static_cast<unsigned>(zeros.size()));
+  gzclose(gz);
+  const Result r = run(Args{"--data", path("mismatch"), "--device", "cpu", "--quiet"}, std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  for (const char* fragment : {"train-images-idx3-ubyte.gz", "800000 images", "train-labels-idx1-ubyte.gz", "256"})
+    EXPECT_NE(r.out.find(fragment), std::string::npos) << fragment << " in " << r.out;
+  rusage children {};
+  ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &children), 0);
+  EXPECT_LT(children.ru_maxrss, 400L * 1024) << "KiB: the largest run of this test held the inflated images";
 }
 
 // ---- 5. silently wrong resumes and flags --------------------------------------------------------
