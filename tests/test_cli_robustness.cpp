@@ -219,7 +219,7 @@ TEST_F(CliRobustness, ImagesAndLabelsAreComparedBeforeAnythingIsInflated) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   for (const char* fragment : {"train-images-idx3-ubyte.gz", "800000 images", "train-labels-idx1-ubyte.gz", "256"})
     EXPECT_NE(r.out.find(fragment), std::string::npos) << fragment << " in " << r.out;
-  rusage children {};
+  rusage children{};
   ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &children), 0);
   EXPECT_LT(children.ru_maxrss, 400L * 1024) << "KiB: the largest run of this test held the inflated images";
 }
@@ -313,7 +313,8 @@ TEST_F(CliRobustness, AForgedOptimizerTensorIsRefusedBeforeItIsAllocated) {
     int64_t n = 1;
     for (const int64_t d : shape) n *= d;
     const uint64_t end = offset + 4 * static_cast<uint64_t>(n);  // f32 and i32 alike
-    header[t.name] = {{"dtype", t.dtype == cumulus::DType::i32 ? "I32" : "F32"}, {"shape", shape}, {"data_offsets", {offset, end}}};
+    header[t.name] = {
+        {"dtype", t.dtype == cumulus::DType::i32 ? "I32" : "F32"}, {"shape", shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   ASSERT_GT(flat, 0) << "the checkpoint has no momentum buffer";
@@ -382,9 +383,9 @@ TEST_F(CliRobustness, TheFinalSaveCannotBeRedirectedAndKeepsThePermissions) {
   write_file(victim, "precious");
   write_file(target, "old weights");
   ASSERT_EQ(::chmod(target.c_str(), 0600), 0);
-  const pid_t pid = start_app(common() + Args{"--epochs", "60", "--train-limit", "64", "--save", target,
-                                             "--metrics", metrics},
-                              dir_ / "hijack.log");
+  const pid_t pid =
+      start_app(common() + Args{"--epochs", "60", "--train-limit", "64", "--save", target, "--metrics", metrics},
+                dir_ / "hijack.log");
   // The first epoch's metrics line says the run is past its start-up checks.
   while (!fs::exists(metrics) && ::waitpid(pid, nullptr, WNOHANG) == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -9,12 +9,12 @@
 // The app cases run fashion_mnist (FASHION_MNIST_BIN) on small generated IDX files, as test_app does.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -130,7 +130,7 @@ TEST_F(FaultTest, AFileSizeLimitIsAnOrdinaryWriteError) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string previous = read_file(target);
   ASSERT_GT(previous.size(), std::size_t(1) << 20);
-  rlimit old {};
+  rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   rlimit small = old;
   small.rlim_cur = 1 << 20;  // the weights are 2.7 MB; the log stays far below

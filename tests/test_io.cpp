@@ -29,8 +29,8 @@
 #include "cumulus/io/file.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/category.h"
-#include "cumulus/tensor/random.h"
 #include "cumulus/models/mlp.h"
+#include "cumulus/tensor/random.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -637,8 +637,7 @@ TEST(AtomicWrite, CleanUpRemovesOnlyDeadWritersTemporariesOfThisHost) {
   const std::size_t host_at = other_host.find(".cumulus-tmp.") + 13;
   other_host[host_at] = other_host[host_at] == '0' ? '1' : '0';
   const std::vector<std::string> kept = {target + ".tmp." + std::to_string(dead),  // a user's own file
-                                         target + ".cumulus-tmp.notes", ours_live, other_host,
-                                         ours_dead + "x"};
+                                         target + ".cumulus-tmp.notes", ours_live, other_host, ours_dead + "x"};
   for (const std::string& p : kept) write_raw(p, "mine");
   write_raw(ours_dead, "half a file");
   EXPECT_EQ(io::remove_stale_temp_files(target), 1);

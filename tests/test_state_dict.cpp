@@ -241,10 +241,10 @@ TEST(StateDict, ExtraTensorsAreCheckedForFinitenessAndAgainstTheExpectedLayout) 
   Generator g(0);
   models::SeedMLP a(g), b(g);
   const std::string path = dir.file("ckpt.safetensors");
-  io::save_state_dict(path, a, {},
-                      io::ExtraTensors{"optimizer.", {{"momentum_buffer", Tensor::from_vector(
-                                                                             std::vector<float>{1, std::nanf(""), 3},
-                                                                             Shape{3})}}});
+  io::save_state_dict(
+      path, a, {},
+      io::ExtraTensors{"optimizer.",
+                       {{"momentum_buffer", Tensor::from_vector(std::vector<float>{1, std::nanf(""), 3}, Shape{3})}}});
   const auto before = values(b);
   io::LoadStateDictOptions o;
   o.extra_prefix = "optimizer.";

@@ -169,7 +169,7 @@ struct OpenIdx {
   std::unique_ptr<Source> source;
   bool gzip = false;
   std::size_t header_size = 0;
-  IdxArray out;                    // dims and count_in_file; no values yet
+  IdxArray out;                   // dims and count_in_file; no values yet
   int64_t payload = 1, item = 1;  // bytes in all, bytes per item (the product of dims after the first)
   std::string expectation() const {
     return detail::concat("the header's dimensions ", dims_str(out.dims), " need ", payload,
@@ -241,9 +241,10 @@ void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
     return;
   }
   const uint64_t most = static_cast<uint64_t>(mul_saturating(file_size, static_cast<int64_t>(kMaxDeflateRatio)));
-  CUMULUS_CHECK(static_cast<uint64_t>(o.payload) + header_size <= most, Error, where(path), "truncated or corrupt: ",
-                o.expectation(), ", but ", file_size, " bytes of gzip data inflate to at most ", most,
-                " (deflate expands at most ", kMaxDeflateRatio, " times)");
+  CUMULUS_CHECK(static_cast<uint64_t>(o.payload) + header_size <= most, Error, where(path),
+                "truncated or corrupt: ", o.expectation(), ", but ", file_size,
+                " bytes of gzip data inflate to at most ", most, " (deflate expands at most ", kMaxDeflateRatio,
+                " times)");
 }
 
 }  // namespace
