@@ -7,6 +7,7 @@
 // The app runs on small generated IDX files (toy_dataset.h), on the CPU.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,12 +18,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "app_runner.h"
+#include "cumulus/io/file.h"
 #include "cumulus/io/safetensors.h"
 #include "toy_dataset.h"
 
@@ -197,6 +200,30 @@ TEST_F(CliRobustness, AGzipBombIsRefusedFastAndInBoundedMemory) {
   EXPECT_LT(seconds, 10.0) << r.out;
 }
 
+// Issue 30 item 12: 800,000 images of zeros (627 MB, about 600 KB gzipped: a claim the file can
+// back) beside 256 labels. Both headers are read and compared before either file is inflated, so
+// the run ends at once and never holds the images.
+TEST_F(CliRobustness, ImagesAndLabelsAreComparedBeforeAnythingIsInflated) {
+  fs::create_directories(path("mismatch"));
+  for (const char* f : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    fs::copy_file(path(std::string("data/") + f), path(std::string("mismatch/") + f));
+  gzFile gz = gzopen(path("mismatch/train-images-idx3-ubyte.gz").c_str(), "wb1");
+  ASSERT_NE(gz, nullptr);
+  std::string header;
+  for (uint32_t v : {0x803u, 800000u, 28u, 28u}) cumulus::testing::put_be32(header, v);
+  gzwrite(gz, header.data(), static_cast<unsigned>(header.size()));
+  const std::string zeros(784 * 1000, '\0');
+  for (int i = 0; i < 800; ++i) gzwrite(gz, zeros.data(), static_cast<unsigned>(zeros.size()));
+  gzclose(gz);
+  const Result r = run(Args{"--data", path("mismatch"), "--device", "cpu", "--quiet"}, std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  for (const char* fragment : {"train-images-idx3-ubyte.gz", "800000 images", "train-labels-idx1-ubyte.gz", "256"})
+    EXPECT_NE(r.out.find(fragment), std::string::npos) << fragment << " in " << r.out;
+  rusage children{};
+  ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &children), 0);
+  EXPECT_LT(children.ru_maxrss, 400L * 1024) << "KiB: the largest run of this test held the inflated images";
+}
+
 // ---- 5. silently wrong resumes and flags --------------------------------------------------------
 
 TEST_F(CliRobustness, ResumeIsAContract) {
@@ -239,6 +266,67 @@ TEST_F(CliRobustness, ForgedCheckpointCountersAreRefusedNamingTheFile) {
                  {"forged_position.st", "1164", "other data"});
 }
 
+// Issue 30 items 7 and 13: a checkpoint whose optimizer state holds a NaN (with a valid checksum)
+// would skip every step and save NaN weights; a forged loss scale of 0 or NaN is refused too, and
+// both messages name the checkpoint file (and the tensor or the key).
+TEST_F(CliRobustness, ForgedOptimizerStateAndLossScaleAreRefusedNamingTheFile) {
+  const Args momentum = common() + Args{"--momentum", "0.9", "--precision", "fp16", "--epochs", "3"};
+  Result r = run(momentum + Args{"--epochs", "1", "--checkpoint", path("momentum_ck.st")});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto forge = [&](const std::string& name, const std::function<void(cumulus::io::SafetensorsContents&)>& change) {
+    cumulus::io::SafetensorsContents c = cumulus::io::load_safetensors(path("momentum_ck.st"));
+    change(c);
+    c.metadata["checksum_crc32"] = "";  // recomputed: the forgery is internally consistent
+    cumulus::io::save_safetensors(path(name), c.tensors, c.metadata);
+  };
+  forge("nan_momentum.st", [](cumulus::io::SafetensorsContents& c) {
+    for (auto& [name, t] : c.tensors)
+      if (name == "optimizer.momentum_buffer") t.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  });
+  expect_refused(momentum + Args{"--resume", path("nan_momentum.st")}, 1,
+                 {"nan_momentum.st", "optimizer.momentum_buffer", "non-finite"});
+  for (const char* bits : {"0", "2143289344" /* a quiet NaN */}) {
+    forge("bad_scale.st", [&](cumulus::io::SafetensorsContents& c) { c.metadata["loss_scale_bits"] = bits; });
+    expect_refused(momentum + Args{"--resume", path("bad_scale.st")}, 1, {"bad_scale.st", "loss scale"});
+  }
+}
+
+// Issue 30 item 11: a checkpoint's optimizer tensor with a forged shape (over a sparse file, so
+// the data section is as long as the header says) is refused from the header, naming the tensor
+// and the shape the run keeps, before anything of that size is allocated.
+TEST_F(CliRobustness, AForgedOptimizerTensorIsRefusedBeforeItIsAllocated) {
+  const Args momentum = common() + Args{"--momentum", "0.9", "--epochs", "3"};
+  const Result r = run(momentum + Args{"--epochs", "1", "--checkpoint", path("shape_ck.st")});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const cumulus::io::SafetensorsHeader good = cumulus::io::read_safetensors_header(path("shape_ck.st"));
+  nlohmann::ordered_json header;
+  header["__metadata__"] = good.metadata;
+  uint64_t offset = 0;
+  int64_t flat = 0;
+  for (const auto& t : good.tensors) {
+    std::vector<int64_t> shape;
+    for (int d = 0; d < t.shape.ndim(); ++d) shape.push_back(t.shape[d]);
+    if (t.name == "optimizer.momentum_buffer") {
+      flat = t.shape.numel();
+      shape = {int64_t{1} << 34};  // 64 GiB of f32
+    }
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    const uint64_t end = offset + 4 * static_cast<uint64_t>(n);  // f32 and i32 alike
+    header[t.name] = {
+        {"dtype", t.dtype == cumulus::DType::i32 ? "I32" : "F32"}, {"shape", shape}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  ASSERT_GT(flat, 0) << "the checkpoint has no momentum buffer";
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  write_file(path("huge_ck.st"), bytes + text);
+  fs::resize_file(path("huge_ck.st"), 8 + text.size() + offset);  // sparse: no disk space used
+  expect_refused(momentum + Args{"--resume", path("huge_ck.st")}, 1,
+                 {"huge_ck.st", "optimizer.momentum_buffer", "[" + std::to_string(flat) + "]", "expected"});
+}
+
 TEST_F(CliRobustness, OutOfRangeIntegersAreRefusedNotClamped) {
   expect_refused({"--batch-size", "1e23"}, 2, {"--batch-size", "1e23"});
   expect_refused({"--batch-size", "9223372036854775807"}, 2, {"--batch-size"});
@@ -251,6 +339,15 @@ TEST_F(CliRobustness, OutOfRangeIntegersAreRefusedNotClamped) {
 }
 
 // ---- 6. silent and late write failures ----------------------------------------------------------
+
+// Issue 30 item 14: an empty value is a usage error naming the flag, for every flag that takes a
+// value, never a silent default or 0.
+TEST_F(CliRobustness, EmptyValuesAreUsageErrorsNamingTheFlag) {
+  for (const char* flag : {"--lr", "--momentum", "--weight-decay", "--clip-grad-norm", "--accum-schedule",
+                           "--memory-budget", "--optimizer", "--betas", "--override", "--epochs"})
+    expect_refused({flag, ""}, 2, {flag, "''"});
+  expect_refused({"--lr-schedule", "cosine", "--min-lr", ""}, 2, {"--min-lr", "''"});
+}
 
 TEST_F(CliRobustness, WriteFailuresAreCaughtBeforeTrainingOrReportedNamingTheFlag) {
   expect_refused({"--save", ""}, 2, {"--save"});
@@ -267,11 +364,40 @@ TEST_F(CliRobustness, WriteFailuresAreCaughtBeforeTrainingOrReportedNamingTheFla
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
   ::waitpid(dead, nullptr, 0);
-  const std::string stale = path("stale_w.st.tmp." + std::to_string(dead));
+  const std::string stale = cumulus::io::temp_path_for(path("stale_w.st"), dead, 0xfeed1234);
   write_file(stale, "half a file");
+  // Issue 30 item 2: a user's file that merely looks like an old temporary name stays.
+  const std::string users = path("stale_w.st.tmp." + std::to_string(dead));
+  write_file(users, "the user's notes");
   r = run(common() + Args{"--epochs", "1", "--save", path("stale_w.st")});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_FALSE(fs::exists(stale)) << "the dead writer's temporary file is still there";
+  EXPECT_EQ(read_file(users), "the user's notes") << "the clean-up removed a user's file";
+}
+
+// Issue 30 items 1 and 4: someone who can write in the output directory plants a link at the
+// temporary name an earlier version used for the final save (after the start-up checks, the pid
+// being public); the save must not go through it. A private output stays private when replaced.
+TEST_F(CliRobustness, TheFinalSaveCannotBeRedirectedAndKeepsThePermissions) {
+  const std::string target = path("hijack_w.st"), victim = path("hijack_victim"), metrics = path("hijack.jsonl");
+  write_file(victim, "precious");
+  write_file(target, "old weights");
+  ASSERT_EQ(::chmod(target.c_str(), 0600), 0);
+  const pid_t pid =
+      start_app(common() + Args{"--epochs", "60", "--train-limit", "64", "--save", target, "--metrics", metrics},
+                dir_ / "hijack.log");
+  // The first epoch's metrics line says the run is past its start-up checks.
+  while (!fs::exists(metrics) && ::waitpid(pid, nullptr, WNOHANG) == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  fs::create_symlink(victim, target + ".tmp." + std::to_string(pid));
+  const Result r = wait_app(pid, dir_ / "hijack.log");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(read_file(victim) == "precious") << "the final save was written through the planted link";
+  EXPECT_FALSE(fs::is_symlink(target));
+  EXPECT_NO_THROW(cumulus::io::load_safetensors(target));
+  struct stat st {};
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "replacing the private output widened its permissions";
 }
 
 // ---- 7. NaN hidden -------------------------------------------------------------------------------

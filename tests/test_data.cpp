@@ -292,6 +292,27 @@ TEST(Idx, GzipBombIsRefusedFastWithBoundedMemory) {
   EXPECT_LT(max_rss_kib() - rss_before, 32 * 1024) << "KiB";
 }
 
+// Issue 30 item 12: an images file and its labels file are checked against each other from their
+// headers alone. A gzip whose claim is plausible for its size (200,000 images: 157 MB of zeros in
+// about 150 KB) beside 512 labels is refused without inflating the images.
+TEST(Idx, PairIsCheckedFromTheHeadersBeforeInflating) {
+  TempDir dir;
+  const std::string images = dir.file("images.gz"), labels = dir.file("labels.gz");
+  write_gzip_of_zeros(images, idx_bytes({200000, 28, 28}, {}), uint64_t(200000) * 784);
+  write_gzip(labels, idx_bytes({512}, make_labels(512)));
+  EXPECT_EQ(data::read_idx_dims(images, 3), (std::vector<int64_t>{200000, 28, 28}));
+  const long rss_before = max_rss_kib();
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { data::check_idx_pair(images, labels); }, {images, "200000 images", labels, "512 labels"});
+  EXPECT_LT(seconds_since(t0), 0.2);
+  EXPECT_LT(max_rss_kib() - rss_before, 32 * 1024) << "KiB: the images were inflated";
+  // Headers that agree pass, and a header's own faults are reported as read_idx_u8 reports them.
+  write_gzip(labels, idx_bytes({200000}, make_labels(200000)));
+  EXPECT_NO_THROW(data::check_idx_pair(images, labels));
+  write_gzip(labels, idx_bytes({1u << 31}, make_labels(10)));
+  expect_error([&] { data::check_idx_pair(images, labels); }, {labels, "truncated or corrupt"});
+}
+
 TEST(Idx, GzipDataPastTheClaimIsRefused) {
   // 1000 images claimed, 100 MB of zeros after the header: the claim (784 KB) is inflated, then
   // the first read past it fails.

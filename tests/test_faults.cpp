@@ -9,11 +9,12 @@
 // The app cases run fashion_mnist (FASHION_MNIST_BIN) on small generated IDX files, as test_app does.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -68,10 +69,10 @@ class FaultTest : public ::testing::Test {
   static Result run(const Args& args, const Args& env = {}) {
     return wait_app(start_app(args, dir_ / "run.log", env), dir_ / "run.log");
   }
-  // Temporary files write_file_atomic left beside `target` (target.tmp.<pid>).
+  // Temporary files write_file_atomic left beside `target` (target.cumulus-tmp.<host>.<pid>.<random>).
   static std::vector<fs::path> temporaries(const std::string& target) {
     std::vector<fs::path> out;
-    const std::string prefix = fs::path(target).filename().string() + ".tmp.";
+    const std::string prefix = fs::path(target).filename().string() + ".cumulus-tmp.";
     for (const auto& e : fs::directory_iterator(dir_))
       if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path());
     return out;
@@ -117,6 +118,32 @@ TEST_F(FaultTest, CheckpointWriteThatDiesLeavesThePreviousCheckpointIntact) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_TRUE(read_file(path("straight.safetensors")) == read_file(path("resumed.safetensors")))
       << "weights differ after resuming from the checkpoint a failed write left";
+}
+
+// Issue 30 item 8: under a file-size limit (ulimit -f) the final save fails with EFBIG instead of
+// SIGXFSZ killing the app mid-write: exit 1, a message naming --save and the file, the previous
+// weights intact and no temporary left.
+TEST_F(FaultTest, AFileSizeLimitIsAnOrdinaryWriteError) {
+  const std::string target = path("fsize.safetensors");
+  const Args common = data() + Args{"--batch-size", "32", "--epochs", "1", "--train-limit", "64", "--save", target};
+  Result r = run(common);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string previous = read_file(target);
+  ASSERT_GT(previous.size(), std::size_t(1) << 20);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 1 << 20;  // the weights are 2.7 MB; the log stays far below
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const pid_t pid = start_app(common, dir_ / "fsize.log");  // inherits the limit
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  r = wait_app(pid, dir_ / "fsize.log");
+  EXPECT_EQ(r.signal, 0) << "killed by signal " << r.signal;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  for (const std::string& fragment : {std::string("--save"), target, std::string("too large")})
+    EXPECT_NE(r.out.find(fragment), std::string::npos) << fragment << " in " << r.out;
+  EXPECT_TRUE(read_file(target) == previous) << "the previous weights were changed";
+  EXPECT_TRUE(temporaries(target).empty()) << "a temporary file was left";
 }
 
 // ---- damaged checkpoints ----

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -25,10 +26,11 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
+#include "cumulus/io/file.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/category.h"
-#include "cumulus/tensor/random.h"
 #include "cumulus/models/mlp.h"
+#include "cumulus/tensor/random.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -545,7 +547,7 @@ TEST(Safetensors, FailedSavesLeaveNoTraceAndTheTargetUnchanged) {
 
   // 1. A save into a directory that does not exist.
   const std::string nowhere = dir.file("no/such/dir/model.safetensors");
-  expect_error([&] { save_safetensors(nowhere, {{"w", Tensor::full({4}, 2.0f)}}); }, {nowhere + ".tmp"});
+  expect_error([&] { save_safetensors(nowhere, {{"w", Tensor::full({4}, 2.0f)}}); }, {nowhere, "temporary"});
   // 2. A save refused before writing (duplicate names) over the existing target.
   EXPECT_THROW(save_safetensors(path, {{"w", Tensor::full({4}, 3.0f)}, {"w", Tensor::full({4}, 3.0f)}}), Error);
   // 3. A write that fails midway: the file size limit makes write() fail with EFBIG after the
@@ -579,6 +581,68 @@ TEST(Safetensors, FailedSavesLeaveNoTraceAndTheTargetUnchanged) {
   EXPECT_EQ(read_file(path), before) << "the existing file is untouched";
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"blocked", "model.safetensors"})) << "no temporary files";
   EXPECT_EQ(load_safetensors(path).tensors.at(0).second.to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
+// Issue 30 item 1: the temporary file of an atomic write is created under a name no one can plant
+// in advance, and never through an existing file or link. A link at the name earlier versions
+// used ("<target>.tmp.<pid>", the pid being public) must not receive the write.
+TEST(AtomicWrite, APlantedLinkAtTheTemporaryNameIsNeverWrittenThrough) {
+  TempDir dir;
+  const std::string target = dir.file("w.safetensors"), victim = dir.file("victim");
+  write_raw(victim, "precious");
+  fs::create_symlink(victim, target + ".tmp." + std::to_string(::getpid()));
+  for (int i = 0; i < 3; ++i) io::write_file_atomic(target, "weights " + std::to_string(i));
+  EXPECT_EQ(read_file(victim), "precious") << "the write went through the planted link";
+  EXPECT_EQ(read_file(target), "weights 2");
+  EXPECT_FALSE(fs::is_symlink(target)) << "the target became a link";
+  const std::vector<std::string> left = dir.entries();
+  EXPECT_EQ(left.size(), 3u) << "only the target, the victim and the planted link; no temporary left";
+}
+
+// Issue 30 item 4: replacing a file keeps its permissions; a new file gets 0666 less the umask.
+TEST(AtomicWrite, ReplacingAFileKeepsItsModeAndNewFilesFollowTheUmask) {
+  TempDir dir;
+  const std::string target = dir.file("private.safetensors");
+  auto mode_of = [](const std::string& p) {
+    struct stat st {};
+    EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 07777;
+  };
+  const mode_t old_umask = ::umask(022);
+  io::write_file_atomic(target, "one");
+  EXPECT_EQ(mode_of(target), 0644u);
+  for (const mode_t mode : {0600u, 0640u, 0444u, 0660u}) {
+    ASSERT_EQ(::chmod(target.c_str(), mode), 0);
+    io::write_file_atomic(target, "two");
+    EXPECT_EQ(mode_of(target), mode) << std::oct << "a 0" << mode << " file was given another mode";
+  }
+  ::umask(077);
+  io::write_file_atomic(dir.file("new"), "three");
+  EXPECT_EQ(mode_of(dir.file("new")), 0600u);
+  ::umask(old_umask);
+}
+
+// Issue 30 item 2: start-up clean-up removes only a dead writer's temporary of this host, by the
+// exact name form the writer uses; a user's files with similar names, a live writer's and another
+// host's temporaries stay.
+TEST(AtomicWrite, CleanUpRemovesOnlyDeadWritersTemporariesOfThisHost) {
+  TempDir dir;
+  const std::string target = dir.file("w.st");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string ours_dead = io::temp_path_for(target, dead, 0x1234abcd);
+  const std::string ours_live = io::temp_path_for(target, ::getpid(), 0x1234abcd);
+  std::string other_host = ours_dead;
+  const std::size_t host_at = other_host.find(".cumulus-tmp.") + 13;
+  other_host[host_at] = other_host[host_at] == '0' ? '1' : '0';
+  const std::vector<std::string> kept = {target + ".tmp." + std::to_string(dead),  // a user's own file
+                                         target + ".cumulus-tmp.notes", ours_live, other_host, ours_dead + "x"};
+  for (const std::string& p : kept) write_raw(p, "mine");
+  write_raw(ours_dead, "half a file");
+  EXPECT_EQ(io::remove_stale_temp_files(target), 1);
+  EXPECT_FALSE(fs::exists(ours_dead));
+  for (const std::string& p : kept) EXPECT_EQ(read_file(p), "mine") << p << " was removed";
 }
 
 }  // namespace

@@ -232,6 +232,39 @@ TEST(StateDict, RequireFiniteRefusesNaNBeforeCopying) {
   EXPECT_TRUE(std::isnan(tensor_of(b, "running_var").to_vector<float>()[1]));
 }
 
+// Issue 30 items 7 and 11: the extra tensors (a checkpoint's optimizer state) are held to the same
+// standard: a NaN among them is refused under require_finite, naming the file and the tensor, and
+// with extra_layout set a name, dtype or shape the caller does not keep is refused from the header,
+// before any tensor is read, with the model untouched.
+TEST(StateDict, ExtraTensorsAreCheckedForFinitenessAndAgainstTheExpectedLayout) {
+  TempDir dir;
+  Generator g(0);
+  models::SeedMLP a(g), b(g);
+  const std::string path = dir.file("ckpt.safetensors");
+  io::save_state_dict(
+      path, a, {},
+      io::ExtraTensors{"optimizer.",
+                       {{"momentum_buffer", Tensor::from_vector(std::vector<float>{1, std::nanf(""), 3}, Shape{3})}}});
+  const auto before = values(b);
+  io::LoadStateDictOptions o;
+  o.extra_prefix = "optimizer.";
+  o.require_finite = true;
+  expect_error([&] { io::load_state_dict(path, b, o); },
+               {"file '" + path + "'", "tensor 'optimizer.momentum_buffer'", "element 1", "non-finite"});
+  EXPECT_EQ(values(b), before);
+
+  o.require_finite = false;
+  o.extra_layout = std::vector<io::SafetensorsTensorInfo>{{"momentum_buffer", DType::f32, Shape{4}}};
+  expect_error([&] { io::load_state_dict(path, b, o); },
+               {"tensor 'optimizer.momentum_buffer'", "f32 [3] in the file", "f32 [4] expected"});
+  o.extra_layout = std::vector<io::SafetensorsTensorInfo>{{"exp_avg", DType::f32, Shape{3}}};
+  expect_error([&] { io::load_state_dict(path, b, o); }, {"tensor 'optimizer.momentum_buffer'", "not a tensor"});
+  EXPECT_EQ(values(b), before);
+  o.extra_layout = std::vector<io::SafetensorsTensorInfo>{{"momentum_buffer", DType::f32, Shape{3}}};
+  EXPECT_EQ(io::load_state_dict(path, b, o).extra.size(), 1u);
+  EXPECT_EQ(values(a), values(b));
+}
+
 // bf16 weights (as torch.bfloat16 saves them) into f32: always exact, bits << 16. Checked through
 // copy_state_dict with tensors made here, so it does not depend on which dtypes the file reader knows.
 TEST(StateDict, Bf16IntoF32) {

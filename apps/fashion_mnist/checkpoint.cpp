@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -131,7 +132,9 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   }
   io::LoadStateDictOptions load_options;
   load_options.extra_prefix = kOptimizerPrefix;
-  load_options.require_finite = true;
+  load_options.require_finite = true;  // weights and optimizer state (a NaN moment skips every step)
+  load_options.extra_layout.emplace();
+  for (const auto& t : optimizer.state_layout()) load_options.extra_layout->push_back({t.name, t.dtype, t.shape});
   io::LoadedStateDict loaded;
   try {
     loaded = io::load_state_dict(path, model, load_options);
@@ -170,6 +173,9 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   if (meta.count("loss_scale_bits") == 1) {  // absent from checkpoints older than --precision: fp32, unscaled
     const auto scale_bits = static_cast<uint32_t>(counter("loss_scale_bits", 0, 0xFFFFFFFFLL));
     std::memcpy(&s.counters.loss_scale, &scale_bits, sizeof scale_bits);
+    if (!std::isfinite(s.counters.loss_scale) || s.counters.loss_scale <= 0.0f)
+      throw cumulus::Error("checkpoint '" + path + "': 'loss_scale_bits' gives the loss scale " +
+                           std::to_string(s.counters.loss_scale) + "; a loss scale is a positive finite number");
     s.counters.loss_scale_clean_steps =
         static_cast<int32_t>(counter("loss_scale_clean_steps", 0, std::numeric_limits<int32_t>::max()));
   }

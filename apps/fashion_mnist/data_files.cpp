@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "cumulus/data/dataset.h"
+#include "cumulus/data/idx.h"
 #include "options.h"
 
 namespace fmnist {
@@ -142,7 +144,23 @@ void download(const fs::path& dir, const FileInfo& f, bool quiet) {
 
 }  // namespace
 
-std::string locate_fashion_mnist(const std::string& data_flag, bool quiet) {
+namespace {
+
+// Both splits' images and labels checked against each other from their headers, before either
+// is inflated (Note [Allocate only what arrived] in engine/data/idx.cpp): the files
+// load_mnist_split reads, NAME.gz before NAME.
+void check_split_headers(const fs::path& dir) {
+  for (const bool train : {true, false}) {
+    std::vector<std::string> paths;
+    for (const std::string& name : cumulus::data::mnist_file_names(train)) {
+      std::error_code ec;
+      paths.push_back(fs::exists(dir / (name + ".gz"), ec) ? (dir / (name + ".gz")).string() : (dir / name).string());
+    }
+    cumulus::data::check_idx_pair(paths[0], paths[1]);
+  }
+}
+
+std::string find_fashion_mnist(const std::string& data_flag, bool quiet) {
   if (!data_flag.empty()) {
     const auto missing = missing_files(data_flag);
     if (!missing.empty()) throw UsageFailure("--data '" + data_flag + "' lacks " + join(missing));
@@ -181,6 +199,14 @@ std::string locate_fashion_mnist(const std::string& data_flag, bool quiet) {
     throw;
   }
   return dir.string();
+}
+
+}  // namespace
+
+std::string locate_fashion_mnist(const std::string& data_flag, bool quiet) {
+  const std::string dir = find_fashion_mnist(data_flag, quiet);
+  check_split_headers(dir);
+  return dir;
 }
 
 }  // namespace fmnist

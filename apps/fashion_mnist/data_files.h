@@ -13,6 +13,8 @@ namespace fmnist {
 // use. Without curl or sha256sum on $PATH that is a cumulus::Error saying what to install, raised
 // before anything is created; a failed download or a wrong sum is a cumulus::Error giving the
 // URLs and what to do, and leaves no partial file and no directory this call created empty.
+// The directory found, its images and labels files are checked against each other from their
+// headers (cumulus::data::check_idx_pair) before anything is inflated: a cumulus::Error.
 std::string locate_fashion_mnist(const std::string& data_flag, bool quiet);
 
 }  // namespace fmnist

@@ -363,6 +363,11 @@ void check_texts(const CLI::App& app, Options& o, const RawText& raw) {
     const CLI::Option* opt = app.get_option(flag);
     require(opt->count() == 0 || !opt->results().back().empty(), std::string(flag) + " needs a path, got ''");
   }
+  // Any other value: an empty one would be read as 0 or as "not given" (issue 30 item 14).
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_min() == 0 || opt->count() == 0 || !opt->results().back().empty()) continue;
+    throw UsageError{opt->get_name() + " needs a value, got ''"};
+  }
 }
 
 // The model, the optimizer and its learning-rate schedule.

@@ -22,6 +22,10 @@ void install_signal_handlers() {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
+  // A file-size limit (ulimit -f) would otherwise kill the process mid-write, leaving its
+  // temporary file; ignored, the write fails with EFBIG and takes the ordinary error path
+  // (the message names the flag and the file, the previous file stays, the temporary is removed).
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 int exit_code_for(int sig) { return sig == SIGINT ? 130 : sig == SIGTERM ? 143 : 141; }

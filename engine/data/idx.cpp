@@ -163,16 +163,25 @@ void reserve(std::vector<uint8_t>& v, std::size_t bytes, const std::string& path
   }
 }
 
-}  // namespace
+// An IDX file opened and its header read and checked, the source positioned at the data.
+struct OpenIdx {
+  File file;
+  std::unique_ptr<Source> source;
+  bool gzip = false;
+  std::size_t header_size = 0;
+  IdxArray out;                   // dims and count_in_file; no values yet
+  int64_t payload = 1, item = 1;  // bytes in all, bytes per item (the product of dims after the first)
+  std::string expectation() const {
+    return detail::concat("the header's dimensions ", dims_str(out.dims), " need ", payload,
+                          " bytes of data after the ", header_size, "-byte header");
+  }
+};
 
-IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) {
-  CUMULUS_CHECK(expected_ndim >= 1 && expected_ndim <= 255, InvalidArgument, where(path),
-                "expected_ndim must be in [1, 255], got ", expected_ndim);
-  CUMULUS_CHECK(limit >= 0, InvalidArgument, where(path), "limit must be >= 0 (0 reads everything), got ", limit);
+void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
   uint64_t size = 0;
   const int fd = io::open_regular_file(path, where(path), size);  // a FIFO or a device is refused, not waited on
-  File file(::fdopen(fd, "rb"));
-  if (!file) {
+  o.file.reset(::fdopen(fd, "rb"));
+  if (!o.file) {
     const int saved = errno;
     ::close(fd);
     throw Error(where(path) + "cannot open: " + std::strerror(saved));
@@ -183,18 +192,17 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
 
   // gzip is recognized by its magic, not by the file name.
   uint8_t magic2[2] = {0, 0};
-  const std::size_t got_magic = std::fread(magic2, 1, 2, file.get());
-  const bool gzip = got_magic == 2 && magic2[0] == 0x1f && magic2[1] == 0x8b;
-  std::rewind(file.get());
-  std::unique_ptr<Source> source;
-  if (gzip) source = std::make_unique<GzipSource>(file.get(), path);
-  else source = std::make_unique<PlainSource>(file.get(), path);
-  const char* kind = gzip ? " (decompressed)" : "";
+  const std::size_t got_magic = std::fread(magic2, 1, 2, o.file.get());
+  o.gzip = got_magic == 2 && magic2[0] == 0x1f && magic2[1] == 0x8b;
+  std::rewind(o.file.get());
+  if (o.gzip) o.source = std::make_unique<GzipSource>(o.file.get(), path);
+  else o.source = std::make_unique<PlainSource>(o.file.get(), path);
+  const char* kind = o.gzip ? " (decompressed)" : "";
 
   // ---- header: 0x00 0x00, type, ndim, then ndim big-endian u32 dimensions ----
-  const std::size_t header_size = 4 + 4 * static_cast<std::size_t>(expected_ndim);
+  const std::size_t header_size = o.header_size = 4 + 4 * static_cast<std::size_t>(expected_ndim);
   std::vector<uint8_t> header(header_size);
-  std::size_t got = source->read(header.data(), 4);
+  std::size_t got = o.source->read(header.data(), 4);
   CUMULUS_CHECK(got == 4, Error, where(path), "truncated header: ", got, " bytes", kind,
                 ", an IDX header needs at least 4");
   char magic[16];
@@ -206,27 +214,66 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
                 std::hex, int(header[2]), " is not unsigned byte (0x08)");
   CUMULUS_CHECK(header[3] == expected_ndim, Error, where(path), "dimension mismatch: the header (magic ",
                 magic, ") has ", int(header[3]), " dimensions, expected ", expected_ndim);
-  got += source->read(header.data() + 4, header_size - 4);
+  got += o.source->read(header.data() + 4, header_size - 4);
   CUMULUS_CHECK(got == header_size, Error, where(path), "truncated header: ", got, " bytes", kind, ", ",
                 expected_ndim, " dimensions need ", header_size);
 
-  IdxArray out;
-  int64_t payload = 1, item = 1;  // bytes in all, bytes per item (the product of dims after the first)
+  IdxArray& out = o.out;
   for (int d = 0; d < expected_ndim; ++d) {
     const uint8_t* p = header.data() + 4 + 4 * d;
     const int64_t dim = (int64_t(p[0]) << 24) | (int64_t(p[1]) << 16) | (int64_t(p[2]) << 8) | int64_t(p[3]);
     out.dims.push_back(dim);
-    payload = mul_saturating(payload, dim);
-    if (d > 0) item = mul_saturating(item, dim);
+    o.payload = mul_saturating(o.payload, dim);
+    if (d > 0) o.item = mul_saturating(o.item, dim);
   }
   for (int d = 0; d < expected_ndim; ++d)
     CUMULUS_CHECK(out.dims[d] > 0, Error, where(path), "invalid dimensions ", dims_str(out.dims),
                   ": dimension ", d, " is 0");
   out.count_in_file = out.dims[0];
-  const auto expectation = [&] {
-    return detail::concat("the header's dimensions ", dims_str(out.dims), " need ", payload,
-                          " bytes of data after the ", header_size, "-byte header");
-  };
+
+  // ---- the claim against the file: its size, or the most a gzip file inflates to (Note above) ----
+  if (!o.gzip) {
+    const int64_t data_bytes = file_size - static_cast<int64_t>(header_size);
+    CUMULUS_CHECK(data_bytes >= o.payload, Error, where(path), "truncated: ", o.expectation(), ", the file has ",
+                  data_bytes);
+    CUMULUS_CHECK(data_bytes == o.payload, Error, where(path), "unexpected trailing data: ", o.expectation(),
+                  ", the file has ", data_bytes);
+    return;
+  }
+  const uint64_t most = static_cast<uint64_t>(mul_saturating(file_size, static_cast<int64_t>(kMaxDeflateRatio)));
+  CUMULUS_CHECK(static_cast<uint64_t>(o.payload) + header_size <= most, Error, where(path),
+                "truncated or corrupt: ", o.expectation(), ", but ", file_size,
+                " bytes of gzip data inflate to at most ", most, " (deflate expands at most ", kMaxDeflateRatio,
+                " times)");
+}
+
+}  // namespace
+
+std::vector<int64_t> read_idx_dims(const std::string& path, int expected_ndim) {
+  CUMULUS_CHECK(expected_ndim >= 1 && expected_ndim <= 255, InvalidArgument, where(path),
+                "expected_ndim must be in [1, 255], got ", expected_ndim);
+  OpenIdx o;
+  read_header(path, expected_ndim, o);
+  return o.out.dims;
+}
+
+void check_idx_pair(const std::string& images_path, const std::string& labels_path) {
+  const std::vector<int64_t> images = read_idx_dims(images_path, 3);
+  const std::vector<int64_t> labels = read_idx_dims(labels_path, 1);
+  CUMULUS_CHECK(images[0] == labels[0], Error, "image and label counts differ: '", images_path, "' has ", images[0],
+                " images, '", labels_path, "' has ", labels[0], " labels (from their headers; nothing was inflated)");
+}
+
+IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) {
+  CUMULUS_CHECK(expected_ndim >= 1 && expected_ndim <= 255, InvalidArgument, where(path),
+                "expected_ndim must be in [1, 255], got ", expected_ndim);
+  CUMULUS_CHECK(limit >= 0, InvalidArgument, where(path), "limit must be >= 0 (0 reads everything), got ", limit);
+  OpenIdx o;
+  read_header(path, expected_ndim, o);
+  IdxArray& out = o.out;
+  const int64_t item = o.item;
+  const auto expectation = [&] { return o.expectation(); };
+  Source* const source = o.source.get();
   // What is read: everything, or the first `limit` items (Note [Reading a prefix]).
   const int64_t items = limit > 0 ? std::min(limit, out.dims[0]) : out.dims[0];
   const int64_t wanted = mul_saturating(items, item);
@@ -236,13 +283,8 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
                   ", more than the reader's limit of ", kMaxDataBytes >> 30, " GiB (a corrupt or hostile header?)");
   };
 
-  // ---- payload: plain files are checked against their size before allocating (Note above) ----
-  if (!gzip) {
-    const int64_t data_bytes = file_size - static_cast<int64_t>(header_size);
-    CUMULUS_CHECK(data_bytes >= payload, Error, where(path), "truncated: ", expectation(), ", the file has ",
-                  data_bytes);
-    CUMULUS_CHECK(data_bytes == payload, Error, where(path), "unexpected trailing data: ", expectation(),
-                  ", the file has ", data_bytes);
+  // ---- payload: a plain file's size was checked against the header before allocating (Note above) ----
+  if (!o.gzip) {
     check_cap();
     reserve(out.values, static_cast<std::size_t>(wanted), path);
     out.values.resize(static_cast<std::size_t>(wanted));
@@ -255,10 +297,6 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
 
   // gzip: the claim is bounded by what the file can inflate to, then the buffer grows with the
   // data that arrives (Note [Allocate only what arrived]).
-  const uint64_t most = static_cast<uint64_t>(mul_saturating(file_size, static_cast<int64_t>(kMaxDeflateRatio)));
-  CUMULUS_CHECK(static_cast<uint64_t>(payload) + header_size <= most, Error, where(path), "truncated or corrupt: ",
-                expectation(), ", but ", file_size, " bytes of gzip data inflate to at most ", most,
-                " (deflate expands at most ", kMaxDeflateRatio, " times)");
   check_cap();
   const auto expected = static_cast<std::size_t>(wanted);
   reserve(out.values, expected, path);

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -52,13 +54,74 @@ const char* kind_of(mode_t mode) {
   return "a special file";
 }
 
-// ".tmp." and a pid of up to 10 digits follow the (possibly shortened) target name.
-constexpr std::size_t kTempSuffixRoom = 5 + 10;
+// Note [Temporary files]
+// A temporary file is created beside its target with O_CREAT|O_EXCL|O_NOFOLLOW under a name no
+// one can predict (a random part), so nothing planted at that name (a file or a symbolic link to
+// someone's file) can receive the write: the open fails and another name is drawn. Its name,
+//   <target name>.cumulus-tmp.<host>.<pid>.<random>
+// says who made it: <host> is a hash of this machine's host name, so a run on another host that
+// shares the directory never takes this host's live temporary for a dead one. Start-up clean-up
+// removes only files of exactly that form, for this host, whose process is gone, that are regular
+// files owned by this user and no longer than the largest output a writer leaves; a user's own
+// "<target>.tmp.123" is never touched.
+constexpr const char* kTempMarker = ".cumulus-tmp.";
+constexpr std::size_t kHostDigits = 16, kRandomDigits = 8;
+// The marker, the host hash, a pid of up to 10 digits, the random part and their dots.
+constexpr std::size_t kTempSuffixRoom = 13 + kHostDigits + 1 + 10 + 1 + kRandomDigits;
+
+std::string hex(uint64_t v, std::size_t digits) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out(digits, '0');
+  for (std::size_t i = digits; i-- > 0; v >>= 4) out[i] = kDigits[v & 15];
+  return out;
+}
+
+// FNV-1a of the host name: fixed length whatever the name, and the same in every process.
+const std::string& host_tag() {
+  static const std::string tag = [] {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "unknown-host");
+    uint64_t h = 1469598103934665603ull;
+    for (const char* c = name; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    return hex(h, kHostDigits);
+  }();
+  return tag;
+}
+
 std::string temp_prefix(const std::string& target) {
   const std::string base = base_name(target);
   const std::string dir = parent_dir(target);
   const std::string kept = base.substr(0, std::min<std::size_t>(base.size(), NAME_MAX - kTempSuffixRoom));
-  return (target.find('/') == std::string::npos ? "" : dir + (dir == "/" ? "" : "/")) + kept + ".tmp.";
+  return (target.find('/') == std::string::npos ? "" : dir + (dir == "/" ? "" : "/")) + kept + kTempMarker;
+}
+
+std::string temp_name(const std::string& target, long pid, uint64_t random) {
+  return temp_prefix(target) + host_tag() + "." + std::to_string(pid) + "." + hex(random, kRandomDigits);
+}
+
+// Random bits for temporary names: from the kernel, and never the same twice in a process.
+uint64_t random_bits() {
+  static std::atomic<uint64_t> counter{0};
+  uint64_t v = 0;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (::read(fd, &v, sizeof(v)) != static_cast<ssize_t>(sizeof(v))) v = 0;
+    ::close(fd);
+  }
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  return v ^ (static_cast<uint64_t>(now) * 0x9e3779b97f4a7c15ull) ^ (++counter << 40);
+}
+
+// Creates a new temporary file for `target` (see Note [Temporary files]) and returns its
+// descriptor, its name in `tmp`. An existing name, a link included, is never opened: another is drawn.
+int create_temp_file(const std::string& target, mode_t mode, std::string& tmp) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    tmp = temp_name(target, ::getpid(), random_bits());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
 }
 }  // namespace
 
@@ -86,7 +149,29 @@ std::string resolve_output_path(const std::string& path) {
   }
 }
 
-std::string temp_path_for(const std::string& target, long pid) { return temp_prefix(target) + std::to_string(pid); }
+std::string temp_path_for(const std::string& target, long pid, uint64_t random) {
+  return temp_name(target, pid, random);
+}
+
+namespace {
+bool all_of(const std::string& s, const char* chars) {
+  return !s.empty() && s.find_first_not_of(chars) == std::string::npos;
+}
+
+// The pid of a temporary file this host's writers name "<prefix><host>.<pid>.<random>"; 0 for
+// any other name.
+long temp_file_pid(const std::string& name, const std::string& name_prefix) {
+  if (name.size() <= name_prefix.size() || name.compare(0, name_prefix.size(), name_prefix) != 0) return 0;
+  const std::string rest = name.substr(name_prefix.size());
+  const std::size_t dot1 = rest.find('.'), dot2 = rest.rfind('.');
+  if (dot1 == std::string::npos || dot1 == dot2 || rest.substr(0, dot1) != host_tag()) return 0;
+  const std::string pid = rest.substr(dot1 + 1, dot2 - dot1 - 1), random = rest.substr(dot2 + 1);
+  if (pid.size() > 10 || !all_of(pid, "0123456789") || random.size() != kRandomDigits ||
+      !all_of(random, "0123456789abcdef"))
+    return 0;
+  return std::strtol(pid.c_str(), nullptr, 10);
+}
+}  // namespace
 
 int remove_stale_temp_files(const std::string& target) {
   const std::string prefix = temp_prefix(target);
@@ -96,15 +181,14 @@ int remove_stale_temp_files(const std::string& target) {
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.size() <= name_prefix.size() || name.compare(0, name_prefix.size(), name_prefix) != 0) continue;
-    const std::string digits = name.substr(name_prefix.size());
-    if (digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const long pid = std::strtol(digits.c_str(), nullptr, 10);
-    // Only a writer that no longer exists; kill(pid, 0) fails with ESRCH exactly then.
+    const long pid = temp_file_pid(name, name_prefix);
+    // Only a writer on this host that no longer exists; kill(pid, 0) fails with ESRCH exactly then.
     if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     const std::string full = dir + "/" + name;
     struct stat st {};
-    if (::lstat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::unlink(full.c_str()) == 0) ++removed;
+    if (::lstat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::getuid() && st.st_nlink == 1 &&
+        ::unlink(full.c_str()) == 0)
+      ++removed;
   }
   ::closedir(d);
   return removed;
@@ -112,8 +196,8 @@ int remove_stale_temp_files(const std::string& target) {
 
 void check_output_writable(const std::string& path) {
   const std::string target = resolve_output_path(path);
-  const std::string tmp = temp_path_for(target, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  std::string tmp;
+  const int fd = create_temp_file(target, 0600, tmp);
   if (fd < 0)
     throw Error("cannot write '" + path + "': cannot create a file in '" + parent_dir(target) +
                 "': " + std::strerror(errno));
@@ -153,9 +237,21 @@ int open_regular_file(const std::string& path, const std::string& where, uint64_
 
 void write_file_atomic(const std::string& path, const std::string& content) {
   const std::string target = resolve_output_path(path);
-  const std::string tmp = temp_path_for(target, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("create", tmp);
+  // A replaced file keeps its permissions (a private checkpoint stays private); a new one gets
+  // 0666 less the umask, as any new file. The temporary starts no wider than the result.
+  struct stat existing {};
+  const bool replacing = ::stat(target.c_str(), &existing) == 0;
+  const mode_t mode = replacing ? (existing.st_mode & 07777) : 0666;
+  std::string tmp;
+  const int fd = create_temp_file(target, replacing ? (mode & 0700) : mode, tmp);
+  if (fd < 0) fail("create a temporary file for", target);
+  if (replacing && ::fchmod(fd, mode) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = saved;
+    fail("set the permissions of", tmp);
+  }
   std::size_t done = 0;
   bool halfway = false;
   while (done < content.size()) {

@@ -161,13 +161,36 @@ Layout check_layout(const std::string& source, const std::vector<std::pair<std::
   return layout;
 }
 
+// The file's tensors under the extra prefix against options.extra_layout (when set).
+void check_extra_layout(const std::string& source, const std::vector<SafetensorsTensorInfo>& file_tensors,
+                        const LoadStateDictOptions& options) {
+  if (!options.extra_layout || options.extra_prefix.empty()) return;
+  for (const SafetensorsTensorInfo& t : file_tensors) {
+    if (!starts_with(t.name, options.extra_prefix)) continue;
+    const std::string short_name = t.name.substr(options.extra_prefix.size());
+    const SafetensorsTensorInfo* expected = nullptr;
+    for (const SafetensorsTensorInfo& e : *options.extra_layout)
+      if (e.name == short_name) expected = &e;
+    if (expected == nullptr)
+      throw Error(where(source, t.name) + ": not a tensor this run keeps under '" + options.extra_prefix + "'");
+    if (t.dtype != expected->dtype || t.shape != expected->shape)
+      throw Error(where(source, t.name) + ": " + dtype_name(t.dtype) + " " + t.shape.str() + " in the file, " +
+                  dtype_name(expected->dtype) + " " + expected->shape.str() + " expected");
+  }
+}
+
 }  // namespace
 
 LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsContents& contents,
                                 const nn::Module& module, const LoadStateDictOptions& options) {
   std::vector<std::pair<std::string, Shape>> file_tensors;
-  for (const auto& [name, t] : contents.tensors) file_tensors.emplace_back(name, t.shape());
+  std::vector<SafetensorsTensorInfo> infos;
+  for (const auto& [name, t] : contents.tensors) {
+    file_tensors.emplace_back(name, t.shape());
+    infos.push_back({name, t.dtype(), t.shape()});
+  }
   Layout layout = check_layout(source, file_tensors, module, options);
+  check_extra_layout(source, infos, options);
   LoadedStateDict result;
   result.metadata = contents.metadata;
   result.missing = std::move(layout.missing);
@@ -201,9 +224,12 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
     if (by_name.count(name) == 1 && starts_with(name, options.extra_prefix))
       result.extra.emplace_back(name.substr(options.extra_prefix.size()), t);
 
-  if (options.require_finite)
+  if (options.require_finite) {
     for (const Copy& c : copies)
       if (c.value.dtype() == DType::f32) check_finite(source, c.name, c.value);
+    for (const auto& [name, t] : result.extra)
+      if (t.dtype() == DType::f32) check_finite(source, options.extra_prefix + name, t);
+  }
   for (Copy& c : copies) c.target.copy_from(c.value);
   return result;
 }
@@ -212,9 +238,11 @@ LoadedStateDict load_state_dict(const std::string& path, const nn::Module& modul
                                 const LoadStateDictOptions& options) {
   // Names and shapes from the header first: a file for another model, or a forged shape, is
   // refused before any tensor is allocated or read.
+  const SafetensorsHeader header = read_safetensors_header(path);
   std::vector<std::pair<std::string, Shape>> file_tensors;
-  for (const SafetensorsTensorInfo& t : read_safetensors_header(path).tensors) file_tensors.emplace_back(t.name, t.shape);
+  for (const SafetensorsTensorInfo& t : header.tensors) file_tensors.emplace_back(t.name, t.shape);
   check_layout(path, file_tensors, module, options);
+  check_extra_layout(path, header.tensors, options);
   return copy_state_dict(path, load_safetensors(path), module, options);
 }
 

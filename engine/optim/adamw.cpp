@@ -33,6 +33,8 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   return out;
 }
 
+std::vector<std::string> AdamW::moment_names() const { return {"exp_avg", "exp_avg_sq"}; }
+
 void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
   CUMULUS_CHECK(updates >= 0, InvalidArgument, "AdamW::load_state: negative update count");
   if (updates > 0) {

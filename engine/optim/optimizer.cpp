@@ -119,6 +119,13 @@ kernels::FrozenChunks Optimizer::frozen_chunks() const {
   return f;
 }
 
+std::vector<Optimizer::StateTensorInfo> Optimizer::state_layout() const {
+  std::vector<StateTensorInfo> out;
+  for (const std::string& name : moment_names()) out.push_back({name, DType::f32, params_->values().shape()});
+  out.push_back({kFrozenStateName, DType::i32, Shape{params_->num_chunks()}});
+  return out;
+}
+
 void Optimizer::append_frozen_state(std::vector<std::pair<std::string, Tensor>>& state) const {
   if (missed_updates_.defined()) state.emplace_back(kFrozenStateName, missed_updates_);
 }

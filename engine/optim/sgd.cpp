@@ -30,6 +30,11 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   return out;
 }
 
+std::vector<std::string> SGD::moment_names() const {
+  if (options_.momentum == 0.0f) return {};
+  return {"momentum_buffer"};
+}
+
 void SGD::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
   CUMULUS_CHECK(updates >= 0, InvalidArgument, "SGD::load_state: negative update count");
   if (options_.momentum != 0.0f && updates > 0) restore_tensor(state, "momentum_buffer", momentum_);

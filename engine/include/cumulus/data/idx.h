@@ -26,4 +26,15 @@ struct IdxArray {
 // against its size.
 IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit = 0);
 
+// The dimensions an IDX file's header gives, checked as read_idx_u8 checks them (magic, dimensions,
+// the claim against the file's size or against the most a gzip file can inflate to). Only the
+// header is read: a gzip file is inflated no further than its first bytes.
+std::vector<int64_t> read_idx_dims(const std::string& path, int expected_ndim);
+
+// An images file (3 dimensions) and its labels file (1 dimension) checked against each other from
+// their headers alone, before either is inflated: a 2 MB gzip claiming two million images beside a
+// labels file of 512 is refused without inflating anything (issue 30 item 12). Throws
+// cumulus::Error naming both files and both counts.
+void check_idx_pair(const std::string& images_path, const std::string& labels_path);
+
 }  // namespace cumulus::data

@@ -2,6 +2,9 @@
 // file beside the target, is flushed to disk (fsync), then renamed over the target (atomic on
 // POSIX), and the directory is synced so the rename survives a power cut.
 //
+// The temporary file is created under an unpredictable name that must not exist yet (a planted
+// file or symlink is never written through), and the result keeps a replaced file's permissions.
+//
 // Outputs are regular files. A symlink is followed and its target written (atomically, beside the
 // target), so the link survives; a device node, FIFO, socket or directory is refused, never
 // replaced by a regular file.
@@ -22,12 +25,16 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // not a regular file, or when the links loop.
 std::string resolve_output_path(const std::string& path);
 
-// The temporary file write_file_atomic uses for `target` in process `pid`: "<target>.tmp.<pid>",
-// its name shortened where needed so it stays within NAME_MAX.
-std::string temp_path_for(const std::string& target, long pid);
+// A temporary file name write_file_atomic may use for `target` in process `pid` on this host:
+// "<target>.cumulus-tmp.<host hash>.<pid>.<8 hex digits of random>", shortened where needed so it
+// stays within NAME_MAX (Note [Temporary files] in file.cpp). The write itself draws `random` from
+// the kernel and creates the file with O_EXCL|O_NOFOLLOW, so a name planted in advance is never used.
+std::string temp_path_for(const std::string& target, long pid, uint64_t random);
 
-// Removes the temporary files that writers of `target` left when they died (their process no
-// longer runs); a live writer's file is left alone. Returns how many were removed.
+// Removes the temporary files that writers of `target` on this host left when they died (their
+// process no longer runs): only names of exactly the form above, regular files owned by this user.
+// A live writer's file, another host's, and any other file (a user's "<target>.tmp.1") are left
+// alone. Returns how many were removed.
 int remove_stale_temp_files(const std::string& target);
 
 // Checks before any work that write_file_atomic(path, ...) will be able to create its temporary

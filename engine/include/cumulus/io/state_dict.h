@@ -14,6 +14,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "cumulus/io/safetensors.h"
@@ -44,9 +45,14 @@ struct LoadStateDictOptions {
   bool allow_unexpected = false;
   // false: a dtype that differs from the module's is an error, even where exact.
   bool convert_dtypes = true;
-  // true: a NaN or an infinity in a floating-point tensor of the module's is an error (training
-  // from it produces only non-finite losses); checked before anything is copied.
+  // true: a NaN or an infinity in an f32 tensor of the module's, or among the extra tensors (a
+  // checkpoint's optimizer state), is an error (training from it produces only non-finite losses
+  // or skipped steps); checked before anything is copied.
   bool require_finite = false;
+  // Set: every file tensor under extra_prefix must be one of these (name without the prefix, dtype
+  // as loaded, shape). Checked on the header, before any tensor is allocated or read, so a forged
+  // shape cannot make the load allocate what the run never needs.
+  std::optional<std::vector<SafetensorsTensorInfo>> extra_layout;
 };
 
 struct LoadedStateDict {

@@ -29,6 +29,7 @@ class AdamW final : public Optimizer {
 
  private:
   void apply(const kernels::StepState& host) override;
+  std::vector<std::string> moment_names() const override;
   AdamWOptions options_;
   Tensor m_, v_;
 };

@@ -67,6 +67,15 @@ class Optimizer {
   virtual std::vector<int64_t> state_to_allocate() const = 0;
   // The state as named flat tensors (for checkpoints); empty before the first update.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // Every tensor state() may ever hold, by name, dtype and shape, known before any is allocated:
+  // a checkpoint's optimizer tensors are checked against it before one is read, so a forged shape
+  // cannot make a load allocate gigabytes.
+  struct StateTensorInfo {
+    std::string name;
+    DType dtype;
+    Shape shape;
+  };
+  std::vector<StateTensorInfo> state_layout() const;
   // Restores what state() returned (copied into this optimizer's own buffers, allocated if needed)
   // and the number of updates applied, so training resumes exactly. Throws on missing or
   // mis-shaped tensors, naming them.
@@ -78,6 +87,8 @@ class Optimizer {
   // Queues the update described by the step state (kernels read it on CUDA; on the CPU, `host`
   // is that state).
   virtual void apply(const kernels::StepState& host) = 0;
+  // The flat f32 state tensors (each the values' shape) the subclass keeps, by name.
+  virtual std::vector<std::string> moment_names() const = 0;
   // Sets the update count (load_state).
   void set_updates(int64_t updates);
   // What the update kernels take for frozen parameters (null pointers until one was frozen).

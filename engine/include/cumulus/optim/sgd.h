@@ -29,6 +29,7 @@ class SGD final : public Optimizer {
 
  private:
   void apply(const kernels::StepState& host) override;
+  std::vector<std::string> moment_names() const override;
   SGDOptions options_;
   Tensor momentum_;
 };
