@@ -44,6 +44,7 @@
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/module.h"
+#include "cumulus/nn/norm_layers.h"
 
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
