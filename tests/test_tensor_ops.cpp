@@ -41,12 +41,18 @@ TEST_P(TensorOpsTest, MatmulErrorsNameTheOpAndShapes) {
   const Tensor a = Tensor::zeros({2, 3, 4}, DType::f32, device()), b = Tensor::zeros({2, 5, 6}, DType::f32, device());
   expect_error<ShapeError>([&] { ops::bmm(a, b); }, {"bmm", "[2, 3, 4]", "[2, 5, 6]"});
   expect_error<ShapeError>([&] { ops::bmm(a, Tensor::zeros({3, 4, 6}, DType::f32, device())); }, {"bmm", "same B"});
-  expect_error<ShapeError>([&] { ops::matmul(a, Tensor::zeros({3, 4, 6}, DType::f32, device())); },
-                           {"matmul", "batch dimensions"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::matmul(a, Tensor::zeros({3, 4, 6}, DType::f32, device()));
+      },
+      {"matmul", "batch dimensions"});
   expect_error<ShapeError>([&] { ops::matmul(Tensor::zeros({4}, DType::f32, device()), a); },
                            {"matmul", "at least 2 dimensions"});
-  expect_error<InvalidArgument>([&] { ops::matmul(a, Tensor::zeros({4, 2}, DType::bf16, device())); },
-                                {"matmul", "f32", "bf16"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::matmul(a, Tensor::zeros({4, 2}, DType::bf16, device()));
+      },
+      {"matmul", "f32", "bf16"});
 }
 
 TEST_P(TensorOpsTest, MatmulWithAnEmptySumIsZero) {
@@ -74,8 +80,11 @@ TEST_P(TensorOpsTest, LayerNormErrors) {
                            {"layer_norm", "weight", "[3]", "[4]"});
   expect_error<InvalidArgument>([&] { ops::layer_norm(x, 3, Tensor(), Tensor::zeros({3}, DType::bf16, device())); },
                                 {"layer_norm", "bias", "f32"});
-  expect_error<InvalidArgument>([&] { ops::layer_norm(Tensor::zeros({2, 3}, DType::i32, device()), 3); },
-                                {"layer_norm", "input"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::layer_norm(Tensor::zeros({2, 3}, DType::i32, device()), 3);
+      },
+      {"layer_norm", "input"});
 }
 
 TEST_P(TensorOpsTest, LayerNormOfZeroRowsIsEmpty) {
@@ -100,8 +109,11 @@ TEST_P(TensorOpsTest, EmbeddingAddsRepeatedRowsAndAccumulates) {
 
 TEST_P(TensorOpsTest, IndexErrors) {
   const Tensor w = Tensor::zeros({3, 2}, DType::f32, device());
-  expect_error<InvalidArgument>([&] { ops::embedding(ints({0}, {1}), Tensor::zeros({3, 2}, DType::bf16, device())); },
-                                {"embedding", "weight", "f32"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::embedding(ints({0}, {1}), Tensor::zeros({3, 2}, DType::bf16, device()));
+      },
+      {"embedding", "weight", "f32"});
   expect_error<InvalidArgument>([&] { ops::embedding(Tensor::zeros({2}, DType::f32, device()), w); },
                                 {"embedding", "indices", "i32"});
   expect_error<ShapeError>([&] { ops::index_select(w, 0, ints({0, 1}, {1, 2})); }, {"index_select", "1-D"});
@@ -111,8 +123,11 @@ TEST_P(TensorOpsTest, IndexErrors) {
 // The CPU checks indices before any work; CUDA documents NaN rows instead (tensor_ops.h).
 TEST(TensorOpsCpu, OutOfRangeIndicesAreInvalidArguments) {
   const Tensor w = Tensor::zeros({3, 2});
-  expect_error<InvalidArgument>([&] { ops::embedding(Tensor::from_vector<int32_t>({0, 3}, {2}), w); },
-                                {"embedding", "index 3", "position 1", "[0, 3)"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::embedding(Tensor::from_vector<int32_t>({0, 3}, {2}), w);
+      },
+      {"embedding", "index 3", "position 1", "[0, 3)"});
   expect_error<InvalidArgument>([&] { ops::index_select(w, 1, Tensor::from_vector<int32_t>({-1}, {1})); },
                                 {"index_select", "index -1", "[0, 2)"});
 }
@@ -123,7 +138,8 @@ TEST_P(TensorOpsTest, SplitPiecesAllReachTheInput) {
   ASSERT_EQ(pieces.size(), 3u);
   EXPECT_EQ(pieces[2].shape(), Shape({1, 2}));
   Tensor loss = ops::sum(pieces[0]);
-  for (int k = 1; k < 3; ++k) loss = ops::sum(ops::cat({ops::reshape(loss, {1}), ops::reshape(ops::sum(pieces[k]), {1})}, 0));
+  for (int k = 1; k < 3; ++k)
+    loss = ops::sum(ops::cat({ops::reshape(loss, {1}), ops::reshape(ops::sum(pieces[k]), {1})}, 0));
   loss.backward();
   for (float g : x.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(g, 1.0f);
 }
@@ -143,10 +159,16 @@ TEST_P(TensorOpsTest, SlabErrors) {
   expect_error<ShapeError>([&] { ops::narrow(x, 0, 2, 2); }, {"narrow", "start 2", "length 2", "[3, 2]"});
   expect_error<ShapeError>([&] { ops::narrow(x, -3, 0, 1); }, {"narrow", "dim -3"});
   expect_error<ShapeError>([&] { ops::split(x, std::vector<int64_t>{1, 1}, 0); }, {"split", "sum to 2", "has 3"});
-  expect_error<ShapeError>([&] { ops::cat({x, Tensor::zeros({3, 3}, DType::f32, device())}, 0); },
-                           {"cat", "tensor 1", "[3, 3]", "[3, 2]"});
-  expect_error<InvalidArgument>([&] { ops::cat({x, Tensor::zeros({3, 2}, DType::f16, device())}, 0); },
-                                {"cat", "tensor 1", "f32"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::cat({x, Tensor::zeros({3, 3}, DType::f32, device())}, 0);
+      },
+      {"cat", "tensor 1", "[3, 3]", "[3, 2]"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::cat({x, Tensor::zeros({3, 2}, DType::f16, device())}, 0);
+      },
+      {"cat", "tensor 1", "f32"});
   expect_error<InvalidArgument>([&] { ops::cat({}, 0); }, {"cat", "no tensors"});
 }
 

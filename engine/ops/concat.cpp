@@ -51,12 +51,12 @@ Shape with_size(const Shape& shape, int d, int64_t size) {
 void copy_slab(const Tensor& src, int64_t src_dim, int64_t src_start, const Tensor& dst, int64_t dst_dim,
                int64_t dst_start, int64_t outer, int64_t length, int64_t inner, float beta) {
   const Device device = dst.device();
-  CUMULUS_DISPATCH_FLOAT(dst.dtype(), T, const T* sp = src.data<T>(); T* dp = dst.data<T>();
-                         CUMULUS_DISPATCH(device, ctx,
-                             kernels::copy_slab_cpu(sp, src_dim, src_start, dp, dst_dim, dst_start, outer, length,
-                                                    inner, beta),
-                             kernels::copy_slab_cuda(sp, src_dim, src_start, dp, dst_dim, dst_start, outer, length,
-                                                     inner, beta, ctx.stream())));
+  CUMULUS_DISPATCH_FLOAT(
+      dst.dtype(), T, const T* sp = src.data<T>(); T* dp = dst.data<T>(); CUMULUS_DISPATCH(
+          device, ctx,
+          kernels::copy_slab_cpu(sp, src_dim, src_start, dp, dst_dim, dst_start, outer, length, inner, beta),
+          kernels::copy_slab_cuda(sp, src_dim, src_start, dp, dst_dim, dst_start, outer, length, inner, beta,
+                                  ctx.stream())));
 }
 
 class CatBackward final : public Node {
@@ -97,11 +97,10 @@ class NarrowBackward final : public Node {
       copy_slab(dy, length, 0, dx.tensor, s.dim, start, s.outer, length, s.inner, beta);
       return;
     }
-    CUMULUS_DISPATCH_FLOAT(dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
-                           CUMULUS_DISPATCH(device, ctx,
-                               kernels::narrow_backward_cpu(dyp, s.outer, s.dim, start, length, s.inner, beta, dxp),
-                               kernels::narrow_backward_cuda(dyp, s.outer, s.dim, start, length, s.inner, beta, dxp,
-                                                             ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(
+        dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
+            device, ctx, kernels::narrow_backward_cpu(dyp, s.outer, s.dim, start, length, s.inner, beta, dxp),
+            kernels::narrow_backward_cuda(dyp, s.outer, s.dim, start, length, s.inner, beta, dxp, ctx.stream())));
   }
 
  private:
@@ -123,8 +122,8 @@ Tensor offset_view(const Tensor& x, int64_t offset, const Shape& shape) {
 // narrow's work under the name of `op` (narrow or split); x checked floating, d in range.
 Tensor narrow_as(const char* op, const Tensor& x, int d, int64_t start, int64_t length) {
   const Slab s = slab_of(x.shape(), d);
-  CUMULUS_CHECK(start >= 0 && length >= 0 && start + length <= s.dim, ShapeError, op, ": start ", start,
-                " and length ", length, " out of range for dim ", d, " of ", x.shape().str());
+  CUMULUS_CHECK(start >= 0 && length >= 0 && start + length <= s.dim, ShapeError, op, ": start ", start, " and length ",
+                length, " out of range for dim ", d, " of ", x.shape().str());
   const Shape shape = with_size(x.shape(), d, length);
   Tensor y;
   if (s.outer == 1) {
@@ -154,8 +153,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int dim) {
     const std::string what = "tensor " + std::to_string(k);
     detail::check_dtype(op, what.c_str(), t, first.dtype());
     detail::check_same_device(op, what.c_str(), t, first);
-    CUMULUS_CHECK(t.ndim() == first.ndim() && with_size(t.shape(), d, 0) == with_size(first.shape(), d, 0),
-                  ShapeError, op, ": ", what, " ", t.shape().str(), " does not match tensor 0 ", first.shape().str(),
+    CUMULUS_CHECK(t.ndim() == first.ndim() && with_size(t.shape(), d, 0) == with_size(first.shape(), d, 0), ShapeError,
+                  op, ": ", what, " ", t.shape().str(), " does not match tensor 0 ", first.shape().str(),
                   " outside dim ", d);
     total += t.size(d);
     shapes.push_back(t.shape());
@@ -189,8 +188,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     CUMULUS_CHECK(s >= 0, ShapeError, op, ": negative size ", s);
     total += s;
   }
-  CUMULUS_CHECK(total == x.size(d), ShapeError, op, ": sizes sum to ", total, " but dim ", d, " of ",
-                x.shape().str(), " has ", x.size(d));
+  CUMULUS_CHECK(total == x.size(d), ShapeError, op, ": sizes sum to ", total, " but dim ", d, " of ", x.shape().str(),
+                " has ", x.size(d));
   std::vector<Tensor> pieces;
   int64_t start = 0;
   for (int64_t s : sizes) {

@@ -48,9 +48,8 @@ void gather(const Tensor& x, const Gather& g, const Tensor& indices, const Tenso
   const Device device = x.device();
   const int32_t* ip = indices.data<int32_t>();
   const int64_t count = indices.numel();
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>();
-                         CUMULUS_DISPATCH(device, ctx,
-                             kernels::index_gather_cpu(xp, g.outer, g.dim, ip, count, g.inner, yp),
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>(); CUMULUS_DISPATCH(
+                             device, ctx, kernels::index_gather_cpu(xp, g.outer, g.dim, ip, count, g.inner, yp),
                              kernels::index_gather_cuda(xp, g.outer, g.dim, ip, count, g.inner, yp, ctx.stream())));
 }
 
@@ -59,11 +58,10 @@ void scatter_add(const Tensor& dy, const Gather& g, const Tensor& indices, const
   const int32_t* ip = indices.data<int32_t>();
   const int64_t count = indices.numel();
   const float beta = dx.beta();
-  CUMULUS_DISPATCH_FLOAT(dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
-                         CUMULUS_DISPATCH(device, ctx,
-                             kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
-                             kernels::index_scatter_add_cuda(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp,
-                                                             ctx.stream())));
+  CUMULUS_DISPATCH_FLOAT(
+      dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
+          device, ctx, kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
+          kernels::index_scatter_add_cuda(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp, ctx.stream())));
 }
 
 class IndexBackward final : public Node {

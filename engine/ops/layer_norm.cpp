@@ -23,7 +23,11 @@ const float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>(
 class LayerNormBackward final : public Node {
  public:
   LayerNormBackward(Tensor x, Tensor weight, Tensor mean, Tensor rstd)
-      : Node("layer_norm"), x_(std::move(x)), weight_(std::move(weight)), mean_(std::move(mean)), rstd_(std::move(rstd)) {}
+      : Node("layer_norm"),
+        x_(std::move(x)),
+        weight_(std::move(weight)),
+        mean_(std::move(mean)),
+        rstd_(std::move(rstd)) {}
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     const Device device = dy.device();
@@ -32,12 +36,11 @@ class LayerNormBackward final : public Node {
     if (grads[0].needed()) {
       GradSink::Target dx = grads[0].begin(x_.shape(), device, x_.dtype());
       const float beta = dx.beta();
-      CUMULUS_DISPATCH_FLOAT(x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>();
-                             T* dxp = dx.tensor.data<T>();
-                             CUMULUS_DISPATCH(device, ctx,
-                                 kernels::layer_norm_backward_dx_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp),
-                                 kernels::layer_norm_backward_dx_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp,
-                                                                      ctx.stream())));
+      CUMULUS_DISPATCH_FLOAT(
+          x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
+          CUMULUS_DISPATCH(
+              device, ctx, kernels::layer_norm_backward_dx_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp),
+              kernels::layer_norm_backward_dx_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, ctx.stream())));
     }
     GradSink::Target dw{Tensor(), GradientMode::overwrite}, db{Tensor(), GradientMode::overwrite};
     if (grads.size() > 1 && grads[1].needed()) dw = grads[1].begin(Shape{cols}, device);
@@ -46,12 +49,10 @@ class LayerNormBackward final : public Node {
     float* dwp = dw.tensor.defined() ? dw.tensor.data<float>() : nullptr;
     float* dbp = db.tensor.defined() ? db.tensor.data<float>() : nullptr;
     const float beta_w = dw.beta(), beta_b = db.beta();
-    CUMULUS_DISPATCH_FLOAT(x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>();
-                           CUMULUS_DISPATCH(device, ctx,
-                               kernels::layer_norm_param_grads_cpu(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b,
-                                                                   dbp),
-                               kernels::layer_norm_param_grads_cuda(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b,
-                                                                    dbp, ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(
+        x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); CUMULUS_DISPATCH(
+            device, ctx, kernels::layer_norm_param_grads_cpu(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b, dbp),
+            kernels::layer_norm_param_grads_cuda(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b, dbp, ctx.stream())));
   }
   void release_saved() override {
     x_ = Tensor();
@@ -91,9 +92,8 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight
   Tensor rstd = detail::new_output(Shape{rows}, DType::f32, device);
   const float *wp = data_or_null(weight), *bp = data_or_null(bias);
   float *mp = mean.data<float>(), *rp = rstd.data<float>();
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>();
-                         CUMULUS_DISPATCH(device, ctx,
-                             kernels::layer_norm_forward_cpu(xp, wp, bp, rows, cols, eps, yp, mp, rp),
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>(); CUMULUS_DISPATCH(
+                             device, ctx, kernels::layer_norm_forward_cpu(xp, wp, bp, rows, cols, eps, yp, mp, rp),
                              kernels::layer_norm_forward_cuda(xp, wp, bp, rows, cols, eps, yp, mp, rp, ctx.stream())));
   if (should_record({&x, &weight, &bias})) {
     Tensor saved_w = weight.defined() ? weight.detach() : Tensor();

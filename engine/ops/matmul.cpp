@@ -35,23 +35,23 @@ void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
     const float *ap = af.data<float>(), *bp = bf.data<float>();
     float* cp = cf.data<float>();
     for (int64_t p = 0; p < batch; ++p)
-      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * m * k, lda, bp + p * k * n, ldb, beta,
-                        cp + p * m * n, n);
+      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * m * k, lda, bp + p * k * n, ldb, beta, cp + p * m * n,
+                        n);
     detail::store_stand_in(cf, c);
     return;
   }
 #if CUMULUS_WITH_CUDA
   if (k == 0) {  // the empty sum: zeros, or c unchanged
     if (beta == 0.0f)
-      CUMULUS_DISPATCH_FLOAT(c.dtype(), T, T* cp = c.data<T>();
-                             CUMULUS_DISPATCH(device, ctx, (void)cp, kernels::fill_zero_cuda(cp, c.numel(), ctx.stream())));
+      CUMULUS_DISPATCH_FLOAT(c.dtype(), T, T* cp = c.data<T>(); CUMULUS_DISPATCH(
+                                 device, ctx, (void)cp, kernels::fill_zero_cuda(cp, c.numel(), ctx.stream())));
     return;
   }
   const kernels::GemmTypes types{a.dtype(), c.dtype()};
-  CUMULUS_DISPATCH(device, ctx, (void)0,
-                   kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(),
-                                                      lda, m * k, b.raw_data(), ldb, k * n, beta, c.raw_data(), n,
-                                                      m * n, batch, types));
+  CUMULUS_DISPATCH(
+      device, ctx, (void)0,
+      kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, m * k,
+                                         b.raw_data(), ldb, k * n, beta, c.raw_data(), n, m * n, batch, types));
 #endif
 }
 
@@ -139,8 +139,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   }
   bool same_batch = nd == b.ndim();
   for (int d = 0; same_batch && d < nd - 2; ++d) same_batch = a.size(d) == b.size(d);
-  CUMULUS_CHECK(same_batch, ShapeError, op, ": the batch dimensions of a ", a.shape().str(), " and b ",
-                b.shape().str(), " differ (only equal batch dimensions, or a 2-D b, are supported)");
+  CUMULUS_CHECK(same_batch, ShapeError, op, ": the batch dimensions of a ", a.shape().str(), " and b ", b.shape().str(),
+                " differ (only equal batch dimensions, or a 2-D b, are supported)");
   int64_t batch = 1;
   for (int d = 0; d < nd - 2; ++d) batch *= a.size(d);
   return product(op, a, b, Dims{batch, a.size(-2), k, n}, out);

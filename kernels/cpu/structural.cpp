@@ -140,16 +140,16 @@ void index_scatter_add_cpu(const T* dy, int64_t outer, int64_t count, const int3
     }
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                        \
-  template void layer_norm_forward_cpu(const T*, const float*, const float*, int64_t, int64_t, float, T*, float*,      \
-                                       float*);                                                                       \
-  template void layer_norm_backward_dx_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,      \
-                                           int64_t, float, T*);                                                       \
-  template void layer_norm_param_grads_cpu(const T*, const T*, const float*, const float*, int64_t, int64_t, float,    \
-                                           float*, float, float*);                                                    \
-  template void copy_slab_cpu(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float);     \
-  template void narrow_backward_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);                 \
-  template void index_gather_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*);                    \
+#define CUMULUS_INSTANTIATE(T)                                                                                      \
+  template void layer_norm_forward_cpu(const T*, const float*, const float*, int64_t, int64_t, float, T*, float*,   \
+                                       float*);                                                                     \
+  template void layer_norm_backward_dx_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,   \
+                                           int64_t, float, T*);                                                     \
+  template void layer_norm_param_grads_cpu(const T*, const T*, const float*, const float*, int64_t, int64_t, float, \
+                                           float*, float, float*);                                                  \
+  template void copy_slab_cpu(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float);  \
+  template void narrow_backward_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);              \
+  template void index_gather_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*);                 \
   template void index_scatter_add_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

@@ -74,8 +74,8 @@ constexpr int kParamCols = 32, kParamGroups = 8;
 
 template <typename T>
 __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const float* mean, const float* rstd,
-                                              int64_t rows, int64_t cols, float beta_dw, float* dweight,
-                                              float beta_db, float* dbias) {
+                                              int64_t rows, int64_t cols, float beta_dw, float* dweight, float beta_db,
+                                              float* dbias) {
   __shared__ float partial_w[kParamGroups][kParamCols];
   __shared__ float partial_b[kParamGroups][kParamCols];
   const int64_t c = blockIdx.x * static_cast<int64_t>(kParamCols) + threadIdx.x;
@@ -125,8 +125,8 @@ __global__ void narrow_backward_kernel(const T* dy, int64_t dim, int64_t start, 
 // ---- gathers ----
 
 template <typename T>
-__global__ void index_gather_kernel(const T* x, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
-                                    T* y, int64_t total) {
+__global__ void index_gather_kernel(const T* x, int64_t dim, const int32_t* indices, int64_t count, int64_t inner, T* y,
+                                    int64_t total) {
   CUMULUS_GRID_STRIDE_LOOP(e, total) {
     const int64_t i = e % inner, j = (e / inner) % count, o = e / (inner * count);
     const int32_t d = indices[j];
@@ -144,8 +144,8 @@ __global__ void zero_kernel(T* out, int64_t n) {
 // holding d, in order, from beta * dx: index_scatter_add_cpu's order. Positions are tested a chunk
 // of blockDim at a time, the matches shared through shared memory.
 template <typename T>
-__global__ void index_scatter_add_kernel(const T* dy, int64_t outer, int64_t count, const int32_t* indices,
-                                         int64_t dim, int64_t inner, float beta, T* dx) {
+__global__ void index_scatter_add_kernel(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
+                                         int64_t inner, float beta, T* dx) {
   __shared__ int match[kThreads];
   const int64_t j = blockIdx.x;
   const int32_t d = indices[j];
@@ -237,24 +237,25 @@ void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int
                             int64_t inner, float beta, T* dx, cudaStream_t stream) {
   if (beta == 0.0f) fill_zero_cuda(dx, outer * dim * inner, stream);
   if (count == 0 || outer * inner == 0) return;
-  CUMULUS_CHECK(count <= 2147483647, InvalidArgument, "index_scatter_add_cuda: ", count, " indices is too many for one grid");
+  CUMULUS_CHECK(count <= 2147483647, InvalidArgument, "index_scatter_add_cuda: ", count,
+                " indices is too many for one grid");
   launch<index_scatter_add_kernel<T>>(static_cast<unsigned>(count), kThreads, stream, dy, outer, count, indices, dim,
                                       inner, beta, dx);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                                                        \
   template void fill_zero_cuda(T*, int64_t, cudaStream_t);                                                            \
-  template void layer_norm_forward_cuda(const T*, const float*, const float*, int64_t, int64_t, float, T*, float*,     \
+  template void layer_norm_forward_cuda(const T*, const float*, const float*, int64_t, int64_t, float, T*, float*,    \
                                         float*, cudaStream_t);                                                        \
-  template void layer_norm_backward_dx_cuda(const T*, const T*, const float*, const float*, const float*, int64_t,     \
+  template void layer_norm_backward_dx_cuda(const T*, const T*, const float*, const float*, const float*, int64_t,    \
                                             int64_t, float, T*, cudaStream_t);                                        \
-  template void layer_norm_param_grads_cuda(const T*, const T*, const float*, const float*, int64_t, int64_t, float,   \
+  template void layer_norm_param_grads_cuda(const T*, const T*, const float*, const float*, int64_t, int64_t, float,  \
                                             float*, float, float*, cudaStream_t);                                     \
   template void copy_slab_cuda(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float,    \
                                cudaStream_t);                                                                         \
-  template void narrow_backward_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t);  \
-  template void index_gather_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*, cudaStream_t);     \
-  template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,        \
+  template void narrow_backward_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t); \
+  template void index_gather_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*, cudaStream_t);    \
+  template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,       \
                                        cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

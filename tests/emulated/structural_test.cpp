@@ -32,8 +32,8 @@ struct LayerNormRef {
 };
 
 LayerNormRef layer_norm_reference(const std::vector<float>& x, const std::vector<float>& dy,
-                                  const std::vector<float>& w, const std::vector<float>& b, int64_t rows,
-                                  int64_t cols, float eps) {
+                                  const std::vector<float>& w, const std::vector<float>& b, int64_t rows, int64_t cols,
+                                  float eps) {
   LayerNormRef ref{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(cols, 0.0),
                    std::vector<double>(cols, 0.0)};
   for (int64_t r = 0; r < rows; ++r) {
@@ -70,8 +70,8 @@ TYPED_TEST(StructuralEmulated, LayerNormMatchesADoubleReference) {
     const LayerNormRef ref = layer_norm_reference(widened(x), widened(dy), w, b, rows, cols, eps);
     std::vector<T> y(x.size());
     std::vector<float> mean(rows), rstd(rows);
-    kernels::layer_norm_forward_cuda(x.data(), w.data(), b.data(), rows, cols, eps, y.data(), mean.data(),
-                                     rstd.data(), nullptr);
+    kernels::layer_norm_forward_cuda(x.data(), w.data(), b.data(), rows, cols, eps, y.data(), mean.data(), rstd.data(),
+                                     nullptr);
     expect_within(y, ref.y, tol, tol, "y");
     std::vector<T> dx(x.size(), kernels::from_f32<T>(kNaN));
     kernels::layer_norm_backward_dx_cuda(x.data(), dy.data(), w.data(), mean.data(), rstd.data(), rows, cols, 0.0f,

@@ -73,8 +73,8 @@ void add_matmul_cases(std::vector<OpCase>& cases) {
     bool b_batched;
   };
   const Form forms[] = {
-      {"bmm", {1, 3, 5}, {1, 5, 4}, 1, 3, 5, 4, true},       {"bmm", {3, 2, 7}, {3, 7, 5}, 3, 2, 7, 5, true},
-      {"matmul", {4, 6}, {6, 3}, 1, 4, 6, 3, false},         {"matmul", {2, 3, 4, 5}, {2, 3, 5, 2}, 6, 4, 5, 2, true},
+      {"bmm", {1, 3, 5}, {1, 5, 4}, 1, 3, 5, 4, true},  {"bmm", {3, 2, 7}, {3, 7, 5}, 3, 2, 7, 5, true},
+      {"matmul", {4, 6}, {6, 3}, 1, 4, 6, 3, false},    {"matmul", {2, 3, 4, 5}, {2, 3, 5, 2}, 6, 4, 5, 2, true},
       {"matmul", {2, 3, 4}, {4, 5}, 1, 6, 4, 5, false},
   };
   for (const Form& f : forms)
@@ -130,7 +130,8 @@ void add_layer_norm_cases(std::vector<OpCase>& cases) {
         }
         const float eps = 1e-5f;
         c.forward = [cols, affine, eps](const Inputs& t) {
-          return affine ? ops::layer_norm(t[0], cols, t[1], t[2], eps) : ops::layer_norm(t[0], cols, Tensor(), Tensor(), eps);
+          return affine ? ops::layer_norm(t[0], cols, t[1], t[2], eps)
+                        : ops::layer_norm(t[0], cols, Tensor(), Tensor(), eps);
         };
         c.reference = [cols, affine, eps](const Values& v) { return layer_norm_ref(v, cols, affine, eps); };
         set_tolerances(c, dtype);
