@@ -175,10 +175,16 @@ __global__ void index_scatter_add_kernel(const T* dy, int64_t outer, int64_t cou
 
 }  // namespace
 
+// One block per row needs the rows to fit a grid's x dimension.
+void check_rows(int64_t rows) {
+  CUMULUS_CHECK(rows <= 2147483647, InvalidArgument, "layer_norm: ", rows, " rows is too many for one grid");
+}
+
 template <typename T>
 void layer_norm_forward_cuda(const T* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
                              T* y, float* mean, float* rstd, cudaStream_t stream) {
   if (rows == 0) return;
+  check_rows(rows);
   launch<layer_norm_forward_kernel<T>>(static_cast<unsigned>(rows), kThreads, stream, x, weight, bias, cols, eps, y,
                                        mean, rstd);
 }
@@ -187,6 +193,7 @@ template <typename T>
 void layer_norm_backward_dx_cuda(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                  int64_t rows, int64_t cols, float beta, T* dx, cudaStream_t stream) {
   if (rows == 0) return;
+  check_rows(rows);
   launch<layer_norm_backward_dx_kernel<T>>(static_cast<unsigned>(rows), kThreads, stream, x, dy, weight, mean, rstd,
                                            cols, beta, dx);
 }
