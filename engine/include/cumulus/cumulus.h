@@ -37,12 +37,14 @@
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/tensor_ops.h"
 
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/module.h"
+#include "cumulus/nn/norm_layers.h"
 
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"

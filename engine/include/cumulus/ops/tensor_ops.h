@@ -1,0 +1,57 @@
+// The structural ops (issue #29): layer norm, embedding, cat / split / narrow, index_select and
+// batched matrix products. Each records its backward (engine/ops/layer_norm.cpp, index.cpp,
+// concat.cpp, matmul.cpp), runs on the CPU and CUDA, and takes f32, bf16 or f16 data (f32
+// arithmetic; parameters and their gradients f32) unless its comment says otherwise. Dimensions
+// may be negative (counted from the end), as in PyTorch.
+#pragma once
+
+#include <vector>
+
+#include "cumulus/tensor/tensor.h"
+
+namespace cumulus::ops {
+
+// PyTorch's layer_norm over the last dimension: x [..., normalized_size] -> y of x's shape and type,
+// y = (x - mean) / sqrt(var + eps) * weight + bias with the biased variance of each row. weight and
+// bias: f32 [normalized_size] or undefined (1 and 0). Saves x and each row's mean and 1 / std (f32).
+// On CUDA the parameter gradients are column sums in a fixed order, without atomics: deterministic.
+Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), float eps = 1e-5f);
+
+// Rows of weight [num, dim] (f32) picked by indices (i32, any shape up to 3-D) -> [..., dim] in
+// `dtype` (f32, or bf16 / f16 rounded from the f32 rows). Backward adds each row's gradient into the
+// weight's gradient (repeated indices add up), in a fixed order on both devices. An index outside
+// [0, num) is an InvalidArgument on the CPU; on CUDA it gives a row of NaN and contributes no gradient
+// (the kernel cannot throw, and checking on the host would synchronize every call).
+Tensor embedding(const Tensor& indices, const Tensor& weight, DType dtype = DType::f32);
+
+// x's elements at `indices` (i32, 1-D) along `dim`: y.size(dim) = indices.size(0). Repeated
+// indices are allowed (their gradients add up). Out-of-range indices: as embedding.
+Tensor index_select(const Tensor& x, int dim, const Tensor& indices);
+
+// The tensors joined along `dim` (same dtype, device and sizes except along dim; at least one).
+// Backward hands each input its slab of the gradient.
+Tensor cat(const std::vector<Tensor>& tensors, int dim);
+
+// x[..., start : start + length, ...] along `dim`. When the slab is contiguous in x (every dimension
+// before `dim` has size 1: dim 0 always) it is a view sharing x's storage, else a copy. Backward
+// writes the gradient into the slab and zeros elsewhere.
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
+
+// x cut along `dim` into pieces of the given sizes (summing to x.size(dim)), or of `size` each with
+// a shorter last one (PyTorch's split). Each piece is narrow's (a view along dim 0) named "split".
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
+std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
+
+// Batched matrix product: a [B, n, k] x b [B, k, m] -> [B, n, m], one strided-batched GEMM
+// (OpenBLAS per batch on the CPU, cublasGemmStridedBatchedEx on CUDA); a and b of one floating type,
+// products summed in f32. Backward: da = dc b^T, db = a^T dc, transposes in the GEMM calls and the
+// gradients written with the sinks' beta.
+Tensor bmm(const Tensor& a, const Tensor& b);
+
+// a [..., n, k] x b [..., k, m]: 2-D x 2-D is one GEMM; equal leading (batch) dimensions are bmm's;
+// a batched a times a 2-D b is one GEMM over a's rows ([B, n, k] x [k, m] -> [B, n, m]). Other
+// broadcasts of batch dimensions are a ShapeError.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+}  // namespace cumulus::ops

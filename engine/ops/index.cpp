@@ -1,0 +1,138 @@
+// index_select and embedding: gathers along a dimension (x seen as [outer, size(dim), inner]) whose
+// backward scatter-adds the gradient: dx[o, d, i] = sum over j with indices[j] == d of dy[o, j, i].
+// Repeated indices add up. The sum for each d runs in the order of j, from beta * dx, in f32, and is
+// rounded once: the same order on the CPU and CUDA (no atomics), so the two give the same bits. The
+// sink's beta 0 zeros the rows no index names; an embedding's weight gradient is the weight's
+// persistent f32 buffer, written in place (Note [Gradient sinks]).
+// Indices are i32 on x's device. The CPU rejects one outside [0, size(dim)) before any work; CUDA
+// cannot without synchronizing, so there it gives NaN rows and no gradient (tensor_ops.h).
+#include <string>
+
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/tensor_ops.h"
+#include "engine/ops/internal.h"
+#include "kernels/cpu/structural_kernels.h"
+#if CUMULUS_WITH_CUDA
+#include "kernels/cuda/structural_kernels.h"
+#endif
+
+namespace cumulus::ops {
+
+namespace {
+
+struct Gather {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+
+Gather gather_of(const Shape& shape, int d) {
+  Gather g;
+  for (int i = 0; i < shape.ndim(); ++i) {
+    if (i < d) g.outer *= shape[i];
+    else if (i == d) g.dim = shape[i];
+    else g.inner *= shape[i];
+  }
+  return g;
+}
+
+void check_indices(const char* op, const Tensor& indices, const Tensor& x, int64_t dim) {
+  detail::check_dtype(op, "indices", indices, DType::i32);
+  detail::check_same_device(op, "indices", indices, x);
+  if (!indices.device().is_cpu()) return;  // documented: NaN rows on CUDA
+  const int32_t* ip = indices.data<int32_t>();
+  const int64_t bad = kernels::first_index_out_of_range_cpu(ip, indices.numel(), dim);
+  CUMULUS_CHECK(bad < 0, InvalidArgument, op, ": index ", bad >= 0 ? ip[bad] : 0, " at position ", bad,
+                " is outside [0, ", dim, ")");
+}
+
+void gather(const Tensor& x, const Gather& g, const Tensor& indices, const Tensor& y) {
+  const Device device = x.device();
+  const int32_t* ip = indices.data<int32_t>();
+  const int64_t count = indices.numel();
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>(); CUMULUS_DISPATCH(
+                             device, ctx, kernels::index_gather_cpu(xp, g.outer, g.dim, ip, count, g.inner, yp),
+                             kernels::index_gather_cuda(xp, g.outer, g.dim, ip, count, g.inner, yp, ctx.stream())));
+}
+
+void scatter_add(const Tensor& dy, const Gather& g, const Tensor& indices, const GradSink::Target& dx) {
+  const Device device = dy.device();
+  const int32_t* ip = indices.data<int32_t>();
+  const int64_t count = indices.numel();
+  const float beta = dx.beta();
+  CUMULUS_DISPATCH_FLOAT(
+      dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
+          device, ctx, kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
+          kernels::index_scatter_add_cuda(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp, ctx.stream())));
+}
+
+class IndexBackward final : public Node {
+ public:
+  // input: which of the op's inputs is the data (index_select's 0, embedding's 1); an embedding's
+  // weight gradient is f32 (its buffer's type) whatever the output's type.
+  IndexBackward(const char* name, Tensor indices, Shape x_shape, int d, std::size_t input, bool f32_grad)
+      : Node(name), indices_(std::move(indices)), x_shape_(x_shape), d_(d), input_(input), f32_grad_(f32_grad) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    const std::size_t input = input_;
+    if (!grads[input].needed()) return;
+    const DType dtype = f32_grad_ ? DType::f32 : dy.dtype();
+    const Tensor g = dy.dtype() == dtype ? dy : detail::converted(dy, dtype, MemoryCategory::workspace);
+    GradSink::Target dx = grads[input].begin(x_shape_, dy.device(), dtype);
+    scatter_add(g, gather_of(x_shape_, d_), indices_, dx);
+  }
+  void release_saved() override { indices_ = Tensor(); }
+
+ private:
+  Tensor indices_;
+  Shape x_shape_;
+  int d_;
+  std::size_t input_;
+  bool f32_grad_;
+};
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int dim, const Tensor& indices) {
+  constexpr const char* op = "index_select";
+  OpScope op_scope(op);
+  detail::check_floating(op, "input", x);
+  const int nd = x.ndim(), d = dim < 0 ? dim + nd : dim;
+  CUMULUS_CHECK(d >= 0 && d < nd, ShapeError, op, ": dim ", dim, " out of range for ", x.shape().str());
+  CUMULUS_CHECK(indices.defined() && indices.ndim() == 1, ShapeError, op, ": indices must be 1-D, got ",
+                indices.defined() ? indices.shape().str() : std::string("undefined"));
+  check_indices(op, indices, x, x.size(d));
+  Shape shape;
+  for (int i = 0; i < nd; ++i) shape.push_back(i == d ? indices.size(0) : x.size(i));
+  Tensor y = detail::new_output(shape, x.dtype(), x.device());
+  gather(x, gather_of(x.shape(), d), indices, y);
+  if (should_record({&x}))
+    attach_node(y, std::make_shared<IndexBackward>(op, indices.detach(), x.shape(), d, 0, false), {&x});
+  return y;
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, DType dtype) {
+  constexpr const char* op = "embedding";
+  OpScope op_scope(op);
+  detail::check_dtype(op, "weight", weight, DType::f32);
+  CUMULUS_CHECK(weight.ndim() == 2, ShapeError, op, ": weight must be [num, dim], got ", weight.shape().str());
+  CUMULUS_CHECK(is_floating(dtype), InvalidArgument, op, ": the output type must be f32, bf16 or f16, not ",
+                dtype_name(dtype));
+  CUMULUS_CHECK(indices.defined() && indices.ndim() < Shape::kMaxDims, ShapeError, op, ": indices must have at most ",
+                Shape::kMaxDims - 1, " dimensions, got ", indices.defined() ? indices.shape().str() : "undefined");
+  check_indices(op, indices, weight, weight.size(0));
+  Shape shape = indices.shape();
+  shape.push_back(weight.size(1));
+  Tensor y = detail::new_output(shape, dtype, weight.device());
+  const Tensor flat = indices.detach().reshape(Shape{indices.numel()});
+  if (dtype == DType::f32) {
+    gather(weight, gather_of(weight.shape(), 0), flat, y);
+  } else {  // the f32 rows, rounded once
+    const Tensor rows = detail::f32_scratch(shape, weight.device());
+    gather(weight, gather_of(weight.shape(), 0), flat, rows);
+    detail::convert_into(rows, y);
+  }
+  if (should_record({&indices, &weight}))
+    attach_node(y, std::make_shared<IndexBackward>(op, flat, weight.shape(), 0, 1, true), {&indices, &weight});
+  return y;
+}
+
+}  // namespace cumulus::ops

@@ -1,0 +1,105 @@
+// layer_norm over the last dimension, as PyTorch's: each row of x [rows, cols] normalized by its
+// mean and biased variance (eps inside the square root), then scaled by weight and shifted by bias
+// (f32, optional). Forward saves x and each row's mean and rstd = 1 / sqrt(var + eps) (f32, rows
+// values each: small beside x), so backward recomputes x_hat instead of keeping it:
+//   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)),  g = dy * weight
+//   dweight (+)= sum_rows dy * x_hat,  dbias (+)= sum_rows dy
+// The parameter gradients are written straight into their sinks with the sinks' beta; on CUDA as
+// column sums in a fixed order (no atomics), so they are the same bits on every run.
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/tensor_ops.h"
+#include "engine/ops/internal.h"
+#include "kernels/cpu/structural_kernels.h"
+#if CUMULUS_WITH_CUDA
+#include "kernels/cuda/structural_kernels.h"
+#endif
+
+namespace cumulus::ops {
+
+namespace {
+
+const float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+class LayerNormBackward final : public Node {
+ public:
+  LayerNormBackward(Tensor x, Tensor weight, Tensor mean, Tensor rstd)
+      : Node("layer_norm"),
+        x_(std::move(x)),
+        weight_(std::move(weight)),
+        mean_(std::move(mean)),
+        rstd_(std::move(rstd)) {}
+
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    const Device device = dy.device();
+    const int64_t cols = x_.size(-1), rows = cols > 0 ? x_.numel() / cols : 0;
+    const float *mp = mean_.data<float>(), *rp = rstd_.data<float>(), *wp = data_or_null(weight_);
+    if (grads[0].needed()) {
+      GradSink::Target dx = grads[0].begin(x_.shape(), device, x_.dtype());
+      const float beta = dx.beta();
+      CUMULUS_DISPATCH_FLOAT(
+          x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
+          CUMULUS_DISPATCH(
+              device, ctx, kernels::layer_norm_backward_dx_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp),
+              kernels::layer_norm_backward_dx_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, ctx.stream())));
+    }
+    GradSink::Target dw{Tensor(), GradientMode::overwrite}, db{Tensor(), GradientMode::overwrite};
+    if (grads.size() > 1 && grads[1].needed()) dw = grads[1].begin(Shape{cols}, device);
+    if (grads.size() > 2 && grads[2].needed()) db = grads[2].begin(Shape{cols}, device);
+    if (!dw.tensor.defined() && !db.tensor.defined()) return;
+    float* dwp = dw.tensor.defined() ? dw.tensor.data<float>() : nullptr;
+    float* dbp = db.tensor.defined() ? db.tensor.data<float>() : nullptr;
+    const float beta_w = dw.beta(), beta_b = db.beta();
+    CUMULUS_DISPATCH_FLOAT(
+        x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); CUMULUS_DISPATCH(
+            device, ctx, kernels::layer_norm_param_grads_cpu(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b, dbp),
+            kernels::layer_norm_param_grads_cuda(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b, dbp, ctx.stream())));
+  }
+  void release_saved() override {
+    x_ = Tensor();
+    weight_ = Tensor();
+    mean_ = Tensor();
+    rstd_ = Tensor();
+  }
+
+ private:
+  Tensor x_, weight_, mean_, rstd_;
+};
+
+void check_parameter(const char* what, const Tensor& p, const Tensor& x, int64_t normalized_size) {
+  if (!p.defined()) return;
+  detail::check_dtype("layer_norm", what, p, DType::f32);
+  CUMULUS_CHECK(p.ndim() == 1 && p.size(0) == normalized_size, ShapeError, "layer_norm: ", what, " must be [",
+                normalized_size, "], got ", p.shape().str());
+  detail::check_same_device("layer_norm", what, p, x);
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight, const Tensor& bias, float eps) {
+  constexpr const char* op = "layer_norm";
+  OpScope op_scope(op);
+  detail::check_floating(op, "input", x);
+  CUMULUS_CHECK(x.ndim() >= 1 && x.size(-1) == normalized_size && normalized_size > 0, ShapeError, op,
+                ": normalized_size ", normalized_size, " must be the input's last dimension (> 0), input ",
+                x.shape().str());
+  CUMULUS_CHECK(eps >= 0.0f, InvalidArgument, op, ": eps must be >= 0, got ", eps);
+  check_parameter("weight", weight, x, normalized_size);
+  check_parameter("bias", bias, x, normalized_size);
+  const Device device = x.device();
+  const int64_t cols = normalized_size, rows = x.numel() / cols;
+  Tensor y = detail::new_output(x.shape(), x.dtype(), device);
+  Tensor mean = detail::new_output(Shape{rows}, DType::f32, device);
+  Tensor rstd = detail::new_output(Shape{rows}, DType::f32, device);
+  const float *wp = data_or_null(weight), *bp = data_or_null(bias);
+  float *mp = mean.data<float>(), *rp = rstd.data<float>();
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, const T* xp = x.data<T>(); T* yp = y.data<T>(); CUMULUS_DISPATCH(
+                             device, ctx, kernels::layer_norm_forward_cpu(xp, wp, bp, rows, cols, eps, yp, mp, rp),
+                             kernels::layer_norm_forward_cuda(xp, wp, bp, rows, cols, eps, yp, mp, rp, ctx.stream())));
+  if (should_record({&x, &weight, &bias})) {
+    Tensor saved_w = weight.defined() ? weight.detach() : Tensor();
+    attach_node(y, std::make_shared<LayerNormBackward>(x.detach(), saved_w, mean, rstd), {&x, &weight, &bias});
+  }
+  return y;
+}
+
+}  // namespace cumulus::ops

@@ -1,0 +1,149 @@
+// bmm / matmul: c[p] = a[p] b[p] for p in [0, batch), row-major, one strided-batched GEMM.
+// Backward, each only where its input needs a gradient (a saved only for db, b only for da):
+//   da[p] (+)= dc[p] b[p]^T     db[p] (+)= a[p]^T dc[p]
+// with the transposes given to the GEMM (no transposed copies) and the sinks' beta as the GEMM's.
+// A batched a times a 2-D b is one GEMM over all of a's rows, so db sums over the batch inside it.
+// 16-bit a and b: products summed in f32 and c rounded once, on CUDA by cuBLAS itself (f32 compute),
+// on the CPU by the f32 GEMM over widened copies (Note [Mixed precision] in engine/ops/linear.cpp).
+#include "cumulus/autograd/node.h"
+#include "cumulus/ops/tensor_ops.h"
+#include "engine/ops/internal.h"
+#include "kernels/cpu/structural_kernels.h"
+#if CUMULUS_WITH_CUDA
+#include "kernels/cuda/structural_kernels.h"
+#endif
+
+namespace cumulus::ops {
+
+namespace {
+
+// The problem, per batch entry: [m, k] x [k, n] -> [m, n].
+struct Dims {
+  int64_t batch, m, k, n;
+};
+
+// c (+)= op(a) op(b) for each of `batch` entries: op(a) [m, k], op(b) [k, n], c [m, n], all
+// contiguous per entry; a is stored [k, m] when trans_a, b [n, k] when trans_b. beta 0 overwrites.
+void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta,
+                  int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  const Device device = c.device();
+  if (device.is_cpu()) {
+    const Tensor af = detail::converted(a, DType::f32, MemoryCategory::workspace);
+    const Tensor bf = detail::converted(b, DType::f32, MemoryCategory::workspace);
+    const Tensor cf = detail::f32_stand_in(c, beta);
+    const float *ap = af.data<float>(), *bp = bf.data<float>();
+    float* cp = cf.data<float>();
+    for (int64_t p = 0; p < batch; ++p)
+      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * m * k, lda, bp + p * k * n, ldb, beta, cp + p * m * n,
+                        n);
+    detail::store_stand_in(cf, c);
+    return;
+  }
+#if CUMULUS_WITH_CUDA
+  if (k == 0) {  // the empty sum: zeros, or c unchanged
+    if (beta == 0.0f)
+      CUMULUS_DISPATCH_FLOAT(c.dtype(), T, T* cp = c.data<T>(); CUMULUS_DISPATCH(
+                                 device, ctx, (void)cp, kernels::fill_zero_cuda(cp, c.numel(), ctx.stream())));
+    return;
+  }
+  const kernels::GemmTypes types{a.dtype(), c.dtype()};
+  CUMULUS_DISPATCH(
+      device, ctx, (void)0,
+      kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, m * k,
+                                         b.raw_data(), ldb, k * n, beta, c.raw_data(), n, m * n, batch, types));
+#endif
+}
+
+class MatmulBackward final : public Node {
+ public:
+  MatmulBackward(const char* name, Tensor a, Tensor b, Shape a_shape, Shape b_shape, Dims dims)
+      : Node(name), a_(std::move(a)), b_(std::move(b)), a_shape_(a_shape), b_shape_(b_shape), dims_(dims) {}
+
+  void backward(const Tensor& dc, std::vector<GradSink>& grads) override {
+    const Device device = dc.device();
+    const auto [batch, m, k, n] = dims_;
+    if (grads[0].needed()) {
+      GradSink::Target da = grads[0].begin(a_shape_, device, dc.dtype());
+      batched_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);  // dc [m, n] x (b [k, n])^T
+    }
+    if (grads[1].needed()) {
+      GradSink::Target db = grads[1].begin(b_shape_, device, dc.dtype());
+      batched_gemm(a_, true, dc, false, db.tensor, db.beta(), batch, k, n, m);  // (a [m, k])^T x dc [m, n]
+    }
+  }
+  void release_saved() override {
+    a_ = Tensor();
+    b_ = Tensor();
+  }
+
+ private:
+  Tensor a_, b_;  // a for db, b for da (undefined where not needed)
+  Shape a_shape_, b_shape_;
+  Dims dims_;
+};
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b) {
+  detail::check_floating(op, "a", a);
+  detail::check_floating(op, "b", b);
+  CUMULUS_CHECK(a.dtype() == b.dtype(), InvalidArgument, op, ": a is ", dtype_name(a.dtype()), " but b is ",
+                dtype_name(b.dtype()), " (cast one of them)");
+  detail::check_same_device(op, "b", b, a);
+  CUMULUS_CHECK(a.ndim() >= 2 && b.ndim() >= 2, ShapeError, op, ": a and b must have at least 2 dimensions, got ",
+                a.shape().str(), " and ", b.shape().str());
+  CUMULUS_CHECK(a.size(-1) == b.size(-2), ShapeError, op, ": a ", a.shape().str(), " and b ", b.shape().str(),
+                " do not multiply (", a.size(-1), " != ", b.size(-2), ")");
+}
+
+Tensor product(const char* op, const Tensor& a, const Tensor& b, const Dims& dims, const Shape& out_shape) {
+  Tensor c;
+  {
+    MemoryCategoryScope scope(detail::output_category());
+    c = dims.k == 0 ? Tensor::zeros(out_shape, a.dtype(), a.device()) : Tensor::empty(out_shape, a.dtype(), a.device());
+  }
+  if (dims.k > 0) batched_gemm(a, false, b, false, c, 0.0f, dims.batch, dims.m, dims.n, dims.k);
+  if (should_record({&a, &b})) {
+    Tensor saved_a = edge_to(b).needs_grad() ? a.detach() : Tensor();
+    Tensor saved_b = edge_to(a).needs_grad() ? b.detach() : Tensor();
+    attach_node(c, std::make_shared<MatmulBackward>(op, saved_a, saved_b, a.shape(), b.shape(), dims), {&a, &b});
+  }
+  return c;
+}
+
+}  // namespace
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  constexpr const char* op = "bmm";
+  OpScope op_scope(op);
+  check_operands(op, a, b);
+  CUMULUS_CHECK(a.ndim() == 3 && b.ndim() == 3 && a.size(0) == b.size(0), ShapeError, op,
+                ": a and b must be [B, n, k] and [B, k, m] with the same B, got ", a.shape().str(), " and ",
+                b.shape().str());
+  const Dims dims{a.size(0), a.size(1), a.size(2), b.size(2)};
+  return product(op, a, b, dims, Shape{dims.batch, dims.m, dims.n});
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  constexpr const char* op = "matmul";
+  OpScope op_scope(op);
+  check_operands(op, a, b);
+  const int nd = a.ndim();
+  Shape out;
+  for (int d = 0; d < nd - 1; ++d) out.push_back(a.size(d));
+  out.push_back(b.size(-1));
+  const int64_t k = a.size(-1), n = b.size(-1);
+  if (b.ndim() == 2) {  // one GEMM over every row of a
+    int64_t rows = 1;
+    for (int d = 0; d < nd - 1; ++d) rows *= a.size(d);
+    return product(op, a, b, Dims{1, rows, k, n}, out);
+  }
+  bool same_batch = nd == b.ndim();
+  for (int d = 0; same_batch && d < nd - 2; ++d) same_batch = a.size(d) == b.size(d);
+  CUMULUS_CHECK(same_batch, ShapeError, op, ": the batch dimensions of a ", a.shape().str(), " and b ", b.shape().str(),
+                " differ (only equal batch dimensions, or a 2-D b, are supported)");
+  int64_t batch = 1;
+  for (int d = 0; d < nd - 2; ++d) batch *= a.size(d);
+  return product(op, a, b, Dims{batch, a.size(-2), k, n}, out);
+}
+
+}  // namespace cumulus::ops

@@ -1,0 +1,159 @@
+// CPU kernels of the structural ops (kernels/cpu/structural_kernels.h): layer norm, slab copies for
+// cat / split / narrow, and gathers with their scatter-add for index_select and embedding.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/structural_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
+
+}  // namespace
+
+// Two passes per row (the mean, then sum (x - mean)^2): no cancellation when the mean is large
+// against the spread. The same formulas as kernels/cuda/structural.cu, whose sums run in another order.
+template <typename T>
+void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
+                            T* y, float* mean, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    float s = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) s += to_f32(xr[c]);
+    const float m = s / static_cast<float>(cols);
+    float ss = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) ss += (to_f32(xr[c]) - m) * (to_f32(xr[c]) - m);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
+    mean[r] = m;
+    rstd[r] = inv;
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = (to_f32(xr[c]) - m) * inv;
+      if (weight != nullptr) v *= weight[c];
+      if (bias != nullptr) v += bias[c];
+      y[r * cols + c] = from_f32<T>(v);
+    }
+  }
+}
+
+template <typename T>
+void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
+                                int64_t rows, int64_t cols, float beta, T* dx) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    const float m = mean[r], inv = rstd[r];
+    float sum_g = 0.0f, sum_g_xhat = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+      sum_g += g;
+      sum_g_xhat += g * (to_f32(xr[c]) - m) * inv;
+    }
+    const float mean_g = sum_g / static_cast<float>(cols), mean_g_xhat = sum_g_xhat / static_cast<float>(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+      const float xhat = (to_f32(xr[c]) - m) * inv;
+      T& out = dx[r * cols + c];
+      out = from_f32<T>(blend(inv * (g - mean_g - xhat * mean_g_xhat), beta, to_f32(out)));
+    }
+  }
+}
+
+template <typename T>
+void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
+                                int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float g = to_f32(dy[r * cols + c]);
+      sw += g * (to_f32(x[r * cols + c]) - mean[r]) * rstd[r];
+      sb += g;
+    }
+    if (dweight != nullptr) dweight[c] = blend(sw, beta_dw, dweight[c]);
+    if (dbias != nullptr) dbias[c] = blend(sb, beta_db, dbias[c]);
+  }
+}
+
+template <typename T>
+void copy_slab_cpu(const T* src, int64_t src_dim, int64_t src_start, T* dst, int64_t dst_dim, int64_t dst_start,
+                   int64_t outer, int64_t length, int64_t inner, float beta) {
+  const int64_t span = length * inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    const T* s = src + (o * src_dim + src_start) * inner;
+    T* d = dst + (o * dst_dim + dst_start) * inner;
+    for (int64_t k = 0; k < span; ++k) d[k] = beta == 0.0f ? s[k] : from_f32<T>(to_f32(s[k]) + beta * to_f32(d[k]));
+  }
+}
+
+template <typename T>
+void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start, int64_t length, int64_t inner,
+                         float beta, T* dx) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t d = 0; d < dim; ++d) {
+      const bool inside = d >= start && d < start + length;
+      T* out = dx + (o * dim + d) * inner;
+      const T* in = dy + (o * length + (d - start)) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        const float g = inside ? to_f32(in[i]) : 0.0f;
+        out[i] = from_f32<T>(blend(g, beta, to_f32(out[i])));
+      }
+    }
+}
+
+int64_t first_index_out_of_range_cpu(const int32_t* indices, int64_t count, int64_t dim) {
+  for (int64_t j = 0; j < count; ++j)
+    if (indices[j] < 0 || indices[j] >= dim) return j;
+  return -1;
+}
+
+template <typename T>
+void index_gather_cpu(const T* x, int64_t outer, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
+                      T* y) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < count; ++j) {
+      const T* s = x + (o * dim + indices[j]) * inner;
+      T* d = y + (o * count + j) * inner;
+      for (int64_t i = 0; i < inner; ++i) d[i] = s[i];
+    }
+}
+
+// Each destination row's sum starts from beta * dx (0 for beta 0) and adds its contributions in the
+// order of j, in f32, rounded once: the order kernels/cuda/structural.cu takes, so both give the same
+// bits. The chain of positions holding each index (first[d], next[j]) visits them in that order.
+template <typename T>
+void index_scatter_add_cpu(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
+                           int64_t inner, float beta, T* dx) {
+  std::vector<int64_t> first(static_cast<std::size_t>(dim), -1), next(static_cast<std::size_t>(count), -1);
+  for (int64_t j = count - 1; j >= 0; --j) {
+    next[j] = first[indices[j]];
+    first[indices[j]] = j;
+  }
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t d = 0; d < dim; ++d) {
+      T* out = dx + (o * dim + d) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        float acc = beta == 0.0f ? 0.0f : beta * to_f32(out[i]);
+        for (int64_t j = first[d]; j >= 0; j = next[j]) acc += to_f32(dy[(o * count + j) * inner + i]);
+        if (beta == 0.0f || first[d] >= 0) out[i] = from_f32<T>(acc);
+      }
+    }
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                      \
+  template void layer_norm_forward_cpu(const T*, const float*, const float*, int64_t, int64_t, float, T*, float*,   \
+                                       float*);                                                                     \
+  template void layer_norm_backward_dx_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,   \
+                                           int64_t, float, T*);                                                     \
+  template void layer_norm_param_grads_cpu(const T*, const T*, const float*, const float*, int64_t, int64_t, float, \
+                                           float*, float, float*);                                                  \
+  template void copy_slab_cpu(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float);  \
+  template void narrow_backward_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);              \
+  template void index_gather_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*);                 \
+  template void index_scatter_add_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels

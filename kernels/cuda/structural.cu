@@ -1,0 +1,272 @@
+// The kernels of the structural ops on CUDA (kernels/cuda/structural_kernels.h): layer norm, slab
+// copies (cat / split / narrow) and gathers with their scatter-add (index_select, embedding). x, y,
+// dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic, one rounding per 16-bit store.
+// No atomics anywhere: every sum has a fixed order, so results are the same bits on every run.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/structural_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+using cuda_common::blend;
+using cuda_common::block_sum;
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
+using cuda_common::launch;
+
+// ---- layer norm: one block per row ----
+
+template <typename T>
+__device__ float row_sum_centered(const T* xr, int64_t cols, float m) {
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += (to_f32(xr[c]) - m) * (to_f32(xr[c]) - m);
+  return block_sum(s);
+}
+
+template <typename T>
+__global__ void layer_norm_forward_kernel(const T* x, const float* weight, const float* bias, int64_t cols, float eps,
+                                          T* y, float* mean, float* rstd) {
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += to_f32(xr[c]);
+  const float m = block_sum(s) / static_cast<float>(cols);
+  const float inv = 1.0f / sqrtf(row_sum_centered(xr, cols, m) / static_cast<float>(cols) + eps);
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = inv;
+  }
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = (to_f32(xr[c]) - m) * inv;
+    if (weight != nullptr) v *= weight[c];
+    if (bias != nullptr) v += bias[c];
+    y[r * cols + c] = from_f32<T>(v);
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const float* weight, const float* mean,
+                                              const float* rstd, int64_t cols, float beta, T* dx) {
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  const T* dyr = dy + r * cols;
+  const float m = mean[r], inv = rstd[r];
+  float a = 0.0f, b = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+    a += g;
+    b += g * (to_f32(xr[c]) - m) * inv;
+  }
+  const float mean_g = block_sum(a) / static_cast<float>(cols);
+  const float mean_g_xhat = block_sum(b) / static_cast<float>(cols);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+    const float xhat = (to_f32(xr[c]) - m) * inv;
+    T& out = dx[r * cols + c];
+    out = from_f32<T>(blend(inv * (g - mean_g - xhat * mean_g_xhat), beta, to_f32(out)));
+  }
+}
+
+// Column sums: threadIdx.x picks a column of the block's 32, threadIdx.y (8 groups) every 8th row;
+// the groups' partial sums are combined by group 0 in the order 0..7. A fixed order: deterministic.
+constexpr int kParamCols = 32, kParamGroups = 8;
+
+template <typename T>
+__global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const float* mean, const float* rstd,
+                                              int64_t rows, int64_t cols, float beta_dw, float* dweight, float beta_db,
+                                              float* dbias) {
+  __shared__ float partial_w[kParamGroups][kParamCols];
+  __shared__ float partial_b[kParamGroups][kParamCols];
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kParamCols) + threadIdx.x;
+  float sw = 0.0f, sb = 0.0f;
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += kParamGroups) {
+      const float g = to_f32(dy[r * cols + c]);
+      sw += g * (to_f32(x[r * cols + c]) - mean[r]) * rstd[r];
+      sb += g;
+    }
+  partial_w[threadIdx.y][threadIdx.x] = sw;
+  partial_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  for (int k = 1; k < kParamGroups; ++k) {
+    sw += partial_w[k][threadIdx.x];
+    sb += partial_b[k][threadIdx.x];
+  }
+  if (dweight != nullptr) dweight[c] = blend(sw, beta_dw, dweight[c]);
+  if (dbias != nullptr) dbias[c] = blend(sb, beta_db, dbias[c]);
+}
+
+// ---- slabs: [outer, dim, inner], one thread per element ----
+
+template <typename T>
+__global__ void copy_slab_kernel(const T* src, int64_t src_dim, int64_t src_start, T* dst, int64_t dst_dim,
+                                 int64_t dst_start, int64_t length, int64_t inner, float beta, int64_t total) {
+  CUMULUS_GRID_STRIDE_LOOP(e, total) {
+    const int64_t i = e % inner, j = (e / inner) % length, o = e / (inner * length);
+    const T v = src[(o * src_dim + src_start + j) * inner + i];
+    T& out = dst[(o * dst_dim + dst_start + j) * inner + i];
+    out = beta == 0.0f ? v : from_f32<T>(to_f32(v) + beta * to_f32(out));
+  }
+}
+
+template <typename T>
+__global__ void narrow_backward_kernel(const T* dy, int64_t dim, int64_t start, int64_t length, int64_t inner,
+                                       float beta, T* dx, int64_t total) {
+  CUMULUS_GRID_STRIDE_LOOP(e, total) {
+    const int64_t i = e % inner, d = (e / inner) % dim, o = e / (inner * dim);
+    const bool inside = d >= start && d < start + length;
+    const float g = inside ? to_f32(dy[(o * length + d - start) * inner + i]) : 0.0f;
+    dx[e] = from_f32<T>(blend(g, beta, to_f32(dx[e])));
+  }
+}
+
+// ---- gathers ----
+
+template <typename T>
+__global__ void index_gather_kernel(const T* x, int64_t dim, const int32_t* indices, int64_t count, int64_t inner, T* y,
+                                    int64_t total) {
+  CUMULUS_GRID_STRIDE_LOOP(e, total) {
+    const int64_t i = e % inner, j = (e / inner) % count, o = e / (inner * count);
+    const int32_t d = indices[j];
+    y[e] = d >= 0 && d < dim ? x[(o * dim + d) * inner + i] : from_f32<T>(NAN);
+  }
+}
+
+template <typename T>
+__global__ void zero_kernel(T* out, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(e, n) { out[e] = from_f32<T>(0.0f); }
+}
+
+// One block per position j. The block owns index d = indices[j] when no earlier position holds d;
+// then, for each of its elements (o, i) in tiles of blockDim, it sums dy over the positions j' >= j
+// holding d, in order, from beta * dx: index_scatter_add_cpu's order. Positions are tested a chunk
+// of blockDim at a time, the matches shared through shared memory.
+template <typename T>
+__global__ void index_scatter_add_kernel(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
+                                         int64_t inner, float beta, T* dx) {
+  __shared__ int match[kThreads];
+  const int64_t j = blockIdx.x;
+  const int32_t d = indices[j];
+  if (d < 0 || d >= dim) return;  // the whole block: d is the same for every thread
+  float earlier = 0.0f;
+  for (int64_t k = threadIdx.x; k < j; k += blockDim.x) earlier += indices[k] == d ? 1.0f : 0.0f;
+  if (block_sum(earlier) > 0.0f) return;  // another block owns d
+  for (int64_t tile = 0; tile < outer * inner; tile += blockDim.x) {
+    const int64_t e = tile + threadIdx.x;
+    const bool mine = e < outer * inner;
+    const int64_t o = mine ? e / inner : 0, i = mine ? e % inner : 0;
+    T* out = dx + (o * dim + d) * inner + i;
+    float acc = beta == 0.0f || !mine ? 0.0f : beta * to_f32(*out);
+    for (int64_t chunk = j; chunk < count; chunk += blockDim.x) {
+      const int64_t k = chunk + threadIdx.x;
+      match[threadIdx.x] = k < count && indices[k] == d ? 1 : 0;
+      __syncthreads();
+      const int64_t n = count - chunk < static_cast<int64_t>(blockDim.x) ? count - chunk : blockDim.x;
+      if (mine)
+        for (int64_t q = 0; q < n; ++q)
+          if (match[q] != 0) acc += to_f32(dy[(o * count + chunk + q) * inner + i]);
+      __syncthreads();
+    }
+    if (mine) *out = from_f32<T>(acc);
+  }
+}
+
+}  // namespace
+
+// One block per row needs the rows to fit a grid's x dimension.
+void check_rows(int64_t rows) {
+  CUMULUS_CHECK(rows <= 2147483647, InvalidArgument, "layer_norm: ", rows, " rows is too many for one grid");
+}
+
+template <typename T>
+void layer_norm_forward_cuda(const T* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
+                             T* y, float* mean, float* rstd, cudaStream_t stream) {
+  if (rows == 0) return;
+  check_rows(rows);
+  launch<layer_norm_forward_kernel<T>>(static_cast<unsigned>(rows), kThreads, stream, x, weight, bias, cols, eps, y,
+                                       mean, rstd);
+}
+
+template <typename T>
+void layer_norm_backward_dx_cuda(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
+                                 int64_t rows, int64_t cols, float beta, T* dx, cudaStream_t stream) {
+  if (rows == 0) return;
+  check_rows(rows);
+  launch<layer_norm_backward_dx_kernel<T>>(static_cast<unsigned>(rows), kThreads, stream, x, dy, weight, mean, rstd,
+                                           cols, beta, dx);
+}
+
+template <typename T>
+void layer_norm_param_grads_cuda(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
+                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias,
+                                 cudaStream_t stream) {
+  if (cols == 0 || (dweight == nullptr && dbias == nullptr)) return;
+  const auto blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
+  launch<layer_norm_param_grads_kernel<T>>(blocks, dim3(kParamCols, kParamGroups), stream, x, dy, mean, rstd, rows,
+                                           cols, beta_dw, dweight, beta_db, dbias);
+}
+
+template <typename T>
+void copy_slab_cuda(const T* src, int64_t src_dim, int64_t src_start, T* dst, int64_t dst_dim, int64_t dst_start,
+                    int64_t outer, int64_t length, int64_t inner, float beta, cudaStream_t stream) {
+  const int64_t total = outer * length * inner;
+  if (total == 0) return;
+  launch<copy_slab_kernel<T>>(blocks_for(total), kThreads, stream, src, src_dim, src_start, dst, dst_dim, dst_start,
+                              length, inner, beta, total);
+}
+
+template <typename T>
+void narrow_backward_cuda(const T* dy, int64_t outer, int64_t dim, int64_t start, int64_t length, int64_t inner,
+                          float beta, T* dx, cudaStream_t stream) {
+  const int64_t total = outer * dim * inner;
+  if (total == 0) return;
+  launch<narrow_backward_kernel<T>>(blocks_for(total), kThreads, stream, dy, dim, start, length, inner, beta, dx,
+                                    total);
+}
+
+template <typename T>
+void index_gather_cuda(const T* x, int64_t outer, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
+                       T* y, cudaStream_t stream) {
+  const int64_t total = outer * count * inner;
+  if (total == 0) return;
+  launch<index_gather_kernel<T>>(blocks_for(total), kThreads, stream, x, dim, indices, count, inner, y, total);
+}
+
+template <typename T>
+void fill_zero_cuda(T* out, int64_t n, cudaStream_t stream) {
+  if (n > 0) launch<zero_kernel<T>>(blocks_for(n), kThreads, stream, out, n);
+}
+
+template <typename T>
+void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
+                            int64_t inner, float beta, T* dx, cudaStream_t stream) {
+  if (beta == 0.0f) fill_zero_cuda(dx, outer * dim * inner, stream);
+  if (count == 0 || outer * inner == 0) return;
+  CUMULUS_CHECK(count <= 2147483647, InvalidArgument, "index_scatter_add_cuda: ", count,
+                " indices is too many for one grid");
+  launch<index_scatter_add_kernel<T>>(static_cast<unsigned>(count), kThreads, stream, dy, outer, count, indices, dim,
+                                      inner, beta, dx);
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                        \
+  template void fill_zero_cuda(T*, int64_t, cudaStream_t);                                                            \
+  template void layer_norm_forward_cuda(const T*, const float*, const float*, int64_t, int64_t, float, T*, float*,    \
+                                        float*, cudaStream_t);                                                        \
+  template void layer_norm_backward_dx_cuda(const T*, const T*, const float*, const float*, const float*, int64_t,    \
+                                            int64_t, float, T*, cudaStream_t);                                        \
+  template void layer_norm_param_grads_cuda(const T*, const T*, const float*, const float*, int64_t, int64_t, float,  \
+                                            float*, float, float*, cudaStream_t);                                     \
+  template void copy_slab_cuda(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float,    \
+                               cudaStream_t);                                                                         \
+  template void narrow_backward_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t); \
+  template void index_gather_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*, cudaStream_t);    \
+  template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,       \
+                                       cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels

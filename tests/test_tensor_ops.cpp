@@ -1,0 +1,212 @@
+// The structural ops (ops/tensor_ops.h) beyond their op cases (tests/op_cases/cases_structural.cpp):
+// argument errors naming the op and the shapes, zero sizes, gradients that must add up across
+// pieces and backward calls (split, repeated embedding rows, a second micro-batch), narrow's view,
+// and the nn modules' names and initialization. On every device (CUDA skips without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cumulus/nn/norm_layers.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/ops/tensor_ops.h"
+#include "test_util.h"
+
+namespace cumulus::testing {
+namespace {
+
+// Runs f, expecting exception E whose message contains every one of `parts`.
+template <typename E, typename F>
+void expect_error(F f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception";
+  } catch (const E& e) {
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+class TensorOpsTest : public DeviceTest {
+ protected:
+  Tensor values(const std::vector<float>& v, const Shape& s, bool grad = false) const {
+    Tensor t = Tensor::from_vector(v, s, device());
+    if (grad) t.set_requires_grad(true);
+    return t;
+  }
+  Tensor ints(const std::vector<int32_t>& v, const Shape& s) const { return Tensor::from_vector(v, s, device()); }
+};
+
+TEST_P(TensorOpsTest, MatmulErrorsNameTheOpAndShapes) {
+  const Tensor a = Tensor::zeros({2, 3, 4}, DType::f32, device()), b = Tensor::zeros({2, 5, 6}, DType::f32, device());
+  expect_error<ShapeError>([&] { ops::bmm(a, b); }, {"bmm", "[2, 3, 4]", "[2, 5, 6]"});
+  expect_error<ShapeError>([&] { ops::bmm(a, Tensor::zeros({3, 4, 6}, DType::f32, device())); }, {"bmm", "same B"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::matmul(a, Tensor::zeros({3, 4, 6}, DType::f32, device()));
+      },
+      {"matmul", "batch dimensions"});
+  expect_error<ShapeError>([&] { ops::matmul(Tensor::zeros({4}, DType::f32, device()), a); },
+                           {"matmul", "at least 2 dimensions"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::matmul(a, Tensor::zeros({4, 2}, DType::bf16, device()));
+      },
+      {"matmul", "f32", "bf16"});
+}
+
+TEST_P(TensorOpsTest, MatmulWithAnEmptySumIsZero) {
+  const Tensor a = Tensor::zeros({2, 3, 0}, DType::f32, device()), b = Tensor::zeros({2, 0, 4}, DType::f32, device());
+  const Tensor c = ops::bmm(a, b);
+  EXPECT_EQ(c.shape(), Shape({2, 3, 4}));
+  for (float v : c.to(Device::cpu()).to_vector<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+// A weight used by two micro-batches: the second backward adds its GEMM into the persistent buffer.
+TEST_P(TensorOpsTest, MatmulGradientAccumulatesAcrossBackwards) {
+  const Tensor a = values({1, 2, 3, 4, 5, 6}, {3, 2});
+  const Tensor w = values({1, -1, 2, 0.5f}, {2, 2}, true);
+  ops::sum(ops::matmul(a, w)).backward();
+  const std::vector<float> once = w.grad().to(Device::cpu()).to_vector<float>();
+  EXPECT_EQ(once, (std::vector<float>{9, 9, 12, 12}));  // column sums of a, per column of w
+  ops::sum(ops::matmul(a, w)).backward();
+  EXPECT_EQ(w.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{18, 18, 24, 24}));
+}
+
+TEST_P(TensorOpsTest, LayerNormErrors) {
+  const Tensor x = Tensor::zeros({2, 3}, DType::f32, device());
+  expect_error<ShapeError>([&] { ops::layer_norm(x, 4); }, {"layer_norm", "normalized_size 4", "[2, 3]"});
+  expect_error<ShapeError>([&] { ops::layer_norm(x, 3, Tensor::zeros({4}, DType::f32, device())); },
+                           {"layer_norm", "weight", "[3]", "[4]"});
+  expect_error<InvalidArgument>([&] { ops::layer_norm(x, 3, Tensor(), Tensor::zeros({3}, DType::bf16, device())); },
+                                {"layer_norm", "bias", "f32"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::layer_norm(Tensor::zeros({2, 3}, DType::i32, device()), 3);
+      },
+      {"layer_norm", "input"});
+}
+
+TEST_P(TensorOpsTest, LayerNormOfZeroRowsIsEmpty) {
+  const Tensor y = ops::layer_norm(Tensor::zeros({0, 5}, DType::f32, device()), 5);
+  EXPECT_EQ(y.shape(), Shape({0, 5}));
+}
+
+TEST_P(TensorOpsTest, EmbeddingAddsRepeatedRowsAndAccumulates) {
+  const Tensor w = values({1, 2, 3, 4, 5, 6}, {3, 2}, true);
+  const Tensor idx = ints({2, 0, 2, 2}, {2, 2});
+  const Tensor y = ops::embedding(idx, w);
+  EXPECT_EQ(y.shape(), Shape({2, 2, 2}));
+  EXPECT_EQ(y.to(Device::cpu()).to_vector<float>(), (std::vector<float>{5, 6, 1, 2, 5, 6, 5, 6}));
+  ops::sum(y).backward();
+  EXPECT_EQ(w.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 0, 0, 3, 3}));
+  ops::sum(ops::embedding(ints({1}, {1}), w)).backward();  // beta 1: row 1 added, the others kept
+  EXPECT_EQ(w.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 1, 1, 3, 3}));
+  w.mark_grad_stale();  // beta 0: the rows no index names become 0
+  ops::sum(ops::embedding(ints({1}, {1}), w)).backward();
+  EXPECT_EQ(w.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{0, 0, 1, 1, 0, 0}));
+}
+
+TEST_P(TensorOpsTest, IndexErrors) {
+  const Tensor w = Tensor::zeros({3, 2}, DType::f32, device());
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::embedding(ints({0}, {1}), Tensor::zeros({3, 2}, DType::bf16, device()));
+      },
+      {"embedding", "weight", "f32"});
+  expect_error<InvalidArgument>([&] { ops::embedding(Tensor::zeros({2}, DType::f32, device()), w); },
+                                {"embedding", "indices", "i32"});
+  expect_error<ShapeError>([&] { ops::index_select(w, 0, ints({0, 1}, {1, 2})); }, {"index_select", "1-D"});
+  expect_error<ShapeError>([&] { ops::index_select(w, 2, ints({0}, {1})); }, {"index_select", "dim 2"});
+}
+
+// The CPU checks indices before any work; CUDA documents NaN rows instead (tensor_ops.h).
+TEST(TensorOpsCpu, OutOfRangeIndicesAreInvalidArguments) {
+  const Tensor w = Tensor::zeros({3, 2});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::embedding(Tensor::from_vector<int32_t>({0, 3}, {2}), w);
+      },
+      {"embedding", "index 3", "position 1", "[0, 3)"});
+  expect_error<InvalidArgument>([&] { ops::index_select(w, 1, Tensor::from_vector<int32_t>({-1}, {1})); },
+                                {"index_select", "index -1", "[0, 2)"});
+}
+
+TEST_P(TensorOpsTest, SplitPiecesAllReachTheInput) {
+  const Tensor x = values({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {5, 2}, true);
+  const std::vector<Tensor> pieces = ops::split(x, 2, 0);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[2].shape(), Shape({1, 2}));
+  Tensor loss = ops::sum(pieces[0]);
+  for (int k = 1; k < 3; ++k)
+    loss = ops::sum(ops::cat({ops::reshape(loss, {1}), ops::reshape(ops::sum(pieces[k]), {1})}, 0));
+  loss.backward();
+  for (float g : x.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(g, 1.0f);
+}
+
+TEST_P(TensorOpsTest, NarrowAlongDimZeroIsAView) {
+  const Tensor x = values({0, 1, 2, 3, 4, 5}, {3, 2});
+  const Tensor v = ops::narrow(x, 0, 1, 2);
+  EXPECT_EQ(v.impl()->storage, x.impl()->storage);
+  EXPECT_EQ(v.to(Device::cpu()).to_vector<float>(), (std::vector<float>{2, 3, 4, 5}));
+  const Tensor c = ops::narrow(x, 1, 1, 1);  // not contiguous: a copy
+  EXPECT_NE(c.impl()->storage, x.impl()->storage);
+  EXPECT_EQ(c.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 3, 5}));
+}
+
+TEST_P(TensorOpsTest, SlabErrors) {
+  const Tensor x = Tensor::zeros({3, 2}, DType::f32, device());
+  expect_error<ShapeError>([&] { ops::narrow(x, 0, 2, 2); }, {"narrow", "start 2", "length 2", "[3, 2]"});
+  expect_error<ShapeError>([&] { ops::narrow(x, -3, 0, 1); }, {"narrow", "dim -3"});
+  expect_error<ShapeError>([&] { ops::split(x, std::vector<int64_t>{1, 1}, 0); }, {"split", "sum to 2", "has 3"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::cat({x, Tensor::zeros({3, 3}, DType::f32, device())}, 0);
+      },
+      {"cat", "tensor 1", "[3, 3]", "[3, 2]"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::cat({x, Tensor::zeros({3, 2}, DType::f16, device())}, 0);
+      },
+      {"cat", "tensor 1", "f32"});
+  expect_error<InvalidArgument>([&] { ops::cat({}, 0); }, {"cat", "no tensors"});
+}
+
+TEST_P(TensorOpsTest, LayerNormModuleIsPyTorchs) {
+  nn::LayerNorm norm(4, 1e-5f, true, device());
+  const auto params = norm.named_parameters();
+  ASSERT_EQ(params.size(), 2u);
+  EXPECT_EQ(params[0].first, "weight");
+  EXPECT_EQ(params[1].first, "bias");
+  EXPECT_EQ(params[0].second.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 1, 1}));
+  EXPECT_EQ(params[1].second.to(Device::cpu()).to_vector<float>(), (std::vector<float>{0, 0, 0, 0}));
+  const std::vector<float> y = norm(values({1, 2, 3, 4}, {1, 4})).to(Device::cpu()).to_vector<float>();
+  const float inv = 1.0f / std::sqrt(1.25f + 1e-5f);  // biased variance of 1..4 is 1.25
+  EXPECT_NEAR(y[0], -1.5f * inv, 1e-6);
+  EXPECT_NEAR(y[3], 1.5f * inv, 1e-6);
+  EXPECT_TRUE(nn::LayerNorm(4, 1e-5f, false, device()).named_parameters().empty());
+}
+
+TEST_P(TensorOpsTest, EmbeddingModuleIsPyTorchs) {
+  Generator gen(3);
+  nn::Embedding emb(200, 50, gen, device());
+  const auto params = emb.named_parameters();
+  ASSERT_EQ(params.size(), 1u);
+  EXPECT_EQ(params[0].first, "weight");
+  EXPECT_EQ(params[0].second.shape(), Shape({200, 50}));
+  double sum = 0, sq = 0;
+  const std::vector<float> w = params[0].second.to(Device::cpu()).to_vector<float>();
+  for (float v : w) {
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double mean = sum / w.size(), var = sq / w.size() - mean * mean;
+  EXPECT_NEAR(mean, 0.0, 0.05);  // N(0, 1) over 10000 draws
+  EXPECT_NEAR(var, 1.0, 0.05);
+  EXPECT_EQ(emb(ints({0, 199}, {2})).shape(), Shape({2, 50}));
+}
+
+CUMULUS_INSTANTIATE_DEVICES(TensorOpsTest);
+
+}  // namespace
+}  // namespace cumulus::testing
