@@ -7,6 +7,7 @@
 //               the CPU's bits (the same summation order) with repeated indices, beta 0 over NaN
 //               (rows no index names become 0) and beta 1, more positions than a block (260) so
 //               the match chunks wrap; out-of-range indices contribute nothing.
+//   transpose:  the CPU kernel's bits, beta 0 over NaN and beta 1.
 //   fill_zero:  zeros over NaN.
 // The batched GEMM (kernels/cuda/bmm.cu) is a cuBLAS call and cannot run here; the op cases'
 // CPU/CUDA parity checks it on a GPU.
@@ -113,6 +114,22 @@ TYPED_TEST(StructuralEmulated, SlabsMatchTheCpu) {
     kernels::narrow_backward_cpu(src.data(), outer, dim, start, length, inner, beta, nb_want.data());
     kernels::narrow_backward_cuda(src.data(), outer, dim, start, length, inner, beta, nb_got.data(), nullptr);
     expect_same_bits(nb_got, nb_want, "narrow_backward");
+  }
+}
+
+TYPED_TEST(StructuralEmulated, TransposeMatchesTheCpu) {
+  using T = TypeParam;
+  // [outer, p, mid, q, inner] -> [outer, q, mid, p, inner], more elements than a block (3 x 7 x 2 x 9 x 5).
+  const int64_t outer = 3, p = 7, mid = 2, q = 9, inner = 5, n = outer * p * mid * q * inner;
+  const auto x = stored_as<T>(random_values(n, -2, 2, 7));
+  for (float beta : {0.0f, 1.0f}) {
+    SCOPED_TRACE("beta " + std::to_string(beta));
+    const auto old = stored_as<T>(random_values(n, -2, 2, 8));
+    auto want = old, got = old;
+    if (beta == 0.0f) std::fill(got.begin(), got.end(), kernels::from_f32<T>(kNaN));
+    kernels::transpose_cpu(x.data(), outer, p, mid, q, inner, beta, want.data());
+    kernels::transpose_cuda(x.data(), outer, p, mid, q, inner, beta, got.data(), nullptr);
+    expect_same_bits(got, want, "transpose");
   }
 }
 

@@ -225,9 +225,44 @@ void add_slab_cases(std::vector<OpCase>& cases) {
     }
 }
 
+// transpose of [2, 3, 4, 5] over each pair of dims below (including a negative dim and a pair given
+// in reverse), and an attention's k^T ([B, T, d] -> [B, d, T]) in each dtype.
+void add_transpose_cases(std::vector<OpCase>& cases) {
+  const std::vector<std::pair<int, int>> pairs = {{0, 1}, {1, 3}, {2, -1}, {3, 0}};
+  for (auto [d0, d1] : pairs)
+    for (DType dtype : kFloatTypes) {
+      if (dtype != DType::f32 && !(d0 == 1 && d1 == 3)) continue;
+      const Shape shape{2, 3, 4, 5};
+      OpCase c;
+      c.op = "transpose";
+      c.name = "transpose_2x3x4x5_" + std::to_string(d0) + "_" + (d1 < 0 ? "m1" : std::to_string(d1)) + "_" +
+               dtype_name(dtype);
+      c.inputs = {{shape, dtype, -1, 1}};
+      c.forward = [d0, d1](const Inputs& t) { return ops::transpose(t[0], d0, d1); };
+      c.reference = [shape, d0, d1](const Values& v) {
+        const int a = (d0 + 4) % 4, b = (d1 + 4) % 4;
+        int64_t out_dims[4], in_strides[4] = {60, 20, 5, 1};
+        for (int i = 0; i < 4; ++i) out_dims[i] = shape[i == a ? b : i == b ? a : i];
+        std::vector<double> y;
+        for (int64_t i0 = 0; i0 < out_dims[0]; ++i0)
+          for (int64_t i1 = 0; i1 < out_dims[1]; ++i1)
+            for (int64_t i2 = 0; i2 < out_dims[2]; ++i2)
+              for (int64_t i3 = 0; i3 < out_dims[3]; ++i3) {
+                int64_t idx[4] = {i0, i1, i2, i3};
+                std::swap(idx[a], idx[b]);  // the input's position
+                y.push_back(v[0][idx[0] * in_strides[0] + idx[1] * in_strides[1] + idx[2] * in_strides[2] + idx[3]]);
+              }
+        return y;
+      };
+      set_tolerances(c, dtype);
+      cases.push_back(c);
+    }
+}
+
 }  // namespace
 
 CUMULUS_OP_CASES(structural) {
+  add_transpose_cases(cases);
   add_matmul_cases(cases);
   add_layer_norm_cases(cases);
   add_index_cases(cases);

@@ -43,6 +43,11 @@ Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
 std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
 
+// x with dimensions dim0 and dim1 swapped (PyTorch's transpose), as a contiguous copy (tensors
+// here are contiguous; no strided views). Backward swaps the gradient back. k.transpose(1, 2) for
+// an attention's q k^T is transpose(k, 1, 2).
+Tensor transpose(const Tensor& x, int dim0, int dim1);
+
 // Batched matrix product: a [B, n, k] x b [B, k, m] -> [B, n, m], one strided-batched GEMM
 // (OpenBLAS per batch on the CPU, cublasGemmStridedBatchedEx on CUDA); a and b of one floating type,
 // products summed in f32. Backward: da = dc b^T, db = a^T dc, transposes in the GEMM calls and the
