@@ -162,7 +162,7 @@ void index_scatter_add_cpu(const T* dy, int64_t outer, int64_t count, const int3
                                            float*, float, float*);                                                  \
   template void copy_slab_cpu(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float);  \
   template void narrow_backward_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);              \
-  template void transpose_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);                     \
+  template void transpose_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);                    \
   template void index_gather_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*);                 \
   template void index_scatter_add_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*);
 CUMULUS_INSTANTIATE(float)
