@@ -98,7 +98,10 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   auto flat = std::make_shared<nn::FlatParameters>(model);
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
   apply_memory_budget(placed);
-  if (placed.plan_only) return print_plan(placed, model, flat, train_set), 0;
+  if (placed.plan_only) {  // the planner's table, nothing trained
+    print_plan(placed, model, flat, train_set);
+    return 0;
+  }
   const RunConfig config = placed.batch_source == BatchSource::planner
                                ? with_plan(placed, plan_batch(placed, model, flat, train_set))
                                : placed;  // resolved: the micro-batch and the accumulation steps are known
