@@ -17,6 +17,7 @@
 // straight into the buffer.
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/cudnn_context.h"
+#include "cumulus/memory/allocator.h"
 #include "cumulus/ops/conv_ops.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"
@@ -27,6 +28,19 @@
 namespace cumulus::ops {
 
 namespace {
+
+#if CUMULUS_WITH_CUDNN
+// What the cuDNN launchers take of the engine: the device's handle, the process's algorithm cache
+// and workspace from the caching allocator in category workspace, given back when the launcher
+// drops it (Note [cuDNN algorithm cache] in kernels/cuda/cudnn_conv.cu).
+kernels::CudnnConv cudnn_conv(const Device& device) {
+  auto workspace = [device](std::size_t bytes) {
+    auto block = std::make_shared<Allocation>(allocator_for(device).allocate(bytes, MemoryCategory::workspace));
+    return std::shared_ptr<void>(block, block->get());
+  };
+  return kernels::CudnnConv{cudnn::handle(device.index()), device.index(), cudnn::conv_algorithms(), workspace};
+}
+#endif
 
 // The CPU launchers' scratch, category workspace (freed when the call returns).
 Tensor cpu_workspace(const kernels::Conv2dGeometry& g) {
@@ -57,8 +71,8 @@ class Conv2dBackward final : public Node {
             const Tensor ws = cpu_workspace(g);
             kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta(), dxp, data_or_null(ws));
           },
-          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_data_cuda(cudnn::handle(device.index()), device.index(), g,
-                                                                DType::f32, wp, dyp, dx.beta(), dxp)));
+          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_data_cuda(cudnn_conv(device), g, DType::f32, wp, dyp,
+                                                                dx.beta(), dxp)));
     }
     if (grads[1].needed()) {
       GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
@@ -69,8 +83,8 @@ class Conv2dBackward final : public Node {
             const Tensor ws = cpu_workspace(g);
             kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta(), dwp, data_or_null(ws));
           },
-          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_filter_cuda(cudnn::handle(device.index()), device.index(),
-                                                                  g, DType::f32, xp, dyp, dw.beta(), dwp)));
+          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_filter_cuda(cudnn_conv(device), g, DType::f32, xp, dyp,
+                                                                  dw.beta(), dwp)));
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{g.k}, device);
@@ -116,22 +130,20 @@ class Conv2dBackward final : public Node {
       return;
     }
 #if CUMULUS_WITH_CUDNN
-    cudnnHandle_t handle = cudnn::handle(device.index());
+    const kernels::CudnnConv conv = cudnn_conv(device);
     if (grads[0].needed()) {
       GradSink::Target dx = grads[0].begin(Shape{g.n, g.c, g.h, g.w}, device, type);
-      kernels::conv2d_backward_data_cuda(handle, device.index(), g, type, w_.raw_data(), dy.raw_data(), dx.beta(),
-                                         dx.tensor.raw_data());
+      kernels::conv2d_backward_data_cuda(conv, g, type, w_.raw_data(), dy.raw_data(), dx.beta(), dx.tensor.raw_data());
     }
     if (grads[1].needed()) {
       GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
       const Tensor dw16 = Tensor::empty(dw.tensor.shape(), type, device);
-      kernels::conv2d_backward_filter_cuda(handle, device.index(), g, type, x_.raw_data(), dy.raw_data(), 0.0f,
-                                           dw16.raw_data());
+      kernels::conv2d_backward_filter_cuda(conv, g, type, x_.raw_data(), dy.raw_data(), 0.0f, dw16.raw_data());
       detail::accumulate_into(dw.tensor, dw16.to(DType::f32), dw.beta());
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{g.k}, device);
-      kernels::conv2d_backward_bias_cuda(handle, g, type, dy.raw_data(), db.beta(), db.tensor.data<float>());
+      kernels::conv2d_backward_bias_cuda(conv.handle, g, type, dy.raw_data(), db.beta(), db.tensor.data<float>());
     }
 #endif
   }
@@ -157,9 +169,8 @@ Tensor conv2d_16(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
     detail::convert_into(yf, y);
   } else {
     CUMULUS_DISPATCH(device, ctx, (void)bp,
-                     CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g,
-                                                                     x.dtype(), x.raw_data(), w16.raw_data(), bp,
-                                                                     y.raw_data())));
+                     CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn_conv(device), g, x.dtype(), x.raw_data(),
+                                                                     w16.raw_data(), bp, y.raw_data())));
   }
   if (record) {
     auto node = std::make_shared<Conv2dBackward>(weight.requires_grad() ? x.detach() : Tensor(),
@@ -220,8 +231,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
         const Tensor ws = cpu_workspace(g);
         kernels::conv2d_forward_cpu(g, xp, wp, bp, yp, data_or_null(ws));
       },
-      CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn::handle(device.index()), device.index(), g, DType::f32,
-                                                      xp, wp, bp, yp)));
+      CUMULUS_CUDNN_ONLY(kernels::conv2d_forward_cuda(cudnn_conv(device), g, DType::f32, xp, wp, bp, yp)));
 
   if (record) {
     // Save only what the needed gradients read (detached: the saved handles hold no graph).

@@ -13,7 +13,7 @@
 #if CUMULUS_WITH_CUDNN
 
 #include "cumulus/core/cuda_check.h"
-#include "cumulus/core/cudnn_context.h"
+#include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 #include "kernels/cuda/kernels.h"
 

@@ -4,8 +4,8 @@
 // only what the needed gradients read). Every call blends with beta: the filter and bias gradients
 // accumulate inside cuDNN (beta 1), or overwrite a stale buffer without reading it (beta 0;
 // cuDNN never reads the output when beta is 0), exactly as Linear's GEMM does (Note [Gradient
-// sinks]). Algorithms: chosen once per (device, direction, dtype, shape) and cached; workspace from our
-// allocator, category workspace (Note [cuDNN algorithm cache] in engine/core/cudnn_context.cpp).
+// sinks]). Algorithms: chosen once per (device, direction, dtype, shape) and kept in the caller's
+// cache; workspace from the caller for each call (Note [cuDNN algorithm cache]).
 // f32 math is FP32 (CUDNN_FMA_MATH): no TF32, so results match the CPU path to float rounding.
 // bf16 / f16 data (x, weight, y and their gradients) run cuDNN's pseudo-16-bit configurations:
 // tensor-op math with f32 accumulation (the convolution's compute type is FLOAT). The bias and its
@@ -15,8 +15,7 @@
 #include <vector>
 
 #include "cumulus/core/cuda_check.h"
-#include "cumulus/core/cudnn_context.h"
-#include "cumulus/memory/allocator.h"
+#include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/float16.h"
@@ -59,8 +58,8 @@ ConvDescriptors describe(const Conv2dGeometry& g, DType dtype) {
   return d;
 }
 
-cudnn::ConvKey key_of(int device, cudnn::ConvDirection direction, DType dtype, const Conv2dGeometry& g) {
-  cudnn::ConvKey key;
+ConvKey key_of(int device, ConvDirection direction, DType dtype, const Conv2dGeometry& g) {
+  ConvKey key;
   key.device = device;
   key.direction = direction;
   key.dtype = dtype;
@@ -83,10 +82,6 @@ int pick_algorithm(const std::vector<Perf>& perf, int returned, const char* dire
   throw CudaError(detail::concat("conv2d: cuDNN offers no ", direction, " algorithm for this shape"));
 }
 
-Allocation take_workspace(int device, std::size_t bytes) {
-  return allocator_for(Device::cuda(device)).allocate(bytes, MemoryCategory::workspace);
-}
-
 // Our kernels go on the stream the handle is bound to, after the cuDNN calls before them.
 cudaStream_t stream_of(cudnnHandle_t handle) {
   cudaStream_t stream = nullptr;
@@ -107,24 +102,60 @@ void bias_grad(cudaStream_t stream, const Conv2dGeometry& g, const void* dy, flo
 
 }  // namespace
 
-void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype, const void* x,
-                         const void* weight, const float* bias, void* y) {
+// Note [cuDNN algorithm cache]
+// Which algorithm a convolution uses (and so how much workspace it needs) is decided once per
+// (device, direction, dtype, shape) and kept in the caller's ConvAlgorithms (the engine keeps one
+// for the process, cudnn::conv_algorithms()): training repeats the same few shapes every
+// micro-batch, so choosing again would be wasted host time. The choice is made by cuDNN's
+// heuristics (cudnnGet*Algorithm_v7) rather than by timing runs (cudnnFind*): timing would run the
+// backward-filter candidates into some buffer (the persistent gradient buffer is the only one at
+// hand, and it must not be overwritten mid-accumulation), allocate every candidate's workspace, and
+// make the choice depend on machine noise. The workspace itself is not cached: each call asks its
+// caller for it (CudnnConv::workspace; the engine takes it from the caching allocator in category
+// workspace) and gives it back once the call is queued (stream-ordered reuse on the device's one
+// stream), so the memory tracker sees it and it costs nothing between calls.
+
+bool ConvKey::operator<(const ConvKey& o) const {
+  if (device != o.device) return device < o.device;
+  if (direction != o.direction) return direction < o.direction;
+  if (dtype != o.dtype) return dtype < o.dtype;
+  return sizes < o.sizes;
+}
+
+ConvAlgorithm ConvAlgorithms::get(const ConvKey& key, const std::function<ConvAlgorithm()>& choose) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = chosen_.find(key);
+  if (it != chosen_.end()) return it->second;
+  const ConvAlgorithm chosen = choose();
+  chosen_.emplace(key, chosen);
+  return chosen;
+}
+
+std::size_t ConvAlgorithms::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return chosen_.size();
+}
+
+void conv2d_forward_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType dtype, const void* x, const void* weight,
+                         const float* bias, void* y) {
+  const cudnnHandle_t handle = conv.handle;
   const ConvDescriptors d = describe(g, dtype);
-  const cudnn::ConvAlgorithm a =
-      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::forward, dtype, g), [&] {
+  const ConvAlgorithm a =
+      conv.algorithms.get(key_of(conv.device, ConvDirection::forward, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
                                                                    d.y.get(), max_count, &returned, perf.data()));
-        cudnn::ConvAlgorithm c;
+        ConvAlgorithm c;
         c.algo = pick_algorithm(perf, returned, "forward");
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
             handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
             &c.workspace_bytes));
         return c;
       });
-  Allocation workspace = take_workspace(device, a.workspace_bytes);
+  const std::shared_ptr<void> workspace =
+      conv.workspace(a.workspace_bytes);  // back to the caller once the call is queued
   const float one = 1.0f, zero = 0.0f;
   detail::count_launch();
   CUMULUS_CUDNN_CHECK(cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), weight, d.conv.get(),
@@ -142,24 +173,26 @@ void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry&
   }
 }
 
-void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype,
-                               const void* weight, const void* dy, float beta, void* dx) {
+void conv2d_backward_data_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType dtype, const void* weight,
+                               const void* dy, float beta, void* dx) {
+  const cudnnHandle_t handle = conv.handle;
   const ConvDescriptors d = describe(g, dtype);
-  const cudnn::ConvAlgorithm a =
-      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_data, dtype, g), [&] {
+  const ConvAlgorithm a =
+      conv.algorithms.get(key_of(conv.device, ConvDirection::backward_data, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &returned, perf.data()));
-        cudnn::ConvAlgorithm c;
+        ConvAlgorithm c;
         c.algo = pick_algorithm(perf, returned, "backward-data");
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
             &c.workspace_bytes));
         return c;
       });
-  Allocation workspace = take_workspace(device, a.workspace_bytes);
+  const std::shared_ptr<void> workspace =
+      conv.workspace(a.workspace_bytes);  // back to the caller once the call is queued
   const float one = 1.0f;
   detail::count_launch();
   CUMULUS_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &one, d.w.get(), weight, d.y.get(), dy, d.conv.get(),
@@ -167,24 +200,26 @@ void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeo
                                                    workspace.get(), a.workspace_bytes, &beta, d.x.get(), dx));
 }
 
-void conv2d_backward_filter_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype,
-                                 const void* x, const void* dy, float beta, void* dweight) {
+void conv2d_backward_filter_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType dtype, const void* x,
+                                 const void* dy, float beta, void* dweight) {
+  const cudnnHandle_t handle = conv.handle;
   const ConvDescriptors d = describe(g, dtype);
-  const cudnn::ConvAlgorithm a =
-      cudnn::cached_conv_algorithm(key_of(device, cudnn::ConvDirection::backward_filter, dtype, g), [&] {
+  const ConvAlgorithm a =
+      conv.algorithms.get(key_of(conv.device, ConvDirection::backward_filter, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &returned, perf.data()));
-        cudnn::ConvAlgorithm c;
+        ConvAlgorithm c;
         c.algo = pick_algorithm(perf, returned, "backward-filter");
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
             static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), &c.workspace_bytes));
         return c;
       });
-  Allocation workspace = take_workspace(device, a.workspace_bytes);
+  const std::shared_ptr<void> workspace =
+      conv.workspace(a.workspace_bytes);  // back to the caller once the call is queued
   const float one = 1.0f;
   detail::count_launch();
   // beta = 1: the weight gradient accumulates inside cuDNN, into the buffer (in the filter's type).

@@ -1,7 +1,9 @@
 // CUDA launchers of the convolutional ops, through cuDNN (legacy v9 API): the same ops and
 // contracts as kernels/cpu/conv_kernels.h (beta 0 never reads the destination), queued on the
-// stream `handle` is bound to (cumulus::cudnn::handle). Pointers are device pointers. Only for
-// builds with cuDNN (CUMULUS_WITH_CUDNN).
+// stream `handle` is bound to. What a launcher needs of the engine it is handed by its caller in
+// engine/ops: the device's handle (cumulus::cudnn::handle), and for a convolution the algorithm
+// cache and a source of workspace (CudnnConv). Pointers are device pointers. Only for builds with
+// cuDNN (CUMULUS_WITH_CUDNN).
 // `dtype` is the storage type of the activations and their gradients (x, y, dy, dx) and of a
 // convolution's weight and weight gradient: f32, or bf16 / f16 for mixed precision (Note [Mixed
 // precision] in engine/ops/linear.cpp), always with f32 compute. Biases, batch-norm parameters,
@@ -11,7 +13,13 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "cumulus/tensor/dtype.h"
 #include "kernels/cpu/conv_kernels.h"
@@ -38,19 +46,63 @@ inline bool cudnn_runs_batch_norm_and_pooling(DType dtype) { return dtype != DTy
 // ---- conv2d (kernels/cuda/cudnn_conv.cu) ----
 // f32: FP32 math (CUDNN_FMA_MATH: no TF32), so results match the CPU's to float rounding. bf16 and
 // f16: tensor-core math with f32 accumulation (cuDNN's pseudo-16-bit configurations). The
-// algorithm of each (shape, dtype, direction) is chosen once and cached; its workspace is taken
-// from allocator_for(cuda:device) in category workspace for the call (Note [cuDNN algorithm cache]).
+// algorithm of each (shape, dtype, direction) is chosen once and kept in the caller's cache; its
+// workspace comes from the caller for the call (Note [cuDNN algorithm cache] in cudnn_conv.cu).
+
+enum class ConvDirection : uint8_t { forward, backward_data, backward_filter };
+
+// A chosen algorithm (a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t value) and the workspace it
+// needs.
+struct ConvAlgorithm {
+  int algo = 0;
+  std::size_t workspace_bytes = 0;
+};
+
+// A convolution's identity for the cache: device, direction, storage type and every size (n, c,
+// h, w, k, r, s, strides, paddings).
+struct ConvKey {
+  int device = 0;
+  ConvDirection direction = ConvDirection::forward;
+  DType dtype = DType::f32;
+  std::array<int64_t, 11> sizes{};
+  bool operator<(const ConvKey& o) const;
+};
+
+// The algorithms chosen so far, owned by the caller (the engine keeps one for the process:
+// cudnn::conv_algorithms() in engine/core/cudnn_context.cpp). Thread-safe.
+class ConvAlgorithms {
+ public:
+  // The choice for `key`; on a miss `choose` runs once (under the lock) and its answer is kept.
+  ConvAlgorithm get(const ConvKey& key, const std::function<ConvAlgorithm()>& choose);
+  std::size_t size() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<ConvKey, ConvAlgorithm> chosen_;
+};
+
+// Device memory of at least `bytes` on the convolution's device, usable on the handle's stream
+// while the returned owner lives (`bytes` may be 0).
+using WorkspaceSource = std::function<std::shared_ptr<void>(std::size_t bytes)>;
+
+// What a cuDNN convolution takes of its caller.
+struct CudnnConv {
+  cudnnHandle_t handle;  // the device's, bound to its stream
+  int device;            // the device index: part of the cache's key
+  ConvAlgorithms& algorithms;
+  WorkspaceSource workspace;
+};
 
 // y = conv(x, weight) (+ bias; bias may be null).
-void conv2d_forward_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype, const void* x,
-                         const void* weight, const float* bias, void* y);
+void conv2d_forward_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType dtype, const void* x, const void* weight,
+                         const float* bias, void* y);
 // dx = conv_transpose(dy, weight) + beta * dx
-void conv2d_backward_data_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype,
-                               const void* weight, const void* dy, float beta, void* dx);
+void conv2d_backward_data_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType dtype, const void* weight,
+                               const void* dy, float beta, void* dx);
 // dweight = dW(x, dy) + beta * dweight, in `dtype` (cuDNN writes the filter's type): accumulated
 // inside cudnnConvolutionBackwardFilter.
-void conv2d_backward_filter_cuda(cudnnHandle_t handle, int device, const Conv2dGeometry& g, DType dtype,
-                                 const void* x, const void* dy, float beta, void* dweight);
+void conv2d_backward_filter_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType dtype, const void* x,
+                                 const void* dy, float beta, void* dweight);
 // dbias[k] = sum over n, i, j of dy + beta * dbias[k], summed in f32
 void conv2d_backward_bias_cuda(cudnnHandle_t handle, const Conv2dGeometry& g, DType dtype, const void* dy,
                                float beta, float* dbias);

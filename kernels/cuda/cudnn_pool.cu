@@ -6,7 +6,7 @@
 // with kernels of our own (kernels/cuda/pool.cu; Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h).
 #if CUMULUS_WITH_CUDNN
 #include "cumulus/core/cuda_check.h"
-#include "cumulus/core/cudnn_context.h"
+#include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 
 namespace cumulus::kernels {
