@@ -20,6 +20,11 @@
 //   }
 //
 // Note [Op cases]
+// The registry is the one place op correctness is checked: an op's values and gradients are
+// tested here and nowhere else (tests/test_ops.cpp, test_cnn.cpp and the like keep only what a case
+// cannot say: error messages, edge cases, launch counts, bit-for-bit equalities between ops,
+// PyTorch-pinned values). A new op adds its cases in a file of its own (cases_<group>.cpp) with a
+// double reference written from the op's definition; the drivers pick it up.
 // The drivers reduce an op's output to a scalar themselves: loss = sum_k w_k * out_k with fixed
 // weights w_k = +-m/8 (m in 1..16), exact in bf16 and f16, so the upstream gradient is not uniform
 // (a uniform one hides transposed or misplaced gradients) and a 16-bit case sees no rounding of it.
