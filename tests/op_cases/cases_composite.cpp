@@ -22,6 +22,7 @@ OpCase mlp_case(bool fused) {
   c.inner_ops = fused ? std::vector<std::string>{"linear", "cross_entropy"}
                       : std::vector<std::string>{"relu", "cross_entropy"};
   c.name = fused ? "block_mlp3_fused_ce_mean" : "block_mlp3_ce_mean";
+  c.grad_tolerance = 1e-5;
   c.inputs = {{{B, in}, DType::f32},  {{B}, DType::i32, 0, C}, {{h1, in}, DType::f32}, {{h1}, DType::f32},
               {{h2, h1}, DType::f32}, {{h2}, DType::f32},      {{C, h2}, DType::f32},  {{C}, DType::f32}};
   c.forward = [fused](const Inputs& t) {
@@ -49,6 +50,7 @@ OpCase relu_flatten_linear_case() {
   c.op = "relu";
   c.inner_ops = {"linear", "cross_entropy"};
   c.name = "block_relu3d_flatten_linear_ce_mean";
+  c.grad_tolerance = 1e-5;
   c.inputs = {{{B, 2, 3}, DType::f32, -1, 1, 0.05}, {{B}, DType::i32, 0, out}, {{out, in}, DType::f32},
               {{out}, DType::f32}};
   c.forward = [](const Inputs& t) {
@@ -69,6 +71,7 @@ OpCase conv_block_case() {
   c.op = "conv2d";
   c.inner_ops = {"batch_norm2d", "relu", "max_pool2d"};
   c.name = "block_conv_bn_relu_pool";
+  c.grad_tolerance = 1e-5;
   c.inputs = {{{2, 2, 6, 6}, DType::f32}, {{3, 2, 3, 3}, DType::f32}, {{3}, DType::f32, 0.5, 1.5}, {{3}, DType::f32}};
   c.forward = [](const Inputs& t) {
     Tensor h = ops::conv2d(t[0], t[1], Tensor(), 1, 1);

@@ -15,6 +15,7 @@ namespace {
 // Errors of a 16-bit x's case: the output (and dx) round to the type; conv2d also multiplies a
 // 16-bit copy of the weight (the reference keeps it f32). Sums of at most 27 terms of size <= 1.
 void sixteen_bit_tolerances(OpCase& c, DType dtype) {
+  c.grad_tolerance = 1e-5;  // f32: also the CPU/CUDA parity's bound for the gradients
   if (dtype == DType::f32) return;
   c.tolerance = dtype == DType::bf16 ? 1e-2 : 2e-3;
   c.grad_tolerance = dtype == DType::bf16 ? 1e-2 : 2e-3;
@@ -77,6 +78,7 @@ OpCase pool_case(const std::string& name, const ref::PoolDims& d, DType dtype = 
   c.inputs = {{{d.n, d.c, d.h, d.w}, dtype}};
   c.forward = [d](const Inputs& t) { return ops::max_pool2d(t[0], d.k, d.s, d.p); };
   c.reference = [d](const Values& v) { return ref::max_pool2d(v[0], d); };
+  c.grad_tolerance = 1e-5;
   // The maximum passes through unrounded, and its gradient (exact) too.
   c.bench_shapes = {{16, 64, 28, 28}};
   return c;

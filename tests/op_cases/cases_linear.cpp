@@ -31,6 +31,7 @@ OpCase linear_case(const std::string& name, const LinearSpec& s, DType dtype, op
     const ref::Vec y = ref::linear(v[0], v[1], s.bias ? v[2] : ref::Vec(), s.B, s.in, s.out);
     return relu ? ref::relu(y) : y;
   };
+  c.grad_tolerance = 1e-5;  // f32: also the CPU/CUDA parity's bound for the gradients
   if (dtype != DType::f32) {
     // A 16-bit x multiplies a 16-bit copy of the weight (rounded: 2^-9 relative in bf16, 2^-12 in
     // f16) with f32 accumulation, and the output and dx round to x's type; the reference keeps the
@@ -53,6 +54,7 @@ OpCase mlp_case(const std::string& name, int64_t B, const std::vector<int64_t>& 
   OpCase c;
   c.op = "mlp_cross_entropy";
   c.name = name;
+  c.grad_tolerance = 1e-5;
   const int64_t classes = widths.back();
   c.inputs = {{{B, widths[0]}, DType::f32, -1, 1, 0, x_grad}, {{B}, DType::i32, 0, static_cast<double>(classes)}};
   // Benchmark: the same depth at the seed MLP's widths (784 in, 512 hidden, 10 classes), B = 256.

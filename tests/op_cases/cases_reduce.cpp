@@ -13,6 +13,7 @@ OpCase sum_case(bool mean) {
   OpCase c;
   c.op = mean ? "mean" : "sum";
   c.name = c.op + "_2x3x5_f32";
+  c.grad_tolerance = 1e-5;
   c.inputs = {{{2, 3, 5}, DType::f32}};
   c.forward = [mean](const Inputs& t) { return mean ? ops::mean(t[0]) : ops::sum(t[0]); };
   c.reference = [mean](const Values& v) {
@@ -33,7 +34,7 @@ OpCase cross_entropy_case(int64_t B, int64_t C, DType dtype, ops::Reduction r) {
   c.forward = [r](const Inputs& t) { return ops::cross_entropy(t[0], t[1], r); };
   c.reference = [C, mean](const Values& v) { return ref::Vec{ref::cross_entropy(v[0], v[1], C, mean)}; };
   // The loss is f32 from the (exact) 16-bit logits; the logits' gradient rounds to their type.
-  if (dtype != DType::f32) c.grad_tolerance = dtype == DType::bf16 ? 5e-3 : 1e-3;
+  c.grad_tolerance = dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? 5e-3 : 1e-3;
   c.bench_shapes = {{1024, 1000}, {1024}};
   return c;
 }
