@@ -3,8 +3,9 @@
 //   ops/<case>/<size>/forward/<device>           the op under NoGradGuard (no node recorded)
 //   ops/<case>/<size>/forward_backward/<device>  the op recorded, reduced to a scalar with ops::sum (after
 //                                                a cast to f32 for a 16-bit output), and its backward
-// (<size>: the first input's shape, 256x784) at the case's benchmark sizes (Note [Benchmark sizes]; its own small sizes where it gives none).
-// Timed on the device as the other benchmarks (bench/rig.h: host clock on CPU, CUDA events on
+// (<size>: the first input's shape, 256x784) at the case's benchmark sizes (Note [Benchmark sizes];
+// its own small sizes where it gives none). Timed on the device as the other benchmarks (bench/rig.h:
+// host clock on CPU, CUDA events on
 // CUDA, 3 untimed warm-up iterations). Counters: bytes_per_second from the bytes every input read
 // once plus the output written once (forward_backward: plus each input gradient written and the
 // output gradient read once; a 16-bit input's backward includes converting its gradient to its
@@ -51,7 +52,8 @@ void forward(benchmark::State& state, const OpCase& c, Device device) {
   const CaseTensors t = make_inputs(c, device, kSeed);
   NoGradGuard no_grad;
   double output_bytes = 0;
-  timed_loop(state, device, [] {}, [&] { output_bytes = static_cast<double>(c.forward(t.inputs).nbytes()); });
+  timed_loop(
+      state, device, [] {}, [&] { output_bytes = static_cast<double>(c.forward(t.inputs).nbytes()); });
   set_rates(state, input_bytes(t) + output_bytes, c.flops);
 }
 
@@ -78,13 +80,14 @@ void register_all(Device device) {
     std::string size;  // the first input's shape at the benchmark sizes: 256x784
     for (int i = 0; i < c.inputs[0].shape.ndim(); ++i) size += (i ? "x" : "") + std::to_string(c.inputs[0].shape[i]);
     const std::string prefix = "ops/" + c.name + "/" + size + "/";
-    benchmark::RegisterBenchmark((prefix + "forward/" + device.str()).c_str(),
-                                 [c, device](benchmark::State& s) { forward(s, c, device); })
-        ->UseManualTime();
+    benchmark::RegisterBenchmark((prefix + "forward/" + device.str()).c_str(), [c, device](benchmark::State& s) {
+      forward(s, c, device);
+    })->UseManualTime();
     if (c.differentiable)
-      benchmark::RegisterBenchmark((prefix + "forward_backward/" + device.str()).c_str(),
-                                   [c, device](benchmark::State& s) { forward_backward(s, c, device); })
-          ->UseManualTime();
+      benchmark::RegisterBenchmark((prefix + "forward_backward/" + device.str()).c_str(), [c, device](
+                                                                                              benchmark::State& s) {
+        forward_backward(s, c, device);
+      })->UseManualTime();
   }
 }
 

@@ -55,7 +55,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
         for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
         return like(x, in[0]);
       },
-      [](FunctionContext&, const Tensor& dy) { return std::vector<Tensor>{dy, dy}; });
+      [](FunctionContext&, const Tensor& dy) {
+        return std::vector<Tensor>{dy, dy};
+      });
 }
 
 // sum_i w_i y_i with w_i = i + 1: a non-uniform upstream gradient.
@@ -123,7 +125,7 @@ TEST_P(CustomOpTest, PendingGradientsAreNotAliased) {
   x1.set_requires_grad(true);
   x2.set_requires_grad(true);
   const Tensor a = ops::relu(x1), b = ops::relu(x2);  // inner nodes, identity on these values
-  weighted_sum(add(add(a, b), a)).backward();          // d/da = 2 w, d/db = w
+  weighted_sum(add(add(a, b), a)).backward();         // d/da = 2 w, d/db = w
   EXPECT_EQ(host(x1.grad()), (std::vector<float>{2, 4}));
   EXPECT_EQ(host(x2.grad()), (std::vector<float>{1, 2}));
 }
@@ -172,21 +174,27 @@ TEST_P(CustomOpTest, ErrorsNameTheOp) {
   Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}, device());
   x.set_requires_grad(true);
   expect_error<InvalidArgument>(
-      [&] { ops::sum(returning("two_grads", x, [](const Tensor& dy) { return std::vector<Tensor>{dy, dy}; })).backward(); },
+      [&] {
+        ops::sum(returning("two_grads", x, [](const Tensor& dy) { return std::vector<Tensor>{dy, dy}; })).backward();
+      },
       {"custom op two_grads", "returned 2 gradient(s) for 1 input(s)"});
   expect_error<ShapeError>(
       [&] {
-        ops::sum(returning("flat_grad", x, [](const Tensor& dy) { return std::vector<Tensor>{ops::reshape(dy, {6})}; }))
-            .backward();
+        ops::sum(returning("flat_grad", x, [](const Tensor& dy) {
+          return std::vector<Tensor>{ops::reshape(dy, {6})};
+        })).backward();
       },
       {"custom op flat_grad", "gradient of input 0 is [6]", "the input is [2, 3]"});
   expect_error<InvalidArgument>(
-      [&] { ops::sum(returning("no_grad", x, [](const Tensor&) { return std::vector<Tensor>{Tensor()}; })).backward(); },
+      [&] {
+        ops::sum(returning("no_grad", x, [](const Tensor&) { return std::vector<Tensor>{Tensor()}; })).backward();
+      },
       {"custom op no_grad", "no gradient for input 0"});
   expect_error<InvalidArgument>(
       [&] {
-        ops::sum(returning("half_grad", x, [](const Tensor& dy) { return std::vector<Tensor>{ops::cast(dy, DType::f16)}; }))
-            .backward();
+        ops::sum(returning("half_grad", x, [](const Tensor& dy) {
+          return std::vector<Tensor>{ops::cast(dy, DType::f16)};
+        })).backward();
       },
       {"custom op half_grad", "is f16 but the input is f32"});
   expect_error<InvalidArgument>(

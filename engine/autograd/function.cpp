@@ -66,7 +66,8 @@ class FunctionNode final : public Node {
     for (std::size_t i = 0; i < sinks.size(); ++i) ctx_->needs_grad_[i] = sinks[i].needed();
     const std::vector<Tensor> grads = backward_(*ctx_, dy);
     CUMULUS_CHECK(grads.size() == inputs_.size(), InvalidArgument, "custom op ", name(), ": backward returned ",
-                  grads.size(), " gradient(s) for ", inputs_.size(), " input(s); return one per input (an "
+                  grads.size(), " gradient(s) for ", inputs_.size(),
+                  " input(s); return one per input (an "
                   "undefined Tensor for an input that needs none)");
     std::vector<Tensor> given;
     for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -92,10 +93,10 @@ class FunctionNode final : public Node {
                   ", which requires one");
     CUMULUS_CHECK(g.shape() == in.shape, ShapeError, "custom op ", name(), ": the gradient of input ", i, " is ",
                   g.shape().str(), " but the input is ", in.shape.str());
-    CUMULUS_CHECK(g.dtype() == in.dtype, InvalidArgument, "custom op ", name(), ": the gradient of input ", i,
-                  " is ", dtype_name(g.dtype()), " but the input is ", dtype_name(in.dtype));
-    CUMULUS_CHECK(g.device() == in.device, DeviceError, "custom op ", name(), ": the gradient of input ", i,
-                  " is on ", g.device().str(), " but the input is on ", in.device.str());
+    CUMULUS_CHECK(g.dtype() == in.dtype, InvalidArgument, "custom op ", name(), ": the gradient of input ", i, " is ",
+                  dtype_name(g.dtype()), " but the input is ", dtype_name(in.dtype));
+    CUMULUS_CHECK(g.device() == in.device, DeviceError, "custom op ", name(), ": the gradient of input ", i, " is on ",
+                  g.device().str(), " but the input is on ", in.device.str());
   }
 
   std::shared_ptr<FunctionContext> ctx_;
@@ -109,7 +110,8 @@ void check_output(const char* op, const Tensor& out, const std::vector<Tensor>& 
   CUMULUS_CHECK(out.defined(), InvalidArgument, "custom op ", op, ": forward returned an undefined tensor");
   for (std::size_t i = 0; i < inputs.size(); ++i)
     CUMULUS_CHECK(!inputs[i].defined() || out.impl() != inputs[i].impl(), InvalidArgument, "custom op ", op,
-                  ": forward returned input ", i, " itself; return a new tensor (a copy, or a view through "
+                  ": forward returned input ", i,
+                  " itself; return a new tensor (a copy, or a view through "
                   "ops::reshape)");
   CUMULUS_CHECK(!out.requires_grad(), InvalidArgument, "custom op ", op,
                 ": forward returned a tensor that is already part of a graph (made outside the forward)");

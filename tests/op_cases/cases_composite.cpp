@@ -19,8 +19,8 @@ OpCase mlp_case(bool fused) {
   const int64_t B = 3, in = 5, h1 = 6, h2 = 4, C = 3;
   OpCase c;
   c.op = fused ? "linear+relu" : "linear";
-  c.inner_ops = fused ? std::vector<std::string>{"linear", "cross_entropy"}
-                      : std::vector<std::string>{"relu", "cross_entropy"};
+  c.inner_ops =
+      fused ? std::vector<std::string>{"linear", "cross_entropy"} : std::vector<std::string>{"relu", "cross_entropy"};
   c.name = fused ? "block_mlp3_fused_ce_mean" : "block_mlp3_ce_mean";
   c.grad_tolerance = 1e-5;
   c.inputs = {{{B, in}, DType::f32},  {{B}, DType::i32, 0, C}, {{h1, in}, DType::f32}, {{h1}, DType::f32},
@@ -51,8 +51,8 @@ OpCase relu_flatten_linear_case() {
   c.inner_ops = {"linear", "cross_entropy"};
   c.name = "block_relu3d_flatten_linear_ce_mean";
   c.grad_tolerance = 1e-5;
-  c.inputs = {{{B, 2, 3}, DType::f32, -1, 1, 0.05}, {{B}, DType::i32, 0, out}, {{out, in}, DType::f32},
-              {{out}, DType::f32}};
+  c.inputs = {
+      {{B, 2, 3}, DType::f32, -1, 1, 0.05}, {{B}, DType::i32, 0, out}, {{out, in}, DType::f32}, {{out}, DType::f32}};
   c.forward = [](const Inputs& t) {
     return ops::cross_entropy(ops::linear(ops::flatten(ops::relu(t[0]), 1), t[2], t[3]), t[1], ops::Reduction::Mean);
   };

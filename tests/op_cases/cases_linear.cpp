@@ -99,8 +99,7 @@ CUMULUS_OP_CASES(linear) {
   cases.push_back(linear_case("linear_3x7_6_nobias", {3, 7, 6, false}, DType::f32, ops::Activation::none));
   cases.push_back(linear_case("linear_4x5_3_frozen_x", {4, 5, 3, true, false}, DType::f32, ops::Activation::none));
   cases.push_back(linear_case("linear_relu_4x6_5_nobias", {4, 6, 5, false}, DType::f32, ops::Activation::relu));
-  cases.push_back(
-      linear_case("linear_relu_3x5_4_frozen_x", {3, 5, 4, true, false}, DType::f32, ops::Activation::relu));
+  cases.push_back(linear_case("linear_relu_3x5_4_frozen_x", {3, 5, 4, true, false}, DType::f32, ops::Activation::relu));
 
   // The fused MLP: one layer (the head alone), two and three (the seed MLP's depth); the mean and
   // the sum; an x that needs no gradient (the dataset's batch, as in training).

@@ -28,8 +28,8 @@ OpCase cross_entropy_case(int64_t B, int64_t C, DType dtype, ops::Reduction r) {
   OpCase c;
   const bool mean = r == ops::Reduction::Mean;
   c.op = "cross_entropy";
-  c.name = "cross_entropy_" + std::to_string(B) + "x" + std::to_string(C) + (mean ? "_mean_" : "_sum_") +
-           dtype_name(dtype);
+  c.name =
+      "cross_entropy_" + std::to_string(B) + "x" + std::to_string(C) + (mean ? "_mean_" : "_sum_") + dtype_name(dtype);
   c.inputs = {{{B, C}, dtype, -4, 4}, {{B}, DType::i32, 0, static_cast<double>(C)}};
   c.forward = [r](const Inputs& t) { return ops::cross_entropy(t[0], t[1], r); };
   c.reference = [C, mean](const Values& v) { return ref::Vec{ref::cross_entropy(v[0], v[1], C, mean)}; };

@@ -53,15 +53,17 @@ CUMULUS_OP_CASES(shape) {
   // A 16-bit input reaches the view through its cast, so the view's gradient goes to a pending
   // (inner node) gradient rather than into a leaf.
   for (DType dtype : {DType::f32, DType::bf16}) {
-    cases.push_back(view_case("reshape", "reshape_3x8_to_4x6", {3, 8}, dtype,
-                              [](const Inputs& t) { return ops::reshape(t[0], {4, 6}); }));
+    cases.push_back(view_case("reshape", "reshape_3x8_to_4x6", {3, 8}, dtype, [](const Inputs& t) {
+      return ops::reshape(t[0], {4, 6});
+    }));
     cases.push_back(view_case("flatten", "flatten_2x3x2x2_from_1", {2, 3, 2, 2}, dtype,
                               [](const Inputs& t) { return ops::flatten(t[0], 1); }));
   }
   cases.push_back(view_case("flatten", "flatten_2x3x2x2_from_2", {2, 3, 2, 2}, DType::f32,
                             [](const Inputs& t) { return ops::flatten(t[0], 2); }));
-  cases.push_back(view_case("reshape", "tensor_reshape_2x3x5_to_5x6", {2, 3, 5}, DType::f32,
-                            [](const Inputs& t) { return t[0].reshape({5, 6}); }));
+  cases.push_back(view_case("reshape", "tensor_reshape_2x3x5_to_5x6", {2, 3, 5}, DType::f32, [](const Inputs& t) {
+    return t[0].reshape({5, 6});
+  }));
   cases.push_back(view_case("flatten", "tensor_flatten_2x2x2x3", {2, 2, 2, 3}, DType::f32,
                             [](const Inputs& t) { return t[0].flatten(); }));
 }

@@ -33,8 +33,8 @@ std::vector<OpCase> build_cases() {
     CUMULUS_CHECK(valid_name(c.name), InvalidArgument, "op case name '", c.name, "' must be [A-Za-z0-9_]+");
     CUMULUS_CHECK(!c.op.empty() && c.forward && c.reference, InvalidArgument, "op case ", c.name,
                   " needs an op name, a forward and a reference");
-    CUMULUS_CHECK(c.bench_shapes.empty() || c.bench_shapes.size() == c.inputs.size(), InvalidArgument,
-                  "op case ", c.name, ": ", c.bench_shapes.size(), " bench_shapes for ", c.inputs.size(), " inputs");
+    CUMULUS_CHECK(c.bench_shapes.empty() || c.bench_shapes.size() == c.inputs.size(), InvalidArgument, "op case ",
+                  c.name, ": ", c.bench_shapes.size(), " bench_shapes for ", c.inputs.size(), " inputs");
     names.push_back(c.name);
   }
   std::sort(names.begin(), names.end());
