@@ -1,7 +1,9 @@
 // Every registered op case (tests/op_cases/, Note [Op cases] in op_case.h) through four checks:
 // the forward against its double-precision reference, each floating input's gradient against
 // central finite differences of the reference, the memory accounting (the output is an activation,
-// every allocation is named after the op), and CPU against CUDA (skipped without a GPU).
+// every allocation is named after the op, or after one of a composite case's ops), and CPU against
+// CUDA (skipped without a GPU). An op without a gradient (OpCase::differentiable false) is checked
+// to record none, and its forward alone is compared across devices.
 #include <gtest/gtest.h>
 
 #include <algorithm>
