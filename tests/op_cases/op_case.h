@@ -20,6 +20,11 @@
 //   }
 //
 // Note [Op cases]
+// The registry is the one place op correctness is checked: an op's values and gradients are
+// tested here and nowhere else (tests/test_ops.cpp, test_cnn.cpp and the like keep only what a case
+// cannot say: error messages, edge cases, launch counts, bit-for-bit equalities between ops,
+// PyTorch-pinned values). A new op adds its cases in a file of its own (cases_<group>.cpp) with a
+// double reference written from the op's definition; the drivers pick it up.
 // The drivers reduce an op's output to a scalar themselves: loss = sum_k w_k * out_k with fixed
 // weights w_k = +-m/8 (m in 1..16), exact in bf16 and f16, so the upstream gradient is not uniform
 // (a uniform one hides transposed or misplaced gradients) and a 16-bit case sees no rounding of it.
@@ -67,6 +72,25 @@ struct OpCase {
   // Per forward, for the benchmark: FLOPs (0 for memory-bound ops, reported in GB/s). The bytes are
   // counted by the driver: every input read once and the output written once.
   double flops = 0;
+
+  // ---- optional (the defaults leave a case as above) ----
+  // false: the op has no gradient (argmax: an integer output). The drivers check the forward, that
+  // the output does not require grad, and the CPU/CUDA forward; bench_ops times the forward only.
+  bool differentiable = true;
+  // A composite case (a model's block: several ops chained, so that gradients also pass between ops
+  // through the engine's pending gradients rather than into leaves): the other ops its forward
+  // runs. Its allocations may be named after `op` or any of these.
+  std::vector<std::string> inner_ops;
+  // Note [Benchmark sizes]
+  // Cases are sized for finite differences (tens of elements); a benchmark wants sizes where the
+  // op's time is its work, not its launch. bench_shapes, when not empty, gives one shape per input
+  // that bench/bench_ops.cpp uses instead of inputs[i].shape (the same dtypes and ranges), and
+  // bench_flops the FLOPs per forward at those shapes (0: memory-bound, GB/s only). A case that
+  // sets them must take every size in its forward from its inputs' shapes, never from constants
+  // it captured; its reference is not used at these sizes. Without them the case is benchmarked
+  // at its own shapes (with `flops`).
+  std::vector<Shape> bench_shapes;
+  double bench_flops = 0;
 };
 
 using OpCaseFactory = void (*)(std::vector<OpCase>& cases);
@@ -88,6 +112,9 @@ struct CaseTensors {
 // The case's inputs on `device`, drawn from `seed` (the same values on every device), each rounded
 // to its dtype once.
 CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed);
+// The case at its benchmark sizes (Note [Benchmark sizes]): inputs[i].shape = bench_shapes[i] and
+// flops = bench_flops where bench_shapes is given, else the case as it is.
+OpCase at_bench_sizes(const OpCase& c);
 // A tensor's values (any dtype, any device) as doubles, flat and row-major.
 std::vector<double> values_of(const Tensor& t);
 

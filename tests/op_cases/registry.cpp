@@ -33,6 +33,8 @@ std::vector<OpCase> build_cases() {
     CUMULUS_CHECK(valid_name(c.name), InvalidArgument, "op case name '", c.name, "' must be [A-Za-z0-9_]+");
     CUMULUS_CHECK(!c.op.empty() && c.forward && c.reference, InvalidArgument, "op case ", c.name,
                   " needs an op name, a forward and a reference");
+    CUMULUS_CHECK(c.bench_shapes.empty() || c.bench_shapes.size() == c.inputs.size(), InvalidArgument, "op case ",
+                  c.name, ": ", c.bench_shapes.size(), " bench_shapes for ", c.inputs.size(), " inputs");
     names.push_back(c.name);
   }
   std::sort(names.begin(), names.end());
@@ -94,6 +96,14 @@ CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed) {
     made.inputs.push_back(ops::cast(leaf, in.dtype));
   }
   return made;
+}
+
+OpCase at_bench_sizes(const OpCase& c) {
+  OpCase b = c;
+  if (c.bench_shapes.empty()) return b;
+  for (std::size_t i = 0; i < b.inputs.size(); ++i) b.inputs[i].shape = c.bench_shapes[i];
+  b.flops = c.bench_flops;
+  return b;
 }
 
 std::vector<double> values_of(const Tensor& t) {

@@ -31,6 +31,7 @@
 #include "cumulus/tensor/shape.h"
 #include "cumulus/tensor/tensor.h"
 
+#include "cumulus/autograd/function.h"
 #include "cumulus/autograd/grad_mode.h"
 
 #include "cumulus/ops/conv_ops.h"

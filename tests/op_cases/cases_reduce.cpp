@@ -1,0 +1,79 @@
+// Op cases (Note [Op cases] in op_case.h): the reductions sum and mean, cross_entropy, argmax.
+#include <string>
+
+#include "cumulus/ops/ops.h"
+#include "op_case.h"
+#include "references.h"
+
+namespace cumulus::testing {
+
+namespace {
+
+OpCase sum_case(bool mean) {
+  OpCase c;
+  c.op = mean ? "mean" : "sum";
+  c.name = c.op + "_2x3x5_f32";
+  c.grad_tolerance = 1e-5;
+  c.inputs = {{{2, 3, 5}, DType::f32}};
+  c.forward = [mean](const Inputs& t) { return mean ? ops::mean(t[0]) : ops::sum(t[0]); };
+  c.reference = [mean](const Values& v) {
+    return ref::Vec{ref::sum(v[0]) / (mean ? static_cast<double>(v[0].size()) : 1.0)};
+  };
+  c.bench_shapes = {{1024, 4096}};
+  return c;
+}
+
+// logits [B, C] of `dtype` in [-4, 4) (a spread of logit scales), labels [B] i32 in [0, C).
+OpCase cross_entropy_case(int64_t B, int64_t C, DType dtype, ops::Reduction r) {
+  OpCase c;
+  const bool mean = r == ops::Reduction::Mean;
+  c.op = "cross_entropy";
+  c.name =
+      "cross_entropy_" + std::to_string(B) + "x" + std::to_string(C) + (mean ? "_mean_" : "_sum_") + dtype_name(dtype);
+  c.inputs = {{{B, C}, dtype, -4, 4}, {{B}, DType::i32, 0, static_cast<double>(C)}};
+  c.forward = [r](const Inputs& t) { return ops::cross_entropy(t[0], t[1], r); };
+  c.reference = [C, mean](const Values& v) { return ref::Vec{ref::cross_entropy(v[0], v[1], C, mean)}; };
+  // The loss is f32 from the (exact) 16-bit logits; the logits' gradient rounds to their type.
+  c.grad_tolerance = dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? 5e-3 : 1e-3;
+  c.bench_shapes = {{1024, 1000}, {1024}};
+  return c;
+}
+
+OpCase argmax_case(int64_t rows, int64_t cols, DType dtype) {
+  OpCase c;
+  c.op = "argmax";
+  c.name = "argmax_" + std::to_string(rows) + "x" + std::to_string(cols) + "_" + dtype_name(dtype);
+  c.inputs = {{{rows, cols}, dtype, -3, 3}};
+  c.differentiable = false;
+  c.forward = [](const Inputs& t) { return ops::argmax(t[0]); };
+  // The first maximum of each row (ties, which 16-bit rounding makes likely, go to the first).
+  c.reference = [rows, cols](const Values& v) {
+    ref::Vec idx(static_cast<std::size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t best = 0;
+      for (int64_t j = 1; j < cols; ++j)
+        if (v[0][i * cols + j] > v[0][i * cols + best]) best = j;
+      idx[i] = static_cast<double>(best);
+    }
+    return idx;
+  };
+  c.tolerance = 0;  // indices are exact
+  c.bench_shapes = {{1024, 1000}};
+  return c;
+}
+
+}  // namespace
+
+CUMULUS_OP_CASES(reduce) {
+  cases.push_back(sum_case(false));
+  cases.push_back(sum_case(true));
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (ops::Reduction r : {ops::Reduction::Sum, ops::Reduction::Mean})
+      cases.push_back(cross_entropy_case(5, 4, dtype, r));
+  cases.push_back(cross_entropy_case(7, 10, DType::f32, ops::Reduction::Mean));
+  cases.push_back(cross_entropy_case(1, 3, DType::f32, ops::Reduction::Sum));
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) cases.push_back(argmax_case(6, 7, dtype));
+  cases.push_back(argmax_case(37, 10, DType::f32));
+}
+
+}  // namespace cumulus::testing
