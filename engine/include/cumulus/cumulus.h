@@ -37,6 +37,7 @@
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
