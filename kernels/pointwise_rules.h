@@ -55,6 +55,46 @@ struct BroadcastGeometry {
   }
 };
 
+// The geometry of a op b for shapes a (na dimensions) and b (nb dimensions, at most kMaxDims each)
+// that broadcast under numpy's rules (the caller checks): the output's dimensions of size 1 dropped,
+// adjacent dimensions merged where each operand has both or broadcasts along both.
+inline BroadcastGeometry broadcast_geometry(const int64_t* a, int na, const int64_t* b, int nb) {
+  const int nd = na > nb ? na : nb;
+  BroadcastGeometry g;
+  g.ndim = 0;
+  for (int d = 0; d < nd; ++d) {
+    const int ka = d - (nd - na), kb = d - (nd - nb);  // the operands' own dimensions
+    const int64_t da = ka >= 0 ? a[ka] : 1, db = kb >= 0 ? b[kb] : 1;
+    const int64_t out = da == 1 ? db : da;
+    if (out == 1) continue;
+    const bool has_a = da != 1, has_b = db != 1;
+    const int last = g.ndim - 1;
+    if (last >= 0 && has_a == (g.strides[1][last] != 0) && has_b == (g.strides[2][last] != 0)) {
+      g.dims[last] *= out;
+      continue;
+    }
+    g.dims[g.ndim] = out;
+    g.strides[1][g.ndim] = has_a ? 1 : 0;  // markers; the strides follow below
+    g.strides[2][g.ndim] = has_b ? 1 : 0;
+    ++g.ndim;
+  }
+  if (g.ndim == 0) {  // one element
+    g.ndim = 1;
+    g.strides[1][0] = g.strides[2][0] = 1;
+  }
+  int64_t running[3] = {1, 1, 1};
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    g.strides[0][d] = running[0];
+    running[0] *= g.dims[d];
+    for (int s = 1; s < 3; ++s) {
+      if (g.strides[s][d] == 0) continue;
+      g.strides[s][d] = running[s];
+      running[s] *= g.dims[d];
+    }
+  }
+  return g;
+}
+
 // The offsets into a and b of output element i.
 CUMULUS_HOST_DEVICE void broadcast_offsets(const BroadcastGeometry& g, int64_t i, int64_t& ia, int64_t& ib) {
   ia = 0;

@@ -37,39 +37,13 @@ Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
   return Shape(dims.begin(), dims.end());
 }
 
-// The geometry of out = a op b: the output's dimensions of size 1 dropped, adjacent dimensions
-// merged where both operands are contiguous across them or broadcast along both alike.
-BroadcastGeometry broadcast_geometry(const Shape& a, const Shape& b, const Shape& out) {
-  const Shape* shapes[2] = {&a, &b};
-  BroadcastGeometry g;
-  g.ndim = 0;
-  for (int d = 0; d < out.ndim(); ++d) {
-    if (out[d] == 1) continue;
-    bool present[2];
-    for (int s = 0; s < 2; ++s) {
-      const int k = d - (out.ndim() - shapes[s]->ndim());  // the operand's own dimension
-      present[s] = k >= 0 && (*shapes[s])[k] != 1;
-    }
-    const int last = g.ndim - 1;
-    const bool merge = last >= 0 && present[0] == (g.strides[1][last] != 0) && present[1] == (g.strides[2][last] != 0);
-    if (merge) {
-      g.dims[last] *= out[d];
-    } else {
-      g.dims[g.ndim] = out[d];
-      g.strides[1][g.ndim] = present[0] ? 1 : 0;  // a marker here; the strides follow below
-      g.strides[2][g.ndim] = present[1] ? 1 : 0;
-      ++g.ndim;
-    }
-  }
-  if (g.ndim == 0) g.ndim = 1, g.dims[0] = 1, g.strides[1][0] = g.strides[2][0] = 1;  // one element
-  int64_t running[3] = {1, 1, 1};
-  for (int d = g.ndim - 1; d >= 0; --d) {
-    g.strides[0][d] = running[0];
-    running[0] *= g.dims[d];
-    for (int s = 1; s < 3; ++s)
-      if (g.strides[s][d] != 0) g.strides[s][d] = running[s], running[s] *= g.dims[d];
-  }
-  return g;
+// The kernels' geometry of a op b (Note [Broadcast geometry] in kernels/pointwise_rules.h).
+BroadcastGeometry geometry_of(const Shape& a, const Shape& b) {
+  static_assert(Shape::kMaxDims <= BroadcastGeometry::kMaxDims, "a shape fits the geometry");
+  int64_t da[Shape::kMaxDims], db[Shape::kMaxDims];
+  for (int d = 0; d < a.ndim(); ++d) da[d] = a[d];
+  for (int d = 0; d < b.ndim(); ++d) db[d] = b[d];
+  return kernels::broadcast_geometry(da, a.ndim(), db, b.ndim());
 }
 
 class BinaryBackward final : public Node {
@@ -106,7 +80,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   CUMULUS_CHECK(a.device() == b.device(), DeviceError, name, ": a is on ", a.device().str(), " but b is on ",
                 b.device().str());
   const Shape out_shape = broadcast_shape(name, a.shape(), b.shape());
-  const BroadcastGeometry g = broadcast_geometry(a.shape(), b.shape(), out_shape);
+  const BroadcastGeometry g = geometry_of(a.shape(), b.shape());
   Tensor y = detail::new_output(out_shape, a.dtype(), a.device());
   if (out_shape.numel() > 0) {
     CUMULUS_DISPATCH_FLOAT(a.dtype(), T, CUMULUS_DISPATCH_POINTWISE(a.device(), binary_forward, g, op, a.data<T>(),
