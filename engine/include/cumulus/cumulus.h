@@ -39,6 +39,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"
 
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
