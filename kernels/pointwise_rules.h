@@ -46,9 +46,9 @@ CUMULUS_HOST_DEVICE float binary_grad(BinaryOp op, int operand, float dy, float 
 struct BroadcastGeometry {
   static constexpr int kMaxDims = 4;
   int ndim = 1;
-  int64_t dims[kMaxDims] = {1, 1, 1, 1};      // the output's
-  int64_t strides[3][kMaxDims] = {};          // [0] the output's (contiguous), [1] a's, [2] b's
-  int64_t numel(int which) const {            // which: 0 output, 1 a, 2 b
+  int64_t dims[kMaxDims] = {1, 1, 1, 1};  // the output's
+  int64_t strides[3][kMaxDims] = {};      // [0] the output's (contiguous), [1] a's, [2] b's
+  int64_t numel(int which) const {        // which: 0 output, 1 a, 2 b
     int64_t n = 1;
     for (int d = 0; d < ndim; ++d) n *= (which == 0 || strides[which][d] != 0) ? dims[d] : 1;
     return n;
@@ -120,7 +120,7 @@ CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, Bin
   int nreduced = 0;
   for (int d = g.ndim - 1; d >= 0; --d) {
     if (own[d] == 0) {
-      if (g.dims[d] == 0) return 0.0f;  // read by no output element: an empty output
+      if (g.dims[d] == 0) return 0.0f;             // read by no output element: an empty output
       if (g.dims[d] > 1) reduced[nreduced++] = d;  // innermost first
       continue;
     }

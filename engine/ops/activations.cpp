@@ -42,8 +42,8 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   OpScope op_scope(name);
   detail::check_floating(name, "input", x);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, CUMULUS_DISPATCH_POINTWISE(x.device(), unary_forward, op, x.data<T>(),
-                                                                  y.data<T>(), x.numel()));
+  CUMULUS_DISPATCH_FLOAT(
+      x.dtype(), T, CUMULUS_DISPATCH_POINTWISE(x.device(), unary_forward, op, x.data<T>(), y.data<T>(), x.numel()));
   if (should_record({&x})) {
     Tensor saved = kernels::unary_grad_from_output(op) ? y.detach() : x.detach();
     attach_node(y, std::make_shared<UnaryBackward>(op, std::move(saved)), {&x});

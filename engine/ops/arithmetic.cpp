@@ -83,8 +83,9 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const BroadcastGeometry g = geometry_of(a.shape(), b.shape());
   Tensor y = detail::new_output(out_shape, a.dtype(), a.device());
   if (out_shape.numel() > 0) {
-    CUMULUS_DISPATCH_FLOAT(a.dtype(), T, CUMULUS_DISPATCH_POINTWISE(a.device(), binary_forward, g, op, a.data<T>(),
-                                                                    b.data<T>(), y.data<T>()));
+    CUMULUS_DISPATCH_FLOAT(
+        a.dtype(), T,
+        CUMULUS_DISPATCH_POINTWISE(a.device(), binary_forward, g, op, a.data<T>(), b.data<T>(), y.data<T>()));
   }
   if (!should_record({&a, &b})) return y;
   // What the gradients read: mul's a-gradient reads b and its b-gradient a; div's read b, and a for b's.
@@ -125,8 +126,9 @@ Tensor scalar_binary(BinaryOp op, bool reversed, const Tensor& x, float s) {
   OpScope op_scope(name);
   detail::check_floating(name, "tensor operand", x);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, CUMULUS_DISPATCH_POINTWISE(x.device(), scalar_forward, op, reversed, s,
-                                                                  x.data<T>(), y.data<T>(), x.numel()));
+  CUMULUS_DISPATCH_FLOAT(
+      x.dtype(), T,
+      CUMULUS_DISPATCH_POINTWISE(x.device(), scalar_forward, op, reversed, s, x.data<T>(), y.data<T>(), x.numel()));
   if (should_record({&x})) {
     const bool keep_x = reversed && op == BinaryOp::div;  // d(s / x) = -s / x^2; the others read no x
     attach_node(y, std::make_shared<ScalarBackward>(op, reversed, s, x.shape(), keep_x ? x.detach() : Tensor()), {&x});

@@ -48,10 +48,10 @@ Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, uint64_t 
   if (!training || p == 0.0f) return x;
   const float scale = 1.0f / (1.0f - p);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, CUMULUS_DISPATCH_POINTWISE(x.device(), dropout_forward, seed, offset, p, scale,
-                                                                  x.data<T>(), y.data<T>(), x.numel()));
-  if (should_record({&x}))
-    attach_node(y, std::make_shared<DropoutBackward>(x.shape(), seed, offset, p, scale), {&x});
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
+                         CUMULUS_DISPATCH_POINTWISE(x.device(), dropout_forward, seed, offset, p, scale, x.data<T>(),
+                                                    y.data<T>(), x.numel()));
+  if (should_record({&x})) attach_node(y, std::make_shared<DropoutBackward>(x.shape(), seed, offset, p, scale), {&x});
   return y;
 }
 

@@ -10,6 +10,6 @@
 
 // CUMULUS_DISPATCH_POINTWISE(device, launcher, args...): kernels::launcher_cpu(args...) on the CPU,
 // kernels::launcher_cuda(args..., stream) on CUDA.
-#define CUMULUS_DISPATCH_POINTWISE(device, launcher, ...)                  \
+#define CUMULUS_DISPATCH_POINTWISE(device, launcher, ...)                        \
   CUMULUS_DISPATCH(device, ctx, ::cumulus::kernels::launcher##_cpu(__VA_ARGS__), \
                    ::cumulus::kernels::launcher##_cuda(__VA_ARGS__, ctx.stream()))

@@ -36,8 +36,8 @@ Tensor softmax_op(bool log, const Tensor& x) {
                 x.shape().str());
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T, CUMULUS_DISPATCH_POINTWISE(x.device(), softmax_forward, log, x.data<T>(),
-                                                                  y.data<T>(), rows, cols));
+  CUMULUS_DISPATCH_FLOAT(
+      x.dtype(), T, CUMULUS_DISPATCH_POINTWISE(x.device(), softmax_forward, log, x.data<T>(), y.data<T>(), rows, cols));
   if (should_record({&x})) attach_node(y, std::make_shared<SoftmaxBackward>(log, y.detach()), {&x});
   return y;
 }

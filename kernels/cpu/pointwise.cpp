@@ -106,17 +106,16 @@ void dropout_backward_cpu(uint64_t seed, uint64_t offset, float p, float scale, 
   }
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                    \
-  template void binary_forward_cpu(const BroadcastGeometry&, BinaryOp, const T*, const T*, T*);                   \
-  template void binary_backward_cpu(const BroadcastGeometry&, BinaryOp, int, const T*, const T*, const T*, float, \
-                                    T*);                                                                          \
-  template void scalar_forward_cpu(BinaryOp, bool, float, const T*, T*, int64_t);                                 \
-  template void scalar_backward_cpu(BinaryOp, bool, float, const T*, const T*, float, T*, int64_t);               \
-  template void unary_forward_cpu(UnaryOp, const T*, T*, int64_t);                                                \
-  template void unary_backward_cpu(UnaryOp, const T*, const T*, float, T*, int64_t);                              \
-  template void softmax_forward_cpu(bool, const T*, T*, int64_t, int64_t);                                        \
-  template void softmax_backward_cpu(bool, const T*, const T*, float, T*, int64_t, int64_t);                      \
-  template void dropout_forward_cpu(uint64_t, uint64_t, float, float, const T*, T*, int64_t);                     \
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void binary_forward_cpu(const BroadcastGeometry&, BinaryOp, const T*, const T*, T*);                        \
+  template void binary_backward_cpu(const BroadcastGeometry&, BinaryOp, int, const T*, const T*, const T*, float, T*); \
+  template void scalar_forward_cpu(BinaryOp, bool, float, const T*, T*, int64_t);                                      \
+  template void scalar_backward_cpu(BinaryOp, bool, float, const T*, const T*, float, T*, int64_t);                    \
+  template void unary_forward_cpu(UnaryOp, const T*, T*, int64_t);                                                     \
+  template void unary_backward_cpu(UnaryOp, const T*, const T*, float, T*, int64_t);                                   \
+  template void softmax_forward_cpu(bool, const T*, T*, int64_t, int64_t);                                             \
+  template void softmax_backward_cpu(bool, const T*, const T*, float, T*, int64_t, int64_t);                           \
+  template void dropout_forward_cpu(uint64_t, uint64_t, float, float, const T*, T*, int64_t);                          \
   template void dropout_backward_cpu(uint64_t, uint64_t, float, float, const T*, float, T*, int64_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

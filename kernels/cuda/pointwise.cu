@@ -41,8 +41,8 @@ __global__ void scalar_forward_kernel(BinaryOp op, bool reversed, float s, const
 }
 
 template <typename T>
-__global__ void scalar_backward_kernel(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta,
-                                       T* dx, int64_t n) {
+__global__ void scalar_backward_kernel(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta, T* dx,
+                                       int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
     dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
@@ -124,7 +124,8 @@ __global__ void softmax_backward_kernel(bool log, const T* y, const T* dy, float
   const bool active = row < rows;
   const int64_t base = active ? row * cols : 0, n = active ? cols : 0;
   float s = 0.0f;
-  for (int64_t j = lane; j < n; j += kWarp) s += log ? to_f32(dy[base + j]) : to_f32(dy[base + j]) * to_f32(y[base + j]);
+  for (int64_t j = lane; j < n; j += kWarp)
+    s += log ? to_f32(dy[base + j]) : to_f32(dy[base + j]) * to_f32(y[base + j]);
   s = warp_sum(s);
   for (int64_t j = lane; j < n; j += kWarp) {
     const float yv = to_f32(y[base + j]), g = to_f32(dy[base + j]);
@@ -189,8 +190,8 @@ template <typename T>
 void softmax_backward_cuda(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols,
                            cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  launch<softmax_backward_kernel<T>>(blocks_for_rows(rows), kWarpsPerBlock * kWarp, stream, log, y, dy, beta, dx,
-                                     rows, cols);
+  launch<softmax_backward_kernel<T>>(blocks_for_rows(rows), kWarpsPerBlock * kWarp, stream, log, y, dy, beta, dx, rows,
+                                     cols);
 }
 
 template <typename T>
@@ -207,17 +208,17 @@ void dropout_backward_cuda(uint64_t seed, uint64_t offset, float p, float scale,
   launch<dropout_backward_kernel<T>>(blocks_for(n), kThreads, stream, seed, offset, p, scale, dy, beta, dx, n);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                       \
-  template void binary_forward_cuda(const BroadcastGeometry&, BinaryOp, const T*, const T*, T*, cudaStream_t);       \
-  template void binary_backward_cuda(const BroadcastGeometry&, BinaryOp, int, const T*, const T*, const T*, float,   \
-                                     T*, cudaStream_t);                                                              \
-  template void scalar_forward_cuda(BinaryOp, bool, float, const T*, T*, int64_t, cudaStream_t);                     \
-  template void scalar_backward_cuda(BinaryOp, bool, float, const T*, const T*, float, T*, int64_t, cudaStream_t);   \
-  template void unary_forward_cuda(UnaryOp, const T*, T*, int64_t, cudaStream_t);                                    \
-  template void unary_backward_cuda(UnaryOp, const T*, const T*, float, T*, int64_t, cudaStream_t);                  \
-  template void softmax_forward_cuda(bool, const T*, T*, int64_t, int64_t, cudaStream_t);                            \
-  template void softmax_backward_cuda(bool, const T*, const T*, float, T*, int64_t, int64_t, cudaStream_t);          \
-  template void dropout_forward_cuda(uint64_t, uint64_t, float, float, const T*, T*, int64_t, cudaStream_t);         \
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void binary_forward_cuda(const BroadcastGeometry&, BinaryOp, const T*, const T*, T*, cudaStream_t);         \
+  template void binary_backward_cuda(const BroadcastGeometry&, BinaryOp, int, const T*, const T*, const T*, float, T*, \
+                                     cudaStream_t);                                                                    \
+  template void scalar_forward_cuda(BinaryOp, bool, float, const T*, T*, int64_t, cudaStream_t);                       \
+  template void scalar_backward_cuda(BinaryOp, bool, float, const T*, const T*, float, T*, int64_t, cudaStream_t);     \
+  template void unary_forward_cuda(UnaryOp, const T*, T*, int64_t, cudaStream_t);                                      \
+  template void unary_backward_cuda(UnaryOp, const T*, const T*, float, T*, int64_t, cudaStream_t);                    \
+  template void softmax_forward_cuda(bool, const T*, T*, int64_t, int64_t, cudaStream_t);                              \
+  template void softmax_backward_cuda(bool, const T*, const T*, float, T*, int64_t, int64_t, cudaStream_t);            \
+  template void dropout_forward_cuda(uint64_t, uint64_t, float, float, const T*, T*, int64_t, cudaStream_t);           \
   template void dropout_backward_cuda(uint64_t, uint64_t, float, float, const T*, float, T*, int64_t, cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

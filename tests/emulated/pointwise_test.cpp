@@ -46,13 +46,13 @@ struct ShapePair {
 };
 // Same shapes across block edges, a trailing operand, both operands broadcast, the smaller first,
 // a size-1 operand, and an empty output (the broadcast operand's gradient is 0).
-const ShapePair kShapes[] = {{{3, 257}, {3, 257}}, {{5, 67}, {67}},  {{7, 1, 3}, {1, 40, 1}},
+const ShapePair kShapes[] = {{{3, 257}, {3, 257}}, {{5, 67}, {67}}, {{7, 1, 3}, {1, 40, 1}},
                              {{9}, {4, 3, 9}},     {{1}, {2, 130}}, {{0, 3}, {3}}};
 
 template <typename T>
 void expect_binary_matches_the_cpu(const ShapePair& s, BinaryOp op) {
-  const auto g = kernels::broadcast_geometry(s.a.data(), static_cast<int>(s.a.size()), s.b.data(),
-                                             static_cast<int>(s.b.size()));
+  const auto g =
+      kernels::broadcast_geometry(s.a.data(), static_cast<int>(s.a.size()), s.b.data(), static_cast<int>(s.b.size()));
   const int64_t n = g.numel(0), na = g.numel(1), nb = g.numel(2);
   const auto a = values<T>(na, 1), b = values<T>(nb, 2, 0.5f, 2.0f), dy = values<T>(n, 3);
   auto y = destination<T>(n, 0.0f, 0), want = y;

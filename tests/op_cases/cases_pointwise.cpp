@@ -68,9 +68,9 @@ const BinaryForm kBinaryForms[] = {
 };
 
 void binary_cases(std::vector<OpCase>& cases) {
-  const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{3, 5}, {3, 5}}, {{4, 7}, {7}}, {{2, 3, 5}, {3, 5}}, {{3, 1}, {1, 4}}, {{5}, {2, 3, 5}}, {{2, 1, 3}, {4, 1}},
-      {{1}, {3, 2}}};
+  const std::vector<std::pair<Shape, Shape>> shapes = {{{3, 5}, {3, 5}}, {{4, 7}, {7}},    {{2, 3, 5}, {3, 5}},
+                                                       {{3, 1}, {1, 4}}, {{5}, {2, 3, 5}}, {{2, 1, 3}, {4, 1}},
+                                                       {{1}, {3, 2}}};
   for (const BinaryForm& form : kBinaryForms)
     for (std::size_t k = 0; k < shapes.size(); ++k)
       for (DType dtype : kDTypes) {
@@ -132,9 +132,7 @@ void scalar_cases(std::vector<OpCase>& cases) {
 }
 
 double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
-double gelu_tanh(double x) {
-  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 void activation_cases(std::vector<OpCase>& cases) {
   const ScalarForm forms[] = {
