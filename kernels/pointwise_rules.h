@@ -109,40 +109,65 @@ CUMULUS_HOST_DEVICE void broadcast_offsets(const BroadcastGeometry& g, int64_t i
   ib += i * g.strides[2][0];
 }
 
-// The gradient of element j of operand `operand` (0: a, 1: b), in f32: the sum of binary_grad over
-// the output elements that read it, in row-major order (Note [Broadcast geometry]).
-template <typename T>
-CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, BinaryOp op, int operand, int64_t j,
-                                                 const T* a, const T* b, const T* dy) {
-  const int64_t* own = g.strides[1 + operand];
-  int64_t base[3] = {0, 0, 0};  // offsets of the first output element reading j: output, a, b
-  int reduced[BroadcastGeometry::kMaxDims];
+// The walk over the output elements that read element j of an operand (Note [Broadcast
+// geometry]): `base` holds the offsets of the current one into the output, a and b; an odometer
+// over the reduced dimensions (innermost first) moves it in row-major order.
+struct GradWalk {
+  int64_t base[3] = {0, 0, 0};
+  int reduced[BroadcastGeometry::kMaxDims] = {};
+  int64_t count[BroadcastGeometry::kMaxDims] = {};
   int nreduced = 0;
+  bool empty = false;  // no output element reads j (an empty output)
+};
+
+CUMULUS_HOST_DEVICE GradWalk grad_walk_start(const BroadcastGeometry& g, int operand, int64_t j) {
+  const int64_t* own = g.strides[1 + operand];
+  GradWalk w;
   for (int d = g.ndim - 1; d >= 0; --d) {
     if (own[d] == 0) {
-      if (g.dims[d] == 0) return 0.0f;             // read by no output element: an empty output
-      if (g.dims[d] > 1) reduced[nreduced++] = d;  // innermost first
+      if (g.dims[d] == 0) w.empty = true;
+      if (g.dims[d] > 1) w.reduced[w.nreduced++] = d;
       continue;
     }
     const int64_t k = j % g.dims[d];
     j /= g.dims[d];
-    for (int s = 0; s < 3; ++s) base[s] += k * g.strides[s][d];
+    for (int s = 0; s < 3; ++s) w.base[s] += k * g.strides[s][d];
   }
-  int64_t count[BroadcastGeometry::kMaxDims] = {0, 0, 0, 0};
+  return w;
+}
+
+// Moves to the next output element reading j; false after the last.
+CUMULUS_HOST_DEVICE bool grad_walk_next(const BroadcastGeometry& g, GradWalk& w) {
+  for (int r = 0; r < w.nreduced; ++r) {
+    const int d = w.reduced[r];
+    for (int s = 0; s < 3; ++s) w.base[s] += g.strides[s][d];
+    if (++w.count[r] < g.dims[d]) return true;
+    for (int s = 0; s < 3; ++s) w.base[s] -= w.count[r] * g.strides[s][d];
+    w.count[r] = 0;
+  }
+  return false;
+}
+
+// binary_grad for the output element at offsets (o, ia, ib); a or b may be null where op does not read it.
+template <typename T>
+CUMULUS_HOST_DEVICE float binary_grad_at(BinaryOp op, int operand, const T* a, const T* b, const T* dy, int64_t o,
+                                         int64_t ia, int64_t ib) {
+  const float av = a != nullptr ? to_f32(a[ia]) : 0.0f, bv = b != nullptr ? to_f32(b[ib]) : 0.0f;
+  return binary_grad(op, operand, to_f32(dy[o]), av, bv);
+}
+
+// The gradient of element j of operand `operand` (0: a, 1: b), in f32: the sum of binary_grad over
+// the output elements that read it, from 0 in row-major order (Note [Broadcast geometry]).
+template <typename T>
+CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, BinaryOp op, int operand, int64_t j,
+                                                 const T* a, const T* b, const T* dy) {
+  GradWalk w = grad_walk_start(g, operand, j);
   float sum = 0.0f;
-  while (true) {
-    const float av = a != nullptr ? to_f32(a[base[1]]) : 0.0f, bv = b != nullptr ? to_f32(b[base[2]]) : 0.0f;
-    sum += binary_grad(op, operand, to_f32(dy[base[0]]), av, bv);
-    int r = 0;  // the odometer over the reduced dimensions, innermost fastest
-    for (; r < nreduced; ++r) {
-      const int d = reduced[r];
-      for (int s = 0; s < 3; ++s) base[s] += g.strides[s][d];
-      if (++count[r] < g.dims[d]) break;
-      for (int s = 0; s < 3; ++s) base[s] -= count[r] * g.strides[s][d];
-      count[r] = 0;
-    }
-    if (r == nreduced) return sum;
-  }
+  if (w.empty) return sum;
+  do {
+    sum += binary_grad_at(op, operand, a, b, dy, w.base[0], w.base[1], w.base[2]);
+  } while (grad_walk_next(g, w));
+  return sum;
 }
 
 // ---- tensor op scalar ----

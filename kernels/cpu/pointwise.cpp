@@ -1,5 +1,6 @@
 // The pointwise ops on the CPU: plain loops over kernels/pointwise_rules.h. Where beta is 0 the
 // destination is never read.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/pointwise_kernels.h"
@@ -10,26 +11,75 @@ namespace {
 inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
 }  // namespace
 
-template <typename T>
-void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
-  const int64_t n = g.numel(0);
-  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: no index arithmetic
-    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(binary_apply(op, to_f32(a[i]), to_f32(b[i])));
-    return;
+// Calls fn(o, ia, ib) for every output element o in row-major order, with its offsets into a and
+// b: nested loops over the geometry's dimensions (padded in front to four), so no element pays the
+// divisions of broadcast_offsets. The innermost loop steps the offsets by their strides.
+template <typename Fn>
+void for_each_output(const BroadcastGeometry& g, Fn fn) {
+  constexpr int kDims = BroadcastGeometry::kMaxDims;
+  int64_t dims[kDims], sa[kDims], sb[kDims];
+  for (int d = 0; d < kDims; ++d) {
+    const int k = d - (kDims - g.ndim);  // the geometry's dimension, or padding
+    dims[d] = k >= 0 ? g.dims[k] : 1;
+    sa[d] = k >= 0 ? g.strides[1][k] : 0;
+    sb[d] = k >= 0 ? g.strides[2][k] : 0;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t ia, ib;
-    broadcast_offsets(g, i, ia, ib);
-    y[i] = from_f32<T>(binary_apply(op, to_f32(a[ia]), to_f32(b[ib])));
-  }
+  int64_t o = 0;
+  for (int64_t i0 = 0; i0 < dims[0]; ++i0)
+    for (int64_t i1 = 0; i1 < dims[1]; ++i1)
+      for (int64_t i2 = 0; i2 < dims[2]; ++i2) {
+        const int64_t a0 = i0 * sa[0] + i1 * sa[1] + i2 * sa[2], b0 = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+        for (int64_t i3 = 0; i3 < dims[3]; ++i3, ++o) fn(o, a0 + i3 * sa[3], b0 + i3 * sb[3]);
+      }
 }
 
+template <typename T>
+void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
+  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
+    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(op, to_f32(a[i]), to_f32(b[i])));
+    return;
+  }
+  for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
+    y[o] = from_f32<T>(binary_apply(op, to_f32(a[ia]), to_f32(b[ib])));
+  });
+}
+
+// An operand that is not broadcast gets one term per element: written in the output's order (no
+// sum, so the bits are broadcast_grad_element's). A broadcast one sums per element in the order
+// Note [Broadcast geometry] fixes.
 template <typename T>
 void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
                          float beta, T* dx) {
   const int64_t n = g.numel(1 + operand);
-  for (int64_t j = 0; j < n; ++j)
-    dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
+  if (n == g.numel(0)) {
+    for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
+      const int64_t j = operand == 0 ? ia : ib;
+      dx[j] = from_f32<T>(blend(binary_grad_at(op, operand, a, b, dy, o, ia, ib), beta, to_f32(dx[j])));
+    });
+    return;
+  }
+  if (g.strides[1 + operand][g.ndim - 1] == 0) {  // a broadcast innermost dimension: one element at a time
+    for (int64_t j = 0; j < n; ++j)
+      dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
+    return;
+  }
+  // The operand keeps the innermost dimension ([B, n] -> [n]): up to kBlock neighbours walk together,
+  // so each output row is read in order rather than one element per row; each element's sum still
+  // starts at 0 and adds in broadcast_grad_element's order, so the bits are the same.
+  constexpr int64_t kBlock = 64;
+  const int last = g.ndim - 1;
+  const int64_t so = g.strides[0][last], sa = g.strides[1][last], sb = g.strides[2][last];
+  for (int64_t j0 = 0; j0 < n;) {
+    const int64_t count = std::min({kBlock, g.dims[last] - j0 % g.dims[last], n - j0});
+    float acc[kBlock] = {};
+    GradWalk w = grad_walk_start(g, operand, j0);
+    if (!w.empty) do {
+        for (int64_t k = 0; k < count; ++k)
+          acc[k] += binary_grad_at(op, operand, a, b, dy, w.base[0] + k * so, w.base[1] + k * sa, w.base[2] + k * sb);
+      } while (grad_walk_next(g, w));
+    for (int64_t k = 0; k < count; ++k) dx[j0 + k] = from_f32<T>(blend(acc[k], beta, to_f32(dx[j0 + k])));
+    j0 += count;
+  }
 }
 
 template <typename T>
