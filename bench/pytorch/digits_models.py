@@ -5,7 +5,8 @@ micro-batches accumulated into optimizer steps (each step the mean over its grou
 --init starts from cumulus's initial weights (`digits --save-init`, loaded with strict=True) with
 dropout off and batches in order, as `digits --compare` runs, and prints the loss of every
 optimizer step as JSON lines for bench/pytorch/compare_digits.py.
-  python3 digits_models.py [--model resmlp|attention] [--init FILE] [--epochs N] [--data digits.csv.gz]"""
+  python3 digits_models.py [--model resmlp|attention] [--init FILE] [--epochs N] [--data digits.csv.gz]
+                           [--micro-batch M] [--accum N]"""
 import argparse
 import gzip
 import json
@@ -61,13 +62,16 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--model", choices=["resmlp", "attention"], default="resmlp")
 parser.add_argument("--init", help="cumulus's initial weights: compare mode (dropout off, batches in order)")
 parser.add_argument("--epochs", type=int, default=20)
+parser.add_argument("--micro-batch", type=int, default=16)
+parser.add_argument("--accum", type=int, default=4)
 parser.add_argument("--data", default=os.path.join(os.path.dirname(sklearn.__file__), "datasets/data/digits.csv.gz"))
 args = parser.parse_args()
-micro_batch, accum_steps, dropout = 16, 4, 0.0 if args.init else 0.1
+micro_batch, accum_steps, dropout = args.micro_batch, args.accum, 0.0 if args.init else 0.1
 
 data = torch.from_numpy(np.loadtxt(gzip.open(args.data), delimiter=",", dtype=np.float32))
 x, y = data[:, :64] / 16, data[:, 64].long()
-x_train, y_train, x_test, y_test = x[:1500], y[:1500], x[1500:], y[1500:]
+n_train = min(1500, len(x) * 5 // 6)
+x_train, y_train, x_test, y_test = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 torch.manual_seed(0)
 model = ResMLP(dropout) if args.model == "resmlp" else Attention(dropout)
 if args.init:

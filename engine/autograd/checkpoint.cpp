@@ -24,10 +24,9 @@
 //    num_batches_tracked) were updated by the first run; while recomputing() is true it normalizes
 //    with the batch's statistics as before but leaves the running ones alone, so they too equal the
 //    stored run's.
-//  - Randomness. No op draws random numbers during a forward today (Generator is used for
-//    initialization, on the host). An op that does (dropout) must take its seed and counter from
-//    state captured when the checkpoint records (Generator's seed and offset are the full state)
-//    and replay them while recomputing().
+//  - Randomness. ops::dropout draws its mask from (seed, offset) given by its caller, so a
+//    recomputation must pass the first run's: nn::Dropout counts its calls for the offset and,
+//    while recomputing(), reuses its last one without counting (engine/nn/activation_layers.cpp).
 // Nesting works: a checkpoint inside a recomputed segment records its own node during the
 // recompute and recomputes its part again when reached.
 //

@@ -38,8 +38,10 @@
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/tensor_ops.h"
 
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"

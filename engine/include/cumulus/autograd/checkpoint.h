@@ -26,7 +26,7 @@ using SegmentFunction = std::function<Tensor(const Tensor&)>;
 // `parameters`: every tensor requiring grad that `segment` uses other than `input` (a module's
 // parameters()); a gradient reaches only these and `input`. `segment` must compute the same
 // values when called twice on the same input: ops that update state in a training forward check
-// recomputing() (batch norm's running statistics); no op draws random numbers today.
+// recomputing() (batch norm's running statistics, nn::Dropout's call count).
 Tensor checkpoint(const SegmentFunction& segment, const Tensor& input, const std::vector<Tensor>& parameters);
 
 // Whether this thread is recomputing a segment in backward: state a forward updates (running

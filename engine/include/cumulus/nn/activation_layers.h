@@ -1,0 +1,56 @@
+// Modules for the pointwise activations and dropout (ops in cumulus/ops/pointwise.h). None has
+// parameters or buffers, so they add nothing to a state dict, as PyTorch's.
+#pragma once
+
+#include <cstdint>
+
+#include "cumulus/nn/module.h"
+#include "cumulus/ops/pointwise.h"
+
+namespace cumulus::nn {
+
+class GELU : public Module {
+ public:
+  explicit GELU(ops::GeluApproximation approximate = ops::GeluApproximation::none) : approximate_(approximate) {}
+  Tensor forward(const Tensor& x) override { return ops::gelu(x, approximate_); }
+
+ private:
+  ops::GeluApproximation approximate_;
+};
+
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::tanh(x); }
+};
+
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::sigmoid(x); }
+};
+
+// ops::dropout with probability p while the module is training (the identity in eval mode). Each
+// training call uses the offset `calls()` and advances it, so successive micro-batches get
+// different masks and a run is reproducible from the seed (and from a restored offset: set_calls).
+// Inside a recompute segment (Note [Recompute] in engine/autograd/checkpoint.cpp) the recomputed
+// forward reuses the offset of the module's last call and does not advance: the mask is the first
+// run's, so the gradients are a stored run's. That holds when the module runs once per forward, as
+// a layer of a Sequential does; a Dropout called twice inside one checkpointed segment would replay
+// its second mask for both calls (use two modules).
+class Dropout : public Module {
+ public:
+  explicit Dropout(float p = 0.5f, uint64_t seed = 0);
+  Tensor forward(const Tensor& x) override;
+  float p() const { return p_; }
+  uint64_t seed() const { return seed_; }
+  // Training calls so far: the offset of the next one.
+  uint64_t calls() const { return calls_; }
+  void set_calls(uint64_t calls) { calls_ = calls; }
+
+ private:
+  float p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
+  uint64_t last_offset_ = 0;
+};
+
+}  // namespace cumulus::nn

@@ -1,0 +1,77 @@
+// Pointwise ops: arithmetic with broadcasting, its operators on Tensor, tanh / sigmoid / gelu,
+// softmax and log_softmax over the last dimension, dropout. Each records its backward, runs on the
+// CPU and CUDA, and takes f32, bf16 or f16 (16-bit storage, f32 arithmetic; the output has the
+// input's type). Implemented in engine/ops/arithmetic.cpp, activations.cpp, softmax.cpp, dropout.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "cumulus/tensor/tensor.h"
+
+namespace cumulus::ops {
+
+// ---- arithmetic ----
+// a op b elementwise with numpy's broadcasting: shapes are aligned at their last dimension, and
+// each dimension must be equal or 1 in one of them (a dimension of size 1, or a missing leading
+// one, repeats): [B, n] + [n], [B, T, n] * [T, n], [B, 1] - [1, n] -> [B, n]. Both operands need
+// the same floating dtype and device (cast one first: no implicit promotion). The backward sums an
+// operand's gradient over the dimensions it was broadcast along. The same tensor may be both
+// operands (x * x). mul saves the operands the gradient needs (b for a's, a for b's); div saves b,
+// and a when b needs a gradient; add and sub save nothing.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+// With a scalar: x op s, and s op x (rsub: s - x, rdiv: s / x). The scalar is f32.
+Tensor add(const Tensor& x, float s);
+Tensor sub(const Tensor& x, float s);
+Tensor mul(const Tensor& x, float s);
+Tensor div(const Tensor& x, float s);
+Tensor rsub(float s, const Tensor& x);
+Tensor rdiv(float s, const Tensor& x);
+Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1)
+
+// ---- activations (PyTorch's formulas) ----
+Tensor tanh(const Tensor& x);     // saves its output: dx = dy (1 - y^2)
+Tensor sigmoid(const Tensor& x);  // saves its output: dx = dy y (1 - y)
+// gelu(x) = x Phi(x) with Phi the normal CDF (erf form), or PyTorch's approximate = "tanh" form
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Saves its input.
+enum class GeluApproximation { none, tanh };
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
+
+// ---- softmax over the last dimension (any leading shape; at least one dimension) ----
+// Around each row's maximum, so no exp overflows. Both save their output.
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+
+// ---- dropout ----
+// While `training` with p > 0: y = x * keep / (1 - p), element i kept when dropout_keeps(seed,
+// offset, i, p) (Note [Dropout mask] in kernels/pointwise_rules.h): a counter-based mask, the same
+// on CPU and CUDA, that the backward recomputes instead of saving (no mask tensor is kept). Give
+// each call its own offset for a fresh mask (nn::Dropout counts its calls). Not training, or
+// p = 0: x itself, unrecorded. p must be in [0, 1).
+Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, uint64_t offset);
+// Whether element `index` of dropout(x, p, true, seed, offset) is kept: the mask itself, for
+// references and tests.
+bool dropout_keeps(uint64_t seed, uint64_t offset, int64_t index, float p);
+
+}  // namespace cumulus::ops
+
+namespace cumulus {
+
+// The arithmetic operators, recorded as the ops above (found by argument-dependent lookup).
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return ops::add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return ops::sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return ops::mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return ops::div(a, b); }
+inline Tensor operator+(const Tensor& x, float s) { return ops::add(x, s); }
+inline Tensor operator-(const Tensor& x, float s) { return ops::sub(x, s); }
+inline Tensor operator*(const Tensor& x, float s) { return ops::mul(x, s); }
+inline Tensor operator/(const Tensor& x, float s) { return ops::div(x, s); }
+inline Tensor operator+(float s, const Tensor& x) { return ops::add(x, s); }
+inline Tensor operator-(float s, const Tensor& x) { return ops::rsub(s, x); }
+inline Tensor operator*(float s, const Tensor& x) { return ops::mul(x, s); }
+inline Tensor operator/(float s, const Tensor& x) { return ops::rdiv(s, x); }
+inline Tensor operator-(const Tensor& x) { return ops::neg(x); }
+
+}  // namespace cumulus

@@ -1,0 +1,175 @@
+// The pointwise ops on the CPU: plain loops over kernels/pointwise_rules.h. Where beta is 0 the
+// destination is never read.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/pointwise_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
+}  // namespace
+
+// Calls fn(o, ia, ib) for every output element o in row-major order, with its offsets into a and
+// b: nested loops over the geometry's dimensions (padded in front to four), so no element pays the
+// divisions of broadcast_offsets. The innermost loop steps the offsets by their strides.
+template <typename Fn>
+void for_each_output(const BroadcastGeometry& g, Fn fn) {
+  constexpr int kDims = BroadcastGeometry::kMaxDims;
+  int64_t dims[kDims], sa[kDims], sb[kDims];
+  for (int d = 0; d < kDims; ++d) {
+    const int k = d - (kDims - g.ndim);  // the geometry's dimension, or padding
+    dims[d] = k >= 0 ? g.dims[k] : 1;
+    sa[d] = k >= 0 ? g.strides[1][k] : 0;
+    sb[d] = k >= 0 ? g.strides[2][k] : 0;
+  }
+  int64_t o = 0;
+  for (int64_t i0 = 0; i0 < dims[0]; ++i0)
+    for (int64_t i1 = 0; i1 < dims[1]; ++i1)
+      for (int64_t i2 = 0; i2 < dims[2]; ++i2) {
+        const int64_t a0 = i0 * sa[0] + i1 * sa[1] + i2 * sa[2], b0 = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+        for (int64_t i3 = 0; i3 < dims[3]; ++i3, ++o) fn(o, a0 + i3 * sa[3], b0 + i3 * sb[3]);
+      }
+}
+
+template <typename T>
+void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
+  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
+    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(op, to_f32(a[i]), to_f32(b[i])));
+    return;
+  }
+  for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
+    y[o] = from_f32<T>(binary_apply(op, to_f32(a[ia]), to_f32(b[ib])));
+  });
+}
+
+// An operand that is not broadcast gets one term per element: written in the output's order (no
+// sum, so the bits are broadcast_grad_element's). A broadcast one sums per element in the order
+// Note [Broadcast geometry] fixes.
+template <typename T>
+void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
+                         float beta, T* dx) {
+  const int64_t n = g.numel(1 + operand);
+  if (n == g.numel(0)) {
+    for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
+      const int64_t j = operand == 0 ? ia : ib;
+      dx[j] = from_f32<T>(blend(binary_grad_at(op, operand, a, b, dy, o, ia, ib), beta, to_f32(dx[j])));
+    });
+    return;
+  }
+  if (g.strides[1 + operand][g.ndim - 1] == 0) {  // a broadcast innermost dimension: one element at a time
+    for (int64_t j = 0; j < n; ++j)
+      dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
+    return;
+  }
+  // The operand keeps the innermost dimension ([B, n] -> [n]): up to kBlock neighbours walk together,
+  // so each output row is read in order rather than one element per row; each element's sum still
+  // starts at 0 and adds in broadcast_grad_element's order, so the bits are the same.
+  constexpr int64_t kBlock = 64;
+  const int last = g.ndim - 1;
+  const int64_t so = g.strides[0][last], sa = g.strides[1][last], sb = g.strides[2][last];
+  for (int64_t j0 = 0; j0 < n;) {
+    const int64_t count = std::min({kBlock, g.dims[last] - j0 % g.dims[last], n - j0});
+    float acc[kBlock] = {};
+    GradWalk w = grad_walk_start(g, operand, j0);
+    if (!w.empty) do {
+        for (int64_t k = 0; k < count; ++k)
+          acc[k] += binary_grad_at(op, operand, a, b, dy, w.base[0] + k * so, w.base[1] + k * sa, w.base[2] + k * sb);
+      } while (grad_walk_next(g, w));
+    for (int64_t k = 0; k < count; ++k) dx[j0 + k] = from_f32<T>(blend(acc[k], beta, to_f32(dx[j0 + k])));
+    j0 += count;
+  }
+}
+
+template <typename T>
+void scalar_forward_cpu(BinaryOp op, bool reversed, float s, const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(op, reversed, to_f32(x[i]), s));
+}
+
+template <typename T>
+void scalar_backward_cpu(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
+    dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
+  }
+}
+
+template <typename T>
+void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
+}
+
+template <typename T>
+void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
+}
+
+template <typename T>
+void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, to_f32(xr[j]));
+    float s = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) s += std::exp(to_f32(xr[j]) - m);
+    if (log) {
+      const float log_s = std::log(s);
+      for (int64_t j = 0; j < cols; ++j) yr[j] = from_f32<T>((to_f32(xr[j]) - m) - log_s);
+    } else {
+      const float inv = 1.0f / s;
+      for (int64_t j = 0; j < cols; ++j) yr[j] = from_f32<T>(std::exp(to_f32(xr[j]) - m) * inv);
+    }
+  }
+}
+
+template <typename T>
+void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *yr = y + r * cols, *dyr = dy + r * cols;
+    T* dxr = dx + r * cols;
+    float s = 0.0f;  // log_softmax: sum(dy); softmax: sum(dy y)
+    for (int64_t j = 0; j < cols; ++j) s += log ? to_f32(dyr[j]) : to_f32(dyr[j]) * to_f32(yr[j]);
+    for (int64_t j = 0; j < cols; ++j) {
+      const float yv = to_f32(yr[j]), g = to_f32(dyr[j]);
+      const float v = log ? g - std::exp(yv) * s : yv * (g - s);
+      dxr[j] = from_f32<T>(blend(v, beta, to_f32(dxr[j])));
+    }
+  }
+}
+
+template <typename T>
+void dropout_forward_cpu(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y, int64_t n) {
+  const uint64_t key = dropout_key(seed, offset);
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
+}
+
+template <typename T>
+void dropout_backward_cpu(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta, T* dx,
+                          int64_t n) {
+  const uint64_t key = dropout_key(seed, offset);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
+    dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+  }
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void binary_forward_cpu(const BroadcastGeometry&, BinaryOp, const T*, const T*, T*);                        \
+  template void binary_backward_cpu(const BroadcastGeometry&, BinaryOp, int, const T*, const T*, const T*, float, T*); \
+  template void scalar_forward_cpu(BinaryOp, bool, float, const T*, T*, int64_t);                                      \
+  template void scalar_backward_cpu(BinaryOp, bool, float, const T*, const T*, float, T*, int64_t);                    \
+  template void unary_forward_cpu(UnaryOp, const T*, T*, int64_t);                                                     \
+  template void unary_backward_cpu(UnaryOp, const T*, const T*, float, T*, int64_t);                                   \
+  template void softmax_forward_cpu(bool, const T*, T*, int64_t, int64_t);                                             \
+  template void softmax_backward_cpu(bool, const T*, const T*, float, T*, int64_t, int64_t);                           \
+  template void dropout_forward_cpu(uint64_t, uint64_t, float, float, const T*, T*, int64_t);                          \
+  template void dropout_backward_cpu(uint64_t, uint64_t, float, float, const T*, float, T*, int64_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels

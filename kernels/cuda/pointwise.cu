@@ -1,0 +1,228 @@
+// The pointwise ops on CUDA. Elementwise kernels: one thread per element over a grid-stride loop,
+// each element by the CPU's rule (kernels/pointwise_rules.h), so results equal the CPU's bit for bit
+// (up to the device's own expf/tanhf/erff). A broadcast operand's gradient: one thread per element
+// of the operand, summing the output elements that read it in the CPU's order (Note [Broadcast
+// geometry]), so no atomics and the same bits. Softmax: one warp per row, the maximum and the sums
+// reduced with shuffles, as cross_entropy's kernels. Where beta is 0 the destination is never read.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pointwise_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+using cuda_common::blend;
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
+using cuda_common::launch;
+
+template <typename T>
+__global__ void binary_forward_kernel(BroadcastGeometry g, BinaryOp op, const T* a, const T* b, T* y, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) {
+    int64_t ia, ib;
+    broadcast_offsets(g, i, ia, ib);
+    y[i] = from_f32<T>(binary_apply(op, to_f32(a[ia]), to_f32(b[ib])));
+  }
+}
+
+template <typename T>
+__global__ void binary_backward_kernel(BroadcastGeometry g, BinaryOp op, int operand, const T* a, const T* b,
+                                       const T* dy, float beta, T* dx, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(j, n) {
+    dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
+  }
+}
+
+template <typename T>
+__global__ void scalar_forward_kernel(BinaryOp op, bool reversed, float s, const T* x, T* y, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(scalar_apply(op, reversed, to_f32(x[i]), s));
+}
+
+template <typename T>
+__global__ void scalar_backward_kernel(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta, T* dx,
+                                       int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) {
+    const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
+    dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
+  }
+}
+
+template <typename T>
+__global__ void unary_forward_kernel(UnaryOp op, const T* x, T* y, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
+}
+
+template <typename T>
+__global__ void unary_backward_kernel(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+  CUMULUS_GRID_STRIDE_LOOP(i, n) {
+    dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
+  }
+}
+
+template <typename T>
+__global__ void dropout_forward_kernel(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y,
+                                       int64_t n) {
+  const uint64_t key = dropout_key(seed, offset);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
+}
+
+template <typename T>
+__global__ void dropout_backward_kernel(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta,
+                                        T* dx, int64_t n) {
+  const uint64_t key = dropout_key(seed, offset);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) {
+    const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
+    dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+  }
+}
+
+// ---- softmax: one warp per row ----
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Every lane of a block's warps takes part in the shuffles, rows past the end included (they read
+// nothing and write nothing), so the full-mask shuffles are well defined.
+template <typename T>
+__global__ void softmax_forward_kernel(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const bool active = row < rows;
+  const T* xr = x + (active ? row * cols : 0);
+  const int64_t n = active ? cols : 0;
+  float m = -INFINITY;
+  for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, to_f32(xr[j]));
+  m = warp_max(m);
+  float s = 0.0f;
+  for (int64_t j = lane; j < n; j += kWarp) s += expf(to_f32(xr[j]) - m);
+  s = warp_sum(s);
+  T* yr = y + (active ? row * cols : 0);
+  if (log) {
+    const float log_s = logf(s);
+    for (int64_t j = lane; j < n; j += kWarp) yr[j] = from_f32<T>((to_f32(xr[j]) - m) - log_s);
+  } else {
+    const float inv = 1.0f / s;
+    for (int64_t j = lane; j < n; j += kWarp) yr[j] = from_f32<T>(expf(to_f32(xr[j]) - m) * inv);
+  }
+}
+
+template <typename T>
+__global__ void softmax_backward_kernel(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows,
+                                        int64_t cols) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const bool active = row < rows;
+  const int64_t base = active ? row * cols : 0, n = active ? cols : 0;
+  float s = 0.0f;
+  for (int64_t j = lane; j < n; j += kWarp)
+    s += log ? to_f32(dy[base + j]) : to_f32(dy[base + j]) * to_f32(y[base + j]);
+  s = warp_sum(s);
+  for (int64_t j = lane; j < n; j += kWarp) {
+    const float yv = to_f32(y[base + j]), g = to_f32(dy[base + j]);
+    const float v = log ? g - expf(yv) * s : yv * (g - s);
+    dx[base + j] = from_f32<T>(blend(v, beta, to_f32(dx[base + j])));
+  }
+}
+
+inline unsigned blocks_for_rows(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+template <typename T>
+void binary_forward_cuda(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y, cudaStream_t stream) {
+  const int64_t n = g.numel(0);
+  if (n == 0) return;
+  launch<binary_forward_kernel<T>>(blocks_for(n), kThreads, stream, g, op, a, b, y, n);
+}
+
+template <typename T>
+void binary_backward_cuda(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
+                          float beta, T* dx, cudaStream_t stream) {
+  const int64_t n = g.numel(1 + operand);
+  if (n == 0) return;
+  launch<binary_backward_kernel<T>>(blocks_for(n), kThreads, stream, g, op, operand, a, b, dy, beta, dx, n);
+}
+
+template <typename T>
+void scalar_forward_cuda(BinaryOp op, bool reversed, float s, const T* x, T* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch<scalar_forward_kernel<T>>(blocks_for(n), kThreads, stream, op, reversed, s, x, y, n);
+}
+
+template <typename T>
+void scalar_backward_cuda(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta, T* dx, int64_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  launch<scalar_backward_kernel<T>>(blocks_for(n), kThreads, stream, op, reversed, s, x, dy, beta, dx, n);
+}
+
+template <typename T>
+void unary_forward_cuda(UnaryOp op, const T* x, T* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch<unary_forward_kernel<T>>(blocks_for(n), kThreads, stream, op, x, y, n);
+}
+
+template <typename T>
+void unary_backward_cuda(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch<unary_backward_kernel<T>>(blocks_for(n), kThreads, stream, op, saved, dy, beta, dx, n);
+}
+
+template <typename T>
+void softmax_forward_cuda(bool log, const T* x, T* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  launch<softmax_forward_kernel<T>>(blocks_for_rows(rows), kWarpsPerBlock * kWarp, stream, log, x, y, rows, cols);
+}
+
+template <typename T>
+void softmax_backward_cuda(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols,
+                           cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  launch<softmax_backward_kernel<T>>(blocks_for_rows(rows), kWarpsPerBlock * kWarp, stream, log, y, dy, beta, dx, rows,
+                                     cols);
+}
+
+template <typename T>
+void dropout_forward_cuda(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y, int64_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  launch<dropout_forward_kernel<T>>(blocks_for(n), kThreads, stream, seed, offset, p, scale, x, y, n);
+}
+
+template <typename T>
+void dropout_backward_cuda(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta, T* dx,
+                           int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch<dropout_backward_kernel<T>>(blocks_for(n), kThreads, stream, seed, offset, p, scale, dy, beta, dx, n);
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void binary_forward_cuda(const BroadcastGeometry&, BinaryOp, const T*, const T*, T*, cudaStream_t);         \
+  template void binary_backward_cuda(const BroadcastGeometry&, BinaryOp, int, const T*, const T*, const T*, float, T*, \
+                                     cudaStream_t);                                                                    \
+  template void scalar_forward_cuda(BinaryOp, bool, float, const T*, T*, int64_t, cudaStream_t);                       \
+  template void scalar_backward_cuda(BinaryOp, bool, float, const T*, const T*, float, T*, int64_t, cudaStream_t);     \
+  template void unary_forward_cuda(UnaryOp, const T*, T*, int64_t, cudaStream_t);                                      \
+  template void unary_backward_cuda(UnaryOp, const T*, const T*, float, T*, int64_t, cudaStream_t);                    \
+  template void softmax_forward_cuda(bool, const T*, T*, int64_t, int64_t, cudaStream_t);                              \
+  template void softmax_backward_cuda(bool, const T*, const T*, float, T*, int64_t, int64_t, cudaStream_t);            \
+  template void dropout_forward_cuda(uint64_t, uint64_t, float, float, const T*, T*, int64_t, cudaStream_t);           \
+  template void dropout_backward_cuda(uint64_t, uint64_t, float, float, const T*, float, T*, int64_t, cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,247 @@
+// The pointwise ops' arithmetic, shared by the CPU loops (kernels/cpu/pointwise.cpp) and the CUDA
+// kernels (kernels/cuda/pointwise.cu) through CUMULUS_HOST_DEVICE: the element rules of add, sub,
+// mul and div, their broadcasting, tanh, sigmoid and gelu, and dropout's counter-based mask. One
+// definition, so both devices compute every element (and every gradient sum) in the same order.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/float16.h"
+#include "kernels/host_device.h"
+
+namespace cumulus::kernels {
+
+enum class BinaryOp : uint8_t { add, sub, mul, div };
+
+// a op b in f32.
+CUMULUS_HOST_DEVICE float binary_apply(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    default: return a / b;
+  }
+}
+
+// d(a op b)/d(operand) times dy: operand 0 is a, 1 is b (PyTorch's formulas: div's b gradient is
+// -dy a / (b b)).
+CUMULUS_HOST_DEVICE float binary_grad(BinaryOp op, int operand, float dy, float a, float b) {
+  switch (op) {
+    case BinaryOp::add: return dy;
+    case BinaryOp::sub: return operand == 0 ? dy : -dy;
+    case BinaryOp::mul: return operand == 0 ? dy * b : dy * a;
+    default: return operand == 0 ? dy / b : -dy * a / (b * b);
+  }
+}
+
+// Note [Broadcast geometry]
+// A binary op's output, a and b, in up to 4 dimensions after adjacent dimensions that broadcast
+// alike are merged (a same-shape op is one dimension; [B, n] + [n] is two). Each operand's stride
+// is 0 along a dimension it broadcasts over, so element i of the output reads a[ia], b[ib] with the
+// offsets below. The gradient of an operand sums, for each of its elements, the output elements it
+// was read by: the dimensions along which its stride is 0 and the output's size is above 1, visited
+// in row-major order, so both devices add in the same order.
+struct BroadcastGeometry {
+  static constexpr int kMaxDims = 4;
+  int ndim = 1;
+  int64_t dims[kMaxDims] = {1, 1, 1, 1};  // the output's
+  int64_t strides[3][kMaxDims] = {};      // [0] the output's (contiguous), [1] a's, [2] b's
+  int64_t numel(int which) const {        // which: 0 output, 1 a, 2 b
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= (which == 0 || strides[which][d] != 0) ? dims[d] : 1;
+    return n;
+  }
+};
+
+// The geometry of a op b for shapes a (na dimensions) and b (nb dimensions, at most kMaxDims each)
+// that broadcast under numpy's rules (the caller checks): the output's dimensions of size 1 dropped,
+// adjacent dimensions merged where each operand has both or broadcasts along both.
+inline BroadcastGeometry broadcast_geometry(const int64_t* a, int na, const int64_t* b, int nb) {
+  const int nd = na > nb ? na : nb;
+  BroadcastGeometry g;
+  g.ndim = 0;
+  for (int d = 0; d < nd; ++d) {
+    const int ka = d - (nd - na), kb = d - (nd - nb);  // the operands' own dimensions
+    const int64_t da = ka >= 0 ? a[ka] : 1, db = kb >= 0 ? b[kb] : 1;
+    const int64_t out = da == 1 ? db : da;
+    if (out == 1) continue;
+    const bool has_a = da != 1, has_b = db != 1;
+    const int last = g.ndim - 1;
+    if (last >= 0 && has_a == (g.strides[1][last] != 0) && has_b == (g.strides[2][last] != 0)) {
+      g.dims[last] *= out;
+      continue;
+    }
+    g.dims[g.ndim] = out;
+    g.strides[1][g.ndim] = has_a ? 1 : 0;  // markers; the strides follow below
+    g.strides[2][g.ndim] = has_b ? 1 : 0;
+    ++g.ndim;
+  }
+  if (g.ndim == 0) {  // one element
+    g.ndim = 1;
+    g.strides[1][0] = g.strides[2][0] = 1;
+  }
+  int64_t running[3] = {1, 1, 1};
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    g.strides[0][d] = running[0];
+    running[0] *= g.dims[d];
+    for (int s = 1; s < 3; ++s) {
+      if (g.strides[s][d] == 0) continue;
+      g.strides[s][d] = running[s];
+      running[s] *= g.dims[d];
+    }
+  }
+  return g;
+}
+
+// The offsets into a and b of output element i.
+CUMULUS_HOST_DEVICE void broadcast_offsets(const BroadcastGeometry& g, int64_t i, int64_t& ia, int64_t& ib) {
+  ia = 0;
+  ib = 0;
+  for (int d = g.ndim - 1; d > 0; --d) {
+    const int64_t k = i % g.dims[d];
+    i /= g.dims[d];
+    ia += k * g.strides[1][d];
+    ib += k * g.strides[2][d];
+  }
+  ia += i * g.strides[1][0];
+  ib += i * g.strides[2][0];
+}
+
+// The walk over the output elements that read element j of an operand (Note [Broadcast
+// geometry]): `base` holds the offsets of the current one into the output, a and b; an odometer
+// over the reduced dimensions (innermost first) moves it in row-major order.
+struct GradWalk {
+  int64_t base[3] = {0, 0, 0};
+  int reduced[BroadcastGeometry::kMaxDims] = {};
+  int64_t count[BroadcastGeometry::kMaxDims] = {};
+  int nreduced = 0;
+  bool empty = false;  // no output element reads j (an empty output)
+};
+
+CUMULUS_HOST_DEVICE GradWalk grad_walk_start(const BroadcastGeometry& g, int operand, int64_t j) {
+  const int64_t* own = g.strides[1 + operand];
+  GradWalk w;
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    if (own[d] == 0) {
+      if (g.dims[d] == 0) w.empty = true;
+      if (g.dims[d] > 1) w.reduced[w.nreduced++] = d;
+      continue;
+    }
+    const int64_t k = j % g.dims[d];
+    j /= g.dims[d];
+    for (int s = 0; s < 3; ++s) w.base[s] += k * g.strides[s][d];
+  }
+  return w;
+}
+
+// Moves to the next output element reading j; false after the last.
+CUMULUS_HOST_DEVICE bool grad_walk_next(const BroadcastGeometry& g, GradWalk& w) {
+  for (int r = 0; r < w.nreduced; ++r) {
+    const int d = w.reduced[r];
+    for (int s = 0; s < 3; ++s) w.base[s] += g.strides[s][d];
+    if (++w.count[r] < g.dims[d]) return true;
+    for (int s = 0; s < 3; ++s) w.base[s] -= w.count[r] * g.strides[s][d];
+    w.count[r] = 0;
+  }
+  return false;
+}
+
+// binary_grad for the output element at offsets (o, ia, ib); a or b may be null where op does not read it.
+template <typename T>
+CUMULUS_HOST_DEVICE float binary_grad_at(BinaryOp op, int operand, const T* a, const T* b, const T* dy, int64_t o,
+                                         int64_t ia, int64_t ib) {
+  const float av = a != nullptr ? to_f32(a[ia]) : 0.0f, bv = b != nullptr ? to_f32(b[ib]) : 0.0f;
+  return binary_grad(op, operand, to_f32(dy[o]), av, bv);
+}
+
+// The gradient of element j of operand `operand` (0: a, 1: b), in f32: the sum of binary_grad over
+// the output elements that read it, from 0 in row-major order (Note [Broadcast geometry]).
+template <typename T>
+CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, BinaryOp op, int operand, int64_t j,
+                                                 const T* a, const T* b, const T* dy) {
+  GradWalk w = grad_walk_start(g, operand, j);
+  float sum = 0.0f;
+  if (w.empty) return sum;
+  do {
+    sum += binary_grad_at(op, operand, a, b, dy, w.base[0], w.base[1], w.base[2]);
+  } while (grad_walk_next(g, w));
+  return sum;
+}
+
+// ---- tensor op scalar ----
+// y = x op s, or s op x when `reversed` (s - x, s / x).
+CUMULUS_HOST_DEVICE float scalar_apply(BinaryOp op, bool reversed, float x, float s) {
+  return reversed ? binary_apply(op, s, x) : binary_apply(op, x, s);
+}
+CUMULUS_HOST_DEVICE float scalar_grad(BinaryOp op, bool reversed, float dy, float x, float s) {
+  return reversed ? binary_grad(op, 1, dy, s, x) : binary_grad(op, 0, dy, x, s);
+}
+
+// ---- unary activations (PyTorch's formulas) ----
+enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh };
+
+// Whether the backward of `op` reads the output (tanh, sigmoid) rather than the input (gelu).
+CUMULUS_HOST_DEVICE bool unary_grad_from_output(UnaryOp op) { return op == UnaryOp::tanh || op == UnaryOp::sigmoid; }
+
+constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
+constexpr float kGeluTanhCubic = 0.044715f;
+
+CUMULUS_HOST_DEVICE float unary_apply(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::tanh: return tanhf(x);
+    case UnaryOp::sigmoid: return 1.0f / (1.0f + expf(-x));
+    case UnaryOp::gelu: return 0.5f * x * (1.0f + erff(x * kSqrt1_2));
+    default: return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
+  }
+}
+
+// dy * f'(x), given `saved`: the output for tanh and sigmoid, the input for the gelus.
+CUMULUS_HOST_DEVICE float unary_grad(UnaryOp op, float dy, float saved) {
+  switch (op) {
+    case UnaryOp::tanh: return dy * (1.0f - saved * saved);
+    case UnaryOp::sigmoid: return dy * saved * (1.0f - saved);
+    case UnaryOp::gelu: {
+      const float cdf = 0.5f * (1.0f + erff(saved * kSqrt1_2));
+      const float pdf = kInvSqrt2Pi * expf(-0.5f * saved * saved);
+      return dy * (cdf + saved * pdf);
+    }
+    default: {
+      const float x = saved, t = tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x));
+      const float inner_grad = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * x * x);
+      return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * inner_grad);
+    }
+  }
+}
+
+// ---- dropout ----
+// Note [Dropout mask]
+// Element i of a dropout with (seed, offset) is kept when the top 24 bits of a 64-bit hash of
+// (seed, offset, i), as a fraction in [0, 1), are >= p: a counter-based draw, so any element's
+// decision is computed on its own, on either device, with the same bits, and the backward
+// recomputes the mask instead of storing it. The hash is SplitMix64's finalizer (a bijection of
+// 64 bits with full avalanche) applied to the seed, then to the stream key plus the offset's and
+// the index's multiples of odd constants. The fraction is exact in f32 (24 bits), so `u >= p`
+// is the same comparison everywhere.
+CUMULUS_HOST_DEVICE uint64_t splitmix64_finalize(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The stream key of one dropout call.
+CUMULUS_HOST_DEVICE uint64_t dropout_key(uint64_t seed, uint64_t offset) {
+  return splitmix64_finalize(splitmix64_finalize(seed) + offset * 0xD1B54A32D192ED03ull);
+}
+
+// Whether element `index` of the call with `key` is kept at drop probability p.
+CUMULUS_HOST_DEVICE bool dropout_keep(uint64_t key, int64_t index, float p) {
+  const uint64_t h = splitmix64_finalize(key + static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull);
+  const float u = static_cast<float>(h >> 40) * 5.9604644775390625e-08f;  // * 2^-24
+  return u >= p;
+}
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,219 @@
+// The pointwise ops' errors and edge cases (their values and gradients are op cases:
+// tests/op_cases/cases_pointwise.cpp): shapes that do not broadcast, mixed dtypes, integer inputs,
+// empty outputs, width-1 softmax rows, large logits, dropout's argument checks, mask statistics and
+// memory, the operators, and the nn modules (Dropout's offsets, eval mode, recompute).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cumulus/cumulus.h"
+#include "test_util.h"
+
+namespace cumulus::testing {
+namespace {
+
+// Runs `fn`, expecting an exception of type E whose message holds every one of `parts`.
+template <typename E, typename Fn>
+void expect_error(Fn fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no exception";
+  } catch (const E& e) {
+    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+Tensor leaf(const std::vector<float>& v, const Shape& shape, Device device) {
+  Tensor t = Tensor::from_vector(v, shape, device);
+  t.set_requires_grad(true);
+  return t;
+}
+
+class PointwiseTest : public DeviceTest {};
+CUMULUS_INSTANTIATE_DEVICES(PointwiseTest);
+
+TEST_P(PointwiseTest, ShapesThatDoNotBroadcastAreRefusedByName) {
+  const Tensor a = Tensor::zeros({3, 4}, DType::f32, device()), b = Tensor::zeros({5}, DType::f32, device());
+  expect_error<InvalidArgument>([&] { ops::add(a, b); }, {"add", "[3, 4]", "[5]", "do not broadcast"});
+  expect_error<InvalidArgument>([&] { (void)(b / a); }, {"div", "[5]", "[3, 4]"});
+  const Tensor c = Tensor::zeros({2, 3, 4}, DType::f32, device()), d = Tensor::zeros({2, 4}, DType::f32, device());
+  expect_error<InvalidArgument>([&] { ops::mul(c, d); }, {"mul", "[2, 3, 4]", "[2, 4]"});
+}
+
+TEST_P(PointwiseTest, MixedAndIntegerDtypesAreRefused) {
+  const Tensor a = Tensor::zeros({3}, DType::f32, device()), b = Tensor::zeros({3}, DType::bf16, device());
+  expect_error<InvalidArgument>([&] { ops::sub(a, b); }, {"sub", "same dtype", "f32", "bf16"});
+  const Tensor i = Tensor::zeros({3}, DType::i32, device());
+  expect_error<InvalidArgument>([&] { ops::add(i, i); }, {"add", "f32, bf16 or f16", "i32"});
+  expect_error<InvalidArgument>([&] { ops::tanh(i); }, {"tanh", "i32"});
+  expect_error<InvalidArgument>([&] { ops::softmax(i); }, {"softmax", "i32"});
+  expect_error<InvalidArgument>([&] { (void)(i * 2.0f); }, {"mul", "i32"});
+}
+
+TEST_P(PointwiseTest, OperandsOnTwoDevicesAreRefused) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a CUDA device beside the CPU";
+  const Tensor a = Tensor::zeros({3}, DType::f32, Device::cpu()), b = Tensor::zeros({3}, DType::f32, Device::cuda(0));
+  expect_error<DeviceError>([&] { ops::add(a, b); }, {"add", "cpu", "cuda"});
+}
+
+// [0, 3] + [3] is an empty [0, 3]; b's gradient is zeros (no output element read it).
+TEST_P(PointwiseTest, AnEmptyOutputGivesZeroGradients) {
+  const Tensor a = leaf({}, {0, 3}, device()), b = leaf({1, 2, 3}, {3}, device());
+  const Tensor y = a * b;
+  EXPECT_EQ(y.shape(), Shape({0, 3}));
+  ops::sum(y).backward();
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>({0, 0, 0}));
+  EXPECT_EQ(a.grad().numel(), 0);
+}
+
+TEST_P(PointwiseTest, SoftmaxRowsOfWidthOneAreOneWithZeroGradient) {
+  const Tensor x = leaf({0.5f, -3.0f, 7.0f}, {3, 1}, device());
+  const Tensor y = ops::softmax(x), z = ops::log_softmax(x);
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>({1, 1, 1}));
+  EXPECT_EQ(z.to_vector<float>(), std::vector<float>({0, 0, 0}));
+  ops::sum(ops::mul(ops::add(y, z), Tensor::from_vector<float>({1, 2, 3}, {3, 1}, device()))).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>({0, 0, 0}));
+}
+
+// Around the row maximum: logits of 1000 neither overflow nor lose the differences between them.
+TEST_P(PointwiseTest, SoftmaxIsStableForLargeInputs) {
+  const Tensor x = Tensor::from_vector<float>({1000, 1001, 1002, -1000, -1001, -1002}, {2, 3}, device());
+  const std::vector<float> y = ops::softmax(x).to_vector<float>(), z = ops::log_softmax(x).to_vector<float>();
+  const double s = 1 + std::exp(-1.0) + std::exp(-2.0);
+  const double want[] = {std::exp(-2.0) / s, std::exp(-1.0) / s, 1 / s, 1 / s, std::exp(-1.0) / s, std::exp(-2.0) / s};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(y[i], want[i], 1e-6) << i;
+    EXPECT_NEAR(z[i], std::log(want[i]), 1e-5) << i;
+  }
+}
+
+TEST_P(PointwiseTest, SoftmaxOfAScalarIsRefused) {
+  const Tensor x = Tensor::zeros(Shape{}, DType::f32, device());
+  expect_error<InvalidArgument>([&] { ops::log_softmax(x); }, {"log_softmax", "dimension"});
+}
+
+// The operators record as the ops: y = 2 x - x / b + 1 - (-x) * x, gradients by hand.
+TEST_P(PointwiseTest, OperatorsComputeAndDifferentiateAsTheOps) {
+  const Tensor x = leaf({1, -2, 3, 0.5f}, {2, 2}, device()), b = leaf({2, 4}, {2}, device());
+  const Tensor y = 2.0f * x - x / b + 1.0f - (-x) * x;
+  const std::vector<float> xv = {1, -2, 3, 0.5f}, bv = {2, 4};
+  const std::vector<float> got = y.to_vector<float>();
+  std::vector<float> want_dx(4), want_db(2, 0.0f);
+  for (int i = 0; i < 4; ++i) {
+    const float xi = xv[i], bi = bv[i % 2];
+    EXPECT_FLOAT_EQ(got[i], 2 * xi - xi / bi + 1 + xi * xi) << i;
+    want_dx[i] = 2 - 1 / bi + 2 * xi;
+    want_db[i % 2] += xi / (bi * bi);
+  }
+  ops::sum(y).backward();
+  const std::vector<float> dx = x.grad().to_vector<float>(), db = b.grad().to_vector<float>();
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(dx[i], want_dx[i]) << i;
+  for (int i = 0; i < 2; ++i) EXPECT_FLOAT_EQ(db[i], want_db[i]) << i;
+}
+
+TEST_P(PointwiseTest, DropoutChecksP) {
+  const Tensor x = Tensor::zeros({4}, DType::f32, device());
+  for (float p : {-0.1f, 1.0f, 1.5f, NAN})
+    expect_error<InvalidArgument>([&] { ops::dropout(x, p, true, 0, 0); }, {"dropout", "[0, 1)"});
+  expect_error<InvalidArgument>([&] { nn::Dropout(1.0f); }, {"Dropout", "[0, 1)"});
+}
+
+// Off (eval, or p = 0) it is the input itself: the same storage, nothing allocated or recorded.
+TEST_P(PointwiseTest, DropoutOffIsTheInputItself) {
+  const Tensor x = leaf({1, 2, 3}, {3}, device());
+  EXPECT_EQ(ops::dropout(x, 0.5f, false, 1, 2).raw_data(), x.raw_data());
+  EXPECT_EQ(ops::dropout(x, 0.0f, true, 1, 2).raw_data(), x.raw_data());
+}
+
+// Over 2^20 elements the kept fraction is 1 - p within 5 standard deviations; kept elements are
+// x / (1 - p); another offset or seed draws another mask, the same ones the same mask.
+TEST_P(PointwiseTest, DropoutKeepsAFractionOneMinusP) {
+  const int64_t n = 1 << 20;
+  const Tensor x = Tensor::full({n}, 1.0f, device());
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    const std::vector<float> y = ops::dropout(x, p, true, 42, 3).to_vector<float>();
+    int64_t kept = 0;
+    for (float v : y) {
+      ASSERT_TRUE(v == 0.0f || v == 1.0f / (1.0f - p)) << v;
+      kept += v != 0.0f;
+    }
+    const double sigma = std::sqrt(n * p * (1 - p));
+    EXPECT_NEAR(static_cast<double>(kept), n * (1 - p), 5 * sigma) << "p " << p;
+  }
+  const std::vector<float> a = ops::dropout(x, 0.5f, true, 42, 3).to_vector<float>();
+  EXPECT_EQ(a, ops::dropout(x, 0.5f, true, 42, 3).to_vector<float>());
+  for (auto [seed, offset] : {std::pair<uint64_t, uint64_t>{42, 4}, {43, 3}}) {
+    const std::vector<float> b = ops::dropout(x, 0.5f, true, seed, offset).to_vector<float>();
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; ++i) same += a[i] == b[i];
+    EXPECT_NEAR(static_cast<double>(same), n / 2.0, 5 * std::sqrt(n / 4.0)) << "seed " << seed << " offset " << offset;
+  }
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(a[i] != 0.0f, ops::dropout_keeps(42, 3, i, 0.5f)) << i;
+}
+
+// Note [Dropout recomputes its mask]: recording a dropout allocates its output and nothing else.
+TEST_P(PointwiseTest, DropoutSavesNoMask) {
+  const Tensor x = leaf(std::vector<float>(4096, 1.0f), {4096}, device());
+  CachingAllocator& allocator = allocator_for(device());
+  const int64_t before = allocator.stats().allocated;
+  const Tensor y = ops::dropout(x, 0.5f, true, 1, 1);
+  EXPECT_EQ(allocator.stats().allocated - before, static_cast<int64_t>(y.allocated_bytes()));
+  ops::sum(y).backward();
+  const std::vector<float> dx = x.grad().to_vector<float>(), yv = y.to_vector<float>();
+  for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(dx[i], yv[i]) << i;  // x = 1: both are the mask times 2
+}
+
+TEST_P(PointwiseTest, DropoutModuleAdvancesItsOffsetInTrainingOnly) {
+  const Tensor x = Tensor::full({256}, 1.0f, device());
+  nn::Dropout a(0.5f, 7), b(0.5f, 7);
+  const std::vector<float> first = a(x).to_vector<float>(), second = a(x).to_vector<float>();
+  EXPECT_NE(first, second) << "each call draws a fresh mask";
+  EXPECT_EQ(a.calls(), 2u);
+  EXPECT_EQ(first, ops::dropout(x, 0.5f, true, 7, 0).to_vector<float>());
+  EXPECT_EQ(second, ops::dropout(x, 0.5f, true, 7, 1).to_vector<float>());
+  EXPECT_EQ(b(x).to_vector<float>(), first) << "the same seed, the same sequence";
+  b.eval();
+  EXPECT_EQ(b(x).raw_data(), x.raw_data());
+  EXPECT_EQ(b.calls(), 1u) << "eval calls draw nothing";
+  EXPECT_TRUE(b.state_dict().empty());
+}
+
+// A recomputed segment replays the module's mask: the gradients are the stored run's, bit for bit.
+TEST_P(PointwiseTest, DropoutUnderRecomputeGivesTheStoredRunsGradients) {
+  auto run = [&](bool recompute) {
+    Generator gen(5);
+    nn::Sequential model;
+    model.add(std::make_shared<nn::Linear>(6, 16, gen, device()));
+    model.add(std::make_shared<nn::Dropout>(0.4f, 11));
+    model.add(std::make_shared<nn::GELU>());
+    model.add(std::make_shared<nn::Linear>(16, 3, gen, device()));
+    if (recompute) model.set_recompute({{0, 3}});
+    const Tensor x = uniform(Shape{4, 6}, -1, 1, gen).to(device());
+    std::vector<std::vector<float>> grads;
+    for (int step = 0; step < 2; ++step) {  // two micro-batches: two masks
+      model.zero_grad();
+      ops::sum(model(x)).backward();
+      for (const Tensor& p : model.parameters()) grads.push_back(p.grad().to_vector<float>());
+    }
+    return grads;
+  };
+  const auto stored = run(false), recomputed = run(true);
+  ASSERT_EQ(stored.size(), recomputed.size());
+  for (std::size_t i = 0; i < stored.size(); ++i) EXPECT_EQ(stored[i], recomputed[i]) << "parameter " << i;
+  EXPECT_NE(stored[0], stored[stored.size() / 2]) << "the two micro-batches had the same mask";
+}
+
+TEST_P(PointwiseTest, ActivationModulesRunTheirOps) {
+  const Tensor x = Tensor::from_vector<float>({-1.5f, 0.0f, 2.0f}, {3}, device());
+  EXPECT_EQ(nn::GELU()(x).to_vector<float>(), ops::gelu(x).to_vector<float>());
+  EXPECT_EQ(nn::GELU(ops::GeluApproximation::tanh)(x).to_vector<float>(),
+            ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
+  EXPECT_EQ(nn::Tanh()(x).to_vector<float>(), ops::tanh(x).to_vector<float>());
+  EXPECT_EQ(nn::Sigmoid()(x).to_vector<float>(), ops::sigmoid(x).to_vector<float>());
+  EXPECT_NE(ops::gelu(x).to_vector<float>(), ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
+}
+
+}  // namespace
+}  // namespace cumulus::testing
