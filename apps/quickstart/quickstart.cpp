@@ -16,15 +16,12 @@
 using namespace cumulus;
 
 // The user's own model, written as a torch.nn.Module subclass is: 64 -> 1024 -> ReLU -> 10.
-class Net : public nn::Module {
- public:
+struct Net : nn::Module {
   Net(Generator& gen, Device device)
-      : fc1_(register_module("fc1", std::make_shared<nn::Linear>(64, 1024, gen, device))),
-        fc2_(register_module("fc2", std::make_shared<nn::Linear>(1024, 10, gen, device))) {}
-  Tensor forward(const Tensor& x) override { return (*fc2_)(ops::relu((*fc1_)(x))); }
-
- private:
-  std::shared_ptr<nn::Linear> fc1_, fc2_;
+      : fc1(register_module("fc1", std::make_shared<nn::Linear>(64, 1024, gen, device))),
+        fc2(register_module("fc2", std::make_shared<nn::Linear>(1024, 10, gen, device))) {}
+  Tensor forward(const Tensor& x) override { return (*fc2)(ops::relu((*fc1)(x))); }
+  std::shared_ptr<nn::Linear> fc1, fc2;  // public, as a torch.nn.Module's submodules are
 };
 
 // n noisy 8 x 8 images of 10 fixed random patterns (u8 pixels, batches scaled to [0, 1]), labelled by pattern.
