@@ -1,7 +1,9 @@
 // Data: the IDX reader (plain and gzip; every malformed-file case is an Error naming the file and
 // the fault, and a header's claim is never trusted for an allocation), MNIST-format splits, and
 // the DataLoader (order, last partial batch, exact pixel / 255, per-(seed, epoch) shuffles,
-// category data), on every device. Plus facts about the real Fashion-MNIST files when present.
+// category data), on every device; TensorDataset's any-shape f32 / i64 / u8 tensors through the
+// same loader (shuffles, host and device residency, batch dtypes, errors naming the tensors). Plus facts about the real
+// Fashion-MNIST files when present.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -817,6 +819,179 @@ TEST(HostResidentData, IsRefusedWithoutAUsableDeviceAndOnlyFromTheHost) {
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("kept on the host"), std::string::npos) << e.what();
   }
+}
+
+// ---- TensorDataset and the DataLoader over any tensors ----------------------------------------
+
+class TensorLoaderTest : public DeviceTest {
+ protected:
+  // n samples: x [n, 2, 3] f32 with x[s, i, j] = s + 0.125 * (3i + j) (exact in f32), y [n] i64 =
+  // s * 2^40 + 7 (past i32 and f32's exact range), z [n, 4] u8 = (s * 4 + c) % 256, all on `where`.
+  static data::TensorDataset make(int64_t n, Device where) {
+    std::vector<float> x;
+    std::vector<int64_t> y;
+    std::vector<uint8_t> z;
+    for (int64_t s = 0; s < n; ++s) {
+      for (int e = 0; e < 6; ++e) x.push_back(static_cast<float>(s) + 0.125f * static_cast<float>(e));
+      y.push_back(s * (int64_t{1} << 40) + 7);
+      for (int c = 0; c < 4; ++c) z.push_back(static_cast<uint8_t>((s * 4 + c) % 256));
+    }
+    return data::TensorDataset({Tensor::from_vector(x, {n, 2, 3}, where), Tensor::from_vector(y, {n}, where),
+                                Tensor::from_vector(z, {n, 4}, where)},
+                               {"x", "y", "z"});
+  }
+
+  // The samples of every batch of the loader's current epoch (from y), checking that x and z hold
+  // the same sample's rows exactly, and each batch's shapes and dtypes.
+  static std::vector<int64_t> epoch_samples(DataLoader& loader, bool use_next = false) {
+    std::vector<int64_t> samples;
+    if (use_next) loader.seek(0);
+    for (int64_t i = 0; i < loader.num_batches(); ++i) {
+      const data::Batch b = use_next ? loader.next(i) : loader.batch(i);
+      const int64_t rows = b.x.size(0);
+      EXPECT_EQ(b.tensors.size(), 3u);
+      EXPECT_EQ(b.x.shape(), Shape({rows, 2, 3}));
+      EXPECT_EQ(b.y.shape(), Shape({rows}));
+      EXPECT_EQ(b.tensors[2].shape(), Shape({rows, 4}));
+      EXPECT_EQ(b.y.dtype(), DType::i64);
+      EXPECT_EQ(b.tensors[2].dtype(), DType::u8);
+      EXPECT_EQ(b.x.memory_category(), MemoryCategory::data);
+      const auto x = b.x.to_vector<float>();
+      const auto y = b.y.to_vector<int64_t>();
+      const auto z = b.tensors[2].to_vector<uint8_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t s = (y[static_cast<std::size_t>(r)] - 7) >> 40;
+        EXPECT_EQ(y[static_cast<std::size_t>(r)], s * (int64_t{1} << 40) + 7) << "batch " << i << " row " << r;
+        samples.push_back(s);
+        for (int e = 0; e < 6; ++e)
+          EXPECT_EQ(x[static_cast<std::size_t>(r * 6 + e)], static_cast<float>(s) + 0.125f * static_cast<float>(e))
+              << "x of sample " << s;
+        for (int c = 0; c < 4; ++c)
+          EXPECT_EQ(z[static_cast<std::size_t>(r * 4 + c)], static_cast<uint8_t>((s * 4 + c) % 256))
+              << "z of sample " << s;
+      }
+    }
+    return samples;
+  }
+};
+
+TEST_P(TensorLoaderTest, AnyShapeF32I64AndU8RowsInOrderWithThePartialLastBatch) {
+  const data::TensorDataset ds = make(10, device());
+  EXPECT_EQ(ds.size(), 10);
+  DataLoader loader(ds, 4);
+  EXPECT_EQ(loader.num_batches(), 3);
+  EXPECT_EQ(loader.batch(2).x.size(0), 2) << "the partial last batch";
+  std::vector<int64_t> in_order(10);
+  std::iota(in_order.begin(), in_order.end(), 0);
+  EXPECT_EQ(epoch_samples(loader), in_order);
+  EXPECT_EQ(epoch_samples(loader, /*use_next=*/true), in_order) << "the training form, next(i)";
+  EXPECT_EQ(DataLoader(ds, 5).num_batches(), 2) << "exact division has no partial batch";
+}
+
+TEST_P(TensorLoaderTest, ShuffleFromASeedIsAReproduciblePermutation) {
+  const data::TensorDataset ds = make(37, device());
+  DataLoader loader(ds, 8, /*shuffle=*/true, /*seed=*/11);
+  const std::vector<int64_t> e0 = epoch_samples(loader);
+  std::vector<int64_t> sorted = e0, all(37);
+  std::sort(sorted.begin(), sorted.end());
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(sorted, all) << "every sample exactly once";
+  EXPECT_NE(e0, all) << "a shuffle changes the order";
+  EXPECT_EQ(epoch_samples(loader, /*use_next=*/true), e0) << "next(i) gathers the same batches";
+  DataLoader again(ds, 8, true, 11);
+  EXPECT_EQ(epoch_samples(again), e0) << "the same seed, the same order";
+  loader.set_epoch(1);
+  const std::vector<int64_t> e1 = epoch_samples(loader);
+  EXPECT_NE(e1, e0) << "epochs differ";
+  again.set_epoch(1);
+  EXPECT_EQ(epoch_samples(again), e1);
+  DataLoader other_seed(ds, 8, true, 12);
+  EXPECT_NE(epoch_samples(other_seed), e0) << "seeds differ";
+  // The order is the image loader's for the same (seed, epoch, n): one shuffle rule.
+  std::vector<uint8_t> pixels(37);
+  std::iota(pixels.begin(), pixels.end(), 0);
+  const ImageDataset images{Tensor::from_vector(pixels, {37, 1, 1}, device()),
+                            Tensor::from_vector(std::vector<int32_t>(37, 0), {37}, device()), 10};
+  DataLoader image_loader(images, 8, true, 11);
+  std::vector<int64_t> image_order;
+  for (int64_t i = 0; i < image_loader.num_batches(); ++i)
+    for (const float p : image_loader.batch(i).x.to_vector<float>()) image_order.push_back(std::lround(p * 255.0f));
+  EXPECT_EQ(image_order, e0);
+}
+
+// A dataset kept on the host and one on the device give the same batches, bit for bit, through
+// both forms (on CUDA the host one is staged through pinned memory; on the CPU both are the same).
+TEST_P(TensorLoaderTest, HostAndDeviceResidencyGiveTheSameBatches) {
+  const data::TensorDataset on_device = make(23, device()), on_host = make(23, Device::cpu());
+  DataLoader reference(on_device, 4, true, 3);
+  DataLoader staged(on_host, 4, true, 3, device());
+  EXPECT_EQ(staged.host_resident(), device().is_cuda());
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    reference.set_epoch(epoch);
+    staged.set_epoch(epoch);
+    const std::vector<int64_t> want = epoch_samples(reference);
+    EXPECT_EQ(epoch_samples(staged), want) << "batch(i), epoch " << epoch;
+    EXPECT_EQ(epoch_samples(staged, /*use_next=*/true), want) << "next(i), epoch " << epoch;
+  }
+}
+
+// set_dtype makes the floating tensors (f32, and to_float ones) bf16 or f16 and leaves integer
+// ones alone: f32 rounded once to nearest even, u8 / 4 exact.
+TEST_P(TensorLoaderTest, FloatingTensorsTakeTheBatchDtypeIntegersKeepTheirs) {
+  const std::vector<float> x = {1.0f + 1.0f / 256.0f, 3.0f, -2.5f, 1.0f + 3.0f / 256.0f};
+  data::TensorDataset ds({Tensor::from_vector(x, {4}, device()),
+                          Tensor::from_vector(std::vector<uint8_t>{0, 1, 2, 255}, {4}, device()),
+                          Tensor::from_vector(std::vector<int32_t>{5, 6, 7, 8}, {4}, device())});
+  ds.to_float(1, 4.0f);
+  EXPECT_TRUE(ds.floating(0));
+  EXPECT_TRUE(ds.floating(1));
+  EXPECT_FALSE(ds.floating(2));
+  DataLoader loader(ds, 4);
+  loader.set_dtype(DType::bf16);
+  const data::Batch b = loader.batch(0);
+  EXPECT_EQ(b.x.dtype(), DType::bf16);
+  EXPECT_EQ(b.y.dtype(), DType::bf16);
+  EXPECT_EQ(b.tensors[2].dtype(), DType::i32);
+  EXPECT_EQ(b.x.to(DType::f32).to_vector<float>(), (std::vector<float>{1.0f, 3.0f, -2.5f, 1.0f + 4.0f / 256.0f}))
+      << "round to nearest even: 1 + 2^-8 down, 1 + 3 * 2^-8 up";
+  EXPECT_EQ(b.y.to(DType::f32).to_vector<float>(), (std::vector<float>{0.0f, 0.25f, 0.5f, 63.75f}));
+  EXPECT_EQ(b.tensors[2].to_vector<int32_t>(), (std::vector<int32_t>{5, 6, 7, 8}));
+  loader.set_dtype(DType::f32);
+  EXPECT_EQ(loader.batch(0).x.to_vector<float>(), x) << "f32 rows are copied as they are";
+}
+
+TEST_P(TensorLoaderTest, OneKernelPerBatchForEveryTensor) {
+  DataLoader loader(make(20, device()), 8, true, 1);
+  const int64_t before = cuda_kernel_launches();
+  const data::Batch b = loader.batch(1);
+  EXPECT_EQ(cuda_kernel_launches() - before, device().is_cuda() ? 1 : 0) << "three tensors, one launch";
+  (void)b;
+}
+
+CUMULUS_INSTANTIATE_DEVICES(TensorLoaderTest);
+
+// Mismatched first dimensions name both tensors and their sizes; other misuse names the tensor.
+TEST(TensorDataset, ErrorsNameTheTensorAndTheSizes) {
+  const Tensor x = Tensor::zeros({100, 3}), y = Tensor::zeros({99}, DType::i32);
+  try {
+    data::TensorDataset ds({x, y}, {"x", "labels"});
+    ADD_FAILURE() << "first dimensions 100 and 99 were accepted";
+  } catch (const ShapeError& e) {
+    for (const char* part : {"tensor 1 ('labels')", "99 samples", "[99]", "tensor 0 ('x')", "has 100", "[100, 3]"})
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+  }
+  expect_error([&] { data::TensorDataset ds({x, y}); }, {"tensor 1 has 99 samples", "tensor 0 has 100"});
+  expect_error(
+      [&] {
+        data::TensorDataset ds({x, Tensor::zeros({100}, DType::bf16)});
+      },
+      {"tensor 1 is bf16", "f32, i32, i64 or u8"});
+  expect_error([&] { data::TensorDataset ds({Tensor::full({}, 1.0f)}, {"scalar"}); }, {"tensor 0 ('scalar') is 0-d"});
+  expect_error([&] { data::TensorDataset ds({x}, {"x", "y"}); }, {"2 names for 1 tensors"});
+  expect_error([&] { data::TensorDataset({x}).to_float(1); }, {"no tensor 1"});
+  expect_error([&] { data::TensorDataset({x}).to_float(0, 0.0f); }, {"tensor 0", "divisor", "non-zero"});
+  EXPECT_THROW(DataLoader(data::TensorDataset(), 4), InvalidArgument);
+  expect_error([&] { DataLoader(data::TensorDataset(std::vector<Tensor>(9, x)), 4); }, {"9 tensors", "at most 8"});
 }
 
 // ---- the real Fashion-MNIST, when present ----------------------------------------------------

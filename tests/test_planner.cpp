@@ -1,6 +1,7 @@
 // The micro-batch planner in the library (cumulus::plan_batch, Note [Planning a micro-batch] in
 // engine/memory/planner.cpp): its table, its choice under a budget in reserved bytes with the
-// optimizer state counted, the verifying probe, recompute, the fallback, and what it restores.
+// optimizer state counted, the verifying probe, recompute, the fallback, and what it restores; the
+// ready-made request over a TensorDataset (optim::plan_request) and require_fit.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cumulus/data/dataset.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/models/cnn.h"
@@ -19,6 +21,7 @@
 #include "cumulus/optim/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/optim/trainer.h"
 
 namespace cumulus {
 namespace {
@@ -360,6 +363,55 @@ TEST(PlanBatch, FallsBackToALineThroughTwoProbesWhenRecordingsDoNotMatch) {
   const Plan none = plan_batch(s.request(64, free.reserved_at_rest));
   EXPECT_EQ(none.micro_batch, 0);
   EXPECT_EQ(none.reason.rfind("even a micro-batch of 1 needs", 0), 0u) << none.reason;
+}
+
+// optim::plan_request, the ready-made request over a TensorDataset: its probe is the one its
+// documentation describes, written out here (batch 0 of a loader of b samples, the loss backward,
+// the gradients discarded), so both plans are the same, row for row; the sample limit is the
+// dataset's size. It requires a fit: a budget nothing fits in throws
+// OutOfMemory with the plan's reason, where the same request without require_fit returns no choice.
+TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
+  const Rig rig(mlp());
+  const data::TensorDataset dataset(
+      {Tensor::zeros(Shape{600, 784}, DType::f32, kCpu), Tensor::zeros(Shape{600}, DType::i32, kCpu)});
+  auto loss = [&](const data::Batch& b) { return ops::cross_entropy((*rig.model)(b.x), b.y, ops::Reduction::Sum); };
+  optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
+  constexpr int64_t kBudget = int64_t{24} << 20;
+  // The documented probe written out: batch 0 of a loader of b, its loss backward, grads discarded.
+  PlanRequest by_hand = rig.request(adamw, 512, kBudget);
+  by_hand.model = nullptr;
+  by_hand.sample_limit = 600;
+  by_hand.micro_batch = [&](int64_t b) {
+    loss(data::DataLoader(dataset, b).batch(0)).backward();
+    rig.flat->mark_gradients_stale();
+  };
+  const Plan want = plan_batch(by_hand);
+  const PlanRequest request = optim::plan_request(adamw, dataset, loss, 512, kBudget);
+  EXPECT_EQ(request.device, kCpu);
+  EXPECT_EQ(request.sample_limit, 600);
+  EXPECT_TRUE(request.require_fit);
+  const Plan got = plan_batch(request);
+  for (const auto& [name, p] : rig.model->named_parameters())
+    EXPECT_FALSE(p.grad().defined()) << name << ": the probes' gradients are discarded";
+  ASSERT_GT(want.micro_batch, 0) << want.reason;
+  EXPECT_EQ(got.micro_batch, want.micro_batch) << got.reason;
+  EXPECT_EQ(got.accum_steps, want.accum_steps);
+  ASSERT_EQ(got.table.size(), want.table.size());
+  for (std::size_t k = 0; k < got.table.size(); ++k) {
+    EXPECT_EQ(got.table[k].peak_bytes, want.table[k].peak_bytes) << "micro-batch " << got.table[k].micro_batch;
+    EXPECT_EQ(got.table[k].reserved_bytes, want.table[k].reserved_bytes) << "micro-batch " << got.table[k].micro_batch;
+  }
+
+  PlanRequest tiny = optim::plan_request(adamw, dataset, loss, 512, int64_t{64} << 10);
+  try {
+    plan_batch(tiny);
+    ADD_FAILURE() << "a 64 KiB budget was met";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("plan_batch: no micro-batch dividing 512 fits"), std::string::npos)
+        << e.what();
+  }
+  tiny.require_fit = false;
+  EXPECT_EQ(plan_batch(tiny).micro_batch, 0);
 }
 
 TEST(PlanBatch, RejectsAMalformedRequest) {

@@ -2,7 +2,8 @@
 // is the Accumulator driven by hand, bit for bit; set_accum_steps mid-run keeps the optimizer's
 // step count and the LR schedule's position (a new Accumulator restarted both), is deferred to the
 // group boundary, outlives the per-epoch schedule and survives a checkpoint; the memory tracker's
-// records appear without a call of the user's. CUDA graphs are covered by test_graphs.cpp.
+// records appear without a call of the user's; train_epoch is the user's own loop over a DataLoader
+// and evaluate_classifier a test pass. CUDA graphs are covered by test_graphs.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/data/dataset.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -282,6 +285,79 @@ TEST_P(TrainerTest, RefusesGraphsWithoutACudaDevice) {
   Problem s(device());
   s.options.use_graphs = true;
   EXPECT_THROW(optim::Trainer(s.optimizer, s.options, s.schedule), InvalidArgument);
+}
+
+// ---- conveniences over a DataLoader (train_epoch, evaluate_classifier) ------------------------
+
+// The problem's rows as a TensorDataset (f32 x, i32 y), shuffled in batches of kBatch.
+data::DataLoader problem_loader(const Problem& s) {
+  return data::DataLoader(data::TensorDataset({s.x, s.y}, {"x", "y"}), kBatch, /*shuffle=*/true, /*seed=*/5);
+}
+
+// train_epoch makes the calls a loop of the user's own makes (set_epoch, seek, begin_epoch, then
+// micro_batch with the loader's next(i) and step_if_ready), bit for bit over two shuffled epochs
+// whose last group is partial (24 micro-batches in groups of 5), and returns the epoch's mean loss.
+TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
+  Problem by_hand(device()), with_helper(device());
+  by_hand.options.accum_steps = with_helper.options.accum_steps = 5;
+  optim::Trainer reference(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  optim::Trainer trainer(with_helper.optimizer, with_helper.options, with_helper.schedule);
+  data::DataLoader reference_loader = problem_loader(by_hand), loader = problem_loader(with_helper);
+  ASSERT_EQ(loader.num_batches(), kMicroBatches);
+  auto loss_of = [&](const data::Batch& b) {
+    return ops::cross_entropy(with_helper.model(b.x), b.y, ops::Reduction::Sum);
+  };
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    reference_loader.set_epoch(epoch);
+    reference_loader.seek(0);
+    reference.begin_epoch(epoch, kMicroBatches);
+    for (int64_t i = 0; i < kMicroBatches; ++i) {
+      reference.micro_batch(by_hand.samples(i), [&] {
+        const data::Batch b = reference_loader.next(i);
+        return ops::cross_entropy(by_hand.model(b.x), b.y, ops::Reduction::Sum);
+      });
+      reference.step_if_ready();
+    }
+    const double mean_loss = trainer.train_epoch(loader, epoch, loss_of);
+    const optim::Accumulator& r = reference.accumulator();
+    EXPECT_EQ(mean_loss, r.epoch_loss_sum() / r.epoch_samples_stepped()) << "epoch " << epoch;
+    EXPECT_EQ(trainer.accumulator().optimizer_steps(), 5 * (epoch + 1)) << "four groups of 5, one of 4";
+    EXPECT_TRUE(same_bits(by_hand.weights(), with_helper.weights())) << "epoch " << epoch;
+  }
+  EXPECT_EQ(trainer.accumulator().last_lr(), reference.accumulator().last_lr());
+}
+
+// Accuracy and mean loss over every batch (10 of 10 rows, the last of 4), against the same
+// numbers computed here from the logits on the host; the model's mode is restored either way and
+// no graph is recorded.
+TEST_P(TrainerTest, EvaluateClassifierCountsEveryBatch) {
+  Problem s(device());
+  const data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
+  int64_t correct = 0;
+  double loss_sum = 0.0;
+  const std::vector<int32_t> labels = s.y.to_vector<int32_t>();
+  for (int64_t i = 0; i < loader.num_batches(); ++i) {
+    const int64_t rows = std::min<int64_t>(10, kRows - 10 * i);
+    NoGradGuard no_grad;
+    const Tensor logits = s.model(s.x.narrow_rows(10 * i, rows));
+    loss_sum += ops::cross_entropy(logits, s.y.narrow_rows(10 * i, rows), ops::Reduction::Mean).item();
+    const std::vector<float> l = logits.to_vector<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto row = l.begin() + r * kClasses;
+      correct += std::max_element(row, row + kClasses) - row == labels[static_cast<std::size_t>(10 * i + r)];
+    }
+  }
+  for (const bool training : {true, false}) {
+    s.model.train(training);
+    const optim::Evaluation e = optim::evaluate_classifier(s.model, loader);
+    EXPECT_EQ(s.model.is_training(), training) << "the mode is restored";
+    EXPECT_EQ(e.samples, kRows);
+    EXPECT_EQ(e.correct, correct);
+    EXPECT_DOUBLE_EQ(e.accuracy, static_cast<double>(correct) / kRows);
+    EXPECT_NEAR(e.loss, loss_sum / 10.0, 1e-6) << "the mean over 10 batches of each batch's mean";
+    EXPECT_GT(e.loss, 0.0);
+  }
+  EXPECT_TRUE(GradMode::enabled());
 }
 
 CUMULUS_INSTANTIATE_DEVICES(TrainerTest);

@@ -1,5 +1,6 @@
-// MNIST-format splits loaded once (onto the device, or kept on the host), and the DataLoader that
-// gathers batches.
+// MNIST-format splits loaded once (onto the device, or kept on the host), TensorDataset, and the
+// DataLoader that gathers batches of any dataset's tensors (the image path is one use: u8 pixels
+// converted to pixel / 255 on the way).
 //
 // Note [Shuffle order]: the permutation for (seed, epoch) is a Fisher-Yates shuffle on the host
 // driven by Generator(seed) at counter offset epoch * 2^32, so it depends on nothing else (not
@@ -10,8 +11,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "cumulus/core/error.h"
 #include "cumulus/data/idx.h"
@@ -100,23 +104,123 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
   return ds;
 }
 
+// ---- TensorDataset ---------------------------------------------------------------------------
+
+namespace {
+
+// Elements of one sample: the product of the trailing dimensions.
+int64_t row_elements(const Tensor& t) {
+  int64_t n = 1;
+  for (int d = 1; d < t.ndim(); ++d) n *= t.shape()[d];
+  return n;
+}
+
+int64_t row_bytes(const Tensor& t) { return row_elements(t) * static_cast<int64_t>(dtype_size(t.dtype())); }
+
+bool dataset_dtype(DType d) { return d == DType::f32 || d == DType::i32 || d == DType::i64 || d == DType::u8; }
+
+}  // namespace
+
+TensorDataset::TensorDataset(std::vector<Tensor> tensors, std::vector<std::string> names)
+    : tensors_(std::move(tensors)), names_(std::move(names)), divisors_(tensors_.size(), 0.0f) {
+  CUMULUS_CHECK(names_.empty() || names_.size() == tensors_.size(), InvalidArgument, "TensorDataset: ", names_.size(),
+                " names for ", tensors_.size(), " tensors");
+  for (std::size_t k = 0; k < tensors_.size(); ++k) {
+    const Tensor& t = tensors_[k];
+    CUMULUS_CHECK(t.defined(), InvalidArgument, "TensorDataset: ", describe(k), " is undefined");
+    CUMULUS_CHECK(dataset_dtype(t.dtype()), InvalidArgument, "TensorDataset: ", describe(k), " is ",
+                  dtype_name(t.dtype()), "; a dataset holds f32, i32, i64 or u8 tensors");
+    CUMULUS_CHECK(t.ndim() >= 1, InvalidArgument, "TensorDataset: ", describe(k),
+                  " is 0-d; every tensor's first dimension is its samples");
+    const Tensor& first = tensors_[0];
+    CUMULUS_CHECK(t.size(0) == first.size(0), ShapeError, "TensorDataset: ", describe(k), " has ", t.size(0),
+                  " samples (shape ", t.shape().str(), ") but ", describe(0), " has ", first.size(0), " (shape ",
+                  first.shape().str(), "); every tensor's first dimension is its samples");
+    CUMULUS_CHECK(t.device() == first.device(), DeviceError, "TensorDataset: ", describe(k), " is on ",
+                  t.device().str(), " but ", describe(0), " on ", first.device().str());
+  }
+}
+
+TensorDataset& TensorDataset::to_float(std::size_t k, float divisor) {
+  (void)tensor(k);  // checks k
+  CUMULUS_CHECK(std::isfinite(divisor) && divisor != 0.0f, InvalidArgument, "TensorDataset::to_float: ", describe(k),
+                ": the divisor must be finite and non-zero, got ", divisor);
+  divisors_[k] = divisor;
+  return *this;
+}
+
+const Tensor& TensorDataset::tensor(std::size_t k) const {
+  CUMULUS_CHECK(k < tensors_.size(), InvalidArgument, "TensorDataset: no tensor ", k, " in a dataset of ",
+                tensors_.size());
+  return tensors_[k];
+}
+
+std::string TensorDataset::describe(std::size_t k) const {
+  std::string s = "tensor " + std::to_string(k);
+  if (k < names_.size()) s += " ('" + names_[k] + "')";
+  return s;
+}
+
+bool TensorDataset::floating(std::size_t k) const { return divisors_[k] != 0.0f || tensor(k).dtype() == DType::f32; }
+float TensorDataset::divisor(std::size_t k) const { return divisors_[k] != 0.0f ? divisors_[k] : 1.0f; }
+
+TensorDataset ImageDataset::tensors() const {
+  CUMULUS_CHECK(images.defined() && labels.defined(), InvalidArgument,
+                "DataLoader: the dataset has no images or labels");
+  CUMULUS_CHECK(images.dtype() == DType::u8 && images.ndim() == 3, InvalidArgument,
+                "DataLoader: images must be u8 [n, rows, cols], got ", images.str());
+  CUMULUS_CHECK(labels.dtype() == DType::i32 && labels.ndim() == 1 && labels.size(0) == images.size(0), InvalidArgument,
+                "DataLoader: labels must be i32 [", images.size(0), "], got ", labels.str());
+  CUMULUS_CHECK(labels.device() == images.device(), DeviceError, "DataLoader: images on ", images.device().str(),
+                " but labels on ", labels.device().str());
+  TensorDataset ds({images.flatten(1), labels}, {"images", "labels"});
+  ds.to_float(0, 255.0f);  // pixel / 255, as torchvision's ToTensor
+  return ds;
+}
+
 // ---- DataLoader ------------------------------------------------------------------------------
 
+namespace {
+
+static_assert(DataLoader::kMaxTensors == static_cast<std::size_t>(kernels::kMaxGatherColumns));
+
+// The gather's columns: the dataset's tensors, read at `src` (the tensors themselves, or a staging
+// ring or upload of their rows), into the batch's tensors.
+kernels::GatherColumns gather_columns(const TensorDataset& ds, const std::vector<const void*>& src,
+                                      const Batch& batch) {
+  kernels::GatherColumns columns{};
+  columns.count = static_cast<int32_t>(ds.num_tensors());
+  for (std::size_t k = 0; k < ds.num_tensors(); ++k) {
+    const Tensor& t = ds.tensor(k);
+    kernels::GatherColumn& c = columns.column[k];
+    c.src = src[k];
+    c.dst = batch.tensors[k].raw_data();
+    c.row = row_elements(t);
+    c.src_type = t.dtype();
+    c.dst_type = batch.tensors[k].dtype();  // the loader's dtype for a floating tensor, else t's
+    c.divisor = ds.divisor(k);
+  }
+  return columns;
+}
+
+}  // namespace
+
 // Note [Host-resident data]
-// A dataset kept on the host (a CPU ImageDataset, batches made on a CUDA device) costs the device
-// only a ring of two staging slots of batch_size samples (u8 images and i32 labels, category
-// data). stage(i, then), called by the host before each gather, (1) marks the slot the previous
-// gather read as free (an event on the compute stream, recorded after that gather was queued);
-// (2) makes sure batch i is in its slot (normally copied ahead by the previous stage); (3) makes
-// the compute stream wait for that copy; (4) starts batch `then` into the other slot: the host
-// gathers its rows (in the epoch's order) into a pinned buffer and a copy stream moves them to the
-// device once the gather that last read that slot is done. The copy of batch i + 1 thus runs
-// while batch i computes. The device gather (the same kernel as for device-resident data, so
-// captured CUDA graphs stay valid) reads the slot from the cursor's ring_slot and advances it;
-// the host counts slots the same way, which is why each stage() must be followed by exactly one
-// gather. The only host wait is for a pinned buffer's previous copy before it is refilled (two
-// batches back: normally long finished, and then not counted as a host synchronization). On the
-// CPU the option means nothing: the data is already where the batches are made.
+// A dataset kept on the host (a CPU dataset, batches made on a CUDA device) costs the device only a
+// ring of two staging slots of batch_size samples of every tensor (their bytes as they are: u8
+// pixels stay u8, category data). stage(i, then), called by the host before each gather, (1)
+// marks the slot the previous gather read as free (an event on the compute stream, recorded after
+// that gather was queued); (2) makes sure batch i is in its slot (normally copied ahead by the
+// previous stage); (3) makes the compute stream wait for that copy; (4) starts batch `then` into
+// the other slot: the host gathers its rows of every tensor (in the epoch's order) into a pinned
+// buffer and a copy stream moves them to the device once the gather that last read that slot is
+// done. The copy of batch i + 1 thus runs while batch i computes. The device gather (the same
+// kernel as for device-resident data, so captured CUDA graphs stay valid) reads the slot from the
+// cursor's ring_slot and advances it; the host counts slots the same way, which is why each
+// stage() must be followed by exactly one gather. The only host wait is for a pinned buffer's
+// previous copy before it is refilled (two batches back: normally long finished, and then not
+// counted as a host synchronization). On the CPU the option means nothing: the data is already
+// where the batches are made.
 //
 // The device ring comes from the caching allocator, which hands out a block freed on the compute
 // stream at once (Note [Caching allocator]): kernels queued before, the planner's probes for one,
@@ -127,9 +231,12 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
 struct DataLoader::HostStaging {
 #if CUMULUS_WITH_CUDA
   static constexpr int kSlots = 2;
-  int64_t row = 0, batch = 0;     // bytes of one image; samples per slot
-  Tensor images, labels;          // device ring: [kSlots * batch, row] u8, [kSlots * batch] i32 (category data)
-  uint8_t* pinned = nullptr;      // host ring: per slot batch i32 labels, then batch * row image bytes
+  int64_t batch = 0;                // samples per slot
+  std::vector<int64_t> row;         // per tensor: bytes of one sample
+  std::vector<std::size_t> offset;  // per tensor: where its rows start in a pinned slot (8-aligned)
+  std::size_t slot_bytes = 0;       // one pinned slot, every tensor's rows
+  std::vector<Tensor> rings;        // per tensor, on the device: [kSlots * batch, row] u8 (category data)
+  uint8_t* pinned = nullptr;        // host ring: kSlots slots of slot_bytes
   cudaStream_t copy_stream = nullptr;
   cudaEvent_t copied[kSlots] = {};    // the slot's copy to the device is done (copy stream)
   cudaEvent_t consumed[kSlots] = {};  // the gather that read the slot is done (compute stream)
@@ -140,19 +247,21 @@ struct DataLoader::HostStaging {
   int pending_consumed = -1;  // the slot of the last staged gather, not yet marked consumed
   int64_t staged = -1;        // the batch stage() made ready for the next gather (-1: none)
 
-  // Rounded up to 4 bytes, so every slot's labels are aligned.
-  std::size_t slot_bytes() const { return static_cast<std::size_t>((batch * 4 + batch * row + 3) / 4 * 4); }
-
-  HostStaging(int device_index, int64_t batch_size, int64_t image_bytes) : row(image_bytes), batch(batch_size) {
+  HostStaging(int device_index, int64_t batch_size, std::vector<int64_t> row_bytes)
+      : batch(batch_size), row(std::move(row_bytes)) {
     cuda::DeviceGuard guard(device_index);
     const Device device = Device::cuda(device_index);
+    for (const int64_t r : row) {
+      offset.push_back(slot_bytes);
+      slot_bytes += static_cast<std::size_t>((batch * r + 7) / 8 * 8);
+    }
     {
       MemoryCategoryScope scope(MemoryCategory::data);
       OpScope op("host data staging");
-      images = Tensor::empty(Shape{kSlots * batch, row}, DType::u8, device);
-      labels = Tensor::empty(Shape{kSlots * batch}, DType::i32, device);
+      for (const int64_t r : row) rings.push_back(Tensor::empty(Shape{kSlots * batch, r}, DType::u8, device));
     }
-    CUMULUS_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), kSlots * slot_bytes(), cudaHostAllocDefault));
+    CUMULUS_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), kSlots * std::max<std::size_t>(slot_bytes, 8),
+                                     cudaHostAllocDefault));
     CUMULUS_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
     for (int k = 0; k < kSlots; ++k) {
       CUMULUS_CUDA_CHECK(cudaEventCreateWithFlags(&copied[k], cudaEventDisableTiming));
@@ -174,6 +283,10 @@ struct DataLoader::HostStaging {
     if (pinned) CUMULUS_CUDA_WARN(cudaFreeHost(pinned));
   }
 
+  // Tensor t's rows in slot k: on the host (pinned) and on the device (its ring).
+  uint8_t* host_rows(int k, std::size_t t) const { return pinned + k * slot_bytes + offset[t]; }
+  uint8_t* device_rows(int k, std::size_t t) const { return rings[t].data<uint8_t>() + k * batch * row[t]; }
+
   // Blocks until `e` has completed; counted as a host synchronization only if it had not.
   static void wait_if_pending(cudaEvent_t e) {
     const cudaError_t st = cudaEventQuery(e);
@@ -185,33 +298,33 @@ struct DataLoader::HostStaging {
 };
 
 DataLoader::DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed)
-    : DataLoader(dataset, batch_size, shuffle, seed, dataset.images.defined() ? dataset.images.device() : Device::cpu()) {}
+    : DataLoader(dataset.tensors(), batch_size, shuffle, seed) {}
 
 DataLoader::DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device)
+    : DataLoader(dataset.tensors(), batch_size, shuffle, seed, device) {}
+
+DataLoader::DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed)
+    : DataLoader(dataset, batch_size, shuffle, seed, dataset.device()) {}
+
+DataLoader::DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device)
     : dataset_(dataset), batch_size_(batch_size), shuffle_(shuffle), seed_(seed), device_(device) {
   CUMULUS_CHECK(batch_size > 0, InvalidArgument, "DataLoader: batch_size must be positive, got ", batch_size);
-  CUMULUS_CHECK(dataset.images.defined() && dataset.labels.defined(), InvalidArgument,
-                "DataLoader: the dataset has no images or labels");
-  CUMULUS_CHECK(dataset.images.dtype() == DType::u8 && dataset.images.ndim() == 3, InvalidArgument,
-                "DataLoader: images must be u8 [n, rows, cols], got ", dataset.images.str());
-  CUMULUS_CHECK(dataset.labels.dtype() == DType::i32 && dataset.labels.ndim() == 1 &&
-                    dataset.labels.size(0) == dataset.images.size(0),
-                InvalidArgument, "DataLoader: labels must be i32 [", dataset.images.size(0), "], got ",
-                dataset.labels.str());
-  CUMULUS_CHECK(dataset.labels.device() == dataset.images.device(), DeviceError,
-                "DataLoader: images on ", dataset.images.device().str(), " but labels on ",
-                dataset.labels.device().str());
+  CUMULUS_CHECK(dataset.num_tensors() > 0, InvalidArgument, "DataLoader: the dataset has no tensors");
+  CUMULUS_CHECK(dataset.num_tensors() <= kMaxTensors, InvalidArgument, "DataLoader: the dataset has ",
+                dataset.num_tensors(), " tensors; a loader gathers at most ", kMaxTensors);
   CUMULUS_CHECK(dataset.size() <= std::numeric_limits<int32_t>::max(), InvalidArgument,
                 "DataLoader: ", dataset.size(), " samples exceed i32 indices");
-  const Device held_on = dataset.images.device();
+  const Device held_on = dataset.device();
   CUMULUS_CHECK(held_on == device || (held_on.is_cpu() && device.is_cuda()), DeviceError,
                 "DataLoader: batches on ", device.str(), " from a dataset on ", held_on.str(),
                 " (a dataset is used on its own device, or kept on the host for a CUDA device)");
   if (held_on != device) {
     check_device_available(device);
 #if CUMULUS_WITH_CUDA
+    std::vector<int64_t> rows;
+    for (std::size_t t = 0; t < dataset.num_tensors(); ++t) rows.push_back(row_bytes(dataset.tensor(t)));
     staging_ = std::make_unique<HostStaging>(device.index(), std::min(batch_size, std::max<int64_t>(dataset.size(), 1)),
-                                             dataset.images.size(1) * dataset.images.size(2));
+                                             std::move(rows));
 #endif
   }
   set_epoch(0);
@@ -259,15 +372,15 @@ void DataLoader::seek(int64_t i) {
   copy_bytes(cursor_.raw_data(), device_, &i, Device::cpu(), sizeof(i));  // the position only
 }
 
-void DataLoader::copy_rows_on_host(int64_t i, int64_t count, uint8_t* images_out, int32_t* labels_out) const {
-  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
-  const auto* images = dataset_.images.data<uint8_t>();
-  const auto* labels = dataset_.labels.data<int32_t>();
+void DataLoader::copy_rows_on_host(std::size_t k, int64_t i, int64_t count, uint8_t* out) const {
+  const Tensor& src = dataset_.tensor(k);
+  const int64_t row = row_bytes(src);
+  if (row == 0) return;
+  const auto* rows = static_cast<const uint8_t*>(src.raw_data());
   for (int64_t r = 0; r < count; ++r) {
-    const int64_t k = i * batch_size_ + r;
-    const int64_t s = shuffle_ ? static_cast<int64_t>(host_order_[static_cast<std::size_t>(k)]) : k;
-    std::copy_n(images + s * row, row, images_out + r * row);
-    labels_out[r] = labels[s];
+    const int64_t j = i * batch_size_ + r;
+    const int64_t s = shuffle_ ? static_cast<int64_t>(host_order_[static_cast<std::size_t>(j)]) : j;
+    std::memcpy(out + r * row, rows + s * row, static_cast<std::size_t>(row));
   }
 }
 
@@ -287,16 +400,12 @@ void DataLoader::stage(int64_t i, int64_t then) {
   auto fill = [&](int k, int64_t b) {
     HostStaging::wait_if_pending(st.copied[k]);
     const int64_t count = std::min(batch_size_, dataset_.size() - b * batch_size_);
-    auto* host_labels = reinterpret_cast<int32_t*>(st.pinned + k * st.slot_bytes());  // 4-aligned
-    uint8_t* host_images = st.pinned + k * st.slot_bytes() + st.batch * sizeof(int32_t);
-    copy_rows_on_host(b, count, host_images, host_labels);
+    for (std::size_t t = 0; t < dataset_.num_tensors(); ++t) copy_rows_on_host(t, b, count, st.host_rows(k, t));
     CUMULUS_CUDA_CHECK(cudaStreamWaitEvent(st.copy_stream, st.consumed[k], 0));
-    auto* device_images = st.images.data<uint8_t>() + k * st.batch * st.row;
-    auto* device_labels = st.labels.data<int32_t>() + k * st.batch;
-    CUMULUS_CUDA_CHECK(cudaMemcpyAsync(device_images, host_images, static_cast<std::size_t>(count * st.row),
-                                       cudaMemcpyHostToDevice, st.copy_stream));
-    CUMULUS_CUDA_CHECK(cudaMemcpyAsync(device_labels, host_labels, static_cast<std::size_t>(count) * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, st.copy_stream));
+    for (std::size_t t = 0; t < dataset_.num_tensors(); ++t)
+      CUMULUS_CUDA_CHECK(cudaMemcpyAsync(st.device_rows(k, t), st.host_rows(k, t),
+                                         static_cast<std::size_t>(count * st.row[t]), cudaMemcpyHostToDevice,
+                                         st.copy_stream));
     CUMULUS_CUDA_CHECK(cudaEventRecord(st.copied[k], st.copy_stream));
     st.holds[k] = b;
     st.holds_epoch[k] = st.epoch_serial;
@@ -328,32 +437,29 @@ Batch DataLoader::next(int64_t i) {
     ++position_;
     return b;
   }
+  // The gather reads the dataset's tensors in the epoch's order, or the staging ring's slot.
   [[maybe_unused]] int64_t ring = 0, stride = batch_size_;
-  [[maybe_unused]] const uint8_t* images = nullptr;
-  [[maybe_unused]] const int32_t* labels = nullptr;
   [[maybe_unused]] const int32_t* order = nullptr;
+  std::vector<const void*> src(dataset_.num_tensors());
 #if CUMULUS_WITH_CUDA
   if (staging_) {
     if (staging_->staged != i) stage(i, i + 1);
     staging_->staged = -1;
     ring = HostStaging::kSlots;
     stride = staging_->batch;
-    images = staging_->images.data<uint8_t>();
-    labels = staging_->labels.data<int32_t>();
+    for (std::size_t t = 0; t < src.size(); ++t) src[t] = staging_->rings[t].raw_data();
   } else {
-    images = dataset_.images.data<uint8_t>();
-    labels = dataset_.labels.data<int32_t>();
+    for (std::size_t t = 0; t < src.size(); ++t) src[t] = dataset_.tensor(t).raw_data();
     order = shuffle_ ? order_.data<int32_t>() : nullptr;
   }
 #endif
   Batch b = empty_batch(i);
-  [[maybe_unused]] const int64_t count = b.x.size(0), row = b.x.size(1);
-  [[maybe_unused]] int32_t* y = b.y.data<int32_t>();
-  CUMULUS_DISPATCH_FLOAT(dtype_, T, [[maybe_unused]] T* x = b.x.data<T>();
-                         CUMULUS_DISPATCH(device_, ctx, (void)0,
-                                          kernels::gather_batch_at_cursor_cuda(
-                                              images, labels, order, static_cast<kernels::GatherCursor*>(cursor_.raw_data()),
-                                              stride, ring, count, row, x, y, ctx.stream())));
+  [[maybe_unused]] const kernels::GatherColumns columns = gather_columns(dataset_, src, b);
+  [[maybe_unused]] const int64_t count = b.tensors[0].size(0);
+  CUMULUS_DISPATCH(
+      device_, ctx, (void)0,
+      kernels::gather_rows_at_cursor_cuda(columns, order, static_cast<kernels::GatherCursor*>(cursor_.raw_data()),
+                                          stride, ring, count, ctx.stream()));
   ++position_;
   return b;
 }
@@ -367,10 +473,18 @@ DataLoader& DataLoader::set_dtype(DType dtype) {
 
 Batch DataLoader::empty_batch(int64_t i) const {
   const int64_t count = std::min(batch_size_, dataset_.size() - i * batch_size_);
-  const int64_t row = dataset_.images.size(1) * dataset_.images.size(2);
   MemoryCategoryScope scope(MemoryCategory::data);
   OpScope op("gather batch");  // an out-of-memory report names the batch, not "(no op)"
-  return {Tensor::empty(Shape{count, row}, dtype_, device_), Tensor::empty(Shape{count}, DType::i32, device_)};
+  Batch b;
+  for (std::size_t k = 0; k < dataset_.num_tensors(); ++k) {
+    const Tensor& t = dataset_.tensor(k);
+    Shape shape{count};
+    for (int d = 1; d < t.ndim(); ++d) shape.push_back(t.shape()[d]);
+    b.tensors.push_back(Tensor::empty(shape, dataset_.floating(k) ? dtype_ : t.dtype(), device_));
+  }
+  b.x = b.tensors[0];
+  if (b.tensors.size() > 1) b.y = b.tensors[1];
+  return b;
 }
 
 // Ceiling division without n + b - 1, which overflows for a batch size near INT64_MAX.
@@ -382,35 +496,30 @@ int64_t DataLoader::num_batches() const {
 Batch DataLoader::batch(int64_t i) const {
   CUMULUS_CHECK(i >= 0 && i < num_batches(), InvalidArgument, "DataLoader::batch(", i,
                 "): out of range, the epoch has ", num_batches(), " batches");
-  const int64_t start = i * batch_size_;
   Batch b = empty_batch(i);
-  const int64_t count = b.x.size(0), row = b.x.size(1);
-  int32_t* y = b.y.data<int32_t>();
+  const int64_t count = b.tensors[0].size(0);
+  std::vector<const void*> src(dataset_.num_tensors());
   if (staging_) {
-    // Evaluation's synchronous form: the batch's rows gathered on the host, copied as u8 (a
-    // quarter of the f32 bytes), scaled on the device by the ordinary gather.
-    std::vector<uint8_t> rows(static_cast<std::size_t>(count * row));
-    std::vector<int32_t> row_labels(static_cast<std::size_t>(count));
-    copy_rows_on_host(i, count, rows.data(), row_labels.data());
-    Tensor staged_images, staged_labels;
-    {
+    // Evaluation's synchronous form: the batch's rows gathered on the host, copied as they are (u8
+    // pixels are a quarter of the f32 bytes), converted on the device by the ordinary gather.
+    std::vector<Tensor> uploads;
+    for (std::size_t t = 0; t < src.size(); ++t) {
+      std::vector<uint8_t> rows(static_cast<std::size_t>(count * row_bytes(dataset_.tensor(t))));
+      copy_rows_on_host(t, i, count, rows.data());
       MemoryCategoryScope scope(MemoryCategory::data);
-      staged_images = Tensor::from_vector(rows, Shape{count, row}, device_);
-      staged_labels = Tensor::from_vector(row_labels, Shape{count}, device_);
+      uploads.push_back(Tensor::from_vector(rows, Shape{static_cast<int64_t>(rows.size())}, device_));
+      src[t] = uploads.back().raw_data();
     }
-    [[maybe_unused]] const uint8_t* si = staged_images.data<uint8_t>();
-    [[maybe_unused]] const int32_t* sl = staged_labels.data<int32_t>();
-    CUMULUS_DISPATCH_FLOAT(
-        dtype_, T, [[maybe_unused]] T* x = b.x.data<T>(); CUMULUS_DISPATCH(
-            device_, ctx, (void)0, kernels::gather_batch_cuda(si, sl, nullptr, 0, count, row, x, y, ctx.stream())));
+    [[maybe_unused]] const kernels::GatherColumns columns = gather_columns(dataset_, src, b);
+    CUMULUS_DISPATCH(device_, ctx, (void)0, kernels::gather_rows_cuda(columns, nullptr, 0, count, ctx.stream()));
     return b;
   }
-  const uint8_t* images = dataset_.images.data<uint8_t>();
-  const int32_t* labels = dataset_.labels.data<int32_t>();
+  for (std::size_t t = 0; t < src.size(); ++t) src[t] = dataset_.tensor(t).raw_data();
   const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
-  CUMULUS_DISPATCH_FLOAT(dtype_, T, T* x = b.x.data<T>(); CUMULUS_DISPATCH(
-                             device_, ctx, kernels::gather_batch_cpu(images, labels, order, start, count, row, x, y),
-                             kernels::gather_batch_cuda(images, labels, order, start, count, row, x, y, ctx.stream())));
+  const kernels::GatherColumns columns = gather_columns(dataset_, src, b);
+  const int64_t start = i * batch_size_;
+  CUMULUS_DISPATCH(device_, ctx, kernels::gather_rows_cpu(columns, order, start, count),
+                   kernels::gather_rows_cuda(columns, order, start, count, ctx.stream()));
   return b;
 }
 

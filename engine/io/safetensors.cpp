@@ -69,6 +69,7 @@ const char* file_dtype(DType t) {
     case DType::u8: return "U8";
     case DType::bf16: return "BF16";
     case DType::f16: return "F16";
+    case DType::i64: return "I64";
   }
   return nullptr;
 }

@@ -30,6 +30,7 @@ double read_value(const Tensor& t, int64_t i) {
     case DType::f32: return t.data<float>()[i];
     case DType::i32: return t.data<int32_t>()[i];
     case DType::u8: return t.data<uint8_t>()[i];
+    case DType::i64: return static_cast<double>(t.data<int64_t>()[i]);  // exact to 2^53
     case DType::bf16: return kernels::bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
     case DType::f16: return kernels::f16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
   }
@@ -66,6 +67,11 @@ bool write_exact(Tensor& out, int64_t i, double v) {
     case DType::u8:
       if (!std::isfinite(v) || v != std::floor(v) || v < 0 || v > 255) return false;
       out.data<uint8_t>()[i] = static_cast<uint8_t>(v);
+      return true;
+    case DType::i64:  // within +-2^63 (both bounds are exact doubles; the upper one is excluded)
+      if (!std::isfinite(v) || v != std::floor(v) || v < -9223372036854775808.0 || v >= 9223372036854775808.0)
+        return false;
+      out.data<int64_t>()[i] = static_cast<int64_t>(v);
       return true;
   }
   return false;

@@ -418,7 +418,9 @@ Plan plan_batch(const PlanRequest& request) {
   CachingAllocator& alloc = allocator_for(request.device);
   const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
   const BufferRestore buffers(request.model);
-  return Planner(request, alloc).run();
+  Plan plan = Planner(request, alloc).run();
+  CUMULUS_CHECK(plan.micro_batch > 0 || !request.require_fit, OutOfMemory, "plan_batch: ", plan.reason);
+  return plan;
 }
 
 }  // namespace cumulus

@@ -50,11 +50,16 @@
 // the trace shows true phases.
 #include "cumulus/optim/trainer.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/module.h"
+#include "cumulus/ops/metrics.h"
+#include "cumulus/ops/ops.h"
 
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"
@@ -233,6 +238,72 @@ bool Trainer::step(bool only_if_ready) {
   acc_.finish_step_host();
   if (tracker_) tracker_->add_graph_step(acc_.attempted_steps(), opt.state_bytes());
   return true;
+}
+
+// ---- conveniences over a DataLoader ----------------------------------------------------------
+
+double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss) {
+  dist::Communicator* comm = acc_.communicator();
+  const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
+  const int64_t batches = loader.num_batches(), batch = loader.batch_size(), n = loader.dataset().size();
+  loader.set_epoch(epoch);
+  loader.seek(0);
+  begin_epoch(epoch, batches);
+  for (int64_t i = 0; i < batches; ++i) {
+    if (dist::owner_of_micro_batch(i, world) == rank) {
+      if (loader.position() != i) loader.seek(i);  // another rank's micro-batches in between
+      // Host-resident data: batch i onto the device, this rank's next one behind it (outside the
+      // closure: a replayed graph runs no host code).
+      loader.stage(i, i + world);
+      micro_batch(std::min(batch, n - i * batch), [&] { return loss(loader.next(i)); });
+    } else {
+      skip_micro_batch();
+    }
+    step_if_ready();
+  }
+  return acc_.epoch_loss_sum() / std::max(acc_.epoch_samples_stepped(), 1.0);
+}
+
+Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader) {
+  NoGradGuard no_grad;
+  struct RestoreMode {  // batch norm and dropout behave as in evaluation until this returns
+    nn::Module& m;
+    bool training;
+    ~RestoreMode() { m.train(training); }
+  } restore{model, model.is_training()};
+  model.eval();
+  ops::ClassificationTally tally(loader.device());
+  for (int64_t i = 0; i < loader.num_batches(); ++i) {
+    const data::Batch b = loader.batch(i);
+    const Tensor logits = model(b.x);
+    tally.add(logits, b.y, ops::cross_entropy(logits, b.y, ops::Reduction::Mean));
+  }
+  const ops::ClassificationTally::Totals t = tally.read();
+  Evaluation e;
+  e.correct = t.correct;
+  e.samples = t.samples;
+  e.accuracy = t.samples > 0 ? static_cast<double>(t.correct) / static_cast<double>(t.samples) : 0.0;
+  e.loss = t.batches > 0 ? t.loss_sum / static_cast<double>(t.batches) : 0.0;
+  return e;
+}
+
+PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
+                         int64_t effective_batch, int64_t budget, DType batch_dtype) {
+  PlanRequest r;
+  r.device = optimizer.parameters().device();
+  r.effective_batch = effective_batch;
+  r.budget = budget;
+  r.optimizer = &optimizer;
+  r.sample_limit = dataset.size();
+  r.require_fit = true;
+  nn::FlatParameters* params = &optimizer.parameters();
+  r.micro_batch = [dataset, loss = std::move(loss), device = r.device, batch_dtype, params](int64_t samples) {
+    data::DataLoader loader(dataset, samples, /*shuffle=*/false, /*seed=*/0, device);
+    loader.set_dtype(batch_dtype);
+    loss(loader.batch(0)).backward();
+    params->mark_gradients_stale();  // the probe's gradients are discarded
+  };
+  return r;
 }
 
 }  // namespace cumulus::optim

@@ -43,6 +43,7 @@ const char* dtype_name(DType t) {
     case DType::u8: return "u8";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::i64: return "i64";
   }
   return "unknown";
 }

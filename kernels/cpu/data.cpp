@@ -1,32 +1,28 @@
-// Batch gather for the DataLoader: row r of the batch is sample s = order[start + r] (or
-// start + r without an order) of a u8 dataset [n, row]:
-//   x[r, c] = images[s, c] / 255   (in f32, as torchvision's ToTensor: a true division, not * (1/255);
-//                                   then stored as T, rounded once for a 16-bit batch)
-//   y[r]    = labels[s]
-// No backward: data has no gradient.
+// The DataLoader's row gather on the CPU (the contract: kernels/gather.h): every column of batch
+// row r from sample s = order[start + r] (order null: start + r), a copying column as one memcpy
+// per row, a converting one element by element through the shared conversions.
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/kernels.h"
 
 namespace cumulus::kernels {
 
-template <typename T>
-void gather_batch_cpu(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                      int64_t count, int64_t row, T* x, int32_t* y) {
-  for (int64_t r = 0; r < count; ++r) {
-    const int64_t s = order ? static_cast<int64_t>(order[start + r]) : start + r;
-    const uint8_t* src = images + s * row;
-    T* dst = x + r * row;
-    for (int64_t c = 0; c < row; ++c) dst[c] = from_f32<T>(static_cast<float>(src[c]) / 255.0f);
-    y[r] = labels[s];
+void gather_rows_cpu(const GatherColumns& columns, const int32_t* order, int64_t start, int64_t count) {
+  for (int32_t k = 0; k < columns.count; ++k) {
+    const GatherColumn& col = columns.column[k];
+    const auto row_bytes = static_cast<std::size_t>(col.row) * dtype_size(col.src_type);
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t s = order ? static_cast<int64_t>(order[start + r]) : start + r;
+      if (gather_copies(col)) {
+        if (row_bytes > 0)
+          std::memcpy(static_cast<char*>(col.dst) + r * row_bytes, static_cast<const char*>(col.src) + s * row_bytes,
+                      row_bytes);
+        continue;
+      }
+      for (int64_t c = 0; c < col.row; ++c) gather_convert(col, r, s, c);
+    }
   }
 }
-
-template void gather_batch_cpu(const uint8_t*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t, float*,
-                              int32_t*);
-template void gather_batch_cpu(const uint8_t*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t,
-                               BFloat16*, int32_t*);
-template void gather_batch_cpu(const uint8_t*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t, Half*,
-                               int32_t*);
 
 }  // namespace cumulus::kernels

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/float16.h"
+#include "kernels/gather.h"
 #include "kernels/metrics.h"
 
 namespace cumulus::kernels {
@@ -84,10 +85,8 @@ namespace cumulus::kernels {
 
 // ---- data (see kernels/cpu/data.cpp) ----
 
-// Row r < count of a batch is sample s = order[start + r] (order null: start + r) of u8 images
-// [n, row]: x[r, :] = images[s, :] / 255.0f (computed in f32, stored as T), y[r] = labels[s].
-template <typename T>
-void gather_batch_cpu(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                      int64_t count, int64_t row, T* x, int32_t* y);
+// Rows [0, count) of every column's batch from samples order[start + r] (order null: start + r):
+// kernels/gather.h's contract.
+void gather_rows_cpu(const GatherColumns& columns, const int32_t* order, int64_t start, int64_t count);
 
 }  // namespace cumulus::kernels

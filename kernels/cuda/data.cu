@@ -1,12 +1,8 @@
-// Batch gather for the DataLoader: row r of the batch is sample s = order[start + r] (or
-// start + r without an order) of a u8 dataset [n, row]:
-//   x[r, c] = images[s, c] / 255   (in f32, as torchvision's ToTensor: a true division, not * (1/255);
-//                                   nvcc's default -prec-div=true makes it the same IEEE-rounded
-//                                   quotient as the CPU kernel, bit for bit; then stored as T,
-//                                   rounded once for a 16-bit batch, as the CPU kernel does)
-//   y[r]    = labels[s]            (written by the thread of column 0: one launch per batch; by a
-//                                   loop of their own for rows of 0 pixels)
-// No backward: data has no gradient.
+// The DataLoader's row gather on CUDA (the contract: kernels/gather.h), one launch per batch for
+// all of its tensors: each column in turn, by a grid-stride loop over its elements. A copying
+// column moves aligned units of up to 8 bytes (its copy unit, kernels/gather.h); a converting one
+// goes element by element through the conversions the CPU loop uses, so the bits are the CPU's
+// (nvcc's default -prec-div=true makes float(v) / divisor the same IEEE-rounded quotient).
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -20,38 +16,59 @@ using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
 
-template <typename T>
-__device__ __forceinline__ void gather_rows(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                            int64_t start, int64_t count, int64_t row, T* x, int32_t* y) {
-  const int64_t n = count * row;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t r = i / row, c = i - r * row;
-    const int64_t s = order ? static_cast<int64_t>(order[start + r]) : start + r;
-    x[i] = from_f32<T>(static_cast<float>(images[s * row + c]) / 255.0f);
-    if (c == 0) y[r] = labels[s];
-  }
-  // Images of no pixels have no column 0 to carry the labels, which gather_batch_cpu still writes.
-  if (row == 0)
-    CUMULUS_GRID_STRIDE_LOOP(r, count) y[r] = labels[order ? static_cast<int64_t>(order[start + r]) : start + r];
+// Each column's copy unit in bytes (0: a converting column), chosen on the host.
+struct CopyUnits {
+  int32_t bytes[kMaxGatherColumns];
+};
+
+__device__ __forceinline__ int64_t sample_of(const int32_t* order, int64_t start, int64_t r) {
+  return order ? static_cast<int64_t>(order[start + r]) : start + r;
 }
 
-template <typename T>
-__global__ void gather_batch_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                    int64_t start, int64_t count, int64_t row, T* x, int32_t* y) {
-  gather_rows(images, labels, order, start, count, row, x, y);
+template <typename U>
+__device__ void copy_column(const GatherColumn& col, int64_t row_bytes, const int32_t* order, int64_t start,
+                            int64_t count) {
+  const int64_t units = row_bytes / static_cast<int64_t>(sizeof(U));
+  const U* src = static_cast<const U*>(col.src);
+  U* dst = static_cast<U*>(col.dst);
+  CUMULUS_GRID_STRIDE_LOOP(i, count * units) {
+    const int64_t r = i / units, c = i - r * units;
+    dst[i] = src[sample_of(order, start, r) * units + c];
+  }
+}
+
+__device__ void gather_columns(const GatherColumns& columns, const CopyUnits& units, const int32_t* order,
+                               int64_t start, int64_t count) {
+  for (int32_t k = 0; k < columns.count; ++k) {
+    const GatherColumn& col = columns.column[k];
+    const int64_t row_bytes = col.row * static_cast<int64_t>(dtype_size(col.src_type));
+    switch (units.bytes[k]) {
+      case 8: copy_column<uint64_t>(col, row_bytes, order, start, count); break;
+      case 4: copy_column<uint32_t>(col, row_bytes, order, start, count); break;
+      case 2: copy_column<uint16_t>(col, row_bytes, order, start, count); break;
+      case 1: copy_column<uint8_t>(col, row_bytes, order, start, count); break;
+      default:
+        CUMULUS_GRID_STRIDE_LOOP(i, count * col.row) {
+          const int64_t r = i / col.row;
+          gather_convert(col, r, sample_of(order, start, r), i - r * col.row);
+        }
+    }
+  }
+}
+
+__global__ void gather_rows_kernel(GatherColumns columns, CopyUnits units, const int32_t* order, int64_t start,
+                                   int64_t count) {
+  gather_columns(columns, units, order, start, count);
 }
 
 // The batch at cursor->position (or in ring slot cursor->ring_slot); the last block to finish
 // advances the cursor (every block has read it by then: each reads it before counting itself done).
-template <typename T>
-__global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                              GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count,
-                                              int64_t row, T* x, int32_t* y) {
+__global__ void gather_rows_at_cursor_kernel(GatherColumns columns, CopyUnits units, const int32_t* order,
+                                             GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count) {
   __shared__ int64_t start;
   if (threadIdx.x == 0) start = (ring > 0 ? int64_t(cursor->ring_slot) : cursor->position) * batch_size;
   __syncthreads();
-  gather_rows(images, labels, order, start, count, row, x, y);
+  gather_columns(columns, units, order, start, count);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -63,32 +80,37 @@ __global__ void gather_batch_at_cursor_kernel(const uint8_t* images, const int32
   }
 }
 
+// The copy units, and the most loop iterations any column needs (the grid's size).
+CopyUnits copy_units(const GatherColumns& columns, int64_t count, int64_t* elements) {
+  CopyUnits units{};
+  *elements = 0;
+  for (int32_t k = 0; k < columns.count; ++k) {
+    const GatherColumn& col = columns.column[k];
+    const int64_t unit = gather_copies(col) ? gather_copy_unit(col) : 0;
+    units.bytes[k] = static_cast<int32_t>(unit);
+    const int64_t per_row = unit > 0 ? col.row * static_cast<int64_t>(dtype_size(col.src_type)) / unit : col.row;
+    *elements = std::max(*elements, count * per_row);
+  }
+  return units;
+}
+
 }  // namespace
 
-template <typename T>
-void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                       int64_t count, int64_t row, T* x, int32_t* y, cudaStream_t stream) {
-  if (count == 0) return;  // (row 0 still writes the labels)
-  launch<gather_batch_kernel<T>>(blocks_for(count * row), kThreads, stream, images, labels, order, start, count, row, x,
-                                 y);
+void gather_rows_cuda(const GatherColumns& columns, const int32_t* order, int64_t start, int64_t count,
+                      cudaStream_t stream) {
+  if (count == 0) return;
+  int64_t elements = 0;
+  const CopyUnits units = copy_units(columns, count, &elements);
+  if (elements == 0) return;  // rows of no elements in every column
+  launch<gather_rows_kernel>(blocks_for(elements), kThreads, stream, columns, units, order, start, count);
 }
 
-template <typename T>
-void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                 GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
-                                 T* x, int32_t* y, cudaStream_t stream) {
-  launch<gather_batch_at_cursor_kernel<T>>(blocks_for(count * row), kThreads, stream, images, labels, order, cursor,
-                                           batch_size, ring, count, row, x, y);
+void gather_rows_at_cursor_cuda(const GatherColumns& columns, const int32_t* order, GatherCursor* cursor,
+                                int64_t batch_size, int64_t ring, int64_t count, cudaStream_t stream) {
+  int64_t elements = 0;
+  const CopyUnits units = copy_units(columns, count, &elements);
+  launch<gather_rows_at_cursor_kernel>(blocks_for(elements), kThreads, stream, columns, units, order, cursor,
+                                       batch_size, ring, count);
 }
-
-#define CUMULUS_INSTANTIATE(T)                                                                                   \
-  template void gather_batch_cuda(const uint8_t*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t, T*, \
-                                  int32_t*, cudaStream_t);                                                       \
-  template void gather_batch_at_cursor_cuda(const uint8_t*, const int32_t*, const int32_t*, GatherCursor*,       \
-                                            int64_t, int64_t, int64_t, int64_t, T*, int32_t*, cudaStream_t);
-CUMULUS_INSTANTIATE(float)
-CUMULUS_INSTANTIATE(BFloat16)
-CUMULUS_INSTANTIATE(Half)
-#undef CUMULUS_INSTANTIATE
 
 }  // namespace cumulus::kernels

@@ -15,6 +15,7 @@
 
 #include "cumulus/tensor/dtype.h"
 #include "kernels/float16.h"
+#include "kernels/gather.h"
 #include "kernels/metrics.h"
 
 namespace cumulus::kernels {
@@ -234,29 +235,16 @@ namespace cumulus::kernels {
 
 // ---- data (see kernels/cuda/data.cu) ----
 
-// The batch gather of gather_batch_cpu (kernels/cpu/kernels.h), one launch: x [count, row] =
-// images[s, :] / 255.0f (stored as T) and y [count] = labels[s] for s = order[start + r] (order
-// null: start + r).
-template <typename T>
-void gather_batch_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order, int64_t start,
-                       int64_t count, int64_t row, T* x, int32_t* y, cudaStream_t stream);
-// The DataLoader's device-side position (16 bytes, zeroed at creation): the batch index, a count
-// of the gather's finished blocks (zero between launches) and, for a staging ring, the slot the
-// next gather reads.
-struct GatherCursor {
-  int64_t position;
-  uint32_t blocks_done;
-  uint32_t ring_slot;
-};
-// The same for the batch at cursor->position, then position += 1, in the one launch. ring 0: the
-// batch starts at sample position * batch_size of the dataset. ring k > 0: `images`/`labels` are
-// a staging ring of k slots of batch_size samples each (host-resident data, Note [Host-resident
-// data] in engine/data/dataset.cpp), order must be null, the batch is slot cursor->ring_slot and
-// the launch advances ring_slot to the next slot (mod k).
-template <typename T>
-void gather_batch_at_cursor_cuda(const uint8_t* images, const int32_t* labels, const int32_t* order,
-                                 GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count, int64_t row,
-                                 T* x, int32_t* y, cudaStream_t stream);
+// gather_rows_cpu (kernels/cpu/kernels.h) in one launch for all columns; the same bits.
+void gather_rows_cuda(const GatherColumns& columns, const int32_t* order, int64_t start, int64_t count,
+                      cudaStream_t stream);
+// The same for the batch at cursor->position, then position += 1, in the one launch (also for an
+// empty batch). ring 0: the batch starts at sample position * batch_size of the columns' sources.
+// ring k > 0: every column's source is a staging ring of k slots of batch_size samples each
+// (host-resident data, Note [Host-resident data] in engine/data/dataset.cpp), order must be null,
+// the batch is slot cursor->ring_slot and the launch advances ring_slot to the next slot (mod k).
+void gather_rows_at_cursor_cuda(const GatherColumns& columns, const int32_t* order, GatherCursor* cursor,
+                                int64_t batch_size, int64_t ring, int64_t count, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
 

@@ -1,8 +1,11 @@
-// Image classification datasets held as uint8 (Fashion-MNIST is 55 MB that way), and a DataLoader
-// that gathers each batch by index and scales it to [0, 1] in one kernel (docs/ARCHITECTURE.md,
-// "Data"). The dataset lives on the training device (no per-batch host copies) or, for a dataset
-// the device should not hold, on the host: then batches are staged through pinned memory and
-// copied one micro-batch ahead on a copy stream (Note [Host-resident data] in engine/data/dataset.cpp).
+// Datasets and the DataLoader (docs/ARCHITECTURE.md, "Data"). A TensorDataset is any tensors that
+// share their first dimension, as PyTorch's: f32, i32, i64 or u8, of any trailing shape. The
+// DataLoader gathers each batch's rows of every tensor by index in one kernel (shuffled on the
+// device from a seed), converting the floating ones to the batch dtype on the way. The dataset lives
+// on the training device (no per-batch host copies) or, for a dataset the device should not hold,
+// on the host: then batches are staged through pinned memory and copied one micro-batch ahead on a
+// copy stream (Note [Host-resident data] in engine/data/dataset.cpp). Image classification
+// (ImageDataset: u8 images scaled to [0, 1], i32 labels; Fashion-MNIST is 55 MB that way) is one use.
 #pragma once
 
 #include <cstdint>
@@ -14,11 +17,44 @@
 
 namespace cumulus::data {
 
+// Tensors sharing their first dimension (the samples), as PyTorch's TensorDataset(x, y): f32, i32,
+// i64 or u8, of any shape [n, ...] (up to 4-D), all on one device: the device batches are made on,
+// or the host for a CUDA loader (host-resident data). The tensors are shared, not copied.
+class TensorDataset {
+ public:
+  TensorDataset() = default;
+  // `names` (one per tensor, or none) name the tensors in messages: "tensor 1 ('labels')". Throws
+  // ShapeError naming the tensors and their shapes when first dimensions differ, InvalidArgument
+  // for another dtype or a 0-d tensor, DeviceError for tensors on different devices.
+  explicit TensorDataset(std::vector<Tensor> tensors, std::vector<std::string> names = {});
+  // Batches of tensor k as floating point: float(value) / divisor computed in f32 and stored in the
+  // loader's dtype (f32, or bf16 / f16 with DataLoader::set_dtype), rounded once. The image path:
+  // u8 pixels with divisor 255 (torchvision's ToTensor). f32 tensors are floating without it.
+  TensorDataset& to_float(std::size_t k, float divisor = 1.0f);
+
+  int64_t size() const { return tensors_.empty() ? 0 : tensors_[0].size(0); }  // samples
+  std::size_t num_tensors() const { return tensors_.size(); }
+  const Tensor& tensor(std::size_t k) const;
+  std::string describe(std::size_t k) const;  // "tensor 1 ('labels')", as messages name it
+  // Whether tensor k's batches are floating point (in the loader's dtype): f32, or to_float.
+  bool floating(std::size_t k) const;
+  float divisor(std::size_t k) const;  // 1 unless to_float said otherwise
+  Device device() const { return tensors_.empty() ? Device::cpu() : tensors_[0].device(); }
+
+ private:
+  std::vector<Tensor> tensors_;
+  std::vector<std::string> names_;
+  std::vector<float> divisors_;  // per tensor: 0 unless to_float
+};
+
 struct ImageDataset {
   Tensor images;  // [n, rows, cols] u8, category data
   Tensor labels;  // [n] i32 in [0, num_classes), category data
   int64_t num_classes = 10;
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
+  // The TensorDataset a DataLoader gathers from: "images" viewed as [n, rows * cols] and scaled to
+  // [0, 1] (to_float, divisor 255), then "labels". Checks the dtypes and shapes above.
+  TensorDataset tensors() const;
 };
 
 // The Fashion-MNIST (or MNIST) split in `dir`: train-images-idx3-ubyte(.gz) and
@@ -32,18 +68,27 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
 // The file names of a split, without the .gz suffix, in the order images, labels.
 std::vector<std::string> mnist_file_names(bool train);
 
+// A batch of b samples: every dataset tensor's rows [b, ...] in the dataset's order, in category
+// data. x and y are the first two (a dataset of inputs and targets); y is undefined with one tensor.
+// From an ImageDataset: x is [b, rows * cols] in [0, 1] (pixel / 255) in the loader's dtype, y [b] i32.
 struct Batch {
-  Tensor x;  // [b, rows * cols] in [0, 1] (pixel / 255, as torchvision's ToTensor), the loader's dtype
-  Tensor y;  // [b] i32
+  Tensor x;
+  Tensor y;
+  std::vector<Tensor> tensors;
 };
 
 class DataLoader {
  public:
+  static constexpr std::size_t kMaxTensors = 8;
   // Batches of `batch_size` in dataset order, or in a permutation drawn per epoch from `seed` when
   // `shuffle` (the same seed and epoch give the same order on every device and after a resume).
   // The last batch of an epoch may be smaller (drop_last = false, as PyTorch's default).
   // Batches are made on `device` (default: the dataset's). A dataset on the CPU with a CUDA
   // `device` is host-resident: only two staging slots of batch_size samples live on the device.
+  // At most kMaxTensors tensors (one kernel argument carries them all).
+  DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle = false, uint64_t seed = 0);
+  DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device);
+  // An image dataset's loader: DataLoader(dataset.tensors(), ...).
   DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle = false, uint64_t seed = 0);
   DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device);
   ~DataLoader();
@@ -53,8 +98,9 @@ class DataLoader {
   void set_epoch(int epoch);  // draws that epoch's order (no-op without shuffle)
   int64_t num_batches() const;
   int64_t batch_size() const { return batch_size_; }
-  // The type batches are made in: f32 (the default), or bf16 / f16 for mixed precision, where the
-  // batch is the first activation of the compute type (pixel / 255 computed in f32, rounded once).
+  // The type floating batches are made in (TensorDataset::floating; integer tensors keep theirs):
+  // f32 (the default), or bf16 / f16 for mixed precision, where the batch is the first activation
+  // of the compute type (pixel / 255 computed in f32, rounded once).
   DataLoader& set_dtype(DType dtype);
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
@@ -77,15 +123,16 @@ class DataLoader {
   // followed by exactly one gather (next(i), or the replay of a graph that holds one).
   void stage(int64_t i, int64_t then);
   int64_t position() const { return position_; }
-  const ImageDataset& dataset() const { return dataset_; }
+  const TensorDataset& dataset() const { return dataset_; }
 
  private:
   struct HostStaging;  // the pinned ring, its device twin, the copy stream and events (CUDA builds)
   Batch empty_batch(int64_t i) const;  // batch i's tensors (category data), unwritten
-  // Host-resident data: the first `count` rows of batch i (in the epoch's order) as u8 images and labels.
-  void copy_rows_on_host(int64_t i, int64_t count, uint8_t* images_out, int32_t* labels_out) const;
+  // Host-resident data: the first `count` rows of batch i (in the epoch's order) of tensor k, as
+  // their bytes, to `out`.
+  void copy_rows_on_host(std::size_t k, int64_t i, int64_t count, uint8_t* out) const;
 
-  ImageDataset dataset_;
+  TensorDataset dataset_;
   int64_t batch_size_;
   bool shuffle_;
   uint64_t seed_;
@@ -93,7 +140,7 @@ class DataLoader {
   DType dtype_ = DType::f32;
   std::vector<int32_t> host_order_;  // host-resident data: the current epoch's permutation (shuffle only)
   Tensor order_;  // [n] i32 on the device: the current epoch's permutation (device-resident, shuffle only)
-  Tensor cursor_;  // on the device: kernels::GatherCursor (kernels/cuda/kernels.h)
+  Tensor cursor_;         // on the device: kernels::GatherCursor (kernels/gather.h)
   int64_t position_ = 0;  // the host's copy of the position
   std::unique_ptr<HostStaging> staging_;
 };

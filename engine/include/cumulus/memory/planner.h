@@ -98,6 +98,9 @@ struct PlanRequest {
   nn::Module* model = nullptr;
   // False: predict and choose only, no probe (plan.verified stays false).
   bool verify = true;
+  // True: when no micro-batch fits, plan_batch throws OutOfMemory with the plan's reason instead of
+  // returning a plan with micro_batch 0 (optim::plan_request's requests ask for this).
+  bool require_fit = false;
   // How messages name the budget, e.g. the flag it came from ("--memory-budget 3GiB"); empty: "the
   // budget" and its bytes.
   std::string budget_name;
@@ -136,8 +139,9 @@ struct Plan {
 // micro-batch's allocations at two sizes (and smaller ones), predicts every divisor from the state
 // at rest plus the optimizer's first-step state, and verifies the largest that fits with one probe
 // micro-batch under the budget, falling back to the next smaller divisor when the probe runs out of
-// memory. Prints nothing. Throws InvalidArgument for a malformed request; what `micro_batch` throws
-// (other than an OutOfMemory in a verifying probe) passes through.
+// memory. Prints nothing. Throws InvalidArgument for a malformed request, OutOfMemory when nothing
+// fits and the request requires a fit; what `micro_batch` throws (other than an OutOfMemory in a
+// verifying probe) passes through.
 Plan plan_batch(const PlanRequest& request);
 
 }  // namespace cumulus

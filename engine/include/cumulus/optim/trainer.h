@@ -19,6 +19,11 @@
 //       trainer.step_if_ready();          // at each group boundary and after the epoch's last micro-batch
 //   trainer.set_accum_steps(8);           // any time: from the next group boundary on
 //
+// Or, for the common loop over a DataLoader, one call per epoch (the same calls, made for you):
+//   auto loss = [&](const data::Batch& b) { return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); };
+//   for each epoch: trainer.train_epoch(loader, epoch, loss);
+// with evaluate_classifier(model, test_loader) for a test pass and plan_request(...) for the planner.
+//
 // The closure returns the loss summed over `samples` samples. With use_graphs it must queue the
 // same work every time for a given sample count: its inputs come from device-side state
 // (DataLoader::next), never from host values that change between calls. On the CPU, or with
@@ -33,10 +38,19 @@
 #include <tuple>
 #include <vector>
 
+#include "cumulus/data/dataset.h"
+#include "cumulus/memory/planner.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/optim/accumulator.h"
 
+namespace cumulus::nn {
+class Module;
+}  // namespace cumulus::nn
+
 namespace cumulus::optim {
+
+// A batch's loss summed over its samples (ops::Reduction::Sum), as the Trainer's closures return it.
+using BatchLoss = std::function<Tensor(const data::Batch& batch)>;
 
 struct TrainerOptions : AccumulatorOptions {
   // Replays each micro-batch and the step's device part as CUDA graphs (needs the parameters on a
@@ -69,6 +83,12 @@ class Trainer {
   bool step_if_ready();
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
+  // One epoch of `loader`'s batches as micro-batches, in the order set_epoch(epoch) draws:
+  // begin_epoch, then per batch stage (host-resident data), micro_batch with loss(next(i)) and
+  // step_if_ready, so the last group of the epoch steps too. Data parallel: this rank's
+  // micro-batches (dist::owner_of_micro_batch), the others counted by skip_micro_batch. Returns
+  // the epoch's mean training loss (epoch_loss_sum() / epoch_samples_stepped(): one device read).
+  double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
   // Groups of `steps` micro-batches from the next group boundary on, for the rest of the run
   // (replacing accum_steps and the per-epoch schedule). Called mid-group it is deferred, never
   // refused: the group in progress keeps its size. The optimizer's step count, the LR schedule's
@@ -126,5 +146,25 @@ class Trainer {
   std::unique_ptr<Captured> step_;
   Stats stats_;
 };
+
+// A classifier's test pass: every batch of `loader` (x the inputs, y i32 labels) through `model` in
+// evaluation mode without gradients (its mode is restored after), PyTorch's `with torch.no_grad()`
+// loop. The totals stay on the device until one read at the end.
+struct Evaluation {
+  double accuracy = 0.0;  // correct / samples (top-1, ops::argmax's rule)
+  double loss = 0.0;      // the mean over batches of each batch's mean cross-entropy ("Avg loss")
+  int64_t correct = 0, samples = 0;
+};
+Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader);
+
+// A ready-made planner request (memory/planner.h) for training `optimizer`'s parameters with `loss`
+// on `dataset`: a probe of b samples is batch 0 of a loader of batch b (the dataset's first b
+// samples, made in `batch_dtype` on the parameters' device, staged when the dataset is on the
+// host), its loss backward into the gradient buffers, the gradients then discarded. Device,
+// optimizer, effective batch, budget (reserved bytes; 0: none) and the sample limit are filled in,
+// and require_fit (plan_batch throws OutOfMemory with its reason when nothing fits); set model,
+// set_recompute, budget_name or on_table on the result when they apply, or require_fit = false.
+PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
+                         int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 
 }  // namespace cumulus::optim

@@ -1,7 +1,9 @@
 // Element types. f32 is the compute type; i32 holds labels and indices; u8 holds raw data
-// (Fashion-MNIST pixels). bf16 and f16 are 16-bit storage for mixed precision: activations and
-// their gradients may be stored in them while every op computes in f32 (Note [Mixed precision] in
-// engine/ops/linear.cpp; conversions: Note [Half-precision conversions] in kernels/float16.h).
+// (Fashion-MNIST pixels); i64 holds a user's integer data (PyTorch's default integer type) for a
+// TensorDataset (cumulus/data/dataset.h), whose loader gathers it as it is. bf16 and f16 are
+// 16-bit storage for mixed precision: activations and their gradients may be stored in them while
+// every op computes in f32 (Note [Mixed precision] in engine/ops/linear.cpp; conversions: Note
+// [Half-precision conversions] in kernels/float16.h).
 #pragma once
 
 #include <cstddef>
@@ -9,7 +11,7 @@
 
 namespace cumulus {
 
-enum class DType : uint8_t { f32, i32, u8, bf16, f16 };
+enum class DType : uint8_t { f32, i32, u8, bf16, f16, i64 };  // (appended: values are stable)
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -18,6 +20,7 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::u8: return 1;
     case DType::bf16: return 2;
     case DType::f16: return 2;
+    case DType::i64: return 8;
   }
   return 0;
 }
@@ -45,6 +48,10 @@ struct dtype_of<float> {
 template <>
 struct dtype_of<int32_t> {
   static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
 };
 template <>
 struct dtype_of<uint8_t> {

@@ -21,11 +21,11 @@ class Node;
 struct TensorImpl;
 
 // The C++ element types a tensor exchanges with host vectors (from_vector, to_vector): float (f32),
-// int32_t (i32), uint8_t (u8). data<T>() also takes BFloat16 and Half. Any other type is a compile
-// error naming these, never a link error.
+// int32_t (i32), int64_t (i64), uint8_t (u8). data<T>() also takes BFloat16 and Half. Any other
+// type is a compile error naming these, never a link error.
 template <typename T>
 inline constexpr bool kHostElementType =
-    std::is_same_v<T, float> || std::is_same_v<T, int32_t> || std::is_same_v<T, uint8_t>;
+    std::is_same_v<T, float> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> || std::is_same_v<T, uint8_t>;
 template <typename T>
 inline constexpr bool kStorageElementType =
     kHostElementType<T> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
@@ -57,11 +57,12 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
-  // T: float, int32_t or uint8_t (kHostElementType).
+  // T: float, int32_t, int64_t or uint8_t (kHostElementType).
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu()) {
-    static_assert(kHostElementType<T>,
-                  "Tensor::from_vector: the element type must be float (f32), int32_t (i32) or uint8_t (u8)");
+    static_assert(
+        kHostElementType<T>,
+        "Tensor::from_vector: the element type must be float (f32), int32_t (i32), int64_t (i64) or uint8_t (u8)");
     if constexpr (kHostElementType<T>)
       return from_host(values.data(), values.size(), dtype_of<T>::value, shape, device);
     else return Tensor();
@@ -87,19 +88,20 @@ class Tensor {
 
   // ---- data ----
   void* raw_data() const;  // device pointer on CUDA
-  // Checks the dtype. T: float, int32_t, uint8_t, BFloat16 or Half (kStorageElementType).
+  // Checks the dtype. T: float, int32_t, int64_t, uint8_t, BFloat16 or Half (kStorageElementType).
   template <typename T>
   T* data() const {
     static_assert(kStorageElementType<T>,
-                  "Tensor::data: the element type must be float, int32_t, uint8_t, BFloat16 or Half");
+                  "Tensor::data: the element type must be float, int32_t, int64_t, uint8_t, BFloat16 or Half");
     if constexpr (kStorageElementType<T>) return static_cast<T*>(typed_data(dtype_of<T>::value));
     else return nullptr;
   }
-  // Copies to the host (synchronizes). T: float, int32_t or uint8_t (kHostElementType).
+  // Copies to the host (synchronizes). T: float, int32_t, int64_t or uint8_t (kHostElementType).
   template <typename T>
   std::vector<T> to_vector() const {
-    static_assert(kHostElementType<T>,
-                  "Tensor::to_vector: the element type must be float (f32), int32_t (i32) or uint8_t (u8)");
+    static_assert(
+        kHostElementType<T>,
+        "Tensor::to_vector: the element type must be float (f32), int32_t (i32), int64_t (i64) or uint8_t (u8)");
     std::vector<T> out;
     if constexpr (kHostElementType<T>) {
       out.resize(static_cast<std::size_t>(numel()));
