@@ -42,8 +42,9 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
     say("precision: %s activations, gradients of activations and GEMM weight copies; f32 weights, gradient "
         "buffers, optimizer state and loss%s\n",
         choice_name(o.precision),
-        needs_loss_scaling(o.precision) ? "; dynamic loss scale (now " + loss_scale_text(d.loss_scale) + ")"
-                                        : std::string());
+        (needs_loss_scaling(o.precision) ? "; dynamic loss scale (now " + loss_scale_text(d.loss_scale) + ")"
+                                         : std::string())
+            .c_str());
   if (d.host_resident_data)
     say("data: on the host; micro-batches copied to the device one ahead (pinned staging, copy stream)\n");
   if (o.world_size > 1)

@@ -45,6 +45,7 @@ extern bool g_agreed_exit;
 
 // stdout, flushed at once: a failed write (a closed pipe, a full disk) is noticed here and turned
 // into an interrupt, so the run still checkpoints and exits non-zero instead of dying or lying.
-void say(const char* format, ...);
+// Checked as printf's format (-Werror=format on the app): a mismatched argument fails the build.
+void say(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 }  // namespace fmnist
