@@ -72,5 +72,27 @@ TEST(Csv, CorruptGzipIsAnError) {
       << error_of(dir.file("c.csv.gz"));
 }
 
+TEST(Csv, AClassificationTableSplitsOffItsLabels) {
+  TempDir dir;
+  write_gzip(dir.file("digits.csv.gz"), "0,16,3\n4,5,9\n");
+  const data::LabelledTable t = data::read_csv_classification(dir.file("digits.csv.gz"));
+  EXPECT_EQ(t.features.shape(), Shape({2, 2}));
+  EXPECT_EQ(t.features.to_vector<float>(), (std::vector<float>{0, 16, 4, 5}));
+  EXPECT_EQ(t.labels.to_vector<int32_t>(), (std::vector<int32_t>{3, 9}));
+  EXPECT_EQ(t.labels.memory_category(), MemoryCategory::data);
+  for (const char* bad : {"1,2.5\n", "1,-1\n"}) {
+    write_text(dir.file("bad.csv"), std::string("1,2\n") + bad);
+    std::string message = "(no error)";
+    try {
+      data::read_csv_classification(dir.file("bad.csv"));
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("bad.csv: row 2: the label"), std::string::npos) << message;
+  }
+  write_text(dir.file("one.csv"), "1\n2\n");
+  EXPECT_THROW(data::read_csv_classification(dir.file("one.csv")), Error);
+}
+
 }  // namespace
 }  // namespace cumulus::testing

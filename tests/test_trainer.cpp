@@ -327,6 +327,48 @@ TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
   EXPECT_EQ(trainer.accumulator().last_lr(), reference.accumulator().last_lr());
 }
 
+// on_step reports every step taken: its count, epoch and lr as the Accumulator's after it, and the
+// group's loss as summed here from each micro-batch's loss over the group's samples (the partial
+// last group of 4 included), across two epochs (the epoch sums restart at begin_epoch).
+TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {
+  Problem by_hand(device()), logged(device());
+  by_hand.options.accum_steps = logged.options.accum_steps = 5;
+  std::vector<optim::StepLog> logs;
+  logged.options.on_step = [&](const optim::StepLog& l) { logs.push_back(l); };
+  optim::Trainer reference(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  optim::Trainer trainer(logged.optimizer, logged.options, logged.schedule);
+  data::DataLoader reference_loader = problem_loader(by_hand), loader = problem_loader(logged);
+  auto loss_of = [&](const data::Batch& b) { return ops::cross_entropy(logged.model(b.x), b.y, ops::Reduction::Sum); };
+  std::vector<double> group_losses, lrs;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    reference_loader.set_epoch(epoch);
+    reference_loader.seek(0);
+    reference.begin_epoch(epoch, kMicroBatches);
+    double group_sum = 0, group_samples = 0;
+    for (int64_t i = 0; i < kMicroBatches; ++i) {
+      reference.micro_batch(by_hand.samples(i), [&] {
+        const data::Batch b = reference_loader.next(i);
+        Tensor l = ops::cross_entropy(by_hand.model(b.x), b.y, ops::Reduction::Sum);
+        group_sum += l.item();
+        group_samples += static_cast<double>(by_hand.samples(i));
+        return l;
+      });
+      if (!reference.step_if_ready()) continue;
+      group_losses.push_back(group_sum / group_samples);
+      lrs.push_back(reference.accumulator().last_lr());
+      group_sum = group_samples = 0;
+    }
+    trainer.train_epoch(loader, epoch, loss_of);
+  }
+  ASSERT_EQ(logs.size(), 10u) << "five steps an epoch";
+  for (std::size_t k = 0; k < logs.size(); ++k) {
+    EXPECT_EQ(logs[k].step, static_cast<int64_t>(k + 1));
+    EXPECT_EQ(logs[k].epoch, static_cast<int>(k / 5));
+    EXPECT_EQ(logs[k].lr, lrs[k]) << "step " << k + 1;
+    EXPECT_NEAR(logs[k].loss, group_losses[k], 1e-6 * group_losses[k]) << "step " << k + 1;
+  }
+}
+
 // Accuracy and mean loss over every batch (10 of 10 rows, the last of 4), against the same
 // numbers computed here from the logits on the host; the model's mode is restored either way and
 // no graph is recorded.

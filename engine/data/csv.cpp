@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -88,6 +89,27 @@ Tensor read_csv(const std::string& path, Device device) {
   CUMULUS_CHECK(rows > 0, Error, path, ": no rows");
   MemoryCategoryScope scope(MemoryCategory::data);
   return Tensor::from_vector(values, {rows, columns}, device);
+}
+
+LabelledTable read_csv_classification(const std::string& path, Device device) {
+  const Tensor table = read_csv(path);
+  const int64_t rows = table.size(0), columns = table.size(1);
+  CUMULUS_CHECK(columns >= 2, Error, path, ": a classification table needs features and a label column, got ",
+                columns, " column");
+  const std::vector<float> values = table.to_vector<float>();
+  std::vector<float> features;
+  std::vector<int32_t> labels;
+  features.reserve(static_cast<std::size_t>(rows * (columns - 1)));
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = values.begin() + r * columns;
+    features.insert(features.end(), row, row + columns - 1);
+    const float label = row[columns - 1];
+    CUMULUS_CHECK(label >= 0.0f && label < 2147483648.0f && label == std::floor(label), Error, path, ": row ", r + 1,
+                  ": the label ", label, " is not a class index (an integer >= 0)");
+    labels.push_back(static_cast<int32_t>(label));
+  }
+  MemoryCategoryScope scope(MemoryCategory::data);
+  return {Tensor::from_vector(features, {rows, columns - 1}, device), Tensor::from_vector(labels, {rows}, device)};
 }
 
 }  // namespace cumulus::data

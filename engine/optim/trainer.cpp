@@ -88,7 +88,8 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
                  std::shared_ptr<const LRSchedule> schedule)
     : acc_(std::move(optimizer), options, std::move(schedule)),
       use_graphs_(options.use_graphs),
-      tracker_(options.tracker) {
+      tracker_(options.tracker),
+      on_step_(options.on_step) {
   CUMULUS_CHECK(!use_graphs_ || acc_.optimizer().parameters().device().is_cuda(), InvalidArgument,
                 "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ",
                 acc_.optimizer().parameters().device().str());
@@ -104,6 +105,7 @@ Trainer::~Trainer() = default;
 
 void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   acc_.begin_epoch(epoch, micro_batches, first);
+  logged_loss_ = logged_samples_ = 0.0;
 }
 void Trainer::skip_micro_batch() { acc_.skip_micro_batch(); }
 void Trainer::set_accum_steps(int steps) { acc_.set_accum_steps(steps); }
@@ -195,8 +197,31 @@ void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::functio
 #endif
 }
 
-bool Trainer::step_if_ready() { return step(true); }
-bool Trainer::flush() { return step(false); }
+bool Trainer::step_if_ready() {
+  const bool stepped = step(true);
+  if (stepped) log_step();
+  return stepped;
+}
+
+bool Trainer::flush() {
+  const bool stepped = step(false);
+  if (stepped) log_step();
+  return stepped;
+}
+
+// The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
+void Trainer::log_step() {
+  if (!on_step_) return;
+  const double loss = acc_.epoch_loss_sum(), samples = acc_.epoch_samples_stepped();
+  StepLog log;
+  log.step = acc_.optimizer_steps();
+  log.epoch = acc_.epoch();
+  log.loss = (loss - logged_loss_) / std::max(samples - logged_samples_, 1.0);
+  log.lr = acc_.last_lr();
+  logged_loss_ = loss;
+  logged_samples_ = samples;
+  on_step_(log);
+}
 
 bool Trainer::step(bool only_if_ready) {
   if (only_if_ready ? !acc_.ready() : acc_.micro_batches_in_group() == 0) return false;

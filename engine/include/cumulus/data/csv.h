@@ -15,4 +15,13 @@ namespace cumulus::data {
 // lengths, no rows at all.
 Tensor read_csv(const std::string& path, Device device = Device::cpu());
 
+// A classification table (scikit-learn's layout): every column but the last as f32 features
+// [rows, columns - 1] and the last as i32 class labels [rows], on `device` (category data). A label
+// that is not an integer in [0, 2^31) is an Error naming the file and its line.
+struct LabelledTable {
+  Tensor features;
+  Tensor labels;
+};
+LabelledTable read_csv_classification(const std::string& path, Device device = Device::cpu());
+
 }  // namespace cumulus::data

@@ -52,6 +52,14 @@ namespace cumulus::optim {
 // A batch's loss summed over its samples (ops::Reduction::Sum), as the Trainer's closures return it.
 using BatchLoss = std::function<Tensor(const data::Batch& batch)>;
 
+// What TrainerOptions::on_step is told after each optimizer step.
+struct StepLog {
+  int64_t step = 0;  // optimizer steps taken so far (this one included)
+  int epoch = 0;
+  double loss = 0.0;  // the group's training loss: its summed loss over its samples
+  float lr = 0.0f;    // the step's learning rate
+};
+
 struct TrainerOptions : AccumulatorOptions {
   // Replays each micro-batch and the step's device part as CUDA graphs (needs the parameters on a
   // CUDA device and a single rank); off, every call runs eagerly.
@@ -59,6 +67,10 @@ struct TrainerOptions : AccumulatorOptions {
   // Records every micro-batch and optimizer step (MemoryTracker's calls, made by the Trainer). Not
   // owned; may be null (no records), or attached later with set_tracker().
   MemoryTracker* tracker = nullptr;
+  // Called after every optimizer step taken (step_if_ready, flush, train_epoch), as a per-step log
+  // (Lightning's log every step). Reads the device (the group's loss): one synchronization per step,
+  // so leave it empty where steps should not wait.
+  std::function<void(const StepLog&)> on_step;
 };
 
 class Trainer {
@@ -133,6 +145,7 @@ class Trainer {
   void eager_micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss);
   void graph_micro_batch(Captured& c, int64_t samples, const std::function<Tensor()>& forward_loss);
   bool step(bool only_if_ready);
+  void log_step();  // on_step, when set
   bool graphs_now() const;
   std::vector<bool> stale_pattern() const;
   std::vector<bool> frozen_pattern() const;
@@ -145,6 +158,8 @@ class Trainer {
   std::map<GraphKey, std::unique_ptr<Captured>> micro_batches_;
   std::unique_ptr<Captured> step_;
   Stats stats_;
+  std::function<void(const StepLog&)> on_step_;
+  double logged_loss_ = 0.0, logged_samples_ = 0.0;  // the epoch's sums at the last log_step()
 };
 
 // A classifier's test pass: every batch of `loader` (x the inputs, y i32 labels) through `model` in
