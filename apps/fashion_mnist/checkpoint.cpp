@@ -58,7 +58,7 @@ void load_weights(const std::string& path, const cumulus::nn::Module& model) {
 }
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                     const cumulus::optim::Optimizer& optimizer, const TrainingState& s, const Options& options) {
+                     const cumulus::optim::Optimizer& optimizer, const TrainingState& s, const RunConfig& options) {
   std::map<std::string, std::string> meta;
   for (const SettingValue& setting : settings_for(kCheckpoint, {options, ""}))
     meta["setting." + std::string(setting.row->key)] = setting.value;
@@ -88,7 +88,7 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
 }
 
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                              cumulus::optim::Optimizer& optimizer, const Options& options,
+                              cumulus::optim::Optimizer& optimizer, const RunConfig& options,
                               const ResumeLimits& limits) {
   // The header first (no tensor data is read): is it a checkpoint of this run's settings? Then the
   // whole file, its names and shapes checked against the model before any tensor is allocated, its

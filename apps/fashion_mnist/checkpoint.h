@@ -21,7 +21,7 @@
 
 #include "cumulus/nn/module.h"
 #include "cumulus/optim/accumulator.h"
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
@@ -47,12 +47,13 @@ void save_weights(const std::string& path, const cumulus::nn::Module& model);
 void load_weights(const std::string& path, const cumulus::nn::Module& model);
 
 void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                     const cumulus::optim::Optimizer& optimizer, const TrainingState& state, const Options& options);
+                     const cumulus::optim::Optimizer& optimizer, const TrainingState& state, const RunConfig& options);
 // Restores weights and optimizer state; throws UsageFailure when the checkpoint was made with
 // other settings (Note [Resume contract]) or is past --epochs, and cumulus::Error when it is
 // unreadable, truncated, corrupt (checksum mismatch), lacks a checksum or has counters outside
 // `limits`.
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                              cumulus::optim::Optimizer& optimizer, const Options& options, const ResumeLimits& limits);
+                              cumulus::optim::Optimizer& optimizer, const RunConfig& options,
+                              const ResumeLimits& limits);
 
 }  // namespace fmnist

@@ -1,13 +1,16 @@
 // fashion_mnist: the seed experiment end to end (see --help and README.md).
 //
 // Note [The app as a pipeline]: main() reads top to bottom as the run goes.
-//   1. parse: parse_options() (options.cpp) turns the command line into Options, checked; a usage
-//      error is one line and exit code 2 before any work.
-//   2. resolve: run_data_parallel_setup() (data_parallel.cpp) fixes each rank's role, device and
-//      outputs and checks that every rank has the same settings; the paths and the data are
-//      checked; with --effective-batch and --memory-budget, plan_batch() (planning.cpp) picks the
-//      micro-batch, the accumulation steps and --recompute auto. From the Trainer on, the options
-//      are read only.
+//   1. parse: parse_command_line() (options.cpp) turns the command line into a CommandLine, each
+//      flag's value as given, checked; a usage error is one line and exit code 2 before any work.
+//   2. resolve: resolve_run_config() (run_config.cpp) makes the run's configuration of it: every
+//      choice an enum, the device, precision and kernels checked together (a usage error, exit
+//      code 2, still before any work). What only the run finds is folded in as it is found, each
+//      time into a new const RunConfig (Note [Run configuration] in run_config.h): this rank's
+//      place and device from place_on_ranks() (data_parallel.cpp, which also checks that every
+//      rank has the same settings), and with --effective-batch and --memory-budget the planner's
+//      micro-batch, accumulation steps and --recompute auto from plan_batch() (planning.cpp).
+//      Nothing writes a configuration: every function after resolution receives a const one.
 //   3. run: the model, the data, the optimizer and the Trainer (training_setup.cpp), a resumed
 //      checkpoint (checkpoint.cpp; the settings it records, the ranks compare and the memory
 //      report shows come from one table, settings.cpp), the banner (reports.cpp), then train()
@@ -19,6 +22,7 @@
 //      failure on one rank ends the job.
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "checkpoint.h"
 #include "cumulus/core/threads.h"
@@ -33,6 +37,7 @@
 #include "options.h"
 #include "planning.h"
 #include "reports.h"
+#include "run_config.h"
 #include "run_control.h"
 #include "run_paths.h"
 #include "training_loop.h"
@@ -44,17 +49,17 @@ namespace fmnist {
 namespace {
 
 // --eval-only: the test pass of the --init weights (or the seeded initialization).
-int evaluate_only(const Options& o, nn::Module& model, const data::DataLoader& test_loader,
+int evaluate_only(const RunConfig& o, nn::Module& model, const data::DataLoader& test_loader,
                   const std::string& data_dir) {
   if (!o.quiet)
-    say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", o.resolved_device.describe().c_str(),
-        o.model.c_str(), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
+    say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", o.device.describe().c_str(),
+        choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
         static_cast<long long>(test_loader.dataset().size()));
   if (g_root) print_test_results(evaluate(model, test_loader));  // the other ranks hold the same weights
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 
-void save_final_weights(const Options& o, const nn::Module& model) {
+void save_final_weights(const RunConfig& o, const nn::Module& model) {
   if (o.save_path.empty()) return;
   try {
     save_weights(o.save_path, model);
@@ -64,40 +69,42 @@ void save_final_weights(const Options& o, const nn::Module& model) {
   if (!o.quiet) say("weights written to %s\n", o.save_path.c_str());
 }
 
-int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
+int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
   install_signal_handlers();
-  if (o.threads > 0) set_cpu_threads(o.threads);
-  run_data_parallel_setup(o, *comm);
-  const Device device = o.resolved_device;
-  check_run_paths(o);
-  const std::string data_dir = locate_fashion_mnist(o.data_dir, o.quiet);
-  check_outputs_against_data(o, data_dir);
+  if (resolved.threads > 0) set_cpu_threads(resolved.threads);
+  const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
+  check_same_settings_on_every_rank(placed, *comm);
+  const Device device = placed.device;
+  check_run_paths(placed);
+  const std::string data_dir = locate_fashion_mnist(placed.data_dir, placed.quiet);
+  check_outputs_against_data(placed, data_dir);
 
-  Generator gen(o.seed);
-  const std::unique_ptr<nn::Model> model_ptr = make_model(o, gen);
+  Generator gen(placed.seed);
+  const std::unique_ptr<nn::Model> model_ptr = make_model(placed, gen);
   nn::Model& model = *model_ptr;
-  if (!o.init_path.empty()) load_weights(o.init_path, model);
+  if (!placed.init_path.empty()) load_weights(placed.init_path, model);
   throw_if_interrupted();
 
   // --data-on host: the splits stay in host memory and the loaders stage batches to the device.
-  const Device data_device = o.data_on == "host" ? Device::cpu() : device;
-  const data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, o.test_limit);
+  const Device data_device = placed.data_on == DataPlacement::host ? Device::cpu() : device;
+  const data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, placed.test_limit);
   throw_if_interrupted();
-  data::DataLoader test_loader(test, o.eval_batch_size, false, 0, device);
-  test_loader.set_dtype(compute_dtype(o.resolved_precision));  // evaluation in the training's precision
-  if (o.eval_only) return evaluate_only(o, model, test_loader, data_dir);
-  const data::ImageDataset train_set = data::load_mnist_split(data_dir, true, data_device, o.train_limit);
+  data::DataLoader test_loader(test, placed.eval_batch_size, false, 0, device);
+  test_loader.set_dtype(compute_dtype(placed.precision));  // evaluation in the training's precision
+  if (placed.eval_only) return evaluate_only(placed, model, test_loader, data_dir);
+  const data::ImageDataset train_set = data::load_mnist_split(data_dir, true, data_device, placed.train_limit);
   throw_if_interrupted();
 
   auto flat = std::make_shared<nn::FlatParameters>(model);
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
-  apply_memory_budget(o);
-  if (o.effective_batch > 0 && !o.elastic && !plan_batch(o, model, flat, train_set)) return 0;  // --plan-only
+  apply_memory_budget(placed);
+  if (placed.plan_only) return print_plan(placed, model, flat, train_set), 0;
+  const RunConfig config = placed.batch_source == BatchSource::planner
+                               ? with_plan(placed, plan_batch(placed, model, flat, train_set))
+                               : placed;  // resolved: the micro-batch and the accumulation steps are known
 
-  // Resolved: from here on the options are only read.
-  const Options& config = o;
   data::DataLoader train_loader(train_set, config.batch_size, config.shuffle, config.seed, device);
-  train_loader.set_dtype(compute_dtype(config.resolved_precision));  // Note [Mixed precision]: ops follow the batch
+  train_loader.set_dtype(compute_dtype(config.precision));  // Note [Mixed precision]: ops follow the batch
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(config, flat);
   const optim::TrainerOptions trainer_opts = trainer_options(config, comm);
@@ -112,7 +119,7 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   throw_if_interrupted();
 
   RunDescription description{data_dir, train_set.size(), test.size(), train_loader.host_resident()};
-  if (!config.quiet && needs_loss_scaling(config.resolved_precision))
+  if (!config.quiet && needs_loss_scaling(config.precision))
     description.loss_scale = trainer.accumulator().loss_scale();  // a read from the device
   description.backend = comm->backend();
   announce_run(config, model, description, state);
@@ -126,9 +133,9 @@ int run(Options& o, const std::shared_ptr<dist::Communicator>& comm) {
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 
-int run_and_report(Options& options, const std::shared_ptr<dist::Communicator>& comm) {
+int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communicator>& comm) {
   try {
-    return run(options, comm);
+    return run(config, comm);
   } catch (const Interrupted&) {
     // Before the first micro-batch (loading, planning) or in an --eval-only test pass: there is no
     // new state to save, and a checkpoint being resumed is left as it was.
@@ -151,13 +158,24 @@ int run_and_report(Options& options, const std::shared_ptr<dist::Communicator>& 
   }
 }
 
+// The run's configuration, as far as one process can resolve it; a usage error is reported (exit 2).
+std::optional<RunConfig> resolve_or_report(const CommandLine& command_line) {
+  try {
+    return resolve_run_config(command_line);
+  } catch (const UsageFailure& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 }  // namespace fmnist
 
 int main(int argc, char** argv) {
-  fmnist::Options options;
-  const fmnist::ParseResult parsed = fmnist::parse_options(argc, argv, options);
+  const fmnist::ParseResult parsed = fmnist::parse_command_line(argc, argv);
   if (!parsed.proceed) return parsed.exit_code;
+  const std::optional<fmnist::RunConfig> config = fmnist::resolve_or_report(parsed.command_line);
+  if (!config) return 2;
   std::shared_ptr<cumulus::dist::Communicator> comm;
   try {
     comm = cumulus::dist::Communicator::from_environment();
@@ -165,7 +183,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;
   }
-  const int code = fmnist::run_and_report(options, comm);
+  const int code = fmnist::run_and_report(*config, comm);
   // With several ranks, a failure on one rank ends the job: the others may be waiting in a
   // collective for it. mpirun names the rank; rank 0's last checkpoint was written atomically.
   if (code != 0 && comm->world_size() > 1 && !fmnist::g_agreed_exit) {

@@ -15,17 +15,13 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/planner.h"
 #include "cumulus/version.h"
+#include "run_config.h"
 #include "settings.h"
 
 namespace fmnist {
 
 using cumulus::InvalidArgument;
 namespace fs = std::filesystem;
-
-cumulus::optim::Normalization Options::normalization() const {
-  return normalize == "micro-batches" ? cumulus::optim::Normalization::micro_batches
-                                      : cumulus::optim::Normalization::samples;
-}
 
 std::map<int, int> parse_accum_schedule(const std::string& text) {
   std::map<int, int> out;
@@ -199,7 +195,7 @@ struct RawText {
 };
 
 // The flags, in the order --help lists them: what runs where, and how.
-void add_run_flags(CLI::App& app, Options& o, RawText& raw) {
+void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_flag("--version", raw.show_version, "Print the version, commit, build type and compiled backends, then exit");
   app.add_option("--data", o.data_dir,
                  "Directory with the four Fashion-MNIST IDX files (.gz or plain). Default: $CUMULUS_DATA, "
@@ -254,7 +250,7 @@ void add_run_flags(CLI::App& app, Options& o, RawText& raw) {
 }
 
 // The batch, accumulation and the planner.
-void add_batch_flags(CLI::App& app, Options& o) {
+void add_batch_flags(CLI::App& app, CommandLine& o) {
   app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
@@ -282,7 +278,7 @@ void add_batch_flags(CLI::App& app, Options& o) {
 }
 
 // The optimizer, its learning-rate schedule and the gradient's normalization.
-void add_optimizer_flags(CLI::App& app, Options& o, RawText& raw) {
+void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
   app.add_option("--lr", o.lr, "Learning rate (the peak rate with a schedule)")->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
@@ -312,7 +308,7 @@ void add_optimizer_flags(CLI::App& app, Options& o, RawText& raw) {
 }
 
 // Data order, files in and out, limits and output.
-void add_file_flags(CLI::App& app, Options& o, RawText& raw) {
+void add_file_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_flag("--shuffle", o.shuffle, "Shuffle the training data each epoch (order from --seed and the epoch)");
   app.add_option("--seed", raw.seed, "Seed of the weight initialization and of the shuffle (0 to 2^64-1)")
       ->check(unsigned_64())
@@ -355,7 +351,7 @@ void add_file_flags(CLI::App& app, Options& o, RawText& raw) {
 }
 
 // The seed, and paths given empty.
-void check_texts(const CLI::App& app, Options& o, const RawText& raw) {
+void check_texts(const CLI::App& app, CommandLine& o, const RawText& raw) {
   o.seed = std::strtoull(raw.seed.c_str(), nullptr, 10);  // checked by unsigned_64()
   // Paths: an empty value would silently write or read nothing.
   for (const char* flag : {"--data", "--init", "--save", "--checkpoint", "--resume", "--memory-report", "--trace",
@@ -371,10 +367,10 @@ void check_texts(const CLI::App& app, Options& o, const RawText& raw) {
 }
 
 // The model, the optimizer and its learning-rate schedule.
-void check_optimizer(const CLI::App& app, Options& o, const RawText& raw) {
-  require(o.model == "mlp" || o.model == "cnn", "--model '" + o.model + "': unknown model (expected mlp or cnn)");
+void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
+  parse_choice<ModelKind>(o.model);  // the choices are resolved later (run_config.cpp); checked here, in order
   require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got " + std::to_string(o.lr));
-  require(o.optimizer == "sgd" || o.optimizer == "adamw", "--optimizer '" + o.optimizer + "': expected sgd or adamw");
+  parse_choice<OptimizerKind>(o.optimizer);
   require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
           "--momentum must be in [0, 1), got " + std::to_string(o.momentum));
   require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
@@ -386,8 +382,7 @@ void check_optimizer(const CLI::App& app, Options& o, const RawText& raw) {
   require(std::isfinite(o.eps) && o.eps > 0, "--eps must be a positive number, got " + std::to_string(o.eps));
   require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0), "--weight-decay must be >= 0");
   require(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0");
-  require(o.normalize == "samples" || o.normalize == "micro-batches",
-          "--normalize '" + o.normalize + "': expected samples or micro-batches");
+  parse_choice<cumulus::optim::Normalization>(o.normalize);
   if (o.lr_schedule == "step") {
     require(o.lr_step_size > 0, "--lr-schedule step needs --lr-step-size N (optimizer steps between decays)");
     require(std::isfinite(o.lr_gamma) && o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1]");
@@ -404,7 +399,7 @@ void check_optimizer(const CLI::App& app, Options& o, const RawText& raw) {
 }
 
 // Accumulation, the memory budget, --effective-batch and --recompute auto.
-void check_batch(const CLI::App& app, Options& o) {
+void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
     try {
@@ -423,8 +418,8 @@ void check_batch(const CLI::App& app, Options& o) {
   }
   require(!o.plan_only || o.effective_batch > 0,
           "--plan-only needs --effective-batch (its divisors are the candidates)");
-  o.elastic = o.effective_batch > 0 && app.count("--batch-size") > 0;
-  if (o.elastic) {
+  const bool elastic = o.effective_batch > 0 && o.batch_size_given;  // BatchSource::elastic
+  if (elastic) {
     require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
             "--effective-batch with --batch-size sets the accumulation steps; do not give --accum-steps too");
     require(!o.plan_only, "--plan-only runs the planner: give --effective-batch without --batch-size");
@@ -435,12 +430,12 @@ void check_batch(const CLI::App& app, Options& o) {
     require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
             "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
   }
-  require(o.recompute != "auto" || (o.effective_batch > 0 && !o.elastic && o.memory_budget_bytes > 0 && !o.plan_only),
+  require(o.recompute != "auto" || (o.effective_batch > 0 && !elastic && o.memory_budget_bytes > 0 && !o.plan_only),
           "--recompute auto lets the planner decide: give --effective-batch and --memory-budget (not --batch-size)");
 }
 
 // --override NAME,...: the settings a resumed run may change.
-void parse_overrides(Options& o, const RawText& raw) {
+void parse_overrides(CommandLine& o, const RawText& raw) {
   for (std::size_t pos = 0; !raw.overrides.empty() && pos <= raw.overrides.size();) {
     std::size_t comma = raw.overrides.find(',', pos);
     if (comma == std::string::npos) comma = raw.overrides.size();
@@ -456,7 +451,7 @@ void parse_overrides(Options& o, const RawText& raw) {
 }
 
 // --data, --init and --resume, and the modes they combine with.
-void check_input_files(const Options& o) {
+void check_input_files(const CommandLine& o) {
   if (!o.data_dir.empty()) {
     std::error_code ec;
     require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
@@ -465,41 +460,13 @@ void check_input_files(const Options& o) {
   check_readable_file("--resume", o.resume_path);
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
-
-}
-
-// The device, the precision and the kernels, and whether they go together.
-void resolve_device(Options& o) {
-  if (o.device == "auto") {
-    o.resolved_device = cumulus::cuda_available() ? cumulus::Device::cuda(0) : cumulus::Device::cpu();
-  } else {
-    try {
-      o.resolved_device = cumulus::Device::parse(o.device);
-      cumulus::check_device_available(o.resolved_device);
-    } catch (const cumulus::Error& e) {
-      throw UsageError{"--device: " + std::string(e.what())};
-    }
-  }
-  o.resolved_precision = cumulus::parse_precision(o.precision);  // CLI11 checked the value
-  require(!cumulus::needs_loss_scaling(o.resolved_precision) || o.normalize == "samples",
-          "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
-          "normalization of each step");
-  const std::string unsupported = cumulus::precision_unsupported_reason(o.resolved_precision, o.resolved_device);
-  require(unsupported.empty(), "--precision " + o.precision + ": " + unsupported);
-  if (o.kernels == "fused") {
-    require(o.model == "mlp", "--kernels fused runs the MLP only (the model is " + o.model + ")");
-    require(o.resolved_precision == cumulus::Precision::fp32,
-            "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
-    require(o.recompute == "off", "--kernels fused keeps every activation: give --recompute off");
-  }
-  require(o.graphs != "on" || o.resolved_device.is_cuda(),
-          "--graphs on needs a CUDA device (the device is " + o.resolved_device.str() + ")");
-  o.use_graphs = o.resolved_device.is_cuda() && o.graphs != "off";
 }
 
 }  // namespace
 
-ParseResult parse_options(int argc, char** argv, Options& o) {
+ParseResult parse_command_line(int argc, char** argv) {
+  ParseResult result;
+  CommandLine& o = result.command_line;
   CLI::App app{
       "fashion_mnist: the seed experiment of cumulus. Trains the 784-512-512-10 MLP (or a small CNN) on "
       "Fashion-MNIST with gradient accumulation (micro-batch x accumulation steps = effective batch), prints the "
@@ -521,15 +488,17 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::printf("%s", wrap_help(app.help(), help_width() - 1, kDescriptionColumn).c_str());
-    return {false, 0};
+    return result;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "fashion_mnist: %s (see --help)\n", e.what());
-    return {false, 2};
+    result.exit_code = 2;
+    return result;
   }
   if (raw.show_version) {
     std::printf("%s", version_text().c_str());
-    return {false, 0};
+    return result;
   }
+  o.batch_size_given = app.count("--batch-size") > 0;
 
   try {
     check_texts(app, o, raw);
@@ -537,12 +506,17 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     check_batch(app, o);
     parse_overrides(o, raw);
     check_input_files(o);
-    resolve_device(o);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.message.c_str());
-    return {false, 2};
+    result.exit_code = 2;
+    return result;
+  } catch (const UsageFailure& e) {  // a choice's value (parse_choice)
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    result.exit_code = 2;
+    return result;
   }
-  return {true, 0};
+  result.proceed = true;
+  return result;
 }
 
 }  // namespace fmnist

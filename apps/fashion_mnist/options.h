@@ -1,5 +1,8 @@
-// Command-line options of fashion_mnist, parsed and checked with CLI11. Usage errors (bad values,
-// unknown device, unreadable or colliding paths) are reported in one line and give exit code 2
+// The command line of fashion_mnist, parsed and checked with CLI11: the first step of the pipeline
+// (Note [The app as a pipeline] in main.cpp). Each flag's value as given (choices as text; numbers,
+// the seed, --betas, --accum-schedule, --memory-budget and --override read into their types), checked
+// alone and against each other; resolve_run_config() (run_config.h) makes the run's configuration
+// of it. Usage errors (bad values, unreadable files) are reported in one line and give exit code 2
 // before any work. As with argparse, the last value of a repeated flag wins.
 #pragma once
 
@@ -10,23 +13,20 @@
 #include <stdexcept>
 #include <string>
 
-#include "cumulus/core/device.h"
-#include "cumulus/core/precision.h"
-#include "cumulus/optim/accumulator.h"
-
 namespace fmnist {
 
-struct Options {
+struct CommandLine {
   std::string data_dir;  // empty: search (see data_files.h)
   std::string device = "auto";
   std::string model = "mlp";
   int epochs = 20;
   int64_t batch_size = 64;  // the micro-batch
+  bool batch_size_given = false;
   int accum_steps = 1;
   std::string accum_schedule;  // "0:8,4:2"
   std::map<int, int> schedule;
-  int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps
-  bool elastic = false;         // effective_batch with batch_size: accum_steps = effective / (batch x ranks)
+  int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps;
+                                // with batch_size: accum_steps = effective / (batch x ranks)
   std::string memory_budget;
   int64_t memory_budget_bytes = 0;
   bool plan_only = false;  // --plan-only: print the planner's table of candidates and exit
@@ -57,14 +57,7 @@ struct Options {
   std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
   std::string data_on = "device";  // device|host: where the dataset lives (host: staged batch by batch)
   std::string precision = "fp32";  // fp32|bf16|fp16: the compute type of activations (Note [Mixed precision])
-  std::string kernels = "auto";     // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
-
-  cumulus::Device resolved_device;
-  cumulus::Precision resolved_precision = cumulus::Precision::fp32;
-  bool use_graphs = false;  // resolved from `graphs` and the device
-  int rank = 0, world_size = 1;  // data parallel (mpirun): this process's rank and the number of ranks
-  cumulus::optim::Normalization normalization() const;
-  float resolved_weight_decay() const { return weight_decay.value_or(optimizer == "adamw" ? 0.01f : 0.0f); }
+  std::string kernels = "auto";    // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
 };
 
 // A usage error found after parsing (e.g. --data holds no dataset): main prints it, exit code 2.
@@ -75,9 +68,10 @@ struct UsageFailure : std::runtime_error {
 struct ParseResult {
   bool proceed = false;  // false: exit with `exit_code` (0 after --help or --version)
   int exit_code = 0;
+  CommandLine command_line;
 };
 
-ParseResult parse_options(int argc, char** argv, Options& options);
+ParseResult parse_command_line(int argc, char** argv);
 
 // "0:8,4:2" -> {{0, 8}, {4, 2}}; throws cumulus::InvalidArgument naming the text.
 std::map<int, int> parse_accum_schedule(const std::string& text);

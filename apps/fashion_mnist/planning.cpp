@@ -12,7 +12,7 @@ namespace {
 
 // The planner's recompute decision and its table, shown as soon as the library has them (before
 // its verifying probes run). The fallback's table (a line through two probes) only with --plan-only.
-void print_plan_table(const Options& o, const Plan& plan) {
+void print_plan_table(const RunConfig& o, const Plan& plan) {
   const int64_t budget = o.memory_budget_bytes;
   const bool line = plan.method == PlanMethod::probe_line;
   if (line && (!o.quiet || o.plan_only))
@@ -44,21 +44,20 @@ void print_plan_table(const Options& o, const Plan& plan) {
   }
 }
 
-}  // namespace
-
-bool plan_batch(Options& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                const data::ImageDataset& train) {
+// The library's planner with this run; --plan-only predicts without verifying.
+Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                 const data::ImageDataset& train) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
   PlanRequest request;
-  request.device = o.resolved_device;
+  request.device = o.device;
   request.effective_batch = o.effective_batch;
   request.budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
   request.micro_batch = [&](int64_t b) {
     throw_if_interrupted();
-    data::DataLoader loader(train, b, false, 0, o.resolved_device);  // host-resident data: staging included
-    loader.set_dtype(compute_dtype(o.resolved_precision));
+    data::DataLoader loader(train, b, false, 0, o.device);  // host-resident data: staging included
+    loader.set_dtype(compute_dtype(o.precision));
     const data::Batch batch = loader.batch(0);
     Tensor loss = training_loss(model, batch);
     loss.backward();
@@ -67,19 +66,27 @@ bool plan_batch(Options& o, nn::Model& model, const std::shared_ptr<nn::FlatPara
   };
   request.optimizer = optimizer.get();
   request.sample_limit = train.size();
-  if (o.recompute == "auto") request.set_recompute = [&](bool on) { model.set_recompute(on); };
+  if (o.recompute == RecomputeChoice::planner) request.set_recompute = [&](bool on) { model.set_recompute(on); };
   request.model = &model;
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;
   request.on_table = [&](const Plan& plan) { print_plan_table(o, plan); };
-  const Plan plan = cumulus::plan_batch(request);
-  if (o.recompute == "auto") o.recompute = plan.recompute ? "on" : "off";
-  if (o.plan_only) return false;
+  return cumulus::plan_batch(request);
+}
+
+}  // namespace
+
+BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                     const data::ImageDataset& train) {
+  const Plan plan = run_planner(o, model, flat, train);
   if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
-  o.batch_size = plan.micro_batch;
-  o.accum_steps = static_cast<int>(plan.accum_steps);
   if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
-  return true;
+  return BatchPlan{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.recompute};
+}
+
+void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                const data::ImageDataset& train) {
+  run_planner(o, model, flat, train);
 }
 
 }  // namespace fmnist

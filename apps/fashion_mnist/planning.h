@@ -6,7 +6,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/model.h"
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
@@ -15,9 +15,14 @@ namespace fmnist {
 // divisor predicted in reserved bytes with the optimizer state the first step allocates, the
 // largest that fits verified by one probe under the limit (--recompute auto: recompute only if it
 // lets a larger micro-batch fit). Parameters and batch norm's statistics are left as they were.
-// Sets the options' batch_size, accum_steps and recompute. Returns false when --plan-only asks to
-// stop after the table.
-bool plan_batch(Options& o, cumulus::nn::Model& model, const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
+// Returns the micro-batch, the accumulation steps and the recompute decision for with_plan()
+// (run_config.h); an OutOfMemory error when nothing fits.
+BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,
+                     const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
+                     const cumulus::data::ImageDataset& train);
+
+// --plan-only: the planner's table of every candidate, nothing verified, nothing trained.
+void print_plan(const RunConfig& c, cumulus::nn::Model& model, const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
                 const cumulus::data::ImageDataset& train);
 
 }  // namespace fmnist

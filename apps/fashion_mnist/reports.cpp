@@ -15,33 +15,35 @@ using namespace cumulus;
 namespace fmnist {
 namespace {
 
-void print_banner(const Options& o, const nn::Model& model, const RunDescription& d, const TrainingState& state) {
-  const int n0 = optim::Accumulator::steps_for_epoch(
-      o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule, state.epoch);
+void print_banner(const RunConfig& o, const nn::Model& model, const RunDescription& d, const TrainingState& state) {
+  const int n0 = o.accum_steps_at(state.epoch);
   const std::string ranks = o.world_size > 1 ? " x " + std::to_string(o.world_size) + " ranks" : std::string();
   say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps%s = effective batch "
       "%lld | %s lr %g%s\n",
-      o.resolved_device.describe().c_str(),
-      o.model == "cnn" ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10", d.data_dir.c_str(),
-      static_cast<long long>(d.train_samples), static_cast<long long>(d.test_samples),
+      o.device.describe().c_str(),
+      o.model == ModelKind::cnn ? "cnn (batch norm: statistics per micro-batch)" : "mlp 784-512-512-10",
+      d.data_dir.c_str(), static_cast<long long>(d.train_samples), static_cast<long long>(d.test_samples),
       static_cast<long long>(o.batch_size), n0, ranks.c_str(), static_cast<long long>(o.batch_size * n0 * o.world_size),
-      o.optimizer == "adamw" ? "AdamW" : "SGD", static_cast<double>(o.lr),
-      o.lr_schedule == "constant" ? "" : (" (" + o.lr_schedule + " schedule)").c_str());
-  if (o.recompute == "on") say("recompute: on (activations of the model's segments are recomputed in backward)\n");
-  if (o.model == "mlp") {
-    const char* fused = o.resolved_device.is_cuda()
+      o.optimizer == OptimizerKind::adamw ? "AdamW" : "SGD", static_cast<double>(o.lr),
+      o.lr_schedule == LrScheduleKind::constant
+          ? ""
+          : (" (" + std::string(choice_name(o.lr_schedule)) + " schedule)").c_str());
+  if (o.recompute == RecomputeChoice::on)
+    say("recompute: on (activations of the model's segments are recomputed in backward)\n");
+  if (o.model == ModelKind::mlp) {
+    const char* fused = o.device.is_cuda()
                             ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "
                               "launches of our own)"
                             : "fused (mlp_cross_entropy: one op for the micro-batch; on the CPU the generic "
                               "kernels' arithmetic)";
     say("kernels: %s\n", kernels_used(model, o, o.batch_size) == "fused" ? fused : "generic (one op per layer)");
   }
-  if (o.resolved_precision != Precision::fp32)
+  if (o.precision != Precision::fp32)
     say("precision: %s activations, gradients of activations and GEMM weight copies; f32 weights, gradient "
         "buffers, optimizer state and loss%s\n",
-        o.precision.c_str(),
-        needs_loss_scaling(o.resolved_precision) ? "; dynamic loss scale (now " + loss_scale_text(d.loss_scale) + ")"
-                                                 : std::string());
+        choice_name(o.precision),
+        needs_loss_scaling(o.precision) ? "; dynamic loss scale (now " + loss_scale_text(d.loss_scale) + ")"
+                                        : std::string());
   if (d.host_resident_data)
     say("data: on the host; micro-batches copied to the device one ahead (pinned staging, copy stream)\n");
   if (o.world_size > 1)
@@ -55,7 +57,7 @@ void print_banner(const Options& o, const nn::Model& model, const RunDescription
 
 }  // namespace
 
-void announce_run(const Options& o, const nn::Model& model, const RunDescription& d, const TrainingState& state) {
+void announce_run(const RunConfig& o, const nn::Model& model, const RunDescription& d, const TrainingState& state) {
   if (!o.quiet) print_banner(o, model, d, state);
   for (const std::string& change : state.overridden)
     if (g_root) std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
@@ -67,18 +69,18 @@ void announce_run(const Options& o, const nn::Model& model, const RunDescription
   }
 }
 
-MemoryTracker::Options tracker_options(const Options& o, const nn::Model& model) {
+MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Model& model) {
   MemoryTracker::Options to;
   to.model = model.name();
   if (model.uses_batch_statistics())
     to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
-  to.accum_steps = o.schedule.empty() ? o.accum_steps : o.schedule.begin()->second;
+  to.accum_steps = o.accum_steps_at(0);
   to.settings = named_settings(kMemoryReport, {o, kernels_used(model, o, o.batch_size)});
   return to;
 }
 
-void write_reports(const Options& o, MemoryTracker& tracker) {
+void write_reports(const RunConfig& o, MemoryTracker& tracker) {
   auto write = [&](const char* flag, const std::string& path, const std::string& content, const char* what) {
     if (path.empty()) return;
     try {
@@ -93,7 +95,7 @@ void write_reports(const Options& o, MemoryTracker& tracker) {
   write("--memory-plot", o.memory_plot_path, memory_plot_svg(tracker), "memory plot");
 }
 
-void finish_reports(const Options& o, MemoryTracker& tracker, dist::Communicator& comm) {
+void finish_reports(const RunConfig& o, MemoryTracker& tracker, dist::Communicator& comm) {
   if (!o.quiet && g_root) {
     print_memory_table(tracker, stdout);
     say("");

@@ -9,7 +9,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/model.h"
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
@@ -24,16 +24,16 @@ struct RunDescription {
 
 // The banner (unless --quiet), then on stderr the settings --override changed and a note when a
 // resumed checkpoint has nothing left to train.
-void announce_run(const Options& o, const cumulus::nn::Model& model, const RunDescription& d,
+void announce_run(const RunConfig& o, const cumulus::nn::Model& model, const RunDescription& d,
                   const TrainingState& state);
 
 // The memory tracker's model, micro-batch and the settings its report records.
-cumulus::MemoryTracker::Options tracker_options(const Options& o, const cumulus::nn::Model& model);
+cumulus::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulus::nn::Model& model);
 
-void write_reports(const Options& o, cumulus::MemoryTracker& tracker);
+void write_reports(const RunConfig& o, cumulus::MemoryTracker& tracker);
 
 // After the last epoch: the memory table, the reports and, with several ranks, the all-reduces'
 // totals.
-void finish_reports(const Options& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
+void finish_reports(const RunConfig& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
 
 }  // namespace fmnist

@@ -46,7 +46,7 @@ bool same_file(const Identity& a, const Identity& b) {
   return a.canonical == b.canonical || (a.exists && b.exists && a.device == b.device && a.inode == b.inode);
 }
 
-std::vector<NamedPath> outputs_of(const Options& o) {
+std::vector<NamedPath> outputs_of(const RunConfig& o) {
   std::vector<NamedPath> out;
   for (const NamedPath& p : {NamedPath{"--save", o.save_path}, NamedPath{"--checkpoint", o.checkpoint_path},
                              NamedPath{"--memory-report", o.memory_report_path}, NamedPath{"--trace", o.trace_path},
@@ -66,7 +66,7 @@ Identity identify_output(const NamedPath& p) {
 
 }  // namespace
 
-void check_run_paths(const Options& o) {
+void check_run_paths(const RunConfig& o) {
   const std::vector<NamedPath> outputs = outputs_of(o);
   std::vector<Identity> ids;
   for (const NamedPath& p : outputs) {
@@ -111,7 +111,7 @@ void check_run_paths(const Options& o) {
   }
 }
 
-void check_outputs_against_data(const Options& o, const std::string& data_dir) {
+void check_outputs_against_data(const RunConfig& o, const std::string& data_dir) {
   const std::vector<NamedPath> outputs = outputs_of(o);
   if (outputs.empty()) return;
   std::vector<Identity> ids;

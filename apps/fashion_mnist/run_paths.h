@@ -8,15 +8,15 @@
 
 #include <string>
 
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
 // Outputs against each other and against --init / --resume. Throws UsageFailure naming the flags.
 // --checkpoint may name the --resume file: the resumed checkpoint is read before it is replaced.
-void check_run_paths(const Options& options);
+void check_run_paths(const RunConfig& options);
 
 // Outputs against the dataset's files in `data_dir` (once it is located).
-void check_outputs_against_data(const Options& options, const std::string& data_dir);
+void check_outputs_against_data(const RunConfig& options, const std::string& data_dir);
 
 }  // namespace fmnist

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
@@ -22,9 +22,9 @@ enum SettingUse : unsigned {
   kMemoryReport = 1u << 2,  // in the memory report's settings
 };
 
-// What a printer may read besides the options: facts known only once the model is made.
+// What a printer may read besides the configuration: facts known only once the model is made.
 struct SettingContext {
-  const Options& o;
+  const RunConfig& o;
   std::string kernels;  // the memory report's "kernels": fused or generic
 };
 

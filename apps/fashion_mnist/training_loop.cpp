@@ -61,7 +61,7 @@ class TrainingLoop {
   int stop_together(const std::string& message, int code, const char* why);
 
   const TrainingParts& p_;
-  const Options& o_;
+  const RunConfig& o_;
   const optim::Accumulator& acc_;  // the counters
   Progress progress_;
   // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
@@ -98,7 +98,7 @@ void TrainingLoop::checkpoint_now(const char* why) {
 int TrainingLoop::stop(const std::string& message, int code, const char* why) {
   progress_.end_epoch();
   if (!message.empty()) std::fprintf(stderr, "fashion_mnist: %s\n", message.c_str());
-  allocator_for(o_.resolved_device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
+  allocator_for(o_.device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
   int status = code;
   for (auto& write : {std::function<void()>([&] { checkpoint_now(why); }),
                       std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
@@ -179,7 +179,7 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
     e.samples += b;  // every rank's: the epoch's samples, as one process counts them
     e.samples_this_run += b;
     if (p_.trainer.step_if_ready()) {
-      e.peak = std::max(e.peak, allocator_for(o_.resolved_device).stats().allocated_peak);
+      e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
       boundary_.next_micro_batch = i + 1;
       boundary_.counters.epoch = e.index;
       boundary_.counters.micro_batch_index = acc_.micro_batch_index();
@@ -203,7 +203,7 @@ void TrainingLoop::end_training_of(Epoch& e) {
   e.train_loss = (loss_before_run_ + acc_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(e.samples, 1));
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e.t0).count();
   const int64_t skipped = acc_.skipped_steps() - e.skipped_before;
-  e.scaling = needs_loss_scaling(o_.resolved_precision);
+  e.scaling = needs_loss_scaling(o_.precision);
   e.loss_scale = e.scaling ? acc_.loss_scale() : 1.0f;
   // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault; at
   // its floor (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
@@ -237,10 +237,10 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
                                  {"skipped_steps", acc_.skipped_steps()},
                                  {"peak_bytes", e.peak},
                                  {"micro_batch_size", o_.batch_size},
-                                 {"model", o_.model},
+                                 {"model", choice_name(o_.model)},
                                  {"accum_steps", acc_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
                                  {"lr", acc_.last_lr()},
-                                 {"precision", o_.precision},
+                                 {"precision", choice_name(o_.precision)},
                                  {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
   if (e.scaling) line["loss_scale"] = e.loss_scale;
   if (o_.world_size > 1) {

@@ -16,13 +16,13 @@
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/trainer.h"
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
 // What the loop trains with; all made before it starts.
 struct TrainingParts {
-  const Options& o;
+  const RunConfig& o;
   cumulus::nn::Model& model;
   cumulus::optim::Optimizer& optimizer;
   cumulus::optim::Trainer& trainer;

@@ -14,14 +14,12 @@ using namespace cumulus;
 
 namespace fmnist {
 
-std::unique_ptr<nn::Model> make_model(const Options& o, Generator& gen) {
+std::unique_ptr<nn::Model> make_model(const RunConfig& o, Generator& gen) {
   std::unique_ptr<nn::Model> model;
-  if (o.model == "cnn") model = std::make_unique<models::CNN>(gen, o.resolved_device);
-  else model = std::make_unique<models::SeedMLP>(gen, o.resolved_device);
-  model->set_recompute(o.recompute == "on");  // auto: off until the planner decides
-  nn::KernelChoice kernels = nn::KernelChoice::automatic;
-  nn::parse_kernel_choice(o.kernels, kernels);  // CLI11 checked the value, and fused against --model
-  model->set_kernels(kernels);
+  if (o.model == ModelKind::cnn) model = std::make_unique<models::CNN>(gen, o.device);
+  else model = std::make_unique<models::SeedMLP>(gen, o.device);
+  model->set_recompute(o.recompute == RecomputeChoice::on);  // auto: off until the planner decides
+  model->set_kernels(o.kernels);                             // fused checked against the model by resolve_run_config()
   return model;
 }
 
@@ -29,25 +27,25 @@ Tensor training_loss(nn::Model& model, const data::Batch& batch) {
   return model.loss(batch.x, batch.y, ops::Reduction::Sum);
 }
 
-std::string kernels_used(const nn::Model& model, const Options& o, int64_t batch) {
-  return nn::kernel_choice_name(model.kernels_for(o.resolved_device, compute_dtype(o.resolved_precision), batch));
+std::string kernels_used(const nn::Model& model, const RunConfig& o, int64_t batch) {
+  return nn::kernel_choice_name(model.kernels_for(o.device, compute_dtype(o.precision), batch));
 }
 
-std::shared_ptr<optim::Optimizer> make_optimizer(const Options& o, std::shared_ptr<nn::FlatParameters> flat) {
-  if (o.optimizer == "adamw") {
+std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared_ptr<nn::FlatParameters> flat) {
+  if (o.optimizer == OptimizerKind::adamw) {
     optim::AdamWOptions a;
     a.lr = o.lr;
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
     a.eps = o.eps;
-    a.weight_decay = o.resolved_weight_decay();
+    a.weight_decay = o.weight_decay;
     return std::make_shared<optim::AdamW>(flat, a);
   }
   optim::SGDOptions s;
   s.lr = o.lr;
   s.momentum = o.momentum;
   s.nesterov = o.nesterov;
-  s.weight_decay = o.resolved_weight_decay();
+  s.weight_decay = o.weight_decay;
   return std::make_shared<optim::SGD>(flat, s);
 }
 
@@ -55,11 +53,10 @@ namespace {
 
 // Optimizer steps of the whole run: each epoch's micro-batches in groups of that epoch's steps
 // (per rank) times the ranks.
-int64_t total_optimizer_steps(const Options& o, int64_t micro_batches) {
-  const std::map<int, int> schedule = o.schedule.empty() ? std::map<int, int>{{0, o.accum_steps}} : o.schedule;
+int64_t total_optimizer_steps(const RunConfig& o, int64_t micro_batches) {
   int64_t steps = 0;
   for (int e = 0; e < o.epochs; ++e) {
-    const int n = optim::Accumulator::steps_for_epoch(schedule, e) * o.world_size;
+    const int n = o.accum_steps_at(e) * o.world_size;
     steps += (micro_batches + n - 1) / n;
   }
   return steps;
@@ -67,9 +64,9 @@ int64_t total_optimizer_steps(const Options& o, int64_t micro_batches) {
 
 }  // namespace
 
-std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const Options& o, int64_t micro_batches) {
-  if (o.lr_schedule == "step") return std::make_shared<optim::StepLR>(o.lr, o.lr_step_size, o.lr_gamma);
-  if (o.lr_schedule == "cosine") {
+std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const RunConfig& o, int64_t micro_batches) {
+  if (o.lr_schedule == LrScheduleKind::step) return std::make_shared<optim::StepLR>(o.lr, o.lr_step_size, o.lr_gamma);
+  if (o.lr_schedule == LrScheduleKind::cosine) {
     const int64_t total = total_optimizer_steps(o, micro_batches);
     if (o.warmup_steps >= total)
       throw UsageFailure("--warmup-steps " + std::to_string(o.warmup_steps) + " must be below the run's " +
@@ -79,26 +76,26 @@ std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const Options& o, int6
   return nullptr;
 }
 
-optim::TrainerOptions trainer_options(const Options& o, const std::shared_ptr<dist::Communicator>& comm) {
+optim::TrainerOptions trainer_options(const RunConfig& o, const std::shared_ptr<dist::Communicator>& comm) {
   optim::TrainerOptions ao;
   // The Accumulator counts the micro-batches of all ranks (Note [Data parallel accumulation]).
-  ao.accum_steps = o.accum_steps * o.world_size;
-  for (const auto& [epoch, steps] : o.schedule) ao.schedule[epoch] = steps * o.world_size;
+  ao.accum_steps = o.accum_steps_at(0) * o.world_size;
+  if (o.accum_scheduled) ao.schedule = o.accum_schedule_all_ranks();
   if (o.world_size > 1) ao.communicator = comm;
-  ao.normalization = o.normalization();
+  ao.normalization = o.normalization;
   ao.clip_grad_norm = o.clip_grad_norm;
-  ao.loss_scaling.dynamic = needs_loss_scaling(o.resolved_precision);
+  ao.loss_scaling.dynamic = needs_loss_scaling(o.precision);
   ao.use_graphs = o.use_graphs;
   return ao;
 }
 
-void apply_memory_budget(const Options& o) {
+void apply_memory_budget(const RunConfig& o) {
   if (o.memory_budget_bytes <= 0) return;
-  const int64_t held = allocator_for(o.resolved_device).stats().reserved;
+  const int64_t held = allocator_for(o.device).stats().reserved;
   if (held > o.memory_budget_bytes)
     throw UsageFailure("--memory-budget " + o.memory_budget + " is below the " + format_bytes(held) +
                        " this run holds before its first micro-batch (dataset, parameters, gradients)");
-  allocator_for(o.resolved_device).set_memory_limit(o.memory_budget_bytes);
+  allocator_for(o.device).set_memory_limit(o.memory_budget_bytes);
 }
 
 std::string loss_scale_text(float scale) {

@@ -1,0 +1,289 @@
+#include "run_config.h"
+
+#include <initializer_list>
+#include <stdexcept>
+#include <utility>
+
+#include "cumulus/core/error.h"
+
+using namespace cumulus;
+
+namespace fmnist {
+namespace {
+
+// Each choice's flag, the values it takes (in the order messages list them), and the noun of its
+// "unknown" message where it has one.
+template <class E>
+struct Choices {
+  const char* flag;
+  const char* noun;  // "--model 'x': unknown model (expected ...)"; nullptr: "--optimizer 'x': expected ..."
+  std::initializer_list<std::pair<const char*, E>> values;
+};
+
+template <class E>
+const Choices<E>& choices();
+
+template <>
+const Choices<ModelKind>& choices() {
+  static const Choices<ModelKind> c{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
+  return c;
+}
+template <>
+const Choices<OptimizerKind>& choices() {
+  static const Choices<OptimizerKind> c{
+      "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
+  return c;
+}
+template <>
+const Choices<LrScheduleKind>& choices() {
+  static const Choices<LrScheduleKind> c{
+      "--lr-schedule",
+      nullptr,
+      {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
+  return c;
+}
+template <>
+const Choices<GraphsChoice>& choices() {
+  static const Choices<GraphsChoice> c{
+      "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
+  return c;
+}
+template <>
+const Choices<RecomputeChoice>& choices() {
+  static const Choices<RecomputeChoice> c{
+      "--recompute",
+      nullptr,
+      {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
+  return c;
+}
+template <>
+const Choices<DataPlacement>& choices() {
+  static const Choices<DataPlacement> c{
+      "--data-on", nullptr, {{"device", DataPlacement::device}, {"host", DataPlacement::host}}};
+  return c;
+}
+template <>
+const Choices<Precision>& choices() {
+  static const Choices<Precision> c{
+      "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
+  return c;
+}
+template <>
+const Choices<nn::KernelChoice>& choices() {
+  static const Choices<nn::KernelChoice> c{"--kernels",
+                                           nullptr,
+                                           {{"auto", nn::KernelChoice::automatic},
+                                            {"fused", nn::KernelChoice::fused},
+                                            {"generic", nn::KernelChoice::generic}}};
+  return c;
+}
+template <>
+const Choices<optim::Normalization>& choices() {
+  static const Choices<optim::Normalization> c{
+      "--normalize",
+      nullptr,
+      {{"samples", optim::Normalization::samples}, {"micro-batches", optim::Normalization::micro_batches}}};
+  return c;
+}
+
+// "a or b", "a, b or c".
+template <class E>
+std::string listed(const Choices<E>& c) {
+  std::string out;
+  std::size_t i = 0;
+  for (const auto& [name, value] : c.values) {
+    out += (i == 0 ? "" : i + 1 == c.values.size() ? " or " : ", ") + std::string(name);
+    ++i;
+  }
+  return out;
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw UsageFailure(message);
+}
+
+// The device, the precision and the kernels, and whether they go together.
+void resolve_device(const CommandLine& cli, RunConfig& c) {
+  if (cli.device == "auto") {
+    c.device = cuda_available() ? Device::cuda(0) : Device::cpu();
+  } else {
+    try {
+      c.device = Device::parse(cli.device);
+      check_device_available(c.device);
+    } catch (const Error& e) {
+      throw UsageFailure("--device: " + std::string(e.what()));
+    }
+  }
+  c.one_gpu_per_rank = cli.device == "auto" || cli.device == "cuda";
+  require(!needs_loss_scaling(c.precision) || c.normalization == optim::Normalization::samples,
+          "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
+          "normalization of each step");
+  const std::string unsupported = precision_unsupported_reason(c.precision, c.device);
+  require(unsupported.empty(), "--precision " + std::string(precision_name(c.precision)) + ": " + unsupported);
+  if (c.kernels == nn::KernelChoice::fused) {
+    require(c.model == ModelKind::mlp,
+            "--kernels fused runs the MLP only (the model is " + std::string(choice_name(c.model)) + ")");
+    require(c.precision == Precision::fp32, "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
+    require(c.recompute == RecomputeChoice::off, "--kernels fused keeps every activation: give --recompute off");
+  }
+  require(c.graphs != GraphsChoice::on || c.device.is_cuda(),
+          "--graphs on needs a CUDA device (the device is " + c.device.str() + ")");
+  c.use_graphs = c.device.is_cuda() && c.graphs != GraphsChoice::off;
+}
+
+// The micro-batch and the accumulation steps the flags give (one process; on_ranks() and
+// with_plan() fold in what the ranks and the planner decide).
+void resolve_batch(const CommandLine& cli, RunConfig& c) {
+  c.epochs = cli.epochs;
+  c.batch_size = cli.batch_size;
+  c.effective_batch = cli.effective_batch;
+  c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
+                   : cli.batch_size_given   ? BatchSource::elastic
+                                            : BatchSource::planner;
+  c.accum_scheduled = !cli.schedule.empty();
+  c.accum_schedule = c.accum_scheduled ? cli.schedule : std::map<int, int>{{0, cli.accum_steps}};
+  c.memory_budget = cli.memory_budget;
+  c.memory_budget_bytes = cli.memory_budget_bytes;
+  c.plan_only = cli.plan_only;
+}
+
+void resolve_optimizer(const CommandLine& cli, RunConfig& c) {
+  c.optimizer = parse_choice<OptimizerKind>(cli.optimizer);
+  c.lr = cli.lr;
+  c.lr_schedule = parse_choice<LrScheduleKind>(cli.lr_schedule);
+  c.lr_step_size = cli.lr_step_size;
+  c.lr_gamma = cli.lr_gamma;
+  c.warmup_steps = cli.warmup_steps;
+  c.min_lr = cli.min_lr;
+  c.momentum = cli.momentum;
+  c.nesterov = cli.nesterov;
+  c.beta1 = cli.beta1;
+  c.beta2 = cli.beta2;
+  c.eps = cli.eps;
+  // PyTorch's defaults: 0 for SGD, 0.01 for AdamW.
+  c.weight_decay = cli.weight_decay.value_or(c.optimizer == OptimizerKind::adamw ? 0.01f : 0.0f);
+  c.clip_grad_norm = cli.clip_grad_norm;
+  c.normalization = parse_choice<optim::Normalization>(cli.normalize);
+}
+
+void copy_files_and_output(const CommandLine& cli, RunConfig& c) {
+  c.data_dir = cli.data_dir;
+  c.shuffle = cli.shuffle;
+  c.seed = cli.seed;
+  c.init_path = cli.init_path;
+  c.save_path = cli.save_path;
+  c.checkpoint_path = cli.checkpoint_path;
+  c.resume_path = cli.resume_path;
+  c.memory_report_path = cli.memory_report_path;
+  c.trace_path = cli.trace_path;
+  c.memory_plot_path = cli.memory_plot_path;
+  c.metrics_path = cli.metrics_path;
+  c.overrides = cli.overrides;
+  c.train_limit = cli.train_limit;
+  c.test_limit = cli.test_limit;
+  c.eval_batch_size = cli.eval_batch_size;
+  c.threads = cli.threads;
+  c.eval_only = cli.eval_only;
+  c.quiet = cli.quiet;
+}
+
+}  // namespace
+
+template <class E>
+E parse_choice(const std::string& text) {
+  const Choices<E>& c = choices<E>();
+  for (const auto& [name, value] : c.values)
+    if (text == name) return value;
+  const std::string expected = "expected " + listed(c);
+  throw UsageFailure(std::string(c.flag) + " '" + text +
+                     "': " + (c.noun != nullptr ? "unknown " + std::string(c.noun) + " (" + expected + ")" : expected));
+}
+
+template <class E>
+const char* choice_name(E value) {
+  for (const auto& [name, v] : choices<E>().values)
+    if (v == value) return name;
+  throw std::logic_error("choice_name: a value missing from its table");
+}
+
+#define FMNIST_CHOICE(E)                          \
+  template E parse_choice<E>(const std::string&); \
+  template const char* choice_name<E>(E);
+FMNIST_CHOICE(ModelKind)
+FMNIST_CHOICE(OptimizerKind)
+FMNIST_CHOICE(LrScheduleKind)
+FMNIST_CHOICE(GraphsChoice)
+FMNIST_CHOICE(RecomputeChoice)
+FMNIST_CHOICE(DataPlacement)
+FMNIST_CHOICE(Precision)
+FMNIST_CHOICE(nn::KernelChoice)
+FMNIST_CHOICE(optim::Normalization)
+#undef FMNIST_CHOICE
+
+int RunConfig::accum_steps_at(int epoch) const { return optim::Accumulator::steps_for_epoch(accum_schedule, epoch); }
+
+std::map<int, int> RunConfig::accum_schedule_all_ranks() const {
+  std::map<int, int> all;
+  for (const auto& [epoch, steps] : accum_schedule) all[epoch] = steps * world_size;
+  return all;
+}
+
+RunConfig resolve_run_config(const CommandLine& cli) {
+  RunConfig c;
+  c.model = parse_choice<ModelKind>(cli.model);
+  c.precision = parse_choice<Precision>(cli.precision);
+  c.kernels = parse_choice<nn::KernelChoice>(cli.kernels);
+  c.recompute = parse_choice<RecomputeChoice>(cli.recompute);
+  c.data_on = parse_choice<DataPlacement>(cli.data_on);
+  c.graphs = parse_choice<GraphsChoice>(cli.graphs);
+  resolve_batch(cli, c);
+  resolve_optimizer(cli, c);
+  copy_files_and_output(cli, c);
+  resolve_device(cli, c);
+  return c;
+}
+
+std::string rank_path(const std::string& path, int rank) {
+  if (path.empty()) return path;
+  const std::string suffix = ".rank" + std::to_string(rank);
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) return path + suffix;
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
+
+RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {
+  RunConfig c = config;
+  c.rank = placement.rank;
+  c.world_size = placement.world_size;
+  c.device = placement.device;
+  if (c.world_size > 1) c.use_graphs = false;  // CUDA graphs with several ranks: not yet
+  if (c.batch_source == BatchSource::elastic) {
+    const int64_t per_step = c.batch_size * c.world_size;
+    if (c.effective_batch % per_step != 0)
+      throw UsageFailure("--effective-batch " + std::to_string(c.effective_batch) +
+                         " is not a multiple of --batch-size " + std::to_string(c.batch_size) + " x " +
+                         std::to_string(c.world_size) + " rank(s) = " + std::to_string(per_step));
+    c.accum_schedule = {{0, static_cast<int>(c.effective_batch / per_step)}};
+  }
+  if (c.rank != 0) {  // rank 0 writes the checkpoint, the weights and the metrics
+    c.checkpoint_path.clear();
+    c.save_path.clear();
+    c.metrics_path.clear();
+    c.memory_report_path = rank_path(c.memory_report_path, c.rank);
+    c.trace_path = rank_path(c.trace_path, c.rank);
+    c.memory_plot_path = rank_path(c.memory_plot_path, c.rank);
+  }
+  return c;
+}
+
+RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
+  RunConfig c = config;
+  c.batch_size = plan.micro_batch;
+  c.accum_schedule = {{0, plan.accum_steps}};
+  if (c.recompute == RecomputeChoice::planner)
+    c.recompute = plan.recompute ? RecomputeChoice::on : RecomputeChoice::off;
+  return c;
+}
+
+}  // namespace fmnist

@@ -1,0 +1,138 @@
+// The run's configuration, resolved from the command line: every choice an enum, every derived
+// value (the device, the accumulation steps, the planner's micro-batch, each rank's outputs)
+// computed here, once.
+//
+// Note [Run configuration]: the app reads its settings from a RunConfig that only this file's
+// functions make, and every other function receives it as `const RunConfig&`. It is made in three
+// steps, each a new object folded from the one before and a value found meanwhile, never an edit of
+// a live configuration:
+//   resolve_run_config(CommandLine)  the choices as enums, the device, precision and kernels checked
+//                                    together, the accumulation steps of the flags (one process);
+//   on_ranks(config, RankPlacement)  what data_parallel.cpp found: this rank, the number of ranks and
+//                                    this rank's device; --effective-batch with --batch-size becomes
+//                                    accumulation steps, and each rank gets its own outputs;
+//   with_plan(config, BatchPlan)     what planning.cpp found: the micro-batch, the accumulation steps
+//                                    and --recompute auto's decision.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+
+#include "cumulus/core/device.h"
+#include "cumulus/core/precision.h"
+#include "cumulus/nn/model.h"
+#include "cumulus/optim/accumulator.h"
+#include "options.h"
+
+namespace fmnist {
+
+enum class ModelKind { mlp, cnn };
+enum class OptimizerKind { sgd, adamw };
+enum class LrScheduleKind { constant, step, cosine };
+enum class GraphsChoice { automatic, on, off };
+enum class RecomputeChoice { off, on, planner };  // planner: --recompute auto, until with_plan() decides
+enum class DataPlacement { device, host };
+// Where the micro-batch and the accumulation steps come from.
+enum class BatchSource {
+  flags,    // --batch-size with --accum-steps or --accum-schedule
+  elastic,  // --effective-batch with --batch-size: accumulation steps = effective / (batch x ranks)
+  planner,  // --effective-batch without --batch-size: the planner picks both
+};
+
+// A choice's flag value as the enum; throws UsageFailure naming the flag and the values it takes.
+// Defined for every enum above and for cumulus::Precision, nn::KernelChoice and optim::Normalization.
+template <class E>
+E parse_choice(const std::string& text);
+// The flag value that names `value`: "mlp", "micro-batches", "auto".
+template <class E>
+const char* choice_name(E value);
+
+struct RunConfig {
+  // What runs where, and how.
+  cumulus::Device device;
+  bool one_gpu_per_rank = false;  // --device auto or cuda: under mpirun each rank of a node takes its own GPU
+  ModelKind model = ModelKind::mlp;
+  cumulus::Precision precision = cumulus::Precision::fp32;
+  cumulus::nn::KernelChoice kernels = cumulus::nn::KernelChoice::automatic;
+  RecomputeChoice recompute = RecomputeChoice::off;
+  DataPlacement data_on = DataPlacement::device;
+  GraphsChoice graphs = GraphsChoice::automatic;
+  bool use_graphs = false;  // from `graphs`, the device and the number of ranks
+
+  // The batch: micro-batch x accumulation steps (x ranks) = effective batch.
+  int epochs = 20;
+  int64_t batch_size = 64;  // the micro-batch of each rank
+  BatchSource batch_source = BatchSource::flags;
+  std::map<int, int> accum_schedule = {{0, 1}};  // epoch -> micro-batches per step of each rank; from epoch 0
+  bool accum_scheduled = false;                  // given as --accum-schedule (recorded as a schedule)
+  int64_t effective_batch = 0;
+  std::string memory_budget;  // as given, for messages
+  int64_t memory_budget_bytes = 0;
+  bool plan_only = false;
+
+  // The optimizer and its learning-rate schedule.
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  float lr = 1e-3f;
+  LrScheduleKind lr_schedule = LrScheduleKind::constant;
+  int64_t lr_step_size = 0;
+  float lr_gamma = 0.1f;
+  int64_t warmup_steps = 0;
+  float min_lr = 0.0f;
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;  // --weight-decay, else PyTorch's default for the optimizer
+  float clip_grad_norm = 0.0f;
+  cumulus::optim::Normalization normalization = cumulus::optim::Normalization::samples;
+
+  // Data, files and output. The outputs are this rank's (Note [Run configuration]).
+  std::string data_dir;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  std::string init_path, save_path, checkpoint_path, resume_path;
+  std::string memory_report_path, trace_path, memory_plot_path, metrics_path;
+  std::set<std::string> overrides;
+  int64_t train_limit = 0, test_limit = 0;
+  int64_t eval_batch_size = 64;
+  int threads = 0;
+  bool eval_only = false;
+  bool quiet = false;
+
+  // Data parallel (mpirun).
+  int rank = 0, world_size = 1;
+
+  // Micro-batches per optimizer step of each rank in `epoch`, and of all ranks together by epoch.
+  int accum_steps_at(int epoch) const;
+  std::map<int, int> accum_schedule_all_ranks() const;
+};
+
+// The command line resolved for one process. Throws UsageFailure naming the flag.
+RunConfig resolve_run_config(const CommandLine& command_line);
+
+// What the data-parallel setup found (data_parallel.cpp).
+struct RankPlacement {
+  int rank = 0, world_size = 1;
+  cumulus::Device device;  // this rank's
+};
+
+// `config` on this rank: its device, rank and number of ranks; no CUDA graphs with several ranks;
+// --effective-batch with --batch-size as accumulation steps (UsageFailure unless the ranks' micro-
+// batches divide it); rank 0 writes the checkpoint, the weights and the metrics, every rank its own
+// memory report, trace and plot ("memory.json" -> "memory.rank1.json").
+RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement);
+
+// What the planner chose (planning.cpp).
+struct BatchPlan {
+  int64_t micro_batch = 0;
+  int accum_steps = 0;
+  bool recompute = false;  // its decision for --recompute auto
+};
+
+RunConfig with_plan(const RunConfig& config, const BatchPlan& plan);
+
+// "memory.json" -> "memory.rank1.json".
+std::string rank_path(const std::string& path, int rank);
+
+}  // namespace fmnist
