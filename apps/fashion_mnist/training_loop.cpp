@@ -83,6 +83,7 @@ void TrainingLoop::checkpoint_now(const char* why) {
   boundary_.counters.skipped_steps = now.skipped_steps;
   boundary_.counters.loss_scale = now.loss_scale;
   boundary_.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
+  boundary_.counters.last_lr = now.last_lr;
   boundary_.optimizer_updates = p_.optimizer.updates();
   boundary_.epoch_loss_sum = boundary_.next_micro_batch == 0 ? 0.0 : loss_before_run_ + acc_.epoch_loss_sum();
   try {
@@ -176,6 +177,7 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
     } else {
       p_.trainer.skip_micro_batch();
     }
+    fault_signal_point("micro_batch", e.index + 1, i);
     e.samples += b;  // every rank's: the epoch's samples, as one process counts them
     e.samples_this_run += b;
     if (p_.trainer.step_if_ready()) {
@@ -261,6 +263,7 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
 std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
   EvalResult r;
   try {
+    fault_signal_point("test_pass", e.index + 1);
     if (g_root) r = evaluate(p_.model, p_.test_loader);  // the other ranks hold the same weights
   } catch (const Interrupted&) {
     return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +
