@@ -380,6 +380,16 @@ TEST_F(FaultTest, AnInterruptInTheTestPassResumesToTheUninterruptedMetrics) {
   expect_exact_resume_after(common, "test_pass:1", "lr", run, path);
 }
 
+// Issue 30 item 5: a stop inside an accumulation group finishes the group first, so batch norm's
+// running statistics in the checkpoint match its counters: CNN, micro-batch 8 x 4, interrupted
+// after the second micro-batch of the second group (and of the first, in epoch 2).
+TEST_F(FaultTest, AnInterruptInsideAnAccumulationGroupResumesExactlyWithBatchNorm) {
+  const Args common = data() + Args{"--model", "cnn", "--batch-size", "8", "--accum-steps", "4", "--momentum", "0.9",
+                                    "--epochs", "2", "--train-limit", "64"};
+  expect_exact_resume_after(common, "micro_batch:1:5", "bn_mid_group", run, path);
+  expect_exact_resume_after(common, "micro_batch:2:1", "bn_mid_group2", run, path);
+}
+
 // ---- out of memory ----
 
 TEST_F(FaultTest, OutOfMemoryUnderABudgetReportsAndSavesAResumableCheckpoint) {

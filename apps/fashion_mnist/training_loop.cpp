@@ -160,9 +160,11 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
   data::DataLoader& train_loader = p_.train_loader;
   const int64_t micro_batches = train_loader.num_batches(), train_size = train_loader.dataset().size();
   for (int64_t i = e.first; i < micro_batches; ++i) {
-    // A stop is honoured at the last group boundary (what the checkpoint holds); with several
-    // ranks, at a boundary all of them agree on, so they stop together.
-    if (o_.world_size == 1 ? g_signal != 0 : acc_.micro_batches_in_group() == 0 && stop_agreed())
+    // A stop is honoured at a group boundary, after the group in flight has stepped: what the
+    // checkpoint holds is then exactly what the run has done, batch norm's running statistics
+    // included (they change with every micro-batch). With several ranks, at a boundary all of them
+    // agree on, so they stop together.
+    if (acc_.micro_batches_in_group() == 0 && (o_.world_size == 1 ? g_signal != 0 : stop_agreed()))
       return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
                                std::to_string(e.index + 1) + ", micro-batch " + std::to_string(i),
                            exit_code_for(g_signal), "interrupted");
