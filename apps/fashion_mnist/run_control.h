@@ -9,6 +9,7 @@
 #pragma once
 
 #include <csignal>
+#include <stdexcept>
 
 #include "options.h"
 
@@ -28,6 +29,12 @@ const char* signal_name(int sig);
 // together.
 struct SameOnEveryRank : UsageFailure {
   using UsageFailure::UsageFailure;
+};
+
+// A runtime failure every rank finds at once (ranks that loaded different data): rank 0 says it,
+// and the ranks end together with exit code 1.
+struct ErrorOnEveryRank : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Thrown where a phase outside the training loop (loading, planning, the test pass) notices an
