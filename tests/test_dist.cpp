@@ -465,6 +465,30 @@ TEST_F(MpiRunTest, RanksThatResumeDifferentCheckpointsAreRefused) {
       << r.out;
 }
 
+// Issue 30 item 3: rank k > 0 writes its reports under ".rank<k>" names, so an output of rank 1 can
+// be named like one of rank 0 or like an input; the whole job's outputs are compared before any
+// work (Note [The job's outputs] in apps/fashion_mnist/run_paths.cpp), a usage error on every rank.
+TEST_F(MpiRunTest, OneRanksOutputNamedLikeAnotherRanksOutputOrAnInputIsRefused) {
+  const std::string out = path("job_out");
+  fs::create_directories(out);
+  const std::string args = common() + " --epochs 1 --memory-report " + quote(out + "/r.json");
+  Result r = launch(2, args + " --checkpoint " + quote(out + "/r.rank1.json"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank 0's --checkpoint '" + out + "/r.rank1.json' and rank 1's --memory-report '" + out +
+                       "/r.rank1.json' are the same file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
+  EXPECT_FALSE(fs::exists(out + "/r.rank1.json")) << "an output was written";
+
+  // Rank 1's trace named like the --init file (read by every rank): refused before it is read.
+  std::ofstream(out + "/w.rank1.st") << "weights";
+  r = launch(2, common() + " --epochs 1 --init " + quote(out + "/w.rank1.st") + " --trace " + quote(out + "/w.st"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank 1's --trace '" + out + "/w.rank1.st' is the --init file"), std::string::npos) << r.out;
+  EXPECT_EQ(read_log(out + "/w.rank1.st"), "weights");
+}
+
 TEST_F(MpiRunTest, EffectiveBatchThatDoesNotDivideIsAUsageError) {
   const Result r = launch(
       3, "--data " + quote(path("data")) + " --device cpu --threads 1 --epochs 1 --batch-size 16 --effective-batch 64");

@@ -70,6 +70,17 @@ void check_same_settings_on_every_rank(const RunConfig& c, dist::Communicator& c
   }
 }
 
+void usage_check_on_every_rank(dist::Communicator& comm, const std::function<void()>& check) {
+  if (comm.world_size() == 1) return check();
+  std::string problem;
+  try {
+    check();
+  } catch (const UsageFailure& e) {
+    problem = e.what();
+  }
+  if (const std::string first = dist::problem_of_any_rank(comm, problem); !first.empty()) throw SameOnEveryRank(first);
+}
+
 void check_same_loaded_on_every_rank(const char* what, const std::string& mine, const std::string& advice,
                                      dist::Communicator& comm) {
   if (comm.world_size() == 1) return;

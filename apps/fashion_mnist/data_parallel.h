@@ -2,6 +2,9 @@
 // with the same settings and loaded the same amount of data.
 #pragma once
 
+#include <functional>
+#include <string>
+
 #include "cumulus/dist/communicator.h"
 #include "run_config.h"
 
@@ -17,6 +20,11 @@ RankPlacement place_on_ranks(const RunConfig& config, cumulus::dist::Communicato
 // Every rank must have been started with the same settings (Note [Settings table]): a usage error
 // on every rank, naming the setting, if not.
 void check_same_settings_on_every_rank(const RunConfig& config, cumulus::dist::Communicator& comm);
+
+// Runs `check` on every rank; a UsageFailure on any rank becomes a usage error on every rank
+// (SameOnEveryRank, naming the rank), so no rank goes on to wait for one that stopped. With one
+// process, just `check`.
+void usage_check_on_every_rank(cumulus::dist::Communicator& comm, const std::function<void()>& check);
 
 // Note [Ranks agree on what they loaded]
 // The ranks issue one collective per optimizer step and per stop check, a number fixed by the

@@ -85,9 +85,9 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
   check_same_settings_on_every_rank(placed, *comm);
   const Device device = placed.device;
-  check_run_paths(placed);
+  usage_check_on_every_rank(*comm, [&] { check_run_paths(resolved, placed); });
   const std::string data_dir = locate_fashion_mnist(placed.data_dir, placed.quiet);
-  check_outputs_against_data(placed, data_dir);
+  usage_check_on_every_rank(*comm, [&] { check_outputs_against_data(resolved, placed, data_dir); });
 
   Generator gen(placed.seed);
   const std::unique_ptr<nn::Model> model_ptr = make_model(placed, gen);
