@@ -427,8 +427,9 @@ TEST_F(MpiRunTest, RanksThatLoadedDifferentDataAreRefusedNamingEachRanksSizes) {
   fs::create_directories(path("data_small"));
   cumulus::testing::write_toy_split(path("data_small"), "train", 500, 1);
   cumulus::testing::write_toy_split(path("data_small"), "t10k", 200, 2);
-  const std::string app = std::string(FASHION_MNIST_BIN) + " --device cpu --threads 1 --quiet --batch-size 16 "
-                                                           "--effective-batch 64 --epochs 1 --data ";
+  const std::string app = std::string(FASHION_MNIST_BIN) +
+                          " --device cpu --threads 1 --quiet --batch-size 16 "
+                          "--effective-batch 64 --epochs 1 --data ";
   Result r = run_command(mpi_env() + two_ranks(app + quote(path("data")), app + quote(path("data_small"))));
   ASSERT_NE(r.exit_code, 124) << "the ranks hung: " << r.out;
   EXPECT_EQ(r.exit_code, 1) << r.out;
@@ -450,13 +451,13 @@ TEST_F(MpiRunTest, RanksThatResumeDifferentCheckpointsAreRefused) {
   const std::string opt = common() + " --optimizer sgd --lr 0.05";
   for (const char* epochs : {"1", "2"}) {
     fs::create_directories(path(std::string("wd") + epochs));
-    const Result r = launch(1, opt + " --epochs " + epochs + " --checkpoint " +
-                                   quote(path(std::string("wd") + epochs + "/ck.st")));
+    const Result r =
+        launch(1, opt + " --epochs " + epochs + " --checkpoint " + quote(path(std::string("wd") + epochs + "/ck.st")));
     ASSERT_EQ(r.exit_code, 0) << r.out;
   }
   const std::string app = std::string(FASHION_MNIST_BIN) + " " + opt + " --epochs 3 --resume ck.st";
-  const Result r = run_command(mpi_env() + two_ranks("-wdir " + quote(path("wd1")) + " " + app,
-                                                     "-wdir " + quote(path("wd2")) + " " + app));
+  const Result r = run_command(
+      mpi_env() + two_ranks("-wdir " + quote(path("wd1")) + " " + app, "-wdir " + quote(path("wd2")) + " " + app));
   ASSERT_NE(r.exit_code, 124) << "the ranks hung: " << r.out;
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("the ranks loaded different checkpoints: rank 0 at epoch 2, micro-batch 0 (16 steps); rank 1 "

@@ -21,8 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -363,8 +363,9 @@ void expect_exact_resume_after(const Args& common, const std::string& point, con
   r = run(common + Args{"--checkpoint", ck, "--metrics", path(name + "_resumed.jsonl")},
           {"CUMULUS_FAULT_SIGNAL=" + point});
   ASSERT_EQ(r.exit_code, 130) << point << ": " << r.out;
-  r = run(common + Args{"--resume", ck, "--save", path(name + "_resumed.st"), "--metrics", path(name + "_resumed.jsonl")},
-          {});
+  r = run(
+      common + Args{"--resume", ck, "--save", path(name + "_resumed.st"), "--metrics", path(name + "_resumed.jsonl")},
+      {});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_TRUE(read_file(path(name + "_straight.st")) == read_file(path(name + "_resumed.st")))
       << point << ": the weights or buffers differ from the uninterrupted run's";
@@ -375,8 +376,8 @@ void expect_exact_resume_after(const Args& common, const std::string& point, con
 // metrics line (lr included: no step has been taken yet in the resumed process) is the
 // uninterrupted run's.
 TEST_F(FaultTest, AnInterruptInTheTestPassResumesToTheUninterruptedMetrics) {
-  const Args common = data() + Args{"--batch-size", "16", "--accum-steps", "2", "--lr-schedule", "cosine",
-                                    "--epochs", "2", "--train-limit", "128"};
+  const Args common = data() + Args{"--batch-size", "16", "--accum-steps", "2",  "--lr-schedule", "cosine",
+                                    "--epochs",     "2",  "--train-limit", "128"};
   expect_exact_resume_after(common, "test_pass:1", "lr", run, path);
 }
 
@@ -384,8 +385,8 @@ TEST_F(FaultTest, AnInterruptInTheTestPassResumesToTheUninterruptedMetrics) {
 // running statistics in the checkpoint match its counters: CNN, micro-batch 8 x 4, interrupted
 // after the second micro-batch of the second group (and of the first, in epoch 2).
 TEST_F(FaultTest, AnInterruptInsideAnAccumulationGroupResumesExactlyWithBatchNorm) {
-  const Args common = data() + Args{"--model", "cnn", "--batch-size", "8", "--accum-steps", "4", "--momentum", "0.9",
-                                    "--epochs", "2", "--train-limit", "64"};
+  const Args common = data() + Args{"--model",    "cnn", "--batch-size", "8", "--accum-steps", "4",
+                                    "--momentum", "0.9", "--epochs",     "2", "--train-limit", "64"};
   expect_exact_resume_after(common, "micro_batch:1:5", "bn_mid_group", run, path);
   expect_exact_resume_after(common, "micro_batch:2:1", "bn_mid_group2", run, path);
 }

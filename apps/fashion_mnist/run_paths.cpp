@@ -67,8 +67,8 @@ std::vector<NamedPath> job_outputs(const RunConfig& resolved, const RunConfig& p
   if (placed.world_size == 1) return outputs_of(placed);
   std::vector<NamedPath> out;
   for (int k = 0; k < placed.world_size; ++k) {
-    const std::vector<NamedPath> rank_k = outputs_of(on_ranks(resolved, RankPlacement{k, placed.world_size, placed.device}),
-                                                     "rank " + std::to_string(k) + "'s ");
+    const std::vector<NamedPath> rank_k = outputs_of(
+        on_ranks(resolved, RankPlacement{k, placed.world_size, placed.device}), "rank " + std::to_string(k) + "'s ");
     out.insert(out.end(), rank_k.begin(), rank_k.end());
   }
   return out;
