@@ -2,8 +2,9 @@
 // Accumulator's guards in one process, then the app through mpirun on small generated IDX files:
 // 1 x (16 x 4), 2 x (16 x 2) and 4 x (16 x 1) give the same weights after a subset that ends with
 // a partial group; a checkpoint written by 4 ranks resumes on 2; one gradient reduction per
-// optimizer step; ranks started with different options are refused; a rank that dies ends the job
-// and leaves the last checkpoint usable.
+// optimizer step; ranks started with different options, or that loaded different data or
+// checkpoints, are refused; a rank that fails or dies ends the job and leaves the last checkpoint
+// usable.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -412,6 +413,81 @@ TEST_F(MpiRunTest, RanksStartedWithDifferentOptionsAreRefused) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
+}
+
+// Issue 30 item 10: ranks whose data (or resumed checkpoint) differ would issue different numbers of
+// collectives and wait forever; they are refused before training with every rank's value named,
+// and a rank that fails alone ends the job. Each launch runs under `timeout`: a hang fails the test.
+std::string two_ranks(const std::string& rank0, const std::string& rank1) {
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  return "timeout -k 10 120 mpirun " + root + "--oversubscribe -np 1 " + rank0 + " : -np 1 " + rank1 + " 2>&1";
+}
+
+TEST_F(MpiRunTest, RanksThatLoadedDifferentDataAreRefusedNamingEachRanksSizes) {
+  fs::create_directories(path("data_small"));
+  cumulus::testing::write_toy_split(path("data_small"), "train", 500, 1);
+  cumulus::testing::write_toy_split(path("data_small"), "t10k", 200, 2);
+  const std::string app = std::string(FASHION_MNIST_BIN) +
+                          " --device cpu --threads 1 --quiet --batch-size 16 "
+                          "--effective-batch 64 --epochs 1 --data ";
+  Result r = run_command(mpi_env() + two_ranks(app + quote(path("data")), app + quote(path("data_small"))));
+  ASSERT_NE(r.exit_code, 124) << "the ranks hung: " << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("the ranks loaded different data: rank 0 1000 training and 200 test samples; rank 1 500 "
+                       "training and 200 test samples; give every rank the same --data"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
+
+  // A rank whose data cannot be read at all ends the job instead of leaving rank 0 waiting.
+  r = run_command(mpi_env() + two_ranks(app + quote(path("data")), app + quote(path("no_such_dir"))));
+  ASSERT_NE(r.exit_code, 124) << "rank 0 was left waiting: " << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("no_such_dir"), std::string::npos) << r.out;
+}
+
+TEST_F(MpiRunTest, RanksThatResumeDifferentCheckpointsAreRefused) {
+  // The same --resume path, read in each rank's own working directory: epoch 1's and epoch 2's.
+  const std::string opt = common() + " --optimizer sgd --lr 0.05";
+  for (const char* epochs : {"1", "2"}) {
+    fs::create_directories(path(std::string("wd") + epochs));
+    const Result r =
+        launch(1, opt + " --epochs " + epochs + " --checkpoint " + quote(path(std::string("wd") + epochs + "/ck.st")));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+  const std::string app = std::string(FASHION_MNIST_BIN) + " " + opt + " --epochs 3 --resume ck.st";
+  const Result r = run_command(
+      mpi_env() + two_ranks("-wdir " + quote(path("wd1")) + " " + app, "-wdir " + quote(path("wd2")) + " " + app));
+  ASSERT_NE(r.exit_code, 124) << "the ranks hung: " << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("the ranks loaded different checkpoints: rank 0 at epoch 2, micro-batch 0 (16 steps); rank 1 "
+                       "at epoch 3, micro-batch 0 (32 steps)"),
+            std::string::npos)
+      << r.out;
+}
+
+// Issue 30 item 3: rank k > 0 writes its reports under ".rank<k>" names, so an output of rank 1 can
+// be named like one of rank 0 or like an input; the whole job's outputs are compared before any
+// work (Note [The job's outputs] in apps/fashion_mnist/run_paths.cpp), a usage error on every rank.
+TEST_F(MpiRunTest, OneRanksOutputNamedLikeAnotherRanksOutputOrAnInputIsRefused) {
+  const std::string out = path("job_out");
+  fs::create_directories(out);
+  const std::string args = common() + " --epochs 1 --memory-report " + quote(out + "/r.json");
+  Result r = launch(2, args + " --checkpoint " + quote(out + "/r.rank1.json"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank 0's --checkpoint '" + out + "/r.rank1.json' and rank 1's --memory-report '" + out +
+                       "/r.rank1.json' are the same file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << "trained anyway: " << r.out;
+  EXPECT_FALSE(fs::exists(out + "/r.rank1.json")) << "an output was written";
+
+  // Rank 1's trace named like the --init file (read by every rank): refused before it is read.
+  std::ofstream(out + "/w.rank1.st") << "weights";
+  r = launch(2, common() + " --epochs 1 --init " + quote(out + "/w.rank1.st") + " --trace " + quote(out + "/w.st"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank 1's --trace '" + out + "/w.rank1.st' is the --init file"), std::string::npos) << r.out;
+  EXPECT_EQ(read_log(out + "/w.rank1.st"), "weights");
 }
 
 TEST_F(MpiRunTest, EffectiveBatchThatDoesNotDivideIsAUsageError) {

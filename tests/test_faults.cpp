@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -325,6 +326,69 @@ TEST_F(FaultTest, SignalsAtRandomMomentsThenResumeGiveTheUninterruptedWeights) {
     EXPECT_TRUE(read_file(out) == straight) << log << ": the weights differ from the uninterrupted run's";
   }
   std::printf("[ signals  ] %d of %d runs were interrupted and resumed\n", interrupted, kAttempts * kInterruptionsPerAttempt);
+}
+
+// ---- interrupts at exact places (CUMULUS_FAULT_SIGNAL, apps/fashion_mnist/run_control.h) ----
+
+// The --metrics lines of a run, one JSON object per epoch.
+std::vector<nlohmann::json> metrics_lines(const std::string& file) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(read_file(file));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// Every field of every epoch's line equal, except what measures the process rather than the
+// training (its speed, its time and its allocator's peak, which a resumed process measures anew).
+void expect_same_metrics(const std::string& straight, const std::string& resumed) {
+  const std::vector<nlohmann::json> a = metrics_lines(straight), b = metrics_lines(resumed);
+  ASSERT_EQ(a.size(), b.size()) << read_file(resumed);
+  for (std::size_t k = 0; k < a.size(); ++k)
+    for (const auto& [key, value] : a[k].items()) {
+      if (key == "samples_per_s" || key == "epoch_seconds" || key == "peak_bytes") continue;
+      ASSERT_TRUE(b[k].contains(key)) << "epoch " << k + 1 << " lacks " << key;
+      EXPECT_EQ(b[k][key], value) << "epoch " << k + 1 << ": " << key << " after the resume";
+    }
+}
+
+// Runs `common` interrupted at `point`, then resumed, and compares weights (with batch norm's
+// buffers) and metrics with the uninterrupted run's.
+void expect_exact_resume_after(const Args& common, const std::string& point, const std::string& name,
+                               const std::function<Result(const Args&, const Args&)>& run,
+                               const std::function<std::string(const std::string&)>& path) {
+  const std::string ck = path(name + "_ck.st");
+  Result r = run(common + Args{"--save", path(name + "_straight.st"), "--metrics", path(name + "_straight.jsonl")}, {});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = run(common + Args{"--checkpoint", ck, "--metrics", path(name + "_resumed.jsonl")},
+          {"CUMULUS_FAULT_SIGNAL=" + point});
+  ASSERT_EQ(r.exit_code, 130) << point << ": " << r.out;
+  r = run(
+      common + Args{"--resume", ck, "--save", path(name + "_resumed.st"), "--metrics", path(name + "_resumed.jsonl")},
+      {});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(read_file(path(name + "_straight.st")) == read_file(path(name + "_resumed.st")))
+      << point << ": the weights or buffers differ from the uninterrupted run's";
+  expect_same_metrics(path(name + "_straight.jsonl"), path(name + "_resumed.jsonl"));
+}
+
+// Issue 30 item 6: a run interrupted in epoch 1's test pass resumes with that test pass; its
+// metrics line (lr included: no step has been taken yet in the resumed process) is the
+// uninterrupted run's.
+TEST_F(FaultTest, AnInterruptInTheTestPassResumesToTheUninterruptedMetrics) {
+  const Args common = data() + Args{"--batch-size", "16", "--accum-steps", "2",  "--lr-schedule", "cosine",
+                                    "--epochs",     "2",  "--train-limit", "128"};
+  expect_exact_resume_after(common, "test_pass:1", "lr", run, path);
+}
+
+// Issue 30 item 5: a stop inside an accumulation group finishes the group first, so batch norm's
+// running statistics in the checkpoint match its counters: CNN, micro-batch 8 x 4, interrupted
+// after the second micro-batch of the second group (and of the first, in epoch 2).
+TEST_F(FaultTest, AnInterruptInsideAnAccumulationGroupResumesExactlyWithBatchNorm) {
+  const Args common = data() + Args{"--model",    "cnn", "--batch-size", "8", "--accum-steps", "4",
+                                    "--momentum", "0.9", "--epochs",     "2", "--train-limit", "64"};
+  expect_exact_resume_after(common, "micro_batch:1:5", "bn_mid_group", run, path);
+  expect_exact_resume_after(common, "micro_batch:2:1", "bn_mid_group2", run, path);
 }
 
 // ---- out of memory ----

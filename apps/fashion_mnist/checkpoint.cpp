@@ -75,6 +75,10 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
   std::memcpy(&scale_bits, &s.counters.loss_scale, sizeof scale_bits);
   meta["loss_scale_bits"] = std::to_string(scale_bits);
   meta["loss_scale_clean_steps"] = std::to_string(s.counters.loss_scale_clean_steps);
+  // The last step's learning rate (its bit pattern): reported by a resumed run before its first step.
+  uint32_t lr_bits = 0;
+  std::memcpy(&lr_bits, &s.counters.last_lr, sizeof lr_bits);
+  meta["last_lr_bits"] = std::to_string(lr_bits);
   // The running loss as its exact bit pattern, so a resumed epoch reports the same train_loss.
   uint64_t bits = 0;
   static_assert(sizeof bits == sizeof s.epoch_loss_sum);
@@ -178,6 +182,13 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
                            std::to_string(s.counters.loss_scale) + "; a loss scale is a positive finite number");
     s.counters.loss_scale_clean_steps =
         static_cast<int32_t>(counter("loss_scale_clean_steps", 0, std::numeric_limits<int32_t>::max()));
+  }
+  if (meta.count("last_lr_bits") == 1) {  // absent from older checkpoints: reported as 0 until the first step
+    const auto lr_bits = static_cast<uint32_t>(counter("last_lr_bits", 0, 0xFFFFFFFFLL));
+    std::memcpy(&s.counters.last_lr, &lr_bits, sizeof lr_bits);
+    if (!std::isfinite(s.counters.last_lr) || s.counters.last_lr < 0.0f)
+      throw cumulus::Error("checkpoint '" + path + "': 'last_lr_bits' gives the learning rate " +
+                           std::to_string(s.counters.last_lr) + "; a learning rate is a finite number >= 0");
   }
   const uint64_t bits = static_cast<uint64_t>(get_int(meta, "epoch_loss_sum_bits", path));
   std::memcpy(&s.epoch_loss_sum, &bits, sizeof bits);

@@ -1,7 +1,9 @@
 #include "data_parallel.h"
 
 #include <algorithm>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -66,6 +68,32 @@ void check_same_settings_on_every_rank(const RunConfig& c, dist::Communicator& c
   } catch (const InvalidArgument& e) {
     throw SameOnEveryRank(e.what());
   }
+}
+
+void usage_check_on_every_rank(dist::Communicator& comm, const std::function<void()>& check) {
+  if (comm.world_size() == 1) return check();
+  std::string problem;
+  try {
+    check();
+  } catch (const UsageFailure& e) {
+    problem = e.what();
+  }
+  if (const std::string first = dist::problem_of_any_rank(comm, problem); !first.empty()) throw SameOnEveryRank(first);
+}
+
+void check_same_loaded_on_every_rank(const char* what, const std::string& mine, const std::string& advice,
+                                     dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  const std::vector<std::string> all = comm.gather_to_root(mine);  // empty except at the root
+  std::string verdict;
+  if (comm.is_root() && std::any_of(all.begin(), all.end(), [&](const std::string& v) { return v != all[0]; })) {
+    verdict = std::string("the ranks loaded different ") + what + ":";
+    for (std::size_t r = 0; r < all.size(); ++r)
+      verdict += std::string(r == 0 ? " " : "; ") + "rank " + std::to_string(r) + " " + all[r];
+    verdict += "; " + advice;
+  }
+  verdict = comm.broadcast_from_root(verdict);
+  if (!verdict.empty()) throw ErrorOnEveryRank(verdict);
 }
 
 }  // namespace fmnist

@@ -48,6 +48,16 @@ using namespace cumulus;
 namespace fmnist {
 namespace {
 
+// What a rank loaded that fixes how many collectives it issues (Note [Ranks agree on what they loaded]).
+std::string loaded_sizes(const data::ImageDataset& train, const data::ImageDataset& test) {
+  return std::to_string(train.size()) + " training and " + std::to_string(test.size()) + " test samples";
+}
+
+std::string resume_position(const TrainingState& s) {
+  return "at epoch " + std::to_string(s.epoch + 1) + ", micro-batch " + std::to_string(s.next_micro_batch) + " (" +
+         std::to_string(s.counters.optimizer_steps) + " steps)";
+}
+
 // --eval-only: the test pass of the --init weights (or the seeded initialization).
 int evaluate_only(const RunConfig& o, nn::Module& model, const data::DataLoader& test_loader,
                   const std::string& data_dir) {
@@ -75,9 +85,9 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
   check_same_settings_on_every_rank(placed, *comm);
   const Device device = placed.device;
-  check_run_paths(placed);
+  usage_check_on_every_rank(*comm, [&] { check_run_paths(resolved, placed); });
   const std::string data_dir = locate_fashion_mnist(placed.data_dir, placed.quiet);
-  check_outputs_against_data(placed, data_dir);
+  usage_check_on_every_rank(*comm, [&] { check_outputs_against_data(resolved, placed, data_dir); });
 
   Generator gen(placed.seed);
   const std::unique_ptr<nn::Model> model_ptr = make_model(placed, gen);
@@ -94,6 +104,8 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   if (placed.eval_only) return evaluate_only(placed, model, test_loader, data_dir);
   const data::ImageDataset train_set = data::load_mnist_split(data_dir, true, data_device, placed.train_limit);
   throw_if_interrupted();
+  check_same_loaded_on_every_rank("data", loaded_sizes(train_set, test),
+                                  "give every rank the same --data (Note [Ranks agree on what they loaded])", *comm);
 
   auto flat = std::make_shared<nn::FlatParameters>(model);
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
@@ -118,6 +130,8 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
     state =
         load_checkpoint(config.resume_path, model, *optimizer, config, ResumeLimits{micro_batches, train_set.size()});
     trainer.restore(state.counters);
+    check_same_loaded_on_every_rank("checkpoints", resume_position(state),
+                                    "give every rank the same --resume checkpoint", *comm);
   }
   throw_if_interrupted();
 
@@ -149,6 +163,10 @@ int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communic
     if (g_root) std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     g_agreed_exit = true;
     return 2;
+  } catch (const ErrorOnEveryRank& e) {
+    if (g_root) std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    g_agreed_exit = true;
+    return 1;
   } catch (const UsageFailure& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;

@@ -2,6 +2,8 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace fmnist {
 
@@ -33,6 +35,17 @@ const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGT
 
 void throw_if_interrupted() {
   if (g_signal != 0) throw Interrupted{};
+}
+
+void fault_signal_point(const char* kind, int epoch, int64_t index) {
+  static bool raised = false;
+  const char* want = std::getenv("CUMULUS_FAULT_SIGNAL");
+  if (want == nullptr || raised) return;
+  std::string here = std::string(kind) + ":" + std::to_string(epoch);
+  if (index >= 0) here += ":" + std::to_string(index);
+  if (here != want) return;
+  raised = true;
+  std::raise(SIGINT);
 }
 
 void say(const char* format, ...) {

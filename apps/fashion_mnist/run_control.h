@@ -9,6 +9,7 @@
 #pragma once
 
 #include <csignal>
+#include <stdexcept>
 
 #include "options.h"
 
@@ -30,11 +31,25 @@ struct SameOnEveryRank : UsageFailure {
   using UsageFailure::UsageFailure;
 };
 
+// A runtime failure every rank finds at once (ranks that loaded different data): rank 0 says it,
+// and the ranks end together with exit code 1.
+struct ErrorOnEveryRank : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Thrown where a phase outside the training loop (loading, planning, the test pass) notices an
 // interrupt; the training loop itself stops at a group boundary without it.
 struct Interrupted {};
 
 void throw_if_interrupted();
+
+// Test hook (tests/test_faults.cpp), not a feature, like CUMULUS_FAULT_INJECT in engine/io/file.cpp:
+// CUMULUS_FAULT_SIGNAL=<point> raises SIGINT once, when the run reaches that point, so a test can
+// interrupt a run at an exact place instead of after a guessed delay. The points:
+//   micro_batch:<epoch>:<i>  just after micro-batch i (from 0) of epoch <epoch> (from 1) is trained
+//   test_pass:<epoch>        before the first batch of epoch <epoch>'s test pass
+// Unset in normal use (one getenv per call).
+void fault_signal_point(const char* kind, int epoch, int64_t index = -1);
 
 // Data parallel (mpirun): rank 0 prints, writes the checkpoint, the weights and the metrics;
 // every rank writes its own memory report. See run_data_parallel_setup().

@@ -12,11 +12,13 @@
 
 namespace fmnist {
 
-// Outputs against each other and against --init / --resume. Throws UsageFailure naming the flags.
+// Outputs against each other and against --init / --resume; with several ranks, every rank's
+// outputs (computed from `resolved`, the configuration before on_ranks()) against each other and
+// those inputs (Note [The job's outputs]). Throws UsageFailure naming the flags (and ranks).
 // --checkpoint may name the --resume file: the resumed checkpoint is read before it is replaced.
-void check_run_paths(const RunConfig& options);
+void check_run_paths(const RunConfig& resolved, const RunConfig& options);
 
-// Outputs against the dataset's files in `data_dir` (once it is located).
-void check_outputs_against_data(const RunConfig& options, const std::string& data_dir);
+// The job's outputs against the dataset's files in `data_dir` (once it is located).
+void check_outputs_against_data(const RunConfig& resolved, const RunConfig& options, const std::string& data_dir);
 
 }  // namespace fmnist

@@ -83,6 +83,7 @@ void TrainingLoop::checkpoint_now(const char* why) {
   boundary_.counters.skipped_steps = now.skipped_steps;
   boundary_.counters.loss_scale = now.loss_scale;
   boundary_.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
+  boundary_.counters.last_lr = now.last_lr;
   boundary_.optimizer_updates = p_.optimizer.updates();
   boundary_.epoch_loss_sum = boundary_.next_micro_batch == 0 ? 0.0 : loss_before_run_ + acc_.epoch_loss_sum();
   try {
@@ -159,9 +160,11 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
   data::DataLoader& train_loader = p_.train_loader;
   const int64_t micro_batches = train_loader.num_batches(), train_size = train_loader.dataset().size();
   for (int64_t i = e.first; i < micro_batches; ++i) {
-    // A stop is honoured at the last group boundary (what the checkpoint holds); with several
-    // ranks, at a boundary all of them agree on, so they stop together.
-    if (o_.world_size == 1 ? g_signal != 0 : acc_.micro_batches_in_group() == 0 && stop_agreed())
+    // A stop is honoured at a group boundary, after the group in flight has stepped: what the
+    // checkpoint holds is then exactly what the run has done, batch norm's running statistics
+    // included (they change with every micro-batch). With several ranks, at a boundary all of them
+    // agree on, so they stop together.
+    if (acc_.micro_batches_in_group() == 0 && (o_.world_size == 1 ? g_signal != 0 : stop_agreed()))
       return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
                                std::to_string(e.index + 1) + ", micro-batch " + std::to_string(i),
                            exit_code_for(g_signal), "interrupted");
@@ -176,6 +179,7 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
     } else {
       p_.trainer.skip_micro_batch();
     }
+    fault_signal_point("micro_batch", e.index + 1, i);
     e.samples += b;  // every rank's: the epoch's samples, as one process counts them
     e.samples_this_run += b;
     if (p_.trainer.step_if_ready()) {
@@ -261,6 +265,7 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
 std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
   EvalResult r;
   try {
+    fault_signal_point("test_pass", e.index + 1);
     if (g_root) r = evaluate(p_.model, p_.test_loader);  // the other ranks hold the same weights
   } catch (const Interrupted&) {
     return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +

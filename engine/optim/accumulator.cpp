@@ -386,6 +386,7 @@ Accumulator::Counters Accumulator::counters() const {
   c.skipped_steps = st.skipped;
   c.loss_scale = st.loss_scale;
   c.loss_scale_clean_steps = st.loss_scale_clean_steps;
+  c.last_lr = st.lr;
   c.accum_steps_override = accum_override_;
   return c;
 }
@@ -426,6 +427,8 @@ void Accumulator::restore(const Counters& c) {
     optimizer_->write_step_state(offsetof(kernels::StepState, loss_scale_clean_steps), &c.loss_scale_clean_steps,
                                  sizeof(c.loss_scale_clean_steps));
   }
+  CUMULUS_CHECK(std::isfinite(c.last_lr), InvalidArgument, "Accumulator::restore: last learning rate ", c.last_lr);
+  optimizer_->write_step_state(offsetof(kernels::StepState, lr), &c.last_lr, sizeof(c.last_lr));  // the next step's own
   accum_override_ = c.accum_steps_override;  // begin_epoch() applies it
   steps_offset_ = read_state().updates - c.optimizer_steps;
   attempted_ = c.optimizer_steps + c.skipped_steps;

@@ -150,6 +150,9 @@ class Accumulator {
     // Dynamic loss scaling's state (restored only where it is on).
     float loss_scale = 1.0f;
     int32_t loss_scale_clean_steps = 0;
+    // The learning rate of the last step (last_lr()): a run resumed before its first step, as in
+    // an interrupted test pass, reports the lr the uninterrupted run reports.
+    float last_lr = 0.0f;
     // set_accum_steps' value, 0 where it was not called (the options' steps or schedule apply).
     int accum_steps_override = 0;
   };
