@@ -2,13 +2,13 @@
 // training API, the memory tracker and the planner on scikit-learn's digits (1797 8 x 8 images,
 // pixels 0..16): a residual MLP (layer norm, GELU, dropout) and a small attention block over the 8
 // rows of each digit (bmm, softmax, embedding). bench/pytorch/digits_models.py is the same job in
-// PyTorch; --compare writes the initial weights for it and prints the plan and every optimizer
-// step's loss as JSON lines, with dropout off and batches in order (bench/pytorch/compare_digits.py).
+// PyTorch; --compare writes the initial weights for it and prints every optimizer step's loss as
+// JSON lines, with dropout off and batches in order (bench/pytorch/compare_digits.py).
 #include <cmath>
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 #include <cumulus/cumulus.h>
+#include <CLI/CLI.hpp>
 
 using namespace cumulus;
 using std::make_shared;
@@ -82,12 +82,13 @@ int main(int argc, char** argv) try {
   check_device_available(device);
   const auto [x, y] = data::read_csv_classification(data_path, device);  // pixels 0..16, labels
   const int64_t n = x.size(0), n_train = std::min<int64_t>(1500, n * 5 / 6);
-  const data::TensorDataset train_set = data::TensorDataset({x.narrow_rows(0, n_train), y.narrow_rows(0, n_train)}).to_float(0, 16),
-                            test_set = data::TensorDataset({x.narrow_rows(n_train, n - n_train), y.narrow_rows(n_train, n - n_train)}).to_float(0, 16);
+  const data::TensorDataset digits = data::TensorDataset({x, y}).to_float(0, 16);
+  const data::TensorDataset train_set = digits.slice(0, n_train), test_set = digits.slice(n_train, n - n_train);
   const float p = compare.empty() ? 0.1f : 0.0f;
   Generator gen(0);
-  std::shared_ptr<nn::Module> model = model_name == "resmlp" ? std::shared_ptr<nn::Module>(make_shared<ResMLP>(p, gen, device))
-                                                             : make_shared<Attention>(p, gen, device);
+  std::shared_ptr<nn::Module> model = model_name == "resmlp"
+                                          ? std::shared_ptr<nn::Module>(make_shared<ResMLP>(p, gen, device))
+                                          : make_shared<Attention>(p, gen, device);
   if (!compare.empty()) io::save_state_dict(compare, *model);
   optim::AdamWOptions adamw;
   adamw.lr = 1e-3f;
@@ -95,9 +96,9 @@ int main(int argc, char** argv) try {
   auto optimizer = make_shared<optim::AdamW>(make_shared<nn::FlatParameters>(*model), adamw);
   auto loss = [&](const data::Batch& b) { return ops::cross_entropy((*model)(b.x), b.y, ops::Reduction::Sum); };
 
-  const Plan plan = plan_batch(optim::plan_request(*optimizer, train_set, loss, effective_batch, parse_byte_size(budget)));
-  if (compare.empty()) std::printf("planner: %s\n", plan.reason.c_str());
-  else std::printf("{\"micro_batch\": %lld, \"accum_steps\": %lld}\n", (long long)plan.micro_batch, (long long)plan.accum_steps);
+  const Plan plan =
+      plan_batch(optim::plan_request(*optimizer, train_set, loss, effective_batch, parse_byte_size(budget)));
+  std::printf("planner: %s\n", plan.reason.c_str());
   data::DataLoader loader(train_set, plan.micro_batch, /*shuffle=*/compare.empty(), /*seed=*/0),
       test_loader(test_set, plan.micro_batch);
   MemoryTracker tracker(device, {model_name, plan.micro_batch, static_cast<int>(plan.accum_steps)});
@@ -106,15 +107,16 @@ int main(int argc, char** argv) try {
   options.clip_grad_norm = 1.0f;
   options.tracker = &tracker;
   if (!compare.empty())  // every step's loss, as JSON lines
-    options.on_step = [](const optim::StepLog& s) { std::printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)s.step, s.loss); };
+    options.on_step = [](const optim::StepLog& s) {
+      std::printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)s.step, s.loss);
+    };
   optim::Trainer trainer(optimizer, options);
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const double train_loss = trainer.train_epoch(loader, epoch, loss);
-    if (compare.empty())
-      std::printf("epoch %2d  train loss %.4f  test accuracy %.1f%%\n", epoch + 1, train_loss,
-                  100.0 * optim::evaluate_classifier(*model, test_loader).accuracy);
+    std::printf("epoch %2d  train loss %.4f  test accuracy %.1f%%\n", epoch + 1, train_loss,
+                100.0 * optim::evaluate_classifier(*model, test_loader).accuracy);
   }
-  if (compare.empty()) print_memory_table(tracker, stdout);
+  print_memory_table(tracker, stdout);
   return 0;
 } catch (const Error& e) {
   std::fprintf(stderr, "digits: %s\n", e.what());

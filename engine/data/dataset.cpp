@@ -149,6 +149,14 @@ TensorDataset& TensorDataset::to_float(std::size_t k, float divisor) {
   return *this;
 }
 
+TensorDataset TensorDataset::slice(int64_t begin, int64_t count) const {
+  CUMULUS_CHECK(begin >= 0 && count >= 0 && begin + count <= size(), InvalidArgument, "TensorDataset::slice: samples [",
+                begin, ", ", begin + count, ") of a dataset of ", size());
+  TensorDataset part = *this;
+  for (Tensor& t : part.tensors_) t = t.narrow_rows(begin, count);
+  return part;
+}
+
 const Tensor& TensorDataset::tensor(std::size_t k) const {
   CUMULUS_CHECK(k < tensors_.size(), InvalidArgument, "TensorDataset: no tensor ", k, " in a dataset of ",
                 tensors_.size());

@@ -31,6 +31,9 @@ class TensorDataset {
   // loader's dtype (f32, or bf16 / f16 with DataLoader::set_dtype), rounded once. The image path:
   // u8 pixels with divisor 255 (torchvision's ToTensor). f32 tensors are floating without it.
   TensorDataset& to_float(std::size_t k, float divisor = 1.0f);
+  // Samples [begin, begin + count) of every tensor (views, no copy) with the same names and
+  // to_float conversions: a train/test split of one table. Out of range is an InvalidArgument.
+  TensorDataset slice(int64_t begin, int64_t count) const;
 
   int64_t size() const { return tensors_.empty() ? 0 : tensors_[0].size(0); }  // samples
   std::size_t num_tensors() const { return tensors_.size(); }
