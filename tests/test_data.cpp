@@ -875,6 +875,21 @@ class TensorLoaderTest : public DeviceTest {
   }
 };
 
+// slice: samples [3, 8) of every tensor, names and to_float kept; a loader over it sees exactly them.
+TEST_P(TensorLoaderTest, SliceIsASplitOfEveryTensor) {
+  data::TensorDataset ds = make(10, device());
+  ds.to_float(2, 4.0f);
+  const data::TensorDataset part = ds.slice(3, 5);
+  EXPECT_EQ(part.size(), 5);
+  EXPECT_EQ(part.describe(1), "tensor 1 ('y')");
+  EXPECT_EQ(part.divisor(2), 4.0f);
+  data::DataLoader loader(make(10, device()).slice(3, 5), 2);
+  EXPECT_EQ(epoch_samples(loader), (std::vector<int64_t>{3, 4, 5, 6, 7}));
+  EXPECT_EQ(ds.slice(10, 0).size(), 0);
+  EXPECT_THROW(ds.slice(8, 3), InvalidArgument);
+  EXPECT_THROW(ds.slice(-1, 2), InvalidArgument);
+}
+
 TEST_P(TensorLoaderTest, AnyShapeF32I64AndU8RowsInOrderWithThePartialLastBatch) {
   const data::TensorDataset ds = make(10, device());
   EXPECT_EQ(ds.size(), 10);
