@@ -21,19 +21,8 @@ namespace cumulus::ops {
 
 namespace {
 
-struct Slab {
-  int64_t outer = 1, dim = 1, inner = 1;
-};
-
-Slab slab_of(const Shape& shape, int d) {
-  Slab s;
-  for (int i = 0; i < shape.ndim(); ++i) {
-    if (i < d) s.outer *= shape[i];
-    else if (i == d) s.dim = shape[i];
-    else s.inner *= shape[i];
-  }
-  return s;
-}
+using detail::Slab;
+using detail::slab_of;
 
 int checked_dim(const char* op, const Shape& shape, int dim) {
   const int nd = shape.ndim(), d = dim < 0 ? dim + nd : dim;

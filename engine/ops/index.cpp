@@ -20,19 +20,8 @@ namespace cumulus::ops {
 
 namespace {
 
-struct Gather {
-  int64_t outer = 1, dim = 1, inner = 1;
-};
-
-Gather gather_of(const Shape& shape, int d) {
-  Gather g;
-  for (int i = 0; i < shape.ndim(); ++i) {
-    if (i < d) g.outer *= shape[i];
-    else if (i == d) g.dim = shape[i];
-    else g.inner *= shape[i];
-  }
-  return g;
-}
+using Gather = detail::Slab;  // x along the gathered dimension: [outer, dim, inner]
+using detail::slab_of;
 
 void check_indices(const char* op, const Tensor& indices, const Tensor& x, int64_t dim) {
   detail::check_dtype(op, "indices", indices, DType::i32);
@@ -77,7 +66,7 @@ class IndexBackward final : public Node {
     const DType dtype = f32_grad_ ? DType::f32 : dy.dtype();
     const Tensor g = dy.dtype() == dtype ? dy : detail::converted(dy, dtype, MemoryCategory::workspace);
     GradSink::Target dx = grads[input].begin(x_shape_, dy.device(), dtype);
-    scatter_add(g, gather_of(x_shape_, d_), indices_, dx);
+    scatter_add(g, slab_of(x_shape_, d_), indices_, dx);
   }
   void release_saved() override { indices_ = Tensor(); }
 
@@ -103,7 +92,7 @@ Tensor index_select(const Tensor& x, int dim, const Tensor& indices) {
   Shape shape;
   for (int i = 0; i < nd; ++i) shape.push_back(i == d ? indices.size(0) : x.size(i));
   Tensor y = detail::new_output(shape, x.dtype(), x.device());
-  gather(x, gather_of(x.shape(), d), indices, y);
+  gather(x, slab_of(x.shape(), d), indices, y);
   if (should_record({&x}))
     attach_node(y, std::make_shared<IndexBackward>(op, indices.detach(), x.shape(), d, 0, false), {&x});
   return y;
@@ -124,10 +113,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, DType dtype) {
   Tensor y = detail::new_output(shape, dtype, weight.device());
   const Tensor flat = indices.detach().reshape(Shape{indices.numel()});
   if (dtype == DType::f32) {
-    gather(weight, gather_of(weight.shape(), 0), flat, y);
+    gather(weight, slab_of(weight.shape(), 0), flat, y);
   } else {  // the f32 rows, rounded once
     const Tensor rows = detail::f32_scratch(shape, weight.device());
-    gather(weight, gather_of(weight.shape(), 0), flat, rows);
+    gather(weight, slab_of(weight.shape(), 0), flat, rows);
     detail::convert_into(rows, y);
   }
   if (should_record({&indices, &weight}))

@@ -97,6 +97,18 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
 
 inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
 
+// A contiguous tensor seen along dimension d as [outer, size(d), inner] (outer: the product of the
+// sizes before d, inner: of those after): how the ops along a dimension address their tensors, so
+// one kernel serves every dimension (kernels/cpu/structural_kernels.h).
+struct Slab {
+  int64_t outer = 1, dim = 1, inner = 1;
+};
+inline Slab slab_of(const Shape& shape, int d) {
+  Slab s;
+  for (int i = 0; i < shape.ndim(); ++i) (i < d ? s.outer : i == d ? s.dim : s.inner) *= shape[i];
+  return s;
+}
+
 // y = act(x W^T + b) on the CPU, f32 (engine/ops/linear.cpp): b broadcast into y, one GEMM adding
 // x W^T (beta 1; without a bias beta 0), ReLU in place. One definition, so every op that runs a
 // Linear on the CPU (linear, mlp_cross_entropy) computes the same bits.

@@ -60,6 +60,17 @@ __device__ __forceinline__ float blend(float value, float beta, float old) {
   return beta == 0.0f ? value : value + beta * old;
 }
 
+// Max / sum over the warp's 32 lanes by a butterfly of xor shuffles: every lane gets the result,
+// and the order is fixed (the same bits on every run). All 32 lanes must take part.
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 // Warp shuffles, then one value per warp through shared memory: a fixed order, so results are
 // reproducible bit for bit.

@@ -23,14 +23,8 @@ using cuda_common::launch;
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using cuda_common::warp_max;
+using cuda_common::warp_sum;
 
 // Row maximum m and log sum_j exp(x_j - m), computed by the whole warp; every lane gets both. They
 // stay apart: one float m + log(s) would round log(s) away when |m| is large.

@@ -76,14 +76,8 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 // A hidden layer's weight gradient: consecutive k per thread (see linear_backward_kernel).
 constexpr int kDwPerThread = 4;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
+using cuda_common::warp_max;
+using cuda_common::warp_sum;
 
 // Sums each of v[0, V) over the warp's 32 lanes; returns to lane l the total of value
 // l / (32 / V). Each stage halves the values a lane holds: it keeps one half, sends the other to

@@ -82,14 +82,8 @@ __global__ void dropout_backward_kernel(uint64_t seed, uint64_t offset, float p,
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using cuda_common::warp_max;
+using cuda_common::warp_sum;
 
 // Every lane of a block's warps takes part in the shuffles, rows past the end included (they read
 // nothing and write nothing), so the full-mask shuffles are well defined.
