@@ -415,7 +415,8 @@ TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
   ASSERT_LT(least, p.table[0].reserved_bytes);
   for (const PlanRow& r : p.table) {
     if (r.chosen) EXPECT_EQ(r.reserved_bytes, least) << p.reason;
-    if (r.reserved_bytes == least && r.micro_batch > p.micro_batch) ADD_FAILURE() << r.micro_batch << " reserves as little";
+    if (r.reserved_bytes == least && r.micro_batch > p.micro_batch)
+      ADD_FAILURE() << r.micro_batch << " reserves as little";
   }
   EXPECT_LT(p.micro_batch, 64);
   EXPECT_NE(p.reason.find("with less memory"), std::string::npos) << p.reason;

@@ -49,9 +49,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <numeric>
@@ -454,10 +454,8 @@ std::string Planner::steps_text(const PlanRow& row) const {
 
 std::string format_seconds(double seconds) {
   char text[32];
-  if (seconds < 1.0)
-    std::snprintf(text, sizeof text, "%.3g ms", seconds * 1e3);
-  else
-    std::snprintf(text, sizeof text, "%.3g s", seconds);
+  if (seconds < 1.0) std::snprintf(text, sizeof text, "%.3g ms", seconds * 1e3);
+  else std::snprintf(text, sizeof text, "%.3g s", seconds);
   return text;
 }
 
@@ -479,23 +477,21 @@ std::string Planner::why_text(std::size_t chosen) const {
       ++fitting;
       if (t[i].batch_seconds < t[fastest].batch_seconds) fastest = i;
     }
-  std::string text = fitting == 1 ? "the only candidate that fits"
-                     : fastest == chosen
-                         ? "the fastest of " + std::to_string(fitting) + " candidates that fit"
-                         : "within " + std::to_string(static_cast<int>(kTimeTie * 100)) + "% of the fastest, " +
-                               steps_text(t[fastest]) + " at " + format_seconds(t[fastest].batch_seconds) +
-                               ", with less memory";
-  for (int64_t b : plan_.rejected_by_probe) text += "; micro-batch " + std::to_string(b) + " ran out of memory in its probe";
+  std::string text = fitting == 1        ? "the only candidate that fits"
+                     : fastest == chosen ? "the fastest of " + std::to_string(fitting) + " candidates that fit"
+                                         : "within " + std::to_string(static_cast<int>(kTimeTie * 100)) +
+                                               "% of the fastest, " + steps_text(t[fastest]) + " at " +
+                                               format_seconds(t[fastest].batch_seconds) + ", with less memory";
+  for (int64_t b : plan_.rejected_by_probe)
+    text += "; micro-batch " + std::to_string(b) + " ran out of memory in its probe";
   std::size_t i = t.size();  // the smallest larger micro-batch that does not fit, the lever as chosen
   for (std::size_t j = 0; j < t.size() && t[j].micro_batch > t[chosen].micro_batch; ++j)
     if (!t[j].fits && t[j].recompute == t[chosen].recompute) i = j;
-  if (i < t.size())
-    text += "; " + (plan_.method == PlanMethod::probe_line
-                        ? "the larger micro-batch " + std::to_string(t[i].micro_batch) + " would need " +
-                              format_bytes(t[i].peak_bytes)
-                        : "micro-batch " + std::to_string(t[i].micro_batch) + " would reserve " +
-                              format_bytes(t[i].reserved_bytes));
-  return text;
+  if (i == t.size()) return text;
+  const std::string larger = std::to_string(t[i].micro_batch);
+  if (plan_.method == PlanMethod::probe_line)
+    return text + "; the larger micro-batch " + larger + " would need " + format_bytes(t[i].peak_bytes);
+  return text + "; micro-batch " + larger + " would reserve " + format_bytes(t[i].reserved_bytes);
 }
 
 std::string Planner::budget_text() const {

@@ -80,9 +80,7 @@ struct TimeFit {
   double fixed_seconds = 0.0;
   double seconds_per_sample = 0.0;
   int probes = 0;  // timed probe sizes it was fitted over (0: not fitted)
-  double predict(int64_t samples) const {
-    return fixed_seconds + seconds_per_sample * static_cast<double>(samples);
-  }
+  double predict(int64_t samples) const { return fixed_seconds + seconds_per_sample * static_cast<double>(samples); }
 };
 
 // Least squares through (samples, seconds) pairs, relative residuals: the median per size first,
