@@ -376,7 +376,8 @@ TEST(PlanBatch, PrefersAFasterPlanOverTheLargestMicroBatchWhenRecomputeIsSlower)
 
 // The table: every divisor, largest first, each without and then with recompute; every row
 // predicted (memory and time) and exactly one chosen. Without a budget the fastest row is chosen
-// (here recompute is made the faster lever); times within 2% tie and go to less memory.
+// (here recompute is made the faster lever); times within 2% tie: the largest micro-batch that
+// fits keeps a tie it is in, other ties go to less memory.
 TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
   Synthetic s;
   PlanRequest request = s.request(64, 0);
@@ -405,10 +406,12 @@ TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
   EXPECT_TRUE(p.recompute && s.recompute);
   EXPECT_NE(p.reason.find("no budget"), std::string::npos) << p.reason;
 
-  // A tiny fixed cost a call and recompute as fast: micro-batch 64 is the fastest, but every row
-  // is within 2% of it, and the tie goes to the least reserved memory (among rows reserving the
-  // same, the larger micro-batch).
-  request.micro_batch_seconds = [](int64_t b, bool) { return 1e-7 + 1e-5 * static_cast<double>(b); };
+  // A tiny fixed cost a call, recompute 5% faster a sample: 64 with recompute is the fastest and
+  // every row with recompute is within 2% of it. The tie goes to the least reserved memory (among
+  // rows reserving the same, the larger micro-batch).
+  request.micro_batch_seconds = [](int64_t b, bool recompute) {
+    return 1e-7 + 1e-5 * static_cast<double>(b) * (recompute ? 0.95 : 1.0);
+  };
   p = plan_batch(request);
   int64_t least = p.table[0].reserved_bytes;
   for (const PlanRow& r : p.table) least = std::min(least, r.reserved_bytes);
@@ -419,7 +422,15 @@ TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
       ADD_FAILURE() << r.micro_batch << " reserves as little";
   }
   EXPECT_LT(p.micro_batch, 64);
+  EXPECT_TRUE(p.recompute);
   EXPECT_NE(p.reason.find("with less memory"), std::string::npos) << p.reason;
+
+  // The same with recompute as fast: the largest micro-batch without it ties the fastest and, as
+  // the planner's choice before it predicted time, keeps the tie.
+  request.micro_batch_seconds = [](int64_t b, bool) { return 1e-7 + 1e-5 * static_cast<double>(b); };
+  p = plan_batch(request);
+  EXPECT_EQ(p.micro_batch, 64) << p.reason;
+  EXPECT_FALSE(p.recompute);
 }
 
 // Without injected timings, the probes' own times are fitted (a line through positive times)

@@ -23,13 +23,12 @@
 // neither exist now nor come from it (an Accumulator's learning-rate table and loss seed) are not
 // seen. With a recompute lever, every divisor is recorded and predicted with recompute on too.
 // Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times
-// within 2% are a tie, won by less memory. Probes are training forwards, so batch norm's
-// running statistics are copied first and written back, also when an interrupt thrown from the
-// micro-batch ends the call. The planner prints nothing: the caller shows plan.table and
-// plan.reason, and on_table lets it show the table before the probes, which may take long. No
-// choice is a plan with micro_batch 0 rather than an exception, so --plan-only can still show why.
-// When the recordings do not match (an allocation pattern that changes with the size), the
-// fallback is a line through two small probes' allocated peaks on top of the reserved bytes at rest
+// within 2% are a tie, kept by the largest micro-batch that fits, else won by less memory. Probes are training
+// forwards, so batch norm's running statistics are copied first and written back, also when an interrupt thrown from
+// the micro-batch ends the call. The planner prints nothing: the caller shows plan.table and plan.reason, and on_table
+// lets it show the table before the probes, which may take long. No choice is a plan with micro_batch 0 rather than an
+// exception, so --plan-only can still show why. When the recordings do not match (an allocation pattern that changes
+// with the size), the fallback is a line through two small probes' allocated peaks on top of the reserved bytes at rest
 // and the state (each block in a segment of its own), with a 5% margin, verified the same way.
 
 // Note [Predicting time]
@@ -43,7 +42,12 @@
 // epoch_samples / effective batch. The step is the same for every row, so it moves no choice, only
 // the prediction: it is probed only when the optimizer already holds its state (parameters, state
 // and update count written back), since a first step would allocate the state the plan counts;
-// before training it is not counted unless the caller gives it (step_seconds). Tests and callers
+// before training it is not counted unless the caller gives it (step_seconds). Times within 2%
+// are a tie: measured fits are noisy (a loaded machine, an intercept near zero), and a tie broken
+// by memory alone would slide to micro-batch 2 with recompute for a 1% difference, changing batch
+// norm's statistics for nothing. So the plan the planner chose before it predicted time (the
+// largest micro-batch that fits, recompute only if needed) keeps a tie it is part of, and only
+// other ties go to less memory. Tests and callers
 // that know their timings inject them (micro_batch_seconds): measured times of near-empty
 // micro-batches are noise, and a choice made from noise would not be reproducible.
 #include <algorithm>
@@ -398,14 +402,20 @@ int64_t Planner::line_probe(int64_t micro_batch) {
 }
 
 // The row the choice takes among those predicted to fit and not excluded (table.size() when
-// none): the smallest predicted time; within kTimeTie of it, the least memory (reserved bytes,
-// or the peak where the fallback predicts no reserved bytes), then the larger micro-batch.
+// none): the smallest predicted time. Within kTimeTie of it, the first such row in table order
+// (the largest micro-batch, recompute off before on: what the planner chose before it predicted
+// time) when it is among them, else the least memory (reserved bytes, or the peak where the
+// fallback predicts no reserved bytes), then the larger micro-batch (Note [Predicting time]).
 std::size_t Planner::best(const std::vector<bool>& excluded) const {
   const std::vector<PlanRow>& t = plan_.table;
   double fastest = 0;
-  bool any = false;
+  std::size_t first = t.size();
   for (std::size_t i = 0; i < t.size(); ++i)
-    if (t[i].fits && !excluded[i] && (!any || t[i].batch_seconds < fastest)) fastest = t[i].batch_seconds, any = true;
+    if (t[i].fits && !excluded[i] && (first == t.size() || t[i].batch_seconds < fastest)) {
+      fastest = t[i].batch_seconds;
+      first = std::min(first, i);
+    }
+  if (first == t.size() || t[first].batch_seconds <= fastest * (1.0 + kTimeTie)) return first;
   std::size_t chosen = t.size();
   for (std::size_t i = 0; i < t.size(); ++i) {
     if (!t[i].fits || excluded[i] || t[i].batch_seconds > fastest * (1.0 + kTimeTie)) continue;
