@@ -4,6 +4,7 @@
 // ready-made request over a TensorDataset (optim::plan_request) and require_fit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +32,13 @@ const Device kCpu = Device::cpu();
 int64_t rounded(int64_t bytes) {
   constexpr auto r = static_cast<int64_t>(CachingAllocator::kRounding);
   return (bytes + r - 1) / r * r;
+}
+
+// Injected timings (PlanRequest::micro_batch_seconds) for tests that check memory choices: a
+// fixed cost a call makes larger micro-batches faster, and recompute costs 30% more a sample, so
+// the fastest plan that fits is the largest micro-batch, without recompute where that fits.
+double larger_is_faster(int64_t samples, bool recompute) {
+  return 1e-3 + 1e-5 * static_cast<double>(samples) * (recompute ? 1.3 : 1.0);
 }
 
 // Sets the allocator's limit for a scope.
@@ -69,6 +77,7 @@ struct Rig {
     r.micro_batch = [this](int64_t b) { micro_batch(b); };
     r.optimizer = &optimizer;
     r.model = model.get();
+    r.micro_batch_seconds = larger_is_faster;
     return r;
   }
   // Trains two optimizer steps of micro-batch x accum under `budget` as the allocator's limit (the
@@ -258,6 +267,7 @@ struct Synthetic {
     r.budget = budget;
     r.micro_batch = [this](int64_t b) { micro_batch(b); };
     r.optimizer = &sgd;
+    r.micro_batch_seconds = larger_is_faster;
     return r;
   }
   // What micro-batch `b` is predicted to reserve (from a plan without a budget).
@@ -287,6 +297,8 @@ TEST(PlanBatch, ProbeThatRunsOutOfMemoryFallsBackToTheNextSmallerDivisor) {
   EXPECT_NE(plan.reason.find("micro-batch 64 ran out of memory in its probe"), std::string::npos) << plan.reason;
 }
 
+// Recompute is predicted for every divisor; with recompute 30% slower a sample it is chosen only
+// where it lets a larger (so faster) micro-batch fit, and the lever is left as the choice has it.
 TEST(PlanBatch, RecomputeOnlyWhenItLetsALargerMicroBatchFit) {
   Synthetic s;
   std::vector<bool> lever;
@@ -301,28 +313,167 @@ TEST(PlanBatch, RecomputeOnlyWhenItLetsALargerMicroBatchFit) {
   const int64_t whole = s.reserved(64, 64), half = s.reserved(64, 32);
   ASSERT_LT(half, whole);
 
-  Plan p = plan_with_lever(whole);  // fits without: recompute is not even recorded
-  EXPECT_TRUE(lever.empty());
+  Plan p = plan_with_lever(whole);  // fits without
+  EXPECT_EQ(lever.front(), true);   // recorded with it
   EXPECT_TRUE(p.recompute_weighed);
-  EXPECT_FALSE(p.recompute);
+  EXPECT_FALSE(p.recompute || s.recompute);
   EXPECT_EQ(p.largest_without_recompute, 64);
+  EXPECT_EQ(p.largest_with_recompute, 64);
   EXPECT_EQ(p.micro_batch, 64);
 
+  lever.clear();
   p = plan_with_lever(half);  // 24 KiB a sample instead of 64: 64 fits with recompute
-  EXPECT_EQ(lever, std::vector<bool>{true});
+  EXPECT_EQ(lever.front(), true);
   EXPECT_TRUE(p.recompute && s.recompute);
   EXPECT_EQ(p.largest_without_recompute, 32);
   EXPECT_EQ(p.largest_with_recompute, 64);
   EXPECT_EQ(p.micro_batch, 64);
-  EXPECT_TRUE(p.table[0].fits);  // the table predicted with recompute
+  EXPECT_FALSE(p.table[0].fits);  // 64 without recompute
+  EXPECT_TRUE(p.table[1].fits && p.table[1].chosen && p.table[1].recompute);
 
   lever.clear();
   s.recompute = false;
   s.per_sample_recomputing = s.per_sample;  // a lever that saves nothing is put back
   p = plan_with_lever(half);
-  EXPECT_EQ(lever, (std::vector<bool>{true, false}));
-  EXPECT_FALSE(p.recompute);
+  EXPECT_EQ(lever.back(), false);
+  EXPECT_FALSE(p.recompute || s.recompute);
   EXPECT_EQ(p.micro_batch, 32);
+}
+
+// With injected timings where recompute doubles a sample's time, micro-batch 32 x 2 without it
+// is predicted faster than 64 x 1 with it, though 64 fits only with recompute: the planner takes
+// the faster plan, not the largest micro-batch. With recompute 10% slower, 64 with it wins.
+TEST(PlanBatch, PrefersAFasterPlanOverTheLargestMicroBatchWhenRecomputeIsSlower) {
+  Synthetic s;
+  const int64_t half = s.reserved(64, 32);
+  double recompute_cost = 2.0;
+  PlanRequest request = s.request(64, half);
+  request.set_recompute = [&](bool on) { s.recompute = on; };
+  request.micro_batch_seconds = [&](int64_t b, bool recompute) {
+    return 1e-4 + 1e-5 * static_cast<double>(b) * (recompute ? recompute_cost : 1.0);
+  };
+  request.step_seconds = 1e-3;
+  request.epoch_samples = 640;
+  Plan p = plan_batch(request);
+  EXPECT_EQ(p.largest_with_recompute, 64);
+  EXPECT_EQ(p.micro_batch, 32) << p.reason;
+  EXPECT_FALSE(p.recompute || s.recompute);
+  EXPECT_NEAR(p.time_fit[1].seconds_per_sample, 2e-5, 1e-12);
+  EXPECT_NEAR(p.time_fit[0].fixed_seconds, 1e-4, 1e-12);
+  for (const PlanRow& r : p.table)
+    if (r.micro_batch == 32 && !r.recompute) {
+      EXPECT_TRUE(r.chosen);
+      EXPECT_NEAR(r.batch_seconds, 2 * (1e-4 + 32e-5) + 1e-3, 1e-12);
+      EXPECT_NEAR(r.epoch_seconds, 10 * r.batch_seconds, 1e-12);  // 640 samples: 10 effective batches
+    }
+  EXPECT_NE(p.reason.find("the fastest of"), std::string::npos) << p.reason;
+
+  recompute_cost = 1.1;
+  p = plan_batch(request);
+  EXPECT_EQ(p.micro_batch, 64) << p.reason;
+  EXPECT_TRUE(p.recompute && s.recompute);
+}
+
+// The table: every divisor, largest first, each without and then with recompute; every row
+// predicted (memory and time) and exactly one chosen. Without a budget the fastest row is chosen
+// (here recompute is made the faster lever); times within 2% tie: the largest micro-batch that
+// fits keeps a tie it is in, other ties go to less memory.
+TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
+  Synthetic s;
+  PlanRequest request = s.request(64, 0);
+  request.set_recompute = [&](bool on) { s.recompute = on; };
+  request.micro_batch_seconds = [&](int64_t b, bool recompute) {
+    return 1e-4 + 1e-5 * static_cast<double>(b) * (recompute ? 0.5 : 1.0);
+  };
+  request.step_seconds = 0;
+  Plan p = plan_batch(request);
+  const std::vector<int64_t> divisors = {64, 32, 16, 8, 4, 2, 1};
+  ASSERT_EQ(p.table.size(), 2 * divisors.size());
+  int chosen = 0;
+  for (std::size_t i = 0; i < p.table.size(); ++i) {
+    const PlanRow& r = p.table[i];
+    EXPECT_EQ(r.micro_batch, divisors[i / 2]) << i;
+    EXPECT_EQ(r.recompute, i % 2 == 1) << i;
+    EXPECT_EQ(r.accum_steps, 64 / r.micro_batch);
+    EXPECT_TRUE(r.fits);
+    EXPECT_GT(r.reserved_bytes, 0);
+    EXPECT_GT(r.batch_seconds, 0);
+    chosen += r.chosen ? 1 : 0;
+  }
+  EXPECT_EQ(chosen, 1);
+  EXPECT_TRUE(p.table[1].chosen) << p.reason;  // 64 with recompute: the fastest
+  EXPECT_EQ(p.micro_batch, 64);
+  EXPECT_TRUE(p.recompute && s.recompute);
+  EXPECT_NE(p.reason.find("no budget"), std::string::npos) << p.reason;
+
+  // A tiny fixed cost a call, recompute 5% faster a sample: 64 with recompute is the fastest and
+  // every row with recompute is within 2% of it. The tie goes to the least reserved memory (among
+  // rows reserving the same, the larger micro-batch).
+  request.micro_batch_seconds = [](int64_t b, bool recompute) {
+    return 1e-7 + 1e-5 * static_cast<double>(b) * (recompute ? 0.95 : 1.0);
+  };
+  p = plan_batch(request);
+  int64_t least = p.table[0].reserved_bytes;
+  for (const PlanRow& r : p.table) least = std::min(least, r.reserved_bytes);
+  ASSERT_LT(least, p.table[0].reserved_bytes);
+  for (const PlanRow& r : p.table) {
+    if (r.chosen) EXPECT_EQ(r.reserved_bytes, least) << p.reason;
+    if (r.reserved_bytes == least && r.micro_batch > p.micro_batch)
+      ADD_FAILURE() << r.micro_batch << " reserves as little";
+  }
+  EXPECT_LT(p.micro_batch, 64);
+  EXPECT_TRUE(p.recompute);
+  EXPECT_NE(p.reason.find("with less memory"), std::string::npos) << p.reason;
+
+  // The same with recompute as fast: the largest micro-batch without it ties the fastest and, as
+  // the planner's choice before it predicted time, keeps the tie.
+  request.micro_batch_seconds = [](int64_t b, bool) { return 1e-7 + 1e-5 * static_cast<double>(b); };
+  p = plan_batch(request);
+  EXPECT_EQ(p.micro_batch, 64) << p.reason;
+  EXPECT_FALSE(p.recompute);
+}
+
+// Without injected timings, the probes' own times are fitted (a line through positive times)
+// and a step of an optimizer that already holds its state is probed and undone: the parameters,
+// the state and the update count are as before.
+TEST(PlanBatch, TimesTheProbesAndAnOptimizerStepItUndoes) {
+  const Rig rig(mlp());
+  auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  ASSERT_EQ(rig.train_two_steps(adamw, 8, 1, int64_t{1} << 40), "");  // the state is held now
+  const std::vector<float> values = rig.flat->values().to_vector<float>();
+  std::vector<std::vector<float>> state;
+  for (const auto& [name, t] : adamw->state()) state.push_back(t.to_vector<float>());
+  const int64_t updates = adamw->updates();
+  PlanRequest request = rig.request(*adamw, 64, 0);
+  request.micro_batch_seconds = nullptr;
+  const Plan p = plan_batch(request);
+  EXPECT_TRUE(p.step_timed);
+  EXPECT_GT(p.step_seconds, 0);
+  EXPECT_GT(p.time_fit[0].probes, 2);
+  EXPECT_GT(p.time_fit[0].seconds_per_sample + p.time_fit[0].fixed_seconds, 0);
+  for (const PlanRow& r : p.table) EXPECT_GT(r.batch_seconds, p.step_seconds);
+  EXPECT_EQ(rig.flat->values().to_vector<float>(), values);
+  std::size_t k = 0;
+  for (const auto& [name, t] : adamw->state()) EXPECT_EQ(t.to_vector<float>(), state[k++]) << name;
+  EXPECT_EQ(adamw->updates(), updates);
+
+  // Before its first step the state does not exist, and a probed step would allocate it: none.
+  optim::AdamW fresh(rig.flat, optim::AdamWOptions{});
+  PlanRequest first = rig.request(fresh, 64, 0);
+  EXPECT_FALSE(plan_batch(first).step_timed);
+  EXPECT_EQ(fresh.state_bytes(), 0);
+}
+
+// fit_time: the median per size, then a line; one size gives a line through the origin.
+TEST(PlanBatch, FitTimeTakesTheMedianPerSizeAndFitsALine) {
+  const TimeFit fit = fit_time({{1, 2e-3}, {1, 9.0}, {1, 2e-3}, {4, 5e-3}, {8, 9e-3}});
+  EXPECT_EQ(fit.probes, 3);
+  EXPECT_NEAR(fit.fixed_seconds, 1e-3, 1e-9);
+  EXPECT_NEAR(fit.seconds_per_sample, 1e-3, 1e-9);
+  const TimeFit one = fit_time({{4, 2e-3}});
+  EXPECT_EQ(one.fixed_seconds, 0);
+  EXPECT_NEAR(one.predict(8), 4e-3, 1e-12);
+  EXPECT_EQ(fit_time({}).probes, 0);
 }
 
 TEST(PlanBatch, AnExceptionFromTheMicroBatchLeavesTheLimitAndTheLeverAsTheyWere) {
@@ -386,7 +537,8 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
     rig.flat->mark_gradients_stale();
   };
   const Plan want = plan_batch(by_hand);
-  const PlanRequest request = optim::plan_request(adamw, dataset, loss, 512, kBudget);
+  PlanRequest request = optim::plan_request(adamw, dataset, loss, 512, kBudget);
+  request.micro_batch_seconds = larger_is_faster;  // measured timings could tie differently
   EXPECT_EQ(request.device, kCpu);
   EXPECT_EQ(request.sample_limit, 600);
   EXPECT_TRUE(request.require_fit);

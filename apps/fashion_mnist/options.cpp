@@ -216,11 +216,12 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  app.add_option("--recompute", o.recompute,
-                 "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
-                 "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
-                 "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
-                 "with the planner: on only if it lets a larger micro-batch fit the budget")
+  app.add_option(
+         "--recompute", o.recompute,
+         "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
+         "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
+         "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
+         "with the planner: predicted off and on for every micro-batch, on when the fastest plan that fits has it")
       ->check(CLI::IsMember({"off", "on", "auto"}))
       ->capture_default_str();
   app.add_option("--precision", o.precision,
@@ -265,13 +266,15 @@ void add_batch_flags(CLI::App& app, CommandLine& o) {
   app.add_option("--effective-batch", o.effective_batch,
                  "Samples per optimizer step, all ranks together. With --batch-size: the accumulation steps are "
                  "effective batch / (batch size x ranks), so a job keeps its result on 1, 2 or 8 processes "
-                 "(mpirun -np N). With --memory-budget instead: the planner picks the largest micro-batch (a "
-                 "divisor of it) that fits the budget, and the accumulation steps")
+                 "(mpirun -np N). With --memory-budget instead: the planner picks the micro-batch (a divisor of it) "
+                 "predicted fastest among those that fit the budget (within 2%: the one with less memory), and the "
+                 "accumulation steps")
       ->check(integer_in(1, kMaxBatch));
   app.add_flag("--plan-only", o.plan_only,
                "With --effective-batch: print the planner's prediction for every micro-batch dividing it (size, "
-               "predicted peak in MiB, predicted reserved bytes, whether that fits --memory-budget: '-' without "
-               "one) and exit 0 without training");
+               "recompute, predicted peak in MiB, predicted reserved bytes, whether that fits --memory-budget: '-' "
+               "without one, accumulation steps, predicted time an effective batch and an epoch), the choice and "
+               "why, and exit 0 without training");
   app.add_option("--memory-budget", o.memory_budget,
                  "Device memory limit, e.g. 64MiB or 1.5GiB: the device behaves as if it had only that much; "
                  "going over is an out-of-memory error (exit 1)");

@@ -12,9 +12,9 @@ namespace fmnist {
 
 // --effective-batch: the library's planner (cumulus::plan_batch, Note [Planning a micro-batch] in
 // engine/memory/planner.cpp) with this run's training micro-batch, optimizer and budget: every
-// divisor predicted in reserved bytes with the optimizer state the first step allocates, the
-// largest that fits verified by one probe under the limit (--recompute auto: recompute only if it
-// lets a larger micro-batch fit). Parameters and batch norm's statistics are left as they were.
+// divisor predicted in reserved bytes with the optimizer state the first step allocates and in
+// time, the fastest that fits verified by one probe under the limit (--recompute auto: each
+// divisor predicted off and on). Parameters and batch norm's statistics are left as they were.
 // Returns the micro-batch, the accumulation steps and the recompute decision for with_plan()
 // (run_config.h); an OutOfMemory error when nothing fits.
 BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,

@@ -11,36 +11,61 @@
 // (Note [Memory prediction]), replayed from the state at rest plus the optimizer's state: the first
 // step allocates it and every later micro-batch runs beside it, so a plan made before that step
 // must hold it. The optimizer says what that is (Optimizer::state_to_allocate()), so an optimizer
-// added later is counted without the planner knowing it. The largest divisor predicted to fit is
-// verified by one real micro-batch under the budget, the state held as real blocks; a probe that
-// runs out of memory moves the choice to the next smaller divisor, so a prediction that is off
-// costs a probe, not the run. Without a budget there is nothing to verify against: every divisor
-// fits and the whole effective batch is taken unprobed.
+// added later is counted without the planner knowing it. The chosen row is verified by one real
+// micro-batch under the budget, the state held as real blocks; a probe that runs out of memory
+// moves the choice to the next best row, so a prediction that is off costs a probe, not the run.
+// Without a budget there is nothing to verify against: every row fits and the fastest is taken
+// unprobed.
 //
 // The request takes a function that runs one training micro-batch rather than a model, so any
 // model, loss and data path plans the same way (the app's loader stages host-resident data, for
 // instance); what that function allocates is what is predicted, and blocks the loop will hold that
 // neither exist now nor come from it (an Accumulator's learning-rate table and loss seed) are not
-// seen. With a recompute lever, recompute is recorded and predicted too and turned on only when it
-// lets a larger micro-batch fit, since it costs time. Probes are training forwards, so batch norm's
-// running statistics are copied first and written back, also when an interrupt thrown from the
-// micro-batch ends the call. The planner prints nothing: the caller shows plan.table and
-// plan.reason, and on_table lets it show the table before the probes, which may take long. No
-// choice is a plan with micro_batch 0 rather than an exception, so --plan-only can still show why.
-// When the recordings do not match (an allocation pattern that changes with the size), the
-// fallback is a line through two small probes' allocated peaks on top of the reserved bytes at rest
+// seen. With a recompute lever, every divisor is recorded and predicted with recompute on too.
+// Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times
+// within 2% are a tie, kept by the largest micro-batch that fits, else won by less memory. Probes are training
+// forwards, so batch norm's running statistics are copied first and written back, also when an interrupt thrown from
+// the micro-batch ends the call. The planner prints nothing: the caller shows plan.table and plan.reason, and on_table
+// lets it show the table before the probes, which may take long. No choice is a plan with micro_batch 0 rather than an
+// exception, so --plan-only can still show why. When the recordings do not match (an allocation pattern that changes
+// with the size), the fallback is a line through two small probes' allocated peaks on top of the reserved bytes at rest
 // and the state (each block in a segment of its own), with a 5% margin, verified the same way.
+
+// Note [Predicting time]
+// The recordings already run the micro-batch at every power of two up to 256 (and the midpoints
+// that pin the memory's bends), so each call is timed too, all but the first (one-time work); the
+// median per size, then a line a + b * samples by least squares on relative residuals, since the
+// sizes span 1 to 256 and plain residuals would let the largest set the fixed part. A line, so
+// within one lever setting a larger micro-batch is never slower: the fixed part a call costs is
+// what accumulation pays for, and recompute's extra forward is what its own line carries. One
+// effective batch is accum_steps micro-batches plus one optimizer step, an epoch that times
+// epoch_samples / effective batch. The step is the same for every row, so it moves no choice, only
+// the prediction: it is probed only when the optimizer already holds its state (parameters, state
+// and update count written back), since a first step would allocate the state the plan counts;
+// before training it is not counted unless the caller gives it (step_seconds). Times within 2%
+// are a tie: measured fits are noisy (a loaded machine, an intercept near zero), and a tie broken
+// by memory alone would slide to micro-batch 2 with recompute for a 1% difference, changing batch
+// norm's statistics for nothing. So the plan the planner chose before it predicted time (the
+// largest micro-batch that fits, recompute only if needed) keeps a tie it is part of, and only
+// other ties go to less memory. Tests and callers
+// that know their timings inject them (micro_batch_seconds): measured times of near-empty
+// micro-batches are noise, and a choice made from noise would not be reproducible.
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <numeric>
 #include <utility>
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
 #include "cumulus/memory/prediction.h"
+#include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/optim/optimizer.h"
 
@@ -81,9 +106,54 @@ MemoryCost memory_cost_from_probes(int64_t small, int64_t small_peak, int64_t la
   return c;
 }
 
+TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings) {
+  std::map<int64_t, std::vector<double>> by_size;
+  for (const auto& [samples, seconds] : timings) by_size[samples].push_back(seconds);
+  std::vector<std::pair<double, double>> points;  // (samples, median seconds)
+  for (auto& [samples, secs] : by_size) {
+    std::sort(secs.begin(), secs.end());
+    const std::size_t n = secs.size();
+    const double median = n % 2 == 1 ? secs[n / 2] : 0.5 * (secs[n / 2 - 1] + secs[n / 2]);
+    points.emplace_back(static_cast<double>(samples), median);
+  }
+  TimeFit fit;
+  fit.probes = static_cast<int>(points.size());
+  if (points.empty()) return fit;
+  if (points.size() == 1) {
+    fit.seconds_per_sample = std::max(0.0, points[0].second / points[0].first);
+    return fit;
+  }
+  // Weighted by 1/seconds^2 (relative residuals): the probes span 1 to 256 samples, and plain
+  // least squares would let the large ones' noise set the fixed part the small ones measure.
+  double sw = 0, sx = 0, sy = 0;
+  for (const auto& [x, y] : points) {
+    const double w = y > 0 ? 1.0 / (y * y) : 1.0;
+    sw += w, sx += w * x, sy += w * y;
+  }
+  const double mx = sx / sw, my = sy / sw;
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    const double w = y > 0 ? 1.0 / (y * y) : 1.0;
+    sxx += w * (x - mx) * (x - mx), sxy += w * (x - mx) * (y - my);
+  }
+  fit.seconds_per_sample = std::max(0.0, sxy / sxx);
+  fit.fixed_seconds = my - fit.seconds_per_sample * mx;
+  if (fit.fixed_seconds < 0) {  // a line that would make small micro-batches take negative time
+    fit.fixed_seconds = 0;
+    double sxy0 = 0, sxx0 = 0;
+    for (const auto& [x, y] : points) {
+      const double w = y > 0 ? 1.0 / (y * y) : 1.0;
+      sxy0 += w * x * y, sxx0 += w * x * x;
+    }
+    fit.seconds_per_sample = std::max(0.0, sxy0 / sxx0);
+  }
+  return fit;
+}
+
 namespace {
 
 constexpr double kLineMargin = 0.05;  // the probe line's room for what it misses (rounding, segments)
+constexpr double kTimeTie = 0.02;     // predicted times this close are a tie, won by less memory
 
 int64_t round_up(int64_t bytes, int64_t unit) { return (bytes + unit - 1) / unit * unit; }
 
@@ -145,19 +215,23 @@ class Planner {
   Plan run();
 
  private:
-  MemoryPredictor record() const;
-  std::vector<PlanRow> rows_from(const MemoryPredictor& predictor) const;
+  MemoryPredictor record(bool recompute);
+  void time_step();
+  void set_times(PlanRow& row) const;
+  std::vector<PlanRow> rows_from(const MemoryPredictor& predictor, bool recompute) const;
   int64_t largest_fitting(const std::vector<PlanRow>& rows) const;
   void weigh_recompute();
-  bool probe(int64_t micro_batch, MemoryStats& measured);
+  bool probe(const PlanRow& row, MemoryStats& measured);
   int64_t line_probe(int64_t micro_batch);
   bool probing() const { return req_.verify && req_.budget > 0; }
+  std::size_t best(const std::vector<bool>& excluded) const;
   std::size_t pick(MemoryStats& measured);
   void choose_from_recording();
   MemoryCost line_cost();
   void plan_with_line(const std::string& why_not_recorded);
   std::string steps_text(const PlanRow& row) const;
-  std::string larger_text(std::size_t row) const;
+  std::string time_text(const PlanRow& row) const;
+  std::string why_text(std::size_t chosen) const;
   std::string budget_text() const;
 
   const PlanRequest& req_;
@@ -165,6 +239,8 @@ class Planner {
   std::vector<int64_t> state_;  // the optimizer state's blocks, requested bytes
   std::vector<int64_t> divisors_;
   int64_t large_ = 0;  // recordings at large_ and large_ / 2
+  int64_t epoch_samples_ = 0;
+  std::vector<std::pair<int64_t, double>> line_timings_;  // the fallback's probes
   Plan plan_;
 };
 
@@ -172,21 +248,75 @@ Planner::Planner(const PlanRequest& request, CachingAllocator& alloc)
     : req_(request),
       alloc_(alloc),
       state_(request.optimizer->state_to_allocate()),
-      divisors_(divisors_largest_first(request.effective_batch)) {
+      divisors_(divisors_largest_first(request.effective_batch)),
+      epoch_samples_(request.epoch_samples > 0 ? request.epoch_samples : request.sample_limit) {
   // 128 and 256 make each size's fit exact (Note [Memory prediction]); smaller when samples are few.
   large_ = 256;
   while (req_.sample_limit > 0 && large_ > req_.sample_limit) large_ /= 2;
   for (int64_t b : state_) plan_.optimizer_state_bytes += round_up(b, CachingAllocator::kRounding);
 }
 
-MemoryPredictor Planner::record() const {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Records the micro-batch's allocations with the recompute lever as it is now, and fits its time
+// over the same calls but the first (Note [Predicting time]).
+MemoryPredictor Planner::record(bool recompute) {
   if (large_ < 2) return {};
   std::vector<FixedBlock> fixed;
   for (int64_t b : state_) fixed.push_back(FixedBlock{MemoryCategory::optimizer_state, b});
-  return record_micro_batch(alloc_, req_.micro_batch, large_ / 2, large_, std::move(fixed));
+  std::vector<std::pair<int64_t, double>> timings;
+  bool warm = false;
+  auto timed = [&](int64_t b) {
+    const auto start = std::chrono::steady_clock::now();
+    req_.micro_batch(b);
+    const double seconds = seconds_since(start);
+    if (warm) timings.emplace_back(b, req_.micro_batch_seconds ? req_.micro_batch_seconds(b, recompute) : seconds);
+    warm = true;
+  };
+  MemoryPredictor p = record_micro_batch(alloc_, timed, large_ / 2, large_, std::move(fixed));
+  plan_.time_fit[recompute ? 1 : 0] = fit_time(timings);
+  return p;
 }
 
-std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor) const {
+// One optimizer step's time: given, or one step probed on the discarded gradients (counted as
+// zero) with the parameters, the state and the update count written back. A step before the
+// state exists would allocate it, so then it is not probed.
+void Planner::time_step() {
+  if (req_.step_seconds >= 0) {
+    plan_.step_seconds = req_.step_seconds;
+    plan_.step_timed = true;
+    return;
+  }
+  optim::Optimizer& opt = *req_.optimizer;
+  if (!opt.state_to_allocate().empty()) return;
+  Tensor values;
+  std::vector<std::pair<std::string, Tensor>> state;
+  try {
+    values = opt.parameters().values().clone();
+    for (const auto& [name, t] : opt.state()) state.emplace_back(name, t.clone());
+  } catch (const OutOfMemory&) {
+    return;  // no room under the budget for the copies: not probed
+  }
+  const int64_t updates = opt.updates();
+  const auto start = std::chrono::steady_clock::now();
+  opt.step();
+  opt.updates();  // waits for the queued update
+  plan_.step_seconds = seconds_since(start);
+  plan_.step_timed = true;
+  Tensor target = opt.parameters().values();
+  target.copy_from(values);
+  opt.load_state(state, updates);
+}
+
+void Planner::set_times(PlanRow& r) const {
+  r.micro_batch_seconds = plan_.time_fit[r.recompute ? 1 : 0].predict(r.micro_batch);
+  r.batch_seconds = static_cast<double>(r.accum_steps) * r.micro_batch_seconds + plan_.step_seconds;
+  r.epoch_seconds = r.batch_seconds * static_cast<double>(epoch_samples_) / static_cast<double>(req_.effective_batch);
+}
+
+std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor, bool recompute) const {
   std::vector<PlanRow> rows;
   for (int64_t b : divisors_) {
     const PredictedMemory m = predictor.predict(b);
@@ -197,6 +327,8 @@ std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor) const 
     r.reserved_bytes = m.reserved_bytes;
     r.peak_by_category = m.peak_by_category;
     r.fits = req_.budget <= 0 || m.reserved_bytes <= req_.budget;
+    r.recompute = recompute;
+    set_times(r);
     rows.push_back(r);
   }
   return rows;
@@ -208,39 +340,42 @@ int64_t Planner::largest_fitting(const std::vector<PlanRow>& rows) const {
   return 0;
 }
 
-// Recompute costs time: recorded and taken only when a larger micro-batch fits with it.
+// Every divisor is predicted with recompute on as well, each after its row without; the lever is
+// left off until the choice.
 void Planner::weigh_recompute() {
   plan_.recompute_weighed = true;
-  const int64_t without = largest_fitting(plan_.table);
-  plan_.largest_without_recompute = without;
-  if (without == req_.effective_batch) return;
+  plan_.largest_without_recompute = largest_fitting(plan_.table);
+  std::vector<PlanRow> with;
   req_.set_recompute(true);
   try {
-    const MemoryPredictor with = record();
-    if (with.ok()) {
-      std::vector<PlanRow> rows = rows_from(with);
-      plan_.largest_with_recompute = largest_fitting(rows);
-      if (plan_.largest_with_recompute > without) {
-        plan_.table = std::move(rows);
-        plan_.recompute = true;
-      }
-    }
+    const MemoryPredictor predictor = record(true);
+    if (predictor.ok()) with = rows_from(predictor, true);
   } catch (...) {
     req_.set_recompute(false);
     throw;
   }
-  if (!plan_.recompute) req_.set_recompute(false);
+  req_.set_recompute(false);
+  plan_.largest_with_recompute = largest_fitting(with);
+  if (with.empty()) return;
+  std::vector<PlanRow> both;
+  for (std::size_t i = 0; i < with.size(); ++i) {
+    both.push_back(plan_.table[i]);
+    both.push_back(with[i]);
+  }
+  plan_.table = std::move(both);
 }
 
-// One micro-batch under the budget beside the optimizer state; false if it ran out of memory.
-bool Planner::probe(int64_t micro_batch, MemoryStats& measured) {
+// One micro-batch of a row under the budget beside the optimizer state, the lever as the row has
+// it; false if it ran out of memory.
+bool Planner::probe(const PlanRow& row, MemoryStats& measured) {
   bool fits = true;
   try {
+    if (req_.set_recompute) req_.set_recompute(row.recompute);
     std::vector<Allocation> state;
     for (int64_t b : state_)
       state.push_back(alloc_.allocate(static_cast<std::size_t>(b), MemoryCategory::optimizer_state));
     alloc_.reset_peak();
-    req_.micro_batch(micro_batch);
+    req_.micro_batch(row.micro_batch);
   } catch (const OutOfMemory&) {
     fits = false;
     req_.optimizer->zero_grad();  // a backward cut short may have written some
@@ -250,54 +385,123 @@ bool Planner::probe(int64_t micro_batch, MemoryStats& measured) {
   return fits;
 }
 
-// The allocated peak of one micro-batch (the fallback's line).
+// The allocated peak of one micro-batch (the fallback's line), and its time.
 int64_t Planner::line_probe(int64_t micro_batch) {
   alloc_.reset_peak();
+  const auto start = std::chrono::steady_clock::now();
   try {
     req_.micro_batch(micro_batch);
   } catch (const OutOfMemory&) {
     req_.optimizer->zero_grad();
     throw;
   }
+  const double seconds = seconds_since(start);
+  line_timings_.emplace_back(micro_batch,
+                             req_.micro_batch_seconds ? req_.micro_batch_seconds(micro_batch, false) : seconds);
   return alloc_.stats().allocated_peak;
 }
 
-// The first row predicted to fit that also fits its probe (none is run without a budget or with
-// verify off); table.size() when none does.
-std::size_t Planner::pick(MemoryStats& measured) {
-  for (std::size_t i = 0; i < plan_.table.size(); ++i) {
-    const PlanRow& r = plan_.table[i];
-    if (!r.fits) continue;
-    if (probing() && !probe(r.micro_batch, measured)) {
-      plan_.rejected_by_probe.push_back(r.micro_batch);
-      continue;
+// The row the choice takes among those predicted to fit and not excluded (table.size() when
+// none): the smallest predicted time. Within kTimeTie of it, the first such row in table order
+// (the largest micro-batch, recompute off before on: what the planner chose before it predicted
+// time) when it is among them, else the least memory (reserved bytes, or the peak where the
+// fallback predicts no reserved bytes), then the larger micro-batch (Note [Predicting time]).
+std::size_t Planner::best(const std::vector<bool>& excluded) const {
+  const std::vector<PlanRow>& t = plan_.table;
+  double fastest = 0;
+  std::size_t first = t.size();
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (t[i].fits && !excluded[i] && (first == t.size() || t[i].batch_seconds < fastest)) {
+      fastest = t[i].batch_seconds;
+      first = std::min(first, i);
     }
-    plan_.micro_batch = r.micro_batch;
-    plan_.accum_steps = r.accum_steps;
-    plan_.verified = probing();
-    if (plan_.verified) {
-      plan_.verified_peak_bytes = measured.allocated_peak;
-      plan_.verified_reserved_bytes = measured.reserved_peak;
-    }
-    return i;
+  if (first == t.size() || t[first].batch_seconds <= fastest * (1.0 + kTimeTie)) return first;
+  std::size_t chosen = t.size();
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (!t[i].fits || excluded[i] || t[i].batch_seconds > fastest * (1.0 + kTimeTie)) continue;
+    const auto memory = [](const PlanRow& r) { return r.reserved_bytes >= 0 ? r.reserved_bytes : r.peak_bytes; };
+    if (chosen == t.size() || memory(t[i]) < memory(t[chosen])) chosen = i;
   }
+  return chosen;
+}
+
+// The best row that also fits its probe (none is run without a budget or with verify off);
+// table.size() when none does. The recompute lever is left as the choice has it (off without one).
+std::size_t Planner::pick(MemoryStats& measured) {
+  std::vector<bool> excluded(plan_.table.size(), false);
+  try {
+    for (std::size_t i = best(excluded); i < plan_.table.size(); i = best(excluded)) {
+      PlanRow& r = plan_.table[i];
+      if (probing() && !probe(r, measured)) {
+        plan_.rejected_by_probe.push_back(r.micro_batch);
+        excluded[i] = true;
+        continue;
+      }
+      if (req_.set_recompute) req_.set_recompute(r.recompute);
+      r.chosen = true;
+      plan_.micro_batch = r.micro_batch;
+      plan_.accum_steps = r.accum_steps;
+      plan_.recompute = r.recompute;
+      plan_.verified = probing();
+      if (plan_.verified) {
+        plan_.verified_peak_bytes = measured.allocated_peak;
+        plan_.verified_reserved_bytes = measured.reserved_peak;
+      }
+      return i;
+    }
+  } catch (...) {
+    if (req_.set_recompute) req_.set_recompute(false);
+    throw;
+  }
+  if (req_.set_recompute) req_.set_recompute(false);
   return plan_.table.size();
 }
 
 std::string Planner::steps_text(const PlanRow& row) const {
   return "micro-batch " + std::to_string(row.micro_batch) + " x " + std::to_string(row.accum_steps) +
-         " steps = effective batch " + std::to_string(req_.effective_batch);
+         " steps = effective batch " + std::to_string(req_.effective_batch) + (row.recompute ? " with recompute" : "");
 }
 
-// Why the row above `row` was not chosen.
-std::string Planner::larger_text(std::size_t row) const {
-  const PlanRow& r = plan_.table[row];
-  const std::vector<int64_t>& rejected = plan_.rejected_by_probe;
-  if (std::find(rejected.begin(), rejected.end(), r.micro_batch) != rejected.end())
-    return "micro-batch " + std::to_string(r.micro_batch) + " ran out of memory in its probe";
+std::string format_seconds(double seconds) {
+  char text[32];
+  if (seconds < 1.0) std::snprintf(text, sizeof text, "%.3g ms", seconds * 1e3);
+  else std::snprintf(text, sizeof text, "%.3g s", seconds);
+  return text;
+}
+
+std::string Planner::time_text(const PlanRow& row) const {
+  std::string text = "predicted " + format_seconds(row.batch_seconds) + " an effective batch";
+  if (epoch_samples_ > 0) text += ", " + format_seconds(row.epoch_seconds) + " an epoch";
+  if (!plan_.step_timed) text += " (optimizer step not timed)";
+  return text;
+}
+
+// Why the chosen row won: the fastest, or within kTimeTie of the fastest with less memory; which
+// probes ran out of memory; and the next larger micro-batch, when it does not fit.
+std::string Planner::why_text(std::size_t chosen) const {
+  const std::vector<PlanRow>& t = plan_.table;
+  std::size_t fastest = chosen;
+  int fitting = 0;
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (t[i].fits) {
+      ++fitting;
+      if (t[i].batch_seconds < t[fastest].batch_seconds) fastest = i;
+    }
+  std::string text = fitting == 1        ? "the only candidate that fits"
+                     : fastest == chosen ? "the fastest of " + std::to_string(fitting) + " candidates that fit"
+                                         : "within " + std::to_string(static_cast<int>(kTimeTie * 100)) +
+                                               "% of the fastest, " + steps_text(t[fastest]) + " at " +
+                                               format_seconds(t[fastest].batch_seconds) + ", with less memory";
+  for (int64_t b : plan_.rejected_by_probe)
+    text += "; micro-batch " + std::to_string(b) + " ran out of memory in its probe";
+  std::size_t i = t.size();  // the smallest larger micro-batch that does not fit, the lever as chosen
+  for (std::size_t j = 0; j < t.size() && t[j].micro_batch > t[chosen].micro_batch; ++j)
+    if (!t[j].fits && t[j].recompute == t[chosen].recompute) i = j;
+  if (i == t.size()) return text;
+  const std::string larger = std::to_string(t[i].micro_batch);
   if (plan_.method == PlanMethod::probe_line)
-    return "the next larger divisor, " + std::to_string(r.micro_batch) + ", would need " + format_bytes(r.peak_bytes);
-  return "micro-batch " + std::to_string(r.micro_batch) + " would reserve " + format_bytes(r.reserved_bytes);
+    return text + "; the larger micro-batch " + larger + " would need " + format_bytes(t[i].peak_bytes);
+  return text + "; micro-batch " + larger + " would reserve " + format_bytes(t[i].reserved_bytes);
 }
 
 std::string Planner::budget_text() const {
@@ -314,14 +518,13 @@ void Planner::choose_from_recording() {
     return;
   }
   const PlanRow& r = plan_.table[i];
-  plan_.reason =
-      steps_text(r) + ": predicted peak " + format_bytes(r.peak_bytes) + ", reserved " + format_bytes(r.reserved_bytes);
+  plan_.reason = steps_text(r) + ": predicted peak " + format_bytes(r.peak_bytes) + ", reserved " +
+                 format_bytes(r.reserved_bytes) + "; " + time_text(r);
   if (req_.budget <= 0) {
-    plan_.reason += " (no budget)";
+    plan_.reason += " (no budget; " + why_text(i) + ")";
     return;
   }
-  plan_.reason += " within the budget " + format_bytes(req_.budget) + " (" +
-                  (i == 0 ? "the whole effective batch fits" : larger_text(i - 1)) + ")";
+  plan_.reason += "; within the budget " + format_bytes(req_.budget) + " (" + why_text(i) + ")";
   plan_.reason += plan_.verified ? "; verified by a probe micro-batch under the limit: peak " +
                                        format_bytes(plan_.verified_peak_bytes) + ", reserved " +
                                        format_bytes(plan_.verified_reserved_bytes)
@@ -350,6 +553,8 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   alloc_.empty_cache();
   plan_.reserved_at_rest = alloc_.stats().reserved;
   const MemoryCost cost = line_cost();
+  plan_.time_fit[0] = fit_time(line_timings_);
+  time_step();
   const int64_t usable = static_cast<int64_t>(static_cast<double>(req_.budget) * (1.0 - kLineMargin));
   for (int64_t b : divisors_) {
     PlanRow r;
@@ -358,6 +563,7 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
     r.peak_bytes = cost.predicted_peak(b);
     r.reserved_bytes = -1;
     r.fits = req_.budget <= 0 || r.peak_bytes <= usable;
+    set_times(r);
     plan_.table.push_back(r);
   }
   if (req_.on_table) req_.on_table(plan_);
@@ -375,19 +581,18 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   const PlanRow& r = plan_.table[i];
   plan_.reason = steps_text(r) + ": predicted peak " + format_bytes(r.peak_bytes) + " (fixed " +
                  format_bytes(cost.fixed_bytes) + " + " +
-                 format_bytes(static_cast<int64_t>(cost.peak_bytes_per_sample)) + "/sample)";
+                 format_bytes(static_cast<int64_t>(cost.peak_bytes_per_sample)) + "/sample); " + time_text(r);
   if (req_.budget <= 0) {
-    plan_.reason += " (no budget)";
+    plan_.reason += " (no budget; " + why_text(i) + ")";
     return;
   }
   plan_.reason += " within " + format_bytes(usable) + " (budget " + format_bytes(req_.budget) + " less " +
-                  std::to_string(static_cast<int>(kLineMargin * 100)) + "% margin)";
-  if (i > 0) plan_.reason += "; " + larger_text(i - 1);
+                  std::to_string(static_cast<int>(kLineMargin * 100)) + "% margin; " + why_text(i) + ")";
   plan_.reason += plan_.verified ? "; verified by a probe micro-batch under the limit" : "; not verified by a probe";
 }
 
 Plan Planner::run() {
-  const MemoryPredictor predictor = record();
+  const MemoryPredictor predictor = record(false);
   if (!predictor.ok()) {
     plan_with_line(predictor.reason().empty() ? "the training set is too small to record" : predictor.reason());
     return std::move(plan_);
@@ -395,7 +600,8 @@ Plan Planner::run() {
   plan_.method = PlanMethod::recorded_sequence;
   plan_.prediction = predictor.reason();
   plan_.reserved_at_rest = predictor.rest_reserved();
-  plan_.table = rows_from(predictor);
+  time_step();
+  plan_.table = rows_from(predictor, false);
   if (req_.set_recompute) weigh_recompute();
   if (req_.on_table) req_.on_table(plan_);
   choose_from_recording();

@@ -8,6 +8,7 @@
 //   r.micro_batch = [&](int64_t b) { ... };    // forward, loss, backward of b samples; grads discarded
 //   r.optimizer = optimizer.get();             // its first step's state is counted
 //   const Plan plan = plan_batch(r);           // plan.micro_batch x plan.accum_steps, plan.table, plan.reason
+//   plan.table[i].epoch_seconds                // predicted time (r.epoch_samples or sample_limit)
 #pragma once
 
 #include <array>
@@ -65,7 +66,27 @@ struct PlanRow {
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};  // the split at the peak (recorded_sequence)
   // Predicted within the budget (always, without one).
   bool fits = true;
+  bool recompute = false;  // predicted with the recompute lever on
+  // Predicted time (Note [Predicting time]): one micro-batch, one effective batch (accum_steps
+  // micro-batches and one optimizer step), and an epoch of PlanRequest::epoch_samples (0 without).
+  double micro_batch_seconds = 0.0;
+  double batch_seconds = 0.0;
+  double epoch_seconds = 0.0;
+  bool chosen = false;
 };
+
+// Seconds of one micro-batch as a line in its size, fitted over the timed probes.
+struct TimeFit {
+  double fixed_seconds = 0.0;
+  double seconds_per_sample = 0.0;
+  int probes = 0;  // timed probe sizes it was fitted over (0: not fitted)
+  double predict(int64_t samples) const { return fixed_seconds + seconds_per_sample * static_cast<double>(samples); }
+};
+
+// Least squares through (samples, seconds) pairs, relative residuals: the median per size first,
+// so one slow repetition moves nothing. One size gives a line through the origin; the slope and
+// the fixed part are kept >= 0.
+TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings);
 
 struct Plan;
 
@@ -73,7 +94,7 @@ struct PlanRequest {
   Device device = Device::cpu();
   int64_t effective_batch = 0;  // > 0
   // Reserved bytes (what CachingAllocator::set_memory_limit counts, and what a smaller device runs
-  // out of). 0: none; every divisor is predicted and the whole effective batch chosen, unprobed.
+  // out of). 0: none; every divisor is predicted and fits, and the fastest is chosen, unprobed.
   int64_t budget = 0;
   // Runs one training micro-batch of `samples`: batch, forward, loss, backward into the gradient
   // buffers, then frees all it allocated and discards the gradients (called at several sizes,
@@ -90,9 +111,17 @@ struct PlanRequest {
   // The most samples `micro_batch` can take (the training set's size): recordings stay within it.
   // 0: no limit.
   int64_t sample_limit = 0;
-  // Optional recompute lever (a model's set_recompute): when given, recompute is turned on only
-  // if the prediction with it lets a larger micro-batch fit than without; it is left as chosen.
+  // Optional recompute lever (a model's set_recompute): when given, every divisor is predicted
+  // with it off and on, and it is left as the chosen row has it.
   std::function<void(bool on)> set_recompute;
+  // Samples in an epoch, for each row's epoch_seconds (0: sample_limit).
+  int64_t epoch_samples = 0;
+  // Injected timings (tests, or timings known from elsewhere): seconds of one micro-batch of
+  // `samples` with recompute as given, used instead of timing the probes.
+  std::function<double(int64_t samples, bool recompute)> micro_batch_seconds;
+  // Seconds of one optimizer step; < 0: timed by one probed step when the optimizer's state is
+  // already held (its parameters, state and update count restored after), else not counted.
+  double step_seconds = -1.0;
   // Optional: the model whose buffers (batch norm's running statistics) the probes' training
   // forwards move; they are copied first and written back when plan_batch returns or throws.
   nn::Module* model = nullptr;
@@ -115,17 +144,23 @@ struct Plan {
   std::string prediction;
   int64_t reserved_at_rest = 0;       // from the allocator, after its cache was emptied
   int64_t optimizer_state_bytes = 0;  // what the first update will allocate, held in every row
-  std::vector<PlanRow> table;         // every divisor of the effective batch, largest first
-  // Recompute (only with a lever and a recorded sequence): whether it was weighed, whether it was
-  // turned on, and the largest micro-batch predicted to fit without and with it (0: none, or not
-  // recorded because the whole effective batch fits without it). With recompute on, the table is
-  // the one predicted with it.
+  // Every divisor of the effective batch, largest first; with a recompute lever each twice,
+  // recompute off before on. Exactly one row is chosen when a plan is.
+  std::vector<PlanRow> table;
+  // Recompute (only with a lever and a recorded sequence): whether it was weighed, whether the
+  // choice has it on, and the largest micro-batch predicted to fit without and with it (0: none).
   bool recompute_weighed = false;
   bool recompute = false;
   int64_t largest_without_recompute = 0;
   int64_t largest_with_recompute = 0;
-  // The choice: the largest divisor predicted to fit that also fit its probe. 0: none fits (reason
-  // says why; the caller decides whether that is an error).
+  // Note [Predicting time]: the micro-batch's time fitted without [0] and with [1] recompute, and
+  // the optimizer step's (step_timed false: neither given nor probed, counted as 0).
+  std::array<TimeFit, 2> time_fit{};
+  double step_seconds = 0.0;
+  bool step_timed = false;
+  // The choice: the fitting row with the smallest predicted time (within 2% of it, the one with
+  // less memory) that also fit its probe. 0: none fits (reason says why; the caller decides
+  // whether that is an error).
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;
   bool verified = false;            // one micro-batch of it ran under the budget, the state held
@@ -136,12 +171,13 @@ struct Plan {
 };
 
 // Plans the micro-batch for `request.effective_batch` under `request.budget`: records the
-// micro-batch's allocations at two sizes (and smaller ones), predicts every divisor from the state
-// at rest plus the optimizer's first-step state, and verifies the largest that fits with one probe
-// micro-batch under the budget, falling back to the next smaller divisor when the probe runs out of
-// memory. Prints nothing. Throws InvalidArgument for a malformed request, OutOfMemory when nothing
-// fits and the request requires a fit; what `micro_batch` throws (other than an OutOfMemory in a
-// verifying probe) passes through.
+// micro-batch's allocations at two sizes (and smaller ones), timing each call, predicts every
+// divisor (with recompute off and on, given the lever) from the state at rest plus the optimizer's
+// first-step state, and takes the fastest predicted to fit (ties within 2%: less memory), verified
+// with one probe micro-batch under the budget, falling back to the next best when the probe runs
+// out of memory. Prints nothing. Throws InvalidArgument for a malformed request, OutOfMemory when
+// nothing fits and the request requires a fit; what `micro_batch` throws (other than an
+// OutOfMemory in a verifying probe) passes through.
 Plan plan_batch(const PlanRequest& request);
 
 }  // namespace cumulus
