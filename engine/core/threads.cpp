@@ -172,10 +172,8 @@ int default_cpu_threads() {
   if (g_marker == nullptr) return openblas_get_num_threads();
   // Give children the environment the user gave us; OpenBLAS has read its own already.
   const bool user_set = g_marker[0] == '+';
-  if (user_set)
-    ::setenv("OPENBLAS_NUM_THREADS", g_marker + 1, 1);
-  else
-    ::unsetenv("OPENBLAS_NUM_THREADS");
+  if (user_set) ::setenv("OPENBLAS_NUM_THREADS", g_marker + 1, 1);
+  else ::unsetenv("OPENBLAS_NUM_THREADS");
   const std::string saved = user_set ? std::string(g_marker + 1) : std::string();
   ::unsetenv("CUMULUS_OPENBLAS_PREINIT");
   g_marker = nullptr;

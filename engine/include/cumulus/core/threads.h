@@ -26,6 +26,6 @@ void openblas_preinit(int argc, char** argv, char** envp);
 }  // namespace cumulus
 
 // In one source file of an executable (a shared library has no .preinit_array).
-#define CUMULUS_OPENBLAS_PREINIT                                                     \
+#define CUMULUS_OPENBLAS_PREINIT                                                                   \
   __attribute__((section(".preinit_array"), used)) static void (*const cumulus_openblas_preinit_)( \
       int, char**, char**) = ::cumulus::openblas_preinit
