@@ -48,7 +48,7 @@ RankPlacement place_on_ranks(const RunConfig& c, dist::Communicator& comm) {
   if (placement.world_size == 1) return placement;
   // Ranks on one host share its cores: without --threads, each takes its share.
   if (c.threads == 0)
-    set_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.local_size()));
+    fit_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.local_size()));
   if (c.batch_source == BatchSource::planner)
     throw UsageFailure("the planner (--effective-batch without --batch-size) runs in one process; with " +
                        std::to_string(placement.world_size) + " ranks give --effective-batch and --batch-size");

@@ -81,7 +81,9 @@ void save_final_weights(const RunConfig& o, const nn::Module& model) {
 
 int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
   install_signal_handlers();
+  // Under `ulimit -v`, OpenBLAS's buffers are taken now or refused (Note [OpenBLAS under an address-space limit]).
   if (resolved.threads > 0) set_cpu_threads(resolved.threads);
+  else fit_cpu_threads(default_cpu_threads());
   const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
   check_same_settings_on_every_rank(placed, *comm);
   const Device device = placed.device;
@@ -191,6 +193,9 @@ std::optional<RunConfig> resolve_or_report(const CommandLine& command_line) {
 
 }  // namespace
 }  // namespace fmnist
+
+// OpenBLAS starts no worker before main under an address-space limit; run() starts those that fit.
+CUMULUS_OPENBLAS_PREINIT;
 
 int main(int argc, char** argv) {
   const fmnist::ParseResult parsed = fmnist::parse_command_line(argc, argv);

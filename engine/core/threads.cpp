@@ -1,16 +1,188 @@
 #include "cumulus/core/threads.h"
 
 #include <cblas.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "cumulus/core/error.h"
 
+// Note [OpenBLAS under an address-space limit]
+// OpenBLAS (0.3.21, the pthread build) keeps one buffer of BUFFER_SIZE (128 MiB + a page on
+// x86-64) for every thread that runs BLAS: a worker takes its buffer as it starts, the calling
+// thread at its first GEMM, and both keep it until exit. When malloc fails it retries forever. Its
+// constructor starts a worker per core before main, so under `ulimit -v` a worker whose buffer did
+// not fit spins in malloc from the start: a GEMM that hands it work waits forever, and so does the
+// exit-time thread shutdown that joins it, even after a clean out-of-memory message. No OpenBLAS
+// setting bounds that loop, so we make sure it never starts: under a finite RLIMIT_AS,
+// - openblas_preinit (in the executable's .preinit_array, before OpenBLAS's constructor)
+//   re-executes the program once with OPENBLAS_NUM_THREADS=1, so OpenBLAS starts no worker;
+// - fit_cpu_threads/set_cpu_threads, before each buffer OpenBLAS will take, check that the address
+//   space still has room for it (a mapping of that size succeeds; for a worker also its stack and
+//   the 64 MiB malloc arena glibc reserves for a new thread), then run a GEMM on that many threads
+//   so OpenBLAS takes the buffer now, while the room is there. A buffer that does not fit is an
+//   OutOfMemory naming the limit instead of a hang.
+// Once taken, the buffers are reused by every later GEMM of those threads, so no later GEMM
+// allocates in OpenBLAS (BLAS called from another thread of one's own would take another buffer).
+// Without a limit nothing changes. The sizes are this build's; a build with smaller buffers is
+// only checked more strictly.
+
 namespace cumulus {
 
-void set_cpu_threads(int n) {
-  CUMULUS_CHECK(n >= 1, InvalidArgument, "set_cpu_threads: need at least 1 thread, got ", n);
-  openblas_set_num_threads(n);
+namespace {
+
+constexpr std::size_t kMiB = std::size_t(1) << 20;
+constexpr std::size_t kBlasBufferBytes = 128 * kMiB + 4096;
+constexpr std::size_t kMallocArenaBytes = 64 * kMiB;
+
+constexpr char kVariable[] = "OPENBLAS_NUM_THREADS=";
+constexpr char kMarker[] = "CUMULUS_OPENBLAS_PREINIT=";
+// Set before constructors run (constant-initialized): the marker's value after the re-execution.
+const char* g_marker = nullptr;
+int g_pool = 0;  // worker threads + 1 that hold their buffer (0: not yet known)
+thread_local bool t_caller_has_buffer = false;
+
+bool address_space_limited(rlim_t* limit) {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return false;
+  *limit = r.rlim_cur;
+  return true;
 }
 
+bool address_space_has_room(std::size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  ::munmap(p, bytes);
+  return true;
+}
+
+std::size_t worker_bytes() {
+  std::size_t stack = 8 * kMiB;
+  pthread_attr_t attr;
+  if (::pthread_getattr_default_np(&attr) == 0) {
+    ::pthread_attr_getstacksize(&attr, &stack);
+    ::pthread_attr_destroy(&attr);
+  }
+  return kBlasBufferBytes + stack + kMallocArenaBytes;
+}
+
+// A GEMM large enough for OpenBLAS to split over every thread: each takes its buffer now.
+void take_blas_buffers() {
+  constexpr int n = 256;
+  std::vector<float> a(static_cast<std::size_t>(n) * n, 1.0f), c(a.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+}
+
+[[noreturn]] void throw_no_room(rlim_t limit, int thread, std::size_t bytes) {
+  throw OutOfMemory("OpenBLAS thread " + std::to_string(thread) + " needs " + std::to_string(bytes / kMiB) +
+                    " MiB of address space, which the address-space limit (ulimit -v) of " +
+                    std::to_string(limit / 1024) + " KiB no longer leaves free; raise the limit" +
+                    (thread > 1 ? " or use fewer threads (--threads)" : ""));
+}
+
+// Takes the buffers of up to n threads under `limit`; returns how many threads have one.
+int take_buffers_within(int n, rlim_t limit, bool strict) {
+  if (!t_caller_has_buffer) {
+    openblas_set_num_threads(1);  // the workers OpenBLAS may already have hold their buffers (or cannot be helped)
+    if (!address_space_has_room(kBlasBufferBytes)) throw_no_room(limit, 1, kBlasBufferBytes);
+    take_blas_buffers();
+    t_caller_has_buffer = true;
+  }
+  int fitted = 1;
+  for (int k = 2; k <= n; ++k) {
+    if (k > g_pool) {
+      if (!address_space_has_room(worker_bytes())) {
+        openblas_set_num_threads(fitted);
+        if (strict) throw_no_room(limit, k, worker_bytes());
+        break;
+      }
+      openblas_set_num_threads(k);  // starts worker k - 1, which takes its buffer as it starts
+      take_blas_buffers();          // returns once that worker has run its share
+      g_pool = k;
+    }
+    fitted = k;
+  }
+  openblas_set_num_threads(fitted);
+  return fitted;
+}
+
+int set_threads(int n, bool strict) {
+  CUMULUS_CHECK(n >= 1, InvalidArgument, "set_cpu_threads: need at least 1 thread, got ", n);
+  if (g_pool == 0) g_pool = openblas_get_num_threads();  // the workers OpenBLAS started before main
+  rlim_t limit = 0;
+  if (!address_space_limited(&limit)) {
+    openblas_set_num_threads(n);
+    if (n > g_pool) g_pool = n;
+    return n;
+  }
+  return take_buffers_within(n, limit, strict);
+}
+
+}  // namespace
+
+// Re-executes the program once with OPENBLAS_NUM_THREADS=1 (the user's value kept in kMarker): a
+// variable set here would not reach OpenBLAS, as libc's own initialization, which runs after
+// .preinit_array, resets the environment to the one the process started with.
+void openblas_preinit(int, char** argv, char** envp) {
+  rlim_t limit = 0;
+  if (!address_space_limited(&limit) || envp == nullptr) return;
+  const std::size_t marker_len = std::strlen(kMarker), variable_len = std::strlen(kVariable);
+  std::size_t n = 0;
+  const char* user_value = nullptr;
+  for (char** e = envp; *e != nullptr; ++e, ++n) {
+    if (std::strncmp(*e, kMarker, marker_len) == 0) {
+      g_marker = *e + marker_len;
+      return;  // the second start: OpenBLAS reads OPENBLAS_NUM_THREADS=1
+    }
+    if (std::strncmp(*e, kVariable, variable_len) == 0) user_value = *e + variable_len;
+  }
+  char** env = static_cast<char**>(std::malloc((n + 3) * sizeof(char*)));
+  const std::size_t saved_len = user_value != nullptr ? std::strlen(user_value) : 0;
+  char* marker = static_cast<char*>(std::malloc(marker_len + 2 + saved_len));
+  if (env == nullptr || marker == nullptr) return;
+  std::size_t k = 0;
+  for (char** e = envp; *e != nullptr; ++e)
+    if (std::strncmp(*e, kVariable, variable_len) != 0) env[k++] = *e;
+  std::memcpy(marker, kMarker, marker_len);
+  marker[marker_len] = user_value != nullptr ? '+' : '-';  // '+' and the value, or '-': unset
+  if (user_value != nullptr) std::memcpy(marker + marker_len + 1, user_value, saved_len);
+  marker[marker_len + 1 + saved_len] = '\0';
+  env[k++] = const_cast<char*>("OPENBLAS_NUM_THREADS=1");
+  env[k++] = marker;
+  env[k] = nullptr;
+  ::execve("/proc/self/exe", argv, env);  // on failure, start as OpenBLAS would have anyway
+  std::free(marker);
+  std::free(env);
+}
+
+void set_cpu_threads(int n) { set_threads(n, true); }
+
+int fit_cpu_threads(int n) { return set_threads(n, false); }
+
 int cpu_threads() { return openblas_get_num_threads(); }
+
+int default_cpu_threads() {
+  if (g_marker == nullptr) return openblas_get_num_threads();
+  // Give children the environment the user gave us; OpenBLAS has read its own already.
+  const bool user_set = g_marker[0] == '+';
+  if (user_set) ::setenv("OPENBLAS_NUM_THREADS", g_marker + 1, 1);
+  else ::unsetenv("OPENBLAS_NUM_THREADS");
+  const std::string saved = user_set ? std::string(g_marker + 1) : std::string();
+  ::unsetenv("CUMULUS_OPENBLAS_PREINIT");
+  g_marker = nullptr;
+  const char* const values[] = {saved.c_str(), std::getenv("GOTO_NUM_THREADS"), std::getenv("OMP_NUM_THREADS")};
+  for (const char* value : values) {
+    const int n = value != nullptr ? std::atoi(value) : 0;
+    if (n > 0) return std::min(n, openblas_get_num_procs());
+  }
+  return openblas_get_num_procs();
+}
 
 }  // namespace cumulus

@@ -4,9 +4,28 @@
 namespace cumulus {
 
 // Sets how many threads OpenBLAS uses from now on (n >= 1). Unlike OPENBLAS_NUM_THREADS, which
-// OpenBLAS reads once when the process starts, this works at any time.
+// OpenBLAS reads once when the process starts, this works at any time. Under an address-space
+// limit (RLIMIT_AS, `ulimit -v`) it first takes the memory OpenBLAS needs for them (Note [OpenBLAS
+// under an address-space limit], threads.cpp) and throws OutOfMemory naming the limit when they do
+// not fit (the threads that fit stay in use).
 void set_cpu_threads(int n);
+// Like set_cpu_threads, but under an address-space limit uses as many of the n threads as fit
+// (at least the calling thread, else OutOfMemory naming the limit). Returns the threads in use.
+int fit_cpu_threads(int n);
 // The threads OpenBLAS uses now (every core unless set).
 int cpu_threads();
+// The threads OpenBLAS would have started with: OPENBLAS_NUM_THREADS (or GOTO_NUM_THREADS,
+// OMP_NUM_THREADS) as the process started, else every core.
+int default_cpu_threads();
+
+// Runs before OpenBLAS's constructor when placed in an executable's .preinit_array (the macro
+// below): under an address-space limit, OpenBLAS starts with no worker threads, so none can wait
+// forever for its buffer before main; fit_cpu_threads then starts those that fit. Touches only libc.
+void openblas_preinit(int argc, char** argv, char** envp);
 
 }  // namespace cumulus
+
+// In one source file of an executable (a shared library has no .preinit_array).
+#define CUMULUS_OPENBLAS_PREINIT                                                                   \
+  __attribute__((section(".preinit_array"), used)) static void (*const cumulus_openblas_preinit_)( \
+      int, char**, char**) = ::cumulus::openblas_preinit
