@@ -86,6 +86,8 @@ void binary_cases(std::vector<OpCase>& cases) {
           return broadcast_reference(v[0], sa, v[1], sb, ref);
         };
         set_tolerances(c, dtype, div ? 2.0 : 1.0);
+        if (k == 0) c.bench_shapes = {{4096, 1024}, {4096, 1024}};  // Note [Benchmark sizes]
+        if (k == 1) c.bench_shapes = {{4096, 1024}, {1024}};
         cases.push_back(c);
       }
 }
@@ -117,6 +119,7 @@ void scalar_cases(std::vector<OpCase>& cases) {
       c.forward = [f = form.forward](const Inputs& t) { return f(t[0]); };
       c.reference = [f = form.ref](const Values& v) { return map(v[0], f); };
       set_tolerances(c, dtype, 2.0);
+      c.bench_shapes = {{4096, 1024}};
       cases.push_back(c);
     }
   for (DType dtype : kDTypes) {  // the same tensor as both operands: both gradients reach it
@@ -151,6 +154,7 @@ void activation_cases(std::vector<OpCase>& cases) {
       c.forward = [f = form.forward](const Inputs& t) { return f(t[0]); };
       c.reference = [f = form.ref](const Values& v) { return map(v[0], f); };
       set_tolerances(c, dtype);
+      c.bench_shapes = {{4096, 1024}};
       cases.push_back(c);
     }
 }
@@ -186,6 +190,7 @@ void softmax_cases(std::vector<OpCase>& cases) {
         c.forward = [log](const Inputs& t) { return log ? ops::log_softmax(t[0]) : ops::softmax(t[0]); };
         c.reference = [cols, log](const Values& v) { return softmax_reference(v[0], cols, log); };
         set_tolerances(c, dtype, 2.0);
+        if (shape == Shape({5, 70})) c.bench_shapes = {{4096, 1024}};
         cases.push_back(c);
       }
 }
@@ -207,6 +212,7 @@ void dropout_cases(std::vector<OpCase>& cases) {
       return y;
     };
     set_tolerances(c, dtype);
+    c.bench_shapes = {{4096, 1024}};
     cases.push_back(c);
   }
   for (auto [training, p] : {std::pair<bool, float>{false, 0.5f}, {true, 0.0f}}) {

@@ -89,6 +89,13 @@ void add_matmul_cases(std::vector<OpCase>& cases) {
       c.reference = [f](const Values& v) { return matmul_ref(v, f.batch, f.m, f.k, f.n, f.b_batched); };
       c.flops = 2.0 * static_cast<double>(f.batch * f.m * f.k * f.n);
       set_tolerances(c, dtype);
+      if (f.a == Shape({3, 2, 7})) {  // Note [Benchmark sizes]: an attention's 32 heads of 128 x 64
+        c.bench_shapes = {{32, 128, 64}, {32, 64, 128}};
+        c.bench_flops = 2.0 * 32 * 128 * 64 * 128;
+      } else if (f.a == Shape({4, 6})) {
+        c.bench_shapes = {{1024, 1024}, {1024, 1024}};
+        c.bench_flops = 2.0 * 1024 * 1024 * 1024;
+      }
       cases.push_back(c);
     }
 }
@@ -129,10 +136,11 @@ void add_layer_norm_cases(std::vector<OpCase>& cases) {
           if (cols == 1) c.inputs[1].grad = false;
         }
         const float eps = 1e-5f;
-        c.forward = [cols, affine, eps](const Inputs& t) {
-          return affine ? ops::layer_norm(t[0], cols, t[1], t[2], eps)
-                        : ops::layer_norm(t[0], cols, Tensor(), Tensor(), eps);
+        c.forward = [affine, eps](const Inputs& t) {  // the width from x: benchmark sizes differ
+          const int64_t n = t[0].shape()[t[0].shape().ndim() - 1];
+          return affine ? ops::layer_norm(t[0], n, t[1], t[2], eps) : ops::layer_norm(t[0], n, Tensor(), Tensor(), eps);
         };
+        if (cols == 33 && affine) c.bench_shapes = {{4096, 1024}, {1024}, {1024}};
         c.reference = [cols, affine, eps](const Values& v) { return layer_norm_ref(v, cols, affine, eps); };
         set_tolerances(c, dtype);
         cases.push_back(c);
@@ -146,6 +154,7 @@ void add_index_cases(std::vector<OpCase>& cases) {
     c.name = std::string("embedding_2x5_4x3_") + dtype_name(dtype);
     c.inputs = {{{2, 5}, DType::i32, 0, 4}, {{4, 3}, DType::f32, -1, 1}};
     c.forward = [dtype](const Inputs& t) { return ops::embedding(t[0], t[1], dtype); };
+    c.bench_shapes = {{64, 128}, {4, 1024}};  // 8192 rows of 1024 gathered (indices stay in [0, 4))
     c.reference = [](const Values& v) {
       std::vector<int64_t> rows;
       for (double i : v[0]) rows.push_back(static_cast<int64_t>(i));
@@ -239,6 +248,7 @@ void add_transpose_cases(std::vector<OpCase>& cases) {
                dtype_name(dtype);
       c.inputs = {{shape, dtype, -1, 1}};
       c.forward = [d0, d1](const Inputs& t) { return ops::transpose(t[0], d0, d1); };
+      c.bench_shapes = {{16, 64, 32, 64}};
       c.reference = [shape, d0, d1](const Values& v) {
         const int a = (d0 + 4) % 4, b = (d1 + 4) % 4;
         int64_t out_dims[4], in_strides[4] = {60, 20, 5, 1};
