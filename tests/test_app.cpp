@@ -320,6 +320,7 @@ TEST_F(AppTest, TrainsPrintsTheSeedFormatAndWritesEveryReport) {
   ASSERT_EQ(epochs.size(), 2u);
   for (const char* k : {"epoch", "train_loss", "test_loss", "test_accuracy", "samples_per_s", "optimizer_steps", "peak_bytes"})
     EXPECT_TRUE(epochs[0].contains(k)) << k;
+  EXPECT_FALSE(epochs[0].contains("predicted_epoch_seconds"));  // only when the planner chose the plan
   EXPECT_EQ(epochs[1]["optimizer_steps"], 2 * 32);  // 2000 / 16 = 125 micro-batches: 31 groups of 4 and one of 1
   // The toy is learnable: the second epoch must be well above chance.
   EXPECT_GT(epochs[1]["test_accuracy"].get<double>(), 0.5) << r.out;
@@ -327,6 +328,7 @@ TEST_F(AppTest, TrainsPrintsTheSeedFormatAndWritesEveryReport) {
 
   const auto mem = nlohmann::json::parse(read("mem.json"));
   EXPECT_EQ(mem["micro_batches"].size(), 250u);
+  EXPECT_FALSE(mem.contains("planner"));
   EXPECT_EQ(mem["steps"].size(), 64u);
   EXPECT_TRUE(nlohmann::json::parse(read("trace.json")).contains("traceEvents"));
   EXPECT_NE(read("plot.svg").find("</svg>"), std::string::npos);
@@ -519,6 +521,48 @@ TEST_F(AppTest, PlannerFitsTheEffectiveBatchToTheBudget) {
   EXPECT_LT(m["micro_batch_size"].get<int64_t>(), 256);
   EXPECT_EQ(256 % m["micro_batch_size"].get<int64_t>(), 0);
   EXPECT_LE(m["peak_bytes"].get<int64_t>(), 13 << 20);
+}
+
+TEST_F(AppTest, PlannerComparesItsPredictionWithTheFirstEpoch) {
+  const Result r = run_app(data_arg() + " --epochs 2 --effective-batch 256 --memory-budget 13MiB --metrics " +
+                           quote(path("plan_check.jsonl")) + " --memory-report " + quote(path("plan_check.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // One line, after the first epoch only.
+  const std::string marker = " s an epoch and peak ";
+  const std::size_t at = r.out.find(marker);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(marker, at + 1), std::string::npos) << r.out;
+  const std::size_t start = r.out.rfind('\n', at) + 1;
+  const std::string line = r.out.substr(start, r.out.find('\n', at) - start);
+  EXPECT_EQ(line.rfind("planner: predicted ", 0), 0u) << line;
+  EXPECT_NE(line.find(", measured "), std::string::npos) << line;
+  EXPECT_NE(line.find(" s and peak "), std::string::npos) << line;
+  EXPECT_LT(at, r.out.find("Epoch 1\n")) << r.out;
+
+  std::istringstream lines(read("plan_check.jsonl"));
+  std::string text;
+  std::vector<nlohmann::json> epochs;
+  while (std::getline(lines, text)) epochs.push_back(nlohmann::json::parse(text));
+  ASSERT_EQ(epochs.size(), 2u);
+  for (const nlohmann::json& m : epochs) {
+    EXPECT_GT(m["predicted_epoch_seconds"].get<double>(), 0.0);
+    EXPECT_GT(m["epoch_seconds"].get<double>(), 0.0);
+    // The planner's peak is the recorded sequence's; the loop adds a few KiB it does not see (the
+    // Accumulator's learning-rate table and loss seed, Note [Planning a micro-batch]).
+    const int64_t predicted = m["predicted_peak_bytes"].get<int64_t>(), measured = m["peak_bytes"].get<int64_t>();
+    EXPECT_GT(predicted, 0);
+    EXPECT_LE(predicted, measured);
+    EXPECT_LE(measured - predicted, 64 << 10);
+  }
+  const auto report = nlohmann::json::parse(read("plan_check.json"));
+  ASSERT_TRUE(report.contains("planner")) << read("plan_check.json");
+  const nlohmann::json& p = report["planner"];
+  EXPECT_EQ(p["predicted_epoch_seconds"], epochs[0]["predicted_epoch_seconds"]);
+  EXPECT_EQ(p["predicted_peak_bytes"], epochs[0]["predicted_peak_bytes"]);
+  EXPECT_EQ(p["measured_epoch"], 1);
+  EXPECT_EQ(p["measured_epoch_seconds"], epochs[0]["epoch_seconds"]);
+  EXPECT_EQ(p["measured_peak_bytes"], epochs[0]["peak_bytes"]);
+  EXPECT_TRUE(report.contains("summary"));
 }
 
 TEST_F(AppTest, TrainsTheCnnAndResumesItExactly) {

@@ -96,7 +96,13 @@ BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr
   print_recompute(o, plan);
   if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
   if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
-  return BatchPlan{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.recompute};
+  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.recompute};
+  for (const PlanRow& r : plan.table)
+    if (r.chosen) {
+      chosen.predicted_epoch_seconds = r.epoch_seconds;
+      chosen.predicted_peak_bytes = r.peak_bytes;
+    }
+  return chosen;
 }
 
 void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,

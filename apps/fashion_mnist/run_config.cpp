@@ -283,6 +283,8 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
   c.accum_schedule = {{0, plan.accum_steps}};
   if (c.recompute == RecomputeChoice::planner)
     c.recompute = plan.recompute ? RecomputeChoice::on : RecomputeChoice::off;
+  c.planned_epoch_seconds = plan.predicted_epoch_seconds;
+  c.planned_peak_bytes = plan.predicted_peak_bytes;
   return c;
 }
 

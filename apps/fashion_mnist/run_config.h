@@ -71,6 +71,9 @@ struct RunConfig {
   std::string memory_budget;  // as given, for messages
   int64_t memory_budget_bytes = 0;
   bool plan_only = false;
+  // The planner's prediction for the chosen plan (with_plan); 0 when the planner did not choose.
+  double planned_epoch_seconds = 0.0;
+  int64_t planned_peak_bytes = 0;
 
   // The optimizer and its learning-rate schedule.
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -128,6 +131,9 @@ struct BatchPlan {
   int64_t micro_batch = 0;
   int accum_steps = 0;
   bool recompute = false;  // its decision for --recompute auto
+  // The chosen row's prediction, compared with the first epoch's measurement (training_loop.cpp).
+  double predicted_epoch_seconds = 0.0;
+  int64_t predicted_peak_bytes = 0;
 };
 
 RunConfig with_plan(const RunConfig& config, const BatchPlan& plan);

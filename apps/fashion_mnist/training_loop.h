@@ -16,6 +16,7 @@
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/trainer.h"
+#include "reports.h"
 #include "run_config.h"
 
 namespace fmnist {
@@ -32,6 +33,7 @@ struct TrainingParts {
   cumulus::dist::Communicator& comm;
   cumulus::MemoryTracker& tracker;
   const TrainingState& state;  // where the run starts (a resumed checkpoint's, else epoch 0)
+  PlanCheck& plan_check;       // filled after the first full epoch when the planner chose the plan
 };
 
 // Trains from parts.state to --epochs. Returns the exit code of a run that stopped early (an

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The planner's time and peak prediction against measurement (issue 31), on this machine.
+
+For each (model, budget) it trains --epochs 1 with --effective-batch and --memory-budget, so the
+planner chooses the plan, and reads the first epoch's metrics line: predicted_epoch_seconds and
+predicted_peak_bytes (the chosen row) against epoch_seconds (training only, no test pass) and
+peak_bytes (the tracker's). Each case runs --repeats times; the table takes the median.
+
+  bench/planner_time.py --bin build/bin/fashion_mnist --data /work/shared/data/fashion-mnist \
+      --out bench/results/2026-11-24-cpu-planner-time/raw.json
+"""
+import argparse, json, os, statistics, subprocess, tempfile
+
+# (model, train limit, effective batch, budgets): budgets picked from --plan-only's reserved bytes
+# so that each gives a different micro-batch.
+CASES = [
+    ("mlp", 60000, 4096, ["110MiB", "90MiB", "75MiB", "63MiB", "58MiB"]),
+    ("cnn", 10000, 256, ["180MiB", "100MiB", "62MiB", "42MiB", "32MiB"]),
+]
+
+
+def run_once(binary, data, model, limit, eff, budget):
+    with tempfile.TemporaryDirectory() as d:
+        metrics = os.path.join(d, "m.jsonl")
+        cmd = [binary, "--data", data, "--device", "cpu", "--model", model, "--train-limit", str(limit),
+               "--test-limit", "1000", "--epochs", "1", "--effective-batch", str(eff), "--memory-budget", budget,
+               "--metrics", metrics]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout}{out.stderr}")
+        line = json.loads(open(metrics).readline())
+        return {k: line[k] for k in ("micro_batch_size", "accum_steps", "epoch_seconds", "predicted_epoch_seconds",
+                                     "peak_bytes", "predicted_peak_bytes")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/bin/fashion_mnist")
+    ap.add_argument("--data", default="/work/shared/data/fashion-mnist")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    rows = []
+    for model, limit, eff, budgets in CASES:
+        for budget in budgets:
+            runs = [run_once(a.bin, a.data, model, limit, eff, budget) for _ in range(a.repeats)]
+            measured = statistics.median(r["epoch_seconds"] for r in runs)
+            predicted = statistics.median(r["predicted_epoch_seconds"] for r in runs)
+            row = {"model": model, "train_limit": limit, "effective_batch": eff, "budget": budget,
+                   "micro_batch": runs[0]["micro_batch_size"], "runs": runs,
+                   "predicted_epoch_seconds_median": predicted, "measured_epoch_seconds_median": measured,
+                   "error_percent": 100.0 * (predicted - measured) / measured}
+            rows.append(row)
+            print(f"{model} {budget:>7} micro-batch {row['micro_batch']:>5}: predicted {predicted:.3f} s, measured "
+                  f"{measured:.3f} s ({row['error_percent']:+.1f}%); peak predicted "
+                  f"{[r['predicted_peak_bytes'] for r in runs]} measured {[r['peak_bytes'] for r in runs]}",
+                  flush=True)
+    with open(a.out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
