@@ -59,6 +59,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
+  if (t.nbytes() == 0) return t;  // no storage: memset of a null pointer is undefined even for 0 bytes
   if (device.is_cpu()) {
     std::memset(t.raw_data(), 0, t.nbytes());
   } else {
