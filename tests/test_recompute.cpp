@@ -165,6 +165,46 @@ TEST_P(RecomputeTest, CnnGivesTheSameGradientsWeightsAndRunningStatisticsAcrossA
   EXPECT_FALSE(recomputed.recompute());
 }
 
+// Mixed precision (16-bit batches, so 16-bit activations): a checkpoint's recomputation starts
+// at a 16-bit leaf, and the gradients are the stored path's. `--recompute on --precision bf16`
+// failed with "only f32 tensors can require grad" until 16-bit leaves could require grad.
+TEST_P(RecomputeTest, SixteenBitActivationsRecomputeToTheSameGradients) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Batch data = make_batch(24, 14, device());
+    data.x = data.x.to(dtype);
+    Generator cnn_a(6), cnn_b(6), mlp_a(2), mlp_b(2);
+    models::CNN cnn_stored(cnn_a, device()), cnn_recomputed(cnn_b, device());
+    models::SeedMLP mlp_stored(mlp_a, device()), mlp_recomputed(mlp_b, device());
+    cnn_recomputed.set_recompute(true);
+    mlp_recomputed.set_recompute(true);
+    take_recompute_log();
+    const RunResult cnn = train(cnn_stored, data, 8, 3, 1), cnn_again = train(cnn_recomputed, data, 8, 3, 1);
+    const RunResult mlp = train(mlp_stored, data, 8, 3, 1), mlp_again = train(mlp_recomputed, data, 8, 3, 1);
+    EXPECT_EQ(take_recompute_log().segments_recomputed, 3 * 2 + 3) << dtype_name(dtype);
+    expect_same(cnn.group_gradients, cnn_again.group_gradients, device(), std::string("CNN ") + dtype_name(dtype));
+    expect_same(mlp.group_gradients, mlp_again.group_gradients, device(), std::string("MLP ") + dtype_name(dtype));
+  }
+}
+
+// A 16-bit leaf's gradient is of its type: the cross-entropy of bf16 logits x, summed, has the
+// gradient softmax(x) - onehot(label), to bf16's precision.
+TEST_P(RecomputeTest, ASixteenBitLeafGetsAGradientOfItsType) {
+  const std::vector<float> logits{1.0f, -2.0f, 0.5f, 3.0f};
+  Tensor x = Tensor::from_vector(logits, {2, 2}, device()).to(DType::bf16);
+  x.set_requires_grad(true);
+  const Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 1}, {2}, device());
+  ops::cross_entropy(x, labels, ops::Reduction::Sum).backward();
+  ASSERT_EQ(x.grad().dtype(), DType::bf16);
+  const std::vector<float> got = x.grad().to(DType::f32).to_vector<float>();
+  for (int row = 0; row < 2; ++row) {
+    const double a = logits[2 * row], b = logits[2 * row + 1];
+    const double p0 = 1.0 / (1.0 + std::exp(b - a));
+    const double want[2] = {p0 - (row == 0 ? 1.0 : 0.0), (1.0 - p0) - (row == 1 ? 1.0 : 0.0)};
+    for (int k = 0; k < 2; ++k) EXPECT_NEAR(got[2 * row + k], want[k], 1e-2) << row << "," << k;
+  }
+  EXPECT_THROW(Tensor::zeros(Shape{2}, DType::i32, device()).set_requires_grad(true), InvalidArgument);
+}
+
 TEST_P(RecomputeTest, EverySegmentationOfTheCnnGivesTheSameGradients) {
   const Batch data = make_batch(6, 13, device());
   auto run = [&](const std::vector<nn::LayerRange>& segments) {

@@ -199,8 +199,10 @@ const std::shared_ptr<Node>& Tensor::grad_fn() const { return checked().autograd
 Tensor& Tensor::set_requires_grad(bool on) {
   CUMULUS_CHECK(is_leaf(), InvalidArgument, "set_requires_grad on a non-leaf tensor (made by op '",
                 grad_fn()->name(), "'); use detach() first");
-  CUMULUS_CHECK(!on || dtype() == DType::f32, InvalidArgument, "only f32 tensors can require grad, got ",
-                dtype_name(dtype()));
+  // 16-bit leaves too: a checkpoint's recomputation starts at a leaf of its input's type
+  // (Note [Mixed precision]: activations are 16-bit), and a leaf's gradient is of its own type.
+  CUMULUS_CHECK(!on || is_floating(dtype()), InvalidArgument,
+                "only floating tensors (f32, bf16, f16) can require grad, got ", dtype_name(dtype()));
   impl_->autograd.requires_grad = on;
   return *this;
 }
@@ -260,7 +262,7 @@ void Tensor::backward() const { run_backward(*this); }
 namespace ops::detail {
 void allocate_grad_buffer(TensorImpl& leaf) {
   MemoryCategoryScope scope(MemoryCategory::gradients);
-  leaf.autograd.grad = Tensor::empty(leaf.shape, DType::f32, leaf.storage->device);
+  leaf.autograd.grad = Tensor::empty(leaf.shape, leaf.dtype, leaf.storage->device);
   leaf.autograd.grad_stale = true;
   leaf.autograd.stale_reason = StaleReason::no_backward;
 }
