@@ -64,6 +64,18 @@ CNN& CNN::set_recompute(bool on) {
   return set_recompute(on ? recompute_segments_default() : std::vector<nn::LayerRange>{});
 }
 
+std::vector<std::string> CNN::recompute_segment_names() const { return {"conv1+bn1", "conv2+bn2"}; }
+
+CNN& CNN::set_recompute_segments(uint32_t mask) {
+  const std::vector<nn::LayerRange>& all = recompute_segments_default();
+  CUMULUS_CHECK(mask >> all.size() == 0, InvalidArgument, "CNN: recompute segment mask ", mask,
+                " names segments past its ", all.size());
+  std::vector<nn::LayerRange> chosen;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (mask & (uint32_t{1} << i)) chosen.push_back(all[i]);
+  return set_recompute(std::move(chosen));
+}
+
 CNN& CNN::set_recompute(std::vector<nn::LayerRange> segments) {
   layers_.set_recompute(std::move(segments));
   return *this;

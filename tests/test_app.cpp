@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -211,28 +212,50 @@ TEST_F(AppTest, HostResidentDataTrainsTheSameWeights) {
   }
 }
 
-// --recompute auto: the planner predicts every divisor with recompute off and on and takes the
-// fastest plan that fits. Which one is fastest is measured (the probes' times), so the test holds
-// the memory side exactly and the run to the choice the planner announced.
-TEST_F(AppTest, PlannerPredictsRecomputeOffAndOnAndTheRunFollowsItsChoice) {
+// --recompute auto: the planner predicts every divisor with every subset of the CNN's two
+// segments and takes the fastest plan that fits. Which one is fastest is measured (the probes'
+// times), so the test holds the memory side exactly and the run to the choice the planner announced.
+TEST_F(AppTest, PlannerPredictsEveryRecomputeSubsetAndTheRunFollowsItsChoice) {
   const std::string args = data_arg() + " --model cnn --epochs 1 --train-limit 512 --test-limit 32 --effective-batch 512" +
                            " --recompute auto --memory-budget ";
   // 130 MiB: 256 reserves ~160 MiB as is, ~120 MiB with recompute (CPU, 512-B rounding, 2 MiB segments).
-  for (const auto& [budget, largest] : {std::pair<std::string, std::string>{"130MiB", "256 with it, 128 without"},
-                                        {"400MiB", "512 with it, 512 without"}}) {
+  for (const auto& [budget, without, with_all] :
+       {std::tuple<std::string, std::string, std::string>{"130MiB", "128", "256"}, {"400MiB", "512", "512"}}) {
     const Result r = run_app(args + budget);
     ASSERT_EQ(r.exit_code, 0) << r.out;
-    EXPECT_NE(r.out.find("(largest fitting: " + largest + ")"), std::string::npos) << r.out;
-    const bool on = r.out.find("planner: recompute on: micro-batch") != std::string::npos;
-    const bool off =
-        r.out.find("planner: recompute off: the plan without it is predicted fastest") != std::string::npos;
-    EXPECT_NE(on, off) << r.out;
-    EXPECT_EQ(r.out.find("recompute on: 2 segments per micro-batch") != std::string::npos, on) << r.out;
-    EXPECT_EQ(r.out.find("effective batch 512 with recompute:") != std::string::npos, on) << r.out;
+    for (const auto& [setting, largest] : {std::pair<std::string, std::string>{"recompute off,", without},
+                                           {"recompute conv1+bn1,", ""},
+                                           {"recompute conv2+bn2,", ""},
+                                           {"recompute all,", with_all}}) {
+      const std::size_t line = r.out.find("  " + setting);
+      ASSERT_NE(line, std::string::npos) << setting << " not weighed\n" << r.out;
+      const std::string text = r.out.substr(line, r.out.find('\n', line) - line);
+      if (!largest.empty()) EXPECT_NE(text.find("largest fitting " + largest), std::string::npos) << text;
+    }
+    const bool on = r.out.find("effective batch 512 with recompute ") != std::string::npos;
+    EXPECT_EQ(r.out.find("recompute: on (activations of segments ") != std::string::npos, on) << r.out;
+    EXPECT_EQ(r.out.find("recompute on: ") != std::string::npos, on) << r.out;  // the memory table
   }
   Result r = run_app(data_arg() + " --recompute auto --epochs 1");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--recompute auto lets the planner decide"), std::string::npos) << r.out;
+}
+
+// --precision auto: bf16 is weighed beside fp32 (the table has both), and the run trains in the
+// precision the planner chose; without the opt-in no bf16 row is predicted.
+TEST_F(AppTest, PlannerWeighsBf16OnlyWithPrecisionAuto) {
+  const std::string args = data_arg() + " --epochs 1 --train-limit 512 --test-limit 32 --effective-batch 128" +
+                           " --memory-budget 64MiB --metrics ";
+  const Result r = run_app(args + quote(path("auto_precision.jsonl")) + " --precision auto");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("  recompute off, data on device, bf16"), std::string::npos) << r.out;
+  const nlohmann::json m = nlohmann::json::parse(read("auto_precision.jsonl").substr(0, read("auto_precision.jsonl").find('\n')));
+  const bool bf16 = r.out.find("effective batch 128 with bf16:") != std::string::npos;
+  EXPECT_EQ(m["precision"], bf16 ? "bf16" : "fp32") << r.out;
+  const Result plain = run_app(args + quote(path("plain_precision.jsonl")));
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("bf16"), std::string::npos) << plain.out;
+  EXPECT_EQ(run_app(data_arg() + " --precision auto --epochs 1").exit_code, 2);
 }
 
 TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
@@ -241,18 +264,24 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(path("plan_only.jsonl"))) << "--plan-only trained";
-  // One row per divisor of 64: the size, recompute, the peak in MiB, reserved bytes, fits, the
-  // accumulation steps, and the predicted time of an effective batch (ms) and of an epoch (s).
+  // One row per divisor of 64: the size, recompute, data placement, precision, the peak in MiB,
+  // reserved bytes, fits, the accumulation steps, the predicted time of an effective batch (ms)
+  // and of an epoch (s), and a '*' on the chosen row.
   std::istringstream lines(r.out);
   std::vector<long> sizes;
+  int chosen = 0;
   for (std::string line; std::getline(lines, line);) {
     std::istringstream row(line);
     long size = 0, reserved = 0, accum = 0;
     double peak_mib = 0, batch_ms = 0, epoch_s = 0;
-    std::string recompute, fits;
-    if (row >> size >> recompute >> peak_mib >> reserved >> fits >> accum >> batch_ms >> epoch_s) {
+    std::string recompute, data, precision, fits, star;
+    if (row >> size >> recompute >> data >> precision >> peak_mib >> reserved >> fits >> accum >> batch_ms >>
+        epoch_s) {
       sizes.push_back(size);
+      if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;
+      EXPECT_EQ(data, "device") << line;
+      EXPECT_EQ(precision, "fp32") << line;
       EXPECT_GT(peak_mib, 0.0) << line;
       EXPECT_TRUE(fits == "yes" || fits == "no") << line;
       EXPECT_EQ(size * accum, 64) << line;
@@ -261,6 +290,7 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
     }
   }
   EXPECT_EQ(sizes, (std::vector<long>{64, 32, 16, 8, 4, 2, 1})) << r.out;
+  EXPECT_EQ(chosen, 1) << r.out;
   EXPECT_NE(r.out.find("planner: micro-batch "), std::string::npos) << "no choice printed\n" << r.out;
 }
 

@@ -56,7 +56,7 @@ TEST(RunConfig, ChoicesBecomeEnums) {
   EXPECT_EQ(c.lr_schedule, LrScheduleKind::cosine);
   EXPECT_EQ(c.precision, cumulus::Precision::bf16);
   EXPECT_EQ(c.recompute, RecomputeChoice::on);
-  EXPECT_EQ(c.data_on, DataPlacement::host);
+  EXPECT_EQ(c.data_on, DataOnChoice::host);
   EXPECT_EQ(c.normalization, cumulus::optim::Normalization::micro_batches);
   EXPECT_TRUE(c.device.is_cpu());
   EXPECT_FALSE(c.use_graphs);                       // the CPU has none
@@ -139,21 +139,59 @@ TEST(RunConfig, RanksGetTheirOwnOutputs) {
   EXPECT_TRUE(other.checkpoint_path.empty() && other.save_path.empty() && other.metrics_path.empty());
 }
 
+// A plan with the given levers.
+BatchPlan plan_of(int64_t micro_batch, int accum, uint32_t recompute, cumulus::DataPlacement data = {},
+                  cumulus::Precision precision = cumulus::Precision::fp32) {
+  BatchPlan p{micro_batch, accum};
+  p.setting.recompute = recompute;
+  p.setting.data = data;
+  p.setting.precision = precision;
+  return p;
+}
+
 TEST(RunConfig, ThePlannersChoiceIsFoldedIn) {
   const RunConfig base =
       resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--recompute", "auto", "--model", "cnn"});
   EXPECT_EQ(base.batch_source, BatchSource::planner);
   EXPECT_EQ(base.recompute, RecomputeChoice::planner);
   EXPECT_EQ(base.memory_budget_bytes, 8 << 20);
-  const RunConfig planned = with_plan(base, BatchPlan{32, 2, true});
+  const RunConfig planned = with_plan(base, plan_of(32, 2, 1));
   EXPECT_EQ(planned.batch_size, 32);
   EXPECT_EQ(planned.accum_steps_at(0), 2);
   EXPECT_EQ(planned.recompute, RecomputeChoice::on);
+  EXPECT_EQ(planned.recompute_segments, 1u);
   EXPECT_EQ(setting(planned, "batch-size"), "32");
-  EXPECT_EQ(with_plan(base, BatchPlan{64, 1, false}).recompute, RecomputeChoice::off);
+  EXPECT_EQ(with_plan(base, plan_of(64, 1, 0)).recompute, RecomputeChoice::off);
   // --recompute given: the planner's decision does not apply.
   const RunConfig fixed = resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--recompute", "on"});
-  EXPECT_EQ(with_plan(fixed, BatchPlan{64, 1, false}).recompute, RecomputeChoice::on);
+  EXPECT_EQ(with_plan(fixed, plan_of(64, 1, 0)).recompute, RecomputeChoice::on);
+}
+
+// --precision auto and --data-on auto: fp32 and the device until the plan says otherwise; on the
+// CPU the data's placement is the device (the host is the device). Only with the planner.
+TEST(RunConfig, PrecisionAndPlacementAutoAreThePlannersToDecide) {
+  const RunConfig base =
+      resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--precision", "auto", "--data-on", "auto"});
+  EXPECT_TRUE(base.precision_by_planner);
+  EXPECT_EQ(base.precision, cumulus::Precision::fp32);
+  EXPECT_EQ(base.data_on, DataOnChoice::device);
+  const RunConfig planned = with_plan(base, plan_of(64, 1, 0, cumulus::DataPlacement::device, cumulus::Precision::bf16));
+  EXPECT_EQ(planned.precision, cumulus::Precision::bf16);
+  EXPECT_FALSE(planned.precision_by_planner);
+  EXPECT_EQ(with_plan(base, plan_of(64, 1, 0)).precision, cumulus::Precision::fp32);
+  // Given, the precision stays whatever the plan carries.
+  const RunConfig fixed = resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--precision", "fp32"});
+  EXPECT_EQ(with_plan(fixed, plan_of(64, 1, 0, {}, cumulus::Precision::bf16)).precision, cumulus::Precision::fp32);
+  for (const std::string flag : {"--precision", "--data-on", "--recompute"}) {  // no planner: a usage error
+    std::vector<std::string> args = {"fashion_mnist", flag, "auto"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    const ParseResult parsed = parse_command_line(static_cast<int>(argv.size()), argv.data());
+    EXPECT_FALSE(parsed.proceed) << flag;
+    EXPECT_EQ(parsed.exit_code, 2) << flag;
+  }
+  EXPECT_THROW(resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--precision", "auto", "--kernels", "fused"}),
+               UsageFailure);
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ TEST_P(TensorTest, CloneCopiesDetachShares) {
   EXPECT_EQ(yd.raw_data(), y.raw_data());
   EXPECT_THROW(y.set_requires_grad(false), InvalidArgument);
   Tensor i = Tensor::zeros({3}, DType::i32, device());
-  EXPECT_THROW(i.set_requires_grad(true), InvalidArgument) << "only f32 tensors require grad";
+  EXPECT_THROW(i.set_requires_grad(true), InvalidArgument) << "only floating tensors require grad";
 }
 
 TEST_P(TensorTest, ToDeviceRoundTrip) {

@@ -58,6 +58,13 @@ std::string resume_position(const TrainingState& s) {
          std::to_string(s.counters.optimizer_steps) + " steps)";
 }
 
+// The test pass's loader, in the training's precision.
+data::DataLoader test_loader_for(const RunConfig& o, const data::ImageDataset& test) {
+  data::DataLoader loader(test, o.eval_batch_size, false, 0, o.device);
+  loader.set_dtype(compute_dtype(o.precision));
+  return loader;
+}
+
 // --eval-only: the test pass of the --init weights (or the seeded initialization).
 int evaluate_only(const RunConfig& o, nn::Module& model, const data::DataLoader& test_loader,
                   const std::string& data_dir) {
@@ -97,14 +104,13 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   if (!placed.init_path.empty()) load_weights(placed.init_path, model);
   throw_if_interrupted();
 
-  // --data-on host: the splits stay in host memory and the loaders stage batches to the device.
-  const Device data_device = placed.data_on == DataPlacement::host ? Device::cpu() : device;
-  const data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, placed.test_limit);
+  // --data-on host: the splits stay in host memory and the loaders stage batches to the device
+  // (auto: on the device until the planner places them).
+  const Device data_device = placed.data_on == DataOnChoice::host ? Device::cpu() : device;
+  data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, placed.test_limit);
   throw_if_interrupted();
-  data::DataLoader test_loader(test, placed.eval_batch_size, false, 0, device);
-  test_loader.set_dtype(compute_dtype(placed.precision));  // evaluation in the training's precision
-  if (placed.eval_only) return evaluate_only(placed, model, test_loader, data_dir);
-  const data::ImageDataset train_set = data::load_mnist_split(data_dir, true, data_device, placed.train_limit);
+  if (placed.eval_only) return evaluate_only(placed, model, test_loader_for(placed, test), data_dir);
+  data::ImageDataset train_set = data::load_mnist_split(data_dir, true, data_device, placed.train_limit);
   throw_if_interrupted();
   check_same_loaded_on_every_rank("data", loaded_sizes(train_set, test),
                                   "give every rank the same --data (Note [Ranks agree on what they loaded])", *comm);
@@ -113,12 +119,13 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
   apply_memory_budget(placed);
   if (placed.plan_only) {  // the planner's table, nothing trained
-    print_plan(placed, model, flat, train_set);
+    print_plan(placed, model, flat, train_set, test);
     return 0;
   }
   const RunConfig config = placed.batch_source == BatchSource::planner
-                               ? with_plan(placed, plan_batch(placed, model, flat, train_set))
-                               : placed;  // resolved: the micro-batch and the accumulation steps are known
+                               ? with_plan(placed, plan_batch(placed, model, flat, train_set, test))
+                               : placed;  // resolved: the micro-batch, the accumulation steps and the levers
+  const data::DataLoader test_loader = test_loader_for(config, test);
 
   data::DataLoader train_loader(train_set, config.batch_size, config.shuffle, config.seed, device);
   train_loader.set_dtype(compute_dtype(config.precision));  // Note [Mixed precision]: ops follow the batch

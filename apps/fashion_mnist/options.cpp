@@ -221,7 +221,8 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
          "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
          "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
          "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
-         "with the planner: predicted off and on for every micro-batch, on when the fastest plan that fits has it")
+         "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
+         "one) predicted for every micro-batch, the fastest plan that fits taken")
       ->check(CLI::IsMember({"off", "on", "auto"}))
       ->capture_default_str();
   app.add_option("--precision", o.precision,
@@ -230,8 +231,10 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "state, the loss and batch-norm statistics stay f32 (mixed precision). fp16 adds dynamic loss "
                  "scaling: a step whose gradients overflow is skipped and halves the scale (it holds at its floor "
                  "of 1, and an epoch that still overflows there is warned about), 2000 clean steps double it. On "
-                 "CUDA bf16 needs compute capability 8.0, fp16 7.0")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+                 "CUDA bf16 needs compute capability 8.0, fp16 7.0. auto, with the planner: fp32 and bf16 both "
+                 "predicted, bf16 taken only when it is more than 2% faster or the only one that fits (an opt-in: "
+                 "it changes the numbers)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}))
       ->capture_default_str();
   app.add_option("--kernels", o.kernels,
                  "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
@@ -245,8 +248,9 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
                  "one gather there). host: it stays in host memory and each micro-batch is copied through pinned "
                  "memory on a copy stream one micro-batch ahead, overlapped with compute, so the device holds "
-                 "only two micro-batches of data. Same results either way. CPU: no difference")
-      ->check(CLI::IsMember({"device", "host"}))
+                 "only two micro-batches of data. Same results either way. auto, with the planner on CUDA: host "
+                 "only when no plan with the data on the device fits. CPU: no difference (auto is device)")
+      ->check(CLI::IsMember({"device", "host", "auto"}))
       ->capture_default_str();
 }
 
@@ -433,8 +437,13 @@ void check_batch(const CLI::App& app, CommandLine& o) {
     require(app.count("--accum-steps") == 0 && o.accum_schedule.empty(),
             "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
   }
-  require(o.recompute != "auto" || (o.effective_batch > 0 && !elastic && o.memory_budget_bytes > 0 && !o.plan_only),
-          "--recompute auto lets the planner decide: give --effective-batch and --memory-budget (not --batch-size)");
+  const bool planner = o.effective_batch > 0 && !elastic && (o.memory_budget_bytes > 0 || o.plan_only);
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--recompute", &o.recompute},
+                                    {"--data-on", &o.data_on},
+                                    {"--precision", &o.precision}})
+    require(*value != "auto" || planner, std::string(flag) +
+                                             " auto lets the planner decide: give --effective-batch and "
+                                             "--memory-budget or --plan-only (not --batch-size)");
 }
 
 // --override NAME,...: the settings a resumed run may change.

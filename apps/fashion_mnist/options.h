@@ -55,8 +55,8 @@ struct CommandLine {
   bool quiet = false;
   std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
   std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
-  std::string data_on = "device";  // device|host: where the dataset lives (host: staged batch by batch)
-  std::string precision = "fp32";  // fp32|bf16|fp16: the compute type of activations (Note [Mixed precision])
+  std::string data_on = "device";  // device|host|auto: where the dataset lives (host: staged batch by batch)
+  std::string precision = "fp32";  // fp32|bf16|fp16|auto: the compute type of activations (Note [Mixed precision])
   std::string kernels = "auto";    // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
 };
 

@@ -1,6 +1,7 @@
 #include "planning.h"
 
 #include <cstdio>
+#include <string>
 
 #include "cumulus/memory/category.h"
 #include "cumulus/memory/planner.h"
@@ -12,9 +13,21 @@ using namespace cumulus;
 namespace fmnist {
 namespace {
 
-// The planner's table, shown as soon as the library has it (before its verifying probes run and
-// before the choice): every candidate with its predicted memory and time. The fallback's table (a
-// line through two probes) only with --plan-only.
+// One line per weighed setting: how long a micro-batch takes by the fitted line.
+void print_time_fits(const Plan& plan) {
+  char step[64] = "not timed (its state is allocated by the first step)";
+  if (plan.step_timed) std::snprintf(step, sizeof step, "%.3g ms", plan.step_seconds * 1e3);
+  say("planner: the optimizer step %s; a micro-batch takes, fitted over the probed sizes:\n", step);
+  for (const Plan::Weighed& w : plan.weighed)
+    say("  %-46s %.3g ms + %.3g ms a sample (%d sizes); reserved at rest %s; largest fitting %lld\n",
+        plan_setting_text(w.setting, plan.recompute_segments).c_str(), w.time.fixed_seconds * 1e3,
+        w.time.seconds_per_sample * 1e3, w.time.probes, format_bytes(w.reserved_at_rest).c_str(),
+        static_cast<long long>(w.largest_fitting));
+}
+
+// The planner's table after its choice: every candidate with its levers, predicted memory and time,
+// whether it fits and which was chosen. The fallback's table (a line through two probes) only with
+// --plan-only.
 void print_plan_table(const RunConfig& o, const Plan& plan) {
   const int64_t budget = o.memory_budget_bytes;
   const bool line = plan.method == PlanMethod::probe_line;
@@ -26,44 +39,50 @@ void print_plan_table(const RunConfig& o, const Plan& plan) {
     say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
         plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
         budget > 0 ? format_bytes(budget).c_str() : "none");
-  char step[64] = "not timed (its state is allocated by the first step)";
-  if (plan.step_timed) std::snprintf(step, sizeof step, "%.3g ms", plan.step_seconds * 1e3);
-  say("planner: a micro-batch takes %.3g ms + %.3g ms a sample (fitted over %d probed sizes); the optimizer step "
-      "%s\n",
-      plan.time_fit[0].fixed_seconds * 1e3, plan.time_fit[0].seconds_per_sample * 1e3, plan.time_fit[0].probes, step);
-  say("  %11s %9s %10s %15s %5s %6s %12s %10s\n", "micro-batch", "recompute", "peak MiB", "reserved bytes", "fits",
-      "accum", "ms/eff.batch", "s/epoch");
+  print_time_fits(plan);
+  say("  %11s %19s %6s %9s %10s %15s %5s %6s %12s %10s %6s\n", "micro-batch", "recompute", "data", "precision",
+      "peak MiB", "reserved bytes", "fits", "accum", "ms/eff.batch", "s/epoch", "chosen");
   for (const PlanRow& r : plan.table) {
     const std::string reserved = line ? "-" : std::to_string(r.reserved_bytes);
-    say("  %11lld %9s %10.2f %15s %5s %6lld %12.3f %10.3f\n", static_cast<long long>(r.micro_batch),
-        r.recompute ? "on" : "off", static_cast<double>(r.peak_bytes) / (1 << 20), reserved.c_str(),
+    say("  %11lld %19s %6s %9s %10.2f %15s %5s %6lld %12.3f %10.3f %6s\n", static_cast<long long>(r.micro_batch),
+        recompute_text(r.setting.recompute, plan.recompute_segments).c_str(), data_placement_name(r.setting.data),
+        precision_name(r.setting.precision), static_cast<double>(r.peak_bytes) / (1 << 20), reserved.c_str(),
         budget <= 0 ? "-"
         : r.fits    ? "yes"
                     : "no",
-        static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, r.epoch_seconds);
+        static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, r.epoch_seconds, r.chosen ? "*" : "");
   }
 }
 
-// The recompute decision, once the choice is made.
-void print_recompute(const RunConfig& o, const Plan& plan) {
-  if (!plan.recompute_weighed || o.quiet || plan.micro_batch == 0) return;
-  if (plan.recompute)
-    say("planner: recompute on: micro-batch %lld is predicted fastest with it (largest fitting: %lld with it, %lld "
-        "without)\n",
-        static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.largest_with_recompute),
-        static_cast<long long>(plan.largest_without_recompute));
-  else
-    say("planner: recompute off: the plan without it is predicted fastest (largest fitting: %lld with it, %lld "
-        "without)\n",
-        static_cast<long long>(plan.largest_with_recompute), static_cast<long long>(plan.largest_without_recompute));
+// The levers this run lets the planner set (Note [Plan levers]): the model's recompute segments
+// (--recompute auto), the training and test sets' placement (--data-on auto, CUDA only) and bf16
+// (--precision auto, where the device has it). `apply` puts a setting in place: the model's
+// segments, the sets moved, the batches' dtype.
+void add_levers(const RunConfig& o, nn::Model& model, data::ImageDataset& train, data::ImageDataset& test,
+                DType& batch_dtype, PlanRequest& request) {
+  request.setting.precision = o.precision;
+  request.setting.data = o.data_on == DataOnChoice::host ? DataPlacement::host : DataPlacement::device;
+  if (o.recompute == RecomputeChoice::planner) request.recompute_segments = model.recompute_segment_names();
+  request.weigh_placement = o.data_on == DataOnChoice::planner;
+  if (o.precision_by_planner && precision_unsupported_reason(Precision::bf16, o.device).empty())
+    request.precisions = {Precision::bf16};
+  request.apply = [&o, &model, &train, &test, &batch_dtype](const PlanSetting& s) {
+    if (o.recompute == RecomputeChoice::planner) model.set_recompute_segments(s.recompute);
+    const Device where = s.data == DataPlacement::host ? Device::cpu() : o.device;
+    const MemoryCategoryScope scope(MemoryCategory::data);
+    for (data::ImageDataset* set : {&train, &test})
+      *set = data::ImageDataset{set->images.to(where), set->labels.to(where), set->num_classes};
+    batch_dtype = compute_dtype(s.precision);
+  };
 }
 
 // The library's planner with this run; --plan-only predicts without verifying.
 Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                 const data::ImageDataset& train) {
+                 data::ImageDataset& train, data::ImageDataset& test) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+  DType batch_dtype = compute_dtype(o.precision);
   PlanRequest request;
   request.device = o.device;
   request.effective_batch = o.effective_batch;
@@ -71,7 +90,7 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
   request.micro_batch = [&](int64_t b) {
     throw_if_interrupted();
     data::DataLoader loader(train, b, false, 0, o.device);  // host-resident data: staging included
-    loader.set_dtype(compute_dtype(o.precision));
+    loader.set_dtype(batch_dtype);
     const data::Batch batch = loader.batch(0);
     Tensor loss = training_loss(model, batch);
     loss.backward();
@@ -80,23 +99,23 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
   };
   request.optimizer = optimizer.get();
   request.sample_limit = train.size();
-  if (o.recompute == RecomputeChoice::planner) request.set_recompute = [&](bool on) { model.set_recompute(on); };
+  add_levers(o, model, train, test, batch_dtype, request);
   request.model = &model;
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;
-  request.on_table = [&](const Plan& plan) { print_plan_table(o, plan); };
-  return cumulus::plan_batch(request);
+  const Plan plan = cumulus::plan_batch(request);
+  print_plan_table(o, plan);
+  return plan;
 }
 
 }  // namespace
 
 BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                     const data::ImageDataset& train) {
-  const Plan plan = run_planner(o, model, flat, train);
-  print_recompute(o, plan);
+                     data::ImageDataset& train, data::ImageDataset& test) {
+  const Plan plan = run_planner(o, model, flat, train, test);
   if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
   if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
-  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.recompute};
+  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting};
   for (const PlanRow& r : plan.table)
     if (r.chosen) {
       chosen.predicted_epoch_seconds = r.epoch_seconds;
@@ -106,8 +125,8 @@ BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr
 }
 
 void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                const data::ImageDataset& train) {
-  const Plan plan = run_planner(o, model, flat, train);
+                data::ImageDataset& train, data::ImageDataset& test) {
+  const Plan plan = run_planner(o, model, flat, train, test);
   say("planner: %s\n", plan.micro_batch > 0 ? plan.reason.c_str() : ("nothing fits: " + plan.reason).c_str());
 }
 

@@ -5,6 +5,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
+#include "cumulus/memory/planner.h"
 #include "cumulus/memory/prediction.h"
 #include "run_control.h"
 #include "settings.h"
@@ -29,7 +30,8 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
           ? ""
           : (" (" + std::string(choice_name(o.lr_schedule)) + " schedule)").c_str());
   if (o.recompute == RecomputeChoice::on)
-    say("recompute: on (activations of the model's segments are recomputed in backward)\n");
+    say("recompute: on (activations of %s are recomputed in backward)\n",
+        o.recompute_segments == 0 ? "the model's segments" : ("segments " + recompute_text(o.recompute_segments, model.recompute_segment_names())).c_str());
   if (o.model == ModelKind::mlp) {
     const char* fused = o.device.is_cuda()
                             ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "

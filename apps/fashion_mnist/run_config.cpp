@@ -57,9 +57,11 @@ const Choices<RecomputeChoice>& choices() {
   return c;
 }
 template <>
-const Choices<DataPlacement>& choices() {
-  static const Choices<DataPlacement> c{
-      "--data-on", nullptr, {{"device", DataPlacement::device}, {"host", DataPlacement::host}}};
+const Choices<DataOnChoice>& choices() {
+  static const Choices<DataOnChoice> c{
+      "--data-on",
+      nullptr,
+      {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
   return c;
 }
 template <>
@@ -123,12 +125,14 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
   if (c.kernels == nn::KernelChoice::fused) {
     require(c.model == ModelKind::mlp,
             "--kernels fused runs the MLP only (the model is " + std::string(choice_name(c.model)) + ")");
-    require(c.precision == Precision::fp32, "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
+    require(c.precision == Precision::fp32 && !c.precision_by_planner,
+            "--kernels fused is f32 only: give --precision fp32 (or --kernels auto)");
     require(c.recompute == RecomputeChoice::off, "--kernels fused keeps every activation: give --recompute off");
   }
   require(c.graphs != GraphsChoice::on || c.device.is_cuda(),
           "--graphs on needs a CUDA device (the device is " + c.device.str() + ")");
   c.use_graphs = c.device.is_cuda() && c.graphs != GraphsChoice::off;
+  if (c.data_on == DataOnChoice::planner && !c.device.is_cuda()) c.data_on = DataOnChoice::device;  // the same memory
 }
 
 // The micro-batch and the accumulation steps the flags give (one process; on_ranks() and
@@ -214,7 +218,7 @@ FMNIST_CHOICE(OptimizerKind)
 FMNIST_CHOICE(LrScheduleKind)
 FMNIST_CHOICE(GraphsChoice)
 FMNIST_CHOICE(RecomputeChoice)
-FMNIST_CHOICE(DataPlacement)
+FMNIST_CHOICE(DataOnChoice)
 FMNIST_CHOICE(Precision)
 FMNIST_CHOICE(nn::KernelChoice)
 FMNIST_CHOICE(optim::Normalization)
@@ -231,10 +235,11 @@ std::map<int, int> RunConfig::accum_schedule_all_ranks() const {
 RunConfig resolve_run_config(const CommandLine& cli) {
   RunConfig c;
   c.model = parse_choice<ModelKind>(cli.model);
-  c.precision = parse_choice<Precision>(cli.precision);
+  c.precision_by_planner = cli.precision == "auto";
+  c.precision = c.precision_by_planner ? Precision::fp32 : parse_choice<Precision>(cli.precision);
   c.kernels = parse_choice<nn::KernelChoice>(cli.kernels);
   c.recompute = parse_choice<RecomputeChoice>(cli.recompute);
-  c.data_on = parse_choice<DataPlacement>(cli.data_on);
+  c.data_on = parse_choice<DataOnChoice>(cli.data_on);
   c.graphs = parse_choice<GraphsChoice>(cli.graphs);
   resolve_batch(cli, c);
   resolve_optimizer(cli, c);
@@ -281,8 +286,16 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
   RunConfig c = config;
   c.batch_size = plan.micro_batch;
   c.accum_schedule = {{0, plan.accum_steps}};
-  if (c.recompute == RecomputeChoice::planner)
-    c.recompute = plan.recompute ? RecomputeChoice::on : RecomputeChoice::off;
+  if (c.recompute == RecomputeChoice::planner) {
+    c.recompute = plan.setting.recompute != 0 ? RecomputeChoice::on : RecomputeChoice::off;
+    c.recompute_segments = plan.setting.recompute;
+  }
+  if (c.data_on == DataOnChoice::planner)
+    c.data_on = plan.setting.data == DataPlacement::host ? DataOnChoice::host : DataOnChoice::device;
+  if (c.precision_by_planner) {
+    c.precision = plan.setting.precision;
+    c.precision_by_planner = false;
+  }
   c.planned_epoch_seconds = plan.predicted_epoch_seconds;
   c.planned_peak_bytes = plan.predicted_peak_bytes;
   return c;

@@ -22,6 +22,7 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
+#include "cumulus/memory/planner.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/accumulator.h"
 #include "options.h"
@@ -32,8 +33,9 @@ enum class ModelKind { mlp, cnn };
 enum class OptimizerKind { sgd, adamw };
 enum class LrScheduleKind { constant, step, cosine };
 enum class GraphsChoice { automatic, on, off };
-enum class RecomputeChoice { off, on, planner };  // planner: --recompute auto, until with_plan() decides
-enum class DataPlacement { device, host };
+// planner: "auto" (the planner weighs it, Note [Plan levers]), until with_plan() decides.
+enum class RecomputeChoice { off, on, planner };
+enum class DataOnChoice { device, host, planner };
 // Where the micro-batch and the accumulation steps come from.
 enum class BatchSource {
   flags,    // --batch-size with --accum-steps or --accum-schedule
@@ -55,9 +57,11 @@ struct RunConfig {
   bool one_gpu_per_rank = false;  // --device auto or cuda: under mpirun each rank of a node takes its own GPU
   ModelKind model = ModelKind::mlp;
   cumulus::Precision precision = cumulus::Precision::fp32;
+  bool precision_by_planner = false;  // --precision auto: fp32 (above) or bf16, until with_plan() decides
   cumulus::nn::KernelChoice kernels = cumulus::nn::KernelChoice::automatic;
   RecomputeChoice recompute = RecomputeChoice::off;
-  DataPlacement data_on = DataPlacement::device;
+  DataOnChoice data_on = DataOnChoice::device;  // planner only on CUDA (the CPU's device is the host)
+  uint32_t recompute_segments = 0;               // the planner's choice of the model's segments (--recompute auto)
   GraphsChoice graphs = GraphsChoice::automatic;
   bool use_graphs = false;  // from `graphs`, the device and the number of ranks
 
@@ -130,7 +134,7 @@ RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement);
 struct BatchPlan {
   int64_t micro_batch = 0;
   int accum_steps = 0;
-  bool recompute = false;  // its decision for --recompute auto
+  cumulus::PlanSetting setting;  // its levers (recompute segments, data placement, precision)
   // The chosen row's prediction, compared with the first epoch's measurement (training_loop.cpp).
   double predicted_epoch_seconds = 0.0;
   int64_t predicted_peak_bytes = 0;

@@ -21,9 +21,9 @@
 // model, loss and data path plans the same way (the app's loader stages host-resident data, for
 // instance); what that function allocates is what is predicted, and blocks the loop will hold that
 // neither exist now nor come from it (an Accumulator's learning-rate table and loss seed) are not
-// seen. With a recompute lever, every divisor is recorded and predicted with recompute on too.
+// seen. Each setting of the levers (Note [Plan levers]) is recorded and predicted on its own.
 // Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times
-// within 2% are a tie, kept by the largest micro-batch that fits, else won by less memory. Probes are training
+// within 2% are a tie (Note [Plan levers]). Probes are training
 // forwards, so batch norm's running statistics are copied first and written back, also when an interrupt thrown from
 // the micro-batch ends the call. The planner prints nothing: the caller shows plan.table and plan.reason, and on_table
 // lets it show the table before the probes, which may take long. No choice is a plan with micro_batch 0 rather than an
@@ -50,6 +50,24 @@
 // other ties go to less memory. Tests and callers
 // that know their timings inject them (micro_batch_seconds): measured times of near-empty
 // micro-batches are noise, and a choice made from noise would not be reproducible.
+// Note [Plan levers]
+// Besides the micro-batch, a plan sets three levers, each a PlanSetting field the caller's apply()
+// puts in place: which recompute segments run again in backward (any subset of those the model
+// names), where the training set lives (the device, or the host with each batch staged), and the
+// precision of the batches. The planner does not model what a lever does; it records and times
+// the micro-batch with each setting in place, so a lever costs one recording and its memory and
+// time are measured, not assumed (recompute's saving depends on where the peak is: Note [CNN
+// recompute segments] in models/cnn.cpp). What is weighed: the request's own setting first, then
+// for its precision and each precision the caller opted into, every subset of the segments.
+// Host-resident data is weighed only when none of those fits: its cost is a copy of each batch
+// over the bus, and a host plan chosen over a device plan within the noise of two timings would
+// make every later step pay that copy for nothing. Precision changes the numbers, so it is never
+// weighed without the opt-in, and a tie in time keeps the request's precision: a 16-bit plan wins
+// only by being more than 2% faster or by being the only one that fits. Within a tie otherwise
+// the first row in table order wins if it is in the tie (the largest micro-batch, the request's
+// setting before the others: what the planner chose before it predicted time), else the one
+// reserving the least. The table lists every weighed setting for every divisor, largest first.
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -153,7 +171,8 @@ TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings) {
 namespace {
 
 constexpr double kLineMargin = 0.05;  // the probe line's room for what it misses (rounding, segments)
-constexpr double kTimeTie = 0.02;     // predicted times this close are a tie, won by less memory
+constexpr double kTimeTie = 0.02;     // predicted times this close are a tie (Note [Plan levers])
+constexpr std::size_t kMaxRecomputeSegments = 4;  // 16 settings a precision, each recorded
 
 int64_t round_up(int64_t bytes, int64_t unit) { return (bytes + unit - 1) / unit * unit; }
 
@@ -215,12 +234,14 @@ class Planner {
   Plan run();
 
  private:
-  MemoryPredictor record(bool recompute);
+  void put_in_place(const PlanSetting& setting);
+  std::vector<PlanSetting> settings_with(DataPlacement data) const;
+  MemoryPredictor record(const PlanSetting& setting);
+  bool weigh(const PlanSetting& setting);
+  bool any_fits() const;
   void time_step();
   void set_times(PlanRow& row) const;
-  std::vector<PlanRow> rows_from(const MemoryPredictor& predictor, bool recompute) const;
-  int64_t largest_fitting(const std::vector<PlanRow>& rows) const;
-  void weigh_recompute();
+  std::vector<PlanRow> rows_from(const MemoryPredictor& predictor, const PlanSetting& setting) const;
   bool probe(const PlanRow& row, MemoryStats& measured);
   int64_t line_probe(int64_t micro_batch);
   bool probing() const { return req_.verify && req_.budget > 0; }
@@ -229,6 +250,7 @@ class Planner {
   void choose_from_recording();
   MemoryCost line_cost();
   void plan_with_line(const std::string& why_not_recorded);
+  std::string setting_text(const PlanSetting& setting) const;
   std::string steps_text(const PlanRow& row) const;
   std::string time_text(const PlanRow& row) const;
   std::string why_text(std::size_t chosen) const;
@@ -240,6 +262,7 @@ class Planner {
   std::vector<int64_t> divisors_;
   int64_t large_ = 0;  // recordings at large_ and large_ / 2
   int64_t epoch_samples_ = 0;
+  PlanSetting in_place_;                                  // what apply last put in place
   std::vector<std::pair<int64_t, double>> line_timings_;  // the fallback's probes
   Plan plan_;
 };
@@ -249,21 +272,53 @@ Planner::Planner(const PlanRequest& request, CachingAllocator& alloc)
       alloc_(alloc),
       state_(request.optimizer->state_to_allocate()),
       divisors_(divisors_largest_first(request.effective_batch)),
-      epoch_samples_(request.epoch_samples > 0 ? request.epoch_samples : request.sample_limit) {
+      epoch_samples_(request.epoch_samples > 0 ? request.epoch_samples : request.sample_limit),
+      in_place_(request.setting) {
   // 128 and 256 make each size's fit exact (Note [Memory prediction]); smaller when samples are few.
   large_ = 256;
   while (req_.sample_limit > 0 && large_ > req_.sample_limit) large_ /= 2;
   for (int64_t b : state_) plan_.optimizer_state_bytes += round_up(b, CachingAllocator::kRounding);
+  plan_.recompute_segments = req_.recompute_segments;
+  plan_.setting = req_.setting;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Records the micro-batch's allocations with the recompute lever as it is now, and fits its time
-// over the same calls but the first (Note [Predicting time]).
-MemoryPredictor Planner::record(bool recompute) {
+void Planner::put_in_place(const PlanSetting& setting) {
+  if (!req_.apply || setting == in_place_) return;
+  req_.apply(setting);
+  in_place_ = setting;
+}
+
+// The settings to weigh with the training set at `data`, the request's first: its precision, then
+// the precisions opted in; within each, every subset of the recompute segments.
+std::vector<PlanSetting> Planner::settings_with(DataPlacement data) const {
+  std::vector<Precision> precisions{req_.setting.precision};
+  for (Precision p : req_.precisions)
+    if (std::find(precisions.begin(), precisions.end(), p) == precisions.end()) precisions.push_back(p);
+  const uint32_t subsets = req_.apply ? uint32_t{1} << req_.recompute_segments.size() : 1;
+  std::vector<PlanSetting> out;
+  for (Precision p : precisions)
+    for (uint32_t mask = 0; mask < subsets; ++mask) {
+      PlanSetting s = req_.setting;
+      if (subsets > 1) s.recompute = mask;
+      s.data = data;
+      s.precision = p;
+      out.push_back(s);
+    }
+  // The request's own setting first (with segments given and some on, it is not mask 0).
+  const auto own = std::find(out.begin(), out.end(), req_.setting);
+  if (own != out.end()) std::rotate(out.begin(), own, own + 1);
+  return out;
+}
+
+// Records the micro-batch's allocations with `setting` in place, and fits its time over the same
+// calls but the first (Note [Predicting time]).
+MemoryPredictor Planner::record(const PlanSetting& setting) {
   if (large_ < 2) return {};
+  put_in_place(setting);
   std::vector<FixedBlock> fixed;
   for (int64_t b : state_) fixed.push_back(FixedBlock{MemoryCategory::optimizer_state, b});
   std::vector<std::pair<int64_t, double>> timings;
@@ -272,12 +327,28 @@ MemoryPredictor Planner::record(bool recompute) {
     const auto start = std::chrono::steady_clock::now();
     req_.micro_batch(b);
     const double seconds = seconds_since(start);
-    if (warm) timings.emplace_back(b, req_.micro_batch_seconds ? req_.micro_batch_seconds(b, recompute) : seconds);
+    if (warm) timings.emplace_back(b, req_.micro_batch_seconds ? req_.micro_batch_seconds(b, setting) : seconds);
     warm = true;
   };
   MemoryPredictor p = record_micro_batch(alloc_, timed, large_ / 2, large_, std::move(fixed));
-  plan_.time_fit[recompute ? 1 : 0] = fit_time(timings);
+  if (p.ok()) plan_.weighed.push_back(Plan::Weighed{setting, fit_time(timings), p.rest_reserved(), 0});
   return p;
+}
+
+// Records and predicts every divisor with a setting other than the first; false when its
+// recordings did not match (the prediction says so, and it is left out).
+bool Planner::weigh(const PlanSetting& setting) {
+  const MemoryPredictor predictor = record(setting);
+  if (!predictor.ok()) {
+    plan_.prediction += "; " + setting_text(setting) + " not predicted: " + predictor.reason();
+    return false;
+  }
+  for (PlanRow& r : rows_from(predictor, setting)) plan_.table.push_back(r);
+  return true;
+}
+
+bool Planner::any_fits() const {
+  return std::any_of(plan_.table.begin(), plan_.table.end(), [](const PlanRow& r) { return r.fits; });
 }
 
 // One optimizer step's time: given, or one step probed on the discarded gradients (counted as
@@ -311,12 +382,15 @@ void Planner::time_step() {
 }
 
 void Planner::set_times(PlanRow& r) const {
-  r.micro_batch_seconds = plan_.time_fit[r.recompute ? 1 : 0].predict(r.micro_batch);
+  TimeFit fit;
+  for (const Plan::Weighed& w : plan_.weighed)
+    if (w.setting == r.setting) fit = w.time;
+  r.micro_batch_seconds = fit.predict(r.micro_batch);
   r.batch_seconds = static_cast<double>(r.accum_steps) * r.micro_batch_seconds + plan_.step_seconds;
   r.epoch_seconds = r.batch_seconds * static_cast<double>(epoch_samples_) / static_cast<double>(req_.effective_batch);
 }
 
-std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor, bool recompute) const {
+std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor, const PlanSetting& setting) const {
   std::vector<PlanRow> rows;
   for (int64_t b : divisors_) {
     const PredictedMemory m = predictor.predict(b);
@@ -327,50 +401,19 @@ std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor, bool r
     r.reserved_bytes = m.reserved_bytes;
     r.peak_by_category = m.peak_by_category;
     r.fits = req_.budget <= 0 || m.reserved_bytes <= req_.budget;
-    r.recompute = recompute;
+    r.setting = setting;
     set_times(r);
     rows.push_back(r);
   }
   return rows;
 }
 
-int64_t Planner::largest_fitting(const std::vector<PlanRow>& rows) const {
-  for (const PlanRow& r : rows)
-    if (r.fits) return r.micro_batch;
-  return 0;
-}
-
-// Every divisor is predicted with recompute on as well, each after its row without; the lever is
-// left off until the choice.
-void Planner::weigh_recompute() {
-  plan_.recompute_weighed = true;
-  plan_.largest_without_recompute = largest_fitting(plan_.table);
-  std::vector<PlanRow> with;
-  req_.set_recompute(true);
-  try {
-    const MemoryPredictor predictor = record(true);
-    if (predictor.ok()) with = rows_from(predictor, true);
-  } catch (...) {
-    req_.set_recompute(false);
-    throw;
-  }
-  req_.set_recompute(false);
-  plan_.largest_with_recompute = largest_fitting(with);
-  if (with.empty()) return;
-  std::vector<PlanRow> both;
-  for (std::size_t i = 0; i < with.size(); ++i) {
-    both.push_back(plan_.table[i]);
-    both.push_back(with[i]);
-  }
-  plan_.table = std::move(both);
-}
-
-// One micro-batch of a row under the budget beside the optimizer state, the lever as the row has
-// it; false if it ran out of memory.
+// One micro-batch of a row under the budget beside the optimizer state, its setting in place;
+// false if it ran out of memory.
 bool Planner::probe(const PlanRow& row, MemoryStats& measured) {
   bool fits = true;
   try {
-    if (req_.set_recompute) req_.set_recompute(row.recompute);
+    put_in_place(row.setting);
     std::vector<Allocation> state;
     for (int64_t b : state_)
       state.push_back(alloc_.allocate(static_cast<std::size_t>(b), MemoryCategory::optimizer_state));
@@ -397,69 +440,87 @@ int64_t Planner::line_probe(int64_t micro_batch) {
   }
   const double seconds = seconds_since(start);
   line_timings_.emplace_back(micro_batch,
-                             req_.micro_batch_seconds ? req_.micro_batch_seconds(micro_batch, false) : seconds);
+                             req_.micro_batch_seconds ? req_.micro_batch_seconds(micro_batch, req_.setting) : seconds);
   return alloc_.stats().allocated_peak;
 }
 
 // The row the choice takes among those predicted to fit and not excluded (table.size() when
-// none): the smallest predicted time. Within kTimeTie of it, the first such row in table order
-// (the largest micro-batch, recompute off before on: what the planner chose before it predicted
-// time) when it is among them, else the least memory (reserved bytes, or the peak where the
-// fallback predicts no reserved bytes), then the larger micro-batch (Note [Predicting time]).
+// none), by the rule of Note [Plan levers]: the smallest predicted time; within kTimeTie of it,
+// rows with the request's precision when there are any, of those the first in table order (the
+// largest micro-batch, the request's setting first) when it is in the tie, else the least memory
+// (reserved bytes, or the peak where the fallback predicts no reserved bytes), then the larger
+// micro-batch.
 std::size_t Planner::best(const std::vector<bool>& excluded) const {
   const std::vector<PlanRow>& t = plan_.table;
+  const std::size_t none = t.size();
   double fastest = 0;
-  std::size_t first = t.size();
   for (std::size_t i = 0; i < t.size(); ++i)
-    if (t[i].fits && !excluded[i] && (first == t.size() || t[i].batch_seconds < fastest)) {
-      fastest = t[i].batch_seconds;
-      first = std::min(first, i);
-    }
-  if (first == t.size() || t[first].batch_seconds <= fastest * (1.0 + kTimeTie)) return first;
-  std::size_t chosen = t.size();
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    if (!t[i].fits || excluded[i] || t[i].batch_seconds > fastest * (1.0 + kTimeTie)) continue;
-    const auto memory = [](const PlanRow& r) { return r.reserved_bytes >= 0 ? r.reserved_bytes : r.peak_bytes; };
-    if (chosen == t.size() || memory(t[i]) < memory(t[chosen])) chosen = i;
-  }
+    if (t[i].fits && !excluded[i] && (fastest == 0 || t[i].batch_seconds < fastest)) fastest = t[i].batch_seconds;
+  const auto tied = [&](std::size_t i) {
+    return t[i].fits && !excluded[i] && t[i].batch_seconds <= fastest * (1.0 + kTimeTie);
+  };
+  const bool own_precision_ties = [&] {
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (tied(i) && t[i].setting.precision == req_.setting.precision) return true;
+    return false;
+  }();
+  const auto candidate = [&](std::size_t i) {
+    return t[i].fits && !excluded[i] && (!own_precision_ties || t[i].setting.precision == req_.setting.precision);
+  };
+  std::size_t first = none;
+  for (std::size_t i = 0; i < t.size() && first == none; ++i)
+    if (candidate(i)) first = i;
+  if (first == none || tied(first)) return first;
+  const auto memory = [](const PlanRow& r) { return r.reserved_bytes >= 0 ? r.reserved_bytes : r.peak_bytes; };
+  std::size_t chosen = none;
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (candidate(i) && tied(i) && (chosen == none || memory(t[i]) < memory(t[chosen]))) chosen = i;
   return chosen;
 }
 
 // The best row that also fits its probe (none is run without a budget or with verify off);
-// table.size() when none does. The recompute lever is left as the choice has it (off without one).
+// table.size() when none does. The chosen row's setting is left in place (the request's without
+// a choice).
 std::size_t Planner::pick(MemoryStats& measured) {
   std::vector<bool> excluded(plan_.table.size(), false);
-  try {
-    for (std::size_t i = best(excluded); i < plan_.table.size(); i = best(excluded)) {
-      PlanRow& r = plan_.table[i];
-      if (probing() && !probe(r, measured)) {
-        plan_.rejected_by_probe.push_back(r.micro_batch);
-        excluded[i] = true;
-        continue;
-      }
-      if (req_.set_recompute) req_.set_recompute(r.recompute);
-      r.chosen = true;
-      plan_.micro_batch = r.micro_batch;
-      plan_.accum_steps = r.accum_steps;
-      plan_.recompute = r.recompute;
-      plan_.verified = probing();
-      if (plan_.verified) {
-        plan_.verified_peak_bytes = measured.allocated_peak;
-        plan_.verified_reserved_bytes = measured.reserved_peak;
-      }
-      return i;
+  for (std::size_t i = best(excluded); i < plan_.table.size(); i = best(excluded)) {
+    PlanRow& r = plan_.table[i];
+    if (probing() && !probe(r, measured)) {
+      plan_.rejected_by_probe.push_back(r.micro_batch);
+      excluded[i] = true;
+      continue;
     }
-  } catch (...) {
-    if (req_.set_recompute) req_.set_recompute(false);
-    throw;
+    put_in_place(r.setting);
+    r.chosen = true;
+    plan_.micro_batch = r.micro_batch;
+    plan_.accum_steps = r.accum_steps;
+    plan_.setting = r.setting;
+    plan_.verified = probing();
+    if (plan_.verified) {
+      plan_.verified_peak_bytes = measured.allocated_peak;
+      plan_.verified_reserved_bytes = measured.reserved_peak;
+    }
+    return i;
   }
-  if (req_.set_recompute) req_.set_recompute(false);
+  put_in_place(req_.setting);
   return plan_.table.size();
+}
+
+// The levers where `setting` differs from the request's, for messages: " with recompute
+// conv1+bn1, data on host, bf16"; empty when it does not.
+std::string Planner::setting_text(const PlanSetting& setting) const {
+  std::string text;
+  auto add = [&](const std::string& part) { text += (text.empty() ? " with " : ", ") + part; };
+  if (setting.recompute != req_.setting.recompute)
+    add("recompute " + recompute_text(setting.recompute, req_.recompute_segments));
+  if (setting.data != req_.setting.data) add(std::string("data on ") + data_placement_name(setting.data));
+  if (setting.precision != req_.setting.precision) add(precision_name(setting.precision));
+  return text;
 }
 
 std::string Planner::steps_text(const PlanRow& row) const {
   return "micro-batch " + std::to_string(row.micro_batch) + " x " + std::to_string(row.accum_steps) +
-         " steps = effective batch " + std::to_string(req_.effective_batch) + (row.recompute ? " with recompute" : "");
+         " steps = effective batch " + std::to_string(req_.effective_batch) + setting_text(row.setting);
 }
 
 std::string format_seconds(double seconds) {
@@ -476,8 +537,9 @@ std::string Planner::time_text(const PlanRow& row) const {
   return text;
 }
 
-// Why the chosen row won: the fastest, or within kTimeTie of the fastest with less memory; which
-// probes ran out of memory; and the next larger micro-batch, when it does not fit.
+// Why the chosen row won: the fastest, or within kTimeTie of the fastest with less memory; the
+// training set on the host because nothing fits with it on the device; which probes ran out of
+// memory; and the next larger micro-batch with the same setting, when it does not fit.
 std::string Planner::why_text(std::size_t chosen) const {
   const std::vector<PlanRow>& t = plan_.table;
   std::size_t fastest = chosen;
@@ -492,11 +554,13 @@ std::string Planner::why_text(std::size_t chosen) const {
                                          : "within " + std::to_string(static_cast<int>(kTimeTie * 100)) +
                                                "% of the fastest, " + steps_text(t[fastest]) + " at " +
                                                format_seconds(t[fastest].batch_seconds) + ", with less memory";
+  if (t[chosen].setting.data != req_.setting.data)
+    text += "; no plan with the training set on the " + std::string(data_placement_name(req_.setting.data)) + " fits";
   for (int64_t b : plan_.rejected_by_probe)
     text += "; micro-batch " + std::to_string(b) + " ran out of memory in its probe";
-  std::size_t i = t.size();  // the smallest larger micro-batch that does not fit, the lever as chosen
+  std::size_t i = t.size();  // the smallest larger micro-batch that does not fit, with the chosen setting
   for (std::size_t j = 0; j < t.size() && t[j].micro_batch > t[chosen].micro_batch; ++j)
-    if (!t[j].fits && t[j].recompute == t[chosen].recompute) i = j;
+    if (!t[j].fits && t[j].setting == t[chosen].setting) i = j;
   if (i == t.size()) return text;
   const std::string larger = std::to_string(t[i].micro_batch);
   if (plan_.method == PlanMethod::probe_line)
@@ -512,8 +576,10 @@ void Planner::choose_from_recording() {
   MemoryStats measured;
   const std::size_t i = pick(measured);
   if (i == plan_.table.size()) {
+    int64_t least = plan_.table.back().reserved_bytes;
+    for (const PlanRow& r : plan_.table) least = std::min(least, r.reserved_bytes);
     plan_.reason = "no micro-batch dividing " + std::to_string(req_.effective_batch) + " fits " + budget_text() +
-                   " (a micro-batch of 1 is predicted to reserve " + format_bytes(plan_.table.back().reserved_bytes) +
+                   " (the least any candidate is predicted to reserve is " + format_bytes(least) +
                    ", reserved at rest " + format_bytes(plan_.reserved_at_rest) + ")";
     return;
   }
@@ -547,13 +613,15 @@ MemoryCost Planner::line_cost() {
   return cost;
 }
 
+// The fallback weighs the request's setting alone: the other settings' recordings would not
+// match either.
 void Planner::plan_with_line(const std::string& why_not_recorded) {
   plan_.method = PlanMethod::probe_line;
   plan_.prediction = why_not_recorded;
   alloc_.empty_cache();
   plan_.reserved_at_rest = alloc_.stats().reserved;
   const MemoryCost cost = line_cost();
-  plan_.time_fit[0] = fit_time(line_timings_);
+  plan_.weighed.push_back(Plan::Weighed{req_.setting, fit_time(line_timings_), plan_.reserved_at_rest, 0});
   time_step();
   const int64_t usable = static_cast<int64_t>(static_cast<double>(req_.budget) * (1.0 - kLineMargin));
   for (int64_t b : divisors_) {
@@ -563,8 +631,10 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
     r.peak_bytes = cost.predicted_peak(b);
     r.reserved_bytes = -1;
     r.fits = req_.budget <= 0 || r.peak_bytes <= usable;
+    r.setting = req_.setting;
     set_times(r);
     plan_.table.push_back(r);
+    if (r.fits && plan_.weighed[0].largest_fitting == 0) plan_.weighed[0].largest_fitting = b;
   }
   if (req_.on_table) req_.on_table(plan_);
   MemoryStats measured;
@@ -591,24 +661,58 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   plan_.reason += plan_.verified ? "; verified by a probe micro-batch under the limit" : "; not verified by a probe";
 }
 
+// The request's setting is recorded first; the others with the training set where the request has
+// it follow, then, only when none of those fits, the same on the host (Note [Plan levers]).
 Plan Planner::run() {
-  const MemoryPredictor predictor = record(false);
-  if (!predictor.ok()) {
-    plan_with_line(predictor.reason().empty() ? "the training set is too small to record" : predictor.reason());
-    return std::move(plan_);
+  try {
+    const MemoryPredictor predictor = record(req_.setting);
+    if (!predictor.ok()) {
+      plan_with_line(predictor.reason().empty() ? "the training set is too small to record" : predictor.reason());
+      return std::move(plan_);
+    }
+    plan_.method = PlanMethod::recorded_sequence;
+    plan_.prediction = predictor.reason();
+    plan_.reserved_at_rest = predictor.rest_reserved();
+    time_step();
+    plan_.table = rows_from(predictor, req_.setting);
+    for (const PlanSetting& s : settings_with(req_.setting.data))
+      if (s != req_.setting) weigh(s);
+    if (req_.weigh_placement && req_.setting.data == DataPlacement::device && !any_fits())
+      for (const PlanSetting& s : settings_with(DataPlacement::host)) weigh(s);
+    std::stable_sort(plan_.table.begin(), plan_.table.end(),
+                     [](const PlanRow& a, const PlanRow& b) { return a.micro_batch > b.micro_batch; });
+    for (Plan::Weighed& w : plan_.weighed)
+      for (const PlanRow& r : plan_.table)
+        if (r.fits && r.setting == w.setting && w.largest_fitting == 0) w.largest_fitting = r.micro_batch;
+    if (req_.on_table) req_.on_table(plan_);
+    choose_from_recording();
+  } catch (...) {
+    put_in_place(req_.setting);
+    throw;
   }
-  plan_.method = PlanMethod::recorded_sequence;
-  plan_.prediction = predictor.reason();
-  plan_.reserved_at_rest = predictor.rest_reserved();
-  time_step();
-  plan_.table = rows_from(predictor, false);
-  if (req_.set_recompute) weigh_recompute();
-  if (req_.on_table) req_.on_table(plan_);
-  choose_from_recording();
   return std::move(plan_);
 }
 
 }  // namespace
+
+const char* data_placement_name(DataPlacement placement) {
+  return placement == DataPlacement::host ? "host" : "device";
+}
+
+std::string recompute_text(uint32_t mask, const std::vector<std::string>& segment_names) {
+  const uint32_t all = segment_names.empty() ? 0 : (uint32_t{1} << segment_names.size()) - 1;
+  if (mask == 0) return "off";
+  if (mask == all || segment_names.empty()) return "all";
+  std::string text;
+  for (std::size_t i = 0; i < segment_names.size(); ++i)
+    if (mask & (uint32_t{1} << i)) text += (text.empty() ? "" : "+") + segment_names[i];
+  return text;
+}
+
+std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names) {
+  return "recompute " + recompute_text(setting.recompute, segment_names) + ", data on " +
+         data_placement_name(setting.data) + ", " + precision_name(setting.precision);
+}
 
 Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(request.effective_batch > 0, InvalidArgument, "plan_batch: the effective batch must be > 0, got ",
@@ -621,6 +725,13 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(request.optimizer->parameters().device() == request.device, InvalidArgument,
                 "plan_batch: the optimizer's parameters are on ", request.optimizer->parameters().device().str(),
                 ", the request is for ", request.device.str());
+  CUMULUS_CHECK(request.recompute_segments.size() <= kMaxRecomputeSegments, InvalidArgument, "plan_batch: ",
+                request.recompute_segments.size(), " recompute segments; at most ", kMaxRecomputeSegments,
+                " are weighed (every subset is recorded)");
+  const bool levers = !request.recompute_segments.empty() || request.weigh_placement || !request.precisions.empty();
+  CUMULUS_CHECK(!levers || static_cast<bool>(request.apply), InvalidArgument,
+                "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "
+                "put a setting in place");
   CachingAllocator& alloc = allocator_for(request.device);
   const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
   const BufferRestore buffers(request.model);

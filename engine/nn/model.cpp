@@ -31,6 +31,17 @@ Model& Model::set_recompute(bool on) {
   return *this;
 }
 
+std::vector<std::string> Model::recompute_segment_names() const {
+  return offers_recompute() ? std::vector<std::string>{"all"} : std::vector<std::string>{};
+}
+
+Model& Model::set_recompute_segments(uint32_t mask) {
+  const std::size_t segments = recompute_segment_names().size();
+  CUMULUS_CHECK(mask >> segments == 0, InvalidArgument, name(), ": recompute segment mask ", mask, " names segments past its ",
+                segments);
+  return set_recompute(mask != 0);
+}
+
 Model& Model::set_kernels(KernelChoice choice) {
   CUMULUS_CHECK(choice != KernelChoice::fused, InvalidArgument, name(),
                 ": this model has no fused kernels (only the generic ones)");

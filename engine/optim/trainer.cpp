@@ -51,10 +51,12 @@
 #include "cumulus/optim/trainer.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
+#include "cumulus/core/precision.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
@@ -322,9 +324,14 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.sample_limit = dataset.size();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();
-  r.micro_batch = [dataset, loss = std::move(loss), device = r.device, batch_dtype, params](int64_t samples) {
+  r.setting.precision = batch_dtype == DType::bf16 ? Precision::bf16
+                        : batch_dtype == DType::f16 ? Precision::fp16
+                                                    : Precision::fp32;
+  auto dtype = std::make_shared<DType>(batch_dtype);  // shared by apply and the probes
+  r.apply = [dtype](const PlanSetting& s) { *dtype = compute_dtype(s.precision); };
+  r.micro_batch = [dataset, loss = std::move(loss), device = r.device, dtype, params](int64_t samples) {
     data::DataLoader loader(dataset, samples, /*shuffle=*/false, /*seed=*/0, device);
-    loader.set_dtype(batch_dtype);
+    loader.set_dtype(*dtype);
     loss(loader.batch(0)).backward();
     params->mark_gradients_stale();  // the probe's gradients are discarded
   };

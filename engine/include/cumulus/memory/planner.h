@@ -1,5 +1,5 @@
 // Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"; Note [Planning a
-// micro-batch] in engine/memory/planner.cpp): predict before you run out.
+// micro-batch] and Note [Plan levers] in engine/memory/planner.cpp): predict before you run out.
 //
 //   PlanRequest r;
 //   r.device = device;
@@ -7,7 +7,9 @@
 //   r.budget = parse_byte_size("3GiB");        // reserved bytes, as CachingAllocator's limit counts them
 //   r.micro_batch = [&](int64_t b) { ... };    // forward, loss, backward of b samples; grads discarded
 //   r.optimizer = optimizer.get();             // its first step's state is counted
-//   const Plan plan = plan_batch(r);           // plan.micro_batch x plan.accum_steps, plan.table, plan.reason
+//   r.recompute_segments = model.recompute_segment_names();  // optional levers, put in place by
+//   r.apply = [&](const PlanSetting& s) { model.set_recompute_segments(s.recompute); };  // apply
+//   const Plan plan = plan_batch(r);           // plan.micro_batch x plan.accum_steps, plan.setting
 //   plan.table[i].epoch_seconds                // predicted time (r.epoch_samples or sample_limit)
 #pragma once
 
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "cumulus/core/device.h"
+#include "cumulus/core/precision.h"
 #include "cumulus/memory/category.h"
 
 namespace cumulus {
@@ -57,7 +60,31 @@ enum class PlanMethod {
   probe_line,
 };
 
-// One candidate micro-batch: a divisor of the effective batch.
+// Where a training set lives: on the training device, or in host memory with each batch staged to
+// the device (no device memory for the set, a copy per batch).
+enum class DataPlacement : uint8_t { device, host };
+const char* data_placement_name(DataPlacement placement);  // "device", "host"
+
+// A setting of the levers besides the micro-batch (Note [Plan levers]): what a row is predicted
+// with and what PlanRequest::apply puts in place.
+struct PlanSetting {
+  // Bit i: recompute segment i of PlanRequest::recompute_segments (0: every activation stored).
+  uint32_t recompute = 0;
+  DataPlacement data = DataPlacement::device;
+  Precision precision = Precision::fp32;
+  bool operator==(const PlanSetting& o) const {
+    return recompute == o.recompute && data == o.data && precision == o.precision;
+  }
+  bool operator!=(const PlanSetting& o) const { return !(*this == o); }
+};
+
+// The recompute lever alone: "off", "all" (every segment, or any without names) or the segments on
+// ("conv1+bn1").
+std::string recompute_text(uint32_t mask, const std::vector<std::string>& segment_names = {});
+// "recompute off, data on device, fp32" (the recompute part as recompute_text gives it).
+std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names = {});
+
+// One candidate micro-batch with one setting of the levers: a divisor of the effective batch.
 struct PlanRow {
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;     // effective batch / micro_batch
@@ -66,7 +93,7 @@ struct PlanRow {
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};  // the split at the peak (recorded_sequence)
   // Predicted within the budget (always, without one).
   bool fits = true;
-  bool recompute = false;  // predicted with the recompute lever on
+  PlanSetting setting;  // the levers it was recorded, timed and predicted with
   // Predicted time (Note [Predicting time]): one micro-batch, one effective batch (accum_steps
   // micro-batches and one optimizer step), and an epoch of PlanRequest::epoch_samples (0 without).
   double micro_batch_seconds = 0.0;
@@ -111,14 +138,27 @@ struct PlanRequest {
   // The most samples `micro_batch` can take (the training set's size): recordings stay within it.
   // 0: no limit.
   int64_t sample_limit = 0;
-  // Optional recompute lever (a model's set_recompute): when given, every divisor is predicted
-  // with it off and on, and it is left as the chosen row has it.
-  std::function<void(bool on)> set_recompute;
+  // The levers (Note [Plan levers]). `apply` puts a setting in place (the model's recompute
+  // segments, where the training set lives, the batches' precision) before micro-batches run with
+  // it; the planner records, times and predicts every divisor with each setting it weighs, leaves
+  // the chosen one in place, and puts `setting` back when none is chosen or an exception leaves.
+  // Without `apply` only the micro-batch is planned, with `setting` as the rows' setting.
+  std::function<void(const PlanSetting&)> apply;
+  PlanSetting setting;  // in place now: weighed first, and the levers no other setting changes
+  // Recompute: the segments the model can recompute (nn::Model::recompute_segment_names(), at
+  // most 4); every subset of them is weighed.
+  std::vector<std::string> recompute_segments;
+  // Data placement: the training set in host memory is weighed only when no setting with it on
+  // the device fits (staging costs a copy a batch; measured differences below that are noise).
+  bool weigh_placement = false;
+  // Precision: others the planner may choose besides setting.precision. An explicit opt-in, since
+  // a 16-bit plan changes the numbers; a tie in time keeps setting.precision.
+  std::vector<Precision> precisions;
   // Samples in an epoch, for each row's epoch_seconds (0: sample_limit).
   int64_t epoch_samples = 0;
   // Injected timings (tests, or timings known from elsewhere): seconds of one micro-batch of
-  // `samples` with recompute as given, used instead of timing the probes.
-  std::function<double(int64_t samples, bool recompute)> micro_batch_seconds;
+  // `samples` with the setting given, used instead of timing the probes.
+  std::function<double(int64_t samples, const PlanSetting& setting)> micro_batch_seconds;
   // Seconds of one optimizer step; < 0: timed by one probed step when the optimizer's state is
   // already held (its parameters, state and update count restored after), else not counted.
   double step_seconds = -1.0;
@@ -144,20 +184,25 @@ struct Plan {
   std::string prediction;
   int64_t reserved_at_rest = 0;       // from the allocator, after its cache was emptied
   int64_t optimizer_state_bytes = 0;  // what the first update will allocate, held in every row
-  // Every divisor of the effective batch, largest first; with a recompute lever each twice,
-  // recompute off before on. Exactly one row is chosen when a plan is.
+  // Every setting weighed, in order (the request's first), with its time fit (Note [Predicting
+  // time]), its reserved bytes at rest and the largest micro-batch predicted to fit with it (0:
+  // none). A setting whose recordings did not match is left out (plan_setting_text and why in
+  // `prediction`).
+  struct Weighed {
+    PlanSetting setting;
+    TimeFit time;
+    int64_t reserved_at_rest = 0;
+    int64_t largest_fitting = 0;
+  };
+  std::vector<Weighed> weighed;
+  // Every divisor of the effective batch, largest first, each once per weighed setting in the
+  // order weighed. Exactly one row is chosen when a plan is.
   std::vector<PlanRow> table;
-  // Recompute (only with a lever and a recorded sequence): whether it was weighed, whether the
-  // choice has it on, and the largest micro-batch predicted to fit without and with it (0: none).
-  bool recompute_weighed = false;
-  bool recompute = false;
-  int64_t largest_without_recompute = 0;
-  int64_t largest_with_recompute = 0;
-  // Note [Predicting time]: the micro-batch's time fitted without [0] and with [1] recompute, and
-  // the optimizer step's (step_timed false: neither given nor probed, counted as 0).
-  std::array<TimeFit, 2> time_fit{};
+  // The optimizer step's time (step_timed false: neither given nor probed, counted as 0).
   double step_seconds = 0.0;
   bool step_timed = false;
+  std::vector<std::string> recompute_segments;  // the request's, for plan_setting_text
+  PlanSetting setting;                          // the chosen row's (the request's without a choice)
   // The choice: the fitting row with the smallest predicted time (within 2% of it, the one with
   // less memory) that also fit its probe. 0: none fits (reason says why; the caller decides
   // whether that is an error).
@@ -171,9 +216,9 @@ struct Plan {
 };
 
 // Plans the micro-batch for `request.effective_batch` under `request.budget`: records the
-// micro-batch's allocations at two sizes (and smaller ones), timing each call, predicts every
-// divisor (with recompute off and on, given the lever) from the state at rest plus the optimizer's
-// first-step state, and takes the fastest predicted to fit (ties within 2%: less memory), verified
+// micro-batch's allocations at two sizes (and smaller ones) with each setting of the levers,
+// timing each call, predicts every divisor from the state at rest plus the optimizer's first-step
+// state, and takes the fastest predicted to fit (ties within 2%: Note [Plan levers]), verified
 // with one probe micro-batch under the budget, falling back to the next best when the probe runs
 // out of memory. Prints nothing. Throws InvalidArgument for a malformed request, OutOfMemory when
 // nothing fits and the request requires a fit; what `micro_batch` throws (other than an

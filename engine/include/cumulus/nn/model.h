@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cumulus/core/device.h"
 #include "cumulus/nn/module.h"
@@ -41,6 +42,13 @@ class Model : public Module {
   virtual bool offers_recompute() const { return false; }
   virtual Model& set_recompute(bool on);
   virtual bool recompute() const { return false; }
+  // Recompute by segment, for a choice of some (the planner weighs every subset, Note [Plan levers]
+  // in engine/memory/planner.cpp): the names of the segments set_recompute(true) recomputes, and
+  // set_recompute_segments(mask) turns on those whose bit is set (bit i: segment i). Default: one
+  // segment, "all", where the model offers recompute (mask 1 is set_recompute(true)), none where it
+  // does not; a mask with a bit past the segments is an InvalidArgument.
+  virtual std::vector<std::string> recompute_segment_names() const;
+  virtual Model& set_recompute_segments(uint32_t mask);
 
   // Which kernels loss() runs. Default: the generic ones alone; `automatic` and `generic` are
   // taken, `fused` is an InvalidArgument.

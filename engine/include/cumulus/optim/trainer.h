@@ -177,8 +177,11 @@ Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader
 // samples, made in `batch_dtype` on the parameters' device, staged when the dataset is on the
 // host), its loss backward into the gradient buffers, the gradients then discarded. Device,
 // optimizer, effective batch, budget (reserved bytes; 0: none) and the sample limit are filled in,
-// and require_fit (plan_batch throws OutOfMemory with its reason when nothing fits); set model,
-// set_recompute, budget_name or on_table on the result when they apply, or require_fit = false.
+// and require_fit (plan_batch throws OutOfMemory with its reason when nothing fits). Its apply
+// puts a setting's precision in place as the batches' dtype (setting.precision is batch_dtype's),
+// so opting into another is one line (`r.precisions = {Precision::bf16}`); for recompute, set
+// recompute_segments and wrap apply. Set model, budget_name or on_table when they apply, or
+// require_fit = false.
 PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
                          int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 

@@ -47,6 +47,9 @@ class CNN : public nn::Model {
   // activations with the ReLU outputs) are not kept; see Note [CNN recompute segments] in
   // models/cnn.cpp for why these and not whole blocks.
   static const std::vector<nn::LayerRange>& recompute_segments_default();
+  // Per segment of the default: "conv1+bn1" and "conv2+bn2"; mask bit i takes segment i.
+  std::vector<std::string> recompute_segment_names() const override;
+  CNN& set_recompute_segments(uint32_t mask) override;
 
  private:
   void add(std::shared_ptr<nn::Module> layer);
