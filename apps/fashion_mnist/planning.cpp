@@ -61,6 +61,7 @@ void print_plan_table(const RunConfig& o, const Plan& plan) {
 void add_levers(const RunConfig& o, nn::Model& model, data::ImageDataset& train, data::ImageDataset& test,
                 DType& batch_dtype, PlanRequest& request) {
   request.setting.precision = o.precision;
+  if (o.recompute == RecomputeChoice::on) request.setting.recompute = 1;  // shown as "all" (no segment names)
   request.setting.data = o.data_on == DataOnChoice::host ? DataPlacement::host : DataPlacement::device;
   if (o.recompute == RecomputeChoice::planner) request.recompute_segments = model.recompute_segment_names();
   request.weigh_placement = o.data_on == DataOnChoice::planner;
