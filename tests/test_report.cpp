@@ -1,9 +1,11 @@
 // The memory reports as a person reads them: memory.json's order (schema version, settings,
-// device, versions, summary, then records), epochs from 1 everywhere, and the SVG plot's two panels,
-// markers and a title that names exactly the micro-batches and steps drawn.
+// device, versions, summary, the planner's check when given one, then records), epochs from 1
+// everywhere, and the SVG plot's two panels, markers and a title that names exactly the
+// micro-batches and steps drawn.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <set>
@@ -11,7 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/plan_check.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -229,6 +233,64 @@ TEST_P(ReportTest, NoTimelineStillGivesAValidPlotThatSaysSo) {
   const std::string svg = memory_plot_svg(tracker);
   EXPECT_NE(svg.find("no timeline was recorded"), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+TEST_P(ReportTest, JsonHasThePlannerObjectAfterTheSummaryOnlyWithAPlanCheck) {
+  Rig rig(device());
+  MemoryTracker tracker(device(), options(2));
+  rig.epoch(tracker, 0, 8);
+  EXPECT_FALSE(nlohmann::json::parse(memory_report_json(tracker)).contains("planner"));
+
+  PlanCheck check;
+  check.micro_batch = 8;
+  check.accum_steps = 4;
+  check.setting = "recompute on";
+  check.predicted_epoch_seconds = 1.25;
+  check.predicted_peak_bytes = 123456;
+  tracker.set_plan_check(check);
+  auto j = nlohmann::ordered_json::parse(memory_report_json(tracker));
+  const std::vector<std::string> k = keys(j);
+  const auto summary = std::find(k.begin(), k.end(), "summary");
+  ASSERT_NE(summary, k.end());
+  ASSERT_NE(summary + 1, k.end());
+  EXPECT_EQ(*(summary + 1), "planner");
+  EXPECT_EQ(keys(j["planner"]), (std::vector<std::string>{"micro_batch", "accum_steps", "setting",
+                                                          "predicted_epoch_seconds", "predicted_peak_bytes"}))
+      << "no measurement before measure_plan";
+  EXPECT_EQ(j["planner"]["micro_batch"], 8);
+  EXPECT_EQ(j["planner"]["accum_steps"], 4);
+  EXPECT_EQ(j["planner"]["setting"], "recompute on");
+  EXPECT_EQ(j["planner"]["predicted_epoch_seconds"], 1.25);
+  EXPECT_EQ(j["planner"]["predicted_peak_bytes"], 123456);
+
+  tracker.measure_plan(0, 1.5, 120000);  // epoch 0 as the tracker counts: the report says 1
+  j = nlohmann::ordered_json::parse(memory_report_json(tracker));
+  EXPECT_EQ(j["planner"]["predicted_epoch_seconds"], 1.25);
+  EXPECT_EQ(j["planner"]["measured_epoch"], 1);
+  EXPECT_EQ(j["planner"]["measured_epoch_seconds"], 1.5);
+  EXPECT_EQ(j["planner"]["measured_peak_bytes"], 120000);
+}
+
+TEST(PlanCheck, MeasuringNeedsAPredictionFirst) {
+  MemoryTracker tracker(Device::cpu(), options(0));
+  EXPECT_FALSE(tracker.plan_check().has_value());
+  try {
+    tracker.measure_plan(0, 1.0, 1);
+    FAIL() << "measure_plan without set_plan_check";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("set_plan_check"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PlanCheck, LineSaysThePredictionAndTheMeasurement) {
+  PlanCheck check;
+  check.predicted_epoch_seconds = 12.345;
+  check.predicted_peak_bytes = 3 << 20;
+  EXPECT_EQ(plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB");
+  check.measured = true;
+  check.measured_epoch_seconds = 0.5;
+  check.measured_peak_bytes = 512;
+  EXPECT_EQ(plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB, measured 0.5 s and peak 512 B");
 }
 
 CUMULUS_INSTANTIATE_DEVICES(ReportTest);

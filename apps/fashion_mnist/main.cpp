@@ -150,13 +150,13 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   description.backend = comm->backend();
   announce_run(config, model, description, state);
   MemoryTracker tracker(device, tracker_options(config, model));
-  PlanCheck plan_check;
-  const TrainingParts parts{config,      model, *optimizer, trainer, trainer_opts, train_loader,
-                            test_loader, *comm, tracker,    state,   plan_check};
+  if (std::optional<PlanCheck> check = planned_check(config)) tracker.set_plan_check(std::move(*check));
+  const TrainingParts parts{config,       model,       *optimizer, trainer, trainer_opts,
+                            train_loader, test_loader, *comm,      tracker, state};
   if (const std::optional<int> stopped = train(parts)) return *stopped;
 
   save_final_weights(config, model);
-  finish_reports(config, tracker, *comm, plan_check);
+  finish_reports(config, tracker, *comm);
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 

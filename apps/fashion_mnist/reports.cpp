@@ -83,33 +83,19 @@ MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Model& mode
   return to;
 }
 
-nlohmann::ordered_json plan_check_json(const RunConfig& o, const PlanCheck& check) {
-  if (o.planned_epoch_seconds <= 0.0) return nullptr;
-  nlohmann::ordered_json j = {{"predicted_epoch_seconds", o.planned_epoch_seconds},
-                              {"predicted_peak_bytes", o.planned_peak_bytes}};
-  if (!check.measured) return j;
-  j["measured_epoch"] = check.epoch;
-  j["measured_epoch_seconds"] = check.measured_epoch_seconds;
-  j["measured_peak_bytes"] = check.measured_peak_bytes;
-  return j;
+std::optional<PlanCheck> planned_check(const RunConfig& o) {
+  if (o.planned_epoch_seconds <= 0.0) return std::nullopt;
+  PlanCheck check;
+  check.micro_batch = o.batch_size;
+  check.accum_steps = o.accum_steps_at(0);
+  // The model was planned and trains with recompute on, whether the flag or the planner chose it.
+  if (o.recompute == RecomputeChoice::on) check.setting = "recompute on";
+  check.predicted_epoch_seconds = o.planned_epoch_seconds;
+  check.predicted_peak_bytes = o.planned_peak_bytes;
+  return check;
 }
 
-// The library's report, with the planner's object added after "summary" (additive: readers of
-// schema 2 see one more key).
-std::string memory_report_with_plan(const RunConfig& o, MemoryTracker& tracker, const PlanCheck& check) {
-  std::string text = memory_report_json(tracker);
-  const nlohmann::ordered_json plan = plan_check_json(o, check);
-  if (plan.is_null()) return text;
-  nlohmann::ordered_json report = nlohmann::ordered_json::parse(text);
-  nlohmann::ordered_json out;
-  for (auto it = report.begin(); it != report.end(); ++it) {
-    out[it.key()] = std::move(it.value());
-    if (it.key() == "summary") out["planner"] = plan;
-  }
-  return out.dump(1) + "\n";
-}
-
-void write_reports(const RunConfig& o, MemoryTracker& tracker, const PlanCheck& check) {
+void write_reports(const RunConfig& o, MemoryTracker& tracker) {
   auto write = [&](const char* flag, const std::string& path, const std::string& content, const char* what) {
     if (path.empty()) return;
     try {
@@ -120,17 +106,17 @@ void write_reports(const RunConfig& o, MemoryTracker& tracker, const PlanCheck& 
     if (!o.quiet) say("%s written to %s\n", what, path.c_str());
   };
   if (!o.memory_report_path.empty())
-    write("--memory-report", o.memory_report_path, memory_report_with_plan(o, tracker, check), "memory report");
+    write("--memory-report", o.memory_report_path, memory_report_json(tracker), "memory report");
   write("--trace", o.trace_path, memory_trace_json(tracker), "trace");
   write("--memory-plot", o.memory_plot_path, memory_plot_svg(tracker), "memory plot");
 }
 
-void finish_reports(const RunConfig& o, MemoryTracker& tracker, dist::Communicator& comm, const PlanCheck& check) {
+void finish_reports(const RunConfig& o, MemoryTracker& tracker, dist::Communicator& comm) {
   if (!o.quiet && g_root) {
     print_memory_table(tracker, stdout);
     say("");
   }
-  write_reports(o, tracker, check);
+  write_reports(o, tracker);
   if (g_root && o.world_size > 1 && !o.quiet) {
     const dist::Communicator::Stats st = comm.stats();
     const bool nccl = comm.backend() == "MPI+NCCL";  // Note [Communication time]

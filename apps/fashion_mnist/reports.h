@@ -2,7 +2,7 @@
 // reports (--memory-report, --trace, --memory-plot) and the closing summary.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "checkpoint.h"
@@ -31,25 +31,16 @@ void announce_run(const RunConfig& o, const cumulus::nn::Model& model, const Run
 // The memory tracker's model, micro-batch and the settings its report records.
 cumulus::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulus::nn::Model& model);
 
-// The planner's prediction for the chosen plan (RunConfig::planned_*) against the first full epoch
-// this run trained: its training time (the test pass not included) and the tracker's peak.
-struct PlanCheck {
-  bool measured = false;  // an epoch has been compared
-  int epoch = 0;          // from 1
-  double measured_epoch_seconds = 0.0;
-  int64_t measured_peak_bytes = 0;
-};
+// The planner's prediction for the chosen plan (RunConfig::planned_*), or nothing when the planner
+// did not choose the plan. The tracker is given it (its report's "planner" object); the training
+// loop measures it against the first full epoch this run trains.
+std::optional<cumulus::PlanCheck> planned_check(const RunConfig& o);
 
-// The "planner" object of the metrics lines and the memory report: the prediction, and the
-// measurement once there is one. Null when the planner did not choose the plan.
-nlohmann::ordered_json plan_check_json(const RunConfig& o, const PlanCheck& check);
-
-// --memory-report (with the planner's object when it chose the plan), --trace and --memory-plot.
-void write_reports(const RunConfig& o, cumulus::MemoryTracker& tracker, const PlanCheck& check);
+// --memory-report, --trace and --memory-plot.
+void write_reports(const RunConfig& o, cumulus::MemoryTracker& tracker);
 
 // After the last epoch: the memory table, the reports and, with several ranks, the all-reduces'
 // totals.
-void finish_reports(const RunConfig& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm,
-                    const PlanCheck& check);
+void finish_reports(const RunConfig& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
 
 }  // namespace fmnist

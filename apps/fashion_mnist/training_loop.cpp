@@ -103,7 +103,7 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why) {
   allocator_for(o_.device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
   int status = code;
   for (auto& write : {std::function<void()>([&] { checkpoint_now(why); }),
-                      std::function<void()>([&] { write_reports(o_, p_.tracker, p_.plan_check); })}) {
+                      std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
     try {
       write();
     } catch (const Error& e) {
@@ -234,15 +234,10 @@ void TrainingLoop::end_training_of(Epoch& e) {
 // The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
 // not comparable): its training time and peak (Note [Predicting time] in engine/memory/planner.cpp).
 void TrainingLoop::check_plan(const Epoch& e) {
-  PlanCheck& check = p_.plan_check;
-  if (o_.planned_epoch_seconds <= 0.0 || check.measured || e.first != 0) return;
-  check.measured = true;
-  check.epoch = e.index + 1;
-  check.measured_epoch_seconds = e.seconds;
-  check.measured_peak_bytes = e.peak;
-  if (g_root && !o_.quiet)
-    say("planner: predicted %.3g s an epoch and peak %s, measured %.3g s and peak %s\n", o_.planned_epoch_seconds,
-        format_bytes(o_.planned_peak_bytes).c_str(), e.seconds, format_bytes(e.peak).c_str());
+  const std::optional<PlanCheck>& check = p_.tracker.plan_check();
+  if (!check || check->measured || e.first != 0) return;
+  p_.tracker.measure_plan(e.index, e.seconds, e.peak);
+  if (g_root && !o_.quiet) say("planner: %s\n", plan_check_line(*check).c_str());
 }
 
 nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResult& r) const {
@@ -273,9 +268,10 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
   if (p_.model.uses_batch_statistics())
     line["batch_norm_statistics_samples"] = o_.batch_size;  // per micro-batch, not per group
   if (!p_.state.overridden.empty()) line["overrides"] = p_.state.overridden;
-  if (o_.planned_epoch_seconds > 0.0) {  // the planner's prediction; epoch_seconds and peak_bytes measure it
-    line["predicted_epoch_seconds"] = o_.planned_epoch_seconds;
-    line["predicted_peak_bytes"] = o_.planned_peak_bytes;
+  if (const std::optional<PlanCheck>& check = p_.tracker.plan_check()) {
+    // The planner's prediction; epoch_seconds and peak_bytes measure it.
+    line["predicted_epoch_seconds"] = check->predicted_epoch_seconds;
+    line["predicted_peak_bytes"] = check->predicted_peak_bytes;
   }
   return line;
 }

@@ -16,7 +16,6 @@
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/trainer.h"
-#include "reports.h"
 #include "run_config.h"
 
 namespace fmnist {
@@ -31,9 +30,8 @@ struct TrainingParts {
   cumulus::data::DataLoader& train_loader;
   const cumulus::data::DataLoader& test_loader;
   cumulus::dist::Communicator& comm;
-  cumulus::MemoryTracker& tracker;
-  const TrainingState& state;  // where the run starts (a resumed checkpoint's, else epoch 0)
-  PlanCheck& plan_check;       // filled after the first full epoch when the planner chose the plan
+  cumulus::MemoryTracker& tracker;  // with the planner's check when it chose the plan (measured after the first epoch)
+  const TrainingState& state;       // where the run starts (a resumed checkpoint's, else epoch 0)
 };
 
 // Trains from parts.state to --epochs. Returns the exit code of a run that stopped early (an

@@ -65,6 +65,23 @@ ojson out_of_memory_json(const TrackedOutOfMemory& t) {
   return j;
 }
 
+// The "planner" object (README "Memory reports"): the plan, its prediction and, once measured, the
+// epoch that checked it (from 1, as every report prints epochs).
+ojson plan_check_json(const PlanCheck& c) {
+  ojson j;
+  j["micro_batch"] = c.micro_batch;
+  j["accum_steps"] = c.accum_steps;
+  j["setting"] = c.setting;
+  j["predicted_epoch_seconds"] = c.predicted_epoch_seconds;
+  j["predicted_peak_bytes"] = c.predicted_peak_bytes;
+  if (c.measured) {
+    j["measured_epoch"] = c.epoch + 1;
+    j["measured_epoch_seconds"] = c.measured_epoch_seconds;
+    j["measured_peak_bytes"] = c.measured_peak_bytes;
+  }
+  return j;
+}
+
 std::string trimmed(std::string s) {
   const std::size_t a = s.find_first_not_of(' ');
   if (a == std::string::npos) return "";
@@ -165,6 +182,8 @@ std::string memory_report_json(MemoryTracker& tracker) {
     summary["recompute"] = std::move(r);
   }
   j["summary"] = std::move(summary);
+  // Additive to schema 2: only when the tracker was given a plan check.
+  if (const auto& plan = tracker.plan_check()) j["planner"] = plan_check_json(*plan);
   if (const auto oom = tracker.out_of_memory()) j["out_of_memory"] = out_of_memory_json(*oom);
   j["micro_batches_total"] = tracker.micro_batches_seen();  // the lists keep the first max_records
   j["steps_total"] = tracker.steps_seen();

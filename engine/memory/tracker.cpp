@@ -292,4 +292,13 @@ std::optional<TrackedOutOfMemory> MemoryTracker::out_of_memory() const {
   return t;
 }
 
+void MemoryTracker::measure_plan(int epoch, double epoch_seconds, int64_t peak_bytes) {
+  CUMULUS_CHECK(plan_check_.has_value(), InvalidArgument,
+                "MemoryTracker::measure_plan without a plan check (set_plan_check gives the prediction first)");
+  plan_check_->measured = true;
+  plan_check_->epoch = epoch;
+  plan_check_->measured_epoch_seconds = epoch_seconds;
+  plan_check_->measured_peak_bytes = peak_bytes;
+}
+
 }  // namespace cumulus

@@ -32,6 +32,7 @@
 
 #include "cumulus/core/timer.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/plan_check.h"
 
 namespace cumulus {
 
@@ -166,6 +167,15 @@ class MemoryTracker {
   // summary's peak_bytes counts the peak reached up to it.
   std::optional<TrackedOutOfMemory> out_of_memory() const;
 
+  // The planner's prediction for the plan this run trains with (memory/plan_check.h): the memory
+  // report writes it as its "planner" object, after "summary". None until given; giving it again
+  // replaces it.
+  void set_plan_check(PlanCheck check) { plan_check_ = std::move(check); }
+  // The measurement that checks it: `epoch` from 0, its training seconds and allocated peak.
+  // Throws InvalidArgument when no plan check was given.
+  void measure_plan(int epoch, double epoch_seconds, int64_t peak_bytes);
+  const std::optional<PlanCheck>& plan_check() const { return plan_check_; }
+
  private:
   class Observer;
   double host_ms() const;
@@ -208,13 +218,15 @@ class MemoryTracker {
   bool forward_ended_ = false;
   // Allocator out-of-memory counts: at creation, and when the open phase began.
   int64_t ooms_at_start_ = 0, ooms_at_phase_ = 0;
+  std::optional<PlanCheck> plan_check_;
 };
 
 // Reports, one file per output format (engine/memory/report_table.cpp, report_json.cpp,
 // report_trace.cpp, report_svg.cpp).
 void print_memory_table(MemoryTracker& tracker, std::FILE* out);
 // The documented schema (README "Memory reports"), in this order: schema_version, settings, device,
-// versions, model, micro_batch_size, accum_steps, summary, then the records.
+// versions, model, micro_batch_size, accum_steps, summary, planner (with a plan check), then the
+// records.
 inline constexpr int kMemoryReportSchemaVersion = 2;
 std::string memory_report_json(MemoryTracker& tracker);
 // Chrome trace-event JSON: counter tracks per category, slices for forward, backward and step.
