@@ -232,7 +232,10 @@ TEST_F(AppTest, PlannerPredictsEveryRecomputeSubsetAndTheRunFollowsItsChoice) {
       const std::string text = r.out.substr(line, r.out.find('\n', line) - line);
       if (!largest.empty()) EXPECT_NE(text.find("largest fitting " + largest), std::string::npos) << text;
     }
-    const bool on = r.out.find("effective batch 512 with recompute ") != std::string::npos;
+    const std::size_t choice = r.out.find("planner: micro-batch ");  // "...: predicted peak ..."
+    ASSERT_NE(choice, std::string::npos) << r.out;
+    const std::string plan = r.out.substr(choice, r.out.find(": predicted", choice) - choice);
+    const bool on = plan.find(" with recompute ") != std::string::npos;
     EXPECT_EQ(r.out.find("recompute: on (activations of segments ") != std::string::npos, on) << r.out;
     EXPECT_EQ(r.out.find("recompute on: ") != std::string::npos, on) << r.out;  // the memory table
   }

@@ -116,7 +116,8 @@ BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr
   const Plan plan = run_planner(o, model, flat, train, test);
   if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
   if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
-  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting};
+  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting,
+                   plan_setting_text(plan.setting, plan.recompute_segments)};
   for (const PlanRow& r : plan.table)
     if (r.chosen) {
       chosen.predicted_epoch_seconds = r.epoch_seconds;

@@ -88,8 +88,7 @@ std::optional<PlanCheck> planned_check(const RunConfig& o) {
   PlanCheck check;
   check.micro_batch = o.batch_size;
   check.accum_steps = o.accum_steps_at(0);
-  // The model was planned and trains with recompute on, whether the flag or the planner chose it.
-  if (o.recompute == RecomputeChoice::on) check.setting = "recompute on";
+  check.setting = o.planned_setting;
   check.predicted_epoch_seconds = o.planned_epoch_seconds;
   check.predicted_peak_bytes = o.planned_peak_bytes;
   return check;

@@ -298,6 +298,7 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
   }
   c.planned_epoch_seconds = plan.predicted_epoch_seconds;
   c.planned_peak_bytes = plan.predicted_peak_bytes;
+  c.planned_setting = plan.setting_text;
   return c;
 }
 

@@ -78,6 +78,7 @@ struct RunConfig {
   // The planner's prediction for the chosen plan (with_plan); 0 when the planner did not choose.
   double planned_epoch_seconds = 0.0;
   int64_t planned_peak_bytes = 0;
+  std::string planned_setting;  // its levers, "recompute conv1+bn1, data on device, fp32"
 
   // The optimizer and its learning-rate schedule.
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -135,6 +136,7 @@ struct BatchPlan {
   int64_t micro_batch = 0;
   int accum_steps = 0;
   cumulus::PlanSetting setting;  // its levers (recompute segments, data placement, precision)
+  std::string setting_text;      // the same as plan_setting_text() names it
   // The chosen row's prediction, compared with the first epoch's measurement (training_loop.cpp).
   double predicted_epoch_seconds = 0.0;
   int64_t predicted_peak_bytes = 0;

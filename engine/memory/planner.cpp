@@ -227,6 +227,9 @@ class BufferRestore {
   std::vector<Tensor> saved_;
 };
 
+// What a row needs: reserved bytes, or the peak where the fallback predicts no reserved bytes.
+int64_t row_memory(const PlanRow& r) { return r.reserved_bytes >= 0 ? r.reserved_bytes : r.peak_bytes; }
+
 // The steps of one plan_batch call and what they share.
 class Planner {
  public:
@@ -471,10 +474,9 @@ std::size_t Planner::best(const std::vector<bool>& excluded) const {
   for (std::size_t i = 0; i < t.size() && first == none; ++i)
     if (candidate(i)) first = i;
   if (first == none || tied(first)) return first;
-  const auto memory = [](const PlanRow& r) { return r.reserved_bytes >= 0 ? r.reserved_bytes : r.peak_bytes; };
   std::size_t chosen = none;
   for (std::size_t i = 0; i < t.size(); ++i)
-    if (candidate(i) && tied(i) && (chosen == none || memory(t[i]) < memory(t[chosen]))) chosen = i;
+    if (candidate(i) && tied(i) && (chosen == none || row_memory(t[i]) < row_memory(t[chosen]))) chosen = i;
   return chosen;
 }
 
@@ -549,11 +551,16 @@ std::string Planner::why_text(std::size_t chosen) const {
       ++fitting;
       if (t[i].batch_seconds < t[fastest].batch_seconds) fastest = i;
     }
-  std::string text = fitting == 1        ? "the only candidate that fits"
-                     : fastest == chosen ? "the fastest of " + std::to_string(fitting) + " candidates that fit"
-                                         : "within " + std::to_string(static_cast<int>(kTimeTie * 100)) +
-                                               "% of the fastest, " + steps_text(t[fastest]) + " at " +
-                                               format_seconds(t[fastest].batch_seconds) + ", with less memory";
+  std::string text = fitting == 1 ? "the only candidate that fits"
+                                  : "the fastest of " + std::to_string(fitting) + " candidates that fit";
+  if (fastest != chosen) {  // a tie (Note [Plan levers]): say which rule kept it
+    text = "within " + std::to_string(static_cast<int>(kTimeTie * 100)) + "% of the fastest, " +
+           steps_text(t[fastest]) + " at " + format_seconds(t[fastest].batch_seconds);
+    text += t[fastest].setting.precision != t[chosen].setting.precision ? ", which would change the precision"
+            : row_memory(t[chosen]) < row_memory(t[fastest])             ? ", with less memory"
+                                                                          : ", as the larger micro-batch with fewer "
+                                                                            "levers changed";
+  }
   if (t[chosen].setting.data != req_.setting.data)
     text += "; no plan with the training set on the " + std::string(data_placement_name(req_.setting.data)) + " fits";
   for (int64_t b : plan_.rejected_by_probe)
