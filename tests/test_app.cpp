@@ -14,8 +14,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -252,7 +252,8 @@ TEST_F(AppTest, PlannerWeighsBf16OnlyWithPrecisionAuto) {
   const Result r = run_app(args + quote(path("auto_precision.jsonl")) + " --precision auto");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("  recompute off, data on device, bf16"), std::string::npos) << r.out;
-  const nlohmann::json m = nlohmann::json::parse(read("auto_precision.jsonl").substr(0, read("auto_precision.jsonl").find('\n')));
+  const nlohmann::json m =
+      nlohmann::json::parse(read("auto_precision.jsonl").substr(0, read("auto_precision.jsonl").find('\n')));
   const bool bf16 = r.out.find("effective batch 128 with bf16:") != std::string::npos;
   EXPECT_EQ(m["precision"], bf16 ? "bf16" : "fp32") << r.out;
   const Result plain = run_app(args + quote(path("plain_precision.jsonl")));
@@ -278,8 +279,7 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
     long size = 0, reserved = 0, accum = 0;
     double peak_mib = 0, batch_ms = 0, epoch_s = 0;
     std::string recompute, data, precision, fits, star;
-    if (row >> size >> recompute >> data >> precision >> peak_mib >> reserved >> fits >> accum >> batch_ms >>
-        epoch_s) {
+    if (row >> size >> recompute >> data >> precision >> peak_mib >> reserved >> fits >> accum >> batch_ms >> epoch_s) {
       sizes.push_back(size);
       if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;

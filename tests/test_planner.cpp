@@ -597,7 +597,8 @@ TEST(PlanBatch, WeighsEverySubsetOfTheRecomputeSegments) {
   ASSERT_EQ(free.table.size(), 4 * 7u);
   for (std::size_t i = 0; i < free.table.size(); ++i) EXPECT_EQ(free.table[i].setting.recompute, i % 4) << i;
   EXPECT_EQ(free.setting.recompute, 0u);
-  EXPECT_EQ(plan_setting_text(free.table[1].setting, free.recompute_segments), "recompute block1, data on device, fp32");
+  EXPECT_EQ(plan_setting_text(free.table[1].setting, free.recompute_segments),
+            "recompute block1, data on device, fp32");
   EXPECT_EQ(recompute_text(3, free.recompute_segments), "all");
   EXPECT_EQ(recompute_text(2, free.recompute_segments), "block2");
   // 64 with segment 0 only: the budget is its reserved bytes, below 64's without recompute.

@@ -175,7 +175,8 @@ TEST(RunConfig, PrecisionAndPlacementAutoAreThePlannersToDecide) {
   EXPECT_TRUE(base.precision_by_planner);
   EXPECT_EQ(base.precision, cumulus::Precision::fp32);
   EXPECT_EQ(base.data_on, DataOnChoice::device);
-  const RunConfig planned = with_plan(base, plan_of(64, 1, 0, cumulus::DataPlacement::device, cumulus::Precision::bf16));
+  const RunConfig planned =
+      with_plan(base, plan_of(64, 1, 0, cumulus::DataPlacement::device, cumulus::Precision::bf16));
   EXPECT_EQ(planned.precision, cumulus::Precision::bf16);
   EXPECT_FALSE(planned.precision_by_planner);
   EXPECT_EQ(with_plan(base, plan_of(64, 1, 0)).precision, cumulus::Precision::fp32);
@@ -190,8 +191,9 @@ TEST(RunConfig, PrecisionAndPlacementAutoAreThePlannersToDecide) {
     EXPECT_FALSE(parsed.proceed) << flag;
     EXPECT_EQ(parsed.exit_code, 2) << flag;
   }
-  EXPECT_THROW(resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--precision", "auto", "--kernels", "fused"}),
-               UsageFailure);
+  EXPECT_THROW(
+      resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--precision", "auto", "--kernels", "fused"}),
+      UsageFailure);
 }
 
 }  // namespace

@@ -216,13 +216,12 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  app.add_option(
-         "--recompute", o.recompute,
-         "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
-         "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
-         "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
-         "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
-         "one) predicted for every micro-batch, the fastest plan that fits taken")
+  app.add_option("--recompute", o.recompute,
+                 "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
+                 "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
+                 "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
+                 "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
+                 "one) predicted for every micro-batch, the fastest plan that fits taken")
       ->check(CLI::IsMember({"off", "on", "auto"}))
       ->capture_default_str();
   app.add_option("--precision", o.precision,

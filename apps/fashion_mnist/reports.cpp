@@ -31,7 +31,9 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
           : (" (" + std::string(choice_name(o.lr_schedule)) + " schedule)").c_str());
   if (o.recompute == RecomputeChoice::on)
     say("recompute: on (activations of %s are recomputed in backward)\n",
-        o.recompute_segments == 0 ? "the model's segments" : ("segments " + recompute_text(o.recompute_segments, model.recompute_segment_names())).c_str());
+        o.recompute_segments == 0
+            ? "the model's segments"
+            : ("segments " + recompute_text(o.recompute_segments, model.recompute_segment_names())).c_str());
   if (o.model == ModelKind::mlp) {
     const char* fused = o.device.is_cuda()
                             ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "

@@ -61,7 +61,7 @@ struct RunConfig {
   cumulus::nn::KernelChoice kernels = cumulus::nn::KernelChoice::automatic;
   RecomputeChoice recompute = RecomputeChoice::off;
   DataOnChoice data_on = DataOnChoice::device;  // planner only on CUDA (the CPU's device is the host)
-  uint32_t recompute_segments = 0;               // the planner's choice of the model's segments (--recompute auto)
+  uint32_t recompute_segments = 0;              // the planner's choice of the model's segments (--recompute auto)
   GraphsChoice graphs = GraphsChoice::automatic;
   bool use_graphs = false;  // from `graphs`, the device and the number of ranks
 

@@ -557,9 +557,9 @@ std::string Planner::why_text(std::size_t chosen) const {
     text = "within " + std::to_string(static_cast<int>(kTimeTie * 100)) + "% of the fastest, " +
            steps_text(t[fastest]) + " at " + format_seconds(t[fastest].batch_seconds);
     text += t[fastest].setting.precision != t[chosen].setting.precision ? ", which would change the precision"
-            : row_memory(t[chosen]) < row_memory(t[fastest])             ? ", with less memory"
-                                                                          : ", as the larger micro-batch with fewer "
-                                                                            "levers changed";
+            : row_memory(t[chosen]) < row_memory(t[fastest])            ? ", with less memory"
+                                                                        : ", as the larger micro-batch with fewer "
+                                                                          "levers changed";
   }
   if (t[chosen].setting.data != req_.setting.data)
     text += "; no plan with the training set on the " + std::string(data_placement_name(req_.setting.data)) + " fits";
@@ -732,9 +732,9 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(request.optimizer->parameters().device() == request.device, InvalidArgument,
                 "plan_batch: the optimizer's parameters are on ", request.optimizer->parameters().device().str(),
                 ", the request is for ", request.device.str());
-  CUMULUS_CHECK(request.recompute_segments.size() <= kMaxRecomputeSegments, InvalidArgument, "plan_batch: ",
-                request.recompute_segments.size(), " recompute segments; at most ", kMaxRecomputeSegments,
-                " are weighed (every subset is recorded)");
+  CUMULUS_CHECK(request.recompute_segments.size() <= kMaxRecomputeSegments, InvalidArgument,
+                "plan_batch: ", request.recompute_segments.size(), " recompute segments; at most ",
+                kMaxRecomputeSegments, " are weighed (every subset is recorded)");
   const bool levers = !request.recompute_segments.empty() || request.weigh_placement || !request.precisions.empty();
   CUMULUS_CHECK(!levers || static_cast<bool>(request.apply), InvalidArgument,
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "

@@ -37,8 +37,8 @@ std::vector<std::string> Model::recompute_segment_names() const {
 
 Model& Model::set_recompute_segments(uint32_t mask) {
   const std::size_t segments = recompute_segment_names().size();
-  CUMULUS_CHECK(mask >> segments == 0, InvalidArgument, name(), ": recompute segment mask ", mask, " names segments past its ",
-                segments);
+  CUMULUS_CHECK(mask >> segments == 0, InvalidArgument, name(), ": recompute segment mask ", mask,
+                " names segments past its ", segments);
   return set_recompute(mask != 0);
 }
 

@@ -324,7 +324,7 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.sample_limit = dataset.size();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();
-  r.setting.precision = batch_dtype == DType::bf16 ? Precision::bf16
+  r.setting.precision = batch_dtype == DType::bf16  ? Precision::bf16
                         : batch_dtype == DType::f16 ? Precision::fp16
                                                     : Precision::fp32;
   auto dtype = std::make_shared<DType>(batch_dtype);  // shared by apply and the probes
