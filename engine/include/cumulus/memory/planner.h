@@ -203,8 +203,8 @@ struct Plan {
   bool step_timed = false;
   std::vector<std::string> recompute_segments;  // the request's, for plan_setting_text
   PlanSetting setting;                          // the chosen row's (the request's without a choice)
-  // The choice: the fitting row with the smallest predicted time (within 2% of it, the one with
-  // less memory) that also fit its probe. 0: none fits (reason says why; the caller decides
+  // The choice: the fitting row with the smallest predicted time (a tie within 2%: Note [Plan
+  // levers]) that also fit its probe. 0: none fits (reason says why; the caller decides
   // whether that is an error).
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;
