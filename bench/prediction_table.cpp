@@ -1,12 +1,12 @@
 // The prediction table of issue 16 (Note [Memory prediction] in engine/memory/prediction.cpp): for
-// the seed MLP and the CNN on the CPU, every power of two from 1 to 4096, the predicted peak and
+// the seed MLP and the CNN on the CPU (or CUDA with --device cuda), every power of two from 1 to 4096, the predicted peak and
 // reserved bytes of one training micro-batch against the measured ones. The prediction is made once
 // per model, as the app's planner makes it (record_micro_batch at 128 and 256, the optimizer state
 // as fixed blocks); each measurement runs one micro-batch (the batch in category data, forward,
 // summed cross-entropy, backward into the flat gradients) from the state at rest with the
 // optimizer state held, as the planner's verification does.
 //
-//   prediction_table OUT_DIR [--commit SHA] [--machine TEXT] [--state-copies N] [--max-size B]
+//   prediction_table OUT_DIR [--commit SHA] [--machine TEXT] [--state-copies N] [--max-size B] [--device cpu|cuda]
 //
 // writes OUT_DIR/prediction_table.json and OUT_DIR/prediction_table.md. A size is skipped (and
 // the table says why) when its predicted peak exceeds 6 GiB of host memory or the previous size of
@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/core/device.h"
+#include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/prediction.h"
 #include "cumulus/models/cnn.h"
@@ -56,8 +58,7 @@ std::string mib(int64_t bytes) {
   return s;
 }
 
-std::vector<Row> run_model(const std::string& name, int copies, int64_t max_size) {
-  const Device device = Device::cpu();
+std::vector<Row> run_model(const std::string& name, int copies, int64_t max_size, Device device) {
   CachingAllocator& alloc = allocator_for(device);
   Generator gen(3);
   std::unique_ptr<nn::Module> model;
@@ -148,7 +149,9 @@ std::string json_escape(const std::string& s) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [--commit SHA] [--machine TEXT] [--state-copies N] [--max-size B]\n",
+    std::fprintf(stderr,
+                 "usage: %s OUT_DIR [--commit SHA] [--machine TEXT] [--state-copies N] [--max-size B] "
+                 "[--device cpu|cuda]\n",
                  argv[0]);
     return 2;
   }
@@ -156,12 +159,14 @@ int main(int argc, char** argv) {
   std::string commit = "unknown", machine = "CPU";
   int copies = 2;  // AdamW's two moments: the most state the app's planner holds
   int64_t max_size = 4096;
+  std::string device_name = "cpu";
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--commit") commit = v;
     else if (k == "--machine") machine = v;
     else if (k == "--state-copies") copies = std::atoi(v.c_str());
     else if (k == "--max-size") max_size = std::atoll(v.c_str());
+    else if (k == "--device") device_name = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -171,13 +176,21 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
 
+  Device device;
+  try {
+    device = Device::parse(device_name);
+    check_device_available(device);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "--device %s: %s\n", device_name.c_str(), e.what());
+    return 2;
+  }
   std::vector<Row> rows;
   for (const std::string name : {"mlp", "cnn"})
-    for (Row& r : run_model(name, copies, max_size)) rows.push_back(std::move(r));
+    for (Row& r : run_model(name, copies, max_size, device)) rows.push_back(std::move(r));
 
   std::ostringstream js;
   js << "{\n  \"date\": \"" << date << "\",\n  \"machine\": \"" << json_escape(machine) << "\",\n  \"commit\": \""
-     << json_escape(commit) << "\",\n  \"device\": \"cpu\",\n  \"recorded_at\": [128, 256],\n"
+     << json_escape(commit) << "\",\n  \"device\": \"" << device.str() << "\",\n  \"recorded_at\": [128, 256],\n"
      << "  \"optimizer_state_copies\": " << copies << ",\n  \"rows\": [\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -200,7 +213,7 @@ int main(int argc, char** argv) {
 
   std::ostringstream md;
   md << "Date " << date << ", machine: " << machine << ", commit " << commit
-     << ". CPU. Prediction recorded at micro-batches 128 and 256 (plus the halvings of 128 and the "
+     << ". Device " << device.str() << ". Prediction recorded at micro-batches 128 and 256 (plus the halvings of 128 and the "
         "refinement sizes); optimizer state: "
      << copies << " copies of the parameters held.\n\n";
   md << "| model | micro-batch | predicted peak (MiB) | measured peak (MiB) | peak error % | predicted reserved "

@@ -8,12 +8,15 @@
 # CUDA, the seed run in bf16 and fp16, and the CNN at micro-batch 256 for 5 epochs in fp32 and bf16.
 # `fused` (issue 12): bench_fused_kernels, the graph families fused against generic, the seed run
 # with --kernels fused and generic, and compare.py (2 epochs, 64x1 and 16x4, with PyTorch): several
-# minutes, so give it a device call of its own.
+# minutes, so give it a device call of its own. `planner` (issue 31 on CUDA): --plan-only tables with
+# every lever weighed (recompute subsets, --data-on auto, --precision auto) for the MLP and the CNN,
+# bench/prediction_table (predicted against measured peaks, 1 to 4096), and training runs under
+# budgets that move the choice, down to one the device-resident dataset cannot fit (host chosen).
 # Writes logs and JSON under $OUT.
 # Usage (on the GPU machine, from the repository root):
-#   scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|all]
+#   scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|planner|all]
 set -uo pipefail
-data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|all]}
+data=${1:?usage: scripts/gpu_session.sh DATA_DIR [tests|bench|seed|precision|fused|planner|all]}
 what=${2:-all}
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -103,5 +106,21 @@ if [[ $what == fused || $what == all ]]; then
       --build "$(dirname "$(dirname "$(command -v fashion_mnist)")")"' _ "$data" "$OUT/compare" \
     > "$OUT/compare.log" 2>&1 || status=1
   echo "compare.py: $(grep -c . "$OUT/compare/summary.md" 2>/dev/null) lines in compare/summary.md"
+fi
+if [[ $what == planner || $what == all ]]; then
+  levers=(--recompute auto --precision auto --data-on auto)
+  for model in mlp cnn; do
+    bash .gpu/run.sh fashion_mnist --device cuda --data "$data" --model "$model" --effective-batch 1024 --plan-only \
+      "${levers[@]}" > "$OUT/plan_only_${model}.log" 2>&1 || status=1
+  done
+  bash .gpu/run.sh prediction_table "$OUT" --device cuda > "$OUT/prediction_table.txt" 2>&1 || status=1
+  # The MLP's 60000 images are 47 MB on the device as u8: 40MiB leaves room for no device-resident plan.
+  for budget in 400MiB 120MiB 80MiB 40MiB; do
+    bash .gpu/run.sh fashion_mnist --device cuda --data "$data" --epochs 2 --effective-batch 4096 \
+      --memory-budget "$budget" "${levers[@]}" --metrics "$OUT/planned_mlp_${budget}.jsonl" \
+      --memory-report "$OUT/planned_mlp_${budget}_memory.json" > "$OUT/planned_mlp_${budget}.log" 2>&1 || status=1
+    printf 'planned mlp %s: %s | %s\n' "$budget" "$(grep -m1 '^planner: micro-batch' "$OUT/planned_mlp_${budget}.log" | cut -c1-160)" \
+      "$(grep -m1 '^planner: predicted' "$OUT/planned_mlp_${budget}.log")"
+  done
 fi
 exit $status
