@@ -52,9 +52,9 @@ int main(int argc, char** argv) try {
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   auto loss = [&](const data::Batch& b) { return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); };
 
-  // The planner: the largest micro-batch dividing the effective batch 64 whose training, AdamW's
-  // state included, stays within the budget: predicted from recorded micro-batches, then run once
-  // (an OutOfMemory error with the reason when none fits).
+  // The planner: the micro-batch dividing the effective batch 64 predicted fastest among those
+  // whose training, AdamW's state included, stays within the budget: predicted from recorded and
+  // timed micro-batches, then run once (an OutOfMemory error with the reason when none fits).
   const Plan plan =
       plan_batch(optim::plan_request(*optimizer, train_set, loss, 64, parse_byte_size(argc > 2 ? argv[2] : "2MiB")));
   std::printf("planner: %s\n", plan.reason.c_str());
