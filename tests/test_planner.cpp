@@ -614,6 +614,26 @@ TEST(PlanBatch, WeighsEverySubsetOfTheRecomputeSegments) {
   EXPECT_THROW(plan_batch(request), InvalidArgument);
 }
 
+// The training loop's own blocks (an Accumulator's learning-rate table, made at its first step) are
+// held in every row, category other, as the optimizer state is: without them a plan at the edge of
+// the budget passed its probe and then ran out of memory by those bytes in the loop.
+TEST(PlanBatch, HoldsTheLoopsStateInEveryRow) {
+  Synthetic s;
+  const Plan without = plan_batch(s.request(64, 0));
+  PlanRequest request = s.request(64, 0);
+  request.loop_state = optim::Accumulator::state_to_allocate();
+  ASSERT_EQ(request.loop_state.size(), 1u);
+  const int64_t table_bytes = rounded(request.loop_state[0]);
+  const Plan with = plan_batch(request);
+  ASSERT_EQ(with.table.size(), without.table.size());
+  constexpr auto kOther = static_cast<std::size_t>(MemoryCategory::other);
+  for (std::size_t i = 0; i < with.table.size(); ++i) {
+    EXPECT_EQ(with.table[i].peak_bytes - without.table[i].peak_bytes, table_bytes) << i;
+    EXPECT_EQ(with.table[i].peak_by_category[kOther] - without.table[i].peak_by_category[kOther], table_bytes) << i;
+  }
+  EXPECT_EQ(with.optimizer_state_bytes, 0) << "the loop's blocks are not optimizer state";
+}
+
 // Without injected timings, the probes' own times are fitted (a line through positive times)
 // and a step of an optimizer that already holds its state is probed and undone: the parameters,
 // the state and the update count are as before.
@@ -713,6 +733,7 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   PlanRequest by_hand = rig.request(adamw, 512, kBudget);
   by_hand.model = nullptr;
   by_hand.sample_limit = 600;
+  by_hand.loop_state = optim::Accumulator::state_to_allocate();  // the Trainer's learning-rate table
   by_hand.micro_batch = [&](int64_t b) {
     loss(data::DataLoader(dataset, b).batch(0)).backward();
     rig.flat->mark_gradients_stale();
@@ -723,6 +744,7 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   EXPECT_EQ(request.device, kCpu);
   EXPECT_EQ(request.sample_limit, 600);
   EXPECT_TRUE(request.require_fit);
+  EXPECT_EQ(request.loop_state, optim::Accumulator::state_to_allocate());
   const Plan got = plan_batch(request);
   for (const auto& [name, p] : rig.model->named_parameters())
     EXPECT_FALSE(p.grad().defined()) << name << ": the probes' gradients are discarded";

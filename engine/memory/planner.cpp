@@ -19,9 +19,9 @@
 //
 // The request takes a function that runs one training micro-batch rather than a model, so any
 // model, loss and data path plans the same way (the app's loader stages host-resident data, for
-// instance); what that function allocates is what is predicted, and blocks the loop will hold that
-// neither exist now nor come from it (an Accumulator's learning-rate table and loss seed) are not
-// seen. Each setting of the levers (Note [Plan levers]) is recorded and predicted on its own.
+// instance); what that function allocates is what is predicted, plus the blocks the loop will hold
+// that neither exist now nor come from it, which the caller names (PlanRequest::loop_state: an
+// Accumulator's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and predicted on its own.
 // Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times
 // within 2% are a tie (Note [Plan levers]). Probes are training
 // forwards, so batch norm's running statistics are copied first and written back, also when an interrupt thrown from
@@ -261,7 +261,8 @@ class Planner {
 
   const PlanRequest& req_;
   CachingAllocator& alloc_;
-  std::vector<int64_t> state_;  // the optimizer state's blocks, requested bytes
+  std::vector<int64_t> state_;    // the optimizer state's blocks, requested bytes
+  std::vector<FixedBlock> held_;  // those and the loop's (PlanRequest::loop_state): in every row
   std::vector<int64_t> divisors_;
   int64_t large_ = 0;  // recordings at large_ and large_ / 2
   int64_t epoch_samples_ = 0;
@@ -280,7 +281,11 @@ Planner::Planner(const PlanRequest& request, CachingAllocator& alloc)
   // 128 and 256 make each size's fit exact (Note [Memory prediction]); smaller when samples are few.
   large_ = 256;
   while (req_.sample_limit > 0 && large_ > req_.sample_limit) large_ /= 2;
-  for (int64_t b : state_) plan_.optimizer_state_bytes += round_up(b, CachingAllocator::kRounding);
+  for (int64_t b : state_) {
+    plan_.optimizer_state_bytes += round_up(b, CachingAllocator::kRounding);
+    held_.push_back(FixedBlock{MemoryCategory::optimizer_state, b});
+  }
+  for (int64_t b : req_.loop_state) held_.push_back(FixedBlock{MemoryCategory::other, b});
   plan_.recompute_segments = req_.recompute_segments;
   plan_.setting = req_.setting;
 }
@@ -322,8 +327,6 @@ std::vector<PlanSetting> Planner::settings_with(DataPlacement data) const {
 MemoryPredictor Planner::record(const PlanSetting& setting) {
   if (large_ < 2) return {};
   put_in_place(setting);
-  std::vector<FixedBlock> fixed;
-  for (int64_t b : state_) fixed.push_back(FixedBlock{MemoryCategory::optimizer_state, b});
   std::vector<std::pair<int64_t, double>> timings;
   bool warm = false;
   auto timed = [&](int64_t b) {
@@ -333,7 +336,7 @@ MemoryPredictor Planner::record(const PlanSetting& setting) {
     if (warm) timings.emplace_back(b, req_.micro_batch_seconds ? req_.micro_batch_seconds(b, setting) : seconds);
     warm = true;
   };
-  MemoryPredictor p = record_micro_batch(alloc_, timed, large_ / 2, large_, std::move(fixed));
+  MemoryPredictor p = record_micro_batch(alloc_, timed, large_ / 2, large_, held_);
   if (p.ok()) plan_.weighed.push_back(Plan::Weighed{setting, fit_time(timings), p.rest_reserved(), 0});
   return p;
 }
@@ -417,9 +420,8 @@ bool Planner::probe(const PlanRow& row, MemoryStats& measured) {
   bool fits = true;
   try {
     put_in_place(row.setting);
-    std::vector<Allocation> state;
-    for (int64_t b : state_)
-      state.push_back(alloc_.allocate(static_cast<std::size_t>(b), MemoryCategory::optimizer_state));
+    std::vector<Allocation> held;
+    for (const FixedBlock& b : held_) held.push_back(alloc_.allocate(static_cast<std::size_t>(b.bytes), b.category));
     alloc_.reset_peak();
     req_.micro_batch(row.micro_batch);
   } catch (const OutOfMemory&) {
@@ -616,7 +618,7 @@ MemoryCost Planner::line_cost() {
       large > small ? memory_cost_from_probes(small, small_peak, large, large_peak) : MemoryCost{small_peak, 0.0};
   alloc_.empty_cache();
   cost.fixed_bytes = plan_.reserved_at_rest;
-  for (int64_t b : state_) cost.fixed_bytes += round_up(b, CachingAllocator::kLargeSegmentRounding);
+  for (const FixedBlock& b : held_) cost.fixed_bytes += round_up(b.bytes, CachingAllocator::kLargeSegmentRounding);
   return cost;
 }
 

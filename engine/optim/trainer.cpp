@@ -321,6 +321,7 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.effective_batch = effective_batch;
   r.budget = budget;
   r.optimizer = &optimizer;
+  r.loop_state = Accumulator::state_to_allocate();  // the Trainer's Accumulator
   r.sample_limit = dataset.size();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();

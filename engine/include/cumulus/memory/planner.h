@@ -126,15 +126,16 @@ struct PlanRequest {
   // Runs one training micro-batch of `samples`: batch, forward, loss, backward into the gradient
   // buffers, then frees all it allocated and discards the gradients (called at several sizes,
   // also above and below the choice). May throw (an interrupt): the exception leaves plan_batch
-  // after the allocator's limit, the model's buffers and the recompute lever are restored. Blocks
-  // the training loop will hold that exist neither now nor in a micro-batch (an
-  // optim::Accumulator's 16 KiB learning-rate table and loss seed, made with its first micro-batch)
-  // are not seen: they need room in the small pool.
+  // after the allocator's limit, the model's buffers and the levers' setting are restored.
   std::function<void(int64_t samples)> micro_batch;
   // The optimizer that will train: the state its first update allocates (state_to_allocate()) is
   // held in every prediction and probe. Its gradients are discarded after a probe that ran out of
   // memory. Required.
   optim::Optimizer* optimizer = nullptr;
+  // Blocks the training loop will hold beside every micro-batch that exist neither now nor in one
+  // (bytes requested, category other): optim::Accumulator::state_to_allocate(), its learning-rate
+  // table, for a loop with an Accumulator or a Trainer. Held in every prediction and probe.
+  std::vector<int64_t> loop_state;
   // The most samples `micro_batch` can take (the training set's size): recordings stay within it.
   // 0: no limit.
   int64_t sample_limit = 0;

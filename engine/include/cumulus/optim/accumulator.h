@@ -161,6 +161,10 @@ class Accumulator {
   // optimizer's own state (load_state) is restored first.
   void restore(const Counters& counters);
   static int steps_for_epoch(const std::map<int, int>& schedule, int epoch);
+  // The blocks an Accumulator makes at its first step and holds beside every later micro-batch
+  // (bytes requested, category other): its learning-rate table. A planner holds them in every
+  // prediction, as it holds the optimizer's state (PlanRequest::loop_state).
+  static std::vector<int64_t> state_to_allocate();
 
   // ---- the step in three parts, for Trainer's CUDA graphs (engine/optim/trainer.cpp) ----
   // Host work before the device part: zeroes stale gradient slots and keeps the learning-rate
