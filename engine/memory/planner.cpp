@@ -21,15 +21,15 @@
 // model, loss and data path plans the same way (the app's loader stages host-resident data, for
 // instance); what that function allocates is what is predicted, plus the blocks the loop will hold
 // that neither exist now nor come from it, which the caller names (PlanRequest::loop_state: an
-// Accumulator's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and predicted on its own.
-// Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times
-// within 2% are a tie (Note [Plan levers]). Probes are training
-// forwards, so batch norm's running statistics are copied first and written back, also when an interrupt thrown from
-// the micro-batch ends the call. The planner prints nothing: the caller shows plan.table and plan.reason, and on_table
-// lets it show the table before the probes, which may take long. No choice is a plan with micro_batch 0 rather than an
-// exception, so --plan-only can still show why. When the recordings do not match (an allocation pattern that changes
-// with the size), the fallback is a line through two small probes' allocated peaks on top of the reserved bytes at rest
-// and the state (each block in a segment of its own), with a 5% margin, verified the same way.
+// Accumulator's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and predicted on its
+// own. Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times within 2% are a
+// tie (Note [Plan levers]). Probes are training forwards, so batch norm's running statistics are copied first and
+// written back, also when an interrupt thrown from the micro-batch ends the call. The planner prints nothing: the
+// caller shows plan.table and plan.reason, and on_table lets it show the table before the probes, which may take long.
+// No choice is a plan with micro_batch 0 rather than an exception, so --plan-only can still show why. When the
+// recordings do not match (an allocation pattern that changes with the size), the fallback is a line through two small
+// probes' allocated peaks on top of the reserved bytes at rest and the state (each block in a segment of its own), with
+// a 5% margin, verified the same way.
 
 // Note [Predicting time]
 // The recordings already run the micro-batch at every power of two up to 256 (and the midpoints

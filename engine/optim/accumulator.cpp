@@ -234,9 +234,7 @@ void Accumulator::write_lr_table(int64_t base_update) {
   lr_table_constant_ = schedule_ ? -1.0f : optimizer_->lr();
 }
 
-std::vector<int64_t> Accumulator::state_to_allocate() {
-  return {kLrTableSize * static_cast<int64_t>(sizeof(float))};
-}
+std::vector<int64_t> Accumulator::state_to_allocate() { return {kLrTableSize * static_cast<int64_t>(sizeof(float))}; }
 
 int Accumulator::steps_for_epoch(const std::map<int, int>& schedule, int epoch) {
   auto it = schedule.upper_bound(epoch);  // first entry after `epoch`; the one before applies
