@@ -117,7 +117,10 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   auto flat = std::make_shared<nn::FlatParameters>(model);
   allocator_for(device).empty_cache();  // the per-parameter buffers packing replaced
-  apply_memory_budget(placed);
+  // --data-on auto: the planner may move the splits off the device, so what the run holds is
+  // checked against the budget after it has placed them.
+  const bool placement_planned = placed.data_on == DataOnChoice::planner;
+  if (!placement_planned) apply_memory_budget(placed);
   if (placed.plan_only) {  // the planner's table, nothing trained
     print_plan(placed, model, flat, train_set, test);
     return 0;
@@ -125,6 +128,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   const RunConfig config = placed.batch_source == BatchSource::planner
                                ? with_plan(placed, plan_batch(placed, model, flat, train_set, test))
                                : placed;  // resolved: the micro-batch, the accumulation steps and the levers
+  if (placement_planned) apply_memory_budget(config);
   const data::DataLoader test_loader = test_loader_for(config, test);
 
   data::DataLoader train_loader(train_set, config.batch_size, config.shuffle, config.seed, device);
