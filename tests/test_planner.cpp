@@ -534,6 +534,15 @@ TEST(PlanBatch, PicksHostResidentDataOnlyWhenDeviceResidentDataCannotFit) {
   EXPECT_NE(p.reason.find("with data on host"), std::string::npos) << p.reason;
   EXPECT_NE(p.reason.find("no plan with the training set on the device fits"), std::string::npos) << p.reason;
   rig.apply(PlanSetting{});
+
+  // Nothing fits even on the host: the set goes back to the device, though the budget has no room
+  // for it (it was there before the budget applied), and the plan says why instead of throwing.
+  request.budget = int64_t{1} << 20;
+  p = plan_batch(request);
+  EXPECT_EQ(p.micro_batch, 0) << p.reason;
+  EXPECT_EQ(rig.in_place.data, DataPlacement::device);
+  EXPECT_EQ(allocator_for(kCpu).memory_limit(), 0);
+  rig.apply(PlanSetting{});
 }
 
 // Precision is weighed only with the opt-in, and then wins only by more than the 2% tie: without

@@ -238,6 +238,7 @@ class Planner {
 
  private:
   void put_in_place(const PlanSetting& setting);
+  void restore_request_setting();
   std::vector<PlanSetting> settings_with(DataPlacement data) const;
   MemoryPredictor record(const PlanSetting& setting);
   bool weigh(const PlanSetting& setting);
@@ -298,6 +299,14 @@ void Planner::put_in_place(const PlanSetting& setting) {
   if (!req_.apply || setting == in_place_) return;
   req_.apply(setting);
   in_place_ = setting;
+}
+
+// The request's setting back when no plan is chosen or an exception leaves, without the budget's
+// limit: that setting held its memory before the budget applied (the splits on the device with
+// --data-on auto, which the budget may not leave room for).
+void Planner::restore_request_setting() {
+  const LimitScope unlimited(alloc_, 0);
+  put_in_place(req_.setting);
 }
 
 // The settings to weigh with the training set at `data`, the request's first: its precision, then
@@ -506,7 +515,7 @@ std::size_t Planner::pick(MemoryStats& measured) {
     }
     return i;
   }
-  put_in_place(req_.setting);
+  restore_request_setting();
   return plan_.table.size();
 }
 
@@ -696,7 +705,7 @@ Plan Planner::run() {
     if (req_.on_table) req_.on_table(plan_);
     choose_from_recording();
   } catch (...) {
-    put_in_place(req_.setting);
+    restore_request_setting();
     throw;
   }
   return std::move(plan_);
