@@ -19,7 +19,8 @@ struct PlanCheck {
   // The plan: the chosen PlanRow's micro_batch and accum_steps.
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;
-  // The plan's other levers as text (e.g. "recompute on"); empty when it has none.
+  // The plan's other levers as text (plan_setting_text in memory/planner.h: "recompute conv1+bn1,
+  // data on device, fp32"); may be empty.
   std::string setting;
   // The chosen PlanRow's prediction: epoch_seconds (an epoch's training, no test pass; Note
   // [Predicting time] in engine/memory/planner.cpp) and peak_bytes (the allocated peak).
