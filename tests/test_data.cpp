@@ -769,6 +769,24 @@ TEST_P(LoaderTest, HostResidentGatherReplaysFromACapturedGraph) {
   }
 }
 
+// A micro-batch that fails between its stage() and its gather (here: the gather never comes)
+// must not set the host's staging slot apart from the one the device gather reads: every later
+// batch is still the right one.
+TEST_P(LoaderTest, HostResidentStagingSurvivesAStageWithoutItsGather) {
+  if (!device().is_cuda()) GTEST_SKIP() << "the staging ring exists on CUDA only";
+  const ImageDataset on_device = make_dataset(40);
+  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  DataLoader reference(on_device, 8, true, 5);
+  DataLoader staged(on_host, 8, true, 5, device());
+  staged.seek(0);
+  staged.stage(0, 1);  // its micro-batch fails before next(0)
+  for (int64_t i = 1; i < staged.num_batches(); ++i) {
+    staged.seek(i);
+    staged.stage(i, i + 1);
+    EXPECT_EQ(staged.next(i).x.to_vector<float>(), reference.batch(i).x.to_vector<float>()) << "batch " << i;
+  }
+}
+
 // Item 5 of issue 26: the staging ring comes from the compute stream's allocator, which hands out a
 // block freed there at once, while the copy stream fills it. Here the block the ring takes is
 // still to be written by the compute stream (a memset of 0xFF queued behind some 40 ms of work)

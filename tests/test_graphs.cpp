@@ -15,6 +15,7 @@
 #include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/memory/tracker.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
@@ -61,7 +62,8 @@ struct RunResult {
 // 3 epochs of 8 micro-batches of 5 (the last holds 2) in groups of 3 (the last holds 2); before
 // micro-batch 4 of epoch 1 a bias is set to +inf, so that group's gradient is non-finite and its
 // step is skipped on the device; the bias is restored after that step.
-RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* tracker = nullptr, int epochs = 3) {
+RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* tracker = nullptr, int epochs = 3,
+                bool dropout = false) {
   const data::ImageDataset ds = toy_dataset(device);
   Generator gen(3);
   nn::Sequential model;
@@ -69,6 +71,7 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
   auto first = std::make_shared<nn::Linear>(kSide * kSide, 8, gen, device);
   model.add(first);
   model.add(std::make_shared<nn::ReLU>());
+  if (dropout) model.add(std::make_shared<nn::Dropout>(0.3f, 11));
   model.add(std::make_shared<nn::Linear>(8, kClasses, gen, device));
   auto flat = std::make_shared<nn::FlatParameters>(model);
   std::shared_ptr<optim::Optimizer> optimizer;
@@ -144,6 +147,19 @@ TEST_P(TrainerGraphsTest, GraphsGiveTheEagerWeightsBitForBit) {
       EXPECT_EQ(captured.stats.replayed_micro_batches, 0);
     }
   }
+}
+
+// Note [Dropout offsets on the device]: a replayed micro-batch draws the mask of its own offset, as
+// an eager one does, so a model with dropout trains to the eager weights under graphs too (with the
+// offset frozen at capture, every replay would repeat one mask).
+TEST_P(TrainerGraphsTest, GraphsWithDropoutGiveTheEagerWeightsBitForBit) {
+  const RunResult eager = train(device(), Opt::adamw, false, nullptr, 3, /*dropout=*/true);
+  const RunResult captured = train(device(), Opt::adamw, device().is_cuda(), nullptr, 3, /*dropout=*/true);
+  ASSERT_EQ(captured.weights.size(), eager.weights.size());
+  EXPECT_EQ(0, std::memcmp(captured.weights.data(), eager.weights.data(), eager.weights.size() * sizeof(float)))
+      << "captured and eager weights differ";
+  EXPECT_EQ(captured.last_epoch_loss, eager.last_epoch_loss);
+  if (device().is_cuda()) EXPECT_GT(captured.stats.replayed_micro_batches, 0);
 }
 
 TEST_P(TrainerGraphsTest, MemoryReportHasTheEagerCategoriesAndFixedCosts) {
@@ -281,6 +297,26 @@ TEST_F(GraphCudaTest, ASynchronizingClosureFailsTheCaptureWithAClearError) {
   }
   // The context and the allocator are usable afterwards.
   EXPECT_EQ(Tensor::full(Shape{3}, 2.0f, loop.device).to_vector<float>(), (std::vector<float>{2, 2, 2}));
+}
+
+// A capture that cannot begin (the stream is already capturing) leaves the context out of capture
+// mode and the allocator's routing off: the next eager call and the next capture work.
+TEST_F(GraphCudaTest, ACaptureThatCannotBeginLeavesNothingBehind) {
+  Loop loop;
+  cuda::Context& ctx = cuda::context(0);
+  (void)Tensor::zeros(Shape{4}, DType::f32, loop.device);  // the context's stream exists
+  ASSERT_EQ(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+  EXPECT_THROW(cuda::Graph::capture(ctx, [] {}), CudaError);
+  cudaGraph_t outer = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(ctx.stream(), &outer), cudaSuccess);
+  if (outer) cudaGraphDestroy(outer);
+  EXPECT_FALSE(ctx.capturing());
+  EXPECT_EQ(Tensor::full(Shape{3}, 2.0f, loop.device).to_vector<float>(), (std::vector<float>{2, 2, 2}));
+  const Tensor x = Tensor::full(Shape{4}, -1.0f, loop.device);
+  Tensor y;
+  cuda::Graph g = cuda::Graph::capture(ctx, [&] { y = ops::relu(x); });
+  g.launch();
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{0, 0, 0, 0}));
 }
 #endif
 

@@ -157,8 +157,9 @@ TEST_P(PointwiseTest, DropoutKeepsAFractionOneMinusP) {
 TEST_P(PointwiseTest, DropoutSavesNoMask) {
   const Tensor x = leaf(std::vector<float>(4096, 1.0f), {4096}, device());
   CachingAllocator& allocator = allocator_for(device());
+  const Tensor offset = Tensor::from_vector(std::vector<int64_t>{1}, {1}, device());
   const int64_t before = allocator.stats().allocated;
-  const Tensor y = ops::dropout(x, 0.5f, true, 1, 1);
+  const Tensor y = ops::dropout(x, 0.5f, true, 1, offset);
   EXPECT_EQ(allocator.stats().allocated - before, static_cast<int64_t>(y.allocated_bytes()));
   ops::sum(y).backward();
   const std::vector<float> dx = x.grad().to_vector<float>(), yv = y.to_vector<float>();
@@ -178,6 +179,21 @@ TEST_P(PointwiseTest, DropoutModuleAdvancesItsOffsetInTrainingOnly) {
   EXPECT_EQ(b(x).raw_data(), x.raw_data());
   EXPECT_EQ(b.calls(), 1u) << "eval calls draw nothing";
   EXPECT_TRUE(b.state_dict().empty());
+  b.train();
+  b.set_calls(5);
+  EXPECT_EQ(b(x).to_vector<float>(), ops::dropout(x, 0.5f, true, 7, 5).to_vector<float>()) << "a restored count";
+  EXPECT_EQ(b.calls(), 6u);
+}
+
+// Each call takes its own offset from the device counter: two calls before one backward keep two
+// masks apart (the first call's gradient is its own mask's, not the second's).
+TEST_P(PointwiseTest, DropoutCalledTwiceBeforeItsBackwardKeepsEachMask) {
+  const Tensor x = leaf(std::vector<float>(512, 1.0f), {512}, device());
+  nn::Dropout drop(0.5f, 3);
+  const Tensor first = drop(x), second = drop(x);
+  ops::sum(first).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), first.to_vector<float>());
+  EXPECT_NE(first.to_vector<float>(), second.to_vector<float>());
 }
 
 // A recomputed segment replays the module's mask: the gradients are the stored run's, bit for bit.

@@ -12,6 +12,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
 #include "test_util.h"
@@ -228,6 +229,19 @@ TEST_P(TensorTest, ToDeviceRoundTrip) {
   EXPECT_EQ(dst.to_vector<float>(), v);
   EXPECT_THROW(dst.copy_from(Tensor::zeros({100, 10})), Error) << "shapes must match";
   EXPECT_THROW(dst.copy_from(Tensor::zeros({10, 100}, DType::i32)), Error) << "dtypes must match";
+}
+
+// A copy between two GPUs waits for the source device's work: the source is the output of a GEMM
+// still queued on cuda:0 when the copy to cuda:1 is issued.
+TEST(PeerCopy, WaitsForTheSourceDevicesWork) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA GPUs";
+  const Tensor a = Tensor::full({2048, 2048}, 1.0f / 64, Device::cuda(0));
+  for (int round = 0; round < 4; ++round) {
+    const Tensor product = ops::matmul(ops::matmul(a, a), a);  // queued, not finished
+    const std::vector<float> copied = product.to(Device::cuda(1)).to_vector<float>();
+    const std::vector<float> direct = product.to_vector<float>();
+    ASSERT_EQ(copied, direct) << "round " << round;
+  }
 }
 
 TEST_P(TensorTest, ItemAndStr) {

@@ -165,8 +165,14 @@ Graph Graph::capture(Context& ctx, const std::function<void()>& work) {
   const int64_t launches_before = detail::cuda_launches.load();
   alloc.acquire_graph_pool();  // held by the graph; released below if the capture fails
   alloc.begin_graph_pool_routing();
+  const cudaError_t begin = cudaStreamBeginCapture(ctx.stream_, cudaStreamCaptureModeThreadLocal);
+  if (begin != cudaSuccess) {  // nothing is captured: leave the allocator and the context as they were
+    alloc.end_graph_pool_routing();
+    alloc.release_graph_pool();
+    (void)cudaGetLastError();
+    detail::throw_cuda_error(begin, "cudaStreamBeginCapture", __FILE__, __LINE__);
+  }
   ctx.capturing_ = true;
-  CUMULUS_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream_, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   auto finish = [&] {
     ctx.capturing_ = false;

@@ -224,8 +224,9 @@ kernels::GatherColumns gather_columns(const TensorDataset& ds, const std::vector
 // buffer and a copy stream moves them to the device once the gather that last read that slot is
 // done. The copy of batch i + 1 thus runs while batch i computes. The device gather (the same
 // kernel as for device-resident data, so captured CUDA graphs stay valid) reads the slot from the
-// cursor's ring_slot and advances it; the host counts slots the same way, which is why each
-// stage() must be followed by exactly one gather. The only host wait is for a pinned buffer's
+// cursor's ring_slot, which stage() writes on the compute stream (a one-thread launch): the host
+// alone counts slots, so an exception between a stage() and its gather cannot set the two apart,
+// and a graph replayed after stage(i) reads batch i. The only host wait is for a pinned buffer's
 // previous copy before it is refilled (two batches back: normally long finished, and then not
 // counted as a host synchronization). On the CPU the option means nothing: the data is already
 // where the batches are made.
@@ -377,7 +378,8 @@ void DataLoader::seek(int64_t i) {
     cursor_ = Tensor::zeros(Shape{4}, DType::i32, device_);  // kernels::GatherCursor, 16 bytes
   }
   position_ = i;
-  copy_bytes(cursor_.raw_data(), device_, &i, Device::cpu(), sizeof(i));  // the position only
+  auto* cursor = static_cast<kernels::GatherCursor*>(cursor_.raw_data());
+  CUMULUS_DISPATCH(device_, ctx, cursor->position = i, kernels::set_gather_cursor_cuda(cursor, i, -1, ctx.stream()));
 }
 
 void DataLoader::copy_rows_on_host(std::size_t k, int64_t i, int64_t count, uint8_t* out) const {
@@ -397,6 +399,7 @@ void DataLoader::stage(int64_t i, int64_t then) {
                 num_batches(), " batches");
   if (!staging_) return;
 #if CUMULUS_WITH_CUDA
+  if (!cursor_.defined()) seek(i);
   HostStaging& st = *staging_;
   cuda::DeviceGuard guard(device_.index());
   cuda::Context& ctx = cuda::context(device_.index());
@@ -425,10 +428,13 @@ void DataLoader::stage(int64_t i, int64_t then) {
   if (st.holds[k] != i || st.holds_epoch[k] != st.epoch_serial) fill(k, i);
   // (3) The gather waits for the copy.
   CUMULUS_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), st.copied[k], 0));
+  // (4) The next gather reads slot k: the host says so, so no failure between here and the gather
+  // can set the device's slot apart from the host's.
+  kernels::set_gather_cursor_cuda(static_cast<kernels::GatherCursor*>(cursor_.raw_data()), -1, k, ctx.stream());
   st.pending_consumed = k;
   st.next_slot = (k + 1) % HostStaging::kSlots;
   st.staged = i;
-  // (4) Batch `then` into the other slot, behind this one's compute.
+  // (5) Batch `then` into the other slot, behind this one's compute.
   if (then >= 0 && then < num_batches()) fill(st.next_slot, then);
 #else
   (void)then;

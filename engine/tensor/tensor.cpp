@@ -31,6 +31,16 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
   cuda::DeviceGuard guard(gpu.index());
   cudaStream_t s = cuda::stream(gpu.index());
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+    // The copy runs on the destination's stream; the work that produces `src` is on the source's.
+    cudaEvent_t produced = nullptr;
+    {
+      cuda::DeviceGuard source_guard(src_device.index());
+      CUMULUS_CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+      CUMULUS_CUDA_CHECK(cudaEventRecord(produced, cuda::stream(src_device.index())));
+    }
+    const cudaError_t waited = cudaStreamWaitEvent(s, produced, 0);
+    CUMULUS_CUDA_WARN(cudaEventDestroy(produced));  // released once the wait is satisfied
+    CUMULUS_CUDA_CHECK(waited);
     CUMULUS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes, s));
     cuda::synchronize_stream(s);
     return;

@@ -141,15 +141,15 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
 }
 
 template <typename T>
-void dropout_forward_cpu(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y, int64_t n) {
-  const uint64_t key = dropout_key(seed, offset);
+void dropout_forward_cpu(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y, int64_t n) {
+  const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
 }
 
 template <typename T>
-void dropout_backward_cpu(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta, T* dx,
+void dropout_backward_cpu(uint64_t seed, const int64_t* offset, float p, float scale, const T* dy, float beta, T* dx,
                           int64_t n) {
-  const uint64_t key = dropout_key(seed, offset);
+  const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   for (int64_t i = 0; i < n; ++i) {
     const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
     dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
@@ -165,11 +165,16 @@ void dropout_backward_cpu(uint64_t seed, uint64_t offset, float p, float scale, 
   template void unary_backward_cpu(UnaryOp, const T*, const T*, float, T*, int64_t);                                   \
   template void softmax_forward_cpu(bool, const T*, T*, int64_t, int64_t);                                             \
   template void softmax_backward_cpu(bool, const T*, const T*, float, T*, int64_t, int64_t);                           \
-  template void dropout_forward_cpu(uint64_t, uint64_t, float, float, const T*, T*, int64_t);                          \
-  template void dropout_backward_cpu(uint64_t, uint64_t, float, float, const T*, float, T*, int64_t);
+  template void dropout_forward_cpu(uint64_t, const int64_t*, float, float, const T*, T*, int64_t);                    \
+  template void dropout_backward_cpu(uint64_t, const int64_t*, float, float, const T*, float, T*, int64_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)
 #undef CUMULUS_INSTANTIATE
+
+void dropout_take_offset_cpu(int64_t* counter, int64_t* taken) {
+  *taken = *counter;
+  *counter += 1;
+}
 
 }  // namespace cumulus::kernels

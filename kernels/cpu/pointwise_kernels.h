@@ -41,12 +41,15 @@ void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols)
 template <typename T>
 void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols);
 
-// y = x * keep * scale with keep = dropout_keep(dropout_key(seed, offset), i, p) (Note [Dropout
-// mask]); the backward is the same with dy for x and a beta.
+// y = x * keep * scale with keep = dropout_keep(dropout_key(seed, *offset), i, p) (Note [Dropout
+// mask]); the backward is the same with dy for x and a beta. The offset is read from memory when
+// the kernel runs (Note [Dropout offsets on the device] in engine/ops/dropout.cpp).
 template <typename T>
-void dropout_forward_cpu(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y, int64_t n);
+void dropout_forward_cpu(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y, int64_t n);
 template <typename T>
-void dropout_backward_cpu(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta, T* dx,
+void dropout_backward_cpu(uint64_t seed, const int64_t* offset, float p, float scale, const T* dy, float beta, T* dx,
                           int64_t n);
+// *taken = *counter, then *counter += 1.
+void dropout_take_offset_cpu(int64_t* counter, int64_t* taken);
 
 }  // namespace cumulus::kernels

@@ -62,7 +62,8 @@ __global__ void gather_rows_kernel(GatherColumns columns, CopyUnits units, const
 }
 
 // The batch at cursor->position (or in ring slot cursor->ring_slot); the last block to finish
-// advances the cursor (every block has read it by then: each reads it before counting itself done).
+// advances the position (every block has read it by then: each reads it before counting itself
+// done). The ring slot is the host's to set: it knows which slot it staged.
 __global__ void gather_rows_at_cursor_kernel(GatherColumns columns, CopyUnits units, const int32_t* order,
                                              GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count) {
   __shared__ int64_t start;
@@ -74,10 +75,14 @@ __global__ void gather_rows_at_cursor_kernel(GatherColumns columns, CopyUnits un
     __threadfence();
     if (atomicAdd(&cursor->blocks_done, 1u) == gridDim.x - 1) {
       cursor->position += 1;
-      if (ring > 0) cursor->ring_slot = static_cast<uint32_t>((cursor->ring_slot + 1) % ring);
       cursor->blocks_done = 0;
     }
   }
+}
+
+__global__ void set_gather_cursor_kernel(GatherCursor* cursor, int64_t position, int64_t ring_slot) {
+  if (position >= 0) cursor->position = position;
+  if (ring_slot >= 0) cursor->ring_slot = static_cast<uint32_t>(ring_slot);
 }
 
 // The copy units, and the most loop iterations any column needs (the grid's size).
@@ -111,6 +116,10 @@ void gather_rows_at_cursor_cuda(const GatherColumns& columns, const int32_t* ord
   const CopyUnits units = copy_units(columns, count, &elements);
   launch<gather_rows_at_cursor_kernel>(blocks_for(elements), kThreads, stream, columns, units, order, cursor,
                                        batch_size, ring, count);
+}
+
+void set_gather_cursor_cuda(GatherCursor* cursor, int64_t position, int64_t ring_slot, cudaStream_t stream) {
+  launch<set_gather_cursor_kernel>(1, 1, stream, cursor, position, ring_slot);
 }
 
 }  // namespace cumulus::kernels

@@ -242,9 +242,14 @@ void gather_rows_cuda(const GatherColumns& columns, const int32_t* order, int64_
 // empty batch). ring 0: the batch starts at sample position * batch_size of the columns' sources.
 // ring k > 0: every column's source is a staging ring of k slots of batch_size samples each
 // (host-resident data, Note [Host-resident data] in engine/data/dataset.cpp), order must be null,
-// the batch is slot cursor->ring_slot and the launch advances ring_slot to the next slot (mod k).
+// the batch is slot cursor->ring_slot, which the host sets (set_gather_cursor_cuda) and the launch
+// leaves as it is.
 void gather_rows_at_cursor_cuda(const GatherColumns& columns, const int32_t* order, GatherCursor* cursor,
                                 int64_t batch_size, int64_t ring, int64_t count, cudaStream_t stream);
+// Writes cursor->position, cursor->ring_slot or both (a negative value leaves that field) in one
+// launch, ordered on the stream like a copy. The values travel as kernel arguments, so no host
+// buffer has to outlive the call (a pageable copy would be staged by the driver on every call).
+void set_gather_cursor_cuda(GatherCursor* cursor, int64_t position, int64_t ring_slot, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
 

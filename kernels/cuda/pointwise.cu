@@ -62,16 +62,16 @@ __global__ void unary_backward_kernel(UnaryOp op, const T* saved, const T* dy, f
 }
 
 template <typename T>
-__global__ void dropout_forward_kernel(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y,
+__global__ void dropout_forward_kernel(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y,
                                        int64_t n) {
-  const uint64_t key = dropout_key(seed, offset);
+  const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
 }
 
 template <typename T>
-__global__ void dropout_backward_kernel(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta,
-                                        T* dx, int64_t n) {
-  const uint64_t key = dropout_key(seed, offset);
+__global__ void dropout_backward_kernel(uint64_t seed, const int64_t* offset, float p, float scale, const T* dy,
+                                        float beta, T* dx, int64_t n) {
+  const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
     dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
@@ -132,6 +132,11 @@ inline unsigned blocks_for_rows(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
+__global__ void dropout_take_offset_kernel(int64_t* counter, int64_t* taken) {
+  *taken = *counter;
+  *counter += 1;
+}
+
 }  // namespace
 
 template <typename T>
@@ -189,14 +194,14 @@ void softmax_backward_cuda(bool log, const T* y, const T* dy, float beta, T* dx,
 }
 
 template <typename T>
-void dropout_forward_cuda(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y, int64_t n,
+void dropout_forward_cuda(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y, int64_t n,
                           cudaStream_t stream) {
   if (n == 0) return;
   launch<dropout_forward_kernel<T>>(blocks_for(n), kThreads, stream, seed, offset, p, scale, x, y, n);
 }
 
 template <typename T>
-void dropout_backward_cuda(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta, T* dx,
+void dropout_backward_cuda(uint64_t seed, const int64_t* offset, float p, float scale, const T* dy, float beta, T* dx,
                            int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   launch<dropout_backward_kernel<T>>(blocks_for(n), kThreads, stream, seed, offset, p, scale, dy, beta, dx, n);
@@ -212,11 +217,16 @@ void dropout_backward_cuda(uint64_t seed, uint64_t offset, float p, float scale,
   template void unary_backward_cuda(UnaryOp, const T*, const T*, float, T*, int64_t, cudaStream_t);                    \
   template void softmax_forward_cuda(bool, const T*, T*, int64_t, int64_t, cudaStream_t);                              \
   template void softmax_backward_cuda(bool, const T*, const T*, float, T*, int64_t, int64_t, cudaStream_t);            \
-  template void dropout_forward_cuda(uint64_t, uint64_t, float, float, const T*, T*, int64_t, cudaStream_t);           \
-  template void dropout_backward_cuda(uint64_t, uint64_t, float, float, const T*, float, T*, int64_t, cudaStream_t);
+  template void dropout_forward_cuda(uint64_t, const int64_t*, float, float, const T*, T*, int64_t, cudaStream_t);     \
+  template void dropout_backward_cuda(uint64_t, const int64_t*, float, float, const T*, float, T*, int64_t,            \
+                                      cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)
 #undef CUMULUS_INSTANTIATE
+
+void dropout_take_offset_cuda(int64_t* counter, int64_t* taken, cudaStream_t stream) {
+  launch<dropout_take_offset_kernel>(1, 1, stream, counter, taken);
+}
 
 }  // namespace cumulus::kernels

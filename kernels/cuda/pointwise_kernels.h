@@ -37,11 +37,15 @@ template <typename T>
 void softmax_backward_cuda(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols,
                            cudaStream_t stream);
 
+// The offset is a device pointer, read when the kernel runs (so a CUDA graph replay reads the
+// value of its own time).
 template <typename T>
-void dropout_forward_cuda(uint64_t seed, uint64_t offset, float p, float scale, const T* x, T* y, int64_t n,
+void dropout_forward_cuda(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y, int64_t n,
                           cudaStream_t stream);
 template <typename T>
-void dropout_backward_cuda(uint64_t seed, uint64_t offset, float p, float scale, const T* dy, float beta, T* dx,
+void dropout_backward_cuda(uint64_t seed, const int64_t* offset, float p, float scale, const T* dy, float beta, T* dx,
                            int64_t n, cudaStream_t stream);
+// *taken = *counter, then *counter += 1, on the device (one thread).
+void dropout_take_offset_cuda(int64_t* counter, int64_t* taken, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

@@ -203,26 +203,32 @@ TYPED_TEST(DataKernelsEmulated, GatherAtCursorWalksTheEpoch) {
   }
 }
 
-// ring 3: a staging ring of three slots of five samples per tensor (no order), read at
-// cursor->ring_slot over seven launches starting at position 40: the slots wrap twice, the position
-// only counts, the last batch is partial (two rows of its slot).
-TYPED_TEST(DataKernelsEmulated, GatherAtCursorCyclesTheRing) {
+// ring 3: a staging ring of three slots of five samples per tensor (no order), read at the
+// cursor->ring_slot the host sets before each of seven launches starting at position 40, in an
+// order that is not a cycle: the gather reads the slot it is told and leaves it, the position only
+// counts, the last batch is partial (two rows of its slot).
+TYPED_TEST(DataKernelsEmulated, GatherAtCursorReadsTheSlotTheHostSets) {
   using T = TypeParam;
   const int64_t ring = 3;
   std::vector<Column> cols = wide_dataset<T>(ring * kBatch);
   GatherCursor cursor{40, 0, 0};
+  const int64_t slots[] = {0, 2, 2, 1, 0, 1, 2};
   for (int64_t launch = 0; launch < 7; ++launch) {
-    const int64_t slot = launch % ring, count = launch == 6 ? 2 : kBatch;
+    const int64_t slot = slots[launch], count = launch == 6 ? 2 : kBatch;
     SCOPED_TRACE("launch " + std::to_string(launch) + ", slot " + std::to_string(slot));
-    ASSERT_EQ(cursor.ring_slot, static_cast<uint32_t>(slot));
+    kernels::set_gather_cursor_cuda(&cursor, -1, slot, nullptr);
+    ASSERT_EQ(cursor.position, 40 + launch) << "a negative position leaves it";
     const auto want = reference<T>(cols, nullptr, slot * kBatch, count);
     reset(cols);
     kernels::gather_rows_at_cursor_cuda(columns_of(cols), nullptr, &cursor, kBatch, ring, count, nullptr);
     expect_outputs(cols, want, "batch");
     EXPECT_EQ(cursor.position, 40 + launch + 1);
     EXPECT_EQ(cursor.blocks_done, 0u);
-    EXPECT_EQ(cursor.ring_slot, static_cast<uint32_t>((slot + 1) % ring));
+    EXPECT_EQ(cursor.ring_slot, static_cast<uint32_t>(slot));
   }
+  kernels::set_gather_cursor_cuda(&cursor, 3, -1, nullptr);
+  EXPECT_EQ(cursor.position, 3);
+  EXPECT_EQ(cursor.ring_slot, 2u) << "a negative slot leaves it";
 }
 
 }  // namespace

@@ -136,15 +136,26 @@ TYPED_TEST(PointwiseEmulated, DropoutMatchesTheCpu) {
       SCOPED_TRACE(what(n, beta));
       const float p = 0.25f, scale = 1.0f / (1.0f - p);
       const auto x = values<T>(n, 12), dy = values<T>(n, 13);
+      const std::vector<int64_t> offset{5};
       auto y = destination<T>(n, 0.0f, 0), want = y;
-      kernels::dropout_forward_cpu(99, 5, p, scale, x.data(), want.data(), n);
-      kernels::dropout_forward_cuda(99, 5, p, scale, x.data(), y.data(), n, nullptr);
+      kernels::dropout_forward_cpu(99, offset.data(), p, scale, x.data(), want.data(), n);
+      kernels::dropout_forward_cuda(99, offset.data(), p, scale, x.data(), y.data(), n, nullptr);
       expect_same_bits(y, want, "y");
       auto dx = destination<T>(n, beta, 14), want_dx = dx;
-      kernels::dropout_backward_cpu(99, 5, p, scale, dy.data(), beta, want_dx.data(), n);
-      kernels::dropout_backward_cuda(99, 5, p, scale, dy.data(), beta, dx.data(), n, nullptr);
+      kernels::dropout_backward_cpu(99, offset.data(), p, scale, dy.data(), beta, want_dx.data(), n);
+      kernels::dropout_backward_cuda(99, offset.data(), p, scale, dy.data(), beta, dx.data(), n, nullptr);
       expect_same_bits(dx, want_dx, "dx");
     }
+}
+
+// Each take hands out the counter's value and advances it, on the device.
+TEST(DropoutOffsetEmulated, TakeHandsOutTheCounterAndAdvancesIt) {
+  std::vector<int64_t> counter{41}, taken{-1};
+  for (int64_t k = 0; k < 3; ++k) {
+    kernels::dropout_take_offset_cuda(counter.data(), taken.data(), nullptr);
+    EXPECT_EQ(taken[0], 41 + k);
+    EXPECT_EQ(counter[0], 42 + k);
+  }
 }
 
 // Row-wise softmax (or log_softmax) of x and its gradient for upstream dy, in double.

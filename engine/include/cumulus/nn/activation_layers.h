@@ -31,6 +31,9 @@ class Sigmoid : public Module {
 // ops::dropout with probability p while the module is training (the identity in eval mode). Each
 // training call uses the offset `calls()` and advances it, so successive micro-batches get
 // different masks and a run is reproducible from the seed (and from a restored offset: set_calls).
+// The count lives on the device of the module's input and advances there, so a CUDA graph replay of
+// a training micro-batch draws a fresh mask like an eager call (Note [Dropout offsets on the
+// device] in engine/ops/dropout.cpp); reading it (calls()) waits for the device.
 // Inside a recompute segment (Note [Recompute] in engine/autograd/checkpoint.cpp) the recomputed
 // forward reuses the offset of the module's last call and does not advance: the mask is the first
 // run's, so the gradients are a stored run's. That holds when the module runs once per forward, as
@@ -43,14 +46,15 @@ class Dropout : public Module {
   float p() const { return p_; }
   uint64_t seed() const { return seed_; }
   // Training calls so far: the offset of the next one.
-  uint64_t calls() const { return calls_; }
-  void set_calls(uint64_t calls) { calls_ = calls; }
+  uint64_t calls() const;
+  void set_calls(uint64_t calls);
 
  private:
   float p_;
   uint64_t seed_;
-  uint64_t calls_ = 0;
-  uint64_t last_offset_ = 0;
+  uint64_t initial_calls_ = 0;  // the count until the first training call makes counter_
+  Tensor counter_;              // one i64 on the device of the last training call: the next offset
+  Tensor last_offset_;          // the offset the last training call took (a recomputation reuses it)
 };
 
 }  // namespace cumulus::nn

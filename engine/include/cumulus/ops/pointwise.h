@@ -48,9 +48,18 @@ Tensor log_softmax(const Tensor& x);
 // While `training` with p > 0: y = x * keep / (1 - p), element i kept when dropout_keeps(seed,
 // offset, i, p) (Note [Dropout mask] in kernels/pointwise_rules.h): a counter-based mask, the same
 // on CPU and CUDA, that the backward recomputes instead of saving (no mask tensor is kept). Give
-// each call its own offset for a fresh mask (nn::Dropout counts its calls). Not training, or
-// p = 0: x itself, unrecorded. p must be in [0, 1).
+// each call its own offset for a fresh mask (nn::Dropout does). Not training, or p = 0: x itself,
+// unrecorded. p must be in [0, 1).
+// `offset` is a one-element i64 tensor on x's device, read when the kernels run, so a replayed CUDA
+// graph draws the mask of the replay's offset (Note [Dropout offsets on the device] in
+// engine/ops/dropout.cpp); take_dropout_offset gives each call its own.
+Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, const Tensor& offset);
+// The same with the offset given by value (copied to the device). Refused while a CUDA graph is
+// captured on x's device: every replay would repeat the capture's mask.
 Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, uint64_t offset);
+// A new one-element i64 tensor holding the value of `counter` (a one-element i64 tensor), and the
+// counter advanced by one, both when the kernel runs (one launch on the counter's device).
+Tensor take_dropout_offset(const Tensor& counter);
 // Whether element `index` of dropout(x, p, true, seed, offset) is kept: the mask itself, for
 // references and tests.
 bool dropout_keeps(uint64_t seed, uint64_t offset, int64_t index, float p);
