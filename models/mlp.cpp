@@ -34,7 +34,8 @@ bool SeedMLP::fuses(Device device, DType dtype, int64_t batch) const {
     case KernelChoice::generic: return false;
     case KernelChoice::automatic: break;
   }
-  return device.is_cuda() && dtype == DType::f32 && batch <= kFusedAutoMaxBatch && !recompute();
+  return ops::kFusedMlpMeasuredOnGpu && device.is_cuda() && dtype == DType::f32 && batch <= kFusedAutoMaxBatch &&
+         !recompute();
 }
 
 Tensor SeedMLP::loss(const Tensor& x, const Tensor& labels, ops::Reduction reduction) {

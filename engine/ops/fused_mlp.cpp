@@ -28,8 +28,9 @@
 //   the generic path (Note [ReLU epilogues and NaN] in engine/ops/linear.cpp).
 // - Where it applies: f32 (mixed precision keeps the generic path), at most kFusedMaxClasses classes
 //   on CUDA. The kernels have no tensor cores and no register tiling for large batches, so models
-//   choose it automatically only up to a micro-batch size (models::SeedMLP::kFusedAutoMaxBatch) and
-//   fall back to cuBLASLt above it.
+//   would choose it automatically only up to a micro-batch size (models::SeedMLP::kFusedAutoMaxBatch)
+//   and fall back to cuBLASLt above it; until a GPU has measured the kernels
+//   (kFusedMlpMeasuredOnGpu) they choose it only when asked to.
 #include "cumulus/ops/fused_mlp.h"
 
 #include "cumulus/autograd/node.h"

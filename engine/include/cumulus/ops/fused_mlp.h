@@ -22,4 +22,9 @@ Tensor mlp_cross_entropy(const Tensor& x, const Tensor& labels, const std::vecto
 // on CUDA), or an empty string when it runs them. Shapes are checked by the op itself.
 std::string mlp_cross_entropy_unsupported_reason(const Tensor& x, const std::vector<Tensor>& weights);
 
+// Whether a GPU run has measured the op's CUDA kernels correct and faster than the generic path
+// (bench/results/). Until one has, no automatic choice takes them: a fast path nobody has run is
+// opt-in (models::SeedMLP::set_kernels(KernelChoice::fused), the app's --kernels fused).
+inline constexpr bool kFusedMlpMeasuredOnGpu = false;
+
 }  // namespace cumulus::ops
