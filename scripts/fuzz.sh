@@ -12,11 +12,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/install-deps.sh --fuzz
+source scripts/compiler_cache.sh
 seconds=${FUZZ_SECONDS:-60}
 targets=(${FUZZ_TARGETS:-idx safetensors size})
 
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DCUMULUS_CUDA=OFF \
-      -DCUMULUS_FUZZ=ON -DCUMULUS_SANITIZE=address,undefined \
+      -DCUMULUS_FUZZ=ON -DCUMULUS_SANITIZE=address,undefined "${compiler_cache_args[@]}" \
       -DCUMULUS_BUILD_TESTS=OFF -DCUMULUS_BUILD_APPS=OFF -DCUMULUS_BUILD_BENCH=OFF
 cmake --build build-fuzz -j "${CUMULUS_JOBS:-2}" --target "${targets[@]/#/fuzz_}"
 

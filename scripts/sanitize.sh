@@ -6,7 +6,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/install-deps.sh
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUMULUS_CUDA=OFF \
+source scripts/compiler_cache.sh
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUMULUS_CUDA=OFF "${compiler_cache_args[@]}" \
       -DCUMULUS_SANITIZE=address,undefined -DCUMULUS_BUILD_BENCH=OFF
 cmake --build build-asan -j "${CUMULUS_JOBS:-2}"
 # halt_on_error: the first report fails the test (UBSan is also built with -fno-sanitize-recover).

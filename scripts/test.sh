@@ -5,6 +5,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${CUMULUS_CMAKE_ARGS:-}
+source scripts/compiler_cache.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${compiler_cache_args[@]}" ${CUMULUS_CMAKE_ARGS:-}
 cmake --build build -j "${CUMULUS_JOBS:-2}"
 ctest --test-dir build --output-on-failure -j "${CUMULUS_JOBS:-2}" "$@"
