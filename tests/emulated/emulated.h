@@ -1,6 +1,8 @@
-// What the emulated kernel tests share: inputs, and comparisons against the CPU kernels' bits or a
-// double-precision reference. Pointers handed to an emulated launcher are host pointers (the
-// emulation runs a launch synchronously, on the CPU), so std::vector storage serves as device memory.
+// What the emulated kernel tests share: device buffers, inputs, and comparisons against the CPU
+// kernels' bits or a double-precision reference. A pointer a kernel receives must be in the
+// emulation's device arena (the launch throws otherwise), so buffers handed to launchers are
+// DeviceVector: a std::vector whose storage is the arena's, readable on the host as any vector
+// (the emulation runs a launch synchronously, on the CPU).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +16,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <cuda_runtime.h>  // the emulation's (tests/emulation): its device arena
+
 #include "cumulus/tensor/dtype.h"
 #include "cumulus/tensor/random.h"
 #include "kernels/float16.h"
@@ -23,17 +27,52 @@ namespace cumulus::testing {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-inline std::vector<float> random_values(int64_t n, float lo, float hi, uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(n));
+// Allocates from the emulation's device arena (cuda_emulation::device_allocate).
+template <typename T>
+struct DeviceAllocator {
+  using value_type = T;
+  DeviceAllocator() = default;
+  template <typename U>
+  DeviceAllocator(const DeviceAllocator<U>&) {}  // NOLINT: rebinding, as std::allocator's
+  T* allocate(std::size_t n) { return static_cast<T*>(cuda_emulation::device_allocate(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t) { cuda_emulation::device_free(p); }
+  template <typename U>
+  bool operator==(const DeviceAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const DeviceAllocator<U>&) const {
+    return false;
+  }
+};
+
+// A buffer a kernel may be given: a vector in device memory.
+template <typename T>
+using DeviceVector = std::vector<T, DeviceAllocator<T>>;
+
+// A host vector's values in device memory.
+template <typename T>
+DeviceVector<T> on_device(const std::vector<T>& v) {
+  return DeviceVector<T>(v.begin(), v.end());
+}
+
+// A device vector's values in host memory (for comparisons with std::vector results).
+template <typename T>
+std::vector<T> on_host(const DeviceVector<T>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+inline DeviceVector<float> random_values(int64_t n, float lo, float hi, uint64_t seed) {
+  DeviceVector<float> v(static_cast<std::size_t>(n));
   Generator gen(seed);
   gen.fill_uniform(v.data(), n, lo, hi);
   return v;
 }
 
 // v stored as T (rounded to nearest even for 16 bits: Note [Half-precision conversions]).
-template <typename T>
-std::vector<T> stored_as(const std::vector<float>& v) {
-  std::vector<T> out(v.size());
+template <typename T, typename Floats>
+DeviceVector<T> stored_as(const Floats& v) {
+  DeviceVector<T> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = kernels::from_f32<T>(v[i]);
   return out;
 }
@@ -52,7 +91,7 @@ struct StorageTypeName {
 // rules and conversions must get right: NaN of both signs and a signalling one, infinities, signed
 // zeros, an f32 subnormal, f16's largest finite value and its overflow threshold, bf16 ties (1 +
 // 2^-8 rounds down to even, 1 + 3 * 2^-8 up) and an f16 subnormal tie (2^-25 rounds to 0).
-inline std::vector<float> with_specials(std::vector<float> v, std::size_t stride = 7, std::size_t first = 0) {
+inline DeviceVector<float> with_specials(DeviceVector<float> v, std::size_t stride = 7, std::size_t first = 0) {
   const uint32_t signalling = 0x7F800001u;
   float snan;
   std::memcpy(&snan, &signalling, sizeof snan);
@@ -64,11 +103,11 @@ inline std::vector<float> with_specials(std::vector<float> v, std::size_t stride
 }
 
 // x widened to f32 (exact for every T).
-template <typename T>
-std::vector<float> widened(const std::vector<T>& x) {
-  std::vector<float> out;
+template <typename Values>
+DeviceVector<float> widened(const Values& x) {
+  DeviceVector<float> out;
   out.reserve(x.size());
-  for (const T& v : x) out.push_back(kernels::to_f32(v));
+  for (const auto& v : x) out.push_back(kernels::to_f32(v));
   return out;
 }
 
@@ -76,7 +115,7 @@ std::vector<float> widened(const std::vector<T>& x) {
 // 3 columns or more, the first rows hold NaN first, NaN in the middle, all NaN, +inf last, all -inf,
 // and -0 before +0 (equal) as their maximum: the cases an argmax rule must settle.
 template <typename T>
-std::vector<T> tied_rows(int64_t rows, int64_t cols, uint64_t seed) {
+DeviceVector<T> tied_rows(int64_t rows, int64_t cols, uint64_t seed) {
   auto x = random_values(rows * cols, 0, 4, seed);
   for (float& v : x) v = std::floor(v);
   auto row = [&](int64_t r) { return x.begin() + r * cols; };
@@ -95,8 +134,10 @@ std::vector<T> tied_rows(int64_t rows, int64_t cols, uint64_t seed) {
 
 // The same bits, element by element (NaN included): where the CPU kernel fixes the order of every
 // sum, the CUDA kernel's arithmetic must give exactly its results.
-template <typename T>
-void expect_same_bits(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+template <typename Got, typename Want>
+void expect_same_bits(const Got& got, const Want& want, const std::string& what) {
+  using T = typename Got::value_type;
+  static_assert(std::is_same<T, typename Want::value_type>::value, "the same storage type");
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i)
     ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(T)), 0)
@@ -105,8 +146,10 @@ void expect_same_bits(const std::vector<T>& got, const std::vector<T>& want, con
 
 // The same values element by element: the same bits, except that a NaN matches any NaN (a NaN's
 // sign and payload are no contract of ours, and a GPU's arithmetic makes its own).
-template <typename T>
-void expect_same_values(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+template <typename Got, typename Want>
+void expect_same_values(const Got& got, const Want& want, const std::string& what) {
+  using T = typename Got::value_type;
+  static_assert(std::is_same<T, typename Want::value_type>::value, "the same storage type");
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const float g = kernels::to_f32(got[i]), w = kernels::to_f32(want[i]);
@@ -115,8 +158,8 @@ void expect_same_values(const std::vector<T>& got, const std::vector<T>& want, c
   }
 }
 
-template <typename T>
-std::vector<double> as_double(const std::vector<T>& v) {
+template <typename Values>
+std::vector<double> as_double(const Values& v) {
   std::vector<double> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = kernels::to_f32(v[i]);
   return out;
@@ -125,8 +168,8 @@ std::vector<double> as_double(const std::vector<T>& v) {
 // |got - want| <= rel |want| + abs everywhere, NaN exactly where the reference is NaN, the same
 // infinity where it is one: for results whose f32 sums run in another order than the reference's
 // (rel: the roundings of the stored type, abs: what the order moves for inputs of order 1).
-template <typename T>
-void expect_within(const std::vector<T>& got, const std::vector<double>& want, double rel, double abs,
+template <typename Got>
+void expect_within(const Got& got, const std::vector<double>& want, double rel, double abs,
                    const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -141,8 +184,8 @@ void expect_within(const std::vector<T>& got, const std::vector<double>& want, d
 }
 
 // |got - want| <= tol (1 + |want|): expect_within with the same relative and absolute tolerance.
-template <typename T>
-void expect_close(const std::vector<T>& got, const std::vector<double>& want, const std::string& what,
+template <typename Got>
+void expect_close(const Got& got, const std::vector<double>& want, const std::string& what,
                   double tol = 1e-5) {
   expect_within(got, want, tol, tol, what);
 }
