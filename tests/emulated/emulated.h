@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>  // the emulation's (tests/emulation): its device arena
 
 #include "cumulus/tensor/dtype.h"
+#include "kernel_names.h"  // generated: kCudaBitwiseFiles
 #include "cumulus/tensor/random.h"
 #include "kernels/float16.h"
 
@@ -49,6 +50,22 @@ struct DeviceAllocator {
 // A buffer a kernel may be given: a vector in device memory.
 template <typename T>
 using DeviceVector = std::vector<T, DeviceAllocator<T>>;
+
+// One value in device memory: a scalar or a structure that a kernel reads or updates in place.
+template <typename T>
+class DeviceValue {
+ public:
+  explicit DeviceValue(const T& value = T()) : storage_(1, value) {}
+  T* get() { return storage_.data(); }
+  const T* get() const { return storage_.data(); }
+  T& operator*() { return storage_[0]; }
+  const T& operator*() const { return storage_[0]; }
+  T* operator->() { return storage_.data(); }
+  const T* operator->() const { return storage_.data(); }
+
+ private:
+  DeviceVector<T> storage_;
+};
 
 // A host vector's values in device memory.
 template <typename T>
@@ -168,9 +185,11 @@ std::vector<double> as_double(const Values& v) {
 // |got - want| <= rel |want| + abs everywhere, NaN exactly where the reference is NaN, the same
 // infinity where it is one: for results whose f32 sums run in another order than the reference's
 // (rel: the roundings of the stored type, abs: what the order moves for inputs of order 1).
+// |got - want| <= rel |want| + abs[i] everywhere, NaN exactly where the reference is NaN, the same
+// infinity where it is one: expect_within with a bound of its own for each element.
 template <typename Got>
-void expect_within(const Got& got, const std::vector<double>& want, double rel, double abs,
-                   const std::string& what) {
+void expect_within_each(const Got& got, const std::vector<double>& want, double rel, const std::vector<double>& abs,
+                        const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double g = kernels::to_f32(got[i]);
@@ -178,9 +197,17 @@ void expect_within(const Got& got, const std::vector<double>& want, double rel, 
       ASSERT_TRUE(std::isnan(want[i]) ? std::isnan(g) : g == want[i]) << what << " at " << i << ": " << g;
       continue;
     }
-    ASSERT_LE(std::abs(g - want[i]), rel * std::abs(want[i]) + abs)
+    ASSERT_LE(std::abs(g - want[i]), rel * std::abs(want[i]) + abs[i])
         << what << " at " << i << ": " << g << " vs " << want[i];
   }
+}
+
+// |got - want| <= rel |want| + abs everywhere, NaN exactly where the reference is NaN, the same
+// infinity where it is one: for results whose f32 sums run in another order than the reference's
+// (rel: the roundings of the stored type, abs: what the order moves for inputs of order 1).
+template <typename Got>
+void expect_within(const Got& got, const std::vector<double>& want, double rel, double abs, const std::string& what) {
+  expect_within_each(got, want, rel, std::vector<double>(want.size(), abs), what);
 }
 
 // |got - want| <= tol (1 + |want|): expect_within with the same relative and absolute tolerance.
@@ -188,6 +215,33 @@ template <typename Got>
 void expect_close(const Got& got, const std::vector<double>& want, const std::string& what,
                   double tol = 1e-5) {
   expect_within(got, want, tol, tol, what);
+}
+
+// Whether kernels/cuda/`file` (as "optim.cu") is compiled without contraction into FMAs, so that its
+// CPU parity holds bit for bit (CUMULUS_CUDA_BITWISE_FILES; nvcc --fmad=false in the CUDA build).
+inline bool compiled_bitwise(const std::string& file) {
+  return std::string(kCudaBitwiseFiles).find(";" + file + ";") != std::string::npos;
+}
+
+// An FMA skips the rounding of its product: for the products of order 1 to 4 these tests make, that
+// moves a result by at most 2^-22 (2.4e-7) whatever the cancellation after it; 1e-6 allows a few.
+constexpr double kContractionAbs = 1e-6;
+
+enum class Exact { bits, values };
+
+// A CUDA kernel's results against its CPU twin's: exactly (bits, or values with any NaN matching any
+// NaN) where `file` is compiled bitwise; otherwise within rel |want| + abs, as on a GPU whose
+// nvcc contracts a * b + c into an FMA (one rounding where the CPU has two).
+template <typename Got, typename Want>
+void expect_cpu_parity(const std::string& file, const Got& got, const Want& want, double rel, double abs,
+                       const std::string& what, Exact exact = Exact::bits) {
+  if (!compiled_bitwise(file)) {
+    expect_within(got, as_double(want), rel, abs, what + " (contracted)");
+  } else if (exact == Exact::bits) {
+    expect_same_bits(got, want, what);
+  } else {
+    expect_same_values(got, want, what);
+  }
 }
 
 // One rounding of T relative to the value: T keeps 23, 10 or 7 fraction bits, so a unit in the last
