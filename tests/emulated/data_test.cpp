@@ -98,7 +98,7 @@ std::vector<Column> odd_dataset(int64_t samples) {
 // float(v) / divisor rounded once to T.
 template <typename T>
 std::vector<DeviceVector<uint8_t>> reference(const std::vector<Column>& cols, const int32_t* order, int64_t start,
-                                            int64_t count) {
+                                             int64_t count) {
   std::vector<DeviceVector<uint8_t>> out;
   for (const Column& c : cols) {
     DeviceVector<uint8_t> d(c.dst.size(), kUnwritten);

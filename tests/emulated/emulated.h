@@ -19,8 +19,8 @@
 #include <cuda_runtime.h>  // the emulation's (tests/emulation): its device arena
 
 #include "cumulus/tensor/dtype.h"
-#include "kernel_names.h"  // generated: kCudaBitwiseFiles
 #include "cumulus/tensor/random.h"
+#include "kernel_names.h"  // generated: kCudaBitwiseFiles
 #include "kernels/float16.h"
 
 namespace cumulus::testing {
@@ -212,8 +212,7 @@ void expect_within(const Got& got, const std::vector<double>& want, double rel, 
 
 // |got - want| <= tol (1 + |want|): expect_within with the same relative and absolute tolerance.
 template <typename Got>
-void expect_close(const Got& got, const std::vector<double>& want, const std::string& what,
-                  double tol = 1e-5) {
+void expect_close(const Got& got, const std::vector<double>& want, const std::string& what, double tol = 1e-5) {
   expect_within(got, want, tol, tol, what);
 }
 

@@ -115,8 +115,8 @@ TEST(EmulationCatches, AnUninitializedSharedRead) {
 TEST(EmulationCatches, AHostPointerPassedToAKernel) {
   const std::vector<float> host(kBlock, 1.0f);
   DeviceVector<float> out(kBlock);
-  const std::string error = thrown_by(
-      [&] { cuda_emulation::launch<copy_kernel>(dim3(1), dim3(kBlock), host.data(), out.data()); });
+  const std::string error =
+      thrown_by([&] { cuda_emulation::launch<copy_kernel>(dim3(1), dim3(kBlock), host.data(), out.data()); });
   EXPECT_NE(error.find("copy_kernel: argument 1"), std::string::npos) << error;
   const DeviceVector<float> in(kBlock, 1.0f);
   EXPECT_NO_THROW(cuda_emulation::launch<copy_kernel>(dim3(1), dim3(kBlock), in.data(), out.data()));
@@ -136,8 +136,8 @@ TEST(EmulationCatches, ABlockOverItsLaunchBounds) {
 TEST(EmulationCatches, AMisalignedFloat4Load) {
   const DeviceVector<float> in(8, 1.0f);
   DeviceValue<float> out(0.0f);
-  const std::string error = thrown_by(
-      [&] { cuda_emulation::launch<vector_load_kernel>(dim3(1), dim3(32), in.data(), 1, out.get()); });
+  const std::string error =
+      thrown_by([&] { cuda_emulation::launch<vector_load_kernel>(dim3(1), dim3(32), in.data(), 1, out.get()); });
   EXPECT_NE(error.find("misaligned float4"), std::string::npos) << error;
   cuda_emulation::launch<vector_load_kernel>(dim3(1), dim3(32), in.data(), 4, out.get());
   EXPECT_EQ(*out, 4.0f);

@@ -60,15 +60,25 @@ struct Head {
 
 // The head's forward with labels cycling over the classes (and, with bad_label, row 3 out of range).
 Head run_head_forward(int64_t batch, int64_t in, int64_t classes, bool bad_label) {
-  Head hd{batch, in, classes, random_values(batch * in, 0, 1, 4), random_values(classes * in, -1, 1, 5),
-          random_values(classes, -1, 1, 6), {}, {}, {}, DeviceValue<float>(kNaN), 1.0f / static_cast<float>(batch)};
+  Head hd{batch,
+          in,
+          classes,
+          random_values(batch * in, 0, 1, 4),
+          random_values(classes * in, -1, 1, 5),
+          random_values(classes, -1, 1, 6),
+          {},
+          {},
+          {},
+          DeviceValue<float>(kNaN),
+          1.0f / static_cast<float>(batch)};
   for (int64_t r = 0; r < batch; ++r) hd.labels.push_back(static_cast<int32_t>((r * 5) % classes));
   if (bad_label && batch > 3) hd.labels[3] = static_cast<int32_t>(classes);
   hd.probs.assign(static_cast<std::size_t>(batch * classes), kNaN);
   hd.row_loss.assign(static_cast<std::size_t>(batch), kNaN);
   DeviceValue<unsigned> counter(0);
   kernels::fused_head_forward_cuda(hd.h.data(), hd.w.data(), hd.b.data(), hd.labels.data(), batch, in, classes,
-                                   hd.scale, hd.probs.data(), hd.row_loss.data(), hd.loss.get(), counter.get(), nullptr);
+                                   hd.scale, hd.probs.data(), hd.row_loss.data(), hd.loss.get(), counter.get(),
+                                   nullptr);
   EXPECT_EQ(*counter, 0u) << "the last block leaves the arrival counter at 0";
   return hd;
 }
@@ -102,7 +112,8 @@ TEST(FusedKernelsEmulated, HeadForwardMatchesTheReferenceAndCrossEntropysSum) {
         // The sum of the row losses is cross_entropy_forward_cuda's, whose sum is sum_all_cuda's.
         DeviceValue<float> reference_sum(kNaN);
         kernels::sum_all_cuda(hd.row_loss.data(), batch, hd.scale, reference_sum.get(), nullptr);
-        EXPECT_EQ(std::memcmp(reference_sum.get(), hd.loss.get(), sizeof(float)), 0) << *hd.loss << " vs " << *reference_sum;
+        EXPECT_EQ(std::memcmp(reference_sum.get(), hd.loss.get(), sizeof(float)), 0)
+            << *hd.loss << " vs " << *reference_sum;
       }
 }
 
@@ -124,7 +135,8 @@ TEST(FusedKernelsEmulated, HeadBackwardMatchesTheReference) {
         kernels::fused_head_backward_cuda(hd.probs.data(), hd.labels.data(), grad_loss.get(), hd.scale, hd.h.data(),
                                           hd.w.data(), batch, in, classes, g, nullptr);
         auto dlogit = [&](int64_t r, int64_t c) {
-          return static_cast<double>(*grad_loss) * hd.scale * (hd.probs[r * classes + c] - (hd.labels[r] == c ? 1.0 : 0.0));
+          return static_cast<double>(*grad_loss) * hd.scale *
+                 (hd.probs[r * classes + c] - (hd.labels[r] == c ? 1.0 : 0.0));
         };
         const double add = pass == 0 ? 0.0 : 0.25;
         std::vector<double> want_dw(dw.size(), add), want_db(db.size(), add), want_dx(dx.size(), 0.0);

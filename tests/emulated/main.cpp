@@ -13,9 +13,7 @@
 
 namespace {
 
-std::string full_name(const testing::TestInfo& test) {
-  return std::string(test.test_suite_name()) + "." + test.name();
-}
+std::string full_name(const testing::TestInfo& test) { return std::string(test.test_suite_name()) + "." + test.name(); }
 
 class ScheduleSeeds : public testing::EmptyTestEventListener {
   void OnTestStart(const testing::TestInfo& test) override { cuda_emulation::reseed(full_name(test)); }

@@ -89,8 +89,8 @@ TEST(FrozenOptimKernelsEmulated, SgdMatchesTheCpuLoopWithFrozenChunks) {
       if (!skip)
         kernels::sgd_step_cpu(cpu.w.data(), cpu.g.data(), cpu.a.data(), kN, 0.5f, 0.01f, 0.9f, 0.5f, false, 0.1f,
                               kUpdates, cpu.frozen(with_mask));
-      kernels::sgd_update_cuda(emulated.w.data(), emulated.g.data(), emulated.a.data(), kN, buffers.get(), 0.9f, 0.5f, false,
-                               0.1f, emulated.frozen(with_mask), nullptr);
+      kernels::sgd_update_cuda(emulated.w.data(), emulated.g.data(), emulated.a.data(), kN, buffers.get(), 0.9f, 0.5f,
+                               false, 0.1f, emulated.frozen(with_mask), nullptr);
       expect_same(emulated, cpu, initial, with_mask, skip);
       if (with_mask && !skip) {
         // Chunk 2 takes its first update (5 - 4): the buffer is the gradient, not a blend.

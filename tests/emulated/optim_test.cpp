@@ -202,8 +202,8 @@ class StepRun {
     Params& p = dev_params_;
     const OptimizerConfig& o = opt_;
     if (o.adamw)
-      kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, dev_.get(), o.beta1, o.beta2, o.eps,
-                                 o.weight_decay, kernels::FrozenChunks{}, nullptr);
+      kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, dev_.get(), o.beta1, o.beta2,
+                                 o.eps, o.weight_decay, kernels::FrozenChunks{}, nullptr);
     else
       kernels::sgd_update_cuda(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, dev_.get(),
                                o.momentum, o.dampening, o.nesterov, o.weight_decay, kernels::FrozenChunks{}, nullptr);

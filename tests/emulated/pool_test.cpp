@@ -72,8 +72,8 @@ void check_pool(const Pool2dGeometry& g) {
   for (float beta : {0.0f, 1.0f, 0.5f}) {
     SCOPED_TRACE("beta " + std::to_string(beta));
     const DeviceVector<T> old = beta == 0.0f
-                                   ? DeviceVector<T>(x.size(), kernels::from_f32<T>(kNaN))
-                                   : stored_as<T>(random_values(static_cast<int64_t>(x.size()), -1.0f, 1.0f, 42));
+                                    ? DeviceVector<T>(x.size(), kernels::from_f32<T>(kNaN))
+                                    : stored_as<T>(random_values(static_cast<int64_t>(x.size()), -1.0f, 1.0f, 42));
     DeviceVector<T> cpu_dx = old, dx = old;
     kernels::max_pool2d_backward_cpu(g, x.data(), dy.data(), beta, cpu_dx.data());
     kernels::max_pool2d_backward_cuda(g, x.data(), dy.data(), beta, dx.data(), nullptr);
@@ -93,7 +93,7 @@ TEST(PoolKernelsEmulated, MatchTheCpuBitForBit) {
 TEST(PoolKernelsEmulated, NaNWinsAndTiesGoToTheFirst) {
   const Pool2dGeometry g = geometry(1, 1, 2, 4, 2, 2, 2, 2, 0, 0);
   const DeviceVector<float> x = {-0.0f, 0.0f,  1.0f, kNaN,  //
-                                0.0f,  -1.0f, 5.0f, 2.0f};
+                                 0.0f,  -1.0f, 5.0f, 2.0f};
   DeviceVector<float> y(2, 7.0f), dx(8, kNaN);
   kernels::max_pool2d_forward_cuda(g, x.data(), y.data(), nullptr);
   EXPECT_TRUE(std::signbit(y[0]) && y[0] == 0.0f) << "the first of the tied zeros, -0";

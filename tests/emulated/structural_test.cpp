@@ -33,8 +33,8 @@ struct LayerNormRef {
 };
 
 LayerNormRef layer_norm_reference(const DeviceVector<float>& x, const DeviceVector<float>& dy,
-                                  const DeviceVector<float>& w, const DeviceVector<float>& b, int64_t rows, int64_t cols,
-                                  float eps) {
+                                  const DeviceVector<float>& w, const DeviceVector<float>& b, int64_t rows,
+                                  int64_t cols, float eps) {
   LayerNormRef ref{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(cols, 0.0),
                    std::vector<double>(cols, 0.0)};
   for (int64_t r = 0; r < rows; ++r) {

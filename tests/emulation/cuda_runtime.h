@@ -221,7 +221,8 @@ inline void device_free(void* p) {
   {
     std::lock_guard<std::mutex> lock(arena.mutex);
     const std::size_t erased = arena.blocks.erase(reinterpret_cast<uintptr_t>(p));
-    CUMULUS_CHECK(erased == 1, cumulus::InvalidArgument, "device_free of ", p, ", which device_allocate did not return");
+    CUMULUS_CHECK(erased == 1, cumulus::InvalidArgument, "device_free of ", p,
+                  ", which device_allocate did not return");
   }
   ::operator delete(p, std::align_val_t(kDeviceAlignment));
 }
@@ -328,8 +329,8 @@ struct Fiber {
 inline char* fiber_stack(std::size_t i) {
   static thread_local std::vector<char*> stacks;
   while (stacks.size() <= i) {
-    void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     CUMULUS_CHECK(p != MAP_FAILED, cumulus::OutOfMemory, "emulation: no memory for a fiber's stack");
     mprotect(p, kGuardBytes, PROT_NONE);
     stacks.push_back(static_cast<char*>(p) + kGuardBytes);
@@ -571,10 +572,10 @@ inline void run_waves(const std::string& name, dim3 grid, dim3 block, void (*run
       std::vector<std::unique_ptr<Block>> wave;
       for (std::size_t k = next; k < next + take; ++k) {
         const std::size_t b = order[k];
-        wave.push_back(std::make_unique<Block>(
-            Index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
-                  static_cast<unsigned>(b / (static_cast<std::size_t>(grid.x) * grid.y))},
-            threads));
+        wave.push_back(
+            std::make_unique<Block>(Index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                                          static_cast<unsigned>(b / (static_cast<std::size_t>(grid.x) * grid.y))},
+                                    threads));
       }
       Scheduler(run_thread, body).run(wave, block);
       next += take;
@@ -648,10 +649,8 @@ void run_grid(const std::string& name, Kernel kernel, dim3 grid, dim3 block, std
   auto run = [name, grid, block, body] {
     run_waves(name, grid, block, &LaunchBody<Kernel, Params...>::run_thread, body.get());
   };
-  if (capture_target() != nullptr)
-    record(run);
-  else
-    run();
+  if (capture_target() != nullptr) record(run);
+  else run();
 }
 
 template <auto Kernel>
