@@ -48,19 +48,19 @@ constexpr double kStatRel = 1e-5, kStatAbs = 1e-6, kSumAbs = 2e-5, kOrderAbs = 1
 // The running statistics start at `rm`, `rv`; null running statistics (a recomputed forward) stay
 // untouched.
 template <typename T>
-void check_forward_training(const Dims& d, const std::vector<float>& xv, bool running, bool compare_y = true) {
-  const std::vector<T> x = stored_as<T>(xv);
+void check_forward_training(const Dims& d, const DeviceVector<float>& xv, bool running, bool compare_y = true) {
+  const DeviceVector<T> x = stored_as<T>(xv);
   const auto gamma = random_values(d.c, 0.5f, 1.5f, 11), beta = random_values(d.c, -0.5f, 0.5f, 12);
   const auto rm = random_values(d.c, -0.2f, 0.2f, 13), rv = random_values(d.c, 0.5f, 1.5f, 14);
   auto cpu_rm = rm, cpu_rv = rv;
-  std::vector<T> cpu_y(d.size());
-  std::vector<float> cpu_mean(d.c), cpu_invstd(d.c);
+  DeviceVector<T> cpu_y(d.size());
+  DeviceVector<float> cpu_mean(d.c), cpu_invstd(d.c);
   kernels::batch_norm_forward_training_cpu(x.data(), gamma.data(), beta.data(), d.n, d.c, d.hw, kEps, kMomentum,
                                            running ? cpu_rm.data() : nullptr, running ? cpu_rv.data() : nullptr,
                                            cpu_y.data(), cpu_mean.data(), cpu_invstd.data());
   auto gpu_rm = rm, gpu_rv = rv;
-  std::vector<T> y(d.size(), from_f32<T>(kNaN));
-  std::vector<float> mean(d.c, kNaN), invstd(d.c, kNaN);
+  DeviceVector<T> y(d.size(), from_f32<T>(kNaN));
+  DeviceVector<float> mean(d.c, kNaN), invstd(d.c, kNaN);
   kernels::batch_norm_forward_training_cuda(x.data(), gamma.data(), beta.data(), d.n, d.c, d.hw, kEps, kMomentum,
                                             running ? gpu_rm.data() : nullptr, running ? gpu_rv.data() : nullptr,
                                             y.data(), mean.data(), invstd.data(), nullptr);
@@ -72,15 +72,26 @@ void check_forward_training(const Dims& d, const std::vector<float>& xv, bool ru
     expect_same_bits(gpu_rm, rm, "running_mean left alone");
     expect_same_bits(gpu_rv, rv, "running_var left alone");
   }
-  if (compare_y) expect_within(y, as_double(cpu_y), unit_rounding<T>(), kOrderAbs, "y");
-  // y is the CPU's formula applied to the kernel's own statistics, bit for bit.
-  std::vector<T> want(d.size());
+  // Contracted, y = x scale + shift may be FMAs whose products go unrounded: y moves by a rounding of
+  // the products' size, which exceeds y's own where they cancel (a channel of equal values has
+  // invstd 1 / sqrt(eps), so x scale is some 300 x).
+  DeviceVector<T> want(d.size());
+  std::vector<double> contraction(d.size(), 0.0);
   for (std::size_t i = 0; i < want.size(); ++i) {
     const int64_t ch = static_cast<int64_t>(i) / d.hw % d.c;
     const float scale = gamma[ch] * invstd[ch], shift = beta[ch] - mean[ch] * scale;
     want[i] = from_f32<T>(to_f32(x[i]) * scale + shift);
+    if (!compiled_bitwise("batch_norm.cu"))
+      contraction[i] = 2 * unit_rounding<float>() * (std::abs(to_f32(x[i]) * scale) + std::abs(mean[ch] * scale));
   }
-  expect_same_values(y, want, "y from the kernel's statistics");
+  if (compare_y) {
+    std::vector<double> slack = contraction;
+    for (double& s : slack) s += kOrderAbs;
+    expect_within_each(y, as_double(cpu_y), unit_rounding<T>(), slack, "y");
+  }
+  // y is the CPU's formula applied to the kernel's own statistics: bit for bit unless contracted.
+  if (compiled_bitwise("batch_norm.cu")) expect_same_values(y, want, "y from the kernel's statistics");
+  else expect_within_each(y, as_double(want), unit_rounding<T>(), contraction, "y from the kernel's statistics");
 }
 
 template <typename T>
@@ -146,7 +157,7 @@ const std::vector<Sinks> kSinks = {{"all overwrite NaN", true, true, true, 0, 0,
                                    {"dgamma accumulates, dbeta overwrites, no dx", false, true, true, 0, 1, 0}};
 
 struct BackwardInputs {
-  std::vector<float> x, dy, gamma, mean, invstd;
+  DeviceVector<float> x, dy, gamma, mean, invstd;
 };
 
 // x, dy and gamma random, and the statistics the CPU's forward saves for them (training) or given
@@ -156,7 +167,7 @@ BackwardInputs backward_inputs(const Dims& d, bool training) {
                     random_values(static_cast<int64_t>(d.size()), -1.0f, 1.0f, 21), random_values(d.c, 0.5f, 1.5f, 22),
                     random_values(d.c, 0.5f, 1.5f, 23), random_values(d.c, 0.5f, 2.0f, 24)};
   if (training && d.size() > 0) {
-    std::vector<float> beta(d.c, 0.0f), y(d.size());
+    DeviceVector<float> beta(d.c, 0.0f), y(d.size());
     kernels::batch_norm_forward_training_cpu(in.x.data(), in.gamma.data(), beta.data(), d.n, d.c, d.hw, kEps, kMomentum,
                                              nullptr, nullptr, y.data(), in.mean.data(), in.invstd.data());
   }
@@ -168,12 +179,12 @@ BackwardInputs backward_inputs(const Dims& d, bool training) {
 template <typename T>
 void check_backward(const Dims& d, const BackwardInputs& in, bool training, const Sinks& s) {
   SCOPED_TRACE(s.name);
-  const std::vector<T> x = stored_as<T>(in.x), dy = stored_as<T>(in.dy);
+  const DeviceVector<T> x = stored_as<T>(in.x), dy = stored_as<T>(in.dy);
   auto start = [](std::size_t n, float beta, uint64_t seed) {
-    return beta == 0.0f ? std::vector<float>(n, kNaN) : random_values(static_cast<int64_t>(n), -1.0f, 1.0f, seed);
+    return beta == 0.0f ? DeviceVector<float>(n, kNaN) : random_values(static_cast<int64_t>(n), -1.0f, 1.0f, seed);
   };
-  const std::vector<T> dx0 = stored_as<T>(start(d.size(), s.beta_dx, 25));
-  const std::vector<float> dgamma0 = start(d.c, s.beta_dgamma, 26), dbeta0 = start(d.c, s.beta_dbeta, 27);
+  const DeviceVector<T> dx0 = stored_as<T>(start(d.size(), s.beta_dx, 25));
+  const DeviceVector<float> dgamma0 = start(d.c, s.beta_dgamma, 26), dbeta0 = start(d.c, s.beta_dbeta, 27);
   auto cpu_dx = dx0, gpu_dx = dx0;
   auto cpu_dgamma = dgamma0, gpu_dgamma = dgamma0, cpu_dbeta = dbeta0, gpu_dbeta = dbeta0;
   auto ptr = [](bool wanted, auto& v) { return wanted ? v.data() : nullptr; };
@@ -191,7 +202,7 @@ void check_backward(const Dims& d, const BackwardInputs& in, bool training, cons
                                                 s.beta_dbeta, ptr(s.dbeta, gpu_dbeta), nullptr);
   // Training's dx uses the sums; evaluation's is gamma * invstd * dy, the CPU's bits.
   if (training) expect_within(gpu_dx, as_double(cpu_dx), unit_rounding<T>(), kOrderAbs, "dx");
-  else expect_same_values(gpu_dx, cpu_dx, "dx");
+  else expect_cpu_parity("batch_norm.cu", gpu_dx, cpu_dx, unit_rounding<T>(), kContractionAbs, "dx", Exact::values);
   expect_within(gpu_dgamma, as_double(cpu_dgamma), kStatRel, kSumAbs, "dgamma");
   expect_within(gpu_dbeta, as_double(cpu_dbeta), kStatRel, kSumAbs, "dbeta");
   if (!s.dx) expect_same_values(gpu_dx, dx0, "dx absent: untouched");
@@ -257,7 +268,7 @@ TEST(BatchNormKernelsEmulated, SavesTheRunningStatistics) {
     auto var = random_values(c, 0.0f, 3.0f, 31);
     var[0] = 0.0f;  // 1 / sqrt(eps)
     if (c > 2) var[1] = kNaN, var[2] = kInf;
-    std::vector<float> save_mean(c, kNaN), save_invstd(c, kNaN);
+    DeviceVector<float> save_mean(c, kNaN), save_invstd(c, kNaN);
     kernels::batch_norm_save_running_stats_cuda(mean.data(), var.data(), c, kEps, save_mean.data(), save_invstd.data(),
                                                 nullptr);
     expect_same_bits(save_mean, mean, "save_mean");
@@ -285,7 +296,7 @@ TEST(BatchNormKernelsEmulated, EvaluationBackwardPropagatesNaNAndInf) {
   in.x[(d.c + 2) * d.hw] = -kInf;
   check_backward<float>(d, in, false, kSinks[0]);
   check_backward<Half>(d, in, false, kSinks[1]);
-  std::vector<float> dx(d.size(), kNaN);
+  DeviceVector<float> dx(d.size(), kNaN);
   kernels::batch_norm_backward_inference_cuda(DType::f32, in.x.data(), in.dy.data(), in.gamma.data(), in.mean.data(),
                                               in.invstd.data(), d.n, d.c, d.hw, 0.0f, dx.data(), 0.0f, nullptr, 0.0f,
                                               nullptr, nullptr);
@@ -293,10 +304,10 @@ TEST(BatchNormKernelsEmulated, EvaluationBackwardPropagatesNaNAndInf) {
 }
 
 TEST(BatchNormKernelsEmulated, IncrementsTheCounter) {
-  int32_t counter = 41;
-  kernels::increment_i32_cuda(&counter, nullptr);
-  kernels::increment_i32_cuda(&counter, nullptr);
-  EXPECT_EQ(counter, 43);
+  DeviceValue<int32_t> counter(41);
+  kernels::increment_i32_cuda(counter.get(), nullptr);
+  kernels::increment_i32_cuda(counter.get(), nullptr);
+  EXPECT_EQ(*counter, 43);
 }
 
 }  // namespace

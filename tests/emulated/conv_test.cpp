@@ -35,8 +35,8 @@ void check_add_bias(const Dims& d) {
   auto bias = random_values(d.k, -1.0f, 1.0f, 51);
   if (d.size() > 20) yv[3] = kNaN, yv[4] = kInf, yv[d.hw] = kInf;  // channel 0: NaN, Inf; channel 1: Inf
   bias[1] = -kInf;                                                 // Inf + -Inf: NaN
-  const std::vector<T> y0 = stored_as<T>(yv);
-  std::vector<T> y = y0, want(d.size());
+  const DeviceVector<T> y0 = stored_as<T>(yv);
+  DeviceVector<T> y = y0, want(d.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
     const double exact = static_cast<double>(kernels::to_f32(y0[i])) + bias[(static_cast<int64_t>(i) / d.hw) % d.k];
     want[i] = kernels::from_f32<T>(static_cast<float>(exact));
@@ -58,13 +58,13 @@ void check_bias_grad(const Dims& d, float beta) {
   SCOPED_TRACE(std::string(dtype_name(dtype_of<T>::value)) + ", " + d.name() + ", beta " + std::to_string(beta));
   auto dyv = random_values(static_cast<int64_t>(d.size()), -1.0f, 1.0f, 52);
   if (d.size() > 0) dyv[d.hw + 2] = kNaN, dyv[1] = kInf;  // channel 1 NaN, channel 0 Inf
-  const std::vector<T> dy = stored_as<T>(dyv);
-  const std::vector<float> old = beta == 0.0f ? std::vector<float>(d.k, kNaN) : random_values(d.k, -1.0f, 1.0f, 53);
+  const DeviceVector<T> dy = stored_as<T>(dyv);
+  const DeviceVector<float> old = beta == 0.0f ? DeviceVector<float>(d.k, kNaN) : random_values(d.k, -1.0f, 1.0f, 53);
   std::vector<double> want(d.k, 0.0);
   for (std::size_t i = 0; i < dy.size(); ++i) want[(static_cast<int64_t>(i) / d.hw) % d.k] += kernels::to_f32(dy[i]);
   if (beta != 0.0f)
     for (int64_t ch = 0; ch < d.k; ++ch) want[ch] += beta * old[ch];
-  std::vector<float> dbias = old;
+  DeviceVector<float> dbias = old;
   kernels::conv2d_bias_grad_cuda(dy.data(), d.n, d.k, d.hw, beta, dbias.data(), nullptr);
   expect_within(dbias, want, 1e-6, 2e-5, "dbias");
 }

@@ -44,7 +44,7 @@ double log_sum_exp(const float* x, int64_t n) {
 // would round log(s) away (the kernels keep the two apart), and row 1 has a -inf off its label
 // (exp gives 0). With nan_row, row 2 has a NaN logit: its loss and gradient are NaN.
 template <typename T>
-std::vector<T> logits(int64_t batch, int64_t classes, uint64_t seed, bool nan_row = false) {
+DeviceVector<T> logits(int64_t batch, int64_t classes, uint64_t seed, bool nan_row = false) {
   auto x = random_values(batch * classes, -4, 4, seed);
   for (int64_t r = 4; r < batch; r += 5)
     for (int64_t c = 0; c < classes; ++c) x[r * classes + c] += 1000.0f;
@@ -54,8 +54,8 @@ std::vector<T> logits(int64_t batch, int64_t classes, uint64_t seed, bool nan_ro
 }
 
 // Labels cycling over the classes; with out_of_range, the middle row's is `classes` and row 0's -1.
-std::vector<int32_t> labels(int64_t batch, int64_t classes, bool out_of_range) {
-  std::vector<int32_t> y;
+DeviceVector<int32_t> labels(int64_t batch, int64_t classes, bool out_of_range) {
+  DeviceVector<int32_t> y;
   for (int64_t r = 0; r < batch; ++r) y.push_back(static_cast<int32_t>((r * 7) % classes));
   if (out_of_range && batch > 0) y[batch / 2] = static_cast<int32_t>(classes);
   if (out_of_range && batch > 2) y[0] = -1;
@@ -63,15 +63,15 @@ std::vector<int32_t> labels(int64_t batch, int64_t classes, bool out_of_range) {
 }
 
 struct Forward {
-  std::vector<float> row_loss;
-  float loss;
+  DeviceVector<float> row_loss;
+  DeviceValue<float> loss;
 };
 
 template <typename T>
-Forward run_forward(const std::vector<T>& x, const std::vector<int32_t>& y, int64_t batch, int64_t classes) {
-  Forward f{std::vector<float>(static_cast<std::size_t>(batch), kNaN), kNaN};
+Forward run_forward(const DeviceVector<T>& x, const DeviceVector<int32_t>& y, int64_t batch, int64_t classes) {
+  Forward f{DeviceVector<float>(static_cast<std::size_t>(batch), kNaN), DeviceValue<float>(kNaN)};
   kernels::cross_entropy_forward_cuda(x.data(), y.data(), batch, classes, 1.0f / static_cast<float>(batch),
-                                      f.row_loss.data(), &f.loss, nullptr);
+                                      f.row_loss.data(), f.loss.get(), nullptr);
   return f;
 }
 
@@ -81,7 +81,7 @@ TYPED_TEST_SUITE(CrossEntropyEmulated, StorageTypes, StorageTypeName);
 
 // The row losses and the loss (scale 1 / batch) against the double reference.
 template <typename T>
-void expect_forward_matches_the_reference(const Forward& f, const std::vector<T>& x, const std::vector<int32_t>& y,
+void expect_forward_matches_the_reference(const Forward& f, const DeviceVector<T>& x, const DeviceVector<int32_t>& y,
                                           int64_t batch, int64_t classes) {
   const auto xf = widened(x);
   std::vector<double> rows(static_cast<std::size_t>(batch));
@@ -92,7 +92,7 @@ void expect_forward_matches_the_reference(const Forward& f, const std::vector<T>
     total += rows[r];
   }
   expect_close(f.row_loss, rows, "row losses");
-  expect_close(std::vector<float>{f.loss}, {total / static_cast<double>(batch)}, "loss");
+  expect_close(DeviceVector<float>{*f.loss}, {total / static_cast<double>(batch)}, "loss");
 }
 
 // Small batches, on the one-block path: every class count, with and without NaN rows (labels out
@@ -122,20 +122,20 @@ TEST(CrossEntropyEmulated, LargeBatchesMatchTheReferenceAndAgreeAcrossPaths) {
   const auto y = labels(257, classes, false);
   const Forward many = run_forward(x, y, 257, classes);
   expect_forward_matches_the_reference(many, x, y, 257, classes);
-  const std::vector<float> x256(x.begin(), x.begin() + 256 * classes);
-  const std::vector<int32_t> y256(y.begin(), y.begin() + 256);
+  const DeviceVector<float> x256(x.begin(), x.begin() + 256 * classes);
+  const DeviceVector<int32_t> y256(y.begin(), y.begin() + 256);
   const Forward one = run_forward(x256, y256, 256, classes);
   expect_forward_matches_the_reference(one, x256, y256, 256, classes);
-  expect_same_bits(one.row_loss, std::vector<float>(many.row_loss.begin(), many.row_loss.begin() + 256), "row losses");
-  float sum = kNaN;
-  kernels::sum_all_cuda(one.row_loss.data(), 256, 1.0f / 256, &sum, nullptr);
-  expect_same_bits(std::vector<float>{one.loss}, {sum}, "loss");
+  expect_same_bits(one.row_loss, DeviceVector<float>(many.row_loss.begin(), many.row_loss.begin() + 256), "row losses");
+  DeviceVector<float> sum(1, kNaN);
+  kernels::sum_all_cuda(one.row_loss.data(), 256, 1.0f / 256, sum.data(), nullptr);
+  expect_same_bits(DeviceVector<float>{*one.loss}, sum, "loss");
 }
 
 TEST(CrossEntropyEmulated, EmptyBatchGivesZeroLoss) {
-  float loss = kNaN;
-  kernels::cross_entropy_forward_cuda<float>(nullptr, nullptr, 0, 10, 1.0f, nullptr, &loss, nullptr);
-  EXPECT_EQ(loss, 0.0f);
+  DeviceValue<float> loss(kNaN);
+  kernels::cross_entropy_forward_cuda<float>(nullptr, nullptr, 0, 10, 1.0f, nullptr, loss.get(), nullptr);
+  EXPECT_EQ(*loss, 0.0f);
 }
 
 // The relative error of T's rounding (0 for f32).
@@ -149,17 +149,17 @@ double rounding() {
 // out of range has no onehot, a row with a NaN logit is NaN. Batch 40 is five blocks of 8 rows.
 TYPED_TEST(CrossEntropyEmulated, BackwardMatchesTheReference) {
   using T = TypeParam;
-  const float grad_loss = 1.5f;
+  DeviceValue<float> grad_loss(1.5f);
   for (auto [batch, classes] : std::vector<std::pair<int64_t, int64_t>>{{1, 100}, {7, 10}, {7, 33}, {7, 100}, {40, 33}})
     for (float beta : {0.0f, 1.0f}) {
       SCOPED_TRACE(shape_name(batch, classes) + ", beta " + std::to_string(beta));
       const auto x = logits<T>(batch, classes, 3, true);
       const auto y = labels(batch, classes, true);
       const auto old =
-          stored_as<T>(beta == 0.0f ? std::vector<float>(x.size(), kNaN) : random_values(batch * classes, -1, 1, 4));
+          stored_as<T>(beta == 0.0f ? DeviceVector<float>(x.size(), kNaN) : random_values(batch * classes, -1, 1, 4));
       auto dx = old;
       const float scale = 1.0f / static_cast<float>(batch);
-      kernels::cross_entropy_backward_cuda(x.data(), y.data(), batch, classes, &grad_loss, scale, beta, dx.data(),
+      kernels::cross_entropy_backward_cuda(x.data(), y.data(), batch, classes, grad_loss.get(), scale, beta, dx.data(),
                                            nullptr);
       const auto xf = widened(x), oldf = widened(old);
       std::vector<double> want(dx.size());
@@ -167,7 +167,7 @@ TYPED_TEST(CrossEntropyEmulated, BackwardMatchesTheReference) {
         const double lse = log_sum_exp(xf.data() + r * classes, classes);
         for (int64_t c = 0; c < classes; ++c) {
           const int64_t i = r * classes + c;
-          want[i] = grad_loss * scale * (std::exp(xf[i] - lse) - (c == y[r] ? 1.0 : 0.0));
+          want[i] = *grad_loss * scale * (std::exp(xf[i] - lse) - (c == y[r] ? 1.0 : 0.0));
           if (beta != 0.0f) want[i] += oldf[i];
         }
       }
@@ -185,7 +185,7 @@ TYPED_TEST(CrossEntropyEmulated, ClassificationTallyCountsAsArgmaxRows) {
       SCOPED_TRACE(shape_name(rows, cols));
       const auto x = tied_rows<T>(rows, cols, 6);
       const auto xf = widened(x);
-      std::vector<int32_t> best(static_cast<std::size_t>(rows)), y(best.size());
+      DeviceVector<int32_t> best(static_cast<std::size_t>(rows)), y(best.size());
       kernels::argmax_rows_cpu(x.data(), rows, cols, best.data());
       int64_t correct = 0, later_ties = 0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -198,13 +198,13 @@ TYPED_TEST(CrossEntropyEmulated, ClassificationTallyCountsAsArgmaxRows) {
         later_ties += y[r] != best[r] && r % 3 == 1;
       }
       if (rows == 300) ASSERT_GT(later_ties, 0) << "no label on a later tied maximum";
-      const float batch_loss = 0.75f;
-      ClassificationTotals totals{0.5, 3, 10, 2};
-      kernels::classification_tally_cuda(x.data(), y.data(), rows, cols, &batch_loss, &totals, nullptr);
-      EXPECT_EQ(totals.loss_sum, 0.5 + 0.75);
-      EXPECT_EQ(totals.correct, 3 + correct);
-      EXPECT_EQ(totals.samples, 10 + rows);
-      EXPECT_EQ(totals.batches, 3);
+      DeviceValue<float> batch_loss(0.75f);
+      DeviceValue<ClassificationTotals> totals(ClassificationTotals{0.5, 3, 10, 2});
+      kernels::classification_tally_cuda(x.data(), y.data(), rows, cols, batch_loss.get(), totals.get(), nullptr);
+      EXPECT_EQ(totals->loss_sum, 0.5 + 0.75);
+      EXPECT_EQ(totals->correct, 3 + correct);
+      EXPECT_EQ(totals->samples, 10 + rows);
+      EXPECT_EQ(totals->batches, 3);
     }
 }
 

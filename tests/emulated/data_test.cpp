@@ -39,8 +39,8 @@ struct Column {
   int64_t row;
   float divisor;
   std::size_t misalign;      // bytes the source starts past its buffer's (aligned) start
-  std::vector<uint8_t> src;  // misalign + samples * row elements
-  std::vector<uint8_t> dst;  // (kBatch + kGuardRows) * row elements, kUnwritten
+  DeviceVector<uint8_t> src;  // misalign + samples * row elements
+  DeviceVector<uint8_t> dst;  // (kBatch + kGuardRows) * row elements, kUnwritten
 };
 
 // Values every type must carry exactly: every byte value, i64s past 2^53 and negative, f32
@@ -51,7 +51,7 @@ Column make_column(DType src_type, DType dst_type, int64_t row, float divisor, i
   const int64_t n = samples * row;
   c.src.assign(misalign + static_cast<std::size_t>(n) * dtype_size(src_type), 0);
   uint8_t* p = c.src.data() + misalign;
-  const std::vector<float> f = with_specials(random_values(n, -1e6f, 1e6f, 3 + static_cast<uint64_t>(row)));
+  const DeviceVector<float> f = with_specials(random_values(n, -1e6f, 1e6f, 3 + static_cast<uint64_t>(row)));
   for (int64_t i = 0; i < n; ++i) {
     if (src_type == DType::u8) p[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
     if (src_type == DType::i32) {
@@ -97,11 +97,11 @@ std::vector<Column> odd_dataset(int64_t samples) {
 // The batch written out: row r from sample order[start + r]; copies byte for byte, conversions as
 // float(v) / divisor rounded once to T.
 template <typename T>
-std::vector<std::vector<uint8_t>> reference(const std::vector<Column>& cols, const int32_t* order, int64_t start,
-                                            int64_t count) {
-  std::vector<std::vector<uint8_t>> out;
+std::vector<DeviceVector<uint8_t>> reference(const std::vector<Column>& cols, const int32_t* order, int64_t start,
+                                             int64_t count) {
+  std::vector<DeviceVector<uint8_t>> out;
   for (const Column& c : cols) {
-    std::vector<uint8_t> d(c.dst.size(), kUnwritten);
+    DeviceVector<uint8_t> d(c.dst.size(), kUnwritten);
     const uint8_t* src = c.src.data() + c.misalign;
     for (int64_t r = 0; r < count; ++r) {
       const int64_t s = order ? order[start + r] : start + r;
@@ -132,14 +132,14 @@ void reset(std::vector<Column>& cols) {
   for (Column& c : cols) std::fill(c.dst.begin(), c.dst.end(), kUnwritten);
 }
 
-void expect_outputs(const std::vector<Column>& cols, const std::vector<std::vector<uint8_t>>& want,
+void expect_outputs(const std::vector<Column>& cols, const std::vector<DeviceVector<uint8_t>>& want,
                     const std::string& what) {
   for (std::size_t k = 0; k < cols.size(); ++k)
     expect_same_bits(cols[k].dst, want[k], what + ", tensor " + std::to_string(k));
 }
 
-std::vector<int32_t> shuffled_order(int64_t n) {
-  std::vector<int32_t> order(static_cast<std::size_t>(n));
+DeviceVector<int32_t> shuffled_order(int64_t n) {
+  DeviceVector<int32_t> order(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
   std::shuffle(order.begin(), order.end(), std::mt19937(7));
   return order;
@@ -154,7 +154,7 @@ TYPED_TEST_SUITE(DataKernelsEmulated, StorageTypes, StorageTypeName);
 TYPED_TEST(DataKernelsEmulated, GatherMatchesTheCpu) {
   using T = TypeParam;
   const int64_t samples = 13;
-  const std::vector<int32_t> order = shuffled_order(samples);
+  const DeviceVector<int32_t> order = shuffled_order(samples);
   for (const bool wide : {true, false}) {
     std::vector<Column> cols = wide ? wide_dataset<T>(samples) : odd_dataset<T>(samples);
     const GatherColumns g = columns_of(cols);
@@ -184,21 +184,21 @@ TYPED_TEST(DataKernelsEmulated, GatherMatchesTheCpu) {
 TYPED_TEST(DataKernelsEmulated, GatherAtCursorWalksTheEpoch) {
   using T = TypeParam;
   const int64_t samples = 13;
-  const std::vector<int32_t> order = shuffled_order(samples);
+  const DeviceVector<int32_t> order = shuffled_order(samples);
   for (const bool wide : {true, false}) {
     std::vector<Column> cols = wide ? wide_dataset<T>(samples) : odd_dataset<T>(samples);
     if (!wide) cols.erase(cols.begin());  // rows of 0 elements only
-    GatherCursor cursor{0, 0, 0};
+    DeviceValue<GatherCursor> cursor(GatherCursor{0, 0, 0});
     for (int64_t p = 0; p < 4; ++p) {
       const int64_t count = std::max<int64_t>(0, std::min(kBatch, samples - p * kBatch));  // 5, 5, 3, 0
       SCOPED_TRACE(std::string(wide ? "wide" : "empty rows") + ", position " + std::to_string(p));
       const auto want = reference<T>(cols, order.data(), p * kBatch, count);
       reset(cols);
-      kernels::gather_rows_at_cursor_cuda(columns_of(cols), order.data(), &cursor, kBatch, 0, count, nullptr);
+      kernels::gather_rows_at_cursor_cuda(columns_of(cols), order.data(), cursor.get(), kBatch, 0, count, nullptr);
       expect_outputs(cols, want, "batch");
-      EXPECT_EQ(cursor.position, p + 1);
-      EXPECT_EQ(cursor.blocks_done, 0u);
-      EXPECT_EQ(cursor.ring_slot, 0u) << "ring 0 leaves the slot alone";
+      EXPECT_EQ(cursor->position, p + 1);
+      EXPECT_EQ(cursor->blocks_done, 0u);
+      EXPECT_EQ(cursor->ring_slot, 0u) << "ring 0 leaves the slot alone";
     }
   }
 }
@@ -211,24 +211,24 @@ TYPED_TEST(DataKernelsEmulated, GatherAtCursorReadsTheSlotTheHostSets) {
   using T = TypeParam;
   const int64_t ring = 3;
   std::vector<Column> cols = wide_dataset<T>(ring * kBatch);
-  GatherCursor cursor{40, 0, 0};
+  DeviceValue<GatherCursor> cursor(GatherCursor{40, 0, 0});
   const int64_t slots[] = {0, 2, 2, 1, 0, 1, 2};
   for (int64_t launch = 0; launch < 7; ++launch) {
     const int64_t slot = slots[launch], count = launch == 6 ? 2 : kBatch;
     SCOPED_TRACE("launch " + std::to_string(launch) + ", slot " + std::to_string(slot));
-    kernels::set_gather_cursor_cuda(&cursor, -1, slot, nullptr);
-    ASSERT_EQ(cursor.position, 40 + launch) << "a negative position leaves it";
+    kernels::set_gather_cursor_cuda(cursor.get(), -1, slot, nullptr);
+    ASSERT_EQ(cursor->position, 40 + launch) << "a negative position leaves it";
     const auto want = reference<T>(cols, nullptr, slot * kBatch, count);
     reset(cols);
-    kernels::gather_rows_at_cursor_cuda(columns_of(cols), nullptr, &cursor, kBatch, ring, count, nullptr);
+    kernels::gather_rows_at_cursor_cuda(columns_of(cols), nullptr, cursor.get(), kBatch, ring, count, nullptr);
     expect_outputs(cols, want, "batch");
-    EXPECT_EQ(cursor.position, 40 + launch + 1);
-    EXPECT_EQ(cursor.blocks_done, 0u);
-    EXPECT_EQ(cursor.ring_slot, static_cast<uint32_t>(slot));
+    EXPECT_EQ(cursor->position, 40 + launch + 1);
+    EXPECT_EQ(cursor->blocks_done, 0u);
+    EXPECT_EQ(cursor->ring_slot, static_cast<uint32_t>(slot));
   }
-  kernels::set_gather_cursor_cuda(&cursor, 3, -1, nullptr);
-  EXPECT_EQ(cursor.position, 3);
-  EXPECT_EQ(cursor.ring_slot, 2u) << "a negative slot leaves it";
+  kernels::set_gather_cursor_cuda(cursor.get(), 3, -1, nullptr);
+  EXPECT_EQ(cursor->position, 3);
+  EXPECT_EQ(cursor->ring_slot, 2u) << "a negative slot leaves it";
 }
 
 }  // namespace

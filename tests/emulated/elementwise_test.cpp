@@ -26,19 +26,19 @@ constexpr int64_t kSizes[] = {0, 1, 255, 257, 3 * 256 + 5};
 
 // n values in [-2, 2) stored as T, with_specials every `stride` elements from `first`.
 template <typename T>
-std::vector<T> inputs(int64_t n, uint64_t seed, std::size_t stride = 7, std::size_t first = 0) {
+DeviceVector<T> inputs(int64_t n, uint64_t seed, std::size_t stride = 7, std::size_t first = 0) {
   return stored_as<T>(with_specials(random_values(n, -2, 2, seed), stride, first));
 }
 
 template <typename T>
-std::vector<T> filled(int64_t n, float value) {
-  return std::vector<T>(static_cast<std::size_t>(n), from_f32<T>(value));
+DeviceVector<T> filled(int64_t n, float value) {
+  return DeviceVector<T>(static_cast<std::size_t>(n), from_f32<T>(value));
 }
 
 // What a beta-blended destination holds before the launch: NaN for beta 0 (the kernel must not
 // read it), values with specials for beta 1.
 template <typename T>
-std::vector<T> destination(int64_t n, float beta, uint64_t seed) {
+DeviceVector<T> destination(int64_t n, float beta, uint64_t seed) {
   return beta == 0.0f ? filled<T>(n, kNaN) : inputs<T>(n, seed, 5, 3);
 }
 
@@ -56,7 +56,7 @@ TYPED_TEST(ElementwiseEmulated, BroadcastRowsMatchesTheCpu) {
        std::vector<std::pair<int64_t, int64_t>>{{0, 7}, {7, 0}, {1, 1}, {1, 255}, {257, 1}, {7, 113}}) {
     SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
     const auto row = with_specials(random_values(cols, -2, 2, 1));
-    std::vector<float> want(static_cast<std::size_t>(rows * cols));
+    DeviceVector<float> want(static_cast<std::size_t>(rows * cols));
     kernels::broadcast_rows_cpu(row.data(), rows, cols, want.data());
     auto out = filled<T>(rows * cols, kNaN);
     kernels::broadcast_rows_cuda(row.data(), rows, cols, out.data(), nullptr);
@@ -126,11 +126,11 @@ TEST(ElementwiseEmulated, FillMatchesTheCpu) {
 TEST(ElementwiseEmulated, FillFromScalarMatchesTheCpu) {
   for (int64_t n : kSizes)
     for (float beta : {0.0f, 1.0f}) {
-      const float scalar = n == kSizes[std::size(kSizes) - 1] && beta == 0.0f ? kNaN : 3.0f;
-      SCOPED_TRACE(size_name(n, beta) + ", scalar " + std::to_string(scalar));
+      DeviceValue<float> scalar(n == kSizes[std::size(kSizes) - 1] && beta == 0.0f ? kNaN : 3.0f);
+      SCOPED_TRACE(size_name(n, beta) + ", scalar " + std::to_string(*scalar));
       auto out = destination<float>(n, beta, 9), want = out;
-      kernels::fill_from_scalar_cpu(&scalar, 0.25f, beta, want.data(), n);
-      kernels::fill_from_scalar_cuda(&scalar, 0.25f, beta, out.data(), n, nullptr);
+      kernels::fill_from_scalar_cpu(scalar.get(), 0.25f, beta, want.data(), n);
+      kernels::fill_from_scalar_cuda(scalar.get(), 0.25f, beta, out.data(), n, nullptr);
       expect_same_bits(out, want, "out");
     }
 }
@@ -145,7 +145,7 @@ void expect_convert_matches_the_cpu() {
     auto values = random_values(n, -2, 2, 10);
     for (std::size_t i = 0; i < values.size(); ++i) values[i] = std::ldexp(values[i], static_cast<int>(i % 40) - 25);
     const auto x = stored_as<From>(with_specials(values, 11));
-    std::vector<To> y(x.size(), from_f32<To>(kNaN)), want = y;
+    DeviceVector<To> y(x.size(), from_f32<To>(kNaN)), want = y;
     kernels::convert_cpu(x.data(), want.data(), n);
     kernels::convert_cuda(x.data(), y.data(), n, nullptr);
     expect_same_bits(y, want, "y");
@@ -165,13 +165,13 @@ TEST(ElementwiseEmulated, ConvertMatchesTheCpuForEveryInstantiatedPair) {
 // slices of one buffer with a gap between them: each slice gets accumulate_cpu's beta-1 bits and
 // the gaps keep theirs.
 TEST(ElementwiseEmulated, AddVectorsAddsEveryPairAndNothingElse) {
-  const std::vector<int64_t> lengths = {300, 0, 1, 257, 600, 31};
+  const DeviceVector<int64_t> lengths = {300, 0, 1, 257, 600, 31};
   constexpr int64_t kGap = 9;
-  std::vector<int64_t> offsets;
+  DeviceVector<int64_t> offsets;
   int64_t total = kGap;
   for (int64_t n : lengths) offsets.push_back(std::exchange(total, total + n + kGap));
   auto y = with_specials(random_values(total, -2, 2, 11), 13), want = y;
-  std::vector<std::vector<float>> xs;
+  std::vector<DeviceVector<float>> xs;
   kernels::VectorAdds adds;
   for (std::size_t p = 0; p < lengths.size(); ++p) {
     xs.push_back(with_specials(random_values(lengths[p], -2, 2, 12 + p), 7, p));

@@ -35,7 +35,7 @@ TEST(FusedKernelsEmulated, LinearForwardMatchesTheReference) {
         SCOPED_TRACE(shape_name(batch, in, out) + (relu ? ", relu" : ""));
         const auto x = random_values(batch * in, -1, 1, 1), w = random_values(out * in, -1, 1, 2),
                    b = random_values(out, -1, 1, 3);
-        std::vector<float> y(static_cast<std::size_t>(batch * out), kNaN);
+        DeviceVector<float> y(static_cast<std::size_t>(batch * out), kNaN);
         kernels::fused_linear_forward_cuda(x.data(), w.data(), b.data(), batch, in, out, relu, y.data(), nullptr);
         std::vector<double> want(y.size());
         for (int64_t r = 0; r < batch; ++r)
@@ -52,24 +52,34 @@ TEST(FusedKernelsEmulated, LinearForwardMatchesTheReference) {
 
 struct Head {
   int64_t batch, in, classes;
-  std::vector<float> h, w, b, probs, row_loss;
-  std::vector<int32_t> labels;
-  float loss = kNaN;
+  DeviceVector<float> h, w, b, probs, row_loss;
+  DeviceVector<int32_t> labels;
+  DeviceValue<float> loss;
   float scale;
 };
 
 // The head's forward with labels cycling over the classes (and, with bad_label, row 3 out of range).
 Head run_head_forward(int64_t batch, int64_t in, int64_t classes, bool bad_label) {
-  Head hd{batch, in, classes, random_values(batch * in, 0, 1, 4), random_values(classes * in, -1, 1, 5),
-          random_values(classes, -1, 1, 6), {}, {}, {}, kNaN, 1.0f / static_cast<float>(batch)};
+  Head hd{batch,
+          in,
+          classes,
+          random_values(batch * in, 0, 1, 4),
+          random_values(classes * in, -1, 1, 5),
+          random_values(classes, -1, 1, 6),
+          {},
+          {},
+          {},
+          DeviceValue<float>(kNaN),
+          1.0f / static_cast<float>(batch)};
   for (int64_t r = 0; r < batch; ++r) hd.labels.push_back(static_cast<int32_t>((r * 5) % classes));
   if (bad_label && batch > 3) hd.labels[3] = static_cast<int32_t>(classes);
   hd.probs.assign(static_cast<std::size_t>(batch * classes), kNaN);
   hd.row_loss.assign(static_cast<std::size_t>(batch), kNaN);
-  unsigned counter = 0;
+  DeviceValue<unsigned> counter(0);
   kernels::fused_head_forward_cuda(hd.h.data(), hd.w.data(), hd.b.data(), hd.labels.data(), batch, in, classes,
-                                   hd.scale, hd.probs.data(), hd.row_loss.data(), &hd.loss, &counter, nullptr);
-  EXPECT_EQ(counter, 0u) << "the last block leaves the arrival counter at 0";
+                                   hd.scale, hd.probs.data(), hd.row_loss.data(), hd.loss.get(), counter.get(),
+                                   nullptr);
+  EXPECT_EQ(*counter, 0u) << "the last block leaves the arrival counter at 0";
   return hd;
 }
 
@@ -98,11 +108,12 @@ TEST(FusedKernelsEmulated, HeadForwardMatchesTheReferenceAndCrossEntropysSum) {
         }
         expect_close(hd.probs, probs, "softmax");
         expect_close(hd.row_loss, rows, "row losses");
-        expect_close(std::vector<float>{hd.loss}, {total * hd.scale}, "loss");
+        expect_close(DeviceVector<float>{*hd.loss}, {total * hd.scale}, "loss");
         // The sum of the row losses is cross_entropy_forward_cuda's, whose sum is sum_all_cuda's.
-        float reference_sum = kNaN;
-        kernels::sum_all_cuda(hd.row_loss.data(), batch, hd.scale, &reference_sum, nullptr);
-        EXPECT_EQ(std::memcmp(&reference_sum, &hd.loss, sizeof(float)), 0) << hd.loss << " vs " << reference_sum;
+        DeviceValue<float> reference_sum(kNaN);
+        kernels::sum_all_cuda(hd.row_loss.data(), batch, hd.scale, reference_sum.get(), nullptr);
+        EXPECT_EQ(std::memcmp(reference_sum.get(), hd.loss.get(), sizeof(float)), 0)
+            << *hd.loss << " vs " << *reference_sum;
       }
 }
 
@@ -114,17 +125,18 @@ TEST(FusedKernelsEmulated, HeadBackwardMatchesTheReference) {
       SCOPED_TRACE(shape_name(batch, in, classes));
       Head hd = run_head_forward(batch, in, classes, false);
       for (int64_t i = 0; i < batch * in; i += 3) hd.h[i] = 0.0f;  // the mask has zeros to apply
-      const float grad_loss = 1.5f;
+      DeviceValue<float> grad_loss(1.5f);
       for (int pass = 0; pass < 2; ++pass) {
         const float beta = static_cast<float>(pass), old = pass == 0 ? kNaN : 0.25f;
         const bool mask = pass == 0;
-        std::vector<float> dw(static_cast<std::size_t>(classes * in), old), db(static_cast<std::size_t>(classes), old),
+        DeviceVector<float> dw(static_cast<std::size_t>(classes * in), old), db(static_cast<std::size_t>(classes), old),
             dx(static_cast<std::size_t>(batch * in), old);
         const FusedGradients g{dw.data(), beta, db.data(), beta, dx.data(), beta, mask};
-        kernels::fused_head_backward_cuda(hd.probs.data(), hd.labels.data(), &grad_loss, hd.scale, hd.h.data(),
+        kernels::fused_head_backward_cuda(hd.probs.data(), hd.labels.data(), grad_loss.get(), hd.scale, hd.h.data(),
                                           hd.w.data(), batch, in, classes, g, nullptr);
         auto dlogit = [&](int64_t r, int64_t c) {
-          return static_cast<double>(grad_loss) * hd.scale * (hd.probs[r * classes + c] - (hd.labels[r] == c ? 1.0 : 0.0));
+          return static_cast<double>(*grad_loss) * hd.scale *
+                 (hd.probs[r * classes + c] - (hd.labels[r] == c ? 1.0 : 0.0));
         };
         const double add = pass == 0 ? 0.0 : 0.25;
         std::vector<double> want_dw(dw.size(), add), want_db(db.size(), add), want_dx(dx.size(), 0.0);
@@ -141,10 +153,10 @@ TEST(FusedKernelsEmulated, HeadBackwardMatchesTheReference) {
         expect_close(db, want_db, "db, pass " + std::to_string(pass));
         expect_close(dx, want_dx, "dx, pass " + std::to_string(pass));
       }
-      std::vector<float> dx(static_cast<std::size_t>(batch * in), kNaN);
+      DeviceVector<float> dx(static_cast<std::size_t>(batch * in), kNaN);
       FusedGradients only_dx;
       only_dx.dx = dx.data();
-      kernels::fused_head_backward_cuda(hd.probs.data(), hd.labels.data(), &grad_loss, hd.scale, hd.h.data(),
+      kernels::fused_head_backward_cuda(hd.probs.data(), hd.labels.data(), grad_loss.get(), hd.scale, hd.h.data(),
                                         hd.w.data(), batch, in, classes, only_dx, nullptr);
       for (float v : dx) ASSERT_FALSE(std::isnan(v)) << "dx alone: every element written";
     }
@@ -165,7 +177,7 @@ TEST(FusedKernelsEmulated, LinearBackwardMatchesTheReference) {
       for (int pass = 0; pass < 3; ++pass) {
         const float beta = pass == 1 ? 1.0f : 0.0f, old = pass == 1 ? 0.5f : kNaN;
         const bool mask = pass != 2;
-        std::vector<float> dw(static_cast<std::size_t>(out * in), old), db(static_cast<std::size_t>(out), old),
+        DeviceVector<float> dw(static_cast<std::size_t>(out * in), old), db(static_cast<std::size_t>(out), old),
             dx(static_cast<std::size_t>(batch * in), old);
         FusedGradients g{dw.data(), beta, db.data(), beta, dx.data(), beta, mask};
         if (pass == 2) g.db = nullptr;
@@ -200,7 +212,7 @@ TEST(FusedKernelsEmulated, SeedShapesMatchTheReference) {
   const auto x = random_values(batch * 784, 0, 1, 20), w1 = random_values(512 * 784, -0.05f, 0.05f, 21),
              b1 = random_values(512, -0.05f, 0.05f, 22), dz = random_values(batch * 512, -1, 1, 23),
              w2 = random_values(512 * 512, -0.05f, 0.05f, 24);
-  std::vector<float> h(static_cast<std::size_t>(batch * 512), kNaN);
+  DeviceVector<float> h(static_cast<std::size_t>(batch * 512), kNaN);
   kernels::fused_linear_forward_cuda(x.data(), w1.data(), b1.data(), batch, 784, 512, true, h.data(), nullptr);
   std::vector<double> want_h(h.size());
   for (int64_t r = 0; r < batch; ++r)
@@ -211,7 +223,7 @@ TEST(FusedKernelsEmulated, SeedShapesMatchTheReference) {
     }
   expect_close(h, want_h, "h1");
   // The second layer's backward: dW2, db2 and dh1 masked by h1 > 0.
-  std::vector<float> dw(static_cast<std::size_t>(512 * 512), kNaN), db(512, kNaN),
+  DeviceVector<float> dw(static_cast<std::size_t>(512 * 512), kNaN), db(512, kNaN),
       dx(static_cast<std::size_t>(batch * 512), kNaN);
   const FusedGradients g{dw.data(), 0.0f, db.data(), 0.0f, dx.data(), 0.0f, true};
   kernels::fused_linear_backward_cuda(dz.data(), h.data(), w2.data(), batch, 512, 512, g, nullptr);
@@ -239,7 +251,7 @@ TEST(FusedKernelsEmulated, TwoRunsGiveTheSameBits) {
              w = random_values(out * in, -1, 1, 12), w_forward = random_values(in * out, -1, 1, 13),
              b_forward = random_values(in, -1, 1, 14);
   auto run = [&] {
-    std::vector<float> dw(static_cast<std::size_t>(out * in)), db(static_cast<std::size_t>(out)),
+    DeviceVector<float> dw(static_cast<std::size_t>(out * in)), db(static_cast<std::size_t>(out)),
         dx(static_cast<std::size_t>(batch * in)), y(static_cast<std::size_t>(batch * in));
     const FusedGradients g{dw.data(), 0.0f, db.data(), 0.0f, dx.data(), 0.0f, true};
     kernels::fused_linear_backward_cuda(dz.data(), x.data(), w.data(), batch, in, out, g, nullptr);
@@ -250,7 +262,7 @@ TEST(FusedKernelsEmulated, TwoRunsGiveTheSameBits) {
     dw.insert(dw.end(), y.begin(), y.end());
     return dw;
   };
-  const std::vector<float> a = run(), b = run();
+  const DeviceVector<float> a = run(), b = run();
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 

@@ -25,14 +25,14 @@ constexpr int64_t kSizes[] = {0, 1, 257, 3 * 256 + 5};
 constexpr BinaryOp kBinaryOps[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div};
 
 template <typename T>
-std::vector<T> values(int64_t n, uint64_t seed, float lo = -2, float hi = 2) {
+DeviceVector<T> values(int64_t n, uint64_t seed, float lo = -2, float hi = 2) {
   return stored_as<T>(random_values(n, lo, hi, seed));
 }
 
 // NaN for beta 0 (must not be read), else values.
 template <typename T>
-std::vector<T> destination(int64_t n, float beta, uint64_t seed) {
-  return beta == 0.0f ? std::vector<T>(static_cast<std::size_t>(n), from_f32<T>(kNaN)) : values<T>(n, seed);
+DeviceVector<T> destination(int64_t n, float beta, uint64_t seed) {
+  return beta == 0.0f ? DeviceVector<T>(static_cast<std::size_t>(n), from_f32<T>(kNaN)) : values<T>(n, seed);
 }
 
 std::string what(int64_t n, float beta) { return "n " + std::to_string(n) + ", beta " + std::to_string(beta); }
@@ -42,7 +42,7 @@ class PointwiseEmulated : public ::testing::Test {};
 TYPED_TEST_SUITE(PointwiseEmulated, StorageTypes, StorageTypeName);
 
 struct ShapePair {
-  std::vector<int64_t> a, b;
+  DeviceVector<int64_t> a, b;
 };
 // Same shapes across block edges, a trailing operand, both operands broadcast, the smaller first,
 // a size-1 operand, and an empty output (the broadcast operand's gradient is 0).
@@ -83,7 +83,7 @@ TEST(PointwiseEmulated, BroadcastGradientIsTheSumOverTheBroadcastDimension) {
   const int64_t a_shape[] = {5, 67}, b_shape[] = {67};
   const auto g = kernels::broadcast_geometry(a_shape, 2, b_shape, 1);
   const auto dy = values<float>(5 * 67, 5);
-  std::vector<float> db(67, kNaN);
+  DeviceVector<float> db(67, kNaN);
   kernels::binary_backward_cuda<float>(g, BinaryOp::sub, 1, nullptr, nullptr, dy.data(), 0.0f, db.data(), nullptr);
   std::vector<double> want(67, 0.0);
   for (int64_t r = 0; r < 5; ++r)
@@ -102,12 +102,12 @@ TYPED_TEST(PointwiseEmulated, ScalarMatchesTheCpu) {
         auto y = destination<T>(n, 0.0f, 0), want = y;
         kernels::scalar_forward_cpu(op, reversed, 1.5f, x.data(), want.data(), n);
         kernels::scalar_forward_cuda(op, reversed, 1.5f, x.data(), y.data(), n, nullptr);
-        expect_same_bits(y, want, "y");
+        expect_cpu_parity("pointwise.cu", y, want, 2 * unit_rounding<T>(), kContractionAbs, "y", Exact::bits);
         const float beta = reversed ? 1.0f : 0.0f;  // each beta for every op, in one of the two forms
         auto dx = destination<T>(n, beta, 8), want_dx = dx;
         kernels::scalar_backward_cpu(op, reversed, 1.5f, x.data(), dy.data(), beta, want_dx.data(), n);
         kernels::scalar_backward_cuda(op, reversed, 1.5f, x.data(), dy.data(), beta, dx.data(), n, nullptr);
-        expect_same_bits(dx, want_dx, "dx");
+        expect_cpu_parity("pointwise.cu", dx, want_dx, 2 * unit_rounding<T>(), kContractionAbs, "dx", Exact::bits);
       }
 }
 
@@ -121,11 +121,11 @@ TYPED_TEST(PointwiseEmulated, UnaryMatchesTheCpu) {
         auto y = destination<T>(n, 0.0f, 0), want = y;
         kernels::unary_forward_cpu(op, x.data(), want.data(), n);
         kernels::unary_forward_cuda(op, x.data(), y.data(), n, nullptr);
-        expect_same_values(y, want, "y");
+        expect_cpu_parity("pointwise.cu", y, want, 2 * unit_rounding<T>(), kContractionAbs, "y", Exact::values);
         auto dx = destination<T>(n, beta, 11), want_dx = dx;
         kernels::unary_backward_cpu(op, x.data(), dy.data(), beta, want_dx.data(), n);
         kernels::unary_backward_cuda(op, x.data(), dy.data(), beta, dx.data(), n, nullptr);
-        expect_same_values(dx, want_dx, "dx");
+        expect_cpu_parity("pointwise.cu", dx, want_dx, 2 * unit_rounding<T>(), kContractionAbs, "dx", Exact::values);
       }
 }
 
@@ -136,26 +136,54 @@ TYPED_TEST(PointwiseEmulated, DropoutMatchesTheCpu) {
       SCOPED_TRACE(what(n, beta));
       const float p = 0.25f, scale = 1.0f / (1.0f - p);
       const auto x = values<T>(n, 12), dy = values<T>(n, 13);
-      const std::vector<int64_t> offset{5};
+      const DeviceValue<int64_t> offset(5);
       auto y = destination<T>(n, 0.0f, 0), want = y;
-      kernels::dropout_forward_cpu(99, offset.data(), p, scale, x.data(), want.data(), n);
-      kernels::dropout_forward_cuda(99, offset.data(), p, scale, x.data(), y.data(), n, nullptr);
-      expect_same_bits(y, want, "y");
+      kernels::dropout_forward_cpu(99, offset.get(), p, scale, x.data(), want.data(), n);
+      kernels::dropout_forward_cuda(99, offset.get(), p, scale, x.data(), y.data(), n, nullptr);
+      expect_cpu_parity("pointwise.cu", y, want, 2 * unit_rounding<T>(), kContractionAbs, "y", Exact::bits);
       auto dx = destination<T>(n, beta, 14), want_dx = dx;
-      kernels::dropout_backward_cpu(99, offset.data(), p, scale, dy.data(), beta, want_dx.data(), n);
-      kernels::dropout_backward_cuda(99, offset.data(), p, scale, dy.data(), beta, dx.data(), n, nullptr);
-      expect_same_bits(dx, want_dx, "dx");
+      kernels::dropout_backward_cpu(99, offset.get(), p, scale, dy.data(), beta, want_dx.data(), n);
+      kernels::dropout_backward_cuda(99, offset.get(), p, scale, dy.data(), beta, dx.data(), n, nullptr);
+      expect_cpu_parity("pointwise.cu", dx, want_dx, 2 * unit_rounding<T>(), kContractionAbs, "dx", Exact::bits);
     }
 }
 
 // Each take hands out the counter's value and advances it, on the device.
 TEST(DropoutOffsetEmulated, TakeHandsOutTheCounterAndAdvancesIt) {
-  std::vector<int64_t> counter{41}, taken{-1};
+  DeviceValue<int64_t> counter(41), taken(-1);
   for (int64_t k = 0; k < 3; ++k) {
-    kernels::dropout_take_offset_cuda(counter.data(), taken.data(), nullptr);
-    EXPECT_EQ(taken[0], 41 + k);
-    EXPECT_EQ(counter[0], 42 + k);
+    kernels::dropout_take_offset_cuda(counter.get(), taken.get(), nullptr);
+    EXPECT_EQ(*taken, 41 + k);
+    EXPECT_EQ(*counter, 42 + k);
   }
+}
+
+// Note [Dropout offsets on the device]: a captured micro-batch (take an offset, then dropout) replays
+// with the offset of each replay's time, so every replay draws a fresh mask, the one an eager call
+// with that offset draws.
+TEST(DropoutOffsetEmulated, CapturedDropoutDrawsAFreshMaskOnEveryReplay) {
+  const int64_t n = 4096;
+  const float p = 0.5f, scale = 2.0f;
+  const auto x = on_device(std::vector<float>(static_cast<std::size_t>(n), 1.0f));
+  DeviceVector<float> y(static_cast<std::size_t>(n));
+  DeviceValue<int64_t> counter(7), taken(-1);
+  cuda_emulation::begin_capture();
+  kernels::dropout_take_offset_cuda(counter.get(), taken.get(), nullptr);
+  kernels::dropout_forward_cuda(3, taken.get(), p, scale, x.data(), y.data(), n, nullptr);
+  cuda_emulation::Recording micro_batch = cuda_emulation::end_capture();
+  ASSERT_EQ(micro_batch.launches(), 2u);
+  std::vector<std::vector<float>> masks;
+  for (int64_t replay = 0; replay < 3; ++replay) {
+    micro_batch.replay();
+    EXPECT_EQ(*taken, 7 + replay);
+    const DeviceValue<int64_t> eager_offset(7 + replay);
+    DeviceVector<float> eager(static_cast<std::size_t>(n));
+    kernels::dropout_forward_cuda(3, eager_offset.get(), p, scale, x.data(), eager.data(), n, nullptr);
+    EXPECT_EQ(on_host(y), on_host(eager)) << "replay " << replay;
+    masks.push_back(on_host(y));
+  }
+  EXPECT_NE(masks[0], masks[1]);
+  EXPECT_NE(masks[1], masks[2]);
 }
 
 // Row-wise softmax (or log_softmax) of x and its gradient for upstream dy, in double.

@@ -46,8 +46,8 @@ const std::vector<Pool2dGeometry> kGeometries = {
     geometry(1, 2, 5, 9, 2, 3, 1, 2, 1, 1)};  // a 2x3 kernel, strides (1, 2)
 
 // x in steps of 1/4 (many ties), with -0 and +0 side by side, NaN, +Inf and -Inf sprinkled in.
-std::vector<float> pool_input(const Pool2dGeometry& g) {
-  std::vector<float> x = random_values(g.n * g.c * g.h * g.w, -2.0f, 2.0f, 40);
+DeviceVector<float> pool_input(const Pool2dGeometry& g) {
+  DeviceVector<float> x = random_values(g.n * g.c * g.h * g.w, -2.0f, 2.0f, 40);
   for (float& v : x) v = std::round(v * 4) / 4;
   for (std::size_t i = 0; i + 1 < x.size(); i += 23) x[i] = -0.0f, x[i + 1] = 0.0f;
   for (std::size_t i = 7; i < x.size(); i += 97) x[i] = kNaN;
@@ -59,22 +59,22 @@ std::vector<float> pool_input(const Pool2dGeometry& g) {
 template <typename T>
 void check_pool(const Pool2dGeometry& g) {
   SCOPED_TRACE(std::string(dtype_name(dtype_of<T>::value)) + ", " + name(g));
-  const std::vector<T> x = stored_as<T>(pool_input(g));
+  const DeviceVector<T> x = stored_as<T>(pool_input(g));
   const std::size_t outputs = static_cast<std::size_t>(g.n * g.c * g.out_h * g.out_w);
-  std::vector<T> cpu_y(outputs), y(outputs, kernels::from_f32<T>(kNaN));
+  DeviceVector<T> cpu_y(outputs), y(outputs, kernels::from_f32<T>(kNaN));
   kernels::max_pool2d_forward_cpu(g, x.data(), cpu_y.data());
   kernels::max_pool2d_forward_cuda(g, x.data(), y.data(), nullptr);
   expect_same_values(y, cpu_y, "y");
 
   auto dyv = random_values(static_cast<int64_t>(outputs), -1.0f, 1.0f, 41);
   if (outputs > 5) dyv[5] = kNaN;
-  const std::vector<T> dy = stored_as<T>(dyv);
+  const DeviceVector<T> dy = stored_as<T>(dyv);
   for (float beta : {0.0f, 1.0f, 0.5f}) {
     SCOPED_TRACE("beta " + std::to_string(beta));
-    const std::vector<T> old = beta == 0.0f
-                                   ? std::vector<T>(x.size(), kernels::from_f32<T>(kNaN))
-                                   : stored_as<T>(random_values(static_cast<int64_t>(x.size()), -1.0f, 1.0f, 42));
-    std::vector<T> cpu_dx = old, dx = old;
+    const DeviceVector<T> old = beta == 0.0f
+                                    ? DeviceVector<T>(x.size(), kernels::from_f32<T>(kNaN))
+                                    : stored_as<T>(random_values(static_cast<int64_t>(x.size()), -1.0f, 1.0f, 42));
+    DeviceVector<T> cpu_dx = old, dx = old;
     kernels::max_pool2d_backward_cpu(g, x.data(), dy.data(), beta, cpu_dx.data());
     kernels::max_pool2d_backward_cuda(g, x.data(), dy.data(), beta, dx.data(), nullptr);
     expect_same_values(dx, cpu_dx, "dx");
@@ -92,15 +92,15 @@ TEST(PoolKernelsEmulated, MatchTheCpuBitForBit) {
 // the first in row-major order is taken (-0 before +0 keeps -0's bits; its gradient goes there).
 TEST(PoolKernelsEmulated, NaNWinsAndTiesGoToTheFirst) {
   const Pool2dGeometry g = geometry(1, 1, 2, 4, 2, 2, 2, 2, 0, 0);
-  const std::vector<float> x = {-0.0f, 0.0f,  1.0f, kNaN,  //
-                                0.0f,  -1.0f, 5.0f, 2.0f};
-  std::vector<float> y(2, 7.0f), dx(8, kNaN);
+  const DeviceVector<float> x = {-0.0f, 0.0f,  1.0f, kNaN,  //
+                                 0.0f,  -1.0f, 5.0f, 2.0f};
+  DeviceVector<float> y(2, 7.0f), dx(8, kNaN);
   kernels::max_pool2d_forward_cuda(g, x.data(), y.data(), nullptr);
   EXPECT_TRUE(std::signbit(y[0]) && y[0] == 0.0f) << "the first of the tied zeros, -0";
   EXPECT_TRUE(std::isnan(y[1]));
-  const std::vector<float> dy = {3.0f, 4.0f};
+  const DeviceVector<float> dy = {3.0f, 4.0f};
   kernels::max_pool2d_backward_cuda(g, x.data(), dy.data(), 0.0f, dx.data(), nullptr);
-  EXPECT_EQ(dx, (std::vector<float>{3, 0, 0, 4, 0, 0, 0, 0}));
+  EXPECT_EQ(dx, (DeviceVector<float>{3, 0, 0, 4, 0, 0, 0, 0}));
 }
 
 // Zero size: nothing launched, nothing written.

@@ -25,7 +25,7 @@ std::string shape_name(int64_t rows, int64_t cols) { return std::to_string(rows)
 // got within the first-order error bound of an f32 summation whose every term passes through at
 // most `depth` additions: |got - want| <= depth * 2^-24 * sum_abs (sum_abs = sum of |terms|). NaN
 // and infinities as expect_close.
-void expect_within_sum_bound(const std::vector<float>& got, const std::vector<double>& want,
+void expect_within_sum_bound(const DeviceVector<float>& got, const std::vector<double>& want,
                              const std::vector<double>& sum_abs, double depth, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -50,7 +50,7 @@ TYPED_TEST(ReduceEmulated, SumRowsMatchesTheCpu) {
     SCOPED_TRACE(shape_name(rows, cols));
     const auto x = stored_as<T>(with_specials(random_values(rows * cols, -2, 2, 1), 19));
     const auto xf = widened(x);  // exact
-    std::vector<float> column_sums(static_cast<std::size_t>(cols), kNaN), out = column_sums;
+    DeviceVector<float> column_sums(static_cast<std::size_t>(cols), kNaN), out = column_sums;
     kernels::sum_rows_cpu(xf.data(), rows, cols, 0.0f, column_sums.data());
     kernels::sum_rows_cuda(x.data(), rows, cols, 0.0f, out.data(), nullptr);
     expect_same_bits(out, column_sums, "beta 0");
@@ -58,7 +58,7 @@ TYPED_TEST(ReduceEmulated, SumRowsMatchesTheCpu) {
     const auto old = random_values(cols, -2, 2, 2);
     out = old;
     kernels::sum_rows_cuda(x.data(), rows, cols, 1.0f, out.data(), nullptr);
-    std::vector<float> want_bits(old.size());
+    DeviceVector<float> want_bits(old.size());
     std::vector<double> exact(old.begin(), old.end()), sum_abs(exact.size());
     for (std::size_t c = 0; c < old.size(); ++c) {
       want_bits[c] = column_sums[c] + old[c];
@@ -86,8 +86,9 @@ TEST(ReduceEmulated, SumAllMatchesTheDoubleSum) {
       auto x = random_values(n, -1, 1, 3);
       if (dyadic)
         for (float& v : x) v = std::round(v * 256) / 256;
-      float out = kNaN;
-      kernels::sum_all_cuda(x.data(), n, scale, &out, nullptr);
+      DeviceValue<float> result(kNaN);
+      kernels::sum_all_cuda(x.data(), n, scale, result.get(), nullptr);
+      const float out = *result;
       double exact = 0, sum_abs = 0;
       for (float v : x) {
         exact += v;
@@ -100,13 +101,14 @@ TEST(ReduceEmulated, SumAllMatchesTheDoubleSum) {
 }
 
 TEST(ReduceEmulated, SumAllPropagatesNaNAndInfinities) {
-  const std::vector<std::pair<std::vector<float>, float>> cases = {
+  const std::vector<std::pair<DeviceVector<float>, float>> cases = {
       {{kNaN}, kNaN}, {{kInf}, kInf}, {{-kInf}, -kInf}, {{kInf, -kInf}, kNaN}, {{kInf, kNaN}, kNaN}};
   for (const auto& [specials, want] : cases) {
     auto x = random_values(3 * 256 + 5, -1, 1, 4);
     for (std::size_t k = 0; k < specials.size(); ++k) x[300 + 97 * k] = specials[k];  // different threads
-    float out = 0.0f;
-    kernels::sum_all_cuda(x.data(), static_cast<int64_t>(x.size()), 1.0f, &out, nullptr);
+    DeviceValue<float> result(0.0f);
+    kernels::sum_all_cuda(x.data(), static_cast<int64_t>(x.size()), 1.0f, result.get(), nullptr);
+    const float out = *result;
     if (std::isnan(want)) EXPECT_TRUE(std::isnan(out)) << specials.size() << " specials: " << out;
     else EXPECT_EQ(out, want);
   }
@@ -130,7 +132,7 @@ TYPED_TEST(ReduceEmulated, ArgmaxRowsMatchesTheCpuFirstMaximumAndNaNRule) {
     for (int64_t cols : {1, 10, 33}) {
       SCOPED_TRACE(shape_name(rows, cols));
       const auto x = tied_rows<T>(rows, cols, 5);
-      std::vector<int32_t> out(static_cast<std::size_t>(rows), -1), want = out;
+      DeviceVector<int32_t> out(static_cast<std::size_t>(rows), -1), want = out;
       kernels::argmax_rows_cpu(x.data(), rows, cols, want.data());
       kernels::argmax_rows_cuda(x.data(), rows, cols, out.data(), nullptr);
       expect_same_bits(out, want, "argmax");

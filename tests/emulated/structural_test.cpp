@@ -32,9 +32,9 @@ struct LayerNormRef {
   std::vector<double> y, dx, dw, db;
 };
 
-LayerNormRef layer_norm_reference(const std::vector<float>& x, const std::vector<float>& dy,
-                                  const std::vector<float>& w, const std::vector<float>& b, int64_t rows, int64_t cols,
-                                  float eps) {
+LayerNormRef layer_norm_reference(const DeviceVector<float>& x, const DeviceVector<float>& dy,
+                                  const DeviceVector<float>& w, const DeviceVector<float>& b, int64_t rows,
+                                  int64_t cols, float eps) {
   LayerNormRef ref{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(cols, 0.0),
                    std::vector<double>(cols, 0.0)};
   for (int64_t r = 0; r < rows; ++r) {
@@ -69,22 +69,22 @@ TYPED_TEST(StructuralEmulated, LayerNormMatchesADoubleReference) {
     const auto w = random_values(cols, 0.5f, 1.5f, 3), b = random_values(cols, -1, 1, 4);
     const float eps = 1e-5f;
     const LayerNormRef ref = layer_norm_reference(widened(x), widened(dy), w, b, rows, cols, eps);
-    std::vector<T> y(x.size());
-    std::vector<float> mean(rows), rstd(rows);
+    DeviceVector<T> y(x.size());
+    DeviceVector<float> mean(rows), rstd(rows);
     kernels::layer_norm_forward_cuda(x.data(), w.data(), b.data(), rows, cols, eps, y.data(), mean.data(), rstd.data(),
                                      nullptr);
     expect_within(y, ref.y, tol, tol, "y");
-    std::vector<T> dx(x.size(), kernels::from_f32<T>(kNaN));
+    DeviceVector<T> dx(x.size(), kernels::from_f32<T>(kNaN));
     kernels::layer_norm_backward_dx_cuda(x.data(), dy.data(), w.data(), mean.data(), rstd.data(), rows, cols, 0.0f,
                                          dx.data(), nullptr);
     expect_within(dx, ref.dx, tol, 1e-4, "dx, beta 0");
-    std::vector<T> dx1(x.size(), kernels::from_f32<T>(1.0f));
+    DeviceVector<T> dx1(x.size(), kernels::from_f32<T>(1.0f));
     kernels::layer_norm_backward_dx_cuda(x.data(), dy.data(), w.data(), mean.data(), rstd.data(), rows, cols, 1.0f,
                                          dx1.data(), nullptr);
     std::vector<double> plus_one(ref.dx);
     for (double& v : plus_one) v += 1.0;
     expect_within(dx1, plus_one, tol, 1e-4, "dx, beta 1");
-    std::vector<float> dw(cols, kNaN), db(cols, 2.0f);
+    DeviceVector<float> dw(cols, kNaN), db(cols, 2.0f);
     kernels::layer_norm_param_grads_cuda(x.data(), dy.data(), mean.data(), rstd.data(), rows, cols, 0.0f, dw.data(),
                                          1.0f, db.data(), nullptr);
     std::vector<double> db_want(ref.db);
@@ -139,11 +139,11 @@ TYPED_TEST(StructuralEmulated, GatherAndScatterAddMatchTheCpu) {
        std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 4, 3, 10}, {2, 9, 5, 260}, {3, 6, 300, 7}}) {
     SCOPED_TRACE(std::to_string(outer) + " x " + std::to_string(dim) + " x " + std::to_string(inner) + ", " +
                  std::to_string(count) + " indices");
-    std::vector<int32_t> idx(static_cast<std::size_t>(count));
+    DeviceVector<int32_t> idx(static_cast<std::size_t>(count));
     const auto u = random_values(count, 0, 1, 7);
     for (int64_t j = 0; j < count; ++j) idx[j] = static_cast<int32_t>(u[j] * (dim - 1));  // row dim - 1 unnamed
     const auto x = stored_as<T>(random_values(outer * dim * inner, -2, 2, 8));
-    std::vector<T> want(outer * count * inner), got(want.size());
+    DeviceVector<T> want(outer * count * inner), got(want.size());
     kernels::index_gather_cpu(x.data(), outer, dim, idx.data(), count, inner, want.data());
     kernels::index_gather_cuda(x.data(), outer, dim, idx.data(), count, inner, got.data(), nullptr);
     expect_same_bits(got, want, "index_gather");
@@ -162,21 +162,21 @@ TYPED_TEST(StructuralEmulated, GatherAndScatterAddMatchTheCpu) {
 
 TEST(StructuralEmulatedIndices, OutOfRangeGivesNanRowsAndNoGradient) {
   const int64_t dim = 3, inner = 2, count = 4;
-  const std::vector<int32_t> idx{1, -1, 3, 1};
-  const std::vector<float> x{1, 2, 3, 4, 5, 6};
-  std::vector<float> y(count * inner);
+  const DeviceVector<int32_t> idx{1, -1, 3, 1};
+  const DeviceVector<float> x{1, 2, 3, 4, 5, 6};
+  DeviceVector<float> y(count * inner);
   kernels::index_gather_cuda(x.data(), 1, dim, idx.data(), count, inner, y.data(), nullptr);
   EXPECT_EQ(y[0], 3.0f);
   EXPECT_TRUE(std::isnan(y[2]) && std::isnan(y[3]) && std::isnan(y[4]) && std::isnan(y[5]));
   EXPECT_EQ(y[7], 4.0f);
-  const std::vector<float> dy{1, 2, 10, 20, 100, 200, 1000, 2000};
-  std::vector<float> dx(dim * inner, kNaN);
+  const DeviceVector<float> dy{1, 2, 10, 20, 100, 200, 1000, 2000};
+  DeviceVector<float> dx(dim * inner, kNaN);
   kernels::index_scatter_add_cuda(dy.data(), 1, count, idx.data(), dim, inner, 0.0f, dx.data(), nullptr);
-  EXPECT_EQ(dx, (std::vector<float>{0, 0, 1001, 2002, 0, 0}));
+  EXPECT_EQ(dx, (DeviceVector<float>{0, 0, 1001, 2002, 0, 0}));
 }
 
 TEST(StructuralEmulatedFill, ZerosOverNan) {
-  std::vector<Half> v(1000, kernels::from_f32<Half>(kNaN));
+  DeviceVector<Half> v(1000, kernels::from_f32<Half>(kNaN));
   kernels::fill_zero_cuda(v.data(), static_cast<int64_t>(v.size()), nullptr);
   for (const Half& h : v) ASSERT_EQ(kernels::to_f32(h), 0.0f);
 }
