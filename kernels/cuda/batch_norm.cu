@@ -15,7 +15,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
@@ -101,8 +101,8 @@ __device__ inline void write_param_grads(const GradSums& s, float beta_dgamma, f
                                          float* dbeta) {
   const int64_t ch = blockIdx.x;
   if (threadIdx.x != 0) return;
-  if (dgamma != nullptr) dgamma[ch] = blend(s.dy_xhat, beta_dgamma, dgamma[ch]);
-  if (dbeta != nullptr) dbeta[ch] = blend(s.dy, beta_dbeta, dbeta[ch]);
+  if (dgamma != nullptr) store_blend(dgamma + ch, s.dy_xhat, beta_dgamma);
+  if (dbeta != nullptr) store_blend(dbeta + ch, s.dy, beta_dbeta);
 }
 
 // One block per channel: sum dy and sum dy * x_hat over the channel's n * hw values in a fixed order
@@ -132,7 +132,7 @@ __global__ void training_backward_kernel(const T* x, const T* dy, const float* g
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
     const int64_t idx = channel_offset(i, c, hw, ch);
     const float xhat = (to_f32(x[idx]) - mean) * invstd;
-    dx[idx] = from_f32<T>(blend(scale * (to_f32(dy[idx]) - mean_dy - xhat * mean_dy_xhat), beta_dx, to_f32(dx[idx])));
+    store_blend(dx + idx, scale * (to_f32(dy[idx]) - mean_dy - xhat * mean_dy_xhat), beta_dx);
   }
 }
 
@@ -142,7 +142,7 @@ __global__ void inference_dx_kernel(const T* dy, const float* gamma, const float
                                     int64_t total, float beta, T* dx) {
   CUMULUS_GRID_STRIDE_LOOP(i, total) {
     const int64_t ch = (i / hw) % c;
-    dx[i] = from_f32<T>(blend(gamma[ch] * save_invstd[ch] * to_f32(dy[i]), beta, to_f32(dx[i])));
+    store_blend(dx + i, gamma[ch] * save_invstd[ch] * to_f32(dy[i]), beta);
   }
 }
 

@@ -13,7 +13,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
@@ -31,7 +31,7 @@ template <typename T>
 __global__ void binary_backward_kernel(BroadcastGeometry g, BinaryOp op, int operand, const T* a, const T* b,
                                        const T* dy, float beta, T* dx, int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(j, n) {
-    dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
+    store_blend(dx + j, broadcast_grad_element(g, op, operand, j, a, b, dy), beta);
   }
 }
 
@@ -45,7 +45,7 @@ __global__ void scalar_backward_kernel(BinaryOp op, bool reversed, float s, cons
                                        int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
-    dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
+    store_blend(dx + i, scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta);
   }
 }
 
@@ -57,7 +57,7 @@ __global__ void unary_forward_kernel(UnaryOp op, const T* x, T* y, int64_t n) {
 template <typename T>
 __global__ void unary_backward_kernel(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
-    dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
+    store_blend(dx + i, unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta);
   }
 }
 
@@ -74,7 +74,7 @@ __global__ void dropout_backward_kernel(uint64_t seed, uint64_t offset, float p,
   const uint64_t key = dropout_key(seed, offset);
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
-    dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+    store_blend(dx + i, v, beta);
   }
 }
 
@@ -124,7 +124,7 @@ __global__ void softmax_backward_kernel(bool log, const T* y, const T* dy, float
   for (int64_t j = lane; j < n; j += kWarp) {
     const float yv = to_f32(y[base + j]), g = to_f32(dy[base + j]);
     const float v = log ? g - expf(yv) * s : yv * (g - s);
-    dx[base + j] = from_f32<T>(blend(v, beta, to_f32(dx[base + j])));
+    store_blend(dx + (base + j), v, beta);
   }
 }
 

@@ -9,7 +9,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::block_sum;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
@@ -63,8 +63,7 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const flo
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
     const float xhat = (to_f32(xr[c]) - m) * inv;
-    T& out = dx[r * cols + c];
-    out = from_f32<T>(blend(inv * (g - mean_g - xhat * mean_g_xhat), beta, to_f32(out)));
+    store_blend(dx + r * cols + c, inv * (g - mean_g - xhat * mean_g_xhat), beta);
   }
 }
 
@@ -94,8 +93,8 @@ __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const flo
     sw += partial_w[k][threadIdx.x];
     sb += partial_b[k][threadIdx.x];
   }
-  if (dweight != nullptr) dweight[c] = blend(sw, beta_dw, dweight[c]);
-  if (dbias != nullptr) dbias[c] = blend(sb, beta_db, dbias[c]);
+  if (dweight != nullptr) store_blend(dweight + c, sw, beta_dw);
+  if (dbias != nullptr) store_blend(dbias + c, sb, beta_db);
 }
 
 // ---- slabs: [outer, dim, inner], one thread per element ----
@@ -118,7 +117,7 @@ __global__ void narrow_backward_kernel(const T* dy, int64_t dim, int64_t start, 
     const int64_t i = e % inner, d = (e / inner) % dim, o = e / (inner * dim);
     const bool inside = d >= start && d < start + length;
     const float g = inside ? to_f32(dy[(o * length + d - start) * inner + i]) : 0.0f;
-    dx[e] = from_f32<T>(blend(g, beta, to_f32(dx[e])));
+    store_blend(dx + e, g, beta);
   }
 }
 
