@@ -94,6 +94,10 @@ bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, 
 // many results it returned and the first result's state. Anything but success with a successful
 // first result means "no fused algorithm" (Note [No fused algorithm] in gemm.cu).
 bool lt_heuristic_found(cublasStatus_t status, int returned, cublasStatus_t first_state);
+// Whether a status of cublasLtMatmul means it refused the plan's algorithm, having queued nothing
+// (the next algorithm is tried, then the unfused kernels: Note [Rejected algorithm] in gemm.cu),
+// rather than an error to throw.
+bool lt_matmul_rejected(cublasStatus_t status);
 
 // gemm_lt_cuda's calls with `kind` so far in this process: `fused` queued the GEMM with the epilogue,
 // `declined` returned false (the caller ran the unfused kernels). Tests predict launch counts from
