@@ -19,8 +19,31 @@
 #include <mutex>
 #include <tuple>
 
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/kernels.h"
+
+// The CPU emulation (tests/emulation/cublasLt.h) compiles this file too, to run the host-side rules
+// of the cuBLASLt plans (tests/emulated/gemm_lt_test.cpp). It has no CUDA runtime errors and no
+// launch counter, so there a failed call throws CudaError with its status and nothing is counted.
+#ifdef CUMULUS_CUDA_EMULATION
+namespace cumulus::kernels::gemm_checks {
+inline void count_launch() {}
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw CudaError(detail::concat("cuBLAS status ", static_cast<int>(st), " from ", expr, " at ", file, ":", line));
+}
+}  // namespace cumulus::kernels::gemm_checks
+#define CUMULUS_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                                \
+    const cublasStatus_t cumulus_st_ = (expr);                                                        \
+    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                                         \
+      ::cumulus::kernels::gemm_checks::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__);    \
+  } while (0)
+#else
+#include "cumulus/core/cuda_check.h"
+namespace cumulus::kernels::gemm_checks {
+using detail::count_launch;
+using detail::throw_cublas_error;
+}  // namespace cumulus::kernels::gemm_checks
+#endif
 
 namespace cumulus::kernels {
 
@@ -51,7 +74,7 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
   if (m == 0 || n == 0) return;
   CUMULUS_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX,
                 InvalidArgument, "gemm_cuda: dimensions past 32 bits (m ", m, ", n ", n, ", k ", k, ")");
-  detail::count_launch();
+  gemm_checks::count_launch();
   CUMULUS_CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
                                    static_cast<int>(m), static_cast<int>(k), &alpha, b,
@@ -66,7 +89,7 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
   if (m == 0 || n == 0) return;
   CUMULUS_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
                 InvalidArgument, "gemm_ex_cuda: dimensions past 32 bits (m ", m, ", n ", n, ", k ", k, ")");
-  detail::count_launch();
+  gemm_checks::count_launch();
   // alpha and beta are floats: CUBLAS_COMPUTE_32F's scale type, whatever the storage types.
   const cudaDataType_t ab = cuda_type(types.ab), cd = cuda_type(types.cd);
   CUMULUS_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -354,11 +377,11 @@ bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, 
     const cublasStatus_t st = cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c,
                                              plan.c, &plan.algos[plan.next], workspace, workspace_bytes, stream);
     if (st == CUBLAS_STATUS_SUCCESS) {
-      detail::count_launch();
+      gemm_checks::count_launch();
       count_outcome(epilogue.kind, true);
       return true;
     }
-    if (!lt_matmul_rejected(st)) detail::throw_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
+    if (!lt_matmul_rejected(st)) gemm_checks::throw_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
   }
   if (plan.supported) destroy(plan);  // every algorithm rejected: unsupported from now on
   count_outcome(epilogue.kind, false);
