@@ -2,6 +2,8 @@
 // copies (cat / split / narrow) and gathers with their scatter-add (index_select, embedding). x, y,
 // dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic, one rounding per 16-bit store.
 // No atomics anywhere: every sum has a fixed order, so results are the same bits on every run.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/structural_kernels.h"
 
@@ -156,7 +158,9 @@ __global__ void zero_kernel(T* out, int64_t n) {
 // starting from beta * dx: index_scatter_add_cpu's order, hence its bits, and no atomics. The
 // positions are first sorted by (d, j) as 64-bit keys d << 32 | j (an index outside [0, dim) gets
 // the largest key and is left out), by a bitonic network over the keys padded to a power of two
-// (a fixed sequence of compare-exchanges: the same result whatever the scheduling). Then every
+// (a fixed sequence of compare-exchanges: the same result whatever the scheduling); the steps whose
+// pairs lie within a tile of kSortTile keys run in one launch per size in shared memory, the wider
+// ones one launch per step over global memory (log^2 of count / kSortTile of them). Then every
 // index's positions are one run of the sorted keys, in increasing j, and the block of the run's
 // first key sums it. Work: O(count log^2 count) for the sort, O(count * outer * inner) for the sums.
 constexpr uint64_t kNoPosition = ~uint64_t{0};
@@ -169,18 +173,43 @@ __global__ void scatter_keys_kernel(const int32_t* indices, int64_t count, int64
   }
 }
 
-// One step of the bitonic network: keys i and i ^ stride exchanged into the order of block `size`
-// (ascending where i & size is 0).
-__global__ void bitonic_step_kernel(uint64_t* keys, int64_t padded, int64_t size, int64_t stride) {
-  CUMULUS_GRID_STRIDE_LOOP(i, padded) {
-    const int64_t partner = i ^ stride;
-    if (partner <= i) continue;
-    const uint64_t a = keys[i], b = keys[partner];
-    if (((i & size) == 0) == (a > b)) {
-      keys[i] = b;
-      keys[partner] = a;
-    }
+constexpr int kSortThreads = 512;
+constexpr int64_t kSortTile = 2 * kSortThreads;
+
+// Keys i < partner exchanged into the order of bitonic block `size` (ascending where i & size is 0).
+__device__ __forceinline__ void compare_exchange(uint64_t& a, uint64_t& b, int64_t i, int64_t size) {
+  if (((i & size) == 0) == (a > b)) {
+    const uint64_t t = a;
+    a = b;
+    b = t;
   }
+}
+
+// One step of the network over global memory (stride >= kSortTile): a thread per pair.
+__global__ void bitonic_step_kernel(uint64_t* keys, int64_t padded, int64_t size, int64_t stride) {
+  CUMULUS_GRID_STRIDE_LOOP(p, padded / 2) {
+    const int64_t i = p / stride * 2 * stride + p % stride;
+    compare_exchange(keys[i], keys[i + stride], i, size);
+  }
+}
+
+// The steps of sizes first_size..last_size whose stride is below `tile` (the block's keys, a power
+// of two up to kSortTile), in shared memory: each block sorts its own tile of the keys.
+__global__ void __launch_bounds__(kSortThreads)
+    bitonic_tile_kernel(uint64_t* keys, int64_t tile, int64_t first_size, int64_t last_size) {
+  __shared__ uint64_t t[kSortTile];
+  const int64_t base = blockIdx.x * tile;
+  for (int64_t k = threadIdx.x; k < tile; k += blockDim.x) t[k] = keys[base + k];
+  __syncthreads();
+  for (int64_t size = first_size; size <= last_size; size *= 2)
+    for (int64_t stride = (size < tile ? size : tile) / 2; stride > 0; stride /= 2) {
+      for (int64_t p = threadIdx.x; p < tile / 2; p += blockDim.x) {
+        const int64_t i = p / stride * 2 * stride + p % stride;
+        compare_exchange(t[i], t[i + stride], base + i, size);
+      }
+      __syncthreads();
+    }
+  for (int64_t k = threadIdx.x; k < tile; k += blockDim.x) keys[base + k] = t[k];
 }
 
 // One block per sorted key s; the block of a run's first key sums the run for each element (o, i)
@@ -287,9 +316,15 @@ int64_t index_scatter_add_scratch(int64_t count) {
 void sort_scatter_keys(const int32_t* indices, int64_t count, int64_t dim, uint64_t* keys, cudaStream_t stream) {
   const int64_t padded = index_scatter_add_scratch(count);
   launch<scatter_keys_kernel>(blocks_for(padded), kThreads, stream, indices, count, dim, padded, keys);
-  for (int64_t size = 2; size <= padded; size *= 2)
-    for (int64_t stride = size / 2; stride > 0; stride /= 2)
-      launch<bitonic_step_kernel>(blocks_for(padded), kThreads, stream, keys, padded, size, stride);
+  const int64_t tile = std::min(padded, kSortTile);
+  const auto tiles = static_cast<unsigned>(padded / tile);
+  const auto threads = static_cast<unsigned>(std::max<int64_t>(tile / 2, 32));
+  launch<bitonic_tile_kernel>(tiles, threads, stream, keys, tile, int64_t{2}, tile);
+  for (int64_t size = 2 * tile; size <= padded; size *= 2) {
+    for (int64_t stride = size / 2; stride >= tile; stride /= 2)
+      launch<bitonic_step_kernel>(blocks_for(padded / 2), kThreads, stream, keys, padded, size, stride);
+    launch<bitonic_tile_kernel>(tiles, threads, stream, keys, tile, size, size);
+  }
 }
 
 template <typename T>

@@ -172,7 +172,8 @@ TEST_F(BetaZeroEmulated, BatchNormBackwardNeverLoadsTheDestination) {
   });
   expect_no_load<float>("batch_norm_backward_training dgamma", c, [&](float* dg) {
     kernels::batch_norm_backward_training_cuda(x.data(), dy.data(), gamma.data(), mean.data(), invstd.data(), n, c, hw,
-                                               0.0f, nullptr, 0.0f, dg, 0.0f, dbeta.data(), nullptr);
+                                               0.0f, static_cast<float*>(nullptr), 0.0f, dg, 0.0f, dbeta.data(),
+                                               nullptr);
   });
   expect_no_load<float>("batch_norm_backward_inference dx", kN, [&](float* dx) {
     kernels::batch_norm_backward_inference_cuda(DType::f32, x.data(), dy.data(), gamma.data(), mean.data(),

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "cublas_v2.h"
+#include "cuda_runtime.h"
 
 enum cublasStatus_t : int {
   CUBLAS_STATUS_SUCCESS = 0,
