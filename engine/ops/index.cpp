@@ -64,9 +64,9 @@ void scatter_add(const Tensor& dy, const Gather& g, const Tensor& indices, const
   const int64_t count = indices.numel();
   const float beta = dx.beta();
   CUMULUS_DISPATCH_FLOAT(
-      dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
-          device, ctx, kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
-          scatter_add_on_device(dyp, g, count, ip, beta, dxp, device, ctx.stream())));
+      dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
+      CUMULUS_DISPATCH(device, ctx, kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
+                       scatter_add_on_device(dyp, g, count, ip, beta, dxp, device, ctx.stream())));
 }
 
 class IndexBackward final : public Node {

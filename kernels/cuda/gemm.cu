@@ -31,11 +31,11 @@ inline void count_launch() {}
   throw CudaError(detail::concat("cuBLAS status ", static_cast<int>(st), " from ", expr, " at ", file, ":", line));
 }
 }  // namespace cumulus::kernels::gemm_checks
-#define CUMULUS_CUBLAS_CHECK(expr)                                                                    \
-  do {                                                                                                \
-    const cublasStatus_t cumulus_st_ = (expr);                                                        \
-    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                                         \
-      ::cumulus::kernels::gemm_checks::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__);    \
+#define CUMULUS_CUBLAS_CHECK(expr)                                                                 \
+  do {                                                                                             \
+    const cublasStatus_t cumulus_st_ = (expr);                                                     \
+    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      ::cumulus::kernels::gemm_checks::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 #else
 #include "cumulus/core/cuda_check.h"
@@ -174,7 +174,9 @@ bool lt_matmul_rejected(cublasStatus_t status) {
   return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
 }
 
-namespace {
+// A named namespace, not an anonymous one: GemmLtPlans::Impl holds these types, and the CPU
+// emulation compiles this file as an included header, where GCC warns of such a member.
+namespace lt_plans {
 
 struct PlanKey {
   cublasLtHandle_t handle;
@@ -198,9 +200,18 @@ struct Plan {
   bool supported = false;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
-  cublasLtMatmulAlgo_t algos[kLtAlgorithms] = {};  // the heuristic's order; algos[next] is tried first
+  // The heuristic's algorithms in its order, algos[next] the first not rejected so far.
+  cublasLtMatmulAlgo_t algos[kLtAlgorithms] = {};
   int next = 0, count = 0;
 };
+
+}  // namespace lt_plans
+
+using lt_plans::kLtAlgorithms;
+using lt_plans::Plan;
+using lt_plans::PlanKey;
+
+namespace {
 
 // gemm_lt_cuda's outcomes per epilogue: [kind][0] fused, [kind][1] declined.
 std::atomic<int64_t> g_outcomes[kGemmEpilogues][2] = {};

@@ -8,8 +8,8 @@
 // each against glibc's), so tanh, sigmoid, gelu and softmax and their gradients agree with the
 // CPU to within a few ulp of f32 per function call (relative 1e-6 away from cancellation; gelu's
 // 1 + erff near x = -4 and below cancels, so there an absolute 1e-7). add/sub/mul/div forward
-// have a single rounding each and match the CPU's bits. Softmax: one warp per row, the maximum and the sums
-// reduced with shuffles, as cross_entropy's kernels. Where beta is 0 the destination is never read.
+// have a single rounding each and match the CPU's bits. Softmax: one warp per row, the maximum and
+// the sums reduced with shuffles, as cross_entropy's kernels. Where beta is 0 the destination is never read.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -36,9 +36,7 @@ __global__ void binary_forward_kernel(BroadcastGeometry g, BinaryOp op, const T*
 template <typename T>
 __global__ void binary_backward_kernel(BroadcastGeometry g, BinaryOp op, int operand, const T* a, const T* b,
                                        const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(j, n) {
-    store_blend(dx + j, broadcast_grad_element(g, op, operand, j, a, b, dy), beta);
-  }
+  CUMULUS_GRID_STRIDE_LOOP(j, n) { store_blend(dx + j, broadcast_grad_element(g, op, operand, j, a, b, dy), beta); }
 }
 
 template <typename T>
@@ -62,9 +60,7 @@ __global__ void unary_forward_kernel(UnaryOp op, const T* x, T* y, int64_t n) {
 
 template <typename T>
 __global__ void unary_backward_kernel(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(i, n) {
-    store_blend(dx + i, unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta);
-  }
+  CUMULUS_GRID_STRIDE_LOOP(i, n) { store_blend(dx + i, unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta); }
 }
 
 template <typename T>

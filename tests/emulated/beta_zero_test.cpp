@@ -149,8 +149,8 @@ TEST_F(BetaZeroEmulated, PointwiseBackwardNeverLoadsTheDestination) {
 TEST_F(BetaZeroEmulated, StructuralBackwardNeverLoadsTheDestination) {
   const std::vector<float> mean(kRows, 1.0f), rstd(kRows, 2.0f);
   expect_no_load<float>("layer_norm_backward_dx", kN, [&](float* dx) {
-    kernels::layer_norm_backward_dx_cuda(x.data(), dy.data(), nullptr, mean.data(), rstd.data(), kRows, kCols, 0.0f,
-                                         dx, nullptr);
+    kernels::layer_norm_backward_dx_cuda(x.data(), dy.data(), nullptr, mean.data(), rstd.data(), kRows, kCols, 0.0f, dx,
+                                         nullptr);
   });
   std::vector<float> dbias(kCols);
   expect_no_load<float>("layer_norm_param_grads", kCols, [&](float* dw) {
@@ -188,8 +188,7 @@ TEST_F(BetaZeroEmulated, ElementwiseAndConvBiasNeverLoadTheDestination) {
                         [&](float* out) { kernels::fill_from_scalar_cuda(&scalar, 0.5f, 0.0f, out, kN, nullptr); });
   expect_no_load<float>("relu_backward", kN,
                         [&](float* dx) { kernels::relu_backward_cuda(x.data(), dy.data(), 0.0f, dx, kN, nullptr); });
-  expect_no_load<float>("accumulate", kN,
-                        [&](float* y) { kernels::accumulate_cuda(x.data(), 0.0f, y, kN, nullptr); });
+  expect_no_load<float>("accumulate", kN, [&](float* y) { kernels::accumulate_cuda(x.data(), 0.0f, y, kN, nullptr); });
   expect_no_load<float>("conv2d_bias_grad", kRows, [&](float* dbias) {
     kernels::conv2d_bias_grad_cuda(dy.data(), 1, kRows, kCols, 0.0f, dbias, nullptr);
   });

@@ -59,7 +59,8 @@ TEST(ReduceScalingEmulated, SumAllOverAGridMatchesTheDoubleSum) {
       sum_abs += std::abs(v);
     }
     const int64_t blocks = std::max<int64_t>(kernels::sum_all_blocks(n), 1);
-    const double depth = static_cast<double>((n + blocks * 256 - 1) / (blocks * 256) + 8 + (blocks + 255) / 256 + 8 + 1);
+    const double depth =
+        static_cast<double>((n + blocks * 256 - 1) / (blocks * 256) + 8 + (blocks + 255) / 256 + 8 + 1);
     const float got = sum_all(x, scale);
     EXPECT_LE(std::abs(got - exact * scale), depth * std::ldexp(sum_abs * scale, -24)) << got << " vs " << exact;
     const float again = sum_all(x, scale);

@@ -21,7 +21,8 @@ template <typename T>
 std::vector<T> scatter_add_cuda(const std::vector<T>& dy, int64_t outer, const std::vector<int32_t>& idx, int64_t dim,
                                 int64_t inner, float beta, std::vector<T> dx) {
   const auto count = static_cast<int64_t>(idx.size());
-  std::vector<uint64_t> scratch(static_cast<std::size_t>(kernels::index_scatter_add_scratch(count)), 0x5a5a5a5a5a5a5a5a);
+  std::vector<uint64_t> scratch(static_cast<std::size_t>(kernels::index_scatter_add_scratch(count)),
+                                0x5a5a5a5a5a5a5a5a);
   kernels::index_scatter_add_cuda(dy.data(), outer, count, idx.data(), dim, inner, beta, dx.data(), scratch.data(),
                                   nullptr);
   return dx;
@@ -41,8 +42,7 @@ TEST(StructuralScalingEmulated, ScatterAddOverThousandsOfPositionsMatchesTheCpu)
       kernels::index_scatter_add_cpu(dy.data(), outer, count, idx.data(), dim, inner, beta, want.data());
       auto start = old;
       if (beta == 0.0f) std::fill(start.begin(), start.end(), kNaN);
-      expect_same_bits(scatter_add_cuda(dy, outer, idx, dim, inner, beta, start), want,
-                       "beta " + std::to_string(beta));
+      expect_same_bits(scatter_add_cuda(dy, outer, idx, dim, inner, beta, start), want, "beta " + std::to_string(beta));
     }
   }
 }

@@ -29,7 +29,11 @@ enum cublasOperation_t : int { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum cudaDataType_t : int { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 enum cublasComputeType_t : int { CUBLAS_COMPUTE_32F = 68 };
 enum cublasGemmAlgo_t : int { CUBLAS_GEMM_DEFAULT = -1 };
-enum cublasLtEpilogue_t : int { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_BGRADB = 512 };
+enum cublasLtEpilogue_t : int {
+  CUBLASLT_EPILOGUE_DEFAULT = 1,
+  CUBLASLT_EPILOGUE_BIAS = 4,
+  CUBLASLT_EPILOGUE_BGRADB = 512
+};
 enum cublasLtMatmulDescAttributes_t : int {
   CUBLASLT_MATMUL_DESC_TRANSA = 3,
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
