@@ -52,7 +52,16 @@ def demangled(names):
 
 
 def short(name, width=70):
-    name = name.replace("cumulus::kernels::", "").replace("(anonymous namespace)::", "")
+    """The kernel's name and template arguments, without namespaces, return type or parameters."""
+    name = name.replace("cumulus::kernels::", "").replace("(anonymous namespace)::", "").replace("cumulus::", "")
+    name = name[5:] if name.startswith("void ") else name
+    depth = 0
+    for i, ch in enumerate(name):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0:
+            name = name[:i]
+            break
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
@@ -75,9 +84,9 @@ def main(argv):
     names = demangled([r[0] for r in rows])
     file = os.path.basename(source)
     print(f"kernel resources: {file}{' (hot: spills fail the build)' if file in hot else ''}")
-    print(f"  {'kernel':70} {'arch':6} {'regs':>4} {'smem':>6} {'stack':>5} {'spill st':>8} {'spill ld':>8}")
+    print(f"  {'kernel':60} {'arch':6} {'regs':>4} {'smem':>6} {'stack':>5} {'spill st':>8} {'spill ld':>8}")
     for name, r in sorted(zip(names, rows), key=lambda p: (p[0], p[1][1])):
-        print(f"  {short(name):70} {r[1]:6} {r[2]:4} {r[3]:6} {r[4]:5} {r[5]:8} {r[6]:8}")
+        print(f"  {short(name, 60):60} {r[1]:6} {r[2]:4} {r[3]:6} {r[4]:5} {r[5]:8} {r[6]:8}")
     spilling = [(n, r[1]) for n, r in zip(names, rows) if r[5] or r[6]]
     if file in hot and spilling:
         for name, arch in spilling:
