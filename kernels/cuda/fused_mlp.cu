@@ -287,7 +287,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float total = cuda_common::block_sum_all(row_loss, batch);  // blockDim.x == kThreads: sum_all_cuda's order
+  // blockDim.x == kThreads: sum_all_cuda's order for a batch up to kSumAllOneBlock (Note [Deterministic sum])
+  const float total = cuda_common::block_sum_all(row_loss, batch);
   if (threadIdx.x == 0) {
     loss[0] = scale * total;
     *arrival_counter = 0;  // every block has arrived: ready for the next launch
