@@ -1,5 +1,13 @@
 // The per-element optimizer rules, shared by the CPU loop (kernels/cpu/optim.cpp) and the CUDA
-// kernels (kernels/cuda/optim.cu), so both devices apply literally the same arithmetic.
+// kernels (kernels/cuda/optim.cu), so both devices apply literally the same arithmetic. The rules
+// are multiplies, adds, a division and sqrtf, each IEEE-rounded on both devices as long as neither
+// compiler fuses a multiply-add: optim.cu is in CUMULUS_CUDA_BITWISE_FILES (--fmad=false) and
+// optim.cpp is compiled with -ffp-contract=off (Note [CUDA bit parity] in CMakeLists.txt). So given
+// the same gradient and the same decision (grad_scale, lr, AdamW's constants) an update gives the
+// same bits on both. What can still differ: the decision's inputs, the gradient norm (a double sum
+// in each device's own order) and AdamW's bias corrections (pow in double: CUDA documents 2 ulp
+// where glibc's is correctly rounded, so the float constants differ only where a double result
+// lies within 2 ulp of a float rounding boundary).
 #pragma once
 
 #include <cmath>

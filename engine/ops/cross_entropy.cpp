@@ -67,7 +67,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
     CUMULUS_CHECK(bad < 0, InvalidArgument, op, ": label ", bad >= 0 ? yp[bad] : 0, " at row ", bad,
                   " is outside [0, ", c, ")");
   } else {
-    Tensor row_loss = detail::new_output(Shape{b}, DType::f32, device);  // freed on return
+#if CUMULUS_WITH_CUDA
+    const int64_t partials = kernels::sum_all_blocks(b);  // the loss's sum: kernels/cuda/kernels.h
+#else
+    const int64_t partials = 0;
+#endif
+    Tensor row_loss = detail::new_output(Shape{b + partials}, DType::f32, device);  // freed on return
     CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* lp = logits.data<T>(); float* rl = row_loss.data<float>();
                            CUMULUS_DISPATCH(device, ctx, ((void)lp, (void)rl) /* CPU handled above */,
                                             kernels::cross_entropy_forward_cuda(lp, yp, b, c, scale, rl, out,

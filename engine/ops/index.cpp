@@ -42,15 +42,31 @@ void gather(const Tensor& x, const Gather& g, const Tensor& indices, const Tenso
                              kernels::index_gather_cuda(xp, g.outer, g.dim, ip, count, g.inner, yp, ctx.stream())));
 }
 
+#if CUMULUS_WITH_CUDA
+// index_scatter_add_cuda with its scratch, the positions sorted by index (Note [Sorted scatter-add]
+// in kernels/cuda/structural.cu), in category workspace and freed on return.
+template <typename T>
+void scatter_add_on_device(const T* dy, const Gather& g, int64_t count, const int32_t* indices, float beta, T* dx,
+                           Device device, cudaStream_t stream) {
+  Tensor keys;
+  {
+    MemoryCategoryScope scope(MemoryCategory::workspace);
+    keys = Tensor::empty(Shape{kernels::index_scatter_add_scratch(count)}, DType::i64, device);
+  }
+  auto* scratch = static_cast<uint64_t*>(keys.raw_data());
+  kernels::index_scatter_add_cuda(dy, g.outer, count, indices, g.dim, g.inner, beta, dx, scratch, stream);
+}
+#endif
+
 void scatter_add(const Tensor& dy, const Gather& g, const Tensor& indices, const GradSink::Target& dx) {
   const Device device = dy.device();
   const int32_t* ip = indices.data<int32_t>();
   const int64_t count = indices.numel();
   const float beta = dx.beta();
   CUMULUS_DISPATCH_FLOAT(
-      dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
-          device, ctx, kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
-          kernels::index_scatter_add_cuda(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp, ctx.stream())));
+      dy.dtype(), T, const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
+      CUMULUS_DISPATCH(device, ctx, kernels::index_scatter_add_cpu(dyp, g.outer, count, ip, g.dim, g.inner, beta, dxp),
+                       scatter_add_on_device(dyp, g, count, ip, beta, dxp, device, ctx.stream())));
 }
 
 class IndexBackward final : public Node {

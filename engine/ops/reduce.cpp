@@ -36,6 +36,16 @@ class SumBackward final : public Node {
   float scale_;
 };
 
+#if CUMULUS_WITH_CUDA
+// sum_all_cuda with the partials a large sum needs (Note [Deterministic sum] in kernels/cuda/reduce.cu).
+void sum_all_on_device(const float* x, int64_t n, float scale, float* y, Device device, cudaStream_t stream) {
+  const int64_t blocks = kernels::sum_all_blocks(n);
+  if (blocks == 0) return kernels::sum_all_cuda(x, n, scale, y, stream);
+  const Tensor partials = detail::new_output(Shape{blocks}, DType::f32, device);  // freed on return
+  kernels::sum_all_cuda(x, n, scale, y, partials.data<float>(), stream);
+}
+#endif
+
 Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
   OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
@@ -46,7 +56,7 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   CUMULUS_DISPATCH(device, ctx, kernels::sum_all_cpu(xp, n, scale, yp),
-                   kernels::sum_all_cuda(xp, n, scale, yp, ctx.stream()));
+                   sum_all_on_device(xp, n, scale, yp, device, ctx.stream()));
   if (should_record({&x})) attach_node(y, std::make_shared<SumBackward>(op, x.shape(), scale, mean), {&x});
   return y;
 }

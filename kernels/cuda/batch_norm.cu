@@ -6,8 +6,11 @@
 // them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
 // BFloat16, Half): loads through to_f32, f32 arithmetic, one rounding per 16-bit store; parameters
 // and statistics are f32. Each channel's sums are one block's (fixed order: deterministic), and the
-// normalizing and the dx formulas are kernels/cpu/batch_norm.cpp's, so the two differ only by the
-// order of the sums.
+// normalizing and the dx formulas are kernels/cpu/batch_norm.cpp's. Against the CPU they differ by
+// the order of the sums, by nvcc's fused multiply-adds (one rounding fewer per fused step), and in
+// evaluation mode by rsqrtf (CUDA documents 2 ulp; the CPU divides by sqrt): within a few f32
+// roundings relative to the channel's terms, not the same bits (Note [CUDA bit parity] in
+// CMakeLists.txt).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -15,7 +18,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
@@ -101,8 +104,8 @@ __device__ inline void write_param_grads(const GradSums& s, float beta_dgamma, f
                                          float* dbeta) {
   const int64_t ch = blockIdx.x;
   if (threadIdx.x != 0) return;
-  if (dgamma != nullptr) dgamma[ch] = blend(s.dy_xhat, beta_dgamma, dgamma[ch]);
-  if (dbeta != nullptr) dbeta[ch] = blend(s.dy, beta_dbeta, dbeta[ch]);
+  if (dgamma != nullptr) store_blend(dgamma + ch, s.dy_xhat, beta_dgamma);
+  if (dbeta != nullptr) store_blend(dbeta + ch, s.dy, beta_dbeta);
 }
 
 // One block per channel: sum dy and sum dy * x_hat over the channel's n * hw values in a fixed order
@@ -132,7 +135,7 @@ __global__ void training_backward_kernel(const T* x, const T* dy, const float* g
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
     const int64_t idx = channel_offset(i, c, hw, ch);
     const float xhat = (to_f32(x[idx]) - mean) * invstd;
-    dx[idx] = from_f32<T>(blend(scale * (to_f32(dy[idx]) - mean_dy - xhat * mean_dy_xhat), beta_dx, to_f32(dx[idx])));
+    store_blend(dx + idx, scale * (to_f32(dy[idx]) - mean_dy - xhat * mean_dy_xhat), beta_dx);
   }
 }
 
@@ -142,7 +145,7 @@ __global__ void inference_dx_kernel(const T* dy, const float* gamma, const float
                                     int64_t total, float beta, T* dx) {
   CUMULUS_GRID_STRIDE_LOOP(i, total) {
     const int64_t ch = (i / hw) % c;
-    dx[i] = from_f32<T>(blend(gamma[ch] * save_invstd[ch] * to_f32(dy[i]), beta, to_f32(dx[i])));
+    store_blend(dx + i, gamma[ch] * save_invstd[ch] * to_f32(dy[i]), beta);
   }
 }
 

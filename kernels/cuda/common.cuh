@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/float16.h"
+
 #ifndef CUMULUS_CUDA_EMULATION
 #include "cumulus/core/cuda_check.h"
 #endif
@@ -54,10 +56,14 @@ inline unsigned blocks_for(int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
-// A gradient sink's write (GradientMode as the GEMM-style beta): 0 overwrites without reading the
-// old value, which may be anything (NaN included); 1 adds to it.
-__device__ __forceinline__ float blend(float value, float beta, float old) {
-  return beta == 0.0f ? value : value + beta * old;
+// A gradient sink's write (GradientMode as the GEMM-style beta): *dst = value + beta * *dst, stored
+// as T (one rounding for 16 bits). Beta 0 overwrites without loading *dst at all: the old value may
+// be anything (NaN included, and it must not leak), or never written (a fresh buffer, which
+// compute-sanitizer's initcheck would report as read). The destination is a pointer, not a value,
+// so that no caller can load it before beta is tested.
+template <typename T>
+__device__ __forceinline__ void store_blend(T* dst, float value, float beta) {
+  *dst = from_f32<T>(beta == 0.0f ? value : value + beta * to_f32(*dst));
 }
 
 // Max / sum over the warp's 32 lanes by a butterfly of xor shuffles: every lane gets the result,

@@ -27,7 +27,7 @@ __global__ void bias_grad_kernel(const T* dy, int64_t n, int64_t k, int64_t hw, 
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += to_f32(dy[((i / hw) * k + ch) * hw + i % hw]);
   s = cuda_common::block_sum(s);
-  if (threadIdx.x == 0) dbias[ch] = cuda_common::blend(s, beta, dbias[ch]);
+  if (threadIdx.x == 0) cuda_common::store_blend(dbias + ch, s, beta);
 }
 
 }  // namespace

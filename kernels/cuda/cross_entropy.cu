@@ -112,7 +112,7 @@ void cross_entropy_forward_cuda(const T* logits, const int32_t* labels, int64_t 
     launch<cross_entropy_forward_kernel<T>>(blocks_for_rows(batch), kWarpsPerBlock * kWarp, stream, logits, labels,
                                             batch, classes, row_loss);
   }
-  sum_all_cuda(row_loss, batch, scale, loss, stream);
+  sum_all_cuda(row_loss, batch, scale, loss, row_loss + batch, stream);
 }
 
 template <typename T>

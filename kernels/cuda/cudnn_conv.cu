@@ -68,18 +68,31 @@ ConvKey key_of(int device, ConvDirection direction, DType dtype, const Conv2dGeo
 }
 
 // The heuristics' ranking, filtered: the first successful, deterministic algorithm within the
-// preferred workspace; failing that the first successful one within it; failing that any.
+// preferred workspace; failing that the first successful one within it; failing that any. With its
+// math type: an algorithm is ranked for the math type its result names (tensor ops or not), which
+// need not be the one the descriptor was made with, and cuDNN runs the descriptor's. f32 takes only
+// FMA-math results: no TF32, the same promise as the GEMMs'.
 template <typename Perf>
-int pick_algorithm(const std::vector<Perf>& perf, int returned, const char* direction) {
+ConvAlgorithm pick_algorithm(const std::vector<Perf>& perf, int returned, DType dtype, const char* direction) {
   for (int pass = 0; pass < 3; ++pass)
     for (int i = 0; i < returned; ++i) {
       const Perf& p = perf[static_cast<std::size_t>(i)];
       if (p.status != CUDNN_STATUS_SUCCESS) continue;
+      if (dtype == DType::f32 && p.mathType != CUDNN_FMA_MATH) continue;
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       if (pass < 2 && p.memory > kPreferredMaxWorkspace) continue;
-      return static_cast<int>(p.algo);
+      ConvAlgorithm chosen;
+      chosen.algo = static_cast<int>(p.algo);
+      chosen.math_type = static_cast<int>(p.mathType);
+      return chosen;
     }
   throw CudaError(detail::concat("conv2d: cuDNN offers no ", direction, " algorithm for this shape"));
+}
+
+// The chosen algorithm's math type in the call's descriptor: before its workspace is sized and
+// before every call that runs it.
+void set_math_type(const ConvDescriptors& d, const ConvAlgorithm& a) {
+  CUMULUS_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.get(), static_cast<cudnnMathType_t>(a.math_type)));
 }
 
 // Our kernels go on the stream the handle is bound to, after the cuDNN calls before them.
@@ -147,13 +160,14 @@ void conv2d_forward_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType d
         std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
                                                                    d.y.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c;
-        c.algo = pick_algorithm(perf, returned, "forward");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, "forward");
+        set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
             handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
             &c.workspace_bytes));
         return c;
       });
+  set_math_type(d, a);
   const std::shared_ptr<void> workspace =
       conv.workspace(a.workspace_bytes);  // back to the caller once the call is queued
   const float one = 1.0f, zero = 0.0f;
@@ -184,13 +198,14 @@ void conv2d_backward_data_cuda(const CudnnConv& conv, const Conv2dGeometry& g, D
         std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c;
-        c.algo = pick_algorithm(perf, returned, "backward-data");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, "backward-data");
+        set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
             &c.workspace_bytes));
         return c;
       });
+  set_math_type(d, a);
   const std::shared_ptr<void> workspace =
       conv.workspace(a.workspace_bytes);  // back to the caller once the call is queued
   const float one = 1.0f;
@@ -211,13 +226,14 @@ void conv2d_backward_filter_cuda(const CudnnConv& conv, const Conv2dGeometry& g,
         std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c;
-        c.algo = pick_algorithm(perf, returned, "backward-filter");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, "backward-filter");
+        set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
             static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), &c.workspace_bytes));
         return c;
       });
+  set_math_type(d, a);
   const std::shared_ptr<void> workspace =
       conv.workspace(a.workspace_bytes);  // back to the caller once the call is queued
   const float one = 1.0f;

@@ -55,6 +55,7 @@ enum class ConvDirection : uint8_t { forward, backward_data, backward_filter };
 // needs.
 struct ConvAlgorithm {
   int algo = 0;
+  int math_type = 0;  // the cudnnMathType_t the heuristic gave with algo; the descriptor is set to it
   std::size_t workspace_bytes = 0;
 };
 

@@ -7,7 +7,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
@@ -35,7 +35,7 @@ __global__ void relu_backward_kernel(const T* y, const T* dy, float beta, T* dx,
   } else {
     CUMULUS_GRID_STRIDE_LOOP(i, n) {
       const float v = to_f32(y[i]) <= 0.0f ? 0.0f : to_f32(dy[i]);
-      dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+      store_blend(dx + i, v, beta);
     }
   }
 }
@@ -46,14 +46,14 @@ __global__ void fill_kernel(float* out, float value, int64_t n) {
 
 __global__ void fill_from_scalar_kernel(const float* scalar, float scale, float beta, float* out, int64_t n) {
   const float v = scale * scalar[0];
-  CUMULUS_GRID_STRIDE_LOOP(i, n) out[i] = blend(v, beta, out[i]);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) store_blend(out + i, v, beta);
 }
 
 // Beta 0 copies x as is (accumulate_cpu's std::copy), so y never changes x's bits.
 template <typename T>
 __global__ void accumulate_kernel(const T* x, float beta, T* y, int64_t n) {
   if (beta == 0.0f) CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = x[i];
-  else CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(blend(to_f32(x[i]), beta, to_f32(y[i])));
+  else CUMULUS_GRID_STRIDE_LOOP(i, n) store_blend(y + i, to_f32(x[i]), beta);
 }
 
 // Through f32, as convert_cpu: widening is exact, so a 16-bit to 16-bit conversion rounds once.
@@ -67,7 +67,7 @@ __global__ void add_vectors_kernel(VectorAdds adds) {
   const int p = blockIdx.x;
   const float* x = adds.x[p];
   float* y = adds.y[p];
-  for (int64_t i = threadIdx.x; i < adds.n[p]; i += blockDim.x) y[i] = blend(x[i], 1.0f, y[i]);
+  for (int64_t i = threadIdx.x; i < adds.n[p]; i += blockDim.x) store_blend(y + i, x[i], 1.0f);
 }
 
 }  // namespace

@@ -28,7 +28,7 @@
 // Deterministic: no atomics on values (the counter only elects the block that sums), every sum in
 // an order fixed by the shapes alone. Every index is bounds-checked, so any batch and width >= 1
 // works (tiles past an edge read zeros and write nothing), with no alignment assumed on global data.
-// A beta of 0 never reads the destination (cuda_common::blend's rule). The inputs are not written
+// A beta of 0 never reads the destination (cuda_common::store_blend's rule). The inputs are not written
 // by the launch that reads them, so they are read through the read-only cache (__ldg).
 #include <algorithm>
 #include <climits>
@@ -41,7 +41,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::kThreads;
 using cuda_common::launch;
 
@@ -105,11 +105,6 @@ __device__ __forceinline__ float transpose_sum(float (&v)[V], int lane) {
 #pragma unroll
   for (int stage = kStages; stage < 5; ++stage) s += __shfl_xor_sync(kFullMask, s, 16 >> stage);
   return s;
-}
-
-// dst = blend(v, beta, dst), the destination read only when beta is not 0 (it may hold NaN).
-__device__ __forceinline__ void store_blend(float* dst, float v, float beta) {
-  *dst = beta == 0.0f ? v : blend(v, beta, *dst);
 }
 
 // ---- the forward tile product --------------------------------------------------------------------
@@ -292,7 +287,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float total = cuda_common::block_sum_all(row_loss, batch);  // blockDim.x == kThreads: sum_all_cuda's order
+  // blockDim.x == kThreads: sum_all_cuda's order for a batch up to kSumAllOneBlock (Note [Deterministic sum])
+  const float total = cuda_common::block_sum_all(row_loss, batch);
   if (threadIdx.x == 0) {
     loss[0] = scale * total;
     *arrival_counter = 0;  // every block has arrived: ready for the next launch

@@ -19,8 +19,31 @@
 #include <mutex>
 #include <tuple>
 
-#include "cumulus/core/cuda_check.h"
 #include "kernels/cuda/kernels.h"
+
+// The CPU emulation (tests/emulation/cublasLt.h) compiles this file too, to run the host-side rules
+// of the cuBLASLt plans (tests/emulated/gemm_lt_test.cpp). It has no CUDA runtime errors and no
+// launch counter, so there a failed call throws CudaError with its status and nothing is counted.
+#ifdef CUMULUS_CUDA_EMULATION
+namespace cumulus::kernels::gemm_checks {
+inline void count_launch() {}
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw CudaError(detail::concat("cuBLAS status ", static_cast<int>(st), " from ", expr, " at ", file, ":", line));
+}
+}  // namespace cumulus::kernels::gemm_checks
+#define CUMULUS_CUBLAS_CHECK(expr)                                                                 \
+  do {                                                                                             \
+    const cublasStatus_t cumulus_st_ = (expr);                                                     \
+    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      ::cumulus::kernels::gemm_checks::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__); \
+  } while (0)
+#else
+#include "cumulus/core/cuda_check.h"
+namespace cumulus::kernels::gemm_checks {
+using detail::count_launch;
+using detail::throw_cublas_error;
+}  // namespace cumulus::kernels::gemm_checks
+#endif
 
 namespace cumulus::kernels {
 
@@ -51,7 +74,7 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
   if (m == 0 || n == 0) return;
   CUMULUS_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX,
                 InvalidArgument, "gemm_cuda: dimensions past 32 bits (m ", m, ", n ", n, ", k ", k, ")");
-  detail::count_launch();
+  gemm_checks::count_launch();
   CUMULUS_CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
                                    static_cast<int>(m), static_cast<int>(k), &alpha, b,
@@ -66,7 +89,7 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
   if (m == 0 || n == 0) return;
   CUMULUS_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
                 InvalidArgument, "gemm_ex_cuda: dimensions past 32 bits (m ", m, ", n ", n, ", k ", k, ")");
-  detail::count_launch();
+  gemm_checks::count_launch();
   // alpha and beta are floats: CUBLAS_COMPUTE_32F's scale type, whatever the storage types.
   const cudaDataType_t ab = cuda_type(types.ab), cd = cuda_type(types.cd);
   CUMULUS_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -99,7 +122,17 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 //   (the descriptor is shared state). Uncontended it costs tens of nanoseconds against
 //   microseconds of launch.
 // - No algorithm (Note [No fused algorithm]) is remembered too: the call returns false and the
-//   caller runs the unfused kernels, without asking again.
+//   caller runs the unfused kernels, without asking again. So is an algorithm the matmul rejected
+//   (Note [Rejected algorithm]).
+//
+// Note [Rejected algorithm]
+// The heuristic's answer is not a promise: cublasLtMatmul may still refuse an algorithm it offered
+// (CUBLAS_STATUS_NOT_SUPPORTED, or CUBLAS_STATUS_INVALID_VALUE for a configuration it finds in
+// conflict, such as the algorithm's workspace), having queued nothing. So a plan keeps the
+// heuristic's first kLtAlgorithms results in its order; a rejected one is dropped from the plan
+// for good and the next is tried in the same call, and when none is left the plan is unsupported
+// from then on: the call returns false and the caller runs the unfused kernels, as for no
+// algorithm. Any other status of the matmul is a real error and throws.
 //
 // Note [No fused algorithm]
 // cublasLtMatmulAlgoGetHeuristic's documentation (cublasLt.h) names CUBLAS_STATUS_NOT_SUPPORTED for
@@ -111,7 +144,8 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 // types, shape and alignment. So any answer but a successful result (lt_heuristic_found) is
 // remembered as unsupported, gemm_lt_cuda queues nothing and returns false, and the caller runs
 // the unfused kernels. Only the heuristic's answer is read this way: the descriptor, layout and
-// preference calls before it and the matmul after it fail only on real errors, and throw.
+// preference calls before it fail only on real errors, and throw; the matmul's refusal of an
+// algorithm is Note [Rejected algorithm].
 //
 // Note [Epilogue bias type]
 // cuBLASLt reads the bias of its BIAS epilogues in the type CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
@@ -136,7 +170,13 @@ bool lt_heuristic_found(cublasStatus_t status, int returned, cublasStatus_t firs
   return status == CUBLAS_STATUS_SUCCESS && returned > 0 && first_state == CUBLAS_STATUS_SUCCESS;
 }
 
-namespace {
+bool lt_matmul_rejected(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// A named namespace, not an anonymous one: GemmLtPlans::Impl holds these types, and the CPU
+// emulation compiles this file as an included header, where GCC warns of such a member.
+namespace lt_plans {
 
 struct PlanKey {
   cublasLtHandle_t handle;
@@ -153,12 +193,25 @@ struct PlanKey {
   }
 };
 
+// The heuristic results a plan keeps (Note [Rejected algorithm]).
+constexpr int kLtAlgorithms = 4;
+
 struct Plan {
   bool supported = false;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's algorithms in its order, algos[next] the first not rejected so far.
+  cublasLtMatmulAlgo_t algos[kLtAlgorithms] = {};
+  int next = 0, count = 0;
 };
+
+}  // namespace lt_plans
+
+using lt_plans::kLtAlgorithms;
+using lt_plans::Plan;
+using lt_plans::PlanKey;
+
+namespace {
 
 // gemm_lt_cuda's outcomes per epilogue: [kind][0] fused, [kind][1] declined.
 std::atomic<int64_t> g_outcomes[kGemmEpilogues][2] = {};
@@ -201,9 +254,10 @@ void set_epilogue_pointer(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& e) 
   CUMULUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 }
 
-// The heuristic's first algorithm for the plan's descriptor and layouts, into *algo; false when it
-// offers none (Note [No fused algorithm]). The preference's own calls throw on failure.
-bool first_algorithm(const PlanKey& key, const Plan& p, cublasLtMatmulAlgo_t* algo) {
+// The heuristic's first kLtAlgorithms algorithms for the plan's descriptor and layouts, into
+// p.algos; false when it offers none (Note [No fused algorithm]). The preference's own calls throw
+// on failure.
+bool heuristic_algorithms(const PlanKey& key, Plan& p) {
   cublasLtMatmulPreference_t pref = nullptr;
   CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   struct Destroy {
@@ -216,17 +270,18 @@ bool first_algorithm(const PlanKey& key, const Plan& p, cublasLtMatmulAlgo_t* al
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     CUMULUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kLtAlgorithms] = {};
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(key.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  if (!lt_heuristic_found(st, found, result.state)) return false;
-  *algo = result.algo;
+      cublasLtMatmulAlgoGetHeuristic(key.handle, p.desc, p.a, p.b, p.c, p.c, pref, kLtAlgorithms, results, &found);
+  if (!lt_heuristic_found(st, found, results[0].state)) return false;
+  for (int i = 0; i < found && i < kLtAlgorithms && results[i].state == CUBLAS_STATUS_SUCCESS; ++i)
+    p.algos[p.count++] = results[i].algo;
   return true;
 }
 
-// Descriptor, layouts and the heuristic's first algorithm for `key`; supported = false (and
-// nothing kept) when the heuristic offers none.
+// Descriptor, layouts and the heuristic's algorithms for `key`; supported = false (and nothing
+// kept) when the heuristic offers none.
 Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
   Plan p;
   try {
@@ -247,7 +302,7 @@ Plan make_plan(const PlanKey& key, const GemmEpilogueArgs& e) {
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, key.trans_b ? k : n, key.trans_b ? n : k, key.ldb));
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, key.trans_a ? m : k, key.trans_a ? k : m, key.lda));
     CUMULUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd, n, m, key.ldc));
-    if (first_algorithm(key, p, &p.algo)) {
+    if (heuristic_algorithms(key, p)) {
       p.supported = true;
     } else {
       destroy(p);  // remembered as unsupported: no descriptors kept
@@ -326,15 +381,22 @@ bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, 
   std::lock_guard<std::mutex> lock(cache.mutex);
   auto it = cache.plans.find(key);
   if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(key, epilogue)).first;
-  const Plan& plan = it->second;
-  count_outcome(epilogue.kind, plan.supported);
-  if (!plan.supported) return false;
-  set_epilogue_pointer(plan.desc, epilogue);
-  detail::count_launch();
-  // cuBLASLt's A is our b and its B our a (the swap above); D is written in place of C.
-  CUMULUS_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
-                                      &plan.algo, workspace, workspace_bytes, stream));
-  return true;
+  Plan& plan = it->second;
+  if (plan.supported) set_epilogue_pointer(plan.desc, epilogue);
+  for (; plan.supported && plan.next < plan.count; ++plan.next) {
+    // cuBLASLt's A is our b and its B our a (the swap above); D is written in place of C.
+    const cublasStatus_t st = cublasLtMatmul(handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c,
+                                             plan.c, &plan.algos[plan.next], workspace, workspace_bytes, stream);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      gemm_checks::count_launch();
+      count_outcome(epilogue.kind, true);
+      return true;
+    }
+    if (!lt_matmul_rejected(st)) gemm_checks::throw_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
+  }
+  if (plan.supported) destroy(plan);  // every algorithm rejected: unsupported from now on
+  count_outcome(epilogue.kind, false);
+  return false;
 }
 
 }  // namespace cumulus::kernels

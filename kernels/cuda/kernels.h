@@ -94,6 +94,10 @@ bool gemm_lt_cuda(GemmLtPlans& plans, cublasLtHandle_t handle, void* workspace, 
 // many results it returned and the first result's state. Anything but success with a successful
 // first result means "no fused algorithm" (Note [No fused algorithm] in gemm.cu).
 bool lt_heuristic_found(cublasStatus_t status, int returned, cublasStatus_t first_state);
+// Whether a status of cublasLtMatmul means it refused the plan's algorithm, having queued nothing
+// (the next algorithm is tried, then the unfused kernels: Note [Rejected algorithm] in gemm.cu),
+// rather than an error to throw.
+bool lt_matmul_rejected(cublasStatus_t status);
 
 // gemm_lt_cuda's calls with `kind` so far in this process: `fused` queued the GEMM with the epilogue,
 // `declined` returned false (the caller ran the unfused kernels). Tests predict launch counts from
@@ -110,7 +114,13 @@ void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, T* out, c
 // out[c] = sum_r x[r, c] + beta * out[c], summed and stored in f32 whatever x's type.
 template <typename T>
 void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream);
-// out[0] = scale * sum_i x[i]; one block, fixed order: deterministic run to run.
+// out[0] = scale * sum_i x[i], in an order fixed by n (Note [Deterministic sum] in reduce.cu): the
+// same bits run to run. Up to kSumAllOneBlock terms one block (block_sum_all's order) and no
+// partials; above, `partials` holds sum_all_blocks(n) floats of scratch (the second form throws
+// InvalidArgument without them).
+constexpr int64_t kSumAllOneBlock = int64_t{1} << 16;
+int64_t sum_all_blocks(int64_t n);
+void sum_all_cuda(const float* x, int64_t n, float scale, float* out, float* partials, cudaStream_t stream);
 void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream_t stream);
 
 template <typename T>
@@ -138,8 +148,9 @@ struct VectorAdds {
 };
 void add_vectors_cuda(const VectorAdds& adds, cudaStream_t stream);
 
-// row_loss: scratch of `batch` floats. A label outside [0, C) makes that row's loss NaN. The loss
-// and row_loss are f32 whatever the logits' type.
+// row_loss: scratch of batch + sum_all_blocks(batch) floats (the partials of the loss's sum, none up
+// to kSumAllOneBlock rows). A label outside [0, C) makes that row's loss NaN. The loss and row_loss
+// are f32 whatever the logits' type.
 template <typename T>
 void cross_entropy_forward_cuda(const T* logits, const int32_t* labels, int64_t batch, int64_t classes, float scale,
                                 float* row_loss, float* loss, cudaStream_t stream);

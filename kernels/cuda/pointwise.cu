@@ -1,9 +1,15 @@
 // The pointwise ops on CUDA. Elementwise kernels: one thread per element over a grid-stride loop,
-// each element by the CPU's rule (kernels/pointwise_rules.h), so results equal the CPU's bit for bit
-// (up to the device's own expf/tanhf/erff). A broadcast operand's gradient: one thread per element
-// of the operand, summing the output elements that read it in the CPU's order (Note [Broadcast
-// geometry]), so no atomics and the same bits. Softmax: one warp per row, the maximum and the sums
-// reduced with shuffles, as cross_entropy's kernels. Where beta is 0 the destination is never read.
+// each element by the CPU's rule (kernels/pointwise_rules.h). A broadcast operand's gradient: one
+// thread per element of the operand, summing the output elements that read it in the CPU's order
+// (Note [Broadcast geometry]), so no atomics and the same bits on every run. Against the CPU the
+// results are close, not the same bits (Note [CUDA bit parity] in CMakeLists.txt): nvcc fuses
+// multiply-adds (the gradient rules, the broadcast sums of products: within one rounding per
+// fused step), and the unary ops and softmax use the device's expf, tanhf and erff (up to 2 ulp
+// each against glibc's), so tanh, sigmoid, gelu and softmax and their gradients agree with the
+// CPU to within a few ulp of f32 per function call (relative 1e-6 away from cancellation; gelu's
+// 1 + erff near x = -4 and below cancels, so there an absolute 1e-7). add/sub/mul/div forward
+// have a single rounding each and match the CPU's bits. Softmax: one warp per row, the maximum and
+// the sums reduced with shuffles, as cross_entropy's kernels. Where beta is 0 the destination is never read.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -13,7 +19,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
@@ -30,9 +36,7 @@ __global__ void binary_forward_kernel(BroadcastGeometry g, BinaryOp op, const T*
 template <typename T>
 __global__ void binary_backward_kernel(BroadcastGeometry g, BinaryOp op, int operand, const T* a, const T* b,
                                        const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(j, n) {
-    dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
-  }
+  CUMULUS_GRID_STRIDE_LOOP(j, n) { store_blend(dx + j, broadcast_grad_element(g, op, operand, j, a, b, dy), beta); }
 }
 
 template <typename T>
@@ -45,7 +49,7 @@ __global__ void scalar_backward_kernel(BinaryOp op, bool reversed, float s, cons
                                        int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
-    dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
+    store_blend(dx + i, scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta);
   }
 }
 
@@ -56,9 +60,7 @@ __global__ void unary_forward_kernel(UnaryOp op, const T* x, T* y, int64_t n) {
 
 template <typename T>
 __global__ void unary_backward_kernel(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(i, n) {
-    dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
-  }
+  CUMULUS_GRID_STRIDE_LOOP(i, n) { store_blend(dx + i, unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta); }
 }
 
 template <typename T>
@@ -74,7 +76,7 @@ __global__ void dropout_backward_kernel(uint64_t seed, const int64_t* offset, fl
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
-    dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+    store_blend(dx + i, v, beta);
   }
 }
 
@@ -124,7 +126,7 @@ __global__ void softmax_backward_kernel(bool log, const T* y, const T* dy, float
   for (int64_t j = lane; j < n; j += kWarp) {
     const float yv = to_f32(y[base + j]), g = to_f32(dy[base + j]);
     const float v = log ? g - expf(yv) * s : yv * (g - s);
-    dx[base + j] = from_f32<T>(blend(v, beta, to_f32(dx[base + j])));
+    store_blend(dx + (base + j), v, beta);
   }
 }
 

@@ -1,11 +1,24 @@
 // Reductions on CUDA.
 //   sum_rows: out[c] = sum_r x[r, c] (+ beta * out[c]): the bias gradient, accumulated in its own
-//             kernel (Note [Gradient sinks]). One thread per column walks the rows, so neighbouring
-//             threads read neighbouring addresses; the order is fixed, so results are reproducible.
-//   sum_all:  one block, cuda_common::block_sum_all: deterministic (no atomics), and enough for
-//             the scalars we reduce (losses, small x).
+//             kernel (Note [Gradient sinks]). A block per 32 columns (neighbouring threads read
+//             neighbouring addresses) and up to 8 row slices per column: each slice sums its
+//             contiguous rows in order, then slice 0 adds the slices' sums in slice order. Up to
+//             kSliceRows rows there is one slice, the rows in order from 0: sum_rows_cpu's order,
+//             so with beta 0 its bits. The order depends on the shape alone: reproducible.
+//   sum_all:  Note [Deterministic sum].
 //   argmax_rows: one thread per row.
 // x may be stored in 16 bits (to_f32 loads it); the sums and comparisons are f32.
+//
+// Note [Deterministic sum]
+// sum_all_cuda never uses atomics on values, so its result is the same bits on every run. Up to
+// kSumAllOneBlock terms it is one block of kThreads running cuda_common::block_sum_all (each thread
+// a strided partial sum, then block_sum): cross_entropy's one-block loss and fused_mlp's loss sum
+// their row losses with that same function and block size, so their losses have sum_all_cuda's bits
+// (their batches are far below the limit). Above it, two launches: a grid of sum_all_blocks(n)
+// blocks, fixed by n alone, where thread t of block b sums x[b * kThreads + t + k * grid * kThreads]
+// for k = 0, 1, ... in order and the block's block_sum goes to partials[b]; then one block sums the
+// partials with block_sum_all and scales. Every addition's operands are fixed by n, whatever order
+// the blocks run in.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -18,18 +31,43 @@ namespace {
 using cuda_common::kThreads;
 using cuda_common::launch;
 
+constexpr int kRowCols = 32, kRowSlices = cuda_common::kThreads / kRowCols;
+constexpr int64_t kSliceRows = 64;
+
+// The row slices for `rows`: one up to kSliceRows rows, then more, up to kRowSlices.
+__host__ __device__ inline int64_t row_slices(int64_t rows) {
+  const int64_t wanted = (rows + kSliceRows - 1) / kSliceRows;
+  return wanted < 1 ? 1 : wanted > kRowSlices ? kRowSlices : wanted;
+}
+
 template <typename T>
 __global__ void sum_rows_kernel(const T* x, int64_t rows, int64_t cols, float beta, float* out) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float slice_sums[kRowSlices][kRowCols];
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kRowCols) + threadIdx.x;
+  const int64_t slices = row_slices(rows), per_slice = (rows + slices - 1) / slices;
+  const int64_t first = threadIdx.y * per_slice, last = first + per_slice < rows ? first + per_slice : rows;
   float s = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) s += to_f32(x[r * cols + c]);
-  out[c] = beta == 0.0f ? s : s + beta * out[c];
+  if (c < cols)
+    for (int64_t r = first; r < last; ++r) s += to_f32(x[r * cols + c]);
+  slice_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  for (int64_t k = 1; k < slices; ++k) s += slice_sums[k][threadIdx.x];
+  cuda_common::store_blend(out + c, s, beta);
 }
 
 __global__ void sum_all_kernel(const float* x, int64_t n, float scale, float* out) {
   const float total = cuda_common::block_sum_all(x, n);
   if (threadIdx.x == 0) out[0] = scale * total;
+}
+
+// The first of the two launches of Note [Deterministic sum]: block b's sum into partials[b].
+__global__ void sum_all_partials_kernel(const float* x, int64_t n, float* partials) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  float s = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) s += x[i];
+  s = cuda_common::block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 template <typename T>
@@ -43,7 +81,7 @@ __global__ void argmax_rows_kernel(const T* x, int64_t rows, int64_t cols, int32
   out[r] = best;
 }
 
-// One thread per element, uncapped: these kernels are not grid-stride loops.
+// One thread per row, uncapped: argmax_rows is not a grid-stride loop.
 inline unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 }  // namespace
@@ -51,11 +89,34 @@ inline unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads -
 template <typename T>
 void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream) {
   if (cols == 0) return;
-  launch<sum_rows_kernel<T>>(blocks(cols), kThreads, stream, x, rows, cols, beta, out);
+  const auto blocks = static_cast<unsigned>((cols + kRowCols - 1) / kRowCols);
+  launch<sum_rows_kernel<T>>(blocks, dim3(kRowCols, kRowSlices), stream, x, rows, cols, beta, out);
+}
+
+// Terms per thread of the first launch before the grid grows, and the grid's cap (the second
+// launch's block sums at most 1024 partials, 4 per thread).
+constexpr int64_t kSumAllTermsPerThread = 32, kSumAllMaxBlocks = 1024;
+
+int64_t sum_all_blocks(int64_t n) {
+  if (n <= kSumAllOneBlock) return 0;
+  const int64_t wanted = (n + kThreads * kSumAllTermsPerThread - 1) / (kThreads * kSumAllTermsPerThread);
+  return std::min(wanted, kSumAllMaxBlocks);
+}
+
+void sum_all_cuda(const float* x, int64_t n, float scale, float* out, float* partials, cudaStream_t stream) {
+  const int64_t blocks = sum_all_blocks(n);
+  if (blocks == 0) {
+    launch<sum_all_kernel>(1, kThreads, stream, x, n, scale, out);
+    return;
+  }
+  CUMULUS_CHECK(partials != nullptr, InvalidArgument, "sum_all_cuda: ", n, " terms need ", blocks,
+                " floats of partials (sum_all_blocks)");
+  launch<sum_all_partials_kernel>(static_cast<unsigned>(blocks), kThreads, stream, x, n, partials);
+  launch<sum_all_kernel>(1, kThreads, stream, partials, blocks, scale, out);
 }
 
 void sum_all_cuda(const float* x, int64_t n, float scale, float* out, cudaStream_t stream) {
-  launch<sum_all_kernel>(1, kThreads, stream, x, n, scale, out);
+  sum_all_cuda(x, n, scale, out, nullptr, stream);
 }
 
 template <typename T>

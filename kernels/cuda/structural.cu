@@ -2,6 +2,8 @@
 // copies (cat / split / narrow) and gathers with their scatter-add (index_select, embedding). x, y,
 // dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic, one rounding per 16-bit store.
 // No atomics anywhere: every sum has a fixed order, so results are the same bits on every run.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/structural_kernels.h"
 
@@ -9,7 +11,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::blend;
+using cuda_common::store_blend;
 using cuda_common::block_sum;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
@@ -63,8 +65,7 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const flo
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
     const float xhat = (to_f32(xr[c]) - m) * inv;
-    T& out = dx[r * cols + c];
-    out = from_f32<T>(blend(inv * (g - mean_g - xhat * mean_g_xhat), beta, to_f32(out)));
+    store_blend(dx + r * cols + c, inv * (g - mean_g - xhat * mean_g_xhat), beta);
   }
 }
 
@@ -94,8 +95,8 @@ __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const flo
     sw += partial_w[k][threadIdx.x];
     sb += partial_b[k][threadIdx.x];
   }
-  if (dweight != nullptr) dweight[c] = blend(sw, beta_dw, dweight[c]);
-  if (dbias != nullptr) dbias[c] = blend(sb, beta_db, dbias[c]);
+  if (dweight != nullptr) store_blend(dweight + c, sw, beta_dw);
+  if (dbias != nullptr) store_blend(dbias + c, sb, beta_db);
 }
 
 // ---- slabs: [outer, dim, inner], one thread per element ----
@@ -118,7 +119,7 @@ __global__ void narrow_backward_kernel(const T* dy, int64_t dim, int64_t start, 
     const int64_t i = e % inner, d = (e / inner) % dim, o = e / (inner * dim);
     const bool inside = d >= start && d < start + length;
     const float g = inside ? to_f32(dy[(o * length + d - start) * inner + i]) : 0.0f;
-    dx[e] = from_f32<T>(blend(g, beta, to_f32(dx[e])));
+    store_blend(dx + e, g, beta);
   }
 }
 
@@ -152,37 +153,82 @@ __global__ void zero_kernel(T* out, int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(e, n) { out[e] = from_f32<T>(0.0f); }
 }
 
-// One block per position j. The block owns index d = indices[j] when no earlier position holds d;
-// then, for each of its elements (o, i) in tiles of blockDim, it sums dy over the positions j' >= j
-// holding d, in order, from beta * dx: index_scatter_add_cpu's order. Positions are tested a chunk
-// of blockDim at a time, the matches shared through shared memory.
-template <typename T>
-__global__ void index_scatter_add_kernel(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
-                                         int64_t inner, float beta, T* dx) {
-  __shared__ int match[kThreads];
-  const int64_t j = blockIdx.x;
-  const int32_t d = indices[j];
-  if (d < 0 || d >= dim) return;  // the whole block: d is the same for every thread
-  float earlier = 0.0f;
-  for (int64_t k = threadIdx.x; k < j; k += blockDim.x) earlier += indices[k] == d ? 1.0f : 0.0f;
-  if (block_sum(earlier) > 0.0f) return;  // another block owns d
-  for (int64_t tile = 0; tile < outer * inner; tile += blockDim.x) {
-    const int64_t e = tile + threadIdx.x;
-    const bool mine = e < outer * inner;
-    const int64_t o = mine ? e / inner : 0, i = mine ? e % inner : 0;
-    T* out = dx + (o * dim + d) * inner + i;
-    float acc = beta == 0.0f || !mine ? 0.0f : beta * to_f32(*out);
-    for (int64_t chunk = j; chunk < count; chunk += blockDim.x) {
-      const int64_t k = chunk + threadIdx.x;
-      match[threadIdx.x] = k < count && indices[k] == d ? 1 : 0;
-      __syncthreads();
-      const int64_t n = count - chunk < static_cast<int64_t>(blockDim.x) ? count - chunk : blockDim.x;
-      if (mine)
-        for (int64_t q = 0; q < n; ++q)
-          if (match[q] != 0) acc += to_f32(dy[(o * count + chunk + q) * inner + i]);
+// Note [Sorted scatter-add]
+// index_scatter_add sums, for each index d, dy over the positions j holding d in increasing j,
+// starting from beta * dx: index_scatter_add_cpu's order, hence its bits, and no atomics. The
+// positions are first sorted by (d, j) as 64-bit keys d << 32 | j (an index outside [0, dim) gets
+// the largest key and is left out), by a bitonic network over the keys padded to a power of two
+// (a fixed sequence of compare-exchanges: the same result whatever the scheduling); the steps whose
+// pairs lie within a tile of kSortTile keys run in one launch per size in shared memory, the wider
+// ones one launch per step over global memory (log^2 of count / kSortTile of them). Then every
+// index's positions are one run of the sorted keys, in increasing j, and the block of the run's
+// first key sums it. Work: O(count log^2 count) for the sort, O(count * outer * inner) for the sums.
+constexpr uint64_t kNoPosition = ~uint64_t{0};
+
+__global__ void scatter_keys_kernel(const int32_t* indices, int64_t count, int64_t dim, int64_t padded,
+                                    uint64_t* keys) {
+  CUMULUS_GRID_STRIDE_LOOP(j, padded) {
+    const int32_t d = j < count ? indices[j] : -1;
+    keys[j] = d >= 0 && d < dim ? static_cast<uint64_t>(d) << 32 | static_cast<uint64_t>(j) : kNoPosition;
+  }
+}
+
+constexpr int kSortThreads = 512;
+constexpr int64_t kSortTile = 2 * kSortThreads;
+
+// Keys i < partner exchanged into the order of bitonic block `size` (ascending where i & size is 0).
+__device__ __forceinline__ void compare_exchange(uint64_t& a, uint64_t& b, int64_t i, int64_t size) {
+  if (((i & size) == 0) == (a > b)) {
+    const uint64_t t = a;
+    a = b;
+    b = t;
+  }
+}
+
+// One step of the network over global memory (stride >= kSortTile): a thread per pair.
+__global__ void bitonic_step_kernel(uint64_t* keys, int64_t padded, int64_t size, int64_t stride) {
+  CUMULUS_GRID_STRIDE_LOOP(p, padded / 2) {
+    const int64_t i = p / stride * 2 * stride + p % stride;
+    compare_exchange(keys[i], keys[i + stride], i, size);
+  }
+}
+
+// The steps of sizes first_size..last_size whose stride is below `tile` (the block's keys, a power
+// of two up to kSortTile), in shared memory: each block sorts its own tile of the keys.
+__global__ void __launch_bounds__(kSortThreads)
+    bitonic_tile_kernel(uint64_t* keys, int64_t tile, int64_t first_size, int64_t last_size) {
+  __shared__ uint64_t t[kSortTile];
+  const int64_t base = blockIdx.x * tile;
+  for (int64_t k = threadIdx.x; k < tile; k += blockDim.x) t[k] = keys[base + k];
+  __syncthreads();
+  for (int64_t size = first_size; size <= last_size; size *= 2)
+    for (int64_t stride = (size < tile ? size : tile) / 2; stride > 0; stride /= 2) {
+      for (int64_t p = threadIdx.x; p < tile / 2; p += blockDim.x) {
+        const int64_t i = p / stride * 2 * stride + p % stride;
+        compare_exchange(t[i], t[i + stride], base + i, size);
+      }
       __syncthreads();
     }
-    if (mine) *out = from_f32<T>(acc);
+  for (int64_t k = threadIdx.x; k < tile; k += blockDim.x) keys[base + k] = t[k];
+}
+
+// One block per sorted key s; the block of a run's first key sums the run for each element (o, i)
+// of its index's rows, in tiles of blockDim.
+template <typename T>
+__global__ void scatter_runs_kernel(const T* dy, int64_t outer, int64_t count, const uint64_t* keys, int64_t dim,
+                                    int64_t inner, float beta, T* dx) {
+  const int64_t s = blockIdx.x;
+  const uint64_t d = keys[s] >> 32;
+  if (keys[s] == kNoPosition || (s > 0 && keys[s - 1] >> 32 == d)) return;  // the whole block
+  for (int64_t e = threadIdx.x; e < outer * inner; e += blockDim.x) {
+    const int64_t o = e / inner, i = e % inner;
+    T* out = dx + (o * dim + static_cast<int64_t>(d)) * inner + i;
+    float acc = beta == 0.0f ? 0.0f : beta * to_f32(*out);
+    for (int64_t t = s; t < count && keys[t] >> 32 == d; ++t) {
+      const auto j = static_cast<int64_t>(keys[t] & 0xffffffffu);
+      acc += to_f32(dy[(o * count + j) * inner + i]);
+    }
+    *out = from_f32<T>(acc);
   }
 }
 
@@ -260,15 +306,41 @@ void fill_zero_cuda(T* out, int64_t n, cudaStream_t stream) {
   if (n > 0) launch<zero_kernel<T>>(blocks_for(n), kThreads, stream, out, n);
 }
 
+int64_t index_scatter_add_scratch(int64_t count) {
+  int64_t padded = 1;
+  while (padded < count) padded *= 2;
+  return count == 0 ? 0 : padded;
+}
+
+// The keys of Note [Sorted scatter-add], sorted.
+void sort_scatter_keys(const int32_t* indices, int64_t count, int64_t dim, uint64_t* keys, cudaStream_t stream) {
+  const int64_t padded = index_scatter_add_scratch(count);
+  launch<scatter_keys_kernel>(blocks_for(padded), kThreads, stream, indices, count, dim, padded, keys);
+  const int64_t tile = std::min(padded, kSortTile);
+  const auto tiles = static_cast<unsigned>(padded / tile);
+  const auto threads = static_cast<unsigned>(std::max<int64_t>(tile / 2, 32));
+  launch<bitonic_tile_kernel>(tiles, threads, stream, keys, tile, int64_t{2}, tile);
+  for (int64_t size = 2 * tile; size <= padded; size *= 2) {
+    for (int64_t stride = size / 2; stride >= tile; stride /= 2)
+      launch<bitonic_step_kernel>(blocks_for(padded / 2), kThreads, stream, keys, padded, size, stride);
+    launch<bitonic_tile_kernel>(tiles, threads, stream, keys, tile, size, size);
+  }
+}
+
 template <typename T>
 void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
-                            int64_t inner, float beta, T* dx, cudaStream_t stream) {
+                            int64_t inner, float beta, T* dx, uint64_t* scratch, cudaStream_t stream) {
   if (beta == 0.0f) fill_zero_cuda(dx, outer * dim * inner, stream);
   if (count == 0 || outer * inner == 0) return;
   CUMULUS_CHECK(count <= 2147483647, InvalidArgument, "index_scatter_add_cuda: ", count,
                 " indices is too many for one grid");
-  launch<index_scatter_add_kernel<T>>(static_cast<unsigned>(count), kThreads, stream, dy, outer, count, indices, dim,
-                                      inner, beta, dx);
+  CUMULUS_CHECK(scratch != nullptr, InvalidArgument, "index_scatter_add_cuda: no scratch for the sorted positions");
+  sort_scatter_keys(indices, count, dim, scratch, stream);
+  // A warp per 32 elements of an index's rows, up to a block: an embedding's rows are narrow.
+  const int64_t elements = outer * inner;
+  const auto threads = static_cast<unsigned>(elements >= kThreads ? kThreads : (elements + 31) / 32 * 32);
+  launch<scatter_runs_kernel<T>>(static_cast<unsigned>(count), threads, stream, dy, outer, count, scratch, dim, inner,
+                                 beta, dx);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                                                        \
@@ -285,7 +357,7 @@ void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int
   template void index_gather_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*, cudaStream_t);    \
   template void transpose_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t);       \
   template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,       \
-                                       cudaStream_t);
+                                       uint64_t*, cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

@@ -56,11 +56,13 @@ void transpose_cuda(const T* x, int64_t outer, int64_t p, int64_t mid, int64_t q
 template <typename T>
 void index_gather_cuda(const T* x, int64_t outer, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
                        T* y, cudaStream_t stream);
-// index_scatter_add_cpu's contract and summation order (the same bits), without atomics: the block
-// of the first position holding each index sums that index's contributions in order. Indices outside
-// [0, dim) contribute nothing.
+// index_scatter_add_cpu's contract and summation order (the same bits), without atomics: the
+// positions sorted by index, then each index's run summed in order (Note [Sorted scatter-add] in
+// structural.cu). Indices outside [0, dim) contribute nothing. scratch: index_scatter_add_scratch(count)
+// uint64 of device memory for the sorted positions.
+int64_t index_scatter_add_scratch(int64_t count);
 template <typename T>
 void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
-                            int64_t inner, float beta, T* dx, cudaStream_t stream);
+                            int64_t inner, float beta, T* dx, uint64_t* scratch, cudaStream_t stream);
 
 }  // namespace cumulus::kernels

@@ -5,8 +5,9 @@
 //   slabs:      copy_slab and narrow_backward give the CPU kernels' bits (copies, and one addition).
 //   gathers:    index_gather the CPU's bits, NaN rows for indices out of range; index_scatter_add
 //               the CPU's bits (the same summation order) with repeated indices, beta 0 over NaN
-//               (rows no index names become 0) and beta 1, more positions than a block (260) so
-//               the match chunks wrap; out-of-range indices contribute nothing.
+//               (rows no index names become 0) and beta 1, more positions than a block (260);
+//               out-of-range indices contribute nothing. (Thousands of positions:
+//               structural_scaling_test.cpp.)
 //   transpose:  the CPU kernel's bits, beta 0 over NaN and beta 1.
 //   fill_zero:  zeros over NaN.
 // The batched GEMM (kernels/cuda/bmm.cu) is a cuBLAS call and cannot run here; the op cases'
@@ -154,7 +155,9 @@ TYPED_TEST(StructuralEmulated, GatherAndScatterAddMatchTheCpu) {
       auto s_want = old, s_got = old;
       if (beta == 0.0f) std::fill(s_got.begin(), s_got.end(), kernels::from_f32<T>(kNaN));
       kernels::index_scatter_add_cpu(dy.data(), outer, count, idx.data(), dim, inner, beta, s_want.data());
-      kernels::index_scatter_add_cuda(dy.data(), outer, count, idx.data(), dim, inner, beta, s_got.data(), nullptr);
+      DeviceVector<uint64_t> scratch(static_cast<std::size_t>(kernels::index_scatter_add_scratch(count)));
+      kernels::index_scatter_add_cuda(dy.data(), outer, count, idx.data(), dim, inner, beta, s_got.data(),
+                                      scratch.data(), nullptr);
       expect_same_bits(s_got, s_want, "index_scatter_add, beta " + std::to_string(beta));
     }
   }
@@ -171,7 +174,9 @@ TEST(StructuralEmulatedIndices, OutOfRangeGivesNanRowsAndNoGradient) {
   EXPECT_EQ(y[7], 4.0f);
   const DeviceVector<float> dy{1, 2, 10, 20, 100, 200, 1000, 2000};
   DeviceVector<float> dx(dim * inner, kNaN);
-  kernels::index_scatter_add_cuda(dy.data(), 1, count, idx.data(), dim, inner, 0.0f, dx.data(), nullptr);
+  DeviceVector<uint64_t> scratch(static_cast<std::size_t>(kernels::index_scatter_add_scratch(count)));
+  kernels::index_scatter_add_cuda(dy.data(), 1, count, idx.data(), dim, inner, 0.0f, dx.data(), scratch.data(),
+                                  nullptr);
   EXPECT_EQ(dx, (DeviceVector<float>{0, 0, 1001, 2002, 0, 0}));
 }
 

@@ -227,6 +227,19 @@ inline void device_free(void* p) {
   ::operator delete(p, std::align_val_t(kDeviceAlignment));
 }
 
+// Memory a test maps itself (pages it watches for loads) accepted as device memory until
+// forget_device_memory.
+inline void adopt_device_memory(void* p, std::size_t bytes) {
+  DeviceArena& arena = device_arena();
+  std::lock_guard<std::mutex> lock(arena.mutex);
+  arena.blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
+}
+inline void forget_device_memory(void* p) {
+  DeviceArena& arena = device_arena();
+  std::lock_guard<std::mutex> lock(arena.mutex);
+  arena.blocks.erase(reinterpret_cast<uintptr_t>(p));
+}
+
 // Whether p points into (or one past the end of) an allocation of device_allocate.
 inline bool in_device_memory(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
