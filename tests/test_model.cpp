@@ -14,6 +14,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
+#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/ops/ops.h"
@@ -108,9 +109,11 @@ TEST(Model, SeedMLPAnswersThroughTheInterface) {
   nn::Model& m = mlp;
   EXPECT_EQ(m.name(), "seed_mlp");
   EXPECT_FALSE(m.uses_batch_statistics());
-  // Automatic: the fused op on CUDA in f32 up to kFusedAutoMaxBatch, with recompute off.
+  // Automatic: the fused op on CUDA in f32 up to kFusedAutoMaxBatch, with recompute off, once a GPU
+  // has measured its kernels; the generic ops until then.
   const int64_t most = models::SeedMLP::kFusedAutoMaxBatch;
-  EXPECT_EQ(m.kernels_for(Device::cuda(0), DType::f32, most), KernelChoice::fused);
+  EXPECT_EQ(m.kernels_for(Device::cuda(0), DType::f32, most),
+            ops::kFusedMlpMeasuredOnGpu ? KernelChoice::fused : KernelChoice::generic);
   EXPECT_EQ(m.kernels_for(Device::cuda(0), DType::f32, most + 1), KernelChoice::generic);
   EXPECT_EQ(m.kernels_for(Device::cuda(0), DType::bf16, 16), KernelChoice::generic);
   EXPECT_EQ(m.kernels_for(Device::cpu(), DType::f32, 16), KernelChoice::generic);
