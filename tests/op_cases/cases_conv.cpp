@@ -1,6 +1,7 @@
 // Op cases (Note [Op cases] in op_case.h): conv2d, batch_norm2d (training and evaluation) and
 // max_pool2d, NCHW. The 16-bit cases: x of that type, the weight and bias (and batch norm's
 // statistics) f32, as the ops take them.
+#include <algorithm>
 #include <string>
 
 #include "cumulus/ops/conv_ops.h"
@@ -99,6 +100,23 @@ CUMULUS_OP_CASES(conv) {
   cases.push_back(batch_norm_case("batch_norm2d_training_untracked_4x2x1x1", 4, 2, 1, 1, true, false));
   for (DType dtype : {DType::f32, DType::bf16})
     cases.push_back(batch_norm_case("batch_norm2d_eval_2x3x4x5", 2, 3, 4, 5, false, true, dtype));
+  // A channel constant after rounding to f16 (3000.3 -> 3000), far from 0: its exact output is the
+  // bias; folded as x * scale + (beta - mean * scale) with scale about 300 it cancelled to within
+  // 0.06 (issue 40).
+  for (bool training : {true, false}) {
+    OpCase c =
+        batch_norm_case(std::string("batch_norm2d_") + (training ? "training" : "eval") + "_constant_channel_2x2x3x3",
+                        2, 2, 3, 3, training, true, DType::f16);
+    c.inputs[0].edit = [](std::vector<float>& x) {
+      for (int64_t i = 0; i < 2; ++i) std::fill_n(x.begin() + (i * 2 + 1) * 9, 9, 3000.3f);
+    };
+    // Evaluation: the running statistics of that channel, mean 3000 and variance 1e-4 (scale 100).
+    if (!training) {
+      c.inputs[3].edit = [](std::vector<float>& m) { m[1] = 3000.0f; };
+      c.inputs[4].edit = [](std::vector<float>& v) { v[1] = 1e-4f; };
+    }
+    cases.push_back(c);
+  }
 
   // {n, c, h, w, kernel, stride, padding}. 16-bit rounding can tie a window's values, where the
   // maximum's gradient is not defined; the 16-bit cases' inputs were checked to have no tie.

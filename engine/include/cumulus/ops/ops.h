@@ -45,7 +45,8 @@ enum class Reduction { Sum, Mean };
 // cannot throw, and checking on the host would cost a synchronization every micro-batch).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction = Reduction::Mean);
 
-// x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties). No gradient.
+// x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties; as torch.argmax, a
+// NaN counts as the maximum, so the row's first NaN wins). No gradient.
 Tensor argmax(const Tensor& x);
 
 // dst += src, outside autograd (same shape, f32, same device): e.g. summing losses on the device
