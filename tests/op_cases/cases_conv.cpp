@@ -101,8 +101,9 @@ CUMULUS_OP_CASES(conv) {
   for (DType dtype : {DType::f32, DType::bf16})
     cases.push_back(batch_norm_case("batch_norm2d_eval_2x3x4x5", 2, 3, 4, 5, false, true, dtype));
   // A channel constant after rounding to f16 (3000.3 -> 3000), far from 0: its exact output is the
-  // bias; folded as x * scale + (beta - mean * scale) with scale about 300 it cancelled to within
-  // 0.06 (issue 40).
+  // bias. Folded as x * scale + (beta - mean * scale), x * scale and mean * scale round alike and
+  // the output came out as the bias rounded to their spacing (issue 40): with gamma 1 and a scale
+  // of 316 (var 0; evaluation: var 1e-5) that is 1/16, and a bias of 0.47 moved by 0.03.
   for (bool training : {true, false}) {
     OpCase c =
         batch_norm_case(std::string("batch_norm2d_") + (training ? "training" : "eval") + "_constant_channel_2x2x3x3",
@@ -110,10 +111,11 @@ CUMULUS_OP_CASES(conv) {
     c.inputs[0].edit = [](std::vector<float>& x) {
       for (int64_t i = 0; i < 2; ++i) std::fill_n(x.begin() + (i * 2 + 1) * 9, 9, 3000.3f);
     };
-    // Evaluation: the running statistics of that channel, mean 3000 and variance 1e-4 (scale 100).
-    if (!training) {
+    c.inputs[1].edit = [](std::vector<float>& gamma) { gamma[1] = 1.0f; };
+    c.inputs[2].edit = [](std::vector<float>& beta) { beta[1] = 0.47f; };
+    if (!training) {  // that channel's running statistics
       c.inputs[3].edit = [](std::vector<float>& m) { m[1] = 3000.0f; };
-      c.inputs[4].edit = [](std::vector<float>& v) { v[1] = 1e-4f; };
+      c.inputs[4].edit = [](std::vector<float>& v) { v[1] = 1e-5f; };
     }
     cases.push_back(c);
   }
