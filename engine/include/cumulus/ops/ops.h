@@ -29,11 +29,13 @@ Tensor relu(const Tensor& x);
 // is converted back to x's type. x itself when it already has that type.
 Tensor cast(const Tensor& x, DType dtype);
 
-// Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest.
+// Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest
+// (start_dim in [-ndim, ndim), a ShapeError otherwise, as torch.flatten; a 0-d tensor becomes [1]).
 Tensor reshape(const Tensor& x, const Shape& shape);
 Tensor flatten(const Tensor& x, int start_dim = 1);
 
-// Sum / mean of all elements -> a scalar (0-d).
+// Sum / mean of all elements -> a scalar (0-d). x must be f32: a bf16 or f16 tensor is an
+// InvalidArgument (cast it first; torch.sum accepts it). The mean of an empty tensor is NaN.
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
