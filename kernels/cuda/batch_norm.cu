@@ -5,12 +5,12 @@
 // kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU emulation runs
 // them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
 // BFloat16, Half): loads through to_f32, f32 arithmetic, one rounding per 16-bit store; parameters
-// and statistics are f32. Each channel's sums are one block's (fixed order: deterministic), and the
-// normalizing and the dx formulas are kernels/cpu/batch_norm.cpp's. Against the CPU they differ by
-// the order of the sums, by nvcc's fused multiply-adds (one rounding fewer per fused step), and in
-// evaluation mode by rsqrtf (CUDA documents 2 ulp; the CPU divides by sqrt): within a few f32
-// roundings relative to the channel's terms, not the same bits (Note [CUDA bit parity] in
-// CMakeLists.txt).
+// and statistics are f32, the sums behind them double (as the CPU's). Each channel's sums are one
+// block's (fixed order: deterministic), and the normalizing and the dx formulas are
+// kernels/cpu/batch_norm.cpp's. Against the CPU they differ by the order of the sums, by nvcc's
+// fused multiply-adds (one rounding fewer per fused step), and in evaluation mode by rsqrtf (CUDA
+// documents 2 ulp; the CPU divides by sqrt): within a few f32 roundings relative to the channel's
+// terms, not the same bits (Note [CUDA bit parity] in CMakeLists.txt).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 

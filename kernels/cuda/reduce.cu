@@ -6,7 +6,7 @@
 //             kSliceRows rows there is one slice, the rows in order from 0: sum_rows_cpu's order,
 //             so with beta 0 its bits. The order depends on the shape alone: reproducible.
 //   sum_all:  Note [Deterministic sum].
-//   argmax_rows: one thread per row.
+//   argmax_rows: one thread per row, kernels::row_argmax's rule (torch.argmax's: the first NaN wins).
 // x may be stored in 16 bits (to_f32 loads it); the sums and comparisons are f32.
 //
 // Note [Deterministic sum]

@@ -1,6 +1,7 @@
 // The kernels of the structural ops on CUDA (kernels/cuda/structural_kernels.h): layer norm, slab
 // copies (cat / split / narrow) and gathers with their scatter-add (index_select, embedding). x, y,
-// dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic, one rounding per 16-bit store.
+// dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic (layer norm's sums in double),
+// one rounding per 16-bit store.
 // No atomics anywhere: every sum has a fixed order, so results are the same bits on every run.
 #include <algorithm>
 
