@@ -92,6 +92,7 @@ Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, const Ten
 
 Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, uint64_t offset) {
   if (!training || p == 0.0f) return dropout(x, p, training, seed, Tensor());
+  OpScope op_scope("dropout");  // the offset's tensor is the op's allocation too
   CUMULUS_CHECK(!capturing(x.device()), InvalidArgument,
                 "dropout: an offset given by value would repeat its mask in every replay of the CUDA graph being "
                 "captured; give the offset as a device tensor (take_dropout_offset), as nn::Dropout does");
