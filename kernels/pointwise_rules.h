@@ -26,13 +26,13 @@ CUMULUS_HOST_DEVICE float binary_apply(BinaryOp op, float a, float b) {
 }
 
 // d(a op b)/d(operand) times dy: operand 0 is a, 1 is b (PyTorch's formulas: div's b gradient is
-// -dy a / (b b)).
+// -dy (a / b) / b, never b * b, which leaves the f32 range for |b| above 1.8e19 or below 2.6e-23).
 CUMULUS_HOST_DEVICE float binary_grad(BinaryOp op, int operand, float dy, float a, float b) {
   switch (op) {
     case BinaryOp::add: return dy;
     case BinaryOp::sub: return operand == 0 ? dy : -dy;
     case BinaryOp::mul: return operand == 0 ? dy * b : dy * a;
-    default: return operand == 0 ? dy / b : -dy * a / (b * b);
+    default: return operand == 0 ? dy / b : -dy * ((a / b) / b);
   }
 }
 
@@ -156,18 +156,19 @@ CUMULUS_HOST_DEVICE float binary_grad_at(BinaryOp op, int operand, const T* a, c
   return binary_grad(op, operand, to_f32(dy[o]), av, bv);
 }
 
-// The gradient of element j of operand `operand` (0: a, 1: b), in f32: the sum of binary_grad over
-// the output elements that read it, from 0 in row-major order (Note [Broadcast geometry]).
+// The gradient of element j of operand `operand` (0: a, 1: b): the sum of binary_grad over the
+// output elements that read it, from 0 in row-major order (Note [Broadcast geometry]), in double so
+// that a sum over a million terms keeps f32's precision (a float sum drifts by about n ulp).
 template <typename T>
 CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, BinaryOp op, int operand, int64_t j,
                                                  const T* a, const T* b, const T* dy) {
   GradWalk w = grad_walk_start(g, operand, j);
-  float sum = 0.0f;
-  if (w.empty) return sum;
+  double sum = 0.0;
+  if (w.empty) return 0.0f;
   do {
     sum += binary_grad_at(op, operand, a, b, dy, w.base[0], w.base[1], w.base[2]);
   } while (grad_walk_next(g, w));
-  return sum;
+  return static_cast<float>(sum);
 }
 
 // ---- tensor op scalar ----

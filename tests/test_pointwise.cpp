@@ -115,9 +115,23 @@ TEST_P(PointwiseTest, OperatorsComputeAndDifferentiateAsTheOps) {
 
 TEST_P(PointwiseTest, DropoutChecksP) {
   const Tensor x = Tensor::zeros({4}, DType::f32, device());
-  for (float p : {-0.1f, 1.0f, 1.5f, NAN})
-    expect_error<InvalidArgument>([&] { ops::dropout(x, p, true, 0, 0); }, {"dropout", "[0, 1)"});
-  expect_error<InvalidArgument>([&] { nn::Dropout(1.0f); }, {"Dropout", "[0, 1)"});
+  for (float p : {-0.1f, 1.0001f, 1.5f, NAN})
+    expect_error<InvalidArgument>([&] { ops::dropout(x, p, true, 0, 0); }, {"dropout", "[0, 1]"});
+  expect_error<InvalidArgument>([&] { nn::Dropout(1.5f); }, {"Dropout", "[0, 1]"});
+}
+
+// p = 1, as PyTorch: evaluation passes the input through; training drops every element, and its
+// gradient is 0.
+TEST_P(PointwiseTest, DropoutOfOneDropsEverythingWhileTraining) {
+  const Tensor x = leaf({1, -2, 3}, {3}, device());
+  EXPECT_EQ(ops::dropout(x, 1.0f, false, 1, 2).raw_data(), x.raw_data());
+  const Tensor y = ops::dropout(x, 1.0f, true, 1, 2);
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(3, 0.0f));
+  ops::sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(3, 0.0f));
+  nn::Dropout layer(1.0f);
+  layer.eval();
+  EXPECT_EQ(layer.forward(x).raw_data(), x.raw_data());
 }
 
 // Off (eval, or p = 0) it is the input itself: the same storage, nothing allocated or recorded.

@@ -160,6 +160,8 @@ TEST_P(TensorTest, ReshapeAndFlattenAreViews) {
   r.copy_from(Tensor::full({4, 6}, 9.0f, device()));
   for (float x : t.to_vector<float>()) EXPECT_EQ(x, 9.0f);
 
+  EXPECT_THROW(t.flatten(3), ShapeError) << "start_dim is a dimension, as in torch.flatten";
+  EXPECT_THROW(t.flatten(-4), ShapeError);
   EXPECT_THROW(t.reshape({5, 5}), ShapeError);
   EXPECT_THROW(t.reshape({25}), ShapeError);
   EXPECT_THROW(ops::reshape(t, {2, 13}), ShapeError);

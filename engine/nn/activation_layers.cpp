@@ -7,7 +7,7 @@
 namespace cumulus::nn {
 
 Dropout::Dropout(float p, uint64_t seed) : p_(p), seed_(seed) {
-  CUMULUS_CHECK(p >= 0.0f && p < 1.0f, InvalidArgument, "Dropout: p must be in [0, 1), got ", p);
+  CUMULUS_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "Dropout: p must be in [0, 1], got ", p);
 }
 
 Tensor Dropout::forward(const Tensor& x) {

@@ -77,10 +77,10 @@ bool dropout_keeps(uint64_t seed, uint64_t offset, int64_t index, float p) {
 Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, const Tensor& offset) {
   OpScope op_scope("dropout");
   detail::check_floating("dropout", "input", x);
-  CUMULUS_CHECK(p >= 0.0f && p < 1.0f, InvalidArgument, "dropout: p must be in [0, 1), got ", p);
+  CUMULUS_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "dropout: p must be in [0, 1], got ", p);
   if (!training || p == 0.0f) return x;
   check_offset(offset, x);
-  const float scale = 1.0f / (1.0f - p);
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // p = 1 keeps nothing: the scale is never applied
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
   const int64_t* at = offset.data<int64_t>();
   CUMULUS_DISPATCH_FLOAT(

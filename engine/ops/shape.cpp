@@ -73,7 +73,8 @@ Tensor flatten(const Tensor& x, int start_dim) {
   CUMULUS_CHECK(x.defined(), InvalidArgument, "flatten: input is undefined");
   const int n = x.ndim();
   const int start = start_dim < 0 ? start_dim + n : start_dim;
-  CUMULUS_CHECK(start >= 0 && start <= n, ShapeError, "flatten: start_dim ", start_dim,
+  // As torch.flatten: start_dim names a dimension (a 0-d tensor has dimension 0, and becomes [1]).
+  CUMULUS_CHECK(start >= 0 && (start < n || start == 0), ShapeError, "flatten: start_dim ", start_dim,
                 " out of range for ", x.shape().str());
   Shape s;
   int64_t merged = 1;
@@ -81,7 +82,7 @@ Tensor flatten(const Tensor& x, int start_dim) {
     if (i < start) s.push_back(x.shape()[i]);
     else merged *= x.shape()[i];
   }
-  if (start < n || n == 0) s.push_back(merged);
+  s.push_back(merged);
   return reshape(x, s);
 }
 

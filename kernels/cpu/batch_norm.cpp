@@ -52,6 +52,19 @@ double plane_squared_deviation(const T* p, int64_t n, float mean) {
   return s;
 }
 
+// y = (x - mean) * scale + beta over channel ch: centred first, so that a channel near its mean
+// keeps its precision (x * scale + (beta - mean * scale) cancels when the mean is large against
+// beta, and a constant channel would not come out as beta).
+template <typename T>
+void normalize_channel(const T* x, int64_t n, int64_t c, int64_t hw, int64_t ch, float mean, float scale, float beta,
+                       T* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* p = x + (i * c + ch) * hw;
+    T* q = y + (i * c + ch) * hw;
+    for (int64_t j = 0; j < hw; ++j) q[j] = from_f32<T>((to_f32(p[j]) - mean) * scale + beta);
+  }
+}
+
 // sum g and sum g * (p - mean), added to *sum_g and *sum_gd.
 template <typename T>
 void plane_grad_sums(const T* p, const T* g, int64_t n, float mean, double* sum_g, double* sum_gd) {
@@ -92,12 +105,7 @@ void batch_norm_forward_training_cpu(const T* x, const float* gamma, const float
       running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * mean);
       running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * unbiased);
     }
-    const float scale = gamma[ch] * invstd, shift = beta[ch] - fmean * scale;
-    for (int64_t i = 0; i < n; ++i) {
-      const T* p = x + (i * c + ch) * hw;
-      T* q = y + (i * c + ch) * hw;
-      for (int64_t j = 0; j < hw; ++j) q[j] = from_f32<T>(to_f32(p[j]) * scale + shift);
-    }
+    normalize_channel(x, n, c, hw, ch, fmean, gamma[ch] * invstd, beta[ch], y);
   }
 }
 
@@ -109,12 +117,7 @@ void batch_norm_forward_inference_cpu(const T* x, const float* gamma, const floa
     const float invstd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[ch]) + eps));
     save_mean[ch] = running_mean[ch];
     save_invstd[ch] = invstd;
-    const float scale = gamma[ch] * invstd, shift = beta[ch] - running_mean[ch] * scale;
-    for (int64_t i = 0; i < n; ++i) {
-      const T* p = x + (i * c + ch) * hw;
-      T* q = y + (i * c + ch) * hw;
-      for (int64_t j = 0; j < hw; ++j) q[j] = from_f32<T>(to_f32(p[j]) * scale + shift);
-    }
+    normalize_channel(x, n, c, hw, ch, running_mean[ch], gamma[ch] * invstd, beta[ch], y);
   }
 }
 

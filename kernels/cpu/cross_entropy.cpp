@@ -60,11 +60,7 @@ void classification_tally_cpu(const T* logits, const int32_t* labels, int64_t ro
                               const float* batch_loss, ClassificationTotals* totals) {
   int64_t correct = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * cols;
-    int32_t best = 0;  // argmax_rows_cpu's result (std::max_element: the first maximum by >)
-    for (int64_t j = 1; j < cols; ++j)
-      if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
-    correct += best == labels[r];
+    correct += row_argmax(logits + r * cols, cols) == labels[r];  // argmax_rows_cpu's result
   }
   totals->loss_sum += static_cast<double>(*batch_loss);
   totals->correct += correct;

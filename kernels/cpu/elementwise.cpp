@@ -78,13 +78,7 @@ void accumulate_cpu(const T* x, float beta, T* y, int64_t n) {
 
 template <typename T>
 void argmax_rows_cpu(const T* x, int64_t rows, int64_t cols, int32_t* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * cols;
-    int32_t best = 0;  // the first maximum, as std::max_element
-    for (int64_t j = 1; j < cols; ++j)
-      if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
-    out[r] = best;
-  }
+  for (int64_t r = 0; r < rows; ++r) out[r] = row_argmax(x + r * cols, cols);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                      \

@@ -65,19 +65,20 @@ void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, c
   }
   // The operand keeps the innermost dimension ([B, n] -> [n]): up to kBlock neighbours walk together,
   // so each output row is read in order rather than one element per row; each element's sum still
-  // starts at 0 and adds in broadcast_grad_element's order, so the bits are the same.
+  // starts at 0 and adds in broadcast_grad_element's order (in double), so the bits are the same.
   constexpr int64_t kBlock = 64;
   const int last = g.ndim - 1;
   const int64_t so = g.strides[0][last], sa = g.strides[1][last], sb = g.strides[2][last];
   for (int64_t j0 = 0; j0 < n;) {
     const int64_t count = std::min({kBlock, g.dims[last] - j0 % g.dims[last], n - j0});
-    float acc[kBlock] = {};
+    double acc[kBlock] = {};
     GradWalk w = grad_walk_start(g, operand, j0);
     if (!w.empty) do {
         for (int64_t k = 0; k < count; ++k)
           acc[k] += binary_grad_at(op, operand, a, b, dy, w.base[0] + k * so, w.base[1] + k * sa, w.base[2] + k * sb);
       } while (grad_walk_next(g, w));
-    for (int64_t k = 0; k < count; ++k) dx[j0 + k] = from_f32<T>(blend(acc[k], beta, to_f32(dx[j0 + k])));
+    for (int64_t k = 0; k < count; ++k)
+      dx[j0 + k] = from_f32<T>(blend(static_cast<float>(acc[k]), beta, to_f32(dx[j0 + k])));
     j0 += count;
   }
 }
@@ -113,13 +114,13 @@ void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols)
     T* yr = y + r * cols;
     float m = -INFINITY;
     for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, to_f32(xr[j]));
-    float s = 0.0f;
+    double s = 0.0;  // in double: a float sum over a wide row (a vocabulary) drifts by about cols ulp
     for (int64_t j = 0; j < cols; ++j) s += std::exp(to_f32(xr[j]) - m);
     if (log) {
-      const float log_s = std::log(s);
+      const float log_s = static_cast<float>(std::log(s));
       for (int64_t j = 0; j < cols; ++j) yr[j] = from_f32<T>((to_f32(xr[j]) - m) - log_s);
     } else {
-      const float inv = 1.0f / s;
+      const float inv = static_cast<float>(1.0 / s);
       for (int64_t j = 0; j < cols; ++j) yr[j] = from_f32<T>(std::exp(to_f32(xr[j]) - m) * inv);
     }
   }
@@ -130,8 +131,10 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
   for (int64_t r = 0; r < rows; ++r) {
     const T *yr = y + r * cols, *dyr = dy + r * cols;
     T* dxr = dx + r * cols;
-    float s = 0.0f;  // log_softmax: sum(dy); softmax: sum(dy y)
-    for (int64_t j = 0; j < cols; ++j) s += log ? to_f32(dyr[j]) : to_f32(dyr[j]) * to_f32(yr[j]);
+    double sum = 0.0;  // log_softmax: sum(dy); softmax: sum(dy y); in double, as the forward's
+    for (int64_t j = 0; j < cols; ++j)
+      sum += log ? to_f32(dyr[j]) : static_cast<double>(to_f32(dyr[j])) * to_f32(yr[j]);
+    const float s = static_cast<float>(sum);
     for (int64_t j = 0; j < cols; ++j) {
       const float yv = to_f32(yr[j]), g = to_f32(dyr[j]);
       const float v = log ? g - std::exp(yv) * s : yv * (g - s);

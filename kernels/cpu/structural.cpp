@@ -13,23 +13,25 @@ float blend(float value, float beta, float old) { return beta == 0.0f ? value : 
 
 }  // namespace
 
-// Two passes per row (the mean, then sum (x - mean)^2): no cancellation when the mean is large
-// against the spread. The same formulas as kernels/cuda/structural.cu, whose sums run in another order.
+// Two passes per row (the mean, then sum (x - mean)^2), both in double: no cancellation when the
+// mean is large against the spread, no drift over wide rows, and no overflow of the squares (a
+// float sum of squares past 3.4e38 would make rstd 0 and the output the bias). The same formulas as
+// kernels/cuda/structural.cu, whose sums run in another order.
 template <typename T>
 void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
                             T* y, float* mean, float* rstd) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
-    float s = 0.0f;
+    double s = 0.0;
     for (int64_t c = 0; c < cols; ++c) s += to_f32(xr[c]);
-    const float m = s / static_cast<float>(cols);
-    float ss = 0.0f;
+    const double m = s / static_cast<double>(cols);
+    double ss = 0.0;
     for (int64_t c = 0; c < cols; ++c) ss += (to_f32(xr[c]) - m) * (to_f32(xr[c]) - m);
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
-    mean[r] = m;
-    rstd[r] = inv;
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
+    mean[r] = static_cast<float>(m);
+    rstd[r] = static_cast<float>(inv);
     for (int64_t c = 0; c < cols; ++c) {
-      float v = (to_f32(xr[c]) - m) * inv;
+      float v = static_cast<float>((to_f32(xr[c]) - m) * inv);
       if (weight != nullptr) v *= weight[c];
       if (bias != nullptr) v += bias[c];
       y[r * cols + c] = from_f32<T>(v);
@@ -37,6 +39,7 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
   }
 }
 
+// The row sums in double, as the forward's.
 template <typename T>
 void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                 int64_t rows, int64_t cols, float beta, T* dx) {
@@ -44,16 +47,17 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
     const T* xr = x + r * cols;
     const T* dyr = dy + r * cols;
     const float m = mean[r], inv = rstd[r];
-    float sum_g = 0.0f, sum_g_xhat = 0.0f;
+    double sum_g = 0.0, sum_g_xhat = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
-      const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+      const double g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
       sum_g += g;
-      sum_g_xhat += g * (to_f32(xr[c]) - m) * inv;
+      sum_g_xhat += g * ((static_cast<double>(to_f32(xr[c])) - m) * inv);
     }
-    const float mean_g = sum_g / static_cast<float>(cols), mean_g_xhat = sum_g_xhat / static_cast<float>(cols);
+    const auto mean_g = static_cast<float>(sum_g / static_cast<double>(cols));
+    const auto mean_g_xhat = static_cast<float>(sum_g_xhat / static_cast<double>(cols));
     for (int64_t c = 0; c < cols; ++c) {
       const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
-      const float xhat = (to_f32(xr[c]) - m) * inv;
+      const auto xhat = static_cast<float>((static_cast<double>(to_f32(xr[c])) - m) * inv);
       T& out = dx[r * cols + c];
       out = from_f32<T>(blend(inv * (g - mean_g - xhat * mean_g_xhat), beta, to_f32(out)));
     }
@@ -64,14 +68,14 @@ template <typename T>
 void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias) {
   for (int64_t c = 0; c < cols; ++c) {
-    float sw = 0.0f, sb = 0.0f;
+    double sw = 0.0, sb = 0.0;  // in double, as the forward's sums
     for (int64_t r = 0; r < rows; ++r) {
       const float g = to_f32(dy[r * cols + c]);
-      sw += g * (to_f32(x[r * cols + c]) - mean[r]) * rstd[r];
+      sw += g * ((static_cast<double>(to_f32(x[r * cols + c])) - mean[r]) * rstd[r]);
       sb += g;
     }
-    if (dweight != nullptr) dweight[c] = blend(sw, beta_dw, dweight[c]);
-    if (dbias != nullptr) dbias[c] = blend(sb, beta_db, dbias[c]);
+    if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw), beta_dw, dweight[c]);
+    if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb), beta_db, dbias[c]);
   }
 }
 

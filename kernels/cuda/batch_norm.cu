@@ -5,12 +5,12 @@
 // kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU emulation runs
 // them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
 // BFloat16, Half): loads through to_f32, f32 arithmetic, one rounding per 16-bit store; parameters
-// and statistics are f32. Each channel's sums are one block's (fixed order: deterministic), and the
-// normalizing and the dx formulas are kernels/cpu/batch_norm.cpp's. Against the CPU they differ by
-// the order of the sums, by nvcc's fused multiply-adds (one rounding fewer per fused step), and in
-// evaluation mode by rsqrtf (CUDA documents 2 ulp; the CPU divides by sqrt): within a few f32
-// roundings relative to the channel's terms, not the same bits (Note [CUDA bit parity] in
-// CMakeLists.txt).
+// and statistics are f32, the sums behind them double (as the CPU's). Each channel's sums are one
+// block's (fixed order: deterministic), and the normalizing and the dx formulas are
+// kernels/cpu/batch_norm.cpp's. Against the CPU they differ by the order of the sums, by nvcc's
+// fused multiply-adds (one rounding fewer per fused step), and in evaluation mode by rsqrtf (CUDA
+// documents 2 ulp; the CPU divides by sqrt): within a few f32 roundings relative to the channel's
+// terms, not the same bits (Note [CUDA bit parity] in CMakeLists.txt).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -38,11 +38,12 @@ __device__ __forceinline__ int64_t channel_offset(int64_t i, int64_t c, int64_t 
 }
 
 // sum f(x) over channel ch (blockIdx.x) by the whole block: each thread a strided partial sum, then
-// block_sum. The order depends only on n * hw and blockDim; every thread gets the total.
+// block_sum, in double as the CPU's (no drift over a million values). The order depends only on
+// n * hw and blockDim; every thread gets the total.
 template <typename T, typename F>
-__device__ float channel_sum(const T* x, int64_t n, int64_t c, int64_t hw, F f) {
+__device__ double channel_sum(const T* x, int64_t n, int64_t c, int64_t hw, F f) {
   const int64_t ch = blockIdx.x;
-  float s = 0.0f;
+  double s = 0.0;
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += f(to_f32(x[channel_offset(i, c, hw, ch)]));
   return cuda_common::block_sum(s);
 }
@@ -55,8 +56,9 @@ __global__ void batch_stats_kernel(const T* x, int64_t n, int64_t c, int64_t hw,
                                    float* running_mean, float* running_var, float* save_mean, float* save_invstd) {
   const int64_t ch = blockIdx.x;
   const float m = static_cast<float>(n * hw);
-  const float mean = channel_sum(x, n, c, hw, [](float v) { return v; }) / m;
-  const float ss = channel_sum(x, n, c, hw, [mean](float v) { return (v - mean) * (v - mean); });
+  const auto mean = static_cast<float>(channel_sum(x, n, c, hw, [](float v) { return double{v}; }) / (n * hw));
+  const auto ss = static_cast<float>(
+      channel_sum(x, n, c, hw, [mean](float v) { return static_cast<double>(v - mean) * (v - mean); }));
   if (threadIdx.x != 0) return;
   const float var = ss / m;
   save_mean[ch] = mean;
@@ -68,15 +70,14 @@ __global__ void batch_stats_kernel(const T* x, int64_t n, int64_t c, int64_t hw,
   }
 }
 
-// y = x * scale + shift with scale = gamma * invstd, shift = beta - mean * scale (the CPU's formula),
-// one thread per element.
+// y = (x - mean) * scale + beta with scale = gamma * invstd (the CPU's formula: centred first, no
+// cancellation when the mean is large against beta), one thread per element.
 template <typename T>
 __global__ void normalize_kernel(const T* x, const float* gamma, const float* beta, const float* save_mean,
                                  const float* save_invstd, int64_t c, int64_t hw, int64_t total, T* y) {
   CUMULUS_GRID_STRIDE_LOOP(i, total) {
     const int64_t ch = (i / hw) % c;
-    const float scale = gamma[ch] * save_invstd[ch], shift = beta[ch] - save_mean[ch] * scale;
-    y[i] = from_f32<T>(to_f32(x[i]) * scale + shift);
+    y[i] = from_f32<T>((to_f32(x[i]) - save_mean[ch]) * (gamma[ch] * save_invstd[ch]) + beta[ch]);
   }
 }
 
@@ -89,14 +90,14 @@ template <typename T>
 __device__ GradSums channel_grad_sums(const T* x, const T* dy, float mean, float invstd, int64_t n, int64_t c,
                                       int64_t hw) {
   const int64_t ch = blockIdx.x;
-  float a = 0.0f, b = 0.0f;
+  double a = 0.0, b = 0.0;  // in double, as the statistics
   for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) {
     const int64_t idx = channel_offset(i, c, hw, ch);
     const float g = to_f32(dy[idx]);
     a += g;
-    b += g * (to_f32(x[idx]) - mean) * invstd;
+    b += static_cast<double>(g) * ((to_f32(x[idx]) - mean) * invstd);
   }
-  return GradSums{cuda_common::block_sum(a), cuda_common::block_sum(b)};
+  return GradSums{static_cast<float>(cuda_common::block_sum(a)), static_cast<float>(cuda_common::block_sum(b))};
 }
 
 // dgamma = sum dy * x_hat, dbeta = sum dy, each blended with its own beta; by thread 0.

@@ -76,6 +76,10 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 // Warp shuffles, then one value per warp through shared memory: a fixed order, so results are

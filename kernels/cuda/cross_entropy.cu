@@ -123,18 +123,14 @@ void cross_entropy_backward_cuda(const T* logits, const int32_t* labels, int64_t
                                            batch, classes, grad_loss, scale, beta, dlogits);
 }
 
-// One block: each thread takes rows tid, tid + blockDim, ...; argmax_rows's rule exactly (the
-// first maximum by >), then the block's count and one thread's update.
+// One block: each thread takes rows tid, tid + blockDim, ...; argmax_rows's rule exactly
+// (row_argmax), then the block's count and one thread's update.
 template <typename T>
 __global__ void classification_tally_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                             const float* batch_loss, ClassificationTotals* totals) {
   int64_t correct = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    const T* xr = logits + r * cols;
-    int32_t best = 0;
-    for (int64_t j = 1; j < cols; ++j)
-      if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
-    correct += best == labels[r];
+    correct += row_argmax(logits + r * cols, cols) == labels[r];
   }
   correct = cuda_common::block_sum<long long>(correct);
   if (threadIdx.x == 0) {

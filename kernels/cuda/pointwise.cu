@@ -9,7 +9,8 @@
 // CPU to within a few ulp of f32 per function call (relative 1e-6 away from cancellation; gelu's
 // 1 + erff near x = -4 and below cancels, so there an absolute 1e-7). add/sub/mul/div forward
 // have a single rounding each and match the CPU's bits. Softmax: one warp per row, the maximum and
-// the sums reduced with shuffles, as cross_entropy's kernels. Where beta is 0 the destination is never read.
+// the sums (in double, as the CPU's) reduced with shuffles, as cross_entropy's kernels. The
+// broadcast gradient sums are in double too (broadcast_grad_element). Where beta is 0 the destination is never read.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -99,15 +100,15 @@ __global__ void softmax_forward_kernel(bool log, const T* x, T* y, int64_t rows,
   float m = -INFINITY;
   for (int64_t j = lane; j < n; j += kWarp) m = fmaxf(m, to_f32(xr[j]));
   m = warp_max(m);
-  float s = 0.0f;
+  double s = 0.0;  // in double, as the CPU's: a float sum over a wide row drifts by about cols / 32 ulp
   for (int64_t j = lane; j < n; j += kWarp) s += expf(to_f32(xr[j]) - m);
   s = warp_sum(s);
   T* yr = y + (active ? row * cols : 0);
   if (log) {
-    const float log_s = logf(s);
+    const float log_s = static_cast<float>(::log(s));
     for (int64_t j = lane; j < n; j += kWarp) yr[j] = from_f32<T>((to_f32(xr[j]) - m) - log_s);
   } else {
-    const float inv = 1.0f / s;
+    const float inv = static_cast<float>(1.0 / s);
     for (int64_t j = lane; j < n; j += kWarp) yr[j] = from_f32<T>(expf(to_f32(xr[j]) - m) * inv);
   }
 }
@@ -119,10 +120,10 @@ __global__ void softmax_backward_kernel(bool log, const T* y, const T* dy, float
   const int lane = threadIdx.x % kWarp;
   const bool active = row < rows;
   const int64_t base = active ? row * cols : 0, n = active ? cols : 0;
-  float s = 0.0f;
+  double sum = 0.0;  // in double, as the forward's
   for (int64_t j = lane; j < n; j += kWarp)
-    s += log ? to_f32(dy[base + j]) : to_f32(dy[base + j]) * to_f32(y[base + j]);
-  s = warp_sum(s);
+    sum += log ? to_f32(dy[base + j]) : static_cast<double>(to_f32(dy[base + j])) * to_f32(y[base + j]);
+  const float s = static_cast<float>(warp_sum(sum));
   for (int64_t j = lane; j < n; j += kWarp) {
     const float yv = to_f32(y[base + j]), g = to_f32(dy[base + j]);
     const float v = log ? g - expf(yv) * s : yv * (g - s);

@@ -6,7 +6,7 @@
 //             kSliceRows rows there is one slice, the rows in order from 0: sum_rows_cpu's order,
 //             so with beta 0 its bits. The order depends on the shape alone: reproducible.
 //   sum_all:  Note [Deterministic sum].
-//   argmax_rows: one thread per row.
+//   argmax_rows: one thread per row, kernels::row_argmax's rule (torch.argmax's: the first NaN wins).
 // x may be stored in 16 bits (to_f32 loads it); the sums and comparisons are f32.
 //
 // Note [Deterministic sum]
@@ -74,11 +74,7 @@ template <typename T>
 __global__ void argmax_rows_kernel(const T* x, int64_t rows, int64_t cols, int32_t* out) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
-  const T* xr = x + r * cols;
-  int32_t best = 0;
-  for (int64_t j = 1; j < cols; ++j)
-    if (to_f32(xr[j]) > to_f32(xr[best])) best = static_cast<int32_t>(j);
-  out[r] = best;
+  out[r] = row_argmax(x + r * cols, cols);
 }
 
 // One thread per row, uncapped: argmax_rows is not a grid-stride loop.

@@ -1,6 +1,7 @@
 // The kernels of the structural ops on CUDA (kernels/cuda/structural_kernels.h): layer norm, slab
 // copies (cat / split / narrow) and gathers with their scatter-add (index_select, embedding). x, y,
-// dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic, one rounding per 16-bit store.
+// dy and dx are stored as T (float, BFloat16, Half): f32 arithmetic (layer norm's sums in double),
+// one rounding per 16-bit store.
 // No atomics anywhere: every sum has a fixed order, so results are the same bits on every run.
 #include <algorithm>
 
@@ -19,9 +20,11 @@ using cuda_common::launch;
 
 // ---- layer norm: one block per row ----
 
+// The row sums in double (as the CPU's, kernels/cpu/structural.cpp): no drift over wide rows, no
+// cancellation against a large mean, no overflow of the squares.
 template <typename T>
-__device__ float row_sum_centered(const T* xr, int64_t cols, float m) {
-  float s = 0.0f;
+__device__ double row_sum_centered(const T* xr, int64_t cols, double m) {
+  double s = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += (to_f32(xr[c]) - m) * (to_f32(xr[c]) - m);
   return block_sum(s);
 }
@@ -31,16 +34,16 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* weight, const
                                           T* y, float* mean, float* rstd) {
   const int64_t r = blockIdx.x;
   const T* xr = x + r * cols;
-  float s = 0.0f;
+  double s = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += to_f32(xr[c]);
-  const float m = block_sum(s) / static_cast<float>(cols);
-  const float inv = 1.0f / sqrtf(row_sum_centered(xr, cols, m) / static_cast<float>(cols) + eps);
+  const double m = block_sum(s) / static_cast<double>(cols);
+  const double inv = 1.0 / sqrt(row_sum_centered(xr, cols, m) / static_cast<double>(cols) + eps);
   if (threadIdx.x == 0) {
-    mean[r] = m;
-    rstd[r] = inv;
+    mean[r] = static_cast<float>(m);
+    rstd[r] = static_cast<float>(inv);
   }
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = (to_f32(xr[c]) - m) * inv;
+    float v = static_cast<float>((to_f32(xr[c]) - m) * inv);
     if (weight != nullptr) v *= weight[c];
     if (bias != nullptr) v += bias[c];
     y[r * cols + c] = from_f32<T>(v);
@@ -54,17 +57,17 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const flo
   const T* xr = x + r * cols;
   const T* dyr = dy + r * cols;
   const float m = mean[r], inv = rstd[r];
-  float a = 0.0f, b = 0.0f;
+  double a = 0.0, b = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+    const double g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
     a += g;
-    b += g * (to_f32(xr[c]) - m) * inv;
+    b += g * ((static_cast<double>(to_f32(xr[c])) - m) * inv);
   }
-  const float mean_g = block_sum(a) / static_cast<float>(cols);
-  const float mean_g_xhat = block_sum(b) / static_cast<float>(cols);
+  const auto mean_g = static_cast<float>(block_sum(a) / static_cast<double>(cols));
+  const auto mean_g_xhat = static_cast<float>(block_sum(b) / static_cast<double>(cols));
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
-    const float xhat = (to_f32(xr[c]) - m) * inv;
+    const auto xhat = static_cast<float>((static_cast<double>(to_f32(xr[c])) - m) * inv);
     store_blend(dx + r * cols + c, inv * (g - mean_g - xhat * mean_g_xhat), beta);
   }
 }
@@ -77,14 +80,14 @@ template <typename T>
 __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const float* mean, const float* rstd,
                                               int64_t rows, int64_t cols, float beta_dw, float* dweight, float beta_db,
                                               float* dbias) {
-  __shared__ float partial_w[kParamGroups][kParamCols];
-  __shared__ float partial_b[kParamGroups][kParamCols];
+  __shared__ double partial_w[kParamGroups][kParamCols];
+  __shared__ double partial_b[kParamGroups][kParamCols];
   const int64_t c = blockIdx.x * static_cast<int64_t>(kParamCols) + threadIdx.x;
-  float sw = 0.0f, sb = 0.0f;
+  double sw = 0.0, sb = 0.0;  // in double, as the row sums
   if (c < cols)
     for (int64_t r = threadIdx.y; r < rows; r += kParamGroups) {
       const float g = to_f32(dy[r * cols + c]);
-      sw += g * (to_f32(x[r * cols + c]) - mean[r]) * rstd[r];
+      sw += g * ((static_cast<double>(to_f32(x[r * cols + c])) - mean[r]) * rstd[r]);
       sb += g;
     }
   partial_w[threadIdx.y][threadIdx.x] = sw;
@@ -95,8 +98,8 @@ __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const flo
     sw += partial_w[k][threadIdx.x];
     sb += partial_b[k][threadIdx.x];
   }
-  if (dweight != nullptr) store_blend(dweight + c, sw, beta_dw);
-  if (dbias != nullptr) store_blend(dbias + c, sb, beta_db);
+  if (dweight != nullptr) store_blend(dweight + c, static_cast<float>(sw), beta_dw);
+  if (dbias != nullptr) store_blend(dbias + c, static_cast<float>(sb), beta_db);
 }
 
 // ---- slabs: [outer, dim, inner], one thread per element ----

@@ -91,6 +91,41 @@ TEST(PointwiseEmulated, BroadcastGradientIsTheSumOverTheBroadcastDimension) {
   expect_close(db, want, "db");
 }
 
+// A broadcast operand's gradient summed over a million elements: [1e6] * [1], b's gradient is
+// sum dy * a, whose float sum drifted by about 1e-5 relative.
+TEST(PointwiseEmulated, BroadcastGradientOverAMillionKeepsF32Precision) {
+  constexpr int64_t kWide = 1000000;
+  const int64_t a_shape[] = {kWide}, b_shape[] = {1};
+  const auto g = kernels::broadcast_geometry(a_shape, 1, b_shape, 1);
+  const auto a = values<float>(kWide, 20, 0.5f, 1.5f), dy = values<float>(kWide, 21, 0.5f, 1.5f);
+  const DeviceVector<float> b = {1.0f};
+  double want = 0.0;
+  for (int64_t i = 0; i < kWide; ++i) want += static_cast<double>(dy[i]) * a[i];
+  DeviceVector<float> db(1, kNaN), db_cpu(1, kNaN);
+  kernels::binary_backward_cuda<float>(g, BinaryOp::mul, 1, a.data(), b.data(), dy.data(), 0.0f, db.data(), nullptr);
+  kernels::binary_backward_cpu<float>(g, BinaryOp::mul, 1, a.data(), b.data(), dy.data(), 0.0f, db_cpu.data());
+  expect_within(db, {want}, 1e-7, 0, "CUDA db");
+  expect_within(db_cpu, {want}, 1e-7, 0, "CPU db");
+}
+
+// div's gradient for b, -dy (a / b) / b, where b * b leaves the f32 range: b of 1e20 (b * b is inf:
+// the gradient came back 0, and inf / b NaN rather than inf) and 1e-23 (b * b is 0: inf).
+TEST(PointwiseEmulated, DivGradientStaysInRangeWhereTheDivisorSquaredDoesNot) {
+  const DeviceVector<float> a = {1e38f, kInf, -kInf, 1e-20f, 3.0f}, b = {1e20f, 1e20f, -1e20f, 1e-23f, 2.0f};
+  const DeviceVector<float> dy = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  const std::vector<double> want = {-1e38 / 1e40, -kInf, kInf, -1e-20 / 1e-46, -0.75};
+  const int64_t shape[] = {5};
+  const auto g = kernels::broadcast_geometry(shape, 1, shape, 1);
+  DeviceVector<float> db(5, kNaN), db_cpu(5, kNaN);
+  kernels::binary_backward_cuda<float>(g, BinaryOp::div, 1, a.data(), b.data(), dy.data(), 0.0f, db.data(), nullptr);
+  kernels::binary_backward_cpu<float>(g, BinaryOp::div, 1, a.data(), b.data(), dy.data(), 0.0f, db_cpu.data());
+  expect_within(db, want, 1e-6, 0, "CUDA db");  // the infinities exactly
+  expect_within(db_cpu, want, 1e-6, 0, "CPU db");
+  DeviceVector<float> dx(1, kNaN);  // rdiv: s / x, the same rule with s for a
+  kernels::scalar_backward_cuda<float>(BinaryOp::div, true, 1e38f, b.data(), dy.data(), 0.0f, dx.data(), 1, nullptr);
+  expect_within(dx, {-1e38 / 1e40}, 1e-6, 0, "rdiv dx");
+}
+
 TYPED_TEST(PointwiseEmulated, ScalarMatchesTheCpu) {
   using T = TypeParam;
   for (int64_t n : kSizes)
@@ -231,6 +266,36 @@ TYPED_TEST(PointwiseEmulated, SoftmaxIsWithinRoundingOfDouble) {
         expect_within(y, want_y, rel, abs, "y");
         expect_within(dx, want_dx, rel, 4 * abs, "dx");
       }
+}
+
+// A row of a million, its first element dominant (y0 about 0.986): a float sum of the row rounded
+// the rest away (y0 off by 1e-2), and a plain row drifted by 1e-3. Both devices' kernels.
+TEST(PointwiseEmulatedWide, SoftmaxOverAMillionKeepsItsSums) {
+  constexpr int64_t kWide = 1000000;
+  auto x = values<float>(kWide, 22, -4, 4);
+  const auto dy = values<float>(kWide, 23);
+  std::vector<double> want_y, want_dx;
+  for (bool log : {false, true}) {
+    SCOPED_TRACE(log ? "log_softmax" : "softmax");
+    if (!log) x[0] = 20.0f;
+    else x[0] = 0.0f;
+    softmax_reference(log, as_double(x), as_double(dy), kWide, want_y, want_dx);
+    for (bool cuda : {false, true}) {
+      SCOPED_TRACE(cuda ? "CUDA" : "CPU");
+      DeviceVector<float> y(kWide), dx(kWide);
+      if (cuda) {
+        kernels::softmax_forward_cuda(log, x.data(), y.data(), 1, kWide, nullptr);
+        kernels::softmax_backward_cuda(log, y.data(), dy.data(), 0.0f, dx.data(), 1, kWide, nullptr);
+      } else {
+        kernels::softmax_forward_cpu(log, x.data(), y.data(), 1, kWide);
+        kernels::softmax_backward_cpu(log, y.data(), dy.data(), 0.0f, dx.data(), 1, kWide);
+      }
+      expect_within(y, want_y, 1e-6, 1e-9, "y");
+      // log_softmax's dx = dy - exp(y) sum dy cancels: exp of the rounded y (1e-6 relative) times a
+      // sum of some 1e3 moves it by 1e-8.
+      expect_within(dx, want_dx, 1e-5, 2e-8, "dx");
+    }
+  }
 }
 
 // The CPU kernels themselves against the same reference, so both devices are pinned to it.

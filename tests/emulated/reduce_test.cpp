@@ -114,15 +114,14 @@ TEST(ReduceEmulated, SumAllPropagatesNaNAndInfinities) {
   }
 }
 
-// The rule argmax_rows_cpu and the kernel share (`x[j] > x[best]` from best = 0): the first
-// maximum; a NaN is never greater nor smaller, so a NaN at index 0 wins its row and one elsewhere
-// is passed over. (torch.argmax would return the NaN's index instead; the engine's two devices agree
-// with each other, which is what this checks.)
+// torch.argmax's rule, written independently of kernels::row_argmax: the first NaN wherever it
+// stands (NaN counts as the largest value), else the first largest value.
 int32_t argmax_rule(const float* x, int64_t cols) {
-  if (std::isnan(x[0])) return 0;
+  for (int64_t j = 0; j < cols; ++j)
+    if (std::isnan(x[j])) return static_cast<int32_t>(j);
   int32_t best = 0;
   for (int64_t j = 1; j < cols; ++j)
-    if (!std::isnan(x[j]) && x[j] > x[best]) best = static_cast<int32_t>(j);
+    if (x[j] > x[best]) best = static_cast<int32_t>(j);
   return best;
 }
 

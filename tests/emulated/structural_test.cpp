@@ -95,6 +95,41 @@ TYPED_TEST(StructuralEmulated, LayerNormMatchesADoubleReference) {
   }
 }
 
+// Rows where float statistics fail: width 4096 around 1000 (a float mean is off by 1e-4, enough to
+// move the output by 5e-4), and values of 1e20, whose squared deviations pass the f32 maximum (rstd
+// came out 0 and the output the bias). Both devices' kernels against the double reference.
+TEST(StructuralEmulatedLayerNorm, LargeMeansAndHugeValuesKeepTheirPrecision) {
+  struct Rows {
+    int64_t cols;
+    float lo, hi;
+  };
+  for (const Rows& rows : {Rows{4096, 999.0f, 1001.0f}, Rows{8, -1e20f, 1e20f}}) {
+    SCOPED_TRACE("width " + std::to_string(rows.cols) + " in [" + std::to_string(rows.lo) + ", " +
+                 std::to_string(rows.hi) + ")");
+    const int64_t n = 2 * rows.cols;
+    const auto x = random_values(n, rows.lo, rows.hi, 5), dy = random_values(n, -1, 1, 6);
+    const auto w = random_values(rows.cols, 0.5f, 1.5f, 7), b = random_values(rows.cols, -1, 1, 8);
+    const LayerNormRef ref = layer_norm_reference(x, dy, w, b, 2, rows.cols, 1e-5f);
+    for (bool cuda : {false, true}) {
+      SCOPED_TRACE(cuda ? "CUDA" : "CPU");
+      DeviceVector<float> y(n), mean(2), rstd(2), dw(rows.cols, kNaN), db(rows.cols, kNaN);
+      if (cuda) {
+        kernels::layer_norm_forward_cuda(x.data(), w.data(), b.data(), 2, rows.cols, 1e-5f, y.data(), mean.data(),
+                                         rstd.data(), nullptr);
+        kernels::layer_norm_param_grads_cuda(x.data(), dy.data(), mean.data(), rstd.data(), 2, rows.cols, 0.0f,
+                                             dw.data(), 0.0f, db.data(), nullptr);
+      } else {
+        kernels::layer_norm_forward_cpu(x.data(), w.data(), b.data(), 2, rows.cols, 1e-5f, y.data(), mean.data(),
+                                        rstd.data());
+        kernels::layer_norm_param_grads_cpu(x.data(), dy.data(), mean.data(), rstd.data(), 2, rows.cols, 0.0f,
+                                            dw.data(), 0.0f, db.data());
+      }
+      expect_within(y, ref.y, 2e-6, 2e-6, "y");
+      expect_within(dw, ref.dw, 1e-4, 1e-4, "dweight");  // the saved f32 mean's rounding: 3e-5 of xhat
+    }
+  }
+}
+
 TYPED_TEST(StructuralEmulated, SlabsMatchTheCpu) {
   using T = TypeParam;
   const int64_t outer = 3, dim = 7, inner = 5, start = 2, length = 4;

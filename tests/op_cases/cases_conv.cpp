@@ -1,6 +1,7 @@
 // Op cases (Note [Op cases] in op_case.h): conv2d, batch_norm2d (training and evaluation) and
 // max_pool2d, NCHW. The 16-bit cases: x of that type, the weight and bias (and batch norm's
 // statistics) f32, as the ops take them.
+#include <algorithm>
 #include <string>
 
 #include "cumulus/ops/conv_ops.h"
@@ -99,6 +100,25 @@ CUMULUS_OP_CASES(conv) {
   cases.push_back(batch_norm_case("batch_norm2d_training_untracked_4x2x1x1", 4, 2, 1, 1, true, false));
   for (DType dtype : {DType::f32, DType::bf16})
     cases.push_back(batch_norm_case("batch_norm2d_eval_2x3x4x5", 2, 3, 4, 5, false, true, dtype));
+  // A channel constant after rounding to f16 (3000.3 -> 3000), far from 0: its exact output is the
+  // bias. Folded as x * scale + (beta - mean * scale), x * scale and mean * scale round alike and
+  // the output came out as the bias rounded to their spacing (issue 40): with gamma 1 and a scale
+  // of 316 (var 0; evaluation: var 1e-5) that is 1/16, and a bias of 0.47 moved by 0.03.
+  for (bool training : {true, false}) {
+    OpCase c =
+        batch_norm_case(std::string("batch_norm2d_") + (training ? "training" : "eval") + "_constant_channel_2x2x3x3",
+                        2, 2, 3, 3, training, true, DType::f16);
+    c.inputs[0].edit = [](std::vector<float>& x) {
+      for (int64_t i = 0; i < 2; ++i) std::fill_n(x.begin() + (i * 2 + 1) * 9, 9, 3000.3f);
+    };
+    c.inputs[1].edit = [](std::vector<float>& gamma) { gamma[1] = 1.0f; };
+    c.inputs[2].edit = [](std::vector<float>& beta) { beta[1] = 0.47f; };
+    if (!training) {  // that channel's running statistics
+      c.inputs[3].edit = [](std::vector<float>& m) { m[1] = 3000.0f; };
+      c.inputs[4].edit = [](std::vector<float>& v) { v[1] = 1e-5f; };
+    }
+    cases.push_back(c);
+  }
 
   // {n, c, h, w, kernel, stride, padding}. 16-bit rounding can tie a window's values, where the
   // maximum's gradient is not defined; the 16-bit cases' inputs were checked to have no tie.

@@ -195,6 +195,66 @@ void softmax_cases(std::vector<OpCase>& cases) {
       }
 }
 
+// The sizes and values where an f32 formula or a float sum used to fail (issue 40): divisors whose
+// square leaves the f32 range (1e20: b * b is inf, the gradient came back 0; 1e-23: b * b is 0,
+// the gradient came back inf), a broadcast operand's gradient summed over a million elements, and
+// softmax over a row of a million (a float sum drifted by 1e-3; beside a dominant element the rest
+// of the row was rounded away).
+void extreme_cases(std::vector<OpCase>& cases) {
+  struct Divisor {
+    const char* name;
+    double lo, hi, fd_step;  // the divisor's range; the dividend is kDividend times it, squared
+  };
+  for (const Divisor& d : {Divisor{"huge", 1e20, 2e20, 1e13}, Divisor{"tiny", 1e-23, 2e-23, 1e-30}}) {
+    // Dividends of 1e38 (huge) and 1e-20 (tiny): quotients, gradients and their scale within f32.
+    const double dividend = d.lo > 1 ? 1e38 : 1e-20;
+    OpCase c;
+    c.op = "div";
+    c.name = std::string("div_") + d.name + "_divisor_3x5_f32";
+    c.inputs = {{{3, 5}, DType::f32, dividend, 3 * dividend}, {{3, 5}, DType::f32, d.lo, d.hi}};
+    c.inputs[0].grad = d.lo < 1;  // 1 / 1e20 is below the driver's floor of a gradient worth checking
+    c.forward = [](const Inputs& t) { return t[0] / t[1]; };
+    c.reference = [](const Values& v) { return broadcast_reference(v[0], {3, 5}, v[1], {3, 5}, std::divides<>()); };
+    c.fd_step = d.fd_step;
+    cases.push_back(c);
+    OpCase r = c;
+    r.name = std::string("rdiv_scalar_") + d.name + "_divisor_3x5_f32";
+    r.inputs = {c.inputs[1]};
+    const auto s = static_cast<float>(dividend);
+    r.forward = [s](const Inputs& t) { return s / t[0]; };
+    r.reference = [s](const Values& v) { return map(v[0], [s](double x) { return s / x; }); };
+    cases.push_back(r);
+  }
+  {
+    constexpr int64_t kWide = 1000000;
+    OpCase c;  // b's gradient: sum over a million of dy * a
+    c.op = "mul";
+    c.name = "mul_1000000_by_1_f32";
+    c.inputs = {{{kWide}, DType::f32, -1, 1}, {{1}, DType::f32, 0.5, 1.5}};
+    c.forward = [](const Inputs& t) { return t[0] * t[1]; };
+    c.reference = [](const Values& v) { return broadcast_reference(v[0], {kWide}, v[1], {1}, std::multiplies<>()); };
+    c.grad_tolerance = 1e-6;  // a float sum of the million terms was off by about 1e-5
+    c.fd_samples = 4;
+    cases.push_back(c);
+    for (bool log : {false, true}) {
+      OpCase s;
+      s.op = log ? "log_softmax" : "softmax";
+      s.name = s.op + "_1x1000000_f32";
+      s.inputs = {{{1, kWide}, DType::f32, -4, 4}};
+      // softmax: one dominant element (y about 0.986), so that the rest of the row is what a float
+      // sum rounds away, and the gradient is large enough to check.
+      if (!log) s.inputs[0].edit = [](std::vector<float>& x) { x[0] = 20.0f; };
+      s.forward = [log](const Inputs& t) { return log ? ops::log_softmax(t[0]) : ops::softmax(t[0]); };
+      s.reference = [log](const Values& v) { return softmax_reference(v[0], kWide, log); };
+      s.fd_samples = 4;
+      // A million-term reference sum rounds differently at x +- h: a step of 1e-6 would turn that
+      // (1e-10 of the loss) into 5e-5 of the gradient; the curvature error at 1e-4 is far smaller.
+      s.fd_step = 1e-4;
+      cases.push_back(s);
+    }
+  }
+}
+
 void dropout_cases(std::vector<OpCase>& cases) {
   constexpr uint64_t kSeed = 1234, kOffset = 7;
   constexpr float kP = 0.3f;
@@ -234,6 +294,7 @@ CUMULUS_OP_CASES(pointwise) {
   scalar_cases(cases);
   activation_cases(cases);
   softmax_cases(cases);
+  extreme_cases(cases);
   dropout_cases(cases);
 }
 

@@ -1,4 +1,6 @@
 // Op cases (Note [Op cases] in op_case.h): the reductions sum and mean, cross_entropy, argmax.
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "cumulus/ops/ops.h"
@@ -39,20 +41,27 @@ OpCase cross_entropy_case(int64_t B, int64_t C, DType dtype, ops::Reduction r) {
   return c;
 }
 
-OpCase argmax_case(int64_t rows, int64_t cols, DType dtype) {
+// With nan_rows, rows 0 to 3 hold NaN: in the middle, first, twice, last (rows >= 4, cols >= 5).
+OpCase argmax_case(int64_t rows, int64_t cols, DType dtype, bool nan_rows = false) {
   OpCase c;
   c.op = "argmax";
-  c.name = "argmax_" + std::to_string(rows) + "x" + std::to_string(cols) + "_" + dtype_name(dtype);
+  c.name =
+      "argmax_" + std::to_string(rows) + "x" + std::to_string(cols) + (nan_rows ? "_nan_" : "_") + dtype_name(dtype);
   c.inputs = {{{rows, cols}, dtype, -3, 3}};
+  if (nan_rows)
+    c.inputs[0].edit = [cols](std::vector<float>& x) {
+      x[0 * cols + 2] = x[1 * cols + 0] = x[2 * cols + 1] = x[2 * cols + 3] = x[3 * cols + cols - 1] = NAN;
+    };
   c.differentiable = false;
   c.forward = [](const Inputs& t) { return ops::argmax(t[0]); };
-  // The first maximum of each row (ties, which 16-bit rounding makes likely, go to the first).
+  // torch.argmax: the first NaN of a row, else its first maximum (ties, which 16-bit rounding
+  // makes likely, go to the first).
   c.reference = [rows, cols](const Values& v) {
     ref::Vec idx(static_cast<std::size_t>(rows));
     for (int64_t i = 0; i < rows; ++i) {
-      int64_t best = 0;
-      for (int64_t j = 1; j < cols; ++j)
-        if (v[0][i * cols + j] > v[0][i * cols + best]) best = j;
+      const double* row = v[0].data() + i * cols;
+      int64_t best = std::find_if(row, row + cols, [](double x) { return std::isnan(x); }) - row;
+      if (best == cols) best = std::max_element(row, row + cols) - row;
       idx[i] = static_cast<double>(best);
     }
     return idx;
@@ -74,6 +83,7 @@ CUMULUS_OP_CASES(reduce) {
   cases.push_back(cross_entropy_case(1, 3, DType::f32, ops::Reduction::Sum));
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) cases.push_back(argmax_case(6, 7, dtype));
   cases.push_back(argmax_case(37, 10, DType::f32));
+  for (DType dtype : {DType::f32, DType::bf16}) cases.push_back(argmax_case(6, 7, dtype, true));
 }
 
 }  // namespace cumulus::testing

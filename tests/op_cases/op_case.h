@@ -52,6 +52,9 @@ struct CaseInput {
   DType dtype = DType::f32;
   double lo = -1, hi = 1, min_abs = 0;
   bool grad = true;  // floating inputs: a leaf requiring grad, checked by finite differences
+  // Floating inputs: edits the drawn values (before their rounding to dtype), to place what a
+  // uniform draw never gives: a NaN, a constant channel.
+  std::function<void(std::vector<float>&)> edit;
 };
 
 struct OpCase {
@@ -66,6 +69,11 @@ struct OpCase {
   double tolerance = 1e-5;
   // Gradients: max |engine - finite differences| <= grad_tolerance * max |finite differences|.
   double grad_tolerance = 1e-4;
+  // The finite differences' step, absolute: inputs of magnitude 1e20 or 1e-23 need their own.
+  double fd_step = 1e-6;
+  // A wide case (a row of a million) checks its gradient at this many evenly spaced elements of
+  // each input (the first and last among them) rather than at all; 0: all.
+  int64_t fd_samples = 0;
   // The op returns a view of its input (reshape, narrow): it allocates nothing, so the driver checks
   // neither the output's memory category nor an out-of-memory report for it.
   bool view = false;

@@ -86,7 +86,9 @@ CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed) {
       made.inputs.push_back(made.leaves.back());
       continue;
     }
-    Tensor leaf = Tensor::from_vector(floating_values(in, gen), in.shape, device);
+    std::vector<float> values = floating_values(in, gen);
+    if (in.edit) in.edit(values);
+    Tensor leaf = Tensor::from_vector(values, in.shape, device);
     {
       NoGradGuard no_grad;  // round the leaf's values to the input's type once
       leaf = ops::cast(ops::cast(leaf, in.dtype), DType::f32);

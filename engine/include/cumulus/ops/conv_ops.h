@@ -2,7 +2,8 @@
 // f32, contiguous. On the CPU: im2col + OpenBLAS GEMM for the convolution, plain loops for the rest
 // (kernels/cpu/conv_kernels.h); on CUDA: cuDNN (kernels/cuda/cudnn_kernels.h); a CUDA build without
 // cuDNN throws DeviceError for CUDA tensors. Backward sits beside each forward in
-// engine/ops/{conv,batch_norm,pool}.cpp.
+// engine/ops/{conv,batch_norm,pool}.cpp. An empty input (a batch of 0 included) is a ShapeError for
+// all three, where PyTorch returns an empty output (linear, matmul and cross_entropy accept one).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,8 @@ struct BatchNormOptions {
 // Training: mean and the biased variance over N*H*W normalize; the running statistics are updated
 // in place with the unbiased variance (as PyTorch); num_batches_tracked (an i32 scalar, or
 // undefined) is incremented. Needs more than one value per channel. Evaluation: the running
-// statistics normalize, and nothing is updated.
+// statistics normalize, and nothing is updated. eps = 0 is accepted, as by PyTorch: a channel of
+// zero variance then gives NaN (0 / 0).
 // Saves x and two [C] tensors (the mean and 1/sqrt(var + eps) used), in category activations.
 // Under gradient accumulation the statistics are those of each micro-batch, as in every framework.
 Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,

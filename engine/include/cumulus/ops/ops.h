@@ -29,11 +29,13 @@ Tensor relu(const Tensor& x);
 // is converted back to x's type. x itself when it already has that type.
 Tensor cast(const Tensor& x, DType dtype);
 
-// Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest.
+// Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest
+// (start_dim in [-ndim, ndim), a ShapeError otherwise, as torch.flatten; a 0-d tensor becomes [1]).
 Tensor reshape(const Tensor& x, const Shape& shape);
 Tensor flatten(const Tensor& x, int start_dim = 1);
 
-// Sum / mean of all elements -> a scalar (0-d).
+// Sum / mean of all elements -> a scalar (0-d). x must be f32: a bf16 or f16 tensor is an
+// InvalidArgument (cast it first; torch.sum accepts it). The mean of an empty tensor is NaN.
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
@@ -45,7 +47,8 @@ enum class Reduction { Sum, Mean };
 // cannot throw, and checking on the host would cost a synchronization every micro-batch).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction = Reduction::Mean);
 
-// x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties). No gradient.
+// x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties; as torch.argmax, a
+// NaN counts as the maximum, so the row's first NaN wins). No gradient.
 Tensor argmax(const Tensor& x);
 
 // dst += src, outside autograd (same shape, f32, same device): e.g. summing losses on the device

@@ -49,7 +49,7 @@ Tensor log_softmax(const Tensor& x);
 // offset, i, p) (Note [Dropout mask] in kernels/pointwise_rules.h): a counter-based mask, the same
 // on CPU and CUDA, that the backward recomputes instead of saving (no mask tensor is kept). Give
 // each call its own offset for a fresh mask (nn::Dropout does). Not training, or p = 0: x itself,
-// unrecorded. p must be in [0, 1).
+// unrecorded. p must be in [0, 1]; p = 1 while training keeps nothing (y and the gradient are 0).
 // `offset` is a one-element i64 tensor on x's device, read when the kernels run, so a replayed CUDA
 // graph draws the mask of the replay's offset (Note [Dropout offsets on the device] in
 // engine/ops/dropout.cpp); take_dropout_offset gives each call its own.
