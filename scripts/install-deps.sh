@@ -5,11 +5,12 @@
 # curl and ca-certificates: the app downloads Fashion-MNIST with curl over HTTPS when no copy is
 # found (minimal images have neither).
 # libopenmpi-dev and openmpi-bin: data parallel training (mpirun launches the ranks; tests/test_dist.cpp).
+# libsleef-dev: vectorized tanh, exp and erf for the CPU activations (kernels/cpu/vec_math.h).
 # ccache: the build scripts compile through it (scripts/compiler_cache.sh), so rebuilds and CI's
 # clean clones reuse earlier compilations.
 set -euo pipefail
 packages=(cmake make g++ libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
-          libcli11-dev nlohmann-json3-dev curl ca-certificates libopenmpi-dev openmpi-bin ccache)
+          libcli11-dev nlohmann-json3-dev libsleef-dev curl ca-certificates libopenmpi-dev openmpi-bin ccache)
 for arg in "$@"; do
   case "$arg" in
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;

@@ -1,9 +1,12 @@
-// The pointwise ops on the CPU: plain loops over kernels/pointwise_rules.h. Where beta is 0 the
+// The pointwise ops on the CPU: plain loops over kernels/pointwise_rules.h, the activations through
+// SLEEF's vector functions where the CPU has AVX2 (kernels/cpu/vec_math.h). Where beta is 0 the
 // destination is never read.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/pointwise_kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace cumulus::kernels {
 
@@ -96,13 +99,72 @@ void scalar_backward_cpu(BinaryOp op, bool reversed, float s, const T* x, const 
   }
 }
 
+bool vec::available() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+namespace {
+// The vector function computing op over n floats (kernels/cpu/vec_math.h).
+void unary_forward_vec(UnaryOp op, const float* x, float* y, int64_t n) {
+  switch (op) {
+    case UnaryOp::tanh: return vec::tanh_f32(x, y, n);
+    case UnaryOp::sigmoid: return vec::sigmoid_f32(x, y, n);
+    case UnaryOp::gelu: return vec::gelu_f32(x, y, n);
+    default: return vec::gelu_tanh_f32(x, y, n);
+  }
+}
+
+// 16-bit types are widened to f32 a block at a time, into buffers that stay in the L1 cache.
+constexpr int64_t kVecBlock = 1024;
+
+template <typename T>
+const float* widen(const T* x, int64_t n, float* buffer) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  for (int64_t i = 0; i < n; ++i) buffer[i] = to_f32(x[i]);
+  return buffer;
+}
+}  // namespace
+
 template <typename T>
 void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
+  if constexpr (vec::kBuilt) {
+    if (vec::available()) {
+      if constexpr (std::is_same_v<T, float>) return unary_forward_vec(op, x, y, n);
+      float xb[kVecBlock];
+      for (int64_t i = 0; i < n; i += kVecBlock) {
+        const int64_t m = std::min(kVecBlock, n - i);
+        unary_forward_vec(op, widen(x + i, m, xb), xb, m);
+        for (int64_t k = 0; k < m; ++k) y[i + k] = from_f32<T>(xb[k]);
+      }
+      return;
+    }
+  }
   for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
 }
 
+// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. tanh's and
+// sigmoid's read their output and need no transcendental: the scalar rule's loop serves them.
 template <typename T>
 void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+  if constexpr (vec::kBuilt) {
+    if (!unary_grad_from_output(op) && vec::available()) {
+      const auto grad = op == UnaryOp::gelu ? vec::gelu_grad_f32 : vec::gelu_tanh_grad_f32;
+      if constexpr (std::is_same_v<T, float>)
+        if (beta == 0.0f) return grad(saved, dy, dx, n);
+      float xb[kVecBlock], gb[kVecBlock];
+      for (int64_t i = 0; i < n; i += kVecBlock) {
+        const int64_t m = std::min(kVecBlock, n - i);
+        grad(widen(saved + i, m, xb), widen(dy + i, m, gb), gb, m);
+        for (int64_t k = 0; k < m; ++k) dx[i + k] = from_f32<T>(blend(gb[k], beta, to_f32(dx[i + k])));
+      }
+      return;
+    }
+  }
   for (int64_t i = 0; i < n; ++i)
     dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
 }

@@ -1,0 +1,36 @@
+// The CPU's vectorized activations: f32 arrays through SLEEF's AVX2 functions (vec_math_avx2.cpp,
+// the one file compiled for AVX2 and FMA), used by unary_forward_cpu / unary_backward_cpu when the
+// CPU has both. Each computes kernels/pointwise_rules.h's formula with the same operations in the
+// same order, only the transcendental (tanhf, expf, erff) replaced by SLEEF's u10 variant: at most
+// 1.0 ulp from the exact result (glibc's are within 1-2 ulp), so an element may differ from the
+// scalar rule's in its last bit or two. A vector of 8 at a time; a tail of under 8 is padded, so
+// every element goes through the same function wherever it sits.
+// Declared with no engine types, so the AVX2 file includes nothing that could emit an AVX2 copy of
+// an inline function the rest of the library shares.
+#pragma once
+
+#include <cstdint>
+
+namespace cumulus::kernels::vec {
+
+// Whether the functions below are built: x86-64 only (elsewhere the scalar rules run).
+#if defined(__x86_64__)
+inline constexpr bool kBuilt = true;
+#else
+inline constexpr bool kBuilt = false;
+#endif
+
+// Whether this CPU runs the functions below (AVX2 and FMA, and an x86-64 build); checked once.
+bool available();
+
+// y[i] = f(x[i]) for n elements (y may be x).
+void tanh_f32(const float* x, float* y, int64_t n);
+void sigmoid_f32(const float* x, float* y, int64_t n);
+void gelu_f32(const float* x, float* y, int64_t n);
+void gelu_tanh_f32(const float* x, float* y, int64_t n);
+
+// g[i] = dy[i] * f'(x[i]) for the gelus, from the input (g may be dy or x).
+void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
+void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
+
+}  // namespace cumulus::kernels::vec
