@@ -128,6 +128,18 @@ const float* widen(const T* x, int64_t n, float* buffer) {
   for (int64_t i = 0; i < n; ++i) buffer[i] = to_f32(x[i]);
   return buffer;
 }
+
+// dx = blend(grad(dy, saved)) with one op's rule and beta's form fixed outside the loop, so that
+// the compiler vectorizes it (the op's switch and beta's test inside kept it scalar).
+template <UnaryOp kOp, typename T>
+void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+  if (beta == 0.0f) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = from_f32<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = from_f32<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])) + beta * to_f32(dx[i]));
+}
 }  // namespace
 
 template <typename T>
@@ -148,11 +160,13 @@ void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
 }
 
 // The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. tanh's and
-// sigmoid's read their output and need no transcendental: the scalar rule's loop serves them.
+// sigmoid's read their output and need no transcendental: the scalar rules, in loops per op.
 template <typename T>
 void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+  if (op == UnaryOp::tanh) return unary_grad_loop<UnaryOp::tanh>(saved, dy, beta, dx, n);
+  if (op == UnaryOp::sigmoid) return unary_grad_loop<UnaryOp::sigmoid>(saved, dy, beta, dx, n);
   if constexpr (vec::kBuilt) {
-    if (!unary_grad_from_output(op) && vec::available()) {
+    if (vec::available()) {
       const auto grad = op == UnaryOp::gelu ? vec::gelu_grad_f32 : vec::gelu_tanh_grad_f32;
       if constexpr (std::is_same_v<T, float>)
         if (beta == 0.0f) return grad(saved, dy, dx, n);
