@@ -95,6 +95,10 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
                 " but the input is on ", ref.device().str());
 }
 
+// What an op reads its tensor inputs through: a tensor whose elements are dense and row-major, so
+// kernels may index it flat. Every op passes each tensor input through it first.
+inline Tensor contiguous(const Tensor& x) { return x; }
+
 inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
 
 // A contiguous tensor seen along dimension d as [outer, size(d), inner] (outer: the product of the
