@@ -37,9 +37,10 @@ class UnaryBackward final : public Node {
   Tensor saved_;
 };
 
-Tensor unary(UnaryOp op, const Tensor& x) {
+Tensor unary(UnaryOp op, const Tensor& x_in) {
   const char* name = unary_name(op);
   OpScope op_scope(name);
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating(name, "input", x);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
   CUMULUS_DISPATCH_FLOAT(

@@ -70,9 +70,11 @@ class BinaryBackward final : public Node {
   Tensor a_, b_;
 };
 
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const char* name = binary_name(op);
   OpScope op_scope(name);
+  const Tensor a = detail::contiguous(a_in);
+  const Tensor b = detail::contiguous(b_in);
   detail::check_floating(name, "a", a);
   detail::check_floating(name, "b", b);
   CUMULUS_CHECK(a.dtype() == b.dtype(), InvalidArgument, name, ": operands must have the same dtype, got ",
@@ -121,9 +123,10 @@ class ScalarBackward final : public Node {
   Tensor x_;
 };
 
-Tensor scalar_binary(BinaryOp op, bool reversed, const Tensor& x, float s) {
+Tensor scalar_binary(BinaryOp op, bool reversed, const Tensor& x_in, float s) {
   const char* name = binary_name(op);
   OpScope op_scope(name);
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating(name, "tensor operand", x);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
   CUMULUS_DISPATCH_FLOAT(
