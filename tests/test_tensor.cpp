@@ -48,7 +48,9 @@ TEST(Shape, Basics) {
   Shape from_range(dims.begin(), dims.end());
   EXPECT_EQ(from_range.ndim(), 4);
   EXPECT_EQ(from_range.numel(), 120);
-  EXPECT_THROW(from_range.push_back(6), Error) << "at most 4 dimensions";
+  for (int64_t d : {6, 7, 8, 9}) from_range.push_back(d);
+  EXPECT_EQ(from_range.ndim(), 8);
+  EXPECT_THROW(from_range.push_back(10), Error) << "at most 8 dimensions";
 }
 
 TEST(DType, SizesAndNames) {

@@ -10,6 +10,7 @@
 
 #include "cumulus/nn/norm_layers.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/tensor_ops.h"
 #include "test_util.h"
 
@@ -144,14 +145,106 @@ TEST_P(TensorOpsTest, SplitPiecesAllReachTheInput) {
   for (float g : x.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(g, 1.0f);
 }
 
-TEST_P(TensorOpsTest, NarrowAlongDimZeroIsAView) {
+TEST_P(TensorOpsTest, NarrowIsAViewAlongEveryDim) {
   const Tensor x = values({0, 1, 2, 3, 4, 5}, {3, 2});
   const Tensor v = ops::narrow(x, 0, 1, 2);
   EXPECT_EQ(v.impl()->storage, x.impl()->storage);
+  EXPECT_TRUE(v.is_contiguous());
   EXPECT_EQ(v.to(Device::cpu()).to_vector<float>(), (std::vector<float>{2, 3, 4, 5}));
-  const Tensor c = ops::narrow(x, 1, 1, 1);  // not contiguous: a copy
-  EXPECT_NE(c.impl()->storage, x.impl()->storage);
+  const Tensor c = ops::narrow(x, 1, 1, 1);  // a column: strided
+  EXPECT_EQ(c.impl()->storage, x.impl()->storage);
+  EXPECT_FALSE(c.is_contiguous());
+  EXPECT_EQ(c.strides(), (std::vector<int64_t>{2, 1}));
   EXPECT_EQ(c.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 3, 5}));
+}
+
+// Note [Strided views] in engine/ops/view.cpp.
+TEST_P(TensorOpsTest, ViewsShareStorageAndKnowTheirStrides) {
+  std::vector<float> v(24);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor x = values(v, {2, 3, 4});
+  EXPECT_EQ(x.strides(), (std::vector<int64_t>{12, 4, 1}));
+  const Tensor p = ops::permute(x, {2, 0, 1});
+  EXPECT_EQ(p.shape(), Shape({4, 2, 3}));
+  EXPECT_EQ(p.strides(), (std::vector<int64_t>{1, 12, 4}));
+  EXPECT_EQ(p.impl()->storage, x.impl()->storage);
+  EXPECT_FALSE(p.is_contiguous());
+  expect_error<InvalidArgument>([&] { p.raw_data(); }, {"strided view", "contiguous()"});
+  // Read through a copy in row-major order of the view: p[i, j, k] = x[j, k, i].
+  const std::vector<float> got = p.to_vector<float>();
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 2; ++j)
+      for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(got[static_cast<std::size_t>((i * 2 + j) * 3 + k)], v[static_cast<std::size_t>(j * 12 + k * 4 + i)]);
+  EXPECT_EQ(p.clone().to_vector<float>(), got);
+  EXPECT_EQ(p.contiguous().to_vector<float>(), got);
+  EXPECT_TRUE(ops::permute(p, {1, 2, 0}).is_contiguous()) << "undoing the permutation is dense again";
+  const Tensor t = x.transpose(0, 2);
+  EXPECT_EQ(t.shape(), Shape({4, 3, 2}));
+  EXPECT_EQ(ops::reshape(t, {-1}).to_vector<float>(), t.contiguous().to_vector<float>())
+      << "reshape of a strided view copies in the view's order";
+  EXPECT_TRUE(ops::transpose(values({1, 2, 3}, {3, 1}), 0, 1).is_contiguous()) << "a size-1 dimension moves freely";
+  expect_error<ShapeError>([&] { ops::permute(x, {0, 0, 1}); }, {"permute", "twice"});
+  expect_error<ShapeError>([&] { ops::permute(x, {0, 1}); }, {"permute", "[2, 3, 4]"});
+  expect_error<ShapeError>([&] { ops::transpose(x, 0, 3); }, {"transpose", "dim 3"});
+}
+
+TEST_P(TensorOpsTest, ExpandSqueezeUnsqueezeAndReshapeWithMinusOne) {
+  const Tensor b = values({1, 2, 3}, {3, 1});
+  const Tensor e = ops::expand(b, {2, 3, 4});
+  EXPECT_EQ(e.shape(), Shape({2, 3, 4}));
+  EXPECT_EQ(e.strides(), (std::vector<int64_t>{0, 1, 0}));
+  const std::vector<float> ev = e.to_vector<float>();
+  for (std::size_t i = 0; i < ev.size(); ++i) EXPECT_EQ(ev[i], static_cast<float>(i / 4 % 3 + 1)) << "e[i, j, k] = b[j]";
+  expect_error<ShapeError>([&] { ops::expand(b, {4, 4}); }, {"expand", "size 4", "dimension 0"});
+  expect_error<ShapeError>([&] { ops::expand(b, {4}); }, {"expand", "1 sizes"});
+  EXPECT_EQ(ops::unsqueeze(b, 0).shape(), Shape({1, 3, 1}));
+  EXPECT_EQ(ops::unsqueeze(b, -1).shape(), Shape({3, 1, 1}));
+  EXPECT_EQ(ops::squeeze(b, 1).shape(), Shape({3}));
+  EXPECT_EQ(ops::squeeze(b, 0).shape(), Shape({3, 1})) << "a dimension of size 3 stays, as torch.squeeze";
+  const Tensor x = values(std::vector<float>(24, 1.0f), {2, 3, 4});
+  EXPECT_EQ(ops::reshape(x, {-1, 4}).shape(), Shape({6, 4}));
+  EXPECT_EQ(x.reshape({2, -1}).shape(), Shape({2, 12}));
+  expect_error<ShapeError>([&] { ops::reshape(x, {-1, -1}); }, {"reshape", "only one"});
+  expect_error<ShapeError>([&] { ops::reshape(x, {-1, 5}); }, {"reshape", "infer", "[2, 3, 4]"});
+  expect_error<ShapeError>([&] { ops::reshape(x, {-2, 12}); }, {"reshape", "-2"});
+  Shape eight;
+  for (int d = 0; d < 8; ++d) eight.push_back(1);
+  EXPECT_EQ(Tensor::zeros(eight, DType::f32, device()).ndim(), 8);
+}
+
+// A key/value cache written a position at a time: copy_from into a strided view.
+TEST_P(TensorOpsTest, CopyFromWritesThroughAStridedView) {
+  const Tensor cache = Tensor::zeros({2, 4, 3}, DType::f32, device());  // [heads, T, D]
+  for (int64_t t = 0; t < 4; ++t) {
+    const float f = static_cast<float>(t);
+    Tensor slot = ops::narrow(cache, 1, t, 1);
+    EXPECT_FALSE(slot.is_contiguous());
+    slot.copy_from(values({f, f, f, -f, -f, -f}, {2, 1, 3}));
+  }
+  const std::vector<float> got = cache.to_vector<float>();
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t d = 0; d < 3; ++d)
+        EXPECT_EQ(got[static_cast<std::size_t>((h * 4 + t) * 3 + d)], h == 0 ? float(t) : -float(t));
+}
+
+// Gradients reach a leaf through a chain of views and the copy an op makes of them, and the copy is
+// an activation.
+TEST_P(TensorOpsTest, GradientsFlowThroughViewsToTheLeaf) {
+  std::vector<float> v(12);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i) - 2.0f;
+  const Tensor x = values(v, {3, 4}, true);
+  const Tensor view = ops::narrow(ops::transpose(x, 0, 1), 0, 1, 2);  // x[:, 1:3]^T, [2, 3]
+  const Tensor y = ops::relu(view);
+  EXPECT_EQ(y.memory_category(), MemoryCategory::activations);
+  ops::sum(ops::mul(y, y)).backward();  // d/dx = 2 relu(x) on the selected columns, 0 elsewhere
+  const std::vector<float> g = x.grad().to_vector<float>();
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < 4; ++c) {
+      const float xv = v[static_cast<std::size_t>(r * 4 + c)];
+      const float want = (c == 1 || c == 2) ? 2.0f * std::max(xv, 0.0f) : 0.0f;
+      EXPECT_EQ(g[static_cast<std::size_t>(r * 4 + c)], want) << r << ", " << c;
+    }
 }
 
 TEST_P(TensorOpsTest, SlabErrors) {
