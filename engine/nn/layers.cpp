@@ -16,8 +16,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, Device
   // PyTorch: kaiming_uniform_(W, a = sqrt(5)) has bound sqrt(6 / ((1 + a^2) fan_in)) = 1/sqrt(fan_in);
   // the bias is uniform in the same bound. Values are drawn on the host (see tensor/random.h).
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
-  weight_ = register_parameter("weight", uniform(Shape{out_features, in_features}, -bound, bound, gen), device);
-  if (bias) bias_ = register_parameter("bias", uniform(Shape{out_features}, -bound, bound, gen), device);
+  register_parameter("weight", weight_, uniform(Shape{out_features, in_features}, -bound, bound, gen), device);
+  if (bias) register_parameter("bias", bias_, uniform(Shape{out_features}, -bound, bound, gen), device);
 }
 
 Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight_, bias_); }
@@ -88,9 +88,12 @@ Tensor Sequential::run_layers(std::size_t begin, std::size_t end, const Tensor& 
       continue;
     }
     const LayerRange r = segments_[s];
+    // Each tensor once, though layers of the segment share it (Note [Shared parameters]).
     std::vector<Tensor> parameters;
     for (std::size_t k = r.begin; k < r.end; ++k)
-      for (const Tensor& p : layers_[k]->parameters()) parameters.push_back(p);
+      for (const Tensor& p : layers_[k]->parameters())
+        if (std::none_of(parameters.begin(), parameters.end(), [&](const Tensor& q) { return q.impl() == p.impl(); }))
+          parameters.push_back(p);
     h = checkpoint([this, r, s](const Tensor& in) { return run_layers(r.begin, r.end, in, s + 1); }, h, parameters);
     i = r.end;
   }
