@@ -248,6 +248,28 @@ TEST_P(SharedParametersTest, AFileWithOneNameLoadsAsPyTorchSays) {
   EXPECT_THROW(io::load_state_dict(dir.file("none.safetensors"), model, options), Error);
 }
 
+// Gradients of a Sequential whose first and last Linear share a weight, with every activation stored
+// or the whole run recomputed (Note [Recompute]; the checkpoint's parameter list then holds the
+// shared tensor twice, once per layer): the same summed gradient.
+std::vector<float> sequential_gradient(Device device, bool recompute) {
+  Generator gen(4);
+  nn::Sequential seq;
+  auto first = std::make_shared<nn::Linear>(kDim, kDim, gen, device, false);
+  seq.add(first).add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(kDim, kDim, gen, device, false));
+  seq.share_parameter("2.weight", first->weight());
+  if (recompute) seq.set_recompute({{0, 3}});
+  const Tensor x = nn::init::normal_(Tensor::zeros(Shape{3, kDim}, DType::f32, device), 0.0f, 1.0f, 5);
+  ops::sum(seq(x)).backward();
+  return first->weight().grad().to_vector<float>();
+}
+
+TEST_P(SharedParametersTest, RecomputedSegmentSumsTheSharedGradientOnce) {
+  const std::vector<float> stored = sequential_gradient(device(), false);
+  const std::vector<float> recomputed = sequential_gradient(device(), true);
+  ASSERT_EQ(stored.size(), recomputed.size());
+  for (std::size_t i = 0; i < stored.size(); ++i) EXPECT_NEAR(recomputed[i], stored[i], 1e-6f) << i;
+}
+
 // A module that registers its parameter without a slot: it reads `w_`, which a replacement in the
 // registry would not reach.
 class NoSlot : public nn::Module {

@@ -88,12 +88,9 @@ Tensor Sequential::run_layers(std::size_t begin, std::size_t end, const Tensor& 
       continue;
     }
     const LayerRange r = segments_[s];
-    // Each tensor once, though layers of the segment share it (Note [Shared parameters]).
     std::vector<Tensor> parameters;
     for (std::size_t k = r.begin; k < r.end; ++k)
-      for (const Tensor& p : layers_[k]->parameters())
-        if (std::none_of(parameters.begin(), parameters.end(), [&](const Tensor& q) { return q.impl() == p.impl(); }))
-          parameters.push_back(p);
+      for (const Tensor& p : layers_[k]->parameters()) parameters.push_back(p);
     h = checkpoint([this, r, s](const Tensor& in) { return run_layers(r.begin, r.end, in, s + 1); }, h, parameters);
     i = r.end;
   }
