@@ -12,6 +12,7 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/nn/layers.h"
@@ -100,6 +101,20 @@ TEST_P(SharedParametersTest, AllocatedOnce) {
             static_cast<int64_t>(model.wte->weight().allocated_bytes()));
   EXPECT_EQ(held(device(), MemoryCategory::gradients) - grads_before,
             static_cast<int64_t>(model.wte->weight().grad_buffer().allocated_bytes()));
+}
+
+TEST_P(SharedParametersTest, TrackerCountsItOnce) {
+  // The tracker's fixed costs are the allocator's counts: with the parameters flattened, one slot
+  // of values and one of gradients (an untied model would hold two of each).
+  const int64_t params_before = held(device(), MemoryCategory::parameters);
+  const int64_t grads_before = held(device(), MemoryCategory::gradients);
+  TiedLM model(0, device());
+  nn::FlatParameters flat(model);
+  MemoryTracker tracker(device(), MemoryTracker::Options{});
+  const MemorySummary summary = tracker.summary();
+  EXPECT_EQ(summary.parameters_bytes - params_before, static_cast<int64_t>(flat.values().allocated_bytes()));
+  EXPECT_EQ(summary.gradients_bytes - grads_before, static_cast<int64_t>(flat.gradients().allocated_bytes()));
+  EXPECT_EQ(flat.values().numel(), nn::FlatParameters::kAlignElements);
 }
 
 TEST_P(SharedParametersTest, FlatBuffersHoldItOnce) {

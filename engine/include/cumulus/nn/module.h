@@ -10,10 +10,10 @@
 // One tensor may be a parameter under several names (weight tying: a GPT's transformer.wte.weight
 // is its lm_head.weight). share_parameter makes it so, as PyTorch's `lm_head.weight = wte.weight`
 // does. Then, as in PyTorch, parameters() and named_parameters() list it once (under the first
-// name in registration order), so FlatParameters, the optimizers and the memory counts hold and
-// step it once; state_dict() lists it under every name, so a checkpoint has both keys, as
-// PyTorch's does. Its gradient is the sum over its uses: autograd accumulates both into its one
-// gradient buffer.
+// name in registration order), so FlatParameters and the optimizers hold and step it once, and
+// the allocator (so the memory tracker) counts one allocation; state_dict() lists it under every
+// name, so a checkpoint has both keys, as PyTorch's does. Its gradient is the sum over its uses:
+// autograd accumulates both into its one gradient buffer.
 #pragma once
 
 #include <memory>
