@@ -222,6 +222,8 @@ TEST_P(InitTest, BadArgumentsNameFunctionAndArgument) {
   m = invalid_argument_message([&] { xavier_uniform_(v, 1.0f, 0); });
   EXPECT_NE(m.find("nn::init::xavier_uniform_"), std::string::npos) << m;
   EXPECT_NE(m.find("at least 2 dimensions"), std::string::npos) << m;
+  m = invalid_argument_message([&] { xavier_normal_(t, -1.0f, 0); });
+  EXPECT_NE(m.find("nn::init::xavier_normal_: gain must be >= 0"), std::string::npos) << m;
   m = invalid_argument_message([&] { xavier_normal_(v, 1.0f, 0); });
   EXPECT_NE(m.find("nn::init::xavier_normal_"), std::string::npos) << m;
   m = invalid_argument_message([&] { kaiming_normal_(v, 0.0f, FanMode::fan_in, Nonlinearity::relu, 0); });

@@ -55,6 +55,8 @@ int64_t correct_fan(const Tensor& t, FanMode mode, const char* function) {
 float xavier_std(const Tensor& t, float gain, const char* function) {
   check_tensor(t, function);
   check_finite(gain, function, "gain");
+  // PyTorch refuses it too, in the uniform_ or normal_ it calls with the negative bound or std.
+  CUMULUS_CHECK(gain >= 0.0f, InvalidArgument, "nn::init::", function, ": gain must be >= 0, got ", gain);
   const Fans fans = calculate_fan_in_and_fan_out(t.shape(), (std::string("nn::init::") + function).c_str());
   if (t.numel() == 0) return 0.0f;
   return gain * std::sqrt(2.0f / static_cast<float>(fans.fan_in + fans.fan_out));

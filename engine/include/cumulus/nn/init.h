@@ -48,7 +48,8 @@ Tensor constant_(const Tensor& t, float value);
 Tensor zeros_(const Tensor& t);
 Tensor ones_(const Tensor& t);
 
-// Glorot & Bengio (2010): std = gain * sqrt(2 / (fan_in + fan_out)); uniform in +-sqrt(3) * std.
+// Glorot & Bengio (2010): std = gain * sqrt(2 / (fan_in + fan_out)), gain >= 0; uniform in
+// +-sqrt(3) * std.
 Tensor xavier_uniform_(const Tensor& t, float gain, Generator& gen);
 Tensor xavier_uniform_(const Tensor& t, float gain, uint64_t seed);
 Tensor xavier_normal_(const Tensor& t, float gain, Generator& gen);
