@@ -51,8 +51,8 @@ struct LoadStateDictOptions {
   // of its names, and PyTorch's load_state_dict (strict) requires every name, as this does by
   // default. true: a name the file lacks is not missing when the file holds another name of the
   // same tensor (safetensors.torch.load_model's rule, since its save_model writes one name per
-  // shared tensor, as Hugging Face's GPT-2 files hold transformer.wte.weight and no
-  // lm_head.weight).
+  // shared tensor: Hugging Face's GPT-2 file holds the token embedding and no lm_head.weight).
+  // Such names are then not listed in LoadedStateDict::missing.
   bool allow_missing_shared = false;
   // false: a dtype that differs from the module's is an error, even where exact.
   bool convert_dtypes = true;
