@@ -134,6 +134,15 @@ struct Layout {
   std::vector<std::string> missing, unexpected;
 };
 
+// Another name the module's state dict has for `t` (a shared parameter, Note [Shared parameters] in
+// nn/module.h) that the file holds, or "".
+std::string shared_name_in_file(const NamedTensors& state, const std::string& name, const Tensor& t,
+                                const std::map<std::string, const Shape*>& file_names) {
+  for (const auto& [other, u] : state)
+    if (other != name && u.impl() == t.impl() && file_names.count(other) == 1) return other;
+  return "";
+}
+
 // The file's tensor names and shapes against the module's state dict: throws naming the file and
 // the tensor for a shape that differs, a missing tensor (unless allowed) or an unexpected one
 // outside the extra prefix (unless allowed). It needs no tensor data, so load_state_dict runs it
@@ -143,9 +152,17 @@ Layout check_layout(const std::string& source, const std::vector<std::pair<std::
   Layout layout;
   std::map<std::string, const Shape*> by_name;
   for (const auto& [name, shape] : file_tensors) by_name.emplace(name, &shape);
-  for (const auto& [name, target] : module.state_dict()) {
+  const std::map<std::string, const Shape*> file_names = by_name;
+  const NamedTensors state = module.state_dict();
+  std::string shared_hint;  // for the first missing name, when the file has it under another
+  for (const auto& [name, target] : state) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
+      const std::string other = shared_name_in_file(state, name, target, file_names);
+      if (!other.empty() && options.allow_missing_shared) continue;  // loaded under `other`
+      if (layout.missing.empty() && !other.empty())
+        shared_hint = " (the module shares it with '" + other +
+                      "', which the file holds; allow_missing_shared loads it from there)";
       layout.missing.push_back(name);
       continue;
     }
@@ -156,6 +173,7 @@ Layout check_layout(const std::string& source, const std::vector<std::pair<std::
   }
   if (!layout.missing.empty() && !options.allow_missing)
     throw Error(where(source, layout.missing.front()) + ": not in the file, but in the module's state dict" +
+                shared_hint +
                 (layout.missing.size() > 1 ? " (" + std::to_string(layout.missing.size()) + " such tensors)" : ""));
   for (const auto& [name, shape] : file_tensors)
     if (by_name.count(name) == 1 && !starts_with(name, options.extra_prefix)) layout.unexpected.push_back(name);
@@ -185,6 +203,34 @@ void check_extra_layout(const std::string& source, const std::vector<Safetensors
   }
 }
 
+struct Copy {
+  std::string name;
+  Tensor target;  // the module's tensor
+  Tensor value;   // what goes into it: the file's tensor, or its conversion
+};
+
+// A shared parameter the file holds under several names is one tensor: the values must agree bit
+// for bit (a file saved from the tied model does), and one copy loads it. Values that differ are
+// refused rather than one taken silently (PyTorch copies both, the last wins): they mean the file
+// is not of a tied model.
+void drop_shared_copies(const std::string& source, std::vector<Copy>& copies) {
+  std::vector<Copy> kept;
+  for (Copy& c : copies) {
+    const Copy* first = nullptr;
+    for (const Copy& k : kept)
+      if (k.target.impl() == c.target.impl()) first = &k;
+    if (first == nullptr) {
+      kept.push_back(std::move(c));
+      continue;
+    }
+    const Tensor a = first->value.to(Device::cpu()), b = c.value.to(Device::cpu());
+    if (std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) != 0)
+      throw Error(where(source, c.name) + ": differs from '" + first->name +
+                  "' in the file, but the module shares one tensor under both names");
+  }
+  copies = std::move(kept);
+}
+
 }  // namespace
 
 LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsContents& contents,
@@ -205,11 +251,6 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
   for (const auto& [name, t] : contents.tensors) by_name.emplace(name, &t);
 
   // Check everything first, copy after: a failed load leaves the module untouched.
-  struct Copy {
-    std::string name;
-    Tensor target;  // the module's tensor
-    Tensor value;   // what goes into it: the file's tensor, or its conversion
-  };
   std::vector<Copy> copies;
   for (const auto& [name, target] : module.state_dict()) {
     auto it = by_name.find(name);
@@ -225,6 +266,7 @@ LoadedStateDict copy_state_dict(const std::string& source, const SafetensorsCont
                   dtype_name(target.dtype()) + " in the module (dtype conversion is off)");
     }
   }
+  drop_shared_copies(source, copies);
   // What is left in the file under the prefix is extra; keep the file's order.
   for (const auto& [name, t] : contents.tensors)
     if (by_name.count(name) == 1 && starts_with(name, options.extra_prefix))

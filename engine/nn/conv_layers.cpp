@@ -16,9 +16,9 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, G
   // the bias is uniform in the same bound. Drawn on the host, so every device gets the same values.
   const int64_t fan_in = in_channels * kernel_size * kernel_size;
   const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-  weight_ = register_parameter(
-      "weight", uniform(Shape{out_channels, in_channels, kernel_size, kernel_size}, -bound, bound, gen), device);
-  if (bias) bias_ = register_parameter("bias", uniform(Shape{out_channels}, -bound, bound, gen), device);
+  register_parameter("weight", weight_,
+                     uniform(Shape{out_channels, in_channels, kernel_size, kernel_size}, -bound, bound, gen), device);
+  if (bias) register_parameter("bias", bias_, uniform(Shape{out_channels}, -bound, bound, gen), device);
 }
 
 Tensor Conv2d::forward(const Tensor& x) { return ops::conv2d(x, weight_, bias_, options_); }
@@ -27,8 +27,8 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, Device device, float eps, float m
     : num_features_(num_features), eps_(eps), momentum_(momentum) {
   CUMULUS_CHECK(num_features > 0, InvalidArgument, "BatchNorm2d(", num_features, "): must be positive");
   const Shape s{num_features};
-  weight_ = register_parameter("weight", Tensor::full(s, 1.0f), device);
-  bias_ = register_parameter("bias", Tensor::zeros(s), device);
+  register_parameter("weight", weight_, Tensor::full(s, 1.0f), device);
+  register_parameter("bias", bias_, Tensor::zeros(s), device);
   running_mean_ = register_buffer("running_mean", Tensor::zeros(s), device);
   running_var_ = register_buffer("running_var", Tensor::full(s, 1.0f), device);
   // PyTorch: an int64 0-d tensor; i32 here (see the header).

@@ -45,6 +45,10 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
                   "' must be an f32 leaf that requires grad (leave frozen parameters out of the list)");
     CUMULUS_CHECK(p.device() == device, DeviceError, "FlatParameters: '", name, "' is on ",
                   p.device().str(), ", the first parameter on ", device.str());
+    // A shared tensor given twice would get two slots and two updates per step.
+    for (const Slot& s : slots_)
+      CUMULUS_CHECK(s.param.impl() != p.impl(), InvalidArgument, "FlatParameters: '", name, "' is the tensor '", s.name,
+                    "' again (list a shared parameter once, as Module::named_parameters() does)");
     slots_.push_back({name, p, total, p.numel()});
     total += align_up(p.numel(), kAlignElements);
   }

@@ -16,8 +16,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, Device
   // PyTorch: kaiming_uniform_(W, a = sqrt(5)) has bound sqrt(6 / ((1 + a^2) fan_in)) = 1/sqrt(fan_in);
   // the bias is uniform in the same bound. Values are drawn on the host (see tensor/random.h).
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
-  weight_ = register_parameter("weight", uniform(Shape{out_features, in_features}, -bound, bound, gen), device);
-  if (bias) bias_ = register_parameter("bias", uniform(Shape{out_features}, -bound, bound, gen), device);
+  register_parameter("weight", weight_, uniform(Shape{out_features, in_features}, -bound, bound, gen), device);
+  if (bias) register_parameter("bias", bias_, uniform(Shape{out_features}, -bound, bound, gen), device);
 }
 
 Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight_, bias_); }

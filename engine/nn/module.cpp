@@ -1,19 +1,27 @@
 #include "cumulus/nn/module.h"
 
+#include <unordered_set>
+
 namespace cumulus::nn {
 
 void Module::collect(const std::string& prefix, What what,
                      std::vector<std::pair<std::string, Tensor>>& out) const {
   if (what != What::buffers)
-    for (const auto& [name, t] : parameters_) out.emplace_back(prefix + name, t);
+    for (const Parameter& p : parameters_) out.emplace_back(prefix + p.name, p.tensor);
   if (what != What::parameters)
     for (const auto& [name, t] : buffers_) out.emplace_back(prefix + name, t);
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", what, out);
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool remove_duplicate) const {
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect("", What::parameters, all);
+  if (!remove_duplicate) return all;
+  // By identity (the impl), as PyTorch's memo set: the first name of a shared tensor stays.
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", What::parameters, out);
+  std::unordered_set<const TensorImpl*> seen;
+  for (auto& named : all)
+    if (seen.insert(named.second.impl().get()).second) out.push_back(std::move(named));
   return out;
 }
 
@@ -59,8 +67,44 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& initial
   }
   p.set_requires_grad(true);
   p.allocate_grad();
-  parameters_.emplace_back(name, p);
+  parameters_.push_back({name, p, nullptr});
   return p;
+}
+
+void Module::register_parameter(const std::string& name, Tensor& slot, const Tensor& initial, Device device) {
+  slot = register_parameter(name, initial, device);
+  parameters_.back().slot = &slot;
+}
+
+void Module::share_parameter(const std::string& name, const Tensor& tensor) {
+  const std::string where = "Module::share_parameter(\"" + name + "\")";
+  // Down the dotted path to the module that owns the parameter.
+  Module* owner = this;
+  std::size_t start = 0;
+  for (std::size_t dot; (dot = name.find('.', start)) != std::string::npos; start = dot + 1) {
+    const std::string child = name.substr(start, dot - start);
+    Module* next = nullptr;
+    for (const auto& [child_name, module] : owner->children_)
+      if (child_name == child) next = module.get();
+    CUMULUS_CHECK(next != nullptr, InvalidArgument, where, ": no child module '", name.substr(0, dot), "'");
+    owner = next;
+  }
+  Parameter* p = nullptr;
+  for (Parameter& candidate : owner->parameters_)
+    if (candidate.name == name.substr(start)) p = &candidate;
+  CUMULUS_CHECK(p != nullptr, InvalidArgument, where,
+                ": no parameter of that name (share_parameter replaces an existing parameter; it does not "
+                "register a new one)");
+  CUMULUS_CHECK(p->slot != nullptr, InvalidArgument, where,
+                ": the module registered it without a slot (register_parameter(name, slot, initial, device)), "
+                "so it would keep reading the old tensor");
+  CUMULUS_CHECK(tensor.defined() && tensor.is_leaf() && tensor.requires_grad(), InvalidArgument, where,
+                ": the tensor must be a leaf that requires grad (a parameter)");
+  CUMULUS_CHECK(tensor.shape() == p->tensor.shape() && tensor.dtype() == p->tensor.dtype() &&
+                    tensor.device() == p->tensor.device(),
+                InvalidArgument, where, ": the tensor is ", tensor.str(), ", the parameter ", p->tensor.str());
+  p->tensor = tensor;
+  *p->slot = tensor;
 }
 
 Tensor Module::register_buffer(const std::string& name, const Tensor& tensor) {

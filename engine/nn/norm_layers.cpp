@@ -8,8 +8,8 @@ LayerNorm::LayerNorm(int64_t normalized_size, float eps, bool elementwise_affine
     : normalized_size_(normalized_size), eps_(eps) {
   CUMULUS_CHECK(normalized_size > 0, InvalidArgument, "LayerNorm(", normalized_size, "): the size must be positive");
   if (!elementwise_affine) return;
-  weight_ = register_parameter("weight", Tensor::full(Shape{normalized_size}, 1.0f), device);
-  bias_ = register_parameter("bias", Tensor::zeros(Shape{normalized_size}), device);
+  register_parameter("weight", weight_, Tensor::full(Shape{normalized_size}, 1.0f), device);
+  register_parameter("bias", bias_, Tensor::zeros(Shape{normalized_size}), device);
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return ops::layer_norm(x, normalized_size_, weight_, bias_, eps_); }
@@ -18,7 +18,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& g
     : dtype_(dtype) {
   CUMULUS_CHECK(num_embeddings > 0 && embedding_dim > 0, InvalidArgument, "Embedding(", num_embeddings, ", ",
                 embedding_dim, "): sizes must be positive");
-  weight_ = register_parameter("weight", normal(Shape{num_embeddings, embedding_dim}, 0.0f, 1.0f, gen), device);
+  register_parameter("weight", weight_, normal(Shape{num_embeddings, embedding_dim}, 0.0f, 1.0f, gen), device);
 }
 
 Tensor Embedding::forward(const Tensor& indices) { return ops::embedding(indices, weight_, dtype_); }

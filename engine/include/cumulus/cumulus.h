@@ -44,6 +44,7 @@
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/init.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/module.h"

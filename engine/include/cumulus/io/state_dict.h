@@ -6,6 +6,10 @@
 // Loading is all or nothing: every tensor is checked (names, shapes, dtypes) before any is copied,
 // so a failed load leaves the module as it was. Errors name the file and the tensor.
 //
+// Shared parameters (Note [Shared parameters] in nn/module.h) are saved under each of their names,
+// as PyTorch's state_dict has them; a load takes a file with every name, whose values must then
+// agree bit for bit (else an error naming both), or, with allow_missing_shared, one of them.
+//
 // dtypes: a file tensor whose dtype differs from the module's is converted when every value is
 // represented exactly in the module's dtype (Note [State-dict dtypes] in state_dict.cpp): bf16 and
 // f16 -> f32 always; i32 -> f32 for integers up to 2^24 in magnitude; f32 -> i32 for integral values in
@@ -43,6 +47,13 @@ struct LoadStateDictOptions {
   // tensors the module lacks (outside extra_prefix) are ignored.
   bool allow_missing = false;
   bool allow_unexpected = false;
+  // A shared parameter (Note [Shared parameters] in nn/module.h) is in the state dict under each
+  // of its names, and PyTorch's load_state_dict (strict) requires every name, as this does by
+  // default. true: a name the file lacks is not missing when the file holds another name of the
+  // same tensor (safetensors.torch.load_model's rule, since its save_model writes one name per
+  // shared tensor: Hugging Face's GPT-2 file holds the token embedding and no lm_head.weight).
+  // Such names are then not listed in LoadedStateDict::missing.
+  bool allow_missing_shared = false;
   // false: a dtype that differs from the module's is an error, even where exact.
   bool convert_dtypes = true;
   // true: a NaN or an infinity in an f32 tensor of the module's, or among the extra tensors (a

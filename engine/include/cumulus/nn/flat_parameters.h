@@ -25,13 +25,15 @@ class FlatParameters {
   };
 
   // Moves every parameter of `model` that requires grad (and its gradient buffer) into the flat
-  // buffers, keeping values. The model's tensor handles stay valid and point into the flat storage
-  // afterwards. Frozen parameters (requires_grad false) are left out, and stay out if unfrozen
-  // later: to train a parameter in phases, freeze it after this instead (Note [Frozen parameters]
-  // in kernels/optim_rules.h: the optimizer then leaves it alone until it is unfrozen).
+  // buffers, keeping values; a shared one once (Note [Shared parameters] in nn/module.h). The
+  // model's tensor handles stay valid and point into the flat storage afterwards. Frozen
+  // parameters (requires_grad false) are left out, and stay out if unfrozen later: to train a
+  // parameter in phases, freeze it after this instead (Note [Frozen parameters] in
+  // kernels/optim_rules.h: the optimizer then leaves it alone until it is unfrozen).
   explicit FlatParameters(const Module& model);
-  // The same for named leaf tensors that require grad (all f32, on one device). Do this before any
-  // forward: tensors saved by a recorded graph would still point at the old storage.
+  // The same for named leaf tensors that require grad (all f32, on one device, each once: a tensor
+  // listed twice is an InvalidArgument). Do this before any forward: tensors saved by a recorded
+  // graph would still point at the old storage.
   explicit FlatParameters(const std::vector<std::pair<std::string, Tensor>>& named);
 
   const std::vector<Slot>& slots() const { return slots_; }

@@ -5,6 +5,15 @@
 // and are not part of named_parameters() (so FlatParameters and the optimizers never see them).
 // A module is in training mode (the default) or evaluation mode; train()/eval() set the mode of
 // the module and all its children, as in PyTorch.
+//
+// Note [Shared parameters]
+// One tensor may be a parameter under several names (weight tying: a GPT's transformer.wte.weight
+// is its lm_head.weight). share_parameter makes it so, as PyTorch's `lm_head.weight = wte.weight`
+// does. Then, as in PyTorch, parameters() and named_parameters() list it once (under the first
+// name in registration order), so FlatParameters and the optimizers hold and step it once, and
+// the allocator (so the memory tracker) counts one allocation; state_dict() lists it under every
+// name, so a checkpoint has both keys, as PyTorch's does. Its gradient is the sum over its uses:
+// autograd accumulates both into its one gradient buffer.
 #pragma once
 
 #include <memory>
@@ -27,9 +36,11 @@ class Module {
   virtual Tensor forward(const Tensor& x) = 0;
   Tensor operator()(const Tensor& x) { return forward(x); }
 
-  // Parameters of this module and its children, in registration order, with dotted names.
-  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
-  std::vector<Tensor> parameters() const;
+  // Parameters of this module and its children, in registration order, with dotted names. A
+  // tensor registered under several names (Note [Shared parameters]) is listed once, under its
+  // first name, unless remove_duplicate is false (PyTorch's argument of the same name).
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool remove_duplicate = true) const;
+  std::vector<Tensor> parameters() const;  // each tensor once
   int64_t num_parameters() const;
   // Every parameter's gradient buffer is marked stale (the next backward overwrites it).
   void zero_grad() const;
@@ -38,8 +49,18 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> named_buffers() const;
   // Everything a checkpoint of the model holds, in PyTorch's state_dict order: for each module its
   // parameters, then its buffers (both in registration order), then its children's entries. The
-  // tensors are the module's own handles (copy_from into them to load values).
+  // tensors are the module's own handles (copy_from into them to load values). A shared parameter
+  // is there under each of its names.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
+
+  // PyTorch's `module.<name> = tensor` for an existing parameter (Note [Shared parameters]): the
+  // parameter `name` (dotted through children: "lm_head.weight") becomes `tensor` itself, a leaf
+  // that requires grad (another module's parameter) of the same shape, dtype and device, and the
+  // tensor it held is dropped. Do it before FlatParameters or an optimizer takes the parameters,
+  // as PyTorch ties weights before making its optimizer: those keep the tensors they were given.
+  // Only parameters registered with a slot (register_parameter(name, slot, ...)) can be replaced,
+  // since the module reads its parameter through that member.
+  void share_parameter(const std::string& name, const Tensor& tensor);
 
   // Training (true, the default) or evaluation mode, for this module and every child.
   Module& train(bool on = true);
@@ -50,6 +71,9 @@ class Module {
   // Makes a parameter from initial values: copied to `device` in category parameters, requires
   // grad, with its persistent gradient buffer allocated now (category gradients).
   Tensor register_parameter(const std::string& name, const Tensor& initial, Device device);
+  // The same, stored in the member `slot` the module reads it through: share_parameter can then
+  // replace it (the pointer to the member stays valid: modules are neither copied nor moved).
+  void register_parameter(const std::string& name, Tensor& slot, const Tensor& initial, Device device);
   // Registers `tensor` itself as a buffer (the module keeps this handle; no copy, no grad).
   Tensor register_buffer(const std::string& name, const Tensor& tensor);
   // Makes a buffer from initial values: copied to `device` in category parameters (model state
@@ -64,7 +88,12 @@ class Module {
  private:
   enum class What { parameters, buffers, both };
   void collect(const std::string& prefix, What what, std::vector<std::pair<std::string, Tensor>>& out) const;
-  std::vector<std::pair<std::string, Tensor>> parameters_;
+  struct Parameter {
+    std::string name;
+    Tensor tensor;
+    Tensor* slot;  // the subclass's member holding it, or null (then it cannot be replaced)
+  };
+  std::vector<Parameter> parameters_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   bool training_ = true;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
