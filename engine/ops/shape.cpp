@@ -1,6 +1,7 @@
-// reshape / flatten: views over the same storage (no copy, no allocation) of a dense input; a
-// strided view is first made dense (Note [Strided views] in view.cpp). Backward hands the
-// gradient on as a view with the input's shape.
+// reshape / flatten: views over the same storage (no copy, no allocation), of a dense input or of a
+// strided view whose strides allow it (splitting the last dimension of a qkv projection's slice into
+// heads); otherwise the input is first made dense (Note [Strided views] in view.cpp). Backward
+// hands the gradient on as a view with the input's shape.
 // cast: a copy in another floating type; backward hands the gradient on converted back.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
@@ -23,13 +24,41 @@ class ReshapeBackward final : public Node {
   Shape input_shape_;
 };
 
+// The strides that show x's elements, in row-major order, as `shape`, when its strides allow it
+// (each run of x's dimensions that lie back to back in memory is split or merged alone); empty when
+// they do not (the reshape must copy). As torch.view decides it.
+std::vector<int64_t> view_strides(const Tensor& x, const Shape& shape) {
+  const Shape& old = x.shape();
+  const std::vector<int64_t> os = x.strides();
+  std::vector<int64_t> ns(static_cast<std::size_t>(shape.ndim()), 1);
+  int view_d = shape.ndim() - 1;
+  int64_t base = os.empty() ? 1 : os.back(), tensor_numel = 1, view_numel = 1;
+  for (int d = old.ndim() - 1; d >= 0; --d) {
+    tensor_numel *= old[d];
+    const bool chunk_ends = d == 0 || (old[d - 1] != 1 && os[static_cast<std::size_t>(d - 1)] != tensor_numel * base);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+      ns[static_cast<std::size_t>(view_d)] = view_numel * base;
+      view_numel *= shape[view_d--];
+    }
+    if (view_numel != tensor_numel) return {};
+    if (d > 0) {
+      base = os[static_cast<std::size_t>(d - 1)];
+      tensor_numel = view_numel = 1;
+    }
+  }
+  if (view_d != -1) return {};
+  return ns;
+}
+
 Tensor view(const Tensor& x, const Shape& shape) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = x.impl()->storage;
-  impl->offset_bytes = x.impl()->offset_bytes;
-  impl->shape = shape;
-  impl->dtype = x.dtype();
-  return Tensor(std::move(impl));
+  std::vector<int64_t> dense(static_cast<std::size_t>(shape.ndim()));
+  int64_t running = 1;
+  for (int d = shape.ndim() - 1; d >= 0; --d) {
+    dense[static_cast<std::size_t>(d)] = running;
+    running *= shape[d];
+  }
+  return detail::strided_view(x, shape, dense, 0);
 }
 
 class CastBackward final : public Node {
@@ -66,6 +95,14 @@ Tensor reshape(const Tensor& x_in, const Shape& shape) {
   CUMULUS_CHECK(x_in.defined(), InvalidArgument, "reshape: input is undefined");
   CUMULUS_CHECK(shape.numel() == x_in.numel(), ShapeError, "reshape: cannot view ", x_in.shape().str(),
                 " (", x_in.numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+  if (!x_in.is_contiguous() && x_in.numel() > 0) {
+    const std::vector<int64_t> strides = view_strides(x_in, shape);
+    if (!strides.empty() || shape.ndim() == 0) {  // a view of the view: no copy
+      Tensor y = detail::strided_view(x_in, shape, strides, 0);
+      if (should_record({&x_in})) attach_node(y, std::make_shared<ReshapeBackward>(x_in.shape()), {&x_in});
+      return y;
+    }
+  }
   const Tensor x = detail::contiguous(x_in);
   Tensor y = view(x, shape);
   if (should_record({&x})) attach_node(y, std::make_shared<ReshapeBackward>(x.shape()), {&x});

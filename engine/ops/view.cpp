@@ -1,5 +1,5 @@
-// Strided views (transpose, permute, narrow, expand, squeeze, unsqueeze), reshape with -1, and the
-// one copy that makes a view dense (contiguous).
+// Strided views (transpose, permute, expand, squeeze, unsqueeze; narrow is in concat.cpp, reshape
+// in shape.cpp) and the one copy that makes a view dense (contiguous).
 //
 // Note [Strided views]
 // A tensor is its storage, an element offset, a shape and, when it is a strided view, one stride per
@@ -130,29 +130,6 @@ class ExpandBackward final : public Node {
   Shape x_shape_, out_shape_;
 };
 
-// Hands the gradient on in the input's shape: for the views that keep the elements' order
-// (squeeze, unsqueeze, reshape of a dense tensor).
-class SameOrderBackward final : public Node {
- public:
-  SameOrderBackward(const char* op, Shape x_shape) : Node(op), x_shape_(x_shape) {
-    set_output_reduction(OutputReduction::none);
-  }
-  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
-    if (!grads[0].needed()) return;
-    const Tensor dense = detail::contiguous(dy.detach());
-    grads[0].give(detail::strided_view(dense, x_shape_, dense_strides(x_shape_), 0));
-  }
-
- private:
-  Shape x_shape_;
-};
-
-Tensor same_order_view(const char* op, const Tensor& x, const Shape& shape, const std::vector<int64_t>& strides) {
-  Tensor y = detail::strided_view(x, shape, strides, 0);
-  if (should_record({&x})) attach_node(y, std::make_shared<SameOrderBackward>(op, x.shape()), {&x});
-  return y;
-}
-
 // permute's view of a tensor of `shape` with `strides`.
 std::pair<Shape, std::vector<int64_t>> permuted(const Shape& shape, const std::vector<int64_t>& strides,
                                                 const std::vector<int>& dims) {
@@ -275,39 +252,26 @@ Tensor expand(const Tensor& x, const std::vector<int64_t>& sizes) {
   return y;
 }
 
+// squeeze and unsqueeze keep the elements' order: reshapes, which are views whatever x's strides.
 Tensor unsqueeze(const Tensor& x, int dim) {
   CUMULUS_CHECK(x.defined(), InvalidArgument, "unsqueeze: input is undefined", detail::undefined_because(x));
-  const int n = x.ndim();
-  const int at = wrap_dim("unsqueeze", dim, n + 1);
-  std::vector<int64_t> xs = x.strides();
+  const int at = wrap_dim("unsqueeze", dim, x.ndim() + 1);
   Shape shape;
-  std::vector<int64_t> strides;
-  for (int d = 0; d <= n; ++d) {
-    if (d == at) {
-      shape.push_back(1);
-      strides.push_back(d < n ? xs[static_cast<std::size_t>(d)] * x.shape()[d] : 1);
-    }
-    if (d < n) {
-      shape.push_back(x.shape()[d]);
-      strides.push_back(xs[static_cast<std::size_t>(d)]);
-    }
+  for (int d = 0; d <= x.ndim(); ++d) {
+    if (d == at) shape.push_back(1);
+    if (d < x.ndim()) shape.push_back(x.shape()[d]);
   }
-  return same_order_view("unsqueeze", x, shape, strides);
+  return reshape(x, shape);
 }
 
 Tensor squeeze(const Tensor& x, int dim) {
   CUMULUS_CHECK(x.defined(), InvalidArgument, "squeeze: input is undefined", detail::undefined_because(x));
   const int drop = wrap_dim("squeeze", dim, x.ndim());
   if (x.shape()[drop] != 1) return x;  // as torch.squeeze(x, dim): only a dimension of size 1 goes
-  const std::vector<int64_t> xs = x.strides();
   Shape shape;
-  std::vector<int64_t> strides;
   for (int d = 0; d < x.ndim(); ++d)
-    if (d != drop) {
-      shape.push_back(x.shape()[d]);
-      strides.push_back(xs[static_cast<std::size_t>(d)]);
-    }
-  return same_order_view("squeeze", x, shape, strides);
+    if (d != drop) shape.push_back(x.shape()[d]);
+  return reshape(x, shape);
 }
 
 }  // namespace cumulus::ops

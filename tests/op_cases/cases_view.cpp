@@ -147,6 +147,20 @@ void add_chained_cases(std::vector<OpCase>& cases) {
   r.forward = [](const Inputs& t) { return ops::reshape(ops::transpose(t[0], 1, 2), {-1, 6}); };
   r.reference = [shape](const Values& v) { return permute_reference(v[0], shape, {0, 2, 1}); };
   cases.push_back(r);
+
+  // A qkv projection's k slice split into heads: the strides allow a view, so nothing is copied.
+  OpCase h = view_case("reshape", "reshape_heads_of_narrow_2x3x12", {2, 3, 12}, DType::f32);
+  h.inner_ops = {"narrow"};
+  h.forward = [](const Inputs& t) {
+    const Tensor k = ops::narrow(t[0], -1, 4, 8);  // [2, 3, 8], strides [36, 12, 1]
+    const Tensor heads = ops::reshape(k, {2, 3, 2, 4});
+    CUMULUS_CHECK(heads.impl()->storage == t[0].impl()->storage, Error, "the heads are not a view");
+    return heads;
+  };
+  h.reference = [](const Values& v) {
+    return gather(v[0], {2, 3, 2, 4}, [](const std::vector<int64_t>& i) { return (i[0] * 3 + i[1]) * 12 + 4 + i[2] * 4 + i[3]; });
+  };
+  cases.push_back(h);
 }
 
 }  // namespace
