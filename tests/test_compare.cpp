@@ -142,8 +142,11 @@ TEST_P(CompareTest, ErrorsNameTheOpAndTheArgument) {
   expect_error<InvalidArgument>([&] { ops::where(x, x, x); }, {"where", "cond", "bool", "f32"});
   expect_error<InvalidArgument>([&] { ops::where(ops::gt(x, 2.0), x, ops::cast(x, DType::f16)); },
                                 {"where", "same dtype"});
-  expect_error<InvalidArgument>([&] { ops::masked_fill(floats({1, 2}, {2}), ops::gt(x, 2.0), 0.0); },
-                                {"masked_fill", "[2, 3]", "[2]", "broadcast"});
+  expect_error<InvalidArgument>(
+      [&] {
+        ops::masked_fill(floats({1, 2}, {2}), ops::gt(x, 2.0), 0.0);
+      },
+      {"masked_fill", "[2, 3]", "[2]", "broadcast"});
   expect_error<InvalidArgument>([&] { ops::masked_fill(x, x, 0.0); }, {"masked_fill", "mask", "bool"});
   const Tensor i = ops::arange(6, device());
   expect_error<InvalidArgument>([&] { ops::masked_fill(i, ops::gt(i, 2.0), 0.5); },
