@@ -133,6 +133,7 @@ void comparison_cases(std::vector<OpCase>& cases) {
       c.inputs = {compare_input(f.a, f.dtype), compare_input(f.b, f.dtype)};
       c.differentiable = false;
       c.forward = [op = cmp.tensor](const Inputs& t) { return op(t[0], t[1]); };
+      if (f.a == Shape{3, 5} && f.b == Shape{3, 5}) c.bench_shapes = {{2048, 2048}, {2048, 2048}};
       c.reference = [shapes = std::vector<Shape>{f.a, f.b}, ref = cmp.ref](const Values& v) {
         return broadcast_reference(v, shapes,
                                    [&](const std::vector<double>& x) { return ref(x[0], x[1]) ? 1.0 : 0.0; });
@@ -246,6 +247,8 @@ void where_cases(std::vector<OpCase>& cases) {
     if (f.dtype == DType::bf16) c.tolerance = 1e-5, c.grad_tolerance = 1e-2;  // the summed gradient rounds to bf16
     if (f.dtype == DType::f16) c.grad_tolerance = 2e-3;
     c.forward = [](const Inputs& t) { return ops::where(t[0], t[1], t[2]); };
+    if (f.a == Shape{3, 5} && f.b == Shape{3, 5}) c.bench_shapes = {{2048, 2048}, {2048, 2048}, {2048, 2048}};
+    if (f.dtype == DType::bf16) c.bench_shapes = {{1024, 1024}, {1024}, {1024, 1}};  // b's gradient: row sums
     c.reference = [shapes = std::vector<Shape>{f.cond, f.a, f.b}](const Values& v) {
       return broadcast_reference(v, shapes, [](const std::vector<double>& x) { return x[0] != 0 ? x[1] : x[2]; });
     };
@@ -328,6 +331,7 @@ void masked_fill_cases(std::vector<OpCase>& cases) {
       c.inputs[0].grad = false;
     }
     c.forward = [value = f.value](const Inputs& t) { return ops::masked_fill(t[0], t[1], value); };
+    if (f.x == Shape{2, 3, 4, 4}) c.bench_shapes = {{8, 12, 256, 256}, {256, 256}};  // a causal mask over scores
     c.reference = [shapes = std::vector<Shape>{f.x, f.mask}, stored](const Values& v) {
       return broadcast_reference(v, shapes, [&](const std::vector<double>& x) { return x[1] != 0 ? stored : x[0]; });
     };
@@ -369,6 +373,7 @@ void triangle_cases(std::vector<OpCase>& cases) {
         c.inputs[0].grad = false;
       }
       c.forward = [upper, k = f.diagonal](const Inputs& t) { return upper ? ops::triu(t[0], k) : ops::tril(t[0], k); };
+      if (f.x == Shape{2, 3, 4, 6}) c.bench_shapes = {{8, 12, 256, 256}};
       c.reference = [upper, k = f.diagonal, rows = f.x[f.x.ndim() - 2], cols = f.x[f.x.ndim() - 1]](const Values& v) {
         return triangle_reference(v[0], rows, cols, k, upper);
       };
