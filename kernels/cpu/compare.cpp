@@ -1,5 +1,6 @@
-// The comparison and mask ops on the CPU: plain loops over kernels/compare_rules.h. Same-shaped
-// operands (the common case) take a loop without offsets.
+// The comparison and mask ops on the CPU: plain loops over kernels/compare_rules.h. Broadcast
+// operands are walked with an odometer rather than an offset computed (with divisions) per element;
+// the sums of a broadcast gradient are where_grad_element's, so the bits are the CUDA kernel's.
 #include "kernels/cpu/compare_kernels.h"
 
 namespace cumulus::kernels {
@@ -8,6 +9,28 @@ namespace {
 template <typename T>
 void store_blend(T* dst, float value, float beta) {
   *dst = from_f32<T>(beta == 0.0f ? value : value + beta * to_f32(*dst));
+}
+
+// Calls fn(o, off) for every output element o in row-major order, off[k] its offset into operand k:
+// the innermost dimension steps the offsets by their strides, an odometer moves the others.
+template <typename Fn>
+void for_each_element(const NaryGeometry& g, Fn fn) {
+  const int64_t n = g.numel(0);
+  const int last = g.ndim - 1, m = g.noperands;
+  int64_t base[NaryGeometry::kMaxOperands] = {}, off[NaryGeometry::kMaxOperands] = {};
+  int64_t count[NaryGeometry::kMaxDims] = {};
+  for (int64_t o = 0; o < n;) {
+    for (int64_t c = 0; c < g.dims[last]; ++c, ++o) {
+      for (int k = 0; k < m; ++k) off[k] = base[k] + c * g.strides[1 + k][last];
+      fn(o, off);
+    }
+    for (int d = last - 1; d >= 0; --d) {
+      for (int k = 0; k < m; ++k) base[k] += g.strides[1 + k][d];
+      if (++count[d] < g.dims[d]) break;
+      for (int k = 0; k < m; ++k) base[k] -= count[d] * g.strides[1 + k][d];
+      count[d] = 0;
+    }
+  }
 }
 }  // namespace
 
@@ -18,11 +41,9 @@ void compare_forward_cpu(const NaryGeometry& g, CompareOp op, const T* a, const 
     for (int64_t i = 0; i < n; ++i) y[i] = compare_apply(op, compare_value(a[i]), compare_value(b[i]));
     return;
   }
-  int64_t o[NaryGeometry::kMaxOperands];
-  for (int64_t i = 0; i < n; ++i) {
-    nary_offsets(g, i, o);
+  for_each_element(g, [&](int64_t i, const int64_t* o) {
     y[i] = compare_apply(op, compare_value(a[o[0]]), compare_value(b[o[1]]));
-  }
+  });
 }
 
 template <typename T>
@@ -32,13 +53,24 @@ void compare_scalar_cpu(CompareOp op, const T* x, CompareScalar s, uint8_t* y, i
 
 template <typename E>
 void where_forward_cpu(const NaryGeometry& g, const uint8_t* cond, const E* a, const E* b, E fill, E* y) {
-  const int64_t n = g.numel(0);
-  for (int64_t i = 0; i < n; ++i) y[i] = where_element(g, i, cond, a, b, fill);
+  for_each_element(g, [&](int64_t i, const int64_t* o) {
+    y[i] = cond[o[0]] != 0 ? (a != nullptr ? a[o[1]] : fill) : (b != nullptr ? b[o[2]] : fill);
+  });
 }
 
+// An operand read by one output element each takes its term in the output's order (a sum of one
+// term: where_grad_element's bits); a broadcast one sums per element as where_grad_element does.
 template <typename T>
 void where_backward_cpu(const NaryGeometry& g, int operand, const uint8_t* cond, const T* dy, float beta, T* dx) {
   const int64_t n = g.numel(1 + operand);
+  if (n == g.numel(0)) {
+    const bool selected_when = operand == 1;
+    for_each_element(g, [&](int64_t i, const int64_t* o) {
+      // 0 + dy as the sum from 0 has it (-0 becomes +0)
+      store_blend(dx + o[operand], (cond[o[0]] != 0) == selected_when ? 0.0f + to_f32(dy[i]) : 0.0f, beta);
+    });
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) store_blend(dx + j, where_grad_element(g, operand, j, cond, dy), beta);
 }
 

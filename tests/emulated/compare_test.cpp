@@ -200,7 +200,9 @@ TYPED_TEST(WhereGradEmulated, BackwardMatchesTheCpu) {
     const NaryGeometry g = geometry(s);
     DeviceVector<uint8_t> cond(static_cast<std::size_t>(g.numel(1)));
     for (std::size_t i = 0; i < cond.size(); ++i) cond[i] = (i * 7 + 3) % 5 < 2;
-    const auto dy = stored_as<T>(random_values(g.numel(0), -2, 2, 4));
+    auto dy_values = random_values(g.numel(0), -2, 2, 4);
+    for (std::size_t i = 0; i < dy_values.size(); i += 3) dy_values[i] = -0.0f;  // a term whose sum from 0 is +0
+    const auto dy = stored_as<T>(dy_values);
     for (int operand = 1; operand <= 2; ++operand)
       for (float beta : {0.0f, 1.0f}) {
         SCOPED_TRACE("operand " + std::to_string(operand) + ", beta " + std::to_string(beta));
