@@ -11,19 +11,21 @@ void store_blend(T* dst, float value, float beta) {
   *dst = from_f32<T>(beta == 0.0f ? value : value + beta * to_f32(*dst));
 }
 
-// Calls fn(o, off) for every output element o in row-major order, off[k] its offset into operand k:
-// the innermost dimension steps the offsets by their strides, an odometer moves the others.
+// Calls fn(o, o0, o1, o2) for every output element o in row-major order with its offsets into the
+// operands (0 for an operand the geometry does not have): the innermost dimension steps the offsets
+// by their strides (held in locals, so the loop keeps them in registers), an odometer moves the others.
 template <typename Fn>
 void for_each_element(const NaryGeometry& g, Fn fn) {
+  static_assert(NaryGeometry::kMaxOperands == 3, "three offsets");
   const int64_t n = g.numel(0);
   const int last = g.ndim - 1, m = g.noperands;
-  int64_t base[NaryGeometry::kMaxOperands] = {}, off[NaryGeometry::kMaxOperands] = {};
+  const int64_t inner = g.dims[last];
+  const int64_t s0 = g.strides[1][last], s1 = g.strides[2][last], s2 = g.strides[3][last];
+  int64_t base[NaryGeometry::kMaxOperands] = {};
   int64_t count[NaryGeometry::kMaxDims] = {};
-  for (int64_t o = 0; o < n;) {
-    for (int64_t c = 0; c < g.dims[last]; ++c, ++o) {
-      for (int k = 0; k < m; ++k) off[k] = base[k] + c * g.strides[1 + k][last];
-      fn(o, off);
-    }
+  for (int64_t o = 0; o < n; o += inner) {
+    const int64_t b0 = base[0], b1 = base[1], b2 = base[2];
+    for (int64_t c = 0; c < inner; ++c) fn(o + c, b0 + c * s0, b1 + c * s1, b2 + c * s2);
     for (int d = last - 1; d >= 0; --d) {
       for (int k = 0; k < m; ++k) base[k] += g.strides[1 + k][d];
       if (++count[d] < g.dims[d]) break;
@@ -41,8 +43,8 @@ void compare_forward_cpu(const NaryGeometry& g, CompareOp op, const T* a, const 
     for (int64_t i = 0; i < n; ++i) y[i] = compare_apply(op, compare_value(a[i]), compare_value(b[i]));
     return;
   }
-  for_each_element(g, [&](int64_t i, const int64_t* o) {
-    y[i] = compare_apply(op, compare_value(a[o[0]]), compare_value(b[o[1]]));
+  for_each_element(g, [&](int64_t i, int64_t ia, int64_t ib, int64_t) {
+    y[i] = compare_apply(op, compare_value(a[ia]), compare_value(b[ib]));
   });
 }
 
@@ -51,10 +53,20 @@ void compare_scalar_cpu(CompareOp op, const T* x, CompareScalar s, uint8_t* y, i
   for (int64_t i = 0; i < n; ++i) y[i] = compare_scalar_apply(op, x[i], s);
 }
 
+// A scalar operand is 0-d in the geometry (offset 0 everywhere), so it reads `fill` through a
+// pointer like a tensor's; both values are loaded and selected without a branch (the condition is
+// as unpredictable as a mask's bits).
 template <typename E>
 void where_forward_cpu(const NaryGeometry& g, const uint8_t* cond, const E* a, const E* b, E fill, E* y) {
-  for_each_element(g, [&](int64_t i, const int64_t* o) {
-    y[i] = cond[o[0]] != 0 ? (a != nullptr ? a[o[1]] : fill) : (b != nullptr ? b[o[2]] : fill);
+  const E* ap = a != nullptr ? a : &fill;
+  const E* bp = b != nullptr ? b : &fill;
+  if (g.dense()) {
+    for (int64_t i = 0; i < g.numel(0); ++i) y[i] = cond[i] != 0 ? ap[i] : bp[i];
+    return;
+  }
+  for_each_element(g, [&](int64_t i, int64_t ic, int64_t ia, int64_t ib) {
+    const E va = ap[ia], vb = bp[ib];
+    y[i] = cond[ic] != 0 ? va : vb;
   });
 }
 
@@ -65,9 +77,10 @@ void where_backward_cpu(const NaryGeometry& g, int operand, const uint8_t* cond,
   const int64_t n = g.numel(1 + operand);
   if (n == g.numel(0)) {
     const bool selected_when = operand == 1;
-    for_each_element(g, [&](int64_t i, const int64_t* o) {
+    for_each_element(g, [&](int64_t i, int64_t ic, int64_t ia, int64_t ib) {
       // 0 + dy as the sum from 0 has it (-0 becomes +0)
-      store_blend(dx + o[operand], (cond[o[0]] != 0) == selected_when ? 0.0f + to_f32(dy[i]) : 0.0f, beta);
+      const float v = 0.0f + to_f32(dy[i]);
+      store_blend(dx + (operand == 1 ? ia : ib), (cond[ic] != 0) == selected_when ? v : 0.0f, beta);
     });
     return;
   }
