@@ -53,18 +53,21 @@ void compare_scalar_cpu(CompareOp op, const T* x, CompareScalar s, uint8_t* y, i
   for (int64_t i = 0; i < n; ++i) y[i] = compare_scalar_apply(op, x[i], s);
 }
 
-// A scalar operand is 0-d in the geometry (offset 0 everywhere), so it reads `fill` through a
-// pointer like a tensor's; both values are loaded and selected without a branch (the condition is
-// as unpredictable as a mask's bits).
+// A scalar operand reads `fill` through a pointer like a tensor's, at offset 0 (its strides zeroed);
+// both values are loaded and selected without a branch (a mask's bits are unpredictable).
 template <typename E>
 void where_forward_cpu(const NaryGeometry& g, const uint8_t* cond, const E* a, const E* b, E fill, E* y) {
+  NaryGeometry h = g;
+  for (int k = 0; k < 2; ++k)
+    if ((k == 0 ? a : b) == nullptr)
+      for (int d = 0; d < h.ndim; ++d) h.strides[2 + k][d] = 0;
   const E* ap = a != nullptr ? a : &fill;
   const E* bp = b != nullptr ? b : &fill;
-  if (g.dense()) {
-    for (int64_t i = 0; i < g.numel(0); ++i) y[i] = cond[i] != 0 ? ap[i] : bp[i];
+  if (h.dense()) {
+    for (int64_t i = 0; i < h.numel(0); ++i) y[i] = cond[i] != 0 ? ap[i] : bp[i];
     return;
   }
-  for_each_element(g, [&](int64_t i, int64_t ic, int64_t ia, int64_t ib) {
+  for_each_element(h, [&](int64_t i, int64_t ic, int64_t ia, int64_t ib) {
     const E va = ap[ia], vb = bp[ib];
     y[i] = cond[ic] != 0 ? va : vb;
   });
