@@ -151,6 +151,9 @@ TEST_P(CompareTest, ErrorsNameTheOpAndTheArgument) {
   const Tensor i = ops::arange(6, device());
   expect_error<InvalidArgument>([&] { ops::masked_fill(i, ops::gt(i, 2.0), 0.5); },
                                 {"masked_fill", "0.5", "not representable", "i64"});
+  expect_error<InvalidArgument>([&] { ops::masked_fill(ops::cast(x, DType::f16), ops::gt(x, 2.0), 1e5); },
+                                {"masked_fill", "100000", "overflows f16"});
+  EXPECT_EQ(ops::masked_fill(x, ops::gt(x, 2.0), -INFINITY).to_vector<float>()[5], -INFINITY);
   expect_error<InvalidArgument>([&] { ops::tril(floats({1, 2}, {2})); }, {"tril", "at least 2 dimensions"});
   expect_error<InvalidArgument>([&] { ops::arange(0, 5, 0, std::nullopt, device()); }, {"arange", "step", "nonzero"});
   expect_error<InvalidArgument>([&] { ops::arange(0, 5, -1, std::nullopt, device()); }, {"arange", "wrong side"});

@@ -243,10 +243,18 @@ Tensor logical(CompareOp op, const Tensor& a_in, const Tensor& b_in) {
 
 // ---- where ----
 
-// The bits of `value` in `dtype`: rounded for the floating types; an integer type or bool must hold
-// it exactly.
+// The bits of `value` in `dtype`: rounded for the floating types, where a finite value must stay
+// finite (as PyTorch refuses 1e5 for f16: "cannot be converted without overflow"); an integer type or
+// bool must hold it exactly.
 template <typename E>
 E bits_of(const char* op, DType dtype, double value) {
+  if (is_floating(dtype) && std::isfinite(value)) {
+    const float f = static_cast<float>(value);
+    const float rounded = dtype == DType::bf16  ? kernels::to_f32(kernels::from_f32<BFloat16>(f))
+                          : dtype == DType::f16 ? kernels::to_f32(kernels::from_f32<Half>(f))
+                                                : f;
+    CUMULUS_CHECK(std::isfinite(rounded), InvalidArgument, op, ": value ", value, " overflows ", dtype_name(dtype));
+  }
   E bits{};
   auto store = [&](auto v) {
     static_assert(sizeof(v) == sizeof(E), "the value's type has the dtype's size");

@@ -59,8 +59,9 @@ Tensor where(const Tensor& cond, const Tensor& a, double b);
 Tensor where(const Tensor& cond, double a, const Tensor& b);
 // x with `value` where mask is true: where(mask, value, x). mask (bool) and x broadcast together as
 // torch.masked_fill's (out-of-place) do, so usually the mask broadcasts to x ([T, T] over
-// [B, H, T, T]); the output has x's dtype. value is rounded to x's dtype; an integer or bool x needs
-// a value it holds exactly. x's gradient is dy where the mask is false, 0 where filled (summed over
+// [B, H, T, T]); the output has x's dtype. value is rounded to x's dtype (a finite value that
+// overflows it is an InvalidArgument, as in PyTorch; +-inf and NaN are fine); an integer or bool x
+// needs a value it holds exactly. x's gradient is dy where the mask is false, 0 where filled (summed over
 // the dimensions x was broadcast along, if any).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
