@@ -270,6 +270,15 @@ void where_cases(std::vector<OpCase>& cases) {
     };
     cases.push_back(c);
   }
+  {  // The same tensor as a and b: its gradient gathers both shares (dy everywhere).
+    OpCase c;
+    c.op = "where";
+    c.name = "where_same_tensor_twice_3x4_f32";
+    c.inputs = {mask_input({3, 4}), {{3, 4}}};
+    c.forward = [](const Inputs& t) { return ops::where(t[0], t[1], t[1]); };
+    c.reference = [](const Values& v) { return v[1]; };
+    cases.push_back(c);
+  }
   // Non-floating operands: elements move as they are; NaN and infinities pass through.
   for (DType dtype : {DType::i64, DType::boolean, DType::u8}) {
     OpCase c;
