@@ -34,70 +34,35 @@
 
 // CUMULUS_DISPATCH_ANY(dtype, T, body...): body with T the storage type of any dtype (bool as the
 // uint8_t of its bytes).
-#define CUMULUS_DISPATCH_ANY(dtype, T, ...) \
-  do {                                      \
-    switch (dtype) {                        \
-      case ::cumulus::DType::f32: {         \
-        using T = float;                    \
-        __VA_ARGS__;                        \
-        break;                              \
-      }                                     \
-      case ::cumulus::DType::bf16: {        \
-        using T = ::cumulus::BFloat16;      \
-        __VA_ARGS__;                        \
-        break;                              \
-      }                                     \
-      case ::cumulus::DType::f16: {         \
-        using T = ::cumulus::Half;          \
-        __VA_ARGS__;                        \
-        break;                              \
-      }                                     \
-      case ::cumulus::DType::i32: {         \
-        using T = int32_t;                  \
-        __VA_ARGS__;                        \
-        break;                              \
-      }                                     \
-      case ::cumulus::DType::i64: {         \
-        using T = int64_t;                  \
-        __VA_ARGS__;                        \
-        break;                              \
-      }                                     \
-      case ::cumulus::DType::u8:            \
-      case ::cumulus::DType::boolean: {     \
-        using T = uint8_t;                  \
-        __VA_ARGS__;                        \
-        break;                              \
-      }                                     \
-    }                                       \
+// clang-format off
+#define CUMULUS_DISPATCH_ANY(dtype, T, ...)                                                          \
+  do {                                                                                              \
+    switch (dtype) {                                                                                \
+      case ::cumulus::DType::f32: { using T = float; __VA_ARGS__; break; }                          \
+      case ::cumulus::DType::bf16: { using T = ::cumulus::BFloat16; __VA_ARGS__; break; }           \
+      case ::cumulus::DType::f16: { using T = ::cumulus::Half; __VA_ARGS__; break; }                \
+      case ::cumulus::DType::i32: { using T = int32_t; __VA_ARGS__; break; }                        \
+      case ::cumulus::DType::i64: { using T = int64_t; __VA_ARGS__; break; }                        \
+      case ::cumulus::DType::u8:                                                                    \
+      case ::cumulus::DType::boolean: { using T = uint8_t; __VA_ARGS__; break; }                    \
+      default:                                                                                      \
+        throw ::cumulus::InvalidArgument(std::string("no comparison kernel for dtype ") +           \
+                                         ::cumulus::dtype_name(dtype));                             \
+    }                                                                                               \
   } while (0)
 
 // CUMULUS_DISPATCH_BITS(dtype, E, body...): body with E the unsigned integer of the dtype's size,
 // for the ops that only move elements.
-#define CUMULUS_DISPATCH_BITS(dtype, E, ...) \
-  do {                                       \
-    switch (::cumulus::dtype_size(dtype)) {  \
-      case 1: {                              \
-        using E = uint8_t;                   \
-        __VA_ARGS__;                         \
-        break;                               \
-      }                                      \
-      case 2: {                              \
-        using E = uint16_t;                  \
-        __VA_ARGS__;                         \
-        break;                               \
-      }                                      \
-      case 4: {                              \
-        using E = uint32_t;                  \
-        __VA_ARGS__;                         \
-        break;                               \
-      }                                      \
-      default: {                             \
-        using E = uint64_t;                  \
-        __VA_ARGS__;                         \
-        break;                               \
-      }                                      \
-    }                                        \
+#define CUMULUS_DISPATCH_BITS(dtype, E, ...)                                                         \
+  do {                                                                                              \
+    switch (::cumulus::dtype_size(dtype)) {                                                         \
+      case 1: { using E = uint8_t; __VA_ARGS__; break; }                                            \
+      case 2: { using E = uint16_t; __VA_ARGS__; break; }                                           \
+      case 4: { using E = uint32_t; __VA_ARGS__; break; }                                           \
+      default: { using E = uint64_t; __VA_ARGS__; break; }                                          \
+    }                                                                                               \
   } while (0)
+// clang-format on
 
 namespace cumulus::ops {
 
