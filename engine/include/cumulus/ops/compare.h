@@ -4,9 +4,9 @@
 // bool have no gradient. where, masked_fill, tril and triu record their backward. Each runs on the
 // CPU and CUDA. Implemented in engine/ops/compare.cpp.
 //
-// A causal attention mask: ops::tril(ones) for a [T, T] of ones, or
+// A causal attention mask, from ones of [T, T]: ops::tril(ones) is 1 on and below the diagonal,
 //   ops::masked_fill(scores, ops::eq(ops::tril(ones), 0), -INFINITY)
-// which fills the scores above the diagonal (mask broadcast over [B, H, T, T]).
+// fills the scores above it with -inf (the [T, T] mask broadcast over [B, H, T, T]).
 //
 // Bool tensors from host data: ops::cast(Tensor::from_vector<uint8_t>(v, shape), DType::boolean)
 // (nonzero is true); back to the host: mask.to_vector<uint8_t>() (0 or 1). std::vector<bool> packs
