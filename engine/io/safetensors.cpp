@@ -22,7 +22,8 @@
 // Note [Dtypes read]: F32, I32, U8, BF16 and F16 load as they are stored. Wider types the engine
 // does not hold are converted on load: F64 to f32 rounded to nearest (as a cast does; beyond the f32
 // range that is +-inf), I64 to i32 with every value range-checked (an error names the tensor, the
-// index and the value).
+// index and the value). BOOL loads as bool, every byte checked to be 0 or 1 (what a bool tensor
+// holds, Note [Bool tensors] in engine/ops/compare.cpp).
 // A state-dict loader converts further to the model's dtype.
 #include "cumulus/io/safetensors.h"
 
@@ -70,12 +71,13 @@ const char* file_dtype(DType t) {
     case DType::bf16: return "BF16";
     case DType::f16: return "F16";
     case DType::i64: return "I64";
+    case DType::boolean: return "BOOL";
   }
   return nullptr;
 }
 
 // A dtype as stored, and the engine dtype it loads as (Note [Dtypes read]).
-enum class Decode { none, f64, i64 };  // none: the bytes are the tensor's as they are
+enum class Decode { none, f64, i64, boolean };  // none: the bytes are the tensor's as they are
 struct StoredDtype {
   const char* name;
   std::size_t size;  // bytes per element in the file
@@ -83,10 +85,10 @@ struct StoredDtype {
   Decode decode;
 };
 constexpr StoredDtype kStoredDtypes[] = {
-    {"F32", 4, DType::f32, Decode::none},  {"I32", 4, DType::i32, Decode::none},
-    {"U8", 1, DType::u8, Decode::none},    {"BF16", 2, DType::bf16, Decode::none},
-    {"F16", 2, DType::f16, Decode::none},  {"F64", 8, DType::f32, Decode::f64},
-    {"I64", 8, DType::i32, Decode::i64},
+    {"F32", 4, DType::f32, Decode::none}, {"I32", 4, DType::i32, Decode::none},
+    {"U8", 1, DType::u8, Decode::none},   {"BF16", 2, DType::bf16, Decode::none},
+    {"F16", 2, DType::f16, Decode::none}, {"F64", 8, DType::f32, Decode::f64},
+    {"I64", 8, DType::i32, Decode::i64},  {"BOOL", 1, DType::boolean, Decode::boolean},
 };
 
 const StoredDtype* parse_dtype(const std::string& s) {
@@ -413,7 +415,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   // ---- the tensors, in data order (Note [Dtypes read]) ----
   std::vector<char> stored;   // the file's bytes of a tensor that is converted
   std::vector<char> staging;  // the tensor's bytes on the host, bound for CUDA
-  std::string range_error;    // an I64 value past i32, reported after the checksum (corruption first)
+  std::string range_error;    // an I64 value past i32 or a BOOL byte not 0 or 1, reported after the checksum
   for (const Entry& e : entries) {
     Tensor t;
     try {
@@ -455,6 +457,15 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
           range_error = detail::concat(where(path, e.name), "I64 value ", v, " at index ", i,
                                        " does not fit in i32 (cumulus holds I64 tensors as i32)");
         dst[i] = static_cast<int32_t>(v);
+      }
+    } else if (e.dtype->decode == Decode::boolean) {
+      auto* dst = static_cast<uint8_t*>(host);
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto v = static_cast<uint8_t>(in[i]);
+        if (v > 1 && range_error.empty())
+          range_error = detail::concat(where(path, e.name), "BOOL byte ", static_cast<int>(v), " at index ", i,
+                                       " is neither 0 nor 1");
+        dst[i] = v != 0;
       }
     }
     if (device.is_cuda()) copy_bytes(t.raw_data(), device, staging.data(), Device::cpu(), bytes);

@@ -30,6 +30,7 @@ double read_value(const Tensor& t, int64_t i) {
     case DType::f32: return t.data<float>()[i];
     case DType::i32: return t.data<int32_t>()[i];
     case DType::u8: return t.data<uint8_t>()[i];
+    case DType::boolean: return static_cast<const uint8_t*>(t.raw_data())[i];
     case DType::i64: return static_cast<double>(t.data<int64_t>()[i]);  // exact to 2^53
     case DType::bf16: return kernels::bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
     case DType::f16: return kernels::f16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]);
@@ -72,6 +73,10 @@ bool write_exact(Tensor& out, int64_t i, double v) {
       if (!std::isfinite(v) || v != std::floor(v) || v < -9223372036854775808.0 || v >= 9223372036854775808.0)
         return false;
       out.data<int64_t>()[i] = static_cast<int64_t>(v);
+      return true;
+    case DType::boolean:
+      if (v != 0.0 && v != 1.0) return false;
+      static_cast<uint8_t*>(out.raw_data())[i] = static_cast<uint8_t>(v);
       return true;
   }
   return false;

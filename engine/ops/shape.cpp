@@ -5,6 +5,7 @@
 // cast: a copy in another floating type; backward hands the gradient on converted back.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
+#include "engine/ops/compare_internal.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus::ops {
@@ -79,6 +80,8 @@ class CastBackward final : public Node {
 Tensor cast(const Tensor& x_in, DType dtype) {
   OpScope op_scope("cast");
   const Tensor x = detail::contiguous(x_in);
+  // To or from bool: not recorded (engine/ops/compare.cpp, Note [Bool tensors]).
+  if (x.defined() && (x.dtype() == DType::boolean || dtype == DType::boolean)) return detail::cast_bool(x, dtype);
   detail::check_floating("cast", "input", x);
   CUMULUS_CHECK(is_floating(dtype), InvalidArgument, "cast: to f32, bf16 or f16, not ", dtype_name(dtype));
   if (x.dtype() == dtype) return x;

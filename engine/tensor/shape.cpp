@@ -44,6 +44,7 @@ const char* dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
     case DType::i64: return "i64";
+    case DType::boolean: return "bool";
   }
   return "unknown";
 }

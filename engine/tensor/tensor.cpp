@@ -154,9 +154,12 @@ void* Tensor::typed_data(DType dtype) const {
   return raw_data();
 }
 
+// A bool tensor also reads as uint8_t (0 or 1), as std::vector<bool> has no data() to copy into
+// (Note [Bool tensors] in engine/ops/compare.cpp).
 void Tensor::to_host(void* out, DType dtype) const {
   if (!is_contiguous()) return detach().contiguous().to_host(out, dtype);
-  copy_bytes(out, Device::cpu(), typed_data(dtype), device(), nbytes());
+  const bool bool_as_u8 = dtype == DType::u8 && this->dtype() == DType::boolean;
+  copy_bytes(out, Device::cpu(), bool_as_u8 ? raw_data() : typed_data(dtype), device(), nbytes());
 }
 
 float Tensor::item() const {

@@ -31,7 +31,7 @@
 // The engine computes the loss as cast(out, f32) reshaped to [1, N] times w through ops::linear; the
 // reference as the same sum in double. Each input's values are drawn once, stored in its dtype, and
 // read back, so the reference sees exactly the (rounded) values the engine does. Integer inputs
-// (labels, indices) take no gradient and are not perturbed.
+// (labels, indices: i32, i64, u8; masks: bool) take no gradient and are not perturbed.
 #pragma once
 
 #include <functional>
@@ -46,7 +46,8 @@ using Inputs = std::vector<Tensor>;
 using Values = std::vector<std::vector<double>>;  // one flat, row-major vector per input
 
 // How one input is made. Floating values are uniform in [lo, hi) and kept at |v| >= min_abs (off an
-// op's kinks: relu at 0, an abs at 0); integer values are uniform integers in [lo, hi).
+// op's kinks: relu at 0, an abs at 0); integer values (i32, i64, u8, bool) are uniform integers in
+// [lo, hi) (a bool input: lo 0, hi 2).
 struct CaseInput {
   Shape shape;
   DType dtype = DType::f32;
@@ -61,7 +62,8 @@ struct OpCase {
   std::string op;    // the op's name as it gives it to OpScope: "relu", "add"
   std::string name;  // unique, [A-Za-z0-9_]: "relu_3x5_f32"
   std::vector<CaseInput> inputs;
-  // The op under test, on the inputs' device. Its output may have any shape and a floating dtype.
+  // The op under test, on the inputs' device. Its output may have any shape and a floating dtype
+  // (or any dtype when the case is not differentiable: a bool output reads as 0 and 1).
   std::function<Tensor(const Inputs&)> forward;
   // The same function in double precision, flat and row-major, on the inputs' values.
   std::function<std::vector<double>(const Values&)> reference;

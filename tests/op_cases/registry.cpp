@@ -63,6 +63,26 @@ std::vector<int32_t> integer_values(const CaseInput& in, Generator& gen) {
   return v;
 }
 
+// An integer input in its dtype: i32, i64, u8, or bool (values in [0, 2), stored as bytes: bool has no
+// from_vector, Note [Bool tensors] in engine/ops/compare.cpp).
+Tensor integer_input(const OpCase& c, const CaseInput& in, Generator& gen, Device device) {
+  const std::vector<int32_t> v = integer_values(in, gen);
+  switch (in.dtype) {
+    case DType::i32: return Tensor::from_vector(v, in.shape, device);
+    case DType::i64: return Tensor::from_vector(std::vector<int64_t>(v.begin(), v.end()), in.shape, device);
+    case DType::u8: return Tensor::from_vector(std::vector<uint8_t>(v.begin(), v.end()), in.shape, device);
+    case DType::boolean: {
+      Tensor t = Tensor::empty(in.shape, DType::boolean, Device::cpu());
+      auto* bytes = static_cast<uint8_t*>(t.raw_data());
+      for (std::size_t i = 0; i < v.size(); ++i) bytes[i] = v[i] != 0;
+      return t.to(device);
+    }
+    default:
+      throw InvalidArgument(
+          detail::concat("op case ", c.name, ": integer inputs are i32, i64, u8 or bool, got ", dtype_name(in.dtype)));
+  }
+}
+
 }  // namespace
 
 bool register_op_cases(const char* group, OpCaseFactory factory) {
@@ -80,9 +100,7 @@ CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed) {
   CaseTensors made;
   for (const CaseInput& in : c.inputs) {
     if (!is_floating(in.dtype)) {
-      CUMULUS_CHECK(in.dtype == DType::i32, InvalidArgument, "op case ", c.name, ": integer inputs are i32, got ",
-                    dtype_name(in.dtype));
-      made.leaves.push_back(Tensor::from_vector(integer_values(in, gen), in.shape, device));
+      made.leaves.push_back(integer_input(c, in, gen, device));
       made.inputs.push_back(made.leaves.back());
       continue;
     }
@@ -112,6 +130,14 @@ std::vector<double> values_of(const Tensor& t) {
   Tensor host = t.to(Device::cpu());
   if (host.dtype() == DType::i32) {
     const std::vector<int32_t> v = host.to_vector<int32_t>();
+    return std::vector<double>(v.begin(), v.end());
+  }
+  if (host.dtype() == DType::i64) {
+    const std::vector<int64_t> v = host.to_vector<int64_t>();
+    return std::vector<double>(v.begin(), v.end());
+  }
+  if (host.dtype() == DType::u8 || host.dtype() == DType::boolean) {  // bool reads as bytes, 0 or 1
+    const std::vector<uint8_t> v = host.to_vector<uint8_t>();
     return std::vector<double>(v.begin(), v.end());
   }
   NoGradGuard no_grad;

@@ -16,7 +16,8 @@ namespace cumulus::io {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Writes atomically (temporary file, fsync, rename). dtypes f32 -> "F32", i32 -> "I32", u8 -> "U8",
-// bf16 -> "BF16", f16 -> "F16". Tensors on CUDA are copied to the host. Names must be unique.
+// bf16 -> "BF16", f16 -> "F16", i64 -> "I64", bool -> "BOOL". Tensors on CUDA are copied to the host.
+// Names must be unique.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
@@ -35,7 +36,8 @@ struct SafetensorsContents {
 //   F64 -> f32 (rounded to nearest; finite values beyond the f32 range become +-inf)
 //   I64 -> i32 (every value range-checked: one outside i32 is an Error naming the file, the
 //               tensor and the value)
-// Other dtypes (BOOL, I8, I16, U16, U32, U64, F8_*) are an Error naming the tensor.
+//   BOOL -> bool (every byte checked to be 0 or 1: another is an Error naming the tensor and index)
+// Other dtypes (I8, I16, U16, U32, U64, F8_*) are an Error naming the tensor.
 SafetensorsContents load_safetensors(const std::string& path, Device device = Device::cpu());
 
 // The header alone, validated as load_safetensors validates it (the checksum, which covers the

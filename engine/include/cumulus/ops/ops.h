@@ -29,7 +29,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 Tensor relu(const Tensor& x);
 
 // x converted to `dtype` among f32, bf16 and f16 (round to nearest even), recorded: the gradient
-// is converted back to x's type. x itself when it already has that type.
+// is converted back to x's type. x itself when it already has that type. To or from bool (any
+// dtype): nonzero, NaN included, is true; true is 1 and false 0; not recorded (cumulus/ops/compare.h).
 Tensor cast(const Tensor& x, DType dtype);
 
 // x with a new shape (same numel): a view of a dense x, else a dense copy (as torch.reshape). One

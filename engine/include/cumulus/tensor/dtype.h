@@ -3,7 +3,8 @@
 // TensorDataset (cumulus/data/dataset.h), whose loader gathers it as it is. bf16 and f16 are
 // 16-bit storage for mixed precision: activations and their gradients may be stored in them while
 // every op computes in f32 (Note [Mixed precision] in engine/ops/linear.cpp; conversions: Note
-// [Half-precision conversions] in kernels/float16.h).
+// [Half-precision conversions] in kernels/float16.h). boolean ("bool") holds masks: one byte per
+// element, 0 or 1 (Note [Bool tensors] in engine/ops/compare.cpp).
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,7 @@
 
 namespace cumulus {
 
-enum class DType : uint8_t { f32, i32, u8, bf16, f16, i64 };  // (appended: values are stable)
+enum class DType : uint8_t { f32, i32, u8, bf16, f16, i64, boolean };  // (appended: values are stable)
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -21,6 +22,7 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::f16: return 2;
     case DType::i64: return 8;
+    case DType::boolean: return 1;
   }
   return 0;
 }
