@@ -114,6 +114,10 @@ std::vector<double> values_of(const Tensor& t) {
     const std::vector<int32_t> v = host.to_vector<int32_t>();
     return std::vector<double>(v.begin(), v.end());
   }
+  if (host.dtype() == DType::i64) {  // indices: exact in double up to 2^53
+    const std::vector<int64_t> v = host.to_vector<int64_t>();
+    return std::vector<double>(v.begin(), v.end());
+  }
   NoGradGuard no_grad;
   const std::vector<float> v = ops::cast(host, DType::f32).to_vector<float>();
   return std::vector<double>(v.begin(), v.end());

@@ -1,0 +1,118 @@
+// The reductions over dimensions on CUDA (kernels/cuda/reduce_dims_kernels.h).
+//   sum_dims: a block per output element (grid-stride over the outputs), its threads striding over
+//             the terms in double, then block_sum in double: the same bits run to run; against the
+//             CPU's sequential double sum, the same f32 result but for a rounding tie. A block of
+//             32 threads for fewer than kWideTerms terms, so short sums do not idle 224 threads.
+//   sum_dims_backward: a thread per input element.
+//   select_along_dim, scatter_along_dim, multinomial: a thread per row, the CPU's row rules.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/reduce_dims_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+using cuda_common::blocks_for;
+using cuda_common::kThreads;
+using cuda_common::launch;
+
+constexpr int64_t kWideTerms = 4096;
+constexpr int64_t kMaxSumBlocks = 65535;
+
+template <typename T>
+__global__ void sum_dims_kernel(ReduceGeometry g, const T* x, int64_t divisor, T* y) {
+  for (int64_t o = blockIdx.x; o < g.outputs; o += gridDim.x) {
+    const T* xo = x + kept_offset(g, o);
+    double s = 0.0;
+    for (int64_t r = threadIdx.x; r < g.terms; r += blockDim.x) s += static_cast<double>(to_f32(xo[reduced_offset(g, r)]));
+    s = cuda_common::block_sum(s);
+    if (threadIdx.x == 0) y[o] = from_f32<T>(static_cast<float>(s / static_cast<double>(divisor)));
+  }
+}
+
+template <typename T>
+__global__ void sum_dims_backward_kernel(ReduceGeometry g, const T* dy, float scale, float beta, T* dx) {
+  CUMULUS_GRID_STRIDE_LOOP(i, g.outputs * g.terms) {
+    const int64_t o = i / g.terms, r = i % g.terms;
+    cuda_common::store_blend(dx + kept_offset(g, o) + reduced_offset(g, r), scale * to_f32(dy[o]), beta);
+  }
+}
+
+template <typename T>
+__global__ void select_along_dim_kernel(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k, bool largest,
+                                        bool nan_first, T* values, int64_t* indices) {
+  CUMULUS_GRID_STRIDE_LOOP(row, outer * inner) {
+    const int64_t o = row / inner, i = row % inner, out = o * k * inner + i;
+    select_row(x + o * dim * inner + i, dim, inner, k, largest, nan_first, values ? values + out : nullptr,
+               indices + out);
+  }
+}
+
+template <typename T>
+__global__ void scatter_along_dim_kernel(const T* dy, const int64_t* indices, int64_t outer, int64_t dim, int64_t inner,
+                                         int64_t k, float beta, T* dx) {
+  CUMULUS_GRID_STRIDE_LOOP(row, outer * inner) {
+    const int64_t o = row / inner, i = row % inner, in = o * k * inner + i;
+    scatter_row(dy + in, indices + in, dim, inner, k, beta, dx + o * dim * inner + i);
+  }
+}
+
+template <typename T>
+__global__ void multinomial_kernel(const T* w, int64_t rows, int64_t n, int64_t samples, bool replacement,
+                                   uint64_t seed, int64_t* out) {
+  CUMULUS_GRID_STRIDE_LOOP(r, rows) multinomial_row(w + r * n, n, samples, replacement, seed, r, out + r * samples);
+}
+
+}  // namespace
+
+template <typename T>
+void sum_dims_cuda(const ReduceGeometry& g, const T* x, int64_t divisor, T* y, cudaStream_t stream) {
+  if (g.outputs == 0) return;
+  const unsigned blocks = static_cast<unsigned>(g.outputs < kMaxSumBlocks ? g.outputs : kMaxSumBlocks);
+  launch<sum_dims_kernel<T>>(blocks, g.terms < kWideTerms ? 32 : kThreads, stream, g, x, divisor, y);
+}
+
+template <typename T>
+void sum_dims_backward_cuda(const ReduceGeometry& g, const T* dy, float scale, float beta, T* dx, cudaStream_t stream) {
+  const int64_t n = g.outputs * g.terms;
+  if (n == 0) return;
+  launch<sum_dims_backward_kernel<T>>(blocks_for(n), kThreads, stream, g, dy, scale, beta, dx);
+}
+
+template <typename T>
+void select_along_dim_cuda(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k, bool largest,
+                           bool nan_first, T* values, int64_t* indices, cudaStream_t stream) {
+  if (outer * inner == 0 || k == 0) return;
+  launch<select_along_dim_kernel<T>>(blocks_for(outer * inner), kThreads, stream, x, outer, dim, inner, k, largest,
+                                     nan_first, values, indices);
+}
+
+template <typename T>
+void scatter_along_dim_cuda(const T* dy, const int64_t* indices, int64_t outer, int64_t dim, int64_t inner, int64_t k,
+                            float beta, T* dx, cudaStream_t stream) {
+  if (outer * inner == 0) return;
+  launch<scatter_along_dim_kernel<T>>(blocks_for(outer * inner), kThreads, stream, dy, indices, outer, dim, inner, k,
+                                      beta, dx);
+}
+
+template <typename T>
+void multinomial_cuda(const T* w, int64_t rows, int64_t n, int64_t samples, bool replacement, uint64_t seed,
+                      int64_t* out, cudaStream_t stream) {
+  if (rows == 0 || samples == 0) return;
+  launch<multinomial_kernel<T>>(blocks_for(rows), kThreads, stream, w, rows, n, samples, replacement, seed, out);
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                  \
+  template void sum_dims_cuda(const ReduceGeometry&, const T*, int64_t, T*, cudaStream_t);                      \
+  template void sum_dims_backward_cuda(const ReduceGeometry&, const T*, float, float, T*, cudaStream_t);        \
+  template void select_along_dim_cuda(const T*, int64_t, int64_t, int64_t, int64_t, bool, bool, T*, int64_t*,   \
+                                      cudaStream_t);                                                            \
+  template void scatter_along_dim_cuda(const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t, float, T*, \
+                                       cudaStream_t);                                                           \
+  template void multinomial_cuda(const T*, int64_t, int64_t, int64_t, bool, uint64_t, int64_t*, cudaStream_t);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels
