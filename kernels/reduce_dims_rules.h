@@ -102,8 +102,8 @@ CUMULUS_HOST_DEVICE void scatter_row(const T* dy, const int64_t* indices, int64_
 // bits of a SplitMix64 hash of (seed, row, s), counter-based as dropout's mask (Note [Dropout
 // mask]), so either device computes any draw on its own with the same bits.
 CUMULUS_HOST_DEVICE double multinomial_uniform(uint64_t seed, int64_t row, int64_t sample) {
-  const uint64_t key =
-      splitmix64_finalize(splitmix64_finalize(seed ^ 0x6A09E667F3BCC909ull) + static_cast<uint64_t>(row) * 0xD1B54A32D192ED03ull);
+  const uint64_t key = splitmix64_finalize(splitmix64_finalize(seed ^ 0x6A09E667F3BCC909ull) +
+                                           static_cast<uint64_t>(row) * 0xD1B54A32D192ED03ull);
   const uint64_t h = splitmix64_finalize(key + static_cast<uint64_t>(sample) * 0x9E3779B97F4A7C15ull);
   return static_cast<double>(h >> 11) * 1.1102230246251565e-16;  // * 2^-53
 }

@@ -28,8 +28,8 @@ using kernels::ReduceGeometry;
 // Dimension `dim` of an ndim tensor in [0, ndim); a 0-d tensor takes 0 and -1 (as torch) and gives 0.
 int normalize_dim(const char* op, int64_t dim, int ndim) {
   const int64_t n = ndim == 0 ? 1 : ndim;
-  CUMULUS_CHECK(dim >= -n && dim < n, InvalidArgument, op, ": dim ", dim, " is out of range for a tensor of ",
-                ndim, " dimensions (expected [", -n, ", ", n - 1, "])");
+  CUMULUS_CHECK(dim >= -n && dim < n, InvalidArgument, op, ": dim ", dim, " is out of range for a tensor of ", ndim,
+                " dimensions (expected [", -n, ", ", n - 1, "])");
   return static_cast<int>(dim < 0 ? dim + n : dim);
 }
 
@@ -93,8 +93,8 @@ class SumDimsBackward final : public Node {
     if (!grads[0].needed()) return;
     GradSink::Target dx = grads[0].begin(input_shape_, dy.device(), dy.dtype());
     CUMULUS_DISPATCH_FLOAT(dy.dtype(), T,
-                           CUMULUS_DISPATCH_REDUCE(dy.device(), sum_dims_backward, g_, dy.data<T>(), scale_,
-                                                   dx.beta(), dx.tensor.data<T>()));
+                           CUMULUS_DISPATCH_REDUCE(dy.device(), sum_dims_backward, g_, dy.data<T>(), scale_, dx.beta(),
+                                                   dx.tensor.data<T>()));
   }
 
  private:
@@ -147,10 +147,10 @@ class SelectBackward final : public Node {
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (!grads[0].needed()) return;
     GradSink::Target dx = grads[0].begin(input_shape_, dy.device(), dy.dtype());
-    CUMULUS_DISPATCH_FLOAT(dy.dtype(), T,
-                           CUMULUS_DISPATCH_REDUCE(dy.device(), scatter_along_dim, dy.data<T>(),
-                                                   indices_.data<int64_t>(), slab_.outer, slab_.dim, slab_.inner, k_,
-                                                   dx.beta(), dx.tensor.data<T>()));
+    CUMULUS_DISPATCH_FLOAT(
+        dy.dtype(), T,
+        CUMULUS_DISPATCH_REDUCE(dy.device(), scatter_along_dim, dy.data<T>(), indices_.data<int64_t>(), slab_.outer,
+                                slab_.dim, slab_.inner, k_, dx.beta(), dx.tensor.data<T>()));
   }
   void release_saved() override { indices_ = Tensor(); }
 
@@ -171,11 +171,10 @@ ValuesAndIndices select(const char* op, const Tensor& input, int64_t dim, int64_
   out.indices = detail::new_output(a.out_shape, DType::i64, x.device());
   if (want_values) out.values = detail::new_output(a.out_shape, x.dtype(), x.device());
   const detail::Slab s = a.slab;
-  CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
-                         CUMULUS_DISPATCH_REDUCE(x.device(), select_along_dim, x.data<T>(), s.outer, s.dim, s.inner,
-                                                 k, largest, nan_first,
-                                                 want_values ? out.values.data<T>() : nullptr,
-                                                 out.indices.data<int64_t>()));
+  CUMULUS_DISPATCH_FLOAT(
+      x.dtype(), T,
+      CUMULUS_DISPATCH_REDUCE(x.device(), select_along_dim, x.data<T>(), s.outer, s.dim, s.inner, k, largest, nan_first,
+                              want_values ? out.values.data<T>() : nullptr, out.indices.data<int64_t>()));
   if (want_values && should_record({&x}))
     attach_node(out.values, std::make_shared<SelectBackward>(op, out.indices, s, k, x.shape()), {&x});
   return out;
@@ -200,8 +199,8 @@ void check_weights(const Tensor& probs, int64_t rows, int64_t n, int64_t samples
     int64_t positive = 0;
     for (int64_t c = 0; c < n; ++c) {
       const float v = w[static_cast<std::size_t>(r * n + c)];
-      CUMULUS_CHECK(std::isfinite(v) && v >= 0, InvalidArgument, "multinomial: probs must be finite and "
-                    "non-negative, got ", v, " in row ", r, " at ", c);
+      CUMULUS_CHECK(std::isfinite(v) && v >= 0, InvalidArgument,
+                    "multinomial: probs must be finite and non-negative, got ", v, " in row ", r, " at ", c);
       total += v;
       positive += v > 0;
     }
@@ -220,8 +219,12 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return reduce_dims("mean", x, dims, keepdim, true);
 }
 
-ValuesAndIndices max(const Tensor& x, int64_t dim, bool keepdim) { return select_one("max", x, dim, keepdim, true, true); }
-ValuesAndIndices min(const Tensor& x, int64_t dim, bool keepdim) { return select_one("min", x, dim, keepdim, false, true); }
+ValuesAndIndices max(const Tensor& x, int64_t dim, bool keepdim) {
+  return select_one("max", x, dim, keepdim, true, true);
+}
+ValuesAndIndices min(const Tensor& x, int64_t dim, bool keepdim) {
+  return select_one("min", x, dim, keepdim, false, true);
+}
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   return select_one("argmax", x, dim, keepdim, true, false).indices;
 }

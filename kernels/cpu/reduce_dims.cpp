@@ -59,10 +59,10 @@ void multinomial_cpu(const T* w, int64_t rows, int64_t n, int64_t samples, bool 
   for (int64_t r = 0; r < rows; ++r) multinomial_row(w + r * n, n, samples, replacement, seed, r, out + r * samples);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                    \
-  template void sum_dims_cpu(const ReduceGeometry&, const T*, int64_t, T*);                                       \
-  template void sum_dims_backward_cpu(const ReduceGeometry&, const T*, float, float, T*);                         \
-  template void select_along_dim_cpu(const T*, int64_t, int64_t, int64_t, int64_t, bool, bool, T*, int64_t*);    \
+#define CUMULUS_INSTANTIATE(T)                                                                                  \
+  template void sum_dims_cpu(const ReduceGeometry&, const T*, int64_t, T*);                                     \
+  template void sum_dims_backward_cpu(const ReduceGeometry&, const T*, float, float, T*);                       \
+  template void select_along_dim_cpu(const T*, int64_t, int64_t, int64_t, int64_t, bool, bool, T*, int64_t*);   \
   template void scatter_along_dim_cpu(const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t, float, T*); \
   template void multinomial_cpu(const T*, int64_t, int64_t, int64_t, bool, uint64_t, int64_t*);
 CUMULUS_INSTANTIATE(float)

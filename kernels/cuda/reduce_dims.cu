@@ -24,7 +24,8 @@ __global__ void sum_dims_kernel(ReduceGeometry g, const T* x, int64_t divisor, T
   for (int64_t o = blockIdx.x; o < g.outputs; o += gridDim.x) {
     const T* xo = x + kept_offset(g, o);
     double s = 0.0;
-    for (int64_t r = threadIdx.x; r < g.terms; r += blockDim.x) s += static_cast<double>(to_f32(xo[reduced_offset(g, r)]));
+    for (int64_t r = threadIdx.x; r < g.terms; r += blockDim.x)
+      s += static_cast<double>(to_f32(xo[reduced_offset(g, r)]));
     s = cuda_common::block_sum(s);
     if (threadIdx.x == 0) y[o] = from_f32<T>(static_cast<float>(s / static_cast<double>(divisor)));
   }

@@ -68,7 +68,8 @@ TYPED_TEST(ReduceDimsEmulated, SumDimsMatchesTheCpuToOneRounding) {
       SCOPED_TRACE(ng.name + (divisor == 1 ? " sum" : " mean"));
       const ReduceGeometry& g = ng.g;
       const auto x = stored_as<T>(with_specials(random_values(input_size(g), -2, 2, 11), 293, 5));
-      DeviceVector<T> want(static_cast<std::size_t>(g.outputs)), got = stored_as<T>(DeviceVector<float>(want.size(), kNaN));
+      DeviceVector<T> want(static_cast<std::size_t>(g.outputs)),
+          got = stored_as<T>(DeviceVector<float>(want.size(), kNaN));
       kernels::sum_dims_cpu(g, x.data(), divisor, want.data());
       kernels::sum_dims_cuda(g, x.data(), divisor, got.data(), nullptr);
       expect_within(got, as_double(want), unit_rounding<T>(), 0, "against the CPU");
@@ -124,8 +125,8 @@ TYPED_TEST(ReduceDimsEmulated, SelectAlongDimMatchesTheCpu) {
           expect_same_bits(got_values, want_values, "values");
           for (int64_t index : got) ASSERT_TRUE(index >= 0 && index < a.dim) << index;
           DeviceVector<int64_t> indices_only(n, -1);  // values not wanted
-          kernels::select_along_dim_cuda(x.data(), a.outer, a.dim, a.inner, k, largest, nan_first, static_cast<T*>(nullptr),
-                                         indices_only.data(), nullptr);
+          kernels::select_along_dim_cuda(x.data(), a.outer, a.dim, a.inner, k, largest, nan_first,
+                                         static_cast<T*>(nullptr), indices_only.data(), nullptr);
           expect_same_bits(indices_only, want, "indices without values");
         }
 }
@@ -139,8 +140,7 @@ TYPED_TEST(ReduceDimsEmulated, ArgmaxAlongTheLastDimIsRowArgmax) {
   DeviceVector<int32_t> rule(static_cast<std::size_t>(rows));
   kernels::argmax_rows_cpu(x.data(), rows, cols, rule.data());
   DeviceVector<int64_t> got(static_cast<std::size_t>(rows), -1);
-  kernels::select_along_dim_cuda(x.data(), rows, cols, 1, 1, true, true, static_cast<T*>(nullptr), got.data(),
-                                 nullptr);
+  kernels::select_along_dim_cuda(x.data(), rows, cols, 1, 1, true, true, static_cast<T*>(nullptr), got.data(), nullptr);
   for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(got[r], rule[r]) << "row " << r;
 }
 
@@ -149,8 +149,8 @@ TYPED_TEST(ReduceDimsEmulated, ScatterAlongDimMatchesTheCpu) {
   for (const Along& a : kAlong)
     for (int64_t k : {int64_t{1}, a.dim})
       for (float beta : {0.0f, 1.0f}) {
-        SCOPED_TRACE(std::to_string(a.outer) + " x " + std::to_string(a.dim) + " x " + std::to_string(a.inner) +
-                     " k " + std::to_string(k) + " beta " + std::to_string(beta));
+        SCOPED_TRACE(std::to_string(a.outer) + " x " + std::to_string(a.dim) + " x " + std::to_string(a.inner) + " k " +
+                     std::to_string(k) + " beta " + std::to_string(beta));
         const auto x = stored_as<T>(random_values(a.outer * a.dim * a.inner, -1, 1, 16));
         const auto n = static_cast<std::size_t>(a.outer * k * a.inner);
         DeviceVector<int64_t> indices(n);

@@ -221,8 +221,8 @@ ref::Vec reference_multinomial(const ref::Vec& w, int64_t rows, int64_t n, int64
 OpCase multinomial_case(Shape shape, int64_t samples, bool replacement, DType dtype) {
   OpCase c;
   c.op = "multinomial";
-  c.name = "multinomial_" + shape_name(shape) + "_s" + std::to_string(samples) +
-           (replacement ? "_replacement_" : "_") + dtype_name(dtype);
+  c.name = "multinomial_" + shape_name(shape) + "_s" + std::to_string(samples) + (replacement ? "_replacement_" : "_") +
+           dtype_name(dtype);
   c.inputs = {{shape, dtype, 0, 2}};
   c.inputs[0].edit = [](std::vector<float>& w) {  // some categories never drawn
     for (std::size_t i = 2; i < w.size(); i += 5) w[i] = 0;
