@@ -4,6 +4,8 @@
 // max / min / topk, and multinomial's counter-based draws.
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
 
 #include "kernels/float16.h"
@@ -43,6 +45,38 @@ CUMULUS_HOST_DEVICE int64_t kept_offset(const ReduceGeometry& g, int64_t o) {
 }
 CUMULUS_HOST_DEVICE int64_t reduced_offset(const ReduceGeometry& g, int64_t r) {
   return offset_of(r, g.reduced_ndim, g.reduced_size, g.reduced_stride);
+}
+
+// amax / amin of output o's terms: the largest (smallest) value, NaN where any term is NaN (as
+// torch.amax); -inf (+inf) for no terms, which the engine refuses.
+template <typename T>
+CUMULUS_HOST_DEVICE float extreme_of(const ReduceGeometry& g, const T* x, int64_t o, bool largest) {
+  const T* xo = x + kept_offset(g, o);
+  float best = largest ? -INFINITY : INFINITY;
+  for (int64_t r = 0; r < g.terms; ++r) {
+    const float v = to_f32(xo[reduced_offset(g, r)]);
+    if (v != v) return v;
+    best = largest ? (v > best ? v : best) : (v < best ? v : best);
+  }
+  return best;
+}
+
+// The gradient of amax / amin at output o, as torch's: dy / count to each of the count terms equal
+// to the result and dy / count * 0 to the others (so NaN everywhere when the result is NaN: no term
+// equals it, and dy / 0 * 0 is NaN), written with beta (0 or 1).
+template <typename T>
+CUMULUS_HOST_DEVICE void extreme_backward_of(const ReduceGeometry& g, const T* x, const T* y, const T* dy, int64_t o,
+                                             float beta, T* dx) {
+  const int64_t base = kept_offset(g, o);
+  const float result = to_f32(y[o]);
+  int64_t count = 0;
+  for (int64_t r = 0; r < g.terms; ++r) count += to_f32(x[base + reduced_offset(g, r)]) == result;
+  const float share = to_f32(dy[o]) / static_cast<float>(count);
+  for (int64_t r = 0; r < g.terms; ++r) {
+    const int64_t i = base + reduced_offset(g, r);
+    const float v = share * (to_f32(x[i]) == result ? 1.0f : 0.0f);
+    dx[i] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[i]));
+  }
 }
 
 // Note [Selection order]

@@ -1,13 +1,16 @@
 // The reductions over dimensions (cumulus/ops/reduce.h) beyond what their op cases check
 // (tests/op_cases/cases_reduce_dims.cpp: values, gradients, CPU against CUDA): result shapes and
-// dtypes, dimensions of size 0, the gradient of a tie going to the first element, argument errors,
-// and multinomial's draws: reproducible per seed, distributed as the weights say.
+// dtypes, dimensions of size 0, the gradient of a tie (max's to the first element, amax's shared),
+// which reductions count as a loss's, argument errors, and multinomial's draws: reproducible per
+// seed, distributed as the weights say.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "cumulus/autograd/node.h"
 #include "cumulus/core/error.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/reduce.h"
 #include "test_util.h"
@@ -99,6 +102,34 @@ TEST_P(ReduceDims, TiedMaximumTakesTheWholeGradient) {
   const Tensor x = values({1, 3, 3, -2}, {4}, true);
   ops::sum(ops::max(x, 0).values).backward();
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, 1, 0, 0}));
+}
+
+// amax / amin share the gradient among tied elements (torch's rule, unlike max's); a NaN result
+// sends NaN to its every element, as torch's (dy / 0 * 0).
+TEST_P(ReduceDims, AmaxSharesTheGradientAmongTies) {
+  const Tensor x = values({1, 3, 3, 3, 5, -2, -2, 0}, {2, 4}, true);
+  const Tensor y = ops::amax(x, 1);
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{3, 5}));
+  ops::sum(ops::amin(x, 1) + y).backward();
+  const std::vector<float> g = x.grad().to_vector<float>();
+  const std::vector<float> want = {1, 1.0f / 3, 1.0f / 3, 1.0f / 3, 1, 0.5f, 0.5f, 0};
+  for (std::size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(g[i], want[i]) << i;
+  const Tensor z = values({1, NAN, 2}, {3}, true);
+  const Tensor m = ops::amax(z, 0);
+  EXPECT_TRUE(std::isnan(m.to_vector<float>()[0]));
+  ops::sum(m).backward();
+  for (float v : z.grad().to_vector<float>()) EXPECT_TRUE(std::isnan(v));
+  EXPECT_THROW(ops::amax(Tensor::zeros(Shape{2, 0}, DType::f32, device()), 1), InvalidArgument);
+  EXPECT_EQ(ops::amin(Tensor::zeros(Shape{2, 0}, DType::f32, device()), 0).shape(), (Shape{0}));
+}
+
+// A sum or mean over every element is a loss's (Note [Mean-reduced losses]); over part, not.
+TEST_P(ReduceDims, OutputReductionOfSumAndMean) {
+  const Tensor x = values({1, 2, 3, 4, 5, 6}, {2, 3}, true);
+  EXPECT_EQ(ops::mean(x, {}).grad_fn()->output_reduction(), OutputReduction::mean);
+  EXPECT_EQ(ops::sum(x, {0, 1}).grad_fn()->output_reduction(), OutputReduction::sum);
+  EXPECT_EQ(ops::mean(x, 1).grad_fn()->output_reduction(), OutputReduction::unknown);
+  EXPECT_EQ(ops::sum(values({1, 2, 3}, {3, 1}, true), 1).grad_fn()->output_reduction(), OutputReduction::none);
 }
 
 TEST_P(ReduceDims, ArgumentErrors) {

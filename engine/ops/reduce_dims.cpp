@@ -1,7 +1,8 @@
-// Reductions over dimensions (cumulus/ops/reduce.h): sum / mean over a set of dimensions (Note
-// [Reduce geometry] in kernels/reduce_dims_rules.h), the selections along one dimension (max, min,
+// Reductions over dimensions (cumulus/ops/reduce.h): sum / mean / amax / amin over a set of
+// dimensions (Note [Reduce geometry] in kernels/reduce_dims_rules.h), the selections along one dimension (max, min,
 // argmax, argmin, topk: Note [Selection order]) and multinomial sampling. The selections save their
-// indices, so the backward scatters dy without the input; sum and mean save nothing.
+// indices, so the backward scatters dy without the input; sum and mean save nothing; amax and amin
+// save their input and result.
 #include <cmath>
 #include <string>
 
@@ -87,8 +88,12 @@ Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduced, bool k
 
 class SumDimsBackward final : public Node {
  public:
-  SumDimsBackward(const char* name, const ReduceGeometry& g, Shape input_shape, float scale)
-      : Node(name), g_(g), input_shape_(input_shape), scale_(scale) {}
+  SumDimsBackward(const char* name, const ReduceGeometry& g, Shape input_shape, float scale, bool mean)
+      : Node(name), g_(g), input_shape_(input_shape), scale_(scale) {
+    // Over every element: a loss's sum or mean, as ops::sum(x) (Note [Mean-reduced losses]).
+    if (g.terms == 1) set_output_reduction(OutputReduction::none);
+    else if (g.outputs == 1) set_output_reduction(mean ? OutputReduction::mean : OutputReduction::sum);
+  }
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (!grads[0].needed()) return;
     GradSink::Target dx = grads[0].begin(input_shape_, dy.device(), dy.dtype());
@@ -115,8 +120,46 @@ Tensor reduce_dims(const char* op, const Tensor& input, const std::vector<int64_
                          CUMULUS_DISPATCH_REDUCE(x.device(), sum_dims, g, x.data<T>(), divisor, y.data<T>()));
   if (should_record({&x})) {
     const float scale = mean ? static_cast<float>(1.0 / static_cast<double>(g.terms)) : 1.0f;
-    attach_node(y, std::make_shared<SumDimsBackward>(op, g, x.shape(), scale), {&x});
+    attach_node(y, std::make_shared<SumDimsBackward>(op, g, x.shape(), scale, mean), {&x});
   }
+  return y;
+}
+
+// amax / amin: saves the input and the result (the gradient goes to the terms equal to it).
+class ExtremeBackward final : public Node {
+ public:
+  ExtremeBackward(const char* name, const ReduceGeometry& g, Tensor x, Tensor y)
+      : Node(name), g_(g), x_(std::move(x)), y_(std::move(y)) {}
+  void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
+    if (!grads[0].needed()) return;
+    GradSink::Target dx = grads[0].begin(x_.shape(), dy.device(), dy.dtype());
+    CUMULUS_DISPATCH_FLOAT(dy.dtype(), T,
+                           CUMULUS_DISPATCH_REDUCE(dy.device(), extreme_dims_backward, g_, x_.data<T>(), y_.data<T>(),
+                                                   dy.data<T>(), dx.beta(), dx.tensor.data<T>()));
+  }
+  void release_saved() override {
+    x_ = Tensor();
+    y_ = Tensor();
+  }
+
+ private:
+  ReduceGeometry g_;
+  Tensor x_, y_;
+};
+
+Tensor extreme_dims(const char* op, const Tensor& input, const std::vector<int64_t>& dims, bool keepdim,
+                    bool largest) {
+  OpScope op_scope(op);
+  detail::check_floating(op, "input", input);
+  const Tensor x = detail::contiguous(input);
+  const std::vector<bool> reduced = reduced_dims(op, x.shape(), dims);
+  const ReduceGeometry g = geometry_of(x.shape(), reduced);
+  CUMULUS_CHECK(g.terms > 0, InvalidArgument, op, ": cannot reduce over no elements (a reduced dimension of ",
+                x.shape().str(), " has size 0)");
+  Tensor y = detail::new_output(reduced_shape(x.shape(), reduced, keepdim), x.dtype(), x.device());
+  CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
+                         CUMULUS_DISPATCH_REDUCE(x.device(), extreme_dims, g, x.data<T>(), largest, y.data<T>()));
+  if (should_record({&x})) attach_node(y, std::make_shared<ExtremeBackward>(op, g, x.detach(), y.detach()), {&x});
   return y;
 }
 
@@ -217,6 +260,13 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return reduce_dims("mean", x, dims, keepdim, true);
+}
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return extreme_dims("amax", x, dims, keepdim, true);
+}
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return extreme_dims("amin", x, dims, keepdim, false);
 }
 
 ValuesAndIndices max(const Tensor& x, int64_t dim, bool keepdim) {

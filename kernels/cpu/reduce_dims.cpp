@@ -33,6 +33,16 @@ void sum_dims_backward_cpu(const ReduceGeometry& g, const T* dy, float scale, fl
 }
 
 template <typename T>
+void extreme_dims_cpu(const ReduceGeometry& g, const T* x, bool largest, T* y) {
+  for (int64_t o = 0; o < g.outputs; ++o) y[o] = from_f32<T>(extreme_of(g, x, o, largest));
+}
+
+template <typename T>
+void extreme_dims_backward_cpu(const ReduceGeometry& g, const T* x, const T* y, const T* dy, float beta, T* dx) {
+  for (int64_t o = 0; o < g.outputs; ++o) extreme_backward_of(g, x, y, dy, o, beta, dx);
+}
+
+template <typename T>
 void select_along_dim_cpu(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k, bool largest,
                           bool nan_first, T* values, int64_t* indices) {
   for (int64_t o = 0; o < outer; ++o)
@@ -62,6 +72,8 @@ void multinomial_cpu(const T* w, int64_t rows, int64_t n, int64_t samples, bool 
 #define CUMULUS_INSTANTIATE(T)                                                                                  \
   template void sum_dims_cpu(const ReduceGeometry&, const T*, int64_t, T*);                                     \
   template void sum_dims_backward_cpu(const ReduceGeometry&, const T*, float, float, T*);                       \
+  template void extreme_dims_cpu(const ReduceGeometry&, const T*, bool, T*);                                    \
+  template void extreme_dims_backward_cpu(const ReduceGeometry&, const T*, const T*, const T*, float, T*);      \
   template void select_along_dim_cpu(const T*, int64_t, int64_t, int64_t, int64_t, bool, bool, T*, int64_t*);   \
   template void scatter_along_dim_cpu(const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t, float, T*); \
   template void multinomial_cpu(const T*, int64_t, int64_t, int64_t, bool, uint64_t, int64_t*);

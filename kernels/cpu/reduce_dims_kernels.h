@@ -18,6 +18,13 @@ void sum_dims_cpu(const ReduceGeometry& g, const T* x, int64_t divisor, T* y);
 template <typename T>
 void sum_dims_backward_cpu(const ReduceGeometry& g, const T* dy, float scale, float beta, T* dx);
 
+// y[o] = extreme_of(o): amax (largest) or amin, stored as T (exact: a copy of a term).
+template <typename T>
+void extreme_dims_cpu(const ReduceGeometry& g, const T* x, bool largest, T* y);
+// dx (+)= amax / amin's gradient from x, its result y and dy (extreme_backward_of).
+template <typename T>
+void extreme_dims_backward_cpu(const ReduceGeometry& g, const T* x, const T* y, const T* dy, float beta, T* dx);
+
 // Along x [outer, dim, inner]: the k first-ranking elements of each row, into values [outer, k, inner]
 // (skipped when null) and indices [outer, k, inner] (select_row).
 template <typename T>

@@ -4,6 +4,7 @@
 //             CPU's sequential double sum, the same f32 result but for a rounding tie. A block of
 //             32 threads for fewer than kWideTerms terms, so short sums do not idle 224 threads.
 //   sum_dims_backward: a thread per input element.
+//   extreme_dims (amax / amin) and its backward: a thread per output element, the CPU's rule.
 //   select_along_dim, scatter_along_dim, multinomial: a thread per row, the CPU's row rules.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_dims_kernels.h"
@@ -37,6 +38,16 @@ __global__ void sum_dims_backward_kernel(ReduceGeometry g, const T* dy, float sc
     const int64_t o = i / g.terms, r = i % g.terms;
     cuda_common::store_blend(dx + kept_offset(g, o) + reduced_offset(g, r), scale * to_f32(dy[o]), beta);
   }
+}
+
+template <typename T>
+__global__ void extreme_dims_kernel(ReduceGeometry g, const T* x, bool largest, T* y) {
+  CUMULUS_GRID_STRIDE_LOOP(o, g.outputs) y[o] = from_f32<T>(extreme_of(g, x, o, largest));
+}
+
+template <typename T>
+__global__ void extreme_dims_backward_kernel(ReduceGeometry g, const T* x, const T* y, const T* dy, float beta, T* dx) {
+  CUMULUS_GRID_STRIDE_LOOP(o, g.outputs) extreme_backward_of(g, x, y, dy, o, beta, dx);
 }
 
 template <typename T>
@@ -81,6 +92,19 @@ void sum_dims_backward_cuda(const ReduceGeometry& g, const T* dy, float scale, f
 }
 
 template <typename T>
+void extreme_dims_cuda(const ReduceGeometry& g, const T* x, bool largest, T* y, cudaStream_t stream) {
+  if (g.outputs == 0) return;
+  launch<extreme_dims_kernel<T>>(blocks_for(g.outputs), kThreads, stream, g, x, largest, y);
+}
+
+template <typename T>
+void extreme_dims_backward_cuda(const ReduceGeometry& g, const T* x, const T* y, const T* dy, float beta, T* dx,
+                                cudaStream_t stream) {
+  if (g.outputs == 0) return;
+  launch<extreme_dims_backward_kernel<T>>(blocks_for(g.outputs), kThreads, stream, g, x, y, dy, beta, dx);
+}
+
+template <typename T>
 void select_along_dim_cuda(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k, bool largest,
                            bool nan_first, T* values, int64_t* indices, cudaStream_t stream) {
   if (outer * inner == 0 || k == 0) return;
@@ -106,6 +130,9 @@ void multinomial_cuda(const T* w, int64_t rows, int64_t n, int64_t samples, bool
 #define CUMULUS_INSTANTIATE(T)                                                                                  \
   template void sum_dims_cuda(const ReduceGeometry&, const T*, int64_t, T*, cudaStream_t);                      \
   template void sum_dims_backward_cuda(const ReduceGeometry&, const T*, float, float, T*, cudaStream_t);        \
+  template void extreme_dims_cuda(const ReduceGeometry&, const T*, bool, T*, cudaStream_t);                     \
+  template void extreme_dims_backward_cuda(const ReduceGeometry&, const T*, const T*, const T*, float, T*,      \
+                                           cudaStream_t);                                                       \
   template void select_along_dim_cuda(const T*, int64_t, int64_t, int64_t, int64_t, bool, bool, T*, int64_t*,   \
                                       cudaStream_t);                                                            \
   template void scatter_along_dim_cuda(const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t, float, T*, \

@@ -1,6 +1,6 @@
 // CUDA launchers of the reductions over dimensions (kernels/cuda/reduce_dims.cu): the contracts of
 // their CPU twins in kernels/cpu/reduce_dims_kernels.h, queued on `stream`, pointers on the device.
-// The selections, their gradient and multinomial give the CPU's results exactly (one thread per
+// amax / amin, the selections, their gradients and multinomial give the CPU's results exactly (one thread per
 // row running the same rule); sums add in double in another order than the CPU's, so they match it
 // to the f32 rounding of the result.
 #pragma once
@@ -17,6 +17,12 @@ template <typename T>
 void sum_dims_cuda(const ReduceGeometry& g, const T* x, int64_t divisor, T* y, cudaStream_t stream);
 template <typename T>
 void sum_dims_backward_cuda(const ReduceGeometry& g, const T* dy, float scale, float beta, T* dx, cudaStream_t stream);
+
+template <typename T>
+void extreme_dims_cuda(const ReduceGeometry& g, const T* x, bool largest, T* y, cudaStream_t stream);
+template <typename T>
+void extreme_dims_backward_cuda(const ReduceGeometry& g, const T* x, const T* y, const T* dy, float beta, T* dx,
+                                cudaStream_t stream);
 
 template <typename T>
 void select_along_dim_cuda(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k, bool largest,

@@ -3,12 +3,13 @@
 //   sum_dims: both sum in double, in different orders, and round once: within one rounding of T of
 //             the CPU's result and of the exact sum; NaN and infinities where the CPU has them; a
 //             sum of no terms is 0, their mean NaN. Terms below and above the 256-thread threshold.
-//   sum_dims_backward, select_along_dim, scatter_along_dim, multinomial: the CPU's bits (the same
+//   sum_dims_backward, extreme_dims (amax / amin) and its backward, select_along_dim, scatter_along_dim, multinomial: the CPU's bits (the same
 //             row rules, no sums in another order).
 // select_along_dim with k 1 also gives argmax_rows_cpu's indices (kernels::row_argmax's rule).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,32 @@ TYPED_TEST(ReduceDimsEmulated, SumDimsBackwardMatchesTheCpu) {
       kernels::sum_dims_backward_cpu(g, dy.data(), 0.25f, beta, want.data());
       kernels::sum_dims_backward_cuda(g, dy.data(), 0.25f, beta, got.data(), nullptr);
       expect_same_bits(got, want, "dx");
+    }
+}
+
+TYPED_TEST(ReduceDimsEmulated, ExtremeDimsMatchTheCpu) {
+  using T = TypeParam;
+  for (const NamedGeometry& ng : geometries())
+    for (bool largest : {true, false}) {
+      const ReduceGeometry& g = ng.g;
+      if (g.terms == 0) continue;  // the engine refuses it
+      SCOPED_TRACE(ng.name + (largest ? " amax" : " amin"));
+      // Values in {0, ..., 3}: ties in every output; NaN and infinities in some.
+      auto xf = random_values(input_size(g), 0, 4, 20);
+      for (float& v : xf) v = std::floor(v);
+      const auto x = stored_as<T>(with_specials(xf, 97, 3));
+      DeviceVector<T> want(static_cast<std::size_t>(g.outputs)), got(want.size());
+      kernels::extreme_dims_cpu(g, x.data(), largest, want.data());
+      kernels::extreme_dims_cuda(g, x.data(), largest, got.data(), nullptr);
+      expect_same_values(got, want, "values");
+      const auto dy = stored_as<T>(random_values(g.outputs, -2, 2, 21));
+      for (float beta : {0.0f, 1.0f}) {
+        const auto old = stored_as<T>(random_values(input_size(g), -2, 2, 22));
+        DeviceVector<T> dx_want = old, dx_got = old;
+        kernels::extreme_dims_backward_cpu(g, x.data(), want.data(), dy.data(), beta, dx_want.data());
+        kernels::extreme_dims_backward_cuda(g, x.data(), want.data(), dy.data(), beta, dx_got.data(), nullptr);
+        expect_same_values(dx_got, dx_want, "dx, beta " + std::to_string(beta));
+      }
     }
 }
 

@@ -1,5 +1,5 @@
 // Op cases (Note [Op cases] in op_case.h): the reductions over dimensions of cumulus/ops/reduce.h:
-// sum and mean over sets of dimensions, max / min / argmax / argmin along one (values and indices),
+// sum, mean, amax and amin over sets of dimensions, max / min / argmax / argmin along one (values and indices),
 // topk, multinomial. The references index the flat row-major values themselves.
 #include <algorithm>
 #include <cmath>
@@ -71,6 +71,43 @@ OpCase sum_dims_case(bool mean, Shape shape, std::vector<int64_t> dims, bool kee
   const double rounding = dtype == DType::bf16 ? 1.0 / 256 : dtype == DType::f16 ? 1.0 / 2048 : 0;
   c.tolerance = dtype == DType::f32 ? 1e-6 : 2 * rounding;
   c.grad_tolerance = dtype == DType::f32 ? 1e-5 : 2 * rounding;
+  return c;
+}
+
+// amax / amin over dims from the definition: the largest (smallest) of each output's terms, NaN
+// where one is NaN.
+ref::Vec reference_extreme(const ref::Vec& x, const Shape& shape, std::vector<int64_t> dims, bool largest) {
+  const int n = shape.ndim();
+  std::vector<bool> reduced(static_cast<std::size_t>(n), dims.empty());
+  for (int64_t d : dims)
+    if (n > 0) reduced[(d + n) % n] = true;
+  int64_t outputs = 1;
+  for (int d = 0; d < n; ++d) outputs *= reduced[d] ? 1 : shape[d];
+  ref::Vec y(static_cast<std::size_t>(outputs), largest ? -INFINITY : INFINITY);
+  for (int64_t i = 0; i < shape.numel(); ++i) {
+    const std::vector<int64_t> idx = unravel(i, shape);
+    int64_t o = 0;
+    for (int d = 0; d < n; ++d)
+      if (!reduced[d]) o = o * shape[d] + idx[d];
+    if (std::isnan(y[o])) continue;
+    y[o] = std::isnan(x[i]) ? x[i] : largest ? std::max(y[o], x[i]) : std::min(y[o], x[i]);
+  }
+  return y;
+}
+
+// Uniform inputs: no ties, so the gradient is the selected element's alone (a tie's even share is
+// no derivative finite differences can check; tests/test_reduce_dims.cpp checks it).
+OpCase extreme_case(bool largest, Shape shape, std::vector<int64_t> dims, bool keepdim, DType dtype) {
+  OpCase c;
+  c.op = largest ? "amax" : "amin";
+  c.name = c.op + "_" + shape_name(shape) + "_" + dims_name(dims) + (keepdim ? "_keep_" : "_") + dtype_name(dtype);
+  c.inputs = {{shape, dtype}};
+  c.forward = [largest, dims, keepdim](const Inputs& t) {
+    return largest ? ops::amax(t[0], dims, keepdim) : ops::amin(t[0], dims, keepdim);
+  };
+  c.reference = [shape, dims, largest](const Values& v) { return reference_extreme(v[0], shape, dims, largest); };
+  c.tolerance = 0;
+  c.grad_tolerance = 1e-5;
   return c;
 }
 
@@ -261,6 +298,14 @@ CUMULUS_OP_CASES(reduce_dims) {
     c.name = c.op + "_all_3x5_bf16";
     c.forward = [mean](const Inputs& t) { return mean ? ops::mean(t[0]) : ops::sum(t[0]); };
     cases.push_back(c);
+  }
+
+  for (bool largest : {true, false}) {
+    cases.push_back(extreme_case(largest, {3, 5, 4}, {1}, false, DType::f32));
+    cases.push_back(extreme_case(largest, {3, 5, 4}, {0, 2}, true, DType::f32));
+    cases.push_back(extreme_case(largest, {3, 5, 4}, {}, false, DType::f32));
+    cases.push_back(extreme_case(largest, {}, {-1}, false, DType::f32));
+    cases.push_back(extreme_case(largest, {4, 6}, {-1}, false, DType::f16));
   }
 
   for (const char* op : {"max", "min"}) {

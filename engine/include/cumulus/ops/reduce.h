@@ -1,6 +1,6 @@
-// Reductions over dimensions, as PyTorch's: sum and mean over a set of dimensions, max / min /
-// argmax / argmin along one, topk, and multinomial sampling. (sum(x), mean(x) and the row-wise
-// argmax(x) of all elements are in ops.h.) A dimension d may be negative (d + ndim); a 0-d tensor
+// Reductions over dimensions, as PyTorch's: sum, mean, amax and amin over a set of dimensions,
+// max / min / argmax / argmin along one, topk, and multinomial sampling. (sum(x) and mean(x) of
+// all elements and the row-wise argmax(x) are in ops.h.) A dimension d may be negative (d + ndim); a 0-d tensor
 // takes dimension 0 or -1 as a dimension of size 1, as torch does. keepdim keeps each reduced
 // dimension with size 1, else it is removed.
 #pragma once
@@ -27,6 +27,20 @@ Tensor sum(const Tensor& x, I dim, bool keepdim = false) {
 template <typename I, std::enable_if_t<std::is_integral<I>::value && !std::is_same<I, bool>::value, int> = 0>
 Tensor mean(const Tensor& x, I dim, bool keepdim = false) {
   return mean(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
+}
+
+// The largest (smallest) element over `dims` (as sum's dims), NaN where any of them is NaN, as
+// torch.amax / torch.amin. x: f32, bf16 or f16; a reduction over no elements is an InvalidArgument.
+// Gradient (torch's, unlike max's): dy shared evenly among the elements equal to the result.
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+template <typename I, std::enable_if_t<std::is_integral<I>::value && !std::is_same<I, bool>::value, int> = 0>
+Tensor amax(const Tensor& x, I dim, bool keepdim = false) {
+  return amax(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, std::enable_if_t<std::is_integral<I>::value && !std::is_same<I, bool>::value, int> = 0>
+Tensor amin(const Tensor& x, I dim, bool keepdim = false) {
+  return amin(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
 }
 
 // What max, min and topk return: the selected values (x's type) and their indices along the
