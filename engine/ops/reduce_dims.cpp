@@ -147,8 +147,7 @@ class ExtremeBackward final : public Node {
   Tensor x_, y_;
 };
 
-Tensor extreme_dims(const char* op, const Tensor& input, const std::vector<int64_t>& dims, bool keepdim,
-                    bool largest) {
+Tensor extreme_dims(const char* op, const Tensor& input, const std::vector<int64_t>& dims, bool keepdim, bool largest) {
   OpScope op_scope(op);
   detail::check_floating(op, "input", input);
   const Tensor x = detail::contiguous(input);

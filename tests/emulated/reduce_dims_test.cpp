@@ -3,7 +3,8 @@
 //   sum_dims: both sum in double, in different orders, and round once: within one rounding of T of
 //             the CPU's result and of the exact sum; NaN and infinities where the CPU has them; a
 //             sum of no terms is 0, their mean NaN. Terms below and above the 256-thread threshold.
-//   sum_dims_backward, extreme_dims (amax / amin) and its backward, select_along_dim, scatter_along_dim, multinomial: the CPU's bits (the same
+//   sum_dims_backward, extreme_dims (amax / amin) and its backward, select_along_dim, scatter_along_dim, multinomial:
+//   the CPU's bits (the same
 //             row rules, no sums in another order).
 // select_along_dim with k 1 also gives argmax_rows_cpu's indices (kernels::row_argmax's rule).
 #include <gtest/gtest.h>
