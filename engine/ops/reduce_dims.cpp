@@ -25,6 +25,7 @@ namespace cumulus::ops {
 namespace {
 
 using kernels::ReduceGeometry;
+static_assert(Shape::kMaxDims <= kernels::kReduceMaxDims, "a geometry holds every dimension of a shape");
 
 // Dimension `dim` of an ndim tensor in [0, ndim); a 0-d tensor takes 0 and -1 (as torch) and gives 0.
 int normalize_dim(const char* op, int64_t dim, int ndim) {
