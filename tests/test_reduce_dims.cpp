@@ -1,8 +1,8 @@
 // The reductions over dimensions (cumulus/ops/reduce.h) beyond what their op cases check
 // (tests/op_cases/cases_reduce_dims.cpp: values, gradients, CPU against CUDA): result shapes and
-// dtypes, dimensions of size 0, the gradient of a tie (max's to the first element, amax's shared),
-// which reductions count as a loss's, argument errors, and multinomial's draws: reproducible per
-// seed, distributed as the weights say.
+// dtypes, dimensions of size 0, NaN and infinities, the gradient of a tie (max's to the first
+// element, amax's shared), which reductions count as a loss's, argument errors, and multinomial's
+// draws: reproducible per seed, distributed as the weights say.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -130,6 +130,26 @@ TEST_P(ReduceDims, OutputReductionOfSumAndMean) {
   EXPECT_EQ(ops::sum(x, {0, 1}).grad_fn()->output_reduction(), OutputReduction::sum);
   EXPECT_EQ(ops::mean(x, 1).grad_fn()->output_reduction(), OutputReduction::unknown);
   EXPECT_EQ(ops::sum(values({1, 2, 3}, {3, 1}, true), 1).grad_fn()->output_reduction(), OutputReduction::none);
+}
+
+// NaN and infinities as torch: a sum or mean with a NaN, or with both infinities, is NaN; max and
+// min return the first NaN of a row and its index, amax / amin NaN.
+TEST_P(ReduceDims, NaNAndInfinities) {
+  const Tensor x = values({1, INFINITY, 2, INFINITY, -INFINITY, 0, NAN, 5, NAN}, {3, 3});
+  const std::vector<float> s = ops::sum(x, 1).to_vector<float>();
+  EXPECT_EQ(s[0], INFINITY);
+  EXPECT_TRUE(std::isnan(s[1]) && std::isnan(s[2]));
+  EXPECT_TRUE(std::isnan(ops::mean(x, {}).to_vector<float>()[0]));
+  for (bool largest : {true, false}) {
+    const ops::ValuesAndIndices m = largest ? ops::max(x, 1) : ops::min(x, 1);
+    const std::vector<float> v = m.values.to_vector<float>();
+    EXPECT_EQ(v[0], largest ? INFINITY : 1.0f);
+    EXPECT_EQ(v[1], largest ? INFINITY : -INFINITY);
+    EXPECT_TRUE(std::isnan(v[2]));
+    EXPECT_EQ(m.indices.to_vector<int64_t>(), (std::vector<int64_t>{largest ? 1 : 0, largest ? 0 : 1, 0}));
+    const Tensor a = largest ? ops::amax(x, 0) : ops::amin(x, 0);
+    EXPECT_TRUE(std::isnan(a.to_vector<float>()[0]) && std::isnan(a.to_vector<float>()[2]));
+  }
 }
 
 TEST_P(ReduceDims, ArgumentErrors) {
