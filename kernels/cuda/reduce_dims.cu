@@ -5,7 +5,9 @@
 //             32 threads for fewer than kWideTerms terms, so short sums do not idle 224 threads.
 //   sum_dims_backward: a thread per input element.
 //   extreme_dims (amax / amin) and its backward: a thread per output element, the CPU's rule.
-//   select_along_dim, scatter_along_dim, multinomial: a thread per row, the CPU's row rules.
+//   select_along_dim: a thread per row running select_row, or for rows of kBlockSelectDim or more
+//             a block per row (a vocabulary's top k) whose picks are select_row's.
+//   scatter_along_dim, multinomial: a thread per row, the CPU's row rules.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_dims_kernels.h"
 
@@ -18,7 +20,8 @@ using cuda_common::kThreads;
 using cuda_common::launch;
 
 constexpr int64_t kWideTerms = 4096;
-constexpr int64_t kMaxSumBlocks = 65535;
+constexpr int64_t kMaxSumBlocks = 65535;  // also the cap of the block-per-row selection's grid
+constexpr int64_t kBlockSelectDim = 1024;
 
 template <typename T>
 __global__ void sum_dims_kernel(ReduceGeometry g, const T* x, int64_t divisor, T* y) {
@@ -57,6 +60,57 @@ __global__ void select_along_dim_kernel(const T* x, int64_t outer, int64_t dim, 
     const int64_t o = row / inner, i = row % inner, out = o * k * inner + i;
     select_row(x + o * dim * inner + i, dim, inner, k, largest, nan_first, values ? values + out : nullptr,
                indices + out);
+  }
+}
+
+// Rows of kBlockSelectDim elements or more: a block per row, select_row's picks made by the block.
+// For each pick every thread takes the first-ranking element of its strided share that ranks after
+// the previous pick, then a tree over the block keeps the first-ranking of those. The order is
+// total (ties go to the lower index), so the pick is select_row's whatever the tree's shape.
+template <typename T>
+__global__ void select_along_dim_block_kernel(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k,
+                                              bool largest, bool nan_first, T* values, int64_t* indices) {
+  __shared__ float best_values[kThreads];
+  __shared__ int64_t best_indices[kThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  for (int64_t row = blockIdx.x; row < outer * inner; row += gridDim.x) {
+    const int64_t o = row / inner, i = row % inner, out = o * k * inner + i;
+    const T* xr = x + o * dim * inner + i;
+    float prev = 0.0f;
+    int64_t prev_index = -1;
+    for (int64_t j = 0; j < k; ++j) {
+      float best = 0.0f;
+      int64_t best_index = -1;
+      for (int64_t d = t; d < dim; d += blockDim.x) {
+        const float v = to_f32(xr[d * inner]);
+        if (prev_index >= 0 && !ranks_before(prev, prev_index, v, d, largest, nan_first)) continue;
+        if (best_index < 0 || ranks_before(v, d, best, best_index, largest, nan_first)) {
+          best = v;
+          best_index = d;
+        }
+      }
+      best_values[t] = best;
+      best_indices[t] = best_index;
+      __syncthreads();
+      for (int half = static_cast<int>(blockDim.x) / 2; half > 0; half /= 2) {
+        if (t < half) {
+          const float v = best_values[t + half];
+          const int64_t d = best_indices[t + half];
+          if (d >= 0 && (best_indices[t] < 0 || ranks_before(v, d, best_values[t], best_indices[t], largest, nan_first))) {
+            best_values[t] = v;
+            best_indices[t] = d;
+          }
+        }
+        __syncthreads();
+      }
+      prev = best_values[0];
+      prev_index = best_indices[0];
+      if (t == 0) {
+        if (values) values[out + j * inner] = xr[prev_index * inner];
+        indices[out + j * inner] = prev_index;
+      }
+      __syncthreads();  // best_* are rewritten by the next pick
+    }
   }
 }
 
@@ -107,9 +161,16 @@ void extreme_dims_backward_cuda(const ReduceGeometry& g, const T* x, const T* y,
 template <typename T>
 void select_along_dim_cuda(const T* x, int64_t outer, int64_t dim, int64_t inner, int64_t k, bool largest,
                            bool nan_first, T* values, int64_t* indices, cudaStream_t stream) {
-  if (outer * inner == 0 || k == 0) return;
-  launch<select_along_dim_kernel<T>>(blocks_for(outer * inner), kThreads, stream, x, outer, dim, inner, k, largest,
-                                     nan_first, values, indices);
+  const int64_t rows = outer * inner;
+  if (rows == 0 || k == 0) return;
+  if (dim >= kBlockSelectDim) {
+    const auto blocks = static_cast<unsigned>(rows < kMaxSumBlocks ? rows : kMaxSumBlocks);
+    launch<select_along_dim_block_kernel<T>>(blocks, kThreads, stream, x, outer, dim, inner, k, largest, nan_first,
+                                             values, indices);
+    return;
+  }
+  launch<select_along_dim_kernel<T>>(blocks_for(rows), kThreads, stream, x, outer, dim, inner, k, largest, nan_first,
+                                     values, indices);
 }
 
 template <typename T>
