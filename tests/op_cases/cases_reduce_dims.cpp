@@ -330,6 +330,17 @@ CUMULUS_OP_CASES(reduce_dims) {
     cases.push_back(topk_case({3, 6, 2}, 6, 1, largest, DType::f32, Out::indices, true, true));
   }
 
+  // Rows of 1024 elements or more: CUDA's block-per-row selection.
+  cases.push_back(topk_case({2, 1100}, 5, -1, true, DType::f32, Out::indices, true, true));
+  {
+    OpCase c = topk_case({3, 1500}, 4, 1, true, DType::f32, Out::values);
+    c.fd_samples = 64;  // the elements checked are raised above the rest, so each row's top 4 are among them
+    c.inputs[0].edit = [](std::vector<float>& x) {
+      for (std::size_t s = 0; s < 64; ++s) x[s * (x.size() - 1) / 63] = 1.0f + 0.01f * static_cast<float>(s);
+    };
+    cases.push_back(c);
+  }
+
   for (bool replacement : {true, false}) {
     cases.push_back(multinomial_case({12}, 5, replacement, DType::f32));
     cases.push_back(multinomial_case({4, 11}, 6, replacement, DType::f32));
