@@ -96,7 +96,8 @@ __global__ void select_along_dim_block_kernel(const T* x, int64_t outer, int64_t
         if (t < half) {
           const float v = best_values[t + half];
           const int64_t d = best_indices[t + half];
-          if (d >= 0 && (best_indices[t] < 0 || ranks_before(v, d, best_values[t], best_indices[t], largest, nan_first))) {
+          if (d >= 0 &&
+              (best_indices[t] < 0 || ranks_before(v, d, best_values[t], best_indices[t], largest, nan_first))) {
             best_values[t] = v;
             best_indices[t] = d;
           }

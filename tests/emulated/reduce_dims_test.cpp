@@ -132,8 +132,8 @@ struct Along {
 };
 // The last two: rows of the block-per-row kernel (1024 elements or more), contiguous (tied_rows's
 // NaN and infinity rows among them) and strided.
-const std::vector<Along> kAlong = {{1, 7, 1}, {6, 9, 1},    {3, 10, 5},  {1, 33, 257},
-                                   {4, 1, 3}, {0, 5, 2},    {6, 1100, 1}, {1, 1500, 2}};
+const std::vector<Along> kAlong = {{1, 7, 1}, {6, 9, 1}, {3, 10, 5},   {1, 33, 257},
+                                   {4, 1, 3}, {0, 5, 2}, {6, 1100, 1}, {1, 1500, 2}};
 
 TYPED_TEST(ReduceDimsEmulated, SelectAlongDimMatchesTheCpu) {
   using T = TypeParam;
