@@ -5,6 +5,7 @@
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/reduce.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus::ops {
@@ -47,6 +48,9 @@ void sum_all_on_device(const float* x, int64_t n, float scale, float* y, Device 
 #endif
 
 Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
+  // 16-bit: summed in double and rounded to x's type (cumulus/ops/reduce.h).
+  if (x.defined() && (x.dtype() == DType::bf16 || x.dtype() == DType::f16))
+    return mean ? ops::mean(x, {}) : ops::sum(x, {});
   OpScope op_scope(op);
   detail::check_dtype(op, "input", x, DType::f32);
   const Device device = x.device();

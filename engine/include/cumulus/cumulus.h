@@ -40,6 +40,7 @@
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/reduce.h"
 #include "cumulus/ops/tensor_ops.h"
 
 #include "cumulus/nn/activation_layers.h"

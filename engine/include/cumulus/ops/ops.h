@@ -41,8 +41,8 @@ Tensor reshape(const Tensor& x, const std::vector<int64_t>& sizes);
 Tensor reshape(const Tensor& x, std::initializer_list<int64_t> sizes);
 Tensor flatten(const Tensor& x, int start_dim = 1);
 
-// Sum / mean of all elements -> a scalar (0-d). x must be f32: a bf16 or f16 tensor is an
-// InvalidArgument (cast it first; torch.sum accepts it). The mean of an empty tensor is NaN.
+// Sum / mean of all elements -> a scalar (0-d) of x's type (f32, bf16 or f16; a 16-bit x is summed
+// as sum(x, {}) of cumulus/ops/reduce.h). The mean of an empty tensor is NaN.
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
