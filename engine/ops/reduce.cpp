@@ -47,7 +47,8 @@ void sum_all_on_device(const float* x, int64_t n, float scale, float* y, Device 
 }
 #endif
 
-Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
+Tensor reduce_all(const char* op, const Tensor& x_in, bool mean) {
+  const Tensor x = detail::contiguous(x_in);
   // 16-bit: summed in double and rounded to x's type (cumulus/ops/reduce.h).
   if (x.defined() && (x.dtype() == DType::bf16 || x.dtype() == DType::f16))
     return mean ? ops::mean(x, {}) : ops::sum(x, {});
@@ -70,8 +71,9 @@ Tensor reduce_all(const char* op, const Tensor& x, bool mean) {
 Tensor sum(const Tensor& x) { return reduce_all("sum", x, false); }
 Tensor mean(const Tensor& x) { return reduce_all("mean", x, true); }
 
-Tensor argmax(const Tensor& x) {
+Tensor argmax(const Tensor& x_in) {
   OpScope op_scope("argmax");
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating("argmax", "input", x);
   CUMULUS_CHECK(x.ndim() == 2 && x.size(1) > 0, ShapeError, "argmax: input must be [rows, cols > 0], got ",
                 x.shape().str());
