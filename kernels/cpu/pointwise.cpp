@@ -109,14 +109,25 @@ bool vec::available() {
 }
 
 namespace {
-// The vector function computing op over n floats (kernels/cpu/vec_math.h).
-void unary_forward_vec(UnaryOp op, const float* x, float* y, int64_t n) {
+// The vector function computing op over n floats (kernels/cpu/vec_math.h), or null for the ops
+// without a transcendental (sqrt, rsqrt, abs), whose plain loops the compiler vectorizes.
+using VecUnary = void (*)(const float*, float*, int64_t);
+VecUnary unary_forward_vec(UnaryOp op) {
   switch (op) {
-    case UnaryOp::tanh: return vec::tanh_f32(x, y, n);
-    case UnaryOp::sigmoid: return vec::sigmoid_f32(x, y, n);
-    case UnaryOp::gelu: return vec::gelu_f32(x, y, n);
-    default: return vec::gelu_tanh_f32(x, y, n);
+    case UnaryOp::tanh: return vec::tanh_f32;
+    case UnaryOp::sigmoid: return vec::sigmoid_f32;
+    case UnaryOp::gelu: return vec::gelu_f32;
+    case UnaryOp::gelu_tanh: return vec::gelu_tanh_f32;
+    case UnaryOp::exp: return vec::exp_f32;
+    case UnaryOp::log: return vec::log_f32;
+    default: return nullptr;
   }
+}
+
+// y = f(x) by the scalar rule, with the op fixed outside the loop so that the compiler vectorizes it.
+template <UnaryOp kOp, typename T>
+void unary_forward_loop(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(kOp, to_f32(x[i])));
 }
 
 // 16-bit types are widened to f32 a block at a time, into buffers that stay in the L1 cache.
@@ -144,13 +155,17 @@ void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) 
 
 template <typename T>
 void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
+  if (op == UnaryOp::sqrt) return unary_forward_loop<UnaryOp::sqrt>(x, y, n);
+  if (op == UnaryOp::rsqrt) return unary_forward_loop<UnaryOp::rsqrt>(x, y, n);
+  if (op == UnaryOp::abs) return unary_forward_loop<UnaryOp::abs>(x, y, n);
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      if constexpr (std::is_same_v<T, float>) return unary_forward_vec(op, x, y, n);
+      const VecUnary f = unary_forward_vec(op);
+      if constexpr (std::is_same_v<T, float>) return f(x, y, n);
       float xb[kVecBlock];
       for (int64_t i = 0; i < n; i += kVecBlock) {
         const int64_t m = std::min(kVecBlock, n - i);
-        unary_forward_vec(op, widen(x + i, m, xb), xb, m);
+        f(widen(x + i, m, xb), xb, m);
         for (int64_t k = 0; k < m; ++k) y[i + k] = from_f32<T>(xb[k]);
       }
       return;
@@ -159,12 +174,20 @@ void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
 }
 
-// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. tanh's and
-// sigmoid's read their output and need no transcendental: the scalar rules, in loops per op.
+// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. The other
+// ops' need no transcendental: the scalar rules, in loops per op.
 template <typename T>
 void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
-  if (op == UnaryOp::tanh) return unary_grad_loop<UnaryOp::tanh>(saved, dy, beta, dx, n);
-  if (op == UnaryOp::sigmoid) return unary_grad_loop<UnaryOp::sigmoid>(saved, dy, beta, dx, n);
+  switch (op) {
+    case UnaryOp::tanh: return unary_grad_loop<UnaryOp::tanh>(saved, dy, beta, dx, n);
+    case UnaryOp::sigmoid: return unary_grad_loop<UnaryOp::sigmoid>(saved, dy, beta, dx, n);
+    case UnaryOp::exp: return unary_grad_loop<UnaryOp::exp>(saved, dy, beta, dx, n);
+    case UnaryOp::log: return unary_grad_loop<UnaryOp::log>(saved, dy, beta, dx, n);
+    case UnaryOp::sqrt: return unary_grad_loop<UnaryOp::sqrt>(saved, dy, beta, dx, n);
+    case UnaryOp::rsqrt: return unary_grad_loop<UnaryOp::rsqrt>(saved, dy, beta, dx, n);
+    case UnaryOp::abs: return unary_grad_loop<UnaryOp::abs>(saved, dy, beta, dx, n);
+    default: break;
+  }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
       const auto grad = op == UnaryOp::gelu ? vec::gelu_grad_f32 : vec::gelu_tanh_grad_f32;
