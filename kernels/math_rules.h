@@ -21,9 +21,7 @@ CUMULUS_HOST_DEVICE float clamp_apply(float x, float lo, float hi) {
 
 // PyTorch's clamp_backward: dy where lo <= x <= hi (the bounds themselves included), else 0; a NaN
 // x compares false, so its gradient is 0.
-CUMULUS_HOST_DEVICE float clamp_grad(float dy, float x, float lo, float hi) {
-  return (x >= lo && x <= hi) ? dy : 0.0f;
-}
+CUMULUS_HOST_DEVICE float clamp_grad(float dy, float x, float lo, float hi) { return (x >= lo && x <= hi) ? dy : 0.0f; }
 
 // a op b for integers (add, sub, mul; the caller never passes another op): two's-complement
 // wrap-around on overflow, as PyTorch's integer tensors, computed unsigned so it is defined.

@@ -85,10 +85,19 @@ TEST_P(MathTest, TinyResultsKeepTheirRelativePrecision) {
     std::vector<float> x;
   };
   const Form forms[] = {
-      {"exp", [](const Tensor& t) { return ops::exp(t); }, [](double v) { return std::exp(v); }, {-87.0f, -60.5f, -20.25f}},
-      {"log", [](const Tensor& t) { return ops::log(t); }, [](double v) { return std::log(v); }, {1.0f + 1e-6f, 0.9999999f}},
+      {"exp",
+       [](const Tensor& t) { return ops::exp(t); },
+       [](double v) { return std::exp(v); },
+       {-87.0f, -60.5f, -20.25f}},
+      {"log",
+       [](const Tensor& t) { return ops::log(t); },
+       [](double v) { return std::log(v); },
+       {1.0f + 1e-6f, 0.9999999f}},
       {"sqrt", [](const Tensor& t) { return ops::sqrt(t); }, [](double v) { return std::sqrt(v); }, {1e-38f, 3e-30f}},
-      {"rsqrt", [](const Tensor& t) { return ops::rsqrt(t); }, [](double v) { return 1 / std::sqrt(v); }, {1e30f, 3e37f}},
+      {"rsqrt",
+       [](const Tensor& t) { return ops::rsqrt(t); },
+       [](double v) { return 1 / std::sqrt(v); },
+       {1e30f, 3e37f}},
   };
   for (const Form& f : forms) {
     const std::vector<float> y = host(f.op(of(f.x)));
@@ -157,10 +166,9 @@ TEST_P(MathTest, EmptyTensorsGiveEmptyResultsAndGradients) {
   a.set_requires_grad(true);
   Tensor b = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3}, device());
   b.set_requires_grad(true);
-  const std::vector<Tensor> ys = {ops::exp(a),         ops::log(a),        ops::sqrt(a),
-                                  ops::rsqrt(a),       ops::abs(a),        ops::pow(a, 2.0f),
-                                  ops::pow(a, b),      ops::maximum(a, b), ops::minimum(b, a),
-                                  ops::clamp(a, 0.0f, 1.0f)};
+  const std::vector<Tensor> ys = {
+      ops::exp(a),       ops::log(a),    ops::sqrt(a),       ops::rsqrt(a),      ops::abs(a),
+      ops::pow(a, 2.0f), ops::pow(a, b), ops::maximum(a, b), ops::minimum(b, a), ops::clamp(a, 0.0f, 1.0f)};
   Tensor total = ops::sum(ys[0]);
   for (const Tensor& y : ys) {
     EXPECT_EQ(y.shape(), Shape({0, 3}));

@@ -27,12 +27,10 @@ class ClampBackward final : public Node {
     if (!grads[0].needed()) return;
     GradSink::Target dx = grads[0].begin(x_.shape(), dy.device(), dy.dtype());
     const int64_t n = x_.numel();
-    CUMULUS_DISPATCH_FLOAT(dy.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>();
-                           T* dxp = dx.tensor.data<T>();
-                           CUMULUS_DISPATCH(dy.device(), ctx,
-                                            kernels::clamp_backward_cpu(lo_, hi_, xp, dyp, dx.beta(), dxp, n),
-                                            kernels::clamp_backward_cuda(lo_, hi_, xp, dyp, dx.beta(), dxp, n,
-                                                                         ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(
+        dy.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
+        CUMULUS_DISPATCH(dy.device(), ctx, kernels::clamp_backward_cpu(lo_, hi_, xp, dyp, dx.beta(), dxp, n),
+                         kernels::clamp_backward_cuda(lo_, hi_, xp, dyp, dx.beta(), dxp, n, ctx.stream())));
   }
   void release_saved() override { x_ = Tensor(); }
 

@@ -37,7 +37,7 @@ void int_convert_cpu(const From* x, To* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = int_convert<To>(x[i]);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                            \
+#define CUMULUS_INSTANTIATE(T)                                          \
   template void clamp_forward_cpu(float, float, const T*, T*, int64_t); \
   template void clamp_backward_cpu(float, float, const T*, const T*, float, T*, int64_t);
 CUMULUS_INSTANTIATE(float)
@@ -48,10 +48,10 @@ CUMULUS_INSTANTIATE(Half)
 template void int_binary_forward_cpu(const BroadcastGeometry&, BinaryOp, const int32_t*, const int32_t*, int32_t*);
 template void int_binary_forward_cpu(const BroadcastGeometry&, BinaryOp, const int64_t*, const int64_t*, int64_t*);
 
-#define CUMULUS_INSTANTIATE(From)                                           \
-  template void int_convert_cpu(const From*, int64_t*, int64_t);           \
-  template void int_convert_cpu(const From*, float*, int64_t);             \
-  template void int_convert_cpu(const From*, BFloat16*, int64_t);          \
+#define CUMULUS_INSTANTIATE(From)                                 \
+  template void int_convert_cpu(const From*, int64_t*, int64_t);  \
+  template void int_convert_cpu(const From*, float*, int64_t);    \
+  template void int_convert_cpu(const From*, BFloat16*, int64_t); \
   template void int_convert_cpu(const From*, Half*, int64_t);
 CUMULUS_INSTANTIATE(int32_t)
 CUMULUS_INSTANTIATE(int64_t)

@@ -66,7 +66,7 @@ void int_convert_cuda(const From* x, To* y, int64_t n, cudaStream_t stream) {
   launch<int_convert_kernel<From, To>>(blocks_for(n), kThreads, stream, x, y, n);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                            \
+#define CUMULUS_INSTANTIATE(T)                                                         \
   template void clamp_forward_cuda(float, float, const T*, T*, int64_t, cudaStream_t); \
   template void clamp_backward_cuda(float, float, const T*, const T*, float, T*, int64_t, cudaStream_t);
 CUMULUS_INSTANTIATE(float)
@@ -79,7 +79,7 @@ template void int_binary_forward_cuda(const BroadcastGeometry&, BinaryOp, const 
 template void int_binary_forward_cuda(const BroadcastGeometry&, BinaryOp, const int64_t*, const int64_t*, int64_t*,
                                       cudaStream_t);
 
-#define CUMULUS_INSTANTIATE(From)                                                 \
+#define CUMULUS_INSTANTIATE(From)                                                \
   template void int_convert_cuda(const From*, int64_t*, int64_t, cudaStream_t);  \
   template void int_convert_cuda(const From*, float*, int64_t, cudaStream_t);    \
   template void int_convert_cuda(const From*, BFloat16*, int64_t, cudaStream_t); \

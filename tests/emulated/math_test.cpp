@@ -62,8 +62,8 @@ TYPED_TEST(MathEmulated, UnaryMatchesTheCpu) {
 struct ShapePair {
   DeviceVector<int64_t> a, b;
 };
-const ShapePair kShapes[] = {{{3, 257}, {3, 257}}, {{5, 67}, {67}}, {{7, 1, 3}, {1, 40, 1}}, {{1}, {2, 130}},
-                             {{0, 3}, {3}}};
+const ShapePair kShapes[] = {
+    {{3, 257}, {3, 257}}, {{5, 67}, {67}}, {{7, 1, 3}, {1, 40, 1}}, {{1}, {2, 130}}, {{0, 3}, {3}}};
 
 TYPED_TEST(MathEmulated, PowMaximumMinimumMatchTheCpu) {
   using T = TypeParam;
@@ -91,8 +91,7 @@ TYPED_TEST(MathEmulated, PowMaximumMinimumMatchTheCpu) {
           auto dx = destination<T>(operand == 0 ? na : nb, beta, 36), want_dx = dx;
           kernels::binary_backward_cpu(g, op, operand, a.data(), b.data(), dy.data(), beta, want_dx.data());
           kernels::binary_backward_cuda(g, op, operand, a.data(), b.data(), dy.data(), beta, dx.data(), nullptr);
-          expect_cpu_parity("pointwise.cu", dx, want_dx, 2 * unit_rounding<T>(), kContractionAbs, "dx",
-                            Exact::values);
+          expect_cpu_parity("pointwise.cu", dx, want_dx, 2 * unit_rounding<T>(), kContractionAbs, "dx", Exact::values);
         }
     }
 }
@@ -104,7 +103,8 @@ TYPED_TEST(MathEmulated, PowWithAScalarExponentMatchesTheCpu) {
   for (int64_t n : kSizes)
     for (float e : {2.0f, 0.5f, -1.5f, 0.0f}) {
       SCOPED_TRACE("n " + std::to_string(n) + ", e " + std::to_string(e));
-      const auto x = stored_as<T>(with_specials(random_values(n, -3, 3, 37))), dy = stored_as<T>(random_values(n, -2, 2, 38));
+      const auto x = stored_as<T>(with_specials(random_values(n, -3, 3, 37))),
+                 dy = stored_as<T>(random_values(n, -2, 2, 38));
       auto y = destination<T>(n, 0.0f, 0), want = y;
       kernels::scalar_forward_cpu(BinaryOp::pow, false, e, x.data(), want.data(), n);
       kernels::scalar_forward_cuda(BinaryOp::pow, false, e, x.data(), y.data(), n, nullptr);

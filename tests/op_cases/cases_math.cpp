@@ -84,8 +84,8 @@ OpCase unary_case(const UnaryForm& form, const std::string& name, Shape shape, D
 void unary_cases(std::vector<OpCase>& cases) {
   for (const UnaryForm& form : kUnaryForms) {
     for (DType dtype : kDTypes) {
-      OpCase c = unary_case(form, std::string(form.op) + "_2x3x11_" + dtype_name(dtype), {2, 3, 11}, dtype, form.lo,
-                            form.hi);
+      OpCase c =
+          unary_case(form, std::string(form.op) + "_2x3x11_" + dtype_name(dtype), {2, 3, 11}, dtype, form.lo, form.hi);
       c.bench_shapes = {{4096, 1024}};
       cases.push_back(c);
     }
@@ -106,9 +106,9 @@ void extreme_cases(std::vector<OpCase>& cases) {
     bool grad;  // false where the gradient is below the driver's floor of one worth checking
   };
   const Extreme extremes[] = {
-      {0, "large", 80, 86, 1e-6, true},      {1, "tiny", 1e-30, 3e-30, 1e-33, true},
-      {1, "huge", 1e36, 3e38, 1e30, false},  {2, "tiny", 1e-30, 3e-30, 1e-33, true},
-      {2, "huge", 1e36, 3e38, 1e30, false},  {3, "tiny", 1e-20, 3e-20, 1e-23, true},
+      {0, "large", 80, 86, 1e-6, true},     {1, "tiny", 1e-30, 3e-30, 1e-33, true},
+      {1, "huge", 1e36, 3e38, 1e30, false}, {2, "tiny", 1e-30, 3e-30, 1e-33, true},
+      {2, "huge", 1e36, 3e38, 1e30, false}, {3, "tiny", 1e-20, 3e-20, 1e-23, true},
       {4, "huge", 1e37, 3e38, 1e30, false},
   };
   for (const Extreme& e : extremes) {
@@ -127,9 +127,8 @@ void pow_cases(std::vector<OpCase>& cases) {
     float e;
     double lo, hi, min_abs;  // the base's range: positive for a fractional exponent, off 0 for a negative one
   };
-  const Exponent exponents[] = {{"2", 2.0f, -2, 2, 0},           {"3", 3.0f, -2, 2, 0},
-                                {"0p5", 0.5f, 0.1, 4, 0},        {"m1p5", -1.5f, 0.1, 4, 0},
-                                {"m2", -2.0f, -2, 2, 0.25},      {"1p3", 1.3f, 0.1, 4, 0}};
+  const Exponent exponents[] = {{"2", 2.0f, -2, 2, 0},      {"3", 3.0f, -2, 2, 0},      {"0p5", 0.5f, 0.1, 4, 0},
+                                {"m1p5", -1.5f, 0.1, 4, 0}, {"m2", -2.0f, -2, 2, 0.25}, {"1p3", 1.3f, 0.1, 4, 0}};
   for (const Exponent& e : exponents)
     for (DType dtype : kDTypes) {
       if (dtype != DType::f32 && std::string(e.name) != "0p5" && std::string(e.name) != "m2") continue;
@@ -143,8 +142,8 @@ void pow_cases(std::vector<OpCase>& cases) {
       if (dtype == DType::f32 && std::string(e.name) == "2") c.bench_shapes = {{4096, 1024}};
       cases.push_back(c);
     }
-  const std::vector<std::pair<Shape, Shape>> shapes = {{{3, 5}, {3, 5}}, {{4, 7}, {7}}, {{3, 1}, {1, 4}},
-                                                       {{2, 3}, {}},     {{}, {2, 3}}};
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{3, 5}, {3, 5}}, {{4, 7}, {7}}, {{3, 1}, {1, 4}}, {{2, 3}, {}}, {{}, {2, 3}}};
   for (std::size_t k = 0; k < shapes.size(); ++k)
     for (DType dtype : kDTypes) {
       if (dtype != DType::f32 && k != 1) continue;
