@@ -34,6 +34,7 @@ const char* binary_name(BinaryOp op) {
   }
 }
 
+// add, sub, mul, div: the ops that take integers (the first four of BinaryOp).
 bool is_arithmetic(BinaryOp op) { return op <= BinaryOp::div; }
 bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
 

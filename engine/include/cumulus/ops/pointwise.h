@@ -32,7 +32,7 @@ Tensor mul(const Tensor& x, float s);
 Tensor div(const Tensor& x, float s);
 Tensor rsub(float s, const Tensor& x);
 Tensor rdiv(float s, const Tensor& x);
-Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1)
+Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1) (so an integer x gives f32, unlike torch.neg)
 
 // ---- activations (PyTorch's formulas) ----
 Tensor tanh(const Tensor& x);     // saves its output: dx = dy (1 - y^2)
