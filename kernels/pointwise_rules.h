@@ -193,11 +193,29 @@ CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, Bin
 }
 
 // ---- tensor op scalar ----
+// x^e for a scalar e as PyTorch's CPU kernels compute it (pow_tensor_scalar_kernel): 2, 3 and -2 as
+// products, 0.5, -0.5 and -1 as sqrt, rsqrt and reciprocal, powf otherwise. The same values as
+// powf's but for its rounding (these are correctly rounded, or within one more rounding) and a few
+// specials where PyTorch follows sqrt: pow(-0, 0.5) = -0, pow(-inf, 0.5) = NaN.
+CUMULUS_HOST_DEVICE float pow_scalar(float x, float e) {
+  if (e == 2.0f) return x * x;
+  if (e == 3.0f) return x * x * x;
+  if (e == -2.0f) return 1.0f / (x * x);
+  if (e == 0.5f) return sqrtf(x);
+  if (e == -0.5f) return 1.0f / sqrtf(x);
+  if (e == -1.0f) return 1.0f / x;
+  return powf(x, e);
+}
+
 // y = x op s, or s op x when `reversed` (s - x, s / x).
 CUMULUS_HOST_DEVICE float scalar_apply(BinaryOp op, bool reversed, float x, float s) {
+  if (op == BinaryOp::pow && !reversed) return pow_scalar(x, s);
   return reversed ? binary_apply(op, s, x) : binary_apply(op, x, s);
 }
+// pow's is PyTorch's pow_backward: dy e x^(e - 1), the power computed as the forward computes it,
+// and 0 where e is 0.
 CUMULUS_HOST_DEVICE float scalar_grad(BinaryOp op, bool reversed, float dy, float x, float s) {
+  if (op == BinaryOp::pow && !reversed) return s == 0.0f ? 0.0f : dy * (s * pow_scalar(x, s - 1.0f));
   return reversed ? binary_grad(op, 1, dy, s, x) : binary_grad(op, 0, dy, x, s);
 }
 

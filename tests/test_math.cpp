@@ -120,6 +120,9 @@ TEST_P(MathTest, PowFollowsPowfAndPyTorchsGradients) {
   expect_same(host(ops::pow(of({kNaN, -8.0f, 0.0f, 2.0f, -2.0f}), 0.0f)), {1, 1, 1, 1, 1}, "x^0 is 1, NaN too");
   expect_same(host(ops::pow(of({-8.0f, 0.0f, -2.0f, 4.0f}), -0.5f)), {kNaN, kInf, kNaN, 0.5f}, "x^-0.5");
   expect_same(host(ops::pow(of({-2.0f, 3.0f}), 3.0f)), {-8.0f, 27.0f}, "x^3");
+  // 0.5 is sqrt, as in PyTorch (powf would give +0 and +inf).
+  expect_same(host(ops::pow(of({-0.0f, -kInf, 4.0f}), 0.5f)), {-0.0f, kNaN, 2.0f}, "x^0.5");
+  expect_same(host(ops::pow(of({-0.0f, 2.0f}), -1.0f)), {-kInf, 0.5f}, "x^-1");
   // e = 0: a zero gradient, even where e x^(e - 1) is inf (x = 0) or NaN.
   expect_same(grad_of({0.0f, 2.0f, kNaN}, [](const Tensor& t) { return ops::pow(t, 0.0f); }), {0, 0, 0}, "d x^0");
   expect_same(grad_of({0.0f, 2.0f}, [](const Tensor& t) { return ops::pow(t, 2.0f); }), {0.0f, 4.0f}, "d x^2");

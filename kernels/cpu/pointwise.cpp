@@ -36,10 +36,30 @@ void for_each_output(const BroadcastGeometry& g, Fn fn) {
       }
 }
 
+namespace {
+// fn(std::integral_constant<BinaryOp, op>()): a loop inside fn sees the op as a constant, so the
+// compiler vectorizes it (with the op's switch inside, it stays scalar).
+template <typename Fn>
+void with_constant_op(BinaryOp op, Fn fn) {
+  using Op = BinaryOp;
+  switch (op) {
+    case Op::add: return fn(std::integral_constant<Op, Op::add>());
+    case Op::sub: return fn(std::integral_constant<Op, Op::sub>());
+    case Op::mul: return fn(std::integral_constant<Op, Op::mul>());
+    case Op::div: return fn(std::integral_constant<Op, Op::div>());
+    case Op::pow: return fn(std::integral_constant<Op, Op::pow>());
+    case Op::maximum: return fn(std::integral_constant<Op, Op::maximum>());
+    default: return fn(std::integral_constant<Op, Op::minimum>());
+  }
+}
+}  // namespace
+
 template <typename T>
 void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
   if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
-    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(op, to_f32(a[i]), to_f32(b[i])));
+    with_constant_op(op, [&](auto k) {
+      for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(k, to_f32(a[i]), to_f32(b[i])));
+    });
     return;
   }
   for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
@@ -88,7 +108,9 @@ void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, c
 
 template <typename T>
 void scalar_forward_cpu(BinaryOp op, bool reversed, float s, const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(op, reversed, to_f32(x[i]), s));
+  with_constant_op(op, [&](auto k) {
+    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(k, reversed, to_f32(x[i]), s));
+  });
 }
 
 template <typename T>

@@ -31,8 +31,10 @@ Tensor rsqrt(const Tensor& x);
 // |x|. Saves its input: dx = dy sign(x), with sign 0 at 0 and at NaN (torch.sign's).
 Tensor abs(const Tensor& x);
 
-// x^exponent elementwise (powf's special cases: pow(x, 0) = 1 even for NaN x; a negative x to a
-// non-integer power is NaN). Saves its input: dx = dy e x^(e - 1), and 0 when e = 0.
+// x^exponent elementwise, as PyTorch computes it: exponents 2, 3 and -2 as products, 0.5, -0.5 and
+// -1 as sqrt, rsqrt and reciprocal (so pow(-0, 0.5) = -0 and pow(-inf, 0.5) = NaN, as sqrt), powf
+// otherwise (pow(x, 0) = 1 even for NaN x; a negative x to a non-integer power is NaN). Saves its
+// input: dx = dy e x^(e - 1) (the power computed the same way), and 0 when e = 0.
 Tensor pow(const Tensor& x, float exponent);
 // x^exponent with numpy broadcasting, as add. Both must have the same floating dtype and device.
 // Saves both: dx = dy e x^(e - 1) (0 where e = 0), de = dy x^e log x (0 where x = 0 and e >= 0).
