@@ -193,11 +193,12 @@ CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, Bin
 }
 
 // ---- tensor op scalar ----
-// x^e for a scalar e as PyTorch's CPU kernels compute it (pow_tensor_scalar_kernel): 2, 3 and -2 as
-// products, 0.5, -0.5 and -1 as sqrt, rsqrt and reciprocal, powf otherwise. The same values as
+// x^e for a scalar e as PyTorch's CPU kernels compute it (pow_out, pow_tensor_scalar_kernel): 1 as
+// x, 2, 3 and -2 as products, 0.5, -0.5 and -1 as sqrt, rsqrt and reciprocal, powf otherwise. The same values as
 // powf's but for its rounding (these are correctly rounded, or within one more rounding) and a few
 // specials where PyTorch follows sqrt: pow(-0, 0.5) = -0, pow(-inf, 0.5) = NaN.
 CUMULUS_HOST_DEVICE float pow_scalar(float x, float e) {
+  if (e == 1.0f) return x;  // as PyTorch's pow(x, 1), a copy: the gradient of x^2 reads it
   if (e == 2.0f) return x * x;
   if (e == 3.0f) return x * x * x;
   if (e == -2.0f) return 1.0f / (x * x);

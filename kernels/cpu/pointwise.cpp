@@ -67,6 +67,20 @@ void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, con
   });
 }
 
+namespace {
+// dx = blend(grad) over same-shape operands with the op, the operand and beta's form fixed outside
+// the loop, so that it vectorizes: each element's value is binary_grad_at's, as in the general path.
+template <BinaryOp kOp, int kOperand, typename T>
+void same_shape_grad(const T* a, const T* b, const T* dy, float beta, T* dx, int64_t n) {
+  if (beta == 0.0f) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = from_f32<T>(binary_grad_at(kOp, kOperand, a, b, dy, i, i, i));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = from_f32<T>(binary_grad_at(kOp, kOperand, a, b, dy, i, i, i) + beta * to_f32(dx[i]));
+}
+}  // namespace
+
 // An operand that is not broadcast gets one term per element: written in the output's order (no
 // sum, so the bits are broadcast_grad_element's). A broadcast one sums per element in the order
 // Note [Broadcast geometry] fixes.
@@ -74,6 +88,13 @@ template <typename T>
 void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
                          float beta, T* dx) {
   const int64_t n = g.numel(1 + operand);
+  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
+    with_constant_op(op, [&](auto k) {
+      if (operand == 0) return same_shape_grad<decltype(k)::value, 0>(a, b, dy, beta, dx, n);
+      same_shape_grad<decltype(k)::value, 1>(a, b, dy, beta, dx, n);
+    });
+    return;
+  }
   if (n == g.numel(0)) {
     for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
       const int64_t j = operand == 0 ? ia : ib;
@@ -106,8 +127,29 @@ void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, c
   }
 }
 
+namespace {
+// fn(e) with e() returning s: a constant for pow_scalar's special exponents, so that a loop inside
+// fn reduces pow_scalar to its one case and vectorizes (its tests of s inside kept it scalar).
+template <typename Fn>
+void with_constant_exponent(float s, Fn fn) {
+  if (s == 1.0f) return fn([] { return 1.0f; });
+  if (s == 2.0f) return fn([] { return 2.0f; });
+  if (s == 3.0f) return fn([] { return 3.0f; });
+  if (s == -2.0f) return fn([] { return -2.0f; });
+  if (s == 0.5f) return fn([] { return 0.5f; });
+  if (s == -0.5f) return fn([] { return -0.5f; });
+  if (s == -1.0f) return fn([] { return -1.0f; });
+  fn([s] { return s; });
+}
+}  // namespace
+
 template <typename T>
 void scalar_forward_cpu(BinaryOp op, bool reversed, float s, const T* x, T* y, int64_t n) {
+  if (op == BinaryOp::pow && !reversed) {
+    return with_constant_exponent(s, [&](auto e) {
+      for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(BinaryOp::pow, false, to_f32(x[i]), e()));
+    });
+  }
   with_constant_op(op, [&](auto k) {
     for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(k, reversed, to_f32(x[i]), s));
   });
@@ -115,10 +157,24 @@ void scalar_forward_cpu(BinaryOp op, bool reversed, float s, const T* x, T* y, i
 
 template <typename T>
 void scalar_backward_cpu(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta, T* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
-    dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
+  auto loop = [&](auto k, auto e) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
+      dx[i] = from_f32<T>(blend(scalar_grad(k, reversed, to_f32(dy[i]), xv, e()), beta, to_f32(dx[i])));
+    }
+  };
+  if (op == BinaryOp::pow && !reversed) {
+    // pow's gradient reads x^(s - 1): s a constant where s - 1 is one of pow_scalar's special exponents.
+    const auto pow_loop = [&](auto e) { loop(std::integral_constant<BinaryOp, BinaryOp::pow>(), e); };
+    if (s == 2.0f) return pow_loop([] { return 2.0f; });
+    if (s == 3.0f) return pow_loop([] { return 3.0f; });
+    if (s == 4.0f) return pow_loop([] { return 4.0f; });
+    if (s == -1.0f) return pow_loop([] { return -1.0f; });
+    if (s == 1.5f) return pow_loop([] { return 1.5f; });
+    if (s == 0.5f) return pow_loop([] { return 0.5f; });
+    return pow_loop([s] { return s; });
   }
+  with_constant_op(op, [&](auto k) { loop(k, [s] { return s; }); });
 }
 
 bool vec::available() {
