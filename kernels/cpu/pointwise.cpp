@@ -54,17 +54,22 @@ void with_constant_op(BinaryOp op, Fn fn) {
 }
 }  // namespace
 
-template <typename T>
-void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
+// The forward with the op a template argument: every loop sees it as a constant, so the compiler
+// drops the other ops' cases (with them inside, a loop stays scalar, and pow's call slows it).
+template <BinaryOp kOp, typename T>
+void binary_forward_op(const BroadcastGeometry& g, const T* a, const T* b, T* y) {
   if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
-    with_constant_op(op, [&](auto k) {
-      for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(k, to_f32(a[i]), to_f32(b[i])));
-    });
+    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(kOp, to_f32(a[i]), to_f32(b[i])));
     return;
   }
   for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
-    y[o] = from_f32<T>(binary_apply(op, to_f32(a[ia]), to_f32(b[ib])));
+    y[o] = from_f32<T>(binary_apply(kOp, to_f32(a[ia]), to_f32(b[ib])));
   });
+}
+
+template <typename T>
+void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
+  with_constant_op(op, [&](auto k) { binary_forward_op<decltype(k)::value>(g, a, b, y); });
 }
 
 namespace {
@@ -83,17 +88,14 @@ void same_shape_grad(const T* a, const T* b, const T* dy, float beta, T* dx, int
 
 // An operand that is not broadcast gets one term per element: written in the output's order (no
 // sum, so the bits are broadcast_grad_element's). A broadcast one sums per element in the order
-// Note [Broadcast geometry] fixes.
-template <typename T>
-void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
-                         float beta, T* dx) {
+// Note [Broadcast geometry] fixes. The op is a template argument, as the forward's.
+template <BinaryOp op, typename T>
+void binary_backward_op(const BroadcastGeometry& g, int operand, const T* a, const T* b, const T* dy, float beta,
+                        T* dx) {
   const int64_t n = g.numel(1 + operand);
   if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
-    with_constant_op(op, [&](auto k) {
-      if (operand == 0) return same_shape_grad<decltype(k)::value, 0>(a, b, dy, beta, dx, n);
-      same_shape_grad<decltype(k)::value, 1>(a, b, dy, beta, dx, n);
-    });
-    return;
+    if (operand == 0) return same_shape_grad<op, 0>(a, b, dy, beta, dx, n);
+    return same_shape_grad<op, 1>(a, b, dy, beta, dx, n);
   }
   if (n == g.numel(0)) {
     for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
@@ -125,6 +127,12 @@ void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, c
       dx[j0 + k] = from_f32<T>(blend(static_cast<float>(acc[k]), beta, to_f32(dx[j0 + k])));
     j0 += count;
   }
+}
+
+template <typename T>
+void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
+                         float beta, T* dx) {
+  with_constant_op(op, [&](auto k) { binary_backward_op<decltype(k)::value>(g, operand, a, b, dy, beta, dx); });
 }
 
 namespace {
