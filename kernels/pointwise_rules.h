@@ -58,16 +58,16 @@ CUMULUS_HOST_DEVICE float binary_grad(BinaryOp op, int operand, float dy, float 
 }
 
 // Note [Broadcast geometry]
-// A binary op's output, a and b, in up to 4 dimensions after adjacent dimensions that broadcast
+// A binary op's output, a and b, in up to 8 dimensions after adjacent dimensions that broadcast
 // alike are merged (a same-shape op is one dimension; [B, n] + [n] is two). Each operand's stride
 // is 0 along a dimension it broadcasts over, so element i of the output reads a[ia], b[ib] with the
 // offsets below. The gradient of an operand sums, for each of its elements, the output elements it
 // was read by: the dimensions along which its stride is 0 and the output's size is above 1, visited
 // in row-major order, so both devices add in the same order.
 struct BroadcastGeometry {
-  static constexpr int kMaxDims = 4;
+  static constexpr int kMaxDims = 8;
   int ndim = 1;
-  int64_t dims[kMaxDims] = {1, 1, 1, 1};  // the output's
+  int64_t dims[kMaxDims] = {1, 1, 1, 1, 1, 1, 1, 1};  // the output's
   int64_t strides[3][kMaxDims] = {};      // [0] the output's (contiguous), [1] a's, [2] b's
   int64_t numel(int which) const {        // which: 0 output, 1 a, 2 b
     int64_t n = 1;

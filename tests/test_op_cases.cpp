@@ -1,9 +1,10 @@
-// Every registered op case (tests/op_cases/, Note [Op cases] in op_case.h) through four checks:
+// Every registered op case (tests/op_cases/, Note [Op cases] in op_case.h) through five checks:
 // the forward against its double-precision reference, each floating input's gradient against
 // central finite differences of the reference, the memory accounting (the output is an activation,
-// every allocation is named after the op, or after one of a composite case's ops), and CPU against
-// CUDA (skipped without a GPU). An op without a gradient (OpCase::differentiable false) is checked
-// to record none, and its forward alone is compared across devices.
+// every allocation is named after the op, or after one of a composite case's ops), the same case
+// with its inputs as strided views, and CPU against CUDA (skipped without a GPU). An op without a
+// gradient (OpCase::differentiable false) is checked to record none, and its forward alone is
+// compared across devices.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 
 #include "cumulus/memory/allocator.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "op_cases/op_case.h"
 #include "test_util.h"
@@ -188,26 +191,68 @@ TEST_P(OpCaseTest, OutputIsAnActivationNamedAfterTheOp) {
     EXPECT_EQ(allowed.count(op), 1u) << "an allocation made under '" << op << "', outside the case's op(s)";
 }
 
+// `x` with the same values as a strided view, recorded so gradients reach x: every element at twice
+// its dense stride, in storage of x's shape plus a last dimension of 2 (x beside zeros); at the
+// most dimensions a shape has, the transpose of a dense transposed copy instead.
+Tensor strided_copy_of(const Tensor& x) {
+  if (x.ndim() == Shape::kMaxDims) return ops::transpose(ops::contiguous(ops::transpose(x, -1, -2)), -1, -2);
+  const Tensor pair = ops::cat({ops::unsqueeze(x, -1), ops::unsqueeze(ops::mul(x, 0.0f), -1)}, -1);
+  return ops::squeeze(ops::narrow(pair, -1, 0, 1), -1);
+}
+
+// The case's output values and (when it is differentiable) its floating leaves' gradients on
+// `device`; `strided`: every floating input of more than one element given as a strided view
+// (but for the buffers a differentiable op updates in place, which take no gradient: batch norm's
+// running statistics).
+std::vector<double> run_case(const OpCase& c, Device device, bool strided, std::vector<std::vector<double>>& grads) {
+  CaseTensors t = make_inputs(c, device, kInputSeed);
+  for (std::size_t i = 0; strided && i < t.inputs.size(); ++i) {
+    Tensor& in = t.inputs[i];
+    if (is_floating(in.dtype()) && in.ndim() >= 1 && in.numel() > 1 && (c.inputs[i].grad || !c.differentiable)) {
+      in = strided_copy_of(in);
+      EXPECT_FALSE(in.is_contiguous());
+    }
+  }
+  const Tensor out = c.forward(t.inputs);
+  const std::vector<double> y = values_of(out);
+  if (!c.differentiable) return y;
+  engine_loss(out, loss_weights(out.numel())).backward();
+  for (std::size_t i = 0; i < t.leaves.size(); ++i)
+    if (is_floating(c.inputs[i].dtype) && c.inputs[i].grad) grads.push_back(values_of(t.leaves[i].grad()));
+  return y;
+}
+
+// Note [Strided views] in engine/ops/view.cpp: every op takes strided views, with the values and
+// gradients it gives their dense copies.
+TEST_P(OpCaseTest, StridedInputsMatchDenseOnes) {
+  const OpCase& c = op_case();
+  const bool any = std::any_of(c.inputs.begin(), c.inputs.end(), [&c](const CaseInput& in) {
+    return is_floating(in.dtype) && in.shape.ndim() >= 1 && in.shape.numel() > 1 && (in.grad || !c.differentiable);
+  });
+  if (!any) GTEST_SKIP() << "no floating input of more than one element";
+  std::vector<std::vector<double>> dense_grads, strided_grads;
+  const std::vector<double> dense = run_case(c, Device::cpu(), false, dense_grads);
+  const std::vector<double> strided = run_case(c, Device::cpu(), true, strided_grads);
+  EXPECT_LE(max_abs_diff(strided, dense), c.tolerance * std::max(1.0, max_abs(dense))) << "forward";
+  ASSERT_EQ(strided_grads.size(), dense_grads.size());
+  for (std::size_t i = 0; i < dense_grads.size(); ++i)
+    EXPECT_LE(max_abs_diff(strided_grads[i], dense_grads[i]), c.grad_tolerance * std::max(1.0, max_abs(dense_grads[i])))
+        << "gradient " << i;
+}
+
 TEST_P(OpCaseTest, CudaMatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
   const OpCase& c = op_case();
-  auto run = [&](Device device, std::vector<std::vector<double>>& grads) {
-    const CaseTensors t = make_inputs(c, device, kInputSeed);
-    const Tensor out = c.forward(t.inputs);
-    const std::vector<double> y = values_of(out);
-    if (!c.differentiable) return y;
-    engine_loss(out, loss_weights(out.numel())).backward();
-    for (std::size_t i = 0; i < t.leaves.size(); ++i)
-      if (is_floating(c.inputs[i].dtype) && c.inputs[i].grad) grads.push_back(values_of(t.leaves[i].grad()));
-    return y;
-  };
   std::vector<std::vector<double>> cpu_grads, cuda_grads;
-  const std::vector<double> cpu = run(Device::cpu(), cpu_grads);
-  const std::vector<double> cuda = run(Device::cuda(0), cuda_grads);
+  const std::vector<double> cpu = run_case(c, Device::cpu(), false, cpu_grads);
+  const std::vector<double> cuda = run_case(c, Device::cuda(0), false, cuda_grads);
   EXPECT_LE(max_abs_diff(cuda, cpu), c.tolerance * std::max(1.0, max_abs(cpu))) << "forward";
   for (std::size_t i = 0; i < cpu_grads.size(); ++i)
     EXPECT_LE(max_abs_diff(cuda_grads[i], cpu_grads[i]), c.grad_tolerance * std::max(1.0, max_abs(cpu_grads[i])))
         << "gradient " << i;
+  std::vector<std::vector<double>> strided_grads;
+  const std::vector<double> strided = run_case(c, Device::cuda(0), true, strided_grads);
+  EXPECT_LE(max_abs_diff(strided, cuda), c.tolerance * std::max(1.0, max_abs(cuda))) << "strided forward";
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, OpCaseTest, ::testing::Range<std::size_t>(0, all_op_cases().size()),

@@ -71,7 +71,8 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType
   return {*slot_, GradientMode::overwrite};
 }
 
-void GradSink::give(const Tensor& grad) {
+void GradSink::give(const Tensor& given) {
+  const Tensor grad = given.is_contiguous() ? given : given.detach().contiguous();  // a node's dy is dense
   if (slot_ != nullptr && !slot_->defined()) {
     *slot_ = grad;  // first contribution to an inner node: take it, no copy
     return;

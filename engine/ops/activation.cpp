@@ -31,8 +31,9 @@ class ReluBackward final : public Node {
 
 }  // namespace
 
-Tensor relu(const Tensor& x) {
+Tensor relu(const Tensor& x_in) {
   OpScope op_scope("relu");
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating("relu", "input", x);
   const Device device = x.device();
   Tensor y = detail::new_output(x.shape(), x.dtype(), device);

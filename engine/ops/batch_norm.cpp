@@ -141,10 +141,13 @@ void check_channel_vector(const char* what, const Tensor& t, const Tensor& x) {
 
 }  // namespace
 
-Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& running_mean,
                     const Tensor& running_var, const Tensor& num_batches_tracked, const BatchNormOptions& options) {
   constexpr const char* op = "batch_norm2d";
   OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
+  const Tensor weight = detail::contiguous(weight_in);
+  const Tensor bias = detail::contiguous(bias_in);
   detail::check_floating(op, "input", x);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());
@@ -157,6 +160,8 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   if (has_running) {
     check_channel_vector("running_mean", running_mean, x);
     check_channel_vector("running_var", running_var, x);
+    CUMULUS_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(), InvalidArgument, op,
+                  ": running_mean and running_var are updated in place, so they must be dense, not strided views");
     CUMULUS_CHECK(!running_mean.requires_grad() && !running_var.requires_grad(), InvalidArgument, op,
                   ": running statistics are buffers and must not require grad");
   }

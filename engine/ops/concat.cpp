@@ -2,8 +2,8 @@
 // size(dim), inner] (kernels/cpu/structural_kernels.h), so each op is slab copies:
 // - cat: each input's slab copied into the output; backward copies each input's slab of the
 //   gradient into its sink (beta as the sink's).
-// - narrow: a view when the slab is contiguous (outer == 1, e.g. dim 0: no copy, no allocation),
-//   else a copy. Backward writes the slab and zeros elsewhere in one pass (beta 0), or adds the
+// - narrow: a view (a strided one unless outer == 1; Note [Strided views] in view.cpp). Backward
+//   writes the slab and zeros elsewhere in one pass (beta 0), or adds the
 //   slab (beta 1; zeros added elsewhere leave the values as they are).
 // - split: one narrow per piece, named "split". The first piece's gradient to reach x's pending
 //   gradient writes all of it (zeros outside its slab), the others then add their slabs.
@@ -98,39 +98,26 @@ class NarrowBackward final : public Node {
   int64_t start_, length_;
 };
 
-// A view of x's storage from element `offset` with `shape` (contiguous).
-Tensor offset_view(const Tensor& x, int64_t offset, const Shape& shape) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = x.impl()->storage;
-  impl->offset_bytes = x.impl()->offset_bytes + static_cast<std::size_t>(offset) * dtype_size(x.dtype());
-  impl->shape = shape;
-  impl->dtype = x.dtype();
-  return Tensor(std::move(impl));
-}
-
 // narrow's work under the name of `op` (narrow or split); x checked floating, d in range.
 Tensor narrow_as(const char* op, const Tensor& x, int d, int64_t start, int64_t length) {
   const Slab s = slab_of(x.shape(), d);
   CUMULUS_CHECK(start >= 0 && length >= 0 && start + length <= s.dim, ShapeError, op, ": start ", start, " and length ",
                 length, " out of range for dim ", d, " of ", x.shape().str());
-  const Shape shape = with_size(x.shape(), d, length);
-  Tensor y;
-  if (s.outer == 1) {
-    y = offset_view(x, start * s.inner, shape);
-  } else {
-    y = detail::new_output(shape, x.dtype(), x.device());
-    copy_slab(x, s.dim, start, y, length, 0, s.outer, length, s.inner, 0.0f);
-  }
+  const std::vector<int64_t> strides = x.strides();
+  Tensor y = detail::strided_view(x, with_size(x.shape(), d, length), strides,
+                                  start * strides[static_cast<std::size_t>(d)]);
   if (should_record({&x})) attach_node(y, std::make_shared<NarrowBackward>(op, x.shape(), d, start, length), {&x});
   return y;
 }
 
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& tensors, int dim) {
+Tensor cat(const std::vector<Tensor>& tensors_in, int dim) {
   constexpr const char* op = "cat";
   OpScope op_scope(op);
-  CUMULUS_CHECK(!tensors.empty(), InvalidArgument, op, ": no tensors to join");
+  CUMULUS_CHECK(!tensors_in.empty(), InvalidArgument, op, ": no tensors to join");
+  std::vector<Tensor> tensors;
+  for (const Tensor& t : tensors_in) tensors.push_back(detail::contiguous(t));
   const Tensor& first = tensors[0];
   detail::check_floating(op, "tensor 0", first);
   const int d = checked_dim(op, first.shape(), dim);

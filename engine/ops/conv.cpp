@@ -182,9 +182,12 @@ Tensor conv2d_16(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dOptions& options) {
   constexpr const char* op = "conv2d";
   OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
+  const Tensor weight = detail::contiguous(weight_in);
+  const Tensor bias = detail::contiguous(bias_in);
   detail::check_floating(op, "input", x);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",

@@ -74,8 +74,9 @@ bool dropout_keeps(uint64_t seed, uint64_t offset, int64_t index, float p) {
   return kernels::dropout_keep(kernels::dropout_key(seed, offset), index, p);
 }
 
-Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, const Tensor& offset) {
+Tensor dropout(const Tensor& x_in, float p, bool training, uint64_t seed, const Tensor& offset) {
   OpScope op_scope("dropout");
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating("dropout", "input", x);
   CUMULUS_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "dropout: p must be in [0, 1], got ", p);
   if (!training || p == 0.0f) return x;

@@ -191,9 +191,14 @@ std::string mlp_cross_entropy_unsupported_reason(const Tensor& x, const std::vec
   return {};
 }
 
-Tensor mlp_cross_entropy(const Tensor& x, const Tensor& labels, const std::vector<Tensor>& weights,
-                         const std::vector<Tensor>& biases, Reduction reduction) {
+Tensor mlp_cross_entropy(const Tensor& x_in, const Tensor& labels_in, const std::vector<Tensor>& weights_in,
+                         const std::vector<Tensor>& biases_in, Reduction reduction) {
   OpScope op_scope(kOp);
+  const Tensor x = detail::contiguous(x_in);
+  const Tensor labels = detail::contiguous(labels_in);
+  std::vector<Tensor> weights, biases;
+  for (const Tensor& w : weights_in) weights.push_back(detail::contiguous(w));
+  for (const Tensor& b : biases_in) biases.push_back(detail::contiguous(b));
   check_arguments(x, labels, weights, biases);
   const Device device = x.device();
   const int64_t batch = x.size(0), layers = detail::to_int(weights.size());

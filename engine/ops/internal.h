@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
@@ -96,8 +97,16 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
 }
 
 // What an op reads its tensor inputs through: a tensor whose elements are dense and row-major, so
-// kernels may index it flat. Every op passes each tensor input through it first.
-inline Tensor contiguous(const Tensor& x) { return x; }
+// kernels may index it flat (Note [Strided views] in engine/ops/view.cpp). Every op passes each
+// tensor input through it first; a strided view costs one recorded copy.
+inline Tensor contiguous(const Tensor& x) { return !x.defined() || x.is_contiguous() ? x : x.contiguous(); }
+
+// A view of x's storage: `shape` at element `strides` from x's first element plus `offset`
+// elements (marked dense when the strides are row-major). Not recorded by autograd.
+Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64_t>& strides, int64_t offset);
+// dst = src + beta * dst element by element, either side a strided view (same shape, dtype and
+// device; beta 0 for integer types). Not recorded by autograd.
+void copy_strided(const Tensor& src, const Tensor& dst, float beta = 0.0f);
 
 inline int64_t to_int(std::size_t n) { return static_cast<int64_t>(n); }
 

@@ -54,9 +54,10 @@ class MaxPool2dBackward final : public Node {
 
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
+Tensor max_pool2d(const Tensor& x_in, const MaxPool2dOptions& o) {
   constexpr const char* op = "max_pool2d";
   OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating(op, "input", x);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());

@@ -1,4 +1,5 @@
-// reshape / flatten: views over the same storage (no copy, no allocation). Backward hands the
+// reshape / flatten: views over the same storage (no copy, no allocation) of a dense input; a
+// strided view is first made dense (Note [Strided views] in view.cpp). Backward hands the
 // gradient on as a view with the input's shape.
 // cast: a copy in another floating type; backward hands the gradient on converted back.
 #include "cumulus/autograd/node.h"
@@ -46,8 +47,9 @@ class CastBackward final : public Node {
 
 }  // namespace
 
-Tensor cast(const Tensor& x, DType dtype) {
+Tensor cast(const Tensor& x_in, DType dtype) {
   OpScope op_scope("cast");
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating("cast", "input", x);
   CUMULUS_CHECK(is_floating(dtype), InvalidArgument, "cast: to f32, bf16 or f16, not ", dtype_name(dtype));
   if (x.dtype() == dtype) return x;
@@ -60,13 +62,45 @@ Tensor cast(const Tensor& x, DType dtype) {
   return y;
 }
 
-Tensor reshape(const Tensor& x, const Shape& shape) {
-  CUMULUS_CHECK(x.defined(), InvalidArgument, "reshape: input is undefined");
-  CUMULUS_CHECK(shape.numel() == x.numel(), ShapeError, "reshape: cannot view ", x.shape().str(),
-                " (", x.numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+Tensor reshape(const Tensor& x_in, const Shape& shape) {
+  CUMULUS_CHECK(x_in.defined(), InvalidArgument, "reshape: input is undefined");
+  CUMULUS_CHECK(shape.numel() == x_in.numel(), ShapeError, "reshape: cannot view ", x_in.shape().str(),
+                " (", x_in.numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+  const Tensor x = detail::contiguous(x_in);
   Tensor y = view(x, shape);
   if (should_record({&x})) attach_node(y, std::make_shared<ReshapeBackward>(x.shape()), {&x});
   return y;
+}
+
+Tensor reshape(const Tensor& x, const std::vector<int64_t>& sizes) {
+  CUMULUS_CHECK(x.defined(), InvalidArgument, "reshape: input is undefined");
+  int inferred = -1;
+  int64_t known = 1;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    CUMULUS_CHECK(sizes[k] >= -1, ShapeError, "reshape: invalid size ", sizes[k], " for dimension ", k);
+    if (sizes[k] >= 0) {
+      known *= sizes[k];
+      continue;
+    }
+    CUMULUS_CHECK(inferred < 0, ShapeError, "reshape: only one dimension can be -1");
+    inferred = static_cast<int>(k);
+  }
+  Shape shape;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (static_cast<int>(k) != inferred) {
+      shape.push_back(sizes[k]);
+      continue;
+    }
+    CUMULUS_CHECK(known != 0 && x.numel() % known == 0, ShapeError, "reshape: cannot infer dimension ", k,
+                  " of a view of ", x.shape().str(), " (", x.numel(), " elements) with the other sizes' product ",
+                  known);
+    shape.push_back(x.numel() / known);
+  }
+  return reshape(x, shape);
+}
+
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> sizes) {
+  return reshape(x, std::vector<int64_t>(sizes));
 }
 
 Tensor flatten(const Tensor& x, int start_dim) {

@@ -18,7 +18,8 @@ void accumulate_into(const Tensor& dst, const Tensor& src, float beta) {
 }
 }  // namespace detail
 
-void accumulate_(const Tensor& dst, const Tensor& src) {
+void accumulate_(const Tensor& dst, const Tensor& src_in) {
+  const Tensor src = detail::contiguous(src_in);
   CUMULUS_CHECK(dst.shape() == src.shape(), ShapeError, "accumulate_: ", src.shape().str(), " into ",
                 dst.shape().str());
   detail::accumulate_into(dst, src, 1.0f);

@@ -6,6 +6,7 @@
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/internal.h"
 
 #if CUMULUS_WITH_CUDA
@@ -118,8 +119,32 @@ int64_t Tensor::size(int dim) const {
   return shape()[d];
 }
 
+bool Tensor::is_contiguous() const { return checked().contiguous; }
+
+int64_t Tensor::stride(int dim) const {
+  const int n = ndim();
+  const int d = dim < 0 ? dim + n : dim;
+  CUMULUS_CHECK(d >= 0 && d < n, ShapeError, "stride(", dim, ") of a tensor of shape ", shape().str());
+  return strides()[static_cast<std::size_t>(d)];
+}
+
+std::vector<int64_t> Tensor::strides() const {
+  const TensorImpl& t = checked();
+  std::vector<int64_t> out(static_cast<std::size_t>(t.shape.ndim()));
+  int64_t running = 1;
+  for (int d = t.shape.ndim() - 1; d >= 0; --d) {
+    out[static_cast<std::size_t>(d)] = t.contiguous ? running : t.strides[static_cast<std::size_t>(d)];
+    running *= t.shape[d];
+  }
+  return out;
+}
+
+Tensor Tensor::contiguous() const { return ops::contiguous(*this); }
+
 void* Tensor::raw_data() const {
   TensorImpl& t = checked();
+  CUMULUS_CHECK(t.contiguous, InvalidArgument, "the data of ", str(),
+                " is a strided view (not dense and row-major): call contiguous() first");
   return static_cast<char*>(t.storage->memory.get()) + t.offset_bytes;
 }
 
@@ -130,6 +155,7 @@ void* Tensor::typed_data(DType dtype) const {
 }
 
 void Tensor::to_host(void* out, DType dtype) const {
+  if (!is_contiguous()) return detach().contiguous().to_host(out, dtype);
   copy_bytes(out, Device::cpu(), typed_data(dtype), device(), nbytes());
 }
 
@@ -147,6 +173,7 @@ std::string Tensor::str() const {
 
 Tensor Tensor::to(Device target) const {
   if (device() == target) return *this;
+  if (!is_contiguous()) return detach().contiguous().to(target);
   Tensor t = empty(shape(), dtype(), target);
   copy_bytes(t.raw_data(), target, raw_data(), device(), nbytes());
   return t;
@@ -157,12 +184,14 @@ Tensor Tensor::to(DType target) const {
   if (from == target) return *this;
   CUMULUS_CHECK(is_floating(from) && is_floating(target), InvalidArgument, "Tensor::to: no conversion from ",
                 dtype_name(from), " to ", dtype_name(target), " (f32, bf16 and f16 convert among themselves)");
+  if (!is_contiguous()) return detach().contiguous().to(target);
   Tensor t = empty(shape(), target, device());
   ops::detail::convert_into(*this, t);  // through f32: one rounding
   return t;
 }
 
 Tensor Tensor::clone() const {
+  if (!is_contiguous()) return detach().contiguous();  // a fresh dense copy already
   Tensor t = empty(shape(), dtype(), device());
   copy_bytes(t.raw_data(), device(), raw_data(), device(), nbytes());
   return t;
@@ -173,6 +202,8 @@ Tensor Tensor::detach() const {
   impl->storage = checked().storage;
   impl->offset_bytes = impl_->offset_bytes;
   impl->shape = impl_->shape;
+  impl->contiguous = impl_->contiguous;
+  impl->strides = impl_->strides;
   impl->dtype = impl_->dtype;
   return Tensor(std::move(impl));
 }
@@ -185,18 +216,24 @@ Tensor Tensor::narrow_rows(int64_t start, int64_t length) const {
   Tensor v = detach();
   Shape s{length};
   for (int d = 1; d < ndim(); ++d) s.push_back(shape()[d]);
-  v.impl_->offset_bytes += static_cast<std::size_t>(start) * (numel() / std::max<int64_t>(size(0), 1)) *
-                           dtype_size(dtype());
+  v.impl_->offset_bytes += static_cast<std::size_t>(start * stride(0)) * dtype_size(dtype());
   v.impl_->shape = s;
   return v;
 }
 
 Tensor Tensor::reshape(const Shape& s) const { return ops::reshape(*this, s); }
+Tensor Tensor::reshape(std::initializer_list<int64_t> sizes) const { return ops::reshape(*this, sizes); }
 Tensor Tensor::flatten(int start_dim) const { return ops::flatten(*this, start_dim); }
+Tensor Tensor::transpose(int dim0, int dim1) const { return ops::transpose(*this, dim0, dim1); }
+Tensor Tensor::permute(const std::vector<int>& dims) const { return ops::permute(*this, dims); }
 
 void Tensor::copy_from(const Tensor& src) {
   CUMULUS_CHECK(src.shape() == shape() && src.dtype() == dtype(), ShapeError, "copy_from: ",
                 src.str(), " into ", str());
+  if (!is_contiguous() || !src.is_contiguous()) {
+    ops::detail::copy_strided(src.device() == device() ? src : src.to(device()), *this);
+    return;
+  }
   copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
 }
 

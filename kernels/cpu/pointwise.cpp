@@ -15,25 +15,29 @@ inline float blend(float value, float beta, float old) { return beta == 0.0f ? v
 }  // namespace
 
 // Calls fn(o, ia, ib) for every output element o in row-major order, with its offsets into a and
-// b: nested loops over the geometry's dimensions (padded in front to four), so no element pays the
+// b: an odometer over the outer dimensions and a loop over the last, so no element pays the
 // divisions of broadcast_offsets. The innermost loop steps the offsets by their strides.
 template <typename Fn>
 void for_each_output(const BroadcastGeometry& g, Fn fn) {
-  constexpr int kDims = BroadcastGeometry::kMaxDims;
-  int64_t dims[kDims], sa[kDims], sb[kDims];
-  for (int d = 0; d < kDims; ++d) {
-    const int k = d - (kDims - g.ndim);  // the geometry's dimension, or padding
-    dims[d] = k >= 0 ? g.dims[k] : 1;
-    sa[d] = k >= 0 ? g.strides[1][k] : 0;
-    sb[d] = k >= 0 ? g.strides[2][k] : 0;
+  for (int d = 0; d < g.ndim; ++d)
+    if (g.dims[d] == 0) return;
+  const int last = g.ndim - 1;
+  const int64_t n = g.dims[last], step_a = g.strides[1][last], step_b = g.strides[2][last];
+  int64_t index[BroadcastGeometry::kMaxDims] = {};
+  int64_t a0 = 0, b0 = 0;
+  for (int64_t o = 0;;) {
+    for (int64_t i = 0; i < n; ++i, ++o) fn(o, a0 + i * step_a, b0 + i * step_b);
+    int d = last - 1;
+    for (; d >= 0; --d) {  // the next outer index: the odometer's carry
+      a0 += g.strides[1][d];
+      b0 += g.strides[2][d];
+      if (++index[d] < g.dims[d]) break;
+      a0 -= index[d] * g.strides[1][d];
+      b0 -= index[d] * g.strides[2][d];
+      index[d] = 0;
+    }
+    if (d < 0) return;
   }
-  int64_t o = 0;
-  for (int64_t i0 = 0; i0 < dims[0]; ++i0)
-    for (int64_t i1 = 0; i1 < dims[1]; ++i1)
-      for (int64_t i2 = 0; i2 < dims[2]; ++i2) {
-        const int64_t a0 = i0 * sa[0] + i1 * sa[1] + i2 * sa[2], b0 = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
-        for (int64_t i3 = 0; i3 < dims[3]; ++i3, ++o) fn(o, a0 + i3 * sa[3], b0 + i3 * sb[3]);
-      }
 }
 
 namespace {

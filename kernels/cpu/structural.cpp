@@ -91,19 +91,6 @@ void copy_slab_cpu(const T* src, int64_t src_dim, int64_t src_start, T* dst, int
 }
 
 template <typename T>
-void transpose_cpu(const T* x, int64_t outer, int64_t p, int64_t mid, int64_t q, int64_t inner, float beta, T* y) {
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < q; ++j)
-      for (int64_t m = 0; m < mid; ++m)
-        for (int64_t i = 0; i < p; ++i) {
-          const T* in = x + (((o * p + i) * mid + m) * q + j) * inner;
-          T* out = y + (((o * q + j) * mid + m) * p + i) * inner;
-          for (int64_t n = 0; n < inner; ++n)
-            out[n] = beta == 0.0f ? in[n] : from_f32<T>(to_f32(in[n]) + beta * to_f32(out[n]));
-        }
-}
-
-template <typename T>
 void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start, int64_t length, int64_t inner,
                          float beta, T* dx) {
   for (int64_t o = 0; o < outer; ++o)
@@ -166,7 +153,6 @@ void index_scatter_add_cpu(const T* dy, int64_t outer, int64_t count, const int3
                                            float*, float, float*);                                                  \
   template void copy_slab_cpu(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float);  \
   template void narrow_backward_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);              \
-  template void transpose_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);                    \
   template void index_gather_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*);                 \
   template void index_scatter_add_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*);
 CUMULUS_INSTANTIATE(float)

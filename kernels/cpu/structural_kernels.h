@@ -41,12 +41,6 @@ template <typename T>
 void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start, int64_t length, int64_t inner,
                          float beta, T* dx);
 
-// ---- transpose: x seen as [outer, p, mid, q, inner] -> y [outer, q, mid, p, inner] ----
-// y[o, j, m, i, n] = x[o, i, m, j, n] + beta * y[...]: transpose's forward (beta 0) and its backward
-// (the same swap of the gradient, with the sink's beta).
-template <typename T>
-void transpose_cpu(const T* x, int64_t outer, int64_t p, int64_t mid, int64_t q, int64_t inner, float beta, T* y);
-
 // ---- gathers along a dimension (index_select, embedding) ----
 // Returns the position of the first index outside [0, dim), or -1 (checked before any kernel runs).
 int64_t first_index_out_of_range_cpu(const int32_t* indices, int64_t count, int64_t dim);

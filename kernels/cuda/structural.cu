@@ -126,19 +126,6 @@ __global__ void narrow_backward_kernel(const T* dy, int64_t dim, int64_t start, 
   }
 }
 
-// ---- transpose: one thread per output element [outer, q, mid, p, inner] ----
-
-template <typename T>
-__global__ void transpose_kernel(const T* x, int64_t p, int64_t mid, int64_t q, int64_t inner, float beta, T* y,
-                                 int64_t total) {
-  CUMULUS_GRID_STRIDE_LOOP(e, total) {
-    const int64_t n = e % inner, i = (e / inner) % p, m = (e / (inner * p)) % mid, j = (e / (inner * p * mid)) % q,
-                  o = e / (inner * p * mid * q);
-    const T v = x[(((o * p + i) * mid + m) * q + j) * inner + n];
-    y[e] = beta == 0.0f ? v : from_f32<T>(to_f32(v) + beta * to_f32(y[e]));
-  }
-}
-
 // ---- gathers ----
 
 template <typename T>
@@ -289,14 +276,6 @@ void narrow_backward_cuda(const T* dy, int64_t outer, int64_t dim, int64_t start
 }
 
 template <typename T>
-void transpose_cuda(const T* x, int64_t outer, int64_t p, int64_t mid, int64_t q, int64_t inner, float beta, T* y,
-                    cudaStream_t stream) {
-  const int64_t total = outer * p * mid * q * inner;
-  if (total == 0) return;
-  launch<transpose_kernel<T>>(blocks_for(total), kThreads, stream, x, p, mid, q, inner, beta, y, total);
-}
-
-template <typename T>
 void index_gather_cuda(const T* x, int64_t outer, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
                        T* y, cudaStream_t stream) {
   const int64_t total = outer * count * inner;
@@ -358,7 +337,6 @@ void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int
                                cudaStream_t);                                                                         \
   template void narrow_backward_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t); \
   template void index_gather_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*, cudaStream_t);    \
-  template void transpose_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t);       \
   template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,       \
                                        uint64_t*, cudaStream_t);
 CUMULUS_INSTANTIATE(float)

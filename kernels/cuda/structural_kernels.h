@@ -49,10 +49,6 @@ void narrow_backward_cuda(const T* dy, int64_t outer, int64_t dim, int64_t start
 
 // y[o, j, i] = x[o, indices[j], i]; an index outside [0, dim) gives a row of NaN (the kernel cannot
 // throw, and checking on the host would synchronize every call).
-// transpose_cpu's swap (kernels/cpu/structural_kernels.h).
-template <typename T>
-void transpose_cuda(const T* x, int64_t outer, int64_t p, int64_t mid, int64_t q, int64_t inner, float beta, T* y,
-                    cudaStream_t stream);
 template <typename T>
 void index_gather_cuda(const T* x, int64_t outer, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
                        T* y, cudaStream_t stream);

@@ -8,7 +8,7 @@
 //               (rows no index names become 0) and beta 1, more positions than a block (260);
 //               out-of-range indices contribute nothing. (Thousands of positions:
 //               structural_scaling_test.cpp.)
-//   transpose:  the CPU kernel's bits, beta 0 over NaN and beta 1.
+//   strided copy: the CPU kernel's bits both ways (from a view, into one), beta 0 over NaN and 1.
 //   fill_zero:  zeros over NaN.
 // The batched GEMM (kernels/cuda/bmm.cu) is a cuBLAS call and cannot run here; the op cases'
 // CPU/CUDA parity checks it on a GPU.
@@ -20,6 +20,8 @@
 
 #include "kernels/cpu/structural_kernels.h"
 #include "kernels/cuda/structural_kernels.h"
+#include "kernels/cpu/strided_kernels.h"
+#include "kernels/cuda/strided_kernels.h"
 #include "tests/emulated/emulated.h"
 
 namespace cumulus::testing {
@@ -153,20 +155,31 @@ TYPED_TEST(StructuralEmulated, SlabsMatchTheCpu) {
   }
 }
 
-TYPED_TEST(StructuralEmulated, TransposeMatchesTheCpu) {
+TYPED_TEST(StructuralEmulated, StridedCopyMatchesTheCpu) {
   using T = TypeParam;
-  // [outer, p, mid, q, inner] -> [outer, q, mid, p, inner], more elements than a block (3 x 7 x 2 x 9 x 5).
-  const int64_t outer = 3, p = 7, mid = 2, q = 9, inner = 5, n = outer * p * mid * q * inner;
+  // A transpose's copy: a dense source [3, 9, 2, 7, 5] read as [3, 7, 2, 9, 5] (dimensions 1 and 3
+  // swapped), more elements than a block, into a dense destination; then the backward's direction
+  // (dense source, strided destination).
+  kernels::StridedLayout l;
+  l.ndim = 5;
+  const int64_t size[] = {3, 7, 2, 9, 5}, strided[] = {630, 5, 315, 35, 1}, dense[] = {630, 90, 45, 5, 1};
+  for (int d = 0; d < 5; ++d) l.size[d] = size[d];
+  const int64_t n = l.numel();
   const auto x = stored_as<T>(random_values(n, -2, 2, 7));
-  for (float beta : {0.0f, 1.0f}) {
-    SCOPED_TRACE("beta " + std::to_string(beta));
-    const auto old = stored_as<T>(random_values(n, -2, 2, 8));
-    auto want = old, got = old;
-    if (beta == 0.0f) std::fill(got.begin(), got.end(), kernels::from_f32<T>(kNaN));
-    kernels::transpose_cpu(x.data(), outer, p, mid, q, inner, beta, want.data());
-    kernels::transpose_cuda(x.data(), outer, p, mid, q, inner, beta, got.data(), nullptr);
-    expect_same_bits(got, want, "transpose");
-  }
+  for (bool into_view : {false, true})
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE(std::string(into_view ? "into the view" : "from the view") + ", beta " + std::to_string(beta));
+      for (int d = 0; d < 5; ++d) {
+        l.src_stride[d] = into_view ? dense[d] : strided[d];
+        l.dst_stride[d] = into_view ? strided[d] : dense[d];
+      }
+      const auto old = stored_as<T>(random_values(n, -2, 2, 8));
+      auto want = old, got = old;
+      if (beta == 0.0f) std::fill(got.begin(), got.end(), kernels::from_f32<T>(kNaN));
+      kernels::strided_copy_cpu(x.data(), want.data(), l, beta);
+      kernels::strided_copy_cuda(x.data(), got.data(), l, beta, nullptr);
+      expect_same_bits(got, want, "strided_copy");
+    }
 }
 
 TYPED_TEST(StructuralEmulated, GatherAndScatterAddMatchTheCpu) {

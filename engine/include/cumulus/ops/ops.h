@@ -3,6 +3,9 @@
 // backward sits beside its forward in engine/ops/*.cpp.
 #pragma once
 
+#include <initializer_list>
+#include <vector>
+
 #include "cumulus/tensor/tensor.h"
 
 namespace cumulus::ops {
@@ -29,9 +32,12 @@ Tensor relu(const Tensor& x);
 // is converted back to x's type. x itself when it already has that type.
 Tensor cast(const Tensor& x, DType dtype);
 
-// Views with a new shape (same numel); flatten keeps dims before start_dim and merges the rest
-// (start_dim in [-ndim, ndim), a ShapeError otherwise, as torch.flatten; a 0-d tensor becomes [1]).
+// x with a new shape (same numel): a view of a dense x, else a dense copy (as torch.reshape). One
+// size may be -1, inferred from the others. flatten keeps dims before start_dim and merges the
+// rest (start_dim in [-ndim, ndim), a ShapeError otherwise, as torch.flatten; a 0-d tensor becomes [1]).
 Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor reshape(const Tensor& x, const std::vector<int64_t>& sizes);
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> sizes);
 Tensor flatten(const Tensor& x, int start_dim = 1);
 
 // Sum / mean of all elements -> a scalar (0-d). x must be f32: a bf16 or f16 tensor is an

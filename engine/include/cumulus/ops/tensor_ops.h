@@ -33,20 +33,31 @@ Tensor index_select(const Tensor& x, int dim, const Tensor& indices);
 // Backward hands each input its slab of the gradient.
 Tensor cat(const std::vector<Tensor>& tensors, int dim);
 
-// x[..., start : start + length, ...] along `dim`. When the slab is contiguous in x (every dimension
-// before `dim` has size 1: dim 0 always) it is a view sharing x's storage, else a copy. Backward
-// writes the gradient into the slab and zeros elsewhere.
+// x[..., start : start + length, ...] along `dim`: a view sharing x's storage (a strided one unless
+// every dimension before `dim` has size 1). Backward writes the gradient into the slab and zeros
+// elsewhere.
 Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
 
 // x cut along `dim` into pieces of the given sizes (summing to x.size(dim)), or of `size` each with
-// a shorter last one (PyTorch's split). Each piece is narrow's (a view along dim 0) named "split".
+// a shorter last one (PyTorch's split). Each piece is narrow's view, named "split".
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
 std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
 
-// x with dimensions dim0 and dim1 swapped (PyTorch's transpose), as a contiguous copy (tensors
-// here are contiguous; no strided views). Backward swaps the gradient back. k.transpose(1, 2) for
-// an attention's q k^T is transpose(k, 1, 2).
+// ---- views (Note [Strided views] in engine/ops/view.cpp): no copy, storage shared, recorded ----
+// x with dimensions dim0 and dim1 swapped (PyTorch's transpose).
 Tensor transpose(const Tensor& x, int dim0, int dim1);
+// x's dimensions in the order `dims` (PyTorch's permute): [B, T, H, D] -> [B, H, T, D] is
+// permute(x, {0, 2, 1, 3}).
+Tensor permute(const Tensor& x, const std::vector<int>& dims);
+// x repeated along its dimensions of size 1 and new leading ones, without copying (stride 0), as
+// PyTorch's expand; -1 keeps a dimension's size. Backward sums over the repeats.
+Tensor expand(const Tensor& x, const std::vector<int64_t>& sizes);
+// x with a dimension of size 1 inserted at `dim` (-1: last), or removed at `dim` (unchanged when its
+// size is not 1), as PyTorch's.
+Tensor unsqueeze(const Tensor& x, int dim);
+Tensor squeeze(const Tensor& x, int dim);
+// x itself when dense and row-major, else a dense copy; the gradient passes through unchanged.
+Tensor contiguous(const Tensor& x);
 
 // Batched matrix product: a [B, n, k] x b [B, k, m] -> [B, n, m], one strided-batched GEMM
 // (OpenBLAS per batch on the CPU, cublasGemmStridedBatchedEx on CUDA); a and b of one floating type,

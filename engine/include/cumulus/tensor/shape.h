@@ -1,4 +1,4 @@
-// Shape: up to 4 dimensions, row-major contiguous. A 0-d shape is a scalar (numel 1).
+// Shape: the sizes of up to 8 dimensions. A 0-d shape is a scalar (numel 1).
 #pragma once
 
 #include <array>
@@ -10,7 +10,7 @@ namespace cumulus {
 
 class Shape {
  public:
-  static constexpr int kMaxDims = 4;
+  static constexpr int kMaxDims = 8;
 
   Shape() = default;  // scalar
   Shape(std::initializer_list<int64_t> dims);

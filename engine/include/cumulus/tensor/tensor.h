@@ -1,10 +1,13 @@
-// Tensor: a cheap, shared handle (like torch.Tensor) over reference-counted Storage. Contiguous,
-// row-major, up to 4-D. Views (reshape, flatten, detach) share storage; copies are explicit
-// (clone, to). Autograd state lives beside the data: requires_grad, grad_fn, and for leaves the
+// Tensor: a cheap, shared handle (like torch.Tensor) over reference-counted Storage, up to 8-D.
+// Dense and row-major, or a strided view of another tensor's storage (Note [Strided views] in
+// engine/ops/view.cpp). Views (reshape, flatten, detach, transpose, permute, narrow, expand) share
+// storage; copies are explicit (clone, to, contiguous). Autograd state lives beside the data: requires_grad, grad_fn, and for leaves the
 // persistent gradient buffer (see Note [Persistent gradient buffers] in autograd/engine.cpp).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -86,8 +89,18 @@ class Tensor {
   // Memory category of the underlying block (for tests and reports).
   MemoryCategory memory_category() const;
 
+  // ---- layout ----
+  // Whether the elements are dense and row-major: every tensor but a strided view.
+  bool is_contiguous() const;
+  int64_t stride(int dim) const;        // in elements; negative dims count from the end
+  std::vector<int64_t> strides() const;  // in elements
+  // This tensor when contiguous, else a dense copy (recorded by autograd).
+  Tensor contiguous() const;
+
   // ---- data ----
-  void* raw_data() const;  // device pointer on CUDA
+  // The first element; device pointer on CUDA. Contiguous tensors only (a strided view's elements
+  // are not where a flat index would look): call contiguous() first.
+  void* raw_data() const;
   // Checks the dtype. T: float, int32_t, int64_t, uint8_t, BFloat16 or Half (kStorageElementType).
   template <typename T>
   T* data() const {
@@ -119,12 +132,17 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor clone() const;            // a copy on the same device, outside the graph
   Tensor detach() const;           // shares storage, outside the graph
-  Tensor reshape(const Shape& shape) const;  // a view; recorded by autograd
+  Tensor reshape(const Shape& shape) const;  // ops::reshape: a view of a dense tensor; recorded
+  Tensor reshape(std::initializer_list<int64_t> sizes) const;  // one size may be -1
   Tensor flatten(int start_dim = 1) const;   // a view; recorded by autograd
+  Tensor transpose(int dim0, int dim1) const;               // ops::transpose: a view
+  Tensor permute(const std::vector<int>& dims) const;       // ops::permute: a view
   // Rows [start, start + length) along dim 0: a view (a batch of a dataset). Not recorded by
   // autograd, so not allowed on tensors that require grad.
   Tensor narrow_rows(int64_t start, int64_t length) const;
-  void copy_from(const Tensor& src);         // same shape and dtype, any devices
+  // Same shape and dtype, any devices; either side may be a strided view when both are on one
+  // device (a key/value cache written a slice at a time).
+  void copy_from(const Tensor& src);
 
   // ---- autograd ----
   bool requires_grad() const;
@@ -176,6 +194,8 @@ struct TensorImpl {
   std::shared_ptr<Storage> storage;
   std::size_t offset_bytes = 0;
   Shape shape;
+  bool contiguous = true;
+  std::array<int64_t, Shape::kMaxDims> strides{};  // in elements; set only when !contiguous
   DType dtype = DType::f32;
   AutogradMeta autograd;
 };

@@ -1,0 +1,52 @@
+#include <type_traits>
+
+#include "kernels/cpu/strided_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+template <typename T>
+inline void store(T* dst, T value, float beta) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+    *dst = beta == 0.0f ? value : from_f32<T>(to_f32(value) + beta * to_f32(*dst));
+  } else {
+    *dst = value;
+  }
+}
+
+}  // namespace
+
+// An odometer over the outer dimensions, a strided loop over the last.
+template <typename T>
+void strided_copy_cpu(const T* src, T* dst, const StridedLayout& l, float beta) {
+  if (l.ndim == 0) return store(dst, *src, beta);
+  for (int d = 0; d < l.ndim; ++d)
+    if (l.size[d] == 0) return;
+  const int last = l.ndim - 1;
+  const int64_t n = l.size[last], ss = l.src_stride[last], ds = l.dst_stride[last];
+  int64_t index[StridedLayout::kMaxDims] = {};
+  int64_t s0 = 0, d0 = 0;
+  for (;;) {
+    for (int64_t i = 0; i < n; ++i) store(dst + d0 + i * ds, src[s0 + i * ss], beta);
+    int d = last - 1;
+    for (; d >= 0; --d) {
+      s0 += l.src_stride[d];
+      d0 += l.dst_stride[d];
+      if (++index[d] < l.size[d]) break;
+      s0 -= index[d] * l.src_stride[d];
+      d0 -= index[d] * l.dst_stride[d];
+      index[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+template void strided_copy_cpu(const float*, float*, const StridedLayout&, float);
+template void strided_copy_cpu(const BFloat16*, BFloat16*, const StridedLayout&, float);
+template void strided_copy_cpu(const Half*, Half*, const StridedLayout&, float);
+template void strided_copy_cpu(const int32_t*, int32_t*, const StridedLayout&, float);
+template void strided_copy_cpu(const int64_t*, int64_t*, const StridedLayout&, float);
+template void strided_copy_cpu(const uint8_t*, uint8_t*, const StridedLayout&, float);
+
+}  // namespace cumulus::kernels
