@@ -9,9 +9,10 @@
 // softmax and their gradients agree with the CPU to within a few ulp of f32 per function call
 // (relative 1e-6 away from cancellation; gelu's 1 + erff near x = -4 and below cancels, so there an
 // absolute 1e-7). add/sub/mul/div, maximum/minimum, sqrt, rsqrt (1 / sqrtf) and abs forward are
-// IEEE operations rounded as on the CPU (nvcc's default -prec-div and -prec-sqrt) and match its bits. Softmax: one warp per row, the maximum and
-// the sums (in double, as the CPU's) reduced with shuffles, as cross_entropy's kernels. The
-// broadcast gradient sums are in double too (broadcast_grad_element). Where beta is 0 the destination is never read.
+// IEEE operations rounded as on the CPU (nvcc's default -prec-div and -prec-sqrt) and match its
+// bits. Softmax: one warp per row, the maximum and the sums (in double, as the CPU's) reduced with
+// shuffles, as cross_entropy's kernels. The broadcast gradient sums are in double too
+// (broadcast_grad_element). Where beta is 0 the destination is never read.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
