@@ -1,6 +1,7 @@
 // The pointwise ops' arithmetic, shared by the CPU loops (kernels/cpu/pointwise.cpp) and the CUDA
 // kernels (kernels/cuda/pointwise.cu) through CUMULUS_HOST_DEVICE: the element rules of add, sub,
-// mul and div, their broadcasting, tanh, sigmoid and gelu, and dropout's counter-based mask. One
+// mul, div, pow, maximum and minimum, their broadcasting, the unary ops (activations and exp, log,
+// sqrt, rsqrt, abs), and dropout's counter-based mask. One
 // definition, so both devices compute every element (and every gradient sum) in the same order.
 #pragma once
 
@@ -13,16 +14,34 @@
 
 namespace cumulus::kernels {
 
-enum class BinaryOp : uint8_t { add, sub, mul, div };
+enum class BinaryOp : uint8_t { add, sub, mul, div, pow, maximum, minimum };
 
-// a op b in f32.
+// a op b in f32. maximum and minimum return a NaN when either operand is one (as torch.maximum).
 CUMULUS_HOST_DEVICE float binary_apply(BinaryOp op, float a, float b) {
   switch (op) {
     case BinaryOp::add: return a + b;
     case BinaryOp::sub: return a - b;
     case BinaryOp::mul: return a * b;
-    default: return a / b;
+    case BinaryOp::div: return a / b;
+    case BinaryOp::pow: return powf(a, b);
+    case BinaryOp::maximum: return (a > b || a != a) ? a : b;
+    default: return (a < b || a != a) ? a : b;
   }
+}
+
+// PyTorch's gradients of pow: a's is 0 where b is 0 (even at a = 0), b's is 0 where a is 0 and b >= 0
+// (a^b log a is 0 * -inf there).
+CUMULUS_HOST_DEVICE float pow_grad(int operand, float dy, float a, float b) {
+  if (operand == 0) return b == 0.0f ? 0.0f : dy * (b * powf(a, b - 1.0f));
+  return (a == 0.0f && b >= 0.0f) ? 0.0f : dy * (powf(a, b) * logf(a));
+}
+
+// PyTorch's gradient of maximum (`larger` true) and minimum: dy to the operand that was chosen, half
+// to each on a tie, all of it to both where a NaN makes every comparison false.
+CUMULUS_HOST_DEVICE float extremum_grad(bool larger, int operand, float dy, float a, float b) {
+  if (a == b) return 0.5f * dy;
+  const bool lost = operand == 0 ? (larger ? a < b : a > b) : (larger ? a > b : a < b);
+  return lost ? 0.0f : dy;
 }
 
 // d(a op b)/d(operand) times dy: operand 0 is a, 1 is b (PyTorch's formulas: div's b gradient is
@@ -32,7 +51,9 @@ CUMULUS_HOST_DEVICE float binary_grad(BinaryOp op, int operand, float dy, float 
     case BinaryOp::add: return dy;
     case BinaryOp::sub: return operand == 0 ? dy : -dy;
     case BinaryOp::mul: return operand == 0 ? dy * b : dy * a;
-    default: return operand == 0 ? dy / b : -dy * ((a / b) / b);
+    case BinaryOp::div: return operand == 0 ? dy / b : -dy * ((a / b) / b);
+    case BinaryOp::pow: return pow_grad(operand, dy, a, b);
+    default: return extremum_grad(op == BinaryOp::maximum, operand, dy, a, b);
   }
 }
 
@@ -172,19 +193,42 @@ CUMULUS_HOST_DEVICE float broadcast_grad_element(const BroadcastGeometry& g, Bin
 }
 
 // ---- tensor op scalar ----
+// x^e for a scalar e as PyTorch's CPU kernels compute it (pow_out, pow_tensor_scalar_kernel): 1 as
+// x, 2, 3 and -2 as products, 0.5, -0.5 and -1 as sqrt, rsqrt and reciprocal, powf otherwise. The same values as
+// powf's but for its rounding (these are correctly rounded, or within one more rounding) and a few
+// specials where PyTorch follows sqrt: pow(-0, 0.5) = -0, pow(-inf, 0.5) = NaN.
+CUMULUS_HOST_DEVICE float pow_scalar(float x, float e) {
+  if (e == 1.0f) return x;  // as PyTorch's pow(x, 1), a copy: the gradient of x^2 reads it
+  if (e == 2.0f) return x * x;
+  if (e == 3.0f) return x * x * x;
+  if (e == -2.0f) return 1.0f / (x * x);
+  if (e == 0.5f) return sqrtf(x);
+  if (e == -0.5f) return 1.0f / sqrtf(x);
+  if (e == -1.0f) return 1.0f / x;
+  return powf(x, e);
+}
+
 // y = x op s, or s op x when `reversed` (s - x, s / x).
 CUMULUS_HOST_DEVICE float scalar_apply(BinaryOp op, bool reversed, float x, float s) {
+  if (op == BinaryOp::pow && !reversed) return pow_scalar(x, s);
   return reversed ? binary_apply(op, s, x) : binary_apply(op, x, s);
 }
+// pow's is PyTorch's pow_backward: dy e x^(e - 1), the power computed as the forward computes it,
+// and 0 where e is 0.
 CUMULUS_HOST_DEVICE float scalar_grad(BinaryOp op, bool reversed, float dy, float x, float s) {
+  if (op == BinaryOp::pow && !reversed) return s == 0.0f ? 0.0f : dy * (s * pow_scalar(x, s - 1.0f));
   return reversed ? binary_grad(op, 1, dy, s, x) : binary_grad(op, 0, dy, x, s);
 }
 
-// ---- unary activations (PyTorch's formulas) ----
-enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh };
+// ---- unary ops: activations and elementwise math (PyTorch's formulas) ----
+enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh, exp, log, sqrt, rsqrt, abs };
 
-// Whether the backward of `op` reads the output (tanh, sigmoid) rather than the input (gelu).
-CUMULUS_HOST_DEVICE bool unary_grad_from_output(UnaryOp op) { return op == UnaryOp::tanh || op == UnaryOp::sigmoid; }
+// Whether the backward of `op` reads the output (tanh, sigmoid, exp, sqrt, rsqrt) rather than the
+// input (the gelus, log, abs).
+CUMULUS_HOST_DEVICE bool unary_grad_from_output(UnaryOp op) {
+  return op == UnaryOp::tanh || op == UnaryOp::sigmoid || op == UnaryOp::exp || op == UnaryOp::sqrt ||
+         op == UnaryOp::rsqrt;
+}
 
 constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
@@ -196,11 +240,17 @@ CUMULUS_HOST_DEVICE float unary_apply(UnaryOp op, float x) {
     case UnaryOp::tanh: return tanhf(x);
     case UnaryOp::sigmoid: return 1.0f / (1.0f + expf(-x));
     case UnaryOp::gelu: return 0.5f * x * (1.0f + erff(x * kSqrt1_2));
-    default: return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
+    case UnaryOp::gelu_tanh: return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
+    case UnaryOp::exp: return expf(x);
+    case UnaryOp::log: return logf(x);
+    case UnaryOp::sqrt: return sqrtf(x);
+    case UnaryOp::rsqrt: return 1.0f / sqrtf(x);  // correctly rounded sqrt and division on both devices
+    default: return fabsf(x);
   }
 }
 
-// dy * f'(x), given `saved`: the output for tanh and sigmoid, the input for the gelus.
+// dy * f'(x), given `saved`: the output or the input, as unary_grad_from_output says. abs's is
+// dy * sign(x) with sign 0 at 0 and at NaN (torch.sign's).
 CUMULUS_HOST_DEVICE float unary_grad(UnaryOp op, float dy, float saved) {
   switch (op) {
     case UnaryOp::tanh: return dy * (1.0f - saved * saved);
@@ -210,11 +260,16 @@ CUMULUS_HOST_DEVICE float unary_grad(UnaryOp op, float dy, float saved) {
       const float pdf = kInvSqrt2Pi * expf(-0.5f * saved * saved);
       return dy * (cdf + saved * pdf);
     }
-    default: {
+    case UnaryOp::gelu_tanh: {
       const float x = saved, t = tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x));
       const float inner_grad = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * x * x);
       return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * inner_grad);
     }
+    case UnaryOp::exp: return dy * saved;
+    case UnaryOp::log: return dy / saved;
+    case UnaryOp::sqrt: return dy / (2.0f * saved);
+    case UnaryOp::rsqrt: return -0.5f * dy * (saved * saved * saved);
+    default: return dy * static_cast<float>((saved > 0.0f) - (saved < 0.0f));
   }
 }
 

@@ -1,6 +1,7 @@
-// tanh, sigmoid, gelu: one elementwise kernel each way (kernels/pointwise_rules.h holds the
-// formulas, PyTorch's). tanh and sigmoid save their output, whose derivative they are a function of
-// (the output is what the next op keeps alive anyway); gelu's derivative needs its input.
+// tanh, sigmoid, gelu, and the unary ops of cumulus/ops/math.h (exp, log, sqrt, rsqrt, abs): one
+// elementwise kernel each way (kernels/pointwise_rules.h holds the formulas, PyTorch's). Those whose
+// derivative is a function of their output save it (the output is what the next op keeps alive
+// anyway): tanh, sigmoid, exp, sqrt, rsqrt; the gelus, log and abs save their input.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/pointwise.h"
 #include "engine/ops/pointwise_internal.h"
@@ -15,7 +16,13 @@ const char* unary_name(UnaryOp op) {
   switch (op) {
     case UnaryOp::tanh: return "tanh";
     case UnaryOp::sigmoid: return "sigmoid";
-    default: return "gelu";
+    case UnaryOp::gelu:
+    case UnaryOp::gelu_tanh: return "gelu";
+    case UnaryOp::exp: return "exp";
+    case UnaryOp::log: return "log";
+    case UnaryOp::sqrt: return "sqrt";
+    case UnaryOp::rsqrt: return "rsqrt";
+    default: return "abs";
   }
 }
 
@@ -53,6 +60,8 @@ Tensor unary(UnaryOp op, const Tensor& x_in) {
 }
 
 }  // namespace
+
+Tensor detail::unary_op(UnaryOp op, const Tensor& x) { return unary(op, x); }
 
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, x); }

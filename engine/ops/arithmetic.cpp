@@ -1,12 +1,19 @@
-// add, sub, mul, div: with numpy broadcasting between two tensors, and with a scalar. One kernel per
-// forward and one per operand gradient: a broadcast operand's gradient is summed by the kernel that
-// writes it (Note [Broadcast geometry] in kernels/pointwise_rules.h), through its sink with beta.
+// add, sub, mul, div, pow, maximum, minimum: with numpy broadcasting between two tensors, and with a
+// scalar. One kernel per forward and one per operand gradient: a broadcast operand's gradient is
+// summed by the kernel that writes it (Note [Broadcast geometry] in kernels/pointwise_rules.h),
+// through its sink with beta. add, sub, mul and div also take integer tensors, promoted as PyTorch
+// promotes them (Note [Integer promotion]).
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/pointwise.h"
 #include "engine/ops/pointwise_internal.h"
+#include "kernels/cpu/math_kernels.h"
+#if CUMULUS_WITH_CUDA
+#include "kernels/cuda/math_kernels.h"
+#endif
 
 namespace cumulus::ops {
 
@@ -20,8 +27,62 @@ const char* binary_name(BinaryOp op) {
     case BinaryOp::add: return "add";
     case BinaryOp::sub: return "sub";
     case BinaryOp::mul: return "mul";
-    default: return "div";
+    case BinaryOp::div: return "div";
+    case BinaryOp::pow: return "pow";
+    case BinaryOp::maximum: return "maximum";
+    default: return "minimum";
   }
+}
+
+// add, sub, mul, div: the ops that take integers (the first four of BinaryOp).
+bool is_arithmetic(BinaryOp op) { return op <= BinaryOp::div; }
+bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+
+// Note [Integer promotion]
+// add, sub, mul and div take i32 and i64 tensors as PyTorch does: an integer tensor with a floating
+// one (or with a float scalar) computes in the floating type (the tensor's; f32 for the scalar),
+// the integer operand converted first (a copy; no gradient reaches an integer tensor); two integer
+// tensors give an integer result (i64 if either is i64; wrapping on overflow) for add, sub and mul,
+// and f32 for div (true division). Two floating operands of different types are still refused.
+DType promoted_dtype(BinaryOp op, DType a, DType b) {
+  if (is_floating(a)) return a;
+  if (is_floating(b)) return b;
+  if (op == BinaryOp::div) return DType::f32;
+  return (a == DType::i64 || b == DType::i64) ? DType::i64 : DType::i32;
+}
+
+template <typename From>
+void convert_int(const Tensor& x, const Tensor& y) {
+  const From* xp = x.data<From>();
+  const int64_t n = x.numel();
+  auto run = [&](auto* yp) {
+    CUMULUS_DISPATCH(x.device(), ctx, kernels::int_convert_cpu(xp, yp, n),
+                     kernels::int_convert_cuda(xp, yp, n, ctx.stream()));
+  };
+  switch (y.dtype()) {
+    case DType::i64: return run(y.data<int64_t>());
+    case DType::f32: return run(y.data<float>());
+    case DType::bf16: return run(y.data<BFloat16>());
+    default: return run(y.data<Half>());
+  }
+}
+
+// x as `dtype` (an integer x converted; x itself when it has the type). Saved by a backward that
+// reads it, so it is an output (activations while recording).
+Tensor promoted_to(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  Tensor y = detail::new_output(x.shape(), dtype, x.device());
+  if (x.numel() == 0) return y;
+  if (x.dtype() == DType::i32) convert_int<int32_t>(x, y);
+  else convert_int<int64_t>(x, y);
+  return y;
+}
+
+// The operand checks of an arithmetic op that may take integers: defined, and of a type it takes.
+void check_arithmetic_operand(const char* op, const char* what, const Tensor& t) {
+  CUMULUS_CHECK(t.defined(), InvalidArgument, op, ": ", what, " is undefined", detail::undefined_because(t));
+  CUMULUS_CHECK(is_floating(t.dtype()) || is_integer(t.dtype()), InvalidArgument, op, ": ", what,
+                " must be f32, bf16, f16, i32 or i64, got ", dtype_name(t.dtype()));
 }
 
 // The output's shape of a op b under numpy's rules; throws naming the op and both shapes.
@@ -70,19 +131,44 @@ class BinaryBackward final : public Node {
   Tensor a_, b_;
 };
 
+// Two integer tensors of one type: add, sub, mul (Note [Integer promotion]); no gradient.
+Tensor int_binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_shape, const BroadcastGeometry& g) {
+  Tensor y = detail::new_output(out_shape, a.dtype(), a.device());
+  if (out_shape.numel() == 0) return y;
+  auto run = [&](auto* yp) {
+    using I = std::remove_pointer_t<decltype(yp)>;
+    const I *ap = a.data<I>(), *bp = b.data<I>();
+    CUMULUS_DISPATCH(a.device(), ctx, kernels::int_binary_forward_cpu(g, op, ap, bp, yp),
+                     kernels::int_binary_forward_cuda(g, op, ap, bp, yp, ctx.stream()));
+  };
+  if (a.dtype() == DType::i32) run(y.data<int32_t>());
+  else run(y.data<int64_t>());
+  return y;
+}
+
 Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const char* name = binary_name(op);
   OpScope op_scope(name);
-  const Tensor a = detail::contiguous(a_in);
-  const Tensor b = detail::contiguous(b_in);
-  detail::check_floating(name, "a", a);
-  detail::check_floating(name, "b", b);
-  CUMULUS_CHECK(a.dtype() == b.dtype(), InvalidArgument, name, ": operands must have the same dtype, got ",
-                dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), " (cast one with ops::cast)");
+  Tensor a = detail::contiguous(a_in), b = detail::contiguous(b_in);
+  if (is_arithmetic(op)) {
+    check_arithmetic_operand(name, "a", a);
+    check_arithmetic_operand(name, "b", b);
+  } else {
+    detail::check_floating(name, "a", a);
+    detail::check_floating(name, "b", b);
+  }
   CUMULUS_CHECK(a.device() == b.device(), DeviceError, name, ": a is on ", a.device().str(), " but b is on ",
                 b.device().str());
   const Shape out_shape = broadcast_shape(name, a.shape(), b.shape());
   const BroadcastGeometry g = geometry_of(a.shape(), b.shape());
+  if (is_integer(a.dtype()) || is_integer(b.dtype())) {
+    const DType t = promoted_dtype(op, a.dtype(), b.dtype());
+    a = promoted_to(a, t);
+    b = promoted_to(b, t);
+    if (is_integer(t)) return int_binary(op, a, b, out_shape, g);
+  }
+  CUMULUS_CHECK(a.dtype() == b.dtype(), InvalidArgument, name, ": operands must have the same dtype, got ",
+                dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), " (cast one with ops::cast)");
   Tensor y = detail::new_output(out_shape, a.dtype(), a.device());
   if (out_shape.numel() > 0) {
     CUMULUS_DISPATCH_FLOAT(
@@ -90,10 +176,12 @@ Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
         CUMULUS_DISPATCH_POINTWISE(a.device(), binary_forward, g, op, a.data<T>(), b.data<T>(), y.data<T>()));
   }
   if (!should_record({&a, &b})) return y;
-  // What the gradients read: mul's a-gradient reads b and its b-gradient a; div's read b, and a for b's.
+  // What the gradients read: mul's a-gradient reads b and its b-gradient a; div's read b, and a for
+  // b's; pow's, maximum's and minimum's read both.
   const bool a_grad = a.requires_grad(), b_grad = b.requires_grad();
-  const bool keep_a = (op == BinaryOp::mul || op == BinaryOp::div) && b_grad;
-  const bool keep_b = (op == BinaryOp::mul && a_grad) || op == BinaryOp::div;
+  const bool both = !is_arithmetic(op);
+  const bool keep_a = both || ((op == BinaryOp::mul || op == BinaryOp::div) && b_grad);
+  const bool keep_b = both || (op == BinaryOp::mul && a_grad) || op == BinaryOp::div;
   attach_node(y,
               std::make_shared<BinaryBackward>(op, g, a.shape(), b.shape(), keep_a ? a.detach() : Tensor(),
                                                keep_b ? b.detach() : Tensor()),
@@ -126,20 +214,29 @@ class ScalarBackward final : public Node {
 Tensor scalar_binary(BinaryOp op, bool reversed, const Tensor& x_in, float s) {
   const char* name = binary_name(op);
   OpScope op_scope(name);
-  const Tensor x = detail::contiguous(x_in);
-  detail::check_floating(name, "tensor operand", x);
+  Tensor x = detail::contiguous(x_in);
+  if (is_arithmetic(op)) {
+    check_arithmetic_operand(name, "tensor operand", x);
+    x = promoted_to(x, is_floating(x.dtype()) ? x.dtype() : DType::f32);  // int op float: f32, as PyTorch
+  } else {
+    detail::check_floating(name, "tensor operand", x);
+  }
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
   CUMULUS_DISPATCH_FLOAT(
       x.dtype(), T,
       CUMULUS_DISPATCH_POINTWISE(x.device(), scalar_forward, op, reversed, s, x.data<T>(), y.data<T>(), x.numel()));
   if (should_record({&x})) {
-    const bool keep_x = reversed && op == BinaryOp::div;  // d(s / x) = -s / x^2; the others read no x
+    // d(s / x) = -s / x^2 and pow's read x; the others read no x.
+    const bool keep_x = (reversed && op == BinaryOp::div) || op == BinaryOp::pow;
     attach_node(y, std::make_shared<ScalarBackward>(op, reversed, s, x.shape(), keep_x ? x.detach() : Tensor()), {&x});
   }
   return y;
 }
 
 }  // namespace
+
+Tensor detail::binary_op(BinaryOp op, const Tensor& a, const Tensor& b) { return binary(op, a, b); }
+Tensor detail::scalar_op(BinaryOp op, const Tensor& x, float s) { return scalar_binary(op, false, x, s); }
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }

@@ -40,24 +40,67 @@ void for_each_output(const BroadcastGeometry& g, Fn fn) {
   }
 }
 
-template <typename T>
-void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
+namespace {
+// fn(std::integral_constant<BinaryOp, op>()): a loop inside fn sees the op as a constant, so the
+// compiler vectorizes it (with the op's switch inside, it stays scalar).
+template <typename Fn>
+void with_constant_op(BinaryOp op, Fn fn) {
+  using Op = BinaryOp;
+  switch (op) {
+    case Op::add: return fn(std::integral_constant<Op, Op::add>());
+    case Op::sub: return fn(std::integral_constant<Op, Op::sub>());
+    case Op::mul: return fn(std::integral_constant<Op, Op::mul>());
+    case Op::div: return fn(std::integral_constant<Op, Op::div>());
+    case Op::pow: return fn(std::integral_constant<Op, Op::pow>());
+    case Op::maximum: return fn(std::integral_constant<Op, Op::maximum>());
+    default: return fn(std::integral_constant<Op, Op::minimum>());
+  }
+}
+}  // namespace
+
+// The forward with the op a template argument: every loop sees it as a constant, so the compiler
+// drops the other ops' cases (with them inside, a loop stays scalar, and pow's call slows it).
+template <BinaryOp kOp, typename T>
+void binary_forward_op(const BroadcastGeometry& g, const T* a, const T* b, T* y) {
   if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
-    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(op, to_f32(a[i]), to_f32(b[i])));
+    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(kOp, to_f32(a[i]), to_f32(b[i])));
     return;
   }
   for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
-    y[o] = from_f32<T>(binary_apply(op, to_f32(a[ia]), to_f32(b[ib])));
+    y[o] = from_f32<T>(binary_apply(kOp, to_f32(a[ia]), to_f32(b[ib])));
   });
 }
 
+template <typename T>
+void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, const T* b, T* y) {
+  with_constant_op(op, [&](auto k) { binary_forward_op<decltype(k)::value>(g, a, b, y); });
+}
+
+namespace {
+// dx = blend(grad) over same-shape operands with the op, the operand and beta's form fixed outside
+// the loop, so that it vectorizes: each element's value is binary_grad_at's, as in the general path.
+template <BinaryOp kOp, int kOperand, typename T>
+void same_shape_grad(const T* a, const T* b, const T* dy, float beta, T* dx, int64_t n) {
+  if (beta == 0.0f) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = from_f32<T>(binary_grad_at(kOp, kOperand, a, b, dy, i, i, i));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = from_f32<T>(binary_grad_at(kOp, kOperand, a, b, dy, i, i, i) + beta * to_f32(dx[i]));
+}
+}  // namespace
+
 // An operand that is not broadcast gets one term per element: written in the output's order (no
 // sum, so the bits are broadcast_grad_element's). A broadcast one sums per element in the order
-// Note [Broadcast geometry] fixes.
-template <typename T>
-void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
-                         float beta, T* dx) {
+// Note [Broadcast geometry] fixes. The op is a template argument, as the forward's.
+template <BinaryOp op, typename T>
+void binary_backward_op(const BroadcastGeometry& g, int operand, const T* a, const T* b, const T* dy, float beta,
+                        T* dx) {
   const int64_t n = g.numel(1 + operand);
+  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
+    if (operand == 0) return same_shape_grad<op, 0>(a, b, dy, beta, dx, n);
+    return same_shape_grad<op, 1>(a, b, dy, beta, dx, n);
+  }
   if (n == g.numel(0)) {
     for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
       const int64_t j = operand == 0 ? ia : ib;
@@ -91,16 +134,59 @@ void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, c
 }
 
 template <typename T>
+void binary_backward_cpu(const BroadcastGeometry& g, BinaryOp op, int operand, const T* a, const T* b, const T* dy,
+                         float beta, T* dx) {
+  with_constant_op(op, [&](auto k) { binary_backward_op<decltype(k)::value>(g, operand, a, b, dy, beta, dx); });
+}
+
+namespace {
+// fn(e) with e() returning s: a constant for pow_scalar's special exponents, so that a loop inside
+// fn reduces pow_scalar to its one case and vectorizes (its tests of s inside kept it scalar).
+template <typename Fn>
+void with_constant_exponent(float s, Fn fn) {
+  if (s == 1.0f) return fn([] { return 1.0f; });
+  if (s == 2.0f) return fn([] { return 2.0f; });
+  if (s == 3.0f) return fn([] { return 3.0f; });
+  if (s == -2.0f) return fn([] { return -2.0f; });
+  if (s == 0.5f) return fn([] { return 0.5f; });
+  if (s == -0.5f) return fn([] { return -0.5f; });
+  if (s == -1.0f) return fn([] { return -1.0f; });
+  fn([s] { return s; });
+}
+}  // namespace
+
+template <typename T>
 void scalar_forward_cpu(BinaryOp op, bool reversed, float s, const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(op, reversed, to_f32(x[i]), s));
+  if (op == BinaryOp::pow && !reversed) {
+    return with_constant_exponent(s, [&](auto e) {
+      for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(BinaryOp::pow, false, to_f32(x[i]), e()));
+    });
+  }
+  with_constant_op(op, [&](auto k) {
+    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(scalar_apply(k, reversed, to_f32(x[i]), s));
+  });
 }
 
 template <typename T>
 void scalar_backward_cpu(BinaryOp op, bool reversed, float s, const T* x, const T* dy, float beta, T* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
-    dx[i] = from_f32<T>(blend(scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta, to_f32(dx[i])));
+  auto loop = [&](auto k, auto e) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
+      dx[i] = from_f32<T>(blend(scalar_grad(k, reversed, to_f32(dy[i]), xv, e()), beta, to_f32(dx[i])));
+    }
+  };
+  if (op == BinaryOp::pow && !reversed) {
+    // pow's gradient reads x^(s - 1): s a constant where s - 1 is one of pow_scalar's special exponents.
+    const auto pow_loop = [&](auto e) { loop(std::integral_constant<BinaryOp, BinaryOp::pow>(), e); };
+    if (s == 2.0f) return pow_loop([] { return 2.0f; });
+    if (s == 3.0f) return pow_loop([] { return 3.0f; });
+    if (s == 4.0f) return pow_loop([] { return 4.0f; });
+    if (s == -1.0f) return pow_loop([] { return -1.0f; });
+    if (s == 1.5f) return pow_loop([] { return 1.5f; });
+    if (s == 0.5f) return pow_loop([] { return 0.5f; });
+    return pow_loop([s] { return s; });
   }
+  with_constant_op(op, [&](auto k) { loop(k, [s] { return s; }); });
 }
 
 bool vec::available() {
@@ -113,14 +199,25 @@ bool vec::available() {
 }
 
 namespace {
-// The vector function computing op over n floats (kernels/cpu/vec_math.h).
-void unary_forward_vec(UnaryOp op, const float* x, float* y, int64_t n) {
+// The vector function computing op over n floats (kernels/cpu/vec_math.h), or null for the ops
+// without a transcendental (sqrt, rsqrt, abs), whose plain loops the compiler vectorizes.
+using VecUnary = void (*)(const float*, float*, int64_t);
+VecUnary unary_forward_vec(UnaryOp op) {
   switch (op) {
-    case UnaryOp::tanh: return vec::tanh_f32(x, y, n);
-    case UnaryOp::sigmoid: return vec::sigmoid_f32(x, y, n);
-    case UnaryOp::gelu: return vec::gelu_f32(x, y, n);
-    default: return vec::gelu_tanh_f32(x, y, n);
+    case UnaryOp::tanh: return vec::tanh_f32;
+    case UnaryOp::sigmoid: return vec::sigmoid_f32;
+    case UnaryOp::gelu: return vec::gelu_f32;
+    case UnaryOp::gelu_tanh: return vec::gelu_tanh_f32;
+    case UnaryOp::exp: return vec::exp_f32;
+    case UnaryOp::log: return vec::log_f32;
+    default: return nullptr;
   }
+}
+
+// y = f(x) by the scalar rule, with the op fixed outside the loop so that the compiler vectorizes it.
+template <UnaryOp kOp, typename T>
+void unary_forward_loop(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(kOp, to_f32(x[i])));
 }
 
 // 16-bit types are widened to f32 a block at a time, into buffers that stay in the L1 cache.
@@ -148,13 +245,17 @@ void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) 
 
 template <typename T>
 void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
+  if (op == UnaryOp::sqrt) return unary_forward_loop<UnaryOp::sqrt>(x, y, n);
+  if (op == UnaryOp::rsqrt) return unary_forward_loop<UnaryOp::rsqrt>(x, y, n);
+  if (op == UnaryOp::abs) return unary_forward_loop<UnaryOp::abs>(x, y, n);
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      if constexpr (std::is_same_v<T, float>) return unary_forward_vec(op, x, y, n);
+      const VecUnary f = unary_forward_vec(op);
+      if constexpr (std::is_same_v<T, float>) return f(x, y, n);
       float xb[kVecBlock];
       for (int64_t i = 0; i < n; i += kVecBlock) {
         const int64_t m = std::min(kVecBlock, n - i);
-        unary_forward_vec(op, widen(x + i, m, xb), xb, m);
+        f(widen(x + i, m, xb), xb, m);
         for (int64_t k = 0; k < m; ++k) y[i + k] = from_f32<T>(xb[k]);
       }
       return;
@@ -163,12 +264,20 @@ void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
 }
 
-// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. tanh's and
-// sigmoid's read their output and need no transcendental: the scalar rules, in loops per op.
+// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. The other
+// ops' need no transcendental: the scalar rules, in loops per op.
 template <typename T>
 void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
-  if (op == UnaryOp::tanh) return unary_grad_loop<UnaryOp::tanh>(saved, dy, beta, dx, n);
-  if (op == UnaryOp::sigmoid) return unary_grad_loop<UnaryOp::sigmoid>(saved, dy, beta, dx, n);
+  switch (op) {
+    case UnaryOp::tanh: return unary_grad_loop<UnaryOp::tanh>(saved, dy, beta, dx, n);
+    case UnaryOp::sigmoid: return unary_grad_loop<UnaryOp::sigmoid>(saved, dy, beta, dx, n);
+    case UnaryOp::exp: return unary_grad_loop<UnaryOp::exp>(saved, dy, beta, dx, n);
+    case UnaryOp::log: return unary_grad_loop<UnaryOp::log>(saved, dy, beta, dx, n);
+    case UnaryOp::sqrt: return unary_grad_loop<UnaryOp::sqrt>(saved, dy, beta, dx, n);
+    case UnaryOp::rsqrt: return unary_grad_loop<UnaryOp::rsqrt>(saved, dy, beta, dx, n);
+    case UnaryOp::abs: return unary_grad_loop<UnaryOp::abs>(saved, dy, beta, dx, n);
+    default: break;
+  }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
       const auto grad = op == UnaryOp::gelu ? vec::gelu_grad_f32 : vec::gelu_tanh_grad_f32;

@@ -1,7 +1,7 @@
 // The CPU's vectorized activations: f32 arrays through SLEEF's AVX2 functions (vec_math_avx2.cpp,
 // the one file compiled for AVX2 and FMA), used by unary_forward_cpu / unary_backward_cpu when the
 // CPU has both. Each computes kernels/pointwise_rules.h's formula with the same operations in the
-// same order, only the transcendental (tanhf, expf, erff) replaced by SLEEF's u10 variant: at most
+// same order, only the transcendental (tanhf, expf, erff, logf) replaced by SLEEF's u10 variant: at most
 // 1.0 ulp from the exact result (glibc's are within 1-2 ulp), so an element may differ from the
 // scalar rule's in its last bit or two. A vector of 8 at a time; a tail of under 8 is padded, so
 // every element goes through the same function wherever it sits.
@@ -28,6 +28,8 @@ void tanh_f32(const float* x, float* y, int64_t n);
 void sigmoid_f32(const float* x, float* y, int64_t n);
 void gelu_f32(const float* x, float* y, int64_t n);
 void gelu_tanh_f32(const float* x, float* y, int64_t n);
+void exp_f32(const float* x, float* y, int64_t n);
+void log_f32(const float* x, float* y, int64_t n);
 
 // g[i] = dy[i] * f'(x[i]) for the gelus, from the input (g may be dy or x).
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);

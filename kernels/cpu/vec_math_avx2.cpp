@@ -74,6 +74,14 @@ void gelu_tanh_f32(const float* x, float* y, int64_t n) {
   });
 }
 
+void exp_f32(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](V v) { return Sleef_expf8_u10avx2(v); });
+}
+
+void log_f32(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](V v) { return Sleef_logf8_u10avx2(v); });
+}
+
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
     const V cdf = mul(splat(0.5f), add(splat(1.0f), Sleef_erff8_u10avx2(mul(v, splat(kSqrt1_2)))));

@@ -4,13 +4,15 @@
 // (Note [Broadcast geometry]), so no atomics and the same bits on every run. Against the CPU the
 // results are close, not the same bits (Note [CUDA bit parity] in CMakeLists.txt): nvcc fuses
 // multiply-adds (the gradient rules, the broadcast sums of products: within one rounding per
-// fused step), and the unary ops and softmax use the device's expf, tanhf and erff (up to 2 ulp
-// each against glibc's), so tanh, sigmoid, gelu and softmax and their gradients agree with the
-// CPU to within a few ulp of f32 per function call (relative 1e-6 away from cancellation; gelu's
-// 1 + erff near x = -4 and below cancels, so there an absolute 1e-7). add/sub/mul/div forward
-// have a single rounding each and match the CPU's bits. Softmax: one warp per row, the maximum and
-// the sums (in double, as the CPU's) reduced with shuffles, as cross_entropy's kernels. The
-// broadcast gradient sums are in double too (broadcast_grad_element). Where beta is 0 the destination is never read.
+// fused step), and the unary ops, pow and softmax use the device's expf, logf, powf, tanhf and
+// erff (up to 2 ulp each against glibc's or SLEEF's), so tanh, sigmoid, gelu, exp, log, pow and
+// softmax and their gradients agree with the CPU to within a few ulp of f32 per function call
+// (relative 1e-6 away from cancellation; gelu's 1 + erff near x = -4 and below cancels, so there an
+// absolute 1e-7). add/sub/mul/div, maximum/minimum, sqrt, rsqrt (1 / sqrtf) and abs forward are
+// IEEE operations rounded as on the CPU (nvcc's default -prec-div and -prec-sqrt) and match its
+// bits. Softmax: one warp per row, the maximum and the sums (in double, as the CPU's) reduced with
+// shuffles, as cross_entropy's kernels. The broadcast gradient sums are in double too
+// (broadcast_grad_element). Where beta is 0 the destination is never read.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"

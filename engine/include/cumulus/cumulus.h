@@ -37,6 +37,7 @@
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/conv_ops.h"
 #include "cumulus/ops/fused_mlp.h"
+#include "cumulus/ops/math.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"

@@ -14,7 +14,10 @@ namespace cumulus::ops {
 // a op b elementwise with numpy's broadcasting: shapes are aligned at their last dimension, and
 // each dimension must be equal or 1 in one of them (a dimension of size 1, or a missing leading
 // one, repeats): [B, n] + [n], [B, T, n] * [T, n], [B, 1] - [1, n] -> [B, n]. Both operands need
-// the same floating dtype and device (cast one first: no implicit promotion). The backward sums an
+// the same device, and the same floating dtype (cast one first: f32 with bf16 is refused), except
+// that an i32 or i64 operand is promoted as PyTorch promotes it (cumulus/ops/math.h says how: an
+// integer with a floating tensor computes in the floating type, int op int stays an integer for
+// add, sub and mul and is f32 for div, an integer tensor op a scalar is f32). The backward sums an
 // operand's gradient over the dimensions it was broadcast along. The same tensor may be both
 // operands (x * x). mul saves the operands the gradient needs (b for a's, a for b's); div saves b,
 // and a when b needs a gradient; add and sub save nothing.
@@ -29,7 +32,7 @@ Tensor mul(const Tensor& x, float s);
 Tensor div(const Tensor& x, float s);
 Tensor rsub(float s, const Tensor& x);
 Tensor rdiv(float s, const Tensor& x);
-Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1)
+Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1) (so an integer x gives f32, unlike torch.neg)
 
 // ---- activations (PyTorch's formulas) ----
 Tensor tanh(const Tensor& x);     // saves its output: dx = dy (1 - y^2)
