@@ -47,7 +47,9 @@ TEST_P(TensorOpsTest, MatmulErrorsNameTheOpAndShapes) {
       },
       {"matmul", "batch dimensions"});
   expect_error<ShapeError>([&] { ops::matmul(Tensor::zeros({4}, DType::f32, device()), a); },
-                           {"matmul", "at least 2 dimensions"});
+                           {"matmul", "do not multiply"});
+  expect_error<ShapeError>([&] { ops::matmul(Tensor::zeros({}, DType::f32, device()), a); },
+                           {"matmul", "at least 1 dimension"});
   expect_error<InvalidArgument>(
       [&] {
         ops::matmul(a, Tensor::zeros({4, 2}, DType::bf16, device()));

@@ -80,9 +80,12 @@ CaseTensors make_inputs(const OpCase& c, Device device, uint64_t seed) {
   CaseTensors made;
   for (const CaseInput& in : c.inputs) {
     if (!is_floating(in.dtype)) {
-      CUMULUS_CHECK(in.dtype == DType::i32, InvalidArgument, "op case ", c.name, ": integer inputs are i32, got ",
-                    dtype_name(in.dtype));
-      made.leaves.push_back(Tensor::from_vector(integer_values(in, gen), in.shape, device));
+      CUMULUS_CHECK(in.dtype == DType::i32 || in.dtype == DType::i64, InvalidArgument, "op case ", c.name,
+                    ": integer inputs are i32 or i64, got ", dtype_name(in.dtype));
+      const std::vector<int32_t> v = integer_values(in, gen);
+      made.leaves.push_back(in.dtype == DType::i32
+                                ? Tensor::from_vector(v, in.shape, device)
+                                : Tensor::from_vector(std::vector<int64_t>(v.begin(), v.end()), in.shape, device));
       made.inputs.push_back(made.leaves.back());
       continue;
     }
@@ -112,6 +115,10 @@ std::vector<double> values_of(const Tensor& t) {
   Tensor host = t.to(Device::cpu());
   if (host.dtype() == DType::i32) {
     const std::vector<int32_t> v = host.to_vector<int32_t>();
+    return std::vector<double>(v.begin(), v.end());
+  }
+  if (host.dtype() == DType::i64) {
+    const std::vector<int64_t> v = host.to_vector<int64_t>();
     return std::vector<double>(v.begin(), v.end());
   }
   NoGradGuard no_grad;
