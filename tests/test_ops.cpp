@@ -15,6 +15,8 @@
 #include "cumulus/core/error.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
 #include "test_util.h"
