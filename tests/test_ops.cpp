@@ -257,7 +257,8 @@ TEST_P(OpsTest, CrossEntropyIgnoresIgnoreIndex) {
   const Tensor labels = Tensor::from_vector<int64_t>({-100, 2, 0}, {3}, d);
   Tensor loss = ops::cross_entropy(logits, labels);
   const double want = (ref_cross_entropy(to_double({1, 2, 3}), {2}, 3, Reduction::Sum) +
-                       ref_cross_entropy(to_double({-1, 0, 1}), {0}, 3, Reduction::Sum)) / 2;
+                       ref_cross_entropy(to_double({-1, 0, 1}), {0}, 3, Reduction::Sum)) /
+                      2;
   EXPECT_NEAR(loss.item(), want, 1e-6);
   loss.backward();
   const std::vector<float> g = logits.grad().to(Device::cpu()).to_vector<float>();
@@ -279,9 +280,9 @@ TEST_P(OpsTest, CrossEntropyIgnoresIgnoreIndex) {
   for (float v : all.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(v, 0.0f);
   EXPECT_EQ(ops::cross_entropy(all.detach(), ignored, Reduction::Sum).item(), 0.0f);
   // A class as ignore_index.
-  EXPECT_NEAR(ops::cross_entropy(logits.detach(), Tensor::from_vector<int32_t>({1, 2, 0}, {3}, d), Reduction::Mean, 1)
-                  .item(),
-              want, 1e-6);
+  EXPECT_NEAR(
+      ops::cross_entropy(logits.detach(), Tensor::from_vector<int32_t>({1, 2, 0}, {3}, d), Reduction::Mean, 1).item(),
+      want, 1e-6);
 }
 
 TEST_P(OpsTest, LeadingDimensionErrorsNameTheOpAndShapes) {
@@ -295,21 +296,33 @@ TEST_P(OpsTest, LeadingDimensionErrorsNameTheOpAndShapes) {
     }
   };
   const Tensor w = Tensor::zeros({5, 8}, DType::f32, d);
-  expect([&] { ops::linear(Tensor::zeros({2, 5, 7}, DType::f32, d), w, Tensor()); },
-         {"linear", "[2, 5, 7]", "7 features", "[5, 8]"});
+  expect(
+      [&] {
+        ops::linear(Tensor::zeros({2, 5, 7}, DType::f32, d), w, Tensor());
+      },
+      {"linear", "[2, 5, 7]", "7 features", "[5, 8]"});
   expect([&] { ops::linear(Tensor::zeros({}, DType::f32, d), w, Tensor()); }, {"linear", "[..., in_features]"});
   const Tensor logits = Tensor::zeros({2, 5, 8}, DType::f32, d);
-  expect([&] { ops::cross_entropy(logits, Tensor::zeros({2, 4}, DType::i64, d)); },
-         {"cross_entropy", "labels [2, 4]", "logits [2, 5, 8]"});
-  expect([&] { ops::cross_entropy(logits, Tensor::zeros({2, 5}, DType::f32, d)); },
-         {"cross_entropy", "labels must be i32 or i64", "f32"});
+  expect(
+      [&] {
+        ops::cross_entropy(logits, Tensor::zeros({2, 4}, DType::i64, d));
+      },
+      {"cross_entropy", "labels [2, 4]", "logits [2, 5, 8]"});
+  expect(
+      [&] {
+        ops::cross_entropy(logits, Tensor::zeros({2, 5}, DType::f32, d));
+      },
+      {"cross_entropy", "labels must be i32 or i64", "f32"});
   expect([&] { ops::softmax(logits, 3); }, {"softmax", "dim 3"});
   expect([&] { ops::log_softmax(logits, -4); }, {"log_softmax", "dim -4"});
   expect([&] { ops::embedding(Tensor::zeros({3}, DType::f32, d), w); }, {"embedding", "indices", "i32 or i64"});
   expect([&] { ops::layer_norm(logits, Shape{4, 8}); }, {"layer_norm", "normalized_shape [4, 8]"});
   if (d.is_cpu()) {
-    expect([&] { ops::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, 2, 3, 8, 0, 0, 0, 0, 0}, {2, 5}, d)); },
-           {"cross_entropy", "label 8 at position 4", "[0, 8)"});
+    expect(
+        [&] {
+          ops::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, 2, 3, 8, 0, 0, 0, 0, 0}, {2, 5}, d));
+        },
+        {"cross_entropy", "label 8 at position 4", "[0, 8)"});
     expect([&] { ops::embedding(Tensor::from_vector<int64_t>({int64_t{1} << 40}, {1}, d), w); },
            {"embedding", "outside [0, 5)"});
   }

@@ -58,8 +58,7 @@ class CrossEntropyBackward final : public Node {
     const float* sp = device_scale_.defined() ? device_scale_.data<float>() : nullptr;
     (void)sp;
     CUMULUS_DISPATCH_FLOAT(
-        logits_.dtype(), T, const T* lp = logits_.data<T>(); T* dxp = dx.tensor.data<T>();
-        CUMULUS_DISPATCH(
+        logits_.dtype(), T, const T* lp = logits_.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
             device, ctx, kernels::cross_entropy_rows_backward_cpu(lp, yp, rows, c, ignore, g, stride, scale, beta, dxp),
             kernels::cross_entropy_rows_backward_cuda(lp, yp, rows, c, ignore, g, stride, sp, beta, dxp,
                                                       ctx.stream())));
@@ -82,18 +81,18 @@ void check_arguments(const char* op, const Tensor& logits, const Tensor& labels)
   CUMULUS_CHECK(labels.defined(), InvalidArgument, op, ": labels is undefined", detail::undefined_because(labels));
   CUMULUS_CHECK(labels.dtype() == DType::i32 || labels.dtype() == DType::i64, InvalidArgument, op,
                 ": labels must be i32 or i64, got ", dtype_name(labels.dtype()));
-  CUMULUS_CHECK(logits.ndim() >= 1 && logits.size(-1) > 0, ShapeError, op,
-                ": logits must be [..., classes > 0], got ", logits.shape().str());
+  CUMULUS_CHECK(logits.ndim() >= 1 && logits.size(-1) > 0, ShapeError, op, ": logits must be [..., classes > 0], got ",
+                logits.shape().str());
   bool match = labels.ndim() == logits.ndim() - 1;
   for (int d = 0; match && d < labels.ndim(); ++d) match = labels.size(d) == logits.size(d);
-  CUMULUS_CHECK(match, ShapeError, op, ": labels ", labels.shape().str(), " do not match logits ",
-                logits.shape().str(), " (labels must have the logits' shape without its last, class dimension)");
+  CUMULUS_CHECK(match, ShapeError, op, ": labels ", labels.shape().str(), " do not match logits ", logits.shape().str(),
+                " (labels must have the logits' shape without its last, class dimension)");
   detail::check_same_device(op, "labels", labels, logits);
 }
 
 // The CPU forward into `out` (a scalar, or per row for None): returns the scale of the backward.
-float forward_cpu(const char* op, const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                  Reduction reduction, const Tensor& out) {
+float forward_cpu(const char* op, const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction,
+                  const Tensor& out) {
   const int64_t rows = labels.numel(), c = logits.size(-1);
   const int32_t* yp = labels.data<int32_t>();
   int64_t kept = 0;
@@ -140,16 +139,15 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
     const int32_t* yp = labels.data<int32_t>();
     const bool mean = reduction == Reduction::Mean;
     (void)row_loss, (void)valid, (void)lp, (void)sp, (void)yp, (void)mean;
-    CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* xp = logits.data<T>(); (void)xp;
-                           CUMULUS_DISPATCH(device, ctx, (void)0 /* CPU handled above */,
-                                            kernels::cross_entropy_rows_forward_cuda(xp, yp, rows, c, ignore_index,
-                                                                                     mean, row_loss, valid, lp, sp,
-                                                                                     ctx.stream())));
+    CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* xp = logits.data<T>(); (void)xp; CUMULUS_DISPATCH(
+                               device, ctx, (void)0 /* CPU handled above */,
+                               kernels::cross_entropy_rows_forward_cuda(xp, yp, rows, c, ignore_index, mean, row_loss,
+                                                                        valid, lp, sp, ctx.stream())));
   }
   if (should_record({&logits}))
     attach_node(loss,
-                std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), ignore_index, reduction,
-                                                       scale, device_scale),
+                std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), ignore_index, reduction, scale,
+                                                       device_scale),
                 {&logits});
   return loss;
 }

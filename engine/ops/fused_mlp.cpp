@@ -154,8 +154,8 @@ void check_arguments(const Tensor& x, const Tensor& labels, const std::vector<Te
   CUMULUS_CHECK(x.ndim() == 2 && x.size(0) > 0, ShapeError, kOp, ": input must be [batch > 0, features], got ",
                 x.shape().str());
   CUMULUS_CHECK(labels.defined() && (labels.dtype() == DType::i32 || labels.dtype() == DType::i64), InvalidArgument,
-                kOp, ": labels must be i32 or i64", labels.defined() ? std::string(", got ") + dtype_name(labels.dtype())
-                                                                     : std::string(" (undefined)"));
+                kOp, ": labels must be i32 or i64",
+                labels.defined() ? std::string(", got ") + dtype_name(labels.dtype()) : std::string(" (undefined)"));
   CUMULUS_CHECK(labels.ndim() == 1 && labels.size(0) == x.size(0), ShapeError, kOp, ": labels ", labels.shape().str(),
                 " do not match the input ", x.shape().str());
   detail::check_same_device(kOp, "labels", labels, x);

@@ -4,8 +4,9 @@
 // rounded once: the same order on the CPU and CUDA (no atomics), so the two give the same bits. The
 // sink's beta 0 zeros the rows no index names; an embedding's weight gradient is the weight's
 // persistent f32 buffer, written in place (Note [Gradient sinks]).
-// Indices are i32 or i64 (converted to i32: engine/ops/indices.h) on x's device. The CPU rejects one outside [0, size(dim)) before any work; CUDA
-// cannot without synchronizing, so there it gives NaN rows and no gradient (tensor_ops.h).
+// Indices are i32 or i64 (converted to i32: engine/ops/indices.h) on x's device. The CPU rejects
+// one outside [0, size(dim)) before any work; CUDA cannot without synchronizing, so there it gives
+// NaN rows and no gradient (tensor_ops.h).
 #include <string>
 
 #include "cumulus/autograd/node.h"

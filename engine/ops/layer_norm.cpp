@@ -109,8 +109,7 @@ Tensor layer_norm(const Tensor& x_in, int64_t normalized_size, const Tensor& wei
 
 // Several normalized dimensions are one row of their product's width: x, weight and bias are
 // viewed (reshape, no copy) as the one-dimension form, and the output viewed back.
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  float eps) {
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, float eps) {
   constexpr const char* op = "layer_norm";
   const int nn = normalized_shape.ndim(), lead = x.defined() ? x.ndim() - nn : -1;
   bool match = nn >= 1 && lead >= 0;

@@ -396,8 +396,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   detail::check_same_device(op, "weight", weight, x);
   if (bias.defined()) {
     detail::check_dtype(op, "bias", bias, DType::f32);
-    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ",
-                  bias.shape().str(), " does not match ", weight.size(0), " output features");
+    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ", bias.shape().str(),
+                  " does not match ", weight.size(0), " output features");
     detail::check_same_device(op, "bias", bias, x);
   }
   if (x.ndim() == 2) return linear_2d(x, weight, bias, relu);

@@ -1,7 +1,8 @@
 // softmax and log_softmax over a dimension. The kernels normalize rows of the last dimension's
 // width, any leading shape; another dimension is moved last and back by transpose (copies, recorded
-// as their own nodes), so the kernels stay row kernels. Around each row's maximum (no exp overflows). Both save their output: softmax's gradient is
-// y (dy - sum(dy y)), log_softmax's dy - exp(y) sum(dy), so the input is not needed.
+// as their own nodes), so the kernels stay row kernels. Around each row's maximum (no exp
+// overflows). Both save their output: softmax's gradient is y (dy - sum(dy y)), log_softmax's
+// dy - exp(y) sum(dy), so the input is not needed.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/tensor_ops.h"
@@ -37,8 +38,8 @@ Tensor softmax_op(bool log, const Tensor& x_in, int dim) {
   detail::check_floating(name, "input", x);
   CUMULUS_CHECK(x.ndim() >= 1, InvalidArgument, name, ": the input needs a dimension to normalize over, got ",
                 x.shape().str());
-  CUMULUS_CHECK(dim >= -x.ndim() && dim < x.ndim(), ShapeError, name, ": dim ", dim, " is outside [", -x.ndim(),
-                ", ", x.ndim(), ") for input ", x.shape().str());
+  CUMULUS_CHECK(dim >= -x.ndim() && dim < x.ndim(), ShapeError, name, ": dim ", dim, " is outside [", -x.ndim(), ", ",
+                x.ndim(), ") for input ", x.shape().str());
   const int d = dim < 0 ? dim + x.ndim() : dim;
   if (d != x.ndim() - 1) return transpose(softmax_op(log, transpose(x, d, -1), -1), d, -1);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());

@@ -73,11 +73,11 @@ void indices_to_i32_cpu(const int64_t* in, int64_t n, int32_t* out) {
     out[i] = in[i] >= lo && in[i] <= hi ? static_cast<int32_t>(in[i]) : std::numeric_limits<int32_t>::min();
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                              \
-  template int64_t cross_entropy_rows_forward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, float, \
-                                                  float*, float*);                                          \
-  template void cross_entropy_rows_backward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t,          \
-                                                const float*, int64_t, float, float, T*);
+#define CUMULUS_INSTANTIATE(T)                                                                                        \
+  template int64_t cross_entropy_rows_forward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, float, float*, \
+                                                  float*);                                                            \
+  template void cross_entropy_rows_backward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, const float*,    \
+                                                int64_t, float, float, T*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

@@ -49,7 +49,7 @@ __device__ __forceinline__ void row_by_warp(const T* logits, const int32_t* labe
 
 template <typename T>
 __global__ void ce_rows_loss_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                            int64_t ignore_index, float* row_loss, float* valid) {
+                                    int64_t ignore_index, float* row_loss, float* valid) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (row < rows) row_by_warp(logits, labels, row, classes, ignore_index, threadIdx.x % kWarp, row_loss, valid);
 }
@@ -67,8 +67,8 @@ __device__ __forceinline__ void reduce_by_block(const float* row_loss, const flo
 
 template <typename T>
 __global__ void ce_rows_one_block_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                                 int64_t ignore_index, bool mean, float* row_loss, float* valid, float* loss,
-                                 float* scale) {
+                                         int64_t ignore_index, bool mean, float* row_loss, float* valid, float* loss,
+                                         float* scale) {
   const int lane = threadIdx.x % kWarp;
   for (int64_t row = threadIdx.x / kWarp; row < rows; row += kWarpsPerBlock)
     row_by_warp(logits, labels, row, classes, ignore_index, lane, row_loss, valid);
@@ -77,14 +77,14 @@ __global__ void ce_rows_one_block_kernel(const T* logits, const int32_t* labels,
 }
 
 __global__ void ce_rows_reduce_kernel(const float* row_loss, const float* valid, int64_t rows, bool mean, float* loss,
-                              float* scale) {
+                                      float* scale) {
   reduce_by_block(row_loss, valid, rows, mean, loss, scale);
 }
 
 template <typename T>
 __global__ void ce_rows_backward_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                                int64_t ignore_index, const float* grad, int64_t grad_stride, const float* scale,
-                                float beta, T* dlogits) {
+                                        int64_t ignore_index, const float* grad, int64_t grad_stride,
+                                        const float* scale, float beta, T* dlogits) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
@@ -124,23 +124,23 @@ void cross_entropy_rows_forward_cuda(const T* logits, const int32_t* labels, int
   static_assert(kWarpsPerBlock * kWarp == cuda_common::kThreads, "block_sum_all's block size");
   constexpr int threads = kWarpsPerBlock * kWarp;
   if (loss != nullptr && rows <= kOneBlockRows) {
-    launch<ce_rows_one_block_kernel<T>>(1, threads, stream, logits, labels, rows, classes, ignore_index, mean, row_loss, valid,
-                                loss, scale);
+    launch<ce_rows_one_block_kernel<T>>(1, threads, stream, logits, labels, rows, classes, ignore_index, mean, row_loss,
+                                        valid, loss, scale);
     return;
   }
   if (rows > 0)
     launch<ce_rows_loss_kernel<T>>(blocks_for_rows(rows), threads, stream, logits, labels, rows, classes, ignore_index,
-                           row_loss, valid);
+                                   row_loss, valid);
   if (loss != nullptr) launch<ce_rows_reduce_kernel>(1, threads, stream, row_loss, valid, rows, mean, loss, scale);
 }
 
 template <typename T>
 void cross_entropy_rows_backward_cuda(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                                      int64_t ignore_index, const float* grad, int64_t grad_stride,
-                                      const float* scale, float beta, T* dlogits, cudaStream_t stream) {
+                                      int64_t ignore_index, const float* grad, int64_t grad_stride, const float* scale,
+                                      float beta, T* dlogits, cudaStream_t stream) {
   if (rows == 0) return;
-  launch<ce_rows_backward_kernel<T>>(blocks_for_rows(rows), kWarpsPerBlock * kWarp, stream, logits, labels, rows, classes,
-                             ignore_index, grad, grad_stride, scale, beta, dlogits);
+  launch<ce_rows_backward_kernel<T>>(blocks_for_rows(rows), kWarpsPerBlock * kWarp, stream, logits, labels, rows,
+                                     classes, ignore_index, grad, grad_stride, scale, beta, dlogits);
 }
 
 void indices_to_i32_cuda(const int64_t* in, int64_t n, int32_t* out, cudaStream_t stream) {
@@ -148,11 +148,11 @@ void indices_to_i32_cuda(const int64_t* in, int64_t n, int32_t* out, cudaStream_
   launch<indices_to_i32_kernel>(cuda_common::blocks_for(n), cuda_common::kThreads, stream, in, n, out);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                  \
-  template void cross_entropy_rows_forward_cuda(const T*, const int32_t*, int64_t, int64_t, int64_t, bool, float*, \
-                                                float*, float*, float*, cudaStream_t);                         \
-  template void cross_entropy_rows_backward_cuda(const T*, const int32_t*, int64_t, int64_t, int64_t,           \
-                                                 const float*, int64_t, const float*, float, T*, cudaStream_t);
+#define CUMULUS_INSTANTIATE(T)                                                                                      \
+  template void cross_entropy_rows_forward_cuda(const T*, const int32_t*, int64_t, int64_t, int64_t, bool, float*,  \
+                                                float*, float*, float*, cudaStream_t);                              \
+  template void cross_entropy_rows_backward_cuda(const T*, const int32_t*, int64_t, int64_t, int64_t, const float*, \
+                                                 int64_t, const float*, float, T*, cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

@@ -24,8 +24,8 @@ void cross_entropy_rows_forward_cuda(const T* logits, const int32_t* labels, int
 // (1 when scale is null); 0 (+ beta * dx) for an ignored row. One warp per row.
 template <typename T>
 void cross_entropy_rows_backward_cuda(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                                      int64_t ignore_index, const float* grad, int64_t grad_stride,
-                                      const float* scale, float beta, T* dlogits, cudaStream_t stream);
+                                      int64_t ignore_index, const float* grad, int64_t grad_stride, const float* scale,
+                                      float beta, T* dlogits, cudaStream_t stream);
 
 // out[i] = in[i] as i32, or INT32_MIN where it does not fit (indices_to_i32_cpu's rule).
 void indices_to_i32_cuda(const int64_t* in, int64_t n, int32_t* out, cudaStream_t stream);

@@ -140,9 +140,8 @@ TYPED_TEST(LossRowsEmulated, BackwardMatchesTheReference) {
       const auto old = random_values(rows * classes, -1, 1, 9);
       DeviceVector<T> dx = beta == 0.0f ? stored_as<T>(DeviceVector<float>(old.size(), kNaN)) : stored_as<T>(old);
       const auto dx_before = widened(dx);
-      kernels::cross_entropy_rows_backward_cuda(x.data(), y.data(), rows, classes, kIgnore, g.data(),
-                                                per_row ? 1 : 0, per_row ? nullptr : scale.get(), beta, dx.data(),
-                                                nullptr);
+      kernels::cross_entropy_rows_backward_cuda(x.data(), y.data(), rows, classes, kIgnore, g.data(), per_row ? 1 : 0,
+                                                per_row ? nullptr : scale.get(), beta, dx.data(), nullptr);
       std::vector<double> want;
       for (int64_t r = 0; r < rows; ++r) {
         const float* xr = xf.data() + r * classes;

@@ -89,8 +89,8 @@ void add_cross_entropy(std::vector<OpCase>& cases, const std::string& tag, const
   for (int d = 0; d + 1 < logits.ndim(); ++d) labels.push_back(logits[d]);
   OpCase c;
   c.op = "cross_entropy";
-  c.name = "cross_entropy_" + tag + "_" + dims_name(logits) + "_" + reduction_name(r) + "_" +
-           dtype_name(label_type) + "_" + dtype_name(dtype);
+  c.name = "cross_entropy_" + tag + "_" + dims_name(logits) + "_" + reduction_name(r) + "_" + dtype_name(label_type) +
+           "_" + dtype_name(dtype);
   c.inputs = {{logits, dtype, -3, 3}, {labels, label_type, label_lo, label_hi}};
   c.forward = [r, ignore](const Inputs& t) { return ops::cross_entropy(t[0], t[1], r, ignore); };
   c.reference = [=](const Values& v) { return cross_entropy_ref(v[0], v[1], C, r, ignore); };

@@ -9,10 +9,10 @@ namespace cumulus::ops {
 
 // x: [..., in] (any leading dimensions, or none: [in]), weight: [out, in] (PyTorch's layout), bias:
 // [out] or undefined -> y: [..., out]. y = x weight^T + bias, the leading dimensions flattened into
-// the GEMM's rows (a view: no copy) and the gradient viewed back in x's shape. Backward writes dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]).
-// weight and bias are f32; x may be f32, bf16 or f16, and y has x's type: a 16-bit x computes with
-// a 16-bit copy of the weight and f32 accumulation, and the weight's gradient stays f32 (Note
-// [Mixed precision] in engine/ops/linear.cpp).
+// the GEMM's rows (a view: no copy) and the gradient viewed back in x's shape. Backward writes
+// dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]). weight and bias are f32; x may be f32,
+// bf16 or f16, and y has x's type: a 16-bit x computes with a 16-bit copy of the weight and f32
+// accumulation, and the weight's gradient stays f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // What a fused op applies to its result.
