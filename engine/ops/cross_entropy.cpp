@@ -121,16 +121,20 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
   const Device device = logits.device();
   const int64_t rows = labels.numel(), c = logits.size(-1);
   const bool per_row = reduction == Reduction::None;
-  Tensor loss = detail::new_output(per_row ? labels.shape() : Shape{}, DType::f32, device);
+  const bool on_cuda = device.is_cuda();
+  // On CUDA a reduced loss and the backward's scale share one allocation: [loss, scale].
+  const Tensor loss_and_scale =
+      detail::new_output(per_row ? labels.shape() : Shape{on_cuda ? 2 : 1}, DType::f32, device);
+  Tensor loss = per_row ? loss_and_scale : loss_and_scale.narrow_rows(0, 1).reshape(Shape{});
   float scale = 1.0f;
   Tensor device_scale;
-  if (device.is_cpu()) {
+  if (!on_cuda) {
     scale = forward_cpu(op, logits, labels, ignore_index, reduction, loss);
   } else {
     Tensor scratch;  // row losses and the rows counted (freed on return)
     if (!per_row) {
       scratch = detail::new_output(Shape{2 * rows}, DType::f32, device);
-      device_scale = detail::new_output(Shape{1}, DType::f32, device);
+      device_scale = loss_and_scale.narrow_rows(1, 1);
     }
     float* row_loss = per_row ? loss.data<float>() : scratch.data<float>();
     float* valid = per_row ? nullptr : row_loss + rows;
