@@ -16,7 +16,8 @@ Tensor as_i32_indices(const char* op, const char* what, const Tensor& indices) {
   const Device device = indices.device();
   Tensor out;
   {
-    MemoryCategoryScope scope(MemoryCategory::workspace);
+    // The op's category, not workspace: ops save their indices for the backward.
+    MemoryCategoryScope scope(output_category());
     out = Tensor::empty(indices.shape(), DType::i32, device);
   }
   const int64_t* in = indices.data<int64_t>();
