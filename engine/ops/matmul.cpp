@@ -1,7 +1,9 @@
 // bmm / matmul: c[p] = a[p] b[p] for p in [0, batch), row-major, one strided-batched GEMM.
 // matmul takes PyTorch's shapes: 1-D operands are viewed as a row or a column (reshape) and the
 // batch dimensions broadcast: a b repeated along every batch dimension is read once (the 2-D b
-// case below), any other repeated operand is expanded to the full batch first (a copy).
+// case below), an a repeated along every batch dimension is read with a batch stride of 0 (its
+// gradient the sum over the batch of the entries' products), any other repeated operand is expanded
+// to the full batch first (a copy).
 // Backward, each only where its input needs a gradient (a saved only for db, b only for da):
 //   da[p] (+)= dc[p] b[p]^T     db[p] (+)= a[p]^T dc[p]
 // with the transposes given to the GEMM (no transposed copies) and the sinks' beta as the GEMM's.
@@ -22,15 +24,19 @@ namespace cumulus::ops {
 
 namespace {
 
-// The problem, per batch entry: [m, k] x [k, n] -> [m, n].
+// The problem, per batch entry: [m, k] x [k, n] -> [m, n]. a_once: a is one [m, k] matrix for every
+// entry (matmul's broadcast a), read with a batch stride of 0.
 struct Dims {
   int64_t batch, m, k, n;
+  bool a_once = false;
 };
 
 // c (+)= op(a) op(b) for each of `batch` entries: op(a) [m, k], op(b) [k, n], c [m, n], all
 // contiguous per entry; a is stored [k, m] when trans_a, b [n, k] when trans_b. beta 0 overwrites.
+// a_once / b_once: that operand is one matrix for every entry (a batch stride of 0).
 void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta,
-                  int64_t batch, int64_t m, int64_t n, int64_t k) {
+                  int64_t batch, int64_t m, int64_t n, int64_t k, bool a_once = false, bool b_once = false) {
+  const int64_t stride_a = a_once ? 0 : m * k, stride_b = b_once ? 0 : k * n;
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   const Device device = c.device();
   if (device.is_cpu()) {
@@ -40,8 +46,8 @@ void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
     const float *ap = af.data<float>(), *bp = bf.data<float>();
     float* cp = cf.data<float>();
     for (int64_t p = 0; p < batch; ++p)
-      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * m * k, lda, bp + p * k * n, ldb, beta, cp + p * m * n,
-                        n);
+      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * stride_a, lda, bp + p * stride_b, ldb, beta,
+                        cp + p * m * n, n);
     detail::store_stand_in(cf, c);
     return;
   }
@@ -55,9 +61,31 @@ void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
   const kernels::GemmTypes types{a.dtype(), c.dtype()};
   CUMULUS_DISPATCH(
       device, ctx, (void)0,
-      kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, m * k,
-                                         b.raw_data(), ldb, k * n, beta, c.raw_data(), n, m * n, batch, types));
+      kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, stride_a,
+                                         b.raw_data(), ldb, stride_b, beta, c.raw_data(), n, m * n, batch, types));
 #endif
+}
+
+// c [m, n] (+)= sum over the batch of op(a_p) op(b_p): the gradient of an operand read once for every
+// entry. Each entry's product goes to f32 scratch, summed over the entries in a fixed order
+// (sum_rows) into c with its beta, rounded once for a 16-bit c.
+void summed_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta,
+                 int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const Device device = c.device();
+  Tensor entries;
+  if (k == 0) {  // the empty sums (no GEMM is run with k = 0)
+    MemoryCategoryScope scope(MemoryCategory::workspace);
+    entries = Tensor::zeros(Shape{batch, m * n}, DType::f32, device);
+  } else {
+    entries = detail::f32_scratch(Shape{batch, m * n}, device);
+    batched_gemm(a, trans_a, b, trans_b, entries, 0.0f, batch, m, n, k);
+  }
+  const Tensor out = detail::f32_stand_in(c, beta);
+  const float* ep = entries.data<float>();
+  float* op = out.data<float>();
+  CUMULUS_DISPATCH(device, ctx, kernels::sum_rows_cpu(ep, batch, m * n, beta, op),
+                   kernels::sum_rows_cuda(ep, batch, m * n, beta, op, ctx.stream()));
+  detail::store_stand_in(out, c);
 }
 
 class MatmulBackward final : public Node {
@@ -67,14 +95,19 @@ class MatmulBackward final : public Node {
 
   void backward(const Tensor& dc, std::vector<GradSink>& grads) override {
     const Device device = dc.device();
-    const auto [batch, m, k, n] = dims_;
+    const auto [batch, m, k, n, a_once] = dims_;
     if (grads[0].needed()) {
       GradSink::Target da = grads[0].begin(a_shape_, device, dc.dtype());
-      batched_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);  // dc [m, n] x (b [k, n])^T
+      // dc [m, n] x (b [k, n])^T, summed over the batch when a was read once
+      if (a_once) {
+        summed_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);
+      } else {
+        batched_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);
+      }
     }
     if (grads[1].needed()) {
       GradSink::Target db = grads[1].begin(b_shape_, device, dc.dtype());
-      batched_gemm(a_, true, dc, false, db.tensor, db.beta(), batch, k, n, m);  // (a [m, k])^T x dc [m, n]
+      batched_gemm(a_, true, dc, false, db.tensor, db.beta(), batch, k, n, m, a_once);  // (a [m, k])^T x dc [m, n]
     }
   }
   void release_saved() override {
@@ -110,7 +143,7 @@ Tensor product(const char* op, const Tensor& a, const Tensor& b, const Dims& dim
     MemoryCategoryScope scope(detail::output_category());
     c = dims.k == 0 ? Tensor::zeros(out_shape, a.dtype(), a.device()) : Tensor::empty(out_shape, a.dtype(), a.device());
   }
-  if (dims.k > 0) batched_gemm(a, false, b, false, c, 0.0f, dims.batch, dims.m, dims.n, dims.k);
+  if (dims.k > 0) batched_gemm(a, false, b, false, c, 0.0f, dims.batch, dims.m, dims.n, dims.k, dims.a_once);
   if (should_record({&a, &b})) {
     Tensor saved_a = edge_to(b).needs_grad() ? a.detach() : Tensor();
     Tensor saved_b = edge_to(a).needs_grad() ? b.detach() : Tensor();
@@ -188,6 +221,14 @@ Tensor matmul_batched(const char* op, const Tensor& a, const Tensor& b) {
     rows_shape.push_back(m);
     const Tensor c = product(op, a, b2, Dims{1, rows, k, m}, rows_shape);
     return c.shape() == out ? c : reshape(c, out);
+  }
+  if (batch_count(a) == 1 && batch_count(b) == batch.numel()) {
+    // a repeated along every batch dimension: read once (a batch stride of 0), its gradient summed
+    // over the batch.
+    const Tensor a2 = a.ndim() == 2 ? a : reshape(a, Shape{n, k});
+    Dims dims{batch.numel(), n, k, m};
+    dims.a_once = true;
+    return product(op, a2, b, dims, out);
   }
   const Tensor ae = expanded(a, batch), be = expanded(b, batch);
   return product(op, ae, be, Dims{batch.numel(), n, k, m}, out);
