@@ -54,7 +54,9 @@ __global__ void ce_rows_loss_kernel(const T* logits, const int32_t* labels, int6
   if (row < rows) row_by_warp(logits, labels, row, classes, ignore_index, threadIdx.x % kWarp, row_loss, valid);
 }
 
-// The reduction by one block: the sums in block_sum_all's order (cross_entropy_forward_cuda's).
+// The reduction by one block: the sums in block_sum_all's order, which is cross_entropy_forward_cuda's
+// and sum_all_cuda's up to kSumAllOneBlock rows (the same bits as the loss before ignore_index);
+// above, one block still sums every row (no partials), in its own fixed order.
 __device__ __forceinline__ void reduce_by_block(const float* row_loss, const float* valid, int64_t rows, bool mean,
                                                 float* loss, float* scale) {
   const float total = cuda_common::block_sum_all(row_loss, rows);
