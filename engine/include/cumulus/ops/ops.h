@@ -43,8 +43,8 @@ Tensor mean(const Tensor& x);
 // PyTorch's reduction argument: Sum, Mean, or None (one value per element: reduction='none').
 enum class Reduction { Sum, Mean, None };
 
-// logits: [..., C] f32, bf16 or f16 (C > 0), labels: [...] i32 or i64 in [0, C) (logits' shape without
-// its last dimension; [B, C] with [B] as before) -> each position's loss
+// logits: [..., C] f32, bf16 or f16 (C > 0), labels: [...] i32 or i64 in [0, C) (the logits' shape
+// without its last dimension: [B] for [B, C]) -> each position's loss
 // logsumexp(logits_i) - logits_i[label_i], taken around the row maximum, f32:
 //   Reduction::None  shaped as labels; a position whose label is ignore_index gives 0
 //   Reduction::Sum   a scalar, the sum over the positions (ignored ones add 0)
