@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
@@ -77,6 +78,36 @@ TEST_P(NnTest, SequentialNamesChildrenByIndex) {
   nn::Flatten flat;
   EXPECT_EQ(flat(Tensor::zeros({2, 3, 4}, DType::f32, device())).shape(), Shape({2, 12}));
   EXPECT_EQ(flat.num_parameters(), 0);
+}
+
+// nn::Linear on [..., in]: the leading dimensions are the GEMM's rows, so a [2, 3, 4] input gives the
+// bits of the same rows as [6, 4] (through the fused linear + relu too), and gradients of the input's
+// shape and the same weight gradients.
+TEST_P(NnTest, LinearTakesLeadingDimensions) {
+  Generator gen(3);
+  nn::Sequential seq;
+  seq.add(std::make_shared<nn::Linear>(4, 3, gen, device())).add(std::make_shared<nn::ReLU>());
+  seq.add(std::make_shared<nn::Linear>(3, 2, gen, device()));
+  const Tensor x = uniform({2, 3, 4}, -1, 1, gen, device());
+  auto run = [&](const Tensor& input) {
+    Tensor leaf = input.clone();
+    leaf.set_requires_grad(true);
+    seq.zero_grad();
+    Tensor y = seq(leaf);
+    ops::sum(y).backward();
+    return std::make_tuple(y, leaf.grad(), seq.parameters()[0].grad().to_vector<float>());
+  };
+  const auto [y3, dx3, dw3] = run(x);
+  const auto [y2, dx2, dw2] = run(x.reshape({6, 4}));
+  EXPECT_EQ(y3.shape(), Shape({2, 3, 2}));
+  EXPECT_EQ(y3.to_vector<float>(), y2.to_vector<float>());
+  EXPECT_EQ(dx3.shape(), Shape({2, 3, 4}));
+  EXPECT_EQ(dx3.to_vector<float>(), dx2.to_vector<float>());
+  EXPECT_EQ(dw3, dw2);
+  const Tensor v = uniform({4}, -1, 1, gen, device());
+  auto& l0 = dynamic_cast<nn::Linear&>(seq[0]);
+  EXPECT_EQ(l0(v).shape(), Shape({3}));
+  EXPECT_EQ(l0(v).to_vector<float>(), l0(v.reshape({1, 4})).to_vector<float>());
 }
 
 TEST_P(NnTest, ParameterAndGradientMemoryIsAttributed) {

@@ -15,6 +15,8 @@
 #include "cumulus/core/error.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
 #include "test_util.h"
@@ -241,6 +243,88 @@ TEST_P(OpsTest, OutOfRangeLabels) {
       EXPECT_TRUE(std::isnan(ops::cross_entropy(logits, labels).item()))
           << "documented: a bad label gives a NaN loss on CUDA";
     }
+  }
+}
+
+// PyTorch's ignore_index (default -100): an ignored position adds no loss and no gradient, Mean
+// divides by the positions kept, and every position ignored makes the mean NaN (0 / 0) with a zero
+// gradient, the sum 0 and each Reduction::None loss 0. i64 labels give i32's results.
+TEST_P(OpsTest, CrossEntropyIgnoresIgnoreIndex) {
+  const Device d = device();
+  const std::vector<float> lv{0.1f, 0.2f, 0.3f, 1, 2, 3, -1, 0, 1};
+  Tensor logits = Tensor::from_vector(lv, {3, 3}, d);
+  logits.set_requires_grad(true);
+  const Tensor labels = Tensor::from_vector<int64_t>({-100, 2, 0}, {3}, d);
+  Tensor loss = ops::cross_entropy(logits, labels);
+  const double want = (ref_cross_entropy(to_double({1, 2, 3}), {2}, 3, Reduction::Sum) +
+                       ref_cross_entropy(to_double({-1, 0, 1}), {0}, 3, Reduction::Sum)) /
+                      2;
+  EXPECT_NEAR(loss.item(), want, 1e-6);
+  loss.backward();
+  const std::vector<float> g = logits.grad().to(Device::cpu()).to_vector<float>();
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(g[c], 0.0f) << "the ignored row's gradient, column " << c;
+  EXPECT_NE(g[3], 0.0f);
+  const Tensor i32_labels = Tensor::from_vector<int32_t>({-100, 2, 0}, {3}, d);
+  EXPECT_EQ(ops::cross_entropy(logits.detach(), i32_labels).item(), loss.item());
+  const std::vector<float> rows =
+      ops::cross_entropy(logits.detach(), labels, Reduction::None).to(Device::cpu()).to_vector<float>();
+  EXPECT_EQ(rows[0], 0.0f);
+  EXPECT_NEAR(rows[1] + rows[2], 2 * want, 1e-5);
+
+  Tensor all = Tensor::from_vector(lv, {3, 3}, d);
+  all.set_requires_grad(true);
+  const Tensor ignored = Tensor::from_vector<int64_t>({-100, -100, -100}, {3}, d);
+  Tensor mean = ops::cross_entropy(all, ignored, Reduction::Mean);
+  EXPECT_TRUE(std::isnan(mean.item())) << mean.item();
+  mean.backward();
+  for (float v : all.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ(ops::cross_entropy(all.detach(), ignored, Reduction::Sum).item(), 0.0f);
+  // A class as ignore_index.
+  EXPECT_NEAR(
+      ops::cross_entropy(logits.detach(), Tensor::from_vector<int32_t>({1, 2, 0}, {3}, d), Reduction::Mean, 1).item(),
+      want, 1e-6);
+}
+
+TEST_P(OpsTest, LeadingDimensionErrorsNameTheOpAndShapes) {
+  const Device d = device();
+  auto expect = [](auto&& f, std::vector<std::string> parts) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; wanted " << parts[0];
+    } catch (const Error& e) {
+      for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  const Tensor w = Tensor::zeros({5, 8}, DType::f32, d);
+  expect(
+      [&] {
+        ops::linear(Tensor::zeros({2, 5, 7}, DType::f32, d), w, Tensor());
+      },
+      {"linear", "[2, 5, 7]", "7 features", "[5, 8]"});
+  expect([&] { ops::linear(Tensor::zeros({}, DType::f32, d), w, Tensor()); }, {"linear", "[..., in_features]"});
+  const Tensor logits = Tensor::zeros({2, 5, 8}, DType::f32, d);
+  expect(
+      [&] {
+        ops::cross_entropy(logits, Tensor::zeros({2, 4}, DType::i64, d));
+      },
+      {"cross_entropy", "labels [2, 4]", "logits [2, 5, 8]"});
+  expect(
+      [&] {
+        ops::cross_entropy(logits, Tensor::zeros({2, 5}, DType::f32, d));
+      },
+      {"cross_entropy", "labels must be i32 or i64", "f32"});
+  expect([&] { ops::softmax(logits, 3); }, {"softmax", "dim 3"});
+  expect([&] { ops::log_softmax(logits, -4); }, {"log_softmax", "dim -4"});
+  expect([&] { ops::embedding(Tensor::zeros({3}, DType::f32, d), w); }, {"embedding", "indices", "i32 or i64"});
+  expect([&] { ops::layer_norm(logits, Shape{4, 8}); }, {"layer_norm", "normalized_shape [4, 8]"});
+  if (d.is_cpu()) {
+    expect(
+        [&] {
+          ops::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, 2, 3, 8, 0, 0, 0, 0, 0}, {2, 5}, d));
+        },
+        {"cross_entropy", "label 8 at position 4", "[0, 8)"});
+    expect([&] { ops::embedding(Tensor::from_vector<int64_t>({int64_t{1} << 40}, {1}, d), w); },
+           {"embedding", "outside [0, 5)"});
   }
 }
 

@@ -48,12 +48,33 @@ TEST_P(TensorOpsTest, MatmulErrorsNameTheOpAndShapes) {
       },
       {"matmul", "batch dimensions"});
   expect_error<ShapeError>([&] { ops::matmul(Tensor::zeros({4}, DType::f32, device()), a); },
-                           {"matmul", "at least 2 dimensions"});
+                           {"matmul", "do not multiply"});
+  expect_error<ShapeError>([&] { ops::matmul(Tensor::zeros({}, DType::f32, device()), a); },
+                           {"matmul", "at least 1 dimension"});
   expect_error<InvalidArgument>(
       [&] {
         ops::matmul(a, Tensor::zeros({4, 2}, DType::bf16, device()));
       },
       {"matmul", "f32", "bf16"});
+}
+
+// An a repeated over b's batch is read once; its gradient is the sum over the batch of dc b^T, and a
+// second backward adds into the leaf's buffer. A 1-D a is a row and drops from the result.
+TEST_P(TensorOpsTest, MatmulBroadcastAGradientSumsOverTheBatch) {
+  const Tensor a = values({1, 2, 3, 4}, {2, 2}, true);
+  const Tensor b = values({1, 0, 0, 1, 2, 0, 0, 2, 0, 1, 1, 0}, {3, 2, 2}, true);
+  const Tensor c = ops::matmul(a, b);
+  EXPECT_EQ(c.shape(), Shape({3, 2, 2}));
+  EXPECT_EQ(c.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 2, 4, 6, 8, 2, 1, 4, 3}));
+  ops::sum(c).backward();
+  // da = sum_p ones [2, 2] b_p^T: each row holds the row sums of every b_p, summed over p.
+  EXPECT_EQ(a.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{4, 4, 4, 4}));
+  EXPECT_EQ(b.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{4, 4, 6, 6, 4, 4, 6, 6, 4, 4, 6, 6}));
+  ops::sum(ops::matmul(a, b)).backward();
+  EXPECT_EQ(a.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{8, 8, 8, 8}));
+  const Tensor row = ops::matmul(values({1, 1}, {2}), b);
+  EXPECT_EQ(row.shape(), Shape({3, 2}));
+  EXPECT_EQ(row.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 2, 2, 1, 1}));
 }
 
 TEST_P(TensorOpsTest, MatmulWithAnEmptySumIsZero) {

@@ -34,6 +34,7 @@
 #include "cumulus/ops/fused_mlp.h"
 
 #include "cumulus/autograd/node.h"
+#include "engine/ops/indices.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus::ops {
@@ -152,7 +153,9 @@ void check_arguments(const Tensor& x, const Tensor& labels, const std::vector<Te
   CUMULUS_CHECK(unsupported.empty(), InvalidArgument, kOp, ": ", unsupported);
   CUMULUS_CHECK(x.ndim() == 2 && x.size(0) > 0, ShapeError, kOp, ": input must be [batch > 0, features], got ",
                 x.shape().str());
-  detail::check_dtype(kOp, "labels", labels, DType::i32);
+  CUMULUS_CHECK(labels.defined() && (labels.dtype() == DType::i32 || labels.dtype() == DType::i64), InvalidArgument,
+                kOp, ": labels must be i32 or i64",
+                labels.defined() ? std::string(", got ") + dtype_name(labels.dtype()) : std::string(" (undefined)"));
   CUMULUS_CHECK(labels.ndim() == 1 && labels.size(0) == x.size(0), ShapeError, kOp, ": labels ", labels.shape().str(),
                 " do not match the input ", x.shape().str());
   detail::check_same_device(kOp, "labels", labels, x);
@@ -195,11 +198,13 @@ Tensor mlp_cross_entropy(const Tensor& x_in, const Tensor& labels_in, const std:
                          const std::vector<Tensor>& biases_in, Reduction reduction) {
   OpScope op_scope(kOp);
   const Tensor x = detail::contiguous(x_in);
-  const Tensor labels = detail::contiguous(labels_in);
   std::vector<Tensor> weights, biases;
   for (const Tensor& w : weights_in) weights.push_back(detail::contiguous(w));
   for (const Tensor& b : biases_in) biases.push_back(detail::contiguous(b));
-  check_arguments(x, labels, weights, biases);
+  check_arguments(x, labels_in, weights, biases);
+  CUMULUS_CHECK(reduction != Reduction::None, InvalidArgument, kOp,
+                ": reduction must be Sum or Mean (per-row losses: ops::cross_entropy with Reduction::None)");
+  const Tensor labels = detail::as_i32_indices(kOp, "labels", detail::contiguous(labels_in));
   const Device device = x.device();
   const int64_t batch = x.size(0), layers = detail::to_int(weights.size());
   const int64_t classes = weights.back().size(0);

@@ -4,12 +4,14 @@
 // rounded once: the same order on the CPU and CUDA (no atomics), so the two give the same bits. The
 // sink's beta 0 zeros the rows no index names; an embedding's weight gradient is the weight's
 // persistent f32 buffer, written in place (Note [Gradient sinks]).
-// Indices are i32 on x's device. The CPU rejects one outside [0, size(dim)) before any work; CUDA
-// cannot without synchronizing, so there it gives NaN rows and no gradient (tensor_ops.h).
+// Indices are i32 or i64 (converted to i32: engine/ops/indices.h) on x's device. The CPU rejects
+// one outside [0, size(dim)) before any work; CUDA cannot without synchronizing, so there it gives
+// NaN rows and no gradient (tensor_ops.h).
 #include <string>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/tensor_ops.h"
+#include "engine/ops/indices.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
 #if CUMULUS_WITH_CUDA
@@ -23,8 +25,8 @@ namespace {
 using Gather = detail::Slab;  // x along the gathered dimension: [outer, dim, inner]
 using detail::slab_of;
 
+// indices: i32 (as_i32_indices'), on any device.
 void check_indices(const char* op, const Tensor& indices, const Tensor& x, int64_t dim) {
-  detail::check_dtype(op, "indices", indices, DType::i32);
   detail::check_same_device(op, "indices", indices, x);
   if (!indices.device().is_cpu()) return;  // documented: NaN rows on CUDA
   const int32_t* ip = indices.data<int32_t>();
@@ -96,14 +98,16 @@ class IndexBackward final : public Node {
 
 }  // namespace
 
-Tensor index_select(const Tensor& x, int dim, const Tensor& indices) {
+Tensor index_select(const Tensor& x_in, int dim, const Tensor& indices_in) {
   constexpr const char* op = "index_select";
   OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating(op, "input", x);
   const int nd = x.ndim(), d = dim < 0 ? dim + nd : dim;
   CUMULUS_CHECK(d >= 0 && d < nd, ShapeError, op, ": dim ", dim, " out of range for ", x.shape().str());
-  CUMULUS_CHECK(indices.defined() && indices.ndim() == 1, ShapeError, op, ": indices must be 1-D, got ",
-                indices.defined() ? indices.shape().str() : std::string("undefined"));
+  CUMULUS_CHECK(indices_in.defined() && indices_in.ndim() == 1, ShapeError, op, ": indices must be 1-D, got ",
+                indices_in.defined() ? indices_in.shape().str() : std::string("undefined"));
+  const Tensor indices = detail::as_i32_indices(op, "indices", detail::contiguous(indices_in));
   check_indices(op, indices, x, x.size(d));
   Shape shape;
   for (int i = 0; i < nd; ++i) shape.push_back(i == d ? indices.size(0) : x.size(i));
@@ -114,15 +118,18 @@ Tensor index_select(const Tensor& x, int dim, const Tensor& indices) {
   return y;
 }
 
-Tensor embedding(const Tensor& indices, const Tensor& weight, DType dtype) {
+Tensor embedding(const Tensor& indices_in, const Tensor& weight_in, DType dtype) {
   constexpr const char* op = "embedding";
   OpScope op_scope(op);
+  const Tensor weight = detail::contiguous(weight_in);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(weight.ndim() == 2, ShapeError, op, ": weight must be [num, dim], got ", weight.shape().str());
   CUMULUS_CHECK(is_floating(dtype), InvalidArgument, op, ": the output type must be f32, bf16 or f16, not ",
                 dtype_name(dtype));
-  CUMULUS_CHECK(indices.defined() && indices.ndim() < Shape::kMaxDims, ShapeError, op, ": indices must have at most ",
-                Shape::kMaxDims - 1, " dimensions, got ", indices.defined() ? indices.shape().str() : "undefined");
+  CUMULUS_CHECK(indices_in.defined() && indices_in.ndim() < Shape::kMaxDims, ShapeError, op,
+                ": indices must have at most ", Shape::kMaxDims - 1, " dimensions, got ",
+                indices_in.defined() ? indices_in.shape().str() : "undefined");
+  const Tensor indices = detail::as_i32_indices(op, "indices", detail::contiguous(indices_in));
   check_indices(op, indices, weight, weight.size(0));
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));

@@ -7,6 +7,7 @@
 // The parameter gradients are written straight into their sinks with the sinks' beta; on CUDA as
 // column sums in a fixed order (no atomics), so they are the same bits on every run.
 #include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
 #include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
@@ -75,9 +76,13 @@ void check_parameter(const char* what, const Tensor& p, const Tensor& x, int64_t
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight, const Tensor& bias, float eps) {
+Tensor layer_norm(const Tensor& x_in, int64_t normalized_size, const Tensor& weight_in, const Tensor& bias_in,
+                  float eps) {
   constexpr const char* op = "layer_norm";
   OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
+  const Tensor weight = weight_in.defined() ? detail::contiguous(weight_in) : weight_in;
+  const Tensor bias = bias_in.defined() ? detail::contiguous(bias_in) : bias_in;
   detail::check_floating(op, "input", x);
   CUMULUS_CHECK(x.ndim() >= 1 && x.size(-1) == normalized_size && normalized_size > 0, ShapeError, op,
                 ": normalized_size ", normalized_size, " must be the input's last dimension (> 0), input ",
@@ -100,6 +105,28 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight
     attach_node(y, std::make_shared<LayerNormBackward>(x.detach(), saved_w, mean, rstd), {&x, &weight, &bias});
   }
   return y;
+}
+
+// Several normalized dimensions are one row of their product's width: x, weight and bias are
+// viewed (reshape, no copy) as the one-dimension form, and the output viewed back.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, float eps) {
+  constexpr const char* op = "layer_norm";
+  const int nn = normalized_shape.ndim(), lead = x.defined() ? x.ndim() - nn : -1;
+  bool match = nn >= 1 && lead >= 0;
+  for (int d = 0; match && d < nn; ++d) match = x.size(lead + d) == normalized_shape[d];
+  CUMULUS_CHECK(match, ShapeError, op, ": normalized_shape ", normalized_shape.str(),
+                " must be the input's last dimensions, input ", x.defined() ? x.shape().str() : "undefined");
+  if (nn == 1) return layer_norm(x, normalized_shape[0], weight, bias, eps);
+  for (const Tensor* p : {&weight, &bias})
+    CUMULUS_CHECK(!p->defined() || p->shape() == normalized_shape, ShapeError, op, ": ",
+                  p == &weight ? "weight" : "bias", " must be ", normalized_shape.str(), ", got ", p->shape().str());
+  const int64_t cols = normalized_shape.numel();
+  Shape rows_shape;
+  for (int d = 0; d < lead; ++d) rows_shape.push_back(x.size(d));
+  rows_shape.push_back(cols);
+  const Tensor w = weight.defined() ? reshape(weight, Shape{cols}) : weight;
+  const Tensor b = bias.defined() ? reshape(bias, Shape{cols}) : bias;
+  return reshape(layer_norm(reshape(x, rows_shape), cols, w, b, eps), x.shape());
 }
 
 }  // namespace cumulus::ops

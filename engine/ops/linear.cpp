@@ -1,5 +1,8 @@
 // linear: y = x W^T + b, optionally followed by ReLU in the same op.
 //   x: [B, in], W: [out, in], b: [out] -> y: [B, out]
+// An x of any other rank, [..., in] (or [in]), is viewed as [B, in] with B the product of its leading
+// dimensions (reshape: a view, no copy) and y viewed back as [..., out]; the reshapes' nodes view
+// the gradient back, so everything below sees 2-D tensors only.
 // Forward on the CPU: y is filled with b row by row, then one GEMM adds x W^T (beta = 1; no bias:
 // beta = 0), then ReLU in place. On CUDA: one cuBLASLt GEMM whose epilogue adds b, then ReLU in
 // place (Note [Fused linear] below).
@@ -337,26 +340,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return linear(x, weight, bias, Activation::none);
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
-  const bool relu = activation == Activation::relu;
-  const char* op = relu ? "linear+relu" : "linear";
-  OpScope op_scope(op);
-  detail::check_floating(op, "input", x);
-  detail::check_dtype(op, "weight", weight, DType::f32);
-  CUMULUS_CHECK(x.ndim() == 2, ShapeError, op, ": input must be [batch, in_features], got ", x.shape().str());
-  CUMULUS_CHECK(weight.ndim() == 2, ShapeError, op, ": weight must be [out_features, in_features], got ",
-                weight.shape().str());
-  CUMULUS_CHECK(x.size(1) == weight.size(1), ShapeError, op, ": input has ", x.size(1),
-                " features but the weight ", weight.shape().str(), " expects ", weight.size(1));
-  detail::check_same_device(op, "weight", weight, x);
-  const bool has_bias = bias.defined();
-  if (has_bias) {
-    detail::check_dtype(op, "bias", bias, DType::f32);
-    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ",
-                  bias.shape().str(), " does not match ", weight.size(0), " output features");
-    detail::check_same_device(op, "bias", bias, x);
-  }
+namespace {
 
+// The op on a 2-D x, its arguments checked by linear.
+Tensor linear_2d(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu) {
+  const bool has_bias = bias.defined();
   const Device device = x.device();
   const int64_t batch = x.size(0), in = x.size(1), out = weight.size(0);
   const bool record = should_record({&x, &weight, &bias});
@@ -388,6 +376,40 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     attach_node(y, std::move(node), {&x, &weight, &bias});
   }
   return y;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Activation activation) {
+  const bool relu = activation == Activation::relu;
+  const char* op = relu ? "linear+relu" : "linear";
+  OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in), weight = detail::contiguous(weight_in);
+  const Tensor bias = bias_in.defined() ? detail::contiguous(bias_in) : bias_in;
+  detail::check_floating(op, "input", x);
+  detail::check_dtype(op, "weight", weight, DType::f32);
+  CUMULUS_CHECK(x.ndim() >= 1, ShapeError, op, ": input must be [..., in_features], got ", x.shape().str());
+  CUMULUS_CHECK(weight.ndim() == 2, ShapeError, op, ": weight must be [out_features, in_features], got ",
+                weight.shape().str());
+  CUMULUS_CHECK(x.size(-1) == weight.size(1), ShapeError, op, ": input ", x.shape().str(), " has ", x.size(-1),
+                " features but the weight ", weight.shape().str(), " expects ", weight.size(1));
+  detail::check_same_device(op, "weight", weight, x);
+  if (bias.defined()) {
+    detail::check_dtype(op, "bias", bias, DType::f32);
+    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ", bias.shape().str(),
+                  " does not match ", weight.size(0), " output features");
+    detail::check_same_device(op, "bias", bias, x);
+  }
+  if (x.ndim() == 2) return linear_2d(x, weight, bias, relu);
+  const int64_t in = weight.size(1), out = weight.size(0);
+  Shape out_shape;
+  int64_t rows = 1;
+  for (int d = 0; d < x.ndim() - 1; ++d) {
+    out_shape.push_back(x.size(d));
+    rows *= x.size(d);
+  }
+  out_shape.push_back(out);
+  return reshape(linear_2d(reshape(x, Shape{rows, in}), weight, bias, relu), out_shape);
 }
 
 }  // namespace cumulus::ops

@@ -1,4 +1,9 @@
 // bmm / matmul: c[p] = a[p] b[p] for p in [0, batch), row-major, one strided-batched GEMM.
+// matmul takes PyTorch's shapes: 1-D operands are viewed as a row or a column (reshape) and the
+// batch dimensions broadcast: a b repeated along every batch dimension is read once (the 2-D b
+// case below), an a repeated along every batch dimension is read with a batch stride of 0 (its
+// gradient the sum over the batch of the entries' products), any other repeated operand is expanded
+// to the full batch first (a copy).
 // Backward, each only where its input needs a gradient (a saved only for db, b only for da):
 //   da[p] (+)= dc[p] b[p]^T     db[p] (+)= a[p]^T dc[p]
 // with the transposes given to the GEMM (no transposed copies) and the sinks' beta as the GEMM's.
@@ -6,6 +11,8 @@
 // 16-bit a and b: products summed in f32 and c rounded once, on CUDA by cuBLAS itself (f32 compute),
 // on the CPU by the f32 GEMM over widened copies (Note [Mixed precision] in engine/ops/linear.cpp).
 #include "cumulus/autograd/node.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
@@ -17,15 +24,19 @@ namespace cumulus::ops {
 
 namespace {
 
-// The problem, per batch entry: [m, k] x [k, n] -> [m, n].
+// The problem, per batch entry: [m, k] x [k, n] -> [m, n]. a_once: a is one [m, k] matrix for every
+// entry (matmul's broadcast a), read with a batch stride of 0.
 struct Dims {
   int64_t batch, m, k, n;
+  bool a_once = false;
 };
 
 // c (+)= op(a) op(b) for each of `batch` entries: op(a) [m, k], op(b) [k, n], c [m, n], all
 // contiguous per entry; a is stored [k, m] when trans_a, b [n, k] when trans_b. beta 0 overwrites.
+// a_once / b_once: that operand is one matrix for every entry (a batch stride of 0).
 void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta,
-                  int64_t batch, int64_t m, int64_t n, int64_t k) {
+                  int64_t batch, int64_t m, int64_t n, int64_t k, bool a_once = false, bool b_once = false) {
+  const int64_t stride_a = a_once ? 0 : m * k, stride_b = b_once ? 0 : k * n;
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   const Device device = c.device();
   if (device.is_cpu()) {
@@ -35,8 +46,8 @@ void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
     const float *ap = af.data<float>(), *bp = bf.data<float>();
     float* cp = cf.data<float>();
     for (int64_t p = 0; p < batch; ++p)
-      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * m * k, lda, bp + p * k * n, ldb, beta, cp + p * m * n,
-                        n);
+      kernels::gemm_cpu(trans_a, trans_b, m, n, k, 1.0f, ap + p * stride_a, lda, bp + p * stride_b, ldb, beta,
+                        cp + p * m * n, n);
     detail::store_stand_in(cf, c);
     return;
   }
@@ -50,9 +61,31 @@ void batched_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
   const kernels::GemmTypes types{a.dtype(), c.dtype()};
   CUMULUS_DISPATCH(
       device, ctx, (void)0,
-      kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, m * k,
-                                         b.raw_data(), ldb, k * n, beta, c.raw_data(), n, m * n, batch, types));
+      kernels::gemm_strided_batched_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a.raw_data(), lda, stride_a,
+                                         b.raw_data(), ldb, stride_b, beta, c.raw_data(), n, m * n, batch, types));
 #endif
+}
+
+// c [m, n] (+)= sum over the batch of op(a_p) op(b_p): the gradient of an operand read once for every
+// entry. Each entry's product goes to f32 scratch, summed over the entries in a fixed order
+// (sum_rows) into c with its beta, rounded once for a 16-bit c.
+void summed_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta,
+                 int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const Device device = c.device();
+  Tensor entries;
+  if (k == 0) {  // the empty sums (no GEMM is run with k = 0)
+    MemoryCategoryScope scope(MemoryCategory::workspace);
+    entries = Tensor::zeros(Shape{batch, m * n}, DType::f32, device);
+  } else {
+    entries = detail::f32_scratch(Shape{batch, m * n}, device);
+    batched_gemm(a, trans_a, b, trans_b, entries, 0.0f, batch, m, n, k);
+  }
+  const Tensor out = detail::f32_stand_in(c, beta);
+  const float* ep = entries.data<float>();
+  float* op = out.data<float>();
+  CUMULUS_DISPATCH(device, ctx, kernels::sum_rows_cpu(ep, batch, m * n, beta, op),
+                   kernels::sum_rows_cuda(ep, batch, m * n, beta, op, ctx.stream()));
+  detail::store_stand_in(out, c);
 }
 
 class MatmulBackward final : public Node {
@@ -62,14 +95,19 @@ class MatmulBackward final : public Node {
 
   void backward(const Tensor& dc, std::vector<GradSink>& grads) override {
     const Device device = dc.device();
-    const auto [batch, m, k, n] = dims_;
+    const auto [batch, m, k, n, a_once] = dims_;
     if (grads[0].needed()) {
       GradSink::Target da = grads[0].begin(a_shape_, device, dc.dtype());
-      batched_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);  // dc [m, n] x (b [k, n])^T
+      // dc [m, n] x (b [k, n])^T, summed over the batch when a was read once
+      if (a_once) {
+        summed_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);
+      } else {
+        batched_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);
+      }
     }
     if (grads[1].needed()) {
       GradSink::Target db = grads[1].begin(b_shape_, device, dc.dtype());
-      batched_gemm(a_, true, dc, false, db.tensor, db.beta(), batch, k, n, m);  // (a [m, k])^T x dc [m, n]
+      batched_gemm(a_, true, dc, false, db.tensor, db.beta(), batch, k, n, m, a_once);  // (a [m, k])^T x dc [m, n]
     }
   }
   void release_saved() override {
@@ -83,12 +121,16 @@ class MatmulBackward final : public Node {
   Dims dims_;
 };
 
-void check_operands(const char* op, const Tensor& a, const Tensor& b) {
+void check_types(const char* op, const Tensor& a, const Tensor& b) {
   detail::check_floating(op, "a", a);
   detail::check_floating(op, "b", b);
   CUMULUS_CHECK(a.dtype() == b.dtype(), InvalidArgument, op, ": a is ", dtype_name(a.dtype()), " but b is ",
                 dtype_name(b.dtype()), " (cast one of them)");
   detail::check_same_device(op, "b", b, a);
+}
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b) {
+  check_types(op, a, b);
   CUMULUS_CHECK(a.ndim() >= 2 && b.ndim() >= 2, ShapeError, op, ": a and b must have at least 2 dimensions, got ",
                 a.shape().str(), " and ", b.shape().str());
   CUMULUS_CHECK(a.size(-1) == b.size(-2), ShapeError, op, ": a ", a.shape().str(), " and b ", b.shape().str(),
@@ -101,7 +143,7 @@ Tensor product(const char* op, const Tensor& a, const Tensor& b, const Dims& dim
     MemoryCategoryScope scope(detail::output_category());
     c = dims.k == 0 ? Tensor::zeros(out_shape, a.dtype(), a.device()) : Tensor::empty(out_shape, a.dtype(), a.device());
   }
-  if (dims.k > 0) batched_gemm(a, false, b, false, c, 0.0f, dims.batch, dims.m, dims.n, dims.k);
+  if (dims.k > 0) batched_gemm(a, false, b, false, c, 0.0f, dims.batch, dims.m, dims.n, dims.k, dims.a_once);
   if (should_record({&a, &b})) {
     Tensor saved_a = edge_to(b).needs_grad() ? a.detach() : Tensor();
     Tensor saved_b = edge_to(a).needs_grad() ? b.detach() : Tensor();
@@ -112,9 +154,10 @@ Tensor product(const char* op, const Tensor& a, const Tensor& b, const Dims& dim
 
 }  // namespace
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
+Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
   constexpr const char* op = "bmm";
   OpScope op_scope(op);
+  const Tensor a = detail::contiguous(a_in), b = detail::contiguous(b_in);
   check_operands(op, a, b);
   CUMULUS_CHECK(a.ndim() == 3 && b.ndim() == 3 && a.size(0) == b.size(0), ShapeError, op,
                 ": a and b must be [B, n, k] and [B, k, m] with the same B, got ", a.shape().str(), " and ",
@@ -123,27 +166,96 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return product(op, a, b, dims, Shape{dims.batch, dims.m, dims.n});
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+namespace {
+
+// The batch shape both operands' batch dimensions broadcast to (numpy's rules, aligned at the last).
+Shape broadcast_batch(const Tensor& a, const Tensor& b) {
+  const int na = a.ndim() - 2, nb = b.ndim() - 2, n = std::max(na, nb);
+  Shape out;
+  for (int i = 0; i < n; ++i) {
+    const int ia = i - (n - na), ib = i - (n - nb);
+    const int64_t da = ia >= 0 ? a.size(ia) : 1, db = ib >= 0 ? b.size(ib) : 1;
+    CUMULUS_CHECK(da == db || da == 1 || db == 1, ShapeError, "matmul: the batch dimensions of a ", a.shape().str(),
+                  " and b ", b.shape().str(), " do not broadcast (", da, " vs ", db, ")");
+    out.push_back(da == 1 ? db : da);
+  }
+  return out;
+}
+
+Shape with_matrix(Shape batch, int64_t rows, int64_t cols) {
+  batch.push_back(rows);
+  batch.push_back(cols);
+  return batch;
+}
+
+int64_t batch_count(const Tensor& x) {
+  int64_t p = 1;
+  for (int d = 0; d < x.ndim() - 2; ++d) p *= x.size(d);
+  return p;
+}
+
+// x [..., r, c] repeated to [batch..., r, c]: x itself when its batch dimensions already are
+// `batch` (leading ones aside), else a copy made by pointwise add's broadcast against zeros, whose
+// backward sums the gradient back over the repeated dimensions.
+Tensor expanded(const Tensor& x, const Shape& batch) {
+  if (batch_count(x) == batch.numel()) return x;
+  const Shape shape = with_matrix(batch, x.size(-2), x.size(-1));
+  return add(x, Tensor::zeros(shape, x.dtype(), x.device()));
+}
+
+// a [..., n, k] x b [..., k, m], both at least 2-D, the batch dimensions broadcast.
+Tensor matmul_batched(const char* op, const Tensor& a, const Tensor& b) {
+  const int64_t n = a.size(-2), k = a.size(-1), m = b.size(-1);
+  const Shape batch = broadcast_batch(a, b);
+  const Shape out = with_matrix(batch, n, m);
+  if (batch_count(b) == 1 && batch_count(a) == batch.numel()) {
+    // b repeated along every batch dimension: one GEMM over every row of a, b read once (a batch
+    // stride of 0, without a copy), db summed over the batch inside the GEMM.
+    const Tensor b2 = b.ndim() == 2 ? b : reshape(b, Shape{k, m});
+    Shape rows_shape;
+    int64_t rows = 1;
+    for (int d = 0; d < a.ndim() - 1; ++d) {
+      rows_shape.push_back(a.size(d));
+      rows *= a.size(d);
+    }
+    rows_shape.push_back(m);
+    const Tensor c = product(op, a, b2, Dims{1, rows, k, m}, rows_shape);
+    return c.shape() == out ? c : reshape(c, out);
+  }
+  if (batch_count(a) == 1 && batch_count(b) == batch.numel()) {
+    // a repeated along every batch dimension: read once (a batch stride of 0), its gradient summed
+    // over the batch.
+    const Tensor a2 = a.ndim() == 2 ? a : reshape(a, Shape{n, k});
+    Dims dims{batch.numel(), n, k, m};
+    dims.a_once = true;
+    return product(op, a2, b, dims, out);
+  }
+  const Tensor ae = expanded(a, batch), be = expanded(b, batch);
+  return product(op, ae, be, Dims{batch.numel(), n, k, m}, out);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   constexpr const char* op = "matmul";
   OpScope op_scope(op);
-  check_operands(op, a, b);
-  const int nd = a.ndim();
+  const Tensor a = detail::contiguous(a_in), b = detail::contiguous(b_in);
+  check_types(op, a, b);
+  CUMULUS_CHECK(a.ndim() >= 1 && b.ndim() >= 1, ShapeError, op, ": a and b must have at least 1 dimension, got ",
+                a.shape().str(), " and ", b.shape().str());
+  // PyTorch's 1-D operands: a row [1, k] on the left, a column [k, 1] on the right, the added
+  // dimension removed from the result.
+  const bool row = a.ndim() == 1, column = b.ndim() == 1;
+  const Tensor a2 = row ? reshape(a, Shape{1, a.size(0)}) : a;
+  const Tensor b2 = column ? reshape(b, Shape{b.size(0), 1}) : b;
+  CUMULUS_CHECK(a2.size(-1) == b2.size(-2), ShapeError, op, ": a ", a.shape().str(), " and b ", b.shape().str(),
+                " do not multiply (", a2.size(-1), " != ", b2.size(-2), ")");
+  const Tensor c = matmul_batched(op, a2, b2);
+  if (!row && !column) return c;
   Shape out;
-  for (int d = 0; d < nd - 1; ++d) out.push_back(a.size(d));
-  out.push_back(b.size(-1));
-  const int64_t k = a.size(-1), n = b.size(-1);
-  if (b.ndim() == 2) {  // one GEMM over every row of a
-    int64_t rows = 1;
-    for (int d = 0; d < nd - 1; ++d) rows *= a.size(d);
-    return product(op, a, b, Dims{1, rows, k, n}, out);
-  }
-  bool same_batch = nd == b.ndim();
-  for (int d = 0; same_batch && d < nd - 2; ++d) same_batch = a.size(d) == b.size(d);
-  CUMULUS_CHECK(same_batch, ShapeError, op, ": the batch dimensions of a ", a.shape().str(), " and b ", b.shape().str(),
-                " differ (only equal batch dimensions, or a 2-D b, are supported)");
-  int64_t batch = 1;
-  for (int d = 0; d < nd - 2; ++d) batch *= a.size(d);
-  return product(op, a, b, Dims{batch, a.size(-2), k, n}, out);
+  for (int d = 0; d < c.ndim(); ++d)
+    if (!(row && d == c.ndim() - 2) && !(column && d == c.ndim() - 1)) out.push_back(c.size(d));
+  return reshape(c, out);
 }
 
 }  // namespace cumulus::ops

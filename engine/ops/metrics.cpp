@@ -2,6 +2,7 @@
 #include "cumulus/ops/metrics.h"
 
 #include "cumulus/memory/category.h"
+#include "engine/ops/indices.h"
 #include "engine/ops/internal.h"
 #include "kernels/metrics.h"
 
@@ -13,11 +14,12 @@ ClassificationTally::ClassificationTally(Device device) {
   totals_ = Tensor::zeros(Shape{8}, DType::i32, device);
 }
 
-void ClassificationTally::add(const Tensor& logits, const Tensor& labels, const Tensor& mean_loss) {
+void ClassificationTally::add(const Tensor& logits_in, const Tensor& labels_in, const Tensor& mean_loss_in) {
   constexpr const char* op = "classification tally";
   OpScope op_scope(op);
+  const Tensor logits = detail::contiguous(logits_in), mean_loss = detail::contiguous(mean_loss_in);
   detail::check_floating(op, "logits", logits);
-  detail::check_dtype(op, "labels", labels, DType::i32);
+  const Tensor labels = detail::as_i32_indices(op, "labels", detail::contiguous(labels_in));
   detail::check_dtype(op, "mean loss", mean_loss, DType::f32);
   CUMULUS_CHECK(logits.ndim() == 2 && logits.size(1) > 0, ShapeError, op, ": logits must be [rows, classes > 0], got ",
                 logits.shape().str());

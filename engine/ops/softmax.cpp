@@ -1,8 +1,11 @@
-// softmax and log_softmax over the last dimension: rows of the last dimension's width, any leading
-// shape. Around each row's maximum (no exp overflows). Both save their output: softmax's gradient is
-// y (dy - sum(dy y)), log_softmax's dy - exp(y) sum(dy), so the input is not needed.
+// softmax and log_softmax over a dimension. The kernels normalize rows of the last dimension's
+// width, any leading shape; another dimension is moved last and back by transpose (copies, recorded
+// as their own nodes), so the kernels stay row kernels. Around each row's maximum (no exp
+// overflows). Both save their output: softmax's gradient is y (dy - sum(dy y)), log_softmax's
+// dy - exp(y) sum(dy), so the input is not needed.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/pointwise_internal.h"
 
 namespace cumulus::ops {
@@ -28,12 +31,17 @@ class SoftmaxBackward final : public Node {
   Tensor y_;
 };
 
-Tensor softmax_op(bool log, const Tensor& x) {
+Tensor softmax_op(bool log, const Tensor& x_in, int dim) {
   const char* name = log ? "log_softmax" : "softmax";
   OpScope op_scope(name);
+  const Tensor x = detail::contiguous(x_in);
   detail::check_floating(name, "input", x);
   CUMULUS_CHECK(x.ndim() >= 1, InvalidArgument, name, ": the input needs a dimension to normalize over, got ",
                 x.shape().str());
+  CUMULUS_CHECK(dim >= -x.ndim() && dim < x.ndim(), ShapeError, name, ": dim ", dim, " is outside [", -x.ndim(), ", ",
+                x.ndim(), ") for input ", x.shape().str());
+  const int d = dim < 0 ? dim + x.ndim() : dim;
+  if (d != x.ndim() - 1) return transpose(softmax_op(log, transpose(x, d, -1), -1), d, -1);
   Tensor y = detail::new_output(x.shape(), x.dtype(), x.device());
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   CUMULUS_DISPATCH_FLOAT(
@@ -44,7 +52,7 @@ Tensor softmax_op(bool log, const Tensor& x) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x) { return softmax_op(false, x); }
-Tensor log_softmax(const Tensor& x) { return softmax_op(true, x); }
+Tensor softmax(const Tensor& x, int dim) { return softmax_op(false, x, dim); }
+Tensor log_softmax(const Tensor& x, int dim) { return softmax_op(true, x, dim); }
 
 }  // namespace cumulus::ops

@@ -11,7 +11,8 @@ namespace cumulus::ops {
 
 // cross_entropy(L(x), labels, reduction) for L = Linear_n . ReLU . ... . ReLU . Linear_1, with
 // Linear_i(h) = h weights[i]^T + biases[i]: x [B, in] f32, weights[i] [out_i, in_i] f32 with
-// in_1 = in and in_{i+1} = out_i, biases[i] [out_i] f32, labels [B] i32 -> the f32 loss scalar.
+// in_1 = in and in_{i+1} = out_i, biases[i] [out_i] f32, labels [B] i32 or i64 in [0, C) (no
+// ignore_index; Sum or Mean) -> the f32 loss scalar.
 // Backward writes every needed gradient (x's too, when it requires one) through the gradient
 // sinks like the unfused ops. On the CPU it is the unfused ops' arithmetic in their order (the same
 // bits); on CUDA a few kernels of our own per micro-batch, deterministic run to run.

@@ -10,11 +10,12 @@
 
 namespace cumulus::ops {
 
-// x: [B, in], weight: [out, in] (PyTorch's layout), bias: [out] or undefined -> y: [B, out].
-// y = x weight^T + bias. Backward writes dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]).
-// weight and bias are f32; x may be f32, bf16 or f16, and y has x's type: a 16-bit x computes with
-// a 16-bit copy of the weight and f32 accumulation, and the weight's gradient stays f32 (Note
-// [Mixed precision] in engine/ops/linear.cpp).
+// x: [..., in] (any leading dimensions, or none: [in]), weight: [out, in] (PyTorch's layout), bias:
+// [out] or undefined -> y: [..., out]. y = x weight^T + bias, the leading dimensions flattened into
+// the GEMM's rows (a view: no copy) and the gradient viewed back in x's shape. Backward writes
+// dW (+)= dY^T x inside the GEMM (Note [Gradient sinks]). weight and bias are f32; x may be f32,
+// bf16 or f16, and y has x's type: a 16-bit x computes with a 16-bit copy of the weight and f32
+// accumulation, and the weight's gradient stays f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // What a fused op applies to its result.
@@ -46,13 +47,23 @@ Tensor flatten(const Tensor& x, int start_dim = 1);
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
-enum class Reduction { Sum, Mean };
+// PyTorch's reduction argument: Sum, Mean, or None (one value per element: reduction='none').
+enum class Reduction { Sum, Mean, None };
 
-// logits: [B, C] f32, bf16 or f16, labels: [B] i32 in [0, C) -> f32 scalar: the sum (or mean) over the batch of
-// logsumexp(logits_i) - logits_i[label_i]. Log-sum-exp is taken around the row maximum.
-// A label outside [0, C) is an InvalidArgument on CPU and gives a NaN loss on CUDA (the kernel
-// cannot throw, and checking on the host would cost a synchronization every micro-batch).
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction = Reduction::Mean);
+// logits: [..., C] f32, bf16 or f16 (C > 0), labels: [...] i32 or i64 in [0, C) (the logits' shape
+// without its last dimension: [B] for [B, C]) -> each position's loss
+// logsumexp(logits_i) - logits_i[label_i], taken around the row maximum, f32:
+//   Reduction::None  shaped as labels; a position whose label is ignore_index gives 0
+//   Reduction::Sum   a scalar, the sum over the positions (ignored ones add 0)
+//   Reduction::Mean  a scalar, the sum divided by the number of positions not ignored (NaN when all
+//                    are, as PyTorch)
+// ignore_index (PyTorch's default -100): positions with that label add no loss and no gradient.
+// PyTorch's [N, C, d1, ...] layout is not taken: the classes are the last dimension.
+// A label outside [0, C) (and not ignore_index) is an InvalidArgument on CPU and gives a NaN loss on
+// CUDA (the kernel cannot throw, and checking on the host would cost a synchronization every
+// micro-batch).
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction = Reduction::Mean,
+                     int64_t ignore_index = -100);
 
 // x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties; as torch.argmax, a
 // NaN counts as the maximum, so the row's first NaN wins). No gradient.

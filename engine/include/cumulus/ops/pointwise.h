@@ -1,5 +1,5 @@
 // Pointwise ops: arithmetic with broadcasting, its operators on Tensor, tanh / sigmoid / gelu,
-// softmax and log_softmax over the last dimension, dropout. Each records its backward, runs on the
+// softmax and log_softmax over a dimension, dropout. Each records its backward, runs on the
 // CPU and CUDA, and takes f32, bf16 or f16 (16-bit storage, f32 arithmetic; the output has the
 // input's type). Implemented in engine/ops/arithmetic.cpp, activations.cpp, softmax.cpp, dropout.cpp.
 #pragma once
@@ -42,10 +42,11 @@ Tensor sigmoid(const Tensor& x);  // saves its output: dx = dy y (1 - y)
 enum class GeluApproximation { none, tanh };
 Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::none);
 
-// ---- softmax over the last dimension (any leading shape; at least one dimension) ----
-// Around each row's maximum, so no exp overflows. Both save their output.
-Tensor softmax(const Tensor& x);
-Tensor log_softmax(const Tensor& x);
+// ---- softmax over a dimension (any shape with at least one dimension) ----
+// Along `dim` (negative counts from the end; PyTorch's dim, default the last), around each slice's
+// maximum, so no exp overflows. Both save their output.
+Tensor softmax(const Tensor& x, int dim = -1);
+Tensor log_softmax(const Tensor& x, int dim = -1);
 
 // ---- dropout ----
 // While `training` with p > 0: y = x * keep / (1 - p), element i kept when dropout_keeps(seed,

@@ -17,15 +17,20 @@ namespace cumulus::ops {
 // On CUDA the parameter gradients are column sums in a fixed order, without atomics: deterministic.
 Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), float eps = 1e-5f);
+// PyTorch's layer_norm over the last normalized_shape.ndim() dimensions (x's trailing dimensions
+// must equal normalized_shape): each slice over them normalized as one row; weight and bias f32 of
+// normalized_shape or undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), float eps = 1e-5f);
 
-// Rows of weight [num, dim] (f32) picked by indices (i32, any shape up to 3-D) -> [..., dim] in
+// Rows of weight [num, dim] (f32) picked by indices (i32 or i64, any shape up to 3-D) -> [..., dim] in
 // `dtype` (f32, or bf16 / f16 rounded from the f32 rows). Backward adds each row's gradient into the
 // weight's gradient (repeated indices add up), in a fixed order on both devices. An index outside
 // [0, num) is an InvalidArgument on the CPU; on CUDA it gives a row of NaN and contributes no gradient
 // (the kernel cannot throw, and checking on the host would synchronize every call).
 Tensor embedding(const Tensor& indices, const Tensor& weight, DType dtype = DType::f32);
 
-// x's elements at `indices` (i32, 1-D) along `dim`: y.size(dim) = indices.size(0). Repeated
+// x's elements at `indices` (i32 or i64, 1-D) along `dim`: y.size(dim) = indices.size(0). Repeated
 // indices are allowed (their gradients add up). Out-of-range indices: as embedding.
 Tensor index_select(const Tensor& x, int dim, const Tensor& indices);
 
@@ -65,9 +70,12 @@ Tensor contiguous(const Tensor& x);
 // gradients written with the sinks' beta.
 Tensor bmm(const Tensor& a, const Tensor& b);
 
-// a [..., n, k] x b [..., k, m]: 2-D x 2-D is one GEMM; equal leading (batch) dimensions are bmm's;
-// a batched a times a 2-D b is one GEMM over a's rows ([B, n, k] x [k, m] -> [B, n, m]). Other
-// broadcasts of batch dimensions are a ShapeError.
+// PyTorch's matmul: a 1-D a is a row [1, k] and a 1-D b a column [k, 1], the added dimension removed
+// from the result; otherwise a [..., n, k] x b [..., k, m] -> [batch..., n, m] with the batch
+// dimensions broadcast (numpy's rules: [B, H, T, D] @ [B, H, D, T], [B, 1, n, k] @ [H, k, m]).
+// 2-D x 2-D is one GEMM; a batched a times a 2-D b one GEMM over a's rows; equal batch dimensions
+// bmm's strided-batched GEMM; an operand repeated along every batch dimension is read with a batch
+// stride of 0 (no copy); any other broadcast expands the operand first (a copy).
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 }  // namespace cumulus::ops

@@ -1,0 +1,86 @@
+// cross_entropy over rows with ignored positions (kernels/cpu/loss_kernels.h).
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/loss_kernels.h"
+
+namespace cumulus::kernels {
+
+namespace {
+// As row_stats in kernels/cpu/cross_entropy.cpp: the maximum and log sum exp(x - m) kept apart, so
+// a large |m| does not round log(s) away.
+template <typename T>
+inline void row_max_log_sum(const T* x, int64_t n, float& max_out, float& log_sum_out) {
+  float m = to_f32(x[0]);
+  for (int64_t j = 1; j < n; ++j) m = std::fmax(m, to_f32(x[j]));
+  double s = 0.0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(to_f32(x[j]) - m));
+  max_out = m;
+  log_sum_out = static_cast<float>(std::log(s));
+}
+}  // namespace
+
+template <typename T>
+int64_t cross_entropy_rows_forward_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
+                                       int64_t ignore_index, float scale, float* loss, float* row_loss) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const int32_t y = labels[i];
+    if (y != ignore_index && (y < 0 || y >= classes)) return i;
+  }
+  double total = 0.0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int32_t y = labels[i];
+    double l = 0.0;
+    if (y != ignore_index) {
+      const T* x = logits + i * classes;
+      float m, log_sum;
+      row_max_log_sum(x, classes, m, log_sum);
+      l = static_cast<double>(m - to_f32(x[y])) + log_sum;
+    }
+    if (row_loss != nullptr) row_loss[i] = static_cast<float>(l);
+    total += l;
+  }
+  if (row_loss == nullptr) loss[0] = static_cast<float>(total * scale);
+  return -1;
+}
+
+template <typename T>
+void cross_entropy_rows_backward_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
+                                     int64_t ignore_index, const float* grad, int64_t grad_stride, float scale,
+                                     float beta, T* dlogits) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* x = logits + i * classes;
+    T* dx = dlogits + i * classes;
+    const int32_t y = labels[i];
+    if (y == ignore_index) {
+      for (int64_t j = 0; j < classes; ++j) dx[j] = from_f32<T>(beta == 0.0f ? 0.0f : beta * to_f32(dx[j]));
+      continue;
+    }
+    const float g = scale * grad[i * grad_stride];
+    float m, log_sum;
+    row_max_log_sum(x, classes, m, log_sum);
+    for (int64_t j = 0; j < classes; ++j) {
+      const float v = g * (std::exp((to_f32(x[j]) - m) - log_sum) - (j == y ? 1.0f : 0.0f));
+      dx[j] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[j]));
+    }
+  }
+}
+
+void indices_to_i32_cpu(const int64_t* in, int64_t n, int32_t* out) {
+  constexpr int64_t lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max();
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = in[i] >= lo && in[i] <= hi ? static_cast<int32_t>(in[i]) : std::numeric_limits<int32_t>::min();
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                        \
+  template int64_t cross_entropy_rows_forward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, float, float*, \
+                                                  float*);                                                            \
+  template void cross_entropy_rows_backward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, const float*,    \
+                                                int64_t, float, float, T*);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels
