@@ -252,7 +252,7 @@ TEST(Safetensors, MalformedFilesAreErrorsNamingTheFile) {
       {"negative_dim", make_file(R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", eight),
        {"'w'", "non-negative"}},
       {"too_many_dims",
-       make_file(R"({"w": {"dtype": "U8", "shape": [1,1,1,1,8], "data_offsets": [0, 8]}})", eight),
+       make_file(R"({"w": {"dtype": "U8", "shape": [1,1,1,1,1,1,1,1,8], "data_offsets": [0, 8]}})", eight),
        {"'w'", "dimensions"}},
       {"metadata_not_string", make_file(R"({"__metadata__": {"epoch": 3}})", ""), {"metadata", "epoch"}},
   };

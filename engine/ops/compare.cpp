@@ -199,8 +199,9 @@ Tensor logical(CompareOp op, const Tensor& a_in, const Tensor& b_in) {
   const char* name = compare_name(op);
   if (a_in.defined() && b_in.defined() && a_in.dtype() != b_in.dtype()) {
     OpScope op_scope(name);
-    const Tensor a = a_in.dtype() == DType::boolean ? a_in : compare_scalar_unscoped(CompareOp::ne, a_in, 0.0);
-    const Tensor b = b_in.dtype() == DType::boolean ? b_in : compare_scalar_unscoped(CompareOp::ne, b_in, 0.0);
+    const Tensor a_dense = detail::contiguous(a_in), b_dense = detail::contiguous(b_in);
+    const Tensor a = a_in.dtype() == DType::boolean ? a_dense : compare_scalar_unscoped(CompareOp::ne, a_dense, 0.0);
+    const Tensor b = b_in.dtype() == DType::boolean ? b_dense : compare_scalar_unscoped(CompareOp::ne, b_dense, 0.0);
     return compare(op, a, b);
   }
   return compare(op, a_in, b_in);

@@ -25,10 +25,13 @@ namespace cumulus::ops {
 namespace {
 
 // The problem, per batch entry: [m, k] x [k, n] -> [m, n]. a_once: a is one [m, k] matrix for every
-// entry (matmul's broadcast a), read with a batch stride of 0.
+// entry (matmul's broadcast a), read with a batch stride of 0. trans_a / trans_b: the operand is
+// stored transposed (a as [k, m], b as [n, k]: the transpose view of a dense tensor, read through the
+// GEMM's flag instead of a copy; never with a_once).
 struct Dims {
   int64_t batch, m, k, n;
   bool a_once = false;
+  bool trans_a = false, trans_b = false;
 };
 
 // c (+)= op(a) op(b) for each of `batch` entries: op(a) [m, k], op(b) [k, n], c [m, n], all
@@ -95,19 +98,26 @@ class MatmulBackward final : public Node {
 
   void backward(const Tensor& dc, std::vector<GradSink>& grads) override {
     const Device device = dc.device();
-    const auto [batch, m, k, n, a_once] = dims_;
+    const auto [batch, m, k, n, a_once, ta, tb] = dims_;
+    // Each gradient in its operand's stored layout: da = dc op(b)^T [m, k] (its transpose, op(b) dc^T,
+    // when a is stored transposed); db = op(a)^T dc [k, n] (dc^T op(a) when b is).
     if (grads[0].needed()) {
       GradSink::Target da = grads[0].begin(a_shape_, device, dc.dtype());
-      // dc [m, n] x (b [k, n])^T, summed over the batch when a was read once
-      if (a_once) {
+      if (a_once) {  // summed over the batch
         summed_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);
+      } else if (!ta) {
+        batched_gemm(dc, false, b_, !tb, da.tensor, da.beta(), batch, m, k, n);
       } else {
-        batched_gemm(dc, false, b_, true, da.tensor, da.beta(), batch, m, k, n);
+        batched_gemm(b_, tb, dc, true, da.tensor, da.beta(), batch, k, m, n);
       }
     }
     if (grads[1].needed()) {
       GradSink::Target db = grads[1].begin(b_shape_, device, dc.dtype());
-      batched_gemm(a_, true, dc, false, db.tensor, db.beta(), batch, k, n, m, a_once);  // (a [m, k])^T x dc [m, n]
+      if (!tb) {
+        batched_gemm(a_, !ta, dc, false, db.tensor, db.beta(), batch, k, n, m, a_once);
+      } else {
+        batched_gemm(dc, true, a_, ta, db.tensor, db.beta(), batch, n, k, m);
+      }
     }
   }
   void release_saved() override {
@@ -143,7 +153,8 @@ Tensor product(const char* op, const Tensor& a, const Tensor& b, const Dims& dim
     MemoryCategoryScope scope(detail::output_category());
     c = dims.k == 0 ? Tensor::zeros(out_shape, a.dtype(), a.device()) : Tensor::empty(out_shape, a.dtype(), a.device());
   }
-  if (dims.k > 0) batched_gemm(a, false, b, false, c, 0.0f, dims.batch, dims.m, dims.n, dims.k, dims.a_once);
+  if (dims.k > 0)
+    batched_gemm(a, dims.trans_a, b, dims.trans_b, c, 0.0f, dims.batch, dims.m, dims.n, dims.k, dims.a_once);
   if (should_record({&a, &b})) {
     Tensor saved_a = edge_to(b).needs_grad() ? a.detach() : Tensor();
     Tensor saved_b = edge_to(a).needs_grad() ? b.detach() : Tensor();
@@ -195,12 +206,15 @@ int64_t batch_count(const Tensor& x) {
 }
 
 // x [..., r, c] repeated to [batch..., r, c]: x itself when its batch dimensions already are
-// `batch` (leading ones aside), else a copy made by pointwise add's broadcast against zeros, whose
-// backward sums the gradient back over the repeated dimensions.
+// `batch` (leading ones aside), else a dense copy of its expand view, whose backward sums the
+// gradient back over the repeated dimensions.
 Tensor expanded(const Tensor& x, const Shape& batch) {
   if (batch_count(x) == batch.numel()) return x;
-  const Shape shape = with_matrix(batch, x.size(-2), x.size(-1));
-  return add(x, Tensor::zeros(shape, x.dtype(), x.device()));
+  std::vector<int64_t> sizes;
+  for (int d = 0; d < batch.ndim(); ++d) sizes.push_back(batch[d]);
+  sizes.push_back(x.size(-2));
+  sizes.push_back(x.size(-1));
+  return contiguous(expand(x, sizes));
 }
 
 // a [..., n, k] x b [..., k, m], both at least 2-D, the batch dimensions broadcast.
@@ -234,11 +248,35 @@ Tensor matmul_batched(const char* op, const Tensor& a, const Tensor& b) {
   return product(op, ae, be, Dims{batch.numel(), n, k, m}, out);
 }
 
+// Whether x is the transpose of its last two dimensions of a dense tensor (k.transpose(-2, -1)).
+bool transposed_dense(const Tensor& x) {
+  return x.defined() && x.ndim() >= 2 && !x.is_contiguous() && transpose(x.detach(), -2, -1).is_contiguous();
+}
+
+// a x b where one operand (or both) is a transposed dense tensor and the batch dimensions are equal:
+// the operand's dense tensor read through the GEMM's transpose flag, no copy. Undefined otherwise.
+Tensor matmul_of_transposed(const char* op, const Tensor& a_in, const Tensor& b_in) {
+  const bool ta = transposed_dense(a_in), tb = transposed_dense(b_in);
+  if (!ta && !tb) return Tensor();
+  if (a_in.ndim() != b_in.ndim() || a_in.size(-1) != b_in.size(-2)) return Tensor();
+  for (int d = 0; d < a_in.ndim() - 2; ++d)
+    if (a_in.size(d) != b_in.size(d)) return Tensor();
+  check_types(op, a_in, b_in);
+  // The stored layouts: transpose views of the views, dense, recorded so each gradient finds its way.
+  const Tensor a = ta ? transpose(a_in, -2, -1) : detail::contiguous(a_in);
+  const Tensor b = tb ? transpose(b_in, -2, -1) : detail::contiguous(b_in);
+  Dims dims{batch_count(a_in), a_in.size(-2), a_in.size(-1), b_in.size(-1)};
+  dims.trans_a = ta;
+  dims.trans_b = tb;
+  return product(op, a, b, dims, with_matrix(broadcast_batch(a_in, b_in), dims.m, dims.n));
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   constexpr const char* op = "matmul";
   OpScope op_scope(op);
+  if (Tensor c = matmul_of_transposed(op, a_in, b_in); c.defined()) return c;
   const Tensor a = detail::contiguous(a_in), b = detail::contiguous(b_in);
   check_types(op, a, b);
   CUMULUS_CHECK(a.ndim() >= 1 && b.ndim() >= 1, ShapeError, op, ": a and b must have at least 1 dimension, got ",

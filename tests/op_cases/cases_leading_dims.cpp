@@ -125,7 +125,7 @@ void add_softmax(std::vector<OpCase>& cases, const Shape& x, int dim, bool log, 
   c.name = c.op + "_" + dims_name(x) + "_dim" + (dim < 0 ? "m" + std::to_string(-dim) : std::to_string(dim)) + "_" +
            dtype_name(dtype);
   c.inputs = {{x, dtype, -2, 2}};
-  c.inner_ops = {"transpose"};
+  c.inner_ops = {"transpose", "contiguous"};  // another dim than the last: moved last and back
   c.forward = [dim, log](const Inputs& t) { return log ? ops::log_softmax(t[0], dim) : ops::softmax(t[0], dim); };
   c.reference = [=](const Values& v) { return softmax_ref(v[0], x, d, log); };
   set_tolerances(c, dtype);
@@ -260,7 +260,7 @@ CUMULUS_OP_CASES(leading_dims) {
   // matmul: 4-D batches, broadcast batches, 1-D operands
   add_matmul(cases, {2, 3, 4, 5}, {2, 3, 5, 4}, DType::f32);
   add_matmul(cases, {2, 3, 4, 5}, {2, 3, 5, 4}, DType::bf16);
-  add_matmul(cases, {2, 1, 3, 4}, {3, 4, 2}, DType::f32, {"add"});   // both operands broadcast
+  add_matmul(cases, {2, 1, 3, 4}, {3, 4, 2}, DType::f32, {"expand", "contiguous"});  // both operands broadcast
   add_matmul(cases, {3, 4}, {2, 4, 5}, DType::f32);                  // a repeated: a batch stride of 0
   add_matmul(cases, {1, 3, 4}, {2, 2, 4, 5}, DType::bf16, {"reshape"});
   add_matmul(cases, {1, 3, 4}, {2, 2, 4, 5}, DType::f32, {"reshape"});

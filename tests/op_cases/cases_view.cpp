@@ -163,9 +163,40 @@ void add_chained_cases(std::vector<OpCase>& cases) {
   cases.push_back(h);
 }
 
+// matmul of transposed dense operands ([B, H, T, D] x k^T): read through the GEMM's transpose flags,
+// so nothing is copied (an allocation named `contiguous` would fail the case's memory check).
+void add_transposed_matmul_cases(std::vector<OpCase>& cases) {
+  for (int which = 1; which <= 3; ++which) {  // 1: b transposed, 2: a, 3: both
+    const bool ta = which & 2, tb = which & 1;
+    const int64_t B = 2, H = 3, m = 4, k = 5, n = 6;
+    OpCase c;
+    c.op = "matmul";
+    c.name = std::string("matmul_transposed_") + (ta ? "a" : "") + (tb ? "b" : "") + "_2x3x4x5_5x6";
+    c.inputs = {{ta ? Shape{B, H, k, m} : Shape{B, H, m, k}, DType::f32}, {tb ? Shape{B, H, n, k} : Shape{B, H, k, n}, DType::f32}};
+    c.inner_ops = {"transpose"};
+    c.forward = [ta, tb](const Inputs& t) {
+      return ops::matmul(ta ? ops::transpose(t[0], -2, -1) : t[0], tb ? ops::transpose(t[1], -1, -2) : t[1]);
+    };
+    c.reference = [=](const Values& v) {
+      std::vector<double> y;
+      for (int64_t p = 0; p < B * H; ++p)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t l = 0; l < k; ++l)
+              acc += v[0][p * m * k + (ta ? l * m + i : i * k + l)] * v[1][p * k * n + (tb ? j * k + l : l * n + j)];
+            y.push_back(acc);
+          }
+      return y;
+    };
+    cases.push_back(c);
+  }
+}
+
 }  // namespace
 
 CUMULUS_OP_CASES(view) {
+  add_transposed_matmul_cases(cases);
   add_permute_cases(cases);
   add_expand_cases(cases);
   add_squeeze_cases(cases);
