@@ -195,7 +195,8 @@ TEST_P(TensorOpsTest, ViewsShareStorageAndKnowTheirStrides) {
   const std::vector<float> got = p.to_vector<float>();
   for (int64_t i = 0; i < 4; ++i)
     for (int64_t j = 0; j < 2; ++j)
-      for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(got[static_cast<std::size_t>((i * 2 + j) * 3 + k)], v[static_cast<std::size_t>(j * 12 + k * 4 + i)]);
+      for (int64_t k = 0; k < 3; ++k)
+        EXPECT_EQ(got[static_cast<std::size_t>((i * 2 + j) * 3 + k)], v[static_cast<std::size_t>(j * 12 + k * 4 + i)]);
   EXPECT_EQ(p.clone().to_vector<float>(), got);
   EXPECT_EQ(p.contiguous().to_vector<float>(), got);
   EXPECT_TRUE(ops::permute(p, {1, 2, 0}).is_contiguous()) << "undoing the permutation is dense again";
@@ -215,7 +216,8 @@ TEST_P(TensorOpsTest, ExpandSqueezeUnsqueezeAndReshapeWithMinusOne) {
   EXPECT_EQ(e.shape(), Shape({2, 3, 4}));
   EXPECT_EQ(e.strides(), (std::vector<int64_t>{0, 1, 0}));
   const std::vector<float> ev = e.to_vector<float>();
-  for (std::size_t i = 0; i < ev.size(); ++i) EXPECT_EQ(ev[i], static_cast<float>(i / 4 % 3 + 1)) << "e[i, j, k] = b[j]";
+  for (std::size_t i = 0; i < ev.size(); ++i)
+    EXPECT_EQ(ev[i], static_cast<float>(i / 4 % 3 + 1)) << "e[i, j, k] = b[j]";
   expect_error<ShapeError>([&] { ops::expand(b, {4, 4}); }, {"expand", "size 4", "dimension 0"});
   expect_error<ShapeError>([&] { ops::expand(b, {4}); }, {"expand", "1 sizes"});
   EXPECT_EQ(ops::unsqueeze(b, 0).shape(), Shape({1, 3, 1}));

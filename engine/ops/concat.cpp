@@ -104,8 +104,8 @@ Tensor narrow_as(const char* op, const Tensor& x, int d, int64_t start, int64_t 
   CUMULUS_CHECK(start >= 0 && length >= 0 && start + length <= s.dim, ShapeError, op, ": start ", start, " and length ",
                 length, " out of range for dim ", d, " of ", x.shape().str());
   const std::vector<int64_t> strides = x.strides();
-  Tensor y = detail::strided_view(x, with_size(x.shape(), d, length), strides,
-                                  start * strides[static_cast<std::size_t>(d)]);
+  Tensor y =
+      detail::strided_view(x, with_size(x.shape(), d, length), strides, start * strides[static_cast<std::size_t>(d)]);
   if (should_record({&x})) attach_node(y, std::make_shared<NarrowBackward>(op, x.shape(), d, start, length), {&x});
   return y;
 }

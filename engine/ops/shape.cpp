@@ -96,8 +96,8 @@ Tensor cast(const Tensor& x_in, DType dtype) {
 
 Tensor reshape(const Tensor& x_in, const Shape& shape) {
   CUMULUS_CHECK(x_in.defined(), InvalidArgument, "reshape: input is undefined");
-  CUMULUS_CHECK(shape.numel() == x_in.numel(), ShapeError, "reshape: cannot view ", x_in.shape().str(),
-                " (", x_in.numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+  CUMULUS_CHECK(shape.numel() == x_in.numel(), ShapeError, "reshape: cannot view ", x_in.shape().str(), " (",
+                x_in.numel(), " elements) as ", shape.str(), " (", shape.numel(), " elements)");
   if (!x_in.is_contiguous() && x_in.numel() > 0) {
     const std::vector<int64_t> strides = view_strides(x_in, shape);
     if (!strides.empty() || shape.ndim() == 0) {  // a view of the view: no copy

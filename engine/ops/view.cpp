@@ -159,15 +159,16 @@ Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64
     running *= shape[d];
   }
   if (!impl->contiguous)
-    for (int d = 0; d < shape.ndim(); ++d) impl->strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d)];
+    for (int d = 0; d < shape.ndim(); ++d)
+      impl->strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d)];
   return Tensor(std::move(impl));
 }
 
 void copy_strided(const Tensor& src, const Tensor& dst, float beta) {
   CUMULUS_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype() && src.device() == dst.device(), ShapeError,
                 "copy between views: ", src.str(), " into ", dst.str());
-  CUMULUS_CHECK(beta == 0.0f || is_floating(dst.dtype()), InvalidArgument, "copy between views: beta ", beta,
-                " on ", dtype_name(dst.dtype()));
+  CUMULUS_CHECK(beta == 0.0f || is_floating(dst.dtype()), InvalidArgument, "copy between views: beta ", beta, " on ",
+                dtype_name(dst.dtype()));
   if (src.numel() == 0) return;
   const kernels::StridedLayout l = layout_of(src.shape(), src.strides(), dst.strides());
   switch (dst.dtype()) {
@@ -243,8 +244,8 @@ Tensor expand(const Tensor& x, const std::vector<int64_t>& sizes) {
     CUMULUS_CHECK(want >= 0 || (want == -1 && k >= 0), ShapeError, op, ": size ", want, " for dimension ", d,
                   " (-1 keeps an existing dimension's size)");
     const int64_t size = want == -1 ? have : want;
-    CUMULUS_CHECK(size == have || have == 1, ShapeError, op, ": cannot expand ", x.shape().str(),
-                  " to size ", size, " in dimension ", d, " (only dimensions of size 1 expand)");
+    CUMULUS_CHECK(size == have || have == 1, ShapeError, op, ": cannot expand ", x.shape().str(), " to size ", size,
+                  " in dimension ", d, " (only dimensions of size 1 expand)");
     shape.push_back(size);
     strides.push_back(k >= 0 && size == have ? xs[static_cast<std::size_t>(k)] : 0);
   }

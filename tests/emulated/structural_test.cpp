@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/structural_kernels.h"
-#include "kernels/cuda/structural_kernels.h"
 #include "kernels/cpu/strided_kernels.h"
+#include "kernels/cpu/structural_kernels.h"
 #include "kernels/cuda/strided_kernels.h"
+#include "kernels/cuda/structural_kernels.h"
 #include "tests/emulated/emulated.h"
 
 namespace cumulus::testing {

@@ -22,8 +22,28 @@ namespace {
 constexpr int64_t kB = 2, kT = 5, kC = 8, kH = 2, kD = kC / kH, kV = 7;
 
 // The inputs, in order.
-enum Input { tokens, labels, ones, wte, wpe, ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b,
-             fc2_w, fc2_b, lnf_w, lnf_b, kInputs };
+enum Input {
+  tokens,
+  labels,
+  ones,
+  wte,
+  wpe,
+  ln1_w,
+  ln1_b,
+  attn_w,
+  attn_b,
+  proj_w,
+  proj_b,
+  ln2_w,
+  ln2_b,
+  fc_w,
+  fc_b,
+  fc2_w,
+  fc2_b,
+  lnf_w,
+  lnf_b,
+  kInputs
+};
 
 // [B, T, C] -> [B, H, T, D]: a view.
 Tensor heads(const Tensor& x) { return ops::permute(ops::reshape(x, {kB, kT, kH, kD}), {0, 2, 1, 3}); }
@@ -58,8 +78,7 @@ Mat layer_norm_ref(const Mat& x, int64_t rows, const Mat& w, const Mat& b) {
     double mean = 0, var = 0;
     for (int64_t c = 0; c < kC; ++c) mean += x[r * kC + c] / kC;
     for (int64_t c = 0; c < kC; ++c) var += (x[r * kC + c] - mean) * (x[r * kC + c] - mean) / kC;
-    for (int64_t c = 0; c < kC; ++c)
-      y[r * kC + c] = (x[r * kC + c] - mean) / std::sqrt(var + 1e-5) * w[c] + b[c];
+    for (int64_t c = 0; c < kC; ++c) y[r * kC + c] = (x[r * kC + c] - mean) / std::sqrt(var + 1e-5) * w[c] + b[c];
   }
   return y;
 }
@@ -82,7 +101,9 @@ Mat attention_ref(const Mat& qkv) {
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t hd = 0; hd < kH; ++hd)
       for (int64_t i = 0; i < kT; ++i) {
-        auto at = [&](int64_t t, int64_t part, int64_t d) { return qkv[(b * kT + t) * 3 * kC + part * kC + hd * kD + d]; };
+        auto at = [&](int64_t t, int64_t part, int64_t d) {
+          return qkv[(b * kT + t) * 3 * kC + part * kC + hd * kD + d];
+        };
         std::vector<double> p(static_cast<std::size_t>(i + 1));
         double max = -INFINITY, sum = 0;
         for (int64_t j = 0; j <= i; ++j) {
@@ -153,8 +174,9 @@ CUMULUS_OP_CASES(gpt_block) {
   c.reference = gpt_block_reference;
   c.tolerance = 1e-5;
   c.grad_tolerance = 1e-4;
-  c.inner_ops = {"embedding", "arange", "add", "layer_norm", "linear", "split", "reshape", "permute", "transpose",
-                 "matmul", "bmm", "mul", "tril", "eq", "masked_fill", "softmax", "contiguous", "gelu", "cast"};
+  c.inner_ops = {"embedding",   "arange",    "add",        "layer_norm", "linear", "split", "reshape",
+                 "permute",     "transpose", "matmul",     "bmm",        "mul",    "tril",  "eq",
+                 "masked_fill", "softmax",   "contiguous", "gelu",       "cast"};
   cases.push_back(c);
 }
 

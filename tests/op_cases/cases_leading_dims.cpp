@@ -261,7 +261,7 @@ CUMULUS_OP_CASES(leading_dims) {
   add_matmul(cases, {2, 3, 4, 5}, {2, 3, 5, 4}, DType::f32);
   add_matmul(cases, {2, 3, 4, 5}, {2, 3, 5, 4}, DType::bf16);
   add_matmul(cases, {2, 1, 3, 4}, {3, 4, 2}, DType::f32, {"expand", "contiguous"});  // both operands broadcast
-  add_matmul(cases, {3, 4}, {2, 4, 5}, DType::f32);                  // a repeated: a batch stride of 0
+  add_matmul(cases, {3, 4}, {2, 4, 5}, DType::f32);                                  // a repeated: a batch stride of 0
   add_matmul(cases, {1, 3, 4}, {2, 2, 4, 5}, DType::bf16, {"reshape"});
   add_matmul(cases, {1, 3, 4}, {2, 2, 4, 5}, DType::f32, {"reshape"});
   add_matmul(cases, {2, 3, 4}, {1, 4, 5}, DType::f32, {"reshape"});  // b repeated: a batch stride of 0

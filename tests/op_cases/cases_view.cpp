@@ -158,7 +158,8 @@ void add_chained_cases(std::vector<OpCase>& cases) {
     return heads;
   };
   h.reference = [](const Values& v) {
-    return gather(v[0], {2, 3, 2, 4}, [](const std::vector<int64_t>& i) { return (i[0] * 3 + i[1]) * 12 + 4 + i[2] * 4 + i[3]; });
+    return gather(v[0], {2, 3, 2, 4},
+                  [](const std::vector<int64_t>& i) { return (i[0] * 3 + i[1]) * 12 + 4 + i[2] * 4 + i[3]; });
   };
   cases.push_back(h);
 }
@@ -172,7 +173,8 @@ void add_transposed_matmul_cases(std::vector<OpCase>& cases) {
     OpCase c;
     c.op = "matmul";
     c.name = std::string("matmul_transposed_") + (ta ? "a" : "") + (tb ? "b" : "") + "_2x3x4x5_5x6";
-    c.inputs = {{ta ? Shape{B, H, k, m} : Shape{B, H, m, k}, DType::f32}, {tb ? Shape{B, H, n, k} : Shape{B, H, k, n}, DType::f32}};
+    c.inputs = {{ta ? Shape{B, H, k, m} : Shape{B, H, m, k}, DType::f32},
+                {tb ? Shape{B, H, n, k} : Shape{B, H, k, n}, DType::f32}};
     c.inner_ops = {"transpose"};
     c.forward = [ta, tb](const Inputs& t) {
       return ops::matmul(ta ? ops::transpose(t[0], -2, -1) : t[0], tb ? ops::transpose(t[1], -1, -2) : t[1]);

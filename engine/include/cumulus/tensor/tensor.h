@@ -1,8 +1,8 @@
 // Tensor: a cheap, shared handle (like torch.Tensor) over reference-counted Storage, up to 8-D.
 // Dense and row-major, or a strided view of another tensor's storage (Note [Strided views] in
 // engine/ops/view.cpp). Views (reshape, flatten, detach, transpose, permute, narrow, expand) share
-// storage; copies are explicit (clone, to, contiguous). Autograd state lives beside the data: requires_grad, grad_fn, and for leaves the
-// persistent gradient buffer (see Note [Persistent gradient buffers] in autograd/engine.cpp).
+// storage; copies are explicit (clone, to, contiguous). Autograd state lives beside the data: requires_grad, grad_fn,
+// and for leaves the persistent gradient buffer (see Note [Persistent gradient buffers] in autograd/engine.cpp).
 #pragma once
 
 #include <array>
@@ -92,7 +92,7 @@ class Tensor {
   // ---- layout ----
   // Whether the elements are dense and row-major: every tensor but a strided view.
   bool is_contiguous() const;
-  int64_t stride(int dim) const;        // in elements; negative dims count from the end
+  int64_t stride(int dim) const;         // in elements; negative dims count from the end
   std::vector<int64_t> strides() const;  // in elements
   // This tensor when contiguous, else a dense copy (recorded by autograd).
   Tensor contiguous() const;
@@ -132,11 +132,11 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor clone() const;            // a copy on the same device, outside the graph
   Tensor detach() const;           // shares storage, outside the graph
-  Tensor reshape(const Shape& shape) const;  // ops::reshape: a view of a dense tensor; recorded
+  Tensor reshape(const Shape& shape) const;                    // ops::reshape: a view of a dense tensor; recorded
   Tensor reshape(std::initializer_list<int64_t> sizes) const;  // one size may be -1
   Tensor flatten(int start_dim = 1) const;   // a view; recorded by autograd
-  Tensor transpose(int dim0, int dim1) const;               // ops::transpose: a view
-  Tensor permute(const std::vector<int>& dims) const;       // ops::permute: a view
+  Tensor transpose(int dim0, int dim1) const;          // ops::transpose: a view
+  Tensor permute(const std::vector<int>& dims) const;  // ops::permute: a view
   // Rows [start, start + length) along dim 0: a view (a batch of a dataset). Not recorded by
   // autograd, so not allowed on tensors that require grad.
   Tensor narrow_rows(int64_t start, int64_t length) const;
