@@ -135,5 +135,6 @@ CUMULUS_BITS_TYPES(INSTANTIATE_BITS)
 CUMULUS_FLOAT_TYPES(INSTANTIATE_ARANGE)
 INSTANTIATE_ARANGE(int32_t)
 INSTANTIATE_ARANGE(int64_t)
+INSTANTIATE_ARANGE(uint8_t)  // refused by ops::arange, but its dispatch names it: an -O0 build links it
 
 }  // namespace cumulus::kernels
