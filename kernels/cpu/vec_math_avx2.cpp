@@ -44,6 +44,34 @@ void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
   for (int64_t k = i; k < n; ++k) g[k] = gb[k - i];
 }
 
+// 2^k for integers k in [-126, 127], built in the exponent field.
+V pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
+
+// e^x to about 1 ulp (Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2, ln 2 in two parts, a
+// degree-7 polynomial for e^r, then times 2^n in two halves, so that n = 128 near the overflow stays
+// finite), in about half the instructions of SLEEF's expf8_u10. Results below FLT_MIN (x < -87.34)
+// are 0 rather than subnormal, x > 88.72 is inf, NaN stays NaN (min and max return their second
+// operand when either is NaN, and the comparisons below are false for it).
+V exp_fast(V x) {
+  const V xc = _mm256_min_ps(splat(88.72283f), _mm256_max_ps(splat(-87.34f), x));
+  const V n = _mm256_round_ps(mul(xc, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm256_fnmadd_ps(n, splat(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+  static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                                    5.0000001201e-1f};
+  V p = splat(1.9875691500e-4f);
+  for (float c : kPoly) p = _mm256_fmadd_ps(p, r, splat(c));
+  p = _mm256_fmadd_ps(p, mul(r, r), add(r, splat(1.0f)));
+  const __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1);
+  V y = mul(mul(p, pow2(half)), pow2(_mm256_sub_epi32(k, half)));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, splat(-87.33654f), _CMP_LT_OQ));
+  return _mm256_blendv_ps(y, splat(INFINITY), _mm256_cmp_ps(x, splat(88.72283f), _CMP_GT_OQ));
+}
+
+// 1 / (1 + e), with e = inf giving 0. A division: the reciprocal estimate with a Newton step saves
+// about 15% of gelu_tanh's time but doubles its error (2 ulp to 3).
+V one_over_one_plus(V e) { return _mm256_div_ps(splat(1.0f), add(splat(1.0f), e)); }
+
 // kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x): the argument of gelu_tanh's tanh.
 V gelu_tanh_arg(V x) { return mul(splat(kSqrt2OverPi), add(x, mul(mul(mul(splat(kGeluTanhCubic), x), x), x))); }
 
@@ -72,8 +100,7 @@ void gelu_f32(const float* x, float* y, int64_t n) {
 // x = -inf, as the tanh form).
 void gelu_tanh_f32(const float* x, float* y, int64_t n) {
   map1(x, y, n, [](V v) {
-    const V e = Sleef_expf8_u10avx2(mul(splat(-2.0f), gelu_tanh_arg(v)));
-    return mul(v, _mm256_div_ps(splat(1.0f), add(splat(1.0f), e)));
+    return mul(v, one_over_one_plus(exp_fast(mul(splat(-2.0f), gelu_tanh_arg(v)))));
   });
 }
 
@@ -91,8 +118,8 @@ void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
 // so is e s s (inf * 0 would be NaN).
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
-    const V e = Sleef_expf8_u10avx2(mul(splat(-2.0f), gelu_tanh_arg(v)));
-    const V s = _mm256_div_ps(splat(1.0f), add(splat(1.0f), e));
+    const V e = exp_fast(mul(splat(-2.0f), gelu_tanh_arg(v)));
+    const V s = one_over_one_plus(e);
     const V finite = _mm256_cmp_ps(e, splat(INFINITY), _CMP_NEQ_UQ);
     const V ess = _mm256_and_ps(finite, mul(mul(e, s), s));
     const V inner_grad2 = mul(splat(2.0f * kSqrt2OverPi), add(splat(1.0f), mul(mul(splat(3.0f * kGeluTanhCubic), v), v)));
