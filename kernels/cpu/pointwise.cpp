@@ -189,6 +189,12 @@ void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* 
 
 template <typename T>
 void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      for (int64_t r = 0; r < rows; ++r) vec::softmax_row_f32(log, x + r * cols, y + r * cols, cols);
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
@@ -208,6 +214,13 @@ void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols)
 
 template <typename T>
 void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      for (int64_t r = 0; r < rows; ++r)
+        vec::softmax_grad_row_f32(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T *yr = y + r * cols, *dyr = dy + r * cols;
     T* dxr = dx + r * cols;

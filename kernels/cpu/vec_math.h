@@ -33,4 +33,11 @@ void gelu_tanh_f32(const float* x, float* y, int64_t n);
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 
+// One row of n: y = softmax(x), or log_softmax when `log`, around the row's maximum, the sum of
+// exp in double (kernels/cpu/pointwise.cpp's softmax_forward_cpu with the vector exp).
+void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
+// One row's gradient from the saved output y: softmax dx = y (dy - sum(dy y)), log_softmax
+// dx = dy - exp(y) sum(dy), blended into dx with beta (dx not read when beta is 0).
+void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
+
 }  // namespace cumulus::kernels::vec

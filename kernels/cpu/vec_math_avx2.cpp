@@ -75,6 +75,56 @@ V one_over_one_plus(V e) { return _mm256_div_ps(splat(1.0f), add(splat(1.0f), e)
 // kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x): the argument of gelu_tanh's tanh.
 V gelu_tanh_arg(V x) { return mul(splat(kSqrt2OverPi), add(x, mul(mul(mul(splat(kGeluTanhCubic), x), x), x))); }
 
+// A sum in double of 8 floats at a time, in two vectors of 4 lanes (the order differs from a
+// sequential sum's, which is within a rounding of the double result either way).
+struct DoubleSum {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  void add(__m256d a, __m256d b) {
+    lo = _mm256_add_pd(lo, a);
+    hi = _mm256_add_pd(hi, b);
+  }
+  double total() const {
+    alignas(32) double v[4];
+    _mm256_store_pd(v, _mm256_add_pd(lo, hi));
+    return (v[0] + v[1]) + (v[2] + v[3]);
+  }
+};
+__m256d low_pd(V v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+__m256d high_pd(V v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+V from_pd(__m256d lo, __m256d hi) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
+}
+
+// out = f(a, b, c) over n floats, as map1: a tail goes through f padded with `pad` in a (b and c
+// with zeros), so every element sees the same function. b, c may be null (zeros), and out (f is
+// called for what it accumulates).
+template <typename F>
+void map3(const float* a, const float* b, const float* c, float* out, int64_t n, float pad, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const V r = f(_mm256_loadu_ps(a + i), b ? _mm256_loadu_ps(b + i) : splat(0.0f), c ? _mm256_loadu_ps(c + i) : splat(0.0f));
+    if (out != nullptr) _mm256_storeu_ps(out + i, r);
+  }
+  if (i == n) return;
+  alignas(32) float ab[8] = {pad, pad, pad, pad, pad, pad, pad, pad}, bb[8] = {}, cb[8] = {}, ob[8];
+  for (int64_t k = i; k < n; ++k) ab[k - i] = a[k], bb[k - i] = b ? b[k] : 0.0f, cb[k - i] = c ? c[k] : 0.0f;
+  _mm256_store_ps(ob, f(_mm256_load_ps(ab), _mm256_load_ps(bb), _mm256_load_ps(cb)));
+  if (out != nullptr)
+    for (int64_t k = i; k < n; ++k) out[k] = ob[k - i];
+}
+
+float max_of(const float* x, int64_t n) {
+  V m = splat(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);  // a NaN in x is skipped, as fmax
+  alignas(32) float v[8];
+  _mm256_store_ps(v, m);
+  float r = -INFINITY;
+  for (float e : v) r = fmaxf(r, e);
+  for (; i < n; ++i) r = fmaxf(r, x[i]);
+  return r;
+}
+
 }  // namespace
 
 void tanh_f32(const float* x, float* y, int64_t n) {
@@ -124,6 +174,38 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
     const V ess = _mm256_and_ps(finite, mul(mul(e, s), s));
     const V inner_grad2 = mul(splat(2.0f * kSqrt2OverPi), add(splat(1.0f), mul(mul(splat(3.0f * kGeluTanhCubic), v), v)));
     return mul(d, add(s, mul(mul(v, ess), inner_grad2)));
+  });
+}
+
+void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
+  const float m = max_of(x, n);
+  DoubleSum sum;
+  // exp(x - m) summed (a pad of -inf adds exp(-inf) = 0), and stored in y for softmax's scaling.
+  map3(x, nullptr, nullptr, log ? nullptr : y, n, -INFINITY, [&](V v, V, V) {
+    const V e = exp_fast(sub(v, splat(m)));
+    sum.add(low_pd(e), high_pd(e));
+    return e;
+  });
+  if (log) {
+    const float log_s = static_cast<float>(::log(sum.total()));
+    map3(x, nullptr, nullptr, y, n, 0.0f, [&](V v, V, V) { return sub(sub(v, splat(m)), splat(log_s)); });
+  } else {
+    const float inv = static_cast<float>(1.0 / sum.total());
+    map3(y, nullptr, nullptr, y, n, 0.0f, [&](V v, V, V) { return mul(v, splat(inv)); });
+  }
+}
+
+void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n) {
+  DoubleSum sum;  // log_softmax: sum(dy); softmax: sum(dy y), in double (zero pads add nothing)
+  map3(y, dy, nullptr, nullptr, n, 0.0f, [&](V yv, V g, V) {
+    if (log) sum.add(low_pd(g), high_pd(g));
+    else sum.add(_mm256_mul_pd(low_pd(g), low_pd(yv)), _mm256_mul_pd(high_pd(g), high_pd(yv)));
+    return g;
+  });
+  const V s = splat(static_cast<float>(sum.total())), b = splat(beta);
+  map3(y, dy, beta == 0.0f ? nullptr : dx, dx, n, 0.0f, [&](V yv, V g, V old) {
+    const V v = log ? sub(g, mul(exp_fast(yv), s)) : mul(yv, sub(g, s));
+    return beta == 0.0f ? v : add(v, mul(b, old));
   });
 }
 
