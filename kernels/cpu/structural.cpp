@@ -1,9 +1,11 @@
 // CPU kernels of the structural ops (kernels/cpu/structural_kernels.h): layer norm, slab copies for
 // cat / split / narrow, and gathers with their scatter-add for index_select and embedding.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/structural_kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace cumulus::kernels {
 
@@ -20,6 +22,13 @@ float blend(float value, float beta, float old) { return beta == 0.0f ? value : 
 template <typename T>
 void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
                             T* y, float* mean, float* rstd) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      for (int64_t r = 0; r < rows; ++r)
+        vec::layer_norm_row_f32(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     double s = 0.0;
@@ -43,6 +52,13 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
 template <typename T>
 void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                 int64_t rows, int64_t cols, float beta, T* dx) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      for (int64_t r = 0; r < rows; ++r)
+        vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols);
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     const T* dyr = dy + r * cols;
@@ -64,18 +80,24 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
   }
 }
 
+// Row by row into a double per column, so x and dy are read in order (a column at a time strided
+// through both); each column still adds its rows in order, so the bits are those of a column loop.
 template <typename T>
 void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias) {
-  for (int64_t c = 0; c < cols; ++c) {
-    double sw = 0.0, sb = 0.0;  // in double, as the forward's sums
-    for (int64_t r = 0; r < rows; ++r) {
-      const float g = to_f32(dy[r * cols + c]);
-      sw += g * ((static_cast<double>(to_f32(x[r * cols + c])) - mean[r]) * rstd[r]);
-      sb += g;
+  std::vector<double> sw(static_cast<std::size_t>(cols)), sb(static_cast<std::size_t>(cols));  // as the forward's sums
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * cols, *dyr = dy + r * cols;
+    const double m = mean[r], inv = rstd[r];
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = to_f32(dyr[c]);
+      sw[c] += g * ((static_cast<double>(to_f32(xr[c])) - m) * inv);
+      sb[c] += g;
     }
-    if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw), beta_dw, dweight[c]);
-    if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb), beta_db, dbias[c]);
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw[c]), beta_dw, dweight[c]);
+    if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb[c]), beta_db, dbias[c]);
   }
 }
 

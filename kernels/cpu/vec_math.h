@@ -40,4 +40,12 @@ void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
 // dx = dy - exp(y) sum(dy), blended into dx with beta (dx not read when beta is 0).
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
 
+// One row of layer norm (kernels/cpu/structural.cpp's layer_norm_forward_cpu, its double sums
+// 8 lanes at a time): y, the row's mean and rstd.
+void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
+                        float* mean, float* rstd);
+// One row of layer norm's dx (layer_norm_backward_dx_cpu), blended into dx with beta.
+void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
+                             float beta, float* dx);
+
 }  // namespace cumulus::kernels::vec

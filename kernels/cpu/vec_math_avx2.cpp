@@ -209,5 +209,81 @@ void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta,
   });
 }
 
+void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
+                        float* mean, float* rstd) {
+  DoubleSum sum;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const V v = _mm256_loadu_ps(x + i);
+    sum.add(low_pd(v), high_pd(v));
+  }
+  double s = sum.total();
+  for (int64_t k = i; k < n; ++k) s += x[k];
+  const double m = s / static_cast<double>(n);
+  const __m256d md = _mm256_set1_pd(m);
+  DoubleSum squares;
+  for (i = 0; i + 8 <= n; i += 8) {
+    const V v = _mm256_loadu_ps(x + i);
+    const __m256d a = _mm256_sub_pd(low_pd(v), md), b = _mm256_sub_pd(high_pd(v), md);
+    squares.add(_mm256_mul_pd(a, a), _mm256_mul_pd(b, b));
+  }
+  double ss = squares.total();
+  for (int64_t k = i; k < n; ++k) ss += (x[k] - m) * (x[k] - m);
+  const double inv = 1.0 / sqrt(ss / static_cast<double>(n) + eps);
+  *mean = static_cast<float>(m);
+  *rstd = static_cast<float>(inv);
+  const __m256d invd = _mm256_set1_pd(inv);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const V v = _mm256_loadu_ps(x + i);
+    V out = from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
+    if (weight != nullptr) out = mul(out, _mm256_loadu_ps(weight + i));
+    if (bias != nullptr) out = add(out, _mm256_loadu_ps(bias + i));
+    _mm256_storeu_ps(y + i, out);
+  }
+  for (int64_t k = i; k < n; ++k) {
+    float v = static_cast<float>((x[k] - m) * inv);
+    if (weight != nullptr) v *= weight[k];
+    if (bias != nullptr) v += bias[k];
+    y[k] = v;
+  }
+}
+
+void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
+                             float beta, float* dx) {
+  const __m256d md = _mm256_set1_pd(mean), invd = _mm256_set1_pd(rstd);
+  auto g_at = [&](int64_t i) { return weight != nullptr ? mul(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(weight + i)) : _mm256_loadu_ps(dy + i); };
+  DoubleSum sum_g, sum_g_xhat;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const V g = g_at(i), v = _mm256_loadu_ps(x + i);
+    const __m256d glo = low_pd(g), ghi = high_pd(g);
+    sum_g.add(glo, ghi);
+    sum_g_xhat.add(_mm256_mul_pd(glo, _mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd)),
+                   _mm256_mul_pd(ghi, _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd)));
+  }
+  double sg = sum_g.total(), sgx = sum_g_xhat.total();
+  for (int64_t k = i; k < n; ++k) {
+    const double g = dy[k] * (weight != nullptr ? weight[k] : 1.0f);
+    sg += g;
+    sgx += g * ((static_cast<double>(x[k]) - mean) * rstd);
+  }
+  const auto mean_g = static_cast<float>(sg / static_cast<double>(n));
+  const auto mean_g_xhat = static_cast<float>(sgx / static_cast<double>(n));
+  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), inv = splat(rstd), b = splat(beta);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const V v = _mm256_loadu_ps(x + i);
+    const V xhat = from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
+    V out = mul(inv, sub(sub(g_at(i), mg), mul(xhat, mgx)));
+    if (beta != 0.0f) out = add(out, mul(b, _mm256_loadu_ps(dx + i)));
+    _mm256_storeu_ps(dx + i, out);
+  }
+  for (int64_t k = i; k < n; ++k) {
+    const float g = dy[k] * (weight != nullptr ? weight[k] : 1.0f);
+    const auto xhat = static_cast<float>((static_cast<double>(x[k]) - mean) * rstd);
+    const float v = rstd * (g - mean_g - xhat * mean_g_xhat);
+    dx[k] = beta == 0.0f ? v : v + beta * dx[k];
+  }
+}
+
 }  // namespace cumulus::kernels::vec
 #endif
