@@ -177,33 +177,37 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   });
 }
 
+// The accumulators are locals, never captured: a capture by reference would keep them in memory,
+// as every vector store may alias them.
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
-  const float m = max_of(x, n);
-  DoubleSum sum;
+  const V m = splat(max_of(x, n));
+  __m256d lo = _mm256_setzero_pd(), hi = lo;
   // exp(x - m) summed (a pad of -inf adds exp(-inf) = 0), and stored in y for softmax's scaling.
-  map3(x, nullptr, nullptr, log ? nullptr : y, n, -INFINITY, [&](V v, V, V) {
-    const V e = exp_fast(sub(v, splat(m)));
-    sum.add(low_pd(e), high_pd(e));
+  map3(x, nullptr, nullptr, log ? nullptr : y, n, -INFINITY, [m, &lo, &hi](V v, V, V) {
+    const V e = exp_fast(sub(v, m));
+    lo = _mm256_add_pd(lo, low_pd(e));
+    hi = _mm256_add_pd(hi, high_pd(e));
     return e;
   });
+  const double sum = DoubleSum{lo, hi}.total();
   if (log) {
-    const float log_s = static_cast<float>(::log(sum.total()));
-    map3(x, nullptr, nullptr, y, n, 0.0f, [&](V v, V, V) { return sub(sub(v, splat(m)), splat(log_s)); });
+    const V log_s = splat(static_cast<float>(::log(sum)));
+    map3(x, nullptr, nullptr, y, n, 0.0f, [m, log_s](V v, V, V) { return sub(sub(v, m), log_s); });
   } else {
-    const float inv = static_cast<float>(1.0 / sum.total());
-    map3(y, nullptr, nullptr, y, n, 0.0f, [&](V v, V, V) { return mul(v, splat(inv)); });
+    const V inv = splat(static_cast<float>(1.0 / sum));
+    map3(y, nullptr, nullptr, y, n, 0.0f, [inv](V v, V, V) { return mul(v, inv); });
   }
 }
 
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n) {
-  DoubleSum sum;  // log_softmax: sum(dy); softmax: sum(dy y), in double (zero pads add nothing)
-  map3(y, dy, nullptr, nullptr, n, 0.0f, [&](V yv, V g, V) {
-    if (log) sum.add(low_pd(g), high_pd(g));
-    else sum.add(_mm256_mul_pd(low_pd(g), low_pd(yv)), _mm256_mul_pd(high_pd(g), high_pd(yv)));
+  __m256d lo = _mm256_setzero_pd(), hi = lo;  // log_softmax: sum(dy); softmax: sum(dy y), in double
+  map3(y, dy, nullptr, nullptr, n, 0.0f, [log, &lo, &hi](V yv, V g, V) {
+    lo = _mm256_add_pd(lo, log ? low_pd(g) : _mm256_mul_pd(low_pd(g), low_pd(yv)));
+    hi = _mm256_add_pd(hi, log ? high_pd(g) : _mm256_mul_pd(high_pd(g), high_pd(yv)));
     return g;
   });
-  const V s = splat(static_cast<float>(sum.total())), b = splat(beta);
-  map3(y, dy, beta == 0.0f ? nullptr : dx, dx, n, 0.0f, [&](V yv, V g, V old) {
+  const V s = splat(static_cast<float>(DoubleSum{lo, hi}.total())), b = splat(beta);
+  map3(y, dy, beta == 0.0f ? nullptr : dx, dx, n, 0.0f, [log, s, b, beta](V yv, V g, V old) {
     const V v = log ? sub(g, mul(exp_fast(yv), s)) : mul(yv, sub(g, s));
     return beta == 0.0f ? v : add(v, mul(b, old));
   });
