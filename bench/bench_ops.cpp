@@ -20,8 +20,8 @@
 // An op's memory floor is the bytes it must move over the rate this machine moves bytes at the
 // op's sizes: mem/copy (memcpy, 2 bytes moved per byte copied) and mem/triad (a = b + s c, 3 arrays),
 // over arrays of 1 MiB (the [512, 512] f32 activations: in the 2 MiB L2) and 256 MiB (from memory:
-// past the 300 MiB L3 even for a copy), on one thread and split across two. bytes_per_second counts what the op reads plus what it writes,
-// each array once, as the ops' own counters do.
+// past the 300 MiB L3 even for a copy), on one thread and split across two. bytes_per_second
+// counts what the op reads plus what it writes, each array once, as the ops' own counters do.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -202,9 +202,10 @@ void register_all(Device device) {
         forward_backward(s, c, device);
       })->UseManualTime();
     if (c.differentiable && c.inputs[0].dtype == DType::f32)
-      benchmark::RegisterBenchmark((prefix + "op_forward_backward/" + device.str()).c_str(),
-                                   [c, device](benchmark::State& s) { op_forward_backward(s, c, device); })
-          ->UseManualTime();
+      benchmark::RegisterBenchmark((prefix + "op_forward_backward/" + device.str()).c_str(), [c, device](
+                                                                                                 benchmark::State& s) {
+        op_forward_backward(s, c, device);
+      })->UseManualTime();
   }
 }
 

@@ -63,7 +63,8 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
     if (vec::available()) {
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
-          vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols);
+          vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
+                                       dx + r * cols);
       });
       return;
     }

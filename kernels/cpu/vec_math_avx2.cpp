@@ -102,7 +102,8 @@ template <typename F>
 void map3(const float* a, const float* b, const float* c, float* out, int64_t n, float pad, F f) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const V r = f(_mm256_loadu_ps(a + i), b ? _mm256_loadu_ps(b + i) : splat(0.0f), c ? _mm256_loadu_ps(c + i) : splat(0.0f));
+    const V r =
+        f(_mm256_loadu_ps(a + i), b ? _mm256_loadu_ps(b + i) : splat(0.0f), c ? _mm256_loadu_ps(c + i) : splat(0.0f));
     if (out != nullptr) _mm256_storeu_ps(out + i, r);
   }
   if (i == n) return;
@@ -149,9 +150,7 @@ void gelu_f32(const float* x, float* y, int64_t n) {
 // and no cancellation in 1 + tanh(u) where u is very negative. exp(-2u) = inf gives x * 0 (NaN at
 // x = -inf, as the tanh form).
 void gelu_tanh_f32(const float* x, float* y, int64_t n) {
-  map1(x, y, n, [](V v) {
-    return mul(v, one_over_one_plus(exp_fast(mul(splat(-2.0f), gelu_tanh_arg(v)))));
-  });
+  map1(x, y, n, [](V v) { return mul(v, one_over_one_plus(exp_fast(mul(splat(-2.0f), gelu_tanh_arg(v))))); });
 }
 
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
@@ -172,7 +171,8 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
     const V s = one_over_one_plus(e);
     const V finite = _mm256_cmp_ps(e, splat(INFINITY), _CMP_NEQ_UQ);
     const V ess = _mm256_and_ps(finite, mul(mul(e, s), s));
-    const V inner_grad2 = mul(splat(2.0f * kSqrt2OverPi), add(splat(1.0f), mul(mul(splat(3.0f * kGeluTanhCubic), v), v)));
+    const V inner_grad2 =
+        mul(splat(2.0f * kSqrt2OverPi), add(splat(1.0f), mul(mul(splat(3.0f * kGeluTanhCubic), v), v)));
     return mul(d, add(s, mul(mul(v, ess), inner_grad2)));
   });
 }
@@ -239,7 +239,8 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
   const __m256d invd = _mm256_set1_pd(inv);
   for (i = 0; i + 8 <= n; i += 8) {
     const V v = _mm256_loadu_ps(x + i);
-    V out = from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
+    V out =
+        from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
     if (weight != nullptr) out = mul(out, _mm256_loadu_ps(weight + i));
     if (bias != nullptr) out = add(out, _mm256_loadu_ps(bias + i));
     _mm256_storeu_ps(y + i, out);
@@ -255,7 +256,9 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
                              float beta, float* dx) {
   const __m256d md = _mm256_set1_pd(mean), invd = _mm256_set1_pd(rstd);
-  auto g_at = [&](int64_t i) { return weight != nullptr ? mul(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(weight + i)) : _mm256_loadu_ps(dy + i); };
+  auto g_at = [&](int64_t i) {
+    return weight != nullptr ? mul(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(weight + i)) : _mm256_loadu_ps(dy + i);
+  };
   DoubleSum sum_g, sum_g_xhat;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -276,7 +279,8 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
   const V mg = splat(mean_g), mgx = splat(mean_g_xhat), inv = splat(rstd), b = splat(beta);
   for (i = 0; i + 8 <= n; i += 8) {
     const V v = _mm256_loadu_ps(x + i);
-    const V xhat = from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
+    const V xhat =
+        from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
     V out = mul(inv, sub(sub(g_at(i), mg), mul(xhat, mgx)));
     if (beta != 0.0f) out = add(out, mul(b, _mm256_loadu_ps(dx + i)));
     _mm256_storeu_ps(dx + i, out);
