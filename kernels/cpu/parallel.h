@@ -15,8 +15,8 @@
 
 namespace cumulus::kernels {
 
-// Calls fn(begin, end) over [0, n) in chunks of `grain` (the last may be shorter), on up to
-// cpu_threads() threads; serially when n <= grain.
+// Calls fn(begin, end) over [0, n) in chunks of `grain` (the last may be shorter) on up to
+// cpu_threads() threads, or once with the whole [0, n) when it runs serially: fn takes any range.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // The chunk of elementwise work worth handing to another thread: about 30 microseconds of an

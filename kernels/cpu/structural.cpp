@@ -97,7 +97,7 @@ template <typename T>
 void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias) {
   constexpr int64_t kColumns = 256;  // a block's sums stay in the L1 cache
-  parallel_for(cols, kColumns, [&](int64_t c0, int64_t c1) {
+  auto block = [&](int64_t c0, int64_t c1) {
     double sw[kColumns] = {}, sb[kColumns] = {};  // in double, as the forward's sums
     for (int64_t r = 0; r < rows; ++r) {
       const T *xr = x + r * cols, *dyr = dy + r * cols;
@@ -112,6 +112,9 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
       if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw[c - c0]), beta_dw, dweight[c]);
       if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb[c - c0]), beta_db, dbias[c]);
     }
+  };
+  parallel_for(cols, kColumns, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c += kColumns) block(c, std::min(c1, c + kColumns));
   });
 }
 

@@ -4,7 +4,7 @@
 // operations in the same order, only the transcendental (tanhf, expf, erff) replaced by SLEEF's u10
 // variant: at most 1.0 ulp from the exact result (glibc's are within 1-2 ulp), so an element may
 // differ from the scalar rule's in its last bit or two. gelu_tanh computes the same function in
-// another form, x / (1 + exp(-2u)), with a Cephes-style exp of about 1 ulp: one exp instead of a
+// another form, x / (1 + exp(-2u)), with a Cephes-style exp within 1.3 ulp: one exp instead of a
 // tanh (a third of its cost), within 2 ulp of max(|exact|, 1) forward and backward over [-10, 10]
 // (the tanh form: 1.4 forward, 8.7 backward, where 1 - t t amplified tanh's error). softmax and
 // log_softmax use that exp too; their double sums, and layer norm's, run 8 lanes at a time rather

@@ -47,7 +47,7 @@ void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
 // 2^k for integers k in [-126, 127], built in the exponent field.
 V pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
 
-// e^x to about 1 ulp (Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2, ln 2 in two parts, a
+// e^x within 1.3 ulp (Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2, ln 2 in two parts, a
 // degree-7 polynomial for e^r, then times 2^n in two halves, so that n = 128 near the overflow stays
 // finite), in about half the instructions of SLEEF's expf8_u10. Results below FLT_MIN (x < -87.34)
 // are 0 rather than subnormal, x > 88.72 is inf, NaN stays NaN (min and max return their second
