@@ -248,7 +248,6 @@ TEST_P(PointwiseTest, ActivationModulesRunTheirOps) {
   EXPECT_NE(ops::gelu(x).to_vector<float>(), ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
 }
 
-
 // Note [CPU kernel threads]: the activations, softmax and layer norm split their work across
 // cpu_threads() threads with the same bits as one thread; rows wider than the kernels' chunks
 // (layer norm's parameter gradients sum 256 columns at a time) and enough elements for several chunks.

@@ -6,9 +6,9 @@
 #include <vector>
 #include "kernels/cpu/vec_math.h"
 using namespace cumulus::kernels;
-double ulp_err(double got, double ref) { double m = std::max(std::fabs(ref), 1e-38); return std::fabs(got - ref) / (std::nextafter((float)m, INFINITY) - (float)m); }
 int main() {
-  const int n = 2000001; std::vector<float> x(n), y(n), dy(n, 1.0f), g(n);
+  const int n = 2000001;
+  std::vector<float> x(n), y(n), dy(n, 1.0f), g(n);
   for (int i = 0; i < n; ++i) x[i] = -10.0f + 20.0f * i / (n - 1);
   vec::gelu_tanh_f32(x.data(), y.data(), n);
   vec::gelu_tanh_grad_f32(x.data(), dy.data(), g.data(), n);
@@ -23,7 +23,9 @@ int main() {
   }
   std::printf("gelu_tanh fwd %.2f ulp  bwd %.2f ulp (of max(|ref|,1))\n", ef, eb);
   float sp[] = {NAN, INFINITY, -INFINITY, -0.0f, 0.0f, 1e-40f, 65504.f, -65520.f, 88.6f, -88.6f, 100.f, -100.f};
-  float ys[12], gs[12], ones[12]; for (float& o : ones) o = 1;
-  vec::gelu_tanh_f32(sp, ys, 12); vec::gelu_tanh_grad_f32(sp, ones, gs, 12);
+  float ys[12], gs[12], ones[12];
+  for (float& o : ones) o = 1;
+  vec::gelu_tanh_f32(sp, ys, 12);
+  vec::gelu_tanh_grad_f32(sp, ones, gs, 12);
   for (int i = 0; i < 12; ++i) std::printf("x=%g y=%g g=%g\n", sp[i], ys[i], gs[i]);
 }
