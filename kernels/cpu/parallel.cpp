@@ -15,6 +15,10 @@ namespace cumulus::kernels {
 
 namespace {
 
+// Whether this thread is running a chunk: a parallel_for inside one runs serially (the job's mutex
+// is already held, by this thread or by the caller a helper works for).
+thread_local bool t_in_chunk = false;
+
 class HelperPool {
  public:
   // Never destroyed: a helper blocked in its wait would keep a destructor that joins it from
@@ -27,6 +31,7 @@ class HelperPool {
   // Runs chunk(c) for c in [0, chunks) on the caller and up to `helpers` helpers; false (nothing run)
   // when another call holds the helpers or none could be started.
   bool run(int64_t chunks, int helpers, const std::function<void(int64_t)>& chunk) {
+    if (t_in_chunk) return false;
     std::unique_lock<std::mutex> job(job_mutex_, std::try_to_lock);
     if (!job.owns_lock() || !start_helpers(helpers)) return false;
     {
@@ -58,7 +63,9 @@ class HelperPool {
   }
 
   void work() {
+    t_in_chunk = true;
     for (int64_t c; (c = next_.fetch_add(1)) < chunks_;) (*chunk_)(c);
+    t_in_chunk = false;
   }
 
   void serve() {

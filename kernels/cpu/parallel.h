@@ -7,7 +7,8 @@
 // machine) costs nothing but its share: the caller takes the chunks it has not claimed. Each chunk
 // computes its elements (or rows, or columns) as the serial loop does, so the results are the same
 // bits at any thread count. One call at a time uses the helpers; a call that finds them busy (from
-// another thread of the program), or that cannot start one (an address-space limit), runs serially.
+// another thread of the program, or from inside a chunk), or that cannot start one (an
+// address-space limit), runs serially.
 #pragma once
 
 #include <cstdint>
