@@ -249,9 +249,10 @@ TEST_P(PointwiseTest, ActivationModulesRunTheirOps) {
   EXPECT_NE(ops::gelu(x).to_vector<float>(), ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
 }
 
-// Note [CPU kernel threads]: the activations, softmax and layer norm split their work across
-// cpu_threads() threads with the same bits as one thread; rows wider than the kernels' chunks
-// (layer norm's parameter gradients sum 256 columns at a time) and enough elements for several chunks.
+// Note [CPU kernel threads]: the activations (and exp, log, sqrt, rsqrt, abs), softmax (over the
+// last dimension and the first) and layer norm split their work across cpu_threads() threads with
+// the same bits as one thread; rows wider than the kernels' chunks (layer norm's parameter gradients
+// sum 256 columns at a time) and enough elements for several chunks.
 std::vector<std::vector<float>> cpu_results_at(int threads) {
   set_cpu_threads(threads);
   constexpr int64_t kRows = 300, kCols = 1000;
@@ -269,6 +270,11 @@ std::vector<std::vector<float>> cpu_results_at(int threads) {
       [](const Tensor& x, const Tensor&) { return ops::softmax(x); },
       [](const Tensor& x, const Tensor&) { return ops::log_softmax(x); },
       [](const Tensor& x, const Tensor& w) { return ops::layer_norm(x, x.size(-1), w, w, 1e-5f); },
+      [](const Tensor& x, const Tensor&) { return ops::softmax(x, 0); },
+      [](const Tensor& x, const Tensor&) { return ops::exp(x); },
+      [](const Tensor& x, const Tensor&) { return ops::log(ops::abs(x)); },
+      [](const Tensor& x, const Tensor&) { return ops::sqrt(ops::abs(x)); },
+      [](const Tensor& x, const Tensor&) { return ops::rsqrt(ops::abs(x)); },
   };
   std::vector<std::vector<float>> out;
   for (const auto& op : ops_under_test) {
