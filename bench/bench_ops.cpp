@@ -10,13 +10,31 @@
 // once plus the output written once (forward_backward: plus each input gradient written and the
 // output gradient read once; a 16-bit input's backward includes converting its gradient to its
 // f32 leaf's), and FLOP/s for the forward where the case gives its FLOPs. An op
-// without a gradient (argmax) gets the forward only.
+// without a gradient (argmax) gets the forward only. Besides, for a case whose output is f32,
+//   ops/<case>/<size>/op_forward_backward/<device>  the op recorded and its backward from a given
+//                                                upstream gradient, overwriting the leaves' gradients:
+//                                                the op's own passes, no sum, fill or accumulation
+// and the memory rates that bound them (Note [Memory floor]).
+//
+// Note [Memory floor]
+// An op's memory floor is the bytes it must move over the rate this machine moves bytes at the
+// op's sizes: mem/copy (memcpy, 2 bytes moved per byte copied) and mem/triad (a = b + s c, 3 arrays),
+// over arrays of 1 MiB (the [512, 512] f32 activations: in the 2 MiB L2) and 256 MiB (from memory:
+// past the 300 MiB L3 even for a copy), on one thread and split across two. bytes_per_second
+// counts what the op reads plus what it writes, each array once, as the ops' own counters do.
 #include <benchmark/benchmark.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "bench/rig.h"
 #include "cumulus/autograd/grad_mode.h"
+#include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "op_cases/op_case.h"
 
@@ -74,6 +92,101 @@ void forward_backward(benchmark::State& state, const OpCase& c, Device device) {
   set_rates(state, input_bytes(t) + gradient_bytes(c, t) + 2 * output_bytes, 0);
 }
 
+// The op and its backward from a fixed upstream gradient (ones), each leaf's gradient overwritten
+// (marked stale before each iteration, untimed): exactly the op's forward and backward kernels.
+void op_forward_backward(benchmark::State& state, const OpCase& c, Device device) {
+  CaseTensors t = make_inputs(c, device, kSeed);
+  Tensor dy;
+  double output_bytes = 0;
+  auto setup = [&] {
+    for (std::size_t i = 0; i < t.inputs.size(); ++i) {
+      if (t.inputs[i].dtype() != t.leaves[i].dtype()) t.inputs[i] = ops::cast(t.leaves[i], t.inputs[i].dtype());
+      if (t.leaves[i].requires_grad()) t.leaves[i].mark_grad_stale();
+    }
+  };
+  timed_loop(state, device, setup, [&] {
+    const Tensor out = c.forward(t.inputs);
+    if (!dy.defined()) dy = Tensor::full(out.shape(), 1.0f, device);
+    output_bytes = static_cast<double>(out.nbytes());
+    run_backward(out, dy);
+  });
+  set_rates(state, input_bytes(t) + gradient_bytes(c, t) + 2 * output_bytes, 0);
+}
+
+// Runs fn(part) for part 0 here and, with two threads, part 1 on a worker that waits spinning
+// between calls (a thread started per call would cost more than a 1 MiB copy).
+class ThreadPair {
+ public:
+  explicit ThreadPair(int threads) : threads_(threads) {
+    if (threads_ == 2) worker_ = std::thread([this] { serve(); });
+  }
+  ~ThreadPair() {
+    if (!worker_.joinable()) return;
+    stop_ = true;
+    generation_.fetch_add(1);
+    worker_.join();
+  }
+  void run(const std::function<void(int)>& fn) {
+    fn_ = &fn;
+    if (threads_ == 2) generation_.fetch_add(1, std::memory_order_release);
+    fn(0);
+    if (threads_ == 2)
+      while (done_.load(std::memory_order_acquire) != generation_.load()) std::this_thread::yield();
+  }
+
+ private:
+  void serve() {
+    for (int seen = 0;;) {
+      while (generation_.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+      seen = generation_.load();
+      if (stop_) return;
+      (*fn_)(1);
+      done_.store(seen, std::memory_order_release);
+    }
+  }
+  int threads_;
+  std::thread worker_;
+  std::atomic<int> generation_{0}, done_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int)>* fn_ = nullptr;
+};
+
+// mem/<kernel>/<MiB per array>MiB/threads:<k> (Note [Memory floor]).
+void memory_rate(benchmark::State& state, bool triad, int64_t mib, int threads) {
+  const auto n = static_cast<std::size_t>(mib) << 18;  // floats per array
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  ThreadPair pair(threads);
+  const std::function<void(int)> part = [&](int k) {
+    const std::size_t begin = n * k / threads, end = n * (k + 1) / threads;
+    if (!triad) {
+      std::memcpy(a.data() + begin, b.data() + begin, (end - begin) * sizeof(float));
+      return;
+    }
+    float *pa = a.data(), *pb = b.data(), *pc = c.data();
+    for (std::size_t i = begin; i < end; ++i) pa[i] = pb[i] + 0.5f * pc[i];
+  };
+  for (int i = 0; i < kWarmupIterations; ++i) pair.run(part);
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    pair.run(part);
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  benchmark::DoNotOptimize(a.data());
+  set_rates(state, static_cast<double>(n * sizeof(float)) * (triad ? 3 : 2), 0);
+}
+
+void register_memory_rates() {
+  for (bool triad : {false, true})
+    for (int64_t mib : {1, 256})
+      for (int threads : {1, 2}) {
+        const std::string name = std::string("mem/") + (triad ? "triad/" : "copy/") + std::to_string(mib) +
+                                 "MiB/threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) {
+          memory_rate(s, triad, mib, threads);
+        })->UseManualTime();
+      }
+}
+
 void register_all(Device device) {
   for (const OpCase& registered : testing::all_op_cases()) {
     const OpCase c = testing::at_bench_sizes(registered);
@@ -88,6 +201,11 @@ void register_all(Device device) {
                                                                                               benchmark::State& s) {
         forward_backward(s, c, device);
       })->UseManualTime();
+    if (c.differentiable && c.inputs[0].dtype == DType::f32)
+      benchmark::RegisterBenchmark((prefix + "op_forward_backward/" + device.str()).c_str(), [c, device](
+                                                                                                 benchmark::State& s) {
+        op_forward_backward(s, c, device);
+      })->UseManualTime();
   }
 }
 
@@ -96,6 +214,7 @@ void register_all(Device device) {
 
 int main(int argc, char** argv) {
   using namespace cumulus;
+  bench::register_memory_rates();
   bench::register_all(Device::cpu());
   if (cuda_available()) bench::register_all(Device::cuda(0));
   benchmark::Initialize(&argc, argv);

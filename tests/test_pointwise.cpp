@@ -1,13 +1,16 @@
 // The pointwise ops' errors and edge cases (their values and gradients are op cases:
 // tests/op_cases/cases_pointwise.cpp): shapes that do not broadcast, mixed dtypes, integer inputs,
 // empty outputs, width-1 softmax rows, large logits, dropout's argument checks, mask statistics and
-// memory, the operators, and the nn modules (Dropout's offsets, eval mode, recompute).
+// memory, the operators, the nn modules (Dropout's offsets, eval mode, recompute), and the CPU
+// kernels' threads (the same bits at one thread and two).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "cumulus/core/threads.h"
 #include "cumulus/cumulus.h"
 #include "test_util.h"
 
@@ -244,6 +247,53 @@ TEST_P(PointwiseTest, ActivationModulesRunTheirOps) {
   EXPECT_EQ(nn::Tanh()(x).to_vector<float>(), ops::tanh(x).to_vector<float>());
   EXPECT_EQ(nn::Sigmoid()(x).to_vector<float>(), ops::sigmoid(x).to_vector<float>());
   EXPECT_NE(ops::gelu(x).to_vector<float>(), ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
+}
+
+// Note [CPU kernel threads]: the activations (and exp, log, sqrt, rsqrt, abs), softmax (over the
+// last dimension and the first) and layer norm split their work across cpu_threads() threads with
+// the same bits as one thread; rows wider than the kernels' chunks (layer norm's parameter gradients
+// sum 256 columns at a time) and enough elements for several chunks.
+std::vector<std::vector<float>> cpu_results_at(int threads) {
+  set_cpu_threads(threads);
+  constexpr int64_t kRows = 300, kCols = 1000;
+  Generator gen(5);
+  std::vector<float> xv(kRows * kCols), cv(xv.size()), wv(kCols);
+  gen.fill_uniform(xv.data(), static_cast<int64_t>(xv.size()), -4.0f, 4.0f);
+  gen.fill_uniform(cv.data(), static_cast<int64_t>(cv.size()), -1.0f, 1.0f);
+  gen.fill_uniform(wv.data(), kCols, 0.5f, 1.5f);
+  const Tensor c = Tensor::from_vector(cv, Shape{kRows, kCols});
+  const std::vector<std::function<Tensor(const Tensor&, const Tensor&)>> ops_under_test = {
+      [](const Tensor& x, const Tensor&) { return ops::gelu(x); },
+      [](const Tensor& x, const Tensor&) { return ops::gelu(x, ops::GeluApproximation::tanh); },
+      [](const Tensor& x, const Tensor&) { return ops::tanh(x); },
+      [](const Tensor& x, const Tensor&) { return ops::sigmoid(x); },
+      [](const Tensor& x, const Tensor&) { return ops::softmax(x); },
+      [](const Tensor& x, const Tensor&) { return ops::log_softmax(x); },
+      [](const Tensor& x, const Tensor& w) { return ops::layer_norm(x, x.size(-1), w, w, 1e-5f); },
+      [](const Tensor& x, const Tensor&) { return ops::softmax(x, 0); },
+      [](const Tensor& x, const Tensor&) { return ops::exp(x); },
+      [](const Tensor& x, const Tensor&) { return ops::log(ops::abs(x)); },
+      [](const Tensor& x, const Tensor&) { return ops::sqrt(ops::abs(x)); },
+      [](const Tensor& x, const Tensor&) { return ops::rsqrt(ops::abs(x)); },
+  };
+  std::vector<std::vector<float>> out;
+  for (const auto& op : ops_under_test) {
+    const Tensor x = leaf(xv, Shape{kRows, kCols}, Device::cpu()), w = leaf(wv, Shape{kCols}, Device::cpu());
+    const Tensor y = op(x, w);
+    ops::sum(y * c).backward();
+    out.push_back(y.to_vector<float>());
+    out.push_back(x.grad().to_vector<float>());
+    if (w.grad().defined()) out.push_back(w.grad().to_vector<float>());
+  }
+  return out;
+}
+
+TEST(CpuThreads, GiveTheBitsOfOneThread) {
+  const int threads = cpu_threads();
+  const auto one = cpu_results_at(1), two = cpu_results_at(2);
+  set_cpu_threads(threads);
+  ASSERT_EQ(one.size(), two.size());
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "result " << i;
 }
 
 }  // namespace

@@ -263,7 +263,6 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
   CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
                 "backward: the tensor does not require grad (no parameter or input that requires "
                 "grad took part in computing it, or it was computed under NoGradGuard)");
-  CUMULUS_CHECK(root.numel() == 1, ShapeError, "backward: needs a scalar, got ", root.shape().str());
   CUMULUS_CHECK(seed.defined() && seed.dtype() == DType::f32 && seed.shape() == root.shape() &&
                     seed.device() == root.device(),
                 InvalidArgument, "backward: the seed must be an f32 tensor of the root's shape ", root.shape().str(),
@@ -293,6 +292,9 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
 
 void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {
   CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
+  // After the tensor version's own checks: a root that requires no grad is reported as such.
+  CUMULUS_CHECK(!root.requires_grad() || root.numel() == 1, ShapeError, "backward: needs a scalar, got ",
+                root.shape().str());
   Tensor seed;
   {
     MemoryCategoryScope category(MemoryCategory::backward_temporaries);

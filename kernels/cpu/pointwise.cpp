@@ -5,6 +5,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pointwise_kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -241,10 +242,9 @@ void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) 
   for (int64_t i = 0; i < n; ++i)
     dx[i] = from_f32<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])) + beta * to_f32(dx[i]));
 }
-}  // namespace
 
 template <typename T>
-void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
+void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   if (op == UnaryOp::sqrt) return unary_forward_loop<UnaryOp::sqrt>(x, y, n);
   if (op == UnaryOp::rsqrt) return unary_forward_loop<UnaryOp::rsqrt>(x, y, n);
   if (op == UnaryOp::abs) return unary_forward_loop<UnaryOp::abs>(x, y, n);
@@ -267,7 +267,7 @@ void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
 // The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. The other
 // ops' need no transcendental: the scalar rules, in loops per op.
 template <typename T>
-void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
   switch (op) {
     case UnaryOp::tanh: return unary_grad_loop<UnaryOp::tanh>(saved, dy, beta, dx, n);
     case UnaryOp::sigmoid: return unary_grad_loop<UnaryOp::sigmoid>(saved, dy, beta, dx, n);
@@ -296,8 +296,33 @@ void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* 
     dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
 }
 
+}  // namespace
+
+// Elementwise, so across threads in chunks (Note [CPU kernel threads]) with the same bits.
+template <typename T>
+void unary_forward_cpu(UnaryOp op, const T* x, T* y, int64_t n) {
+  parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) { unary_forward_serial(op, x + b, y + b, e - b); });
+}
+
+template <typename T>
+void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
+  parallel_for(n, kParallelGrain,
+               [&](int64_t b, int64_t e) { unary_backward_serial(op, saved + b, dy + b, beta, dx + b, e - b); });
+}
+
+// Rows of about kParallelGrain elements per chunk.
+inline int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cols, 1)); }
+
 template <typename T>
 void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) vec::softmax_row_f32(log, x + r * cols, y + r * cols, cols);
+      });
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
@@ -317,6 +342,15 @@ void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols)
 
 template <typename T>
 void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          vec::softmax_grad_row_f32(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
+      });
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T *yr = y + r * cols, *dyr = dy + r * cols;
     T* dxr = dx + r * cols;

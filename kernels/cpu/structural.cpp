@@ -1,15 +1,22 @@
 // CPU kernels of the structural ops (kernels/cpu/structural_kernels.h): layer norm, slab copies for
 // cat / split / narrow, and gathers with their scatter-add for index_select and embedding.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/structural_kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace cumulus::kernels {
 
 namespace {
 
 float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
+
+// Rows (or columns) of about kParallelGrain elements per chunk (Note [CPU kernel threads]).
+int64_t grain_of(int64_t width) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(width, 1)); }
 
 }  // namespace
 
@@ -20,6 +27,15 @@ float blend(float value, float beta, float old) { return beta == 0.0f ? value : 
 template <typename T>
 void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, int64_t rows, int64_t cols, float eps,
                             T* y, float* mean, float* rstd) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          vec::layer_norm_row_f32(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
+      });
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     double s = 0.0;
@@ -43,6 +59,16 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
 template <typename T>
 void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                 int64_t rows, int64_t cols, float beta, T* dx) {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (vec::available()) {
+      parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
+                                       dx + r * cols);
+      });
+      return;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     const T* dyr = dy + r * cols;
@@ -64,19 +90,32 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
   }
 }
 
+// Row by row into a double per column, so x and dy are read in order (a column at a time strided
+// through both), the columns split across threads; each column still adds its rows in order, so the
+// bits are those of a column loop.
 template <typename T>
 void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias) {
-  for (int64_t c = 0; c < cols; ++c) {
-    double sw = 0.0, sb = 0.0;  // in double, as the forward's sums
+  constexpr int64_t kColumns = 256;  // a block's sums stay in the L1 cache
+  auto block = [&](int64_t c0, int64_t c1) {
+    double sw[kColumns] = {}, sb[kColumns] = {};  // in double, as the forward's sums
     for (int64_t r = 0; r < rows; ++r) {
-      const float g = to_f32(dy[r * cols + c]);
-      sw += g * ((static_cast<double>(to_f32(x[r * cols + c])) - mean[r]) * rstd[r]);
-      sb += g;
+      const T *xr = x + r * cols, *dyr = dy + r * cols;
+      const double m = mean[r], inv = rstd[r];
+      for (int64_t c = c0; c < c1; ++c) {
+        const float g = to_f32(dyr[c]);
+        sw[c - c0] += g * ((static_cast<double>(to_f32(xr[c])) - m) * inv);
+        sb[c - c0] += g;
+      }
     }
-    if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw), beta_dw, dweight[c]);
-    if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb), beta_db, dbias[c]);
-  }
+    for (int64_t c = c0; c < c1; ++c) {
+      if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw[c - c0]), beta_dw, dweight[c]);
+      if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb[c - c0]), beta_db, dbias[c]);
+    }
+  };
+  parallel_for(cols, kColumns, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c += kColumns) block(c, std::min(c1, c + kColumns));
+  });
 }
 
 template <typename T>

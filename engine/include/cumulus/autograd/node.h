@@ -139,7 +139,7 @@ using LeafGradientDone = std::function<void(const TensorImpl* leaf)>;
 void run_backward(const Tensor& root, float seed = 1.0f, const LeafGradientDone& on_leaf_done = nullptr);
 // The same with the seed given as an f32 tensor of the root's shape on its device, which the
 // engine reads and never writes: the Accumulator keeps its seeds on the device, so a backward
-// launches no fill.
+// launches no fill. Here the root may have any shape (the seed is its upstream gradient).
 void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone& on_leaf_done = nullptr);
 
 }  // namespace cumulus

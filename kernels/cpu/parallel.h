@@ -1,0 +1,27 @@
+// Note [CPU kernel threads]
+// The CPU kernels that are bound by arithmetic rather than memory (the activations' exp, tanh and
+// erf, softmax's and layer norm's rows) split their work across the threads OpenBLAS is set to
+// (cpu_threads(), set_cpu_threads): the calling thread and up to cpu_threads() - 1 helper threads,
+// started on first use and kept waiting between calls. The work is cut into chunks that every
+// thread claims from one counter, the caller included, so a helper that is slow to wake (a busy
+// machine) costs nothing but its share: the caller takes the chunks it has not claimed. Each chunk
+// computes its elements (or rows, or columns) as the serial loop does, so the results are the same
+// bits at any thread count. One call at a time uses the helpers; a call that finds them busy (from
+// another thread of the program, or from inside a chunk), or that cannot start one (an
+// address-space limit), runs serially.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace cumulus::kernels {
+
+// Calls fn(begin, end) over [0, n) in chunks of `grain` (the last may be shorter) on up to
+// cpu_threads() threads, or once with the whole [0, n) when it runs serially: fn takes any range.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+// The chunk of elementwise work worth handing to another thread: about 30 microseconds of an
+// activation's arithmetic.
+inline constexpr int64_t kParallelGrain = 8192;
+
+}  // namespace cumulus::kernels
