@@ -10,11 +10,11 @@
 // recorded by autograd and allocated as an activation (the tracker counts it where it lives), whose
 // backward hands the gradient on unchanged. Ops that can read a view in place do so instead
 // (matmul reads the transpose of a dense tensor, k.transpose(-2, -1), through the GEMM's transpose
-// flag; reshape of a view whose strides allow it is a view). A view's
-// backward writes its dense gradient into the input's gradient at the view's strides: the same
-// strided copy (kernels/strided_layout.h), adding where the sink accumulates; expand's sums over
-// the expanded dimensions as a broadcast operand's gradient does. Tensor::data and raw_data refuse
-// a strided view, so a kernel can never read one as if it were dense.
+// flag; reshape of a view whose strides allow it is a view). A view's backward writes its dense
+// gradient into the input's gradient at the view's strides: the same strided copy
+// (kernels/strided_layout.h), adding where the sink accumulates; expand's sums over the expanded
+// dimensions as a broadcast operand's gradient does. Tensor::data and raw_data refuse a strided
+// view, so a kernel can never read one as if it were dense.
 #include <numeric>
 #include <string>
 

@@ -18,7 +18,7 @@
 namespace cumulus::data {
 
 // Tensors sharing their first dimension (the samples), as PyTorch's TensorDataset(x, y): f32, i32,
-// i64 or u8, of any shape [n, ...] (up to 4-D), all on one device: the device batches are made on,
+// i64 or u8, of any shape [n, ...] (up to 8-D), all on one device: the device batches are made on,
 // or the host for a CUDA loader (host-resident data). The tensors are shared, not copied.
 class TensorDataset {
  public:
