@@ -9,6 +9,9 @@
 // bits at any thread count. One call at a time uses the helpers; a call that finds them busy (from
 // another thread of the program, or from inside a chunk), or that cannot start one (an
 // address-space limit), runs serially.
+// Written here rather than taken from OpenMP: the OpenBLAS we link is its pthreads build, and an
+// OpenMP runtime beside it keeps a second pool of spinning threads on the same two cores (OpenBLAS
+// advises its OpenMP build for OpenMP programs); these loops need only a counter and a wake-up.
 #pragma once
 
 #include <cstdint>
