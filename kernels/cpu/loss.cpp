@@ -2,24 +2,11 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/cross_entropy_row.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/loss_kernels.h"
 
 namespace cumulus::kernels {
-
-namespace {
-// As row_stats in kernels/cpu/cross_entropy.cpp: the maximum and log sum exp(x - m) kept apart, so
-// a large |m| does not round log(s) away.
-template <typename T>
-inline void row_max_log_sum(const T* x, int64_t n, float& max_out, float& log_sum_out) {
-  float m = to_f32(x[0]);
-  for (int64_t j = 1; j < n; ++j) m = std::fmax(m, to_f32(x[j]));
-  double s = 0.0;
-  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(to_f32(x[j]) - m));
-  max_out = m;
-  log_sum_out = static_cast<float>(std::log(s));
-}
-}  // namespace
 
 template <typename T>
 int64_t cross_entropy_rows_forward_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
@@ -35,7 +22,7 @@ int64_t cross_entropy_rows_forward_cpu(const T* logits, const int32_t* labels, i
     if (y != ignore_index) {
       const T* x = logits + i * classes;
       float m, log_sum;
-      row_max_log_sum(x, classes, m, log_sum);
+      row_stats(x, classes, m, log_sum);
       l = static_cast<double>(m - to_f32(x[y])) + log_sum;
     }
     if (row_loss != nullptr) row_loss[i] = static_cast<float>(l);
@@ -59,7 +46,7 @@ void cross_entropy_rows_backward_cpu(const T* logits, const int32_t* labels, int
     }
     const float g = scale * grad[i * grad_stride];
     float m, log_sum;
-    row_max_log_sum(x, classes, m, log_sum);
+    row_stats(x, classes, m, log_sum);
     for (int64_t j = 0; j < classes; ++j) {
       const float v = g * (std::exp((to_f32(x[j]) - m) - log_sum) - (j == y ? 1.0f : 0.0f));
       dx[j] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[j]));
