@@ -149,8 +149,7 @@ Tensor cat(const std::vector<Tensor>& tensors_in, int dim) {
 
 Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
   constexpr const char* op = "narrow";
-  OpScope op_scope(op);
-  detail::check_floating(op, "input", x);
+  OpScope op_scope(op);  // any dtype: a view copies nothing (an integer tensor records no node)
   return narrow_as(op, x, checked_dim(op, x.shape(), dim), start, length);
 }
 

@@ -1,0 +1,261 @@
+#include "cumulus/models/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cumulus/autograd/checkpoint.h"
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/core/error.h"
+#include "cumulus/nn/init.h"
+#include "cumulus/ops/compare.h"
+#include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/tensor_ops.h"
+
+namespace cumulus::models {
+
+namespace {
+
+constexpr float kInitStd = 0.02f;
+
+// nanoGPT's `transformer` ModuleDict and `h` ModuleList: named children, no forward of their own.
+class Container : public nn::Module {
+ public:
+  Tensor forward(const Tensor&) override {
+    throw InvalidArgument("a GPT's module container (transformer, transformer.h) has no forward of its own");
+  }
+  template <typename M>
+  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> module) {
+    return register_module(name, std::move(module));
+  }
+};
+
+// softmax(q k^T / sqrt(D), causal) v
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  Tensor att = ops::matmul(q, ops::transpose(k, -2, -1)) * static_cast<float>(1.0 / std::sqrt(double(q.size(-1))));
+  if (causal) {
+    const Tensor ones = Tensor::full(Shape{q.size(-2), k.size(-2)}, 1.0f, q.device());
+    att = ops::masked_fill(att, ops::eq(ops::tril(ones), 0.0), -std::numeric_limits<float>::infinity());
+  }
+  return ops::matmul(ops::softmax(att, -1), v);
+}
+
+// [B, T, C] -> [B, H, T, D]: a view of x.
+Tensor split_heads(const Tensor& x, int64_t n_head) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  return ops::permute(ops::reshape(x, {b, t, n_head, c / n_head}), {0, 2, 1, 3});
+}
+
+// [B, H, T, D] -> [B, T, C]
+Tensor merge_heads(const Tensor& y) {
+  const int64_t b = y.size(0), h = y.size(1), t = y.size(2), d = y.size(3);
+  return ops::reshape(ops::permute(y, {0, 2, 1, 3}), {b, t, h * d});
+}
+
+void init_linear(nn::Linear& layer, float std, Generator& gen) {
+  nn::init::normal_(layer.weight(), 0.0f, std, gen);
+  if (layer.bias().defined()) nn::init::zeros_(layer.bias());
+}
+
+}  // namespace
+
+void GPTConfig::validate() const {
+  CUMULUS_CHECK(vocab_size > 0, InvalidArgument, "GPT: vocab_size must be positive, got ", vocab_size);
+  CUMULUS_CHECK(block_size > 0, InvalidArgument, "GPT: block_size must be positive, got ", block_size);
+  CUMULUS_CHECK(n_layer > 0 && n_layer <= 32, InvalidArgument, "GPT: n_layer must be in [1, 32], got ", n_layer);
+  CUMULUS_CHECK(n_head > 0, InvalidArgument, "GPT: n_head must be positive, got ", n_head);
+  CUMULUS_CHECK(n_embd > 0 && n_embd % n_head == 0, InvalidArgument, "GPT: n_embd (", n_embd,
+                ") must be a positive multiple of n_head (", n_head, ")");
+}
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen, Device device)
+    : n_head_(config.n_head), n_embd_(config.n_embd) {
+  c_attn_ = register_module("c_attn", std::make_shared<nn::Linear>(n_embd_, 3 * n_embd_, gen, device));
+  c_proj_ = register_module("c_proj", std::make_shared<nn::Linear>(n_embd_, n_embd_, gen, device));
+  init_linear(*c_attn_, kInitStd, gen);
+  init_linear(*c_proj_, kInitStd / std::sqrt(2.0f * static_cast<float>(config.n_layer)), gen);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  // q, k and v are views of the projection (no copies); the attention reads them in place.
+  const std::vector<Tensor> qkv = ops::split(c_attn_->forward(x), n_embd_, -1);
+  const Tensor y =
+      attend(split_heads(qkv[0], n_head_), split_heads(qkv[1], n_head_), split_heads(qkv[2], n_head_), true);
+  return c_proj_->forward(merge_heads(y));
+}
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache, std::size_t layer) {
+  const int64_t t = x.size(1), start = cache.length;
+  CUMULUS_CHECK(start == 0 || t == 1, InvalidArgument,
+                "GPT::forward_cached: after the first call, one position at a time (got ", t, " with ", start,
+                " cached)");
+  const std::vector<Tensor> qkv = ops::split(c_attn_->forward(x), n_embd_, -1);
+  ops::narrow(cache.k[layer], 2, start, t).copy_from(split_heads(qkv[1], n_head_));
+  ops::narrow(cache.v[layer], 2, start, t).copy_from(split_heads(qkv[2], n_head_));
+  const Tensor k = ops::narrow(cache.k[layer], 2, 0, start + t), v = ops::narrow(cache.v[layer], 2, 0, start + t);
+  // The first call is causal over its own positions; later, the one new position sees them all.
+  const Tensor y = attend(split_heads(qkv[0], n_head_), k, v, start == 0);
+  return c_proj_->forward(merge_heads(y));
+}
+
+GPTMLP::GPTMLP(const GPTConfig& config, Generator& gen, Device device) {
+  c_fc_ = register_module("c_fc", std::make_shared<nn::Linear>(config.n_embd, 4 * config.n_embd, gen, device));
+  c_proj_ = register_module("c_proj", std::make_shared<nn::Linear>(4 * config.n_embd, config.n_embd, gen, device));
+  init_linear(*c_fc_, kInitStd, gen);
+  init_linear(*c_proj_, kInitStd / std::sqrt(2.0f * static_cast<float>(config.n_layer)), gen);
+}
+
+Tensor GPTMLP::forward(const Tensor& x) {
+  return c_proj_->forward(ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh));
+}
+
+Block::Block(const GPTConfig& config, Generator& gen, Device device) {
+  ln_1_ = register_module("ln_1", std::make_shared<nn::LayerNorm>(config.n_embd, 1e-5f, true, device));
+  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(config, gen, device));
+  ln_2_ = register_module("ln_2", std::make_shared<nn::LayerNorm>(config.n_embd, 1e-5f, true, device));
+  mlp_ = register_module("mlp", std::make_shared<GPTMLP>(config, gen, device));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  const Tensor h = x + attn_->forward(ln_1_->forward(x));
+  return h + mlp_->forward(ln_2_->forward(h));
+}
+
+Tensor Block::forward_cached(const Tensor& x, KVCache& cache, std::size_t layer) {
+  const Tensor h = x + attn_->forward_cached(ln_1_->forward(x), cache, layer);
+  return h + mlp_->forward(ln_2_->forward(h));
+}
+
+GPT::GPT(const GPTConfig& config, Generator& gen, Device device) : config_(config) {
+  config_.validate();
+  auto transformer = std::make_shared<Container>();
+  transformer_ = register_module("transformer", transformer);
+  wte_ = transformer->add("wte", std::make_shared<nn::Embedding>(config_.vocab_size, config_.n_embd, gen, device));
+  wpe_ = transformer->add("wpe", std::make_shared<nn::Embedding>(config_.block_size, config_.n_embd, gen, device));
+  nn::init::normal_(wte_->weight(), 0.0f, kInitStd, gen);
+  nn::init::normal_(wpe_->weight(), 0.0f, kInitStd, gen);
+  auto h = transformer->add("h", std::make_shared<Container>());
+  for (int64_t i = 0; i < config_.n_layer; ++i)
+    blocks_.push_back(h->add(std::to_string(i), std::make_shared<Block>(config_, gen, device)));
+  ln_f_ = transformer->add("ln_f", std::make_shared<nn::LayerNorm>(config_.n_embd, 1e-5f, true, device));
+  lm_head_ = register_module("lm_head", std::make_shared<nn::Linear>(config_.n_embd, config_.vocab_size, gen, device,
+                                                                     /*bias=*/false));
+  share_parameter("lm_head.weight", wte_->weight());
+}
+
+Tensor GPT::embed(const Tensor& idx, int64_t first_position) {
+  CUMULUS_CHECK(idx.ndim() == 2, InvalidArgument, "GPT: indices must be [batch, time], got ", idx.shape().str());
+  const int64_t t = idx.size(1);
+  CUMULUS_CHECK(t >= 1 && first_position + t <= config_.block_size, InvalidArgument, "GPT: ", first_position + t,
+                " positions, but the context (block_size) is ", config_.block_size);
+  const Tensor positions = ops::narrow(ops::arange(config_.block_size, idx.device()), 0, first_position, t);
+  return ops::embedding(idx, wte_->weight()) + ops::embedding(positions, wpe_->weight());
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  Tensor x = embed(idx, 0);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    Block& block = *blocks_[i];
+    if (recompute_mask_ & (1u << i))
+      x = checkpoint([&block](const Tensor& in) { return block.forward(in); }, x, block.parameters());
+    else x = block.forward(x);
+  }
+  return lm_head_->forward(ln_f_->forward(x));
+}
+
+GPT& GPT::set_recompute(bool on) {
+  recompute_mask_ = on ? static_cast<uint32_t>((uint64_t{1} << blocks_.size()) - 1) : 0;
+  return *this;
+}
+
+std::vector<std::string> GPT::recompute_segment_names() const {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) names.push_back("h." + std::to_string(i));
+  return names;
+}
+
+GPT& GPT::set_recompute_segments(uint32_t mask) {
+  CUMULUS_CHECK((static_cast<uint64_t>(mask) >> blocks_.size()) == 0, InvalidArgument, "GPT: recompute mask ", mask,
+                " names a block past its ", blocks_.size());
+  recompute_mask_ = mask;
+  return *this;
+}
+
+KVCache GPT::make_cache(int64_t batch) const {
+  KVCache cache;
+  const Shape shape{batch, config_.n_head, config_.block_size, config_.head_size()};
+  const Device device = wte_->weight().device();
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    cache.k.push_back(Tensor::zeros(shape, DType::f32, device));
+    cache.v.push_back(Tensor::zeros(shape, DType::f32, device));
+  }
+  return cache;
+}
+
+Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
+  CUMULUS_CHECK(cache.k.size() == blocks_.size(), InvalidArgument, "GPT::forward_cached: the cache has ",
+                cache.k.size(), " layers, the model ", blocks_.size(), " (make it with make_cache)");
+  NoGradGuard no_grad;
+  Tensor x = embed(idx, cache.length);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->forward_cached(x, cache, i);
+  cache.length += idx.size(1);
+  return lm_head_->forward(ln_f_->forward(x));
+}
+
+namespace {
+
+// The next token from the logits of one position ([V], f32 on the host).
+int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k, uint64_t seed, int64_t draw) {
+  if (temperature <= 0.0) return ops::argmax(last_logits, 0).to(Device::cpu()).to_vector<int64_t>()[0];
+  Tensor logits = last_logits * static_cast<float>(1.0 / temperature);
+  if (top_k > 0 && top_k < logits.size(0)) {
+    // Everything below the k-th largest is -inf, as nanoGPT's generate().
+    const Tensor kth = ops::narrow(ops::topk(logits, top_k).values, 0, top_k - 1, 1);
+    logits = ops::masked_fill(logits, ops::lt(logits, kth), -std::numeric_limits<float>::infinity());
+  }
+  const Tensor probs = ops::softmax(logits, -1);
+  return ops::multinomial(probs, 1, false, seed + static_cast<uint64_t>(draw))
+      .to(Device::cpu())
+      .to_vector<int64_t>()[0];
+}
+
+Tensor tokens_tensor(const std::vector<int64_t>& tokens, std::size_t first, Device device) {
+  const std::vector<int64_t> window(tokens.begin() + static_cast<std::ptrdiff_t>(first), tokens.end());
+  return Tensor::from_vector(window, Shape{1, static_cast<int64_t>(window.size())}).to(device);
+}
+
+}  // namespace
+
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t length, double temperature,
+                              int64_t top_k, uint64_t seed) {
+  CUMULUS_CHECK(!prompt.empty(), InvalidArgument, "generate: the prompt must hold at least one token");
+  CUMULUS_CHECK(length >= 0 && top_k >= 0, InvalidArgument, "generate: length (", length, ") and top_k (", top_k,
+                ") must not be negative");
+  const int64_t block = model.config().block_size;
+  const Device device = model.parameters().front().device();
+  const bool was_training = model.is_training();
+  model.eval();
+  std::vector<int64_t> tokens = prompt;
+  KVCache cache = model.make_cache(1);
+  // The prompt, cropped to the context as nanoGPT crops it.
+  std::size_t first = tokens.size() > static_cast<std::size_t>(block) ? tokens.size() - block : 0;
+  Tensor logits = model.forward_cached(tokens_tensor(tokens, first, device), cache);
+  for (int64_t i = 0; i < length; ++i) {
+    const Tensor last = ops::reshape(ops::narrow(logits, 1, logits.size(1) - 1, 1), {model.config().vocab_size});
+    tokens.push_back(pick_token(last, temperature, top_k, seed, i));
+    if (i + 1 == length) break;
+    if (cache.length < block) {
+      logits = model.forward_cached(tokens_tensor(tokens, tokens.size() - 1, device), cache);
+    } else {  // the context is full: slide it, rebuilding the cache from the last block_size tokens
+      cache = model.make_cache(1);
+      first = tokens.size() - static_cast<std::size_t>(block);
+      logits = model.forward_cached(tokens_tensor(tokens, first, device), cache);
+    }
+  }
+  model.train(was_training);
+  return tokens;
+}
+
+}  // namespace cumulus::models
