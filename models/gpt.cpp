@@ -7,6 +7,7 @@
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
+#include "cumulus/io/safetensors.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/ops.h"
@@ -256,6 +257,90 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
   }
   model.train(was_training);
   return tokens;
+}
+
+double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t batch, int64_t max_windows) {
+  CUMULUS_CHECK(batch >= 1 && max_windows >= 0, InvalidArgument, "validation_loss: batch (", batch,
+                ") must be >= 1 and max_windows (", max_windows, ") >= 0");
+  const int64_t available = windows.num_sequential_windows();
+  const int64_t count = max_windows > 0 ? std::min(max_windows, available) : available;
+  CUMULUS_CHECK(count >= 1, InvalidArgument, "validation_loss: no window of ", windows.context() + 1, " tokens in ",
+                windows.num_tokens());
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  double sum = 0.0;
+  int64_t tokens = 0;
+  for (int64_t first = 0; first < count; first += batch) {
+    const data::Batch b = windows.sequential_batch(first, std::min(batch, count - first));
+    sum += static_cast<double>(model.loss(b.x, b.y, ops::Reduction::Sum).to(Device::cpu()).item());
+    tokens += b.x.numel();
+  }
+  model.train(was_training);
+  return sum / static_cast<double>(tokens);
+}
+
+std::map<std::string, std::string> gpt_metadata(const GPTConfig& config, const CharVocabulary& vocabulary) {
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : vocabulary.symbols()) hex += {kHex[c >> 4], kHex[c & 15]};
+  return {{"gpt.vocab_size", std::to_string(config.vocab_size)}, {"gpt.block_size", std::to_string(config.block_size)},
+          {"gpt.n_layer", std::to_string(config.n_layer)},       {"gpt.n_head", std::to_string(config.n_head)},
+          {"gpt.n_embd", std::to_string(config.n_embd)},         {"gpt.vocabulary", hex}};
+}
+
+namespace {
+
+const std::string& metadata_value(const std::map<std::string, std::string>& m, const std::string& path,
+                                  const std::string& key) {
+  const auto it = m.find(key);
+  CUMULUS_CHECK(it != m.end(), Error, "file '", path, "': no metadata '", key, "' (not a GPT checkpoint of cumulus?)");
+  return it->second;
+}
+
+int64_t metadata_int(const std::map<std::string, std::string>& m, const std::string& path, const std::string& key) {
+  const std::string& text = metadata_value(m, path, key);
+  std::size_t used = 0;
+  long long v = -1;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  CUMULUS_CHECK(used == text.size() && v > 0, Error, "file '", path, "': metadata '", key, "' is '", excerpt(text),
+                "', not a positive integer");
+  return v;
+}
+
+}  // namespace
+
+GPTCheckpointInfo read_gpt_checkpoint(const std::string& path) {
+  GPTCheckpointInfo info;
+  info.metadata = io::read_safetensors_header(path).metadata;
+  const auto& m = info.metadata;
+  info.config.vocab_size = metadata_int(m, path, "gpt.vocab_size");
+  info.config.block_size = metadata_int(m, path, "gpt.block_size");
+  info.config.n_layer = metadata_int(m, path, "gpt.n_layer");
+  info.config.n_head = metadata_int(m, path, "gpt.n_head");
+  info.config.n_embd = metadata_int(m, path, "gpt.n_embd");
+  const std::string& hex = metadata_value(m, path, "gpt.vocabulary");
+  std::string symbols;
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw Error("file '" + path + "': metadata 'gpt.vocabulary' is not hexadecimal");
+  };
+  CUMULUS_CHECK(hex.size() % 2 == 0, Error, "file '", path, "': metadata 'gpt.vocabulary' has an odd length");
+  for (std::size_t i = 0; i < hex.size(); i += 2) symbols.push_back(static_cast<char>(nibble(hex[i]) * 16 + nibble(hex[i + 1])));
+  try {
+    info.vocabulary = CharVocabulary::from_symbols(symbols);
+    info.config.validate();
+  } catch (const Error& e) {
+    throw Error("file '" + path + "': " + e.what());
+  }
+  CUMULUS_CHECK(info.vocabulary.size() == info.config.vocab_size, Error, "file '", path, "': a vocabulary of ",
+                info.vocabulary.size(), " symbols for vocab_size ", info.config.vocab_size);
+  return info;
 }
 
 }  // namespace cumulus::models

@@ -24,6 +24,7 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
+#include "cumulus/core/threads.h"
 #include "cumulus/core/timer.h"
 
 #include "cumulus/tensor/dtype.h"

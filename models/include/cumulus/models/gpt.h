@@ -10,10 +10,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cumulus/data/token_windows.h"
+#include "cumulus/models/text.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/norm_layers.h"
@@ -115,5 +118,24 @@ class GPT : public nn::Model {
 // tokens. Deterministic for a seed. Returns the prompt followed by the new tokens.
 std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t length, double temperature,
                               int64_t top_k, uint64_t seed);
+
+// The mean per-token cross-entropy of `model` over the first `max_windows` (0: all) non-overlapping
+// windows of `windows`, `batch` windows at a time, in evaluation mode without gradients (the mode
+// is restored after); one device read per batch.
+double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t batch, int64_t max_windows = 0);
+
+// A GPT's checkpoint: its state dict (nanoGPT's names) with the config and the vocabulary in the
+// metadata ("gpt.vocab_size", "gpt.block_size", "gpt.n_layer", "gpt.n_head", "gpt.n_embd",
+// "gpt.vocabulary": the symbols' bytes in hex), beside `metadata` of the caller's; written
+// atomically. read_gpt_checkpoint reads the config and vocabulary back from the header (an Error
+// names the file and the key when one is missing or malformed); load_state_dict fills a model made
+// from them.
+std::map<std::string, std::string> gpt_metadata(const GPTConfig& config, const CharVocabulary& vocabulary);
+struct GPTCheckpointInfo {
+  GPTConfig config;
+  CharVocabulary vocabulary;
+  std::map<std::string, std::string> metadata;  // everything the file's header holds
+};
+GPTCheckpointInfo read_gpt_checkpoint(const std::string& path);
 
 }  // namespace cumulus::models
