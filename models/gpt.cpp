@@ -331,7 +331,8 @@ GPTCheckpointInfo read_gpt_checkpoint(const std::string& path) {
     throw Error("file '" + path + "': metadata 'gpt.vocabulary' is not hexadecimal");
   };
   CUMULUS_CHECK(hex.size() % 2 == 0, Error, "file '", path, "': metadata 'gpt.vocabulary' has an odd length");
-  for (std::size_t i = 0; i < hex.size(); i += 2) symbols.push_back(static_cast<char>(nibble(hex[i]) * 16 + nibble(hex[i + 1])));
+  for (std::size_t i = 0; i < hex.size(); i += 2)
+    symbols.push_back(static_cast<char>(nibble(hex[i]) * 16 + nibble(hex[i + 1])));
   try {
     info.vocabulary = CharVocabulary::from_symbols(symbols);
     info.config.validate();

@@ -58,7 +58,8 @@ TokenSplit split_tokens(const std::vector<int32_t>& tokens, double train_fractio
   CUMULUS_CHECK(n_train >= min_tokens && n - n_train >= min_tokens, InvalidArgument, "the text holds ", n,
                 " tokens: its training part (", n_train, ") and validation part (", n - n_train,
                 ") must each hold at least ", min_tokens, " (the context + 1)");
-  const std::vector<int32_t> train(tokens.begin(), tokens.begin() + n_train), validation(tokens.begin() + n_train, tokens.end());
+  const std::vector<int32_t> train(tokens.begin(), tokens.begin() + n_train),
+      validation(tokens.begin() + n_train, tokens.end());
   return {Tensor::from_vector(train, Shape{n_train}), Tensor::from_vector(validation, Shape{n - n_train})};
 }
 

@@ -43,7 +43,9 @@ bool is_file(const std::string& p) {
 // --data (a folder holding shakespeare.txt, or a text file), $CUMULUS_SHAKESPEARE, ./data/shakespeare,
 // ../shared/data/shakespeare. The default corpus's SHA-256 is checked (sha256sum) when found by search.
 std::string locate_corpus(const std::string& flag, bool& is_default) {
-  auto in_folder = [](const std::string& p) { return is_file(p + "/shakespeare.txt") ? p + "/shakespeare.txt" : std::string(); };
+  auto in_folder = [](const std::string& p) {
+    return is_file(p + "/shakespeare.txt") ? p + "/shakespeare.txt" : std::string();
+  };
   is_default = false;
   if (!flag.empty()) {
     if (const std::string f = in_folder(flag); !f.empty()) return is_default = true, f;
@@ -53,7 +55,8 @@ std::string locate_corpus(const std::string& flag, bool& is_default) {
   if (const char* env = std::getenv("CUMULUS_SHAKESPEARE"); env && *env) {
     if (const std::string f = in_folder(env); !f.empty()) return is_default = true, f;
     if (is_file(env)) return env;
-    throw UsageError(std::string("$CUMULUS_SHAKESPEARE=") + env + ": neither a text file nor a folder holding shakespeare.txt");
+    throw UsageError(std::string("$CUMULUS_SHAKESPEARE=") + env +
+                     ": neither a text file nor a folder holding shakespeare.txt");
   }
   for (const char* dir : {"data/shakespeare", "../shared/data/shakespeare"})
     if (const std::string f = in_folder(dir); !f.empty()) return is_default = true, f;
@@ -108,7 +111,8 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--layers", f.layers, "transformer blocks L")->check(CLI::Range(1, 32));
   c.add_option("--micro-batch", f.micro_batch, "windows per micro-batch B")->check(CLI::Range(1, 1 << 16));
   c.add_option("--accum-steps", f.accum_steps, "micro-batches per optimizer step N")->check(CLI::Range(1, 1 << 16));
-  c.add_option("--steps", f.steps, "optimizer steps (0: write --save's initial weights and stop)")->check(CLI::Range(0, 1 << 30));
+  c.add_option("--steps", f.steps, "optimizer steps (0: write --save's initial weights and stop)")
+      ->check(CLI::Range(0, 1 << 30));
   c.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber);
   c.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine decay")->check(CLI::NonNegativeNumber);
   c.add_option("--warmup", f.warmup, "linear warmup steps")->check(CLI::Range(0, 1 << 30));
@@ -125,7 +129,8 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::IsMember({"off", "on"}));
   c.add_option("--eval-every", f.eval_every, "validation loss every E steps, and at the end (0: only at the end)")
       ->check(CLI::Range(0, 1 << 30));
-  c.add_option("--eval-windows", f.eval_windows, "validation windows per evaluation (0: all)")->check(CLI::Range(0, 1 << 30));
+  c.add_option("--eval-windows", f.eval_windows, "validation windows per evaluation (0: all)")
+      ->check(CLI::Range(0, 1 << 30));
   c.add_option("--log-every", f.log_every, "a progress line every K steps")->check(CLI::Range(1, 1 << 30));
   c.add_option("--metrics", f.metrics, "JSON lines: one per step, one per evaluation");
   c.add_option("--save", f.save, "checkpoint (safetensors, nanoGPT's names) at each evaluation and the end");
@@ -173,7 +178,8 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const mo
   meta["run.micro_batch"] = std::to_string(f.micro_batch);
   meta["run.accum_steps"] = std::to_string(f.accum_steps);
   io::ExtraTensors extra{kOptimizerPrefix, {}};
-  for (const auto& [name, t] : const_cast<optim::Trainer&>(trainer).optimizer().state()) extra.tensors.emplace_back(name, t);
+  for (const auto& [name, t] : const_cast<optim::Trainer&>(trainer).optimizer().state())
+    extra.tensors.emplace_back(name, t);
   io::save_state_dict(path, model, meta, extra);
 }
 
@@ -193,7 +199,8 @@ Run resume(const std::string& path, models::GPT& model, optim::Trainer& trainer,
   options.extra_prefix = kOptimizerPrefix;
   const io::LoadedStateDict loaded = io::load_state_dict(path, model, options);
   const auto& m = loaded.metadata;
-  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"run.seed", f.seed}, {"run.micro_batch", f.micro_batch},
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"run.seed", f.seed},
+                                   {"run.micro_batch", f.micro_batch},
                                    {"run.accum_steps", f.accum_steps}})
     CUMULUS_CHECK(meta_int(m, path, key) == value, Error, "file '", path, "': ", key, " ", m.at(key),
                   " differs from this run's ", value, " (resume with the flags of the run that wrote it)");
@@ -278,17 +285,20 @@ int train(const TrainFlags& f) {
   options.clip_grad_norm = static_cast<float>(f.clip);
   options.on_step = [&](const optim::StepLog& log) { step_loss = log.loss; };
   std::shared_ptr<const optim::LRSchedule> schedule;
-  if (f.steps > 0) schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
+  if (f.steps > 0)
+    schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
   optim::Trainer trainer(optimizer, options, schedule);
   const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(split.validation, f.context, 0, device);
   const Run run = f.resume.empty() ? Run{} : resume(f.resume, model, trainer, f);
   if (!f.quiet)
-    std::printf("gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld tokens a step\n",
-                corpus.c_str(), static_cast<long long>(text.size()), static_cast<long long>(vocab.size()),
-                static_cast<long long>(split.train.numel()), static_cast<long long>(split.validation.numel()),
-                static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
-                static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
+    std::printf(
+        "gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
+        "tokens a step\n",
+        corpus.c_str(), static_cast<long long>(text.size()), static_cast<long long>(vocab.size()),
+        static_cast<long long>(split.train.numel()), static_cast<long long>(split.validation.numel()),
+        static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
+        static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
 
   auto evaluate = [&](int64_t step) {
     const double val = models::validation_loss(model, val_windows, f.micro_batch, f.eval_windows);
@@ -308,8 +318,9 @@ int train(const TrainFlags& f) {
     step_start = now;
     const int64_t step = (i + 1) / f.accum_steps;
     const float lr = trainer.accumulator().last_lr();
-    metrics.line(fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
-                     double(step), step_loss, lr, seconds, double(tokens_per_step) / seconds));
+    metrics.line(
+        fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
+            double(step), step_loss, lr, seconds, double(tokens_per_step) / seconds));
     if (!f.quiet && (step % f.log_every == 0 || step == 1))
       std::printf("step %5lld/%lld  loss %.4f  lr %.2e  %.0f ms  %.0f tokens/s\n", static_cast<long long>(step),
                   static_cast<long long>(f.steps), step_loss, lr, seconds * 1e3, double(tokens_per_step) / seconds);
