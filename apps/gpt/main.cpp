@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -89,7 +90,7 @@ void check_corpus_sum(const std::string& path) {
 struct TrainFlags {
   std::string data, metrics, save, resume, init, device = "cpu", precision = "fp32", recompute = "off";
   int64_t context = 64, width = 128, heads = 4, layers = 4, micro_batch = 8, accum_steps = 4, steps = 200;
-  int64_t warmup = 20, eval_every = 50, eval_windows = 64, seed = 1337, log_every = 10;
+  int64_t warmup = 20, eval_every = 50, eval_windows = 64, seed = 1337, log_every = 10, stop_after = 0;
   int threads = 1;
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
@@ -131,9 +132,12 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::Range(0, 1 << 30));
   c.add_option("--eval-windows", f.eval_windows, "validation windows per evaluation (0: all)")
       ->check(CLI::Range(0, 1 << 30));
+  c.add_option("--stop-after", f.stop_after, "stop after this step, checkpointed as on Ctrl-C (0: run to --steps)")
+      ->check(CLI::Range(0, 1 << 30));
   c.add_option("--log-every", f.log_every, "a progress line every K steps")->check(CLI::Range(1, 1 << 30));
   c.add_option("--metrics", f.metrics, "JSON lines: one per step, one per evaluation");
-  c.add_option("--save", f.save, "checkpoint (safetensors, nanoGPT's names) at each evaluation and the end");
+  c.add_option("--save", f.save,
+               "checkpoint (safetensors, nanoGPT's names) at each evaluation, at the end, and on Ctrl-C or --stop-after");
   c.add_option("--resume", f.resume, "continue the run a --save checkpoint of the same flags left");
   c.add_option("--init", f.init, "initial weights (safetensors with nanoGPT's names) instead of the seeded ones");
   c.add_flag("--quiet", f.quiet, "only evaluations, warnings and errors");
@@ -188,6 +192,11 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
   CUMULUS_CHECK(it != m.end(), Error, "file '", path, "': no metadata '", key, "' (written by gpt train --save?)");
   return std::stoll(it->second);
 }
+
+// Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
+// with 130 (resume with --resume).
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void request_stop(int signal) { g_stop_signal = signal; }
 
 struct Run {
   int64_t first_micro_batch = 0;
@@ -254,7 +263,12 @@ int train(const TrainFlags& f) {
   CUMULUS_CHECK(!text.empty(), Error, "file '", corpus, "': empty");
   models::CharVocabulary vocab = models::CharVocabulary::of_text(text);
   if (!f.resume.empty()) vocab = models::read_gpt_checkpoint(f.resume).vocabulary;
-  const models::TokenSplit split = models::split_tokens(vocab.encode(text), 0.9, f.context + 1);
+  models::TokenSplit split;
+  try {
+    split = models::split_tokens(vocab.encode(text), 0.9, f.context + 1);
+  } catch (const InvalidArgument& e) {
+    throw UsageError("--context " + std::to_string(f.context) + ": " + e.what());
+  }
 
   models::GPTConfig config;
   config.vocab_size = vocab.size();
@@ -307,6 +321,8 @@ int train(const TrainFlags& f) {
     if (!f.save.empty()) save_checkpoint(f.save, model, vocab, trainer, f);
   };
   const int64_t total = f.steps * f.accum_steps, tokens_per_step = f.micro_batch * f.accum_steps * f.context;
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
   trainer.begin_epoch(0, total, run.first_micro_batch);
   auto step_start = std::chrono::steady_clock::now();
   for (int64_t i = run.first_micro_batch; i < total; ++i) {
@@ -324,7 +340,14 @@ int train(const TrainFlags& f) {
     if (!f.quiet && (step % f.log_every == 0 || step == 1))
       std::printf("step %5lld/%lld  loss %.4f  lr %.2e  %.0f ms  %.0f tokens/s\n", static_cast<long long>(step),
                   static_cast<long long>(f.steps), step_loss, lr, seconds * 1e3, double(tokens_per_step) / seconds);
-    if (f.eval_every > 0 && step % f.eval_every == 0 && step != f.steps) evaluate(step);
+    const bool evaluated = f.eval_every > 0 && step % f.eval_every == 0 && step != f.steps;
+    if (evaluated) evaluate(step);
+    if ((g_stop_signal != 0 || step == f.stop_after) && step != f.steps) {
+      if (!f.save.empty() && !evaluated) save_checkpoint(f.save, model, vocab, trainer, f);
+      std::printf("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
+                  f.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f.save).c_str());
+      return g_stop_signal != 0 ? 130 : 0;
+    }
   }
   if (f.steps == 0) {
     if (!f.save.empty()) save_checkpoint(f.save, model, vocab, trainer, f);

