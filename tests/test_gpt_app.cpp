@@ -37,7 +37,8 @@ std::string write_corpus(const TempDir& dir) {
   return path;
 }
 
-const char* kTiny = " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --accum-steps 3 --warmup 2 --eval-windows 8";
+const char* kTiny =
+    " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --accum-steps 3 --warmup 2 --eval-windows 8";
 
 TEST(GptApp, TrainsSavesResumesExactlyAndSamples) {
   TempDir dir;
@@ -90,14 +91,13 @@ TEST(GptApp, UsageErrorsExitTwoNamingTheFlagAndFileErrorsExitOne) {
   struct Case {
     std::string args, expected;
   };
-  for (const Case& c : {Case{"train" + data + " --width 10 --heads 3", "--width/--heads/--layers"},
-                        Case{"train" + data + " --steps 5 --warmup 5", "--warmup 5 must be less than --steps 5"},
-                        Case{"train" + data + " --precision bf16", "--precision bf16"},
-                        Case{"train --data " + dir.file("missing"), "--data " + dir.file("missing")},
-                        Case{"train" + data + " --context 4000", "--context"},
-                        Case{"train" + data + " --bogus", "--bogus"},
-                        Case{"sample", "--load"},
-                        Case{"", "subcommand"}}) {
+  for (const Case& c :
+       {Case{"train" + data + " --width 10 --heads 3", "--width/--heads/--layers"},
+        Case{"train" + data + " --steps 5 --warmup 5", "--warmup 5 must be less than --steps 5"},
+        Case{"train" + data + " --precision bf16", "--precision bf16"},
+        Case{"train --data " + dir.file("missing"), "--data " + dir.file("missing")},
+        Case{"train" + data + " --context 4000", "--context"}, Case{"train" + data + " --bogus", "--bogus"},
+        Case{"sample", "--load"}, Case{"", "subcommand"}}) {
     const Result r = gpt(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.expected), std::string::npos) << c.args << "\n" << r.out;

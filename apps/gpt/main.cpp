@@ -136,8 +136,9 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::Range(0, 1 << 30));
   c.add_option("--log-every", f.log_every, "a progress line every K steps")->check(CLI::Range(1, 1 << 30));
   c.add_option("--metrics", f.metrics, "JSON lines: one per step, one per evaluation");
-  c.add_option("--save", f.save,
-               "checkpoint (safetensors, nanoGPT's names) at each evaluation, at the end, and on Ctrl-C or --stop-after");
+  c.add_option(
+      "--save", f.save,
+      "checkpoint (safetensors, nanoGPT's names) at each evaluation, at the end, and on Ctrl-C or --stop-after");
   c.add_option("--resume", f.resume, "continue the run a --save checkpoint of the same flags left");
   c.add_option("--init", f.init, "initial weights (safetensors with nanoGPT's names) instead of the seeded ones");
   c.add_flag("--quiet", f.quiet, "only evaluations, warnings and errors");
@@ -344,8 +345,9 @@ int train(const TrainFlags& f) {
     if (evaluated) evaluate(step);
     if ((g_stop_signal != 0 || step == f.stop_after) && step != f.steps) {
       if (!f.save.empty() && !evaluated) save_checkpoint(f.save, model, vocab, trainer, f);
-      std::printf("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
-                  f.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f.save).c_str());
+      std::printf(
+          "gpt: stopped after step %lld%s\n", static_cast<long long>(step),
+          f.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f.save).c_str());
       return g_stop_signal != 0 ? 130 : 0;
     }
   }
