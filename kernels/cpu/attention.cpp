@@ -36,9 +36,16 @@ namespace {
 constexpr int64_t kRows = 16;
 constexpr int64_t kKeys = 64;
 
-void exp_in_place(float* x, int64_t n) {
+// Whether the AVX2 products and exp run (vec_math.h); the scalar loops otherwise, summing in the
+// same order (without FMA).
+bool vector_path() {
+  if constexpr (vec::kBuilt) return vec::available();
+  return false;
+}
+
+void exp_in_place(bool vector, float* x, int64_t n) {
   if constexpr (vec::kBuilt) {
-    if (vec::available()) {
+    if (vector) {
       vec::exp_f32(x, x, n);
       return;
     }
@@ -46,14 +53,14 @@ void exp_in_place(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
-template <typename T>
-void load_row(const T* src, float* dst, int64_t d) {
-  for (int64_t c = 0; c < d; ++c) dst[c] = to_f32(src[c]);
-}
-
-// s[j] = sum_c x[c] * t[c][j] over a whole tile of kKeys (t transposed, padded with zeros): a fixed
-// trip count over j, which the compiler vectorizes without reordering any sum.
-inline void tile_dots(const float* x, const float* t, int64_t d, float* s) {
+// s[j] = sum_c x[c] * t[c][j] over a whole tile of kKeys (t transposed, zero past its keys).
+void tile_dots(bool vector, const float* x, const float* t, int64_t d, float* s) {
+  if constexpr (vec::kBuilt) {
+    if (vector) {
+      vec::tile_dots_f32(x, t, d, kKeys, s);
+      return;
+    }
+  }
   for (int64_t j = 0; j < kKeys; ++j) s[j] = 0.0f;
   for (int64_t c = 0; c < d; ++c) {
     const float xc = x[c];
@@ -62,9 +69,24 @@ inline void tile_dots(const float* x, const float* t, int64_t d, float* s) {
   }
 }
 
-// y[c] += a * x[c]
-inline void axpy(float a, const float* x, float* y, int64_t d) {
-  for (int64_t c = 0; c < d; ++c) y[c] += a * x[c];
+// y[c] += sum_{j < n} a[j] * rows[j][c]
+void add_weighted_rows(bool vector, const float* a, const float* rows, int64_t n, int64_t d, float* y) {
+  if constexpr (vec::kBuilt) {
+    if (vector) {
+      vec::add_weighted_rows_f32(a, rows, n, d, y);
+      return;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float aj = a[j];
+    const float* r = rows + j * d;
+    for (int64_t c = 0; c < d; ++c) y[c] += aj * r[c];
+  }
+}
+
+template <typename T>
+void load_row(const T* src, float* dst, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) dst[c] = to_f32(src[c]);
 }
 
 // Rows [j0, j0 + n) of a strided head as the tile's transpose t [d][kKeys] (zero past n) and, when
@@ -80,16 +102,16 @@ void load_tile(const T* base, int64_t row_stride, int64_t j0, int64_t n, int64_t
 }
 
 template <typename T>
-void forward_block(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse, int64_t bh,
-                   int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
+void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
+                   int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
   scratch.assign(static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d + kKeys + kRows), 0.0f);
-  float* qf = scratch.data();    // [kRows][d]
-  float* acc = qf + kRows * d;   // [kRows][d]
-  float* kt = acc + kRows * d;   // [d][kKeys]
-  float* vf = kt + kKeys * d;    // [kKeys][d]
-  float* s = vf + kKeys * d;     // [kKeys]
-  float* m = s + kKeys;          // [kRows]
+  float* qf = scratch.data();   // [kRows][d]
+  float* acc = qf + kRows * d;  // [kRows][d]
+  float* kt = acc + kRows * d;  // [d][kKeys]
+  float* vf = kt + kKeys * d;   // [kKeys][d]
+  float* s = vf + kKeys * d;    // [kKeys]
+  float* m = s + kKeys;         // [kRows]
   sums.assign(static_cast<std::size_t>(kRows), 0.0);
   for (int64_t r = 0; r < nq; ++r) {
     load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
@@ -104,12 +126,12 @@ void forward_block(const AttentionGeometry& g, const T* q, const T* k, const T* 
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t n = std::min(nk, g.key_end(i0 + r) - j0);
       if (n <= 0) continue;
-      tile_dots(qf + r * d, kt, d, s);
+      tile_dots(vector, qf + r * d, kt, d, s);
       float tile_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j] *= g.scale);
       const float m_new = std::max(m[r], tile_max);
       for (int64_t j = 0; j < n; ++j) s[j] -= m_new;
-      exp_in_place(s, n);
+      exp_in_place(vector, s, n);
       float tile_sum = 0.0f;
       for (int64_t j = 0; j < n; ++j) tile_sum += s[j];
       float* a = acc + r * d;
@@ -120,7 +142,7 @@ void forward_block(const AttentionGeometry& g, const T* q, const T* k, const T* 
         for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
       }
       sums[r] += tile_sum;
-      for (int64_t j = 0; j < n; ++j) axpy(s[j], vf + j * d, a, d);
+      add_weighted_rows(vector, s, vf, n, d, a);
       m[r] = m_new;
     }
   }
@@ -132,22 +154,29 @@ void forward_block(const AttentionGeometry& g, const T* q, const T* k, const T* 
   }
 }
 
+// One head's gradients. Per key tile, blocks of kRows query rows: their probabilities p and ds
+// (a [kRows, kKeys] tile each, zero where masked), dq of each row from ds and the tile's keys, then
+// dv_j and dk_j from the block's columns of p and ds (transposed), so every sum runs in the order of
+// the query rows.
 template <typename T>
-void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out, const float* lse,
-                   const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh, std::vector<float>& scratch) {
+void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                   const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
+                   std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
-  scratch.assign(static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 3 * kKeys), 0.0f);
-  float* qf = scratch.data();   // [tq][d]
-  float* dof = qf + tq * d;     // [tq][d]
-  float* dqa = dof + tq * d;    // [tq][d]
-  float* kf = dqa + tq * d;     // [kKeys][d]
-  float* kt = kf + kKeys * d;   // [d][kKeys]
-  float* vt = kt + kKeys * d;   // [d][kKeys]
-  float* dka = vt + kKeys * d;  // [kKeys][d]
-  float* dva = dka + kKeys * d; // [kKeys][d]
-  float* p = dva + kKeys * d;   // [kKeys]
-  float* dp = p + kKeys;        // [kKeys]
-  float* ds = dp + kKeys;       // [kKeys]
+  scratch.assign(static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys), 0.0f);
+  float* qf = scratch.data();     // [tq][d]
+  float* dof = qf + tq * d;       // [tq][d]
+  float* dqa = dof + tq * d;      // [tq][d]
+  float* kf = dqa + tq * d;       // [kKeys][d]
+  float* kt = kf + kKeys * d;     // [d][kKeys]
+  float* vt = kt + kKeys * d;     // [d][kKeys]
+  float* dka = vt + kKeys * d;    // [kKeys][d]
+  float* dva = dka + kKeys * d;   // [kKeys][d]
+  float* p = dva + kKeys * d;     // [kRows][kKeys]
+  float* ds = p + kRows * kKeys;  // [kRows][kKeys]
+  float* pt = ds + kRows * kKeys; // [kKeys][kRows]
+  float* dst = pt + kRows * kKeys;  // [kKeys][kRows]
+  float* dp = dst + kRows * kKeys;  // [kKeys]
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
   for (int64_t i = 0; i < tq; ++i) {
@@ -165,21 +194,32 @@ void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* 
     load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
     load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
     std::fill(dka, dka + 2 * kKeys * d, 0.0f);  // dka and dva
-    for (int64_t i = g.causal ? j0 : 0; i < tq; ++i) {
-      const int64_t n = std::min(nk, g.key_end(i) - j0);
-      if (n <= 0) continue;
-      const float* qi = qf + i * d;
-      const float* doi = dof + i * d;
-      tile_dots(qi, kt, d, p);
-      for (int64_t j = 0; j < n; ++j) p[j] = p[j] * g.scale - lse_h[i];
-      exp_in_place(p, n);
-      tile_dots(doi, vt, d, dp);
-      for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] - delta_h[i]) * g.scale;
-      float* dqi = dqa + i * d;
-      for (int64_t j = 0; j < n; ++j) {
-        axpy(p[j], doi, dva + j * d, d);
-        axpy(ds[j], qi, dka + j * d, d);
-        axpy(ds[j], kf + j * d, dqi, d);
+    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRows) {
+      const int64_t nr = std::min(kRows, tq - i0);
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t i = i0 + r;
+        const int64_t n = std::max<int64_t>(0, std::min(nk, g.key_end(i) - j0));
+        float* pr = p + r * kKeys;
+        float* dsr = ds + r * kKeys;
+        if (n > 0) {
+          tile_dots(vector, qf + i * d, kt, d, pr);
+          for (int64_t j = 0; j < n; ++j) pr[j] = pr[j] * g.scale - lse_h[i];
+          exp_in_place(vector, pr, n);
+          tile_dots(vector, dof + i * d, vt, d, dp);
+          for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dp[j] - delta_h[i]) * g.scale;
+          add_weighted_rows(vector, dsr, kf, n, d, dqa + i * d);
+        }
+        std::fill(pr + n, pr + kKeys, 0.0f);
+        std::fill(dsr + n, dsr + kKeys, 0.0f);
+      }
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t r = 0; r < nr; ++r) {
+          pt[j * kRows + r] = p[r * kKeys + j];
+          dst[j * kRows + r] = ds[r * kKeys + j];
+        }
+      for (int64_t j = 0; j < nk; ++j) {
+        add_weighted_rows(vector, pt + j * kRows, dof + i0 * d, nr, d, dva + j * d);
+        add_weighted_rows(vector, dst + j * kRows, qf + i0 * d, nr, d, dka + j * d);
       }
     }
     for (int64_t j = 0; j < nk; ++j)
@@ -199,10 +239,11 @@ template <typename T>
 void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse) {
   const int64_t blocks = (g.tq + kRows - 1) / kRows;
   if (g.bh() == 0 || blocks == 0 || g.tk == 0) return;
+  const bool vector = vector_path();
   parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
-    for (int64_t u = u0; u < u1; ++u) forward_block(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+    for (int64_t u = u0; u < u1; ++u) forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
   });
 }
 
@@ -210,9 +251,10 @@ template <typename T>
 void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                             const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv) {
   if (g.bh() == 0 || g.tk == 0) return;  // no query rows: dk and dv are still written (zeros)
+  const bool vector = vector_path();
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch;
-    for (int64_t bh = h0; bh < h1; ++bh) backward_head(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+    for (int64_t bh = h0; bh < h1; ++bh) backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
   });
 }
 

@@ -55,4 +55,11 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
                              float beta, float* dx);
 
+// The products of fused attention's tiles (kernels/cpu/attention.cpp), FMA 8 lanes at a time:
+// s[j] = sum_c x[c] * t[c * width + j] for j < width (t a tile stored transposed; width a multiple
+// of 8), each s[j] summed over c in order.
+void tile_dots_f32(const float* x, const float* t, int64_t d, int64_t width, float* s);
+// y[c] += sum_j a[j] * rows[j * d + c] for c < d, j < n (rows [n][d]), each y[c] summed over j in order.
+void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t d, float* y);
+
 }  // namespace cumulus::kernels::vec
