@@ -64,8 +64,8 @@ struct AttentionRun {
 AttentionRun attention_run(const Tensor& qkv, const Tensor& w, int64_t H, bool causal, bool fused) {
   qkv.mark_grad_stale();
   const std::vector<Tensor> h = heads(qkv, H);
-  const Tensor out = fused ? ops::scaled_dot_product_attention(h[0], h[1], h[2], causal)
-                           : composition(h[0], h[1], h[2], causal);
+  const Tensor out =
+      fused ? ops::scaled_dot_product_attention(h[0], h[1], h[2], causal) : composition(h[0], h[1], h[2], causal);
   ops::sum(ops::mul(out, w)).backward();
   return {out.to_vector<float>(), qkv.grad().to_vector<float>()};
 }
@@ -185,14 +185,22 @@ TEST_P(AttentionTest, ErrorsNameTheOpAndTheShapes) {
   const Tensor q = Tensor::zeros({2, 3, 5, 4}, DType::f32, d);
   const Tensor k7 = Tensor::zeros({2, 3, 7, 4}, DType::f32, d);
   expect_error([&] { ops::scaled_dot_product_attention(q, k7, k7, true); }, "[2, 3, 7, 4]");
-  expect_error([&] { ops::scaled_dot_product_attention(q, Tensor::zeros({2, 2, 7, 4}, DType::f32, d), k7); },
-               "[2, 2, 7, 4]");
-  expect_error([&] { ops::scaled_dot_product_attention(q, Tensor::zeros({2, 3, 7, 8}, DType::f32, d), k7); },
-               "[2, 3, 7, 8]");
-  expect_error([&] { ops::scaled_dot_product_attention(q, k7, Tensor::zeros({2, 3, 6, 4}, DType::f32, d)); },
-               "[2, 3, 6, 4]");
-  expect_error([&] { ops::scaled_dot_product_attention(q, k7, Tensor::zeros({2, 3, 7, 4}, DType::bf16, d)); },
-               "bf16");
+  expect_error(
+      [&] {
+        ops::scaled_dot_product_attention(q, Tensor::zeros({2, 2, 7, 4}, DType::f32, d), k7);
+      },
+      "[2, 2, 7, 4]");
+  expect_error(
+      [&] {
+        ops::scaled_dot_product_attention(q, Tensor::zeros({2, 3, 7, 8}, DType::f32, d), k7);
+      },
+      "[2, 3, 7, 8]");
+  expect_error(
+      [&] {
+        ops::scaled_dot_product_attention(q, k7, Tensor::zeros({2, 3, 6, 4}, DType::f32, d));
+      },
+      "[2, 3, 6, 4]");
+  expect_error([&] { ops::scaled_dot_product_attention(q, k7, Tensor::zeros({2, 3, 7, 4}, DType::bf16, d)); }, "bf16");
   expect_error([&] { ops::scaled_dot_product_attention(Tensor::zeros({4}, DType::f32, d), k7, k7); }, "[4]");
   const Tensor empty = Tensor::zeros({2, 3, 0, 4}, DType::f32, d);
   expect_error([&] { ops::scaled_dot_product_attention(q, empty, empty); }, "[2, 3, 0, 4]");

@@ -72,7 +72,13 @@ Tensor dense_rows(const Tensor& t) { return t.size(-1) <= 1 || t.stride(-1) == 1
 class AttentionBackward final : public Node {
  public:
   AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const kernels::AttentionGeometry& g)
-      : Node(kOp), q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), out_(std::move(out)), lse_(std::move(lse)), g_(g) {}
+      : Node(kOp),
+        q_(std::move(q)),
+        k_(std::move(k)),
+        v_(std::move(v)),
+        out_(std::move(out)),
+        lse_(std::move(lse)),
+        g_(g) {}
 
   void backward(const Tensor& dy_in, std::vector<GradSink>& grads) override {
     const Tensor dy = detail::contiguous(dy_in);
@@ -94,9 +100,9 @@ class AttentionBackward final : public Node {
         const T* op = out_.data<T>(); const T* dyp = dy.data<T>(); const float* lp = lse_.data<float>();
         float* dp = delta.data<float>(); T* dqp = grad[0].defined() ? grad[0].data<T>() : nullptr;
         T* dkp = grad[1].defined() ? grad[1].data<T>() : nullptr;
-        T* dvp = grad[2].defined() ? grad[2].data<T>() : nullptr;
-        CUMULUS_DISPATCH(device, ctx, kernels::attention_backward_cpu(g_, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp),
-                         kernels::attention_backward_cuda(g_, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp, ctx.stream())));
+        T* dvp = grad[2].defined() ? grad[2].data<T>() : nullptr; CUMULUS_DISPATCH(
+            device, ctx, kernels::attention_backward_cpu(g_, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp),
+            kernels::attention_backward_cuda(g_, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp, ctx.stream())));
     for (int i = 0; i < 3; ++i)
       if (grad[i].defined()) grads[static_cast<std::size_t>(i)].give(grad[i]);
   }
@@ -168,11 +174,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   Shape lse_shape;
   for (int i = 0; i < n - 1; ++i) lse_shape.push_back(q.size(i));
   Tensor lse = detail::new_output(lse_shape, DType::f32, device);
-  CUMULUS_DISPATCH_FLOAT(
-      q.dtype(), T, const T* qp = view_data<T>(q); const T* kp = view_data<T>(k); const T* vp = view_data<T>(v);
-      T* op = out.data<T>(); float* lp = lse.data<float>();
-      CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
-                       kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
+  CUMULUS_DISPATCH_FLOAT(q.dtype(), T, const T* qp = view_data<T>(q); const T* kp = view_data<T>(k);
+                         const T* vp = view_data<T>(v); T* op = out.data<T>(); float* lp = lse.data<float>();
+                         CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
+                                          kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
   if (should_record({&q, &k, &v}))
     attach_node(out, std::make_shared<AttentionBackward>(q.detach(), k.detach(), v.detach(), out.detach(), lse, g),
                 {&q, &k, &v});

@@ -16,8 +16,11 @@
 //   composition (matmul, mask, softmax, matmul) keeps [T, T] scores and probabilities per head.
 // The CPU forward splits (head, block of query rows) across threads; the backward gives each
 // thread whole heads, so dk and dv are summed by one thread in a fixed order (no races, the same
-// bits at any thread count: Note [CPU kernel threads]). The exp is the vector one of the softmax
-// kernels (kernels/cpu/vec_math.h); the row sums l are kept in double across tiles.
+// bits at any thread count: Note [CPU kernel threads]). The tile products (q against a transposed
+// key tile; probabilities times value rows) and the exp (SLEEF's, as exp_f32) run through AVX2 and
+// FMA (kernels/cpu/vec_math.h) where the CPU has them, plain loops in the same order otherwise; the
+// row sums l are kept in double across tiles. Tiles: 16 query rows share each key tile's conversion
+// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -31,8 +34,6 @@ namespace cumulus::kernels {
 
 namespace {
 
-// A block of query rows and a tile of keys: 16 rows share each tile's conversion and transpose;
-// 64 keys keep a tile of k, v (d <= 64: 32 KiB) in L1/L2.
 constexpr int64_t kRows = 16;
 constexpr int64_t kKeys = 64;
 
@@ -164,17 +165,17 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
                    std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
   scratch.assign(static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys), 0.0f);
-  float* qf = scratch.data();     // [tq][d]
-  float* dof = qf + tq * d;       // [tq][d]
-  float* dqa = dof + tq * d;      // [tq][d]
-  float* kf = dqa + tq * d;       // [kKeys][d]
-  float* kt = kf + kKeys * d;     // [d][kKeys]
-  float* vt = kt + kKeys * d;     // [d][kKeys]
-  float* dka = vt + kKeys * d;    // [kKeys][d]
-  float* dva = dka + kKeys * d;   // [kKeys][d]
-  float* p = dva + kKeys * d;     // [kRows][kKeys]
-  float* ds = p + kRows * kKeys;  // [kRows][kKeys]
-  float* pt = ds + kRows * kKeys; // [kKeys][kRows]
+  float* qf = scratch.data();       // [tq][d]
+  float* dof = qf + tq * d;         // [tq][d]
+  float* dqa = dof + tq * d;        // [tq][d]
+  float* kf = dqa + tq * d;         // [kKeys][d]
+  float* kt = kf + kKeys * d;       // [d][kKeys]
+  float* vt = kt + kKeys * d;       // [d][kKeys]
+  float* dka = vt + kKeys * d;      // [kKeys][d]
+  float* dva = dka + kKeys * d;     // [kKeys][d]
+  float* p = dva + kKeys * d;       // [kRows][kKeys]
+  float* ds = p + kRows * kKeys;    // [kRows][kKeys]
+  float* pt = ds + kRows * kKeys;   // [kKeys][kRows]
   float* dst = pt + kRows * kKeys;  // [kKeys][kRows]
   float* dp = dst + kRows * kKeys;  // [kKeys]
   const float* lse_h = lse + bh * tq;
@@ -243,7 +244,8 @@ void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, c
   parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
-    for (int64_t u = u0; u < u1; ++u) forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+    for (int64_t u = u0; u < u1; ++u)
+      forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
   });
 }
 
@@ -254,14 +256,15 @@ void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, 
   const bool vector = vector_path();
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch;
-    for (int64_t bh = h0; bh < h1; ++bh) backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+    for (int64_t bh = h0; bh < h1; ++bh)
+      backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
   });
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                 \
-  template void attention_forward_cpu(const AttentionGeometry&, const T*, const T*, const T*, T*, float*);    \
-  template void attention_backward_cpu(const AttentionGeometry&, const T*, const T*, const T*, const T*,      \
-                                       const float*, const T*, float*, T*, T*, T*);
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void attention_forward_cpu(const AttentionGeometry&, const T*, const T*, const T*, T*, float*);             \
+  template void attention_backward_cpu(const AttentionGeometry&, const T*, const T*, const T*, const T*, const float*, \
+                                       const T*, float*, T*, T*, T*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

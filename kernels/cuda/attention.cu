@@ -214,15 +214,15 @@ void attention_backward_cuda(const AttentionGeometry& g, const T* q, const T* k,
   }
   if (dq != nullptr && rows > 0) {
     const int64_t tiles = tiles_of(g.tq);
-    launch<attention_dq_kernel<T>>(static_cast<unsigned>(g.bh() * tiles), kRowsPerBlock, stream, g, q, k, v, lse,
-                                   dout, delta, dq, tiles);
+    launch<attention_dq_kernel<T>>(static_cast<unsigned>(g.bh() * tiles), kRowsPerBlock, stream, g, q, k, v, lse, dout,
+                                   delta, dq, tiles);
   }
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                  \
-  template void attention_forward_cuda(const AttentionGeometry&, const T*, const T*, const T*, T*, float*,     \
-                                       cudaStream_t);                                                           \
-  template void attention_backward_cuda(const AttentionGeometry&, const T*, const T*, const T*, const T*,      \
+#define CUMULUS_INSTANTIATE(T)                                                                             \
+  template void attention_forward_cuda(const AttentionGeometry&, const T*, const T*, const T*, T*, float*, \
+                                       cudaStream_t);                                                      \
+  template void attention_backward_cuda(const AttentionGeometry&, const T*, const T*, const T*, const T*,  \
                                         const float*, const T*, float*, T*, T*, T*, cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
