@@ -189,6 +189,7 @@ CUMULUS_OP_CASES(attention) {
       {"sdpa_causal_large_row_t70_d8_f32", 1, 1, 70, 70, 8, true, 0, DType::f32, 48, large_row(67, 8)},
       {"sdpa_large_row_t5_d4_f32", 1, 2, 5, 5, 4, false, 0, DType::f32, 0, large_row(3, 4)},
       {"sdpa_causal_t37_d8_bf16", 1, 2, 37, 37, 8, true, 0, DType::bf16, 48},
+      {"sdpa_tq5_tk9_d8_f16", 2, 2, 5, 9, 8, false, 0, DType::f16},
   };
   for (const Direct& s : direct) {
     OpCase c = direct_case(s);
@@ -206,6 +207,26 @@ CUMULUS_OP_CASES(attention) {
     OpCase c5 = direct_case({"sdpa_5d_t4_d4_f32", 6, 2, 4, 3, 4, false});
     c5.inputs = {{{2, 3, 2, 4, 4}}, {{2, 3, 2, 3, 4}}, {{2, 3, 2, 3, 4}}};
     cases.push_back(c5);
+  }
+
+  // Grouped-query attention: one k and v head shared by four q heads, as expand views (stride 0
+  // over the heads; the expand's backward sums the heads' gradients).
+  {
+    OpCase c = direct_case({"sdpa_causal_gqa_expand_h4_t6_d8_f32", 2, 4, 6, 6, 8, true});
+    c.inputs[1].shape = c.inputs[2].shape = {2, 1, 6, 8};
+    c.forward = [](const Inputs& t) {
+      return ops::scaled_dot_product_attention(t[0], ops::expand(t[1], {2, 4, 6, 8}), ops::expand(t[2], {2, 4, 6, 8}),
+                                               true);
+    };
+    c.reference = [](const Values& v) {
+      auto shared = [](const std::vector<double>& x) -> Element {
+        return [&x](int64_t b, int64_t, int64_t t, int64_t c) { return x[static_cast<std::size_t>((b * 6 + t) * 8 + c)]; };
+      };
+      return attention_reference(2, 4, 6, 6, 8, true, 1.0 / std::sqrt(8.0), dense(v[0], 4, 6, 8), shared(v[1]),
+                                 shared(v[2]));
+    };
+    c.inner_ops = {"expand"};
+    cases.push_back(c);
   }
 
   const FromQkv qkv[] = {
