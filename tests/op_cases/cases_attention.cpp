@@ -220,7 +220,8 @@ CUMULUS_OP_CASES(attention) {
     };
     c.reference = [](const Values& v) {
       auto shared = [](const std::vector<double>& x) -> Element {
-        return [&x](int64_t b, int64_t, int64_t t, int64_t c) { return x[static_cast<std::size_t>((b * 6 + t) * 8 + c)]; };
+        return
+            [&x](int64_t b, int64_t, int64_t t, int64_t c) { return x[static_cast<std::size_t>((b * 6 + t) * 8 + c)]; };
       };
       return attention_reference(2, 4, 6, 6, 8, true, 1.0 / std::sqrt(8.0), dense(v[0], 4, 6, 8), shared(v[1]),
                                  shared(v[2]));
