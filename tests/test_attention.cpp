@@ -116,6 +116,19 @@ TEST_P(AttentionTest, ALastDimensionThatIsNotDense) {
   EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>());
 }
 
+// No query rows (an empty decoding batch): an empty output, and k and v get zero gradients.
+TEST_P(AttentionTest, NoQueryRows) {
+  const Tensor q = Tensor::zeros({1, 2, 0, 4}, DType::f32, device());
+  Tensor k = random_tensor({1, 2, 3, 4}, 11, device()), v = random_tensor({1, 2, 3, 4}, 12, device());
+  k.set_requires_grad(true);
+  v.set_requires_grad(true);
+  const Tensor out = ops::scaled_dot_product_attention(q, k, v);
+  EXPECT_EQ(out.shape(), Shape({1, 2, 0, 4}));
+  ops::sum(out).backward();
+  EXPECT_EQ(k.grad().to_vector<float>(), std::vector<float>(24, 0.0f));
+  EXPECT_EQ(v.grad().to_vector<float>(), std::vector<float>(24, 0.0f));
+}
+
 // Note [CPU kernel threads]: each query block (forward) and head (backward) is one thread's.
 TEST(AttentionCpu, SameBitsAtAnyThreadCount) {
   const int before = cpu_threads();
