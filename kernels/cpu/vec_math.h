@@ -1,6 +1,6 @@
 // The CPU's vectorized activations, softmax and layer norm rows, and fused attention's tile
-// products: f32 arrays through AVX2 (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA), used by the CPU kernels when the CPU
-// has both. tanh, sigmoid, gelu, exp and log compute kernels/pointwise_rules.h's formula with the
+// products: f32 arrays through AVX2 (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA),
+// used by the CPU kernels when the CPU has both. tanh, sigmoid, gelu, exp and log compute kernels/pointwise_rules.h's formula with the
 // same operations in the same order, only the transcendental (tanhf, expf, erff, logf) replaced by
 // SLEEF's u10 variant: at most 1.0 ulp from the exact result (glibc's are within 1-2 ulp), so an
 // element may differ from the scalar rule's in its last bit or two. gelu_tanh computes the same
