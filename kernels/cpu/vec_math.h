@@ -1,15 +1,16 @@
 // The CPU's vectorized activations, softmax and layer norm rows, and fused attention's tile
 // products: f32 arrays through AVX2 (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA),
-// used by the CPU kernels when the CPU has both. tanh, sigmoid, gelu, exp and log compute kernels/pointwise_rules.h's formula with the
-// same operations in the same order, only the transcendental (tanhf, expf, erff, logf) replaced by
-// SLEEF's u10 variant: at most 1.0 ulp from the exact result (glibc's are within 1-2 ulp), so an
-// element may differ from the scalar rule's in its last bit or two. gelu_tanh computes the same
-// function in another form, x / (1 + exp(-2u)), with a Cephes-style exp within 1.3 ulp: one exp
-// instead of a tanh (a third of its cost), within 2 ulp of max(|exact|, 1) forward and backward over
-// [-10, 10] (the tanh form: 1.4 forward, 8.7 backward, where 1 - t t amplified tanh's error). softmax
-// and log_softmax use that exp too; their double sums, and layer norm's, run 8 lanes at a time rather
-// than in sequence (within a rounding of the double result either way). A vector of 8 at a time; a
-// tail of under 8 is padded, so every element goes through the same function wherever it sits.
+// used by the CPU kernels when the CPU has both. tanh, sigmoid, gelu, exp and log compute
+// kernels/pointwise_rules.h's formula with the same operations in the same order, only the
+// transcendental (tanhf, expf, erff, logf) replaced by SLEEF's u10 variant: at most 1.0 ulp from
+// the exact result (glibc's are within 1-2 ulp), so an element may differ from the scalar rule's in
+// its last bit or two. gelu_tanh computes the same function in another form, x / (1 + exp(-2u)),
+// with a Cephes-style exp within 1.3 ulp: one exp instead of a tanh (a third of its cost), within 2
+// ulp of max(|exact|, 1) forward and backward over [-10, 10] (the tanh form: 1.4 forward, 8.7
+// backward, where 1 - t t amplified tanh's error). softmax and log_softmax use that exp too; their
+// double sums, and layer norm's, run 8 lanes at a time rather than in sequence (within a rounding
+// of the double result either way). A vector of 8 at a time; a tail of under 8 is padded, so every
+// element goes through the same function wherever it sits.
 // Declared with no engine types, so the AVX2 file includes nothing that could emit an AVX2 copy of
 // an inline function the rest of the library shares.
 #pragma once
