@@ -94,7 +94,8 @@ void load_row(const T* src, float* dst, int64_t d) {
 // `rows` is not null, as rows [n][d].
 template <typename T>
 void load_tile(const T* base, int64_t row_stride, int64_t j0, int64_t n, int64_t d, float* t, float* rows) {
-  std::fill(t, t + d * kKeys, 0.0f);
+  if (n < kKeys)
+    for (int64_t c = 0; c < d; ++c) std::fill(t + c * kKeys + n, t + (c + 1) * kKeys, 0.0f);
   for (int64_t j = 0; j < n; ++j) {
     const T* r = base + (j0 + j) * row_stride;
     for (int64_t c = 0; c < d; ++c) t[c * kKeys + j] = to_f32(r[c]);
@@ -106,13 +107,15 @@ template <typename T>
 void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
                    int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
-  scratch.assign(static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d + kKeys + kRows), 0.0f);
+  // Scratch kept across a thread's blocks: only the accumulators need zeros.
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d + kKeys + kRows)));
   float* qf = scratch.data();   // [kRows][d]
   float* acc = qf + kRows * d;  // [kRows][d]
   float* kt = acc + kRows * d;  // [d][kKeys]
   float* vf = kt + kKeys * d;   // [kKeys][d]
   float* s = vf + kKeys * d;    // [kKeys]
   float* m = s + kKeys;         // [kRows]
+  std::fill(acc, acc + kRows * d, 0.0f);
   sums.assign(static_cast<std::size_t>(kRows), 0.0);
   for (int64_t r = 0; r < nq; ++r) {
     load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
@@ -164,7 +167,9 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
                    const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
                    std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
-  scratch.assign(static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys), 0.0f);
+  // Scratch kept across a thread's heads: only dq's accumulator needs zeros.
+  scratch.resize(
+      std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys)));
   float* qf = scratch.data();       // [tq][d]
   float* dof = qf + tq * d;         // [tq][d]
   float* dqa = dof + tq * d;        // [tq][d]
@@ -178,6 +183,7 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
   float* pt = ds + kRows * kKeys;   // [kKeys][kRows]
   float* dst = pt + kRows * kKeys;  // [kKeys][kRows]
   float* dp = dst + kRows * kKeys;  // [kKeys]
+  std::fill(dqa, dqa + tq * d, 0.0f);
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
   for (int64_t i = 0; i < tq; ++i) {
