@@ -104,6 +104,9 @@ inline Tensor contiguous(const Tensor& x) { return !x.defined() || x.is_contiguo
 // A view of x's storage: `shape` at element `strides` from x's first element plus `offset`
 // elements (marked dense when the strides are row-major). Not recorded by autograd.
 Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64_t>& strides, int64_t offset);
+// x's first element, a strided view's included: for an op whose kernels read a view at its
+// strides (engine/ops/attention.cpp) rather than through contiguous. The caller passes the strides.
+void* element_data(const Tensor& x);
 // dst = src + beta * dst element by element, either side a strided view (same shape, dtype and
 // device; beta 0 for integer types). Not recorded by autograd.
 void copy_strided(const Tensor& src, const Tensor& dst, float beta = 0.0f);

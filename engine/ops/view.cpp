@@ -146,6 +146,8 @@ std::pair<Shape, std::vector<int64_t>> permuted(const Shape& shape, const std::v
 
 namespace detail {
 
+void* element_data(const Tensor& x) { return first_element(x); }
+
 Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64_t>& strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = x.impl()->storage;

@@ -1,15 +1,16 @@
-// The CPU's vectorized activations, softmax and layer norm rows: f32 arrays through AVX2
-// (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA), used by the CPU kernels when the CPU
-// has both. tanh, sigmoid, gelu, exp and log compute kernels/pointwise_rules.h's formula with the
-// same operations in the same order, only the transcendental (tanhf, expf, erff, logf) replaced by
-// SLEEF's u10 variant: at most 1.0 ulp from the exact result (glibc's are within 1-2 ulp), so an
-// element may differ from the scalar rule's in its last bit or two. gelu_tanh computes the same
-// function in another form, x / (1 + exp(-2u)), with a Cephes-style exp within 1.3 ulp: one exp
-// instead of a tanh (a third of its cost), within 2 ulp of max(|exact|, 1) forward and backward over
-// [-10, 10] (the tanh form: 1.4 forward, 8.7 backward, where 1 - t t amplified tanh's error). softmax
-// and log_softmax use that exp too; their double sums, and layer norm's, run 8 lanes at a time rather
-// than in sequence (within a rounding of the double result either way). A vector of 8 at a time; a
-// tail of under 8 is padded, so every element goes through the same function wherever it sits.
+// The CPU's vectorized activations, softmax and layer norm rows, and fused attention's tile
+// products: f32 arrays through AVX2 (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA),
+// used by the CPU kernels when the CPU has both. tanh, sigmoid, gelu, exp and log compute
+// kernels/pointwise_rules.h's formula with the same operations in the same order, only the
+// transcendental (tanhf, expf, erff, logf) replaced by SLEEF's u10 variant: at most 1.0 ulp from
+// the exact result (glibc's are within 1-2 ulp), so an element may differ from the scalar rule's in
+// its last bit or two. gelu_tanh computes the same function in another form, x / (1 + exp(-2u)),
+// with a Cephes-style exp within 1.3 ulp: one exp instead of a tanh (a third of its cost), within 2
+// ulp of max(|exact|, 1) forward and backward over [-10, 10] (the tanh form: 1.4 forward, 8.7
+// backward, where 1 - t t amplified tanh's error). softmax and log_softmax use that exp too; their
+// double sums, and layer norm's, run 8 lanes at a time rather than in sequence (within a rounding
+// of the double result either way). A vector of 8 at a time; a tail of under 8 is padded, so every
+// element goes through the same function wherever it sits.
 // Declared with no engine types, so the AVX2 file includes nothing that could emit an AVX2 copy of
 // an inline function the rest of the library shares.
 #pragma once
@@ -54,5 +55,12 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
 // One row of layer norm's dx (layer_norm_backward_dx_cpu), blended into dx with beta.
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
                              float beta, float* dx);
+
+// The products of fused attention's tiles (kernels/cpu/attention.cpp), FMA 8 lanes at a time:
+// s[j] = sum_c x[c] * t[c * width + j] for j < width (t a tile stored transposed; width a multiple
+// of 8), each s[j] summed over c in order.
+void tile_dots_f32(const float* x, const float* t, int64_t d, int64_t width, float* s);
+// y[c] += sum_j a[j] * rows[j * d + c] for c < d, j < n (rows [n][d]), each y[c] summed over j in order.
+void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t d, float* y);
 
 }  // namespace cumulus::kernels::vec

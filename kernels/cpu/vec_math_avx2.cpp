@@ -301,5 +301,59 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
   }
 }
 
+void tile_dots_f32(const float* x, const float* t, int64_t d, int64_t width, float* s) {
+  int64_t j0 = 0;
+  for (; j0 + 32 <= width; j0 += 32) {
+    V a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t c = 0; c < d; ++c) {
+      const V xc = splat(x[c]);
+      const float* tc = t + c * width + j0;
+      a0 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc), a0);
+      a1 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc + 8), a1);
+      a2 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc + 16), a2);
+      a3 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc + 24), a3);
+    }
+    _mm256_storeu_ps(s + j0, a0);
+    _mm256_storeu_ps(s + j0 + 8, a1);
+    _mm256_storeu_ps(s + j0 + 16, a2);
+    _mm256_storeu_ps(s + j0 + 24, a3);
+  }
+  for (; j0 + 8 <= width; j0 += 8) {
+    V a = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; ++c) a = _mm256_fmadd_ps(splat(x[c]), _mm256_loadu_ps(t + c * width + j0), a);
+    _mm256_storeu_ps(s + j0, a);
+  }
+}
+
+void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t d, float* y) {
+  int64_t c0 = 0;
+  for (; c0 + 32 <= d; c0 += 32) {
+    V y0 = _mm256_loadu_ps(y + c0), y1 = _mm256_loadu_ps(y + c0 + 8), y2 = _mm256_loadu_ps(y + c0 + 16),
+      y3 = _mm256_loadu_ps(y + c0 + 24);
+    for (int64_t j = 0; j < n; ++j) {
+      const V aj = splat(a[j]);
+      const float* r = rows + j * d + c0;
+      y0 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r), y0);
+      y1 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 8), y1);
+      y2 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 16), y2);
+      y3 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 24), y3);
+    }
+    _mm256_storeu_ps(y + c0, y0);
+    _mm256_storeu_ps(y + c0 + 8, y1);
+    _mm256_storeu_ps(y + c0 + 16, y2);
+    _mm256_storeu_ps(y + c0 + 24, y3);
+  }
+  for (; c0 + 8 <= d; c0 += 8) {
+    V yc = _mm256_loadu_ps(y + c0);
+    for (int64_t j = 0; j < n; ++j) yc = _mm256_fmadd_ps(splat(a[j]), _mm256_loadu_ps(rows + j * d + c0), yc);
+    _mm256_storeu_ps(y + c0, yc);
+  }
+  for (int64_t c = c0; c < d; ++c) {
+    float v = y[c];
+    for (int64_t j = 0; j < n; ++j) v = __builtin_fmaf(a[j], rows[j * d + c], v);
+    y[c] = v;
+  }
+}
+
 }  // namespace cumulus::kernels::vec
 #endif

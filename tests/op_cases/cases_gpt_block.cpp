@@ -9,6 +9,7 @@
 #include <cmath>
 #include <string>
 
+#include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"
@@ -48,17 +49,25 @@ enum Input {
 // [B, T, C] -> [B, H, T, D]: a view.
 Tensor heads(const Tensor& x) { return ops::permute(ops::reshape(x, {kB, kT, kH, kD}), {0, 2, 1, 3}); }
 
-Tensor gpt_block_loss(const Inputs& in) {
+// fused: the attention as ops::scaled_dot_product_attention of the same views (the second case,
+// on the same reference: the fused op must give the composition's loss and gradients).
+Tensor gpt_block_loss(const Inputs& in, bool fused) {
   const Tensor positions = ops::arange(kT, in[tokens].device());
   Tensor x = ops::embedding(in[tokens], in[wte]) + ops::embedding(positions, in[wpe]);  // [B, T, C]
 
   const Tensor h = ops::layer_norm(x, Shape{kC}, in[ln1_w], in[ln1_b]);
   const std::vector<Tensor> qkv = ops::split(ops::linear(h, in[attn_w], in[attn_b]), kC, -1);
   const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  Tensor att = ops::matmul(q, ops::transpose(k, -2, -1)) * static_cast<float>(1.0 / std::sqrt(double(kD)));
-  const Tensor causal = ops::tril(in[ones]);  // 1 on and below the diagonal
-  att = ops::softmax(ops::masked_fill(att, ops::eq(causal, 0.0), -INFINITY), -1);
-  const Tensor y = ops::reshape(ops::permute(ops::matmul(att, v), {0, 2, 1, 3}), {kB, kT, kC});
+  Tensor heads_out;
+  if (fused) {
+    heads_out = ops::scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  } else {
+    Tensor att = ops::matmul(q, ops::transpose(k, -2, -1)) * static_cast<float>(1.0 / std::sqrt(double(kD)));
+    const Tensor causal = ops::tril(in[ones]);  // 1 on and below the diagonal
+    att = ops::softmax(ops::masked_fill(att, ops::eq(causal, 0.0), -INFINITY), -1);
+    heads_out = ops::matmul(att, v);
+  }
+  const Tensor y = ops::reshape(ops::permute(heads_out, {0, 2, 1, 3}), {kB, kT, kC});
   x = x + ops::linear(y, in[proj_w], in[proj_b]);
 
   const Tensor h2 = ops::layer_norm(x, Shape{kC}, in[ln2_w], in[ln2_b]);
@@ -170,13 +179,18 @@ CUMULUS_OP_CASES(gpt_block) {
   c.inputs[fc_b] = {{4 * kC}, DType::f32, -0.1, 0.1};
   c.inputs[fc2_w] = {{kC, 4 * kC}, DType::f32, -w / 2, w / 2};
   c.inputs[fc2_b] = {{kC}, DType::f32, -0.1, 0.1};
-  c.forward = gpt_block_loss;
+  c.forward = [](const Inputs& in) { return gpt_block_loss(in, false); };
   c.reference = gpt_block_reference;
   c.tolerance = 1e-5;
   c.grad_tolerance = 1e-4;
   c.inner_ops = {"embedding",   "arange",    "add",        "layer_norm", "linear", "split", "reshape",
                  "permute",     "transpose", "matmul",     "bmm",        "mul",    "tril",  "eq",
                  "masked_fill", "softmax",   "contiguous", "gelu",       "cast"};
+  cases.push_back(c);
+
+  c.name = "gpt_block_fused_attention_b2_t5_c8_h2_v7";
+  c.forward = [](const Inputs& in) { return gpt_block_loss(in, true); };
+  c.inner_ops.push_back("scaled_dot_product_attention");
   cases.push_back(c);
 }
 

@@ -35,6 +35,7 @@
 #include "cumulus/autograd/function.h"
 #include "cumulus/autograd/grad_mode.h"
 
+#include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/conv_ops.h"
 #include "cumulus/ops/fused_mlp.h"

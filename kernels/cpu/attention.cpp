@@ -1,0 +1,279 @@
+// CPU kernels of fused attention (engine/ops/attention.cpp).
+//
+// Note [Fused attention]
+// softmax(scale q k^T) v without the [tq, tk] matrix, as FlashAttention-2 computes it:
+// - Forward: a block of query rows meets the keys one tile at a time. Each row keeps a running
+//   maximum m and sum l of exp(score - m) and its output accumulator; a tile that raises the
+//   maximum rescales both by exp(m_old - m_new) (the online softmax), so no score is ever stored
+//   beyond the tile. The output is acc / l, and the row's log-sum-exp lse = m + log(l) is saved.
+//   Causal rows stop at their own position, so key tiles wholly above the diagonal are skipped.
+// - Backward: from q, k, v, the output o, its lse and the upstream gradient do, with
+//   delta_i = rowsum(do_i * o_i): the probabilities are recomputed tile by tile as
+//   p_ij = exp(scale q_i k_j - lse_i), then dv_j += p_ij do_i, ds_ij = p_ij (do_i . v_j - delta_i),
+//   dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i.
+// - Saved for backward: q, k and v themselves (the caller's views, sharing the projection's
+//   storage), the output and the lse ([.., tq] f32): bytes per token independent of T, where the
+//   composition (matmul, mask, softmax, matmul) keeps [T, T] scores and probabilities per head.
+// The CPU forward splits (head, block of query rows) across threads; the backward gives each
+// thread whole heads, so dk and dv are summed by one thread in a fixed order (no races, the same
+// bits at any thread count: Note [CPU kernel threads]). The tile products (q against a transposed
+// key tile; probabilities times value rows) and the exp (SLEEF's, as exp_f32) run through AVX2 and
+// FMA (kernels/cpu/vec_math.h) where the CPU has them, plain loops in the same order otherwise; the
+// row sums l are kept in double across tiles. Tiles: 16 query rows share each key tile's conversion
+// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace cumulus::kernels {
+
+namespace {
+
+constexpr int64_t kRows = 16;
+constexpr int64_t kKeys = 64;
+
+// Whether the AVX2 products and exp run (vec_math.h); the scalar loops otherwise, summing in the
+// same order (without FMA).
+bool vector_path() {
+  if constexpr (vec::kBuilt) return vec::available();
+  return false;
+}
+
+void exp_in_place(bool vector, float* x, int64_t n) {
+  if constexpr (vec::kBuilt) {
+    if (vector) {
+      vec::exp_f32(x, x, n);
+      return;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+// s[j] = sum_c x[c] * t[c][j] over a whole tile of kKeys (t transposed, zero past its keys).
+void tile_dots(bool vector, const float* x, const float* t, int64_t d, float* s) {
+  if constexpr (vec::kBuilt) {
+    if (vector) {
+      vec::tile_dots_f32(x, t, d, kKeys, s);
+      return;
+    }
+  }
+  for (int64_t j = 0; j < kKeys; ++j) s[j] = 0.0f;
+  for (int64_t c = 0; c < d; ++c) {
+    const float xc = x[c];
+    const float* tc = t + c * kKeys;
+    for (int64_t j = 0; j < kKeys; ++j) s[j] += xc * tc[j];
+  }
+}
+
+// y[c] += sum_{j < n} a[j] * rows[j][c]
+void add_weighted_rows(bool vector, const float* a, const float* rows, int64_t n, int64_t d, float* y) {
+  if constexpr (vec::kBuilt) {
+    if (vector) {
+      vec::add_weighted_rows_f32(a, rows, n, d, y);
+      return;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float aj = a[j];
+    const float* r = rows + j * d;
+    for (int64_t c = 0; c < d; ++c) y[c] += aj * r[c];
+  }
+}
+
+template <typename T>
+void load_row(const T* src, float* dst, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) dst[c] = to_f32(src[c]);
+}
+
+// Rows [j0, j0 + n) of a strided head as the tile's transpose t [d][kKeys] (zero past n) and, when
+// `rows` is not null, as rows [n][d].
+template <typename T>
+void load_tile(const T* base, int64_t row_stride, int64_t j0, int64_t n, int64_t d, float* t, float* rows) {
+  if (n < kKeys)
+    for (int64_t c = 0; c < d; ++c) std::fill(t + c * kKeys + n, t + (c + 1) * kKeys, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const T* r = base + (j0 + j) * row_stride;
+    for (int64_t c = 0; c < d; ++c) t[c * kKeys + j] = to_f32(r[c]);
+    if (rows != nullptr) load_row(r, rows + j * d, d);
+  }
+}
+
+template <typename T>
+void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
+                   int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
+  const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
+  // Scratch kept across a thread's blocks: only the accumulators need zeros.
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d + kKeys + kRows)));
+  float* qf = scratch.data();   // [kRows][d]
+  float* acc = qf + kRows * d;  // [kRows][d]
+  float* kt = acc + kRows * d;  // [d][kKeys]
+  float* vf = kt + kKeys * d;   // [kKeys][d]
+  float* s = vf + kKeys * d;    // [kKeys]
+  float* m = s + kKeys;         // [kRows]
+  std::fill(acc, acc + kRows * d, 0.0f);
+  sums.assign(static_cast<std::size_t>(kRows), 0.0);
+  for (int64_t r = 0; r < nq; ++r) {
+    load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
+    m[r] = -std::numeric_limits<float>::infinity();
+  }
+  const int64_t key_end = g.key_end(i1 - 1);
+  const T* kh = k + g.k_row(bh, 0);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, key_end - j0);
+    load_tile(kh, g.k_stride[2], j0, nk, d, kt, nullptr);
+    for (int64_t j = 0; j < nk; ++j) load_row(v + g.v_row(bh, j0 + j), vf + j * d, d);
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t n = std::min(nk, g.key_end(i0 + r) - j0);
+      if (n <= 0) continue;
+      tile_dots(vector, qf + r * d, kt, d, s);
+      float tile_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j] *= g.scale);
+      const float m_new = std::max(m[r], tile_max);
+      for (int64_t j = 0; j < n; ++j) s[j] -= m_new;
+      exp_in_place(vector, s, n);
+      float tile_sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) tile_sum += s[j];
+      float* a = acc + r * d;
+      if (m_new != m[r]) {
+        // The first tile finds m = -inf: alpha 0 (acc and the sum are still 0).
+        const float alpha = std::exp(m[r] - m_new);
+        sums[r] *= alpha;
+        for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
+      }
+      sums[r] += tile_sum;
+      add_weighted_rows(vector, s, vf, n, d, a);
+      m[r] = m_new;
+    }
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = static_cast<float>(1.0 / sums[r]);
+    T* o = out + (bh * g.tq + i0 + r) * d;
+    for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
+    lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
+  }
+}
+
+// One head's gradients. Per key tile, blocks of kRows query rows: their probabilities p and ds
+// (a [kRows, kKeys] tile each, zero where masked), dq of each row from ds and the tile's keys, then
+// dv_j and dk_j from the block's columns of p and ds (transposed), so every sum runs in the order of
+// the query rows.
+template <typename T>
+void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                   const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
+                   std::vector<float>& scratch) {
+  const int64_t d = g.d, tq = g.tq, tk = g.tk;
+  // Scratch kept across a thread's heads: only dq's accumulator needs zeros.
+  scratch.resize(
+      std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys)));
+  float* qf = scratch.data();       // [tq][d]
+  float* dof = qf + tq * d;         // [tq][d]
+  float* dqa = dof + tq * d;        // [tq][d]
+  float* kf = dqa + tq * d;         // [kKeys][d]
+  float* kt = kf + kKeys * d;       // [d][kKeys]
+  float* vt = kt + kKeys * d;       // [d][kKeys]
+  float* dka = vt + kKeys * d;      // [kKeys][d]
+  float* dva = dka + kKeys * d;     // [kKeys][d]
+  float* p = dva + kKeys * d;       // [kRows][kKeys]
+  float* ds = p + kRows * kKeys;    // [kRows][kKeys]
+  float* pt = ds + kRows * kKeys;   // [kKeys][kRows]
+  float* dst = pt + kRows * kKeys;  // [kKeys][kRows]
+  float* dp = dst + kRows * kKeys;  // [kKeys]
+  std::fill(dqa, dqa + tq * d, 0.0f);
+  const float* lse_h = lse + bh * tq;
+  float* delta_h = delta + bh * tq;
+  for (int64_t i = 0; i < tq; ++i) {
+    load_row(q + g.q_row(bh, i), qf + i * d, d);
+    load_row(dout + (bh * tq + i) * d, dof + i * d, d);
+    const T* o = out + (bh * tq + i) * d;
+    double sum = 0.0;
+    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dof[i * d + c]) * to_f32(o[c]);
+    delta_h[i] = static_cast<float>(sum);
+  }
+  const T* kh = k + g.k_row(bh, 0);
+  const T* vh = v + g.v_row(bh, 0);
+  for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, tk - j0);
+    load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
+    load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
+    std::fill(dka, dka + 2 * kKeys * d, 0.0f);  // dka and dva
+    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRows) {
+      const int64_t nr = std::min(kRows, tq - i0);
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t i = i0 + r;
+        const int64_t n = std::max<int64_t>(0, std::min(nk, g.key_end(i) - j0));
+        float* pr = p + r * kKeys;
+        float* dsr = ds + r * kKeys;
+        if (n > 0) {
+          tile_dots(vector, qf + i * d, kt, d, pr);
+          for (int64_t j = 0; j < n; ++j) pr[j] = pr[j] * g.scale - lse_h[i];
+          exp_in_place(vector, pr, n);
+          tile_dots(vector, dof + i * d, vt, d, dp);
+          for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dp[j] - delta_h[i]) * g.scale;
+          add_weighted_rows(vector, dsr, kf, n, d, dqa + i * d);
+        }
+        std::fill(pr + n, pr + kKeys, 0.0f);
+        std::fill(dsr + n, dsr + kKeys, 0.0f);
+      }
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t r = 0; r < nr; ++r) {
+          pt[j * kRows + r] = p[r * kKeys + j];
+          dst[j * kRows + r] = ds[r * kKeys + j];
+        }
+      for (int64_t j = 0; j < nk; ++j) {
+        add_weighted_rows(vector, pt + j * kRows, dof + i0 * d, nr, d, dva + j * d);
+        add_weighted_rows(vector, dst + j * kRows, qf + i0 * d, nr, d, dka + j * d);
+      }
+    }
+    for (int64_t j = 0; j < nk; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        const int64_t e = (bh * tk + j0 + j) * d + c;
+        if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
+        if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
+      }
+  }
+  if (dq != nullptr)
+    for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse) {
+  const int64_t blocks = (g.tq + kRows - 1) / kRows;
+  if (g.bh() == 0 || blocks == 0 || g.tk == 0) return;
+  const bool vector = vector_path();
+  parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scratch;
+    std::vector<double> sums;
+    for (int64_t u = u0; u < u1; ++u)
+      forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+  });
+}
+
+template <typename T>
+void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                            const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv) {
+  if (g.bh() == 0 || g.tk == 0) return;  // no query rows: dk and dv are still written (zeros)
+  const bool vector = vector_path();
+  parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
+    std::vector<float> scratch;
+    for (int64_t bh = h0; bh < h1; ++bh)
+      backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+  });
+}
+
+#define CUMULUS_INSTANTIATE(T)                                                                                         \
+  template void attention_forward_cpu(const AttentionGeometry&, const T*, const T*, const T*, T*, float*);             \
+  template void attention_backward_cpu(const AttentionGeometry&, const T*, const T*, const T*, const T*, const float*, \
+                                       const T*, float*, T*, T*, T*);
+CUMULUS_INSTANTIATE(float)
+CUMULUS_INSTANTIATE(BFloat16)
+CUMULUS_INSTANTIATE(Half)
+#undef CUMULUS_INSTANTIATE
+
+}  // namespace cumulus::kernels

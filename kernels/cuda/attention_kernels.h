@@ -1,0 +1,25 @@
+// CUDA launchers of fused attention: the contracts of kernels/cpu/attention_kernels.h, queued on
+// `stream`; pointers are device pointers. Instantiated for float, BFloat16 and Half.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention_rules.h"
+#include "kernels/float16.h"
+
+namespace cumulus::kernels {
+
+// Each thread keeps a row of q (or k), v and its accumulators in registers: D up to this.
+inline constexpr int64_t kAttentionMaxHeadDimCuda = 128;
+
+template <typename T>
+void attention_forward_cuda(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
+                            cudaStream_t stream);
+
+template <typename T>
+void attention_backward_cuda(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                             const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, cudaStream_t stream);
+
+}  // namespace cumulus::kernels

@@ -1,0 +1,123 @@
+// The fused attention CUDA kernels (kernels/cuda/attention.cu) on the CPU emulation against the
+// CPU kernels (kernels/cpu/attention.cpp): forward output and log-sum-exp, backward dq, dk and dv.
+// The two sum in different orders (the CPU a tile of keys at a time with SLEEF's exp, the CUDA
+// kernels one thread per row with the host's expf here), so within a few roundings of the stored
+// type rather than bit for bit. q, k and v are read as the permuted views of a qkv projection
+// [B, T, 3C] (strides [T*3C, D, 3C, 1]) and, for Tq != Tk, as dense tensors; T across the
+// kernels' tiles (64 rows a block, 32 staged); outputs start as NaN, so every element must be
+// written; each gradient also alone (the others null).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cuda/attention_kernels.h"
+#include "tests/emulated/emulated.h"
+
+namespace cumulus::testing {
+namespace {
+
+using kernels::AttentionGeometry;
+using kernels::from_f32;
+
+template <typename T>
+class AttentionEmulated : public ::testing::Test {};
+TYPED_TEST_SUITE(AttentionEmulated, StorageTypes, StorageTypeName);
+
+struct Config {
+  int64_t B, H, tq, tk, D;
+  bool causal, from_qkv;
+};
+
+std::string what(const Config& c) {
+  return "B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " tq " + std::to_string(c.tq) + " tk " +
+         std::to_string(c.tk) + " D " + std::to_string(c.D) + (c.causal ? " causal" : "") +
+         (c.from_qkv ? " qkv views" : " dense");
+}
+
+template <typename T>
+DeviceVector<T> nan_filled(int64_t n) {
+  return DeviceVector<T>(static_cast<std::size_t>(n), from_f32<T>(kNaN));
+}
+
+template <typename T>
+void check(const Config& c) {
+  SCOPED_TRACE(what(c));
+  const double rel = 4 * unit_rounding<T>(), abs = std::max(2e-5, 4 * unit_rounding<T>());
+  const int64_t C = c.H * c.D;
+  AttentionGeometry g;
+  g.batch = c.B;
+  g.heads = c.H;
+  g.tq = c.tq;
+  g.tk = c.tk;
+  g.d = c.D;
+  g.causal = c.causal;
+  g.scale = 0.37f;
+  DeviceVector<T> qkv, qd, kd, vd;
+  const T *q, *k, *v;
+  if (c.from_qkv) {
+    qkv = stored_as<T>(random_values(c.B * c.tq * 3 * C, -1.5f, 1.5f, 31));
+    for (int64_t* s : {g.q_stride, g.k_stride, g.v_stride}) {
+      s[0] = c.tq * 3 * C;
+      s[1] = c.D;
+      s[2] = 3 * C;
+    }
+    q = qkv.data();
+    k = qkv.data() + C;
+    v = qkv.data() + 2 * C;
+  } else {
+    qd = stored_as<T>(random_values(c.B * c.H * c.tq * c.D, -1.5f, 1.5f, 32));
+    kd = stored_as<T>(random_values(c.B * c.H * c.tk * c.D, -1.5f, 1.5f, 33));
+    vd = stored_as<T>(random_values(c.B * c.H * c.tk * c.D, -1.5f, 1.5f, 34));
+    g.q_stride[0] = c.H * c.tq * c.D, g.q_stride[1] = c.tq * c.D, g.q_stride[2] = c.D;
+    for (int64_t* s : {g.k_stride, g.v_stride}) s[0] = c.H * c.tk * c.D, s[1] = c.tk * c.D, s[2] = c.D;
+    q = qd.data();
+    k = kd.data();
+    v = vd.data();
+  }
+  const int64_t rows = c.B * c.H * c.tq, n_out = rows * c.D, n_kv = c.B * c.H * c.tk * c.D;
+  auto out = nan_filled<T>(n_out), want_out = nan_filled<T>(n_out);
+  DeviceVector<float> lse(static_cast<std::size_t>(rows), kNaN), want_lse = lse;
+  kernels::attention_forward_cuda(g, q, k, v, out.data(), lse.data(), nullptr);
+  kernels::attention_forward_cpu(g, q, k, v, want_out.data(), want_lse.data());
+  expect_within(out, as_double(want_out), rel, abs, "out");
+  expect_within(lse, as_double(want_lse), 1e-6, 1e-5, "lse");
+
+  // The backward from the CPU's output (the same saved tensors for both).
+  const auto dout = stored_as<T>(random_values(n_out, -1, 1, 35));
+  DeviceVector<float> delta(static_cast<std::size_t>(rows), kNaN), want_delta = delta;
+  auto dq = nan_filled<T>(n_out), dk = nan_filled<T>(n_kv), dv = nan_filled<T>(n_kv);
+  auto want_dq = dq, want_dk = dk, want_dv = dv;
+  kernels::attention_backward_cuda(g, q, k, v, want_out.data(), want_lse.data(), dout.data(), delta.data(), dq.data(),
+                                   dk.data(), dv.data(), nullptr);
+  kernels::attention_backward_cpu(g, q, k, v, want_out.data(), want_lse.data(), dout.data(), want_delta.data(),
+                                  want_dq.data(), want_dk.data(), want_dv.data());
+  expect_within(delta, as_double(want_delta), 1e-6, 1e-5, "delta");
+  expect_within(dq, as_double(want_dq), rel, abs, "dq");
+  expect_within(dk, as_double(want_dk), rel, abs, "dk");
+  expect_within(dv, as_double(want_dv), rel, abs, "dv");
+
+  // dq alone, then dk and dv alone: the same values, nothing else written.
+  auto dq_only = nan_filled<T>(n_out);
+  kernels::attention_backward_cuda(g, q, k, v, want_out.data(), want_lse.data(), dout.data(), delta.data(),
+                                   dq_only.data(), static_cast<T*>(nullptr), static_cast<T*>(nullptr), nullptr);
+  expect_same_values(dq_only, dq, "dq alone");
+  auto dk_only = nan_filled<T>(n_kv), dv_only = nan_filled<T>(n_kv);
+  kernels::attention_backward_cuda(g, q, k, v, want_out.data(), want_lse.data(), dout.data(), delta.data(),
+                                   static_cast<T*>(nullptr), dk_only.data(), dv_only.data(), nullptr);
+  expect_same_values(dk_only, dk, "dk alone");
+  expect_same_values(dv_only, dv, "dv alone");
+}
+
+TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {
+  const Config configs[] = {
+      {2, 2, 5, 5, 4, true, true},    {1, 2, 37, 37, 16, true, true},  {1, 1, 70, 70, 8, true, true},
+      {2, 1, 70, 70, 4, false, true}, {1, 2, 3, 9, 8, false, false},   {1, 1, 70, 37, 4, false, false},
+      {2, 2, 1, 1, 4, true, false},   {1, 1, 1, 40, 16, false, false}, {1, 1, 5, 5, 128, true, false},
+  };
+  for (const Config& c : configs) check<TypeParam>(c);
+}
+
+}  // namespace
+}  // namespace cumulus::testing
