@@ -9,6 +9,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/nn/init.h"
+#include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"
@@ -32,16 +33,6 @@ class Container : public nn::Module {
     return register_module(name, std::move(module));
   }
 };
-
-// softmax(q k^T / sqrt(D), causal) v
-Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
-  Tensor att = ops::matmul(q, ops::transpose(k, -2, -1)) * static_cast<float>(1.0 / std::sqrt(double(q.size(-1))));
-  if (causal) {
-    const Tensor ones = Tensor::full(Shape{q.size(-2), k.size(-2)}, 1.0f, q.device());
-    att = ops::masked_fill(att, ops::eq(ops::tril(ones), 0.0), -std::numeric_limits<float>::infinity());
-  }
-  return ops::matmul(ops::softmax(att, -1), v);
-}
 
 // [B, T, C] -> [B, H, T, D]: a view of x.
 Tensor split_heads(const Tensor& x, int64_t n_head) {
@@ -83,7 +74,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // q, k and v are views of the projection (no copies); the attention reads them in place.
   const std::vector<Tensor> qkv = ops::split(c_attn_->forward(x), n_embd_, -1);
   const Tensor y =
-      attend(split_heads(qkv[0], n_head_), split_heads(qkv[1], n_head_), split_heads(qkv[2], n_head_), true);
+      ops::scaled_dot_product_attention(split_heads(qkv[0], n_head_), split_heads(qkv[1], n_head_), split_heads(qkv[2], n_head_), true);
   return c_proj_->forward(merge_heads(y));
 }
 
@@ -97,7 +88,7 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache, std:
   ops::narrow(cache.v[layer], 2, start, t).copy_from(split_heads(qkv[2], n_head_));
   const Tensor k = ops::narrow(cache.k[layer], 2, 0, start + t), v = ops::narrow(cache.v[layer], 2, 0, start + t);
   // The first call is causal over its own positions; later, the one new position sees them all.
-  const Tensor y = attend(split_heads(qkv[0], n_head_), k, v, start == 0);
+  const Tensor y = ops::scaled_dot_product_attention(split_heads(qkv[0], n_head_), k, v, start == 0);
   return c_proj_->forward(merge_heads(y));
 }
 
