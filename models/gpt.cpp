@@ -73,8 +73,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   // q, k and v are views of the projection (no copies); the attention reads them in place.
   const std::vector<Tensor> qkv = ops::split(c_attn_->forward(x), n_embd_, -1);
-  const Tensor y =
-      ops::scaled_dot_product_attention(split_heads(qkv[0], n_head_), split_heads(qkv[1], n_head_), split_heads(qkv[2], n_head_), true);
+  const Tensor y = ops::scaled_dot_product_attention(split_heads(qkv[0], n_head_), split_heads(qkv[1], n_head_),
+                                                     split_heads(qkv[2], n_head_), true);
   return c_proj_->forward(merge_heads(y));
 }
 
