@@ -132,16 +132,20 @@ void copy_slab_cpu(const T* src, int64_t src_dim, int64_t src_start, T* dst, int
 template <typename T>
 void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start, int64_t length, int64_t inner,
                          float beta, T* dx) {
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t d = 0; d < dim; ++d) {
-      const bool inside = d >= start && d < start + length;
-      T* out = dx + (o * dim + d) * inner;
-      const T* in = dy + (o * length + (d - start)) * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        const float g = inside ? to_f32(in[i]) : 0.0f;
-        out[i] = from_f32<T>(blend(g, beta, to_f32(out[i])));
-      }
+  // Per outer index the slab is one run of length * inner elements (a split of the last dimension:
+  // a run of a row), so the work is runs of copies or adds, not a test per element.
+  const int64_t run = length * inner, before = start * inner, after = (dim - start - length) * inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    T* out = dx + o * dim * inner;
+    const T* in = dy + o * run;
+    if (beta == 0.0f) {
+      std::fill(out, out + before, from_f32<T>(0.0f));
+      std::copy(in, in + run, out + before);
+      std::fill(out + before + run, out + before + run + after, from_f32<T>(0.0f));
+    } else {
+      for (int64_t i = 0; i < run; ++i) out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
     }
+  }
 }
 
 int64_t first_index_out_of_range_cpu(const int32_t* indices, int64_t count, int64_t dim) {
