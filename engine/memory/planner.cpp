@@ -710,7 +710,17 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   plan_.prediction = why_not_recorded;
   alloc_.empty_cache();
   plan_.reserved_at_rest = alloc_.stats().reserved;
-  const MemoryCost cost = line_cost();
+  MemoryCost cost;
+  try {
+    cost = line_cost();  // under the budget: its probes may run out of memory
+  } catch (const OutOfMemory&) {
+    alloc_.empty_cache();
+    restore_request_setting();
+    plan_.reason = "even a micro-batch of " + std::to_string(std::min<int64_t>(g_, req_.effective_batch)) +
+                   " needs more than " + budget_text() + ": the probes ran out of memory under it (reserved at rest " +
+                   format_bytes(plan_.reserved_at_rest) + ")" + probes_text(plan_);
+    return;
+  }
   plan_.weighed.push_back(Plan::Weighed{req_.setting, fit_time(line_timings_), plan_.reserved_at_rest, 0,
                                         fit_time_extreme(line_timings_, false), fit_time_extreme(line_timings_, true)});
   time_step();
