@@ -33,9 +33,24 @@
 
 // Note [Predicting time]
 // The recordings already run the micro-batch at every power of two up to 256 (and the midpoints
-// that pin the memory's bends), so each call is timed too, all but the first (one-time work); the
-// median per size, then a line a + b * samples by least squares on relative residuals, since the
-// sizes span 1 to 256 and plain residuals would let the largest set the fixed part. A line, so
+// that pin the memory's bends), so each call is timed too, all but the first (one-time work), and
+// each size is run again until it has timing_repeats (3) timings: one slow call (another process on
+// a shared machine, a page fault) once moved a whole prediction. The median per size, then a line
+// a + b * units by least squares on relative residuals, since the sizes span 1 to 256 and plain
+// residuals would let the largest set the fixed part; the same line through each size's fastest and
+// slowest timing is the prediction's spread (PlanRow::batch_seconds_low/high), reported with it.
+// Injected timings are not repeated.
+//
+// Note [Probing what the job runs]
+// Sizes are units (samples, or tokens with units_per_row T: Note [Units] in engine/optim/
+// trainer.cpp), every size a whole number of rows; the predictor itself counts rows. The recordings
+// once ran at 128 and 256 rows whatever the effective batch, with the allocator's limit lifted: a
+// job of effective batch 32 was probed at 256 and past its budget, so a plan could rest on memory
+// the job never has. Now the largest recording is the largest power of two of rows within the
+// effective batch (max_probe asks for more), and every recording runs under the budget; one that
+// runs out of memory halves the sizes, and when none fits the fallback's probes run under it too
+// (out of memory there: no plan, with the reason). plan.probe_seconds and plan.largest_probe say
+// what the probes cost. A line, so
 // within one lever setting a larger micro-batch is never slower: the fixed part a call costs is
 // what accumulation pays for, and recompute's extra forward is what its own line carries. One
 // effective batch is accum_steps micro-batches plus one optimizer step, an epoch that times
