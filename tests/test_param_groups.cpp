@@ -154,8 +154,8 @@ TEST(ParamGroups, RejectsUnknownAndRepeatedNames) {
 TEST(ParamGroups, StateSavesAndLoadsWithGroups) {
   optim::AdamWOptions o;
   o.lr = 0.02f;
-  auto run = [&](int steps, const std::vector<std::pair<std::string, Tensor>>* resume, const std::vector<float>* weights,
-                 std::vector<std::pair<std::string, Tensor>>* saved) {
+  auto run = [&](int steps, const std::vector<std::pair<std::string, Tensor>>* resume,
+                 const std::vector<float>* weights, std::vector<std::pair<std::string, Tensor>>* saved) {
     Net net;
     optim::AdamW adamw(net.flat, o);
     adamw.set_param_groups(optim::decay_matrices_only(net.model.named_parameters(), 0.2f));

@@ -387,7 +387,8 @@ MemoryPredictor Planner::record(const PlanSetting& setting) {
     auto timed = [&](int64_t rows) {
       const int64_t units = rows * g_;
       const double seconds = run_micro_batch(units);
-      if (warm) timings.emplace_back(units, req_.micro_batch_seconds ? req_.micro_batch_seconds(units, setting) : seconds);
+      if (warm)
+        timings.emplace_back(units, req_.micro_batch_seconds ? req_.micro_batch_seconds(units, setting) : seconds);
       warm = true;
     };
     MemoryPredictor p;
@@ -396,8 +397,8 @@ MemoryPredictor Planner::record(const PlanSetting& setting) {
     } catch (const OutOfMemory&) {
       req_.optimizer->zero_grad();  // a backward cut short may have written some
       alloc_.empty_cache();
-      record_failure_ = "a recording of " + std::to_string(large * g_) + " units ran out of memory under " +
-                        budget_text();
+      record_failure_ =
+          "a recording of " + std::to_string(large * g_) + " units ran out of memory under " + budget_text();
       continue;
     }
     if (!p.ok()) return p;
@@ -475,11 +476,10 @@ void Planner::set_times(PlanRow& r) const {
   const TimeFit fit = weighed ? weighed->time : TimeFit();
   r.micro_batch_seconds = fit.predict(r.micro_batch);
   r.batch_seconds = batch(fit);
-  r.batch_seconds_low = weighed && weighed->time_low.probes > 0 ? std::min(batch(weighed->time_low), r.batch_seconds)
-                                                                : r.batch_seconds;
-  r.batch_seconds_high = weighed && weighed->time_high.probes > 0
-                             ? std::max(batch(weighed->time_high), r.batch_seconds)
-                             : r.batch_seconds;
+  r.batch_seconds_low =
+      weighed && weighed->time_low.probes > 0 ? std::min(batch(weighed->time_low), r.batch_seconds) : r.batch_seconds;
+  r.batch_seconds_high =
+      weighed && weighed->time_high.probes > 0 ? std::max(batch(weighed->time_high), r.batch_seconds) : r.batch_seconds;
   r.epoch_seconds = r.batch_seconds * static_cast<double>(epoch_samples_) / static_cast<double>(req_.effective_batch);
 }
 
@@ -623,8 +623,8 @@ std::string format_seconds(double seconds) {
 std::string Planner::time_text(const PlanRow& row) const {
   std::string text = "predicted " + format_seconds(row.batch_seconds) + " an effective batch";
   if (plan_.timing_repeats > 1)
-    text += " (" + format_seconds(row.batch_seconds_low) + " to " + format_seconds(row.batch_seconds_high) +
-            " over " + std::to_string(plan_.timing_repeats) + " timings a size)";
+    text += " (" + format_seconds(row.batch_seconds_low) + " to " + format_seconds(row.batch_seconds_high) + " over " +
+            std::to_string(plan_.timing_repeats) + " timings a size)";
   if (epoch_samples_ > 0) text += ", " + format_seconds(row.epoch_seconds) + " an epoch";
   if (!plan_.step_timed) text += " (optimizer step not timed)";
   return text;
@@ -632,8 +632,8 @@ std::string Planner::time_text(const PlanRow& row) const {
 
 // What the probes cost: run with the plan's reason, after the verifying probe.
 std::string probes_text(const Plan& plan) {
-  return "; probes took " + format_seconds(plan.probe_seconds) + ", the largest " +
-         std::to_string(plan.largest_probe) + " units";
+  return "; probes took " + format_seconds(plan.probe_seconds) + ", the largest " + std::to_string(plan.largest_probe) +
+         " units";
 }
 
 // Why the chosen row won: the fastest, or within kTimeTie of the fastest with less memory; the
@@ -840,8 +840,8 @@ Plan plan_batch(const PlanRequest& request) {
                 "plan_batch: the budget and the sample limit must be >= 0");
   CUMULUS_CHECK(static_cast<bool>(request.micro_batch), InvalidArgument, "plan_batch: no micro-batch function");
   CUMULUS_CHECK(request.units_per_row >= 1 && request.effective_batch % request.units_per_row == 0, InvalidArgument,
-                "plan_batch: the effective batch (", request.effective_batch, " units) must be a whole number of rows of ",
-                request.units_per_row, " units (units_per_row >= 1)");
+                "plan_batch: the effective batch (", request.effective_batch,
+                " units) must be a whole number of rows of ", request.units_per_row, " units (units_per_row >= 1)");
   CUMULUS_CHECK(request.timing_repeats >= 1 && request.max_probe >= 0, InvalidArgument,
                 "plan_batch: timing_repeats must be >= 1 and max_probe >= 0, got ", request.timing_repeats, " and ",
                 request.max_probe);

@@ -4,9 +4,10 @@
 // adds its gradient into the persistent buffers unscaled. At a group boundary the update multiplies
 // the accumulated gradient by 1 / (units in the group), inside the fused optimizer pass. So a group
 // of any shape (16 x 4, 64 x 1, 8 + 8 + 16 + 32, or the 40-sample tail of an epoch) is exactly the
-// mean gradient per unit over its units, and 16 x 4 reproduces 64 x 1 up to float rounding. Lightning and Accelerate divide every
-// micro-batch by N instead, which under-weights a short last group by (its micro-batches) / N;
-// Normalization::micro_batches reproduces that convention for comparison.
+// mean gradient per unit over its units, and 16 x 4 reproduces 64 x 1 up to float rounding.
+// Lightning and Accelerate divide every micro-batch by N instead, which under-weights a short last
+// group by (its micro-batches) / N; Normalization::micro_batches reproduces that convention for
+// comparison.
 //
 // Clipping uses the global L2 norm of the normalized, accumulated gradient, computed once at step
 // time (never per micro-batch) and folded into the same scale: g_eff = g * (1/units) * clip.
@@ -349,9 +350,8 @@ void Accumulator::backward(const Tensor& loss, int64_t units) {
     run_backward(loss, seed_tensor);
   }
   kernels::StepBuffers* buf = optimizer_->step_buffers();
-  CUMULUS_DISPATCH(
-      device, ctx, kernels::record_micro_batch(buf->state, static_cast<double>(units), loss.item()),
-      kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(units), ctx.stream()));
+  CUMULUS_DISPATCH(device, ctx, kernels::record_micro_batch(buf->state, static_cast<double>(units), loss.item()),
+                   kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(units), ctx.stream()));
   count_micro_batch(units);
 }
 

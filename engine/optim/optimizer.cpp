@@ -92,13 +92,14 @@ void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
   if (groups.empty()) return;
   std::vector<std::size_t> order(slots.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return slots[a].offset < slots[b].offset; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return slots[a].offset < slots[b].offset; });
   for (std::size_t k = 0; k < order.size(); ++k) {
     const std::size_t i = order[k];
     Segment s;
     s.offset = k == 0 ? 0 : slots[i].offset;
-    CUMULUS_CHECK(s.offset % kernels::FrozenChunks::kChunk == 0, Error, "set_param_groups: parameter '",
-                  slots[i].name, "' starts at element ", s.offset, ", not on a chunk");
+    CUMULUS_CHECK(s.offset % kernels::FrozenChunks::kChunk == 0, Error, "set_param_groups: parameter '", slots[i].name,
+                  "' starts at element ", s.offset, ", not on a chunk");
     if (group_of[i] >= 0) {
       s.lr_scale = groups[static_cast<std::size_t>(group_of[i])].lr_scale;
       s.weight_decay = groups[static_cast<std::size_t>(group_of[i])].weight_decay;

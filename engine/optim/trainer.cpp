@@ -335,7 +335,7 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.budget = budget;
   r.optimizer = &optimizer;
   r.loop_state = Accumulator::state_to_allocate();  // the Trainer's Accumulator
-  r.units_per_row = dataset.units_per_row();  // whole rows: micro-batches of whole sequences
+  r.units_per_row = dataset.units_per_row();        // whole rows: micro-batches of whole sequences
   r.sample_limit = dataset.units();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();

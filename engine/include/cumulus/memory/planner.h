@@ -241,12 +241,13 @@ struct Plan {
 
 // Plans the micro-batch for `request.effective_batch` under `request.budget`: records the
 // micro-batch's allocations at two sizes no larger than the effective batch (and smaller ones) with
-// each setting of the levers, under the budget, timing each size timing_repeats times, predicts every divisor from the state at rest plus the optimizer's first-step
-// state, and takes the fastest predicted to fit (ties within 2%: Note [Plan levers]), verified
-// with one probe micro-batch under the budget, falling back to the next best when the probe runs
-// out of memory. Prints nothing. Throws InvalidArgument for a malformed request, OutOfMemory when
-// nothing fits and the request requires a fit; what `micro_batch` throws (other than an
-// OutOfMemory in a verifying probe) passes through.
+// each setting of the levers, under the budget, timing each size timing_repeats times, predicts
+// every divisor from the state at rest plus the optimizer's first-step state, and takes the fastest
+// predicted to fit (ties within 2%: Note [Plan levers]), verified with one probe micro-batch under
+// the budget, falling back to the next best when the probe runs out of memory. Prints nothing.
+// Throws InvalidArgument for a malformed request, OutOfMemory when nothing fits and the request
+// requires a fit; what `micro_batch` throws (other than an OutOfMemory in a verifying probe)
+// passes through.
 Plan plan_batch(const PlanRequest& request);
 
 }  // namespace cumulus

@@ -32,9 +32,10 @@ enum class Normalization {
   units,
   samples = units,  // the former name (a row was the only unit); same enumerator
   // The classic convention: each micro-batch's summed loss is divided by its size times the
-  // configured accumulation steps N (mean loss / N; size: the units backward() is given). Inexact when a group holds fewer than N
-  // micro-batches (the last of an epoch): its total weight is (micro-batches in it) / N instead of
-  // 1, and a shorter micro-batch's samples weigh more than the others'.
+  // configured accumulation steps N (mean loss / N; its size: the units backward() is given).
+  // Inexact when a group holds fewer than N micro-batches (the last of an epoch): its total weight
+  // is (micro-batches in it) / N instead of 1, and a shorter micro-batch's units weigh more than the
+  // others'.
   micro_batches,
   // The gradient is used as accumulated.
   none,

@@ -31,8 +31,8 @@ namespace cumulus::optim {
 // Optimizer::set_param_groups.
 struct ParamGroup {
   std::vector<std::string> params;
-  float lr_scale = 1.0f;        // >= 0; the group's lr = lr_scale x the optimizer's lr at each update
-  float weight_decay = -1.0f;   // >= 0; < 0: the optimizer's (its options' weight_decay)
+  float lr_scale = 1.0f;       // >= 0; the group's lr = lr_scale x the optimizer's lr at each update
+  float weight_decay = -1.0f;  // >= 0; < 0: the optimizer's (its options' weight_decay)
 };
 
 // The usual split (nanoGPT, Hugging Face's Trainer): parameters of two or more dimensions (the
