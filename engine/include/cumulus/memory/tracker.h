@@ -127,9 +127,6 @@ class MemoryTracker {
   struct Options {
     std::string model = "model";
     int64_t micro_batch_size = 0;  // units (0: not checked)
-    // A micro-batch of more units than micro_batch_size throws InvalidArgument naming both (the
-    // default warns once on stderr and in the summary: trackers may measure several sizes).
-    bool strict_units = false;
     int accum_steps = 1;
     int timeline_steps = 8;  // optimizer steps covered by the timeline (0: none)
     // Micro-batch and step records kept in detail (the first ones); every micro-batch still counts
@@ -141,6 +138,10 @@ class MemoryTracker {
     // The run's settings (optimizer, learning rate, epochs, ...), written in this order as the
     // report's "settings" object.
     std::vector<std::pair<std::string, std::string>> settings;
+    // A micro-batch of more units than micro_batch_size throws InvalidArgument naming both (the
+    // default warns once on stderr and in the summary: trackers may measure several sizes). Last,
+    // so positional initializers {model, micro_batch_size, accum_steps} keep their meaning.
+    bool strict_units = false;
   };
 
   MemoryTracker(Device device, Options options);

@@ -72,7 +72,8 @@ class Optimizer {
   // (InvalidArgument otherwise). An empty list returns to one group. Frozen parameters stay
   // untouched whatever their group. Groups are configuration, not state: state() and load_state()
   // are unchanged (a state saved with or without groups loads either way), so a resumed run sets
-  // the same groups again.
+  // the same groups again. A Trainer's captured step graph holds the settings it was captured with:
+  // set groups before the first step, or call Trainer::reset() after changing them.
   void set_param_groups(const std::vector<ParamGroup>& groups);
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // Updates applied so far (skipped steps excluded). On CUDA this reads the device: it waits for
