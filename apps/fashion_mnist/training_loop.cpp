@@ -175,7 +175,8 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
       // Host-resident data: batch i onto the device, this rank's next one behind it (outside
       // the closure: a replayed graph runs no host code).
       train_loader.stage(i, i + o_.world_size);
-      p_.trainer.micro_batch(b, [&] { return training_loss(p_.model, train_loader.next(i)); });
+      // Batch i's units (Note [Units]): its samples, b.
+      p_.trainer.micro_batch(train_loader.units(i), [&] { return training_loss(p_.model, train_loader.next(i)); });
       e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
     } else {
       p_.trainer.skip_micro_batch();

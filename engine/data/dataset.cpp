@@ -157,6 +157,13 @@ TensorDataset TensorDataset::slice(int64_t begin, int64_t count) const {
   return part;
 }
 
+TensorDataset& TensorDataset::set_units_per_row(int64_t units) {
+  CUMULUS_CHECK(units >= 1, InvalidArgument, "TensorDataset::set_units_per_row: ", units,
+                " units per row; a row holds at least one (1: a row is a sample)");
+  units_per_row_ = units;
+  return *this;
+}
+
 const Tensor& TensorDataset::tensor(std::size_t k) const {
   CUMULUS_CHECK(k < tensors_.size(), InvalidArgument, "TensorDataset: no tensor ", k, " in a dataset of ",
                 tensors_.size());
@@ -485,8 +492,10 @@ DataLoader& DataLoader::set_dtype(DType dtype) {
   return *this;
 }
 
+int64_t DataLoader::rows(int64_t i) const { return std::min(batch_size_, dataset_.size() - i * batch_size_); }
+
 Batch DataLoader::empty_batch(int64_t i) const {
-  const int64_t count = std::min(batch_size_, dataset_.size() - i * batch_size_);
+  const int64_t count = rows(i);
   MemoryCategoryScope scope(MemoryCategory::data);
   OpScope op("gather batch");  // an out-of-memory report names the batch, not "(no op)"
   Batch b;
@@ -498,6 +507,7 @@ Batch DataLoader::empty_batch(int64_t i) const {
   }
   b.x = b.tensors[0];
   if (b.tensors.size() > 1) b.y = b.tensors[1];
+  b.units = units(i);
   return b;
 }
 

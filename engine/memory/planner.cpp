@@ -33,9 +33,24 @@
 
 // Note [Predicting time]
 // The recordings already run the micro-batch at every power of two up to 256 (and the midpoints
-// that pin the memory's bends), so each call is timed too, all but the first (one-time work); the
-// median per size, then a line a + b * samples by least squares on relative residuals, since the
-// sizes span 1 to 256 and plain residuals would let the largest set the fixed part. A line, so
+// that pin the memory's bends), so each call is timed too, all but the first (one-time work), and
+// each size is run again until it has timing_repeats (3) timings: one slow call (another process on
+// a shared machine, a page fault) once moved a whole prediction. The median per size, then a line
+// a + b * units by least squares on relative residuals, since the sizes span 1 to 256 and plain
+// residuals would let the largest set the fixed part; the same line through each size's fastest and
+// slowest timing is the prediction's spread (PlanRow::batch_seconds_low/high), reported with it.
+// Injected timings are not repeated.
+//
+// Note [Probing what the job runs]
+// Sizes are units (samples, or tokens with units_per_row T: Note [Units] in engine/optim/
+// trainer.cpp), every size a whole number of rows; the predictor itself counts rows. The recordings
+// once ran at 128 and 256 rows whatever the effective batch, with the allocator's limit lifted: a
+// job of effective batch 32 was probed at 256 and past its budget, so a plan could rest on memory
+// the job never has. Now the largest recording is the largest power of two of rows within the
+// effective batch (max_probe asks for more), and every recording runs under the budget; one that
+// runs out of memory halves the sizes, and when none fits the fallback's probes run under it too
+// (out of memory there: no plan, with the reason). plan.probe_seconds and plan.largest_probe say
+// what the probes cost. A line, so
 // within one lever setting a larger micro-batch is never slower: the fixed part a call costs is
 // what accumulation pays for, and recompute's extra forward is what its own line carries. One
 // effective batch is accum_steps micro-batches plus one optimizer step, an epoch that times
@@ -248,6 +263,8 @@ class Planner {
   std::vector<PlanRow> rows_from(const MemoryPredictor& predictor, const PlanSetting& setting) const;
   bool probe(const PlanRow& row, MemoryStats& measured);
   int64_t line_probe(int64_t micro_batch);
+  // Every micro-batch the planner runs goes through here (units): its time is the probes' time.
+  double run_micro_batch(int64_t units);
   bool probing() const { return req_.verify && req_.budget > 0; }
   std::size_t best(const std::vector<bool>& excluded) const;
   std::size_t pick(MemoryStats& measured);
@@ -264,8 +281,10 @@ class Planner {
   CachingAllocator& alloc_;
   std::vector<int64_t> state_;    // the optimizer state's blocks, requested bytes
   std::vector<FixedBlock> held_;  // those and the loop's (PlanRequest::loop_state): in every row
-  std::vector<int64_t> divisors_;
-  int64_t large_ = 0;  // recordings at large_ and large_ / 2
+  std::vector<int64_t> divisors_;  // units, whole rows
+  int64_t g_ = 1;                  // units per row: recordings and probes are whole rows
+  int64_t large_ = 0;              // recordings at large_ and large_ / 2 rows
+  std::string record_failure_;     // why the request's setting could not be recorded, if so
   int64_t epoch_samples_ = 0;
   PlanSetting in_place_;                                  // what apply last put in place
   std::vector<std::pair<int64_t, double>> line_timings_;  // the fallback's probes
@@ -276,12 +295,16 @@ Planner::Planner(const PlanRequest& request, CachingAllocator& alloc)
     : req_(request),
       alloc_(alloc),
       state_(request.optimizer->state_to_allocate()),
-      divisors_(divisors_largest_first(request.effective_batch)),
+      g_(request.units_per_row),
       epoch_samples_(request.epoch_samples > 0 ? request.epoch_samples : request.sample_limit),
       in_place_(request.setting) {
-  // 128 and 256 make each size's fit exact (Note [Memory prediction]); smaller when samples are few.
+  for (int64_t rows : divisors_largest_first(req_.effective_batch / g_)) divisors_.push_back(rows * g_);
+  // 128 and 256 rows make each size's fit exact (Note [Memory prediction]); smaller when the rows
+  // are few, and never above what the job runs: the effective batch, unless max_probe asks for more.
+  const int64_t cap = std::max(req_.effective_batch, req_.max_probe) / g_;
   large_ = 256;
-  while (req_.sample_limit > 0 && large_ > req_.sample_limit) large_ /= 2;
+  while (large_ > cap || (req_.sample_limit > 0 && large_ > req_.sample_limit / g_)) large_ /= 2;
+  plan_.timing_repeats = req_.micro_batch_seconds ? 1 : req_.timing_repeats;
   for (int64_t b : state_) {
     plan_.optimizer_state_bytes += round_up(b, CachingAllocator::kRounding);
     held_.push_back(FixedBlock{MemoryCategory::optimizer_state, b});
@@ -331,23 +354,70 @@ std::vector<PlanSetting> Planner::settings_with(DataPlacement data) const {
   return out;
 }
 
-// Records the micro-batch's allocations with `setting` in place, and fits its time over the same
-// calls but the first (Note [Predicting time]).
+// A line through each size's fastest (low) or slowest (high) timing: the prediction's spread.
+TimeFit fit_time_extreme(const std::vector<std::pair<int64_t, double>>& timings, bool high) {
+  std::map<int64_t, double> by_size;
+  for (const auto& [units, seconds] : timings) {
+    auto [it, inserted] = by_size.try_emplace(units, seconds);
+    if (!inserted) it->second = high ? std::max(it->second, seconds) : std::min(it->second, seconds);
+  }
+  return fit_time(std::vector<std::pair<int64_t, double>>(by_size.begin(), by_size.end()));
+}
+
+double Planner::run_micro_batch(int64_t units) {
+  plan_.largest_probe = std::max(plan_.largest_probe, units);
+  const auto start = std::chrono::steady_clock::now();
+  struct Count {  // counted when an OutOfMemory leaves too
+    Plan& plan;
+    std::chrono::steady_clock::time_point start;
+    ~Count() { plan.probe_seconds += seconds_since(start); }
+  } count{plan_, start};
+  req_.micro_batch(units);
+  return seconds_since(start);
+}
+
+// Records the micro-batch's allocations with `setting` in place, under the budget (a recording that
+// runs out of memory halves the sizes), and fits its time over the same calls but the first, each
+// size timed timing_repeats times in all (Note [Predicting time]).
 MemoryPredictor Planner::record(const PlanSetting& setting) {
-  if (large_ < 2) return {};
   put_in_place(setting);
-  std::vector<std::pair<int64_t, double>> timings;
-  bool warm = false;
-  auto timed = [&](int64_t b) {
-    const auto start = std::chrono::steady_clock::now();
-    req_.micro_batch(b);
-    const double seconds = seconds_since(start);
-    if (warm) timings.emplace_back(b, req_.micro_batch_seconds ? req_.micro_batch_seconds(b, setting) : seconds);
-    warm = true;
-  };
-  MemoryPredictor p = record_micro_batch(alloc_, timed, large_ / 2, large_, held_);
-  if (p.ok()) plan_.weighed.push_back(Plan::Weighed{setting, fit_time(timings), p.rest_reserved(), 0});
-  return p;
+  for (int64_t large = large_; large >= 2; large /= 2) {
+    std::vector<std::pair<int64_t, double>> timings;
+    bool warm = false;
+    auto timed = [&](int64_t rows) {
+      const int64_t units = rows * g_;
+      const double seconds = run_micro_batch(units);
+      if (warm)
+        timings.emplace_back(units, req_.micro_batch_seconds ? req_.micro_batch_seconds(units, setting) : seconds);
+      warm = true;
+    };
+    MemoryPredictor p;
+    try {
+      p = record_micro_batch(alloc_, timed, large / 2, large, held_, /*lift_limit=*/false);
+    } catch (const OutOfMemory&) {
+      req_.optimizer->zero_grad();  // a backward cut short may have written some
+      alloc_.empty_cache();
+      record_failure_ =
+          "a recording of " + std::to_string(large * g_) + " units ran out of memory under " + budget_text();
+      continue;
+    }
+    if (!p.ok()) return p;
+    // The repeats: every size timed once more per repeat, so one slow call (another process, a
+    // page fault) moves the median nothing and shows in the spread.
+    if (!req_.micro_batch_seconds) {
+      std::vector<int64_t> sizes;
+      for (const auto& t : timings)
+        if (std::find(sizes.begin(), sizes.end(), t.first) == sizes.end()) sizes.push_back(t.first);
+      for (int r = 1; r < req_.timing_repeats; ++r)
+        for (int64_t units : sizes) timings.emplace_back(units, run_micro_batch(units));
+      alloc_.empty_cache();
+    }
+    if (large != large_) large_ = large;  // the other settings start where this one fitted
+    plan_.weighed.push_back(Plan::Weighed{setting, fit_time(timings), p.rest_reserved(), 0,
+                                          fit_time_extreme(timings, false), fit_time_extreme(timings, true)});
+    return p;
+  }
+  return {};
 }
 
 // Records and predicts every divisor with a setting other than the first; false when its
@@ -397,18 +467,26 @@ void Planner::time_step() {
 }
 
 void Planner::set_times(PlanRow& r) const {
-  TimeFit fit;
+  const Plan::Weighed* weighed = nullptr;
   for (const Plan::Weighed& w : plan_.weighed)
-    if (w.setting == r.setting) fit = w.time;
+    if (w.setting == r.setting) weighed = &w;
+  const auto batch = [&](const TimeFit& fit) {
+    return static_cast<double>(r.accum_steps) * fit.predict(r.micro_batch) + plan_.step_seconds;
+  };
+  const TimeFit fit = weighed ? weighed->time : TimeFit();
   r.micro_batch_seconds = fit.predict(r.micro_batch);
-  r.batch_seconds = static_cast<double>(r.accum_steps) * r.micro_batch_seconds + plan_.step_seconds;
+  r.batch_seconds = batch(fit);
+  r.batch_seconds_low =
+      weighed && weighed->time_low.probes > 0 ? std::min(batch(weighed->time_low), r.batch_seconds) : r.batch_seconds;
+  r.batch_seconds_high =
+      weighed && weighed->time_high.probes > 0 ? std::max(batch(weighed->time_high), r.batch_seconds) : r.batch_seconds;
   r.epoch_seconds = r.batch_seconds * static_cast<double>(epoch_samples_) / static_cast<double>(req_.effective_batch);
 }
 
 std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor, const PlanSetting& setting) const {
   std::vector<PlanRow> rows;
   for (int64_t b : divisors_) {
-    const PredictedMemory m = predictor.predict(b);
+    const PredictedMemory m = predictor.predict(b / g_);  // the predictor counts rows
     PlanRow r;
     r.micro_batch = b;
     r.accum_steps = req_.effective_batch / b;
@@ -432,7 +510,7 @@ bool Planner::probe(const PlanRow& row, MemoryStats& measured) {
     std::vector<Allocation> held;
     for (const FixedBlock& b : held_) held.push_back(alloc_.allocate(static_cast<std::size_t>(b.bytes), b.category));
     alloc_.reset_peak();
-    req_.micro_batch(row.micro_batch);
+    run_micro_batch(row.micro_batch);
   } catch (const OutOfMemory&) {
     fits = false;
     req_.optimizer->zero_grad();  // a backward cut short may have written some
@@ -445,14 +523,13 @@ bool Planner::probe(const PlanRow& row, MemoryStats& measured) {
 // The allocated peak of one micro-batch (the fallback's line), and its time.
 int64_t Planner::line_probe(int64_t micro_batch) {
   alloc_.reset_peak();
-  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0;
   try {
-    req_.micro_batch(micro_batch);
+    seconds = run_micro_batch(micro_batch);
   } catch (const OutOfMemory&) {
     req_.optimizer->zero_grad();
     throw;
   }
-  const double seconds = seconds_since(start);
   line_timings_.emplace_back(micro_batch,
                              req_.micro_batch_seconds ? req_.micro_batch_seconds(micro_batch, req_.setting) : seconds);
   return alloc_.stats().allocated_peak;
@@ -545,9 +622,18 @@ std::string format_seconds(double seconds) {
 
 std::string Planner::time_text(const PlanRow& row) const {
   std::string text = "predicted " + format_seconds(row.batch_seconds) + " an effective batch";
+  if (plan_.timing_repeats > 1)
+    text += " (" + format_seconds(row.batch_seconds_low) + " to " + format_seconds(row.batch_seconds_high) + " over " +
+            std::to_string(plan_.timing_repeats) + " timings a size)";
   if (epoch_samples_ > 0) text += ", " + format_seconds(row.epoch_seconds) + " an epoch";
   if (!plan_.step_timed) text += " (optimizer step not timed)";
   return text;
+}
+
+// What the probes cost: run with the plan's reason, after the verifying probe.
+std::string probes_text(const Plan& plan) {
+  return "; probes took " + format_seconds(plan.probe_seconds) + ", the largest " + std::to_string(plan.largest_probe) +
+         " units";
 }
 
 // Why the chosen row won: the fastest, or within kTimeTie of the fastest with less memory; the
@@ -605,7 +691,7 @@ void Planner::choose_from_recording() {
   plan_.reason = steps_text(r) + ": predicted peak " + format_bytes(r.peak_bytes) + ", reserved " +
                  format_bytes(r.reserved_bytes) + "; " + time_text(r);
   if (req_.budget <= 0) {
-    plan_.reason += " (no budget; " + why_text(i) + ")";
+    plan_.reason += " (no budget; " + why_text(i) + ")" + probes_text(plan_);
     return;
   }
   plan_.reason += "; within the budget " + format_bytes(req_.budget) + " (" + why_text(i) + ")";
@@ -613,14 +699,15 @@ void Planner::choose_from_recording() {
                                        format_bytes(plan_.verified_peak_bytes) + ", reserved " +
                                        format_bytes(plan_.verified_reserved_bytes)
                                  : "; not verified by a probe";
+  plan_.reason += probes_text(plan_);
 }
 
 // The fallback's cost: reserved at rest plus the state, each block in a segment of its own (over
 // for small blocks, which share segments), plus a line through two small probes' allocated peaks.
 MemoryCost Planner::line_cost() {
-  const int64_t samples = req_.sample_limit > 0 ? req_.sample_limit : req_.effective_batch;
-  const int64_t large = std::min<int64_t>({req_.effective_batch, 8, samples});
-  const int64_t small = std::max<int64_t>(1, large / 2);
+  const int64_t rows = (req_.sample_limit > 0 ? req_.sample_limit : req_.effective_batch) / g_;
+  const int64_t large = std::min<int64_t>({req_.effective_batch / g_, 8, rows}) * g_;  // whole rows
+  const int64_t small = std::max<int64_t>(1, large / g_ / 2) * g_;
   const int64_t small_peak = line_probe(small);
   const int64_t large_peak = large > small ? line_probe(large) : small_peak;
   MemoryCost cost =
@@ -638,8 +725,19 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   plan_.prediction = why_not_recorded;
   alloc_.empty_cache();
   plan_.reserved_at_rest = alloc_.stats().reserved;
-  const MemoryCost cost = line_cost();
-  plan_.weighed.push_back(Plan::Weighed{req_.setting, fit_time(line_timings_), plan_.reserved_at_rest, 0});
+  MemoryCost cost;
+  try {
+    cost = line_cost();  // under the budget: its probes may run out of memory
+  } catch (const OutOfMemory&) {
+    alloc_.empty_cache();
+    restore_request_setting();
+    plan_.reason = "even a micro-batch of " + std::to_string(std::min<int64_t>(g_, req_.effective_batch)) +
+                   " needs more than " + budget_text() + ": the probes ran out of memory under it (reserved at rest " +
+                   format_bytes(plan_.reserved_at_rest) + ")" + probes_text(plan_);
+    return;
+  }
+  plan_.weighed.push_back(Plan::Weighed{req_.setting, fit_time(line_timings_), plan_.reserved_at_rest, 0,
+                                        fit_time_extreme(line_timings_, false), fit_time_extreme(line_timings_, true)});
   time_step();
   const int64_t usable = static_cast<int64_t>(static_cast<double>(req_.budget) * (1.0 - kLineMargin));
   for (int64_t b : divisors_) {
@@ -671,12 +769,13 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
                  format_bytes(cost.fixed_bytes) + " + " +
                  format_bytes(static_cast<int64_t>(cost.peak_bytes_per_sample)) + "/sample); " + time_text(r);
   if (req_.budget <= 0) {
-    plan_.reason += " (no budget; " + why_text(i) + ")";
+    plan_.reason += " (no budget; " + why_text(i) + ")" + probes_text(plan_);
     return;
   }
   plan_.reason += " within " + format_bytes(usable) + " (budget " + format_bytes(req_.budget) + " less " +
                   std::to_string(static_cast<int>(kLineMargin * 100)) + "% margin; " + why_text(i) + ")";
   plan_.reason += plan_.verified ? "; verified by a probe micro-batch under the limit" : "; not verified by a probe";
+  plan_.reason += probes_text(plan_);
 }
 
 // The request's setting is recorded first; the others with the training set where the request has
@@ -685,7 +784,9 @@ Plan Planner::run() {
   try {
     const MemoryPredictor predictor = record(req_.setting);
     if (!predictor.ok()) {
-      plan_with_line(predictor.reason().empty() ? "the training set is too small to record" : predictor.reason());
+      plan_with_line(!predictor.reason().empty() ? predictor.reason()
+                     : !record_failure_.empty()  ? record_failure_
+                                                 : "the training set is too small to record");
       return std::move(plan_);
     }
     plan_.method = PlanMethod::recorded_sequence;
@@ -738,6 +839,12 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(request.budget >= 0 && request.sample_limit >= 0, InvalidArgument,
                 "plan_batch: the budget and the sample limit must be >= 0");
   CUMULUS_CHECK(static_cast<bool>(request.micro_batch), InvalidArgument, "plan_batch: no micro-batch function");
+  CUMULUS_CHECK(request.units_per_row >= 1 && request.effective_batch % request.units_per_row == 0, InvalidArgument,
+                "plan_batch: the effective batch (", request.effective_batch,
+                " units) must be a whole number of rows of ", request.units_per_row, " units (units_per_row >= 1)");
+  CUMULUS_CHECK(request.timing_repeats >= 1 && request.max_probe >= 0, InvalidArgument,
+                "plan_batch: timing_repeats must be >= 1 and max_probe >= 0, got ", request.timing_repeats, " and ",
+                request.max_probe);
   CUMULUS_CHECK(request.optimizer != nullptr, InvalidArgument,
                 "plan_batch: no optimizer (its first step's state is part of every micro-batch's memory)");
   CUMULUS_CHECK(request.optimizer->parameters().device() == request.device, InvalidArgument,

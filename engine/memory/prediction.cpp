@@ -396,7 +396,7 @@ PredictedMemory MemoryPredictor::predict(int64_t micro_batch) const {
 }
 
 MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<void(int64_t)>& micro_batch,
-                                   int64_t small, int64_t large, std::vector<FixedBlock> extra_fixed) {
+                                   int64_t small, int64_t large, std::vector<FixedBlock> extra_fixed, bool lift_limit) {
   CUMULUS_CHECK(0 < small && small < large, InvalidArgument, "record_micro_batch: need 0 < small < large, got ",
                 small, " and ", large);
   const int64_t limit = alloc.memory_limit();
@@ -405,7 +405,7 @@ MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<
     int64_t limit;
     ~RestoreLimit() { a.set_memory_limit(limit); }
   } restore{alloc, limit};
-  alloc.set_memory_limit(0);
+  if (lift_limit) alloc.set_memory_limit(0);
   micro_batch(small);  // one-time allocations (workspaces, lazily made buffers) happen here
   alloc.empty_cache();
   const MemoryStats rest = alloc.stats();

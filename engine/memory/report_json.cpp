@@ -149,6 +149,7 @@ std::string memory_report_json(MemoryTracker& tracker) {
   j["model"] = o.model;
   j["micro_batch_size"] = s.micro_batch_size;
   j["accum_steps"] = s.accum_steps;
+  if (!s.warning.empty()) j["warning"] = s.warning;
   if (!o.annotations.empty()) {
     ojson a = ojson::object();
     for (const auto& [key, value] : o.annotations) a[key] = value;

@@ -17,7 +17,8 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
   int64_t activations = 0;
   for (const auto& r : tracker.micro_batches())
     if (r.samples == s.micro_batch_size) activations = std::max(activations, r.activation_bytes);
-  std::fprintf(out, "memory per micro-batch (%lld samples) on %s: activations %s (%s/sample), peak %s\n",
+  if (!s.warning.empty()) std::fprintf(out, "warning: memory tracker: %s\n", s.warning.c_str());
+  std::fprintf(out, "memory per micro-batch (%lld units) on %s: activations %s (%s/unit), peak %s\n",
                static_cast<long long>(s.micro_batch_size), tracker.device().str().c_str(),
                format_bytes(activations).c_str(),
                format_bytes(static_cast<int64_t>(std::llround(s.activation_bytes_per_sample))).c_str(),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/core/error.h"
@@ -61,9 +62,28 @@ void MemoryTracker::sample_timeline() {
   if (observer_->enabled) observer_->record(allocator_.stats());
 }
 
+// Note [Units] in engine/optim/trainer.cpp: a tracker told micro-batches of 8 (sequences) and fed
+// 512 (tokens) once printed "activations 0 B ... peak 0 B" without a word.
+void MemoryTracker::check_units(int64_t units) {
+  const int64_t told = options_.micro_batch_size;
+  CUMULUS_CHECK(units > 0, InvalidArgument, "MemoryTracker: a micro-batch of ", units, " units");
+  if (told > 0 && units > told && largest_fed_ <= told) {
+    CUMULUS_CHECK(!options_.strict_units, InvalidArgument, "MemoryTracker: told micro-batches of ", told,
+                  " units (Options::micro_batch_size) and fed one of ", units,
+                  " units; count the same units on both sides (Batch::units: samples, or tokens)");
+    std::fprintf(stderr,
+                 "warning: MemoryTracker: told micro-batches of %lld units (Options::micro_batch_size) and fed one of "
+                 "%lld units; its per-micro-batch figures are for %lld (count the same units on both sides)\n",
+                 static_cast<long long>(told), static_cast<long long>(units), static_cast<long long>(told));
+  }
+  smallest_fed_ = smallest_fed_ == 0 ? units : std::min(smallest_fed_, units);
+  largest_fed_ = std::max(largest_fed_, units);
+}
+
 void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t samples) {
   CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument,
                 "MemoryTracker::begin_micro_batch inside another micro-batch or step");
+  check_units(samples);
   observer_->enabled = in_timeline_window();
   if (observer_->enabled) synchronize(device_);
   allocator_.reset_peak();
@@ -123,6 +143,7 @@ void MemoryTracker::end_backward() {
 
 void MemoryTracker::add_graph_micro_batch(const MicroBatchRecord& captured) {
   CUMULUS_CHECK(!in_micro_batch_ && !in_step_, InvalidArgument, "MemoryTracker::add_graph_micro_batch inside a phase");
+  check_units(captured.samples);
   current_ = captured;
   count_micro_batch(captured, nullptr);
 }
@@ -270,6 +291,16 @@ MemorySummary MemoryTracker::summary() {
       const double per_sample = static_cast<double>(r.peak_bytes - fixed) / static_cast<double>(b);
       s.peak_at_effective_batch = fixed + static_cast<int64_t>(per_sample * static_cast<double>(bn));
     }
+  }
+  if (b > 0 && micro_batches_seen_ > 0) {
+    const std::string fed = smallest_fed_ == largest_fed_
+                                ? std::to_string(largest_fed_)
+                                : std::to_string(smallest_fed_) + " to " + std::to_string(largest_fed_);
+    if (largest_fed_ > b)
+      s.warning = "told micro-batches of " + std::to_string(b) + " units and fed micro-batches of " + fed + " units";
+    else if (highest_peak_by_samples_.count(b) == 0)
+      s.warning = "told micro-batches of " + std::to_string(b) + " units and fed none of that size (fed " + fed +
+                  " units): the peak at the micro-batch is not measured";
   }
   return s;
 }

@@ -1,14 +1,16 @@
 // Note [Exact normalization]
-// Each micro-batch's loss is a sum over its samples, and backward adds its gradient into the
-// persistent buffers unscaled. At a group boundary the update multiplies the accumulated gradient
-// by 1 / (samples in the group), inside the fused optimizer pass. So a group of any shape (16 x 4,
-// 64 x 1, 8 + 8 + 16 + 32, or the 40-sample tail of an epoch) is exactly the mean gradient over its
-// samples, and 16 x 4 reproduces 64 x 1 up to float rounding. Lightning and Accelerate divide every
-// micro-batch by N instead, which under-weights a short last group by (its micro-batches) / N;
-// Normalization::micro_batches reproduces that convention for comparison.
+// Each micro-batch's loss is a sum over its units (samples for a classifier, tokens for a language
+// model: whatever the caller's loss sums over, and the count it passes to backward), and backward
+// adds its gradient into the persistent buffers unscaled. At a group boundary the update multiplies
+// the accumulated gradient by 1 / (units in the group), inside the fused optimizer pass. So a group
+// of any shape (16 x 4, 64 x 1, 8 + 8 + 16 + 32, or the 40-sample tail of an epoch) is exactly the
+// mean gradient per unit over its units, and 16 x 4 reproduces 64 x 1 up to float rounding.
+// Lightning and Accelerate divide every micro-batch by N instead, which under-weights a short last
+// group by (its micro-batches) / N; Normalization::micro_batches reproduces that convention for
+// comparison.
 //
 // Clipping uses the global L2 norm of the normalized, accumulated gradient, computed once at step
-// time (never per micro-batch) and folded into the same scale: g_eff = g * (1/samples) * clip.
+// time (never per micro-batch) and folded into the same scale: g_eff = g * (1/units) * clip.
 // A non-finite norm means a NaN/Inf somewhere in the gradient: the step is skipped and counted,
 // the gradients are discarded (marked stale) and training goes on with the next group.
 //
@@ -41,7 +43,7 @@
 //
 // Note [Mean-reduced losses]
 // A mean-reduced loss (cross_entropy's default Reduction::Mean) is a quiet disaster here: the step
-// divides by the group's samples again (Normalization::samples; micro_batches by the micro-batch's
+// divides by the group's units again (Normalization::units; micro_batches by the micro-batch's
 // samples), so the gradient is 1/B of the right one and training just crawls. backward() therefore
 // refuses a loss known to be a mean, except under Normalization::none, which divides by nothing. Each autograd node
 // says how its output reduces its input (OutputReduction in cumulus/autograd/node.h): cross_entropy and
@@ -113,8 +115,8 @@ Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const Accumulator
                   " must be a power of two from 2^-126 to the initial scale ", ls.initial_scale);
     CUMULUS_CHECK(ls.growth_interval > 0, InvalidArgument,
                   "Accumulator: loss scaling's growth interval must be > 0, got ", ls.growth_interval);
-    CUMULUS_CHECK(options.normalization == Normalization::samples && options.skip_non_finite, InvalidArgument,
-                  "Accumulator: dynamic loss scaling needs Normalization::samples and skip_non_finite (a group "
+    CUMULUS_CHECK(options.normalization == Normalization::units && options.skip_non_finite, InvalidArgument,
+                  "Accumulator: dynamic loss scaling needs Normalization::units and skip_non_finite (a group "
                   "that overflows must be skipped)");
   }
   if (distributed()) {
@@ -216,7 +218,7 @@ float Accumulator::last_clip_factor() const { return read_state().clip; }
 float Accumulator::last_lr() const { return read_state().lr; }
 float Accumulator::loss_scale() const { return read_state().loss_scale; }
 double Accumulator::epoch_loss_sum() const { return read_state().loss_sum; }
-double Accumulator::epoch_samples_stepped() const { return read_state().samples_sum; }
+double Accumulator::epoch_units_stepped() const { return read_state().samples_sum; }
 
 void Accumulator::write_lr_table(int64_t base_update) {
   const int64_t size = schedule_ ? kLrTableSize : 1;
@@ -257,8 +259,8 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   optimizer_->write_step_state(offsetof(kernels::StepState, loss_sum), zeros, sizeof(zeros));
 }
 
-void Accumulator::check_micro_batch(int64_t samples) const {
-  CUMULUS_CHECK(samples > 0, InvalidArgument, "Accumulator::backward: samples must be > 0, got ", samples);
+void Accumulator::check_micro_batch(int64_t units) const {
+  CUMULUS_CHECK(units > 0, InvalidArgument, "Accumulator::backward: the unit count must be > 0, got ", units);
   CUMULUS_CHECK(
       !distributed() || dist::owner_of_micro_batch(mb_in_epoch_, options_.communicator->world_size()) ==
                             options_.communicator->rank(),
@@ -269,8 +271,8 @@ void Accumulator::check_micro_batch(int64_t samples) const {
                 "Accumulator::backward: more micro-batches than the ", mb_epoch_len_, " announced for epoch ", epoch_);
 }
 
-void Accumulator::count_micro_batch(int64_t samples) {
-  group_samples_ += samples;
+void Accumulator::count_micro_batch(int64_t units) {
+  group_samples_ += units;
   group_mbs_ += 1;
   mb_in_epoch_ += 1;
   mb_total_ += 1;
@@ -295,7 +297,7 @@ void Accumulator::check_summed_loss(const Tensor& loss) {
   throw InvalidArgument("Accumulator::backward: the loss is a mean (made by op '" + op + "'" +
                         (takes_reduction(op) ? " with Reduction::Mean" : "") +
                         "), so its gradient would be 1/B of the right one: the step divides by the group's "
-                        "samples itself. Pass the summed loss: " +
+                        "units itself. Pass the summed loss: " +
                         summed_instead(op));
 }
 
@@ -314,11 +316,11 @@ void Accumulator::skip_micro_batch() {
   mb_total_ += 1;
 }
 
-void Accumulator::backward(const Tensor& loss, int64_t samples) {
-  check_micro_batch(samples);
+void Accumulator::backward(const Tensor& loss, int64_t units) {
+  check_micro_batch(units);
   // micro_batches: each micro-batch contributes mean loss / N, whatever the group turns out to be.
   const float seed = options_.normalization == Normalization::micro_batches
-                         ? 1.0f / (static_cast<float>(samples) * static_cast<float>(accum_steps_))
+                         ? 1.0f / (static_cast<float>(units) * static_cast<float>(accum_steps_))
                          : 1.0f;
   const Device device = optimizer_->parameters().device();
   CUMULUS_CHECK(loss.defined(), InvalidArgument, "Accumulator::backward: undefined loss");
@@ -348,14 +350,13 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     run_backward(loss, seed_tensor);
   }
   kernels::StepBuffers* buf = optimizer_->step_buffers();
-  CUMULUS_DISPATCH(
-      device, ctx, kernels::record_micro_batch(buf->state, static_cast<double>(samples), loss.item()),
-      kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(samples), ctx.stream()));
-  count_micro_batch(samples);
+  CUMULUS_DISPATCH(device, ctx, kernels::record_micro_batch(buf->state, static_cast<double>(units), loss.item()),
+                   kernels::record_micro_batch_cuda(buf, loss.data<float>(), static_cast<double>(units), ctx.stream()));
+  count_micro_batch(units);
 }
 
 // Each kept seed is made once and never written again (a graph captured with it reads the right
-// value at every replay, and it is never freed under one). Normalization::samples uses 1 only;
+// value at every replay, and it is never freed under one). Normalization::units uses 1 only;
 // micro_batches one value per micro-batch size (the full one and an epoch's partial last one, in
 // practice). Past kMaxSeeds values a seed is made per call, as run_backward(loss, value) would.
 Tensor Accumulator::backward_seed(float value, const Tensor& loss) {
@@ -457,7 +458,7 @@ void Accumulator::prepare_step_host() {
 void Accumulator::launch_step() {
   NoGradGuard no_grad;
   kernels::StepConfig config;
-  config.divide_by_samples = options_.normalization == Normalization::samples ? 1 : 0;
+  config.divide_by_samples = options_.normalization == Normalization::units ? 1 : 0;
   config.need_norm = options_.clip_grad_norm > 0.0f || options_.skip_non_finite ? 1 : 0;
   config.skip_non_finite = options_.skip_non_finite ? 1 : 0;
   config.clip_grad_norm = options_.clip_grad_norm;

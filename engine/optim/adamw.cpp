@@ -59,15 +59,22 @@ void AdamW::apply(const kernels::StepState& host) {
   float* v = v_.data<float>();
   const int64_t n = p.size();
   const kernels::FrozenChunks frozen = frozen_chunks();
-  if (p.device().is_cpu()) {
-    if (host.skip) return;
-    kernels::adamw_step_cpu(w, g, m, v, n, host.grad_scale, host.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-                            host.updates, frozen);
-    return;
+  // One pass over everything, or one per run of parameters sharing a group's setting.
+  const std::vector<Segment> all{Segment{0, n, 1.0f, -1.0f}};
+  for (const Segment& seg : segments().empty() ? all : segments()) {
+    const int64_t off = seg.offset;
+    const float wd = seg.weight_decay >= 0.0f ? seg.weight_decay : o.weight_decay;
+    const kernels::FrozenChunks f = off == 0 ? frozen : offset_frozen(frozen, off);
+    if (p.device().is_cpu()) {
+      if (host.skip) return;
+      kernels::adamw_step_cpu(w + off, g + off, m + off, v + off, seg.count, host.grad_scale, host.lr * seg.lr_scale,
+                              o.beta1, o.beta2, o.eps, wd, host.updates, f);
+      continue;
+    }
+    CUMULUS_DISPATCH(p.device(), ctx, (void)0,
+                     kernels::adamw_update_cuda(w + off, g + off, m + off, v + off, seg.count, step_buffers(), o.beta1,
+                                                o.beta2, o.eps, wd, f, ctx.stream(), seg.lr_scale));
   }
-  CUMULUS_DISPATCH(p.device(), ctx, (void)0,
-                   kernels::adamw_update_cuda(w, g, m, v, n, step_buffers(), o.beta1, o.beta2, o.eps, o.weight_decay,
-                                              frozen, ctx.stream()));
 }
 
 }  // namespace cumulus::optim

@@ -1,5 +1,6 @@
 #include "cumulus/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <cstddef>
@@ -52,6 +53,72 @@ Tensor Optimizer::step_state_scalar(std::size_t offset, const Shape& shape) cons
   view->shape = shape;
   view->dtype = DType::f32;
   return Tensor(std::move(view));
+}
+
+std::vector<ParamGroup> decay_matrices_only(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
+                                            float weight_decay) {
+  CUMULUS_CHECK(weight_decay >= 0.0f, InvalidArgument, "decay_matrices_only: weight_decay must be >= 0, got ",
+                weight_decay);
+  ParamGroup decay, no_decay;
+  decay.weight_decay = weight_decay;
+  no_decay.weight_decay = 0.0f;
+  for (const auto& [name, t] : named_parameters) (t.ndim() >= 2 ? decay : no_decay).params.push_back(name);
+  return {decay, no_decay};
+}
+
+// Slots are laid out at multiples of kAlignElements (the frozen chunks'), so a run of slots starts
+// on a chunk and its padding belongs to it (zero values and gradients: no update moves them).
+void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
+  const auto& slots = params_->slots();
+  std::vector<int> group_of(slots.size(), -1);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const ParamGroup& group = groups[g];
+    CUMULUS_CHECK(group.lr_scale >= 0.0f && std::isfinite(group.lr_scale), InvalidArgument, "param group ", g,
+                  ": lr_scale must be finite and >= 0, got ", group.lr_scale);
+    CUMULUS_CHECK(std::isfinite(group.weight_decay), InvalidArgument, "param group ", g,
+                  ": weight_decay must be finite, got ", group.weight_decay);
+    for (const std::string& name : group.params) {
+      std::size_t i = 0;
+      while (i < slots.size() && slots[i].name != name) ++i;
+      CUMULUS_CHECK(i < slots.size(), InvalidArgument, "param group ", g, ": no parameter '", name,
+                    "' among the optimizer's (", slots.size(), " trained parameters)");
+      CUMULUS_CHECK(group_of[i] < 0, InvalidArgument, "param group ", g, ": parameter '", name,
+                    "' is already in group ", group_of[i]);
+      group_of[i] = static_cast<int>(g);
+    }
+  }
+  groups_ = groups;
+  segments_.clear();
+  if (groups.empty()) return;
+  std::vector<std::size_t> order(slots.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return slots[a].offset < slots[b].offset; });
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::size_t i = order[k];
+    Segment s;
+    s.offset = k == 0 ? 0 : slots[i].offset;
+    CUMULUS_CHECK(s.offset % kernels::FrozenChunks::kChunk == 0, Error, "set_param_groups: parameter '", slots[i].name,
+                  "' starts at element ", s.offset, ", not on a chunk");
+    if (group_of[i] >= 0) {
+      s.lr_scale = groups[static_cast<std::size_t>(group_of[i])].lr_scale;
+      s.weight_decay = groups[static_cast<std::size_t>(group_of[i])].weight_decay;
+    }
+    if (!segments_.empty() && segments_.back().lr_scale == s.lr_scale &&
+        segments_.back().weight_decay == s.weight_decay)
+      continue;  // the run goes on
+    if (!segments_.empty()) segments_.back().count = s.offset - segments_.back().offset;
+    segments_.push_back(s);
+  }
+  if (!segments_.empty()) segments_.back().count = params_->size() - segments_.back().offset;
+}
+
+kernels::FrozenChunks Optimizer::offset_frozen(const kernels::FrozenChunks& frozen, int64_t offset) {
+  kernels::FrozenChunks f = frozen;
+  const int64_t chunk = offset / kernels::FrozenChunks::kChunk;
+  if (f.frozen != nullptr) f.frozen += chunk;
+  if (f.missed != nullptr) f.missed += chunk;
+  return f;
 }
 
 int64_t Optimizer::updates() const { return read_step_state().updates; }

@@ -54,15 +54,23 @@ void SGD::apply(const kernels::StepState& host) {
   const int64_t n = p.size();
   const SGDOptions& o = options_;
   const kernels::FrozenChunks frozen = frozen_chunks();
-  if (p.device().is_cpu()) {
-    if (host.skip) return;
-    kernels::sgd_step_cpu(w, g, buf, n, host.grad_scale, host.lr, o.momentum, o.dampening, o.nesterov, o.weight_decay,
-                          host.updates, frozen);
-    return;
+  // One pass over everything, or one per run of parameters sharing a group's setting.
+  const std::vector<Segment> all{Segment{0, n, 1.0f, -1.0f}};
+  for (const Segment& seg : segments().empty() ? all : segments()) {
+    const int64_t off = seg.offset;
+    const float wd = seg.weight_decay >= 0.0f ? seg.weight_decay : o.weight_decay;
+    const kernels::FrozenChunks f = off == 0 ? frozen : offset_frozen(frozen, off);
+    float* b = buf ? buf + off : nullptr;
+    if (p.device().is_cpu()) {
+      if (host.skip) return;
+      kernels::sgd_step_cpu(w + off, g + off, b, seg.count, host.grad_scale, host.lr * seg.lr_scale, o.momentum,
+                            o.dampening, o.nesterov, wd, host.updates, f);
+      continue;
+    }
+    CUMULUS_DISPATCH(p.device(), ctx, (void)0,
+                     kernels::sgd_update_cuda(w + off, g + off, b, seg.count, step_buffers(), o.momentum, o.dampening,
+                                              o.nesterov, wd, f, ctx.stream(), seg.lr_scale));
   }
-  CUMULUS_DISPATCH(p.device(), ctx, (void)0,
-                   kernels::sgd_update_cuda(w, g, buf, n, step_buffers(), o.momentum, o.dampening, o.nesterov,
-                                            o.weight_decay, frozen, ctx.stream()));
 }
 
 }  // namespace cumulus::optim

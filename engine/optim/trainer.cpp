@@ -20,6 +20,19 @@
 //    checkpoint is restored. Counters are the Accumulator's, read through accumulator() rather than
 //    forwarded one by one.
 //
+// Note [Units]
+// A loss is summed over something: a classifier's over its samples, a language model's over B x T
+// tokens, a segmentation model's over pixels. The step divides by how many of them the group held
+// (Note [Exact normalization]), so the count passed with each micro-batch must be the count the
+// loss sums over. The runtime once assumed a row is a sample: a language model following the
+// quickstart then got a per-sequence mean loss and gradients T times too large, silently. So the
+// unit is the user's, said once where the data is: TensorDataset::set_units_per_row(T) (default 1,
+// samples); every Batch says how many units it holds (Batch::units, DataLoader::units(i)), and the
+// Trainer (train_epoch), the planner's request (plan_request: effective batch and limit in units,
+// micro-batches of whole rows) and the tracker (told micro-batches of N units, it checks what it is
+// fed: MemoryTracker::begin_micro_batch) count the same units. StepLog::loss and train_epoch's
+// result are means per unit.
+//
 // Note [Captured training]
 // A micro-batch of the seed MLP is ~20 kernels of a few microseconds each; launched one by one
 // from the host, the launches, not the GPU, set the pace. The Trainer records each distinct
@@ -107,7 +120,7 @@ Trainer::~Trainer() = default;
 
 void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   acc_.begin_epoch(epoch, micro_batches, first);
-  logged_loss_ = logged_samples_ = 0.0;
+  logged_loss_ = logged_units_ = 0.0;
 }
 void Trainer::skip_micro_batch() { acc_.skip_micro_batch(); }
 void Trainer::set_accum_steps(int steps) { acc_.set_accum_steps(steps); }
@@ -134,20 +147,20 @@ std::vector<bool> Trainer::frozen_pattern() const {
 // Graphs stay off while the tracker records its timeline, so the trace shows true phases.
 bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_->timeline_active()); }
 
-void Trainer::micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
-  if (!graphs_now()) return eager_micro_batch(samples, forward_loss);
+void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
+  if (!graphs_now()) return eager_micro_batch(units, forward_loss);
   const int seed_steps = acc_.options_.normalization == Normalization::micro_batches ? acc_.accum_steps() : 0;
-  std::unique_ptr<Captured>& c = micro_batches_[GraphKey{samples, stale_pattern(), frozen_pattern(), seed_steps}];
+  std::unique_ptr<Captured>& c = micro_batches_[GraphKey{units, stale_pattern(), frozen_pattern(), seed_steps}];
   if (!c) c = std::make_unique<Captured>();
-  if (c->seen++ == 0) return eager_micro_batch(samples, forward_loss);
-  graph_micro_batch(*c, samples, forward_loss);
+  if (c->seen++ == 0) return eager_micro_batch(units, forward_loss);
+  graph_micro_batch(*c, units, forward_loss);
 }
 
-void Trainer::eager_micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss) {
-  if (tracker_) tracker_->begin_micro_batch(acc_.epoch(), acc_.micro_batch_index(), samples);
+void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
+  if (tracker_) tracker_->begin_micro_batch(acc_.epoch(), acc_.micro_batch_index(), units);
   Tensor loss = forward_loss();
   if (tracker_) tracker_->end_forward();
-  acc_.backward(loss, samples);
+  acc_.backward(loss, units);
   loss = Tensor();  // freed inside the record: the loss is the micro-batch's
   if (tracker_) tracker_->end_backward();
   ++stats_.eager_micro_batches;
@@ -156,7 +169,7 @@ void Trainer::eager_micro_batch(int64_t samples, const std::function<Tensor()>& 
 // The second time a key is seen it is captured (the host runs the closure and backward: the
 // allocations and the bookkeeping are real, the kernels recorded), then launched; later, the
 // graph is launched after the host side of the micro-batch is replayed.
-void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::function<Tensor()>& forward_loss) {
+void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss) {
 #if CUMULUS_WITH_CUDA
   const int epoch = acc_.epoch();
   const int64_t index = acc_.micro_batch_index();
@@ -165,12 +178,12 @@ void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::functio
     alloc.reset_peak();
     const int64_t activations_before = alloc.stats()[MemoryCategory::activations].current;
     MicroBatchRecord& r = c.memory;
-    r.samples = samples;
+    r.samples = units;
     cuda::Context& ctx = cuda::context(acc_.optimizer().parameters().device().index());
     c.graph = cuda::Graph::capture(ctx, [&] {
       Tensor loss = forward_loss();
       r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
-      acc_.backward(loss, samples);
+      acc_.backward(loss, units);
     });
     const MemoryStats st = alloc.stats();
     r.peak_bytes = st.allocated_peak;
@@ -180,8 +193,8 @@ void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::functio
     stats_.kernels_per_micro_batch = c.graph.kernel_nodes();
     ++stats_.captures;
   } else {
-    acc_.check_micro_batch(samples);
-    acc_.count_micro_batch(samples);
+    acc_.check_micro_batch(units);
+    acc_.count_micro_batch(units);
     const auto& slots = acc_.optimizer().parameters().slots();
     for (std::size_t i = 0; i < slots.size(); ++i)
       if (!c.stale_after[i]) slots[i].param.impl()->autograd.grad_stale = false;
@@ -195,7 +208,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t samples, const std::functio
     tracker_->add_graph_micro_batch(r);
   }
 #else
-  (void)c, (void)samples, (void)forward_loss;  // unreachable: the constructor refuses graphs
+  (void)c, (void)units, (void)forward_loss;  // unreachable: the constructor refuses graphs
 #endif
 }
 
@@ -214,14 +227,14 @@ bool Trainer::flush() {
 // The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
 void Trainer::log_step() {
   if (!on_step_) return;
-  const double loss = acc_.epoch_loss_sum(), samples = acc_.epoch_samples_stepped();
+  const double loss = acc_.epoch_loss_sum(), units = acc_.epoch_units_stepped();
   StepLog log;
   log.step = acc_.optimizer_steps();
   log.epoch = acc_.epoch();
-  log.loss = (loss - logged_loss_) / std::max(samples - logged_samples_, 1.0);
+  log.loss = (loss - logged_loss_) / std::max(units - logged_units_, 1.0);  // mean per unit
   log.lr = acc_.last_lr();
   logged_loss_ = loss;
-  logged_samples_ = samples;
+  logged_units_ = units;
   on_step_(log);
 }
 
@@ -272,7 +285,7 @@ bool Trainer::step(bool only_if_ready) {
 double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss) {
   dist::Communicator* comm = acc_.communicator();
   const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
-  const int64_t batches = loader.num_batches(), batch = loader.batch_size(), n = loader.dataset().size();
+  const int64_t batches = loader.num_batches();
   loader.set_epoch(epoch);
   loader.seek(0);
   begin_epoch(epoch, batches);
@@ -282,13 +295,13 @@ double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss
       // Host-resident data: batch i onto the device, this rank's next one behind it (outside the
       // closure: a replayed graph runs no host code).
       loader.stage(i, i + world);
-      micro_batch(std::min(batch, n - i * batch), [&] { return loss(loader.next(i)); });
+      micro_batch(loader.units(i), [&] { return loss(loader.next(i)); });  // Batch::units of next(i)
     } else {
       skip_micro_batch();
     }
     step_if_ready();
   }
-  return acc_.epoch_loss_sum() / std::max(acc_.epoch_samples_stepped(), 1.0);
+  return acc_.epoch_loss_sum() / std::max(acc_.epoch_units_stepped(), 1.0);
 }
 
 Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader) {
@@ -322,7 +335,8 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.budget = budget;
   r.optimizer = &optimizer;
   r.loop_state = Accumulator::state_to_allocate();  // the Trainer's Accumulator
-  r.sample_limit = dataset.size();
+  r.units_per_row = dataset.units_per_row();        // whole rows: micro-batches of whole sequences
+  r.sample_limit = dataset.units();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();
   r.setting.precision = batch_dtype == DType::bf16  ? Precision::bf16
@@ -330,8 +344,9 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
                                                     : Precision::fp32;
   auto dtype = std::make_shared<DType>(batch_dtype);  // shared by apply and the probes
   r.apply = [dtype](const PlanSetting& s) { *dtype = compute_dtype(s.precision); };
-  r.micro_batch = [dataset, loss = std::move(loss), device = r.device, dtype, params](int64_t samples) {
-    data::DataLoader loader(dataset, samples, /*shuffle=*/false, /*seed=*/0, device);
+  r.micro_batch = [dataset, loss = std::move(loss), device = r.device, dtype, params](int64_t units) {
+    // The planner asks for whole rows (units_per_row); the batch's units are the probe's.
+    data::DataLoader loader(dataset, units / dataset.units_per_row(), /*shuffle=*/false, /*seed=*/0, device);
     loader.set_dtype(*dtype);
     loss(loader.batch(0)).backward();
     params->mark_gradients_stale();  // the probe's gradients are discarded

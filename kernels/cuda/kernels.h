@@ -233,12 +233,13 @@ void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_
 // group_samples += samples, group_loss += loss[0].
 void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream);
 // The updates leave frozen chunks alone (Note [Frozen parameters] in kernels/optim_rules.h).
+// `lr_scale`: a parameter group's multiplier on the step state's lr (optim::ParamGroup; 1 is exact).
 void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
                      float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
-                     cudaStream_t stream);
+                     cudaStream_t stream, float lr_scale = 1.0f);
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
                        float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
-                       cudaStream_t stream);
+                       cudaStream_t stream, float lr_scale = 1.0f);
 
 }  // namespace cumulus::kernels
 

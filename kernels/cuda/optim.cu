@@ -66,9 +66,9 @@ __global__ void record_micro_batch_kernel(StepState* state, const float* loss, d
 // Frozen chunks are skipped and others use their own update count (Note [Frozen parameters]).
 __global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_buf, int64_t n, const StepState* state,
                                   float momentum, float dampening, bool nesterov, float weight_decay,
-                                  FrozenChunks frozen) {
+                                  FrozenChunks frozen, float lr_scale) {
   if (state->skip) return;
-  const float grad_scale = state->grad_scale, lr = state->lr;
+  const float grad_scale = state->grad_scale, lr = state->lr * lr_scale;
   const int64_t updates = state->updates;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
@@ -81,10 +81,11 @@ __global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_b
 }
 
 __global__ void adamw_update_kernel(float* w, const float* grad, float* m, float* v, int64_t n, const StepState* state,
-                                    float beta1, float beta2, float eps, float weight_decay, FrozenChunks frozen) {
+                                    float beta1, float beta2, float eps, float weight_decay, FrozenChunks frozen,
+                                    float lr_scale) {
   if (state->skip) return;
   __shared__ float step_size, bc2_sqrt;
-  const float grad_scale = state->grad_scale, lr = state->lr;
+  const float grad_scale = state->grad_scale, lr = state->lr * lr_scale;
   const int64_t updates = state->updates;
   if (threadIdx.x == 0) rules::adamw_constants(lr, beta1, beta2, updates, step_size, bc2_sqrt);
   __syncthreads();
@@ -141,18 +142,18 @@ void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double sam
 
 void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
                      float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float lr_scale) {
   if (n == 0) return;
   launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, &buffers->state, momentum,
-                            dampening, nesterov, weight_decay, frozen);
+                            dampening, nesterov, weight_decay, frozen, lr_scale);
 }
 
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
                        float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, float lr_scale) {
   if (n == 0) return;
   launch<adamw_update_kernel>(blocks_for(n), kThreads, stream, w, grad, m, v, n, &buffers->state, beta1, beta2, eps,
-                              weight_decay, frozen);
+                              weight_decay, frozen, lr_scale);
 }
 
 }  // namespace cumulus::kernels

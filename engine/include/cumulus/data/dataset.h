@@ -34,8 +34,16 @@ class TensorDataset {
   // Samples [begin, begin + count) of every tensor (views, no copy) with the same names and
   // to_float conversions: a train/test split of one table. Out of range is an InvalidArgument.
   TensorDataset slice(int64_t begin, int64_t count) const;
+  // The units a row holds: what a training loss is summed over, per row (Note [Units] in
+  // engine/optim/trainer.cpp). 1 (the default): a row is a sample (a classifier's image). A language
+  // model's rows are sequences of T tokens, each a unit: set_units_per_row(T). Every Batch says how
+  // many it holds (Batch::units = rows x this), and the Trainer, the planner's request and the
+  // memory tracker count the same units. Kept by slice().
+  TensorDataset& set_units_per_row(int64_t units);
+  int64_t units_per_row() const { return units_per_row_; }
 
-  int64_t size() const { return tensors_.empty() ? 0 : tensors_[0].size(0); }  // samples
+  int64_t size() const { return tensors_.empty() ? 0 : tensors_[0].size(0); }  // rows (samples)
+  int64_t units() const { return size() * units_per_row_; }                    // rows x units_per_row
   std::size_t num_tensors() const { return tensors_.size(); }
   const Tensor& tensor(std::size_t k) const;
   std::string describe(std::size_t k) const;  // "tensor 1 ('labels')", as messages name it
@@ -48,6 +56,7 @@ class TensorDataset {
   std::vector<Tensor> tensors_;
   std::vector<std::string> names_;
   std::vector<float> divisors_;  // per tensor: 0 unless to_float
+  int64_t units_per_row_ = 1;
 };
 
 struct ImageDataset {
@@ -71,13 +80,16 @@ ImageDataset load_mnist_split(const std::string& dir, bool train, Device device,
 // The file names of a split, without the .gz suffix, in the order images, labels.
 std::vector<std::string> mnist_file_names(bool train);
 
-// A batch of b samples: every dataset tensor's rows [b, ...] in the dataset's order, in category
-// data. x and y are the first two (a dataset of inputs and targets); y is undefined with one tensor.
+// A batch of b samples (rows): every dataset tensor's rows [b, ...] in the dataset's order, in
+// category data. x and y are the first two (a dataset of inputs and targets); y is undefined with
+// one tensor. `units` is what a loss summed over the batch counts: b x the dataset's units per row
+// (b for samples, b x T for sequences of T tokens); Trainer::train_epoch passes it on.
 // From an ImageDataset: x is [b, rows * cols] in [0, 1] (pixel / 255) in the loader's dtype, y [b] i32.
 struct Batch {
   Tensor x;
   Tensor y;
   std::vector<Tensor> tensors;
+  int64_t units = 0;
 };
 
 class DataLoader {
@@ -101,6 +113,10 @@ class DataLoader {
   void set_epoch(int epoch);  // draws that epoch's order (no-op without shuffle)
   int64_t num_batches() const;
   int64_t batch_size() const { return batch_size_; }
+  // Rows of batch i (batch_size, or fewer for the epoch's last) and its units (rows x the dataset's
+  // units per row): what Batch::units of batch i says, known without making it.
+  int64_t rows(int64_t i) const;
+  int64_t units(int64_t i) const { return rows(i) * dataset_.units_per_row(); }
   // The type floating batches are made in (TensorDataset::floating; integer tensors keep theirs):
   // f32 (the default), or bf16 / f16 for mixed precision, where the batch is the first activation
   // of the compute type (pixel / 255 computed in f32, rounded once).

@@ -5,7 +5,8 @@
 //   r.device = device;
 //   r.effective_batch = 1024;
 //   r.budget = parse_byte_size("3GiB");        // reserved bytes, as CachingAllocator's limit counts them
-//   r.micro_batch = [&](int64_t b) { ... };    // forward, loss, backward of b samples; grads discarded
+//   r.micro_batch = [&](int64_t b) { ... };    // forward, loss, backward of b units; grads discarded
+//   r.units_per_row = 1;                       // or T: micro-batches of whole sequences of T tokens
 //   r.optimizer = optimizer.get();             // its first step's state is counted
 //   r.recompute_segments = model.recompute_segment_names();  // optional levers, put in place by
 //   r.apply = [&](const PlanSetting& s) { model.set_recompute_segments(s.recompute); };  // apply
@@ -37,10 +38,11 @@ class Optimizer;
 int64_t parse_byte_size(const std::string& text);
 
 // A line through the allocated peaks of two probes: memory that does not depend on the batch size
-// and the peak's growth per sample. plan_batch's fallback when recordings do not match.
+// and the peak's growth per unit (a sample, or whatever PlanRequest counts). plan_batch's fallback
+// when recordings do not match.
 struct MemoryCost {
   int64_t fixed_bytes = 0;
-  double peak_bytes_per_sample = 0.0;
+  double peak_bytes_per_sample = 0.0;  // per unit
   int64_t predicted_peak(int64_t micro_batch) const {
     return fixed_bytes + static_cast<int64_t>(peak_bytes_per_sample * static_cast<double>(micro_batch) + 0.5);
   }
@@ -99,13 +101,17 @@ struct PlanRow {
   double micro_batch_seconds = 0.0;
   double batch_seconds = 0.0;
   double epoch_seconds = 0.0;
+  // The prediction's spread: batch_seconds from the lines through each size's fastest and slowest
+  // of the repeated timings (PlanRequest::timing_repeats); equal to batch_seconds when untimed.
+  double batch_seconds_low = 0.0;
+  double batch_seconds_high = 0.0;
   bool chosen = false;
 };
 
-// Seconds of one micro-batch as a line in its size, fitted over the timed probes.
+// Seconds of one micro-batch as a line in its size (units), fitted over the timed probes.
 struct TimeFit {
   double fixed_seconds = 0.0;
-  double seconds_per_sample = 0.0;
+  double seconds_per_sample = 0.0;  // per unit
   int probes = 0;  // timed probe sizes it was fitted over (0: not fitted)
   double predict(int64_t samples) const { return fixed_seconds + seconds_per_sample * static_cast<double>(samples); }
 };
@@ -119,11 +125,21 @@ struct Plan;
 
 struct PlanRequest {
   Device device = Device::cpu();
-  int64_t effective_batch = 0;  // > 0
+  // In units (samples by default; tokens, say, with units_per_row T): > 0, a multiple of units_per_row.
+  int64_t effective_batch = 0;
+  // Units per row of the data: every micro-batch weighed, recorded or probed is a whole number of
+  // rows (a multiple of this), and micro_batch is called with units. 1: a row is a unit (a sample).
+  int64_t units_per_row = 1;
+  // The largest micro-batch the planner may run (units): 0, the effective batch (no probe is larger
+  // than the job runs); more, to record larger micro-batches explicitly.
+  int64_t max_probe = 0;
+  // How many times each recorded size is timed (Note [Predicting time]): the median sets the
+  // prediction, the fastest and slowest its spread (PlanRow::batch_seconds_low/high). >= 1.
+  int timing_repeats = 3;
   // Reserved bytes (what CachingAllocator::set_memory_limit counts, and what a smaller device runs
   // out of). 0: none; every divisor is predicted and fits, and the fastest is chosen, unprobed.
   int64_t budget = 0;
-  // Runs one training micro-batch of `samples`: batch, forward, loss, backward into the gradient
+  // Runs one training micro-batch of `samples` units: batch, forward, loss, backward into the gradient
   // buffers, then frees all it allocated and discards the gradients (called at several sizes,
   // also above and below the choice). May throw (an interrupt): the exception leaves plan_batch
   // after the allocator's limit, the model's buffers and the levers' setting are restored.
@@ -136,8 +152,8 @@ struct PlanRequest {
   // (bytes requested, category other): optim::Accumulator::state_to_allocate(), its learning-rate
   // table, for a loop with an Accumulator or a Trainer. Held in every prediction and probe.
   std::vector<int64_t> loop_state;
-  // The most samples `micro_batch` can take (the training set's size): recordings stay within it.
-  // 0: no limit.
+  // The most units `micro_batch` can take (the training set's size in units): recordings stay within
+  // it. 0: no limit.
   int64_t sample_limit = 0;
   // The levers (Note [Plan levers]). `apply` puts a setting in place (the model's recompute
   // segments, where the training set lives, the batches' precision) before micro-batches run with
@@ -155,7 +171,7 @@ struct PlanRequest {
   // Precision: others the planner may choose besides setting.precision. An explicit opt-in, since
   // a 16-bit plan changes the numbers; a tie in time keeps setting.precision.
   std::vector<Precision> precisions;
-  // Samples in an epoch, for each row's epoch_seconds (0: sample_limit).
+  // Units in an epoch, for each row's epoch_seconds (0: sample_limit).
   int64_t epoch_samples = 0;
   // Injected timings (tests, or timings known from elsewhere): seconds of one micro-batch of
   // `samples` with the setting given, used instead of timing the probes.
@@ -194,6 +210,7 @@ struct Plan {
     TimeFit time;
     int64_t reserved_at_rest = 0;
     int64_t largest_fitting = 0;
+    TimeFit time_low, time_high;  // through each size's fastest and slowest repeat (the spread)
   };
   std::vector<Weighed> weighed;
   // Every divisor of the effective batch, largest first, each once per weighed setting in the
@@ -202,6 +219,12 @@ struct Plan {
   // The optimizer step's time (step_timed false: neither given nor probed, counted as 0).
   double step_seconds = 0.0;
   bool step_timed = false;
+  // The probes: every micro-batch the planner ran (recordings, their timing repeats, the fallback's
+  // line and the verifying probes), all under the budget: their wall time, the largest (units; no
+  // more than the effective batch unless PlanRequest::max_probe asks) and the repeats per size.
+  double probe_seconds = 0.0;
+  int64_t largest_probe = 0;
+  int timing_repeats = 0;
   std::vector<std::string> recompute_segments;  // the request's, for plan_setting_text
   PlanSetting setting;                          // the chosen row's (the request's without a choice)
   // The choice: the fitting row with the smallest predicted time (a tie within 2%: Note [Plan
@@ -217,13 +240,14 @@ struct Plan {
 };
 
 // Plans the micro-batch for `request.effective_batch` under `request.budget`: records the
-// micro-batch's allocations at two sizes (and smaller ones) with each setting of the levers,
-// timing each call, predicts every divisor from the state at rest plus the optimizer's first-step
-// state, and takes the fastest predicted to fit (ties within 2%: Note [Plan levers]), verified
-// with one probe micro-batch under the budget, falling back to the next best when the probe runs
-// out of memory. Prints nothing. Throws InvalidArgument for a malformed request, OutOfMemory when
-// nothing fits and the request requires a fit; what `micro_batch` throws (other than an
-// OutOfMemory in a verifying probe) passes through.
+// micro-batch's allocations at two sizes no larger than the effective batch (and smaller ones) with
+// each setting of the levers, under the budget, timing each size timing_repeats times, predicts
+// every divisor from the state at rest plus the optimizer's first-step state, and takes the fastest
+// predicted to fit (ties within 2%: Note [Plan levers]), verified with one probe micro-batch under
+// the budget, falling back to the next best when the probe runs out of memory. Prints nothing.
+// Throws InvalidArgument for a malformed request, OutOfMemory when nothing fits and the request
+// requires a fit; what `micro_batch` throws (other than an OutOfMemory in a verifying probe)
+// passes through.
 Plan plan_batch(const PlanRequest& request);
 
 }  // namespace cumulus

@@ -128,10 +128,13 @@ std::vector<MemoryEvent> record_allocations(CachingAllocator& alloc, const std::
 // pinned (at most kMaxRefinements more recordings, all below `small`, so the whole costs about two
 // micro-batches of `small`). `micro_batch(b)` must run one training micro-batch of b samples
 // (batch, forward, loss, backward) and free all it allocated. Sizes that are multiples of 128 make
-// the top piece exact for tensors of 4-byte elements (b * 4 * k bytes are whole 512-B units). The
-// memory limit is lifted while recording and restored after.
+// the top piece exact for tensors of 4-byte elements (b * 4 * k bytes are whole 512-B units). With
+// `lift_limit` the memory limit is lifted while recording and restored after; without it the
+// recordings run under the allocator's limit as it is (plan_batch's: its budget), and an
+// OutOfMemory passes through.
 constexpr int kMaxRefinements = 32;
 MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<void(int64_t)>& micro_batch,
-                                   int64_t small, int64_t large, std::vector<FixedBlock> extra_fixed = {});
+                                   int64_t small, int64_t large, std::vector<FixedBlock> extra_fixed = {},
+                                   bool lift_limit = true);
 
 }  // namespace cumulus

@@ -5,6 +5,13 @@
 // the caching allocator's counters, which the engine keeps by category anyway, so tracking costs
 // a few counter reads per phase (docs/ARCHITECTURE.md, "Memory accounting").
 //
+// Sizes are in units: what the training loss is summed over and the Trainer is given (samples by
+// default, tokens for a language model; Note [Units] in engine/optim/trainer.cpp). A tracker told
+// micro-batches of N units (Options::micro_batch_size) checks what it is fed: a micro-batch of more
+// than N units warns once on stderr naming both counts (or throws InvalidArgument with
+// strict_units), and a summary without a micro-batch of N units says so (MemorySummary::warning,
+// printed by print_memory_table) instead of reporting zeros.
+//
 // optim::Trainer makes its calls (TrainerOptions::tracker); a loop that drives an Accumulator by
 // hand makes them itself:
 //   tracker.begin_micro_batch(epoch, index, samples); forward; tracker.end_forward();
@@ -39,7 +46,7 @@ namespace cumulus {
 struct MicroBatchRecord {
   int epoch = 0;      // from 0 (reports add 1)
   int64_t index = 0;  // within the epoch
-  int64_t samples = 0;
+  int64_t samples = 0;           // units (samples, tokens): what begin_micro_batch was given
   int64_t activation_bytes = 0;  // activations at the end of forward, above those at its start
   int64_t peak_bytes = 0;        // allocated peak during forward + backward
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};
@@ -74,7 +81,7 @@ struct MemorySummary {
   int64_t optimizer_state_bytes = 0;
   int64_t workspace_bytes = 0;
   int64_t data_bytes = 0;
-  double activation_bytes_per_sample = 0.0;  // least-squares slope of activation bytes on samples
+  double activation_bytes_per_sample = 0.0;  // least-squares slope of activation bytes on units
   int64_t peak_bytes = 0;                    // highest peak of any micro-batch or step
   int64_t reserved_peak_bytes = 0;
   // The accumulation comparison: peak at micro-batch B (x N steps) against one batch of B*N.
@@ -83,6 +90,10 @@ struct MemorySummary {
   int64_t peak_at_micro_batch = 0;
   int64_t peak_at_effective_batch = 0;
   bool effective_batch_measured = false;  // false: predicted from the per-sample growth of the peak
+  // Why the per-micro-batch figures may not be what they seem, naming the counts: micro-batches of
+  // more units than micro_batch_size were fed, or none of micro_batch_size units was (so the peak
+  // at the micro-batch is not measured). Empty when the sizes agree.
+  std::string warning;
 };
 
 // An out-of-memory the allocator threw while this tracker ran (its last), with what the tracker
@@ -115,7 +126,7 @@ class MemoryTracker {
  public:
   struct Options {
     std::string model = "model";
-    int64_t micro_batch_size = 0;
+    int64_t micro_batch_size = 0;  // units (0: not checked)
     int accum_steps = 1;
     int timeline_steps = 8;  // optimizer steps covered by the timeline (0: none)
     // Micro-batch and step records kept in detail (the first ones); every micro-batch still counts
@@ -127,6 +138,10 @@ class MemoryTracker {
     // The run's settings (optimizer, learning rate, epochs, ...), written in this order as the
     // report's "settings" object.
     std::vector<std::pair<std::string, std::string>> settings;
+    // A micro-batch of more units than micro_batch_size throws InvalidArgument naming both (the
+    // default warns once on stderr and in the summary: trackers may measure several sizes). Last,
+    // so positional initializers {model, micro_batch_size, accum_steps} keep their meaning.
+    bool strict_units = false;
   };
 
   MemoryTracker(Device device, Options options);
@@ -134,7 +149,9 @@ class MemoryTracker {
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
-  void begin_micro_batch(int epoch, int64_t index, int64_t samples);
+  // `units`: what the micro-batch's loss sums over (samples, tokens), checked against
+  // micro_batch_size (see above).
+  void begin_micro_batch(int epoch, int64_t index, int64_t units);
   void end_forward();
   void end_backward();
   void begin_step();
@@ -196,6 +213,8 @@ class MemoryTracker {
   std::vector<StepRecord> steps_;
   // Summary aggregates over every micro-batch and step, kept or not.
   int64_t micro_batches_seen_ = 0, steps_seen_ = 0;
+  int64_t smallest_fed_ = 0, largest_fed_ = 0;  // units of the micro-batches seen
+  void check_units(int64_t units);
   double fit_n_ = 0, fit_sx_ = 0, fit_sy_ = 0, fit_sxx_ = 0, fit_sxy_ = 0;
   int64_t run_peak_ = 0;
   std::map<int64_t, MicroBatchRecord> highest_peak_by_samples_;

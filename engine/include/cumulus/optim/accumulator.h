@@ -3,7 +3,7 @@
 //
 //   acc.begin_epoch(epoch, micro_batches_in_epoch);
 //   for each micro-batch:
-//     acc.backward(cross_entropy(model(x), y, Reduction::Sum), x.size(0));
+//     acc.backward(cross_entropy(model(x), y, Reduction::Sum), x.size(0));  // units: here samples
 //     acc.step_if_ready();     // steps at each group boundary and after the epoch's last micro-batch
 //
 // optim::Trainer (cumulus/optim/trainer.h) drives one for a training loop: the memory tracker's
@@ -26,13 +26,16 @@ class Communicator;
 namespace cumulus::optim {
 
 enum class Normalization {
-  // Default. Losses are summed over samples (Reduction::Sum); the update divides by the number of
-  // samples actually in the group. A partial or uneven group is exactly the mean over its samples.
-  samples,
+  // Default. Losses are summed over units the caller names (samples, tokens, pixels:
+  // Reduction::Sum over them); the update divides by the number of units actually in the group. A
+  // partial or uneven group is exactly the mean per unit over its units.
+  units,
+  samples = units,  // the former name (a row was the only unit); same enumerator
   // The classic convention: each micro-batch's summed loss is divided by its size times the
-  // configured accumulation steps N (mean loss / N). Inexact when a group holds fewer than N
-  // micro-batches (the last of an epoch): its total weight is (micro-batches in it) / N instead of
-  // 1, and a shorter micro-batch's samples weigh more than the others'.
+  // configured accumulation steps N (mean loss / N; its size: the units backward() is given).
+  // Inexact when a group holds fewer than N micro-batches (the last of an epoch): its total weight
+  // is (micro-batches in it) / N instead of 1, and a shorter micro-batch's units weigh more than the
+  // others'.
   micro_batches,
   // The gradient is used as accumulated.
   none,
@@ -61,7 +64,7 @@ struct AccumulatorOptions {
   // Per-epoch accumulation steps {first_epoch: steps}, as Lightning's
   // GradientAccumulationScheduler; when non-empty it overrides accum_steps. Must have key 0.
   std::map<int, int> schedule;
-  Normalization normalization = Normalization::samples;
+  Normalization normalization = Normalization::units;
   float clip_grad_norm = 0.0f;  // > 0: clip the normalized gradient's global L2 norm to this
   bool skip_non_finite = true;  // a NaN/Inf in the normalized gradient skips the step
   // Data parallel (Note [Data parallel accumulation] in engine/dist/communicator.cpp): null or a
@@ -72,7 +75,7 @@ struct AccumulatorOptions {
   // Gradient bytes per bucket reduced while backward still runs (whole parameter slots, so a slot
   // larger than this is a bucket of its own).
   int64_t bucket_bytes = 1 << 20;
-  // Needs Normalization::samples and skip_non_finite.
+  // Needs Normalization::units and skip_non_finite.
   LossScaling loss_scaling;
 };
 
@@ -85,12 +88,13 @@ class Accumulator {
   // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
   // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
   void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
-  // Backward of a summed loss over `samples` samples, accumulating into the gradient buffers; the
-  // sample count and the loss value are added to the step state on the device (no host read).
-  // Normalization samples and micro_batches divide by the samples themselves, so a loss known to be
+  // Backward of a loss summed over `units` units (samples, tokens: whatever the loss sums over),
+  // accumulating into the gradient buffers; the unit count and the loss value are added to the
+  // step state on the device (no host read). Normalization units and micro_batches divide by the
+  // units themselves, so a loss known to be
   // a mean (cross_entropy with Reduction::Mean, ops::mean) is refused with InvalidArgument (Note
   // [Mean-reduced losses] in engine/optim/accumulator.cpp); Normalization::none takes any loss.
-  void backward(const Tensor& loss, int64_t samples);
+  void backward(const Tensor& loss, int64_t units);
   // Data parallel: counts a micro-batch that another rank processes (dist::owner_of_micro_batch),
   // so every rank sees the same group boundaries.
   void skip_micro_batch();
@@ -118,7 +122,8 @@ class Accumulator {
   int64_t attempted_steps() const { return attempted_; }       // steps attempted (taken or skipped)
   int64_t optimizer_steps() const;                             // (device) steps taken
   int64_t skipped_steps() const;                               // (device) steps skipped as non-finite
-  int64_t samples_in_group() const { return group_samples_; }  // this rank's
+  int64_t units_in_group() const { return group_samples_; }    // this rank's units (backward's counts)
+  int64_t samples_in_group() const { return units_in_group(); }  // the former name
   int micro_batches_in_group() const { return group_mbs_; }    // every rank's
   // (device) Global L2 norm of the normalized gradient before clipping, at the last step; NaN when
   // the step did not compute it (no clipping and no non-finite guard).
@@ -127,9 +132,11 @@ class Accumulator {
   float last_lr() const;
   // (device) The loss scale the next group's backward uses (1 without dynamic loss scaling).
   float loss_scale() const;
-  // (device) Summed training loss, and samples, of the groups stepped since begin_epoch().
+  // (device) Summed training loss, and units, of the groups stepped since begin_epoch(): their
+  // ratio is the epoch's mean loss per unit.
   double epoch_loss_sum() const;
-  double epoch_samples_stepped() const;
+  double epoch_units_stepped() const;
+  double epoch_samples_stepped() const { return epoch_units_stepped(); }  // the former name
   Optimizer& optimizer() { return *optimizer_; }
   // Whether a communicator of more than one rank is attached (data parallel).
   bool distributed() const;
@@ -178,11 +185,11 @@ class Accumulator {
  private:
   friend class Trainer;
   // The host side of backward(), alone (for a replayed micro-batch): the checks, the counters.
-  void check_micro_batch(int64_t samples) const;
+  void check_micro_batch(int64_t units) const;
   // Refuses a loss known to be mean-reduced (Note [Mean-reduced losses]).
   static void check_summed_loss(const Tensor& loss);
   void check_accum_steps(int steps, const char* caller) const;
-  void count_micro_batch(int64_t samples);
+  void count_micro_batch(int64_t units);
   bool do_step();
   kernels::StepState read_state() const;
   // Whether the micro-batch being counted next is this rank's last in its group.
@@ -205,7 +212,7 @@ class Accumulator {
   int accum_override_ = 0;  // set_accum_steps' value (0: none); accum_steps_ takes it at a boundary
   int64_t mb_in_epoch_ = 0, mb_epoch_len_ = 0, mb_total_ = 0;
   int64_t attempted_ = 0;
-  int64_t group_samples_ = 0;
+  int64_t group_samples_ = 0;  // units
   int group_mbs_ = 0;
   // The learning-rate table the device reads (Note [Learning-rate table] in accumulator.cpp).
   Tensor lr_table_;

@@ -24,6 +24,24 @@ struct FrozenChunks;
 
 namespace cumulus::optim {
 
+// A parameter group, as torch.optim's param_groups: the parameters it holds, by name (the
+// FlatParameters slot names: Module::named_parameters()'s), its learning rate as a multiple of the
+// optimizer's (scheduled) lr, as a PyTorch scheduler scales each group's own lr, and its weight
+// decay. Parameters no group names keep the optimizer's lr and weight decay. See
+// Optimizer::set_param_groups.
+struct ParamGroup {
+  std::vector<std::string> params;
+  float lr_scale = 1.0f;       // >= 0; the group's lr = lr_scale x the optimizer's lr at each update
+  float weight_decay = -1.0f;  // >= 0; < 0: the optimizer's (its options' weight_decay)
+};
+
+// The usual split (nanoGPT, Hugging Face's Trainer): parameters of two or more dimensions (the
+// matrices of linear layers, convolution kernels, embeddings) decay by `weight_decay`, the others
+// (biases, normalization scales and shifts) not at all. Two groups, in this order:
+//   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), 0.1f));
+std::vector<ParamGroup> decay_matrices_only(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
+                                            float weight_decay);
+
 class Optimizer {
  public:
   explicit Optimizer(std::shared_ptr<nn::FlatParameters> params, float lr);
@@ -48,6 +66,16 @@ class Optimizer {
 
   float lr() const { return lr_; }
   void set_lr(float lr);
+  // Parameter groups (ParamGroup): per-group lr multiplier and weight decay, applied by every later
+  // update (the same fused pass, one launch per run of consecutive parameters that share a
+  // setting). Every name must be a parameter of these FlatParameters, in one group at most
+  // (InvalidArgument otherwise). An empty list returns to one group. Frozen parameters stay
+  // untouched whatever their group. Groups are configuration, not state: state() and load_state()
+  // are unchanged (a state saved with or without groups loads either way), so a resumed run sets
+  // the same groups again. A Trainer's captured step graph holds the settings it was captured with:
+  // set groups before the first step, or call Trainer::reset() after changing them.
+  void set_param_groups(const std::vector<ParamGroup>& groups);
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // Updates applied so far (skipped steps excluded). On CUDA this reads the device: it waits for
   // the queued work (a host synchronization).
   int64_t updates() const;
@@ -107,8 +135,21 @@ class Optimizer {
   // allocated as optimizer state when undefined; false when `state` has no `name`.
   bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
                          DType dtype, const Shape& shape, Tensor& into) const;
+  // A run of the flat arrays [offset, offset + count) whose parameters share a group's setting:
+  // apply() updates each with lr x lr_scale and its weight decay (< 0: the optimizer's own).
+  struct Segment {
+    int64_t offset = 0, count = 0;
+    float lr_scale = 1.0f;
+    float weight_decay = -1.0f;
+  };
+  // Empty without groups (one pass over everything with the optimizer's settings).
+  const std::vector<Segment>& segments() const { return segments_; }
+  // `frozen` for the elements from `offset` on (a multiple of FrozenChunks::kChunk).
+  static kernels::FrozenChunks offset_frozen(const kernels::FrozenChunks& frozen, int64_t offset);
   std::shared_ptr<nn::FlatParameters> params_;
   float lr_;
+  std::vector<ParamGroup> groups_;
+  std::vector<Segment> segments_;
   Tensor step_buffers_;  // one kernels::StepBuffers, category other
   Tensor missed_updates_;  // i32 per FlatParameters chunk, optimizer_state; undefined until a freeze
 };

@@ -14,8 +14,8 @@
 //     loader.seek(0);
 //     trainer.begin_epoch(epoch, loader.num_batches());
 //     for each micro-batch i:
-//       trainer.micro_batch(samples, [&] { data::Batch b = loader.next(i);
-//                                          return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); });
+//       trainer.micro_batch(loader.units(i), [&] { data::Batch b = loader.next(i);
+//                                                  return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); });
 //       trainer.step_if_ready();          // at each group boundary and after the epoch's last micro-batch
 //   trainer.set_accum_steps(8);           // any time: from the next group boundary on
 //
@@ -24,8 +24,13 @@
 //   for each epoch: trainer.train_epoch(loader, epoch, loss);
 // with evaluate_classifier(model, test_loader) for a test pass and plan_request(...) for the planner.
 //
-// The closure returns the loss summed over `samples` samples. With use_graphs it must queue the
-// same work every time for a given sample count: its inputs come from device-side state
+// Units (Note [Units] in engine/optim/trainer.cpp): the closure returns the loss summed over the
+// `units` units it is given, units the user names: samples for a classifier (the default, one per
+// dataset row), tokens for a language model whose loss sums over B x T tokens
+// (TensorDataset::set_units_per_row(T); DataLoader::units(i) and Batch::units count them). Every
+// step divides by the units of its group, so the update is the mean gradient per unit, and the
+// planner's request (plan_request) and the memory tracker count the same units. With use_graphs
+// the closure must queue the same work every time for a given unit count: its inputs come from device-side state
 // (DataLoader::next), never from host values that change between calls. On the CPU, or with
 // use_graphs false, everything runs eagerly through the same calls, with the Accumulator's results
 // bit for bit.
@@ -49,14 +54,17 @@ class Module;
 
 namespace cumulus::optim {
 
-// A batch's loss summed over its samples (ops::Reduction::Sum), as the Trainer's closures return it.
+// A batch's loss summed over its units (ops::Reduction::Sum over batch.units: its samples, or its
+// tokens), as the Trainer's closures return it.
 using BatchLoss = std::function<Tensor(const data::Batch& batch)>;
 
 // What TrainerOptions::on_step is told after each optimizer step.
 struct StepLog {
   int64_t step = 0;  // optimizer steps taken so far (this one included)
   int epoch = 0;
-  double loss = 0.0;  // the group's training loss: its summed loss over its samples
+  // The group's training loss as a mean per unit: its summed loss divided by its units (the
+  // micro-batches' unit counts, samples or tokens, added up). Not a sum.
+  double loss = 0.0;
   float lr = 0.0f;    // the step's learning rate
 };
 
@@ -85,9 +93,9 @@ class Trainer {
   // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
   // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
   void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
-  // Forward (the closure returns the loss summed over `samples` samples), backward into the
-  // gradient buffers, the accumulation's bookkeeping and the tracker's record.
-  void micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss);
+  // Forward (the closure returns the loss summed over `units` units: samples, tokens), backward
+  // into the gradient buffers, the accumulation's bookkeeping and the tracker's record (of `units`).
+  void micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
   // Data parallel: counts a micro-batch another rank processes (dist::owner_of_micro_batch).
   void skip_micro_batch();
   // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
@@ -97,9 +105,10 @@ class Trainer {
   bool flush();
   // One epoch of `loader`'s batches as micro-batches, in the order set_epoch(epoch) draws:
   // begin_epoch, then per batch stage (host-resident data), micro_batch with loss(next(i)) and
-  // step_if_ready, so the last group of the epoch steps too. Data parallel: this rank's
-  // micro-batches (dist::owner_of_micro_batch), the others counted by skip_micro_batch. Returns
-  // the epoch's mean training loss (epoch_loss_sum() / epoch_samples_stepped(): one device read).
+  // step_if_ready, so the last group of the epoch steps too; each micro-batch counts its batch's
+  // units (Batch::units, DataLoader::units(i)). Data parallel: this rank's micro-batches
+  // (dist::owner_of_micro_batch), the others counted by skip_micro_batch. Returns the epoch's mean
+  // training loss per unit (epoch_loss_sum() / epoch_units_stepped(): one device read).
   double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
   // Groups of `steps` micro-batches from the next group boundary on, for the rest of the run
   // (replacing accum_steps and the per-epoch schedule). Called mid-group it is deferred, never
@@ -138,12 +147,12 @@ class Trainer {
 
  private:
   struct Captured;
-  // A micro-batch graph's key: the sample count, the stale pattern of the gradient slots, the frozen
+  // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
   // pattern of the parameters (which gradients are computed at all), and the backward seed's
   // accumulation steps (Normalization::micro_batches only; 0 otherwise).
   using GraphKey = std::tuple<int64_t, std::vector<bool>, std::vector<bool>, int>;
-  void eager_micro_batch(int64_t samples, const std::function<Tensor()>& forward_loss);
-  void graph_micro_batch(Captured& c, int64_t samples, const std::function<Tensor()>& forward_loss);
+  void eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
+  void graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss);
   bool step(bool only_if_ready);
   void log_step();  // on_step, when set
   bool graphs_now() const;
@@ -159,7 +168,7 @@ class Trainer {
   std::unique_ptr<Captured> step_;
   Stats stats_;
   std::function<void(const StepLog&)> on_step_;
-  double logged_loss_ = 0.0, logged_samples_ = 0.0;  // the epoch's sums at the last log_step()
+  double logged_loss_ = 0.0, logged_units_ = 0.0;  // the epoch's sums at the last log_step()
 };
 
 // A classifier's test pass: every batch of `loader` (x the inputs, y i32 labels) through `model` in
@@ -173,10 +182,13 @@ struct Evaluation {
 Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader);
 
 // A ready-made planner request (memory/planner.h) for training `optimizer`'s parameters with `loss`
-// on `dataset`: a probe of b samples is batch 0 of a loader of batch b (the dataset's first b
-// samples, made in `batch_dtype` on the parameters' device, staged when the dataset is on the
-// host), its loss backward into the gradient buffers, the gradients then discarded. Device,
-// optimizer, effective batch, budget (reserved bytes; 0: none) and the sample limit are filled in,
+// on `dataset`, in the dataset's units (TensorDataset::units_per_row: samples by default, tokens
+// for sequences): `effective_batch` is in units (a multiple of units_per_row), the request's
+// units_per_row is the dataset's, so every micro-batch it weighs is whole rows, and a probe of u
+// units is batch 0 of a loader of batch u / units_per_row rows (the dataset's first rows, made in
+// `batch_dtype` on the parameters' device, staged when the dataset is on the host), its loss
+// backward into the gradient buffers, the gradients then discarded. Device, optimizer, effective
+// batch, budget (reserved bytes; 0: none) and the limit (the dataset's units) are filled in,
 // and require_fit (plan_batch throws OutOfMemory with its reason when nothing fits). Its apply
 // puts a setting's precision in place as the batches' dtype (setting.precision is batch_dtype's),
 // so opting into another is one line (`r.precisions = {Precision::bf16}`); for recompute, set
