@@ -186,6 +186,7 @@ TEST_P(DeviceTest, TokenWindowsAreAFunctionOfSeedBatchAndRow) {
   EXPECT_GT(seen.size(), 80u);
   const data::Batch b = windows.random_batch(3, 4);
   ASSERT_EQ(b.x.shape(), (Shape{4, 10}));
+  EXPECT_EQ(b.units, 40);
   EXPECT_EQ(b.x.device(), device());
   const std::vector<int32_t> x = b.x.to(Device::cpu()).to_vector<int32_t>(),
                              y = b.y.to(Device::cpu()).to_vector<int32_t>();

@@ -1,4 +1,4 @@
-// apps/gpt end to end on a small corpus the test writes: training prints progress and validation,
+// apps/gpt (and apps/quickstart/own_gpt) end to end on a small corpus the test writes: training prints progress and validation,
 // writes the metrics and a checkpoint; a run resumed from a mid-run checkpoint ends with the
 // uninterrupted run's weights and losses; sampling is seeded; usage errors exit 2 naming the flag,
 // runtime errors exit 1 naming the file.
@@ -83,6 +83,17 @@ TEST(GptApp, TrainsSavesResumesExactlyAndSamples) {
   EXPECT_EQ(s1.out, s2.out);
   EXPECT_EQ(s1.out.rfind("To be", 0), 0u) << s1.out;
   EXPECT_EQ(s1.out.size(), 5u + 40u + 1u) << s1.out;
+}
+
+// apps/quickstart/own_gpt.cpp, the GPT a user writes from the library's parts, trains (its loss falls).
+TEST(GptApp, TheUsersOwnGptTrains) {
+  TempDir dir;
+  const Result r = run_command(std::string(OWN_GPT_BIN) + " " + write_corpus(dir) + " 20 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::size_t at10 = r.out.find("step   10  loss "), at20 = r.out.find("step   20  loss ");
+  ASSERT_NE(at10, std::string::npos) << r.out;
+  ASSERT_NE(at20, std::string::npos) << r.out;
+  EXPECT_LT(std::stod(r.out.substr(at20 + 16)), std::stod(r.out.substr(at10 + 16))) << r.out;
 }
 
 TEST(GptApp, UsageErrorsExitTwoNamingTheFlagAndFileErrorsExitOne) {

@@ -117,7 +117,7 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber);
   c.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine decay")->check(CLI::NonNegativeNumber);
   c.add_option("--warmup", f.warmup, "linear warmup steps")->check(CLI::Range(0, 1 << 30));
-  c.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")->check(CLI::NonNegativeNumber);
+  c.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay, on 2-D weights only")->check(CLI::NonNegativeNumber);
   c.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0));
   c.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")->check(CLI::NonNegativeNumber);
@@ -293,6 +293,7 @@ int train(const TrainFlags& f) {
   adamw.beta2 = static_cast<float>(f.beta2);
   adamw.weight_decay = static_cast<float>(f.weight_decay);
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
+  optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
   Metrics metrics(f.metrics);
   double step_loss = 0.0;
   optim::TrainerOptions options;
@@ -328,7 +329,7 @@ int train(const TrainFlags& f) {
   auto step_start = std::chrono::steady_clock::now();
   for (int64_t i = run.first_micro_batch; i < total; ++i) {
     const data::Batch batch = train_windows.random_batch(i, f.micro_batch);
-    trainer.micro_batch(batch.x.numel(), [&] { return model.loss(batch.x, batch.y, ops::Reduction::Sum); });
+    trainer.micro_batch(batch.units, [&] { return model.loss(batch.x, batch.y, ops::Reduction::Sum); });
     if (!trainer.step_if_ready()) continue;
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - step_start).count();

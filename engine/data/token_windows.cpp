@@ -83,7 +83,8 @@ Batch gather_windows(const Tensor& tokens, const std::vector<int64_t>& offsets, 
       y[static_cast<std::size_t>(r * t + i)] = stream[at + 1];
     }
   MemoryCategoryScope scope(MemoryCategory::data);
-  return Batch{Tensor::from_vector(x, Shape{b, t}, device), Tensor::from_vector(y, Shape{b, t}, device), {}};
+  // The unit of accumulation is the token: the loss sums over b x t of them.
+  return Batch{Tensor::from_vector(x, Shape{b, t}, device), Tensor::from_vector(y, Shape{b, t}, device), {}, b * t};
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ class TokenWindows {
   int64_t num_sequential_windows() const { return (num_tokens() - 1) / context_; }
   Batch sequential_batch(int64_t first, int64_t batch) const;
 
-  // x and y [B, T] (the tokens' dtype) for windows starting at `offsets`, on the device, category data.
+  // x and y [B, T] (the tokens' dtype) for windows starting at `offsets`, on the device, category
+  // data; units = B x T (the token is the unit the loss sums over).
   Batch windows_at(const std::vector<int64_t>& offsets) const;
 
  private:
