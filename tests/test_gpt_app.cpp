@@ -1,7 +1,7 @@
-// apps/gpt (and apps/quickstart/own_gpt) end to end on a small corpus the test writes: training prints progress and validation,
-// writes the metrics and a checkpoint; a run resumed from a mid-run checkpoint ends with the
-// uninterrupted run's weights and losses; sampling is seeded; usage errors exit 2 naming the flag,
-// runtime errors exit 1 naming the file.
+// apps/gpt (and apps/quickstart/own_gpt) end to end on a small corpus the test writes: training prints progress and
+// validation, writes the metrics and a checkpoint; a run resumed from a mid-run checkpoint ends with the uninterrupted
+// run's weights and losses; sampling is seeded; usage errors exit 2 naming the flag, runtime errors exit 1 naming the
+// file.
 #include <fstream>
 #include <sstream>
 #include <string>

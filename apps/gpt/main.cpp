@@ -117,7 +117,8 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber);
   c.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine decay")->check(CLI::NonNegativeNumber);
   c.add_option("--warmup", f.warmup, "linear warmup steps")->check(CLI::Range(0, 1 << 30));
-  c.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay, on 2-D weights only")->check(CLI::NonNegativeNumber);
+  c.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay, on 2-D weights only")
+      ->check(CLI::NonNegativeNumber);
   c.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0));
   c.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")->check(CLI::NonNegativeNumber);

@@ -61,7 +61,9 @@ struct GPT : nn::Module {
     for (int i = 0; i < kLayers; ++i)
       blocks.push_back(register_module("h" + std::to_string(i), std::make_shared<Block>(gen, device)));
     for (const auto& [name, p] : named_parameters())  // GPT-2's initialization
-      if (p.ndim() == 2) nn::init::normal_(p, 0.0f, name.find("c_proj") != std::string::npos ? 0.02f / std::sqrt(2.0f * kLayers) : 0.02f, gen);
+      if (p.ndim() == 2)
+        nn::init::normal_(p, 0.0f, name.find("c_proj") != std::string::npos ? 0.02f / std::sqrt(2.0f * kLayers) : 0.02f,
+                          gen);
       else if (name.find("ln_") == std::string::npos) nn::init::zeros_(p);
     share_parameter("lm_head.weight", wte->weight());
   }
