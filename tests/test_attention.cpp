@@ -88,6 +88,17 @@ TEST_P(AttentionTest, MatchesTheCompositionOnQkvViews) {
     }
 }
 
+// A 4-D output is laid out [B, T, H, D], as PyTorch's: merging the heads back (transpose(1, 2) then
+// reshape to [B, T, H * D]) is a view, so no copy of it is kept for the output projection.
+TEST_P(AttentionTest, MergingTheOutputsHeadsIsAView) {
+  const int64_t B = 2, H = 3, T = 5, D = 4;
+  const std::vector<Tensor> h = heads(random_tensor({B, T, 3 * H * D}, 3, device()), H);
+  const Tensor y = ops::scaled_dot_product_attention(h[0], h[1], h[2], true);
+  EXPECT_EQ(y.shape(), (Shape{B, H, T, D}));
+  EXPECT_FALSE(y.is_contiguous());
+  EXPECT_TRUE(y.transpose(1, 2).is_contiguous());
+}
+
 // Self-attention of one tensor: three gradients into one sink.
 TEST_P(AttentionTest, OneTensorAsQKAndV) {
   Tensor x = random_tensor({2, 3, 9, 8}, 3, device());

@@ -20,6 +20,7 @@
 
 #include <cumulus/cumulus.h>
 #include <cumulus/data/token_windows.h>
+#include <cumulus/io/file.h>
 #include <cumulus/models/gpt.h>
 
 using namespace cumulus;
@@ -88,7 +89,8 @@ void check_corpus_sum(const std::string& path) {
 }
 
 struct TrainFlags {
-  std::string data, metrics, save, resume, init, device = "cpu", precision = "fp32", recompute = "off";
+  std::string data, metrics, save, resume, init, memory_report, memory_plot, device = "cpu", precision = "fp32",
+                                                                           recompute = "off";
   int64_t context = 64, width = 128, heads = 4, layers = 4, micro_batch = 8, accum_steps = 4, steps = 200;
   int64_t warmup = 20, eval_every = 50, eval_windows = 64, seed = 1337, log_every = 10, stop_after = 0;
   int threads = 1;
@@ -137,6 +139,8 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::Range(0, 1 << 30));
   c.add_option("--log-every", f.log_every, "a progress line every K steps")->check(CLI::Range(1, 1 << 30));
   c.add_option("--metrics", f.metrics, "JSON lines: one per step, one per evaluation");
+  c.add_option("--memory-report", f.memory_report, "the memory tracker's report (JSON) at the end");
+  c.add_option("--memory-plot", f.memory_plot, "the memory timeline of the first steps (SVG) at the end");
   c.add_option(
       "--save", f.save,
       "checkpoint (safetensors, nanoGPT's names) at each evaluation, at the end, and on Ctrl-C or --stop-after");
@@ -252,6 +256,17 @@ std::string fmt(const char* format, double a, double b = 0, double c = 0, double
   return buf;
 }
 
+// The tracker's table (unless --quiet), its JSON report and timeline plot, and one line of
+// activation bytes per token.
+void report_memory(MemoryTracker& tracker, const TrainFlags& f) {
+  if (!f.quiet) print_memory_table(tracker, stdout);
+  if (!f.memory_report.empty()) io::write_file_atomic(f.memory_report, memory_report_json(tracker));
+  if (!f.memory_plot.empty()) io::write_file_atomic(f.memory_plot, memory_plot_svg(tracker));
+  const MemorySummary m = tracker.summary();
+  std::printf("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_sample,
+              static_cast<double>(m.peak_bytes) / (1 << 20));
+}
+
 int train(const TrainFlags& f) {
   if (f.precision != "fp32") throw UsageError("--precision " + f.precision + ": the GPT trains in fp32 only so far");
   if (f.steps > 0 && f.warmup >= f.steps)
@@ -297,7 +312,14 @@ int train(const TrainFlags& f) {
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
   Metrics metrics(f.metrics);
   double step_loss = 0.0;
+  MemoryTracker::Options tracking;
+  tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
+  tracking.micro_batch_size = f.micro_batch * f.context;  // tokens
+  tracking.accum_steps = static_cast<int>(f.accum_steps);
+  tracking.timeline_steps = f.memory_plot.empty() ? 0 : 4;
+  MemoryTracker tracker(device, tracking);
   optim::TrainerOptions options;
+  options.tracker = &tracker;
   options.accum_steps = static_cast<int>(f.accum_steps);
   options.clip_grad_norm = static_cast<float>(f.clip);
   options.on_step = [&](const optim::StepLog& log) { step_loss = log.loss; };
@@ -358,6 +380,7 @@ int train(const TrainFlags& f) {
     return 0;
   }
   evaluate(f.steps);
+  report_memory(tracker, f);
   return 0;
 }
 

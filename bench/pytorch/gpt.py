@@ -110,6 +110,23 @@ def lr_at(step, lr, warmup, total, min_lr):
     return float(f32(min_lr) + (f32(lr) - f32(min_lr)) * f32(0.5 * (1.0 + math.cos(math.pi * progress))))
 
 
+def saved_bytes(model, x, y):
+    """Bytes of the distinct storages autograd saves for backward in one forward, parameters excluded
+    (what cumulus' tracker counts as activations, less the outputs it holds)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, y)
+    return sum(storages.values())
+
+
 def load_corpus(path):
     with open(path, "rb") as f:
         text = f.read()
@@ -138,6 +155,8 @@ def main():
     p.add_argument("--weight-decay-all", action="store_true", help="decay every parameter, not only 2-D weights")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--metrics", help="JSON lines to this file (default: stdout)")
+    p.add_argument("--saved-bytes", action="store_true",
+                   help="print the bytes autograd saves for backward per token of one micro-batch, and stop")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
 
@@ -151,6 +170,11 @@ def main():
     vocab, train, val = load_corpus(a.data)
     assert len(vocab) == c["vocab_size"], "the corpus's vocabulary differs from the checkpoint's"
     T, B, N = c["block_size"], a.micro_batch, a.accum_steps
+
+    if a.saved_bytes:
+        x, y = windows(train, [token_window_offset(a.seed, 0, r, len(train) - T) for r in range(B)], T)
+        print(json.dumps({"saved_bytes_per_token": saved_bytes(model, x, y) / x.numel()}))
+        return
 
     params = [p for p in model.parameters()]
     if a.weight_decay_all:

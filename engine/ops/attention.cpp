@@ -26,44 +26,51 @@ const T* view_data(const Tensor& t) {
   return static_cast<const T*>(detail::element_data(t));
 }
 
-// The leading dimensions of q, k and v as kernels::AttentionGeometry's (batch, heads): dimensions of
-// size 1 dropped, neighbours merged where all three tensors allow it. False when more than two
-// remain (the caller then makes the three dense, which always merges).
-bool leading_geometry(const Tensor& q, const Tensor& k, const Tensor& v, kernels::AttentionGeometry& g) {
+// The leading dimensions of q, k, v and the output as kernels::AttentionGeometry's (batch, heads):
+// dimensions of size 1 dropped, neighbours merged where all four tensors allow it. False when more
+// than two remain (the caller then makes the inputs dense and the output too, which always merges).
+bool leading_geometry(const std::vector<const Tensor*>& ts, kernels::AttentionGeometry& g) {
   struct Dim {
-    int64_t size, stride[3];
+    int64_t size, stride[4];
   };
+  std::vector<std::vector<int64_t>> strides;
+  for (const Tensor* t : ts) strides.push_back(t->strides());
   std::vector<Dim> dims;
-  const std::vector<int64_t> qs = q.strides(), ks = k.strides(), vs = v.strides();
-  for (int i = 0; i < q.ndim() - 2; ++i) {
+  for (int i = 0; i < ts[0]->ndim() - 2; ++i) {
     const auto u = static_cast<std::size_t>(i);
-    const int64_t size = q.size(i);
+    const int64_t size = ts[0]->size(i);
     if (size == 1) continue;
-    if (!dims.empty()) {
-      Dim& last = dims.back();
-      if (last.stride[0] == size * qs[u] && last.stride[1] == size * ks[u] && last.stride[2] == size * vs[u]) {
-        last.size *= size;
-        last.stride[0] = qs[u];
-        last.stride[1] = ks[u];
-        last.stride[2] = vs[u];
-        continue;
-      }
+    bool merges = !dims.empty();
+    for (std::size_t t = 0; merges && t < ts.size(); ++t) merges = dims.back().stride[t] == size * strides[t][u];
+    if (merges) {
+      dims.back().size *= size;
+      for (std::size_t t = 0; t < ts.size(); ++t) dims.back().stride[t] = strides[t][u];
+      continue;
     }
-    dims.push_back({size, {qs[u], ks[u], vs[u]}});
+    Dim dim{size, {}};
+    for (std::size_t t = 0; t < ts.size(); ++t) dim.stride[t] = strides[t][u];
+    dims.push_back(dim);
   }
   if (dims.size() > 2) return false;
-  while (dims.size() < 2) dims.insert(dims.begin(), Dim{1, {0, 0, 0}});
+  while (dims.size() < 2) dims.insert(dims.begin(), Dim{1, {0, 0, 0, 0}});
   g.batch = dims[0].size;
   g.heads = dims[1].size;
-  for (int l = 0; l < 2; ++l) {
-    g.q_stride[l] = dims[static_cast<std::size_t>(l)].stride[0];
-    g.k_stride[l] = dims[static_cast<std::size_t>(l)].stride[1];
-    g.v_stride[l] = dims[static_cast<std::size_t>(l)].stride[2];
+  int64_t* geometry[4] = {g.q_stride, g.k_stride, g.v_stride, g.o_stride};
+  for (std::size_t t = 0; t < ts.size(); ++t) {
+    for (std::size_t l = 0; l < 2; ++l) geometry[t][l] = dims[l].stride[t];
+    geometry[t][2] = ts[t]->stride(-2);
   }
-  g.q_stride[2] = q.stride(-2);
-  g.k_stride[2] = k.stride(-2);
-  g.v_stride[2] = v.stride(-2);
   return true;
+}
+
+// The output of q [..., H, Tq, D]: a 4-D one ([B, H, Tq, D]) laid out as [B, Tq, H, D], as PyTorch's
+// CPU and CUDA kernels lay it out, so that the usual transpose(1, 2).reshape(B, Tq, H * D) merging
+// the heads is a view, not a copy kept for the output projection's backward; dense otherwise.
+Tensor new_attention_output(const Tensor& q) {
+  if (q.ndim() != 4) return detail::new_output(q.shape(), q.dtype(), q.device());
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  const Tensor rows = detail::new_output(Shape{b, t, h, d}, q.dtype(), q.device());
+  return detail::strided_view(rows, q.shape(), {t * h * d, d, h * d, 1}, 0);
 }
 
 // A tensor whose last dimension is dense, as the kernels read it: itself, or its contiguous copy.
@@ -97,7 +104,7 @@ class AttentionBackward final : public Node {
     }
     CUMULUS_DISPATCH_FLOAT(
         dtype, T, const T* qp = view_data<T>(q_); const T* kp = view_data<T>(k_); const T* vp = view_data<T>(v_);
-        const T* op = out_.data<T>(); const T* dyp = dy.data<T>(); const float* lp = lse_.data<float>();
+        const T* op = view_data<T>(out_); const T* dyp = dy.data<T>(); const float* lp = lse_.data<float>();
         float* dp = delta.data<float>(); T* dqp = grad[0].defined() ? grad[0].data<T>() : nullptr;
         T* dkp = grad[1].defined() ? grad[1].data<T>() : nullptr;
         T* dvp = grad[2].defined() ? grad[2].data<T>() : nullptr; CUMULUS_DISPATCH(
@@ -156,12 +163,14 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
 #endif
 
   Tensor q = dense_rows(q_in), k = dense_rows(k_in), v = dense_rows(v_in);
+  Tensor out = new_attention_output(q);
   kernels::AttentionGeometry g;
-  if (!leading_geometry(q, k, v, g)) {
+  if (!leading_geometry({&q, &k, &v, &out}, g)) {
     q = detail::contiguous(q);
     k = detail::contiguous(k);
     v = detail::contiguous(v);
-    leading_geometry(q, k, v, g);
+    out = detail::new_output(q.shape(), q.dtype(), q.device());
+    leading_geometry({&q, &k, &v, &out}, g);
   }
   g.tq = tq;
   g.tk = tk;
@@ -170,12 +179,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   g.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d)));
 
   const Device device = q.device();
-  Tensor out = detail::new_output(q.shape(), q.dtype(), device);
   Shape lse_shape;
   for (int i = 0; i < n - 1; ++i) lse_shape.push_back(q.size(i));
   Tensor lse = detail::new_output(lse_shape, DType::f32, device);
   CUMULUS_DISPATCH_FLOAT(q.dtype(), T, const T* qp = view_data<T>(q); const T* kp = view_data<T>(k);
-                         const T* vp = view_data<T>(v); T* op = out.data<T>(); float* lp = lse.data<float>();
+                         const T* vp = view_data<T>(v); T* op = static_cast<T*>(detail::element_data(out)); float* lp = lse.data<float>();
                          CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
                                           kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
   if (should_record({&q, &k, &v}))

@@ -152,7 +152,7 @@ void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T*
   }
   for (int64_t r = 0; r < nq; ++r) {
     const float inv = static_cast<float>(1.0 / sums[r]);
-    T* o = out + (bh * g.tq + i0 + r) * d;
+    T* o = out + g.o_row(bh, i0 + r);
     for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
     lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
   }
@@ -189,7 +189,7 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
   for (int64_t i = 0; i < tq; ++i) {
     load_row(q + g.q_row(bh, i), qf + i * d, d);
     load_row(dout + (bh * tq + i) * d, dof + i * d, d);
-    const T* o = out + (bh * tq + i) * d;
+    const T* o = out + g.o_row(bh, i);
     double sum = 0.0;
     for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dof[i * d + c]) * to_f32(o[c]);
     delta_h[i] = static_cast<float>(sum);

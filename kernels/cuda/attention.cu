@@ -87,16 +87,18 @@ __global__ void attention_forward_kernel(AttentionGeometry g, const T* q, const 
   }
   if (!active) return;
   const float inv = static_cast<float>(1.0 / l);
-  T* o = out + (bh * g.tq + i) * d;
+  T* o = out + g.o_row(bh, i);
   for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[c] * inv);
   lse[bh * g.tq + i] = m + static_cast<float>(::log(l));
 }
 
 template <typename T>
-__global__ void attention_delta_kernel(const T* out, const T* dout, float* delta, int64_t rows, int64_t d) {
+__global__ void attention_delta_kernel(AttentionGeometry g, const T* out, const T* dout, float* delta, int64_t rows) {
+  const int64_t d = g.d;
   CUMULUS_GRID_STRIDE_LOOP(r, rows) {
+    const T* o = out + g.o_row(r / g.tq, r % g.tq);  // the output at its strides; dout dense
     double s = 0.0;
-    for (int64_t c = 0; c < d; ++c) s += static_cast<double>(to_f32(dout[r * d + c])) * to_f32(out[r * d + c]);
+    for (int64_t c = 0; c < d; ++c) s += static_cast<double>(to_f32(dout[r * d + c])) * to_f32(o[c]);
     delta[r] = static_cast<float>(s);
   }
 }
@@ -206,7 +208,7 @@ void attention_backward_cuda(const AttentionGeometry& g, const T* q, const T* k,
                              const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, cudaStream_t stream) {
   if (g.bh() == 0 || g.tk == 0) return;
   const int64_t rows = g.bh() * g.tq;
-  if (rows > 0) launch<attention_delta_kernel<T>>(blocks_for(rows), kThreads, stream, out, dout, delta, rows, g.d);
+  if (rows > 0) launch<attention_delta_kernel<T>>(blocks_for(rows), kThreads, stream, g, out, dout, delta, rows);
   if (dk != nullptr || dv != nullptr) {
     const int64_t tiles = tiles_of(g.tk);
     launch<attention_dkdv_kernel<T>>(static_cast<unsigned>(g.bh() * tiles), kRowsPerBlock, stream, g, q, k, v, lse,

@@ -66,12 +66,14 @@ void check(const Config& c) {
     q = qkv.data();
     k = qkv.data() + C;
     v = qkv.data() + 2 * C;
+    g.o_stride[0] = c.tq * C, g.o_stride[1] = c.D, g.o_stride[2] = C;  // the op's [B, T, H, D] output
   } else {
     qd = stored_as<T>(random_values(c.B * c.H * c.tq * c.D, -1.5f, 1.5f, 32));
     kd = stored_as<T>(random_values(c.B * c.H * c.tk * c.D, -1.5f, 1.5f, 33));
     vd = stored_as<T>(random_values(c.B * c.H * c.tk * c.D, -1.5f, 1.5f, 34));
     g.q_stride[0] = c.H * c.tq * c.D, g.q_stride[1] = c.tq * c.D, g.q_stride[2] = c.D;
     for (int64_t* s : {g.k_stride, g.v_stride}) s[0] = c.H * c.tk * c.D, s[1] = c.tk * c.D, s[2] = c.D;
+    g.o_stride[0] = c.H * c.tq * c.D, g.o_stride[1] = c.tq * c.D, g.o_stride[2] = c.D;
     q = qd.data();
     k = kd.data();
     v = vd.data();
