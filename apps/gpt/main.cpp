@@ -90,7 +90,7 @@ void check_corpus_sum(const std::string& path) {
 
 struct TrainFlags {
   std::string data, metrics, save, resume, init, memory_report, memory_plot, device = "cpu", precision = "fp32",
-                                                                           recompute = "off";
+                                                                             recompute = "off";
   int64_t context = 64, width = 128, heads = 4, layers = 4, micro_batch = 8, accum_steps = 4, steps = 200;
   int64_t warmup = 20, eval_every = 50, eval_windows = 64, seed = 1337, log_every = 10, stop_after = 0;
   int threads = 1;

@@ -183,7 +183,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   for (int i = 0; i < n - 1; ++i) lse_shape.push_back(q.size(i));
   Tensor lse = detail::new_output(lse_shape, DType::f32, device);
   CUMULUS_DISPATCH_FLOAT(q.dtype(), T, const T* qp = view_data<T>(q); const T* kp = view_data<T>(k);
-                         const T* vp = view_data<T>(v); T* op = static_cast<T*>(detail::element_data(out)); float* lp = lse.data<float>();
+                         const T* vp = view_data<T>(v); T* op = static_cast<T*>(detail::element_data(out));
+                         float* lp = lse.data<float>();
                          CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
                                           kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
   if (should_record({&q, &k, &v}))
