@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One measuring session on a lent GPU machine (see ../README.md, "Running on a GPU"): every test
+# One measuring session on a lent GPU machine (see bench/README.md, "On the GPU machine"): every test
 # binary, the CUDA benchmarks, and the seed experiment (20 epochs, 16 x 4, a test pass after each
 # epoch, timed from process start to exit) with CUDA graphs on and off, and with the dataset on the
 # host (--data-on host, graphs on: the device peak and the time against device-resident data). If a

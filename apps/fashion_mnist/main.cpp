@@ -1,4 +1,4 @@
-// fashion_mnist: the seed experiment end to end (see --help and README.md).
+// fashion_mnist: the seed experiment end to end (see --help and docs/fashion_mnist.md).
 //
 // Note [The app as a pipeline]: main() reads top to bottom as the run goes.
 //   1. parse: parse_command_line() (options.cpp) turns the command line into a CommandLine, each

@@ -1,4 +1,4 @@
-// The memory report as JSON (memory_report_json; the schema in the README "Memory reports").
+// The memory report as JSON (memory_report_json; the schema in docs/memory.md).
 #include <cblas.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
@@ -31,7 +31,7 @@ ojson by_category_json(const std::array<int64_t, kNumMemoryCategories>& bytes) {
   return j;
 }
 
-// The out-of-memory object of the report (README "Memory reports").
+// The out-of-memory object of the report (docs/memory.md).
 ojson out_of_memory_json(const TrackedOutOfMemory& t) {
   const OutOfMemoryRecord& f = t.failure;
   ojson j;
@@ -65,7 +65,7 @@ ojson out_of_memory_json(const TrackedOutOfMemory& t) {
   return j;
 }
 
-// The "planner" object (README "Memory reports"): the plan, its prediction and, once measured, the
+// The "planner" object (docs/memory.md): the plan, its prediction and, once measured, the
 // epoch that checked it (from 1, as every report prints epochs).
 ojson plan_check_json(const PlanCheck& c) {
   ojson j;

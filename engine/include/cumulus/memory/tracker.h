@@ -243,7 +243,7 @@ class MemoryTracker {
 // Reports, one file per output format (engine/memory/report_table.cpp, report_json.cpp,
 // report_trace.cpp, report_svg.cpp).
 void print_memory_table(MemoryTracker& tracker, std::FILE* out);
-// The documented schema (README "Memory reports"), in this order: schema_version, settings, device,
+// The documented schema (docs/memory.md), in this order: schema_version, settings, device,
 // versions, model, micro_batch_size, accum_steps, summary, planner (with a plan check), then the
 // records.
 inline constexpr int kMemoryReportSchemaVersion = 2;
