@@ -11,7 +11,9 @@ namespace cumulus::ops {
 // softmax(scale * q k^T [masked]) v, PyTorch's F.scaled_dot_product_attention without dropout or an
 // explicit mask: q [..., Tq, D], k and v [..., Tk, D] with the same leading dimensions (any number,
 // none included), one floating dtype (f32, bf16 or f16: computed in f32, stored in the input's
-// type) and one device -> [..., Tq, D], contiguous. scale defaults to 1 / sqrt(D). causal: query i
+// type) and one device -> [..., Tq, D]: dense, except that a 4-D output [B, H, Tq, D] is laid out
+// as [B, Tq, H, D] (PyTorch's layout), so that merging the heads, transpose(1, 2).reshape({B, Tq,
+// H * D}), is a view. scale defaults to 1 / sqrt(D). causal: query i
 // sees keys j <= i, which needs Tq == Tk (top-left alignment); without it any Tk >= 1 (a decoding
 // step: one query against a key/value cache).
 // q, k and v may be strided views whose last dimension is dense (the heads of a qkv projection,
