@@ -269,8 +269,9 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(path("plan_only.jsonl"))) << "--plan-only trained";
   // One row per divisor of 64: the size, recompute, data placement, precision, the peak in MiB,
-  // reserved bytes, fits, the accumulation steps, the predicted time of an effective batch (ms)
-  // and of an epoch (s), and a '*' on the chosen row.
+  // reserved bytes, fits, the accumulation steps, the predicted time of an effective batch (ms),
+  // its spread over the repeated timings (ms, "low-high") and of an epoch (s), and a '*' on the
+  // chosen row.
   std::istringstream lines(r.out);
   std::vector<long> sizes;
   int chosen = 0;
@@ -278,8 +279,9 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
     std::istringstream row(line);
     long size = 0, reserved = 0, accum = 0;
     double peak_mib = 0, batch_ms = 0, epoch_s = 0;
-    std::string recompute, data, precision, fits, star;
-    if (row >> size >> recompute >> data >> precision >> peak_mib >> reserved >> fits >> accum >> batch_ms >> epoch_s) {
+    std::string recompute, data, precision, fits, spread, star;
+    if (row >> size >> recompute >> data >> precision >> peak_mib >> reserved >> fits >> accum >> batch_ms >> spread >>
+        epoch_s) {
       sizes.push_back(size);
       if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;
@@ -289,6 +291,10 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
       EXPECT_TRUE(fits == "yes" || fits == "no") << line;
       EXPECT_EQ(size * accum, 64) << line;
       EXPECT_GT(batch_ms, 0.0) << line;
+      const std::size_t dash = spread.find('-');
+      ASSERT_NE(dash, std::string::npos) << line;
+      EXPECT_LE(std::stod(spread.substr(0, dash)), batch_ms + 1e-3) << line;
+      EXPECT_GE(std::stod(spread.substr(dash + 1)), batch_ms - 1e-3) << line;
       EXPECT_GT(epoch_s, 0.0) << line;
     }
   }
