@@ -44,7 +44,8 @@ def compare(name, cfg, a, corpus, out):
     shape = ["--context", str(cfg["context"]), "--width", str(cfg["width"]), "--heads", str(cfg["heads"]),
              "--layers", str(cfg["layers"])]
     common = ["--micro-batch", str(cfg["micro_batch"]), "--accum-steps", str(cfg["accum_steps"]), "--steps",
-              str(a.steps), "--warmup", str(max(1, a.steps // 10)), "--eval-every", "0", "--eval-windows",
+              str(a.steps), "--warmup", str(a.warmup or max(1, a.steps // 10)), "--eval-every", str(a.eval_every),
+              "--eval-windows",
               str(a.eval_windows), "--threads", str(a.threads), "--seed", "1337"]
     run([a.gpt, "train", "--data", corpus] + shape + ["--steps", "0", "--warmup", "0", "--save", init, "--quiet"])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
@@ -73,9 +74,14 @@ def compare(name, cfg, a, corpus, out):
     c_val = [l["val_loss"] for l in runs["cumulus"][0] if "val_loss" in l][-1]
     p_val = [l["val_loss"] for l in runs["pytorch"][0] if "val_loss" in l][-1]
     med = {k: statistics.median(v) for k, v in times.items()}
+    if a.plot:
+        write_curves(os.path.join(out, name + "_curves.svg"), runs["cumulus"][0], runs["pytorch"][0])
     return {
         "config": dict(cfg, steps=a.steps, threads=a.threads, rounds=a.rounds),
         "max_step_loss_diff": max(abs(x["loss"] - y["loss"]) for x, y in zip(c_steps, p_steps)),
+        "max_step_loss_diff_first_200": max(abs(x["loss"] - y["loss"]) for x, y in zip(c_steps[:200], p_steps[:200])),
+        "val_losses": {"cumulus": [(l["step"], l["val_loss"]) for l in runs["cumulus"][0] if "val_loss" in l],
+                       "pytorch": [(l["step"], l["val_loss"]) for l in runs["pytorch"][0] if "val_loss" in l]},
         "final_loss": {"cumulus": c_steps[-1]["loss"], "pytorch": p_steps[-1]["loss"]},
         "val_loss": {"cumulus": c_val, "pytorch": p_val, "diff": abs(c_val - p_val)},
         "median_step_seconds": med,
@@ -83,6 +89,33 @@ def compare(name, cfg, a, corpus, out):
         "max_step_seconds": {k: max(v) for k, v in times.items()},
         "ratio_cumulus_over_pytorch": med["cumulus"] / med["pytorch"],
     }
+
+
+def write_curves(path, cumulus, pytorch, width=640, height=360):
+    """Train (per step) and validation (per evaluation) loss of both runs as one SVG."""
+    series = [("cumulus train", "#1f77b4", [(l["step"], l["loss"]) for l in cumulus if "loss" in l], 1.2),
+              ("PyTorch train", "#ff7f0e", [(l["step"], l["loss"]) for l in pytorch if "loss" in l], 1.2),
+              ("cumulus validation", "#1f3f8f", [(l["step"], l["val_loss"]) for l in cumulus if "val_loss" in l], 2.5),
+              ("PyTorch validation", "#c04000", [(l["step"], l["val_loss"]) for l in pytorch if "val_loss" in l], 2.5)]
+    xs = [x for _, _, pts, _ in series for x, _ in pts]
+    ys = [y for _, _, pts, _ in series for _, y in pts]
+    x0, x1, y0, y1 = 0, max(xs), min(ys), min(max(ys), min(ys) + 3.0)
+    px = lambda x: 60 + (width - 80) * (x - x0) / (x1 - x0 or 1)
+    py = lambda y: 20 + (height - 60) * (1 - (min(y, y1) - y0) / (y1 - y0 or 1))
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'
+           % (width, height), '<rect width="100%" height="100%" fill="white"/>']
+    for i in range(6):
+        y = y0 + (y1 - y0) * i / 5
+        out.append('<line x1="60" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="5" y="%.1f">%.2f</text>'
+                   % (width - 20, py(y), py(y), py(y) + 4, y))
+    out.append('<text x="%d" y="%d">optimizer step (0 - %d)</text>' % (width // 2 - 60, height - 10, x1))
+    for k, (label, color, pts, w) in enumerate(series):
+        d = " ".join("%.1f,%.1f" % (px(x), py(y)) for x, y in pts)
+        out.append('<polyline fill="none" stroke="%s" stroke-width="%.1f" points="%s"/>' % (color, w, d))
+        out.append('<text x="%d" y="%d" fill="%s">%s</text>' % (width - 200, 40 + 16 * k, color, label))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
 
 
 def main():
@@ -95,6 +128,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-windows", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=0, help="validation every E steps (0: at the end only)")
+    p.add_argument("--warmup", type=int, default=0, help="warmup steps (0: a tenth of --steps)")
+    p.add_argument("--plot", action="store_true", help="also write <config>_curves.svg: train and validation loss")
     p.add_argument("--compile", action="store_true", help="torch.compile the twin's model")
     a = p.parse_args()
     corpus = os.path.join(a.data, "shakespeare.txt") if os.path.isdir(a.data) else a.data
