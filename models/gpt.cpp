@@ -8,7 +8,10 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
+#include "cumulus/optim/accumulator.h"
+#include "cumulus/optim/optimizer.h"
 #include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/ops.h"
@@ -269,6 +272,34 @@ double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t ba
   }
   model.train(was_training);
   return sum / static_cast<double>(tokens);
+}
+
+PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
+                         int64_t effective_batch, int64_t budget, bool weigh_recompute) {
+  const int64_t t = windows.context();
+  CUMULUS_CHECK(effective_batch > 0 && effective_batch % t == 0, InvalidArgument, "plan_request: the effective batch (",
+                effective_batch, " tokens) must be a positive multiple of the context (", t, ")");
+  PlanRequest r;
+  r.device = optimizer.parameters().device();
+  r.effective_batch = effective_batch;
+  r.units_per_row = t;
+  r.budget = budget;
+  r.optimizer = &optimizer;
+  r.loop_state = optim::Accumulator::state_to_allocate();  // the Trainer's
+  r.require_fit = true;
+  r.model = &model;
+  r.setting.recompute = model.recompute() ? 1u : 0u;
+  if (weigh_recompute) {
+    r.recompute_segments = {"blocks"};
+    r.apply = [&model](const PlanSetting& s) { model.set_recompute(s.recompute != 0); };
+  }
+  nn::FlatParameters* params = &optimizer.parameters();
+  r.micro_batch = [&model, &windows, params, t](int64_t units) {
+    const data::Batch b = windows.random_batch(0, units / t);
+    model.loss(b.x, b.y, ops::Reduction::Sum).backward();
+    params->mark_gradients_stale();  // the probe's gradients are discarded
+  };
+  return r;
 }
 
 std::map<std::string, std::string> gpt_metadata(const GPTConfig& config, const CharVocabulary& vocabulary) {

@@ -85,6 +85,20 @@ TEST(GptApp, TrainsSavesResumesExactlyAndSamples) {
   EXPECT_EQ(s1.out.size(), 5u + 40u + 1u) << s1.out;
 }
 
+// --effective-batch: the planner chooses the micro-batch and accumulation steps of the 12 windows
+// (tokens counted) and the run trains with its choice.
+TEST(GptApp, ThePlannerChoosesTheMicroBatch) {
+  TempDir dir;
+  const Result r = gpt("train --data " + write_corpus(dir) +
+                       " --context 16 --width 16 --heads 2 --layers 2 --warmup 1 --eval-windows 4 --steps 2"
+                       " --effective-batch 12 --memory-budget 64MiB --recompute auto");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::size_t at = r.out.find("planner: micro-batch ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("= effective batch 192"), std::string::npos) << r.out;  // 12 windows of 16 tokens
+  EXPECT_NE(r.out.find("step 2: validation loss"), std::string::npos) << r.out;
+}
+
 // apps/quickstart/own_gpt.cpp, the GPT a user writes from the library's parts, trains (its loss falls).
 TEST(GptApp, TheUsersOwnGptTrains) {
   TempDir dir;

@@ -93,6 +93,8 @@ struct TrainFlags {
                                                                              recompute = "off";
   int64_t context = 64, width = 128, heads = 4, layers = 4, micro_batch = 8, accum_steps = 4, steps = 200;
   int64_t warmup = 20, eval_every = 50, eval_windows = 64, seed = 1337, log_every = 10, stop_after = 0;
+  int64_t effective_batch = 0;  // windows; > 0: the planner chooses --micro-batch and --accum-steps
+  std::string memory_budget;
   int threads = 1;
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
@@ -114,6 +116,11 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--layers", f.layers, "transformer blocks L")->check(CLI::Range(1, 32));
   c.add_option("--micro-batch", f.micro_batch, "windows per micro-batch B")->check(CLI::Range(1, 1 << 16));
   c.add_option("--accum-steps", f.accum_steps, "micro-batches per optimizer step N")->check(CLI::Range(1, 1 << 16));
+  c.add_option("--effective-batch", f.effective_batch,
+               "windows per optimizer step: the planner chooses the micro-batch and accumulation steps "
+               "(the fastest predicted to fit --memory-budget) instead of --micro-batch/--accum-steps")
+      ->check(CLI::Range(0, 1 << 24));
+  c.add_option("--memory-budget", f.memory_budget, "reserved bytes the planner keeps within, e.g. 64MiB");
   c.add_option("--steps", f.steps, "optimizer steps (0: write --save's initial weights and stop)")
       ->check(CLI::Range(0, 1 << 30));
   c.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber);
@@ -129,8 +136,9 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--device", f.device, "cpu or cuda[:N]");
   c.add_option("--precision", f.precision, "fp32 (bf16 and fp16 are not yet supported by the GPT)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  c.add_option("--recompute", f.recompute, "recompute every block's activations in backward: off or on")
-      ->check(CLI::IsMember({"off", "on"}));
+  c.add_option("--recompute", f.recompute,
+               "recompute every block's activations in backward: off, on, or auto (the planner weighs both)")
+      ->check(CLI::IsMember({"off", "on", "auto"}));
   c.add_option("--eval-every", f.eval_every, "validation loss every E steps, and at the end (0: only at the end)")
       ->check(CLI::Range(0, 1 << 30));
   c.add_option("--eval-windows", f.eval_windows, "validation windows per evaluation (0: all)")
@@ -267,7 +275,32 @@ void report_memory(MemoryTracker& tracker, const TrainFlags& f) {
               static_cast<double>(m.peak_bytes) / (1 << 20));
 }
 
-int train(const TrainFlags& f) {
+// --effective-batch: the planner's choice of micro-batch and accumulation steps (and, with
+// --recompute auto, of recompute) for the model and optimizer as they are; prints its reason.
+Plan plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f) {
+  int64_t budget = 0;
+  if (!f.memory_budget.empty()) {
+    try {
+      budget = parse_byte_size(f.memory_budget);
+    } catch (const Error& e) {
+      throw UsageError("--memory-budget " + f.memory_budget + ": " + e.what());
+    }
+  }
+  PlanRequest request =
+      models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
+  request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
+  const Plan plan = plan_batch(request);
+  f.micro_batch = plan.micro_batch / f.context;
+  f.accum_steps = plan.accum_steps;
+  std::printf("planner: %s\n", plan.reason.c_str());
+  return plan;
+}
+
+int train(const TrainFlags& flags) {
+  TrainFlags f = flags;
+  if (f.effective_batch == 0 && (!f.memory_budget.empty() || f.recompute == "auto"))
+    throw UsageError(std::string(f.memory_budget.empty() ? "--recompute auto" : "--memory-budget") +
+                     " needs --effective-batch (the planner decides)");
   if (f.precision != "fp32") throw UsageError("--precision " + f.precision + ": the GPT trains in fp32 only so far");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));
@@ -302,6 +335,8 @@ int train(const TrainFlags& f) {
   models::GPT model(config, gen, device);
   if (!f.init.empty()) io::load_state_dict(f.init, model);
   model.set_recompute(f.recompute == "on");
+  if (f.effective_batch > 0 && f.effective_batch * f.context > split.train.numel())
+    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) + ": more tokens than the training text holds");
 
   optim::AdamWOptions adamw;
   adamw.lr = static_cast<float>(f.lr);
@@ -310,6 +345,9 @@ int train(const TrainFlags& f) {
   adamw.weight_decay = static_cast<float>(f.weight_decay);
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
+  const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
+  const data::TokenWindows val_windows(split.validation, f.context, 0, device);
+  if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
   Metrics metrics(f.metrics);
   double step_loss = 0.0;
   MemoryTracker::Options tracking;
@@ -327,8 +365,6 @@ int train(const TrainFlags& f) {
   if (f.steps > 0)
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
   optim::Trainer trainer(optimizer, options, schedule);
-  const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
-  const data::TokenWindows val_windows(split.validation, f.context, 0, device);
   const Run run = f.resume.empty() ? Run{} : resume(f.resume, model, trainer, f);
   if (!f.quiet)
     std::printf(

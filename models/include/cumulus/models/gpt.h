@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cumulus/data/token_windows.h"
+#include "cumulus/memory/planner.h"
 #include "cumulus/models/text.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
@@ -123,6 +124,16 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
 // windows of `windows`, `batch` windows at a time, in evaluation mode without gradients (the mode
 // is restored after); one device read per batch.
 double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t batch, int64_t max_windows = 0);
+
+// A planner request (memory/planner.h) for training `model` with `optimizer` on `windows`, counted in
+// tokens: every micro-batch weighed is a whole number of windows (units_per_row = T), a probe of
+// u tokens is random batch 0 of u / T windows, its loss summed over tokens backward into the
+// gradient buffers, the gradients then discarded. `effective_batch` tokens (a multiple of T) under
+// `budget` reserved bytes (0: none). With `weigh_recompute`, recomputing every block is weighed
+// against storing everything, as one lever (segment "blocks"): the planner leaves the chosen one in
+// place. require_fit is set (plan_batch throws OutOfMemory with its reason when nothing fits).
+PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
+                         int64_t effective_batch, int64_t budget, bool weigh_recompute);
 
 // A GPT's checkpoint: its state dict (nanoGPT's names) with the config and the vocabulary in the
 // metadata ("gpt.vocab_size", "gpt.block_size", "gpt.n_layer", "gpt.n_head", "gpt.n_embd",
