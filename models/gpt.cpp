@@ -10,14 +10,14 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
-#include "cumulus/optim/accumulator.h"
-#include "cumulus/optim/optimizer.h"
 #include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/tensor_ops.h"
+#include "cumulus/optim/accumulator.h"
+#include "cumulus/optim/optimizer.h"
 
 namespace cumulus::models {
 

@@ -336,7 +336,8 @@ int train(const TrainFlags& flags) {
   if (!f.init.empty()) io::load_state_dict(f.init, model);
   model.set_recompute(f.recompute == "on");
   if (f.effective_batch > 0 && f.effective_batch * f.context > split.train.numel())
-    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) + ": more tokens than the training text holds");
+    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
+                     ": more tokens than the training text holds");
 
   optim::AdamWOptions adamw;
   adamw.lr = static_cast<float>(f.lr);
