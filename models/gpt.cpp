@@ -43,7 +43,7 @@ Tensor split_heads(const Tensor& x, int64_t n_head) {
   return ops::permute(ops::reshape(x, {b, t, n_head, c / n_head}), {0, 2, 1, 3});
 }
 
-// [B, H, T, D] -> [B, T, C]
+// [B, H, T, D] -> [B, T, C]: a view of the attention's output, which is laid out [B, T, H, D].
 Tensor merge_heads(const Tensor& y) {
   const int64_t b = y.size(0), h = y.size(1), t = y.size(2), d = y.size(3);
   return ops::reshape(ops::permute(y, {0, 2, 1, 3}), {b, t, h * d});

@@ -6,8 +6,6 @@
 // Exit codes: 0 done, 1 a runtime error (data, files, memory), 2 a usage error naming the flag.
 // Everything here is a library call (models/gpt.h, models/text.h, data/token_windows.h, optim::Trainer);
 // this file reads flags, files and prints.
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <csignal>
@@ -74,8 +72,15 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
+// `text` as one shell word: in single quotes, each ' as '\''.
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 void check_corpus_sum(const std::string& path) {
-  const std::string command = "sha256sum '" + path + "' 2>/dev/null";
+  const std::string command = "sha256sum " + shell_quoted(path) + " 2>/dev/null";
   FILE* p = popen(command.c_str(), "r");
   char sum[65] = {};
   const bool read = p && std::fread(sum, 1, 64, p) == 64;
@@ -185,7 +190,7 @@ Device parse_device(const std::string& text) {
 constexpr const char* kOptimizerPrefix = "optimizer.";
 
 void save_checkpoint(const std::string& path, const models::GPT& model, const models::CharVocabulary& vocab,
-                     const optim::Trainer& trainer, const TrainFlags& f) {
+                     optim::Trainer& trainer, const TrainFlags& f) {
   std::map<std::string, std::string> meta = models::gpt_metadata(model.config(), vocab);
   const optim::Accumulator::Counters c = trainer.counters();
   meta["run.micro_batch_index"] = std::to_string(c.micro_batch_index);
@@ -196,7 +201,7 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const mo
   meta["run.micro_batch"] = std::to_string(f.micro_batch);
   meta["run.accum_steps"] = std::to_string(f.accum_steps);
   io::ExtraTensors extra{kOptimizerPrefix, {}};
-  for (const auto& [name, t] : const_cast<optim::Trainer&>(trainer).optimizer().state())
+  for (const auto& [name, t] : trainer.optimizer().state())
     extra.tensors.emplace_back(name, t);
   io::save_state_dict(path, model, meta, extra);
 }
@@ -242,9 +247,10 @@ Run resume(const std::string& path, models::GPT& model, optim::Trainer& trainer,
 
 class Metrics {
  public:
-  explicit Metrics(const std::string& path) {
+  // A resumed run appends to the file its first part wrote; a new run starts it afresh.
+  Metrics(const std::string& path, bool append) {
     if (path.empty()) return;
-    out_.open(path, std::ios::app);
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
     CUMULUS_CHECK(out_, Error, "--metrics ", path, ": cannot be opened for writing");
   }
   void line(const std::string& json) {
@@ -349,7 +355,7 @@ int train(const TrainFlags& flags) {
   const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(split.validation, f.context, 0, device);
   if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
-  Metrics metrics(f.metrics);
+  Metrics metrics(f.metrics, !f.resume.empty());
   double step_loss = 0.0;
   MemoryTracker::Options tracking;
   tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
