@@ -33,7 +33,7 @@
 
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;

@@ -1,4 +1,4 @@
-// The prediction table of issue 16 (Note [Memory prediction] in engine/memory/prediction.cpp): for
+// The prediction table of issue 16 (Note [Memory prediction] in engine/runtime/prediction.cpp): for
 // the seed MLP and the CNN on the CPU (or CUDA with --device cuda), every power of two from 1 to 4096, the predicted peak and
 // reserved bytes of one training micro-batch against the measured ones. The prediction is made once
 // per model, as the app's planner makes it (record_micro_batch at 128 and 256, the optimizer state
@@ -25,7 +25,7 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/prediction.h"
+#include "cumulus/runtime/prediction.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"

@@ -16,7 +16,7 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/tensor_ops.h"
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/accumulator.h"
 #include "cumulus/optim/optimizer.h"
 
 namespace cumulus::models {

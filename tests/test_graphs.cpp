@@ -14,14 +14,14 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
 #if CUMULUS_WITH_CUDA

@@ -14,7 +14,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/models/mlp.h"

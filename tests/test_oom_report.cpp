@@ -10,7 +10,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/ops/ops.h"
 #include "test_util.h"
 

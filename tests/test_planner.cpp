@@ -1,5 +1,5 @@
 // The micro-batch planner in the library (cumulus::plan_batch, Note [Planning a micro-batch] in
-// engine/memory/planner.cpp): its table, its choice under a budget in reserved bytes with the
+// engine/runtime/planner.cpp): its table, its choice under a budget in reserved bytes with the
 // optimizer state counted, the verifying probe, recompute, the fallback, and what it restores; the
 // ready-made request over a TensorDataset (optim::plan_request) and require_fit.
 #include <gtest/gtest.h>
@@ -13,16 +13,16 @@
 
 #include "cumulus/data/dataset.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 
 namespace cumulus {
 namespace {

@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/prediction.h"
+#include "cumulus/runtime/prediction.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"

@@ -12,7 +12,7 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/nn/layers.h"

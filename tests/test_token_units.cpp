@@ -1,4 +1,4 @@
-// The unit of accumulation is the user's (Note [Units] in engine/optim/trainer.cpp): a token-level
+// The unit of accumulation is the user's (Note [Units] in engine/runtime/trainer.cpp): a token-level
 // model (embedding -> linear over [B, T, C] -> cross_entropy over [B, T, V], summed over the
 // tokens) trained through the Trainer over sequences of T tokens (TensorDataset::set_units_per_row)
 // steps on the mean gradient per token of each group, a partial last group and an uneven last
@@ -14,8 +14,8 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/memory/planner.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/module.h"
@@ -23,7 +23,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 
 namespace cumulus {

@@ -1,4 +1,4 @@
-// The training API (optim::Trainer, Note [Training API] in engine/optim/trainer.cpp): eager, it
+// The training API (optim::Trainer, Note [Training API] in engine/runtime/trainer.cpp): eager, it
 // is the Accumulator driven by hand, bit for bit; set_accum_steps mid-run keeps the optimizer's
 // step count and the LR schedule's position (a new Accumulator restarted both), is deferred to the
 // group boundary, outlives the per-epoch schedule and survives a checkpoint; the memory tracker's
@@ -15,13 +15,13 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "test_util.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cumulus/core/device.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 
 namespace cumulus::testing {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cumulus/nn/module.h"
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/accumulator.h"
 #include "run_config.h"
 
 namespace fmnist {

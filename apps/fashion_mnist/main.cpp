@@ -29,7 +29,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "data_files.h"
 #include "data_parallel.h"

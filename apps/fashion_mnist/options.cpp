@@ -13,7 +13,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/version.h"
 #include "run_config.h"
 #include "settings.h"

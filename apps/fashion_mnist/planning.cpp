@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cumulus/memory/category.h"
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 #include "run_control.h"
 #include "training_setup.h"
 

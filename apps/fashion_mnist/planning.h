@@ -11,7 +11,7 @@
 namespace fmnist {
 
 // --effective-batch: the library's planner (cumulus::plan_batch, Note [Planning a micro-batch] in
-// engine/memory/planner.cpp) with this run's training micro-batch, optimizer and budget: every
+// engine/runtime/planner.cpp) with this run's training micro-batch, optimizer and budget: every
 // divisor predicted in reserved bytes with the optimizer state the first step allocates and in
 // time, the fastest that fits verified by one probe under the limit. With --recompute, --data-on
 // or --precision auto, each setting of those levers is weighed too (Note [Plan levers]) and the

@@ -5,8 +5,8 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
-#include "cumulus/memory/planner.h"
-#include "cumulus/memory/prediction.h"
+#include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/prediction.h"
 #include "cumulus/ops/fused_mlp.h"
 #include "run_control.h"
 #include "settings.h"

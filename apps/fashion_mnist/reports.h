@@ -8,7 +8,7 @@
 #include "checkpoint.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/model.h"
 #include "run_config.h"
 

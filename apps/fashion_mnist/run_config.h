@@ -22,9 +22,9 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/nn/model.h"
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/accumulator.h"
 #include "options.h"
 
 namespace fmnist {

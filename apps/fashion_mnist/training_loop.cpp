@@ -233,7 +233,7 @@ void TrainingLoop::end_training_of(Epoch& e) {
 }
 
 // The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
-// not comparable): its training time and peak (Note [Predicting time] in engine/memory/planner.cpp).
+// not comparable): its training time and peak (Note [Predicting time] in engine/runtime/planner.cpp).
 void TrainingLoop::check_plan(const Epoch& e) {
   const std::optional<PlanCheck>& check = p_.tracker.plan_check();
   if (!check || check->measured || e.first != 0) return;

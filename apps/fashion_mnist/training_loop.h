@@ -13,9 +13,9 @@
 #include "checkpoint.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/model.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 #include "run_config.h"
 
 namespace fmnist {

@@ -11,7 +11,7 @@
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "run_config.h"
 

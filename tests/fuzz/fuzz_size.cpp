@@ -1,10 +1,10 @@
-// Fuzzes cumulus::parse_byte_size (engine/memory/planner.cpp), the parser of --memory-budget: any
+// Fuzzes cumulus::parse_byte_size (engine/runtime/planner.cpp), the parser of --memory-budget: any
 // text either gives a byte count >= 0 or throws cumulus::Error.
 #include <cstdint>
 #include <string>
 
 #include "cumulus/core/error.h"
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "cumulus/data/token_windows.h"
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/models/text.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
@@ -125,7 +125,7 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
 // is restored after); one device read per batch.
 double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t batch, int64_t max_windows = 0);
 
-// A planner request (memory/planner.h) for training `model` with `optimizer` on `windows`, counted in
+// A planner request (runtime/planner.h) for training `model` with `optimizer` on `windows`, counted in
 // tokens: every micro-batch weighed is a whole number of windows (units_per_row = T), a probe of
 // u tokens is random batch 0 of u / T windows, its loss summed over tokens backward into the
 // gradient buffers, the gradients then discarded. `effective_batch` tokens (a multiple of T) under

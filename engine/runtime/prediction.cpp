@@ -34,7 +34,7 @@
 // two-recording entry point without the blocks, one block per category), plus the fixed blocks the
 // caller adds (the optimizer state a training step holds). Predicted reserved = the real reserved
 // at rest + what the replay reserves above its own rest.
-#include "cumulus/memory/prediction.h"
+#include "cumulus/runtime/prediction.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,12 +1,12 @@
 // Accumulator: the gradient-accumulation policy around an optimizer. See Note [Exact
-// normalization] in engine/optim/accumulator.cpp and docs/ARCHITECTURE.md, "Gradients and accumulation".
+// normalization] in engine/runtime/accumulator.cpp and docs/ARCHITECTURE.md, "Gradients and accumulation".
 //
 //   acc.begin_epoch(epoch, micro_batches_in_epoch);
 //   for each micro-batch:
 //     acc.backward(cross_entropy(model(x), y, Reduction::Sum), x.size(0));  // units: here samples
 //     acc.step_if_ready();     // steps at each group boundary and after the epoch's last micro-batch
 //
-// optim::Trainer (cumulus/optim/trainer.h) drives one for a training loop: the memory tracker's
+// optim::Trainer (cumulus/runtime/trainer.h) drives one for a training loop: the memory tracker's
 // records, CUDA graphs and the closure-per-micro-batch form; this class is the policy underneath.
 #pragma once
 
@@ -41,7 +41,7 @@ enum class Normalization {
   none,
 };
 
-// Dynamic loss scaling (Note [Loss scaling] in engine/optim/accumulator.cpp), for gradients that
+// Dynamic loss scaling (Note [Loss scaling] in engine/runtime/accumulator.cpp), for gradients that
 // would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
 // with a non-finite gradient is skipped and halves it, but never below min_scale (it holds there);
 // growth_interval clean groups in a row double it. Every factor is a power of two, so unscaling
@@ -93,7 +93,7 @@ class Accumulator {
   // step state on the device (no host read). Normalization units and micro_batches divide by the
   // units themselves, so a loss known to be
   // a mean (cross_entropy with Reduction::Mean, ops::mean) is refused with InvalidArgument (Note
-  // [Mean-reduced losses] in engine/optim/accumulator.cpp); Normalization::none takes any loss.
+  // [Mean-reduced losses] in engine/runtime/accumulator.cpp); Normalization::none takes any loss.
   void backward(const Tensor& loss, int64_t units);
   // Data parallel: counts a micro-batch that another rank processes (dist::owner_of_micro_batch),
   // so every rank sees the same group boundaries.
@@ -173,7 +173,7 @@ class Accumulator {
   // prediction, as it holds the optimizer's state (PlanRequest::loop_state).
   static std::vector<int64_t> state_to_allocate();
 
-  // ---- the step in three parts, for Trainer's CUDA graphs (engine/optim/trainer.cpp) ----
+  // ---- the step in three parts, for Trainer's CUDA graphs (engine/runtime/trainer.cpp) ----
   // Host work before the device part: zeroes stale gradient slots and keeps the learning-rate
   // table valid (rarely a host read, never during a capture: it runs eagerly before every step).
   void prepare_step_host();

@@ -65,7 +65,7 @@
 // and only then reads the count and refills (once per kLrTableSize steps at most; both are
 // ordinary stream-ordered work, never inside a captured step). Without a schedule the table is
 // the optimizer's lr, rewritten when set_lr changes it.
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/accumulator.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"; Note [Planning a
-// micro-batch] and Note [Plan levers] in engine/memory/planner.cpp): predict before you run out.
+// micro-batch] and Note [Plan levers] in engine/runtime/planner.cpp): predict before you run out.
 //
 //   PlanRequest r;
 //   r.device = device;

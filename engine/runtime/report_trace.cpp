@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "report_internal.h"
 
 namespace cumulus {

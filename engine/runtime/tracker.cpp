@@ -1,4 +1,4 @@
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 
 #include <algorithm>
 #include <chrono>
@@ -62,7 +62,7 @@ void MemoryTracker::sample_timeline() {
   if (observer_->enabled) observer_->record(allocator_.stats());
 }
 
-// Note [Units] in engine/optim/trainer.cpp: a tracker told micro-batches of 8 (sequences) and fed
+// Note [Units] in engine/runtime/trainer.cpp: a tracker told micro-batches of 8 (sequences) and fed
 // 512 (tokens) once printed "activations 0 B ... peak 0 B" without a word.
 void MemoryTracker::check_units(int64_t units) {
   const int64_t told = options_.micro_batch_size;

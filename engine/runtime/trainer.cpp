@@ -61,7 +61,7 @@
 // replay (MemoryTracker::add_graph_micro_batch); per-micro-batch times of replays are not taken.
 // While the tracker records its timeline (the first optimizer steps) everything runs eagerly, so
 // the trace shows true phases.
-#include "cumulus/optim/trainer.h"
+#include "cumulus/runtime/trainer.h"
 
 #include <algorithm>
 #include <memory>

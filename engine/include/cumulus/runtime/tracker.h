@@ -6,7 +6,7 @@
 // a few counter reads per phase (docs/ARCHITECTURE.md, "Memory accounting").
 //
 // Sizes are in units: what the training loss is summed over and the Trainer is given (samples by
-// default, tokens for a language model; Note [Units] in engine/optim/trainer.cpp). A tracker told
+// default, tokens for a language model; Note [Units] in engine/runtime/trainer.cpp). A tracker told
 // micro-batches of N units (Options::micro_batch_size) checks what it is fed: a micro-batch of more
 // than N units warns once on stderr naming both counts (or throws InvalidArgument with
 // strict_units), and a summary without a micro-batch of N units says so (MemorySummary::warning,
@@ -39,7 +39,7 @@
 
 #include "cumulus/core/timer.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/plan_check.h"
+#include "cumulus/runtime/plan_check.h"
 
 namespace cumulus {
 
@@ -184,7 +184,7 @@ class MemoryTracker {
   // summary's peak_bytes counts the peak reached up to it.
   std::optional<TrackedOutOfMemory> out_of_memory() const;
 
-  // The planner's prediction for the plan this run trains with (memory/plan_check.h): the memory
+  // The planner's prediction for the plan this run trains with (runtime/plan_check.h): the memory
   // report writes it as its "planner" object, after "summary". None until given; giving it again
   // replaces it.
   void set_plan_check(PlanCheck check) { plan_check_ = std::move(check); }
@@ -240,7 +240,7 @@ class MemoryTracker {
   std::optional<PlanCheck> plan_check_;
 };
 
-// Reports, one file per output format (engine/memory/report_table.cpp, report_json.cpp,
+// Reports, one file per output format (engine/runtime/report_table.cpp, report_json.cpp,
 // report_trace.cpp, report_svg.cpp).
 void print_memory_table(MemoryTracker& tracker, std::FILE* out);
 // The documented schema (docs/memory.md), in this order: schema_version, settings, device,

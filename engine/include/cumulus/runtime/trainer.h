@@ -3,7 +3,7 @@
 // tracker itself, replays CUDA graphs when asked, exposes its counters for checkpoints and changes
 // the accumulation steps mid-run without restarting the schedule or the step count: what
 // Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around the user's own
-// loop. See Note [Training API] and Note [Captured training] in engine/optim/trainer.cpp.
+// loop. See Note [Training API] and Note [Captured training] in engine/runtime/trainer.cpp.
 //
 //   optim::TrainerOptions options;
 //   options.accum_steps = 4;              // or options.schedule = {{0, 8}, {4, 2}} (per epoch)
@@ -24,7 +24,7 @@
 //   for each epoch: trainer.train_epoch(loader, epoch, loss);
 // with evaluate_classifier(model, test_loader) for a test pass and plan_request(...) for the planner.
 //
-// Units (Note [Units] in engine/optim/trainer.cpp): the closure returns the loss summed over the
+// Units (Note [Units] in engine/runtime/trainer.cpp): the closure returns the loss summed over the
 // `units` units it is given, units the user names: samples for a classifier (the default, one per
 // dataset row), tokens for a language model whose loss sums over B x T tokens
 // (TensorDataset::set_units_per_row(T); DataLoader::units(i) and Batch::units count them). Every
@@ -44,9 +44,9 @@
 #include <vector>
 
 #include "cumulus/data/dataset.h"
-#include "cumulus/memory/planner.h"
-#include "cumulus/memory/tracker.h"
-#include "cumulus/optim/accumulator.h"
+#include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/tracker.h"
+#include "cumulus/runtime/accumulator.h"
 
 namespace cumulus::nn {
 class Module;
@@ -181,7 +181,7 @@ struct Evaluation {
 };
 Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader);
 
-// A ready-made planner request (memory/planner.h) for training `optimizer`'s parameters with `loss`
+// A ready-made planner request (runtime/planner.h) for training `optimizer`'s parameters with `loss`
 // on `dataset`, in the dataset's units (TensorDataset::units_per_row: samples by default, tokens
 // for sequences): `effective_batch` is in units (a multiple of units_per_row), the request's
 // units_per_row is the dataset's, so every micro-batch it weighs is whole rows, and a probe of u

@@ -1,4 +1,4 @@
-#include "cumulus/memory/planner.h"
+#include "cumulus/runtime/planner.h"
 
 // Note [Planning a micro-batch]
 // plan_batch answers "which micro-batch, accumulated how many times, trains within this budget?"
@@ -42,7 +42,7 @@
 // Injected timings are not repeated.
 //
 // Note [Probing what the job runs]
-// Sizes are units (samples, or tokens with units_per_row T: Note [Units] in engine/optim/
+// Sizes are units (samples, or tokens with units_per_row T: Note [Units] in engine/runtime/
 // trainer.cpp), every size a whole number of rows; the predictor itself counts rows. The recordings
 // once ran at 128 and 256 rows whatever the effective batch, with the allocator's limit lifted: a
 // job of effective batch 32 was probed at 256 and past its budget, so a plan could rest on memory
@@ -97,7 +97,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
-#include "cumulus/memory/prediction.h"
+#include "cumulus/runtime/prediction.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/optim/optimizer.h"

@@ -1,4 +1,4 @@
-#include "cumulus/memory/plan_check.h"
+#include "cumulus/runtime/plan_check.h"
 
 #include <cstdio>
 

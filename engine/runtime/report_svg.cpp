@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 
 namespace cumulus {
 

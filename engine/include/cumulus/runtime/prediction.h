@@ -1,5 +1,5 @@
 // Memory prediction from a recorded allocation sequence (docs/ARCHITECTURE.md, "Memory accounting";
-// Note [Memory prediction] in engine/memory/prediction.cpp): record what one micro-batch allocates
+// Note [Memory prediction] in engine/runtime/prediction.cpp): record what one micro-batch allocates
 // and frees at several sizes, model every event's size as piecewise affine in the micro-batch size
 // (affine for most; capped scratch buffers bend), and replay the sequence predicted for any size
 // through a real CachingAllocator over a backend that hands out addresses but no memory. Rounding,

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/version.h"
 #include "report_internal.h"
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 #include "report_internal.h"
 
 namespace cumulus {

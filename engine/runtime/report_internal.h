@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/tracker.h"
 
 namespace cumulus::report_detail {
 
