@@ -18,6 +18,7 @@
 #include "bench/rig.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/models/cnn.h"
+#include "engine/runtime/accumulator.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;

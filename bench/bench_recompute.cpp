@@ -25,6 +25,7 @@
 
 #include "bench/rig.h"
 #include "cumulus/models/cnn.h"
+#include "engine/runtime/accumulator.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;

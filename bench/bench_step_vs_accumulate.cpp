@@ -34,6 +34,7 @@
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/runtime/trainer.h"
+#include "engine/runtime/accumulator.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -116,7 +117,7 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
 void accumulator_step(benchmark::State& state, Device device, OptimizerKind kind) {
   const Data d = make_data(device);
   Model m(device);
-  optim::AccumulatorOptions o;  // the app's defaults: normalization by samples, non-finite guard
+  optim::AccumulationOptions o;  // the app's defaults: normalization by samples, non-finite guard
   o.accum_steps = 1;
   optim::Accumulator acc(make_optimizer(kind, m.params), o);
   const int64_t b = 16;
@@ -187,7 +188,7 @@ void zero_grad_write_zeros(benchmark::State& state, Device device) {
 void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
   const Data d = make_data(device);
   Model m(device, kernels);
-  optim::AccumulatorOptions o;
+  optim::AccumulationOptions o;
   o.accum_steps = n;
   optim::Accumulator acc(make_optimizer(OptimizerKind::sgd, m.params), o);
   Cursor cursor(d, b);
@@ -259,7 +260,7 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
 // The app's form of the loop: a u8 dataset behind a DataLoader, micro-batches through
 // the Trainer. Full micro-batches only: the cursor is rewound before a partial one.
 struct GraphLoop {
-  GraphLoop(Device device, int64_t b, const optim::AccumulatorOptions& o, models::KernelChoice kernels)
+  GraphLoop(Device device, int64_t b, const optim::AccumulationOptions& o, models::KernelChoice kernels)
       : m(device, kernels), trainer(make_optimizer(OptimizerKind::sgd, m.params), with_graphs(o)) {
     Generator gen(7);
     std::vector<float> u(static_cast<std::size_t>(kDataRows * models::SeedMLP::kInputs));
@@ -274,9 +275,9 @@ struct GraphLoop {
     loader = std::make_unique<data::DataLoader>(ds, b);
     trainer.begin_epoch(0, 0);
   }
-  static optim::TrainerOptions with_graphs(const optim::AccumulatorOptions& o) {
+  static optim::TrainerOptions with_graphs(const optim::AccumulationOptions& o) {
     optim::TrainerOptions t;
-    static_cast<optim::AccumulatorOptions&>(t) = o;
+    static_cast<optim::AccumulationOptions&>(t) = o;
     t.use_graphs = true;
     return t;
   }
@@ -333,7 +334,7 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
 }
 
 void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
-  optim::AccumulatorOptions o;
+  optim::AccumulationOptions o;
   o.accum_steps = n;
   GraphLoop g(device, b, o, kernels);
   auto one_step = [&] {
@@ -347,7 +348,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   DeviceTimer timer(device);
   LaunchCounter launches;
   const int64_t syncs = host_synchronizations();
-  const int64_t steps_before = g.trainer.accumulator().attempted_steps();
+  const int64_t steps_before = g.trainer.attempted_steps();
   double total_s = 0.0;
   for (auto _ : state) {
     timer.start();
@@ -358,7 +359,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   }
   const double iters = static_cast<double>(state.iterations());
   const int64_t host_syncs = host_synchronizations() - syncs - state.iterations();  // minus the timer's
-  if (g.trainer.accumulator().attempted_steps() - steps_before != state.iterations())
+  if (g.trainer.attempted_steps() - steps_before != state.iterations())
     state.SkipWithError("expected exactly one optimizer step per iteration");
   state.counters["samples_per_s"] =
       benchmark::Counter(static_cast<double>(b * n) * iters, benchmark::Counter::kIsRate);

@@ -27,7 +27,7 @@
 #include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/models/mlp.h"
@@ -111,8 +111,8 @@ inline std::shared_ptr<optim::Optimizer> make_optimizer(OptimizerKind k, std::sh
 
 // An Accumulator that never reaches a group boundary by itself: for benchmarks that time
 // micro-batches only and decide themselves when gradients are stale.
-inline optim::AccumulatorOptions never_stepping() {
-  optim::AccumulatorOptions o;
+inline optim::AccumulationOptions never_stepping() {
+  optim::AccumulationOptions o;
   o.accum_steps = 1 << 30;
   return o;
 }

@@ -51,7 +51,7 @@ struct StepState {
 
 // How the Accumulator normalizes and guards; kernel arguments, constant for a run.
 struct StepConfig {
-  int32_t divide_by_samples;  // 1: grad_scale starts at 1 / group_samples (Normalization::samples)
+  int32_t divide_by_samples;  // 1: grad_scale starts at 1 / group_samples (Normalization::units)
   int32_t need_norm;          // compute the norm (clipping or the non-finite guard is on)
   int32_t skip_non_finite;
   float clip_grad_norm;       // > 0: clip the normalized norm to this

@@ -16,7 +16,7 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/tensor_ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "cumulus/optim/optimizer.h"
 
 namespace cumulus::models {
@@ -285,7 +285,7 @@ PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::To
   r.units_per_row = t;
   r.budget = budget;
   r.optimizer = &optimizer;
-  r.loop_state = optim::Accumulator::state_to_allocate();  // the Trainer's
+  r.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's
   r.require_fit = true;
   r.model = &model;
   r.setting.recompute = model.recompute() ? 1u : 0u;

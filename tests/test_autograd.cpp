@@ -15,6 +15,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -27,7 +27,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/conv_ops.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/models/cnn.h"
@@ -352,7 +352,7 @@ TEST_P(CnnModelTest, AccumulationWithBatchNormMatchesSeparateMicroBatchesNotOneB
   Generator gen_a(3);
   models::CNN a(gen_a, device());
   auto flat = std::make_shared<nn::FlatParameters>(a);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 4;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   acc.begin_epoch(0, 4);
@@ -447,7 +447,7 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
   Generator gen(1);
   models::CNN model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 2;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   MemoryTracker::Options o;

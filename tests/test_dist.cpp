@@ -23,7 +23,7 @@
 #include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "test_util.h"
 #include "toy_dataset.h"
@@ -121,7 +121,7 @@ struct TinyModel {
 
 TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
   TinyModel m;
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 3;
   ao.communicator = std::make_shared<PretendWorld>(0, 2);
   try {
@@ -134,7 +134,7 @@ TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
 
 TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   TinyModel m;
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 4;
   ao.communicator = std::make_shared<PretendWorld>(1, 2);
   optim::Accumulator acc(m.sgd, ao);
@@ -149,7 +149,7 @@ TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   acc.backward(m.loss(), 2);
   EXPECT_TRUE(acc.ready());  // the group counts every rank's micro-batches
   EXPECT_EQ(acc.micro_batches_in_group(), 4);
-  EXPECT_EQ(acc.samples_in_group(), 4);  // this rank's samples; the step sums them across ranks
+  EXPECT_EQ(acc.units_in_group(), 4);  // this rank's samples; the step sums them across ranks
 }
 
 // ---- communication time (Note [Communication time]) ----------------------------------------------
@@ -240,7 +240,7 @@ TEST(CommunicationTime, DevicePointsOnAnotherStreamTimeThatStreamsWork) {
 
 TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
   TinyModel m;
-  optim::Accumulator acc(m.sgd, optim::AccumulatorOptions{});
+  optim::Accumulator acc(m.sgd, optim::AccumulationOptions{});
   EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);
 }
 

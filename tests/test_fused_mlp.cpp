@@ -15,6 +15,7 @@
 #include "test_util.h"
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"
+#include "engine/runtime/accumulator.h"
 #endif
 
 namespace cumulus::testing {
@@ -520,7 +521,7 @@ TEST(FusedMLPLaunches, SeedMLPEagerMicroBatch) {
   Generator gen(0);
   models::SeedMLP model(gen, d);
   model.set_kernels(models::KernelChoice::fused);
-  optim::AccumulatorOptions o;
+  optim::AccumulationOptions o;
   o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
   optim::Accumulator acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
                          o);

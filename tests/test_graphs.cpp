@@ -22,6 +22,7 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/trainer.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 #if CUMULUS_WITH_CUDA
@@ -91,7 +92,7 @@ RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* track
     ao.clip_grad_norm = 0.5f;
   }
   optim::Trainer trainer(optimizer, ao);
-  const optim::Accumulator& acc = trainer.accumulator();
+  const optim::Trainer& acc = trainer;
   data::DataLoader loader(ds, 5, /*shuffle=*/true, 9);
   RunResult r;
   float poisoned_value = 0.0f;
@@ -217,7 +218,7 @@ struct Loop {
     ao.clip_grad_norm = 1.0f;
     ao.use_graphs = true;
     trainer = std::make_unique<optim::Trainer>(opt, ao);
-    acc = &trainer->accumulator();
+    acc = &optim::accumulator_of(*trainer);
     loader = std::make_unique<data::DataLoader>(ds, 4);  // 37 = 9 x 4 + 1
   }
   // Full micro-batches only (32 samples: 4 groups of 2 x 4), from the start of the epoch.

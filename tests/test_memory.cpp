@@ -13,7 +13,7 @@
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "test_util.h"
@@ -76,7 +76,7 @@ TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 4;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   for (int64_t b : {8, 16, 40}) {
@@ -107,7 +107,7 @@ TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 2;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   MemoryTracker::Options o;
@@ -137,7 +137,7 @@ TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) 
     Generator gen(1);
     models::SeedMLP model(gen, device());
     auto flat = std::make_shared<nn::FlatParameters>(model);
-    optim::AccumulatorOptions ao;
+    optim::AccumulationOptions ao;
     ao.accum_steps = accum;
     optim::Accumulator acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
     MemoryTracker::Options o;
@@ -174,7 +174,7 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 4;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   MemoryTracker::Options o;
@@ -255,7 +255,7 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   CachingAllocator& alloc = allocator_for(device());
   struct LimitGuard {

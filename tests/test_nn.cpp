@@ -14,7 +14,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/models/mlp.h"
@@ -314,7 +314,7 @@ TEST_P(NnTest, FlatParametersSkipFrozenParameters) {
   so.lr = 0.1f;
   so.momentum = 0.9f;
   so.weight_decay = 0.1f;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), optim::AccumulatorOptions{});
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), optim::AccumulationOptions{});
   Generator data(1);
   const Tensor x = uniform({8, 784}, 0.0f, 1.0f, data, device());
   const Tensor y = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5, 6, 7}, {8}, device());
@@ -476,7 +476,7 @@ TEST(NnLaunches, SeedMLPEagerMicroBatch) {
   const Device d = Device::cuda(0);
   Generator gen(0);
   models::SeedMLP model(gen, d);
-  optim::AccumulatorOptions o;
+  optim::AccumulationOptions o;
   o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
   optim::Accumulator acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
                          o);

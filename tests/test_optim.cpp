@@ -22,7 +22,7 @@
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/optim/lr_schedule.h"
@@ -34,7 +34,7 @@ namespace cumulus {
 namespace {
 
 using optim::Accumulator;
-using optim::AccumulatorOptions;
+using optim::AccumulationOptions;
 using optim::LossScaling;
 using optim::Normalization;
 using testing::DeviceTest;
@@ -131,14 +131,14 @@ struct TrainRun {
 // One epoch of the seed MLP over the synthetic dataset, micro-batches of sizes `cycle` (cycling),
 // grouped by `accum`; the epoch length is announced so the partial last group is stepped.
 TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cycle, int accum,
-                     Normalization normalization = Normalization::samples, const LossScaling& loss_scaling = {},
+                     Normalization normalization = Normalization::units, const LossScaling& loss_scaling = {},
                      models::KernelChoice kernels = models::KernelChoice::generic) {
   const Dataset& data = synthetic_dataset(device);
   Generator gen(kModelSeed);
   models::SeedMLP model(gen, device);
   model.set_kernels(kernels);
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  AccumulatorOptions options;
+  AccumulationOptions options;
   options.accum_steps = accum;
   options.normalization = normalization;
   options.loss_scaling = loss_scaling;
@@ -224,7 +224,7 @@ TEST_P(FlatParametersTest, PacksSeedMLPIntoViewsAtStableAddresses) {
   // stays zero.
   std::vector<void*> grad_addresses;
   for (const auto& [n, t] : named) grad_addresses.push_back(t.grad_buffer().raw_data());
-  AccumulatorOptions options;
+  AccumulationOptions options;
   options.accum_steps = 2;
   Accumulator acc(make_optimizer(OptKind::momentum, flat), options);
   for (int mb = 0; mb < 4; ++mb) {
@@ -337,7 +337,7 @@ struct TinyTrainer {
   TinyModel m;
   std::shared_ptr<optim::SGD> opt;
   std::unique_ptr<Accumulator> acc;
-  TinyTrainer(const Tiny& p, Device device, float lr, const AccumulatorOptions& options) : m(p, device) {
+  TinyTrainer(const Tiny& p, Device device, float lr, const AccumulationOptions& options) : m(p, device) {
     optim::SGDOptions so;
     so.lr = lr;
     so.momentum = 0.9f;
@@ -396,7 +396,7 @@ TEST_P(OptimizerMathTest, SgdTwoStepsMatchHandComputation) {
       o.nesterov = c.nesterov;
       o.weight_decay = c.weight_decay;
       auto opt = std::make_shared<optim::SGD>(m.flat, o);
-      AccumulatorOptions ao;
+      AccumulationOptions ao;
       ao.accum_steps = 2;
       Accumulator acc(opt, ao);
 
@@ -441,7 +441,7 @@ TEST_P(OptimizerMathTest, AdamWTwoStepsMatchHandComputation) {
       o.lr = 0.05f;
       o.weight_decay = wd;
       auto opt = std::make_shared<optim::AdamW>(m.flat, o);
-      AccumulatorOptions ao;
+      AccumulationOptions ao;
       ao.accum_steps = 2;
       Accumulator acc(opt, ao);
 
@@ -530,7 +530,7 @@ TEST_P(OptimizerMathTest, FrozenParameterIsLeftAloneAndResumesItsOwnState) {
       o.weight_decay = wd;
       opt = std::make_shared<optim::SGD>(m.flat, o);
     }
-    AccumulatorOptions ao;
+    AccumulationOptions ao;
     ao.accum_steps = 2;
     Accumulator acc(opt, ao);
     // The optimizer's f32 state tensors (momentum, exp_avg, exp_avg_sq) in theta's order.
@@ -573,7 +573,7 @@ TEST_P(OptimizerMathTest, FrozenStateSurvivesACheckpoint) {
     o.lr = 0.05f;
     return std::make_shared<optim::AdamW>(model.flat, o);
   };
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.accum_steps = 2;
   TinyModel a(p, device());
   auto opt_a = make(a);
@@ -609,7 +609,7 @@ CUMULUS_INSTANTIATE_DEVICES(OptimizerMathTest);
 class EquivalenceTest : public DeviceTest {
  protected:
   void check(OptKind kind, models::KernelChoice kernels = models::KernelChoice::generic) {
-    const TrainRun ref = train_epoch(device(), kind, {64}, 1, Normalization::samples, {}, kernels);
+    const TrainRun ref = train_epoch(device(), kind, {64}, 1, Normalization::units, {}, kernels);
     ASSERT_EQ(ref.steps, 16) << "15 groups of 64 and one of 40";
     ASSERT_TRUE(all_finite(ref.final));
     for (std::size_t i = 0; i < ref.final.size(); ++i) {
@@ -627,7 +627,7 @@ class EquivalenceTest : public DeviceTest {
         {"16x4", {16}, 4}, {"8x8", {8}, 8}, {"32x2", {32}, 2}, {"8+24+16+16", {8, 24, 16, 16}, 4}};
     for (const Split& s : splits) {
       SCOPED_TRACE(s.name);
-      const TrainRun run = train_epoch(device(), kind, s.cycle, s.accum, Normalization::samples, {}, kernels);
+      const TrainRun run = train_epoch(device(), kind, s.cycle, s.accum, Normalization::units, {}, kernels);
       EXPECT_EQ(run.steps, 16);
       ASSERT_EQ(run.initial, ref.initial) << "runs must start from the same weights";
       double worst = 0;
@@ -657,7 +657,7 @@ CUMULUS_INSTANTIATE_DEVICES(EquivalenceTest);
 class AccumulatorTest : public DeviceTest {};
 
 // With 1000 samples in micro-batches of 16 and N = 4, the last group holds 16 + 16 + 8 = 40
-// samples. Normalization::samples weights each of them 1/40. Normalization::micro_batches scales
+// samples. Normalization::units weights each of them 1/40. Normalization::micro_batches scales
 // micro-batch j by 1/(B_j N): per-sample weights 1/64, 1/64 and 1/32, total weight 3/4.
 TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
   const Dataset& data = synthetic_dataset(device());
@@ -672,14 +672,14 @@ TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
     Generator gen(kModelSeed);
     s.model = std::make_unique<models::SeedMLP>(gen, device());
     auto flat = std::make_shared<nn::FlatParameters>(*s.model);
-    AccumulatorOptions o;
+    AccumulationOptions o;
     o.accum_steps = 4;
     o.normalization = n;
     s.acc = std::make_unique<Accumulator>(make_optimizer(OptKind::sgd, flat), o);
     s.acc->begin_epoch(0, static_cast<int64_t>(sizes.size()));
     return s;
   };
-  Side a = make_side(Normalization::samples), b = make_side(Normalization::micro_batches);
+  Side a = make_side(Normalization::units), b = make_side(Normalization::micro_batches);
   const Weights initial = snapshot(*a.model);
   const auto names = names_of(*a.model);
 
@@ -723,7 +723,7 @@ TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
     for (Side* s : {&a, &b}) {
       s->acc->backward(sum_loss(*s->model, data, start, sizes[k]), sizes[k]);
       if (k == 62) {
-        EXPECT_EQ(s->acc->samples_in_group(), 40);
+        EXPECT_EQ(s->acc->units_in_group(), 40);
         EXPECT_EQ(s->acc->micro_batches_in_group(), 3);
       }
       EXPECT_EQ(s->acc->step_if_ready(), k == 62) << "the epoch's last micro-batch steps the partial group";
@@ -787,7 +787,7 @@ TEST_P(AccumulatorTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
   auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
   optim::SGDOptions so;
   so.lr = 0.1f;
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.accum_steps = 2;
   ao.clip_grad_norm = 1.0f;
   Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
@@ -826,7 +826,7 @@ TEST_P(AccumulatorTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
   micro_batch(30.0f, 40.0f);
   Tensor x3 = Tensor::from_vector(std::vector<float>{0.1f, 0.4f / 3, 0.1f, 0.4f / 3, 0.1f, 0.4f / 3}, {3, 2}, device());
   acc.backward(ops::sum(ops::linear(x3, w, Tensor())), 3);
-  EXPECT_EQ(acc.samples_in_group(), 4);
+  EXPECT_EQ(acc.units_in_group(), 4);
   EXPECT_TRUE(acc.step_if_ready());
   EXPECT_NEAR(acc.last_grad_norm(), 12.625, 12.625e-6);
   EXPECT_NEAR(acc.last_clip_factor(), 1.0 / 12.625, 1e-6);
@@ -899,7 +899,7 @@ TEST_P(AccumulatorTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
     auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
     optim::SGDOptions so;
     so.lr = 0.7f;  // the schedule overrides it
-    AccumulatorOptions ao;
+    AccumulationOptions ao;
     ao.accum_steps = 4;
     Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao, cs.schedule);
     const Tensor x = Tensor::from_vector(std::vector<float>{0.5f, 2.0f}, {1, 2}, device());
@@ -935,11 +935,11 @@ TEST_P(AccumulatorTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
 
 TEST(AccumulationScheduleTest, StepsForEpoch) {
   const std::map<int, int> s = {{0, 8}, {4, 2}};
-  for (int e = 0; e < 4; ++e) EXPECT_EQ(Accumulator::steps_for_epoch(s, e), 8) << "epoch " << e;
-  for (int e : {4, 5, 9, 100}) EXPECT_EQ(Accumulator::steps_for_epoch(s, e), 2) << "epoch " << e;
+  for (int e = 0; e < 4; ++e) EXPECT_EQ(optim::accum_steps_for_epoch(s, e), 8) << "epoch " << e;
+  for (int e : {4, 5, 9, 100}) EXPECT_EQ(optim::accum_steps_for_epoch(s, e), 2) << "epoch " << e;
   const std::map<int, int> t = {{0, 1}, {2, 4}, {5, 3}};
   const int expected[] = {1, 1, 4, 4, 4, 3, 3};
-  for (int e = 0; e < 7; ++e) EXPECT_EQ(Accumulator::steps_for_epoch(t, e), expected[e]) << "epoch " << e;
+  for (int e = 0; e < 7; ++e) EXPECT_EQ(optim::accum_steps_for_epoch(t, e), expected[e]) << "epoch " << e;
 }
 
 TEST_P(AccumulatorTest, ScheduleSetsStepsPerEpoch) {
@@ -948,7 +948,7 @@ TEST_P(AccumulatorTest, ScheduleSetsStepsPerEpoch) {
   auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
   optim::SGDOptions so;
   so.lr = 0.01f;
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.accum_steps = 5;  // overridden by the schedule
   ao.schedule = {{0, 8}, {4, 2}};
   Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
@@ -1013,7 +1013,7 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   const Tensor y = Tensor::from_vector(std::vector<int32_t>{1, 2}, {2}, device());
 
   auto make = [&]() {
-    AccumulatorOptions ao;
+    AccumulationOptions ao;
     ao.accum_steps = 2;
     return TinyTrainer(p, device(), 0.2f, ao);
   };
@@ -1039,7 +1039,7 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   EXPECT_FALSE(std::isfinite(t.acc->last_grad_norm()));
   EXPECT_FALSE(t.m.w.grad().defined()) << "the poisoned gradient must be discarded";
   EXPECT_EQ(t.acc->micro_batches_in_group(), 0);
-  EXPECT_EQ(t.acc->samples_in_group(), 0);
+  EXPECT_EQ(t.acc->units_in_group(), 0);
 
   // The next group trains normally: the same result as a run that never saw the bad group.
   feed(t, xs[4]);
@@ -1073,7 +1073,7 @@ TEST_P(AccumulatorTest, LossScalingIsExactAwayFromOverflow) {
   ls.growth_interval = 3;
   for (OptKind kind : {OptKind::momentum, OptKind::adamw}) {
     const TrainRun plain = train_epoch(device(), kind, {16}, 4);
-    const TrainRun scaled = train_epoch(device(), kind, {16}, 4, Normalization::samples, ls);
+    const TrainRun scaled = train_epoch(device(), kind, {16}, 4, Normalization::units, ls);
     ASSERT_EQ(scaled.steps, 16);  // 15 groups of 64 and one of 40
     EXPECT_EQ(scaled.loss_scale, 1024.0f * 32.0f) << "16 clean steps, growth every 3rd: 5 doublings";
     for (std::size_t i = 0; i < plain.final.size(); ++i)
@@ -1090,7 +1090,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   LossScaling ls;
   ls.dynamic = true;  // 2^16 to start
   ls.growth_interval = 2;
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.accum_steps = 4;
   ao.loss_scaling = ls;
   auto make = [&] { return TinyTrainer(p, device(), 0.1f, ao); };
@@ -1127,7 +1127,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   EXPECT_EQ(t.m.gather(t.opt->momentum_buffer()), momentum) << "momentum changed by the skipped group";
   EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "halved once";
   {  // the control: without loss scaling the same group is finite and steps
-    AccumulatorOptions unscaled;
+    AccumulationOptions unscaled;
     unscaled.accum_steps = 4;
     TinyTrainer plain(p, device(), 0.1f, unscaled);
     feed(plain, 0);
@@ -1140,7 +1140,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
 
   clean_group(t);
   EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "one clean group: not yet";
-  const Accumulator::Counters mid = t.acc->counters();
+  const optim::TrainingCounters mid = t.acc->counters();
   EXPECT_EQ(mid.loss_scale, 32768.0f);
   EXPECT_EQ(mid.loss_scale_clean_steps, 1);
   clean_group(t);
@@ -1156,14 +1156,14 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   EXPECT_EQ(resumed.acc->counters().loss_scale_clean_steps, 1);
   clean_group(resumed);
   EXPECT_EQ(resumed.acc->loss_scale(), 65536.0f);
-  Accumulator::Counters broken = mid;
+  optim::TrainingCounters broken = mid;
   broken.loss_scale_clean_steps = ls.growth_interval;  // a count the step never leaves behind
   EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
   broken = mid;
   broken.loss_scale = 0.0f;
   EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
   // A scale below the floor (saved before the floor existed) resumes at the floor.
-  Accumulator::Counters low = mid;
+  optim::TrainingCounters low = mid;
   low.loss_scale = 0.25f;
   TinyTrainer floored = make();
   floored.acc->restore(low);
@@ -1192,7 +1192,7 @@ TEST_P(AccumulatorTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
     ls.initial_scale = 8.0f;
     ls.growth_interval = 2;
     ls.min_scale = floor;
-    AccumulatorOptions ao;
+    AccumulationOptions ao;
     ao.loss_scaling = ls;
     TinyTrainer t(p, device(), 0.1f, ao);
     constexpr int kOverflows = 200;
@@ -1220,7 +1220,7 @@ TEST_P(AccumulatorTest, LossScaleNeverGrowsToInfinity) {
   ls.dynamic = true;
   ls.initial_scale = 0x1p126f;
   ls.growth_interval = 1;
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.loss_scaling = ls;
   TinyTrainer t(p, device(), 0.0f, ao);  // lr 0: the weights, and so the gradients, stay put
   for (int k = 0; k < 3; ++k) {
@@ -1233,9 +1233,9 @@ TEST_P(AccumulatorTest, LossScaleNeverGrowsToInfinity) {
 TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
   const Tiny p;
   TinyModel m(p, device());
-  auto make = [&](LossScaling ls, Normalization n = Normalization::samples, bool skip = true) {
+  auto make = [&](LossScaling ls, Normalization n = Normalization::units, bool skip = true) {
     ls.dynamic = true;
-    AccumulatorOptions ao;
+    AccumulationOptions ao;
     ao.loss_scaling = ls;
     ao.normalization = n;
     ao.skip_non_finite = skip;
@@ -1273,7 +1273,7 @@ TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
     }
   }
   EXPECT_THROW(make({}, Normalization::micro_batches), InvalidArgument);
-  EXPECT_THROW(make({}, Normalization::samples, /*skip=*/false), InvalidArgument);
+  EXPECT_THROW(make({}, Normalization::units, /*skip=*/false), InvalidArgument);
 }
 
 // ---- mean-reduced losses (issue 28) -----------------------------------------------------------------
@@ -1294,7 +1294,7 @@ std::string refusal(Fn fn) {
 TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
   const Tiny p;
   TinyModel m(p, device());
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.accum_steps = 2;
   Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
   const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
@@ -1317,15 +1317,15 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
     EXPECT_NE(what.find(is_mean_op ? "ops::sum instead of ops::mean" : "ops::Reduction::Sum"), std::string::npos)
         << what;
     EXPECT_EQ(acc.micro_batch_index(), 0);
-    EXPECT_EQ(acc.samples_in_group(), 0);
+    EXPECT_EQ(acc.units_in_group(), 0);
     EXPECT_FALSE(m.w.grad().defined()) << "backward ran";
   }
   // The same check on the Trainer's path (eager here; on CUDA the capture calls backward too).
   optim::TrainerOptions to;
-  static_cast<optim::AccumulatorOptions&>(to) = ao;
+  static_cast<optim::AccumulationOptions&>(to) = ao;
   optim::Trainer trainer(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), to);
   EXPECT_THROW(trainer.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
-  EXPECT_EQ(trainer.accumulator().micro_batch_index(), 0);
+  EXPECT_EQ(trainer.micro_batch_index(), 0);
   // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.
   ao.normalization = Normalization::micro_batches;
   Accumulator classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
@@ -1340,7 +1340,7 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
 TEST_P(AccumulatorTest, AcceptsSummedLosses) {
   const Tiny p;
   TinyModel m(p, device());
-  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulatorOptions{});
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulationOptions{});
   const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
   const std::vector<std::pair<std::string, std::function<Tensor()>>> sums = {
       {"cross_entropy Sum", [&] { return m.loss(ops::Reduction::Sum); }},
@@ -1363,7 +1363,7 @@ TEST_P(AccumulatorTest, AcceptsSummedLosses) {
 TEST_P(AccumulatorTest, GradAfterAStepSaysWhyItIsUndefined) {
   const Tiny p;
   TinyModel m(p, device());
-  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulatorOptions{});
+  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulationOptions{});
   acc.backward(m.loss(ops::Reduction::Sum), Tiny::B);
   const std::vector<float> summed = m.w.grad().to_vector<float>();
   ASSERT_TRUE(acc.step_if_ready());
@@ -1389,14 +1389,14 @@ TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {
   TinyModel m(p, device());
   optim::SGDOptions so;
   so.lr = 0.01f;
-  AccumulatorOptions ao;
+  AccumulationOptions ao;
   ao.accum_steps = 3;
   Accumulator acc(std::make_shared<optim::SGD>(m.flat, so), ao);
   EXPECT_EQ(acc.micro_batch_index(), 0);
   EXPECT_EQ(acc.micro_batches_total(), 0);
   EXPECT_EQ(acc.optimizer_steps(), 0);
   EXPECT_EQ(acc.skipped_steps(), 0);
-  EXPECT_EQ(acc.samples_in_group(), 0);
+  EXPECT_EQ(acc.units_in_group(), 0);
   EXPECT_EQ(acc.micro_batches_in_group(), 0);
   EXPECT_EQ(acc.accum_steps(), 3);
   EXPECT_FALSE(acc.step_if_ready()) << "nothing accumulated";
@@ -1418,7 +1418,7 @@ TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {
       ++group_mbs;
       EXPECT_EQ(acc.micro_batch_index(), mb + 1);
       EXPECT_EQ(acc.micro_batches_total(), total);
-      EXPECT_EQ(acc.samples_in_group(), group_samples);
+      EXPECT_EQ(acc.units_in_group(), group_samples);
       EXPECT_EQ(acc.micro_batches_in_group(), group_mbs);
       const bool expect_step = group_mbs == 3 || mb == 6;
       EXPECT_EQ(acc.step_if_ready(), expect_step) << "epoch " << epoch << " micro-batch " << mb;
@@ -1428,7 +1428,7 @@ TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {
         group_mbs = 0;
       }
       EXPECT_EQ(acc.optimizer_steps(), steps);
-      EXPECT_EQ(acc.samples_in_group(), group_samples);
+      EXPECT_EQ(acc.units_in_group(), group_samples);
       EXPECT_EQ(acc.micro_batches_in_group(), group_mbs);
     }
   }
@@ -1459,7 +1459,7 @@ TEST_P(AccumulatorTest, OptimizerStateIsAllocatedAtTheFirstStep) {
     EXPECT_GE(params_bytes, flat->num_parameters() * 4);
     const CategoryStats before_create = alloc.stats()[MemoryCategory::optimizer_state];
     {
-      AccumulatorOptions ao;
+      AccumulationOptions ao;
       Accumulator acc(make_optimizer(kind, flat), ao);
       EXPECT_EQ(acc.optimizer().state_bytes(), 0);
       acc.backward(sum_loss(model, data, 0, 8), 8);

@@ -19,7 +19,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/trainer.h"
@@ -84,7 +84,7 @@ struct Rig {
   // second group runs beside the state the first step allocates). The OutOfMemory's message, or "".
   std::string train_two_steps(const std::shared_ptr<optim::Optimizer>& optimizer, int64_t micro_batch, int64_t accum,
                               int64_t budget) const {
-    optim::AccumulatorOptions ao;
+    optim::AccumulationOptions ao;
     ao.accum_steps = static_cast<int>(accum);
     optim::Accumulator acc(optimizer, ao);
     allocator_for(kCpu).empty_cache();
@@ -630,7 +630,7 @@ TEST(PlanBatch, HoldsTheLoopsStateInEveryRow) {
   Synthetic s;
   const Plan without = plan_batch(s.request(64, 0));
   PlanRequest request = s.request(64, 0);
-  request.loop_state = optim::Accumulator::state_to_allocate();
+  request.loop_state = optim::Trainer::state_to_allocate();
   ASSERT_EQ(request.loop_state.size(), 1u);
   const int64_t table_bytes = rounded(request.loop_state[0]);
   const Plan with = plan_batch(request);
@@ -753,7 +753,7 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   PlanRequest by_hand = rig.request(adamw, 512, kBudget);
   by_hand.model = nullptr;
   by_hand.sample_limit = 600;
-  by_hand.loop_state = optim::Accumulator::state_to_allocate();  // the Trainer's learning-rate table
+  by_hand.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's learning-rate table
   by_hand.micro_batch = [&](int64_t b) {
     loss(data::DataLoader(dataset, b).batch(0)).backward();
     rig.flat->mark_gradients_stale();
@@ -764,7 +764,7 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   EXPECT_EQ(request.device, kCpu);
   EXPECT_EQ(request.sample_limit, 600);
   EXPECT_TRUE(request.require_fit);
-  EXPECT_EQ(request.loop_state, optim::Accumulator::state_to_allocate());
+  EXPECT_EQ(request.loop_state, optim::Trainer::state_to_allocate());
   const Plan got = plan_batch(request);
   for (const auto& [name, p] : rig.model->named_parameters())
     EXPECT_FALSE(p.grad().defined()) << name << ": the probes' gradients are discarded";

@@ -23,6 +23,7 @@
 #include "cumulus/cumulus.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus::testing {
@@ -329,7 +330,7 @@ TEST_P(PrecisionTest, MemoryTableNamesTheWeightCopies) {
   Generator gen(5);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), optim::AccumulatorOptions{});
+  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), optim::AccumulationOptions{});
   MemoryTracker::Options o;
   o.micro_batch_size = 8;
   o.timeline_steps = 0;
@@ -371,7 +372,7 @@ std::vector<float> train_accumulating(DType compute, Buffers buffers) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
   optim::SGDOptions so;
   so.lr = 0.2f;
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 64;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
   const int64_t n = 64 * 100;

@@ -26,7 +26,7 @@
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "test_util.h"
@@ -103,7 +103,7 @@ RunResult train(Model& model, const Batch& data, int64_t b, int accum, int group
   optim::SGDOptions so;
   so.lr = 0.05f;
   so.momentum = 0.9f;
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = accum;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
   acc.begin_epoch(0, static_cast<int64_t>(accum) * groups);
@@ -378,7 +378,7 @@ template <typename Model>
 std::vector<MicroBatchRecord> tracked_run(Model& model, MemoryTracker& tracker, const Batch& data,
                                           const std::vector<int64_t>& sizes, int64_t per_size) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulatorOptions ao;
+  optim::AccumulationOptions ao;
   ao.accum_steps = 2;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   std::vector<MicroBatchRecord> out;

@@ -20,7 +20,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "cumulus/runtime/accumulator.h"
+#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/version.h"
@@ -51,7 +51,7 @@ struct Rig {
     std::shared_ptr<optim::Optimizer> opt;
     if (adamw) opt = std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{});
     else opt = std::make_shared<optim::SGD>(flat, optim::SGDOptions{});
-    optim::AccumulatorOptions ao;
+    optim::AccumulationOptions ao;
     ao.accum_steps = 4;
     acc = std::make_unique<optim::Accumulator>(opt, ao);
   }

@@ -23,6 +23,7 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -77,10 +78,12 @@ struct StepLog {
   std::vector<int> group;
   std::vector<int64_t> steps;
   std::vector<float> lr;
-  void add(int group_size, const optim::Accumulator& acc) {
+  // `driver`: a Trainer, or the Accumulator a reference drives by hand.
+  template <class Driver>
+  void add(int group_size, const Driver& driver) {
     group.push_back(group_size);
-    steps.push_back(acc.optimizer_steps());
-    lr.push_back(acc.last_lr());
+    steps.push_back(driver.optimizer_steps());
+    lr.push_back(driver.last_lr());
   }
 };
 
@@ -106,9 +109,9 @@ TEST_P(TrainerTest, WithoutGraphsItIsTheAccumulatorDrivenByHandBitForBit) {
       trainer.micro_batch(with_trainer.samples(i), [&] { return with_trainer.loss(i); });
       ASSERT_EQ(acc.step_if_ready(), trainer.step_if_ready()) << "epoch " << epoch << ", micro-batch " << i;
     }
-    EXPECT_EQ(acc.epoch_loss_sum(), trainer.accumulator().epoch_loss_sum());
+    EXPECT_EQ(acc.epoch_loss_sum(), trainer.epoch_loss_sum());
   }
-  const optim::Accumulator& t = trainer.accumulator();
+  const optim::Trainer& t = trainer;
   EXPECT_EQ(t.optimizer_steps(), acc.optimizer_steps());
   EXPECT_EQ(t.optimizer_steps(), 8 + 2 + 5);  // 8 of 3; then 2 of 3 and 5 of 4 (the last of 2)
   EXPECT_EQ(t.last_lr(), acc.last_lr());
@@ -127,19 +130,18 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
   Problem s(device());
   s.options.accum_steps = 2;
   optim::Trainer trainer(s.optimizer, s.options, s.schedule);
-  const optim::Accumulator& acc = trainer.accumulator();
   StepLog log;
   for (int epoch = 0; epoch < 2; ++epoch) {
     trainer.begin_epoch(epoch, kMicroBatches);
     for (int64_t i = 0; i < kMicroBatches; ++i) {
       if (epoch == 0 && i == 7) {
-        ASSERT_EQ(acc.micro_batches_in_group(), 1);
+        ASSERT_EQ(trainer.micro_batches_in_group(), 1);
         trainer.set_accum_steps(4);
-        EXPECT_EQ(acc.accum_steps(), 2) << "the group in progress keeps its size";
+        EXPECT_EQ(trainer.accum_steps(), 2) << "the group in progress keeps its size";
       }
       trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
-      const int in_group = acc.micro_batches_in_group();
-      if (trainer.step_if_ready()) log.add(in_group, acc);
+      const int in_group = trainer.micro_batches_in_group();
+      if (trainer.step_if_ready()) log.add(in_group, trainer);
     }
   }
 
@@ -165,32 +167,31 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
   EXPECT_EQ(log.lr, expected.lr) << "the LR schedule restarted at the change";
   for (std::size_t k = 0; k < log.lr.size(); ++k) EXPECT_EQ(log.lr[k], s.schedule->lr_at(static_cast<int64_t>(k)));
   EXPECT_TRUE(same_bits(s.weights(), r.weights())) << "the weights differ from the reference's";
-  EXPECT_EQ(acc.counters().accum_steps_override, 4);
+  EXPECT_EQ(trainer.counters().accum_steps_override, 4);
 }
 
 TEST_P(TrainerTest, SetAccumStepsAtABoundaryAppliesAtOnceAndOutlivesTheEpochSchedule) {
   Problem s(device());
   s.options.schedule = {{0, 2}, {1, 3}};
   optim::Trainer trainer(s.optimizer, s.options, s.schedule);
-  const optim::Accumulator& acc = trainer.accumulator();
   trainer.begin_epoch(0, 4);
   for (int64_t i = 0; i < 2; ++i) {
     trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
     trainer.step_if_ready();
   }
-  EXPECT_EQ(acc.optimizer_steps(), 1);
+  EXPECT_EQ(trainer.optimizer_steps(), 1);
   trainer.set_accum_steps(5);
-  EXPECT_EQ(acc.accum_steps(), 5) << "an empty group takes the new size at once";
+  EXPECT_EQ(trainer.accum_steps(), 5) << "an empty group takes the new size at once";
   for (int64_t i = 2; i < 4; ++i) {
     trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
     trainer.step_if_ready();
   }
-  EXPECT_EQ(acc.optimizer_steps(), 2) << "the epoch's end steps the partial group";
+  EXPECT_EQ(trainer.optimizer_steps(), 2) << "the epoch's end steps the partial group";
   trainer.begin_epoch(1, 10);
-  EXPECT_EQ(acc.accum_steps(), 5) << "the schedule's 3 for epoch 1 would undo the change";
+  EXPECT_EQ(trainer.accum_steps(), 5) << "the schedule's 3 for epoch 1 would undo the change";
   EXPECT_THROW(trainer.set_accum_steps(0), InvalidArgument);
   EXPECT_THROW(trainer.set_accum_steps(-2), InvalidArgument);
-  EXPECT_EQ(acc.accum_steps(), 5);
+  EXPECT_EQ(trainer.accum_steps(), 5);
 }
 
 // A checkpoint at a group boundary after set_accum_steps(3): a fresh Trainer configured with 2
@@ -200,7 +201,7 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
   Problem a(device()), b(device());
   a.options.accum_steps = b.options.accum_steps = 2;
   optim::Trainer first(a.optimizer, a.options, a.schedule);
-  optim::Accumulator::Counters saved;
+  optim::TrainingCounters saved;
   Tensor weights;
   std::vector<std::pair<std::string, Tensor>> state;
   int64_t updates = 0;
@@ -210,7 +211,7 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
     first.micro_batch(a.samples(i), [&] { return a.loss(i); });
     first.step_if_ready();
     if (i == 9) {  // groups {0, 1}, {2, 3}, {4, 5, 6}, {7, 8, 9}: a boundary
-      ASSERT_EQ(first.accumulator().micro_batches_in_group(), 0);
+      ASSERT_EQ(first.micro_batches_in_group(), 0);
       saved = first.counters();
       weights = a.flat->values().clone();
       for (const auto& [name, t] : a.optimizer->state()) state.emplace_back(name, t.clone());
@@ -227,14 +228,14 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
   optim::Trainer resumed(b.optimizer, b.options, b.schedule);
   resumed.restore(saved);
   resumed.begin_epoch(saved.epoch, kMicroBatches, saved.micro_batch_index);
-  EXPECT_EQ(resumed.accumulator().accum_steps(), 3);
+  EXPECT_EQ(resumed.accum_steps(), 3);
   for (int64_t i = saved.micro_batch_index; i < kMicroBatches; ++i) {
     resumed.micro_batch(b.samples(i), [&] { return b.loss(i); });
     resumed.step_if_ready();
   }
-  EXPECT_EQ(resumed.accumulator().optimizer_steps(), first.accumulator().optimizer_steps());
-  EXPECT_EQ(resumed.accumulator().optimizer_steps(), 4 + 5);  // {10-12} ... {19-21}, {22, 23}
-  EXPECT_EQ(resumed.accumulator().last_lr(), first.accumulator().last_lr());
+  EXPECT_EQ(resumed.optimizer_steps(), first.optimizer_steps());
+  EXPECT_EQ(resumed.optimizer_steps(), 4 + 5);  // {10-12} ... {19-21}, {22, 23}
+  EXPECT_EQ(resumed.last_lr(), first.last_lr());
   EXPECT_TRUE(same_bits(a.weights(), b.weights())) << "the resumed run's weights differ";
 }
 
@@ -319,12 +320,12 @@ TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
       reference.step_if_ready();
     }
     const double mean_loss = trainer.train_epoch(loader, epoch, loss_of);
-    const optim::Accumulator& r = reference.accumulator();
-    EXPECT_EQ(mean_loss, r.epoch_loss_sum() / r.epoch_samples_stepped()) << "epoch " << epoch;
-    EXPECT_EQ(trainer.accumulator().optimizer_steps(), 5 * (epoch + 1)) << "four groups of 5, one of 4";
+    const optim::Trainer& r = reference;
+    EXPECT_EQ(mean_loss, r.epoch_loss_sum() / r.epoch_units_stepped()) << "epoch " << epoch;
+    EXPECT_EQ(trainer.optimizer_steps(), 5 * (epoch + 1)) << "four groups of 5, one of 4";
     EXPECT_TRUE(same_bits(by_hand.weights(), with_helper.weights())) << "epoch " << epoch;
   }
-  EXPECT_EQ(trainer.accumulator().last_lr(), reference.accumulator().last_lr());
+  EXPECT_EQ(trainer.last_lr(), reference.last_lr());
 }
 
 // on_step reports every step taken: its count, epoch and lr as the Accumulator's after it, and the
@@ -355,7 +356,7 @@ TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {
       });
       if (!reference.step_if_ready()) continue;
       group_losses.push_back(group_sum / group_samples);
-      lrs.push_back(reference.accumulator().last_lr());
+      lrs.push_back(reference.last_lr());
       group_sum = group_samples = 0;
     }
     trainer.train_epoch(loader, epoch, loss_of);

@@ -20,7 +20,8 @@
 #include <vector>
 
 #include "cumulus/nn/module.h"
-#include "cumulus/runtime/accumulator.h"
+#include "cumulus/optim/optimizer.h"
+#include "cumulus/runtime/accumulation.h"
 #include "run_config.h"
 
 namespace fmnist {
@@ -28,7 +29,7 @@ namespace fmnist {
 struct TrainingState {
   int epoch = 0;                 // the epoch to continue
   int64_t next_micro_batch = 0;  // its first micro-batch not yet trained (at a group boundary)
-  cumulus::optim::Accumulator::Counters counters;
+  cumulus::optim::TrainingCounters counters;
   int64_t optimizer_updates = 0;
   double epoch_loss_sum = 0.0;  // the epoch's summed training loss so far, and its samples
   int64_t epoch_samples = 0;

@@ -103,7 +103,7 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
     flat->mark_gradients_stale();
   };
   request.optimizer = optimizer.get();
-  request.loop_state = optim::Accumulator::state_to_allocate();  // the Trainer's
+  request.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's
   request.sample_limit = train.size();
   add_levers(o, model, train, test, batch_dtype, request);
   request.model = &model;

@@ -84,7 +84,7 @@ const Choices<optim::Normalization>& choices() {
   static const Choices<optim::Normalization> c{
       "--normalize",
       nullptr,
-      {{"samples", optim::Normalization::samples}, {"micro-batches", optim::Normalization::micro_batches}}};
+      {{"samples", optim::Normalization::units}, {"micro-batches", optim::Normalization::micro_batches}}};
   return c;
 }
 
@@ -117,7 +117,7 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
     }
   }
   c.one_gpu_per_rank = cli.device == "auto" || cli.device == "cuda";
-  require(!needs_loss_scaling(c.precision) || c.normalization == optim::Normalization::samples,
+  require(!needs_loss_scaling(c.precision) || c.normalization == optim::Normalization::units,
           "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
           "normalization of each step");
   const std::string unsupported = precision_unsupported_reason(c.precision, c.device);
@@ -224,7 +224,7 @@ FMNIST_CHOICE(nn::KernelChoice)
 FMNIST_CHOICE(optim::Normalization)
 #undef FMNIST_CHOICE
 
-int RunConfig::accum_steps_at(int epoch) const { return optim::Accumulator::steps_for_epoch(accum_schedule, epoch); }
+int RunConfig::accum_steps_at(int epoch) const { return optim::accum_steps_for_epoch(accum_schedule, epoch); }
 
 std::map<int, int> RunConfig::accum_schedule_all_ranks() const {
   std::map<int, int> all;

@@ -24,7 +24,7 @@
 #include "cumulus/core/precision.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/nn/model.h"
-#include "cumulus/runtime/accumulator.h"
+#include "cumulus/runtime/accumulation.h"
 #include "options.h"
 
 namespace fmnist {
@@ -93,7 +93,7 @@ struct RunConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;  // --weight-decay, else PyTorch's default for the optimizer
   float clip_grad_norm = 0.0f;
-  cumulus::optim::Normalization normalization = cumulus::optim::Normalization::samples;
+  cumulus::optim::Normalization normalization = cumulus::optim::Normalization::units;
 
   // Data, files and output. The outputs are this rank's (Note [Run configuration]).
   std::string data_dir;

@@ -40,7 +40,7 @@ class TrainingLoop {
   explicit TrainingLoop(const TrainingParts& p)
       : p_(p),
         o_(p.o),
-        acc_(p.trainer.accumulator()),
+        trainer_(p.trainer),
         progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
         boundary_(p.state),
         metrics_(p.o.metrics_path, !p.o.resume_path.empty(), p.state.epoch) {
@@ -63,7 +63,7 @@ class TrainingLoop {
 
   const TrainingParts& p_;
   const RunConfig& o_;
-  const optim::Accumulator& acc_;  // the counters
+  const optim::Trainer& trainer_;  // the counters
   Progress progress_;
   // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
   // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run_`
@@ -79,14 +79,14 @@ class TrainingLoop {
 
 void TrainingLoop::checkpoint_now(const char* why) {
   if (o_.checkpoint_path.empty()) return;
-  const optim::Accumulator::Counters now = acc_.counters();
+  const optim::TrainingCounters now = trainer_.counters();
   boundary_.counters.optimizer_steps = now.optimizer_steps;
   boundary_.counters.skipped_steps = now.skipped_steps;
   boundary_.counters.loss_scale = now.loss_scale;
   boundary_.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
   boundary_.counters.last_lr = now.last_lr;
   boundary_.optimizer_updates = p_.optimizer.updates();
-  boundary_.epoch_loss_sum = boundary_.next_micro_batch == 0 ? 0.0 : loss_before_run_ + acc_.epoch_loss_sum();
+  boundary_.epoch_loss_sum = boundary_.next_micro_batch == 0 ? 0.0 : loss_before_run_ + trainer_.epoch_loss_sum();
   try {
     save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, boundary_, o_);
   } catch (const Error& e) {
@@ -148,11 +148,11 @@ Epoch TrainingLoop::begin_epoch(int epoch) {
   progress_.begin_epoch(epoch, micro_batches, e.first);
   boundary_.epoch = epoch;
   boundary_.next_micro_batch = e.first;
-  boundary_.counters = acc_.counters();
+  boundary_.counters = trainer_.counters();
   boundary_.epoch_samples = e.samples;
-  e.skipped_before = acc_.skipped_steps();
+  e.skipped_before = trainer_.skipped_steps();
   e.comm_before = p_.comm.stats();
-  e.buckets_in_backward_before = acc_.buckets_started_in_backward();
+  e.buckets_in_backward_before = trainer_.buckets_started_in_backward();
   e.t0 = std::chrono::steady_clock::now();
   return e;
 }
@@ -165,7 +165,7 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
     // checkpoint holds is then exactly what the run has done, batch norm's running statistics
     // included (they change with every micro-batch). With several ranks, at a boundary all of them
     // agree on, so they stop together.
-    if (acc_.micro_batches_in_group() == 0 && (o_.world_size == 1 ? g_signal != 0 : stop_agreed()))
+    if (trainer_.micro_batches_in_group() == 0 && (o_.world_size == 1 ? g_signal != 0 : stop_agreed()))
       return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
                                std::to_string(e.index + 1) + ", micro-batch " + std::to_string(i),
                            exit_code_for(g_signal), "interrupted");
@@ -188,13 +188,13 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
       e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
       boundary_.next_micro_batch = i + 1;
       boundary_.counters.epoch = e.index;
-      boundary_.counters.micro_batch_index = acc_.micro_batch_index();
-      boundary_.counters.micro_batches_total = acc_.micro_batches_total();
+      boundary_.counters.micro_batch_index = trainer_.micro_batch_index();
+      boundary_.counters.micro_batches_total = trainer_.micro_batches_total();
       boundary_.epoch_samples = e.samples;
     }
     if (progress_.due(i + 1))
       progress_.update(i + 1,
-                       (loss_before_run_ + acc_.epoch_loss_sum()) /
+                       (loss_before_run_ + trainer_.epoch_loss_sum()) /
                            static_cast<double>(std::max<int64_t>(boundary_.epoch_samples, 1)),
                        e.samples_this_run);
   }
@@ -206,11 +206,11 @@ void TrainingLoop::end_training_of(Epoch& e) {
   progress_.end_epoch();
   // Reading the loss waits for the device, so the epoch's time below includes its queued work
   // (with graphs the host runs far ahead of the GPU).
-  e.train_loss = (loss_before_run_ + acc_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(e.samples, 1));
+  e.train_loss = (loss_before_run_ + trainer_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(e.samples, 1));
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e.t0).count();
-  const int64_t skipped = acc_.skipped_steps() - e.skipped_before;
+  const int64_t skipped = trainer_.skipped_steps() - e.skipped_before;
   e.scaling = needs_loss_scaling(o_.precision);
-  e.loss_scale = e.scaling ? acc_.loss_scale() : 1.0f;
+  e.loss_scale = e.scaling ? trainer_.loss_scale() : 1.0f;
   // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault; at
   // its floor (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
   const float min_scale = p_.trainer_options.loss_scaling.min_scale;
@@ -248,13 +248,13 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
                                  {"test_accuracy", r.accuracy},
                                  {"samples_per_s", static_cast<double>(e.samples_this_run) / e.seconds},
                                  {"epoch_seconds", e.seconds},
-                                 {"optimizer_steps", acc_.optimizer_steps()},
-                                 {"skipped_steps", acc_.skipped_steps()},
+                                 {"optimizer_steps", trainer_.optimizer_steps()},
+                                 {"skipped_steps", trainer_.skipped_steps()},
                                  {"peak_bytes", e.peak},
                                  {"micro_batch_size", o_.batch_size},
                                  {"model", choice_name(o_.model)},
-                                 {"accum_steps", acc_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
-                                 {"lr", acc_.last_lr()},
+                                 {"accum_steps", trainer_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
+                                 {"lr", trainer_.last_lr()},
                                  {"precision", choice_name(o_.precision)},
                                  {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
   if (e.scaling) line["loss_scale"] = e.loss_scale;
@@ -263,8 +263,8 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
     line["world_size"] = o_.world_size;
     line["gradient_reductions"] = now.gradient_reductions - e.comm_before.gradient_reductions;
     line["communication_seconds"] = now.communication_seconds - e.comm_before.communication_seconds;
-    line["gradient_buckets"] = acc_.gradient_buckets();
-    line["buckets_started_in_backward"] = acc_.buckets_started_in_backward() - e.buckets_in_backward_before;
+    line["gradient_buckets"] = trainer_.gradient_buckets();
+    line["buckets_started_in_backward"] = trainer_.buckets_started_in_backward() - e.buckets_in_backward_before;
   }
   if (p_.model.uses_batch_statistics())
     line["batch_norm_statistics_samples"] = o_.batch_size;  // per micro-batch, not per group
@@ -293,7 +293,7 @@ std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
   metrics_.append(metrics_line(e, r));
   boundary_.epoch = e.index + 1;
   boundary_.next_micro_batch = 0;
-  boundary_.counters = acc_.counters();
+  boundary_.counters = trainer_.counters();
   boundary_.counters.epoch = e.index + 1;
   boundary_.counters.micro_batch_index = 0;
   boundary_.epoch_samples = 0;

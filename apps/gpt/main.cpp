@@ -192,7 +192,7 @@ constexpr const char* kOptimizerPrefix = "optimizer.";
 void save_checkpoint(const std::string& path, const models::GPT& model, const models::CharVocabulary& vocab,
                      optim::Trainer& trainer, const TrainFlags& f) {
   std::map<std::string, std::string> meta = models::gpt_metadata(model.config(), vocab);
-  const optim::Accumulator::Counters c = trainer.counters();
+  const optim::TrainingCounters c = trainer.counters();
   meta["run.micro_batch_index"] = std::to_string(c.micro_batch_index);
   meta["run.optimizer_steps"] = std::to_string(c.optimizer_steps);
   meta["run.skipped_steps"] = std::to_string(c.skipped_steps);
@@ -232,7 +232,7 @@ Run resume(const std::string& path, models::GPT& model, optim::Trainer& trainer,
                                    {"run.accum_steps", f.accum_steps}})
     CUMULUS_CHECK(meta_int(m, path, key) == value, Error, "file '", path, "': ", key, " ", m.at(key),
                   " differs from this run's ", value, " (resume with the flags of the run that wrote it)");
-  optim::Accumulator::Counters c;
+  optim::TrainingCounters c;
   c.micro_batch_index = meta_int(m, path, "run.micro_batch_index");
   c.optimizer_steps = meta_int(m, path, "run.optimizer_steps");
   c.skipped_steps = meta_int(m, path, "run.skipped_steps");
@@ -401,7 +401,7 @@ int train(const TrainFlags& flags) {
     const double seconds = std::chrono::duration<double>(now - step_start).count();
     step_start = now;
     const int64_t step = (i + 1) / f.accum_steps;
-    const float lr = trainer.accumulator().last_lr();
+    const float lr = trainer.last_lr();
     metrics.line(
         fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
             double(step), step_loss, lr, seconds, double(tokens_per_step) / seconds));

@@ -75,7 +75,7 @@ int main(int argc, char** argv) try {
     if (epoch == kEpochs / 2) trainer.set_accum_steps(2 * options.accum_steps);  // effective batch 64 -> 128
     const double train_loss = trainer.train_epoch(loader, epoch, loss);
     std::printf("epoch %2d  train loss %.4f  lr %.5f  steps %3lld  test accuracy %.1f%%\n", epoch + 1, train_loss,
-                trainer.accumulator().last_lr(), static_cast<long long>(trainer.accumulator().optimizer_steps()),
+                trainer.last_lr(), static_cast<long long>(trainer.optimizer_steps()),
                 100.0 * optim::evaluate_classifier(model, test_loader).accuracy);
   }
   print_memory_table(tracker, stdout);

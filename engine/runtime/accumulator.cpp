@@ -65,7 +65,7 @@
 // and only then reads the count and refills (once per kLrTableSize steps at most; both are
 // ordinary stream-ordered work, never inside a captured step). Without a schedule the table is
 // the optimizer's lr, rewritten when set_lr changes it.
-#include "cumulus/runtime/accumulator.h"
+#include "accumulator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -83,7 +83,7 @@
 
 namespace cumulus::optim {
 
-Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const AccumulatorOptions& options,
+Accumulator::Accumulator(std::shared_ptr<Optimizer> optimizer, const AccumulationOptions& options,
                          std::shared_ptr<const LRSchedule> schedule)
     : optimizer_(std::move(optimizer)), options_(options), schedule_(std::move(schedule)) {
   CUMULUS_CHECK(optimizer_ != nullptr, InvalidArgument, "Accumulator: no optimizer");
@@ -238,7 +238,7 @@ void Accumulator::write_lr_table(int64_t base_update) {
 
 std::vector<int64_t> Accumulator::state_to_allocate() { return {kLrTableSize * static_cast<int64_t>(sizeof(float))}; }
 
-int Accumulator::steps_for_epoch(const std::map<int, int>& schedule, int epoch) {
+int accum_steps_for_epoch(const std::map<int, int>& schedule, int epoch) {
   auto it = schedule.upper_bound(epoch);  // first entry after `epoch`; the one before applies
   return it == schedule.begin() ? 1 : std::prev(it)->second;
 }
@@ -251,7 +251,7 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
                 " micro-batch(es) of the previous epoch not stepped; call flush() first");
   epoch_ = epoch;
   if (accum_override_ > 0) accum_steps_ = accum_override_;
-  else accum_steps_ = options_.schedule.empty() ? options_.accum_steps : steps_for_epoch(options_.schedule, epoch);
+  else accum_steps_ = options_.schedule.empty() ? options_.accum_steps : accum_steps_for_epoch(options_.schedule, epoch);
   mb_in_epoch_ = first;
   mb_epoch_len_ = micro_batches;
   const double zeros[2] = {0.0, 0.0};  // loss_sum, samples_sum
@@ -379,9 +379,9 @@ bool Accumulator::ready() const {
 
 bool Accumulator::step_if_ready() { return ready() && do_step(); }
 
-Accumulator::Counters Accumulator::counters() const {
+TrainingCounters Accumulator::counters() const {
   const kernels::StepState st = read_state();
-  Counters c;
+  TrainingCounters c;
   c.epoch = epoch_;
   c.micro_batch_index = mb_in_epoch_;
   c.micro_batches_total = mb_total_;
@@ -408,7 +408,7 @@ void Accumulator::set_accum_steps(int steps) {
   if (group_mbs_ == 0) accum_steps_ = steps;  // else finish_step_host applies it after this group's step
 }
 
-void Accumulator::restore(const Counters& c) {
+void Accumulator::restore(const TrainingCounters& c) {
   CUMULUS_CHECK(group_mbs_ == 0, InvalidArgument, "Accumulator::restore with micro-batches accumulated");
   CUMULUS_CHECK(c.epoch >= 0 && c.micro_batch_index >= 0 && c.micro_batches_total >= 0 && c.optimizer_steps >= 0 &&
                     c.skipped_steps >= 0 && c.accum_steps_override >= 0,

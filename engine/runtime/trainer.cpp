@@ -9,16 +9,15 @@
 //  - It owns its Accumulator. The step count, the LR schedule's position (the update count less
 //    steps_offset_) and the loss scale live there; changing the accumulation steps used to mean a
 //    new Accumulator, which restarted all three silently. set_accum_steps changes N on the same
-//    one. The Accumulator stays public as the policy underneath (usable by hand, timed in parts by
-//    the benchmarks); this class replaces CapturedTraining, which drove one it did not own.
+//    one. The Accumulator is the policy underneath, internal to the runtime (the tests check it
+//    and the benchmarks time its parts directly); the Trainer is the one public driver.
 //  - set_accum_steps mid-group is deferred, not refused: the group in progress keeps the size its
 //    first micro-batches were normalized for (Normalization::micro_batches seeds 1 / (samples *
 //    N)), and a caller (a callback, a budget that changed) need not know where the group stands.
 //    The new N then holds for the rest of the run, replacing the per-epoch schedule, which would
 //    otherwise undo it silently at the next epoch; counters() carries it so a resume keeps it.
 //  - The tracker is an option, attachable later (set_tracker): the app makes its tracker after a
-//    checkpoint is restored. Counters are the Accumulator's, read through accumulator() rather than
-//    forwarded one by one.
+//    checkpoint is restored. The counters a report quotes are the Accumulator's, forwarded.
 //
 // Note [Units]
 // A loss is summed over something: a classifier's over its samples, a language model's over B x T
@@ -75,6 +74,7 @@
 #include "cumulus/nn/module.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "accumulator.h"
 
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"
@@ -101,15 +101,15 @@ struct Trainer::Captured {
 
 Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
                  std::shared_ptr<const LRSchedule> schedule)
-    : acc_(std::move(optimizer), options, std::move(schedule)),
+    : acc_(std::make_unique<Accumulator>(std::move(optimizer), options, std::move(schedule))),
       use_graphs_(options.use_graphs),
       tracker_(options.tracker),
       on_step_(options.on_step) {
-  CUMULUS_CHECK(!use_graphs_ || acc_.optimizer().parameters().device().is_cuda(), InvalidArgument,
+  CUMULUS_CHECK(!use_graphs_ || acc_->optimizer().parameters().device().is_cuda(), InvalidArgument,
                 "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ",
-                acc_.optimizer().parameters().device().str());
+                acc_->optimizer().parameters().device().str());
   // Not yet: the reductions across ranks would have to be captured too (NCCL allows it; untested).
-  CUMULUS_CHECK(!use_graphs_ || !acc_.distributed(), InvalidArgument,
+  CUMULUS_CHECK(!use_graphs_ || !acc_->distributed(), InvalidArgument,
                 "Trainer: CUDA graphs with data parallel training are not supported yet; run eagerly");
 #if !CUMULUS_WITH_CUDA
   CUMULUS_CHECK(!use_graphs_, InvalidArgument, "Trainer: cumulus was built without CUDA");
@@ -119,11 +119,34 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
 Trainer::~Trainer() = default;
 
 void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
-  acc_.begin_epoch(epoch, micro_batches, first);
+  acc_->begin_epoch(epoch, micro_batches, first);
   logged_loss_ = logged_units_ = 0.0;
 }
-void Trainer::skip_micro_batch() { acc_.skip_micro_batch(); }
-void Trainer::set_accum_steps(int steps) { acc_.set_accum_steps(steps); }
+void Trainer::skip_micro_batch() { acc_->skip_micro_batch(); }
+void Trainer::set_accum_steps(int steps) { acc_->set_accum_steps(steps); }
+
+TrainingCounters Trainer::counters() const { return acc_->counters(); }
+void Trainer::restore(const TrainingCounters& counters) { acc_->restore(counters); }
+int Trainer::epoch() const { return acc_->epoch(); }
+int Trainer::accum_steps() const { return acc_->accum_steps(); }
+int64_t Trainer::micro_batch_index() const { return acc_->micro_batch_index(); }
+int64_t Trainer::micro_batches_total() const { return acc_->micro_batches_total(); }
+int Trainer::micro_batches_in_group() const { return acc_->micro_batches_in_group(); }
+int64_t Trainer::units_in_group() const { return acc_->units_in_group(); }
+int64_t Trainer::attempted_steps() const { return acc_->attempted_steps(); }
+int64_t Trainer::optimizer_steps() const { return acc_->optimizer_steps(); }
+int64_t Trainer::skipped_steps() const { return acc_->skipped_steps(); }
+float Trainer::last_grad_norm() const { return acc_->last_grad_norm(); }
+float Trainer::last_clip_factor() const { return acc_->last_clip_factor(); }
+float Trainer::last_lr() const { return acc_->last_lr(); }
+float Trainer::loss_scale() const { return acc_->loss_scale(); }
+double Trainer::epoch_loss_sum() const { return acc_->epoch_loss_sum(); }
+double Trainer::epoch_units_stepped() const { return acc_->epoch_units_stepped(); }
+std::size_t Trainer::gradient_buckets() const { return acc_->gradient_buckets(); }
+int64_t Trainer::buckets_started_in_backward() const { return acc_->buckets_started_in_backward(); }
+Optimizer& Trainer::optimizer() { return acc_->optimizer(); }
+std::vector<int64_t> Trainer::state_to_allocate() { return Accumulator::state_to_allocate(); }
+Accumulator& accumulator_of(Trainer& trainer) { return *trainer.acc_; }
 
 void Trainer::reset() {
   micro_batches_.clear();
@@ -131,14 +154,14 @@ void Trainer::reset() {
 }
 
 std::vector<bool> Trainer::stale_pattern() const {
-  const auto& slots = acc_.optimizer_->parameters().slots();
+  const auto& slots = acc_->optimizer_->parameters().slots();
   std::vector<bool> stale(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) stale[i] = slots[i].param.grad_stale();
   return stale;
 }
 
 std::vector<bool> Trainer::frozen_pattern() const {
-  const auto& slots = acc_.optimizer_->parameters().slots();
+  const auto& slots = acc_->optimizer_->parameters().slots();
   std::vector<bool> frozen(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) frozen[i] = !slots[i].param.requires_grad();
   return frozen;
@@ -149,7 +172,7 @@ bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_-
 
 void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
   if (!graphs_now()) return eager_micro_batch(units, forward_loss);
-  const int seed_steps = acc_.options_.normalization == Normalization::micro_batches ? acc_.accum_steps() : 0;
+  const int seed_steps = acc_->options_.normalization == Normalization::micro_batches ? acc_->accum_steps() : 0;
   std::unique_ptr<Captured>& c = micro_batches_[GraphKey{units, stale_pattern(), frozen_pattern(), seed_steps}];
   if (!c) c = std::make_unique<Captured>();
   if (c->seen++ == 0) return eager_micro_batch(units, forward_loss);
@@ -157,10 +180,10 @@ void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_
 }
 
 void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
-  if (tracker_) tracker_->begin_micro_batch(acc_.epoch(), acc_.micro_batch_index(), units);
+  if (tracker_) tracker_->begin_micro_batch(acc_->epoch(), acc_->micro_batch_index(), units);
   Tensor loss = forward_loss();
   if (tracker_) tracker_->end_forward();
-  acc_.backward(loss, units);
+  acc_->backward(loss, units);
   loss = Tensor();  // freed inside the record: the loss is the micro-batch's
   if (tracker_) tracker_->end_backward();
   ++stats_.eager_micro_batches;
@@ -171,19 +194,19 @@ void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& fo
 // graph is launched after the host side of the micro-batch is replayed.
 void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss) {
 #if CUMULUS_WITH_CUDA
-  const int epoch = acc_.epoch();
-  const int64_t index = acc_.micro_batch_index();
+  const int epoch = acc_->epoch();
+  const int64_t index = acc_->micro_batch_index();
   if (!c.captured()) {
-    CachingAllocator& alloc = allocator_for(acc_.optimizer().parameters().device());
+    CachingAllocator& alloc = allocator_for(acc_->optimizer().parameters().device());
     alloc.reset_peak();
     const int64_t activations_before = alloc.stats()[MemoryCategory::activations].current;
     MicroBatchRecord& r = c.memory;
     r.samples = units;
-    cuda::Context& ctx = cuda::context(acc_.optimizer().parameters().device().index());
+    cuda::Context& ctx = cuda::context(acc_->optimizer().parameters().device().index());
     c.graph = cuda::Graph::capture(ctx, [&] {
       Tensor loss = forward_loss();
       r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
-      acc_.backward(loss, units);
+      acc_->backward(loss, units);
     });
     const MemoryStats st = alloc.stats();
     r.peak_bytes = st.allocated_peak;
@@ -193,9 +216,9 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
     stats_.kernels_per_micro_batch = c.graph.kernel_nodes();
     ++stats_.captures;
   } else {
-    acc_.check_micro_batch(units);
-    acc_.count_micro_batch(units);
-    const auto& slots = acc_.optimizer().parameters().slots();
+    acc_->check_micro_batch(units);
+    acc_->count_micro_batch(units);
+    const auto& slots = acc_->optimizer().parameters().slots();
     for (std::size_t i = 0; i < slots.size(); ++i)
       if (!c.stale_after[i]) slots[i].param.impl()->autograd.grad_stale = false;
   }
@@ -227,31 +250,31 @@ bool Trainer::flush() {
 // The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
 void Trainer::log_step() {
   if (!on_step_) return;
-  const double loss = acc_.epoch_loss_sum(), units = acc_.epoch_units_stepped();
+  const double loss = acc_->epoch_loss_sum(), units = acc_->epoch_units_stepped();
   StepLog log;
-  log.step = acc_.optimizer_steps();
-  log.epoch = acc_.epoch();
+  log.step = acc_->optimizer_steps();
+  log.epoch = acc_->epoch();
   log.loss = (loss - logged_loss_) / std::max(units - logged_units_, 1.0);  // mean per unit
-  log.lr = acc_.last_lr();
+  log.lr = acc_->last_lr();
   logged_loss_ = loss;
   logged_units_ = units;
   on_step_(log);
 }
 
 bool Trainer::step(bool only_if_ready) {
-  if (only_if_ready ? !acc_.ready() : acc_.micro_batches_in_group() == 0) return false;
-  Optimizer& opt = acc_.optimizer();
+  if (only_if_ready ? !acc_->ready() : acc_->micro_batches_in_group() == 0) return false;
+  Optimizer& opt = acc_->optimizer();
   if (!graphs_now()) {
     if (tracker_) tracker_->begin_step();
-    acc_.do_step();
+    acc_->do_step();
     // The step's reductions, those started during the last backward included.
-    dist::Communicator* comm = acc_.communicator();
+    dist::Communicator* comm = acc_->communicator();
     TimeSpans reductions = comm ? comm->take_recent_spans() : TimeSpans();
-    if (tracker_) tracker_->end_step(acc_.attempted_steps(), opt.state_bytes(), std::move(reductions));
+    if (tracker_) tracker_->end_step(acc_->attempted_steps(), opt.state_bytes(), std::move(reductions));
     ++stats_.eager_steps;
     return true;
   }
-  acc_.prepare_step_host();
+  acc_->prepare_step_host();
   // The update's arguments include the frozen mask, allocated at the first freeze (with the
   // optimizer's missed counts): a graph captured before has none.
   const void* frozen_mask = opt.parameters().frozen_chunks();
@@ -261,13 +284,13 @@ bool Trainer::step(bool only_if_ready) {
     step_->frozen_mask = frozen_mask;
   }
   if (step_->seen++ == 0) {
-    acc_.launch_step();  // creates the optimizer state: never during a capture
+    acc_->launch_step();  // creates the optimizer state: never during a capture
     ++stats_.eager_steps;
   } else {
 #if CUMULUS_WITH_CUDA
     if (!step_->captured()) {
       cuda::Context& ctx = cuda::context(opt.parameters().device().index());
-      step_->graph = cuda::Graph::capture(ctx, [&] { acc_.launch_step(); });
+      step_->graph = cuda::Graph::capture(ctx, [&] { acc_->launch_step(); });
       stats_.kernels_per_step = step_->graph.kernel_nodes();
       ++stats_.captures;
     }
@@ -275,15 +298,15 @@ bool Trainer::step(bool only_if_ready) {
     ++stats_.replayed_steps;
 #endif
   }
-  acc_.finish_step_host();
-  if (tracker_) tracker_->add_graph_step(acc_.attempted_steps(), opt.state_bytes());
+  acc_->finish_step_host();
+  if (tracker_) tracker_->add_graph_step(acc_->attempted_steps(), opt.state_bytes());
   return true;
 }
 
 // ---- conveniences over a DataLoader ----------------------------------------------------------
 
 double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss) {
-  dist::Communicator* comm = acc_.communicator();
+  dist::Communicator* comm = acc_->communicator();
   const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
   const int64_t batches = loader.num_batches();
   loader.set_epoch(epoch);
@@ -301,7 +324,7 @@ double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss
     }
     step_if_ready();
   }
-  return acc_.epoch_loss_sum() / std::max(acc_.epoch_units_stepped(), 1.0);
+  return acc_->epoch_loss_sum() / std::max(acc_->epoch_units_stepped(), 1.0);
 }
 
 Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader) {
@@ -334,7 +357,7 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.effective_batch = effective_batch;
   r.budget = budget;
   r.optimizer = &optimizer;
-  r.loop_state = Accumulator::state_to_allocate();  // the Trainer's Accumulator
+  r.loop_state = Trainer::state_to_allocate();  // the Trainer's Accumulator
   r.units_per_row = dataset.units_per_row();        // whole rows: micro-batches of whole sequences
   r.sample_limit = dataset.units();
   r.require_fit = true;

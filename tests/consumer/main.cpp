@@ -41,20 +41,20 @@ int run(const std::string& dir) {
   auto params = std::make_shared<nn::FlatParameters>(model);
   optim::SGDOptions sgd;
   sgd.lr = 0.1f;
-  optim::AccumulatorOptions accumulation;
-  accumulation.accum_steps = 2;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(params, sgd), accumulation);
+  optim::TrainerOptions options;
+  options.accum_steps = 2;
+  optim::Trainer trainer(std::make_shared<optim::SGD>(params, sgd), options);
   const float before = eval_loss(model, x, y);
-  acc.begin_epoch(0, 2);
+  trainer.begin_epoch(0, 2);
   for (int64_t start = 0; start < n; start += 32) {
     const Tensor xb = x.narrow_rows(start, 32), yb = y.narrow_rows(start, 32);
-    acc.backward(ops::cross_entropy(model(xb), yb, ops::Reduction::Sum), 32);
-    acc.step_if_ready();
+    trainer.micro_batch(32, [&] { return ops::cross_entropy(model(xb), yb, ops::Reduction::Sum); });
+    trainer.step_if_ready();
   }
   const float after = eval_loss(model, x, y);
   std::printf("consumer: one SGD step (2 x 32), loss %.6f -> %.6f, %lld step(s)\n", before, after,
-              static_cast<long long>(acc.optimizer_steps()));
-  if (!(after < before) || acc.optimizer_steps() != 1) {
+              static_cast<long long>(trainer.optimizer_steps()));
+  if (!(after < before) || trainer.optimizer_steps() != 1) {
     std::fprintf(stderr, "consumer: the loss did not go down after one step\n");
     return 1;
   }

@@ -55,7 +55,7 @@
 #include "cumulus/nn/module.h"
 #include "cumulus/nn/norm_layers.h"
 
-#include "cumulus/runtime/accumulator.h"
+#include "cumulus/runtime/accumulation.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"

@@ -4,7 +4,7 @@
 //     (the master weights), gradient buffers, optimizer state, losses, softmax and normalization
 //     statistics in f32. Every op of the seed MLP and the CNN computes in bf16 and f16. A run opts in by making its batches in compute_dtype()
 //     (DataLoader::set_dtype): ops compute in their input's type.
-//   fp16 also needs dynamic loss scaling (AccumulatorOptions::loss_scaling): its range ends at
+//   fp16 also needs dynamic loss scaling (AccumulationOptions::loss_scaling): its range ends at
 //   65504 and small gradients underflow below 2^-24; bf16 has f32's range and needs none.
 #pragma once
 

@@ -2,7 +2,7 @@
 // engine/dist/communicator.cpp and docs/ARCHITECTURE.md, "Data parallel".
 //
 //   auto comm = dist::Communicator::from_environment();  // world 1 unless started by mpirun
-//   AccumulatorOptions ao; ao.communicator = comm; ...    // one all-reduce per optimizer step
+//   AccumulationOptions ao; ao.communicator = comm; ...    // one all-reduce per optimizer step
 //
 // Two real transports, never a hand-made one: MPI (OpenMPI) launches the ranks and carries CPU
 // tensors between them; NCCL carries CUDA tensors, one GPU per rank, its id exchanged over MPI.

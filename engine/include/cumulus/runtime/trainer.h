@@ -1,5 +1,5 @@
-// Trainer: the training API. One object runs a user's micro-batches and optimizer steps through
-// an Accumulator (normalization, clipping, the LR schedule, loss scaling), records the memory
+// Trainer: the training API, the one driver of a training loop. One object runs a user's
+// micro-batches and optimizer steps (normalization, clipping, the LR schedule, loss scaling), records the memory
 // tracker itself, replays CUDA graphs when asked, exposes its counters for checkpoints and changes
 // the accumulation steps mid-run without restarting the schedule or the step count: what
 // Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around the user's own
@@ -33,9 +33,10 @@
 // the closure must queue the same work every time for a given unit count: its inputs come from device-side state
 // (DataLoader::next), never from host values that change between calls. On the CPU, or with
 // use_graphs false, everything runs eagerly through the same calls, with the Accumulator's results
-// bit for bit.
+// the same bits.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -44,15 +45,19 @@
 #include <vector>
 
 #include "cumulus/data/dataset.h"
+#include "cumulus/optim/lr_schedule.h"
+#include "cumulus/optim/optimizer.h"
+#include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/tracker.h"
-#include "cumulus/runtime/accumulator.h"
 
 namespace cumulus::nn {
 class Module;
 }  // namespace cumulus::nn
 
 namespace cumulus::optim {
+
+class Accumulator;  // the accumulation policy underneath (engine/runtime/accumulator.h)
 
 // A batch's loss summed over its units (ops::Reduction::Sum over batch.units: its samples, or its
 // tokens), as the Trainer's closures return it.
@@ -68,7 +73,7 @@ struct StepLog {
   float lr = 0.0f;    // the step's learning rate
 };
 
-struct TrainerOptions : AccumulatorOptions {
+struct TrainerOptions : AccumulationOptions {
   // Replays each micro-batch and the step's device part as CUDA graphs (needs the parameters on a
   // CUDA device and a single rank); off, every call runs eagerly.
   bool use_graphs = false;
@@ -119,15 +124,40 @@ class Trainer {
   // Everything a checkpoint needs to resume at a group boundary (set_accum_steps' value included),
   // and its restoration: the optimizer's state (Optimizer::load_state) first, then restore(), then
   // begin_epoch(counters.epoch, micro_batches, counters.micro_batch_index).
-  Accumulator::Counters counters() const { return acc_.counters(); }
-  void restore(const Accumulator::Counters& counters) { acc_.restore(counters); }
+  TrainingCounters counters() const;
+  void restore(const TrainingCounters& counters);
 
-  // The counters a report quotes (optimizer_steps(), epoch_loss_sum(), last_lr(), ...; see
-  // accumulator.h for which read the device). Driving it directly bypasses the tracker and the
-  // graphs: the non-const form is for tests and benchmarks that time its parts.
-  const Accumulator& accumulator() const { return acc_; }
-  Accumulator& accumulator() { return acc_; }
-  Optimizer& optimizer() { return acc_.optimizer(); }
+  // ---- counters a report can quote ----
+  // Host-side ones are free. Those marked (device) read the step state: on CUDA they wait for the
+  // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
+  // not per step.
+  int epoch() const;
+  int accum_steps() const;                // N for the current epoch (every rank's micro-batches)
+  int64_t micro_batch_index() const;      // micro-batches done this epoch
+  int64_t micro_batches_total() const;
+  int micro_batches_in_group() const;     // every rank's; 0 at a group boundary
+  int64_t units_in_group() const;         // this rank's units so far in the group
+  int64_t attempted_steps() const;        // steps attempted (taken or skipped)
+  int64_t optimizer_steps() const;        // (device) steps taken
+  int64_t skipped_steps() const;          // (device) steps skipped for a non-finite gradient
+  // (device) The last step's global L2 norm of the normalized gradient before clipping (NaN when
+  // the step did not compute it: no clipping and no non-finite guard), its clip factor and lr.
+  float last_grad_norm() const;
+  float last_clip_factor() const;
+  float last_lr() const;
+  float loss_scale() const;  // (device) the scale the next group's backward uses (1 without scaling)
+  // (device) Summed training loss, and units, of the groups stepped since begin_epoch(): their
+  // ratio is the epoch's mean loss per unit.
+  double epoch_loss_sum() const;
+  double epoch_units_stepped() const;
+  // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so
+  // far started while a backward was still running (the rest started at the step).
+  std::size_t gradient_buckets() const;
+  int64_t buckets_started_in_backward() const;
+  Optimizer& optimizer();
+  // The blocks a Trainer makes at its first step and holds beside every later micro-batch (bytes
+  // requested, category other: its learning-rate table), for a planner's PlanRequest::loop_state.
+  static std::vector<int64_t> state_to_allocate();
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
   void set_tracker(MemoryTracker* tracker) { tracker_ = tracker; }
@@ -146,6 +176,7 @@ class Trainer {
   void reset();
 
  private:
+  friend Accumulator& accumulator_of(Trainer& trainer);  // engine/runtime/accumulator.h
   struct Captured;
   // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
   // pattern of the parameters (which gradients are computed at all), and the backward seed's
@@ -159,7 +190,7 @@ class Trainer {
   std::vector<bool> stale_pattern() const;
   std::vector<bool> frozen_pattern() const;
 
-  Accumulator acc_;
+  std::unique_ptr<Accumulator> acc_;
   bool use_graphs_;
   MemoryTracker* tracker_;
   // Micro-batch graphs by GraphKey: the sinks' modes (overwrite or accumulate), the gradients

@@ -6,8 +6,9 @@
 //     acc.backward(cross_entropy(model(x), y, Reduction::Sum), x.size(0));  // units: here samples
 //     acc.step_if_ready();     // steps at each group boundary and after the epoch's last micro-batch
 //
-// optim::Trainer (cumulus/runtime/trainer.h) drives one for a training loop: the memory tracker's
-// records, CUDA graphs and the closure-per-micro-batch form; this class is the policy underneath.
+// Internal to the runtime: optim::Trainer (cumulus/runtime/trainer.h), the public driver, owns one
+// and adds the memory tracker's records, CUDA graphs and the closure-per-micro-batch form. The
+// tests check this policy directly and the benchmarks time its parts; nothing installed declares it.
 #pragma once
 
 #include <cstdint>
@@ -18,71 +19,14 @@
 
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
-
-namespace cumulus::dist {
-class Communicator;
-}
+#include "cumulus/runtime/accumulation.h"
 
 namespace cumulus::optim {
-
-enum class Normalization {
-  // Default. Losses are summed over units the caller names (samples, tokens, pixels:
-  // Reduction::Sum over them); the update divides by the number of units actually in the group. A
-  // partial or uneven group is exactly the mean per unit over its units.
-  units,
-  samples = units,  // the former name (a row was the only unit); same enumerator
-  // The classic convention: each micro-batch's summed loss is divided by its size times the
-  // configured accumulation steps N (mean loss / N; its size: the units backward() is given).
-  // Inexact when a group holds fewer than N micro-batches (the last of an epoch): its total weight
-  // is (micro-batches in it) / N instead of 1, and a shorter micro-batch's units weigh more than the
-  // others'.
-  micro_batches,
-  // The gradient is used as accumulated.
-  none,
-};
-
-// Dynamic loss scaling (Note [Loss scaling] in engine/runtime/accumulator.cpp), for gradients that
-// would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
-// with a non-finite gradient is skipped and halves it, but never below min_scale (it holds there);
-// growth_interval clean groups in a row double it. Every factor is a power of two, so unscaling
-// (folded into the update) is exact.
-struct LossScaling {
-  bool dynamic = false;
-  float initial_scale = 65536.0f;  // 2^16, torch.amp.GradScaler's default
-  int growth_interval = 2000;      // clean steps in a row before the scale grows
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  // The floor: a power of two from 2^-126 (the smallest normal f32) to initial_scale. Below 1 the
-  // scale no longer keeps small gradients from underflowing: it only shrinks gradients that
-  // overflow unscaled, which a diverging run has (torch.amp.GradScaler, without a floor, goes on
-  // down; give 2^-126 for that).
-  float min_scale = 1.0f;
-};
-
-struct AccumulatorOptions {
-  int accum_steps = 1;
-  // Per-epoch accumulation steps {first_epoch: steps}, as Lightning's
-  // GradientAccumulationScheduler; when non-empty it overrides accum_steps. Must have key 0.
-  std::map<int, int> schedule;
-  Normalization normalization = Normalization::units;
-  float clip_grad_norm = 0.0f;  // > 0: clip the normalized gradient's global L2 norm to this
-  bool skip_non_finite = true;  // a NaN/Inf in the normalized gradient skips the step
-  // Data parallel (Note [Data parallel accumulation] in engine/dist/communicator.cpp): null or a
-  // world of one trains alone. With more ranks, accum_steps (and the schedule's steps) count the
-  // micro-batches of a global group, all ranks together, and must be a multiple of the world size;
-  // every rank calls backward() for its own micro-batches and skip_micro_batch() for the others'.
-  std::shared_ptr<dist::Communicator> communicator;
-  // Gradient bytes per bucket reduced while backward still runs (whole parameter slots, so a slot
-  // larger than this is a bucket of its own).
-  int64_t bucket_bytes = 1 << 20;
-  // Needs Normalization::units and skip_non_finite.
-  LossScaling loss_scaling;
-};
 
 class Accumulator {
  public:
   // `schedule` may be null: the optimizer's own lr is used.
-  Accumulator(std::shared_ptr<Optimizer> optimizer, const AccumulatorOptions& options,
+  Accumulator(std::shared_ptr<Optimizer> optimizer, const AccumulationOptions& options,
               std::shared_ptr<const LRSchedule> schedule = nullptr);
 
   // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
@@ -123,7 +67,6 @@ class Accumulator {
   int64_t optimizer_steps() const;                             // (device) steps taken
   int64_t skipped_steps() const;                               // (device) steps skipped as non-finite
   int64_t units_in_group() const { return group_samples_; }    // this rank's units (backward's counts)
-  int64_t samples_in_group() const { return units_in_group(); }  // the former name
   int micro_batches_in_group() const { return group_mbs_; }    // every rank's
   // (device) Global L2 norm of the normalized gradient before clipping, at the last step; NaN when
   // the step did not compute it (no clipping and no non-finite guard).
@@ -136,7 +79,6 @@ class Accumulator {
   // ratio is the epoch's mean loss per unit.
   double epoch_loss_sum() const;
   double epoch_units_stepped() const;
-  double epoch_samples_stepped() const { return epoch_units_stepped(); }  // the former name
   Optimizer& optimizer() { return *optimizer_; }
   // Whether a communicator of more than one rank is attached (data parallel).
   bool distributed() const;
@@ -147,27 +89,10 @@ class Accumulator {
   dist::Communicator* communicator() const { return options_.communicator.get(); }
   int64_t buckets_started_in_backward() const { return buckets_in_backward_; }
 
-  // Everything a checkpoint needs to resume exactly at a group boundary.
-  struct Counters {
-    int epoch = 0;
-    int64_t micro_batch_index = 0;
-    int64_t micro_batches_total = 0;
-    int64_t optimizer_steps = 0;
-    int64_t skipped_steps = 0;
-    // Dynamic loss scaling's state (restored only where it is on).
-    float loss_scale = 1.0f;
-    int32_t loss_scale_clean_steps = 0;
-    // The learning rate of the last step (last_lr()): a run resumed before its first step, as in
-    // an interrupted test pass, reports the lr the uninterrupted run reports.
-    float last_lr = 0.0f;
-    // set_accum_steps' value, 0 where it was not called (the options' steps or schedule apply).
-    int accum_steps_override = 0;
-  };
-  Counters counters() const;
+  TrainingCounters counters() const;
   // Restores counters at a group boundary (nothing accumulated); begin_epoch() follows. The
   // optimizer's own state (load_state) is restored first.
-  void restore(const Counters& counters);
-  static int steps_for_epoch(const std::map<int, int>& schedule, int epoch);
+  void restore(const TrainingCounters& counters);
   // The blocks an Accumulator makes at its first step and holds beside every later micro-batch
   // (bytes requested, category other): its learning-rate table. A planner holds them in every
   // prediction, as it holds the optimizer's state (PlanRequest::loop_state).
@@ -205,7 +130,7 @@ class Accumulator {
   Tensor backward_seed(float value, const Tensor& loss);
 
   std::shared_ptr<Optimizer> optimizer_;
-  AccumulatorOptions options_;
+  AccumulationOptions options_;
   std::shared_ptr<const LRSchedule> schedule_;
   int epoch_ = 0;
   int accum_steps_ = 1;
@@ -238,5 +163,9 @@ class Accumulator {
   std::vector<std::size_t> bucket_of_slot_;
   std::map<const void*, std::size_t> slot_of_leaf_;
 };
+
+class Trainer;
+// The Trainer's own Accumulator, for tests and benchmarks that drive its parts (defined in trainer.cpp).
+Accumulator& accumulator_of(Trainer& trainer);
 
 }  // namespace cumulus::optim

@@ -1,0 +1,91 @@
+// What a training run's accumulation is configured with (AccumulationOptions, inherited by
+// optim::TrainerOptions) and the counters a checkpoint carries to resume it (TrainingCounters).
+// The policy itself (normalization, clipping, the LR schedule, loss scaling, data parallel
+// buckets) runs inside optim::Trainer: Note [Exact normalization] in engine/runtime/accumulator.cpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+namespace cumulus::dist {
+class Communicator;
+}
+
+namespace cumulus::optim {
+
+enum class Normalization {
+  // Default. Losses are summed over units the caller names (samples, tokens, pixels:
+  // Reduction::Sum over them); the update divides by the number of units actually in the group. A
+  // partial or uneven group is exactly the mean per unit over its units.
+  units,
+  // The classic convention: each micro-batch's summed loss is divided by its size times the
+  // configured accumulation steps N (mean loss / N; its size: the units backward() is given).
+  // Inexact when a group holds fewer than N micro-batches (the last of an epoch): its total weight
+  // is (micro-batches in it) / N instead of 1, and a shorter micro-batch's units weigh more than the
+  // others'.
+  micro_batches,
+  // The gradient is used as accumulated.
+  none,
+};
+
+// Dynamic loss scaling (Note [Loss scaling] in engine/runtime/accumulator.cpp), for gradients that
+// would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
+// with a non-finite gradient is skipped and halves it, but never below min_scale (it holds there);
+// growth_interval clean groups in a row double it. Every factor is a power of two, so unscaling
+// (folded into the update) is exact.
+struct LossScaling {
+  bool dynamic = false;
+  float initial_scale = 65536.0f;  // 2^16, torch.amp.GradScaler's default
+  int growth_interval = 2000;      // clean steps in a row before the scale grows
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  // The floor: a power of two from 2^-126 (the smallest normal f32) to initial_scale. Below 1 the
+  // scale no longer keeps small gradients from underflowing: it only shrinks gradients that
+  // overflow unscaled, which a diverging run has (torch.amp.GradScaler, without a floor, goes on
+  // down; give 2^-126 for that).
+  float min_scale = 1.0f;
+};
+
+struct AccumulationOptions {
+  int accum_steps = 1;
+  // Per-epoch accumulation steps {first_epoch: steps}, as Lightning's
+  // GradientAccumulationScheduler; when non-empty it overrides accum_steps. Must have key 0.
+  std::map<int, int> schedule;
+  Normalization normalization = Normalization::units;
+  float clip_grad_norm = 0.0f;  // > 0: clip the normalized gradient's global L2 norm to this
+  bool skip_non_finite = true;  // a NaN/Inf in the normalized gradient skips the step
+  // Data parallel (Note [Data parallel accumulation] in engine/dist/communicator.cpp): null or a
+  // world of one trains alone. With more ranks, accum_steps (and the schedule's steps) count the
+  // micro-batches of a global group, all ranks together, and must be a multiple of the world size;
+  // every rank calls backward() for its own micro-batches and skip_micro_batch() for the others'.
+  std::shared_ptr<dist::Communicator> communicator;
+  // Gradient bytes per bucket reduced while backward still runs (whole parameter slots, so a slot
+  // larger than this is a bucket of its own).
+  int64_t bucket_bytes = 1 << 20;
+  // Needs Normalization::units and skip_non_finite.
+  LossScaling loss_scaling;
+};
+
+// Everything a checkpoint needs to resume exactly at a group boundary (Trainer::counters()).
+struct TrainingCounters {
+  int epoch = 0;
+  int64_t micro_batch_index = 0;
+  int64_t micro_batches_total = 0;
+  int64_t optimizer_steps = 0;
+  int64_t skipped_steps = 0;
+  // Dynamic loss scaling's state (restored only where it is on).
+  float loss_scale = 1.0f;
+  int32_t loss_scale_clean_steps = 0;
+  // The learning rate of the last step (last_lr()): a run resumed before its first step, as in
+  // an interrupted test pass, reports the lr the uninterrupted run reports.
+  float last_lr = 0.0f;
+  // set_accum_steps' value, 0 where it was not called (the options' steps or schedule apply).
+  int accum_steps_override = 0;
+};
+
+// The accumulation steps a per-epoch schedule {first_epoch: steps} gives `epoch` (the entry with
+// the largest first epoch not after it; the schedule must have key 0).
+int accum_steps_for_epoch(const std::map<int, int>& schedule, int epoch);
+
+}  // namespace cumulus::optim
