@@ -35,6 +35,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/runtime/trainer.h"
 #include "engine/runtime/accumulator.h"
+#include "engine/optim/optimizer_access.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -94,14 +95,14 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
   const int64_t b = 64;
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);  // leaves a gradient to apply
   const float scale = 1.0f / static_cast<float>(b);
-  for (int i = 0; i < kWarmupIterations; ++i) opt->update(scale, opt->lr());  // allocates the state
+  for (int i = 0; i < kWarmupIterations; ++i) optim::OptimizerAccess::update(*opt, scale, opt->lr());  // allocates the state
   synchronize(device);
   DeviceTimer timer(device);
   LaunchCounter launches;
   double total_s = 0.0;
   for (auto _ : state) {
     timer.start();
-    opt->update(scale, opt->lr());
+    optim::OptimizerAccess::update(*opt, scale, opt->lr());
     const double s = timer.seconds();
     state.SetIterationTime(s);
     total_s += s;

@@ -79,7 +79,7 @@ TEST(ParamGroups, AdamWWithTwoGroupsMatchesAHandWrittenReference) {
   for (int k = 1; k <= 4; ++k) {
     net.set_gradients(k);
     const std::vector<float> g = net.flat->gradients().to_vector<float>();
-    adamw.update(1.0f, o.lr);
+    adamw.step();
     for (const nn::FlatParameters::Slot& s : net.flat->slots()) {
       const float wd = s.param.ndim() >= 2 ? 0.1f : 0.0f;
       for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
@@ -117,7 +117,7 @@ TEST(ParamGroups, AGroupsLrAppliesAndFrozenParametersStayUntouched) {
   for (int k = 1; k <= 3; ++k) {
     net.set_gradients(k);
     const std::vector<float> g = net.flat->gradients().to_vector<float>();
-    sgd.update(1.0f, o.lr);
+    sgd.step();
     for (const nn::FlatParameters::Slot& s : net.flat->slots()) {
       if (s.name == "2.bias") continue;
       const bool in_slow = s.name == "0.bias" || s.name == "2.weight";
@@ -168,7 +168,7 @@ TEST(ParamGroups, StateSavesAndLoadsWithGroups) {
     }
     for (int k = first; k < first + steps; ++k) {
       net.set_gradients(k);
-      adamw.update(1.0f, o.lr);
+      adamw.step();
     }
     if (saved)
       for (const auto& [name, t] : adamw.state()) saved->emplace_back(name, t.clone());

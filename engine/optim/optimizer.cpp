@@ -157,6 +157,8 @@ bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tenso
   return false;
 }
 
+void Optimizer::step() { update(1.0f, lr_); }
+
 void Optimizer::update(float grad_scale, float lr) {
   CUMULUS_CHECK(std::isfinite(grad_scale), InvalidArgument, "optimizer: gradient scale ", grad_scale);
   NoGradGuard no_grad;

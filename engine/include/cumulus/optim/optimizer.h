@@ -1,6 +1,6 @@
 // Optimizers over FlatParameters. An update is one fused pass over the flat arrays (one launch on
-// CUDA): the gradient is multiplied by `grad_scale` inside the pass (the Accumulator folds the
-// normalization 1/samples and the clipping factor into it), then the rule is applied. State is
+// CUDA): the gradient is multiplied by a scale inside the pass (the Trainer folds the
+// normalization 1/units and the clipping factor into it), then the rule is applied. State is
 // allocated at the first update, in category optimizer_state. The step's scalars and counters
 // (scale, lr, skip, the update count) live in a StepState in the parameters' memory, so a CUDA
 // update never waits for the host (Note [Device-side step] in kernels/optim_rules.h). A frozen
@@ -23,6 +23,9 @@ struct FrozenChunks;
 }  // namespace cumulus::kernels
 
 namespace cumulus::optim {
+
+class Accumulator;
+struct OptimizerAccess;
 
 // A parameter group, as torch.optim's param_groups: the parameters it holds, by name (the
 // FlatParameters slot names: Module::named_parameters()'s), its learning rate as a multiple of the
@@ -49,19 +52,11 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update with g_eff = grad_scale * gradient, at learning rate `lr`. Stale slots count as zero
-  // gradient; frozen parameters are left alone. Does not mark gradients stale (the caller does, or
-  // zero_grad()).
-  void update(float grad_scale, float lr);
-  // Reads which parameters are frozen now (FlatParameters::refresh_frozen) and, once one was, keeps
-  // per-chunk counts of the updates they missed. Host work before an update's device part: update()
-  // calls it, the Accumulator before every step (never during a graph capture).
-  void prepare_frozen();
-  // The update the step state already describes (the Accumulator's prepare_step wrote it; a
-  // skipped step changes nothing). Queued only: no host synchronization.
-  void apply_prepared_update();
-  // Plain use without an Accumulator: update(1, lr()).
-  void step() { update(1.0f, lr_); }
+  // One update of the optimizer's rule with the gradients as they are, at the optimizer's lr. Stale
+  // slots count as zero gradient; frozen parameters are left alone. Does not mark gradients stale
+  // (zero_grad() does). A training loop leaves this to optim::Trainer, which normalizes, clips and
+  // schedules first.
+  void step();
   void zero_grad() { params_->mark_gradients_stale(); }
 
   float lr() const { return lr_; }
@@ -79,14 +74,6 @@ class Optimizer {
   // Updates applied so far (skipped steps excluded). On CUDA this reads the device: it waits for
   // the queued work (a host synchronization).
   int64_t updates() const;
-  // The step state as of now (a host synchronization on CUDA), and its device memory.
-  kernels::StepState read_step_state() const;
-  kernels::StepBuffers* step_buffers() const;
-  // Writes `bytes` at `offset` of the step state (queued in order on CUDA, no synchronization).
-  void write_step_state(std::size_t offset, const void* value, std::size_t bytes);
-  // The f32 field at `offset` of the step state as a one-element tensor of `shape`, sharing its
-  // memory: the Accumulator's loss scale, which backward reads as its seed (Note [Loss scaling]).
-  Tensor step_state_scalar(std::size_t offset, const Shape& shape) const;
   // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
   virtual int64_t state_bytes() const = 0;
   // The state the next update will allocate, one entry per tensor (bytes requested): all of it
@@ -144,6 +131,8 @@ class Optimizer {
   };
   // Empty without groups (one pass over everything with the optimizer's settings).
   const std::vector<Segment>& segments() const { return segments_; }
+  // The step state's device memory, which the update kernels read.
+  kernels::StepBuffers* step_buffers() const;
   // `frozen` for the elements from `offset` on (a multiple of FrozenChunks::kChunk).
   static kernels::FrozenChunks offset_frozen(const kernels::FrozenChunks& frozen, int64_t offset);
   std::shared_ptr<nn::FlatParameters> params_;
@@ -152,6 +141,28 @@ class Optimizer {
   std::vector<Segment> segments_;
   Tensor step_buffers_;  // one kernels::StepBuffers, category other
   Tensor missed_updates_;  // i32 per FlatParameters chunk, optimizer_state; undefined until a freeze
+
+ private:
+  // The step's plumbing: the runtime's Accumulator drives it, and the in-tree tests and benchmarks
+  // reach it through engine/optim/optimizer_access.h. Not installed as an API.
+  friend class Accumulator;
+  friend struct OptimizerAccess;
+  // One update with g_eff = grad_scale * gradient, at learning rate `lr`.
+  void update(float grad_scale, float lr);
+  // Reads which parameters are frozen now (FlatParameters::refresh_frozen) and, once one was, keeps
+  // per-chunk counts of the updates they missed. Host work before an update's device part: update()
+  // calls it, the Accumulator before every step (never during a graph capture).
+  void prepare_frozen();
+  // The update the step state already describes (the Accumulator's prepare_step wrote it; a
+  // skipped step changes nothing). Queued only: no host synchronization.
+  void apply_prepared_update();
+  // The step state as of now (a host synchronization on CUDA).
+  kernels::StepState read_step_state() const;
+  // Writes `bytes` at `offset` of the step state (queued in order on CUDA, no synchronization).
+  void write_step_state(std::size_t offset, const void* value, std::size_t bytes);
+  // The f32 field at `offset` of the step state as a one-element tensor of `shape`, sharing its
+  // memory: the Accumulator's loss scale, which backward reads as its seed (Note [Loss scaling]).
+  Tensor step_state_scalar(std::size_t offset, const Shape& shape) const;
 };
 
 }  // namespace cumulus::optim
