@@ -17,6 +17,7 @@
 #include "cumulus/tensor/tensor.h"
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus {
 namespace {
@@ -580,7 +581,7 @@ TEST_P(AutogradTest, DeferredGradientAddsLandBeforeBackwardReturns) {
     auto node = record<DeferringPassThrough>(c, {&x, &x});
     int reports = 0;
     run_backward(ops::sum(c), 1.0f, [&](const TensorImpl* done) {
-      EXPECT_EQ(done, x.impl().get());
+      EXPECT_EQ(done, impl_of(x).get());
       EXPECT_EQ(x.grad().to_vector<float>(), filled(2.0f));
       ++reports;
     });

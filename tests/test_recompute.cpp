@@ -30,6 +30,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "test_util.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus {
 namespace {
@@ -274,15 +275,15 @@ TEST_P(RecomputeTest, FinishedLeavesAreReportedAfterTheirRecomputedGradients) {
     const Tensor loss = ops::cross_entropy(model(data.x), data.y, ops::Reduction::Sum);
     run_backward(loss, 1.0f, [&](const TensorImpl* leaf) {
       for (const Tensor& p : model.parameters())
-        if (p.impl().get() == leaf) {
+        if (impl_of(p).get() == leaf) {
           EXPECT_EQ(at_report.count(leaf), 0u) << "a leaf reported twice";
           at_report[leaf] = p.grad().to_vector<float>();
         }
     });
     Values reported, final_grads = gradients_of(model);
     for (const Tensor& p : model.parameters()) {
-      EXPECT_EQ(at_report.count(p.impl().get()), 1u) << "a parameter never reported";
-      reported.push_back(at_report[p.impl().get()]);
+      EXPECT_EQ(at_report.count(impl_of(p).get()), 1u) << "a parameter never reported";
+      reported.push_back(at_report[impl_of(p).get()]);
     }
     expect_same(reported, final_grads, device(), "gradient when reported vs at the end");
     return final_grads;

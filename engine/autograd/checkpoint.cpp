@@ -47,6 +47,7 @@
 #include "cumulus/memory/allocator.h"
 #include "engine/autograd/walk.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus {
 
@@ -150,12 +151,12 @@ class CheckpointNode final : public Node {
 
     if (!output.grad_fn()) {
       // The segment passed its input through (or computed nothing that needs a gradient).
-      if (output.impl() == leaf.impl() && grads[0].needed()) grads[0].give(grad_output);
+      if (impl_of(output) == impl_of(leaf) && grads[0].needed()) grads[0].give(grad_output);
       return;
     }
     root = output.grad_fn();
     output = Tensor();  // the output's storage goes unless an op of the segment saved it
-    detail::backward_walk(root, grad_output, {leaf.impl().get(), grads[0]}, nullptr);
+    detail::backward_walk(root, grad_output, {impl_of(leaf).get(), grads[0]}, nullptr);
   }
 
   void release_saved() override {

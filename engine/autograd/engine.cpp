@@ -33,6 +33,7 @@
 #include "cumulus/autograd/node.h"
 #include "engine/autograd/walk.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus {
 
@@ -134,7 +135,7 @@ Edge edge_to(const Tensor& t) {
   Edge e;
   if (!t.defined() || !t.requires_grad()) return e;
   if (t.grad_fn()) e.node = t.grad_fn();
-  else e.leaf = t.impl();
+  else e.leaf = impl_of(t);
   return e;
 }
 
@@ -159,10 +160,10 @@ bool any_requires_grad(const Inputs& inputs) {
 // block shared with an input (a view of it: a reshaped input keeps its own category).
 template <typename Inputs>
 void count_output_as_activation(const Tensor& out, const Inputs& inputs) {
-  if (out.impl()->storage == nullptr || !out.impl()->storage->category_by_default) return;
-  Storage& storage = *out.impl()->storage;
+  if (impl_of(out)->storage == nullptr || !impl_of(out)->storage->category_by_default) return;
+  Storage& storage = *impl_of(out)->storage;
   for (const Tensor* t : inputs)
-    if (t->defined() && t->impl()->storage.get() == &storage) return;
+    if (t->defined() && impl_of(*t)->storage.get() == &storage) return;
   storage.memory.recategorize(MemoryCategory::activations);
   storage.category_by_default = false;
 }
@@ -171,7 +172,7 @@ template <typename Inputs>
 void attach_with_edges(Tensor& out, std::shared_ptr<Node> node, const Inputs& inputs) {
   count_output_as_activation(out, inputs);
   for (const Tensor* t : inputs) node->next_edges().push_back(edge_to(*t));
-  AutogradMeta& meta = out.impl()->autograd;
+  AutogradMeta& meta = impl_of(out)->autograd;
   meta.requires_grad = true;
   meta.grad_fn = std::move(node);
 }
@@ -271,8 +272,8 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
   NoGradGuard no_grad;
   MemoryCategoryScope category(MemoryCategory::backward_temporaries);
   if (root.is_leaf()) {
-    GradSink::leaf(root.impl().get()).give(seed);  // copied into the leaf's buffer
-    if (on_leaf_done) on_leaf_done(root.impl().get());
+    GradSink::leaf(impl_of(root).get()).give(seed);  // copied into the leaf's buffer
+    if (on_leaf_done) on_leaf_done(impl_of(root).get());
     return;
   }
   // The seed is borrowed: the walk's references keep it from ever being the sole owner of its

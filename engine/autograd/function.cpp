@@ -28,6 +28,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/memory/category.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::autograd {
 
@@ -47,7 +48,7 @@ struct InputInfo {
 };
 
 bool shares_storage(const Tensor& a, const Tensor& b) {
-  return a.defined() && b.defined() && a.impl()->storage != nullptr && a.impl()->storage == b.impl()->storage;
+  return a.defined() && b.defined() && impl_of(a)->storage != nullptr && impl_of(a)->storage == impl_of(b)->storage;
 }
 
 }  // namespace
@@ -109,7 +110,7 @@ namespace {
 void check_output(const char* op, const Tensor& out, const std::vector<Tensor>& inputs, bool record) {
   CUMULUS_CHECK(out.defined(), InvalidArgument, "custom op ", op, ": forward returned an undefined tensor");
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    CUMULUS_CHECK(!inputs[i].defined() || out.impl() != inputs[i].impl(), InvalidArgument, "custom op ", op,
+    CUMULUS_CHECK(!inputs[i].defined() || impl_of(out) != impl_of(inputs[i]), InvalidArgument, "custom op ", op,
                   ": forward returned input ", i,
                   " itself; return a new tensor (a copy, or a view through "
                   "ops::reshape)");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cumulus/autograd/node.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::detail {
 

@@ -11,6 +11,7 @@
 
 #include "cumulus/core/error.h"
 #include "kernels/float16.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::io {
 
@@ -144,7 +145,7 @@ struct Layout {
 std::string shared_name_in_file(const NamedTensors& state, const std::string& name, const Tensor& t,
                                 const std::map<std::string, const Shape*>& file_names) {
   for (const auto& [other, u] : state)
-    if (other != name && u.impl() == t.impl() && file_names.count(other) == 1) return other;
+    if (other != name && impl_of(u) == impl_of(t) && file_names.count(other) == 1) return other;
   return "";
 }
 
@@ -223,7 +224,7 @@ void drop_shared_copies(const std::string& source, std::vector<Copy>& copies) {
   for (Copy& c : copies) {
     const Copy* first = nullptr;
     for (const Copy& k : kept)
-      if (k.target.impl() == c.target.impl()) first = &k;
+      if (impl_of(k.target) == impl_of(c.target)) first = &k;
     if (first == nullptr) {
       kept.push_back(std::move(c));
       continue;

@@ -5,6 +5,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
 #include "kernels/optim_rules.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::nn {
 
@@ -13,9 +14,9 @@ int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 // Points `t` (every handle sharing its impl) at `numel` elements of `flat` from `offset`.
 void repoint(const Tensor& t, const Tensor& flat, int64_t offset) {
-  TensorImpl& impl = *t.impl();
-  impl.storage = flat.impl()->storage;
-  impl.offset_bytes = flat.impl()->offset_bytes + static_cast<std::size_t>(offset) * sizeof(float);
+  TensorImpl& impl = *impl_of(t);
+  impl.storage = impl_of(flat)->storage;
+  impl.offset_bytes = impl_of(flat)->offset_bytes + static_cast<std::size_t>(offset) * sizeof(float);
 }
 
 // The parameters that train: a frozen one gets no slot (Note [Frozen parameters]).
@@ -47,7 +48,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
                   p.device().str(), ", the first parameter on ", device.str());
     // A shared tensor given twice would get two slots and two updates per step.
     for (const Slot& s : slots_)
-      CUMULUS_CHECK(s.param.impl() != p.impl(), InvalidArgument, "FlatParameters: '", name, "' is the tensor '", s.name,
+      CUMULUS_CHECK(impl_of(s.param) != impl_of(p), InvalidArgument, "FlatParameters: '", name, "' is the tensor '", s.name,
                     "' again (list a shared parameter once, as Module::named_parameters() does)");
     slots_.push_back({name, p, total, p.numel()});
     total += align_up(p.numel(), kAlignElements);
@@ -65,7 +66,7 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
     char* dst = static_cast<char*>(values_.raw_data()) + s.offset * sizeof(float);
     copy_bytes(dst, device, s.param.raw_data(), device, bytes);
     const bool stale = s.param.grad_stale();
-    const StaleReason why = s.param.impl()->autograd.stale_reason;
+    const StaleReason why = impl_of(s.param)->autograd.stale_reason;
     const Tensor old_grad = s.param.grad_buffer();
     if (old_grad.defined() && !stale) {
       char* gdst = static_cast<char*>(grads_.raw_data()) + s.offset * sizeof(float);

@@ -1,4 +1,5 @@
 #include "cumulus/nn/module.h"
+#include "engine/tensor/tensor_impl.h"
 
 #include <unordered_set>
 
@@ -21,7 +22,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool remove
   std::vector<std::pair<std::string, Tensor>> out;
   std::unordered_set<const TensorImpl*> seen;
   for (auto& named : all)
-    if (seen.insert(named.second.impl().get()).second) out.push_back(std::move(named));
+    if (seen.insert(impl_of(named.second).get()).second) out.push_back(std::move(named));
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/tensor/tensor.h"
+#include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"

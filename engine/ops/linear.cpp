@@ -82,6 +82,7 @@
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/ops.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::ops {
 
@@ -188,7 +189,7 @@ bool weight_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* xp,
 // Whether backward may overwrite `grad` in place: the engine's reference is the only one to the
 // tensor and to its storage, so no other node or caller can see it.
 bool sole_owner(const Tensor& grad) {
-  return grad.impl().use_count() == 1 && grad.impl()->storage.use_count() == 1;
+  return impl_of(grad).use_count() == 1 && impl_of(grad)->storage.use_count() == 1;
 }
 
 class LinearBackward final : public Node {

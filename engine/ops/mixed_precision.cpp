@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "engine/ops/internal.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::ops::detail {
 
@@ -38,7 +39,7 @@ Tensor f32_stand_in(const Tensor& target, float beta) {
 }
 
 void store_stand_in(const Tensor& stand_in, const Tensor& target) {
-  if (stand_in.impl() != target.impl()) convert_into(stand_in, target);
+  if (impl_of(stand_in) != impl_of(target)) convert_into(stand_in, target);
 }
 
 }  // namespace cumulus::ops::detail

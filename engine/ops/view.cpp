@@ -22,6 +22,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/pointwise_internal.h"
+#include "engine/tensor/tensor_impl.h"
 #include "kernels/cpu/strided_kernels.h"
 #include "kernels/pointwise_rules.h"
 #if CUMULUS_WITH_CUDA
@@ -71,7 +72,7 @@ kernels::StridedLayout layout_of(const Shape& shape, const std::vector<int64_t>&
 }
 
 char* first_element(const Tensor& t) {
-  const TensorImpl& impl = *t.impl();
+  const TensorImpl& impl = *impl_of(t);
   return static_cast<char*>(impl.storage->memory.get()) + impl.offset_bytes;
 }
 
@@ -150,8 +151,8 @@ void* element_data(const Tensor& x) { return first_element(x); }
 
 Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64_t>& strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = x.impl()->storage;
-  impl->offset_bytes = x.impl()->offset_bytes + static_cast<std::size_t>(offset) * dtype_size(x.dtype());
+  impl->storage = impl_of(x)->storage;
+  impl->offset_bytes = impl_of(x)->offset_bytes + static_cast<std::size_t>(offset) * dtype_size(x.dtype());
   impl->shape = shape;
   impl->dtype = x.dtype();
   int64_t running = 1;
@@ -163,7 +164,7 @@ Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64
   if (!impl->contiguous)
     for (int d = 0; d < shape.ndim(); ++d)
       impl->strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d)];
-  return Tensor(std::move(impl));
+  return make_tensor(std::move(impl));
 }
 
 void copy_strided(const Tensor& src, const Tensor& dst, float beta) {

@@ -12,6 +12,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
 #include "kernels/optim_rules.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::optim {
 
@@ -48,11 +49,11 @@ Tensor Optimizer::step_state_scalar(std::size_t offset, const Shape& shape) cons
                     shape.numel() == 1,
                 InvalidArgument, "step_state_scalar: offset ", offset, ", shape ", shape.str());
   auto view = std::make_shared<TensorImpl>();
-  view->storage = step_buffers_.impl()->storage;
-  view->offset_bytes = step_buffers_.impl()->offset_bytes + offsetof(kernels::StepBuffers, state) + offset;
+  view->storage = impl_of(step_buffers_)->storage;
+  view->offset_bytes = impl_of(step_buffers_)->offset_bytes + offsetof(kernels::StepBuffers, state) + offset;
   view->shape = shape;
   view->dtype = DType::f32;
-  return Tensor(std::move(view));
+  return make_tensor(std::move(view));
 }
 
 std::vector<ParamGroup> decay_matrices_only(const std::vector<std::pair<std::string, Tensor>>& named_parameters,

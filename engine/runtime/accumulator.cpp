@@ -80,6 +80,7 @@
 #include "cumulus/dist/communicator.h"
 #include "engine/ops/internal.h"
 #include "kernels/optim_rules.h"
+#include "engine/tensor/tensor_impl.h"
 
 namespace cumulus::optim {
 
@@ -161,7 +162,7 @@ void Accumulator::plan_buckets() {
     b.slots_pending = static_cast<int>(end - first);
     for (std::size_t i = first; i < end; ++i) {
       bucket_of_slot_[i] = buckets_.size();
-      slot_of_leaf_[slots[i].param.impl().get()] = i;
+      slot_of_leaf_[impl_of(slots[i].param).get()] = i;
     }
     buckets_.push_back(b);
     end = first;

@@ -74,6 +74,7 @@
 #include "cumulus/nn/module.h"
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
+#include "engine/tensor/tensor_impl.h"
 #include "accumulator.h"
 
 #if CUMULUS_WITH_CUDA
@@ -220,7 +221,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
     acc_->count_micro_batch(units);
     const auto& slots = acc_->optimizer().parameters().slots();
     for (std::size_t i = 0; i < slots.size(); ++i)
-      if (!c.stale_after[i]) slots[i].param.impl()->autograd.grad_stale = false;
+      if (!c.stale_after[i]) impl_of(slots[i].param)->autograd.grad_stale = false;
   }
   c.graph.launch();
   ++stats_.replayed_micro_batches;

@@ -8,6 +8,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_check.h"
@@ -165,6 +166,10 @@ void Tensor::to_host(void* out, DType dtype) const {
 float Tensor::item() const {
   CUMULUS_CHECK(numel() == 1, ShapeError, "item() on a tensor of shape ", shape().str());
   return to_vector<float>()[0];
+}
+
+bool Tensor::shares_storage(const Tensor& other) const {
+  return impl_ != nullptr && other.impl_ != nullptr && impl_->storage != nullptr && impl_->storage == other.impl_->storage;
 }
 
 std::string Tensor::str() const {

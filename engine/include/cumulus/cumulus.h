@@ -55,17 +55,18 @@
 #include "cumulus/nn/module.h"
 #include "cumulus/nn/norm_layers.h"
 
-#include "cumulus/runtime/accumulation.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/trainer.h"
 
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
+
+#include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/tracker.h"
+#include "cumulus/runtime/trainer.h"
 
 #include "cumulus/data/csv.h"
 #include "cumulus/data/dataset.h"

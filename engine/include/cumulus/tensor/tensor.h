@@ -21,7 +21,7 @@
 namespace cumulus {
 
 class Node;
-struct TensorImpl;
+struct TensorImpl;  // engine/tensor/tensor_impl.h
 
 // The C++ element types a tensor exchanges with host vectors (from_vector, to_vector): float (f32),
 // int32_t (i32), int64_t (i64), uint8_t (u8). data<T>() also takes BFloat16 and Half. Any other
@@ -41,19 +41,10 @@ enum class StaleReason : uint8_t {
   optimizer_step,  // the Accumulator's step used the gradient and released it
 };
 
-// One allocation on one device; shared by a tensor and its views.
-struct Storage {
-  Allocation memory;
-  Device device;
-  // Allocated with no MemoryCategoryScope open (category other): if it becomes an autograd node's
-  // output, it is counted as an activation (Note [Custom op outputs are activations]).
-  bool category_by_default = false;
-};
 
 class Tensor {
  public:
   Tensor() = default;  // undefined
-  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // ---- factories (category from the innermost MemoryCategoryScope, else `other`; a tensor made
   // outside any scope that becomes a recorded op's output counts as an activation) ----
@@ -169,9 +160,15 @@ class Tensor {
   void backward() const;
 
   std::string str() const;  // "Tensor[64, 784] f32 cpu"
-  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+  // The same tensor (one handle's copy, as a tied weight under two names), and tensors over the
+  // same storage (a view and its base).
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  bool shares_storage(const Tensor& other) const;
 
  private:
+  // The engine's own access to what a tensor is made of (engine/tensor/tensor_impl.h).
+  friend struct TensorAccess;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
   // The untyped halves of from_vector, data and to_vector: each checks the dtype against the
   // element type's.
   static Tensor from_host(const void* values, std::size_t count, DType dtype, const Shape& shape, Device device);
@@ -182,23 +179,6 @@ class Tensor {
   const char* undefined_reason_ = nullptr;  // a string literal; only while impl_ is null
 };
 
-struct AutogradMeta {
-  bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;  // null for leaves
-  Tensor grad;                    // leaves: the persistent gradient buffer
-  bool grad_stale = true;         // buffer contents are logically zero
-  StaleReason stale_reason = StaleReason::no_backward;
-};
-
-struct TensorImpl {
-  std::shared_ptr<Storage> storage;
-  std::size_t offset_bytes = 0;
-  Shape shape;
-  bool contiguous = true;
-  std::array<int64_t, Shape::kMaxDims> strides{};  // in elements; set only when !contiguous
-  DType dtype = DType::f32;
-  AutogradMeta autograd;
-};
 
 // Raw copy of `bytes` bytes between any two devices (synchronizes when the host reads).
 void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
