@@ -34,8 +34,8 @@
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/runtime/trainer.h"
-#include "engine/runtime/accumulator.h"
 #include "engine/optim/optimizer_access.h"
+#include "engine/runtime/accumulator.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -95,7 +95,8 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
   const int64_t b = 64;
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);  // leaves a gradient to apply
   const float scale = 1.0f / static_cast<float>(b);
-  for (int i = 0; i < kWarmupIterations; ++i) optim::OptimizerAccess::update(*opt, scale, opt->lr());  // allocates the state
+  for (int i = 0; i < kWarmupIterations; ++i)
+    optim::OptimizerAccess::update(*opt, scale, opt->lr());  // allocates the state
   synchronize(device);
   DeviceTimer timer(device);
   LaunchCounter launches;

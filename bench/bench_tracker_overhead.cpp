@@ -15,13 +15,11 @@
 // tracker's work is all host work, that is its cost.
 #include "engine/runtime/accumulator.h"
 // The timeline window is off, as in the app's steady state after its first 8 optimizer steps.
-#include "engine/runtime/accumulator.h"
 #include <chrono>
 #include "engine/runtime/accumulator.h"
 
 #include "engine/runtime/accumulator.h"
 #include "rig.h"
-#include "engine/runtime/accumulator.h"
 
 #include "engine/runtime/accumulator.h"
 namespace cumulus::bench {
@@ -56,15 +54,16 @@ struct Run {
 #include "engine/runtime/accumulator.h"
         cursor(data, kMicroBatch),
 #include "engine/runtime/accumulator.h"
-        acc(make_optimizer(OptimizerKind::sgd, model.params), [] {
+        acc(make_optimizer(OptimizerKind::sgd, model.params),
+            [] {
 #include "engine/runtime/accumulator.h"
-          optim::AccumulationOptions o;
+              optim::AccumulationOptions o;
 #include "engine/runtime/accumulator.h"
-          o.accum_steps = kAccumSteps;
+              o.accum_steps = kAccumSteps;
 #include "engine/runtime/accumulator.h"
-          return o;
+              return o;
 #include "engine/runtime/accumulator.h"
-        }()),
+            }()),
 #include "engine/runtime/accumulator.h"
         tracker(device, [] {
 #include "engine/runtime/accumulator.h"
@@ -78,7 +77,8 @@ struct Run {
 #include "engine/runtime/accumulator.h"
           return o;
 #include "engine/runtime/accumulator.h"
-        }()) {}
+        }()) {
+  }
 #include "engine/runtime/accumulator.h"
 
 #include "engine/runtime/accumulator.h"

@@ -1,10 +1,9 @@
 // The prediction table of issue 16 (Note [Memory prediction] in engine/runtime/prediction.cpp): for
-// the seed MLP and the CNN on the CPU (or CUDA with --device cuda), every power of two from 1 to 4096, the predicted peak and
-// reserved bytes of one training micro-batch against the measured ones. The prediction is made once
-// per model, as the app's planner makes it (record_micro_batch at 128 and 256, the optimizer state
-// as fixed blocks); each measurement runs one micro-batch (the batch in category data, forward,
-// summed cross-entropy, backward into the flat gradients) from the state at rest with the
-// optimizer state held, as the planner's verification does.
+// the seed MLP and the CNN on the CPU (or CUDA with --device cuda), every power of two from 1 to 4096, the predicted
+// peak and reserved bytes of one training micro-batch against the measured ones. The prediction is made once per model,
+// as the app's planner makes it (record_micro_batch at 128 and 256, the optimizer state as fixed blocks); each
+// measurement runs one micro-batch (the batch in category data, forward, summed cross-entropy, backward into the flat
+// gradients) from the state at rest with the optimizer state held, as the planner's verification does.
 //
 //   prediction_table OUT_DIR [--commit SHA] [--machine TEXT] [--state-copies N] [--max-size B] [--device cpu|cuda]
 //
@@ -25,11 +24,11 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/prediction.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/runtime/prediction.h"
 
 namespace {
 

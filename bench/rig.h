@@ -24,13 +24,13 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/timer.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/models/mlp.h"
+#include "cumulus/runtime/tracker.h"
+#include "engine/runtime/accumulator.h"
 
 namespace cumulus::bench {
 

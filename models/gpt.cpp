@@ -16,8 +16,8 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/tensor_ops.h"
-#include "cumulus/runtime/trainer.h"
 #include "cumulus/optim/optimizer.h"
+#include "cumulus/runtime/trainer.h"
 
 namespace cumulus::models {
 

@@ -16,8 +16,8 @@
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
 #include "engine/runtime/accumulator.h"
-#include "test_util.h"
 #include "engine/tensor/tensor_impl.h"
+#include "test_util.h"
 
 namespace cumulus {
 namespace {

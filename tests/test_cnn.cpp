@@ -22,15 +22,15 @@
 #include "cumulus/core/cudnn_context.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/models/cnn.h"
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/conv_ops.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/models/cnn.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {

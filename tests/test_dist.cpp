@@ -20,11 +20,11 @@
 #include "cumulus/core/timer.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/safetensors.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/tracker.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 #include "toy_dataset.h"
 #if CUMULUS_WITH_CUDA

@@ -8,14 +8,14 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/tracker.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -11,13 +11,13 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/models/mlp.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {

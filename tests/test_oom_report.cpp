@@ -10,8 +10,8 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/runtime/tracker.h"
 #include "test_util.h"
 
 namespace cumulus {

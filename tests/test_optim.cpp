@@ -22,12 +22,12 @@
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
-#include "cumulus/runtime/trainer.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {

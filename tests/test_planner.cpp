@@ -13,16 +13,16 @@
 
 #include "cumulus/data/dataset.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/planner.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/trainer.h"
+#include "engine/runtime/accumulator.h"
 
 namespace cumulus {
 namespace {

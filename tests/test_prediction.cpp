@@ -8,11 +8,11 @@
 #include <tuple>
 
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/prediction.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/runtime/prediction.h"
 #include "test_util.h"
 
 namespace cumulus {

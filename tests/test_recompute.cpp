@@ -20,17 +20,17 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/prediction.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/prediction.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/tensor/random.h"
-#include "test_util.h"
+#include "engine/runtime/accumulator.h"
 #include "engine/tensor/tensor_impl.h"
+#include "test_util.h"
 
 namespace cumulus {
 namespace {

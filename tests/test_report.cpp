@@ -15,15 +15,15 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/plan_check.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
-#include "engine/runtime/accumulator.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/plan_check.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/version.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -12,7 +12,6 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/nn/layers.h"
@@ -20,6 +19,7 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/tracker.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -14,8 +14,6 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/module.h"
@@ -23,6 +21,8 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "engine/optim/optimizer_access.h"

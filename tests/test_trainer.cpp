@@ -15,12 +15,12 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "engine/runtime/accumulator.h"

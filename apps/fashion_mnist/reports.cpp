@@ -5,9 +5,9 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
+#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/prediction.h"
-#include "cumulus/ops/fused_mlp.h"
 #include "run_control.h"
 #include "settings.h"
 #include "training_setup.h"

@@ -22,9 +22,9 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
-#include "cumulus/runtime/planner.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/runtime/accumulation.h"
+#include "cumulus/runtime/planner.h"
 #include "options.h"
 
 namespace fmnist {

@@ -13,8 +13,8 @@
 #include "checkpoint.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/nn/model.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "run_config.h"
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
-#include "kernels/float16.h"
 #include "engine/tensor/tensor_impl.h"
+#include "kernels/float16.h"
 
 namespace cumulus::io {
 

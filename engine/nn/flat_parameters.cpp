@@ -4,8 +4,8 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
-#include "kernels/optim_rules.h"
 #include "engine/tensor/tensor_impl.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::nn {
 
@@ -48,8 +48,8 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
                   p.device().str(), ", the first parameter on ", device.str());
     // A shared tensor given twice would get two slots and two updates per step.
     for (const Slot& s : slots_)
-      CUMULUS_CHECK(impl_of(s.param) != impl_of(p), InvalidArgument, "FlatParameters: '", name, "' is the tensor '", s.name,
-                    "' again (list a shared parameter once, as Module::named_parameters() does)");
+      CUMULUS_CHECK(impl_of(s.param) != impl_of(p), InvalidArgument, "FlatParameters: '", name, "' is the tensor '",
+                    s.name, "' again (list a shared parameter once, as Module::named_parameters() does)");
     slots_.push_back({name, p, total, p.numel()});
     total += align_up(p.numel(), kAlignElements);
   }

@@ -11,8 +11,8 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
-#include "kernels/optim_rules.h"
 #include "engine/tensor/tensor_impl.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 

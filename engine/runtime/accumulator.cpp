@@ -79,8 +79,8 @@
 #include "cumulus/autograd/node.h"
 #include "cumulus/dist/communicator.h"
 #include "engine/ops/internal.h"
-#include "kernels/optim_rules.h"
 #include "engine/tensor/tensor_impl.h"
+#include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
 
@@ -252,7 +252,8 @@ void Accumulator::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
                 " micro-batch(es) of the previous epoch not stepped; call flush() first");
   epoch_ = epoch;
   if (accum_override_ > 0) accum_steps_ = accum_override_;
-  else accum_steps_ = options_.schedule.empty() ? options_.accum_steps : accum_steps_for_epoch(options_.schedule, epoch);
+  else
+    accum_steps_ = options_.schedule.empty() ? options_.accum_steps : accum_steps_for_epoch(options_.schedule, epoch);
   mb_in_epoch_ = first;
   mb_epoch_len_ = micro_batches;
   const double zeros[2] = {0.0, 0.0};  // loss_sum, samples_sum

@@ -63,11 +63,11 @@ class Accumulator {
   int accum_steps() const { return accum_steps_; }            // N for the current epoch
   int64_t micro_batch_index() const { return mb_in_epoch_; }  // micro-batches done this epoch
   int64_t micro_batches_total() const { return mb_total_; }
-  int64_t attempted_steps() const { return attempted_; }       // steps attempted (taken or skipped)
-  int64_t optimizer_steps() const;                             // (device) steps taken
-  int64_t skipped_steps() const;                               // (device) steps skipped as non-finite
-  int64_t units_in_group() const { return group_samples_; }    // this rank's units (backward's counts)
-  int micro_batches_in_group() const { return group_mbs_; }    // every rank's
+  int64_t attempted_steps() const { return attempted_; }     // steps attempted (taken or skipped)
+  int64_t optimizer_steps() const;                           // (device) steps taken
+  int64_t skipped_steps() const;                             // (device) steps skipped as non-finite
+  int64_t units_in_group() const { return group_samples_; }  // this rank's units (backward's counts)
+  int micro_batches_in_group() const { return group_mbs_; }  // every rank's
   // (device) Global L2 norm of the normalized gradient before clipping, at the last step; NaN when
   // the step did not compute it (no clipping and no non-finite guard).
   float last_grad_norm() const;

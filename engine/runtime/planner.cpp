@@ -97,10 +97,10 @@
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
-#include "cumulus/runtime/prediction.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/optim/optimizer.h"
+#include "cumulus/runtime/prediction.h"
 
 namespace cumulus {
 
@@ -109,7 +109,8 @@ int64_t parse_byte_size(const std::string& text) {
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(s, &end);
-  const bool number_ok = end != s && errno == 0 && std::isfinite(value) && value >= 0 && !std::isspace(static_cast<unsigned char>(*s));
+  const bool number_ok =
+      end != s && errno == 0 && std::isfinite(value) && value >= 0 && !std::isspace(static_cast<unsigned char>(*s));
   std::string unit(number_ok ? end : "");
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   double mult = 0;
@@ -124,7 +125,8 @@ int64_t parse_byte_size(const std::string& text) {
   else if (unit == "TB") mult = 1e12;
   const double bytes = value * mult;
   CUMULUS_CHECK(number_ok && mult > 0 && bytes < 9.0e18, InvalidArgument, "invalid size '", text,
-                "' (expected a number of bytes with an optional unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. 64MiB, 1.5GiB)");
+                "' (expected a number of bytes with an optional unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. "
+                "64MiB, 1.5GiB)");
   CUMULUS_CHECK(mult > 1 || std::floor(value) == value, InvalidArgument, "invalid size '", text,
                 "': a byte count must be a whole number");
   return static_cast<int64_t>(std::llround(bytes));
@@ -134,8 +136,10 @@ MemoryCost memory_cost_from_probes(int64_t small, int64_t small_peak, int64_t la
   CUMULUS_CHECK(0 < small && small < large, InvalidArgument, "memory_cost_from_probes: need 0 < small < large, got ",
                 small, " and ", large);
   MemoryCost c;
-  c.peak_bytes_per_sample = std::max(0.0, static_cast<double>(large_peak - small_peak) / static_cast<double>(large - small));
-  c.fixed_bytes = std::max<int64_t>(0, small_peak - static_cast<int64_t>(c.peak_bytes_per_sample * static_cast<double>(small)));
+  c.peak_bytes_per_sample =
+      std::max(0.0, static_cast<double>(large_peak - small_peak) / static_cast<double>(large - small));
+  c.fixed_bytes =
+      std::max<int64_t>(0, small_peak - static_cast<int64_t>(c.peak_bytes_per_sample * static_cast<double>(small)));
   return c;
 }
 
@@ -185,8 +189,8 @@ TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings) {
 
 namespace {
 
-constexpr double kLineMargin = 0.05;  // the probe line's room for what it misses (rounding, segments)
-constexpr double kTimeTie = 0.02;     // predicted times this close are a tie (Note [Plan levers])
+constexpr double kLineMargin = 0.05;              // the probe line's room for what it misses (rounding, segments)
+constexpr double kTimeTie = 0.02;                 // predicted times this close are a tie (Note [Plan levers])
 constexpr std::size_t kMaxRecomputeSegments = 4;  // 16 settings a precision, each recorded
 
 int64_t round_up(int64_t bytes, int64_t unit) { return (bytes + unit - 1) / unit * unit; }
@@ -279,8 +283,8 @@ class Planner {
 
   const PlanRequest& req_;
   CachingAllocator& alloc_;
-  std::vector<int64_t> state_;    // the optimizer state's blocks, requested bytes
-  std::vector<FixedBlock> held_;  // those and the loop's (PlanRequest::loop_state): in every row
+  std::vector<int64_t> state_;     // the optimizer state's blocks, requested bytes
+  std::vector<FixedBlock> held_;   // those and the loop's (PlanRequest::loop_state): in every row
   std::vector<int64_t> divisors_;  // units, whole rows
   int64_t g_ = 1;                  // units per row: recordings and probes are whole rows
   int64_t large_ = 0;              // recordings at large_ and large_ / 2 rows

@@ -397,8 +397,8 @@ PredictedMemory MemoryPredictor::predict(int64_t micro_batch) const {
 
 MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<void(int64_t)>& micro_batch,
                                    int64_t small, int64_t large, std::vector<FixedBlock> extra_fixed, bool lift_limit) {
-  CUMULUS_CHECK(0 < small && small < large, InvalidArgument, "record_micro_batch: need 0 < small < large, got ",
-                small, " and ", large);
+  CUMULUS_CHECK(0 < small && small < large, InvalidArgument, "record_micro_batch: need 0 < small < large, got ", small,
+                " and ", large);
   const int64_t limit = alloc.memory_limit();
   struct RestoreLimit {
     CachingAllocator& a;

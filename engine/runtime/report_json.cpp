@@ -1,7 +1,7 @@
 // The memory report as JSON (memory_report_json; the schema in docs/memory.md).
 #include <cblas.h>
-#include <nlohmann/json.hpp>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 

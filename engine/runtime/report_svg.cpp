@@ -35,10 +35,15 @@ namespace {
 // plot is there to show; shortening only outliers leaves a plot without them (the CPU's, usually)
 // linear.
 
-constexpr std::array<MemoryCategory, kNumMemoryCategories> kStackOrder = {
-    MemoryCategory::parameters,      MemoryCategory::gradients,   MemoryCategory::workspace,
-    MemoryCategory::data,            MemoryCategory::optimizer_state, MemoryCategory::parameter_copies,
-    MemoryCategory::activations,     MemoryCategory::backward_temporaries, MemoryCategory::other};
+constexpr std::array<MemoryCategory, kNumMemoryCategories> kStackOrder = {MemoryCategory::parameters,
+                                                                          MemoryCategory::gradients,
+                                                                          MemoryCategory::workspace,
+                                                                          MemoryCategory::data,
+                                                                          MemoryCategory::optimizer_state,
+                                                                          MemoryCategory::parameter_copies,
+                                                                          MemoryCategory::activations,
+                                                                          MemoryCategory::backward_temporaries,
+                                                                          MemoryCategory::other};
 
 const char* category_color(MemoryCategory c) {
   switch (c) {
@@ -241,8 +246,7 @@ std::string describe_window(const std::vector<const TimelineSlice*>& forwards,
            std::to_string(forwards.size()) + " micro-batches)";
   if (steps.empty()) what += ", no optimizer step";
   else if (steps.size() == 1) what += ", optimizer step " + std::to_string(steps.front()->index);
-  else
-    what += ", optimizer steps " + std::to_string(steps.front()->index) + "-" + std::to_string(steps.back()->index);
+  else what += ", optimizer steps " + std::to_string(steps.front()->index) + "-" + std::to_string(steps.back()->index);
   return what;
 }
 
@@ -254,10 +258,10 @@ struct Levels {
   std::array<int64_t, kNumMemoryCategories> lo{}, hi{};
   std::array<double, kNumMemoryCategories> grew_at{};  // when each first grew in the window; -1: never
   int64_t top_max = 1;                                 // the largest total
-  std::vector<MemoryCategory> changing;  // the lower panel's stack, bottom up: growth, then the sawtooth
-  std::vector<MemoryCategory> left_out;  // grew once, by more than the sawtooth's amplitude
-  int64_t bottom_max = 1;                // the lower panel's largest total
-  int64_t fixed_bytes = 0;               // what the lower panel leaves out
+  std::vector<MemoryCategory> changing;                // the lower panel's stack, bottom up: growth, then the sawtooth
+  std::vector<MemoryCategory> left_out;                // grew once, by more than the sawtooth's amplitude
+  int64_t bottom_max = 1;                              // the lower panel's largest total
+  int64_t fixed_bytes = 0;                             // what the lower panel leaves out
 
   int64_t above_low(const TimelineSample& s, const std::vector<MemoryCategory>& cats) const {
     int64_t t = 0;
@@ -321,8 +325,7 @@ class SvgPlot {
   std::string render() {
     header();
     if (samples_.empty() || slices_.empty()) {
-      text(kLeft, kTopY + 40,
-           "no timeline was recorded (timeline_steps = " + std::to_string(o_.timeline_steps) + ")");
+      text(kLeft, kTopY + 40, "no timeline was recorded (timeline_steps = " + std::to_string(o_.timeline_steps) + ")");
       os_ << "</svg>\n";
       return os_.str();
     }
@@ -440,8 +443,9 @@ class SvgPlot {
   // One stacked band per category: the top edge along its upper level, back along its lower one,
   // held flat between samples (memory changes only at allocations and frees).
   // `base`: each category's level that counts as zero (the lower panel's window lows).
-  void band(const char* element, const std::vector<const TimelineSample*>& pts, const std::vector<MemoryCategory>& order,
-            const std::array<int64_t, kNumMemoryCategories>& base, std::size_t k, double y0, double h, double ymax) {
+  void band(const char* element, const std::vector<const TimelineSample*>& pts,
+            const std::vector<MemoryCategory>& order, const std::array<int64_t, kNumMemoryCategories>& base,
+            std::size_t k, double y0, double h, double ymax) {
     auto level = [&](const TimelineSample& s, std::size_t upto) {
       int64_t v = 0;
       for (std::size_t i = 0; i < upto; ++i) {
@@ -473,9 +477,8 @@ class SvgPlot {
         first = false;
       }
     if (is_path) pth << " Z";
-    os_ << "<" << element << (is_path ? " d=\"" : " points=\"") << pth.str() << "\" fill=\""
-        << category_color(order[k]) << "\" stroke=\"none\"><title>" << label_of(order[k]) << "</title></" << element
-        << ">\n";
+    os_ << "<" << element << (is_path ? " d=\"" : " points=\"") << pth.str() << "\" fill=\"" << category_color(order[k])
+        << "\" stroke=\"none\"><title>" << label_of(order[k]) << "</title></" << element << ">\n";
   }
 
   void byte_ticks(const ByteAxis& a, double y0, double h) {
@@ -571,7 +574,8 @@ class SvgPlot {
     int n_short = 0;
     for (const Interval& p : axis().parts())
       if (p.shortened) {
-        if (n_short < 4) shortened += std::string(n_short ? "; " : "") + describe_interval(p) + " " + fmt_ms(p.t1 - p.t0);
+        if (n_short < 4)
+          shortened += std::string(n_short ? "; " : "") + describe_interval(p) + " " + fmt_ms(p.t1 - p.t0);
         ++n_short;
       }
     if (n_short > 4) shortened += "; and " + std::to_string(n_short - 4) + " more";
@@ -606,7 +610,8 @@ class SvgPlot {
             << category_color(c) << "\"/>\n";
         std::string range = format_bytes(lv_.hi[i]);
         if (lv_.lo[i] != lv_.hi[i])
-          range = (lv_.lo[i] == 0 ? "" : format_bytes(lv_.lo[i]) + " + ") + "up to " + format_bytes(lv_.hi[i] - lv_.lo[i]);
+          range =
+              (lv_.lo[i] == 0 ? "" : format_bytes(lv_.lo[i]) + " + ") + "up to " + format_bytes(lv_.hi[i] - lv_.lo[i]);
         text(lx + 18, ly, label_of(c) + "  " + range);
       }
     }

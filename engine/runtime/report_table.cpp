@@ -29,11 +29,9 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
                format_bytes(s.data_bytes).c_str());
   std::fprintf(out, "  run peak %s (reserved peak %s) | %lld x %d: peak %s vs one batch of %lld: %s (%s)\n",
                format_bytes(s.peak_bytes).c_str(), format_bytes(s.reserved_peak_bytes).c_str(),
-               static_cast<long long>(s.micro_batch_size), s.accum_steps,
-               format_bytes(s.peak_at_micro_batch).c_str(),
+               static_cast<long long>(s.micro_batch_size), s.accum_steps, format_bytes(s.peak_at_micro_batch).c_str(),
                static_cast<long long>(s.micro_batch_size * s.accum_steps),
-               format_bytes(s.peak_at_effective_batch).c_str(),
-               s.effective_batch_measured ? "measured" : "predicted");
+               format_bytes(s.peak_at_effective_batch).c_str(), s.effective_batch_measured ? "measured" : "predicted");
   if (const RecomputeSummary rs = summarize_recompute(tracker, s.micro_batch_size); rs.micro_batches > 0) {
     const double share = rs.backward_ms > 0 ? 100.0 * rs.recompute_ms / rs.backward_ms : 0.0;
     std::fprintf(out,
@@ -65,8 +63,8 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
     std::string top;
     for (std::size_t i = 0; i < f.live_by_op.size() && i < 3; ++i)
       top += (i ? ", " : "") + f.live_by_op[i].first + " " + format_bytes(f.live_by_op[i].second);
-    std::fprintf(out, "  out of memory%s: %s asked for %s (%s) with %s reserved of %s; live by op: %s\n",
-                 where.c_str(), f.op.c_str(), format_bytes(f.requested_bytes).c_str(), category_name(f.category),
+    std::fprintf(out, "  out of memory%s: %s asked for %s (%s) with %s reserved of %s; live by op: %s\n", where.c_str(),
+                 f.op.c_str(), format_bytes(f.requested_bytes).c_str(), category_name(f.category),
                  format_bytes(f.reserved).c_str(), f.limit > 0 ? format_bytes(f.limit).c_str() : "no limit",
                  top.empty() ? "none" : top.c_str());
   }

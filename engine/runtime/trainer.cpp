@@ -66,6 +66,7 @@
 #include <memory>
 #include <utility>
 
+#include "accumulator.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
@@ -75,7 +76,6 @@
 #include "cumulus/ops/metrics.h"
 #include "cumulus/ops/ops.h"
 #include "engine/tensor/tensor_impl.h"
-#include "accumulator.h"
 
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"
@@ -88,9 +88,9 @@ struct Trainer::Captured {
 #if CUMULUS_WITH_CUDA
   cuda::Graph graph;
 #endif
-  std::vector<bool> stale_after;  // the slots' stale flags after the micro-batch
+  std::vector<bool> stale_after;      // the slots' stale flags after the micro-batch
   const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
-  MicroBatchRecord memory;        // measured while capturing
+  MicroBatchRecord memory;            // measured while capturing
   bool captured() const {
 #if CUMULUS_WITH_CUDA
     return graph.valid();
@@ -359,7 +359,7 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
   r.budget = budget;
   r.optimizer = &optimizer;
   r.loop_state = Trainer::state_to_allocate();  // the Trainer's Accumulator
-  r.units_per_row = dataset.units_per_row();        // whole rows: micro-batches of whole sequences
+  r.units_per_row = dataset.units_per_row();    // whole rows: micro-batches of whole sequences
   r.sample_limit = dataset.units();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();

@@ -169,7 +169,8 @@ float Tensor::item() const {
 }
 
 bool Tensor::shares_storage(const Tensor& other) const {
-  return impl_ != nullptr && other.impl_ != nullptr && impl_->storage != nullptr && impl_->storage == other.impl_->storage;
+  return impl_ != nullptr && other.impl_ != nullptr && impl_->storage != nullptr &&
+         impl_->storage == other.impl_->storage;
 }
 
 std::string Tensor::str() const {

@@ -2,8 +2,8 @@
 //   fp32: everything f32.
 //   bf16, fp16: activations, their gradients and the GEMMs' weight copies in 16 bits; parameters
 //     (the master weights), gradient buffers, optimizer state, losses, softmax and normalization
-//     statistics in f32. Every op of the seed MLP and the CNN computes in bf16 and f16. A run opts in by making its batches in compute_dtype()
-//     (DataLoader::set_dtype): ops compute in their input's type.
+//     statistics in f32. Every op of the seed MLP and the CNN computes in bf16 and f16. A run opts in by making its
+//     batches in compute_dtype() (DataLoader::set_dtype): ops compute in their input's type.
 //   fp16 also needs dynamic loss scaling (AccumulationOptions::loss_scaling): its range ends at
 //   65504 and small gradients underflow below 2^-24; bf16 has f32's range and needs none.
 #pragma once

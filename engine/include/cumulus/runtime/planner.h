@@ -112,7 +112,7 @@ struct PlanRow {
 struct TimeFit {
   double fixed_seconds = 0.0;
   double seconds_per_sample = 0.0;  // per unit
-  int probes = 0;  // timed probe sizes it was fitted over (0: not fitted)
+  int probes = 0;                   // timed probe sizes it was fitted over (0: not fitted)
   double predict(int64_t samples) const { return fixed_seconds + seconds_per_sample * static_cast<double>(samples); }
 };
 

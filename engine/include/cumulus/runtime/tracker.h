@@ -44,8 +44,8 @@
 namespace cumulus {
 
 struct MicroBatchRecord {
-  int epoch = 0;      // from 0 (reports add 1)
-  int64_t index = 0;  // within the epoch
+  int epoch = 0;                 // from 0 (reports add 1)
+  int64_t index = 0;             // within the epoch
   int64_t samples = 0;           // units (samples, tokens): what begin_micro_batch was given
   int64_t activation_bytes = 0;  // activations at the end of forward, above those at its start
   int64_t peak_bytes = 0;        // allocated peak during forward + backward
@@ -105,7 +105,7 @@ struct TrackedOutOfMemory {
   int epoch = 0;             // from 0; of the micro-batch in progress (or the last one, for a step)
   int64_t index = 0;         // the micro-batch's index in its epoch
   int64_t samples = 0;
-  int64_t step = 0;          // for "step": the step's number
+  int64_t step = 0;  // for "step": the step's number
 };
 
 struct TimelineSample {
@@ -116,9 +116,9 @@ struct TimelineSample {
 struct TimelineSlice {
   std::string name;  // forward, backward, step; recompute (recompute_slices(), inside a backward)
   double start_ms = 0.0, end_ms = 0.0;
-  int epoch = 0;      // from 0
-  int64_t index = 0;  // forward, backward: the micro-batch's index in the epoch; step: the step number
-  int64_t bytes = 0;  // recompute: the activations the recomputation held
+  int epoch = 0;                  // from 0
+  int64_t index = 0;              // forward, backward: the micro-batch's index in the epoch; step: the step number
+  int64_t bytes = 0;              // recompute: the activations the recomputation held
   double communication_ms = 0.0;  // step: its gradient reductions' time (data parallel)
 };
 

@@ -70,7 +70,7 @@ struct StepLog {
   // The group's training loss as a mean per unit: its summed loss divided by its units (the
   // micro-batches' unit counts, samples or tokens, added up). Not a sum.
   double loss = 0.0;
-  float lr = 0.0f;    // the step's learning rate
+  float lr = 0.0f;  // the step's learning rate
 };
 
 struct TrainerOptions : AccumulationOptions {
@@ -132,14 +132,14 @@ class Trainer {
   // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
   // not per step.
   int epoch() const;
-  int accum_steps() const;                // N for the current epoch (every rank's micro-batches)
-  int64_t micro_batch_index() const;      // micro-batches done this epoch
+  int accum_steps() const;            // N for the current epoch (every rank's micro-batches)
+  int64_t micro_batch_index() const;  // micro-batches done this epoch
   int64_t micro_batches_total() const;
-  int micro_batches_in_group() const;     // every rank's; 0 at a group boundary
-  int64_t units_in_group() const;         // this rank's units so far in the group
-  int64_t attempted_steps() const;        // steps attempted (taken or skipped)
-  int64_t optimizer_steps() const;        // (device) steps taken
-  int64_t skipped_steps() const;          // (device) steps skipped for a non-finite gradient
+  int micro_batches_in_group() const;  // every rank's; 0 at a group boundary
+  int64_t units_in_group() const;      // this rank's units so far in the group
+  int64_t attempted_steps() const;     // steps attempted (taken or skipped)
+  int64_t optimizer_steps() const;     // (device) steps taken
+  int64_t skipped_steps() const;       // (device) steps skipped for a non-finite gradient
   // (device) The last step's global L2 norm of the normalized gradient before clipping (NaN when
   // the step did not compute it: no clipping and no non-finite guard), its clip factor and lr.
   float last_grad_norm() const;

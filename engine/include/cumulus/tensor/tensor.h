@@ -41,7 +41,6 @@ enum class StaleReason : uint8_t {
   optimizer_step,  // the Accumulator's step used the gradient and released it
 };
 
-
 class Tensor {
  public:
   Tensor() = default;  // undefined
@@ -178,7 +177,6 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
   const char* undefined_reason_ = nullptr;  // a string literal; only while impl_ is null
 };
-
 
 // Raw copy of `bytes` bytes between any two devices (synchronizes when the host reads).
 void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,

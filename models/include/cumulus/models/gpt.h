@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "cumulus/data/token_windows.h"
-#include "cumulus/runtime/planner.h"
 #include "cumulus/models/text.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/norm_layers.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/tensor/random.h"
 
 namespace cumulus::models {
