@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "cumulus/nn/activation_layers.h"
+#include "cumulus/nn/norm_layers.h"
 #include "cumulus/ops/ops.h"
 
 namespace cumulus::models {

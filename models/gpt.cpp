@@ -8,6 +8,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/ops/attention.h"

@@ -1,6 +1,7 @@
 #include "cumulus/models/mlp.h"
 
 #include "cumulus/core/error.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/ops/fused_mlp.h"
 
 namespace cumulus::models {

@@ -12,6 +12,7 @@
 #include "cumulus/memory/allocator.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"

@@ -15,6 +15,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"

@@ -12,6 +12,8 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/nn/activation_layers.h"
+#include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/nn/layers.h"

@@ -15,6 +15,7 @@
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/conv_layers.h"
+#include "cumulus/nn/norm_layers.h"
 #include "test_util.h"
 
 namespace cumulus {

@@ -12,6 +12,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"

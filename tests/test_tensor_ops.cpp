@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/nn/embedding.h"
 #include "cumulus/nn/norm_layers.h"
 #include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"

@@ -14,6 +14,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/module.h"

@@ -15,6 +15,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/ops.h"

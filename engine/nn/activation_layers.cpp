@@ -3,8 +3,11 @@
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/core/error.h"
 #include "cumulus/memory/category.h"
+#include "cumulus/ops/pointwise.h"
 
 namespace cumulus::nn {
+
+Tensor ReLU::forward(const Tensor& x) { return ops::relu(x); }
 
 Dropout::Dropout(float p, uint64_t seed) : p_(p), seed_(seed) {
   CUMULUS_CHECK(p >= 0.0f && p <= 1.0f, InvalidArgument, "Dropout: p must be in [0, 1], got ", p);

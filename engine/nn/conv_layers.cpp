@@ -23,26 +23,6 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, G
 
 Tensor Conv2d::forward(const Tensor& x) { return ops::conv2d(x, weight_, bias_, options_); }
 
-BatchNorm2d::BatchNorm2d(int64_t num_features, Device device, float eps, float momentum)
-    : num_features_(num_features), eps_(eps), momentum_(momentum) {
-  CUMULUS_CHECK(num_features > 0, InvalidArgument, "BatchNorm2d(", num_features, "): must be positive");
-  const Shape s{num_features};
-  register_parameter("weight", weight_, Tensor::full(s, 1.0f), device);
-  register_parameter("bias", bias_, Tensor::zeros(s), device);
-  running_mean_ = register_buffer("running_mean", Tensor::zeros(s), device);
-  running_var_ = register_buffer("running_var", Tensor::full(s, 1.0f), device);
-  // PyTorch: an int64 0-d tensor; i32 here (see the header).
-  num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros(Shape{}, DType::i32), device);
-}
-
-Tensor BatchNorm2d::forward(const Tensor& x) {
-  ops::BatchNormOptions o;
-  o.training = is_training();
-  o.momentum = momentum_;
-  o.eps = eps_;
-  return ops::batch_norm2d(x, weight_, bias_, running_mean_, running_var_, num_batches_tracked_, o);
-}
-
 MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding) {
   CUMULUS_CHECK(kernel_size > 0 && stride >= 0 && padding >= 0, InvalidArgument, "MaxPool2d(kernel ", kernel_size,
                 ", stride ", stride, ", padding ", padding, "): invalid sizes");

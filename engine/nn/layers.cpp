@@ -5,6 +5,7 @@
 #include <typeinfo>
 
 #include "cumulus/autograd/checkpoint.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/ops/ops.h"
 
 namespace cumulus::nn {
@@ -26,7 +27,6 @@ Tensor Linear::forward(const Tensor& x, ops::Activation activation) {
   return ops::linear(x, weight_, bias_, activation);
 }
 
-Tensor ReLU::forward(const Tensor& x) { return ops::relu(x); }
 
 Tensor Flatten::forward(const Tensor& x) { return ops::flatten(x, 1); }
 

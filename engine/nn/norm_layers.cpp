@@ -1,5 +1,6 @@
 #include "cumulus/nn/norm_layers.h"
 
+#include "cumulus/ops/conv_ops.h"
 #include "cumulus/ops/tensor_ops.h"
 
 namespace cumulus::nn {
@@ -14,13 +15,24 @@ LayerNorm::LayerNorm(int64_t normalized_size, float eps, bool elementwise_affine
 
 Tensor LayerNorm::forward(const Tensor& x) { return ops::layer_norm(x, normalized_size_, weight_, bias_, eps_); }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& gen, Device device, DType dtype)
-    : dtype_(dtype) {
-  CUMULUS_CHECK(num_embeddings > 0 && embedding_dim > 0, InvalidArgument, "Embedding(", num_embeddings, ", ",
-                embedding_dim, "): sizes must be positive");
-  register_parameter("weight", weight_, normal(Shape{num_embeddings, embedding_dim}, 0.0f, 1.0f, gen), device);
+BatchNorm2d::BatchNorm2d(int64_t num_features, Device device, float eps, float momentum)
+    : num_features_(num_features), eps_(eps), momentum_(momentum) {
+  CUMULUS_CHECK(num_features > 0, InvalidArgument, "BatchNorm2d(", num_features, "): must be positive");
+  const Shape s{num_features};
+  register_parameter("weight", weight_, Tensor::full(s, 1.0f), device);
+  register_parameter("bias", bias_, Tensor::zeros(s), device);
+  running_mean_ = register_buffer("running_mean", Tensor::zeros(s), device);
+  running_var_ = register_buffer("running_var", Tensor::full(s, 1.0f), device);
+  // PyTorch: an int64 0-d tensor; i32 here (see the header).
+  num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros(Shape{}, DType::i32), device);
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return ops::embedding(indices, weight_, dtype_); }
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  ops::BatchNormOptions o;
+  o.training = is_training();
+  o.momentum = momentum_;
+  o.eps = eps_;
+  return ops::batch_norm2d(x, weight_, bias_, running_mean_, running_var_, num_batches_tracked_, o);
+}
 
 }  // namespace cumulus::nn

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "op_case.h"
 
 namespace cumulus::testing {

@@ -6,6 +6,7 @@
 
 #include "cumulus/ops/conv_ops.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "op_case.h"
 #include "references.h"
 

@@ -4,6 +4,7 @@
 
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
 #include "op_case.h"
 #include "references.h"
 

@@ -48,6 +48,7 @@
 
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/conv_layers.h"
+#include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
 #include "cumulus/nn/layers.h"

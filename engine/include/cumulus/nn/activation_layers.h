@@ -1,4 +1,4 @@
-// Modules for the pointwise activations and dropout (ops in cumulus/ops/pointwise.h). None has
+// Modules for the activations (ReLU, GELU, Tanh, Sigmoid) and dropout (ops in cumulus/ops/pointwise.h). None has
 // parameters or buffers, so they add nothing to a state dict, as PyTorch's.
 #pragma once
 
@@ -8,6 +8,11 @@
 #include "cumulus/ops/pointwise.h"
 
 namespace cumulus::nn {
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
 
 class GELU : public Module {
  public:

@@ -29,11 +29,6 @@ class Linear : public Module {
   Tensor weight_, bias_;
 };
 
-class ReLU : public Module {
- public:
-  Tensor forward(const Tensor& x) override;
-};
-
 // Merges every dimension after the first: [B, 28, 28] -> [B, 784]. A view, no copy.
 class Flatten : public Module {
  public:

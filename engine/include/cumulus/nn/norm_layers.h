@@ -1,9 +1,11 @@
-// Modules for the structural ops that hold parameters (ops/tensor_ops.h), with PyTorch's
-// state-dict names and initialization.
+// The normalization layers, with PyTorch's parameter and buffer names and initialization, so state
+// dicts move between cumulus and PyTorch: LayerNorm (weight, bias), BatchNorm2d (weight, bias;
+// buffers running_mean, running_var, num_batches_tracked).
 #pragma once
 
+#include <cstdint>
+
 #include "cumulus/nn/module.h"
-#include "cumulus/tensor/random.h"
 
 namespace cumulus::nn {
 
@@ -23,18 +25,31 @@ class LayerNorm : public Module {
   Tensor weight_, bias_;
 };
 
-// PyTorch's nn.Embedding: "weight" [num_embeddings, embedding_dim] f32 drawn from N(0, 1). forward
-// takes i32 indices of any shape up to 3-D and returns [..., embedding_dim] in `dtype`.
-class Embedding : public Module {
+// Batch normalization over the channels of [N, C, H, W], as PyTorch's nn.BatchNorm2d (affine,
+// tracking running statistics): weight 1, bias 0, running_mean 0, running_var 1,
+// num_batches_tracked 0. In training mode (Module::train()) each forward normalizes with the
+// micro-batch's statistics and updates the running ones (momentum 0.1, unbiased variance) and
+// num_batches_tracked; in evaluation mode (Module::eval()) it normalizes with the running ones.
+// num_batches_tracked is an i32 scalar here; PyTorch keeps an int64 scalar (the checkpoint code
+// converts; only the dtype differs).
+class BatchNorm2d : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& gen, Device device = Device::cpu(),
-            DType dtype = DType::f32);
-  Tensor forward(const Tensor& indices) override;
+  explicit BatchNorm2d(int64_t num_features, Device device = Device::cpu(), float eps = 1e-5f,
+                       float momentum = 0.1f);
+  Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  const Tensor& running_mean() const { return running_mean_; }
+  const Tensor& running_var() const { return running_var_; }
+  const Tensor& num_batches_tracked() const { return num_batches_tracked_; }
+  int64_t num_features() const { return num_features_; }
+  float eps() const { return eps_; }
+  float momentum() const { return momentum_; }
 
  private:
-  DType dtype_;
-  Tensor weight_;
+  int64_t num_features_;
+  float eps_, momentum_;
+  Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
 };
 
 }  // namespace cumulus::nn

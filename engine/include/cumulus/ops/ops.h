@@ -26,9 +26,6 @@ enum class Activation { none, relu };
 // cuBLASLt GEMM with the bias (and ReLU) in its epilogue. Saves y for the ReLU mask, as relu does.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation);
 
-// max(x, 0), any shape, f32, bf16 or f16. Saves its output (the mask is output > 0).
-Tensor relu(const Tensor& x);
-
 // x converted to `dtype` among f32, bf16 and f16 (round to nearest even), recorded: the gradient
 // is converted back to x's type. x itself when it already has that type. To or from bool (any
 // dtype): nonzero, NaN included, is true; true is 1 and false 0; not recorded (cumulus/ops/compare.h).

@@ -35,6 +35,8 @@ Tensor rdiv(float s, const Tensor& x);
 Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1) (so an integer x gives f32, unlike torch.neg)
 
 // ---- activations (PyTorch's formulas) ----
+// max(x, 0), any shape, f32, bf16 or f16. Saves its output (the mask is output > 0).
+Tensor relu(const Tensor& x);
 Tensor tanh(const Tensor& x);     // saves its output: dx = dy (1 - y^2)
 Tensor sigmoid(const Tensor& x);  // saves its output: dx = dy y (1 - y)
 // gelu(x) = x Phi(x) with Phi the normal CDF (erf form), or PyTorch's approximate = "tanh" form

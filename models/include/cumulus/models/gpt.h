@@ -17,6 +17,7 @@
 
 #include "cumulus/data/token_windows.h"
 #include "cumulus/models/text.h"
+#include "cumulus/nn/embedding.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/norm_layers.h"
