@@ -27,7 +27,6 @@ Tensor Linear::forward(const Tensor& x, ops::Activation activation) {
   return ops::linear(x, weight_, bias_, activation);
 }
 
-
 Tensor Flatten::forward(const Tensor& x) { return ops::flatten(x, 1); }
 
 Sequential& Sequential::add(std::shared_ptr<Module> module) {

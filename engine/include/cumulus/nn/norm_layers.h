@@ -34,8 +34,7 @@ class LayerNorm : public Module {
 // converts; only the dtype differs).
 class BatchNorm2d : public Module {
  public:
-  explicit BatchNorm2d(int64_t num_features, Device device = Device::cpu(), float eps = 1e-5f,
-                       float momentum = 0.1f);
+  explicit BatchNorm2d(int64_t num_features, Device device = Device::cpu(), float eps = 1e-5f, float momentum = 0.1f);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
