@@ -379,8 +379,12 @@ TEST_P(TrainerTest, TrainEpochStoppedAndResumedAtABoundaryTrainsTheSameBits) {
   optim::Trainer reference(whole.optimizer, whole.options, whole.schedule);
   optim::Trainer trainer(split.optimizer, split.options, split.schedule);
   data::DataLoader reference_loader = problem_loader(whole), loader = problem_loader(split);
-  auto whole_loss = [&](const data::Batch& b) { return ops::cross_entropy(whole.model(b.x), b.y, ops::Reduction::Sum); };
-  auto split_loss = [&](const data::Batch& b) { return ops::cross_entropy(split.model(b.x), b.y, ops::Reduction::Sum); };
+  auto whole_loss = [&](const data::Batch& b) {
+    return ops::cross_entropy(whole.model(b.x), b.y, ops::Reduction::Sum);
+  };
+  auto split_loss = [&](const data::Batch& b) {
+    return ops::cross_entropy(split.model(b.x), b.y, ops::Reduction::Sum);
+  };
   for (int epoch = 0; epoch < 2; ++epoch) {
     reference.train_epoch(reference_loader, epoch, whole_loss);
     optim::EpochOptions stop_at_10;
@@ -430,9 +434,9 @@ TEST_P(TrainerTest, TrainEpochHooksAreCalledPerMicroBatchStepAndBoundary) {
     EXPECT_EQ(d.stepped, d.index % 5 == 4 || d.index == kMicroBatches - 1);
     seen.push_back(d.index);
   };
-  const optim::EpochResult r = trainer.train_epoch(loader, 0, [&](const data::Batch& b) {
-    return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum);
-  }, options);
+  const optim::EpochResult r = trainer.train_epoch(
+      loader, 0, [&](const data::Batch& b) { return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum); },
+      options);
   EXPECT_TRUE(r.finished);
   EXPECT_EQ(r.next_micro_batch, kMicroBatches);
   EXPECT_EQ(r.loss, trainer.epoch_loss_sum() / trainer.epoch_units_stepped());
@@ -458,9 +462,9 @@ TEST_P(TrainerTest, TrainEpochStopRequestedMidGroupWaitsForTheBoundary) {
     ++micro_batches;
     if (d.index == 6) requested = true;
   };
-  const optim::EpochResult r = trainer.train_epoch(loader, 0, [&](const data::Batch& b) {
-    return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum);
-  }, options);
+  const optim::EpochResult r = trainer.train_epoch(
+      loader, 0, [&](const data::Batch& b) { return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum); },
+      options);
   EXPECT_FALSE(r.finished);
   EXPECT_EQ(r.next_micro_batch, 10);
   EXPECT_EQ(micro_batches, 10);

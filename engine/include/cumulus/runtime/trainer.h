@@ -77,9 +77,9 @@ struct StepLog {
 
 // What train_epoch's hooks (EpochOptions) are told after micro-batch `index` and its step_if_ready.
 struct MicroBatchDone {
-  int64_t index = 0;       // the micro-batch just done, from 0 in the epoch
-  int64_t units = 0;       // its units (DataLoader::units(index)), whichever rank trained it
-  int64_t units_done = 0;  // the units of the micro-batches this call has done, it included (every rank's)
+  int64_t index = 0;         // the micro-batch just done, from 0 in the epoch
+  int64_t units = 0;         // its units (DataLoader::units(index)), whichever rank trained it
+  int64_t units_done = 0;    // the units of the micro-batches this call has done, it included (every rank's)
   bool trained_here = true;  // data parallel: false for another rank's micro-batch (skip_micro_batch)
   bool stepped = false;      // a step was attempted after it: the next micro-batch starts a group
 };
