@@ -371,6 +371,128 @@ TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {
   }
 }
 
+// An epoch stopped at a group boundary (EpochOptions::stop) and resumed there (EpochOptions::first)
+// trains the same bits as one never stopped, and the next epoch too: 24 shuffled micro-batches in
+// groups of 5, stopped before micro-batch 10 (after two groups).
+TEST_P(TrainerTest, TrainEpochStoppedAndResumedAtABoundaryTrainsTheSameBits) {
+  Problem whole(device()), split(device());
+  whole.options.accum_steps = split.options.accum_steps = 5;
+  optim::Trainer reference(whole.optimizer, whole.options, whole.schedule);
+  optim::Trainer trainer(split.optimizer, split.options, split.schedule);
+  data::DataLoader reference_loader = problem_loader(whole), loader = problem_loader(split);
+  auto whole_loss = [&](const data::Batch& b) {
+    return ops::cross_entropy(whole.model(b.x), b.y, ops::Reduction::Sum);
+  };
+  auto split_loss = [&](const data::Batch& b) {
+    return ops::cross_entropy(split.model(b.x), b.y, ops::Reduction::Sum);
+  };
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    reference.train_epoch(reference_loader, epoch, whole_loss);
+    optim::EpochOptions stop_at_10;
+    stop_at_10.stop = [](int64_t next) { return next == 10; };
+    const optim::EpochResult first_part = trainer.train_epoch(loader, epoch, split_loss, stop_at_10);
+    EXPECT_FALSE(first_part.finished);
+    EXPECT_EQ(first_part.next_micro_batch, 10);
+    EXPECT_EQ(trainer.micro_batches_in_group(), 0);
+    EXPECT_EQ(trainer.counters().micro_batch_index, 10);
+    optim::EpochOptions resume;
+    resume.first = first_part.next_micro_batch;
+    const optim::EpochResult rest = trainer.train_epoch(loader, epoch, split_loss, resume);
+    EXPECT_TRUE(rest.finished);
+    EXPECT_EQ(rest.next_micro_batch, kMicroBatches);
+    EXPECT_EQ(trainer.optimizer_steps(), reference.optimizer_steps()) << "epoch " << epoch;
+    EXPECT_TRUE(same_bits(whole.weights(), split.weights())) << "epoch " << epoch;
+  }
+  EXPECT_EQ(trainer.last_lr(), reference.last_lr());
+}
+
+// The hooks: on_micro_batch after each of the 24 micro-batches (its index, units and the units so
+// far), on_step after each of the 5 steps (groups of 5, the last of 4), before that micro-batch's
+// on_micro_batch; stop asked at each group boundary before a micro-batch (5 times, not after the last).
+TEST_P(TrainerTest, TrainEpochHooksAreCalledPerMicroBatchStepAndBoundary) {
+  Problem s(device());
+  s.options.accum_steps = 5;
+  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  data::DataLoader loader = problem_loader(s);
+  std::vector<int64_t> asked, stepped_after, seen;
+  int64_t units = 0;
+  optim::EpochOptions options;
+  options.stop = [&](int64_t next) {
+    asked.push_back(next);
+    return false;
+  };
+  options.on_step = [&](const optim::MicroBatchDone& d) {
+    EXPECT_TRUE(d.stepped);
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), d.index) << "before its on_micro_batch";
+    stepped_after.push_back(d.index);
+  };
+  options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+    EXPECT_EQ(d.index, static_cast<int64_t>(seen.size()));
+    EXPECT_EQ(d.units, s.samples(d.index));
+    units += d.units;
+    EXPECT_EQ(d.units_done, units);
+    EXPECT_TRUE(d.trained_here);
+    EXPECT_EQ(d.stepped, d.index % 5 == 4 || d.index == kMicroBatches - 1);
+    seen.push_back(d.index);
+  };
+  const optim::EpochResult r = trainer.train_epoch(
+      loader, 0, [&](const data::Batch& b) { return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum); },
+      options);
+  EXPECT_TRUE(r.finished);
+  EXPECT_EQ(r.next_micro_batch, kMicroBatches);
+  EXPECT_EQ(r.loss, trainer.epoch_loss_sum() / trainer.epoch_units_stepped());
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(kMicroBatches));
+  EXPECT_EQ(units, kRows);
+  EXPECT_EQ(stepped_after, (std::vector<int64_t>{4, 9, 14, 19, 23}));
+  EXPECT_EQ(asked, (std::vector<int64_t>{0, 5, 10, 15, 20}));
+  EXPECT_EQ(trainer.optimizer_steps(), 5);
+}
+
+// A stop requested mid-group (after micro-batch 6 of the group 5..9) waits for the group's step:
+// the call ends before micro-batch 10, with nothing in flight.
+TEST_P(TrainerTest, TrainEpochStopRequestedMidGroupWaitsForTheBoundary) {
+  Problem s(device());
+  s.options.accum_steps = 5;
+  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  data::DataLoader loader = problem_loader(s);
+  bool requested = false;
+  int64_t micro_batches = 0;
+  optim::EpochOptions options;
+  options.stop = [&](int64_t) { return requested; };
+  options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+    ++micro_batches;
+    if (d.index == 6) requested = true;
+  };
+  const optim::EpochResult r = trainer.train_epoch(
+      loader, 0, [&](const data::Batch& b) { return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum); },
+      options);
+  EXPECT_FALSE(r.finished);
+  EXPECT_EQ(r.next_micro_batch, 10);
+  EXPECT_EQ(micro_batches, 10);
+  EXPECT_EQ(trainer.micro_batches_in_group(), 0);
+  EXPECT_EQ(trainer.optimizer_steps(), 2);
+  EXPECT_EQ(r.loss, trainer.epoch_loss_sum() / trainer.epoch_units_stepped());
+}
+
+// evaluate_classifier's before_batch hook sees every batch index, and an exception it throws ends
+// the pass with the model's mode and grad mode restored.
+TEST_P(TrainerTest, EvaluateClassifierBeforeBatchHook) {
+  Problem s(device());
+  const data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
+  std::vector<int64_t> seen;
+  optim::evaluate_classifier(s.model, loader, [&](int64_t i) { seen.push_back(i); });
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  struct Stop {};
+  s.model.train(true);
+  EXPECT_THROW(optim::evaluate_classifier(s.model, loader,
+                                          [](int64_t i) {
+                                            if (i == 3) throw Stop{};
+                                          }),
+               Stop);
+  EXPECT_TRUE(s.model.is_training());
+  EXPECT_TRUE(GradMode::enabled());
+}
+
 // Accuracy and mean loss over every batch (10 of 10 rows, the last of 4), against the same
 // numbers computed here from the logits on the host; the model's mode is restored either way and
 // no graph is recorded.

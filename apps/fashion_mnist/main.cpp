@@ -14,9 +14,9 @@
 //   3. run: the model, the data, the optimizer and the Trainer (training_setup.cpp), a resumed
 //      checkpoint (checkpoint.cpp; the settings it records, the ranks compare and the memory
 //      report shows come from one table, settings.cpp), the banner (reports.cpp), then train()
-//      (training_loop.cpp):
-//      epochs, test passes (evaluation.cpp), --metrics (metrics_file.cpp), checkpoints, and the
-//      stops at a group boundary; then the final weights and the reports.
+//      (training_loop.cpp): epochs through Trainer::train_epoch, test passes through
+//      optim::evaluate_classifier, --metrics (metrics_file.cpp), checkpoints, and the stops at a
+//      group boundary; then the final weights and the reports.
 //   4. exit code: run_and_report() maps how the run ended to 0, 1 (runtime failure), 2 (usage),
 //      130 / 143 / 141 (SIGINT / SIGTERM / stdout closed, run_control.h); with several ranks a
 //      failure on one rank ends the job.
@@ -33,7 +33,6 @@
 #include "cumulus/runtime/tracker.h"
 #include "data_files.h"
 #include "data_parallel.h"
-#include "evaluation.h"
 #include "options.h"
 #include "planning.h"
 #include "reports.h"
@@ -72,7 +71,7 @@ int evaluate_only(const RunConfig& o, nn::Module& model, const data::DataLoader&
     say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", o.device.describe().c_str(),
         choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
         static_cast<long long>(test_loader.dataset().size()));
-  if (g_root) print_test_results(evaluate(model, test_loader));  // the other ranks hold the same weights
+  if (g_root) print_test_results(test_pass(model, test_loader));  // the other ranks hold the same weights
   return g_signal == 0 ? 0 : exit_code_for(g_signal);
 }
 

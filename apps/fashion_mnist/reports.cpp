@@ -100,6 +100,14 @@ std::optional<PlanCheck> planned_check(const RunConfig& o) {
   return check;
 }
 
+optim::Evaluation test_pass(nn::Module& model, const data::DataLoader& loader) {
+  return optim::evaluate_classifier(model, loader, [](int64_t) { throw_if_interrupted(); });
+}
+
+void print_test_results(const optim::Evaluation& r) {
+  say("Test Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", 100.0 * r.accuracy, r.loss);
+}
+
 void write_reports(const RunConfig& o, MemoryTracker& tracker) {
   auto write = [&](const char* flag, const std::string& path, const std::string& content, const char* what) {
     if (path.empty()) return;

@@ -10,6 +10,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/runtime/tracker.h"
+#include "cumulus/runtime/trainer.h"
 #include "run_config.h"
 
 namespace fmnist {
@@ -35,6 +36,11 @@ cumulus::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulu
 // did not choose the plan. The tracker is given it (its report's "planner" object); the training
 // loop measures it against the first full epoch this run trains.
 std::optional<cumulus::PlanCheck> planned_check(const RunConfig& o);
+
+// The test pass (optim::evaluate_classifier: the accuracy over all samples, the mean over batches
+// of each batch's mean loss), throwing Interrupted at a signal, and the lines it prints.
+cumulus::optim::Evaluation test_pass(cumulus::nn::Module& model, const cumulus::data::DataLoader& loader);
+void print_test_results(const cumulus::optim::Evaluation& r);
 
 // --memory-report, --trace and --memory-plot.
 void write_reports(const RunConfig& o, cumulus::MemoryTracker& tracker);

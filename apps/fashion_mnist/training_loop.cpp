@@ -9,7 +9,6 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
-#include "evaluation.h"
 #include "metrics_file.h"
 #include "progress.h"
 #include "reports.h"
@@ -55,7 +54,7 @@ class TrainingLoop {
   void end_training_of(Epoch& e);
   void check_plan(const Epoch& e);
   std::optional<int> test_and_record(const Epoch& e);
-  nlohmann::ordered_json metrics_line(const Epoch& e, const EvalResult& r) const;
+  nlohmann::ordered_json metrics_line(const Epoch& e, const optim::Evaluation& r) const;
   void checkpoint_now(const char* why);
   int stop(const std::string& message, int code, const char* why);
   bool stop_agreed();
@@ -141,14 +140,12 @@ Epoch TrainingLoop::begin_epoch(int epoch) {
   e.first = resuming_epoch ? state.next_micro_batch : 0;
   loss_before_run_ = resuming_epoch ? state.epoch_loss_sum : 0.0;
   e.samples = resuming_epoch ? state.epoch_samples : 0;
-  const int64_t micro_batches = p_.train_loader.num_batches();
-  p_.train_loader.set_epoch(epoch);
-  p_.train_loader.seek(e.first);
-  p_.trainer.begin_epoch(epoch, micro_batches, e.first);
-  progress_.begin_epoch(epoch, micro_batches, e.first);
+  progress_.begin_epoch(epoch, p_.train_loader.num_batches(), e.first);
   boundary_.epoch = epoch;
   boundary_.next_micro_batch = e.first;
-  boundary_.counters = trainer_.counters();
+  boundary_.counters = trainer_.counters();  // as Trainer::train_epoch's begin_epoch will set them
+  boundary_.counters.epoch = epoch;
+  boundary_.counters.micro_batch_index = e.first;
   boundary_.epoch_samples = e.samples;
   e.skipped_before = trainer_.skipped_steps();
   e.comm_before = p_.comm.stats();
@@ -157,48 +154,40 @@ Epoch TrainingLoop::begin_epoch(int epoch) {
   return e;
 }
 
+// The epoch's micro-batches through Trainer::train_epoch, from e.first. A stop is honoured at a
+// group boundary, after the group in flight has stepped: what the checkpoint holds is then exactly
+// what the run has done, batch norm's running statistics included (they change with every
+// micro-batch). With several ranks, at a boundary all of them agree on, so they stop together.
 std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
-  data::DataLoader& train_loader = p_.train_loader;
-  const int64_t micro_batches = train_loader.num_batches(), train_size = train_loader.dataset().size();
-  for (int64_t i = e.first; i < micro_batches; ++i) {
-    // A stop is honoured at a group boundary, after the group in flight has stepped: what the
-    // checkpoint holds is then exactly what the run has done, batch norm's running statistics
-    // included (they change with every micro-batch). With several ranks, at a boundary all of them
-    // agree on, so they stop together.
-    if (trainer_.micro_batches_in_group() == 0 && (o_.world_size == 1 ? g_signal != 0 : stop_agreed()))
-      return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
-                               std::to_string(e.index + 1) + ", micro-batch " + std::to_string(i),
-                           exit_code_for(g_signal), "interrupted");
-    const int64_t b = std::min<int64_t>(o_.batch_size, train_size - i * o_.batch_size);
-    if (dist::owner_of_micro_batch(i, o_.world_size) == o_.rank) {
-      if (train_loader.position() != i) train_loader.seek(i);  // another rank's micro-batches in between
-      // Host-resident data: batch i onto the device, this rank's next one behind it (outside
-      // the closure: a replayed graph runs no host code).
-      train_loader.stage(i, i + o_.world_size);
-      // Batch i's units (Note [Units]): its samples, b.
-      p_.trainer.micro_batch(train_loader.units(i), [&] { return training_loss(p_.model, train_loader.next(i)); });
-      e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
-    } else {
-      p_.trainer.skip_micro_batch();
-    }
-    fault_signal_point("micro_batch", e.index + 1, i);
-    e.samples += b;  // every rank's: the epoch's samples, as one process counts them
-    e.samples_this_run += b;
-    if (p_.trainer.step_if_ready()) {
-      e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
-      boundary_.next_micro_batch = i + 1;
-      boundary_.counters.epoch = e.index;
-      boundary_.counters.micro_batch_index = trainer_.micro_batch_index();
-      boundary_.counters.micro_batches_total = trainer_.micro_batches_total();
-      boundary_.epoch_samples = e.samples;
-    }
-    if (progress_.due(i + 1))
-      progress_.update(i + 1,
+  const int64_t samples_before = e.samples;  // a resumed epoch's, before this run
+  optim::EpochOptions epoch_options;
+  epoch_options.first = e.first;
+  epoch_options.stop = [&](int64_t) { return o_.world_size == 1 ? g_signal != 0 : stop_agreed(); };
+  epoch_options.on_step = [&](const optim::MicroBatchDone& d) {
+    e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
+    boundary_.next_micro_batch = d.index + 1;
+    boundary_.counters.epoch = e.index;
+    boundary_.counters.micro_batch_index = trainer_.micro_batch_index();
+    boundary_.counters.micro_batches_total = trainer_.micro_batches_total();
+    boundary_.epoch_samples = samples_before + d.units_done;  // every rank's samples (one unit each)
+  };
+  epoch_options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+    if (d.trained_here) e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
+    fault_signal_point("micro_batch", e.index + 1, d.index);
+    e.samples = samples_before + d.units_done;
+    e.samples_this_run = d.units_done;
+    if (progress_.due(d.index + 1))
+      progress_.update(d.index + 1,
                        (loss_before_run_ + trainer_.epoch_loss_sum()) /
                            static_cast<double>(std::max<int64_t>(boundary_.epoch_samples, 1)),
                        e.samples_this_run);
-  }
-  return std::nullopt;
+  };
+  const optim::EpochResult r = p_.trainer.train_epoch(
+      p_.train_loader, e.index, [&](const data::Batch& b) { return training_loss(p_.model, b); }, epoch_options);
+  if (r.finished) return std::nullopt;
+  return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
+                           std::to_string(e.index + 1) + ", micro-batch " + std::to_string(r.next_micro_batch),
+                       exit_code_for(g_signal), "interrupted");
 }
 
 // The epoch's training loss and time, and a word on skipped steps.
@@ -241,10 +230,10 @@ void TrainingLoop::check_plan(const Epoch& e) {
   if (g_root && !o_.quiet) say("planner: %s\n", plan_check_line(*check).c_str());
 }
 
-nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResult& r) const {
+nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const optim::Evaluation& r) const {
   nlohmann::ordered_json line = {{"epoch", e.index + 1},
                                  {"train_loss", e.train_loss},
-                                 {"test_loss", r.avg_loss},
+                                 {"test_loss", r.loss},
                                  {"test_accuracy", r.accuracy},
                                  {"samples_per_s", static_cast<double>(e.samples_this_run) / e.seconds},
                                  {"epoch_seconds", e.seconds},
@@ -279,10 +268,10 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const EvalResu
 
 // The test pass, the epoch's results and --metrics line, and the epoch's checkpoint.
 std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
-  EvalResult r;
+  optim::Evaluation r;
   try {
     fault_signal_point("test_pass", e.index + 1);
-    if (g_root) r = evaluate(p_.model, p_.test_loader);  // the other ranks hold the same weights
+    if (g_root) r = test_pass(p_.model, p_.test_loader);  // the other ranks hold the same weights
   } catch (const Interrupted&) {
     return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +
                     std::to_string(e.index + 1) + "; a resumed run starts with that test pass",

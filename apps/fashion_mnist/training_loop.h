@@ -2,9 +2,10 @@
 // line after each, the checkpoint at each epoch end, and the stops (a signal, out of memory, a
 // failed write) at the last group boundary with the checkpoint and the reports still written.
 //
-// Per micro-batch: gather the batch on the device, forward, summed cross-entropy,
-// Accumulator::backward (gradients add into the persistent buffers), and at each group boundary one
-// fused optimizer step. The memory tracker wraps each phase.
+// The loop over micro-batches is the library's: Trainer::train_epoch (from a resumed checkpoint's
+// micro-batch, its hooks keeping the progress bar and the last group boundary, its stop request
+// honoured at a group boundary), and the test pass is optim::evaluate_classifier. The app adds
+// what a run reports and writes around them.
 #pragma once
 
 #include <cstdint>

@@ -307,14 +307,34 @@ bool Trainer::step(bool only_if_ready) {
 // ---- conveniences over a DataLoader ----------------------------------------------------------
 
 double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss) {
+  return train_epoch(loader, epoch, loss, EpochOptions()).loss;
+}
+
+EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss,
+                                 const EpochOptions& options) {
   dist::Communicator* comm = acc_->communicator();
   const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
   const int64_t batches = loader.num_batches();
+  CUMULUS_CHECK(options.first >= 0 && options.first <= batches, InvalidArgument, "Trainer::train_epoch: first ",
+                options.first, " outside an epoch of ", batches, " micro-batches");
   loader.set_epoch(epoch);
-  loader.seek(0);
-  begin_epoch(epoch, batches);
-  for (int64_t i = 0; i < batches; ++i) {
-    if (dist::owner_of_micro_batch(i, world) == rank) {
+  loader.seek(options.first);
+  begin_epoch(epoch, batches, options.first);
+  EpochResult result;
+  result.next_micro_batch = batches;
+  result.finished = true;
+  MicroBatchDone done;
+  for (int64_t i = options.first; i < batches; ++i) {
+    if (options.stop && acc_->micro_batches_in_group() == 0 && options.stop(i)) {
+      result.finished = false;
+      result.next_micro_batch = i;
+      break;
+    }
+    done.index = i;
+    done.units = loader.units(i);
+    done.units_done += done.units;
+    done.trained_here = dist::owner_of_micro_batch(i, world) == rank;
+    if (done.trained_here) {
       if (loader.position() != i) loader.seek(i);  // another rank's micro-batches in between
       // Host-resident data: batch i onto the device, this rank's next one behind it (outside the
       // closure: a replayed graph runs no host code).
@@ -323,12 +343,16 @@ double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss
     } else {
       skip_micro_batch();
     }
-    step_if_ready();
+    done.stepped = step_if_ready();
+    if (done.stepped && options.on_step) options.on_step(done);
+    if (options.on_micro_batch) options.on_micro_batch(done);
   }
-  return acc_->epoch_loss_sum() / std::max(acc_->epoch_units_stepped(), 1.0);
+  result.loss = acc_->epoch_loss_sum() / std::max(acc_->epoch_units_stepped(), 1.0);
+  return result;
 }
 
-Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader) {
+Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader,
+                               const std::function<void(int64_t batch)>& before_batch) {
   NoGradGuard no_grad;
   struct RestoreMode {  // batch norm and dropout behave as in evaluation until this returns
     nn::Module& m;
@@ -338,6 +362,7 @@ Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader
   model.eval();
   ops::ClassificationTally tally(loader.device());
   for (int64_t i = 0; i < loader.num_batches(); ++i) {
+    if (before_batch) before_batch(i);
     const data::Batch b = loader.batch(i);
     const Tensor logits = model(b.x);
     tally.add(logits, b.y, ops::cross_entropy(logits, b.y, ops::Reduction::Mean));

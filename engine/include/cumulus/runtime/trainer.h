@@ -22,6 +22,8 @@
 // Or, for the common loop over a DataLoader, one call per epoch (the same calls, made for you):
 //   auto loss = [&](const data::Batch& b) { return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); };
 //   for each epoch: trainer.train_epoch(loader, epoch, loss);
+// and with EpochOptions, a resume inside an epoch, progress and step hooks, and a stop at a group
+// boundary (for a checkpoint there): trainer.train_epoch(loader, epoch, loss, {first, stop, ...}).
 // with evaluate_classifier(model, test_loader) for a test pass and plan_request(...) for the planner.
 //
 // Units (Note [Units] in engine/runtime/trainer.cpp): the closure returns the loss summed over the
@@ -73,6 +75,41 @@ struct StepLog {
   float lr = 0.0f;  // the step's learning rate
 };
 
+// What train_epoch's hooks (EpochOptions) are told after micro-batch `index` and its step_if_ready.
+struct MicroBatchDone {
+  int64_t index = 0;         // the micro-batch just done, from 0 in the epoch
+  int64_t units = 0;         // its units (DataLoader::units(index)), whichever rank trained it
+  int64_t units_done = 0;    // the units of the micro-batches this call has done, it included (every rank's)
+  bool trained_here = true;  // data parallel: false for another rank's micro-batch (skip_micro_batch)
+  bool stepped = false;      // a step was attempted after it: the next micro-batch starts a group
+};
+
+// train_epoch's options beyond the plain loop: a resume inside the epoch, hooks for progress and
+// checkpoints, and a stop at a group boundary (Lightning's callbacks and should_stop, for one epoch).
+struct EpochOptions {
+  // The micro-batch to start at: 0, or a group boundary a checkpoint recorded (TrainingCounters::
+  // micro_batch_index) when resuming inside the epoch, with restore() called before.
+  int64_t first = 0;
+  // Asked at every group boundary before micro-batch `next` (from `first` on; not after the epoch's
+  // last): true ends the call there, the group in flight stepped, so what a checkpoint written then
+  // holds is exactly what was trained. A request made mid-group thus waits for the group's end.
+  // Data parallel: asked on every rank at the same boundaries (it may be a collective).
+  std::function<bool(int64_t next)> stop;
+  // After each step attempted (taken, or skipped for a non-finite gradient), then after every
+  // micro-batch (its step, if any, included). Neither reads the device.
+  std::function<void(const MicroBatchDone&)> on_step;
+  std::function<void(const MicroBatchDone&)> on_micro_batch;
+};
+
+// What train_epoch(loader, epoch, loss, options) returns.
+struct EpochResult {
+  bool finished = false;         // every micro-batch done; false: stopped at a group boundary
+  int64_t next_micro_batch = 0;  // where it ended: the epoch's micro-batches, or the boundary it stopped at
+  // The mean training loss per unit of the groups stepped since begin_epoch (this call's: one
+  // device read).
+  double loss = 0.0;
+};
+
 struct TrainerOptions : AccumulationOptions {
   // Replays each micro-batch and the step's device part as CUDA graphs (needs the parameters on a
   // CUDA device and a single rank); off, every call runs eagerly.
@@ -115,6 +152,11 @@ class Trainer {
   // (dist::owner_of_micro_batch), the others counted by skip_micro_batch. Returns the epoch's mean
   // training loss per unit (epoch_loss_sum() / epoch_units_stepped(): one device read).
   double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
+  // The same from micro-batch options.first, with options' hooks, stopping early at a group
+  // boundary where options.stop asks to (then finished is false and next_micro_batch is where a
+  // resumed call starts: EpochOptions::first). A stopped epoch resumed from there (in this Trainer,
+  // or in a new one after restore) trains the same bits as one never stopped.
+  EpochResult train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss, const EpochOptions& options);
   // Groups of `steps` micro-batches from the next group boundary on, for the rest of the run
   // (replacing accum_steps and the per-epoch schedule). Called mid-group it is deferred, never
   // refused: the group in progress keeps its size. The optimizer's step count, the LR schedule's
@@ -210,7 +252,10 @@ struct Evaluation {
   double loss = 0.0;      // the mean over batches of each batch's mean cross-entropy ("Avg loss")
   int64_t correct = 0, samples = 0;
 };
-Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader);
+// `before_batch`, when set, is called with each batch's index before it runs (a progress or an
+// interrupt check: an exception it throws ends the pass, the model's mode restored).
+Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader,
+                               const std::function<void(int64_t batch)>& before_batch = {});
 
 // A ready-made planner request (runtime/planner.h) for training `optimizer`'s parameters with `loss`
 // on `dataset`, in the dataset's units (TensorDataset::units_per_row: samples by default, tokens
