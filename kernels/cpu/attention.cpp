@@ -44,6 +44,12 @@ bool vector_path() {
   return false;
 }
 
+// Whether the AVX-512 tiles run (Note [Fused attention on AVX-512]).
+bool wide_path() {
+  if constexpr (vec::kBuilt) return vec512::available();
+  return false;
+}
+
 void exp_in_place(bool vector, float* x, int64_t n) {
   if constexpr (vec::kBuilt) {
     if (vector) {
@@ -240,18 +246,132 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
     for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
 }
 
+// Note [Fused attention on AVX-512]
+// Where the CPU has AVX-512F, a block's tiles go through kernels/cpu/vec_math.h's vec512 functions
+// as small matrix products rather than row by row: the scores of all kRows query rows against the
+// key tile (q [rows][d] times the transposed tile), the online softmax over those rows, then
+// acc += p v; in the backward, p and dp = do v^T for the block, ds from both, dq += ds k,
+// dv += p^T do and dk += ds^T q (the transposed operands read in place). Each product keeps a
+// block of outputs in registers over its whole inner sum, and stops at the block's last visible key
+// (causal blocks below the diagonal see only part of a tile). Each output is still summed in a
+// fixed order that depends only on the shapes, so the bits are the same at any thread count; they
+// differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
+
+template <typename T>
+void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
+                          int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
+  const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d +
+                                                                   kRows * kKeys + kRows)));
+  float* qf = scratch.data();   // [kRows][d]
+  float* acc = qf + kRows * d;  // [kRows][d]
+  float* kt = acc + kRows * d;  // [d][kKeys]
+  float* vf = kt + kKeys * d;   // [kKeys][d]
+  float* s = vf + kKeys * d;    // [kRows][kKeys]
+  float* m = s + kRows * kKeys; // [kRows]
+  int64_t valid[kRows];
+  std::fill(acc, acc + kRows * d, 0.0f);
+  sums.assign(static_cast<std::size_t>(kRows), 0.0);
+  for (int64_t r = 0; r < nq; ++r) {
+    load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
+    m[r] = -std::numeric_limits<float>::infinity();
+  }
+  const int64_t key_end = g.key_end(i1 - 1);
+  const T* kh = k + g.k_row(bh, 0);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, key_end - j0);
+    load_tile(kh, g.k_stride[2], j0, nk, d, kt, nullptr);
+    for (int64_t j = 0; j < nk; ++j) load_row(v + g.v_row(bh, j0 + j), vf + j * d, d);
+    for (int64_t r = 0; r < nq; ++r) valid[r] = std::min(nk, g.key_end(i0 + r) - j0);
+    vec512::gemm_f32(nq, nk, d, qf, d, 1, kt, kKeys, s, kKeys, false);
+    vec512::attention_softmax_tile_f32(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
+    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf, d, acc, d, true);
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = static_cast<float>(1.0 / sums[r]);
+    T* o = out + g.o_row(bh, i0 + r);
+    for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
+    lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
+  }
+}
+
+template <typename T>
+void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                          const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
+                          std::vector<float>& scratch) {
+  const int64_t d = g.d, tq = g.tq, tk = g.tk;
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRows * kKeys)));
+  float* qf = scratch.data();     // [tq][d]
+  float* dof = qf + tq * d;       // [tq][d]
+  float* dqa = dof + tq * d;      // [tq][d]
+  float* kf = dqa + tq * d;       // [kKeys][d]
+  float* kt = kf + kKeys * d;     // [d][kKeys]
+  float* vt = kt + kKeys * d;     // [d][kKeys]
+  float* dka = vt + kKeys * d;    // [kKeys][d]
+  float* dva = dka + kKeys * d;   // [kKeys][d]
+  float* p = dva + kKeys * d;     // [kRows][kKeys]
+  float* ds = p + kRows * kKeys;  // [kRows][kKeys]
+  int64_t valid[kRows];
+  std::fill(dqa, dqa + tq * d, 0.0f);
+  const float* lse_h = lse + bh * tq;
+  float* delta_h = delta + bh * tq;
+  for (int64_t i = 0; i < tq; ++i) {
+    load_row(q + g.q_row(bh, i), qf + i * d, d);
+    load_row(dout + (bh * tq + i) * d, dof + i * d, d);
+    const T* o = out + g.o_row(bh, i);
+    double sum = 0.0;
+    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dof[i * d + c]) * to_f32(o[c]);
+    delta_h[i] = static_cast<float>(sum);
+  }
+  const T* kh = k + g.k_row(bh, 0);
+  const T* vh = v + g.v_row(bh, 0);
+  for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, tk - j0);
+    load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
+    load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
+    std::fill(dka, dka + 2 * kKeys * d, 0.0f);  // dka and dva
+    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRows) {
+      const int64_t nr = std::min(kRows, tq - i0);
+      int64_t width = 0;  // the keys of the tile any of the block's rows sees
+      for (int64_t r = 0; r < nr; ++r) {
+        valid[r] = std::max<int64_t>(0, std::min(nk, g.key_end(i0 + r) - j0));
+        width = std::max(width, valid[r]);
+      }
+      if (width == 0) continue;
+      vec512::gemm_f32(nr, width, d, qf + i0 * d, d, 1, kt, kKeys, p, kKeys, false);
+      vec512::gemm_f32(nr, width, d, dof + i0 * d, d, 1, vt, kKeys, ds, kKeys, false);
+      vec512::attention_grad_tile_f32(p, ds, kKeys, nr, valid, width, g.scale, lse_h + i0, delta_h + i0);
+      vec512::gemm_f32(nr, d, width, ds, kKeys, 1, kf, d, dqa + i0 * d, d, true);
+      vec512::gemm_f32(width, d, nr, p, 1, kKeys, dof + i0 * d, d, dva, d, true);
+      vec512::gemm_f32(width, d, nr, ds, 1, kKeys, qf + i0 * d, d, dka, d, true);
+    }
+    for (int64_t j = 0; j < nk; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        const int64_t e = (bh * tk + j0 + j) * d + c;
+        if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
+        if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
+      }
+  }
+  if (dq != nullptr)
+    for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
+}
+
 }  // namespace
 
 template <typename T>
 void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse) {
   const int64_t blocks = (g.tq + kRows - 1) / kRows;
   if (g.bh() == 0 || blocks == 0 || g.tk == 0) return;
-  const bool vector = vector_path();
+  const bool vector = vector_path(), wide = wide_path();
   parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
-    for (int64_t u = u0; u < u1; ++u)
-      forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+    for (int64_t u = u0; u < u1; ++u) {
+      if (wide)
+        forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+      else
+        forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+    }
   });
 }
 
@@ -259,11 +379,15 @@ template <typename T>
 void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                             const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv) {
   if (g.bh() == 0 || g.tk == 0) return;  // no query rows: dk and dv are still written (zeros)
-  const bool vector = vector_path();
+  const bool vector = vector_path(), wide = wide_path();
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch;
-    for (int64_t bh = h0; bh < h1; ++bh)
-      backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+    for (int64_t bh = h0; bh < h1; ++bh) {
+      if (wide)
+        backward_head_avx512(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+      else
+        backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+    }
   });
 }
 

@@ -1,0 +1,189 @@
+// kernels/cpu/vec_math.h's vec512 functions, the only file compiled with -mavx512f -mfma
+// (CMakeLists.txt); called only after vec512::available() found both on this CPU. Compiled with
+// -ffp-contract=off: every fused multiply-add below is written out.
+#include <cmath>
+
+#include "kernels/cpu/vec_math.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+// GCC 12 warns inside its own AVX-512 headers (the undefined vector that masked intrinsics start
+// from), not about this file's code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace cumulus::kernels::vec512 {
+namespace {
+
+using V = __m512;
+V splat(float v) { return _mm512_set1_ps(v); }
+
+// The lanes [0, n) of a vector, n in [0, 16].
+__mmask16 lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n < 0 ? 0 : n)) - 1u);
+}
+
+// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps): within 1.3 ulp,
+// 0 below -87.34 (so exp(-inf) = 0), inf above 88.72.
+V exp_fast(V x) {
+  const V xc = _mm512_min_ps(splat(88.72283f), _mm512_max_ps(splat(-87.34f), x));
+  const V n = _mm512_roundscale_ps(_mm512_mul_ps(xc, splat(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+  static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                                    5.0000001201e-1f};
+  V p = splat(1.9875691500e-4f);
+  for (float c : kPoly) p = _mm512_fmadd_ps(p, r, splat(c));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+  const __m512i k = _mm512_cvtps_epi32(n), half = _mm512_srai_epi32(k, 1);
+  const auto pow2 = [](__m512i e) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+  };
+  V y = _mm512_mul_ps(_mm512_mul_ps(p, pow2(half)), pow2(_mm512_sub_epi32(k, half)));
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ), y, _mm512_setzero_ps());
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(88.72283f), _CMP_GT_OQ), y, splat(INFINITY));
+}
+
+// One MR x (16 NV) block of c, the last vector of each row masked to `last`: the accumulators stay
+// in registers over the whole k loop (MR * NV of the 32).
+template <int MR, int NV>
+void micro(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,
+           bool accumulate, __mmask16 last) {
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = !accumulate        ? _mm512_setzero_ps()
+                  : v == NV - 1      ? _mm512_maskz_loadu_ps(last, c + r * ldc + 16 * v)
+                                     : _mm512_loadu_ps(c + r * ldc + 16 * v);
+  for (int64_t l = 0; l < k; ++l) {
+    V bv[NV];
+    const float* bl = b + l * ldb;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, bl + 16 * v) : _mm512_loadu_ps(bl + 16 * v);
+    const float* al = a + l * a_cs;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const V ar = _mm512_set1_ps(al[r * a_rs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1)
+        _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last, acc[r][v]);
+      else
+        _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    }
+}
+
+// Row blocks: 16 accumulators for one or two vectors a row (8 rows), 12 or 16 for three or four
+// (4 rows); a remainder of rows takes the block of its own height.
+template <int NV>
+void rows(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+          int64_t ldc, bool accumulate, __mmask16 last) {
+  constexpr int kMR = NV <= 2 ? 8 : 4;
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR) micro<kMR, NV>(k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, accumulate, last);
+  const float* ai = a + i * a_rs;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 0: break;
+    case 1: micro<1, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 2: micro<2, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 3: micro<3, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 4: micro<4, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 5: micro<5, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 6: micro<6, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    default: micro<7, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+  }
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+              int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t w = n - j0 < 64 ? n - j0 : 64, nv = (w + 15) / 16;
+    const __mmask16 last = lanes(w - 16 * (nv - 1));
+    switch (nv) {
+      case 1: rows<1>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+      case 2: rows<2>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+      case 3: rows<3>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+      default: rows<4>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+    }
+  }
+}
+
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width,
+                                float scale, float* m, double* sums, float* acc, int64_t d) {
+  const V sc = splat(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * lds;
+    const int64_t n = valid[r] < width ? valid[r] : width;
+    if (n <= 0) {
+      for (int64_t j = 0; j < width; j += 16) _mm512_mask_storeu_ps(sr + j, lanes(width - j), _mm512_setzero_ps());
+      continue;
+    }
+    V mx = splat(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16)
+      mx = _mm512_mask_max_ps(mx, lanes(n - j), mx, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(n - j), sr + j), sc));
+    const float tile_max = _mm512_reduce_max_ps(mx);
+    const float m_new = m[r] > tile_max ? m[r] : tile_max;
+    const V mv = splat(m_new);
+    V sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < width; j += 16) {
+      const __mmask16 in = lanes(n - j);
+      const V e = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + j), sc), mv)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(sr + j, lanes(width - j), e);
+    }
+    if (m_new != m[r]) {
+      // The first tile finds m = -inf: alpha 0 (acc and the sum are still 0).
+      const float alpha = std::exp(m[r] - m_new);
+      sums[r] *= alpha;
+      float* ar = acc + r * d;
+      for (int64_t c = 0; c < d; c += 16) {
+        const __mmask16 in = lanes(d - c);
+        _mm512_mask_storeu_ps(ar + c, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, ar + c), splat(alpha)));
+      }
+    }
+    sums[r] += static_cast<double>(_mm512_reduce_add_ps(sum));
+    m[r] = m_new;
+  }
+}
+
+void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, const int64_t* valid, int64_t width,
+                             float scale, const float* lse, const float* delta) {
+  const V sc = splat(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * ld;
+    float* dr = dp + r * ld;
+    const V l = splat(lse[r]), dl = splat(delta[r]);
+    for (int64_t j = 0; j < width; j += 16) {
+      const __mmask16 all = lanes(width - j), in = lanes(valid[r] - j);
+      const V p = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(all, sr + j), sc), l)));
+      const V ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(all, dr + j), dl)), sc);
+      _mm512_mask_storeu_ps(sr + j, all, p);
+      _mm512_mask_storeu_ps(dr + j, all, ds);
+    }
+  }
+}
+
+}  // namespace cumulus::kernels::vec512
+#else
+namespace cumulus::kernels::vec512 {
+bool available() { return false; }
+}  // namespace cumulus::kernels::vec512
+#endif
