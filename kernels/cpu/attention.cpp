@@ -257,18 +257,41 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
 // fixed order that depends only on the shapes, so the bits are the same at any thread count; they
 // differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
 
+// A head's keys, transposed (kt [d][ldk]), and values (vt [tk][d]) in f32, loaded once for all the
+// blocks of query rows a thread takes from that head.
+struct HeadTiles {
+  std::vector<float> data;
+  int64_t bh = -1, ldk = 0;
+  const float* kt() const { return data.data(); }
+  const float* v(int64_t d) const { return data.data() + d * ldk; }
+};
+
+template <typename T>
+void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, HeadTiles& h) {
+  if (h.bh == bh) return;
+  const int64_t d = g.d, tk = g.tk;
+  h.ldk = (tk + 15) / 16 * 16;
+  h.data.resize(static_cast<std::size_t>(d * h.ldk + tk * d));
+  float* kt = h.data.data();
+  float* vf = kt + d * h.ldk;
+  for (int64_t j = 0; j < tk; ++j) {
+    const T* kr = k + g.k_row(bh, j);
+    for (int64_t c = 0; c < d; ++c) kt[c * h.ldk + j] = to_f32(kr[c]);
+    load_row(v + g.v_row(bh, j), vf + j * d, d);
+  }
+  h.bh = bh;
+}
+
 template <typename T>
 void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
-                          int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
+                          int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums,
+                          HeadTiles& head) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
-  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d +
-                                                                   kRows * kKeys + kRows)));
-  float* qf = scratch.data();   // [kRows][d]
-  float* acc = qf + kRows * d;  // [kRows][d]
-  float* kt = acc + kRows * d;  // [d][kKeys]
-  float* vf = kt + kKeys * d;   // [kKeys][d]
-  float* s = vf + kKeys * d;    // [kRows][kKeys]
-  float* m = s + kRows * kKeys; // [kRows]
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + kRows * kKeys + kRows)));
+  float* qf = scratch.data();    // [kRows][d]
+  float* acc = qf + kRows * d;   // [kRows][d]
+  float* s = acc + kRows * d;    // [kRows][kKeys]
+  float* m = s + kRows * kKeys;  // [kRows]
   int64_t valid[kRows];
   std::fill(acc, acc + kRows * d, 0.0f);
   sums.assign(static_cast<std::size_t>(kRows), 0.0);
@@ -276,16 +299,16 @@ void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, co
     load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
     m[r] = -std::numeric_limits<float>::infinity();
   }
+  load_head(g, k, v, bh, head);
+  const float* kt = head.kt();
+  const float* vf = head.v(d);
   const int64_t key_end = g.key_end(i1 - 1);
-  const T* kh = k + g.k_row(bh, 0);
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, key_end - j0);
-    load_tile(kh, g.k_stride[2], j0, nk, d, kt, nullptr);
-    for (int64_t j = 0; j < nk; ++j) load_row(v + g.v_row(bh, j0 + j), vf + j * d, d);
     for (int64_t r = 0; r < nq; ++r) valid[r] = std::min(nk, g.key_end(i0 + r) - j0);
-    vec512::gemm_f32(nq, nk, d, qf, d, 1, kt, kKeys, s, kKeys, false);
+    vec512::gemm_f32(nq, nk, d, qf, d, 1, kt + j0, head.ldk, s, kKeys, false);
     vec512::attention_softmax_tile_f32(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
-    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf, d, acc, d, true);
+    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf + j0 * d, d, acc, d, true);
   }
   for (int64_t r = 0; r < nq; ++r) {
     const float inv = static_cast<float>(1.0 / sums[r]);
@@ -366,9 +389,10 @@ void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, c
   parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
+    HeadTiles head;
     for (int64_t u = u0; u < u1; ++u) {
       if (wide)
-        forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+        forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums, head);
       else
         forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
     }

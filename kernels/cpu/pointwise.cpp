@@ -208,7 +208,7 @@ VecUnary unary_forward_vec(UnaryOp op) {
     case UnaryOp::tanh: return vec::tanh_f32;
     case UnaryOp::sigmoid: return vec::sigmoid_f32;
     case UnaryOp::gelu: return vec::gelu_f32;
-    case UnaryOp::gelu_tanh: return vec::gelu_tanh_f32;
+    case UnaryOp::gelu_tanh: return vec512::available() ? vec512::gelu_tanh_f32 : vec::gelu_tanh_f32;
     case UnaryOp::exp: return vec::exp_f32;
     case UnaryOp::log: return vec::log_f32;
     default: return nullptr;
@@ -280,7 +280,9 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      const auto grad = op == UnaryOp::gelu ? vec::gelu_grad_f32 : vec::gelu_tanh_grad_f32;
+      const auto grad = op == UnaryOp::gelu        ? vec::gelu_grad_f32
+                        : vec512::available() ? vec512::gelu_tanh_grad_f32
+                                              : vec::gelu_tanh_grad_f32;
       if constexpr (std::is_same_v<T, float>)
         if (beta == 0.0f) return grad(saved, dy, dx, n);
       float xb[kVecBlock], gb[kVecBlock];

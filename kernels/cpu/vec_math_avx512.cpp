@@ -12,6 +12,9 @@
 // from), not about this file's code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+// For the constants only (as in vec_math_avx2.cpp).
+#include "kernels/pointwise_rules.h"
+
 namespace cumulus::kernels::vec512 {
 namespace {
 
@@ -44,6 +47,22 @@ V exp_fast(V x) {
   y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ), y, _mm512_setzero_ps());
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(88.72283f), _CMP_GT_OQ), y, splat(INFINITY));
 }
+
+// y = f(x) (or g = f(x, dy)) over n floats, 16 at a time; a tail goes through f under a mask.
+template <typename F>
+void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    _mm512_mask_storeu_ps(g + i, in, f(_mm512_maskz_loadu_ps(in, x + i), _mm512_maskz_loadu_ps(in, dy + i)));
+  }
+}
+
+// vec_math_avx2.cpp's gelu_tanh pieces, 16 lanes, the same operations in the same order.
+V gelu_tanh_arg(V x) {
+  return _mm512_mul_ps(splat(kSqrt2OverPi),
+                       _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(splat(kGeluTanhCubic), x), x), x)));
+}
+V one_over_one_plus(V e) { return _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat(1.0f), e)); }
 
 // One MR x (16 NV) block of c, the last vector of each row masked to `last`: the accumulators stay
 // in registers over the whole k loop (MR * NV of the 32).
@@ -110,6 +129,25 @@ void rows(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, cons
 bool available() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
   return ok;
+}
+
+void gelu_tanh_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) {
+    return _mm512_mul_ps(v, one_over_one_plus(exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)))));
+  });
+}
+
+void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
+  map2(x, dy, g, n, [](V v, V d) {
+    const V e = exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)));
+    const V s = one_over_one_plus(e);
+    const V ess = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, splat(INFINITY), _CMP_NEQ_UQ),
+                                      _mm512_mul_ps(_mm512_mul_ps(e, s), s));
+    const V inner_grad2 = _mm512_mul_ps(
+        splat(2.0f * kSqrt2OverPi),
+        _mm512_add_ps(splat(1.0f), _mm512_mul_ps(_mm512_mul_ps(splat(3.0f * kGeluTanhCubic), v), v)));
+    return _mm512_mul_ps(d, _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(v, ess), inner_grad2)));
+  });
 }
 
 void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
