@@ -274,11 +274,12 @@ void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, H
   h.data.resize(static_cast<std::size_t>(d * h.ldk + tk * d));
   float* kt = h.data.data();
   float* vf = kt + d * h.ldk;
-  for (int64_t j = 0; j < tk; ++j) {
-    const T* kr = k + g.k_row(bh, j);
-    for (int64_t c = 0; c < d; ++c) kt[c * h.ldk + j] = to_f32(kr[c]);
-    load_row(v + g.v_row(bh, j), vf + j * d, d);
-  }
+  const T* kh = k + g.k_row(bh, 0);
+  const int64_t ks = g.k_stride[2];
+  // Column by column: contiguous stores, the strided loads from the rows' few cache lines.
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t j = 0; j < tk; ++j) kt[c * h.ldk + j] = to_f32(kh[j * ks + c]);
+  for (int64_t j = 0; j < tk; ++j) load_row(v + g.v_row(bh, j), vf + j * d, d);
   h.bh = bh;
 }
 
@@ -386,7 +387,10 @@ void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, c
   const int64_t blocks = (g.tq + kRows - 1) / kRows;
   if (g.bh() == 0 || blocks == 0 || g.tk == 0) return;
   const bool vector = vector_path(), wide = wide_path();
-  parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
+  // The AVX-512 blocks share their head's loaded keys and values within a chunk: whole heads a chunk
+  // where there are enough of them to go round.
+  const int64_t grain = wide && g.bh() >= 8 ? blocks : 1;
+  parallel_for(g.bh() * blocks, grain, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
     HeadTiles head;

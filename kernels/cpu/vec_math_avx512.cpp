@@ -64,6 +64,23 @@ V gelu_tanh_arg(V x) {
 }
 V one_over_one_plus(V e) { return _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat(1.0f), e)); }
 
+// e^x for the attention tiles' x <= 0 (a score less the row's maximum or log-sum-exp): the same
+// reduction and polynomial as exp_fast, then 2^n by scalef instead of building it in the exponent
+// field, and no upper clamp. 0 below -87.34 as exp_fast (so exp(-inf) = 0), NaN stays NaN.
+V exp_nonpositive(V x) {
+  const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+  static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                                    5.0000001201e-1f};
+  V p = splat(1.9875691500e-4f);
+  for (float c : kPoly) p = _mm512_fmadd_ps(p, r, splat(c));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+  return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), _mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ),
+                            _mm512_setzero_ps());
+}
+
 // One MR x (16 NV) block of c, the last vector of each row masked to `last`: the accumulators stay
 // in registers over the whole k loop (MR * NV of the 32).
 template <int MR, int NV>
@@ -183,7 +200,7 @@ void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64
     V sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < width; j += 16) {
       const __mmask16 in = lanes(n - j);
-      const V e = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + j), sc), mv)));
+      const V e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + j), sc), mv)));
       sum = _mm512_add_ps(sum, e);
       _mm512_mask_storeu_ps(sr + j, lanes(width - j), e);
     }
@@ -211,7 +228,8 @@ void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, cons
     const V l = splat(lse[r]), dl = splat(delta[r]);
     for (int64_t j = 0; j < width; j += 16) {
       const __mmask16 all = lanes(width - j), in = lanes(valid[r] - j);
-      const V p = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(all, sr + j), sc), l)));
+      const V p =
+          _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(all, sr + j), sc), l)));
       const V ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(all, dr + j), dl)), sc);
       _mm512_mask_storeu_ps(sr + j, all, p);
       _mm512_mask_storeu_ps(dr + j, all, ds);
