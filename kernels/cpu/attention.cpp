@@ -257,6 +257,10 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
 // fixed order that depends only on the shapes, so the bits are the same at any thread count; they
 // differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
 
+// The AVX-512 backward's blocks of query rows: twice kRows, so that dv += p^T do and dk += ds^T q sum
+// over 32 rows a call.
+constexpr int64_t kRowsWide = 32;
+
 // A head's keys, transposed (kt [d][ldk]), and values (vt [tk][d]) in f32, loaded once for all the
 // blocks of query rows a thread takes from that head.
 struct HeadTiles {
@@ -324,7 +328,7 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
                           const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
                           std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
-  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRows * kKeys)));
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
   float* qf = scratch.data();     // [tq][d]
   float* dof = qf + tq * d;       // [tq][d]
   float* dqa = dof + tq * d;      // [tq][d]
@@ -333,9 +337,9 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
   float* vt = kt + kKeys * d;     // [d][kKeys]
   float* dka = vt + kKeys * d;    // [kKeys][d]
   float* dva = dka + kKeys * d;   // [kKeys][d]
-  float* p = dva + kKeys * d;     // [kRows][kKeys]
-  float* ds = p + kRows * kKeys;  // [kRows][kKeys]
-  int64_t valid[kRows];
+  float* p = dva + kKeys * d;     // [kRowsWide][kKeys]
+  float* ds = p + kRowsWide * kKeys;  // [kRowsWide][kKeys]
+  int64_t valid[kRowsWide];
   std::fill(dqa, dqa + tq * d, 0.0f);
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
@@ -354,8 +358,8 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
     load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
     load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
     std::fill(dka, dka + 2 * kKeys * d, 0.0f);  // dka and dva
-    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRows) {
-      const int64_t nr = std::min(kRows, tq - i0);
+    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRowsWide) {
+      const int64_t nr = std::min(kRowsWide, tq - i0);
       int64_t width = 0;  // the keys of the tile any of the block's rows sees
       for (int64_t r = 0; r < nr; ++r) {
         valid[r] = std::max<int64_t>(0, std::min(nk, g.key_end(i0 + r) - j0));
