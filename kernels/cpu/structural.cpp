@@ -29,9 +29,9 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
                             T* y, float* mean, float* rstd) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::layer_norm_row_f32 : vec::layer_norm_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          vec::layer_norm_row_f32(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
+        for (int64_t r = r0; r < r1; ++r) row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
       });
       return;
     }
@@ -61,10 +61,10 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
                                 int64_t rows, int64_t cols, float beta, T* dx) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
-          vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
-                                       dx + r * cols);
+          row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols);
       });
       return;
     }

@@ -11,6 +11,7 @@
 // GCC 12 warns inside its own AVX-512 headers (the undefined vector that masked intrinsics start
 // from), not about this file's code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // For the constants only (as in vec_math_avx2.cpp).
 #include "kernels/pointwise_rules.h"
@@ -165,6 +166,88 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
         _mm512_add_ps(splat(1.0f), _mm512_mul_ps(_mm512_mul_ps(splat(3.0f * kGeluTanhCubic), v), v)));
     return _mm512_mul_ps(d, _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(v, ess), inner_grad2)));
   });
+}
+
+namespace {
+// The two halves of 16 floats as 8 doubles each, and back.
+__m512d low_pd(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+__m512d high_pd(V v) {
+  return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+V from_pd(__m512d lo, __m512d hi) {
+  return _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
+                         _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
+}
+}  // namespace
+
+void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
+                        float* mean, float* rstd) {
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  for (int64_t i = 0; i < n; i += 16) {
+    const V v = _mm512_maskz_loadu_ps(lanes(n - i), x + i);  // zeros past n add nothing
+    lo = _mm512_add_pd(lo, low_pd(v));
+    hi = _mm512_add_pd(hi, high_pd(v));
+  }
+  const double m = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)) / static_cast<double>(n);
+  const __m512d md = _mm512_set1_pd(m);
+  lo = hi = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V v = _mm512_maskz_loadu_ps(in, x + i);
+    const __m512d a = _mm512_maskz_sub_pd(static_cast<__mmask8>(in), low_pd(v), md);
+    const __m512d b = _mm512_maskz_sub_pd(static_cast<__mmask8>(in >> 8), high_pd(v), md);
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  const double ss = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  *mean = static_cast<float>(m);
+  *rstd = static_cast<float>(inv);
+  const __m512d invd = _mm512_set1_pd(inv);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V v = _mm512_maskz_loadu_ps(in, x + i);
+    V out = from_pd(_mm512_mul_pd(_mm512_sub_pd(low_pd(v), md), invd),
+                    _mm512_mul_pd(_mm512_sub_pd(high_pd(v), md), invd));
+    if (weight != nullptr) out = _mm512_mul_ps(out, _mm512_maskz_loadu_ps(in, weight + i));
+    if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(in, bias + i));
+    _mm512_mask_storeu_ps(y + i, in, out);
+  }
+}
+
+void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
+                             float beta, float* dx) {
+  const __m512d md = _mm512_set1_pd(mean), invd = _mm512_set1_pd(rstd);
+  const auto g_at = [&](int64_t i, __mmask16 in) {
+    const V d = _mm512_maskz_loadu_ps(in, dy + i);
+    return weight != nullptr ? _mm512_mul_ps(d, _mm512_maskz_loadu_ps(in, weight + i)) : d;
+  };
+  const auto xhat_at = [&](V v, __mmask16 in, __m512d& a, __m512d& b) {
+    a = _mm512_maskz_mul_pd(static_cast<__mmask8>(in), _mm512_sub_pd(low_pd(v), md), invd);
+    b = _mm512_maskz_mul_pd(static_cast<__mmask8>(in >> 8), _mm512_sub_pd(high_pd(v), md), invd);
+  };
+  __m512d sg = _mm512_setzero_pd(), sgx = sg;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V g = g_at(i, in);  // zero past n
+    __m512d a, b;
+    xhat_at(_mm512_maskz_loadu_ps(in, x + i), in, a, b);
+    const __m512d glo = low_pd(g), ghi = high_pd(g);
+    sg = _mm512_add_pd(sg, _mm512_add_pd(glo, ghi));
+    sgx = _mm512_add_pd(sgx, _mm512_add_pd(_mm512_mul_pd(glo, a), _mm512_mul_pd(ghi, b)));
+  }
+  const auto mean_g = static_cast<float>(_mm512_reduce_add_pd(sg) / static_cast<double>(n));
+  const auto mean_g_xhat = static_cast<float>(_mm512_reduce_add_pd(sgx) / static_cast<double>(n));
+  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), inv = splat(rstd), bv = splat(beta);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    __m512d a, b;
+    xhat_at(_mm512_maskz_loadu_ps(in, x + i), in, a, b);
+    V out = _mm512_mul_ps(inv, _mm512_sub_ps(_mm512_sub_ps(g_at(i, in), mg), _mm512_mul_ps(from_pd(a, b), mgx)));
+    if (beta != 0.0f) out = _mm512_add_ps(out, _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(in, dx + i)));
+    _mm512_mask_storeu_ps(dx + i, in, out);
+  }
 }
 
 void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
