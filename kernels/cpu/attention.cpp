@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
@@ -261,13 +262,14 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
 // over 32 rows a call.
 constexpr int64_t kRowsWide = 32;
 
-// A head's keys, transposed (kt [d][ldk]), and values (vt [tk][d]) in f32, loaded once for all the
-// blocks of query rows a thread takes from that head.
+// A head's keys, transposed (kt [d][ldk]), and values (f32 storage: read in place at their row
+// stride; other types: converted into v [tk][d]), loaded once for all the blocks of query rows a
+// thread takes from that head.
 struct HeadTiles {
   std::vector<float> data;
-  int64_t bh = -1, ldk = 0;
+  int64_t bh = -1, ldk = 0, ldv = 0;
+  const float* v = nullptr;
   const float* kt() const { return data.data(); }
-  const float* v(int64_t d) const { return data.data() + d * ldk; }
 };
 
 template <typename T>
@@ -277,13 +279,20 @@ void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, H
   h.ldk = (tk + 15) / 16 * 16;
   h.data.resize(static_cast<std::size_t>(d * h.ldk + tk * d));
   float* kt = h.data.data();
-  float* vf = kt + d * h.ldk;
   const T* kh = k + g.k_row(bh, 0);
   const int64_t ks = g.k_stride[2];
   // Column by column: contiguous stores, the strided loads from the rows' few cache lines.
   for (int64_t c = 0; c < d; ++c)
     for (int64_t j = 0; j < tk; ++j) kt[c * h.ldk + j] = to_f32(kh[j * ks + c]);
-  for (int64_t j = 0; j < tk; ++j) load_row(v + g.v_row(bh, j), vf + j * d, d);
+  if constexpr (std::is_same_v<T, float>) {
+    h.v = v + g.v_row(bh, 0);
+    h.ldv = g.v_stride[2];
+  } else {
+    float* vf = kt + d * h.ldk;
+    for (int64_t j = 0; j < tk; ++j) load_row(v + g.v_row(bh, j), vf + j * d, d);
+    h.v = vf;
+    h.ldv = d;
+  }
   h.bh = bh;
 }
 
@@ -300,20 +309,25 @@ void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, co
   int64_t valid[kRows];
   std::fill(acc, acc + kRows * d, 0.0f);
   sums.assign(static_cast<std::size_t>(kRows), 0.0);
-  for (int64_t r = 0; r < nq; ++r) {
-    load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
-    m[r] = -std::numeric_limits<float>::infinity();
+  const float* qs = qf;
+  int64_t q_ld = d;
+  if constexpr (std::is_same_v<T, float>) {
+    qs = q + g.q_row(bh, i0);
+    q_ld = g.q_stride[2];
+  } else {
+    for (int64_t r = 0; r < nq; ++r) load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
   }
+  for (int64_t r = 0; r < nq; ++r) m[r] = -std::numeric_limits<float>::infinity();
   load_head(g, k, v, bh, head);
   const float* kt = head.kt();
-  const float* vf = head.v(d);
+  const float* vf = head.v;
   const int64_t key_end = g.key_end(i1 - 1);
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, key_end - j0);
     for (int64_t r = 0; r < nq; ++r) valid[r] = std::min(nk, g.key_end(i0 + r) - j0);
-    vec512::gemm_f32(nq, nk, d, qf, d, 1, kt + j0, head.ldk, s, kKeys, false);
+    vec512::gemm_f32(nq, nk, d, qs, q_ld, 1, kt + j0, head.ldk, s, kKeys, false);
     vec512::attention_softmax_tile_f32(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
-    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf + j0 * d, d, acc, d, true);
+    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf + j0 * head.ldv, head.ldv, acc, d, true);
   }
   for (int64_t r = 0; r < nq; ++r) {
     const float inv = static_cast<float>(1.0 / sums[r]);
@@ -328,36 +342,66 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
                           const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
                           std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
-  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
-  float* qf = scratch.data();     // [tq][d]
-  float* dof = qf + tq * d;       // [tq][d]
-  float* dqa = dof + tq * d;      // [tq][d]
-  float* kf = dqa + tq * d;       // [kKeys][d]
-  float* kt = kf + kKeys * d;     // [d][kKeys]
-  float* vt = kt + kKeys * d;     // [d][kKeys]
-  float* dka = vt + kKeys * d;    // [kKeys][d]
-  float* dva = dka + kKeys * d;   // [kKeys][d]
-  float* p = dva + kKeys * d;     // [kRowsWide][kKeys]
-  float* ds = p + kRowsWide * kKeys;  // [kRowsWide][kKeys]
+  // f32 storage is read where it lies (q, k and do at their row strides) and the gradients summed
+  // straight into dq, dk and dv; other types go through f32 copies.
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  scratch.resize(
+      std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
+  float* qf = scratch.data();             // [tq][d]
+  float* dof = qf + tq * d;               // [tq][d]
+  float* dqa = dof + tq * d;              // [tq][d]
+  float* kf = dqa + tq * d;               // [kKeys][d]
+  float* kt = kf + kKeys * d;             // [d][kKeys]
+  float* vt = kt + kKeys * d;             // [d][kKeys]
+  float* dka = vt + kKeys * d;            // [kKeys][d]
+  float* dva = dka + kKeys * d;           // [kKeys][d]
+  float* p = dva + kKeys * d;             // [kRowsWide][kKeys]
+  float* ds = p + kRowsWide * kKeys;      // [kRowsWide][kKeys]
   int64_t valid[kRowsWide];
-  std::fill(dqa, dqa + tq * d, 0.0f);
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
+  const float* qs = qf;
+  const float* dos = dof;
+  int64_t q_ld = d;
+  float* dq_acc = dqa;
+  if constexpr (kF32) {
+    qs = q + g.q_row(bh, 0);
+    q_ld = g.q_stride[2];
+    dos = dout + bh * tq * d;
+    if (dq != nullptr) dq_acc = dq + bh * tq * d;
+  } else {
+    for (int64_t i = 0; i < tq; ++i) {
+      load_row(q + g.q_row(bh, i), qf + i * d, d);
+      load_row(dout + (bh * tq + i) * d, dof + i * d, d);
+    }
+  }
+  if (dq != nullptr) std::fill(dq_acc, dq_acc + tq * d, 0.0f);
   for (int64_t i = 0; i < tq; ++i) {
-    load_row(q + g.q_row(bh, i), qf + i * d, d);
-    load_row(dout + (bh * tq + i) * d, dof + i * d, d);
     const T* o = out + g.o_row(bh, i);
     double sum = 0.0;
-    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dof[i * d + c]) * to_f32(o[c]);
+    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dos[i * d + c]) * to_f32(o[c]);
     delta_h[i] = static_cast<float>(sum);
   }
   const T* kh = k + g.k_row(bh, 0);
   const T* vh = v + g.v_row(bh, 0);
   for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, tk - j0);
-    load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
+    const float* ks = kf;
+    int64_t k_ld = d;
+    float* dk_acc = dka;
+    float* dv_acc = dva;
+    if constexpr (kF32) {
+      load_tile(kh, g.k_stride[2], j0, nk, d, kt, nullptr);
+      ks = kh + j0 * g.k_stride[2];
+      k_ld = g.k_stride[2];
+      if (dk != nullptr) dk_acc = dk + (bh * tk + j0) * d;
+      if (dv != nullptr) dv_acc = dv + (bh * tk + j0) * d;
+    } else {
+      load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
+    }
     load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
-    std::fill(dka, dka + 2 * kKeys * d, 0.0f);  // dka and dva
+    std::fill(dk_acc, dk_acc + nk * d, 0.0f);
+    std::fill(dv_acc, dv_acc + nk * d, 0.0f);
     for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRowsWide) {
       const int64_t nr = std::min(kRowsWide, tq - i0);
       int64_t width = 0;  // the keys of the tile any of the block's rows sees
@@ -366,22 +410,26 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
         width = std::max(width, valid[r]);
       }
       if (width == 0) continue;
-      vec512::gemm_f32(nr, width, d, qf + i0 * d, d, 1, kt, kKeys, p, kKeys, false);
-      vec512::gemm_f32(nr, width, d, dof + i0 * d, d, 1, vt, kKeys, ds, kKeys, false);
+      const float* qb = qs + i0 * q_ld;
+      const float* dob = dos + i0 * d;
+      vec512::gemm_f32(nr, width, d, qb, q_ld, 1, kt, kKeys, p, kKeys, false);
+      vec512::gemm_f32(nr, width, d, dob, d, 1, vt, kKeys, ds, kKeys, false);
       vec512::attention_grad_tile_f32(p, ds, kKeys, nr, valid, width, g.scale, lse_h + i0, delta_h + i0);
-      vec512::gemm_f32(nr, d, width, ds, kKeys, 1, kf, d, dqa + i0 * d, d, true);
-      vec512::gemm_f32(width, d, nr, p, 1, kKeys, dof + i0 * d, d, dva, d, true);
-      vec512::gemm_f32(width, d, nr, ds, 1, kKeys, qf + i0 * d, d, dka, d, true);
+      if (dq != nullptr) vec512::gemm_f32(nr, d, width, ds, kKeys, 1, ks, k_ld, dq_acc + i0 * d, d, true);
+      if (dv != nullptr) vec512::gemm_f32(width, d, nr, p, 1, kKeys, dob, d, dv_acc, d, true);
+      if (dk != nullptr) vec512::gemm_f32(width, d, nr, ds, 1, kKeys, qb, q_ld, dk_acc, d, true);
     }
-    for (int64_t j = 0; j < nk; ++j)
-      for (int64_t c = 0; c < d; ++c) {
-        const int64_t e = (bh * tk + j0 + j) * d + c;
-        if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
-        if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
-      }
+    if constexpr (!kF32)
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+          const int64_t e = (bh * tk + j0 + j) * d + c;
+          if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
+          if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
+        }
   }
-  if (dq != nullptr)
-    for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
+  if constexpr (!kF32)
+    if (dq != nullptr)
+      for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
 }
 
 }  // namespace
