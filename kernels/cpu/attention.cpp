@@ -20,7 +20,8 @@
 // key tile; probabilities times value rows) and the exp (SLEEF's, as exp_f32) run through AVX2 and
 // FMA (kernels/cpu/vec_math.h) where the CPU has them, plain loops in the same order otherwise; the
 // row sums l are kept in double across tiles. Tiles: 16 query rows share each key tile's conversion
-// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64.
+// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64. On a CPU with AVX-512 the
+// same algorithm runs as small matrix products instead (Note [Fused attention on AVX-512]).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -251,12 +252,16 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
 // Where the CPU has AVX-512F, a block's tiles go through kernels/cpu/vec_math.h's vec512 functions
 // as small matrix products rather than row by row: the scores of all kRows query rows against the
 // key tile (q [rows][d] times the transposed tile), the online softmax over those rows, then
-// acc += p v; in the backward, p and dp = do v^T for the block, ds from both, dq += ds k,
-// dv += p^T do and dk += ds^T q (the transposed operands read in place). Each product keeps a
-// block of outputs in registers over its whole inner sum, and stops at the block's last visible key
-// (causal blocks below the diagonal see only part of a tile). Each output is still summed in a
-// fixed order that depends only on the shapes, so the bits are the same at any thread count; they
-// differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
+// acc += p v; in the backward (blocks of kRowsWide rows), p and dp = do v^T for the block, ds from
+// both, dq += ds k, dv += p^T do and dk += ds^T q (the transposed operands read in place). Each
+// product keeps a block of outputs in registers over its whole inner sum, and stops at the block's
+// last visible key (causal blocks on the diagonal see only part of a tile). Row by row, the AVX2
+// loops load one operand per multiply-add; a register block reuses each load across its rows (and
+// columns). f32 q, k, v and
+// do are read where they lie and the gradients summed in place; only the keys (and the values in
+// the backward) are transposed, once per head in the forward (HeadTiles). Each output is still
+// summed in a fixed order that depends only on the shapes, so the bits are the same at any thread
+// count; they differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
 
 // The AVX-512 backward's blocks of query rows: twice kRows, so that dv += p^T do and dk += ds^T q sum
 // over 32 rows a call.

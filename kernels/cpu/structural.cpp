@@ -99,7 +99,16 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
   constexpr int64_t kColumns = 256;  // a block's sums stay in the L1 cache
   auto block = [&](int64_t c0, int64_t c1) {
     double sw[kColumns] = {}, sb[kColumns] = {};  // in double, as the forward's sums
-    for (int64_t r = 0; r < rows; ++r) {
+    bool summed = false;
+    if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+      if (vec512::available()) {
+        for (int64_t r = 0; r < rows; ++r)
+          vec512::layer_norm_param_grads_row_f32(x + r * cols + c0, dy + r * cols + c0, mean[r], rstd[r], c1 - c0, sw,
+                                                 sb);
+        summed = true;
+      }
+    }
+    for (int64_t r = 0; r < rows && !summed; ++r) {
       const T *xr = x + r * cols, *dyr = dy + r * cols;
       const double m = mean[r], inv = rstd[r];
       for (int64_t c = c0; c < c1; ++c) {

@@ -84,6 +84,10 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
                         float* mean, float* rstd);
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
                              float beta, float* dx);
+// One row's share of layer norm's parameter gradients over n columns: sw[c] += dy[c] xhat[c] and
+// sb[c] += dy[c] in double, xhat = (x - mean) rstd: the scalar loop's operations (the same bits).
+void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,
+                                    double* sb);
 
 // c[i][j] (= or +=) sum_{l < k} a(i, l) b[l][j] for i < m, j < n, with a(i, l) = a[i * a_rs + l * a_cs]
 // (so a transposed operand is read in place), b row-major with leading dimension ldb, c with ldc.

@@ -250,6 +250,23 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
   }
 }
 
+void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,
+                                    double* sb) {
+  const __m512d md = _mm512_set1_pd(mean), invd = _mm512_set1_pd(rstd);
+  // 8 floats at a time, loaded under a 16-lane mask (a masked 8-lane load would need AVX-512VL).
+  const auto load8 = [](__mmask16 in, const float* p) {
+    return _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(in, p)));
+  };
+  for (int64_t i = 0; i < n; i += 8) {
+    const __mmask16 in16 = lanes(n - i < 8 ? n - i : 8);
+    const auto in = static_cast<__mmask8>(in16);
+    const __m512d g = load8(in16, dy + i);
+    const __m512d xhat = _mm512_mul_pd(_mm512_sub_pd(load8(in16, x + i), md), invd);
+    _mm512_mask_storeu_pd(sw + i, in, _mm512_add_pd(_mm512_maskz_loadu_pd(in, sw + i), _mm512_mul_pd(g, xhat)));
+    _mm512_mask_storeu_pd(sb + i, in, _mm512_add_pd(_mm512_maskz_loadu_pd(in, sb + i), g));
+  }
+}
+
 void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
               int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   for (int64_t j0 = 0; j0 < n; j0 += 64) {

@@ -1,7 +1,7 @@
 // kernels/cpu/vec_math.h's AVX-512 functions (vec_math_avx512.cpp) against what they promise:
-// GELU-tanh with the AVX2 functions' bits (the same operations per element), and the tile product
-// with each output summed in order by fused multiply-adds (so a plain loop of std::fma gives the
-// same bits). Skipped on a CPU without AVX-512F (or AVX2 and FMA, for the comparison).
+// GELU-tanh with the AVX2 functions' bits (the same operations per element), the tile product with
+// each output summed in order by fused multiply-adds (so a plain loop of std::fma gives the same
+// bits), layer norm's parameter-gradient sums with the scalar loop's bits. Skipped on a CPU without AVX-512F (or AVX2 and FMA, for the comparison).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,6 +71,26 @@ TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
       for (int64_t j = 0; j < ldc; ++j)  // the padding past n is left alone
         ASSERT_TRUE(same_bits(c[i * ldc + j], expected[i * ldc + j]))
             << "c[" << i << "][" << j << "] " << c[i * ldc + j] << " vs " << expected[i * ldc + j];
+  }
+}
+
+TEST(VecMathAvx512, LayerNormParameterGradientsGiveTheScalarBits) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  const int64_t rows = 5, n = 37;
+  const std::vector<float> x = host_values(rows * n, -3.0f, 3.0f, 21), dy = host_values(rows * n, -1.0f, 1.0f, 22);
+  std::vector<double> sw(n + 1, 0.0), sb(n + 1, 0.0), ew(n + 1, 0.0), eb(n + 1, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double mean = 0.1 * static_cast<double>(r) - 0.2, rstd = 1.5f;
+    vec512::layer_norm_param_grads_row_f32(x.data() + r * n, dy.data() + r * n, mean, rstd, n, sw.data(), sb.data());
+    for (int64_t c = 0; c < n; ++c) {
+      const float g = dy[r * n + c];
+      ew[c] += g * ((static_cast<double>(x[r * n + c]) - mean) * rstd);
+      eb[c] += g;
+    }
+  }
+  for (int64_t c = 0; c <= n; ++c) {  // the one past n is left alone
+    EXPECT_EQ(sw[c], ew[c]) << "column " << c;
+    EXPECT_EQ(sb[c], eb[c]) << "column " << c;
   }
 }
 
