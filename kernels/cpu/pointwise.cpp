@@ -319,8 +319,9 @@ template <typename T>
 void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::softmax_row_f32 : vec::softmax_row_f32;
       parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) vec::softmax_row_f32(log, x + r * cols, y + r * cols, cols);
+        for (int64_t r = r0; r < r1; ++r) row(log, x + r * cols, y + r * cols, cols);
       });
       return;
     }
@@ -346,9 +347,9 @@ template <typename T>
 void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::softmax_grad_row_f32 : vec::softmax_grad_row_f32;
       parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          vec::softmax_grad_row_f32(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
+        for (int64_t r = r0; r < r1; ++r) row(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
       });
       return;
     }

@@ -65,7 +65,8 @@ void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t
 
 }  // namespace cumulus::kernels::vec
 
-// AVX-512 (16 lanes) versions of GELU-tanh, layer norm's rows and fused attention's tile arithmetic (vec_math_avx512.cpp, the one
+// AVX-512 (16 lanes) versions of GELU-tanh, softmax's and layer norm's rows and fused attention's
+// tile arithmetic (vec_math_avx512.cpp, the one
 // file compiled for AVX-512F and FMA), used by kernels/cpu/attention.cpp when the CPU has them
 // (Note [Fused attention on AVX-512] there). Same declarations rule as above: no engine types.
 namespace cumulus::kernels::vec512 {
@@ -77,6 +78,11 @@ bool available();
 // element, so the same bits.
 void gelu_tanh_f32(const float* x, float* y, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
+
+// vec::softmax_row_f32 and vec::softmax_grad_row_f32 16 lanes at a time (the same exp; the double
+// sums in another order, within a rounding of the double result either way).
+void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
+void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
 
 // vec::layer_norm_row_f32 and vec::layer_norm_grad_row_f32 16 lanes at a time (their double sums
 // 16 lanes at a time: another order, within a rounding of the double result either way).

@@ -168,6 +168,7 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   });
 }
 
+
 namespace {
 // The two halves of 16 floats as 8 doubles each, and back.
 __m512d low_pd(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
@@ -180,6 +181,61 @@ V from_pd(__m512d lo, __m512d hi) {
                          _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
 }
 }  // namespace
+
+void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
+  V mx = splat(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {  // a NaN in x is skipped, as fmax
+    const __mmask16 in = lanes(n - i);
+    mx = _mm512_mask_max_ps(mx, in, _mm512_maskz_loadu_ps(in, x + i), mx);
+  }
+  const V m = splat(_mm512_reduce_max_ps(mx));
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V e = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m)));
+    lo = _mm512_add_pd(lo, low_pd(e));
+    hi = _mm512_add_pd(hi, high_pd(e));
+    if (!log) _mm512_mask_storeu_ps(y + i, in, e);
+  }
+  const double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  if (log) {
+    const V log_s = splat(static_cast<float>(std::log(sum)));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 in = lanes(n - i);
+      _mm512_mask_storeu_ps(y + i, in, _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m), log_s));
+    }
+  } else {
+    const V inv = splat(static_cast<float>(1.0 / sum));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 in = lanes(n - i);
+      _mm512_mask_storeu_ps(y + i, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, y + i), inv));
+    }
+  }
+}
+
+void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n) {
+  __m512d lo = _mm512_setzero_pd(), hi = lo;  // log_softmax: sum(dy); softmax: sum(dy y), in double
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V g = _mm512_maskz_loadu_ps(in, dy + i);
+    if (log) {
+      lo = _mm512_add_pd(lo, low_pd(g));
+      hi = _mm512_add_pd(hi, high_pd(g));
+    } else {
+      const V yv = _mm512_maskz_loadu_ps(in, y + i);
+      lo = _mm512_add_pd(lo, _mm512_mul_pd(low_pd(g), low_pd(yv)));
+      hi = _mm512_add_pd(hi, _mm512_mul_pd(high_pd(g), high_pd(yv)));
+    }
+  }
+  const V s = splat(static_cast<float>(_mm512_reduce_add_pd(_mm512_add_pd(lo, hi)))), b = splat(beta);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V yv = _mm512_maskz_loadu_ps(in, y + i), g = _mm512_maskz_loadu_ps(in, dy + i);
+    V v = log ? _mm512_sub_ps(g, _mm512_mul_ps(exp_fast(yv), s)) : _mm512_mul_ps(yv, _mm512_sub_ps(g, s));
+    if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(b, _mm512_maskz_loadu_ps(in, dx + i)));
+    _mm512_mask_storeu_ps(dx + i, in, v);
+  }
+}
 
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd) {
