@@ -352,16 +352,16 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
   constexpr bool kF32 = std::is_same_v<T, float>;
   scratch.resize(
       std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
-  float* qf = scratch.data();             // [tq][d]
-  float* dof = qf + tq * d;               // [tq][d]
-  float* dqa = dof + tq * d;              // [tq][d]
-  float* kf = dqa + tq * d;               // [kKeys][d]
-  float* kt = kf + kKeys * d;             // [d][kKeys]
-  float* vt = kt + kKeys * d;             // [d][kKeys]
-  float* dka = vt + kKeys * d;            // [kKeys][d]
-  float* dva = dka + kKeys * d;           // [kKeys][d]
-  float* p = dva + kKeys * d;             // [kRowsWide][kKeys]
-  float* ds = p + kRowsWide * kKeys;      // [kRowsWide][kKeys]
+  float* qf = scratch.data();         // [tq][d]
+  float* dof = qf + tq * d;           // [tq][d]
+  float* dqa = dof + tq * d;          // [tq][d]
+  float* kf = dqa + tq * d;           // [kKeys][d]
+  float* kt = kf + kKeys * d;         // [d][kKeys]
+  float* vt = kt + kKeys * d;         // [d][kKeys]
+  float* dka = vt + kKeys * d;        // [kKeys][d]
+  float* dva = dka + kKeys * d;       // [kKeys][d]
+  float* p = dva + kKeys * d;         // [kRowsWide][kKeys]
+  float* ds = p + kRowsWide * kKeys;  // [kRowsWide][kKeys]
   int64_t valid[kRowsWide];
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
@@ -452,10 +452,8 @@ void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, c
     std::vector<double> sums;
     HeadTiles head;
     for (int64_t u = u0; u < u1; ++u) {
-      if (wide)
-        forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums, head);
-      else
-        forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+      if (wide) forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums, head);
+      else forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
     }
   });
 }
@@ -468,10 +466,8 @@ void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, 
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch;
     for (int64_t bh = h0; bh < h1; ++bh) {
-      if (wide)
-        backward_head_avx512(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
-      else
-        backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+      if (wide) backward_head_avx512(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+      else backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
     }
   });
 }

@@ -280,7 +280,7 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      const auto grad = op == UnaryOp::gelu        ? vec::gelu_grad_f32
+      const auto grad = op == UnaryOp::gelu   ? vec::gelu_grad_f32
                         : vec512::available() ? vec512::gelu_tanh_grad_f32
                                               : vec::gelu_tanh_grad_f32;
       if constexpr (std::is_same_v<T, float>)

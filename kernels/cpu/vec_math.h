@@ -98,15 +98,15 @@ void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean
 // c[i][j] (= or +=) sum_{l < k} a(i, l) b[l][j] for i < m, j < n, with a(i, l) = a[i * a_rs + l * a_cs]
 // (so a transposed operand is read in place), b row-major with leading dimension ldb, c with ldc.
 // Each c[i][j] is summed over l in order, with FMA: its bits depend on nothing but its operands.
-void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
-              int64_t ldb, float* c, int64_t ldc, bool accumulate);
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+              float* c, int64_t ldc, bool accumulate);
 
 // The forward's online softmax over one tile of raw scores s [rows][width] (leading dimension lds):
 // row r sees its first valid[r] keys (none when <= 0). Scales by `scale`, raises the row's running
 // maximum m[r], rescales its sum sums[r] and accumulator acc [rows][d] by exp(m_old - m_new), adds
 // the tile's sum of exp(s - m_new), and leaves those probabilities in s (zeros past valid[r]).
-void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width,
-                                float scale, float* m, double* sums, float* acc, int64_t d);
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width, float scale,
+                                float* m, double* sums, float* acc, int64_t d);
 
 // The backward's tile: from the raw scores s and dp = do v^T ([rows][width], leading dimension ld),
 // p = exp(scale s - lse[r]) into s and ds = p (dp - delta[r]) scale into dp, both zero past valid[r].

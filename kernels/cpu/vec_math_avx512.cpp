@@ -92,9 +92,9 @@ void micro(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
-      acc[r][v] = !accumulate        ? _mm512_setzero_ps()
-                  : v == NV - 1      ? _mm512_maskz_loadu_ps(last, c + r * ldc + 16 * v)
-                                     : _mm512_loadu_ps(c + r * ldc + 16 * v);
+      acc[r][v] = !accumulate   ? _mm512_setzero_ps()
+                  : v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + r * ldc + 16 * v)
+                                : _mm512_loadu_ps(c + r * ldc + 16 * v);
   for (int64_t l = 0; l < k; ++l) {
     V bv[NV];
     const float* bl = b + l * ldb;
@@ -113,10 +113,8 @@ void micro(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      if (v == NV - 1)
-        _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last, acc[r][v]);
-      else
-        _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+      if (v == NV - 1) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last, acc[r][v]);
+      else _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
     }
 }
 
@@ -127,7 +125,8 @@ void rows(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, cons
           int64_t ldc, bool accumulate, __mmask16 last) {
   constexpr int kMR = NV <= 2 ? 8 : 4;
   int64_t i = 0;
-  for (; i + kMR <= m; i += kMR) micro<kMR, NV>(k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, accumulate, last);
+  for (; i + kMR <= m; i += kMR)
+    micro<kMR, NV>(k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, accumulate, last);
   const float* ai = a + i * a_rs;
   float* ci = c + i * ldc;
   switch (m - i) {
@@ -159,26 +158,22 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
     const V e = exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)));
     const V s = one_over_one_plus(e);
-    const V ess = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, splat(INFINITY), _CMP_NEQ_UQ),
-                                      _mm512_mul_ps(_mm512_mul_ps(e, s), s));
-    const V inner_grad2 = _mm512_mul_ps(
-        splat(2.0f * kSqrt2OverPi),
-        _mm512_add_ps(splat(1.0f), _mm512_mul_ps(_mm512_mul_ps(splat(3.0f * kGeluTanhCubic), v), v)));
+    const V ess =
+        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, splat(INFINITY), _CMP_NEQ_UQ), _mm512_mul_ps(_mm512_mul_ps(e, s), s));
+    const V inner_grad2 =
+        _mm512_mul_ps(splat(2.0f * kSqrt2OverPi),
+                      _mm512_add_ps(splat(1.0f), _mm512_mul_ps(_mm512_mul_ps(splat(3.0f * kGeluTanhCubic), v), v)));
     return _mm512_mul_ps(d, _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(v, ess), inner_grad2)));
   });
 }
 
-
 namespace {
 // The two halves of 16 floats as 8 doubles each, and back.
 __m512d low_pd(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-__m512d high_pd(V v) {
-  return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
+__m512d high_pd(V v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
 V from_pd(__m512d lo, __m512d hi) {
-  return _mm512_castpd_ps(
-      _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
-                         _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
+                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
 }
 }  // namespace
 
@@ -264,8 +259,8 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 in = lanes(n - i);
     const V v = _mm512_maskz_loadu_ps(in, x + i);
-    V out = from_pd(_mm512_mul_pd(_mm512_sub_pd(low_pd(v), md), invd),
-                    _mm512_mul_pd(_mm512_sub_pd(high_pd(v), md), invd));
+    V out =
+        from_pd(_mm512_mul_pd(_mm512_sub_pd(low_pd(v), md), invd), _mm512_mul_pd(_mm512_sub_pd(high_pd(v), md), invd));
     if (weight != nullptr) out = _mm512_mul_ps(out, _mm512_maskz_loadu_ps(in, weight + i));
     if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(in, bias + i));
     _mm512_mask_storeu_ps(y + i, in, out);
@@ -323,8 +318,8 @@ void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean
   }
 }
 
-void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
-              int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+              float* c, int64_t ldc, bool accumulate) {
   for (int64_t j0 = 0; j0 < n; j0 += 64) {
     const int64_t w = n - j0 < 64 ? n - j0 : 64, nv = (w + 15) / 16;
     const __mmask16 last = lanes(w - 16 * (nv - 1));
@@ -337,8 +332,8 @@ void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int
   }
 }
 
-void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width,
-                                float scale, float* m, double* sums, float* acc, int64_t d) {
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width, float scale,
+                                float* m, double* sums, float* acc, int64_t d) {
   const V sc = splat(scale);
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = s + r * lds;
@@ -356,7 +351,8 @@ void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64
     V sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < width; j += 16) {
       const __mmask16 in = lanes(n - j);
-      const V e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + j), sc), mv)));
+      const V e =
+          _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + j), sc), mv)));
       sum = _mm512_add_ps(sum, e);
       _mm512_mask_storeu_ps(sr + j, lanes(width - j), e);
     }
@@ -384,8 +380,8 @@ void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, cons
     const V l = splat(lse[r]), dl = splat(delta[r]);
     for (int64_t j = 0; j < width; j += 16) {
       const __mmask16 all = lanes(width - j), in = lanes(valid[r] - j);
-      const V p =
-          _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(all, sr + j), sc), l)));
+      const V p = _mm512_maskz_mov_ps(
+          in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(all, sr + j), sc), l)));
       const V ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(all, dr + j), dl)), sc);
       _mm512_mask_storeu_ps(sr + j, all, p);
       _mm512_mask_storeu_ps(dr + j, all, ds);

@@ -1,7 +1,8 @@
 // kernels/cpu/vec_math.h's AVX-512 functions (vec_math_avx512.cpp) against what they promise:
 // GELU-tanh with the AVX2 functions' bits (the same operations per element), the tile product with
 // each output summed in order by fused multiply-adds (so a plain loop of std::fma gives the same
-// bits), layer norm's parameter-gradient sums with the scalar loop's bits. Skipped on a CPU without AVX-512F (or AVX2 and FMA, for the comparison).
+// bits), layer norm's parameter-gradient sums with the scalar loop's bits. Skipped on a CPU without AVX-512F (or AVX2
+// and FMA, for the comparison).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,8 +51,8 @@ TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
     int64_t m, n, k;
     bool transposed_a, accumulate;
   };
-  const Shape shapes[] = {{1, 1, 1, false, false}, {16, 64, 32, false, false}, {13, 37, 9, false, true},
-                          {32, 32, 64, true, true}, {7, 100, 5, true, false}, {9, 16, 0, false, true}};
+  const Shape shapes[] = {{1, 1, 1, false, false},  {16, 64, 32, false, false}, {13, 37, 9, false, true},
+                          {32, 32, 64, true, true}, {7, 100, 5, true, false},   {9, 16, 0, false, true}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
                  (s.transposed_a ? " a transposed" : "") + (s.accumulate ? " accumulating" : ""));
