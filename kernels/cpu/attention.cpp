@@ -20,10 +20,12 @@
 // key tile; probabilities times value rows) and the exp (SLEEF's, as exp_f32) run through AVX2 and
 // FMA (kernels/cpu/vec_math.h) where the CPU has them, plain loops in the same order otherwise; the
 // row sums l are kept in double across tiles. Tiles: 16 query rows share each key tile's conversion
-// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64.
+// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64. On a CPU with AVX-512 the
+// same algorithm runs as small matrix products instead (Note [Fused attention on AVX-512]).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
@@ -41,6 +43,12 @@ constexpr int64_t kKeys = 64;
 // same order (without FMA).
 bool vector_path() {
   if constexpr (vec::kBuilt) return vec::available();
+  return false;
+}
+
+// Whether the AVX-512 tiles run (Note [Fused attention on AVX-512]).
+bool wide_path() {
+  if constexpr (vec::kBuilt) return vec512::available();
   return false;
 }
 
@@ -240,18 +248,213 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
     for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
 }
 
+// Note [Fused attention on AVX-512]
+// Where the CPU has AVX-512F, a block's tiles go through kernels/cpu/vec_math.h's vec512 functions
+// as small matrix products rather than row by row: the scores of all kRows query rows against the
+// key tile (q [rows][d] times the transposed tile), the online softmax over those rows, then
+// acc += p v; in the backward (blocks of kRowsWide rows), p and dp = do v^T for the block, ds from
+// both, dq += ds k, dv += p^T do and dk += ds^T q (the transposed operands read in place). Each
+// product keeps a block of outputs in registers over its whole inner sum, and stops at the block's
+// last visible key (causal blocks on the diagonal see only part of a tile). Row by row, the AVX2
+// loops load one operand per multiply-add; a register block reuses each load across its rows (and
+// columns). f32 q, k, v and
+// do are read where they lie and the gradients summed in place; only the keys (and the values in
+// the backward) are transposed, once per head in the forward (HeadTiles). Each output is still
+// summed in a fixed order that depends only on the shapes, so the bits are the same at any thread
+// count; they differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
+
+// The AVX-512 backward's blocks of query rows: twice kRows, so that dv += p^T do and dk += ds^T q sum
+// over 32 rows a call.
+constexpr int64_t kRowsWide = 32;
+
+// A head's keys, transposed (kt [d][ldk]), and values (f32 storage: read in place at their row
+// stride; other types: converted into v [tk][d]), loaded once for all the blocks of query rows a
+// thread takes from that head.
+struct HeadTiles {
+  std::vector<float> data;
+  int64_t bh = -1, ldk = 0, ldv = 0;
+  const float* v = nullptr;
+  const float* kt() const { return data.data(); }
+};
+
+template <typename T>
+void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, HeadTiles& h) {
+  if (h.bh == bh) return;
+  const int64_t d = g.d, tk = g.tk;
+  h.ldk = (tk + 15) / 16 * 16;
+  h.data.resize(static_cast<std::size_t>(d * h.ldk + tk * d));
+  float* kt = h.data.data();
+  const T* kh = k + g.k_row(bh, 0);
+  const int64_t ks = g.k_stride[2];
+  // Column by column: contiguous stores, the strided loads from the rows' few cache lines.
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t j = 0; j < tk; ++j) kt[c * h.ldk + j] = to_f32(kh[j * ks + c]);
+  if constexpr (std::is_same_v<T, float>) {
+    h.v = v + g.v_row(bh, 0);
+    h.ldv = g.v_stride[2];
+  } else {
+    float* vf = kt + d * h.ldk;
+    for (int64_t j = 0; j < tk; ++j) load_row(v + g.v_row(bh, j), vf + j * d, d);
+    h.v = vf;
+    h.ldv = d;
+  }
+  h.bh = bh;
+}
+
+template <typename T>
+void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
+                          int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums,
+                          HeadTiles& head) {
+  const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
+  scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + kRows * kKeys + kRows)));
+  float* qf = scratch.data();    // [kRows][d]
+  float* acc = qf + kRows * d;   // [kRows][d]
+  float* s = acc + kRows * d;    // [kRows][kKeys]
+  float* m = s + kRows * kKeys;  // [kRows]
+  int64_t valid[kRows];
+  std::fill(acc, acc + kRows * d, 0.0f);
+  sums.assign(static_cast<std::size_t>(kRows), 0.0);
+  const float* qs = qf;
+  int64_t q_ld = d;
+  if constexpr (std::is_same_v<T, float>) {
+    qs = q + g.q_row(bh, i0);
+    q_ld = g.q_stride[2];
+  } else {
+    for (int64_t r = 0; r < nq; ++r) load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
+  }
+  for (int64_t r = 0; r < nq; ++r) m[r] = -std::numeric_limits<float>::infinity();
+  load_head(g, k, v, bh, head);
+  const float* kt = head.kt();
+  const float* vf = head.v;
+  const int64_t key_end = g.key_end(i1 - 1);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, key_end - j0);
+    for (int64_t r = 0; r < nq; ++r) valid[r] = std::min(nk, g.key_end(i0 + r) - j0);
+    vec512::gemm_f32(nq, nk, d, qs, q_ld, 1, kt + j0, head.ldk, s, kKeys, false);
+    vec512::attention_softmax_tile_f32(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
+    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf + j0 * head.ldv, head.ldv, acc, d, true);
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = static_cast<float>(1.0 / sums[r]);
+    T* o = out + g.o_row(bh, i0 + r);
+    for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
+    lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
+  }
+}
+
+template <typename T>
+void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                          const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
+                          std::vector<float>& scratch) {
+  const int64_t d = g.d, tq = g.tq, tk = g.tk;
+  // f32 storage is read where it lies (q, k and do at their row strides) and the gradients summed
+  // straight into dq, dk and dv; other types go through f32 copies.
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  scratch.resize(
+      std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
+  float* qf = scratch.data();         // [tq][d]
+  float* dof = qf + tq * d;           // [tq][d]
+  float* dqa = dof + tq * d;          // [tq][d]
+  float* kf = dqa + tq * d;           // [kKeys][d]
+  float* kt = kf + kKeys * d;         // [d][kKeys]
+  float* vt = kt + kKeys * d;         // [d][kKeys]
+  float* dka = vt + kKeys * d;        // [kKeys][d]
+  float* dva = dka + kKeys * d;       // [kKeys][d]
+  float* p = dva + kKeys * d;         // [kRowsWide][kKeys]
+  float* ds = p + kRowsWide * kKeys;  // [kRowsWide][kKeys]
+  int64_t valid[kRowsWide];
+  const float* lse_h = lse + bh * tq;
+  float* delta_h = delta + bh * tq;
+  const float* qs = qf;
+  const float* dos = dof;
+  int64_t q_ld = d;
+  float* dq_acc = dqa;
+  if constexpr (kF32) {
+    qs = q + g.q_row(bh, 0);
+    q_ld = g.q_stride[2];
+    dos = dout + bh * tq * d;
+    if (dq != nullptr) dq_acc = dq + bh * tq * d;
+  } else {
+    for (int64_t i = 0; i < tq; ++i) {
+      load_row(q + g.q_row(bh, i), qf + i * d, d);
+      load_row(dout + (bh * tq + i) * d, dof + i * d, d);
+    }
+  }
+  if (dq != nullptr) std::fill(dq_acc, dq_acc + tq * d, 0.0f);
+  for (int64_t i = 0; i < tq; ++i) {
+    const T* o = out + g.o_row(bh, i);
+    double sum = 0.0;
+    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dos[i * d + c]) * to_f32(o[c]);
+    delta_h[i] = static_cast<float>(sum);
+  }
+  const T* kh = k + g.k_row(bh, 0);
+  const T* vh = v + g.v_row(bh, 0);
+  for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
+    const int64_t nk = std::min(kKeys, tk - j0);
+    const float* ks = kf;
+    int64_t k_ld = d;
+    float* dk_acc = dka;
+    float* dv_acc = dva;
+    if constexpr (kF32) {
+      load_tile(kh, g.k_stride[2], j0, nk, d, kt, nullptr);
+      ks = kh + j0 * g.k_stride[2];
+      k_ld = g.k_stride[2];
+      if (dk != nullptr) dk_acc = dk + (bh * tk + j0) * d;
+      if (dv != nullptr) dv_acc = dv + (bh * tk + j0) * d;
+    } else {
+      load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
+    }
+    load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
+    std::fill(dk_acc, dk_acc + nk * d, 0.0f);
+    std::fill(dv_acc, dv_acc + nk * d, 0.0f);
+    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRowsWide) {
+      const int64_t nr = std::min(kRowsWide, tq - i0);
+      int64_t width = 0;  // the keys of the tile any of the block's rows sees
+      for (int64_t r = 0; r < nr; ++r) {
+        valid[r] = std::max<int64_t>(0, std::min(nk, g.key_end(i0 + r) - j0));
+        width = std::max(width, valid[r]);
+      }
+      if (width == 0) continue;
+      const float* qb = qs + i0 * q_ld;
+      const float* dob = dos + i0 * d;
+      vec512::gemm_f32(nr, width, d, qb, q_ld, 1, kt, kKeys, p, kKeys, false);
+      vec512::gemm_f32(nr, width, d, dob, d, 1, vt, kKeys, ds, kKeys, false);
+      vec512::attention_grad_tile_f32(p, ds, kKeys, nr, valid, width, g.scale, lse_h + i0, delta_h + i0);
+      if (dq != nullptr) vec512::gemm_f32(nr, d, width, ds, kKeys, 1, ks, k_ld, dq_acc + i0 * d, d, true);
+      if (dv != nullptr) vec512::gemm_f32(width, d, nr, p, 1, kKeys, dob, d, dv_acc, d, true);
+      if (dk != nullptr) vec512::gemm_f32(width, d, nr, ds, 1, kKeys, qb, q_ld, dk_acc, d, true);
+    }
+    if constexpr (!kF32)
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+          const int64_t e = (bh * tk + j0 + j) * d + c;
+          if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
+          if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
+        }
+  }
+  if constexpr (!kF32)
+    if (dq != nullptr)
+      for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
+}
+
 }  // namespace
 
 template <typename T>
 void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse) {
   const int64_t blocks = (g.tq + kRows - 1) / kRows;
   if (g.bh() == 0 || blocks == 0 || g.tk == 0) return;
-  const bool vector = vector_path();
-  parallel_for(g.bh() * blocks, 1, [&](int64_t u0, int64_t u1) {
+  const bool vector = vector_path(), wide = wide_path();
+  // The AVX-512 blocks share their head's loaded keys and values within a chunk: whole heads a chunk
+  // where there are enough of them to go round.
+  const int64_t grain = wide && g.bh() >= 8 ? blocks : 1;
+  parallel_for(g.bh() * blocks, grain, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
-    for (int64_t u = u0; u < u1; ++u)
-      forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+    HeadTiles head;
+    for (int64_t u = u0; u < u1; ++u) {
+      if (wide) forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums, head);
+      else forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+    }
   });
 }
 
@@ -259,11 +462,13 @@ template <typename T>
 void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                             const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv) {
   if (g.bh() == 0 || g.tk == 0) return;  // no query rows: dk and dv are still written (zeros)
-  const bool vector = vector_path();
+  const bool vector = vector_path(), wide = wide_path();
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch;
-    for (int64_t bh = h0; bh < h1; ++bh)
-      backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+    for (int64_t bh = h0; bh < h1; ++bh) {
+      if (wide) backward_head_avx512(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+      else backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+    }
   });
 }
 

@@ -208,7 +208,7 @@ VecUnary unary_forward_vec(UnaryOp op) {
     case UnaryOp::tanh: return vec::tanh_f32;
     case UnaryOp::sigmoid: return vec::sigmoid_f32;
     case UnaryOp::gelu: return vec::gelu_f32;
-    case UnaryOp::gelu_tanh: return vec::gelu_tanh_f32;
+    case UnaryOp::gelu_tanh: return vec512::available() ? vec512::gelu_tanh_f32 : vec::gelu_tanh_f32;
     case UnaryOp::exp: return vec::exp_f32;
     case UnaryOp::log: return vec::log_f32;
     default: return nullptr;
@@ -280,7 +280,9 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      const auto grad = op == UnaryOp::gelu ? vec::gelu_grad_f32 : vec::gelu_tanh_grad_f32;
+      const auto grad = op == UnaryOp::gelu   ? vec::gelu_grad_f32
+                        : vec512::available() ? vec512::gelu_tanh_grad_f32
+                                              : vec::gelu_tanh_grad_f32;
       if constexpr (std::is_same_v<T, float>)
         if (beta == 0.0f) return grad(saved, dy, dx, n);
       float xb[kVecBlock], gb[kVecBlock];
@@ -317,8 +319,9 @@ template <typename T>
 void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::softmax_row_f32 : vec::softmax_row_f32;
       parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) vec::softmax_row_f32(log, x + r * cols, y + r * cols, cols);
+        for (int64_t r = r0; r < r1; ++r) row(log, x + r * cols, y + r * cols, cols);
       });
       return;
     }
@@ -344,9 +347,9 @@ template <typename T>
 void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, int64_t rows, int64_t cols) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::softmax_grad_row_f32 : vec::softmax_grad_row_f32;
       parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          vec::softmax_grad_row_f32(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
+        for (int64_t r = r0; r < r1; ++r) row(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
       });
       return;
     }

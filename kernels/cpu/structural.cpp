@@ -29,9 +29,9 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
                             T* y, float* mean, float* rstd) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::layer_norm_row_f32 : vec::layer_norm_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          vec::layer_norm_row_f32(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
+        for (int64_t r = r0; r < r1; ++r) row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
       });
       return;
     }
@@ -61,10 +61,10 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
                                 int64_t rows, int64_t cols, float beta, T* dx) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
-          vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
-                                       dx + r * cols);
+          row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols);
       });
       return;
     }
@@ -99,7 +99,16 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
   constexpr int64_t kColumns = 256;  // a block's sums stay in the L1 cache
   auto block = [&](int64_t c0, int64_t c1) {
     double sw[kColumns] = {}, sb[kColumns] = {};  // in double, as the forward's sums
-    for (int64_t r = 0; r < rows; ++r) {
+    bool summed = false;
+    if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+      if (vec512::available()) {
+        for (int64_t r = 0; r < rows; ++r)
+          vec512::layer_norm_param_grads_row_f32(x + r * cols + c0, dy + r * cols + c0, mean[r], rstd[r], c1 - c0, sw,
+                                                 sb);
+        summed = true;
+      }
+    }
+    for (int64_t r = 0; r < rows && !summed; ++r) {
       const T *xr = x + r * cols, *dyr = dy + r * cols;
       const double m = mean[r], inv = rstd[r];
       for (int64_t c = c0; c < c1; ++c) {

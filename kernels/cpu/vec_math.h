@@ -64,3 +64,53 @@ void tile_dots_f32(const float* x, const float* t, int64_t d, int64_t width, flo
 void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t d, float* y);
 
 }  // namespace cumulus::kernels::vec
+
+// AVX-512 (16 lanes) versions of GELU-tanh, softmax's and layer norm's rows and fused attention's
+// tile arithmetic (vec_math_avx512.cpp, the one
+// file compiled for AVX-512F and FMA), used by kernels/cpu/attention.cpp when the CPU has them
+// (Note [Fused attention on AVX-512] there). Same declarations rule as above: no engine types.
+namespace cumulus::kernels::vec512 {
+
+// Whether this CPU runs the functions below (AVX-512F, FMA, an x86-64 build); checked once.
+bool available();
+
+// vec::gelu_tanh_f32 and vec::gelu_tanh_grad_f32 16 lanes at a time: the same operations per
+// element, so the same bits.
+void gelu_tanh_f32(const float* x, float* y, int64_t n);
+void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
+
+// vec::softmax_row_f32 and vec::softmax_grad_row_f32 16 lanes at a time (the same exp; the double
+// sums in another order, within a rounding of the double result either way).
+void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
+void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
+
+// vec::layer_norm_row_f32 and vec::layer_norm_grad_row_f32 16 lanes at a time (their double sums
+// 16 lanes at a time: another order, within a rounding of the double result either way).
+void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
+                        float* mean, float* rstd);
+void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
+                             float beta, float* dx);
+// One row's share of layer norm's parameter gradients over n columns: sw[c] += dy[c] xhat[c] and
+// sb[c] += dy[c] in double, xhat = (x - mean) rstd: the scalar loop's operations (the same bits).
+void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,
+                                    double* sb);
+
+// c[i][j] (= or +=) sum_{l < k} a(i, l) b[l][j] for i < m, j < n, with a(i, l) = a[i * a_rs + l * a_cs]
+// (so a transposed operand is read in place), b row-major with leading dimension ldb, c with ldc.
+// Each c[i][j] is summed over l in order, with FMA: its bits depend on nothing but its operands.
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+              float* c, int64_t ldc, bool accumulate);
+
+// The forward's online softmax over one tile of raw scores s [rows][width] (leading dimension lds):
+// row r sees its first valid[r] keys (none when <= 0). Scales by `scale`, raises the row's running
+// maximum m[r], rescales its sum sums[r] and accumulator acc [rows][d] by exp(m_old - m_new), adds
+// the tile's sum of exp(s - m_new), and leaves those probabilities in s (zeros past valid[r]).
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width, float scale,
+                                float* m, double* sums, float* acc, int64_t d);
+
+// The backward's tile: from the raw scores s and dp = do v^T ([rows][width], leading dimension ld),
+// p = exp(scale s - lse[r]) into s and ds = p (dp - delta[r]) scale into dp, both zero past valid[r].
+void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, const int64_t* valid, int64_t width,
+                             float scale, const float* lse, const float* delta);
+
+}  // namespace cumulus::kernels::vec512

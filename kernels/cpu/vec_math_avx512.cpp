@@ -1,0 +1,397 @@
+// kernels/cpu/vec_math.h's vec512 functions, the only file compiled with -mavx512f -mfma
+// (CMakeLists.txt); called only after vec512::available() found both on this CPU. Compiled with
+// -ffp-contract=off: every fused multiply-add below is written out.
+#include <cmath>
+
+#include "kernels/cpu/vec_math.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+// GCC 12 warns inside its own AVX-512 headers (the undefined vector that masked intrinsics start
+// from), not about this file's code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// For the constants only (as in vec_math_avx2.cpp).
+#include "kernels/pointwise_rules.h"
+
+namespace cumulus::kernels::vec512 {
+namespace {
+
+using V = __m512;
+V splat(float v) { return _mm512_set1_ps(v); }
+
+// The lanes [0, n) of a vector, n in [0, 16].
+__mmask16 lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n < 0 ? 0 : n)) - 1u);
+}
+
+// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps): within 1.3 ulp,
+// 0 below -87.34 (so exp(-inf) = 0), inf above 88.72.
+V exp_fast(V x) {
+  const V xc = _mm512_min_ps(splat(88.72283f), _mm512_max_ps(splat(-87.34f), x));
+  const V n = _mm512_roundscale_ps(_mm512_mul_ps(xc, splat(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+  static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                                    5.0000001201e-1f};
+  V p = splat(1.9875691500e-4f);
+  for (float c : kPoly) p = _mm512_fmadd_ps(p, r, splat(c));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+  const __m512i k = _mm512_cvtps_epi32(n), half = _mm512_srai_epi32(k, 1);
+  const auto pow2 = [](__m512i e) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+  };
+  V y = _mm512_mul_ps(_mm512_mul_ps(p, pow2(half)), pow2(_mm512_sub_epi32(k, half)));
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ), y, _mm512_setzero_ps());
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(88.72283f), _CMP_GT_OQ), y, splat(INFINITY));
+}
+
+// y = f(x) (or g = f(x, dy)) over n floats, 16 at a time; a tail goes through f under a mask.
+template <typename F>
+void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    _mm512_mask_storeu_ps(g + i, in, f(_mm512_maskz_loadu_ps(in, x + i), _mm512_maskz_loadu_ps(in, dy + i)));
+  }
+}
+
+// vec_math_avx2.cpp's gelu_tanh pieces, 16 lanes, the same operations in the same order.
+V gelu_tanh_arg(V x) {
+  return _mm512_mul_ps(splat(kSqrt2OverPi),
+                       _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(splat(kGeluTanhCubic), x), x), x)));
+}
+V one_over_one_plus(V e) { return _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat(1.0f), e)); }
+
+// e^x for the attention tiles' x <= 0 (a score less the row's maximum or log-sum-exp): the same
+// reduction and polynomial as exp_fast, then 2^n by scalef instead of building it in the exponent
+// field, and no upper clamp. 0 below -87.34 as exp_fast (so exp(-inf) = 0), NaN stays NaN.
+V exp_nonpositive(V x) {
+  const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
+  static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                                    5.0000001201e-1f};
+  V p = splat(1.9875691500e-4f);
+  for (float c : kPoly) p = _mm512_fmadd_ps(p, r, splat(c));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+  return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), _mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ),
+                            _mm512_setzero_ps());
+}
+
+// One MR x (16 NV) block of c, the last vector of each row masked to `last`: the accumulators stay
+// in registers over the whole k loop (MR * NV of the 32).
+template <int MR, int NV>
+void micro(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,
+           bool accumulate, __mmask16 last) {
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = !accumulate   ? _mm512_setzero_ps()
+                  : v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + r * ldc + 16 * v)
+                                : _mm512_loadu_ps(c + r * ldc + 16 * v);
+  for (int64_t l = 0; l < k; ++l) {
+    V bv[NV];
+    const float* bl = b + l * ldb;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, bl + 16 * v) : _mm512_loadu_ps(bl + 16 * v);
+    const float* al = a + l * a_cs;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const V ar = _mm512_set1_ps(al[r * a_rs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last, acc[r][v]);
+      else _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    }
+}
+
+// Row blocks: 16 accumulators for one or two vectors a row (8 rows), 12 or 16 for three or four
+// (4 rows); a remainder of rows takes the block of its own height.
+template <int NV>
+void rows(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+          int64_t ldc, bool accumulate, __mmask16 last) {
+  constexpr int kMR = NV <= 2 ? 8 : 4;
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR)
+    micro<kMR, NV>(k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, accumulate, last);
+  const float* ai = a + i * a_rs;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 0: break;
+    case 1: micro<1, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 2: micro<2, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 3: micro<3, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 4: micro<4, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 5: micro<5, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 6: micro<6, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    default: micro<7, NV>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+  }
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+void gelu_tanh_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) {
+    return _mm512_mul_ps(v, one_over_one_plus(exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)))));
+  });
+}
+
+void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
+  map2(x, dy, g, n, [](V v, V d) {
+    const V e = exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)));
+    const V s = one_over_one_plus(e);
+    const V ess =
+        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, splat(INFINITY), _CMP_NEQ_UQ), _mm512_mul_ps(_mm512_mul_ps(e, s), s));
+    const V inner_grad2 =
+        _mm512_mul_ps(splat(2.0f * kSqrt2OverPi),
+                      _mm512_add_ps(splat(1.0f), _mm512_mul_ps(_mm512_mul_ps(splat(3.0f * kGeluTanhCubic), v), v)));
+    return _mm512_mul_ps(d, _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(v, ess), inner_grad2)));
+  });
+}
+
+namespace {
+// The two halves of 16 floats as 8 doubles each, and back.
+__m512d low_pd(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+__m512d high_pd(V v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+V from_pd(__m512d lo, __m512d hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
+                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
+}
+}  // namespace
+
+void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
+  V mx = splat(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {  // a NaN in x is skipped, as fmax
+    const __mmask16 in = lanes(n - i);
+    mx = _mm512_mask_max_ps(mx, in, _mm512_maskz_loadu_ps(in, x + i), mx);
+  }
+  const V m = splat(_mm512_reduce_max_ps(mx));
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V e = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m)));
+    lo = _mm512_add_pd(lo, low_pd(e));
+    hi = _mm512_add_pd(hi, high_pd(e));
+    if (!log) _mm512_mask_storeu_ps(y + i, in, e);
+  }
+  const double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  if (log) {
+    const V log_s = splat(static_cast<float>(std::log(sum)));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 in = lanes(n - i);
+      _mm512_mask_storeu_ps(y + i, in, _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m), log_s));
+    }
+  } else {
+    const V inv = splat(static_cast<float>(1.0 / sum));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 in = lanes(n - i);
+      _mm512_mask_storeu_ps(y + i, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, y + i), inv));
+    }
+  }
+}
+
+void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n) {
+  __m512d lo = _mm512_setzero_pd(), hi = lo;  // log_softmax: sum(dy); softmax: sum(dy y), in double
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V g = _mm512_maskz_loadu_ps(in, dy + i);
+    if (log) {
+      lo = _mm512_add_pd(lo, low_pd(g));
+      hi = _mm512_add_pd(hi, high_pd(g));
+    } else {
+      const V yv = _mm512_maskz_loadu_ps(in, y + i);
+      lo = _mm512_add_pd(lo, _mm512_mul_pd(low_pd(g), low_pd(yv)));
+      hi = _mm512_add_pd(hi, _mm512_mul_pd(high_pd(g), high_pd(yv)));
+    }
+  }
+  const V s = splat(static_cast<float>(_mm512_reduce_add_pd(_mm512_add_pd(lo, hi)))), b = splat(beta);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V yv = _mm512_maskz_loadu_ps(in, y + i), g = _mm512_maskz_loadu_ps(in, dy + i);
+    V v = log ? _mm512_sub_ps(g, _mm512_mul_ps(exp_fast(yv), s)) : _mm512_mul_ps(yv, _mm512_sub_ps(g, s));
+    if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(b, _mm512_maskz_loadu_ps(in, dx + i)));
+    _mm512_mask_storeu_ps(dx + i, in, v);
+  }
+}
+
+void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
+                        float* mean, float* rstd) {
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  for (int64_t i = 0; i < n; i += 16) {
+    const V v = _mm512_maskz_loadu_ps(lanes(n - i), x + i);  // zeros past n add nothing
+    lo = _mm512_add_pd(lo, low_pd(v));
+    hi = _mm512_add_pd(hi, high_pd(v));
+  }
+  const double m = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)) / static_cast<double>(n);
+  const __m512d md = _mm512_set1_pd(m);
+  lo = hi = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V v = _mm512_maskz_loadu_ps(in, x + i);
+    const __m512d a = _mm512_maskz_sub_pd(static_cast<__mmask8>(in), low_pd(v), md);
+    const __m512d b = _mm512_maskz_sub_pd(static_cast<__mmask8>(in >> 8), high_pd(v), md);
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  const double ss = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  *mean = static_cast<float>(m);
+  *rstd = static_cast<float>(inv);
+  const __m512d invd = _mm512_set1_pd(inv);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V v = _mm512_maskz_loadu_ps(in, x + i);
+    V out =
+        from_pd(_mm512_mul_pd(_mm512_sub_pd(low_pd(v), md), invd), _mm512_mul_pd(_mm512_sub_pd(high_pd(v), md), invd));
+    if (weight != nullptr) out = _mm512_mul_ps(out, _mm512_maskz_loadu_ps(in, weight + i));
+    if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(in, bias + i));
+    _mm512_mask_storeu_ps(y + i, in, out);
+  }
+}
+
+void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
+                             float beta, float* dx) {
+  const __m512d md = _mm512_set1_pd(mean), invd = _mm512_set1_pd(rstd);
+  const auto g_at = [&](int64_t i, __mmask16 in) {
+    const V d = _mm512_maskz_loadu_ps(in, dy + i);
+    return weight != nullptr ? _mm512_mul_ps(d, _mm512_maskz_loadu_ps(in, weight + i)) : d;
+  };
+  const auto xhat_at = [&](V v, __mmask16 in, __m512d& a, __m512d& b) {
+    a = _mm512_maskz_mul_pd(static_cast<__mmask8>(in), _mm512_sub_pd(low_pd(v), md), invd);
+    b = _mm512_maskz_mul_pd(static_cast<__mmask8>(in >> 8), _mm512_sub_pd(high_pd(v), md), invd);
+  };
+  __m512d sg = _mm512_setzero_pd(), sgx = sg;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    const V g = g_at(i, in);  // zero past n
+    __m512d a, b;
+    xhat_at(_mm512_maskz_loadu_ps(in, x + i), in, a, b);
+    const __m512d glo = low_pd(g), ghi = high_pd(g);
+    sg = _mm512_add_pd(sg, _mm512_add_pd(glo, ghi));
+    sgx = _mm512_add_pd(sgx, _mm512_add_pd(_mm512_mul_pd(glo, a), _mm512_mul_pd(ghi, b)));
+  }
+  const auto mean_g = static_cast<float>(_mm512_reduce_add_pd(sg) / static_cast<double>(n));
+  const auto mean_g_xhat = static_cast<float>(_mm512_reduce_add_pd(sgx) / static_cast<double>(n));
+  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), inv = splat(rstd), bv = splat(beta);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = lanes(n - i);
+    __m512d a, b;
+    xhat_at(_mm512_maskz_loadu_ps(in, x + i), in, a, b);
+    V out = _mm512_mul_ps(inv, _mm512_sub_ps(_mm512_sub_ps(g_at(i, in), mg), _mm512_mul_ps(from_pd(a, b), mgx)));
+    if (beta != 0.0f) out = _mm512_add_ps(out, _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(in, dx + i)));
+    _mm512_mask_storeu_ps(dx + i, in, out);
+  }
+}
+
+void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,
+                                    double* sb) {
+  const __m512d md = _mm512_set1_pd(mean), invd = _mm512_set1_pd(rstd);
+  // 8 floats at a time, loaded under a 16-lane mask (a masked 8-lane load would need AVX-512VL).
+  const auto load8 = [](__mmask16 in, const float* p) {
+    return _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(in, p)));
+  };
+  for (int64_t i = 0; i < n; i += 8) {
+    const __mmask16 in16 = lanes(n - i < 8 ? n - i : 8);
+    const auto in = static_cast<__mmask8>(in16);
+    const __m512d g = load8(in16, dy + i);
+    const __m512d xhat = _mm512_mul_pd(_mm512_sub_pd(load8(in16, x + i), md), invd);
+    _mm512_mask_storeu_pd(sw + i, in, _mm512_add_pd(_mm512_maskz_loadu_pd(in, sw + i), _mm512_mul_pd(g, xhat)));
+    _mm512_mask_storeu_pd(sb + i, in, _mm512_add_pd(_mm512_maskz_loadu_pd(in, sb + i), g));
+  }
+}
+
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+              float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t w = n - j0 < 64 ? n - j0 : 64, nv = (w + 15) / 16;
+    const __mmask16 last = lanes(w - 16 * (nv - 1));
+    switch (nv) {
+      case 1: rows<1>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+      case 2: rows<2>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+      case 3: rows<3>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+      default: rows<4>(m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, last); break;
+    }
+  }
+}
+
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width, float scale,
+                                float* m, double* sums, float* acc, int64_t d) {
+  const V sc = splat(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * lds;
+    const int64_t n = valid[r] < width ? valid[r] : width;
+    if (n <= 0) {
+      for (int64_t j = 0; j < width; j += 16) _mm512_mask_storeu_ps(sr + j, lanes(width - j), _mm512_setzero_ps());
+      continue;
+    }
+    V mx = splat(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16)
+      mx = _mm512_mask_max_ps(mx, lanes(n - j), mx, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(n - j), sr + j), sc));
+    const float tile_max = _mm512_reduce_max_ps(mx);
+    const float m_new = m[r] > tile_max ? m[r] : tile_max;
+    const V mv = splat(m_new);
+    V sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < width; j += 16) {
+      const __mmask16 in = lanes(n - j);
+      const V e =
+          _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + j), sc), mv)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(sr + j, lanes(width - j), e);
+    }
+    if (m_new != m[r]) {
+      // The first tile finds m = -inf: alpha 0 (acc and the sum are still 0).
+      const float alpha = std::exp(m[r] - m_new);
+      sums[r] *= alpha;
+      float* ar = acc + r * d;
+      for (int64_t c = 0; c < d; c += 16) {
+        const __mmask16 in = lanes(d - c);
+        _mm512_mask_storeu_ps(ar + c, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, ar + c), splat(alpha)));
+      }
+    }
+    sums[r] += static_cast<double>(_mm512_reduce_add_ps(sum));
+    m[r] = m_new;
+  }
+}
+
+void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, const int64_t* valid, int64_t width,
+                             float scale, const float* lse, const float* delta) {
+  const V sc = splat(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * ld;
+    float* dr = dp + r * ld;
+    const V l = splat(lse[r]), dl = splat(delta[r]);
+    for (int64_t j = 0; j < width; j += 16) {
+      const __mmask16 all = lanes(width - j), in = lanes(valid[r] - j);
+      const V p = _mm512_maskz_mov_ps(
+          in, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(all, sr + j), sc), l)));
+      const V ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(all, dr + j), dl)), sc);
+      _mm512_mask_storeu_ps(sr + j, all, p);
+      _mm512_mask_storeu_ps(dr + j, all, ds);
+    }
+  }
+}
+
+}  // namespace cumulus::kernels::vec512
+#else
+namespace cumulus::kernels::vec512 {
+bool available() { return false; }
+}  // namespace cumulus::kernels::vec512
+#endif
