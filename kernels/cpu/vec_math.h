@@ -98,6 +98,9 @@ void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean
 // c[i][j] (= or +=) sum_{l < k} a(i, l) b[l][j] for i < m, j < n, with a(i, l) = a[i * a_rs + l * a_cs]
 // (so a transposed operand is read in place), b row-major with leading dimension ldb, c with ldc.
 // Each c[i][j] is summed over l in order, with FMA: its bits depend on nothing but its operands.
+// Ours rather than OpenBLAS's: the fused attention's tiles are 16-32 rows, where a BLAS call's
+// packing costs more than the product, and OpenBLAS fixes no summation order, which the attention's
+// same-bits-at-any-thread-count guarantee needs (Note [Fused attention on AVX-512]).
 void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate);
 

@@ -1,9 +1,9 @@
 // Trainer: the training API, the one driver of a training loop. One object runs a user's
-// micro-batches and optimizer steps (normalization, clipping, the LR schedule, loss scaling), records the memory
-// tracker itself, replays CUDA graphs when asked, exposes its counters for checkpoints and changes
-// the accumulation steps mid-run without restarting the schedule or the step count: what
-// Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around the user's own
-// loop. See Note [Training API] and Note [Captured training] in engine/runtime/trainer.cpp.
+// micro-batches and optimizer steps (normalization, clipping, the LR schedule, loss scaling),
+// records the memory tracker itself, replays CUDA graphs when asked, exposes its counters for
+// checkpoints and changes the accumulation steps mid-run without restarting the schedule or the
+// step count: what Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around
+// the user's own loop. See Note [Training API] and Note [Captured training] in engine/runtime/trainer.cpp.
 //
 //   optim::TrainerOptions options;
 //   options.accum_steps = 4;              // or options.schedule = {{0, 8}, {4, 2}} (per epoch)
@@ -24,7 +24,7 @@
 //   for each epoch: trainer.train_epoch(loader, epoch, loss);
 // and with EpochOptions, a resume inside an epoch, progress and step hooks, and a stop at a group
 // boundary (for a checkpoint there): trainer.train_epoch(loader, epoch, loss, {first, stop, ...}).
-// with evaluate_classifier(model, test_loader) for a test pass and plan_request(...) for the planner.
+// evaluate_classifier(model, test_loader) is a test pass, plan_request(...) a planner's request.
 //
 // Units (Note [Units] in engine/runtime/trainer.cpp): the closure returns the loss summed over the
 // `units` units it is given, units the user names: samples for a classifier (the default, one per
@@ -34,8 +34,8 @@
 // planner's request (plan_request) and the memory tracker count the same units. With use_graphs
 // the closure must queue the same work every time for a given unit count: its inputs come from device-side state
 // (DataLoader::next), never from host values that change between calls. On the CPU, or with
-// use_graphs false, everything runs eagerly through the same calls, with the Accumulator's results
-// the same bits.
+// use_graphs false, everything runs eagerly through the same calls, with the same bits as the
+// accumulation policy driven by hand (tests/test_trainer.cpp checks it).
 #pragma once
 
 #include <cstddef>
