@@ -12,10 +12,10 @@
 #include "cumulus/cumulus.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/mlp.h"
+#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 #if CUMULUS_WITH_CUDA
 #include "cumulus/core/cuda_context.h"
-#include "engine/runtime/accumulator.h"
 #endif
 
 namespace cumulus::testing {
