@@ -24,7 +24,7 @@
 #include "bench/rig.h"
 
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #include "kernels/cuda/kernels.h"
 #endif
 

@@ -15,11 +15,10 @@ install(TARGETS cumulus_engine cumulus_models EXPORT cumulusTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-# The CUDA backend's own headers (core/cuda_check.h, cuda_context.h, cudnn_context.h) stay behind:
-# they include the toolkit's headers, and a consumer of the package needs no toolkit. They serve
-# the engine and the in-tree tests and benchmarks only (cumulus.h does not include them either).
+# The public include tree is installed whole: the CUDA backend's headers, which include the
+# toolkit's, live in the private folders (kernels/cuda/, engine/core/), so a consumer needs no toolkit.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/engine/include/cumulus DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h" PATTERN "cuda_*.h" EXCLUDE PATTERN "cudnn_*.h" EXCLUDE)
+        FILES_MATCHING PATTERN "*.h")
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/include/cumulus DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
 install(EXPORT cumulusTargets NAMESPACE cumulus:: DESTINATION ${CUMULUS_INSTALL_CMAKEDIR})

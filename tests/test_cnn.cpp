@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
-#include "cumulus/core/cudnn_context.h"
+#include "engine/core/cudnn_context.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/cnn.h"

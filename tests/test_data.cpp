@@ -28,7 +28,7 @@
 
 #include "cumulus/core/error.h"
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #endif
 #include "cumulus/data/dataset.h"
 #include "cumulus/data/idx.h"

@@ -28,7 +28,7 @@
 #include "test_util.h"
 #include "toy_dataset.h"
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #endif
 
 namespace {

@@ -15,7 +15,7 @@
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #endif
 
 namespace cumulus::testing {

@@ -27,7 +27,7 @@
 #include "test_util.h"
 
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #endif
 
 using namespace cumulus;

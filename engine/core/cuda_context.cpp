@@ -1,13 +1,13 @@
 // Per-device CUDA state (see cuda_context.h) and the error helpers of cuda_check.h.
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 
 #include <cstdio>
 #include <mutex>
 #include <string>
 #include <utility>
 
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "cumulus/core/device.h"
 #include "cumulus/memory/allocator.h"
 #include "kernels/cuda/kernels.h"

@@ -1,11 +1,11 @@
 // Per-device cuDNN state (see cudnn_context.h).
-#include "cumulus/core/cudnn_context.h"
+#include "engine/core/cudnn_context.h"
 
 #if CUMULUS_WITH_CUDNN
 #include <mutex>
 
-#include "cumulus/core/cuda_check.h"
-#include "cumulus/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
+#include "engine/core/cuda_context.h"
 #include "cumulus/core/device.h"
 #include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"

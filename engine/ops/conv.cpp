@@ -16,7 +16,7 @@
 // added into the f32 buffer (accumulation across micro-batches stays f32); on the CPU it goes
 // straight into the buffer.
 #include "cumulus/autograd/node.h"
-#include "cumulus/core/cudnn_context.h"
+#include "engine/core/cudnn_context.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/ops/conv_ops.h"
 #include "engine/ops/internal.h"

@@ -23,7 +23,7 @@
 #include "engine/ops/pointwise_internal.h"
 
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #endif
 
 namespace cumulus::ops {

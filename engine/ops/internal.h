@@ -10,7 +10,7 @@
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #include "kernels/cuda/kernels.h"
 #endif
 #include "kernels/cpu/kernels.h"

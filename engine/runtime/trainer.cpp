@@ -78,7 +78,7 @@
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
-#include "cumulus/core/cuda_context.h"
+#include "engine/core/cuda_context.h"
 #endif
 
 namespace cumulus::optim {

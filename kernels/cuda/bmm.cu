@@ -3,7 +3,7 @@
 // with the batch strides swapped alike. Library calls only: nothing here for the CPU emulation.
 #include <climits>
 
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/structural_kernels.h"
 
 namespace cumulus::kernels {

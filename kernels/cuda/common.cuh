@@ -11,7 +11,7 @@
 #include "kernels/float16.h"
 
 #ifndef CUMULUS_CUDA_EMULATION
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace cumulus::kernels::cuda_common {

@@ -12,7 +12,7 @@
 // kernels/cuda/cudnn_kernels.h) and is refused here.
 #if CUMULUS_WITH_CUDNN
 
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 #include "kernels/cuda/kernels.h"

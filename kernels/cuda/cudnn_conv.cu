@@ -14,7 +14,7 @@
 #if CUMULUS_WITH_CUDNN
 #include <vector>
 
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 #include "kernels/cuda/kernels.h"

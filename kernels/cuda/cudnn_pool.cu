@@ -5,7 +5,7 @@
 // sinks]). x, y, dy and dx are all in `dtype` (f32 or f16; the scaling factors stay float). bf16 pools
 // with kernels of our own (kernels/cuda/pool.cu; Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h).
 #if CUMULUS_WITH_CUDNN
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 

@@ -38,7 +38,7 @@ inline void count_launch() {}
       ::cumulus::kernels::gemm_checks::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 #else
-#include "cumulus/core/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 namespace cumulus::kernels::gemm_checks {
 using detail::count_launch;
 using detail::throw_cublas_error;

@@ -16,9 +16,8 @@
 //   trainer.step_if_ready();                             // per micro-batch; flush() at an epoch's end
 //   io::save_state_dict("weights.safetensors", model);  // PyTorch's load_state_dict takes it
 //
-// The CUDA-specific headers (core/cuda_*.h, core/cudnn_context.h) are left out: they need the CUDA
-// toolkit's headers and only matter to code that launches its own kernels. They are internal and
-// not installed: a program using the installed library needs no CUDA toolkit.
+// No header here includes the CUDA toolkit's: the CUDA backend's are private (docs/ARCHITECTURE.md),
+// so a program using the installed library needs no CUDA toolkit.
 #pragma once
 
 #include "cumulus/core/device.h"
