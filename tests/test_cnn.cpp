@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "cumulus/autograd/grad_mode.h"
-#include "engine/core/cudnn_context.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/cnn.h"
@@ -32,6 +31,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/tracker.h"
 #include "cumulus/tensor/random.h"
+#include "engine/core/cudnn_context.h"
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
 

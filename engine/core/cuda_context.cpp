@@ -7,9 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cuda/cuda_check.h"
 #include "cumulus/core/device.h"
 #include "cumulus/memory/allocator.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.h"
 
 namespace cumulus {

@@ -4,9 +4,9 @@
 #if CUMULUS_WITH_CUDNN
 #include <mutex>
 
-#include "kernels/cuda/cuda_check.h"
-#include "engine/core/cuda_context.h"
 #include "cumulus/core/device.h"
+#include "engine/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_kernels.h"
 #endif

@@ -25,8 +25,8 @@ bool cudnn_compiled();
 #if CUMULUS_WITH_CUDNN
 #define CUMULUS_CUDNN_ONLY(stmt) stmt
 #else
-#define CUMULUS_CUDNN_ONLY(stmt)                                                                   \
-  throw ::cumulus::DeviceError(                                                                    \
+#define CUMULUS_CUDNN_ONLY(stmt)                                                                    \
+  throw ::cumulus::DeviceError(                                                                     \
       "this op needs cuDNN on CUDA tensors, and cumulus was built without it (cuDNN was not found " \
       "when configuring; install cuDNN and re-run cmake, or run the op on the CPU)")
 #endif

@@ -5,8 +5,8 @@
 #include "cumulus/core/error.h"
 
 #if CUMULUS_WITH_CUDA
-#include "kernels/cuda/cuda_check.h"
 #include "engine/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace cumulus {

@@ -24,8 +24,8 @@
 #include "engine/ops/internal.h"
 
 #if CUMULUS_WITH_CUDA
-#include "kernels/cuda/cuda_check.h"
 #include "engine/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace cumulus::data {

@@ -17,8 +17,8 @@
 #if CUMULUS_WITH_NCCL
 #include <nccl.h>
 
-#include "kernels/cuda/cuda_check.h"
 #include "engine/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace cumulus::dist {

@@ -7,8 +7,8 @@
 #include "cumulus/memory/allocator.h"
 
 #if CUMULUS_WITH_CUDA
-#include "kernels/cuda/cuda_check.h"
 #include "engine/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace cumulus {

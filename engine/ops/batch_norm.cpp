@@ -16,8 +16,8 @@
 // stay f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/node.h"
-#include "engine/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
+#include "engine/core/cudnn_context.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"
 #if CUMULUS_WITH_CUDNN

@@ -16,9 +16,9 @@
 // added into the f32 buffer (accumulation across micro-batches stays f32); on the CPU it goes
 // straight into the buffer.
 #include "cumulus/autograd/node.h"
-#include "engine/core/cudnn_context.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/ops/conv_ops.h"
+#include "engine/core/cudnn_context.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"
 #if CUMULUS_WITH_CUDNN

@@ -8,8 +8,8 @@
 // f16 pool through cuDNN, bf16 with kernels of our own (Note [bf16 on cuDNN] in
 // kernels/cuda/cudnn_kernels.h).
 #include "cumulus/autograd/node.h"
-#include "engine/core/cudnn_context.h"
 #include "cumulus/ops/conv_ops.h"
+#include "engine/core/cudnn_context.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"
 #if CUMULUS_WITH_CUDNN

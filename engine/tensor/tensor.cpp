@@ -11,8 +11,8 @@
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
-#include "kernels/cuda/cuda_check.h"
 #include "engine/core/cuda_context.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace cumulus {

@@ -21,30 +21,28 @@ extern std::atomic<int64_t> cuda_launches;
 inline void count_launch() { cuda_launches.fetch_add(1, std::memory_order_relaxed); }
 }  // namespace cumulus::detail
 
-#define CUMULUS_CUDA_CHECK(expr)                                                        \
-  do {                                                                                  \
-    cudaError_t cumulus_err_ = (expr);                                                  \
-    if (cumulus_err_ != cudaSuccess)                                                    \
-      ::cumulus::detail::throw_cuda_error(cumulus_err_, #expr, __FILE__, __LINE__);     \
+#define CUMULUS_CUDA_CHECK(expr)                                                                                   \
+  do {                                                                                                             \
+    cudaError_t cumulus_err_ = (expr);                                                                             \
+    if (cumulus_err_ != cudaSuccess) ::cumulus::detail::throw_cuda_error(cumulus_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define CUMULUS_CUDA_WARN(expr)                                                         \
-  do {                                                                                  \
-    cudaError_t cumulus_err_ = (expr);                                                  \
-    if (cumulus_err_ != cudaSuccess)                                                    \
-      ::cumulus::detail::warn_cuda_error(cumulus_err_, #expr, __FILE__, __LINE__);      \
+#define CUMULUS_CUDA_WARN(expr)                                                                                   \
+  do {                                                                                                            \
+    cudaError_t cumulus_err_ = (expr);                                                                            \
+    if (cumulus_err_ != cudaSuccess) ::cumulus::detail::warn_cuda_error(cumulus_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define CUMULUS_CUBLAS_CHECK(expr)                                                      \
-  do {                                                                                  \
-    cublasStatus_t cumulus_st_ = (expr);                                                \
-    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                           \
-      ::cumulus::detail::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__);    \
+#define CUMULUS_CUBLAS_CHECK(expr)                                                   \
+  do {                                                                               \
+    cublasStatus_t cumulus_st_ = (expr);                                             \
+    if (cumulus_st_ != CUBLAS_STATUS_SUCCESS)                                        \
+      ::cumulus::detail::throw_cublas_error(cumulus_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After every kernel launch: counts it and catches bad launch configurations at the launch site.
-#define CUMULUS_LAUNCH_CHECK()               \
-  do {                                       \
-    ::cumulus::detail::count_launch();       \
-    CUMULUS_CUDA_CHECK(cudaGetLastError());  \
+#define CUMULUS_LAUNCH_CHECK()              \
+  do {                                      \
+    ::cumulus::detail::count_launch();      \
+    CUMULUS_CUDA_CHECK(cudaGetLastError()); \
   } while (0)
