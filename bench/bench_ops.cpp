@@ -35,7 +35,8 @@
 #include "bench/rig.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "op_cases/op_case.h"
 
 namespace cumulus::bench {

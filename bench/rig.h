@@ -26,7 +26,7 @@
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/tracker.h"

@@ -4,7 +4,7 @@
 
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/norm_layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 
 namespace cumulus::models {
 

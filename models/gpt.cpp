@@ -13,10 +13,10 @@
 #include "cumulus/nn/init.h"
 #include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/runtime/trainer.h"
 

@@ -11,7 +11,8 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/ops/compare.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "test_util.h"
 
 namespace cumulus::testing {

@@ -10,8 +10,8 @@
 #include "cumulus/core/error.h"
 #include "cumulus/data/token_windows.h"
 #include "cumulus/models/gpt.h"
-#include "cumulus/ops/ops.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/loss.h"
+#include "cumulus/ops/shape.h"
 #include "test_util.h"
 
 namespace cumulus {

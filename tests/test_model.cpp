@@ -17,7 +17,7 @@
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "test_util.h"
 
 namespace cumulus {

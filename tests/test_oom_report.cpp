@@ -10,7 +10,8 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/reduce.h"
 #include "cumulus/runtime/tracker.h"
 #include "test_util.h"
 

@@ -13,9 +13,10 @@
 #include <string>
 
 #include "cumulus/memory/allocator.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "op_cases/op_case.h"
 #include "test_util.h"

@@ -14,7 +14,7 @@
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/reduce.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"

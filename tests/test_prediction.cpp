@@ -11,7 +11,7 @@
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/runtime/prediction.h"
 #include "test_util.h"
 

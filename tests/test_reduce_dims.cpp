@@ -10,7 +10,7 @@
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/error.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "test_util.h"

@@ -18,7 +18,7 @@
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/plan_check.h"

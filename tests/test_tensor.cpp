@@ -11,9 +11,9 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/nn/layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
 #include "test_util.h"

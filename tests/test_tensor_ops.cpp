@@ -1,4 +1,4 @@
-// The structural ops (ops/tensor_ops.h) beyond their op cases (tests/op_cases/cases_structural.cpp):
+// The structural ops (ops/shape.h, normalization.h, linear.h) beyond their op cases (tests/op_cases/cases_structural.cpp):
 // argument errors naming the op and the shapes, zero sizes, gradients that must add up across
 // pieces and backward calls (split, repeated embedding rows, a second micro-batch), narrow's view,
 // and the nn modules' names and initialization. On every device (CUDA skips without a GPU).
@@ -10,9 +10,11 @@
 
 #include "cumulus/nn/embedding.h"
 #include "cumulus/nn/norm_layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/normalization.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "test_util.h"
 
 namespace cumulus::testing {
@@ -143,7 +145,7 @@ TEST_P(TensorOpsTest, IndexErrors) {
   expect_error<ShapeError>([&] { ops::index_select(w, 2, ints({0}, {1})); }, {"index_select", "dim 2"});
 }
 
-// The CPU checks indices before any work; CUDA documents NaN rows instead (tensor_ops.h).
+// The CPU checks indices before any work; CUDA documents NaN rows instead (ops/shape.h).
 TEST(TensorOpsCpu, OutOfRangeIndicesAreInvalidArguments) {
   const Tensor w = Tensor::zeros({3, 2});
   expect_error<InvalidArgument>(

@@ -19,7 +19,7 @@
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/nn/norm_layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/planner.h"

@@ -6,7 +6,7 @@
 #include "cumulus/memory/category.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 

@@ -1,6 +1,6 @@
 #include "cumulus/nn/embedding.h"
 
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/shape.h"
 
 namespace cumulus::nn {
 

@@ -6,7 +6,8 @@
 
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/nn/activation_layers.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/shape.h"
 
 namespace cumulus::nn {
 

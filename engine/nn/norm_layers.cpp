@@ -1,7 +1,6 @@
 #include "cumulus/nn/norm_layers.h"
 
-#include "cumulus/ops/conv_ops.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/normalization.h"
 
 namespace cumulus::nn {
 

@@ -16,7 +16,9 @@
 // stay f32 (Note [Mixed precision] in engine/ops/linear.cpp).
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/normalization.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "engine/core/cudnn_context.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"

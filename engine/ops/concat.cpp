@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
 #if CUMULUS_WITH_CUDA

@@ -17,7 +17,8 @@
 // straight into the buffer.
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/convolution.h"
+#include "cumulus/ops/shape.h"
 #include "engine/core/cudnn_context.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"

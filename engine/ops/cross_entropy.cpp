@@ -11,7 +11,8 @@
 #include <cmath>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/indices.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/loss_kernels.h"

@@ -6,11 +6,11 @@
 // persistent f32 buffer, written in place (Note [Gradient sinks]).
 // Indices are i32 or i64 (converted to i32: engine/ops/indices.h) on x's device. The CPU rejects
 // one outside [0, size(dim)) before any work; CUDA cannot without synchronizing, so there it gives
-// NaN rows and no gradient (tensor_ops.h).
+// NaN rows and no gradient (ops/shape.h).
 #include <string>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/indices.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"

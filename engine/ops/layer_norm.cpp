@@ -7,8 +7,9 @@
 // The parameter gradients are written straight into their sinks with the sinks' beta; on CUDA as
 // column sums in a fixed order (no atomics), so they are the same bits on every run.
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/normalization.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
 #if CUMULUS_WITH_CUDA

@@ -11,9 +11,9 @@
 // 16-bit a and b: products summed in f32 and c rounded once, on CUDA by cuBLAS itself (f32 compute),
 // on the CPU by the f32 GEMM over widened copies (Note [Mixed precision] in engine/ops/linear.cpp).
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
 #if CUMULUS_WITH_CUDA

@@ -8,7 +8,8 @@
 // f16 pool through cuDNN, bf16 with kernels of our own (Note [bf16 on cuDNN] in
 // kernels/cuda/cudnn_kernels.h).
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/convolution.h"
+#include "cumulus/ops/shape.h"
 #include "engine/core/cudnn_context.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"

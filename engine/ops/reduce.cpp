@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/reduce.h"
 #include "engine/ops/internal.h"
 

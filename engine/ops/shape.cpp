@@ -4,7 +4,7 @@
 // hands the gradient on as a view with the input's shape.
 // cast: a copy in another floating type; backward hands the gradient on converted back.
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/compare_internal.h"
 #include "engine/ops/internal.h"
 

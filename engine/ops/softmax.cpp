@@ -5,7 +5,8 @@
 // dy - exp(y) sum(dy), so the input is not needed.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/pointwise_internal.h"
 
 namespace cumulus::ops {

@@ -1,5 +1,6 @@
 // Gradient accumulation into a sink, outside autograd (used by GradSink::give).
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus::ops {

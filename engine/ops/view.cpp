@@ -19,8 +19,7 @@
 #include <string>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/pointwise_internal.h"
 #include "engine/tensor/tensor_impl.h"
 #include "kernels/cpu/strided_kernels.h"

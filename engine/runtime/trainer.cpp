@@ -74,7 +74,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/ops/metrics.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA

@@ -5,8 +5,7 @@
 #include <string>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/ops.h"
-#include "cumulus/ops/tensor_ops.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 #include "engine/tensor/tensor_impl.h"
 

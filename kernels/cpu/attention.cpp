@@ -111,6 +111,19 @@ void load_tile(const T* base, int64_t row_stride, int64_t j0, int64_t n, int64_t
   }
 }
 
+// A block's rows done: out = acc / sum, lse = m + log(sum).
+template <typename T>
+void finish_rows(const AttentionGeometry& g, T* out, float* lse, int64_t bh, int64_t i0, int64_t nq, const float* acc,
+                 const float* m, const std::vector<double>& sums) {
+  const int64_t d = g.d;
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = static_cast<float>(1.0 / sums[r]);
+    T* o = out + g.o_row(bh, i0 + r);
+    for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
+    lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
+  }
+}
+
 template <typename T>
 void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
                    int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
@@ -158,12 +171,7 @@ void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T*
       m[r] = m_new;
     }
   }
-  for (int64_t r = 0; r < nq; ++r) {
-    const float inv = static_cast<float>(1.0 / sums[r]);
-    T* o = out + g.o_row(bh, i0 + r);
-    for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
-    lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
-  }
+  finish_rows(g, out, lse, bh, i0, nq, acc, m, sums);
 }
 
 // One head's gradients. Per key tile, blocks of kRows query rows: their probabilities p and ds
@@ -334,12 +342,7 @@ void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, co
     vec512::attention_softmax_tile_f32(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
     vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf + j0 * head.ldv, head.ldv, acc, d, true);
   }
-  for (int64_t r = 0; r < nq; ++r) {
-    const float inv = static_cast<float>(1.0 / sums[r]);
-    T* o = out + g.o_row(bh, i0 + r);
-    for (int64_t c = 0; c < d; ++c) o[c] = from_f32<T>(acc[r * d + c] * inv);
-    lse[bh * g.tq + i0 + r] = m[r] + static_cast<float>(std::log(sums[r]));
-  }
+  finish_rows(g, out, lse, bh, i0, nq, acc, m, sums);
 }
 
 template <typename T>

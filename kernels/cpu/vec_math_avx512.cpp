@@ -27,19 +27,24 @@ __mmask16 lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n < 0 ? 0 : n)) - 1u);
 }
 
-// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps): within 1.3 ulp,
-// 0 below -87.34 (so exp(-inf) = 0), inf above 88.72.
-V exp_fast(V x) {
-  const V xc = _mm512_min_ps(splat(88.72283f), _mm512_max_ps(splat(-87.34f), x));
-  const V n = _mm512_roundscale_ps(_mm512_mul_ps(xc, splat(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), xc);
+// e^x = 2^n e^r: n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts, Cody and Waite), e^r by
+// the polynomial; the caller scales by 2^n.
+V exp_mantissa(V x, V& n) {
+  n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), x);
   r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
   static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
                                     5.0000001201e-1f};
   V p = splat(1.9875691500e-4f);
   for (float c : kPoly) p = _mm512_fmadd_ps(p, r, splat(c));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+  return _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+}
+
+// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps): within 1.3 ulp,
+// 0 below -87.34 (so exp(-inf) = 0), inf above 88.72.
+V exp_fast(V x) {
+  V n;
+  const V p = exp_mantissa(_mm512_min_ps(splat(88.72283f), _mm512_max_ps(splat(-87.34f), x)), n);
   const __m512i k = _mm512_cvtps_epi32(n), half = _mm512_srai_epi32(k, 1);
   const auto pow2 = [](__m512i e) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
@@ -69,15 +74,8 @@ V one_over_one_plus(V e) { return _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat
 // reduction and polynomial as exp_fast, then 2^n by scalef instead of building it in the exponent
 // field, and no upper clamp. 0 below -87.34 as exp_fast (so exp(-inf) = 0), NaN stays NaN.
 V exp_nonpositive(V x) {
-  const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V r = _mm512_fnmadd_ps(n, splat(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-  static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
-                                    5.0000001201e-1f};
-  V p = splat(1.9875691500e-4f);
-  for (float c : kPoly) p = _mm512_fmadd_ps(p, r, splat(c));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
+  V n;
+  const V p = exp_mantissa(x, n);
   return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), _mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ),
                             _mm512_setzero_ps());
 }

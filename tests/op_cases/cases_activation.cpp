@@ -1,7 +1,6 @@
 // Op cases (Note [Op cases] in op_case.h): pointwise activations.
 #include <algorithm>
 
-#include "cumulus/ops/ops.h"
 #include "cumulus/ops/pointwise.h"
 #include "op_case.h"
 

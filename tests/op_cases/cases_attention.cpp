@@ -12,9 +12,9 @@
 
 #include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "op_case.h"
 
 namespace cumulus::testing {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cumulus/ops/compare.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 #include "op_case.h"
 
 namespace cumulus::testing {

@@ -4,8 +4,11 @@
 // The single-op cases check each op; these check that they chain.
 #include <string>
 
-#include "cumulus/ops/conv_ops.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/convolution.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/loss.h"
+#include "cumulus/ops/normalization.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
 #include "op_case.h"
 #include "references.h"

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <string>
 
-#include "cumulus/ops/conv_ops.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/convolution.h"
+#include "cumulus/ops/normalization.h"
 #include "op_case.h"
 #include "references.h"
 

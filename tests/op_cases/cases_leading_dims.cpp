@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/loss.h"
+#include "cumulus/ops/normalization.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "op_case.h"
 #include "references.h"
 

@@ -3,7 +3,8 @@
 #include <string>
 
 #include "cumulus/ops/fused_mlp.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/ops/pointwise.h"
 #include "op_case.h"
 #include "references.h"

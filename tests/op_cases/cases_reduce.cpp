@@ -3,7 +3,8 @@
 #include <cmath>
 #include <string>
 
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
+#include "cumulus/ops/reduce.h"
 #include "op_case.h"
 #include "references.h"
 

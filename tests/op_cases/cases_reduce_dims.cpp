@@ -5,7 +5,6 @@
 #include <cmath>
 #include <string>
 
-#include "cumulus/ops/ops.h"
 #include "cumulus/ops/reduce.h"
 #include "op_case.h"
 #include "references.h"

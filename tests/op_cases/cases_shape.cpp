@@ -2,7 +2,7 @@
 // and flatten (ops:: and Tensor's methods).
 #include <string>
 
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 #include "op_case.h"
 
 namespace cumulus::testing {

@@ -5,9 +5,9 @@
 #include <numeric>
 #include <string>
 
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
-#include "cumulus/ops/tensor_ops.h"
 #include "op_case.h"
 
 namespace cumulus::testing {

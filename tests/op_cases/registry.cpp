@@ -5,7 +5,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/tensor/random.h"
 #include "op_case.h"
 

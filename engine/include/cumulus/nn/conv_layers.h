@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "cumulus/nn/module.h"
-#include "cumulus/ops/conv_ops.h"
+#include "cumulus/ops/convolution.h"
 
 namespace cumulus::nn {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "cumulus/nn/module.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
 
 namespace cumulus::nn {
 

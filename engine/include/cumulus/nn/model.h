@@ -11,7 +11,8 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/nn/module.h"
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/linear.h"
+#include "cumulus/ops/loss.h"
 #include "cumulus/tensor/dtype.h"
 
 namespace cumulus::nn {

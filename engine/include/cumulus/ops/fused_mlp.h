@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "cumulus/ops/ops.h"
+#include "cumulus/ops/loss.h"
 
 namespace cumulus::ops {
 

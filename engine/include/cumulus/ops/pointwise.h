@@ -70,6 +70,10 @@ Tensor take_dropout_offset(const Tensor& counter);
 // references and tests.
 bool dropout_keeps(uint64_t seed, uint64_t offset, int64_t index, float p);
 
+// dst += src, outside autograd (same shape, f32, same device): e.g. summing losses on the device
+// without reading each one back.
+void accumulate_(const Tensor& dst, const Tensor& src);
+
 }  // namespace cumulus::ops
 
 namespace cumulus {

@@ -1,6 +1,6 @@
 // Reductions over dimensions, as PyTorch's: sum, mean, amax and amin over a set of dimensions,
-// max / min / argmax / argmin along one, topk, and multinomial sampling. (sum(x) and mean(x) of
-// all elements and the row-wise argmax(x) are in ops.h.) A dimension d may be negative (d + ndim); a 0-d tensor
+// max / min / argmax / argmin along one, topk, and multinomial sampling; the sum and mean of all
+// elements and the row-wise argmax. A dimension d may be negative (d + ndim); a 0-d tensor
 // takes dimension 0 or -1 as a dimension of size 1, as torch does. keepdim keeps each reduced
 // dimension with size 1, else it is removed.
 #pragma once
@@ -12,6 +12,15 @@
 #include "cumulus/tensor/tensor.h"
 
 namespace cumulus::ops {
+
+// Sum / mean of all elements -> a scalar (0-d) of x's type (f32, bf16 or f16; a 16-bit x is summed
+// as sum(x, {}) of cumulus/ops/reduce.h). The mean of an empty tensor is NaN.
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+
+// x: [B, C] -> [B] i32, the index of each row's maximum (the first one on ties; as torch.argmax, a
+// NaN counts as the maximum, so the row's first NaN wins). No gradient.
+Tensor argmax(const Tensor& x);
 
 // Sum / mean over `dims` (each at most once; empty: every dimension, as torch.sum(x, dim=[])).
 // x: f32, bf16 or f16; the result has x's type, summed in double and rounded once. A dimension of

@@ -1,27 +1,27 @@
-// The structural ops (issue #29): layer norm, embedding, cat / split / narrow, index_select and
-// batched matrix products. Each records its backward (engine/ops/layer_norm.cpp, index.cpp,
-// concat.cpp, matmul.cpp), runs on the CPU and CUDA, and takes f32, bf16 or f16 data (f32
-// arithmetic; parameters and their gradients f32) unless its comment says otherwise. Dimensions
-// may be negative (counted from the end), as in PyTorch.
+// Shapes, views, joining, indexing and casts, recorded for autograd (engine/ops/shape.cpp,
+// view.cpp, concat.cpp, index.cpp, mixed_precision.cpp). f32, bf16 or f16 data unless a comment says
+// otherwise; dimensions may be negative (counted from the end), as in PyTorch.
 #pragma once
 
+#include <initializer_list>
 #include <vector>
 
 #include "cumulus/tensor/tensor.h"
 
 namespace cumulus::ops {
 
-// PyTorch's layer_norm over the last dimension: x [..., normalized_size] -> y of x's shape and type,
-// y = (x - mean) / sqrt(var + eps) * weight + bias with the biased variance of each row. weight and
-// bias: f32 [normalized_size] or undefined (1 and 0). Saves x and each row's mean and 1 / std (f32).
-// On CUDA the parameter gradients are column sums in a fixed order, without atomics: deterministic.
-Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight = Tensor(),
-                  const Tensor& bias = Tensor(), float eps = 1e-5f);
-// PyTorch's layer_norm over the last normalized_shape.ndim() dimensions (x's trailing dimensions
-// must equal normalized_shape): each slice over them normalized as one row; weight and bias f32 of
-// normalized_shape or undefined.
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
-                  const Tensor& bias = Tensor(), float eps = 1e-5f);
+// x converted to `dtype` among f32, bf16 and f16 (round to nearest even), recorded: the gradient
+// is converted back to x's type. x itself when it already has that type. To or from bool (any
+// dtype): nonzero, NaN included, is true; true is 1 and false 0; not recorded (cumulus/ops/compare.h).
+Tensor cast(const Tensor& x, DType dtype);
+
+// x with a new shape (same numel): a view of a dense x, else a dense copy (as torch.reshape). One
+// size may be -1, inferred from the others. flatten keeps dims before start_dim and merges the
+// rest (start_dim in [-ndim, ndim), a ShapeError otherwise, as torch.flatten; a 0-d tensor becomes [1]).
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor reshape(const Tensor& x, const std::vector<int64_t>& sizes);
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> sizes);
+Tensor flatten(const Tensor& x, int start_dim = 1);
 
 // Rows of weight [num, dim] (f32) picked by indices (i32 or i64, any shape up to 3-D) -> [..., dim] in
 // `dtype` (f32, or bf16 / f16 rounded from the f32 rows). Backward adds each row's gradient into the
@@ -63,19 +63,5 @@ Tensor unsqueeze(const Tensor& x, int dim);
 Tensor squeeze(const Tensor& x, int dim);
 // x itself when dense and row-major, else a dense copy; the gradient passes through unchanged.
 Tensor contiguous(const Tensor& x);
-
-// Batched matrix product: a [B, n, k] x b [B, k, m] -> [B, n, m], one strided-batched GEMM
-// (OpenBLAS per batch on the CPU, cublasGemmStridedBatchedEx on CUDA); a and b of one floating type,
-// products summed in f32. Backward: da = dc b^T, db = a^T dc, transposes in the GEMM calls and the
-// gradients written with the sinks' beta.
-Tensor bmm(const Tensor& a, const Tensor& b);
-
-// PyTorch's matmul: a 1-D a is a row [1, k] and a 1-D b a column [k, 1], the added dimension removed
-// from the result; otherwise a [..., n, k] x b [..., k, m] -> [batch..., n, m] with the batch
-// dimensions broadcast (numpy's rules: [B, H, T, D] @ [B, H, D, T], [B, 1, n, k] @ [H, k, m]).
-// 2-D x 2-D is one GEMM; a batched a times a 2-D b one GEMM over a's rows; equal batch dimensions
-// bmm's strided-batched GEMM; an operand repeated along every batch dimension is read with a batch
-// stride of 0 (no copy); any other broadcast expands the operand first (a copy).
-Tensor matmul(const Tensor& a, const Tensor& b);
 
 }  // namespace cumulus::ops
