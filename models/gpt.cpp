@@ -14,9 +14,9 @@
 #include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/loss.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/runtime/trainer.h"
 

@@ -14,9 +14,9 @@
 #include "cumulus/core/error.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
-#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
+#include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/loss.h"
 #include "test_util.h"
 

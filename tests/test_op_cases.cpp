@@ -14,9 +14,9 @@
 
 #include "cumulus/memory/allocator.h"
 #include "cumulus/ops/linear.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
-#include "cumulus/ops/pointwise.h"
 #include "cumulus/tensor/random.h"
 #include "op_cases/op_case.h"
 #include "test_util.h"

@@ -10,9 +10,9 @@
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/error.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "test_util.h"
 
 namespace cumulus {

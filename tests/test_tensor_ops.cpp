@@ -1,7 +1,7 @@
-// The structural ops (ops/shape.h, normalization.h, linear.h) beyond their op cases (tests/op_cases/cases_structural.cpp):
-// argument errors naming the op and the shapes, zero sizes, gradients that must add up across
-// pieces and backward calls (split, repeated embedding rows, a second micro-batch), narrow's view,
-// and the nn modules' names and initialization. On every device (CUDA skips without a GPU).
+// The structural ops (ops/shape.h, normalization.h, linear.h) beyond their op cases
+// (tests/op_cases/cases_structural.cpp): argument errors naming the op and the shapes, zero sizes, gradients that must
+// add up across pieces and backward calls (split, repeated embedding rows, a second micro-batch), narrow's view, and
+// the nn modules' names and initialization. On every device (CUDA skips without a GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,9 +12,9 @@
 #include "cumulus/nn/norm_layers.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/normalization.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
-#include "cumulus/ops/pointwise.h"
 #include "test_util.h"
 
 namespace cumulus::testing {

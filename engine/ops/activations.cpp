@@ -9,8 +9,8 @@
 // PyTorch's). Those whose derivative is a function of their output save it: tanh, sigmoid, exp,
 // sqrt, rsqrt; the gelus, log and abs save their input.
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 #include "engine/ops/pointwise_internal.h"
 

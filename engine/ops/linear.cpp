@@ -79,8 +79,8 @@
 // Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
 // returns an f32 loss). The data loader gathers batches straight into the compute type, so the
 // saved activations of a 16-bit run are half an f32 run's.
-#include "cumulus/autograd/node.h"
 #include "cumulus/ops/linear.h"
+#include "cumulus/autograd/node.h"
 #include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 #include "engine/tensor/tensor_impl.h"

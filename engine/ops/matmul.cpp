@@ -12,8 +12,8 @@
 // on the CPU by the f32 GEMM over widened copies (Note [Mixed precision] in engine/ops/linear.cpp).
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/linear.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 #include "kernels/cpu/structural_kernels.h"
 #if CUMULUS_WITH_CUDA

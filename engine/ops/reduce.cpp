@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "cumulus/autograd/node.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/reduce.h"
+#include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
 
 namespace cumulus::ops {

@@ -3,8 +3,8 @@
 // heads); otherwise the input is first made dense (Note [Strided views] in view.cpp). Backward
 // hands the gradient on as a view with the input's shape.
 // cast: a copy in another floating type; backward hands the gradient on converted back.
-#include "cumulus/autograd/node.h"
 #include "cumulus/ops/shape.h"
+#include "cumulus/autograd/node.h"
 #include "engine/ops/compare_internal.h"
 #include "engine/ops/internal.h"
 

@@ -73,8 +73,8 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
-#include "cumulus/ops/metrics.h"
 #include "cumulus/ops/loss.h"
+#include "cumulus/ops/metrics.h"
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA

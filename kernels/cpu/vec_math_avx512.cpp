@@ -30,7 +30,8 @@ __mmask16 lanes(int64_t n) {
 // e^x = 2^n e^r: n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts, Cody and Waite), e^r by
 // the polynomial; the caller scales by 2^n.
 V exp_mantissa(V x, V& n) {
-  n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm512_fnmadd_ps(n, splat(0.693359375f), x);
   r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
   static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,

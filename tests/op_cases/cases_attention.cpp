@@ -13,8 +13,8 @@
 #include "cumulus/ops/attention.h"
 #include "cumulus/ops/compare.h"
 #include "cumulus/ops/linear.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/shape.h"
 #include "op_case.h"
 
 namespace cumulus::testing {

@@ -8,8 +8,8 @@
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/normalization.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/shape.h"
 #include "op_case.h"
 #include "references.h"
 

@@ -1,8 +1,8 @@
-// Op cases (Note [Op cases] in op_case.h): the structural ops of ops/shape.h, normalization.h and linear.h. References in
-// double on row-major [outer, dim, inner] views. 16-bit cases: the output and the input gradients
-// are rounded once to the type (2^-9 relative for bf16, 2^-12 for f16, sums in f32 before), so the
-// tolerances are 1e-2 (bf16) and 2e-3 (f16) of the largest value; f32 cases 1e-5 forward, 1e-4 for
-// gradients (f32 sums against central differences in double).
+// Op cases (Note [Op cases] in op_case.h): the structural ops of ops/shape.h, normalization.h and linear.h. References
+// in double on row-major [outer, dim, inner] views. 16-bit cases: the output and the input gradients are rounded once
+// to the type (2^-9 relative for bf16, 2^-12 for f16, sums in f32 before), so the tolerances are 1e-2 (bf16) and 2e-3
+// (f16) of the largest value; f32 cases 1e-5 forward, 1e-4 for gradients (f32 sums against central differences in
+// double).
 #include <cmath>
 #include <string>
 #include <vector>

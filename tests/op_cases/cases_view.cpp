@@ -6,8 +6,8 @@
 #include <string>
 
 #include "cumulus/ops/linear.h"
-#include "cumulus/ops/shape.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/shape.h"
 #include "op_case.h"
 
 namespace cumulus::testing {
