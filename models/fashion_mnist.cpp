@@ -49,15 +49,14 @@ FashionMnistSplit load_fashion_mnist(const std::string& dir, bool train, Device 
   // With a limit only the first `limit` samples are read (and checked): a gzip file is not
   // inflated past them, so a small limit stays fast on a large or hostile file.
   data::IdxArray images = data::read_idx_u8(images_path, 3, limit);
-  CUMULUS_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, Error, "IDX file '", images_path,
-                "': images are ", images.dims[1], " x ", images.dims[2], ", expected ", kRows, " x ", kCols);
+  CUMULUS_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, Error, "IDX file '", images_path, "': images are ",
+                images.dims[1], " x ", images.dims[2], ", expected ", kRows, " x ", kCols);
   data::IdxArray labels = data::read_idx_u8(labels_path, 1, limit);
-  CUMULUS_CHECK(images.count_in_file == labels.count_in_file, Error, "image and label counts differ: '",
-                images_path, "' has ", images.count_in_file, " images, '", labels_path, "' has ",
-                labels.count_in_file, " labels");
+  CUMULUS_CHECK(images.count_in_file == labels.count_in_file, Error, "image and label counts differ: '", images_path,
+                "' has ", images.count_in_file, " images, '", labels_path, "' has ", labels.count_in_file, " labels");
   for (std::size_t i = 0; i < labels.values.size(); ++i)
-    CUMULUS_CHECK(labels.values[i] < kClasses, Error, "IDX file '", labels_path, "': label at index ", i,
-                  " is ", int(labels.values[i]), ", expected a class in [0, ", kClasses, ")");
+    CUMULUS_CHECK(labels.values[i] < kClasses, Error, "IDX file '", labels_path, "': label at index ", i, " is ",
+                  int(labels.values[i]), ", expected a class in [0, ", kClasses, ")");
 
   const int64_t n = images.dims[0];
   CUMULUS_CHECK(labels.dims[0] == n, Error, "internal: read ", n, " images but ", labels.dims[0], " labels");
@@ -139,9 +138,8 @@ std::string file_list() {
 
 // What to do when the files cannot be had here, for every download error.
 std::string what_to_do(const FashionMnistSearch& search, const fs::path& dir) {
-  const std::string give_dir = search.dir_option.empty()
-                                   ? "set $CUMULUS_DATA"
-                                   : "pass " + search.dir_option + " DIR (or set $CUMULUS_DATA)";
+  const std::string give_dir =
+      search.dir_option.empty() ? "set $CUMULUS_DATA" : "pass " + search.dir_option + " DIR (or set $CUMULUS_DATA)";
   return "download the four files (" + file_list() + ") from " + kBaseUrls[0] + " into " + dir.string() + ", or " +
          give_dir + " to a directory holding them";
 }

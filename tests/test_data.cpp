@@ -476,9 +476,9 @@ TEST(MnistSplit, MissingFilesNameBothCandidates) {
 TEST(MnistSplit, CountsMustAgree) {
   TempDir dir;
   write_split(dir, true, 5, 6, /*gzip=*/true);
-  expect_error([&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); },
-               {dir.file("train-images-idx3-ubyte.gz"), dir.file("train-labels-idx1-ubyte.gz"), "5 images",
-                "6 labels"});
+  expect_error(
+      [&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); },
+      {dir.file("train-images-idx3-ubyte.gz"), dir.file("train-labels-idx1-ubyte.gz"), "5 images", "6 labels"});
 }
 
 TEST(MnistSplit, ImagesMustBe28x28) {
@@ -570,7 +570,8 @@ TEST(LocateFashionMnist, TheSplitsHeadersAreChecked) {
   write_split(dir, false, 5, 4, /*gzip=*/true);
   models::FashionMnistSearch search;
   search.dir = dir.str();
-  expect_error([&] { models::locate_fashion_mnist(search); }, {dir.file("t10k-images-idx3-ubyte.gz"), "5 images", "4 labels"});
+  expect_error([&] { models::locate_fashion_mnist(search); },
+               {dir.file("t10k-images-idx3-ubyte.gz"), "5 images", "4 labels"});
 }
 
 TEST(LocateFashionMnist, CumulusDataMustHoldTheFiles) {
@@ -835,7 +836,8 @@ TEST_P(LoaderTest, HostResidentGatherReplaysFromACapturedGraph) {
     if (i > 1) data::DataLoaderAccess::stage(staged, i, i + 1);
     graph.launch();
     EXPECT_EQ(captured.x.to_vector<float>(), batch_at(reference, i).x.to_vector<float>()) << "replay for batch " << i;
-    EXPECT_EQ(captured.y.to_vector<int32_t>(), batch_at(reference, i).y.to_vector<int32_t>()) << "replay for batch " << i;
+    EXPECT_EQ(captured.y.to_vector<int32_t>(), batch_at(reference, i).y.to_vector<int32_t>())
+        << "replay for batch " << i;
   }
 }
 
@@ -1014,7 +1016,7 @@ TEST_P(TensorLoaderTest, ShuffleFromASeedIsAReproduciblePermutation) {
   std::vector<uint8_t> pixels(37);
   std::iota(pixels.begin(), pixels.end(), 0);
   const FashionMnistSplit images{Tensor::from_vector(pixels, {37, 1, 1}, device()),
-                            Tensor::from_vector(std::vector<int32_t>(37, 0), {37}, device()), 10};
+                                 Tensor::from_vector(std::vector<int32_t>(37, 0), {37}, device()), 10};
   DataLoader image_loader(images.tensors(), 8, true, 11);
   std::vector<int64_t> image_order;
   for (int64_t i = 0; i < image_loader.num_batches(); ++i)

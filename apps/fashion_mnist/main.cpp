@@ -27,9 +27,9 @@
 #include "checkpoint.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/models/fashion_mnist.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/runtime/tracker.h"
 #include "data_files.h"
@@ -66,8 +66,7 @@ data::DataLoader test_loader_for(const RunConfig& o, const models::FashionMnistS
 }
 
 // --eval-only: the test pass of the --init weights (or the seeded initialization).
-int evaluate_only(const RunConfig& o, nn::Module& model, data::DataLoader test_loader,
-                  const std::string& data_dir) {
+int evaluate_only(const RunConfig& o, nn::Module& model, data::DataLoader test_loader, const std::string& data_dir) {
   if (!o.quiet)
     say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", o.device.describe().c_str(),
         choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),

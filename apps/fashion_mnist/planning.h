@@ -20,8 +20,8 @@ namespace fmnist {
 // micro-batch, the accumulation steps and the levers for with_plan() (run_config.h); an
 // OutOfMemory error when nothing fits.
 BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,
-                     const std::shared_ptr<cumulus::nn::FlatParameters>& flat, cumulus::models::FashionMnistSplit& train,
-                     cumulus::models::FashionMnistSplit& test);
+                     const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
+                     cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);
 
 // --plan-only: the planner's table of every candidate, nothing verified, nothing trained.
 void print_plan(const RunConfig& c, cumulus::nn::Model& model, const std::shared_ptr<cumulus::nn::FlatParameters>& flat,

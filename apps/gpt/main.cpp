@@ -81,8 +81,8 @@ void check_corpus_sum(const std::string& path) {
     return;
   }
   const std::string sum = io::sha256_of_file(path);
-  CUMULUS_CHECK(sum == kCorpusSha256, Error, "file '", path, "': SHA-256 ", sum, " is not the corpus's ",
-                kCorpusSha256, "; ", kCorpusRecipe);
+  CUMULUS_CHECK(sum == kCorpusSha256, Error, "file '", path, "': SHA-256 ", sum, " is not the corpus's ", kCorpusSha256,
+                "; ", kCorpusRecipe);
 }
 
 struct TrainFlags {
