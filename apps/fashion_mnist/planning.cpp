@@ -97,8 +97,8 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
     data::DataLoader loader(train.tensors(), b, false, 0, o.device);  // host-resident data: staging included
     loader.set_dtype(batch_dtype);
     loader.seek(0);
-    const data::Batch batch = loader.next(0);
-    Tensor loss = training_loss(model, batch);
+    // As the Trainer's closure: the batch is released before backward (only what the graph saves stays).
+    Tensor loss = training_loss(model, loader.next(0));
     loss.backward();
     loss = Tensor();
     flat->mark_gradients_stale();

@@ -400,7 +400,9 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
     data::DataLoader loader(dataset, units / dataset.units_per_row(), /*shuffle=*/false, /*seed=*/0, device);
     loader.set_dtype(*dtype);
     loader.seek(0);
-    loss(loader.next(0)).backward();
+    // As the Trainer's closure: the batch is released before backward (only what the graph saves stays).
+    Tensor probe_loss = loss(loader.next(0));
+    probe_loss.backward();
     params->mark_gradients_stale();  // the probe's gradients are discarded
   };
   return r;
