@@ -272,8 +272,10 @@ struct GraphLoop {
     std::vector<int32_t> y(static_cast<std::size_t>(kDataRows));
     for (int64_t i = 0; i < kDataRows; ++i) y[static_cast<std::size_t>(i)] = static_cast<int32_t>(i % 10);
     MemoryCategoryScope scope(MemoryCategory::data);
-    ds.images = Tensor::from_vector(px, Shape{kDataRows, 28, 28}, device);
-    ds.labels = Tensor::from_vector(y, Shape{kDataRows}, device);
+    data::TensorDataset ds({Tensor::from_vector(px, Shape{kDataRows, models::SeedMLP::kInputs}, device),
+                            Tensor::from_vector(y, Shape{kDataRows}, device)},
+                           {"images", "labels"});
+    ds.to_float(0, 255.0f);  // pixel / 255, as the app's images
     loader = std::make_unique<data::DataLoader>(ds, b);
     trainer.begin_epoch(0, 0);
   }
@@ -296,7 +298,6 @@ struct GraphLoop {
   }
   Model m;
   optim::Trainer trainer;
-  data::ImageDataset ds;
   std::unique_ptr<data::DataLoader> loader;
   int64_t index = 0;  // the next batch (the loader's cursor on the device says the same)
 };

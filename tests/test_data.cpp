@@ -33,6 +33,8 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/data/idx.h"
 #include "cumulus/memory/category.h"
+#include "cumulus/models/fashion_mnist.h"
+#include "engine/data/loader_access.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -42,7 +44,7 @@ using cumulus::testing::expect_returns_promptly;
 
 namespace fs = std::filesystem;
 using data::DataLoader;
-using data::ImageDataset;
+using models::FashionMnistSplit;
 using testing::DeviceTest;
 
 // ---- helpers ---------------------------------------------------------------------------------
@@ -97,7 +99,7 @@ Bytes make_labels(int n) {
 
 // Writes an MNIST-format split into `dir` (gzip or plain).
 void write_split(const TempDir& dir, bool train, int n_images, int n_labels, bool gzip) {
-  const auto names = data::mnist_file_names(train);
+  const auto names = models::fashion_mnist_file_names(train);
   const std::string suffix = gzip ? ".gz" : "";
   const Bytes images = idx_bytes({uint32_t(n_images), 28, 28}, make_images(n_images));
   const Bytes labels = idx_bytes({uint32_t(n_labels)}, make_labels(n_labels));
@@ -122,6 +124,12 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
   } catch (const std::exception& e) {
     ADD_FAILURE() << "not a cumulus::Error: " << e.what();
   }
+}
+
+// Batch i of the loader's epoch, read as every caller reads one: seek(i), then next(i).
+data::Batch batch_at(DataLoader& loader, int64_t i) {
+  loader.seek(i);
+  return loader.next(i);
 }
 
 long max_rss_kib() {
@@ -385,7 +393,7 @@ TEST(Idx, FifoIsRefusedWithoutHanging) {
   });
   write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({1}, make_labels(1)));
   expect_returns_promptly(path, [&] {
-    expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {path, "is a FIFO"});
+    expect_error([&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); }, {path, "is a FIFO"});
   });
 }
 
@@ -450,27 +458,27 @@ TEST(Idx, ConcatenatedGzipMembers) {
   EXPECT_EQ(data::read_idx_u8(path, 1).values, make_labels(10)) << "as gzip -d reads them";
 }
 
-// ---- load_mnist_split ------------------------------------------------------------------------
+// ---- load_fashion_mnist ------------------------------------------------------------------------
 
 TEST(MnistSplit, FileNames) {
-  EXPECT_EQ(data::mnist_file_names(true),
+  EXPECT_EQ(models::fashion_mnist_file_names(true),
             (std::vector<std::string>{"train-images-idx3-ubyte", "train-labels-idx1-ubyte"}));
-  EXPECT_EQ(data::mnist_file_names(false),
+  EXPECT_EQ(models::fashion_mnist_file_names(false),
             (std::vector<std::string>{"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}));
 }
 
 TEST(MnistSplit, MissingFilesNameBothCandidates) {
   TempDir dir;
   const std::string base = dir.file("train-images-idx3-ubyte");
-  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {base + ".gz", base + "'"});
+  expect_error([&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); }, {base + ".gz", base + "'"});
 }
 
 TEST(MnistSplit, CountsMustAgree) {
   TempDir dir;
   write_split(dir, true, 5, 6, /*gzip=*/true);
-  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); },
-               {dir.file("train-images-idx3-ubyte.gz"), dir.file("train-labels-idx1-ubyte.gz"), "5 images",
-                "6 labels"});
+  expect_error(
+      [&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); },
+      {dir.file("train-images-idx3-ubyte.gz"), dir.file("train-labels-idx1-ubyte.gz"), "5 images", "6 labels"});
 }
 
 TEST(MnistSplit, ImagesMustBe28x28) {
@@ -478,7 +486,7 @@ TEST(MnistSplit, ImagesMustBe28x28) {
   write_split(dir, false, 4, 4, false);
   const std::string images = dir.file("t10k-images-idx3-ubyte");
   write_plain(images, idx_bytes({4, 27, 28}, make_images(4, 27, 28)));
-  expect_error([&] { data::load_mnist_split(dir.str(), false, Device::cpu()); }, {images, "27 x 28"});
+  expect_error([&] { models::load_fashion_mnist(dir.str(), false, Device::cpu()); }, {images, "27 x 28"});
 }
 
 TEST(MnistSplit, LabelOutOfRange) {
@@ -488,7 +496,7 @@ TEST(MnistSplit, LabelOutOfRange) {
   Bytes l = make_labels(6);
   l[4] = 10;
   write_plain(labels, idx_bytes({6}, l));
-  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {labels, "index 4", "is 10"});
+  expect_error([&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); }, {labels, "index 4", "is 10"});
 }
 
 TEST(MnistSplit, LimitReadsOnlyThePrefixOfBothFiles) {
@@ -496,24 +504,24 @@ TEST(MnistSplit, LimitReadsOnlyThePrefixOfBothFiles) {
   // prefix] in engine/data/idx.cpp), and the counts in the headers are still compared.
   TempDir dir;
   write_split(dir, true, 300, 300, /*gzip=*/true);
-  for (const std::string& name : data::mnist_file_names(true)) {
+  for (const std::string& name : models::fashion_mnist_file_names(true)) {
     Bytes gz = read_all(dir.file(name + ".gz"));
     gz[gz.size() - 6] ^= 0x01;
     write_plain(dir.file(name + ".gz"), gz);
   }
-  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu()); }, {"corrupt gzip data"});
-  const ImageDataset ds = data::load_mnist_split(dir.str(), true, Device::cpu(), 20);
+  expect_error([&] { models::load_fashion_mnist(dir.str(), true, Device::cpu()); }, {"corrupt gzip data"});
+  const FashionMnistSplit ds = models::load_fashion_mnist(dir.str(), true, Device::cpu(), 20);
   EXPECT_EQ(ds.size(), 20);
   const Bytes px = make_images(300);
   EXPECT_EQ(ds.images.to_vector<uint8_t>(), Bytes(px.begin(), px.begin() + 20 * 784));
   write_gzip(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({299}, make_labels(299)));
-  expect_error([&] { data::load_mnist_split(dir.str(), true, Device::cpu(), 20); }, {"300 images", "299 labels"});
+  expect_error([&] { models::load_fashion_mnist(dir.str(), true, Device::cpu(), 20); }, {"300 images", "299 labels"});
 }
 
 TEST(MnistSplit, NegativeLimit) {
   TempDir dir;
   write_split(dir, true, 6, 6, false);
-  EXPECT_THROW(data::load_mnist_split(dir.str(), true, Device::cpu(), -1), InvalidArgument);
+  EXPECT_THROW(models::load_fashion_mnist(dir.str(), true, Device::cpu(), -1), InvalidArgument);
 }
 
 TEST(MnistSplit, PrefersGzipOverPlain) {
@@ -521,7 +529,67 @@ TEST(MnistSplit, PrefersGzipOverPlain) {
   write_split(dir, true, 6, 6, /*gzip=*/true);
   // A broken plain file beside the .gz is never read.
   write_plain(dir.file("train-images-idx3-ubyte"), {1, 2, 3});
-  EXPECT_EQ(data::load_mnist_split(dir.str(), true, Device::cpu()).size(), 6);
+  EXPECT_EQ(models::load_fashion_mnist(dir.str(), true, Device::cpu()).size(), 6);
+}
+
+// ---- locate_fashion_mnist -------------------------------------------------------------------
+
+// Runs `fn`, expects an InvalidArgument (the caller's directory is wrong) naming every one of `parts`.
+template <typename Fn>
+void expect_invalid_argument(Fn fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no exception; expected an InvalidArgument mentioning '" << parts.front() << "'";
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+// A directory given must hold all four files: what it lacks is named, as the caller names the
+// directory; nothing else is searched and nothing is downloaded.
+TEST(LocateFashionMnist, AGivenDirectoryMustHoldTheFiles) {
+  TempDir dir;
+  write_split(dir, true, 6, 6, /*gzip=*/true);
+  models::FashionMnistSearch search;
+  search.dir = dir.str();
+  search.quiet = true;
+  expect_invalid_argument([&] { models::locate_fashion_mnist(search); },
+                          {"directory '" + dir.str() + "' lacks t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"});
+  search.dir_option = "--data";
+  expect_invalid_argument([&] { models::locate_fashion_mnist(search); }, {"--data '" + dir.str() + "' lacks"});
+  write_split(dir, false, 4, 4, /*gzip=*/false);  // plain files count too
+  EXPECT_EQ(models::locate_fashion_mnist(search), dir.str());
+}
+
+// The directory found is checked from the headers: a split whose counts differ is refused before
+// anything is inflated.
+TEST(LocateFashionMnist, TheSplitsHeadersAreChecked) {
+  TempDir dir;
+  write_split(dir, true, 6, 6, /*gzip=*/true);
+  write_split(dir, false, 5, 4, /*gzip=*/true);
+  models::FashionMnistSearch search;
+  search.dir = dir.str();
+  expect_error([&] { models::locate_fashion_mnist(search); },
+               {dir.file("t10k-images-idx3-ubyte.gz"), "5 images", "4 labels"});
+}
+
+TEST(LocateFashionMnist, CumulusDataMustHoldTheFiles) {
+  TempDir dir;
+  const char* saved = std::getenv("CUMULUS_DATA");
+  const std::string old_value = saved ? saved : "";
+  ::setenv("CUMULUS_DATA", dir.str().c_str(), 1);
+  bool refused = false;
+  try {
+    models::locate_fashion_mnist();
+  } catch (const InvalidArgument& e) {
+    refused = std::string(e.what()).find("$CUMULUS_DATA '" + dir.str() + "' lacks train-images-idx3-ubyte.gz") !=
+              std::string::npos;
+    EXPECT_TRUE(refused) << e.what();
+  }
+  if (saved) ::setenv("CUMULUS_DATA", old_value.c_str(), 1);
+  else ::unsetenv("CUMULUS_DATA");
+  EXPECT_TRUE(refused);
 }
 
 class MnistDeviceTest : public DeviceTest {};
@@ -530,7 +598,7 @@ TEST_P(MnistDeviceTest, LoadsOntoTheDeviceWithLimit) {
   TempDir dir;
   write_split(dir, true, 12, 12, /*gzip=*/true);
   write_split(dir, false, 7, 7, /*gzip=*/false);
-  const ImageDataset train = data::load_mnist_split(dir.str(), true, device());
+  const FashionMnistSplit train = models::load_fashion_mnist(dir.str(), true, device());
   EXPECT_EQ(train.size(), 12);
   EXPECT_EQ(train.num_classes, 10);
   EXPECT_EQ(train.images.shape(), Shape({12, 28, 28}));
@@ -545,12 +613,12 @@ TEST_P(MnistDeviceTest, LoadsOntoTheDeviceWithLimit) {
   const Bytes l = make_labels(12);
   EXPECT_EQ(train.labels.to_vector<int32_t>(), std::vector<int32_t>(l.begin(), l.end()));
 
-  const ImageDataset test = data::load_mnist_split(dir.str(), false, device(), /*limit=*/5);
+  const FashionMnistSplit test = models::load_fashion_mnist(dir.str(), false, device(), /*limit=*/5);
   EXPECT_EQ(test.size(), 5);
   const Bytes px = make_images(7);
   EXPECT_EQ(test.images.to_vector<uint8_t>(), Bytes(px.begin(), px.begin() + 5 * 784));
   EXPECT_EQ(test.labels.to_vector<int32_t>(), (std::vector<int32_t>{0, 3, 6, 9, 2}));
-  EXPECT_EQ(data::load_mnist_split(dir.str(), false, device(), /*limit=*/100).size(), 7) << "limit > n keeps all";
+  EXPECT_EQ(models::load_fashion_mnist(dir.str(), false, device(), /*limit=*/100).size(), 7) << "limit > n keeps all";
 }
 
 CUMULUS_INSTANTIATE_DEVICES(MnistDeviceTest);
@@ -560,19 +628,20 @@ CUMULUS_INSTANTIATE_DEVICES(MnistDeviceTest);
 class LoaderTest : public DeviceTest {
  protected:
   // n samples; image i has pixel 0 == i, so a batch row tells which sample it holds.
-  ImageDataset make_dataset(int n) {
+  FashionMnistSplit make_dataset(int n) {
     dir_ = std::make_unique<TempDir>();
     write_split(*dir_, true, n, n, /*gzip=*/false);
-    return data::load_mnist_split(dir_->str(), true, device());
+    return models::load_fashion_mnist(dir_->str(), true, device());
   }
 
   // The sample indices of one epoch, in batch order, checking every row and label exactly.
-  std::vector<int> epoch_order(const DataLoader& loader) {
+  std::vector<int> epoch_order(DataLoader& loader) {
     const Bytes px = make_images(static_cast<int>(loader.dataset().size()));
     const Bytes lb = make_labels(static_cast<int>(loader.dataset().size()));
     std::vector<int> order;
+    loader.seek(0);
     for (int64_t b = 0; b < loader.num_batches(); ++b) {
-      const data::Batch batch = loader.batch(b);
+      const data::Batch batch = loader.next(b);
       const auto x = batch.x.to_vector<float>();
       const auto y = batch.y.to_vector<int32_t>();
       const int64_t rows = batch.y.size(0);
@@ -602,31 +671,32 @@ class LoaderTest : public DeviceTest {
 
 TEST_P(LoaderTest, HugeBatchSizesDoNotOverflow) {
   // ceil(n / b) computed as (n + b - 1) / b overflowed for b near INT64_MAX.
-  const ImageDataset ds = make_dataset(10);
+  const FashionMnistSplit ds = make_dataset(10);
   for (const int64_t b : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 1,
                           std::numeric_limits<int64_t>::max() - 8, int64_t(1) << 62, int64_t(11), int64_t(10)}) {
     SCOPED_TRACE(b);
-    DataLoader loader(ds, b);
+    DataLoader loader(ds.tensors(), b);
     ASSERT_EQ(loader.num_batches(), 1);
-    const data::Batch batch = loader.batch(0);
+    const data::Batch batch = batch_at(loader, 0);
     EXPECT_EQ(batch.x.shape(), Shape({10, 784}));
-    EXPECT_THROW(loader.batch(1), InvalidArgument);
-    loader.seek(0);
-    EXPECT_EQ(loader.next(0).y.size(0), 10);
+    EXPECT_EQ(batch.y.size(0), 10);
+    EXPECT_THROW(loader.next(1), InvalidArgument);
+    EXPECT_THROW(loader.seek(2), InvalidArgument);
   }
-  EXPECT_EQ(DataLoader(ds, 3).num_batches(), 4);
-  EXPECT_EQ(DataLoader(ds, 5).num_batches(), 2);
-  EXPECT_EQ(DataLoader(ds, 1).num_batches(), 10);
+  EXPECT_EQ(DataLoader(ds.tensors(), 3).num_batches(), 4);
+  EXPECT_EQ(DataLoader(ds.tensors(), 5).num_batches(), 2);
+  EXPECT_EQ(DataLoader(ds.tensors(), 1).num_batches(), 10);
 }
 
 TEST_P(LoaderTest, InOrderWithSmallerLastBatch) {
-  const ImageDataset ds = make_dataset(10);
-  DataLoader loader(ds, 4);
+  const FashionMnistSplit ds = make_dataset(10);
+  DataLoader loader(ds.tensors(), 4);
   EXPECT_EQ(loader.num_batches(), 3);
   EXPECT_EQ(loader.batch_size(), 4);
   const std::vector<int64_t> sizes = {4, 4, 2};
+  loader.seek(0);
   for (int64_t b = 0; b < 3; ++b) {
-    const data::Batch batch = loader.batch(b);
+    const data::Batch batch = loader.next(b);
     EXPECT_EQ(batch.x.shape(), Shape({sizes[b], 784}));
     EXPECT_EQ(batch.x.dtype(), DType::f32);
     EXPECT_EQ(batch.y.shape(), Shape({sizes[b]}));
@@ -640,26 +710,27 @@ TEST_P(LoaderTest, InOrderWithSmallerLastBatch) {
   EXPECT_EQ(epoch_order(loader), expected);
   loader.set_epoch(3);  // no-op without shuffle
   EXPECT_EQ(epoch_order(loader), expected);
-  EXPECT_EQ(DataLoader(ds, 5).num_batches(), 2) << "exact division has no partial batch";
-  EXPECT_THROW(loader.batch(3), InvalidArgument);
-  EXPECT_THROW(loader.batch(-1), InvalidArgument);
-  EXPECT_THROW(DataLoader(ds, 0), InvalidArgument);
+  EXPECT_EQ(DataLoader(ds.tensors(), 5).num_batches(), 2) << "exact division has no partial batch";
+  EXPECT_THROW(loader.next(3), InvalidArgument);
+  EXPECT_THROW(loader.next(-1), InvalidArgument);
+  EXPECT_THROW(loader.seek(-1), InvalidArgument);
+  EXPECT_THROW(DataLoader(ds.tensors(), 0), InvalidArgument);
 }
 
 TEST_P(LoaderTest, EveryPixelValueIsExactlyPOver255) {
   // 256 samples: pixel 0 runs through every byte value, and the pattern covers the rest.
-  const ImageDataset ds = make_dataset(256);
-  DataLoader loader(ds, 100);
+  const FashionMnistSplit ds = make_dataset(256);
+  DataLoader loader(ds.tensors(), 100);
   const std::vector<int> order = epoch_order(loader);  // checks p / 255 bit for bit
   EXPECT_EQ(order.size(), 256u);
-  const auto x = loader.batch(2).x.to_vector<float>();
+  const auto x = batch_at(loader, 2).x.to_vector<float>();
   EXPECT_EQ(x[55 * 784], 1.0f) << "255 / 255";
   EXPECT_EQ(x[0], 200.0f / 255.0f);
 }
 
 TEST_P(LoaderTest, ShuffleIsAPermutationPerSeedAndEpoch) {
-  const ImageDataset ds = make_dataset(50);
-  DataLoader loader(ds, 8, /*shuffle=*/true, /*seed=*/42);
+  const FashionMnistSplit ds = make_dataset(50);
+  DataLoader loader(ds.tensors(), 8, /*shuffle=*/true, /*seed=*/42);
   EXPECT_EQ(loader.num_batches(), 7);
   const std::vector<int> e0 = epoch_order(loader);
   std::vector<int> sorted = e0;
@@ -676,15 +747,15 @@ TEST_P(LoaderTest, ShuffleIsAPermutationPerSeedAndEpoch) {
   loader.set_epoch(0);
   EXPECT_EQ(epoch_order(loader), e0) << "same (seed, epoch), same order";
 
-  DataLoader resumed(ds, 8, true, 42);
+  DataLoader resumed(ds.tensors(), 8, true, 42);
   resumed.set_epoch(1);
   EXPECT_EQ(epoch_order(resumed), e1) << "a fresh loader at epoch 1 (a resume) draws the same order";
-  DataLoader other_seed(ds, 8, true, 43);
+  DataLoader other_seed(ds.tensors(), 8, true, 43);
   EXPECT_NE(epoch_order(other_seed), e0) << "seeds differ";
 
   if (device().is_cuda()) {  // the order is drawn on the host: identical on every device
-    const ImageDataset cpu_ds{ds.images.to(Device::cpu()), ds.labels.to(Device::cpu()), 10};
-    DataLoader cpu(cpu_ds, 8, true, 42);
+    const FashionMnistSplit cpu_ds{ds.images.to(Device::cpu()), ds.labels.to(Device::cpu()), 10};
+    DataLoader cpu(cpu_ds.tensors(), 8, true, 42);
     cpu.set_epoch(1);
     EXPECT_EQ(epoch_order(cpu), e1);
   }
@@ -695,18 +766,19 @@ TEST_P(LoaderTest, ShuffleOrderIsPinned) {
   // the rule (Fisher-Yates from i = n-1 down, j uniform in [0, i] by rejection from 48 bits made of
   // two 24-bit SplitMix64 draws at counter epoch * 2^32): a change to the shuffle, which would change
   // every training run's batches, is noticed.
-  const ImageDataset ds = make_dataset(10);
-  DataLoader loader(ds, 10, true, 7);
+  const FashionMnistSplit ds = make_dataset(10);
+  DataLoader loader(ds.tensors(), 10, true, 7);
   loader.set_epoch(2);
   const std::vector<int> order = epoch_order(loader);
   EXPECT_EQ(order, (std::vector<int>{2, 7, 4, 3, 8, 5, 1, 0, 6, 9}));
 }
 
 TEST_P(LoaderTest, OneKernelPerBatch) {
-  const ImageDataset ds = make_dataset(20);
-  DataLoader loader(ds, 8, true, 1);
+  const FashionMnistSplit ds = make_dataset(20);
+  DataLoader loader(ds.tensors(), 8, true, 1);
+  loader.seek(1);
   const int64_t before = cuda_kernel_launches();
-  const data::Batch b = loader.batch(1);
+  const data::Batch b = loader.next(1);
   const int64_t launches = cuda_kernel_launches() - before;
   EXPECT_EQ(launches, device().is_cuda() ? 1 : 0) << "x and y are gathered by one launch";
   (void)b;
@@ -716,13 +788,13 @@ TEST_P(LoaderTest, OneKernelPerBatch) {
 // staged to the device one ahead. Every batch equals the device-resident loader's, bit for bit, for
 // two shuffled epochs with a partial last batch, whether stage() is called with the next batch
 // (prefetch hits), with a stride of 2 (every prefetch misses: another rank's batch in between), or
-// not at all (next() stages by itself); and the evaluation form batch(i) too. On the CPU the
-// option means nothing: the loader is not host-resident and stage() changes nothing.
+// not at all (next() stages by itself). On the CPU the option means nothing: the loader is not
+// host-resident and staging changes nothing.
 TEST_P(LoaderTest, HostResidentBatchesEqualDeviceResidentBatches) {
-  const ImageDataset on_device = make_dataset(23);
-  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
-  DataLoader reference(on_device, 4, true, 3);
-  DataLoader staged(on_host, 4, true, 3, device());
+  const FashionMnistSplit on_device = make_dataset(23);
+  const FashionMnistSplit on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  DataLoader reference(on_device.tensors(), 4, true, 3);
+  DataLoader staged(on_host.tensors(), 4, true, 3, device());
   EXPECT_EQ(staged.host_resident(), device().is_cuda());
   EXPECT_EQ(staged.num_batches(), 6);
   for (int epoch = 0; epoch < 2; ++epoch) {
@@ -733,13 +805,12 @@ TEST_P(LoaderTest, HostResidentBatchesEqualDeviceResidentBatches) {
       for (int64_t i = 0; i < staged.num_batches(); ++i) {
         reference.seek(i);
         staged.seek(i);
-        if (stride > 0) staged.stage(i, i + stride);
+        if (stride > 0) data::DataLoaderAccess::stage(staged, i, i + stride);
         const data::Batch want = reference.next(i);
         const data::Batch got = staged.next(i);
         EXPECT_EQ(got.x.device(), device());
         EXPECT_EQ(got.x.to_vector<float>(), want.x.to_vector<float>()) << "batch " << i;
         EXPECT_EQ(got.y.to_vector<int32_t>(), want.y.to_vector<int32_t>()) << "batch " << i;
-        EXPECT_EQ(staged.batch(i).x.to_vector<float>(), want.x.to_vector<float>()) << "batch(" << i << ")";
       }
     }
   }
@@ -750,22 +821,23 @@ TEST_P(LoaderTest, HostResidentBatchesEqualDeviceResidentBatches) {
 // graph replayed after stage(i) delivers batch i every time.
 TEST_P(LoaderTest, HostResidentGatherReplaysFromACapturedGraph) {
   if (!device().is_cuda()) GTEST_SKIP() << "CUDA graphs";
-  const ImageDataset on_device = make_dataset(40);
-  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
-  DataLoader reference(on_device, 8, true, 5);
-  DataLoader staged(on_host, 8, true, 5, device());
+  const FashionMnistSplit on_device = make_dataset(40);
+  const FashionMnistSplit on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  DataLoader reference(on_device.tensors(), 8, true, 5);
+  DataLoader staged(on_host.tensors(), 8, true, 5, device());
   staged.seek(0);
-  staged.stage(0, 1);
+  data::DataLoaderAccess::stage(staged, 0, 1);
   const data::Batch first = staged.next(0);  // eager
-  EXPECT_EQ(first.x.to_vector<float>(), reference.batch(0).x.to_vector<float>());
-  staged.stage(1, 2);
+  EXPECT_EQ(first.x.to_vector<float>(), batch_at(reference, 0).x.to_vector<float>());
+  data::DataLoaderAccess::stage(staged, 1, 2);
   data::Batch captured;
   cuda::Graph graph = cuda::Graph::capture(cuda::context(device().index()), [&] { captured = staged.next(1); });
   for (int64_t i = 1; i < staged.num_batches(); ++i) {
-    if (i > 1) staged.stage(i, i + 1);
+    if (i > 1) data::DataLoaderAccess::stage(staged, i, i + 1);
     graph.launch();
-    EXPECT_EQ(captured.x.to_vector<float>(), reference.batch(i).x.to_vector<float>()) << "replay for batch " << i;
-    EXPECT_EQ(captured.y.to_vector<int32_t>(), reference.batch(i).y.to_vector<int32_t>()) << "replay for batch " << i;
+    EXPECT_EQ(captured.x.to_vector<float>(), batch_at(reference, i).x.to_vector<float>()) << "replay for batch " << i;
+    EXPECT_EQ(captured.y.to_vector<int32_t>(), batch_at(reference, i).y.to_vector<int32_t>())
+        << "replay for batch " << i;
   }
 }
 
@@ -774,16 +846,16 @@ TEST_P(LoaderTest, HostResidentGatherReplaysFromACapturedGraph) {
 // batch is still the right one.
 TEST_P(LoaderTest, HostResidentStagingSurvivesAStageWithoutItsGather) {
   if (!device().is_cuda()) GTEST_SKIP() << "the staging ring exists on CUDA only";
-  const ImageDataset on_device = make_dataset(40);
-  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
-  DataLoader reference(on_device, 8, true, 5);
-  DataLoader staged(on_host, 8, true, 5, device());
+  const FashionMnistSplit on_device = make_dataset(40);
+  const FashionMnistSplit on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  DataLoader reference(on_device.tensors(), 8, true, 5);
+  DataLoader staged(on_host.tensors(), 8, true, 5, device());
   staged.seek(0);
-  staged.stage(0, 1);  // its micro-batch fails before next(0)
+  data::DataLoaderAccess::stage(staged, 0, 1);  // its micro-batch fails before next(0)
   for (int64_t i = 1; i < staged.num_batches(); ++i) {
     staged.seek(i);
-    staged.stage(i, i + 1);
-    EXPECT_EQ(staged.next(i).x.to_vector<float>(), reference.batch(i).x.to_vector<float>()) << "batch " << i;
+    data::DataLoaderAccess::stage(staged, i, i + 1);
+    EXPECT_EQ(staged.next(i).x.to_vector<float>(), batch_at(reference, i).x.to_vector<float>()) << "batch " << i;
   }
 }
 
@@ -794,12 +866,12 @@ TEST_P(LoaderTest, HostResidentStagingSurvivesAStageWithoutItsGather) {
 // 0xFF pixels. Only a GPU can show the race.
 TEST_P(LoaderTest, HostResidentFirstFillWaitsForComputeWorkOnTheRingsMemory) {
   if (!device().is_cuda()) GTEST_SKIP() << "the copy stream exists on CUDA only";
-  const ImageDataset on_device = make_dataset(40);
-  const ImageDataset on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
+  const FashionMnistSplit on_device = make_dataset(40);
+  const FashionMnistSplit on_host{on_device.images.to(Device::cpu()), on_device.labels.to(Device::cpu()), 10};
   const int64_t batch = 8;
-  DataLoader reference(on_device, batch, false, 0);
-  const std::vector<float> want0 = reference.batch(0).x.to_vector<float>();
-  const std::vector<float> want1 = reference.batch(1).x.to_vector<float>();
+  DataLoader reference(on_device.tensors(), batch, false, 0);
+  const std::vector<float> want0 = batch_at(reference, 0).x.to_vector<float>();
+  const std::vector<float> want1 = batch_at(reference, 1).x.to_vector<float>();
   allocator_for(device()).empty_cache();
   const cudaStream_t compute = cuda::stream(device().index());
   {
@@ -810,11 +882,11 @@ TEST_P(LoaderTest, HostResidentFirstFillWaitsForComputeWorkOnTheRingsMemory) {
       ASSERT_EQ(cudaMemsetAsync(busy.raw_data(), k & 0xFF, busy.nbytes(), compute), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(ring_sized.raw_data(), 0xFF, ring_sized.nbytes(), compute), cudaSuccess);
   }
-  DataLoader staged(on_host, batch, false, 0, device());
+  DataLoader staged(on_host.tensors(), batch, false, 0, device());
   staged.seek(0);
-  staged.stage(0, 1);
+  data::DataLoaderAccess::stage(staged, 0, 1);
   EXPECT_EQ(staged.next(0).x.to_vector<float>(), want0) << "batch 0 was overwritten by earlier compute work";
-  staged.stage(1, 2);
+  data::DataLoaderAccess::stage(staged, 1, 2);
   EXPECT_EQ(staged.next(1).x.to_vector<float>(), want1) << "batch 1 was overwritten by earlier compute work";
 }
 #endif
@@ -825,14 +897,14 @@ CUMULUS_INSTANTIATE_DEVICES(LoaderTest);
 TEST(HostResidentData, IsRefusedWithoutAUsableDeviceAndOnlyFromTheHost) {
   TempDir dir;
   write_split(dir, true, 6, 6, /*gzip=*/false);
-  const ImageDataset on_host = data::load_mnist_split(dir.str(), true, Device::cpu());
+  const FashionMnistSplit on_host = models::load_fashion_mnist(dir.str(), true, Device::cpu());
   if (!cuda_available()) {
-    EXPECT_THROW(DataLoader(on_host, 2, false, 0, Device::cuda(0)), DeviceError);
+    EXPECT_THROW(DataLoader(on_host.tensors(), 2, false, 0, Device::cuda(0)), DeviceError);
     return;
   }
-  const ImageDataset on_gpu = data::load_mnist_split(dir.str(), true, Device::cuda(0));
+  const FashionMnistSplit on_gpu = models::load_fashion_mnist(dir.str(), true, Device::cuda(0));
   try {
-    DataLoader loader(on_gpu, 2, false, 0, Device::cpu());
+    DataLoader loader(on_gpu.tensors(), 2, false, 0, Device::cpu());
     ADD_FAILURE() << "a CUDA dataset with CPU batches was accepted";
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("kept on the host"), std::string::npos) << e.what();
@@ -861,11 +933,11 @@ class TensorLoaderTest : public DeviceTest {
 
   // The samples of every batch of the loader's current epoch (from y), checking that x and z hold
   // the same sample's rows exactly, and each batch's shapes and dtypes.
-  static std::vector<int64_t> epoch_samples(DataLoader& loader, bool use_next = false) {
+  static std::vector<int64_t> epoch_samples(DataLoader& loader) {
     std::vector<int64_t> samples;
-    if (use_next) loader.seek(0);
+    loader.seek(0);
     for (int64_t i = 0; i < loader.num_batches(); ++i) {
-      const data::Batch b = use_next ? loader.next(i) : loader.batch(i);
+      const data::Batch b = loader.next(i);
       const int64_t rows = b.x.size(0);
       EXPECT_EQ(b.tensors.size(), 3u);
       EXPECT_EQ(b.x.shape(), Shape({rows, 2, 3}));
@@ -913,11 +985,11 @@ TEST_P(TensorLoaderTest, AnyShapeF32I64AndU8RowsInOrderWithThePartialLastBatch) 
   EXPECT_EQ(ds.size(), 10);
   DataLoader loader(ds, 4);
   EXPECT_EQ(loader.num_batches(), 3);
-  EXPECT_EQ(loader.batch(2).x.size(0), 2) << "the partial last batch";
+  EXPECT_EQ(batch_at(loader, 2).x.size(0), 2) << "the partial last batch";
   std::vector<int64_t> in_order(10);
   std::iota(in_order.begin(), in_order.end(), 0);
   EXPECT_EQ(epoch_samples(loader), in_order);
-  EXPECT_EQ(epoch_samples(loader, /*use_next=*/true), in_order) << "the training form, next(i)";
+  EXPECT_EQ(epoch_samples(loader), in_order) << "a second pass, from seek(0)";
   EXPECT_EQ(DataLoader(ds, 5).num_batches(), 2) << "exact division has no partial batch";
 }
 
@@ -930,7 +1002,7 @@ TEST_P(TensorLoaderTest, ShuffleFromASeedIsAReproduciblePermutation) {
   std::iota(all.begin(), all.end(), 0);
   EXPECT_EQ(sorted, all) << "every sample exactly once";
   EXPECT_NE(e0, all) << "a shuffle changes the order";
-  EXPECT_EQ(epoch_samples(loader, /*use_next=*/true), e0) << "next(i) gathers the same batches";
+  EXPECT_EQ(epoch_samples(loader), e0) << "a second pass gathers the same batches";
   DataLoader again(ds, 8, true, 11);
   EXPECT_EQ(epoch_samples(again), e0) << "the same seed, the same order";
   loader.set_epoch(1);
@@ -943,17 +1015,18 @@ TEST_P(TensorLoaderTest, ShuffleFromASeedIsAReproduciblePermutation) {
   // The order is the image loader's for the same (seed, epoch, n): one shuffle rule.
   std::vector<uint8_t> pixels(37);
   std::iota(pixels.begin(), pixels.end(), 0);
-  const ImageDataset images{Tensor::from_vector(pixels, {37, 1, 1}, device()),
-                            Tensor::from_vector(std::vector<int32_t>(37, 0), {37}, device()), 10};
-  DataLoader image_loader(images, 8, true, 11);
+  const FashionMnistSplit images{Tensor::from_vector(pixels, {37, 1, 1}, device()),
+                                 Tensor::from_vector(std::vector<int32_t>(37, 0), {37}, device()), 10};
+  DataLoader image_loader(images.tensors(), 8, true, 11);
   std::vector<int64_t> image_order;
   for (int64_t i = 0; i < image_loader.num_batches(); ++i)
-    for (const float p : image_loader.batch(i).x.to_vector<float>()) image_order.push_back(std::lround(p * 255.0f));
+    for (const float p : batch_at(image_loader, i).x.to_vector<float>()) image_order.push_back(std::lround(p * 255.0f));
   EXPECT_EQ(image_order, e0);
 }
 
-// A dataset kept on the host and one on the device give the same batches, bit for bit, through
-// both forms (on CUDA the host one is staged through pinned memory; on the CPU both are the same).
+// A dataset kept on the host and one on the device give the same batches, bit for bit, epoch after
+// epoch and pass after pass (on CUDA the host one is staged through pinned memory; on the CPU both
+// are the same).
 TEST_P(TensorLoaderTest, HostAndDeviceResidencyGiveTheSameBatches) {
   const data::TensorDataset on_device = make(23, device()), on_host = make(23, Device::cpu());
   DataLoader reference(on_device, 4, true, 3);
@@ -963,8 +1036,8 @@ TEST_P(TensorLoaderTest, HostAndDeviceResidencyGiveTheSameBatches) {
     reference.set_epoch(epoch);
     staged.set_epoch(epoch);
     const std::vector<int64_t> want = epoch_samples(reference);
-    EXPECT_EQ(epoch_samples(staged), want) << "batch(i), epoch " << epoch;
-    EXPECT_EQ(epoch_samples(staged, /*use_next=*/true), want) << "next(i), epoch " << epoch;
+    EXPECT_EQ(epoch_samples(staged), want) << "epoch " << epoch;
+    EXPECT_EQ(epoch_samples(staged), want) << "a second pass, epoch " << epoch;
   }
 }
 
@@ -981,7 +1054,7 @@ TEST_P(TensorLoaderTest, FloatingTensorsTakeTheBatchDtypeIntegersKeepTheirs) {
   EXPECT_FALSE(ds.floating(2));
   DataLoader loader(ds, 4);
   loader.set_dtype(DType::bf16);
-  const data::Batch b = loader.batch(0);
+  const data::Batch b = batch_at(loader, 0);
   EXPECT_EQ(b.x.dtype(), DType::bf16);
   EXPECT_EQ(b.y.dtype(), DType::bf16);
   EXPECT_EQ(b.tensors[2].dtype(), DType::i32);
@@ -990,13 +1063,14 @@ TEST_P(TensorLoaderTest, FloatingTensorsTakeTheBatchDtypeIntegersKeepTheirs) {
   EXPECT_EQ(b.y.to(DType::f32).to_vector<float>(), (std::vector<float>{0.0f, 0.25f, 0.5f, 63.75f}));
   EXPECT_EQ(b.tensors[2].to_vector<int32_t>(), (std::vector<int32_t>{5, 6, 7, 8}));
   loader.set_dtype(DType::f32);
-  EXPECT_EQ(loader.batch(0).x.to_vector<float>(), x) << "f32 rows are copied as they are";
+  EXPECT_EQ(batch_at(loader, 0).x.to_vector<float>(), x) << "f32 rows are copied as they are";
 }
 
 TEST_P(TensorLoaderTest, OneKernelPerBatchForEveryTensor) {
   DataLoader loader(make(20, device()), 8, true, 1);
+  loader.seek(1);
   const int64_t before = cuda_kernel_launches();
-  const data::Batch b = loader.batch(1);
+  const data::Batch b = loader.next(1);
   EXPECT_EQ(cuda_kernel_launches() - before, device().is_cuda() ? 1 : 0) << "three tensors, one launch";
   (void)b;
 }
@@ -1049,8 +1123,8 @@ std::string find_fashion_mnist() {
 TEST(FashionMnist, KnownFacts) {
   const std::string dir = find_fashion_mnist();
   if (dir.empty()) GTEST_SKIP() << "Fashion-MNIST not found (set CUMULUS_DATA)";
-  const ImageDataset train = data::load_mnist_split(dir, true, Device::cpu());
-  const ImageDataset test = data::load_mnist_split(dir, false, Device::cpu());
+  const FashionMnistSplit train = models::load_fashion_mnist(dir, true, Device::cpu());
+  const FashionMnistSplit test = models::load_fashion_mnist(dir, false, Device::cpu());
   ASSERT_EQ(train.size(), 60000);
   ASSERT_EQ(test.size(), 10000);
 

@@ -37,7 +37,8 @@ namespace {
 
 constexpr int64_t kSamples = 37, kSide = 4, kClasses = 3;
 
-data::ImageDataset toy_dataset(const Device& device) {
+// u8 images of kSide x kSide pixels, flattened, scaled to [0, 1] as they are gathered, and labels.
+data::TensorDataset toy_dataset(const Device& device) {
   Generator gen(5);
   std::vector<float> u(static_cast<std::size_t>(kSamples * kSide * kSide));
   gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 255.0f);
@@ -45,10 +46,10 @@ data::ImageDataset toy_dataset(const Device& device) {
   for (std::size_t i = 0; i < u.size(); ++i) pixels[i] = static_cast<uint8_t>(u[i]);
   std::vector<int32_t> labels(kSamples);
   for (int64_t i = 0; i < kSamples; ++i) labels[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7) % kClasses);
-  data::ImageDataset d;
-  d.images = Tensor::from_vector(pixels, Shape{kSamples, kSide, kSide}, device);
-  d.labels = Tensor::from_vector(labels, Shape{kSamples}, device);
-  d.num_classes = kClasses;
+  data::TensorDataset d({Tensor::from_vector(pixels, Shape{kSamples, kSide * kSide}, device),
+                         Tensor::from_vector(labels, Shape{kSamples}, device)},
+                        {"images", "labels"});
+  d.to_float(0, 255.0f);
   return d;
 }
 
@@ -66,7 +67,7 @@ struct RunResult {
 // step is skipped on the device; the bias is restored after that step.
 RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* tracker = nullptr, int epochs = 3,
                 bool dropout = false) {
-  const data::ImageDataset ds = toy_dataset(device);
+  const data::TensorDataset ds = toy_dataset(device);
   Generator gen(3);
   nn::Sequential model;
   model.add(std::make_shared<nn::Flatten>());
@@ -197,7 +198,7 @@ class GraphCudaTest : public ::testing::Test {
 // A small model and loop on CUDA, warmed up until every graph exists.
 struct Loop {
   Device device = Device::cuda(0);
-  data::ImageDataset ds = toy_dataset(device);
+  data::TensorDataset ds = toy_dataset(device);
   Generator gen{4};
   nn::Sequential model;
   std::shared_ptr<nn::FlatParameters> flat;

@@ -26,6 +26,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
+#include "cumulus/io/checksum.h"
 #include "cumulus/io/file.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/category.h"
@@ -643,6 +644,45 @@ TEST(AtomicWrite, CleanUpRemovesOnlyDeadWritersTemporariesOfThisHost) {
   EXPECT_EQ(io::remove_stale_temp_files(target), 1);
   EXPECT_FALSE(fs::exists(ours_dead));
   for (const std::string& p : kept) EXPECT_EQ(read_file(p), "mine") << p << " was removed";
+}
+
+// ---- checksums -----------------------------------------------------------------------------------
+
+// The sums of FIPS 180-2's examples ("abc", the empty message), and a file named with a quote and a
+// space (the name reaches sha256sum as one shell word); a missing file is an Error naming it.
+TEST(Checksum, Sha256OfFiles) {
+  if (!io::program_on_path("sha256sum")) GTEST_SKIP() << "no sha256sum";
+  TempDir dir;
+  const std::string abc = dir.file("it's abc"), empty = dir.file("empty");
+  std::ofstream(abc, std::ios::binary) << "abc";
+  std::ofstream(empty, std::ios::binary).flush();
+  EXPECT_EQ(io::sha256_of_file(abc), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(io::sha256_of_file(empty), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const std::string missing = dir.file("missing");
+  try {
+    io::sha256_of_file(missing);
+    ADD_FAILURE() << "the sum of a missing file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checksum, ProgramOnPathIsAnExecutableFileInAPathDirectory) {
+  TempDir dir;
+  const std::string tool = dir.file("cumulus-tool"), plain = dir.file("cumulus-plain");
+  std::ofstream(tool) << "#!/bin/sh\n";
+  std::ofstream(plain) << "not a program\n";
+  ASSERT_EQ(::chmod(tool.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(plain.c_str(), 0644), 0);
+  const char* saved = std::getenv("PATH");
+  const std::string old_path = saved ? saved : "";
+  ::setenv("PATH", ("/nonexistent:" + dir.str()).c_str(), 1);
+  const bool tool_found = io::program_on_path("cumulus-tool"), plain_found = io::program_on_path("cumulus-plain"),
+             absent_found = io::program_on_path("cumulus-absent");
+  ::setenv("PATH", old_path.c_str(), 1);
+  EXPECT_TRUE(tool_found);
+  EXPECT_FALSE(plain_found) << "not executable";
+  EXPECT_FALSE(absent_found);
 }
 
 }  // namespace

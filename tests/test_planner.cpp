@@ -755,7 +755,10 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   by_hand.sample_limit = 600;
   by_hand.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's learning-rate table
   by_hand.micro_batch = [&](int64_t b) {
-    loss(data::DataLoader(dataset, b).batch(0)).backward();
+    data::DataLoader loader(dataset, b);
+    loader.seek(0);
+    Tensor probe_loss = loss(loader.next(0));  // the batch released before backward
+    probe_loss.backward();
     rig.flat->mark_gradients_stale();
   };
   const Plan want = plan_batch(by_hand);

@@ -142,13 +142,16 @@ TEST(TokenUnits, BatchesCountTokens) {
   EXPECT_EQ(set.slice(0, 4).units_per_row(), kTokens);
   data::DataLoader loader(set, kRowsPerBatch);
   ASSERT_EQ(loader.num_batches(), 4);
+  loader.seek(0);
   for (int64_t i = 0; i < 4; ++i) {
     const int64_t rows = i < 3 ? kRowsPerBatch : 1;
     EXPECT_EQ(loader.units(i), rows * kTokens);
-    EXPECT_EQ(loader.batch(i).units, rows * kTokens);
+    EXPECT_EQ(loader.next(i).units, rows * kTokens);
   }
   data::TensorDataset samples_set({Tensor::zeros(Shape{4, 2}, DType::f32, Device::cpu())});
-  EXPECT_EQ(data::DataLoader(samples_set, 3).batch(1).units, 1);  // default: a row is a unit
+  data::DataLoader samples_loader(samples_set, 3);
+  samples_loader.seek(1);
+  EXPECT_EQ(samples_loader.next(1).units, 1);  // default: a row is a unit
   EXPECT_THROW(samples_set.set_units_per_row(0), InvalidArgument);
 }
 

@@ -479,7 +479,7 @@ TEST_P(TrainerTest, TrainEpochStopRequestedMidGroupWaitsForTheBoundary) {
 // the pass with the model's mode and grad mode restored.
 TEST_P(TrainerTest, EvaluateClassifierBeforeBatchHook) {
   Problem s(device());
-  const data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
+  data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
   std::vector<int64_t> seen;
   optim::evaluate_classifier(s.model, loader, [&](int64_t i) { seen.push_back(i); });
   EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
@@ -495,11 +495,11 @@ TEST_P(TrainerTest, EvaluateClassifierBeforeBatchHook) {
 }
 
 // Accuracy and mean loss over every batch (10 of 10 rows, the last of 4), against the same
-// numbers computed here from the logits on the host; the model's mode is restored either way and
-// no graph is recorded.
+// numbers computed here from the logits on the host, from any cursor position and again after a
+// pass; the model's mode is restored either way and no graph is recorded.
 TEST_P(TrainerTest, EvaluateClassifierCountsEveryBatch) {
   Problem s(device());
-  const data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
+  data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
   int64_t correct = 0;
   double loss_sum = 0.0;
   const std::vector<int32_t> labels = s.y.to_vector<int32_t>();
@@ -514,6 +514,7 @@ TEST_P(TrainerTest, EvaluateClassifierCountsEveryBatch) {
       correct += std::max_element(row, row + kClasses) - row == labels[static_cast<std::size_t>(10 * i + r)];
     }
   }
+  loader.seek(3);  // the pass reads from the first batch wherever the cursor was
   for (const bool training : {true, false}) {
     s.model.train(training);
     const optim::Evaluation e = optim::evaluate_classifier(s.model, loader);

@@ -29,6 +29,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/runtime/tracker.h"
 #include "data_files.h"
@@ -48,7 +49,7 @@ namespace fmnist {
 namespace {
 
 // What a rank loaded that fixes how many collectives it issues (Note [Ranks agree on what they loaded]).
-std::string loaded_sizes(const data::ImageDataset& train, const data::ImageDataset& test) {
+std::string loaded_sizes(const models::FashionMnistSplit& train, const models::FashionMnistSplit& test) {
   return std::to_string(train.size()) + " training and " + std::to_string(test.size()) + " test samples";
 }
 
@@ -58,15 +59,14 @@ std::string resume_position(const TrainingState& s) {
 }
 
 // The test pass's loader, in the training's precision.
-data::DataLoader test_loader_for(const RunConfig& o, const data::ImageDataset& test) {
-  data::DataLoader loader(test, o.eval_batch_size, false, 0, o.device);
+data::DataLoader test_loader_for(const RunConfig& o, const models::FashionMnistSplit& test) {
+  data::DataLoader loader(test.tensors(), o.eval_batch_size, false, 0, o.device);
   loader.set_dtype(compute_dtype(o.precision));
   return loader;
 }
 
 // --eval-only: the test pass of the --init weights (or the seeded initialization).
-int evaluate_only(const RunConfig& o, nn::Module& model, const data::DataLoader& test_loader,
-                  const std::string& data_dir) {
+int evaluate_only(const RunConfig& o, nn::Module& model, data::DataLoader test_loader, const std::string& data_dir) {
   if (!o.quiet)
     say("device: %s | model: %s | weights: %s | data: %s (%lld test)\n", o.device.describe().c_str(),
         choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
@@ -106,10 +106,10 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   // --data-on host: the splits stay in host memory and the loaders stage batches to the device
   // (auto: on the device until the planner places them).
   const Device data_device = placed.data_on == DataOnChoice::host ? Device::cpu() : device;
-  data::ImageDataset test = data::load_mnist_split(data_dir, false, data_device, placed.test_limit);
+  models::FashionMnistSplit test = models::load_fashion_mnist(data_dir, false, data_device, placed.test_limit);
   throw_if_interrupted();
   if (placed.eval_only) return evaluate_only(placed, model, test_loader_for(placed, test), data_dir);
-  data::ImageDataset train_set = data::load_mnist_split(data_dir, true, data_device, placed.train_limit);
+  models::FashionMnistSplit train_set = models::load_fashion_mnist(data_dir, true, data_device, placed.train_limit);
   throw_if_interrupted();
   check_same_loaded_on_every_rank("data", loaded_sizes(train_set, test),
                                   "give every rank the same --data (Note [Ranks agree on what they loaded])", *comm);
@@ -128,9 +128,9 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
                                ? with_plan(placed, plan_batch(placed, model, flat, train_set, test))
                                : placed;  // resolved: the micro-batch, the accumulation steps and the levers
   if (placement_planned) apply_memory_budget(config);
-  const data::DataLoader test_loader = test_loader_for(config, test);
+  data::DataLoader test_loader = test_loader_for(config, test);
 
-  data::DataLoader train_loader(train_set, config.batch_size, config.shuffle, config.seed, device);
+  data::DataLoader train_loader(train_set.tensors(), config.batch_size, config.shuffle, config.seed, device);
   train_loader.set_dtype(compute_dtype(config.precision));  // Note [Mixed precision]: ops follow the batch
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(config, flat);

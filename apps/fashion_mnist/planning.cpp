@@ -62,7 +62,7 @@ void print_plan_table(const RunConfig& o, const Plan& plan) {
 // (--recompute auto), the training and test sets' placement (--data-on auto, CUDA only) and bf16
 // (--precision auto, where the device has it). `apply` puts a setting in place: the model's
 // segments, the sets moved, the batches' dtype.
-void add_levers(const RunConfig& o, nn::Model& model, data::ImageDataset& train, data::ImageDataset& test,
+void add_levers(const RunConfig& o, nn::Model& model, models::FashionMnistSplit& train, models::FashionMnistSplit& test,
                 DType& batch_dtype, PlanRequest& request) {
   request.setting.precision = o.precision;
   if (o.recompute == RecomputeChoice::on) request.setting.recompute = 1;  // shown as "all" (no segment names)
@@ -75,15 +75,15 @@ void add_levers(const RunConfig& o, nn::Model& model, data::ImageDataset& train,
     if (o.recompute == RecomputeChoice::planner) model.set_recompute_segments(s.recompute);
     const Device where = s.data == DataPlacement::host ? Device::cpu() : o.device;
     const MemoryCategoryScope scope(MemoryCategory::data);
-    for (data::ImageDataset* set : {&train, &test})
-      *set = data::ImageDataset{set->images.to(where), set->labels.to(where), set->num_classes};
+    for (models::FashionMnistSplit* set : {&train, &test})
+      *set = models::FashionMnistSplit{set->images.to(where), set->labels.to(where), set->num_classes};
     batch_dtype = compute_dtype(s.precision);
   };
 }
 
 // The library's planner with this run; --plan-only predicts without verifying.
 Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                 data::ImageDataset& train, data::ImageDataset& test) {
+                 models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
@@ -94,10 +94,11 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
   request.budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
   request.micro_batch = [&](int64_t b) {
     throw_if_interrupted();
-    data::DataLoader loader(train, b, false, 0, o.device);  // host-resident data: staging included
+    data::DataLoader loader(train.tensors(), b, false, 0, o.device);  // host-resident data: staging included
     loader.set_dtype(batch_dtype);
-    const data::Batch batch = loader.batch(0);
-    Tensor loss = training_loss(model, batch);
+    loader.seek(0);
+    // As the Trainer's closure: the batch is released before backward (only what the graph saves stays).
+    Tensor loss = training_loss(model, loader.next(0));
     loss.backward();
     loss = Tensor();
     flat->mark_gradients_stale();
@@ -117,7 +118,7 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
 }  // namespace
 
 BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                     data::ImageDataset& train, data::ImageDataset& test) {
+                     models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   const Plan plan = run_planner(o, model, flat, train, test);
   if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
   if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
@@ -132,7 +133,7 @@ BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr
 }
 
 void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                data::ImageDataset& train, data::ImageDataset& test) {
+                models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   const Plan plan = run_planner(o, model, flat, train, test);
   say("planner: %s\n", plan.micro_batch > 0 ? plan.reason.c_str() : ("nothing fits: " + plan.reason).c_str());
 }

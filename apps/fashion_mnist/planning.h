@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "cumulus/data/dataset.h"
+#include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/model.h"
 #include "run_config.h"
@@ -20,11 +20,11 @@ namespace fmnist {
 // micro-batch, the accumulation steps and the levers for with_plan() (run_config.h); an
 // OutOfMemory error when nothing fits.
 BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,
-                     const std::shared_ptr<cumulus::nn::FlatParameters>& flat, cumulus::data::ImageDataset& train,
-                     cumulus::data::ImageDataset& test);
+                     const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
+                     cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);
 
 // --plan-only: the planner's table of every candidate, nothing verified, nothing trained.
 void print_plan(const RunConfig& c, cumulus::nn::Model& model, const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
-                cumulus::data::ImageDataset& train, cumulus::data::ImageDataset& test);
+                cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);
 
 }  // namespace fmnist

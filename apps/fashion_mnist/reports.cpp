@@ -100,7 +100,7 @@ std::optional<PlanCheck> planned_check(const RunConfig& o) {
   return check;
 }
 
-optim::Evaluation test_pass(nn::Module& model, const data::DataLoader& loader) {
+optim::Evaluation test_pass(nn::Module& model, data::DataLoader& loader) {
   return optim::evaluate_classifier(model, loader, [](int64_t) { throw_if_interrupted(); });
 }
 

@@ -39,7 +39,7 @@ std::optional<cumulus::PlanCheck> planned_check(const RunConfig& o);
 
 // The test pass (optim::evaluate_classifier: the accuracy over all samples, the mean over batches
 // of each batch's mean loss), throwing Interrupted at a signal, and the lines it prints.
-cumulus::optim::Evaluation test_pass(cumulus::nn::Module& model, const cumulus::data::DataLoader& loader);
+cumulus::optim::Evaluation test_pass(cumulus::nn::Module& model, cumulus::data::DataLoader& loader);
 void print_test_results(const cumulus::optim::Evaluation& r);
 
 // --memory-report, --trace and --memory-plot.

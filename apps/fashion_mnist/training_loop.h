@@ -29,7 +29,7 @@ struct TrainingParts {
   cumulus::optim::Trainer& trainer;
   const cumulus::optim::TrainerOptions& trainer_options;
   cumulus::data::DataLoader& train_loader;
-  const cumulus::data::DataLoader& test_loader;
+  cumulus::data::DataLoader& test_loader;
   cumulus::dist::Communicator& comm;
   cumulus::MemoryTracker& tracker;  // with the planner's check when it chose the plan (measured after the first epoch)
   const TrainingState& state;       // where the run starts (a resumed checkpoint's, else epoch 0)

@@ -1,14 +1,11 @@
-// MNIST-format splits loaded once (onto the device, or kept on the host), TensorDataset, and the
-// DataLoader that gathers batches of any dataset's tensors (the image path is one use: u8 pixels
-// converted to pixel / 255 on the way).
+// TensorDataset, and the DataLoader that gathers batches of any dataset's tensors (the image path
+// is one use: u8 pixels converted to pixel / 255 on the way).
 //
 // Note [Shuffle order]: the permutation for (seed, epoch) is a Fisher-Yates shuffle on the host
 // driven by Generator(seed) at counter offset epoch * 2^32, so it depends on nothing else (not
 // the device, not the epochs drawn before: resuming at epoch e gives the same order). It is
 // uploaded once per epoch as i32 indices; each batch is then one gather kernel on the device.
 #include "cumulus/data/dataset.h"
-
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +15,6 @@
 #include <utility>
 
 #include "cumulus/core/error.h"
-#include "cumulus/data/idx.h"
 #include "cumulus/memory/category.h"
 #include "cumulus/tensor/random.h"
 #include "engine/ops/internal.h"
@@ -31,21 +27,6 @@
 namespace cumulus::data {
 
 namespace {
-
-constexpr int64_t kRows = 28, kCols = 28, kClasses = 10;
-
-bool file_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-// dir/NAME.gz if present, else dir/NAME.
-std::string find_split_file(const std::string& dir, const std::string& name) {
-  const std::string base = (dir.empty() || dir.back() == '/') ? dir + name : dir + "/" + name;
-  if (file_exists(base + ".gz")) return base + ".gz";
-  if (file_exists(base)) return base;
-  throw Error("dataset file not found: neither '" + base + ".gz' nor '" + base + "' exists");
-}
 
 // 24 uniformly random bits from one Generator draw: fill_uniform yields k / 2^24 exactly.
 uint64_t draw_24_bits(Generator& gen) {
@@ -65,44 +46,6 @@ uint64_t draw_below(Generator& gen, uint64_t bound) {
 }
 
 }  // namespace
-
-std::vector<std::string> mnist_file_names(bool train) {
-  if (train) return {"train-images-idx3-ubyte", "train-labels-idx1-ubyte"};
-  return {"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
-}
-
-ImageDataset load_mnist_split(const std::string& dir, bool train, Device device, int64_t limit) {
-  CUMULUS_CHECK(limit >= 0, InvalidArgument, "load_mnist_split: limit must be >= 0 (0 keeps all), got ", limit);
-  check_device_available(device);
-  const auto names = mnist_file_names(train);
-  const std::string images_path = find_split_file(dir, names[0]);
-  const std::string labels_path = find_split_file(dir, names[1]);
-
-  // With a limit only the first `limit` samples are read (and checked): a gzip file is not
-  // inflated past them, so --train-limit stays fast on a large or hostile file.
-  IdxArray images = read_idx_u8(images_path, 3, limit);
-  CUMULUS_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, Error, "IDX file '", images_path,
-                "': images are ", images.dims[1], " x ", images.dims[2], ", expected ", kRows, " x ", kCols);
-  IdxArray labels = read_idx_u8(labels_path, 1, limit);
-  CUMULUS_CHECK(images.count_in_file == labels.count_in_file, Error, "image and label counts differ: '",
-                images_path, "' has ", images.count_in_file, " images, '", labels_path, "' has ",
-                labels.count_in_file, " labels");
-  for (std::size_t i = 0; i < labels.values.size(); ++i)
-    CUMULUS_CHECK(labels.values[i] < kClasses, Error, "IDX file '", labels_path, "': label at index ", i,
-                  " is ", int(labels.values[i]), ", expected a class in [0, ", kClasses, ")");
-
-  const int64_t n = images.dims[0];
-  CUMULUS_CHECK(labels.dims[0] == n, Error, "internal: read ", n, " images but ", labels.dims[0], " labels");
-  std::vector<int32_t> y(labels.values.begin(), labels.values.end());
-
-  MemoryCategoryScope scope(MemoryCategory::data);
-  ImageDataset ds;
-  ds.num_classes = kClasses;
-  ds.images = Tensor::empty(Shape{n, kRows, kCols}, DType::u8, device);
-  copy_bytes(ds.images.raw_data(), device, images.values.data(), Device::cpu(), ds.images.nbytes());
-  ds.labels = Tensor::from_vector(y, Shape{n}, device);
-  return ds;
-}
 
 // ---- TensorDataset ---------------------------------------------------------------------------
 
@@ -178,20 +121,6 @@ std::string TensorDataset::describe(std::size_t k) const {
 
 bool TensorDataset::floating(std::size_t k) const { return divisors_[k] != 0.0f || tensor(k).dtype() == DType::f32; }
 float TensorDataset::divisor(std::size_t k) const { return divisors_[k] != 0.0f ? divisors_[k] : 1.0f; }
-
-TensorDataset ImageDataset::tensors() const {
-  CUMULUS_CHECK(images.defined() && labels.defined(), InvalidArgument,
-                "DataLoader: the dataset has no images or labels");
-  CUMULUS_CHECK(images.dtype() == DType::u8 && images.ndim() == 3, InvalidArgument,
-                "DataLoader: images must be u8 [n, rows, cols], got ", images.str());
-  CUMULUS_CHECK(labels.dtype() == DType::i32 && labels.ndim() == 1 && labels.size(0) == images.size(0), InvalidArgument,
-                "DataLoader: labels must be i32 [", images.size(0), "], got ", labels.str());
-  CUMULUS_CHECK(labels.device() == images.device(), DeviceError, "DataLoader: images on ", images.device().str(),
-                " but labels on ", labels.device().str());
-  TensorDataset ds({images.flatten(1), labels}, {"images", "labels"});
-  ds.to_float(0, 255.0f);  // pixel / 255, as torchvision's ToTensor
-  return ds;
-}
 
 // ---- DataLoader ------------------------------------------------------------------------------
 
@@ -313,12 +242,6 @@ struct DataLoader::HostStaging {
 #endif
 };
 
-DataLoader::DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed)
-    : DataLoader(dataset.tensors(), batch_size, shuffle, seed) {}
-
-DataLoader::DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device)
-    : DataLoader(dataset.tensors(), batch_size, shuffle, seed, device) {}
-
 DataLoader::DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed)
     : DataLoader(dataset, batch_size, shuffle, seed, dataset.device()) {}
 
@@ -380,13 +303,14 @@ void DataLoader::set_epoch(int epoch) {
 void DataLoader::seek(int64_t i) {
   CUMULUS_CHECK(i >= 0 && i <= num_batches(), InvalidArgument, "DataLoader::seek(", i, "): the epoch has ",
                 num_batches(), " batches");
+  position_ = i;
+  if (device_.is_cpu()) return;  // the host's position is the cursor: no graph replays a CPU gather
   if (!cursor_.defined()) {
     MemoryCategoryScope scope(MemoryCategory::data);
     cursor_ = Tensor::zeros(Shape{4}, DType::i32, device_);  // kernels::GatherCursor, 16 bytes
   }
-  position_ = i;
-  auto* cursor = static_cast<kernels::GatherCursor*>(cursor_.raw_data());
-  CUMULUS_DISPATCH(device_, ctx, cursor->position = i, kernels::set_gather_cursor_cuda(cursor, i, -1, ctx.stream()));
+  [[maybe_unused]] auto* cursor = static_cast<kernels::GatherCursor*>(cursor_.raw_data());
+  CUMULUS_DISPATCH(device_, ctx, (void)0, kernels::set_gather_cursor_cuda(cursor, i, -1, ctx.stream()));
 }
 
 void DataLoader::copy_rows_on_host(std::size_t k, int64_t i, int64_t count, uint8_t* out) const {
@@ -411,8 +335,8 @@ void DataLoader::stage(int64_t i, int64_t then) {
   cuda::DeviceGuard guard(device_.index());
   cuda::Context& ctx = cuda::context(device_.index());
   CUMULUS_CHECK(!ctx.capturing(), InvalidArgument,
-                "DataLoader::stage: host-resident data cannot be staged inside a CUDA graph capture; call "
-                "stage(i) before the captured micro-batch");
+                "DataLoader: host-resident data cannot be staged inside a CUDA graph capture; stage batch ", i,
+                " before the captured micro-batch (DataLoaderAccess::stage)");
   // Starts the copy of batch b into slot k: once the gather that last read the slot is done, and
   // once the pinned half of the slot has been copied out (two batches back).
   auto fill = [&](int k, int64_t b) {
@@ -449,15 +373,15 @@ void DataLoader::stage(int64_t i, int64_t then) {
 }
 
 Batch DataLoader::next(int64_t i) {
-  if (!cursor_.defined()) seek(i);
   CUMULUS_CHECK(i >= 0 && i < num_batches(), InvalidArgument, "DataLoader::next(", i, "): the epoch has ",
                 num_batches(), " batches");
   position_ = i;
   if (device_.is_cpu()) {
-    Batch b = batch(i);
+    Batch b = gather_on_cpu(i);
     ++position_;
     return b;
   }
+  if (!cursor_.defined()) seek(i);
   // The gather reads the dataset's tensors in the epoch's order, or the staging ring's slot.
   [[maybe_unused]] int64_t ring = 0, stride = batch_size_;
   [[maybe_unused]] const int32_t* order = nullptr;
@@ -517,33 +441,12 @@ int64_t DataLoader::num_batches() const {
   return n / batch_size_ + (n % batch_size_ != 0 ? 1 : 0);
 }
 
-Batch DataLoader::batch(int64_t i) const {
-  CUMULUS_CHECK(i >= 0 && i < num_batches(), InvalidArgument, "DataLoader::batch(", i,
-                "): out of range, the epoch has ", num_batches(), " batches");
+Batch DataLoader::gather_on_cpu(int64_t i) const {
   Batch b = empty_batch(i);
-  const int64_t count = b.tensors[0].size(0);
   std::vector<const void*> src(dataset_.num_tensors());
-  if (staging_) {
-    // Evaluation's synchronous form: the batch's rows gathered on the host, copied as they are (u8
-    // pixels are a quarter of the f32 bytes), converted on the device by the ordinary gather.
-    std::vector<Tensor> uploads;
-    for (std::size_t t = 0; t < src.size(); ++t) {
-      std::vector<uint8_t> rows(static_cast<std::size_t>(count * row_bytes(dataset_.tensor(t))));
-      copy_rows_on_host(t, i, count, rows.data());
-      MemoryCategoryScope scope(MemoryCategory::data);
-      uploads.push_back(Tensor::from_vector(rows, Shape{static_cast<int64_t>(rows.size())}, device_));
-      src[t] = uploads.back().raw_data();
-    }
-    [[maybe_unused]] const kernels::GatherColumns columns = gather_columns(dataset_, src, b);
-    CUMULUS_DISPATCH(device_, ctx, (void)0, kernels::gather_rows_cuda(columns, nullptr, 0, count, ctx.stream()));
-    return b;
-  }
   for (std::size_t t = 0; t < src.size(); ++t) src[t] = dataset_.tensor(t).raw_data();
   const int32_t* order = shuffle_ ? order_.data<int32_t>() : nullptr;
-  const kernels::GatherColumns columns = gather_columns(dataset_, src, b);
-  const int64_t start = i * batch_size_;
-  CUMULUS_DISPATCH(device_, ctx, kernels::gather_rows_cpu(columns, order, start, count),
-                   kernels::gather_rows_cuda(columns, order, start, count, ctx.stream()));
+  kernels::gather_rows_cpu(gather_columns(dataset_, src, b), order, i * batch_size_, b.tensors[0].size(0));
   return b;
 }
 

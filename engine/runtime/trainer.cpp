@@ -75,6 +75,7 @@
 #include "cumulus/nn/module.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/metrics.h"
+#include "engine/data/loader_access.h"
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
@@ -338,7 +339,7 @@ EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const Batc
       if (loader.position() != i) loader.seek(i);  // another rank's micro-batches in between
       // Host-resident data: batch i onto the device, this rank's next one behind it (outside the
       // closure: a replayed graph runs no host code).
-      loader.stage(i, i + world);
+      data::DataLoaderAccess::stage(loader, i, i + world);
       micro_batch(loader.units(i), [&] { return loss(loader.next(i)); });  // Batch::units of next(i)
     } else {
       skip_micro_batch();
@@ -351,7 +352,7 @@ EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const Batc
   return result;
 }
 
-Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader,
+Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
                                const std::function<void(int64_t batch)>& before_batch) {
   NoGradGuard no_grad;
   struct RestoreMode {  // batch norm and dropout behave as in evaluation until this returns
@@ -361,9 +362,10 @@ Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader
   } restore{model, model.is_training()};
   model.eval();
   ops::ClassificationTally tally(loader.device());
+  loader.seek(0);
   for (int64_t i = 0; i < loader.num_batches(); ++i) {
     if (before_batch) before_batch(i);
-    const data::Batch b = loader.batch(i);
+    const data::Batch b = loader.next(i);
     const Tensor logits = model(b.x);
     tally.add(logits, b.y, ops::cross_entropy(logits, b.y, ops::Reduction::Mean));
   }
@@ -397,7 +399,10 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
     // The planner asks for whole rows (units_per_row); the batch's units are the probe's.
     data::DataLoader loader(dataset, units / dataset.units_per_row(), /*shuffle=*/false, /*seed=*/0, device);
     loader.set_dtype(*dtype);
-    loss(loader.batch(0)).backward();
+    loader.seek(0);
+    // As the Trainer's closure: the batch is released before backward (only what the graph saves stays).
+    Tensor probe_loss = loss(loader.next(0));
+    probe_loss.backward();
     params->mark_gradients_stale();  // the probe's gradients are discarded
   };
   return r;

@@ -1,6 +1,9 @@
 // cumulus in one include: everything a training loop needs, as `import torch` gives it. The models
 // are a library of their own on top of the engine (cumulus::models, <cumulus/models/mlp.h> and
-// <cumulus/models/cnn.h>); a model of the user's own implements nn::Model (cumulus/nn/model.h).
+// <cumulus/models/cnn.h>), with the datasets they are trained on (<cumulus/models/fashion_mnist.h>,
+// <cumulus/models/text.h>); a model of the user's own implements nn::Model (cumulus/nn/model.h).
+// File-format readers and tools behind those datasets (data/idx.h, io/checksum.h) are included
+// where they are used.
 //
 //   #include <cumulus/cumulus.h>
 //   #include <cumulus/models/mlp.h>
@@ -72,7 +75,6 @@
 
 #include "cumulus/data/csv.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/data/idx.h"
 
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"

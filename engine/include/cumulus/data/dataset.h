@@ -4,8 +4,8 @@
 // device from a seed), converting the floating ones to the batch dtype on the way. The dataset lives
 // on the training device (no per-batch host copies) or, for a dataset the device should not hold,
 // on the host: then batches are staged through pinned memory and copied one micro-batch ahead on a
-// copy stream (Note [Host-resident data] in engine/data/dataset.cpp). Image classification
-// (ImageDataset: u8 images scaled to [0, 1], i32 labels; Fashion-MNIST is 55 MB that way) is one use.
+// copy stream (Note [Host-resident data] in engine/data/dataset.cpp). Image classification is one
+// use: u8 pixels scaled to [0, 1] by to_float(k, 255) (models/fashion_mnist.h is such a dataset).
 #pragma once
 
 #include <cstdint>
@@ -59,32 +59,11 @@ class TensorDataset {
   int64_t units_per_row_ = 1;
 };
 
-struct ImageDataset {
-  Tensor images;  // [n, rows, cols] u8, category data
-  Tensor labels;  // [n] i32 in [0, num_classes), category data
-  int64_t num_classes = 10;
-  int64_t size() const { return images.defined() ? images.size(0) : 0; }
-  // The TensorDataset a DataLoader gathers from: "images" viewed as [n, rows * cols] and scaled to
-  // [0, 1] (to_float, divisor 255), then "labels". Checks the dtypes and shapes above.
-  TensorDataset tensors() const;
-};
-
-// The Fashion-MNIST (or MNIST) split in `dir`: train-images-idx3-ubyte(.gz) and
-// train-labels-idx1-ubyte(.gz), or the t10k-* pair for the test split. Checks that counts agree,
-// that images are 28 x 28, and that every label is in [0, 10) (an Error names the file, the index
-// and the value otherwise). `limit` > 0 keeps the first `limit` samples and reads only those (a
-// gzip file is not inflated past them; the counts in both headers are still compared). Uploaded
-// to `device` once.
-ImageDataset load_mnist_split(const std::string& dir, bool train, Device device, int64_t limit = 0);
-
-// The file names of a split, without the .gz suffix, in the order images, labels.
-std::vector<std::string> mnist_file_names(bool train);
-
 // A batch of b samples (rows): every dataset tensor's rows [b, ...] in the dataset's order, in
 // category data. x and y are the first two (a dataset of inputs and targets); y is undefined with
 // one tensor. `units` is what a loss summed over the batch counts: b x the dataset's units per row
 // (b for samples, b x T for sequences of T tokens); Trainer::train_epoch passes it on.
-// From an ImageDataset: x is [b, rows * cols] in [0, 1] (pixel / 255) in the loader's dtype, y [b] i32.
+// From u8 images with to_float(0, 255): x is [b, rows * cols] in [0, 1] in the loader's dtype.
 struct Batch {
   Tensor x;
   Tensor y;
@@ -103,9 +82,6 @@ class DataLoader {
   // At most kMaxTensors tensors (one kernel argument carries them all).
   DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle = false, uint64_t seed = 0);
   DataLoader(const TensorDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device);
-  // An image dataset's loader: DataLoader(dataset.tensors(), ...).
-  DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle = false, uint64_t seed = 0);
-  DataLoader(const ImageDataset& dataset, int64_t batch_size, bool shuffle, uint64_t seed, Device device);
   ~DataLoader();
   DataLoader(DataLoader&&) noexcept;
   DataLoader& operator=(DataLoader&&) noexcept;
@@ -124,29 +100,29 @@ class DataLoader {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool host_resident() const { return staging_ != nullptr; }
-  // Batch i of the current epoch; tensors are made in category data. Synchronous for
-  // host-resident data (evaluation's form).
-  Batch batch(int64_t i) const;
-  // The training loop's form: batch i, where i must be the device cursor's position (seek(i), or
-  // the batch after the previous next()). The position lives on the device and the gather kernel
-  // advances it itself, so the same launch (the same kernel arguments) gathers every batch of a
-  // size: it can be captured in a CUDA graph and replayed, and a replay, which does not run this
-  // host code, still gathers the right batch. `i` serves the host's checks and the batch size
-  // (the last batch may be smaller). seek() is queued, no synchronization.
+  // Batches are read in order from a cursor: seek(i), then next(i), next(i + 1), ... (training,
+  // evaluation and a planner's probe alike); tensors are made in category data. The position lives
+  // on the device and the gather kernel advances it itself, so the same launch (the same kernel
+  // arguments) gathers every batch of a size: it can be captured in a CUDA graph and replayed, and a
+  // replay, which does not run this host code, still gathers the right batch. `i` must be the
+  // cursor's position; it serves the host's checks and the batch size (the last batch may be
+  // smaller). seek() is queued, no synchronization. Host-resident data is staged by next() itself,
+  // the following batch copied behind it (a Trainer replaying CUDA graphs stages it before each
+  // replay, outside the captured work).
   void seek(int64_t i);
   Batch next(int64_t i);
-  // Host-resident data only (a no-op otherwise): makes batch i ready on the device for the next
-  // gather and starts copying batch `then` (usually i + 1; none when out of range) behind it.
-  // next(i) stages by itself when it has to, but a replayed CUDA graph runs no host code: with
-  // graphs, call stage(i) before every micro-batch, outside the captured work. Each stage() must be
-  // followed by exactly one gather (next(i), or the replay of a graph that holds one).
-  void stage(int64_t i, int64_t then);
   int64_t position() const { return position_; }
   const TensorDataset& dataset() const { return dataset_; }
 
  private:
+  friend struct DataLoaderAccess;  // the Trainer's staging under CUDA graphs (engine/data/loader_access.h)
   struct HostStaging;  // the pinned ring, its device twin, the copy stream and events (CUDA builds)
   Batch empty_batch(int64_t i) const;  // batch i's tensors (category data), unwritten
+  Batch gather_on_cpu(int64_t i) const;  // a CPU loader's batch i (no cursor: nothing replays it)
+  // Host-resident data only (a no-op otherwise): makes batch i ready on the device for the next
+  // gather and starts copying batch `then` (none when out of range) behind it. Each stage() is
+  // followed by exactly one gather (next(i), or the replay of a graph that holds one).
+  void stage(int64_t i, int64_t then);
   // Host-resident data: the first `count` rows of batch i (in the epoch's order) of tensor k, as
   // their bytes, to `out`.
   void copy_rows_on_host(std::size_t k, int64_t i, int64_t count, uint8_t* out) const;
@@ -159,7 +135,7 @@ class DataLoader {
   DType dtype_ = DType::f32;
   std::vector<int32_t> host_order_;  // host-resident data: the current epoch's permutation (shuffle only)
   Tensor order_;  // [n] i32 on the device: the current epoch's permutation (device-resident, shuffle only)
-  Tensor cursor_;         // on the device: kernels::GatherCursor (kernels/gather.h)
+  Tensor cursor_;         // CUDA loaders: kernels::GatherCursor (kernels/gather.h) on the device
   int64_t position_ = 0;  // the host's copy of the position
   std::unique_ptr<HostStaging> staging_;
 };

@@ -146,11 +146,12 @@ class Trainer {
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
   // One epoch of `loader`'s batches as micro-batches, in the order set_epoch(epoch) draws:
-  // begin_epoch, then per batch stage (host-resident data), micro_batch with loss(next(i)) and
-  // step_if_ready, so the last group of the epoch steps too; each micro-batch counts its batch's
-  // units (Batch::units, DataLoader::units(i)). Data parallel: this rank's micro-batches
-  // (dist::owner_of_micro_batch), the others counted by skip_micro_batch. Returns the epoch's mean
-  // training loss per unit (epoch_loss_sum() / epoch_units_stepped(): one device read).
+  // begin_epoch, then per batch micro_batch with loss(next(i)) (host-resident data staged before
+  // it, outside the closure a graph replays) and step_if_ready, so the last group of the epoch
+  // steps too; each micro-batch counts its batch's units (Batch::units, DataLoader::units(i)). Data
+  // parallel: this rank's micro-batches (dist::owner_of_micro_batch), the others counted by
+  // skip_micro_batch. Returns the epoch's mean training loss per unit (epoch_loss_sum() /
+  // epoch_units_stepped(): one device read).
   double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
   // The same from micro-batch options.first, with options' hooks, stopping early at a group
   // boundary where options.stop asks to (then finished is false and next_micro_batch is where a
@@ -246,7 +247,8 @@ class Trainer {
 
 // A classifier's test pass: every batch of `loader` (x the inputs, y i32 labels) through `model` in
 // evaluation mode without gradients (its mode is restored after), PyTorch's `with torch.no_grad()`
-// loop. The totals stay on the device until one read at the end.
+// loop. The batches are read with seek(0) and next(i): the loader's cursor is left past the last.
+// The totals stay on the device until one read at the end.
 struct Evaluation {
   double accuracy = 0.0;  // correct / samples (top-1, ops::argmax's rule)
   double loss = 0.0;      // the mean over batches of each batch's mean cross-entropy ("Avg loss")
@@ -254,7 +256,7 @@ struct Evaluation {
 };
 // `before_batch`, when set, is called with each batch's index before it runs (a progress or an
 // interrupt check: an exception it throws ends the pass, the model's mode restored).
-Evaluation evaluate_classifier(nn::Module& model, const data::DataLoader& loader,
+Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
                                const std::function<void(int64_t batch)>& before_batch = {});
 
 // A ready-made planner request (runtime/planner.h) for training `optimizer`'s parameters with `loss`
