@@ -147,7 +147,8 @@ Tensor GPT::embed(const Tensor& idx, int64_t first_position) {
   CUMULUS_CHECK(t >= 1 && first_position + t <= config_.block_size, InvalidArgument, "GPT: ", first_position + t,
                 " positions, but the context (block_size) is ", config_.block_size);
   const Tensor positions = ops::narrow(ops::arange(config_.block_size, idx.device()), 0, first_position, t);
-  return ops::embedding(idx, wte_->weight(), compute_dtype_) + ops::embedding(positions, wpe_->weight(), compute_dtype_);
+  return ops::embedding(idx, wte_->weight(), compute_dtype_) +
+         ops::embedding(positions, wpe_->weight(), compute_dtype_);
 }
 
 Tensor GPT::forward(const Tensor& idx) {

@@ -184,7 +184,8 @@ TEST_P(DeviceTest, GptInSixteenBitsFollowsF32WithF32ParametersAndGradients) {
     ASSERT_EQ(got.size(), ref.size());
     EXPECT_NEAR(got[0][0], ref[0][0], 1e-2 * ref[0][0]) << dtype_name(dtype);
     const double tolerance = dtype == DType::bf16 ? 0.06 : 0.01;
-    for (std::size_t i = 1; i < ref.size(); ++i) EXPECT_LT(relative_l2(got[i], ref[i]), tolerance) << dtype_name(dtype) << " parameter " << i;
+    for (std::size_t i = 1; i < ref.size(); ++i)
+      EXPECT_LT(relative_l2(got[i], ref[i]), tolerance) << dtype_name(dtype) << " parameter " << i;
   }
   Generator gen(3);
   models::GPT model(tiny_config(), gen, device());
