@@ -147,7 +147,8 @@ Tensor GPT::embed(const Tensor& idx, int64_t first_position) {
   CUMULUS_CHECK(t >= 1 && first_position + t <= config_.block_size, InvalidArgument, "GPT: ", first_position + t,
                 " positions, but the context (block_size) is ", config_.block_size);
   const Tensor positions = ops::narrow(ops::arange(config_.block_size, idx.device()), 0, first_position, t);
-  return ops::embedding(idx, wte_->weight()) + ops::embedding(positions, wpe_->weight());
+  return ops::embedding(idx, wte_->weight(), compute_dtype_) +
+         ops::embedding(positions, wpe_->weight(), compute_dtype_);
 }
 
 Tensor GPT::forward(const Tensor& idx) {
@@ -159,6 +160,13 @@ Tensor GPT::forward(const Tensor& idx) {
     else x = block.forward(x);
   }
   return lm_head_->forward(ln_f_->forward(x));
+}
+
+GPT& GPT::set_compute_dtype(DType dtype) {
+  CUMULUS_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, InvalidArgument,
+                "GPT: the compute type must be f32, bf16 or f16, got ", dtype_name(dtype));
+  compute_dtype_ = dtype;
+  return *this;
 }
 
 GPT& GPT::set_recompute(bool on) {
@@ -184,8 +192,8 @@ KVCache GPT::make_cache(int64_t batch) const {
   const Shape shape{batch, config_.n_head, config_.block_size, config_.head_size()};
   const Device device = wte_->weight().device();
   for (int64_t i = 0; i < config_.n_layer; ++i) {
-    cache.k.push_back(Tensor::zeros(shape, DType::f32, device));
-    cache.v.push_back(Tensor::zeros(shape, DType::f32, device));
+    cache.k.push_back(Tensor::zeros(shape, compute_dtype_, device));
+    cache.v.push_back(Tensor::zeros(shape, compute_dtype_, device));
   }
   return cache;
 }
@@ -202,10 +210,10 @@ Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
 
 namespace {
 
-// The next token from the logits of one position ([V], f32 on the host).
+// The next token from the logits of one position ([V], in the model's compute type).
 int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k, uint64_t seed, int64_t draw) {
   if (temperature <= 0.0) return ops::argmax(last_logits, 0).to(Device::cpu()).to_vector<int64_t>()[0];
-  Tensor logits = last_logits * static_cast<float>(1.0 / temperature);
+  Tensor logits = ops::cast(last_logits, DType::f32) * static_cast<float>(1.0 / temperature);
   if (top_k > 0 && top_k < logits.size(0)) {
     // Everything below the k-th largest is -inf, as nanoGPT's generate().
     const Tensor kth = ops::narrow(ops::topk(logits, top_k).values, 0, top_k - 1, 1);

@@ -2,16 +2,21 @@
 // names with the LM head tied to the token embedding; GPT-2's initialization; recompute per block
 // changes no gradient; the key/value cache gives the full forward's logits; sampling is seeded; the
 // token windows are a function of (seed, batch, row) with targets the inputs shifted by one.
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "cumulus/core/precision.h"
 #include "cumulus/data/token_windows.h"
 #include "cumulus/models/gpt.h"
+#include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/shape.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -141,6 +146,108 @@ TEST_P(DeviceTest, GptKeyValueCacheGivesTheFullForwardsLogits) {
   ASSERT_EQ(cached.size(), full.size());
   for (std::size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(cached[i], full[i], 1e-5) << i;
   EXPECT_THROW(model.forward_cached(tokens({1}, 1, 1, device()), cache), InvalidArgument);  // full
+}
+
+// The loss and every parameter's gradient of one micro-batch, the model computing in `dtype`.
+std::vector<std::vector<float>> loss_and_grads(DType dtype, Device device) {
+  Generator gen(3);
+  models::GPT model(tiny_config(), gen, device);
+  model.set_compute_dtype(dtype);
+  const Tensor x = tokens(counting(16, 11), 2, 8, device);
+  const Tensor logits = model(x);
+  EXPECT_EQ(logits.dtype(), dtype);
+  const Tensor loss = ops::cross_entropy(logits, tokens(counting(16, 5), 2, 8, device), ops::Reduction::Mean);
+  loss.backward();
+  std::vector<std::vector<float>> out{{loss.to(Device::cpu()).item()}};
+  for (const Tensor& p : model.parameters()) {
+    EXPECT_EQ(p.dtype(), DType::f32);
+    EXPECT_EQ(p.grad().dtype(), DType::f32);
+    out.push_back(p.grad().to(Device::cpu()).to_vector<float>());
+  }
+  return out;
+}
+
+double relative_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    diff += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    norm += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// bf16 keeps 8 bits of mantissa, f16 11: the loss to a few 1e-3, each gradient to a few percent.
+TEST_P(DeviceTest, GptInSixteenBitsFollowsF32WithF32ParametersAndGradients) {
+  const auto ref = loss_and_grads(DType::f32, device());
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    const auto got = loss_and_grads(dtype, device());
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_NEAR(got[0][0], ref[0][0], 1e-2 * ref[0][0]) << dtype_name(dtype);
+    const double tolerance = dtype == DType::bf16 ? 0.06 : 0.01;
+    for (std::size_t i = 1; i < ref.size(); ++i)
+      EXPECT_LT(relative_l2(got[i], ref[i]), tolerance) << dtype_name(dtype) << " parameter " << i;
+  }
+  Generator gen(3);
+  models::GPT model(tiny_config(), gen, device());
+  EXPECT_THROW(model.set_compute_dtype(DType::i32), InvalidArgument);
+}
+
+TEST_P(DeviceTest, GptKeyValueCacheInBf16GivesTheFullForwardsLogits) {
+  Generator gen(4);
+  models::GPT model(tiny_config(), gen, device());
+  model.set_compute_dtype(DType::bf16).eval();
+  const std::vector<int64_t> seq = counting(8, 11);
+  const Tensor full = ops::cast(model(tokens(seq, 1, 8, device())), DType::f32);
+  models::KVCache cache = model.make_cache(1);
+  EXPECT_EQ(cache.k[0].dtype(), DType::bf16);
+  model.forward_cached(tokens({seq.begin(), seq.begin() + 7}, 1, 7, device()), cache);
+  const Tensor last = ops::cast(model.forward_cached(tokens({seq[7]}, 1, 1, device()), cache), DType::f32);
+  const std::vector<float> want = ops::narrow(full, 1, 7, 1).to(Device::cpu()).to_vector<float>();
+  const std::vector<float> got = last.to(Device::cpu()).to_vector<float>();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(relative_l2(got, want), 0.02);
+  EXPECT_EQ(models::generate(model, {1, 2}, 12, 0.0, 0, 1).size(), 14u);
+}
+
+// Per-step losses of the tiny GPT trained 2 x 2 with AdamW on one fixed batch, computing in `dtype`
+// (f16 with dynamic loss scaling).
+std::vector<float> training_losses(DType dtype, int steps) {
+  Generator gen(6);
+  models::GPT model(tiny_config(), gen, Device::cpu());
+  model.set_compute_dtype(dtype);
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::AdamWOptions adamw;
+  adamw.lr = 1e-2f;
+  optim::TrainerOptions options;
+  options.accum_steps = 2;
+  // Dynamic scaling from 2^8: this model's gradients times the default 2^16 overflow f16, and the
+  // skipped steps would shift the losses against f32's.
+  options.loss_scaling.dynamic = needs_loss_scaling(dtype == DType::f16 ? Precision::fp16 : Precision::fp32);
+  options.loss_scaling.initial_scale = 256.0f;
+  std::vector<float> losses;
+  options.on_step = [&](const optim::StepLog& log) { losses.push_back(log.loss); };
+  optim::Trainer trainer(std::make_shared<optim::AdamW>(flat, adamw), options);
+  const Tensor x = tokens(counting(16, 11), 2, 8, Device::cpu());
+  const std::vector<int64_t> next = counting(17, 11);
+  const Tensor y = tokens({next.begin() + 1, next.end()}, 2, 8, Device::cpu());  // the next token of x's
+  for (int i = 0; i < 2 * steps; ++i) {
+    trainer.micro_batch(16, [&] { return model.loss(x, y, ops::Reduction::Sum); });
+    trainer.step_if_ready();
+  }
+  EXPECT_EQ(trainer.skipped_steps(), 0) << dtype_name(dtype);
+  return losses;
+}
+
+TEST(Gpt, TrainsInBf16AndFp16AsInF32) {
+  const std::vector<float> f32 = training_losses(DType::f32, 30);
+  ASSERT_EQ(f32.size(), 30u);
+  EXPECT_LT(f32.back(), 0.5f * f32.front());  // it learns the batch
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    const std::vector<float> got = training_losses(dtype, 30);
+    ASSERT_EQ(got.size(), f32.size()) << dtype_name(dtype);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], f32[i], 0.05 * f32[i] + 0.02) << dtype_name(dtype) << " step " << i;
+  }
 }
 
 TEST(Gpt, SamplingIsSeededGreedyAtTemperatureZeroAndSlidesPastTheContext) {

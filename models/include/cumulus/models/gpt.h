@@ -96,6 +96,16 @@ class GPT : public nn::Model {
   std::vector<std::string> recompute_segment_names() const override;
   GPT& set_recompute_segments(uint32_t mask) override;
 
+  // The type the activations are computed and stored in: f32 (the default), bf16 or f16 (each
+  // position's embedding is rounded to it; every op then computes in its input's type, products
+  // summed in f32). Parameters, their gradients and the optimizer state stay f32; the logits come out
+  // in this type and cross_entropy sums in f32. fp16 needs the Trainer's loss scaling
+  // (needs_loss_scaling in cumulus/core/precision.h). Unlike PyTorch's autocast, the residual stream is
+  // in this type too, as the rest of cumulus's mixed precision (Note [Mixed precision] in
+  // engine/ops/linear.cpp): half the activation bytes.
+  GPT& set_compute_dtype(DType dtype);
+  DType compute_dtype() const { return compute_dtype_; }
+
   // Incremental decoding: an empty cache for `batch` sequences, and the logits [B, t, V] of the
   // next t positions given what the cache holds (the first call may pass a whole prompt; the cache
   // must have room: length + t <= block_size). Runs without recording gradients.
@@ -106,6 +116,7 @@ class GPT : public nn::Model {
   Tensor embed(const Tensor& idx, int64_t first_position);
   GPTConfig config_;
   uint32_t recompute_mask_ = 0;
+  DType compute_dtype_ = DType::f32;
   std::shared_ptr<nn::Module> transformer_;  // holds wte, wpe, h, ln_f (nanoGPT's ModuleDict)
   std::shared_ptr<nn::Embedding> wte_, wpe_;
   std::vector<std::shared_ptr<Block>> blocks_;
