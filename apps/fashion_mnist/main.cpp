@@ -52,9 +52,9 @@ std::string loaded_sizes(const data::ImageDataset& train, const data::ImageDatas
   return std::to_string(train.size()) + " training and " + std::to_string(test.size()) + " test samples";
 }
 
-std::string resume_position(const TrainingState& s) {
-  return "at epoch " + std::to_string(s.epoch + 1) + ", micro-batch " + std::to_string(s.next_micro_batch) + " (" +
-         std::to_string(s.counters.optimizer_steps) + " steps)";
+std::string resume_position(const optim::TrainingCounters& c) {
+  return "at epoch " + std::to_string(c.epoch + 1) + ", micro-batch " + std::to_string(c.micro_batch_index) + " (" +
+         std::to_string(c.optimizer_steps) + " steps)";
 }
 
 // The test pass's loader, in the training's precision.
@@ -72,7 +72,7 @@ int evaluate_only(const RunConfig& o, nn::Module& model, const data::DataLoader&
         choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
         static_cast<long long>(test_loader.dataset().size()));
   if (g_root) print_test_results(test_pass(model, test_loader));  // the other ranks hold the same weights
-  return g_signal == 0 ? 0 : exit_code_for(g_signal);
+  return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
 }
 
 void save_final_weights(const RunConfig& o, const nn::Module& model) {
@@ -86,7 +86,8 @@ void save_final_weights(const RunConfig& o, const nn::Module& model) {
 }
 
 int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
-  install_signal_handlers();
+  install_stop_handlers();
+  ignore_write_signals();  // a closed stdout: say() asks for a stop, the run checkpoints
   // Under `ulimit -v`, OpenBLAS's buffers are taken now or refused (Note [OpenBLAS under an address-space limit]).
   if (resolved.threads > 0) set_cpu_threads(resolved.threads);
   else fit_cpu_threads(default_cpu_threads());
@@ -139,10 +140,9 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   TrainingState state;
   if (!config.resume_path.empty()) {
-    state =
-        load_checkpoint(config.resume_path, model, *optimizer, config, ResumeLimits{micro_batches, train_set.size()});
-    trainer.restore(state.counters);
-    check_same_loaded_on_every_rank("checkpoints", resume_position(state),
+    state = load_checkpoint(config.resume_path, model, *optimizer, config, micro_batches, train_set.size());
+    trainer.restore(state.state.counters);
+    check_same_loaded_on_every_rank("checkpoints", resume_position(state.state.counters),
                                     "give every rank the same --resume checkpoint", *comm);
   }
   throw_if_interrupted();
@@ -160,7 +160,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   save_final_weights(config, model);
   finish_reports(config, tracker, *comm);
-  return g_signal == 0 ? 0 : exit_code_for(g_signal);
+  return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
 }
 
 int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communicator>& comm) {
@@ -170,8 +170,8 @@ int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communic
     // Before the first micro-batch (loading, planning) or in an --eval-only test pass: there is no
     // new state to save, and a checkpoint being resumed is left as it was.
     std::fprintf(stderr, "fashion_mnist: interrupted (%s) before training began; nothing was written\n",
-                 signal_name(g_signal));
-    return exit_code_for(g_signal);
+                 stop_signal_name(stop_signal()));
+    return exit_code_for_stop(stop_signal());
   } catch (const SameOnEveryRank& e) {
     if (g_root) std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     g_agreed_exit = true;

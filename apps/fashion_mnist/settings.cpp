@@ -37,7 +37,7 @@ Text when(bool applies, std::string value) { return applies ? Text(std::move(val
 constexpr unsigned kRecorded = kCheckpoint | kRanksAgree | kMemoryReport;
 
 // Every setting that changes the result of a run is recorded (Note [Resume contract] in
-// checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
+// cumulus/runtime/checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
 const std::vector<SettingRow> kTable = {
     {"model", "model", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.model); }},
     {"optimizer", "optimizer", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.optimizer); }},
@@ -115,6 +115,17 @@ std::vector<SettingValue> settings_for(SettingUse use, const SettingContext& con
 std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context) {
   std::vector<std::pair<std::string, std::string>> out;
   for (SettingValue& s : settings_for(use, context)) out.emplace_back(s.row->name, std::move(s.value));
+  return out;
+}
+
+std::vector<cumulus::optim::RecordedSetting> checkpoint_settings(const RunConfig& o) {
+  std::vector<cumulus::optim::RecordedSetting> out;
+  for (SettingValue& s : settings_for(kCheckpoint, {o, ""})) {
+    const SettingRow& row = *s.row;
+    out.push_back({row.name, row.key, std::move(s.value), row.overridable,
+                   row.before_recorded ? std::optional<std::string>(row.before_recorded) : std::nullopt,
+                   std::string(row.name) == "accum-steps" ? " (micro-batches per step, all ranks together)" : ""});
+  }
   return out;
 }
 
