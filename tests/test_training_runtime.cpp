@@ -170,9 +170,9 @@ TEST(TrainingCheckpoint, DamagedOrForeignCheckpointsNameTheFile) {
   std::string bytes = read_all(dir.file("ck.st"));
   bytes[bytes.size() - 3] ^= 0x10;
   io::write_file_atomic(dir.file("flipped.st"), bytes);
-  EXPECT_THROW(optim::load_training_checkpoint(dir.file("flipped.st"), other.model, *other.optimizer,
-                                               resume_options("0.03")),
-               Error);
+  EXPECT_THROW(
+      optim::load_training_checkpoint(dir.file("flipped.st"), other.model, *other.optimizer, resume_options("0.03")),
+      Error);
 }
 
 // A resumed log keeps the lines up to its position and drops the later ones; a new one starts afresh.

@@ -42,9 +42,9 @@ TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module
   }
   const int epoch = state.state.counters.epoch;
   if (epoch > options.epochs)
-    throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(epoch) +
-                       ", past --epochs " + std::to_string(options.epochs) + "; give --epochs " +
-                       std::to_string(epoch) + " or more (--epochs counts all epochs, not the ones still to run)");
+    throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(epoch) + ", past --epochs " +
+                       std::to_string(options.epochs) + "; give --epochs " + std::to_string(epoch) +
+                       " or more (--epochs counts all epochs, not the ones still to run)");
   return state;
 }
 

@@ -71,7 +71,7 @@ std::vector<std::string> check_header(const std::string& path, const ResumeOptio
   std::vector<std::string> overridden;
   for (const RecordedSetting& setting : options.settings) {
     auto it = meta.find(kSettingPrefix + setting.key);
-    const std::string saved = it != meta.end()            ? excerpt(it->second)
+    const std::string saved = it != meta.end()          ? excerpt(it->second)
                               : setting.before_recorded ? *setting.before_recorded
                                                         : "(not recorded)";
     if (saved == setting.value) continue;
@@ -79,8 +79,8 @@ std::vector<std::string> check_header(const std::string& path, const ResumeOptio
       overridden.push_back(setting.name + " " + saved + " -> " + setting.value);
       continue;
     }
-    throw SettingMismatch("--resume '" + path + "' was made with --" + setting.name + " " + saved +
-                          ", this run has " + setting.value + setting.unit + "; resume with the same value" +
+    throw SettingMismatch("--resume '" + path + "' was made with --" + setting.name + " " + saved + ", this run has " +
+                          setting.value + setting.unit + "; resume with the same value" +
                           (setting.overridable ? " or allow the change with --override " + setting.name : ""));
   }
   return overridden;
@@ -113,8 +113,8 @@ CheckpointState read_state(const std::string& path, const std::map<std::string, 
   if (meta.count("loss_scale_bits") == 1) {  // absent from checkpoints older than loss scaling: unscaled
     c.loss_scale = float_of<float>(static_cast<uint32_t>(counter("loss_scale_bits", 0, 0xFFFFFFFFLL)));
     if (!std::isfinite(c.loss_scale) || c.loss_scale <= 0.0f)
-      throw Error("checkpoint '" + path + "': 'loss_scale_bits' gives the loss scale " +
-                  std::to_string(c.loss_scale) + "; a loss scale is a positive finite number");
+      throw Error("checkpoint '" + path + "': 'loss_scale_bits' gives the loss scale " + std::to_string(c.loss_scale) +
+                  "; a loss scale is a positive finite number");
     c.loss_scale_clean_steps =
         static_cast<int32_t>(counter("loss_scale_clean_steps", 0, std::numeric_limits<int32_t>::max()));
   }

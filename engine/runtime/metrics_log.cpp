@@ -20,8 +20,8 @@ MetricsLog::MetricsLog(std::string path, const std::string& position_key, std::o
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains(position_key) || !j[position_key].is_number_integer())
-      throw Error("'" + path_ + "': line " + std::to_string(n) + " is not a metrics line (a JSON object with an integer '" +
-                  position_key + "'); give another file");
+      throw Error("'" + path_ + "': line " + std::to_string(n) +
+                  " is not a metrics line (a JSON object with an integer '" + position_key + "'); give another file");
     if (j[position_key].get<int64_t>() <= *resume_at) content_ += line + "\n";
   }
 }

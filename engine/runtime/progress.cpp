@@ -45,15 +45,16 @@ std::string format_progress_line(const ProgressLine& p, int columns) {
   const std::string speed = buf;
   // With more epochs to go, the run's ETA is the one that matters; the epoch's is extra.
   const bool run_eta = p.run_eta_s >= 0 && p.total_epochs > 1;
-  const std::string main_eta = run_eta ? "run ETA " + format_duration(p.run_eta_s) : "ETA " + format_duration(p.epoch_eta_s);
+  const std::string main_eta =
+      run_eta ? "run ETA " + format_duration(p.run_eta_s) : "ETA " + format_duration(p.epoch_eta_s);
   const std::string epoch_eta = run_eta ? "epoch ETA " + format_duration(p.epoch_eta_s) : "";
 
   // Levels of detail, most first; the first whose line fits with a bar of 10 or more wins.
   struct Level {
     bool speed_long, speed, epoch_eta, count, loss;
   };
-  const Level levels[] = {{true, true, true, true, true},    {false, true, true, true, true},
-                          {false, false, true, true, true},  {false, false, false, true, true},
+  const Level levels[] = {{true, true, true, true, true},     {false, true, true, true, true},
+                          {false, false, true, true, true},   {false, false, false, true, true},
                           {false, false, false, false, true}, {false, false, false, false, false}};
   auto compose = [&](const Level& l, int bar, bool eta) {
     std::string s = epoch;

@@ -41,9 +41,9 @@ namespace cumulus::optim {
 
 // One setting of the run as a checkpoint records it and a resume compares it.
 struct RecordedSetting {
-  std::string name;   // as users name it: the command-line flag without its dashes ("lr")
-  std::string key;    // its metadata key, after "setting." ("lr", "micro_batch_size")
-  std::string value;  // as text: equal values give equal text
+  std::string name;          // as users name it: the command-line flag without its dashes ("lr")
+  std::string key;           // its metadata key, after "setting." ("lr", "micro_batch_size")
+  std::string value;         // as text: equal values give equal text
   bool overridable = false;  // a resume may change it where allowed (a hyperparameter of the update rule)
   // What a checkpoint that lacks the key ran with (one written before the setting was recorded);
   // unset: such a checkpoint is refused as "(not recorded)".
@@ -83,7 +83,7 @@ struct ResumeOptions {
 
 struct ResumedCheckpoint {
   CheckpointState state;
-  std::vector<std::string> overridden;  // "lr 0.001 -> 0.01": the changes ResumeOptions::overrides allowed
+  std::vector<std::string> overridden;          // "lr 0.001 -> 0.01": the changes ResumeOptions::overrides allowed
   std::map<std::string, std::string> metadata;  // every key, verified by the checksum
 };
 
