@@ -135,62 +135,6 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
   if (c.data_on == DataOnChoice::planner && !c.device.is_cuda()) c.data_on = DataOnChoice::device;  // the same memory
 }
 
-// The micro-batch and the accumulation steps the flags give (one process; on_ranks() and
-// with_plan() fold in what the ranks and the planner decide).
-void resolve_batch(const CommandLine& cli, RunConfig& c) {
-  c.epochs = cli.epochs;
-  c.batch_size = cli.batch_size;
-  c.effective_batch = cli.effective_batch;
-  c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
-                   : cli.batch_size_given   ? BatchSource::elastic
-                                            : BatchSource::planner;
-  c.accum_scheduled = !cli.schedule.empty();
-  c.accum_schedule = c.accum_scheduled ? cli.schedule : std::map<int, int>{{0, cli.accum_steps}};
-  c.memory_budget = cli.memory_budget;
-  c.memory_budget_bytes = cli.memory_budget_bytes;
-  c.plan_only = cli.plan_only;
-}
-
-void resolve_optimizer(const CommandLine& cli, RunConfig& c) {
-  c.optimizer = parse_choice<OptimizerKind>(cli.optimizer);
-  c.lr = cli.lr;
-  c.lr_schedule = parse_choice<LrScheduleKind>(cli.lr_schedule);
-  c.lr_step_size = cli.lr_step_size;
-  c.lr_gamma = cli.lr_gamma;
-  c.warmup_steps = cli.warmup_steps;
-  c.min_lr = cli.min_lr;
-  c.momentum = cli.momentum;
-  c.nesterov = cli.nesterov;
-  c.beta1 = cli.beta1;
-  c.beta2 = cli.beta2;
-  c.eps = cli.eps;
-  // PyTorch's defaults: 0 for SGD, 0.01 for AdamW.
-  c.weight_decay = cli.weight_decay.value_or(c.optimizer == OptimizerKind::adamw ? 0.01f : 0.0f);
-  c.clip_grad_norm = cli.clip_grad_norm;
-  c.normalization = parse_choice<optim::Normalization>(cli.normalize);
-}
-
-void copy_files_and_output(const CommandLine& cli, RunConfig& c) {
-  c.data_dir = cli.data_dir;
-  c.shuffle = cli.shuffle;
-  c.seed = cli.seed;
-  c.init_path = cli.init_path;
-  c.save_path = cli.save_path;
-  c.checkpoint_path = cli.checkpoint_path;
-  c.resume_path = cli.resume_path;
-  c.memory_report_path = cli.memory_report_path;
-  c.trace_path = cli.trace_path;
-  c.memory_plot_path = cli.memory_plot_path;
-  c.metrics_path = cli.metrics_path;
-  c.overrides = cli.overrides;
-  c.train_limit = cli.train_limit;
-  c.test_limit = cli.test_limit;
-  c.eval_batch_size = cli.eval_batch_size;
-  c.threads = cli.threads;
-  c.eval_only = cli.eval_only;
-  c.quiet = cli.quiet;
-}
-
 }  // namespace
 
 template <class E>
@@ -234,6 +178,7 @@ std::map<int, int> RunConfig::accum_schedule_all_ranks() const {
 
 RunConfig resolve_run_config(const CommandLine& cli) {
   RunConfig c;
+  static_cast<FlagValues&>(c) = cli;  // the values taken as given
   c.model = parse_choice<ModelKind>(cli.model);
   c.precision_by_planner = cli.precision == "auto";
   c.precision = c.precision_by_planner ? Precision::fp32 : parse_choice<Precision>(cli.precision);
@@ -241,9 +186,16 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   c.recompute = parse_choice<RecomputeChoice>(cli.recompute);
   c.data_on = parse_choice<DataOnChoice>(cli.data_on);
   c.graphs = parse_choice<GraphsChoice>(cli.graphs);
-  resolve_batch(cli, c);
-  resolve_optimizer(cli, c);
-  copy_files_and_output(cli, c);
+  c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
+                   : cli.batch_size_given   ? BatchSource::elastic
+                                            : BatchSource::planner;
+  c.accum_scheduled = !cli.schedule.empty();
+  c.accum_schedule = c.accum_scheduled ? cli.schedule : std::map<int, int>{{0, cli.accum_steps}};
+  c.optimizer = parse_choice<OptimizerKind>(cli.optimizer);
+  c.lr_schedule = parse_choice<LrScheduleKind>(cli.lr_schedule);
+  // PyTorch's defaults: 0 for SGD, 0.01 for AdamW.
+  c.weight_decay = cli.weight_decay.value_or(c.optimizer == OptimizerKind::adamw ? 0.01f : 0.0f);
+  c.normalization = parse_choice<optim::Normalization>(cli.normalize);
   resolve_device(cli, c);
   return c;
 }
