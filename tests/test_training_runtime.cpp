@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -20,8 +21,10 @@
 #include "cumulus/ops/ops.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
+#include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
 #include "cumulus/runtime/metrics_log.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/progress.h"
 #include "cumulus/runtime/stop_signal.h"
 #include "cumulus/runtime/trainer.h"
@@ -262,6 +265,53 @@ TEST(TrainingProgress, PlainLinesAboutEveryTenthOfTheEpoch) {
   ASSERT_NE(std::fgets(buf, sizeof buf, out), nullptr);
   EXPECT_EQ(std::string(buf).rfind("Epoch 1/2  5/50 micro-batches  loss 1.5000", 0), 0u) << buf;
   std::fclose(out);
+}
+
+// "EPOCH:STEPS,..." from epoch 0, and the steps a run of such epochs takes.
+TEST(AccumulationSchedule, ParsedFromTextAndCountedOverTheRun) {
+  EXPECT_EQ(optim::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
+  for (const char* bad : {"", "1:4", "0:4,0:2", "0:0", "0:x", "0:4,", "4", "0:4,2"}) {
+    try {
+      optim::parse_accum_schedule(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("'" + std::string(bad) + "': ", 0), 0u) << e.what();
+    }
+  }
+  // 10 micro-batches an epoch: groups of 4 (3 steps, the last of 2) in epochs 0-1, of 2 (5 steps) after.
+  EXPECT_EQ(optim::optimizer_steps_in_epochs({{0, 4}, {2, 2}}, 10, 3), 3 + 3 + 5);
+  EXPECT_EQ(optim::optimizer_steps_in_epochs({{0, 1}}, 10, 0), 0);
+}
+
+// The plan's table: one line per weighed setting, a header, one line per row with the chosen starred,
+// "fits" only against a budget, the unit named.
+TEST(PlanTable, EveryRowWithItsFitAndTheChoice) {
+  Plan plan;
+  plan.weighed.resize(1);
+  plan.weighed[0].time.probes = 3;
+  for (int64_t b : {32, 16}) {
+    PlanRow row;
+    row.micro_batch = b;
+    row.accum_steps = 32 / b;
+    row.peak_bytes = b << 20;
+    row.fits = b == 16;
+    row.chosen = b == 16;
+    plan.table.push_back(row);
+  }
+  const std::string without_budget = plan_table_text(plan, 0, "token");
+  EXPECT_NE(without_budget.find("budget none"), std::string::npos) << without_budget;
+  EXPECT_NE(without_budget.find("ms a token (3 sizes)"), std::string::npos) << without_budget;
+  const std::string with_budget = plan_table_text(plan, 20 << 20);
+  std::vector<std::string> rows;
+  std::istringstream lines(with_budget);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(" 32.00 ") != std::string::npos || line.find(" 16.00 ") != std::string::npos) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 2u) << with_budget;
+  EXPECT_NE(rows[0].find(" no "), std::string::npos) << rows[0];
+  EXPECT_EQ(rows[0].back(), ' ') << "not chosen: " << rows[0];
+  EXPECT_NE(rows[1].find(" yes "), std::string::npos) << rows[1];
+  EXPECT_EQ(rows[1].back(), '*') << rows[1];
+  EXPECT_NE(with_budget.find("budget 20.0 MiB"), std::string::npos) << with_budget;
 }
 
 // A signal only records the stop; the exit codes are the shell's.

@@ -13,6 +13,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/version.h"
 #include "run_config.h"
@@ -22,33 +23,6 @@ namespace fmnist {
 
 using cumulus::InvalidArgument;
 namespace fs = std::filesystem;
-
-std::map<int, int> parse_accum_schedule(const std::string& text) {
-  std::map<int, int> out;
-  std::size_t pos = 0;
-  auto bad = [&](const std::string& why) {
-    return InvalidArgument("--accum-schedule '" + text + "': " + why +
-                           " (expected EPOCH:STEPS,... starting at 0, e.g. 0:8,4:2)");
-  };
-  while (pos <= text.size()) {
-    const std::size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    const std::size_t colon = item.find(':');
-    if (colon == std::string::npos) throw bad("'" + item + "' has no ':'");
-    char* end = nullptr;
-    const long epoch = std::strtol(item.c_str(), &end, 10);
-    if (end != item.c_str() + colon || epoch < 0 || epoch > 1000000) throw bad("bad epoch in '" + item + "'");
-    const char* steps_text = item.c_str() + colon + 1;
-    const long steps = std::strtol(steps_text, &end, 10);
-    if (*steps_text == '\0' || *end != '\0' || steps <= 0 || steps > 1000000) throw bad("bad steps in '" + item + "'");
-    if (!out.emplace(static_cast<int>(epoch), static_cast<int>(steps)).second)
-      throw bad("epoch " + std::to_string(epoch) + " given twice");
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  if (out.empty() || out.begin()->first != 0) throw bad("the schedule must start at epoch 0");
-  return out;
-}
 
 std::string version_text() {
 #ifndef CUMULUS_GIT_COMMIT
@@ -409,9 +383,9 @@ void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
     try {
-      o.schedule = parse_accum_schedule(o.accum_schedule);
+      o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule);
     } catch (const InvalidArgument& e) {
-      throw UsageError{e.what()};
+      throw UsageError{"--accum-schedule " + std::string(e.what())};
     }
   }
   if (!o.memory_budget.empty()) {

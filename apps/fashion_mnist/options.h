@@ -78,9 +78,6 @@ struct ParseResult {
 
 ParseResult parse_command_line(int argc, char** argv);
 
-// "0:8,4:2" -> {{0, 8}, {4, 2}}; throws cumulus::InvalidArgument naming the text.
-std::map<int, int> parse_accum_schedule(const std::string& text);
-
 // What --version prints: version, commit, build type, and the backends compiled in.
 std::string version_text();
 
