@@ -55,8 +55,7 @@ std::string plan_table_text(const Plan& plan, int64_t budget, const std::string&
            budget <= 0 ? "-"
            : r.fits    ? "yes"
                        : "no",
-           static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, spread, r.epoch_seconds,
-           r.chosen ? "*" : "");
+           static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, spread, r.epoch_seconds, r.chosen ? "*" : "");
   }
   return out;
 }
