@@ -3,7 +3,10 @@
 // (runtime/progress.h) and the stop on a signal (runtime/stop_signal.h).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <csignal>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -26,6 +29,7 @@
 #include "cumulus/runtime/metrics_log.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/progress.h"
+#include "cumulus/runtime/run_files.h"
 #include "cumulus/runtime/stop_signal.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
@@ -312,6 +316,41 @@ TEST(PlanTable, EveryRowWithItsFitAndTheChoice) {
   EXPECT_NE(rows[1].find(" yes "), std::string::npos) << rows[1];
   EXPECT_EQ(rows[1].back(), '*') << rows[1];
   EXPECT_NE(with_budget.find("budget 20.0 MiB"), std::string::npos) << with_budget;
+}
+
+// Two outputs naming one file (through a symlink too), an output that is an input, and one inside a
+// data directory are refused naming both; an allowed replacement passes.
+TEST(RunFiles, OutputsMustNotBeEachOtherOrAnInput) {
+  TempDir dir;
+  io::write_file_atomic(dir.file("in.st"), "x");
+  std::filesystem::create_symlink(dir.file("a.json"), dir.file("link.json"));
+  auto refusal = [](const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal([&] { check_outputs_distinct({{"--a", dir.file("a.json")}, {"--b", dir.file("link.json")}}, {}); }),
+            "--a '" + dir.file("a.json") + "' and --b '" + dir.file("link.json") +
+                "' are the same file; give each output its own file");
+  const std::vector<RunFile> outputs = {{"--save", dir.file("in.st")}};
+  EXPECT_NE(refusal([&] { check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}}); })
+                .find("is the --init file"),
+            std::string::npos);
+  EXPECT_EQ(refusal([&] {
+              check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}},
+                                     [](const RunFile& in, const RunFile&) { return in.name == "--init"; });
+            }),
+            "");
+  EXPECT_NE(refusal([&] { check_outputs_outside(outputs, dir.str(), "the dataset"); }).find("a file of the dataset"),
+            std::string::npos);
+  EXPECT_EQ(refusal([&] { check_outputs_writable({{"--metrics", dir.file("m.jsonl")}}); }), "");
+  EXPECT_NE(refusal([&] { check_outputs_writable({{"--metrics", dir.file("missing/m.jsonl")}}); }).rfind("--metrics: ", 0),
+            std::string::npos);
+  EXPECT_NE(refusal([&] { check_outputs_writable({{"--save", dir.file(std::string(300, 'n'))}}); }).rfind("--save", 0),
+            std::string::npos);
 }
 
 // A signal only records the stop; the exit codes are the shell's.
