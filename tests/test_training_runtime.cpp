@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -332,12 +332,15 @@ TEST(RunFiles, OutputsMustNotBeEachOtherOrAnInput) {
     }
     return std::string();
   };
-  EXPECT_EQ(refusal([&] { check_outputs_distinct({{"--a", dir.file("a.json")}, {"--b", dir.file("link.json")}}, {}); }),
+  EXPECT_EQ(refusal([&] {
+              check_outputs_distinct({{"--a", dir.file("a.json")}, {"--b", dir.file("link.json")}}, {});
+            }),
             "--a '" + dir.file("a.json") + "' and --b '" + dir.file("link.json") +
                 "' are the same file; give each output its own file");
   const std::vector<RunFile> outputs = {{"--save", dir.file("in.st")}};
-  EXPECT_NE(refusal([&] { check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}}); })
-                .find("is the --init file"),
+  EXPECT_NE(refusal([&] {
+              check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}});
+            }).find("is the --init file"),
             std::string::npos);
   EXPECT_EQ(refusal([&] {
               check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}},
@@ -347,9 +350,13 @@ TEST(RunFiles, OutputsMustNotBeEachOtherOrAnInput) {
   EXPECT_NE(refusal([&] { check_outputs_outside(outputs, dir.str(), "the dataset"); }).find("a file of the dataset"),
             std::string::npos);
   EXPECT_EQ(refusal([&] { check_outputs_writable({{"--metrics", dir.file("m.jsonl")}}); }), "");
-  EXPECT_NE(refusal([&] { check_outputs_writable({{"--metrics", dir.file("missing/m.jsonl")}}); }).rfind("--metrics: ", 0),
+  EXPECT_NE(refusal([&] {
+              check_outputs_writable({{"--metrics", dir.file("missing/m.jsonl")}});
+            }).rfind("--metrics: ", 0),
             std::string::npos);
-  EXPECT_NE(refusal([&] { check_outputs_writable({{"--save", dir.file(std::string(300, 'n'))}}); }).rfind("--save", 0),
+  EXPECT_NE(refusal([&] {
+              check_outputs_writable({{"--save", dir.file(std::string(300, 'n'))}});
+            }).rfind("--save", 0),
             std::string::npos);
 }
 

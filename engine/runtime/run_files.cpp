@@ -102,8 +102,7 @@ void check_outputs_not_standard_streams(const std::vector<RunFile>& outputs) {
   }
 }
 
-void check_outputs_outside(const std::vector<RunFile>& outputs, const std::string& directory,
-                           const std::string& what) {
+void check_outputs_outside(const std::vector<RunFile>& outputs, const std::string& directory, const std::string& what) {
   if (outputs.empty()) return;
   const std::vector<Identity> ids = identify_outputs(outputs);
   std::error_code ec;

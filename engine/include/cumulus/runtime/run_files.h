@@ -33,7 +33,6 @@ void check_outputs_distinct(const std::vector<RunFile>& outputs, const std::vect
 void check_outputs_not_standard_streams(const std::vector<RunFile>& outputs);
 
 // No output is a regular file in `directory` (`what` names its files: "the dataset").
-void check_outputs_outside(const std::vector<RunFile>& outputs, const std::string& directory,
-                           const std::string& what);
+void check_outputs_outside(const std::vector<RunFile>& outputs, const std::string& directory, const std::string& what);
 
 }  // namespace cumulus
