@@ -131,6 +131,52 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   EXPECT_EQ(second.weights(), whole.weights());
 }
 
+// An error mid-group (here at micro-batch 10, the group 9-11 in flight) leaves the point at the last
+// boundary, 9: resumed from its checkpoint, the run ends with the same bits as one never stopped,
+// and its mean loss for the epoch is the uninterrupted one's.
+TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
+  TempDir dir;
+  Classifier whole, failing, resumed;
+  for (int e = 0; e < 2; ++e) whole.epoch(e);
+  const double whole_last_loss = whole.trainer->epoch_loss_sum() / whole.trainer->epoch_units_stepped();
+
+  optim::ResumePoint point(*failing.trainer, {});
+  failing.epoch(0, point.begin_epoch(0));
+  point.end_epoch();
+  int64_t calls = 0;
+  try {
+    failing.trainer->train_epoch(
+        *failing.loader, 1,
+        [&](const data::Batch& b) {
+          if (calls++ == 10) throw OutOfMemory("pretend");
+          return ops::cross_entropy(failing.model(b.x), b.y, ops::Reduction::Sum);
+        },
+        point.begin_epoch(1));
+    FAIL() << "no error";
+  } catch (const OutOfMemory&) {
+  }
+  EXPECT_EQ(failing.trainer->micro_batch_index(), 10) << "the group in flight";
+  const optim::CheckpointState state = point.state();
+  EXPECT_EQ(state.counters.epoch, 1);
+  EXPECT_EQ(state.counters.micro_batch_index, 9);
+  EXPECT_EQ(state.epoch_units, 9 * kBatch);
+  optim::save_training_checkpoint(dir.file("ck.st"), failing.model, *failing.optimizer, state, settings("0.03"));
+
+  const optim::ResumedCheckpoint r =
+      optim::load_training_checkpoint(dir.file("ck.st"), resumed.model, *resumed.optimizer, resume_options("0.03"));
+  resumed.trainer->restore(r.state.counters);
+  optim::ResumePoint resumed_point(*resumed.trainer, r.state);
+  EXPECT_EQ(resumed_point.epoch(), 1);
+  EXPECT_TRUE(resumed.epoch(1, resumed_point.begin_epoch(1)).finished);
+  EXPECT_EQ(resumed.weights(), whole.weights());
+  EXPECT_EQ(resumed_point.epoch_units(), kRows);
+  EXPECT_NEAR(resumed_point.mean_loss(), whole_last_loss, 1e-12);
+  resumed_point.end_epoch();
+  EXPECT_EQ(resumed_point.state().counters.epoch, 2);
+  EXPECT_EQ(resumed_point.state().counters.micro_batch_index, 0);
+  EXPECT_EQ(resumed_point.state().epoch_loss_sum, 0.0);
+}
+
 // A different setting is refused naming it; an overridable one is accepted when allowed, and
 // reported; plain weights are not a checkpoint.
 TEST(TrainingCheckpoint, SettingsMustMatchUnlessOverridden) {

@@ -1,25 +1,12 @@
 // fashion_mnist: the seed experiment end to end (see --help and docs/fashion_mnist.md).
 //
-// Note [The app as a pipeline]: main() reads top to bottom as the run goes.
-//   1. parse: parse_command_line() (options.cpp) turns the command line into a CommandLine, each
-//      flag's value as given, checked; a usage error is one line and exit code 2 before any work.
-//   2. resolve: resolve_run_config() (run_config.cpp) makes the run's configuration of it: every
-//      choice an enum, the device, precision and kernels checked together (a usage error, exit
-//      code 2, still before any work). What only the run finds is folded in as it is found, each
-//      time into a new const RunConfig (Note [Run configuration] in run_config.h): this rank's
-//      place and device from place_on_ranks() (data_parallel.cpp, which also checks that every
-//      rank has the same settings), and with --effective-batch and --memory-budget the planner's
-//      micro-batch, accumulation steps and --recompute auto from plan_batch() (planning.cpp).
-//      Nothing writes a configuration: every function after resolution receives a const one.
-//   3. run: the model, the data, the optimizer and the Trainer (training_setup.cpp), a resumed
-//      checkpoint (checkpoint.cpp; the settings it records, the ranks compare and the memory
-//      report shows come from one table, settings.cpp), the banner (reports.cpp), then train()
-//      (training_loop.cpp): epochs through Trainer::train_epoch, test passes through
-//      optim::evaluate_classifier, --metrics (metrics_file.cpp), checkpoints, and the stops at a
-//      group boundary; then the final weights and the reports.
-//   4. exit code: run_and_report() maps how the run ended to 0, 1 (runtime failure), 2 (usage),
-//      130 / 143 / 141 (SIGINT / SIGTERM / stdout closed, run_control.h); with several ranks a
-//      failure on one rank ends the job.
+// Note [The app as a pipeline]: main() reads top to bottom as the run goes: parse the command line
+// (options.cpp; a usage error is one line and exit 2 before any work), resolve it into a const
+// RunConfig (run_config.cpp), fold in this rank's place (data_parallel.cpp) and the planner's
+// choice (planning.cpp), make the parts (training_setup.cpp), resume a checkpoint (checkpoint.cpp),
+// train (training_loop.cpp), then write the weights and reports; run_and_report() maps how the run
+// ended to its exit code: 0, 1 (runtime failure), 2 (usage), 130 / 143 / 141 (SIGINT / SIGTERM /
+// stdout closed).
 #include <cstdio>
 #include <memory>
 #include <optional>

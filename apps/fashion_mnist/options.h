@@ -1,9 +1,6 @@
-// The command line of fashion_mnist, parsed and checked with CLI11: the first step of the pipeline
-// (Note [The app as a pipeline] in main.cpp). Each flag's value as given (choices as text; numbers,
-// the seed, --betas, --accum-schedule, --memory-budget and --override read into their types), checked
-// alone and against each other; resolve_run_config() (run_config.h) makes the run's configuration
-// of it. Usage errors (bad values, unreadable files) are reported in one line and give exit code 2
-// before any work. As with argparse, the last value of a repeated flag wins.
+// The command line, parsed and checked with CLI11 (Note [The app as a pipeline] in main.cpp): each
+// flag's value as given, checked alone and against the others. A usage error is one line and exit
+// code 2 before any work. As with argparse, the last value of a repeated flag wins.
 #pragma once
 
 #include <cstdint>

@@ -1,18 +1,10 @@
 // The run's configuration, resolved from the command line: every choice an enum, every derived
-// value (the device, the accumulation steps, the planner's micro-batch, each rank's outputs)
-// computed here, once.
+// value computed here, once.
 //
-// Note [Run configuration]: the app reads its settings from a RunConfig that only this file's
-// functions make, and every other function receives it as `const RunConfig&`. It is made in three
-// steps, each a new object folded from the one before and a value found meanwhile, never an edit of
-// a live configuration:
-//   resolve_run_config(CommandLine)  the choices as enums, the device, precision and kernels checked
-//                                    together, the accumulation steps of the flags (one process);
-//   on_ranks(config, RankPlacement)  what data_parallel.cpp found: this rank, the number of ranks and
-//                                    this rank's device; --effective-batch with --batch-size becomes
-//                                    accumulation steps, and each rank gets its own outputs;
-//   with_plan(config, BatchPlan)     what planning.cpp found: the micro-batch, the accumulation steps
-//                                    and --recompute auto's decision.
+// Note [Run configuration]: only this file's functions make a RunConfig; everything else receives
+// a `const RunConfig&`. Each step folds what was found into a new one, never editing a live one:
+// resolve_run_config (the flags), on_ranks (this rank, the ranks, its device and outputs) and
+// with_plan (the planner's micro-batch, accumulation steps and levers).
 #pragma once
 
 #include <cstdint>

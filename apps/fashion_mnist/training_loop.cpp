@@ -50,7 +50,7 @@ class TrainingLoop {
         o_(p.o),
         trainer_(p.trainer),
         progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
-        boundary_(p.state.state),
+        resume_point_(p.trainer, p.state.state),
         metrics_(open_metrics(p.o, p.state)) {
     p.trainer.set_tracker(&p.tracker);
   }
@@ -68,39 +68,21 @@ class TrainingLoop {
   int stop(const std::string& message, int code, const char* why);
   bool stop_asked() { return stop_requested_on_any_rank(p_.comm); }
   int stop_together(const std::string& where);
-  double mean_loss_so_far() const {
-    return (loss_before_run_ + trainer_.epoch_loss_sum()) /
-           static_cast<double>(std::max<int64_t>(boundary_.epoch_units, 1));
-  }
 
   const TrainingParts& p_;
   const RunConfig& o_;
   const optim::Trainer& trainer_;  // the counters
   TrainingProgress progress_;
-  // The Trainer sums an epoch's loss on the device (read at a progress refresh, a checkpoint and
-  // the epoch's end); `loss_before_run_` is what a resumed epoch had before this run.
-  double loss_before_run_ = 0.0;
-  // The last group boundary: what a checkpoint written now restores (a group in flight when an
-  // error stops the run is dropped). Its step counters live on the device, read when a checkpoint
-  // is written. Between an epoch's last group and its test pass, it is the epoch's end: a run
-  // interrupted in the test pass resumes with that test pass.
-  optim::CheckpointState boundary_;
+  // The last group boundary: what a checkpoint written now restores. Between an epoch's last group
+  // and its test pass, the epoch's end: a run interrupted in the test pass resumes with that pass.
+  optim::ResumePoint resume_point_;
   MetricsLog metrics_;
 };
 
 void TrainingLoop::checkpoint_now(const char* why) {
   if (o_.checkpoint_path.empty()) return;
-  const optim::TrainingCounters now = trainer_.counters();
-  optim::TrainingCounters& c = boundary_.counters;
-  c.optimizer_steps = now.optimizer_steps;
-  c.skipped_steps = now.skipped_steps;
-  c.loss_scale = now.loss_scale;
-  c.loss_scale_clean_steps = now.loss_scale_clean_steps;
-  c.last_lr = now.last_lr;
-  boundary_.optimizer_updates = p_.optimizer.updates();
-  boundary_.epoch_loss_sum = c.micro_batch_index == 0 ? 0.0 : loss_before_run_ + trainer_.epoch_loss_sum();
   try {
-    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, boundary_, o_);
+    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, resume_point_.state(), o_);
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
   }
@@ -139,17 +121,8 @@ int TrainingLoop::stop_together(const std::string& where) {
 }
 
 Epoch TrainingLoop::begin_epoch(int epoch) {
-  const optim::CheckpointState& start = p_.state.state;
-  const bool resuming_epoch = epoch == start.counters.epoch;
   Epoch e;
   e.index = epoch;
-  e.first = resuming_epoch ? start.counters.micro_batch_index : 0;
-  loss_before_run_ = resuming_epoch ? start.epoch_loss_sum : 0.0;
-  progress_.begin_epoch(epoch, p_.train_loader.num_batches(), e.first);
-  boundary_.counters = trainer_.counters();  // as Trainer::train_epoch's begin_epoch will set them
-  boundary_.counters.epoch = epoch;
-  boundary_.counters.micro_batch_index = e.first;
-  boundary_.epoch_units = resuming_epoch ? start.epoch_units : 0;
   e.skipped_before = trainer_.skipped_steps();
   e.comm_before = p_.comm.stats();
   e.buckets_in_backward_before = trainer_.buckets_started_in_backward();
@@ -162,22 +135,20 @@ Epoch TrainingLoop::begin_epoch(int epoch) {
 // run has done, batch norm's running statistics included. With several ranks, at a boundary all of
 // them agree on, so they stop together.
 std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
-  const int64_t samples_before = boundary_.epoch_units;  // a resumed epoch's, before this run
-  optim::EpochOptions epoch_options;
-  epoch_options.first = e.first;
-  epoch_options.stop = [&](int64_t) { return stop_asked(); };
-  epoch_options.on_step = [&](const optim::MicroBatchDone& d) {
+  optim::EpochOptions hooks;
+  hooks.stop = [&](int64_t) { return stop_asked(); };
+  hooks.on_step = [&](const optim::MicroBatchDone&) {
     e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
-    boundary_.counters.micro_batch_index = trainer_.micro_batch_index();
-    boundary_.counters.micro_batches_total = trainer_.micro_batches_total();
-    boundary_.epoch_units = samples_before + d.units_done;  // every rank's samples (one unit each)
   };
-  epoch_options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+  hooks.on_micro_batch = [&](const optim::MicroBatchDone& d) {
     if (d.trained_here) e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
     fault_signal_point("micro_batch", e.index + 1, d.index);
     e.samples_this_run = d.units_done;
-    if (progress_.due(d.index + 1)) progress_.update(d.index + 1, mean_loss_so_far(), e.samples_this_run);
+    if (progress_.due(d.index + 1)) progress_.update(d.index + 1, resume_point_.mean_loss(), e.samples_this_run);
   };
+  const optim::EpochOptions epoch_options = resume_point_.begin_epoch(e.index, hooks);
+  e.first = epoch_options.first;
+  progress_.begin_epoch(e.index, p_.train_loader.num_batches(), e.first);
   const optim::EpochResult r = p_.trainer.train_epoch(
       p_.train_loader, e.index, [&](const data::Batch& b) { return training_loss(p_.model, b); }, epoch_options);
   if (r.finished) return std::nullopt;
@@ -189,7 +160,7 @@ std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
 void TrainingLoop::end_training_of(Epoch& e) {
   progress_.end_epoch();
   // Reading the loss waits for the device, so the epoch's time includes its queued work.
-  e.train_loss = mean_loss_so_far();
+  e.train_loss = resume_point_.mean_loss();
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e.t0).count();
   const int64_t skipped = trainer_.skipped_steps() - e.skipped_before;
   e.scaling = needs_loss_scaling(o_.precision);
@@ -278,10 +249,7 @@ std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
   } catch (const Error& err) {
     throw Error("--metrics: " + std::string(err.what()));
   }
-  boundary_.counters = trainer_.counters();
-  boundary_.counters.epoch = e.index + 1;
-  boundary_.counters.micro_batch_index = 0;
-  boundary_.epoch_units = 0;
+  resume_point_.end_epoch();
   checkpoint_now("epoch end");
   // After the epoch's checkpoint: nothing is lost, the next run starts the next epoch.
   if (stop_asked()) return stop_together("after epoch " + std::to_string(e.index + 1));
@@ -290,7 +258,7 @@ std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
 
 std::optional<int> TrainingLoop::run() {
   try {
-    for (int epoch = p_.state.state.counters.epoch; epoch < o_.epochs; ++epoch) {
+    for (int epoch = resume_point_.epoch(); epoch < o_.epochs; ++epoch) {
       Epoch e = begin_epoch(epoch);
       if (const std::optional<int> stopped = train_micro_batches(e)) return stopped;
       end_training_of(e);

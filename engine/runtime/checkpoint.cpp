@@ -1,5 +1,6 @@
 #include "cumulus/runtime/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -182,6 +183,54 @@ ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Mo
   }
   r.metadata = std::move(loaded.metadata);
   return r;
+}
+
+ResumePoint::ResumePoint(Trainer& trainer, const CheckpointState& start)
+    : trainer_(trainer), start_(start), point_(start) {}
+
+EpochOptions ResumePoint::begin_epoch(int epoch, EpochOptions options) {
+  const bool resuming = epoch == start_.counters.epoch;
+  options.first = resuming ? start_.counters.micro_batch_index : 0;
+  loss_before_ = resuming ? start_.epoch_loss_sum : 0.0;
+  const int64_t units_before = resuming ? start_.epoch_units : 0;
+  point_.counters = trainer_.counters();  // as train_epoch's begin_epoch will set them
+  point_.counters.epoch = epoch;
+  point_.counters.micro_batch_index = options.first;
+  point_.epoch_units = units_before;
+  options.on_step = [this, units_before, then = std::move(options.on_step)](const MicroBatchDone& done) {
+    point_.counters.micro_batch_index = trainer_.micro_batch_index();
+    point_.counters.micro_batches_total = trainer_.micro_batches_total();
+    point_.epoch_units = units_before + done.units_done;
+    if (then) then(done);
+  };
+  return options;
+}
+
+void ResumePoint::end_epoch() {
+  const int next = point_.counters.epoch + 1;
+  point_.counters = trainer_.counters();
+  point_.counters.epoch = next;
+  point_.counters.micro_batch_index = 0;
+  point_.epoch_units = 0;
+  loss_before_ = 0.0;
+}
+
+double ResumePoint::mean_loss() const {
+  return (loss_before_ + trainer_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(point_.epoch_units, 1));
+}
+
+CheckpointState ResumePoint::state() const {
+  CheckpointState s = point_;
+  const TrainingCounters now = trainer_.counters();
+  s.counters.optimizer_steps = now.optimizer_steps;
+  s.counters.skipped_steps = now.skipped_steps;
+  s.counters.loss_scale = now.loss_scale;
+  s.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
+  s.counters.last_lr = now.last_lr;
+  s.counters.accum_steps_override = now.accum_steps_override;
+  s.optimizer_updates = trainer_.optimizer().updates();
+  s.epoch_loss_sum = s.counters.micro_batch_index == 0 ? 0.0 : loss_before_ + trainer_.epoch_loss_sum();
+  return s;
 }
 
 bool is_training_checkpoint(const std::string& path) {

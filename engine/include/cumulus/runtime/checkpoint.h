@@ -32,6 +32,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/runtime/accumulation.h"
+#include "cumulus/runtime/trainer.h"
 
 namespace cumulus::nn {
 class Module;
@@ -100,6 +101,38 @@ class SettingMismatch : public InvalidArgument {
 // checksum, holds non-finite values or has counters outside `options`' run.
 ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, Optimizer& optimizer,
                                            const ResumeOptions& options);
+
+// The point a run would resume from, kept as Trainer::train_epoch goes: the last group boundary
+// (so a checkpoint written after an error mid-group, out of memory say, holds what was stepped and
+// not the group in flight), and the epoch's running loss across a resume.
+//
+//   ResumePoint point(trainer, resumed.state);             // or CheckpointState{}: epoch 0
+//   for (int epoch = point.epoch(); epoch < epochs; ++epoch) {
+//     trainer.train_epoch(loader, epoch, loss, point.begin_epoch(epoch, my_hooks));
+//     ... evaluate; point.end_epoch(); save_training_checkpoint(path, model, optimizer, point.state(), settings);
+//   }
+class ResumePoint {
+ public:
+  ResumePoint(Trainer& trainer, const CheckpointState& start);
+  int epoch() const { return point_.counters.epoch; }
+  // Starts `epoch`: `options` with `first` set (the start's micro-batch in the start's epoch, else
+  // 0) and an on_step that records each boundary before calling options.on_step.
+  EpochOptions begin_epoch(int epoch, EpochOptions options = {});
+  // After the epoch and what follows it (an evaluation): the point is the next epoch's start.
+  void end_epoch();
+  // The epoch's mean training loss per unit to the last boundary, a resumed epoch's earlier part
+  // included, and its units (every rank's). The loss reads the device.
+  double mean_loss() const;
+  int64_t epoch_units() const { return point_.epoch_units; }
+  // The point as a checkpoint records it; the step counters (unchanged since the boundary) and the
+  // epoch's loss are read from the device now.
+  CheckpointState state() const;
+
+ private:
+  Trainer& trainer_;
+  CheckpointState start_, point_;
+  double loss_before_ = 0.0;  // a resumed epoch's loss before this run
+};
 
 // Whether the file's metadata names it a training checkpoint (of any version): reads the header only.
 bool is_training_checkpoint(const std::string& path);
