@@ -188,7 +188,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--graphs", o.graphs,
                  "auto|on|off. On CUDA, run each micro-batch and optimizer step as a CUDA graph replay after "
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->check(CLI::IsMember(choice_names<GraphsChoice>()))
       ->capture_default_str();
   app.add_option("--recompute", o.recompute,
                  "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
@@ -196,7 +196,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
                  "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
                  "one) predicted for every micro-batch, the fastest plan that fits taken")
-      ->check(CLI::IsMember({"off", "on", "auto"}))
+      ->check(CLI::IsMember(choice_names<RecomputeChoice>()))
       ->capture_default_str();
   app.add_option("--precision", o.precision,
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
@@ -207,7 +207,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "CUDA bf16 needs compute capability 8.0, fp16 7.0. auto, with the planner: fp32 and bf16 both "
                  "predicted, bf16 taken only when it is more than 2% faster or the only one that fits (an opt-in: "
                  "it changes the numbers)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}))
+      ->check(CLI::IsMember(choice_names<cumulus::Precision>("auto")))
       ->capture_default_str();
   app.add_option("--kernels", o.kernels,
                  "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
@@ -215,7 +215,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "one op per layer (the reference). auto: generic, because the fused kernels have never run on a "
                  "GPU (once measured there: fused on CUDA in fp32 for micro-batches up to 64 without recompute). "
                  "fused needs --model mlp and --precision fp32; on the CPU it computes the generic path's bits")
-      ->check(CLI::IsMember({"auto", "fused", "generic"}))
+      ->check(CLI::IsMember(choice_names<cumulus::nn::KernelChoice>()))
       ->capture_default_str();
   app.add_option("--data-on", o.data_on,
                  "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
@@ -223,7 +223,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "memory on a copy stream one micro-batch ahead, overlapped with compute, so the device holds "
                  "only two micro-batches of data. Same results either way. auto, with the planner on CUDA: host "
                  "only when no plan with the data on the device fits. CPU: no difference (auto is device)")
-      ->check(CLI::IsMember({"device", "host", "auto"}))
+      ->check(CLI::IsMember(choice_names<DataOnChoice>()))
       ->capture_default_str();
 }
 
@@ -264,7 +264,7 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant; step: lr x --lr-gamma every --lr-step-size optimizer steps (PyTorch's StepLR); cosine: "
                  "linear warmup over --warmup-steps, then cosine decay to --min-lr at the run's last step")
-      ->check(CLI::IsMember({"constant", "step", "cosine"}))
+      ->check(CLI::IsMember(choice_names<LrScheduleKind>()))
       ->capture_default_str();
   app.add_option("--lr-step-size", o.lr_step_size, "step schedule: optimizer steps between decays")
       ->check(integer_in(1, kMaxSamples));

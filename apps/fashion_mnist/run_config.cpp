@@ -21,72 +21,40 @@ struct Choices {
 };
 
 template <class E>
-const Choices<E>& choices();
+extern const Choices<E> kChoices;
 
 template <>
-const Choices<ModelKind>& choices() {
-  static const Choices<ModelKind> c{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
-  return c;
-}
+const Choices<ModelKind> kChoices<ModelKind>{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
 template <>
-const Choices<OptimizerKind>& choices() {
-  static const Choices<OptimizerKind> c{
-      "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
-  return c;
-}
+const Choices<OptimizerKind> kChoices<OptimizerKind>{
+    "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
 template <>
-const Choices<LrScheduleKind>& choices() {
-  static const Choices<LrScheduleKind> c{
-      "--lr-schedule",
-      nullptr,
-      {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
-  return c;
-}
+const Choices<LrScheduleKind> kChoices<LrScheduleKind>{
+    "--lr-schedule",
+    nullptr,
+    {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
 template <>
-const Choices<GraphsChoice>& choices() {
-  static const Choices<GraphsChoice> c{
-      "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
-  return c;
-}
+const Choices<GraphsChoice> kChoices<GraphsChoice>{
+    "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
 template <>
-const Choices<RecomputeChoice>& choices() {
-  static const Choices<RecomputeChoice> c{
-      "--recompute",
-      nullptr,
-      {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
-  return c;
-}
+const Choices<RecomputeChoice> kChoices<RecomputeChoice>{
+    "--recompute", nullptr, {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
 template <>
-const Choices<DataOnChoice>& choices() {
-  static const Choices<DataOnChoice> c{
-      "--data-on",
-      nullptr,
-      {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
-  return c;
-}
+const Choices<DataOnChoice> kChoices<DataOnChoice>{
+    "--data-on", nullptr, {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
 template <>
-const Choices<Precision>& choices() {
-  static const Choices<Precision> c{
-      "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
-  return c;
-}
+const Choices<Precision> kChoices<Precision>{
+    "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
 template <>
-const Choices<nn::KernelChoice>& choices() {
-  static const Choices<nn::KernelChoice> c{"--kernels",
-                                           nullptr,
-                                           {{"auto", nn::KernelChoice::automatic},
-                                            {"fused", nn::KernelChoice::fused},
-                                            {"generic", nn::KernelChoice::generic}}};
-  return c;
-}
+const Choices<nn::KernelChoice> kChoices<nn::KernelChoice>{
+    "--kernels",
+    nullptr,
+    {{"auto", nn::KernelChoice::automatic}, {"fused", nn::KernelChoice::fused}, {"generic", nn::KernelChoice::generic}}};
 template <>
-const Choices<optim::Normalization>& choices() {
-  static const Choices<optim::Normalization> c{
-      "--normalize",
-      nullptr,
-      {{"samples", optim::Normalization::units}, {"micro-batches", optim::Normalization::micro_batches}}};
-  return c;
-}
+const Choices<optim::Normalization> kChoices<optim::Normalization>{
+    "--normalize",
+    nullptr,
+    {{"samples", optim::Normalization::units}, {"micro-batches", optim::Normalization::micro_batches}}};
 
 // "a or b", "a, b or c".
 template <class E>
@@ -139,7 +107,7 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
 
 template <class E>
 E parse_choice(const std::string& text) {
-  const Choices<E>& c = choices<E>();
+  const Choices<E>& c = kChoices<E>;
   for (const auto& [name, value] : c.values)
     if (text == name) return value;
   const std::string expected = "expected " + listed(c);
@@ -149,14 +117,23 @@ E parse_choice(const std::string& text) {
 
 template <class E>
 const char* choice_name(E value) {
-  for (const auto& [name, v] : choices<E>().values)
+  for (const auto& [name, v] : kChoices<E>.values)
     if (v == value) return name;
   throw std::logic_error("choice_name: a value missing from its table");
 }
 
+template <class E>
+std::vector<std::string> choice_names(const char* extra) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : kChoices<E>.values) names.push_back(name);
+  if (extra != nullptr) names.push_back(extra);
+  return names;
+}
+
 #define FMNIST_CHOICE(E)                          \
   template E parse_choice<E>(const std::string&); \
-  template const char* choice_name<E>(E);
+  template const char* choice_name<E>(E);         \
+  template std::vector<std::string> choice_names<E>(const char*);
 FMNIST_CHOICE(ModelKind)
 FMNIST_CHOICE(OptimizerKind)
 FMNIST_CHOICE(LrScheduleKind)

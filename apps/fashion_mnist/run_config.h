@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
@@ -42,6 +43,9 @@ E parse_choice(const std::string& text);
 // The flag value that names `value`: "mlp", "micro-batches", "auto".
 template <class E>
 const char* choice_name(E value);
+// Every flag value of E, in the table's order, then `extra` if given (CLI11's IsMember list).
+template <class E>
+std::vector<std::string> choice_names(const char* extra = nullptr);
 
 struct RunConfig : FlagValues {
   // What runs where, and how.
