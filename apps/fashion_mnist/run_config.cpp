@@ -38,18 +38,23 @@ const Choices<GraphsChoice> kChoices<GraphsChoice>{
     "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
 template <>
 const Choices<RecomputeChoice> kChoices<RecomputeChoice>{
-    "--recompute", nullptr, {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
+    "--recompute",
+    nullptr,
+    {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
 template <>
 const Choices<DataOnChoice> kChoices<DataOnChoice>{
-    "--data-on", nullptr, {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
+    "--data-on",
+    nullptr,
+    {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
 template <>
 const Choices<Precision> kChoices<Precision>{
     "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
 template <>
-const Choices<nn::KernelChoice> kChoices<nn::KernelChoice>{
-    "--kernels",
-    nullptr,
-    {{"auto", nn::KernelChoice::automatic}, {"fused", nn::KernelChoice::fused}, {"generic", nn::KernelChoice::generic}}};
+const Choices<nn::KernelChoice> kChoices<nn::KernelChoice>{"--kernels",
+                                                           nullptr,
+                                                           {{"auto", nn::KernelChoice::automatic},
+                                                            {"fused", nn::KernelChoice::fused},
+                                                            {"generic", nn::KernelChoice::generic}}};
 template <>
 const Choices<optim::Normalization> kChoices<optim::Normalization>{
     "--normalize",
