@@ -18,7 +18,9 @@
 // the optimizer and its hyperparameters, batch and accumulation, data order, schedule, ...), each
 // as text that is equal for equal values. Resuming with a different value is refused, naming it,
 // unless the setting is overridable and the caller allows the change (ResumeOptions::overrides):
-// then the change is reported (ResumedCheckpoint::overridden). The counters are range-checked
+// then the change is reported (ResumedCheckpoint::overridden). Settings are named as a command line
+// names them: "--resume 'ck.st' was made with --lr 0.001, this run has 0.01; resume with the same
+// value or allow the change with --override lr". The counters are range-checked
 // before anything is restored, so a damaged or forged value names the file.
 #pragma once
 
