@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -177,6 +178,14 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   EXPECT_EQ(resumed_point.state().epoch_loss_sum, 0.0);
 }
 
+// Equal floats give equal text, the shortest that reads back as the same float.
+TEST(TrainingCheckpoint, FloatSettingsReadBackExactly) {
+  EXPECT_EQ(optim::setting_text(0.001f), "0.001");
+  EXPECT_EQ(optim::setting_text(0.9f), "0.9");
+  for (float v : {0.1f + 0.2f, 1.0f / 3.0f, 3e-8f, 123456.789f})
+    EXPECT_EQ(std::strtof(optim::setting_text(v).c_str(), nullptr), v) << optim::setting_text(v);
+}
+
 // A different setting is refused naming it; an overridable one is accepted when allowed, and
 // reported; plain weights are not a checkpoint.
 TEST(TrainingCheckpoint, SettingsMustMatchUnlessOverridden) {
@@ -328,6 +337,9 @@ TEST(AccumulationSchedule, ParsedFromTextAndCountedOverTheRun) {
       EXPECT_EQ(std::string(e.what()).rfind("'" + std::string(bad) + "': ", 0), 0u) << e.what();
     }
   }
+  EXPECT_EQ(optim::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
+  EXPECT_EQ(optim::parse_accum_schedule(optim::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
+            (std::map<int, int>{{0, 3}, {7, 1}, {9, 12}}));
   // 10 micro-batches an epoch: groups of 4 (3 steps, the last of 2) in epochs 0-1, of 2 (5 steps) after.
   EXPECT_EQ(optim::optimizer_steps_in_epochs({{0, 4}, {2, 2}}, 10, 3), 3 + 3 + 5);
   EXPECT_EQ(optim::optimizer_steps_in_epochs({{0, 1}}, 10, 0), 0);

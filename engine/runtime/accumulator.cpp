@@ -270,6 +270,13 @@ std::map<int, int> parse_accum_schedule(const std::string& text) {
   return out;
 }
 
+std::string accum_schedule_text(const std::map<int, int>& schedule) {
+  std::string text;
+  for (const auto& [epoch, steps] : schedule)
+    text += (text.empty() ? "" : ",") + std::to_string(epoch) + ":" + std::to_string(steps);
+  return text;
+}
+
 int64_t optimizer_steps_in_epochs(const std::map<int, int>& schedule, int64_t micro_batches, int epochs) {
   int64_t steps = 0;
   for (int e = 0; e < epochs; ++e) {

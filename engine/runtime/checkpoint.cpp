@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -133,6 +135,15 @@ CheckpointState read_state(const std::string& path, const std::map<std::string, 
 }
 
 }  // namespace
+
+std::string setting_text(float value) {
+  char buf[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(value));
+    if (std::strtof(buf, nullptr) == value) break;
+  }
+  return buf;
+}
 
 void save_training_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
                               const CheckpointState& s, const std::vector<RecordedSetting>& settings,

@@ -94,6 +94,8 @@ int accum_steps_for_epoch(const std::map<int, int>& schedule, int epoch);
 // Epochs from 0 to 1000000, each once, the first 0; steps from 1 to 1000000. Throws InvalidArgument
 // whose message starts with the quoted text and says what is wrong.
 std::map<int, int> parse_accum_schedule(const std::string& text);
+// The schedule as parse_accum_schedule reads it: {{0, 8}, {4, 2}} is "0:8,4:2".
+std::string accum_schedule_text(const std::map<int, int>& schedule);
 
 // The optimizer steps of epochs 0 .. epochs - 1, each of `micro_batches` micro-batches in groups of
 // that epoch's steps by `schedule` (a short last group is a step too): what a schedule over the

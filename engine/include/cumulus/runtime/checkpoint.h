@@ -54,6 +54,10 @@ struct RecordedSetting {
   std::string unit;  // added after the value in a refusal: " (micro-batches per step, all ranks together)"
 };
 
+// A float as a setting's text: the shortest that reads back as the same float ("0.001", not
+// "0.00100000005"), so equal values give equal text.
+std::string setting_text(float value);
+
 // The position and counters of a run at a group boundary, besides the weights and optimizer state.
 struct CheckpointState {
   // counters.epoch and counters.micro_batch_index: where a resumed run continues (micro_batch_index
