@@ -15,6 +15,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/run_files.h"
 #include "cumulus/version.h"
 #include "run_config.h"
 #include "settings.h"
@@ -83,26 +84,6 @@ CLI::Validator unsigned_64() {
         return {};
       },
       "UINT64", "unsigned_64");
-}
-
-std::string describe_kind(const fs::file_status& st) {
-  switch (st.type()) {
-    case fs::file_type::directory: return "a directory";
-    case fs::file_type::fifo: return "a FIFO";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::socket: return "a socket";
-    default: return "not a regular file";
-  }
-}
-
-void check_readable_file(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  require(fs::exists(st), flag + " '" + path + "': no such file");
-  require(fs::is_regular_file(st), flag + " '" + path + "' is " + describe_kind(st) + ", not a regular file");
-  require(::access(path.c_str(), R_OK) == 0, flag + " '" + path + "': not readable");
 }
 
 // Terminal width for the help text: the terminal's, else $COLUMNS, else 100.
@@ -441,8 +422,11 @@ void check_input_files(const CommandLine& o) {
     std::error_code ec;
     require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
   }
-  check_readable_file("--init", o.init_path);
-  check_readable_file("--resume", o.resume_path);
+  try {
+    cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}});
+  } catch (const InvalidArgument& e) {
+    throw UsageError{e.what()};
+  }
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
 }

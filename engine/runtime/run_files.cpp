@@ -1,6 +1,7 @@
 #include "cumulus/runtime/run_files.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <climits>
 #include <filesystem>
@@ -54,7 +55,30 @@ std::vector<Identity> identify_outputs(const std::vector<RunFile>& outputs) {
   return ids;
 }
 
+std::string describe_kind(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::socket: return "a socket";
+    default: return "not a regular file";
+  }
+}
+
 }  // namespace
+
+void check_inputs_readable(const std::vector<RunFile>& inputs) {
+  for (const RunFile& f : inputs) {
+    if (f.path.empty()) continue;
+    std::error_code ec;
+    const fs::file_status st = fs::status(f.path, ec);
+    if (!fs::exists(st)) throw InvalidArgument(f.name + " '" + f.path + "': no such file");
+    if (!fs::is_regular_file(st))
+      throw InvalidArgument(f.name + " '" + f.path + "' is " + describe_kind(st) + ", not a regular file");
+    if (::access(f.path.c_str(), R_OK) != 0) throw InvalidArgument(f.name + " '" + f.path + "': not readable");
+  }
+}
 
 void check_outputs_writable(const std::vector<RunFile>& outputs) {
   for (const RunFile& f : outputs) {

@@ -5,6 +5,7 @@
 // target). Each check throws InvalidArgument whose message names the file by its RunFile::name.
 //
 //   std::vector<RunFile> outputs = {{"--checkpoint", ckpt}, {"--metrics", metrics}};
+//   check_inputs_readable({{"--resume", resume}});
 //   check_outputs_writable(outputs);
 //   check_outputs_distinct(outputs, {{"--resume", resume}}, resume_may_be_overwritten);
 #pragma once
@@ -19,6 +20,10 @@ struct RunFile {
   std::string name;  // how messages name it: "--save", "rank 1's --trace"
   std::string path;
 };
+
+// Each input (an empty path skipped) exists, is a regular file (not a directory, a FIFO, a device)
+// and is readable by this process.
+void check_inputs_readable(const std::vector<RunFile>& inputs);
 
 // Each output's directory takes a new file now (io::check_output_writable), its name fits the
 // filesystem, and the temporary files an earlier writer of it left when it died are removed.
