@@ -408,9 +408,13 @@ TEST(RunFiles, OutputsMustNotBeEachOtherOrAnInput) {
   EXPECT_NE(refusal([&] { check_outputs_outside(outputs, dir.str(), "the dataset"); }).find("a file of the dataset"),
             std::string::npos);
   EXPECT_EQ(refusal([&] { check_inputs_readable({{"--init", dir.file("in.st")}, {"--resume", ""}}); }), "");
-  EXPECT_EQ(refusal([&] { check_inputs_readable({{"--init", dir.file("none.st")}}); }),
+  EXPECT_EQ(refusal([&] {
+              check_inputs_readable({{"--init", dir.file("none.st")}});
+            }),
             "--init '" + dir.file("none.st") + "': no such file");
-  EXPECT_EQ(refusal([&] { check_inputs_readable({{"--resume", dir.str()}}); }),
+  EXPECT_EQ(refusal([&] {
+              check_inputs_readable({{"--resume", dir.str()}});
+            }),
             "--resume '" + dir.str() + "' is a directory, not a regular file");
   EXPECT_EQ(refusal([&] { check_outputs_writable({{"--metrics", dir.file("m.jsonl")}}); }), "");
   EXPECT_NE(refusal([&] {
