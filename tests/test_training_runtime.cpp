@@ -267,8 +267,11 @@ TEST(MetricsLog, AppendingWritesTheSameLines) {
     EXPECT_EQ(read_all(path), "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3}\n");
   }
   MetricsLog resumed(path, "step", 1, MetricsWrites::append);
+  EXPECT_EQ(read_all(path), "{\"step\": 1}\n") << "cut when opened";
   resumed.append("{\"step\": 2}");
   EXPECT_EQ(read_all(path), "{\"step\": 1}\n{\"step\": 2}\n");
+  MetricsLog fresh(path, "step", std::nullopt, MetricsWrites::append);
+  EXPECT_EQ(read_all(path), "") << "a new run starts the file afresh";
 }
 
 TEST(MetricsLog, AFileOfAnotherKindIsRefusedNamingIt) {

@@ -23,7 +23,8 @@ class MetricsLog {
   MetricsLog() = default;  // writes nothing
   // `path` empty: writes nothing. `resume_at` set: keeps the lines of an existing file whose integer
   // `position_key` is at most *resume_at (a line without one, or not a JSON object, is an Error: the
-  // file is not such a log); unset: a new run, whose first append replaces any file there.
+  // file is not such a log); unset: a new run, whose first append (MetricsWrites::append: this
+  // constructor) replaces any file there.
   explicit MetricsLog(std::string path, const std::string& position_key = "epoch",
                       std::optional<int64_t> resume_at = std::nullopt,
                       MetricsWrites writes = MetricsWrites::atomic_rewrite);
@@ -33,9 +34,11 @@ class MetricsLog {
   void append(const std::string& json_object);
 
  private:
+  void keep_lines_up_to(const std::string& position_key, int64_t resume_at);
+
   std::string path_, content_;  // content_: the lines so far (atomic_rewrite), or those kept (append)
   MetricsWrites writes_ = MetricsWrites::atomic_rewrite;
-  std::ofstream out_;  // append, from the first line on
+  std::ofstream out_;  // MetricsWrites::append
 };
 
 }  // namespace cumulus
