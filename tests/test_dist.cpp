@@ -111,6 +111,26 @@ class PretendWorld : public dist::Communicator {
   void abort(int) override {}
 };
 
+// Rank 0 of a pretend world whose ranks report `values` to it.
+class GatheringWorld : public PretendWorld {
+ public:
+  explicit GatheringWorld(std::vector<std::string> values)
+      : PretendWorld(0, static_cast<int>(values.size())), values_(std::move(values)) {}
+  std::vector<std::string> gather_to_root(const std::string&) override { return values_; }
+
+ private:
+  std::vector<std::string> values_;
+};
+
+TEST(DataParallel, DifferencesAmongRanksListEveryRanksValue) {
+  GatheringWorld same({"60000 samples", "60000 samples"});
+  EXPECT_EQ(dist::difference_among_ranks(same, "60000 samples"), "");
+  GatheringWorld differ({"60000 samples", "59000 samples", "60000 samples"});
+  EXPECT_EQ(dist::difference_among_ranks(differ, "60000 samples"),
+            "rank 0 60000 samples; rank 1 59000 samples; rank 2 60000 samples");
+  EXPECT_EQ(dist::difference_among_ranks(*dist::Communicator::single(), "anything"), "");
+}
+
 struct TinyModel {
   Tensor w = Tensor::full(Shape{4, 3}, 0.5f).set_requires_grad(true);
   Tensor b = Tensor::zeros(Shape{4}).set_requires_grad(true);

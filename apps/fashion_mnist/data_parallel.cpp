@@ -83,17 +83,8 @@ void usage_check_on_every_rank(dist::Communicator& comm, const std::function<voi
 
 void check_same_loaded_on_every_rank(const char* what, const std::string& mine, const std::string& advice,
                                      dist::Communicator& comm) {
-  if (comm.world_size() == 1) return;
-  const std::vector<std::string> all = comm.gather_to_root(mine);  // empty except at the root
-  std::string verdict;
-  if (comm.is_root() && std::any_of(all.begin(), all.end(), [&](const std::string& v) { return v != all[0]; })) {
-    verdict = std::string("the ranks loaded different ") + what + ":";
-    for (std::size_t r = 0; r < all.size(); ++r)
-      verdict += std::string(r == 0 ? " " : "; ") + "rank " + std::to_string(r) + " " + all[r];
-    verdict += "; " + advice;
-  }
-  verdict = comm.broadcast_from_root(verdict);
-  if (!verdict.empty()) throw ErrorOnEveryRank(verdict);
+  if (const std::string listed = dist::difference_among_ranks(comm, mine); !listed.empty())
+    throw ErrorOnEveryRank(std::string("the ranks loaded different ") + what + ": " + listed + "; " + advice);
 }
 
 }  // namespace fmnist

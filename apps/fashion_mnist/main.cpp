@@ -1,25 +1,12 @@
 // fashion_mnist: the seed experiment end to end (see --help and docs/fashion_mnist.md).
 //
-// Note [The app as a pipeline]: main() reads top to bottom as the run goes.
-//   1. parse: parse_command_line() (options.cpp) turns the command line into a CommandLine, each
-//      flag's value as given, checked; a usage error is one line and exit code 2 before any work.
-//   2. resolve: resolve_run_config() (run_config.cpp) makes the run's configuration of it: every
-//      choice an enum, the device, precision and kernels checked together (a usage error, exit
-//      code 2, still before any work). What only the run finds is folded in as it is found, each
-//      time into a new const RunConfig (Note [Run configuration] in run_config.h): this rank's
-//      place and device from place_on_ranks() (data_parallel.cpp, which also checks that every
-//      rank has the same settings), and with --effective-batch and --memory-budget the planner's
-//      micro-batch, accumulation steps and --recompute auto from plan_batch() (planning.cpp).
-//      Nothing writes a configuration: every function after resolution receives a const one.
-//   3. run: the model, the data, the optimizer and the Trainer (training_setup.cpp), a resumed
-//      checkpoint (checkpoint.cpp; the settings it records, the ranks compare and the memory
-//      report shows come from one table, settings.cpp), the banner (reports.cpp), then train()
-//      (training_loop.cpp): epochs through Trainer::train_epoch, test passes through
-//      optim::evaluate_classifier, --metrics (metrics_file.cpp), checkpoints, and the stops at a
-//      group boundary; then the final weights and the reports.
-//   4. exit code: run_and_report() maps how the run ended to 0, 1 (runtime failure), 2 (usage),
-//      130 / 143 / 141 (SIGINT / SIGTERM / stdout closed, run_control.h); with several ranks a
-//      failure on one rank ends the job.
+// Note [The app as a pipeline]: main() reads top to bottom as the run goes: parse the command line
+// (options.cpp; a usage error is one line and exit 2 before any work), resolve it into a const
+// RunConfig (run_config.cpp), fold in this rank's place (data_parallel.cpp) and the planner's
+// choice (planning.cpp), make the parts (training_setup.cpp), resume a checkpoint (checkpoint.cpp),
+// train (training_loop.cpp), then write the weights and reports; run_and_report() maps how the run
+// ended to its exit code: 0, 1 (runtime failure), 2 (usage), 130 / 143 / 141 (SIGINT / SIGTERM /
+// stdout closed).
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -53,9 +40,9 @@ std::string loaded_sizes(const models::FashionMnistSplit& train, const models::F
   return std::to_string(train.size()) + " training and " + std::to_string(test.size()) + " test samples";
 }
 
-std::string resume_position(const TrainingState& s) {
-  return "at epoch " + std::to_string(s.epoch + 1) + ", micro-batch " + std::to_string(s.next_micro_batch) + " (" +
-         std::to_string(s.counters.optimizer_steps) + " steps)";
+std::string resume_position(const optim::TrainingCounters& c) {
+  return "at epoch " + std::to_string(c.epoch + 1) + ", micro-batch " + std::to_string(c.micro_batch_index) + " (" +
+         std::to_string(c.optimizer_steps) + " steps)";
 }
 
 // The test pass's loader, in the training's precision.
@@ -72,7 +59,7 @@ int evaluate_only(const RunConfig& o, nn::Module& model, data::DataLoader test_l
         choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
         static_cast<long long>(test_loader.dataset().size()));
   if (g_root) print_test_results(test_pass(model, test_loader));  // the other ranks hold the same weights
-  return g_signal == 0 ? 0 : exit_code_for(g_signal);
+  return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
 }
 
 void save_final_weights(const RunConfig& o, const nn::Module& model) {
@@ -86,7 +73,8 @@ void save_final_weights(const RunConfig& o, const nn::Module& model) {
 }
 
 int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
-  install_signal_handlers();
+  install_stop_handlers();
+  ignore_write_signals();  // a closed stdout: say() asks for a stop, the run checkpoints
   // Under `ulimit -v`, OpenBLAS's buffers are taken now or refused (Note [OpenBLAS under an address-space limit]).
   if (resolved.threads > 0) set_cpu_threads(resolved.threads);
   else fit_cpu_threads(default_cpu_threads());
@@ -139,10 +127,9 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   TrainingState state;
   if (!config.resume_path.empty()) {
-    state =
-        load_checkpoint(config.resume_path, model, *optimizer, config, ResumeLimits{micro_batches, train_set.size()});
-    trainer.restore(state.counters);
-    check_same_loaded_on_every_rank("checkpoints", resume_position(state),
+    state = load_checkpoint(config.resume_path, model, *optimizer, config, micro_batches, train_set.size());
+    trainer.restore(state.state.counters);
+    check_same_loaded_on_every_rank("checkpoints", resume_position(state.state.counters),
                                     "give every rank the same --resume checkpoint", *comm);
   }
   throw_if_interrupted();
@@ -160,7 +147,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   save_final_weights(config, model);
   finish_reports(config, tracker, *comm);
-  return g_signal == 0 ? 0 : exit_code_for(g_signal);
+  return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
 }
 
 int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communicator>& comm) {
@@ -170,8 +157,8 @@ int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communic
     // Before the first micro-batch (loading, planning) or in an --eval-only test pass: there is no
     // new state to save, and a checkpoint being resumed is left as it was.
     std::fprintf(stderr, "fashion_mnist: interrupted (%s) before training began; nothing was written\n",
-                 signal_name(g_signal));
-    return exit_code_for(g_signal);
+                 stop_signal_name(stop_signal()));
+    return exit_code_for_stop(stop_signal());
   } catch (const SameOnEveryRank& e) {
     if (g_root) std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     g_agreed_exit = true;

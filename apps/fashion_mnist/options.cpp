@@ -13,7 +13,9 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/run_files.h"
 #include "cumulus/version.h"
 #include "run_config.h"
 #include "settings.h"
@@ -22,33 +24,6 @@ namespace fmnist {
 
 using cumulus::InvalidArgument;
 namespace fs = std::filesystem;
-
-std::map<int, int> parse_accum_schedule(const std::string& text) {
-  std::map<int, int> out;
-  std::size_t pos = 0;
-  auto bad = [&](const std::string& why) {
-    return InvalidArgument("--accum-schedule '" + text + "': " + why +
-                           " (expected EPOCH:STEPS,... starting at 0, e.g. 0:8,4:2)");
-  };
-  while (pos <= text.size()) {
-    const std::size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    const std::size_t colon = item.find(':');
-    if (colon == std::string::npos) throw bad("'" + item + "' has no ':'");
-    char* end = nullptr;
-    const long epoch = std::strtol(item.c_str(), &end, 10);
-    if (end != item.c_str() + colon || epoch < 0 || epoch > 1000000) throw bad("bad epoch in '" + item + "'");
-    const char* steps_text = item.c_str() + colon + 1;
-    const long steps = std::strtol(steps_text, &end, 10);
-    if (*steps_text == '\0' || *end != '\0' || steps <= 0 || steps > 1000000) throw bad("bad steps in '" + item + "'");
-    if (!out.emplace(static_cast<int>(epoch), static_cast<int>(steps)).second)
-      throw bad("epoch " + std::to_string(epoch) + " given twice");
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  if (out.empty() || out.begin()->first != 0) throw bad("the schedule must start at epoch 0");
-  return out;
-}
 
 std::string version_text() {
 #ifndef CUMULUS_GIT_COMMIT
@@ -109,26 +84,6 @@ CLI::Validator unsigned_64() {
         return {};
       },
       "UINT64", "unsigned_64");
-}
-
-std::string describe_kind(const fs::file_status& st) {
-  switch (st.type()) {
-    case fs::file_type::directory: return "a directory";
-    case fs::file_type::fifo: return "a FIFO";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::socket: return "a socket";
-    default: return "not a regular file";
-  }
-}
-
-void check_readable_file(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  require(fs::exists(st), flag + " '" + path + "': no such file");
-  require(fs::is_regular_file(st), flag + " '" + path + "' is " + describe_kind(st) + ", not a regular file");
-  require(::access(path.c_str(), R_OK) == 0, flag + " '" + path + "': not readable");
 }
 
 // Terminal width for the help text: the terminal's, else $COLUMNS, else 100.
@@ -214,7 +169,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--graphs", o.graphs,
                  "auto|on|off. On CUDA, run each micro-batch and optimizer step as a CUDA graph replay after "
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->check(CLI::IsMember(choice_names<GraphsChoice>()))
       ->capture_default_str();
   app.add_option("--recompute", o.recompute,
                  "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
@@ -222,7 +177,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
                  "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
                  "one) predicted for every micro-batch, the fastest plan that fits taken")
-      ->check(CLI::IsMember({"off", "on", "auto"}))
+      ->check(CLI::IsMember(choice_names<RecomputeChoice>()))
       ->capture_default_str();
   app.add_option("--precision", o.precision,
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
@@ -233,7 +188,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "CUDA bf16 needs compute capability 8.0, fp16 7.0. auto, with the planner: fp32 and bf16 both "
                  "predicted, bf16 taken only when it is more than 2% faster or the only one that fits (an opt-in: "
                  "it changes the numbers)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}))
+      ->check(CLI::IsMember(choice_names<cumulus::Precision>("auto")))
       ->capture_default_str();
   app.add_option("--kernels", o.kernels,
                  "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
@@ -241,7 +196,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "one op per layer (the reference). auto: generic, because the fused kernels have never run on a "
                  "GPU (once measured there: fused on CUDA in fp32 for micro-batches up to 64 without recompute). "
                  "fused needs --model mlp and --precision fp32; on the CPU it computes the generic path's bits")
-      ->check(CLI::IsMember({"auto", "fused", "generic"}))
+      ->check(CLI::IsMember(choice_names<cumulus::nn::KernelChoice>()))
       ->capture_default_str();
   app.add_option("--data-on", o.data_on,
                  "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
@@ -249,7 +204,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "memory on a copy stream one micro-batch ahead, overlapped with compute, so the device holds "
                  "only two micro-batches of data. Same results either way. auto, with the planner on CUDA: host "
                  "only when no plan with the data on the device fits. CPU: no difference (auto is device)")
-      ->check(CLI::IsMember({"device", "host", "auto"}))
+      ->check(CLI::IsMember(choice_names<DataOnChoice>()))
       ->capture_default_str();
 }
 
@@ -290,7 +245,7 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant; step: lr x --lr-gamma every --lr-step-size optimizer steps (PyTorch's StepLR); cosine: "
                  "linear warmup over --warmup-steps, then cosine decay to --min-lr at the run's last step")
-      ->check(CLI::IsMember({"constant", "step", "cosine"}))
+      ->check(CLI::IsMember(choice_names<LrScheduleKind>()))
       ->capture_default_str();
   app.add_option("--lr-step-size", o.lr_step_size, "step schedule: optimizer steps between decays")
       ->check(integer_in(1, kMaxSamples));
@@ -409,9 +364,9 @@ void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
     try {
-      o.schedule = parse_accum_schedule(o.accum_schedule);
+      o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule);
     } catch (const InvalidArgument& e) {
-      throw UsageError{e.what()};
+      throw UsageError{"--accum-schedule " + std::string(e.what())};
     }
   }
   if (!o.memory_budget.empty()) {
@@ -467,8 +422,11 @@ void check_input_files(const CommandLine& o) {
     std::error_code ec;
     require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
   }
-  check_readable_file("--init", o.init_path);
-  check_readable_file("--resume", o.resume_path);
+  try {
+    cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}});
+  } catch (const InvalidArgument& e) {
+    throw UsageError{e.what()};
+  }
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
 }

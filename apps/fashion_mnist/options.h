@@ -1,9 +1,6 @@
-// The command line of fashion_mnist, parsed and checked with CLI11: the first step of the pipeline
-// (Note [The app as a pipeline] in main.cpp). Each flag's value as given (choices as text; numbers,
-// the seed, --betas, --accum-schedule, --memory-budget and --override read into their types), checked
-// alone and against each other; resolve_run_config() (run_config.h) makes the run's configuration
-// of it. Usage errors (bad values, unreadable files) are reported in one line and give exit code 2
-// before any work. As with argparse, the last value of a repeated flag wins.
+// The command line, parsed and checked with CLI11 (Note [The app as a pipeline] in main.cpp): each
+// flag's value as given, checked alone and against the others. A usage error is one line and exit
+// code 2 before any work. As with argparse, the last value of a repeated flag wins.
 #pragma once
 
 #include <cstdint>
@@ -15,34 +12,25 @@
 
 namespace fmnist {
 
-struct CommandLine {
+// The flags whose values the run's configuration takes as they are (RunConfig derives from it too).
+struct FlagValues {
   std::string data_dir;  // empty: search (see data_files.h)
-  std::string device = "auto";
-  std::string model = "mlp";
   int epochs = 20;
-  int64_t batch_size = 64;  // the micro-batch
-  bool batch_size_given = false;
-  int accum_steps = 1;
-  std::string accum_schedule;  // "0:8,4:2"
-  std::map<int, int> schedule;
+  int64_t batch_size = 64;  // the micro-batch (of each rank)
   int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps;
                                 // with batch_size: accum_steps = effective / (batch x ranks)
-  std::string memory_budget;
+  std::string memory_budget;    // as given, for messages
   int64_t memory_budget_bytes = 0;
   bool plan_only = false;  // --plan-only: print the planner's table of candidates and exit
   float lr = 1e-3f;
-  std::string lr_schedule = "constant";  // constant | step | cosine, per optimizer step
-  int64_t lr_step_size = 0;              // step: multiply by lr_gamma every lr_step_size steps
+  int64_t lr_step_size = 0;  // step: multiply by lr_gamma every lr_step_size steps
   float lr_gamma = 0.1f;
   int64_t warmup_steps = 0;  // cosine: linear warmup, then cosine decay to min_lr at the last step
   float min_lr = 0.0f;
-  std::string optimizer = "sgd";
   float momentum = 0.0f;
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
-  std::optional<float> weight_decay;                // default: 0 for SGD, 0.01 for AdamW (PyTorch's defaults)
   float clip_grad_norm = 0.0f;
-  std::string normalize = "samples";
   bool shuffle = false;
   uint64_t seed = 0;
   std::string init_path, save_path, checkpoint_path, resume_path;
@@ -53,10 +41,24 @@ struct CommandLine {
   int threads = 0;  // CPU BLAS threads; 0: every core
   bool eval_only = false;
   bool quiet = false;
-  std::string graphs = "auto";  // auto|on|off: CUDA graphs for the steady state (CUDA only)
-  std::string recompute = "off";  // off|on|auto (the planner decides): activation checkpointing
+};
+
+// The command line: the values above, and the choices as given (resolved by run_config.cpp).
+struct CommandLine : FlagValues {
+  std::string device = "auto";
+  std::string model = "mlp";
+  bool batch_size_given = false;
+  int accum_steps = 1;
+  std::string accum_schedule;  // "0:8,4:2"
+  std::map<int, int> schedule;
+  std::string lr_schedule = "constant";  // constant | step | cosine, per optimizer step
+  std::string optimizer = "sgd";
+  std::optional<float> weight_decay;  // default: 0 for SGD, 0.01 for AdamW (PyTorch's defaults)
+  std::string normalize = "samples";
+  std::string graphs = "auto";     // auto|on|off: CUDA graphs for the steady state (CUDA only)
+  std::string recompute = "off";   // off|on|auto (the planner decides): activation checkpointing
   std::string data_on = "device";  // device|host|auto: where the dataset lives (host: staged batch by batch)
-  std::string precision = "fp32";  // fp32|bf16|fp16|auto: the compute type of activations (Note [Mixed precision])
+  std::string precision = "fp32";  // fp32|bf16|fp16|auto: the compute type of activations
   std::string kernels = "auto";    // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
 };
 
@@ -72,9 +74,6 @@ struct ParseResult {
 };
 
 ParseResult parse_command_line(int argc, char** argv);
-
-// "0:8,4:2" -> {{0, 8}, {4, 2}}; throws cumulus::InvalidArgument naming the text.
-std::map<int, int> parse_accum_schedule(const std::string& text);
 
 // What --version prints: version, commit, build type, and the backends compiled in.
 std::string version_text();

@@ -13,49 +13,15 @@ using namespace cumulus;
 namespace fmnist {
 namespace {
 
-// One line per weighed setting: how long a micro-batch takes by the fitted line.
-void print_time_fits(const Plan& plan) {
-  char step[64] = "not timed (its state is allocated by the first step)";
-  if (plan.step_timed) std::snprintf(step, sizeof step, "%.3g ms", plan.step_seconds * 1e3);
-  say("planner: the optimizer step %s; probes took %.3g s (the largest %lld samples, each size timed %d times); "
-      "a micro-batch takes, fitted over the probed sizes:\n",
-      step, plan.probe_seconds, static_cast<long long>(plan.largest_probe), plan.timing_repeats);
-  for (const Plan::Weighed& w : plan.weighed)
-    say("  %-46s %.3g ms + %.3g ms a sample (%d sizes); reserved at rest %s; largest fitting %lld\n",
-        plan_setting_text(w.setting, plan.recompute_segments).c_str(), w.time.fixed_seconds * 1e3,
-        w.time.seconds_per_sample * 1e3, w.time.probes, format_bytes(w.reserved_at_rest).c_str(),
-        static_cast<long long>(w.largest_fitting));
-}
-
-// The planner's table after its choice: every candidate with its levers, predicted memory and time,
-// whether it fits and which was chosen. The fallback's table (a line through two probes) only with
-// --plan-only.
+// The planner's table after its choice (plan_table_text). The fallback's table (a line through two
+// probes) only with --plan-only.
 void print_plan_table(const RunConfig& o, const Plan& plan) {
-  const int64_t budget = o.memory_budget_bytes;
   const bool line = plan.method == PlanMethod::probe_line;
   if (line && (!o.quiet || o.plan_only))
     say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
         plan.prediction.c_str());
   if (line ? !o.plan_only : o.quiet && !o.plan_only) return;
-  if (!line)
-    say("planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
-        plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
-        budget > 0 ? format_bytes(budget).c_str() : "none");
-  print_time_fits(plan);
-  say("  %11s %19s %6s %9s %10s %15s %5s %6s %12s %17s %10s %6s\n", "micro-batch", "recompute", "data", "precision",
-      "peak MiB", "reserved bytes", "fits", "accum", "ms/eff.batch", "spread ms", "s/epoch", "chosen");
-  for (const PlanRow& r : plan.table) {
-    const std::string reserved = line ? "-" : std::to_string(r.reserved_bytes);
-    char spread[40];
-    std::snprintf(spread, sizeof spread, "%.3f-%.3f", r.batch_seconds_low * 1e3, r.batch_seconds_high * 1e3);
-    say("  %11lld %19s %6s %9s %10.2f %15s %5s %6lld %12.3f %17s %10.3f %6s\n", static_cast<long long>(r.micro_batch),
-        recompute_text(r.setting.recompute, plan.recompute_segments).c_str(), data_placement_name(r.setting.data),
-        precision_name(r.setting.precision), static_cast<double>(r.peak_bytes) / (1 << 20), reserved.c_str(),
-        budget <= 0 ? "-"
-        : r.fits    ? "yes"
-                    : "no",
-        static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, spread, r.epoch_seconds, r.chosen ? "*" : "");
-  }
+  say("%s", plan_table_text(plan, o.memory_budget_bytes).c_str());
 }
 
 // The levers this run lets the planner set (Note [Plan levers]): the model's recompute segments

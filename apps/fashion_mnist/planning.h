@@ -10,15 +10,10 @@
 
 namespace fmnist {
 
-// --effective-batch: the library's planner (cumulus::plan_batch, Note [Planning a micro-batch] in
-// engine/runtime/planner.cpp) with this run's training micro-batch, optimizer and budget: every
-// divisor predicted in reserved bytes with the optimizer state the first step allocates and in
-// time, the fastest that fits verified by one probe under the limit. With --recompute, --data-on
-// or --precision auto, each setting of those levers is weighed too (Note [Plan levers]) and the
-// chosen one is left in place: the model's recompute segments set, `train` and `test` moved where
-// the plan puts them. Parameters and batch norm's statistics are left as they were. Returns the
-// micro-batch, the accumulation steps and the levers for with_plan() (run_config.h); an
-// OutOfMemory error when nothing fits.
+// --effective-batch: the library's planner (cumulus::plan_batch) with this run's micro-batch,
+// optimizer and budget, and the levers --recompute, --data-on and --precision auto give it (Note
+// [Plan levers]); the chosen setting is left in place (the model's recompute segments, `train` and
+// `test` moved). Returns what with_plan() takes; OutOfMemory when nothing fits.
 BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,
                      const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
                      cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);

@@ -18,7 +18,7 @@ namespace fmnist {
 namespace {
 
 void print_banner(const RunConfig& o, const nn::Model& model, const RunDescription& d, const TrainingState& state) {
-  const int n0 = o.accum_steps_at(state.epoch);
+  const int n0 = o.accum_steps_at(state.state.counters.epoch);
   const std::string ranks = o.world_size > 1 ? " x " + std::to_string(o.world_size) + " ranks" : std::string();
   say("device: %s | model: %s | data: %s (%lld train, %lld test) | micro-batch %lld x %d steps%s = effective batch "
       "%lld | %s lr %g%s\n",
@@ -57,8 +57,8 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
         "buckets overlapping the last backward of each group\n",
         o.world_size, d.backend.c_str(), "1 MiB");
   if (!o.resume_path.empty())
-    say("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.epoch + 1,
-        static_cast<long long>(state.next_micro_batch));
+    say("resumed from %s at epoch %d, micro-batch %lld\n", o.resume_path.c_str(), state.state.counters.epoch + 1,
+        static_cast<long long>(state.state.counters.micro_batch_index));
 }
 
 }  // namespace
@@ -67,7 +67,7 @@ void announce_run(const RunConfig& o, const nn::Model& model, const RunDescripti
   if (!o.quiet) print_banner(o, model, d, state);
   for (const std::string& change : state.overridden)
     if (g_root) std::fprintf(stderr, "fashion_mnist: --override: %s\n", change.c_str());
-  if (state.epoch == o.epochs && g_root) {
+  if (state.state.counters.epoch == o.epochs && g_root) {
     std::fprintf(stderr,
                  "fashion_mnist: '%s' has finished all %d epochs (--epochs %d): nothing to train; give a "
                  "larger --epochs to train further\n",

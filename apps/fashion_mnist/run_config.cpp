@@ -21,72 +21,45 @@ struct Choices {
 };
 
 template <class E>
-const Choices<E>& choices();
+extern const Choices<E> kChoices;
 
 template <>
-const Choices<ModelKind>& choices() {
-  static const Choices<ModelKind> c{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
-  return c;
-}
+const Choices<ModelKind> kChoices<ModelKind>{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
 template <>
-const Choices<OptimizerKind>& choices() {
-  static const Choices<OptimizerKind> c{
-      "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
-  return c;
-}
+const Choices<OptimizerKind> kChoices<OptimizerKind>{
+    "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
 template <>
-const Choices<LrScheduleKind>& choices() {
-  static const Choices<LrScheduleKind> c{
-      "--lr-schedule",
-      nullptr,
-      {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
-  return c;
-}
+const Choices<LrScheduleKind> kChoices<LrScheduleKind>{
+    "--lr-schedule",
+    nullptr,
+    {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
 template <>
-const Choices<GraphsChoice>& choices() {
-  static const Choices<GraphsChoice> c{
-      "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
-  return c;
-}
+const Choices<GraphsChoice> kChoices<GraphsChoice>{
+    "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
 template <>
-const Choices<RecomputeChoice>& choices() {
-  static const Choices<RecomputeChoice> c{
-      "--recompute",
-      nullptr,
-      {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
-  return c;
-}
+const Choices<RecomputeChoice> kChoices<RecomputeChoice>{
+    "--recompute",
+    nullptr,
+    {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
 template <>
-const Choices<DataOnChoice>& choices() {
-  static const Choices<DataOnChoice> c{
-      "--data-on",
-      nullptr,
-      {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
-  return c;
-}
+const Choices<DataOnChoice> kChoices<DataOnChoice>{
+    "--data-on",
+    nullptr,
+    {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
 template <>
-const Choices<Precision>& choices() {
-  static const Choices<Precision> c{
-      "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
-  return c;
-}
+const Choices<Precision> kChoices<Precision>{
+    "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
 template <>
-const Choices<nn::KernelChoice>& choices() {
-  static const Choices<nn::KernelChoice> c{"--kernels",
-                                           nullptr,
-                                           {{"auto", nn::KernelChoice::automatic},
-                                            {"fused", nn::KernelChoice::fused},
-                                            {"generic", nn::KernelChoice::generic}}};
-  return c;
-}
+const Choices<nn::KernelChoice> kChoices<nn::KernelChoice>{"--kernels",
+                                                           nullptr,
+                                                           {{"auto", nn::KernelChoice::automatic},
+                                                            {"fused", nn::KernelChoice::fused},
+                                                            {"generic", nn::KernelChoice::generic}}};
 template <>
-const Choices<optim::Normalization>& choices() {
-  static const Choices<optim::Normalization> c{
-      "--normalize",
-      nullptr,
-      {{"samples", optim::Normalization::units}, {"micro-batches", optim::Normalization::micro_batches}}};
-  return c;
-}
+const Choices<optim::Normalization> kChoices<optim::Normalization>{
+    "--normalize",
+    nullptr,
+    {{"samples", optim::Normalization::units}, {"micro-batches", optim::Normalization::micro_batches}}};
 
 // "a or b", "a, b or c".
 template <class E>
@@ -135,67 +108,11 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
   if (c.data_on == DataOnChoice::planner && !c.device.is_cuda()) c.data_on = DataOnChoice::device;  // the same memory
 }
 
-// The micro-batch and the accumulation steps the flags give (one process; on_ranks() and
-// with_plan() fold in what the ranks and the planner decide).
-void resolve_batch(const CommandLine& cli, RunConfig& c) {
-  c.epochs = cli.epochs;
-  c.batch_size = cli.batch_size;
-  c.effective_batch = cli.effective_batch;
-  c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
-                   : cli.batch_size_given   ? BatchSource::elastic
-                                            : BatchSource::planner;
-  c.accum_scheduled = !cli.schedule.empty();
-  c.accum_schedule = c.accum_scheduled ? cli.schedule : std::map<int, int>{{0, cli.accum_steps}};
-  c.memory_budget = cli.memory_budget;
-  c.memory_budget_bytes = cli.memory_budget_bytes;
-  c.plan_only = cli.plan_only;
-}
-
-void resolve_optimizer(const CommandLine& cli, RunConfig& c) {
-  c.optimizer = parse_choice<OptimizerKind>(cli.optimizer);
-  c.lr = cli.lr;
-  c.lr_schedule = parse_choice<LrScheduleKind>(cli.lr_schedule);
-  c.lr_step_size = cli.lr_step_size;
-  c.lr_gamma = cli.lr_gamma;
-  c.warmup_steps = cli.warmup_steps;
-  c.min_lr = cli.min_lr;
-  c.momentum = cli.momentum;
-  c.nesterov = cli.nesterov;
-  c.beta1 = cli.beta1;
-  c.beta2 = cli.beta2;
-  c.eps = cli.eps;
-  // PyTorch's defaults: 0 for SGD, 0.01 for AdamW.
-  c.weight_decay = cli.weight_decay.value_or(c.optimizer == OptimizerKind::adamw ? 0.01f : 0.0f);
-  c.clip_grad_norm = cli.clip_grad_norm;
-  c.normalization = parse_choice<optim::Normalization>(cli.normalize);
-}
-
-void copy_files_and_output(const CommandLine& cli, RunConfig& c) {
-  c.data_dir = cli.data_dir;
-  c.shuffle = cli.shuffle;
-  c.seed = cli.seed;
-  c.init_path = cli.init_path;
-  c.save_path = cli.save_path;
-  c.checkpoint_path = cli.checkpoint_path;
-  c.resume_path = cli.resume_path;
-  c.memory_report_path = cli.memory_report_path;
-  c.trace_path = cli.trace_path;
-  c.memory_plot_path = cli.memory_plot_path;
-  c.metrics_path = cli.metrics_path;
-  c.overrides = cli.overrides;
-  c.train_limit = cli.train_limit;
-  c.test_limit = cli.test_limit;
-  c.eval_batch_size = cli.eval_batch_size;
-  c.threads = cli.threads;
-  c.eval_only = cli.eval_only;
-  c.quiet = cli.quiet;
-}
-
 }  // namespace
 
 template <class E>
 E parse_choice(const std::string& text) {
-  const Choices<E>& c = choices<E>();
+  const Choices<E>& c = kChoices<E>;
   for (const auto& [name, value] : c.values)
     if (text == name) return value;
   const std::string expected = "expected " + listed(c);
@@ -205,14 +122,23 @@ E parse_choice(const std::string& text) {
 
 template <class E>
 const char* choice_name(E value) {
-  for (const auto& [name, v] : choices<E>().values)
+  for (const auto& [name, v] : kChoices<E>.values)
     if (v == value) return name;
   throw std::logic_error("choice_name: a value missing from its table");
 }
 
+template <class E>
+std::vector<std::string> choice_names(const char* extra) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : kChoices<E>.values) names.push_back(name);
+  if (extra != nullptr) names.push_back(extra);
+  return names;
+}
+
 #define FMNIST_CHOICE(E)                          \
   template E parse_choice<E>(const std::string&); \
-  template const char* choice_name<E>(E);
+  template const char* choice_name<E>(E);         \
+  template std::vector<std::string> choice_names<E>(const char*);
 FMNIST_CHOICE(ModelKind)
 FMNIST_CHOICE(OptimizerKind)
 FMNIST_CHOICE(LrScheduleKind)
@@ -234,6 +160,7 @@ std::map<int, int> RunConfig::accum_schedule_all_ranks() const {
 
 RunConfig resolve_run_config(const CommandLine& cli) {
   RunConfig c;
+  static_cast<FlagValues&>(c) = cli;  // the values taken as given
   c.model = parse_choice<ModelKind>(cli.model);
   c.precision_by_planner = cli.precision == "auto";
   c.precision = c.precision_by_planner ? Precision::fp32 : parse_choice<Precision>(cli.precision);
@@ -241,9 +168,16 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   c.recompute = parse_choice<RecomputeChoice>(cli.recompute);
   c.data_on = parse_choice<DataOnChoice>(cli.data_on);
   c.graphs = parse_choice<GraphsChoice>(cli.graphs);
-  resolve_batch(cli, c);
-  resolve_optimizer(cli, c);
-  copy_files_and_output(cli, c);
+  c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
+                   : cli.batch_size_given   ? BatchSource::elastic
+                                            : BatchSource::planner;
+  c.accum_scheduled = !cli.schedule.empty();
+  c.accum_schedule = c.accum_scheduled ? cli.schedule : std::map<int, int>{{0, cli.accum_steps}};
+  c.optimizer = parse_choice<OptimizerKind>(cli.optimizer);
+  c.lr_schedule = parse_choice<LrScheduleKind>(cli.lr_schedule);
+  // PyTorch's defaults: 0 for SGD, 0.01 for AdamW.
+  c.weight_decay = cli.weight_decay.value_or(c.optimizer == OptimizerKind::adamw ? 0.01f : 0.0f);
+  c.normalization = parse_choice<optim::Normalization>(cli.normalize);
   resolve_device(cli, c);
   return c;
 }

@@ -1,24 +1,17 @@
 // The run's configuration, resolved from the command line: every choice an enum, every derived
-// value (the device, the accumulation steps, the planner's micro-batch, each rank's outputs)
-// computed here, once.
+// value computed here, once.
 //
-// Note [Run configuration]: the app reads its settings from a RunConfig that only this file's
-// functions make, and every other function receives it as `const RunConfig&`. It is made in three
-// steps, each a new object folded from the one before and a value found meanwhile, never an edit of
-// a live configuration:
-//   resolve_run_config(CommandLine)  the choices as enums, the device, precision and kernels checked
-//                                    together, the accumulation steps of the flags (one process);
-//   on_ranks(config, RankPlacement)  what data_parallel.cpp found: this rank, the number of ranks and
-//                                    this rank's device; --effective-batch with --batch-size becomes
-//                                    accumulation steps, and each rank gets its own outputs;
-//   with_plan(config, BatchPlan)     what planning.cpp found: the micro-batch, the accumulation steps
-//                                    and --recompute auto's decision.
+// Note [Run configuration]: only this file's functions make a RunConfig; everything else receives
+// a `const RunConfig&`. Each step folds what was found into a new one, never editing a live one:
+// resolve_run_config (the flags), on_ranks (this rank, the ranks, its device and outputs) and
+// with_plan (the planner's micro-batch, accumulation steps and levers).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
@@ -50,8 +43,11 @@ E parse_choice(const std::string& text);
 // The flag value that names `value`: "mlp", "micro-batches", "auto".
 template <class E>
 const char* choice_name(E value);
+// Every flag value of E, in the table's order, then `extra` if given (CLI11's IsMember list).
+template <class E>
+std::vector<std::string> choice_names(const char* extra = nullptr);
 
-struct RunConfig {
+struct RunConfig : FlagValues {
   // What runs where, and how.
   cumulus::Device device;
   bool one_gpu_per_rank = false;  // --device auto or cuda: under mpirun each rank of a node takes its own GPU
@@ -66,15 +62,9 @@ struct RunConfig {
   bool use_graphs = false;  // from `graphs`, the device and the number of ranks
 
   // The batch: micro-batch x accumulation steps (x ranks) = effective batch.
-  int epochs = 20;
-  int64_t batch_size = 64;  // the micro-batch of each rank
   BatchSource batch_source = BatchSource::flags;
   std::map<int, int> accum_schedule = {{0, 1}};  // epoch -> micro-batches per step of each rank; from epoch 0
   bool accum_scheduled = false;                  // given as --accum-schedule (recorded as a schedule)
-  int64_t effective_batch = 0;
-  std::string memory_budget;  // as given, for messages
-  int64_t memory_budget_bytes = 0;
-  bool plan_only = false;
   // The planner's prediction for the chosen plan (with_plan); 0 when the planner did not choose.
   double planned_epoch_seconds = 0.0;
   int64_t planned_peak_bytes = 0;
@@ -82,33 +72,11 @@ struct RunConfig {
 
   // The optimizer and its learning-rate schedule.
   OptimizerKind optimizer = OptimizerKind::sgd;
-  float lr = 1e-3f;
   LrScheduleKind lr_schedule = LrScheduleKind::constant;
-  int64_t lr_step_size = 0;
-  float lr_gamma = 0.1f;
-  int64_t warmup_steps = 0;
-  float min_lr = 0.0f;
-  float momentum = 0.0f;
-  bool nesterov = false;
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;  // --weight-decay, else PyTorch's default for the optimizer
-  float clip_grad_norm = 0.0f;
   cumulus::optim::Normalization normalization = cumulus::optim::Normalization::units;
 
-  // Data, files and output. The outputs are this rank's (Note [Run configuration]).
-  std::string data_dir;
-  bool shuffle = false;
-  uint64_t seed = 0;
-  std::string init_path, save_path, checkpoint_path, resume_path;
-  std::string memory_report_path, trace_path, memory_plot_path, metrics_path;
-  std::set<std::string> overrides;
-  int64_t train_limit = 0, test_limit = 0;
-  int64_t eval_batch_size = 64;
-  int threads = 0;
-  bool eval_only = false;
-  bool quiet = false;
-
-  // Data parallel (mpirun).
+  // Data parallel (mpirun). The output paths (FlagValues) are this rank's (Note [Run configuration]).
   int rank = 0, world_size = 1;
 
   // Micro-batches per optimizer step of each rank in `epoch`, and of all ranks together by epoch.

@@ -1,9 +1,6 @@
-// Every path of a run checked in one place, before any work (issue: nothing a user types may lose
-// data). Outputs must differ from each other and from every input, compared both by canonical
-// path and by device and inode (so a hard link or a symlink to the same file is caught); they
-// must be regular files or not exist yet (a symlink is followed to its target, which is written);
-// and their directory must take a new file now, so a run never trains for an hour and then fails
-// to save. Stale temporary files of earlier runs that died while writing an output are removed.
+// Every path of a run checked in one place, before any work, with the library's checks
+// (cumulus/runtime/run_files.h): outputs distinct from each other, from the inputs and from the
+// dataset's files, their directories taking a new file now, stale temporaries removed.
 #pragma once
 
 #include <string>

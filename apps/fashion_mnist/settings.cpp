@@ -1,7 +1,5 @@
 #include "settings.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 
 namespace fmnist {
@@ -10,15 +8,7 @@ namespace {
 using Text = std::optional<std::string>;
 using C = const SettingContext&;
 
-// The shortest text that reads back as the same float: "0.001", not "0.00100000005".
-std::string float_text(float v) {
-  char buf[32];
-  for (int digits = 6; digits <= 9; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
-    if (std::strtof(buf, nullptr) == v) break;
-  }
-  return buf;
-}
+using cumulus::optim::setting_text;  // floats: equal values, equal text
 
 std::string bool_text(bool b) { return b ? "true" : "false"; }
 
@@ -26,10 +16,7 @@ std::string bool_text(bool b) { return b ? "true" : "false"; }
 // 4 ranks of 16 x 1 resumes on 2 ranks of 16 x 2 or 1 of 16 x 4 (the same global groups).
 std::string accum_text(const RunConfig& o) {
   if (!o.accum_scheduled) return std::to_string(o.accum_steps_at(0) * o.world_size);
-  std::string schedule;
-  for (const auto& [e, s] : o.accum_schedule_all_ranks())
-    schedule += (schedule.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(s);
-  return schedule;
+  return cumulus::optim::accum_schedule_text(o.accum_schedule_all_ranks());
 }
 
 Text when(bool applies, std::string value) { return applies ? Text(std::move(value)) : std::nullopt; }
@@ -37,7 +24,7 @@ Text when(bool applies, std::string value) { return applies ? Text(std::move(val
 constexpr unsigned kRecorded = kCheckpoint | kRanksAgree | kMemoryReport;
 
 // Every setting that changes the result of a run is recorded (Note [Resume contract] in
-// checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
+// cumulus/runtime/checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
 const std::vector<SettingRow> kTable = {
     {"model", "model", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.model); }},
     {"optimizer", "optimizer", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.optimizer); }},
@@ -51,30 +38,30 @@ const std::vector<SettingRow> kTable = {
     {"train-limit", "train_limit", false, kRecorded, nullptr,
      [](C c) -> Text { return std::to_string(c.o.train_limit); }},
     // The momentum buffer exists only with momentum: changing it would drop or invent state.
-    {"momentum", "momentum", false, kRecorded, nullptr, [](C c) -> Text { return float_text(c.o.momentum); }},
-    {"lr", "lr", true, kRecorded, nullptr, [](C c) -> Text { return float_text(c.o.lr); }},
+    {"momentum", "momentum", false, kRecorded, nullptr, [](C c) -> Text { return setting_text(c.o.momentum); }},
+    {"lr", "lr", true, kRecorded, nullptr, [](C c) -> Text { return setting_text(c.o.lr); }},
     {"lr-schedule", "lr_schedule", true, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.lr_schedule); }},
     {"weight-decay", "weight_decay", true, kRecorded, nullptr,
-     [](C c) -> Text { return float_text(c.o.weight_decay); }},
+     [](C c) -> Text { return setting_text(c.o.weight_decay); }},
     {"clip-grad-norm", "clip_grad_norm", true, kRecorded, nullptr,
-     [](C c) -> Text { return float_text(c.o.clip_grad_norm); }},
+     [](C c) -> Text { return setting_text(c.o.clip_grad_norm); }},
     {"lr-step-size", "lr_step_size", true, kRecorded, nullptr,
      [](C c) { return when(c.o.lr_schedule == LrScheduleKind::step, std::to_string(c.o.lr_step_size)); }},
     {"lr-gamma", "lr_gamma", true, kRecorded, nullptr,
-     [](C c) { return when(c.o.lr_schedule == LrScheduleKind::step, float_text(c.o.lr_gamma)); }},
+     [](C c) { return when(c.o.lr_schedule == LrScheduleKind::step, setting_text(c.o.lr_gamma)); }},
     {"warmup-steps", "warmup_steps", true, kRecorded, nullptr,
      [](C c) { return when(c.o.lr_schedule == LrScheduleKind::cosine, std::to_string(c.o.warmup_steps)); }},
     {"min-lr", "min_lr", true, kRecorded, nullptr,
-     [](C c) { return when(c.o.lr_schedule == LrScheduleKind::cosine, float_text(c.o.min_lr)); }},
+     [](C c) { return when(c.o.lr_schedule == LrScheduleKind::cosine, setting_text(c.o.min_lr)); }},
     // The cosine decays to the run's last step, which --epochs sets.
     {"epochs", "epochs", false, kRecorded, nullptr,
      [](C c) { return when(c.o.lr_schedule == LrScheduleKind::cosine, std::to_string(c.o.epochs)); }},
     {"betas", "betas", true, kRecorded, nullptr,
      [](C c) {
-       return when(c.o.optimizer == OptimizerKind::adamw, float_text(c.o.beta1) + "," + float_text(c.o.beta2));
+       return when(c.o.optimizer == OptimizerKind::adamw, setting_text(c.o.beta1) + "," + setting_text(c.o.beta2));
      }},
     {"eps", "eps", true, kRecorded, nullptr,
-     [](C c) { return when(c.o.optimizer == OptimizerKind::adamw, float_text(c.o.eps)); }},
+     [](C c) { return when(c.o.optimizer == OptimizerKind::adamw, setting_text(c.o.eps)); }},
     {"nesterov", "nesterov", true, kRecorded, nullptr,
      [](C c) { return when(c.o.optimizer != OptimizerKind::adamw, bool_text(c.o.nesterov)); }},
     // What every rank of a job must also agree on.
@@ -115,6 +102,17 @@ std::vector<SettingValue> settings_for(SettingUse use, const SettingContext& con
 std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context) {
   std::vector<std::pair<std::string, std::string>> out;
   for (SettingValue& s : settings_for(use, context)) out.emplace_back(s.row->name, std::move(s.value));
+  return out;
+}
+
+std::vector<cumulus::optim::RecordedSetting> checkpoint_settings(const RunConfig& o) {
+  std::vector<cumulus::optim::RecordedSetting> out;
+  for (SettingValue& s : settings_for(kCheckpoint, {o, ""})) {
+    const SettingRow& row = *s.row;
+    out.push_back({row.name, row.key, std::move(s.value), row.overridable,
+                   row.before_recorded ? std::optional<std::string>(row.before_recorded) : std::nullopt,
+                   std::string(row.name) == "accum-steps" ? " (micro-batches per step, all ranks together)" : ""});
+  }
   return out;
 }
 

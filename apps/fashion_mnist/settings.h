@@ -1,7 +1,7 @@
 // Note [Settings table]: the one table of the run's settings that something outside the run
 // records or compares: its name (the flag without dashes), the checkpoint's metadata key, whether
 // --override may change it on resume, where it is used, and how its value prints (equal floats
-// give equal text). It feeds the checkpoint (Note [Resume contract] in checkpoint.h), --override,
+// give equal text). It feeds the checkpoint (Note [Resume contract] in cumulus/runtime/checkpoint.h), --override,
 // the data-parallel agreement check and the memory report's "settings", each taking the rows
 // marked for it, in the table's order.
 #pragma once
@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cumulus/runtime/checkpoint.h"
 #include "run_config.h"
 
 namespace fmnist {
@@ -49,6 +50,9 @@ struct SettingValue {
 std::vector<SettingValue> settings_for(SettingUse use, const SettingContext& context);
 // The same as (name, value).
 std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context);
+
+// The kCheckpoint rows as the library's checkpoint records and compares them.
+std::vector<cumulus::optim::RecordedSetting> checkpoint_settings(const RunConfig& o);
 
 // The names --override accepts, and them as the help and the error list them.
 const std::set<std::string>& overridable_settings();

@@ -9,8 +9,8 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
-#include "metrics_file.h"
-#include "progress.h"
+#include "cumulus/runtime/metrics_log.h"
+#include "cumulus/runtime/progress.h"
 #include "reports.h"
 #include "run_control.h"
 #include "training_setup.h"
@@ -24,7 +24,7 @@ namespace {
 struct Epoch {
   int index = 0;
   int64_t first = 0;  // the micro-batch this run starts it at (a resume)
-  int64_t samples = 0, samples_this_run = 0;
+  int64_t samples_this_run = 0;
   int64_t skipped_before = 0, buckets_in_backward_before = 0;
   dist::Communicator::Stats comm_before;
   std::chrono::steady_clock::time_point t0;
@@ -34,6 +34,15 @@ struct Epoch {
   float loss_scale = 1.0f;
 };
 
+MetricsLog open_metrics(const RunConfig& o, const TrainingState& state) {
+  try {
+    return MetricsLog(o.metrics_path, "epoch",
+                      o.resume_path.empty() ? std::nullopt : std::optional<int64_t>(state.state.counters.epoch));
+  } catch (const Error& e) {
+    throw Error("--metrics " + std::string(e.what()));
+  }
+}
+
 class TrainingLoop {
  public:
   explicit TrainingLoop(const TrainingParts& p)
@@ -41,8 +50,8 @@ class TrainingLoop {
         o_(p.o),
         trainer_(p.trainer),
         progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
-        boundary_(p.state),
-        metrics_(p.o.metrics_path, !p.o.resume_path.empty(), p.state.epoch) {
+        resume_point_(p.trainer, p.state.state),
+        metrics_(open_metrics(p.o, p.state)) {
     p.trainer.set_tracker(&p.tracker);
   }
 
@@ -57,37 +66,23 @@ class TrainingLoop {
   nlohmann::ordered_json metrics_line(const Epoch& e, const optim::Evaluation& r) const;
   void checkpoint_now(const char* why);
   int stop(const std::string& message, int code, const char* why);
-  bool stop_agreed();
-  int stop_together(const std::string& message, int code, const char* why);
+  bool stop_asked() { return stop_requested_on_any_rank(p_.comm); }
+  int stop_together(const std::string& where);
 
   const TrainingParts& p_;
   const RunConfig& o_;
   const optim::Trainer& trainer_;  // the counters
-  Progress progress_;
-  // Training losses are summed on the device by the Accumulator (per epoch, over stepped groups)
-  // and read only at a progress refresh, a checkpoint and the end of an epoch; `loss_before_run_`
-  // is what a resumed epoch had before this run.
-  double loss_before_run_ = 0.0;
-  // The position of the last group boundary: what a checkpoint written now restores. Its step
-  // counters live on the device and are read when a checkpoint is written. After an epoch's last
-  // group and before its test pass, the boundary is the epoch's end (next_micro_batch equal to
-  // the epoch's micro-batches): a run interrupted in the test pass resumes with that test pass.
-  TrainingState boundary_;
-  MetricsFile metrics_;
+  TrainingProgress progress_;
+  // The last group boundary: what a checkpoint written now restores. Between an epoch's last group
+  // and its test pass, the epoch's end: a run interrupted in the test pass resumes with that pass.
+  optim::ResumePoint resume_point_;
+  MetricsLog metrics_;
 };
 
 void TrainingLoop::checkpoint_now(const char* why) {
   if (o_.checkpoint_path.empty()) return;
-  const optim::TrainingCounters now = trainer_.counters();
-  boundary_.counters.optimizer_steps = now.optimizer_steps;
-  boundary_.counters.skipped_steps = now.skipped_steps;
-  boundary_.counters.loss_scale = now.loss_scale;
-  boundary_.counters.loss_scale_clean_steps = now.loss_scale_clean_steps;
-  boundary_.counters.last_lr = now.last_lr;
-  boundary_.optimizer_updates = p_.optimizer.updates();
-  boundary_.epoch_loss_sum = boundary_.next_micro_batch == 0 ? 0.0 : loss_before_run_ + trainer_.epoch_loss_sum();
   try {
-    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, boundary_, o_);
+    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, resume_point_.state(), o_);
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
   }
@@ -113,18 +108,11 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why) {
   return status;
 }
 
-// Data parallel: whether any rank was signalled (a collective: every rank asks at the same
-// boundary). A rank stopped by another's signal reports it as SIGTERM.
-bool TrainingLoop::stop_agreed() {
-  if (!p_.comm.any(g_signal != 0)) return false;
-  if (g_signal == 0) g_signal = SIGTERM;
-  return true;
-}
-
 // A stop every rank makes at the same boundary: after rank 0 has written the checkpoint and the
 // reports, the ranks meet and end together (no rank is aborted mid-write).
-int TrainingLoop::stop_together(const std::string& message, int code, const char* why) {
-  const int status = stop(g_root ? message : std::string(), code, why);
+int TrainingLoop::stop_together(const std::string& where) {
+  const std::string message = "interrupted (" + std::string(stop_signal_name(stop_signal())) + ") " + where;
+  const int status = stop(g_root ? message : std::string(), exit_code_for_stop(stop_signal()), "interrupted");
   if (o_.world_size > 1) {
     p_.comm.barrier();
     g_agreed_exit = true;
@@ -133,20 +121,8 @@ int TrainingLoop::stop_together(const std::string& message, int code, const char
 }
 
 Epoch TrainingLoop::begin_epoch(int epoch) {
-  const TrainingState& state = p_.state;
-  const bool resuming_epoch = epoch == state.epoch;
   Epoch e;
   e.index = epoch;
-  e.first = resuming_epoch ? state.next_micro_batch : 0;
-  loss_before_run_ = resuming_epoch ? state.epoch_loss_sum : 0.0;
-  e.samples = resuming_epoch ? state.epoch_samples : 0;
-  progress_.begin_epoch(epoch, p_.train_loader.num_batches(), e.first);
-  boundary_.epoch = epoch;
-  boundary_.next_micro_batch = e.first;
-  boundary_.counters = trainer_.counters();  // as Trainer::train_epoch's begin_epoch will set them
-  boundary_.counters.epoch = epoch;
-  boundary_.counters.micro_batch_index = e.first;
-  boundary_.epoch_samples = e.samples;
   e.skipped_before = trainer_.skipped_steps();
   e.comm_before = p_.comm.stats();
   e.buckets_in_backward_before = trainer_.buckets_started_in_backward();
@@ -155,53 +131,42 @@ Epoch TrainingLoop::begin_epoch(int epoch) {
 }
 
 // The epoch's micro-batches through Trainer::train_epoch, from e.first. A stop is honoured at a
-// group boundary, after the group in flight has stepped: what the checkpoint holds is then exactly
-// what the run has done, batch norm's running statistics included (they change with every
-// micro-batch). With several ranks, at a boundary all of them agree on, so they stop together.
+// group boundary, after the group in flight has stepped: the checkpoint then holds exactly what the
+// run has done, batch norm's running statistics included. With several ranks, at a boundary all of
+// them agree on, so they stop together.
 std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
-  const int64_t samples_before = e.samples;  // a resumed epoch's, before this run
-  optim::EpochOptions epoch_options;
-  epoch_options.first = e.first;
-  epoch_options.stop = [&](int64_t) { return o_.world_size == 1 ? g_signal != 0 : stop_agreed(); };
-  epoch_options.on_step = [&](const optim::MicroBatchDone& d) {
+  optim::EpochOptions hooks;
+  hooks.stop = [&](int64_t) { return stop_asked(); };
+  hooks.on_step = [&](const optim::MicroBatchDone&) {
     e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
-    boundary_.next_micro_batch = d.index + 1;
-    boundary_.counters.epoch = e.index;
-    boundary_.counters.micro_batch_index = trainer_.micro_batch_index();
-    boundary_.counters.micro_batches_total = trainer_.micro_batches_total();
-    boundary_.epoch_samples = samples_before + d.units_done;  // every rank's samples (one unit each)
   };
-  epoch_options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+  hooks.on_micro_batch = [&](const optim::MicroBatchDone& d) {
     if (d.trained_here) e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
     fault_signal_point("micro_batch", e.index + 1, d.index);
-    e.samples = samples_before + d.units_done;
     e.samples_this_run = d.units_done;
-    if (progress_.due(d.index + 1))
-      progress_.update(d.index + 1,
-                       (loss_before_run_ + trainer_.epoch_loss_sum()) /
-                           static_cast<double>(std::max<int64_t>(boundary_.epoch_samples, 1)),
-                       e.samples_this_run);
+    if (progress_.due(d.index + 1)) progress_.update(d.index + 1, resume_point_.mean_loss(), e.samples_this_run);
   };
+  const optim::EpochOptions epoch_options = resume_point_.begin_epoch(e.index, hooks);
+  e.first = epoch_options.first;
+  progress_.begin_epoch(e.index, p_.train_loader.num_batches(), e.first);
   const optim::EpochResult r = p_.trainer.train_epoch(
       p_.train_loader, e.index, [&](const data::Batch& b) { return training_loss(p_.model, b); }, epoch_options);
   if (r.finished) return std::nullopt;
-  return stop_together("interrupted (" + std::string(signal_name(g_signal)) + ") at epoch " +
-                           std::to_string(e.index + 1) + ", micro-batch " + std::to_string(r.next_micro_batch),
-                       exit_code_for(g_signal), "interrupted");
+  return stop_together("at epoch " + std::to_string(e.index + 1) + ", micro-batch " +
+                       std::to_string(r.next_micro_batch));
 }
 
 // The epoch's training loss and time, and a word on skipped steps.
 void TrainingLoop::end_training_of(Epoch& e) {
   progress_.end_epoch();
-  // Reading the loss waits for the device, so the epoch's time below includes its queued work
-  // (with graphs the host runs far ahead of the GPU).
-  e.train_loss = (loss_before_run_ + trainer_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(e.samples, 1));
+  // Reading the loss waits for the device, so the epoch's time includes its queued work.
+  e.train_loss = resume_point_.mean_loss();
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e.t0).count();
   const int64_t skipped = trainer_.skipped_steps() - e.skipped_before;
   e.scaling = needs_loss_scaling(o_.precision);
   e.loss_scale = e.scaling ? trainer_.loss_scale() : 1.0f;
-  // Under fp16 loss scaling a skipped step is how the scale finds its level, not a fault; at
-  // its floor (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
+  // Under fp16 a skipped step is how the loss scale finds its level, not a fault; at its floor
+  // (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
   const float min_scale = p_.trainer_options.loss_scaling.min_scale;
   const bool at_floor = e.scaling && e.loss_scale <= min_scale;
   if (g_root && e.scaling && skipped > 0 && std::isfinite(e.train_loss) && !at_floor && !o_.quiet)
@@ -273,31 +238,27 @@ std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
     fault_signal_point("test_pass", e.index + 1);
     if (g_root) r = test_pass(p_.model, p_.test_loader);  // the other ranks hold the same weights
   } catch (const Interrupted&) {
-    return stop("interrupted (" + std::string(signal_name(g_signal)) + ") in the test pass of epoch " +
+    return stop("interrupted (" + std::string(stop_signal_name(stop_signal())) + ") in the test pass of epoch " +
                     std::to_string(e.index + 1) + "; a resumed run starts with that test pass",
-                exit_code_for(g_signal), "interrupted");
+                exit_code_for_stop(stop_signal()), "interrupted");
   }
   say("Epoch %d\n-------------------\n", e.index + 1);
   print_test_results(r);
-  metrics_.append(metrics_line(e, r));
-  boundary_.epoch = e.index + 1;
-  boundary_.next_micro_batch = 0;
-  boundary_.counters = trainer_.counters();
-  boundary_.counters.epoch = e.index + 1;
-  boundary_.counters.micro_batch_index = 0;
-  boundary_.epoch_samples = 0;
+  try {
+    metrics_.append(metrics_line(e, r).dump());
+  } catch (const Error& err) {
+    throw Error("--metrics: " + std::string(err.what()));
+  }
+  resume_point_.end_epoch();
   checkpoint_now("epoch end");
   // After the epoch's checkpoint: nothing is lost, the next run starts the next epoch.
-  if (o_.world_size == 1 ? g_signal != 0 : stop_agreed())
-    return stop_together(
-        "interrupted (" + std::string(signal_name(g_signal)) + ") after epoch " + std::to_string(e.index + 1),
-        exit_code_for(g_signal), "interrupted");
+  if (stop_asked()) return stop_together("after epoch " + std::to_string(e.index + 1));
   return std::nullopt;
 }
 
 std::optional<int> TrainingLoop::run() {
   try {
-    for (int epoch = p_.state.epoch; epoch < o_.epochs; ++epoch) {
+    for (int epoch = resume_point_.epoch(); epoch < o_.epochs; ++epoch) {
       Epoch e = begin_epoch(epoch);
       if (const std::optional<int> stopped = train_micro_batches(e)) return stopped;
       end_training_of(e);

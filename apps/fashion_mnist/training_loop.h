@@ -1,11 +1,7 @@
-// The training loop: epochs of micro-batches through optim::Trainer, a test pass and a --metrics
-// line after each, the checkpoint at each epoch end, and the stops (a signal, out of memory, a
-// failed write) at the last group boundary with the checkpoint and the reports still written.
-//
-// The loop over micro-batches is the library's: Trainer::train_epoch (from a resumed checkpoint's
-// micro-batch, its hooks keeping the progress bar and the last group boundary, its stop request
-// honoured at a group boundary), and the test pass is optim::evaluate_classifier. The app adds
-// what a run reports and writes around them.
+// The training loop: epochs through Trainer::train_epoch (its hooks keep the progress line and the
+// resume point, its stop is honoured at a group boundary), the test pass (optim::evaluate_classifier),
+// the --metrics line and the checkpoint after each, and the stops (a signal, out of memory, a failed
+// write) with the checkpoint of the last group boundary and the reports still written.
 #pragma once
 
 #include <cstdint>

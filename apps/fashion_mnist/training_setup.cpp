@@ -49,25 +49,10 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared
   return std::make_shared<optim::SGD>(flat, s);
 }
 
-namespace {
-
-// Optimizer steps of the whole run: each epoch's micro-batches in groups of that epoch's steps
-// (per rank) times the ranks.
-int64_t total_optimizer_steps(const RunConfig& o, int64_t micro_batches) {
-  int64_t steps = 0;
-  for (int e = 0; e < o.epochs; ++e) {
-    const int n = o.accum_steps_at(e) * o.world_size;
-    steps += (micro_batches + n - 1) / n;
-  }
-  return steps;
-}
-
-}  // namespace
-
 std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const RunConfig& o, int64_t micro_batches) {
   if (o.lr_schedule == LrScheduleKind::step) return std::make_shared<optim::StepLR>(o.lr, o.lr_step_size, o.lr_gamma);
   if (o.lr_schedule == LrScheduleKind::cosine) {
-    const int64_t total = total_optimizer_steps(o, micro_batches);
+    const int64_t total = optim::optimizer_steps_in_epochs(o.accum_schedule_all_ranks(), micro_batches, o.epochs);
     if (o.warmup_steps >= total)
       throw UsageFailure("--warmup-steps " + std::to_string(o.warmup_steps) + " must be below the run's " +
                          std::to_string(total) + " optimizer steps");

@@ -8,7 +8,6 @@
 // this file reads flags, files and prints.
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -21,6 +20,8 @@
 #include <cumulus/io/checksum.h>
 #include <cumulus/io/file.h>
 #include <cumulus/models/gpt.h>
+#include <cumulus/runtime/metrics_log.h>
+#include <cumulus/runtime/stop_signal.h>
 
 using namespace cumulus;
 
@@ -204,13 +205,9 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
   return std::stoll(it->second);
 }
 
-// Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
-// with 130 (resume with --resume).
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void request_stop(int signal) { g_stop_signal = signal; }
-
 struct Run {
   int64_t first_micro_batch = 0;
+  int64_t steps_done = 0;
 };
 
 // Restores weights, optimizer state and counters; the run's flags must match the checkpoint's.
@@ -234,27 +231,8 @@ Run resume(const std::string& path, models::GPT& model, optim::Trainer& trainer,
                 c.optimizer_steps, ", beyond --steps ", f.steps);
   trainer.optimizer().load_state(loaded.extra, c.optimizer_steps);
   trainer.restore(c);
-  return {c.micro_batch_index};
+  return {c.micro_batch_index, c.optimizer_steps};
 }
-
-class Metrics {
- public:
-  // A resumed run appends to the file its first part wrote; a new run starts it afresh.
-  Metrics(const std::string& path, bool append) {
-    if (path.empty()) return;
-    out_.open(path, append ? std::ios::app : std::ios::trunc);
-    CUMULUS_CHECK(out_, Error, "--metrics ", path, ": cannot be opened for writing");
-  }
-  void line(const std::string& json) {
-    if (!out_.is_open()) return;
-    out_ << json << '\n';
-    out_.flush();
-    CUMULUS_CHECK(out_, Error, "--metrics: write failed");
-  }
-
- private:
-  std::ofstream out_;
-};
 
 std::string fmt(const char* format, double a, double b = 0, double c = 0, double d = 0, double e = 0) {
   char buf[512];
@@ -347,7 +325,6 @@ int train(const TrainFlags& flags) {
   const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(split.validation, f.context, 0, device);
   if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
-  Metrics metrics(f.metrics, !f.resume.empty());
   double step_loss = 0.0;
   MemoryTracker::Options tracking;
   tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
@@ -365,6 +342,9 @@ int train(const TrainFlags& flags) {
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
   optim::Trainer trainer(optimizer, options, schedule);
   const Run run = f.resume.empty() ? Run{} : resume(f.resume, model, trainer, f);
+  // A resumed run keeps the lines up to its checkpoint's step; one line per step, appended.
+  MetricsLog metrics(f.metrics, "step", f.resume.empty() ? std::nullopt : std::optional<int64_t>(run.steps_done),
+                     MetricsWrites::append);
   if (!f.quiet)
     std::printf(
         "gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
@@ -377,12 +357,13 @@ int train(const TrainFlags& flags) {
   auto evaluate = [&](int64_t step) {
     const double val = models::validation_loss(model, val_windows, f.micro_batch, f.eval_windows);
     std::printf("step %lld: validation loss %.6f\n", static_cast<long long>(step), val);
-    metrics.line(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
+    metrics.append(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
     if (!f.save.empty()) save_checkpoint(f.save, model, vocab, trainer, f);
   };
   const int64_t total = f.steps * f.accum_steps, tokens_per_step = f.micro_batch * f.accum_steps * f.context;
-  std::signal(SIGINT, request_stop);
-  std::signal(SIGTERM, request_stop);
+  // Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
+  // with 130 (resume with --resume).
+  install_stop_handlers();
   trainer.begin_epoch(0, total, run.first_micro_batch);
   auto step_start = std::chrono::steady_clock::now();
   for (int64_t i = run.first_micro_batch; i < total; ++i) {
@@ -394,7 +375,7 @@ int train(const TrainFlags& flags) {
     step_start = now;
     const int64_t step = (i + 1) / f.accum_steps;
     const float lr = trainer.last_lr();
-    metrics.line(
+    metrics.append(
         fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
             double(step), step_loss, lr, seconds, double(tokens_per_step) / seconds));
     if (!f.quiet && (step % f.log_every == 0 || step == 1))
@@ -402,12 +383,12 @@ int train(const TrainFlags& flags) {
                   static_cast<long long>(f.steps), step_loss, lr, seconds * 1e3, double(tokens_per_step) / seconds);
     const bool evaluated = f.eval_every > 0 && step % f.eval_every == 0 && step != f.steps;
     if (evaluated) evaluate(step);
-    if ((g_stop_signal != 0 || step == f.stop_after) && step != f.steps) {
+    if ((stop_requested() || step == f.stop_after) && step != f.steps) {
       if (!f.save.empty() && !evaluated) save_checkpoint(f.save, model, vocab, trainer, f);
       std::printf(
           "gpt: stopped after step %lld%s\n", static_cast<long long>(step),
           f.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f.save).c_str());
-      return g_stop_signal != 0 ? 130 : 0;
+      return stop_requested() ? 130 : 0;
     }
   }
   if (f.steps == 0) {

@@ -158,6 +158,16 @@ std::string problem_of_any_rank(Communicator& comm, const std::string& mine) {
   return comm.broadcast_from_root(first);
 }
 
+std::string difference_among_ranks(Communicator& comm, const std::string& mine) {
+  if (comm.world_size() == 1) return "";
+  const std::vector<std::string> all = comm.gather_to_root(mine);  // empty except at the root
+  std::string listed;
+  if (comm.is_root() && std::any_of(all.begin(), all.end(), [&](const std::string& v) { return v != all[0]; }))
+    for (std::size_t r = 0; r < all.size(); ++r)
+      listed += (r == 0 ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + all[r];
+  return comm.broadcast_from_root(listed);
+}
+
 void check_same_settings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings) {
   if (comm.world_size() == 1) return;
   // One line per setting, "name=value"; values hold no newline (they are flag values).

@@ -69,7 +69,11 @@
 #include "cumulus/memory/category.h"
 
 #include "cumulus/runtime/accumulation.h"
+#include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/metrics_log.h"
 #include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/progress.h"
+#include "cumulus/runtime/stop_signal.h"
 #include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 

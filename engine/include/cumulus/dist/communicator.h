@@ -128,6 +128,12 @@ int device_for_local_rank(int local_rank, int local_ranks, int device_count);
 // collective: every rank must call it.
 std::string problem_of_any_rank(Communicator& comm, const std::string& mine);
 
+// What each rank loaded from its own files (a dataset's size, a checkpoint's position), compared: ""
+// when every rank's `mine` equals rank 0's, else "rank 0 <value>; rank 1 <value>; ..." on every
+// rank, so all can stop together before a collective that depends on it (one rank waiting in a
+// reduction the others never reach would hang the job). A collective: every rank must call it.
+std::string difference_among_ranks(Communicator& comm, const std::string& mine);
+
 // Refuses ranks started with different settings: every rank passes its (name, value) pairs; if any
 // rank differs from rank 0, every rank throws InvalidArgument naming the first differing setting,
 // the rank and both values. A no-op in a world of one.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 
 namespace cumulus::dist {
 class Communicator;
@@ -87,5 +88,18 @@ struct TrainingCounters {
 // The accumulation steps a per-epoch schedule {first_epoch: steps} gives `epoch` (the entry with
 // the largest first epoch not after it; the schedule must have key 0).
 int accum_steps_for_epoch(const std::map<int, int>& schedule, int epoch);
+
+// A per-epoch schedule as text, "EPOCH:STEPS,...": "0:8,4:2" is {{0, 8}, {4, 2}}, 8 micro-batches a
+// step from epoch 0 and 2 from epoch 4 (Lightning's GradientAccumulationScheduler({0: 8, 4: 2})).
+// Epochs from 0 to 1000000, each once, the first 0; steps from 1 to 1000000. Throws InvalidArgument
+// whose message starts with the quoted text and says what is wrong.
+std::map<int, int> parse_accum_schedule(const std::string& text);
+// The schedule as parse_accum_schedule reads it: {{0, 8}, {4, 2}} is "0:8,4:2".
+std::string accum_schedule_text(const std::map<int, int>& schedule);
+
+// The optimizer steps of epochs 0 .. epochs - 1, each of `micro_batches` micro-batches in groups of
+// that epoch's steps by `schedule` (a short last group is a step too): what a schedule over the
+// whole run, such as CosineWarmupLR's, counts.
+int64_t optimizer_steps_in_epochs(const std::map<int, int>& schedule, int64_t micro_batches, int epochs);
 
 }  // namespace cumulus::optim

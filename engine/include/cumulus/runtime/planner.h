@@ -250,4 +250,12 @@ struct Plan {
 // passes through.
 Plan plan_batch(const PlanRequest& request);
 
+// The plan as a table to print, each line ending in a newline: where the prediction came from (a
+// recorded allocation sequence: the state at rest and the budget, `budget` 0 for none), the
+// optimizer step's and each weighed setting's time fit, then every candidate row (micro-batch,
+// levers, predicted peak and reserved bytes, whether it fits, accumulation steps, time per
+// effective batch with its spread and per epoch, the chosen one starred). `unit` names what the
+// effective batch counts ("sample", "token").
+std::string plan_table_text(const Plan& plan, int64_t budget, const std::string& unit = "sample");
+
 }  // namespace cumulus

@@ -1,13 +1,14 @@
-#include "progress.h"
+#include "cumulus/runtime/progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
-namespace fmnist {
+namespace cumulus {
 
 std::string format_duration(double seconds) {
   const long s = static_cast<long>(std::max(seconds, 0.0) + 0.5);
@@ -39,20 +40,21 @@ std::string format_progress_line(const ProgressLine& p, int columns) {
   count += "/" + total;
   std::snprintf(buf, sizeof buf, "loss %.4f", p.loss);
   const std::string loss = buf;
-  if (p.samples_per_s >= 1000) std::snprintf(buf, sizeof buf, "%.1fk", p.samples_per_s / 1000);
-  else std::snprintf(buf, sizeof buf, "%.0f", p.samples_per_s);
+  if (p.units_per_s >= 1000) std::snprintf(buf, sizeof buf, "%.1fk", p.units_per_s / 1000);
+  else std::snprintf(buf, sizeof buf, "%.0f", p.units_per_s);
   const std::string speed = buf;
   // With more epochs to go, the run's ETA is the one that matters; the epoch's is extra.
   const bool run_eta = p.run_eta_s >= 0 && p.total_epochs > 1;
-  const std::string main_eta = run_eta ? "run ETA " + format_duration(p.run_eta_s) : "ETA " + format_duration(p.epoch_eta_s);
+  const std::string main_eta =
+      run_eta ? "run ETA " + format_duration(p.run_eta_s) : "ETA " + format_duration(p.epoch_eta_s);
   const std::string epoch_eta = run_eta ? "epoch ETA " + format_duration(p.epoch_eta_s) : "";
 
   // Levels of detail, most first; the first whose line fits with a bar of 10 or more wins.
   struct Level {
     bool speed_long, speed, epoch_eta, count, loss;
   };
-  const Level levels[] = {{true, true, true, true, true},    {false, true, true, true, true},
-                          {false, false, true, true, true},  {false, false, false, true, true},
+  const Level levels[] = {{true, true, true, true, true},     {false, true, true, true, true},
+                          {false, false, true, true, true},   {false, false, false, true, true},
                           {false, false, false, false, true}, {false, false, false, false, false}};
   auto compose = [&](const Level& l, int bar, bool eta) {
     std::string s = epoch;
@@ -63,7 +65,7 @@ std::string format_progress_line(const ProgressLine& p, int columns) {
     }
     if (l.count) s += " " + count;
     if (l.loss) s += "  " + loss;
-    if (l.speed) s += "  " + speed + (l.speed_long ? " samples/s" : "/s");
+    if (l.speed) s += "  " + speed + (l.speed_long ? " " + p.unit + "/s" : std::string("/s"));
     if (l.epoch_eta && !epoch_eta.empty()) s += "  " + epoch_eta;
     if (eta) s += "  " + main_eta;
     return s;
@@ -80,10 +82,14 @@ std::string format_progress_line(const ProgressLine& p, int columns) {
   return s.substr(0, limit);
 }
 
-Progress::Progress(std::FILE* out, bool enabled, int total_epochs)
-    : out_(out), enabled_(enabled), tty_(::isatty(::fileno(out)) == 1), total_epochs_(std::max(total_epochs, 0)) {}
+TrainingProgress::TrainingProgress(std::FILE* out, bool enabled, int total_epochs, std::string unit)
+    : out_(out),
+      enabled_(enabled),
+      tty_(::isatty(::fileno(out)) == 1),
+      total_epochs_(std::max(total_epochs, 0)),
+      unit_(std::move(unit)) {}
 
-void Progress::begin_epoch(int epoch, int64_t total, int64_t first) {
+void TrainingProgress::begin_epoch(int epoch, int64_t total, int64_t first) {
   const auto now = std::chrono::steady_clock::now();
   if (ended_) between_epochs_s_ = std::chrono::duration<double>(now - last_end_).count();
   ended_ = false;
@@ -95,7 +101,7 @@ void Progress::begin_epoch(int epoch, int64_t total, int64_t first) {
   drawn_ = false;
 }
 
-bool Progress::due(int64_t done) const {
+bool TrainingProgress::due(int64_t done) const {
   if (!enabled_) return false;
   if (done == total_) return true;
   if (tty_) return std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100);
@@ -105,7 +111,7 @@ bool Progress::due(int64_t done) const {
 // The rest of this epoch, then each later epoch as long as the last whole one measured (or this
 // epoch's pace), plus the time between epochs (evaluation, checkpoint) once seen; the last epoch's
 // evaluation counts too.
-double Progress::run_eta(double epoch_eta, double seconds_per_micro_batch) const {
+double TrainingProgress::run_eta(double epoch_eta, double seconds_per_micro_batch) const {
   if (total_epochs_ <= 0) return -1;
   const int later = std::max(total_epochs_ - epoch_ - 1, 0);
   const double epoch_s = full_epoch_s_ >= 0 ? full_epoch_s_ : seconds_per_micro_batch * static_cast<double>(total_);
@@ -113,12 +119,12 @@ double Progress::run_eta(double epoch_eta, double seconds_per_micro_batch) const
   return epoch_eta + between + static_cast<double>(later) * (epoch_s + between);
 }
 
-void Progress::update(int64_t done, double mean_loss, int64_t samples_done) {
+void TrainingProgress::update(int64_t done, double mean_loss, int64_t units_done) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   last_draw_ = now;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const double rate = elapsed > 0 ? static_cast<double>(samples_done) / elapsed : 0.0;
+  const double rate = elapsed > 0 ? static_cast<double>(units_done) / elapsed : 0.0;
   const int64_t ran = done - first_;
   const double per_micro_batch = ran > 0 ? elapsed / static_cast<double>(ran) : 0.0;
   const double eta = per_micro_batch * static_cast<double>(total_ - done);
@@ -130,7 +136,8 @@ void Progress::update(int64_t done, double mean_loss, int64_t samples_done) {
     p.done = done;
     p.total = total_;
     p.loss = mean_loss;
-    p.samples_per_s = rate;
+    p.units_per_s = rate;
+    p.unit = unit_;
     p.epoch_eta_s = eta;
     p.run_eta_s = run;
     // Asked at every draw, so a resized terminal is followed; "\033[K" clears what a longer
@@ -146,15 +153,15 @@ void Progress::update(int64_t done, double mean_loss, int64_t samples_done) {
     if (total_epochs_ > 0) epoch += "/" + std::to_string(total_epochs_);
     std::string run_part;
     if (run >= 0 && total_epochs_ > 1) run_part = "  run ETA " + format_duration(run);
-    std::fprintf(out_, "Epoch %s  %lld/%lld micro-batches  loss %.4f  %s samples/s  ETA %s%s\n", epoch.c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total_), mean_loss, speed,
+    std::fprintf(out_, "Epoch %s  %lld/%lld micro-batches  loss %.4f  %s %s/s  ETA %s%s\n", epoch.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total_), mean_loss, speed, unit_.c_str(),
                  format_duration(eta).c_str(), run_part.c_str());
     next_line_at_ = done + std::max<int64_t>(1, total_ / 10);
   }
   std::fflush(out_);
 }
 
-void Progress::end_epoch() {
+void TrainingProgress::end_epoch() {
   if (enabled_ && tty_ && drawn_) std::fputc('\n', out_);
   drawn_ = false;
   if (ended_) return;  // called again after an interruption
@@ -165,4 +172,4 @@ void Progress::end_epoch() {
   ended_ = true;
 }
 
-}  // namespace fmnist
+}  // namespace cumulus
