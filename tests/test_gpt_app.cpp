@@ -3,6 +3,7 @@
 // run's weights and losses; sampling is seeded; usage errors exit 2 naming the flag, runtime errors exit 1 naming the
 // file.
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -85,6 +86,46 @@ TEST(GptApp, TrainsSavesResumesExactlyAndSamples) {
   EXPECT_EQ(s1.out.size(), 5u + 40u + 1u) << s1.out;
 }
 
+// The first step's loss of each metrics line set, per precision.
+double first_loss(const std::string& jsonl) {
+  const std::size_t at = jsonl.find("\"loss\": ");
+  return at == std::string::npos ? -1.0 : std::stod(jsonl.substr(at + 8));
+}
+
+// --precision bf16 / fp16: the run trains (losses near fp32's), an fp16 run stopped and resumed ends
+// with the uninterrupted run's weights (the loss scale is in the checkpoint), and a checkpoint
+// resumes only in the precision that wrote it.
+TEST(GptApp, TrainsInSixteenBitsAndResumesInTheSamePrecision) {
+  TempDir dir;
+  const std::string data = " --data " + write_corpus(dir) + kTiny + " --steps 4 --eval-every 2";
+  std::map<std::string, double> first;
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    const std::string name = dir.file(precision);
+    const Result r = gpt("train" + data + " --precision " + precision + " --metrics " + name + ".jsonl --save " +
+                         name + ".safetensors");
+    ASSERT_EQ(r.exit_code, 0) << precision << "\n" << r.out;
+    EXPECT_NE(r.out.find("step 4: validation loss"), std::string::npos) << r.out;
+    first[precision] = first_loss(read(name + ".jsonl"));
+  }
+  EXPECT_NEAR(first["bf16"], first["fp32"], 0.02 * first["fp32"]);
+  EXPECT_NEAR(first["fp16"], first["fp32"], 0.005 * first["fp32"]);
+
+  const Result stopped = gpt("train" + data + " --precision fp16 --stop-after 2 --save " + dir.file("part.safetensors"));
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.out;
+  const Result wrong = gpt("train" + data + " --precision bf16 --resume " + dir.file("part.safetensors"));
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.out;
+  EXPECT_NE(wrong.out.find("run.precision fp16 differs from this run's bf16"), std::string::npos) << wrong.out;
+  const Result rest = gpt("train" + data + " --precision fp16 --resume " + dir.file("part.safetensors") + " --save " +
+                          dir.file("part.safetensors"));
+  ASSERT_EQ(rest.exit_code, 0) << rest.out;
+  const auto a = io::load_safetensors(dir.file("fp16.safetensors")).tensors;
+  const auto b = io::load_safetensors(dir.file("part.safetensors")).tensors;
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].second.dtype() == DType::f32)
+      EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
+}
+
 // --effective-batch: the planner chooses the micro-batch and accumulation steps of the 12 windows
 // (tokens counted) and the run trains with its choice.
 TEST(GptApp, ThePlannerChoosesTheMicroBatch) {
@@ -119,7 +160,7 @@ TEST(GptApp, UsageErrorsExitTwoNamingTheFlagAndFileErrorsExitOne) {
   for (const Case& c :
        {Case{"train" + data + " --width 10 --heads 3", "--width/--heads/--layers"},
         Case{"train" + data + " --steps 5 --warmup 5", "--warmup 5 must be less than --steps 5"},
-        Case{"train" + data + " --precision bf16", "--precision bf16"},
+        Case{"train" + data + " --precision fp8", "--precision"},
         Case{"train --data " + dir.file("missing"), "--data " + dir.file("missing")},
         Case{"train" + data + " --context 4000", "--context"}, Case{"train" + data + " --bogus", "--bogus"},
         Case{"sample", "--load"}, Case{"", "subcommand"}}) {

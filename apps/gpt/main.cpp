@@ -20,6 +20,7 @@
 #include <cumulus/io/checksum.h>
 #include <cumulus/io/file.h>
 #include <cumulus/models/gpt.h>
+#include <cumulus/runtime/checkpoint.h>
 #include <cumulus/runtime/metrics_log.h>
 #include <cumulus/runtime/stop_signal.h>
 
@@ -132,7 +133,9 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--seed", f.seed, "initialization and window seed")->check(CLI::NonNegativeNumber);
   c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
   c.add_option("--device", f.device, "cpu or cuda[:N]");
-  c.add_option("--precision", f.precision, "fp32 (bf16 and fp16 are not yet supported by the GPT)")
+  c.add_option("--precision", f.precision,
+               "the activations' type: fp32, bf16 or fp16 (weights, gradients and AdamW stay fp32; fp16 with "
+               "dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   c.add_option("--recompute", f.recompute,
                "recompute every block's activations in backward: off, on, or auto (the planner weighs both)")
@@ -193,6 +196,9 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const mo
   meta["run.seed"] = std::to_string(f.seed);
   meta["run.micro_batch"] = std::to_string(f.micro_batch);
   meta["run.accum_steps"] = std::to_string(f.accum_steps);
+  meta["run.precision"] = f.precision;
+  meta["run.loss_scale"] = optim::setting_text(c.loss_scale);
+  meta["run.loss_scale_clean_steps"] = std::to_string(c.loss_scale_clean_steps);
   io::ExtraTensors extra{kOptimizerPrefix, {}};
   for (const auto& [name, t] : trainer.optimizer().state())
     extra.tensors.emplace_back(name, t);
@@ -221,7 +227,16 @@ Run resume(const std::string& path, models::GPT& model, optim::Trainer& trainer,
                                    {"run.accum_steps", f.accum_steps}})
     CUMULUS_CHECK(meta_int(m, path, key) == value, Error, "file '", path, "': ", key, " ", m.at(key),
                   " differs from this run's ", value, " (resume with the flags of the run that wrote it)");
+  // Written before 16-bit training: fp32, no loss scaling.
+  const auto precision = m.find("run.precision");
+  const std::string written_in = precision == m.end() ? "fp32" : precision->second;
+  CUMULUS_CHECK(written_in == f.precision, Error, "file '", path, "': run.precision ", written_in,
+                " differs from this run's ", f.precision, " (resume with the flags of the run that wrote it)");
   optim::TrainingCounters c;
+  if (m.count("run.loss_scale")) {
+    c.loss_scale = std::stof(m.at("run.loss_scale"));
+    c.loss_scale_clean_steps = static_cast<int32_t>(meta_int(m, path, "run.loss_scale_clean_steps"));
+  }
   c.micro_batch_index = meta_int(m, path, "run.micro_batch_index");
   c.optimizer_steps = meta_int(m, path, "run.optimizer_steps");
   c.skipped_steps = meta_int(m, path, "run.skipped_steps");
@@ -277,10 +292,12 @@ int train(const TrainFlags& flags) {
   if (f.effective_batch == 0 && (!f.memory_budget.empty() || f.recompute == "auto"))
     throw UsageError(std::string(f.memory_budget.empty() ? "--recompute auto" : "--memory-budget") +
                      " needs --effective-batch (the planner decides)");
-  if (f.precision != "fp32") throw UsageError("--precision " + f.precision + ": the GPT trains in fp32 only so far");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));
   const Device device = parse_device(f.device);
+  const Precision precision = parse_precision(f.precision);
+  if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
+    throw UsageError("--precision " + f.precision + ": " + why);
   set_cpu_threads(f.threads);
   bool is_default = false;
   const std::string corpus = locate_corpus(f.data, is_default);
@@ -311,6 +328,7 @@ int train(const TrainFlags& flags) {
   models::GPT model(config, gen, device);
   if (!f.init.empty()) io::load_state_dict(f.init, model);
   model.set_recompute(f.recompute == "on");
+  model.set_compute_dtype(compute_dtype(precision));
   if (f.effective_batch > 0 && f.effective_batch * f.context > split.train.numel())
     throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
                      ": more tokens than the training text holds");
@@ -336,6 +354,7 @@ int train(const TrainFlags& flags) {
   options.tracker = &tracker;
   options.accum_steps = static_cast<int>(f.accum_steps);
   options.clip_grad_norm = static_cast<float>(f.clip);
+  options.loss_scaling.dynamic = needs_loss_scaling(precision);
   options.on_step = [&](const optim::StepLog& log) { step_loss = log.loss; };
   std::shared_ptr<const optim::LRSchedule> schedule;
   if (f.steps > 0)
