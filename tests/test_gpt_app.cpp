@@ -101,8 +101,8 @@ TEST(GptApp, TrainsInSixteenBitsAndResumesInTheSamePrecision) {
   std::map<std::string, double> first;
   for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     const std::string name = dir.file(precision);
-    const Result r = gpt("train" + data + " --precision " + precision + " --metrics " + name + ".jsonl --save " +
-                         name + ".safetensors");
+    const Result r = gpt("train" + data + " --precision " + precision + " --metrics " + name + ".jsonl --save " + name +
+                         ".safetensors");
     ASSERT_EQ(r.exit_code, 0) << precision << "\n" << r.out;
     EXPECT_NE(r.out.find("step 4: validation loss"), std::string::npos) << r.out;
     first[precision] = first_loss(read(name + ".jsonl"));
@@ -110,7 +110,8 @@ TEST(GptApp, TrainsInSixteenBitsAndResumesInTheSamePrecision) {
   EXPECT_NEAR(first["bf16"], first["fp32"], 0.02 * first["fp32"]);
   EXPECT_NEAR(first["fp16"], first["fp32"], 0.005 * first["fp32"]);
 
-  const Result stopped = gpt("train" + data + " --precision fp16 --stop-after 2 --save " + dir.file("part.safetensors"));
+  const Result stopped =
+      gpt("train" + data + " --precision fp16 --stop-after 2 --save " + dir.file("part.safetensors"));
   ASSERT_EQ(stopped.exit_code, 0) << stopped.out;
   const Result wrong = gpt("train" + data + " --precision bf16 --resume " + dir.file("part.safetensors"));
   EXPECT_EQ(wrong.exit_code, 1) << wrong.out;
