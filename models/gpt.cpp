@@ -297,10 +297,13 @@ PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::To
   r.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's
   r.require_fit = true;
   r.model = &model;
-  r.setting.recompute = model.recompute() ? 1u : 0u;
+  r.setting.recompute = model.recompute_segments();
   if (weigh_recompute) {
-    r.recompute_segments = {"blocks"};
-    r.apply = [&model](const PlanSetting& s) { model.set_recompute(s.recompute != 0); };
+    // The blocks are equal, so how many are recomputed is what matters: the first k, k = 0..L.
+    r.recompute_segments = model.recompute_segment_names();
+    for (std::size_t k = 0; k <= r.recompute_segments.size(); ++k)
+      r.recompute_masks.push_back(static_cast<uint32_t>((uint64_t{1} << k) - 1));
+    r.apply = [&model](const PlanSetting& s) { model.set_recompute_segments(s.recompute); };
   }
   nn::FlatParameters* params = &optimizer.parameters();
   r.micro_batch = [&model, &windows, params, t](int64_t units) {

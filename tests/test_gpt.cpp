@@ -16,6 +16,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/adamw.h"
+#include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
@@ -248,6 +249,26 @@ TEST(Gpt, TrainsInBf16AndFp16AsInF32) {
     for (std::size_t i = 0; i < got.size(); ++i)
       EXPECT_NEAR(got[i], f32[i], 0.05 * f32[i] + 0.02) << dtype_name(dtype) << " step " << i;
   }
+}
+
+// --recompute auto: the planner weighs recomputing the first k of the L equal blocks, k = 0..L, and
+// leaves its choice in place; masks past the segments are refused.
+TEST(Gpt, ThePlannerWeighsRecomputingTheFirstKBlocks) {
+  Generator gen(7);
+  models::GPT model(tiny_config(), gen, Device::cpu());  // 2 blocks
+  optim::AdamW adamw(std::make_shared<nn::FlatParameters>(model), optim::AdamWOptions{});
+  const std::vector<int64_t> text = counting(400, 11);
+  const data::TokenWindows windows(Tensor::from_vector(text, Shape{400}, Device::cpu()), 8, 1);
+  PlanRequest request = models::plan_request(model, adamw, windows, 4 * 8, 0, true);
+  EXPECT_EQ(request.recompute_masks, (std::vector<uint32_t>{0u, 1u, 3u}));
+  const Plan plan = plan_batch(request);
+  std::set<uint32_t> weighed;
+  for (const Plan::Weighed& w : plan.weighed) weighed.insert(w.setting.recompute);
+  EXPECT_EQ(weighed, (std::set<uint32_t>{0u, 1u, 3u}));
+  ASSERT_GT(plan.micro_batch, 0);
+  EXPECT_EQ(model.recompute_segments(), plan.setting.recompute);
+  request.recompute_masks = {4u};
+  EXPECT_THROW(plan_batch(request), InvalidArgument);
 }
 
 TEST(Gpt, SamplingIsSeededGreedyAtTemperatureZeroAndSlidesPastTheContext) {

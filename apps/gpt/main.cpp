@@ -138,7 +138,8 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
                "dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   c.add_option("--recompute", f.recompute,
-               "recompute every block's activations in backward: off, on, or auto (the planner weighs both)")
+               "recompute the blocks' activations in backward: off, on (every block), or auto (the planner weighs "
+               "recomputing the first k blocks, k = 0 to --layers)")
       ->check(CLI::IsMember({"off", "on", "auto"}));
   c.add_option("--eval-every", f.eval_every, "validation loss every E steps, and at the end (0: only at the end)")
       ->check(CLI::Range(0, 1 << 30));

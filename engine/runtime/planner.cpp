@@ -337,17 +337,21 @@ void Planner::restore_request_setting() {
 }
 
 // The settings to weigh with the training set at `data`, the request's first: its precision, then
-// the precisions opted in; within each, every subset of the recompute segments.
+// the precisions opted in; within each, every subset of the recompute segments (or those of
+// recompute_masks).
 std::vector<PlanSetting> Planner::settings_with(DataPlacement data) const {
   std::vector<Precision> precisions{req_.setting.precision};
   for (Precision p : req_.precisions)
     if (std::find(precisions.begin(), precisions.end(), p) == precisions.end()) precisions.push_back(p);
-  const uint32_t subsets = req_.apply ? uint32_t{1} << req_.recompute_segments.size() : 1;
+  std::vector<uint32_t> masks = req_.recompute_masks;
+  if (masks.empty() && req_.apply && !req_.recompute_segments.empty())
+    for (uint32_t mask = 0; mask < uint32_t{1} << req_.recompute_segments.size(); ++mask) masks.push_back(mask);
+  if (masks.empty()) masks.push_back(req_.setting.recompute);
   std::vector<PlanSetting> out;
   for (Precision p : precisions)
-    for (uint32_t mask = 0; mask < subsets; ++mask) {
+    for (uint32_t mask : masks) {
       PlanSetting s = req_.setting;
-      if (subsets > 1) s.recompute = mask;
+      s.recompute = mask;
       s.data = data;
       s.precision = p;
       out.push_back(s);
@@ -854,9 +858,15 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(request.optimizer->parameters().device() == request.device, InvalidArgument,
                 "plan_batch: the optimizer's parameters are on ", request.optimizer->parameters().device().str(),
                 ", the request is for ", request.device.str());
-  CUMULUS_CHECK(request.recompute_segments.size() <= kMaxRecomputeSegments, InvalidArgument,
-                "plan_batch: ", request.recompute_segments.size(), " recompute segments; at most ",
-                kMaxRecomputeSegments, " are weighed (every subset is recorded)");
+  CUMULUS_CHECK(!request.recompute_masks.empty() || request.recompute_segments.size() <= kMaxRecomputeSegments,
+                InvalidArgument, "plan_batch: ", request.recompute_segments.size(), " recompute segments; at most ",
+                kMaxRecomputeSegments, " when every subset is weighed (give recompute_masks to weigh some)");
+  CUMULUS_CHECK(request.recompute_segments.size() <= 32, InvalidArgument, "plan_batch: ",
+                request.recompute_segments.size(), " recompute segments; at most 32");
+  for (uint32_t mask : request.recompute_masks)
+    CUMULUS_CHECK((static_cast<uint64_t>(mask) >> request.recompute_segments.size()) == 0, InvalidArgument,
+                  "plan_batch: recompute mask ", mask, " names a segment past the ", request.recompute_segments.size(),
+                  " given");
   const bool levers = !request.recompute_segments.empty() || request.weigh_placement || !request.precisions.empty();
   CUMULUS_CHECK(!levers || static_cast<bool>(request.apply), InvalidArgument,
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "

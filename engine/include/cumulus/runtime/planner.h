@@ -162,9 +162,11 @@ struct PlanRequest {
   // Without `apply` only the micro-batch is planned, with `setting` as the rows' setting.
   std::function<void(const PlanSetting&)> apply;
   PlanSetting setting;  // in place now: weighed first, and the levers no other setting changes
-  // Recompute: the segments the model can recompute (nn::Model::recompute_segment_names(), at
-  // most 4); every subset of them is weighed.
+  // Recompute: the segments the model can recompute (nn::Model::recompute_segment_names()). Every
+  // subset of them is weighed (then at most 4 segments), or only the subsets in recompute_masks
+  // (bit i: segment i; at most 32 segments), e.g. "the first k of L equal blocks" for k = 0..L.
   std::vector<std::string> recompute_segments;
+  std::vector<uint32_t> recompute_masks;
   // Data placement: the training set in host memory is weighed only when no setting with it on
   // the device fits (staging costs a copy a batch; measured differences below that are noise).
   bool weigh_placement = false;

@@ -95,6 +95,7 @@ class GPT : public nn::Model {
   bool recompute() const override { return recompute_mask_ != 0; }
   std::vector<std::string> recompute_segment_names() const override;
   GPT& set_recompute_segments(uint32_t mask) override;
+  uint32_t recompute_segments() const { return recompute_mask_; }
 
   // The type the activations are computed and stored in: f32 (the default), bf16 or f16 (each
   // position's embedding is rounded to it; every op then computes in its input's type, products
@@ -141,9 +142,9 @@ double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t ba
 // tokens: every micro-batch weighed is a whole number of windows (units_per_row = T), a probe of
 // u tokens is random batch 0 of u / T windows, its loss summed over tokens backward into the
 // gradient buffers, the gradients then discarded. `effective_batch` tokens (a multiple of T) under
-// `budget` reserved bytes (0: none). With `weigh_recompute`, recomputing every block is weighed
-// against storing everything, as one lever (segment "blocks"): the planner leaves the chosen one in
-// place. require_fit is set (plan_batch throws OutOfMemory with its reason when nothing fits).
+// `budget` reserved bytes (0: none). With `weigh_recompute`, recomputing the first k blocks is
+// weighed for every k from 0 (everything stored) to all of them (the blocks are equal: which ones
+// matters little, how many sets the peak); the planner leaves the chosen one in place. require_fit is set (plan_batch throws OutOfMemory with its reason when nothing fits).
 PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
                          int64_t effective_batch, int64_t budget, bool weigh_recompute);
 
