@@ -861,8 +861,8 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(!request.recompute_masks.empty() || request.recompute_segments.size() <= kMaxRecomputeSegments,
                 InvalidArgument, "plan_batch: ", request.recompute_segments.size(), " recompute segments; at most ",
                 kMaxRecomputeSegments, " when every subset is weighed (give recompute_masks to weigh some)");
-  CUMULUS_CHECK(request.recompute_segments.size() <= 32, InvalidArgument, "plan_batch: ",
-                request.recompute_segments.size(), " recompute segments; at most 32");
+  CUMULUS_CHECK(request.recompute_segments.size() <= 32, InvalidArgument,
+                "plan_batch: ", request.recompute_segments.size(), " recompute segments; at most 32");
   for (uint32_t mask : request.recompute_masks)
     CUMULUS_CHECK((static_cast<uint64_t>(mask) >> request.recompute_segments.size()) == 0, InvalidArgument,
                   "plan_batch: recompute mask ", mask, " names a segment past the ", request.recompute_segments.size(),

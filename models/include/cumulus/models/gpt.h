@@ -144,7 +144,8 @@ double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t ba
 // gradient buffers, the gradients then discarded. `effective_batch` tokens (a multiple of T) under
 // `budget` reserved bytes (0: none). With `weigh_recompute`, recomputing the first k blocks is
 // weighed for every k from 0 (everything stored) to all of them (the blocks are equal: which ones
-// matters little, how many sets the peak); the planner leaves the chosen one in place. require_fit is set (plan_batch throws OutOfMemory with its reason when nothing fits).
+// matters little, how many sets the peak); the planner leaves the chosen one in place. require_fit is set (plan_batch
+// throws OutOfMemory with its reason when nothing fits).
 PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
                          int64_t effective_batch, int64_t budget, bool weigh_recompute);
 
