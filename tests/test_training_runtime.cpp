@@ -208,8 +208,8 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
   EXPECT_EQ(r.end, optim::FitEnd::stopped_after_epoch);
   EXPECT_EQ(r.epoch, 1);
   EXPECT_EQ(r.state.counters.epoch, 2);
-  EXPECT_EQ(calls, (std::vector<std::string>{"begin 0", "end 0", "checkpoint 1:0", "begin 1", "end 1",
-                                             "checkpoint 2:0"}));
+  EXPECT_EQ(calls,
+            (std::vector<std::string>{"begin 0", "end 0", "checkpoint 1:0", "begin 1", "end 1", "checkpoint 2:0"}));
 }
 
 // Stopped at a group boundary mid-epoch and resumed from its state in new objects, fit ends with
@@ -238,8 +238,7 @@ TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
 
   optim::FitOptions resumed = fit;
   resumed.start =
-      optim::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03"))
-          .state;
+      optim::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03")).state;
   second.trainer->restore(resumed.start.counters);
   std::vector<optim::EpochSummary> summaries;
   resumed.on_epoch_end = [&](const optim::EpochSummary& e) { summaries.push_back(e); };

@@ -173,8 +173,8 @@ void TrainingLoop::warn_of_skipped_steps(const optim::EpochSummary& e) {
                  "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                  "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
                  "--clip-grad-norm%s)%s\n",
-                 e.epoch + 1, static_cast<long long>(skipped), e.train_loss, epoch_.scaling ? " or --precision bf16" : "",
-                 floor_note.c_str());
+                 e.epoch + 1, static_cast<long long>(skipped), e.train_loss,
+                 epoch_.scaling ? " or --precision bf16" : "", floor_note.c_str());
   }
 }
 

@@ -31,11 +31,11 @@ namespace cumulus::optim {
 
 // What FitOptions::on_epoch_end is told after an epoch's training, before its checkpoint.
 struct EpochSummary {
-  int epoch = 0;                 // from 0
+  int epoch = 0;                  // from 0
   int64_t first_micro_batch = 0;  // where this run started the epoch: > 0 when it resumed inside it
-  double train_loss = 0.0;       // the epoch's mean per unit, a resumed epoch's earlier part included
-  double seconds = 0.0;          // this run's training time of the epoch (its queued work included)
-  int64_t units_trained = 0;     // the units this run trained in the epoch (every rank's)
+  double train_loss = 0.0;        // the epoch's mean per unit, a resumed epoch's earlier part included
+  double seconds = 0.0;           // this run's training time of the epoch (its queued work included)
+  int64_t units_trained = 0;      // the units this run trained in the epoch (every rank's)
 };
 
 struct FitOptions {
