@@ -54,8 +54,8 @@ struct FitOptions {
   std::function<void(const EpochSummary&)> on_epoch_end;
   // After each epoch's on_epoch_end, with the state a checkpoint records (empty: no checkpoints).
   std::function<void(const CheckpointState&)> checkpoint;
-  // train_epoch's per-step and per-micro-batch hooks (EpochOptions' on_step and on_micro_batch;
-  // its first and stop are fit's), called before fit's own.
+  // train_epoch's per-step and per-micro-batch hooks (EpochOptions'; its first and stop are fit's):
+  // on_step once the resume point holds the boundary, on_micro_batch before the progress line.
   std::function<void(const MicroBatchDone&)> on_step;
   std::function<void(const MicroBatchDone&)> on_micro_batch;
 };
