@@ -1,5 +1,5 @@
 // The runtime's run-control calls apps build on: training checkpoints (runtime/checkpoint.h), the
-// metrics log that survives a resume (runtime/metrics_log.h), the progress line
+// epochs loop (runtime/fit.h), the metrics log that survives a resume (runtime/metrics_log.h), the progress line
 // (runtime/progress.h) and the stop on a signal (runtime/stop_signal.h).
 #include <gtest/gtest.h>
 
@@ -27,6 +27,7 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/fit.h"
 #include "cumulus/runtime/metrics_log.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/progress.h"
@@ -176,6 +177,79 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   EXPECT_EQ(resumed_point.state().counters.epoch, 2);
   EXPECT_EQ(resumed_point.state().counters.micro_batch_index, 0);
   EXPECT_EQ(resumed_point.state().epoch_loss_sum, 0.0);
+}
+
+optim::BatchLoss loss_of(Classifier& c) {
+  return [&c](const data::Batch& b) { return ops::cross_entropy(c.model(b.x), b.y, ops::Reduction::Sum); };
+}
+
+// fit's hooks in order: each epoch begins, ends with its summary, then is checkpointed with the next
+// epoch's start; a stop asked after an epoch's checkpoint ends the run there.
+TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
+  Classifier c;
+  const optim::BatchLoss loss = loss_of(c);
+  std::vector<std::string> calls;
+  optim::FitOptions fit;
+  fit.epochs = 3;
+  fit.on_epoch_begin = [&](int epoch) { calls.push_back("begin " + std::to_string(epoch)); };
+  fit.on_epoch_end = [&](const optim::EpochSummary& e) {
+    calls.push_back("end " + std::to_string(e.epoch));
+    EXPECT_EQ(e.first_micro_batch, 0);
+    EXPECT_EQ(e.units_trained, kRows);
+    EXPECT_NEAR(e.train_loss, c.trainer->epoch_loss_sum() / kRows, 1e-12);
+    EXPECT_GT(e.seconds, 0.0);
+  };
+  fit.checkpoint = [&](const optim::CheckpointState& s) {
+    calls.push_back("checkpoint " + std::to_string(s.counters.epoch) + ":" +
+                    std::to_string(s.counters.micro_batch_index));
+  };
+  fit.stop = [&] { return calls.size() == 6; };  // after epoch 1's checkpoint
+  const optim::FitResult r = optim::fit(*c.trainer, *c.loader, loss, fit);
+  EXPECT_EQ(r.end, optim::FitEnd::stopped_after_epoch);
+  EXPECT_EQ(r.epoch, 1);
+  EXPECT_EQ(r.state.counters.epoch, 2);
+  EXPECT_EQ(calls,
+            (std::vector<std::string>{"begin 0", "end 0", "checkpoint 1:0", "begin 1", "end 1", "checkpoint 2:0"}));
+}
+
+// Stopped at a group boundary mid-epoch and resumed from its state in new objects, fit ends with
+// the same bits, steps and last epoch's loss as a run never stopped; the resumed epoch's summary
+// says where this run started it.
+TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
+  TempDir dir;
+  Classifier whole, first, second;
+  optim::FitOptions fit;
+  fit.epochs = 2;
+  double whole_loss = 0.0;
+  fit.on_epoch_end = [&](const optim::EpochSummary& e) { whole_loss = e.train_loss; };
+  EXPECT_EQ(optim::fit(*whole.trainer, *whole.loader, loss_of(whole), fit).end, optim::FitEnd::finished);
+
+  optim::FitOptions stopping = fit;
+  stopping.stop = [&] { return first.trainer->epoch() == 1 && first.trainer->micro_batch_index() == 9; };
+  stopping.on_epoch_end = {};
+  const optim::BatchLoss first_loss = loss_of(first);
+  optim::FitLoop loop(*first.trainer, *first.loader, first_loss, stopping);
+  const optim::FitResult r = loop.run();
+  ASSERT_EQ(r.end, optim::FitEnd::stopped_in_epoch);
+  EXPECT_EQ(r.epoch, 1);
+  EXPECT_EQ(r.next_micro_batch, 9);
+  EXPECT_EQ(loop.state().counters.micro_batch_index, 9);
+  optim::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, r.state, settings("0.03"));
+
+  optim::FitOptions resumed = fit;
+  resumed.start =
+      optim::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03")).state;
+  second.trainer->restore(resumed.start.counters);
+  std::vector<optim::EpochSummary> summaries;
+  resumed.on_epoch_end = [&](const optim::EpochSummary& e) { summaries.push_back(e); };
+  EXPECT_EQ(optim::fit(*second.trainer, *second.loader, loss_of(second), resumed).end, optim::FitEnd::finished);
+  ASSERT_EQ(summaries.size(), 1u);
+  EXPECT_EQ(summaries[0].epoch, 1);
+  EXPECT_EQ(summaries[0].first_micro_batch, 9);
+  EXPECT_EQ(summaries[0].units_trained, kRows - 9 * kBatch);
+  EXPECT_NEAR(summaries[0].train_loss, whole_loss, 1e-12);
+  EXPECT_EQ(second.trainer->optimizer_steps(), whole.trainer->optimizer_steps());
+  EXPECT_EQ(second.weights(), whole.weights());
 }
 
 // Equal floats give equal text, the shortest that reads back as the same float.

@@ -47,12 +47,8 @@ std::string version_text() {
 namespace {
 
 // A usage error: one line on stderr, exit code 2.
-struct UsageError {
-  std::string message;
-};
-
 void require(bool ok, const std::string& message) {
-  if (!ok) throw UsageError{message};
+  if (!ok) throw UsageFailure(message);
 }
 
 // Integers are checked on the text, before CLI11 converts it: CLI11 would read "1e23" or "-1" as
@@ -127,7 +123,7 @@ std::string wrap_help(const std::string& help, int width, std::size_t descriptio
 std::pair<float, float> parse_betas(const std::string& text) {
   const std::size_t comma = text.find(',');
   auto bad = [&] {
-    return UsageError{"--betas '" + text + "': expected two numbers in [0, 1) as B1,B2, e.g. 0.9,0.999"};
+    return UsageFailure("--betas '" + text + "': expected two numbers in [0, 1) as B1,B2, e.g. 0.9,0.999");
   };
   if (comma == std::string::npos) throw bad();
   char* end = nullptr;
@@ -323,7 +319,7 @@ void check_texts(const CLI::App& app, CommandLine& o, const RawText& raw) {
   // Any other value: an empty one would be read as 0 or as "not given" (issue 30 item 14).
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->get_expected_min() == 0 || opt->count() == 0 || !opt->results().back().empty()) continue;
-    throw UsageError{opt->get_name() + " needs a value, got ''"};
+    throw UsageFailure(opt->get_name() + " needs a value, got ''");
   }
 }
 
@@ -366,14 +362,14 @@ void check_batch(const CLI::App& app, CommandLine& o) {
     try {
       o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule);
     } catch (const InvalidArgument& e) {
-      throw UsageError{"--accum-schedule " + std::string(e.what())};
+      throw UsageFailure("--accum-schedule " + std::string(e.what()));
     }
   }
   if (!o.memory_budget.empty()) {
     try {
       o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget);
     } catch (const InvalidArgument& e) {
-      throw UsageError{std::string("--memory-budget: ") + e.what()};
+      throw UsageFailure(std::string("--memory-budget: ") + e.what());
     }
     require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
   }
@@ -425,7 +421,7 @@ void check_input_files(const CommandLine& o) {
   try {
     cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}});
   } catch (const InvalidArgument& e) {
-    throw UsageError{e.what()};
+    throw UsageFailure(e.what());
   }
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
@@ -475,11 +471,7 @@ ParseResult parse_command_line(int argc, char** argv) {
     check_batch(app, o);
     parse_overrides(o, raw);
     check_input_files(o);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.message.c_str());
-    result.exit_code = 2;
-    return result;
-  } catch (const UsageFailure& e) {  // a choice's value (parse_choice)
+  } catch (const UsageFailure& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     result.exit_code = 2;
     return result;

@@ -1,7 +1,6 @@
 #include "training_loop.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -9,6 +8,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/runtime/fit.h"
 #include "cumulus/runtime/metrics_log.h"
 #include "cumulus/runtime/progress.h"
 #include "reports.h"
@@ -20,16 +20,12 @@ using namespace cumulus;
 namespace fmnist {
 namespace {
 
-// One epoch's counts as the loop goes, and its training results at its end.
-struct Epoch {
-  int index = 0;
-  int64_t first = 0;  // the micro-batch this run starts it at (a resume)
-  int64_t samples_this_run = 0;
+// What the metrics line and the warnings measure over one epoch, beside fit's EpochSummary.
+struct EpochCounters {
+  int index = 0;  // from 0
   int64_t skipped_before = 0, buckets_in_backward_before = 0;
   dist::Communicator::Stats comm_before;
-  std::chrono::steady_clock::time_point t0;
   int64_t peak = 0;
-  double train_loss = 0.0, seconds = 0.0;
   bool scaling = false;
   float loss_scale = 1.0f;
 };
@@ -50,7 +46,9 @@ class TrainingLoop {
         o_(p.o),
         trainer_(p.trainer),
         progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
-        resume_point_(p.trainer, p.state.state),
+        fit_options_(fit_options()),
+        loss_([this](const data::Batch& b) { return training_loss(p_.model, b); }),
+        loop_(p.trainer, p.train_loader, loss_, fit_options_),
         metrics_(open_metrics(p.o, p.state)) {
     p.trainer.set_tracker(&p.tracker);
   }
@@ -58,31 +56,57 @@ class TrainingLoop {
   std::optional<int> run();
 
  private:
-  Epoch begin_epoch(int epoch);
-  std::optional<int> train_micro_batches(Epoch& e);
-  void end_training_of(Epoch& e);
-  void check_plan(const Epoch& e);
-  std::optional<int> test_and_record(const Epoch& e);
-  nlohmann::ordered_json metrics_line(const Epoch& e, const optim::Evaluation& r) const;
-  void checkpoint_now(const char* why);
+  optim::FitOptions fit_options();
+  void begin_epoch(int epoch);
+  void end_epoch(const optim::EpochSummary& e);
+  void warn_of_skipped_steps(const optim::EpochSummary& e);
+  void check_plan(const optim::EpochSummary& e);
+  nlohmann::ordered_json metrics_line(const optim::EpochSummary& e, const optim::Evaluation& r) const;
+  void checkpoint_now(const optim::CheckpointState& state, const char* why);
   int stop(const std::string& message, int code, const char* why);
-  bool stop_asked() { return stop_requested_on_any_rank(p_.comm); }
   int stop_together(const std::string& where);
 
   const TrainingParts& p_;
   const RunConfig& o_;
   const optim::Trainer& trainer_;  // the counters
   TrainingProgress progress_;
-  // The last group boundary: what a checkpoint written now restores. Between an epoch's last group
-  // and its test pass, the epoch's end: a run interrupted in the test pass resumes with that pass.
-  optim::ResumePoint resume_point_;
+  EpochCounters epoch_;
+  const optim::FitOptions fit_options_;
+  const optim::BatchLoss loss_;
+  // The epochs, and the last group boundary: what a checkpoint written now restores. Between an
+  // epoch's last group and its test pass, the epoch's end: a run interrupted in the test pass
+  // resumes with that pass.
+  optim::FitLoop loop_;
   MetricsLog metrics_;
 };
 
-void TrainingLoop::checkpoint_now(const char* why) {
+// fit's hooks: the peak and the fault points per micro-batch, the test pass, the --metrics line and
+// the checkpoint per epoch. A stop is honoured at a group boundary, after the group in flight has
+// stepped: the checkpoint then holds exactly what the run has done, batch norm's running statistics
+// included. With several ranks, at a boundary all of them agree on, so they stop together.
+optim::FitOptions TrainingLoop::fit_options() {
+  optim::FitOptions fit;
+  fit.epochs = o_.epochs;
+  fit.start = p_.state.state;
+  fit.progress = &progress_;
+  fit.stop = [this] { return stop_requested_on_any_rank(p_.comm); };
+  fit.on_epoch_begin = [this](int epoch) { begin_epoch(epoch); };
+  fit.on_step = [this](const optim::MicroBatchDone&) {
+    epoch_.peak = std::max(epoch_.peak, allocator_for(o_.device).stats().allocated_peak);
+  };
+  fit.on_micro_batch = [this](const optim::MicroBatchDone& d) {
+    if (d.trained_here) epoch_.peak = std::max(epoch_.peak, p_.tracker.last_micro_batch().peak_bytes);
+    fault_signal_point("micro_batch", epoch_.index + 1, d.index);
+  };
+  fit.on_epoch_end = [this](const optim::EpochSummary& e) { end_epoch(e); };
+  fit.checkpoint = [this](const optim::CheckpointState& state) { checkpoint_now(state, "epoch end"); };
+  return fit;
+}
+
+void TrainingLoop::checkpoint_now(const optim::CheckpointState& state, const char* why) {
   if (o_.checkpoint_path.empty()) return;
   try {
-    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, resume_point_.state(), o_);
+    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state, o_);
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
   }
@@ -96,7 +120,7 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why) {
   if (!message.empty()) std::fprintf(stderr, "fashion_mnist: %s\n", message.c_str());
   allocator_for(o_.device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
   int status = code;
-  for (auto& write : {std::function<void()>([&] { checkpoint_now(why); }),
+  for (auto& write : {std::function<void()>([&] { checkpoint_now(loop_.state(), why); }),
                       std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
     try {
       write();
@@ -120,58 +144,26 @@ int TrainingLoop::stop_together(const std::string& where) {
   return status;
 }
 
-Epoch TrainingLoop::begin_epoch(int epoch) {
-  Epoch e;
-  e.index = epoch;
-  e.skipped_before = trainer_.skipped_steps();
-  e.comm_before = p_.comm.stats();
-  e.buckets_in_backward_before = trainer_.buckets_started_in_backward();
-  e.t0 = std::chrono::steady_clock::now();
-  return e;
+void TrainingLoop::begin_epoch(int epoch) {
+  epoch_ = EpochCounters();
+  epoch_.index = epoch;
+  epoch_.skipped_before = trainer_.skipped_steps();
+  epoch_.comm_before = p_.comm.stats();
+  epoch_.buckets_in_backward_before = trainer_.buckets_started_in_backward();
 }
 
-// The epoch's micro-batches through Trainer::train_epoch, from e.first. A stop is honoured at a
-// group boundary, after the group in flight has stepped: the checkpoint then holds exactly what the
-// run has done, batch norm's running statistics included. With several ranks, at a boundary all of
-// them agree on, so they stop together.
-std::optional<int> TrainingLoop::train_micro_batches(Epoch& e) {
-  optim::EpochOptions hooks;
-  hooks.stop = [&](int64_t) { return stop_asked(); };
-  hooks.on_step = [&](const optim::MicroBatchDone&) {
-    e.peak = std::max(e.peak, allocator_for(o_.device).stats().allocated_peak);
-  };
-  hooks.on_micro_batch = [&](const optim::MicroBatchDone& d) {
-    if (d.trained_here) e.peak = std::max(e.peak, p_.tracker.last_micro_batch().peak_bytes);
-    fault_signal_point("micro_batch", e.index + 1, d.index);
-    e.samples_this_run = d.units_done;
-    if (progress_.due(d.index + 1)) progress_.update(d.index + 1, resume_point_.mean_loss(), e.samples_this_run);
-  };
-  const optim::EpochOptions epoch_options = resume_point_.begin_epoch(e.index, hooks);
-  e.first = epoch_options.first;
-  progress_.begin_epoch(e.index, p_.train_loader.num_batches(), e.first);
-  const optim::EpochResult r = p_.trainer.train_epoch(
-      p_.train_loader, e.index, [&](const data::Batch& b) { return training_loss(p_.model, b); }, epoch_options);
-  if (r.finished) return std::nullopt;
-  return stop_together("at epoch " + std::to_string(e.index + 1) + ", micro-batch " +
-                       std::to_string(r.next_micro_batch));
-}
-
-// The epoch's training loss and time, and a word on skipped steps.
-void TrainingLoop::end_training_of(Epoch& e) {
-  progress_.end_epoch();
-  // Reading the loss waits for the device, so the epoch's time includes its queued work.
-  e.train_loss = resume_point_.mean_loss();
-  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e.t0).count();
-  const int64_t skipped = trainer_.skipped_steps() - e.skipped_before;
-  e.scaling = needs_loss_scaling(o_.precision);
-  e.loss_scale = e.scaling ? trainer_.loss_scale() : 1.0f;
+// A word on the epoch's skipped steps.
+void TrainingLoop::warn_of_skipped_steps(const optim::EpochSummary& e) {
+  const int64_t skipped = trainer_.skipped_steps() - epoch_.skipped_before;
+  epoch_.scaling = needs_loss_scaling(o_.precision);
+  epoch_.loss_scale = epoch_.scaling ? trainer_.loss_scale() : 1.0f;
   // Under fp16 a skipped step is how the loss scale finds its level, not a fault; at its floor
   // (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
   const float min_scale = p_.trainer_options.loss_scaling.min_scale;
-  const bool at_floor = e.scaling && e.loss_scale <= min_scale;
-  if (g_root && e.scaling && skipped > 0 && std::isfinite(e.train_loss) && !at_floor && !o_.quiet)
+  const bool at_floor = epoch_.scaling && epoch_.loss_scale <= min_scale;
+  if (g_root && epoch_.scaling && skipped > 0 && std::isfinite(e.train_loss) && !at_floor && !o_.quiet)
     say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
-        static_cast<long long>(skipped), loss_scale_text(e.loss_scale).c_str());
+        static_cast<long long>(skipped), loss_scale_text(epoch_.loss_scale).c_str());
   else if (g_root && (skipped > 0 || !std::isfinite(e.train_loss))) {
     const std::string floor_note = at_floor && skipped > 0
                                        ? "; fp16's loss scale holds at its floor of " + loss_scale_text(min_scale) +
@@ -181,44 +173,44 @@ void TrainingLoop::end_training_of(Epoch& e) {
                  "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                  "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
                  "--clip-grad-norm%s)%s\n",
-                 e.index + 1, static_cast<long long>(skipped), e.train_loss, e.scaling ? " or --precision bf16" : "",
-                 floor_note.c_str());
+                 e.epoch + 1, static_cast<long long>(skipped), e.train_loss,
+                 epoch_.scaling ? " or --precision bf16" : "", floor_note.c_str());
   }
 }
 
 // The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
 // not comparable): its training time and peak (Note [Predicting time] in engine/runtime/planner.cpp).
-void TrainingLoop::check_plan(const Epoch& e) {
+void TrainingLoop::check_plan(const optim::EpochSummary& e) {
   const std::optional<PlanCheck>& check = p_.tracker.plan_check();
-  if (!check || check->measured || e.first != 0) return;
-  p_.tracker.measure_plan(e.index, e.seconds, e.peak);
+  if (!check || check->measured || e.first_micro_batch != 0) return;
+  p_.tracker.measure_plan(e.epoch, e.seconds, epoch_.peak);
   if (g_root && !o_.quiet) say("planner: %s\n", plan_check_line(*check).c_str());
 }
 
-nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const optim::Evaluation& r) const {
-  nlohmann::ordered_json line = {{"epoch", e.index + 1},
+nlohmann::ordered_json TrainingLoop::metrics_line(const optim::EpochSummary& e, const optim::Evaluation& r) const {
+  nlohmann::ordered_json line = {{"epoch", e.epoch + 1},
                                  {"train_loss", e.train_loss},
                                  {"test_loss", r.loss},
                                  {"test_accuracy", r.accuracy},
-                                 {"samples_per_s", static_cast<double>(e.samples_this_run) / e.seconds},
+                                 {"samples_per_s", static_cast<double>(e.units_trained) / e.seconds},
                                  {"epoch_seconds", e.seconds},
                                  {"optimizer_steps", trainer_.optimizer_steps()},
                                  {"skipped_steps", trainer_.skipped_steps()},
-                                 {"peak_bytes", e.peak},
+                                 {"peak_bytes", epoch_.peak},
                                  {"micro_batch_size", o_.batch_size},
                                  {"model", choice_name(o_.model)},
                                  {"accum_steps", trainer_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
                                  {"lr", trainer_.last_lr()},
                                  {"precision", choice_name(o_.precision)},
                                  {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
-  if (e.scaling) line["loss_scale"] = e.loss_scale;
+  if (epoch_.scaling) line["loss_scale"] = epoch_.loss_scale;
   if (o_.world_size > 1) {
     const dist::Communicator::Stats now = p_.comm.stats();
     line["world_size"] = o_.world_size;
-    line["gradient_reductions"] = now.gradient_reductions - e.comm_before.gradient_reductions;
-    line["communication_seconds"] = now.communication_seconds - e.comm_before.communication_seconds;
+    line["gradient_reductions"] = now.gradient_reductions - epoch_.comm_before.gradient_reductions;
+    line["communication_seconds"] = now.communication_seconds - epoch_.comm_before.communication_seconds;
     line["gradient_buckets"] = trainer_.gradient_buckets();
-    line["buckets_started_in_backward"] = trainer_.buckets_started_in_backward() - e.buckets_in_backward_before;
+    line["buckets_started_in_backward"] = trainer_.buckets_started_in_backward() - epoch_.buckets_in_backward_before;
   }
   if (p_.model.uses_batch_statistics())
     line["batch_norm_statistics_samples"] = o_.batch_size;  // per micro-batch, not per group
@@ -231,40 +223,34 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const Epoch& e, const optim::E
   return line;
 }
 
-// The test pass, the epoch's results and --metrics line, and the epoch's checkpoint.
-std::optional<int> TrainingLoop::test_and_record(const Epoch& e) {
+// After the epoch's training: the warnings, the planner's check, the test pass (an interrupt there
+// throws Interrupted), the epoch's results and its --metrics line.
+void TrainingLoop::end_epoch(const optim::EpochSummary& e) {
+  warn_of_skipped_steps(e);
+  check_plan(e);
+  fault_signal_point("test_pass", e.epoch + 1);
   optim::Evaluation r;
-  try {
-    fault_signal_point("test_pass", e.index + 1);
-    if (g_root) r = test_pass(p_.model, p_.test_loader);  // the other ranks hold the same weights
-  } catch (const Interrupted&) {
-    return stop("interrupted (" + std::string(stop_signal_name(stop_signal())) + ") in the test pass of epoch " +
-                    std::to_string(e.index + 1) + "; a resumed run starts with that test pass",
-                exit_code_for_stop(stop_signal()), "interrupted");
-  }
-  say("Epoch %d\n-------------------\n", e.index + 1);
+  if (g_root) r = test_pass(p_.model, p_.test_loader);  // the other ranks hold the same weights
+  say("Epoch %d\n-------------------\n", e.epoch + 1);
   print_test_results(r);
   try {
     metrics_.append(metrics_line(e, r).dump());
   } catch (const Error& err) {
     throw Error("--metrics: " + std::string(err.what()));
   }
-  resume_point_.end_epoch();
-  checkpoint_now("epoch end");
-  // After the epoch's checkpoint: nothing is lost, the next run starts the next epoch.
-  if (stop_asked()) return stop_together("after epoch " + std::to_string(e.index + 1));
-  return std::nullopt;
 }
 
 std::optional<int> TrainingLoop::run() {
   try {
-    for (int epoch = resume_point_.epoch(); epoch < o_.epochs; ++epoch) {
-      Epoch e = begin_epoch(epoch);
-      if (const std::optional<int> stopped = train_micro_batches(e)) return stopped;
-      end_training_of(e);
-      check_plan(e);
-      if (const std::optional<int> stopped = test_and_record(e)) return stopped;
-    }
+    const optim::FitResult r = loop_.run();
+    const std::string epoch = std::to_string(r.epoch + 1);
+    if (r.end == optim::FitEnd::stopped_in_epoch)
+      return stop_together("at epoch " + epoch + ", micro-batch " + std::to_string(r.next_micro_batch));
+    if (r.end == optim::FitEnd::stopped_after_epoch) return stop_together("after epoch " + epoch);
+  } catch (const Interrupted&) {
+    return stop("interrupted (" + std::string(stop_signal_name(stop_signal())) + ") in the test pass of epoch " +
+                    std::to_string(epoch_.index + 1) + "; a resumed run starts with that test pass",
+                exit_code_for_stop(stop_signal()), "interrupted");
   } catch (const OutOfMemory& e) {
     const int status = stop(
         std::string(e.what()) +

@@ -1,7 +1,7 @@
-// The training loop: epochs through Trainer::train_epoch (its hooks keep the progress line and the
-// resume point, its stop is honoured at a group boundary), the test pass (optim::evaluate_classifier),
-// the --metrics line and the checkpoint after each, and the stops (a signal, out of memory, a failed
-// write) with the checkpoint of the last group boundary and the reports still written.
+// The training loop: the library's epochs loop (optim::FitLoop: the progress line, the resume point,
+// a stop honoured at a group boundary) with the app's hooks: the test pass (optim::evaluate_classifier),
+// the --metrics line and the checkpoint after each epoch, and the stops (a signal, out of memory, a
+// failed write) with the checkpoint of the last group boundary and the reports still written.
 #pragma once
 
 #include <cstdint>

@@ -70,6 +70,7 @@
 
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/fit.h"
 #include "cumulus/runtime/metrics_log.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/progress.h"
