@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""The table of README.md from the CSV files here: per benchmark, the min and median wall time
-(Google Benchmark's manual time) over every repetition of the before*/after* runs, the floor from
-the best memory rate measured in the same runs, and the ratio of after's min to the floor."""
+"""The op-versus-memory-floor tables of a bench_ops results folder: per benchmark, the min and
+median wall time (Google Benchmark's manual time) over every repetition of the before*/after* runs
+(CSV files), the floor from the best copy rate measured in the same runs, and the ratio of after's
+min to the floor; then, where the folder has them, the one- against two-thread runs
+(after_threads{1,2}_*.csv) and the fused attention's before and after (attention_{before,after}*.csv).
+
+    python3 bench/summarize_ops.py bench/results/2026-11-27-cpu-speed/ops
+"""
 import csv, glob, os, statistics, sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+if len(sys.argv) != 2:
+    sys.exit("usage: summarize_ops.py FOLDER (the bench_ops CSV files)")
+HERE = sys.argv[1]
 MIB = 1 << 20
 
 
@@ -78,3 +85,14 @@ if one and two:
         a, b = one[k], two[k]
         print(f"| {op} | {pass_} | {min(a):.3f} | {statistics.median(a):.3f} | {min(b):.3f} |"
               f" {statistics.median(b):.3f} | {min(a) / min(b):.2f}x |")
+
+# Fused attention alone at one thread (OPENBLAS_NUM_THREADS=1), before and after, alternately.
+ab, aa = load("attention_before"), load("attention_after")
+if ab and aa:
+    print("\n| case | pass | before min | before median | after min | after median | speedup (median) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for k in sorted(aa):
+        _, case, size, pass_, _ = k.split("/")
+        b, a = ab[k], aa[k]
+        print(f"| {case} {size} | {pass_} | {min(b):.3f} | {statistics.median(b):.3f} | {min(a):.3f} |"
+              f" {statistics.median(a):.3f} | {statistics.median(b) / statistics.median(a):.1f}x |")
