@@ -228,7 +228,7 @@ Run resume(const std::string& path, models::GPT& model, optim::Trainer& trainer,
                                    {"run.accum_steps", f.accum_steps}})
     CUMULUS_CHECK(meta_int(m, path, key) == value, Error, "file '", path, "': ", key, " ", m.at(key),
                   " differs from this run's ", value, " (resume with the flags of the run that wrote it)");
-  // Written before 16-bit training: fp32, no loss scaling.
+  // A checkpoint without the key ran in fp32, without loss scaling.
   const auto precision = m.find("run.precision");
   const std::string written_in = precision == m.end() ? "fp32" : precision->second;
   CUMULUS_CHECK(written_in == f.precision, Error, "file '", path, "': run.precision ", written_in,
