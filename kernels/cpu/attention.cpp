@@ -174,6 +174,19 @@ void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T*
   finish_rows(g, out, lse, bh, i0, nq, acc, m, sums);
 }
 
+// delta_i = sum_c do[i][c] out[i][c] for each query row of head bh (do as [tq][d] f32, summed in
+// double): the softmax backward's row term.
+template <typename T>
+void row_deltas(const AttentionGeometry& g, const T* out, int64_t bh, const float* dout_rows, float* delta_h) {
+  const int64_t d = g.d;
+  for (int64_t i = 0; i < g.tq; ++i) {
+    const T* o = out + g.o_row(bh, i);
+    double sum = 0.0;
+    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dout_rows[i * d + c]) * to_f32(o[c]);
+    delta_h[i] = static_cast<float>(sum);
+  }
+}
+
 // One head's gradients. Per key tile, blocks of kRows query rows: their probabilities p and ds
 // (a [kRows, kKeys] tile each, zero where masked), dq of each row from ds and the tile's keys, then
 // dv_j and dk_j from the block's columns of p and ds (transposed), so every sum runs in the order of
@@ -205,11 +218,8 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
   for (int64_t i = 0; i < tq; ++i) {
     load_row(q + g.q_row(bh, i), qf + i * d, d);
     load_row(dout + (bh * tq + i) * d, dof + i * d, d);
-    const T* o = out + g.o_row(bh, i);
-    double sum = 0.0;
-    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dof[i * d + c]) * to_f32(o[c]);
-    delta_h[i] = static_cast<float>(sum);
   }
+  row_deltas(g, out, bh, dof, delta_h);
   const T* kh = k + g.k_row(bh, 0);
   const T* vh = v + g.v_row(bh, 0);
   for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
@@ -384,12 +394,7 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
     }
   }
   if (dq != nullptr) std::fill(dq_acc, dq_acc + tq * d, 0.0f);
-  for (int64_t i = 0; i < tq; ++i) {
-    const T* o = out + g.o_row(bh, i);
-    double sum = 0.0;
-    for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(dos[i * d + c]) * to_f32(o[c]);
-    delta_h[i] = static_cast<float>(sum);
-  }
+  row_deltas(g, out, bh, dos, delta_h);
   const T* kh = k + g.k_row(bh, 0);
   const T* vh = v + g.v_row(bh, 0);
   for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
