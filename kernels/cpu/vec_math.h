@@ -74,8 +74,8 @@ namespace cumulus::kernels::vec512 {
 // Whether this CPU runs the functions below (AVX-512F, FMA, an x86-64 build); checked once.
 bool available();
 
-// vec::gelu_tanh_f32 and vec::gelu_tanh_grad_f32 16 lanes at a time: the same operations per
-// element, so the same bits.
+// vec::gelu_tanh_f32 and vec::gelu_tanh_grad_f32 16 lanes at a time, with AVX-512's reciprocal
+// estimate and scalef (not the same bits: within the same 2 ulp, the same special values).
 void gelu_tanh_f32(const float* x, float* y, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 

@@ -41,16 +41,13 @@ V exp_mantissa(V x, V& n) {
   return _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
 }
 
-// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps): within 1.3 ulp,
-// 0 below -87.34 (so exp(-inf) = 0), inf above 88.72.
+// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps, and the same bits:
+// scalef's one rounding by 2^n is the AVX2 code's two exact multiplies): within 1.3 ulp, 0 below
+// -87.34 (so exp(-inf) = 0), inf above 88.72.
 V exp_fast(V x) {
   V n;
   const V p = exp_mantissa(_mm512_min_ps(splat(88.72283f), _mm512_max_ps(splat(-87.34f), x)), n);
-  const __m512i k = _mm512_cvtps_epi32(n), half = _mm512_srai_epi32(k, 1);
-  const auto pow2 = [](__m512i e) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
-  };
-  V y = _mm512_mul_ps(_mm512_mul_ps(p, pow2(half)), pow2(_mm512_sub_epi32(k, half)));
+  V y = _mm512_scalef_ps(p, n);
   y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ), y, _mm512_setzero_ps());
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(88.72283f), _CMP_GT_OQ), y, splat(INFINITY));
 }
@@ -64,12 +61,23 @@ void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
   }
 }
 
-// vec_math_avx2.cpp's gelu_tanh pieces, 16 lanes, the same operations in the same order.
-V gelu_tanh_arg(V x) {
-  return _mm512_mul_ps(splat(kSqrt2OverPi),
-                       _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(splat(kGeluTanhCubic), x), x), x)));
+// GELU-tanh as x s and its derivative from s = 1 / (1 + e^z), z = -2u = x (a + b x^2) (the
+// constants of u folded in). Costs what an AVX2 lane never could: 2^n by scalef, and the reciprocal
+// as rcp14's 14-bit estimate plus one Newton step (within half an ulp of 1/d before rounding)
+// instead of a division, whose 16 lanes cost as much as the rest together. z is clamped to
+// [-110, 80], so e is 0 below (exactly, as exp_fast's flush) and finite above, where s is set to
+// 0: x s then gives -0 for a finite x and NaN for -inf, as 1 / (1 + inf) did.
+constexpr float kGeluZ1 = -2.0f * kSqrt2OverPi, kGeluZ3 = -2.0f * kSqrt2OverPi * kGeluTanhCubic;
+V gelu_tanh_z(V x) { return _mm512_mul_ps(x, _mm512_fmadd_ps(splat(kGeluZ3), _mm512_mul_ps(x, x), splat(kGeluZ1))); }
+V sigmoid_of_minus(V z, V& e) {
+  V n;
+  const V p = exp_mantissa(_mm512_min_ps(splat(80.0f), _mm512_max_ps(splat(-110.0f), z)), n);
+  e = _mm512_scalef_ps(p, n);
+  const V d = _mm512_add_ps(splat(1.0f), e);
+  const V r = _mm512_rcp14_ps(d);
+  const V s = _mm512_fmadd_ps(_mm512_fnmadd_ps(d, r, splat(1.0f)), r, r);
+  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(z, splat(80.0f), _CMP_GT_OQ), _mm512_setzero_ps());
 }
-V one_over_one_plus(V e) { return _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat(1.0f), e)); }
 
 // e^x for the attention tiles' x <= 0 (a score less the row's maximum or log-sum-exp): the same
 // reduction and polynomial as exp_fast, then 2^n by scalef instead of building it in the exponent
@@ -149,20 +157,19 @@ bool available() {
 
 void gelu_tanh_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
-    return _mm512_mul_ps(v, one_over_one_plus(exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)))));
+    V e;
+    return _mm512_mul_ps(v, sigmoid_of_minus(gelu_tanh_z(v), e));
   });
 }
 
+// d/dx x s(z) = s + x e s^2 (-dz/dx), -dz/dx = 2 sqrt(2/pi) (1 + 3 c x^2).
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
-    const V e = exp_fast(_mm512_mul_ps(splat(-2.0f), gelu_tanh_arg(v)));
-    const V s = one_over_one_plus(e);
-    const V ess =
-        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, splat(INFINITY), _CMP_NEQ_UQ), _mm512_mul_ps(_mm512_mul_ps(e, s), s));
-    const V inner_grad2 =
-        _mm512_mul_ps(splat(2.0f * kSqrt2OverPi),
-                      _mm512_add_ps(splat(1.0f), _mm512_mul_ps(_mm512_mul_ps(splat(3.0f * kGeluTanhCubic), v), v)));
-    return _mm512_mul_ps(d, _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(v, ess), inner_grad2)));
+    V e;
+    const V s = sigmoid_of_minus(gelu_tanh_z(v), e);
+    const V ess = _mm512_mul_ps(_mm512_mul_ps(e, s), s);
+    const V minus_dz = _mm512_fmadd_ps(splat(-3.0f * kGeluZ3), _mm512_mul_ps(v, v), splat(-kGeluZ1));
+    return _mm512_mul_ps(d, _mm512_fmadd_ps(_mm512_mul_ps(v, ess), minus_dz, s));
   });
 }
 

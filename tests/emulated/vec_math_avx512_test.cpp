@@ -1,10 +1,11 @@
 // kernels/cpu/vec_math.h's AVX-512 functions (vec_math_avx512.cpp) against what they promise:
-// GELU-tanh with the AVX2 functions' bits (the same operations per element), the tile product with
+// GELU-tanh within 2 ulp with the AVX2 functions' special values, exp with their bits, the tile product with
 // each output summed in order by fused multiply-adds (so a plain loop of std::fma gives the same
 // bits), layer norm's parameter-gradient sums with the scalar loop's bits. Skipped on a CPU without AVX-512F (or AVX2
 // and FMA, for the comparison).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -26,23 +27,71 @@ std::vector<float> host_values(int64_t n, float lo, float hi, uint64_t seed) {
   return std::vector<float>(v.begin(), v.end());
 }
 
-TEST(VecMathAvx512, GeluTanhGivesTheAvx2Bits) {
+double gelu_tanh_exact(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+}
+double gelu_tanh_grad_exact(double x) {
+  const double t = std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.79788456080286535588 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// Within 2 ulp of max(|exact|, 1) as the AVX2 functions, forward and backward, over a dense grid of
+// [-12, 12] (where the clamps and the Newton step matter) and random points.
+TEST(VecMathAvx512, GeluTanhIsWithinTwoUlpOfTheExactFunction) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  const int64_t grid = 48001;
+  std::vector<float> x = host_values(1000, -12.0f, 12.0f, 7);
+  for (int64_t i = 0; i < grid; ++i) x.push_back(-12.0f + 24.0f * static_cast<float>(i) / (grid - 1));
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> dy(n, 1.0f), y(n), g(n);
+  vec512::gelu_tanh_f32(x.data(), y.data(), n);
+  vec512::gelu_tanh_grad_f32(x.data(), dy.data(), g.data(), n);
+  const double ulp = std::ldexp(1.0, -23);
+  for (int64_t i = 0; i < n; ++i) {
+    const double fy = gelu_tanh_exact(x[i]), fg = gelu_tanh_grad_exact(x[i]);
+    ASSERT_LE(std::abs(y[i] - fy), 2 * ulp * std::max(std::abs(fy), 1.0)) << "forward at x = " << x[i];
+    ASSERT_LE(std::abs(g[i] - fg), 2 * ulp * std::max(std::abs(fg), 1.0)) << "gradient at x = " << x[i];
+  }
+}
+
+// Zeros, infinities, NaN and values past the clamps give what the AVX2 functions give (PyTorch's
+// answers: NaN for gelu(-inf), x - 0 for large x, -0 for large negative x), at every tail length.
+TEST(VecMathAvx512, GeluTanhSpecialValuesAsTheAvx2Functions) {
   if (!vec512::available() || !vec::available()) GTEST_SKIP() << "no AVX-512F, or no AVX2 and FMA";
-  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{1000}}) {
+  const std::vector<float> specials = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 60.0f, -60.0f, -9.0f};
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{40}}) {
     SCOPED_TRACE("n " + std::to_string(n));
-    std::vector<float> x = host_values(n, -12.0f, 12.0f, 7), dy = host_values(n, -2.0f, 2.0f, 8);
-    x[0] = 0.0f;
-    if (n > 3) x[1] = -INFINITY, x[2] = INFINITY, x[3] = NAN;
-    std::vector<float> y2(n), y5(n), g2(n), g5(n);
+    std::vector<float> x(n), dy = host_values(n, 0.5f, 2.0f, 8), y2(n), y5(n), g2(n), g5(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = specials[static_cast<std::size_t>(i) % specials.size()];
     vec::gelu_tanh_f32(x.data(), y2.data(), n);
     vec512::gelu_tanh_f32(x.data(), y5.data(), n);
     vec::gelu_tanh_grad_f32(x.data(), dy.data(), g2.data(), n);
     vec512::gelu_tanh_grad_f32(x.data(), dy.data(), g5.data(), n);
+    const auto same = [](float a, float b) {
+      return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)) ||
+             std::abs(a - b) <= 2e-7f * std::max(std::abs(a), 1.0f);
+    };
     for (int64_t i = 0; i < n; ++i) {
-      EXPECT_TRUE(same_bits(y2[i], y5[i])) << "forward at x = " << x[i] << ": " << y2[i] << " vs " << y5[i];
-      EXPECT_TRUE(same_bits(g2[i], g5[i])) << "gradient at x = " << x[i] << ": " << g2[i] << " vs " << g5[i];
+      EXPECT_TRUE(same(y2[i], y5[i])) << "forward at x = " << x[i] << ": " << y2[i] << " vs " << y5[i];
+      EXPECT_TRUE(same(g2[i], g5[i])) << "gradient at x = " << x[i] << ": " << g2[i] << " vs " << g5[i];
     }
   }
+}
+
+// log_softmax's gradient dy - exp(y) sum(dy) with dy all ones (a sum exact in any order): the
+// same bits from both widths exactly when their exp gives the same bits, over the range where it
+// rounds to a denormal, flushes to 0 or overflows.
+TEST(VecMathAvx512, ExpGivesTheAvx2Bits) {
+  if (!vec512::available() || !vec::available()) GTEST_SKIP() << "no AVX-512F, or no AVX2 and FMA";
+  std::vector<float> y = host_values(4000, -100.0f, 90.0f, 9);
+  for (float special : {-INFINITY, INFINITY, NAN, -87.34f, -87.3f, 88.72f, 88.73f, -103.0f}) y.push_back(special);
+  const int64_t n = static_cast<int64_t>(y.size());
+  std::vector<float> dy(n, 1.0f), dx2(n), dx5(n);
+  vec::softmax_grad_row_f32(true, y.data(), dy.data(), 0.0f, dx2.data(), n);
+  vec512::softmax_grad_row_f32(true, y.data(), dy.data(), 0.0f, dx5.data(), n);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_TRUE(same_bits(dx2[i], dx5[i]) || (std::isnan(dx2[i]) && std::isnan(dx5[i])))
+        << "at y = " << y[i] << ": " << dx2[i] << " vs " << dx5[i];
 }
 
 TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
