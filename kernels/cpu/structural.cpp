@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/structural_kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -31,7 +32,10 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::layer_norm_row_f32 : vec::layer_norm_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
+        for (int64_t r = r0; r < r1; ++r) {
+          if (r + 1 < r1) prefetch_floats(x + (r + 1) * cols, cols);
+          row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
+        }
       });
       return;
     }
@@ -63,8 +67,13 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
+        for (int64_t r = r0; r < r1; ++r) {
+          if (r + 1 < r1) {
+            prefetch_floats(x + (r + 1) * cols, cols);
+            prefetch_floats(dy + (r + 1) * cols, cols);
+          }
           row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols);
+        }
       });
       return;
     }
@@ -102,9 +111,14 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
     bool summed = false;
     if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
       if (vec512::available()) {
-        for (int64_t r = 0; r < rows; ++r)
+        for (int64_t r = 0; r < rows; ++r) {
+          if (r + 2 < rows) {  // two rows ahead: each block of a wide row lies in a page of its own
+            prefetch_floats(x + (r + 2) * cols + c0, c1 - c0);
+            prefetch_floats(dy + (r + 2) * cols + c0, c1 - c0);
+          }
           vec512::layer_norm_param_grads_row_f32(x + r * cols + c0, dy + r * cols + c0, mean[r], rstd[r], c1 - c0, sw,
                                                  sb);
+        }
         summed = true;
       }
     }
