@@ -22,6 +22,18 @@ namespace {
 
 const float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
+#if CUMULUS_WITH_CUDA
+// dx, then the parameter gradients (each skipped when null), as two kernels.
+template <typename T>
+void backward_cuda(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd, int64_t rows,
+                   int64_t cols, float beta, T* dx, float beta_dw, float* dweight, float beta_db, float* dbias,
+                   cudaStream_t stream) {
+  if (dx != nullptr) kernels::layer_norm_backward_dx_cuda(x, dy, weight, mean, rstd, rows, cols, beta, dx, stream);
+  if (dweight != nullptr || dbias != nullptr)
+    kernels::layer_norm_param_grads_cuda(x, dy, mean, rstd, rows, cols, beta_dw, dweight, beta_db, dbias, stream);
+}
+#endif
+
 class LayerNormBackward final : public Node {
  public:
   LayerNormBackward(Tensor x, Tensor weight, Tensor mean, Tensor rstd)
@@ -34,27 +46,21 @@ class LayerNormBackward final : public Node {
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     const Device device = dy.device();
     const int64_t cols = x_.size(-1), rows = cols > 0 ? x_.numel() / cols : 0;
-    const float *mp = mean_.data<float>(), *rp = rstd_.data<float>(), *wp = data_or_null(weight_);
-    if (grads[0].needed()) {
-      GradSink::Target dx = grads[0].begin(x_.shape(), device, x_.dtype());
-      const float beta = dx.beta();
-      CUMULUS_DISPATCH_FLOAT(
-          x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); T* dxp = dx.tensor.data<T>();
-          CUMULUS_DISPATCH(
-              device, ctx, kernels::layer_norm_backward_dx_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp),
-              kernels::layer_norm_backward_dx_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, ctx.stream())));
-    }
-    GradSink::Target dw{Tensor(), GradientMode::overwrite}, db{Tensor(), GradientMode::overwrite};
+    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dw = dx, db = dx;
+    if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device, x_.dtype());
     if (grads.size() > 1 && grads[1].needed()) dw = grads[1].begin(Shape{cols}, device);
     if (grads.size() > 2 && grads[2].needed()) db = grads[2].begin(Shape{cols}, device);
-    if (!dw.tensor.defined() && !db.tensor.defined()) return;
+    const float *mp = mean_.data<float>(), *rp = rstd_.data<float>(), *wp = data_or_null(weight_);
     float* dwp = dw.tensor.defined() ? dw.tensor.data<float>() : nullptr;
     float* dbp = db.tensor.defined() ? db.tensor.data<float>() : nullptr;
-    const float beta_w = dw.beta(), beta_b = db.beta();
+    const float beta = dx.beta(), beta_w = dw.beta(), beta_b = db.beta();
     CUMULUS_DISPATCH_FLOAT(
-        x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>(); CUMULUS_DISPATCH(
-            device, ctx, kernels::layer_norm_param_grads_cpu(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b, dbp),
-            kernels::layer_norm_param_grads_cuda(xp, dyp, mp, rp, rows, cols, beta_w, dwp, beta_b, dbp, ctx.stream())));
+        x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>();
+        T* dxp = dx.tensor.defined() ? dx.tensor.data<T>() : nullptr;
+        CUMULUS_DISPATCH(
+            device, ctx,
+            kernels::layer_norm_backward_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp),
+            backward_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp, ctx.stream())));
   }
   void release_saved() override {
     x_ = Tensor();

@@ -65,14 +65,18 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
                                 int64_t rows, int64_t cols, float beta, T* dx) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
-      const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           if (r + 1 < r1) {
             prefetch_floats(x + (r + 1) * cols, cols);
             prefetch_floats(dy + (r + 1) * cols, cols);
           }
-          row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols);
+          if (vec512::available())
+            vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
+                                            dx + r * cols, nullptr, nullptr);
+          else
+            vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
+                                         dx + r * cols);
         }
       });
       return;
@@ -139,6 +143,51 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
   parallel_for(cols, kColumns, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; c += kColumns) block(c, std::min(c1, c + kColumns));
   });
+}
+
+// Note [Layer norm's backward in one pass]
+// dx reads each row of x and dy; the parameter gradients read them all again, column blocks down
+// the rows. On AVX-512 the row kernel adds the parameter sums on its way instead, into a sum per
+// block of rows (at most kMaxParamBlocks blocks, each of whole rows, fixed by the shape alone), and
+// the blocks' sums are added in order at the end: x and dy are read from memory once, and the bits
+// do not depend on the thread count. The sums stay in double; they are added in another order than
+// layer_norm_param_grads_cpu's (row by row), within a rounding of the double result either way.
+template <typename T>
+void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
+                             int64_t rows, int64_t cols, float beta, T* dx, float beta_dw, float* dweight,
+                             float beta_db, float* dbias) {
+  const bool params = dweight != nullptr || dbias != nullptr;
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
+    if (dx != nullptr && params && rows > 0 && vec512::available()) {
+      constexpr int64_t kMaxParamBlocks = 64;
+      const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + kMaxParamBlocks - 1) / kMaxParamBlocks);
+      const int64_t blocks = (rows + block_rows - 1) / block_rows;
+      std::vector<double> sums(static_cast<std::size_t>(blocks * 2 * cols), 0.0);  // per block: sw, then sb
+      parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t r = b0 * block_rows; r < std::min(rows, b1 * block_rows); ++r) {
+          double* sw = sums.data() + (r / block_rows) * 2 * cols;
+          if (r + 1 < rows) {
+            prefetch_floats(x + (r + 1) * cols, cols);
+            prefetch_floats(dy + (r + 1) * cols, cols);
+          }
+          vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
+                                          dx + r * cols, sw, sw + cols);
+        }
+      });
+      for (int64_t c = 0; c < cols; ++c) {
+        double sw = 0.0, sb = 0.0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          sw += sums[static_cast<std::size_t>(b * 2 * cols + c)];
+          sb += sums[static_cast<std::size_t>(b * 2 * cols + cols + c)];
+        }
+        if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw), beta_dw, dweight[c]);
+        if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb), beta_db, dbias[c]);
+      }
+      return;
+    }
+  }
+  if (dx != nullptr) layer_norm_backward_dx_cpu(x, dy, weight, mean, rstd, rows, cols, beta, dx);
+  if (params) layer_norm_param_grads_cpu(x, dy, mean, rstd, rows, cols, beta_dw, dweight, beta_db, dbias);
 }
 
 template <typename T>
@@ -217,6 +266,8 @@ void index_scatter_add_cpu(const T* dy, int64_t outer, int64_t count, const int3
                                            int64_t, float, T*);                                                     \
   template void layer_norm_param_grads_cpu(const T*, const T*, const float*, const float*, int64_t, int64_t, float, \
                                            float*, float, float*);                                                  \
+  template void layer_norm_backward_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,      \
+                                        int64_t, float, T*, float, float*, float, float*);                          \
   template void copy_slab_cpu(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float);  \
   template void narrow_backward_cpu(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*);              \
   template void index_gather_cpu(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*);                 \

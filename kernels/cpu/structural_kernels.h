@@ -29,6 +29,12 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
 template <typename T>
 void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias);
+// Both: dx (skipped when null) and the parameter gradients, in one pass over x and dy where the CPU
+// has AVX-512 (Note [Layer norm's backward in one pass] in structural.cpp), else the two above.
+template <typename T>
+void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
+                             int64_t rows, int64_t cols, float beta, T* dx, float beta_dw, float* dweight,
+                             float beta_db, float* dbias);
 
 // ---- slabs ----
 // dst[o, dst_start + j, i] = src[o, src_start + j, i] + beta * dst[...] for j < length: narrow's

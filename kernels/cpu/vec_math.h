@@ -88,8 +88,10 @@ void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta,
 // 16 lanes at a time: another order, within a rounding of the double result either way).
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd);
+// With sw and sb (else null), the row's share of the parameter gradients on the way, as
+// layer_norm_param_grads_row_f32 computes it (the same bits): one pass over x and dy for both.
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
-                             float beta, float* dx);
+                             float beta, float* dx, double* sw, double* sb);
 // One row's share of layer norm's parameter gradients over n columns: sw[c] += dy[c] xhat[c] and
 // sb[c] += dy[c] in double, xhat = (x - mean) rstd: the scalar loop's operations (the same bits).
 void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,

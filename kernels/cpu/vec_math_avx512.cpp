@@ -274,7 +274,7 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
 }
 
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
-                             float beta, float* dx) {
+                             float beta, float* dx, double* sw, double* sb) {
   const __m512d md = _mm512_set1_pd(mean), invd = _mm512_set1_pd(rstd);
   const auto g_at = [&](int64_t i, __mmask16 in) {
     const V d = _mm512_maskz_loadu_ps(in, dy + i);
@@ -293,6 +293,15 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
     const __m512d glo = low_pd(g), ghi = high_pd(g);
     sg = _mm512_add_pd(sg, _mm512_add_pd(glo, ghi));
     sgx = _mm512_add_pd(sgx, _mm512_add_pd(_mm512_mul_pd(glo, a), _mm512_mul_pd(ghi, b)));
+    if (sw != nullptr) {  // the parameter sums take dy itself, not g = dy weight
+      const V d = weight != nullptr ? _mm512_maskz_loadu_ps(in, dy + i) : g;
+      const auto lo = static_cast<__mmask8>(in), hi = static_cast<__mmask8>(in >> 8);
+      const __m512d dlo = low_pd(d), dhi = high_pd(d);
+      _mm512_mask_storeu_pd(sw + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sw + i), _mm512_mul_pd(dlo, a)));
+      _mm512_mask_storeu_pd(sw + i + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sw + i + 8), _mm512_mul_pd(dhi, b)));
+      _mm512_mask_storeu_pd(sb + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sb + i), dlo));
+      _mm512_mask_storeu_pd(sb + i + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sb + i + 8), dhi));
+    }
   }
   const auto mean_g = static_cast<float>(_mm512_reduce_add_pd(sg) / static_cast<double>(n));
   const auto mean_g_xhat = static_cast<float>(_mm512_reduce_add_pd(sgx) / static_cast<double>(n));

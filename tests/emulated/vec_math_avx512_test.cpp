@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/structural_kernels.h"
 #include "kernels/cpu/vec_math.h"
 #include "tests/emulated/emulated.h"
 
@@ -141,6 +142,54 @@ TEST(VecMathAvx512, LayerNormParameterGradientsGiveTheScalarBits) {
   for (int64_t c = 0; c <= n; ++c) {  // the one past n is left alone
     EXPECT_EQ(sw[c], ew[c]) << "column " << c;
     EXPECT_EQ(sb[c], eb[c]) << "column " << c;
+  }
+}
+
+// The row kernel's parameter sums, one row at a time (with and without a weight): the bits of
+// layer_norm_param_grads_row_f32, the one that sums them alone.
+TEST(VecMathAvx512, LayerNormGradientRowSumsTheParametersAsTheirOwnKernel) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  const int64_t n = 37;
+  const std::vector<float> x = host_values(n, -3.0f, 3.0f, 31), dy = host_values(n, -1.0f, 1.0f, 32),
+                           weight = host_values(n, 0.5f, 1.5f, 33);
+  for (const float* w : {static_cast<const float*>(nullptr), weight.data()}) {
+    std::vector<double> sw(n + 1, 0.25), sb(n + 1, -0.5), ew = sw, eb = sb;
+    std::vector<float> dx(n);
+    vec512::layer_norm_grad_row_f32(x.data(), dy.data(), w, 0.3f, 1.5f, n, 0.0f, dx.data(), sw.data(), sb.data());
+    vec512::layer_norm_param_grads_row_f32(x.data(), dy.data(), 0.3f, 1.5f, n, ew.data(), eb.data());
+    for (int64_t c = 0; c <= n; ++c) {  // the one past n is left alone
+      EXPECT_EQ(sw[c], ew[c]) << "column " << c;
+      EXPECT_EQ(sb[c], eb[c]) << "column " << c;
+    }
+  }
+}
+
+// Note [Layer norm's backward in one pass]: over enough rows for many blocks, dx has the bits of
+// layer_norm_backward_dx_cpu and the parameter gradients agree with layer_norm_param_grads_cpu's
+// row-by-row sums to a rounding of the float result, with each beta.
+TEST(VecMathAvx512, LayerNormBackwardInOnePassAgreesWithTheTwoPasses) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  const int64_t rows = 3001, cols = 77;
+  const std::vector<float> x = host_values(rows * cols, -3.0f, 5.0f, 41), dy = host_values(rows * cols, -1.0f, 1.0f, 42),
+                           weight = host_values(cols, 0.5f, 1.5f, 43);
+  std::vector<float> mean(rows), rstd(rows), y(rows * cols);
+  kernels::layer_norm_forward_cpu(x.data(), weight.data(), nullptr, rows, cols, 1e-5f, y.data(), mean.data(),
+                                  rstd.data());
+  for (float beta : {0.0f, 1.0f}) {
+    SCOPED_TRACE("beta " + std::to_string(beta));
+    std::vector<float> dx = host_values(rows * cols, -1.0f, 1.0f, 44), dw = host_values(cols, -1.0f, 1.0f, 45),
+                       db = host_values(cols, -1.0f, 1.0f, 46), ex = dx, ew = dw, eb = db;
+    kernels::layer_norm_backward_cpu(x.data(), dy.data(), weight.data(), mean.data(), rstd.data(), rows, cols, beta,
+                                     dx.data(), beta, dw.data(), beta, db.data());
+    kernels::layer_norm_backward_dx_cpu(x.data(), dy.data(), weight.data(), mean.data(), rstd.data(), rows, cols, beta,
+                                        ex.data());
+    kernels::layer_norm_param_grads_cpu(x.data(), dy.data(), mean.data(), rstd.data(), rows, cols, beta, ew.data(),
+                                        beta, eb.data());
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_TRUE(same_bits(dx[i], ex[i])) << "dx at " << i;
+    for (int64_t c = 0; c < cols; ++c) {
+      EXPECT_NEAR(dw[c], ew[c], 1.2e-7 * std::max(1.0f, std::abs(ew[c]))) << "dweight column " << c;
+      EXPECT_NEAR(db[c], eb[c], 1.2e-7 * std::max(1.0f, std::abs(eb[c]))) << "dbias column " << c;
+    }
   }
 }
 
