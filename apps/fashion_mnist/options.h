@@ -14,7 +14,7 @@ namespace fmnist {
 
 // The flags whose values the run's configuration takes as they are (RunConfig derives from it too).
 struct FlagValues {
-  std::string data_dir;  // empty: search (see data_files.h)
+  std::string data_dir;  // empty: search (locate_fashion_mnist)
   int epochs = 20;
   int64_t batch_size = 64;  // the micro-batch (of each rank)
   int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps;
@@ -66,6 +66,8 @@ struct CommandLine : FlagValues {
 struct UsageFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// Throws UsageFailure(message) unless `ok`.
+void require(bool ok, const std::string& message);
 
 struct ParseResult {
   bool proceed = false;  // false: exit with `exit_code` (0 after --help or --version)
@@ -74,8 +76,5 @@ struct ParseResult {
 };
 
 ParseResult parse_command_line(int argc, char** argv);
-
-// What --version prints: version, commit, build type, and the backends compiled in.
-std::string version_text();
 
 }  // namespace fmnist

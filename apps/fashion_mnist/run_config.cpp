@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "cumulus/core/error.h"
+#include "cumulus/runtime/run_files.h"
 
 using namespace cumulus;
 
@@ -71,10 +72,6 @@ std::string listed(const Choices<E>& c) {
     ++i;
   }
   return out;
-}
-
-void require(bool ok, const std::string& message) {
-  if (!ok) throw UsageFailure(message);
 }
 
 // The device, the precision and the kernels, and whether they go together.
@@ -180,15 +177,6 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   c.normalization = parse_choice<optim::Normalization>(cli.normalize);
   resolve_device(cli, c);
   return c;
-}
-
-std::string rank_path(const std::string& path, int rank) {
-  if (path.empty()) return path;
-  const std::string suffix = ".rank" + std::to_string(rank);
-  const std::size_t slash = path.find_last_of('/');
-  const std::size_t dot = path.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) return path + suffix;
-  return path.substr(0, dot) + suffix + path.substr(dot);
 }
 
 RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {

@@ -87,7 +87,7 @@ struct RunConfig : FlagValues {
 // The command line resolved for one process. Throws UsageFailure naming the flag.
 RunConfig resolve_run_config(const CommandLine& command_line);
 
-// What the data-parallel setup found (data_parallel.cpp).
+// What the data-parallel setup found (place_on_ranks, run_control.h).
 struct RankPlacement {
   int rank = 0, world_size = 1;
   cumulus::Device device;  // this rank's
@@ -99,7 +99,7 @@ struct RankPlacement {
 // memory report, trace and plot ("memory.json" -> "memory.rank1.json").
 RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement);
 
-// What the planner chose (planning.cpp).
+// What the planner chose (plan_batch, training_setup.h).
 struct BatchPlan {
   int64_t micro_batch = 0;
   int accum_steps = 0;
@@ -111,8 +111,5 @@ struct BatchPlan {
 };
 
 RunConfig with_plan(const RunConfig& config, const BatchPlan& plan);
-
-// "memory.json" -> "memory.rank1.json".
-std::string rank_path(const std::string& path, int rank);
 
 }  // namespace fmnist

@@ -29,26 +29,7 @@ struct SettingContext {
   std::string kernels;  // the memory report's "kernels": fused or generic
 };
 
-struct SettingRow {
-  const char* name;  // the flag without its dashes: what --override, the ranks' check and the report say
-  const char* key;   // the checkpoint's metadata key, after "setting."
-  bool overridable;  // --override may change it on resume (a hyperparameter of the update rule)
-  unsigned uses;     // SettingUse bits
-  // What a checkpoint written before the setting was recorded ran with (nullptr: always recorded).
-  const char* before_recorded;
-  // The value as text; nothing where the setting does not apply to this run (lr-gamma without
-  // the step schedule, world-size with one rank).
-  std::optional<std::string> (*print)(const SettingContext&);
-};
-
-struct SettingValue {
-  const SettingRow* row;
-  std::string value;
-};
-
-// The rows for `use` that apply to this run, with their values, in the table's order.
-std::vector<SettingValue> settings_for(SettingUse use, const SettingContext& context);
-// The same as (name, value).
+// The rows for `use` that apply to this run, (name, value) in the table's order.
 std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context);
 
 // The kCheckpoint rows as the library's checkpoint records and compares them.

@@ -1,5 +1,9 @@
-// The run's parts made from its configuration: the model, its training loss and kernels, the optimizer,
-// the learning-rate schedule, the Trainer's options and the memory budget.
+// The run's parts made from its configuration: the model, its training loss and kernels, the
+// optimizer, the learning-rate schedule, the Trainer's options and the memory budget; the
+// planner's choice of them (--effective-batch with --memory-budget or --plan-only); the weights
+// (--init, --save: safetensors with PyTorch's state-dict names) and the run's checkpoints
+// (--checkpoint, --resume: the library's, cumulus/runtime/checkpoint.h, Note [Resume contract],
+// with the settings of Note [Settings table]).
 #pragma once
 
 #include <memory>
@@ -7,10 +11,12 @@
 
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
+#include "cumulus/runtime/checkpoint.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "run_config.h"
@@ -44,5 +50,33 @@ void apply_memory_budget(const RunConfig& o);
 
 // fp16's loss scale, a power of two: "65536", "0.5".
 std::string loss_scale_text(float scale);
+
+// --effective-batch: the library's planner (cumulus::plan_batch) with this run's micro-batch,
+// optimizer and budget, and the levers --recompute, --data-on and --precision auto give it (Note
+// [Plan levers]); the chosen setting is left in place (the model's recompute segments, `train` and
+// `test` moved). Returns what with_plan() takes; OutOfMemory when nothing fits.
+BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,
+                     const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
+                     cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);
+
+// --plan-only: the planner's table of every candidate, nothing verified, nothing trained.
+void print_plan(const RunConfig& c, cumulus::nn::Model& model, const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
+                cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);
+
+// Where a run starts: a resumed checkpoint's state, or epoch 0.
+using TrainingState = cumulus::optim::ResumedCheckpoint;
+
+// --init: every parameter of `model` must be in the file with its shape, and finite; extra tensors
+// are an error too. A checkpoint is refused with a pointer to --resume.
+void load_weights(const std::string& path, const cumulus::nn::Module& model);
+
+void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
+                     const cumulus::optim::Optimizer& optimizer, const cumulus::optim::CheckpointState& state,
+                     const RunConfig& options);
+// Restores weights and optimizer state; throws UsageFailure when the checkpoint was made with other
+// settings or is past --epochs, and cumulus::Error when it is unusable (load_training_checkpoint).
+TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
+                              cumulus::optim::Optimizer& optimizer, const RunConfig& options,
+                              int64_t micro_batches_per_epoch, int64_t train_samples);
 
 }  // namespace fmnist
