@@ -9,9 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "options.h"
 #include "run_config.h"
-#include "settings.h"
 
 namespace {
 

@@ -19,11 +19,9 @@
 #include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/runtime/tracker.h"
-#include "options.h"
 #include "run_config.h"
 #include "run_control.h"
-#include "training_loop.h"
-#include "training_setup.h"
+#include "training.h"
 
 using namespace cumulus;
 
@@ -135,7 +133,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   description.backend = comm->backend();
   announce_run(config, model, description, state);
   MemoryTracker tracker(device, tracker_options(config, model));
-  if (std::optional<PlanCheck> check = planned_check(config)) tracker.set_plan_check(std::move(*check));
+  if (config.plan_check) tracker.set_plan_check(*config.plan_check);
   const TrainingParts parts{config,       model,       *optimizer, trainer, trainer_opts,
                             train_loader, test_loader, *comm,      tracker, state};
   if (const std::optional<int> stopped = train(parts)) return *stopped;

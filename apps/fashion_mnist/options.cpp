@@ -1,4 +1,4 @@
-#include "options.h"
+#include "run_config.h"
 
 #include <CLI/CLI.hpp>
 #include <cmath>
@@ -12,12 +12,9 @@
 #include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/run_files.h"
-#include "run_config.h"
-#include "settings.h"
 
 namespace fmnist {
 
-using cumulus::InvalidArgument;
 namespace fs = std::filesystem;
 
 void require(bool ok, const std::string& message) {
@@ -260,18 +257,10 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
 void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
-    try {
-      o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule);
-    } catch (const InvalidArgument& e) {
-      throw UsageFailure("--accum-schedule " + std::string(e.what()));
-    }
+    as_usage([&] { o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
   }
   if (!o.memory_budget.empty()) {
-    try {
-      o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget);
-    } catch (const InvalidArgument& e) {
-      throw UsageFailure(std::string("--memory-budget: ") + e.what());
-    }
+    as_usage([&] { o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget); }, "--memory-budget: ");
     require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
   }
   require(!o.plan_only || o.effective_batch > 0,
@@ -319,11 +308,7 @@ void check_input_files(const CommandLine& o) {
     std::error_code ec;
     require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
   }
-  try {
-    cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}});
-  } catch (const InvalidArgument& e) {
-    throw UsageFailure(e.what());
-  }
+  as_usage([&] { cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}}); });
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
 }

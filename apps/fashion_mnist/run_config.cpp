@@ -218,9 +218,15 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
     c.precision = plan.setting.precision;
     c.precision_by_planner = false;
   }
-  c.planned_epoch_seconds = plan.predicted_epoch_seconds;
-  c.planned_peak_bytes = plan.predicted_peak_bytes;
-  c.planned_setting = plan.setting_text;
+  if (plan.predicted_epoch_seconds > 0.0) {
+    PlanCheck check;
+    check.micro_batch = plan.micro_batch;
+    check.accum_steps = plan.accum_steps;
+    check.setting = plan.setting_text;
+    check.predicted_epoch_seconds = plan.predicted_epoch_seconds;
+    check.predicted_peak_bytes = plan.predicted_peak_bytes;
+    c.plan_check = check;
+  }
   return c;
 }
 

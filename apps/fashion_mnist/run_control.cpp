@@ -14,7 +14,6 @@
 #include "cumulus/core/threads.h"
 #include "cumulus/models/fashion_mnist.h"
 #include "cumulus/runtime/run_files.h"
-#include "settings.h"
 
 using namespace cumulus;
 
@@ -96,16 +95,6 @@ std::vector<RunFile> job_outputs(const RunConfig& resolved, const RunConfig& pla
     out.insert(out.end(), rank_k.begin(), rank_k.end());
   }
   return out;
-}
-
-// The library's checks, their refusals as usage errors.
-template <class Check>
-void as_usage(const Check& check) {
-  try {
-    check();
-  } catch (const InvalidArgument& e) {
-    throw UsageFailure(e.what());
-  }
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 
 #include "cumulus/dist/communicator.h"
 #include "cumulus/runtime/stop_signal.h"
-#include "options.h"
 #include "run_config.h"
 
 namespace fmnist {

@@ -1,4 +1,4 @@
-#include "settings.h"
+#include "run_config.h"
 
 namespace fmnist {
 namespace {

@@ -1,4 +1,4 @@
-#include "training_loop.h"
+#include "training.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,6 @@
 #include "cumulus/runtime/progress.h"
 #include "cumulus/runtime/run_files.h"
 #include "run_control.h"
-#include "settings.h"
 
 using namespace cumulus;
 
@@ -351,17 +350,6 @@ MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Model& mode
   if (kernels == "fused" && o.device.is_cuda() && !ops::kFusedMlpMeasuredOnGpu)
     to.annotations["kernels_measured"] = "the fused MLP kernels have not yet been measured on a GPU";
   return to;
-}
-
-std::optional<PlanCheck> planned_check(const RunConfig& o) {
-  if (o.planned_epoch_seconds <= 0.0) return std::nullopt;
-  PlanCheck check;
-  check.micro_batch = o.batch_size;
-  check.accum_steps = o.accum_steps_at(0);
-  check.setting = o.planned_setting;
-  check.predicted_epoch_seconds = o.planned_epoch_seconds;
-  check.predicted_peak_bytes = o.planned_peak_bytes;
-  return check;
 }
 
 optim::Evaluation test_pass(nn::Module& model, data::DataLoader& loader) {

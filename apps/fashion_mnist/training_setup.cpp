@@ -1,4 +1,4 @@
-#include "training_setup.h"
+#include "training.h"
 
 #include <cstdio>
 
@@ -12,7 +12,6 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/planner.h"
 #include "run_control.h"
-#include "settings.h"
 
 using namespace cumulus;
 

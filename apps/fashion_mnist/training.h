@@ -1,12 +1,23 @@
-// The run's parts made from its configuration: the model, its training loss and kernels, the
-// optimizer, the learning-rate schedule, the Trainer's options and the memory budget; the
-// planner's choice of them (--effective-batch with --memory-budget or --plan-only); the weights
-// (--init, --save: safetensors with PyTorch's state-dict names) and the run's checkpoints
-// (--checkpoint, --resume: the library's, cumulus/runtime/checkpoint.h, Note [Resume contract],
-// with the settings of Note [Settings table]).
+// Training: the run's parts made from its configuration (training_setup.cpp) and the loop that
+// trains them (training_loop.cpp).
+//
+// The parts: the model, its training loss and kernels, the optimizer, the learning-rate schedule,
+// the Trainer's options and the memory budget; the planner's choice of them (--effective-batch
+// with --memory-budget or --plan-only); the weights (--init, --save: safetensors with PyTorch's
+// state-dict names) and the run's checkpoints (--checkpoint, --resume: the library's,
+// cumulus/runtime/checkpoint.h, Note [Resume contract], with the settings of Note [Settings table]).
+//
+// The loop: the library's epochs loop (optim::FitLoop: the progress line, the resume point, a stop
+// honoured at a group boundary) with the app's hooks: the test pass (optim::evaluate_classifier),
+// the --metrics line and the checkpoint after each epoch, and the stops (a signal, out of memory, a
+// failed write) with the checkpoint of the last group boundary and the reports still written.
+// Around it, what the run prints and writes about itself: the banner, the memory tracker's
+// settings, the reports (--memory-report, --trace, --memory-plot) and the closing summary.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cumulus/data/dataset.h"
@@ -17,11 +28,14 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "run_config.h"
 
 namespace fmnist {
+
+// ---- the run's parts (training_setup.cpp) ----------------------------------------------------
 
 // The one place that knows the models by name; everything after asks the nn::Model interface.
 std::unique_ptr<cumulus::nn::Model> make_model(const RunConfig& o, cumulus::Generator& gen);
@@ -78,5 +92,52 @@ void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,
                               cumulus::optim::Optimizer& optimizer, const RunConfig& options,
                               int64_t micro_batches_per_epoch, int64_t train_samples);
+
+// ---- the training loop and the run's reports (training_loop.cpp) -----------------------------
+
+// What the banner describes besides the options and the model.
+struct RunDescription {
+  std::string data_dir;
+  int64_t train_samples = 0, test_samples = 0;
+  bool host_resident_data = false;
+  float loss_scale = 1.0f;
+  std::string backend;  // the communicator's
+};
+
+// The banner (unless --quiet), then on stderr the settings --override changed and a note when a
+// resumed checkpoint has nothing left to train.
+void announce_run(const RunConfig& o, const cumulus::nn::Model& model, const RunDescription& d,
+                  const TrainingState& state);
+
+// The memory tracker's model, micro-batch and the settings its report records.
+cumulus::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulus::nn::Model& model);
+
+// The test pass (optim::evaluate_classifier: the accuracy over all samples, the mean over batches
+// of each batch's mean loss), throwing Interrupted at a signal, and the lines it prints.
+cumulus::optim::Evaluation test_pass(cumulus::nn::Module& model, cumulus::data::DataLoader& loader);
+void print_test_results(const cumulus::optim::Evaluation& r);
+
+// What the loop trains with; all made before it starts.
+struct TrainingParts {
+  const RunConfig& o;
+  cumulus::nn::Model& model;
+  cumulus::optim::Optimizer& optimizer;
+  cumulus::optim::Trainer& trainer;
+  const cumulus::optim::TrainerOptions& trainer_options;
+  cumulus::data::DataLoader& train_loader;
+  cumulus::data::DataLoader& test_loader;
+  cumulus::dist::Communicator& comm;
+  cumulus::MemoryTracker& tracker;  // with the planner's check when it chose the plan (measured after the first epoch)
+  const TrainingState& state;       // where the run starts (a resumed checkpoint's, else epoch 0)
+};
+
+// Trains from parts.state to --epochs. Returns the exit code of a run that stopped early (an
+// interrupt, out of memory, an error: the checkpoint of the last group boundary and the reports
+// are written first), or nothing when every epoch finished.
+std::optional<int> train(const TrainingParts& parts);
+
+// After the last epoch: the memory table, the reports and, with several ranks, the all-reduces'
+// totals.
+void finish_reports(const RunConfig& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
 
 }  // namespace fmnist
