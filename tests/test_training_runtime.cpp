@@ -572,6 +572,14 @@ TEST(CommandLine, HelpLinesWrapUnderTheirDescription) {
   unsetenv("COLUMNS");
 }
 
+// "auto" takes a GPU where one is usable; anything else is parsed and must be usable now.
+TEST(CommandLine, DeviceFromAFlag) {
+  EXPECT_EQ(device_from_flag("cpu"), Device::cpu());
+  EXPECT_EQ(device_from_flag("auto"), cuda_available() ? Device::cuda(0) : Device::cpu());
+  EXPECT_THROW(device_from_flag("tpu"), InvalidArgument);
+  EXPECT_THROW(device_from_flag("cuda:4096"), Error);  // no such GPU here, or no CUDA at all
+}
+
 TEST(CommandLine, VersionTextNamesTheProgramTheBuildAndTheBackends) {
   const std::string text = version_text("my_app");
   EXPECT_EQ(text.rfind(std::string("my_app (cumulus) ") + CUMULUS_VERSION + "\ncommit ", 0), 0u) << text;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "cumulus/core/error.h"
+#include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/run_files.h"
 
 using namespace cumulus;
@@ -76,15 +77,10 @@ std::string listed(const Choices<E>& c) {
 
 // The device, the precision and the kernels, and whether they go together.
 void resolve_device(const CommandLine& cli, RunConfig& c) {
-  if (cli.device == "auto") {
-    c.device = cuda_available() ? Device::cuda(0) : Device::cpu();
-  } else {
-    try {
-      c.device = Device::parse(cli.device);
-      check_device_available(c.device);
-    } catch (const Error& e) {
-      throw UsageFailure("--device: " + std::string(e.what()));
-    }
+  try {
+    c.device = device_from_flag(cli.device);
+  } catch (const Error& e) {
+    throw UsageFailure("--device: " + std::string(e.what()));
   }
   c.one_gpu_per_rank = cli.device == "auto" || cli.device == "cuda";
   require(!needs_loss_scaling(c.precision) || c.normalization == optim::Normalization::units,

@@ -1,12 +1,8 @@
-// What every phase of the run shares, and the checks made before any work.
-//
-// Signals are the library's (cumulus/runtime/stop_signal.h): the training loop stops at the next
-// group boundary, loading, planning and the test pass at once; the run exits 130 (SIGINT), 143
-// (SIGTERM) or 141 (stdout closed). Under mpirun rank 0 prints and writes the checkpoint, the
-// weights and the metrics; every check that could stop one rank is made on every rank, so that no
-// rank waits in a collective for one that stopped. Paths are checked with the library's checks
-// (cumulus/runtime/run_files.h): outputs distinct from each other, from the inputs and from the
-// dataset's files, their directories taking a new file now, stale temporaries removed.
+// What every phase of the run shares, and the checks made before any work. Signals are the
+// library's (cumulus/runtime/stop_signal.h): the training loop stops at the next group boundary,
+// loading, planning and the test pass at once; the run exits 130 (SIGINT), 143 (SIGTERM) or 141
+// (stdout closed). Under mpirun every check that could stop one rank is made on every rank, so
+// that no rank waits in a collective for one that stopped.
 #pragma once
 
 #include <functional>
@@ -74,7 +70,8 @@ void usage_check_on_every_rank(cumulus::dist::Communicator& comm, const std::fun
 void check_same_loaded_on_every_rank(const char* what, const std::string& mine, const std::string& advice,
                                      cumulus::dist::Communicator& comm);
 
-// Outputs against each other and against --init / --resume; with several ranks, every rank's
+// The library's checks of the run's files (cumulus/runtime/run_files.h): outputs writable now,
+// against each other and against --init / --resume; with several ranks, every rank's
 // outputs (computed from `resolved`, the configuration before on_ranks()) against each other and
 // those inputs (Note [The job's outputs]). Throws UsageFailure naming the flags (and ranks).
 // --checkpoint may name the --resume file: the resumed checkpoint is read before it is replaced.

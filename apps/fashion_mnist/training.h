@@ -1,18 +1,9 @@
-// Training: the run's parts made from its configuration (training_setup.cpp) and the loop that
-// trains them (training_loop.cpp).
-//
-// The parts: the model, its training loss and kernels, the optimizer, the learning-rate schedule,
-// the Trainer's options and the memory budget; the planner's choice of them (--effective-batch
-// with --memory-budget or --plan-only); the weights (--init, --save: safetensors with PyTorch's
-// state-dict names) and the run's checkpoints (--checkpoint, --resume: the library's,
-// cumulus/runtime/checkpoint.h, Note [Resume contract], with the settings of Note [Settings table]).
-//
-// The loop: the library's epochs loop (optim::FitLoop: the progress line, the resume point, a stop
-// honoured at a group boundary) with the app's hooks: the test pass (optim::evaluate_classifier),
-// the --metrics line and the checkpoint after each epoch, and the stops (a signal, out of memory, a
-// failed write) with the checkpoint of the last group boundary and the reports still written.
-// Around it, what the run prints and writes about itself: the banner, the memory tracker's
-// settings, the reports (--memory-report, --trace, --memory-plot) and the closing summary.
+// Training: the run's parts made from its configuration (training_setup.cpp: the model, the
+// optimizer and its schedule, the Trainer's options, the planner's choice, the weights, and the
+// checkpoints: the library's, cumulus/runtime/checkpoint.h, with the settings of Note [Settings
+// table]), and the loop that trains them (training_loop.cpp: the library's epochs loop,
+// optim::FitLoop, with the app's hooks: the test pass, the --metrics line, the checkpoint after
+// each epoch, the stops) with what the run prints and writes about itself.
 #pragma once
 
 #include <cstdint>

@@ -137,7 +137,7 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")->check(CLI::NonNegativeNumber);
   c.add_option("--seed", f.seed, "initialization and window seed")->check(CLI::NonNegativeNumber);
   c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  c.add_option("--device", f.device, "cpu or cuda[:N]");
+  c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
   c.add_option("--precision", f.precision,
                "the activations' type: fp32, bf16 or fp16 (weights, gradients and AdamW stay fp32; fp16 with "
                "dynamic loss scaling)")
@@ -173,15 +173,13 @@ void add_sample_flags(CLI::App& c, SampleFlags& f) {
       ->check(CLI::NonNegativeNumber);
   c.add_option("--top-k", f.top_k, "sample among the K most likely (0: all)")->check(CLI::Range(0, 1 << 20));
   c.add_option("--seed", f.seed, "sampling seed")->check(CLI::NonNegativeNumber);
-  c.add_option("--device", f.device, "cpu or cuda[:N]");
+  c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
   c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
 }
 
 Device parse_device(const std::string& text) {
   try {
-    const Device d = Device::parse(text);
-    check_device_available(d);
-    return d;
+    return device_from_flag(text);
   } catch (const Error& e) {
     throw UsageError("--device " + text + ": " + e.what());
   }

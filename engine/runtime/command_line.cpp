@@ -73,6 +73,13 @@ std::string wrap_help_text(const std::string& help, int width, std::size_t descr
   return out;
 }
 
+Device device_from_flag(const std::string& text) {
+  if (text == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
+  const Device device = Device::parse(text);
+  check_device_available(device);
+  return device;
+}
+
 std::string version_text(const std::string& program) {
   std::string s = program + " (cumulus) " + CUMULUS_VERSION + "\ncommit " + CUMULUS_GIT_COMMIT + ", build type " +
                   CUMULUS_BUILD_TYPE + "\n";

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cumulus/core/device.h"
+
 namespace cumulus {
 
 // Why `text` is not a decimal integer in [lo, hi] ("expected an integer from 1 to 64, got '1e3'"),
@@ -28,6 +30,11 @@ int help_columns();
 // its description starting at `description_column`) continues under its description, any other
 // line under its own indent (at most 20). A word longer than the width stays whole.
 std::string wrap_help_text(const std::string& help, int width, std::size_t description_column);
+
+// The device a --device flag names: "auto" is CUDA device 0 where a GPU is usable, else the CPU;
+// any other text is Device::parse's, checked usable now (check_device_available). Throws what
+// those throw.
+Device device_from_flag(const std::string& text);
 
 // What --version prints: "<program> (cumulus) 0.1.0", then the commit the library was configured
 // at and its build type, then the backends compiled in (CUDA, cuDNN, the data-parallel transports).
