@@ -108,52 +108,42 @@ void print_plan_table(const RunConfig& o, const Plan& plan) {
 // The levers this run lets the planner set (Note [Plan levers]): the model's recompute segments
 // (--recompute auto), the training and test sets' placement (--data-on auto, CUDA only) and bf16
 // (--precision auto, where the device has it). `apply` puts a setting in place: the model's
-// segments, the sets moved, the batches' dtype.
+// segments, the sets moved, then plan_request's own apply (the batches' dtype).
 void add_levers(const RunConfig& o, nn::Model& model, models::FashionMnistSplit& train, models::FashionMnistSplit& test,
-                DType& batch_dtype, PlanRequest& request) {
-  request.setting.precision = o.precision;
+                PlanRequest& request) {
   if (o.recompute == RecomputeChoice::on) request.setting.recompute = 1;  // shown as "all" (no segment names)
   request.setting.data = o.data_on == DataOnChoice::host ? DataPlacement::host : DataPlacement::device;
   if (o.recompute == RecomputeChoice::planner) request.recompute_segments = model.recompute_segment_names();
   request.weigh_placement = o.data_on == DataOnChoice::planner;
   if (o.precision_by_planner && precision_unsupported_reason(Precision::bf16, o.device).empty())
     request.precisions = {Precision::bf16};
-  request.apply = [&o, &model, &train, &test, &batch_dtype](const PlanSetting& s) {
+  request.apply = [&o, &model, &train, &test, set_dtype = request.apply](const PlanSetting& s) {
     if (o.recompute == RecomputeChoice::planner) model.set_recompute_segments(s.recompute);
     const Device where = s.data == DataPlacement::host ? Device::cpu() : o.device;
     const MemoryCategoryScope scope(MemoryCategory::data);
     for (models::FashionMnistSplit* set : {&train, &test})
       *set = models::FashionMnistSplit{set->images.to(where), set->labels.to(where), set->num_classes};
-    batch_dtype = compute_dtype(s.precision);
+    set_dtype(s);
   };
 }
 
-// The library's planner with this run; --plan-only predicts without verifying.
+// The library's planner with this run (optim::plan_request, the probes reading the training set
+// where the levers put it); --plan-only predicts without verifying.
 Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
                  models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
-  DType batch_dtype = compute_dtype(o.precision);
-  PlanRequest request;
-  request.device = o.device;
-  request.effective_batch = o.effective_batch;
-  request.budget = o.memory_budget_bytes;  // 0 with --plan-only alone: everything fits
-  request.micro_batch = [&](int64_t b) {
+  const optim::BatchLoss loss = [&model](const data::Batch& b) {
     throw_if_interrupted();
-    data::DataLoader loader(train.tensors(), b, false, 0, o.device);  // host-resident data: staging included
-    loader.set_dtype(batch_dtype);
-    loader.seek(0);
-    // As the Trainer's closure: the batch is released before backward (only what the graph saves stays).
-    Tensor loss = training_loss(model, loader.next(0));
-    loss.backward();
-    loss = Tensor();
-    flat->mark_gradients_stale();
+    return training_loss(model, b);
   };
-  request.optimizer = optimizer.get();
-  request.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's
-  request.sample_limit = train.size();
-  add_levers(o, model, train, test, batch_dtype, request);
+  // A budget of 0 (--plan-only alone): everything fits.
+  PlanRequest request = optim::plan_request(
+      *optimizer, [&train] { return train.tensors(); }, loss, o.effective_batch, o.memory_budget_bytes,
+      compute_dtype(o.precision));
+  request.require_fit = false;  // nothing fitting is plan_batch's error, and a line of --plan-only's
+  add_levers(o, model, train, test, request);
   request.model = &model;
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;
