@@ -75,9 +75,6 @@ using TrainingState = cumulus::optim::ResumedCheckpoint;
 // are an error too. A checkpoint is refused with a pointer to --resume.
 void load_weights(const std::string& path, const cumulus::nn::Module& model);
 
-void save_checkpoint(const std::string& path, const cumulus::nn::Module& model,
-                     const cumulus::optim::Optimizer& optimizer, const cumulus::optim::CheckpointState& state,
-                     const RunConfig& options);
 // Restores weights and optimizer state; throws UsageFailure when the checkpoint was made with other
 // settings or is past --epochs, and cumulus::Error when it is unusable (load_training_checkpoint).
 TrainingState load_checkpoint(const std::string& path, const cumulus::nn::Module& model,

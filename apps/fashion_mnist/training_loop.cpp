@@ -163,7 +163,7 @@ optim::FitOptions TrainingLoop::fit_options() {
 void TrainingLoop::checkpoint_now(const optim::CheckpointState& state, const char* why) {
   if (o_.checkpoint_path.empty()) return;
   try {
-    save_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state, o_);
+    optim::save_training_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state, checkpoint_settings(o_));
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
   }

@@ -185,11 +185,6 @@ void load_weights(const std::string& path, const nn::Module& model) {
   io::load_state_dict(path, model, load_options);
 }
 
-void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
-                     const optim::CheckpointState& state, const RunConfig& options) {
-  optim::save_training_checkpoint(path, model, optimizer, state, checkpoint_settings(options));
-}
-
 TrainingState load_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
                               const RunConfig& options, int64_t micro_batches_per_epoch, int64_t train_samples) {
   optim::ResumeOptions resume;
