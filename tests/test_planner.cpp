@@ -826,8 +826,8 @@ TEST(PlanBatch, ThePlanRequestOverADatasetReadAtEachProbe) {
   EXPECT_EQ(got.micro_batch, want.micro_batch) << got.reason;
   EXPECT_EQ(got.accum_steps, want.accum_steps);
   // A probe after the data moved reads it where it is now.
-  current = data::TensorDataset(
-      {Tensor::zeros(Shape{8, 784}, DType::f32, kCpu), Tensor::zeros(Shape{8}, DType::i32, kCpu)});
+  current =
+      data::TensorDataset({Tensor::zeros(Shape{8, 784}, DType::f32, kCpu), Tensor::zeros(Shape{8}, DType::i32, kCpu)});
   rows_seen = 0;
   request.micro_batch(64);  // more rows than there are now: the loader's first batch has all 8
   EXPECT_EQ(rows_seen, 8);

@@ -309,7 +309,8 @@ TEST_P(ReportTest, WrittenToTheFilesGivenAndAFailureNamesTheFile) {
   std::vector<std::string> written;
   write_memory_reports(tracker, files,
                        [&](const char* what, const std::string& path) { written.push_back(what + (" " + path)); });
-  EXPECT_EQ(written, (std::vector<std::string>{"memory report " + files.report.path, "memory plot " + files.plot.path}));
+  EXPECT_EQ(written,
+            (std::vector<std::string>{"memory report " + files.report.path, "memory plot " + files.plot.path}));
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"memory.json", "memory.svg"}));
   std::ifstream report(files.report.path);
   EXPECT_EQ(nlohmann::ordered_json::parse(report)["schema_version"], kMemoryReportSchemaVersion);

@@ -540,8 +540,8 @@ TEST(CommandLine, IntegersAreCheckedOnTheirText) {
   EXPECT_EQ(integer_text_problem("+7", 0, 10), "");
   EXPECT_EQ(integer_text_problem("65", 1, 64), "expected an integer from 1 to 64, got '65'");
   for (const char* bad : {"", "1e3", "-1", "0x10", " 5", "5 ", "99999999999999999999"})
-    EXPECT_EQ(integer_text_problem(bad, 0, 1000000), "expected an integer from 0 to 1000000, got '" +
-                                                         std::string(bad) + "'");
+    EXPECT_EQ(integer_text_problem(bad, 0, 1000000),
+              "expected an integer from 0 to 1000000, got '" + std::string(bad) + "'");
   EXPECT_EQ(unsigned_64_text_problem("18446744073709551615"), "");
   for (const char* bad : {"", "-1", "+1", "18446744073709551616", "1.0"})
     EXPECT_EQ(unsigned_64_text_problem(bad),

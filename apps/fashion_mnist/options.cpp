@@ -114,8 +114,7 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
 
 // The batch, accumulation and the planner.
 void add_batch_flags(CLI::App& app, CommandLine& o) {
-  app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
-      ->check(integer_in(1, 1000000));
+  app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")->check(integer_in(1, 1000000));
   app.add_option("--batch-size", o.batch_size, "Micro-batch size (per rank with mpirun)")
       ->check(integer_in(1, kMaxBatch));
   app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step (per rank with mpirun)")

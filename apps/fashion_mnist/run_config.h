@@ -45,7 +45,7 @@ namespace fmnist {
 struct FlagValues {
   std::string data_dir;  // empty: search (locate_fashion_mnist)
   int epochs = 20;
-  int64_t batch_size = 64;  // the micro-batch (of each rank)
+  int64_t batch_size = 64;      // the micro-batch (of each rank)
   int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps;
                                 // with batch_size: accum_steps = effective / (batch x ranks)
   std::string memory_budget;    // as given, for messages

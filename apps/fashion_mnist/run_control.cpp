@@ -150,12 +150,12 @@ void check_run_paths(const RunConfig& resolved, const RunConfig& o) {
     // Resuming from a checkpoint and writing the next ones to the same file is the normal use: the
     // checkpoint is read in full before anything is written.
     check_outputs_distinct(job_outputs(resolved, o), {{"--init", o.init_path}, {"--resume", o.resume_path}},
-                                    [](const RunFile& in, const RunFile& out) {
-                                      const std::string checkpoint = "--checkpoint";  // any rank's
-                                      return in.name == "--resume" && out.name.size() >= checkpoint.size() &&
-                                             out.name.compare(out.name.size() - checkpoint.size(), checkpoint.size(),
-                                                              checkpoint) == 0;
-                                    });
+                           [](const RunFile& in, const RunFile& out) {
+                             const std::string checkpoint = "--checkpoint";  // any rank's
+                             return in.name == "--resume" && out.name.size() >= checkpoint.size() &&
+                                    out.name.compare(out.name.size() - checkpoint.size(), checkpoint.size(),
+                                                     checkpoint) == 0;
+                           });
     check_outputs_not_standard_streams(outputs_of(o));
   });
 }

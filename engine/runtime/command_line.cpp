@@ -25,8 +25,8 @@ std::string integer_text_problem(const std::string& text, int64_t lo, int64_t hi
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  const bool digits = !text.empty() && end == text.c_str() + text.size() &&
-                      text.find_first_not_of("+-0123456789") == std::string::npos;
+  const bool digits =
+      !text.empty() && end == text.c_str() + text.size() && text.find_first_not_of("+-0123456789") == std::string::npos;
   if (digits && errno != ERANGE && v >= lo && v <= hi) return "";
   return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text + "'";
 }
