@@ -489,7 +489,7 @@ TEST_F(MpiRunTest, RanksThatResumeDifferentCheckpointsAreRefused) {
 
 // Issue 30 item 3: rank k > 0 writes its reports under ".rank<k>" names, so an output of rank 1 can
 // be named like one of rank 0 or like an input; the whole job's outputs are compared before any
-// work (Note [The job's outputs] in apps/fashion_mnist/run_paths.cpp), a usage error on every rank.
+// work (Note [The job's outputs] in apps/fashion_mnist/run_control.cpp), a usage error on every rank.
 TEST_F(MpiRunTest, OneRanksOutputNamedLikeAnotherRanksOutputOrAnInputIsRefused) {
   const std::string out = path("job_out");
   fs::create_directories(out);

@@ -792,6 +792,47 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   EXPECT_EQ(plan_batch(tiny).micro_batch, 0);
 }
 
+// Over a dataset read at each probe (for a caller whose apply moves its data): every probe reads
+// what the function returns then, and the plan is the one over the dataset itself.
+TEST(PlanBatch, ThePlanRequestOverADatasetReadAtEachProbe) {
+  const Rig rig(mlp());
+  data::TensorDataset current(
+      {Tensor::zeros(Shape{600, 784}, DType::f32, kCpu), Tensor::zeros(Shape{600}, DType::i32, kCpu)});
+  const data::TensorDataset dataset = current;
+  int64_t rows_seen = 0;
+  auto loss = [&](const data::Batch& b) {
+    rows_seen += b.x.size(0);
+    return ops::cross_entropy((*rig.model)(b.x), b.y, ops::Reduction::Sum);
+  };
+  optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
+  PlanRequest fixed = optim::plan_request(adamw, dataset, loss, 512, int64_t{24} << 20);
+  fixed.micro_batch_seconds = larger_is_faster;
+  const Plan want = plan_batch(fixed);
+  int reads = 0;
+  PlanRequest request = optim::plan_request(
+      adamw,
+      [&] {
+        ++reads;
+        return current;
+      },
+      loss, 512, int64_t{24} << 20);
+  EXPECT_EQ(reads, 1);  // the sample limit and units per row
+  EXPECT_EQ(request.sample_limit, 600);
+  request.micro_batch_seconds = larger_is_faster;
+  rows_seen = 0;
+  const Plan got = plan_batch(request);
+  EXPECT_GT(reads, 1);
+  EXPECT_GT(rows_seen, 0);
+  EXPECT_EQ(got.micro_batch, want.micro_batch) << got.reason;
+  EXPECT_EQ(got.accum_steps, want.accum_steps);
+  // A probe after the data moved reads it where it is now.
+  current =
+      data::TensorDataset({Tensor::zeros(Shape{8, 784}, DType::f32, kCpu), Tensor::zeros(Shape{8}, DType::i32, kCpu)});
+  rows_seen = 0;
+  request.micro_batch(64);  // more rows than there are now: the loader's first batch has all 8
+  EXPECT_EQ(rows_seen, 8);
+}
+
 TEST(PlanBatch, RejectsAMalformedRequest) {
   Synthetic s;
   PlanRequest r = s.request(0, 0);

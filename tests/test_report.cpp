@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <string>
@@ -22,6 +23,7 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/plan_check.h"
+#include "cumulus/runtime/run_files.h"
 #include "cumulus/runtime/tracker.h"
 #include "cumulus/version.h"
 #include "engine/runtime/accumulator.h"
@@ -292,6 +294,34 @@ TEST(PlanCheck, LineSaysThePredictionAndTheMeasurement) {
   check.measured_epoch_seconds = 0.5;
   check.measured_peak_bytes = 512;
   EXPECT_EQ(plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB, measured 0.5 s and peak 512 B");
+}
+
+// Each report given a path is written, in order, and reported; one not given is not; a failed
+// write names its file.
+TEST_P(ReportTest, WrittenToTheFilesGivenAndAFailureNamesTheFile) {
+  Rig rig(device());
+  MemoryTracker tracker(device(), options(2));
+  rig.epoch(tracker, 0, 8);
+  testing::TempDir dir;
+  MemoryReportFiles files;
+  files.report.path = dir.file("memory.json");
+  files.plot.path = dir.file("memory.svg");
+  std::vector<std::string> written;
+  write_memory_reports(tracker, files,
+                       [&](const char* what, const std::string& path) { written.push_back(what + (" " + path)); });
+  EXPECT_EQ(written,
+            (std::vector<std::string>{"memory report " + files.report.path, "memory plot " + files.plot.path}));
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"memory.json", "memory.svg"}));
+  std::ifstream report(files.report.path);
+  EXPECT_EQ(nlohmann::ordered_json::parse(report)["schema_version"], kMemoryReportSchemaVersion);
+  files = MemoryReportFiles();
+  files.trace = {"rank 1's --trace", dir.file("missing/trace.json")};
+  try {
+    write_memory_reports(tracker, files);
+    FAIL() << "a trace written into a missing directory";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("rank 1's --trace: ", 0), 0u) << e.what();
+  }
 }
 
 CUMULUS_INSTANTIATE_DEVICES(ReportTest);

@@ -4,12 +4,12 @@
 // one. Runs the app's own code, not the app.
 #include <gtest/gtest.h>
 
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "options.h"
 #include "run_config.h"
-#include "settings.h"
 
 namespace {
 
@@ -194,6 +194,14 @@ TEST(RunConfig, PrecisionAndPlacementAutoAreThePlannersToDecide) {
   EXPECT_THROW(
       resolve({"--effective-batch", "64", "--memory-budget", "8MiB", "--precision", "auto", "--kernels", "fused"}),
       UsageFailure);
+}
+
+// --help and a wrong --override list the settings a resumed run may change: the table's overridable ones.
+TEST(Settings, TheOverridableListIsTheTables) {
+  std::set<std::string> listed;
+  std::stringstream text(overridable_settings_text());
+  for (std::string name; std::getline(text >> std::ws, name, ',');) listed.insert(name);
+  EXPECT_EQ(listed, overridable_settings());
 }
 
 }  // namespace

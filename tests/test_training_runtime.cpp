@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/dist/communicator.h"
 #include "cumulus/io/file.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/nn/activation_layers.h"
@@ -27,6 +29,7 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/fit.h"
 #include "cumulus/runtime/metrics_log.h"
 #include "cumulus/runtime/planner.h"
@@ -35,6 +38,7 @@
 #include "cumulus/runtime/stop_signal.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
+#include "cumulus/version.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -504,6 +508,15 @@ TEST(RunFiles, OutputsMustNotBeEachOtherOrAnInput) {
             std::string::npos);
 }
 
+// Each rank's copy of a file is named before its extension; a dot in a directory is not one.
+TEST(RunFiles, EachRankNamesItsOwnCopy) {
+  EXPECT_EQ(rank_path("memory.json", 1), "memory.rank1.json");
+  EXPECT_EQ(rank_path("out/trace", 2), "out/trace.rank2");
+  EXPECT_EQ(rank_path("run.d/plot", 3), "run.d/plot.rank3");
+  EXPECT_EQ(rank_path("out/.hidden", 1), "out/.hidden.rank1");
+  EXPECT_EQ(rank_path("", 1), "");
+}
+
 // A signal only records the stop; the exit codes are the shell's.
 TEST(StopSignal, ASignalIsRecordedNotFatal) {
   install_stop_handlers();
@@ -518,6 +531,63 @@ TEST(StopSignal, ASignalIsRecordedNotFatal) {
   request_stop(0);
   EXPECT_FALSE(stop_requested());
   install_stop_handlers();  // the handler was reset to the default by the first signal
+}
+
+// Integers are read from the text: anything but plain decimal digits in range is refused, naming
+// the range and the text.
+TEST(CommandLine, IntegersAreCheckedOnTheirText) {
+  EXPECT_EQ(integer_text_problem("64", 1, 64), "");
+  EXPECT_EQ(integer_text_problem("+7", 0, 10), "");
+  EXPECT_EQ(integer_text_problem("65", 1, 64), "expected an integer from 1 to 64, got '65'");
+  for (const char* bad : {"", "1e3", "-1", "0x10", " 5", "5 ", "99999999999999999999"})
+    EXPECT_EQ(integer_text_problem(bad, 0, 1000000),
+              "expected an integer from 0 to 1000000, got '" + std::string(bad) + "'");
+  EXPECT_EQ(unsigned_64_text_problem("18446744073709551615"), "");
+  for (const char* bad : {"", "-1", "+1", "18446744073709551616", "1.0"})
+    EXPECT_EQ(unsigned_64_text_problem(bad),
+              "expected an integer from 0 to 18446744073709551615, got '" + std::string(bad) + "'");
+}
+
+// A long option line continues under its description, any other line under its indent; a word
+// longer than the width stays whole; lines that fit are left alone.
+TEST(CommandLine, HelpLinesWrapUnderTheirDescription) {
+  const std::string help =
+      "Usage: app [OPTIONS]\n"
+      "  --flag INT      one two three four five\n"
+      "   text that runs on and on\n"
+      "  --word          abcdefghijklmnopqrstuvwxyz\n";
+  EXPECT_EQ(wrap_help_text(help, 28, 18),
+            "Usage: app [OPTIONS]\n"
+            "  --flag INT      one two\n"
+            "                  three four\n"
+            "                  five\n"
+            "   text that runs on and on\n"
+            "  --word          abcdefghijklmnopqrstuvwxyz\n");
+  EXPECT_EQ(wrap_help_text("   a b c d e f\n", 8, 4), "   a b c\n   d e f\n");
+  EXPECT_EQ(wrap_help_text(help, 200, 18), help);
+  setenv("COLUMNS", "120", 1);
+  EXPECT_EQ(help_columns(), isatty(STDOUT_FILENO) ? help_columns() : 120);
+  setenv("COLUMNS", "10", 1);  // too narrow to wrap help into: the default
+  EXPECT_EQ(help_columns(), isatty(STDOUT_FILENO) ? help_columns() : 100);
+  unsetenv("COLUMNS");
+}
+
+// "auto" takes a GPU where one is usable; anything else is parsed and must be usable now.
+TEST(CommandLine, DeviceFromAFlag) {
+  EXPECT_EQ(device_from_flag("cpu"), Device::cpu());
+  EXPECT_EQ(device_from_flag("auto"), cuda_available() ? Device::cuda(0) : Device::cpu());
+  EXPECT_THROW(device_from_flag("tpu"), InvalidArgument);
+  EXPECT_THROW(device_from_flag("cuda:4096"), Error);  // no such GPU here, or no CUDA at all
+}
+
+TEST(CommandLine, VersionTextNamesTheProgramTheBuildAndTheBackends) {
+  const std::string text = version_text("my_app");
+  EXPECT_EQ(text.rfind(std::string("my_app (cumulus) ") + CUMULUS_VERSION + "\ncommit ", 0), 0u) << text;
+  EXPECT_NE(text.find(", build type "), std::string::npos) << text;
+  EXPECT_NE(text.find(cuda_compiled() ? "\nCUDA: compiled, cuDNN: " : "\nCUDA: not compiled, cuDNN: "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(dist::transports_text() + "\n"), std::string::npos) << text;
 }
 
 }  // namespace

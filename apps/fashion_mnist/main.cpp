@@ -2,33 +2,26 @@
 //
 // Note [The app as a pipeline]: main() reads top to bottom as the run goes: parse the command line
 // (options.cpp; a usage error is one line and exit 2 before any work), resolve it into a const
-// RunConfig (run_config.cpp), fold in this rank's place (data_parallel.cpp) and the planner's
-// choice (planning.cpp), make the parts (training_setup.cpp), resume a checkpoint (checkpoint.cpp),
-// train (training_loop.cpp), then write the weights and reports; run_and_report() maps how the run
+// RunConfig (run_config.cpp), fold in this rank's place (run_control.cpp) and the planner's choice,
+// make the parts and resume a checkpoint (training_setup.cpp), train (training_loop.cpp), then
+// write the weights and reports; run_and_report() maps how the run
 // ended to its exit code: 0, 1 (runtime failure), 2 (usage), 130 / 143 / 141 (SIGINT / SIGTERM /
 // stdout closed).
 #include <cstdio>
 #include <memory>
 #include <optional>
 
-#include "checkpoint.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/runtime/tracker.h"
-#include "data_files.h"
-#include "data_parallel.h"
-#include "options.h"
-#include "planning.h"
-#include "reports.h"
 #include "run_config.h"
 #include "run_control.h"
-#include "run_paths.h"
-#include "training_loop.h"
-#include "training_setup.h"
+#include "training.h"
 
 using namespace cumulus;
 
@@ -65,7 +58,7 @@ int evaluate_only(const RunConfig& o, nn::Module& model, data::DataLoader test_l
 void save_final_weights(const RunConfig& o, const nn::Module& model) {
   if (o.save_path.empty()) return;
   try {
-    save_weights(o.save_path, model);
+    io::save_state_dict(o.save_path, model);
   } catch (const Error& e) {
     throw Error("--save: " + std::string(e.what()));
   }
@@ -140,7 +133,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   description.backend = comm->backend();
   announce_run(config, model, description, state);
   MemoryTracker tracker(device, tracker_options(config, model));
-  if (std::optional<PlanCheck> check = planned_check(config)) tracker.set_plan_check(std::move(*check));
+  if (config.plan_check) tracker.set_plan_check(*config.plan_check);
   const TrainingParts parts{config,       model,       *optimizer, trainer, trainer_opts,
                             train_loader, test_loader, *comm,      tracker, state};
   if (const std::optional<int> stopped = train(parts)) return *stopped;

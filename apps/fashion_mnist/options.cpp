@@ -1,10 +1,6 @@
-#include "options.h"
-
-#include <sys/ioctl.h>
-#include <unistd.h>
+#include "run_config.h"
 
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,111 +8,30 @@
 #include <tuple>
 
 #include "cumulus/core/error.h"
-#include "cumulus/dist/communicator.h"
 #include "cumulus/runtime/accumulation.h"
+#include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/run_files.h"
-#include "cumulus/version.h"
-#include "run_config.h"
-#include "settings.h"
 
 namespace fmnist {
 
-using cumulus::InvalidArgument;
 namespace fs = std::filesystem;
 
-std::string version_text() {
-#ifndef CUMULUS_GIT_COMMIT
-#define CUMULUS_GIT_COMMIT "unknown"
-#endif
-#ifndef CUMULUS_BUILD_TYPE
-#define CUMULUS_BUILD_TYPE "unknown"
-#endif
-  std::string s = std::string("fashion_mnist (cumulus) ") + CUMULUS_VERSION + "\ncommit " + CUMULUS_GIT_COMMIT +
-                  ", build type " + CUMULUS_BUILD_TYPE + "\n";
-  s += std::string("CUDA: ") + (cumulus::cuda_compiled() ? "compiled" : "not compiled");
-#ifdef CUMULUS_WITH_CUDNN
-  s += ", cuDNN: compiled";
-#else
-  s += ", cuDNN: not compiled";
-#endif
-  s += ", " + cumulus::dist::transports_text() + "\n";
-  return s;
-}
-
-namespace {
-
-// A usage error: one line on stderr, exit code 2.
 void require(bool ok, const std::string& message) {
   if (!ok) throw UsageFailure(message);
 }
 
-// Integers are checked on the text, before CLI11 converts it: CLI11 would read "1e23" or "-1" as
-// the nearest representable value and carry on.
+namespace {
+
+// Integers are checked on the text, before CLI11 converts it (cumulus::integer_text_problem).
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const long long v = std::strtoll(text.c_str(), &end, 10);
-        const bool digits = !text.empty() && end == text.c_str() + text.size() &&
-                            text.find_first_not_of("+-0123456789") == std::string::npos;
-        if (!digits || errno == ERANGE || v < lo || v > hi)
-          return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text +
-                 "'";
-        return {};
-      },
-      "INT", "integer_in");
+  return CLI::Validator([lo, hi](std::string& text) { return cumulus::integer_text_problem(text, lo, hi); }, "INT",
+                        "integer_in");
 }
 
 CLI::Validator unsigned_64() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        std::strtoull(text.c_str(), &end, 10);
-        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE)
-          return "expected an integer from 0 to 18446744073709551615, got '" + text + "'";
-        return {};
-      },
-      "UINT64", "unsigned_64");
-}
-
-// Terminal width for the help text: the terminal's, else $COLUMNS, else 100.
-int help_width() {
-  winsize ws{};
-  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) return ws.ws_col;
-  if (const char* c = std::getenv("COLUMNS")) {
-    const int n = std::atoi(c);
-    if (n >= 40) return n;
-  }
-  return 100;
-}
-
-// CLI11 2.1 writes each description on one line; this wraps lines longer than `width` at spaces,
-// continuing under the description column (where an option line has one) or under the text.
-std::string wrap_help(const std::string& help, int width, std::size_t description_column) {
-  std::string out;
-  std::size_t pos = 0;
-  while (pos < help.size()) {
-    std::size_t eol = help.find('\n', pos);
-    if (eol == std::string::npos) eol = help.size();
-    std::string line = help.substr(pos, eol - pos);
-    pos = eol + 1;
-    const bool option_line =
-        line.size() > description_column && line.rfind("  -", 0) == 0 && line[description_column - 1] == ' ';
-    const std::size_t indent =
-        option_line ? description_column : std::min<std::size_t>(line.find_first_not_of(' '), 20);
-    while (static_cast<int>(line.size()) > width) {
-      std::size_t cut = line.rfind(' ', static_cast<std::size_t>(width));
-      if (cut == std::string::npos || cut <= indent) cut = line.find(' ', static_cast<std::size_t>(width));
-      if (cut == std::string::npos) break;
-      out += line.substr(0, cut) + "\n";
-      line = std::string(indent, ' ') + line.substr(line.find_first_not_of(' ', cut));
-    }
-    out += line + "\n";
-  }
-  return out;
+  return CLI::Validator([](std::string& text) { return cumulus::unsigned_64_text_problem(text); }, "UINT64",
+                        "unsigned_64");
 }
 
 // "0.9,0.999" -> (0.9, 0.999), each in [0, 1).
@@ -155,26 +70,22 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--device", o.device,
                  "auto (CUDA if a GPU is usable, else CPU), cpu, cuda or cuda:N. Under mpirun, auto and cuda give "
                  "each rank of a node a GPU of its own (more ranks than GPUs on a node is refused); cuda:N is "
-                 "taken as given on every rank")
-      ->capture_default_str();
+                 "taken as given on every rank");
   app.add_option("--model", o.model,
                  "mlp: the seed's 784-512-512-10 MLP; cnn: conv-BN-ReLU-pool x 2, then 3136-128-10. Batch norm "
                  "computes its statistics per micro-batch (as every framework does): with accumulation, "
-                 "16 x 4 is four batches of 16 for batch norm, not one of 64")
-      ->capture_default_str();
+                 "16 x 4 is four batches of 16 for batch norm, not one of 64");
   app.add_option("--graphs", o.graphs,
                  "auto|on|off. On CUDA, run each micro-batch and optimizer step as a CUDA graph replay after "
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
-      ->check(CLI::IsMember(choice_names<GraphsChoice>()))
-      ->capture_default_str();
+      ->check(CLI::IsMember(choice_names<GraphsChoice>()));
   app.add_option("--recompute", o.recompute,
                  "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
                  "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
                  "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
                  "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
                  "one) predicted for every micro-batch, the fastest plan that fits taken")
-      ->check(CLI::IsMember(choice_names<RecomputeChoice>()))
-      ->capture_default_str();
+      ->check(CLI::IsMember(choice_names<RecomputeChoice>()));
   app.add_option("--precision", o.precision,
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
                  "GEMMs on 16-bit copies of the weights with f32 accumulation; weights, gradient buffers, optimizer "
@@ -184,37 +95,30 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "CUDA bf16 needs compute capability 8.0, fp16 7.0. auto, with the planner: fp32 and bf16 both "
                  "predicted, bf16 taken only when it is more than 2% faster or the only one that fits (an opt-in: "
                  "it changes the numbers)")
-      ->check(CLI::IsMember(choice_names<cumulus::Precision>("auto")))
-      ->capture_default_str();
+      ->check(CLI::IsMember(choice_names<cumulus::Precision>("auto")));
   app.add_option("--kernels", o.kernels,
                  "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
                  "loss and backward in a few launches (3 + 3 for the seed MLP) instead of cuBLASLt calls; generic: "
                  "one op per layer (the reference). auto: generic, because the fused kernels have never run on a "
                  "GPU (once measured there: fused on CUDA in fp32 for micro-batches up to 64 without recompute). "
                  "fused needs --model mlp and --precision fp32; on the CPU it computes the generic path's bits")
-      ->check(CLI::IsMember(choice_names<cumulus::nn::KernelChoice>()))
-      ->capture_default_str();
+      ->check(CLI::IsMember(choice_names<cumulus::nn::KernelChoice>()));
   app.add_option("--data-on", o.data_on,
                  "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
                  "one gather there). host: it stays in host memory and each micro-batch is copied through pinned "
                  "memory on a copy stream one micro-batch ahead, overlapped with compute, so the device holds "
                  "only two micro-batches of data. Same results either way. auto, with the planner on CUDA: host "
                  "only when no plan with the data on the device fits. CPU: no difference (auto is device)")
-      ->check(CLI::IsMember(choice_names<DataOnChoice>()))
-      ->capture_default_str();
+      ->check(CLI::IsMember(choice_names<DataOnChoice>()));
 }
 
 // The batch, accumulation and the planner.
 void add_batch_flags(CLI::App& app, CommandLine& o) {
-  app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")
-      ->check(integer_in(1, 1000000))
-      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Epochs to train (in total, when resuming)")->check(integer_in(1, 1000000));
   app.add_option("--batch-size", o.batch_size, "Micro-batch size (per rank with mpirun)")
-      ->check(integer_in(1, kMaxBatch))
-      ->capture_default_str();
+      ->check(integer_in(1, kMaxBatch));
   app.add_option("--accum-steps", o.accum_steps, "Micro-batches per optimizer step (per rank with mpirun)")
-      ->check(integer_in(1, 1000000))
-      ->capture_default_str();
+      ->check(integer_in(1, 1000000));
   app.add_option("--accum-schedule", o.accum_schedule,
                  "Accumulation steps per epoch, EPOCH:STEPS,... from epoch 0 (e.g. 0:8,4:2); replaces --accum-steps");
   app.add_option("--effective-batch", o.effective_batch,
@@ -223,7 +127,8 @@ void add_batch_flags(CLI::App& app, CommandLine& o) {
                  "(mpirun -np N). With --memory-budget instead: the planner picks the micro-batch (a divisor of it) "
                  "predicted fastest among those that fit the budget (within 2%: the one with less memory), and the "
                  "accumulation steps")
-      ->check(integer_in(1, kMaxBatch));
+      ->check(integer_in(1, kMaxBatch))
+      ->default_str("");  // 0: not given
   app.add_flag("--plan-only", o.plan_only,
                "With --effective-batch: print the planner's prediction for every micro-batch dividing it (size, "
                "recompute, predicted peak in MiB, predicted reserved bytes, whether that fits --memory-budget: '-' "
@@ -236,40 +141,36 @@ void add_batch_flags(CLI::App& app, CommandLine& o) {
 
 // The optimizer, its learning-rate schedule and the gradient's normalization.
 void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
-  app.add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
-  app.add_option("--lr", o.lr, "Learning rate (the peak rate with a schedule)")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd or adamw");
+  app.add_option("--lr", o.lr, "Learning rate (the peak rate with a schedule)");
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant; step: lr x --lr-gamma every --lr-step-size optimizer steps (PyTorch's StepLR); cosine: "
                  "linear warmup over --warmup-steps, then cosine decay to --min-lr at the run's last step")
-      ->check(CLI::IsMember(choice_names<LrScheduleKind>()))
-      ->capture_default_str();
+      ->check(CLI::IsMember(choice_names<LrScheduleKind>()));
   app.add_option("--lr-step-size", o.lr_step_size, "step schedule: optimizer steps between decays")
-      ->check(integer_in(1, kMaxSamples));
-  app.add_option("--lr-gamma", o.lr_gamma, "step schedule: the factor of each decay")->capture_default_str();
+      ->check(integer_in(1, kMaxSamples))
+      ->default_str("");  // 0: not given
+  app.add_option("--lr-gamma", o.lr_gamma, "step schedule: the factor of each decay");
   app.add_option("--warmup-steps", o.warmup_steps, "cosine schedule: optimizer steps of linear warmup")
-      ->check(integer_in(0, kMaxSamples))
-      ->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "cosine schedule: the rate at the last step")->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+      ->check(integer_in(0, kMaxSamples));
+  app.add_option("--min-lr", o.min_lr, "cosine schedule: the rate at the last step");
+  app.add_option("--momentum", o.momentum, "SGD momentum");
   app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum (needs --momentum > 0)");
-  app.add_option("--betas", raw.betas, "AdamW: B1,B2, the decay rates of the moment estimates")->capture_default_str();
-  app.add_option("--eps", o.eps, "AdamW: the term added to the denominator")->capture_default_str();
+  app.add_option("--betas", raw.betas, "AdamW: B1,B2, the decay rates of the moment estimates");
+  app.add_option("--eps", o.eps, "AdamW: the term added to the denominator");
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
-                 "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)")
-      ->capture_default_str();
+                 "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)");
   app.add_option("--normalize", o.normalize,
                  "samples: divide by the samples in each group (exact for partial groups); micro-batches: the "
-                 "classic mean loss / N per micro-batch (inexact for a partial last group)")
-      ->capture_default_str();
+                 "classic mean loss / N per micro-batch (inexact for a partial last group)");
 }
 
 // Data order, files in and out, limits and output.
 void add_file_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_flag("--shuffle", o.shuffle, "Shuffle the training data each epoch (order from --seed and the epoch)");
   app.add_option("--seed", raw.seed, "Seed of the weight initialization and of the shuffle (0 to 2^64-1)")
-      ->check(unsigned_64())
-      ->capture_default_str();
+      ->check(unsigned_64());
   app.add_option("--init", o.init_path, "Start from these weights (safetensors with PyTorch's state-dict names)");
   app.add_flag("--eval-only", o.eval_only,
                "Run the test pass only (with --init weights, or the seeded initialization) and print its result");
@@ -291,19 +192,15 @@ void add_file_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "Write one JSON object per epoch here (epoch, train_loss, test_loss, test_accuracy, samples_per_s, "
                  "optimizer_steps, peak_bytes, ...); with --resume, the file's lines up to the checkpoint are kept");
   app.add_option("--train-limit", o.train_limit, "Use only the first N training samples (0: all)")
-      ->check(integer_in(0, kMaxSamples))
-      ->capture_default_str();
+      ->check(integer_in(0, kMaxSamples));
   app.add_option("--test-limit", o.test_limit, "Use only the first N test samples (0: all)")
-      ->check(integer_in(0, kMaxSamples))
-      ->capture_default_str();
+      ->check(integer_in(0, kMaxSamples));
   app.add_option("--eval-batch-size", o.eval_batch_size, "Batch size of the test pass (the seed uses 64)")
-      ->check(integer_in(1, kMaxBatch))
-      ->capture_default_str();
+      ->check(integer_in(1, kMaxBatch));
   app.add_option("--threads", o.threads,
                  "CPU threads for the matrix products (0: every core; under mpirun, the host's cores shared "
                  "out among its ranks)")
-      ->check(integer_in(0, 4096))
-      ->capture_default_str();
+      ->check(integer_in(0, 4096));
   app.add_flag("--quiet", o.quiet, "Print only the per-epoch results, warnings and errors");
 }
 
@@ -359,18 +256,10 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
 void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
-    try {
-      o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule);
-    } catch (const InvalidArgument& e) {
-      throw UsageFailure("--accum-schedule " + std::string(e.what()));
-    }
+    as_usage([&] { o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
   }
   if (!o.memory_budget.empty()) {
-    try {
-      o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget);
-    } catch (const InvalidArgument& e) {
-      throw UsageFailure(std::string("--memory-budget: ") + e.what());
-    }
+    as_usage([&] { o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget); }, "--memory-budget: ");
     require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
   }
   require(!o.plan_only || o.effective_batch > 0,
@@ -418,11 +307,7 @@ void check_input_files(const CommandLine& o) {
     std::error_code ec;
     require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
   }
-  try {
-    cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}});
-  } catch (const InvalidArgument& e) {
-    throw UsageFailure(e.what());
-  }
+  as_usage([&] { cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}}); });
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
 }
@@ -442,7 +327,7 @@ ParseResult parse_command_line(int argc, char** argv) {
       "141 standard output closed (e.g. piped into head; same).",
       "fashion_mnist"};
   app.get_formatter()->column_width(kDescriptionColumn);
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->always_capture_default();
   RawText raw;
   add_run_flags(app, o, raw);
   add_batch_flags(app, o);
@@ -452,7 +337,7 @@ ParseResult parse_command_line(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::printf("%s", wrap_help(app.help(), help_width() - 1, kDescriptionColumn).c_str());
+    std::printf("%s", cumulus::wrap_help_text(app.help(), cumulus::help_columns() - 1, kDescriptionColumn).c_str());
     return result;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "fashion_mnist: %s (see --help)\n", e.what());
@@ -460,7 +345,7 @@ ParseResult parse_command_line(int argc, char** argv) {
     return result;
   }
   if (raw.show_version) {
-    std::printf("%s", version_text().c_str());
+    std::printf("%s", cumulus::version_text("fashion_mnist").c_str());
     return result;
   }
   o.batch_size_given = app.count("--batch-size") > 0;

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "cumulus/core/error.h"
+#include "cumulus/runtime/command_line.h"
+#include "cumulus/runtime/run_files.h"
 
 using namespace cumulus;
 
@@ -73,21 +75,12 @@ std::string listed(const Choices<E>& c) {
   return out;
 }
 
-void require(bool ok, const std::string& message) {
-  if (!ok) throw UsageFailure(message);
-}
-
 // The device, the precision and the kernels, and whether they go together.
 void resolve_device(const CommandLine& cli, RunConfig& c) {
-  if (cli.device == "auto") {
-    c.device = cuda_available() ? Device::cuda(0) : Device::cpu();
-  } else {
-    try {
-      c.device = Device::parse(cli.device);
-      check_device_available(c.device);
-    } catch (const Error& e) {
-      throw UsageFailure("--device: " + std::string(e.what()));
-    }
+  try {
+    c.device = device_from_flag(cli.device);
+  } catch (const Error& e) {
+    throw UsageFailure("--device: " + std::string(e.what()));
   }
   c.one_gpu_per_rank = cli.device == "auto" || cli.device == "cuda";
   require(!needs_loss_scaling(c.precision) || c.normalization == optim::Normalization::units,
@@ -182,15 +175,6 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   return c;
 }
 
-std::string rank_path(const std::string& path, int rank) {
-  if (path.empty()) return path;
-  const std::string suffix = ".rank" + std::to_string(rank);
-  const std::size_t slash = path.find_last_of('/');
-  const std::size_t dot = path.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) return path + suffix;
-  return path.substr(0, dot) + suffix + path.substr(dot);
-}
-
 RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {
   RunConfig c = config;
   c.rank = placement.rank;
@@ -230,9 +214,15 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
     c.precision = plan.setting.precision;
     c.precision_by_planner = false;
   }
-  c.planned_epoch_seconds = plan.predicted_epoch_seconds;
-  c.planned_peak_bytes = plan.predicted_peak_bytes;
-  c.planned_setting = plan.setting_text;
+  if (plan.predicted_epoch_seconds > 0.0) {
+    PlanCheck check;
+    check.micro_batch = plan.micro_batch;
+    check.accum_steps = plan.accum_steps;
+    check.setting = plan.setting_text;
+    check.predicted_epoch_seconds = plan.predicted_epoch_seconds;
+    check.predicted_peak_bytes = plan.predicted_peak_bytes;
+    c.plan_check = check;
+  }
   return c;
 }
 

@@ -1,26 +1,122 @@
-// The run's configuration, resolved from the command line: every choice an enum, every derived
-// value computed here, once.
+// The run's configuration: the command line as given (options.cpp), resolved into a RunConfig
+// (run_config.cpp), and the table of the settings a run records and compares (settings.cpp).
 //
-// Note [Run configuration]: only this file's functions make a RunConfig; everything else receives
+// The command line is parsed and checked with CLI11 (Note [The app as a pipeline] in main.cpp):
+// each flag's value as given, checked alone and against the others. A usage error is one line and
+// exit code 2 before any work. As with argparse, the last value of a repeated flag wins. The
+// resolution makes every choice an enum and computes every derived value, once.
+//
+// Note [Run configuration]: only run_config.cpp's functions make a RunConfig; everything else receives
 // a `const RunConfig&`. Each step folds what was found into a new one, never editing a live one:
 // resolve_run_config (the flags), on_ranks (this rank, the ranks, its device and outputs) and
 // with_plan (the planner's micro-batch, accumulation steps and levers).
+//
+// Note [Settings table]: the one table of the run's settings that something outside the run
+// records or compares: its name (the flag without dashes), the checkpoint's metadata key, whether
+// --override may change it on resume, where it is used, and how its value prints (equal floats
+// give equal text). It feeds the checkpoint (Note [Resume contract] in cumulus/runtime/checkpoint.h), --override,
+// the data-parallel agreement check and the memory report's "settings", each taking the rows
+// marked for it, in the table's order.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cumulus/core/device.h"
+#include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/runtime/accumulation.h"
+#include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/plan_check.h"
 #include "cumulus/runtime/planner.h"
-#include "options.h"
 
 namespace fmnist {
+
+// ---- the command line (options.cpp) ----------------------------------------------------------
+
+// The flags whose values the run's configuration takes as they are (RunConfig derives from it too).
+struct FlagValues {
+  std::string data_dir;  // empty: search (locate_fashion_mnist)
+  int epochs = 20;
+  int64_t batch_size = 64;      // the micro-batch (of each rank)
+  int64_t effective_batch = 0;  // with memory_budget: the planner picks batch_size and accum_steps;
+                                // with batch_size: accum_steps = effective / (batch x ranks)
+  std::string memory_budget;    // as given, for messages
+  int64_t memory_budget_bytes = 0;
+  bool plan_only = false;  // --plan-only: print the planner's table of candidates and exit
+  float lr = 1e-3f;
+  int64_t lr_step_size = 0;  // step: multiply by lr_gamma every lr_step_size steps
+  float lr_gamma = 0.1f;
+  int64_t warmup_steps = 0;  // cosine: linear warmup, then cosine decay to min_lr at the last step
+  float min_lr = 0.0f;
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
+  float clip_grad_norm = 0.0f;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  std::string init_path, save_path, checkpoint_path, resume_path;
+  std::string memory_report_path, trace_path, memory_plot_path, metrics_path;
+  std::set<std::string> overrides;  // --override: settings a resumed run may change, e.g. {"lr"}
+  int64_t train_limit = 0, test_limit = 0;
+  int64_t eval_batch_size = 64;
+  int threads = 0;  // CPU BLAS threads; 0: every core
+  bool eval_only = false;
+  bool quiet = false;
+};
+
+// The command line: the values above, and the choices as given (resolved by run_config.cpp).
+struct CommandLine : FlagValues {
+  std::string device = "auto";
+  std::string model = "mlp";
+  bool batch_size_given = false;
+  int accum_steps = 1;
+  std::string accum_schedule;  // "0:8,4:2"
+  std::map<int, int> schedule;
+  std::string lr_schedule = "constant";  // constant | step | cosine, per optimizer step
+  std::string optimizer = "sgd";
+  std::optional<float> weight_decay;  // default: 0 for SGD, 0.01 for AdamW (PyTorch's defaults)
+  std::string normalize = "samples";
+  std::string graphs = "auto";     // auto|on|off: CUDA graphs for the steady state (CUDA only)
+  std::string recompute = "off";   // off|on|auto (the planner decides): activation checkpointing
+  std::string data_on = "device";  // device|host|auto: where the dataset lives (host: staged batch by batch)
+  std::string precision = "fp32";  // fp32|bf16|fp16|auto: the compute type of activations
+  std::string kernels = "auto";    // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
+};
+
+// A usage error found after parsing (e.g. --data holds no dataset): main prints it, exit code 2.
+struct UsageFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Throws UsageFailure(message) unless `ok`.
+void require(bool ok, const std::string& message);
+// Runs `check`; the library's refusal of what was given (cumulus::InvalidArgument) becomes a usage
+// error, its message after `prefix`.
+template <class Check>
+void as_usage(const Check& check, const std::string& prefix = "") {
+  try {
+    check();
+  } catch (const cumulus::InvalidArgument& e) {
+    throw UsageFailure(prefix + e.what());
+  }
+}
+
+struct ParseResult {
+  bool proceed = false;  // false: exit with `exit_code` (0 after --help or --version)
+  int exit_code = 0;
+  CommandLine command_line;
+};
+
+ParseResult parse_command_line(int argc, char** argv);
+
+// ---- the run's configuration (run_config.cpp) ------------------------------------------------
 
 enum class ModelKind { mlp, cnn };
 enum class OptimizerKind { sgd, adamw };
@@ -65,10 +161,10 @@ struct RunConfig : FlagValues {
   BatchSource batch_source = BatchSource::flags;
   std::map<int, int> accum_schedule = {{0, 1}};  // epoch -> micro-batches per step of each rank; from epoch 0
   bool accum_scheduled = false;                  // given as --accum-schedule (recorded as a schedule)
-  // The planner's prediction for the chosen plan (with_plan); 0 when the planner did not choose.
-  double planned_epoch_seconds = 0.0;
-  int64_t planned_peak_bytes = 0;
-  std::string planned_setting;  // its levers, "recompute conv1+bn1, data on device, fp32"
+  // The planner's prediction for the chosen plan (with_plan); none when the planner did not choose
+  // it. The tracker is given it (its report's "planner" object); the training loop measures it
+  // against the first full epoch this run trains.
+  std::optional<cumulus::PlanCheck> plan_check;
 
   // The optimizer and its learning-rate schedule.
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -87,7 +183,7 @@ struct RunConfig : FlagValues {
 // The command line resolved for one process. Throws UsageFailure naming the flag.
 RunConfig resolve_run_config(const CommandLine& command_line);
 
-// What the data-parallel setup found (data_parallel.cpp).
+// What the data-parallel setup found (place_on_ranks, run_control.h).
 struct RankPlacement {
   int rank = 0, world_size = 1;
   cumulus::Device device;  // this rank's
@@ -99,7 +195,7 @@ struct RankPlacement {
 // memory report, trace and plot ("memory.json" -> "memory.rank1.json").
 RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement);
 
-// What the planner chose (planning.cpp).
+// What the planner chose (plan_batch, training.h).
 struct BatchPlan {
   int64_t micro_batch = 0;
   int accum_steps = 0;
@@ -112,7 +208,28 @@ struct BatchPlan {
 
 RunConfig with_plan(const RunConfig& config, const BatchPlan& plan);
 
-// "memory.json" -> "memory.rank1.json".
-std::string rank_path(const std::string& path, int rank);
+// ---- the settings table (settings.cpp) -------------------------------------------------------
+
+enum SettingUse : unsigned {
+  kCheckpoint = 1u << 0,    // recorded in a checkpoint: a resume must match it (or --override it)
+  kRanksAgree = 1u << 1,    // every rank of a data-parallel job must be started with the same
+  kMemoryReport = 1u << 2,  // in the memory report's settings
+};
+
+// What a printer may read besides the configuration: facts known only once the model is made.
+struct SettingContext {
+  const RunConfig& o;
+  std::string kernels;  // the memory report's "kernels": fused or generic
+};
+
+// The rows for `use` that apply to this run, (name, value) in the table's order.
+std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context);
+
+// The kCheckpoint rows as the library's checkpoint records and compares them.
+std::vector<cumulus::optim::RecordedSetting> checkpoint_settings(const RunConfig& o);
+
+// The names --override accepts, and them as the help and the error list them.
+const std::set<std::string>& overridable_settings();
+const std::string& overridable_settings_text();
 
 }  // namespace fmnist

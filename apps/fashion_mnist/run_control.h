@@ -1,13 +1,17 @@
-// What every phase of the run shares: the interrupt thrown outside the training loop, the
-// data-parallel roles (who prints) and say(), stdout for rank 0. Signals are the library's
-// (cumulus/runtime/stop_signal.h): the training loop stops at the next group boundary, loading, planning
-// and the test pass at once; the run exits 130 (SIGINT), 143 (SIGTERM) or 141 (stdout closed).
+// What every phase of the run shares, and the checks made before any work. Signals are the
+// library's (cumulus/runtime/stop_signal.h): the training loop stops at the next group boundary,
+// loading, planning and the test pass at once; the run exits 130 (SIGINT), 143 (SIGTERM) or 141
+// (stdout closed). Under mpirun every check that could stop one rank is made on every rank, so
+// that no rank waits in a collective for one that stopped.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
+#include <string>
 
+#include "cumulus/dist/communicator.h"
 #include "cumulus/runtime/stop_signal.h"
-#include "options.h"
+#include "run_config.h"
 
 namespace fmnist {
 
@@ -44,5 +48,41 @@ extern bool g_agreed_exit;
 // stdout, flushed at once: a failed write (a closed pipe, a full disk) is turned into a stop
 // request, so the run still checkpoints and exits non-zero instead of dying or lying.
 void say(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// Before any file is touched: this rank, the number of ranks and this rank's device (one GPU per
+// rank of a node for --device auto or cuda), for on_ranks(). Sets g_root and, without --threads,
+// each rank's share of the host's cores. Refuses what several ranks cannot run (the planner,
+// --graphs on) and a device problem of any rank (a usage error on every rank).
+RankPlacement place_on_ranks(const RunConfig& config, cumulus::dist::Communicator& comm);
+
+// Every rank must have been started with the same settings (Note [Settings table]): a usage error
+// on every rank, naming the setting, if not.
+void check_same_settings_on_every_rank(const RunConfig& config, cumulus::dist::Communicator& comm);
+
+// Runs `check` on every rank; a UsageFailure on any rank becomes a usage error on every rank
+// (SameOnEveryRank, naming the rank).
+void usage_check_on_every_rank(cumulus::dist::Communicator& comm, const std::function<void()>& check);
+
+// Note [Ranks agree on what they loaded]: each rank reads its own files (--data, --resume), so
+// equal settings do not make the epoch's length or a resume's position equal, and ranks that differ
+// would wait forever in a collective. Compared with dist::difference_among_ranks before any
+// collective depends on them: a difference is an error on every rank (exit 1) naming each value.
+void check_same_loaded_on_every_rank(const char* what, const std::string& mine, const std::string& advice,
+                                     cumulus::dist::Communicator& comm);
+
+// The library's checks of the run's files (cumulus/runtime/run_files.h): outputs writable now,
+// against each other and against --init / --resume; with several ranks, every rank's
+// outputs (computed from `resolved`, the configuration before on_ranks()) against each other and
+// those inputs (Note [The job's outputs]). Throws UsageFailure naming the flags (and ranks).
+// --checkpoint may name the --resume file: the resumed checkpoint is read before it is replaced.
+void check_run_paths(const RunConfig& resolved, const RunConfig& options);
+
+// The job's outputs against the dataset's files in `data_dir` (once it is located).
+void check_outputs_against_data(const RunConfig& resolved, const RunConfig& options, const std::string& data_dir);
+
+// models::locate_fashion_mnist with `data_flag` (--data) as the directory: --data or $CUMULUS_DATA
+// without the four files is a UsageFailure naming what is missing; every other fault (no curl or
+// sha256sum, a failed download, a wrong sum, mismatched headers) a cumulus::Error.
+std::string locate_fashion_mnist(const std::string& data_flag, bool quiet);
 
 }  // namespace fmnist

@@ -1,7 +1,8 @@
-#include "training_setup.h"
+#include "training.h"
 
 #include <cstdio>
 
+#include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
 #include "cumulus/models/cnn.h"
@@ -9,6 +10,8 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/runtime/planner.h"
+#include "run_control.h"
 
 using namespace cumulus;
 
@@ -87,6 +90,122 @@ std::string loss_scale_text(float scale) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", static_cast<double>(scale));
   return buf;
+}
+
+namespace {
+
+// The planner's table after its choice (plan_table_text). The fallback's table (a line through two
+// probes) only with --plan-only.
+void print_plan_table(const RunConfig& o, const Plan& plan) {
+  const bool line = plan.method == PlanMethod::probe_line;
+  if (line && (!o.quiet || o.plan_only))
+    say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
+        plan.prediction.c_str());
+  if (line ? !o.plan_only : o.quiet && !o.plan_only) return;
+  say("%s", plan_table_text(plan, o.memory_budget_bytes).c_str());
+}
+
+// The levers this run lets the planner set (Note [Plan levers]): the model's recompute segments
+// (--recompute auto), the training and test sets' placement (--data-on auto, CUDA only) and bf16
+// (--precision auto, where the device has it). `apply` puts a setting in place: the model's
+// segments, the sets moved, then plan_request's own apply (the batches' dtype).
+void add_levers(const RunConfig& o, nn::Model& model, models::FashionMnistSplit& train, models::FashionMnistSplit& test,
+                PlanRequest& request) {
+  if (o.recompute == RecomputeChoice::on) request.setting.recompute = 1;  // shown as "all" (no segment names)
+  request.setting.data = o.data_on == DataOnChoice::host ? DataPlacement::host : DataPlacement::device;
+  if (o.recompute == RecomputeChoice::planner) request.recompute_segments = model.recompute_segment_names();
+  request.weigh_placement = o.data_on == DataOnChoice::planner;
+  if (o.precision_by_planner && precision_unsupported_reason(Precision::bf16, o.device).empty())
+    request.precisions = {Precision::bf16};
+  request.apply = [&o, &model, &train, &test, set_dtype = request.apply](const PlanSetting& s) {
+    if (o.recompute == RecomputeChoice::planner) model.set_recompute_segments(s.recompute);
+    const Device where = s.data == DataPlacement::host ? Device::cpu() : o.device;
+    const MemoryCategoryScope scope(MemoryCategory::data);
+    for (models::FashionMnistSplit* set : {&train, &test})
+      *set = models::FashionMnistSplit{set->images.to(where), set->labels.to(where), set->num_classes};
+    set_dtype(s);
+  };
+}
+
+// The library's planner with this run (optim::plan_request, the probes reading the training set
+// where the levers put it); --plan-only predicts without verifying.
+Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                 models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+  // The run's optimizer is made after planning; one with its settings tells the planner what state
+  // its first step allocates.
+  const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+  const optim::BatchLoss loss = [&model](const data::Batch& b) {
+    throw_if_interrupted();
+    return training_loss(model, b);
+  };
+  // A budget of 0 (--plan-only alone): everything fits.
+  PlanRequest request = optim::plan_request(
+      *optimizer, [&train] { return train.tensors(); }, loss, o.effective_batch, o.memory_budget_bytes,
+      compute_dtype(o.precision));
+  request.require_fit = false;  // nothing fitting is plan_batch's error, and a line of --plan-only's
+  add_levers(o, model, train, test, request);
+  request.model = &model;
+  request.verify = !o.plan_only;
+  request.budget_name = "--memory-budget " + o.memory_budget;
+  const Plan plan = cumulus::plan_batch(request);
+  print_plan_table(o, plan);
+  return plan;
+}
+
+}  // namespace
+
+BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                     models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+  const Plan plan = run_planner(o, model, flat, train, test);
+  if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
+  if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
+  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting,
+                   plan_setting_text(plan.setting, plan.recompute_segments)};
+  for (const PlanRow& r : plan.table)
+    if (r.chosen) {
+      chosen.predicted_epoch_seconds = r.epoch_seconds;
+      chosen.predicted_peak_bytes = r.peak_bytes;
+    }
+  return chosen;
+}
+
+void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+  const Plan plan = run_planner(o, model, flat, train, test);
+  say("planner: %s\n", plan.micro_batch > 0 ? plan.reason.c_str() : ("nothing fits: " + plan.reason).c_str());
+}
+
+void load_weights(const std::string& path, const nn::Module& model) {
+  if (optim::is_training_checkpoint(path))
+    throw UsageFailure("--init '" + path +
+                       "' is a cumulus checkpoint (weights, optimizer state and counters): "
+                       "continue its run with --resume");
+  io::LoadStateDictOptions load_options;
+  load_options.require_finite = true;  // training from NaN or Inf produces only non-finite losses
+  io::load_state_dict(path, model, load_options);
+}
+
+TrainingState load_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
+                              const RunConfig& options, int64_t micro_batches_per_epoch, int64_t train_samples) {
+  optim::ResumeOptions resume;
+  resume.settings = checkpoint_settings(options);
+  resume.overrides = options.overrides;
+  resume.micro_batches_per_epoch = micro_batches_per_epoch;
+  resume.units_per_epoch = train_samples;
+  resume.plain_weights_hint = "to start from plain weights use --init";
+  resume.other_data_hint = "was it made with other data (--data, --train-limit)?";
+  TrainingState state;
+  try {
+    state = optim::load_training_checkpoint(path, model, optimizer, resume);
+  } catch (const optim::SettingMismatch& e) {
+    throw UsageFailure(e.what());
+  }
+  const int epoch = state.state.counters.epoch;
+  if (epoch > options.epochs)
+    throw UsageFailure("--resume '" + path + "' is at the end of epoch " + std::to_string(epoch) + ", past --epochs " +
+                       std::to_string(options.epochs) + "; give --epochs " + std::to_string(epoch) +
+                       " or more (--epochs counts all epochs, not the ones still to run)");
+  return state;
 }
 
 }  // namespace fmnist

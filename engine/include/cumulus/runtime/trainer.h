@@ -274,5 +274,10 @@ Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
 // require_fit = false.
 PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
                          int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
+// The same for a caller whose own apply moves its data (PlanSetting::data, a lever plan_request
+// leaves to it): each probe reads the dataset `dataset()` returns then, so it finds the data where
+// the last setting put it. The sample limit and the units per row are those of `dataset()` now.
+PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
+                         int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 
 }  // namespace cumulus::optim

@@ -1,0 +1,43 @@
+// A program's command line, whatever parser reads it: strict integer checks on a flag's text, help
+// text wrapped to the terminal, and what --version says about the build. Plain strings in and out:
+// a program wraps the checks in its parser's validators (apps/fashion_mnist does, with CLI11).
+//
+//   if (std::string problem = integer_text_problem(text, 1, 1 << 20); !problem.empty()) fail(problem);
+//   std::printf("%s", wrap_help_text(help, help_columns() - 1, 34).c_str());
+//   std::printf("%s", version_text("my_app").c_str());
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cumulus/core/device.h"
+
+namespace cumulus {
+
+// Why `text` is not a decimal integer in [lo, hi] ("expected an integer from 1 to 64, got '1e3'"),
+// or "" when it is one. Checked on the text: a parser that converts first reads "1e23" or "-1" as
+// the nearest value it can hold and carries on.
+std::string integer_text_problem(const std::string& text, int64_t lo, int64_t hi);
+// The same for an unsigned 64-bit integer (0 to 18446744073709551615), a seed say.
+std::string unsigned_64_text_problem(const std::string& text);
+
+// The width to wrap help text to: standard output's terminal's, else $COLUMNS, else 100 (a width
+// under 40 is passed over).
+int help_columns();
+
+// `help` with every line longer than `width` broken at spaces. An option's line ("  --flag ...",
+// its description starting at `description_column`) continues under its description, any other
+// line under its own indent (at most 20). A word longer than the width stays whole.
+std::string wrap_help_text(const std::string& help, int width, std::size_t description_column);
+
+// The device a --device flag names: "auto" is CUDA device 0 where a GPU is usable, else the CPU;
+// any other text is Device::parse's, checked usable now (check_device_available). Throws what
+// those throw.
+Device device_from_flag(const std::string& text);
+
+// What --version prints: "<program> (cumulus) 0.1.0", then the commit the library was configured
+// at and its build type, then the backends compiled in (CUDA, cuDNN, the data-parallel transports).
+std::string version_text(const std::string& program);
+
+}  // namespace cumulus

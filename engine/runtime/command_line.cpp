@@ -1,0 +1,95 @@
+#include "cumulus/runtime/command_line.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+#include "cumulus/core/device.h"
+#include "cumulus/dist/communicator.h"
+#include "cumulus/version.h"
+
+// Set for this file by the root CMakeLists.txt when it is configured.
+#ifndef CUMULUS_GIT_COMMIT
+#define CUMULUS_GIT_COMMIT "unknown"
+#endif
+#ifndef CUMULUS_BUILD_TYPE
+#define CUMULUS_BUILD_TYPE "unknown"
+#endif
+
+namespace cumulus {
+
+std::string integer_text_problem(const std::string& text, int64_t lo, int64_t hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  const bool digits =
+      !text.empty() && end == text.c_str() + text.size() && text.find_first_not_of("+-0123456789") == std::string::npos;
+  if (digits && errno != ERANGE && v >= lo && v <= hi) return "";
+  return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text + "'";
+}
+
+std::string unsigned_64_text_problem(const std::string& text) {
+  errno = 0;
+  std::strtoull(text.c_str(), nullptr, 10);
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos && errno != ERANGE) return "";
+  return "expected an integer from 0 to 18446744073709551615, got '" + text + "'";
+}
+
+int help_columns() {
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS")) {
+    const int n = std::atoi(c);
+    if (n >= 40) return n;
+  }
+  return 100;
+}
+
+std::string wrap_help_text(const std::string& help, int width, std::size_t description_column) {
+  std::string out;
+  std::size_t pos = 0;
+  while (pos < help.size()) {
+    std::size_t eol = help.find('\n', pos);
+    if (eol == std::string::npos) eol = help.size();
+    std::string line = help.substr(pos, eol - pos);
+    pos = eol + 1;
+    const bool option_line =
+        line.size() > description_column && line.rfind("  -", 0) == 0 && line[description_column - 1] == ' ';
+    const std::size_t indent =
+        option_line ? description_column : std::min<std::size_t>(line.find_first_not_of(' '), 20);
+    while (static_cast<int>(line.size()) > width) {
+      std::size_t cut = line.rfind(' ', static_cast<std::size_t>(width));
+      if (cut == std::string::npos || cut <= indent) cut = line.find(' ', static_cast<std::size_t>(width));
+      if (cut == std::string::npos) break;
+      out += line.substr(0, cut) + "\n";
+      const std::size_t next = line.find_first_not_of(' ', cut);
+      line = next == std::string::npos ? std::string() : std::string(indent, ' ') + line.substr(next);
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+Device device_from_flag(const std::string& text) {
+  if (text == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
+  const Device device = Device::parse(text);
+  check_device_available(device);
+  return device;
+}
+
+std::string version_text(const std::string& program) {
+  std::string s = program + " (cumulus) " + CUMULUS_VERSION + "\ncommit " + CUMULUS_GIT_COMMIT + ", build type " +
+                  CUMULUS_BUILD_TYPE + "\n";
+  s += std::string("CUDA: ") + (cuda_compiled() ? "compiled" : "not compiled");
+#ifdef CUMULUS_WITH_CUDNN
+  s += ", cuDNN: compiled";
+#else
+  s += ", cuDNN: not compiled";
+#endif
+  return s + ", " + dist::transports_text() + "\n";
+}
+
+}  // namespace cumulus
