@@ -6,7 +6,6 @@
 #include <type_traits>
 
 #include "kernels/cpu/parallel.h"
-#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/pointwise_kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -322,10 +321,7 @@ void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols)
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::softmax_row_f32 : vec::softmax_row_f32;
       parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          if (r + 1 < r1) prefetch_floats(x + (r + 1) * cols, cols);
-          row(log, x + r * cols, y + r * cols, cols);
-        }
+        for (int64_t r = r0; r < r1; ++r) row(log, x + r * cols, y + r * cols, cols);
       });
       return;
     }
@@ -353,13 +349,7 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::softmax_grad_row_f32 : vec::softmax_grad_row_f32;
       parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          if (r + 1 < r1) {
-            prefetch_floats(y + (r + 1) * cols, cols);
-            prefetch_floats(dy + (r + 1) * cols, cols);
-          }
-          row(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
-        }
+        for (int64_t r = r0; r < r1; ++r) row(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
       });
       return;
     }

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
-#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/structural_kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -32,10 +31,7 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::layer_norm_row_f32 : vec::layer_norm_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          if (r + 1 < r1) prefetch_floats(x + (r + 1) * cols, cols);
-          row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
-        }
+        for (int64_t r = r0; r < r1; ++r) row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
       });
       return;
     }
@@ -67,10 +63,6 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
     if (vec::available()) {
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          if (r + 1 < r1) {
-            prefetch_floats(x + (r + 1) * cols, cols);
-            prefetch_floats(dy + (r + 1) * cols, cols);
-          }
           if (vec512::available())
             vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
                                             dx + r * cols, nullptr, nullptr);
@@ -115,14 +107,9 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
     bool summed = false;
     if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
       if (vec512::available()) {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (r + 2 < rows) {  // two rows ahead: each block of a wide row lies in a page of its own
-            prefetch_floats(x + (r + 2) * cols + c0, c1 - c0);
-            prefetch_floats(dy + (r + 2) * cols + c0, c1 - c0);
-          }
+        for (int64_t r = 0; r < rows; ++r)
           vec512::layer_norm_param_grads_row_f32(x + r * cols + c0, dy + r * cols + c0, mean[r], rstd[r], c1 - c0, sw,
                                                  sb);
-        }
         summed = true;
       }
     }
@@ -166,10 +153,6 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
       parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
         for (int64_t r = b0 * block_rows; r < std::min(rows, b1 * block_rows); ++r) {
           double* sw = sums.data() + (r / block_rows) * 2 * cols;
-          if (r + 1 < rows) {
-            prefetch_floats(x + (r + 1) * cols, cols);
-            prefetch_floats(dy + (r + 1) * cols, cols);
-          }
           vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
                                           dx + r * cols, sw, sw + cols);
         }
