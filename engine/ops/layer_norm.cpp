@@ -56,8 +56,7 @@ class LayerNormBackward final : public Node {
     const float beta = dx.beta(), beta_w = dw.beta(), beta_b = db.beta();
     CUMULUS_DISPATCH_FLOAT(
         x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>();
-        T* dxp = dx.tensor.defined() ? dx.tensor.data<T>() : nullptr;
-        CUMULUS_DISPATCH(
+        T* dxp = dx.tensor.defined() ? dx.tensor.data<T>() : nullptr; CUMULUS_DISPATCH(
             device, ctx,
             kernels::layer_norm_backward_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp),
             backward_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp, ctx.stream())));

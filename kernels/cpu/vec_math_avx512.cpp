@@ -298,7 +298,8 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
       const auto lo = static_cast<__mmask8>(in), hi = static_cast<__mmask8>(in >> 8);
       const __m512d dlo = low_pd(d), dhi = high_pd(d);
       _mm512_mask_storeu_pd(sw + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sw + i), _mm512_mul_pd(dlo, a)));
-      _mm512_mask_storeu_pd(sw + i + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sw + i + 8), _mm512_mul_pd(dhi, b)));
+      _mm512_mask_storeu_pd(sw + i + 8, hi,
+                            _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sw + i + 8), _mm512_mul_pd(dhi, b)));
       _mm512_mask_storeu_pd(sb + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sb + i), dlo));
       _mm512_mask_storeu_pd(sb + i + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sb + i + 8), dhi));
     }

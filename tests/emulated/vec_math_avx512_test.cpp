@@ -170,8 +170,8 @@ TEST(VecMathAvx512, LayerNormGradientRowSumsTheParametersAsTheirOwnKernel) {
 TEST(VecMathAvx512, LayerNormBackwardInOnePassAgreesWithTheTwoPasses) {
   if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
   const int64_t rows = 3001, cols = 77;
-  const std::vector<float> x = host_values(rows * cols, -3.0f, 5.0f, 41), dy = host_values(rows * cols, -1.0f, 1.0f, 42),
-                           weight = host_values(cols, 0.5f, 1.5f, 43);
+  const std::vector<float> x = host_values(rows * cols, -3.0f, 5.0f, 41),
+                           dy = host_values(rows * cols, -1.0f, 1.0f, 42), weight = host_values(cols, 0.5f, 1.5f, 43);
   std::vector<float> mean(rows), rstd(rows), y(rows * cols);
   kernels::layer_norm_forward_cpu(x.data(), weight.data(), nullptr, rows, cols, 1e-5f, y.data(), mean.data(),
                                   rstd.data());
