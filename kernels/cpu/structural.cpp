@@ -135,10 +135,11 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
 // Note [Layer norm's backward in one pass]
 // dx reads each row of x and dy; the parameter gradients read them all again, column blocks down
 // the rows. On AVX-512 the row kernel adds the parameter sums on its way instead, into a sum per
-// block of rows (at most kMaxParamBlocks blocks, each of whole rows, fixed by the shape alone), and
-// the blocks' sums are added in order at the end: x and dy are read from memory once, and the bits
-// do not depend on the thread count. The sums stay in double; they are added in another order than
-// layer_norm_param_grads_cpu's (row by row), within a rounding of the double result either way.
+// block of whole rows, and the blocks' sums are added in order at the end: x and dy are read from
+// memory once, and the bits do not depend on the thread count (the blocks follow from the shape
+// alone: at most 64, and at most kSumsBytes of sums, a workspace of this kernel's own outside the
+// memory tracker, as OpenBLAS's packing buffers are). The sums stay in double, added in another
+// order than layer_norm_param_grads_cpu's (row by row): within a rounding of the double result.
 template <typename T>
 void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                              int64_t rows, int64_t cols, float beta, T* dx, float beta_dw, float* dweight,
@@ -146,8 +147,9 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
   const bool params = dweight != nullptr || dbias != nullptr;
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (dx != nullptr && params && rows > 0 && vec512::available()) {
-      constexpr int64_t kMaxParamBlocks = 64;
-      const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + kMaxParamBlocks - 1) / kMaxParamBlocks);
+      constexpr int64_t kSumsBytes = int64_t{4} << 20;
+      const int64_t max_blocks = std::clamp<int64_t>(kSumsBytes / (2 * cols * int64_t{sizeof(double)}), 1, 64);
+      const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + max_blocks - 1) / max_blocks);
       const int64_t blocks = (rows + block_rows - 1) / block_rows;
       std::vector<double> sums(static_cast<std::size_t>(blocks * 2 * cols), 0.0);  // per block: sw, then sb
       parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {

@@ -62,11 +62,11 @@ void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
 }
 
 // GELU-tanh as x s and its derivative from s = 1 / (1 + e^z), z = -2u = x (a + b x^2) (the
-// constants of u folded in). Costs what an AVX2 lane never could: 2^n by scalef, and the reciprocal
-// as rcp14's 14-bit estimate plus one Newton step (within half an ulp of 1/d before rounding)
-// instead of a division, whose 16 lanes cost as much as the rest together. z is clamped to
-// [-110, 80], so e is 0 below (exactly, as exp_fast's flush) and finite above, where s is set to
-// 0: x s then gives -0 for a finite x and NaN for -inf, as 1 / (1 + inf) did.
+// constants of u folded in), with two instructions AVX2 lacks: scalef for 2^n, and rcp14's 14-bit
+// estimate of 1/d refined by one Newton step (an error near 2^-28 before rounding) instead of a
+// division, whose 16 lanes cost as much as the rest of the function. z is clamped to [-110, 80]:
+// below, e is exactly 0 (as exp_fast's flush); above, e stays finite and s is set to 0, so x s is
+// -0 for a finite x and NaN for -inf, as 1 / (1 + inf) gave.
 constexpr float kGeluZ1 = -2.0f * kSqrt2OverPi, kGeluZ3 = -2.0f * kSqrt2OverPi * kGeluTanhCubic;
 V gelu_tanh_z(V x) { return _mm512_mul_ps(x, _mm512_fmadd_ps(splat(kGeluZ3), _mm512_mul_ps(x, x), splat(kGeluZ1))); }
 V sigmoid_of_minus(V z, V& e) {

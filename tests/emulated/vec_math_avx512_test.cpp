@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/structural_kernels.h"
@@ -164,12 +165,8 @@ TEST(VecMathAvx512, LayerNormGradientRowSumsTheParametersAsTheirOwnKernel) {
   }
 }
 
-// Note [Layer norm's backward in one pass]: over enough rows for many blocks, dx has the bits of
-// layer_norm_backward_dx_cpu and the parameter gradients agree with layer_norm_param_grads_cpu's
-// row-by-row sums to a rounding of the float result, with each beta.
-TEST(VecMathAvx512, LayerNormBackwardInOnePassAgreesWithTheTwoPasses) {
-  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
-  const int64_t rows = 3001, cols = 77;
+// The one-pass backward against the two passes at one shape (the test below).
+void layer_norm_backward_in_one_pass_agrees(int64_t rows, int64_t cols) {
   const std::vector<float> x = host_values(rows * cols, -3.0f, 5.0f, 41),
                            dy = host_values(rows * cols, -1.0f, 1.0f, 42), weight = host_values(cols, 0.5f, 1.5f, 43);
   std::vector<float> mean(rows), rstd(rows), y(rows * cols);
@@ -190,6 +187,18 @@ TEST(VecMathAvx512, LayerNormBackwardInOnePassAgreesWithTheTwoPasses) {
       EXPECT_NEAR(dw[c], ew[c], 1.2e-7 * std::max(1.0f, std::abs(ew[c]))) << "dweight column " << c;
       EXPECT_NEAR(db[c], eb[c], 1.2e-7 * std::max(1.0f, std::abs(eb[c]))) << "dbias column " << c;
     }
+  }
+}
+
+// Note [Layer norm's backward in one pass]: over enough rows for many blocks (and rows so wide that
+// the sums' cap sets the blocks), dx has the bits of layer_norm_backward_dx_cpu and the parameter
+// gradients agree with layer_norm_param_grads_cpu's row-by-row sums to a rounding of the float
+// result, with each beta.
+TEST(VecMathAvx512, LayerNormBackwardInOnePassAgreesWithTheTwoPasses) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{3001, 77}, {23, 40001}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + ", cols " + std::to_string(cols));
+    layer_norm_backward_in_one_pass_agrees(rows, cols);
   }
 }
 
