@@ -30,6 +30,10 @@ def load(prefix):
     return times
 
 
+
+def op_label(case):  # "gelu_tanh_2x3x11_f32_bench512" -> "gelu_tanh"
+    return case.replace("_2x3x11_f32_bench512", "").replace("_5x70_f32", "").replace("_2x3x33_affine_f32", " (affine)")
+
 before, after = load("before"), load("after")
 allruns = {k: before.get(k, []) + after.get(k, []) for k in set(before) | set(after)}
 
@@ -70,7 +74,7 @@ print("| op | size | pass | before min | before median | after min | after media
       " memory floor | after / memory floor | cache floor | after / cache floor |")
 print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for case, size, pass_, bmin, bmed, amin, amed, fm, fc in rows:
-    op = case.replace("_2x3x11_f32_bench512", "").replace("_5x70_f32", "").replace("_2x3x33_affine_f32", " (affine)")
+    op = op_label(case)
     print(f"| {op} | {size} | {pass_} | {bmin:.3f} | {bmed:.3f} | {amin:.3f} | {amed:.3f} | {bmin / amin:.1f}x |"
           f" {fm:.3f} | {amin / fm:.2f}x | {fc:.3f} | {amin / fc:.2f}x |")
 
@@ -81,7 +85,7 @@ if one and two:
     print("|---|---|---:|---:|---:|---:|---:|")
     for k in sorted(two):
         _, case, size, pass_, _ = k.split("/")
-        op = case.replace("_2x3x11_f32_bench512", "").replace("_5x70_f32", "").replace("_2x3x33_affine_f32", " (affine)")
+        op = op_label(case)
         a, b = one[k], two[k]
         print(f"| {op} | {pass_} | {min(a):.3f} | {statistics.median(a):.3f} | {min(b):.3f} |"
               f" {statistics.median(b):.3f} | {min(a) / min(b):.2f}x |")
