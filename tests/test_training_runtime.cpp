@@ -548,6 +548,27 @@ TEST(CommandLine, IntegersAreCheckedOnTheirText) {
               "expected an integer from 0 to 18446744073709551615, got '" + std::string(bad) + "'");
 }
 
+// A choice flag's table both ways; a value outside it is refused naming the flag and every value.
+TEST(CommandLine, AChoiceFlagNamesItsValues) {
+  enum class Fruit { apple, pear, plum };
+  const FlagChoices<Fruit> fruit{
+      "--fruit", "fruit", {{"apple", Fruit::apple}, {"pear", Fruit::pear}, {"plum", Fruit::plum}}};
+  EXPECT_EQ(fruit.parse("pear"), Fruit::pear);
+  EXPECT_STREQ(fruit.name(Fruit::plum), "plum");
+  EXPECT_EQ(fruit.names("auto"), (std::vector<std::string>{"apple", "pear", "plum", "auto"}));
+  const auto message = [](const auto& choices, const std::string& text) {
+    try {
+      choices.parse(text);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message(fruit, "Pear"), "--fruit 'Pear': unknown fruit (expected apple, pear or plum)");
+  const FlagChoices<bool> on_off{"--on", nullptr, {{"on", true}, {"off", false}}};
+  EXPECT_EQ(message(on_off, ""), "--on '': expected on or off");
+}
+
 // A long option line continues under its description, any other line under its indent; a word
 // longer than the width stays whole; lines that fit are left alone.
 TEST(CommandLine, HelpLinesWrapUnderTheirDescription) {

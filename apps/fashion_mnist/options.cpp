@@ -78,14 +78,14 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--graphs", o.graphs,
                  "auto|on|off. On CUDA, run each micro-batch and optimizer step as a CUDA graph replay after "
                  "the first few steps (auto: on for CUDA; off: launch every kernel from the host). CPU: off")
-      ->check(CLI::IsMember(choice_names<GraphsChoice>()));
+      ->check(CLI::IsMember(choices_of(GraphsChoice{}).names()));
   app.add_option("--recompute", o.recompute,
                  "off|on|auto. on: recompute activations in backward instead of keeping them (activation "
                  "checkpointing): the [conv, batch norm] pair of each CNN block, the MLP's first two Linear+ReLU "
                  "pairs. The same gradients (bit for bit on the CPU) for less peak memory and more time. auto, "
                  "with the planner: every subset of the model's segments (the CNN's conv1+bn1 and conv2+bn2, the MLP's "
                  "one) predicted for every micro-batch, the fastest plan that fits taken")
-      ->check(CLI::IsMember(choice_names<RecomputeChoice>()));
+      ->check(CLI::IsMember(choices_of(RecomputeChoice{}).names()));
   app.add_option("--precision", o.precision,
                  "fp32|bf16|fp16. bf16 and fp16 store activations and their gradients in 16 bits and run the "
                  "GEMMs on 16-bit copies of the weights with f32 accumulation; weights, gradient buffers, optimizer "
@@ -95,21 +95,21 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "CUDA bf16 needs compute capability 8.0, fp16 7.0. auto, with the planner: fp32 and bf16 both "
                  "predicted, bf16 taken only when it is more than 2% faster or the only one that fits (an opt-in: "
                  "it changes the numbers)")
-      ->check(CLI::IsMember(choice_names<cumulus::Precision>("auto")));
+      ->check(CLI::IsMember(choices_of(cumulus::Precision{}).names("auto")));
   app.add_option("--kernels", o.kernels,
                  "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
                  "loss and backward in a few launches (3 + 3 for the seed MLP) instead of cuBLASLt calls; generic: "
                  "one op per layer (the reference). auto: generic, because the fused kernels have never run on a "
                  "GPU (once measured there: fused on CUDA in fp32 for micro-batches up to 64 without recompute). "
                  "fused needs --model mlp and --precision fp32; on the CPU it computes the generic path's bits")
-      ->check(CLI::IsMember(choice_names<cumulus::nn::KernelChoice>()));
+      ->check(CLI::IsMember(choices_of(cumulus::nn::KernelChoice{}).names()));
   app.add_option("--data-on", o.data_on,
                  "device|host. device: the dataset lives on the training device as uint8 (fastest: each batch is "
                  "one gather there). host: it stays in host memory and each micro-batch is copied through pinned "
                  "memory on a copy stream one micro-batch ahead, overlapped with compute, so the device holds "
                  "only two micro-batches of data. Same results either way. auto, with the planner on CUDA: host "
                  "only when no plan with the data on the device fits. CPU: no difference (auto is device)")
-      ->check(CLI::IsMember(choice_names<DataOnChoice>()));
+      ->check(CLI::IsMember(choices_of(DataOnChoice{}).names()));
 }
 
 // The batch, accumulation and the planner.
@@ -146,7 +146,7 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant; step: lr x --lr-gamma every --lr-step-size optimizer steps (PyTorch's StepLR); cosine: "
                  "linear warmup over --warmup-steps, then cosine decay to --min-lr at the run's last step")
-      ->check(CLI::IsMember(choice_names<LrScheduleKind>()));
+      ->check(CLI::IsMember(choices_of(LrScheduleKind{}).names()));
   app.add_option("--lr-step-size", o.lr_step_size, "step schedule: optimizer steps between decays")
       ->check(integer_in(1, kMaxSamples))
       ->default_str("");  // 0: not given
@@ -293,8 +293,8 @@ void parse_overrides(CommandLine& o, const RawText& raw) {
     std::string name = raw.overrides.substr(pos, comma - pos);
     if (name.rfind("--", 0) == 0) name = name.substr(2);
     require(overridable_settings().count(name) == 1,
-            "--override '" + name + "': not a setting a resumed run may change (those are: " +
-                overridable_settings_text() + ")");
+            "--override '" + name +
+                "': not a setting a resumed run may change (those are: " + overridable_settings_text() + ")");
     o.overrides.insert(name);
     pos = comma + 1;
   }

@@ -1,6 +1,5 @@
 #include "run_config.h"
 
-#include <initializer_list>
 #include <stdexcept>
 #include <utility>
 
@@ -12,68 +11,6 @@ using namespace cumulus;
 
 namespace fmnist {
 namespace {
-
-// Each choice's flag, the values it takes (in the order messages list them), and the noun of its
-// "unknown" message where it has one.
-template <class E>
-struct Choices {
-  const char* flag;
-  const char* noun;  // "--model 'x': unknown model (expected ...)"; nullptr: "--optimizer 'x': expected ..."
-  std::initializer_list<std::pair<const char*, E>> values;
-};
-
-template <class E>
-extern const Choices<E> kChoices;
-
-template <>
-const Choices<ModelKind> kChoices<ModelKind>{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
-template <>
-const Choices<OptimizerKind> kChoices<OptimizerKind>{
-    "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
-template <>
-const Choices<LrScheduleKind> kChoices<LrScheduleKind>{
-    "--lr-schedule",
-    nullptr,
-    {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
-template <>
-const Choices<GraphsChoice> kChoices<GraphsChoice>{
-    "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
-template <>
-const Choices<RecomputeChoice> kChoices<RecomputeChoice>{
-    "--recompute",
-    nullptr,
-    {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
-template <>
-const Choices<DataOnChoice> kChoices<DataOnChoice>{
-    "--data-on",
-    nullptr,
-    {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
-template <>
-const Choices<Precision> kChoices<Precision>{
-    "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
-template <>
-const Choices<nn::KernelChoice> kChoices<nn::KernelChoice>{"--kernels",
-                                                           nullptr,
-                                                           {{"auto", nn::KernelChoice::automatic},
-                                                            {"fused", nn::KernelChoice::fused},
-                                                            {"generic", nn::KernelChoice::generic}}};
-template <>
-const Choices<optim::Normalization> kChoices<optim::Normalization>{
-    "--normalize",
-    nullptr,
-    {{"samples", optim::Normalization::units}, {"micro-batches", optim::Normalization::micro_batches}}};
-
-// "a or b", "a, b or c".
-template <class E>
-std::string listed(const Choices<E>& c) {
-  std::string out;
-  std::size_t i = 0;
-  for (const auto& [name, value] : c.values) {
-    out += (i == 0 ? "" : i + 1 == c.values.size() ? " or " : ", ") + std::string(name);
-    ++i;
-  }
-  return out;
-}
 
 // The device, the precision and the kernels, and whether they go together.
 void resolve_device(const CommandLine& cli, RunConfig& c) {
@@ -102,46 +39,6 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
 }
 
 }  // namespace
-
-template <class E>
-E parse_choice(const std::string& text) {
-  const Choices<E>& c = kChoices<E>;
-  for (const auto& [name, value] : c.values)
-    if (text == name) return value;
-  const std::string expected = "expected " + listed(c);
-  throw UsageFailure(std::string(c.flag) + " '" + text +
-                     "': " + (c.noun != nullptr ? "unknown " + std::string(c.noun) + " (" + expected + ")" : expected));
-}
-
-template <class E>
-const char* choice_name(E value) {
-  for (const auto& [name, v] : kChoices<E>.values)
-    if (v == value) return name;
-  throw std::logic_error("choice_name: a value missing from its table");
-}
-
-template <class E>
-std::vector<std::string> choice_names(const char* extra) {
-  std::vector<std::string> names;
-  for (const auto& [name, value] : kChoices<E>.values) names.push_back(name);
-  if (extra != nullptr) names.push_back(extra);
-  return names;
-}
-
-#define FMNIST_CHOICE(E)                          \
-  template E parse_choice<E>(const std::string&); \
-  template const char* choice_name<E>(E);         \
-  template std::vector<std::string> choice_names<E>(const char*);
-FMNIST_CHOICE(ModelKind)
-FMNIST_CHOICE(OptimizerKind)
-FMNIST_CHOICE(LrScheduleKind)
-FMNIST_CHOICE(GraphsChoice)
-FMNIST_CHOICE(RecomputeChoice)
-FMNIST_CHOICE(DataOnChoice)
-FMNIST_CHOICE(Precision)
-FMNIST_CHOICE(nn::KernelChoice)
-FMNIST_CHOICE(optim::Normalization)
-#undef FMNIST_CHOICE
 
 int RunConfig::accum_steps_at(int epoch) const { return optim::accum_steps_for_epoch(accum_schedule, epoch); }
 

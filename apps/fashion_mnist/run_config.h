@@ -34,6 +34,7 @@
 #include "cumulus/nn/model.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
+#include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/plan_check.h"
 #include "cumulus/runtime/planner.h"
 
@@ -132,16 +133,77 @@ enum class BatchSource {
   planner,  // --effective-batch without --batch-size: the planner picks both
 };
 
-// A choice's flag value as the enum; throws UsageFailure naming the flag and the values it takes.
-// Defined for every enum above and for cumulus::Precision, nn::KernelChoice and optim::Normalization.
+// Each choice flag's table (cumulus::FlagChoices): the flag, the noun of its "unknown" message where
+// it has one, and its values in the order messages list them.
+using cumulus::FlagChoices;
+inline const FlagChoices<ModelKind>& choices_of(ModelKind) {
+  static const FlagChoices<ModelKind> c{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
+  return c;
+}
+inline const FlagChoices<OptimizerKind>& choices_of(OptimizerKind) {
+  static const FlagChoices<OptimizerKind> c{
+      "--optimizer", nullptr, {{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}};
+  return c;
+}
+inline const FlagChoices<LrScheduleKind>& choices_of(LrScheduleKind) {
+  static const FlagChoices<LrScheduleKind> c{
+      "--lr-schedule",
+      nullptr,
+      {{"constant", LrScheduleKind::constant}, {"step", LrScheduleKind::step}, {"cosine", LrScheduleKind::cosine}}};
+  return c;
+}
+inline const FlagChoices<GraphsChoice>& choices_of(GraphsChoice) {
+  static const FlagChoices<GraphsChoice> c{
+      "--graphs", nullptr, {{"auto", GraphsChoice::automatic}, {"on", GraphsChoice::on}, {"off", GraphsChoice::off}}};
+  return c;
+}
+inline const FlagChoices<RecomputeChoice>& choices_of(RecomputeChoice) {
+  static const FlagChoices<RecomputeChoice> c{
+      "--recompute",
+      nullptr,
+      {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
+  return c;
+}
+inline const FlagChoices<DataOnChoice>& choices_of(DataOnChoice) {
+  static const FlagChoices<DataOnChoice> c{
+      "--data-on",
+      nullptr,
+      {{"device", DataOnChoice::device}, {"host", DataOnChoice::host}, {"auto", DataOnChoice::planner}}};
+  return c;
+}
+inline const FlagChoices<cumulus::Precision>& choices_of(cumulus::Precision) {
+  using cumulus::Precision;
+  static const FlagChoices<Precision> c{
+      "--precision", nullptr, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
+  return c;
+}
+inline const FlagChoices<cumulus::nn::KernelChoice>& choices_of(cumulus::nn::KernelChoice) {
+  using cumulus::nn::KernelChoice;
+  static const FlagChoices<KernelChoice> c{
+      "--kernels",
+      nullptr,
+      {{"auto", KernelChoice::automatic}, {"fused", KernelChoice::fused}, {"generic", KernelChoice::generic}}};
+  return c;
+}
+inline const FlagChoices<cumulus::optim::Normalization>& choices_of(cumulus::optim::Normalization) {
+  using cumulus::optim::Normalization;
+  static const FlagChoices<Normalization> c{
+      "--normalize", nullptr, {{"samples", Normalization::units}, {"micro-batches", Normalization::micro_batches}}};
+  return c;
+}
+
+// A choice's flag value as the enum; a UsageFailure naming the flag and the values it takes.
 template <class E>
-E parse_choice(const std::string& text);
+E parse_choice(const std::string& text) {
+  E value{};
+  as_usage([&] { value = choices_of(E{}).parse(text); });
+  return value;
+}
 // The flag value that names `value`: "mlp", "micro-batches", "auto".
 template <class E>
-const char* choice_name(E value);
-// Every flag value of E, in the table's order, then `extra` if given (CLI11's IsMember list).
-template <class E>
-std::vector<std::string> choice_names(const char* extra = nullptr);
+const char* choice_name(E value) {
+  return choices_of(value).name(value);
+}
 
 struct RunConfig : FlagValues {
   // What runs where, and how.

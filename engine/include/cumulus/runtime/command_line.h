@@ -1,8 +1,11 @@
-// A program's command line, whatever parser reads it: strict integer checks on a flag's text, help
-// text wrapped to the terminal, and what --version says about the build. Plain strings in and out:
-// a program wraps the checks in its parser's validators (apps/fashion_mnist does, with CLI11).
+// A program's command line, whatever parser reads it: strict integer checks on a flag's text, flags
+// that name one of a set of values, help text wrapped to the terminal, and what --version says about
+// the build. Plain strings in and out: a program wraps the checks in its parser's validators
+// (apps/fashion_mnist does, with CLI11).
 //
 //   if (std::string problem = integer_text_problem(text, 1, 1 << 20); !problem.empty()) fail(problem);
+//   const FlagChoices<Model> models{"--model", "model", {{"mlp", Model::mlp}, {"cnn", Model::cnn}}};
+//   Model model = models.parse(text);  // "--model 'x': unknown model (expected mlp or cnn)"
 //   std::printf("%s", wrap_help_text(help, help_columns() - 1, 34).c_str());
 //   std::printf("%s", version_text("my_app").c_str());
 #pragma once
@@ -10,8 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cumulus/core/device.h"
+#include "cumulus/core/error.h"
 
 namespace cumulus {
 
@@ -21,6 +27,45 @@ namespace cumulus {
 std::string integer_text_problem(const std::string& text, int64_t lo, int64_t hi);
 // The same for an unsigned 64-bit integer (0 to 18446744073709551615), a seed say.
 std::string unsigned_64_text_problem(const std::string& text);
+
+// A flag whose value names one of a fixed set (an enum's values), both ways, and the message a
+// value outside it gets.
+template <class E>
+struct FlagChoices {
+  const char* flag;  // "--model"
+  // "model": "--model 'x': unknown model (expected mlp or cnn)"; nullptr: "--model 'x': expected mlp or cnn".
+  const char* noun;
+  std::vector<std::pair<const char*, E>> values;  // in the order messages list them
+
+  // The value `text` names; InvalidArgument naming the flag and every value otherwise.
+  E parse(const std::string& text) const {
+    for (const auto& [name, value] : values)
+      if (text == name) return value;
+    const std::string expected = "expected " + listed();
+    throw InvalidArgument(std::string(flag) + " '" + text + "': " +
+                          (noun != nullptr ? "unknown " + std::string(noun) + " (" + expected + ")" : expected));
+  }
+  // The name of `value`, which must be in the table (InvalidArgument otherwise).
+  const char* name(E value) const {
+    for (const auto& [name, v] : values)
+      if (v == value) return name;
+    throw InvalidArgument(std::string(flag) + ": a value missing from its table");
+  }
+  // Every name in order, then `extra` if given (a parser's list of what the flag accepts).
+  std::vector<std::string> names(const char* extra = nullptr) const {
+    std::vector<std::string> out;
+    for (const auto& entry : values) out.push_back(entry.first);
+    if (extra != nullptr) out.push_back(extra);
+    return out;
+  }
+  // "a or b", "a, b or c".
+  std::string listed() const {
+    std::string out;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      out += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + std::string(values[i].first);
+    return out;
+  }
+};
 
 // The width to wrap help text to: standard output's terminal's, else $COLUMNS, else 100 (a width
 // under 40 is passed over).
