@@ -32,7 +32,7 @@ RunConfig resolve(const std::vector<std::string>& args) {
 }
 
 std::string setting(const RunConfig& c, const std::string& name) {
-  for (const auto& [n, value] : named_settings(kCheckpoint, {c, ""}))
+  for (const auto& [n, value] : settings_table().named(cumulus::optim::kCheckpoint, {c, ""}))
     if (n == name) return value;
   return "(absent)";
 }
@@ -201,7 +201,7 @@ TEST(Settings, TheOverridableListIsTheTables) {
   std::set<std::string> listed;
   std::stringstream text(overridable_settings_text());
   for (std::string name; std::getline(text >> std::ws, name, ',');) listed.insert(name);
-  EXPECT_EQ(listed, overridable_settings());
+  EXPECT_EQ(listed, settings_table().overridable());
 }
 
 }  // namespace

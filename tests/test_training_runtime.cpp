@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/progress.h"
 #include "cumulus/runtime/run_files.h"
+#include "cumulus/runtime/settings_table.h"
 #include "cumulus/runtime/stop_signal.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
@@ -262,6 +264,49 @@ TEST(TrainingCheckpoint, FloatSettingsReadBackExactly) {
   EXPECT_EQ(optim::setting_text(0.9f), "0.9");
   for (float v : {0.1f + 0.2f, 1.0f / 3.0f, 3e-8f, 123456.789f})
     EXPECT_EQ(std::strtof(optim::setting_text(v).c_str(), nullptr), v) << optim::setting_text(v);
+}
+
+// Each use takes its rows in the table's order, a row that does not apply to the run left out; the
+// checkpoint's rows carry the key, the override and the unit; overrides are the overridable names.
+TEST(SettingsTable, EachUseTakesItsRowsThatApply) {
+  struct Run {
+    float lr = 0.5f;
+    int epochs = 3;
+    bool cosine = false;
+  };
+  using Text = optim::SettingText;
+  const optim::SettingsTable<Run> table({
+      {"lr", "lr", true, optim::kCheckpoint | optim::kMemoryReport, nullptr,
+       [](const Run& r) -> Text { return optim::setting_text(r.lr); }},
+      {"epochs", "num_epochs", false, optim::kCheckpoint | optim::kRanksAgree, "1",
+       [](const Run& r) -> Text { return std::to_string(r.epochs); }, " (in all)"},
+      {"min-lr", "min_lr", true, optim::kCheckpoint, nullptr,
+       [](const Run& r) { return r.cosine ? Text("0") : std::nullopt; }},
+  });
+  const Run run;
+  using Named = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(table.named(optim::kMemoryReport, run), (Named{{"lr", "0.5"}}));
+  EXPECT_EQ(table.named(optim::kRanksAgree, run), (Named{{"epochs", "3"}}));
+  const std::vector<optim::RecordedSetting> recorded = table.recorded(run);
+  ASSERT_EQ(recorded.size(), 2u);  // min-lr does not apply without the cosine
+  EXPECT_EQ(recorded[1].key, "num_epochs");
+  EXPECT_EQ(recorded[1].before_recorded, std::optional<std::string>("1"));
+  EXPECT_EQ(recorded[1].unit, " (in all)");
+  EXPECT_TRUE(recorded[0].overridable && !recorded[0].before_recorded);
+  EXPECT_EQ(table.recorded(Run{0.5f, 3, true}).size(), 3u);
+  EXPECT_EQ(table.overridable(), (std::set<std::string>{"lr", "min-lr"}));
+  EXPECT_EQ(table.parse_overrides("lr,--min-lr", "lr, min-lr"), (std::set<std::string>{"lr", "min-lr"}));
+  EXPECT_TRUE(table.parse_overrides("", "lr, min-lr").empty());
+  for (const char* bad : {"epochs", "lr,", "lr,bogus"}) {
+    try {
+      table.parse_overrides(bad, "lr, min-lr");
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("not a setting a resumed run may change (those are: lr, min-lr)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // A different setting is refused naming it; an overridable one is accepted when allowed, and

@@ -287,17 +287,7 @@ void check_batch(const CLI::App& app, CommandLine& o) {
 
 // --override NAME,...: the settings a resumed run may change.
 void parse_overrides(CommandLine& o, const RawText& raw) {
-  for (std::size_t pos = 0; !raw.overrides.empty() && pos <= raw.overrides.size();) {
-    std::size_t comma = raw.overrides.find(',', pos);
-    if (comma == std::string::npos) comma = raw.overrides.size();
-    std::string name = raw.overrides.substr(pos, comma - pos);
-    if (name.rfind("--", 0) == 0) name = name.substr(2);
-    require(overridable_settings().count(name) == 1,
-            "--override '" + name +
-                "': not a setting a resumed run may change (those are: " + overridable_settings_text() + ")");
-    o.overrides.insert(name);
-    pos = comma + 1;
-  }
+  as_usage([&] { o.overrides = settings_table().parse_overrides(raw.overrides, overridable_settings_text()); });
   require(o.overrides.empty() || !o.resume_path.empty(), "--override applies to --resume only");
 }
 

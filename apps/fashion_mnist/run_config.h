@@ -37,6 +37,7 @@
 #include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/plan_check.h"
 #include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/settings_table.h"
 
 namespace fmnist {
 
@@ -272,26 +273,15 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan);
 
 // ---- the settings table (settings.cpp) -------------------------------------------------------
 
-enum SettingUse : unsigned {
-  kCheckpoint = 1u << 0,    // recorded in a checkpoint: a resume must match it (or --override it)
-  kRanksAgree = 1u << 1,    // every rank of a data-parallel job must be started with the same
-  kMemoryReport = 1u << 2,  // in the memory report's settings
-};
-
 // What a printer may read besides the configuration: facts known only once the model is made.
 struct SettingContext {
   const RunConfig& o;
   std::string kernels;  // the memory report's "kernels": fused or generic
 };
 
-// The rows for `use` that apply to this run, (name, value) in the table's order.
-std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context);
-
-// The kCheckpoint rows as the library's checkpoint records and compares them.
-std::vector<cumulus::optim::RecordedSetting> checkpoint_settings(const RunConfig& o);
-
-// The names --override accepts, and them as the help and the error list them.
-const std::set<std::string>& overridable_settings();
+// The table (cumulus/runtime/settings_table.h), and its overridable names as the help and the error
+// of a wrong --override list them.
+const cumulus::optim::SettingsTable<SettingContext>& settings_table();
 const std::string& overridable_settings_text();
 
 }  // namespace fmnist

@@ -121,7 +121,7 @@ RankPlacement place_on_ranks(const RunConfig& c, dist::Communicator& comm) {
 void check_same_settings_on_every_rank(const RunConfig& c, dist::Communicator& comm) {
   if (c.world_size == 1) return;
   try {
-    dist::check_same_settings(comm, named_settings(kRanksAgree, {c, ""}));
+    dist::check_same_settings(comm, settings_table().named(optim::kRanksAgree, {c, ""}));
   } catch (const InvalidArgument& e) {
     throw SameOnEveryRank(e.what());
   }

@@ -3,24 +3,10 @@
 namespace fmnist {
 namespace {
 
-struct SettingRow {
-  const char* name;  // the flag without its dashes: what --override, the ranks' check and the report say
-  const char* key;   // the checkpoint's metadata key, after "setting."
-  bool overridable;  // --override may change it on resume (a hyperparameter of the update rule)
-  unsigned uses;     // SettingUse bits
-  // What a checkpoint written before the setting was recorded ran with (nullptr: always recorded).
-  const char* before_recorded;
-  // The value as text; nothing where the setting does not apply to this run (lr-gamma without
-  // the step schedule, world-size with one rank).
-  std::optional<std::string> (*print)(const SettingContext&);
-};
-
-struct SettingValue {
-  const SettingRow* row;
-  std::string value;
-};
-
-using Text = std::optional<std::string>;
+using cumulus::optim::kCheckpoint;
+using cumulus::optim::kMemoryReport;
+using cumulus::optim::kRanksAgree;
+using Text = cumulus::optim::SettingText;
 using C = const SettingContext&;
 
 using cumulus::optim::setting_text;  // floats: equal values, equal text
@@ -40,12 +26,13 @@ constexpr unsigned kRecorded = kCheckpoint | kRanksAgree | kMemoryReport;
 
 // Every setting that changes the result of a run is recorded (Note [Resume contract] in
 // cumulus/runtime/checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
-const std::vector<SettingRow> kTable = {
+const std::vector<cumulus::optim::SettingRow<SettingContext>> kTable = {
     {"model", "model", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.model); }},
     {"optimizer", "optimizer", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.optimizer); }},
     {"batch-size", "micro_batch_size", false, kRecorded, nullptr,
      [](C c) -> Text { return std::to_string(c.o.batch_size); }},
-    {"accum-steps", "accum_steps", false, kRecorded, nullptr, [](C c) -> Text { return accum_text(c.o); }},
+    {"accum-steps", "accum_steps", false, kRecorded, nullptr, [](C c) -> Text { return accum_text(c.o); },
+     " (micro-batches per step, all ranks together)"},
     {"normalize", "normalize", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.normalization); }},
     {"precision", "precision", false, kRecorded, "fp32", [](C c) -> Text { return choice_name(c.o.precision); }},
     {"shuffle", "shuffle", false, kRecorded, nullptr, [](C c) -> Text { return bool_text(c.o.shuffle); }},
@@ -104,45 +91,11 @@ const char* const kOverridableText =
     "lr, lr-schedule, lr-step-size, lr-gamma, warmup-steps, min-lr, weight-decay, clip-grad-norm, betas, eps, "
     "nesterov";
 
-// The rows for `use` that apply to this run, with their values, in the table's order.
-std::vector<SettingValue> settings_for(SettingUse use, const SettingContext& context) {
-  std::vector<SettingValue> out;
-  for (const SettingRow& row : kTable)
-    if ((row.uses & use) != 0)
-      if (std::optional<std::string> value = row.print(context)) out.push_back({&row, std::move(*value)});
-  return out;
-}
-
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> named_settings(SettingUse use, const SettingContext& context) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (SettingValue& s : settings_for(use, context)) out.emplace_back(s.row->name, std::move(s.value));
-  return out;
-}
-
-std::vector<cumulus::optim::RecordedSetting> checkpoint_settings(const RunConfig& o) {
-  std::vector<cumulus::optim::RecordedSetting> out;
-  for (SettingValue& s : settings_for(kCheckpoint, {o, ""})) {
-    const SettingRow& row = *s.row;
-    out.push_back({row.name, row.key, std::move(s.value), row.overridable,
-                   row.before_recorded ? std::optional<std::string>(row.before_recorded) : std::nullopt,
-                   std::string(row.name) == "accum-steps" ? " (micro-batches per step, all ranks together)" : ""});
-  }
-  return out;
-}
-
-const std::set<std::string>& overridable_settings() {
-  // The hyperparameters of the update rule: changing them changes the result from here on, but the
-  // checkpoint's state still means the same thing. Structural settings (model, optimizer, batch,
-  // accumulation, data order, momentum buffer) are never overridable.
-  static const std::set<std::string> names = [] {
-    std::set<std::string> out;
-    for (const SettingRow& row : kTable)
-      if (row.overridable) out.insert(row.name);
-    return out;
-  }();
-  return names;
+const cumulus::optim::SettingsTable<SettingContext>& settings_table() {
+  static const cumulus::optim::SettingsTable<SettingContext> table(kTable);
+  return table;
 }
 
 const std::string& overridable_settings_text() {

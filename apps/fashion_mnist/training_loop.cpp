@@ -163,7 +163,8 @@ optim::FitOptions TrainingLoop::fit_options() {
 void TrainingLoop::checkpoint_now(const optim::CheckpointState& state, const char* why) {
   if (o_.checkpoint_path.empty()) return;
   try {
-    optim::save_training_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state, checkpoint_settings(o_));
+    optim::save_training_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state,
+                                    settings_table().recorded({o_, ""}));
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
   }
@@ -346,7 +347,7 @@ MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Model& mode
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.accum_steps_at(0);
   const std::string kernels = kernels_used(model, o, o.batch_size);
-  to.settings = named_settings(kMemoryReport, {o, kernels});
+  to.settings = settings_table().named(optim::kMemoryReport, {o, kernels});
   if (kernels == "fused" && o.device.is_cuda() && !ops::kFusedMlpMeasuredOnGpu)
     to.annotations["kernels_measured"] = "the fused MLP kernels have not yet been measured on a GPU";
   return to;

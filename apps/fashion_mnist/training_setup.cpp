@@ -188,7 +188,7 @@ void load_weights(const std::string& path, const nn::Module& model) {
 TrainingState load_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
                               const RunConfig& options, int64_t micro_batches_per_epoch, int64_t train_samples) {
   optim::ResumeOptions resume;
-  resume.settings = checkpoint_settings(options);
+  resume.settings = settings_table().recorded({options, ""});
   resume.overrides = options.overrides;
   resume.micro_batches_per_epoch = micro_batches_per_epoch;
   resume.units_per_epoch = train_samples;
