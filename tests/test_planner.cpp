@@ -14,6 +14,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/cnn.h"
+#include "cumulus/models/fashion_mnist.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -831,6 +832,43 @@ TEST(PlanBatch, ThePlanRequestOverADatasetReadAtEachProbe) {
   rows_seen = 0;
   request.micro_batch(64);  // more rows than there are now: the loader's first batch has all 8
   EXPECT_EQ(rows_seen, 8);
+}
+
+// The Fashion-MNIST request weighs the levers it is given; its apply sets the model's recompute.
+TEST(PlanBatch, AFashionMnistRequestWeighsAndAppliesItsLevers) {
+  Generator gen(5);
+  models::SeedMLP model(gen, kCpu);
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  optim::SGD sgd(flat, optim::SGDOptions{});
+  auto split = [](int64_t n) {
+    MemoryCategoryScope scope(MemoryCategory::data);
+    return models::FashionMnistSplit{Tensor::zeros(Shape{n, 28, 28}, DType::u8, kCpu),
+                                     Tensor::zeros(Shape{n}, DType::i32, kCpu), 10};
+  };
+  models::FashionMnistSplit train = split(64), test = split(16);
+  const optim::BatchLoss loss = [&model](const data::Batch& b) { return model.loss(b.x, b.y, ops::Reduction::Sum); };
+  models::FashionMnistLevers levers;
+  levers.weigh_recompute = true;
+  levers.weigh_bf16 = true;
+  PlanRequest request = models::plan_request(model, sgd, loss, train, test, 32, 0, DType::f32, levers);
+  EXPECT_EQ(request.model, &model);
+  EXPECT_EQ(request.recompute_segments, model.recompute_segment_names());
+  EXPECT_EQ(request.sample_limit, 64);
+  if (precision_unsupported_reason(Precision::bf16, kCpu).empty())
+    EXPECT_EQ(request.precisions, std::vector<Precision>{Precision::bf16});
+  PlanSetting on_host;
+  on_host.recompute = 1;
+  on_host.data = DataPlacement::host;
+  request.apply(on_host);
+  EXPECT_TRUE(model.recompute());
+  request.apply(PlanSetting{});
+  EXPECT_FALSE(model.recompute());
+  request.micro_batch_seconds = larger_is_faster;
+  const Plan plan = plan_batch(request);
+  EXPECT_GT(plan.micro_batch, 0) << plan.reason;
+  bool weighed_recompute = false;
+  for (const PlanRow& r : plan.table) weighed_recompute |= r.setting.recompute != 0;
+  EXPECT_TRUE(weighed_recompute);
 }
 
 TEST(PlanBatch, RejectsAMalformedRequest) {

@@ -105,28 +105,6 @@ void print_plan_table(const RunConfig& o, const Plan& plan) {
   say("%s", plan_table_text(plan, o.memory_budget_bytes).c_str());
 }
 
-// The levers this run lets the planner set (Note [Plan levers]): the model's recompute segments
-// (--recompute auto), the training and test sets' placement (--data-on auto, CUDA only) and bf16
-// (--precision auto, where the device has it). `apply` puts a setting in place: the model's
-// segments, the sets moved, then plan_request's own apply (the batches' dtype).
-void add_levers(const RunConfig& o, nn::Model& model, models::FashionMnistSplit& train, models::FashionMnistSplit& test,
-                PlanRequest& request) {
-  if (o.recompute == RecomputeChoice::on) request.setting.recompute = 1;  // shown as "all" (no segment names)
-  request.setting.data = o.data_on == DataOnChoice::host ? DataPlacement::host : DataPlacement::device;
-  if (o.recompute == RecomputeChoice::planner) request.recompute_segments = model.recompute_segment_names();
-  request.weigh_placement = o.data_on == DataOnChoice::planner;
-  if (o.precision_by_planner && precision_unsupported_reason(Precision::bf16, o.device).empty())
-    request.precisions = {Precision::bf16};
-  request.apply = [&o, &model, &train, &test, set_dtype = request.apply](const PlanSetting& s) {
-    if (o.recompute == RecomputeChoice::planner) model.set_recompute_segments(s.recompute);
-    const Device where = s.data == DataPlacement::host ? Device::cpu() : o.device;
-    const MemoryCategoryScope scope(MemoryCategory::data);
-    for (models::FashionMnistSplit* set : {&train, &test})
-      *set = models::FashionMnistSplit{set->images.to(where), set->labels.to(where), set->num_classes};
-    set_dtype(s);
-  };
-}
-
 // The library's planner with this run (optim::plan_request, the probes reading the training set
 // where the levers put it); --plan-only predicts without verifying.
 Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
@@ -138,13 +116,16 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
     throw_if_interrupted();
     return training_loss(model, b);
   };
-  // A budget of 0 (--plan-only alone): everything fits.
-  PlanRequest request = optim::plan_request(
-      *optimizer, [&train] { return train.tensors(); }, loss, o.effective_batch, o.memory_budget_bytes,
-      compute_dtype(o.precision));
+  // The levers this run lets the planner set or weigh; a budget of 0 (--plan-only alone): everything fits.
+  models::FashionMnistLevers levers;
+  levers.recompute = o.recompute == RecomputeChoice::on;
+  levers.weigh_recompute = o.recompute == RecomputeChoice::planner;
+  levers.data_on_host = o.data_on == DataOnChoice::host;
+  levers.weigh_placement = o.data_on == DataOnChoice::planner;
+  levers.weigh_bf16 = o.precision_by_planner;
+  PlanRequest request = models::plan_request(model, *optimizer, loss, train, test, o.effective_batch,
+                                             o.memory_budget_bytes, compute_dtype(o.precision), levers);
   request.require_fit = false;  // nothing fitting is plan_batch's error, and a line of --plan-only's
-  add_levers(o, model, train, test, request);
-  request.model = &model;
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;
   const Plan plan = cumulus::plan_batch(request);

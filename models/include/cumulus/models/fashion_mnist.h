@@ -10,6 +10,9 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/nn/model.h"
+#include "cumulus/runtime/planner.h"
+#include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/tensor.h"
 
 namespace cumulus::models {
@@ -54,5 +57,24 @@ struct FashionMnistSearch {
 // each split's images and labels are checked against each other from their headers
 // (data::check_idx_pair) before anything is inflated: an Error.
 std::string locate_fashion_mnist(const FashionMnistSearch& search = {});
+
+// The levers a planner request for a classifier trained on Fashion-MNIST sets or weighs (Note [Plan
+// levers] in engine/runtime/planner.cpp).
+struct FashionMnistLevers {
+  bool recompute = false;        // fixed: every recompute segment of the model (the table says "all")
+  bool weigh_recompute = false;  // every subset of the model's recompute segments
+  bool data_on_host = false;     // fixed: both splits in host memory, each batch staged
+  bool weigh_placement = false;  // the splits on the device or the host (on the CPU they are the same)
+  bool weigh_bf16 = false;       // bf16 batches beside `batch_dtype`, where the device has bf16
+};
+
+// A planner request (optim::plan_request, each probe reading `train` where the last setting put it)
+// for training `model` with `optimizer` and `loss` on `train`, `effective_batch` samples under
+// `budget` reserved bytes (0: none), with `levers`. Its apply sets the model's recompute segments
+// (weigh_recompute), moves both `train` and `test` (their memory is the run's) to where the setting
+// places the data, and sets the batches' dtype. require_fit is set, as plan_request's.
+PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
+                         FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch, int64_t budget,
+                         DType batch_dtype, const FashionMnistLevers& levers);
 
 }  // namespace cumulus::models
