@@ -111,6 +111,21 @@ class PretendWorld : public dist::Communicator {
   void abort(int) override {}
 };
 
+// A node with more ranks than this host's GPUs: the message names the host and how many ranks fit.
+TEST(DataParallel, TheRanksDeviceNamesTheHostWhenTheNodeHasTooFewGpus) {
+  PretendWorld world(0, cuda_device_count() + 1);
+  try {
+    dist::device_for_rank(world);
+    ADD_FAILURE() << "more ranks than GPUs accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string n = std::to_string(cuda_device_count());
+    EXPECT_EQ(std::string(e.what()).rfind("host ", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("; start at most " + n + " per node (mpirun -npernode " + n + ")"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Rank 0 of a pretend world whose ranks report `values` to it.
 class GatheringWorld : public PretendWorld {
  public:
@@ -202,6 +217,11 @@ TEST(CommunicationTime, StatsSumTheReductionsAndEachSpanIsTakenOnce) {
   EXPECT_GE(seconds, 0.035);
   EXPECT_LT(seconds, 5.0);
   EXPECT_EQ(w.stats().communication_seconds, seconds) << "resolved once";
+  w.count_gradient_reduction(int64_t{3} << 20);
+  const std::string text = w.stats_text();
+  EXPECT_EQ(text.rfind("1 gradient all-reduces (", 0), 0u) << text;
+  EXPECT_NE(text.find("(0 transport calls, 3.0 MiB per rank), "), std::string::npos) << text;
+  EXPECT_NE(text.find(" s in them (the host's wait for MPI)"), std::string::npos) << text;
 }
 
 TEST(CommunicationTime, UntakenSpansStayBoundedAndTheTotalCountsThemAll) {

@@ -5,11 +5,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -33,11 +35,13 @@
 #include "cumulus/runtime/command_line.h"
 #include "cumulus/runtime/fit.h"
 #include "cumulus/runtime/metrics_log.h"
+#include "cumulus/runtime/plan_check.h"
 #include "cumulus/runtime/planner.h"
 #include "cumulus/runtime/progress.h"
 #include "cumulus/runtime/run_files.h"
 #include "cumulus/runtime/settings_table.h"
 #include "cumulus/runtime/stop_signal.h"
+#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/version.h"
@@ -204,6 +208,7 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
     EXPECT_EQ(e.units_trained, kRows);
     EXPECT_NEAR(e.train_loss, c.trainer->epoch_loss_sum() / kRows, 1e-12);
     EXPECT_GT(e.seconds, 0.0);
+    EXPECT_GT(e.peak_bytes, 0);
   };
   fit.checkpoint = [&](const optim::CheckpointState& s) {
     calls.push_back("checkpoint " + std::to_string(s.counters.epoch) + ":" +
@@ -216,6 +221,60 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
   EXPECT_EQ(r.state.counters.epoch, 2);
   EXPECT_EQ(calls,
             (std::vector<std::string>{"begin 0", "end 0", "checkpoint 1:0", "begin 1", "end 1", "checkpoint 2:0"}));
+}
+
+// With a tracker holding the planner's prediction, fit measures it against the first full epoch:
+// its time and its peak, the largest of the tracker's micro-batches and steps (one step a
+// micro-batch here: each step resets the allocator's peak after its micro-batch).
+TEST(Fit, ThePlanIsMeasuredAgainstTheFirstFullEpoch) {
+  Classifier c;
+  c.trainer->set_accum_steps(1);
+  MemoryTracker tracker(Device::cpu(), MemoryTracker::Options{});
+  PlanCheck check;
+  check.micro_batch = kBatch;
+  check.accum_steps = 1;
+  check.predicted_epoch_seconds = 1.0;
+  tracker.set_plan_check(check);
+  c.trainer->set_tracker(&tracker);
+  std::vector<optim::EpochSummary> summaries;
+  optim::FitOptions fit;
+  fit.epochs = 2;
+  fit.on_epoch_end = [&](const optim::EpochSummary& e) { summaries.push_back(e); };
+  optim::fit(*c.trainer, *c.loader, loss_of(c), fit);
+  c.trainer->set_tracker(nullptr);
+  ASSERT_EQ(summaries.size(), 2u);
+  int64_t largest = 0;
+  for (const MicroBatchRecord& r : tracker.micro_batches())
+    if (r.epoch == 0) largest = std::max(largest, r.peak_bytes);
+  for (const StepRecord& r : tracker.steps())
+    if (r.epoch == 0) largest = std::max(largest, r.peak_bytes);
+  EXPECT_EQ(summaries[0].peak_bytes, largest);
+  const PlanCheck& measured = *tracker.plan_check();
+  EXPECT_TRUE(measured.measured);
+  EXPECT_EQ(measured.epoch, 0);
+  EXPECT_EQ(measured.measured_epoch_seconds, summaries[0].seconds);
+  EXPECT_EQ(measured.measured_peak_bytes, summaries[0].peak_bytes);
+}
+
+// Each epoch's summary counts its own skipped steps: a NaN loss in epoch 1's first group.
+TEST(Fit, EachEpochCountsItsOwnSkippedSteps) {
+  Classifier c;
+  const int64_t per_epoch = c.loader->num_batches();
+  int64_t calls = 0;
+  const optim::BatchLoss loss = [&](const data::Batch& b) {
+    const Tensor sum = ops::cross_entropy(c.model(b.x), b.y, ops::Reduction::Sum);
+    return calls++ == per_epoch ? sum * std::numeric_limits<float>::quiet_NaN() : sum;
+  };
+  std::vector<int64_t> skipped;
+  optim::FitOptions fit;
+  fit.epochs = 3;
+  fit.on_epoch_end = [&](const optim::EpochSummary& e) {
+    skipped.push_back(e.skipped_steps);
+    EXPECT_EQ(e.gradient_reductions, 0);  // one process: no communicator
+  };
+  optim::fit(*c.trainer, *c.loader, loss, fit);
+  EXPECT_EQ(skipped, (std::vector<int64_t>{0, 1, 0}));
+  EXPECT_EQ(c.trainer->skipped_steps(), 1);
 }
 
 // Stopped at a group boundary mid-epoch and resumed from its state in new objects, fit ends with
@@ -576,6 +635,25 @@ TEST(StopSignal, ASignalIsRecordedNotFatal) {
   request_stop(0);
   EXPECT_FALSE(stop_requested());
   install_stop_handlers();  // the handler was reset to the default by the first signal
+}
+
+// A stop asked for between boundaries throws Interrupted; the fault hook raises SIGINT once, at
+// the point named, and nowhere else.
+TEST(StopSignal, InterruptedAndTheFaultHook) {
+  install_stop_handlers();
+  EXPECT_NO_THROW(throw_if_interrupted());
+  ::setenv("CUMULUS_FAULT_SIGNAL", "micro_batch:2:5", 1);
+  fault_signal_point("micro_batch", 2, 4);
+  fault_signal_point("test_pass", 2);
+  EXPECT_FALSE(stop_requested());
+  fault_signal_point("micro_batch", 2, 5);
+  EXPECT_EQ(stop_signal(), SIGINT);
+  EXPECT_THROW(throw_if_interrupted(), Interrupted);
+  request_stop(0);
+  install_stop_handlers();
+  fault_signal_point("micro_batch", 2, 5);  // once only
+  EXPECT_FALSE(stop_requested());
+  ::unsetenv("CUMULUS_FAULT_SIGNAL");
 }
 
 // Integers are read from the text: anything but plain decimal digits in range is refused, naming

@@ -1,12 +1,9 @@
 #include "run_control.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -22,21 +19,6 @@ namespace fmnist {
 bool g_root = true;
 bool g_agreed_exit = false;
 
-void throw_if_interrupted() {
-  if (stop_requested()) throw Interrupted{};
-}
-
-void fault_signal_point(const char* kind, int epoch, int64_t index) {
-  static bool raised = false;
-  const char* want = std::getenv("CUMULUS_FAULT_SIGNAL");
-  if (want == nullptr || raised) return;
-  std::string here = std::string(kind) + ":" + std::to_string(epoch);
-  if (index >= 0) here += ":" + std::to_string(index);
-  if (here != want) return;
-  raised = true;
-  std::raise(SIGINT);
-}
-
 void say(const char* format, ...) {
   if (!g_root) return;
   std::va_list args;
@@ -48,25 +30,18 @@ void say(const char* format, ...) {
 
 namespace {
 
-std::string host_name() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("unknown");
-}
-
 // One GPU per rank on each node: the rank's place among the node's ranks (--device auto or cuda;
 // an explicit cuda:N is taken as given on every rank, for launchers that give each rank its own
 // CUDA_VISIBLE_DEVICES). Sets `device` and returns this rank's problem ("" if none) instead of
 // throwing, so that every rank can learn of it and all stop together.
 std::string choose_rank_device(const RunConfig& c, const dist::Communicator& comm, Device& device) {
   if (!c.device.is_cuda() || !c.one_gpu_per_rank) return "";
-  const int devices = cuda_device_count();
   try {
-    device = Device::cuda(dist::device_for_local_rank(comm.local_rank(), comm.local_size(), devices));
+    device = dist::device_for_rank(comm);
     return "";
   } catch (const InvalidArgument& e) {
-    const std::string n = std::to_string(devices);
-    return "host " + host_name() + ": " + e.what() + "; start at most " + n + " per node (mpirun -npernode " + n +
-           "), or give --device cpu (or --device cuda:0 where each rank sees a GPU of its own through "
+    return std::string(e.what()) +
+           ", or give --device cpu (or --device cuda:0 where each rank sees a GPU of its own through "
            "CUDA_VISIBLE_DEVICES)";
   }
 }

@@ -27,17 +27,9 @@ struct ErrorOnEveryRank : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Thrown where a phase outside the training loop (loading, planning, the test pass) notices an
-// interrupt; the training loop itself stops at a group boundary without it.
-struct Interrupted {};
-
-void throw_if_interrupted();
-
-// Test hook (tests/test_faults.cpp), not a feature: CUMULUS_FAULT_SIGNAL=<point> raises SIGINT once,
-// when the run reaches that point, so a test interrupts a run at an exact place. The points:
-//   micro_batch:<epoch>:<i>  just after micro-batch i (from 0) of epoch <epoch> (from 1) is trained
-//   test_pass:<epoch>        before the first batch of epoch <epoch>'s test pass
-void fault_signal_point(const char* kind, int epoch, int64_t index = -1);
+// The points of cumulus::fault_signal_point (tests/test_faults.cpp): micro_batch:<epoch>:<i>, just
+// after micro-batch i (from 0) of epoch <epoch> (from 1) is trained; test_pass:<epoch>, before the
+// first batch of epoch <epoch>'s test pass.
 
 // Data parallel (mpirun): rank 0 prints, writes the checkpoint, the weights and the metrics.
 extern bool g_root;

@@ -77,16 +77,6 @@ void write_reports(const RunConfig& o, MemoryTracker& tracker) {
   });
 }
 
-// What the metrics line and the warnings measure over one epoch, beside fit's EpochSummary.
-struct EpochCounters {
-  int index = 0;  // from 0
-  int64_t skipped_before = 0, buckets_in_backward_before = 0;
-  dist::Communicator::Stats comm_before;
-  int64_t peak = 0;
-  bool scaling = false;
-  float loss_scale = 1.0f;
-};
-
 MetricsLog open_metrics(const RunConfig& o, const TrainingState& state) {
   try {
     return MetricsLog(o.metrics_path, "epoch",
@@ -114,7 +104,6 @@ class TrainingLoop {
 
  private:
   optim::FitOptions fit_options();
-  void begin_epoch(int epoch);
   void end_epoch(const optim::EpochSummary& e);
   void warn_of_skipped_steps(const optim::EpochSummary& e);
   void check_plan(const optim::EpochSummary& e);
@@ -127,7 +116,7 @@ class TrainingLoop {
   const RunConfig& o_;
   const optim::Trainer& trainer_;  // the counters
   TrainingProgress progress_;
-  EpochCounters epoch_;
+  int epoch_ = 0;  // the epoch running, from 0
   const optim::FitOptions fit_options_;
   const optim::BatchLoss loss_;
   // The epochs, and the last group boundary: what a checkpoint written now restores. Between an
@@ -137,8 +126,8 @@ class TrainingLoop {
   MetricsLog metrics_;
 };
 
-// fit's hooks: the peak and the fault points per micro-batch, the test pass, the --metrics line and
-// the checkpoint per epoch. A stop is honoured at a group boundary, after the group in flight has
+// fit's hooks: the fault points per micro-batch, the test pass, the --metrics line and the
+// checkpoint per epoch. A stop is honoured at a group boundary, after the group in flight has
 // stepped: the checkpoint then holds exactly what the run has done, batch norm's running statistics
 // included. With several ranks, at a boundary all of them agree on, so they stop together.
 optim::FitOptions TrainingLoop::fit_options() {
@@ -147,13 +136,9 @@ optim::FitOptions TrainingLoop::fit_options() {
   fit.start = p_.state.state;
   fit.progress = &progress_;
   fit.stop = [this] { return stop_requested_on_any_rank(p_.comm); };
-  fit.on_epoch_begin = [this](int epoch) { begin_epoch(epoch); };
-  fit.on_step = [this](const optim::MicroBatchDone&) {
-    epoch_.peak = std::max(epoch_.peak, allocator_for(o_.device).stats().allocated_peak);
-  };
+  fit.on_epoch_begin = [this](int epoch) { epoch_ = epoch; };
   fit.on_micro_batch = [this](const optim::MicroBatchDone& d) {
-    if (d.trained_here) epoch_.peak = std::max(epoch_.peak, p_.tracker.last_micro_batch().peak_bytes);
-    fault_signal_point("micro_batch", epoch_.index + 1, d.index);
+    fault_signal_point("micro_batch", epoch_ + 1, d.index);
   };
   fit.on_epoch_end = [this](const optim::EpochSummary& e) { end_epoch(e); };
   fit.checkpoint = [this](const optim::CheckpointState& state) { checkpoint_now(state, "epoch end"); };
@@ -202,26 +187,18 @@ int TrainingLoop::stop_together(const std::string& where) {
   return status;
 }
 
-void TrainingLoop::begin_epoch(int epoch) {
-  epoch_ = EpochCounters();
-  epoch_.index = epoch;
-  epoch_.skipped_before = trainer_.skipped_steps();
-  epoch_.comm_before = p_.comm.stats();
-  epoch_.buckets_in_backward_before = trainer_.buckets_started_in_backward();
-}
-
 // A word on the epoch's skipped steps.
 void TrainingLoop::warn_of_skipped_steps(const optim::EpochSummary& e) {
-  const int64_t skipped = trainer_.skipped_steps() - epoch_.skipped_before;
-  epoch_.scaling = needs_loss_scaling(o_.precision);
-  epoch_.loss_scale = epoch_.scaling ? trainer_.loss_scale() : 1.0f;
+  const int64_t skipped = e.skipped_steps;
+  const bool scaling = needs_loss_scaling(o_.precision);
+  const float loss_scale = scaling ? trainer_.loss_scale() : 1.0f;
   // Under fp16 a skipped step is how the loss scale finds its level, not a fault; at its floor
   // (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
   const float min_scale = p_.trainer_options.loss_scaling.min_scale;
-  const bool at_floor = epoch_.scaling && epoch_.loss_scale <= min_scale;
-  if (g_root && epoch_.scaling && skipped > 0 && std::isfinite(e.train_loss) && !at_floor && !o_.quiet)
+  const bool at_floor = scaling && loss_scale <= min_scale;
+  if (g_root && scaling && skipped > 0 && std::isfinite(e.train_loss) && !at_floor && !o_.quiet)
     say("fp16: %lld optimizer step(s) skipped for gradients that overflowed in fp16; loss scale now %s\n",
-        static_cast<long long>(skipped), loss_scale_text(epoch_.loss_scale).c_str());
+        static_cast<long long>(skipped), loss_scale_text(loss_scale).c_str());
   else if (g_root && (skipped > 0 || !std::isfinite(e.train_loss))) {
     const std::string floor_note = at_floor && skipped > 0
                                        ? "; fp16's loss scale holds at its floor of " + loss_scale_text(min_scale) +
@@ -231,18 +208,16 @@ void TrainingLoop::warn_of_skipped_steps(const optim::EpochSummary& e) {
                  "fashion_mnist: warning: epoch %d: %lld optimizer step(s) skipped for non-finite gradients, "
                  "training loss %g (a NaN or Inf in the data, the weights or the loss; try a lower --lr or "
                  "--clip-grad-norm%s)%s\n",
-                 e.epoch + 1, static_cast<long long>(skipped), e.train_loss,
-                 epoch_.scaling ? " or --precision bf16" : "", floor_note.c_str());
+                 e.epoch + 1, static_cast<long long>(skipped), e.train_loss, scaling ? " or --precision bf16" : "",
+                 floor_note.c_str());
   }
 }
 
-// The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
-// not comparable): its training time and peak (Note [Predicting time] in engine/runtime/planner.cpp).
+// The planner's prediction against this epoch, where fit measured it (the first full epoch).
 void TrainingLoop::check_plan(const optim::EpochSummary& e) {
   const std::optional<PlanCheck>& check = p_.tracker.plan_check();
-  if (!check || check->measured || e.first_micro_batch != 0) return;
-  p_.tracker.measure_plan(e.epoch, e.seconds, epoch_.peak);
-  if (g_root && !o_.quiet) say("planner: %s\n", plan_check_line(*check).c_str());
+  if (check && check->measured && check->epoch == e.epoch && g_root && !o_.quiet)
+    say("planner: %s\n", plan_check_line(*check).c_str());
 }
 
 nlohmann::ordered_json TrainingLoop::metrics_line(const optim::EpochSummary& e, const optim::Evaluation& r) const {
@@ -254,21 +229,20 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const optim::EpochSummary& e, 
                                  {"epoch_seconds", e.seconds},
                                  {"optimizer_steps", trainer_.optimizer_steps()},
                                  {"skipped_steps", trainer_.skipped_steps()},
-                                 {"peak_bytes", epoch_.peak},
+                                 {"peak_bytes", e.peak_bytes},
                                  {"micro_batch_size", o_.batch_size},
                                  {"model", choice_name(o_.model)},
                                  {"accum_steps", trainer_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
                                  {"lr", trainer_.last_lr()},
                                  {"precision", choice_name(o_.precision)},
                                  {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
-  if (epoch_.scaling) line["loss_scale"] = epoch_.loss_scale;
+  if (needs_loss_scaling(o_.precision)) line["loss_scale"] = trainer_.loss_scale();
   if (o_.world_size > 1) {
-    const dist::Communicator::Stats now = p_.comm.stats();
     line["world_size"] = o_.world_size;
-    line["gradient_reductions"] = now.gradient_reductions - epoch_.comm_before.gradient_reductions;
-    line["communication_seconds"] = now.communication_seconds - epoch_.comm_before.communication_seconds;
+    line["gradient_reductions"] = e.gradient_reductions;
+    line["communication_seconds"] = e.communication_seconds;
     line["gradient_buckets"] = trainer_.gradient_buckets();
-    line["buckets_started_in_backward"] = trainer_.buckets_started_in_backward() - epoch_.buckets_in_backward_before;
+    line["buckets_started_in_backward"] = e.buckets_started_in_backward;
   }
   if (p_.model.uses_batch_statistics())
     line["batch_norm_statistics_samples"] = o_.batch_size;  // per micro-batch, not per group
@@ -307,7 +281,7 @@ std::optional<int> TrainingLoop::run() {
     if (r.end == optim::FitEnd::stopped_after_epoch) return stop_together("after epoch " + epoch);
   } catch (const Interrupted&) {
     return stop("interrupted (" + std::string(stop_signal_name(stop_signal())) + ") in the test pass of epoch " +
-                    std::to_string(epoch_.index + 1) + "; a resumed run starts with that test pass",
+                    std::to_string(epoch_ + 1) + "; a resumed run starts with that test pass",
                 exit_code_for_stop(stop_signal()), "interrupted");
   } catch (const OutOfMemory& e) {
     const int status = stop(
@@ -367,14 +341,7 @@ void finish_reports(const RunConfig& o, MemoryTracker& tracker, dist::Communicat
     say("");
   }
   write_reports(o, tracker);
-  if (g_root && o.world_size > 1 && !o.quiet) {
-    const dist::Communicator::Stats st = comm.stats();
-    const bool nccl = comm.backend() == "MPI+NCCL";  // Note [Communication time]
-    say("data parallel: %lld gradient all-reduces (%lld transport calls, %.1f MiB per rank), %.3f s in them (%s)\n",
-        static_cast<long long>(st.gradient_reductions), static_cast<long long>(st.messages),
-        static_cast<double>(st.bytes_reduced) / (1 << 20), st.communication_seconds,
-        nccl ? "NCCL's device time" : "the host's wait for MPI");
-  }
+  if (g_root && o.world_size > 1 && !o.quiet) say("data parallel: %s\n", comm.stats_text().c_str());
 }
 
 std::optional<int> train(const TrainingParts& parts) { return TrainingLoop(parts).run(); }

@@ -36,7 +36,10 @@
 // device times.
 #include "cumulus/dist/communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -125,6 +128,17 @@ Communicator::Stats Communicator::stats() {
   return stats_;
 }
 
+std::string Communicator::stats_text() {
+  const Stats st = stats();
+  char line[256];
+  std::snprintf(
+      line, sizeof line, "%lld gradient all-reduces (%lld transport calls, %.1f MiB per rank), %.3f s in them (%s)",
+      static_cast<long long>(st.gradient_reductions), static_cast<long long>(st.messages),
+      static_cast<double>(st.bytes_reduced) / (1 << 20), st.communication_seconds,
+      backend() == "MPI+NCCL" ? "NCCL's device time" : "the host's wait for MPI");  // Note [Communication time]
+  return line;
+}
+
 TimeSpans Communicator::take_recent_spans() { return std::exchange(recent_, {}); }
 
 bool mpi_compiled() { return CUMULUS_WITH_MPI != 0; }
@@ -147,6 +161,18 @@ int device_for_local_rank(int local_rank, int local_ranks, int device_count) {
                 device_count == 0 ? "no" : std::to_string(device_count), " CUDA device", device_count == 1 ? "" : "s",
                 ": each rank needs a GPU of its own (NCCL refuses two ranks on one GPU)");
   return local_rank;
+}
+
+Device device_for_rank(const Communicator& comm) {
+  const int devices = cuda_device_count();
+  try {
+    return Device::cuda(device_for_local_rank(comm.local_rank(), comm.local_size(), devices));
+  } catch (const InvalidArgument& e) {
+    char host[256] = {};
+    const std::string n = std::to_string(devices);
+    throw InvalidArgument("host " + std::string(::gethostname(host, sizeof host - 1) == 0 ? host : "unknown") + ": " +
+                          e.what() + "; start at most " + n + " per node (mpirun -npernode " + n + ")");
+  }
 }
 
 std::string problem_of_any_rank(Communicator& comm, const std::string& mine) {

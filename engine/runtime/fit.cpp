@@ -1,6 +1,12 @@
 #include "cumulus/runtime/fit.h"
 
+#include <algorithm>
 #include <chrono>
+
+#include "cumulus/dist/communicator.h"
+#include "cumulus/memory/allocator.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/optim/optimizer.h"
 
 namespace cumulus::optim {
 
@@ -12,8 +18,18 @@ bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
   TrainingProgress* progress = options_.progress;
   EpochOptions hooks;
   if (options_.stop) hooks.stop = [this](int64_t) { return stop_asked(); };
-  hooks.on_step = options_.on_step;
+  CachingAllocator& allocator = allocator_for(trainer_.optimizer().parameters().device());
+  allocator.reset_peak();
+  hooks.on_step = [&](const MicroBatchDone& done) {
+    summary.peak_bytes = std::max(summary.peak_bytes, allocator.stats().allocated_peak);
+    if (options_.on_step) options_.on_step(done);
+  };
   hooks.on_micro_batch = [&](const MicroBatchDone& done) {
+    // A tracker's record: a step after the micro-batch has reset the allocator's peak since.
+    const MemoryTracker* tracker = trainer_.tracker();
+    if (done.trained_here)
+      summary.peak_bytes = std::max(
+          summary.peak_bytes, tracker ? tracker->last_micro_batch().peak_bytes : allocator.stats().allocated_peak);
     if (options_.on_micro_batch) options_.on_micro_batch(done);
     summary.units_trained = done.units_done;
     if (progress && progress->due(done.index + 1))
@@ -36,6 +52,28 @@ bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
   return true;
 }
 
+// The Trainer's running totals that EpochSummary reports per epoch (reading them waits for the device).
+EpochSummary FitLoop::counters() const {
+  EpochSummary now;
+  now.skipped_steps = trainer_.skipped_steps();
+  if (dist::Communicator* comm = trainer_.communicator()) {
+    const dist::Communicator::Stats stats = comm->stats();
+    now.gradient_reductions = stats.gradient_reductions;
+    now.communication_seconds = stats.communication_seconds;
+    now.buckets_started_in_backward = trainer_.buckets_started_in_backward();
+  }
+  return now;
+}
+
+// The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
+// not comparable: Note [Predicting time] in engine/runtime/planner.cpp).
+void FitLoop::measure_plan(const EpochSummary& summary) const {
+  MemoryTracker* tracker = trainer_.tracker();
+  if (tracker == nullptr || !tracker->plan_check() || tracker->plan_check()->measured || summary.first_micro_batch != 0)
+    return;
+  tracker->measure_plan(summary.epoch, summary.seconds, summary.peak_bytes);
+}
+
 FitResult FitLoop::run() {
   FitResult result;
   for (int epoch = point_.epoch(); epoch < options_.epochs; ++epoch) {
@@ -43,7 +81,14 @@ FitResult FitLoop::run() {
     if (options_.on_epoch_begin) options_.on_epoch_begin(epoch);
     EpochSummary summary;
     summary.epoch = epoch;
+    const EpochSummary before = counters();
     if (!train(epoch, summary, result)) break;
+    const EpochSummary after = counters();
+    summary.skipped_steps = after.skipped_steps - before.skipped_steps;
+    summary.gradient_reductions = after.gradient_reductions - before.gradient_reductions;
+    summary.communication_seconds = after.communication_seconds - before.communication_seconds;
+    summary.buckets_started_in_backward = after.buckets_started_in_backward - before.buckets_started_in_backward;
+    measure_plan(summary);
     if (options_.on_epoch_end) options_.on_epoch_end(summary);
     point_.end_epoch();
     if (options_.checkpoint) options_.checkpoint(point_.state());

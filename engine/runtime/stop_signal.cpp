@@ -1,5 +1,8 @@
 #include "cumulus/runtime/stop_signal.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "cumulus/dist/communicator.h"
 
 namespace cumulus {
@@ -32,6 +35,21 @@ int exit_code_for_stop(int signal) { return signal == SIGINT ? 130 : signal == S
 
 const char* stop_signal_name(int signal) {
   return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "stdout closed";
+}
+
+void throw_if_interrupted() {
+  if (stop_requested()) throw Interrupted{};
+}
+
+void fault_signal_point(const char* kind, int epoch, int64_t index) {
+  static bool raised = false;
+  const char* want = std::getenv("CUMULUS_FAULT_SIGNAL");
+  if (want == nullptr || raised) return;
+  std::string here = std::string(kind) + ":" + std::to_string(epoch);
+  if (index >= 0) here += ":" + std::to_string(index);
+  if (here != want) return;
+  raised = true;
+  std::raise(SIGINT);
 }
 
 bool stop_requested_on_any_rank(dist::Communicator& comm) {

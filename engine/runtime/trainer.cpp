@@ -146,6 +146,7 @@ double Trainer::epoch_loss_sum() const { return acc_->epoch_loss_sum(); }
 double Trainer::epoch_units_stepped() const { return acc_->epoch_units_stepped(); }
 std::size_t Trainer::gradient_buckets() const { return acc_->gradient_buckets(); }
 int64_t Trainer::buckets_started_in_backward() const { return acc_->buckets_started_in_backward(); }
+dist::Communicator* Trainer::communicator() const { return acc_->communicator(); }
 Optimizer& Trainer::optimizer() { return acc_->optimizer(); }
 std::vector<int64_t> Trainer::state_to_allocate() { return Accumulator::state_to_allocate(); }
 Accumulator& accumulator_of(Trainer& trainer) { return *trainer.acc_; }

@@ -1,7 +1,8 @@
 // fit: the epochs loop around Trainer::train_epoch that most runs want (Keras' model.fit,
 // Lightning's Trainer.fit): from a start (epoch 0, or a resumed checkpoint's position) to
 // `epochs`, with the progress line, a hook at each epoch's end (evaluate, log), a checkpoint after
-// it, and a stop honoured at a group boundary or after an epoch's checkpoint.
+// it, and a stop honoured at a group boundary or after an epoch's checkpoint. Each epoch is summarized
+// (EpochSummary: its loss, time, peak and counters).
 //
 //   optim::FitOptions fit;
 //   fit.epochs = 10;
@@ -36,6 +37,18 @@ struct EpochSummary {
   double train_loss = 0.0;        // the epoch's mean per unit, a resumed epoch's earlier part included
   double seconds = 0.0;           // this run's training time of the epoch (its queued work included)
   int64_t units_trained = 0;      // the units this run trained in the epoch (every rank's)
+  // The largest allocated bytes of this rank's micro-batches and steps in the epoch (the device's
+  // allocator, or the Trainer's tracker's records). A tracker attached to the Trainer with a plan check
+  // (MemoryTracker::plan_check) has it measured against the first full epoch, this peak and `seconds`, before
+  // on_epoch_end.
+  int64_t peak_bytes = 0;
+  // The Trainer's counters over this run's part of the epoch: steps skipped for a non-finite
+  // gradient; data parallel, the gradient all-reduces, their time (Communicator::Stats) and the
+  // buckets that started while a backward ran.
+  int64_t skipped_steps = 0;
+  int64_t gradient_reductions = 0;
+  double communication_seconds = 0.0;
+  int64_t buckets_started_in_backward = 0;
 };
 
 struct FitOptions {
@@ -85,6 +98,8 @@ class FitLoop {
  private:
   bool train(int epoch, EpochSummary& summary, FitResult& result);
   bool stop_asked() const { return options_.stop && options_.stop(); }
+  EpochSummary counters() const;
+  void measure_plan(const EpochSummary& summary) const;
 
   Trainer& trainer_;
   data::DataLoader& loader_;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <csignal>
+#include <cstdint>
 
 namespace cumulus::dist {
 class Communicator;
@@ -31,6 +32,16 @@ void request_stop(int signal);
 int exit_code_for_stop(int signal);
 // "SIGINT", "SIGTERM", "stdout closed".
 const char* stop_signal_name(int signal);
+
+// Thrown where work between a loop's group boundaries (loading, planning, a test pass) notices a
+// stop: it ends at once, with no new state to checkpoint.
+struct Interrupted {};
+void throw_if_interrupted();  // throws Interrupted when a stop was requested
+
+// Test hook, not a feature: CUMULUS_FAULT_SIGNAL=<point> raises SIGINT once, when the program
+// reaches that point, so that a test interrupts a run at an exact place. A point is
+// "<kind>:<epoch>" or "<kind>:<epoch>:<index>" ("micro_batch:2:5"), as the program names them.
+void fault_signal_point(const char* kind, int epoch, int64_t index = -1);
 
 // Data parallel: whether any rank was asked to stop (a collective: every rank calls it at the same
 // group boundary). A rank stopped by another's signal records SIGTERM, so every rank stops.

@@ -197,6 +197,7 @@ class Trainer {
   // far started while a backward was still running (the rest started at the step).
   std::size_t gradient_buckets() const;
   int64_t buckets_started_in_backward() const;
+  dist::Communicator* communicator() const;  // TrainerOptions::communicator (null: one process)
   Optimizer& optimizer();
   // The blocks a Trainer makes at its first step and holds beside every later micro-batch (bytes
   // requested, category other: its learning-rate table), for a planner's PlanRequest::loop_state.
