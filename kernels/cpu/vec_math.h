@@ -84,8 +84,10 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
 
-// vec::layer_norm_row_f32 and vec::layer_norm_grad_row_f32 16 lanes at a time (their double sums
-// 16 lanes at a time: another order, within a rounding of the double result either way).
+// vec::layer_norm_row_f32 and vec::layer_norm_grad_row_f32 16 lanes at a time: their double sums
+// (16 lanes at a time: another order, within a rounding of the double result either way), and the
+// outputs from them in float, x - mean included (Note [Layer norm's row in one pass and a float
+// output] in vec_math_avx512.cpp; tests/emulated/vec_math_avx512_test.cpp bounds both).
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd);
 // With sw and sb (else null), the row's share of the parameter gradients on the way, as

@@ -192,13 +192,9 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
 }
 
 namespace {
-// The two halves of 16 floats as 8 doubles each, and back.
+// The two halves of 16 floats as 8 doubles each.
 __m512d low_pd(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
 __m512d high_pd(V v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
-V from_pd(__m512d lo, __m512d hi) {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
-                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
-}
 }  // namespace
 
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
@@ -256,35 +252,40 @@ void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta,
   }
 }
 
+// Note [Layer norm's row in one pass and a float output]: the mean and the variance from one pass
+// of double sums of d = x - x[0] and d^2 (the shift keeps the variance's subtraction safe: the
+// square of the mean's distance from x[0] is at most n times the variance, as x[0] is one of the
+// n terms, so the cancellation costs at most a factor n of double's precision). The output in
+// float, x - mean as (x - m_hi) - m_lo with mean = m_hi + m_lo two floats (the second subtraction
+// carries what rounding the mean to float would lose), then times rstd: three float operations a
+// lane instead of the conversions and the double arithmetic of the sums.
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd) {
-  __m512d lo = _mm512_setzero_pd(), hi = lo;
-  for (int64_t i = 0; i < n; i += 16) {
-    const V v = _mm512_maskz_loadu_ps(lanes(n - i), x + i);  // zeros past n add nothing
-    lo = _mm512_add_pd(lo, low_pd(v));
-    hi = _mm512_add_pd(hi, high_pd(v));
-  }
-  const double m = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)) / static_cast<double>(n);
-  const __m512d md = _mm512_set1_pd(m);
-  lo = hi = _mm512_setzero_pd();
+  const double k = n > 0 ? x[0] : 0.0;
+  const __m512d kd = _mm512_set1_pd(k);
+  __m512d s_lo = _mm512_setzero_pd(), s_hi = s_lo, q_lo = s_lo, q_hi = s_lo;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 in = lanes(n - i);
     const V v = _mm512_maskz_loadu_ps(in, x + i);
-    const __m512d a = _mm512_maskz_sub_pd(static_cast<__mmask8>(in), low_pd(v), md);
-    const __m512d b = _mm512_maskz_sub_pd(static_cast<__mmask8>(in >> 8), high_pd(v), md);
-    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
-    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+    const __m512d a = _mm512_maskz_sub_pd(static_cast<__mmask8>(in), low_pd(v), kd);
+    const __m512d b = _mm512_maskz_sub_pd(static_cast<__mmask8>(in >> 8), high_pd(v), kd);
+    s_lo = _mm512_add_pd(s_lo, a);
+    s_hi = _mm512_add_pd(s_hi, b);
+    q_lo = _mm512_fmadd_pd(a, a, q_lo);
+    q_hi = _mm512_fmadd_pd(b, b, q_hi);
   }
-  const double ss = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
-  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  const double d = _mm512_reduce_add_pd(_mm512_add_pd(s_lo, s_hi)) / static_cast<double>(n);
+  const double q = _mm512_reduce_add_pd(_mm512_add_pd(q_lo, q_hi)) / static_cast<double>(n);
+  const double m = k + d, var = q - d * d > 0.0 ? q - d * d : 0.0;
+  const double inv = 1.0 / std::sqrt(var + eps);
   *mean = static_cast<float>(m);
   *rstd = static_cast<float>(inv);
-  const __m512d invd = _mm512_set1_pd(inv);
+  const auto m_hi = static_cast<float>(m);
+  const V mh = splat(m_hi), ml = splat(static_cast<float>(m - m_hi)), iv = splat(static_cast<float>(inv));
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 in = lanes(n - i);
     const V v = _mm512_maskz_loadu_ps(in, x + i);
-    V out =
-        from_pd(_mm512_mul_pd(_mm512_sub_pd(low_pd(v), md), invd), _mm512_mul_pd(_mm512_sub_pd(high_pd(v), md), invd));
+    V out = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(v, mh), ml), iv);
     if (weight != nullptr) out = _mm512_mul_ps(out, _mm512_maskz_loadu_ps(in, weight + i));
     if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(in, bias + i));
     _mm512_mask_storeu_ps(y + i, in, out);
@@ -324,12 +325,12 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
   }
   const auto mean_g = static_cast<float>(_mm512_reduce_add_pd(sg) / static_cast<double>(n));
   const auto mean_g_xhat = static_cast<float>(_mm512_reduce_add_pd(sgx) / static_cast<double>(n));
-  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), inv = splat(rstd), bv = splat(beta);
+  // dx in float, xhat = (x - mean) rstd too: the sums above are what needs double.
+  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), mf = splat(mean), inv = splat(rstd), bv = splat(beta);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 in = lanes(n - i);
-    __m512d a, b;
-    xhat_at(_mm512_maskz_loadu_ps(in, x + i), in, a, b);
-    V out = _mm512_mul_ps(inv, _mm512_sub_ps(_mm512_sub_ps(g_at(i, in), mg), _mm512_mul_ps(from_pd(a, b), mgx)));
+    const V xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), mf), inv);
+    V out = _mm512_mul_ps(inv, _mm512_fnmadd_ps(xhat, mgx, _mm512_sub_ps(g_at(i, in), mg)));
     if (beta != 0.0f) out = _mm512_add_ps(out, _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(in, dx + i)));
     _mm512_mask_storeu_ps(dx + i, in, out);
   }

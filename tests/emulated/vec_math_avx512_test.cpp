@@ -126,6 +126,71 @@ TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
   }
 }
 
+// Note [Layer norm's row in one pass and a float output]: against float64's two-pass layer norm,
+// the mean and rstd within a rounding of the exact values and the output within 2 ulp of
+// max(|exact|, 1), over rows around 0 and around 1000 (where rounding the mean to float alone
+// would cost 3e-5), of widths with a tail, with and without the affine parameters.
+TEST(VecMathAvx512, LayerNormRowWithinTwoUlpOfTheExactRow) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{4096}, int64_t{100003}}) {
+    for (const float centre : {0.0f, 1000.0f}) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", around " + std::to_string(centre));
+      const std::vector<float> x = host_values(n, centre - 3.0f, centre + 3.0f, 51),
+                               weight = host_values(n, 0.5f, 1.5f, 52), bias = host_values(n, -1.0f, 1.0f, 53);
+      double m = 0.0, v = 0.0;
+      for (float e : x) m += e;
+      m /= static_cast<double>(n);
+      for (float e : x) v += (e - m) * (e - m);
+      const double inv = 1.0 / std::sqrt(v / static_cast<double>(n) + 1e-5f);
+      for (const bool affine : {false, true}) {
+        std::vector<float> y(n);
+        float mean = 0.0f, rstd = 0.0f;
+        vec512::layer_norm_row_f32(x.data(), affine ? weight.data() : nullptr, affine ? bias.data() : nullptr, n,
+                                   1e-5f, y.data(), &mean, &rstd);
+        EXPECT_EQ(mean, static_cast<float>(m));
+        EXPECT_NEAR(rstd, inv, 1.2e-7 * inv);
+        const double ulp = std::ldexp(1.0, -23);
+        for (int64_t i = 0; i < n; ++i) {
+          const double xhat = (x[i] - m) * inv;
+          const double exact = affine ? xhat * weight[i] + bias[i] : xhat;
+          // With the parameters: xhat's 2 ulp scaled by the weight, and the product's and sum's roundings.
+          const double size = affine ? std::abs(xhat * weight[i]) + std::abs(bias[i]) : std::abs(xhat);
+          const double tolerance = (affine ? 3 : 2) * ulp * std::max(size, 1.0);
+          ASSERT_LE(std::abs(y[i] - exact), tolerance) << "at " << i << " (affine " << affine << ")";
+        }
+      }
+    }
+  }
+}
+
+// The gradient row's dx, in float from double sums, against the same formula in double (with the
+// saved float mean and rstd, as the kernel takes them): within a few roundings of the terms it
+// subtracts, dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy weight.
+TEST(VecMathAvx512, LayerNormGradientRowWithinFourUlpOfItsTerms) {
+  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  const int64_t n = 4099;
+  const std::vector<float> x = host_values(n, 997.0f, 1003.0f, 61), dy = host_values(n, -1.0f, 1.0f, 62),
+                           weight = host_values(n, 0.5f, 1.5f, 63);
+  const float mean = 1000.0f, rstd = 0.58f;
+  std::vector<float> dx(n);
+  vec512::layer_norm_grad_row_f32(x.data(), dy.data(), weight.data(), mean, rstd, n, 0.0f, dx.data(), nullptr,
+                                  nullptr);
+  double sg = 0.0, sgx = 0.0;
+  std::vector<double> g(n), xhat(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = static_cast<double>(dy[i] * weight[i]);
+    xhat[i] = (static_cast<double>(x[i]) - mean) * rstd;
+    sg += g[i];
+    sgx += g[i] * xhat[i];
+  }
+  const double mg = sg / n, mgx = sgx / n, ulp = std::ldexp(1.0, -23);
+  for (int64_t i = 0; i < n; ++i) {
+    const double exact = rstd * (g[i] - mg - xhat[i] * mgx);
+    const double terms = rstd * (std::abs(g[i]) + std::abs(mg) + std::abs(xhat[i] * mgx));
+    ASSERT_LE(std::abs(dx[i] - exact), 4 * ulp * terms) << "at " << i;
+  }
+}
+
 TEST(VecMathAvx512, LayerNormParameterGradientsGiveTheScalarBits) {
   if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
   const int64_t rows = 5, n = 37;
