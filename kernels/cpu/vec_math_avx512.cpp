@@ -97,9 +97,9 @@ V sigmoid_of_minus(V z2, V& e) {
   return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(z2, splat(kGeluZ2Max), _CMP_GT_OQ), _mm512_setzero_ps());
 }
 
-// e^x for the attention tiles' x <= 0 (a score less the row's maximum or log-sum-exp): the same
-// reduction and polynomial as exp_fast, then 2^n by scalef instead of building it in the exponent
-// field, and no upper clamp. 0 below -87.34 as exp_fast (so exp(-inf) = 0), NaN stays NaN.
+// e^x for x <= 0 (an attention score less its row's maximum or log-sum-exp, a softmax row's x less
+// its maximum): exp_fast's bits there, without its clamps and upper blend. 0 below -87.34 as
+// exp_fast (so exp(-inf) = 0), NaN stays NaN.
 V exp_nonpositive(V x) {
   V n;
   const V p = exp_mantissa(x, n);
@@ -207,7 +207,9 @@ void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
   __m512d lo = _mm512_setzero_pd(), hi = lo;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 in = lanes(n - i);
-    const V e = _mm512_maskz_mov_ps(in, exp_fast(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m)));
+    // x - max is never above 0 (+inf in x makes the max +inf and this NaN): exp_fast's bits
+    // without its upper clamp.
+    const V e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m)));
     lo = _mm512_add_pd(lo, low_pd(e));
     hi = _mm512_add_pd(hi, high_pd(e));
     if (!log) _mm512_mask_storeu_ps(y + i, in, e);
