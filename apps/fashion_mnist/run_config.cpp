@@ -1,6 +1,5 @@
 #include "run_config.h"
 
-#include <stdexcept>
 #include <utility>
 
 #include "cumulus/core/error.h"

@@ -1,6 +1,5 @@
 #include "training.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>

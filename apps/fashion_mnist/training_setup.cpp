@@ -4,7 +4,6 @@
 
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/memory/category.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/ops/loss.h"
