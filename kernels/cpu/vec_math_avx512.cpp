@@ -43,10 +43,11 @@ V exp_mantissa(V x, V& n) {
 
 // e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps, and the same bits:
 // scalef's one rounding by 2^n is the AVX2 code's two exact multiplies): within 1.3 ulp, 0 below
-// -87.34 (so exp(-inf) = 0), inf above 88.72.
+// -87.34 (so exp(-inf) = 0), inf above 88.72. Unlike AVX2's, no clamp first: scalef needs none,
+// and the two blends replace whatever the polynomial made of x outside [-87.34, 88.72].
 V exp_fast(V x) {
   V n;
-  const V p = exp_mantissa(_mm512_min_ps(splat(88.72283f), _mm512_max_ps(splat(-87.34f), x)), n);
+  const V p = exp_mantissa(x, n);
   V y = _mm512_scalef_ps(p, n);
   y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ), y, _mm512_setzero_ps());
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(88.72283f), _CMP_GT_OQ), y, splat(INFINITY));
