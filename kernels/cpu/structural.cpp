@@ -55,7 +55,8 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
   }
 }
 
-// The row sums in double, as the forward's.
+// The row sums in double, as the forward's (on AVX-512 in float blocks, then double: Note [Blocked float
+// sums] in vec_math_avx512.cpp).
 template <typename T>
 void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                 int64_t rows, int64_t cols, float beta, T* dx) {
@@ -134,12 +135,15 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
 
 // Note [Layer norm's backward in one pass]
 // dx reads each row of x and dy; the parameter gradients read them all again, column blocks down
-// the rows. On AVX-512 the row kernel adds the parameter sums on its way instead, into a sum per
-// block of whole rows, and the blocks' sums are added in order at the end: x and dy are read from
-// memory once, and the bits do not depend on the thread count (the blocks follow from the shape
-// alone: at most 64, and at most kSumsBytes of sums, a workspace of this kernel's own outside the
-// memory tracker, as OpenBLAS's packing buffers are). The sums stay in double, added in another
-// order than layer_norm_param_grads_cpu's (row by row): within a rounding of the double result.
+// the rows. On AVX-512 the row kernel adds the parameter sums on its way instead, in float over
+// groups of kRowGroup rows, each group's partial sums then in double into a sum per block of whole
+// rows, and the blocks' sums in order at the end (Note [Blocked float sums] in vec_math_avx512.cpp:
+// the double read-modify-write of two sums a column every row cost as much as the rest of the
+// backward). x and dy are read from memory once, and the bits do not depend on the thread count
+// (the groups and blocks follow from the shape alone: at most 64 blocks, and at most kSumsBytes
+// of sums, a workspace of this kernel's own outside the memory tracker, as OpenBLAS's packing
+// buffers are). Against layer_norm_param_grads_cpu's double sums row by row: within a few
+// roundings of a group's terms' magnitudes.
 template <typename T>
 void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                              int64_t rows, int64_t cols, float beta, T* dx, float beta_dw, float* dweight,
@@ -147,16 +151,21 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
   const bool params = dweight != nullptr || dbias != nullptr;
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (dx != nullptr && params && rows > 0 && vec512::available()) {
-      constexpr int64_t kSumsBytes = int64_t{4} << 20;
+      constexpr int64_t kSumsBytes = int64_t{4} << 20, kRowGroup = 8;
       const int64_t max_blocks = std::clamp<int64_t>(kSumsBytes / (2 * cols * int64_t{sizeof(double)}), 1, 64);
       const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + max_blocks - 1) / max_blocks);
       const int64_t blocks = (rows + block_rows - 1) / block_rows;
       std::vector<double> sums(static_cast<std::size_t>(blocks * 2 * cols), 0.0);  // per block: sw, then sb
       parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
-        for (int64_t r = b0 * block_rows; r < std::min(rows, b1 * block_rows); ++r) {
-          double* sw = sums.data() + (r / block_rows) * 2 * cols;
-          vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
-                                          dx + r * cols, sw, sw + cols);
+        std::vector<float> partial(static_cast<std::size_t>(2 * cols), 0.0f);  // a group's sw, then sb
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t first = b * block_rows, end = std::min(rows, first + block_rows);
+          for (int64_t r = first; r < end; ++r) {
+            vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
+                                            dx + r * cols, partial.data(), partial.data() + cols);
+            if ((r - first) % kRowGroup == kRowGroup - 1 || r == end - 1)
+              vec512::add_float_sums(partial.data(), 2 * cols, sums.data() + b * 2 * cols);
+          }
         }
       });
       for (int64_t c = 0; c < cols; ++c) {
@@ -200,7 +209,8 @@ void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start,
       std::copy(in, in + run, out + before);
       std::fill(out + before + run, out + before + run + after, from_f32<T>(0.0f));
     } else {
-      for (int64_t i = 0; i < run; ++i) out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
+      for (int64_t i = 0; i < run; ++i)
+        out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
     }
   }
 }

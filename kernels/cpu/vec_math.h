@@ -79,21 +79,27 @@ bool available();
 void gelu_tanh_f32(const float* x, float* y, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 
-// vec::softmax_row_f32 and vec::softmax_grad_row_f32 16 lanes at a time (the same exp; the double
-// sums in another order, within a rounding of the double result either way).
+// vec::softmax_row_f32 and vec::softmax_grad_row_f32 16 lanes at a time (the same exp; the sums
+// in float over blocks of 128 and in double across them: Note [Blocked float sums] in
+// vec_math_avx512.cpp, within a few roundings of the double result at any width).
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
 
-// vec::layer_norm_row_f32 and vec::layer_norm_grad_row_f32 16 lanes at a time: their double sums
-// (16 lanes at a time: another order, within a rounding of the double result either way), and the
-// outputs from them in float, x - mean included (Note [Layer norm's row in one pass and a float
-// output] in vec_math_avx512.cpp; tests/emulated/vec_math_avx512_test.cpp bounds both).
+// vec::layer_norm_row_f32 and vec::layer_norm_grad_row_f32 16 lanes at a time: the forward's double
+// sums (another order, within a rounding of the double result), the gradient's blocked float sums
+// (Note [Blocked float sums]), and the outputs in float, x - mean included (Note [Layer norm's row
+// in one pass and a float output] in vec_math_avx512.cpp; tests/emulated/vec_math_avx512_test.cpp
+// bounds both).
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd);
-// With sw and sb (else null), the row's share of the parameter gradients on the way, as
-// layer_norm_param_grads_row_f32 computes it (the same bits): one pass over x and dy for both.
+// With pw and pb (else null), the row's share of the parameter gradients on the way, added in
+// float: pw[c] += dy[c] xhat[c], pb[c] += dy[c], xhat = (x - mean) rstd in float as for dx. The
+// caller adds a few rows so, then those partial sums into double (add_float_sums): one pass over
+// x and dy for dx and both (kernels/cpu/structural.cpp's layer_norm_backward_cpu).
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
-                             float beta, float* dx, double* sw, double* sb);
+                             float beta, float* dx, float* pw, float* pb);
+// sums[c] += partial[c] in double, then partial[c] = 0, for c < n.
+void add_float_sums(float* partial, int64_t n, double* sums);
 // One row's share of layer norm's parameter gradients over n columns: sw[c] += dy[c] xhat[c] and
 // sb[c] += dy[c] in double, xhat = (x - mean) rstd: the scalar loop's operations (the same bits).
 void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,

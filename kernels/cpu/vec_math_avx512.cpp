@@ -2,6 +2,7 @@
 // (CMakeLists.txt); called only after vec512::available() found both on this CPU. Compiled with
 // -ffp-contract=off: every fused multiply-add below is written out.
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/vec_math.h"
 
@@ -41,25 +42,21 @@ V exp_mantissa(V x, V& n) {
   return _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, splat(1.0f)));
 }
 
-// e^x as vec_math_avx2.cpp's exp_fast, 16 lanes (the same constants and steps, and the same bits:
-// scalef's one rounding by 2^n is the AVX2 code's two exact multiplies): within 1.3 ulp, 0 below
-// -87.34 (so exp(-inf) = 0), inf above 88.72. Unlike AVX2's, no clamp first: scalef needs none,
-// and the two blends replace whatever the polynomial made of x outside [-87.34, 88.72].
-V exp_fast(V x) {
-  V n;
-  const V p = exp_mantissa(x, n);
-  V y = _mm512_scalef_ps(p, n);
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(-87.33654f), _CMP_LT_OQ), y, _mm512_setzero_ps());
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, splat(88.72283f), _CMP_GT_OQ), y, splat(INFINITY));
+// f(i, in) for each vector [i, i + 16) of a row of n: the whole vectors with every lane on (so the
+// masks compile away, and with them the mask's arithmetic each vector), then the tail under its mask.
+template <typename F>
+void for_each_vector(int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) f(i, static_cast<__mmask16>(0xFFFF));
+  if (i < n) f(i, lanes(n - i));
 }
 
 // y = f(x) (or g = f(x, dy)) over n floats, 16 at a time; a tail goes through f under a mask.
 template <typename F>
 void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
     _mm512_mask_storeu_ps(g + i, in, f(_mm512_maskz_loadu_ps(in, x + i), _mm512_maskz_loadu_ps(in, dy + i)));
-  }
+  });
 }
 
 // 2^z = 2^n 2^f: n = round(z), f = z - n in [-1/2, 1/2] (exact), 2^f by a degree-5 polynomial
@@ -99,8 +96,10 @@ V sigmoid_of_minus(V z2, V& e) {
 }
 
 // e^x for x <= 0 (an attention score less its row's maximum or log-sum-exp, a softmax row's x less
-// its maximum): exp_fast's bits there, without its clamps and upper blend. 0 below -87.34 as
-// exp_fast (so exp(-inf) = 0), NaN stays NaN.
+// its maximum, a log-probability) with vec_math_avx2.cpp's exp_fast's bits there (the same
+// constants and steps; scalef's one rounding by 2^n is the AVX2 code's two exact multiplies):
+// within 1.3 ulp, 0 below -87.34 (so exp(-inf) = 0), NaN stays NaN. No clamps: scalef needs none,
+// and the blend replaces whatever the polynomial made of x below -87.34.
 V exp_nonpositive(V x) {
   V n;
   const V p = exp_mantissa(x, n);
@@ -196,63 +195,130 @@ namespace {
 // The two halves of 16 floats as 8 doubles each.
 __m512d low_pd(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
 __m512d high_pd(V v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+
+// Note [Blocked float sums]
+// A row's sums (softmax's sum of exp, its gradient's sum(dy y) or sum(dy), layer norm's gradient
+// sums) add kSumBlock vectors in float lanes, then each block's 16 lanes in double: one float add
+// or FMA a vector instead of two conversions and two double adds, which cost as much as the rest of
+// the row's arithmetic. A lane of a block adds at most kSumBlock terms, so a block's error is at
+// most kSumBlock - 1 roundings of its terms' magnitudes at any width (a plain float sum's grows
+// with the width: 1e-3 at a million), and adding the blocks in double adds nothing measurable.
+// Layer norm's parameter sums take the same shape down the rows (layer_norm_backward_cpu).
+constexpr int64_t kSumBlock = 8;
+
+// The K sums over a row of n that term(acc, i, in) adds into acc[0..K) for the lanes [i, i + 16)
+// (those under the mask `in`; the others must add zero).
+// Even and odd vectors add into their own accumulators, so the adds' latency overlaps.
+template <int K, typename Term>
+void blocked_sums(int64_t n, double (&out)[K], Term term) {
+  __m512d sum[K];
+  for (int k = 0; k < K; ++k) sum[k] = _mm512_setzero_pd();
+  for (int64_t b = 0; b < n; b += 16 * kSumBlock) {
+    V even[K], odd[K];
+    for (int k = 0; k < K; ++k) even[k] = odd[k] = _mm512_setzero_ps();
+    const int64_t end = n - b < 16 * kSumBlock ? n : b + 16 * kSumBlock;
+    int64_t i = b;
+    for (; i + 32 <= end; i += 32) {  // every lane on, as for_each_vector's whole vectors
+      term(even, i, static_cast<__mmask16>(0xFFFF));
+      term(odd, i + 16, static_cast<__mmask16>(0xFFFF));
+    }
+    if (i < end) term(even, i, lanes(end - i));
+    if (i + 16 < end) term(odd, i + 16, lanes(end - i - 16));
+    for (int k = 0; k < K; ++k) {
+      const V block = _mm512_add_ps(even[k], odd[k]);
+      sum[k] = _mm512_add_pd(sum[k], _mm512_add_pd(low_pd(block), high_pd(block)));
+    }
+  }
+  for (int k = 0; k < K; ++k) out[k] = _mm512_reduce_add_pd(sum[k]);
+}
+
+// The largest of n floats, NaN skipped (as fmax); -inf for none. Four accumulators, so the maxima's
+// latency overlaps.
+float row_max(const float* x, int64_t n) {
+  V mx[4];
+  for (V& m : mx) m = splat(-INFINITY);
+  int64_t i = 0;  // max_ps(x, m) is m where x is NaN
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) mx[j] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * j), mx[j]);
+  for_each_vector(n - i, [&](int64_t k, __mmask16 in) {
+    mx[0] = _mm512_mask_max_ps(mx[0], in, _mm512_maskz_loadu_ps(in, x + i + k), mx[0]);
+  });
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3])));
+}
+
+// Note [Prefetching the next row]
+// The row kernels' callers walk rows that follow each other in memory, and a row of a few KiB is
+// about a page: the hardware prefetchers stop at page boundaries, so each row's first pass waited
+// for memory while the arithmetic of the row before had left it idle. So the last pass of the
+// softmax rows and of layer norm's gradient row asks for line i of the next row of each operand as
+// it reaches line i of its own, and the next row arrives while this one computes
+// (bench/results/2026-11-27-cpu-row-ops: layer norm's backward about 1.5x faster with them than
+// without). Layer norm's forward does without: its sums pass leaves little arithmetic to hide
+// behind, and it measured slower with them. Only for rows up to kPrefetchRow floats (wider rows
+// span pages the prefetchers follow, and a row ahead would be too far). Past the tensor's end the
+// address names memory the program may not own: a prefetch never faults, and the address is
+// computed as an integer.
+constexpr int64_t kPrefetchRow = 4096;
+enum class Next { kRead, kWrite };
+template <Next kind>
+void prefetch_next_row(const float* row, int64_t n, int64_t i) {
+  const auto line = reinterpret_cast<std::uintptr_t>(row + i) + static_cast<std::uintptr_t>(n) * sizeof(float);
+  __builtin_prefetch(reinterpret_cast<const void*>(line), kind == Next::kWrite ? 1 : 0, 3);
+}
 }  // namespace
 
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
-  V mx = splat(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16) {  // a NaN in x is skipped, as fmax
-    const __mmask16 in = lanes(n - i);
-    mx = _mm512_mask_max_ps(mx, in, _mm512_maskz_loadu_ps(in, x + i), mx);
-  }
-  const V m = splat(_mm512_reduce_max_ps(mx));
-  __m512d lo = _mm512_setzero_pd(), hi = lo;
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
+  const V m = splat(row_max(x, n));
+  const bool ahead = n <= kPrefetchRow;  // Note [Prefetching the next row]
+  double sum[1];
+  blocked_sums<1>(n, sum, [&](V(&acc)[1], int64_t i, __mmask16 in) {
+    if (ahead) {
+      prefetch_next_row<Next::kRead>(x, n, i);
+      prefetch_next_row<Next::kWrite>(y, n, i);
+    }
     // x - max is never above 0 (+inf in x makes the max +inf and this NaN): exp_fast's bits
     // without its upper clamp.
     const V e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m)));
-    lo = _mm512_add_pd(lo, low_pd(e));
-    hi = _mm512_add_pd(hi, high_pd(e));
+    acc[0] = _mm512_add_ps(acc[0], e);
     if (!log) _mm512_mask_storeu_ps(y + i, in, e);
-  }
-  const double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  });
   if (log) {
-    const V log_s = splat(static_cast<float>(std::log(sum)));
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 in = lanes(n - i);
+    const V log_s = splat(static_cast<float>(std::log(sum[0])));
+    for_each_vector(n, [&](int64_t i, __mmask16 in) {
       _mm512_mask_storeu_ps(y + i, in, _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m), log_s));
-    }
+    });
   } else {
-    const V inv = splat(static_cast<float>(1.0 / sum));
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 in = lanes(n - i);
+    const V inv = splat(static_cast<float>(1.0 / sum[0]));
+    for_each_vector(n, [&](int64_t i, __mmask16 in) {
       _mm512_mask_storeu_ps(y + i, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, y + i), inv));
-    }
+    });
   }
 }
 
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n) {
-  __m512d lo = _mm512_setzero_pd(), hi = lo;  // log_softmax: sum(dy); softmax: sum(dy y), in double
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
-    const V g = _mm512_maskz_loadu_ps(in, dy + i);
-    if (log) {
-      lo = _mm512_add_pd(lo, low_pd(g));
-      hi = _mm512_add_pd(hi, high_pd(g));
-    } else {
-      const V yv = _mm512_maskz_loadu_ps(in, y + i);
-      lo = _mm512_add_pd(lo, _mm512_mul_pd(low_pd(g), low_pd(yv)));
-      hi = _mm512_add_pd(hi, _mm512_mul_pd(high_pd(g), high_pd(yv)));
+  double sum[1];  // log_softmax: sum(dy); softmax: sum(dy y)
+  if (log)
+    blocked_sums<1>(n, sum, [&](V(&acc)[1], int64_t i, __mmask16 in) {
+      acc[0] = _mm512_add_ps(acc[0], _mm512_maskz_loadu_ps(in, dy + i));
+    });
+  else
+    blocked_sums<1>(n, sum, [&](V(&acc)[1], int64_t i, __mmask16 in) {
+      acc[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, dy + i), _mm512_maskz_loadu_ps(in, y + i), acc[0]);
+    });
+  const V s = splat(static_cast<float>(sum[0])), b = splat(beta);
+  const bool ahead = n <= kPrefetchRow;  // Note [Prefetching the next row]
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
+    if (ahead) {
+      prefetch_next_row<Next::kRead>(y, n, i);
+      prefetch_next_row<Next::kRead>(dy, n, i);
+      prefetch_next_row<Next::kWrite>(dx, n, i);
     }
-  }
-  const V s = splat(static_cast<float>(_mm512_reduce_add_pd(_mm512_add_pd(lo, hi)))), b = splat(beta);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
     const V yv = _mm512_maskz_loadu_ps(in, y + i), g = _mm512_maskz_loadu_ps(in, dy + i);
-    V v = log ? _mm512_sub_ps(g, _mm512_mul_ps(exp_fast(yv), s)) : _mm512_mul_ps(yv, _mm512_sub_ps(g, s));
+    // log_softmax's y = (x - max) - log(sum) is never above 0: exp_fast's bits without its clamps.
+    V v = log ? _mm512_sub_ps(g, _mm512_mul_ps(exp_nonpositive(yv), s)) : _mm512_mul_ps(yv, _mm512_sub_ps(g, s));
     if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(b, _mm512_maskz_loadu_ps(in, dx + i)));
     _mm512_mask_storeu_ps(dx + i, in, v);
-  }
+  });
 }
 
 // Note [Layer norm's row in one pass and a float output]: the mean and the variance from one pass
@@ -267,8 +333,7 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
   const double k = n > 0 ? x[0] : 0.0;
   const __m512d kd = _mm512_set1_pd(k);
   __m512d s_lo = _mm512_setzero_pd(), s_hi = s_lo, q_lo = s_lo, q_hi = s_lo;
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
     const V v = _mm512_maskz_loadu_ps(in, x + i);
     const __m512d a = _mm512_maskz_sub_pd(static_cast<__mmask8>(in), low_pd(v), kd);
     const __m512d b = _mm512_maskz_sub_pd(static_cast<__mmask8>(in >> 8), high_pd(v), kd);
@@ -276,7 +341,7 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
     s_hi = _mm512_add_pd(s_hi, b);
     q_lo = _mm512_fmadd_pd(a, a, q_lo);
     q_hi = _mm512_fmadd_pd(b, b, q_hi);
-  }
+  });
   const double d = _mm512_reduce_add_pd(_mm512_add_pd(s_lo, s_hi)) / static_cast<double>(n);
   const double q = _mm512_reduce_add_pd(_mm512_add_pd(q_lo, q_hi)) / static_cast<double>(n);
   const double m = k + d, var = q - d * d > 0.0 ? q - d * d : 0.0;
@@ -285,58 +350,54 @@ void layer_norm_row_f32(const float* x, const float* weight, const float* bias, 
   *rstd = static_cast<float>(inv);
   const auto m_hi = static_cast<float>(m);
   const V mh = splat(m_hi), ml = splat(static_cast<float>(m - m_hi)), iv = splat(static_cast<float>(inv));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {  // no prefetches: Note [Prefetching the next row]
     const V v = _mm512_maskz_loadu_ps(in, x + i);
     V out = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(v, mh), ml), iv);
     if (weight != nullptr) out = _mm512_mul_ps(out, _mm512_maskz_loadu_ps(in, weight + i));
     if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(in, bias + i));
     _mm512_mask_storeu_ps(y + i, in, out);
-  }
+  });
 }
 
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with xhat = t rstd, t = x - mean, taken as
+// a g + (b t + c): a = rstd, b = -rstd^2 mean(g xhat), c = -rstd mean(g) (t keeps the large mean
+// out of the fold, as a fold around x itself would cancel), and sum(g xhat) as rstd sum(g t):
+// four operations a vector for dx and two for the sums, where the formula as written takes nine.
+// The parameter sums take xhat on the way.
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
-                             float beta, float* dx, double* sw, double* sb) {
-  const __m512d md = _mm512_set1_pd(mean), invd = _mm512_set1_pd(rstd);
+                             float beta, float* dx, float* pw, float* pb) {
+  const V mf = splat(mean);
   const auto g_at = [&](int64_t i, __mmask16 in) {
     const V d = _mm512_maskz_loadu_ps(in, dy + i);
     return weight != nullptr ? _mm512_mul_ps(d, _mm512_maskz_loadu_ps(in, weight + i)) : d;
   };
-  const auto xhat_at = [&](V v, __mmask16 in, __m512d& a, __m512d& b) {
-    a = _mm512_maskz_mul_pd(static_cast<__mmask8>(in), _mm512_sub_pd(low_pd(v), md), invd);
-    b = _mm512_maskz_mul_pd(static_cast<__mmask8>(in >> 8), _mm512_sub_pd(high_pd(v), md), invd);
-  };
-  __m512d sg = _mm512_setzero_pd(), sgx = sg;
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
+  const auto t_at = [&](int64_t i, __mmask16 in) { return _mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), mf); };
+  double sums[2];  // sum(g), sum(g t)
+  blocked_sums<2>(n, sums, [&](V(&acc)[2], int64_t i, __mmask16 in) {
     const V g = g_at(i, in);  // zero past n
-    __m512d a, b;
-    xhat_at(_mm512_maskz_loadu_ps(in, x + i), in, a, b);
-    const __m512d glo = low_pd(g), ghi = high_pd(g);
-    sg = _mm512_add_pd(sg, _mm512_add_pd(glo, ghi));
-    sgx = _mm512_add_pd(sgx, _mm512_add_pd(_mm512_mul_pd(glo, a), _mm512_mul_pd(ghi, b)));
-    if (sw != nullptr) {  // the parameter sums take dy itself, not g = dy weight
-      const V d = weight != nullptr ? _mm512_maskz_loadu_ps(in, dy + i) : g;
-      const auto lo = static_cast<__mmask8>(in), hi = static_cast<__mmask8>(in >> 8);
-      const __m512d dlo = low_pd(d), dhi = high_pd(d);
-      _mm512_mask_storeu_pd(sw + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sw + i), _mm512_mul_pd(dlo, a)));
-      _mm512_mask_storeu_pd(sw + i + 8, hi,
-                            _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sw + i + 8), _mm512_mul_pd(dhi, b)));
-      _mm512_mask_storeu_pd(sb + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sb + i), dlo));
-      _mm512_mask_storeu_pd(sb + i + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sb + i + 8), dhi));
+    acc[0] = _mm512_add_ps(acc[0], g);
+    acc[1] = _mm512_fmadd_ps(g, t_at(i, in), acc[1]);
+  });
+  const double mean_g = sums[0] / static_cast<double>(n), mean_g_xhat = rstd * sums[1] / static_cast<double>(n);
+  const V a = splat(rstd), b = splat(static_cast<float>(-static_cast<double>(rstd) * rstd * mean_g_xhat)),
+          c = splat(static_cast<float>(-rstd * mean_g)), inv = splat(rstd), bv = splat(beta);
+  const bool ahead = n <= kPrefetchRow;  // Note [Prefetching the next row]
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
+    if (ahead) {
+      prefetch_next_row<Next::kRead>(x, n, i);
+      prefetch_next_row<Next::kRead>(dy, n, i);
+      prefetch_next_row<Next::kWrite>(dx, n, i);
     }
-  }
-  const auto mean_g = static_cast<float>(_mm512_reduce_add_pd(sg) / static_cast<double>(n));
-  const auto mean_g_xhat = static_cast<float>(_mm512_reduce_add_pd(sgx) / static_cast<double>(n));
-  // dx in float, xhat = (x - mean) rstd too: the sums above are what needs double.
-  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), mf = splat(mean), inv = splat(rstd), bv = splat(beta);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = lanes(n - i);
-    const V xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), mf), inv);
-    V out = _mm512_mul_ps(inv, _mm512_fnmadd_ps(xhat, mgx, _mm512_sub_ps(g_at(i, in), mg)));
-    if (beta != 0.0f) out = _mm512_add_ps(out, _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(in, dx + i)));
+    const V g = g_at(i, in), t = t_at(i, in);
+    V out = _mm512_fmadd_ps(a, g, _mm512_fmadd_ps(b, t, c));
+    if (beta != 0.0f) out = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(in, dx + i), out);
     _mm512_mask_storeu_ps(dx + i, in, out);
-  }
+    if (pw != nullptr) {  // the parameter sums take dy itself, not g = dy weight
+      const V d = weight != nullptr ? _mm512_maskz_loadu_ps(in, dy + i) : g, xhat = _mm512_mul_ps(t, inv);
+      _mm512_mask_storeu_ps(pw + i, in, _mm512_fmadd_ps(d, xhat, _mm512_maskz_loadu_ps(in, pw + i)));
+      _mm512_mask_storeu_ps(pb + i, in, _mm512_add_ps(_mm512_maskz_loadu_ps(in, pb + i), d));
+    }
+  });
 }
 
 void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,
@@ -354,6 +415,16 @@ void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean
     _mm512_mask_storeu_pd(sw + i, in, _mm512_add_pd(_mm512_maskz_loadu_pd(in, sw + i), _mm512_mul_pd(g, xhat)));
     _mm512_mask_storeu_pd(sb + i, in, _mm512_add_pd(_mm512_maskz_loadu_pd(in, sb + i), g));
   }
+}
+
+void add_float_sums(float* partial, int64_t n, double* sums) {
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
+    const V p = _mm512_maskz_loadu_ps(in, partial + i);
+    const auto lo = static_cast<__mmask8>(in), hi = static_cast<__mmask8>(in >> 8);
+    _mm512_mask_storeu_pd(sums + i, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, sums + i), low_pd(p)));
+    _mm512_mask_storeu_pd(sums + i + 8, hi, _mm512_add_pd(_mm512_maskz_loadu_pd(hi, sums + i + 8), high_pd(p)));
+    _mm512_mask_storeu_ps(partial + i, in, _mm512_setzero_ps());
+  });
 }
 
 void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
