@@ -168,14 +168,14 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
           }
         }
       });
+      for (int64_t b = 1; b < blocks; ++b)  // the blocks in order into the first, a row of sums at a time
+        for (int64_t c = 0; c < 2 * cols; ++c)
+          sums[static_cast<std::size_t>(c)] += sums[static_cast<std::size_t>(b * 2 * cols + c)];
       for (int64_t c = 0; c < cols; ++c) {
-        double sw = 0.0, sb = 0.0;
-        for (int64_t b = 0; b < blocks; ++b) {
-          sw += sums[static_cast<std::size_t>(b * 2 * cols + c)];
-          sb += sums[static_cast<std::size_t>(b * 2 * cols + cols + c)];
-        }
-        if (dweight != nullptr) dweight[c] = blend(static_cast<float>(sw), beta_dw, dweight[c]);
-        if (dbias != nullptr) dbias[c] = blend(static_cast<float>(sb), beta_db, dbias[c]);
+        if (dweight != nullptr)
+          dweight[c] = blend(static_cast<float>(sums[static_cast<std::size_t>(c)]), beta_dw, dweight[c]);
+        if (dbias != nullptr)
+          dbias[c] = blend(static_cast<float>(sums[static_cast<std::size_t>(cols + c)]), beta_db, dbias[c]);
       }
       return;
     }
