@@ -276,8 +276,7 @@ void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
       prefetch_next_row<Next::kRead>(x, n, i);
       prefetch_next_row<Next::kWrite>(y, n, i);
     }
-    // x - max is never above 0 (+inf in x makes the max +inf and this NaN): exp_fast's bits
-    // without its upper clamp.
+    // x - max is never above 0 (+inf in x makes the max +inf and this NaN).
     const V e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), m)));
     acc[0] = _mm512_add_ps(acc[0], e);
     if (!log) _mm512_mask_storeu_ps(y + i, in, e);
@@ -314,7 +313,7 @@ void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta,
       prefetch_next_row<Next::kWrite>(dx, n, i);
     }
     const V yv = _mm512_maskz_loadu_ps(in, y + i), g = _mm512_maskz_loadu_ps(in, dy + i);
-    // log_softmax's y = (x - max) - log(sum) is never above 0: exp_fast's bits without its clamps.
+    // log_softmax's y = (x - max) - log(sum) is never above 0.
     V v = log ? _mm512_sub_ps(g, _mm512_mul_ps(exp_nonpositive(yv), s)) : _mm512_mul_ps(yv, _mm512_sub_ps(g, s));
     if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(b, _mm512_maskz_loadu_ps(in, dx + i)));
     _mm512_mask_storeu_ps(dx + i, in, v);
