@@ -2,10 +2,11 @@
 // tests/op_cases/cases_pointwise.cpp): shapes that do not broadcast, mixed dtypes, integer inputs,
 // empty outputs, width-1 softmax rows, large logits, dropout's argument checks, mask statistics and
 // memory, the operators, the nn modules (Dropout's offsets, eval mode, recompute), and the CPU
-// kernels' threads (the same bits at one thread and two).
+// kernels' threads (the same bits at one thread and two) and vector code (its cap).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -294,6 +295,23 @@ TEST(CpuThreads, GiveTheBitsOfOneThread) {
   set_cpu_threads(threads);
   ASSERT_EQ(one.size(), two.size());
   for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "result " << i;
+}
+
+// cpu_capability() names the widest vector code the kernels run, capped by CUMULUS_CPU_CAPABILITY
+// (tests/CMakeLists.txt runs this binary again under avx2 and under scalar).
+TEST(CpuCapability, FollowsTheEnvironmentCap) {
+  const std::string got = cpu_capability();
+  ASSERT_TRUE(got == "avx512" || got == "avx2" || got == "scalar") << got;
+  const char* cap = std::getenv("CUMULUS_CPU_CAPABILITY");
+  const std::string want = cap != nullptr ? cap : "";
+  if (want == "scalar") EXPECT_EQ(got, "scalar");
+  if (want == "avx2") EXPECT_NE(got, "avx512");
+#if defined(__x86_64__)
+  if (want.empty() || want == "avx512") {
+    if (__builtin_cpu_supports("avx512f")) EXPECT_EQ(got, "avx512");
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) EXPECT_EQ(got, "avx2");
+  }
+#endif
 }
 
 }  // namespace

@@ -7,14 +7,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <strings.h>
 #include <string>
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "kernels/cpu/vec_math.h"
 
 // Note [OpenBLAS under an address-space limit]
 // OpenBLAS (0.3.21, the pthread build) keeps one buffer of BUFFER_SIZE (128 MiB + a page on
@@ -206,6 +207,11 @@ void set_cpu_threads(int n) { set_threads(n, true); }
 int fit_cpu_threads(int n) { return set_threads(n, false); }
 
 int cpu_threads() { return openblas_get_num_threads(); }
+
+const char* cpu_capability() {
+  if (kernels::vec512::available()) return "avx512";
+  return kernels::vec::available() ? "avx2" : "scalar";
+}
 
 int default_cpu_threads() {
   if (g_marker == nullptr) return openblas_get_num_threads();

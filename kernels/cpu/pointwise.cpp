@@ -190,15 +190,6 @@ void scalar_backward_cpu(BinaryOp op, bool reversed, float s, const T* x, const 
   with_constant_op(op, [&](auto k) { loop(k, [s] { return s; }); });
 }
 
-bool vec::available() {
-#if defined(__x86_64__)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-#else
-  return false;
-#endif
-}
-
 namespace {
 // The vector function computing op over n floats (kernels/cpu/vec_math.h), or null for the ops
 // without a transcendental (sqrt, rsqrt, abs), whose plain loops the compiler vectorizes.

@@ -26,7 +26,8 @@ inline constexpr bool kBuilt = true;
 inline constexpr bool kBuilt = false;
 #endif
 
-// Whether this CPU runs the functions below (AVX2 and FMA, and an x86-64 build); checked once.
+// Whether the kernels run the functions below: an x86-64 build on a CPU with AVX2 and FMA, unless
+// CUMULUS_CPU_CAPABILITY=scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
 
 // y[i] = f(x[i]) for n elements (y may be x).
@@ -71,7 +72,8 @@ void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t
 // (Note [Fused attention on AVX-512] there). Same declarations rule as above: no engine types.
 namespace cumulus::kernels::vec512 {
 
-// Whether this CPU runs the functions below (AVX-512F, FMA, an x86-64 build); checked once.
+// Whether the kernels run the functions below: an x86-64 build on a CPU with AVX-512F and FMA,
+// unless CUMULUS_CPU_CAPABILITY=avx2 or scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
 
 // vec::gelu_tanh_f32 and vec::gelu_tanh_grad_f32 16 lanes at a time, with AVX-512's reciprocal

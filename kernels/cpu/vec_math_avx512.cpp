@@ -168,11 +168,6 @@ void rows(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, cons
 
 }  // namespace
 
-bool available() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  return ok;
-}
-
 void gelu_tanh_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
     V e;
@@ -497,9 +492,5 @@ void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, cons
   }
 }
 
-}  // namespace cumulus::kernels::vec512
-#else
-namespace cumulus::kernels::vec512 {
-bool available() { return false; }
 }  // namespace cumulus::kernels::vec512
 #endif

@@ -1,7 +1,15 @@
-// CPU threads of the BLAS library (OpenBLAS), the only multi-threaded part of the CPU backend.
+// The CPU backend's settings: the threads of the BLAS library (OpenBLAS) and of the kernels (Note
+// [CPU kernel threads]), and which vector code the kernels run.
 #pragma once
 
 namespace cumulus {
+
+// The widest vector code the CPU kernels run: "avx512", "avx2" or "scalar" (and "scalar" on every
+// CPU but x86-64). What this CPU has, capped by the environment variable CUMULUS_CPU_CAPABILITY
+// (one of those names; read once; another value is reported on stderr and ignored), so one
+// machine can run, test and time each path a user's CPU may take. OpenBLAS picks its own kernels
+// (OPENBLAS_CORETYPE).
+const char* cpu_capability();
 
 // Sets how many threads OpenBLAS uses from now on (n >= 1). Unlike OPENBLAS_NUM_THREADS, which
 // OpenBLAS reads once when the process starts, this works at any time. Under an address-space
