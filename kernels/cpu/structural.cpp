@@ -55,22 +55,17 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
   }
 }
 
-// The row sums in double, as the forward's (on AVX-512 in float blocks, then double: Note [Blocked float
-// sums] in vec_math_avx512.cpp).
+// The row sums in double, as the forward's (vectorized: in float blocks, then double, Note [Blocked
+// float sums] in vec_math_avx512.cpp).
 template <typename T>
 void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                 int64_t rows, int64_t cols, float beta, T* dx) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
+      const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          if (vec512::available())
-            vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
-                                            dx + r * cols, nullptr, nullptr);
-          else
-            vec::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
-                                         dx + r * cols);
-        }
+        for (int64_t r = r0; r < r1; ++r)
+          row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols, nullptr, nullptr);
       });
       return;
     }
@@ -135,7 +130,7 @@ void layer_norm_param_grads_cpu(const T* x, const T* dy, const float* mean, cons
 
 // Note [Layer norm's backward in one pass]
 // dx reads each row of x and dy; the parameter gradients read them all again, column blocks down
-// the rows. On AVX-512 the row kernel adds the parameter sums on its way instead, in float over
+// the rows. With AVX2 or AVX-512 the row kernel adds the parameter sums on its way instead, in float over
 // groups of kRowGroup rows, each group's partial sums then in double into a sum per block of whole
 // rows, and the blocks' sums in order at the end (Note [Blocked float sums] in vec_math_avx512.cpp:
 // the double read-modify-write of two sums a column every row cost as much as the rest of the
@@ -150,7 +145,10 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
                              float beta_db, float* dbias) {
   const bool params = dweight != nullptr || dbias != nullptr;
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
-    if (dx != nullptr && params && rows > 0 && vec512::available()) {
+    if (dx != nullptr && params && rows > 0 && vec::available()) {
+      const bool wide = vec512::available();
+      const auto row = wide ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
+      const auto add_sums = wide ? vec512::add_float_sums : vec::add_float_sums;
       constexpr int64_t kSumsBytes = int64_t{4} << 20, kRowGroup = 8;
       const int64_t max_blocks = std::clamp<int64_t>(kSumsBytes / (2 * cols * int64_t{sizeof(double)}), 1, 64);
       const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + max_blocks - 1) / max_blocks);
@@ -161,10 +159,10 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t first = b * block_rows, end = std::min(rows, first + block_rows);
           for (int64_t r = first; r < end; ++r) {
-            vec512::layer_norm_grad_row_f32(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta,
-                                            dx + r * cols, partial.data(), partial.data() + cols);
+            row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols, partial.data(),
+                partial.data() + cols);
             if ((r - first) % kRowGroup == kRowGroup - 1 || r == end - 1)
-              vec512::add_float_sums(partial.data(), 2 * cols, sums.data() + b * 2 * cols);
+              add_sums(partial.data(), 2 * cols, sums.data() + b * 2 * cols);
           }
         }
       });

@@ -7,10 +7,10 @@
 // its last bit or two. gelu_tanh computes the same function in another form, x / (1 + exp(-2u)),
 // with a Cephes-style exp within 1.3 ulp: one exp instead of a tanh (a third of its cost), within 2
 // ulp of max(|exact|, 1) forward and backward over [-10, 10] (the tanh form: 1.4 forward, 8.7
-// backward, where 1 - t t amplified tanh's error). softmax and log_softmax use that exp too; their
-// double sums, and layer norm's, run 8 lanes at a time rather than in sequence (within a rounding
-// of the double result either way). A vector of 8 at a time; a tail of under 8 is padded, so every
-// element goes through the same function wherever it sits.
+// backward, where 1 - t t amplified tanh's error). softmax and log_softmax use that exp too. The
+// softmax and layer norm rows are the AVX-512 ones 8 lanes at a time (their sums, outputs and
+// prefetches: the Notes in vec_math_avx512.cpp). A vector of 8 at a time; a tail of under 8 is
+// padded or masked, so every element goes through the same function wherever it sits.
 // Declared with no engine types, so the AVX2 file includes nothing that could emit an AVX2 copy of
 // an inline function the rest of the library shares.
 #pragma once
@@ -43,19 +43,24 @@ void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 
 // One row of n: y = softmax(x), or log_softmax when `log`, around the row's maximum, the sum of
-// exp in double (kernels/cpu/pointwise.cpp's softmax_forward_cpu with the vector exp).
+// exp in float blocks then double (kernels/cpu/pointwise.cpp's softmax_forward_cpu with the vector
+// exp; Note [Blocked float sums] in vec_math_avx512.cpp).
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n);
 // One row's gradient from the saved output y: softmax dx = y (dy - sum(dy y)), log_softmax
 // dx = dy - exp(y) sum(dy), blended into dx with beta (dx not read when beta is 0).
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n);
 
-// One row of layer norm (kernels/cpu/structural.cpp's layer_norm_forward_cpu, its double sums
-// 8 lanes at a time): y, the row's mean and rstd.
+// One row of layer norm (kernels/cpu/structural.cpp's layer_norm_forward_cpu): y, the row's mean
+// and rstd, the sums in double from one pass (Note [Layer norm's row in one pass and a float
+// output] in vec_math_avx512.cpp).
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd);
-// One row of layer norm's dx (layer_norm_backward_dx_cpu), blended into dx with beta.
+// One row of layer norm's dx (layer_norm_backward_dx_cpu), blended into dx with beta, and with pw
+// and pb (else null) the row's share of the parameter gradients, as vec512's below.
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
-                             float beta, float* dx);
+                             float beta, float* dx, float* pw, float* pb);
+// sums[c] += partial[c] in double, then partial[c] = 0, for c < n.
+void add_float_sums(float* partial, int64_t n, double* sums);
 
 // The products of fused attention's tiles (kernels/cpu/attention.cpp), FMA 8 lanes at a time:
 // s[j] = sum_c x[c] * t[c * width + j] for j < width (t a tile stored transposed; width a multiple

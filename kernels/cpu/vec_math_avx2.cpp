@@ -3,6 +3,8 @@
 // -ffp-contract=off, so the arithmetic around SLEEF's functions rounds as the scalar rules' does.
 #include "kernels/cpu/vec_math.h"
 
+#include <cstdint>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <sleef.h>
@@ -47,25 +49,40 @@ void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
 // 2^k for integers k in [-126, 127], built in the exponent field.
 V pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
 
-// e^x within 1.3 ulp (Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2, ln 2 in two parts, a
-// degree-7 polynomial for e^r, then times 2^n in two halves, so that n = 128 near the overflow stays
-// finite), in about half the instructions of SLEEF's expf8_u10. Results below FLT_MIN (x < -87.34)
-// are 0 rather than subnormal, x > 88.72 is inf, NaN stays NaN (min and max return their second
-// operand when either is NaN, and the comparisons below are false for it).
-V exp_fast(V x) {
-  const V xc = _mm256_min_ps(splat(88.72283f), _mm256_max_ps(splat(-87.34f), x));
-  const V n = _mm256_round_ps(mul(xc, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+// e^r's polynomial for x = n ln 2 + r, |r| <= ln 2 / 2 (Cephes' expf: ln 2 in two parts, degree 7);
+// the callers scale by 2^n.
+V exp_mantissa(V xc, V& n) {
+  n = _mm256_round_ps(mul(xc, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm256_fnmadd_ps(n, splat(0.693359375f), xc);
   r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
   static constexpr float kPoly[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
                                     5.0000001201e-1f};
   V p = splat(1.9875691500e-4f);
   for (float c : kPoly) p = _mm256_fmadd_ps(p, r, splat(c));
-  p = _mm256_fmadd_ps(p, mul(r, r), add(r, splat(1.0f)));
+  return _mm256_fmadd_ps(p, mul(r, r), add(r, splat(1.0f)));
+}
+
+// e^x within 1.3 ulp (exp_mantissa, then times 2^n in two halves, so that n = 128 near the overflow
+// stays finite), in about half the instructions of SLEEF's expf8_u10. Results below FLT_MIN
+// (x < -87.34) are 0 rather than subnormal, x > 88.72 is inf, NaN stays NaN (min and max return
+// their second operand when either is NaN, and the comparisons below are false for it).
+V exp_fast(V x) {
+  V n;
+  const V p = exp_mantissa(_mm256_min_ps(splat(88.72283f), _mm256_max_ps(splat(-87.34f), x)), n);
   const __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1);
   V y = mul(mul(p, pow2(half)), pow2(_mm256_sub_epi32(k, half)));
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, splat(-87.33654f), _CMP_LT_OQ));
   return _mm256_blendv_ps(y, splat(INFINITY), _mm256_cmp_ps(x, splat(88.72283f), _CMP_GT_OQ));
+}
+
+// exp_fast for x <= 0 (a softmax row's x less its maximum, a log-probability), with its bits: n is
+// at most 0, so 2^n is one factor and there is no upper clamp or overflow to blend; scaling by 2^n
+// in one multiply or two is exact while the result is at least FLT_MIN, and below that both give 0.
+V exp_nonpositive(V x) {
+  V n;
+  const V p = exp_mantissa(_mm256_max_ps(splat(-87.34f), x), n);
+  const V y = mul(p, pow2(_mm256_cvtps_epi32(n)));
+  return _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, splat(-87.33654f), _CMP_LT_OQ));
 }
 
 // 1 / (1 + e), with e = inf giving 0. A division: the reciprocal estimate with a Newton step saves
@@ -91,28 +108,6 @@ struct DoubleSum {
 };
 __m256d low_pd(V v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
 __m256d high_pd(V v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
-V from_pd(__m256d lo, __m256d hi) {
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
-}
-
-// out = f(a, b, c) over n floats, as map1: a tail goes through f padded with `pad` in a (b and c
-// with zeros), so every element sees the same function. b, c may be null (zeros), and out (f is
-// called for what it accumulates).
-template <typename F>
-void map3(const float* a, const float* b, const float* c, float* out, int64_t n, float pad, F f) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const V r =
-        f(_mm256_loadu_ps(a + i), b ? _mm256_loadu_ps(b + i) : splat(0.0f), c ? _mm256_loadu_ps(c + i) : splat(0.0f));
-    if (out != nullptr) _mm256_storeu_ps(out + i, r);
-  }
-  if (i == n) return;
-  alignas(32) float ab[8] = {pad, pad, pad, pad, pad, pad, pad, pad}, bb[8] = {}, cb[8] = {}, ob[8];
-  for (int64_t k = i; k < n; ++k) ab[k - i] = a[k], bb[k - i] = b ? b[k] : 0.0f, cb[k - i] = c ? c[k] : 0.0f;
-  _mm256_store_ps(ob, f(_mm256_load_ps(ab), _mm256_load_ps(bb), _mm256_load_ps(cb)));
-  if (out != nullptr)
-    for (int64_t k = i; k < n; ++k) out[k] = ob[k - i];
-}
 
 float max_of(const float* x, int64_t n) {
   V m = splat(-INFINITY);
@@ -185,119 +180,199 @@ void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   });
 }
 
-// The accumulators are locals, never captured: a capture by reference would keep them in memory,
-// as every vector store may alias them.
+namespace {
+
+// Which lanes of a row's 8 floats at i a pass touches: all of them (a whole vector: plain loads and
+// stores), or the tail's under a mask (masked loads give zeros past it; masked stores leave it).
+// for_each_vector below hands the whole vectors a Lanes whose `tail` is a constant false, so the
+// compiler drops the masked forms from the main loop.
+struct Lanes {
+  bool tail;
+  __m256i mask;
+  V load(const float* p) const { return tail ? _mm256_maskload_ps(p, mask) : _mm256_loadu_ps(p); }
+  void store(float* p, V v) const {
+    if (tail) _mm256_maskstore_ps(p, mask, v);
+    else _mm256_storeu_ps(p, v);
+  }
+  V keep(V v) const { return tail ? _mm256_and_ps(v, _mm256_castsi256_ps(mask)) : v; }  // zeros past the tail
+};
+Lanes tail_lanes(int64_t k) {  // the first k of 8, k in [1, 8)
+  return Lanes{true,
+               _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))};
+}
+
+// f(i, lanes) for each vector [i, i + 8) of a row of n: the whole ones, then the tail.
+template <typename F>
+void for_each_vector(int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) f(i, Lanes{false, _mm256_setzero_si256()});
+  if (i < n) f(i, tail_lanes(n - i));
+}
+
+// Note [Blocked float sums] (vec_math_avx512.cpp), 8 lanes a vector: the K sums over a row of n
+// that term(acc, i, lanes) adds into acc[0..K) (zero past the row's end), in float over blocks of
+// kSumBlock vectors, even and odd vectors in their own accumulators, the blocks in double.
+constexpr int64_t kSumBlock = 8;
+template <int K, typename Term>
+void blocked_sums(int64_t n, double (&out)[K], Term term) {
+  DoubleSum sum[K];
+  for (int64_t b = 0; b < n; b += 8 * kSumBlock) {
+    V even[K], odd[K];
+    for (int k = 0; k < K; ++k) even[k] = odd[k] = _mm256_setzero_ps();
+    const int64_t end = n - b < 8 * kSumBlock ? n : b + 8 * kSumBlock;
+    int64_t i = b;
+    for (; i + 16 <= end; i += 16) {
+      term(even, i, Lanes{false, _mm256_setzero_si256()});
+      term(odd, i + 8, Lanes{false, _mm256_setzero_si256()});
+    }
+    if (i + 8 <= end) {
+      term(even, i, Lanes{false, _mm256_setzero_si256()});
+      i += 8;
+    }
+    if (i < end) term(odd, i, tail_lanes(end - i));
+    for (int k = 0; k < K; ++k) {
+      const V block = add(even[k], odd[k]);
+      sum[k].add(low_pd(block), high_pd(block));
+    }
+  }
+  for (int k = 0; k < K; ++k) out[k] = sum[k].total();
+}
+
+// Note [Prefetching the next row] (vec_math_avx512.cpp).
+constexpr int64_t kPrefetchRow = 4096;
+void prefetch_next_row(const float* row, int64_t n, int64_t i, bool write) {
+  const auto line = reinterpret_cast<std::uintptr_t>(row + i) + static_cast<std::uintptr_t>(n) * sizeof(float);
+  if (write) __builtin_prefetch(reinterpret_cast<const void*>(line), 1, 3);
+  else __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+}
+
+}  // namespace
+
+// As vec512::softmax_row_f32, 8 lanes at a time.
 void softmax_row_f32(bool log, const float* x, float* y, int64_t n) {
   const V m = splat(max_of(x, n));
-  __m256d lo = _mm256_setzero_pd(), hi = lo;
-  // exp(x - m) summed (a pad of -inf adds exp(-inf) = 0), and stored in y for softmax's scaling.
-  map3(x, nullptr, nullptr, log ? nullptr : y, n, -INFINITY, [m, &lo, &hi](V v, V, V) {
-    const V e = exp_fast(sub(v, m));
-    lo = _mm256_add_pd(lo, low_pd(e));
-    hi = _mm256_add_pd(hi, high_pd(e));
-    return e;
+  const bool ahead = n <= kPrefetchRow;
+  double sum[1];
+  blocked_sums<1>(n, sum, [&](V(&acc)[1], int64_t i, const Lanes& in) {
+    if (ahead && i % 16 == 0) {  // one line of each operand a 16 floats
+      prefetch_next_row(x, n, i, false);
+      prefetch_next_row(y, n, i, true);
+    }
+    const V e = in.keep(exp_nonpositive(sub(in.load(x + i), m)));  // x - max <= 0
+    acc[0] = add(acc[0], e);
+    if (!log) in.store(y + i, e);
   });
-  const double sum = DoubleSum{lo, hi}.total();
   if (log) {
-    const V log_s = splat(static_cast<float>(::log(sum)));
-    map3(x, nullptr, nullptr, y, n, 0.0f, [m, log_s](V v, V, V) { return sub(sub(v, m), log_s); });
+    const V log_s = splat(static_cast<float>(::log(sum[0])));
+    for_each_vector(n, [&](int64_t i, const Lanes& in) { in.store(y + i, sub(sub(in.load(x + i), m), log_s)); });
   } else {
-    const V inv = splat(static_cast<float>(1.0 / sum));
-    map3(y, nullptr, nullptr, y, n, 0.0f, [inv](V v, V, V) { return mul(v, inv); });
+    const V inv = splat(static_cast<float>(1.0 / sum[0]));
+    for_each_vector(n, [&](int64_t i, const Lanes& in) { in.store(y + i, mul(in.load(y + i), inv)); });
   }
 }
 
 void softmax_grad_row_f32(bool log, const float* y, const float* dy, float beta, float* dx, int64_t n) {
-  __m256d lo = _mm256_setzero_pd(), hi = lo;  // log_softmax: sum(dy); softmax: sum(dy y), in double
-  map3(y, dy, nullptr, nullptr, n, 0.0f, [log, &lo, &hi](V yv, V g, V) {
-    lo = _mm256_add_pd(lo, log ? low_pd(g) : _mm256_mul_pd(low_pd(g), low_pd(yv)));
-    hi = _mm256_add_pd(hi, log ? high_pd(g) : _mm256_mul_pd(high_pd(g), high_pd(yv)));
-    return g;
-  });
-  const V s = splat(static_cast<float>(DoubleSum{lo, hi}.total())), b = splat(beta);
-  map3(y, dy, beta == 0.0f ? nullptr : dx, dx, n, 0.0f, [log, s, b, beta](V yv, V g, V old) {
-    const V v = log ? sub(g, mul(exp_fast(yv), s)) : mul(yv, sub(g, s));
-    return beta == 0.0f ? v : add(v, mul(b, old));
+  double sum[1];  // log_softmax: sum(dy); softmax: sum(dy y)
+  if (log)
+    blocked_sums<1>(n, sum, [&](V(&acc)[1], int64_t i, const Lanes& in) { acc[0] = add(acc[0], in.load(dy + i)); });
+  else
+    blocked_sums<1>(n, sum, [&](V(&acc)[1], int64_t i, const Lanes& in) {
+      acc[0] = _mm256_fmadd_ps(in.load(dy + i), in.load(y + i), acc[0]);
+    });
+  const V s = splat(static_cast<float>(sum[0])), b = splat(beta);
+  const bool ahead = n <= kPrefetchRow;
+  for_each_vector(n, [&](int64_t i, const Lanes& in) {
+    if (ahead && i % 16 == 0) {
+      prefetch_next_row(y, n, i, false);
+      prefetch_next_row(dy, n, i, false);
+      prefetch_next_row(dx, n, i, true);
+    }
+    const V yv = in.load(y + i), g = in.load(dy + i);
+    V v = log ? sub(g, mul(exp_nonpositive(yv), s)) : mul(yv, sub(g, s));  // log_softmax's y <= 0
+    if (beta != 0.0f) v = add(v, mul(b, in.load(dx + i)));
+    in.store(dx + i, v);
   });
 }
 
+// As vec512::layer_norm_row_f32 (Note [Layer norm's row in one pass and a float output] there).
 void layer_norm_row_f32(const float* x, const float* weight, const float* bias, int64_t n, float eps, float* y,
                         float* mean, float* rstd) {
-  DoubleSum sum;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const V v = _mm256_loadu_ps(x + i);
-    sum.add(low_pd(v), high_pd(v));
-  }
-  double s = sum.total();
-  for (int64_t k = i; k < n; ++k) s += x[k];
-  const double m = s / static_cast<double>(n);
-  const __m256d md = _mm256_set1_pd(m);
-  DoubleSum squares;
-  for (i = 0; i + 8 <= n; i += 8) {
-    const V v = _mm256_loadu_ps(x + i);
-    const __m256d a = _mm256_sub_pd(low_pd(v), md), b = _mm256_sub_pd(high_pd(v), md);
-    squares.add(_mm256_mul_pd(a, a), _mm256_mul_pd(b, b));
-  }
-  double ss = squares.total();
-  for (int64_t k = i; k < n; ++k) ss += (x[k] - m) * (x[k] - m);
-  const double inv = 1.0 / sqrt(ss / static_cast<double>(n) + eps);
+  const double k = n > 0 ? x[0] : 0.0;
+  const __m256d kd = _mm256_set1_pd(k);
+  DoubleSum s, q;
+  for_each_vector(n, [&](int64_t i, const Lanes& in) {
+    const V v = in.load(x + i);
+    __m256d a = _mm256_sub_pd(low_pd(v), kd), b = _mm256_sub_pd(high_pd(v), kd);
+    if (in.tail) {  // zeros past the row's end
+      const V kept = in.keep(splat(1.0f));
+      a = _mm256_mul_pd(a, low_pd(kept));
+      b = _mm256_mul_pd(b, high_pd(kept));
+    }
+    s.add(a, b);
+    q.add(_mm256_mul_pd(a, a), _mm256_mul_pd(b, b));
+  });
+  const double d = s.total() / static_cast<double>(n), sq = q.total() / static_cast<double>(n);
+  const double m = k + d, var = sq - d * d > 0.0 ? sq - d * d : 0.0;
+  const double inv = 1.0 / sqrt(var + eps);
   *mean = static_cast<float>(m);
   *rstd = static_cast<float>(inv);
-  const __m256d invd = _mm256_set1_pd(inv);
-  for (i = 0; i + 8 <= n; i += 8) {
-    const V v = _mm256_loadu_ps(x + i);
-    V out =
-        from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
-    if (weight != nullptr) out = mul(out, _mm256_loadu_ps(weight + i));
-    if (bias != nullptr) out = add(out, _mm256_loadu_ps(bias + i));
-    _mm256_storeu_ps(y + i, out);
-  }
-  for (int64_t k = i; k < n; ++k) {
-    float v = static_cast<float>((x[k] - m) * inv);
-    if (weight != nullptr) v *= weight[k];
-    if (bias != nullptr) v += bias[k];
-    y[k] = v;
-  }
+  const auto m_hi = static_cast<float>(m);
+  const V mh = splat(m_hi), ml = splat(static_cast<float>(m - m_hi)), iv = splat(static_cast<float>(inv));
+  for_each_vector(n, [&](int64_t i, const Lanes& in) {
+    V out = mul(sub(sub(in.load(x + i), mh), ml), iv);
+    if (weight != nullptr) out = mul(out, in.load(weight + i));
+    if (bias != nullptr) out = add(out, in.load(bias + i));
+    in.store(y + i, out);
+  });
 }
 
+// As vec512::layer_norm_grad_row_f32: dx = a g + (b t + c), t = x - mean.
 void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weight, float mean, float rstd, int64_t n,
-                             float beta, float* dx) {
-  const __m256d md = _mm256_set1_pd(mean), invd = _mm256_set1_pd(rstd);
-  auto g_at = [&](int64_t i) {
-    return weight != nullptr ? mul(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(weight + i)) : _mm256_loadu_ps(dy + i);
+                             float beta, float* dx, float* pw, float* pb) {
+  const V mf = splat(mean);
+  const auto g_at = [&](int64_t i, const Lanes& in) {
+    const V d = in.load(dy + i);
+    return weight != nullptr ? mul(d, in.load(weight + i)) : d;
   };
-  DoubleSum sum_g, sum_g_xhat;
+  double sums[2];  // sum(g), sum(g t)
+  blocked_sums<2>(n, sums, [&](V(&acc)[2], int64_t i, const Lanes& in) {
+    const V g = g_at(i, in);  // zero past n
+    acc[0] = add(acc[0], g);
+    acc[1] = _mm256_fmadd_ps(g, sub(in.load(x + i), mf), acc[1]);
+  });
+  const double mean_g = sums[0] / static_cast<double>(n), mean_g_xhat = rstd * sums[1] / static_cast<double>(n);
+  const V a = splat(rstd), b = splat(static_cast<float>(-static_cast<double>(rstd) * rstd * mean_g_xhat)),
+          c = splat(static_cast<float>(-rstd * mean_g)), inv = splat(rstd), bv = splat(beta);
+  const bool ahead = n <= kPrefetchRow;
+  for_each_vector(n, [&](int64_t i, const Lanes& in) {
+    if (ahead && i % 16 == 0) {
+      prefetch_next_row(x, n, i, false);
+      prefetch_next_row(dy, n, i, false);
+      prefetch_next_row(dx, n, i, true);
+    }
+    const V g = g_at(i, in), t = sub(in.load(x + i), mf);
+    V out = _mm256_fmadd_ps(a, g, _mm256_fmadd_ps(b, t, c));
+    if (beta != 0.0f) out = _mm256_fmadd_ps(bv, in.load(dx + i), out);
+    in.store(dx + i, out);
+    if (pw != nullptr) {  // the parameter sums take dy itself, not g = dy weight
+      const V d = weight != nullptr ? in.load(dy + i) : g, xhat = mul(t, inv);
+      in.store(pw + i, _mm256_fmadd_ps(d, xhat, in.load(pw + i)));
+      in.store(pb + i, add(in.load(pb + i), d));
+    }
+  });
+}
+
+void add_float_sums(float* partial, int64_t n, double* sums) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const V g = g_at(i), v = _mm256_loadu_ps(x + i);
-    const __m256d glo = low_pd(g), ghi = high_pd(g);
-    sum_g.add(glo, ghi);
-    sum_g_xhat.add(_mm256_mul_pd(glo, _mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd)),
-                   _mm256_mul_pd(ghi, _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd)));
+    const V p = _mm256_loadu_ps(partial + i);
+    _mm256_storeu_pd(sums + i, _mm256_add_pd(_mm256_loadu_pd(sums + i), low_pd(p)));
+    _mm256_storeu_pd(sums + i + 4, _mm256_add_pd(_mm256_loadu_pd(sums + i + 4), high_pd(p)));
+    _mm256_storeu_ps(partial + i, _mm256_setzero_ps());
   }
-  double sg = sum_g.total(), sgx = sum_g_xhat.total();
-  for (int64_t k = i; k < n; ++k) {
-    const double g = dy[k] * (weight != nullptr ? weight[k] : 1.0f);
-    sg += g;
-    sgx += g * ((static_cast<double>(x[k]) - mean) * rstd);
-  }
-  const auto mean_g = static_cast<float>(sg / static_cast<double>(n));
-  const auto mean_g_xhat = static_cast<float>(sgx / static_cast<double>(n));
-  const V mg = splat(mean_g), mgx = splat(mean_g_xhat), inv = splat(rstd), b = splat(beta);
-  for (i = 0; i + 8 <= n; i += 8) {
-    const V v = _mm256_loadu_ps(x + i);
-    const V xhat =
-        from_pd(_mm256_mul_pd(_mm256_sub_pd(low_pd(v), md), invd), _mm256_mul_pd(_mm256_sub_pd(high_pd(v), md), invd));
-    V out = mul(inv, sub(sub(g_at(i), mg), mul(xhat, mgx)));
-    if (beta != 0.0f) out = add(out, mul(b, _mm256_loadu_ps(dx + i)));
-    _mm256_storeu_ps(dx + i, out);
-  }
-  for (int64_t k = i; k < n; ++k) {
-    const float g = dy[k] * (weight != nullptr ? weight[k] : 1.0f);
-    const auto xhat = static_cast<float>((static_cast<double>(x[k]) - mean) * rstd);
-    const float v = rstd * (g - mean_g - xhat * mean_g_xhat);
-    dx[k] = beta == 0.0f ? v : v + beta * dx[k];
+  for (; i < n; ++i) {
+    sums[i] += partial[i];
+    partial[i] = 0.0f;
   }
 }
 

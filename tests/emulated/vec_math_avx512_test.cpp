@@ -1,4 +1,6 @@
-// kernels/cpu/vec_math.h's AVX-512 functions (vec_math_avx512.cpp) against what they promise:
+// kernels/cpu/vec_math.h's AVX-512 functions (vec_math_avx512.cpp) against what they promise, and
+// the AVX2 rows that share their Notes (tests/CMakeLists.txt runs the cases that pick their width
+// through the kernels again, capped to AVX2):
 // GELU-tanh within 2 ulp with the AVX2 functions' special values, exp with their bits, the tile product with
 // each output summed in order by fused multiply-adds (so a plain loop of std::fma gives the same
 // bits), layer norm's parameter-gradient sums with the scalar loop's bits. Skipped on a CPU without AVX-512F (or AVX2
@@ -27,6 +29,20 @@ bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 
 std::vector<float> host_values(int64_t n, float lo, float hi, uint64_t seed) {
   const DeviceVector<float> v = random_values(n, lo, hi, seed);
   return std::vector<float>(v.begin(), v.end());
+}
+
+// The layer norm rows of each width this CPU runs: AVX2's are AVX-512's 8 lanes at a time, with the
+// same Notes and the same bounds.
+struct LayerNormRows {
+  const char* name;
+  decltype(&vec512::layer_norm_row_f32) forward;
+  decltype(&vec512::layer_norm_grad_row_f32) backward;
+};
+std::vector<LayerNormRows> layer_norm_rows() {
+  std::vector<LayerNormRows> rows;
+  if (vec512::available()) rows.push_back({"AVX-512", vec512::layer_norm_row_f32, vec512::layer_norm_grad_row_f32});
+  if (vec::available()) rows.push_back({"AVX2", vec::layer_norm_row_f32, vec::layer_norm_grad_row_f32});
+  return rows;
 }
 
 double gelu_tanh_exact(double x) {
@@ -131,36 +147,37 @@ TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
 // max(|exact|, 1), over rows around 0 and around 1000 (where rounding the mean to float alone
 // would cost 3e-5), of widths with a tail, with and without the affine parameters.
 TEST(VecMathAvx512, LayerNormRowWithinTwoUlpOfTheExactRow) {
-  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
-  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{4096}, int64_t{100003}}) {
-    for (const float centre : {0.0f, 1000.0f}) {
-      SCOPED_TRACE("n " + std::to_string(n) + ", around " + std::to_string(centre));
-      const std::vector<float> x = host_values(n, centre - 3.0f, centre + 3.0f, 51),
-                               weight = host_values(n, 0.5f, 1.5f, 52), bias = host_values(n, -1.0f, 1.0f, 53);
-      double m = 0.0, v = 0.0;
-      for (float e : x) m += e;
-      m /= static_cast<double>(n);
-      for (float e : x) v += (e - m) * (e - m);
-      const double inv = 1.0 / std::sqrt(v / static_cast<double>(n) + 1e-5f);
-      for (const bool affine : {false, true}) {
-        std::vector<float> y(n);
-        float mean = 0.0f, rstd = 0.0f;
-        vec512::layer_norm_row_f32(x.data(), affine ? weight.data() : nullptr, affine ? bias.data() : nullptr, n, 1e-5f,
-                                   y.data(), &mean, &rstd);
-        EXPECT_EQ(mean, static_cast<float>(m));
-        EXPECT_NEAR(rstd, inv, 1.2e-7 * inv);
-        const double ulp = std::ldexp(1.0, -23);
-        for (int64_t i = 0; i < n; ++i) {
-          const double xhat = (x[i] - m) * inv;
-          const double exact = affine ? xhat * weight[i] + bias[i] : xhat;
-          // With the parameters: xhat's 2 ulp scaled by the weight, and the product's and sum's roundings.
-          const double size = affine ? std::abs(xhat * weight[i]) + std::abs(bias[i]) : std::abs(xhat);
-          const double tolerance = (affine ? 3 : 2) * ulp * std::max(size, 1.0);
-          ASSERT_LE(std::abs(y[i] - exact), tolerance) << "at " << i << " (affine " << affine << ")";
+  if (layer_norm_rows().empty()) GTEST_SKIP() << "no AVX2 or AVX-512F";
+  for (const LayerNormRows& rows : layer_norm_rows())
+    for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{4096}, int64_t{100003}}) {
+      for (const float centre : {0.0f, 1000.0f}) {
+        SCOPED_TRACE(std::string(rows.name) + ", n " + std::to_string(n) + ", around " + std::to_string(centre));
+        const std::vector<float> x = host_values(n, centre - 3.0f, centre + 3.0f, 51),
+                                 weight = host_values(n, 0.5f, 1.5f, 52), bias = host_values(n, -1.0f, 1.0f, 53);
+        double m = 0.0, v = 0.0;
+        for (float e : x) m += e;
+        m /= static_cast<double>(n);
+        for (float e : x) v += (e - m) * (e - m);
+        const double inv = 1.0 / std::sqrt(v / static_cast<double>(n) + 1e-5f);
+        for (const bool affine : {false, true}) {
+          std::vector<float> y(n);
+          float mean = 0.0f, rstd = 0.0f;
+          rows.forward(x.data(), affine ? weight.data() : nullptr, affine ? bias.data() : nullptr, n, 1e-5f, y.data(),
+                       &mean, &rstd);
+          EXPECT_EQ(mean, static_cast<float>(m));
+          EXPECT_NEAR(rstd, inv, 1.2e-7 * inv);
+          const double ulp = std::ldexp(1.0, -23);
+          for (int64_t i = 0; i < n; ++i) {
+            const double xhat = (x[i] - m) * inv;
+            const double exact = affine ? xhat * weight[i] + bias[i] : xhat;
+            // With the parameters: xhat's 2 ulp scaled by the weight, and the product's and sum's roundings.
+            const double size = affine ? std::abs(xhat * weight[i]) + std::abs(bias[i]) : std::abs(xhat);
+            const double tolerance = (affine ? 3 : 2) * ulp * std::max(size, 1.0);
+            ASSERT_LE(std::abs(y[i] - exact), tolerance) << "at " << i << " (affine " << affine << ")";
+          }
         }
       }
     }
-  }
 }
 
 // The gradient row's dx, in float from blocked float sums (Note [Blocked float sums] in
@@ -169,13 +186,11 @@ TEST(VecMathAvx512, LayerNormRowWithinTwoUlpOfTheExactRow) {
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy weight, and of the sums' terms (a lane of a
 // block adds 8 of them).
 TEST(VecMathAvx512, LayerNormGradientRowWithinFourUlpOfItsTerms) {
-  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  if (layer_norm_rows().empty()) GTEST_SKIP() << "no AVX2 or AVX-512F";
   const int64_t n = 4099;
   const std::vector<float> x = host_values(n, 997.0f, 1003.0f, 61), dy = host_values(n, -1.0f, 1.0f, 62),
                            weight = host_values(n, 0.5f, 1.5f, 63);
   const float mean = 1000.0f, rstd = 0.58f;
-  std::vector<float> dx(n);
-  vec512::layer_norm_grad_row_f32(x.data(), dy.data(), weight.data(), mean, rstd, n, 0.0f, dx.data(), nullptr, nullptr);
   double sg = 0.0, sgx = 0.0, abs_g = 0.0, abs_gx = 0.0;
   std::vector<double> g(n), xhat(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -187,11 +202,16 @@ TEST(VecMathAvx512, LayerNormGradientRowWithinFourUlpOfItsTerms) {
     abs_gx += std::abs(g[i] * xhat[i]);
   }
   const double mg = sg / n, mgx = sgx / n, ulp = std::ldexp(1.0, -23);
-  for (int64_t i = 0; i < n; ++i) {
-    const double exact = rstd * (g[i] - mg - xhat[i] * mgx);
-    const double terms = rstd * (std::abs(g[i]) + std::abs(mg) + std::abs(xhat[i] * mgx));
-    const double sums = rstd * (abs_g + std::abs(xhat[i]) * abs_gx) / n;
-    ASSERT_LE(std::abs(dx[i] - exact), 4 * ulp * terms + 6 * ulp * sums) << "at " << i;
+  for (const LayerNormRows& rows : layer_norm_rows()) {
+    SCOPED_TRACE(rows.name);
+    std::vector<float> dx(n);
+    rows.backward(x.data(), dy.data(), weight.data(), mean, rstd, n, 0.0f, dx.data(), nullptr, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      const double exact = rstd * (g[i] - mg - xhat[i] * mgx);
+      const double terms = rstd * (std::abs(g[i]) + std::abs(mg) + std::abs(xhat[i] * mgx));
+      const double sums = rstd * (abs_g + std::abs(xhat[i]) * abs_gx) / n;
+      ASSERT_LE(std::abs(dx[i] - exact), 4 * ulp * terms + 6 * ulp * sums) << "at " << i;
+    }
   }
 }
 
@@ -219,22 +239,24 @@ TEST(VecMathAvx512, LayerNormParameterGradientsGiveTheScalarBits) {
 // roundings of the double term (xhat in float), dy with one float add's bits; the one past n is
 // left alone.
 TEST(VecMathAvx512, LayerNormGradientRowAddsTheParameterTermsInFloat) {
-  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  if (layer_norm_rows().empty()) GTEST_SKIP() << "no AVX2 or AVX-512F";
   const int64_t n = 37;
   const std::vector<float> x = host_values(n, -3.0f, 3.0f, 31), dy = host_values(n, -1.0f, 1.0f, 32),
                            weight = host_values(n, 0.5f, 1.5f, 33);
   const double u = std::ldexp(1.0, -24);
-  for (const float* w : {static_cast<const float*>(nullptr), weight.data()}) {
-    std::vector<float> pw(n + 1, 0.25f), pb(n + 1, -0.5f), dx(n);
-    vec512::layer_norm_grad_row_f32(x.data(), dy.data(), w, 0.3f, 1.5f, n, 0.0f, dx.data(), pw.data(), pb.data());
-    for (int64_t c = 0; c < n; ++c) {
-      const double term = dy[c] * ((static_cast<double>(x[c]) - 0.3f) * 1.5f);
-      EXPECT_NEAR(pw[c], 0.25 + term, 3 * u * (0.25 + std::abs(term))) << "column " << c;
-      EXPECT_EQ(pb[c], -0.5f + dy[c]) << "column " << c;
+  for (const LayerNormRows& rows : layer_norm_rows())
+    for (const float* w : {static_cast<const float*>(nullptr), weight.data()}) {
+      SCOPED_TRACE(rows.name);
+      std::vector<float> pw(n + 1, 0.25f), pb(n + 1, -0.5f), dx(n);
+      rows.backward(x.data(), dy.data(), w, 0.3f, 1.5f, n, 0.0f, dx.data(), pw.data(), pb.data());
+      for (int64_t c = 0; c < n; ++c) {
+        const double term = dy[c] * ((static_cast<double>(x[c]) - 0.3f) * 1.5f);
+        EXPECT_NEAR(pw[c], 0.25 + term, 3 * u * (0.25 + std::abs(term))) << "column " << c;
+        EXPECT_EQ(pb[c], -0.5f + dy[c]) << "column " << c;
+      }
+      EXPECT_EQ(pw[n], 0.25f);
+      EXPECT_EQ(pb[n], -0.5f);
     }
-    EXPECT_EQ(pw[n], 0.25f);
-    EXPECT_EQ(pb[n], -0.5f);
-  }
 }
 
 // The one-pass backward against the two passes at one shape (the test below).
@@ -274,7 +296,7 @@ void layer_norm_backward_in_one_pass_agrees(int64_t rows, int64_t cols) {
 // gradients agree with layer_norm_param_grads_cpu's double sums row by row within a few roundings
 // of their terms (Note [Blocked float sums]), with each beta.
 TEST(VecMathAvx512, LayerNormBackwardInOnePassAgreesWithTheTwoPasses) {
-  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  if (!vec::available()) GTEST_SKIP() << "no AVX2";
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{3001, 77}, {23, 40001}}) {
     SCOPED_TRACE("rows " + std::to_string(rows) + ", cols " + std::to_string(cols));
     layer_norm_backward_in_one_pass_agrees(rows, cols);
