@@ -5,9 +5,10 @@
 // transcendental (tanhf, expf, erff, logf) replaced by SLEEF's u10 variant: at most 1.0 ulp from
 // the exact result (glibc's are within 1-2 ulp), so an element may differ from the scalar rule's in
 // its last bit or two. gelu_tanh computes the same function in another form, x / (1 + exp(-2u)),
-// with a Cephes-style exp within 1.3 ulp: one exp instead of a tanh (a third of its cost), within 2
-// ulp of max(|exact|, 1) forward and backward over [-10, 10] (the tanh form: 1.4 forward, 8.7
-// backward, where 1 - t t amplified tanh's error). softmax and log_softmax use that exp too. The
+// the exp as a power of two with log2 e folded into the cubic's constants: one exp instead of a
+// tanh (a third of its cost), within 2 ulp of max(|exact|, 1) forward and backward over [-12, 12]
+// (the tanh form: 1.4 forward, 8.7 backward, where 1 - t t amplified tanh's error). softmax and
+// log_softmax use a Cephes-style exp within 1.3 ulp for their arguments, never above 0. The
 // softmax and layer norm rows are the AVX-512 ones 8 lanes at a time (their sums, outputs and
 // prefetches: the Notes in vec_math_avx512.cpp). A vector of 8 at a time; a tail of under 8 is
 // padded or masked, so every element goes through the same function wherever it sits.

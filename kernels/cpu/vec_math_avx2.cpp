@@ -50,7 +50,7 @@ void map2(const float* x, const float* dy, float* g, int64_t n, F f) {
 V pow2(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
 
 // e^r's polynomial for x = n ln 2 + r, |r| <= ln 2 / 2 (Cephes' expf: ln 2 in two parts, degree 7);
-// the callers scale by 2^n.
+// the caller scales by 2^n.
 V exp_mantissa(V xc, V& n) {
   n = _mm256_round_ps(mul(xc, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm256_fnmadd_ps(n, splat(0.693359375f), xc);
@@ -62,22 +62,11 @@ V exp_mantissa(V xc, V& n) {
   return _mm256_fmadd_ps(p, mul(r, r), add(r, splat(1.0f)));
 }
 
-// e^x within 1.3 ulp (exp_mantissa, then times 2^n in two halves, so that n = 128 near the overflow
-// stays finite), in about half the instructions of SLEEF's expf8_u10. Results below FLT_MIN
-// (x < -87.34) are 0 rather than subnormal, x > 88.72 is inf, NaN stays NaN (min and max return
-// their second operand when either is NaN, and the comparisons below are false for it).
-V exp_fast(V x) {
-  V n;
-  const V p = exp_mantissa(_mm256_min_ps(splat(88.72283f), _mm256_max_ps(splat(-87.34f), x)), n);
-  const __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1);
-  V y = mul(mul(p, pow2(half)), pow2(_mm256_sub_epi32(k, half)));
-  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, splat(-87.33654f), _CMP_LT_OQ));
-  return _mm256_blendv_ps(y, splat(INFINITY), _mm256_cmp_ps(x, splat(88.72283f), _CMP_GT_OQ));
-}
-
-// exp_fast for x <= 0 (a softmax row's x less its maximum, a log-probability), with its bits: n is
-// at most 0, so 2^n is one factor and there is no upper clamp or overflow to blend; scaling by 2^n
-// in one multiply or two is exact while the result is at least FLT_MIN, and below that both give 0.
+// e^x for x <= 0 (a softmax row's x less its maximum, a log-probability) within 1.3 ulp
+// (exp_mantissa, then times 2^n: n is at most 0, so one factor does and nothing overflows), in
+// about half the instructions of SLEEF's expf8_u10. Results below FLT_MIN (x < -87.34) are 0 rather
+// than subnormal, NaN stays NaN (max returns its second operand when either is NaN, and the
+// comparison below is false for it).
 V exp_nonpositive(V x) {
   V n;
   const V p = exp_mantissa(_mm256_max_ps(splat(-87.34f), x), n);
@@ -85,12 +74,28 @@ V exp_nonpositive(V x) {
   return _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, splat(-87.33654f), _CMP_LT_OQ));
 }
 
-// 1 / (1 + e), with e = inf giving 0. A division: the reciprocal estimate with a Newton step saves
-// about 15% of gelu_tanh's time but doubles its error (2 ulp to 3).
-V one_over_one_plus(V e) { return _mm256_div_ps(splat(1.0f), add(splat(1.0f), e)); }
-
-// kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x): the argument of gelu_tanh's tanh.
-V gelu_tanh_arg(V x) { return mul(splat(kSqrt2OverPi), add(x, mul(mul(mul(splat(kGeluTanhCubic), x), x), x))); }
+// GELU-tanh as x s and its derivative from s = 1 / (1 + e), e = e^z, z = -2u (vec512's form, 8
+// lanes): e as 2^z2, z2 = z log2 e, with log2 e folded into the cubic's constants, so the exponent's
+// reduction is one exact subtraction, and a degree-5 polynomial for 2^f (the AVX-512 one). z2 is
+// clamped to [-126, 115.4]: below, e is 0 (as exp_nonpositive's flush); above (z past 80), e stays finite
+// and s is set to 0, so x s is -0 for a finite x and NaN for -inf, as 1 / (1 + inf) gave. A
+// division for s: the reciprocal estimate with a Newton step would save about 15% but doubles the
+// error (2 ulp to 3).
+constexpr float kLog2E = 1.44269504088896341f, kGeluZ2Max = 115.4156f;  // 80 log2 e
+constexpr float kGeluZ1 = -2.0f * kSqrt2OverPi, kGeluZ3 = -2.0f * kSqrt2OverPi * kGeluTanhCubic;
+V gelu_tanh_z2(V x) { return mul(x, _mm256_fmadd_ps(splat(kGeluZ3 * kLog2E), mul(x, x), splat(kGeluZ1 * kLog2E))); }
+V sigmoid_of_minus(V z2, V& e) {
+  const V zc = _mm256_min_ps(splat(kGeluZ2Max), _mm256_max_ps(splat(-126.0f), z2));
+  const V n = _mm256_round_ps(zc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = sub(zc, n);
+  static constexpr float kPoly[] = {5.550713092088699e-2f, 2.4022120237350464e-1f, 6.931469440460205e-1f,
+                                    1.0000001192092896f};
+  V p = _mm256_fmadd_ps(splat(1.3276472454890609e-3f), f, splat(9.675540961325169e-3f));
+  for (float c : kPoly) p = _mm256_fmadd_ps(p, f, splat(c));
+  e = _mm256_blendv_ps(mul(p, pow2(_mm256_cvtps_epi32(n))), _mm256_setzero_ps(),
+                       _mm256_cmp_ps(z2, splat(-126.0f), _CMP_LT_OQ));
+  const V s = _mm256_div_ps(splat(1.0f), add(splat(1.0f), e));
+  return _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps(z2, splat(kGeluZ2Max), _CMP_GT_OQ));
+}
 
 // A sum in double of 8 floats at a time, in two vectors of 4 lanes (the order differs from a
 // sequential sum's, which is within a rounding of the double result either way).
@@ -142,10 +147,12 @@ void gelu_f32(const float* x, float* y, int64_t n) {
 }
 
 // 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)): one exp, about a third of a tanh's cost,
-// and no cancellation in 1 + tanh(u) where u is very negative. exp(-2u) = inf gives x * 0 (NaN at
-// x = -inf, as the tanh form).
+// and no cancellation in 1 + tanh(u) where u is very negative (sigmoid_of_minus).
 void gelu_tanh_f32(const float* x, float* y, int64_t n) {
-  map1(x, y, n, [](V v) { return mul(v, one_over_one_plus(exp_fast(mul(splat(-2.0f), gelu_tanh_arg(v))))); });
+  map1(x, y, n, [](V v) {
+    V e;
+    return mul(v, sigmoid_of_minus(gelu_tanh_z2(v), e));
+  });
 }
 
 void exp_f32(const float* x, float* y, int64_t n) {
@@ -166,17 +173,15 @@ void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
 
 // d/dx x s(2u) = s + x 2 u' s (1 - s), s = 1 / (1 + e), e = exp(-2u), with s (1 - s) = e s s (no
 // cancellation where s is near 1): one exp, recomputed from x rather than saved by the forward (a
-// saved s would cost a write and a read of n floats, more than the exp). Where e is inf, s is 0 and
-// so is e s s (inf * 0 would be NaN).
+// saved s would cost a write and a read of n floats, more than the exp). Where z is past the clamp,
+// s is 0 and so is e s s.
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
-    const V e = exp_fast(mul(splat(-2.0f), gelu_tanh_arg(v)));
-    const V s = one_over_one_plus(e);
-    const V finite = _mm256_cmp_ps(e, splat(INFINITY), _CMP_NEQ_UQ);
-    const V ess = _mm256_and_ps(finite, mul(mul(e, s), s));
-    const V inner_grad2 =
-        mul(splat(2.0f * kSqrt2OverPi), add(splat(1.0f), mul(mul(splat(3.0f * kGeluTanhCubic), v), v)));
-    return mul(d, add(s, mul(mul(v, ess), inner_grad2)));
+    V e;
+    const V s = sigmoid_of_minus(gelu_tanh_z2(v), e);
+    const V ess = mul(mul(e, s), s);
+    const V minus_dz = _mm256_fmadd_ps(splat(-3.0f * kGeluZ3), mul(v, v), splat(-kGeluZ1));
+    return mul(d, _mm256_fmadd_ps(mul(v, ess), minus_dz, s));
   });
 }
 

@@ -77,7 +77,7 @@ V exp2_mantissa(V z, V& n) {
 // exponent's reduction is then one exact subtraction), and two instructions AVX2 lacks: scalef for
 // 2^n, and rcp14's 14-bit estimate of 1/d refined by one Newton step (an error near 2^-28 before
 // rounding) instead of a division, whose 16 lanes cost as much as the rest of the function. z is
-// clamped to [-110, 80] (in base 2, [-158.7, 115.4]): below, e is exactly 0 (as exp_fast's
+// clamped to [-110, 80] (in base 2, [-158.7, 115.4]): below, e is exactly 0 (as exp_nonpositive's
 // flush); above, e stays finite and s is set to 0, so x s is -0 for a finite x and NaN for -inf,
 // as 1 / (1 + inf) gave.
 constexpr float kGeluZ1 = -2.0f * kSqrt2OverPi, kGeluZ3 = -2.0f * kSqrt2OverPi * kGeluTanhCubic;
@@ -96,8 +96,8 @@ V sigmoid_of_minus(V z2, V& e) {
 }
 
 // e^x for x <= 0 (an attention score less its row's maximum or log-sum-exp, a softmax row's x less
-// its maximum, a log-probability) with vec_math_avx2.cpp's exp_fast's bits there (the same
-// constants and steps; scalef's one rounding by 2^n is the AVX2 code's two exact multiplies):
+// its maximum, a log-probability) with vec_math_avx2.cpp's exp_nonpositive's bits (the same
+// constants and steps; scalef's one rounding by 2^n is the AVX2 code's exact multiply):
 // within 1.3 ulp, 0 below -87.34 (so exp(-inf) = 0), NaN stays NaN. No clamps: scalef needs none,
 // and the blend replaces whatever the polynomial made of x below -87.34.
 V exp_nonpositive(V x) {
