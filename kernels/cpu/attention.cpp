@@ -16,12 +16,10 @@
 //   composition (matmul, mask, softmax, matmul) keeps [T, T] scores and probabilities per head.
 // The CPU forward splits (head, block of query rows) across threads; the backward gives each
 // thread whole heads, so dk and dv are summed by one thread in a fixed order (no races, the same
-// bits at any thread count: Note [CPU kernel threads]). The tile products (q against a transposed
-// key tile; probabilities times value rows) and the exp (SLEEF's, as exp_f32) run through AVX2 and
-// FMA (kernels/cpu/vec_math.h) where the CPU has them, plain loops in the same order otherwise; the
-// row sums l are kept in double across tiles. Tiles: 16 query rows share each key tile's conversion
-// and transpose; 64 keys keep a tile of k and v in L1/L2 for D up to 64. On a CPU with AVX-512 the
-// same algorithm runs as small matrix products instead (Note [Fused attention on AVX-512]).
+// bits at any thread count: Note [CPU kernel threads]). The row sums l are kept in double across
+// tiles. Tiles: 16 query rows share each key tile's conversion and transpose; 64 keys keep a tile
+// of k and v in L1/L2 for D up to 64. With AVX2 or AVX-512 the tiles are small matrix products
+// (Note [Fused attention as tile products]); plain loops, row by row, otherwise.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -39,37 +37,13 @@ namespace {
 constexpr int64_t kRows = 16;
 constexpr int64_t kKeys = 64;
 
-// Whether the AVX2 products and exp run (vec_math.h); the scalar loops otherwise, summing in the
-// same order (without FMA).
-bool vector_path() {
-  if constexpr (vec::kBuilt) return vec::available();
-  return false;
-}
-
-// Whether the AVX-512 tiles run (Note [Fused attention on AVX-512]).
-bool wide_path() {
-  if constexpr (vec::kBuilt) return vec512::available();
-  return false;
-}
-
-void exp_in_place(bool vector, float* x, int64_t n) {
-  if constexpr (vec::kBuilt) {
-    if (vector) {
-      vec::exp_f32(x, x, n);
-      return;
-    }
-  }
+// Without AVX2: e^x for n floats in place, s[j] = sum_c x[c] t[c][j] over a tile of kKeys (t
+// transposed, zero past its keys), and y[c] += sum_{j < n} a[j] rows[j][c].
+void exp_in_place(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
-// s[j] = sum_c x[c] * t[c][j] over a whole tile of kKeys (t transposed, zero past its keys).
-void tile_dots(bool vector, const float* x, const float* t, int64_t d, float* s) {
-  if constexpr (vec::kBuilt) {
-    if (vector) {
-      vec::tile_dots_f32(x, t, d, kKeys, s);
-      return;
-    }
-  }
+void tile_dots(const float* x, const float* t, int64_t d, float* s) {
   for (int64_t j = 0; j < kKeys; ++j) s[j] = 0.0f;
   for (int64_t c = 0; c < d; ++c) {
     const float xc = x[c];
@@ -78,14 +52,7 @@ void tile_dots(bool vector, const float* x, const float* t, int64_t d, float* s)
   }
 }
 
-// y[c] += sum_{j < n} a[j] * rows[j][c]
-void add_weighted_rows(bool vector, const float* a, const float* rows, int64_t n, int64_t d, float* y) {
-  if constexpr (vec::kBuilt) {
-    if (vector) {
-      vec::add_weighted_rows_f32(a, rows, n, d, y);
-      return;
-    }
-  }
+void add_weighted_rows(const float* a, const float* rows, int64_t n, int64_t d, float* y) {
   for (int64_t j = 0; j < n; ++j) {
     const float aj = a[j];
     const float* r = rows + j * d;
@@ -125,8 +92,8 @@ void finish_rows(const AttentionGeometry& g, T* out, float* lse, int64_t bh, int
 }
 
 template <typename T>
-void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
-                   int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
+void forward_block(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse, int64_t bh,
+                   int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
   // Scratch kept across a thread's blocks: only the accumulators need zeros.
   scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d + kKeys + kRows)));
@@ -151,12 +118,12 @@ void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T*
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t n = std::min(nk, g.key_end(i0 + r) - j0);
       if (n <= 0) continue;
-      tile_dots(vector, qf + r * d, kt, d, s);
+      tile_dots(qf + r * d, kt, d, s);
       float tile_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j] *= g.scale);
       const float m_new = std::max(m[r], tile_max);
       for (int64_t j = 0; j < n; ++j) s[j] -= m_new;
-      exp_in_place(vector, s, n);
+      exp_in_place(s, n);
       float tile_sum = 0.0f;
       for (int64_t j = 0; j < n; ++j) tile_sum += s[j];
       float* a = acc + r * d;
@@ -167,7 +134,7 @@ void forward_block(bool vector, const AttentionGeometry& g, const T* q, const T*
         for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
       }
       sums[r] += tile_sum;
-      add_weighted_rows(vector, s, vf, n, d, a);
+      add_weighted_rows(s, vf, n, d, a);
       m[r] = m_new;
     }
   }
@@ -192,9 +159,8 @@ void row_deltas(const AttentionGeometry& g, const T* out, int64_t bh, const floa
 // dv_j and dk_j from the block's columns of p and ds (transposed), so every sum runs in the order of
 // the query rows.
 template <typename T>
-void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
-                   const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
-                   std::vector<float>& scratch) {
+void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out, const float* lse,
+                   const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh, std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
   // Scratch kept across a thread's heads: only dq's accumulator needs zeros.
   scratch.resize(
@@ -235,12 +201,12 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
         float* pr = p + r * kKeys;
         float* dsr = ds + r * kKeys;
         if (n > 0) {
-          tile_dots(vector, qf + i * d, kt, d, pr);
+          tile_dots(qf + i * d, kt, d, pr);
           for (int64_t j = 0; j < n; ++j) pr[j] = pr[j] * g.scale - lse_h[i];
-          exp_in_place(vector, pr, n);
-          tile_dots(vector, dof + i * d, vt, d, dp);
+          exp_in_place(pr, n);
+          tile_dots(dof + i * d, vt, d, dp);
           for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dp[j] - delta_h[i]) * g.scale;
-          add_weighted_rows(vector, dsr, kf, n, d, dqa + i * d);
+          add_weighted_rows(dsr, kf, n, d, dqa + i * d);
         }
         std::fill(pr + n, pr + kKeys, 0.0f);
         std::fill(dsr + n, dsr + kKeys, 0.0f);
@@ -251,8 +217,8 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
           dst[j * kRows + r] = ds[r * kKeys + j];
         }
       for (int64_t j = 0; j < nk; ++j) {
-        add_weighted_rows(vector, pt + j * kRows, dof + i0 * d, nr, d, dva + j * d);
-        add_weighted_rows(vector, dst + j * kRows, qf + i0 * d, nr, d, dka + j * d);
+        add_weighted_rows(pt + j * kRows, dof + i0 * d, nr, d, dva + j * d);
+        add_weighted_rows(dst + j * kRows, qf + i0 * d, nr, d, dka + j * d);
       }
     }
     for (int64_t j = 0; j < nk; ++j)
@@ -266,22 +232,39 @@ void backward_head(bool vector, const AttentionGeometry& g, const T* q, const T*
     for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
 }
 
-// Note [Fused attention on AVX-512]
-// Where the CPU has AVX-512F, a block's tiles go through kernels/cpu/vec_math.h's vec512 functions
-// as small matrix products rather than row by row: the scores of all kRows query rows against the
-// key tile (q [rows][d] times the transposed tile), the online softmax over those rows, then
-// acc += p v; in the backward (blocks of kRowsWide rows), p and dp = do v^T for the block, ds from
-// both, dq += ds k, dv += p^T do and dk += ds^T q (the transposed operands read in place). Each
-// product keeps a block of outputs in registers over its whole inner sum, and stops at the block's
-// last visible key (causal blocks on the diagonal see only part of a tile). Row by row, the AVX2
-// loops load one operand per multiply-add; a register block reuses each load across its rows (and
-// columns). f32 q, k, v and
-// do are read where they lie and the gradients summed in place; only the keys (and the values in
-// the backward) are transposed, once per head in the forward (HeadTiles). Each output is still
-// summed in a fixed order that depends only on the shapes, so the bits are the same at any thread
-// count; they differ from the AVX2 path's by roundings (another summation order, 16-lane exp).
+// Note [Fused attention as tile products]
+// Where the CPU has AVX2 or AVX-512F, a block's tiles go through kernels/cpu/vec_math.h's gemm_f32
+// and attention tile functions (vec512's, or vec's 8 lanes at a time: TileKernels) as small matrix
+// products rather than row by row: the scores of all kRows query rows against the key tile (q
+// [rows][d] times the transposed tile), the online softmax over those rows, then acc += p v; in the
+// backward (blocks of kRowsWide rows), p and dp = do v^T for the block, ds from both, dq += ds k,
+// dv += p^T do and dk += ds^T q (the transposed operands read in place). Each product keeps a block
+// of outputs in registers over its whole inner sum, and stops at the block's last visible key
+// (causal blocks on the diagonal see only part of a tile): a register block reuses each load across
+// its rows and columns. f32 q, k, v and do are read where they lie and the gradients summed in
+// place; only the keys (and the values in the backward) are transposed, once per head in the
+// forward (HeadTiles). Each output is still summed in a fixed order that depends only on the
+// shapes, so the bits are the same at any thread count; the two widths' products give the same
+// bits, their softmax tiles differ by the roundings of their lane sums.
+struct TileKernels {
+  decltype(&vec512::gemm_f32) gemm;
+  decltype(&vec512::attention_softmax_tile_f32) softmax_tile;
+  decltype(&vec512::attention_grad_tile_f32) grad_tile;
+};
 
-// The AVX-512 backward's blocks of query rows: twice kRows, so that dv += p^T do and dk += ds^T q sum
+// The tile functions this CPU runs, or null for the plain loops.
+const TileKernels* tile_kernels() {
+  if constexpr (vec::kBuilt) {
+    static const TileKernels wide{vec512::gemm_f32, vec512::attention_softmax_tile_f32,
+                                  vec512::attention_grad_tile_f32};
+    static const TileKernels narrow{vec::gemm_f32, vec::attention_softmax_tile_f32, vec::attention_grad_tile_f32};
+    if (vec512::available()) return &wide;
+    if (vec::available()) return &narrow;
+  }
+  return nullptr;
+}
+
+// The tiled backward's blocks of query rows: twice kRows, so that dv += p^T do and dk += ds^T q sum
 // over 32 rows a call.
 constexpr int64_t kRowsWide = 32;
 
@@ -320,9 +303,9 @@ void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, H
 }
 
 template <typename T>
-void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
-                          int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums,
-                          HeadTiles& head) {
+void forward_block_tiled(const TileKernels& t, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out,
+                         float* lse, int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums,
+                         HeadTiles& head) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
   scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + kRows * kKeys + kRows)));
   float* qf = scratch.data();    // [kRows][d]
@@ -348,17 +331,17 @@ void forward_block_avx512(const AttentionGeometry& g, const T* q, const T* k, co
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, key_end - j0);
     for (int64_t r = 0; r < nq; ++r) valid[r] = std::min(nk, g.key_end(i0 + r) - j0);
-    vec512::gemm_f32(nq, nk, d, qs, q_ld, 1, kt + j0, head.ldk, s, kKeys, false);
-    vec512::attention_softmax_tile_f32(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
-    vec512::gemm_f32(nq, d, nk, s, kKeys, 1, vf + j0 * head.ldv, head.ldv, acc, d, true);
+    t.gemm(nq, nk, d, qs, q_ld, 1, kt + j0, head.ldk, s, kKeys, false);
+    t.softmax_tile(s, kKeys, nq, valid, nk, g.scale, m, sums.data(), acc, d);
+    t.gemm(nq, d, nk, s, kKeys, 1, vf + j0 * head.ldv, head.ldv, acc, d, true);
   }
   finish_rows(g, out, lse, bh, i0, nq, acc, m, sums);
 }
 
 template <typename T>
-void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
-                          const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
-                          std::vector<float>& scratch) {
+void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const T* q, const T* k, const T* v,
+                         const T* out, const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
+                         std::vector<float>& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
   // f32 storage is read where it lies (q, k and do at their row strides) and the gradients summed
   // straight into dq, dk and dv; other types go through f32 copies.
@@ -425,12 +408,12 @@ void backward_head_avx512(const AttentionGeometry& g, const T* q, const T* k, co
       if (width == 0) continue;
       const float* qb = qs + i0 * q_ld;
       const float* dob = dos + i0 * d;
-      vec512::gemm_f32(nr, width, d, qb, q_ld, 1, kt, kKeys, p, kKeys, false);
-      vec512::gemm_f32(nr, width, d, dob, d, 1, vt, kKeys, ds, kKeys, false);
-      vec512::attention_grad_tile_f32(p, ds, kKeys, nr, valid, width, g.scale, lse_h + i0, delta_h + i0);
-      if (dq != nullptr) vec512::gemm_f32(nr, d, width, ds, kKeys, 1, ks, k_ld, dq_acc + i0 * d, d, true);
-      if (dv != nullptr) vec512::gemm_f32(width, d, nr, p, 1, kKeys, dob, d, dv_acc, d, true);
-      if (dk != nullptr) vec512::gemm_f32(width, d, nr, ds, 1, kKeys, qb, q_ld, dk_acc, d, true);
+      t.gemm(nr, width, d, qb, q_ld, 1, kt, kKeys, p, kKeys, false);
+      t.gemm(nr, width, d, dob, d, 1, vt, kKeys, ds, kKeys, false);
+      t.grad_tile(p, ds, kKeys, nr, valid, width, g.scale, lse_h + i0, delta_h + i0);
+      if (dq != nullptr) t.gemm(nr, d, width, ds, kKeys, 1, ks, k_ld, dq_acc + i0 * d, d, true);
+      if (dv != nullptr) t.gemm(width, d, nr, p, 1, kKeys, dob, d, dv_acc, d, true);
+      if (dk != nullptr) t.gemm(width, d, nr, ds, 1, kKeys, qb, q_ld, dk_acc, d, true);
     }
     if constexpr (!kF32)
       for (int64_t j = 0; j < nk; ++j)
@@ -451,17 +434,18 @@ template <typename T>
 void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse) {
   const int64_t blocks = (g.tq + kRows - 1) / kRows;
   if (g.bh() == 0 || blocks == 0 || g.tk == 0) return;
-  const bool vector = vector_path(), wide = wide_path();
-  // The AVX-512 blocks share their head's loaded keys and values within a chunk: whole heads a chunk
+  const TileKernels* tiles = tile_kernels();
+  // The tiled blocks share their head's loaded keys and values within a chunk: whole heads a chunk
   // where there are enough of them to go round.
-  const int64_t grain = wide && g.bh() >= 8 ? blocks : 1;
+  const int64_t grain = tiles != nullptr && g.bh() >= 8 ? blocks : 1;
   parallel_for(g.bh() * blocks, grain, [&](int64_t u0, int64_t u1) {
     std::vector<float> scratch;
     std::vector<double> sums;
     HeadTiles head;
     for (int64_t u = u0; u < u1; ++u) {
-      if (wide) forward_block_avx512(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums, head);
-      else forward_block(vector, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
+      if (tiles != nullptr)
+        forward_block_tiled(*tiles, g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums, head);
+      else forward_block(g, q, k, v, out, lse, u / blocks, (u % blocks) * kRows, scratch, sums);
     }
   });
 }
@@ -470,12 +454,12 @@ template <typename T>
 void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                             const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv) {
   if (g.bh() == 0 || g.tk == 0) return;  // no query rows: dk and dv are still written (zeros)
-  const bool vector = vector_path(), wide = wide_path();
+  const TileKernels* tiles = tile_kernels();
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch;
     for (int64_t bh = h0; bh < h1; ++bh) {
-      if (wide) backward_head_avx512(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
-      else backward_head(vector, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+      if (tiles != nullptr) backward_head_tiled(*tiles, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
+      else backward_head(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
     }
   });
 }

@@ -63,19 +63,22 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
 // sums[c] += partial[c] in double, then partial[c] = 0, for c < n.
 void add_float_sums(float* partial, int64_t n, double* sums);
 
-// The products of fused attention's tiles (kernels/cpu/attention.cpp), FMA 8 lanes at a time:
-// s[j] = sum_c x[c] * t[c * width + j] for j < width (t a tile stored transposed; width a multiple
-// of 8), each s[j] summed over c in order.
-void tile_dots_f32(const float* x, const float* t, int64_t d, int64_t width, float* s);
-// y[c] += sum_j a[j] * rows[j * d + c] for c < d, j < n (rows [n][d]), each y[c] summed over j in order.
-void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t d, float* y);
+// vec512's fused-attention tile functions below, 8 lanes at a time (kernels/cpu/attention.cpp's
+// tiled path on a CPU without AVX-512): gemm_f32 sums each output in the same order, with FMA,
+// so it gives the same bits.
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+              float* c, int64_t ldc, bool accumulate);
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width, float scale,
+                                float* m, double* sums, float* acc, int64_t d);
+void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, const int64_t* valid, int64_t width,
+                             float scale, const float* lse, const float* delta);
 
 }  // namespace cumulus::kernels::vec
 
 // AVX-512 (16 lanes) versions of GELU-tanh, softmax's and layer norm's rows and fused attention's
 // tile arithmetic (vec_math_avx512.cpp, the one
 // file compiled for AVX-512F and FMA), used by kernels/cpu/attention.cpp when the CPU has them
-// (Note [Fused attention on AVX-512] there). Same declarations rule as above: no engine types.
+// (Note [Fused attention as tile products] there). Same declarations rule as above: no engine types.
 namespace cumulus::kernels::vec512 {
 
 // Whether the kernels run the functions below: an x86-64 build on a CPU with AVX-512F and FMA,
@@ -118,7 +121,7 @@ void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean
 // Each c[i][j] is summed over l in order, with FMA: its bits depend on nothing but its operands.
 // Ours rather than OpenBLAS's: the fused attention's tiles are 16-32 rows, where a BLAS call's
 // packing costs more than the product, and OpenBLAS fixes no summation order, which the attention's
-// same-bits-at-any-thread-count guarantee needs (Note [Fused attention on AVX-512]).
+// same-bits-at-any-thread-count guarantee needs (Note [Fused attention as tile products]).
 void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate);
 

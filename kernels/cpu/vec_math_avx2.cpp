@@ -3,6 +3,8 @@
 // -ffp-contract=off, so the arithmetic around SLEEF's functions rounds as the scalar rules' does.
 #include "kernels/cpu/vec_math.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #if defined(__x86_64__)
@@ -381,57 +383,166 @@ void add_float_sums(float* partial, int64_t n, double* sums) {
   }
 }
 
-void tile_dots_f32(const float* x, const float* t, int64_t d, int64_t width, float* s) {
-  int64_t j0 = 0;
-  for (; j0 + 32 <= width; j0 += 32) {
-    V a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t c = 0; c < d; ++c) {
-      const V xc = splat(x[c]);
-      const float* tc = t + c * width + j0;
-      a0 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc), a0);
-      a1 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc + 8), a1);
-      a2 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc + 16), a2);
-      a3 = _mm256_fmadd_ps(xc, _mm256_loadu_ps(tc + 24), a3);
+namespace {
+
+// The first k lanes of 8 as a maskload/maskstore mask, k in [0, 8].
+__m256i lane_mask(int64_t k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// vec512's micro (vec_math_avx512.cpp), 8 lanes: one MR x (8 NV) block of c, the accumulators in
+// registers over the whole k loop (MR * NV + NV + 1 of the 16). The last vector of a row is masked
+// to `last` unless kFull.
+template <int MR, int NV, bool kFull>
+void micro(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,
+           bool accumulate, __m256i last) {
+  const auto load = [&](const float* p, int v) {
+    return kFull || v < NV - 1 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, last);
+  };
+  V acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(c + r * ldc + 8 * v, v) : _mm256_setzero_ps();
+  for (int64_t l = 0; l < k; ++l) {
+    V bv[NV];
+    const float* bl = b + l * ldb;
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) bv[v] = load(bl + 8 * v, v);
+    const float* al = a + l * a_cs;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const V ar = _mm256_broadcast_ss(al + r * a_rs);
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
     }
-    _mm256_storeu_ps(s + j0, a0);
-    _mm256_storeu_ps(s + j0 + 8, a1);
-    _mm256_storeu_ps(s + j0 + 16, a2);
-    _mm256_storeu_ps(s + j0 + 24, a3);
   }
-  for (; j0 + 8 <= width; j0 += 8) {
-    V a = _mm256_setzero_ps();
-    for (int64_t c = 0; c < d; ++c) a = _mm256_fmadd_ps(splat(x[c]), _mm256_loadu_ps(t + c * width + j0), a);
-    _mm256_storeu_ps(s + j0, a);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) {
+      if (kFull || v < NV - 1) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+      else _mm256_maskstore_ps(c + r * ldc + 8 * v, last, acc[r][v]);
+    }
+}
+
+// Row blocks of 8, 6 or 4 rows for one, two or three vectors a row; a remainder of rows takes the
+// block of its own height.
+template <int NV, bool kFull>
+void rows(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+          int64_t ldc, bool accumulate, __m256i last) {
+  constexpr int kMR = NV == 1 ? 8 : NV == 2 ? 6 : 4;
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR)
+    micro<kMR, NV, kFull>(k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, accumulate, last);
+  const float* ai = a + i * a_rs;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 0: break;
+    case 1: micro<1, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 2: micro<2, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 3: micro<3, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 4: micro<4, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 5: micro<5, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    case 6: micro<6, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
+    default: micro<7, NV, kFull>(k, ai, a_rs, a_cs, b, ldb, ci, ldc, accumulate, last); break;
   }
 }
 
-void add_weighted_rows_f32(const float* a, const float* rows, int64_t n, int64_t d, float* y) {
-  int64_t c0 = 0;
-  for (; c0 + 32 <= d; c0 += 32) {
-    V y0 = _mm256_loadu_ps(y + c0), y1 = _mm256_loadu_ps(y + c0 + 8), y2 = _mm256_loadu_ps(y + c0 + 16),
-      y3 = _mm256_loadu_ps(y + c0 + 24);
-    for (int64_t j = 0; j < n; ++j) {
-      const V aj = splat(a[j]);
-      const float* r = rows + j * d + c0;
-      y0 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r), y0);
-      y1 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 8), y1);
-      y2 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 16), y2);
-      y3 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 24), y3);
+template <bool kFull>
+void panel(int64_t nv, int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+           float* c, int64_t ldc, bool accumulate, __m256i last) {
+  switch (nv) {
+    case 1: rows<1, kFull>(m, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, last); break;
+    case 2: rows<2, kFull>(m, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, last); break;
+    default: rows<3, kFull>(m, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, last); break;
+  }
+}
+
+float max_of_vector(V v) {
+  alignas(32) float e[8];
+  _mm256_store_ps(e, v);
+  float r = e[0];
+  for (int i = 1; i < 8; ++i) r = fmaxf(r, e[i]);
+  return r;
+}
+
+float sum_of_vector(V v) {
+  alignas(32) float e[8];
+  _mm256_store_ps(e, v);
+  return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}
+
+}  // namespace
+
+void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+              float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j0 = 0; j0 < n; j0 += 24) {
+    const int64_t w = n - j0 < 24 ? n - j0 : 24, nv = (w + 7) / 8, tail = w - 8 * (nv - 1);
+    if (tail == 8) panel<true>(nv, m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, _mm256_setzero_si256());
+    else panel<false>(nv, m, k, a, a_rs, a_cs, b + j0, ldb, c + j0, ldc, accumulate, lane_mask(tail));
+  }
+}
+
+// As vec512's: each row's maximum over its valid keys, the exponentials (zero past them, and past
+// width nothing is written), the rescale of the row's sum and accumulator when the maximum rises.
+void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64_t* valid, int64_t width, float scale,
+                                float* m, double* sums, float* acc, int64_t d) {
+  const V sc = splat(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * lds;
+    const int64_t n = valid[r] < width ? valid[r] : width;
+    if (n <= 0) {
+      std::fill(sr, sr + width, 0.0f);
+      continue;
     }
-    _mm256_storeu_ps(y + c0, y0);
-    _mm256_storeu_ps(y + c0 + 8, y1);
-    _mm256_storeu_ps(y + c0 + 16, y2);
-    _mm256_storeu_ps(y + c0 + 24, y3);
+    V mx = splat(-INFINITY);
+    for (int64_t j = 0; j < n; j += 8) {  // as vec512's max(m, x): a NaN score wins; lanes past n keep m
+      const __m256i in = lane_mask(n - j);
+      const V x = mul(_mm256_maskload_ps(sr + j, in), sc);
+      mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, x), _mm256_castsi256_ps(in));
+    }
+    const float tile_max = max_of_vector(mx);
+    const float m_new = m[r] > tile_max ? m[r] : tile_max;
+    const V mv = splat(m_new);
+    V sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < width; j += 8) {
+      const __m256i all = lane_mask(width - j);
+      const V e = _mm256_and_ps(exp_nonpositive(sub(mul(_mm256_maskload_ps(sr + j, all), sc), mv)),
+                                _mm256_castsi256_ps(lane_mask(n - j)));
+      sum = add(sum, e);
+      _mm256_maskstore_ps(sr + j, all, e);
+    }
+    if (m_new != m[r]) {
+      // The first tile finds m = -inf: alpha 0 (acc and the sum are still 0).
+      const float alpha = std::exp(m[r] - m_new);
+      sums[r] *= alpha;
+      float* ar = acc + r * d;
+      for (int64_t c = 0; c < d; c += 8) {
+        const __m256i in = lane_mask(d - c);
+        _mm256_maskstore_ps(ar + c, in, mul(_mm256_maskload_ps(ar + c, in), splat(alpha)));
+      }
+    }
+    sums[r] += static_cast<double>(sum_of_vector(sum));
+    m[r] = m_new;
   }
-  for (; c0 + 8 <= d; c0 += 8) {
-    V yc = _mm256_loadu_ps(y + c0);
-    for (int64_t j = 0; j < n; ++j) yc = _mm256_fmadd_ps(splat(a[j]), _mm256_loadu_ps(rows + j * d + c0), yc);
-    _mm256_storeu_ps(y + c0, yc);
-  }
-  for (int64_t c = c0; c < d; ++c) {
-    float v = y[c];
-    for (int64_t j = 0; j < n; ++j) v = __builtin_fmaf(a[j], rows[j * d + c], v);
-    y[c] = v;
+}
+
+void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, const int64_t* valid, int64_t width,
+                             float scale, const float* lse, const float* delta) {
+  const V sc = splat(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * ld;
+    float* dr = dp + r * ld;
+    const V l = splat(lse[r]), dl = splat(delta[r]);
+    for (int64_t j = 0; j < width; j += 8) {
+      const __m256i all = lane_mask(width - j);
+      const V p = _mm256_and_ps(exp_nonpositive(sub(mul(_mm256_maskload_ps(sr + j, all), sc), l)),
+                                _mm256_castsi256_ps(lane_mask(valid[r] - j)));
+      const V ds = mul(mul(p, sub(_mm256_maskload_ps(dr + j, all), dl)), sc);
+      _mm256_maskstore_ps(sr + j, all, p);
+      _mm256_maskstore_ps(dr + j, all, ds);
+    }
   }
 }
 

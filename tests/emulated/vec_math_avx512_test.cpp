@@ -126,34 +126,42 @@ TEST(VecMathAvx512, ExpGivesTheAvx2Bits) {
         << "at y = " << y[i] << ": " << dx2[i] << " vs " << dx5[i];
 }
 
+// Both widths' products (AVX2's 8-lane blocks give the same bits).
 TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
-  if (!vec512::available()) GTEST_SKIP() << "no AVX-512F";
+  if (!vec512::available() && !vec::available()) GTEST_SKIP() << "no AVX2 or AVX-512F";
   struct Shape {
     int64_t m, n, k;
     bool transposed_a, accumulate;
   };
   const Shape shapes[] = {{1, 1, 1, false, false},  {16, 64, 32, false, false}, {13, 37, 9, false, true},
-                          {32, 32, 64, true, true}, {7, 100, 5, true, false},   {9, 16, 0, false, true}};
-  for (const Shape& s : shapes) {
-    SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
-                 (s.transposed_a ? " a transposed" : "") + (s.accumulate ? " accumulating" : ""));
-    const int64_t lda = s.transposed_a ? s.m + 3 : s.k + 2, ldb = s.n + 5, ldc = s.n + 1;
-    const std::vector<float> a = host_values((s.transposed_a ? s.k : s.m) * lda + 1, -1.0f, 1.0f, 11);
-    const std::vector<float> b = host_values(s.k * ldb + 1, -1.0f, 1.0f, 12);
-    std::vector<float> c = host_values(s.m * ldc, -1.0f, 1.0f, 13), expected = c;
-    const int64_t a_rs = s.transposed_a ? 1 : lda, a_cs = s.transposed_a ? lda : 1;
-    for (int64_t i = 0; i < s.m; ++i)
-      for (int64_t j = 0; j < s.n; ++j) {
-        float v = s.accumulate ? expected[i * ldc + j] : 0.0f;
-        for (int64_t l = 0; l < s.k; ++l) v = std::fma(a[i * a_rs + l * a_cs], b[l * ldb + j], v);
-        expected[i * ldc + j] = v;
-      }
-    vec512::gemm_f32(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, s.accumulate);
-    for (int64_t i = 0; i < s.m; ++i)
-      for (int64_t j = 0; j < ldc; ++j)  // the padding past n is left alone
-        ASSERT_TRUE(same_bits(c[i * ldc + j], expected[i * ldc + j]))
-            << "c[" << i << "][" << j << "] " << c[i * ldc + j] << " vs " << expected[i * ldc + j];
-  }
+                          {32, 32, 64, true, true}, {7, 100, 5, true, false},   {9, 16, 0, false, true},
+                          {11, 24, 7, false, true}, {8, 47, 3, true, true}};
+  using Gemm = decltype(&vec512::gemm_f32);
+  std::vector<std::pair<const char*, Gemm>> widths;
+  if (vec512::available()) widths.emplace_back("AVX-512", vec512::gemm_f32);
+  if (vec::available()) widths.emplace_back("AVX2", vec::gemm_f32);
+  for (const auto& [width, gemm] : widths)
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(width);
+      SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
+                   (s.transposed_a ? " a transposed" : "") + (s.accumulate ? " accumulating" : ""));
+      const int64_t lda = s.transposed_a ? s.m + 3 : s.k + 2, ldb = s.n + 5, ldc = s.n + 1;
+      const std::vector<float> a = host_values((s.transposed_a ? s.k : s.m) * lda + 1, -1.0f, 1.0f, 11);
+      const std::vector<float> b = host_values(s.k * ldb + 1, -1.0f, 1.0f, 12);
+      std::vector<float> c = host_values(s.m * ldc, -1.0f, 1.0f, 13), expected = c;
+      const int64_t a_rs = s.transposed_a ? 1 : lda, a_cs = s.transposed_a ? lda : 1;
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j) {
+          float v = s.accumulate ? expected[i * ldc + j] : 0.0f;
+          for (int64_t l = 0; l < s.k; ++l) v = std::fma(a[i * a_rs + l * a_cs], b[l * ldb + j], v);
+          expected[i * ldc + j] = v;
+        }
+      gemm(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, s.accumulate);
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < ldc; ++j)  // the padding past n is left alone
+          ASSERT_TRUE(same_bits(c[i * ldc + j], expected[i * ldc + j]))
+              << "c[" << i << "][" << j << "] " << c[i * ldc + j] << " vs " << expected[i * ldc + j];
+    }
 }
 
 // Note [Layer norm's row in one pass and a float output]: against float64's two-pass layer norm,
