@@ -152,12 +152,13 @@ void batch_norm_backward_cpu(const T* x, const T* dy, const float* gamma, const 
   }
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                     \
-  template void batch_norm_forward_training_cpu(const T*, const float*, const float*, int64_t, int64_t, int64_t,   \
-                                                float, float, float*, float*, T*, float*, float*);                 \
-  template void batch_norm_forward_inference_cpu(const T*, const float*, const float*, const float*, const float*, \
-                                                 int64_t, int64_t, int64_t, float, T*, float*, float*);            \
-  template void batch_norm_backward_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,     \
+#define CUMULUS_INSTANTIATE(T)                                                                                   \
+  template void batch_norm_forward_training_cpu(const T*, const float*, const float*, int64_t, int64_t, int64_t, \
+                                                float, float, float*, float*, T*, float*, float*);               \
+  template void batch_norm_forward_inference_cpu(const T*, const float*, const float*, const float*,             \
+                                                 const float*, int64_t, int64_t, int64_t, float, T*, float*,     \
+                                                 float*);                                                        \
+  template void batch_norm_backward_cpu(const T*, const T*, const float*, const float*, const float*, int64_t,   \
                                         int64_t, int64_t, bool, float, T*, float, float*, float, float*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

@@ -60,8 +60,7 @@ void im2col(const Conv2dGeometry& g, const float* x, float* cols, int64_t ld) {
           const float* xr = xc + ih * g.w - g.pad_w + kj;  // xr[oj * stride_w] is x[ih, iw(oj)]
           std::fill(out, out + cr.lo, 0.0f);
           if (g.stride_w == 1) std::copy(xr + cr.lo, xr + cr.hi, out + cr.lo);
-          else
-            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj * g.stride_w];
+          else for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj * g.stride_w];
           std::fill(out + cr.hi, out + g.out_w, 0.0f);
         }
       }
@@ -82,10 +81,8 @@ void col2im_add(const Conv2dGeometry& g, const float* cols, int64_t ld, float* d
           if (ih < 0 || ih >= g.h) continue;
           const float* in = row + oi * g.out_w;
           float* dxr = dxc + ih * g.w - g.pad_w + kj;
-          if (g.stride_w == 1)
-            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj] += in[oj];
-          else
-            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj * g.stride_w] += in[oj];
+          if (g.stride_w == 1) for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj] += in[oj];
+          else for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj * g.stride_w] += in[oj];
         }
       }
     }
@@ -114,8 +111,8 @@ int64_t conv2d_workspace_floats_cpu(const Conv2dGeometry& g) {
   return chunk_of(g) * (g.col_rows() + g.k) * g.col_cols();
 }
 
-void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* weight, const float* bias, float* y,
-                        float* workspace) {
+void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* weight, const float* bias,
+                        float* y, float* workspace) {
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chunk = chunk_of(g);
   float* cols = workspace;
   float* out = workspace + chunk * crs * ohw;
@@ -133,14 +130,13 @@ void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* we
   }
 }
 
-void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, const float* dy, float beta, float* dx,
-                              float* workspace) {
+void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, const float* dy, float beta,
+                              float* dx, float* workspace) {
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chw = g.c * g.h * g.w, chunk = chunk_of(g);
   float* dcols = workspace;
   float* dyt = workspace + chunk * crs * ohw;
   if (beta == 0.0f) std::memset(dx, 0, static_cast<std::size_t>(g.n * chw) * sizeof(float));
-  else if (beta != 1.0f)
-    for (int64_t i = 0; i < g.n * chw; ++i) dx[i] *= beta;
+  else if (beta != 1.0f) for (int64_t i = 0; i < g.n * chw; ++i) dx[i] *= beta;
   for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
     const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
     group_by_channel(g, dy, n0, m, dyt);
@@ -149,8 +145,8 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, cons
   }
 }
 
-void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const float* dy, float beta, float* dweight,
-                                float* workspace) {
+void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const float* dy, float beta,
+                                float* dweight, float* workspace) {
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chunk = chunk_of(g);
   float* cols = workspace;
   float* dyt = workspace + chunk * crs * ohw;

@@ -11,8 +11,8 @@
 namespace cumulus::kernels {
 
 template <typename T>
-int64_t cross_entropy_forward_cpu(const T* logits, const int32_t* labels, int64_t batch, int64_t classes, float scale,
-                                  float* loss) {
+int64_t cross_entropy_forward_cpu(const T* logits, const int32_t* labels, int64_t batch, int64_t classes,
+                                  float scale, float* loss) {
   double total = 0.0;
   for (int64_t i = 0; i < batch; ++i) {
     const int32_t y = labels[i];
@@ -55,11 +55,11 @@ void classification_tally_cpu(const T* logits, const int32_t* labels, int64_t ro
   totals->batches += 1;
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                     \
-  template int64_t cross_entropy_forward_cpu(const T*, const int32_t*, int64_t, int64_t, float, float*);           \
-  template void cross_entropy_backward_cpu(const T*, const int32_t*, int64_t, int64_t, const float*, float, float, \
-                                           T*);                                                                    \
-  template void classification_tally_cpu(const T*, const int32_t*, int64_t, int64_t, const float*,                 \
+#define CUMULUS_INSTANTIATE(T)                                                                                \
+  template int64_t cross_entropy_forward_cpu(const T*, const int32_t*, int64_t, int64_t, float, float*);      \
+  template void cross_entropy_backward_cpu(const T*, const int32_t*, int64_t, int64_t, const float*, float,   \
+                                           float, T*);                                                       \
+  template void classification_tally_cpu(const T*, const int32_t*, int64_t, int64_t, const float*,           \
                                          ClassificationTotals*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

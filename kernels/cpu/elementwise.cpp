@@ -28,8 +28,7 @@ void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out
 
 void sum_rows_cpu(const float* x, int64_t rows, int64_t cols, float beta, float* out) {
   if (beta == 0.0f) std::fill(out, out + cols, 0.0f);
-  else if (beta != 1.0f)
-    for (int64_t c = 0; c < cols; ++c) out[c] *= beta;
+  else if (beta != 1.0f) for (int64_t c = 0; c < cols; ++c) out[c] *= beta;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
@@ -74,8 +73,7 @@ void fill_from_scalar_cpu(const float* scalar, float scale, float beta, float* o
 template <typename T>
 void accumulate_cpu(const T* x, float beta, T* y, int64_t n) {
   if (beta == 0.0f) std::copy(x, x + n, y);
-  else
-    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(to_f32(x[i]) + beta * to_f32(y[i]));
+  else for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(to_f32(x[i]) + beta * to_f32(y[i]));
 }
 
 template <typename T>
@@ -83,10 +81,10 @@ void argmax_rows_cpu(const T* x, int64_t rows, int64_t cols, int32_t* out) {
   for (int64_t r = 0; r < rows; ++r) out[r] = row_argmax(x + r * cols, cols);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                             \
-  template void relu_forward_cpu(const T*, T*, int64_t);                   \
-  template void relu_backward_cpu(const T*, const T*, float, T*, int64_t); \
-  template void accumulate_cpu(const T*, float, T*, int64_t);              \
+#define CUMULUS_INSTANTIATE(T)                                                      \
+  template void relu_forward_cpu(const T*, T*, int64_t);                            \
+  template void relu_backward_cpu(const T*, const T*, float, T*, int64_t);          \
+  template void accumulate_cpu(const T*, float, T*, int64_t);                       \
   template void argmax_rows_cpu(const T*, int64_t, int64_t, int32_t*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)

@@ -1,6 +1,6 @@
 // Optimizer updates over one flat array (docs/ARCHITECTURE.md, "Gradients and accumulation"): one
-// pass, the gradient scaled by grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's)
-// are in kernels/optim_rules.h, shared with CUDA.
+// pass, the gradient scaled by grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's) are in
+// kernels/optim_rules.h, shared with CUDA.
 #include <algorithm>
 #include <cmath>
 

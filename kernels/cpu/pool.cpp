@@ -110,7 +110,7 @@ void max_pool2d_backward_cpu(const Pool2dGeometry& g, const T* x, const T* dy, f
   }
 }
 
-#define CUMULUS_INSTANTIATE(T)                                               \
+#define CUMULUS_INSTANTIATE(T)                                                \
   template void max_pool2d_forward_cpu(const Pool2dGeometry&, const T*, T*); \
   template void max_pool2d_backward_cpu(const Pool2dGeometry&, const T*, const T*, float, T*);
 CUMULUS_INSTANTIATE(float)

@@ -207,8 +207,7 @@ void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start,
       std::copy(in, in + run, out + before);
       std::fill(out + before + run, out + before + run + after, from_f32<T>(0.0f));
     } else {
-      for (int64_t i = 0; i < run; ++i)
-        out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
+      for (int64_t i = 0; i < run; ++i) out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
     }
   }
 }
