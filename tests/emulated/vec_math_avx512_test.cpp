@@ -53,9 +53,9 @@ double gelu_tanh_grad_exact(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.79788456080286535588 * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
-// Within 2 ulp of max(|exact|, 1) as the AVX2 functions, forward and backward, over a dense grid of
-// [-12, 12] (where the clamps and the Newton step matter) and random points.
-// Both widths (AVX2's is AVX-512's form 8 lanes at a time, with a division for the reciprocal).
+// Within 2 ulp of max(|exact|, 1), forward and backward, for both widths (AVX2's is AVX-512's form
+// 8 lanes at a time, with a division for the reciprocal), over a dense grid of [-12, 12] (where the
+// clamps and AVX-512's Newton step matter) and random points.
 TEST(VecMathAvx512, GeluTanhIsWithinTwoUlpOfTheExactFunction) {
   if (!vec512::available() && !vec::available()) GTEST_SKIP() << "no AVX2 or AVX-512F";
   const int64_t grid = 48001;
