@@ -204,8 +204,7 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const mo
   meta["run.loss_scale"] = optim::setting_text(c.loss_scale);
   meta["run.loss_scale_clean_steps"] = std::to_string(c.loss_scale_clean_steps);
   io::ExtraTensors extra{kOptimizerPrefix, {}};
-  for (const auto& [name, t] : trainer.optimizer().state())
-    extra.tensors.emplace_back(name, t);
+  for (const auto& [name, t] : trainer.optimizer().state()) extra.tensors.emplace_back(name, t);
   io::save_state_dict(path, model, meta, extra);
 }
 
@@ -293,13 +292,43 @@ Plan plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
   return plan;
 }
 
-int train(const TrainFlags& flags) {
-  TrainFlags f = flags;
+// The combinations of train's flags that no single flag's check refuses.
+void check_train_flags(const TrainFlags& f) {
   if (f.effective_batch == 0 && (!f.memory_budget.empty() || f.recompute == "auto"))
     throw UsageError(std::string(f.memory_budget.empty() ? "--recompute auto" : "--memory-budget") +
                      " needs --effective-batch (the planner decides)");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));
+}
+
+// The model the size flags describe, over a vocabulary of vocab_size.
+models::GPTConfig gpt_config(const TrainFlags& f, int64_t vocab_size) {
+  models::GPTConfig config;
+  config.vocab_size = vocab_size;
+  config.block_size = f.context;
+  config.n_layer = f.layers;
+  config.n_head = f.heads;
+  config.n_embd = f.width;
+  try {
+    config.validate();
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("--width/--heads/--layers: ") + e.what());
+  }
+  return config;
+}
+
+optim::AdamWOptions adamw_options(const TrainFlags& f) {
+  optim::AdamWOptions adamw;
+  adamw.lr = static_cast<float>(f.lr);
+  adamw.beta1 = static_cast<float>(f.beta1);
+  adamw.beta2 = static_cast<float>(f.beta2);
+  adamw.weight_decay = static_cast<float>(f.weight_decay);
+  return adamw;
+}
+
+int train(const TrainFlags& flags) {
+  TrainFlags f = flags;
+  check_train_flags(f);
   const Device device = parse_device(f.device);
   const Precision precision = parse_precision(f.precision);
   if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
@@ -319,19 +348,8 @@ int train(const TrainFlags& flags) {
     throw UsageError("--context " + std::to_string(f.context) + ": " + e.what());
   }
 
-  models::GPTConfig config;
-  config.vocab_size = vocab.size();
-  config.block_size = f.context;
-  config.n_layer = f.layers;
-  config.n_head = f.heads;
-  config.n_embd = f.width;
-  try {
-    config.validate();
-  } catch (const InvalidArgument& e) {
-    throw UsageError(std::string("--width/--heads/--layers: ") + e.what());
-  }
   Generator gen(static_cast<uint64_t>(f.seed));
-  models::GPT model(config, gen, device);
+  models::GPT model(gpt_config(f, vocab.size()), gen, device);
   if (!f.init.empty()) io::load_state_dict(f.init, model);
   model.set_recompute(f.recompute == "on");
   model.set_compute_dtype(compute_dtype(precision));
@@ -339,11 +357,7 @@ int train(const TrainFlags& flags) {
     throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
                      ": more tokens than the training text holds");
 
-  optim::AdamWOptions adamw;
-  adamw.lr = static_cast<float>(f.lr);
-  adamw.beta1 = static_cast<float>(f.beta1);
-  adamw.beta2 = static_cast<float>(f.beta2);
-  adamw.weight_decay = static_cast<float>(f.weight_decay);
+  const optim::AdamWOptions adamw = adamw_options(f);
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
   const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
