@@ -250,14 +250,17 @@ struct TileKernels {
   decltype(&vec512::gemm_f32) gemm;
   decltype(&vec512::attention_softmax_tile_f32) softmax_tile;
   decltype(&vec512::attention_grad_tile_f32) grad_tile;
+  decltype(&vec::transpose_f32) transpose;  // AVX2's at both widths
+  decltype(&vec::row_dots_f64) row_dots;
 };
 
 // The tile functions this CPU runs, or null for the plain loops.
 const TileKernels* tile_kernels() {
   if constexpr (vec::kBuilt) {
-    static const TileKernels wide{vec512::gemm_f32, vec512::attention_softmax_tile_f32,
-                                  vec512::attention_grad_tile_f32};
-    static const TileKernels narrow{vec::gemm_f32, vec::attention_softmax_tile_f32, vec::attention_grad_tile_f32};
+    static const TileKernels wide{vec512::gemm_f32, vec512::attention_softmax_tile_f32, vec512::attention_grad_tile_f32,
+                                  vec::transpose_f32, vec::row_dots_f64};
+    static const TileKernels narrow{vec::gemm_f32, vec::attention_softmax_tile_f32, vec::attention_grad_tile_f32,
+                                    vec::transpose_f32, vec::row_dots_f64};
     if (vec512::available()) return &wide;
     if (vec::available()) return &narrow;
   }
@@ -279,7 +282,7 @@ struct HeadTiles {
 };
 
 template <typename T>
-void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, HeadTiles& h) {
+void load_head(const TileKernels& t, const AttentionGeometry& g, const T* k, const T* v, int64_t bh, HeadTiles& h) {
   if (h.bh == bh) return;
   const int64_t d = g.d, tk = g.tk;
   h.ldk = (tk + 15) / 16 * 16;
@@ -287,13 +290,13 @@ void load_head(const AttentionGeometry& g, const T* k, const T* v, int64_t bh, H
   float* kt = h.data.data();
   const T* kh = k + g.k_row(bh, 0);
   const int64_t ks = g.k_stride[2];
-  // Column by column: contiguous stores, the strided loads from the rows' few cache lines.
-  for (int64_t c = 0; c < d; ++c)
-    for (int64_t j = 0; j < tk; ++j) kt[c * h.ldk + j] = to_f32(kh[j * ks + c]);
   if constexpr (std::is_same_v<T, float>) {
+    t.transpose(kh, ks, tk, d, kt, h.ldk);
     h.v = v + g.v_row(bh, 0);
     h.ldv = g.v_stride[2];
   } else {
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t j = 0; j < tk; ++j) kt[c * h.ldk + j] = to_f32(kh[j * ks + c]);
     float* vf = kt + d * h.ldk;
     for (int64_t j = 0; j < tk; ++j) load_row(v + g.v_row(bh, j), vf + j * d, d);
     h.v = vf;
@@ -324,7 +327,7 @@ void forward_block_tiled(const TileKernels& t, const AttentionGeometry& g, const
     for (int64_t r = 0; r < nq; ++r) load_row(q + g.q_row(bh, i0 + r), qf + r * d, d);
   }
   for (int64_t r = 0; r < nq; ++r) m[r] = -std::numeric_limits<float>::infinity();
-  load_head(g, k, v, bh, head);
+  load_head(t, g, k, v, bh, head);
   const float* kt = head.kt();
   const float* vf = head.v;
   const int64_t key_end = g.key_end(i1 - 1);
@@ -336,6 +339,14 @@ void forward_block_tiled(const TileKernels& t, const AttentionGeometry& g, const
     t.gemm(nq, d, nk, s, kKeys, 1, vf + j0 * head.ldv, head.ldv, acc, d, true);
   }
   finish_rows(g, out, lse, bh, i0, nq, acc, m, sums);
+}
+
+// load_tile's transpose of f32 rows [j0, j0 + n) into t [d][kKeys] (zero past n), vectorized.
+void transposed_tile(const TileKernels& t, const float* base, int64_t row_stride, int64_t j0, int64_t n, int64_t d,
+                     float* tile) {
+  if (n < kKeys)
+    for (int64_t c = 0; c < d; ++c) std::fill(tile + c * kKeys + n, tile + (c + 1) * kKeys, 0.0f);
+  t.transpose(base + j0 * row_stride, row_stride, n, d, tile, kKeys);
 }
 
 template <typename T>
@@ -377,7 +388,8 @@ void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const
     }
   }
   if (dq != nullptr) std::fill(dq_acc, dq_acc + tq * d, 0.0f);
-  row_deltas(g, out, bh, dos, delta_h);
+  if constexpr (kF32) t.row_dots(dos, d, out + g.o_row(bh, 0), g.o_stride[2], tq, d, delta_h);
+  else row_deltas(g, out, bh, dos, delta_h);
   const T* kh = k + g.k_row(bh, 0);
   const T* vh = v + g.v_row(bh, 0);
   for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
@@ -387,15 +399,16 @@ void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const
     float* dk_acc = dka;
     float* dv_acc = dva;
     if constexpr (kF32) {
-      load_tile(kh, g.k_stride[2], j0, nk, d, kt, nullptr);
+      transposed_tile(t, kh, g.k_stride[2], j0, nk, d, kt);
+      transposed_tile(t, vh, g.v_stride[2], j0, nk, d, vt);
       ks = kh + j0 * g.k_stride[2];
       k_ld = g.k_stride[2];
       if (dk != nullptr) dk_acc = dk + (bh * tk + j0) * d;
       if (dv != nullptr) dv_acc = dv + (bh * tk + j0) * d;
     } else {
       load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
+      load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
     }
-    load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
     std::fill(dk_acc, dk_acc + nk * d, 0.0f);
     std::fill(dv_acc, dv_acc + nk * d, 0.0f);
     for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRowsWide) {

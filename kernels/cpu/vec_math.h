@@ -72,6 +72,12 @@ void attention_softmax_tile_f32(float* s, int64_t lds, int64_t rows, const int64
                                 float* m, double* sums, float* acc, int64_t d);
 void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, const int64_t* valid, int64_t width,
                              float scale, const float* lse, const float* delta);
+// The attention's data movement and row terms, for both widths (a CPU with AVX-512 has AVX2):
+// dst[c][r] = src[r][c] for r < rows, c < cols, at leading dimensions src_ld and dst_ld (exact);
+// out[r] = sum_c a[r][c] b[r][c] over n columns, the products and their sums in double (8 lanes,
+// then across them: within a rounding of the ordered double sum).
+void transpose_f32(const float* src, int64_t src_ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld);
+void row_dots_f64(const float* a, int64_t a_ld, const float* b, int64_t b_ld, int64_t rows, int64_t n, float* out);
 
 }  // namespace cumulus::kernels::vec
 

@@ -546,5 +546,55 @@ void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, cons
   }
 }
 
+// Eight rows of eight at once through registers (unpack, shuffle, swap halves): the strided loads
+// of a column-by-column copy miss a cache line per element where a head's rows lie far apart.
+void transpose_f32(const float* src, int64_t src_ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld) {
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) {
+    int64_t c0 = 0;
+    for (; c0 + 8 <= cols; c0 += 8) {
+      V r[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (r0 + i) * src_ld + c0);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+      }
+      for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + (c0 + i) * dst_ld + r0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (c0 + i + 4) * dst_ld + r0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+      }
+    }
+    for (; c0 < cols; ++c0)
+      for (int64_t i = r0; i < r0 + 8; ++i) dst[c0 * dst_ld + i] = src[i * src_ld + c0];
+  }
+  for (; r0 < rows; ++r0)
+    for (int64_t c = 0; c < cols; ++c) dst[c * dst_ld + r0] = src[r0 * src_ld + c];
+}
+
+void row_dots_f64(const float* a, int64_t a_ld, const float* b, int64_t b_ld, int64_t rows, int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = a + r * a_ld;
+    const float* br = b + r * b_ld;
+    __m256d sum[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (int64_t c = 0; c < n; c += 8) {
+      const __m256i in = lane_mask(n - c);
+      const V x = _mm256_maskload_ps(ar + c, in), y = _mm256_maskload_ps(br + c, in);
+      sum[0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), _mm256_cvtps_pd(_mm256_castps256_ps128(y)),
+                               sum[0]);
+      sum[1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)),
+                               _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)), sum[1]);
+    }
+    const __m256d s = _mm256_add_pd(sum[0], sum[1]);
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    out[r] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
+  }
+}
+
 }  // namespace cumulus::kernels::vec
 #endif

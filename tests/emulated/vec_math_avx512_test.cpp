@@ -164,6 +164,31 @@ TEST(VecMathAvx512, GemmIsAnOrderedFmaSum) {
     }
 }
 
+// The attention's transpose moves every element exactly and touches nothing past the block; its
+// row dots are within a rounding of the ordered double sum.
+TEST(VecMathAvx512, TransposeAndRowDots) {
+  if (!vec::available()) GTEST_SKIP() << "no AVX2";
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {8, 8}, {64, 32}, {37, 13}, {7, 9}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    const int64_t src_ld = cols + 3, dst_ld = rows + 5;
+    const std::vector<float> src = host_values(rows * src_ld, -1.0f, 1.0f, 21);
+    std::vector<float> dst(static_cast<std::size_t>(cols * dst_ld), -7.0f);
+    vec::transpose_f32(src.data(), src_ld, rows, cols, dst.data(), dst_ld);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < dst_ld; ++r)
+        ASSERT_EQ(dst[c * dst_ld + r], r < rows ? src[r * src_ld + c] : -7.0f) << "dst[" << c << "][" << r << "]";
+    const std::vector<float> b = host_values(rows * src_ld, -1.0f, 1.0f, 22);
+    std::vector<float> dots(static_cast<std::size_t>(rows));
+    vec::row_dots_f64(src.data(), src_ld, b.data(), src_ld, rows, cols, dots.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      double exact = 0.0;
+      for (int64_t c = 0; c < cols; ++c) exact += static_cast<double>(src[r * src_ld + c]) * b[r * src_ld + c];
+      EXPECT_NEAR(dots[r], exact, std::abs(exact) * 1.2e-7 + 1e-30) << "row " << r;
+    }
+  }
+}
+
 // Note [Layer norm's row in one pass and a float output]: against float64's two-pass layer norm,
 // the mean and rstd within a rounding of the exact values and the output within 2 ulp of
 // max(|exact|, 1), over rows around 0 and around 1000 (where rounding the mean to float alone
