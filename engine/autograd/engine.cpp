@@ -66,6 +66,9 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType
                   " and ", slot_->shape().str(), " for the same tensor");
     CUMULUS_CHECK(slot_->dtype() == dtype, InvalidArgument, "backward: gradients of types ", dtype_name(dtype),
                   " and ", dtype_name(slot_->dtype()), " for the same tensor");
+    // A gradient handed on by reference (add's dy, given to both operands) may be another pending
+    // gradient too: the first add into it gets its own copy (Note [Gradient sinks]).
+    if (!sole_owner(*slot_)) *slot_ = slot_->clone();
     return {*slot_, GradientMode::accumulate};
   }
   *slot_ = Tensor::empty(shape, dtype, device);

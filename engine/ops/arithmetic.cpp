@@ -115,6 +115,10 @@ class BinaryBackward final : public Node {
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     for (int operand = 0; operand < 2; ++operand) {
       if (!grads[static_cast<std::size_t>(operand)].needed()) continue;
+      if (passes_dy_through(operand, dy)) {  // a residual's add: no copy (Note [Gradient sinks])
+        grads[static_cast<std::size_t>(operand)].give(dy);
+        continue;
+      }
       GradSink::Target dx = grads[static_cast<std::size_t>(operand)].begin(shapes_[operand], dy.device(), dy.dtype());
       CUMULUS_DISPATCH_FLOAT(dy.dtype(), T, const T* ap = a_.defined() ? a_.data<T>() : nullptr;
                              const T* bp = b_.defined() ? b_.data<T>() : nullptr;
@@ -125,6 +129,12 @@ class BinaryBackward final : public Node {
   void release_saved() override { a_ = b_ = Tensor(); }
 
  private:
+  // The operand's gradient is dy itself: a's or b's of add, a's of sub, not broadcast.
+  bool passes_dy_through(int operand, const Tensor& dy) const {
+    const bool identity = op_ == BinaryOp::add || (op_ == BinaryOp::sub && operand == 0);
+    return identity && shapes_[operand] == dy.shape();
+  }
+
   BinaryOp op_;
   BroadcastGeometry g_;
   Shape shapes_[2];

@@ -187,12 +187,6 @@ bool weight_gradient_cuda(cuda::Context& ctx, const float* dzp, const float* xp,
 }
 #endif
 
-// Whether backward may overwrite `grad` in place: the engine's reference is the only one to the
-// tensor and to its storage, so no other node or caller can see it.
-bool sole_owner(const Tensor& grad) {
-  return impl_of(grad).use_count() == 1 && impl_of(grad)->storage.use_count() == 1;
-}
-
 class LinearBackward final : public Node {
  public:
   // y: the op's output, saved only with ReLU (its mask is y > 0).

@@ -49,4 +49,10 @@ struct TensorAccess {
 inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
 inline Tensor make_tensor(std::shared_ptr<TensorImpl> impl) { return TensorAccess::wrap(std::move(impl)); }
 
+// Whether the caller's reference is the only one to the tensor and to its storage, so that writing
+// it in place changes nothing anyone else can see (a backward's dy, a pending gradient).
+inline bool sole_owner(const Tensor& t) {
+  return impl_of(t).use_count() == 1 && impl_of(t)->storage.use_count() == 1;
+}
+
 }  // namespace cumulus

@@ -35,8 +35,9 @@ enum class GradientMode : uint8_t { overwrite, accumulate };
 // (first backward after a step) and accumulates into it otherwise, so a Linear's weight
 // gradient is accumulated inside its GEMM and zeroing costs nothing. For an inner node it is the
 // engine's pending gradient: the first contribution allocates it (or hands over a tensor, no
-// copy), later ones (an input used twice) add into it. Ops never allocate parameter-sized
-// temporaries for gradients.
+// copy), later ones (an input used twice) add into it. A tensor handed over may be shared (add
+// gives its dy to both operands as is): the first add into a shared one copies it. Ops never
+// allocate parameter-sized temporaries for gradients.
 class GradSink {
  public:
   struct Target {
