@@ -22,7 +22,9 @@
 // (Note [Fused attention as tile products]); plain loops, row by row, otherwise.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -36,6 +38,25 @@ namespace {
 
 constexpr int64_t kRows = 16;
 constexpr int64_t kKeys = 64;
+
+// Scratch on 64-byte boundaries: a vector load that straddles two cache lines costs two, and the
+// tiles' rows (kKeys floats) and blocks of 16 rows of d floats keep every row start aligned.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator&) { return true; }
+  friend bool operator!=(const CacheLineAllocator&, const CacheLineAllocator&) { return false; }
+};
+using Scratch = std::vector<float, CacheLineAllocator<float>>;
 
 // Without AVX2: e^x for n floats in place, s[j] = sum_c x[c] t[c][j] over a tile of kKeys (t
 // transposed, zero past its keys), and y[c] += sum_{j < n} a[j] rows[j][c].
@@ -93,7 +114,7 @@ void finish_rows(const AttentionGeometry& g, T* out, float* lse, int64_t bh, int
 
 template <typename T>
 void forward_block(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse, int64_t bh,
-                   int64_t i0, std::vector<float>& scratch, std::vector<double>& sums) {
+                   int64_t i0, Scratch& scratch, std::vector<double>& sums) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
   // Scratch kept across a thread's blocks: only the accumulators need zeros.
   scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + 2 * kKeys * d + kKeys + kRows)));
@@ -160,7 +181,7 @@ void row_deltas(const AttentionGeometry& g, const T* out, int64_t bh, const floa
 // the query rows.
 template <typename T>
 void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out, const float* lse,
-                   const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh, std::vector<float>& scratch) {
+                   const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh, Scratch& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
   // Scratch kept across a thread's heads: only dq's accumulator needs zeros.
   scratch.resize(
@@ -243,9 +264,10 @@ void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* 
 // (causal blocks on the diagonal see only part of a tile): a register block reuses each load across
 // its rows and columns. f32 q, k, v and do are read where they lie and the gradients summed in
 // place; only the keys (and the values in the backward) are transposed, once per head in the
-// forward (HeadTiles). Each output is still summed in a fixed order that depends only on the
-// shapes, so the bits are the same at any thread count; the two widths' products give the same
-// bits, their softmax tiles differ by the roundings of their lane sums.
+// forward (HeadTiles), 8 x 8 in registers, and the scratch tiles start on cache lines. Each output
+// is still summed in a fixed order that depends only on the shapes, so the bits are the same at any
+// thread count; the two widths' products give the same bits, their softmax tiles differ by the
+// roundings of their lane sums.
 struct TileKernels {
   decltype(&vec512::gemm_f32) gemm;
   decltype(&vec512::attention_softmax_tile_f32) softmax_tile;
@@ -275,7 +297,7 @@ constexpr int64_t kRowsWide = 32;
 // stride; other types: converted into v [tk][d]), loaded once for all the blocks of query rows a
 // thread takes from that head.
 struct HeadTiles {
-  std::vector<float> data;
+  Scratch data;
   int64_t bh = -1, ldk = 0, ldv = 0;
   const float* v = nullptr;
   const float* kt() const { return data.data(); }
@@ -307,7 +329,7 @@ void load_head(const TileKernels& t, const AttentionGeometry& g, const T* k, con
 
 template <typename T>
 void forward_block_tiled(const TileKernels& t, const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out,
-                         float* lse, int64_t bh, int64_t i0, std::vector<float>& scratch, std::vector<double>& sums,
+                         float* lse, int64_t bh, int64_t i0, Scratch& scratch, std::vector<double>& sums,
                          HeadTiles& head) {
   const int64_t d = g.d, i1 = std::min(i0 + kRows, g.tq), nq = i1 - i0;
   scratch.resize(std::max(scratch.size(), static_cast<std::size_t>(2 * kRows * d + kRows * kKeys + kRows)));
@@ -352,23 +374,23 @@ void transposed_tile(const TileKernels& t, const float* base, int64_t row_stride
 template <typename T>
 void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const T* q, const T* k, const T* v,
                          const T* out, const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
-                         std::vector<float>& scratch) {
+                         Scratch& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
   // f32 storage is read where it lies (q, k and do at their row strides) and the gradients summed
   // straight into dq, dk and dv; other types go through f32 copies.
   constexpr bool kF32 = std::is_same_v<T, float>;
   scratch.resize(
       std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
-  float* qf = scratch.data();         // [tq][d]
-  float* dof = qf + tq * d;           // [tq][d]
-  float* dqa = dof + tq * d;          // [tq][d]
-  float* kf = dqa + tq * d;           // [kKeys][d]
-  float* kt = kf + kKeys * d;         // [d][kKeys]
-  float* vt = kt + kKeys * d;         // [d][kKeys]
-  float* dka = vt + kKeys * d;        // [kKeys][d]
-  float* dva = dka + kKeys * d;       // [kKeys][d]
-  float* p = dva + kKeys * d;         // [kRowsWide][kKeys]
-  float* ds = p + kRowsWide * kKeys;  // [kRowsWide][kKeys]
+  float* kt = scratch.data();          // [d][kKeys], first: the products' operands aligned
+  float* vt = kt + kKeys * d;          // [d][kKeys]
+  float* p = vt + kKeys * d;           // [kRowsWide][kKeys]
+  float* ds = p + kRowsWide * kKeys;   // [kRowsWide][kKeys]
+  float* kf = ds + kRowsWide * kKeys;  // [kKeys][d]
+  float* dka = kf + kKeys * d;         // [kKeys][d]
+  float* dva = dka + kKeys * d;        // [kKeys][d]
+  float* qf = dva + kKeys * d;         // [tq][d]
+  float* dof = qf + tq * d;            // [tq][d]
+  float* dqa = dof + tq * d;           // [tq][d]
   int64_t valid[kRowsWide];
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
@@ -452,7 +474,7 @@ void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, c
   // where there are enough of them to go round.
   const int64_t grain = tiles != nullptr && g.bh() >= 8 ? blocks : 1;
   parallel_for(g.bh() * blocks, grain, [&](int64_t u0, int64_t u1) {
-    std::vector<float> scratch;
+    Scratch scratch;
     std::vector<double> sums;
     HeadTiles head;
     for (int64_t u = u0; u < u1; ++u) {
@@ -469,7 +491,7 @@ void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, 
   if (g.bh() == 0 || g.tk == 0) return;  // no query rows: dk and dv are still written (zeros)
   const TileKernels* tiles = tile_kernels();
   parallel_for(g.bh(), 1, [&](int64_t h0, int64_t h1) {
-    std::vector<float> scratch;
+    Scratch scratch;
     for (int64_t bh = h0; bh < h1; ++bh) {
       if (tiles != nullptr) backward_head_tiled(*tiles, g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
       else backward_head(g, q, k, v, out, lse, dout, delta, dq, dk, dv, bh, scratch);
