@@ -2,7 +2,7 @@
 """The op-versus-memory-floor tables of a bench_ops results folder: per benchmark, the min and
 median wall time (Google Benchmark's manual time) over every repetition of the before*/after* runs
 (CSV files), the floor from the best copy rate measured in the same runs, and the ratio of after's
-min to the floor; then, where the folder has them, the one- against two-thread runs
+min to the floor (where the folder has those runs); then, where the folder has them, the one- against two-thread runs
 (after_threads{1,2}_*.csv) and the fused attention's before and after (attention_{before,after}*.csv).
 
     python3 bench/summarize_ops.py bench/results/2026-11-27-cpu-speed/ops
@@ -47,36 +47,42 @@ def best_rate(prefix):  # bytes per ms: the fastest repetition of the fastest th
     return max(out)
 
 
-dram, cache = best_rate("mem/copy/256MiB"), best_rate("mem/copy/1MiB")
-print(f"copy rate: from memory (256 MiB) {dram / 1e6:.1f} GB/s, in cache (1 MiB) {cache / 1e6:.1f} GB/s")
-for k in sorted(allruns):
-    if k.startswith("mem/"):
-        v = allruns[k]
-        print(f"  {k}: min {min(v):.3f} ms, median {statistics.median(v):.3f} ms")
+def floor_tables():
+    """The ops against the copy rate's floor (before*/after* runs with the mem/copy families)."""
+    dram, cache = best_rate("mem/copy/256MiB"), best_rate("mem/copy/1MiB")
+    print(f"copy rate: from memory (256 MiB) {dram / 1e6:.1f} GB/s, in cache (1 MiB) {cache / 1e6:.1f} GB/s")
+    for k in sorted(allruns):
+        if k.startswith("mem/"):
+            v = allruns[k]
+            print(f"  {k}: min {min(v):.3f} ms, median {statistics.median(v):.3f} ms")
 
-# Bytes each pass must move, in units of one operand (N bytes): forward reads x and writes y; the
-# op's backward reads x (or y) and dy and writes dx; forward_backward adds sum's read of y, its
-# gradient's fill and the leaf gradient's accumulation (a read of dx).
-UNITS = {"forward": 2, "op_forward_backward": 5, "forward_backward": 8}
-rows = []
-for k in sorted(after):
-    if not k.startswith("ops/"):
-        continue
-    _, case, size, pass_, _ = k.split("/")
-    a, b = after[k], before.get(k, [])
-    dims = [int(d) for d in size.split("x")]
-    n_bytes = 4 * dims[0] * dims[1]
-    floor_mem = UNITS[pass_] * n_bytes / dram
-    floor_cache = UNITS[pass_] * n_bytes / cache
-    rows.append((case, size, pass_, min(b) if b else float("nan"), statistics.median(b) if b else float("nan"),
-                 min(a), statistics.median(a), floor_mem, floor_cache))
-print("| op | size | pass | before min | before median | after min | after median | speedup (min) |"
-      " memory floor | after / memory floor | cache floor | after / cache floor |")
-print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for case, size, pass_, bmin, bmed, amin, amed, fm, fc in rows:
-    op = op_label(case)
-    print(f"| {op} | {size} | {pass_} | {bmin:.3f} | {bmed:.3f} | {amin:.3f} | {amed:.3f} | {bmin / amin:.1f}x |"
-          f" {fm:.3f} | {amin / fm:.2f}x | {fc:.3f} | {amin / fc:.2f}x |")
+    # Bytes each pass must move, in units of one operand (N bytes): forward reads x and writes y; the
+    # op's backward reads x (or y) and dy and writes dx; forward_backward adds sum's read of y, its
+    # gradient's fill and the leaf gradient's accumulation (a read of dx).
+    UNITS = {"forward": 2, "op_forward_backward": 5, "forward_backward": 8}
+    rows = []
+    for k in sorted(after):
+        if not k.startswith("ops/"):
+            continue
+        _, case, size, pass_, _ = k.split("/")
+        a, b = after[k], before.get(k, [])
+        dims = [int(d) for d in size.split("x")]
+        n_bytes = 4 * dims[0] * dims[1]
+        floor_mem = UNITS[pass_] * n_bytes / dram
+        floor_cache = UNITS[pass_] * n_bytes / cache
+        rows.append((case, size, pass_, min(b) if b else float("nan"), statistics.median(b) if b else float("nan"),
+                     min(a), statistics.median(a), floor_mem, floor_cache))
+    print("| op | size | pass | before min | before median | after min | after median | speedup (min) |"
+          " memory floor | after / memory floor | cache floor | after / cache floor |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for case, size, pass_, bmin, bmed, amin, amed, fm, fc in rows:
+        op = op_label(case)
+        print(f"| {op} | {size} | {pass_} | {bmin:.3f} | {bmed:.3f} | {amin:.3f} | {amed:.3f} | {bmin / amin:.1f}x |"
+              f" {fm:.3f} | {amin / fm:.2f}x | {fc:.3f} | {amin / fc:.2f}x |")
+
+
+if allruns:
+    floor_tables()
 
 # The after library at one thread and at two (OPENBLAS_NUM_THREADS=1 or 2), alternately.
 one, two = load("after_threads1_"), load("after_threads2_")

@@ -1,6 +1,7 @@
 // The backward engine: persistent gradient buffers (accumulate across backward calls at a fixed
 // address, stale means overwrite without reading), saved tensors released as backward runs, grad
 // mode, inputs used twice, and errors that name the op.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -409,6 +410,29 @@ TEST_P(AutogradTest, TensorUsedTwiceInOneOp) {
     for (int j = 0; j < n; ++j) expected[i * n + j] = xv[i * n + j] > 0 ? float(2.0 * hcol[j]) : 0.0f;
   EXPECT_LT(max_rel_diff(X2.grad().to_vector<float>(), expected), 1e-5)
       << "an inner node used twice gets both contributions";
+}
+
+// add gives its dy to both operands as is (Note [Gradient sinks]): when one operand's pending
+// gradient gets a second contribution while the other operand's still holds the shared dy, that
+// add must go to a copy. h and g feed s = h + g and one more op each, so whichever of u or v the
+// walk reaches after s adds into a shared gradient; every order of the loss's terms is tried.
+// dloss/dh = 1 + 3, dloss/dg = 1 + 7, dx = 4 * 2 + 8 * 5 (without the copy: 62 or 63 in two orders).
+TEST_P(AutogradTest, AddsSharedGradientIsCopiedBeforeAnAddIntoIt) {
+  const Device d = device();
+  std::vector<int> order{0, 1, 2};
+  do {
+    SCOPED_TRACE("terms in order " + std::to_string(order[0]) + std::to_string(order[1]) + std::to_string(order[2]));
+    Tensor x = Tensor::from_vector(std::vector<float>{0.5f, -1.0f, 2.0f}, {3}, d);
+    x.set_requires_grad(true);
+    const Tensor h = x * 2.0f, g = x * 5.0f;
+    const Tensor terms[3] = {ops::sum(h + g), ops::sum(h * 3.0f), ops::sum(g * 7.0f)};
+    (terms[order[0]] + terms[order[1]] + terms[order[2]]).backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(3, 48.0f));
+  } while (std::next_permutation(order.begin(), order.end()));
+  Tensor x = Tensor::from_vector(std::vector<float>{0.5f, -1.0f}, {2}, d);  // both operands one tensor
+  x.set_requires_grad(true);
+  ops::sum((x * 1.0f) + (x * 1.0f) + x).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(2, 3.0f));
 }
 
 TEST_P(AutogradTest, BackwardChecksItsRoot) {
