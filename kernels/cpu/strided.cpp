@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cpu/strided_kernels.h"
@@ -15,6 +16,17 @@ inline void store(T* dst, T value, float beta) {
   }
 }
 
+// A run of n elements contiguous on both sides (a permute's innermost dimension, a narrow's rows):
+// a block copy when overwriting, else the same store as one element at a time.
+template <typename T>
+void copy_run(const T* src, T* dst, int64_t n, float beta) {
+  if (beta == 0.0f) {
+    std::copy(src, src + n, dst);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) store(dst + i, src[i], beta);
+}
+
 }  // namespace
 
 // An odometer over the outer dimensions, a strided loop over the last.
@@ -28,7 +40,9 @@ void strided_copy_cpu(const T* src, T* dst, const StridedLayout& l, float beta) 
   int64_t index[StridedLayout::kMaxDims] = {};
   int64_t s0 = 0, d0 = 0;
   for (;;) {
-    for (int64_t i = 0; i < n; ++i) store(dst + d0 + i * ds, src[s0 + i * ss], beta);
+    if (ss == 1 && ds == 1) copy_run(src + s0, dst + d0, n, beta);
+    else
+      for (int64_t i = 0; i < n; ++i) store(dst + d0 + i * ds, src[s0 + i * ss], beta);
     int d = last - 1;
     for (; d >= 0; --d) {
       s0 += l.src_stride[d];
