@@ -363,7 +363,7 @@ void forward_block_tiled(const TileKernels& t, const AttentionGeometry& g, const
   finish_rows(g, out, lse, bh, i0, nq, acc, m, sums);
 }
 
-// load_tile's transpose of f32 rows [j0, j0 + n) into t [d][kKeys] (zero past n), vectorized.
+// load_tile's transpose of f32 rows [j0, j0 + n) into tile [d][kKeys] (zero past n), vectorized.
 void transposed_tile(const TileKernels& t, const float* base, int64_t row_stride, int64_t j0, int64_t n, int64_t d,
                      float* tile) {
   if (n < kKeys)
