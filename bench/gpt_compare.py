@@ -5,10 +5,14 @@ Both start from the same weights (`gpt train --steps 0 --save`), read the same w
 same steps; runs alternate (cumulus, PyTorch, cumulus, ...) so that load drifts hit both alike.
 Reports, per config: the largest per-step loss difference, the validation losses, and the median
 time per optimizer step of each (steps after the first two of a run, over all rounds), with their
-ratio. Writes summary.json and summary.md to --out.
+ratio, and the tokens per second those medians give. Writes summary.json and summary.md to --out.
 
   bench/gpt_compare.py --gpt build/bin/gpt --data ../shared/data/shakespeare --out DIR
                        [--configs small,large] [--steps 30] [--rounds 3] [--threads 1] [--compile]
+                       [--device cpu|cuda] [--precision fp32|bf16]
+
+On CUDA, `gpt2s` is GPT-2 small's shape (context 1024, width 768, 12 heads, 12 blocks) with the
+character vocabulary; both engines then run f32 without TF32, or bf16 compute with fp32 weights.
 """
 
 import argparse
@@ -23,6 +27,7 @@ import time
 CONFIGS = {  # nanoGPT-style flag sets; the issue's two sizes
     "small": dict(context=64, width=128, heads=4, layers=4, micro_batch=8, accum_steps=4),
     "large": dict(context=256, width=256, heads=8, layers=6, micro_batch=8, accum_steps=4),
+    "gpt2s": dict(context=1024, width=768, heads=12, layers=12, micro_batch=8, accum_steps=4),
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,7 +51,8 @@ def compare(name, cfg, a, corpus, out):
     common = ["--micro-batch", str(cfg["micro_batch"]), "--accum-steps", str(cfg["accum_steps"]), "--steps",
               str(a.steps), "--warmup", str(a.warmup or max(1, a.steps // 10)), "--eval-every", str(a.eval_every),
               "--eval-windows",
-              str(a.eval_windows), "--threads", str(a.threads), "--seed", "1337"]
+              str(a.eval_windows), "--threads", str(a.threads), "--seed", "1337", "--device", a.device,
+              "--precision", a.precision]
     run([a.gpt, "train", "--data", corpus] + shape + ["--steps", "0", "--warmup", "0", "--save", init, "--quiet"])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     times = {"cumulus": [], "pytorch": []}
@@ -88,6 +94,7 @@ def compare(name, cfg, a, corpus, out):
         "min_step_seconds": {k: min(v) for k, v in times.items()},
         "max_step_seconds": {k: max(v) for k, v in times.items()},
         "ratio_cumulus_over_pytorch": med["cumulus"] / med["pytorch"],
+        "tokens_per_second": {k: cfg["micro_batch"] * cfg["accum_steps"] * cfg["context"] / v for k, v in med.items()},
     }
 
 
@@ -132,26 +139,32 @@ def main():
     p.add_argument("--warmup", type=int, default=0, help="warmup steps (0: a tenth of --steps)")
     p.add_argument("--plot", action="store_true", help="also write <config>_curves.svg: train and validation loss")
     p.add_argument("--compile", action="store_true", help="torch.compile the twin's model")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = p.parse_args()
     corpus = os.path.join(a.data, "shakespeare.txt") if os.path.isdir(a.data) else a.data
     os.makedirs(a.out, exist_ok=True)
     import torch
     results = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
                "cpu_count": os.cpu_count(), "load_before": os.getloadavg(), "torch": torch.__version__,
-               "compile": a.compile, "configs": {}}
+               "compile": a.compile, "device": a.device, "precision": a.precision, "configs": {}}
+    if a.device == "cuda":
+        results["gpu"] = torch.cuda.get_device_name(0)
     for name in a.configs.split(","):
         results["configs"][name] = compare(name, CONFIGS[name], a, corpus, a.out)
         print(name, json.dumps(results["configs"][name]), flush=True)
     results["load_after"] = os.getloadavg()
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(results, f, indent=2)
-    rows = ["| config | cumulus ms/step | PyTorch ms/step | ratio | max step-loss diff | val loss (cumulus / PyTorch) |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| config | cumulus ms/step | PyTorch ms/step | ratio | tokens/s (cumulus / PyTorch) | max step-loss diff "
+            "| val loss (cumulus / PyTorch) |",
+            "|---|---|---|---|---|---|---|"]
     for name, r in results["configs"].items():
         m = r["median_step_seconds"]
-        rows.append("| %s | %.1f | %.1f | %.2fx | %.1e | %.6f / %.6f |" % (
-            name, m["cumulus"] * 1e3, m["pytorch"] * 1e3, r["ratio_cumulus_over_pytorch"], r["max_step_loss_diff"],
-            r["val_loss"]["cumulus"], r["val_loss"]["pytorch"]))
+        tps = r["tokens_per_second"]
+        rows.append("| %s | %.1f | %.1f | %.2fx | %.0f / %.0f | %.1e | %.6f / %.6f |" % (
+            name, m["cumulus"] * 1e3, m["pytorch"] * 1e3, r["ratio_cumulus_over_pytorch"], tps["cumulus"],
+            tps["pytorch"], r["max_step_loss_diff"], r["val_loss"]["cumulus"], r["val_loss"]["pytorch"]))
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write("\n".join(rows) + "\n")
     print("\n".join(rows))

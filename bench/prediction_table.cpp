@@ -147,12 +147,13 @@ std::string json_escape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr,
+  const bool help = argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
+  if (argc < 2 || help) {
+    std::fprintf(help ? stdout : stderr,
                  "usage: %s OUT_DIR [--commit SHA] [--machine TEXT] [--state-copies N] [--max-size B] "
                  "[--device cpu|cuda]\n",
                  argv[0]);
-    return 2;
+    return help ? 0 : 2;
   }
   const std::string out_dir = argv[1];
   std::string commit = "unknown", machine = "CPU";

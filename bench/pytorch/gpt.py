@@ -11,6 +11,9 @@ engine/data/token_windows.cpp). Same step: per micro-batch the token-summed cros
 group's gradient divided by its tokens, the global norm clipped, AdamW with decay on 2-D weights
 only (--weight-decay-all: every parameter), warmup + cosine as optim::CosineWarmupLR.
 Output: one JSON line per step and per evaluation, with the keys `gpt train --metrics` writes.
+On CUDA (--device cuda) a step's time ends at a synchronization; --precision bf16 runs the forward
+under torch.autocast (the weights, gradients and AdamW in fp32), f32 matmuls stay in full f32 (no
+TF32) as cumulus' f32 path.
 """
 
 import argparse
@@ -137,9 +140,9 @@ def load_corpus(path):
     return vocab, tokens[:n_train], tokens[n_train:]
 
 
-def windows(tokens, offsets, T):
+def windows(tokens, offsets, T, device="cpu"):
     idx = torch.tensor(offsets, dtype=torch.long)[:, None] + torch.arange(T)[None, :]
-    return tokens[idx], tokens[idx + 1]
+    return tokens[idx].to(device), tokens[idx + 1].to(device)
 
 
 def main():
@@ -154,11 +157,15 @@ def main():
         p.add_argument("--" + name, type=float, default=default)
     p.add_argument("--weight-decay-all", action="store_true", help="decay every parameter, not only 2-D weights")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: the forward under torch.autocast")
     p.add_argument("--metrics", help="JSON lines to this file (default: stdout)")
     p.add_argument("--saved-bytes", action="store_true",
                    help="print the bytes autograd saves for backward per token of one micro-batch, and stop")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    torch.set_float32_matmul_precision("highest")  # no TF32: full f32 products, as cumulus' f32 path
 
     from safetensors import safe_open
     with safe_open(a.init, "pt") as f:
@@ -167,12 +174,19 @@ def main():
     c = {k: int(meta["gpt." + k]) for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")}
     model = GPT(c)
     model.load_state_dict({k: v for k, v in state.items() if not k.startswith("optimizer.")}, strict=True)
+    device = torch.device("cuda:0" if a.device == "cuda" else "cpu")
+    model.to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16")
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     vocab, train, val = load_corpus(a.data)
     assert len(vocab) == c["vocab_size"], "the corpus's vocabulary differs from the checkpoint's"
     T, B, N = c["block_size"], a.micro_batch, a.accum_steps
 
     if a.saved_bytes:
-        x, y = windows(train, [token_window_offset(a.seed, 0, r, len(train) - T) for r in range(B)], T)
+        x, y = windows(train, [token_window_offset(a.seed, 0, r, len(train) - T) for r in range(B)], T, device)
         print(json.dumps({"saved_bytes_per_token": saved_bytes(model, x, y) / x.numel()}))
         return
 
@@ -192,12 +206,14 @@ def main():
         total = 0.0
         with torch.no_grad():
             for first in range(0, count, B):
-                x, y = windows(val, [w * T for w in range(first, min(first + B, count))], T)
-                total += float(model(x, y))
+                x, y = windows(val, [w * T for w in range(first, min(first + B, count))], T, device)
+                with autocast:
+                    total += float(model(x, y))
         model.train()
         print(json.dumps({"step": step, "val_loss": total / (count * T)}), file=out, flush=True)
 
     for step in range(a.steps):
+        synchronize()
         t0 = time.perf_counter()
         lr = lr_at(step, a.lr, a.warmup, a.steps, a.min_lr)
         for g in opt.param_groups:
@@ -205,14 +221,16 @@ def main():
         group_loss = 0.0
         for m in range(N):
             i = step * N + m
-            x, y = windows(train, [token_window_offset(a.seed, i, r, len(train) - T) for r in range(B)], T)
-            loss = step_model(x, y)
+            x, y = windows(train, [token_window_offset(a.seed, i, r, len(train) - T) for r in range(B)], T, device)
+            with autocast:
+                loss = step_model(x, y)
             (loss / (B * T * N)).backward()
             group_loss += float(loss.detach())
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(params, a.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        synchronize()
         seconds = time.perf_counter() - t0
         print(json.dumps({"step": step + 1, "loss": group_loss / (B * T * N), "lr": lr, "step_seconds": seconds,
                           "tokens_per_second": B * T * N / seconds}), file=out, flush=True)
