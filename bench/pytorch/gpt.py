@@ -181,6 +181,7 @@ def main():
     def synchronize():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
     vocab, train, val = load_corpus(a.data)
     assert len(vocab) == c["vocab_size"], "the corpus's vocabulary differs from the checkpoint's"
     T, B, N = c["block_size"], a.micro_batch, a.accum_steps
@@ -196,7 +197,11 @@ def main():
     else:
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=1e-8, foreach=False)
+    # On the CPU one parameter at a time (the rounding cumulus matches); on CUDA the fused kernel
+    # nanoGPT uses there.
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=1e-8, foreach=None if cuda else False,
+                            fused=True if cuda else None)
     step_model = torch.compile(model) if a.compile else model
     out = open(a.metrics, "a") if a.metrics else sys.stdout
 
@@ -218,21 +223,21 @@ def main():
         lr = lr_at(step, a.lr, a.warmup, a.steps, a.min_lr)
         for g in opt.param_groups:
             g["lr"] = lr
-        group_loss = 0.0
+        group_loss = torch.zeros((), device=device, dtype=torch.float64)  # read once a step: no sync per micro-batch
         for m in range(N):
             i = step * N + m
             x, y = windows(train, [token_window_offset(a.seed, i, r, len(train) - T) for r in range(B)], T, device)
             with autocast:
                 loss = step_model(x, y)
             (loss / (B * T * N)).backward()
-            group_loss += float(loss.detach())
+            group_loss += loss.detach()
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(params, a.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         synchronize()
         seconds = time.perf_counter() - t0
-        print(json.dumps({"step": step + 1, "loss": group_loss / (B * T * N), "lr": lr, "step_seconds": seconds,
+        print(json.dumps({"step": step + 1, "loss": float(group_loss) / (B * T * N), "lr": lr, "step_seconds": seconds,
                           "tokens_per_second": B * T * N / seconds}), file=out, flush=True)
         if (a.eval_every > 0 and (step + 1) % a.eval_every == 0) or step + 1 == a.steps:
             evaluate(step + 1)
