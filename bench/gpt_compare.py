@@ -150,6 +150,10 @@ def main():
                "compile": a.compile, "device": a.device, "precision": a.precision, "configs": {}}
     if a.device == "cuda":
         results["gpu"] = torch.cuda.get_device_name(0)
+    # Which kernels cumulus' GEMMs run (OpenBLAS's choice, or the environment's OPENBLAS_CORETYPE).
+    results["cumulus_cpu_kernels"] = next((l for l in run([a.gpt, "--version"]).splitlines() if l.startswith("CPU:")), "")
+    results["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
+    print(results["cumulus_cpu_kernels"], "| OPENBLAS_CORETYPE:", results["OPENBLAS_CORETYPE"], flush=True)
     for name in a.configs.split(","):
         results["configs"][name] = compare(name, CONFIGS[name], a, corpus, a.out)
         print(name, json.dumps(results["configs"][name]), flush=True)

@@ -2,12 +2,14 @@
 // tests/op_cases/cases_pointwise.cpp): shapes that do not broadcast, mixed dtypes, integer inputs,
 // empty outputs, width-1 softmax rows, large logits, dropout's argument checks, mask statistics and
 // memory, the operators, the nn modules (Dropout's offsets, eval mode, recompute), and the CPU
-// kernels' threads (the same bits at one thread and two) and vector code (its cap).
+// kernels' threads (the same bits at one thread and two), vector code (its cap) and OpenBLAS's kernels.
 #include <gtest/gtest.h>
+#include <strings.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -311,6 +313,31 @@ TEST(CpuCapability, FollowsTheEnvironmentCap) {
     if (__builtin_cpu_supports("avx512f")) EXPECT_EQ(got, "avx512");
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) EXPECT_EQ(got, "avx2");
   }
+#endif
+}
+
+// OpenBLAS runs the widest kernels the CPU has, also where its build does not know the CPU (Note
+// [OpenBLAS kernels on an unrecognized CPU]: SSE3 kernels on an AVX-512 Xeon, 6.8x slower). cumulus
+// sets OPENBLAS_CORETYPE only to SkylakeX or Haswell; another value is the environment's choice.
+TEST(BlasCore, IsTheWidestTheCpuRuns) {
+#if defined(__x86_64__)
+  const std::string core = blas_core();
+  const auto is_one_of = [&core](std::initializer_list<const char*> names) {
+    for (const char* name : names)
+      if (strcasecmp(core.c_str(), name) == 0) return true;
+    return false;
+  };
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    if (env != nullptr && strcasecmp(env, "SkylakeX") != 0) GTEST_SKIP() << "OPENBLAS_CORETYPE=" << env;
+    EXPECT_TRUE(is_one_of({"SkylakeX", "Cooperlake", "SapphireRapids"})) << core;
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (env != nullptr && strcasecmp(env, "Haswell") != 0) GTEST_SKIP() << "OPENBLAS_CORETYPE=" << env;
+    EXPECT_TRUE(is_one_of({"Haswell", "Zen", "Excavator"})) << core;
+  }
+#else
+  GTEST_SKIP() << "OpenBLAS's x86-64 kernels only";
 #endif
 }
 

@@ -208,6 +208,11 @@ int fit_cpu_threads(int n) { return set_threads(n, false); }
 
 int cpu_threads() { return openblas_get_num_threads(); }
 
+const char* blas_core() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "unknown";
+}
+
 const char* cpu_capability() {
   if (kernels::vec512::available()) return "avx512";
   return kernels::vec::available() ? "avx2" : "scalar";

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "cumulus/core/device.h"
+#include "cumulus/core/threads.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/version.h"
 
@@ -89,7 +90,8 @@ std::string version_text(const std::string& program) {
 #else
   s += ", cuDNN: not compiled";
 #endif
-  return s + ", " + dist::transports_text() + "\n";
+  return s + ", " + dist::transports_text() + "\nCPU: " + cpu_capability() + " kernels, OpenBLAS " + blas_core() +
+         " kernels\n";
 }
 
 }  // namespace cumulus

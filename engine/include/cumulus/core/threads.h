@@ -8,8 +8,14 @@ namespace cumulus {
 // CPU but x86-64). What this CPU has, capped by the environment variable CUMULUS_CPU_CAPABILITY
 // (one of those names; read once; another value is reported on stderr and ignored), so one
 // machine can run, test and time each path a user's CPU may take. OpenBLAS picks its own kernels
-// (OPENBLAS_CORETYPE).
+// (blas_core()).
 const char* cpu_capability();
+
+// The kernels OpenBLAS runs, by the name of the core they were written for ("SkylakeX", "Haswell",
+// ...): its own choice for this CPU, or the environment's OPENBLAS_CORETYPE, or where OpenBLAS fell
+// back to SSE3 on a CPU it does not know, the widest the CPU runs (Note [OpenBLAS kernels on an
+// unrecognized CPU], threads.cpp). Both apps' --version print it: a GEMM's speed depends on it.
+const char* blas_core();
 
 // Sets how many threads OpenBLAS uses from now on (n >= 1). Unlike OPENBLAS_NUM_THREADS, which
 // OpenBLAS reads once when the process starts, this works at any time. Under an address-space
