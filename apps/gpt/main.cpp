@@ -392,6 +392,10 @@ int train(const TrainFlags& flags) {
         static_cast<long long>(split.train.numel()), static_cast<long long>(split.validation.numel()),
         static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
         static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
+  // The GEMMs' speed depends on which OpenBLAS kernels run (an environment may choose narrower ones).
+  if (!f.quiet && f.device == "cpu")
+    std::printf("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s",
+                cpu_capability(), blas_core());
 
   auto evaluate = [&](int64_t step) {
     const double val = models::validation_loss(model, val_windows, f.micro_batch, f.eval_windows);
