@@ -14,7 +14,8 @@
 //   ops/<case>/<size>/op_forward_backward/<device>  the op recorded and its backward from a given
 //                                                upstream gradient, overwriting the leaves' gradients:
 //                                                the op's own passes, no sum, fill or accumulation
-// and the memory rates that bound them (Note [Memory floor]).
+// and the memory rates that bound them (Note [Memory floor]), and on the CPU the op families that
+// bench/ops_vs_pytorch.py times beside PyTorch (families/..., Note [Op families against PyTorch]).
 //
 // Note [Memory floor]
 // An op's memory floor is the bytes it must move over the rate this machine moves bytes at the
@@ -32,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/op_families.h"
 #include "bench/rig.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
@@ -210,6 +212,60 @@ void register_all(Device device) {
   }
 }
 
+// An op family's inputs (Note [Op families against PyTorch]): float ones uniform in [-1, 1) and
+// requiring a gradient, integer ones (i32) uniform below f.classes.
+std::vector<Tensor> family_inputs(const OpFamily& f, Device device) {
+  Generator gen(kSeed);
+  std::vector<Tensor> inputs;
+  for (std::size_t i = 0; i < f.shapes.size(); ++i) {
+    const Shape& shape = f.shapes[i];
+    std::vector<float> values(static_cast<std::size_t>(shape.numel()));
+    const bool integer = i < f.integer.size() && f.integer[i];
+    gen.fill_uniform(values.data(), shape.numel(), integer ? 0.0f : -1.0f,
+                     integer ? static_cast<float>(f.classes) : 1.0f);
+    if (integer) {
+      std::vector<int32_t> ids(values.size());
+      for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int32_t>(values[k]);
+      inputs.push_back(Tensor::from_vector(ids, shape, device));
+    } else {
+      inputs.push_back(Tensor::from_vector(values, shape, device).set_requires_grad(true));
+    }
+  }
+  return inputs;
+}
+
+void family_forward(benchmark::State& state, const OpFamily& f, Device device) {
+  const std::vector<Tensor> inputs = family_inputs(f, device);
+  NoGradGuard no_grad;
+  timed_loop(state, device, [] {}, [&] { benchmark::DoNotOptimize(f.forward(inputs)); });
+}
+
+void family_forward_backward(benchmark::State& state, const OpFamily& f, Device device) {
+  const std::vector<Tensor> inputs = family_inputs(f, device);
+  Tensor dy;
+  auto stale = [&] {
+    for (const Tensor& x : inputs)
+      if (x.requires_grad()) x.mark_grad_stale();
+  };
+  timed_loop(state, device, stale, [&] {
+    const Tensor out = f.forward(inputs);
+    if (!dy.defined()) dy = Tensor::full(out.shape(), 1.0f, device);
+    run_backward(out, dy);
+  });
+}
+
+void register_families(Device device) {
+  for (const OpFamily& f : op_families()) {
+    const std::string prefix = "families/" + f.name + "/";
+    benchmark::RegisterBenchmark((prefix + "forward/" + device.str()).c_str(), [f, device](benchmark::State& s) {
+      family_forward(s, f, device);
+    })->UseManualTime();
+    benchmark::RegisterBenchmark((prefix + "forward_backward/" + device.str()).c_str(),
+                                 [f, device](benchmark::State& s) { family_forward_backward(s, f, device); })
+        ->UseManualTime();
+  }
+}
+
 }  // namespace
 }  // namespace cumulus::bench
 
@@ -217,6 +273,7 @@ int main(int argc, char** argv) {
   using namespace cumulus;
   bench::register_memory_rates();
   bench::register_all(Device::cpu());
+  bench::register_families(Device::cpu());
   if (cuda_available()) bench::register_all(Device::cuda(0));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

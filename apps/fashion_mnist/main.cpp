@@ -69,8 +69,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   install_stop_handlers();
   ignore_write_signals();  // a closed stdout: say() asks for a stop, the run checkpoints
   // Under `ulimit -v`, OpenBLAS's buffers are taken now or refused (Note [OpenBLAS under an address-space limit]).
-  if (resolved.threads > 0) set_cpu_threads(resolved.threads);
-  else fit_cpu_threads(default_cpu_threads());
+  use_cpu_threads(resolved.threads);
   const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
   check_same_settings_on_every_rank(placed, *comm);
   const Device device = placed.device;

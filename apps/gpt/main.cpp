@@ -99,7 +99,7 @@ struct TrainFlags {
   int64_t warmup = 20, eval_every = 50, eval_windows = 64, seed = 1337, log_every = 10, stop_after = 0;
   int64_t effective_batch = 0;  // windows; > 0: the planner chooses --micro-batch and --accum-steps
   std::string memory_budget;
-  int threads = 1;
+  int threads = 0;
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
 };
@@ -108,8 +108,11 @@ struct SampleFlags {
   std::string load, prompt = "\n", device = "cpu";
   int64_t length = 500, top_k = 0, seed = 1337;
   double temperature = 0.8;
-  int threads = 1;
+  int threads = 0;
 };
+
+constexpr const char* kThreadsHelp =
+    "CPU threads (0: every core this process may run on, or OPENBLAS_NUM_THREADS / OMP_NUM_THREADS where set)";
 
 void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.option_defaults()->always_capture_default();
@@ -136,7 +139,7 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")->check(CLI::NonNegativeNumber);
   c.add_option("--seed", f.seed, "initialization and window seed")->check(CLI::NonNegativeNumber);
-  c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
+  c.add_option("--threads", f.threads, kThreadsHelp)->check(CLI::Range(0, 1024));
   c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
   c.add_option("--precision", f.precision,
                "the activations' type: fp32, bf16 or fp16 (weights, gradients and AdamW stay fp32; fp16 with "
@@ -174,7 +177,7 @@ void add_sample_flags(CLI::App& c, SampleFlags& f) {
   c.add_option("--top-k", f.top_k, "sample among the K most likely (0: all)")->check(CLI::Range(0, 1 << 20));
   c.add_option("--seed", f.seed, "sampling seed")->check(CLI::NonNegativeNumber);
   c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
-  c.add_option("--threads", f.threads, "CPU threads")->check(CLI::Range(1, 1024));
+  c.add_option("--threads", f.threads, kThreadsHelp)->check(CLI::Range(0, 1024));
 }
 
 Device parse_device(const std::string& text) {
@@ -333,7 +336,7 @@ int train(const TrainFlags& flags) {
   const Precision precision = parse_precision(f.precision);
   if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
     throw UsageError("--precision " + f.precision + ": " + why);
-  set_cpu_threads(f.threads);
+  f.threads = use_cpu_threads(f.threads);
   bool is_default = false;
   const std::string corpus = locate_corpus(f.data, is_default);
   if (is_default) check_corpus_sum(corpus);
@@ -445,7 +448,7 @@ int train(const TrainFlags& flags) {
 
 int sample(const SampleFlags& f) {
   const Device device = parse_device(f.device);
-  set_cpu_threads(f.threads);
+  use_cpu_threads(f.threads);
   const models::GPTCheckpointInfo info = models::read_gpt_checkpoint(f.load);
   Generator gen(0);
   models::GPT model(info.config, gen, device);

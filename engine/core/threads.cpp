@@ -208,6 +208,13 @@ int fit_cpu_threads(int n) { return set_threads(n, false); }
 
 int cpu_threads() { return openblas_get_num_threads(); }
 
+int use_cpu_threads(int n) {
+  CUMULUS_CHECK(n >= 0, InvalidArgument, "use_cpu_threads: need 0 (every core) or a thread count, got ", n);
+  if (n == 0) return fit_cpu_threads(default_cpu_threads());
+  set_cpu_threads(n);
+  return n;
+}
+
 const char* blas_core() {
   const char* name = openblas_get_corename();
   return name != nullptr ? name : "unknown";

@@ -28,6 +28,11 @@ void set_cpu_threads(int n);
 int fit_cpu_threads(int n);
 // The threads OpenBLAS uses now (every core unless set).
 int cpu_threads();
+// What a program's --threads N does: N >= 1 sets N threads (set_cpu_threads); 0 uses every core
+// this process may run on (default_cpu_threads: its CPU affinity, or OPENBLAS_NUM_THREADS /
+// OMP_NUM_THREADS where the user set them, as PyTorch does), as many as fit under an
+// address-space limit (fit_cpu_threads). Returns the threads in use.
+int use_cpu_threads(int n);
 // The threads OpenBLAS would have started with: OPENBLAS_NUM_THREADS (or GOTO_NUM_THREADS,
 // OMP_NUM_THREADS) as the process started, else every core.
 int default_cpu_threads();
