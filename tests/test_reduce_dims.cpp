@@ -2,17 +2,24 @@
 // (tests/op_cases/cases_reduce_dims.cpp: values, gradients, CPU against CUDA): result shapes and
 // dtypes, dimensions of size 0, NaN and infinities, the gradient of a tie (max's to the first
 // element, amax's shared), which reductions count as a loss's, argument errors, and multinomial's
-// draws: reproducible per seed, distributed as the weights say.
+// draws: reproducible per seed, distributed as the weights say. And the CPU kernels of sum and mean
+// and their backward against the definition, to the bit, over many geometries, types and thread
+// counts (Note [Sums over dimensions across outputs] in kernels/cpu/reduce_dims.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/error.h"
+#include "cumulus/core/threads.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
+#include "kernels/cpu/reduce_dims_kernels.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -225,6 +232,270 @@ TEST_P(ReduceDims, MultinomialFollowsTheWeights) {
 }
 
 CUMULUS_INSTANTIATE_DEVICES(ReduceDims);
+
+// ---- sum_dims_cpu and sum_dims_backward_cpu against the definition, to the bit ----
+
+using kernels::ReduceGeometry;
+
+struct DimsCase {
+  std::vector<int64_t> shape;
+  std::vector<int> dims;  // the reduced ones
+};
+
+std::string case_name(const DimsCase& c) {
+  std::string name = "[";
+  for (int64_t n : c.shape) name += std::to_string(n) + ",";
+  name += "] over";
+  for (int d : c.dims) name += " " + std::to_string(d);
+  return name;
+}
+
+bool is_reduced(const DimsCase& c, int d) {
+  for (int r : c.dims)
+    if (r == d) return true;
+  return false;
+}
+
+// The engine's geometry (engine/ops/reduce_dims.cpp's geometry_of): dimensions of size 1 dropped,
+// neighbours of the same kind merged.
+ReduceGeometry geometry_of(const DimsCase& c) {
+  ReduceGeometry g;
+  const int ndim = static_cast<int>(c.shape.size());
+  std::vector<int64_t> strides(c.shape.size());
+  int64_t stride = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= c.shape[d];
+  }
+  int last_kind = -1;
+  for (int d = 0; d < ndim; ++d) {
+    const int kind = is_reduced(c, d) ? 1 : 0;
+    (kind ? g.terms : g.outputs) *= c.shape[d];
+    if (c.shape[d] == 1) continue;
+    int& n = kind ? g.reduced_ndim : g.kept_ndim;
+    int64_t* size = kind ? g.reduced_size : g.kept_size;
+    int64_t* str = kind ? g.reduced_stride : g.kept_stride;
+    if (last_kind == kind) {
+      size[n - 1] *= c.shape[d];
+      str[n - 1] = strides[d];
+    } else {
+      size[n] = c.shape[d];
+      str[n++] = strides[d];
+    }
+    last_kind = kind;
+  }
+  return g;
+}
+
+// For each output (row-major over the kept dimensions), the offsets of its terms in order (row-major
+// over the reduced dimensions), straight from the shape.
+std::vector<std::vector<int64_t>> terms_of(const DimsCase& c) {
+  const int ndim = static_cast<int>(c.shape.size());
+  int64_t numel = 1;
+  for (int64_t n : c.shape) numel *= n;
+  std::vector<std::vector<int64_t>> out;
+  std::vector<int64_t> index(c.shape.size(), 0);
+  // Visit the elements in the order (kept index, reduced index), both row-major: the kept
+  // dimensions are the outer digits of the odometer, the reduced ones the inner.
+  std::vector<int> order;
+  for (int d = 0; d < ndim; ++d)
+    if (!is_reduced(c, d)) order.push_back(d);
+  const std::size_t kept = order.size();
+  for (int d = 0; d < ndim; ++d)
+    if (is_reduced(c, d)) order.push_back(d);
+  int64_t terms = 1;
+  for (std::size_t k = kept; k < order.size(); ++k) terms *= c.shape[order[k]];
+  for (int64_t e = 0; e < numel; ++e) {
+    if (terms == 0) break;
+    if (e % terms == 0) out.emplace_back();
+    int64_t offset = 0, stride = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      offset += index[d] * stride;
+      stride *= c.shape[d];
+    }
+    out.back().push_back(offset);
+    for (int k = ndim - 1; k >= 0; --k) {
+      if (++index[order[k]] < c.shape[order[k]]) break;
+      index[order[k]] = 0;
+    }
+  }
+  if (terms == 0) {
+    int64_t outputs = 1;
+    for (std::size_t k = 0; k < kept; ++k) outputs *= c.shape[order[k]];
+    out.assign(static_cast<std::size_t>(outputs), {});
+  }
+  return out;
+}
+
+template <typename T>
+uint32_t bits_of(T v) {
+  uint32_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+
+// Values of many magnitudes and, one in eight, a huge one (2^60; 2^14 for f16) that swallows the
+// small ones added after it until another cancels it: a double sum of f32 or bf16 values so
+// depends on its order, and a test of the bits sees any change of it. (A double sum of f16 values,
+// 40 bits from the largest to the smallest, is exact in any order.)
+template <typename T>
+std::vector<T> wide_values(int64_t n, uint32_t seed) {
+  constexpr bool kHalf = std::is_same_v<T, Half>;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(kHalf ? -12 : -20, kHalf ? 10 : 20), pick(0, 15);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (T& e : v) {
+    const int p = pick(rng);
+    const float huge = kHalf ? 16384.0f : 1.152921504606846976e18f;  // 2^14, 2^60
+    e = kernels::from_f32<T>(p == 0 ? huge : p == 1 ? -huge : std::ldexp(mantissa(rng), exponent(rng)));
+  }
+  return v;
+}
+
+const std::vector<DimsCase>& dims_cases() {
+  static const std::vector<DimsCase> cases = {
+      {{8, 64, 128}, {2}},  {{8, 64, 128}, {0}},    {{8, 64, 128}, {1}},       {{8, 64, 128}, {0, 2}},
+      {{8, 64, 128}, {0, 1, 2}}, {{8, 64, 128}, {1, 2}}, {{8, 64, 128}, {0, 1}},
+      {{3, 5, 7}, {0}},     {{3, 5, 7}, {1}},       {{3, 5, 7}, {2}},          {{3, 5, 7}, {0, 2}},
+      {{3, 5, 7}, {}},      {{37, 19}, {1}},        {{37, 19}, {0}},           {{5, 1, 9}, {1}},
+      {{5, 1, 9}, {0, 1}},  {{1, 33}, {0}},         {{33, 1}, {0}},            {{2, 3, 4, 5, 6}, {1, 3}},
+      {{2, 3, 4, 5, 6}, {0, 2, 4}}, {{2, 3, 4, 5, 6}, {4}}, {{1000, 3}, {0}},   {{3, 1000}, {1}},
+      {{17, 40, 3}, {1}},   {{2, 50, 2, 24}, {1, 3}}, {{2, 50, 3, 9}, {1, 3}}, {{600, 70}, {1}},
+      {{70, 600}, {0}},     {{20000, 2}, {1}},      {{2, 20000}, {0}},         {{4, 0, 2}, {1}},
+      {{0, 3}, {1}},        {{2, 3, 2, 3, 2, 3, 2, 3}, {0, 2, 4, 6}}, {{2, 3, 2, 3, 2, 3, 2, 3}, {1, 3, 5, 7}},
+      {{9, 23, 5}, {0, 2}}, {{1}, {0}},             {{7}, {0}}};
+  return cases;
+}
+
+// Runs fn(threads) at 1 and 2 CPU threads, restoring the setting.
+template <typename Fn>
+void at_thread_counts(Fn fn) {
+  const int before = cpu_threads();
+  for (int threads : {1, 2}) {
+    set_cpu_threads(threads);
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    fn();
+  }
+  set_cpu_threads(before);
+}
+
+template <typename T>
+void expect_sums_match_definition() {
+  for (const DimsCase& c : dims_cases()) {
+    SCOPED_TRACE(case_name(c));
+    const ReduceGeometry g = geometry_of(c);
+    const std::vector<std::vector<int64_t>> terms = terms_of(c);
+    ASSERT_EQ(static_cast<int64_t>(terms.size()), g.outputs);
+    const std::vector<T> x = wide_values<T>(g.outputs * g.terms, 7);
+    for (int64_t divisor : {int64_t{1}, g.terms}) {
+      std::vector<T> want(terms.size());
+      for (std::size_t o = 0; o < terms.size(); ++o) {
+        double s = 0.0;
+        for (int64_t i : terms[o]) s += static_cast<double>(kernels::to_f32(x[i]));
+        want[o] = kernels::from_f32<T>(static_cast<float>(s / static_cast<double>(divisor)));
+      }
+      at_thread_counts([&] {
+        std::vector<T> y(terms.size(), kernels::from_f32<T>(-1.0f));
+        kernels::sum_dims_cpu(g, x.data(), divisor, y.data());
+        for (std::size_t o = 0; o < y.size(); ++o) {
+          if (std::isnan(kernels::to_f32(want[o])))  // the mean of no terms (0 / 0)
+            ASSERT_TRUE(std::isnan(kernels::to_f32(y[o]))) << "output " << o;
+          else
+            ASSERT_EQ(bits_of(y[o]), bits_of(want[o])) << "output " << o << " divisor " << divisor;
+        }
+      });
+    }
+  }
+}
+
+template <typename T>
+void expect_backward_matches_definition() {
+  for (const DimsCase& c : dims_cases()) {
+    SCOPED_TRACE(case_name(c));
+    const ReduceGeometry g = geometry_of(c);
+    const std::vector<std::vector<int64_t>> terms = terms_of(c);
+    const std::vector<T> dy = wide_values<T>(g.outputs, 8), old = wide_values<T>(g.outputs * g.terms, 9);
+    for (float beta : {0.0f, 1.0f})
+      for (float scale : {1.0f, 0.3f}) {
+        std::vector<uint32_t> want(old.size());
+        for (std::size_t i = 0; i < old.size(); ++i) want[i] = bits_of(old[i]);
+        for (std::size_t o = 0; o < terms.size(); ++o) {
+          const float v = scale * kernels::to_f32(dy[o]);
+          for (int64_t i : terms[o])
+            want[i] = bits_of(kernels::from_f32<T>(beta == 0.0f ? v : v + beta * kernels::to_f32(old[i])));
+        }
+        at_thread_counts([&] {
+          std::vector<T> dx = old;
+          kernels::sum_dims_backward_cpu(g, dy.data(), scale, beta, dx.data());
+          for (std::size_t i = 0; i < dx.size(); ++i)
+            ASSERT_EQ(bits_of(dx[i]), want[i]) << "element " << i << " beta " << beta << " scale " << scale;
+        });
+      }
+  }
+}
+
+TEST(SumDimsCpu, SumsMatchTheDefinitionToTheBit) {
+  expect_sums_match_definition<float>();
+  expect_sums_match_definition<BFloat16>();
+  expect_sums_match_definition<Half>();
+}
+
+TEST(SumDimsCpu, BackwardMatchesTheDefinitionToTheBit) {
+  expect_backward_matches_definition<float>();
+  expect_backward_matches_definition<BFloat16>();
+  expect_backward_matches_definition<Half>();
+}
+
+// A geometry the engine does not make (no dimension of stride 1: a strided view) takes the general
+// loops: still the definition's bits, and untouched elements stay as they were.
+TEST(SumDimsCpu, StridedGeometryMatchesTheDefinition) {
+  ReduceGeometry g;
+  g.kept_ndim = 2;
+  g.kept_size[0] = 5, g.kept_stride[0] = 200, g.kept_size[1] = 9, g.kept_stride[1] = 2;
+  g.reduced_ndim = 2;
+  g.reduced_size[0] = 4, g.reduced_stride[0] = 40, g.reduced_size[1] = 19, g.reduced_stride[1] = 1000;
+  g.outputs = 45;
+  g.terms = 76;
+  const int64_t size = 4 * 200 + 19 * 1000;
+  const std::vector<float> x = wide_values<float>(size, 10), dy = wide_values<float>(g.outputs, 11);
+  at_thread_counts([&] {
+    std::vector<float> y(45);
+    kernels::sum_dims_cpu(g, x.data(), 3, y.data());
+    std::vector<float> dx = x, want = x;
+    kernels::sum_dims_backward_cpu(g, dy.data(), 0.5f, 1.0f, dx.data());
+    for (int64_t o = 0; o < g.outputs; ++o) {
+      double s = 0.0;
+      for (int64_t r = 0; r < g.terms; ++r) {
+        const int64_t i = kernels::kept_offset(g, o) + kernels::reduced_offset(g, r);
+        s += x[i];
+        want[i] = 0.5f * dy[o] + 1.0f * x[i];
+      }
+      ASSERT_EQ(bits_of(y[o]), bits_of(static_cast<float>(s / 3.0))) << o;
+    }
+    for (std::size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(bits_of(dx[i]), bits_of(want[i])) << i;
+  });
+}
+
+// NaN and infinities reach the outputs from any lane of the vector loops.
+TEST(SumDimsCpu, NaNAndInfinityInEveryLane) {
+  for (const DimsCase& c : {DimsCase{{40, 37}, {1}}, DimsCase{{37, 40}, {0}}}) {
+    SCOPED_TRACE(case_name(c));
+    const ReduceGeometry g = geometry_of(c);
+    const std::vector<std::vector<int64_t>> terms = terms_of(c);
+    std::vector<float> x = wide_values<float>(40 * 37, 12);
+    for (std::size_t o = 0; o < terms.size(); o += 3) x[terms[o][o % 37]] = NAN;
+    for (std::size_t o = 1; o < terms.size(); o += 3) x[terms[o][(o * 7) % 37]] = INFINITY;
+    std::vector<float> y(40);
+    kernels::sum_dims_cpu(g, x.data(), 1, y.data());
+    for (std::size_t o = 0; o < y.size(); ++o) {
+      if (o % 3 == 0) EXPECT_TRUE(std::isnan(y[o])) << o;
+      else if (o % 3 == 1) EXPECT_EQ(y[o], INFINITY) << o;
+      else EXPECT_TRUE(std::isfinite(y[o])) << o;
+    }
+  }
+}
+
 
 }  // namespace
 }  // namespace cumulus

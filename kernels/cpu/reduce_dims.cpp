@@ -1,35 +1,287 @@
 // CPU kernels of the reductions over dimensions (kernels/cpu/reduce_dims_kernels.h).
 #include "kernels/cpu/reduce_dims_kernels.h"
 
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/vec_reduce.h"
+
 namespace cumulus::kernels {
 
-// Each output's terms in order, the innermost reduced dimension as a strided run: the offsets'
-// divisions once per run, not per term.
+// Note [Sums over dimensions across outputs]
+// Each output of sum_dims is the double sum of its terms in term order (Note [Reduce geometry]),
+// divided by the divisor in double and rounded once to float (then to T). An add in double of
+// terms widened from f32 is one IEEE operation whatever the width of the register it runs in, so
+// a loop that gives each output its own lane and adds that lane's terms in the same order computes
+// the same bits as the scalar loop; so do the vector division and the rounding to float (both
+// IEEE, round to nearest). What never happens is a sum split across lanes (a tree of partial sums),
+// which would change the bits. So the loops vectorize across outputs, never across terms:
+//   columns: the innermost dimension is kept, so neighbouring outputs sit side by side and each
+//            term of a row of them is one contiguous load (a sum over the first or middle dims);
+//   rows:    the innermost dimension is reduced, so each output's terms are contiguous: 16
+//            outputs' next 8 terms are loaded and transposed in registers (lane k: output k).
+// The vector loops are in reduce_avx2.cpp and reduce_avx512.cpp (vec_reduce.h); the scalar ones
+// below are the same loops for a CPU without them. Each output is computed by one thread and one
+// call, so the bits are the same at any thread count and any split of the outputs. The 16-bit
+// types widen exactly in the vector loads as in to_f32 (bf16 a shift; f16 by F16C, which quiets a
+// signalling NaN that the first double add would quiet anyway). The backward has no sum: each dx
+// element is written once, from its output's dy, so it is a plain loop over runs in any order.
+// tests/test_reduce_dims.cpp (SumDimsCpu) checks every path against the definition with terms
+// whose double sum depends on its order, so a change of order would show.
+
+namespace {
+
 template <typename T>
-void sum_dims_cpu(const ReduceGeometry& g, const T* x, int64_t divisor, T* y) {
+constexpr ReduceStorage storage_of() {
+  if constexpr (std::is_same_v<T, BFloat16>) return ReduceStorage::bf16;
+  else if constexpr (std::is_same_v<T, Half>) return ReduceStorage::f16;
+  else return ReduceStorage::f32;
+}
+
+// The terms of an output as runs: the innermost reduced dimension is a run of `len` elements
+// `step` apart; `offsets` has the start of each run (the outer reduced dimensions, row-major, so
+// runs in order and elements in order within a run are the terms in order).
+struct TermRuns {
+  std::vector<int64_t> offsets;
+  int64_t len = 1, step = 0;
+};
+
+TermRuns term_runs(const ReduceGeometry& g) {
+  TermRuns r;
   const int last = g.reduced_ndim - 1;
-  const int64_t run = last >= 0 ? g.reduced_size[last] : 1, step = last >= 0 ? g.reduced_stride[last] : 0;
-  for (int64_t o = 0; o < g.outputs; ++o) {
-    const T* xo = x + kept_offset(g, o);
-    double s = 0.0;
-    for (int64_t r = 0; r < g.terms; r += run) {
-      const T* xr = xo + reduced_offset(g, r);
-      for (int64_t j = 0; j < run; ++j) s += static_cast<double>(to_f32(xr[j * step]));
+  if (last >= 0) {
+    r.len = g.reduced_size[last];
+    r.step = g.reduced_stride[last];
+  }
+  r.offsets.resize(static_cast<std::size_t>(g.terms / r.len));
+  int64_t index[kReduceMaxDims] = {}, offset = 0;
+  for (int64_t& start : r.offsets) {
+    start = offset;
+    for (int d = last - 1; d >= 0; --d) {  // the odometer's carry
+      offset += g.reduced_stride[d];
+      if (++index[d] < g.reduced_size[d]) break;
+      offset -= index[d] * g.reduced_stride[d];
+      index[d] = 0;
     }
-    y[o] = from_f32<T>(static_cast<float>(s / static_cast<double>(divisor)));
+  }
+  return r;
+}
+
+// The offsets of consecutive outputs over the first `ndim` kept dimensions, from output `start`:
+// one division per dimension at the start, a carry per step.
+class KeptOdometer {
+ public:
+  KeptOdometer(const ReduceGeometry& g, int ndim, int64_t start) : g_(g), ndim_(ndim) {
+    for (int d = ndim - 1; d >= 0; --d) {
+      index_[d] = start % g.kept_size[d];
+      start /= g.kept_size[d];
+      offset_ += index_[d] * g.kept_stride[d];
+    }
+  }
+  int64_t offset() const { return offset_; }
+  void next() {
+    for (int d = ndim_ - 1; d >= 0; --d) {
+      offset_ += g_.kept_stride[d];
+      if (++index_[d] < g_.kept_size[d]) return;
+      offset_ -= index_[d] * g_.kept_stride[d];
+      index_[d] = 0;
+    }
+  }
+
+ private:
+  const ReduceGeometry& g_;
+  int ndim_;
+  int64_t index_[kReduceMaxDims] = {}, offset_ = 0;
+};
+
+// The scalar cores, with vec_reduce.h's signatures: the same loops, one lane at a time (the
+// compiler may still vectorize the columns' lanes).
+template <typename T>
+void columns_scalar(const void* xv, ReduceStorage, const int64_t* run_offsets, int64_t runs, int64_t run_len,
+                    int64_t step, int64_t n, double divisor, float* y) {
+  const T* x = static_cast<const T*>(xv);
+  constexpr int64_t kLanes = 16;
+  for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
+    const int64_t width = std::min(kLanes, n - i0);
+    double acc[kLanes] = {};
+    for (int64_t q = 0; q < runs; ++q)
+      for (int64_t j = 0; j < run_len; ++j) {
+        const T* p = x + run_offsets[q] + j * step + i0;
+        for (int64_t i = 0; i < width; ++i) acc[i] += static_cast<double>(to_f32(p[i]));
+      }
+    for (int64_t i = 0; i < width; ++i) y[i0 + i] = static_cast<float>(acc[i] / divisor);
   }
 }
 
 template <typename T>
-void sum_dims_backward_cpu(const ReduceGeometry& g, const T* dy, float scale, float beta, T* dx) {
-  for (int64_t o = 0; o < g.outputs; ++o) {
-    const float v = scale * to_f32(dy[o]);
-    T* dxo = dx + kept_offset(g, o);
-    for (int64_t r = 0; r < g.terms; ++r) {
-      T* target = dxo + reduced_offset(g, r);
-      *target = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(*target));
+void rows_scalar(const T* x, const int64_t* bases, int64_t count, const TermRuns& r, double divisor, float* y) {
+  for (int64_t k = 0; k < count; ++k) {
+    double s = 0.0;
+    for (int64_t start : r.offsets) {
+      const T* p = x + bases[k] + start;
+      for (int64_t j = 0; j < r.len; ++j) s += static_cast<double>(to_f32(p[j * r.step]));
     }
+    y[k] = static_cast<float>(s / divisor);
   }
+}
+
+using ColumnsCore = void (*)(const void*, ReduceStorage, const int64_t*, int64_t, int64_t, int64_t, int64_t, double,
+                             float*);
+using RowsCore = void (*)(const void*, ReduceStorage, const int64_t*, int64_t, const int64_t*, int64_t, int64_t,
+                          double, float*);
+
+// The widest vector cores this CPU runs (CUMULUS_CPU_CAPABILITY caps them), or null for scalar.
+// f16 loads need F16C, which every CPU with AVX2 and FMA we know of has; asked all the same.
+template <typename T>
+std::pair<ColumnsCore, RowsCore> vector_cores() {
+#if defined(__x86_64__)
+  static const bool f16c = __builtin_cpu_supports("f16c");
+  if (std::is_same_v<T, Half> && !f16c) return {nullptr, nullptr};
+  if (vec512::available()) return {vec512::sum_columns, vec512::sum_rows};
+  if (vec::available()) return {vec::sum_columns, vec::sum_rows};
+#endif
+  return {nullptr, nullptr};
+}
+
+// Outputs per parallel chunk: about kParallelGrain terms, whole vector blocks.
+int64_t output_grain(int64_t terms) {
+  const int64_t outputs = (kParallelGrain + terms - 1) / terms;
+  return (outputs + 31) / 32 * 32;
+}
+
+// y[0..n) = f[0..n) as T (the identity for float).
+template <typename T>
+void store_outputs(const float* f, int64_t n, T* y) {
+  if constexpr (!std::is_same_v<T, float>)
+    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(f[i]);
+}
+
+// The innermost dimension kept (Note [Sums over dimensions across outputs], columns): outputs in
+// pieces of one row of the innermost kept dimension.
+template <typename T>
+void sum_columns_mode(const ReduceGeometry& g, const T* x, const TermRuns& r, double divisor, T* y) {
+  const ColumnsCore vector_core = vector_cores<T>().first;
+  const ColumnsCore core = vector_core ? vector_core : columns_scalar<T>;
+  const int outer_ndim = g.kept_ndim - 1;
+  const int64_t inner = g.kept_size[outer_ndim];
+  parallel_for(g.outputs, output_grain(g.terms), [&](int64_t begin, int64_t end) {
+    constexpr int64_t kPiece = 512;  // a 16-bit type's float outputs, staged
+    float staged[kPiece];
+    for (int64_t o = begin; o < end;) {
+      const int64_t outer = o / inner, i = o - outer * inner;
+      int64_t n = std::min(inner - i, end - o);
+      if (!std::is_same_v<T, float>) n = std::min(n, kPiece);
+      const int64_t base = offset_of(outer, outer_ndim, g.kept_size, g.kept_stride) + i;
+      float* out = std::is_same_v<T, float> ? reinterpret_cast<float*>(y + o) : staged;
+      core(x + base, storage_of<T>(), r.offsets.data(), static_cast<int64_t>(r.offsets.size()), r.len, r.step, n,
+           divisor, out);
+      store_outputs(out, n, y + o);
+      o += n;
+    }
+  });
+}
+
+// Otherwise (Note [Sums over dimensions across outputs], rows): kSumRowsMax outputs a call, their
+// offsets from the kept dimensions' odometer. The vector rows need contiguous runs and enough
+// outputs to fill some lanes; the scalar loop takes any geometry.
+template <typename T>
+void sum_rows_mode(const ReduceGeometry& g, const T* x, const TermRuns& r, double divisor, T* y) {
+  RowsCore core = vector_cores<T>().second;
+  if (r.step != 1 || g.outputs < 4) core = nullptr;
+  parallel_for(g.outputs, output_grain(g.terms), [&](int64_t begin, int64_t end) {
+    KeptOdometer kept(g, g.kept_ndim, begin);
+    int64_t bases[kSumRowsMax];
+    float out[kSumRowsMax];
+    for (int64_t o = begin; o < end; o += kSumRowsMax) {
+      const int64_t count = std::min(kSumRowsMax, end - o);
+      for (int64_t k = 0; k < count; ++k, kept.next()) bases[k] = kept.offset();
+      if (core)
+        core(x, storage_of<T>(), bases, count, r.offsets.data(), static_cast<int64_t>(r.offsets.size()), r.len,
+             divisor, out);
+      else
+        rows_scalar(x, bases, count, r, divisor, out);
+      if constexpr (std::is_same_v<T, float>) std::copy(out, out + count, y + o);
+      else store_outputs(out, count, y + o);
+    }
+  });
+}
+
+}  // namespace
+
+template <typename T>
+void sum_dims_cpu(const ReduceGeometry& g, const T* x, int64_t divisor, T* y) {
+  if (g.outputs == 0) return;
+  const double d = static_cast<double>(divisor);
+  if (g.terms == 0) {  // 0 / divisor: 0, or NaN for a mean
+    std::fill_n(y, g.outputs, from_f32<T>(static_cast<float>(0.0 / d)));
+    return;
+  }
+  const TermRuns r = term_runs(g);
+  const int last = g.kept_ndim - 1;
+  if (last >= 0 && g.kept_stride[last] == 1) sum_columns_mode(g, x, r, d, y);
+  else sum_rows_mode(g, x, r, d, y);
+}
+
+namespace {
+
+// dx[i] = scale dy[i] (+ beta dx[i]) for a row of n: the same float operations as one element's.
+template <typename T>
+void scaled_row(const T* dy, float scale, float beta, int64_t n, T* dx) {
+  if (beta == 0.0f)
+    for (int64_t i = 0; i < n; ++i) dx[i] = from_f32<T>(scale * to_f32(dy[i]));
+  else
+    for (int64_t i = 0; i < n; ++i) dx[i] = from_f32<T>(scale * to_f32(dy[i]) + beta * to_f32(dx[i]));
+}
+
+// dx[j step] = v (+ beta dx[j step]) for j < n.
+template <typename T>
+void filled_run(float v, float beta, int64_t n, int64_t step, T* dx) {
+  if (beta == 0.0f) {
+    const T value = from_f32<T>(v);
+    if (step == 1) std::fill_n(dx, n, value);
+    else
+      for (int64_t j = 0; j < n; ++j) dx[j * step] = value;
+  } else if (step == 1) {
+    for (int64_t j = 0; j < n; ++j) dx[j] = from_f32<T>(v + beta * to_f32(dx[j]));
+  } else {
+    for (int64_t j = 0; j < n; ++j) dx[j * step] = from_f32<T>(v + beta * to_f32(dx[j * step]));
+  }
+}
+
+}  // namespace
+
+// A broadcast with no sum: each dx element is written once from its output's dy, so any loop order
+// gives the same bits. The innermost dimension kept: each term of a row of outputs is a row of dx
+// (scaled_row); otherwise each output fills its runs (filled_run).
+template <typename T>
+void sum_dims_backward_cpu(const ReduceGeometry& g, const T* dy, float scale, float beta, T* dx) {
+  if (g.outputs == 0 || g.terms == 0) return;
+  const TermRuns r = term_runs(g);
+  const int last = g.kept_ndim - 1;
+  if (last >= 0 && g.kept_stride[last] == 1) {
+    const int64_t inner = g.kept_size[last];
+    parallel_for(g.outputs, output_grain(g.terms), [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end;) {
+        const int64_t outer = o / inner, i = o - outer * inner, n = std::min(inner - i, end - o);
+        T* row = dx + offset_of(outer, last, g.kept_size, g.kept_stride) + i;
+        for (int64_t start : r.offsets)
+          for (int64_t j = 0; j < r.len; ++j) scaled_row(dy + o, scale, beta, n, row + start + j * r.step);
+        o += n;
+      }
+    });
+    return;
+  }
+  parallel_for(g.outputs, output_grain(g.terms), [&](int64_t begin, int64_t end) {
+    KeptOdometer kept(g, g.kept_ndim, begin);
+    for (int64_t o = begin; o < end; ++o, kept.next()) {
+      const float v = scale * to_f32(dy[o]);
+      for (int64_t start : r.offsets) filled_run(v, beta, r.len, r.step, dx + kept.offset() + start);
+    }
+  });
 }
 
 template <typename T>
