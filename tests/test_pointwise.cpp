@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -297,6 +298,197 @@ TEST(CpuThreads, GiveTheBitsOfOneThread) {
   set_cpu_threads(threads);
   ASSERT_EQ(one.size(), two.size());
   for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "result " << i;
+}
+
+// ---- the CPU's broadcast fast paths (kernels/cpu/pointwise.cpp) and vector activations ----
+
+// Equal bits, or both NaN.
+bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; }
+
+void expect_same_values(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!same_value(got[i], want[i])) {
+      ADD_FAILURE() << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+      return;
+    }
+}
+
+// The values of v stored as dtype and read back (the rounding a 16-bit tensor gives them).
+std::vector<float> rounded(const std::vector<float>& v, DType dtype) {
+  if (v.empty()) return v;
+  return Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())}).to(dtype).to(DType::f32).to_vector<float>();
+}
+
+// x [R, n] op the broadcast operand p ([R, 1] per row, else [n]), p second unless p_first: the
+// forward and both gradients from the element rules, each broadcast sum from 0 in double in
+// row-major order (Note [Broadcast geometry]), the reference the fast paths must match bit for bit.
+struct BroadcastCase {
+  int64_t rows, cols;
+  bool per_row, p_first;
+  char op;  // + - * /
+};
+
+float apply(char op, float a, float b) {
+  switch (op) {
+    case '+': return a + b;
+    case '-': return a - b;
+    case '*': return a * b;
+    default: return a / b;
+  }
+}
+float grad_of(char op, int operand, float dy, float a, float b) {
+  switch (op) {
+    case '+': return dy;
+    case '-': return operand == 0 ? dy : -dy;
+    case '*': return operand == 0 ? dy * b : dy * a;
+    default: return operand == 0 ? dy / b : -dy * ((a / b) / b);
+  }
+}
+
+Tensor binary(char op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case '+': return ops::add(a, b);
+    case '-': return ops::sub(a, b);
+    case '*': return ops::mul(a, b);
+    default: return ops::div(a, b);
+  }
+}
+
+void check_broadcast(const BroadcastCase& c, DType dtype) {
+  SCOPED_TRACE(std::string("dtype ") + std::to_string(static_cast<int>(dtype)) + ", op " + c.op + ", rows " + std::to_string(c.rows) + ", cols " + std::to_string(c.cols) +
+               (c.per_row ? " per row" : " per column") + (c.p_first ? ", broadcast first" : ""));
+  const int64_t np = c.per_row ? c.rows : c.cols;
+  Generator gen(static_cast<uint64_t>(c.rows * 131 + c.cols));
+  std::vector<float> xv(static_cast<std::size_t>(c.rows * c.cols)), pv(static_cast<std::size_t>(np)), dv(xv.size());
+  gen.fill_uniform(xv.data(), static_cast<int64_t>(xv.size()), 0.25f, 2.0f);  // as a divisor, in f16's range
+  for (std::size_t i = 0; i < xv.size(); i += 2) xv[i] = -xv[i];
+  gen.fill_uniform(pv.data(), np, 0.5f, 2.0f);
+  gen.fill_uniform(dv.data(), static_cast<int64_t>(dv.size()), -1.0f, 1.0f);
+  if (xv.size() > 3) xv[1] = NAN, xv[2] = INFINITY;  // a NaN and an inf in the sums they reach
+  xv = rounded(xv, dtype), pv = rounded(pv, dtype), dv = rounded(dv, dtype);
+  const Shape xs{c.rows, c.cols}, ps = c.per_row ? Shape{c.rows, 1} : Shape{c.cols};
+  std::vector<float> y(xv.size()), gx(xv.size());
+  std::vector<double> gp(static_cast<std::size_t>(np), 0.0);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t j = 0; j < c.cols; ++j) {
+      const std::size_t i = static_cast<std::size_t>(r * c.cols + j), k = static_cast<std::size_t>(c.per_row ? r : j);
+      const float a = c.p_first ? pv[k] : xv[i], b = c.p_first ? xv[i] : pv[k];
+      y[i] = apply(c.op, a, b);
+      gx[i] = grad_of(c.op, c.p_first ? 1 : 0, dv[i], a, b);
+      gp[k] += grad_of(c.op, c.p_first ? 0 : 1, dv[i], a, b);
+    }
+  std::vector<float> gpf(gp.begin(), gp.end());
+  if ((c.per_row ? c.cols : c.rows) == 1)  // not broadcast after all: its one term, no sum (-0 stays)
+    for (int64_t i = 0; i < np; ++i) {
+      const float a = c.p_first ? pv[i] : xv[i], b = c.p_first ? xv[i] : pv[i];
+      gpf[i] = grad_of(c.op, c.p_first ? 0 : 1, dv[i], a, b);
+    }
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    set_cpu_threads(threads);
+    const Tensor x = Tensor::from_vector(xv, xs).to(dtype).set_requires_grad(true);
+    const Tensor p = Tensor::from_vector(pv, ps).to(dtype).set_requires_grad(true);
+    const Tensor dy = Tensor::from_vector(dv, xs).to(dtype);
+    for (float times : {1.0f, 2.0f}) {  // the second backward adds into the gradients (beta 1)
+      const Tensor out = c.p_first ? binary(c.op, p, x) : binary(c.op, x, p);
+      expect_same_values(out.to(DType::f32).to_vector<float>(), rounded(y, dtype), "forward");
+      ops::sum(ops::cast(ops::mul(out, dy), DType::f32)).backward();
+      std::vector<float> want_x = rounded(gx, dtype), want_p = rounded(gpf, dtype);
+      for (float& v : want_x) v *= times;
+      for (float& v : want_p) v *= times;
+      expect_same_values(x.grad().to(DType::f32).to_vector<float>(), want_x, "the full operand's gradient");
+      expect_same_values(p.grad().to(DType::f32).to_vector<float>(), want_p, "the broadcast operand's gradient");
+    }
+  }
+}
+
+// The broadcasts with a fast path (one scalar per row, a row vector over the rows) give the
+// element rules' bits, their gradient sums broadcast_grad_element's: every op, either operand
+// broadcast, sizes around the vector widths and their tails, a NaN and an inf, beta 0 and 1, 16-bit
+// types, one thread and two (and, through tests/CMakeLists.txt, each CPU capability).
+TEST(CpuBroadcast, RowScalarsAndRowVectorsGiveTheElementRulesBits) {
+  const int threads = cpu_threads();
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (char op : {'+', '-', '*', '/'})
+      for (bool per_row : {true, false})
+        for (bool p_first : {false, true})
+          for (int64_t rows : {1, 3, 8, 17, 40})
+            for (int64_t cols : {1, 2, 7, 8, 9, 33, 65}) check_broadcast({rows, cols, per_row, p_first, op}, dtype);
+  set_cpu_threads(threads);
+}
+
+// Enough rows for several threads' chunks: the same bits at one thread and two.
+TEST(CpuBroadcast, LargeBroadcastsGiveTheElementRulesBits) {
+  const int threads = cpu_threads();
+  for (bool per_row : {true, false}) check_broadcast({700, 129, per_row, false, '*'}, DType::f32);
+  set_cpu_threads(threads);
+}
+
+// The activations' vector code (Note [Vector erf], sigmoid's exp) and the scalar rules stay within
+// a few roundings of the exact functions, over the erf table's intervals and past them, at every
+// tail length, with the special values the scalar rules give.
+TEST(CpuActivations, GeluAndSigmoidAreWithinAFewRoundings) {
+  std::vector<float> xv;
+  for (float x = -12.0f; x <= 12.0f; x += 0.01953125f * 1.37f) xv.push_back(x);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 3.92f, 4.0f, -4.0f, 5.657f, 100.0f, -100.0f, 0.5f, 1.0f, 3.5f})
+    xv.push_back(x);
+  const double eps = std::ldexp(1.0, -24);
+  for (std::size_t n : {xv.size(), std::size_t{1}, std::size_t{7}, std::size_t{9}, std::size_t{17}}) {
+    const std::vector<float> part(xv.begin(), xv.begin() + static_cast<std::ptrdiff_t>(n));
+    const Tensor x = Tensor::from_vector(part, Shape{static_cast<int64_t>(n)}).set_requires_grad(true);
+    const Tensor g = ops::gelu(x), s = ops::sigmoid(x);
+    ops::sum(ops::add(g, s)).backward();
+    const auto gv = g.to_vector<float>(), sv = s.to_vector<float>(), dx = x.grad().to_vector<float>();
+    for (std::size_t i = 0; i < n; ++i) {
+      const double v = part[i], cdf = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
+      const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI), sig = 1.0 / (1.0 + std::exp(-v));
+      EXPECT_NEAR(gv[i], v * cdf, 4 * eps * std::fabs(v)) << "gelu(" << v << ")";
+      EXPECT_NEAR(sv[i], sig, 6 * eps * sig + 1e-38) << "sigmoid(" << v << ")";  // below FLT_MIN: 0
+      EXPECT_NEAR(dx[i], cdf + v * pdf + sig * (1.0 - sig), 8 * eps) << "the gradient at " << v;
+    }
+  }
+  const std::vector<float> specials{NAN, INFINITY, -INFINITY};
+  const Tensor x = Tensor::from_vector(specials, Shape{3});
+  const auto gv = ops::gelu(x).to_vector<float>(), sv = ops::sigmoid(x).to_vector<float>();
+  EXPECT_TRUE(std::isnan(gv[0]) && std::isnan(sv[0]));
+  EXPECT_EQ(gv[1], INFINITY);
+  EXPECT_TRUE(std::isnan(gv[2]));  // -inf * 0, as the scalar rule
+  EXPECT_EQ(sv[1], 1.0f);
+  EXPECT_EQ(sv[2], 0.0f);
+}
+
+// Cross-entropy's rows (kernels/cpu/cross_entropy_row.h): the loss within a few roundings of the
+// double result and each gradient row softmax minus the label's one-hot, at widths around the
+// vector widths, the label anywhere in the row (the tail included), large logits.
+TEST(CpuCrossEntropy, RowsMatchTheDoubleResult) {
+  for (int64_t classes : {1, 2, 7, 8, 9, 16, 17, 65, 300})
+    for (float spread : {1.0f, 80.0f}) {
+      SCOPED_TRACE("classes " + std::to_string(classes) + ", spread " + std::to_string(spread));
+      constexpr int64_t kRows = 11;
+      Generator gen(static_cast<uint64_t>(classes));
+      std::vector<float> xv(static_cast<std::size_t>(kRows * classes));
+      gen.fill_uniform(xv.data(), kRows * classes, -spread, spread);
+      std::vector<int32_t> labels(kRows);
+      for (int64_t r = 0; r < kRows; ++r) labels[r] = static_cast<int32_t>((r * 7 + classes - 1) % classes);
+      const Tensor x = Tensor::from_vector(xv, Shape{kRows, classes}).set_requires_grad(true);
+      const Tensor loss = ops::cross_entropy(x, Tensor::from_vector(labels, Shape{kRows}), ops::Reduction::Sum);
+      loss.backward();
+      const auto dx = x.grad().to_vector<float>();
+      double want = 0.0;
+      for (int64_t r = 0; r < kRows; ++r) {
+        const float* row = xv.data() + r * classes;
+        double m = row[0], s = 0.0;
+        for (int64_t j = 0; j < classes; ++j) m = std::max(m, static_cast<double>(row[j]));
+        for (int64_t j = 0; j < classes; ++j) s += std::exp(row[j] - m);
+        want += m + std::log(s) - row[labels[r]];
+        for (int64_t j = 0; j < classes; ++j) {
+          const double p = std::exp(row[j] - m) / s - (j == labels[r] ? 1.0 : 0.0);
+          EXPECT_NEAR(dx[static_cast<std::size_t>(r * classes + j)], p, 1e-6) << "row " << r << ", class " << j;
+        }
+      }
+      EXPECT_NEAR(loss.to_vector<float>()[0], want, 1e-6 * std::max(1.0, std::fabs(want)));
+    }
 }
 
 // cpu_capability() names the widest vector code the kernels run, capped by CUMULUS_CPU_CAPABILITY

@@ -35,10 +35,7 @@ void cross_entropy_backward_cpu(const T* logits, const int32_t* labels, int64_t 
     T* dx = dlogits + i * classes;
     float m, log_sum;
     row_stats(x, classes, m, log_sum);
-    for (int64_t j = 0; j < classes; ++j) {
-      const float v = g * (std::exp((to_f32(x[j]) - m) - log_sum) - (j == labels[i] ? 1.0f : 0.0f));
-      dx[j] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[j]));
-    }
+    row_grad(x, classes, labels[i], m, log_sum, g, beta, dx);
   }
 }
 

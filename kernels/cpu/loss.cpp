@@ -47,10 +47,7 @@ void cross_entropy_rows_backward_cpu(const T* logits, const int32_t* labels, int
     const float g = scale * grad[i * grad_stride];
     float m, log_sum;
     row_stats(x, classes, m, log_sum);
-    for (int64_t j = 0; j < classes; ++j) {
-      const float v = g * (std::exp((to_f32(x[j]) - m) - log_sum) - (j == y ? 1.0f : 0.0f));
-      dx[j] = from_f32<T>(beta == 0.0f ? v : v + beta * to_f32(dx[j]));
-    }
+    row_grad(x, classes, y, m, log_sum, g, beta, dx);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pointwise_kernels.h"
@@ -15,21 +16,24 @@ namespace {
 inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
 }  // namespace
 
-// Calls fn(o, ia, ib) for every output element o in row-major order, with its offsets into a and
-// b: an odometer over the outer dimensions and a loop over the last, so no element pays the
-// divisions of broadcast_offsets. The innermost loop steps the offsets by their strides.
+namespace {
+// Calls fn(o, ia, ib) for the output rows [r0, r1) (a row: the innermost dimension), with the
+// offsets of each row's first element into the output, a and b: an odometer over the outer
+// dimensions, started from r0 by divisions once.
 template <typename Fn>
-void for_each_output(const BroadcastGeometry& g, Fn fn) {
-  for (int d = 0; d < g.ndim; ++d)
-    if (g.dims[d] == 0) return;
+void for_each_row(const BroadcastGeometry& g, int64_t r0, int64_t r1, Fn fn) {
   const int last = g.ndim - 1;
-  const int64_t n = g.dims[last], step_a = g.strides[1][last], step_b = g.strides[2][last];
   int64_t index[BroadcastGeometry::kMaxDims] = {};
   int64_t a0 = 0, b0 = 0;
-  for (int64_t o = 0;;) {
-    for (int64_t i = 0; i < n; ++i, ++o) fn(o, a0 + i * step_a, b0 + i * step_b);
-    int d = last - 1;
-    for (; d >= 0; --d) {  // the next outer index: the odometer's carry
+  for (int64_t r = r0, d = last - 1; d >= 0; --d) {
+    index[d] = r % g.dims[d];
+    r /= g.dims[d];
+    a0 += index[d] * g.strides[1][d];
+    b0 += index[d] * g.strides[2][d];
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    fn(r * g.dims[last], a0, b0);
+    for (int d = last - 1; d >= 0; --d) {  // the next row: the odometer's carry
       a0 += g.strides[1][d];
       b0 += g.strides[2][d];
       if (++index[d] < g.dims[d]) break;
@@ -37,11 +41,56 @@ void for_each_output(const BroadcastGeometry& g, Fn fn) {
       b0 -= index[d] * g.strides[2][d];
       index[d] = 0;
     }
-    if (d < 0) return;
   }
 }
 
-namespace {
+// row(o, ia, ib, m) over every output element, m elements from offsets (o, ia, ib), across
+// threads (Note [CPU kernel threads]: each element computed by one thread, so the same bits): a
+// one-dimensional geometry in chunks of elements, any other in chunks of whole rows.
+template <typename Row>
+void for_rows(const BroadcastGeometry& g, Row row) {
+  const int last = g.ndim - 1;
+  const int64_t n = g.dims[last], total = g.numel(0);
+  if (total == 0) return;
+  if (g.ndim == 1) {
+    const int64_t sa = g.strides[1][0], sb = g.strides[2][0];
+    return parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) { row(b, b * sa, b * sb, e - b); });
+  }
+  parallel_for(total / n, std::max<int64_t>(1, kParallelGrain / n), [&](int64_t r0, int64_t r1) {
+    for_each_row(g, r0, r1, [&](int64_t o, int64_t ia, int64_t ib) { row(o, ia, ib, n); });
+  });
+}
+
+// fn(sa, sb) with a's and b's innermost strides as constants: each is 1, or 0 where that operand
+// is broadcast along the innermost dimension (broadcast_geometry merges the dimensions so), so
+// that the loops over a row inside fn are plain contiguous loops the compiler vectorizes.
+template <typename Fn>
+void with_unit_strides(const BroadcastGeometry& g, Fn fn) {
+  using Zero = std::integral_constant<int64_t, 0>;
+  using One = std::integral_constant<int64_t, 1>;
+  const int last = g.ndim - 1;
+  const bool a1 = g.strides[1][last] != 0, b1 = g.strides[2][last] != 0;
+  if (a1) return b1 ? fn(One(), One()) : fn(One(), Zero());
+  return b1 ? fn(Zero(), One()) : fn(Zero(), Zero());
+}
+
+// One operand's values along a row at a constant stride: element i (stride 1), or one value for
+// the whole row (stride 0), read once before the loop, which would otherwise reload it after every
+// store (the output might alias it) and stay scalar.
+template <int64_t kStride, typename T>
+class RowOperand {
+ public:
+  RowOperand(const T* base, int64_t offset) : p_(base + offset), v_(kStride == 0 ? to_f32(*p_) : 0.0f) {}
+  float operator[](int64_t i) const {
+    if constexpr (kStride == 0) return v_;
+    else return to_f32(p_[i]);
+  }
+
+ private:
+  const T* p_;
+  float v_;
+};
+
 // fn(std::integral_constant<BinaryOp, op>()): a loop inside fn sees the op as a constant, so the
 // compiler vectorizes it (with the op's switch inside, it stays scalar).
 template <typename Fn>
@@ -59,16 +108,18 @@ void with_constant_op(BinaryOp op, Fn fn) {
 }
 }  // namespace
 
-// The forward with the op a template argument: every loop sees it as a constant, so the compiler
-// drops the other ops' cases (with them inside, a loop stays scalar, and pow's call slows it).
+// The forward with the op a template argument and the rows' strides constants: every loop is a
+// plain one over a row (a same-shape op, a row times one scalar, a row plus a row vector), so the
+// compiler vectorizes it and drops the other ops' cases (pow's call among them).
 template <BinaryOp kOp, typename T>
 void binary_forward_op(const BroadcastGeometry& g, const T* a, const T* b, T* y) {
-  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
-    for (int64_t i = 0; i < g.dims[0]; ++i) y[i] = from_f32<T>(binary_apply(kOp, to_f32(a[i]), to_f32(b[i])));
-    return;
-  }
-  for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
-    y[o] = from_f32<T>(binary_apply(kOp, to_f32(a[ia]), to_f32(b[ib])));
+  with_unit_strides(g, [&](auto sa, auto sb) {
+    for_rows(g, [&](int64_t o, int64_t ia, int64_t ib, int64_t m) {
+      const RowOperand<sa, T> ar(a, ia);
+      const RowOperand<sb, T> br(b, ib);
+      T* yr = y + o;
+      for (int64_t i = 0; i < m; ++i) yr[i] = from_f32<T>(binary_apply(kOp, ar[i], br[i]));
+    });
   });
 }
 
@@ -78,37 +129,89 @@ void binary_forward_cpu(const BroadcastGeometry& g, BinaryOp op, const T* a, con
 }
 
 namespace {
-// dx = blend(grad) over same-shape operands with the op, the operand and beta's form fixed outside
-// the loop, so that it vectorizes: each element's value is binary_grad_at's, as in the general path.
+// The gradient of an operand that is not broadcast (its offsets are the output's): one term per
+// element, no sum, so the bits are broadcast_grad_element's; the op, the operand, the strides and
+// beta's form fixed outside the row loops, so that they vectorize.
+// A null operand (one the op's gradient does not read) reads dy instead, so that the loops need no
+// test: every offset into either operand lies within the output, and the values are never used.
 template <BinaryOp kOp, int kOperand, typename T>
-void same_shape_grad(const T* a, const T* b, const T* dy, float beta, T* dx, int64_t n) {
-  if (beta == 0.0f) {
-    for (int64_t i = 0; i < n; ++i) dx[i] = from_f32<T>(binary_grad_at(kOp, kOperand, a, b, dy, i, i, i));
-    return;
+void elementwise_grad(const BroadcastGeometry& g, const T* a_in, const T* b_in, const T* dy, float beta, T* dx) {
+  const T* a = a_in != nullptr ? a_in : dy;
+  const T* b = b_in != nullptr ? b_in : dy;
+  with_unit_strides(g, [&](auto sa, auto sb) {
+    for_rows(g, [&](int64_t o, int64_t ia, int64_t ib, int64_t m) {
+      const RowOperand<sa, T> ar(a, ia);
+      const RowOperand<sb, T> br(b, ib);
+      const T* dyr = dy + o;
+      T* dxr = dx + o;
+      if (beta == 0.0f) {
+        for (int64_t i = 0; i < m; ++i) dxr[i] = from_f32<T>(binary_grad(kOp, kOperand, to_f32(dyr[i]), ar[i], br[i]));
+        return;
+      }
+      for (int64_t i = 0; i < m; ++i)
+        dxr[i] = from_f32<T>(binary_grad(kOp, kOperand, to_f32(dyr[i]), ar[i], br[i]) + beta * to_f32(dxr[i]));
+    });
+  });
+}
+
+// The gradient sums of the two common broadcasts of an f32 operand in two dimensions, [R, n] with
+// [R, 1] (one sum per row) or with [n] (one per column), for add, sub and mul, through
+// vec::ordered_row_sums_f32 and ordered_column_sums_f32: each sum adds broadcast_grad_element's
+// terms in its order, in double, so the bits are the same. sub's b takes 0 - sum(dy): the sum of
+// the negated terms is the negated sum (rounding to nearest is symmetric), except that a sum from
+// +0 is never -0 (an exact cancellation or +0 + -0 is +0), which 0 - s keeps. False where it does
+// not apply.
+template <BinaryOp kOp, typename T>
+bool ordered_sums_grad(const BroadcastGeometry& g, int operand, const T* a, const T* b, const T* dy, float beta,
+                       T* dx) {
+  if constexpr (!std::is_same_v<T, float> || !vec::kBuilt) {
+    return false;
+  } else {
+    if (!(kOp == BinaryOp::add || kOp == BinaryOp::sub || kOp == BinaryOp::mul) || g.ndim != 2 || !vec::available())
+      return false;
+    const int64_t* own = g.strides[1 + operand];
+    const int64_t* other = g.strides[2 - operand];
+    const int64_t rows = g.dims[0], cols = g.dims[1];
+    if (other[0] != cols || other[1] != 1) return false;  // the other operand is [R, n] too
+    const bool per_row = own[0] == 1 && own[1] == 0, per_column = own[0] == 0 && own[1] == 1;
+    if (!per_row && !per_column) return false;
+    const float* w = kOp == BinaryOp::mul ? (operand == 0 ? b : a) : nullptr;  // mul: dy times the other
+    std::vector<float> sums(static_cast<std::size_t>(per_row ? rows : cols));
+    if (per_row) {
+      parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+        vec::ordered_row_sums_f32(dy + r0 * cols, w != nullptr ? w + r0 * cols : nullptr, r1 - r0, cols,
+                                  sums.data() + r0);
+      });
+    } else {
+      constexpr int64_t kColumns = 32;  // ordered_column_sums_f32's block
+      const int64_t blocks = (cols + kColumns - 1) / kColumns;
+      parallel_for(blocks, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(rows * kColumns, 1)),
+                   [&](int64_t c0, int64_t c1) {
+                     const int64_t begin = c0 * kColumns, end = std::min(cols, c1 * kColumns);
+                     vec::ordered_column_sums_f32(dy + begin, w != nullptr ? w + begin : nullptr, rows, end - begin,
+                                                  cols, sums.data() + begin);
+                   });
+    }
+    const bool negate = kOp == BinaryOp::sub && operand == 1;
+    for (std::size_t j = 0; j < sums.size(); ++j) dx[j] = blend(negate ? 0.0f - sums[j] : sums[j], beta, dx[j]);
+    return true;
   }
-  for (int64_t i = 0; i < n; ++i)
-    dx[i] = from_f32<T>(binary_grad_at(kOp, kOperand, a, b, dy, i, i, i) + beta * to_f32(dx[i]));
 }
 }  // namespace
 
-// An operand that is not broadcast gets one term per element: written in the output's order (no
-// sum, so the bits are broadcast_grad_element's). A broadcast one sums per element in the order
-// Note [Broadcast geometry] fixes. The op is a template argument, as the forward's.
+// An operand that is not broadcast gets one term per element (elementwise_grad). A broadcast one
+// sums per element in the order Note [Broadcast geometry] fixes: the common two-dimensional cases
+// vectorized across the sums (ordered_sums_grad), the others below. The op is a template argument,
+// as the forward's.
 template <BinaryOp op, typename T>
 void binary_backward_op(const BroadcastGeometry& g, int operand, const T* a, const T* b, const T* dy, float beta,
                         T* dx) {
   const int64_t n = g.numel(1 + operand);
-  if (g.ndim == 1 && g.strides[1][0] == 1 && g.strides[2][0] == 1) {  // same shapes: a plain loop
-    if (operand == 0) return same_shape_grad<op, 0>(a, b, dy, beta, dx, n);
-    return same_shape_grad<op, 1>(a, b, dy, beta, dx, n);
-  }
   if (n == g.numel(0)) {
-    for_each_output(g, [&](int64_t o, int64_t ia, int64_t ib) {
-      const int64_t j = operand == 0 ? ia : ib;
-      dx[j] = from_f32<T>(blend(binary_grad_at(op, operand, a, b, dy, o, ia, ib), beta, to_f32(dx[j])));
-    });
-    return;
+    if (operand == 0) return elementwise_grad<op, 0>(g, a, b, dy, beta, dx);
+    return elementwise_grad<op, 1>(g, a, b, dy, beta, dx);
   }
+  if (ordered_sums_grad<op>(g, operand, a, b, dy, beta, dx)) return;
   if (g.strides[1 + operand][g.ndim - 1] == 0) {  // a broadcast innermost dimension: one element at a time
     for (int64_t j = 0; j < n; ++j)
       dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
@@ -197,8 +300,8 @@ using VecUnary = void (*)(const float*, float*, int64_t);
 VecUnary unary_forward_vec(UnaryOp op) {
   switch (op) {
     case UnaryOp::tanh: return vec::tanh_f32;
-    case UnaryOp::sigmoid: return vec::sigmoid_f32;
-    case UnaryOp::gelu: return vec::gelu_f32;
+    case UnaryOp::sigmoid: return vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
+    case UnaryOp::gelu: return vec512::available() ? vec512::gelu_f32 : vec::gelu_f32;
     case UnaryOp::gelu_tanh: return vec512::available() ? vec512::gelu_tanh_f32 : vec::gelu_tanh_f32;
     case UnaryOp::exp: return vec::exp_f32;
     case UnaryOp::log: return vec::log_f32;
@@ -271,9 +374,9 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      const auto grad = op == UnaryOp::gelu   ? vec::gelu_grad_f32
-                        : vec512::available() ? vec512::gelu_tanh_grad_f32
-                                              : vec::gelu_tanh_grad_f32;
+      const bool wide = vec512::available();
+      const auto grad = op == UnaryOp::gelu ? (wide ? vec512::gelu_grad_f32 : vec::gelu_grad_f32)
+                                            : (wide ? vec512::gelu_tanh_grad_f32 : vec::gelu_tanh_grad_f32);
       if constexpr (std::is_same_v<T, float>)
         if (beta == 0.0f) return grad(saved, dy, dx, n);
       float xb[kVecBlock], gb[kVecBlock];

@@ -2,8 +2,10 @@
 // products: f32 arrays through AVX2 (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA),
 // used by the CPU kernels when the CPU has both. tanh, sigmoid, gelu, exp and log compute
 // kernels/pointwise_rules.h's formula with the same operations in the same order, only the
-// transcendental (tanhf, expf, erff, logf) replaced by SLEEF's u10 variant: at most 1.0 ulp from
-// the exact result (glibc's are within 1-2 ulp), so an element may differ from the scalar rule's in
+// transcendental (tanhf, expf, erff, logf) replaced: tanh, exp and log by SLEEF's u10 variant (at
+// most 1.0 ulp from the exact result; glibc's are within 1-2 ulp), sigmoid's and GELU's exp by a
+// Cephes-style one (within 1.3 ulp: SLEEF's expf8_u10 costs several times as much), GELU's erf by
+// a table of polynomials (Note [Vector erf]), so an element may differ from the scalar rule's in
 // its last bit or two. gelu_tanh computes the same function in another form, x / (1 + exp(-2u)),
 // the exp as a power of two with log2 e folded into the cubic's constants: one exp instead of a
 // tanh (a third of its cost), within 2 ulp of max(|exact|, 1) forward and backward over [-12, 12]
@@ -43,6 +45,37 @@ void log_f32(const float* x, float* y, int64_t n);
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 
+// Note [Vector erf]
+// GELU's erf(z) (gelu_f32, gelu_grad_f32, and vec512's) from a table rather than SLEEF's erff8_u10,
+// which measured 1.3 ms for 176k floats (7 ns each, more than the rest of a GELU's forward and
+// backward together). |z| is cut into 8 intervals of width 1/2 over [0, 4); on interval i,
+// erf(i / 2 + u) for u = |z| - i / 2 in [0, 1/2) (exact: Sterbenz) is a degree-7 polynomial in u,
+// fitted in double by least squares at Chebyshev nodes (interval 0's with no constant term, so
+// erf(0) = 0 and small z keep their relative precision), its 8 coefficients picked per lane by one
+// permute each. Past 4, |z| is clamped to 4, where the last polynomial gives 1 (float's erf is 1
+// from 3.92 on). The sign is copied back. Within 1.4 * 2^-24 of erf absolutely (1.05 past 1/2,
+// where erf is above 0.52), and 2.8 ulp relatively near 0: GELU adds erf to 1, so its error is the
+// absolute one, about the size of glibc erff's (the scalar rule's) and SLEEF's. NaN stays NaN,
+// erf(+-inf) = +-1. The same operations at both widths, so AVX2 and AVX-512 give the same bits.
+// kErfPoly[k][i]: the coefficient of u^k on interval i.
+inline constexpr float kErfPoly[8][8] = {
+    {0.0f, 0.520499885f, 0.842700779f, 0.966105163f, 0.995322287f, 0.999593019f, 0.999977887f, 0.999999285f},
+    {1.12837923f, 0.87878269f, 0.41510731f, 0.118930303f, 0.0206670184f, 0.00217828224f, 0.00013925042f,
+     5.39904249e-06f},
+    {-1.56721114e-06f, -0.439395279f, -0.415100187f, -0.178396031f, -0.0413353406f, -0.00544562936f,
+     -0.000417647476f, -1.88814647e-05f},
+    {-0.376077622f, -0.146395549f, 0.138251558f, 0.138760328f, 0.0482452735f, 0.00834890362f, 0.000787283527f,
+     4.20224096e-05f},
+    {-0.000563501206f, 0.182494462f, 0.0701134279f, -0.0446500517f, -0.0346245877f, -0.00861439575f,
+     -0.00102978956f, -6.54731411e-05f},
+    {0.115874603f, 0.0101318685f, -0.073167704f, -0.0147429621f, 0.0138824033f, 0.00609257445f, 0.000952111906f,
+     7.18711162e-05f},
+    {-0.00800161995f, -0.0578824468f, 0.0140437931f, 0.019432418f, -0.00151689292f, -0.00278052757f,
+     -0.000577552244f, -5.0695653e-05f},
+    {-0.0179786645f, 0.017885495f, 0.00374511071f, -0.00593309943f, -0.000721527031f, 0.000635815377f,
+     0.000173596462f, 1.71447009e-05f},
+};
+
 // One row of n: y = softmax(x), or log_softmax when `log`, around the row's maximum, the sum of
 // exp in float blocks then double (kernels/cpu/pointwise.cpp's softmax_forward_cpu with the vector
 // exp; Note [Blocked float sums] in vec_math_avx512.cpp).
@@ -77,6 +110,24 @@ void attention_grad_tile_f32(float* s, float* dp, int64_t ld, int64_t rows, cons
 // out[r] = sum_c a[r][c] b[r][c] over n columns, the products and their sums in double (8 lanes,
 // then across them: within a rounding of the ordered double sum).
 void transpose_f32(const float* src, int64_t src_ld, int64_t rows, int64_t cols, float* dst, int64_t dst_ld);
+
+// A cross-entropy row's statistics and gradient (kernels/cpu/cross_entropy_row.h): the row's
+// maximum m (NaN skipped, as fmax) and log sum_j exp(x_j - m), the exps from softmax's exp (within
+// 1.3 ulp) added in double (in 8 lanes, then across them); dx_j = g (exp((x_j - m) - log_sum) -
+// [j == label]), blended into dx with beta (dx not read when beta is 0).
+void cross_entropy_row_stats_f32(const float* x, int64_t n, float* max_out, float* log_sum_out);
+void cross_entropy_grad_row_f32(const float* x, int64_t n, int64_t label, float m, float log_sum, float g, float beta,
+                                float* dx);
+
+// The gradient sums of a broadcast operand (kernels/cpu/pointwise.cpp): the terms x[i] (w null)
+// or x[i] w[i] (a float product), added from 0 in double in the order given below, then rounded to
+// float: broadcast_grad_element's bits (kernels/pointwise_rules.h). Vectorized across the sums,
+// never within one: each lane holds one sum and adds its terms in their order.
+// out[r] = sum over j < n, in order, of row r's terms (x and w [rows][n]); 8 rows at a time through
+// an in-register transpose.
+void ordered_row_sums_f32(const float* x, const float* w, int64_t rows, int64_t n, float* out);
+// out[c] = sum over r < rows, in order, of column c's terms (x and w [rows][ld], c < n).
+void ordered_column_sums_f32(const float* x, const float* w, int64_t rows, int64_t n, int64_t ld, float* out);
 void row_dots_f64(const float* a, int64_t a_ld, const float* b, int64_t b_ld, int64_t rows, int64_t n, float* out);
 
 }  // namespace cumulus::kernels::vec
@@ -90,6 +141,12 @@ namespace cumulus::kernels::vec512 {
 // Whether the kernels run the functions below: an x86-64 build on a CPU with AVX-512F and FMA,
 // unless CUMULUS_CPU_CAPABILITY=avx2 or scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
+
+// vec::sigmoid_f32, vec::gelu_f32 and vec::gelu_grad_f32 16 lanes at a time, with the same
+// operations (the same bits but for results below FLT_MIN, which scalef rounds once).
+void sigmoid_f32(const float* x, float* y, int64_t n);
+void gelu_f32(const float* x, float* y, int64_t n);
+void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 
 // vec::gelu_tanh_f32 and vec::gelu_tanh_grad_f32 16 lanes at a time, with AVX-512's reciprocal
 // estimate and scalef (not the same bits: within the same 2 ulp, the same special values).
@@ -117,6 +174,11 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
                              float beta, float* dx, float* pw, float* pb);
 // sums[c] += partial[c] in double, then partial[c] = 0, for c < n.
 void add_float_sums(float* partial, int64_t n, double* sums);
+// vec::cross_entropy_row_stats_f32 and vec::cross_entropy_grad_row_f32 16 lanes at a time (the
+// same exp; the double sum in 16 lanes, then across them).
+void cross_entropy_row_stats_f32(const float* x, int64_t n, float* max_out, float* log_sum_out);
+void cross_entropy_grad_row_f32(const float* x, int64_t n, int64_t label, float m, float log_sum, float g, float beta,
+                                float* dx);
 // One row's share of layer norm's parameter gradients over n columns: sw[c] += dy[c] xhat[c] and
 // sb[c] += dy[c] in double, xhat = (x - mean) rstd: the scalar loop's operations (the same bits).
 void layer_norm_param_grads_row_f32(const float* x, const float* dy, double mean, double rstd, int64_t n, double* sw,

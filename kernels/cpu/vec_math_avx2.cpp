@@ -99,6 +99,27 @@ V sigmoid_of_minus(V z2, V& e) {
   return _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps(z2, splat(kGeluZ2Max), _CMP_GT_OQ));
 }
 
+// e^x over the whole float range: 2^n as two factors, so that neither leaves the normal range
+// (n is in [-150, 128] after the clamp, which only moves x where the result is 0 or inf anyway).
+// NaN stays NaN (max and min return their second operand when either is NaN).
+V exp_any(V x) {
+  V n;
+  const V p = exp_mantissa(_mm256_min_ps(splat(88.73f), _mm256_max_ps(splat(-104.0f), x)), n);
+  const __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1);
+  return mul(mul(p, pow2(half)), pow2(_mm256_sub_epi32(k, half)));
+}
+
+// erf(z) from the table of Note [Vector erf] (vec_math.h); vec512's erf_of is the same steps.
+V erf_of(V z) {
+  const V sign = _mm256_and_ps(z, splat(-0.0f));
+  const V t = _mm256_min_ps(splat(4.0f), _mm256_andnot_ps(splat(-0.0f), z));  // NaN stays
+  const __m256i i = _mm256_min_epi32(_mm256_cvttps_epi32(mul(t, splat(2.0f))), _mm256_set1_epi32(7));
+  const V u = sub(t, mul(_mm256_cvtepi32_ps(i), splat(0.5f)));
+  V p = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kErfPoly[7]), i);
+  for (int k = 6; k >= 0; --k) p = _mm256_fmadd_ps(p, u, _mm256_permutevar8x32_ps(_mm256_loadu_ps(kErfPoly[k]), i));
+  return _mm256_or_ps(_mm256_min_ps(splat(1.0f), p), sign);
+}
+
 // A sum in double of 8 floats at a time, in two vectors of 4 lanes (the order differs from a
 // sequential sum's, which is within a rounding of the double result either way).
 struct DoubleSum {
@@ -136,16 +157,13 @@ void tanh_f32(const float* x, float* y, int64_t n) {
 
 void sigmoid_f32(const float* x, float* y, int64_t n) {
   map1(x, y, n, [](V v) {
-    const V e = Sleef_expf8_u10avx2(sub(_mm256_setzero_ps(), v));
+    const V e = exp_any(sub(_mm256_setzero_ps(), v));
     return _mm256_div_ps(splat(1.0f), add(splat(1.0f), e));
   });
 }
 
 void gelu_f32(const float* x, float* y, int64_t n) {
-  map1(x, y, n, [](V v) {
-    const V erf = Sleef_erff8_u10avx2(mul(v, splat(kSqrt1_2)));
-    return mul(mul(splat(0.5f), v), add(splat(1.0f), erf));
-  });
+  map1(x, y, n, [](V v) { return mul(mul(splat(0.5f), v), add(splat(1.0f), erf_of(mul(v, splat(kSqrt1_2))))); });
 }
 
 // 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + exp(-2u)): one exp, about a third of a tanh's cost,
@@ -167,8 +185,8 @@ void log_f32(const float* x, float* y, int64_t n) {
 
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
-    const V cdf = mul(splat(0.5f), add(splat(1.0f), Sleef_erff8_u10avx2(mul(v, splat(kSqrt1_2)))));
-    const V pdf = mul(splat(kInvSqrt2Pi), Sleef_expf8_u10avx2(mul(mul(splat(-0.5f), v), v)));
+    const V cdf = mul(splat(0.5f), add(splat(1.0f), erf_of(mul(v, splat(kSqrt1_2)))));
+    const V pdf = mul(splat(kInvSqrt2Pi), exp_nonpositive(mul(mul(splat(-0.5f), v), v)));
     return mul(d, add(cdf, mul(v, pdf)));
   });
 }
@@ -390,6 +408,61 @@ __m256i lane_mask(int64_t k) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+// r[i][j] becomes r[j][i]: an 8 x 8 block in registers transposed.
+void transpose8(V (&r)[8]) {
+  V t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// The terms x (w null) or x w of 8 floats under the mask `in` (zeros past it).
+V term_at(const float* x, const float* w, int64_t i, __m256i in) {
+  const V v = _mm256_maskload_ps(x + i, in);
+  return w != nullptr ? mul(v, _mm256_maskload_ps(w + i, in)) : v;
+}
+
+// Adds the 8 floats of t to the double sums (lo: lanes 0-3, hi: 4-7).
+void add_to(__m256d& lo, __m256d& hi, V t) {
+  lo = _mm256_add_pd(lo, low_pd(t));
+  hi = _mm256_add_pd(hi, high_pd(t));
+}
+
+// 8 * G rows of ordered_row_sums_f32 from row r: group g's lanes hold rows r + 8 g ..., each
+// lane's sum taking its row's terms in order (a block of 8 columns transposed, then column by
+// column); G groups so that G * 2 chains of adds overlap their latency.
+template <int G>
+void row_sums_group(const float* x, const float* w, int64_t r, int64_t n, float* out) {
+  __m256d lo[G], hi[G];
+  for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm256_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const int64_t width = n - j < 8 ? n - j : 8;
+    const __m256i in = lane_mask(width);
+    for (int g = 0; g < G; ++g) {
+      V t[8];
+      for (int k = 0; k < 8; ++k) {
+        const int64_t row = (r + 8 * g + k) * n;
+        t[k] = term_at(x + row, w != nullptr ? w + row : nullptr, j, in);
+      }
+      transpose8(t);
+      for (int64_t c = 0; c < width; ++c) add_to(lo[g], hi[g], t[c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    _mm256_storeu_ps(out + r + 8 * g, _mm256_set_m128(_mm256_cvtpd_ps(hi[g]), _mm256_cvtpd_ps(lo[g])));
+}
+
 // vec512's micro (vec_math_avx512.cpp), 8 lanes: one MR x (8 NV) block of c, the accumulators in
 // registers over the whole k loop (MR * NV + NV + 1 of the 16). The last vector of a row is masked
 // to `last` unless kFull.
@@ -553,22 +626,10 @@ void transpose_f32(const float* src, int64_t src_ld, int64_t rows, int64_t cols,
   for (; r0 + 8 <= rows; r0 += 8) {
     int64_t c0 = 0;
     for (; c0 + 8 <= cols; c0 += 8) {
-      V r[8], t[8], u[8];
+      V r[8];
       for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (r0 + i) * src_ld + c0);
-      for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-      }
-      for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-      }
-      for (int i = 0; i < 4; ++i) {
-        _mm256_storeu_ps(dst + (c0 + i) * dst_ld + r0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (c0 + i + 4) * dst_ld + r0, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-      }
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + (c0 + i) * dst_ld + r0, r[i]);
     }
     for (; c0 < cols; ++c0)
       for (int64_t i = r0; i < r0 + 8; ++i) dst[c0 * dst_ld + i] = src[i * src_ld + c0];
@@ -594,6 +655,83 @@ void row_dots_f64(const float* a, int64_t a_ld, const float* b, int64_t b_ld, in
     const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
     out[r] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
   }
+}
+
+void ordered_row_sums_f32(const float* x, const float* w, int64_t rows, int64_t n, float* out) {
+  int64_t r = 0;
+  for (; r + 16 <= rows; r += 16) row_sums_group<2>(x, w, r, n, out);
+  for (; r + 8 <= rows; r += 8) row_sums_group<1>(x, w, r, n, out);
+  for (; r < rows; ++r) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += w != nullptr ? x[r * n + j] * w[r * n + j] : x[r * n + j];
+    out[r] = static_cast<float>(sum);
+  }
+}
+
+// 32 columns at a time, their 8 chains of double adds (4 lanes each) in registers down the rows.
+void ordered_column_sums_f32(const float* x, const float* w, int64_t rows, int64_t n, int64_t ld, float* out) {
+  constexpr int kVectors = 4;
+  for (int64_t c = 0; c < n; c += 8 * kVectors) {
+    __m256i in[kVectors];
+    __m256d lo[kVectors], hi[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      in[v] = lane_mask(n - c - 8 * v);
+      lo[v] = hi[v] = _mm256_setzero_pd();
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * ld;
+      const float* wr = w != nullptr ? w + r * ld : nullptr;
+      for (int v = 0; v < kVectors; ++v) add_to(lo[v], hi[v], term_at(xr, wr, c + 8 * v, in[v]));
+    }
+    for (int v = 0; v < kVectors; ++v)
+      _mm256_maskstore_ps(out + c + 8 * v, in[v], _mm256_set_m128(_mm256_cvtpd_ps(hi[v]), _mm256_cvtpd_ps(lo[v])));
+  }
+}
+
+// The maximum with the tail under a mask (-inf past it) rather than max_of's scalar tail (no lane
+// holds a NaN: max_ps returns its second operand, the maximum so far, for one), and the terms
+// exp(x - m) from exp_nonpositive (x - m <= 0), zero past the tail, in double lanes: even and odd
+// vectors in their own sums, so the adds' latency overlaps (a row is a few vectors).
+void cross_entropy_row_stats_f32(const float* x, int64_t n, float* max_out, float* log_sum_out) {
+  V mx = splat(-INFINITY);
+  for_each_vector(n, [&](int64_t i, const Lanes& in) {
+    const V v = in.load(x + i);
+    mx = _mm256_max_ps(in.tail ? _mm256_blendv_ps(splat(-INFINITY), v, _mm256_castsi256_ps(in.mask)) : v, mx);
+  });
+  mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 1));
+  mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0x4E));
+  mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0xB1));
+  const float m = _mm256_cvtss_f32(mx);
+  const V mv = splat(m);
+  const auto term = [&](int64_t i, const Lanes& in) { return in.keep(exp_nonpositive(sub(in.load(x + i), mv))); };
+  const Lanes all{false, _mm256_setzero_si256()};
+  DoubleSum even, odd;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const V e0 = term(i, all), e1 = term(i + 8, all);
+    even.add(low_pd(e0), high_pd(e0));
+    odd.add(low_pd(e1), high_pd(e1));
+  }
+  for (; i < n; i += 8) {
+    const V e = term(i, n - i >= 8 ? all : tail_lanes(n - i));
+    even.add(low_pd(e), high_pd(e));
+  }
+  *max_out = m;
+  *log_sum_out = static_cast<float>(std::log(even.total() + odd.total()));
+}
+
+void cross_entropy_grad_row_f32(const float* x, int64_t n, int64_t label, float m, float log_sum, float g, float beta,
+                                float* dx) {
+  const V mv = splat(m), lv = splat(log_sum), gv = splat(g), bv = splat(beta), one = splat(1.0f);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), y = _mm256_set1_epi32(static_cast<int>(label));
+  for_each_vector(n, [&](int64_t i, const Lanes& in) {
+    const V e = exp_nonpositive(sub(sub(in.load(x + i), mv), lv));  // (x - m) - log_sum <= 0
+    const __m256i at = _mm256_add_epi32(iota, _mm256_set1_epi32(static_cast<int>(i)));
+    const V hit = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(at, y)), one);
+    V v = mul(gv, sub(e, hit));
+    if (beta != 0.0f) v = add(v, mul(bv, in.load(dx + i)));
+    in.store(dx + i, v);
+  });
 }
 
 }  // namespace cumulus::kernels::vec

@@ -107,6 +107,27 @@ V exp_nonpositive(V x) {
                             _mm512_setzero_ps());
 }
 
+// e^x over the whole float range: vec_math_avx2.cpp's exp_any, scalef for its two factors.
+V exp_any(V x) {
+  V n;
+  const V p = exp_mantissa(_mm512_min_ps(splat(88.73f), _mm512_max_ps(splat(-104.0f), x)), n);
+  return _mm512_scalef_ps(p, n);
+}
+
+// erf(z) from the table of Note [Vector erf] (vec_math.h): vec_math_avx2.cpp's erf_of, the same
+// steps (a table of 8 in the low half of a vector; the index is never above 7).
+V erf_of(V z) {
+  const V sign = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN)));
+  const V t = _mm512_min_ps(splat(4.0f), _mm512_abs_ps(z));  // NaN stays
+  const __m512i i = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(t, splat(2.0f))), _mm512_set1_epi32(7));
+  const V u = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(i), splat(0.5f)));
+  const auto coefficient = [&](int k) { return _mm512_permutexvar_ps(i, _mm512_maskz_loadu_ps(0xFF, vec::kErfPoly[k])); };
+  V p = coefficient(7);
+  for (int k = 6; k >= 0; --k) p = _mm512_fmadd_ps(p, u, coefficient(k));
+  const V r = _mm512_min_ps(splat(1.0f), p);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), _mm512_castps_si512(sign)));
+}
+
 // One MR x (16 NV) block of c, the last vector of each row masked to `last` where kMasked: the
 // accumulators stay in registers over the whole k loop (MR * NV of the 32). Whole panels go
 // without masks: a masked load in the k loop measured up to 1.4x slower (the same values).
@@ -175,6 +196,28 @@ void panel(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, con
 }
 
 }  // namespace
+
+void sigmoid_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) {
+    const V e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    return _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat(1.0f), e));
+  });
+}
+
+void gelu_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) {
+    const V erf = erf_of(_mm512_mul_ps(v, splat(kSqrt1_2)));
+    return _mm512_mul_ps(_mm512_mul_ps(splat(0.5f), v), _mm512_add_ps(splat(1.0f), erf));
+  });
+}
+
+void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
+  map2(x, dy, g, n, [](V v, V d) {
+    const V cdf = _mm512_mul_ps(splat(0.5f), _mm512_add_ps(splat(1.0f), erf_of(_mm512_mul_ps(v, splat(kSqrt1_2)))));
+    const V pdf = _mm512_mul_ps(splat(kInvSqrt2Pi), exp_nonpositive(_mm512_mul_ps(_mm512_mul_ps(splat(-0.5f), v), v)));
+    return _mm512_mul_ps(d, _mm512_add_ps(cdf, _mm512_mul_ps(v, pdf)));
+  });
+}
 
 void gelu_tanh_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
@@ -399,6 +442,33 @@ void layer_norm_grad_row_f32(const float* x, const float* dy, const float* weigh
       _mm512_mask_storeu_ps(pw + i, in, _mm512_fmadd_ps(d, xhat, _mm512_maskz_loadu_ps(in, pw + i)));
       _mm512_mask_storeu_ps(pb + i, in, _mm512_add_ps(_mm512_maskz_loadu_ps(in, pb + i), d));
     }
+  });
+}
+
+void cross_entropy_row_stats_f32(const float* x, int64_t n, float* max_out, float* log_sum_out) {
+  const float m = row_max(x, n);
+  const V mv = splat(m);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
+    const V e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), mv)));
+    lo = _mm512_add_pd(lo, low_pd(e));
+    hi = _mm512_add_pd(hi, high_pd(e));
+  });
+  *max_out = m;
+  *log_sum_out = static_cast<float>(std::log(_mm512_reduce_add_pd(_mm512_add_pd(lo, hi))));
+}
+
+void cross_entropy_grad_row_f32(const float* x, int64_t n, int64_t label, float m, float log_sum, float g, float beta,
+                                float* dx) {
+  const V mv = splat(m), lv = splat(log_sum), gv = splat(g), bv = splat(beta);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i y = _mm512_set1_epi32(static_cast<int>(label));
+  for_each_vector(n, [&](int64_t i, __mmask16 in) {
+    const V e = exp_nonpositive(_mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + i), mv), lv));
+    const __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int>(i))), y);
+    V v = _mm512_mul_ps(gv, _mm512_mask_sub_ps(e, hit, e, splat(1.0f)));
+    if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(in, dx + i)));
+    _mm512_mask_storeu_ps(dx + i, in, v);
   });
 }
 
