@@ -1503,13 +1503,13 @@ TEST_P(AccumulatorTest, OptimizerStateIsAllocatedAtTheFirstStep) {
 CUMULUS_INSTANTIATE_DEVICES(AccumulatorTest);
 
 
-// Note [CPU kernel threads]: the optimizer updates (plain and with frozen chunks) and a Linear's
-// bias (broadcast into the output, its gradient summed over rows) split across threads with the
-// bits of one thread.
+// Note [CPU kernel threads]: the optimizer updates (plain and with frozen chunks), a Linear's bias
+// (broadcast into the output, its gradient summed over rows) and strided copies (a permute made
+// contiguous, and its backward) split across threads with the bits of one thread.
 namespace {
 
 struct UpdateResult {
-  std::vector<float> w, m, v, y, dx, dw, db;
+  std::vector<float> w, m, v, y, dx, dw, db, permuted, dpermuted;
   std::vector<int32_t> missed;
 };
 
@@ -1547,12 +1547,18 @@ UpdateResult threaded_results(int threads) {
   ops::sum(ops::mul(y, y)).backward();
   r.y = y.to_vector<float>(), r.dx = x.grad().to_vector<float>(), r.dw = wt.grad().to_vector<float>();
   r.db = b.grad().to_vector<float>();
+  std::vector<float> hv(16 * 64 * 8 * 32);
+  gen.fill_uniform(hv.data(), static_cast<int64_t>(hv.size()), -1.0f, 1.0f);
+  const Tensor heads = Tensor::from_vector(hv, Shape{16, 64, 8, 32}).set_requires_grad(true);
+  const Tensor permuted = ops::contiguous(ops::permute(heads, {0, 2, 1, 3}));
+  ops::sum(ops::mul(permuted, permuted)).backward();
+  r.permuted = permuted.to_vector<float>(), r.dpermuted = heads.grad().to_vector<float>();
   return r;
 }
 
 }  // namespace
 
-TEST(CpuThreads, UpdatesAndLinearBiasGiveTheBitsOfOneThread) {
+TEST(CpuThreads, UpdatesBiasesAndCopiesGiveTheBitsOfOneThread) {
   const int threads = cpu_threads();
   const UpdateResult one = threaded_results(1), two = threaded_results(2);
   set_cpu_threads(threads);
@@ -1564,6 +1570,8 @@ TEST(CpuThreads, UpdatesAndLinearBiasGiveTheBitsOfOneThread) {
   EXPECT_EQ(one.dx, two.dx);
   EXPECT_EQ(one.dw, two.dw);
   EXPECT_EQ(one.db, two.db);
+  EXPECT_EQ(one.permuted, two.permuted);
+  EXPECT_EQ(one.dpermuted, two.dpermuted);
 }
 
 }  // namespace
