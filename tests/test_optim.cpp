@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "cumulus/core/threads.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
@@ -23,6 +24,7 @@
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/loss.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/adamw.h"
@@ -31,6 +33,8 @@
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "engine/runtime/accumulator.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/optim_rules.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -1497,6 +1501,78 @@ TEST_P(AccumulatorTest, OptimizerStateIsAllocatedAtTheFirstStep) {
 }
 
 CUMULUS_INSTANTIATE_DEVICES(AccumulatorTest);
+
+
+// Note [CPU kernel threads]: the optimizer updates (plain and with frozen chunks), a Linear's bias
+// (broadcast into the output, its gradient summed over rows) and strided copies (a permute made
+// contiguous, and its backward) split across threads with the bits of one thread.
+namespace {
+
+struct UpdateResult {
+  std::vector<float> w, m, v, y, dx, dw, db, permuted, dpermuted;
+  std::vector<int32_t> missed;
+};
+
+UpdateResult threaded_results(int threads) {
+  set_cpu_threads(threads);
+  constexpr int64_t n = 300'000 + 37;  // several update chunks and a tail
+  Generator gen(11);
+  std::vector<float> w(n), g(n), m(n), v(n);
+  gen.fill_uniform(w.data(), n, -1.0f, 1.0f);
+  gen.fill_uniform(g.data(), n, -1.0f, 1.0f);
+  gen.fill_uniform(m.data(), n, -0.1f, 0.1f);
+  gen.fill_uniform(v.data(), n, 0.0f, 0.01f);
+  const int64_t chunks = (n + kernels::FrozenChunks::kChunk - 1) / kernels::FrozenChunks::kChunk;
+  std::vector<uint8_t> frozen(static_cast<std::size_t>(chunks));
+  std::vector<int32_t> missed(frozen.size(), 0);
+  for (std::size_t c = 0; c < frozen.size(); ++c) frozen[c] = c % 7 == 3;
+  UpdateResult r;
+  for (int step = 1; step <= 3; ++step) {
+    kernels::adamw_step_cpu(w.data(), g.data(), m.data(), v.data(), n, 0.5f, 1e-2f, 0.9f, 0.99f, 1e-8f, 0.1f, step,
+                            kernels::FrozenChunks{});
+    kernels::adamw_step_cpu(w.data(), g.data(), m.data(), v.data(), n, 0.5f, 1e-2f, 0.9f, 0.99f, 1e-8f, 0.1f, step + 3,
+                            kernels::FrozenChunks{frozen.data(), missed.data()});
+    kernels::sgd_step_cpu(w.data(), g.data(), m.data(), n, 0.5f, 1e-2f, 0.9f, 0.0f, true, 0.1f, step,
+                          kernels::FrozenChunks{frozen.data(), missed.data()});
+  }
+  r.w = w, r.m = m, r.v = v, r.missed = missed;
+  std::vector<float> xv(512 * 384), wv(200 * 384), bv(200);
+  gen.fill_uniform(xv.data(), static_cast<int64_t>(xv.size()), -1.0f, 1.0f);
+  gen.fill_uniform(wv.data(), static_cast<int64_t>(wv.size()), -0.1f, 0.1f);
+  gen.fill_uniform(bv.data(), static_cast<int64_t>(bv.size()), -0.1f, 0.1f);
+  const Tensor x = Tensor::from_vector(xv, Shape{512, 384}).set_requires_grad(true);
+  const Tensor wt = Tensor::from_vector(wv, Shape{200, 384}).set_requires_grad(true);
+  const Tensor b = Tensor::from_vector(bv, Shape{200}).set_requires_grad(true);
+  const Tensor y = ops::linear(x, wt, b);
+  ops::sum(ops::mul(y, y)).backward();
+  r.y = y.to_vector<float>(), r.dx = x.grad().to_vector<float>(), r.dw = wt.grad().to_vector<float>();
+  r.db = b.grad().to_vector<float>();
+  std::vector<float> hv(16 * 64 * 8 * 32);
+  gen.fill_uniform(hv.data(), static_cast<int64_t>(hv.size()), -1.0f, 1.0f);
+  const Tensor heads = Tensor::from_vector(hv, Shape{16, 64, 8, 32}).set_requires_grad(true);
+  const Tensor permuted = ops::contiguous(ops::permute(heads, {0, 2, 1, 3}));
+  ops::sum(ops::mul(permuted, permuted)).backward();
+  r.permuted = permuted.to_vector<float>(), r.dpermuted = heads.grad().to_vector<float>();
+  return r;
+}
+
+}  // namespace
+
+TEST(CpuThreads, UpdatesBiasesAndCopiesGiveTheBitsOfOneThread) {
+  const int threads = cpu_threads();
+  const UpdateResult one = threaded_results(1), two = threaded_results(2);
+  set_cpu_threads(threads);
+  EXPECT_EQ(one.w, two.w);
+  EXPECT_EQ(one.m, two.m);
+  EXPECT_EQ(one.v, two.v);
+  EXPECT_EQ(one.missed, two.missed);
+  EXPECT_EQ(one.y, two.y);
+  EXPECT_EQ(one.dx, two.dx);
+  EXPECT_EQ(one.dw, two.dw);
+  EXPECT_EQ(one.db, two.db);
+  EXPECT_EQ(one.permuted, two.permuted);
+  EXPECT_EQ(one.dpermuted, two.dpermuted);
+}
 
 }  // namespace
 }  // namespace cumulus

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 
 // Note [OpenBLAS under an address-space limit]
@@ -153,17 +154,38 @@ int take_buffers_within(int n, rlim_t limit, bool strict) {
   return fitted;
 }
 
+// Without an address-space limit, OpenBLAS runs one thread per call and the GEMMs split across the
+// kernels' pool (Note [One pool for the kernels and the BLAS], kernels/cpu/gemm.cpp); under one,
+// OpenBLAS keeps the threads whose buffers fit and runs each GEMM on them.
 int set_threads(int n, bool strict) {
   CUMULUS_CHECK(n >= 1, InvalidArgument, "set_cpu_threads: need at least 1 thread, got ", n);
-  if (g_pool == 0) g_pool = openblas_get_num_threads();  // the workers OpenBLAS started before main
   rlim_t limit = 0;
   if (!address_space_limited(&limit)) {
-    openblas_set_num_threads(n);
-    if (n > g_pool) g_pool = n;
+    openblas_set_num_threads(1);
+    kernels::set_kernel_threads(n, true);
     return n;
   }
-  return take_buffers_within(n, limit, strict);
+  if (g_pool == 0) g_pool = openblas_get_num_threads();  // the workers OpenBLAS started before main
+  const int fitted = take_buffers_within(n, limit, strict);
+  kernels::set_kernel_threads(fitted, false);
+  return fitted;
 }
+
+// The threads OpenBLAS started with (its reading of OPENBLAS_NUM_THREADS and the cores), taken
+// over by the kernels' pool as the library loads, after OpenBLAS's own constructor.
+int take_over_blas_threads() {
+  const int n = openblas_get_num_threads();
+  rlim_t limit = 0;
+  if (address_space_limited(&limit)) {
+    kernels::set_kernel_threads(n, false);
+  } else {
+    openblas_set_num_threads(1);
+    kernels::set_kernel_threads(n, true);
+  }
+  return n;
+}
+
+const int g_initial_threads = take_over_blas_threads();
 
 }  // namespace
 
@@ -206,7 +228,7 @@ void set_cpu_threads(int n) { set_threads(n, true); }
 
 int fit_cpu_threads(int n) { return set_threads(n, false); }
 
-int cpu_threads() { return openblas_get_num_threads(); }
+int cpu_threads() { return kernels::kernel_threads(); }
 
 int use_cpu_threads(int n) {
   CUMULUS_CHECK(n >= 0, InvalidArgument, "use_cpu_threads: need 0 (every core) or a thread count, got ", n);
@@ -226,7 +248,7 @@ const char* cpu_capability() {
 }
 
 int default_cpu_threads() {
-  if (g_marker == nullptr) return openblas_get_num_threads();
+  if (g_marker == nullptr) return g_initial_threads;
   // Give children the environment the user gave us; OpenBLAS has read its own already.
   const bool user_set = g_marker[0] == '+';
   if (user_set) ::setenv("OPENBLAS_NUM_THREADS", g_marker + 1, 1);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace cumulus::kernels {
 
@@ -23,16 +24,24 @@ template void convert_cpu(const BFloat16*, Half*, int64_t);
 template void convert_cpu(const Half*, BFloat16*, int64_t);
 
 void broadcast_rows_cpu(const float* row, int64_t rows, int64_t cols, float* out) {
-  for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
+  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::copy(row, row + cols, out + r * cols);
+  });
 }
 
+// Across threads by blocks of columns: each column adds its rows in order, whoever sums it, so the
+// bits are the same at any thread count. A block is a multiple of 16 columns (whole cache lines)
+// holding about kParallelGrain elements.
 void sum_rows_cpu(const float* x, int64_t rows, int64_t cols, float beta, float* out) {
-  if (beta == 0.0f) std::fill(out, out + cols, 0.0f);
-  else if (beta != 1.0f) for (int64_t c = 0; c < cols; ++c) out[c] *= beta;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
-  }
+  const int64_t block = std::max<int64_t>(16, (kParallelGrain / std::max<int64_t>(rows, 1) + 15) / 16 * 16);
+  parallel_for(cols, block, [&](int64_t c0, int64_t c1) {
+    if (beta == 0.0f) std::fill(out + c0, out + c1, 0.0f);
+    else if (beta != 1.0f) for (int64_t c = c0; c < c1; ++c) out[c] *= beta;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) out[c] += xr[c];
+    }
+  });
 }
 
 void sum_all_cpu(const float* x, int64_t n, float scale, float* out) {

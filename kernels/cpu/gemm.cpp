@@ -1,12 +1,70 @@
 // GEMM on the CPU through OpenBLAS (cblas_sgemm, row-major). With beta = 1 a Linear's weight
 // gradient accumulates inside the GEMM, exactly as on CUDA (Note [Gradient sinks]).
+//
+// Note [One pool for the kernels and the BLAS]
+// OpenBLAS's pthreads build keeps its own worker per core, which spins for a while after each GEMM;
+// our kernels' helpers (parallel.h) would then share the cores with spinning threads, and
+// OpenBLAS's own split of the small GEMMs a transformer runs gains little (a [512, 128] x
+// [128, 384] product's backward: 1.08x on two threads). So, unless an address-space limit keeps
+// OpenBLAS's threads (core/threads.cpp), OpenBLAS runs one thread per call and a GEMM splits its
+// output C across our pool: bands of whole rows (whole columns when C has few rows), each a
+// multiple of 16 and a product of at least kMinSplitMacs multiply-adds, each band one cblas_sgemm
+// call on one thread. OpenBLAS computes an element of C from its row of op(A) and column of op(B)
+// alone, blocking the sum over k by k's size only, so a band's elements are summed exactly as in
+// the whole product: the bits do not depend on the split (GemmCpu.BandsGiveTheBitsOfOneCall).
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace cumulus::kernels {
+
+namespace {
+
+// A band's least work: well above the products OpenBLAS may hand a special small-matrix kernel,
+// and about 10 us, so a helper's wake-up pays.
+constexpr int64_t kMinSplitMacs = int64_t(1) << 20;
+constexpr int64_t kBandAlign = 16;
+
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// The band size (rows or columns of C) that gives each thread about one band, or 0: no split.
+int64_t band_size(int64_t extent, int64_t macs_per_unit) {
+  const int64_t threads = kernel_threads();
+  if (threads < 2 || extent < 2 * kBandAlign) return 0;
+  int64_t band = (extent + threads - 1) / threads;
+  band = (band + kBandAlign - 1) / kBandAlign * kBandAlign;
+  band = std::max(band, (kMinSplitMacs / std::max<int64_t>(macs_per_unit, 1) + kBandAlign - 1) / kBandAlign * kBandAlign);
+  return band < extent ? band : 0;
+}
+
+// C = alpha op(A) op(B) + beta C in bands across the pool; false when the product is too small.
+bool sgemm_in_bands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!gemm_splits()) return false;
+  const bool by_rows = m >= n;
+  const int64_t band = by_rows ? band_size(m, n * k) : band_size(n, m * k);
+  if (band == 0) return false;
+  parallel_for(by_rows ? m : n, band, [&](int64_t begin, int64_t end) {
+    if (by_rows)  // rows begin..end of C: those rows of op(A)
+      sgemm(trans_a, trans_b, end - begin, n, k, alpha, trans_a ? a + begin : a + begin * lda, lda, b, ldb, beta,
+            c + begin * ldc, ldc);
+    else  // columns begin..end of C: those columns of op(B)
+      sgemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda, trans_b ? b + begin * ldb : b + begin, ldb, beta,
+            c + begin, ldc);
+  });
+  return true;
+}
+
+}  // namespace
 
 void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -20,13 +78,14 @@ void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   if (beta == 0.0f && ldc == n) {
     // OpenBLAS's beta = 0 path is slower than clearing C and accumulating into it (measured:
     // 512 x 784 weight gradient at micro-batch 16, ~250 us against ~150 us). Same result exactly.
-    std::memset(c, 0, static_cast<std::size_t>(m * n) * sizeof(float));
+    // Cleared across threads, as the product then runs.
+    parallel_for(m * n, 4 * kParallelGrain, [&](int64_t begin, int64_t end) {
+      std::memset(c + begin, 0, static_cast<std::size_t>(end - begin) * sizeof(float));
+    });
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
+  if (sgemm_in_bands(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+  sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace cumulus::kernels

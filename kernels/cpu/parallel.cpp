@@ -1,10 +1,9 @@
 // Note [CPU kernel threads] in kernels/cpu/parallel.h.
 #include "kernels/cpu/parallel.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <system_error>
@@ -14,6 +13,9 @@
 namespace cumulus::kernels {
 
 namespace {
+
+std::atomic<int> g_threads{1};
+std::atomic<bool> g_gemm_splits{false};
 
 // Whether this thread is running a chunk: a parallel_for inside one runs serially (the job's mutex
 // is already held, by this thread or by the caller a helper works for).
@@ -40,7 +42,7 @@ class HelperPool {
       chunks_ = chunks;
       next_.store(0);
       open_ = true;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     work();
@@ -68,12 +70,29 @@ class HelperPool {
     t_in_chunk = false;
   }
 
+  // A helper spins this long for the next job before it sleeps: about the gap between two parallel
+  // ops of a training step, so a step's ops find it awake (a wake-up through the kernel costs a
+  // chunk's worth of time and two context switches). The spin costs only the helper's own core:
+  // the GEMMs run on this same pool (Note [One pool for the kernels and the BLAS], gemm.cpp).
+  static constexpr std::chrono::microseconds kSpin{100};
+
+  void spin_for_job(uint64_t seen) const {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 1; generation_.load(std::memory_order_acquire) == seen; ++i) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return;
+    }
+  }
+
   void serve() {
     uint64_t seen = 0;
     for (;;) {
+      spin_for_job(seen);
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
+      wake_.wait(lock, [&] { return generation_.load() != seen; });
+      seen = generation_.load();
       if (!open_) continue;
       active_.fetch_add(1);
       lock.unlock();
@@ -83,9 +102,9 @@ class HelperPool {
   }
 
   std::mutex job_mutex_;  // held by the call using the helpers
-  std::mutex mutex_;      // guards generation_, open_ and the job's fields as a helper joins
+  std::mutex mutex_;      // guards open_ and the job's fields as a helper joins; generation_'s changes
   std::condition_variable wake_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // read unlocked by a spinning helper
   bool open_ = false;
   const std::function<void(int64_t)>* chunk_ = nullptr;
   int64_t chunks_ = 0;
@@ -96,9 +115,18 @@ class HelperPool {
 
 }  // namespace
 
+void set_kernel_threads(int n, bool gemm_splits) {
+  g_threads.store(std::max(1, n));
+  g_gemm_splits.store(gemm_splits);
+}
+
+int kernel_threads() { return g_threads.load(); }
+
+bool gemm_splits() { return g_gemm_splits.load(); }
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int helpers = openblas_get_num_threads() - 1;  // cpu_threads(), which kernels/ may not include
+  const int helpers = g_threads.load(std::memory_order_relaxed) - 1;
   const int64_t chunks = (n + grain - 1) / grain;
   if (helpers < 1 || chunks < 2) return fn(0, n);
   const std::function<void(int64_t)> chunk = [&](int64_t c) { fn(c * grain, std::min(n, (c + 1) * grain)); };

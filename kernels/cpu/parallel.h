@@ -1,8 +1,7 @@
 // Note [CPU kernel threads]
-// The CPU kernels that are bound by arithmetic rather than memory (the activations' exp, tanh and
-// erf, softmax's and layer norm's rows) split their work across the threads OpenBLAS is set to
-// (cpu_threads(), set_cpu_threads): the calling thread and up to cpu_threads() - 1 helper threads,
-// started on first use and kept waiting between calls. The work is cut into chunks that every
+// The CPU kernels split their work across cpu_threads() threads (set_cpu_threads): the calling
+// thread and up to cpu_threads() - 1 helper threads, started on first use and kept waiting between
+// calls. The GEMMs run on the same threads (Note [One pool for the kernels and the BLAS], gemm.cpp). The work is cut into chunks that every
 // thread claims from one counter, the caller included, so a helper that is slow to wake (a busy
 // machine) costs nothing but its share: the caller takes the chunks it has not claimed. Each chunk
 // computes its elements (or rows, or columns) as the serial loop does, so the results are the same
@@ -22,6 +21,14 @@ namespace cumulus::kernels {
 // Calls fn(begin, end) over [0, n) in chunks of `grain` (the last may be shorter) on up to
 // cpu_threads() threads, or once with the whole [0, n) when it runs serially: fn takes any range.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+// The threads parallel_for runs on (core/threads.cpp sets them with set_cpu_threads), and whether a
+// GEMM splits its output across them, OpenBLAS running one thread per call (true), or runs on
+// OpenBLAS's own threads (false: under an address-space limit, Note [OpenBLAS under an
+// address-space limit] in core/threads.cpp).
+void set_kernel_threads(int n, bool gemm_splits);
+int kernel_threads();
+bool gemm_splits();
 
 // The chunk of elementwise work worth handing to another thread: about 30 microseconds of an
 // activation's arithmetic.

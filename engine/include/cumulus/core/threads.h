@@ -17,8 +17,10 @@ const char* cpu_capability();
 // unrecognized CPU], threads.cpp). Both apps' --version print it: a GEMM's speed depends on it.
 const char* blas_core();
 
-// Sets how many threads OpenBLAS uses from now on (n >= 1). Unlike OPENBLAS_NUM_THREADS, which
-// OpenBLAS reads once when the process starts, this works at any time. Under an address-space
+// Sets how many threads the CPU kernels and GEMMs use from now on (n >= 1): one pool for both, with
+// OpenBLAS running one thread per call (Note [One pool for the kernels and the BLAS],
+// kernels/cpu/gemm.cpp). Unlike OPENBLAS_NUM_THREADS, which OpenBLAS reads once when the process
+// starts, this works at any time. Under an address-space
 // limit (RLIMIT_AS, `ulimit -v`) it first takes the memory OpenBLAS needs for them (Note [OpenBLAS
 // under an address-space limit], threads.cpp) and throws OutOfMemory naming the limit when they do
 // not fit (the threads that fit stay in use).
@@ -26,7 +28,7 @@ void set_cpu_threads(int n);
 // Like set_cpu_threads, but under an address-space limit uses as many of the n threads as fit
 // (at least the calling thread, else OutOfMemory naming the limit). Returns the threads in use.
 int fit_cpu_threads(int n);
-// The threads OpenBLAS uses now (every core unless set).
+// The threads the CPU kernels and GEMMs use now (every core unless set).
 int cpu_threads();
 // What a program's --threads N does: N >= 1 sets N threads (set_cpu_threads); 0 uses every core
 // this process may run on (default_cpu_threads: its CPU affinity, or OPENBLAS_NUM_THREADS /
@@ -34,7 +36,7 @@ int cpu_threads();
 // address-space limit (fit_cpu_threads). Returns the threads in use.
 int use_cpu_threads(int n);
 // The threads OpenBLAS would have started with: OPENBLAS_NUM_THREADS (or GOTO_NUM_THREADS,
-// OMP_NUM_THREADS) as the process started, else every core.
+// OMP_NUM_THREADS) as the process started, else every core this process may run on.
 int default_cpu_threads();
 
 // Runs before OpenBLAS's constructor when placed in an executable's .preinit_array (the macro

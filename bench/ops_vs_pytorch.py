@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The op families (Note [Op families against PyTorch], bench/op_families.h) timed side by side:
+bench_ops' `families/` benchmarks and bench/pytorch/op_families.py, alternating round by round, at
+each thread count (and, with --capabilities, each of cumulus's vector paths through
+CUMULUS_CPU_CAPABILITY). Per family and pass: the median over rounds of each side's median
+repetition, and cumulus / PyTorch (below 1: cumulus is faster). Writes raw.json and summary.md.
+
+  bench/ops_vs_pytorch.py --bench-ops build/bin/bench_ops --python /path/to/venv/bin/python --out DIR
+                          [--threads 1,2] [--capabilities avx512,avx2] [--rounds 3] [--min-time 0.1]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_json(cmd, env):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit("failed (%d): %s\n%s" % (r.returncode, " ".join(cmd), r.stderr[-3000:]))
+    return json.loads(r.stdout)
+
+
+def medians(report):
+    """name -> median real time (us) over the report's repetitions."""
+    times = {}
+    for b in report["benchmarks"]:
+        if b.get("run_type", "iteration") != "iteration":
+            continue  # Google Benchmark's aggregates
+        name = b["name"].replace("/manual_time", "")
+        scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3}[b.get("time_unit", "ns")]
+        times.setdefault(name, []).append(b["real_time"] * scale)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench-ops", required=True)
+    p.add_argument("--python", default=sys.executable, help="an interpreter with torch")
+    p.add_argument("--out", required=True)
+    p.add_argument("--threads", default="1,%d" % os.cpu_count())
+    p.add_argument("--capabilities", default="", help="CUMULUS_CPU_CAPABILITY values, e.g. avx512,avx2 (default: the CPU's)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--min-time", type=float, default=0.1)
+    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--filter", default="families/")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    capabilities = a.capabilities.split(",") if a.capabilities else [""]
+    raw = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": os.getloadavg(), "runs": []}
+    table = {}  # (threads, capability, name) -> {"cumulus": [...], "pytorch": [...]}
+    for threads in [int(t) for t in a.threads.split(",")]:
+        for r in range(a.rounds):
+            for cap in capabilities:
+                env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+                if cap:
+                    env["CUMULUS_CPU_CAPABILITY"] = cap
+                ours = run_json([a.bench_ops, "--benchmark_filter=" + a.filter, "--benchmark_min_time=%g" % a.min_time,
+                                 "--benchmark_repetitions=%d" % a.repetitions, "--benchmark_format=json"], env)
+                raw["runs"].append({"who": "cumulus", "threads": threads, "capability": cap, "round": r, "report": ours})
+                for name, t in medians(ours).items():
+                    table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["cumulus"].append(t)
+            theirs = run_json([a.python, os.path.join(HERE, "pytorch", "op_families.py"), "--threads", str(threads),
+                               "--min-time", str(a.min_time), "--repetitions", str(a.repetitions), "--filter",
+                               a.filter], dict(os.environ, OMP_NUM_THREADS=str(threads)))
+            raw["runs"].append({"who": "pytorch", "threads": threads, "round": r, "report": theirs})
+            for name, t in medians(theirs).items():
+                for cap in capabilities:
+                    table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["pytorch"].append(t)
+    raw["load_after"] = os.getloadavg()
+    with open(os.path.join(a.out, "raw.json"), "w") as f:
+        json.dump(raw, f)
+    rows = ["| threads | cumulus path | family / pass | cumulus us | PyTorch us | cumulus / PyTorch |", "|---|---|---|---|---|---|"]
+    for (threads, cap, name), v in sorted(table.items()):
+        if not v["cumulus"] or not v["pytorch"]:
+            continue
+        c, t = statistics.median(v["cumulus"]), statistics.median(v["pytorch"])
+        flag = " **slower**" if c > t else ""
+        rows.append("| %d | %s | %s | %.1f | %.1f | %.2fx%s |" % (threads, cap or "default", name.replace("families/", "")
+                                                              .replace("/cpu", ""), c, t, c / t, flag))
+    with open(os.path.join(a.out, "summary.md"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
