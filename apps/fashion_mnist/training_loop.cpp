@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cumulus/core/error.h"
+#include "cumulus/core/threads.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/ops/fused_mlp.h"
 #include "cumulus/runtime/fit.h"
@@ -47,6 +48,9 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
                               "kernels' arithmetic)";
     say("kernels: %s\n", kernels_used(model, o, o.batch_size) == "fused" ? fused : "generic (one op per layer)");
   }
+  if (!o.device.is_cuda())  // the step's speed depends on these (docs/fashion_mnist.md, --threads)
+    say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", cpu_threads(), cpu_threads() == 1 ? "" : "s",
+        cpu_capability(), blas_core());
   if (o.precision != Precision::fp32)
     say("precision: %s activations, gradients of activations and GEMM weight copies; f32 weights, gradient "
         "buffers, optimizer state and loss%s\n",
