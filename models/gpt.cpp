@@ -8,6 +8,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/io/state_dict.h"
 #include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/init.h"
@@ -332,31 +333,51 @@ const std::string& metadata_value(const std::map<std::string, std::string>& m, c
   return it->second;
 }
 
-int64_t metadata_int(const std::map<std::string, std::string>& m, const std::string& path, const std::string& key) {
+// A config field: decimal digits only, within [1, limit].
+int64_t metadata_int(const std::map<std::string, std::string>& m, const std::string& path, const std::string& key,
+                     int64_t limit) {
   const std::string& text = metadata_value(m, path, key);
-  std::size_t used = 0;
-  long long v = -1;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  CUMULUS_CHECK(used == text.size() && v > 0, Error, "file '", path, "': metadata '", key, "' is '", excerpt(text),
-                "', not a positive integer");
+  const bool digits = !text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos;
+  const long long v = digits ? std::stoll(text) : -1;
+  CUMULUS_CHECK(v >= 1 && v <= limit, Error, "file '", path, "': metadata '", key, "' is '", excerpt(text),
+                "'; expected an integer in [1, ", limit, "]");
   return v;
 }
 
+bool is_float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
 }  // namespace
+
+void check_gpt_weights(const std::string& path, const GPTConfig& config) {
+  const io::SafetensorsHeader header = io::read_safetensors_header(path);
+  std::map<std::string, Shape> expected;
+  for (const GPTTensorLayout& t : gpt_state_layout(config)) expected.emplace(t.name, t.shape);
+  std::map<std::string, bool> seen;
+  for (const io::SafetensorsTensorInfo& t : header.tensors) {
+    const auto it = expected.find(t.name);
+    CUMULUS_CHECK(it != expected.end(), Error, "file '", path, "': tensor '", excerpt(t.name),
+                  "' is not a weight of this GPT (", config.n_layer, " layers); weights files hold the model's "
+                  "tensors alone");
+    CUMULUS_CHECK(t.shape == it->second, Error, "file '", path, "': tensor '", t.name, "' has shape ", t.shape.str(),
+                  "; this GPT's is ", it->second.str());
+    CUMULUS_CHECK(is_float_dtype(t.dtype), Error, "file '", path, "': tensor '", t.name, "' is ", dtype_name(t.dtype),
+                  "; weights are floating point (F32, BF16, F16 or F64)");
+    seen[t.name] = true;
+  }
+  for (const auto& [name, shape] : expected)
+    CUMULUS_CHECK(seen.count(name) == 1 || name == "lm_head.weight", Error, "file '", path, "': no tensor '", name,
+                  "' (shape ", shape.str(), "); is it a GPT of another size?");
+}
 
 GPTCheckpointInfo read_gpt_checkpoint(const std::string& path) {
   GPTCheckpointInfo info;
   info.metadata = io::read_safetensors_header(path).metadata;
   const auto& m = info.metadata;
-  info.config.vocab_size = metadata_int(m, path, "gpt.vocab_size");
-  info.config.block_size = metadata_int(m, path, "gpt.block_size");
-  info.config.n_layer = metadata_int(m, path, "gpt.n_layer");
-  info.config.n_head = metadata_int(m, path, "gpt.n_head");
-  info.config.n_embd = metadata_int(m, path, "gpt.n_embd");
+  info.config.vocab_size = metadata_int(m, path, "gpt.vocab_size", GPTLimits::vocab_size);
+  info.config.block_size = metadata_int(m, path, "gpt.block_size", GPTLimits::block_size);
+  info.config.n_layer = metadata_int(m, path, "gpt.n_layer", GPTLimits::n_layer);
+  info.config.n_head = metadata_int(m, path, "gpt.n_head", GPTLimits::n_head);
+  info.config.n_embd = metadata_int(m, path, "gpt.n_embd", GPTLimits::n_embd);
   const std::string& hex = metadata_value(m, path, "gpt.vocabulary");
   std::string symbols;
   auto nibble = [&](char c) -> int {
@@ -376,6 +397,40 @@ GPTCheckpointInfo read_gpt_checkpoint(const std::string& path) {
   CUMULUS_CHECK(info.vocabulary.size() == info.config.vocab_size, Error, "file '", path, "': a vocabulary of ",
                 info.vocabulary.size(), " symbols for vocab_size ", info.config.vocab_size);
   return info;
+}
+
+std::vector<GPTTensorLayout> gpt_state_layout(const GPTConfig& config) {
+  const int64_t c = config.n_embd;
+  std::vector<GPTTensorLayout> out{{"transformer.wte.weight", Shape{config.vocab_size, c}},
+                                   {"transformer.wpe.weight", Shape{config.block_size, c}}};
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    const std::string block = "transformer.h." + std::to_string(i) + ".";
+    for (const GPTTensorLayout& t : std::vector<GPTTensorLayout>{{"ln_1.weight", Shape{c}},
+                                                                 {"ln_1.bias", Shape{c}},
+                                                                 {"attn.c_attn.weight", Shape{3 * c, c}},
+                                                                 {"attn.c_attn.bias", Shape{3 * c}},
+                                                                 {"attn.c_proj.weight", Shape{c, c}},
+                                                                 {"attn.c_proj.bias", Shape{c}},
+                                                                 {"ln_2.weight", Shape{c}},
+                                                                 {"ln_2.bias", Shape{c}},
+                                                                 {"mlp.c_fc.weight", Shape{4 * c, c}},
+                                                                 {"mlp.c_fc.bias", Shape{4 * c}},
+                                                                 {"mlp.c_proj.weight", Shape{c, 4 * c}},
+                                                                 {"mlp.c_proj.bias", Shape{c}}})
+      out.push_back({block + t.name, t.shape});
+  }
+  out.push_back({"transformer.ln_f.weight", Shape{c}});
+  out.push_back({"transformer.ln_f.bias", Shape{c}});
+  out.push_back({"lm_head.weight", Shape{config.vocab_size, c}});
+  return out;
+}
+
+void load_gpt_weights(const std::string& path, GPT& model) {
+  check_gpt_weights(path, model.config());
+  io::LoadStateDictOptions options;
+  options.require_finite = true;  // a NaN weight makes every loss and every sample NaN
+  options.allow_missing_shared = true;
+  io::load_state_dict(path, model, options);
 }
 
 }  // namespace cumulus::models

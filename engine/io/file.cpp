@@ -235,12 +235,61 @@ int open_regular_file(const std::string& path, const std::string& where, uint64_
   return fd;
 }
 
-void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string target = resolve_output_path(path);
+namespace {
+// The name a write replaces: the link's final target (follow), or the name as given (replace),
+// which must then be a regular file, a symlink (replaced, not followed) or absent.
+std::string write_target(const std::string& path, OutputLinks links) {
+  if (links == OutputLinks::follow) return resolve_output_path(path);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return path;
+    fail("inspect", path);
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+    throw Error("cannot write '" + path + "': it is " + kind_of(st.st_mode) + "; outputs must be regular files");
+  return path;
+}
+}  // namespace
+
+std::string read_regular_file(const std::string& path, const std::string& where, uint64_t max_bytes) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, where, size);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (size > max_bytes)
+    throw Error(where + "is " + std::to_string(size) + " bytes; at most " + std::to_string(max_bytes) +
+                " are read");
+  std::string content;
+  try {
+    content.resize(static_cast<std::size_t>(size));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(where + "out of memory while reading it (" + std::to_string(size) + " bytes)");
+  }
+  std::size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::read(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(where + "read failed: " + std::strerror(errno));
+    if (n == 0) throw Error(where + "shrank while it was read (" + std::to_string(done) + " of " +
+                            std::to_string(size) + " bytes)");
+    done += static_cast<std::size_t>(n);
+  }
+  char extra = 0;
+  if (::read(fd, &extra, 1) > 0) throw Error(where + "grew while it was read (past " + std::to_string(size) + " bytes)");
+  return content;
+}
+
+void write_file_atomic(const std::string& path, const std::string& content, OutputLinks links) {
+  const std::string target = write_target(path, links);
   // A replaced file keeps its permissions (a private checkpoint stays private); a new one gets
-  // 0666 less the umask, as any new file. The temporary starts no wider than the result.
+  // 0666 less the umask, as any new file. The temporary starts no wider than the result. A link
+  // that is replaced lends nothing: lstat sees the link, not its target.
   struct stat existing {};
-  const bool replacing = ::stat(target.c_str(), &existing) == 0;
+  const bool replacing = (links == OutputLinks::follow ? ::stat(target.c_str(), &existing)
+                                                        : ::lstat(target.c_str(), &existing)) == 0 &&
+                         S_ISREG(existing.st_mode);
   const mode_t mode = replacing ? (existing.st_mode & 07777) : 0666;
   std::string tmp;
   const int fd = create_temp_file(target, replacing ? (mode & 0700) : mode, tmp);

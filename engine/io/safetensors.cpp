@@ -231,7 +231,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
 }  // namespace
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, OutputLinks links) {
   // ordered_json keeps "__metadata__" first and the tensors in the given order (any order is valid).
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   const bool with_checksum = metadata.count(kChecksumKey) != 0;
@@ -284,7 +284,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     CUMULUS_CHECK(at != std::string::npos && at < data_start, Error, where(path), "internal: checksum placeholder not found");
     content.replace(at + key.size(), 8, checksum.hex());
   }
-  write_file_atomic(path, content);
+  write_file_atomic(path, content, links);
 }
 
 namespace {

@@ -125,13 +125,14 @@ Tensor convert_exact(const Tensor& t, DType to, const std::string& what) {
 }
 
 void save_state_dict(const std::string& path, const nn::Module& module,
-                     const std::map<std::string, std::string>& metadata, const ExtraTensors& extra) {
+                     const std::map<std::string, std::string>& metadata, const ExtraTensors& extra,
+                     OutputLinks links) {
   NamedTensors tensors = module.state_dict();
   tensors.reserve(tensors.size() + extra.tensors.size());
   for (const auto& [name, t] : extra.tensors) tensors.emplace_back(extra.prefix + name, t);
   std::map<std::string, std::string> meta = metadata;
   meta.emplace("format", "pt");  // kept when the caller set one
-  save_safetensors(path, tensors, meta);
+  save_safetensors(path, tensors, meta, links);
 }
 
 namespace {

@@ -72,6 +72,8 @@ std::vector<std::string> check_header(const std::string& path, const ResumeOptio
                 "' (cumulus checkpoints store one; this file is damaged or older than that), so it cannot be "
                 "verified");
   std::vector<std::string> overridden;
+  std::vector<const RecordedSetting*> differing;
+  std::vector<std::string> saved_values;
   for (const RecordedSetting& setting : options.settings) {
     auto it = meta.find(kSettingPrefix + setting.key);
     const std::string saved = it != meta.end()          ? excerpt(it->second)
@@ -82,11 +84,18 @@ std::vector<std::string> check_header(const std::string& path, const ResumeOptio
       overridden.push_back(setting.name + " " + saved + " -> " + setting.value);
       continue;
     }
-    throw SettingMismatch("--resume '" + path + "' was made with --" + setting.name + " " + saved + ", this run has " +
-                          setting.value + setting.unit + "; resume with the same value" +
-                          (setting.overridable ? " or allow the change with --override " + setting.name : ""));
+    differing.push_back(&setting);
+    saved_values.push_back(saved);
   }
-  return overridden;
+  if (differing.empty()) return overridden;
+  std::string message = "--resume '" + path + "' was made with ";
+  for (std::size_t i = 0; i < differing.size(); ++i)
+    message += (i == 0 ? "--" : "; with --") + differing[i]->name + " " + saved_values[i] + ", this run has " +
+               differing[i]->value + differing[i]->unit;
+  const bool one = differing.size() == 1;
+  message += one ? "; resume with the same value" : "; resume with the same values";
+  if (one && differing[0]->overridable) message += " or allow the change with --override " + differing[0]->name;
+  throw SettingMismatch(message);
 }
 
 // The counters, validated before the optimizer and the Trainer are restored: a damaged or forged
@@ -109,9 +118,15 @@ CheckpointState read_state(const std::string& path, const std::map<std::string, 
     throw Error("checkpoint '" + path + "' continues at micro-batch " + std::to_string(c.micro_batch_index) +
                 " of epoch " + std::to_string(c.epoch + 1) + ", but an epoch of this data has " +
                 std::to_string(options.micro_batches_per_epoch) + " micro-batches: " + options.other_data_hint);
+  const int64_t group = options.micro_batches_per_group;
+  if (group > 0 && c.micro_batch_index % group != 0)
+    throw Error("checkpoint '" + path + "' continues at micro-batch " + std::to_string(c.micro_batch_index) +
+                ", inside a step of " + std::to_string(group) +
+                " micro-batches; checkpoints are written between steps: damaged or forged");
   c.micro_batches_total = counter("micro_batches_total", 0, kMax);
   c.optimizer_steps = counter("optimizer_steps", 0, kMax);
-  c.skipped_steps = counter("skipped_steps", 0, c.optimizer_steps);
+  // Steps skipped for a non-finite gradient are not among the steps taken (Accumulator::attempted_steps).
+  c.skipped_steps = counter("skipped_steps", 0, kMax - c.optimizer_steps);
   s.optimizer_updates = counter("optimizer_updates", 0, c.optimizer_steps);
   if (meta.count("loss_scale_bits") == 1) {  // absent from checkpoints older than loss scaling: unscaled
     c.loss_scale = float_of<float>(static_cast<uint32_t>(counter("loss_scale_bits", 0, 0xFFFFFFFFLL)));
@@ -130,8 +145,24 @@ CheckpointState read_state(const std::string& path, const std::map<std::string, 
   if (meta.count("accum_steps_override") == 1)  // written only where Trainer::set_accum_steps was called
     c.accum_steps_override = static_cast<int>(counter("accum_steps_override", 0, std::numeric_limits<int>::max()));
   s.epoch_loss_sum = float_of<double>(static_cast<uint64_t>(get_int(meta, "epoch_loss_sum_bits", path)));
+  if (!std::isfinite(s.epoch_loss_sum))
+    throw Error("checkpoint '" + path + "': 'epoch_loss_sum_bits' gives the loss sum " +
+                std::to_string(s.epoch_loss_sum) + "; a loss sum is a finite number");
   s.epoch_units = counter("epoch_samples", 0, options.units_per_epoch);
   return s;
+}
+
+// A second moment (Adam's running mean of squared gradients, "exp_avg_sq") is never negative: a
+// negative one makes its update's square root NaN, so such a file is damaged or forged.
+void check_second_moments(const std::string& path, const io::NamedTensors& optimizer_state) {
+  for (const auto& [name, t] : optimizer_state) {
+    if (name.find("exp_avg_sq") == std::string::npos || t.dtype() != DType::f32) continue;
+    const std::vector<float> values = t.to_vector<float>();
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (values[i] < 0.0f)
+        throw Error("checkpoint '" + path + "': optimizer tensor '" + name + "' holds " + std::to_string(values[i]) +
+                    " at index " + std::to_string(i) + "; second moments are never negative: damaged or forged");
+  }
 }
 
 }  // namespace
@@ -147,7 +178,7 @@ std::string setting_text(float value) {
 
 void save_training_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
                               const CheckpointState& s, const std::vector<RecordedSetting>& settings,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata, io::OutputLinks links) {
   std::map<std::string, std::string> meta = metadata;
   for (const RecordedSetting& setting : settings) meta[kSettingPrefix + setting.key] = setting.value;
   const TrainingCounters& c = s.counters;
@@ -166,7 +197,7 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model, 
   meta["epoch_loss_sum_bits"] = std::to_string(static_cast<int64_t>(bits_of<uint64_t>(s.epoch_loss_sum)));
   meta["epoch_samples"] = std::to_string(s.epoch_units);
   meta[kChecksumKey] = "";  // computed by save_safetensors
-  io::save_state_dict(path, model, meta, io::ExtraTensors{kOptimizerPrefix, optimizer.state()});
+  io::save_state_dict(path, model, meta, io::ExtraTensors{kOptimizerPrefix, optimizer.state()}, links);
 }
 
 ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, Optimizer& optimizer,
@@ -187,6 +218,7 @@ ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Mo
     throw Error("checkpoint '" + path + "' cannot be used: " + e.what());
   }
   r.state = read_state(path, loaded.metadata, options);
+  check_second_moments(path, loaded.extra);
   try {
     optimizer.load_state(loaded.extra, r.state.optimizer_updates);
   } catch (const Error& e) {

@@ -1,13 +1,18 @@
 #include "cumulus/runtime/run_files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
+#include "cumulus/runtime/stop_signal.h"
 #include "cumulus/runtime/tracker.h"
 
 namespace cumulus {
@@ -127,6 +132,47 @@ void check_outputs_not_standard_streams(const std::vector<RunFile>& outputs) {
   }
 }
 
+void check_outputs_not_links(const std::vector<RunFile>& outputs) {
+  for (const RunFile& f : outputs) {
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(f.path, ec))) continue;
+    const fs::path target = fs::read_symlink(f.path, ec);
+    throw InvalidArgument(f.name + " '" + f.path + "' is a symbolic link (to '" + target.string() +
+                          "'); outputs are written in place of their name, never through a link: give the "
+                          "file's own path");
+  }
+}
+
+void check_run_files(const RunFiles& files) {
+  std::vector<RunFile> outputs;
+  for (const RunFile& f : files.outputs)
+    if (!f.path.empty()) outputs.push_back(f);
+  check_inputs_readable(files.inputs);
+  check_outputs_not_links(outputs);
+  check_outputs_writable(outputs);
+  check_outputs_distinct(outputs, files.inputs, files.may_replace);
+  check_outputs_not_standard_streams(outputs);
+}
+
+void prepare_run_files() {
+  for (const int fd : {0, 1, 2}) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // open() returns the lowest free number, which is `fd` itself while it is closed.
+    const int held = ::open("/dev/null", O_RDONLY);
+    if (held >= 0 && held != fd) ::close(held);
+  }
+  ignore_write_signals();
+}
+
+void check_standard_output() {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return;
+  const int saved = errno;
+  throw Error(std::string("cannot write to standard output: ") +
+              (saved != 0 ? std::strerror(saved) : "an earlier write failed"));
+}
+
 void check_outputs_outside(const std::vector<RunFile>& outputs, const std::string& directory, const std::string& what) {
   if (outputs.empty()) return;
   const std::vector<Identity> ids = identify_outputs(outputs);
@@ -155,7 +201,7 @@ void write_memory_reports(MemoryTracker& tracker, const MemoryReportFiles& files
   auto write = [&](const RunFile& file, const char* what, std::string (*report)(MemoryTracker&)) {
     if (file.path.empty()) return;
     try {
-      io::write_file_atomic(file.path, report(tracker));
+      io::write_file_atomic(file.path, report(tracker), files.links);
     } catch (const Error& e) {
       throw Error(file.name + ": " + e.what());
     }

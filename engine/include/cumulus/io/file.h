@@ -5,9 +5,11 @@
 // The temporary file is created under an unpredictable name that must not exist yet (a planted
 // file or symlink is never written through), and the result keeps a replaced file's permissions.
 //
-// Outputs are regular files. A symlink is followed and its target written (atomically, beside the
-// target), so the link survives; a device node, FIFO, socket or directory is refused, never
-// replaced by a regular file.
+// Outputs are regular files. By default (OutputLinks::follow) a symlink is followed and its target
+// written (atomically, beside the target), so the link survives; with OutputLinks::replace the name
+// given is what the rename replaces, so a link (one swapped in while the run went on included) is
+// never written through. A device node, FIFO, socket or directory is refused, never replaced by a
+// regular file.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +17,17 @@
 
 namespace cumulus::io {
 
-// Throws cumulus::Error naming the path and the system error on failure; the target is untouched.
+enum class OutputLinks {
+  follow,   // a symlink's target is written; the link stays
+  replace,  // the name itself is written: a symlink there is replaced by the file, its target untouched
+};
+
+// Throws cumulus::Error naming the path and the system error on failure; the target is untouched
+// and the temporary removed (a file-size limit, SIGXFSZ ignored, is such a failure: EFBIG).
 // Test hook: CUMULUS_FAULT_INJECT=mid_write or =before_rename makes the process _exit(86) at that
 // point of the write (see file.cpp), to test that a crash leaves the previous file intact.
-void write_file_atomic(const std::string& path, const std::string& content);
+void write_file_atomic(const std::string& path, const std::string& content,
+                       OutputLinks links = OutputLinks::follow);
 
 // The file a write to `path` lands in: `path` itself or, for a symlink (chains included), the file
 // it finally points to (which may not exist yet). Throws cumulus::Error when that exists and is
@@ -48,5 +57,11 @@ void check_output_writable(const std::string& path);
 // not a regular file"), and the descriptor is switched back to blocking reads. Error messages
 // start with `where`, which names the file: "not found", "cannot open: <reason>", "is a ...".
 int open_regular_file(const std::string& path, const std::string& where, uint64_t& size);
+
+// The whole of a regular file (open_regular_file's checks), refused before anything is allocated
+// when it holds more than `max_bytes` ("<where>is 5000000000 bytes; at most 268435456 are read").
+// Running out of memory is an OutOfMemory naming the file and the size; a file that shrinks or
+// grows while it is read is an Error.
+std::string read_regular_file(const std::string& path, const std::string& where, uint64_t max_bytes);
 
 }  // namespace cumulus::io

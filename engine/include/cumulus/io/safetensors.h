@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cumulus/io/file.h"
 #include "cumulus/tensor/tensor.h"
 
 namespace cumulus::io {
@@ -17,9 +18,10 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Writes atomically (temporary file, fsync, rename). dtypes f32 -> "F32", i32 -> "I32", u8 -> "U8",
 // bf16 -> "BF16", f16 -> "F16", i64 -> "I64", bool -> "BOOL". Tensors on CUDA are copied to the host.
-// Names must be unique.
+// Names must be unique. `links`: whether a symlink at `path` is written through (io/file.h).
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      OutputLinks links = OutputLinks::follow);
 
 struct SafetensorsContents {
   NamedTensors tensors;  // in file order of their data offsets

@@ -36,8 +36,10 @@ struct ExtraTensors {
 // Writes module.state_dict() (and `extra`, each name prefixed with extra.prefix) atomically.
 // Metadata "format" defaults to "pt", as safetensors.torch.save_file writes it (some PyTorch
 // loaders check it); a "checksum_crc32" key makes the file carry a CRC-32 (see safetensors.h).
+// `links`: whether a symlink at `path` is written through (io/file.h).
 void save_state_dict(const std::string& path, const nn::Module& module,
-                     const std::map<std::string, std::string>& metadata = {}, const ExtraTensors& extra = {});
+                     const std::map<std::string, std::string>& metadata = {}, const ExtraTensors& extra = {},
+                     OutputLinks links = OutputLinks::follow);
 
 struct LoadStateDictOptions {
   // Non-empty: file tensors whose names start with it are not the module's; they are returned in

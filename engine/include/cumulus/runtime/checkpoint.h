@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "cumulus/io/file.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/trainer.h"
@@ -71,10 +72,11 @@ struct CheckpointState {
 };
 
 // Writes the checkpoint atomically (a crash leaves the previous file). `metadata`: the caller's own
-// keys, stored beside the run's.
+// keys, stored beside the run's. `links`: whether a symlink at `path` is written through (io/file.h).
 void save_training_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
                               const CheckpointState& state, const std::vector<RecordedSetting>& settings,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              io::OutputLinks links = io::OutputLinks::follow);
 
 struct ResumeOptions {
   std::vector<RecordedSetting> settings;  // this run's: each must equal the checkpoint's
@@ -82,6 +84,9 @@ struct ResumeOptions {
   // The run's epoch size: a checkpoint's position and epoch units must lie within it.
   int64_t micro_batches_per_epoch = 0;
   int64_t units_per_epoch = 0;
+  // > 0: the position must be a group boundary of this many micro-batches (a run that does not set
+  // Trainer::set_accum_steps), as every checkpoint is written at one.
+  int64_t micro_batches_per_group = 0;
   // Added to the refusals: how to load a file that is not a checkpoint, and what may differ when the
   // position is outside the epoch ("was it made with other data?").
   std::string plain_weights_hint = "load plain weights with io::load_state_dict";
@@ -94,8 +99,8 @@ struct ResumedCheckpoint {
   std::map<std::string, std::string> metadata;  // every key, verified by the checksum
 };
 
-// A setting of the run that differs from the checkpoint's (Note [Resume contract]): the caller's
-// input, not the file, is at fault.
+// The settings of the run that differ from the checkpoint's (Note [Resume contract]), each named in
+// one message: the caller's input, not the file, is at fault.
 class SettingMismatch : public InvalidArgument {
  public:
   using InvalidArgument::InvalidArgument;

@@ -5,6 +5,15 @@
 // symlink to the file: an output's identity is that of the file a write lands in, a symlink's
 // target). Each check throws InvalidArgument whose message names the file by its RunFile::name.
 //
+// The one call an app makes before any work, and the set-up of the process's own streams:
+//
+//   prepare_run_files();                                        // first thing in main()
+//   check_run_files({/*inputs=*/{{"--data", corpus}}, /*outputs=*/{{"--save", save}, {"--metrics", m}}});
+//   std::string text = io::read_regular_file(corpus, "--data '" + corpus + "': ", kMaxCorpusBytes);
+//   ... train, writing each output with io::OutputLinks::replace ...
+//   check_standard_output();                                    // a lost line is an error, not exit 0
+//
+// or, piece by piece, as apps/fashion_mnist does:
 //   std::vector<RunFile> outputs = {{"--checkpoint", ckpt}, {"--metrics", metrics}};
 //   check_inputs_readable({{"--resume", resume}});
 //   check_outputs_writable(outputs);
@@ -18,6 +27,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "cumulus/io/file.h"
 
 namespace cumulus {
 
@@ -44,6 +55,33 @@ void check_outputs_distinct(const std::vector<RunFile>& outputs, const std::vect
 // No output is the file this process's standard output or error is redirected to.
 void check_outputs_not_standard_streams(const std::vector<RunFile>& outputs);
 
+// No output is a symbolic link: an output is written in place of its name (io::OutputLinks::replace),
+// so a link there would be replaced, where the user may have meant its target written.
+void check_outputs_not_links(const std::vector<RunFile>& outputs);
+
+// Everything a run reads and writes, checked together before any work: each input (empty paths
+// skipped) a readable regular file, never opened (a FIFO cannot hang the check); each output not a
+// link, its folder writable now (stale temporaries of dead writers removed), not an input (unless
+// `may_replace` allows that pair), not another output, not where standard output or error goes.
+// Throws InvalidArgument naming the file by its RunFile::name.
+struct RunFiles {
+  std::vector<RunFile> inputs;
+  std::vector<RunFile> outputs;
+  std::function<bool(const RunFile& input, const RunFile& output)> may_replace;
+};
+void check_run_files(const RunFiles& files);
+
+// Sets the process up for its files, first thing in main(): a standard stream that was closed is
+// held by /dev/null (opened read-only for output and error, so a write to them fails visibly) and
+// no file the run opens takes its number, so progress text never lands in a metrics file; SIGPIPE
+// and SIGXFSZ are ignored (ignore_write_signals), so a closed pipe or a file-size limit is an
+// error naming the file (its temporary removed) instead of a death by signal.
+void prepare_run_files();
+
+// Flushes standard output and throws Error("cannot write to standard output: <reason>") when that
+// or any earlier write to it failed (a closed stream, /dev/full, a broken pipe).
+void check_standard_output();
+
 // No output is a regular file in `directory` (`what` names its files: "the dataset").
 void check_outputs_outside(const std::vector<RunFile>& outputs, const std::string& directory, const std::string& what);
 
@@ -57,6 +95,7 @@ struct MemoryReportFiles {
   RunFile report{"--memory-report", ""};  // memory_report_json
   RunFile trace{"--trace", ""};           // memory_trace_json
   RunFile plot{"--memory-plot", ""};      // memory_plot_svg
+  io::OutputLinks links = io::OutputLinks::follow;  // whether a symlink at a path is written through
 };
 // Writes each report given a path, in that order, atomically (io::write_file_atomic); a failed
 // write throws Error naming the file ("--trace: ..."). `written(what, path)` follows each file

@@ -153,8 +153,8 @@ PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::To
 // metadata ("gpt.vocab_size", "gpt.block_size", "gpt.n_layer", "gpt.n_head", "gpt.n_embd",
 // "gpt.vocabulary": the symbols' bytes in hex), beside `metadata` of the caller's; written
 // atomically. read_gpt_checkpoint reads the config and vocabulary back from the header (an Error
-// names the file and the key when one is missing or malformed); load_state_dict fills a model made
-// from them.
+// names the file and the key when one is missing, malformed or outside GPTLimits); load_gpt_weights
+// fills a model made from them.
 std::map<std::string, std::string> gpt_metadata(const GPTConfig& config, const CharVocabulary& vocabulary);
 struct GPTCheckpointInfo {
   GPTConfig config;
@@ -162,5 +162,33 @@ struct GPTCheckpointInfo {
   std::map<std::string, std::string> metadata;  // everything the file's header holds
 };
 GPTCheckpointInfo read_gpt_checkpoint(const std::string& path);
+
+// The largest GPT a checkpoint may describe (the train command's flag ranges): a forged config is
+// refused by key before a model of its size is allocated.
+struct GPTLimits {
+  static constexpr int64_t vocab_size = 256;  // a character (byte) vocabulary
+  static constexpr int64_t block_size = 1 << 16;
+  static constexpr int64_t n_layer = 32;
+  static constexpr int64_t n_head = 1024;
+  static constexpr int64_t n_embd = 1 << 16;
+};
+
+// The tensors a GPT of `config` holds, by nanoGPT's state-dict names, each f32 of its shape:
+// what GPT(config).state_dict() gives, known without allocating the model.
+struct GPTTensorLayout {
+  std::string name;
+  Shape shape;
+};
+std::vector<GPTTensorLayout> gpt_state_layout(const GPTConfig& config);
+
+// A weights file's header against the layout of `config`, before any data is read or a model of
+// that size allocated: every tensor present with its shape and a floating dtype, nothing else
+// ("lm_head.weight" may be absent, as PyTorch's save_model leaves out the tied copy). An Error names
+// the file and the tensor.
+void check_gpt_weights(const std::string& path, const GPTConfig& config);
+
+// Weights from a safetensors file, treated as untrusted: check_gpt_weights, then every value must
+// be finite. Errors name the file and the tensor; the model is unchanged on one.
+void load_gpt_weights(const std::string& path, GPT& model);
 
 }  // namespace cumulus::models

@@ -1,0 +1,281 @@
+// gpt train: the files checked (cumulus::check_run_files) before any work, then the model, the
+// optimizer and the loop; the state saved at each evaluation, at the end and on a stop.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+
+#include <cumulus/cumulus.h>
+#include <cumulus/data/token_windows.h>
+#include <cumulus/models/gpt.h>
+#include <cumulus/runtime/command_line.h>
+#include <cumulus/runtime/metrics_log.h>
+#include <cumulus/runtime/run_files.h>
+#include <cumulus/runtime/stop_signal.h>
+
+#include "flags.h"
+#include "run_state.h"
+
+using namespace cumulus;
+
+namespace gpt {
+namespace {
+
+Device parse_device(const std::string& text) {
+  try {
+    return device_from_flag(text);
+  } catch (const Error& e) {
+    throw UsageError("--device " + text + ": " + e.what());
+  }
+}
+
+std::string fmt(const char* format, double a, double b = 0, double c = 0, double d = 0, double e = 0) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, format, a, b, c, d, e);
+  return buf;
+}
+
+// Every file the run reads and writes, checked together before any work. A resume reads the
+// metrics it continues (when there are some) and may write over its own weights, state and metrics.
+void check_train_files(const TrainFlags& f, const Corpus& corpus) {
+  RunFiles files;
+  files.inputs = {{"--data", corpus.path}, {"--init", f.init}, {"--resume", f.resume}};
+  if (!f.resume.empty()) {
+    files.inputs.push_back({"--resume's training state", state_path(f.resume)});
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::symlink_status(f.metrics, ec)))
+      files.inputs.push_back({"--metrics", f.metrics});
+  }
+  files.outputs = {{"--save", f.save},     {"--save's training state", f.save.empty() ? "" : state_path(f.save)},
+                   {"--metrics", f.metrics}, {"--memory-report", f.memory_report},
+                   {"--memory-plot", f.memory_plot}};
+  files.may_replace = [](const RunFile& in, const RunFile& out) {
+    return (in.name == "--resume" && out.name == "--save") ||
+           (in.name == "--resume's training state" && out.name == "--save's training state") ||
+           (in.name == "--metrics" && out.name == "--metrics");
+  };
+  try {
+    check_run_files(files);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// The model the size flags describe, over a vocabulary of vocab_size.
+models::GPTConfig gpt_config(const TrainFlags& f, int64_t vocab_size) {
+  models::GPTConfig config;
+  config.vocab_size = vocab_size;
+  config.block_size = f.context;
+  config.n_layer = f.layers;
+  config.n_head = f.heads;
+  config.n_embd = f.width;
+  try {
+    config.validate();
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("--width/--heads/--layers: ") + e.what());
+  }
+  return config;
+}
+
+std::unique_ptr<models::GPT> make_model(const models::GPTConfig& config, uint64_t seed, Device device) {
+  Generator gen(seed);
+  try {
+    return std::make_unique<models::GPT>(config, gen, device);
+  } catch (const std::bad_alloc&) {
+    int64_t params = 0;
+    for (const models::GPTTensorLayout& t : models::gpt_state_layout(config)) params += t.shape.numel();
+    throw OutOfMemory("out of memory while allocating the model (" + std::to_string(params) + " parameters, " +
+                      std::to_string(params * 4) + " bytes)");
+  }
+}
+
+// The corpus as tokens of `vocab`: a byte it lacks (a resumed run's vocabulary is its checkpoint's)
+// is the data's fault, named with the file.
+std::vector<int32_t> encode_corpus(const models::CharVocabulary& vocab, const std::string& text,
+                                   const Corpus& corpus, const std::string& resume) {
+  try {
+    return vocab.encode(text);
+  } catch (const InvalidArgument& e) {
+    throw Error(corpus.flag + " '" + corpus.path + "': " + e.what() + " (the vocabulary of --resume '" + resume +
+                "'); resume with the text the run was trained on");
+  }
+}
+
+optim::AdamWOptions adamw_options(const TrainFlags& f) {
+  optim::AdamWOptions adamw;
+  adamw.lr = static_cast<float>(f.lr);
+  adamw.beta1 = static_cast<float>(f.beta1);
+  adamw.beta2 = static_cast<float>(f.beta2);
+  adamw.weight_decay = static_cast<float>(f.weight_decay);
+  return adamw;
+}
+
+// --effective-batch: the planner's choice of micro-batch and accumulation steps (and, with
+// --recompute auto, of recompute) for the model and optimizer as they are; prints its reason.
+void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f) {
+  int64_t budget = 0;
+  if (!f.memory_budget.empty()) {
+    try {
+      budget = parse_byte_size(f.memory_budget);
+    } catch (const Error& e) {
+      throw UsageError("--memory-budget " + f.memory_budget + ": " + e.what());
+    }
+  }
+  PlanRequest request =
+      models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
+  request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
+  const Plan plan = plan_batch(request);
+  f.micro_batch = plan.micro_batch / f.context;
+  f.accum_steps = plan.accum_steps;
+  say("planner: %s\n", plan.reason.c_str());
+}
+
+// The tracker's table (unless --quiet), its JSON report and timeline plot, and one line of
+// activation bytes per token.
+void report_memory(MemoryTracker& tracker, const TrainFlags& f) {
+  if (!f.quiet) print_memory_table(tracker, stdout);
+  MemoryReportFiles files;
+  files.report.path = f.memory_report;
+  files.plot.path = f.memory_plot;
+  files.links = io::OutputLinks::replace;
+  write_memory_reports(tracker, files);
+  const MemorySummary m = tracker.summary();
+  say("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_sample,
+      static_cast<double>(m.peak_bytes) / (1 << 20));
+}
+
+}  // namespace
+
+int train(const TrainFlags& flags) {
+  TrainFlags f = flags;
+  check_train_flags(f);
+  const Device device = parse_device(f.device);
+  const Precision precision = parse_precision(f.precision);
+  if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
+    throw UsageError("--precision " + f.precision + ": " + why);
+  const Corpus corpus = locate_corpus(f.data);
+  check_train_files(f, corpus);
+  f.threads = use_cpu_threads(f.threads);
+  const std::string text = read_corpus(corpus);
+  const models::CharVocabulary vocab =
+      f.resume.empty() ? models::CharVocabulary::of_text(text) : models::read_gpt_checkpoint(f.resume).vocabulary;
+  models::TokenSplit split;
+  const std::vector<int32_t> tokens = encode_corpus(vocab, text, corpus, f.resume);
+  try {
+    split = models::split_tokens(tokens, 0.9, f.context + 1);
+  } catch (const InvalidArgument& e) {
+    throw UsageError("--context " + std::to_string(f.context) + ": " + e.what());
+  }
+
+  const std::unique_ptr<models::GPT> model_ptr =
+      make_model(gpt_config(f, vocab.size()), static_cast<uint64_t>(f.seed), device);
+  models::GPT& model = *model_ptr;
+  if (!f.init.empty()) models::load_gpt_weights(f.init, model);
+  model.set_recompute(f.recompute == "on");
+  model.set_compute_dtype(compute_dtype(precision));
+  if (f.effective_batch > 0 && f.effective_batch * f.context > split.train.numel())
+    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
+                     ": more tokens than the training text holds");
+
+  const optim::AdamWOptions adamw = adamw_options(f);
+  auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
+  optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
+  const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
+  const data::TokenWindows val_windows(split.validation, f.context, 0, device);
+  if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
+  double step_loss = 0.0;
+  MemoryTracker::Options tracking;
+  tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
+  tracking.micro_batch_size = f.micro_batch * f.context;  // tokens
+  tracking.accum_steps = static_cast<int>(f.accum_steps);
+  tracking.timeline_steps = f.memory_plot.empty() ? 0 : 4;
+  MemoryTracker tracker(device, tracking);
+  optim::TrainerOptions options;
+  options.tracker = &tracker;
+  options.accum_steps = static_cast<int>(f.accum_steps);
+  options.clip_grad_norm = static_cast<float>(f.clip);
+  options.loss_scaling.dynamic = needs_loss_scaling(precision);
+  options.on_step = [&](const optim::StepLog& log) { step_loss = log.loss; };
+  std::shared_ptr<const optim::LRSchedule> schedule;
+  if (f.steps > 0)
+    schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
+  optim::Trainer trainer(optimizer, options, schedule);
+  const int64_t total = f.steps * f.accum_steps, tokens_per_step = f.micro_batch * f.accum_steps * f.context;
+  const std::vector<optim::RecordedSetting> settings = run_settings(f, text);
+  const int64_t first = f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, f.accum_steps);
+  if (!f.resume.empty() && first == total) {
+    say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(),
+        static_cast<long long>(f.steps));
+    return 0;
+  }
+  // A resumed run keeps the lines up to its checkpoint's step (the micro-batch's, skipped steps
+  // included); one line per step, appended.
+  MetricsLog metrics(f.metrics, "step",
+                     f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
+                     MetricsWrites::append);
+  if (!f.quiet)
+    say("gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
+        "tokens a step\n",
+        corpus.path.c_str(), static_cast<long long>(text.size()), static_cast<long long>(vocab.size()),
+        static_cast<long long>(split.train.numel()), static_cast<long long>(split.validation.numel()),
+        static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
+        static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
+  // The GEMMs' speed depends on which OpenBLAS kernels run (an environment may choose narrower ones).
+  if (!f.quiet && f.device == "cpu")
+    say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s",
+        cpu_capability(), blas_core());
+
+  auto save = [&] {
+    if (!f.save.empty()) save_run(f.save, model, vocab, trainer, settings);
+  };
+  auto evaluate = [&](int64_t step) {
+    const double val = models::validation_loss(model, val_windows, f.micro_batch, f.eval_windows);
+    say("step %lld: validation loss %.6f\n", static_cast<long long>(step), val);
+    metrics.append(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
+    save();
+  };
+  // Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
+  // with 130 (resume with --resume). A lost standard output stops it the same way, then fails.
+  install_stop_handlers();
+  trainer.begin_epoch(0, total, first);
+  auto step_start = std::chrono::steady_clock::now();
+  for (int64_t i = first; i < total; ++i) {
+    const data::Batch batch = train_windows.random_batch(i, f.micro_batch);
+    trainer.micro_batch(batch.units, [&] { return model.loss(batch.x, batch.y, ops::Reduction::Sum); });
+    if (!trainer.step_if_ready()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - step_start).count();
+    step_start = now;
+    const int64_t step = (i + 1) / f.accum_steps;
+    const float lr = trainer.last_lr();
+    metrics.append(
+        fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
+            double(step), step_loss, lr, seconds, double(tokens_per_step) / seconds));
+    if (!f.quiet && (step % f.log_every == 0 || step == 1))
+      say("step %5lld/%lld  loss %.4f  lr %.2e  %.0f ms  %.0f tokens/s\n", static_cast<long long>(step),
+          static_cast<long long>(f.steps), step_loss, lr, seconds * 1e3, double(tokens_per_step) / seconds);
+    const bool evaluated = f.eval_every > 0 && step % f.eval_every == 0 && step != f.steps;
+    if (evaluated) evaluate(step);
+    if ((stop_requested() || step == f.stop_after) && step != f.steps) {
+      if (!evaluated) save();
+      say("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
+          f.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f.save).c_str());
+      check_standard_output();
+      return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
+    }
+  }
+  if (f.steps == 0) {
+    save();
+    check_standard_output();
+    return 0;
+  }
+  evaluate(f.steps);
+  report_memory(tracker, f);
+  check_standard_output();
+  return 0;
+}
+
+}  // namespace gpt
