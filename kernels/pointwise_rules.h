@@ -221,10 +221,10 @@ CUMULUS_HOST_DEVICE float scalar_grad(BinaryOp op, bool reversed, float dy, floa
 }
 
 // ---- unary ops: activations and elementwise math (PyTorch's formulas) ----
-enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh, exp, log, sqrt, rsqrt, abs };
+enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh, exp, log, sqrt, rsqrt, abs, silu };
 
 // Whether the backward of `op` reads the output (tanh, sigmoid, exp, sqrt, rsqrt) rather than the
-// input (the gelus, log, abs).
+// input (the gelus, log, abs, silu).
 CUMULUS_HOST_DEVICE bool unary_grad_from_output(UnaryOp op) {
   return op == UnaryOp::tanh || op == UnaryOp::sigmoid || op == UnaryOp::exp || op == UnaryOp::sqrt ||
          op == UnaryOp::rsqrt;
@@ -234,6 +234,12 @@ constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
 constexpr float kGeluTanhCubic = 0.044715f;
+
+// silu's derivative from x and s = sigmoid(x), as PyTorch's silu_backward: dy s (1 + x (1 - s)).
+// The CPU's vector path computes s with the vector sigmoid and shares this arithmetic.
+CUMULUS_HOST_DEVICE float silu_grad_from_sigmoid(float dy, float x, float s) {
+  return dy * (s * (1.0f + x * (1.0f - s)));
+}
 
 CUMULUS_HOST_DEVICE float unary_apply(UnaryOp op, float x) {
   switch (op) {
@@ -245,6 +251,7 @@ CUMULUS_HOST_DEVICE float unary_apply(UnaryOp op, float x) {
     case UnaryOp::log: return logf(x);
     case UnaryOp::sqrt: return sqrtf(x);
     case UnaryOp::rsqrt: return 1.0f / sqrtf(x);  // correctly rounded sqrt and division on both devices
+    case UnaryOp::silu: return x / (1.0f + expf(-x));  // PyTorch's form: -0 for large negative x, not NaN
     default: return fabsf(x);
   }
 }
@@ -269,6 +276,7 @@ CUMULUS_HOST_DEVICE float unary_grad(UnaryOp op, float dy, float saved) {
     case UnaryOp::log: return dy / saved;
     case UnaryOp::sqrt: return dy / (2.0f * saved);
     case UnaryOp::rsqrt: return -0.5f * dy * (saved * saved * saved);
+    case UnaryOp::silu: return silu_grad_from_sigmoid(dy, saved, 1.0f / (1.0f + expf(-saved)));
     default: return dy * static_cast<float>((saved > 0.0f) - (saved < 0.0f));
   }
 }

@@ -337,6 +337,40 @@ void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) 
     dx[i] = from_f32<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])) + beta * to_f32(dx[i]));
 }
 
+// silu through the vector sigmoid a block at a time: y = x * sigmoid(x) (x / (1 + exp(-x)) in the
+// scalar rule: the two differ by a rounding or two).
+template <typename T>
+void silu_forward_vec(const T* x, T* y, int64_t n) {
+  const auto sigmoid = vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
+  float xb[kVecBlock], sb[kVecBlock];
+  for (int64_t i = 0; i < n; i += kVecBlock) {
+    const int64_t m = std::min(kVecBlock, n - i);
+    const float* xs = widen(x + i, m, xb);
+    sigmoid(xs, sb, m);
+    for (int64_t k = 0; k < m; ++k) y[i + k] = from_f32<T>(xs[k] * sb[k]);
+  }
+}
+
+// silu's backward: the vector sigmoid a block at a time, then the rule's arithmetic
+// (silu_grad_from_sigmoid) in a loop the compiler vectorizes.
+template <typename T>
+void silu_backward_vec(const T* x, const T* dy, float beta, T* dx, int64_t n) {
+  const auto sigmoid = vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
+  float xb[kVecBlock], sb[kVecBlock], gb[kVecBlock];
+  for (int64_t i = 0; i < n; i += kVecBlock) {
+    const int64_t m = std::min(kVecBlock, n - i);
+    const float* xs = widen(x + i, m, xb);
+    const float* g = widen(dy + i, m, gb);
+    sigmoid(xs, sb, m);
+    if (beta == 0.0f) {
+      for (int64_t k = 0; k < m; ++k) dx[i + k] = from_f32<T>(silu_grad_from_sigmoid(g[k], xs[k], sb[k]));
+    } else {
+      for (int64_t k = 0; k < m; ++k)
+        dx[i + k] = from_f32<T>(silu_grad_from_sigmoid(g[k], xs[k], sb[k]) + beta * to_f32(dx[i + k]));
+    }
+  }
+}
+
 template <typename T>
 void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   if (op == UnaryOp::sqrt) return unary_forward_loop<UnaryOp::sqrt>(x, y, n);
@@ -344,6 +378,7 @@ void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   if (op == UnaryOp::abs) return unary_forward_loop<UnaryOp::abs>(x, y, n);
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
+      if (op == UnaryOp::silu) return silu_forward_vec(x, y, n);
       const VecUnary f = unary_forward_vec(op);
       if constexpr (std::is_same_v<T, float>) return f(x, y, n);
       float xb[kVecBlock];
@@ -358,8 +393,8 @@ void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
 }
 
-// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. The other
-// ops' need no transcendental: the scalar rules, in loops per op.
+// The gelus' and silu's backward: dy * f'(x) through the vector functions a block at a time, then
+// blended into dx. The other ops' need no transcendental: the scalar rules, in loops per op.
 template <typename T>
 void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
   switch (op) {
@@ -374,6 +409,7 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
+      if (op == UnaryOp::silu) return silu_backward_vec(saved, dy, beta, dx, n);
       const bool wide = vec512::available();
       const auto grad = op == UnaryOp::gelu ? (wide ? vec512::gelu_grad_f32 : vec::gelu_grad_f32)
                                             : (wide ? vec512::gelu_tanh_grad_f32 : vec::gelu_tanh_grad_f32);
