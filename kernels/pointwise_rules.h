@@ -235,12 +235,6 @@ constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
 constexpr float kGeluTanhCubic = 0.044715f;
 
-// silu's derivative from x and s = sigmoid(x), as PyTorch's silu_backward: dy s (1 + x (1 - s)).
-// The CPU's vector path computes s with the vector sigmoid and shares this arithmetic.
-CUMULUS_HOST_DEVICE float silu_grad_from_sigmoid(float dy, float x, float s) {
-  return dy * (s * (1.0f + x * (1.0f - s)));
-}
-
 CUMULUS_HOST_DEVICE float unary_apply(UnaryOp op, float x) {
   switch (op) {
     case UnaryOp::tanh: return tanhf(x);
@@ -276,7 +270,10 @@ CUMULUS_HOST_DEVICE float unary_grad(UnaryOp op, float dy, float saved) {
     case UnaryOp::log: return dy / saved;
     case UnaryOp::sqrt: return dy / (2.0f * saved);
     case UnaryOp::rsqrt: return -0.5f * dy * (saved * saved * saved);
-    case UnaryOp::silu: return silu_grad_from_sigmoid(dy, saved, 1.0f / (1.0f + expf(-saved)));
+    case UnaryOp::silu: {  // PyTorch's silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x)
+      const float s = 1.0f / (1.0f + expf(-saved));
+      return dy * (s * (1.0f + saved * (1.0f - s)));
+    }
     default: return dy * static_cast<float>((saved > 0.0f) - (saved < 0.0f));
   }
 }

@@ -301,6 +301,7 @@ VecUnary unary_forward_vec(UnaryOp op) {
   switch (op) {
     case UnaryOp::tanh: return vec::tanh_f32;
     case UnaryOp::sigmoid: return vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
+    case UnaryOp::silu: return vec512::available() ? vec512::silu_f32 : vec::silu_f32;
     case UnaryOp::gelu: return vec512::available() ? vec512::gelu_f32 : vec::gelu_f32;
     case UnaryOp::gelu_tanh: return vec512::available() ? vec512::gelu_tanh_f32 : vec::gelu_tanh_f32;
     case UnaryOp::exp: return vec::exp_f32;
@@ -337,40 +338,6 @@ void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) 
     dx[i] = from_f32<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])) + beta * to_f32(dx[i]));
 }
 
-// silu through the vector sigmoid a block at a time: y = x * sigmoid(x) (x / (1 + exp(-x)) in the
-// scalar rule: the two differ by a rounding or two).
-template <typename T>
-void silu_forward_vec(const T* x, T* y, int64_t n) {
-  const auto sigmoid = vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
-  float xb[kVecBlock], sb[kVecBlock];
-  for (int64_t i = 0; i < n; i += kVecBlock) {
-    const int64_t m = std::min(kVecBlock, n - i);
-    const float* xs = widen(x + i, m, xb);
-    sigmoid(xs, sb, m);
-    for (int64_t k = 0; k < m; ++k) y[i + k] = from_f32<T>(xs[k] * sb[k]);
-  }
-}
-
-// silu's backward: the vector sigmoid a block at a time, then the rule's arithmetic
-// (silu_grad_from_sigmoid) in a loop the compiler vectorizes.
-template <typename T>
-void silu_backward_vec(const T* x, const T* dy, float beta, T* dx, int64_t n) {
-  const auto sigmoid = vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
-  float xb[kVecBlock], sb[kVecBlock], gb[kVecBlock];
-  for (int64_t i = 0; i < n; i += kVecBlock) {
-    const int64_t m = std::min(kVecBlock, n - i);
-    const float* xs = widen(x + i, m, xb);
-    const float* g = widen(dy + i, m, gb);
-    sigmoid(xs, sb, m);
-    if (beta == 0.0f) {
-      for (int64_t k = 0; k < m; ++k) dx[i + k] = from_f32<T>(silu_grad_from_sigmoid(g[k], xs[k], sb[k]));
-    } else {
-      for (int64_t k = 0; k < m; ++k)
-        dx[i + k] = from_f32<T>(silu_grad_from_sigmoid(g[k], xs[k], sb[k]) + beta * to_f32(dx[i + k]));
-    }
-  }
-}
-
 template <typename T>
 void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   if (op == UnaryOp::sqrt) return unary_forward_loop<UnaryOp::sqrt>(x, y, n);
@@ -378,7 +345,6 @@ void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   if (op == UnaryOp::abs) return unary_forward_loop<UnaryOp::abs>(x, y, n);
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      if (op == UnaryOp::silu) return silu_forward_vec(x, y, n);
       const VecUnary f = unary_forward_vec(op);
       if constexpr (std::is_same_v<T, float>) return f(x, y, n);
       float xb[kVecBlock];
@@ -409,10 +375,10 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   }
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
-      if (op == UnaryOp::silu) return silu_backward_vec(saved, dy, beta, dx, n);
       const bool wide = vec512::available();
-      const auto grad = op == UnaryOp::gelu ? (wide ? vec512::gelu_grad_f32 : vec::gelu_grad_f32)
-                                            : (wide ? vec512::gelu_tanh_grad_f32 : vec::gelu_tanh_grad_f32);
+      const auto grad = op == UnaryOp::silu   ? (wide ? vec512::silu_grad_f32 : vec::silu_grad_f32)
+                        : op == UnaryOp::gelu ? (wide ? vec512::gelu_grad_f32 : vec::gelu_grad_f32)
+                                              : (wide ? vec512::gelu_tanh_grad_f32 : vec::gelu_tanh_grad_f32);
       if constexpr (std::is_same_v<T, float>)
         if (beta == 0.0f) return grad(saved, dy, dx, n);
       float xb[kVecBlock], gb[kVecBlock];
