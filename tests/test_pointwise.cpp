@@ -255,7 +255,7 @@ TEST_P(PointwiseTest, ActivationModulesRunTheirOps) {
 }
 
 // Note [CPU kernel threads]: the activations (and exp, log, sqrt, rsqrt, abs), softmax (over the
-// last dimension and the first) and layer norm split their work across cpu_threads() threads with
+// last dimension and the first), layer norm and rms norm split their work across cpu_threads() threads with
 // the same bits as one thread; rows wider than the kernels' chunks (layer norm's parameter gradients
 // sum 256 columns at a time) and enough elements for several chunks.
 std::vector<std::vector<float>> cpu_results_at(int threads) {
@@ -276,6 +276,7 @@ std::vector<std::vector<float>> cpu_results_at(int threads) {
       [](const Tensor& x, const Tensor&) { return ops::softmax(x); },
       [](const Tensor& x, const Tensor&) { return ops::log_softmax(x); },
       [](const Tensor& x, const Tensor& w) { return ops::layer_norm(x, x.size(-1), w, w, 1e-5f); },
+      [](const Tensor& x, const Tensor& w) { return ops::rms_norm(x, Shape{x.size(-1)}, w); },
       [](const Tensor& x, const Tensor&) { return ops::softmax(x, 0); },
       [](const Tensor& x, const Tensor&) { return ops::exp(x); },
       [](const Tensor& x, const Tensor&) { return ops::log(ops::abs(x)); },

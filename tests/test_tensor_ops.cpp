@@ -306,6 +306,27 @@ TEST_P(TensorOpsTest, LayerNormModuleIsPyTorchs) {
   EXPECT_TRUE(nn::LayerNorm(4, 1e-5f, false, device()).named_parameters().empty());
 }
 
+// nn.RMSNorm's parameter, PyTorch's default eps (the float epsilon), and several normalized
+// dimensions as one row of their product.
+TEST_P(TensorOpsTest, RmsNormModuleIsPyTorchs) {
+  nn::RMSNorm norm(Shape{4}, std::nullopt, true, device());
+  const auto params = norm.named_parameters();
+  ASSERT_EQ(params.size(), 1u);
+  EXPECT_EQ(params[0].first, "weight");
+  EXPECT_EQ(params[0].second.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 1, 1}));
+  const std::vector<float> y = norm(values({1, 2, 3, 4}, {1, 4})).to(Device::cpu()).to_vector<float>();
+  const double inv = 1.0 / std::sqrt(7.5 + std::ldexp(1.0, -23));  // mean of the squares of 1..4 is 7.5
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], (i + 1) * inv, 1e-6) << i;
+  const Tensor x = values({1, -2, 3, 0.5f, 2, 2, -1, 4}, {2, 2, 2});
+  const auto over_two = ops::rms_norm(x, Shape{2, 2}).to(Device::cpu()).to_vector<float>();
+  const auto over_one = ops::rms_norm(ops::reshape(x, Shape{2, 4}), Shape{4}).to(Device::cpu()).to_vector<float>();
+  EXPECT_EQ(over_two, over_one);
+  EXPECT_TRUE(nn::RMSNorm(Shape{4}, 1e-5f, false, device()).named_parameters().empty());
+  expect_error<ShapeError>([&] { ops::rms_norm(x, Shape{4}); }, {"rms_norm", "[4]", "last dimensions", "[2, 2, 2]"});
+  expect_error<ShapeError>([&] { ops::rms_norm(x, Shape{2}, Tensor::zeros({3}, DType::f32, device())); },
+                           {"rms_norm", "weight must be [2]", "[3]"});
+}
+
 TEST_P(TensorOpsTest, EmbeddingModuleIsPyTorchs) {
   Generator gen(3);
   nn::Embedding emb(200, 50, gen, device());
