@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cumulus/nn/embedding.h"
@@ -167,6 +168,45 @@ TEST_P(TensorOpsTest, SplitPiecesAllReachTheInput) {
     loss = ops::sum(ops::cat({ops::reshape(loss, {1}), ops::reshape(ops::sum(pieces[k]), {1})}, 0));
   loss.backward();
   for (float g : x.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(g, 1.0f);
+}
+
+// PyTorch's chunk sizes (torch.arange(n).chunk(c)), views of x, and every piece's gradient in x.
+TEST_P(TensorOpsTest, ChunkCutsAsPyTorchAndEveryPieceReachesTheInput) {
+  const std::vector<std::tuple<int64_t, int64_t, std::vector<int64_t>>> sizes = {
+      {0, 3, {0, 0, 0}}, {5, 3, {2, 2, 1}}, {6, 4, {2, 2, 2}}, {7, 3, {3, 3, 1}}, {1, 4, {1}}, {10, 4, {3, 3, 3, 1}}};
+  for (const auto& [n, chunks, want] : sizes) {
+    const std::vector<Tensor> pieces = ops::chunk(Tensor::zeros({2, n}, DType::f32, device()), chunks, -1);
+    std::vector<int64_t> got;
+    for (const Tensor& p : pieces) got.push_back(p.size(1));
+    EXPECT_EQ(got, want) << n << " in " << chunks;
+  }
+  const Tensor x = values({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {2, 6}, true);
+  const std::vector<Tensor> qkv = ops::chunk(x, 3, 1);
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_TRUE(qkv[1].shares_storage(x));
+  EXPECT_EQ(qkv[2].to(Device::cpu()).to_vector<float>(), (std::vector<float>{4, 5, 10, 11}));
+  ops::sum(ops::add(ops::mul(qkv[0], 1.0f), ops::add(ops::mul(qkv[1], 2.0f), ops::mul(qkv[2], 3.0f)))).backward();
+  EXPECT_EQ(x.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}));
+  expect_error<ShapeError>([&] { ops::chunk(x, 0, 1); }, {"chunk", "chunks must be > 0"});
+}
+
+// torch.ones / torch.full: the value in each type, on the device asked for.
+TEST_P(TensorOpsTest, OnesAndFullGiveEachType) {
+  const Tensor o = Tensor::ones({2, 3}, DType::bf16, device());
+  EXPECT_EQ(o.dtype(), DType::bf16);
+  EXPECT_EQ(o.device(), device());
+  EXPECT_EQ(o.to(DType::f32).to(Device::cpu()).to_vector<float>(), std::vector<float>(6, 1.0f));
+  EXPECT_EQ(Tensor::ones({4}).to_vector<float>(), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(Tensor::full({3}, 0.1f, DType::f16, device()).to(DType::f32).to(Device::cpu()).to_vector<float>(),
+            std::vector<float>(3, 0.0999755859375f));  // f16's nearest to 0.1, rounded once
+  EXPECT_EQ(Tensor::full({2}, -7.0f, DType::i64, device()).to(Device::cpu()).to_vector<int64_t>(),
+            (std::vector<int64_t>{-7, -7}));
+  EXPECT_EQ(Tensor::ones({2}, DType::i32, device()).to(Device::cpu()).to_vector<int32_t>(),
+            (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(Tensor::full({}, 2.5f, DType::f32, device()).to(Device::cpu()).to_vector<float>(),
+            (std::vector<float>{2.5f}));
+  expect_error<InvalidArgument>([&] { Tensor::full({2}, 1.5f, DType::i32, device()); },
+                                {"Tensor::full", "1.5", "i32"});
 }
 
 TEST_P(TensorOpsTest, NarrowIsAViewAlongEveryDim) {
