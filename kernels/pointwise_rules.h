@@ -305,4 +305,11 @@ CUMULUS_HOST_DEVICE bool dropout_keep(uint64_t key, int64_t index, float p) {
   return u >= p;
 }
 
+// What element `index` is multiplied by: scale = 1 / (1 - p) when kept, else 0. A multiply rather
+// than a choice of 0, as PyTorch's x * mask / (1 - p): a dropped NaN or infinity stays NaN, so the
+// non-finite guard still sees it (and a dropped NaN gradient likewise).
+CUMULUS_HOST_DEVICE float dropout_factor(uint64_t key, int64_t index, float p, float scale) {
+  return dropout_keep(key, index, p) ? scale : 0.0f;
+}
+
 }  // namespace cumulus::kernels

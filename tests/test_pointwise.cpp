@@ -142,6 +142,32 @@ TEST_P(PointwiseTest, DropoutOfOneDropsEverythingWhileTraining) {
   EXPECT_EQ(layer.forward(x).raw_data(), x.raw_data());
 }
 
+// As PyTorch's x * mask / (1 - p) (issue 59): a NaN or infinity stays non-finite whether its
+// element is kept or dropped (NaN * 0 is NaN, inf * 0 NaN), so the non-finite guard sees it; a
+// dropped NaN gradient likewise reaches x.
+TEST_P(PointwiseTest, DropoutKeepsNonFiniteValuesAsPyTorch) {
+  const int64_t n = 64;
+  std::vector<float> xv(n, NAN);
+  for (int64_t i = 0; i < n; i += 2) xv[i] = i % 4 == 0 ? INFINITY : 1.0f;
+  const Tensor x = leaf(xv, {n}, device());
+  const Tensor y = ops::dropout(x, 0.5f, true, 7, 1);
+  const std::vector<float> yv = y.to_vector<float>();
+  int64_t dropped_nans = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool kept = ops::dropout_keeps(7, 1, i, 0.5f);
+    if (std::isnan(xv[i]) || (std::isinf(xv[i]) && !kept)) EXPECT_TRUE(std::isnan(yv[i])) << i;
+    else EXPECT_EQ(yv[i], kept ? xv[i] * 2.0f : 0.0f) << i;
+    dropped_nans += std::isnan(xv[i]) && !kept;
+  }
+  EXPECT_GT(dropped_nans, 0) << "no NaN was dropped: the case shows nothing";
+  const Tensor z = leaf(std::vector<float>(n, 1.0f), {n}, device());
+  const Tensor w = ops::dropout(z, 0.5f, true, 7, 1);
+  ops::sum(ops::mul(w, Tensor::from_vector(xv, {n}, device()))).backward();  // dy = x's values
+  const std::vector<float> dz = z.grad().to_vector<float>();
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(xv[i])) EXPECT_TRUE(std::isnan(dz[i])) << "the NaN gradient at " << i;
+}
+
 // Off (eval, or p = 0) it is the input itself: the same storage, nothing allocated or recorded.
 TEST_P(PointwiseTest, DropoutOffIsTheInputItself) {
   const Tensor x = leaf({1, 2, 3}, {3}, device());

@@ -468,7 +468,7 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
 template <typename T>
 void dropout_forward_cpu(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y, int64_t n) {
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
-  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(to_f32(x[i]) * dropout_factor(key, i, p, scale));
 }
 
 template <typename T>
@@ -476,7 +476,7 @@ void dropout_backward_cpu(uint64_t seed, const int64_t* offset, float p, float s
                           int64_t n) {
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   for (int64_t i = 0; i < n; ++i) {
-    const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
+    const float v = to_f32(dy[i]) * dropout_factor(key, i, p, scale);
     dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
   }
 }
