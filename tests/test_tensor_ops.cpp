@@ -346,6 +346,19 @@ TEST_P(TensorOpsTest, LayerNormModuleIsPyTorchs) {
   EXPECT_TRUE(nn::LayerNorm(4, 1e-5f, false, device()).named_parameters().empty());
 }
 
+// Over a dimension of size 1 the output is the bias whatever x is, so x's gradient is exactly 0, as
+// PyTorch's (issue 59: the CPU's vector row gave +-3e-5), with or without the parameters' gradients.
+TEST_P(TensorOpsTest, LayerNormOverOneElementHasAZeroGradient) {
+  for (bool affine : {true, false}) {
+    const Tensor x = values({0.5f, -3.0f, 7.25f, 100.0f, -0.001f, 2.0f}, {6, 1}, true);
+    const Tensor w = values({1.5f}, {1}, affine), b = values({0.25f}, {1}, affine);
+    const Tensor y = affine ? ops::layer_norm(x, 1, w, b) : ops::layer_norm(x, 1);
+    // Upstream values whose products with rstd (316.2) are not floats: the residue shows.
+    ops::sum(ops::mul(y, values({0.3712f, -1.234567f, 2.71828f, 0.1f, 4.4f, -0.77f}, {6, 1}))).backward();
+    EXPECT_EQ(x.grad().to(Device::cpu()).to_vector<float>(), std::vector<float>(6, 0.0f)) << "affine " << affine;
+  }
+}
+
 // nn.RMSNorm's parameter, PyTorch's default eps (the float epsilon), and several normalized
 // dimensions as one row of their product.
 TEST_P(TensorOpsTest, RmsNormModuleIsPyTorchs) {
