@@ -87,7 +87,8 @@ TEST_P(ModulesTest, NonPersistentBuffersStayOutOfTheStateDict) {
   std::vector<std::string> buffers, state;
   for (const auto& [name, t] : model.named_buffers()) buffers.push_back(name);
   for (const auto& [name, t] : model.state_dict()) state.push_back(name);
-  EXPECT_EQ(buffers, (std::vector<std::string>{"layers.0.scale", "layers.0.steps", "layers.1.scale", "layers.1.steps"}));
+  EXPECT_EQ(buffers,
+            (std::vector<std::string>{"layers.0.scale", "layers.0.steps", "layers.1.scale", "layers.1.steps"}));
   // PyTorch's order: a module's own parameters and buffers, then its children's.
   EXPECT_EQ(state, (std::vector<std::string>{"layers.0.steps", "layers.0.proj.weight", "layers.1.steps",
                                              "layers.1.proj.weight"}));

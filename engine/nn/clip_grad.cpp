@@ -38,13 +38,13 @@ kernels::StepState decide(const FlatParameters& parameters, float max_norm) {
   }
 #if CUMULUS_WITH_CUDA
   MemoryCategoryScope scope(MemoryCategory::other);
-  const Tensor buffers = Tensor::zeros(Shape{static_cast<int64_t>(sizeof(kernels::StepBuffers))}, DType::u8,
-                                       parameters.device());
+  const Tensor buffers =
+      Tensor::zeros(Shape{static_cast<int64_t>(sizeof(kernels::StepBuffers))}, DType::u8, parameters.device());
   const Tensor lr_table = Tensor::zeros(Shape{1}, DType::f32, parameters.device());
   auto* buf = static_cast<kernels::StepBuffers*>(buffers.raw_data());
-  CUMULUS_DISPATCH(parameters.device(), ctx, (void)0,
-                   kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, lr_table.data<float>(),
-                                                            ctx.stream()));
+  CUMULUS_DISPATCH(
+      parameters.device(), ctx, (void)0,
+      kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, lr_table.data<float>(), ctx.stream()));
   const std::vector<uint8_t> host = buffers.to(Device::cpu()).to_vector<uint8_t>();
   std::memcpy(&state, host.data(), sizeof state);  // StepBuffers begins with its state
 #endif
@@ -63,7 +63,8 @@ float clip_grad_norm(FlatParameters& parameters, float max_norm) {
     float* grad = parameters.gradients().data<float>();
     const int64_t n = parameters.size();
     using kernels::BinaryOp;
-    CUMULUS_DISPATCH(parameters.device(), ctx, kernels::scalar_forward_cpu(BinaryOp::mul, false, state.clip, grad, grad, n),
+    CUMULUS_DISPATCH(parameters.device(), ctx,
+                     kernels::scalar_forward_cpu(BinaryOp::mul, false, state.clip, grad, grad, n),
                      kernels::scalar_forward_cuda(BinaryOp::mul, false, state.clip, grad, grad, n, ctx.stream()));
   }
   return state.grad_norm;

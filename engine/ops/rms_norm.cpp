@@ -38,10 +38,9 @@ class RmsNormBackward final : public Node {
     const float beta = dx.beta(), beta_w = dw.beta();
     CUMULUS_DISPATCH_FLOAT(
         x_.dtype(), T, const T* xp = x_.data<T>(); const T* dyp = dy.data<T>();
-        T* dxp = dx.tensor.defined() ? dx.tensor.data<T>() : nullptr;
-        CUMULUS_DISPATCH(device, ctx, kernels::rms_norm_backward_cpu(xp, dyp, wp, rp, rows, cols, beta, dxp, beta_w, dwp),
-                         kernels::rms_norm_backward_cuda(xp, dyp, wp, rp, rows, cols, beta, dxp, beta_w, dwp,
-                                                         ctx.stream())));
+        T* dxp = dx.tensor.defined() ? dx.tensor.data<T>() : nullptr; CUMULUS_DISPATCH(
+            device, ctx, kernels::rms_norm_backward_cpu(xp, dyp, wp, rp, rows, cols, beta, dxp, beta_w, dwp),
+            kernels::rms_norm_backward_cuda(xp, dyp, wp, rp, rows, cols, beta, dxp, beta_w, dwp, ctx.stream())));
   }
   void release_saved() override {
     x_ = Tensor();

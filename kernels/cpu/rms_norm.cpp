@@ -91,7 +91,8 @@ void backward_one_pass_f32(const float* x, const float* dy, const float* weight,
     }
   });
   for (int64_t b = 1; b < blocks; ++b)
-    for (int64_t c = 0; c < cols; ++c) sums[static_cast<std::size_t>(c)] += sums[static_cast<std::size_t>(b * cols + c)];
+    for (int64_t c = 0; c < cols; ++c)
+      sums[static_cast<std::size_t>(c)] += sums[static_cast<std::size_t>(b * cols + c)];
   for (int64_t c = 0; c < cols; ++c)
     dweight[c] = blend(static_cast<float>(sums[static_cast<std::size_t>(c)]), beta_dw, dweight[c]);
 }
@@ -146,10 +147,10 @@ void rms_norm_backward_cpu(const T* x, const T* dy, const float* weight, const f
   if (dweight != nullptr) weight_grad_scalar(x, dy, rstd, rows, cols, beta_dw, dweight);
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                          \
-  template void rms_norm_forward_cpu(const T*, const float*, int64_t, int64_t, float, T*, float*);      \
-  template void rms_norm_backward_cpu(const T*, const T*, const float*, const float*, int64_t, int64_t, \
-                                      float, T*, float, float*);
+#define CUMULUS_INSTANTIATE(T)                                                                                     \
+  template void rms_norm_forward_cpu(const T*, const float*, int64_t, int64_t, float, T*, float*);                 \
+  template void rms_norm_backward_cpu(const T*, const T*, const float*, const float*, int64_t, int64_t, float, T*, \
+                                      float, float*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

@@ -41,6 +41,15 @@ struct RmsNormRows {
   }
   static void store(float* p, F v) { __builtin_memcpy(p, &v, sizeof v); }
   static F splat(float s) { return F{} + s; }
+  // Element i of the row after `row` (n floats on): past the tensor's end the address names memory
+  // the program may not own, which a prefetch never faults on; computed as an integer, since a
+  // pointer past the array would be undefined.
+  // kWrite: 1 for a row about to be written.
+  template <int kWrite>
+  static void prefetch_next_row(const float* row, int64_t n, int64_t i) {
+    const auto line = reinterpret_cast<__UINTPTR_TYPE__>(row) + static_cast<__UINTPTR_TYPE__>(n + i) * sizeof(float);
+    __builtin_prefetch(reinterpret_cast<const void*>(line), kWrite, 3);
+  }
 
   // sum over the row of term(i): a vector of terms for the lanes [i, i + W) of the whole vectors,
   // in float over blocks (two accumulators, so the adds' latency overlaps), each block into double
@@ -104,9 +113,9 @@ struct RmsNormRows {
     const int64_t whole = n - n % W;
     for (int64_t i = 0; i < whole; i += W) {
       if (ahead) {
-        __builtin_prefetch(x + n + i, 0, 3);
-        __builtin_prefetch(dy + n + i, 0, 3);
-        __builtin_prefetch(dx + n + i, 1, 3);
+        prefetch_next_row<0>(x, n, i);
+        prefetch_next_row<0>(dy, n, i);
+        prefetch_next_row<1>(dx, n, i);
       }
       const F d = load(dy + i), xv = load(x + i);
       const F g = weight != nullptr ? d * load(weight + i) : d;

@@ -148,7 +148,8 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
                              float beta_db, float* dbias) {
   const bool params = dweight != nullptr || dbias != nullptr;
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
-    if (dx != nullptr && params && rows > 0 && cols > 1 && vec::available()) {  // cols 1: as the dx launcher's
+    // Rows of one element: the scalar loops, as layer_norm_backward_dx_cpu says.
+    if (dx != nullptr && params && rows > 0 && cols > 1 && vec::available()) {
       const bool wide = vec512::available();
       const auto row = wide ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       const auto add_sums = wide ? vec512::add_float_sums : vec::add_float_sums;

@@ -97,8 +97,8 @@ void rms_norm_backward_cuda(const T* x, const T* dy, const float* weight, const 
   }
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                                                   \
-  template void rms_norm_forward_cuda(const T*, const float*, int64_t, int64_t, float, T*, float*, cudaStream_t); \
+#define CUMULUS_INSTANTIATE(T)                                                                                      \
+  template void rms_norm_forward_cuda(const T*, const float*, int64_t, int64_t, float, T*, float*, cudaStream_t);   \
   template void rms_norm_backward_cuda(const T*, const T*, const float*, const float*, int64_t, int64_t, float, T*, \
                                        float, float*, cudaStream_t);
 CUMULUS_INSTANTIATE(float)

@@ -24,8 +24,8 @@ struct RmsNormRef {
   std::vector<double> y, dx, dw;
 };
 
-RmsNormRef rms_norm_reference(const DeviceVector<float>& x, const DeviceVector<float>& dy, const float* w,
-                              int64_t rows, int64_t cols, float eps) {
+RmsNormRef rms_norm_reference(const DeviceVector<float>& x, const DeviceVector<float>& dy, const float* w, int64_t rows,
+                              int64_t cols, float eps) {
   RmsNormRef ref{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(cols, 0.0)};
   for (int64_t r = 0; r < rows; ++r) {
     double squares = 0, gx = 0;
@@ -61,17 +61,14 @@ TYPED_TEST(RmsNormEmulated, BothDevicesMatchADoubleReference) {
         const RmsNormRef ref = rms_norm_reference(widened(x), widened(dy), wp, rows, cols, eps);
         DeviceVector<T> y(x.size());
         DeviceVector<float> rstd(rows);
-        if (cuda)
-          kernels::rms_norm_forward_cuda(x.data(), wp, rows, cols, eps, y.data(), rstd.data(), nullptr);
-        else
-          kernels::rms_norm_forward_cpu(x.data(), wp, rows, cols, eps, y.data(), rstd.data());
+        if (cuda) kernels::rms_norm_forward_cuda(x.data(), wp, rows, cols, eps, y.data(), rstd.data(), nullptr);
+        else kernels::rms_norm_forward_cpu(x.data(), wp, rows, cols, eps, y.data(), rstd.data());
         expect_within(y, ref.y, tol, tol, "y");
         const auto backward = [&](float beta, T* dx, float beta_dw, float* dw) {
           if (cuda)
             kernels::rms_norm_backward_cuda(x.data(), dy.data(), wp, rstd.data(), rows, cols, beta, dx, beta_dw, dw,
                                             nullptr);
-          else
-            kernels::rms_norm_backward_cpu(x.data(), dy.data(), wp, rstd.data(), rows, cols, beta, dx, beta_dw, dw);
+          else kernels::rms_norm_backward_cpu(x.data(), dy.data(), wp, rstd.data(), rows, cols, beta, dx, beta_dw, dw);
         };
         DeviceVector<T> dx(x.size(), kernels::from_f32<T>(kNaN));
         DeviceVector<float> dw(cols, kNaN);
