@@ -221,10 +221,10 @@ CUMULUS_HOST_DEVICE float scalar_grad(BinaryOp op, bool reversed, float dy, floa
 }
 
 // ---- unary ops: activations and elementwise math (PyTorch's formulas) ----
-enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh, exp, log, sqrt, rsqrt, abs };
+enum class UnaryOp : uint8_t { tanh, sigmoid, gelu, gelu_tanh, exp, log, sqrt, rsqrt, abs, silu };
 
 // Whether the backward of `op` reads the output (tanh, sigmoid, exp, sqrt, rsqrt) rather than the
-// input (the gelus, log, abs).
+// input (the gelus, log, abs, silu).
 CUMULUS_HOST_DEVICE bool unary_grad_from_output(UnaryOp op) {
   return op == UnaryOp::tanh || op == UnaryOp::sigmoid || op == UnaryOp::exp || op == UnaryOp::sqrt ||
          op == UnaryOp::rsqrt;
@@ -245,6 +245,7 @@ CUMULUS_HOST_DEVICE float unary_apply(UnaryOp op, float x) {
     case UnaryOp::log: return logf(x);
     case UnaryOp::sqrt: return sqrtf(x);
     case UnaryOp::rsqrt: return 1.0f / sqrtf(x);  // correctly rounded sqrt and division on both devices
+    case UnaryOp::silu: return x / (1.0f + expf(-x));  // PyTorch's form: -0 for large negative x, not NaN
     default: return fabsf(x);
   }
 }
@@ -269,6 +270,10 @@ CUMULUS_HOST_DEVICE float unary_grad(UnaryOp op, float dy, float saved) {
     case UnaryOp::log: return dy / saved;
     case UnaryOp::sqrt: return dy / (2.0f * saved);
     case UnaryOp::rsqrt: return -0.5f * dy * (saved * saved * saved);
+    case UnaryOp::silu: {  // PyTorch's silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x)
+      const float s = 1.0f / (1.0f + expf(-saved));
+      return dy * (s * (1.0f + saved * (1.0f - s)));
+    }
     default: return dy * static_cast<float>((saved > 0.0f) - (saved < 0.0f));
   }
 }
@@ -298,6 +303,13 @@ CUMULUS_HOST_DEVICE bool dropout_keep(uint64_t key, int64_t index, float p) {
   const uint64_t h = splitmix64_finalize(key + static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull);
   const float u = static_cast<float>(h >> 40) * 5.9604644775390625e-08f;  // * 2^-24
   return u >= p;
+}
+
+// What element `index` is multiplied by: scale = 1 / (1 - p) when kept, else 0. A multiply rather
+// than a choice of 0, as PyTorch's x * mask / (1 - p): a dropped NaN or infinity stays NaN, so the
+// non-finite guard still sees it (and a dropped NaN gradient likewise).
+CUMULUS_HOST_DEVICE float dropout_factor(uint64_t key, int64_t index, float p, float scale) {
+  return dropout_keep(key, index, p) ? scale : 0.0f;
 }
 
 }  // namespace cumulus::kernels

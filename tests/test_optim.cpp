@@ -19,6 +19,7 @@
 #include "cumulus/core/threads.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/mlp.h"
+#include "cumulus/nn/clip_grad.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/fused_mlp.h"
@@ -783,6 +784,78 @@ TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
 }
 
 // ---- clipping ----------------------------------------------------------------------------------
+
+// nn::clip_grad_norm in a loop written by hand (backward, clip, AdamW's step) against an
+// Accumulator clipping the same gradients (normalization none, no non-finite guard): the same norm
+// and the same weights, bit for bit, over steps that clip and steps below the threshold; parameters
+// of sizes off the flat buffer's alignment (5, 70, 130), so the padding and the norm's lanes count.
+TEST_P(AccumulatorTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
+  const std::vector<Shape> shapes = {{5}, {7, 10}, {130}};
+  auto make = [&](uint64_t seed) {
+    Generator gen(seed);
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      std::vector<float> v(static_cast<std::size_t>(shapes[i].numel()));
+      gen.fill_uniform(v.data(), static_cast<int64_t>(v.size()), -1.0f, 1.0f);
+      named.emplace_back("p" + std::to_string(i), Tensor::from_vector(v, shapes[i], device()).set_requires_grad(true));
+    }
+    return named;
+  };
+  const auto trained = make(1), manual = make(1);
+  optim::AdamWOptions adam;
+  adam.lr = 0.01f;
+  AccumulationOptions ao;
+  ao.normalization = Normalization::none;
+  ao.skip_non_finite = false;
+  ao.clip_grad_norm = 1.0f;
+  Accumulator acc(std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(trained), adam), ao);
+  auto flat = std::make_shared<nn::FlatParameters>(manual);
+  optim::AdamW opt(flat, adam);
+  // loss = sum_i scale * sum(p_i^2 * c_i): gradients 2 scale c_i p_i, of norm above 1 for scale 3
+  // and below it for scale 0.01.
+  auto loss = [&](const std::vector<std::pair<std::string, Tensor>>& params, float scale) {
+    Tensor total;
+    for (const auto& [name, p] : params) {
+      const Tensor term = ops::sum(ops::mul(ops::mul(p, p), Tensor::full(p.shape(), 0.5f, DType::f32, device())));
+      total = total.defined() ? ops::add(total, term) : term;
+    }
+    return ops::mul(total, scale);
+  };
+  for (float scale : {3.0f, 0.01f, 5.0f}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    acc.backward(loss(trained, scale), 1);
+    ASSERT_TRUE(acc.step_if_ready());
+    loss(manual, scale).backward();
+    const float norm = nn::clip_grad_norm(*flat, 1.0f);
+    EXPECT_EQ(norm, acc.last_grad_norm());
+    EXPECT_EQ(scale < 1.0f, acc.last_clip_factor() == 1.0f) << "the test's scales clip, then not, then again";
+    opt.step();
+    opt.zero_grad();
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      EXPECT_EQ(manual[i].second.to(Device::cpu()).to_vector<float>(),
+                trained[i].second.to(Device::cpu()).to_vector<float>())
+          << manual[i].first;
+  }
+  EXPECT_THROW(nn::clip_grad_norm(*flat, 0.0f), InvalidArgument);
+}
+
+// nn::clip_grad_norm returns PyTorch's total norm and scales by max_norm / (norm + 1e-6) above it;
+// below it, the gradients are left as they are.
+TEST_P(AccumulatorTest, ClipGradNormScalesAsPyTorch) {
+  Tensor w = Tensor::from_vector(std::vector<float>{0.0f, 0.0f}, {1, 2}, device()).set_requires_grad(true);
+  nn::FlatParameters flat({{"w", w}});
+  auto backward = [&](float a, float b) {
+    ops::sum(ops::linear(Tensor::from_vector(std::vector<float>{a, b}, {1, 2}, device()), w, Tensor())).backward();
+  };
+  backward(3.0f, 4.0f);
+  EXPECT_FLOAT_EQ(nn::clip_grad_norm(flat, 1.0f), 5.0f);
+  const float clip = static_cast<float>(1.0 / (5.0 + 1e-6));
+  EXPECT_EQ(w.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{3.0f * clip, 4.0f * clip}));
+  flat.mark_gradients_stale();
+  backward(0.3f, 0.4f);
+  EXPECT_FLOAT_EQ(nn::clip_grad_norm(flat, 1.0f), 0.5f);
+  EXPECT_EQ(w.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{0.3f, 0.4f}));
+}
 
 // W: [1, 2]; loss = sum(x W^T) has gradient x. Two one-sample micro-batches with opposite
 // gradients (3, 4) and (-1.5, -2): the normalized accumulated gradient is (0.75, 1) of norm 1.25,

@@ -142,6 +142,32 @@ TEST_P(PointwiseTest, DropoutOfOneDropsEverythingWhileTraining) {
   EXPECT_EQ(layer.forward(x).raw_data(), x.raw_data());
 }
 
+// As PyTorch's x * mask / (1 - p) (issue 59): a NaN or infinity stays non-finite whether its
+// element is kept or dropped (NaN * 0 is NaN, inf * 0 NaN), so the non-finite guard sees it; a
+// dropped NaN gradient likewise reaches x.
+TEST_P(PointwiseTest, DropoutKeepsNonFiniteValuesAsPyTorch) {
+  const int64_t n = 64;
+  std::vector<float> xv(n, NAN);
+  for (int64_t i = 0; i < n; i += 2) xv[i] = i % 4 == 0 ? INFINITY : 1.0f;
+  const Tensor x = leaf(xv, {n}, device());
+  const Tensor y = ops::dropout(x, 0.5f, true, 7, 1);
+  const std::vector<float> yv = y.to_vector<float>();
+  int64_t dropped_nans = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool kept = ops::dropout_keeps(7, 1, i, 0.5f);
+    if (std::isnan(xv[i]) || (std::isinf(xv[i]) && !kept)) EXPECT_TRUE(std::isnan(yv[i])) << i;
+    else EXPECT_EQ(yv[i], kept ? xv[i] * 2.0f : 0.0f) << i;
+    dropped_nans += std::isnan(xv[i]) && !kept;
+  }
+  EXPECT_GT(dropped_nans, 0) << "no NaN was dropped: the case shows nothing";
+  const Tensor z = leaf(std::vector<float>(n, 1.0f), {n}, device());
+  const Tensor w = ops::dropout(z, 0.5f, true, 7, 1);
+  ops::sum(ops::mul(w, Tensor::from_vector(xv, {n}, device()))).backward();  // dy = x's values
+  const std::vector<float> dz = z.grad().to_vector<float>();
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(xv[i])) EXPECT_TRUE(std::isnan(dz[i])) << "the NaN gradient at " << i;
+}
+
 // Off (eval, or p = 0) it is the input itself: the same storage, nothing allocated or recorded.
 TEST_P(PointwiseTest, DropoutOffIsTheInputItself) {
   const Tensor x = leaf({1, 2, 3}, {3}, device());
@@ -250,11 +276,12 @@ TEST_P(PointwiseTest, ActivationModulesRunTheirOps) {
             ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
   EXPECT_EQ(nn::Tanh()(x).to_vector<float>(), ops::tanh(x).to_vector<float>());
   EXPECT_EQ(nn::Sigmoid()(x).to_vector<float>(), ops::sigmoid(x).to_vector<float>());
+  EXPECT_EQ(nn::SiLU()(x).to_vector<float>(), ops::silu(x).to_vector<float>());
   EXPECT_NE(ops::gelu(x).to_vector<float>(), ops::gelu(x, ops::GeluApproximation::tanh).to_vector<float>());
 }
 
 // Note [CPU kernel threads]: the activations (and exp, log, sqrt, rsqrt, abs), softmax (over the
-// last dimension and the first) and layer norm split their work across cpu_threads() threads with
+// last dimension and the first), layer norm and rms norm split their work across cpu_threads() threads with
 // the same bits as one thread; rows wider than the kernels' chunks (layer norm's parameter gradients
 // sum 256 columns at a time) and enough elements for several chunks.
 std::vector<std::vector<float>> cpu_results_at(int threads) {
@@ -271,9 +298,11 @@ std::vector<std::vector<float>> cpu_results_at(int threads) {
       [](const Tensor& x, const Tensor&) { return ops::gelu(x, ops::GeluApproximation::tanh); },
       [](const Tensor& x, const Tensor&) { return ops::tanh(x); },
       [](const Tensor& x, const Tensor&) { return ops::sigmoid(x); },
+      [](const Tensor& x, const Tensor&) { return ops::silu(x); },
       [](const Tensor& x, const Tensor&) { return ops::softmax(x); },
       [](const Tensor& x, const Tensor&) { return ops::log_softmax(x); },
       [](const Tensor& x, const Tensor& w) { return ops::layer_norm(x, x.size(-1), w, w, 1e-5f); },
+      [](const Tensor& x, const Tensor& w) { return ops::rms_norm(x, Shape{x.size(-1)}, w); },
       [](const Tensor& x, const Tensor&) { return ops::softmax(x, 0); },
       [](const Tensor& x, const Tensor&) { return ops::exp(x); },
       [](const Tensor& x, const Tensor&) { return ops::log(ops::abs(x)); },
@@ -456,6 +485,40 @@ TEST(CpuActivations, GeluAndSigmoidAreWithinAFewRoundings) {
   EXPECT_TRUE(std::isnan(gv[2]));  // -inf * 0, as the scalar rule
   EXPECT_EQ(sv[1], 1.0f);
   EXPECT_EQ(sv[2], 0.0f);
+}
+
+// silu's vector path (the vector sigmoid, then x * s) and the scalar rule (x / (1 + exp(-x))) stay
+// within a few roundings of x sigmoid(x) and its derivative s (1 + x (1 - s)), at every tail
+// length, in f32 and bf16 (widened a block at a time); the special values are PyTorch's.
+TEST(CpuActivations, SiluIsWithinAFewRoundings) {
+  std::vector<float> xv;
+  for (float x = -30.0f; x <= 30.0f; x += 0.0371f) xv.push_back(x);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.0f, -88.0f, -100.0f}) xv.push_back(x);
+  const double eps = std::ldexp(1.0, -24);
+  for (std::size_t n : {xv.size(), std::size_t{1}, std::size_t{7}, std::size_t{9}, std::size_t{17}}) {
+    const std::vector<float> part(xv.begin(), xv.begin() + static_cast<std::ptrdiff_t>(n));
+    const Tensor x = Tensor::from_vector(part, Shape{static_cast<int64_t>(n)}).set_requires_grad(true);
+    const Tensor y = ops::silu(x);
+    ops::sum(y).backward();
+    const auto yv = y.to_vector<float>(), dx = x.grad().to_vector<float>();
+    for (std::size_t i = 0; i < n; ++i) {
+      const double v = part[i], sig = 1.0 / (1.0 + std::exp(-v));
+      EXPECT_NEAR(yv[i], v * sig, 8 * eps * std::fabs(v * sig) + 1e-38) << "silu(" << v << ")";
+      EXPECT_NEAR(dx[i], sig * (1.0 + v * (1.0 - sig)), 16 * eps * (1.0 + std::fabs(v) * sig)) << "at " << v;
+    }
+  }
+  const Tensor specials = Tensor::from_vector(std::vector<float>{NAN, INFINITY, -INFINITY, -1000.0f}, Shape{4});
+  const auto sv = ops::silu(specials).to_vector<float>();
+  EXPECT_TRUE(std::isnan(sv[0]));
+  EXPECT_EQ(sv[1], INFINITY);
+  EXPECT_TRUE(std::isnan(sv[2]));  // -inf / inf, as PyTorch's
+  EXPECT_EQ(sv[3], 0.0f);
+  const Tensor h = Tensor::from_vector(std::vector<float>{-3.0f, 0.5f, 2.0f}, Shape{3}).to(DType::bf16);
+  const auto hv = ops::silu(h).to(DType::f32).to_vector<float>();
+  for (std::size_t i = 0; i < hv.size(); ++i) {
+    const double v = std::vector<float>{-3.0f, 0.5f, 2.0f}[i];
+    EXPECT_NEAR(hv[i], v / (1.0 + std::exp(-v)), std::ldexp(1.0, -8) * std::fabs(v)) << "bf16 silu(" << v << ")";
+  }
 }
 
 // Cross-entropy's rows (kernels/cpu/cross_entropy_row.h): the loss within a few roundings of the

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cumulus/nn/embedding.h"
@@ -169,6 +170,45 @@ TEST_P(TensorOpsTest, SplitPiecesAllReachTheInput) {
   for (float g : x.grad().to(Device::cpu()).to_vector<float>()) EXPECT_EQ(g, 1.0f);
 }
 
+// PyTorch's chunk sizes (torch.arange(n).chunk(c)), views of x, and every piece's gradient in x.
+TEST_P(TensorOpsTest, ChunkCutsAsPyTorchAndEveryPieceReachesTheInput) {
+  const std::vector<std::tuple<int64_t, int64_t, std::vector<int64_t>>> sizes = {
+      {0, 3, {0, 0, 0}}, {5, 3, {2, 2, 1}}, {6, 4, {2, 2, 2}}, {7, 3, {3, 3, 1}}, {1, 4, {1}}, {10, 4, {3, 3, 3, 1}}};
+  for (const auto& [n, chunks, want] : sizes) {
+    const std::vector<Tensor> pieces = ops::chunk(Tensor::zeros({2, n}, DType::f32, device()), chunks, -1);
+    std::vector<int64_t> got;
+    for (const Tensor& p : pieces) got.push_back(p.size(1));
+    EXPECT_EQ(got, want) << n << " in " << chunks;
+  }
+  const Tensor x = values({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {2, 6}, true);
+  const std::vector<Tensor> qkv = ops::chunk(x, 3, 1);
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_TRUE(qkv[1].shares_storage(x));
+  EXPECT_EQ(qkv[2].to(Device::cpu()).to_vector<float>(), (std::vector<float>{4, 5, 10, 11}));
+  ops::sum(ops::add(ops::mul(qkv[0], 1.0f), ops::add(ops::mul(qkv[1], 2.0f), ops::mul(qkv[2], 3.0f)))).backward();
+  EXPECT_EQ(x.grad().to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}));
+  expect_error<ShapeError>([&] { ops::chunk(x, 0, 1); }, {"chunk", "chunks must be > 0"});
+}
+
+// torch.ones / torch.full: the value in each type, on the device asked for.
+TEST_P(TensorOpsTest, OnesAndFullGiveEachType) {
+  const Tensor o = Tensor::ones({2, 3}, DType::bf16, device());
+  EXPECT_EQ(o.dtype(), DType::bf16);
+  EXPECT_EQ(o.device(), device());
+  EXPECT_EQ(o.to(DType::f32).to(Device::cpu()).to_vector<float>(), std::vector<float>(6, 1.0f));
+  EXPECT_EQ(Tensor::ones({4}).to_vector<float>(), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(Tensor::full({3}, 0.1f, DType::f16, device()).to(DType::f32).to(Device::cpu()).to_vector<float>(),
+            std::vector<float>(3, 0.0999755859375f));  // f16's nearest to 0.1, rounded once
+  EXPECT_EQ(Tensor::full({2}, -7.0f, DType::i64, device()).to(Device::cpu()).to_vector<int64_t>(),
+            (std::vector<int64_t>{-7, -7}));
+  EXPECT_EQ(Tensor::ones({2}, DType::i32, device()).to(Device::cpu()).to_vector<int32_t>(),
+            (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(Tensor::full({}, 2.5f, DType::f32, device()).to(Device::cpu()).to_vector<float>(),
+            (std::vector<float>{2.5f}));
+  expect_error<InvalidArgument>([&] { Tensor::full({2}, 1.5f, DType::i32, device()); },
+                                {"Tensor::full", "1.5", "i32"});
+}
+
 TEST_P(TensorOpsTest, NarrowIsAViewAlongEveryDim) {
   const Tensor x = values({0, 1, 2, 3, 4, 5}, {3, 2});
   const Tensor v = ops::narrow(x, 0, 1, 2);
@@ -304,6 +344,40 @@ TEST_P(TensorOpsTest, LayerNormModuleIsPyTorchs) {
   EXPECT_NEAR(y[0], -1.5f * inv, 1e-6);
   EXPECT_NEAR(y[3], 1.5f * inv, 1e-6);
   EXPECT_TRUE(nn::LayerNorm(4, 1e-5f, false, device()).named_parameters().empty());
+}
+
+// Over a dimension of size 1 the output is the bias whatever x is, so x's gradient is exactly 0, as
+// PyTorch's (issue 59: the CPU's vector row gave +-3e-5), with or without the parameters' gradients.
+TEST_P(TensorOpsTest, LayerNormOverOneElementHasAZeroGradient) {
+  for (bool affine : {true, false}) {
+    const Tensor x = values({0.5f, -3.0f, 7.25f, 100.0f, -0.001f, 2.0f}, {6, 1}, true);
+    const Tensor w = values({1.5f}, {1}, affine), b = values({0.25f}, {1}, affine);
+    const Tensor y = affine ? ops::layer_norm(x, 1, w, b) : ops::layer_norm(x, 1);
+    // Upstream values whose products with rstd (316.2) are not floats: the residue shows.
+    ops::sum(ops::mul(y, values({0.3712f, -1.234567f, 2.71828f, 0.1f, 4.4f, -0.77f}, {6, 1}))).backward();
+    EXPECT_EQ(x.grad().to(Device::cpu()).to_vector<float>(), std::vector<float>(6, 0.0f)) << "affine " << affine;
+  }
+}
+
+// nn.RMSNorm's parameter, PyTorch's default eps (the float epsilon), and several normalized
+// dimensions as one row of their product.
+TEST_P(TensorOpsTest, RmsNormModuleIsPyTorchs) {
+  nn::RMSNorm norm(Shape{4}, std::nullopt, true, device());
+  const auto params = norm.named_parameters();
+  ASSERT_EQ(params.size(), 1u);
+  EXPECT_EQ(params[0].first, "weight");
+  EXPECT_EQ(params[0].second.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 1, 1, 1}));
+  const std::vector<float> y = norm(values({1, 2, 3, 4}, {1, 4})).to(Device::cpu()).to_vector<float>();
+  const double inv = 1.0 / std::sqrt(7.5 + std::ldexp(1.0, -23));  // mean of the squares of 1..4 is 7.5
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], (i + 1) * inv, 1e-6) << i;
+  const Tensor x = values({1, -2, 3, 0.5f, 2, 2, -1, 4}, {2, 2, 2});
+  const auto over_two = ops::rms_norm(x, Shape{2, 2}).to(Device::cpu()).to_vector<float>();
+  const auto over_one = ops::rms_norm(ops::reshape(x, Shape{2, 4}), Shape{4}).to(Device::cpu()).to_vector<float>();
+  EXPECT_EQ(over_two, over_one);
+  EXPECT_TRUE(nn::RMSNorm(Shape{4}, 1e-5f, false, device()).named_parameters().empty());
+  expect_error<ShapeError>([&] { ops::rms_norm(x, Shape{4}); }, {"rms_norm", "[4]", "last dimensions", "[2, 2, 2]"});
+  expect_error<ShapeError>([&] { ops::rms_norm(x, Shape{2}, Tensor::zeros({3}, DType::f32, device())); },
+                           {"rms_norm", "weight must be [2]", "[3]"});
 }
 
 TEST_P(TensorOpsTest, EmbeddingModuleIsPyTorchs) {

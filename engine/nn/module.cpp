@@ -1,16 +1,35 @@
 #include "cumulus/nn/module.h"
 #include "engine/tensor/tensor_impl.h"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <memory>
+#include <typeinfo>
 #include <unordered_set>
 
 namespace cumulus::nn {
+
+namespace {
+
+// The C++ name of a module's class, for messages ("Block", not "5Block").
+std::string class_name(const Module& m) {
+  const char* mangled = typeid(m).name();
+  int status = 0;
+  const std::unique_ptr<char, void (*)(void*)> readable(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
+                                                         std::free);
+  return status == 0 && readable ? readable.get() : mangled;
+}
+
+}  // namespace
 
 void Module::collect(const std::string& prefix, What what,
                      std::vector<std::pair<std::string, Tensor>>& out) const {
   if (what != What::buffers)
     for (const Parameter& p : parameters_) out.emplace_back(prefix + p.name, p.tensor);
   if (what != What::parameters)
-    for (const auto& [name, t] : buffers_) out.emplace_back(prefix + name, t);
+    for (const Buffer& b : buffers_)
+      if (b.persistent || what == What::buffers) out.emplace_back(prefix + b.name, b.tensor);
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", what, out);
 }
 
@@ -34,7 +53,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
 
 std::vector<std::pair<std::string, Tensor>> Module::state_dict() const {
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", What::both, out);
+  collect("", What::state, out);
   return out;
 }
 
@@ -108,21 +127,44 @@ void Module::share_parameter(const std::string& name, const Tensor& tensor) {
   *p->slot = tensor;
 }
 
-Tensor Module::register_buffer(const std::string& name, const Tensor& tensor) {
+Tensor Module::forward(const Tensor&) {
+  throw InvalidArgument("Module::forward(const Tensor&): " + class_name(*this) +
+                        " has no one-tensor forward (its forward takes other arguments: call it with them, not "
+                        "through a Sequential)");
+}
+
+Tensor Module::register_buffer(const std::string& name, const Tensor& tensor, bool persistent) {
   CUMULUS_CHECK(tensor.defined(), InvalidArgument, "register_buffer(\"", name, "\"): undefined tensor");
   CUMULUS_CHECK(!tensor.requires_grad(), InvalidArgument, "register_buffer(\"", name,
                 "\"): a buffer must not require grad (register a parameter instead)");
-  buffers_.emplace_back(name, tensor);
+  buffers_.push_back({name, tensor, persistent});
   return tensor;
 }
 
-Tensor Module::register_buffer(const std::string& name, const Tensor& initial, Device device) {
+Tensor Module::register_buffer(const std::string& name, const Tensor& initial, Device device, bool persistent) {
   Tensor b;
   {
     MemoryCategoryScope scope(MemoryCategory::parameters);
     b = initial.device() == device ? initial.clone() : initial.to(device);
   }
-  return register_buffer(name, b);
+  return register_buffer(name, b, persistent);
+}
+
+Module& ModuleList::operator[](std::size_t i) const {
+  CUMULUS_CHECK(i < modules_.size(), InvalidArgument, "ModuleList: index ", i, " out of range for ", modules_.size(),
+                " modules");
+  return *modules_[i];
+}
+
+void ModuleList::append(std::shared_ptr<Module> module) {
+  CUMULUS_CHECK(module != nullptr, InvalidArgument, "ModuleList::add: a null module");
+  register_module(std::to_string(modules_.size()), module);
+  modules_.push_back(std::move(module));
+}
+
+void ModuleList::wrong_type(std::size_t i) const {
+  throw InvalidArgument(std::string("ModuleList::at(") + std::to_string(i) + "): the module is a " +
+                        class_name((*this)[i]) + ", not the type asked for");
 }
 
 }  // namespace cumulus::nn

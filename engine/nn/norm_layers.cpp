@@ -14,6 +14,15 @@ LayerNorm::LayerNorm(int64_t normalized_size, float eps, bool elementwise_affine
 
 Tensor LayerNorm::forward(const Tensor& x) { return ops::layer_norm(x, normalized_size_, weight_, bias_, eps_); }
 
+RMSNorm::RMSNorm(Shape normalized_shape, std::optional<float> eps, bool elementwise_affine, Device device)
+    : normalized_shape_(std::move(normalized_shape)), eps_(eps) {
+  CUMULUS_CHECK(normalized_shape_.ndim() >= 1 && normalized_shape_.numel() > 0, InvalidArgument, "RMSNorm(",
+                normalized_shape_.str(), "): the shape must have a dimension and no size 0");
+  if (elementwise_affine) register_parameter("weight", weight_, Tensor::full(normalized_shape_, 1.0f), device);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return ops::rms_norm(x, normalized_shape_, weight_, eps_); }
+
 BatchNorm2d::BatchNorm2d(int64_t num_features, Device device, float eps, float momentum)
     : num_features_(num_features), eps_(eps), momentum_(momentum) {
   CUMULUS_CHECK(num_features > 0, InvalidArgument, "BatchNorm2d(", num_features, "): must be positive");

@@ -1,4 +1,4 @@
-// The activations: relu, tanh, sigmoid, gelu, and the unary ops of cumulus/ops/math.h (exp, log,
+// The activations: relu, tanh, sigmoid, gelu, silu, and the unary ops of cumulus/ops/math.h (exp, log,
 // sqrt, rsqrt, abs).
 //
 // relu: y = max(x, 0), any shape. Backward dx = dy * (y > 0) reads the saved output, not the
@@ -7,7 +7,7 @@
 //
 // The others: one elementwise kernel each way (kernels/pointwise_rules.h holds the formulas,
 // PyTorch's). Those whose derivative is a function of their output save it: tanh, sigmoid, exp,
-// sqrt, rsqrt; the gelus, log and abs save their input.
+// sqrt, rsqrt; the gelus, silu, log and abs save their input.
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/shape.h"
@@ -30,6 +30,7 @@ const char* unary_name(UnaryOp op) {
     case UnaryOp::log: return "log";
     case UnaryOp::sqrt: return "sqrt";
     case UnaryOp::rsqrt: return "rsqrt";
+    case UnaryOp::silu: return "silu";
     default: return "abs";
   }
 }
@@ -73,6 +74,7 @@ Tensor detail::unary_op(UnaryOp op, const Tensor& x) { return unary(op, x); }
 
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, x); }
+Tensor silu(const Tensor& x) { return unary(UnaryOp::silu, x); }
 Tensor gelu(const Tensor& x, GeluApproximation approximate) {
   return unary(approximate == GeluApproximation::tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, x);
 }

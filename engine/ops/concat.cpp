@@ -7,6 +7,7 @@
 //   slab (beta 1; zeros added elsewhere leave the values as they are).
 // - split: one narrow per piece, named "split". The first piece's gradient to reach x's pending
 //   gradient writes all of it (zeros outside its slab), the others then add their slabs.
+// - chunk: split's pieces of PyTorch's chunk sizes, named "chunk".
 #include <string>
 
 #include "cumulus/autograd/node.h"
@@ -98,7 +99,7 @@ class NarrowBackward final : public Node {
   int64_t start_, length_;
 };
 
-// narrow's work under the name of `op` (narrow or split); x checked floating, d in range.
+// narrow's work under the name of `op` (narrow, split or chunk); x checked floating, d in range.
 Tensor narrow_as(const char* op, const Tensor& x, int d, int64_t start, int64_t length) {
   const Slab s = slab_of(x.shape(), d);
   CUMULUS_CHECK(start >= 0 && length >= 0 && start + length <= s.dim, ShapeError, op, ": start ", start, " and length ",
@@ -153,8 +154,10 @@ Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
   return narrow_as(op, x, checked_dim(op, x.shape(), dim), start, length);
 }
 
-std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim) {
-  constexpr const char* op = "split";
+namespace {
+
+// x cut into pieces of `sizes` along dim, each narrow's view named `op`.
+std::vector<Tensor> pieces_as(const char* op, const Tensor& x, const std::vector<int64_t>& sizes, int dim) {
   OpScope op_scope(op);
   detail::check_floating(op, "input", x);
   const int d = checked_dim(op, x.shape(), dim);
@@ -174,6 +177,12 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   return pieces;
 }
 
+}  // namespace
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim) {
+  return pieces_as("split", x, sizes, dim);
+}
+
 std::vector<Tensor> split(const Tensor& x, int64_t size, int dim) {
   detail::check_floating("split", "input", x);
   const int d = checked_dim("split", x.shape(), dim);
@@ -182,6 +191,21 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int dim) {
   for (int64_t start = 0; start < x.size(d); start += size) sizes.push_back(std::min(size, x.size(d) - start));
   if (sizes.empty()) sizes.push_back(0);  // as PyTorch: one empty piece
   return split(x, sizes, dim);
+}
+
+// PyTorch's chunk: pieces of ceil(size / chunks), so there may be fewer than `chunks` (7 in 3:
+// 3, 3, 1; 1 in 4: one piece); an empty dimension gives `chunks` empty pieces.
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim) {
+  constexpr const char* op = "chunk";
+  detail::check_floating(op, "input", x);
+  const int d = checked_dim(op, x.shape(), dim);
+  CUMULUS_CHECK(chunks > 0, ShapeError, op, ": chunks must be > 0, got ", chunks);
+  const int64_t n = x.size(d);
+  if (n == 0) return pieces_as(op, x, std::vector<int64_t>(static_cast<std::size_t>(chunks), 0), d);
+  const int64_t size = (n + chunks - 1) / chunks;
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < n; start += size) sizes.push_back(std::min(size, n - start));
+  return pieces_as(op, x, sizes, d);
 }
 
 }  // namespace cumulus::ops

@@ -1,8 +1,10 @@
 #include "cumulus/tensor/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/shape.h"
@@ -88,6 +90,28 @@ Tensor Tensor::full(const Shape& shape, float value, Device device) {
                    kernels::fill_cuda(t.data<float>(), value, t.numel(), ctx.stream()));
   return t;
 }
+
+Tensor Tensor::full(const Shape& shape, float value, DType dtype, Device device) {
+  // An integer type's tensor filled on the host and copied to `device`.
+  const auto full_integer = [&](auto zero, double lo, double hi) {
+    CUMULUS_CHECK(std::trunc(value) == value && value >= lo && value <= hi, InvalidArgument, "Tensor::full: ", value,
+                  " is not a whole value ", dtype_name(dtype), " holds (", lo, " to ", hi, ")");
+    const std::vector<decltype(zero)> host(static_cast<std::size_t>(shape.numel()), static_cast<decltype(zero)>(value));
+    return from_host(host.data(), host.size(), dtype, shape, device);
+  };
+  switch (dtype) {
+    case DType::f32: return full(shape, value, device);
+    case DType::bf16:
+    case DType::f16: return full(shape, value, device).to(dtype);
+    case DType::i32: return full_integer(int32_t{0}, -2147483648.0, 2147483647.0);
+    case DType::i64: return full_integer(int64_t{0}, -9223372036854775808.0, 9223371487098961920.0);  // below 2^63
+    case DType::u8: return full_integer(uint8_t{0}, 0.0, 255.0);
+    case DType::boolean: return full_integer(uint8_t{0}, 0.0, 1.0);
+  }
+  throw InvalidArgument("Tensor::full: unknown dtype");
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0f, dtype, device); }
 
 Tensor Tensor::from_host(const void* values, std::size_t count, DType dtype, const Shape& shape, Device device) {
   CUMULUS_CHECK(static_cast<int64_t>(count) == shape.numel(), ShapeError, "from_vector: ", count, " values for shape ",

@@ -301,6 +301,7 @@ VecUnary unary_forward_vec(UnaryOp op) {
   switch (op) {
     case UnaryOp::tanh: return vec::tanh_f32;
     case UnaryOp::sigmoid: return vec512::available() ? vec512::sigmoid_f32 : vec::sigmoid_f32;
+    case UnaryOp::silu: return vec512::available() ? vec512::silu_f32 : vec::silu_f32;
     case UnaryOp::gelu: return vec512::available() ? vec512::gelu_f32 : vec::gelu_f32;
     case UnaryOp::gelu_tanh: return vec512::available() ? vec512::gelu_tanh_f32 : vec::gelu_tanh_f32;
     case UnaryOp::exp: return vec::exp_f32;
@@ -358,8 +359,8 @@ void unary_forward_serial(UnaryOp op, const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(unary_apply(op, to_f32(x[i])));
 }
 
-// The gelus' backward: dy * f'(x) from SLEEF a block at a time, then blended into dx. The other
-// ops' need no transcendental: the scalar rules, in loops per op.
+// The gelus' and silu's backward: dy * f'(x) through the vector functions a block at a time, then
+// blended into dx. The other ops' need no transcendental: the scalar rules, in loops per op.
 template <typename T>
 void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
   switch (op) {
@@ -375,8 +376,9 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
   if constexpr (vec::kBuilt) {
     if (vec::available()) {
       const bool wide = vec512::available();
-      const auto grad = op == UnaryOp::gelu ? (wide ? vec512::gelu_grad_f32 : vec::gelu_grad_f32)
-                                            : (wide ? vec512::gelu_tanh_grad_f32 : vec::gelu_tanh_grad_f32);
+      const auto grad = op == UnaryOp::silu   ? (wide ? vec512::silu_grad_f32 : vec::silu_grad_f32)
+                        : op == UnaryOp::gelu ? (wide ? vec512::gelu_grad_f32 : vec::gelu_grad_f32)
+                                              : (wide ? vec512::gelu_tanh_grad_f32 : vec::gelu_tanh_grad_f32);
       if constexpr (std::is_same_v<T, float>)
         if (beta == 0.0f) return grad(saved, dy, dx, n);
       float xb[kVecBlock], gb[kVecBlock];
@@ -466,7 +468,7 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
 template <typename T>
 void dropout_forward_cpu(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y, int64_t n) {
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
-  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
+  for (int64_t i = 0; i < n; ++i) y[i] = from_f32<T>(to_f32(x[i]) * dropout_factor(key, i, p, scale));
 }
 
 template <typename T>
@@ -474,7 +476,7 @@ void dropout_backward_cpu(uint64_t seed, const int64_t* offset, float p, float s
                           int64_t n) {
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   for (int64_t i = 0; i < n; ++i) {
-    const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
+    const float v = to_f32(dy[i]) * dropout_factor(key, i, p, scale);
     dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
   }
 }

@@ -57,11 +57,14 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
 
 // The row sums in double, as the forward's (vectorized: in float blocks, then double, Note [Blocked
 // float sums] in vec_math_avx512.cpp).
+// Rows of one element take the scalar loop: there g - mean(g) and x - mean are exactly 0, so dx
+// is exactly 0 (PyTorch's), where the vector row's folded form a g + (b t + c) leaves a rounding
+// of rstd g (3e-5 at eps 1e-5).
 template <typename T>
 void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                 int64_t rows, int64_t cols, float beta, T* dx) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
-    if (vec::available()) {
+    if (vec::available() && cols > 1) {
       const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
@@ -145,7 +148,8 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
                              float beta_db, float* dbias) {
   const bool params = dweight != nullptr || dbias != nullptr;
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
-    if (dx != nullptr && params && rows > 0 && vec::available()) {
+    // Rows of one element: the scalar loops, as layer_norm_backward_dx_cpu says.
+    if (dx != nullptr && params && rows > 0 && cols > 1 && vec::available()) {
       const bool wide = vec512::available();
       const auto row = wide ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
       const auto add_sums = wide ? vec512::add_float_sums : vec::add_float_sums;

@@ -1,9 +1,9 @@
 // The CPU's vectorized activations, softmax and layer norm rows, and fused attention's tile
 // products: f32 arrays through AVX2 (vec_math_avx2.cpp, the one file compiled for AVX2 and FMA),
-// used by the CPU kernels when the CPU has both. tanh, sigmoid, gelu, exp and log compute
+// used by the CPU kernels when the CPU has both. tanh, sigmoid, silu, gelu, exp and log compute
 // kernels/pointwise_rules.h's formula with the same operations in the same order, only the
 // transcendental (tanhf, expf, erff, logf) replaced: tanh, exp and log by SLEEF's u10 variant (at
-// most 1.0 ulp from the exact result; glibc's are within 1-2 ulp), sigmoid's and GELU's exp by a
+// most 1.0 ulp from the exact result; glibc's are within 1-2 ulp), sigmoid's, silu's and GELU's exp by a
 // Cephes-style one (within 1.3 ulp: SLEEF's expf8_u10 costs several times as much), GELU's erf by
 // a table of polynomials (Note [Vector erf]), so an element may differ from the scalar rule's in
 // its last bit or two. gelu_tanh computes the same function in another form, x / (1 + exp(-2u)),
@@ -36,13 +36,15 @@ bool available();
 // y[i] = f(x[i]) for n elements (y may be x).
 void tanh_f32(const float* x, float* y, int64_t n);
 void sigmoid_f32(const float* x, float* y, int64_t n);
+void silu_f32(const float* x, float* y, int64_t n);
 void gelu_f32(const float* x, float* y, int64_t n);
 void gelu_tanh_f32(const float* x, float* y, int64_t n);
 void exp_f32(const float* x, float* y, int64_t n);
 void log_f32(const float* x, float* y, int64_t n);
 
-// g[i] = dy[i] * f'(x[i]) for the gelus, from the input (g may be dy or x).
+// g[i] = dy[i] * f'(x[i]) for the gelus and silu, from the input (g may be dy or x).
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
+void silu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void gelu_tanh_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 
 // Note [Vector erf]
@@ -142,9 +144,11 @@ namespace cumulus::kernels::vec512 {
 // unless CUMULUS_CPU_CAPABILITY=avx2 or scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
 
-// vec::sigmoid_f32, vec::gelu_f32 and vec::gelu_grad_f32 16 lanes at a time, with the same
-// operations (the same bits but for results below FLT_MIN, which scalef rounds once).
+// vec::sigmoid_f32, vec::silu_f32, vec::gelu_f32 and their gradients 16 lanes at a time, with the
+// same operations (the same bits but for results below FLT_MIN, which scalef rounds once).
 void sigmoid_f32(const float* x, float* y, int64_t n);
+void silu_f32(const float* x, float* y, int64_t n);
+void silu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void gelu_f32(const float* x, float* y, int64_t n);
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 

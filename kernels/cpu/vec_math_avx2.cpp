@@ -162,6 +162,19 @@ void sigmoid_f32(const float* x, float* y, int64_t n) {
   });
 }
 
+// silu_f32: the scalar rule's x / (1 + exp(-x)) with the vector exp; silu_grad_f32: its
+// derivative s (1 + x (1 - s)), s = 1 / (1 + exp(-x)), recomputed from x.
+void silu_f32(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](V v) { return _mm256_div_ps(v, add(splat(1.0f), exp_any(sub(_mm256_setzero_ps(), v)))); });
+}
+
+void silu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
+  map2(x, dy, g, n, [](V v, V d) {
+    const V s = _mm256_div_ps(splat(1.0f), add(splat(1.0f), exp_any(sub(_mm256_setzero_ps(), v))));
+    return mul(d, mul(s, add(splat(1.0f), mul(v, sub(splat(1.0f), s)))));
+  });
+}
+
 void gelu_f32(const float* x, float* y, int64_t n) {
   map1(x, y, n, [](V v) { return mul(mul(splat(0.5f), v), add(splat(1.0f), erf_of(mul(v, splat(kSqrt1_2))))); });
 }

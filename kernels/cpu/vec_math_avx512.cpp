@@ -204,6 +204,22 @@ void sigmoid_f32(const float* x, float* y, int64_t n) {
   });
 }
 
+// As vec::silu_f32 and vec::silu_grad_f32.
+void silu_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) {
+    return _mm512_div_ps(v, _mm512_add_ps(splat(1.0f), exp_any(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+  });
+}
+
+void silu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
+  map2(x, dy, g, n, [](V v, V d) {
+    const V e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    const V s = _mm512_div_ps(splat(1.0f), _mm512_add_ps(splat(1.0f), e));
+    const V slope = _mm512_add_ps(splat(1.0f), _mm512_mul_ps(v, _mm512_sub_ps(splat(1.0f), s)));
+    return _mm512_mul_ps(d, _mm512_mul_ps(s, slope));
+  });
+}
+
 void gelu_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
     const V erf = erf_of(_mm512_mul_ps(v, splat(kSqrt1_2)));

@@ -70,7 +70,7 @@ template <typename T>
 __global__ void dropout_forward_kernel(uint64_t seed, const int64_t* offset, float p, float scale, const T* x, T* y,
                                        int64_t n) {
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
-  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(dropout_keep(key, i, p) ? to_f32(x[i]) * scale : 0.0f);
+  CUMULUS_GRID_STRIDE_LOOP(i, n) y[i] = from_f32<T>(to_f32(x[i]) * dropout_factor(key, i, p, scale));
 }
 
 template <typename T>
@@ -78,7 +78,7 @@ __global__ void dropout_backward_kernel(uint64_t seed, const int64_t* offset, fl
                                         float beta, T* dx, int64_t n) {
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
-    const float v = dropout_keep(key, i, p) ? to_f32(dy[i]) * scale : 0.0f;
+    const float v = to_f32(dy[i]) * dropout_factor(key, i, p, scale);
     store_blend(dx + i, v, beta);
   }
 }

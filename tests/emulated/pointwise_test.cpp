@@ -149,7 +149,7 @@ TYPED_TEST(PointwiseEmulated, ScalarMatchesTheCpu) {
 TYPED_TEST(PointwiseEmulated, UnaryMatchesTheCpu) {
   using T = TypeParam;
   for (int64_t n : kSizes)
-    for (UnaryOp op : {UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::gelu, UnaryOp::gelu_tanh})
+    for (UnaryOp op : {UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::gelu, UnaryOp::gelu_tanh, UnaryOp::silu})
       for (float beta : {0.0f, 1.0f}) {
         SCOPED_TRACE(what(n, beta) + ", op " + std::to_string(static_cast<int>(op)));
         const auto x = stored_as<T>(with_specials(random_values(n, -5, 5, 9))), dy = values<T>(n, 10);

@@ -1,7 +1,7 @@
 // Op cases (Note [Op cases] in op_case.h): the pointwise ops of cumulus/ops/pointwise.h.
 // Arithmetic in every broadcasting form (same shapes, the smaller operand's shape a suffix of the
 // larger's, size-1 dimensions of both, the smaller operand first), the scalar forms, x * x; tanh,
-// sigmoid, both gelus; softmax and log_softmax over rows of several widths; dropout on and off.
+// sigmoid, silu, both gelus; softmax and log_softmax over rows of several widths; dropout on and off.
 // 16-bit cases store inputs, outputs and gradients in bf16 or f16 with f32 arithmetic: their
 // tolerances are a few units of the type's rounding (bf16 2^-8, f16 2^-11 relative), stated per dtype.
 #include <cmath>
@@ -142,6 +142,8 @@ void activation_cases(std::vector<OpCase>& cases) {
       {"tanh", "tanh", [](const Tensor& x) { return ops::tanh(x); }, [](double x) { return std::tanh(x); }, 0},
       {"sigmoid", "sigmoid", [](const Tensor& x) { return ops::sigmoid(x); },
        [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, 0},
+      {"silu", "silu", [](const Tensor& x) { return ops::silu(x); },
+       [](double x) { return x / (1.0 + std::exp(-x)); }, 0},
       {"gelu", "gelu", [](const Tensor& x) { return ops::gelu(x); }, gelu_erf, 0},
       {"gelu", "gelu_tanh", [](const Tensor& x) { return ops::gelu(x, ops::GeluApproximation::tanh); }, gelu_tanh, 0},
   };

@@ -211,7 +211,7 @@ void add_index_cases(std::vector<OpCase>& cases) {
     }
 }
 
-// cat, narrow and split along dim 0, a middle dim and the last of [4, 5, 6]-like shapes.
+// cat, narrow, split and chunk along dim 0, a middle dim and the last of [4, 5, 6]-like shapes.
 void add_slab_cases(std::vector<OpCase>& cases) {
   for (int dim : {0, 1, 2})
     for (DType dtype : kFloatTypes) {
@@ -257,6 +257,15 @@ void add_slab_cases(std::vector<OpCase>& cases) {
       cases.push_back(s);
       s.name = "split_size_last" + suffix;
       s.forward = [dim](const Inputs& t) { return ops::split(t[0], int64_t{2}, dim)[2]; };
+      s.reference = [=](const Values& v) { return pick(v[0], slab_of(sized(5), dim), range(4, 1)); };
+      cases.push_back(s);
+      s.op = "chunk";  // 5 in 2 chunks: 3, 2 (the second); in 3: 2, 2, 1 (the last)
+      s.name = "chunk_2_second" + suffix;
+      s.forward = [dim](const Inputs& t) { return ops::chunk(t[0], 2, dim)[1]; };
+      s.reference = [=](const Values& v) { return pick(v[0], slab_of(sized(5), dim), range(3, 2)); };
+      cases.push_back(s);
+      s.name = "chunk_3_last" + suffix;
+      s.forward = [dim](const Inputs& t) { return ops::chunk(t[0], 3, dim)[2]; };
       s.reference = [=](const Values& v) { return pick(v[0], slab_of(sized(5), dim), range(4, 1)); };
       cases.push_back(s);
     }

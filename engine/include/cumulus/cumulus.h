@@ -51,6 +51,7 @@
 #include "cumulus/ops/shape.h"
 
 #include "cumulus/nn/activation_layers.h"
+#include "cumulus/nn/clip_grad.h"
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"

@@ -1,4 +1,4 @@
-// Modules for the activations (ReLU, GELU, Tanh, Sigmoid) and dropout (ops in cumulus/ops/pointwise.h). None has
+// Modules for the activations (ReLU, GELU, SiLU, Tanh, Sigmoid) and dropout (ops in cumulus/ops/pointwise.h). None has
 // parameters or buffers, so they add nothing to a state dict, as PyTorch's.
 #pragma once
 
@@ -21,6 +21,12 @@ class GELU : public Module {
 
  private:
   ops::GeluApproximation approximate_;
+};
+
+// PyTorch's nn.SiLU: x * sigmoid(x) (ops::silu).
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::silu(x); }
 };
 
 class Tanh : public Module {

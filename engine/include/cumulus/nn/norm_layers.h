@@ -1,9 +1,10 @@
 // The normalization layers, with PyTorch's parameter and buffer names and initialization, so state
-// dicts move between cumulus and PyTorch: LayerNorm (weight, bias), BatchNorm2d (weight, bias;
+// dicts move between cumulus and PyTorch: LayerNorm (weight, bias), RMSNorm (weight), BatchNorm2d (weight, bias;
 // buffers running_mean, running_var, num_batches_tracked).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "cumulus/nn/module.h"
 
@@ -23,6 +24,22 @@ class LayerNorm : public Module {
   int64_t normalized_size_;
   float eps_;
   Tensor weight_, bias_;
+};
+
+// PyTorch's nn.RMSNorm over the last normalized_shape.ndim() dimensions (ops::rms_norm): "weight"
+// (ones, f32, of normalized_shape) when elementwise_affine; none otherwise. eps unset: PyTorch's
+// default, the float epsilon. The input may be f32, bf16 or f16.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, std::optional<float> eps = std::nullopt, bool elementwise_affine = true,
+                   Device device = Device::cpu());
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Shape normalized_shape_;
+  std::optional<float> eps_;
+  Tensor weight_;
 };
 
 // Batch normalization over the channels of [N, C, H, W], as PyTorch's nn.BatchNorm2d (affine,

@@ -1,9 +1,10 @@
-// Normalization, forward with autograd recording: layer_norm (any floating type, f32 statistics)
-// and batch_norm2d (NCHW; cuDNN on CUDA). Parameters and their gradients are f32. Backward sits
+// Normalization, forward with autograd recording: layer_norm and rms_norm (any floating type, f32
+// statistics) and batch_norm2d (NCHW; cuDNN on CUDA). Parameters and their gradients are f32. Backward sits
 // beside each forward (engine/ops/layer_norm.cpp, batch_norm.cpp).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "cumulus/tensor/tensor.h"
 
@@ -20,6 +21,15 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_size, const Tensor& weight
 // normalized_shape or undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), float eps = 1e-5f);
+
+// PyTorch's F.rms_norm over the last normalized_shape.ndim() dimensions (x's trailing dimensions
+// must equal normalized_shape): y = x / sqrt(mean(x^2) + eps) * weight, the mean over each slice
+// of those dimensions. weight: f32 of normalized_shape, or undefined (1). eps: PyTorch's default
+// when not given, the float epsilon (2^-23, whatever x's type: the statistics are f32). x f32,
+// bf16 or f16; y of x's type. Saves x and each row's 1 / rms (f32). On CUDA the weight's gradient
+// is a column sum in a fixed order, without atomics: deterministic.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                std::optional<float> eps = std::nullopt);
 
 struct BatchNormOptions {
   bool training = true;   // batch statistics (and running-statistics update) vs running statistics

@@ -1,4 +1,4 @@
-// Pointwise ops: arithmetic with broadcasting, its operators on Tensor, tanh / sigmoid / gelu,
+// Pointwise ops: arithmetic with broadcasting, its operators on Tensor, tanh / sigmoid / silu / gelu,
 // softmax and log_softmax over a dimension, dropout. Each records its backward, runs on the
 // CPU and CUDA, and takes f32, bf16 or f16 (16-bit storage, f32 arithmetic; the output has the
 // input's type). Implemented in engine/ops/arithmetic.cpp, activations.cpp, softmax.cpp, dropout.cpp.
@@ -39,6 +39,9 @@ Tensor neg(const Tensor& x);  // -x, recorded as mul(x, -1) (so an integer x giv
 Tensor relu(const Tensor& x);
 Tensor tanh(const Tensor& x);     // saves its output: dx = dy (1 - y^2)
 Tensor sigmoid(const Tensor& x);  // saves its output: dx = dy y (1 - y)
+// PyTorch's silu (swish): x * sigmoid(x), computed as x / (1 + exp(-x)), one op with its own
+// backward dx = dy s (1 + x (1 - s)), s = sigmoid(x). Saves its input.
+Tensor silu(const Tensor& x);
 // gelu(x) = x Phi(x) with Phi the normal CDF (erf form), or PyTorch's approximate = "tanh" form
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Saves its input.
 enum class GeluApproximation { none, tanh };

@@ -47,6 +47,10 @@ Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
 // a shorter last one (PyTorch's split). Each piece is narrow's view, named "split".
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
 std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
+// PyTorch's chunk: x cut along `dim` into pieces of ceil(x.size(dim) / chunks) with a shorter last
+// one, so possibly fewer than `chunks` (7 into 3: 3, 3, 1); an empty dimension gives `chunks` empty
+// pieces. Each piece is narrow's view, named "chunk" (q, k, v = chunk(qkv, 3, -1)).
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim);
 
 // ---- views (Note [Strided views] in engine/ops/view.cpp): no copy, storage shared, recorded ----
 // x with dimensions dim0 and dim1 swapped (PyTorch's transpose).

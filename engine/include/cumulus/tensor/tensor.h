@@ -49,7 +49,12 @@ class Tensor {
   // outside any scope that becomes a recorded op's output counts as an activation) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  // torch.full and torch.ones: every element `value` (1), in dtype on device; the f32 form without
+  // a dtype. A 16-bit type rounds the value once (to nearest even); an integer type (i32, i64, u8)
+  // takes only a whole value it can hold (PyTorch truncates 1.5 to 1 silently; here it is refused).
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, float value, DType dtype, Device device = Device::cpu());
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   // T: float, int32_t, int64_t or uint8_t (kHostElementType).
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu()) {
