@@ -9,7 +9,9 @@
 #if defined(__x86_64__)
 // GCC 12's _mm512_cvtps_pd and _mm512_cvtpd_ps start from an undefined register, which
 // -Wmaybe-uninitialized reports at every call once inlined: a false alarm of the header.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 namespace cumulus::kernels::vec512 {

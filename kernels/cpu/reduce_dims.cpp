@@ -1,6 +1,10 @@
 // CPU kernels of the reductions over dimensions (kernels/cpu/reduce_dims_kernels.h).
 #include "kernels/cpu/reduce_dims_kernels.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <type_traits>
 #include <utility>
@@ -135,11 +139,21 @@ using RowsCore = void (*)(const void*, ReduceStorage, const int64_t*, int64_t, c
                           double, float*);
 
 // The widest vector cores this CPU runs (CUMULUS_CPU_CAPABILITY caps them), or null for scalar.
-// f16 loads need F16C, which every CPU with AVX2 and FMA we know of has; asked all the same.
+// f16 loads need F16C, which every CPU with AVX2 and FMA we know of has; asked all the same, by
+// CPUID (clang's __builtin_cpu_supports does not know "f16c").
+bool cpu_has_f16c() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
+
 template <typename T>
 std::pair<ColumnsCore, RowsCore> vector_cores() {
 #if defined(__x86_64__)
-  static const bool f16c = __builtin_cpu_supports("f16c");
+  static const bool f16c = cpu_has_f16c();
   if (std::is_same_v<T, Half> && !f16c) return {nullptr, nullptr};
   if (vec512::available()) return {vec512::sum_columns, vec512::sum_rows};
   if (vec::available()) return {vec::sum_columns, vec::sum_rows};

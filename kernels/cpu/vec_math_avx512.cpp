@@ -11,7 +11,9 @@
 
 // GCC 12 warns inside its own AVX-512 headers (the undefined vector that masked intrinsics start
 // from), not about this file's code.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 // For the constants only (as in vec_math_avx2.cpp).
