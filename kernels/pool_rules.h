@@ -9,9 +9,11 @@
 
 namespace cumulus::kernels {
 
-// Index into the plane [h, w] of the window maximum of output (oi, oj): the first NaN, else the
-// first largest value in row-major window order. Padding is skipped (as -inf would be): the op's
-// checks (padding at most half the kernel) guarantee every window covers an input element.
+// Index into the plane [h, w] of the window maximum of output (oi, oj), by PyTorch's rule: scanning
+// in row-major window order, a larger value or any NaN takes the place of the maximum so far, so the
+// last NaN wins a window that holds one, else the first largest value. Padding is skipped (as -inf
+// would be): the op's checks (padding at most half the kernel) guarantee every window covers an input
+// element.
 template <typename T>
 CUMULUS_HOST_DEVICE int64_t pool_window_argmax(const Pool2dGeometry& g, const T* plane, int64_t oi, int64_t oj) {
   const int64_t i0 = oi * g.stride_h - g.pad_h, j0 = oj * g.stride_w - g.pad_w;
@@ -19,15 +21,13 @@ CUMULUS_HOST_DEVICE int64_t pool_window_argmax(const Pool2dGeometry& g, const T*
   const int64_t j_begin = j0 > 0 ? j0 : 0, j_end = j0 + g.kernel_w < g.w ? j0 + g.kernel_w : g.w;
   int64_t best = i_begin * g.w + j_begin;
   float best_value = to_f32(plane[best]);
-  if (best_value != best_value) return best;  // NaN
   for (int64_t i = i_begin; i < i_end; ++i) {
     const T* row = plane + i * g.w;
     for (int64_t j = j_begin; j < j_end; ++j) {
       const float v = to_f32(row[j]);
-      if (!(v <= best_value)) {  // larger, or NaN
+      if (v > best_value || v != v) {
         best = i * g.w + j;
         best_value = v;
-        if (v != v) return best;
       }
     }
   }

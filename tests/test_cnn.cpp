@@ -83,7 +83,7 @@ TEST_P(CnnOpsTest, ForwardShapesAndArgumentChecks) {
   EXPECT_THROW(ops::batch_norm2d(x, Tensor::full({2}, 1.0f, d), zeros, Tensor(), Tensor(), Tensor(), {}), ShapeError);
 }
 
-TEST_P(CnnOpsTest, MaxPoolRoutesGradientsToTheFirstMaximumAndPropagatesNaN) {
+TEST_P(CnnOpsTest, MaxPoolRoutesGradientsToTheFirstMaximumOrTheLastNaN) {
   const Device d = device();
   // One 2x2 window per plane: ties go to the first maximum (CPU rule; cuDNN's is its own, so the
   // tie case runs on the CPU only).
@@ -102,6 +102,14 @@ TEST_P(CnnOpsTest, MaxPoolRoutesGradientsToTheFirstMaximumAndPropagatesNaN) {
     const auto y = ops::max_pool2d(n, 2, stride).to_vector<float>();
     EXPECT_TRUE(std::isnan(y[0])) << "a NaN in the window is its maximum";
     EXPECT_EQ(y[1], -1.0f);
+    if (d.is_cpu()) {
+      // PyTorch's rule (a NaN replaces the maximum so far): the window's last NaN gets the gradient,
+      // as torch.nn.functional.max_pool2d does on these values.
+      Tensor two_nans = Tensor::from_vector<float>({NAN, 1, NAN, 2}, {1, 1, 2, 2}, d);
+      two_nans.set_requires_grad(true);
+      ops::sum(ops::max_pool2d(two_nans, 2, stride)).backward();
+      EXPECT_EQ(two_nans.grad().to_vector<float>(), (std::vector<float>{0, 0, 1, 0}));
+    }
   }
 }
 

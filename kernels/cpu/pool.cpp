@@ -1,6 +1,6 @@
 // max_pool2d on the CPU: plain loops over each output's window. Padding is skipped (as -inf would
-// be: every window holds an input element), a NaN wins its window, ties go to the first element in
-// row-major window order (pool_window_argmax in kernels/pool_rules.h, shared with CUDA). Backward
+// be: every window holds an input element), the last NaN wins its window, else the first largest
+// element in row-major window order (pool_window_argmax in kernels/pool_rules.h, shared with CUDA). Backward
 // recomputes each window's argmax from x with the same rule instead of keeping an index tensor: x is
 // alive anyway (the ReLU before the pool saves it), and cuDNN's pooling backward reads it too. x, y,
 // dy, dx are stored as T (float, BFloat16, Half): a maximum is one of its inputs, so a 16-bit forward
@@ -24,14 +24,8 @@ bool is_2x2_stride_2(const Pool2dGeometry& g) {
 inline int argmax4(float a, float b, float c, float d) {
   const float v[4] = {a, b, c, d};
   int best = 0;
-  float best_value = a;
-  if (best_value != best_value) return 0;
   for (int k = 1; k < 4; ++k)
-    if (!(v[k] <= best_value)) {
-      best = k;
-      best_value = v[k];
-      if (v[k] != v[k]) return k;
-    }
+    if (v[k] > v[best] || v[k] != v[k]) best = k;
   return best;
 }
 
@@ -51,7 +45,8 @@ void max_pool2d_forward_cpu(const Pool2dGeometry& g, const T* x, T* y) {
                       d = to_f32(r1[2 * oj + 1]);
           const float m = std::max(std::max(a, b), std::max(c, d));
           const bool nan = (a != a) | (b != b) | (c != c) | (d != d);
-          out[oj] = from_f32<T>(nan ? a + b + c + d : m);  // the sum is NaN
+          const float window[4] = {a, b, c, d};
+          out[oj] = from_f32<T>(nan ? window[argmax4(a, b, c, d)] : m);  // the NaN the backward picks
         }
       }
     return;

@@ -1,7 +1,7 @@
 // max_pool2d's kernels of our own, for bf16, which cuDNN's pooling is not documented for (Note [bf16
 // on cuDNN] in kernels/cuda/cudnn_kernels.h; f32 and f16 pool through kernels/cuda/cudnn_pool.cu).
 // The CPU launchers' contracts and results (kernels/cpu/pool.cpp): each window's element is chosen by
-// the shared rule (pool_window_argmax: the first NaN, else the first largest), the forward copies it,
+// the shared rule (pool_window_argmax: the last NaN, else the first largest), the forward copies it,
 // and the backward gathers instead of scattering, so no two threads write one element and the order
 // is fixed: each dx element starts as beta * dx (0 for beta 0, without reading dx) and adds the dy of
 // every window that chose it, in row-major window order, rounding to T after each add as the CPU's

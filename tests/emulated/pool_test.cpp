@@ -88,19 +88,20 @@ TEST(PoolKernelsEmulated, MatchTheCpuBitForBit) {
   check_pool<Half>(kGeometries[2]);
 }
 
-// The rule's two corners by hand: a NaN anywhere in a window is its maximum, and of equal values
-// the first in row-major order is taken (-0 before +0 keeps -0's bits; its gradient goes there).
-TEST(PoolKernelsEmulated, NaNWinsAndTiesGoToTheFirst) {
+// The rule's two corners by hand: the last NaN in a window is its maximum (PyTorch's pick), and of
+// equal values the first in row-major order is taken (-0 before +0 keeps -0's bits; its gradient
+// goes there).
+TEST(PoolKernelsEmulated, TheLastNaNWinsAndTiesGoToTheFirst) {
   const Pool2dGeometry g = geometry(1, 1, 2, 4, 2, 2, 2, 2, 0, 0);
-  const DeviceVector<float> x = {-0.0f, 0.0f,  1.0f, kNaN,  //
-                                 0.0f,  -1.0f, 5.0f, 2.0f};
+  const DeviceVector<float> x = {-0.0f, 0.0f,  kNaN, 1.0f,  //
+                                 0.0f,  -1.0f, kNaN, 2.0f};
   DeviceVector<float> y(2, 7.0f), dx(8, kNaN);
   kernels::max_pool2d_forward_cuda(g, x.data(), y.data(), nullptr);
   EXPECT_TRUE(std::signbit(y[0]) && y[0] == 0.0f) << "the first of the tied zeros, -0";
   EXPECT_TRUE(std::isnan(y[1]));
   const DeviceVector<float> dy = {3.0f, 4.0f};
   kernels::max_pool2d_backward_cuda(g, x.data(), dy.data(), 0.0f, dx.data(), nullptr);
-  EXPECT_EQ(dx, (DeviceVector<float>{3, 0, 0, 4, 0, 0, 0, 0}));
+  EXPECT_EQ(dx, (DeviceVector<float>{3, 0, 0, 0, 0, 0, 4, 0}));
 }
 
 // Zero size: nothing launched, nothing written.
