@@ -82,7 +82,7 @@ say() { printf '%s\n' "$*" | tee -a "$summary"; }
 # archive is replaced only once the new one is whole.
 pack() {
   (
-    flock 9
+    flock 9 2> /dev/null || true
     cp "$summary" "$work/summary.txt"
     tar -C "$base" --exclude='*.safetensors' --exclude='*.state' --warning=no-file-changed \
       -czf "$OUT/checkup.tar.gz.part" checkup 2> /dev/null || true
@@ -229,7 +229,9 @@ run_test_binary() {
     return 0
   fi
   t0=$(date +%s%N)
-  timeout --kill-after=3 "$left" "$name" --gtest_brief=1 --gtest_filter="$(cat "$CK_DIR/$name.filter")" \
+  # 8 binaries share the CPUs: CPU work in a case (the references) gets CK_THREADS threads each
+  OPENBLAS_NUM_THREADS=$CK_THREADS OMP_NUM_THREADS=$CK_THREADS \
+    timeout --kill-after=3 "$left" "$name" --gtest_brief=1 --gtest_filter="$(cat "$CK_DIR/$name.filter")" \
     --gtest_output="json:$CK_DIR/$name.json" > "$CK_DIR/$name.log" 2>&1 || rc=$?
   ms=$((($(date +%s%N) - t0) / 1000000))
   echo "$rc" > "$CK_DIR/$name.exit"
@@ -267,8 +269,9 @@ phase_tests() {
     say "tests: no binary with CUDA cases (see tests/selection.txt)"
     return 0
   fi
-  CK_DIR=$dir CK_END=$((phase_end - 3)) \
-    xargs -P "${CHECKUP_TEST_JOBS:-8}" -I{} bash -c 'run_test_binary "$1"' _ {} <<< "$(printf '%s\n' "${order[@]}")" || true
+  local jobs=${CHECKUP_TEST_JOBS:-8}
+  CK_DIR=$dir CK_END=$((phase_end - 3)) CK_THREADS=$(($(nproc) / jobs > 0 ? $(nproc) / jobs : 1)) \
+    xargs -P "$jobs" -I{} bash -c 'run_test_binary "$1"' _ {} <<< "$(printf '%s\n' "${order[@]}")" || true
   "$py" "$report" tests "$dir" | tee -a "$summary"
 }
 
@@ -331,7 +334,7 @@ run_sanitizer() {  # "TOOL BINARY": its CUDA cases under the tool until the phas
     return 0
   fi
   local rc=0
-  timeout --kill-after=3 "$left" "$CK_SANITIZER" --tool "$tool" --error-exitcode 9 --print-limit 20 "$name" \
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 timeout --kill-after=3 "$left" "$CK_SANITIZER" --tool "$tool" --error-exitcode 9 --print-limit 20 "$name" \
     --gtest_brief=1 --gtest_filter="$(cat "$CK_DIR/$name.filter")" > "$log" 2>&1 || rc=$?
   trim "$log"
   say "  $tool $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (cut at the deadline)' || true)$("$py" "$report" sanitize "$log")"
