@@ -44,9 +44,15 @@ def test_binary(d, name, code, seconds):
     cut = code in ("124", "137")
     if not os.path.exists(path):
         with open(os.path.join(d, name + ".log"), errors="replace") as f:
-            tail = f.read()[-300:].strip().replace("\n", " | ")
-        print("  %s: exit %s in %s s, no report%s: %s" % (name, code, seconds, " (cut at the deadline)" if cut else "",
-                                                         tail))
+            log = f.read()
+        running = [l[12:].strip() for l in log.splitlines() if l.startswith("[ RUN      ]")]
+        done = {l[12:].split(" (")[0].strip() for l in log.splitlines() if l.startswith(("[       OK ]", "[  FAILED  ]",
+                                                                                          "[  SKIPPED ]"))}
+        open_cases = [c for c in running if c not in done]
+        failed = [l[12:].split(" (")[0].strip() for l in log.splitlines() if l.startswith("[  FAILED  ]")]
+        print("  %s: exit %s in %s s, no report%s; %d cases started, %d failed%s; its end: %s" % (
+            name, code, seconds, " (cut at the deadline)" if cut else "", len(running), len(set(failed)),
+            ", running " + open_cases[-1] if open_cases else "", log[-200:].strip().replace("\n", " | ")))
         return
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     failed = []

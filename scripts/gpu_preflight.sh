@@ -16,11 +16,12 @@
 #                   the size and the libraries only (no rehearsal through run.sh: it is not the bundle)
 #   --data DIR      the folder holding fashion-mnist/ and shakespeare/ (default ../shared/data)
 #   --python PY     the Python with torch for the rehearsal (default /work/venv/bin/python or python3)
+#   --stale-ok      go on when sources the programs are built from changed since the bundle's commit
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
 limit_mib=64
-make_bundle=0 measure="" rehearse=1
+make_bundle=0 measure="" rehearse=1 stale_ok=0
 data=$(cd "$root/.." && pwd)/shared/data
 python=/work/venv/bin/python
 [ -x "$python" ] || python=python3
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
     --data) data=${2:?--data needs a folder}; shift ;;
     --python) python=${2:?--python needs an interpreter}; shift ;;
     --no-rehearsal) rehearse=0 ;;
+    --stale-ok) stale_ok=1 ;;
     *) echo "gpu_preflight: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
@@ -70,8 +72,17 @@ else
   [ -f "$carried/bundle.tar.xz" ] && [ -f "$carried/run.sh" ] ||
     fail "no .gpu/bundle.tar.xz: run ../shared/gpu/bundle.sh first (or this script with --bundle)"
 fi
-echo "preflight: bundle $(mib "$(stat -c %s "$carried/bundle.tar.xz")") MiB, commit $(tar -xJOf "$carried/bundle.tar.xz" ./COMMIT 2> /dev/null || echo '?')" \
+bundle_commit=$(tar -xJOf "$carried/bundle.tar.xz" ./COMMIT 2> /dev/null || echo unknown)
+echo "preflight: bundle $(mib "$(stat -c %s "$carried/bundle.tar.xz")") MiB, commit $bundle_commit" \
   "(the checkout is at $(git rev-parse HEAD))"
+# The scripts and the PyTorch side travel as the working tree is; the programs are the bundle's. Any
+# other change since the bundle's commit (committed or not) means the call would test older code.
+stale=$({ git diff --name-only "$bundle_commit" HEAD 2> /dev/null || echo "(the bundle's commit $bundle_commit is unknown here)"
+  git status --porcelain | cut -c4-; } | grep -vE '^(scripts/|docs/|bench/[^/]*\.py$|bench/pytorch/|bench/results/|.*\.md$)' | sort -u || true)
+if [ -n "$stale" ] && [ -z "$measure" ]; then
+  echo "preflight: changed since the bundle was built: $(echo "$stale" | head -n 12 | tr '\n' ' ')"
+  ((stale_ok)) || fail "the bundle is older than the sources above: rebuild it (../shared/gpu/bundle.sh or --bundle), or --stale-ok"
+fi
 
 # ---- 1. the data the checkup reads ----------------------------------------------------------------
 [ -f "$data/fashion-mnist/train-images-idx3-ubyte.gz" ] || fail "no Fashion-MNIST under $data/fashion-mnist"
@@ -172,6 +183,6 @@ if [ -n "$measure" ]; then
   echo "preflight: measured only (--measure): make the bundle with ../shared/gpu/bundle.sh and run this again"
   exit 0
 fi
-echo "preflight: ready in $(($(date +%s) - started)) s. The one device call (run tool):"
-echo "  carry [\".gpu\"], timeout_s 570, command:"
+echo "preflight: ready in $(($(date +%s) - started)) s$( ((rehearse)) || echo ' (NOT rehearsed: --no-rehearsal)'). The one device call (run tool):"
+echo "  carry [\".gpu\"], timeout_s 540, command:"
 echo "  bash .gpu/run.sh bash scripts/gpu_checkup.sh .gpu/data/fashion-mnist .gpu/data/shakespeare"
