@@ -6,7 +6,8 @@ are worth running. Which ones those are is read from the binary's own list (--gt
 parameter names are the real ones) and from its source, tests/<binary>.cpp:
 
 - a parameterized case whose parameter name says `cuda` (`Devices/Suite.Case/cuda`,
-  `Types/PrecisionTest.Case/cuda_bf16`) is one; one whose parameter says `cpu` is not;
+  `Types/PrecisionTest.Case/cuda_bf16`) is one; one whose parameter says `cpu` is not, unless its
+  body asks whether the machine has a GPU (cuda_available(), cuda_device_count(): mixing devices);
 - any other case is one when its suite or name says CUDA or GPU (`GraphCudaTest.*`,
   `OpCaseTest.CudaMatchesCpu/*`), or when its body or its fixture's class asks for a CUDA device
   (cuda_available(), is_cuda(), Device::cuda, cuda_device_count(), `--device cuda`, cuDNN).
@@ -32,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CUDA_NAME = re.compile(r"cuda|gpu", re.I)
 CUDA_BODY = re.compile(r"cuda_available\s*\(|is_cuda\s*\(|Device::cuda|cuda_device_count\s*\(|--device cuda|"
                        r"cudnn_compiled\s*\(|kCuda\b")
+CUDA_MACHINE = re.compile(r"cuda_available\s*\(|cuda_device_count\s*\(")
 TEST_HEAD = re.compile(r"^(TEST|TEST_F|TEST_P)\(\s*(\w+)\s*,\s*(\w+)\s*\)", re.M)
 CLASS_HEAD = re.compile(r"^(?:class|struct)\s+(\w+)\s*(?:final\s*)?:\s*public\s+([\w:<>, ]+?)\s*\{", re.M)
 
@@ -86,7 +88,8 @@ def select(binary, source, excluded_suites):
         if param and re.search(r"(^|_)cuda", param, re.I):
             reason = "parameter"
         elif param and re.search(r"(^|_)cpu", param, re.I):
-            reason = None
+            # the CPU instance, unless its body asks the machine for a GPU anyway (mixing devices)
+            reason = "body" if CUDA_MACHINE.search(tests.get((suite, name), "")) else None
         elif CUDA_NAME.search(suite) or CUDA_NAME.search(name):
             reason = "name"
         elif CUDA_BODY.search(tests.get((suite, name), "")):

@@ -59,6 +59,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)  # the checkout: tests/ sources, bench/ s
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 base=$(mktemp -d "${TMPDIR:-/tmp}/checkup.XXXXXX")
+[ "${CHECKUP_KEEP_WORK:-0}" = 1 ] || trap 'rm -rf "$base"' EXIT  # what matters is in $OUT already
 work=$base/checkup
 mkdir -p "$work"
 summary=$OUT/summary.txt
