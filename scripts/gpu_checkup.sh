@@ -77,8 +77,15 @@ export CUMULUS_DATA=$fashion  # test_data's case on the real dataset
 # would load the system's instead and lose its site-packages (torch): its own folder goes first.
 python=${CHECKUP_PYTHON:-python3}
 pylib=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")' 2>/dev/null || true)
+# A system folder there would put the system's libraries before the bundle's for every program the
+# Python scripts start (the apps): only a Python's own folder goes first.
+case $pylib in /usr/lib | /usr/lib64 | /usr/lib/x86_64-linux-gnu | /lib | /lib64 | /lib/x86_64-linux-gnu) pylib="" ;; esac
 py=$base/py
-printf '#!/bin/sh\nLD_LIBRARY_PATH=%q${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %q "$@"\n' "$pylib" "$(command -v "$python")" > "$py"
+if [ -n "$pylib" ]; then
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%q${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %q "$@"\n' "$pylib" "$(command -v "$python")" > "$py"
+else
+  printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$python")" > "$py"
+fi
 chmod +x "$py"
 report=$root/scripts/checkup_report.py
 
