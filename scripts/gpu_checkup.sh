@@ -203,7 +203,7 @@ phase_probe() {
     [ -n "$cs" ] || { [ -x "$c" ] && cs=$c; } || true
   done
   if [ -n "$cs" ]; then
-    timed probe_sanitizer "$(cap 20)" "$cs" --tool memcheck --error-exitcode 9 test_tensor --gtest_brief=1 \
+    timed probe_sanitizer "$(cap 20)" "$cs" --tool memcheck --error-exitcode 9 "$bin/test_tensor" --gtest_brief=1 \
       --gtest_filter="$case" &
   fi
   timed probe_torch "$(cap 20)" "$py" -c "import numpy, torch
@@ -356,7 +356,7 @@ run_sanitizer() {  # "TOOL BINARY": its CUDA cases under the tool until the phas
   fi
   local rc=0
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 timeout --kill-after=3 "$left" "$CK_SANITIZER" --tool "$tool" \
-    --error-exitcode 9 --print-limit 20 "$name" --gtest_filter="$(cat "$CK_DIR/$name.filter")" \
+    --error-exitcode 9 --print-limit 20 "$CK_BIN/$name" --gtest_filter="$(cat "$CK_DIR/$name.filter")" \
     > "$log" 2>&1 || rc=$?
   trim "$log"
   # clean: exit 0 and the tool's own summary says so (racecheck's RACECHECK SUMMARY where it prints one)
@@ -390,7 +390,7 @@ phase_sanitize() {
   for t in test_attention test_gpt test_tensor_ops test_op_cases test_reduce_dims test_fused_mlp test_graphs test_data; do
     if [ -s "$dir/$t.filter" ]; then pairs+=("memcheck $t" "racecheck $t"); else say "  $t: no CUDA case found"; fi
   done
-  CK_DIR=$dir CK_END=$((phase_end - 2)) CK_SANITIZER=$sanitizer \
+  CK_DIR=$dir CK_END=$((phase_end - 2)) CK_SANITIZER=$sanitizer CK_BIN=$bin \
     xargs -P "${CHECKUP_SANITIZE_JOBS:-16}" -I{} bash -c 'run_sanitizer "$1"' _ {} <<< "$(printf '%s\n' "${pairs[@]}")" || true
   local clean
   clean=$(find "$dir" -name '*.log.clean' | wc -l)
