@@ -5,6 +5,7 @@ each printing a few lines and never failing the checkup (a missing or cut result
   checkup_report.py test-binary DIR NAME EXIT SECONDS    one test binary's CUDA cases
   checkup_report.py tests DIR                            the tests phase as a whole
   checkup_report.py seed METRICS.jsonl SECONDS           the seed run against its targets
+  checkup_report.py kernels DEFAULT.jsonl S GENERIC.jsonl S  the default kernels against the generic ones
   checkup_report.py weights A.safetensors B.safetensors  largest difference of two runs' weights
   checkup_report.py bench BENCH.json                     the step microbenchmarks' targets
   checkup_report.py compare COMPARE.json                 the app against PyTorch with CUDA graphs
@@ -109,6 +110,28 @@ def seed(path, seconds):
         print("  targets: 78.3%% / 0.6197: %s; at most 3 s start to exit: %s" % (
             "met" if abs(acc - SEED_ACCURACY) < 0.0005 and abs(loss - SEED_LOSS) < 0.00005 else "NOT met",
             "met" if float(seconds) <= 3.0 else "NOT met"))
+
+
+def kernels(default_path, default_s, generic_path, generic_s):
+    """The default kernels' run against the generic one's: which is faster, and what the default is."""
+    def read(path):
+        with open(path) as f:
+            epochs = [json.loads(l) for l in f if l.strip()]
+        epochs = [e for e in epochs if "epoch" in e]
+        steady = sorted(e.get("epoch_seconds", 0) for e in (epochs[1:] or epochs))
+        return epochs[-1].get("kernels", "?"), steady[len(steady) // 2]
+    try:
+        (dk, de), (gk, ge) = read(default_path), read(generic_path)
+    except (OSError, ValueError, IndexError) as e:
+        print("  kernels: not compared (%s)" % e)
+        return
+    if dk == "fused":
+        verdict = ("the fused default is the faster: met" if de < ge else
+                   "the fused default is slower than the generic path: NOT met (the default should be generic)")
+    else:
+        verdict = "the default resolves to the %s path here (fused against generic: the speed phase)" % dk
+    print("  default kernels (%s): median epoch %.3f s, %s s start to exit; generic: %.3f s, %s s: %s" % (
+        dk, de, default_s, ge, generic_s, verdict))
 
 
 def tensors(path):  # safetensors: an 8-byte header length, the JSON header, then the raw data
@@ -241,7 +264,8 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
-    handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "weights": weights, "bench": bench,
+    handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "kernels": kernels, "weights": weights,
+                "bench": bench,
                 "compare": compare, "sanitize": sanitize, "gpt": gpt}
     if cmd not in handlers:
         sys.exit("checkup_report.py: unknown report '%s'\n%s" % (cmd, __doc__))

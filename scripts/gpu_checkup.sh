@@ -420,6 +420,8 @@ app_run() {
 phase_seed() {
   app_run seed_default "$(cap 15)" "${seed_flags[@]}" "${graph_flags[@]}"
   app_run seed_generic "$(cap 15)" "${seed_flags[@]}" "${graph_flags[@]}" --kernels generic
+  "$py" "$report" kernels "$work/seed_default.jsonl" "$(seconds_of seed_default)" "$work/seed_generic.jsonl" \
+    "$(seconds_of seed_generic)" | tee -a "$summary"
   "$py" "$report" weights "$work/seed_default.safetensors" "$work/seed_generic.safetensors" | tee -a "$summary"
 }
 
