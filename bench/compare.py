@@ -416,6 +416,10 @@ def main():
     p.add_argument("--seed-loader", choices=("auto", "torchvision", "idx"), default="auto")
     p.add_argument("--out-dir", default=None, help="default: bench/results/<date>-<device>")
     p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--bench-json", default=None,
+                   help="the benchmarks' Google Benchmark JSON from an earlier run: read for the tables, not rerun")
+    p.add_argument("--pytorch-variants", default=None,
+                   help="comma-separated subset of seed,fast,graphs (default: seed,fast on CPU, all three on CUDA)")
     p.add_argument("--skip-app", action="store_true")
     p.add_argument("--skip-pytorch", action="store_true")
     a = p.parse_args()
@@ -440,7 +444,13 @@ def main():
 
     bench, bench_ctx = {}, {}
     exe = os.path.join(bindir, BENCH)
-    if a.skip_bench:
+    if a.bench_json:
+        if os.path.exists(a.bench_json):
+            bench, bench_ctx = parse_bench(a.bench_json)
+            notes.append(f"cumulus benchmarks: read from {a.bench_json} ({len(bench)} results), not rerun")
+        else:
+            notes.append(f"cumulus benchmarks: {a.bench_json} does not exist")
+    elif a.skip_bench:
         notes.append("cumulus benchmarks: skipped (--skip-bench)")
     elif not os.path.exists(exe):
         notes.append(f"cumulus benchmarks: {exe} not built (cmake --build {build} --target {BENCH})")
@@ -485,6 +495,8 @@ def main():
             app_modes = [("eager", [])]
             notes.append("cumulus app: its --help lists no --graphs flag: ran once without it, shown as 'cumulus eager'")
     variants = ("seed", "fast", "graphs") if cuda else ("seed", "fast")
+    if a.pytorch_variants:
+        variants = tuple(v for v in variants if v in a.pytorch_variants.split(","))
 
     results = {"machine": info, "bench_context": bench_ctx, "configs": {}}
     sections = []

@@ -9,10 +9,20 @@ ratio, and the tokens per second those medians give. Writes summary.json and sum
 
   bench/gpt_compare.py --gpt build/bin/gpt --data ../shared/data/shakespeare --out DIR
                        [--configs small,large] [--steps 30] [--rounds 3] [--threads 1] [--compile]
-                       [--device cpu|cuda] [--precision fp32|bf16]
+                       [--device cpu|cuda] [--precision fp32|bf16] [--also-compile] [--cpu-reference N]
 
 On CUDA, `gpt2s` is GPT-2 small's shape (context 1024, width 768, 12 heads, 12 blocks) with the
 character vocabulary; both engines then run f32 without TF32, or bf16 compute with fp32 weights.
+`parity` is GPT-2 small's block (width 768, 12 heads of 64) at context 256 with 2 blocks: cheap
+enough for --cpu-reference over 20 steps.
+
+--also-compile runs a third side in every round, the twin under torch.compile (`pytorch_compile`),
+so that eager and compiled PyTorch are measured beside cumulus in one run; a compiled twin that
+fails or runs past --compile-timeout is reported, not fatal. --cpu-reference N then runs cumulus on
+the CPU from the same weights with the same flags for the first N steps (--stop-after N,
+--cpu-threads threads) and reports the per-step loss differences of the device's first round
+against it (on the GPU: the CUDA path against the CPU path). summary.json and summary.md are
+rewritten after every config, so a run cut short keeps the configs it finished.
 """
 
 import argparse
@@ -28,6 +38,7 @@ CONFIGS = {  # nanoGPT-style flag sets; the issue's two sizes
     "small": dict(context=64, width=128, heads=4, layers=4, micro_batch=8, accum_steps=4),
     "large": dict(context=256, width=256, heads=8, layers=6, micro_batch=8, accum_steps=4),
     "gpt2s": dict(context=1024, width=768, heads=12, layers=12, micro_batch=8, accum_steps=4),
+    "parity": dict(context=256, width=768, heads=12, layers=2, micro_batch=4, accum_steps=2),
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,10 +48,18 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run(cmd, env=None):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+def run(cmd, env=None, fatal=True, timeout=None):
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if fatal:
+            raise
+        raise RuntimeError("past its %d s limit (--compile-timeout): %s" % (timeout, " ".join(cmd)))
     if r.returncode != 0:
-        sys.exit("failed (%d): %s\n%s" % (r.returncode, " ".join(cmd), r.stdout[-3000:]))
+        message = "failed (%d): %s\n%s" % (r.returncode, " ".join(cmd), r.stdout[-3000:])
+        if fatal:
+            sys.exit(message)
+        raise RuntimeError(message)
     return r.stdout
 
 
@@ -55,10 +74,14 @@ def compare(name, cfg, a, corpus, out):
               "--precision", a.precision]
     run([a.gpt, "train", "--data", corpus] + shape + ["--steps", "0", "--warmup", "0", "--save", init, "--quiet"])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    times = {"cumulus": [], "pytorch": []}
-    runs = {"cumulus": [], "pytorch": []}
+    sides = ("cumulus", "pytorch") + (("pytorch_compile",) if a.also_compile else ())
+    times = {k: [] for k in sides}
+    runs = {k: [] for k in sides}
+    failed = {}
     for r in range(a.rounds):
-        for who in ("cumulus", "pytorch"):
+        for who in sides:
+            if who in failed:
+                continue
             metrics = os.path.join(out, "%s_%s_%d.jsonl" % (name, who, r))
             if os.path.exists(metrics):
                 os.remove(metrics)
@@ -68,9 +91,15 @@ def compare(name, cfg, a, corpus, out):
             else:
                 cmd = [sys.executable, os.path.join(HERE, "pytorch", "gpt.py"), "--data", corpus, "--init", init,
                        "--metrics", metrics] + common
-                if a.compile:
+                if a.compile or who == "pytorch_compile":
                     cmd.append("--compile")
-                run(cmd, env)
+                try:
+                    run(cmd, env, fatal=who == "pytorch",
+                        timeout=a.compile_timeout if who == "pytorch_compile" and a.compile_timeout else None)
+                except RuntimeError as e:
+                    failed[who] = str(e)[-1500:]
+                    print("%s %s: %s" % (name, who, failed[who]), file=sys.stderr, flush=True)
+                    continue
             lines = read_jsonl(metrics)
             steps = [l for l in lines if "loss" in l]
             runs[who].append(lines)
@@ -79,10 +108,10 @@ def compare(name, cfg, a, corpus, out):
     p_steps = [l for l in runs["pytorch"][0] if "loss" in l]
     c_val = [l["val_loss"] for l in runs["cumulus"][0] if "val_loss" in l][-1]
     p_val = [l["val_loss"] for l in runs["pytorch"][0] if "val_loss" in l][-1]
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items() if v}
     if a.plot:
         write_curves(os.path.join(out, name + "_curves.svg"), runs["cumulus"][0], runs["pytorch"][0])
-    return {
+    result = {
         "config": dict(cfg, steps=a.steps, threads=a.threads, rounds=a.rounds),
         "max_step_loss_diff": max(abs(x["loss"] - y["loss"]) for x, y in zip(c_steps, p_steps)),
         "max_step_loss_diff_first_200": max(abs(x["loss"] - y["loss"]) for x, y in zip(c_steps[:200], p_steps[:200])),
@@ -91,11 +120,45 @@ def compare(name, cfg, a, corpus, out):
         "final_loss": {"cumulus": c_steps[-1]["loss"], "pytorch": p_steps[-1]["loss"]},
         "val_loss": {"cumulus": c_val, "pytorch": p_val, "diff": abs(c_val - p_val)},
         "median_step_seconds": med,
-        "min_step_seconds": {k: min(v) for k, v in times.items()},
-        "max_step_seconds": {k: max(v) for k, v in times.items()},
+        "min_step_seconds": {k: min(v) for k, v in times.items() if v},
+        "max_step_seconds": {k: max(v) for k, v in times.items() if v},
         "ratio_cumulus_over_pytorch": med["cumulus"] / med["pytorch"],
         "tokens_per_second": {k: cfg["micro_batch"] * cfg["accum_steps"] * cfg["context"] / v for k, v in med.items()},
     }
+    if "pytorch_compile" in med:
+        result["ratio_cumulus_over_pytorch_compile"] = med["cumulus"] / med["pytorch_compile"]
+        k_steps = [l for l in runs["pytorch_compile"][0] if "loss" in l]
+        result["max_step_loss_diff_compile"] = max(abs(x["loss"] - y["loss"]) for x, y in zip(c_steps, k_steps))
+    if failed:
+        result["failed"] = failed
+    if a.cpu_reference:
+        result["cpu_reference"] = cpu_reference(name, a, corpus, out, init, shape, common, c_steps)
+    return result
+
+
+def cpu_reference(name, a, corpus, out, init, shape, common, device_steps):
+    """cumulus on the CPU from the same weights and flags for the first --cpu-reference steps: the
+    per-step loss differences of the device's first round against it."""
+    n = min(a.cpu_reference, a.steps)
+    metrics = os.path.join(out, "%s_cumulus_cpu_reference.jsonl" % name)
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    flags = list(common)
+    for flag, value in (("--device", "cpu"), ("--threads", str(a.cpu_threads))):
+        flags[flags.index(flag) + 1] = value
+    t0 = time.perf_counter()
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.cpu_threads))
+    try:
+        run([a.gpt, "train", "--data", corpus, "--init", init, "--metrics", metrics, "--quiet", "--stop-after", str(n)]
+            + shape + flags, env, fatal=False)
+    except RuntimeError as e:
+        return {"steps": n, "error": str(e)[-1500:]}
+    cpu = [l for l in read_jsonl(metrics) if "loss" in l][:n]
+    diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(device_steps, cpu)]
+    return {"steps": len(diffs), "precision": a.precision, "threads": a.cpu_threads,
+            "seconds": time.perf_counter() - t0, "max_loss_diff": max(diffs) if diffs else None,
+            "loss_diff_per_step": diffs,
+            "losses": {"device": [l["loss"] for l in device_steps[:len(diffs)]], "cpu": [l["loss"] for l in cpu]}}
 
 
 def write_curves(path, cumulus, pytorch, width=640, height=360):
@@ -141,6 +204,13 @@ def main():
     p.add_argument("--compile", action="store_true", help="torch.compile the twin's model")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--also-compile", action="store_true",
+                   help="a third side each round: the twin under torch.compile (pytorch_compile)")
+    p.add_argument("--compile-timeout", type=float, default=0,
+                   help="seconds the --also-compile side may take per run (0: no limit); past it, reported failed")
+    p.add_argument("--cpu-reference", type=int, default=0, metavar="N",
+                   help="cumulus on the CPU from the same weights for N steps: per-step loss differences")
+    p.add_argument("--cpu-threads", type=int, default=os.cpu_count(), help="threads of the --cpu-reference run")
     a = p.parse_args()
     corpus = os.path.join(a.data, "shakespeare.txt") if os.path.isdir(a.data) else a.data
     os.makedirs(a.out, exist_ok=True)
@@ -148,6 +218,8 @@ def main():
     results = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
                "cpu_count": os.cpu_count(), "load_before": os.getloadavg(), "torch": torch.__version__,
                "compile": a.compile, "device": a.device, "precision": a.precision, "configs": {}}
+    if a.also_compile:
+        results["also_compile"] = True
     if a.device == "cuda":
         results["gpu"] = torch.cuda.get_device_name(0)
     # Which kernels cumulus' GEMMs run (OpenBLAS's choice, or the environment's OPENBLAS_CORETYPE).
@@ -157,21 +229,41 @@ def main():
     for name in a.configs.split(","):
         results["configs"][name] = compare(name, CONFIGS[name], a, corpus, a.out)
         print(name, json.dumps(results["configs"][name]), flush=True)
-    results["load_after"] = os.getloadavg()
-    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        results["load_after"] = os.getloadavg()
+        rows = write_summary(results, a.out)
+    print("\n".join(rows))
+
+
+def write_summary(results, out):
+    """summary.json and summary.md of the configs so far; returns the markdown's lines."""
+    with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(results, f, indent=2)
     rows = ["| config | cumulus ms/step | PyTorch ms/step | ratio | tokens/s (cumulus / PyTorch) | max step-loss diff "
             "| val loss (cumulus / PyTorch) |",
             "|---|---|---|---|---|---|---|"]
+    extra = []
     for name, r in results["configs"].items():
         m = r["median_step_seconds"]
         tps = r["tokens_per_second"]
         rows.append("| %s | %.1f | %.1f | %.2fx | %.0f / %.0f | %.1e | %.6f / %.6f |" % (
             name, m["cumulus"] * 1e3, m["pytorch"] * 1e3, r["ratio_cumulus_over_pytorch"], tps["cumulus"],
             tps["pytorch"], r["max_step_loss_diff"], r["val_loss"]["cumulus"], r["val_loss"]["pytorch"]))
-    with open(os.path.join(a.out, "summary.md"), "w") as f:
-        f.write("\n".join(rows) + "\n")
-    print("\n".join(rows))
+        if "pytorch_compile" in m:
+            extra.append("%s, PyTorch compiled: %.1f ms/step, %.0f tokens/s, cumulus / compiled %.2fx, max step-loss "
+                         "diff %.1e" % (name, m["pytorch_compile"] * 1e3, tps["pytorch_compile"],
+                                        r["ratio_cumulus_over_pytorch_compile"], r["max_step_loss_diff_compile"]))
+        for who, why in r.get("failed", {}).items():
+            extra.append("%s, %s: failed: %s" % (name, who, why.strip().splitlines()[-1][:300] if why.strip() else "?"))
+        ref = r.get("cpu_reference")
+        if ref and ref.get("error"):
+            extra.append("%s, CPU reference: failed: %s" % (name, ref["error"].strip().splitlines()[-1][:300]))
+        elif ref:
+            extra.append("%s, against cumulus on the CPU (%s, same weights): largest step-loss difference %.2e over %d "
+                         "steps (%.0f s)" % (name, ref["precision"], ref["max_loss_diff"] if ref["max_loss_diff"]
+                                             is not None else float("nan"), ref["steps"], ref["seconds"]))
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(rows + ([""] + extra if extra else [])) + "\n")
+    return rows + ([""] + extra if extra else [])
 
 
 if __name__ == "__main__":

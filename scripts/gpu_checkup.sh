@@ -1,244 +1,496 @@
 #!/usr/bin/env bash
-# The CUDA checkup in one run on a lent GPU machine: correctness, the seed run, speed against
-# PyTorch, compute-sanitizer, the GPT's tokens/s, the planner, and 16-bit precision (the seed run in
-# bf16 and fp16, the CNN), in that order of value.
-# Each phase runs under its own time cap and all under one budget (CHECKUP_BUDGET_S, 480 s), so a
-# first call does what matters in about 8 minutes and what does not fit is listed as skipped.
-# Everything but weights lands in $OUT/checkup.tar.gz (repacked after every phase: the device tool
-# brings back only 8 files of at most 16 MiB, and a run cut short keeps what it finished) and
-# $OUT/summary.txt.
+# The CUDA checkup in one call on a lent GPU machine (issue 58), its phases in order of value:
+#   probe      20 s  GPU, driver, every library, the engine runs a CUDA case, compute-sanitizer and
+#                    PyTorch work; stops the checkup (exit 3) when the GPU, a library or the engine fails
+#   tests      90 s  every test binary's CUDA cases (scripts/gpu_cases.py), 8 binaries at a time, one
+#                    deadline for the whole phase; CPU-only binaries and CPU cases ran in CI
+#   gpt       190 s  the GPT at GPT-2 small's shape (bench/gpt_compare.py gpt2s), bf16 then fp32,
+#                    against the PyTorch twin eager (SDPA, fused AdamW) and torch.compile; then the
+#                    losses over 20 steps against cumulus on the CPU from the same weights (`parity`)
+#   sanitize   55 s  compute-sanitizer memcheck and racecheck on the CUDA cases of attention, the
+#                    GPT, layer norm, embedding, reductions, the fused MLP, graphs and data, all at once
+#   seed       30 s  the seed run with the default and the generic kernels, graphs on, timed from
+#                    process start to exit; whether their weights agree
+#   speed      45 s  the step microbenchmarks, then the app against PyTorch eager and with CUDA
+#                    graphs (bench/compare.py, 16 x 4, 2 epochs)
+#   planner    45 s  --plan-only for the MLP and the CNN, predicted against measured peaks
+#   precision  40 s  the seed run in bf16 and fp16, the CNN in fp32 and bf16, bench_precision
+# Each phase has its cap (CHECKUP_CAP_<PHASE> overrides one) and all share one budget
+# (CHECKUP_BUDGET_S, 480 s): a phase never starts a step past its cap or the budget, and what did not
+# fit is said as skipped. Results are kept as they come: every step appends to $OUT/summary.txt and
+# repacks $OUT/checkup.tar.gz (logs trimmed, no weights), so a call cut at any second returns what
+# it finished. Two files come back, well under the device tool's 8.
 #
-# On the GPU machine, inside the bundle's environment (../shared/gpu/bundle.sh; bin/ on PATH):
-#   bash .gpu/run.sh bash scripts/gpu_checkup.sh FASHION_MNIST_DIR SHAKESPEARE_DIR [PHASE...]
-# PHASE: tests seed speed sanitize gpt planner precision (default: all of them, in that order).
-# Rehearsed on a machine without a GPU with the same command: CUDA test cases skip and every
-# --device cuda run fails at once, which exercises each phase's plumbing. CHECKUP_DEVICE=cpu runs
-# the device phases on the CPU instead, CHECKUP_GPT_CONFIG=small shrinks the GPT (bench/gpt_compare.py).
-set -uo pipefail
-usage="usage: gpu_checkup.sh FASHION_MNIST_DIR SHAKESPEARE_DIR [tests|seed|speed|sanitize|gpt|planner|precision ...]"
-fashion=${1:?$usage}
-shakespeare=${2:?$usage}
+# On the GPU machine, inside the bundle's environment (../shared/gpu/bundle.sh, staged with the data
+# by scripts/gpu_preflight.sh):
+#   bash .gpu/run.sh bash scripts/gpu_checkup.sh .gpu/data/fashion-mnist .gpu/data/shakespeare [PHASE...]
+# Rehearsal on a machine without a GPU (scripts/gpu_preflight.sh does it): CHECKUP_DEVICE=cpu runs
+# every phase on the CPU with small shapes (CHECKUP_SMALL=1: 2 epochs of 2,048 samples, the GPT's
+# `small` config) and every cap doubled (CHECKUP_CAP_FACTOR=2: 2 shared cores), compute-sanitizer
+# replaced by running the cases plainly when it is absent.
+# CHECKUP_PYTHON: the Python with torch (default python3).
+set -euo pipefail
+usage="usage: gpu_checkup.sh FASHION_MNIST_DIR SHAKESPEARE_DIR [PHASE...]
+  PHASE: probe tests gpt sanitize seed speed planner precision (default: all, in that order)"
+if [ $# -lt 2 ]; then
+  echo "$usage" >&2
+  exit 2
+fi
+fashion=$(cd "$1" && pwd) || { echo "gpu_checkup: no folder $1" >&2; exit 2; }
+shakespeare=$(cd "$2" && pwd) || { echo "gpu_checkup: no folder $2" >&2; exit 2; }
 shift 2
+all_phases=(probe tests gpt sanitize seed speed planner precision)
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(tests seed speed sanitize gpt planner precision)
-bin=$(dirname "$(command -v fashion_mnist)") || { echo "gpu_checkup: fashion_mnist is not on PATH"; exit 2; }
+[ ${#phases[@]} -gt 0 ] || phases=("${all_phases[@]}")
+for phase in "${phases[@]}"; do
+  case " ${all_phases[*]} " in *" $phase "*) ;; *) echo "gpu_checkup: unknown phase '$phase'; $usage" >&2; exit 2 ;; esac
+done
 device=${CHECKUP_DEVICE:-cuda}
-gpt_config=${CHECKUP_GPT_CONFIG:-gpt2s}
+case $device in cuda | cpu) ;; *) echo "gpu_checkup: CHECKUP_DEVICE is cuda or cpu, not '$device'" >&2; exit 2 ;; esac
+small=${CHECKUP_SMALL:-$([ "$device" = cpu ] && echo 1 || echo 0)}
 budget=${CHECKUP_BUDGET_S:-480}
+# The rehearsal's machine (2 shared cores) is slower than the GPU machine's 16 for the CPU work of
+# a step (process start, PyTorch's import, the data): it doubles every cap unless told otherwise.
+factor=${CHECKUP_CAP_FACTOR:-$( ((small)) && echo 2 || echo 1)}
+declare -A cap_of=([probe]=20 [tests]=90 [gpt]=190 [sanitize]=55 [seed]=30 [speed]=45 [planner]=45 [precision]=40)
+for phase in "${all_phases[@]}"; do
+  var=CHECKUP_CAP_${phase^^}
+  cap_of[$phase]=${!var:-${cap_of[$phase]}}
+done
+fm=$(command -v fashion_mnist) || { echo "gpu_checkup: fashion_mnist is not on PATH (run it through .gpu/run.sh)" >&2; exit 2; }
+bin=$(dirname "$fm")
+root=$(cd "$(dirname "$0")/.." && pwd)  # the checkout: tests/ sources, bench/ scripts
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-work=$(mktemp -d)/checkup
+base=$(mktemp -d "${TMPDIR:-/tmp}/checkup.XXXXXX")
+[ "${CHECKUP_KEEP_WORK:-0}" = 1 ] || trap 'rm -rf "$base"' EXIT  # what matters is in $OUT already
+work=$base/checkup
 mkdir -p "$work"
-summary=$work/summary.txt
-start=$SECONDS
+summary=$OUT/summary.txt
+: > "$summary"
+start=$(date +%s)
+budget_end=$((start + budget))
+phase_end=$budget_end
+export CUMULUS_DATA=$fashion  # test_data's case on the real dataset
 
 # run.sh puts the system's library folder on LD_LIBRARY_PATH; a Python with its own libpython (pyenv)
 # would load the system's instead and lose its site-packages (torch): its own folder goes first.
-pylib=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")' 2>/dev/null)
-py=(env "LD_LIBRARY_PATH=$pylib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3)
+python=${CHECKUP_PYTHON:-python3}
+pylib=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")' 2>/dev/null || true)
+# A system folder there would put the system's libraries before the bundle's for every program the
+# Python scripts start (the apps): only a Python's own folder goes first.
+case $pylib in /usr/lib | /usr/lib64 | /usr/lib/x86_64-linux-gnu | /lib | /lib64 | /lib/x86_64-linux-gnu) pylib="" ;; esac
+py=$base/py
+if [ -n "$pylib" ]; then
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%q${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %q "$@"\n' "$pylib" "$(command -v "$python")" > "$py"
+else
+  printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$python")" > "$py"
+fi
+chmod +x "$py"
+report=$root/scripts/checkup_report.py
 
-say() { echo "$*" | tee -a "$summary"; }
-# A phase step's time cap: its own, or what is left of the budget when that is less.
-cap() {
-  local left=$((budget - (SECONDS - start)))
-  ((left < $1)) && echo "$left" || echo "$1"
-}
+say() { printf '%s\n' "$*" | tee -a "$summary"; }
+# Everything but weights and optimizer state into $OUT/checkup.tar.gz, one packer at a time; the
+# archive is replaced only once the new one is whole.
 pack() {
-  cp "$summary" "$OUT/summary.txt"
-  tar -C "$(dirname "$work")" --exclude='*.safetensors' -czf "$OUT/checkup.tar.gz" checkup
+  (
+    flock 9 2> /dev/null || true
+    cp "$summary" "$work/summary.txt"
+    local keep_out=(--exclude='*.safetensors' --exclude='*.state')
+    tar -C "$base" "${keep_out[@]}" --warning=no-file-changed -czf "$OUT/checkup.tar.gz.part" checkup 2> /dev/null || true
+    # the device tool brings back files of 16 MiB at most: past 15, the JSON reports stay behind
+    if [ "$(stat -c %s "$OUT/checkup.tar.gz.part" 2> /dev/null || echo 0)" -gt 15728640 ]; then
+      echo "the archive passed 15 MiB: JSON left out of it" > "$work/ARCHIVE_TRIMMED"
+      tar -C "$base" "${keep_out[@]}" --exclude='*.json' --warning=no-file-changed -czf "$OUT/checkup.tar.gz.part" \
+        checkup 2> /dev/null || true
+    fi
+    mv -f "$OUT/checkup.tar.gz.part" "$OUT/checkup.tar.gz" 2> /dev/null || true
+  ) 9> "$base/pack.lock"
 }
-# NAME LIMIT CMD...: CMD under a time limit, its output in $work/NAME.log; says its exit and wall time.
+# A finished log over 256 KiB keeps its first 64 KiB and its last 128 KiB.
+trim() {
+  local f=$1 size
+  [ -f "$f" ] || return 0
+  size=$(stat -c %s "$f")
+  if ((size > 262144)); then
+    { head -c 65536 "$f"; printf '\n[... %d bytes cut by the checkup ...]\n' $((size - 196608)); tail -c 131072 "$f"; } > "$f.trim"
+    mv -f "$f.trim" "$f"
+  fi
+}
+export work base OUT summary py report root device
+export -f say pack trim
+# Seconds a step may take: its own cap, or what is left of its phase or of the budget when less.
+cap() {
+  local now left own=$(($1 * factor))
+  now=$(date +%s)
+  left=$((phase_end - now))
+  if ((budget_end - now < left)); then left=$((budget_end - now)); fi
+  if ((own < left)); then echo "$own"; elif ((left > 0)); then echo "$left"; else echo 0; fi
+}
+# NAME LIMIT CMD...: CMD under LIMIT seconds, its output in $work/NAME.log, its exit in
+# $work/NAME.rc and its wall time (ms) in $work/NAME.ms; says both and packs.
 timed() {
-  local name=$1 limit=$2
+  local name=$1 limit=$2 rc=0 t0 ms note=""
   shift 2
   if ((limit <= 0)); then
-    say "$name: skipped (no time left in the ${budget} s budget)"
-    return 124
+    say "$name: skipped (no time left in its phase's cap or the ${budget} s budget)"
+    echo 124 > "$work/$name.rc"
+    return 0
   fi
-  local t0 rc
   t0=$(date +%s%N)
-  timeout --kill-after=5 "$limit" "$@" > "$work/$name.log" 2>&1
-  rc=$?
-  say "$name: exit $rc, $((($(date +%s%N) - t0) / 1000000)) ms$( ((rc == 124)) && echo " (past its $limit s cap)")"
-  return $rc
+  timeout --kill-after=5 "$limit" "$@" > "$work/$name.log" 2>&1 || rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  echo "$rc" > "$work/$name.rc"
+  echo "$ms" > "$work/$name.ms"
+  trim "$work/$name.log"
+  if ((rc == 124 || rc == 137)); then note=" (past its $limit s cap)"; fi
+  say "$name: exit $rc, $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s$note"
+  if ((rc != 0)) && [ -s "$work/$name.log" ]; then
+    say "  its log ends: $(tail -c 300 "$work/$name.log" | tr '\n' ' ' | tr -s ' ')"
+  fi
+  pack
+}
+rc_of() { cat "$work/$1.rc" 2> /dev/null || echo 1; }
+seconds_of() {
+  local ms
+  ms=$(cat "$work/$1.ms" 2> /dev/null || echo 0)
+  echo "$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
+}
+stop_reason=""
+stop() {
+  stop_reason=$*
+  say "probe: STOP: $*"
 }
 
-# One test binary, CUDA cases only: the CPU instances of the device-parameterized suites (named
-# .../cpu) and the CPU reference checks of the op cases ran in CI. Other tests run whole.
+# ---- 1. probe -----------------------------------------------------------------------------------
+sanitizer=""
+torch_ok=0
+have_mpirun=0
+phase_probe() {
+  local gpu cuda_version missing case=Devices/TensorTest.Factories/$device cs
+  say "commit $(cat "$bin/../COMMIT" 2> /dev/null || git -C "$root" rev-parse HEAD 2> /dev/null || echo unknown)," \
+    "device $device, phases: ${phases[*]}, budget $budget s, $(nproc) CPUs"
+  if [ "$device" = cuda ]; then
+    command -v nvidia-smi > /dev/null || { stop "no nvidia-smi: no NVIDIA driver on this machine"; return 0; }
+    gpu=$(timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1) || true
+    cuda_version=$(timeout 10 nvidia-smi 2> /dev/null | grep -o 'CUDA Version: [0-9.]*' || true)
+    say "GPU: ${gpu:-none}, ${cuda_version:-CUDA version unknown}"
+    if [ -z "$gpu" ] || grep -qiE 'fail|error|not found' <<< "$gpu"; then
+      stop "nvidia-smi sees no GPU: ${gpu:-no answer}"
+      return 0
+    fi
+  else
+    say "no GPU asked for: a rehearsal on the CPU (small shapes: $small)"
+  fi
+  missing=$(for f in "$bin"/*; do ldd "$f" 2> /dev/null | grep 'not found' || true; done | sort -u | tr -s ' \t' ' ')
+  if [ -n "$missing" ]; then
+    stop "libraries not found:$missing"
+    return 0
+  fi
+  say "libraries: all $(ls "$bin" | wc -l) bundled programs resolve every library" \
+    "($(ldd "$bin/fashion_mnist" | grep -oE 'lib(cudart|cublas|cudnn|nccl)[^ ]*' | sort -u | tr '\n' ' '| sed 's/ $//'))"
+  timed probe_version 10 fashion_mnist --version
+  say "  $(head -n 4 "$work/probe_version.log" | tr '\n' ';')"
+  timed probe_engine "$(cap 15)" test_tensor --gtest_brief=1 --gtest_filter="$case" --gtest_output="json:$work/probe_engine.json"
+  if [ "$(rc_of probe_engine)" != 0 ] || ! grep -q '"result": "COMPLETED"' "$work/probe_engine.json" 2> /dev/null; then
+    stop "the engine did not run its $device case $case (see probe_engine.log)"
+    return 0
+  fi
+  say "engine: ran $case"
+  # compute-sanitizer and PyTorch, side by side
+  cs=${CHECKUP_SANITIZER:-$(command -v compute-sanitizer || true)}
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [ -n "$cs" ] || { [ -x "$c" ] && cs=$c; } || true
+  done
+  if [ -n "$cs" ]; then
+    timed probe_sanitizer "$(cap 20)" "$cs" --tool memcheck --error-exitcode 9 "$bin/test_tensor" --gtest_brief=1 \
+      --gtest_filter="$case" &
+  fi
+  timed probe_torch "$(cap 20)" "$py" -c "import numpy, torch
+print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'available', torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')
+assert '$device' == 'cpu' or torch.cuda.is_available(), 'PyTorch sees no CUDA device'" &
+  wait
+  if [ -z "$cs" ]; then
+    if [ "$device" = cpu ]; then
+      sanitizer=$base/no-sanitizer
+      printf '#!/bin/sh\n# rehearsal: no compute-sanitizer here; the cases run plainly\nwhile [ "${1#--}" != "$1" ]; do shift 2; done\necho "rehearsal: no compute-sanitizer, ran plainly"\nexec "$@"\n' > "$sanitizer"
+      chmod +x "$sanitizer"
+      say "compute-sanitizer: not here; the sanitize phase runs its cases plainly (rehearsal)"
+    else
+      say "compute-sanitizer: not found: the sanitize phase will be skipped"
+    fi
+  elif [ "$(rc_of probe_sanitizer)" = 0 ] && grep -q 'ERROR SUMMARY: 0 errors' "$work/probe_sanitizer.log"; then
+    sanitizer=$cs
+    say "compute-sanitizer: works ($cs)"
+  elif [ "$(rc_of probe_sanitizer)" = 124 ]; then
+    sanitizer=$cs  # slow to start is not broken: the phase runs, under its own deadline
+    say "compute-sanitizer: did not finish one case within the probe's limit: unverified; the sanitize phase runs anyway"
+  else
+    say "compute-sanitizer: does not work here (exit $(rc_of probe_sanitizer)): the sanitize phase will be skipped;" \
+      "$(tail -c 200 "$work/probe_sanitizer.log" | tr '\n' ' ')"
+  fi
+  if [ "$(rc_of probe_torch)" = 0 ]; then
+    torch_ok=1
+    say "PyTorch: $(tail -n 1 "$work/probe_torch.log")"
+  else
+    say "PyTorch: cannot use the $device: the comparisons with PyTorch will be skipped"
+  fi
+  if command -v mpirun > /dev/null; then have_mpirun=1; fi
+  say "mpirun: $( ((have_mpirun)) && echo present || echo "absent: test_dist's MpiRunTest cases are left out")"
+}
+
+# ---- 2. tests -----------------------------------------------------------------------------------
+# One test binary's chosen cases under what is left until the phase's deadline (CK_END, epoch s).
 run_test_binary() {
-  local t=$1 limit=$2 dir=$3 filter='-*/cpu'
-  [ "$t" = test_op_cases ] && filter='*CudaMatchesCpu*'
-  timeout --kill-after=5 "$limit" "$t" --gtest_brief=1 --gtest_filter="$filter" \
-    --gtest_output="json:$dir/$t.json" > "$dir/$t.log" 2>&1
-  echo "$t exit $?"
+  local name=$1 left rc=0 t0 ms line
+  left=$((CK_END - $(date +%s)))
+  if ((left <= 0)); then
+    say "  $name: not started (the phase's deadline had passed)"
+    return 0
+  fi
+  t0=$(date +%s%N)
+  # 8 binaries share the CPUs: CPU work in a case (the references) gets CK_THREADS threads each
+  OPENBLAS_NUM_THREADS=$CK_THREADS OMP_NUM_THREADS=$CK_THREADS \
+    timeout --kill-after=3 "$left" "$name" --gtest_filter="$(cat "$CK_DIR/$name.filter")" \
+    --gtest_output="json:$CK_DIR/$name.json" > "$CK_DIR/$name.log" 2>&1 || rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  echo "$rc" > "$CK_DIR/$name.exit"
+  trim "$CK_DIR/$name.log"
+  line=$("$py" "$report" test-binary "$CK_DIR" "$name" "$rc" "$((ms / 1000)).$((ms % 1000 / 100))")
+  say "$line"
+  pack
 }
 export -f run_test_binary
 
 phase_tests() {
-  local dir=$work/tests limit
+  local dir=$work/tests excl=() names=() order=() heavy n
   mkdir -p "$dir"
-  limit=$(cap 240)
-  ((limit > 0)) || { say "tests: skipped (no time left)"; return; }
-  find "$bin" -maxdepth 1 -name 'test_*' -printf '%f\n' | sort |
-    xargs -P 8 -I{} bash -c 'run_test_binary "$@"' _ {} "$limit" "$dir" | sort > "$dir/exits.txt"
-  "${py[@]}" - "$dir" <<'PY' | tee -a "$summary"
-import glob, json, os, sys
-d = sys.argv[1]
-ran = passed = skipped = 0
-failures = []
-for line in open(os.path.join(d, "exits.txt")):
-    name, _, code = line.split()
-    path = os.path.join(d, name + ".json")
-    if not os.path.exists(path):
-        tail = open(os.path.join(d, name + ".log"), errors="replace").read()[-400:]
-        failures.append("%s: exit %s, no report (124: past its cap)\n    %s" % (name, code, tail.replace("\n", "\n    ")))
-        continue
-    for suite in json.load(open(path))["testsuites"]:
-        for case in suite["testsuite"]:
-            ran += 1
-            if case.get("result") == "SKIPPED" or case.get("status") == "NOTRUN":
-                skipped += 1
-            elif case.get("failures"):
-                msg = " | ".join(f["failure"].replace("\n", " ")[:300] for f in case["failures"][:3])
-                failures.append("%s: %s.%s: %s" % (name, suite["name"], case["name"], msg))
-            else:
-                passed += 1
-print("tests: %d cases ran, %d passed, %d skipped, %d failed" % (ran, passed, skipped, len(failures)))
-for f in failures:
-    print("  FAILED " + f)
-PY
+  ((have_mpirun)) || excl=(--exclude-suite MpiRunTest)
+  local skip=" test_kernels_emulated ${CHECKUP_TESTS_SKIP-$( ((small)) && echo test_app)} "
+  for t in "$bin"/test_*; do
+    case $skip in *" $(basename "$t") "*) ;; *) names+=("$t") ;; esac
+  done
+  # test_kernels_emulated: our kernels on the CPU emulation, CI's; test_app: its chosen cases also
+  # train on the CPU (about 25 s here), left out of the rehearsal unless CHECKUP_TESTS_SKIP says otherwise
+  [ "$skip" = " test_kernels_emulated  " ] || say "tests: left out by CHECKUP_TESTS_SKIP or the rehearsal:$skip"
+  timeout 60 "$py" "$root/scripts/gpu_cases.py" "${names[@]}" --out-dir "$dir" "${excl[@]}" > "$dir/selection.txt" 2>&1 || true
+  say "tests: $(ls "$dir"/*.filter 2> /dev/null | wc -l) of ${#names[@]} binaries have CUDA cases" \
+    "($(grep -oE '^[a-z_]+: [0-9]+ of' "$dir/selection.txt" | awk '{s += $2} END {print s + 0}') cases);" \
+    "left out, no CUDA case: $(grep -E ': 0 of ' "$dir/selection.txt" | cut -d: -f1 | tr '\n' ' ')test_kernels_emulated"
+  # the longest first, so that the deadline cuts the short ones least
+  for heavy in test_op_cases test_precision test_app test_recompute test_prediction test_gpt test_trainer test_cnn; do
+    [ -s "$dir/$heavy.filter" ] && order+=("$heavy")
+  done
+  for f in "$dir"/*.filter; do
+    n=$(basename "$f" .filter)
+    case " ${order[*]} " in *" $n "*) ;; *) order+=("$n") ;; esac
+  done
+  if [ ${#order[@]} -eq 0 ]; then
+    say "tests: no binary with CUDA cases (see tests/selection.txt)"
+    return 0
+  fi
+  local jobs=${CHECKUP_TEST_JOBS:-8}
+  CK_DIR=$dir CK_END=$((phase_end - 3)) CK_THREADS=$(($(nproc) / jobs > 0 ? $(nproc) / jobs : 1)) \
+    xargs -P "$jobs" -I{} bash -c 'run_test_binary "$1"' _ {} <<< "$(printf '%s\n' "${order[@]}")" || true
+  "$py" "$report" tests "$dir" | tee -a "$summary"
 }
 
-# NAME LIMIT FLAGS...: a fashion_mnist run on the device with its metrics, memory report and
-# weights kept under NAME; says its last line of metrics.
+# ---- 3. the GPT -----------------------------------------------------------------------------------
+corpus() {  # shakespeare.txt, unpacked from shakespeare.txt.xz when that is what travelled
+  if [ -f "$shakespeare/shakespeare.txt" ]; then
+    echo "$shakespeare/shakespeare.txt"
+  else
+    [ -f "$base/shakespeare.txt" ] || xz -dc "$shakespeare/shakespeare.txt.xz" > "$base/shakespeare.txt"
+    echo "$base/shakespeare.txt"
+  fi
+}
+# NAME LIMIT ARGS...: bench/gpt_compare.py into $work/NAME, then its lines in the summary.
+gpt_compare() {
+  local name=$1 limit=$2
+  shift 2
+  timed "$name" "$limit" "$py" "$root/bench/gpt_compare.py" --gpt "$bin/gpt" --data "$(corpus)" --out "$work/$name" \
+    --rounds 1 --eval-windows 8 --device "$device" "$@"
+  "$py" "$report" gpt "$work/$name/summary.json" | tee -a "$summary"
+  pack
+}
+phase_gpt() {
+  local big=gpt2s parity=parity steps=6 parity_steps=20 limit compile_s
+  if ((small)); then big=small parity=small steps=3 parity_steps=3; fi
+  if ((!torch_ok)); then
+    say "gpt: skipped: PyTorch cannot use the $device (see probe_torch.log)"
+    return 0
+  fi
+  limit=$(cap 110)  # cumulus, the eager twin, then the compiled one within what is left
+  compile_s=$((limit - 45))
+  ((!small)) || compile_s=10  # the rehearsal: the compiled twin cut at its limit, reported, not fatal
+  if ((limit > 60)); then
+    gpt_compare gpt_bf16 "$limit" --configs "$big" --steps "$steps" --precision bf16 --also-compile \
+      --compile-timeout "$compile_s"
+  else
+    gpt_compare gpt_bf16 "$limit" --configs "$big" --steps "$steps" --precision bf16
+  fi
+  if ((small)); then
+    say "gpt_fp32: not rehearsed (the bf16 run's code with --precision fp32)"
+  else
+    gpt_compare gpt_fp32 "$(cap 45)" --configs "$big" --steps "$steps" --precision fp32
+  fi
+  gpt_compare gpt_parity_fp32 "$(cap 30)" --configs "$parity" --steps "$parity_steps" --precision fp32 \
+    --cpu-reference "$parity_steps" --cpu-threads "$(nproc)"
+  if ((small)); then
+    say "gpt_parity_bf16: not rehearsed (the fp32 parity run's code with --precision bf16)"
+  else
+    gpt_compare gpt_parity_bf16 "$(cap 30)" --configs "$parity" --steps "$parity_steps" --precision bf16 \
+      --cpu-reference "$parity_steps" --cpu-threads "$(nproc)"
+  fi
+}
+
+# ---- 4. compute-sanitizer -------------------------------------------------------------------------
+run_sanitizer() {  # "TOOL BINARY": its CUDA cases under the tool until the phase's deadline
+  local tool=${1% *} name=${1#* } left log
+  log=$CK_DIR/${tool}_$name.log
+  left=$((CK_END - $(date +%s)))
+  if ((left <= 0)); then
+    say "  $tool $name: not started (the phase's deadline had passed)"
+    return 0
+  fi
+  local rc=0
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 timeout --kill-after=3 "$left" "$CK_SANITIZER" --tool "$tool" \
+    --error-exitcode 9 --print-limit 20 "$CK_BIN/$name" --gtest_filter="$(cat "$CK_DIR/$name.filter")" \
+    > "$log" 2>&1 || rc=$?
+  trim "$log"
+  # clean: exit 0 and the tool's own summary says so (racecheck's RACECHECK SUMMARY where it prints one)
+  if ((rc == 0)) && { grep -q 'RACECHECK SUMMARY: 0 hazards' "$log" ||
+    { ! grep -q 'RACECHECK SUMMARY' "$log" && grep -q 'ERROR SUMMARY: 0 errors' "$log"; }; }; then
+    touch "$log.clean"
+  fi
+  say "  $tool $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (cut at the deadline)' || true)$("$py" "$report" sanitize "$log")"
+  pack
+}
+export -f run_sanitizer
+phase_sanitize() {
+  local dir=$work/sanitize t ops pairs=()
+  mkdir -p "$dir"
+  if [ -z "$sanitizer" ]; then
+    say "sanitize: skipped: no working compute-sanitizer (see the probe)"
+    return 0
+  fi
+  for t in test_attention test_gpt test_tensor_ops test_reduce_dims test_fused_mlp test_graphs test_data; do
+    if [ -s "$work/tests/$t.filter" ]; then
+      cp "$work/tests/$t.filter" "$dir/$t.filter"
+    else
+      timeout 30 "$py" "$root/scripts/gpu_cases.py" "$bin/$t" > "$dir/$t.filter" 2> /dev/null || true
+    fi
+  done
+  ops=""
+  for t in sdpa layer_norm embedding sum mean max amax softmax cross_entropy rms_norm gelu mlp block gpt; do
+    ops+="Registry/OpCaseTest.CudaMatchesCpu/${t}_*:"
+  done
+  echo "${ops%:}" > "$dir/test_op_cases.filter"
+  for t in test_attention test_gpt test_tensor_ops test_op_cases test_reduce_dims test_fused_mlp test_graphs test_data; do
+    if [ -s "$dir/$t.filter" ]; then pairs+=("memcheck $t" "racecheck $t"); else say "  $t: no CUDA case found"; fi
+  done
+  CK_DIR=$dir CK_END=$((phase_end - 2)) CK_SANITIZER=$sanitizer CK_BIN=$bin \
+    xargs -P "${CHECKUP_SANITIZE_JOBS:-16}" -I{} bash -c 'run_sanitizer "$1"' _ {} <<< "$(printf '%s\n' "${pairs[@]}")" || true
+  local clean
+  clean=$(find "$dir" -name '*.log.clean' | wc -l)
+  if [ "$sanitizer" = "$base/no-sanitizer" ]; then
+    say "sanitize: rehearsal: ${#pairs[@]} runs without compute-sanitizer"
+  else
+    say "sanitize: $clean of ${#pairs[@]} runs report no error or hazard" \
+      "(target all clean: $([ "$clean" = ${#pairs[@]} ] && echo met || echo 'NOT met, or not all ran'))"
+  fi
+}
+
+# ---- 5. the seed run ------------------------------------------------------------------------------
+seed_flags=(--batch-size 16 --accum-steps 4 --epochs 20)
+graph_flags=(--graphs on)
+if ((small)); then
+  seed_flags=(--batch-size 16 --accum-steps 4 --epochs 2 --train-limit 2048 --test-limit 512)
+fi
+if [ "$device" = cpu ]; then graph_flags=(); fi
+# NAME LIMIT FLAGS...: the app on the device, its metrics, memory report and weights under NAME.
 app_run() {
   local name=$1 limit=$2
   shift 2
-  timed "$name" "$limit" fashion_mnist --device "$device" --data "$fashion" --metrics "$work/$name.jsonl" \
+  timed "$name" "$limit" fashion_mnist --device "$device" --data "$fashion" --quiet --metrics "$work/$name.jsonl" \
     --memory-report "$work/${name}_memory.json" --save "$work/$name.safetensors" "$@"
-  [ -s "$work/$name.jsonl" ] && say "  last epoch: $(tail -n 1 "$work/$name.jsonl" | cut -c1-300)"
+  "$py" "$report" seed "$work/$name.jsonl" "$(seconds_of "$name")" | tee -a "$summary"
 }
-
-# The seed run (20 epochs of 16 x 4, a test pass after each) with graphs and the fused kernels,
-# the generic ones (today's default, until the fused ones are measured), without graphs, and with
-# the dataset on the host (the staging ring); timed from process start to exit. Then whether the
-# fused and generic runs' weights agree.
 phase_seed() {
-  local seed=(--batch-size 16 --accum-steps 4 --epochs 20)
-  app_run seed_fused "$(cap 90)" "${seed[@]}" --graphs on --kernels fused
-  app_run seed_generic "$(cap 90)" "${seed[@]}" --graphs on --kernels generic
-  app_run seed_eager "$(cap 90)" "${seed[@]}" --graphs off
-  app_run seed_host "$(cap 90)" "${seed[@]}" --graphs on --data-on host
-  "${py[@]}" - "$work/seed_fused.safetensors" "$work/seed_generic.safetensors" <<'PY' 2>&1 | tee -a "$summary"
-import json, struct, sys
-import numpy as np
-def tensors(path):  # safetensors: an 8-byte header length, the JSON header, then the raw data
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtype=np.float32)
-            for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"}
-try:
-    a, b = (tensors(p) for p in sys.argv[1:3])
-except OSError as e:
-    sys.exit("  weights: not compared (%s)" % e)
-diff = max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-print("  weights, fused kernels against generic: %d tensors, largest difference %.3g" % (len(a), diff))
-PY
+  app_run seed_default "$(cap 15)" "${seed_flags[@]}" "${graph_flags[@]}"
+  app_run seed_generic "$(cap 15)" "${seed_flags[@]}" "${graph_flags[@]}" --kernels generic
+  "$py" "$report" kernels "$work/seed_default.jsonl" "$(seconds_of seed_default)" "$work/seed_generic.jsonl" \
+    "$(seconds_of seed_generic)" | tee -a "$summary"
+  "$py" "$report" weights "$work/seed_default.safetensors" "$work/seed_generic.safetensors" | tee -a "$summary"
 }
 
-# Speed: bench_step_vs_accumulate's CUDA families (generic and fused, eager and graphs), then
-# compare.py's app runs against PyTorch eager and PyTorch with CUDA graphs (its benchmarks are the
-# families above).
+# ---- 6. speed against PyTorch --------------------------------------------------------------------
 phase_speed() {
-  timed bench_step "$(cap 150)" bench_step_vs_accumulate \
-    --benchmark_filter='^cuda/(micro_batch|micro_batch_fused|micro_batch_graph|micro_batch_graph_fused|step_of_64|step_of_64_fused|step_of_64_graph|step_of_64_graph_fused|accumulator_step)/' \
-    --benchmark_min_time=0.2 --benchmark_out="$work/bench_step.json" --benchmark_out_format=json
-  grep -E '^cuda/(micro_batch_graph(_fused)?/accumulate/16|step_of_64_graph(_fused)?/(64x1|16x4))/' \
-    "$work/bench_step.log" | tr -s ' ' | tee -a "$summary"
-  timed bench_fused_kernels "$(cap 60)" bench_fused_kernels --benchmark_min_time=0.1 \
-    --benchmark_out="$work/bench_fused_kernels.json" --benchmark_out_format=json
-  timed compare "$(cap 180)" "${py[@]}" bench/compare.py --device "$device" --data "$fashion" --out-dir "$work/compare" \
-    --build "$(dirname "$bin")" --skip-bench
-  [ -f "$work/compare/summary.md" ] && cat "$work/compare/summary.md" >> "$summary"
+  local d=$device limits=() epochs=2
+  timed bench_step "$(cap 20)" bench_step_vs_accumulate \
+    --benchmark_filter="^$d/(micro_batch|micro_batch_fused|micro_batch_graph|micro_batch_graph_fused)/accumulate/16(/|\$)|^$d/(step_of_64|step_of_64_fused|step_of_64_graph|step_of_64_graph_fused)/(16x4|64x1)(/|\$)" \
+    --benchmark_min_time=0.1 --benchmark_out="$work/bench_step.json" --benchmark_out_format=json
+  "$py" "$report" bench "$work/bench_step.json" | tee -a "$summary"
+  if ((!torch_ok)); then
+    say "compare: skipped: PyTorch cannot use the $device"
+    return 0
+  fi
+  if ((small)); then limits=(--train-limit 2048 --test-limit 512) epochs=1; fi
+  timed compare "$(cap 40)" "$py" "$root/bench/compare.py" --device "$device" --data "$fashion" --out-dir "$work/compare" \
+    --build "$(dirname "$bin")" --bench-json "$work/bench_step.json" --configs 16x4 --epochs "$epochs" \
+    --pytorch-variants "$([ "$device" = cuda ] && echo fast,graphs || echo fast)" --python "$py" "${limits[@]}"
+  "$py" "$report" compare "$work/compare/compare.json" | tee -a "$summary"
 }
 
-# compute-sanitizer's memcheck and racecheck on the fused-op, graph and data tests' CUDA cases, all
-# six at once (16 CPU cores on that machine).
-phase_sanitize() {
-  local cs t tool limit
-  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  [ -x "$cs" ] || { say "sanitize: no compute-sanitizer on this machine"; return; }
-  limit=$(cap 120)
-  for t in test_fused_mlp test_graphs test_data; do
-    for tool in memcheck racecheck; do
-      timed "sanitize_${tool}_$t" "$limit" "$cs" --tool "$tool" --error-exitcode 9 "$t" --gtest_brief=1 \
-        --gtest_filter='*/cuda:*Cuda*:*Graph*' &
-    done
-  done
-  wait
-  grep -h -E '^=+ (ERROR SUMMARY|RACECHECK SUMMARY)' "$work"/sanitize_*.log | sort | uniq -c | tee -a "$summary"
-}
-
-# The GPT on the GPU against its PyTorch twin with SDPA: tokens/s in f32 (no TF32) and bf16, then
-# bf16 against torch.compile.
-phase_gpt() {
-  local p
-  for p in fp32 bf16; do
-    timed "gpt_$p" "$(cap 150)" "${py[@]}" bench/gpt_compare.py --gpt "$bin/gpt" --data "$shakespeare" \
-      --out "$work/gpt_$p" --configs "$gpt_config" --steps 6 --rounds 1 --eval-windows 16 --device "$device" --precision "$p"
-    [ -f "$work/gpt_$p/summary.md" ] && tail -n 1 "$work/gpt_$p/summary.md" | sed "s/^/  $p: /" | tee -a "$summary"
-  done
-  timed gpt_bf16_compile "$(cap 180)" "${py[@]}" bench/gpt_compare.py --gpt "$bin/gpt" --data "$shakespeare" \
-    --out "$work/gpt_bf16_compile" --configs "$gpt_config" --steps 6 --rounds 1 --eval-windows 16 --device "$device" \
-    --precision bf16 --compile
-  [ -f "$work/gpt_bf16_compile/summary.md" ] && tail -n 1 "$work/gpt_bf16_compile/summary.md" | sed "s/^/  bf16 compiled: /" |
-    tee -a "$summary"
-}
-
-# The planner on CUDA: --plan-only with every lever for both models, and predicted against
-# measured peaks (bench/prediction_table).
+# ---- 7. the planner -------------------------------------------------------------------------------
 phase_planner() {
-  local model
+  local model sizes=() levers=(--effective-batch 1024 --recompute auto --precision auto --data-on auto)
+  ((!small)) || levers=(--effective-batch 64)  # every lever probes 72 candidates: 48 s on 2 CPU cores
   for model in mlp cnn; do
-    timed "plan_only_$model" "$(cap 60)" fashion_mnist --device "$device" --data "$fashion" --model "$model" \
-      --effective-batch 1024 --plan-only --recompute auto --precision auto --data-on auto
+    timed "plan_only_$model" "$(cap 20)" fashion_mnist --device "$device" --data "$fashion" --model "$model" \
+      --plan-only "${levers[@]}"
+    grep -E '^planner:' "$work/plan_only_$model.log" | cut -c1-400 | sed 's/^/  /' | tee -a "$summary" || true
   done
-  timed prediction_table "$(cap 120)" prediction_table "$work" --device "$device"
-  tail -n 20 "$work/prediction_table.log" >> "$summary"
+  ((!small)) || sizes=(--max-size 256)
+  timed prediction_table "$(cap 25)" prediction_table "$work/prediction" --device "$device" "${sizes[@]}"
+  grep -E 'predicted' "$work/prediction_table.log" | tail -n 12 | sed 's/^/  /' | tee -a "$summary" || true
+  grep -oE '\([+-][0-9.]+%\)' "$work/prediction_table.log" | tr -d '()%+-' |
+    awk '{ if ($1 > m) m = $1; n++ } END { if (n) printf "  predicted against measured: %d figures, largest gap %.3f%% (target within 5%%: %s)\n", n, m, m <= 5 ? "met" : "NOT met" }' |
+    tee -a "$summary" || true
 }
 
-# 16 bits: the seed run in bf16 and fp16 (loss scaling), the CNN at micro-batch 256 for one epoch in
-# fp32 and bf16, and bench_precision's CUDA cases.
+# ---- 8. 16 bits -----------------------------------------------------------------------------------
 phase_precision() {
-  local p
+  local p cnn=(--model cnn --batch-size 256 --epochs 1) benches=^$device/
+  if ((small)); then cnn+=(--train-limit 1024 --test-limit 256) benches=^$device/mlp; fi
   for p in bf16 fp16; do
-    app_run "seed_$p" "$(cap 90)" --batch-size 16 --accum-steps 4 --epochs 20 --precision "$p"
+    app_run "seed_$p" "$(cap 10)" "${seed_flags[@]}" "${graph_flags[@]}" --precision "$p"
   done
   for p in fp32 bf16; do
-    app_run "cnn_$p" "$(cap 120)" --model cnn --batch-size 256 --epochs 1 --precision "$p"
+    app_run "cnn_$p" "$(cap 8)" "${cnn[@]}" --precision "$p"
   done
-  timed bench_precision "$(cap 60)" bench_precision --benchmark_filter='^cuda/' --benchmark_min_time=0.1 \
+  timed bench_precision "$(cap 10)" bench_precision --benchmark_filter="$benches" --benchmark_min_time=0.05 \
     --benchmark_out="$work/bench_precision.json" --benchmark_out_format=json
 }
 
-say "checkup $(date -u +%FT%TZ), commit $(cat "$bin/../COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null)," \
-  "device $device, phases: ${phases[*]}, budget $budget s"
-if command -v nvidia-smi > /dev/null; then
-  say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)," \
-    "$(nvidia-smi | grep -o 'CUDA Version: [0-9.]*')"
-else
-  say "no nvidia-smi: no NVIDIA driver here"
-fi
+say "gpu_checkup $(date -u +%FT%TZ): results in $OUT/summary.txt and $OUT/checkup.tar.gz as they come"
 for phase in "${phases[@]}"; do
-  case $phase in
-    tests | seed | speed | sanitize | gpt | planner | precision) ;;
-    *) say "gpu_checkup: unknown phase '$phase'"; continue ;;
-  esac
-  say "== $phase (at $((SECONDS - start)) s)"
+  now=$(date +%s)
+  if ((budget_end - now <= 0)); then
+    say "== $phase: skipped (the ${budget} s budget is spent)"
+    continue
+  fi
+  phase_end=$((now + ${cap_of[$phase]} * factor))
+  ((phase_end <= budget_end)) || phase_end=$budget_end
+  say "== $phase (at $((now - start)) s, cap $((${cap_of[$phase]} * factor)) s)"
   "phase_$phase"
+  say "== $phase: $(($(date +%s) - now)) s"
   pack
+  if [ -n "$stop_reason" ]; then
+    say "gpu_checkup: stopped after the probe: $stop_reason"
+    exit 3
+  fi
 done
-say "done at $((SECONDS - start)) s"
+say "gpu_checkup: done at $(($(date +%s) - start)) s of the $budget s budget"
 pack
