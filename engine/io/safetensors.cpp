@@ -396,8 +396,7 @@ void decode_tensor(const std::string& path, const Entry& e, const char* in, void
     for (std::size_t i = 0; i < count; ++i) {
       int64_t v;
       std::memcpy(&v, in + 8 * i, 8);
-      if ((v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) &&
-          range_error.empty())
+      if ((v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) && range_error.empty())
         range_error = detail::concat(where(path, e.name), "I64 value ", v, " at index ", i,
                                      " does not fit in i32 (cumulus holds I64 tensors as i32)");
       dst[i] = static_cast<int32_t>(v);
