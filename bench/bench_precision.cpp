@@ -57,13 +57,13 @@ void micro_batch(benchmark::State& state, Device device, ModelKind kind, Precisi
     return ops::cross_entropy((*m.net)(d.x.narrow_rows(start, b)), d.y.narrow_rows(start, b), ops::Reduction::Sum);
   };
 
-  MicroBatchRecord record;
+  memory::MicroBatchRecord record;
   {
-    MemoryTracker::Options o;
+    memory::MemoryTracker::Options o;
     o.model = kind == ModelKind::mlp ? "seed_mlp" : "cnn";
     o.micro_batch_size = b;
     o.timeline_steps = 0;
-    MemoryTracker tracker(device, o);
+    memory::MemoryTracker tracker(device, o);
     acc.optimizer().zero_grad();
     tracker.begin_micro_batch(0, 0, b);
     Tensor loss = loss_of(0);

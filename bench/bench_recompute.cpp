@@ -71,14 +71,14 @@ void cnn_micro_batch(benchmark::State& state, Device device, Variant variant, in
   optim::Accumulator acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
 
   // Memory and recompute cost of one micro-batch, tracked and untimed.
-  MicroBatchRecord record;
+  memory::MicroBatchRecord record;
   int64_t data_bytes = 0;
   {
-    MemoryTracker::Options o;
+    memory::MemoryTracker::Options o;
     o.model = "cnn";
     o.micro_batch_size = b;
     o.timeline_steps = 0;
-    MemoryTracker tracker(device, o);
+    memory::MemoryTracker tracker(device, o);
     acc.optimizer().zero_grad();
     tracker.begin_micro_batch(0, 0, b);
     Tensor loss = cnn_loss(m, d, 0, b);

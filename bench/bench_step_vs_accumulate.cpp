@@ -206,12 +206,12 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
   // Memory of one whole step (its micro-batches and the update), tracked, untimed.
   MicroBatchMemory mem;
   {
-    MemoryTracker::Options to;
+    memory::MemoryTracker::Options to;
     to.model = "seed_mlp";
     to.micro_batch_size = b;
     to.accum_steps = n;
     to.timeline_steps = 0;
-    MemoryTracker tracker(device, to);
+    memory::MemoryTracker tracker(device, to);
     for (int i = 0; i < n; ++i) {
       const int64_t start = cursor.next();
       tracker.begin_micro_batch(0, i, b);
@@ -226,7 +226,7 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
         tracker.end_step(acc.optimizer_steps(), acc.optimizer().state_bytes());
       }
     }
-    const MemorySummary s = tracker.summary();
+    const memory::MemorySummary s = tracker.summary();
     mem.activation_bytes = tracker.micro_batches().front().activation_bytes;
     mem.peak_bytes = s.peak_bytes;
     mem.peak_data_bytes = s.data_bytes;

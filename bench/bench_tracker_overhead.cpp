@@ -44,7 +44,7 @@ struct Run {
 #include "engine/runtime/accumulator.h"
   optim::Accumulator acc;
 #include "engine/runtime/accumulator.h"
-  MemoryTracker tracker;
+  memory::MemoryTracker tracker;
 #include "engine/runtime/accumulator.h"
   Run(Device device)
 #include "engine/runtime/accumulator.h"
@@ -67,7 +67,7 @@ struct Run {
 #include "engine/runtime/accumulator.h"
         tracker(device, [] {
 #include "engine/runtime/accumulator.h"
-          MemoryTracker::Options o;
+          memory::MemoryTracker::Options o;
 #include "engine/runtime/accumulator.h"
           o.micro_batch_size = kMicroBatch;
 #include "engine/runtime/accumulator.h"

@@ -1,4 +1,4 @@
-// The prediction table of issue 16 (Note [Memory prediction] in engine/runtime/prediction.cpp): for
+// The prediction table of issue 16 (Note [Memory prediction] in engine/plan/prediction.cpp): for
 // the seed MLP and the CNN on the CPU (or CUDA with --device cuda), every power of two from 1 to 4096, the predicted
 // peak and reserved bytes of one training micro-batch against the measured ones. The prediction is made once per model,
 // as the app's planner makes it (record_micro_batch at 128 and 256, the optimizer state as fixed blocks); each
@@ -28,7 +28,7 @@
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/loss.h"
-#include "cumulus/runtime/prediction.h"
+#include "engine/plan/prediction.h"
 
 namespace {
 
@@ -42,7 +42,7 @@ struct Row {
   int64_t micro_batch = 0;
   bool measured = false;
   std::string skipped;  // why, when not measured
-  PredictedMemory predicted;
+  plan::PredictedMemory predicted;
   int64_t peak = 0, reserved = 0;
   double seconds = 0;
 };
@@ -78,10 +78,10 @@ std::vector<Row> run_model(const std::string& name, int copies, int64_t max_size
     flat.mark_gradients_stale();
   };
   const int64_t copy_bytes = static_cast<int64_t>(flat.values().allocated_bytes());
-  const std::vector<FixedBlock> state(static_cast<std::size_t>(copies),
-                                      FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
+  const std::vector<plan::FixedBlock> state(static_cast<std::size_t>(copies),
+                                            plan::FixedBlock{MemoryCategory::optimizer_state, copy_bytes});
   const auto t0 = std::chrono::steady_clock::now();
-  const MemoryPredictor p = record_micro_batch(alloc, micro_batch, 128, 256, state);
+  const plan::MemoryPredictor p = plan::record_micro_batch(alloc, micro_batch, 128, 256, state);
   const double record_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!p.ok()) {
     std::fprintf(stderr, "%s: no prediction: %s\n", name.c_str(), p.reason().c_str());
@@ -144,6 +144,71 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+// What a table was measured on.
+struct Run {
+  std::string date, machine, commit, device;
+  int copies = 0;
+};
+
+void write_json(const std::string& path, const Run& run, const std::vector<Row>& rows) {
+  const std::string& date = run.date;
+  const std::string& machine = run.machine;
+  const std::string& commit = run.commit;
+  const int copies = run.copies;
+  std::ostringstream js;
+  js << "{\n  \"date\": \"" << date << "\",\n  \"machine\": \"" << json_escape(machine) << "\",\n  \"commit\": \""
+     << json_escape(commit) << "\",\n  \"device\": \"" << run.device << "\",\n  \"recorded_at\": [128, 256],\n"
+     << "  \"optimizer_state_copies\": " << copies << ",\n  \"rows\": [\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    js << "    {\"model\": \"" << r.model << "\", \"micro_batch\": " << r.micro_batch
+       << ", \"predicted_peak_bytes\": " << r.predicted.peak_bytes
+       << ", \"predicted_reserved_bytes\": " << r.predicted.reserved_bytes;
+    if (r.measured) {
+      char e[96];
+      std::snprintf(e, sizeof e, "%.4f, \"reserved_error_pct\": %.4f, \"seconds\": %.3f",
+                    pct(r.predicted.peak_bytes, r.peak), pct(r.predicted.reserved_bytes, r.reserved), r.seconds);
+      js << ", \"measured_peak_bytes\": " << r.peak << ", \"measured_reserved_bytes\": " << r.reserved
+         << ", \"peak_error_pct\": " << e;
+    } else {
+      js << ", \"skipped\": \"" << json_escape(r.skipped) << "\"";
+    }
+    js << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  js << "  ]\n}\n";
+  std::ofstream(path) << js.str();
+}
+
+void write_markdown(const std::string& path, const Run& run, const std::vector<Row>& rows) {
+  const std::string& date = run.date;
+  const std::string& machine = run.machine;
+  const std::string& commit = run.commit;
+  const int copies = run.copies;
+  std::ostringstream md;
+  md << "Date " << date << ", machine: " << machine << ", commit " << commit << ". Device " << run.device
+     << ". Prediction recorded at micro-batches 128 and 256 (plus the halvings of 128 and the "
+        "refinement sizes); optimizer state: "
+     << copies << " copies of the parameters held.\n\n";
+  md << "| model | micro-batch | predicted peak (MiB) | measured peak (MiB) | peak error % | predicted reserved "
+        "(bytes) | measured reserved (bytes) | reserved error % | time (s) |\n";
+  md << "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const Row& r : rows) {
+    char line[512];
+    if (r.measured)
+      std::snprintf(line, sizeof line, "| %s | %lld | %s | %s | %+.3f | %lld | %lld | %+.3f | %.2f |\n",
+                    r.model.c_str(), static_cast<long long>(r.micro_batch), mib(r.predicted.peak_bytes).c_str(),
+                    mib(r.peak).c_str(), pct(r.predicted.peak_bytes, r.peak),
+                    static_cast<long long>(r.predicted.reserved_bytes), static_cast<long long>(r.reserved),
+                    pct(r.predicted.reserved_bytes, r.reserved), r.seconds);
+    else
+      std::snprintf(line, sizeof line, "| %s | %lld | %s | skipped: %s | | %lld | | | |\n", r.model.c_str(),
+                    static_cast<long long>(r.micro_batch), mib(r.predicted.peak_bytes).c_str(), r.skipped.c_str(),
+                    static_cast<long long>(r.predicted.reserved_bytes));
+    md << line;
+  }
+  std::ofstream(path) << md.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,51 +253,8 @@ int main(int argc, char** argv) {
   for (const std::string name : {"mlp", "cnn"})
     for (Row& r : run_model(name, copies, max_size, device)) rows.push_back(std::move(r));
 
-  std::ostringstream js;
-  js << "{\n  \"date\": \"" << date << "\",\n  \"machine\": \"" << json_escape(machine) << "\",\n  \"commit\": \""
-     << json_escape(commit) << "\",\n  \"device\": \"" << device.str() << "\",\n  \"recorded_at\": [128, 256],\n"
-     << "  \"optimizer_state_copies\": " << copies << ",\n  \"rows\": [\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    js << "    {\"model\": \"" << r.model << "\", \"micro_batch\": " << r.micro_batch
-       << ", \"predicted_peak_bytes\": " << r.predicted.peak_bytes
-       << ", \"predicted_reserved_bytes\": " << r.predicted.reserved_bytes;
-    if (r.measured) {
-      char e[96];
-      std::snprintf(e, sizeof e, "%.4f, \"reserved_error_pct\": %.4f, \"seconds\": %.3f",
-                    pct(r.predicted.peak_bytes, r.peak), pct(r.predicted.reserved_bytes, r.reserved), r.seconds);
-      js << ", \"measured_peak_bytes\": " << r.peak << ", \"measured_reserved_bytes\": " << r.reserved
-         << ", \"peak_error_pct\": " << e;
-    } else {
-      js << ", \"skipped\": \"" << json_escape(r.skipped) << "\"";
-    }
-    js << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-  }
-  js << "  ]\n}\n";
-  std::ofstream(out_dir + "/prediction_table.json") << js.str();
-
-  std::ostringstream md;
-  md << "Date " << date << ", machine: " << machine << ", commit " << commit
-     << ". Device " << device.str() << ". Prediction recorded at micro-batches 128 and 256 (plus the halvings of 128 and the "
-        "refinement sizes); optimizer state: "
-     << copies << " copies of the parameters held.\n\n";
-  md << "| model | micro-batch | predicted peak (MiB) | measured peak (MiB) | peak error % | predicted reserved "
-        "(bytes) | measured reserved (bytes) | reserved error % | time (s) |\n";
-  md << "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (const Row& r : rows) {
-    char line[512];
-    if (r.measured)
-      std::snprintf(line, sizeof line, "| %s | %lld | %s | %s | %+.3f | %lld | %lld | %+.3f | %.2f |\n",
-                    r.model.c_str(), static_cast<long long>(r.micro_batch), mib(r.predicted.peak_bytes).c_str(),
-                    mib(r.peak).c_str(), pct(r.predicted.peak_bytes, r.peak),
-                    static_cast<long long>(r.predicted.reserved_bytes), static_cast<long long>(r.reserved),
-                    pct(r.predicted.reserved_bytes, r.reserved), r.seconds);
-    else
-      std::snprintf(line, sizeof line, "| %s | %lld | %s | skipped: %s | | %lld | | | |\n", r.model.c_str(),
-                    static_cast<long long>(r.micro_batch), mib(r.predicted.peak_bytes).c_str(), r.skipped.c_str(),
-                    static_cast<long long>(r.predicted.reserved_bytes));
-    md << line;
-  }
-  std::ofstream(out_dir + "/prediction_table.md") << md.str();
+  const Run run{date, machine, commit, device.str(), copies};
+  write_json(out_dir + "/prediction_table.json", run, rows);
+  write_markdown(out_dir + "/prediction_table.md", run, rows);
   return 0;
 }

@@ -24,12 +24,12 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/timer.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/tracker.h"
 #include "engine/runtime/accumulator.h"
 
 namespace cumulus::bench {
@@ -172,18 +172,18 @@ struct MicroBatchMemory {
 // Runs one micro-batch of `b` samples under a MemoryTracker (untimed); its gradient lands in the
 // buffers like any other backward.
 inline MicroBatchMemory measure_micro_batch(Model& m, optim::Accumulator& acc, const Data& d, int64_t b) {
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.model = "seed_mlp";
   o.micro_batch_size = b;
   o.timeline_steps = 0;
-  MemoryTracker tracker(m.params->device(), o);
+  memory::MemoryTracker tracker(m.params->device(), o);
   tracker.begin_micro_batch(0, 0, b);
   Tensor loss = micro_batch_loss(m, d, 0, b);
   tracker.end_forward();
   acc.backward(loss, b);
   loss = Tensor();
   tracker.end_backward();
-  const MicroBatchRecord& r = tracker.micro_batches().front();
+  const memory::MicroBatchRecord& r = tracker.micro_batches().front();
   return {r.activation_bytes, r.peak_bytes, r.peak_by_category[static_cast<std::size_t>(MemoryCategory::data)]};
 }
 

@@ -258,21 +258,21 @@ std::string locate_fashion_mnist(const FashionMnistSearch& search) {
   return dir;
 }
 
-PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
-                         FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch, int64_t budget,
-                         DType batch_dtype, const FashionMnistLevers& levers) {
-  PlanRequest request = optim::plan_request(
+plan::PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
+                               FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch,
+                               int64_t budget, DType batch_dtype, const FashionMnistLevers& levers) {
+  plan::PlanRequest request = optim::plan_request(
       optimizer, [&train] { return train.tensors(); }, loss, effective_batch, budget, batch_dtype);
   if (levers.recompute) request.setting.recompute = 1;  // shown as "all" (no segment names)
-  request.setting.data = levers.data_on_host ? DataPlacement::host : DataPlacement::device;
+  request.setting.data = levers.data_on_host ? plan::DataPlacement::host : plan::DataPlacement::device;
   if (levers.weigh_recompute) request.recompute_segments = model.recompute_segment_names();
   request.weigh_placement = levers.weigh_placement;
   if (levers.weigh_bf16 && precision_unsupported_reason(Precision::bf16, request.device).empty())
     request.precisions = {Precision::bf16};
   request.apply = [&model, &train, &test, levers, device = request.device,
-                   set_dtype = request.apply](const PlanSetting& s) {
+                   set_dtype = request.apply](const plan::PlanSetting& s) {
     if (levers.weigh_recompute) model.set_recompute_segments(s.recompute);
-    const Device where = s.data == DataPlacement::host ? Device::cpu() : device;
+    const Device where = s.data == plan::DataPlacement::host ? Device::cpu() : device;
     const MemoryCategoryScope scope(MemoryCategory::data);
     for (FashionMnistSplit* set : {&train, &test})
       *set = FashionMnistSplit{set->images.to(where), set->labels.to(where), set->num_classes};

@@ -284,12 +284,12 @@ double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t ba
   return sum / static_cast<double>(tokens);
 }
 
-PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
-                         int64_t effective_batch, int64_t budget, bool weigh_recompute) {
+plan::PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
+                               int64_t effective_batch, int64_t budget, bool weigh_recompute) {
   const int64_t t = windows.context();
   CUMULUS_CHECK(effective_batch > 0 && effective_batch % t == 0, InvalidArgument, "plan_request: the effective batch (",
                 effective_batch, " tokens) must be a positive multiple of the context (", t, ")");
-  PlanRequest r;
+  plan::PlanRequest r;
   r.device = optimizer.parameters().device();
   r.effective_batch = effective_batch;
   r.units_per_row = t;
@@ -304,7 +304,7 @@ PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::To
     r.recompute_segments = model.recompute_segment_names();
     for (std::size_t k = 0; k <= r.recompute_segments.size(); ++k)
       r.recompute_masks.push_back(static_cast<uint32_t>((uint64_t{1} << k) - 1));
-    r.apply = [&model](const PlanSetting& s) { model.set_recompute_segments(s.recompute); };
+    r.apply = [&model](const plan::PlanSetting& s) { model.set_recompute_segments(s.recompute); };
   }
   nn::FlatParameters* params = &optimizer.parameters();
   r.micro_batch = [&model, &windows, params, t](int64_t units) {

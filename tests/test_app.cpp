@@ -452,7 +452,7 @@ TEST_F(AppTest, MixedPrecisionTrainsHalvesActivationsAndResumesTheLossScaleExact
     for (std::string line; std::getline(lines, line);) last = nlohmann::json::parse(line);
     EXPECT_EQ(last["precision"], p);
     accuracy[p] = last["test_accuracy"].get<double>();
-    per_sample[p] = nlohmann::json::parse(read(p + ".json"))["summary"]["activation_bytes_per_sample"].get<double>();
+    per_sample[p] = nlohmann::json::parse(read(p + ".json"))["summary"]["activation_bytes_per_unit"].get<double>();
     if (p == "fp16") EXPECT_EQ(last["loss_scale"].get<double>(), 65536.0) << "no overflow on the toy: unchanged";
   }
   for (const char* p : {"bf16", "fp16"}) {
@@ -466,7 +466,7 @@ TEST_F(AppTest, MixedPrecisionTrainsHalvesActivationsAndResumesTheLossScaleExact
                              " --memory-report " + quote(path("cnn_" + p + ".json")));
     ASSERT_EQ(r.exit_code, 0) << p << "\n" << r.out;
     per_sample["cnn_" + p] =
-        nlohmann::json::parse(read("cnn_" + p + ".json"))["summary"]["activation_bytes_per_sample"].get<double>();
+        nlohmann::json::parse(read("cnn_" + p + ".json"))["summary"]["activation_bytes_per_unit"].get<double>();
   }
   EXPECT_NEAR(per_sample["cnn_bf16"], per_sample["cnn_fp32"] / 2, 4 * 512.0 / 16);
   const std::string fp16 = common + " --precision fp16";
@@ -658,7 +658,7 @@ TEST_F(AppTest, OutOfMemoryReportShowsTheFailingOpAndMicroBatch) {
   EXPECT_EQ(oom["micro_batch"]["phase"], "forward");
   EXPECT_EQ(oom["micro_batch"]["epoch"], 1);
   EXPECT_EQ(oom["micro_batch"]["index"], 0);
-  EXPECT_EQ(oom["micro_batch"]["samples"], 500);
+  EXPECT_EQ(oom["micro_batch"]["units"], 500);
   EXPECT_GT(oom["requested_bytes"].get<int64_t>() + oom["reserved_bytes"].get<int64_t>(),
             oom["limit_bytes"].get<int64_t>());
   // Right after the summary, as documented.

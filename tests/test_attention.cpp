@@ -162,9 +162,9 @@ int64_t activation_bytes(Device device, int64_t T, bool fused) {
   const int64_t B = 1, H = 4, D = 32, C = H * D;
   Tensor qkv = random_tensor({B, T, 3 * C}, 10, device);
   qkv.set_requires_grad(true);
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device, o);
+  memory::MemoryTracker tracker(device, o);
   tracker.begin_micro_batch(0, 0, T);
   Tensor out;
   {

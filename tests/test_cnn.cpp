@@ -21,6 +21,7 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/nn/conv_layers.h"
 #include "cumulus/nn/flat_parameters.h"
@@ -33,7 +34,6 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/tensor/random.h"
 #include "engine/core/cudnn_context.h"
 #include "engine/runtime/accumulator.h"
@@ -464,12 +464,12 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
   optim::AccumulationOptions ao;
   ao.accum_steps = 2;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.model = "cnn";
   o.micro_batch_size = 2;
   o.accum_steps = 2;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   const int64_t mbs = 4;  // per size
   for (int64_t b : {1, 2, 5}) {
     SCOPED_TRACE("micro-batch " + std::to_string(b));
@@ -487,7 +487,7 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
         acc.step_if_ready();
         tracker.end_step(acc.optimizer_steps(), acc.optimizer().state_bytes());
       }
-      const MicroBatchRecord& r = tracker.last_micro_batch();
+      const memory::MicroBatchRecord& r = tracker.last_micro_batch();
       EXPECT_EQ(r.activation_bytes, cnn_activation_bytes(b)) << "micro-batch " << i;
       EXPECT_GE(r.peak_bytes, r.activation_bytes);
     }
@@ -495,7 +495,7 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
   EXPECT_EQ(tracker.micro_batches().size(), 12u);
   // The slope over sizes 1, 2, 5: 4 * (2 * 25088 + 6272 + 2 * 12544 + 3136 + 128 + 10) = 339240
   // bytes per sample (~331 KiB), within the allocator's rounding.
-  EXPECT_NEAR(tracker.summary().activation_bytes_per_sample, 339240.0, double(kRound));
+  EXPECT_NEAR(tracker.summary().activation_bytes_per_unit, 339240.0, double(kRound));
   EXPECT_EQ(allocator_for(device()).stats()[MemoryCategory::activations].current, 0)
       << "backward released every saved tensor";
 }

@@ -20,11 +20,12 @@
 #include "cumulus/core/timer.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/tracker.h"
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
 #include "toy_dataset.h"
@@ -238,7 +239,7 @@ TEST(CommunicationTime, UntakenSpansStayBoundedAndTheTotalCountsThemAll) {
 // communication figure.
 TEST(CommunicationTime, TheTrackerReadsAStepsSpans) {
   TimedWorld w;
-  MemoryTracker tracker(Device::cpu(), MemoryTracker::Options{});
+  memory::MemoryTracker tracker(Device::cpu(), memory::MemoryTracker::Options{});
   tracker.begin_micro_batch(0, 0, 1);  // opens the timeline window
   tracker.end_forward();
   tracker.end_backward();
@@ -249,7 +250,7 @@ TEST(CommunicationTime, TheTrackerReadsAStepsSpans) {
   EXPECT_GE(tracker.steps()[0].communication_ms, 20.0);
   ASSERT_FALSE(tracker.slices().empty()) << "the first step is in the timeline";
   EXPECT_GE(tracker.slices().back().communication_ms, 20.0);
-  const nlohmann::json trace = nlohmann::json::parse(memory_trace_json(tracker));
+  const nlohmann::json trace = nlohmann::json::parse(memory::memory_trace_json(tracker));
   bool found = false;
   for (const auto& e : trace["traceEvents"])
     if (e.value("name", "") == "step") found = e["args"].value("all_reduce_ms", 0.0) >= 20.0;

@@ -16,7 +16,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/adamw.h"
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
@@ -259,16 +259,16 @@ TEST(Gpt, ThePlannerWeighsRecomputingTheFirstKBlocks) {
   optim::AdamW adamw(std::make_shared<nn::FlatParameters>(model), optim::AdamWOptions{});
   const std::vector<int64_t> text = counting(400, 11);
   const data::TokenWindows windows(Tensor::from_vector(text, Shape{400}, Device::cpu()), 8, 1);
-  PlanRequest request = models::plan_request(model, adamw, windows, 4 * 8, 0, true);
+  plan::PlanRequest request = models::plan_request(model, adamw, windows, 4 * 8, 0, true);
   EXPECT_EQ(request.recompute_masks, (std::vector<uint32_t>{0u, 1u, 3u}));
-  const Plan plan = plan_batch(request);
+  const plan::Plan plan = plan::plan_batch(request);
   std::set<uint32_t> weighed;
-  for (const Plan::Weighed& w : plan.weighed) weighed.insert(w.setting.recompute);
+  for (const plan::Plan::Weighed& w : plan.weighed) weighed.insert(w.setting.recompute);
   EXPECT_EQ(weighed, (std::set<uint32_t>{0u, 1u, 3u}));
   ASSERT_GT(plan.micro_batch, 0);
   EXPECT_EQ(model.recompute_segments(), plan.setting.recompute);
   request.recompute_masks = {4u};
-  EXPECT_THROW(plan_batch(request), InvalidArgument);
+  EXPECT_THROW(plan::plan_batch(request), InvalidArgument);
 }
 
 TEST(Gpt, SamplingIsSeededGreedyAtTemperatureZeroAndSlidesPastTheContext) {

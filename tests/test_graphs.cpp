@@ -14,6 +14,7 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -21,7 +22,6 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
@@ -65,7 +65,7 @@ struct RunResult {
 // 3 epochs of 8 micro-batches of 5 (the last holds 2) in groups of 3 (the last holds 2); before
 // micro-batch 4 of epoch 1 a bias is set to +inf, so that group's gradient is non-finite and its
 // step is skipped on the device; the bias is restored after that step.
-RunResult train(const Device& device, Opt opt, bool graphs, MemoryTracker* tracker = nullptr, int epochs = 3,
+RunResult train(const Device& device, Opt opt, bool graphs, memory::MemoryTracker* tracker = nullptr, int epochs = 3,
                 bool dropout = false) {
   const data::TensorDataset ds = toy_dataset(device);
   Generator gen(3);
@@ -166,20 +166,20 @@ TEST_P(TrainerGraphsTest, GraphsWithDropoutGiveTheEagerWeightsBitForBit) {
 }
 
 TEST_P(TrainerGraphsTest, MemoryReportHasTheEagerCategoriesAndFixedCosts) {
-  MemoryTracker::Options to;
+  memory::MemoryTracker::Options to;
   to.timeline_steps = 1;
-  MemoryTracker eager_tracker(device(), to);
+  memory::MemoryTracker eager_tracker(device(), to);
   train(device(), Opt::adamw, false, &eager_tracker, 2);
-  const MemorySummary e = eager_tracker.summary();
-  MemoryTracker graph_tracker(device(), to);
+  const memory::MemorySummary e = eager_tracker.summary();
+  memory::MemoryTracker graph_tracker(device(), to);
   const RunResult g = train(device(), Opt::adamw, device().is_cuda(), &graph_tracker, 2);
-  const MemorySummary c = graph_tracker.summary();
+  const memory::MemorySummary c = graph_tracker.summary();
   EXPECT_EQ(c.parameters_bytes, e.parameters_bytes);
   EXPECT_EQ(c.gradients_bytes, e.gradients_bytes);
   EXPECT_EQ(c.optimizer_state_bytes, e.optimizer_state_bytes);
   EXPECT_EQ(c.workspace_bytes, e.workspace_bytes);
   EXPECT_EQ(c.data_bytes, e.data_bytes);
-  EXPECT_DOUBLE_EQ(c.activation_bytes_per_sample, e.activation_bytes_per_sample);
+  EXPECT_DOUBLE_EQ(c.activation_bytes_per_unit, e.activation_bytes_per_unit);
   EXPECT_EQ(graph_tracker.micro_batches_seen(), eager_tracker.micro_batches_seen());
   EXPECT_EQ(graph_tracker.steps_seen(), eager_tracker.steps_seen());
   if (device().is_cuda()) EXPECT_GT(g.stats.replayed_micro_batches, 0);

@@ -8,6 +8,8 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/linear.h"
@@ -15,8 +17,8 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/plan/planner.h"
+#include "engine/plan/fits.h"
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
@@ -50,7 +52,7 @@ Data make_data(int64_t n, Device device) {
 }
 
 // One epoch over `n` samples in micro-batches of `b`, `accum` per step, tracked.
-void run_tracked(MemoryTracker& tracker, models::SeedMLP& model, optim::Accumulator& acc, const Data& d,
+void run_tracked(memory::MemoryTracker& tracker, models::SeedMLP& model, optim::Accumulator& acc, const Data& d,
                  int64_t b, int64_t n) {
   const int64_t mbs = (n + b - 1) / b;
   acc.begin_epoch(0, mbs);
@@ -83,23 +85,23 @@ TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   for (int64_t b : {8, 16, 40}) {
     SCOPED_TRACE("micro-batch " + std::to_string(b));
-    MemoryTracker::Options o;
+    memory::MemoryTracker::Options o;
     o.micro_batch_size = b;
     o.accum_steps = 4;
     o.timeline_steps = 0;
-    MemoryTracker tracker(device(), o);
+    memory::MemoryTracker tracker(device(), o);
     run_tracked(tracker, model, acc, d, b, 5 * b);  // five full micro-batches
     const auto& records = tracker.micro_batches();
     ASSERT_EQ(records.size(), 5u);
     for (const auto& r : records) {
-      EXPECT_EQ(r.samples, b);
+      EXPECT_EQ(r.units, b);
       EXPECT_EQ(r.activation_bytes, seed_mlp_activation_bytes(b)) << "micro-batch " << r.index;
       EXPECT_GE(r.peak_bytes, r.activation_bytes);
       EXPECT_GE(r.forward_ms, 0.0);
       EXPECT_GE(r.backward_ms, 0.0);
     }
     // Linear in b: bytes per sample within rounding of the analytic 2*512*4 + 10*4 = 4136.
-    const double per_sample = tracker.summary().activation_bytes_per_sample;
+    const double per_sample = tracker.summary().activation_bytes_per_unit;
     EXPECT_NEAR(per_sample, 4136.0, 3.0 * kRound / static_cast<double>(b));
   }
 }
@@ -112,12 +114,12 @@ TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
   optim::AccumulationOptions ao;
   ao.accum_steps = 2;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.micro_batch_size = 8;
   o.accum_steps = 2;
   o.timeline_steps = 0;
   o.max_records = 3;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   run_tracked(tracker, model, acc, d, 8, 64);  // 8 micro-batches, 4 steps
   EXPECT_EQ(tracker.micro_batches().size(), 3u);
   EXPECT_EQ(tracker.micro_batches_seen(), 8);
@@ -125,16 +127,16 @@ TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
   EXPECT_EQ(tracker.steps_seen(), 4);
   EXPECT_EQ(tracker.last_micro_batch().index, 7);
   EXPECT_EQ(tracker.last_micro_batch().activation_bytes, seed_mlp_activation_bytes(8));
-  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   EXPECT_EQ(j["micro_batches"].size(), 3u);
   EXPECT_EQ(j["micro_batches_total"], 8);
-  EXPECT_DOUBLE_EQ(tracker.summary().activation_bytes_per_sample,
+  EXPECT_DOUBLE_EQ(tracker.summary().activation_bytes_per_unit,
                    static_cast<double>(seed_mlp_activation_bytes(8)) / 8.0);
 }
 
 TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) {
   const Data d = make_data(256, device());
-  auto peak_for = [&](int64_t b, int accum, MemorySummary* out) {
+  auto peak_for = [&](int64_t b, int accum, memory::MemorySummary* out) {
     const MemoryStats before = allocator_for(device()).stats();
     Generator gen(1);
     models::SeedMLP model(gen, device());
@@ -142,11 +144,11 @@ TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) 
     optim::AccumulationOptions ao;
     ao.accum_steps = accum;
     optim::Accumulator acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
-    MemoryTracker::Options o;
+    memory::MemoryTracker::Options o;
     o.micro_batch_size = b;
     o.accum_steps = accum;
     o.timeline_steps = 0;
-    MemoryTracker tracker(device(), o);
+    memory::MemoryTracker tracker(device(), o);
     run_tracked(tracker, model, acc, d, b, 128);
     *out = tracker.summary();
     // Exactly the model's flat buffers: 669706 parameters, each slot padded to 64 floats.
@@ -160,7 +162,7 @@ TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) 
     EXPECT_EQ(acc.optimizer().state_bytes(), 2 * rounded(padded * 4));  // AdamW: m and v
     return out->peak_at_micro_batch;
   };
-  MemorySummary s16, s64;
+  memory::MemorySummary s16, s64;
   const int64_t peak16 = peak_for(16, 4, &s16);
   const int64_t peak64 = peak_for(64, 1, &s64);
   EXPECT_LT(peak16, peak64) << "accumulation must lower the peak";
@@ -179,25 +181,25 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   optim::AccumulationOptions ao;
   ao.accum_steps = 4;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.model = "seed_mlp";
   o.micro_batch_size = 16;
   o.accum_steps = 4;
   o.timeline_steps = 2;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   run_tracked(tracker, model, acc, d, 16, 128);
 
-  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   for (const char* k : {"device", "model", "micro_batch_size", "accum_steps", "summary", "micro_batches", "steps"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"], "seed_mlp");
   EXPECT_EQ(j["micro_batch_size"], 16);
-  for (const char* k : {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "workspace_bytes",
-                        "data_bytes", "activation_bytes_per_sample", "peak_bytes"})
+  for (const char* k : {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "workspace_bytes", "data_bytes",
+                        "activation_bytes_per_unit", "peak_bytes"})
     EXPECT_TRUE(j["summary"].contains(k)) << k;
   ASSERT_EQ(j["micro_batches"].size(), 8u);
-  for (const char* k : {"epoch", "index", "samples", "activation_bytes", "peak_bytes", "peak_by_category",
-                        "forward_ms", "backward_ms"})
+  for (const char* k :
+       {"epoch", "index", "units", "activation_bytes", "peak_bytes", "peak_by_category", "forward_ms", "backward_ms"})
     EXPECT_TRUE(j["micro_batches"][0].contains(k)) << k;
   EXPECT_EQ(j["micro_batches"][3]["activation_bytes"], seed_mlp_activation_bytes(16));
   EXPECT_EQ(j["micro_batches"][0]["peak_by_category"].size(), kNumMemoryCategories);
@@ -207,7 +209,7 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   EXPECT_EQ(j["steps"][1]["step"], 2);
 
   // The trace: counters for every category and forward/backward/step slices for the window.
-  const auto t = nlohmann::json::parse(memory_trace_json(tracker));
+  const auto t = nlohmann::json::parse(memory::memory_trace_json(tracker));
   ASSERT_TRUE(t.contains("traceEvents"));
   int counters = 0, forward = 0, backward = 0, step = 0;
   for (const auto& e : t["traceEvents"]) {
@@ -228,7 +230,7 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   EXPECT_EQ(step, 2);
 
   // The SVG: well-formed XML (balanced tags, one root) with one area per category.
-  const std::string svg = memory_plot_svg(tracker);
+  const std::string svg = memory::memory_plot_svg(tracker);
   std::vector<std::string> open;
   int roots = 0, paths = 0;
   for (std::size_t i = svg.find('<'); i != std::string::npos; i = svg.find('<', i + 1)) {
@@ -267,7 +269,7 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
 
   // The library's planner (its cases are in tests/test_planner.cpp) under a budget of reserved
   // bytes that a micro-batch of 256 exceeds: its plan trains under that budget as the limit.
-  PlanRequest request;
+  plan::PlanRequest request;
   request.device = device();
   request.effective_batch = 256;
   request.micro_batch = [&](int64_t b) {
@@ -284,17 +286,17 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
     acc.step_if_ready();
     alloc.empty_cache();
   }
-  const Plan unlimited = plan_batch(request);
+  const plan::Plan unlimited = plan::plan_batch(request);
   ASSERT_EQ(unlimited.table.size(), 9u);
   int64_t budget = 0;
-  for (const PlanRow& r : unlimited.table)
+  for (const plan::PlanRow& r : unlimited.table)
     if (r.reserved_bytes < unlimited.table[0].reserved_bytes) {
       budget = r.reserved_bytes;
       break;
     }
   ASSERT_GT(budget, 0);
   request.budget = budget;
-  const Plan plan = plan_batch(request);
+  const plan::Plan plan = plan::plan_batch(request);
   EXPECT_GT(plan.micro_batch, 0) << plan.reason;
   EXPECT_LT(plan.micro_batch, 256) << plan.reason;
   EXPECT_EQ(plan.micro_batch * plan.accum_steps, 256);
@@ -304,10 +306,10 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   alloc.reset_peak();
   alloc.set_memory_limit(budget);
   {
-    MemoryTracker::Options o;
+    memory::MemoryTracker::Options o;
     o.micro_batch_size = plan.micro_batch;
     o.timeline_steps = 0;
-    MemoryTracker tracker(device(), o);
+    memory::MemoryTracker tracker(device(), o);
     run_tracked(tracker, model, acc, d, plan.micro_batch, 256);
     EXPECT_LE(tracker.summary().peak_bytes, budget);
     EXPECT_LE(alloc.stats().reserved_peak, budget);
@@ -317,10 +319,10 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   // Announced, so that the Accumulator takes it should the limit be met in backward.
   acc.begin_epoch(1, 1);
   try {
-    MemoryTracker::Options o;
+    memory::MemoryTracker::Options o;
     o.micro_batch_size = 256;
     o.timeline_steps = 0;
-    MemoryTracker tracker(device(), o);
+    memory::MemoryTracker tracker(device(), o);
     tracker.begin_micro_batch(0, 0, 256);
     Tensor loss = ops::cross_entropy(model(d.x), d.y, ops::Reduction::Sum);
     acc.backward(loss, 256);
@@ -403,9 +405,9 @@ TEST_P(CustomOpMemoryTest, ACustomOpsOutputIsAnActivation) {
   // weight gradient (the Linear's own output is gone: sum saves nothing), beside the loss scalar.
   Tensor w = Tensor::full({3, 100}, 0.25f, device());
   w.set_requires_grad(true);
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   tracker.begin_micro_batch(0, 0, 64);
   Tensor loss = ops::sum(ops::linear(doubled(x), w, Tensor()));
   tracker.end_forward();
@@ -420,14 +422,14 @@ TEST_P(CustomOpMemoryTest, ACustomOpsOutputIsAnActivation) {
 CUMULUS_INSTANTIATE_DEVICES(CustomOpMemoryTest);
 
 TEST(Planner, ParsesSizes) {
-  EXPECT_EQ(parse_byte_size("1048576"), 1048576);
-  EXPECT_EQ(parse_byte_size("64MiB"), 64LL << 20);
-  EXPECT_EQ(parse_byte_size("1.5GiB"), 3LL << 29);
-  EXPECT_EQ(parse_byte_size("512 KiB"), 512LL << 10);
-  EXPECT_EQ(parse_byte_size("2GB"), 2000000000LL);
+  EXPECT_EQ(plan::parse_byte_size("1048576"), 1048576);
+  EXPECT_EQ(plan::parse_byte_size("64MiB"), 64LL << 20);
+  EXPECT_EQ(plan::parse_byte_size("1.5GiB"), 3LL << 29);
+  EXPECT_EQ(plan::parse_byte_size("512 KiB"), 512LL << 10);
+  EXPECT_EQ(plan::parse_byte_size("2GB"), 2000000000LL);
   for (const char* bad : {"", "abc", "-1MiB", "12XB", "1.5", " 5MiB", "inf"}) {
     try {
-      parse_byte_size(bad);
+      plan::parse_byte_size(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
@@ -436,11 +438,11 @@ TEST(Planner, ParsesSizes) {
 }
 
 TEST(Planner, CostFromTwoProbes) {
-  const MemoryCost c = memory_cost_from_probes(8, 1000 + 8 * 50, 32, 1000 + 32 * 50);
+  const plan::MemoryCost c = plan::memory_cost_from_probes(8, 1000 + 8 * 50, 32, 1000 + 32 * 50);
   EXPECT_EQ(c.fixed_bytes, 1000);
-  EXPECT_DOUBLE_EQ(c.peak_bytes_per_sample, 50.0);
+  EXPECT_DOUBLE_EQ(c.peak_bytes_per_unit, 50.0);
   EXPECT_EQ(c.predicted_peak(64), 1000 + 64 * 50);
-  EXPECT_THROW(memory_cost_from_probes(8, 0, 8, 0), InvalidArgument);
+  EXPECT_THROW(plan::memory_cost_from_probes(8, 0, 8, 0), InvalidArgument);
 }
 
 }  // namespace

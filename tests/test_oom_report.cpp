@@ -10,9 +10,10 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/reduce.h"
-#include "cumulus/runtime/tracker.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -102,10 +103,10 @@ TEST_P(OomReportTest, ForwardFailureNamesLinearAndAddsUp) {
   CachingAllocator& alloc = allocator_for(device());
   LimitGuard guard{alloc};
   const Linear l = make_linear(device());
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.micro_batch_size = 192;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   EXPECT_FALSE(tracker.out_of_memory().has_value()) << "an earlier failure is not this tracker's";
 
   alloc.empty_cache();
@@ -137,7 +138,7 @@ TEST_P(OomReportTest, ForwardFailureNamesLinearAndAddsUp) {
   EXPECT_STREQ(tracked->phase, "forward");
   EXPECT_EQ(tracked->epoch, 2);
   EXPECT_EQ(tracked->index, 5);
-  EXPECT_EQ(tracked->samples, 192);
+  EXPECT_EQ(tracked->units, 192);
   alloc.set_memory_limit(0);
 
   // No micro-batch completed, yet the summary's peak is the one reached before the failure.
@@ -145,7 +146,7 @@ TEST_P(OomReportTest, ForwardFailureNamesLinearAndAddsUp) {
   EXPECT_EQ(tracker.summary().peak_bytes, rec->peak_bytes);
   EXPECT_GT(tracker.summary().peak_bytes, 0);
 
-  const auto j = nlohmann::ordered_json::parse(memory_report_json(tracker));
+  const auto j = nlohmann::ordered_json::parse(memory::memory_report_json(tracker));
   std::string after_summary;
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() == "summary" && std::next(it) != j.end()) after_summary = std::next(it).key();
@@ -165,7 +166,7 @@ TEST_P(OomReportTest, ForwardFailureNamesLinearAndAddsUp) {
   EXPECT_EQ(oom["micro_batch"]["phase"], "forward");
   EXPECT_EQ(oom["micro_batch"]["epoch"], 3);  // reports count epochs from 1
   EXPECT_EQ(oom["micro_batch"]["index"], 5);
-  EXPECT_EQ(oom["micro_batch"]["samples"], 192);
+  EXPECT_EQ(oom["micro_batch"]["units"], 192);
   EXPECT_EQ(j["summary"]["peak_bytes"], rec->peak_bytes);
 
   // The table prints one line about it, naming the op.
@@ -179,10 +180,10 @@ TEST_P(OomReportTest, BackwardFailureNamesTheBackwardOpAndLiveOutputs) {
   CachingAllocator& alloc = allocator_for(device());
   LimitGuard guard{alloc};
   const Linear l = make_linear(device());
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.micro_batch_size = 192;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   tracker.begin_micro_batch(0, 0, 192);
   Tensor y = ops::linear(l.x, l.w, l.b);
   Tensor loss = ops::sum(y);
@@ -213,10 +214,10 @@ TEST_P(OomReportTest, BackwardFailureNamesTheBackwardOpAndLiveOutputs) {
 
 TEST_P(OomReportTest, NoFailureMeansNoOutOfMemoryObject) {
   const Linear l = make_linear(device());
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.micro_batch_size = 192;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   tracker.begin_micro_batch(0, 0, 192);
   Tensor loss = ops::sum(ops::linear(l.x, l.w, l.b));
   tracker.end_forward();
@@ -224,7 +225,7 @@ TEST_P(OomReportTest, NoFailureMeansNoOutOfMemoryObject) {
   loss = Tensor();
   tracker.end_backward();
   EXPECT_FALSE(tracker.out_of_memory().has_value());
-  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   EXPECT_FALSE(j.contains("out_of_memory"));
 }
 

@@ -1,5 +1,5 @@
-// The micro-batch planner in the library (cumulus::plan_batch, Note [Planning a micro-batch] in
-// engine/runtime/planner.cpp): its table, its choice under a budget in reserved bytes with the
+// The micro-batch planner in the library (cumulus::plan::plan_batch, Note [Planning a micro-batch] in
+// engine/plan/planner.cpp): its table, its choice under a budget in reserved bytes with the
 // optimizer state counted, the verifying probe, recompute, the fallback, and what it restores; the
 // ready-made request over a TensorDataset (optim::plan_request) and require_fit.
 #include <gtest/gtest.h>
@@ -21,8 +21,9 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/trainer.h"
+#include "engine/plan/fits.h"
 #include "engine/runtime/accumulator.h"
 
 namespace cumulus {
@@ -38,7 +39,7 @@ int64_t rounded(int64_t bytes) {
 // Injected timings (PlanRequest::micro_batch_seconds) for tests that check memory choices: a
 // fixed cost a call makes larger micro-batches faster, and recompute costs 30% more a sample, so
 // the fastest plan that fits is the largest micro-batch, without recompute where that fits.
-double larger_is_faster(int64_t samples, const PlanSetting& setting) {
+double larger_is_faster(int64_t samples, const plan::PlanSetting& setting) {
   return 1e-3 + 1e-5 * static_cast<double>(samples) * (setting.recompute != 0 ? 1.3 : 1.0);
 }
 
@@ -70,8 +71,8 @@ struct Rig {
     }
     flat->mark_gradients_stale();
   }
-  PlanRequest request(optim::Optimizer& optimizer, int64_t effective_batch, int64_t budget) const {
-    PlanRequest r;
+  plan::PlanRequest request(optim::Optimizer& optimizer, int64_t effective_batch, int64_t budget) const {
+    plan::PlanRequest r;
     r.device = kCpu;
     r.effective_batch = effective_batch;
     r.budget = budget;
@@ -122,7 +123,7 @@ int64_t old_rule_choice(const Rig& rig, int64_t effective_batch, int64_t budget)
     rig.micro_batch(b);
     return alloc.stats().allocated_peak;
   };
-  const MemoryCost cost = memory_cost_from_probes(8, probe(8), 32, probe(32));
+  const plan::MemoryCost cost = plan::memory_cost_from_probes(8, probe(8), 32, probe(32));
   alloc.empty_cache();
   for (int64_t b = effective_batch; b >= 1; --b)
     if (effective_batch % b == 0 && cost.predicted_peak(b) <= static_cast<int64_t>(0.95 * static_cast<double>(budget)))
@@ -137,10 +138,10 @@ TEST(PlanBatch, ItsChoiceTrainsUnderTheBudgetWhereTheOldRuleRanOutOfMemory) {
   const Rig rig(mlp());
   constexpr int64_t kBudget = int64_t{24} << 20, kEffective = 1024;
   auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
-  const Plan plan = plan_batch(rig.request(*adamw, kEffective, kBudget));
+  const plan::Plan plan = plan::plan_batch(rig.request(*adamw, kEffective, kBudget));
   std::printf("%s\n", plan.reason.c_str());
   ASSERT_GT(plan.micro_batch, 0) << plan.reason;
-  EXPECT_EQ(plan.method, PlanMethod::recorded_sequence) << plan.prediction;
+  EXPECT_EQ(plan.method, plan::PlanMethod::recorded_sequence) << plan.prediction;
   EXPECT_TRUE(plan.verified);
   EXPECT_LE(plan.verified_reserved_bytes, kBudget);
   EXPECT_EQ(plan.optimizer_state_bytes, 2 * rounded(static_cast<int64_t>(rig.flat->values().nbytes())));
@@ -167,14 +168,14 @@ TEST(PlanBatch, TableHasEveryDivisorAndCountsTheOptimizerState) {
   optim::SGD sgd(rig.flat, optim::SGDOptions{});
   optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
   int tables = 0;
-  PlanRequest request = rig.request(sgd, kEffective, 0);
-  request.on_table = [&](const Plan& p) {
+  plan::PlanRequest request = rig.request(sgd, kEffective, 0);
+  request.on_table = [&](const plan::Plan& p) {
     ++tables;
     EXPECT_EQ(p.table.size(), 10u);
     EXPECT_EQ(p.micro_batch, 0);  // shown before the choice
   };
-  const Plan sgd_free = plan_batch(request);
-  const Plan adamw_free = plan_batch(rig.request(adamw, kEffective, 0));
+  const plan::Plan sgd_free = plan::plan_batch(request);
+  const plan::Plan adamw_free = plan::plan_batch(rig.request(adamw, kEffective, 0));
   EXPECT_EQ(tables, 1);
   const std::vector<int64_t> divisors = {512, 256, 128, 64, 32, 16, 8, 4, 2, 1};
   ASSERT_EQ(sgd_free.table.size(), divisors.size());
@@ -182,7 +183,7 @@ TEST(PlanBatch, TableHasEveryDivisorAndCountsTheOptimizerState) {
   EXPECT_EQ(sgd_free.optimizer_state_bytes, 0);
   EXPECT_EQ(adamw_free.optimizer_state_bytes, 2 * rounded(static_cast<int64_t>(rig.flat->values().nbytes())));
   for (std::size_t i = 0; i < divisors.size(); ++i) {
-    const PlanRow &s = sgd_free.table[i], &a = adamw_free.table[i];
+    const plan::PlanRow &s = sgd_free.table[i], &a = adamw_free.table[i];
     EXPECT_EQ(s.micro_batch, divisors[i]);
     EXPECT_EQ(s.accum_steps, kEffective / divisors[i]);
     EXPECT_EQ(a.micro_batch, divisors[i]);
@@ -192,7 +193,7 @@ TEST(PlanBatch, TableHasEveryDivisorAndCountsTheOptimizerState) {
     EXPECT_EQ(a.peak_by_category[static_cast<std::size_t>(MemoryCategory::optimizer_state)],
               adamw_free.optimizer_state_bytes);
   }
-  for (const Plan* p : {&sgd_free, &adamw_free}) {
+  for (const plan::Plan* p : {&sgd_free, &adamw_free}) {
     EXPECT_EQ(p->micro_batch, kEffective);
     EXPECT_EQ(p->accum_steps, 1);
     EXPECT_FALSE(p->verified);
@@ -202,14 +203,14 @@ TEST(PlanBatch, TableHasEveryDivisorAndCountsTheOptimizerState) {
 
   // A budget AdamW's whole batch exceeds but a smaller divisor of it fits.
   int64_t budget = 0;
-  for (const PlanRow& r : adamw_free.table)
+  for (const plan::PlanRow& r : adamw_free.table)
     if (r.reserved_bytes < adamw_free.table[0].reserved_bytes) {
       budget = r.reserved_bytes;
       break;
     }
   ASSERT_GT(budget, 0);
-  const Plan with_sgd = plan_batch(rig.request(sgd, kEffective, budget));
-  const Plan with_adamw = plan_batch(rig.request(adamw, kEffective, budget));
+  const plan::Plan with_sgd = plan::plan_batch(rig.request(sgd, kEffective, budget));
+  const plan::Plan with_adamw = plan::plan_batch(rig.request(adamw, kEffective, budget));
   EXPECT_EQ(with_sgd.micro_batch, kEffective) << with_sgd.reason;
   EXPECT_GT(with_adamw.micro_batch, 0) << with_adamw.reason;
   EXPECT_LT(with_adamw.micro_batch, with_sgd.micro_batch) << with_adamw.reason;
@@ -231,9 +232,9 @@ TEST(PlanBatch, RestoresTheModelsBuffers) {
   const auto before = snapshot();
   ASSERT_FALSE(before.empty());
   optim::SGD sgd(rig.flat, optim::SGDOptions{});
-  PlanRequest request = rig.request(sgd, 16, 0);
-  request.sample_limit = 16;
-  const Plan plan = plan_batch(request);
+  plan::PlanRequest request = rig.request(sgd, 16, 0);
+  request.unit_limit = 16;
+  const plan::Plan plan = plan::plan_batch(request);
   EXPECT_EQ(plan.micro_batch, 16) << plan.reason;
   EXPECT_EQ(snapshot(), before);
   Tensor x = Tensor::full(Shape{4, 784}, 0.5f, kCpu);
@@ -262,8 +263,8 @@ struct Synthetic {
     if (also) also(b);
     const Allocation tmp = alloc.allocate(4096, MemoryCategory::backward_temporaries);
   }
-  PlanRequest request(int64_t effective_batch, int64_t budget) {
-    PlanRequest r;
+  plan::PlanRequest request(int64_t effective_batch, int64_t budget) {
+    plan::PlanRequest r;
     r.effective_batch = effective_batch;
     r.budget = budget;
     r.micro_batch = [this](int64_t b) { micro_batch(b); };
@@ -272,15 +273,15 @@ struct Synthetic {
     return r;
   }
   // The same with one recompute segment the planner may turn on.
-  PlanRequest request_with_recompute(int64_t effective_batch, int64_t budget) {
-    PlanRequest r = request(effective_batch, budget);
+  plan::PlanRequest request_with_recompute(int64_t effective_batch, int64_t budget) {
+    plan::PlanRequest r = request(effective_batch, budget);
     r.recompute_segments = {"all"};
-    r.apply = [this](const PlanSetting& s) { recompute = s.recompute != 0; };
+    r.apply = [this](const plan::PlanSetting& s) { recompute = s.recompute != 0; };
     return r;
   }
   // What micro-batch `b` is predicted to reserve (from a plan without a budget).
   int64_t reserved(int64_t effective_batch, int64_t b) {
-    for (const PlanRow& r : plan_batch(request(effective_batch, 0)).table)
+    for (const plan::PlanRow& r : plan::plan_batch(request(effective_batch, 0)).table)
       if (r.micro_batch == b) return r.reserved_bytes;
     return -1;
   }
@@ -289,14 +290,14 @@ struct Synthetic {
 TEST(PlanBatch, ProbeThatRunsOutOfMemoryFallsBackToTheNextSmallerDivisor) {
   Synthetic s;
   const int64_t budget = s.reserved(64, 64);
-  PlanRequest request = s.request(64, budget);
+  plan::PlanRequest request = s.request(64, budget);
   // After the table: an allocation the recordings never saw, in the probe of 64 only.
-  request.on_table = [&](const Plan&) {
+  request.on_table = [&](const plan::Plan&) {
     s.also = [](int64_t b) {
       if (b == 64) allocator_for(kCpu).allocate(std::size_t{64} << 20, MemoryCategory::other);
     };
   };
-  const Plan plan = plan_batch(request);
+  const plan::Plan plan = plan::plan_batch(request);
   EXPECT_TRUE(plan.table[0].fits);
   EXPECT_EQ(plan.rejected_by_probe, std::vector<int64_t>{64});
   EXPECT_EQ(plan.micro_batch, 32);
@@ -306,8 +307,8 @@ TEST(PlanBatch, ProbeThatRunsOutOfMemoryFallsBackToTheNextSmallerDivisor) {
 }
 
 // The largest micro-batch a weighed setting is predicted to fit (0: none, or not weighed).
-int64_t largest_fitting(const Plan& p, uint32_t recompute) {
-  for (const Plan::Weighed& w : p.weighed)
+int64_t largest_fitting(const plan::Plan& p, uint32_t recompute) {
+  for (const plan::Plan::Weighed& w : p.weighed)
     if (w.setting.recompute == recompute) return w.largest_fitting;
   return 0;
 }
@@ -318,17 +319,17 @@ TEST(PlanBatch, RecomputeOnlyWhenItLetsALargerMicroBatchFit) {
   Synthetic s;
   std::vector<bool> lever;
   auto plan_with_lever = [&](int64_t budget) {
-    PlanRequest request = s.request_with_recompute(64, budget);
-    request.apply = [&](const PlanSetting& setting) {
+    plan::PlanRequest request = s.request_with_recompute(64, budget);
+    request.apply = [&](const plan::PlanSetting& setting) {
       lever.push_back(setting.recompute != 0);
       s.recompute = setting.recompute != 0;
     };
-    return plan_batch(request);
+    return plan::plan_batch(request);
   };
   const int64_t whole = s.reserved(64, 64), half = s.reserved(64, 32);
   ASSERT_LT(half, whole);
 
-  Plan p = plan_with_lever(whole);  // fits without
+  plan::Plan p = plan_with_lever(whole);  // fits without
   EXPECT_EQ(lever.front(), true);   // recorded with it
   ASSERT_EQ(p.weighed.size(), 2u);
   EXPECT_FALSE(p.setting.recompute != 0 || s.recompute);
@@ -363,20 +364,20 @@ TEST(PlanBatch, PrefersAFasterPlanOverTheLargestMicroBatchWhenRecomputeIsSlower)
   Synthetic s;
   const int64_t half = s.reserved(64, 32);
   double recompute_cost = 2.0;
-  PlanRequest request = s.request_with_recompute(64, half);
-  request.micro_batch_seconds = [&](int64_t b, const PlanSetting& setting) {
+  plan::PlanRequest request = s.request_with_recompute(64, half);
+  request.micro_batch_seconds = [&](int64_t b, const plan::PlanSetting& setting) {
     return 1e-4 + 1e-5 * static_cast<double>(b) * (setting.recompute != 0 ? recompute_cost : 1.0);
   };
   request.step_seconds = 1e-3;
-  request.epoch_samples = 640;
-  Plan p = plan_batch(request);
+  request.epoch_units = 640;
+  plan::Plan p = plan::plan_batch(request);
   EXPECT_EQ(largest_fitting(p, 1), 64);
   EXPECT_EQ(p.micro_batch, 32) << p.reason;
   EXPECT_FALSE(p.setting.recompute != 0 || s.recompute);
   ASSERT_EQ(p.weighed.size(), 2u);
-  EXPECT_NEAR(p.weighed[1].time.seconds_per_sample, 2e-5, 1e-12);
+  EXPECT_NEAR(p.weighed[1].time.seconds_per_unit, 2e-5, 1e-12);
   EXPECT_NEAR(p.weighed[0].time.fixed_seconds, 1e-4, 1e-12);
-  for (const PlanRow& r : p.table)
+  for (const plan::PlanRow& r : p.table)
     if (r.micro_batch == 32 && r.setting.recompute == 0) {
       EXPECT_TRUE(r.chosen);
       EXPECT_NEAR(r.batch_seconds, 2 * (1e-4 + 32e-5) + 1e-3, 1e-12);
@@ -385,7 +386,7 @@ TEST(PlanBatch, PrefersAFasterPlanOverTheLargestMicroBatchWhenRecomputeIsSlower)
   EXPECT_NE(p.reason.find("the fastest of"), std::string::npos) << p.reason;
 
   recompute_cost = 1.1;
-  p = plan_batch(request);
+  p = plan::plan_batch(request);
   EXPECT_EQ(p.micro_batch, 64) << p.reason;
   EXPECT_TRUE(p.setting.recompute != 0 && s.recompute);
 }
@@ -396,17 +397,17 @@ TEST(PlanBatch, PrefersAFasterPlanOverTheLargestMicroBatchWhenRecomputeIsSlower)
 // fits keeps a tie it is in, other ties go to less memory.
 TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
   Synthetic s;
-  PlanRequest request = s.request_with_recompute(64, 0);
-  request.micro_batch_seconds = [&](int64_t b, const PlanSetting& setting) {
+  plan::PlanRequest request = s.request_with_recompute(64, 0);
+  request.micro_batch_seconds = [&](int64_t b, const plan::PlanSetting& setting) {
     return 1e-4 + 1e-5 * static_cast<double>(b) * (setting.recompute != 0 ? 0.5 : 1.0);
   };
   request.step_seconds = 0;
-  Plan p = plan_batch(request);
+  plan::Plan p = plan::plan_batch(request);
   const std::vector<int64_t> divisors = {64, 32, 16, 8, 4, 2, 1};
   ASSERT_EQ(p.table.size(), 2 * divisors.size());
   int chosen = 0;
   for (std::size_t i = 0; i < p.table.size(); ++i) {
-    const PlanRow& r = p.table[i];
+    const plan::PlanRow& r = p.table[i];
     EXPECT_EQ(r.micro_batch, divisors[i / 2]) << i;
     EXPECT_EQ(r.setting.recompute, i % 2) << i;
     EXPECT_EQ(r.accum_steps, 64 / r.micro_batch);
@@ -424,14 +425,14 @@ TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
   // A tiny fixed cost a call, recompute 5% faster a sample: 64 with recompute is the fastest and
   // every row with recompute is within 2% of it. The tie goes to the least reserved memory (among
   // rows reserving the same, the larger micro-batch).
-  request.micro_batch_seconds = [](int64_t b, const PlanSetting& setting) {
+  request.micro_batch_seconds = [](int64_t b, const plan::PlanSetting& setting) {
     return 1e-7 + 1e-5 * static_cast<double>(b) * (setting.recompute != 0 ? 0.95 : 1.0);
   };
-  p = plan_batch(request);
+  p = plan::plan_batch(request);
   int64_t least = p.table[0].reserved_bytes;
-  for (const PlanRow& r : p.table) least = std::min(least, r.reserved_bytes);
+  for (const plan::PlanRow& r : p.table) least = std::min(least, r.reserved_bytes);
   ASSERT_LT(least, p.table[0].reserved_bytes);
-  for (const PlanRow& r : p.table) {
+  for (const plan::PlanRow& r : p.table) {
     if (r.chosen) EXPECT_EQ(r.reserved_bytes, least) << p.reason;
     if (r.reserved_bytes == least && r.micro_batch > p.micro_batch)
       ADD_FAILURE() << r.micro_batch << " reserves as little";
@@ -442,8 +443,10 @@ TEST(PlanBatch, TableIsCompleteAndOrderedAndWithoutABudgetTheFastestWins) {
 
   // The same with recompute as fast: the largest micro-batch without it ties the fastest and, as
   // the planner's choice before it predicted time, keeps the tie.
-  request.micro_batch_seconds = [](int64_t b, const PlanSetting&) { return 1e-7 + 1e-5 * static_cast<double>(b); };
-  p = plan_batch(request);
+  request.micro_batch_seconds = [](int64_t b, const plan::PlanSetting&) {
+    return 1e-7 + 1e-5 * static_cast<double>(b);
+  };
+  p = plan::plan_batch(request);
   EXPECT_EQ(p.micro_batch, 64) << p.reason;
   EXPECT_EQ(p.setting.recompute, 0u);
 }
@@ -457,45 +460,45 @@ struct LeverRig {
   nn::Linear layer{4, 2, gen, kCpu};
   std::shared_ptr<nn::FlatParameters> flat = std::make_shared<nn::FlatParameters>(layer);
   optim::SGD sgd{flat, optim::SGDOptions{}};
-  PlanSetting in_place;
+  plan::PlanSetting in_place;
   Allocation dataset;
-  std::vector<PlanSetting> applied;
+  std::vector<plan::PlanSetting> applied;
 
   LeverRig() {
     allocator_for(kCpu).empty_cache();
     apply(in_place);
   }
-  void apply(const PlanSetting& s) {
+  void apply(const plan::PlanSetting& s) {
     applied.push_back(s);
     in_place = s;
     dataset.reset();
-    if (s.data == DataPlacement::device)
+    if (s.data == plan::DataPlacement::device)
       dataset = allocator_for(kCpu).allocate(std::size_t{8} << 20, MemoryCategory::data);
   }
   void micro_batch(int64_t b) const {
     CachingAllocator& alloc = allocator_for(kCpu);
     Allocation staged;
-    if (in_place.data == DataPlacement::host)
+    if (in_place.data == plan::DataPlacement::host)
       staged = alloc.allocate(static_cast<std::size_t>(b) << 10, MemoryCategory::data);
     int64_t per_sample = (64 - (in_place.recompute & 1 ? 32 : 0) - (in_place.recompute & 2 ? 8 : 0)) << 10;
     if (in_place.precision != Precision::fp32) per_sample /= 2;
     const Allocation act = alloc.allocate(static_cast<std::size_t>(b * per_sample), MemoryCategory::activations);
     const Allocation tmp = alloc.allocate(4096, MemoryCategory::backward_temporaries);
   }
-  PlanRequest request(int64_t effective_batch, int64_t budget) {
-    PlanRequest r;
+  plan::PlanRequest request(int64_t effective_batch, int64_t budget) {
+    plan::PlanRequest r;
     r.effective_batch = effective_batch;
     r.budget = budget;
     r.micro_batch = [this](int64_t b) { micro_batch(b); };
     r.optimizer = &sgd;
-    r.apply = [this](const PlanSetting& s) { apply(s); };
+    r.apply = [this](const plan::PlanSetting& s) { apply(s); };
     r.micro_batch_seconds = larger_is_faster;
     return r;
   }
   // The least reserved bytes any row of `p` with the data at `where` is predicted to need.
-  static int64_t least_reserved(const Plan& p, DataPlacement where) {
+  static int64_t least_reserved(const plan::Plan& p, plan::DataPlacement where) {
     int64_t least = -1;
-    for (const PlanRow& r : p.table)
+    for (const plan::PlanRow& r : p.table)
       if (r.setting.data == where && (least < 0 || r.reserved_bytes < least)) least = r.reserved_bytes;
     return least;
   }
@@ -506,44 +509,45 @@ struct LeverRig {
 // the table); one they cannot fit moves it to the host, and the reason says why.
 TEST(PlanBatch, PicksHostResidentDataOnlyWhenDeviceResidentDataCannotFit) {
   LeverRig rig;
-  PlanRequest request = rig.request(64, 0);
+  plan::PlanRequest request = rig.request(64, 0);
   request.weigh_placement = true;
-  request.micro_batch_seconds = [](int64_t b, const PlanSetting& s) {
-    return 1e-4 + 1e-5 * static_cast<double>(b) * (s.data == DataPlacement::host ? 0.5 : 1.0);
+  request.micro_batch_seconds = [](int64_t b, const plan::PlanSetting& s) {
+    return 1e-4 + 1e-5 * static_cast<double>(b) * (s.data == plan::DataPlacement::host ? 0.5 : 1.0);
   };
-  const Plan free = plan_batch(request);
-  for (const PlanRow& r : free.table) EXPECT_EQ(r.setting.data, DataPlacement::device) << "host weighed unneeded";
-  EXPECT_EQ(free.setting.data, DataPlacement::device);
-  const int64_t device_least = LeverRig::least_reserved(free, DataPlacement::device);
+  const plan::Plan free = plan::plan_batch(request);
+  for (const plan::PlanRow& r : free.table)
+    EXPECT_EQ(r.setting.data, plan::DataPlacement::device) << "host weighed unneeded";
+  EXPECT_EQ(free.setting.data, plan::DataPlacement::device);
+  const int64_t device_least = LeverRig::least_reserved(free, plan::DataPlacement::device);
 
   request.budget = device_least;  // micro-batch 1 fits on the device
-  Plan p = plan_batch(request);
-  EXPECT_EQ(p.setting.data, DataPlacement::device) << p.reason;
-  EXPECT_EQ(rig.in_place.data, DataPlacement::device);
+  plan::Plan p = plan::plan_batch(request);
+  EXPECT_EQ(p.setting.data, plan::DataPlacement::device) << p.reason;
+  EXPECT_EQ(rig.in_place.data, plan::DataPlacement::device);
   EXPECT_EQ(p.weighed.size(), 1u);
 
   request.budget = device_least - (int64_t{4} << 20);  // the 8 MiB set does not fit on the device
-  p = plan_batch(request);
+  p = plan::plan_batch(request);
   ASSERT_GT(p.micro_batch, 0) << p.reason;
-  EXPECT_EQ(p.setting.data, DataPlacement::host);
-  EXPECT_EQ(rig.in_place.data, DataPlacement::host) << "the chosen setting is left in place";
+  EXPECT_EQ(p.setting.data, plan::DataPlacement::host);
+  EXPECT_EQ(rig.in_place.data, plan::DataPlacement::host) << "the chosen setting is left in place";
   EXPECT_TRUE(p.verified);
   ASSERT_EQ(p.weighed.size(), 2u);
-  EXPECT_EQ(p.weighed[1].setting.data, DataPlacement::host);
+  EXPECT_EQ(p.weighed[1].setting.data, plan::DataPlacement::host);
   EXPECT_LT(p.weighed[1].reserved_at_rest, p.weighed[0].reserved_at_rest);
   EXPECT_EQ(p.table.size(), 14u);  // every divisor on the device, then on the host
   EXPECT_NE(p.reason.find("with data on host"), std::string::npos) << p.reason;
   EXPECT_NE(p.reason.find("no plan with the training set on the device fits"), std::string::npos) << p.reason;
-  rig.apply(PlanSetting{});
+  rig.apply(plan::PlanSetting{});
 
   // Nothing fits even on the host: the set goes back to the device, though the budget has no room
   // for it (it was there before the budget applied), and the plan says why instead of throwing.
   request.budget = int64_t{1} << 20;
-  p = plan_batch(request);
+  p = plan::plan_batch(request);
   EXPECT_EQ(p.micro_batch, 0) << p.reason;
-  EXPECT_EQ(rig.in_place.data, DataPlacement::device);
+  EXPECT_EQ(rig.in_place.data, plan::DataPlacement::device);
   EXPECT_EQ(allocator_for(kCpu).memory_limit(), 0);
-  rig.apply(PlanSetting{});
+  rig.apply(plan::PlanSetting{});
 }
 
 // Precision is weighed only with the opt-in, and then wins only by more than the 2% tie: without
@@ -553,15 +557,15 @@ TEST(PlanBatch, PicksHostResidentDataOnlyWhenDeviceResidentDataCannotFit) {
 TEST(PlanBatch, NeverChangesPrecisionWithoutTheOptIn) {
   LeverRig rig;
   double bf16_speed = 0.5;
-  PlanRequest request = rig.request(64, 0);
-  request.micro_batch_seconds = [&](int64_t b, const PlanSetting& s) {
+  plan::PlanRequest request = rig.request(64, 0);
+  request.micro_batch_seconds = [&](int64_t b, const plan::PlanSetting& s) {
     return (1e-4 + 1e-5 * static_cast<double>(b)) * (s.precision == Precision::bf16 ? bf16_speed : 1.0);
   };
   request.precisions = {Precision::bf16};
-  const Plan both = plan_batch(request);
+  const plan::Plan both = plan::plan_batch(request);
   ASSERT_EQ(both.table.size(), 14u);
   EXPECT_EQ(both.setting.precision, Precision::bf16) << "without a budget the faster bf16 wins: " << both.reason;
-  rig.apply(PlanSetting{});
+  rig.apply(plan::PlanSetting{});
 
   // A budget bf16 fits micro-batch 64 in and fp32 does not.
   ASSERT_EQ(both.table[1].setting.precision, Precision::bf16);
@@ -569,16 +573,16 @@ TEST(PlanBatch, NeverChangesPrecisionWithoutTheOptIn) {
   ASSERT_LT(request.budget, both.table[0].reserved_bytes);
   request.precisions.clear();
   rig.applied.clear();
-  Plan p = plan_batch(request);
+  plan::Plan p = plan::plan_batch(request);
   ASSERT_GT(p.micro_batch, 0) << p.reason;
   EXPECT_LT(p.micro_batch, 64) << p.reason;
-  for (const PlanRow& r : p.table) EXPECT_EQ(r.setting.precision, Precision::fp32);
+  for (const plan::PlanRow& r : p.table) EXPECT_EQ(r.setting.precision, Precision::fp32);
   EXPECT_EQ(p.setting.precision, Precision::fp32);
-  for (const PlanSetting& s : rig.applied) EXPECT_EQ(s.precision, Precision::fp32) << "bf16 put in place";
+  for (const plan::PlanSetting& s : rig.applied) EXPECT_EQ(s.precision, Precision::fp32) << "bf16 put in place";
   EXPECT_EQ(rig.in_place.precision, Precision::fp32);
 
   request.precisions = {Precision::bf16};
-  p = plan_batch(request);
+  p = plan::plan_batch(request);
   EXPECT_EQ(p.micro_batch, 64) << p.reason;
   EXPECT_EQ(p.setting.precision, Precision::bf16);
   EXPECT_EQ(rig.in_place.precision, Precision::bf16);
@@ -586,10 +590,10 @@ TEST(PlanBatch, NeverChangesPrecisionWithoutTheOptIn) {
 
   bf16_speed = 0.99;  // both fit without a budget; 1% is a tie, and a tie keeps fp32
   request.budget = 0;
-  p = plan_batch(request);
+  p = plan::plan_batch(request);
   EXPECT_EQ(p.setting.precision, Precision::fp32) << p.reason;
   EXPECT_EQ(p.micro_batch, 64);
-  rig.apply(PlanSetting{});
+  rig.apply(plan::PlanSetting{});
 }
 
 // Per segment: every subset of two segments is weighed (four settings a divisor, in mask order),
@@ -597,31 +601,31 @@ TEST(PlanBatch, NeverChangesPrecisionWithoutTheOptIn) {
 // 10% more time, segment 1 8 KiB for 40% more.
 TEST(PlanBatch, WeighsEverySubsetOfTheRecomputeSegments) {
   LeverRig rig;
-  PlanRequest request = rig.request(64, 0);
+  plan::PlanRequest request = rig.request(64, 0);
   request.recompute_segments = {"block1", "block2"};
-  request.micro_batch_seconds = [](int64_t b, const PlanSetting& s) {
+  request.micro_batch_seconds = [](int64_t b, const plan::PlanSetting& s) {
     const double slower = 1.0 + (s.recompute & 1 ? 0.1 : 0.0) + (s.recompute & 2 ? 0.4 : 0.0);
     return 1e-3 + 1e-5 * static_cast<double>(b) * slower;
   };
-  const Plan free = plan_batch(request);
+  const plan::Plan free = plan::plan_batch(request);
   ASSERT_EQ(free.table.size(), 4 * 7u);
   for (std::size_t i = 0; i < free.table.size(); ++i) EXPECT_EQ(free.table[i].setting.recompute, i % 4) << i;
   EXPECT_EQ(free.setting.recompute, 0u);
-  EXPECT_EQ(plan_setting_text(free.table[1].setting, free.recompute_segments),
+  EXPECT_EQ(plan::plan_setting_text(free.table[1].setting, free.recompute_segments),
             "recompute block1, data on device, fp32");
-  EXPECT_EQ(recompute_text(3, free.recompute_segments), "all");
-  EXPECT_EQ(recompute_text(2, free.recompute_segments), "block2");
+  EXPECT_EQ(plan::recompute_text(3, free.recompute_segments), "all");
+  EXPECT_EQ(plan::recompute_text(2, free.recompute_segments), "block2");
   // 64 with segment 0 only: the budget is its reserved bytes, below 64's without recompute.
   request.budget = free.table[1].reserved_bytes;
   ASSERT_LT(request.budget, free.table[0].reserved_bytes);
-  const Plan p = plan_batch(request);
+  const plan::Plan p = plan::plan_batch(request);
   EXPECT_EQ(p.micro_batch, 64) << p.reason;
   EXPECT_EQ(p.setting.recompute, 1u) << p.reason;
   EXPECT_EQ(rig.in_place.recompute, 1u);
   EXPECT_NE(p.reason.find("with recompute block1:"), std::string::npos) << p.reason;
-  rig.apply(PlanSetting{});
+  rig.apply(plan::PlanSetting{});
   request.recompute_segments = {"a", "b", "c", "d", "e"};
-  EXPECT_THROW(plan_batch(request), InvalidArgument);
+  EXPECT_THROW(plan::plan_batch(request), InvalidArgument);
 }
 
 // The training loop's own blocks (an Accumulator's learning-rate table, made at its first step) are
@@ -629,12 +633,12 @@ TEST(PlanBatch, WeighsEverySubsetOfTheRecomputeSegments) {
 // the budget passed its probe and then ran out of memory by those bytes in the loop.
 TEST(PlanBatch, HoldsTheLoopsStateInEveryRow) {
   Synthetic s;
-  const Plan without = plan_batch(s.request(64, 0));
-  PlanRequest request = s.request(64, 0);
+  const plan::Plan without = plan::plan_batch(s.request(64, 0));
+  plan::PlanRequest request = s.request(64, 0);
   request.loop_state = optim::Trainer::state_to_allocate();
   ASSERT_EQ(request.loop_state.size(), 1u);
   const int64_t table_bytes = rounded(request.loop_state[0]);
-  const Plan with = plan_batch(request);
+  const plan::Plan with = plan::plan_batch(request);
   ASSERT_EQ(with.table.size(), without.table.size());
   constexpr auto kOther = static_cast<std::size_t>(MemoryCategory::other);
   for (std::size_t i = 0; i < with.table.size(); ++i) {
@@ -655,15 +659,15 @@ TEST(PlanBatch, TimesTheProbesAndAnOptimizerStepItUndoes) {
   std::vector<std::vector<float>> state;
   for (const auto& [name, t] : adamw->state()) state.push_back(t.to_vector<float>());
   const int64_t updates = adamw->updates();
-  PlanRequest request = rig.request(*adamw, 64, 0);
+  plan::PlanRequest request = rig.request(*adamw, 64, 0);
   request.micro_batch_seconds = nullptr;
-  const Plan p = plan_batch(request);
+  const plan::Plan p = plan::plan_batch(request);
   EXPECT_TRUE(p.step_timed);
   EXPECT_GT(p.step_seconds, 0);
   ASSERT_EQ(p.weighed.size(), 1u);
   EXPECT_GT(p.weighed[0].time.probes, 2);
-  EXPECT_GT(p.weighed[0].time.seconds_per_sample + p.weighed[0].time.fixed_seconds, 0);
-  for (const PlanRow& r : p.table) EXPECT_GT(r.batch_seconds, p.step_seconds);
+  EXPECT_GT(p.weighed[0].time.seconds_per_unit + p.weighed[0].time.fixed_seconds, 0);
+  for (const plan::PlanRow& r : p.table) EXPECT_GT(r.batch_seconds, p.step_seconds);
   EXPECT_EQ(rig.flat->values().to_vector<float>(), values);
   std::size_t k = 0;
   for (const auto& [name, t] : adamw->state()) EXPECT_EQ(t.to_vector<float>(), state[k++]) << name;
@@ -671,33 +675,33 @@ TEST(PlanBatch, TimesTheProbesAndAnOptimizerStepItUndoes) {
 
   // Before its first step the state does not exist, and a probed step would allocate it: none.
   optim::AdamW fresh(rig.flat, optim::AdamWOptions{});
-  PlanRequest first = rig.request(fresh, 64, 0);
-  EXPECT_FALSE(plan_batch(first).step_timed);
+  plan::PlanRequest first = rig.request(fresh, 64, 0);
+  EXPECT_FALSE(plan::plan_batch(first).step_timed);
   EXPECT_EQ(fresh.state_bytes(), 0);
 }
 
 // fit_time: the median per size, then a line; one size gives a line through the origin.
 TEST(PlanBatch, FitTimeTakesTheMedianPerSizeAndFitsALine) {
-  const TimeFit fit = fit_time({{1, 2e-3}, {1, 9.0}, {1, 2e-3}, {4, 5e-3}, {8, 9e-3}});
+  const plan::TimeFit fit = plan::fit_time({{1, 2e-3}, {1, 9.0}, {1, 2e-3}, {4, 5e-3}, {8, 9e-3}});
   EXPECT_EQ(fit.probes, 3);
   EXPECT_NEAR(fit.fixed_seconds, 1e-3, 1e-9);
-  EXPECT_NEAR(fit.seconds_per_sample, 1e-3, 1e-9);
-  const TimeFit one = fit_time({{4, 2e-3}});
+  EXPECT_NEAR(fit.seconds_per_unit, 1e-3, 1e-9);
+  const plan::TimeFit one = plan::fit_time({{4, 2e-3}});
   EXPECT_EQ(one.fixed_seconds, 0);
   EXPECT_NEAR(one.predict(8), 4e-3, 1e-12);
-  EXPECT_EQ(fit_time({}).probes, 0);
+  EXPECT_EQ(plan::fit_time({}).probes, 0);
 }
 
 TEST(PlanBatch, AnExceptionFromTheMicroBatchLeavesTheLimitAndTheLeverAsTheyWere) {
   struct Interrupt {};
   Synthetic s;
   const int64_t half = s.reserved(64, 32);
-  PlanRequest request = s.request_with_recompute(64, half);
+  plan::PlanRequest request = s.request_with_recompute(64, half);
   s.also = [&](int64_t) {
     if (s.recompute) throw Interrupt{};  // while recording with recompute on
   };
   allocator_for(kCpu).set_memory_limit(int64_t{1} << 40);
-  EXPECT_THROW(plan_batch(request), Interrupt);
+  EXPECT_THROW(plan::plan_batch(request), Interrupt);
   EXPECT_FALSE(s.recompute);
   EXPECT_EQ(allocator_for(kCpu).memory_limit(), int64_t{1} << 40);
   allocator_for(kCpu).set_memory_limit(0);
@@ -712,14 +716,14 @@ TEST(PlanBatch, FallsBackToALineThroughTwoProbesWhenRecordingsDoNotMatch) {
   s.also = [](int64_t b) {
     if (b > 32) allocator_for(kCpu).allocate(1000, MemoryCategory::other);
   };
-  const Plan free = plan_batch(s.request(64, 0));
-  EXPECT_EQ(free.method, PlanMethod::probe_line);
+  const plan::Plan free = plan::plan_batch(s.request(64, 0));
+  EXPECT_EQ(free.method, plan::PlanMethod::probe_line);
   EXPECT_NE(free.prediction.find("do not match"), std::string::npos) << free.prediction;
   ASSERT_EQ(free.table.size(), 7u);
   EXPECT_EQ(free.table[0].reserved_bytes, -1);
   EXPECT_EQ(free.micro_batch, 64);
 
-  const Plan roomy = plan_batch(s.request(64, free.reserved_at_rest + (int64_t{64} << 20)));
+  const plan::Plan roomy = plan::plan_batch(s.request(64, free.reserved_at_rest + (int64_t{64} << 20)));
   EXPECT_EQ(roomy.micro_batch, 64);
   EXPECT_TRUE(roomy.verified);
   EXPECT_NE(roomy.reason.find("less 5% margin"), std::string::npos) << roomy.reason;
@@ -727,13 +731,13 @@ TEST(PlanBatch, FallsBackToALineThroughTwoProbesWhenRecordingsDoNotMatch) {
   // At the reserved bytes at rest the line (fixed costs in whole segments, a 5% margin) once said
   // nothing fits; recorded under the budget, micro-batches up to 16 (1 MiB of activations) run in
   // the room the small segments at rest have, and match: the plan takes 16, verified by a probe.
-  const Plan tight = plan_batch(s.request(64, free.reserved_at_rest));
-  EXPECT_EQ(tight.method, PlanMethod::recorded_sequence);
+  const plan::Plan tight = plan::plan_batch(s.request(64, free.reserved_at_rest));
+  EXPECT_EQ(tight.method, plan::PlanMethod::recorded_sequence);
   EXPECT_EQ(tight.micro_batch, 16) << tight.reason;
   EXPECT_TRUE(tight.verified);
   EXPECT_LE(tight.largest_probe, 64);
 
-  const Plan none = plan_batch(s.request(64, 1));
+  const plan::Plan none = plan::plan_batch(s.request(64, 1));
   EXPECT_EQ(none.micro_batch, 0) << none.reason;
   EXPECT_FALSE(none.reason.empty());
 }
@@ -751,9 +755,9 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
   constexpr int64_t kBudget = int64_t{24} << 20;
   // The documented probe written out: batch 0 of a loader of b, its loss backward, grads discarded.
-  PlanRequest by_hand = rig.request(adamw, 512, kBudget);
+  plan::PlanRequest by_hand = rig.request(adamw, 512, kBudget);
   by_hand.model = nullptr;
-  by_hand.sample_limit = 600;
+  by_hand.unit_limit = 600;
   by_hand.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's learning-rate table
   by_hand.micro_batch = [&](int64_t b) {
     data::DataLoader loader(dataset, b);
@@ -762,14 +766,14 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
     probe_loss.backward();
     rig.flat->mark_gradients_stale();
   };
-  const Plan want = plan_batch(by_hand);
-  PlanRequest request = optim::plan_request(adamw, dataset, loss, 512, kBudget);
+  const plan::Plan want = plan::plan_batch(by_hand);
+  plan::PlanRequest request = optim::plan_request(adamw, dataset, loss, 512, kBudget);
   request.micro_batch_seconds = larger_is_faster;  // measured timings could tie differently
   EXPECT_EQ(request.device, kCpu);
-  EXPECT_EQ(request.sample_limit, 600);
+  EXPECT_EQ(request.unit_limit, 600);
   EXPECT_TRUE(request.require_fit);
   EXPECT_EQ(request.loop_state, optim::Trainer::state_to_allocate());
-  const Plan got = plan_batch(request);
+  const plan::Plan got = plan::plan_batch(request);
   for (const auto& [name, p] : rig.model->named_parameters())
     EXPECT_FALSE(p.grad().defined()) << name << ": the probes' gradients are discarded";
   ASSERT_GT(want.micro_batch, 0) << want.reason;
@@ -781,16 +785,16 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
     EXPECT_EQ(got.table[k].reserved_bytes, want.table[k].reserved_bytes) << "micro-batch " << got.table[k].micro_batch;
   }
 
-  PlanRequest tiny = optim::plan_request(adamw, dataset, loss, 512, int64_t{64} << 10);
+  plan::PlanRequest tiny = optim::plan_request(adamw, dataset, loss, 512, int64_t{64} << 10);
   try {
-    plan_batch(tiny);
+    plan::plan_batch(tiny);
     ADD_FAILURE() << "a 64 KiB budget was met";
   } catch (const OutOfMemory& e) {
     EXPECT_NE(std::string(e.what()).find("plan_batch: no micro-batch dividing 512 fits"), std::string::npos)
         << e.what();
   }
   tiny.require_fit = false;
-  EXPECT_EQ(plan_batch(tiny).micro_batch, 0);
+  EXPECT_EQ(plan::plan_batch(tiny).micro_batch, 0);
 }
 
 // Over a dataset read at each probe (for a caller whose apply moves its data): every probe reads
@@ -806,11 +810,11 @@ TEST(PlanBatch, ThePlanRequestOverADatasetReadAtEachProbe) {
     return ops::cross_entropy((*rig.model)(b.x), b.y, ops::Reduction::Sum);
   };
   optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
-  PlanRequest fixed = optim::plan_request(adamw, dataset, loss, 512, int64_t{24} << 20);
+  plan::PlanRequest fixed = optim::plan_request(adamw, dataset, loss, 512, int64_t{24} << 20);
   fixed.micro_batch_seconds = larger_is_faster;
-  const Plan want = plan_batch(fixed);
+  const plan::Plan want = plan::plan_batch(fixed);
   int reads = 0;
-  PlanRequest request = optim::plan_request(
+  plan::PlanRequest request = optim::plan_request(
       adamw,
       [&] {
         ++reads;
@@ -818,10 +822,10 @@ TEST(PlanBatch, ThePlanRequestOverADatasetReadAtEachProbe) {
       },
       loss, 512, int64_t{24} << 20);
   EXPECT_EQ(reads, 1);  // the sample limit and units per row
-  EXPECT_EQ(request.sample_limit, 600);
+  EXPECT_EQ(request.unit_limit, 600);
   request.micro_batch_seconds = larger_is_faster;
   rows_seen = 0;
-  const Plan got = plan_batch(request);
+  const plan::Plan got = plan::plan_batch(request);
   EXPECT_GT(reads, 1);
   EXPECT_GT(rows_seen, 0);
   EXPECT_EQ(got.micro_batch, want.micro_batch) << got.reason;
@@ -850,37 +854,37 @@ TEST(PlanBatch, AFashionMnistRequestWeighsAndAppliesItsLevers) {
   models::FashionMnistLevers levers;
   levers.weigh_recompute = true;
   levers.weigh_bf16 = true;
-  PlanRequest request = models::plan_request(model, sgd, loss, train, test, 32, 0, DType::f32, levers);
+  plan::PlanRequest request = models::plan_request(model, sgd, loss, train, test, 32, 0, DType::f32, levers);
   EXPECT_EQ(request.model, &model);
   EXPECT_EQ(request.recompute_segments, model.recompute_segment_names());
-  EXPECT_EQ(request.sample_limit, 64);
+  EXPECT_EQ(request.unit_limit, 64);
   if (precision_unsupported_reason(Precision::bf16, kCpu).empty())
     EXPECT_EQ(request.precisions, std::vector<Precision>{Precision::bf16});
-  PlanSetting on_host;
+  plan::PlanSetting on_host;
   on_host.recompute = 1;
-  on_host.data = DataPlacement::host;
+  on_host.data = plan::DataPlacement::host;
   request.apply(on_host);
   EXPECT_TRUE(model.recompute());
-  request.apply(PlanSetting{});
+  request.apply(plan::PlanSetting{});
   EXPECT_FALSE(model.recompute());
   request.micro_batch_seconds = larger_is_faster;
-  const Plan plan = plan_batch(request);
+  const plan::Plan plan = plan::plan_batch(request);
   EXPECT_GT(plan.micro_batch, 0) << plan.reason;
   bool weighed_recompute = false;
-  for (const PlanRow& r : plan.table) weighed_recompute |= r.setting.recompute != 0;
+  for (const plan::PlanRow& r : plan.table) weighed_recompute |= r.setting.recompute != 0;
   EXPECT_TRUE(weighed_recompute);
 }
 
 TEST(PlanBatch, RejectsAMalformedRequest) {
   Synthetic s;
-  PlanRequest r = s.request(0, 0);
-  EXPECT_THROW(plan_batch(r), InvalidArgument);
+  plan::PlanRequest r = s.request(0, 0);
+  EXPECT_THROW(plan::plan_batch(r), InvalidArgument);
   r = s.request(8, 0);
   r.optimizer = nullptr;
-  EXPECT_THROW(plan_batch(r), InvalidArgument);
+  EXPECT_THROW(plan::plan_batch(r), InvalidArgument);
   r = s.request(8, 0);
   r.micro_batch = nullptr;
-  EXPECT_THROW(plan_batch(r), InvalidArgument);
+  EXPECT_THROW(plan::plan_batch(r), InvalidArgument);
 }
 
 }  // namespace

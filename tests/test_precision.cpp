@@ -331,10 +331,10 @@ TEST_P(PrecisionTest, MemoryTableNamesTheWeightCopies) {
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), optim::AccumulationOptions{});
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.micro_batch_size = 8;
   o.timeline_steps = 0;
-  MemoryTracker tracker(device(), o);
+  memory::MemoryTracker tracker(device(), o);
   const Tensor x = Tensor::zeros(Shape{8, 784}, dtype(), device());
   const Tensor y = Tensor::zeros(Shape{8}, DType::i32, device());
   tracker.begin_micro_batch(0, 0, 8);

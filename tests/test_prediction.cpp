@@ -12,7 +12,7 @@
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/loss.h"
-#include "cumulus/runtime/prediction.h"
+#include "engine/plan/prediction.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -56,9 +56,9 @@ struct Rig {
     alloc.empty_cache();
     return {st.allocated_peak, st.reserved_peak};
   }
-  MemoryPredictor record(std::vector<FixedBlock> fixed = {}) const {
-    return record_micro_batch(allocator_for(device), [this](int64_t b) { micro_batch(b); }, 128, 256,
-                              std::move(fixed));
+  plan::MemoryPredictor record(std::vector<plan::FixedBlock> fixed = {}) const {
+    return plan::record_micro_batch(
+        allocator_for(device), [this](int64_t b) { micro_batch(b); }, 128, 256, std::move(fixed));
   }
 };
 
@@ -70,11 +70,11 @@ class PredictionTest : public DeviceTest {};
 
 void check_model(const std::string& name, Device device, const std::vector<int64_t>& sizes) {
   const Rig rig(name, device);
-  const MemoryPredictor p = rig.record();
+  const plan::MemoryPredictor p = rig.record();
   ASSERT_TRUE(p.ok()) << p.reason();
   std::printf("%s: %s\n", name.c_str(), p.reason().c_str());
   for (int64_t b : sizes) {
-    const PredictedMemory pm = p.predict(b);
+    const plan::PredictedMemory pm = p.predict(b);
     const auto [peak, reserved] = rig.measure(b);
     std::printf(
         "%s B=%lld: peak predicted %lld measured %lld (%+.2f%%), reserved predicted %lld measured %lld "
@@ -110,11 +110,12 @@ TEST_P(PredictionTest, CnnSmallMicroBatchesWithinFivePercent) {
 
 TEST_P(PredictionTest, SequencesMatchAndFixedBlocksAreHeld) {
   const Rig rig("mlp", device());
-  const MemoryPredictor p = rig.record();
+  const plan::MemoryPredictor p = rig.record();
   ASSERT_TRUE(p.ok()) << p.reason();
   // The recorded sequence at a probe size is reproduced exactly.
-  const std::vector<MemoryEvent> at = record_allocations(allocator_for(device()), [&] { rig.micro_batch(256); });
-  const std::vector<MemoryEvent> predicted = p.sequence(256);
+  const std::vector<plan::MemoryEvent> at =
+      plan::record_allocations(allocator_for(device()), [&] { rig.micro_batch(256); });
+  const std::vector<plan::MemoryEvent> predicted = p.sequence(256);
   ASSERT_EQ(at.size(), predicted.size());
   for (std::size_t i = 0; i < at.size(); ++i) {
     EXPECT_EQ(at[i].category, predicted[i].category) << i;
@@ -123,8 +124,8 @@ TEST_P(PredictionTest, SequencesMatchAndFixedBlocksAreHeld) {
   }
   // Optimizer state held through the micro-batch adds its bytes to the peak and its segment to reserved.
   const int64_t state = 8 << 20;
-  const MemoryPredictor q = rig.record({FixedBlock{MemoryCategory::optimizer_state, state}});
-  const PredictedMemory a = p.predict(64), b = q.predict(64);
+  const plan::MemoryPredictor q = rig.record({plan::FixedBlock{MemoryCategory::optimizer_state, state}});
+  const plan::PredictedMemory a = p.predict(64), b = q.predict(64);
   EXPECT_EQ(b.peak_bytes - a.peak_bytes, state);
   EXPECT_EQ(b.peak_by_category[static_cast<std::size_t>(MemoryCategory::optimizer_state)], state);
   EXPECT_GE(b.reserved_bytes - a.reserved_bytes, state);
@@ -132,15 +133,17 @@ TEST_P(PredictionTest, SequencesMatchAndFixedBlocksAreHeld) {
 
 TEST(Prediction, MismatchedSequencesFallBackWithAReason) {
   const std::array<int64_t, kNumMemoryCategories> rest{};
-  const std::vector<MemoryEvent> s{{MemoryCategory::activations, true, 512}, {MemoryCategory::activations, false, 512}};
-  const std::vector<MemoryEvent> l{{MemoryCategory::activations, true, 1024}};
-  const MemoryPredictor p = MemoryPredictor::from_recordings(1, s, 2, l, rest, 0);
+  const std::vector<plan::MemoryEvent> s{{MemoryCategory::activations, true, 512},
+                                         {MemoryCategory::activations, false, 512}};
+  const std::vector<plan::MemoryEvent> l{{MemoryCategory::activations, true, 1024}};
+  const plan::MemoryPredictor p = plan::MemoryPredictor::from_recordings(1, s, 2, l, rest, 0);
   EXPECT_FALSE(p.ok());
   EXPECT_NE(p.reason().find("do not match"), std::string::npos) << p.reason();
   EXPECT_THROW(p.predict(4), InvalidArgument);
   // An affine size: 512 B at 1, 1024 at 2 gives 512 * B; a large one gets its own 2 MiB-rounded segment.
-  const std::vector<MemoryEvent> l2{{MemoryCategory::activations, true, 1024}, {MemoryCategory::activations, false, 1024}};
-  const MemoryPredictor q = MemoryPredictor::from_recordings(1, s, 2, l2, rest, 0);
+  const std::vector<plan::MemoryEvent> l2{{MemoryCategory::activations, true, 1024},
+                                          {MemoryCategory::activations, false, 1024}};
+  const plan::MemoryPredictor q = plan::MemoryPredictor::from_recordings(1, s, 2, l2, rest, 0);
   ASSERT_TRUE(q.ok()) << q.reason();
   EXPECT_EQ(q.predict(5000).peak_bytes, 512 * 5000);
   EXPECT_EQ(q.predict(5000).reserved_bytes, 4 << 20);
@@ -153,22 +156,22 @@ TEST(Prediction, MismatchedSequencesFallBackWithAReason) {
 TEST(Prediction, CappedAllocationIsFittedPiecewise) {
   auto events = [](int64_t b) {
     const int64_t capped = std::min<int64_t>(b, 10) * 4096, affine = b * 3072;
-    return std::vector<MemoryEvent>{{MemoryCategory::activations, true, affine},
-                                    {MemoryCategory::workspace, true, capped},
-                                    {MemoryCategory::workspace, false, capped},
-                                    {MemoryCategory::activations, false, affine}};
+    return std::vector<plan::MemoryEvent>{{MemoryCategory::activations, true, affine},
+                                          {MemoryCategory::workspace, true, capped},
+                                          {MemoryCategory::workspace, false, capped},
+                                          {MemoryCategory::activations, false, affine}};
   };
   const std::array<int64_t, kNumMemoryCategories> rest{};
-  std::vector<MemoryRecording> recs;
+  std::vector<plan::MemoryRecording> recs;
   for (int64_t b = 256; b >= 1; b /= 2) recs.push_back({b, events(b)});
-  MemoryPredictor p = MemoryPredictor::from_recordings(recs, rest, 0);
+  plan::MemoryPredictor p = plan::MemoryPredictor::from_recordings(recs, rest, 0);
   ASSERT_TRUE(p.ok()) << p.reason();
   EXPECT_EQ(p.piecewise_events(), 1u);
   int rounds = 0;
   for (std::vector<int64_t> more = p.refinement_sizes(); !more.empty(); more = p.refinement_sizes()) {
     ASSERT_LT(++rounds, 10);
     for (int64_t b : more) recs.push_back({b, events(b)});
-    p = MemoryPredictor::from_recordings(recs, rest, 0);
+    p = plan::MemoryPredictor::from_recordings(recs, rest, 0);
     ASSERT_TRUE(p.ok()) << p.reason();
   }
   EXPECT_LE(rounds, 3);  // 12, then 10, then 11 (the bend is between 10 and 11: equal at 10)
@@ -196,10 +199,11 @@ TEST(Prediction, TableUpTo256WithOptimizerState) {
   for (const std::string name : {"mlp", "cnn"}) {
     const Rig rig(name, Device::cpu());
     const int64_t copy_bytes = static_cast<int64_t>(rig.flat->values().allocated_bytes());
-    const MemoryPredictor p = rig.record(std::vector<FixedBlock>(2, {MemoryCategory::optimizer_state, copy_bytes}));
+    const plan::MemoryPredictor p =
+        rig.record(std::vector<plan::FixedBlock>(2, {MemoryCategory::optimizer_state, copy_bytes}));
     ASSERT_TRUE(p.ok()) << p.reason();
     for (int64_t b : {1, 2, 3, 4, 7, 8, 16, 32, 64, 100, 128, 255, 256}) {
-      const PredictedMemory pm = p.predict(b);
+      const plan::PredictedMemory pm = p.predict(b);
       int64_t peak = 0, reserved = 0;
       {
         std::vector<Tensor> state;

@@ -20,6 +20,8 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
 #include "cumulus/nn/activation_layers.h"
@@ -29,9 +31,8 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/prediction.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/tensor/random.h"
+#include "engine/plan/prediction.h"
 #include "engine/runtime/accumulator.h"
 #include "engine/tensor/tensor_impl.h"
 #include "test_util.h"
@@ -368,8 +369,8 @@ struct CnnTensors {
   int64_t recomputed_bytes() const { return (c1 + stats1 + r1) + (c2 + stats2 + r2); }
 };
 
-MemoryTracker::Options tracker_options(const std::string& model, int timeline_steps) {
-  MemoryTracker::Options o;
+memory::MemoryTracker::Options tracker_options(const std::string& model, int timeline_steps) {
+  memory::MemoryTracker::Options o;
   o.model = model;
   o.micro_batch_size = 5;
   o.accum_steps = 2;
@@ -380,13 +381,13 @@ MemoryTracker::Options tracker_options(const std::string& model, int timeline_st
 // Runs micro-batches of sizes `sizes` (`per_size` each, stepping every 2) under a tracker; returns
 // each micro-batch's record.
 template <typename Model>
-std::vector<MicroBatchRecord> tracked_run(Model& model, MemoryTracker& tracker, const Batch& data,
-                                          const std::vector<int64_t>& sizes, int64_t per_size) {
+std::vector<memory::MicroBatchRecord> tracked_run(Model& model, memory::MemoryTracker& tracker, const Batch& data,
+                                                  const std::vector<int64_t>& sizes, int64_t per_size) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
   optim::AccumulationOptions ao;
   ao.accum_steps = 2;
   optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
-  std::vector<MicroBatchRecord> out;
+  std::vector<memory::MicroBatchRecord> out;
   for (int64_t b : sizes) {
     acc.begin_epoch(0, per_size);
     for (int64_t i = 0; i < per_size; ++i) {
@@ -414,16 +415,16 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   Generator gen_a(2), gen_b(2);
   models::CNN stored(gen_a, device()), recomputed(gen_b, device());
   recomputed.set_recompute(true);
-  MemoryTracker stored_tracker(device(), tracker_options("cnn", 0));
+  memory::MemoryTracker stored_tracker(device(), tracker_options("cnn", 0));
   const auto stored_records = tracked_run(stored, stored_tracker, data, sizes, 4);
-  MemoryTracker tracker(device(), tracker_options("cnn", 2));
+  memory::MemoryTracker tracker(device(), tracker_options("cnn", 2));
   const auto records = tracked_run(recomputed, tracker, data, sizes, 4);
   ASSERT_EQ(records.size(), stored_records.size());
   const bool cuda = device().is_cuda();
   for (std::size_t i = 0; i < records.size(); ++i) {
-    const MicroBatchRecord &r = records[i], &s = stored_records[i];
-    const CnnTensors t(r.samples);
-    SCOPED_TRACE("micro-batch " + std::to_string(i) + " of " + std::to_string(r.samples));
+    const memory::MicroBatchRecord &r = records[i], &s = stored_records[i];
+    const CnnTensors t(r.units);
+    SCOPED_TRACE("micro-batch " + std::to_string(i) + " of " + std::to_string(r.units));
     EXPECT_EQ(s.activation_bytes, t.stored()) << "the stored footprint (test_cnn.cpp's analytic sum)";
     EXPECT_EQ(r.activation_bytes, t.recomputed_footprint());
     EXPECT_EQ(r.activation_bytes + r.recompute_avoided_bytes, s.activation_bytes)
@@ -442,14 +443,14 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   EXPECT_EQ(allocator_for(device()).stats()[MemoryCategory::activations].current, 0)
       << "backward released every saved and recomputed tensor";
   // The recompute time is part of backward.
-  for (const MicroBatchRecord& r : tracker.micro_batches()) {
+  for (const memory::MicroBatchRecord& r : tracker.micro_batches()) {
     EXPECT_GT(r.recompute_ms, 0.0);
     EXPECT_LE(r.recompute_ms, r.backward_ms);
   }
 
   // The reports say it: the summary's recompute object, the records' fields, the trace's slices,
   // the table's line; a stored run's report has none of them.
-  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   ASSERT_TRUE(j["summary"].contains("recompute")) << j["summary"].dump();
   const auto& rj = j["summary"]["recompute"];
   const CnnTensors t5(5);
@@ -460,11 +461,11 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   EXPECT_GT(rj["recompute_share_of_backward"].get<double>(), 0.0);
   EXPECT_LT(rj["recompute_share_of_backward"].get<double>(), 1.0);
   EXPECT_EQ(j["micro_batches"][0]["recompute_segments"].get<int64_t>(), 2);
-  const auto stored_json = nlohmann::json::parse(memory_report_json(stored_tracker));
+  const auto stored_json = nlohmann::json::parse(memory::memory_report_json(stored_tracker));
   EXPECT_FALSE(stored_json["summary"].contains("recompute"));
   EXPECT_FALSE(stored_json["micro_batches"][0].contains("recompute_segments"));
 
-  const auto trace = nlohmann::json::parse(memory_trace_json(tracker));
+  const auto trace = nlohmann::json::parse(memory::memory_trace_json(tracker));
   int recompute_events = 0;
   for (const auto& e : trace["traceEvents"])
     if (e["name"] == "recompute") {
@@ -488,8 +489,8 @@ TEST_P(RecomputeTest, CnnPeakFallsFromFourToThreeConvOutputs) {
     Generator gen(4);
     models::CNN model(gen, device());
     model.set_recompute(recompute);
-    MemoryTracker tracker(device(), tracker_options("cnn", 0));
-    const MicroBatchRecord r = tracked_run(model, tracker, data, {b}, 2).back();
+    memory::MemoryTracker tracker(device(), tracker_options("cnn", 0));
+    const memory::MicroBatchRecord r = tracked_run(model, tracker, data, {b}, 2).back();
     int64_t fixed = 0;
     for (MemoryCategory c :
          {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state, MemoryCategory::data})
@@ -528,7 +529,7 @@ TEST_P(RecomputeTest, ThePredictorForeseesTheRecomputedPeak) {
       flat.mark_gradients_stale();
     };
     alloc.empty_cache();
-    const MemoryPredictor p = record_micro_batch(alloc, micro_batch, 128, 256);
+    const plan::MemoryPredictor p = plan::record_micro_batch(alloc, micro_batch, 128, 256);
     EXPECT_TRUE(p.ok()) << p.reason();
     alloc.empty_cache();
     alloc.reset_peak();
@@ -552,12 +553,12 @@ TEST_P(RecomputeTest, MlpFootprintDropsByTheFirstReluOutput) {
   Generator gen_a(3), gen_b(3);
   models::SeedMLP stored(gen_a, device()), recomputed(gen_b, device());
   recomputed.set_recompute(true);
-  MemoryTracker stored_tracker(device(), tracker_options("mlp", 0));
-  MemoryTracker tracker(device(), tracker_options("mlp", 0));
+  memory::MemoryTracker stored_tracker(device(), tracker_options("mlp", 0));
+  memory::MemoryTracker tracker(device(), tracker_options("mlp", 0));
   const auto s = tracked_run(stored, stored_tracker, data, {3, 5}, 2);
   const auto r = tracked_run(recomputed, tracker, data, {3, 5}, 2);
   for (std::size_t i = 0; i < r.size(); ++i) {
-    const int64_t b = r[i].samples;
+    const int64_t b = r[i].units;
     // Stored: both ReLU outputs [b, 512], the logits, the loss. Recomputed: the first output goes.
     EXPECT_EQ(s[i].activation_bytes, 2 * rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4));
     EXPECT_EQ(r[i].activation_bytes, rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4));

@@ -15,16 +15,17 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
+#include "cumulus/io/run_files.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/plan_check.h"
-#include "cumulus/runtime/run_files.h"
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/plan/plan_check.h"
 #include "cumulus/version.h"
 #include "engine/runtime/accumulator.h"
 #include "test_util.h"
@@ -61,7 +62,7 @@ struct Rig {
 
   // One epoch of micro-batches of `b`, tracked; `slow_first` sleeps inside the first forward (a
   // warm-up as long as a first CUDA call).
-  void epoch(MemoryTracker& tracker, int e, int64_t b, bool slow_first = false) {
+  void epoch(memory::MemoryTracker& tracker, int e, int64_t b, bool slow_first = false) {
     const int64_t mbs = kSamples / b;
     acc->begin_epoch(e, mbs);
     for (int64_t i = 0; i < mbs; ++i) {
@@ -88,8 +89,8 @@ struct Rig {
   std::unique_ptr<optim::Accumulator> acc;
 };
 
-MemoryTracker::Options options(int timeline_steps) {
-  MemoryTracker::Options o;
+memory::MemoryTracker::Options options(int timeline_steps) {
+  memory::MemoryTracker::Options o;
   o.model = "mlp_32_64_10";
   o.micro_batch_size = 8;
   o.accum_steps = 4;
@@ -120,16 +121,16 @@ class ReportTest : public DeviceTest {};
 
 TEST_P(ReportTest, JsonPutsVersionSettingsDeviceAndSummaryBeforeTheRecords) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(2));
+  memory::MemoryTracker tracker(device(), options(2));
   rig.epoch(tracker, 0, 8);
-  const std::string text = memory_report_json(tracker);
+  const std::string text = memory::memory_report_json(tracker);
   const auto j = nlohmann::ordered_json::parse(text);
 
   const std::vector<std::string> k = keys(j);
   ASSERT_GE(k.size(), 8u);
   EXPECT_EQ(k[0], "schema_version");
   EXPECT_EQ(k[1], "settings");
-  EXPECT_EQ(j["schema_version"], kMemoryReportSchemaVersion);
+  EXPECT_EQ(j["schema_version"], memory::kMemoryReportSchemaVersion);
   auto pos = [&](const std::string& key) { return std::find(k.begin(), k.end(), key) - k.begin(); };
   for (const char* key : {"device", "device_name", "versions", "model", "summary", "micro_batches", "steps"})
     EXPECT_LT(pos(key), static_cast<std::ptrdiff_t>(k.size())) << key;
@@ -157,11 +158,11 @@ TEST_P(ReportTest, JsonPutsVersionSettingsDeviceAndSummaryBeforeTheRecords) {
 
 TEST_P(ReportTest, EpochsCountFromOneInJsonTraceAndPlot) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(3));  // the window spans both epochs: 2 steps per epoch
+  memory::MemoryTracker tracker(device(), options(3));  // the window spans both epochs: 2 steps per epoch
   rig.epoch(tracker, 0, 8);
   rig.epoch(tracker, 1, 8);
 
-  const auto j = nlohmann::json::parse(memory_report_json(tracker));
+  const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   std::set<int> epochs;
   for (const auto& r : j["micro_batches"]) epochs.insert(r["epoch"].get<int>());
   EXPECT_EQ(epochs, (std::set<int>{1, 2}));
@@ -170,14 +171,14 @@ TEST_P(ReportTest, EpochsCountFromOneInJsonTraceAndPlot) {
   EXPECT_EQ(j["steps"][0]["epoch"], 1);
   EXPECT_EQ(j["steps"][3]["epoch"], 2);
 
-  const auto t = nlohmann::json::parse(memory_trace_json(tracker));
+  const auto t = nlohmann::json::parse(memory::memory_trace_json(tracker));
   std::set<int> trace_epochs;
   for (const auto& e : t["traceEvents"])
     if (e["ph"] == "X") trace_epochs.insert(e["args"]["epoch"].get<int>());
   EXPECT_EQ(trace_epochs, (std::set<int>{1, 2}));
 
   // 3 steps of 4 micro-batches of 8: epoch 1's 8 micro-batches, then 4 of epoch 2.
-  const std::string svg = memory_plot_svg(tracker);
+  const std::string svg = memory::memory_plot_svg(tracker);
   EXPECT_EQ(svg_title(svg), "memory by category, epoch 1 micro-batch 1 to epoch 2 micro-batch 4 (12 micro-batches), "
                             "optimizer steps 1-3");
   EXPECT_NE(svg.find(">epoch 2</text>"), std::string::npos) << "the epoch boundary is marked";
@@ -186,10 +187,10 @@ TEST_P(ReportTest, EpochsCountFromOneInJsonTraceAndPlot) {
 
 TEST_P(ReportTest, PlotHasBothPanelsMarkersAndATitleNamingWhatIsDrawn) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(2));
+  memory::MemoryTracker tracker(device(), options(2));
   rig.epoch(tracker, 0, 8);  // 8 micro-batches, 2 steps: all inside the window
 
-  const std::string svg = memory_plot_svg(tracker);
+  const std::string svg = memory::memory_plot_svg(tracker);
   EXPECT_EQ(svg_title(svg), "memory by category, micro-batches 1-8 of epoch 1, optimizer steps 1-2");
   EXPECT_NE(svg.find("all allocated memory"), std::string::npos);
   EXPECT_NE(svg.find("what changes"), std::string::npos);
@@ -210,11 +211,11 @@ TEST_P(ReportTest, PlotHasBothPanelsMarkersAndATitleNamingWhatIsDrawn) {
 
 TEST_P(ReportTest, OneTimeGrowthLargerThanTheSawtoothIsNamedNotDrawn) {
   Rig rig(device(), /*adamw=*/true);
-  MemoryTracker tracker(device(), options(2));
+  memory::MemoryTracker tracker(device(), options(2));
   rig.epoch(tracker, 0, 8);
   // AdamW's two moments for 2,762 parameters (about 22 KiB) appear at step 1 and stay; the
   // sawtooth of micro-batches of 8 is a few KiB.
-  const std::string svg = memory_plot_svg(tracker);
+  const std::string svg = memory::memory_plot_svg(tracker);
   EXPECT_NE(svg.find("not drawn (see the top panel): optimizer state"), std::string::npos);
   EXPECT_NE(svg.find("allocated once in optimizer step 1"), std::string::npos);
   EXPECT_EQ(svg.find("<title>optimizer state</title></polygon>"), std::string::npos);
@@ -222,36 +223,36 @@ TEST_P(ReportTest, OneTimeGrowthLargerThanTheSawtoothIsNamedNotDrawn) {
 
 TEST_P(ReportTest, ALongWarmUpIsDrawnShortenedAndSaysSo) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(2));
+  memory::MemoryTracker tracker(device(), options(2));
   rig.epoch(tracker, 0, 8, /*slow_first=*/true);
-  const std::string svg = memory_plot_svg(tracker);
+  const std::string svg = memory::memory_plot_svg(tracker);
   EXPECT_NE(svg.find("drawn shortened on the time axis: forward of micro-batch 1 (epoch 1)"), std::string::npos);
   EXPECT_NE(svg.find("fill=\"url(#shortened)\""), std::string::npos);
 }
 
 TEST_P(ReportTest, NoTimelineStillGivesAValidPlotThatSaysSo) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(0));
+  memory::MemoryTracker tracker(device(), options(0));
   rig.epoch(tracker, 0, 8);
-  const std::string svg = memory_plot_svg(tracker);
+  const std::string svg = memory::memory_plot_svg(tracker);
   EXPECT_NE(svg.find("no timeline was recorded"), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }
 
 TEST_P(ReportTest, JsonHasThePlannerObjectAfterTheSummaryOnlyWithAPlanCheck) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(2));
+  memory::MemoryTracker tracker(device(), options(2));
   rig.epoch(tracker, 0, 8);
-  EXPECT_FALSE(nlohmann::json::parse(memory_report_json(tracker)).contains("planner"));
+  EXPECT_FALSE(nlohmann::json::parse(memory::memory_report_json(tracker)).contains("planner"));
 
-  PlanCheck check;
+  plan::PlanCheck check;
   check.micro_batch = 8;
   check.accum_steps = 4;
   check.setting = "recompute on";
   check.predicted_epoch_seconds = 1.25;
   check.predicted_peak_bytes = 123456;
   tracker.set_plan_check(check);
-  auto j = nlohmann::ordered_json::parse(memory_report_json(tracker));
+  auto j = nlohmann::ordered_json::parse(memory::memory_report_json(tracker));
   const std::vector<std::string> k = keys(j);
   const auto summary = std::find(k.begin(), k.end(), "summary");
   ASSERT_NE(summary, k.end());
@@ -267,7 +268,7 @@ TEST_P(ReportTest, JsonHasThePlannerObjectAfterTheSummaryOnlyWithAPlanCheck) {
   EXPECT_EQ(j["planner"]["predicted_peak_bytes"], 123456);
 
   tracker.measure_plan(0, 1.5, 120000);  // epoch 0 as the tracker counts: the report says 1
-  j = nlohmann::ordered_json::parse(memory_report_json(tracker));
+  j = nlohmann::ordered_json::parse(memory::memory_report_json(tracker));
   EXPECT_EQ(j["planner"]["predicted_epoch_seconds"], 1.25);
   EXPECT_EQ(j["planner"]["measured_epoch"], 1);
   EXPECT_EQ(j["planner"]["measured_epoch_seconds"], 1.5);
@@ -275,7 +276,7 @@ TEST_P(ReportTest, JsonHasThePlannerObjectAfterTheSummaryOnlyWithAPlanCheck) {
 }
 
 TEST(PlanCheck, MeasuringNeedsAPredictionFirst) {
-  MemoryTracker tracker(Device::cpu(), options(0));
+  memory::MemoryTracker tracker(Device::cpu(), options(0));
   EXPECT_FALSE(tracker.plan_check().has_value());
   try {
     tracker.measure_plan(0, 1.0, 1);
@@ -286,38 +287,38 @@ TEST(PlanCheck, MeasuringNeedsAPredictionFirst) {
 }
 
 TEST(PlanCheck, LineSaysThePredictionAndTheMeasurement) {
-  PlanCheck check;
+  plan::PlanCheck check;
   check.predicted_epoch_seconds = 12.345;
   check.predicted_peak_bytes = 3 << 20;
-  EXPECT_EQ(plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB");
+  EXPECT_EQ(plan::plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB");
   check.measured = true;
   check.measured_epoch_seconds = 0.5;
   check.measured_peak_bytes = 512;
-  EXPECT_EQ(plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB, measured 0.5 s and peak 512 B");
+  EXPECT_EQ(plan::plan_check_line(check), "predicted 12.3 s an epoch and peak 3.0 MiB, measured 0.5 s and peak 512 B");
 }
 
 // Each report given a path is written, in order, and reported; one not given is not; a failed
 // write names its file.
 TEST_P(ReportTest, WrittenToTheFilesGivenAndAFailureNamesTheFile) {
   Rig rig(device());
-  MemoryTracker tracker(device(), options(2));
+  memory::MemoryTracker tracker(device(), options(2));
   rig.epoch(tracker, 0, 8);
   testing::TempDir dir;
-  MemoryReportFiles files;
+  memory::MemoryReportFiles files;
   files.report.path = dir.file("memory.json");
   files.plot.path = dir.file("memory.svg");
   std::vector<std::string> written;
-  write_memory_reports(tracker, files,
-                       [&](const char* what, const std::string& path) { written.push_back(what + (" " + path)); });
+  memory::write_memory_reports(
+      tracker, files, [&](const char* what, const std::string& path) { written.push_back(what + (" " + path)); });
   EXPECT_EQ(written,
             (std::vector<std::string>{"memory report " + files.report.path, "memory plot " + files.plot.path}));
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"memory.json", "memory.svg"}));
   std::ifstream report(files.report.path);
-  EXPECT_EQ(nlohmann::ordered_json::parse(report)["schema_version"], kMemoryReportSchemaVersion);
-  files = MemoryReportFiles();
+  EXPECT_EQ(nlohmann::ordered_json::parse(report)["schema_version"], memory::kMemoryReportSchemaVersion);
+  files = memory::MemoryReportFiles();
   files.trace = {"rank 1's --trace", dir.file("missing/trace.json")};
   try {
-    write_memory_reports(tracker, files);
+    memory::write_memory_reports(tracker, files);
     FAIL() << "a trace written into a missing directory";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()).rfind("rank 1's --trace: ", 0), 0u) << e.what();

@@ -32,7 +32,7 @@ RunConfig resolve(const std::vector<std::string>& args) {
 }
 
 std::string setting(const RunConfig& c, const std::string& name) {
-  for (const auto& [n, value] : settings_table().named(cumulus::optim::kCheckpoint, {c, ""}))
+  for (const auto& [n, value] : settings_table().named(cumulus::app::kCheckpoint, {c, ""}))
     if (n == name) return value;
   return "(absent)";
 }
@@ -140,7 +140,7 @@ TEST(RunConfig, RanksGetTheirOwnOutputs) {
 }
 
 // A plan with the given levers.
-BatchPlan plan_of(int64_t micro_batch, int accum, uint32_t recompute, cumulus::DataPlacement data = {},
+BatchPlan plan_of(int64_t micro_batch, int accum, uint32_t recompute, cumulus::plan::DataPlacement data = {},
                   cumulus::Precision precision = cumulus::Precision::fp32) {
   BatchPlan p{micro_batch, accum};
   p.setting.recompute = recompute;
@@ -176,7 +176,7 @@ TEST(RunConfig, PrecisionAndPlacementAutoAreThePlannersToDecide) {
   EXPECT_EQ(base.precision, cumulus::Precision::fp32);
   EXPECT_EQ(base.data_on, DataOnChoice::device);
   const RunConfig planned =
-      with_plan(base, plan_of(64, 1, 0, cumulus::DataPlacement::device, cumulus::Precision::bf16));
+      with_plan(base, plan_of(64, 1, 0, cumulus::plan::DataPlacement::device, cumulus::Precision::bf16));
   EXPECT_EQ(planned.precision, cumulus::Precision::bf16);
   EXPECT_FALSE(planned.precision_by_planner);
   EXPECT_EQ(with_plan(base, plan_of(64, 1, 0)).precision, cumulus::Precision::fp32);

@@ -12,6 +12,7 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
@@ -22,7 +23,6 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/tracker.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -113,8 +113,8 @@ TEST_P(SharedParametersTest, TrackerCountsItOnce) {
   const int64_t grads_before = held(device(), MemoryCategory::gradients);
   TiedLM model(0, device());
   nn::FlatParameters flat(model);
-  MemoryTracker tracker(device(), MemoryTracker::Options{});
-  const MemorySummary summary = tracker.summary();
+  memory::MemoryTracker tracker(device(), memory::MemoryTracker::Options{});
+  const memory::MemorySummary summary = tracker.summary();
   EXPECT_EQ(summary.parameters_bytes - params_before, static_cast<int64_t>(flat.values().allocated_bytes()));
   EXPECT_EQ(summary.gradients_bytes - grads_before, static_cast<int64_t>(flat.gradients().allocated_bytes()));
   EXPECT_EQ(flat.values().numel(), nn::FlatParameters::kAlignElements);

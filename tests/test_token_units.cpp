@@ -14,6 +14,7 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -22,8 +23,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "engine/optim/optimizer_access.h"
@@ -85,7 +85,7 @@ std::shared_ptr<optim::Optimizer> make_optimizer(Opt kind, std::shared_ptr<nn::F
 }
 
 // Through the Trainer: train_epoch over a DataLoader of the token dataset.
-TokenRun trainer_run(Opt kind, int epochs, MemoryTracker* tracker = nullptr) {
+TokenRun trainer_run(Opt kind, int epochs, memory::MemoryTracker* tracker = nullptr) {
   Generator gen(5);
   TokenModel model(gen, Device::cpu());
   auto flat = std::make_shared<nn::FlatParameters>(model);
@@ -197,9 +197,9 @@ TEST(TokenUnits, PlannerRequestCountsTokens) {
   const data::TensorDataset set = token_dataset();
   auto loss = [&](const data::Batch& b) { return summed_loss(model, b.x, b.y); };
   const int64_t effective = 6 * kTokens;  // 6 sequences, 30 tokens
-  PlanRequest r = optim::plan_request(*opt, set, loss, effective);
+  plan::PlanRequest r = optim::plan_request(*opt, set, loss, effective);
   EXPECT_EQ(r.units_per_row, kTokens);
-  EXPECT_EQ(r.sample_limit, kSequences * kTokens);
+  EXPECT_EQ(r.unit_limit, kSequences * kTokens);
   EXPECT_EQ(r.effective_batch, effective);
   std::vector<int64_t> probed;
   auto run_one = r.micro_batch;
@@ -207,12 +207,12 @@ TEST(TokenUnits, PlannerRequestCountsTokens) {
     probed.push_back(units);
     run_one(units);
   };
-  const Plan plan = plan_batch(r);
+  const plan::Plan plan = plan::plan_batch(r);
   ASSERT_GT(plan.micro_batch, 0);
   EXPECT_EQ(plan.micro_batch % kTokens, 0);
   EXPECT_EQ(plan.micro_batch * plan.accum_steps, effective);
   std::vector<int64_t> sizes;
-  for (const PlanRow& row : plan.table) sizes.push_back(row.micro_batch);
+  for (const plan::PlanRow& row : plan.table) sizes.push_back(row.micro_batch);
   EXPECT_EQ(sizes, (std::vector<int64_t>{30, 15, 10, 5}));  // the divisors of 6 sequences, in tokens
   ASSERT_FALSE(probed.empty());
   for (int64_t units : probed) {
@@ -222,27 +222,27 @@ TEST(TokenUnits, PlannerRequestCountsTokens) {
   EXPECT_EQ(plan.largest_probe, *std::max_element(probed.begin(), probed.end()));
   EXPECT_GT(plan.probe_seconds, 0.0);
   EXPECT_NE(plan.reason.find("probes took"), std::string::npos) << plan.reason;
-  EXPECT_THROW(plan_batch(optim::plan_request(*opt, set, loss, 7)), InvalidArgument);  // not whole sequences
+  EXPECT_THROW(plan::plan_batch(optim::plan_request(*opt, set, loss, 7)), InvalidArgument);  // not whole sequences
 }
 
 // The tracker records the tokens the Trainer counts; one told sequences and fed tokens says so.
 TEST(TokenUnits, TrackerCountsTokensAndChecksWhatItIsFed) {
-  MemoryTracker::Options o;
+  memory::MemoryTracker::Options o;
   o.micro_batch_size = kRowsPerBatch * kTokens;
   o.accum_steps = kAccum;
   o.timeline_steps = 0;
-  MemoryTracker tracker(Device::cpu(), o);
+  memory::MemoryTracker tracker(Device::cpu(), o);
   trainer_run(Opt::sgd, 1, &tracker);
   std::vector<int64_t> units;
-  for (const MicroBatchRecord& r : tracker.micro_batches()) units.push_back(r.samples);
+  for (const memory::MicroBatchRecord& r : tracker.micro_batches()) units.push_back(r.units);
   EXPECT_EQ(units, (std::vector<int64_t>{15, 15, 15, 5}));
-  const MemorySummary s = tracker.summary();
+  const memory::MemorySummary s = tracker.summary();
   EXPECT_TRUE(s.warning.empty()) << s.warning;
   EXPECT_GT(s.peak_at_micro_batch, 0);
 
-  MemoryTracker::Options told_sequences = o;
+  memory::MemoryTracker::Options told_sequences = o;
   told_sequences.micro_batch_size = kRowsPerBatch;  // 3 sequences, fed 15 tokens
-  MemoryTracker wrong(Device::cpu(), told_sequences);
+  memory::MemoryTracker wrong(Device::cpu(), told_sequences);
   testing::internal::CaptureStderr();
   trainer_run(Opt::sgd, 1, &wrong);
   const std::string printed = testing::internal::GetCapturedStderr();
@@ -253,7 +253,7 @@ TEST(TokenUnits, TrackerCountsTokensAndChecksWhatItIsFed) {
   EXPECT_NE(warning.find("5 to 15"), std::string::npos) << warning;
 
   told_sequences.strict_units = true;
-  MemoryTracker strict(Device::cpu(), told_sequences);
+  memory::MemoryTracker strict(Device::cpu(), told_sequences);
   try {
     trainer_run(Opt::sgd, 1, &strict);
     FAIL() << "a strict tracker took 15 units when told 3";
@@ -264,9 +264,9 @@ TEST(TokenUnits, TrackerCountsTokensAndChecksWhatItIsFed) {
   }
 
   // Told more than it is ever fed: the summary says the peak at the micro-batch is not measured.
-  MemoryTracker::Options told_more = o;
+  memory::MemoryTracker::Options told_more = o;
   told_more.micro_batch_size = 512;
-  MemoryTracker unfed(Device::cpu(), told_more);
+  memory::MemoryTracker unfed(Device::cpu(), told_more);
   trainer_run(Opt::sgd, 1, &unfed);
   EXPECT_NE(unfed.summary().warning.find("told micro-batches of 512 units and fed none"), std::string::npos)
       << unfed.summary().warning;

@@ -15,6 +15,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -22,7 +23,6 @@
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "engine/runtime/accumulator.h"
@@ -245,11 +245,11 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
 // samples, one per optimizer step, and a tracker attached later sees only what follows.
 TEST_P(TrainerTest, TrackerRecordsEveryMicroBatchAndStepWithoutManualCalls) {
   Problem s(device());
-  MemoryTracker::Options to;
+  memory::MemoryTracker::Options to;
   to.timeline_steps = 2;
-  MemoryTracker tracker(device(), to);
+  memory::MemoryTracker tracker(device(), to);
   to.timeline_steps = 0;  // one allocator observer at a time: the first tracker's
-  MemoryTracker later(device(), to);
+  memory::MemoryTracker later(device(), to);
   s.options.accum_steps = 5;
   s.options.tracker = &tracker;
   optim::Trainer trainer(s.optimizer, s.options, s.schedule);
@@ -265,18 +265,18 @@ TEST_P(TrainerTest, TrackerRecordsEveryMicroBatchAndStepWithoutManualCalls) {
   EXPECT_EQ(tracker.steps_seen(), 5);  // 4 groups of 5 and one of 4
   EXPECT_EQ(later.micro_batches_seen(), kMicroBatches);
   EXPECT_EQ(later.steps_seen(), 5);
-  const std::vector<MicroBatchRecord>& records = tracker.micro_batches();
+  const std::vector<memory::MicroBatchRecord>& records = tracker.micro_batches();
   ASSERT_EQ(records.size(), static_cast<std::size_t>(kMicroBatches));
   for (int64_t i = 0; i < kMicroBatches; ++i) {
-    const MicroBatchRecord& r = records[static_cast<std::size_t>(i)];
+    const memory::MicroBatchRecord& r = records[static_cast<std::size_t>(i)];
     EXPECT_EQ(r.epoch, 0);
     EXPECT_EQ(r.index, i);
-    EXPECT_EQ(r.samples, s.samples(i));
+    EXPECT_EQ(r.units, s.samples(i));
     EXPECT_GT(r.activation_bytes, 0) << "micro-batch " << i;
     EXPECT_GE(r.peak_bytes, r.activation_bytes);
   }
   EXPECT_EQ(later.micro_batches().front().epoch, 1);
-  const std::vector<StepRecord>& steps = later.steps();
+  const std::vector<memory::StepRecord>& steps = later.steps();
   ASSERT_EQ(steps.size(), 5u);
   EXPECT_EQ(steps.front().step, 6);  // the run's sixth step: the count goes on
   EXPECT_GT(steps.front().optimizer_state_bytes, 0);

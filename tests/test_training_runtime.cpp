@@ -1,6 +1,7 @@
-// The runtime's run-control calls apps build on: training checkpoints (runtime/checkpoint.h), the
-// epochs loop (runtime/fit.h), the metrics log that survives a resume (runtime/metrics_log.h), the progress line
-// (runtime/progress.h) and the stop on a signal (runtime/stop_signal.h).
+// The run-control calls apps build on: training checkpoints (runtime/checkpoint.h), and from the
+// apps' common library the epochs loop (apps/common/fit.h), the metrics log that survives a resume
+// (apps/common/metrics_log.h), the progress line (apps/common/progress.h) and the stop on a signal
+// (apps/common/stop_signal.h).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -19,29 +20,29 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
+#include "common/fit.h"
+#include "common/metrics_log.h"
+#include "common/progress.h"
+#include "common/settings_table.h"
+#include "common/stop_signal.h"
 #include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/file.h"
+#include "cumulus/io/run_files.h"
 #include "cumulus/io/state_dict.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
+#include "cumulus/plan/plan_check.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/command_line.h"
-#include "cumulus/runtime/fit.h"
-#include "cumulus/runtime/metrics_log.h"
-#include "cumulus/runtime/plan_check.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/progress.h"
-#include "cumulus/runtime/run_files.h"
-#include "cumulus/runtime/settings_table.h"
-#include "cumulus/runtime/stop_signal.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/version.h"
@@ -199,10 +200,10 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
   Classifier c;
   const optim::BatchLoss loss = loss_of(c);
   std::vector<std::string> calls;
-  optim::FitOptions fit;
+  cumulus::app::FitOptions fit;
   fit.epochs = 3;
   fit.on_epoch_begin = [&](int epoch) { calls.push_back("begin " + std::to_string(epoch)); };
-  fit.on_epoch_end = [&](const optim::EpochSummary& e) {
+  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) {
     calls.push_back("end " + std::to_string(e.epoch));
     EXPECT_EQ(e.first_micro_batch, 0);
     EXPECT_EQ(e.units_trained, kRows);
@@ -215,8 +216,8 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
                     std::to_string(s.counters.micro_batch_index));
   };
   fit.stop = [&] { return calls.size() == 6; };  // after epoch 1's checkpoint
-  const optim::FitResult r = optim::fit(*c.trainer, *c.loader, loss, fit);
-  EXPECT_EQ(r.end, optim::FitEnd::stopped_after_epoch);
+  const cumulus::app::FitResult r = cumulus::app::fit(*c.trainer, *c.loader, loss, fit);
+  EXPECT_EQ(r.end, cumulus::app::FitEnd::stopped_after_epoch);
   EXPECT_EQ(r.epoch, 1);
   EXPECT_EQ(r.state.counters.epoch, 2);
   EXPECT_EQ(calls,
@@ -229,27 +230,27 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
 TEST(Fit, ThePlanIsMeasuredAgainstTheFirstFullEpoch) {
   Classifier c;
   c.trainer->set_accum_steps(1);
-  MemoryTracker tracker(Device::cpu(), MemoryTracker::Options{});
-  PlanCheck check;
+  memory::MemoryTracker tracker(Device::cpu(), memory::MemoryTracker::Options{});
+  plan::PlanCheck check;
   check.micro_batch = kBatch;
   check.accum_steps = 1;
   check.predicted_epoch_seconds = 1.0;
   tracker.set_plan_check(check);
   c.trainer->set_tracker(&tracker);
-  std::vector<optim::EpochSummary> summaries;
-  optim::FitOptions fit;
+  std::vector<cumulus::app::EpochSummary> summaries;
+  cumulus::app::FitOptions fit;
   fit.epochs = 2;
-  fit.on_epoch_end = [&](const optim::EpochSummary& e) { summaries.push_back(e); };
-  optim::fit(*c.trainer, *c.loader, loss_of(c), fit);
+  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { summaries.push_back(e); };
+  cumulus::app::fit(*c.trainer, *c.loader, loss_of(c), fit);
   c.trainer->set_tracker(nullptr);
   ASSERT_EQ(summaries.size(), 2u);
   int64_t largest = 0;
-  for (const MicroBatchRecord& r : tracker.micro_batches())
+  for (const memory::MicroBatchRecord& r : tracker.micro_batches())
     if (r.epoch == 0) largest = std::max(largest, r.peak_bytes);
-  for (const StepRecord& r : tracker.steps())
+  for (const memory::StepRecord& r : tracker.steps())
     if (r.epoch == 0) largest = std::max(largest, r.peak_bytes);
   EXPECT_EQ(summaries[0].peak_bytes, largest);
-  const PlanCheck& measured = *tracker.plan_check();
+  const plan::PlanCheck& measured = *tracker.plan_check();
   EXPECT_TRUE(measured.measured);
   EXPECT_EQ(measured.epoch, 0);
   EXPECT_EQ(measured.measured_epoch_seconds, summaries[0].seconds);
@@ -266,13 +267,13 @@ TEST(Fit, EachEpochCountsItsOwnSkippedSteps) {
     return calls++ == per_epoch ? sum * std::numeric_limits<float>::quiet_NaN() : sum;
   };
   std::vector<int64_t> skipped;
-  optim::FitOptions fit;
+  cumulus::app::FitOptions fit;
   fit.epochs = 3;
-  fit.on_epoch_end = [&](const optim::EpochSummary& e) {
+  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) {
     skipped.push_back(e.skipped_steps);
     EXPECT_EQ(e.gradient_reductions, 0);  // one process: no communicator
   };
-  optim::fit(*c.trainer, *c.loader, loss, fit);
+  cumulus::app::fit(*c.trainer, *c.loader, loss, fit);
   EXPECT_EQ(skipped, (std::vector<int64_t>{0, 1, 0}));
   EXPECT_EQ(c.trainer->skipped_steps(), 1);
 }
@@ -283,31 +284,32 @@ TEST(Fit, EachEpochCountsItsOwnSkippedSteps) {
 TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
   TempDir dir;
   Classifier whole, first, second;
-  optim::FitOptions fit;
+  cumulus::app::FitOptions fit;
   fit.epochs = 2;
   double whole_loss = 0.0;
-  fit.on_epoch_end = [&](const optim::EpochSummary& e) { whole_loss = e.train_loss; };
-  EXPECT_EQ(optim::fit(*whole.trainer, *whole.loader, loss_of(whole), fit).end, optim::FitEnd::finished);
+  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { whole_loss = e.train_loss; };
+  EXPECT_EQ(cumulus::app::fit(*whole.trainer, *whole.loader, loss_of(whole), fit).end, cumulus::app::FitEnd::finished);
 
-  optim::FitOptions stopping = fit;
+  cumulus::app::FitOptions stopping = fit;
   stopping.stop = [&] { return first.trainer->epoch() == 1 && first.trainer->micro_batch_index() == 9; };
   stopping.on_epoch_end = {};
   const optim::BatchLoss first_loss = loss_of(first);
-  optim::FitLoop loop(*first.trainer, *first.loader, first_loss, stopping);
-  const optim::FitResult r = loop.run();
-  ASSERT_EQ(r.end, optim::FitEnd::stopped_in_epoch);
+  cumulus::app::FitLoop loop(*first.trainer, *first.loader, first_loss, stopping);
+  const cumulus::app::FitResult r = loop.run();
+  ASSERT_EQ(r.end, cumulus::app::FitEnd::stopped_in_epoch);
   EXPECT_EQ(r.epoch, 1);
   EXPECT_EQ(r.next_micro_batch, 9);
   EXPECT_EQ(loop.state().counters.micro_batch_index, 9);
   optim::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, r.state, settings("0.03"));
 
-  optim::FitOptions resumed = fit;
+  cumulus::app::FitOptions resumed = fit;
   resumed.start =
       optim::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03")).state;
   second.trainer->restore(resumed.start.counters);
-  std::vector<optim::EpochSummary> summaries;
-  resumed.on_epoch_end = [&](const optim::EpochSummary& e) { summaries.push_back(e); };
-  EXPECT_EQ(optim::fit(*second.trainer, *second.loader, loss_of(second), resumed).end, optim::FitEnd::finished);
+  std::vector<cumulus::app::EpochSummary> summaries;
+  resumed.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { summaries.push_back(e); };
+  EXPECT_EQ(cumulus::app::fit(*second.trainer, *second.loader, loss_of(second), resumed).end,
+            cumulus::app::FitEnd::finished);
   ASSERT_EQ(summaries.size(), 1u);
   EXPECT_EQ(summaries[0].epoch, 1);
   EXPECT_EQ(summaries[0].first_micro_batch, 9);
@@ -333,19 +335,19 @@ TEST(SettingsTable, EachUseTakesItsRowsThatApply) {
     int epochs = 3;
     bool cosine = false;
   };
-  using Text = optim::SettingText;
-  const optim::SettingsTable<Run> table({
-      {"lr", "lr", true, optim::kCheckpoint | optim::kMemoryReport, nullptr,
+  using Text = cumulus::app::SettingText;
+  const cumulus::app::SettingsTable<Run> table({
+      {"lr", "lr", true, cumulus::app::kCheckpoint | cumulus::app::kMemoryReport, nullptr,
        [](const Run& r) -> Text { return optim::setting_text(r.lr); }},
-      {"epochs", "num_epochs", false, optim::kCheckpoint | optim::kRanksAgree, "1",
+      {"epochs", "num_epochs", false, cumulus::app::kCheckpoint | cumulus::app::kRanksAgree, "1",
        [](const Run& r) -> Text { return std::to_string(r.epochs); }, " (in all)"},
-      {"min-lr", "min_lr", true, optim::kCheckpoint, nullptr,
+      {"min-lr", "min_lr", true, cumulus::app::kCheckpoint, nullptr,
        [](const Run& r) { return r.cosine ? Text("0") : std::nullopt; }},
   });
   const Run run;
   using Named = std::vector<std::pair<std::string, std::string>>;
-  EXPECT_EQ(table.named(optim::kMemoryReport, run), (Named{{"lr", "0.5"}}));
-  EXPECT_EQ(table.named(optim::kRanksAgree, run), (Named{{"epochs", "3"}}));
+  EXPECT_EQ(table.named(cumulus::app::kMemoryReport, run), (Named{{"lr", "0.5"}}));
+  EXPECT_EQ(table.named(cumulus::app::kRanksAgree, run), (Named{{"epochs", "3"}}));
   const std::vector<optim::RecordedSetting> recorded = table.recorded(run);
   ASSERT_EQ(recorded.size(), 2u);  // min-lr does not apply without the cosine
   EXPECT_EQ(recorded[1].key, "num_epochs");
@@ -424,17 +426,17 @@ TEST(MetricsLog, AResumeKeepsTheLinesUpToItsPosition) {
   TempDir dir;
   const std::string path = dir.file("m.jsonl");
   {
-    MetricsLog log(path, "step");
+    cumulus::app::MetricsLog log(path, "step");
     for (int step = 1; step <= 4; ++step) log.append("{\"step\": " + std::to_string(step) + "}");
   }
   EXPECT_EQ(read_all(path), "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3}\n{\"step\": 4}\n");
-  MetricsLog resumed(path, "step", 2);
+  cumulus::app::MetricsLog resumed(path, "step", 2);
   resumed.append("{\"step\": 3, \"again\": true}");
   EXPECT_EQ(read_all(path), "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3, \"again\": true}\n");
-  MetricsLog fresh(path, "step");
+  cumulus::app::MetricsLog fresh(path, "step");
   fresh.append("{\"step\": 1}");
   EXPECT_EQ(read_all(path), "{\"step\": 1}\n");
-  MetricsLog off("");
+  cumulus::app::MetricsLog off("");
   EXPECT_FALSE(off.enabled());
   off.append("{}");
 }
@@ -444,15 +446,15 @@ TEST(MetricsLog, AppendingWritesTheSameLines) {
   TempDir dir;
   const std::string path = dir.file("m.jsonl");
   {
-    MetricsLog log(path, "step", std::nullopt, MetricsWrites::append);
+    cumulus::app::MetricsLog log(path, "step", std::nullopt, cumulus::app::MetricsWrites::append);
     for (int step = 1; step <= 3; ++step) log.append("{\"step\": " + std::to_string(step) + "}");
     EXPECT_EQ(read_all(path), "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3}\n");
   }
-  MetricsLog resumed(path, "step", 1, MetricsWrites::append);
+  cumulus::app::MetricsLog resumed(path, "step", 1, cumulus::app::MetricsWrites::append);
   EXPECT_EQ(read_all(path), "{\"step\": 1}\n") << "cut when opened";
   resumed.append("{\"step\": 2}");
   EXPECT_EQ(read_all(path), "{\"step\": 1}\n{\"step\": 2}\n");
-  MetricsLog fresh(path, "step", std::nullopt, MetricsWrites::append);
+  cumulus::app::MetricsLog fresh(path, "step", std::nullopt, cumulus::app::MetricsWrites::append);
   EXPECT_EQ(read_all(path), "") << "a new run starts the file afresh";
 }
 
@@ -460,7 +462,7 @@ TEST(MetricsLog, AFileOfAnotherKindIsRefusedNamingIt) {
   TempDir dir;
   io::write_file_atomic(dir.file("notes.txt"), "{\"step\": 1}\nnot json\n");
   try {
-    MetricsLog log(dir.file("notes.txt"), "step", 5);
+    cumulus::app::MetricsLog log(dir.file("notes.txt"), "step", 5);
     FAIL() << "a foreign file was taken as a metrics log";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
@@ -469,7 +471,7 @@ TEST(MetricsLog, AFileOfAnotherKindIsRefusedNamingIt) {
 
 // Narrower terminals drop the rate, then the epoch's ETA, the count, the loss; never wider than columns - 1.
 TEST(TrainingProgress, TheLineFitsEveryWidth) {
-  ProgressLine p;
+  cumulus::app::ProgressLine p;
   p.epoch = 3;
   p.total_epochs = 20;
   p.done = 420;
@@ -479,22 +481,22 @@ TEST(TrainingProgress, TheLineFitsEveryWidth) {
   p.epoch_eta_s = 65;
   p.run_eta_s = 3723;
   p.unit = "tokens";
-  const std::string wide = format_progress_line(p, 200);
+  const std::string wide = cumulus::app::format_progress_line(p, 200);
   EXPECT_NE(wide.find("12.3k tokens/s"), std::string::npos) << wide;
   EXPECT_NE(wide.find("run ETA 1:02:03"), std::string::npos) << wide;
   EXPECT_NE(wide.find("epoch ETA 1:05"), std::string::npos) << wide;
   EXPECT_NE(wide.find("loss 0.6123"), std::string::npos) << wide;
   for (int columns = 10; columns <= 120; ++columns)
-    EXPECT_LT(format_progress_line(p, columns).size(), static_cast<std::size_t>(columns)) << columns;
-  EXPECT_EQ(format_progress_line(p, 40).find("tokens"), std::string::npos);
-  EXPECT_EQ(format_duration(59.6), "1:00");
+    EXPECT_LT(cumulus::app::format_progress_line(p, columns).size(), static_cast<std::size_t>(columns)) << columns;
+  EXPECT_EQ(cumulus::app::format_progress_line(p, 40).find("tokens"), std::string::npos);
+  EXPECT_EQ(cumulus::app::format_duration(59.6), "1:00");
 }
 
 // A plain (non-terminal) stream gets a line about every 10% of the epoch, and at its end.
 TEST(TrainingProgress, PlainLinesAboutEveryTenthOfTheEpoch) {
   std::FILE* out = std::tmpfile();
   ASSERT_NE(out, nullptr);
-  TrainingProgress progress(out, true, 2, "samples");
+  cumulus::app::TrainingProgress progress(out, true, 2, "samples");
   progress.begin_epoch(0, 50);
   int lines = 0;
   for (int64_t done = 1; done <= 50; ++done)
@@ -533,11 +535,11 @@ TEST(AccumulationSchedule, ParsedFromTextAndCountedOverTheRun) {
 // The plan's table: one line per weighed setting, a header, one line per row with the chosen starred,
 // "fits" only against a budget, the unit named.
 TEST(PlanTable, EveryRowWithItsFitAndTheChoice) {
-  Plan plan;
+  plan::Plan plan;
   plan.weighed.resize(1);
   plan.weighed[0].time.probes = 3;
   for (int64_t b : {32, 16}) {
-    PlanRow row;
+    plan::PlanRow row;
     row.micro_batch = b;
     row.accum_steps = 32 / b;
     row.peak_bytes = b << 20;
@@ -545,10 +547,10 @@ TEST(PlanTable, EveryRowWithItsFitAndTheChoice) {
     row.chosen = b == 16;
     plan.table.push_back(row);
   }
-  const std::string without_budget = plan_table_text(plan, 0, "token");
+  const std::string without_budget = plan::plan_table_text(plan, 0, "token");
   EXPECT_NE(without_budget.find("budget none"), std::string::npos) << without_budget;
   EXPECT_NE(without_budget.find("ms a token (3 sizes)"), std::string::npos) << without_budget;
-  const std::string with_budget = plan_table_text(plan, 20 << 20);
+  const std::string with_budget = plan::plan_table_text(plan, 20 << 20);
   std::vector<std::string> rows;
   std::istringstream lines(with_budget);
   for (std::string line; std::getline(lines, line);)
@@ -576,105 +578,106 @@ TEST(RunFiles, OutputsMustNotBeEachOtherOrAnInput) {
     return std::string();
   };
   EXPECT_EQ(refusal([&] {
-              check_outputs_distinct({{"--a", dir.file("a.json")}, {"--b", dir.file("link.json")}}, {});
+              io::check_outputs_distinct({{"--a", dir.file("a.json")}, {"--b", dir.file("link.json")}}, {});
             }),
             "--a '" + dir.file("a.json") + "' and --b '" + dir.file("link.json") +
                 "' are the same file; give each output its own file");
-  const std::vector<RunFile> outputs = {{"--save", dir.file("in.st")}};
+  const std::vector<io::RunFile> outputs = {{"--save", dir.file("in.st")}};
   EXPECT_NE(refusal([&] {
-              check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}});
+              io::check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}});
             }).find("is the --init file"),
             std::string::npos);
   EXPECT_EQ(refusal([&] {
-              check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}},
-                                     [](const RunFile& in, const RunFile&) { return in.name == "--init"; });
+              io::check_outputs_distinct(outputs, {{"--init", dir.file("in.st")}},
+                                         [](const io::RunFile& in, const io::RunFile&) { return in.name == "--init"; });
             }),
             "");
-  EXPECT_NE(refusal([&] { check_outputs_outside(outputs, dir.str(), "the dataset"); }).find("a file of the dataset"),
-            std::string::npos);
-  EXPECT_EQ(refusal([&] { check_inputs_readable({{"--init", dir.file("in.st")}, {"--resume", ""}}); }), "");
+  EXPECT_NE(
+      refusal([&] { io::check_outputs_outside(outputs, dir.str(), "the dataset"); }).find("a file of the dataset"),
+      std::string::npos);
+  EXPECT_EQ(refusal([&] { io::check_inputs_readable({{"--init", dir.file("in.st")}, {"--resume", ""}}); }), "");
   EXPECT_EQ(refusal([&] {
-              check_inputs_readable({{"--init", dir.file("none.st")}});
+              io::check_inputs_readable({{"--init", dir.file("none.st")}});
             }),
             "--init '" + dir.file("none.st") + "': no such file");
   EXPECT_EQ(refusal([&] {
-              check_inputs_readable({{"--resume", dir.str()}});
+              io::check_inputs_readable({{"--resume", dir.str()}});
             }),
             "--resume '" + dir.str() + "' is a directory, not a regular file");
-  EXPECT_EQ(refusal([&] { check_outputs_writable({{"--metrics", dir.file("m.jsonl")}}); }), "");
+  EXPECT_EQ(refusal([&] { io::check_outputs_writable({{"--metrics", dir.file("m.jsonl")}}); }), "");
   EXPECT_NE(refusal([&] {
-              check_outputs_writable({{"--metrics", dir.file("missing/m.jsonl")}});
+              io::check_outputs_writable({{"--metrics", dir.file("missing/m.jsonl")}});
             }).rfind("--metrics: ", 0),
             std::string::npos);
   EXPECT_NE(refusal([&] {
-              check_outputs_writable({{"--save", dir.file(std::string(300, 'n'))}});
+              io::check_outputs_writable({{"--save", dir.file(std::string(300, 'n'))}});
             }).rfind("--save", 0),
             std::string::npos);
 }
 
 // Each rank's copy of a file is named before its extension; a dot in a directory is not one.
 TEST(RunFiles, EachRankNamesItsOwnCopy) {
-  EXPECT_EQ(rank_path("memory.json", 1), "memory.rank1.json");
-  EXPECT_EQ(rank_path("out/trace", 2), "out/trace.rank2");
-  EXPECT_EQ(rank_path("run.d/plot", 3), "run.d/plot.rank3");
-  EXPECT_EQ(rank_path("out/.hidden", 1), "out/.hidden.rank1");
-  EXPECT_EQ(rank_path("", 1), "");
+  EXPECT_EQ(io::rank_path("memory.json", 1), "memory.rank1.json");
+  EXPECT_EQ(io::rank_path("out/trace", 2), "out/trace.rank2");
+  EXPECT_EQ(io::rank_path("run.d/plot", 3), "run.d/plot.rank3");
+  EXPECT_EQ(io::rank_path("out/.hidden", 1), "out/.hidden.rank1");
+  EXPECT_EQ(io::rank_path("", 1), "");
 }
 
 // A signal only records the stop; the exit codes are the shell's.
 TEST(StopSignal, ASignalIsRecordedNotFatal) {
-  install_stop_handlers();
-  EXPECT_FALSE(stop_requested());
+  cumulus::app::install_stop_handlers();
+  EXPECT_FALSE(cumulus::app::stop_requested());
   std::raise(SIGTERM);
-  EXPECT_TRUE(stop_requested());
-  EXPECT_EQ(stop_signal(), SIGTERM);
-  EXPECT_EQ(exit_code_for_stop(stop_signal()), 143);
-  EXPECT_EQ(exit_code_for_stop(SIGINT), 130);
-  EXPECT_EQ(exit_code_for_stop(SIGPIPE), 141);
-  EXPECT_STREQ(stop_signal_name(SIGINT), "SIGINT");
-  request_stop(0);
-  EXPECT_FALSE(stop_requested());
-  install_stop_handlers();  // the handler was reset to the default by the first signal
+  EXPECT_TRUE(cumulus::app::stop_requested());
+  EXPECT_EQ(cumulus::app::stop_signal(), SIGTERM);
+  EXPECT_EQ(cumulus::app::exit_code_for_stop(cumulus::app::stop_signal()), 143);
+  EXPECT_EQ(cumulus::app::exit_code_for_stop(SIGINT), 130);
+  EXPECT_EQ(cumulus::app::exit_code_for_stop(SIGPIPE), 141);
+  EXPECT_STREQ(cumulus::app::stop_signal_name(SIGINT), "SIGINT");
+  cumulus::app::request_stop(0);
+  EXPECT_FALSE(cumulus::app::stop_requested());
+  cumulus::app::install_stop_handlers();  // the handler was reset to the default by the first signal
 }
 
 // A stop asked for between boundaries throws Interrupted; the fault hook raises SIGINT once, at
 // the point named, and nowhere else.
 TEST(StopSignal, InterruptedAndTheFaultHook) {
-  install_stop_handlers();
-  EXPECT_NO_THROW(throw_if_interrupted());
+  cumulus::app::install_stop_handlers();
+  EXPECT_NO_THROW(cumulus::app::throw_if_interrupted());
   ::setenv("CUMULUS_FAULT_SIGNAL", "micro_batch:2:5", 1);
-  fault_signal_point("micro_batch", 2, 4);
-  fault_signal_point("test_pass", 2);
-  EXPECT_FALSE(stop_requested());
-  fault_signal_point("micro_batch", 2, 5);
-  EXPECT_EQ(stop_signal(), SIGINT);
-  EXPECT_THROW(throw_if_interrupted(), Interrupted);
-  request_stop(0);
-  install_stop_handlers();
-  fault_signal_point("micro_batch", 2, 5);  // once only
-  EXPECT_FALSE(stop_requested());
+  cumulus::app::fault_signal_point("micro_batch", 2, 4);
+  cumulus::app::fault_signal_point("test_pass", 2);
+  EXPECT_FALSE(cumulus::app::stop_requested());
+  cumulus::app::fault_signal_point("micro_batch", 2, 5);
+  EXPECT_EQ(cumulus::app::stop_signal(), SIGINT);
+  EXPECT_THROW(cumulus::app::throw_if_interrupted(), cumulus::app::Interrupted);
+  cumulus::app::request_stop(0);
+  cumulus::app::install_stop_handlers();
+  cumulus::app::fault_signal_point("micro_batch", 2, 5);  // once only
+  EXPECT_FALSE(cumulus::app::stop_requested());
   ::unsetenv("CUMULUS_FAULT_SIGNAL");
 }
 
 // Integers are read from the text: anything but plain decimal digits in range is refused, naming
 // the range and the text.
 TEST(CommandLine, IntegersAreCheckedOnTheirText) {
-  EXPECT_EQ(integer_text_problem("64", 1, 64), "");
-  EXPECT_EQ(integer_text_problem("+7", 0, 10), "");
-  EXPECT_EQ(integer_text_problem("65", 1, 64), "expected an integer from 1 to 64, got '65'");
+  EXPECT_EQ(cumulus::app::integer_text_problem("64", 1, 64), "");
+  EXPECT_EQ(cumulus::app::integer_text_problem("+7", 0, 10), "");
+  EXPECT_EQ(cumulus::app::integer_text_problem("65", 1, 64), "expected an integer from 1 to 64, got '65'");
   for (const char* bad : {"", "1e3", "-1", "0x10", " 5", "5 ", "99999999999999999999"})
-    EXPECT_EQ(integer_text_problem(bad, 0, 1000000),
+    EXPECT_EQ(cumulus::app::integer_text_problem(bad, 0, 1000000),
               "expected an integer from 0 to 1000000, got '" + std::string(bad) + "'");
-  EXPECT_EQ(unsigned_64_text_problem("18446744073709551615"), "");
+  EXPECT_EQ(cumulus::app::unsigned_64_text_problem("18446744073709551615"), "");
   for (const char* bad : {"", "-1", "+1", "18446744073709551616", "1.0"})
-    EXPECT_EQ(unsigned_64_text_problem(bad),
+    EXPECT_EQ(cumulus::app::unsigned_64_text_problem(bad),
               "expected an integer from 0 to 18446744073709551615, got '" + std::string(bad) + "'");
 }
 
 // A choice flag's table both ways; a value outside it is refused naming the flag and every value.
 TEST(CommandLine, AChoiceFlagNamesItsValues) {
   enum class Fruit { apple, pear, plum };
-  const FlagChoices<Fruit> fruit{
+  const cumulus::app::FlagChoices<Fruit> fruit{
       "--fruit", "fruit", {{"apple", Fruit::apple}, {"pear", Fruit::pear}, {"plum", Fruit::plum}}};
   EXPECT_EQ(fruit.parse("pear"), Fruit::pear);
   EXPECT_STREQ(fruit.name(Fruit::plum), "plum");
@@ -688,7 +691,7 @@ TEST(CommandLine, AChoiceFlagNamesItsValues) {
     return std::string("accepted");
   };
   EXPECT_EQ(message(fruit, "Pear"), "--fruit 'Pear': unknown fruit (expected apple, pear or plum)");
-  const FlagChoices<bool> on_off{"--on", nullptr, {{"on", true}, {"off", false}}};
+  const cumulus::app::FlagChoices<bool> on_off{"--on", nullptr, {{"on", true}, {"off", false}}};
   EXPECT_EQ(message(on_off, ""), "--on '': expected on or off");
 }
 
@@ -700,32 +703,32 @@ TEST(CommandLine, HelpLinesWrapUnderTheirDescription) {
       "  --flag INT      one two three four five\n"
       "   text that runs on and on\n"
       "  --word          abcdefghijklmnopqrstuvwxyz\n";
-  EXPECT_EQ(wrap_help_text(help, 28, 18),
+  EXPECT_EQ(cumulus::app::wrap_help_text(help, 28, 18),
             "Usage: app [OPTIONS]\n"
             "  --flag INT      one two\n"
             "                  three four\n"
             "                  five\n"
             "   text that runs on and on\n"
             "  --word          abcdefghijklmnopqrstuvwxyz\n");
-  EXPECT_EQ(wrap_help_text("   a b c d e f\n", 8, 4), "   a b c\n   d e f\n");
-  EXPECT_EQ(wrap_help_text(help, 200, 18), help);
+  EXPECT_EQ(cumulus::app::wrap_help_text("   a b c d e f\n", 8, 4), "   a b c\n   d e f\n");
+  EXPECT_EQ(cumulus::app::wrap_help_text(help, 200, 18), help);
   setenv("COLUMNS", "120", 1);
-  EXPECT_EQ(help_columns(), isatty(STDOUT_FILENO) ? help_columns() : 120);
+  EXPECT_EQ(cumulus::app::help_columns(), isatty(STDOUT_FILENO) ? cumulus::app::help_columns() : 120);
   setenv("COLUMNS", "10", 1);  // too narrow to wrap help into: the default
-  EXPECT_EQ(help_columns(), isatty(STDOUT_FILENO) ? help_columns() : 100);
+  EXPECT_EQ(cumulus::app::help_columns(), isatty(STDOUT_FILENO) ? cumulus::app::help_columns() : 100);
   unsetenv("COLUMNS");
 }
 
 // "auto" takes a GPU where one is usable; anything else is parsed and must be usable now.
 TEST(CommandLine, DeviceFromAFlag) {
-  EXPECT_EQ(device_from_flag("cpu"), Device::cpu());
-  EXPECT_EQ(device_from_flag("auto"), cuda_available() ? Device::cuda(0) : Device::cpu());
-  EXPECT_THROW(device_from_flag("tpu"), InvalidArgument);
-  EXPECT_THROW(device_from_flag("cuda:4096"), Error);  // no such GPU here, or no CUDA at all
+  EXPECT_EQ(cumulus::app::device_from_flag("cpu"), Device::cpu());
+  EXPECT_EQ(cumulus::app::device_from_flag("auto"), cuda_available() ? Device::cuda(0) : Device::cpu());
+  EXPECT_THROW(cumulus::app::device_from_flag("tpu"), InvalidArgument);
+  EXPECT_THROW(cumulus::app::device_from_flag("cuda:4096"), Error);  // no such GPU here, or no CUDA at all
 }
 
 TEST(CommandLine, VersionTextNamesTheProgramTheBuildAndTheBackends) {
-  const std::string text = version_text("my_app");
+  const std::string text = cumulus::app::version_text("my_app");
   EXPECT_EQ(text.rfind(std::string("my_app (cumulus) ") + CUMULUS_VERSION + "\ncommit ", 0), 0u) << text;
   EXPECT_NE(text.find(", build type "), std::string::npos) << text;
   EXPECT_NE(text.find(cuda_compiled() ? "\nCUDA: compiled, cuDNN: " : "\nCUDA: not compiled, cuDNN: "),

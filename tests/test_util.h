@@ -20,7 +20,8 @@
 #include <vector>
 
 #include "cumulus/core/device.h"
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 
 namespace cumulus::testing {
 
@@ -124,11 +125,11 @@ class TempDir {
 };
 
 // What print_memory_table writes for `tracker` (the text report the app prints at the end).
-inline std::string memory_table_text(MemoryTracker& tracker) {
+inline std::string memory_table_text(memory::MemoryTracker& tracker) {
   std::FILE* f = std::tmpfile();
   EXPECT_NE(f, nullptr);
   if (f == nullptr) return {};
-  print_memory_table(tracker, f);
+  memory::print_memory_table(tracker, f);
   std::rewind(f);
   std::string table(4096, '\0');
   table.resize(std::fread(table.data(), 1, table.size(), f));

@@ -96,12 +96,12 @@ int main(int argc, char** argv) try {
   auto optimizer = make_shared<optim::AdamW>(make_shared<nn::FlatParameters>(*model), adamw);
   auto loss = [&](const data::Batch& b) { return ops::cross_entropy((*model)(b.x), b.y, ops::Reduction::Sum); };
 
-  const Plan plan =
-      plan_batch(optim::plan_request(*optimizer, train_set, loss, effective_batch, parse_byte_size(budget)));
+  const plan::Plan plan = plan::plan_batch(
+      optim::plan_request(*optimizer, train_set, loss, effective_batch, plan::parse_byte_size(budget)));
   std::printf("planner: %s\n", plan.reason.c_str());
   data::DataLoader loader(train_set, plan.micro_batch, /*shuffle=*/compare.empty(), /*seed=*/0),
       test_loader(test_set, plan.micro_batch);
-  MemoryTracker tracker(device, {model_name, plan.micro_batch, static_cast<int>(plan.accum_steps)});
+  memory::MemoryTracker tracker(device, {model_name, plan.micro_batch, static_cast<int>(plan.accum_steps)});
   optim::TrainerOptions options;
   options.accum_steps = static_cast<int>(plan.accum_steps);
   options.clip_grad_norm = 1.0f;
@@ -116,7 +116,7 @@ int main(int argc, char** argv) try {
     std::printf("epoch %2d  train loss %.4f  test accuracy %.1f%%\n", epoch + 1, train_loss,
                 100.0 * optim::evaluate_classifier(*model, test_loader).accuracy);
   }
-  print_memory_table(tracker, stdout);
+  memory::print_memory_table(tracker, stdout);
   return 0;
 } catch (const Error& e) {
   std::fprintf(stderr, "digits: %s\n", e.what());

@@ -16,9 +16,9 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
-#include "cumulus/runtime/tracker.h"
 #include "run_config.h"
 #include "run_control.h"
 #include "training.h"
@@ -52,7 +52,7 @@ int evaluate_only(const RunConfig& o, nn::Module& model, data::DataLoader test_l
         choice_name(o.model), o.init_path.empty() ? "seeded initialization" : o.init_path.c_str(), data_dir.c_str(),
         static_cast<long long>(test_loader.dataset().size()));
   if (g_root) print_test_results(test_pass(model, test_loader));  // the other ranks hold the same weights
-  return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
+  return app::stop_requested() ? app::exit_code_for_stop(app::stop_signal()) : 0;
 }
 
 void save_final_weights(const RunConfig& o, const nn::Module& model) {
@@ -66,8 +66,8 @@ void save_final_weights(const RunConfig& o, const nn::Module& model) {
 }
 
 int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
-  install_stop_handlers();
-  ignore_write_signals();  // a closed stdout: say() asks for a stop, the run checkpoints
+  app::install_stop_handlers();
+  app::ignore_write_signals();  // a closed stdout: say() asks for a stop, the run checkpoints
   // Under `ulimit -v`, OpenBLAS's buffers are taken now or refused (Note [OpenBLAS under an address-space limit]).
   use_cpu_threads(resolved.threads);
   const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
@@ -81,16 +81,16 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   const std::unique_ptr<nn::Model> model_ptr = make_model(placed, gen);
   nn::Model& model = *model_ptr;
   if (!placed.init_path.empty()) load_weights(placed.init_path, model);
-  throw_if_interrupted();
+  app::throw_if_interrupted();
 
   // --data-on host: the splits stay in host memory and the loaders stage batches to the device
   // (auto: on the device until the planner places them).
   const Device data_device = placed.data_on == DataOnChoice::host ? Device::cpu() : device;
   models::FashionMnistSplit test = models::load_fashion_mnist(data_dir, false, data_device, placed.test_limit);
-  throw_if_interrupted();
+  app::throw_if_interrupted();
   if (placed.eval_only) return evaluate_only(placed, model, test_loader_for(placed, test), data_dir);
   models::FashionMnistSplit train_set = models::load_fashion_mnist(data_dir, true, data_device, placed.train_limit);
-  throw_if_interrupted();
+  app::throw_if_interrupted();
   check_same_loaded_on_every_rank("data", loaded_sizes(train_set, test),
                                   "give every rank the same --data (Note [Ranks agree on what they loaded])", *comm);
 
@@ -124,14 +124,14 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
     check_same_loaded_on_every_rank("checkpoints", resume_position(state.state.counters),
                                     "give every rank the same --resume checkpoint", *comm);
   }
-  throw_if_interrupted();
+  app::throw_if_interrupted();
 
   RunDescription description{data_dir, train_set.size(), test.size(), train_loader.host_resident()};
   if (!config.quiet && needs_loss_scaling(config.precision))
     description.loss_scale = trainer.loss_scale();  // a read from the device
   description.backend = comm->backend();
   announce_run(config, model, description, state);
-  MemoryTracker tracker(device, tracker_options(config, model));
+  memory::MemoryTracker tracker(device, tracker_options(config, model));
   if (config.plan_check) tracker.set_plan_check(*config.plan_check);
   const TrainingParts parts{config,       model,       *optimizer, trainer, trainer_opts,
                             train_loader, test_loader, *comm,      tracker, state};
@@ -139,18 +139,18 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   save_final_weights(config, model);
   finish_reports(config, tracker, *comm);
-  return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
+  return app::stop_requested() ? app::exit_code_for_stop(app::stop_signal()) : 0;
 }
 
 int run_and_report(const RunConfig& config, const std::shared_ptr<dist::Communicator>& comm) {
   try {
     return run(config, comm);
-  } catch (const Interrupted&) {
+  } catch (const app::Interrupted&) {
     // Before the first micro-batch (loading, planning) or in an --eval-only test pass: there is no
     // new state to save, and a checkpoint being resumed is left as it was.
     std::fprintf(stderr, "fashion_mnist: interrupted (%s) before training began; nothing was written\n",
-                 stop_signal_name(stop_signal()));
-    return exit_code_for_stop(stop_signal());
+                 app::stop_signal_name(app::stop_signal()));
+    return app::exit_code_for_stop(app::stop_signal());
   } catch (const SameOnEveryRank& e) {
     if (g_root) std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     g_agreed_exit = true;

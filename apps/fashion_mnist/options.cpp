@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <tuple>
 
+#include "common/command_line.h"
 #include "cumulus/core/error.h"
+#include "cumulus/io/run_files.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/accumulation.h"
-#include "cumulus/runtime/command_line.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/run_files.h"
 
 namespace fmnist {
 
@@ -25,12 +25,12 @@ namespace {
 
 // Integers are checked on the text, before CLI11 converts it (cumulus::integer_text_problem).
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
-  return CLI::Validator([lo, hi](std::string& text) { return cumulus::integer_text_problem(text, lo, hi); }, "INT",
+  return CLI::Validator([lo, hi](std::string& text) { return cumulus::app::integer_text_problem(text, lo, hi); }, "INT",
                         "integer_in");
 }
 
 CLI::Validator unsigned_64() {
-  return CLI::Validator([](std::string& text) { return cumulus::unsigned_64_text_problem(text); }, "UINT64",
+  return CLI::Validator([](std::string& text) { return cumulus::app::unsigned_64_text_problem(text); }, "UINT64",
                         "unsigned_64");
 }
 
@@ -259,7 +259,7 @@ void check_batch(const CLI::App& app, CommandLine& o) {
     as_usage([&] { o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
   }
   if (!o.memory_budget.empty()) {
-    as_usage([&] { o.memory_budget_bytes = cumulus::parse_byte_size(o.memory_budget); }, "--memory-budget: ");
+    as_usage([&] { o.memory_budget_bytes = cumulus::plan::parse_byte_size(o.memory_budget); }, "--memory-budget: ");
     require(o.memory_budget_bytes > 0, "--memory-budget must be > 0");
   }
   require(!o.plan_only || o.effective_batch > 0,
@@ -297,7 +297,7 @@ void check_input_files(const CommandLine& o) {
     std::error_code ec;
     require(fs::is_directory(o.data_dir, ec), "--data '" + o.data_dir + "': no such directory");
   }
-  as_usage([&] { cumulus::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}}); });
+  as_usage([&] { cumulus::io::check_inputs_readable({{"--init", o.init_path}, {"--resume", o.resume_path}}); });
   require(o.init_path.empty() || o.resume_path.empty(), "give --init or --resume, not both");
   require(!o.eval_only || o.resume_path.empty(), "--eval-only evaluates --init weights; give --init, not --resume");
 }
@@ -327,7 +327,8 @@ ParseResult parse_command_line(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::printf("%s", cumulus::wrap_help_text(app.help(), cumulus::help_columns() - 1, kDescriptionColumn).c_str());
+    std::printf("%s",
+                cumulus::app::wrap_help_text(app.help(), cumulus::app::help_columns() - 1, kDescriptionColumn).c_str());
     return result;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "fashion_mnist: %s (see --help)\n", e.what());
@@ -335,7 +336,7 @@ ParseResult parse_command_line(int argc, char** argv) {
     return result;
   }
   if (raw.show_version) {
-    std::printf("%s", cumulus::version_text("fashion_mnist").c_str());
+    std::printf("%s", cumulus::app::version_text("fashion_mnist").c_str());
     return result;
   }
   o.batch_size_given = app.count("--batch-size") > 0;

@@ -2,9 +2,9 @@
 
 #include <utility>
 
+#include "common/command_line.h"
 #include "cumulus/core/error.h"
-#include "cumulus/runtime/command_line.h"
-#include "cumulus/runtime/run_files.h"
+#include "cumulus/io/run_files.h"
 
 using namespace cumulus;
 
@@ -14,7 +14,7 @@ namespace {
 // The device, the precision and the kernels, and whether they go together.
 void resolve_device(const CommandLine& cli, RunConfig& c) {
   try {
-    c.device = device_from_flag(cli.device);
+    c.device = app::device_from_flag(cli.device);
   } catch (const Error& e) {
     throw UsageFailure("--device: " + std::string(e.what()));
   }
@@ -89,9 +89,9 @@ RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {
     c.checkpoint_path.clear();
     c.save_path.clear();
     c.metrics_path.clear();
-    c.memory_report_path = rank_path(c.memory_report_path, c.rank);
-    c.trace_path = rank_path(c.trace_path, c.rank);
-    c.memory_plot_path = rank_path(c.memory_plot_path, c.rank);
+    c.memory_report_path = io::rank_path(c.memory_report_path, c.rank);
+    c.trace_path = io::rank_path(c.trace_path, c.rank);
+    c.memory_plot_path = io::rank_path(c.memory_plot_path, c.rank);
   }
   return c;
 }
@@ -105,13 +105,13 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
     c.recompute_segments = plan.setting.recompute;
   }
   if (c.data_on == DataOnChoice::planner)
-    c.data_on = plan.setting.data == DataPlacement::host ? DataOnChoice::host : DataOnChoice::device;
+    c.data_on = plan.setting.data == plan::DataPlacement::host ? DataOnChoice::host : DataOnChoice::device;
   if (c.precision_by_planner) {
     c.precision = plan.setting.precision;
     c.precision_by_planner = false;
   }
   if (plan.predicted_epoch_seconds > 0.0) {
-    PlanCheck check;
+    plan::PlanCheck check;
     check.micro_batch = plan.micro_batch;
     check.accum_steps = plan.accum_steps;
     check.setting = plan.setting_text;

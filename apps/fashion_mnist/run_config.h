@@ -28,16 +28,16 @@
 #include <utility>
 #include <vector>
 
+#include "common/command_line.h"
+#include "common/settings_table.h"
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/nn/model.h"
+#include "cumulus/plan/plan_check.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/command_line.h"
-#include "cumulus/runtime/plan_check.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/settings_table.h"
 
 namespace fmnist {
 
@@ -136,7 +136,7 @@ enum class BatchSource {
 
 // Each choice flag's table (cumulus::FlagChoices): the flag, the noun of its "unknown" message where
 // it has one, and its values in the order messages list them.
-using cumulus::FlagChoices;
+using cumulus::app::FlagChoices;
 inline const FlagChoices<ModelKind>& choices_of(ModelKind) {
   static const FlagChoices<ModelKind> c{"--model", "model", {{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}}};
   return c;
@@ -227,7 +227,7 @@ struct RunConfig : FlagValues {
   // The planner's prediction for the chosen plan (with_plan); none when the planner did not choose
   // it. The tracker is given it (its report's "planner" object); the training loop measures it
   // against the first full epoch this run trains.
-  std::optional<cumulus::PlanCheck> plan_check;
+  std::optional<cumulus::plan::PlanCheck> plan_check;
 
   // The optimizer and its learning-rate schedule.
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -262,7 +262,7 @@ RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement);
 struct BatchPlan {
   int64_t micro_batch = 0;
   int accum_steps = 0;
-  cumulus::PlanSetting setting;  // its levers (recompute segments, data placement, precision)
+  cumulus::plan::PlanSetting setting;  // its levers (recompute segments, data placement, precision)
   std::string setting_text;      // the same as plan_setting_text() names it
   // The chosen row's prediction, compared with the first epoch's measurement (training_loop.cpp).
   double predicted_epoch_seconds = 0.0;
@@ -279,9 +279,9 @@ struct SettingContext {
   std::string kernels;  // the memory report's "kernels": fused or generic
 };
 
-// The table (cumulus/runtime/settings_table.h), and its overridable names as the help and the error
+// The table (apps/common/settings_table.h), and its overridable names as the help and the error
 // of a wrong --override list them.
-const cumulus::optim::SettingsTable<SettingContext>& settings_table();
+const cumulus::app::SettingsTable<SettingContext>& settings_table();
 const std::string& overridable_settings_text();
 
 }  // namespace fmnist

@@ -9,8 +9,8 @@
 
 #include "cumulus/core/error.h"
 #include "cumulus/core/threads.h"
+#include "cumulus/io/run_files.h"
 #include "cumulus/models/fashion_mnist.h"
-#include "cumulus/runtime/run_files.h"
 
 using namespace cumulus;
 
@@ -25,7 +25,7 @@ void say(const char* format, ...) {
   va_start(args, format);
   std::vfprintf(stdout, format, args);
   va_end(args);
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) request_stop(SIGPIPE);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) app::request_stop(SIGPIPE);
 }
 
 namespace {
@@ -46,11 +46,12 @@ std::string choose_rank_device(const RunConfig& c, const dist::Communicator& com
   }
 }
 
-std::vector<RunFile> outputs_of(const RunConfig& o, const std::string& owner = "") {
-  std::vector<RunFile> out;
-  for (const RunFile& f : {RunFile{"--save", o.save_path}, RunFile{"--checkpoint", o.checkpoint_path},
-                           RunFile{"--memory-report", o.memory_report_path}, RunFile{"--trace", o.trace_path},
-                           RunFile{"--memory-plot", o.memory_plot_path}, RunFile{"--metrics", o.metrics_path}})
+std::vector<io::RunFile> outputs_of(const RunConfig& o, const std::string& owner = "") {
+  std::vector<io::RunFile> out;
+  for (const io::RunFile& f :
+       {io::RunFile{"--save", o.save_path}, io::RunFile{"--checkpoint", o.checkpoint_path},
+        io::RunFile{"--memory-report", o.memory_report_path}, io::RunFile{"--trace", o.trace_path},
+        io::RunFile{"--memory-plot", o.memory_plot_path}, io::RunFile{"--metrics", o.metrics_path}})
     if (!f.path.empty()) out.push_back({owner + f.name, f.path});
   return out;
 }
@@ -61,11 +62,11 @@ std::vector<RunFile> outputs_of(const RunConfig& o, const std::string& owner = "
 // memory report is named like rank 0's checkpoint: the whole job's outputs are compared, every
 // rank's names computed from the same resolved configuration (the ranks agree on it), each named
 // with its rank in a message.
-std::vector<RunFile> job_outputs(const RunConfig& resolved, const RunConfig& placed) {
+std::vector<io::RunFile> job_outputs(const RunConfig& resolved, const RunConfig& placed) {
   if (placed.world_size == 1) return outputs_of(placed);
-  std::vector<RunFile> out;
+  std::vector<io::RunFile> out;
   for (int k = 0; k < placed.world_size; ++k) {
-    const std::vector<RunFile> rank_k = outputs_of(
+    const std::vector<io::RunFile> rank_k = outputs_of(
         on_ranks(resolved, RankPlacement{k, placed.world_size, placed.device}), "rank " + std::to_string(k) + "'s ");
     out.insert(out.end(), rank_k.begin(), rank_k.end());
   }
@@ -96,7 +97,7 @@ RankPlacement place_on_ranks(const RunConfig& c, dist::Communicator& comm) {
 void check_same_settings_on_every_rank(const RunConfig& c, dist::Communicator& comm) {
   if (c.world_size == 1) return;
   try {
-    dist::check_same_settings(comm, settings_table().named(optim::kRanksAgree, {c, ""}));
+    dist::check_same_settings(comm, settings_table().named(app::kRanksAgree, {c, ""}));
   } catch (const InvalidArgument& e) {
     throw SameOnEveryRank(e.what());
   }
@@ -121,22 +122,22 @@ void check_same_loaded_on_every_rank(const char* what, const std::string& mine, 
 
 void check_run_paths(const RunConfig& resolved, const RunConfig& o) {
   as_usage([&] {
-    check_outputs_writable(outputs_of(o));
+    io::check_outputs_writable(outputs_of(o));
     // Resuming from a checkpoint and writing the next ones to the same file is the normal use: the
     // checkpoint is read in full before anything is written.
-    check_outputs_distinct(job_outputs(resolved, o), {{"--init", o.init_path}, {"--resume", o.resume_path}},
-                           [](const RunFile& in, const RunFile& out) {
-                             const std::string checkpoint = "--checkpoint";  // any rank's
-                             return in.name == "--resume" && out.name.size() >= checkpoint.size() &&
-                                    out.name.compare(out.name.size() - checkpoint.size(), checkpoint.size(),
-                                                     checkpoint) == 0;
-                           });
-    check_outputs_not_standard_streams(outputs_of(o));
+    io::check_outputs_distinct(job_outputs(resolved, o), {{"--init", o.init_path}, {"--resume", o.resume_path}},
+                               [](const io::RunFile& in, const io::RunFile& out) {
+                                 const std::string checkpoint = "--checkpoint";  // any rank's
+                                 return in.name == "--resume" && out.name.size() >= checkpoint.size() &&
+                                        out.name.compare(out.name.size() - checkpoint.size(), checkpoint.size(),
+                                                         checkpoint) == 0;
+                               });
+    io::check_outputs_not_standard_streams(outputs_of(o));
   });
 }
 
 void check_outputs_against_data(const RunConfig& resolved, const RunConfig& o, const std::string& data_dir) {
-  as_usage([&] { check_outputs_outside(job_outputs(resolved, o), data_dir, "the dataset"); });
+  as_usage([&] { io::check_outputs_outside(job_outputs(resolved, o), data_dir, "the dataset"); });
 }
 
 std::string locate_fashion_mnist(const std::string& data_flag, bool quiet) {

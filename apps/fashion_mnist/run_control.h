@@ -1,5 +1,5 @@
 // What every phase of the run shares, and the checks made before any work. Signals are the
-// library's (cumulus/runtime/stop_signal.h): the training loop stops at the next group boundary,
+// apps' common library's (apps/common/stop_signal.h): the training loop stops at the next group boundary,
 // loading, planning and the test pass at once; the run exits 130 (SIGINT), 143 (SIGTERM) or 141
 // (stdout closed). Under mpirun every check that could stop one rank is made on every rank, so
 // that no rank waits in a collective for one that stopped.
@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/stop_signal.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/runtime/stop_signal.h"
 #include "run_config.h"
 
 namespace fmnist {
@@ -62,7 +62,7 @@ void usage_check_on_every_rank(cumulus::dist::Communicator& comm, const std::fun
 void check_same_loaded_on_every_rank(const char* what, const std::string& mine, const std::string& advice,
                                      cumulus::dist::Communicator& comm);
 
-// The library's checks of the run's files (cumulus/runtime/run_files.h): outputs writable now,
+// The library's checks of the run's files (cumulus/io/run_files.h): outputs writable now,
 // against each other and against --init / --resume; with several ranks, every rank's
 // outputs (computed from `resolved`, the configuration before on_ranks()) against each other and
 // those inputs (Note [The job's outputs]). Throws UsageFailure naming the flags (and ranks).

@@ -3,10 +3,10 @@
 namespace fmnist {
 namespace {
 
-using cumulus::optim::kCheckpoint;
-using cumulus::optim::kMemoryReport;
-using cumulus::optim::kRanksAgree;
-using Text = cumulus::optim::SettingText;
+using cumulus::app::kCheckpoint;
+using cumulus::app::kMemoryReport;
+using cumulus::app::kRanksAgree;
+using Text = cumulus::app::SettingText;
 using C = const SettingContext&;
 
 using cumulus::optim::setting_text;  // floats: equal values, equal text
@@ -26,7 +26,7 @@ constexpr unsigned kRecorded = kCheckpoint | kRanksAgree | kMemoryReport;
 
 // Every setting that changes the result of a run is recorded (Note [Resume contract] in
 // cumulus/runtime/checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
-const std::vector<cumulus::optim::SettingRow<SettingContext>> kTable = {
+const std::vector<cumulus::app::SettingRow<SettingContext>> kTable = {
     {"model", "model", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.model); }},
     {"optimizer", "optimizer", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.optimizer); }},
     {"batch-size", "micro_batch_size", false, kRecorded, nullptr,
@@ -93,8 +93,8 @@ const char* const kOverridableText =
 
 }  // namespace
 
-const cumulus::optim::SettingsTable<SettingContext>& settings_table() {
-  static const cumulus::optim::SettingsTable<SettingContext> table(kTable);
+const cumulus::app::SettingsTable<SettingContext>& settings_table() {
+  static const cumulus::app::SettingsTable<SettingContext> table(kTable);
   return table;
 }
 

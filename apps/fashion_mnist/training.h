@@ -13,13 +13,13 @@
 
 #include "cumulus/data/dataset.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/models/fashion_mnist.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "run_config.h"
@@ -56,7 +56,7 @@ void apply_memory_budget(const RunConfig& o);
 // fp16's loss scale, a power of two: "65536", "0.5".
 std::string loss_scale_text(float scale);
 
-// --effective-batch: the library's planner (cumulus::plan_batch) with this run's micro-batch,
+// --effective-batch: the library's planner (cumulus::plan::plan_batch) with this run's micro-batch,
 // optimizer and budget, and the levers --recompute, --data-on and --precision auto give it (Note
 // [Plan levers]); the chosen setting is left in place (the model's recompute segments, `train` and
 // `test` moved). Returns what with_plan() takes; OutOfMemory when nothing fits.
@@ -98,7 +98,7 @@ void announce_run(const RunConfig& o, const cumulus::nn::Model& model, const Run
                   const TrainingState& state);
 
 // The memory tracker's model, micro-batch and the settings its report records.
-cumulus::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulus::nn::Model& model);
+cumulus::memory::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulus::nn::Model& model);
 
 // The test pass (optim::evaluate_classifier: the accuracy over all samples, the mean over batches
 // of each batch's mean loss), throwing Interrupted at a signal, and the lines it prints.
@@ -115,7 +115,8 @@ struct TrainingParts {
   cumulus::data::DataLoader& train_loader;
   cumulus::data::DataLoader& test_loader;
   cumulus::dist::Communicator& comm;
-  cumulus::MemoryTracker& tracker;  // with the planner's check when it chose the plan (measured after the first epoch)
+  cumulus::memory::MemoryTracker&
+      tracker;                      // with the planner's check when it chose the plan (measured after the first epoch)
   const TrainingState& state;       // where the run starts (a resumed checkpoint's, else epoch 0)
 };
 
@@ -126,6 +127,6 @@ std::optional<int> train(const TrainingParts& parts);
 
 // After the last epoch: the memory table, the reports and, with several ranks, the all-reduces'
 // totals.
-void finish_reports(const RunConfig& o, cumulus::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
+void finish_reports(const RunConfig& o, cumulus::memory::MemoryTracker& tracker, cumulus::dist::Communicator& comm);
 
 }  // namespace fmnist

@@ -5,16 +5,16 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/fit.h"
+#include "common/metrics_log.h"
+#include "common/progress.h"
 #include "cumulus/core/error.h"
 #include "cumulus/core/threads.h"
+#include "cumulus/io/run_files.h"
 #include "cumulus/memory/allocator.h"
+#include "cumulus/memory/report.h"
 #include "cumulus/ops/fused_mlp.h"
-#include "cumulus/runtime/fit.h"
-#include "cumulus/runtime/metrics_log.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/prediction.h"
-#include "cumulus/runtime/progress.h"
-#include "cumulus/runtime/run_files.h"
+#include "cumulus/plan/planner.h"
 #include "run_control.h"
 
 using namespace cumulus;
@@ -39,7 +39,7 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
     say("recompute: on (activations of %s are recomputed in backward)\n",
         o.recompute_segments == 0
             ? "the model's segments"
-            : ("segments " + recompute_text(o.recompute_segments, model.recompute_segment_names())).c_str());
+            : ("segments " + plan::recompute_text(o.recompute_segments, model.recompute_segment_names())).c_str());
   if (o.model == ModelKind::mlp) {
     const char* fused = o.device.is_cuda()
                             ? "fused (mlp_cross_entropy: a micro-batch's forward, loss and backward in 3 + 3 "
@@ -70,20 +70,20 @@ void print_banner(const RunConfig& o, const nn::Model& model, const RunDescripti
 }
 
 // --memory-report, --trace and --memory-plot, each said once written.
-void write_reports(const RunConfig& o, MemoryTracker& tracker) {
-  MemoryReportFiles files;
+void write_reports(const RunConfig& o, memory::MemoryTracker& tracker) {
+  memory::MemoryReportFiles files;
   files.report.path = o.memory_report_path;
   files.trace.path = o.trace_path;
   files.plot.path = o.memory_plot_path;
-  write_memory_reports(tracker, files, [&o](const char* what, const std::string& path) {
+  memory::write_memory_reports(tracker, files, [&o](const char* what, const std::string& path) {
     if (!o.quiet) say("%s written to %s\n", what, path.c_str());
   });
 }
 
-MetricsLog open_metrics(const RunConfig& o, const TrainingState& state) {
+app::MetricsLog open_metrics(const RunConfig& o, const TrainingState& state) {
   try {
-    return MetricsLog(o.metrics_path, "epoch",
-                      o.resume_path.empty() ? std::nullopt : std::optional<int64_t>(state.state.counters.epoch));
+    return app::MetricsLog(o.metrics_path, "epoch",
+                           o.resume_path.empty() ? std::nullopt : std::optional<int64_t>(state.state.counters.epoch));
   } catch (const Error& e) {
     throw Error("--metrics " + std::string(e.what()));
   }
@@ -106,11 +106,11 @@ class TrainingLoop {
   std::optional<int> run();
 
  private:
-  optim::FitOptions fit_options();
-  void end_epoch(const optim::EpochSummary& e);
-  void warn_of_skipped_steps(const optim::EpochSummary& e);
-  void check_plan(const optim::EpochSummary& e);
-  nlohmann::ordered_json metrics_line(const optim::EpochSummary& e, const optim::Evaluation& r) const;
+  app::FitOptions fit_options();
+  void end_epoch(const app::EpochSummary& e);
+  void warn_of_skipped_steps(const app::EpochSummary& e);
+  void check_plan(const app::EpochSummary& e);
+  nlohmann::ordered_json metrics_line(const app::EpochSummary& e, const optim::Evaluation& r) const;
   void checkpoint_now(const optim::CheckpointState& state, const char* why);
   int stop(const std::string& message, int code, const char* why);
   int stop_together(const std::string& where);
@@ -118,32 +118,32 @@ class TrainingLoop {
   const TrainingParts& p_;
   const RunConfig& o_;
   const optim::Trainer& trainer_;  // the counters
-  TrainingProgress progress_;
+  app::TrainingProgress progress_;
   int epoch_ = 0;  // the epoch running, from 0
-  const optim::FitOptions fit_options_;
+  const app::FitOptions fit_options_;
   const optim::BatchLoss loss_;
   // The epochs, and the last group boundary: what a checkpoint written now restores. Between an
   // epoch's last group and its test pass, the epoch's end: a run interrupted in the test pass
   // resumes with that pass.
-  optim::FitLoop loop_;
-  MetricsLog metrics_;
+  app::FitLoop loop_;
+  app::MetricsLog metrics_;
 };
 
 // fit's hooks: the fault points per micro-batch, the test pass, the --metrics line and the
 // checkpoint per epoch. A stop is honoured at a group boundary, after the group in flight has
 // stepped: the checkpoint then holds exactly what the run has done, batch norm's running statistics
 // included. With several ranks, at a boundary all of them agree on, so they stop together.
-optim::FitOptions TrainingLoop::fit_options() {
-  optim::FitOptions fit;
+app::FitOptions TrainingLoop::fit_options() {
+  app::FitOptions fit;
   fit.epochs = o_.epochs;
   fit.start = p_.state.state;
   fit.progress = &progress_;
-  fit.stop = [this] { return stop_requested_on_any_rank(p_.comm); };
+  fit.stop = [this] { return app::stop_requested_on_any_rank(p_.comm); };
   fit.on_epoch_begin = [this](int epoch) { epoch_ = epoch; };
   fit.on_micro_batch = [this](const optim::MicroBatchDone& d) {
-    fault_signal_point("micro_batch", epoch_ + 1, d.index);
+    app::fault_signal_point("micro_batch", epoch_ + 1, d.index);
   };
-  fit.on_epoch_end = [this](const optim::EpochSummary& e) { end_epoch(e); };
+  fit.on_epoch_end = [this](const app::EpochSummary& e) { end_epoch(e); };
   fit.checkpoint = [this](const optim::CheckpointState& state) { checkpoint_now(state, "epoch end"); };
   return fit;
 }
@@ -181,8 +181,8 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why) {
 // A stop every rank makes at the same boundary: after rank 0 has written the checkpoint and the
 // reports, the ranks meet and end together (no rank is aborted mid-write).
 int TrainingLoop::stop_together(const std::string& where) {
-  const std::string message = "interrupted (" + std::string(stop_signal_name(stop_signal())) + ") " + where;
-  const int status = stop(g_root ? message : std::string(), exit_code_for_stop(stop_signal()), "interrupted");
+  const std::string message = "interrupted (" + std::string(app::stop_signal_name(app::stop_signal())) + ") " + where;
+  const int status = stop(g_root ? message : std::string(), app::exit_code_for_stop(app::stop_signal()), "interrupted");
   if (o_.world_size > 1) {
     p_.comm.barrier();
     g_agreed_exit = true;
@@ -191,7 +191,7 @@ int TrainingLoop::stop_together(const std::string& where) {
 }
 
 // A word on the epoch's skipped steps.
-void TrainingLoop::warn_of_skipped_steps(const optim::EpochSummary& e) {
+void TrainingLoop::warn_of_skipped_steps(const app::EpochSummary& e) {
   const int64_t skipped = e.skipped_steps;
   const bool scaling = needs_loss_scaling(o_.precision);
   const float loss_scale = scaling ? trainer_.loss_scale() : 1.0f;
@@ -217,13 +217,13 @@ void TrainingLoop::warn_of_skipped_steps(const optim::EpochSummary& e) {
 }
 
 // The planner's prediction against this epoch, where fit measured it (the first full epoch).
-void TrainingLoop::check_plan(const optim::EpochSummary& e) {
-  const std::optional<PlanCheck>& check = p_.tracker.plan_check();
+void TrainingLoop::check_plan(const app::EpochSummary& e) {
+  const std::optional<plan::PlanCheck>& check = p_.tracker.plan_check();
   if (check && check->measured && check->epoch == e.epoch && g_root && !o_.quiet)
-    say("planner: %s\n", plan_check_line(*check).c_str());
+    say("planner: %s\n", plan::plan_check_line(*check).c_str());
 }
 
-nlohmann::ordered_json TrainingLoop::metrics_line(const optim::EpochSummary& e, const optim::Evaluation& r) const {
+nlohmann::ordered_json TrainingLoop::metrics_line(const app::EpochSummary& e, const optim::Evaluation& r) const {
   nlohmann::ordered_json line = {{"epoch", e.epoch + 1},
                                  {"train_loss", e.train_loss},
                                  {"test_loss", r.loss},
@@ -250,7 +250,7 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const optim::EpochSummary& e, 
   if (p_.model.uses_batch_statistics())
     line["batch_norm_statistics_samples"] = o_.batch_size;  // per micro-batch, not per group
   if (!p_.state.overridden.empty()) line["overrides"] = p_.state.overridden;
-  if (const std::optional<PlanCheck>& check = p_.tracker.plan_check()) {
+  if (const std::optional<plan::PlanCheck>& check = p_.tracker.plan_check()) {
     // The planner's prediction; epoch_seconds and peak_bytes measure it.
     line["predicted_epoch_seconds"] = check->predicted_epoch_seconds;
     line["predicted_peak_bytes"] = check->predicted_peak_bytes;
@@ -260,10 +260,10 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const optim::EpochSummary& e, 
 
 // After the epoch's training: the warnings, the planner's check, the test pass (an interrupt there
 // throws Interrupted), the epoch's results and its --metrics line.
-void TrainingLoop::end_epoch(const optim::EpochSummary& e) {
+void TrainingLoop::end_epoch(const app::EpochSummary& e) {
   warn_of_skipped_steps(e);
   check_plan(e);
-  fault_signal_point("test_pass", e.epoch + 1);
+  app::fault_signal_point("test_pass", e.epoch + 1);
   optim::Evaluation r;
   if (g_root) r = test_pass(p_.model, p_.test_loader);  // the other ranks hold the same weights
   say("Epoch %d\n-------------------\n", e.epoch + 1);
@@ -277,22 +277,23 @@ void TrainingLoop::end_epoch(const optim::EpochSummary& e) {
 
 std::optional<int> TrainingLoop::run() {
   try {
-    const optim::FitResult r = loop_.run();
+    const app::FitResult r = loop_.run();
     const std::string epoch = std::to_string(r.epoch + 1);
-    if (r.end == optim::FitEnd::stopped_in_epoch)
+    if (r.end == app::FitEnd::stopped_in_epoch)
       return stop_together("at epoch " + epoch + ", micro-batch " + std::to_string(r.next_micro_batch));
-    if (r.end == optim::FitEnd::stopped_after_epoch) return stop_together("after epoch " + epoch);
-  } catch (const Interrupted&) {
-    return stop("interrupted (" + std::string(stop_signal_name(stop_signal())) + ") in the test pass of epoch " +
-                    std::to_string(epoch_ + 1) + "; a resumed run starts with that test pass",
-                exit_code_for_stop(stop_signal()), "interrupted");
+    if (r.end == app::FitEnd::stopped_after_epoch) return stop_together("after epoch " + epoch);
+  } catch (const app::Interrupted&) {
+    return stop("interrupted (" + std::string(app::stop_signal_name(app::stop_signal())) +
+                    ") in the test pass of epoch " + std::to_string(epoch_ + 1) +
+                    "; a resumed run starts with that test pass",
+                app::exit_code_for_stop(app::stop_signal()), "interrupted");
   } catch (const OutOfMemory& e) {
     const int status = stop(
         std::string(e.what()) +
             "\nfashion_mnist: lower --batch-size, or let the planner fit it: --effective-batch N --memory-budget SIZE",
         1, "out of memory; resumes at the last completed step");
     if (!o_.quiet) {
-      print_memory_table(p_.tracker, stdout);  // with the failing request and the largest live ops
+      memory::print_memory_table(p_.tracker, stdout);  // with the failing request and the largest live ops
       say("");
     }
     return status;
@@ -316,31 +317,31 @@ void announce_run(const RunConfig& o, const nn::Model& model, const RunDescripti
   }
 }
 
-MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Model& model) {
-  MemoryTracker::Options to;
+memory::MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Model& model) {
+  memory::MemoryTracker::Options to;
   to.model = model.name();
   if (model.uses_batch_statistics())
     to.annotations["batch_norm_statistics"] = "per micro-batch of " + std::to_string(o.batch_size) + " samples";
   to.micro_batch_size = o.batch_size;
   to.accum_steps = o.accum_steps_at(0);
   const std::string kernels = kernels_used(model, o, o.batch_size);
-  to.settings = settings_table().named(optim::kMemoryReport, {o, kernels});
+  to.settings = settings_table().named(app::kMemoryReport, {o, kernels});
   if (kernels == "fused" && o.device.is_cuda() && !ops::kFusedMlpMeasuredOnGpu)
     to.annotations["kernels_measured"] = "the fused MLP kernels have not yet been measured on a GPU";
   return to;
 }
 
 optim::Evaluation test_pass(nn::Module& model, data::DataLoader& loader) {
-  return optim::evaluate_classifier(model, loader, [](int64_t) { throw_if_interrupted(); });
+  return optim::evaluate_classifier(model, loader, [](int64_t) { app::throw_if_interrupted(); });
 }
 
 void print_test_results(const optim::Evaluation& r) {
   say("Test Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", 100.0 * r.accuracy, r.loss);
 }
 
-void finish_reports(const RunConfig& o, MemoryTracker& tracker, dist::Communicator& comm) {
+void finish_reports(const RunConfig& o, memory::MemoryTracker& tracker, dist::Communicator& comm) {
   if (!o.quiet && g_root) {
-    print_memory_table(tracker, stdout);
+    memory::print_memory_table(tracker, stdout);
     say("");
   }
   write_reports(o, tracker);

@@ -9,7 +9,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 #include "run_control.h"
 
 using namespace cumulus;
@@ -95,24 +95,24 @@ namespace {
 
 // The planner's table after its choice (plan_table_text). The fallback's table (a line through two
 // probes) only with --plan-only.
-void print_plan_table(const RunConfig& o, const Plan& plan) {
-  const bool line = plan.method == PlanMethod::probe_line;
+void print_plan_table(const RunConfig& o, const plan::Plan& plan) {
+  const bool line = plan.method == plan::PlanMethod::probe_line;
   if (line && (!o.quiet || o.plan_only))
     say("planner: no prediction from the allocation sequence (%s); fitting a line through two probed peaks\n",
         plan.prediction.c_str());
   if (line ? !o.plan_only : o.quiet && !o.plan_only) return;
-  say("%s", plan_table_text(plan, o.memory_budget_bytes).c_str());
+  say("%s", plan::plan_table_text(plan, o.memory_budget_bytes).c_str());
 }
 
 // The library's planner with this run (optim::plan_request, the probes reading the training set
 // where the levers put it); --plan-only predicts without verifying.
-Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                 models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                       models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
   const optim::BatchLoss loss = [&model](const data::Batch& b) {
-    throw_if_interrupted();
+    app::throw_if_interrupted();
     return training_loss(model, b);
   };
   // The levers this run lets the planner set or weigh; a budget of 0 (--plan-only alone): everything fits.
@@ -122,12 +122,12 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
   levers.data_on_host = o.data_on == DataOnChoice::host;
   levers.weigh_placement = o.data_on == DataOnChoice::planner;
   levers.weigh_bf16 = o.precision_by_planner;
-  PlanRequest request = models::plan_request(model, *optimizer, loss, train, test, o.effective_batch,
-                                             o.memory_budget_bytes, compute_dtype(o.precision), levers);
+  plan::PlanRequest request = models::plan_request(model, *optimizer, loss, train, test, o.effective_batch,
+                                                   o.memory_budget_bytes, compute_dtype(o.precision), levers);
   request.require_fit = false;  // nothing fitting is plan_batch's error, and a line of --plan-only's
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;
-  const Plan plan = cumulus::plan_batch(request);
+  const plan::Plan plan = cumulus::plan::plan_batch(request);
   print_plan_table(o, plan);
   return plan;
 }
@@ -136,12 +136,12 @@ Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn:
 
 BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
                      models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
-  const Plan plan = run_planner(o, model, flat, train, test);
+  const plan::Plan plan = run_planner(o, model, flat, train, test);
   if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
   if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
   BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting,
-                   plan_setting_text(plan.setting, plan.recompute_segments)};
-  for (const PlanRow& r : plan.table)
+                   plan::plan_setting_text(plan.setting, plan.recompute_segments)};
+  for (const plan::PlanRow& r : plan.table)
     if (r.chosen) {
       chosen.predicted_epoch_seconds = r.epoch_seconds;
       chosen.predicted_peak_bytes = r.peak_bytes;
@@ -151,7 +151,7 @@ BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr
 
 void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
                 models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
-  const Plan plan = run_planner(o, model, flat, train, test);
+  const plan::Plan plan = run_planner(o, model, flat, train, test);
   say("planner: %s\n", plan.micro_batch > 0 ? plan.reason.c_str() : ("nothing fits: " + plan.reason).c_str());
 }
 

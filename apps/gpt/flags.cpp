@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include <cumulus/runtime/stop_signal.h>
+#include "common/stop_signal.h"
 
 namespace gpt {
 namespace {
@@ -144,7 +144,7 @@ void say(const char* format, ...) {
   va_start(args, format);
   std::vprintf(format, args);
   va_end(args);
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) cumulus::request_stop(SIGPIPE);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) cumulus::app::request_stop(SIGPIPE);
 }
 
 }  // namespace gpt

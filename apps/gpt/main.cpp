@@ -6,15 +6,15 @@
 //   gpt --version
 // Exit codes: 0 done, 1 a runtime error (data, files, memory), 2 a usage error naming the flag,
 // 130/143 stopped by SIGINT/SIGTERM (saved). Every file goes through the library's run-file facility
-// (cumulus/runtime/run_files.h); this file reads the command line and reports.
+// (cumulus/io/run_files.h); this file reads the command line and reports.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <new>
 #include <string>
 
 #include <cumulus/cumulus.h>
-#include <cumulus/runtime/command_line.h>
-#include <cumulus/runtime/run_files.h>
+#include <cumulus/io/run_files.h>
+#include "common/command_line.h"
 
 #include "flags.h"
 
@@ -49,9 +49,9 @@ int run_command(CLI::App& cli, const gpt::TrainFlags& train_flags, const gpt::Sa
 }  // namespace
 
 int main(int argc, char** argv) {
-  prepare_run_files();
+  io::prepare_run_files();
   CLI::App cli("gpt: train a character-level GPT with gradient accumulation, and sample from it");
-  cli.set_version_flag("--version", version_text("gpt"),
+  cli.set_version_flag("--version", app::version_text("gpt"),
                        "print the version, commit, build type and compiled backends, then exit");
   cli.require_subcommand(1);
   gpt::TrainFlags train_flags;
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::CallForHelp&) {
     // The selected subcommand's help, each description wrapped to the terminal under its column.
-    std::printf("%s", wrap_help_text(cli.help(), help_columns() - 1, kHelpDescriptionColumn).c_str());
+    std::printf("%s", app::wrap_help_text(cli.help(), app::help_columns() - 1, kHelpDescriptionColumn).c_str());
     return 0;
   } catch (const CLI::CallForAllHelp& e) {
     return cli.exit(e);

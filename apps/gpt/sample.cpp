@@ -6,9 +6,9 @@
 #include <vector>
 
 #include <cumulus/cumulus.h>
+#include <cumulus/io/run_files.h>
 #include <cumulus/models/gpt.h>
-#include <cumulus/runtime/command_line.h>
-#include <cumulus/runtime/run_files.h>
+#include "common/command_line.h"
 
 #include "flags.h"
 
@@ -21,12 +21,12 @@ int sample(const SampleFlags& flags) {
   check_sample_flags(f);
   Device device;
   try {
-    device = device_from_flag(f.device);
+    device = app::device_from_flag(f.device);
   } catch (const Error& e) {
     throw UsageError("--device " + f.device + ": " + e.what());
   }
   try {
-    check_run_files({{{"--load", f.load}}, {}, {}});
+    io::check_run_files({{{"--load", f.load}}, {}, {}});
   } catch (const InvalidArgument& e) {
     throw UsageError(e.what());
   }
@@ -48,7 +48,7 @@ int sample(const SampleFlags& flags) {
   const std::string out = info.vocabulary.decode(tokens);
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fputc('\n', stdout);
-  check_standard_output();
+  io::check_standard_output();
   return 0;
 }
 

@@ -1,4 +1,4 @@
-// gpt train: the files checked (cumulus::check_run_files) before any work, then the model, the
+// gpt train: the files checked (io::check_run_files) before any work, then the model, the
 // optimizer and the loop; the state saved at each evaluation, at the end and on a stop.
 #include <chrono>
 #include <cstdio>
@@ -10,11 +10,12 @@
 
 #include <cumulus/cumulus.h>
 #include <cumulus/data/token_windows.h>
+#include <cumulus/io/run_files.h>
 #include <cumulus/models/gpt.h>
-#include <cumulus/runtime/command_line.h>
-#include <cumulus/runtime/metrics_log.h>
-#include <cumulus/runtime/run_files.h>
-#include <cumulus/runtime/stop_signal.h>
+
+#include "common/command_line.h"
+#include "common/metrics_log.h"
+#include "common/stop_signal.h"
 
 #include "flags.h"
 #include "run_state.h"
@@ -26,7 +27,7 @@ namespace {
 
 Device parse_device(const std::string& text) {
   try {
-    return device_from_flag(text);
+    return app::device_from_flag(text);
   } catch (const Error& e) {
     throw UsageError("--device " + text + ": " + e.what());
   }
@@ -41,7 +42,7 @@ std::string fmt(const char* format, double a, double b = 0, double c = 0, double
 // Every file the run reads and writes, checked together before any work. A resume reads the
 // metrics it continues (when there are some) and may write over its own weights, state and metrics.
 void check_train_files(const TrainFlags& f, const Corpus& corpus) {
-  RunFiles files;
+  io::RunFiles files;
   files.inputs = {{"--data", corpus.path}, {"--init", f.init}, {"--resume", f.resume}};
   if (!f.resume.empty()) {
     files.inputs.push_back({"--resume's training state", state_path(f.resume)});
@@ -52,13 +53,13 @@ void check_train_files(const TrainFlags& f, const Corpus& corpus) {
   files.outputs = {{"--save", f.save},     {"--save's training state", f.save.empty() ? "" : state_path(f.save)},
                    {"--metrics", f.metrics}, {"--memory-report", f.memory_report},
                    {"--memory-plot", f.memory_plot}};
-  files.may_replace = [](const RunFile& in, const RunFile& out) {
+  files.may_replace = [](const io::RunFile& in, const io::RunFile& out) {
     return (in.name == "--resume" && out.name == "--save") ||
            (in.name == "--resume's training state" && out.name == "--save's training state") ||
            (in.name == "--metrics" && out.name == "--metrics");
   };
   try {
-    check_run_files(files);
+    io::check_run_files(files);
   } catch (const InvalidArgument& e) {
     throw UsageError(e.what());
   }
@@ -119,15 +120,15 @@ void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
   int64_t budget = 0;
   if (!f.memory_budget.empty()) {
     try {
-      budget = parse_byte_size(f.memory_budget);
+      budget = plan::parse_byte_size(f.memory_budget);
     } catch (const Error& e) {
       throw UsageError("--memory-budget " + f.memory_budget + ": " + e.what());
     }
   }
-  PlanRequest request =
+  plan::PlanRequest request =
       models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
   request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
-  const Plan plan = plan_batch(request);
+  const plan::Plan plan = plan::plan_batch(request);
   f.micro_batch = plan.micro_batch / f.context;
   f.accum_steps = plan.accum_steps;
   say("planner: %s\n", plan.reason.c_str());
@@ -135,17 +136,146 @@ void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
 
 // The tracker's table (unless --quiet), its JSON report and timeline plot, and one line of
 // activation bytes per token.
-void report_memory(MemoryTracker& tracker, const TrainFlags& f) {
-  if (!f.quiet) print_memory_table(tracker, stdout);
-  MemoryReportFiles files;
+void report_memory(memory::MemoryTracker& tracker, const TrainFlags& f) {
+  if (!f.quiet) memory::print_memory_table(tracker, stdout);
+  memory::MemoryReportFiles files;
   files.report.path = f.memory_report;
   files.plot.path = f.memory_plot;
   files.links = io::OutputLinks::replace;
-  write_memory_reports(tracker, files);
-  const MemorySummary m = tracker.summary();
-  say("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_sample,
+  memory::write_memory_reports(tracker, files);
+  const memory::MemorySummary m = tracker.summary();
+  say("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_unit,
       static_cast<double>(m.peak_bytes) / (1 << 20));
 }
+
+// The corpus's text, its vocabulary (a resumed run's is its checkpoint's) and its split into
+// training and validation tokens.
+struct Text {
+  std::string text;
+  models::CharVocabulary vocab;
+  models::TokenSplit split;
+};
+
+Text read_text(const TrainFlags& f, const Corpus& corpus) {
+  Text t;
+  t.text = read_corpus(corpus);
+  t.vocab =
+      f.resume.empty() ? models::CharVocabulary::of_text(t.text) : models::read_gpt_checkpoint(f.resume).vocabulary;
+  const std::vector<int32_t> tokens = encode_corpus(t.vocab, t.text, corpus, f.resume);
+  try {
+    t.split = models::split_tokens(tokens, 0.9, f.context + 1);
+  } catch (const InvalidArgument& e) {
+    throw UsageError("--context " + std::to_string(f.context) + ": " + e.what());
+  }
+  return t;
+}
+
+memory::MemoryTracker::Options tracker_options(const TrainFlags& f) {
+  memory::MemoryTracker::Options tracking;
+  tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
+  tracking.micro_batch_size = f.micro_batch * f.context;  // tokens
+  tracking.accum_steps = static_cast<int>(f.accum_steps);
+  tracking.timeline_steps = f.memory_plot.empty() ? 0 : 4;
+  return tracking;
+}
+
+// The Trainer's options; each step's mean loss lands in `step_loss`.
+optim::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, memory::MemoryTracker& tracker,
+                                      double& step_loss) {
+  optim::TrainerOptions options;
+  options.tracker = &tracker;
+  options.accum_steps = static_cast<int>(f.accum_steps);
+  options.clip_grad_norm = static_cast<float>(f.clip);
+  options.loss_scaling.dynamic = needs_loss_scaling(precision);
+  options.on_step = [&step_loss](const optim::StepLog& log) { step_loss = log.loss; };
+  return options;
+}
+
+void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, const models::GPT& model) {
+  say("gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
+      "tokens a step\n",
+      corpus.path.c_str(), static_cast<long long>(t.text.size()), static_cast<long long>(t.vocab.size()),
+      static_cast<long long>(t.split.train.numel()), static_cast<long long>(t.split.validation.numel()),
+      static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
+      static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
+  // The GEMMs' speed depends on which OpenBLAS kernels run (an environment may choose narrower ones).
+  if (f.device == "cpu")
+    say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s", cpu_capability(),
+        blas_core());
+}
+
+// The training loop and what it writes: a metrics line and a log line a step, the validation loss
+// and the state at each evaluation.
+class Loop {
+ public:
+  Loop(const TrainFlags& f, models::GPT& model, const models::CharVocabulary& vocab, optim::Trainer& trainer,
+       const std::vector<optim::RecordedSetting>& settings, app::MetricsLog& metrics, const double& step_loss)
+      : f_(f),
+        model_(model),
+        vocab_(vocab),
+        trainer_(trainer),
+        settings_(settings),
+        metrics_(metrics),
+        step_loss_(step_loss) {}
+
+  void save() {
+    if (!f_.save.empty()) save_run(f_.save, model_, vocab_, trainer_, settings_);
+  }
+  void evaluate(int64_t step, const data::TokenWindows& val_windows) {
+    const double val = models::validation_loss(model_, val_windows, f_.micro_batch, f_.eval_windows);
+    say("step %lld: validation loss %.6f\n", static_cast<long long>(step), val);
+    metrics_.append(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
+    save();
+  }
+  // Micro-batches [first, total) of the run. Returns the exit code when the run stopped before its
+  // last step (a signal, --stop-after), nothing when it ran to the end.
+  std::optional<int> run(int64_t first, int64_t total, const data::TokenWindows& train_windows,
+                         const data::TokenWindows& val_windows) {
+    trainer_.begin_epoch(0, total, first);
+    step_start_ = std::chrono::steady_clock::now();
+    for (int64_t i = first; i < total; ++i) {
+      const data::Batch batch = train_windows.random_batch(i, f_.micro_batch);
+      trainer_.micro_batch(batch.units, [&] { return model_.loss(batch.x, batch.y, ops::Reduction::Sum); });
+      if (!trainer_.step_if_ready()) continue;
+      const int64_t step = (i + 1) / f_.accum_steps;
+      log_step(step);
+      const bool evaluated = f_.eval_every > 0 && step % f_.eval_every == 0 && step != f_.steps;
+      if (evaluated) evaluate(step, val_windows);
+      if ((app::stop_requested() || step == f_.stop_after) && step != f_.steps) {
+        if (!evaluated) save();
+        say("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
+            f_.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f_.save).c_str());
+        io::check_standard_output();
+        return app::stop_requested() ? app::exit_code_for_stop(app::stop_signal()) : 0;
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  void log_step(int64_t step) {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - step_start_).count();
+    step_start_ = now;
+    const double tokens_per_step = static_cast<double>(f_.micro_batch * f_.accum_steps * f_.context);
+    const float lr = trainer_.last_lr();
+    metrics_.append(
+        fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
+            double(step), step_loss_, lr, seconds, tokens_per_step / seconds));
+    if (!f_.quiet && (step % f_.log_every == 0 || step == 1))
+      say("step %5lld/%lld  loss %.4f  lr %.2e  %.0f ms  %.0f tokens/s\n", static_cast<long long>(step),
+          static_cast<long long>(f_.steps), step_loss_, lr, seconds * 1e3, tokens_per_step / seconds);
+  }
+
+  const TrainFlags& f_;
+  models::GPT& model_;
+  const models::CharVocabulary& vocab_;
+  optim::Trainer& trainer_;
+  const std::vector<optim::RecordedSetting>& settings_;
+  app::MetricsLog& metrics_;
+  const double& step_loss_;
+  std::chrono::steady_clock::time_point step_start_;
+};
 
 }  // namespace
 
@@ -159,52 +289,32 @@ int train(const TrainFlags& flags) {
   const Corpus corpus = locate_corpus(f.data);
   check_train_files(f, corpus);
   f.threads = use_cpu_threads(f.threads);
-  const std::string text = read_corpus(corpus);
-  const models::CharVocabulary vocab =
-      f.resume.empty() ? models::CharVocabulary::of_text(text) : models::read_gpt_checkpoint(f.resume).vocabulary;
-  models::TokenSplit split;
-  const std::vector<int32_t> tokens = encode_corpus(vocab, text, corpus, f.resume);
-  try {
-    split = models::split_tokens(tokens, 0.9, f.context + 1);
-  } catch (const InvalidArgument& e) {
-    throw UsageError("--context " + std::to_string(f.context) + ": " + e.what());
-  }
+  const Text t = read_text(f, corpus);
 
   const std::unique_ptr<models::GPT> model_ptr =
-      make_model(gpt_config(f, vocab.size()), static_cast<uint64_t>(f.seed), device);
+      make_model(gpt_config(f, t.vocab.size()), static_cast<uint64_t>(f.seed), device);
   models::GPT& model = *model_ptr;
   if (!f.init.empty()) models::load_gpt_weights(f.init, model);
   model.set_recompute(f.recompute == "on");
   model.set_compute_dtype(compute_dtype(precision));
-  if (f.effective_batch > 0 && f.effective_batch * f.context > split.train.numel())
+  if (f.effective_batch > 0 && f.effective_batch * f.context > t.split.train.numel())
     throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
                      ": more tokens than the training text holds");
 
   const optim::AdamWOptions adamw = adamw_options(f);
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
-  const data::TokenWindows train_windows(split.train, f.context, static_cast<uint64_t>(f.seed), device);
-  const data::TokenWindows val_windows(split.validation, f.context, 0, device);
+  const data::TokenWindows train_windows(t.split.train, f.context, static_cast<uint64_t>(f.seed), device);
+  const data::TokenWindows val_windows(t.split.validation, f.context, 0, device);
   if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
   double step_loss = 0.0;
-  MemoryTracker::Options tracking;
-  tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
-  tracking.micro_batch_size = f.micro_batch * f.context;  // tokens
-  tracking.accum_steps = static_cast<int>(f.accum_steps);
-  tracking.timeline_steps = f.memory_plot.empty() ? 0 : 4;
-  MemoryTracker tracker(device, tracking);
-  optim::TrainerOptions options;
-  options.tracker = &tracker;
-  options.accum_steps = static_cast<int>(f.accum_steps);
-  options.clip_grad_norm = static_cast<float>(f.clip);
-  options.loss_scaling.dynamic = needs_loss_scaling(precision);
-  options.on_step = [&](const optim::StepLog& log) { step_loss = log.loss; };
+  memory::MemoryTracker tracker(device, tracker_options(f));
   std::shared_ptr<const optim::LRSchedule> schedule;
   if (f.steps > 0)
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
-  optim::Trainer trainer(optimizer, options, schedule);
-  const int64_t total = f.steps * f.accum_steps, tokens_per_step = f.micro_batch * f.accum_steps * f.context;
-  const std::vector<optim::RecordedSetting> settings = run_settings(f, text);
+  optim::Trainer trainer(optimizer, trainer_options(f, precision, tracker, step_loss), schedule);
+  const int64_t total = f.steps * f.accum_steps;
+  const std::vector<optim::RecordedSetting> settings = run_settings(f, t.text);
   const int64_t first = f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, f.accum_steps);
   if (!f.resume.empty() && first == total) {
     say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(),
@@ -213,68 +323,23 @@ int train(const TrainFlags& flags) {
   }
   // A resumed run keeps the lines up to its checkpoint's step (the micro-batch's, skipped steps
   // included); one line per step, appended.
-  MetricsLog metrics(f.metrics, "step",
-                     f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
-                     MetricsWrites::append);
-  if (!f.quiet)
-    say("gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
-        "tokens a step\n",
-        corpus.path.c_str(), static_cast<long long>(text.size()), static_cast<long long>(vocab.size()),
-        static_cast<long long>(split.train.numel()), static_cast<long long>(split.validation.numel()),
-        static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
-        static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
-  // The GEMMs' speed depends on which OpenBLAS kernels run (an environment may choose narrower ones).
-  if (!f.quiet && f.device == "cpu")
-    say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s",
-        cpu_capability(), blas_core());
-
-  auto save = [&] {
-    if (!f.save.empty()) save_run(f.save, model, vocab, trainer, settings);
-  };
-  auto evaluate = [&](int64_t step) {
-    const double val = models::validation_loss(model, val_windows, f.micro_batch, f.eval_windows);
-    say("step %lld: validation loss %.6f\n", static_cast<long long>(step), val);
-    metrics.append(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
-    save();
-  };
+  app::MetricsLog metrics(f.metrics, "step",
+                          f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
+                          app::MetricsWrites::append);
+  if (!f.quiet) print_banner(f, corpus, t, model);
+  Loop loop(f, model, t.vocab, trainer, settings, metrics, step_loss);
   // Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
   // with 130 (resume with --resume). A lost standard output stops it the same way, then fails.
-  install_stop_handlers();
-  trainer.begin_epoch(0, total, first);
-  auto step_start = std::chrono::steady_clock::now();
-  for (int64_t i = first; i < total; ++i) {
-    const data::Batch batch = train_windows.random_batch(i, f.micro_batch);
-    trainer.micro_batch(batch.units, [&] { return model.loss(batch.x, batch.y, ops::Reduction::Sum); });
-    if (!trainer.step_if_ready()) continue;
-    const auto now = std::chrono::steady_clock::now();
-    const double seconds = std::chrono::duration<double>(now - step_start).count();
-    step_start = now;
-    const int64_t step = (i + 1) / f.accum_steps;
-    const float lr = trainer.last_lr();
-    metrics.append(
-        fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
-            double(step), step_loss, lr, seconds, double(tokens_per_step) / seconds));
-    if (!f.quiet && (step % f.log_every == 0 || step == 1))
-      say("step %5lld/%lld  loss %.4f  lr %.2e  %.0f ms  %.0f tokens/s\n", static_cast<long long>(step),
-          static_cast<long long>(f.steps), step_loss, lr, seconds * 1e3, double(tokens_per_step) / seconds);
-    const bool evaluated = f.eval_every > 0 && step % f.eval_every == 0 && step != f.steps;
-    if (evaluated) evaluate(step);
-    if ((stop_requested() || step == f.stop_after) && step != f.steps) {
-      if (!evaluated) save();
-      say("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
-          f.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f.save).c_str());
-      check_standard_output();
-      return stop_requested() ? exit_code_for_stop(stop_signal()) : 0;
-    }
-  }
+  app::install_stop_handlers();
+  if (const std::optional<int> stopped = loop.run(first, total, train_windows, val_windows)) return *stopped;
   if (f.steps == 0) {
-    save();
-    check_standard_output();
+    loop.save();
+    io::check_standard_output();
     return 0;
   }
-  evaluate(f.steps);
+  loop.evaluate(f.steps, val_windows);
   report_memory(tracker, f);
-  check_standard_output();
+  io::check_standard_output();
   return 0;
 }
 

@@ -55,12 +55,12 @@ int main(int argc, char** argv) try {
   // The planner: the micro-batch dividing the effective batch 64 predicted fastest among those
   // whose training, AdamW's state included, stays within the budget: predicted from recorded and
   // timed micro-batches, then run once (an OutOfMemory error with the reason when none fits).
-  const Plan plan =
-      plan_batch(optim::plan_request(*optimizer, train_set, loss, 64, parse_byte_size(argc > 2 ? argv[2] : "2MiB")));
+  const plan::Plan plan = plan::plan_batch(
+      optim::plan_request(*optimizer, train_set, loss, 64, plan::parse_byte_size(argc > 2 ? argv[2] : "2MiB")));
   std::printf("planner: %s\n", plan.reason.c_str());
   data::DataLoader loader(train_set, plan.micro_batch, /*shuffle=*/true, /*seed=*/0),
       test_loader(test_set, plan.micro_batch);
-  MemoryTracker tracker(device, {"Net 64-1024-10", plan.micro_batch, static_cast<int>(plan.accum_steps)});
+  memory::MemoryTracker tracker(device, {"Net 64-1024-10", plan.micro_batch, static_cast<int>(plan.accum_steps)});
 
   optim::TrainerOptions options;
   options.accum_steps = static_cast<int>(plan.accum_steps);
@@ -78,7 +78,7 @@ int main(int argc, char** argv) try {
                 trainer.last_lr(), static_cast<long long>(trainer.optimizer_steps()),
                 100.0 * optim::evaluate_classifier(model, test_loader).accuracy);
   }
-  print_memory_table(tracker, stdout);
+  memory::print_memory_table(tracker, stdout);
   io::save_state_dict("quickstart.safetensors", model);
   std::printf("weights written to quickstart.safetensors\n");
   return 0;

@@ -379,6 +379,40 @@ void read_header(const std::string& path, Header& out) {
 
 }
 
+// A converted tensor's values from the file's bytes `in` into `host` (Note [Dtypes read]): F64 rounded
+// to f32, I64 narrowed to i32, BOOL bytes to 0 or 1. The first value out of range is kept in
+// `range_error`, reported after the checksum so that a corrupt file is named as such first.
+void decode_tensor(const std::string& path, const Entry& e, const char* in, void* host, std::size_t count,
+                   std::string& range_error) {
+  if (e.dtype->decode == Decode::f64) {
+    auto* dst = static_cast<float*>(host);
+    for (std::size_t i = 0; i < count; ++i) {
+      double d;
+      std::memcpy(&d, in + 8 * i, 8);
+      dst[i] = static_cast<float>(d);  // round to nearest, as the FPU's default mode does
+    }
+  } else if (e.dtype->decode == Decode::i64) {
+    auto* dst = static_cast<int32_t*>(host);
+    for (std::size_t i = 0; i < count; ++i) {
+      int64_t v;
+      std::memcpy(&v, in + 8 * i, 8);
+      if ((v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) && range_error.empty())
+        range_error = detail::concat(where(path, e.name), "I64 value ", v, " at index ", i,
+                                     " does not fit in i32 (cumulus holds I64 tensors as i32)");
+      dst[i] = static_cast<int32_t>(v);
+    }
+  } else if (e.dtype->decode == Decode::boolean) {
+    auto* dst = static_cast<uint8_t*>(host);
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto v = static_cast<uint8_t>(in[i]);
+      if (v > 1 && range_error.empty())
+        range_error = detail::concat(where(path, e.name), "BOOL byte ", static_cast<int>(v), " at index ", i,
+                                     " is neither 0 nor 1");
+      dst[i] = v != 0;
+    }
+  }
+}
+
 }  // namespace
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
@@ -439,35 +473,7 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
     CUMULUS_CHECK(read_at(file.fd, src, file_bytes, data_start + e.begin), Error, where(path, e.name),
                   "cannot read ", file_bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
     if (!stored_checksum.empty()) checksum.add(src, file_bytes);
-    const char* in = static_cast<const char*>(src);
-    if (e.dtype->decode == Decode::f64) {
-      auto* dst = static_cast<float*>(host);
-      for (std::size_t i = 0; i < count; ++i) {
-        double d;
-        std::memcpy(&d, in + 8 * i, 8);
-        dst[i] = static_cast<float>(d);  // round to nearest, as the FPU's default mode does
-      }
-    } else if (e.dtype->decode == Decode::i64) {
-      auto* dst = static_cast<int32_t*>(host);
-      for (std::size_t i = 0; i < count; ++i) {
-        int64_t v;
-        std::memcpy(&v, in + 8 * i, 8);
-        if ((v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) &&
-            range_error.empty())
-          range_error = detail::concat(where(path, e.name), "I64 value ", v, " at index ", i,
-                                       " does not fit in i32 (cumulus holds I64 tensors as i32)");
-        dst[i] = static_cast<int32_t>(v);
-      }
-    } else if (e.dtype->decode == Decode::boolean) {
-      auto* dst = static_cast<uint8_t*>(host);
-      for (std::size_t i = 0; i < count; ++i) {
-        const auto v = static_cast<uint8_t>(in[i]);
-        if (v > 1 && range_error.empty())
-          range_error = detail::concat(where(path, e.name), "BOOL byte ", static_cast<int>(v), " at index ", i,
-                                       " is neither 0 nor 1");
-        dst[i] = v != 0;
-      }
-    }
+    decode_tensor(path, e, static_cast<const char*>(src), host, count, range_error);
     if (device.is_cuda()) copy_bytes(t.raw_data(), device, staging.data(), Device::cpu(), bytes);
     out.tensors.emplace_back(e.name, std::move(t));
   }

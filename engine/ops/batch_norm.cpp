@@ -141,15 +141,12 @@ void check_channel_vector(const char* what, const Tensor& t, const Tensor& x) {
   detail::check_same_device("batch_norm2d", what, t, x);
 }
 
-}  // namespace
-
-Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& running_mean,
-                    const Tensor& running_var, const Tensor& num_batches_tracked, const BatchNormOptions& options) {
+// The arguments' checks, each naming what is wrong: a 4-D floating input, per-channel f32
+// parameters and statistics on its device, dense running statistics that need no gradient.
+void check_batch_norm_args(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& num_batches_tracked,
+                           const BatchNormOptions& options) {
   constexpr const char* op = "batch_norm2d";
-  OpScope op_scope(op);
-  const Tensor x = detail::contiguous(x_in);
-  const Tensor weight = detail::contiguous(weight_in);
-  const Tensor bias = detail::contiguous(bias_in);
   detail::check_floating(op, "input", x);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());
@@ -176,13 +173,27 @@ Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   CUMULUS_CHECK(options.eps >= 0.0f, InvalidArgument, op, ": eps ", options.eps, " must not be negative");
   CUMULUS_CHECK(options.momentum >= 0.0f && options.momentum <= 1.0f, InvalidArgument, op, ": momentum ",
                 options.momentum, " must be in [0, 1]");
-  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  const int64_t n = x.size(0), hw = x.size(2) * x.size(3);
   if (options.training) {
     CUMULUS_CHECK(n * hw > 1, ShapeError, op, ": training needs more than one value per channel, got input ",
                   x.shape().str());
   } else {
     CUMULUS_CHECK(has_running, InvalidArgument, op, ": evaluation mode needs running_mean and running_var");
   }
+}
+
+}  // namespace
+
+Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& running_mean,
+                    const Tensor& running_var, const Tensor& num_batches_tracked, const BatchNormOptions& options) {
+  constexpr const char* op = "batch_norm2d";
+  OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
+  const Tensor weight = detail::contiguous(weight_in);
+  const Tensor bias = detail::contiguous(bias_in);
+  check_batch_norm_args(x, weight, bias, running_mean, running_var, num_batches_tracked, options);
+  const bool has_running = running_mean.defined();
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
 
   const Device device = x.device();
   Tensor y = detail::new_output(x.shape(), x.dtype(), device);

@@ -91,7 +91,7 @@ struct Trainer::Captured {
 #endif
   std::vector<bool> stale_after;      // the slots' stale flags after the micro-batch
   const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
-  MicroBatchRecord memory;            // measured while capturing
+  memory::MicroBatchRecord memory;    // measured while capturing
   bool captured() const {
 #if CUMULUS_WITH_CUDA
     return graph.valid();
@@ -203,8 +203,8 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
     CachingAllocator& alloc = allocator_for(acc_->optimizer().parameters().device());
     alloc.reset_peak();
     const int64_t activations_before = alloc.stats()[MemoryCategory::activations].current;
-    MicroBatchRecord& r = c.memory;
-    r.samples = units;
+    memory::MicroBatchRecord& r = c.memory;
+    r.units = units;
     cuda::Context& ctx = cuda::context(acc_->optimizer().parameters().device().index());
     c.graph = cuda::Graph::capture(ctx, [&] {
       Tensor loss = forward_loss();
@@ -228,7 +228,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
   c.graph.launch();
   ++stats_.replayed_micro_batches;
   if (tracker_) {
-    MicroBatchRecord r = c.memory;
+    memory::MicroBatchRecord r = c.memory;
     r.epoch = epoch;
     r.index = index;
     tracker_->add_graph_micro_batch(r);
@@ -379,30 +379,30 @@ Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
   return e;
 }
 
-PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
-                         int64_t effective_batch, int64_t budget, DType batch_dtype) {
+plan::PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
+                               int64_t effective_batch, int64_t budget, DType batch_dtype) {
   return plan_request(
       optimizer, [dataset] { return dataset; }, std::move(loss), effective_batch, budget, batch_dtype);
 }
 
-PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
-                         int64_t effective_batch, int64_t budget, DType batch_dtype) {
+plan::PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
+                               int64_t effective_batch, int64_t budget, DType batch_dtype) {
   const data::TensorDataset now = dataset();
-  PlanRequest r;
+  plan::PlanRequest r;
   r.device = optimizer.parameters().device();
   r.effective_batch = effective_batch;
   r.budget = budget;
   r.optimizer = &optimizer;
   r.loop_state = Trainer::state_to_allocate();  // the Trainer's Accumulator
   r.units_per_row = now.units_per_row();        // whole rows: micro-batches of whole sequences
-  r.sample_limit = now.units();
+  r.unit_limit = now.units();
   r.require_fit = true;
   nn::FlatParameters* params = &optimizer.parameters();
   r.setting.precision = batch_dtype == DType::bf16  ? Precision::bf16
                         : batch_dtype == DType::f16 ? Precision::fp16
                                                     : Precision::fp32;
   auto dtype = std::make_shared<DType>(batch_dtype);  // shared by apply and the probes
-  r.apply = [dtype](const PlanSetting& s) { *dtype = compute_dtype(s.precision); };
+  r.apply = [dtype](const plan::PlanSetting& s) { *dtype = compute_dtype(s.precision); };
   r.micro_batch = [dataset = std::move(dataset), loss = std::move(loss), device = r.device, dtype,
                    params](int64_t units) {
     // The planner asks for whole rows (units_per_row); the batch's units are the probe's.

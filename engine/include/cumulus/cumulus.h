@@ -68,19 +68,18 @@
 
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
+
+#include "cumulus/plan/planner.h"
 
 #include "cumulus/runtime/accumulation.h"
 #include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/fit.h"
-#include "cumulus/runtime/metrics_log.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/progress.h"
-#include "cumulus/runtime/stop_signal.h"
-#include "cumulus/runtime/tracker.h"
 #include "cumulus/runtime/trainer.h"
 
 #include "cumulus/data/csv.h"
 #include "cumulus/data/dataset.h"
 
+#include "cumulus/io/run_files.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"

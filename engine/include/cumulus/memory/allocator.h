@@ -73,7 +73,7 @@ class MemoryBackend {
 class CachingAllocator;
 
 // One live block (CachingAllocator::live_blocks): what a replay of the state needs (Note [Memory
-// prediction] in engine/runtime/prediction.cpp).
+// prediction] in engine/plan/prediction.cpp).
 struct LiveBlock {
   int64_t bytes = 0;  // the request rounded up to 512 B, as the stats count it
   MemoryCategory category = MemoryCategory::other;

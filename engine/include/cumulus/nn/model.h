@@ -44,7 +44,7 @@ class Model : public Module {
   virtual Model& set_recompute(bool on);
   virtual bool recompute() const { return false; }
   // Recompute by segment, for a choice of some (the planner weighs every subset, Note [Plan levers]
-  // in engine/runtime/planner.cpp): the names of the segments set_recompute(true) recomputes, and
+  // in engine/plan/planner.cpp): the names of the segments set_recompute(true) recomputes, and
   // set_recompute_segments(mask) turns on those whose bit is set (bit i: segment i). Default: one
   // segment, "all", where the model offers recompute (mask 1 is set_recompute(true)), none where it
   // does not; a mask with a bit past the segments is an InvalidArgument.

@@ -78,7 +78,7 @@ class Optimizer {
   virtual int64_t state_bytes() const = 0;
   // The state the next update will allocate, one entry per tensor (bytes requested): all of it
   // before the first update, nothing once held. What a planner must add to the memory at rest,
-  // since every micro-batch after the first step runs beside it (cumulus/runtime/planner.h).
+  // since every micro-batch after the first step runs beside it (cumulus/plan/planner.h).
   virtual std::vector<int64_t> state_to_allocate() const = 0;
   // The state as named flat tensors (for checkpoints); empty before the first update.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;

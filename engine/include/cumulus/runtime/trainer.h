@@ -47,11 +47,11 @@
 #include <vector>
 
 #include "cumulus/data/dataset.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/accumulation.h"
-#include "cumulus/runtime/planner.h"
-#include "cumulus/runtime/tracker.h"
 
 namespace cumulus::nn {
 class Module;
@@ -116,7 +116,7 @@ struct TrainerOptions : AccumulationOptions {
   bool use_graphs = false;
   // Records every micro-batch and optimizer step (MemoryTracker's calls, made by the Trainer). Not
   // owned; may be null (no records), or attached later with set_tracker().
-  MemoryTracker* tracker = nullptr;
+  memory::MemoryTracker* tracker = nullptr;
   // Called after every optimizer step taken (step_if_ready, flush, train_epoch), as a per-step log
   // (Lightning's log every step). Reads the device (the group's loss): one synchronization per step,
   // so leave it empty where steps should not wait.
@@ -204,8 +204,8 @@ class Trainer {
   static std::vector<int64_t> state_to_allocate();
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
-  void set_tracker(MemoryTracker* tracker) { tracker_ = tracker; }
-  MemoryTracker* tracker() const { return tracker_; }
+  void set_tracker(memory::MemoryTracker* tracker) { tracker_ = tracker; }
+  memory::MemoryTracker* tracker() const { return tracker_; }
 
   bool graphs_enabled() const { return use_graphs_; }
   struct Stats {
@@ -236,7 +236,7 @@ class Trainer {
 
   std::unique_ptr<Accumulator> acc_;
   bool use_graphs_;
-  MemoryTracker* tracker_;
+  memory::MemoryTracker* tracker_;
   // Micro-batch graphs by GraphKey: the sinks' modes (overwrite or accumulate), the gradients
   // computed and the seed are part of the captured work. Seen once: eager; twice: captured, then replayed.
   std::map<GraphKey, std::unique_ptr<Captured>> micro_batches_;
@@ -260,7 +260,7 @@ struct Evaluation {
 Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
                                const std::function<void(int64_t batch)>& before_batch = {});
 
-// A ready-made planner request (runtime/planner.h) for training `optimizer`'s parameters with `loss`
+// A ready-made planner request (cumulus/plan/planner.h) for training `optimizer`'s parameters with `loss`
 // on `dataset`, in the dataset's units (TensorDataset::units_per_row: samples by default, tokens
 // for sequences): `effective_batch` is in units (a multiple of units_per_row), the request's
 // units_per_row is the dataset's, so every micro-batch it weighs is whole rows, and a probe of u
@@ -273,12 +273,12 @@ Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
 // so opting into another is one line (`r.precisions = {Precision::bf16}`); for recompute, set
 // recompute_segments and wrap apply. Set model, budget_name or on_table when they apply, or
 // require_fit = false.
-PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
-                         int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
+plan::PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
+                               int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 // The same for a caller whose own apply moves its data (PlanSetting::data, a lever plan_request
 // leaves to it): each probe reads the dataset `dataset()` returns then, so it finds the data where
 // the last setting put it. The sample limit and the units per row are those of `dataset()` now.
-PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
-                         int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
+plan::PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
+                               int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 
 }  // namespace cumulus::optim

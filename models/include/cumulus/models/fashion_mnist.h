@@ -11,7 +11,7 @@
 #include "cumulus/core/device.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/nn/model.h"
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/tensor.h"
 
@@ -59,7 +59,7 @@ struct FashionMnistSearch {
 std::string locate_fashion_mnist(const FashionMnistSearch& search = {});
 
 // The levers a planner request for a classifier trained on Fashion-MNIST sets or weighs (Note [Plan
-// levers] in engine/runtime/planner.cpp).
+// levers] in engine/plan/planner.cpp).
 struct FashionMnistLevers {
   bool recompute = false;        // fixed: every recompute segment of the model (the table says "all")
   bool weigh_recompute = false;  // every subset of the model's recompute segments
@@ -73,8 +73,8 @@ struct FashionMnistLevers {
 // `budget` reserved bytes (0: none), with `levers`. Its apply sets the model's recompute segments
 // (weigh_recompute), moves both `train` and `test` (their memory is the run's) to where the setting
 // places the data, and sets the batches' dtype. require_fit is set, as plan_request's.
-PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
-                         FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch, int64_t budget,
-                         DType batch_dtype, const FashionMnistLevers& levers);
+plan::PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
+                               FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch,
+                               int64_t budget, DType batch_dtype, const FashionMnistLevers& levers);
 
 }  // namespace cumulus::models

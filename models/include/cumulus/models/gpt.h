@@ -21,7 +21,7 @@
 #include "cumulus/nn/layers.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/nn/norm_layers.h"
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/tensor/random.h"
 
 namespace cumulus::models {
@@ -138,7 +138,7 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
 // is restored after); one device read per batch.
 double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t batch, int64_t max_windows = 0);
 
-// A planner request (runtime/planner.h) for training `model` with `optimizer` on `windows`, counted in
+// A planner request (cumulus/plan/planner.h) for training `model` with `optimizer` on `windows`, counted in
 // tokens: every micro-batch weighed is a whole number of windows (units_per_row = T), a probe of
 // u tokens is random batch 0 of u / T windows, its loss summed over tokens backward into the
 // gradient buffers, the gradients then discarded. `effective_batch` tokens (a multiple of T) under
@@ -146,8 +146,8 @@ double validation_loss(GPT& model, const data::TokenWindows& windows, int64_t ba
 // weighed for every k from 0 (everything stored) to all of them (the blocks are equal: which ones
 // matters little, how many sets the peak); the planner leaves the chosen one in place. require_fit is set (plan_batch
 // throws OutOfMemory with its reason when nothing fits).
-PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
-                         int64_t effective_batch, int64_t budget, bool weigh_recompute);
+plan::PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
+                               int64_t effective_batch, int64_t budget, bool weigh_recompute);
 
 // A GPT's checkpoint: its state dict (nanoGPT's names) with the config and the vocabulary in the
 // metadata ("gpt.vocab_size", "gpt.block_size", "gpt.n_layer", "gpt.n_head", "gpt.n_embd",

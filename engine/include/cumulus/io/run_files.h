@@ -1,27 +1,26 @@
 // The files a run reads and writes, checked before any work, so that nothing a user types loses data
-// and a run never trains for an hour and then fails to save; and the memory tracker's reports
-// written to them at the end. Two paths are the same file when their
-// canonical forms are equal or, where both exist, their device and inode are (a hard link, or a
-// symlink to the file: an output's identity is that of the file a write lands in, a symlink's
-// target). Each check throws InvalidArgument whose message names the file by its RunFile::name.
+// and a run never trains for an hour and then fails to save. Engine API, not app plumbing: a user's
+// own training program takes paths from its user too, and needs the same guarantees as ours (issue
+// 55). Two paths are the same file when their canonical forms are equal or, where both exist, their
+// device and inode are (a hard link, or a symlink to the file: an output's identity is that of the
+// file a write lands in, a symlink's target). Each check throws InvalidArgument whose message names
+// the file by its RunFile::name.
 //
-// The one call an app makes before any work, and the set-up of the process's own streams:
+// The one call a program makes before any work, and the set-up of the process's own streams:
 //
-//   prepare_run_files();                                        // first thing in main()
-//   check_run_files({/*inputs=*/{{"--data", corpus}}, /*outputs=*/{{"--save", save}, {"--metrics", m}}});
+//   io::prepare_run_files();                                    // first thing in main()
+//   io::check_run_files({/*inputs=*/{{"--data", corpus}}, /*outputs=*/{{"--save", save}, {"--metrics", m}}});
 //   std::string text = io::read_regular_file(corpus, "--data '" + corpus + "': ", kMaxCorpusBytes);
 //   ... train, writing each output with io::OutputLinks::replace ...
-//   check_standard_output();                                    // a lost line is an error, not exit 0
+//   io::check_standard_output();                                // a lost line is an error, not exit 0
 //
 // or, piece by piece, as apps/fashion_mnist does:
-//   std::vector<RunFile> outputs = {{"--checkpoint", ckpt}, {"--metrics", metrics}};
-//   check_inputs_readable({{"--resume", resume}});
-//   check_outputs_writable(outputs);
-//   check_outputs_distinct(outputs, {{"--resume", resume}}, resume_may_be_overwritten);
-//   ... train ...
-//   MemoryReportFiles reports;
-//   reports.report.path = "memory.json";
-//   write_memory_reports(tracker, reports);
+//   std::vector<io::RunFile> outputs = {{"--checkpoint", ckpt}, {"--metrics", metrics}};
+//   io::check_inputs_readable({{"--resume", resume}});
+//   io::check_outputs_writable(outputs);
+//   io::check_outputs_distinct(outputs, {{"--resume", resume}}, resume_may_be_overwritten);
+// The memory tracker's reports are written to such files by memory::write_memory_reports
+// (cumulus/memory/report.h).
 #pragma once
 
 #include <functional>
@@ -30,9 +29,7 @@
 
 #include "cumulus/io/file.h"
 
-namespace cumulus {
-
-class MemoryTracker;
+namespace cumulus::io {
 
 struct RunFile {
   std::string name;  // how messages name it: "--save", "rank 1's --trace"
@@ -74,7 +71,7 @@ void check_run_files(const RunFiles& files);
 // Sets the process up for its files, first thing in main(): a standard stream that was closed is
 // held by /dev/null (opened read-only for output and error, so a write to them fails visibly) and
 // no file the run opens takes its number, so progress text never lands in a metrics file; SIGPIPE
-// and SIGXFSZ are ignored (ignore_write_signals), so a closed pipe or a file-size limit is an
+// and SIGXFSZ are ignored, so a closed pipe or a file-size limit is an
 // error naming the file (its temporary removed) instead of a death by signal.
 void prepare_run_files();
 
@@ -89,18 +86,4 @@ void check_outputs_outside(const std::vector<RunFile>& outputs, const std::strin
 // extension ("memory.json" -> "memory.rank1.json", "trace" -> "trace.rank1"); "" stays "".
 std::string rank_path(const std::string& path, int rank);
 
-// The memory tracker's reports (runtime/tracker.h), each named as messages name it; an empty path
-// is not written.
-struct MemoryReportFiles {
-  RunFile report{"--memory-report", ""};  // memory_report_json
-  RunFile trace{"--trace", ""};           // memory_trace_json
-  RunFile plot{"--memory-plot", ""};      // memory_plot_svg
-  io::OutputLinks links = io::OutputLinks::follow;  // whether a symlink at a path is written through
-};
-// Writes each report given a path, in that order, atomically (io::write_file_atomic); a failed
-// write throws Error naming the file ("--trace: ..."). `written(what, path)` follows each file
-// written, `what` being "memory report", "trace" or "memory plot" (for a line saying so).
-void write_memory_reports(MemoryTracker& tracker, const MemoryReportFiles& files,
-                          const std::function<void(const char* what, const std::string& path)>& written = {});
-
-}  // namespace cumulus
+}  // namespace cumulus::io

@@ -1,10 +1,10 @@
-#include "cumulus/runtime/plan_check.h"
+#include "cumulus/plan/plan_check.h"
 
 #include <cstdio>
 
 #include "cumulus/memory/category.h"
 
-namespace cumulus {
+namespace cumulus::plan {
 
 std::string plan_check_line(const PlanCheck& check) {
   char buf[64];
@@ -16,4 +16,4 @@ std::string plan_check_line(const PlanCheck& check) {
   return line + ", measured " + buf + " s and peak " + format_bytes(check.measured_peak_bytes);
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

@@ -1,11 +1,11 @@
-#include "cumulus/runtime/stop_signal.h"
+#include "common/stop_signal.h"
 
 #include <cstdlib>
 #include <string>
 
 #include "cumulus/dist/communicator.h"
 
-namespace cumulus {
+namespace cumulus::app {
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -59,4 +59,4 @@ bool stop_requested_on_any_rank(dist::Communicator& comm) {
   return true;
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::app

@@ -1,5 +1,5 @@
 // Memory prediction from a recorded allocation sequence (docs/ARCHITECTURE.md, "Memory accounting";
-// Note [Memory prediction] in engine/runtime/prediction.cpp): record what one micro-batch allocates
+// Note [Memory prediction] in engine/plan/prediction.cpp): record what one micro-batch allocates
 // and frees at several sizes, model every event's size as piecewise affine in the micro-batch size
 // (affine for most; capped scratch buffers bend), and replay the sequence predicted for any size
 // through a real CachingAllocator over a backend that hands out addresses but no memory. Rounding,
@@ -15,7 +15,7 @@
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/category.h"
 
-namespace cumulus {
+namespace cumulus::plan {
 
 // One allocation or free seen by the observer: the category whose `current` changed and by how much
 // (the request rounded up to 512 B).
@@ -65,7 +65,7 @@ class MemoryPredictor {
   int64_t rest_reserved() const { return rest_reserved_; }
   const std::array<int64_t, kNumMemoryCategories>& rest_by_category() const { return rest_; }
 
-  // The predicted event sequence of a micro-batch of `micro_batch` samples (sizes rounded to 512 B;
+  // The predicted event sequence of a micro-batch of `micro_batch` units (sizes rounded to 512 B;
   // an event predicted at zero bytes is left out, with its free).
   std::vector<MemoryEvent> sequence(int64_t micro_batch) const;
   // Replays sequence(micro_batch) from the state at rest (plus the extra fixed blocks).
@@ -126,7 +126,7 @@ std::vector<MemoryEvent> record_allocations(CachingAllocator& alloc, const std::
 // `micro_batch(large)`, `micro_batch(small)` and the halvings of `small` down to 1 (small / 2,
 // small / 4, ..., 1), then the refinement_sizes() until every bend of a piecewise allocation is
 // pinned (at most kMaxRefinements more recordings, all below `small`, so the whole costs about two
-// micro-batches of `small`). `micro_batch(b)` must run one training micro-batch of b samples
+// micro-batches of `small`). `micro_batch(b)` must run one training micro-batch of b units
 // (batch, forward, loss, backward) and free all it allocated. Sizes that are multiples of 128 make
 // the top piece exact for tensors of 4-byte elements (b * 4 * k bytes are whole 512-B units). With
 // `lift_limit` the memory limit is lifted while recording and restored after; without it the
@@ -137,4 +137,4 @@ MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<
                                    int64_t small, int64_t large, std::vector<FixedBlock> extra_fixed = {},
                                    bool lift_limit = true);
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

@@ -2,7 +2,7 @@
 // measurement that checks it. A MemoryTracker given one (MemoryTracker::set_plan_check) writes it
 // as the memory report's "planner" object; plan_check_line() is the one-line text a run prints.
 //
-// Typical use, after cumulus::plan_batch (runtime/planner.h) chose a row of its table:
+// Typical use, after cumulus::plan::plan_batch (cumulus/plan/planner.h) chose a row of its table:
 //   PlanCheck check;
 //   check.micro_batch = row.micro_batch;  check.accum_steps = row.accum_steps;
 //   check.predicted_epoch_seconds = row.epoch_seconds;  check.predicted_peak_bytes = row.peak_bytes;
@@ -13,17 +13,17 @@
 #include <cstdint>
 #include <string>
 
-namespace cumulus {
+namespace cumulus::plan {
 
 struct PlanCheck {
   // The plan: the chosen PlanRow's micro_batch and accum_steps.
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;
-  // The plan's other levers as text (plan_setting_text in runtime/planner.h: "recompute conv1+bn1,
+  // The plan's other levers as text (plan_setting_text in cumulus/plan/planner.h: "recompute conv1+bn1,
   // data on device, fp32"); may be empty.
   std::string setting;
   // The chosen PlanRow's prediction: epoch_seconds (an epoch's training, no test pass; Note
-  // [Predicting time] in engine/runtime/planner.cpp) and peak_bytes (the allocated peak).
+  // [Predicting time] in engine/plan/planner.cpp) and peak_bytes (the allocated peak).
   double predicted_epoch_seconds = 0.0;
   int64_t predicted_peak_bytes = 0;
   // The measurement, filled by the caller once an epoch has been compared (MemoryTracker::
@@ -39,4 +39,4 @@ struct PlanCheck {
 // the measurement); sizes as format_bytes prints them. The app prints it after "planner: ".
 std::string plan_check_line(const PlanCheck& check);
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/memory/tracker.h"
 
-namespace cumulus::report_detail {
+namespace cumulus::memory::report_detail {
 
 // Ordered: the report reads top-down (summary before the long record lists), so keys keep the
 // order they are written in.
@@ -37,7 +37,7 @@ inline RecomputeSummary summarize_recompute(MemoryTracker& tracker, int64_t micr
     rs.segments = std::max(rs.segments, r.recompute_segments);
     rs.recompute_ms += r.recompute_ms;
     rs.backward_ms += r.backward_ms;
-    if (r.samples == micro_batch_size && r.activation_bytes >= rs.activation_bytes) {
+    if (r.units == micro_batch_size && r.activation_bytes >= rs.activation_bytes) {
       rs.activation_bytes = r.activation_bytes;
       rs.stored_activation_bytes = r.activation_bytes + r.recompute_avoided_bytes;
       rs.recomputed_bytes = r.recomputed_bytes;
@@ -46,4 +46,4 @@ inline RecomputeSummary summarize_recompute(MemoryTracker& tracker, int64_t micr
   return rs;
 }
 
-}  // namespace cumulus::report_detail
+}  // namespace cumulus::memory::report_detail

@@ -1,70 +1,65 @@
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 
 // Note [Planning a micro-batch]
 // plan_batch answers "which micro-batch, accumulated how many times, trains within this budget?"
 // for a budget in reserved bytes, because that is what a device (or CachingAllocator's limit) runs
-// out of. The rule it replaced, plan_micro_batch, held a line through two probes' allocated peaks
-// against such a budget and never saw the optimizer state; it said micro-batch 1024 fits, and 1024
-// ran out of memory once the first step had allocated AdamW's two copies of the parameters.
+// out of. The first optimizer step allocates the optimizer's state (AdamW: two copies of the
+// parameters) and every later micro-batch runs beside it, so a plan made before that step must
+// hold it: a peak measured without it says a micro-batch fits that runs out of memory at step one.
 //
 // So the table predicts every divisor of the effective batch from the recorded allocation sequence
-// (Note [Memory prediction]), replayed from the state at rest plus the optimizer's state: the first
-// step allocates it and every later micro-batch runs beside it, so a plan made before that step
-// must hold it. The optimizer says what that is (Optimizer::state_to_allocate()), so an optimizer
-// added later is counted without the planner knowing it. The chosen row is verified by one real
-// micro-batch under the budget, the state held as real blocks; a probe that runs out of memory
-// moves the choice to the next best row, so a prediction that is off costs a probe, not the run.
-// Without a budget there is nothing to verify against: every row fits and the fastest is taken
-// unprobed.
+// (Note [Memory prediction]), replayed from the state at rest plus the optimizer's state. The
+// optimizer says what that is (Optimizer::state_to_allocate()), so any optimizer is counted without
+// the planner knowing it. The chosen row is verified by one real micro-batch under the budget, the
+// state held as real blocks; a probe that runs out of memory moves the choice to the next best row,
+// so a prediction that is off costs a probe, not the run. Without a budget there is nothing to
+// verify against: every row fits and the fastest is taken unprobed.
 //
 // The request takes a function that runs one training micro-batch rather than a model, so any
 // model, loss and data path plans the same way (the app's loader stages host-resident data, for
 // instance); what that function allocates is what is predicted, plus the blocks the loop will hold
-// that neither exist now nor come from it, which the caller names (PlanRequest::loop_state: an
-// Accumulator's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and predicted on its
-// own. Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times within 2% are a
-// tie (Note [Plan levers]). Probes are training forwards, so batch norm's running statistics are copied first and
-// written back, also when an interrupt thrown from the micro-batch ends the call. The planner prints nothing: the
-// caller shows plan.table and plan.reason, and on_table lets it show the table before the probes, which may take long.
-// No choice is a plan with micro_batch 0 rather than an exception, so --plan-only can still show why. When the
-// recordings do not match (an allocation pattern that changes with the size), the fallback is a line through two small
-// probes' allocated peaks on top of the reserved bytes at rest and the state (each block in a segment of its own), with
-// a 5% margin, verified the same way.
+// that neither exist now nor come from it, which the caller names (PlanRequest::loop_state: the
+// Trainer's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and
+// predicted on its own. Among the rows predicted to fit, the one predicted fastest wins (Note
+// [Predicting time]); times within 2% are a tie (Note [Plan levers]). Probes are training
+// forwards, so batch norm's running statistics are copied first and written back, also when an
+// interrupt thrown from the micro-batch ends the call. The planner prints nothing: the caller shows
+// plan.table and plan.reason, and on_table lets it show the table before the probes, which may take
+// long. No choice is a plan with micro_batch 0 rather than an exception, so --plan-only can still
+// show why. When the recordings do not match (an allocation pattern that changes with the size),
+// the fallback is a line through two small probes' allocated peaks on top of the reserved bytes at
+// rest and the state (each block in a segment of its own), with a 5% margin, verified the same way.
 
 // Note [Predicting time]
 // The recordings already run the micro-batch at every power of two up to 256 (and the midpoints
 // that pin the memory's bends), so each call is timed too, all but the first (one-time work), and
-// each size is run again until it has timing_repeats (3) timings: one slow call (another process on
-// a shared machine, a page fault) once moved a whole prediction. The median per size, then a line
-// a + b * units by least squares on relative residuals, since the sizes span 1 to 256 and plain
-// residuals would let the largest set the fixed part; the same line through each size's fastest and
-// slowest timing is the prediction's spread (PlanRow::batch_seconds_low/high), reported with it.
-// Injected timings are not repeated.
+// each size is run again until it has timing_repeats (3) timings, so that one slow call (another
+// process on a shared machine, a page fault) cannot move a whole prediction. The median per size,
+// then a line a + b * units by least squares on relative residuals, since the sizes span 1 to 256
+// and plain residuals would let the largest set the fixed part; the same line through each size's
+// fastest and slowest timing is the prediction's spread (PlanRow::batch_seconds_low/high),
+// reported with it. Injected timings are not repeated.
 //
-// Note [Probing what the job runs]
-// Sizes are units (samples, or tokens with units_per_row T: Note [Units] in engine/runtime/
-// trainer.cpp), every size a whole number of rows; the predictor itself counts rows. The recordings
-// once ran at 128 and 256 rows whatever the effective batch, with the allocator's limit lifted: a
-// job of effective batch 32 was probed at 256 and past its budget, so a plan could rest on memory
-// the job never has. Now the largest recording is the largest power of two of rows within the
-// effective batch (max_probe asks for more), and every recording runs under the budget; one that
-// runs out of memory halves the sizes, and when none fits the fallback's probes run under it too
-// (out of memory there: no plan, with the reason). plan.probe_seconds and plan.largest_probe say
-// what the probes cost. A line, so
-// within one lever setting a larger micro-batch is never slower: the fixed part a call costs is
-// what accumulation pays for, and recompute's extra forward is what its own line carries. One
-// effective batch is accum_steps micro-batches plus one optimizer step, an epoch that times
-// epoch_samples / effective batch. The step is the same for every row, so it moves no choice, only
+// A line, so within one lever setting a larger micro-batch is never slower: the fixed part a call
+// costs is what accumulation pays for, and recompute's extra forward is what its own line carries.
+// One effective batch is accum_steps micro-batches plus one optimizer step, an epoch that times
+// epoch_units / effective batch. The step is the same for every row, so it moves no choice, only
 // the prediction: it is probed only when the optimizer already holds its state (parameters, state
 // and update count written back), since a first step would allocate the state the plan counts;
-// before training it is not counted unless the caller gives it (step_seconds). Times within 2%
-// are a tie: measured fits are noisy (a loaded machine, an intercept near zero), and a tie broken
-// by memory alone would slide to micro-batch 2 with recompute for a 1% difference, changing batch
-// norm's statistics for nothing. So the plan the planner chose before it predicted time (the
-// largest micro-batch that fits, recompute only if needed) keeps a tie it is part of, and only
-// other ties go to less memory. Tests and callers
+// before training it is not counted unless the caller gives it (step_seconds). Tests and callers
 // that know their timings inject them (micro_batch_seconds): measured times of near-empty
 // micro-batches are noise, and a choice made from noise would not be reproducible.
+
+// Note [Probing what the job runs]
+// Sizes are units (samples, or tokens with units_per_row T: Note [Units] in the Trainer), every
+// size a whole number of rows; the predictor itself counts rows. The largest recording is the
+// largest power of two of rows within the effective batch (max_probe asks for more), and every
+// recording runs under the budget, so no plan rests on memory the job never has: a probe larger
+// than the effective batch, or one run with the limit lifted, measures a job that will not run.
+// A recording that runs out of memory halves the sizes, and when none fits the fallback's probes
+// run under the budget too (out of memory there: no plan, with the reason). plan.probe_seconds and
+// plan.largest_probe say what the probes cost.
+
 // Note [Plan levers]
 // Besides the micro-batch, a plan sets three levers, each a PlanSetting field the caller's apply()
 // puts in place: which recompute segments run again in backward (any subset of those the model
@@ -77,11 +72,15 @@
 // Host-resident data is weighed only when none of those fits: its cost is a copy of each batch
 // over the bus, and a host plan chosen over a device plan within the noise of two timings would
 // make every later step pay that copy for nothing. Precision changes the numbers, so it is never
-// weighed without the opt-in, and a tie in time keeps the request's precision: a 16-bit plan wins
-// only by being more than 2% faster or by being the only one that fits. Within a tie otherwise
-// the first row in table order wins if it is in the tie (the largest micro-batch, the request's
-// setting before the others: what the planner chose before it predicted time), else the one
-// reserving the least. The table lists every weighed setting for every divisor, largest first.
+// weighed without the opt-in.
+//
+// Times within 2% are a tie: measured fits are noisy (a loaded machine, an intercept near zero),
+// and a tie broken by memory alone would slide to micro-batch 2 with recompute for a 1%
+// difference, changing batch norm's statistics for nothing. Within a tie the first row in table
+// order wins if it is in the tie (the largest micro-batch that fits, with the request's setting:
+// recompute only if needed), else the one reserving the least; a tie in time keeps the request's
+// precision, so a 16-bit plan wins only by being more than 2% faster or by being the only one that
+// fits. The table lists every weighed setting for every divisor, largest first.
 
 #include <algorithm>
 #include <cctype>
@@ -100,9 +99,10 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/runtime/prediction.h"
+#include "engine/plan/fits.h"
+#include "engine/plan/prediction.h"
 
-namespace cumulus {
+namespace cumulus::plan {
 
 int64_t parse_byte_size(const std::string& text) {
   const char* s = text.c_str();
@@ -136,31 +136,31 @@ MemoryCost memory_cost_from_probes(int64_t small, int64_t small_peak, int64_t la
   CUMULUS_CHECK(0 < small && small < large, InvalidArgument, "memory_cost_from_probes: need 0 < small < large, got ",
                 small, " and ", large);
   MemoryCost c;
-  c.peak_bytes_per_sample =
+  c.peak_bytes_per_unit =
       std::max(0.0, static_cast<double>(large_peak - small_peak) / static_cast<double>(large - small));
   c.fixed_bytes =
-      std::max<int64_t>(0, small_peak - static_cast<int64_t>(c.peak_bytes_per_sample * static_cast<double>(small)));
+      std::max<int64_t>(0, small_peak - static_cast<int64_t>(c.peak_bytes_per_unit * static_cast<double>(small)));
   return c;
 }
 
 TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings) {
   std::map<int64_t, std::vector<double>> by_size;
-  for (const auto& [samples, seconds] : timings) by_size[samples].push_back(seconds);
-  std::vector<std::pair<double, double>> points;  // (samples, median seconds)
-  for (auto& [samples, secs] : by_size) {
+  for (const auto& [units, seconds] : timings) by_size[units].push_back(seconds);
+  std::vector<std::pair<double, double>> points;  // (units, median seconds)
+  for (auto& [units, secs] : by_size) {
     std::sort(secs.begin(), secs.end());
     const std::size_t n = secs.size();
     const double median = n % 2 == 1 ? secs[n / 2] : 0.5 * (secs[n / 2 - 1] + secs[n / 2]);
-    points.emplace_back(static_cast<double>(samples), median);
+    points.emplace_back(static_cast<double>(units), median);
   }
   TimeFit fit;
   fit.probes = static_cast<int>(points.size());
   if (points.empty()) return fit;
   if (points.size() == 1) {
-    fit.seconds_per_sample = std::max(0.0, points[0].second / points[0].first);
+    fit.seconds_per_unit = std::max(0.0, points[0].second / points[0].first);
     return fit;
   }
-  // Weighted by 1/seconds^2 (relative residuals): the probes span 1 to 256 samples, and plain
+  // Weighted by 1/seconds^2 (relative residuals): the probes span 1 to 256 units, and plain
   // least squares would let the large ones' noise set the fixed part the small ones measure.
   double sw = 0, sx = 0, sy = 0;
   for (const auto& [x, y] : points) {
@@ -173,8 +173,8 @@ TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings) {
     const double w = y > 0 ? 1.0 / (y * y) : 1.0;
     sxx += w * (x - mx) * (x - mx), sxy += w * (x - mx) * (y - my);
   }
-  fit.seconds_per_sample = std::max(0.0, sxy / sxx);
-  fit.fixed_seconds = my - fit.seconds_per_sample * mx;
+  fit.seconds_per_unit = std::max(0.0, sxy / sxx);
+  fit.fixed_seconds = my - fit.seconds_per_unit * mx;
   if (fit.fixed_seconds < 0) {  // a line that would make small micro-batches take negative time
     fit.fixed_seconds = 0;
     double sxy0 = 0, sxx0 = 0;
@@ -182,7 +182,7 @@ TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings) {
       const double w = y > 0 ? 1.0 / (y * y) : 1.0;
       sxy0 += w * x * y, sxx0 += w * x * x;
     }
-    fit.seconds_per_sample = std::max(0.0, sxy0 / sxx0);
+    fit.seconds_per_unit = std::max(0.0, sxy0 / sxx0);
   }
   return fit;
 }
@@ -289,7 +289,7 @@ class Planner {
   int64_t g_ = 1;                  // units per row: recordings and probes are whole rows
   int64_t large_ = 0;              // recordings at large_ and large_ / 2 rows
   std::string record_failure_;     // why the request's setting could not be recorded, if so
-  int64_t epoch_samples_ = 0;
+  int64_t epoch_units_ = 0;
   PlanSetting in_place_;                                  // what apply last put in place
   std::vector<std::pair<int64_t, double>> line_timings_;  // the fallback's probes
   Plan plan_;
@@ -300,14 +300,14 @@ Planner::Planner(const PlanRequest& request, CachingAllocator& alloc)
       alloc_(alloc),
       state_(request.optimizer->state_to_allocate()),
       g_(request.units_per_row),
-      epoch_samples_(request.epoch_samples > 0 ? request.epoch_samples : request.sample_limit),
+      epoch_units_(request.epoch_units > 0 ? request.epoch_units : request.unit_limit),
       in_place_(request.setting) {
   for (int64_t rows : divisors_largest_first(req_.effective_batch / g_)) divisors_.push_back(rows * g_);
   // 128 and 256 rows make each size's fit exact (Note [Memory prediction]); smaller when the rows
   // are few, and never above what the job runs: the effective batch, unless max_probe asks for more.
   const int64_t cap = std::max(req_.effective_batch, req_.max_probe) / g_;
   large_ = 256;
-  while (large_ > cap || (req_.sample_limit > 0 && large_ > req_.sample_limit / g_)) large_ /= 2;
+  while (large_ > cap || (req_.unit_limit > 0 && large_ > req_.unit_limit / g_)) large_ /= 2;
   plan_.timing_repeats = req_.micro_batch_seconds ? 1 : req_.timing_repeats;
   for (int64_t b : state_) {
     plan_.optimizer_state_bytes += round_up(b, CachingAllocator::kRounding);
@@ -488,7 +488,7 @@ void Planner::set_times(PlanRow& r) const {
       weighed && weighed->time_low.probes > 0 ? std::min(batch(weighed->time_low), r.batch_seconds) : r.batch_seconds;
   r.batch_seconds_high =
       weighed && weighed->time_high.probes > 0 ? std::max(batch(weighed->time_high), r.batch_seconds) : r.batch_seconds;
-  r.epoch_seconds = r.batch_seconds * static_cast<double>(epoch_samples_) / static_cast<double>(req_.effective_batch);
+  r.epoch_seconds = r.batch_seconds * static_cast<double>(epoch_units_) / static_cast<double>(req_.effective_batch);
 }
 
 std::vector<PlanRow> Planner::rows_from(const MemoryPredictor& predictor, const PlanSetting& setting) const {
@@ -633,7 +633,7 @@ std::string Planner::time_text(const PlanRow& row) const {
   if (plan_.timing_repeats > 1)
     text += " (" + format_seconds(row.batch_seconds_low) + " to " + format_seconds(row.batch_seconds_high) + " over " +
             std::to_string(plan_.timing_repeats) + " timings a size)";
-  if (epoch_samples_ > 0) text += ", " + format_seconds(row.epoch_seconds) + " an epoch";
+  if (epoch_units_ > 0) text += ", " + format_seconds(row.epoch_seconds) + " an epoch";
   if (!plan_.step_timed) text += " (optimizer step not timed)";
   return text;
 }
@@ -713,7 +713,7 @@ void Planner::choose_from_recording() {
 // The fallback's cost: reserved at rest plus the state, each block in a segment of its own (over
 // for small blocks, which share segments), plus a line through two small probes' allocated peaks.
 MemoryCost Planner::line_cost() {
-  const int64_t rows = (req_.sample_limit > 0 ? req_.sample_limit : req_.effective_batch) / g_;
+  const int64_t rows = (req_.unit_limit > 0 ? req_.unit_limit : req_.effective_batch) / g_;
   const int64_t large = std::min<int64_t>({req_.effective_batch / g_, 8, rows}) * g_;  // whole rows
   const int64_t small = std::max<int64_t>(1, large / g_ / 2) * g_;
   const int64_t small_peak = line_probe(small);
@@ -774,8 +774,8 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   }
   const PlanRow& r = plan_.table[i];
   plan_.reason = steps_text(r) + ": predicted peak " + format_bytes(r.peak_bytes) + " (fixed " +
-                 format_bytes(cost.fixed_bytes) + " + " +
-                 format_bytes(static_cast<int64_t>(cost.peak_bytes_per_sample)) + "/sample); " + time_text(r);
+                 format_bytes(cost.fixed_bytes) + " + " + format_bytes(static_cast<int64_t>(cost.peak_bytes_per_unit)) +
+                 "/sample); " + time_text(r);
   if (req_.budget <= 0) {
     plan_.reason += " (no budget; " + why_text(i) + ")" + probes_text(plan_);
     return;
@@ -844,7 +844,7 @@ std::string plan_setting_text(const PlanSetting& setting, const std::vector<std:
 Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(request.effective_batch > 0, InvalidArgument, "plan_batch: the effective batch must be > 0, got ",
                 request.effective_batch);
-  CUMULUS_CHECK(request.budget >= 0 && request.sample_limit >= 0, InvalidArgument,
+  CUMULUS_CHECK(request.budget >= 0 && request.unit_limit >= 0, InvalidArgument,
                 "plan_batch: the budget and the sample limit must be >= 0");
   CUMULUS_CHECK(static_cast<bool>(request.micro_batch), InvalidArgument, "plan_batch: no micro-batch function");
   CUMULUS_CHECK(request.units_per_row >= 1 && request.effective_batch % request.units_per_row == 0, InvalidArgument,
@@ -879,4 +879,4 @@ Plan plan_batch(const PlanRequest& request) {
   return plan;
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

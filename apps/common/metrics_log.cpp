@@ -1,4 +1,4 @@
-#include "cumulus/runtime/metrics_log.h"
+#include "common/metrics_log.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -7,7 +7,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
 
-namespace cumulus {
+namespace cumulus::app {
 
 MetricsLog::MetricsLog(std::string path, const std::string& position_key, std::optional<int64_t> resume_at,
                        MetricsWrites writes)
@@ -47,4 +47,4 @@ void MetricsLog::append(const std::string& json_object) {
   if (!out_) throw Error("'" + path_ + "': write failed");
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::app

@@ -1,7 +1,7 @@
 // MemoryTracker: per micro-batch, the activation footprint (bytes held for backward at the end of
 // forward), the peak during forward + backward with its split by category, reserved bytes and
 // times; per optimizer step its time and the optimizer-state bytes; a summary with the fixed costs,
-// the activation bytes per sample and the peak of micro-batch B x N against batch B*N. It reads
+// the activation bytes per unit and the peak of micro-batch B x N against batch B*N. It reads
 // the caching allocator's counters, which the engine keeps by category anyway, so tracking costs
 // a few counter reads per phase (docs/ARCHITECTURE.md, "Memory accounting").
 //
@@ -12,9 +12,9 @@
 // strict_units), and a summary without a micro-batch of N units says so (MemorySummary::warning,
 // printed by print_memory_table) instead of reporting zeros.
 //
-// optim::Trainer makes its calls (TrainerOptions::tracker); a loop that drives an Accumulator by
-// hand makes them itself:
-//   tracker.begin_micro_batch(epoch, index, samples); forward; tracker.end_forward();
+// The Trainer makes its calls (TrainerOptions::tracker); a loop of the user's own makes them
+// itself:
+//   tracker.begin_micro_batch(epoch, index, units); forward; tracker.end_forward();
 //   backward; tracker.end_backward();
 //   if stepping: tracker.begin_step(); step; tracker.end_step(step, optimizer.state_bytes());
 // begin_micro_batch and begin_step reset the allocator's peak counters.
@@ -23,13 +23,12 @@
 // free, and the phases) for the Chrome trace and the SVG plot; during that window it synchronizes
 // the device at phase boundaries so the phase times are true on CUDA too.
 //
-// Epochs are passed and kept as the Accumulator counts them, from 0; every report prints them
-// from 1, as the app's screen output and metrics do.
+// Epochs are passed and kept as the Trainer counts them, from 0; every report prints them from 1,
+// as the apps' screen output and metrics do.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,14 +38,14 @@
 
 #include "cumulus/core/timer.h"
 #include "cumulus/memory/allocator.h"
-#include "cumulus/runtime/plan_check.h"
+#include "cumulus/plan/plan_check.h"
 
-namespace cumulus {
+namespace cumulus::memory {
 
 struct MicroBatchRecord {
   int epoch = 0;                 // from 0 (reports add 1)
   int64_t index = 0;             // within the epoch
-  int64_t samples = 0;           // units (samples, tokens): what begin_micro_batch was given
+  int64_t units = 0;             // what begin_micro_batch was given (samples, tokens)
   int64_t activation_bytes = 0;  // activations at the end of forward, above those at its start
   int64_t peak_bytes = 0;        // allocated peak during forward + backward
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};
@@ -81,15 +80,15 @@ struct MemorySummary {
   int64_t optimizer_state_bytes = 0;
   int64_t workspace_bytes = 0;
   int64_t data_bytes = 0;
-  double activation_bytes_per_sample = 0.0;  // least-squares slope of activation bytes on units
-  int64_t peak_bytes = 0;                    // highest peak of any micro-batch or step
+  double activation_bytes_per_unit = 0.0;  // least-squares slope of activation bytes on units
+  int64_t peak_bytes = 0;                  // highest peak of any micro-batch or step
   int64_t reserved_peak_bytes = 0;
   // The accumulation comparison: peak at micro-batch B (x N steps) against one batch of B*N.
   int64_t micro_batch_size = 0;
   int accum_steps = 1;
   int64_t peak_at_micro_batch = 0;
   int64_t peak_at_effective_batch = 0;
-  bool effective_batch_measured = false;  // false: predicted from the per-sample growth of the peak
+  bool effective_batch_measured = false;  // false: predicted from the per-unit growth of the peak
   // Why the per-micro-batch figures may not be what they seem, naming the counts: micro-batches of
   // more units than micro_batch_size were fed, or none of micro_batch_size units was (so the peak
   // at the micro-batch is not measured). Empty when the sizes agree.
@@ -104,7 +103,7 @@ struct TrackedOutOfMemory {
   const char* phase = "";    // "forward", "backward" or "step" (when in_progress)
   int epoch = 0;             // from 0; of the micro-batch in progress (or the last one, for a step)
   int64_t index = 0;         // the micro-batch's index in its epoch
-  int64_t samples = 0;
+  int64_t units = 0;
   int64_t step = 0;  // for "step": the step's number
 };
 
@@ -166,93 +165,46 @@ class MemoryTracker {
   // Whether the first optimizer steps are being recorded as a timeline (graphs stay off then).
   bool timeline_active() const { return in_timeline_window(); }
 
-  const Device& device() const { return device_; }
-  const Options& options() const { return options_; }
+  const Device& device() const;
+  const Options& options() const;
   const std::vector<MicroBatchRecord>& micro_batches();  // the kept records; resolves device times
   const std::vector<StepRecord>& steps();
   // The last micro-batch tracked, kept or not (its times are not resolved).
-  const MicroBatchRecord& last_micro_batch() const { return current_; }
-  int64_t micro_batches_seen() const { return micro_batches_seen_; }
-  int64_t steps_seen() const { return steps_seen_; }
-  const std::vector<TimelineSample>& timeline() const { return timeline_; }
-  const std::vector<TimelineSlice>& slices() const { return slices_; }
+  const MicroBatchRecord& last_micro_batch() const;
+  int64_t micro_batches_seen() const;
+  int64_t steps_seen() const;
+  const std::vector<TimelineSample>& timeline() const;
+  const std::vector<TimelineSlice>& slices() const;
   // Recomputations of checkpointed segments inside the backward slices (host clock; each with
   // the activations it held), over the timeline window.
-  const std::vector<TimelineSlice>& recompute_slices() const { return recompute_slices_; }
+  const std::vector<TimelineSlice>& recompute_slices() const;
   MemorySummary summary();
   // The allocator's last out-of-memory, if it happened after this tracker was created. The
   // summary's peak_bytes counts the peak reached up to it.
   std::optional<TrackedOutOfMemory> out_of_memory() const;
 
-  // The planner's prediction for the plan this run trains with (runtime/plan_check.h): the memory
+  // The planner's prediction for the plan this run trains with (cumulus/plan/plan_check.h): the memory
   // report writes it as its "planner" object, after "summary". None until given; giving it again
   // replaces it.
-  void set_plan_check(PlanCheck check) { plan_check_ = std::move(check); }
+  void set_plan_check(plan::PlanCheck check);
   // The measurement that checks it: `epoch` from 0, its training seconds and allocated peak.
   // Throws InvalidArgument when no plan check was given.
   void measure_plan(int epoch, double epoch_seconds, int64_t peak_bytes);
-  const std::optional<PlanCheck>& plan_check() const { return plan_check_; }
+  const std::optional<plan::PlanCheck>& plan_check() const;
 
  private:
+  struct State;  // what the tracker keeps (engine/memory/tracker.cpp)
   class Observer;
   double host_ms() const;
   bool in_timeline_window() const;
   void resolve_times();
+  void check_units(int64_t units);
   void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
                          std::vector<std::pair<TimePoint, TimePoint>> recompute_times = {});
   void count_step(const StepRecord& s, const TimePoint* times, TimeSpans communication = {});
   void sample_timeline();
 
-  Device device_;
-  Options options_;
-  CachingAllocator& allocator_;
-  std::unique_ptr<Observer> observer_;
-  double origin_ms_ = 0.0;  // host clock origin of the timeline
-  MicroBatchRecord current_;
-  std::vector<MicroBatchRecord> records_;
-  std::vector<StepRecord> steps_;
-  // Summary aggregates over every micro-batch and step, kept or not.
-  int64_t micro_batches_seen_ = 0, steps_seen_ = 0;
-  int64_t smallest_fed_ = 0, largest_fed_ = 0;  // units of the micro-batches seen
-  void check_units(int64_t units);
-  double fit_n_ = 0, fit_sx_ = 0, fit_sy_ = 0, fit_sxx_ = 0, fit_sxy_ = 0;
-  int64_t run_peak_ = 0;
-  std::map<int64_t, MicroBatchRecord> highest_peak_by_samples_;
-  std::vector<TimelineSample> timeline_;
-  std::vector<TimelineSlice> slices_;
-  std::vector<TimelineSlice> recompute_slices_;
-  // Device time points waiting to be read (reading waits for the device: done lazily).
-  struct PendingTimes {
-    std::size_t record;
-    bool is_step;
-    TimePoint start, mid, end;
-    std::vector<std::pair<TimePoint, TimePoint>> recompute;  // device spans of recomputations
-    TimeSpans communication;                                 // a step's reductions
-  };
-  std::vector<PendingTimes> pending_;
-  TimePoint t_start_, t_forward_end_, t_step_start_;
-  int64_t activations_at_start_ = 0;
-  int64_t steps_taken_ = 0;
-  bool in_micro_batch_ = false, in_step_ = false;
-  bool forward_ended_ = false;
-  // Allocator out-of-memory counts: at creation, and when the open phase began.
-  int64_t ooms_at_start_ = 0, ooms_at_phase_ = 0;
-  std::optional<PlanCheck> plan_check_;
+  std::unique_ptr<State> s_;
 };
 
-// Reports, one file per output format (engine/runtime/report_table.cpp, report_json.cpp,
-// report_trace.cpp, report_svg.cpp).
-void print_memory_table(MemoryTracker& tracker, std::FILE* out);
-// The documented schema (docs/memory.md), in this order: schema_version, settings, device,
-// versions, model, micro_batch_size, accum_steps, summary, planner (with a plan check), then the
-// records.
-inline constexpr int kMemoryReportSchemaVersion = 2;
-std::string memory_report_json(MemoryTracker& tracker);
-// Chrome trace-event JSON: counter tracks per category, slices for forward, backward and step.
-std::string memory_trace_json(MemoryTracker& tracker);
-// A standalone SVG of the timeline window: all memory stacked by category on top; below, on its
-// own scale, what changes above the fixed costs (the accumulation sawtooth), with micro-batch and
-// optimizer-step markers.
-std::string memory_plot_svg(MemoryTracker& tracker);
-
-}  // namespace cumulus
+}  // namespace cumulus::memory

@@ -1,5 +1,5 @@
 // Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"; Note [Planning a
-// micro-batch] and Note [Plan levers] in engine/runtime/planner.cpp): predict before you run out.
+// micro-batch] and Note [Plan levers] in engine/plan/planner.cpp): predict before you run out.
 //
 //   PlanRequest r;
 //   r.device = device;
@@ -11,7 +11,7 @@
 //   r.recompute_segments = model.recompute_segment_names();  // optional levers, put in place by
 //   r.apply = [&](const PlanSetting& s) { model.set_recompute_segments(s.recompute); };  // apply
 //   const Plan plan = plan_batch(r);           // plan.micro_batch x plan.accum_steps, plan.setting
-//   plan.table[i].epoch_seconds                // predicted time (r.epoch_samples or sample_limit)
+//   plan.table[i].epoch_seconds                // predicted time (r.epoch_units or unit_limit)
 #pragma once
 
 #include <array>
@@ -24,32 +24,18 @@
 #include "cumulus/core/precision.h"
 #include "cumulus/memory/category.h"
 
-namespace cumulus {
-
-namespace nn {
+namespace cumulus::nn {
 class Module;
-}  // namespace nn
-namespace optim {
+}  // namespace cumulus::nn
+namespace cumulus::optim {
 class Optimizer;
-}  // namespace optim
+}  // namespace cumulus::optim
+
+namespace cumulus::plan {
 
 // Parses a byte size: "1048576", "512KiB", "64MiB", "1.5GiB", "2GB" (KB/MB/GB are powers of 1000,
 // KiB/MiB/GiB of 1024; a space before the unit is allowed). Throws InvalidArgument naming the text.
 int64_t parse_byte_size(const std::string& text);
-
-// A line through the allocated peaks of two probes: memory that does not depend on the batch size
-// and the peak's growth per unit (a sample, or whatever PlanRequest counts). plan_batch's fallback
-// when recordings do not match.
-struct MemoryCost {
-  int64_t fixed_bytes = 0;
-  double peak_bytes_per_sample = 0.0;  // per unit
-  int64_t predicted_peak(int64_t micro_batch) const {
-    return fixed_bytes + static_cast<int64_t>(peak_bytes_per_sample * static_cast<double>(micro_batch) + 0.5);
-  }
-};
-
-// Derives the cost from two probed micro-batches of sizes small < large and their peaks.
-MemoryCost memory_cost_from_probes(int64_t small, int64_t small_peak, int64_t large, int64_t large_peak);
 
 // How a plan's table was predicted.
 enum class PlanMethod {
@@ -97,7 +83,7 @@ struct PlanRow {
   bool fits = true;
   PlanSetting setting;  // the levers it was recorded, timed and predicted with
   // Predicted time (Note [Predicting time]): one micro-batch, one effective batch (accum_steps
-  // micro-batches and one optimizer step), and an epoch of PlanRequest::epoch_samples (0 without).
+  // micro-batches and one optimizer step), and an epoch of PlanRequest::epoch_units (0 without).
   double micro_batch_seconds = 0.0;
   double batch_seconds = 0.0;
   double epoch_seconds = 0.0;
@@ -111,15 +97,10 @@ struct PlanRow {
 // Seconds of one micro-batch as a line in its size (units), fitted over the timed probes.
 struct TimeFit {
   double fixed_seconds = 0.0;
-  double seconds_per_sample = 0.0;  // per unit
-  int probes = 0;                   // timed probe sizes it was fitted over (0: not fitted)
-  double predict(int64_t samples) const { return fixed_seconds + seconds_per_sample * static_cast<double>(samples); }
+  double seconds_per_unit = 0.0;
+  int probes = 0;  // timed probe sizes it was fitted over (0: not fitted)
+  double predict(int64_t units) const { return fixed_seconds + seconds_per_unit * static_cast<double>(units); }
 };
-
-// Least squares through (samples, seconds) pairs, relative residuals: the median per size first,
-// so one slow repetition moves nothing. One size gives a line through the origin; the slope and
-// the fixed part are kept >= 0.
-TimeFit fit_time(const std::vector<std::pair<int64_t, double>>& timings);
 
 struct Plan;
 
@@ -139,22 +120,22 @@ struct PlanRequest {
   // Reserved bytes (what CachingAllocator::set_memory_limit counts, and what a smaller device runs
   // out of). 0: none; every divisor is predicted and fits, and the fastest is chosen, unprobed.
   int64_t budget = 0;
-  // Runs one training micro-batch of `samples` units: batch, forward, loss, backward into the gradient
+  // Runs one training micro-batch of `units`: batch, forward, loss, backward into the gradient
   // buffers, then frees all it allocated and discards the gradients (called at several sizes,
   // also above and below the choice). May throw (an interrupt): the exception leaves plan_batch
   // after the allocator's limit, the model's buffers and the levers' setting are restored.
-  std::function<void(int64_t samples)> micro_batch;
+  std::function<void(int64_t units)> micro_batch;
   // The optimizer that will train: the state its first update allocates (state_to_allocate()) is
   // held in every prediction and probe. Its gradients are discarded after a probe that ran out of
   // memory. Required.
   optim::Optimizer* optimizer = nullptr;
   // Blocks the training loop will hold beside every micro-batch that exist neither now nor in one
-  // (bytes requested, category other): optim::Trainer::state_to_allocate(), its learning-rate
-  // table, for a loop with an Accumulator or a Trainer. Held in every prediction and probe.
+  // (bytes requested, category other): the Trainer's state_to_allocate(), its learning-rate
+  // table. Held in every prediction and probe.
   std::vector<int64_t> loop_state;
   // The most units `micro_batch` can take (the training set's size in units): recordings stay within
   // it. 0: no limit.
-  int64_t sample_limit = 0;
+  int64_t unit_limit = 0;
   // The levers (Note [Plan levers]). `apply` puts a setting in place (the model's recompute
   // segments, where the training set lives, the batches' precision) before micro-batches run with
   // it; the planner records, times and predicts every divisor with each setting it weighs, leaves
@@ -173,11 +154,11 @@ struct PlanRequest {
   // Precision: others the planner may choose besides setting.precision. An explicit opt-in, since
   // a 16-bit plan changes the numbers; a tie in time keeps setting.precision.
   std::vector<Precision> precisions;
-  // Units in an epoch, for each row's epoch_seconds (0: sample_limit).
-  int64_t epoch_samples = 0;
+  // Units in an epoch, for each row's epoch_seconds (0: unit_limit).
+  int64_t epoch_units = 0;
   // Injected timings (tests, or timings known from elsewhere): seconds of one micro-batch of
-  // `samples` with the setting given, used instead of timing the probes.
-  std::function<double(int64_t samples, const PlanSetting& setting)> micro_batch_seconds;
+  // `units` with the setting given, used instead of timing the probes.
+  std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;
   // Seconds of one optimizer step; < 0: timed by one probed step when the optimizer's state is
   // already held (its parameters, state and update count restored after), else not counted.
   double step_seconds = -1.0;
@@ -260,4 +241,4 @@ Plan plan_batch(const PlanRequest& request);
 // effective batch counts ("sample", "token").
 std::string plan_table_text(const Plan& plan, int64_t budget, const std::string& unit = "sample");
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

@@ -30,11 +30,11 @@
 // hands out distinct fake addresses and never memory. The allocator only does arithmetic and
 // comparisons on block pointers (it splits a block at ptr + size and orders free blocks by address);
 // it never reads or writes through them, so nothing is touched. The replay starts from the state at
-// rest, its segments rebuilt block by block (Note [Replaying the state at rest]; from the old
-// two-recording entry point without the blocks, one block per category), plus the fixed blocks the
+// rest, its segments rebuilt block by block (Note [Replaying the state at rest]; from the
+// two-recording entry point, which has no blocks, one block per category), plus the fixed blocks the
 // caller adds (the optimizer state a training step holds). Predicted reserved = the real reserved
 // at rest + what the replay reserves above its own rest.
-#include "cumulus/runtime/prediction.h"
+#include "engine/plan/prediction.h"
 
 #include <algorithm>
 #include <cmath>
@@ -45,7 +45,7 @@
 
 #include "cumulus/core/error.h"
 
-namespace cumulus {
+namespace cumulus::plan {
 
 namespace {
 
@@ -438,4 +438,4 @@ MemoryPredictor record_micro_batch(CachingAllocator& alloc, const std::function<
   return p;
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

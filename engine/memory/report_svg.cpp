@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/memory/report.h"
 
-namespace cumulus {
+namespace cumulus::memory {
 
 namespace {
 
@@ -632,4 +632,4 @@ class SvgPlot {
 
 std::string memory_plot_svg(MemoryTracker& tracker) { return SvgPlot(tracker).render(); }
 
-}  // namespace cumulus
+}  // namespace cumulus::memory

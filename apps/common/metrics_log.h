@@ -14,7 +14,7 @@
 #include <optional>
 #include <string>
 
-namespace cumulus {
+namespace cumulus::app {
 
 enum class MetricsWrites { atomic_rewrite, append };
 
@@ -41,4 +41,4 @@ class MetricsLog {
   std::ofstream out_;  // MetricsWrites::append
 };
 
-}  // namespace cumulus
+}  // namespace cumulus::app

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/memory/report.h"
 #include "cumulus/version.h"
 #include "report_internal.h"
 
@@ -17,7 +17,7 @@
 #include <cudnn.h>
 #endif
 
-namespace cumulus {
+namespace cumulus::memory {
 
 namespace {
 
@@ -56,7 +56,7 @@ ojson out_of_memory_json(const TrackedOutOfMemory& t) {
       m["step"] = t.step;
     } else {
       m["index"] = t.index;
-      m["samples"] = t.samples;
+      m["units"] = t.units;
     }
     j["micro_batch"] = std::move(m);
   } else {
@@ -67,7 +67,7 @@ ojson out_of_memory_json(const TrackedOutOfMemory& t) {
 
 // The "planner" object (docs/memory.md): the plan, its prediction and, once measured, the
 // epoch that checked it (from 1, as every report prints epochs).
-ojson plan_check_json(const PlanCheck& c) {
+ojson plan_check_json(const plan::PlanCheck& c) {
   ojson j;
   j["micro_batch"] = c.micro_batch;
   j["accum_steps"] = c.accum_steps;
@@ -133,6 +133,69 @@ ojson versions_json() {
   return v;
 }
 
+// The "summary" object. "recompute" is present only when some kept micro-batch recomputed
+// checkpointed segments (Note [Recompute] in engine/autograd/checkpoint.cpp): at the micro-batch
+// size, the activation footprint kept with recompute, the one a stored run keeps, what the
+// recomputations held; over the micro-batches that recomputed, the time.
+ojson summary_json(MemoryTracker& tracker, const MemorySummary& s) {
+  ojson summary;
+  summary["parameters_bytes"] = s.parameters_bytes;
+  summary["gradients_bytes"] = s.gradients_bytes;
+  summary["optimizer_state_bytes"] = s.optimizer_state_bytes;
+  summary["workspace_bytes"] = s.workspace_bytes;
+  summary["data_bytes"] = s.data_bytes;
+  summary["activation_bytes_per_unit"] = s.activation_bytes_per_unit;
+  summary["peak_bytes"] = s.peak_bytes;
+  summary["reserved_peak_bytes"] = s.reserved_peak_bytes;
+  summary["peak_at_micro_batch_bytes"] = s.peak_at_micro_batch;
+  summary["peak_at_effective_batch_bytes"] = s.peak_at_effective_batch;
+  summary["effective_batch_peak"] = s.effective_batch_measured ? "measured" : "predicted";
+  if (const RecomputeSummary rs = summarize_recompute(tracker, s.micro_batch_size); rs.micro_batches > 0) {
+    ojson r;
+    r["segments_per_micro_batch"] = rs.segments;
+    r["activation_bytes"] = rs.activation_bytes;
+    r["activation_bytes_without_recompute"] = rs.stored_activation_bytes;
+    r["saved_bytes"] = rs.stored_activation_bytes - rs.activation_bytes;
+    r["recomputed_bytes"] = rs.recomputed_bytes;
+    r["recompute_ms_per_micro_batch"] = rs.recompute_ms / static_cast<double>(rs.micro_batches);
+    r["recompute_share_of_backward"] = rs.backward_ms > 0 ? rs.recompute_ms / rs.backward_ms : 0.0;
+    summary["recompute"] = std::move(r);
+  }
+  return summary;
+}
+
+// One kept micro-batch; the recompute fields only on micro-batches that recomputed.
+ojson micro_batch_json(const MicroBatchRecord& r) {
+  ojson m;
+  m["epoch"] = r.epoch + 1;
+  m["index"] = r.index;
+  m["units"] = r.units;
+  m["activation_bytes"] = r.activation_bytes;
+  m["peak_bytes"] = r.peak_bytes;
+  m["peak_by_category"] = by_category_json(r.peak_by_category);
+  m["reserved_bytes"] = r.reserved_bytes;
+  m["forward_ms"] = r.forward_ms;
+  m["backward_ms"] = r.backward_ms;
+  if (r.recompute_segments > 0) {
+    m["recompute_segments"] = r.recompute_segments;
+    m["recomputed_bytes"] = r.recomputed_bytes;
+    m["recompute_avoided_bytes"] = r.recompute_avoided_bytes;
+    m["recompute_ms"] = r.recompute_ms;
+  }
+  return m;
+}
+
+ojson step_json(const StepRecord& r) {
+  ojson st;
+  st["step"] = r.step;
+  st["epoch"] = r.epoch + 1;
+  st["ms"] = r.ms;
+  st["optimizer_state_bytes"] = r.optimizer_state_bytes;
+  st["peak_bytes"] = r.peak_bytes;
+  if (r.communication_ms > 0.0) st["communication_ms"] = r.communication_ms;  // data parallel only
+  return st;
+}
+
 }  // namespace
 
 std::string memory_report_json(MemoryTracker& tracker) {
@@ -155,73 +218,19 @@ std::string memory_report_json(MemoryTracker& tracker) {
     for (const auto& [key, value] : o.annotations) a[key] = value;
     j["annotations"] = std::move(a);
   }
-  ojson summary;
-  summary["parameters_bytes"] = s.parameters_bytes;
-  summary["gradients_bytes"] = s.gradients_bytes;
-  summary["optimizer_state_bytes"] = s.optimizer_state_bytes;
-  summary["workspace_bytes"] = s.workspace_bytes;
-  summary["data_bytes"] = s.data_bytes;
-  summary["activation_bytes_per_sample"] = s.activation_bytes_per_sample;
-  summary["peak_bytes"] = s.peak_bytes;
-  summary["reserved_peak_bytes"] = s.reserved_peak_bytes;
-  summary["peak_at_micro_batch_bytes"] = s.peak_at_micro_batch;
-  summary["peak_at_effective_batch_bytes"] = s.peak_at_effective_batch;
-  summary["effective_batch_peak"] = s.effective_batch_measured ? "measured" : "predicted";
-  // Additive to schema 2: "recompute" is present only when some kept micro-batch recomputed
-  // checkpointed segments (Note [Recompute] in engine/autograd/checkpoint.cpp). At the
-  // micro-batch size: the activation footprint kept with recompute, the one a stored run keeps,
-  // what the recomputations held; over the micro-batches that recomputed: the time.
-  if (const RecomputeSummary rs = summarize_recompute(tracker, s.micro_batch_size); rs.micro_batches > 0) {
-    ojson r;
-    r["segments_per_micro_batch"] = rs.segments;
-    r["activation_bytes"] = rs.activation_bytes;
-    r["activation_bytes_without_recompute"] = rs.stored_activation_bytes;
-    r["saved_bytes"] = rs.stored_activation_bytes - rs.activation_bytes;
-    r["recomputed_bytes"] = rs.recomputed_bytes;
-    r["recompute_ms_per_micro_batch"] = rs.recompute_ms / static_cast<double>(rs.micro_batches);
-    r["recompute_share_of_backward"] = rs.backward_ms > 0 ? rs.recompute_ms / rs.backward_ms : 0.0;
-    summary["recompute"] = std::move(r);
-  }
-  j["summary"] = std::move(summary);
-  // Additive to schema 2: only when the tracker was given a plan check.
+  j["summary"] = summary_json(tracker, s);
+  // Present only when the tracker was given a plan check, and after an out-of-memory.
   if (const auto& plan = tracker.plan_check()) j["planner"] = plan_check_json(*plan);
   if (const auto oom = tracker.out_of_memory()) j["out_of_memory"] = out_of_memory_json(*oom);
   j["micro_batches_total"] = tracker.micro_batches_seen();  // the lists keep the first max_records
   j["steps_total"] = tracker.steps_seen();
   ojson mbs = ojson::array();
-  for (const MicroBatchRecord& r : tracker.micro_batches()) {
-    ojson m;
-    m["epoch"] = r.epoch + 1;
-    m["index"] = r.index;
-    m["samples"] = r.samples;
-    m["activation_bytes"] = r.activation_bytes;
-    m["peak_bytes"] = r.peak_bytes;
-    m["peak_by_category"] = by_category_json(r.peak_by_category);
-    m["reserved_bytes"] = r.reserved_bytes;
-    m["forward_ms"] = r.forward_ms;
-    m["backward_ms"] = r.backward_ms;
-    if (r.recompute_segments > 0) {  // additive to schema 2: only on micro-batches that recomputed
-      m["recompute_segments"] = r.recompute_segments;
-      m["recomputed_bytes"] = r.recomputed_bytes;
-      m["recompute_avoided_bytes"] = r.recompute_avoided_bytes;
-      m["recompute_ms"] = r.recompute_ms;
-    }
-    mbs.push_back(std::move(m));
-  }
+  for (const MicroBatchRecord& r : tracker.micro_batches()) mbs.push_back(micro_batch_json(r));
   j["micro_batches"] = std::move(mbs);
   ojson steps = ojson::array();
-  for (const StepRecord& r : tracker.steps()) {
-    ojson st;
-    st["step"] = r.step;
-    st["epoch"] = r.epoch + 1;
-    st["ms"] = r.ms;
-    st["optimizer_state_bytes"] = r.optimizer_state_bytes;
-    st["peak_bytes"] = r.peak_bytes;
-    if (r.communication_ms > 0.0) st["communication_ms"] = r.communication_ms;  // data parallel only
-    steps.push_back(std::move(st));
-  }
+  for (const StepRecord& r : tracker.steps()) steps.push_back(step_json(r));
   j["steps"] = std::move(steps);
   return j.dump(1) + "\n";
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::memory

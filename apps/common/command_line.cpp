@@ -1,4 +1,4 @@
-#include "cumulus/runtime/command_line.h"
+#include "common/command_line.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@
 #define CUMULUS_BUILD_TYPE "unknown"
 #endif
 
-namespace cumulus {
+namespace cumulus::app {
 
 std::string integer_text_problem(const std::string& text, int64_t lo, int64_t hi) {
   errno = 0;
@@ -94,4 +94,4 @@ std::string version_text(const std::string& program) {
          " kernels\n";
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::app

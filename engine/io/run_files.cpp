@@ -1,4 +1,4 @@
-#include "cumulus/runtime/run_files.h"
+#include "cumulus/io/run_files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -6,16 +6,15 @@
 
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
-#include "cumulus/runtime/stop_signal.h"
-#include "cumulus/runtime/tracker.h"
 
-namespace cumulus {
+namespace cumulus::io {
 namespace {
 
 namespace fs = std::filesystem;
@@ -161,7 +160,10 @@ void prepare_run_files() {
     const int held = ::open("/dev/null", O_RDONLY);
     if (held >= 0 && held != fd) ::close(held);
   }
-  ignore_write_signals();
+  // A closed pipe or a file-size limit fails the write (EPIPE, EFBIG) instead of killing the
+  // process mid-write, so a run still reports the failure and can checkpoint.
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 void check_standard_output() {
@@ -196,20 +198,4 @@ std::string rank_path(const std::string& path, int rank) {
   return path.substr(0, dot) + suffix + path.substr(dot);
 }
 
-void write_memory_reports(MemoryTracker& tracker, const MemoryReportFiles& files,
-                          const std::function<void(const char* what, const std::string& path)>& written) {
-  auto write = [&](const RunFile& file, const char* what, std::string (*report)(MemoryTracker&)) {
-    if (file.path.empty()) return;
-    try {
-      io::write_file_atomic(file.path, report(tracker), files.links);
-    } catch (const Error& e) {
-      throw Error(file.name + ": " + e.what());
-    }
-    if (written) written(what, file.path);
-  };
-  write(files.report, "memory report", memory_report_json);
-  write(files.trace, "trace", memory_trace_json);
-  write(files.plot, "memory plot", memory_plot_svg);
-}
-
-}  // namespace cumulus
+}  // namespace cumulus::io

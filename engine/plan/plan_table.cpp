@@ -3,9 +3,9 @@
 #include <string>
 
 #include "cumulus/memory/category.h"
-#include "cumulus/runtime/planner.h"
+#include "cumulus/plan/planner.h"
 
-namespace cumulus {
+namespace cumulus::plan {
 namespace {
 
 void append(std::string& out, const char* format, ...) __attribute__((format(printf, 2, 3)));
@@ -40,7 +40,7 @@ std::string plan_table_text(const Plan& plan, int64_t budget, const std::string&
   for (const Plan::Weighed& w : plan.weighed)
     append(out, "  %-46s %.3g ms + %.3g ms a %s (%d sizes); reserved at rest %s; largest fitting %lld\n",
            plan_setting_text(w.setting, plan.recompute_segments).c_str(), w.time.fixed_seconds * 1e3,
-           w.time.seconds_per_sample * 1e3, unit.c_str(), w.time.probes, format_bytes(w.reserved_at_rest).c_str(),
+           w.time.seconds_per_unit * 1e3, unit.c_str(), w.time.probes, format_bytes(w.reserved_at_rest).c_str(),
            static_cast<long long>(w.largest_fitting));
   append(out, "  %11s %19s %6s %9s %10s %15s %5s %6s %12s %17s %10s %6s\n", "micro-batch", "recompute", "data",
          "precision", "peak MiB", "reserved bytes", "fits", "accum", "ms/eff.batch", "spread ms", "s/epoch", "chosen");
@@ -60,4 +60,4 @@ std::string plan_table_text(const Plan& plan, int64_t budget, const std::string&
   return out;
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::plan

@@ -24,7 +24,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/runtime/checkpoint.h"
 
-namespace cumulus::optim {
+namespace cumulus::app {
 
 enum SettingUse : unsigned {
   kCheckpoint = 1u << 0,    // recorded in a checkpoint: a resume must match it (or override it)
@@ -63,8 +63,8 @@ class SettingsTable {
   }
 
   // The kCheckpoint rows that apply, as a checkpoint records and a resume compares them.
-  std::vector<RecordedSetting> recorded(const Context& context) const {
-    std::vector<RecordedSetting> out;
+  std::vector<optim::RecordedSetting> recorded(const Context& context) const {
+    std::vector<optim::RecordedSetting> out;
     for (const SettingRow<Context>& row : rows_)
       if ((row.uses & kCheckpoint) != 0)
         if (SettingText value = row.print(context))
@@ -104,4 +104,4 @@ class SettingsTable {
   std::vector<SettingRow<Context>> rows_;
 };
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::app

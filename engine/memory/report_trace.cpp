@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <string>
 
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/memory/report.h"
 #include "report_internal.h"
 
-namespace cumulus {
+namespace cumulus::memory {
 
 using report_detail::ojson;
 
@@ -59,4 +59,4 @@ std::string memory_trace_json(MemoryTracker& tracker) {
   return j.dump() + "\n";
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::memory

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <string>
 
-namespace cumulus {
+namespace cumulus::app {
 
 class TrainingProgress {
  public:
@@ -64,4 +64,4 @@ int terminal_columns(int fd);
 
 std::string format_duration(double seconds);  // "1:05", "1:02:03"
 
-}  // namespace cumulus
+}  // namespace cumulus::app

@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <string>
 
-#include "cumulus/runtime/tracker.h"
+#include "cumulus/memory/report.h"
 #include "report_internal.h"
 
-namespace cumulus {
+namespace cumulus::memory {
 
 using report_detail::RecomputeSummary;
 using report_detail::summarize_recompute;
@@ -16,12 +16,12 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
   const MemorySummary s = tracker.summary();
   int64_t activations = 0;
   for (const auto& r : tracker.micro_batches())
-    if (r.samples == s.micro_batch_size) activations = std::max(activations, r.activation_bytes);
+    if (r.units == s.micro_batch_size) activations = std::max(activations, r.activation_bytes);
   if (!s.warning.empty()) std::fprintf(out, "warning: memory tracker: %s\n", s.warning.c_str());
   std::fprintf(out, "memory per micro-batch (%lld units) on %s: activations %s (%s/unit), peak %s\n",
                static_cast<long long>(s.micro_batch_size), tracker.device().str().c_str(),
                format_bytes(activations).c_str(),
-               format_bytes(static_cast<int64_t>(std::llround(s.activation_bytes_per_sample))).c_str(),
+               format_bytes(static_cast<int64_t>(std::llround(s.activation_bytes_per_unit))).c_str(),
                format_bytes(s.peak_at_micro_batch).c_str());
   std::fprintf(out, "  parameters %s | gradients %s | optimizer state %s | workspace %s | data %s\n",
                format_bytes(s.parameters_bytes).c_str(), format_bytes(s.gradients_bytes).c_str(),
@@ -70,4 +70,4 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
   }
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::memory

@@ -1,4 +1,4 @@
-#include "cumulus/runtime/progress.h"
+#include "common/progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace cumulus {
+namespace cumulus::app {
 
 std::string format_duration(double seconds) {
   const long s = static_cast<long>(std::max(seconds, 0.0) + 0.5);
@@ -172,4 +172,4 @@ void TrainingProgress::end_epoch() {
   ended_ = true;
 }
 
-}  // namespace cumulus
+}  // namespace cumulus::app

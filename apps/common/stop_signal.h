@@ -15,7 +15,7 @@ namespace cumulus::dist {
 class Communicator;
 }  // namespace cumulus::dist
 
-namespace cumulus {
+namespace cumulus::app {
 
 // SIGINT and SIGTERM record the signal (a second one ends the process at once).
 void install_stop_handlers();
@@ -47,4 +47,4 @@ void fault_signal_point(const char* kind, int epoch, int64_t index = -1);
 // group boundary). A rank stopped by another's signal records SIGTERM, so every rank stops.
 bool stop_requested_on_any_rank(dist::Communicator& comm);
 
-}  // namespace cumulus
+}  // namespace cumulus::app

@@ -19,7 +19,7 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
 
-namespace cumulus {
+namespace cumulus::app {
 
 // Why `text` is not a decimal integer in [lo, hi] ("expected an integer from 1 to 64, got '1e3'"),
 // or "" when it is one. Checked on the text: a parser that converts first reads "1e23" or "-1" as
@@ -85,4 +85,4 @@ Device device_from_flag(const std::string& text);
 // at and its build type, then the backends compiled in (CUDA, cuDNN, the data-parallel transports).
 std::string version_text(const std::string& program);
 
-}  // namespace cumulus
+}  // namespace cumulus::app

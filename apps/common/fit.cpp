@@ -1,4 +1,4 @@
-#include "cumulus/runtime/fit.h"
+#include "common/fit.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,25 +8,26 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/optim/optimizer.h"
 
-namespace cumulus::optim {
+namespace cumulus::app {
 
-FitLoop::FitLoop(Trainer& trainer, data::DataLoader& loader, const BatchLoss& loss, const FitOptions& options)
+FitLoop::FitLoop(optim::Trainer& trainer, data::DataLoader& loader, const optim::BatchLoss& loss,
+                 const FitOptions& options)
     : trainer_(trainer), loader_(loader), loss_(loss), options_(options), point_(trainer, options.start) {}
 
 // One epoch's training from the resume point; false when a stop ended it at a group boundary.
 bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
   TrainingProgress* progress = options_.progress;
-  EpochOptions hooks;
+  optim::EpochOptions hooks;
   if (options_.stop) hooks.stop = [this](int64_t) { return stop_asked(); };
   CachingAllocator& allocator = allocator_for(trainer_.optimizer().parameters().device());
   allocator.reset_peak();
-  hooks.on_step = [&](const MicroBatchDone& done) {
+  hooks.on_step = [&](const optim::MicroBatchDone& done) {
     summary.peak_bytes = std::max(summary.peak_bytes, allocator.stats().allocated_peak);
     if (options_.on_step) options_.on_step(done);
   };
-  hooks.on_micro_batch = [&](const MicroBatchDone& done) {
+  hooks.on_micro_batch = [&](const optim::MicroBatchDone& done) {
     // A tracker's record: a step after the micro-batch has reset the allocator's peak since.
-    const MemoryTracker* tracker = trainer_.tracker();
+    const memory::MemoryTracker* tracker = trainer_.tracker();
     if (done.trained_here)
       summary.peak_bytes = std::max(
           summary.peak_bytes, tracker ? tracker->last_micro_batch().peak_bytes : allocator.stats().allocated_peak);
@@ -36,10 +37,10 @@ bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
       progress->update(done.index + 1, point_.mean_loss(), summary.units_trained);
   };
   const auto t0 = std::chrono::steady_clock::now();
-  const EpochOptions epoch_options = point_.begin_epoch(epoch, hooks);
+  const optim::EpochOptions epoch_options = point_.begin_epoch(epoch, hooks);
   summary.first_micro_batch = epoch_options.first;
   if (progress) progress->begin_epoch(epoch, loader_.num_batches(), epoch_options.first);
-  const EpochResult trained = trainer_.train_epoch(loader_, epoch, loss_, epoch_options);
+  const optim::EpochResult trained = trainer_.train_epoch(loader_, epoch, loss_, epoch_options);
   if (progress) progress->end_epoch();
   if (!trained.finished) {
     result.end = FitEnd::stopped_in_epoch;
@@ -66,9 +67,9 @@ EpochSummary FitLoop::counters() const {
 }
 
 // The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
-// not comparable: Note [Predicting time] in engine/runtime/planner.cpp).
+// not comparable: Note [Predicting time] in engine/plan/planner.cpp).
 void FitLoop::measure_plan(const EpochSummary& summary) const {
-  MemoryTracker* tracker = trainer_.tracker();
+  memory::MemoryTracker* tracker = trainer_.tracker();
   if (tracker == nullptr || !tracker->plan_check() || tracker->plan_check()->measured || summary.first_micro_batch != 0)
     return;
   tracker->measure_plan(summary.epoch, summary.seconds, summary.peak_bytes);
@@ -102,8 +103,9 @@ FitResult FitLoop::run() {
   return result;
 }
 
-FitResult fit(Trainer& trainer, data::DataLoader& loader, const BatchLoss& loss, const FitOptions& options) {
+FitResult fit(optim::Trainer& trainer, data::DataLoader& loader, const optim::BatchLoss& loss,
+              const FitOptions& options) {
   return FitLoop(trainer, loader, loss, options).run();
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::app
