@@ -32,7 +32,7 @@
 #include "cumulus/runtime/prediction.h"
 #include "cumulus/runtime/tracker.h"
 #include "cumulus/tensor/random.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "engine/tensor/tensor_impl.h"
 #include "test_util.h"
 
@@ -101,16 +101,16 @@ struct RunResult {
 };
 
 // `groups` optimizer steps of `accum` micro-batches of `b` (SGD with momentum, flat parameters,
-// the Accumulator), the micro-batches taken in order from `data`.
+// the Trainer), the micro-batches taken in order from `data`.
 template <typename Model>
 RunResult train(Model& model, const Batch& data, int64_t b, int accum, int groups) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
   optim::SGDOptions so;
   so.lr = 0.05f;
   so.momentum = 0.9f;
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = accum;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
   acc.begin_epoch(0, static_cast<int64_t>(accum) * groups);
   RunResult out;
   int64_t start = 0;
@@ -383,9 +383,9 @@ template <typename Model>
 std::vector<MicroBatchRecord> tracked_run(Model& model, MemoryTracker& tracker, const Batch& data,
                                           const std::vector<int64_t>& sizes, int64_t per_size) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 2;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   std::vector<MicroBatchRecord> out;
   for (int64_t b : sizes) {
     acc.begin_epoch(0, per_size);

@@ -21,7 +21,7 @@
 // model, loss and data path plans the same way (the app's loader stages host-resident data, for
 // instance); what that function allocates is what is predicted, plus the blocks the loop will hold
 // that neither exist now nor come from it, which the caller names (PlanRequest::loop_state: an
-// Accumulator's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and predicted on its
+// Trainer's learning-rate table). Each setting of the levers (Note [Plan levers]) is recorded and predicted on its
 // own. Among the rows predicted to fit, the one predicted fastest wins (Note [Predicting time]); times within 2% are a
 // tie (Note [Plan levers]). Probes are training forwards, so batch norm's running statistics are copied first and
 // written back, also when an interrupt thrown from the micro-batch ends the call. The planner prints nothing: the

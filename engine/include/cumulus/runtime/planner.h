@@ -150,7 +150,7 @@ struct PlanRequest {
   optim::Optimizer* optimizer = nullptr;
   // Blocks the training loop will hold beside every micro-batch that exist neither now nor in one
   // (bytes requested, category other): optim::Trainer::state_to_allocate(), its learning-rate
-  // table, for a loop with an Accumulator or a Trainer. Held in every prediction and probe.
+  // table, for a loop with a Trainer. Held in every prediction and probe.
   std::vector<int64_t> loop_state;
   // The most units `micro_batch` can take (the training set's size in units): recordings stay within
   // it. 0: no limit.

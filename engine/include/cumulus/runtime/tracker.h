@@ -12,7 +12,7 @@
 // strict_units), and a summary without a micro-batch of N units says so (MemorySummary::warning,
 // printed by print_memory_table) instead of reporting zeros.
 //
-// optim::Trainer makes its calls (TrainerOptions::tracker); a loop that drives an Accumulator by
+// optim::Trainer makes its calls (TrainerOptions::tracker); a loop that drives a Trainer by
 // hand makes them itself:
 //   tracker.begin_micro_batch(epoch, index, samples); forward; tracker.end_forward();
 //   backward; tracker.end_backward();
@@ -23,7 +23,7 @@
 // free, and the phases) for the Chrome trace and the SVG plot; during that window it synchronizes
 // the device at phase boundaries so the phase times are true on CUDA too.
 //
-// Epochs are passed and kept as the Accumulator counts them, from 0; every report prints them
+// Epochs are passed and kept as the Trainer counts them, from 0; every report prints them
 // from 1, as the app's screen output and metrics do.
 #pragma once
 
