@@ -8,7 +8,7 @@
 //       beta = 1). Stale marking happens outside the timed region.
 //   optimizer_step/{sgd,sgd_momentum,adamw}   the fused update alone (Optimizer::update).
 //   accumulator_step/{sgd,sgd_momentum,adamw} what the app pays at a group boundary
-//       (Accumulator::step_if_ready: gradient norm for the non-finite guard, update, mark stale);
+//       (Trainer::step_if_ready: gradient norm for the non-finite guard, update, mark stale);
 //       the micro-batch that fills the group runs untimed before each step.
 //   zero_grad/mark_stale   Optimizer::zero_grad(): flags only, host time (no device work at all).
 //   zero_grad/write_zeros  the baseline it replaces: writing zeros over the flat gradient buffer.
@@ -34,8 +34,7 @@
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
 #include "cumulus/runtime/trainer.h"
-#include "engine/optim/optimizer_access.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -52,7 +51,7 @@ void set_launch_counter(benchmark::State& state, const Device& device, const cha
 void micro_batch(benchmark::State& state, Device device, int64_t b, bool accumulate, models::KernelChoice kernels) {
   const Data d = make_data(device);
   Model m(device, kernels);
-  optim::Accumulator acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
+  optim::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);
   Cursor cursor(d, b);
   auto one = [&] {
@@ -91,19 +90,19 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
   const Data d = make_data(device);
   Model m(device);
   auto opt = make_optimizer(kind, m.params);
-  optim::Accumulator acc(opt, never_stepping());
+  optim::Trainer acc(opt, never_stepping());
   const int64_t b = 64;
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);  // leaves a gradient to apply
   const float scale = 1.0f / static_cast<float>(b);
   for (int i = 0; i < kWarmupIterations; ++i)
-    optim::OptimizerAccess::update(*opt, scale, opt->lr());  // allocates the state
+    opt->step(scale, opt->lr());  // allocates the state
   synchronize(device);
   DeviceTimer timer(device);
   LaunchCounter launches;
   double total_s = 0.0;
   for (auto _ : state) {
     timer.start();
-    optim::OptimizerAccess::update(*opt, scale, opt->lr());
+    opt->step(scale, opt->lr());
     const double s = timer.seconds();
     state.SetIterationTime(s);
     total_s += s;
@@ -119,9 +118,9 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
 void accumulator_step(benchmark::State& state, Device device, OptimizerKind kind) {
   const Data d = make_data(device);
   Model m(device);
-  optim::AccumulationOptions o;  // the app's defaults: normalization by samples, non-finite guard
+  optim::TrainerOptions o;  // the app's defaults: normalization by samples, non-finite guard
   o.accum_steps = 1;
-  optim::Accumulator acc(make_optimizer(kind, m.params), o);
+  optim::Trainer acc(make_optimizer(kind, m.params), o);
   const int64_t b = 16;
   Cursor cursor(d, b);
   auto fill_group = [&] {
@@ -190,9 +189,9 @@ void zero_grad_write_zeros(benchmark::State& state, Device device) {
 void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
   const Data d = make_data(device);
   Model m(device, kernels);
-  optim::AccumulationOptions o;
+  optim::TrainerOptions o;
   o.accum_steps = n;
-  optim::Accumulator acc(make_optimizer(OptimizerKind::sgd, m.params), o);
+  optim::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), o);
   Cursor cursor(d, b);
   auto one_step = [&] {
     for (int i = 0; i < n; ++i) {
@@ -262,7 +261,7 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
 // The app's form of the loop: a u8 dataset behind a DataLoader, micro-batches through
 // the Trainer. Full micro-batches only: the cursor is rewound before a partial one.
 struct GraphLoop {
-  GraphLoop(Device device, int64_t b, const optim::AccumulationOptions& o, models::KernelChoice kernels)
+  GraphLoop(Device device, int64_t b, const optim::TrainerOptions& o, models::KernelChoice kernels)
       : m(device, kernels), trainer(make_optimizer(OptimizerKind::sgd, m.params), with_graphs(o)) {
     Generator gen(7);
     std::vector<float> u(static_cast<std::size_t>(kDataRows * models::SeedMLP::kInputs));
@@ -279,9 +278,8 @@ struct GraphLoop {
     loader = std::make_unique<data::DataLoader>(ds, b);
     trainer.begin_epoch(0, 0);
   }
-  static optim::TrainerOptions with_graphs(const optim::AccumulationOptions& o) {
-    optim::TrainerOptions t;
-    static_cast<optim::AccumulationOptions&>(t) = o;
+  static optim::TrainerOptions with_graphs(const optim::TrainerOptions& o) {
+    optim::TrainerOptions t = o;
     t.use_graphs = true;
     return t;
   }
@@ -337,7 +335,7 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
 }
 
 void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
-  optim::AccumulationOptions o;
+  optim::TrainerOptions o;
   o.accum_steps = n;
   GraphLoop g(device, b, o, kernels);
   auto one_step = [&] {

@@ -201,8 +201,8 @@ def bench_tables(bench, dev):
     z, w = g("zero_grad/mark_stale"), g("zero_grad/write_zeros")
     if rows:
         md.append("\n### Optimizer step alone (669,706 parameters)\n")
-        md.append(table(["optimizer", "fused update µs", "Accumulator step µs (norm + update + stale)",
-                         "state", "launches (update)", "launches (Accumulator step)"], rows))
+        md.append(table(["optimizer", "fused update µs", "Trainer step µs (norm + update + stale)",
+                         "state", "launches (update)", "launches (Trainer step)"], rows))
     if z or w:
         md.append(f"\nzero_grad (mark stale, flags only, host time): {fmt(to_us(z) * 1e3) if z else 'n/a'} ns; "
                   f"writing zeros over the 2.55 MB flat gradient instead: {fmt(to_us(w)) if w else 'n/a'} µs.")

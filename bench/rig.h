@@ -30,7 +30,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 
 namespace cumulus::bench {
 
@@ -84,7 +84,7 @@ struct Model {
   std::shared_ptr<nn::FlatParameters> params;
 };
 
-// Summed cross-entropy of rows [start, start + b): what Accumulator::backward expects.
+// Summed cross-entropy of rows [start, start + b): what Trainer::backward expects.
 inline Tensor micro_batch_loss(Model& m, const Data& d, int64_t start, int64_t b) {
   return m.net.loss(d.x.narrow_rows(start, b), d.y.narrow_rows(start, b), ops::Reduction::Sum);
 }
@@ -109,10 +109,10 @@ inline std::shared_ptr<optim::Optimizer> make_optimizer(OptimizerKind k, std::sh
   return std::make_shared<optim::SGD>(std::move(p), o);
 }
 
-// An Accumulator that never reaches a group boundary by itself: for benchmarks that time
+// A Trainer that never reaches a group boundary by itself: for benchmarks that time
 // micro-batches only and decide themselves when gradients are stale.
-inline optim::AccumulationOptions never_stepping() {
-  optim::AccumulationOptions o;
+inline optim::TrainerOptions never_stepping() {
+  optim::TrainerOptions o;
   o.accum_steps = 1 << 30;
   return o;
 }
@@ -171,7 +171,7 @@ struct MicroBatchMemory {
 
 // Runs one micro-batch of `b` samples under a MemoryTracker (untimed); its gradient lands in the
 // buffers like any other backward.
-inline MicroBatchMemory measure_micro_batch(Model& m, optim::Accumulator& acc, const Data& d, int64_t b) {
+inline MicroBatchMemory measure_micro_batch(Model& m, optim::Trainer& acc, const Data& d, int64_t b) {
   memory::MemoryTracker::Options o;
   o.model = "seed_mlp";
   o.micro_batch_size = b;

@@ -13,45 +13,47 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cumulus/optim/update_scalars.h"
 #include "kernels/host_device.h"
 
 namespace cumulus::kernels {
 
 // Note [Device-side step]
-// Everything an optimizer step decides lives in one StepState in the parameters' device memory
-// (host memory on the CPU), so a CUDA step never waits for the host and can be captured in a
-// graph: micro-batches add their sample count and summed loss into it (record_micro_batch), the
-// step's first kernel reduces the gradient's squared norm and decides in its last block
-// (prepare_step: normalization, clipping, the non-finite skip, the learning rate from a table),
-// and the update kernel reads the decision. The host reads the state only when asked for a
-// counter (a progress line, the end of an epoch, a checkpoint). The CPU runs the same rules on
-// the same struct, so both devices decide identically.
+// Everything an optimizer step decides lives in device memory (host memory on the CPU), so a CUDA
+// step never waits for the host and can be captured in a graph: micro-batches add their unit count
+// and summed loss into the Trainer's StepState (record_micro_batch), the step's first kernel
+// reduces the gradient's squared norm and decides in its last block (prepare_step: normalization,
+// clipping, the non-finite skip, the learning rate from a table), and writes the decision into the
+// optimizer's UpdateScalars, which the update kernel reads. The host reads the state only when
+// asked for a counter (a progress line, the end of an epoch, a checkpoint). The CPU runs the same
+// rules on the same structs, so both devices decide identically.
+
+using optim::FrozenChunks;
+using optim::UpdateScalars;
+
+// A count of units (samples, tokens) and the loss summed over them.
+struct UnitsAndLoss {
+  double units;
+  double loss;
+};
+
 struct StepState {
-  // Added to by each micro-batch of the group in flight; cleared by the step attempt.
-  double group_samples;
-  double group_loss;
-  // Summed loss and samples of every group attempted since the last clear (the epoch's).
-  double loss_sum;
-  double samples_sum;
+  UnitsAndLoss group;  // the group in flight: added to by each micro-batch, cleared by the step attempt
+  UnitsAndLoss epoch;  // every group attempted since the last clear (the epoch's)
   // The decision of the last attempt.
-  float grad_norm;   // L2 norm of the normalized gradient before clipping; NaN if not computed
-  float clip;        // the clipping factor applied (1: none)
-  float grad_scale;  // normalization * clip, multiplied into the gradient by the update
-  float lr;
-  int32_t skip;      // 1: the last attempt was skipped (non-finite gradient), nothing updated
-  int32_t reserved;
-  int64_t updates;   // updates applied so far (skipped ones excluded): Adam's t, SGD's first step
-  int64_t skipped;   // attempts skipped as non-finite
-  int64_t lr_base;   // the update index of lr_table[0]
-  // Dynamic loss scaling (Note [Loss scaling] in engine/runtime/accumulator.cpp): the factor of the
+  float grad_norm;  // L2 norm of the normalized gradient before clipping; NaN if not computed
+  float clip;       // the clipping factor applied (1: none)
+  int64_t skipped;  // attempts skipped as non-finite
+  int64_t lr_base;  // the update index of lr_table[0]
+  // Dynamic loss scaling (Note [Loss scaling] in engine/runtime/trainer_step.cpp): the factor of the
   // backward seed for the group in flight, and the groups stepped since it last changed.
   float loss_scale;
   int32_t loss_scale_clean_steps;
 };
 
-// How the Accumulator normalizes and guards; kernel arguments, constant for a run.
+// How the Trainer normalizes and guards; kernel arguments, constant for a run.
 struct StepConfig {
-  int32_t divide_by_samples;  // 1: grad_scale starts at 1 / group_samples (Normalization::units)
+  int32_t divide_by_units;  // 1: grad_scale starts at 1 / group.units (Normalization::units)
   int32_t need_norm;          // compute the norm (clipping or the non-finite guard is on)
   int32_t skip_non_finite;
   float clip_grad_norm;       // > 0: clip the normalized norm to this
@@ -76,17 +78,17 @@ struct StepBuffers {
   uint32_t reserved;
 };
 
-CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double samples, double loss) {
-  s.group_samples += samples;
-  s.group_loss += loss;
+CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double units, double loss) {
+  s.group.units += units;
+  s.group.loss += loss;
 }
 
-// Dynamic loss scaling's rule (Note [Loss scaling] in engine/runtime/accumulator.cpp), after the
+// Dynamic loss scaling's rule (Note [Loss scaling] in engine/runtime/trainer_step.cpp), after the
 // skip decision. Powers of two times powers of two stay powers of two, so unscaling stays exact.
 // The floor and the ceiling keep the scale usable: backed off to 0, the seed would be 0 and 1 / 0
 // infinite, so every later group would be skipped; grown to infinity, every group would overflow.
-CUMULUS_HOST_DEVICE void update_loss_scale(StepState& s, const StepConfig& c) {
-  if (s.skip) {
+CUMULUS_HOST_DEVICE void update_loss_scale(StepState& s, bool skipped, const StepConfig& c) {
+  if (skipped) {
     const float lower = s.loss_scale * c.loss_scale_backoff;
     s.loss_scale = lower < c.loss_scale_min ? c.loss_scale_min : lower;  // held at the floor
     s.loss_scale_clean_steps = 0;
@@ -97,45 +99,45 @@ CUMULUS_HOST_DEVICE void update_loss_scale(StepState& s, const StepConfig& c) {
   }
 }
 
-// The step decision of Note [Device-side step] (the arithmetic of the former host-side step, so
-// results did not move): `sum_squares` is the squared L2 norm of the accumulated gradient.
-CUMULUS_HOST_DEVICE void prepare_step(StepState& s, double sum_squares, const StepConfig& c, const float* lr_table) {
-  float scale = c.divide_by_samples ? 1.0f / static_cast<float>(s.group_samples) : 1.0f;
+// The step decision of Note [Device-side step]: `sum_squares` is the squared L2 norm of the
+// accumulated gradient; `u` receives what the update reads.
+CUMULUS_HOST_DEVICE void prepare_step(StepState& s, UpdateScalars& u, double sum_squares, const StepConfig& c,
+                                      const float* lr_table) {
+  float scale = c.divide_by_units ? 1.0f / static_cast<float>(s.group.units) : 1.0f;
   if (c.dynamic_loss_scale) scale /= s.loss_scale;  // a power of two: exact
   float clip = 1.0f;
   s.grad_norm = NAN;
-  s.skip = 0;
+  u.skip = 0;
   if (c.need_norm) {
     const double norm = std::sqrt(sum_squares) * scale;
     s.grad_norm = static_cast<float>(norm);
-    if (!std::isfinite(norm) && c.skip_non_finite) s.skip = 1;
+    if (!std::isfinite(norm) && c.skip_non_finite) u.skip = 1;
     else if (c.clip_grad_norm > 0.0f && norm > c.clip_grad_norm)
       clip = static_cast<float>(c.clip_grad_norm / (norm + 1e-6));
   }
-  if (c.dynamic_loss_scale) update_loss_scale(s, c);
-  if (s.skip) {
+  if (c.dynamic_loss_scale) update_loss_scale(s, u.skip != 0, c);
+  if (u.skip) {
     s.skipped += 1;
   } else {
-    int64_t i = s.updates - s.lr_base;
+    int64_t i = u.updates - s.lr_base;
     i = i < 0 ? 0 : (i >= c.lr_table_size ? c.lr_table_size - 1 : i);
     s.clip = clip;
-    s.grad_scale = scale * clip;
-    s.lr = lr_table[i];
-    s.updates += 1;
+    u.grad_scale = scale * clip;
+    u.lr = lr_table[i];
+    u.updates += 1;
   }
-  s.loss_sum += s.group_loss;
-  s.samples_sum += s.group_samples;
-  s.group_loss = 0.0;
-  s.group_samples = 0.0;
+  s.epoch.loss += s.group.loss;
+  s.epoch.units += s.group.units;
+  s.group.loss = 0.0;
+  s.group.units = 0.0;
 }
 
-// A step with scalars given by the caller (Optimizer::update outside an Accumulator).
-CUMULUS_HOST_DEVICE void set_step(StepState& s, float grad_scale, float lr) {
-  s.skip = 0;
-  s.clip = 1.0f;
-  s.grad_scale = grad_scale;
-  s.lr = lr;
-  s.updates += 1;
+// An update with scalars given by the caller (Optimizer::step outside a Trainer).
+CUMULUS_HOST_DEVICE void set_step(UpdateScalars& u, float grad_scale, float lr) {
+  u.skip = 0;
+  u.grad_scale = grad_scale;
+  u.lr = lr;
+  u.updates += 1;
 }
 
 // Note [Frozen parameters]
@@ -161,11 +163,6 @@ CUMULUS_HOST_DEVICE void set_step(StepState& s, float grad_scale, float lr) {
 // - Data parallel: a frozen slot never reports a finished gradient, so its bucket is reduced at the
 //   step instead of during backward (its zeros; correct, only later).
 // - A parameter frozen before FlatParameters(model) gets no slot at all (it stays out if unfrozen).
-struct FrozenChunks {
-  static constexpr int64_t kChunk = 64;  // FlatParameters::kAlignElements
-  const uint8_t* frozen = nullptr;       // per chunk, 1: frozen; null: no parameter was ever frozen
-  int32_t* missed = nullptr;             // per chunk: updates it sat out while frozen
-};
 
 }  // namespace cumulus::kernels
 

@@ -587,7 +587,7 @@ TEST_F(AppTest, PlannerComparesItsPredictionWithTheFirstEpoch) {
     EXPECT_GT(m["predicted_epoch_seconds"].get<double>(), 0.0);
     EXPECT_GT(m["epoch_seconds"].get<double>(), 0.0);
     // The planner's peak is the recorded sequence's; the loop adds a few KiB it does not see (the
-    // Accumulator's learning-rate table and loss seed, Note [Planning a micro-batch]).
+    // Trainer's learning-rate table and loss seed, Note [Planning a micro-batch]).
     const int64_t predicted = m["predicted_peak_bytes"].get<int64_t>(), measured = m["peak_bytes"].get<int64_t>();
     EXPECT_GT(predicted, 0);
     EXPECT_LE(predicted, measured);

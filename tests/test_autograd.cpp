@@ -20,7 +20,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "engine/tensor/tensor_impl.h"
 #include "test_util.h"
 
@@ -451,7 +451,7 @@ TEST_P(AutogradTest, BackwardChecksItsRoot) {
   EXPECT_THROW(Tensor().backward(), InvalidArgument);
 }
 
-// A seed given as a tensor is borrowed (the Accumulator keeps its seeds): the engine reads it and
+// A seed given as a tensor is borrowed (the Trainer keeps its seeds): the engine reads it and
 // never writes it, even where a node may form its gradient in place. Here the fused linear+relu
 // receives a view of the seed (through reshape) and its ReLU masks everything: writing in place
 // would turn the seed into 0.

@@ -36,7 +36,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "engine/core/cudnn_context.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -361,14 +361,14 @@ TEST_P(CnnModelTest, AccumulationWithBatchNormMatchesSeparateMicroBatchesNotOneB
     return n;
   }();
 
-  // (a) 16 x 4 through the Accumulator: gradients accumulate in the flat buffer, each micro-batch
+  // (a) 16 x 4 through the Trainer: gradients accumulate in the flat buffer, each micro-batch
   // normalized by its own batch-norm statistics.
   Generator gen_a(3);
   models::CNN a(gen_a, device());
   auto flat = std::make_shared<nn::FlatParameters>(a);
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 4;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   acc.begin_epoch(0, 4);
   for (int64_t i = 0; i < 4; ++i) {
     acc.backward(ops::cross_entropy(a(b.x.narrow_rows(16 * i, 16)), b.y.narrow_rows(16 * i, 16), ops::Reduction::Sum),
@@ -461,9 +461,9 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
   Generator gen(1);
   models::CNN model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 2;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   memory::MemoryTracker::Options o;
   o.model = "cnn";
   o.micro_batch_size = 2;

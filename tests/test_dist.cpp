@@ -1,5 +1,5 @@
 // Data parallel training (Note [Data parallel accumulation] in engine/dist/communicator.cpp): the
-// Accumulator's guards in one process, then the app through mpirun on small generated IDX files:
+// Trainer's guards in one process, then the app through mpirun on small generated IDX files:
 // 1 x (16 x 4), 2 x (16 x 2) and 4 x (16 x 1) give the same weights after a subset that ends with
 // a partial group; a checkpoint written by 4 ranks resumes on 2; one gradient reduction per
 // optimizer step; ranks started with different options, or that loaded different data or
@@ -26,7 +26,8 @@
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/memory/tracker.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 #include "toy_dataset.h"
 #if CUMULUS_WITH_CUDA
@@ -96,7 +97,7 @@ TEST(DataParallel, AProblemOfAnyRankIsNamedWithItsRank) {
   EXPECT_EQ(dist::problem_of_any_rank(*comm, "too few GPUs"), "rank 0: too few GPUs");
 }
 
-// A world of two in one process: enough for the Accumulator's guards, which never communicate.
+// A world of two in one process: enough for the Trainer's guards, which never communicate.
 class PretendWorld : public dist::Communicator {
  public:
   PretendWorld(int rank, int world) : Communicator(rank, world, rank, world) {}
@@ -158,11 +159,11 @@ struct TinyModel {
 
 TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
   TinyModel m;
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 3;
   ao.communicator = std::make_shared<PretendWorld>(0, 2);
   try {
-    optim::Accumulator acc(m.sgd, ao);
+    optim::Trainer acc(m.sgd, ao);
     FAIL() << "3 accumulation steps over 2 ranks was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("do not divide over 2 ranks"), std::string::npos) << e.what();
@@ -171,12 +172,12 @@ TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
 
 TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   TinyModel m;
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 4;
   ao.communicator = std::make_shared<PretendWorld>(1, 2);
-  optim::Accumulator acc(m.sgd, ao);
+  optim::Trainer acc(m.sgd, ao);
   acc.begin_epoch(0, 4);
-  // Micro-batch 0 is rank 0's: running it here is a mistake the Accumulator names.
+  // Micro-batch 0 is rank 0's: running it here is a mistake the Trainer names.
   EXPECT_THROW(acc.backward(m.loss(), 2), InvalidArgument);
   acc.skip_micro_batch();
   EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);  // micro-batch 1 is rank 1's own
@@ -282,7 +283,7 @@ TEST(CommunicationTime, DevicePointsOnAnotherStreamTimeThatStreamsWork) {
 
 TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
   TinyModel m;
-  optim::Accumulator acc(m.sgd, optim::AccumulationOptions{});
+  optim::Trainer acc(m.sgd, optim::TrainerOptions{});
   EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);
 }
 

@@ -12,7 +12,7 @@
 #include "cumulus/cumulus.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/mlp.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 #if CUMULUS_WITH_CUDA
 #include "engine/core/cuda_context.h"
@@ -511,7 +511,7 @@ TEST(FusedMLPParity, CudaMatchesTheCpu) {
   }
 }
 
-// Launches of one eager fused micro-batch (forward, loss, Accumulator::backward): forward 3 (two
+// Launches of one eager fused micro-batch (forward, loss, Trainer::backward): forward 3 (two
 // hidden layers, the head), backward 3 (the head, two hidden layers), the micro-batch record 1, in
 // either gradient mode; the generic path makes 15-16 with the record when cuBLASLt fuses every
 // epilogue (tests/test_nn.cpp).
@@ -521,9 +521,9 @@ TEST(FusedMLPLaunches, SeedMLPEagerMicroBatch) {
   Generator gen(0);
   models::SeedMLP model(gen, d);
   model.set_kernels(models::KernelChoice::fused);
-  optim::AccumulationOptions o;
+  optim::TrainerOptions o;
   o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
-  optim::Accumulator acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
+  optim::Trainer acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
                          o);
   const int64_t b = 16;
   const Tensor x = Tensor::full(Shape{b, 784}, 0.5f, d);

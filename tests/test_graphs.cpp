@@ -3,7 +3,7 @@
 // partial group, SGD with momentum, AdamW, clipping, a non-finite step skipped on the device);
 // replays never allocate; the steady state never synchronizes with the host; the memory report
 // of a graph run has the categories and fixed costs of an eager one. Each case runs on the CPU
-// (eager both times: the same calls must give the plain Accumulator's result) and on CUDA.
+// (eager both times: the same calls must give the plain Trainer's result) and on CUDA.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +23,7 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/trainer.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
 #if CUMULUS_WITH_CUDA
@@ -204,7 +204,6 @@ struct Loop {
   std::shared_ptr<nn::FlatParameters> flat;
   std::shared_ptr<optim::SGD> opt;
   std::unique_ptr<optim::Trainer> trainer;
-  optim::Accumulator* acc = nullptr;  // the trainer's
   std::unique_ptr<data::DataLoader> loader;
   Loop() {
     model.add(std::make_shared<nn::Flatten>());
@@ -220,7 +219,6 @@ struct Loop {
     ao.clip_grad_norm = 1.0f;
     ao.use_graphs = true;
     trainer = std::make_unique<optim::Trainer>(opt, ao);
-    acc = &optim::accumulator_of(*trainer);
     loader = std::make_unique<data::DataLoader>(ds, 4);  // 37 = 9 x 4 + 1
   }
   // Full micro-batches only (32 samples: 4 groups of 2 x 4), from the start of the epoch.
@@ -259,16 +257,18 @@ TEST_F(GraphCudaTest, ReplaysNeverAllocateNorSynchronize) {
   EXPECT_EQ(allocs_after, allocs_before) << "replays allocated from the caching allocator";
   EXPECT_EQ(host_synchronizations(), syncs) << "the steady state waited for the device";
   EXPECT_GT(after.graph_pool_reserved, 0);
-  EXPECT_EQ(loop.acc->skipped_steps(), 0);
+  EXPECT_EQ(loop.trainer->skipped_steps(), 0);
 }
 
 TEST_F(GraphCudaTest, AWholeGroupIsCapturableSoNothingSynchronizes) {
-  // Capture mode fails any call that would wait for the device, so capturing two micro-batches
-  // and the step's device part in one graph proves the steady state is host-free.
+  // Capture mode fails any call that would wait for the device, so capturing two micro-batches'
+  // backward in one graph, and then replaying the step's device part the Trainer captured in the
+  // first epoch, proves the steady state is host-free.
   Loop loop;
   loop.epoch_of_full_batches(0);
+  ASSERT_GT(loop.trainer->stats().kernels_per_step, 0) << "the step's device part was captured";
   loop.loader->set_epoch(1);
-  loop.acc->begin_epoch(1, 8);
+  loop.trainer->begin_epoch(1, 8);
   cuda::Context& ctx = cuda::context(0);
   cuda::Graph group;
   int64_t k = 0;
@@ -276,16 +276,16 @@ TEST_F(GraphCudaTest, AWholeGroupIsCapturableSoNothingSynchronizes) {
     const data::Batch b = loop.loader->next(k++);
     return ops::cross_entropy(loop.model(b.x), b.y, ops::Reduction::Sum);
   };
-  loop.acc->prepare_step_host();  // host upkeep (the learning-rate table) stays outside
   ASSERT_NO_THROW(group = cuda::Graph::capture(ctx, [&] {
-    loop.acc->backward(one(), 4);
-    loop.acc->backward(one(), 4);
-    loop.acc->launch_step();
+    loop.trainer->backward(one(), 4);
+    loop.trainer->backward(one(), 4);
   }));
-  loop.acc->finish_step_host();
   group.launch();
+  const int64_t replayed = loop.trainer->stats().replayed_steps;
+  ASSERT_TRUE(loop.trainer->step_if_ready());
+  EXPECT_EQ(loop.trainer->stats().replayed_steps, replayed + 1);
   synchronize(loop.device);
-  EXPECT_EQ(loop.acc->optimizer_steps(), 5);
+  EXPECT_EQ(loop.trainer->optimizer_steps(), 5);
 }
 
 TEST_F(GraphCudaTest, ASynchronizingClosureFailsTheCaptureWithAClearError) {

@@ -17,9 +17,10 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/plan/planner.h"
+#include "cumulus/runtime/trainer.h"
 #include "engine/plan/fits.h"
-#include "engine/runtime/accumulator.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -52,7 +53,7 @@ Data make_data(int64_t n, Device device) {
 }
 
 // One epoch over `n` samples in micro-batches of `b`, `accum` per step, tracked.
-void run_tracked(memory::MemoryTracker& tracker, models::SeedMLP& model, optim::Accumulator& acc, const Data& d,
+void run_tracked(memory::MemoryTracker& tracker, models::SeedMLP& model, optim::Trainer& acc, const Data& d,
                  int64_t b, int64_t n) {
   const int64_t mbs = (n + b - 1) / b;
   acc.begin_epoch(0, mbs);
@@ -80,9 +81,9 @@ TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 4;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   for (int64_t b : {8, 16, 40}) {
     SCOPED_TRACE("micro-batch " + std::to_string(b));
     memory::MemoryTracker::Options o;
@@ -111,9 +112,9 @@ TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 2;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   memory::MemoryTracker::Options o;
   o.micro_batch_size = 8;
   o.accum_steps = 2;
@@ -141,9 +142,9 @@ TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) 
     Generator gen(1);
     models::SeedMLP model(gen, device());
     auto flat = std::make_shared<nn::FlatParameters>(model);
-    optim::AccumulationOptions ao;
+    optim::TrainerOptions ao;
     ao.accum_steps = accum;
-    optim::Accumulator acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
+    optim::Trainer acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
     memory::MemoryTracker::Options o;
     o.micro_batch_size = b;
     o.accum_steps = accum;
@@ -178,9 +179,9 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulationOptions ao;
+  optim::TrainerOptions ao;
   ao.accum_steps = 4;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   memory::MemoryTracker::Options o;
   o.model = "seed_mlp";
   o.micro_batch_size = 16;
@@ -259,8 +260,8 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::AccumulationOptions ao;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  optim::TrainerOptions ao;
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   CachingAllocator& alloc = allocator_for(device());
   struct LimitGuard {
     CachingAllocator& a;
@@ -278,7 +279,7 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   };
   request.optimizer = &acc.optimizer();
   {
-    // The Accumulator's own blocks (its learning-rate table, its loss seed) come with its first
+    // The Trainer's own blocks (its learning-rate table, its loss seed) come with its first
     // micro-batch; the planner sees only what is held and what micro_batch allocates, and the
     // budget below leaves the small pool no room to spare.
     acc.begin_epoch(0, 1);
@@ -316,7 +317,7 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   }
   // One batch of 256 does not fit the budget: OutOfMemory names the request and the usage.
   alloc.empty_cache();
-  // Announced, so that the Accumulator takes it should the limit be met in backward.
+  // Announced, so that the Trainer takes it should the limit be met in backward.
   acc.begin_epoch(1, 1);
   try {
     memory::MemoryTracker::Options o;

@@ -21,7 +21,7 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -318,7 +318,7 @@ TEST_P(NnTest, FlatParametersSkipFrozenParameters) {
   so.lr = 0.1f;
   so.momentum = 0.9f;
   so.weight_decay = 0.1f;
-  optim::Accumulator acc(std::make_shared<optim::SGD>(flat, so), optim::AccumulationOptions{});
+  optim::Trainer acc(std::make_shared<optim::SGD>(flat, so), optim::TrainerOptions{});
   Generator data(1);
   const Tensor x = uniform({8, 784}, 0.0f, 1.0f, data, device());
   const Tensor y = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5, 6, 7}, {8}, device());
@@ -469,7 +469,7 @@ TEST_P(NnTest, SequentialFusesOnlyALinearFollowedByAReluInsideOneSegment) {
 }
 
 // Kernel launches of one eager micro-batch of the seed MLP (forward, summed cross-entropy,
-// Accumulator::backward), counted by the launchers. Before the fused Linear + ReLU it was 23:
+// Trainer::backward), counted by the launchers. Before the fused Linear + ReLU it was 23:
 // forward 10 (per Linear a broadcast and a GEMM, 2 ReLUs, cross-entropy's 2), backward 12 (the
 // seed fill, cross-entropy, 2 ReLU masks, dx x2, dW x3, db x3), the micro-batch record 1.
 // Each Linear's two epilogue GEMMs have one of two outcomes, and cumulus::cuda_epilogue_calls says
@@ -480,9 +480,9 @@ TEST(NnLaunches, SeedMLPEagerMicroBatch) {
   const Device d = Device::cuda(0);
   Generator gen(0);
   models::SeedMLP model(gen, d);
-  optim::AccumulationOptions o;
+  optim::TrainerOptions o;
   o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
-  optim::Accumulator acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
+  optim::Trainer acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
                          o);
   const int64_t b = 16;
   std::vector<float> xv(static_cast<std::size_t>(b * 784), 0.5f);
@@ -518,7 +518,7 @@ TEST(NnLaunches, SeedMLPEagerMicroBatch) {
   // it), our ReLU kernel after the two hidden ones (Note [ReLU epilogues and NaN] in
   // engine/ops/linear.cpp), cross-entropy's one (rows and sum in one block at this size). Each
   // declined one adds the bias broadcast. Backward 8 when the bias gradients' sinks overwrite: no
-  // seed fill (the Accumulator keeps its seed), cross-entropy, 2 ReLU masks, dx x2, dW x3 with db
+  // seed fill (the Trainer keeps its seed), cross-entropy, 2 ReLU masks, dx x2, dW x3 with db
   // in the same GEMM (BGRADB); each declined BGRADB adds db's sum_rows. When they accumulate,
   // BGRADB writes each db into a temporary and one launch at the end of backward adds all of them
   // (Note [Deferred gradient adds]), if there is any. Plus the micro-batch record.

@@ -33,7 +33,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/optim_rules.h"
 #include "test_util.h"
@@ -41,8 +41,8 @@
 namespace cumulus {
 namespace {
 
-using optim::Accumulator;
-using optim::AccumulationOptions;
+using optim::Trainer;
+using optim::TrainerOptions;
 using optim::LossScaling;
 using optim::Normalization;
 using testing::DeviceTest;
@@ -146,11 +146,11 @@ TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cy
   models::SeedMLP model(gen, device);
   model.set_kernels(kernels);
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  AccumulationOptions options;
+  TrainerOptions options;
   options.accum_steps = accum;
   options.normalization = normalization;
   options.loss_scaling = loss_scaling;
-  Accumulator acc(make_optimizer(kind, flat), options);
+  Trainer acc(make_optimizer(kind, flat), options);
   TrainRun run;
   run.names = names_of(model);
   run.initial = snapshot(model);
@@ -232,9 +232,9 @@ TEST_P(FlatParametersTest, PacksSeedMLPIntoViewsAtStableAddresses) {
   // stays zero.
   std::vector<void*> grad_addresses;
   for (const auto& [n, t] : named) grad_addresses.push_back(t.grad_buffer().raw_data());
-  AccumulationOptions options;
+  TrainerOptions options;
   options.accum_steps = 2;
-  Accumulator acc(make_optimizer(OptKind::momentum, flat), options);
+  Trainer acc(make_optimizer(OptKind::momentum, flat), options);
   for (int mb = 0; mb < 4; ++mb) {
     acc.backward(sum_loss(model, data, mb * 16, 16), 16);
     for (std::size_t i = 0; i < named.size(); ++i) {
@@ -340,27 +340,27 @@ struct TinyModel {
   }
 };
 
-// The Tiny model trained by SGD (momentum 0.9) through an Accumulator.
+// The Tiny model trained by SGD (momentum 0.9) through a Trainer.
 struct TinyTrainer {
   TinyModel m;
   std::shared_ptr<optim::SGD> opt;
-  std::unique_ptr<Accumulator> acc;
-  TinyTrainer(const Tiny& p, Device device, float lr, const AccumulationOptions& options) : m(p, device) {
+  std::unique_ptr<Trainer> acc;
+  TinyTrainer(const Tiny& p, Device device, float lr, const TrainerOptions& options) : m(p, device) {
     optim::SGDOptions so;
     so.lr = lr;
     so.momentum = 0.9f;
     opt = std::make_shared<optim::SGD>(m.flat, so);
-    acc = std::make_unique<Accumulator>(opt, options);
+    acc = std::make_unique<Trainer>(opt, options);
   }
 };
 
 std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
 // How the gradient reaches the optimizer: a mean loss and Optimizer::step(), or summed losses of
-// one-sample micro-batches through an Accumulator with 2 accumulation steps (grad_scale 1/2).
+// one-sample micro-batches through a Trainer with 2 accumulation steps (grad_scale 1/2).
 enum class Path { mean_loss_step, accumulator_two_micro_batches };
 
-void take_step(TinyModel& m, optim::Optimizer& opt, Accumulator* acc, Path path) {
+void take_step(TinyModel& m, optim::Optimizer& opt, Trainer* acc, Path path) {
   if (path == Path::mean_loss_step) {
     m.loss(ops::Reduction::Mean).backward();
     opt.step();
@@ -404,9 +404,9 @@ TEST_P(OptimizerMathTest, SgdTwoStepsMatchHandComputation) {
       o.nesterov = c.nesterov;
       o.weight_decay = c.weight_decay;
       auto opt = std::make_shared<optim::SGD>(m.flat, o);
-      AccumulationOptions ao;
+      TrainerOptions ao;
       ao.accum_steps = 2;
-      Accumulator acc(opt, ao);
+      Trainer acc(opt, ao);
 
       // torch.optim.SGD in double.
       std::vector<double> theta = p.theta0(), buf(theta.size(), 0.0);
@@ -449,9 +449,9 @@ TEST_P(OptimizerMathTest, AdamWTwoStepsMatchHandComputation) {
       o.lr = 0.05f;
       o.weight_decay = wd;
       auto opt = std::make_shared<optim::AdamW>(m.flat, o);
-      AccumulationOptions ao;
+      TrainerOptions ao;
       ao.accum_steps = 2;
-      Accumulator acc(opt, ao);
+      Trainer acc(opt, ao);
 
       // torch.optim.AdamW in double.
       std::vector<double> theta = p.theta0(), mom(theta.size(), 0.0), var(theta.size(), 0.0);
@@ -538,9 +538,9 @@ TEST_P(OptimizerMathTest, FrozenParameterIsLeftAloneAndResumesItsOwnState) {
       o.weight_decay = wd;
       opt = std::make_shared<optim::SGD>(m.flat, o);
     }
-    AccumulationOptions ao;
+    TrainerOptions ao;
     ao.accum_steps = 2;
-    Accumulator acc(opt, ao);
+    Trainer acc(opt, ao);
     // The optimizer's f32 state tensors (momentum, exp_avg, exp_avg_sq) in theta's order.
     auto float_state = [&] {
       std::vector<std::vector<float>> out;
@@ -581,11 +581,11 @@ TEST_P(OptimizerMathTest, FrozenStateSurvivesACheckpoint) {
     o.lr = 0.05f;
     return std::make_shared<optim::AdamW>(model.flat, o);
   };
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.accum_steps = 2;
   TinyModel a(p, device());
   auto opt_a = make(a);
-  Accumulator acc_a(opt_a, ao);
+  Trainer acc_a(opt_a, ao);
   take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
   a.w.set_requires_grad(false);
   take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
@@ -599,7 +599,7 @@ TEST_P(OptimizerMathTest, FrozenStateSurvivesACheckpoint) {
   b.w.set_requires_grad(false);
   auto opt_b = make(b);
   opt_b->load_state(saved, opt_a->updates());
-  Accumulator acc_b(opt_b, ao);
+  Trainer acc_b(opt_b, ao);
   for (TinyModel* model : {&a, &b}) model->w.set_requires_grad(true);
   take_step(a, *opt_a, &acc_a, Path::accumulator_two_micro_batches);
   take_step(b, *opt_b, &acc_b, Path::accumulator_two_micro_batches);
@@ -673,17 +673,17 @@ TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
   ASSERT_EQ(sizes.size(), 63u);
   struct Side {
     std::unique_ptr<models::SeedMLP> model;
-    std::unique_ptr<Accumulator> acc;
+    std::unique_ptr<Trainer> acc;
   };
   auto make_side = [&](Normalization n) {
     Side s;
     Generator gen(kModelSeed);
     s.model = std::make_unique<models::SeedMLP>(gen, device());
     auto flat = std::make_shared<nn::FlatParameters>(*s.model);
-    AccumulationOptions o;
+    TrainerOptions o;
     o.accum_steps = 4;
     o.normalization = n;
-    s.acc = std::make_unique<Accumulator>(make_optimizer(OptKind::sgd, flat), o);
+    s.acc = std::make_unique<Trainer>(make_optimizer(OptKind::sgd, flat), o);
     s.acc->begin_epoch(0, static_cast<int64_t>(sizes.size()));
     return s;
   };
@@ -786,7 +786,7 @@ TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
 // ---- clipping ----------------------------------------------------------------------------------
 
 // nn::clip_grad_norm in a loop written by hand (backward, clip, AdamW's step) against an
-// Accumulator clipping the same gradients (normalization none, no non-finite guard): the same norm
+// Trainer clipping the same gradients (normalization none, no non-finite guard): the same norm
 // and the same weights, bit for bit, over steps that clip and steps below the threshold; parameters
 // of sizes off the flat buffer's alignment (5, 70, 130), so the padding and the norm's lanes count.
 TEST_P(AccumulatorTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
@@ -804,11 +804,11 @@ TEST_P(AccumulatorTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
   const auto trained = make(1), manual = make(1);
   optim::AdamWOptions adam;
   adam.lr = 0.01f;
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.normalization = Normalization::none;
   ao.skip_non_finite = false;
   ao.clip_grad_norm = 1.0f;
-  Accumulator acc(std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(trained), adam), ao);
+  Trainer acc(std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(trained), adam), ao);
   auto flat = std::make_shared<nn::FlatParameters>(manual);
   optim::AdamW opt(flat, adam);
   // loss = sum_i scale * sum(p_i^2 * c_i): gradients 2 scale c_i p_i, of norm above 1 for scale 3
@@ -867,10 +867,10 @@ TEST_P(AccumulatorTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
   auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
   optim::SGDOptions so;
   so.lr = 0.1f;
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.accum_steps = 2;
   ao.clip_grad_norm = 1.0f;
-  Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
+  Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
   auto micro_batch = [&](float a, float b) {
     Tensor x = Tensor::from_vector(std::vector<float>{a, b}, {1, 2}, device());
     acc.backward(ops::sum(ops::linear(x, w, Tensor())), 1);
@@ -979,9 +979,9 @@ TEST_P(AccumulatorTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
     auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
     optim::SGDOptions so;
     so.lr = 0.7f;  // the schedule overrides it
-    AccumulationOptions ao;
+    TrainerOptions ao;
     ao.accum_steps = 4;
-    Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao, cs.schedule);
+    Trainer acc(std::make_shared<optim::SGD>(flat, so), ao, cs.schedule);
     const Tensor x = Tensor::from_vector(std::vector<float>{0.5f, 2.0f}, {1, 2}, device());
     std::vector<double> expected_w = {1.0, -1.0};
     float lr_seen = acc.last_lr();
@@ -1028,10 +1028,10 @@ TEST_P(AccumulatorTest, ScheduleSetsStepsPerEpoch) {
   auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
   optim::SGDOptions so;
   so.lr = 0.01f;
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.accum_steps = 5;  // overridden by the schedule
   ao.schedule = {{0, 8}, {4, 2}};
-  Accumulator acc(std::make_shared<optim::SGD>(flat, so), ao);
+  Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
   const Tensor x = Tensor::from_vector(std::vector<float>{1.0f, 1.0f}, {1, 2}, device());
   constexpr int kMicroBatches = 20;
   for (int epoch = 0; epoch < 6; ++epoch) {
@@ -1093,7 +1093,7 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   const Tensor y = Tensor::from_vector(std::vector<int32_t>{1, 2}, {2}, device());
 
   auto make = [&]() {
-    AccumulationOptions ao;
+    TrainerOptions ao;
     ao.accum_steps = 2;
     return TinyTrainer(p, device(), 0.2f, ao);
   };
@@ -1170,7 +1170,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   LossScaling ls;
   ls.dynamic = true;  // 2^16 to start
   ls.growth_interval = 2;
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.accum_steps = 4;
   ao.loss_scaling = ls;
   auto make = [&] { return TinyTrainer(p, device(), 0.1f, ao); };
@@ -1207,7 +1207,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   EXPECT_EQ(t.m.gather(t.opt->momentum_buffer()), momentum) << "momentum changed by the skipped group";
   EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "halved once";
   {  // the control: without loss scaling the same group is finite and steps
-    AccumulationOptions unscaled;
+    TrainerOptions unscaled;
     unscaled.accum_steps = 4;
     TinyTrainer plain(p, device(), 0.1f, unscaled);
     feed(plain, 0);
@@ -1272,7 +1272,7 @@ TEST_P(AccumulatorTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
     ls.initial_scale = 8.0f;
     ls.growth_interval = 2;
     ls.min_scale = floor;
-    AccumulationOptions ao;
+    TrainerOptions ao;
     ao.loss_scaling = ls;
     TinyTrainer t(p, device(), 0.1f, ao);
     constexpr int kOverflows = 200;
@@ -1300,7 +1300,7 @@ TEST_P(AccumulatorTest, LossScaleNeverGrowsToInfinity) {
   ls.dynamic = true;
   ls.initial_scale = 0x1p126f;
   ls.growth_interval = 1;
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.loss_scaling = ls;
   TinyTrainer t(p, device(), 0.0f, ao);  // lr 0: the weights, and so the gradients, stay put
   for (int k = 0; k < 3; ++k) {
@@ -1315,11 +1315,11 @@ TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
   TinyModel m(p, device());
   auto make = [&](LossScaling ls, Normalization n = Normalization::units, bool skip = true) {
     ls.dynamic = true;
-    AccumulationOptions ao;
+    TrainerOptions ao;
     ao.loss_scaling = ls;
     ao.normalization = n;
     ao.skip_non_finite = skip;
-    Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+    Trainer acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
   };
   EXPECT_NO_THROW(make({}));
   LossScaling bad;
@@ -1374,9 +1374,9 @@ std::string refusal(Fn fn) {
 TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
   const Tiny p;
   TinyModel m(p, device());
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.accum_steps = 2;
-  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  Trainer acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
   const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
   const std::vector<std::pair<std::string, std::function<Tensor()>>> means = {
       {"cross_entropy's default", [&] { return ops::cross_entropy(ops::linear(x, m.w, m.b), y); }},
@@ -1402,16 +1402,16 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
   }
   // The same check on the Trainer's path (eager here; on CUDA the capture calls backward too).
   optim::TrainerOptions to;
-  static_cast<optim::AccumulationOptions&>(to) = ao;
+  static_cast<optim::TrainerOptions&>(to) = ao;
   optim::Trainer trainer(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), to);
   EXPECT_THROW(trainer.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
   EXPECT_EQ(trainer.micro_batch_index(), 0);
   // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.
   ao.normalization = Normalization::micro_batches;
-  Accumulator classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  Trainer classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
   EXPECT_THROW(classic.backward(m.loss(ops::Reduction::Mean), 2), InvalidArgument);
   ao.normalization = Normalization::none;
-  Accumulator as_accumulated(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
+  Trainer as_accumulated(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
   EXPECT_NO_THROW(as_accumulated.backward(m.loss(ops::Reduction::Mean), 2));
 }
 
@@ -1420,7 +1420,7 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
 TEST_P(AccumulatorTest, AcceptsSummedLosses) {
   const Tiny p;
   TinyModel m(p, device());
-  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulationOptions{});
+  Trainer acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), TrainerOptions{});
   const Tensor x = m.x.narrow_rows(0, 2), y = m.y.narrow_rows(0, 2);
   const std::vector<std::pair<std::string, std::function<Tensor()>>> sums = {
       {"cross_entropy Sum", [&] { return m.loss(ops::Reduction::Sum); }},
@@ -1443,7 +1443,7 @@ TEST_P(AccumulatorTest, AcceptsSummedLosses) {
 TEST_P(AccumulatorTest, GradAfterAStepSaysWhyItIsUndefined) {
   const Tiny p;
   TinyModel m(p, device());
-  Accumulator acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), AccumulationOptions{});
+  Trainer acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), TrainerOptions{});
   acc.backward(m.loss(ops::Reduction::Sum), Tiny::B);
   const std::vector<float> summed = m.w.grad().to_vector<float>();
   ASSERT_TRUE(acc.step_if_ready());
@@ -1469,9 +1469,9 @@ TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {
   TinyModel m(p, device());
   optim::SGDOptions so;
   so.lr = 0.01f;
-  AccumulationOptions ao;
+  TrainerOptions ao;
   ao.accum_steps = 3;
-  Accumulator acc(std::make_shared<optim::SGD>(m.flat, so), ao);
+  Trainer acc(std::make_shared<optim::SGD>(m.flat, so), ao);
   EXPECT_EQ(acc.micro_batch_index(), 0);
   EXPECT_EQ(acc.micro_batches_total(), 0);
   EXPECT_EQ(acc.optimizer_steps(), 0);
@@ -1539,8 +1539,8 @@ TEST_P(AccumulatorTest, OptimizerStateIsAllocatedAtTheFirstStep) {
     EXPECT_GE(params_bytes, flat->num_parameters() * 4);
     const CategoryStats before_create = alloc.stats()[MemoryCategory::optimizer_state];
     {
-      AccumulationOptions ao;
-      Accumulator acc(make_optimizer(kind, flat), ao);
+      TrainerOptions ao;
+      Trainer acc(make_optimizer(kind, flat), ao);
       EXPECT_EQ(acc.optimizer().state_bytes(), 0);
       acc.backward(sum_loss(model, data, 0, 8), 8);
       const CategoryStats before = alloc.stats()[MemoryCategory::optimizer_state];

@@ -24,7 +24,6 @@
 #include "cumulus/plan/planner.h"
 #include "cumulus/runtime/trainer.h"
 #include "engine/plan/fits.h"
-#include "engine/runtime/accumulator.h"
 
 namespace cumulus {
 namespace {
@@ -86,9 +85,9 @@ struct Rig {
   // second group runs beside the state the first step allocates). The OutOfMemory's message, or "".
   std::string train_two_steps(const std::shared_ptr<optim::Optimizer>& optimizer, int64_t micro_batch, int64_t accum,
                               int64_t budget) const {
-    optim::AccumulationOptions ao;
+    optim::TrainerOptions ao;
     ao.accum_steps = static_cast<int>(accum);
-    optim::Accumulator acc(optimizer, ao);
+    optim::Trainer acc(optimizer, ao);
     allocator_for(kCpu).empty_cache();
     allocator_for(kCpu).reset_peak();
     const LimitGuard limit(budget);
@@ -628,7 +627,7 @@ TEST(PlanBatch, WeighsEverySubsetOfTheRecomputeSegments) {
   EXPECT_THROW(plan::plan_batch(request), InvalidArgument);
 }
 
-// The training loop's own blocks (an Accumulator's learning-rate table, made at its first step) are
+// The training loop's own blocks (a Trainer's learning-rate table, made at its first step) are
 // held in every row, category other, as the optimizer state is: without them a plan at the edge of
 // the budget passed its probe and then ran out of memory by those bytes in the loop.
 TEST(PlanBatch, HoldsTheLoopsStateInEveryRow) {

@@ -26,7 +26,6 @@
 #include "cumulus/plan/planner.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
-#include "engine/optim/optimizer_access.h"
 
 namespace cumulus {
 namespace {
@@ -127,7 +126,7 @@ TokenRun reference_run(Opt kind, int epochs) {
         loss_sum += static_cast<double>(l.item());
         tokens += rows * kTokens;
       }
-      optim::OptimizerAccess::update(*opt, 1.0f / static_cast<float>(tokens), opt->lr());
+      opt->step(1.0f / static_cast<float>(tokens), opt->lr());
       run.step_losses.push_back(loss_sum / static_cast<double>(tokens));
       run.group_units.push_back(tokens);
     }
@@ -179,7 +178,7 @@ TEST(TokenUnits, PerSequenceNormalizationWouldDiffer) {
   auto opt = make_optimizer(Opt::sgd, flat);
   const data::TensorDataset set = token_dataset();
   summed_loss(model, set.tensor(0).narrow_rows(0, 9), set.tensor(1).narrow_rows(0, 9)).backward();
-  optim::OptimizerAccess::update(*opt, 1.0f / 9.0f, opt->lr());  // per sequence
+  opt->step(1.0f / 9.0f, opt->lr());  // per sequence
   const TokenRun reference = reference_run(Opt::sgd, 1);
   const std::vector<float> w = flat->values().to_vector<float>();
   bool differs = false;

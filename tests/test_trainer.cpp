@@ -1,7 +1,7 @@
-// The training API (optim::Trainer, Note [Training API] in engine/runtime/trainer.cpp): eager, it
-// is the Accumulator driven by hand, bit for bit; set_accum_steps mid-run keeps the optimizer's
-// step count and the LR schedule's position (a new Accumulator restarted both), is deferred to the
-// group boundary, outlives the per-epoch schedule and survives a checkpoint; the memory tracker's
+// The training API (optim::Trainer, Note [Training API] in engine/runtime/trainer.cpp): eager, its
+// micro_batch is backward(loss, units) driven by hand, bit for bit; set_accum_steps mid-run keeps
+// the optimizer's step count and the LR schedule's position (a new Trainer would restart both), is
+// deferred to the group boundary, outlives the per-epoch schedule and survives a checkpoint; the memory tracker's
 // records appear without a call of the user's; train_epoch is the user's own loop over a DataLoader
 // and evaluate_classifier a test pass. CUDA graphs are covered by test_graphs.cpp.
 #include <gtest/gtest.h>
@@ -25,7 +25,7 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/runtime/trainer.h"
 #include "cumulus/tensor/random.h"
-#include "engine/runtime/accumulator.h"
+#include "cumulus/runtime/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -80,7 +80,7 @@ struct StepLog {
   std::vector<int> group;
   std::vector<int64_t> steps;
   std::vector<float> lr;
-  // `driver`: a Trainer, or the Accumulator a reference drives by hand.
+  // `driver`: a Trainer driven through micro_batch, or one a reference drives by backward.
   template <class Driver>
   void add(int group_size, const Driver& driver) {
     group.push_back(group_size);
@@ -92,11 +92,11 @@ struct StepLog {
 class TrainerTest : public DeviceTest {};
 
 // Both drive the same micro-batches (with a set_accum_steps mid-epoch, at an empty group); the
-// Trainer without graphs must be the Accumulator's calls, nothing added or reordered.
-TEST_P(TrainerTest, WithoutGraphsItIsTheAccumulatorDrivenByHandBitForBit) {
+// micro_batch without graphs must be backward's calls, nothing added or reordered.
+TEST_P(TrainerTest, WithoutGraphsMicroBatchIsBackwardDrivenByHandBitForBit) {
   Problem by_hand(device()), with_trainer(device());
   by_hand.options.accum_steps = with_trainer.options.accum_steps = 3;
-  optim::Accumulator acc(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  optim::Trainer acc(by_hand.optimizer, by_hand.options, by_hand.schedule);
   optim::Trainer trainer(with_trainer.optimizer, with_trainer.options, with_trainer.schedule);
   ASSERT_TRUE(same_bits(by_hand.weights(), with_trainer.weights()));
   for (int epoch = 0; epoch < 2; ++epoch) {
@@ -126,8 +126,8 @@ TEST_P(TrainerTest, WithoutGraphsItIsTheAccumulatorDrivenByHandBitForBit) {
 // Groups of 2 until micro-batch 7 of epoch 0, where set_accum_steps(4) comes mid-group: the group
 // {6, 7} still steps at 2, then groups of 4, in epoch 1 too. The reference reaches the same
 // groups with today's per-epoch schedule ({0: 2, 1: 4}, epoch 0 cut after micro-batch 7), where
-// one Accumulator lives through the change. The step count and the learning rate must go on
-// across it; replacing the Accumulator, as changing the steps used to need, restarted both.
+// one Trainer lives through the change. The step count and the learning rate must go on
+// across it; a new Trainer would restart both.
 TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
   Problem s(device());
   s.options.accum_steps = 2;
@@ -149,7 +149,7 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
 
   Problem r(device());
   r.options.schedule = {{0, 2}, {1, 4}};
-  optim::Accumulator ref(r.optimizer, r.options, r.schedule);
+  optim::Trainer ref(r.optimizer, r.options, r.schedule);
   StepLog expected;
   const std::vector<std::pair<int64_t, int64_t>> epochs = {{0, 8}, {8, kMicroBatches}, {0, kMicroBatches}};
   for (std::size_t e = 0; e < epochs.size(); ++e) {
@@ -330,7 +330,7 @@ TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
   EXPECT_EQ(trainer.last_lr(), reference.last_lr());
 }
 
-// on_step reports every step taken: its count, epoch and lr as the Accumulator's after it, and the
+// on_step reports every step taken: its count, epoch and lr as the Trainer's after it, and the
 // group's loss as summed here from each micro-batch's loss over the group's samples (the partial
 // last group of 4 included), across two epochs (the epoch sums restart at begin_epoch).
 TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {

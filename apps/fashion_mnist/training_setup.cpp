@@ -65,7 +65,7 @@ std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const RunConfig& o, in
 
 optim::TrainerOptions trainer_options(const RunConfig& o, const std::shared_ptr<dist::Communicator>& comm) {
   optim::TrainerOptions ao;
-  // The Accumulator counts the micro-batches of all ranks (Note [Data parallel accumulation]).
+  // The Trainer counts the micro-batches of all ranks (Note [Data parallel accumulation]).
   ao.accum_steps = o.accum_steps_at(0) * o.world_size;
   if (o.accum_scheduled) ao.schedule = o.accum_schedule_all_ranks();
   if (o.world_size > 1) ao.communicator = comm;

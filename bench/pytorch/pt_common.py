@@ -5,7 +5,7 @@ The model is the PyTorch quickstart's NeuralNetwork (Flatten, then linear_relu_s
 Linear(784, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10)), trained with SGD lr 1e-3 and
 CrossEntropyLoss (mean over the micro-batch). With --accum-steps N each micro-batch's loss is
 divided by N and the optimizer steps every N micro-batches; a partial group left at the end of
-an epoch is stepped too (as cumulus' Accumulator does), so both variants step
+an epoch is stepped too (as cumulus' Trainer does), so both variants step
 ceil(micro-batches / N) times per epoch.
 """
 

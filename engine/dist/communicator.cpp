@@ -3,8 +3,8 @@
 // optimizer step) is accumulation steps x world size micro-batches of the epoch's order, exactly
 // the group a single process would form; rank r processes the micro-batches i with
 // i % world == r (dist::owner_of_micro_batch) and counts the others without running them
-// (Accumulator::skip_micro_batch), so every rank agrees on where each group ends, a short last
-// group included, and the Accumulator's counters, checkpoints and learning-rate schedule are
+// (Trainer::skip_micro_batch), so every rank agrees on where each group ends, a short last
+// group included, and the Trainer's counters, checkpoints and learning-rate schedule are
 // those of one process whatever the world size.
 //
 // At the step the flat gradient buffer, and the step state's sample and loss sums, are summed

@@ -33,20 +33,23 @@ kernels::StepState decide(const FlatParameters& parameters, float max_norm) {
   kernels::StepState state{};
   if (parameters.device().is_cpu()) {
     const float lr_table[1] = {0.0f};
-    kernels::prepare_step(state, kernels::sum_squares_cpu(grad, n), config, lr_table);
+    kernels::UpdateScalars unused{};
+    kernels::prepare_step(state, unused, kernels::sum_squares_cpu(grad, n), config, lr_table);
     return state;
   }
 #if CUMULUS_WITH_CUDA
   MemoryCategoryScope scope(MemoryCategory::other);
   const Tensor buffers =
       Tensor::zeros(Shape{static_cast<int64_t>(sizeof(kernels::StepBuffers))}, DType::u8, parameters.device());
+  const Tensor scalars =
+      Tensor::zeros(Shape{static_cast<int64_t>(sizeof(kernels::UpdateScalars))}, DType::u8, parameters.device());
   const Tensor lr_table = Tensor::zeros(Shape{1}, DType::f32, parameters.device());
   auto* buf = static_cast<kernels::StepBuffers*>(buffers.raw_data());
-  CUMULUS_DISPATCH(
-      parameters.device(), ctx, (void)0,
-      kernels::grad_norm_and_prepare_step_cuda(grad, n, buf, config, lr_table.data<float>(), ctx.stream()));
-  const std::vector<uint8_t> host = buffers.to(Device::cpu()).to_vector<uint8_t>();
-  std::memcpy(&state, host.data(), sizeof state);  // StepBuffers begins with its state
+  CUMULUS_DISPATCH(parameters.device(), ctx, (void)0,
+                   kernels::grad_norm_and_prepare_step_cuda(grad, n, buf,
+                                                            static_cast<kernels::UpdateScalars*>(scalars.raw_data()),
+                                                            config, lr_table.data<float>(), ctx.stream()));
+  copy_bytes(&state, Device::cpu(), &buf->state, parameters.device(), sizeof state);
 #endif
   return state;
 }

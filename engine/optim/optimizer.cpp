@@ -24,36 +24,21 @@ Optimizer::Optimizer(std::shared_ptr<nn::FlatParameters> params, float lr) : par
   CUMULUS_CHECK(params_ != nullptr, InvalidArgument, "optimizer: no parameters");
   set_lr(lr);
   MemoryCategoryScope scope(MemoryCategory::other);
-  step_buffers_ = Tensor::zeros(Shape{static_cast<int64_t>(sizeof(kernels::StepBuffers))}, DType::u8,
-                                params_->device());
+  scalars_ = Tensor::zeros(Shape{static_cast<int64_t>(sizeof(UpdateScalars))}, DType::u8, params_->device());
 }
 
-kernels::StepBuffers* Optimizer::step_buffers() const {
-  return static_cast<kernels::StepBuffers*>(step_buffers_.raw_data());
-}
+Optimizer::~Optimizer() = default;
 
-kernels::StepState Optimizer::read_step_state() const {
-  kernels::StepState s;
-  copy_bytes(&s, Device::cpu(), &step_buffers()->state, params_->device(), sizeof(s));
+UpdateScalars* Optimizer::update_scalars() const { return static_cast<UpdateScalars*>(scalars_.raw_data()); }
+
+UpdateScalars Optimizer::read_update_scalars() const {
+  UpdateScalars s;
+  copy_bytes(&s, Device::cpu(), update_scalars(), params_->device(), sizeof(s));
   return s;
 }
 
-void Optimizer::write_step_state(std::size_t offset, const void* value, std::size_t bytes) {
-  CUMULUS_CHECK(offset + bytes <= sizeof(kernels::StepState), InvalidArgument, "write_step_state out of range");
-  char* dst = reinterpret_cast<char*>(&step_buffers()->state) + offset;
-  copy_bytes(dst, params_->device(), value, Device::cpu(), bytes);
-}
-
-Tensor Optimizer::step_state_scalar(std::size_t offset, const Shape& shape) const {
-  CUMULUS_CHECK(offset % alignof(float) == 0 && offset + sizeof(float) <= sizeof(kernels::StepState) &&
-                    shape.numel() == 1,
-                InvalidArgument, "step_state_scalar: offset ", offset, ", shape ", shape.str());
-  auto view = std::make_shared<TensorImpl>();
-  view->storage = impl_of(step_buffers_)->storage;
-  view->offset_bytes = impl_of(step_buffers_)->offset_bytes + offsetof(kernels::StepBuffers, state) + offset;
-  view->shape = shape;
-  view->dtype = DType::f32;
-  return make_tensor(std::move(view));
+void Optimizer::write_update_scalars(const UpdateScalars& scalars) {
+  copy_bytes(update_scalars(), params_->device(), &scalars, Device::cpu(), sizeof(scalars));
 }
 
 std::vector<ParamGroup> decay_matrices_only(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
@@ -114,20 +99,31 @@ void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
   if (!segments_.empty()) segments_.back().count = params_->size() - segments_.back().offset;
 }
 
-kernels::FrozenChunks Optimizer::offset_frozen(const kernels::FrozenChunks& frozen, int64_t offset) {
-  kernels::FrozenChunks f = frozen;
-  const int64_t chunk = offset / kernels::FrozenChunks::kChunk;
-  if (f.frozen != nullptr) f.frozen += chunk;
-  if (f.missed != nullptr) f.missed += chunk;
-  return f;
+std::vector<UpdateSpan> Optimizer::spans() const {
+  FrozenChunks frozen;
+  if (missed_updates_.defined()) {
+    frozen.frozen = params_->frozen_chunks();
+    frozen.missed = missed_updates_.data<int32_t>();
+  }
+  auto span_of = [&](const Segment& seg) {
+    UpdateSpan span;
+    span.offset = seg.offset;
+    span.count = seg.count;
+    span.lr_scale = seg.lr_scale;
+    span.weight_decay = seg.weight_decay;
+    span.frozen = frozen;
+    const int64_t chunk = seg.offset / FrozenChunks::kChunk;
+    if (span.frozen.frozen != nullptr) span.frozen.frozen += chunk;
+    if (span.frozen.missed != nullptr) span.frozen.missed += chunk;
+    return span;
+  };
+  if (segments_.empty()) return {span_of(Segment{0, params_->size(), 1.0f, -1.0f})};
+  std::vector<UpdateSpan> out;
+  for (const Segment& seg : segments_) out.push_back(span_of(seg));
+  return out;
 }
 
-int64_t Optimizer::updates() const { return read_step_state().updates; }
-
-void Optimizer::set_updates(int64_t updates) {
-  CUMULUS_CHECK(updates >= 0, InvalidArgument, "optimizer: negative update count ", updates);
-  write_step_state(offsetof(kernels::StepState, updates), &updates, sizeof(updates));
-}
+int64_t Optimizer::updates() const { return read_update_scalars().updates; }
 
 void Optimizer::set_lr(float lr) {
   CUMULUS_CHECK(std::isfinite(lr) && lr >= 0.0f, InvalidArgument,
@@ -135,10 +131,67 @@ void Optimizer::set_lr(float lr) {
   lr_ = lr;
 }
 
-void Optimizer::restore_tensor(const std::vector<std::pair<std::string, Tensor>>& state,
-                               const std::string& name, Tensor& into) const {
-  if (!copy_state_tensor(state, name, DType::f32, params_->values().shape(), into))
-    throw InvalidArgument("optimizer state '" + name + "' is missing from the checkpoint");
+// ---- state --------------------------------------------------------------------------------------
+
+const Tensor& Optimizer::state_tensor(const std::string& name) const {
+  static const Tensor undefined;
+  const std::vector<std::string> names = state_names();
+  for (std::size_t i = 0; i < names.size() && i < state_.size(); ++i)
+    if (names[i] == name) return state_[i];
+  if (name == kFrozenStateName) return missed_updates_;
+  return undefined;
+}
+
+void Optimizer::allocate_state() {
+  if (!state_.empty()) return;
+  MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+  for (std::size_t i = 0, n = state_names().size(); i < n; ++i)
+    state_.push_back(Tensor::zeros(params_->values().shape(), DType::f32, params_->device()));
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = missed_updates_.defined() ? static_cast<int64_t>(missed_updates_.allocated_bytes()) : 0;
+  for (const Tensor& t : state_) bytes += static_cast<int64_t>(t.allocated_bytes());
+  return bytes;
+}
+
+std::vector<int64_t> Optimizer::state_to_allocate() const {
+  if (!state_.empty()) return {};
+  // Each array has the values' shape.
+  return std::vector<int64_t>(state_names().size(), static_cast<int64_t>(params_->values().nbytes()));
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const std::vector<std::string> names = state_names();
+  for (std::size_t i = 0; i < state_.size(); ++i) out.emplace_back(names[i], state_[i]);
+  if (missed_updates_.defined()) out.emplace_back(kFrozenStateName, missed_updates_);
+  return out;
+}
+
+std::vector<Optimizer::StateTensorInfo> Optimizer::state_layout() const {
+  std::vector<StateTensorInfo> out;
+  for (const std::string& name : state_names()) out.push_back({name, DType::f32, params_->values().shape()});
+  out.push_back({kFrozenStateName, DType::i32, Shape{params_->num_chunks()}});
+  return out;
+}
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
+  CUMULUS_CHECK(updates >= 0, InvalidArgument, "Optimizer::load_state: negative update count ", updates);
+  if (updates > 0) {
+    const std::vector<std::string> names = state_names();
+    std::vector<Tensor> restored(names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (i < state_.size()) restored[i] = state_[i];  // copied into the buffers held
+      if (!copy_state_tensor(state, names[i], DType::f32, params_->values().shape(), restored[i]))
+        throw InvalidArgument("optimizer state '" + names[i] + "' is missing from the checkpoint");
+    }
+    state_ = std::move(restored);
+    restore_frozen_state(state);
+  }
+  UpdateScalars scalars = read_update_scalars();
+  scalars.updates = updates;
+  write_update_scalars(scalars);
 }
 
 bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
@@ -158,48 +211,6 @@ bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tenso
   return false;
 }
 
-void Optimizer::step() { update(1.0f, lr_); }
-
-void Optimizer::update(float grad_scale, float lr) {
-  CUMULUS_CHECK(std::isfinite(grad_scale), InvalidArgument, "optimizer: gradient scale ", grad_scale);
-  NoGradGuard no_grad;
-  params_->zero_stale_gradients();
-  prepare_frozen();
-  kernels::StepBuffers* buf = step_buffers();
-  CUMULUS_DISPATCH(params_->device(), ctx, kernels::set_step(buf->state, grad_scale, lr),
-                   kernels::set_step_cuda(buf, grad_scale, lr, ctx.stream()));
-  apply_prepared_update();
-}
-
-// ---- frozen parameters (Note [Frozen parameters] in kernels/optim_rules.h) ----
-
-void Optimizer::prepare_frozen() {
-  // Restored counts need the chunked update even when nothing is frozen now.
-  params_->refresh_frozen(/*need_mask=*/missed_updates_.defined());
-  if (params_->frozen_chunks() == nullptr || missed_updates_.defined()) return;
-  MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-  missed_updates_ = Tensor::zeros(Shape{params_->num_chunks()}, DType::i32, params_->device());
-}
-
-kernels::FrozenChunks Optimizer::frozen_chunks() const {
-  kernels::FrozenChunks f;
-  if (!missed_updates_.defined()) return f;
-  f.frozen = params_->frozen_chunks();
-  f.missed = missed_updates_.data<int32_t>();
-  return f;
-}
-
-std::vector<Optimizer::StateTensorInfo> Optimizer::state_layout() const {
-  std::vector<StateTensorInfo> out;
-  for (const std::string& name : moment_names()) out.push_back({name, DType::f32, params_->values().shape()});
-  out.push_back({kFrozenStateName, DType::i32, Shape{params_->num_chunks()}});
-  return out;
-}
-
-void Optimizer::append_frozen_state(std::vector<std::pair<std::string, Tensor>>& state) const {
-  if (missed_updates_.defined()) state.emplace_back(kFrozenStateName, missed_updates_);
-}
-
 void Optimizer::restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state) {
   if (copy_state_tensor(state, kFrozenStateName, DType::i32, Shape{params_->num_chunks()}, missed_updates_)) return;
   // A checkpoint from before any freeze: no parameter missed an update.
@@ -210,15 +221,37 @@ void Optimizer::restore_frozen_state(const std::vector<std::pair<std::string, Te
   }
 }
 
-int64_t Optimizer::frozen_state_bytes() const {
-  return missed_updates_.defined() ? static_cast<int64_t>(missed_updates_.allocated_bytes()) : 0;
+// ---- updates ------------------------------------------------------------------------------------
+
+void Optimizer::step() { step(1.0f, lr_); }
+
+void Optimizer::step(float grad_scale, float lr) {
+  CUMULUS_CHECK(std::isfinite(grad_scale), InvalidArgument, "optimizer: gradient scale ", grad_scale);
+  NoGradGuard no_grad;
+  prepare_update();
+  CUMULUS_DISPATCH(params_->device(), ctx, kernels::set_step(*update_scalars(), grad_scale, lr),
+                   kernels::set_step_cuda(update_scalars(), grad_scale, lr, ctx.stream()));
+  apply_update();
 }
 
-void Optimizer::apply_prepared_update() {
+// Frozen parameters: Note [Frozen parameters] in kernels/optim_rules.h. Restored counts need the
+// chunked update even when nothing is frozen now.
+void Optimizer::prepare_update() {
   NoGradGuard no_grad;
-  // On the CPU the state is host memory: the rule reads it directly. On CUDA the kernels read it.
-  static const kernels::StepState unused{};
-  apply(params_->device().is_cpu() ? step_buffers()->state : unused);
+  params_->zero_stale_gradients();
+  params_->refresh_frozen(/*need_mask=*/missed_updates_.defined());
+  if (params_->frozen_chunks() == nullptr || missed_updates_.defined()) return;
+  MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+  missed_updates_ = Tensor::zeros(Shape{params_->num_chunks()}, DType::i32, params_->device());
+}
+
+void Optimizer::apply_update() {
+  NoGradGuard no_grad;
+  allocate_state();
+  const UpdateScalars* scalars = update_scalars();
+  // On the CPU the scalars are host memory: a skipped step calls nothing. On CUDA the kernels read them.
+  if (params_->device().is_cpu() && scalars->skip) return;
+  for (const UpdateSpan& span : spans()) update(scalars, span);
 }
 
 }  // namespace cumulus::optim

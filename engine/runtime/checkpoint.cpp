@@ -125,7 +125,7 @@ CheckpointState read_state(const std::string& path, const std::map<std::string, 
                 " micro-batches; checkpoints are written between steps: damaged or forged");
   c.micro_batches_total = counter("micro_batches_total", 0, kMax);
   c.optimizer_steps = counter("optimizer_steps", 0, kMax);
-  // Steps skipped for a non-finite gradient are not among the steps taken (Accumulator::attempted_steps).
+  // Steps skipped for a non-finite gradient are not among the steps taken (Trainer::attempted_steps).
   c.skipped_steps = counter("skipped_steps", 0, kMax - c.optimizer_steps);
   s.optimizer_updates = counter("optimizer_updates", 0, c.optimizer_steps);
   if (meta.count("loss_scale_bits") == 1) {  // absent from checkpoints older than loss scaling: unscaled

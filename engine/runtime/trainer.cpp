@@ -1,31 +1,30 @@
 // Note [Training API]
-// A user's loop needs, per micro-batch and step: the Accumulator's backward and step, five
-// MemoryTracker calls around them, and on CUDA the graph capture and replay of both. Spread over
-// the loop (as apps and tests once wrote it) that is easy to get subtly wrong: a missed
-// end_forward, a replay that records nothing. The Trainer makes all of them from one call per
-// micro-batch and one per step; the loop keeps its own shape (its data, its model, its closure
-// returning the summed loss), as Lightning's Trainer keeps the LightningModule's training_step.
-// Decisions:
-//  - It owns its Accumulator. The step count, the LR schedule's position (the update count less
-//    steps_offset_) and the loss scale live there; changing the accumulation steps used to mean a
-//    new Accumulator, which restarted all three silently. set_accum_steps changes N on the same
-//    one. The Accumulator is the policy underneath, internal to the runtime (the tests check it
-//    and the benchmarks time its parts directly); the Trainer is the one public driver.
+// A user's loop needs, per micro-batch and step: backward into the accumulated gradient, the step
+// (normalization, clipping, the schedule, loss scaling), five MemoryTracker calls around them, and
+// on CUDA the graph capture and replay of both. Spread over the loop that is easy to get subtly
+// wrong: a missed end_forward, a replay that records nothing. The Trainer makes all of them from
+// one call per micro-batch and one per step; the loop keeps its own shape (its data, its model,
+// its closure returning the summed loss), as Lightning's Trainer keeps the LightningModule's
+// training_step. Decisions:
+//  - One object holds the whole run's state: the step count, the LR schedule's position (the
+//    update count less Parts::steps_offset) and the loss scale, so set_accum_steps changes N
+//    without restarting any of them. backward(loss, units) is the same micro-batch for a caller
+//    that computes its loss itself (no tracker record, no graph).
 //  - set_accum_steps mid-group is deferred, not refused: the group in progress keeps the size its
-//    first micro-batches were normalized for (Normalization::micro_batches seeds 1 / (samples *
+//    first micro-batches were normalized for (Normalization::micro_batches seeds 1 / (units *
 //    N)), and a caller (a callback, a budget that changed) need not know where the group stands.
 //    The new N then holds for the rest of the run, replacing the per-epoch schedule, which would
 //    otherwise undo it silently at the next epoch; counters() carries it so a resume keeps it.
 //  - The tracker is an option, attachable later (set_tracker): the app makes its tracker after a
-//    checkpoint is restored. The counters a report quotes are the Accumulator's, forwarded.
+//    checkpoint is restored.
 //
 // Note [Units]
 // A loss is summed over something: a classifier's over its samples, a language model's over B x T
 // tokens, a segmentation model's over pixels. The step divides by how many of them the group held
-// (Note [Exact normalization]), so the count passed with each micro-batch must be the count the
-// loss sums over. The runtime once assumed a row is a sample: a language model following the
-// quickstart then got a per-sequence mean loss and gradients T times too large, silently. So the
-// unit is the user's, said once where the data is: TensorDataset::set_units_per_row(T) (default 1,
+// (Note [Exact normalization] in engine/runtime/trainer_step.cpp), so the count passed with each
+// micro-batch must be the count the loss sums over. Were a row always a sample, a language model
+// would get a per-sequence mean loss and gradients T times too large, silently. So the unit is the
+// user's, said once where the data is: TensorDataset::set_units_per_row(T) (default 1,
 // samples); every Batch says how many units it holds (Batch::units, DataLoader::units(i)), and the
 // Trainer (train_epoch), the planner's request (plan_request: effective batch and limit in units,
 // micro-batches of whole rows) and the tracker (told micro-batches of N units, it checks what it is
@@ -36,7 +35,7 @@
 // A micro-batch of the seed MLP is ~20 kernels of a few microseconds each; launched one by one
 // from the host, the launches, not the GPU, set the pace. The Trainer records each distinct
 // micro-batch once as a CUDA graph and replays it with one host call; the same for the device
-// part of the optimizer step (Accumulator::launch_step). What makes a replay equal to an eager run:
+// part of the optimizer step (Trainer::run_step's run_or_replay). What makes a replay equal to an eager run:
 //  - inputs come from device state: the DataLoader's cursor, the step state's counters and the
 //    learning-rate table (Note [Device-side step], Note [Learning-rate table]);
 //  - the gradient sinks' modes (overwrite after a step, accumulate otherwise) are captured, so a
@@ -49,7 +48,7 @@
 //    frozen pattern is part of the key too; the step graph reads the frozen mask's memory, which
 //    the host refreshes before each replay, and is captured afresh when the mask or the optimizer's
 //    count of missed updates is first allocated (Note [Frozen parameters] in kernels/optim_rules.h);
-//  - the host state a micro-batch changes (the Accumulator's counters, the slots' stale flags) is
+//  - the host state a micro-batch changes (the Trainer's counters, the slots' stale flags) is
 //    replayed on the host too;
 //  - memory: the capture allocates from the graph pool (Note [Graph pool]), so a replay allocates
 //    nothing and the addresses it writes are never handed out to anything else.
@@ -66,7 +65,7 @@
 #include <memory>
 #include <utility>
 
-#include "accumulator.h"
+#include "trainer_parts.h"
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
@@ -84,72 +83,34 @@
 
 namespace cumulus::optim {
 
-struct Trainer::Captured {
-  int64_t seen = 0;
-#if CUMULUS_WITH_CUDA
-  cuda::Graph graph;
-#endif
-  std::vector<bool> stale_after;      // the slots' stale flags after the micro-batch
-  const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
-  memory::MicroBatchRecord memory;    // measured while capturing
-  bool captured() const {
-#if CUMULUS_WITH_CUDA
-    return graph.valid();
-#else
-    return false;
-#endif
-  }
-};
+// ---- counters ------------------------------------------------------------------------------------
 
-Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
-                 std::shared_ptr<const LRSchedule> schedule)
-    : acc_(std::make_unique<Accumulator>(std::move(optimizer), options, std::move(schedule))),
-      use_graphs_(options.use_graphs),
-      tracker_(options.tracker),
-      on_step_(options.on_step) {
-  CUMULUS_CHECK(!use_graphs_ || acc_->optimizer().parameters().device().is_cuda(), InvalidArgument,
-                "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ",
-                acc_->optimizer().parameters().device().str());
-  // Not yet: the reductions across ranks would have to be captured too (NCCL allows it; untested).
-  CUMULUS_CHECK(!use_graphs_ || !acc_->distributed(), InvalidArgument,
-                "Trainer: CUDA graphs with data parallel training are not supported yet; run eagerly");
-#if !CUMULUS_WITH_CUDA
-  CUMULUS_CHECK(!use_graphs_, InvalidArgument, "Trainer: cumulus was built without CUDA");
-#endif
+int Trainer::epoch() const { return parts_->position.epoch; }
+int Trainer::accum_steps() const { return parts_->position.accum_steps; }
+int64_t Trainer::micro_batch_index() const { return parts_->position.in_epoch; }
+int64_t Trainer::micro_batches_total() const { return parts_->position.total; }
+int Trainer::micro_batches_in_group() const { return parts_->position.group_micro_batches; }
+int64_t Trainer::units_in_group() const { return parts_->position.group_units; }
+int64_t Trainer::attempted_steps() const { return parts_->position.attempted_steps; }
+int64_t Trainer::optimizer_steps() const { return parts_->optimizer->updates() - parts_->steps_offset; }
+int64_t Trainer::skipped_steps() const { return parts_->state.read().skipped; }
+float Trainer::last_grad_norm() const { return parts_->state.read().grad_norm; }
+float Trainer::last_clip_factor() const { return parts_->state.read().clip; }
+float Trainer::last_lr() const { return parts_->optimizer->read_update_scalars().lr; }
+float Trainer::loss_scale() const { return parts_->state.read().loss_scale; }
+double Trainer::epoch_loss_sum() const { return parts_->state.read().epoch.loss; }
+double Trainer::epoch_units_stepped() const { return parts_->state.read().epoch.units; }
+std::size_t Trainer::gradient_buckets() const { return parts_->buckets ? parts_->buckets->count() : 0; }
+int64_t Trainer::buckets_started_in_backward() const {
+  return parts_->buckets ? parts_->buckets->started_in_backward() : 0;
+}
+dist::Communicator* Trainer::communicator() const { return parts_->options.communicator.get(); }
+Optimizer& Trainer::optimizer() { return *parts_->optimizer; }
+std::vector<int64_t> Trainer::state_to_allocate() {
+  return {LearningRateWindow::kSize * static_cast<int64_t>(sizeof(float))};
 }
 
-Trainer::~Trainer() = default;
-
-void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
-  acc_->begin_epoch(epoch, micro_batches, first);
-  logged_loss_ = logged_units_ = 0.0;
-}
-void Trainer::skip_micro_batch() { acc_->skip_micro_batch(); }
-void Trainer::set_accum_steps(int steps) { acc_->set_accum_steps(steps); }
-
-TrainingCounters Trainer::counters() const { return acc_->counters(); }
-void Trainer::restore(const TrainingCounters& counters) { acc_->restore(counters); }
-int Trainer::epoch() const { return acc_->epoch(); }
-int Trainer::accum_steps() const { return acc_->accum_steps(); }
-int64_t Trainer::micro_batch_index() const { return acc_->micro_batch_index(); }
-int64_t Trainer::micro_batches_total() const { return acc_->micro_batches_total(); }
-int Trainer::micro_batches_in_group() const { return acc_->micro_batches_in_group(); }
-int64_t Trainer::units_in_group() const { return acc_->units_in_group(); }
-int64_t Trainer::attempted_steps() const { return acc_->attempted_steps(); }
-int64_t Trainer::optimizer_steps() const { return acc_->optimizer_steps(); }
-int64_t Trainer::skipped_steps() const { return acc_->skipped_steps(); }
-float Trainer::last_grad_norm() const { return acc_->last_grad_norm(); }
-float Trainer::last_clip_factor() const { return acc_->last_clip_factor(); }
-float Trainer::last_lr() const { return acc_->last_lr(); }
-float Trainer::loss_scale() const { return acc_->loss_scale(); }
-double Trainer::epoch_loss_sum() const { return acc_->epoch_loss_sum(); }
-double Trainer::epoch_units_stepped() const { return acc_->epoch_units_stepped(); }
-std::size_t Trainer::gradient_buckets() const { return acc_->gradient_buckets(); }
-int64_t Trainer::buckets_started_in_backward() const { return acc_->buckets_started_in_backward(); }
-dist::Communicator* Trainer::communicator() const { return acc_->communicator(); }
-Optimizer& Trainer::optimizer() { return acc_->optimizer(); }
-std::vector<int64_t> Trainer::state_to_allocate() { return Accumulator::state_to_allocate(); }
-Accumulator& accumulator_of(Trainer& trainer) { return *trainer.acc_; }
+// ---- micro-batches -------------------------------------------------------------------------------
 
 void Trainer::reset() {
   micro_batches_.clear();
@@ -157,14 +118,14 @@ void Trainer::reset() {
 }
 
 std::vector<bool> Trainer::stale_pattern() const {
-  const auto& slots = acc_->optimizer_->parameters().slots();
+  const auto& slots = parts_->optimizer->parameters().slots();
   std::vector<bool> stale(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) stale[i] = slots[i].param.grad_stale();
   return stale;
 }
 
 std::vector<bool> Trainer::frozen_pattern() const {
-  const auto& slots = acc_->optimizer_->parameters().slots();
+  const auto& slots = parts_->optimizer->parameters().slots();
   std::vector<bool> frozen(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) frozen[i] = !slots[i].param.requires_grad();
   return frozen;
@@ -175,18 +136,22 @@ bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_-
 
 void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
   if (!graphs_now()) return eager_micro_batch(units, forward_loss);
-  const int seed_steps = acc_->options_.normalization == Normalization::micro_batches ? acc_->accum_steps() : 0;
+  const Parts& p = *parts_;
+  const int seed_steps = p.options.normalization == Normalization::micro_batches ? p.position.accum_steps : 0;
   std::unique_ptr<Captured>& c = micro_batches_[GraphKey{units, stale_pattern(), frozen_pattern(), seed_steps}];
   if (!c) c = std::make_unique<Captured>();
-  if (c->seen++ == 0) return eager_micro_batch(units, forward_loss);
+  if (c->seen == 0) {
+    ++c->seen;
+    return eager_micro_batch(units, forward_loss);
+  }
   graph_micro_batch(*c, units, forward_loss);
 }
 
 void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
-  if (tracker_) tracker_->begin_micro_batch(acc_->epoch(), acc_->micro_batch_index(), units);
+  if (tracker_) tracker_->begin_micro_batch(parts_->position.epoch, parts_->position.in_epoch, units);
   Tensor loss = forward_loss();
   if (tracker_) tracker_->end_forward();
-  acc_->backward(loss, units);
+  backward(loss, units);
   loss = Tensor();  // freed inside the record: the loss is the micro-batch's
   if (tracker_) tracker_->end_backward();
   ++stats_.eager_micro_batches;
@@ -194,116 +159,50 @@ void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& fo
 
 // The second time a key is seen it is captured (the host runs the closure and backward: the
 // allocations and the bookkeeping are real, the kernels recorded), then launched; later, the
-// graph is launched after the host side of the micro-batch is replayed.
+// graph is launched after the host side of the micro-batch is replayed. The memory a captured
+// micro-batch uses is measured around its capture.
 void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss) {
 #if CUMULUS_WITH_CUDA
-  const int epoch = acc_->epoch();
-  const int64_t index = acc_->micro_batch_index();
-  if (!c.captured()) {
-    CachingAllocator& alloc = allocator_for(acc_->optimizer().parameters().device());
+  const int epoch = parts_->position.epoch;
+  const int64_t index = parts_->position.in_epoch;
+  CachingAllocator& alloc = allocator_for(parts_->optimizer->parameters().device());
+  memory::MicroBatchRecord& r = c.memory;
+  const bool capturing = !c.captured();
+  int64_t activations_before = 0;
+  if (capturing) {
     alloc.reset_peak();
-    const int64_t activations_before = alloc.stats()[MemoryCategory::activations].current;
-    memory::MicroBatchRecord& r = c.memory;
+    activations_before = alloc.stats()[MemoryCategory::activations].current;
     r.units = units;
-    cuda::Context& ctx = cuda::context(acc_->optimizer().parameters().device().index());
-    c.graph = cuda::Graph::capture(ctx, [&] {
-      Tensor loss = forward_loss();
-      r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
-      acc_->backward(loss, units);
-    });
+  } else {
+    check_micro_batch(units, "micro_batch");
+    count_micro_batch(units);
+    const auto& slots = parts_->optimizer->parameters().slots();
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (!c.stale_after[i]) impl_of(slots[i].param)->autograd.grad_stale = false;
+  }
+  run_or_replay(&c, [&] {
+    Tensor loss = forward_loss();
+    r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
+    backward(loss, units);
+  });
+  if (capturing) {
     const MemoryStats st = alloc.stats();
     r.peak_bytes = st.allocated_peak;
     r.peak_by_category = st.at_peak;
     r.reserved_bytes = st.reserved;
     c.stale_after = stale_pattern();
     stats_.kernels_per_micro_batch = c.graph.kernel_nodes();
-    ++stats_.captures;
-  } else {
-    acc_->check_micro_batch(units);
-    acc_->count_micro_batch(units);
-    const auto& slots = acc_->optimizer().parameters().slots();
-    for (std::size_t i = 0; i < slots.size(); ++i)
-      if (!c.stale_after[i]) impl_of(slots[i].param)->autograd.grad_stale = false;
   }
-  c.graph.launch();
   ++stats_.replayed_micro_batches;
   if (tracker_) {
-    memory::MicroBatchRecord r = c.memory;
-    r.epoch = epoch;
-    r.index = index;
-    tracker_->add_graph_micro_batch(r);
+    memory::MicroBatchRecord record = c.memory;
+    record.epoch = epoch;
+    record.index = index;
+    tracker_->add_graph_micro_batch(record);
   }
 #else
   (void)c, (void)units, (void)forward_loss;  // unreachable: the constructor refuses graphs
 #endif
-}
-
-bool Trainer::step_if_ready() {
-  const bool stepped = step(true);
-  if (stepped) log_step();
-  return stepped;
-}
-
-bool Trainer::flush() {
-  const bool stepped = step(false);
-  if (stepped) log_step();
-  return stepped;
-}
-
-// The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
-void Trainer::log_step() {
-  if (!on_step_) return;
-  const double loss = acc_->epoch_loss_sum(), units = acc_->epoch_units_stepped();
-  StepLog log;
-  log.step = acc_->optimizer_steps();
-  log.epoch = acc_->epoch();
-  log.loss = (loss - logged_loss_) / std::max(units - logged_units_, 1.0);  // mean per unit
-  log.lr = acc_->last_lr();
-  logged_loss_ = loss;
-  logged_units_ = units;
-  on_step_(log);
-}
-
-bool Trainer::step(bool only_if_ready) {
-  if (only_if_ready ? !acc_->ready() : acc_->micro_batches_in_group() == 0) return false;
-  Optimizer& opt = acc_->optimizer();
-  if (!graphs_now()) {
-    if (tracker_) tracker_->begin_step();
-    acc_->do_step();
-    // The step's reductions, those started during the last backward included.
-    dist::Communicator* comm = acc_->communicator();
-    TimeSpans reductions = comm ? comm->take_recent_spans() : TimeSpans();
-    if (tracker_) tracker_->end_step(acc_->attempted_steps(), opt.state_bytes(), std::move(reductions));
-    ++stats_.eager_steps;
-    return true;
-  }
-  acc_->prepare_step_host();
-  // The update's arguments include the frozen mask, allocated at the first freeze (with the
-  // optimizer's missed counts): a graph captured before has none.
-  const void* frozen_mask = opt.parameters().frozen_chunks();
-  if (step_ && step_->frozen_mask != frozen_mask) step_.reset();
-  if (!step_) {
-    step_ = std::make_unique<Captured>();
-    step_->frozen_mask = frozen_mask;
-  }
-  if (step_->seen++ == 0) {
-    acc_->launch_step();  // creates the optimizer state: never during a capture
-    ++stats_.eager_steps;
-  } else {
-#if CUMULUS_WITH_CUDA
-    if (!step_->captured()) {
-      cuda::Context& ctx = cuda::context(opt.parameters().device().index());
-      step_->graph = cuda::Graph::capture(ctx, [&] { acc_->launch_step(); });
-      stats_.kernels_per_step = step_->graph.kernel_nodes();
-      ++stats_.captures;
-    }
-    step_->graph.launch();
-    ++stats_.replayed_steps;
-#endif
-  }
-  acc_->finish_step_host();
-  if (tracker_) tracker_->add_graph_step(acc_->attempted_steps(), opt.state_bytes());
-  return true;
 }
 
 // ---- conveniences over a DataLoader ----------------------------------------------------------
@@ -314,7 +213,7 @@ double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss
 
 EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss,
                                  const EpochOptions& options) {
-  dist::Communicator* comm = acc_->communicator();
+  dist::Communicator* comm = communicator();
   const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
   const int64_t batches = loader.num_batches();
   CUMULUS_CHECK(options.first >= 0 && options.first <= batches, InvalidArgument, "Trainer::train_epoch: first ",
@@ -327,7 +226,7 @@ EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const Batc
   result.finished = true;
   MicroBatchDone done;
   for (int64_t i = options.first; i < batches; ++i) {
-    if (options.stop && acc_->micro_batches_in_group() == 0 && options.stop(i)) {
+    if (options.stop && parts_->position.group_micro_batches == 0 && options.stop(i)) {
       result.finished = false;
       result.next_micro_batch = i;
       break;
@@ -349,7 +248,8 @@ EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const Batc
     if (done.stepped && options.on_step) options.on_step(done);
     if (options.on_micro_batch) options.on_micro_batch(done);
   }
-  result.loss = acc_->epoch_loss_sum() / std::max(acc_->epoch_units_stepped(), 1.0);
+  const kernels::StepState st = parts_->state.read();
+  result.loss = st.epoch.loss / std::max(st.epoch.units, 1.0);
   return result;
 }
 
@@ -380,20 +280,20 @@ Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
 }
 
 plan::PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
-                               int64_t effective_batch, int64_t budget, DType batch_dtype) {
+                         int64_t effective_batch, int64_t budget, DType batch_dtype) {
   return plan_request(
       optimizer, [dataset] { return dataset; }, std::move(loss), effective_batch, budget, batch_dtype);
 }
 
 plan::PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
-                               int64_t effective_batch, int64_t budget, DType batch_dtype) {
+                         int64_t effective_batch, int64_t budget, DType batch_dtype) {
   const data::TensorDataset now = dataset();
   plan::PlanRequest r;
   r.device = optimizer.parameters().device();
   r.effective_batch = effective_batch;
   r.budget = budget;
   r.optimizer = &optimizer;
-  r.loop_state = Trainer::state_to_allocate();  // the Trainer's Accumulator
+  r.loop_state = Trainer::state_to_allocate();  // the Trainer's learning-rate table
   r.units_per_row = now.units_per_row();        // whole rows: micro-batches of whole sequences
   r.unit_limit = now.units();
   r.require_fit = true;

@@ -288,7 +288,7 @@ Tensor& Tensor::set_requires_grad(bool on) {
 
 // Note [Why a gradient is undefined]
 // grad() returns an undefined tensor where PyTorch's .grad is None. Used anyway, it would only say
-// "use of an undefined tensor", and the likeliest cause, reading p.grad() after the Accumulator's
+// "use of an undefined tensor", and the likeliest cause, reading p.grad() after the Trainer's
 // step, looks like a bug in the library. So the undefined tensor carries a reason (a string
 // literal: Tensor::undefined_reason), told apart by the leaf's state and by why its buffer was
 // marked stale (StaleReason: the step marks it optimizer_step, zero_grad marks it zero_grad).
@@ -302,7 +302,7 @@ const char* why_no_gradient(const AutogradMeta& m) {
            "set_requires_grad(true) before the forward";
   switch (m.grad.defined() ? m.stale_reason : StaleReason::no_backward) {
     case StaleReason::optimizer_step:
-      return "grad() after the optimizer step: the Accumulator's step used the group's gradient and released it "
+      return "grad() after the optimizer step: the Trainer's step used the group's gradient and released it "
              "(the next backward overwrites the buffer). Read grad() after the group's last backward and before "
              "step_if_ready() or flush(), or read grad_buffer(), which keeps the group's summed gradient "
              "(before the division by its samples) until the next backward";

@@ -4,6 +4,7 @@
 // 1 adds to it. See Note [Gradient sinks] in engine/include/cumulus/autograd/node.h.
 #pragma once
 
+#include "cumulus/optim/update_scalars.h"
 #include <cstdint>
 
 #include "kernels/float16.h"
@@ -66,7 +67,7 @@ namespace cumulus::kernels {
 
 // ---- optimizer passes over flat arrays (see engine/include/cumulus/optim/*.h for the rules) ----
 
-struct FrozenChunks;  // kernels/optim_rules.h
+using optim::FrozenChunks;
 
 // sum_i x[i]^2, accumulated in double.
 double sum_squares_cpu(const float* x, int64_t n);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "cumulus/optim/update_scalars.h"
 #include "cumulus/tensor/dtype.h"
 #include "kernels/float16.h"
 #include "kernels/gather.h"
@@ -218,7 +219,8 @@ namespace cumulus::kernels {
 
 struct StepBuffers;
 struct StepConfig;
-struct FrozenChunks;
+using optim::FrozenChunks;
+using optim::UpdateScalars;
 
 // ---- optimizer step (kernels/cuda/optim.cu; Note [Device-side step] in kernels/optim_rules.h) ----
 
@@ -226,18 +228,19 @@ struct FrozenChunks;
 // sum_squares_partials() floats.
 int sum_squares_partials();
 void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cudaStream_t stream);
-// The gradient's squared norm (when config.need_norm) and prepare_step, in one launch.
-void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, const StepConfig& config,
-                                     const float* lr_table, cudaStream_t stream);
-void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_t stream);
-// group_samples += samples, group_loss += loss[0].
-void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream);
+// The gradient's squared norm (when config.need_norm) and prepare_step, in one launch: the decision
+// goes into `scalars`, which the update kernels read.
+void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, UpdateScalars* scalars,
+                                     const StepConfig& config, const float* lr_table, cudaStream_t stream);
+void set_step_cuda(UpdateScalars* scalars, float grad_scale, float lr, cudaStream_t stream);
+// group.units += units, group.loss += loss[0].
+void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double units, cudaStream_t stream);
 // The updates leave frozen chunks alone (Note [Frozen parameters] in kernels/optim_rules.h).
-// `lr_scale`: a parameter group's multiplier on the step state's lr (optim::ParamGroup; 1 is exact).
-void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
+// `lr_scale`: a parameter group's multiplier on the scalars' lr (optim::ParamGroup; 1 is exact).
+void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const UpdateScalars* scalars,
                      float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
                      cudaStream_t stream, float lr_scale = 1.0f);
-void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
+void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const UpdateScalars* scalars,
                        float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
                        cudaStream_t stream, float lr_scale = 1.0f);
 

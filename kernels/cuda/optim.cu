@@ -5,7 +5,7 @@
 //       after a memory fence) sums the partials in block order and runs prepare_step. Fixed
 //       order throughout: deterministic.
 //   sgd_update / adamw_update: one grid-stride pass over the flat arrays reading the decision
-//       (skip, grad_scale, lr, update count) from the StepState and skipping frozen parameters
+//       (skip, grad_scale, lr, update count) from the UpdateScalars and skipping frozen parameters
 //       (Note [Frozen parameters]); the per-element rules are kernels/optim_rules.h, shared with
 //       the CPU.
 // One launch updates every parameter of the model (PyTorch's multi-tensor apply, made trivial by
@@ -23,8 +23,8 @@ using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
 
-__global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepBuffers* buf, StepConfig config,
-                                             const float* lr_table) {
+__global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepBuffers* buf, UpdateScalars* scalars,
+                                             StepConfig config, const float* lr_table) {
   if (config.need_norm) {
     double s = 0.0;
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -52,24 +52,26 @@ __global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepB
     total = block_sum(p);
   }
   if (threadIdx.x == 0) {
-    prepare_step(buf->state, total, config, lr_table);
+    prepare_step(buf->state, *scalars, total, config, lr_table);
     buf->blocks_done = 0;  // ready for the next step
   }
 }
 
-__global__ void set_step_kernel(StepState* state, float grad_scale, float lr) { set_step(*state, grad_scale, lr); }
+__global__ void set_step_kernel(UpdateScalars* scalars, float grad_scale, float lr) {
+  set_step(*scalars, grad_scale, lr);
+}
 
-__global__ void record_micro_batch_kernel(StepState* state, const float* loss, double samples) {
-  record_micro_batch(*state, samples, static_cast<double>(loss[0]));
+__global__ void record_micro_batch_kernel(StepState* state, const float* loss, double units) {
+  record_micro_batch(*state, units, static_cast<double>(loss[0]));
 }
 
 // Frozen chunks are skipped and others use their own update count (Note [Frozen parameters]).
-__global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_buf, int64_t n, const StepState* state,
-                                  float momentum, float dampening, bool nesterov, float weight_decay,
-                                  FrozenChunks frozen, float lr_scale) {
-  if (state->skip) return;
-  const float grad_scale = state->grad_scale, lr = state->lr * lr_scale;
-  const int64_t updates = state->updates;
+__global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_buf, int64_t n,
+                                  const UpdateScalars* scalars, float momentum, float dampening, bool nesterov,
+                                  float weight_decay, FrozenChunks frozen, float lr_scale) {
+  if (scalars->skip) return;
+  const float grad_scale = scalars->grad_scale, lr = scalars->lr * lr_scale;
+  const int64_t updates = scalars->updates;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t own = rules::own_updates(frozen, i, updates);
@@ -80,13 +82,13 @@ __global__ void sgd_update_kernel(float* w, const float* grad, float* momentum_b
   }
 }
 
-__global__ void adamw_update_kernel(float* w, const float* grad, float* m, float* v, int64_t n, const StepState* state,
-                                    float beta1, float beta2, float eps, float weight_decay, FrozenChunks frozen,
-                                    float lr_scale) {
-  if (state->skip) return;
+__global__ void adamw_update_kernel(float* w, const float* grad, float* m, float* v, int64_t n,
+                                    const UpdateScalars* scalars, float beta1, float beta2, float eps,
+                                    float weight_decay, FrozenChunks frozen, float lr_scale) {
+  if (scalars->skip) return;
   __shared__ float step_size, bc2_sqrt;
-  const float grad_scale = state->grad_scale, lr = state->lr * lr_scale;
-  const int64_t updates = state->updates;
+  const float grad_scale = scalars->grad_scale, lr = scalars->lr * lr_scale;
+  const int64_t updates = scalars->updates;
   if (threadIdx.x == 0) rules::adamw_constants(lr, beta1, beta2, updates, step_size, bc2_sqrt);
   __syncthreads();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -126,33 +128,33 @@ void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cu
   launch<sum_squares_stage2>(1, kThreads, stream, partials, kSumSquaresPartials, out);
 }
 
-void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, const StepConfig& config,
-                                     const float* lr_table, cudaStream_t stream) {
+void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, UpdateScalars* scalars,
+                                     const StepConfig& config, const float* lr_table, cudaStream_t stream) {
   const unsigned blocks = config.need_norm ? StepBuffers::kNormPartials : 1;
-  launch<grad_norm_and_prepare_kernel>(blocks, kThreads, stream, grad, n, buffers, config, lr_table);
+  launch<grad_norm_and_prepare_kernel>(blocks, kThreads, stream, grad, n, buffers, scalars, config, lr_table);
 }
 
-void set_step_cuda(StepBuffers* buffers, float grad_scale, float lr, cudaStream_t stream) {
-  launch<set_step_kernel>(1, 1, stream, &buffers->state, grad_scale, lr);
+void set_step_cuda(UpdateScalars* scalars, float grad_scale, float lr, cudaStream_t stream) {
+  launch<set_step_kernel>(1, 1, stream, scalars, grad_scale, lr);
 }
 
-void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double samples, cudaStream_t stream) {
-  launch<record_micro_batch_kernel>(1, 1, stream, &buffers->state, loss, samples);
+void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double units, cudaStream_t stream) {
+  launch<record_micro_batch_kernel>(1, 1, stream, &buffers->state, loss, units);
 }
 
-void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const StepBuffers* buffers,
+void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n, const UpdateScalars* scalars,
                      float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
                      cudaStream_t stream, float lr_scale) {
   if (n == 0) return;
-  launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, &buffers->state, momentum,
+  launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, scalars, momentum,
                             dampening, nesterov, weight_decay, frozen, lr_scale);
 }
 
-void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const StepBuffers* buffers,
+void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const UpdateScalars* scalars,
                        float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
                        cudaStream_t stream, float lr_scale) {
   if (n == 0) return;
-  launch<adamw_update_kernel>(blocks_for(n), kThreads, stream, w, grad, m, v, n, &buffers->state, beta1, beta2, eps,
+  launch<adamw_update_kernel>(blocks_for(n), kThreads, stream, w, grad, m, v, n, scalars, beta1, beta2, eps,
                               weight_decay, frozen, lr_scale);
 }
 

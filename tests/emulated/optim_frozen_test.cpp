@@ -34,13 +34,13 @@ struct Arrays {
   FrozenChunks frozen(bool with_mask) { return with_mask ? FrozenChunks{kMask.data(), missed.data()} : FrozenChunks{}; }
 };
 
-kernels::StepBuffers step_buffers(int32_t skip) {
-  kernels::StepBuffers buffers{};
-  buffers.state.updates = kUpdates;
-  buffers.state.grad_scale = 0.5f;
-  buffers.state.lr = 0.01f;
-  buffers.state.skip = skip;
-  return buffers;
+kernels::UpdateScalars update_scalars(int32_t skip) {
+  kernels::UpdateScalars scalars{};
+  scalars.updates = kUpdates;
+  scalars.grad_scale = 0.5f;
+  scalars.lr = 0.01f;
+  scalars.skip = skip;
+  return scalars;
 }
 
 void expect_same(const Arrays& got, const Arrays& want, const Arrays& initial, bool with_mask, int32_t skip) {
@@ -69,12 +69,12 @@ TEST(FrozenOptimKernelsEmulated, AdamWMatchesTheCpuLoopWithFrozenChunks) {
       SCOPED_TRACE(std::string(with_mask ? "frozen chunks" : "no mask") + (skip ? ", skipped step" : ""));
       const Arrays initial;
       Arrays cpu = initial, emulated = initial;
-      DeviceValue<kernels::StepBuffers> buffers(step_buffers(skip));
+      DeviceValue<kernels::UpdateScalars> scalars(update_scalars(skip));
       if (!skip)
         kernels::adamw_step_cpu(cpu.w.data(), cpu.g.data(), cpu.a.data(), cpu.b.data(), kN, 0.5f, 0.01f, 0.9f, 0.999f,
                                 1e-8f, 0.1f, kUpdates, cpu.frozen(with_mask));
       kernels::adamw_update_cuda(emulated.w.data(), emulated.g.data(), emulated.a.data(), emulated.b.data(), kN,
-                                 buffers.get(), 0.9f, 0.999f, 1e-8f, 0.1f, emulated.frozen(with_mask), nullptr);
+                                 scalars.get(), 0.9f, 0.999f, 1e-8f, 0.1f, emulated.frozen(with_mask), nullptr);
       expect_same(emulated, cpu, initial, with_mask, skip);
     }
 }
@@ -85,11 +85,11 @@ TEST(FrozenOptimKernelsEmulated, SgdMatchesTheCpuLoopWithFrozenChunks) {
       SCOPED_TRACE(std::string(with_mask ? "frozen chunks" : "no mask") + (skip ? ", skipped step" : ""));
       const Arrays initial;
       Arrays cpu = initial, emulated = initial;
-      DeviceValue<kernels::StepBuffers> buffers(step_buffers(skip));
+      DeviceValue<kernels::UpdateScalars> scalars(update_scalars(skip));
       if (!skip)
         kernels::sgd_step_cpu(cpu.w.data(), cpu.g.data(), cpu.a.data(), kN, 0.5f, 0.01f, 0.9f, 0.5f, false, 0.1f,
                               kUpdates, cpu.frozen(with_mask));
-      kernels::sgd_update_cuda(emulated.w.data(), emulated.g.data(), emulated.a.data(), kN, buffers.get(), 0.9f, 0.5f,
+      kernels::sgd_update_cuda(emulated.w.data(), emulated.g.data(), emulated.a.data(), kN, scalars.get(), 0.9f, 0.5f,
                                false, 0.1f, emulated.frozen(with_mask), nullptr);
       expect_same(emulated, cpu, initial, with_mask, skip);
       if (with_mask && !skip) {

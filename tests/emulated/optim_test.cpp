@@ -1,7 +1,7 @@
 // The optimizer step's CUDA kernels (kernels/cuda/optim.cu), the very source nvcc compiles, run on the
-// CPU through tests/emulation/cuda_runtime.h beside the CPU path the Accumulator takes on a CPU device
+// CPU through tests/emulation/cuda_runtime.h beside the CPU path the Trainer takes on a CPU device
 // (record_micro_batch, prepare_step on sum_squares_cpu, sgd_step_cpu / adamw_step_cpu): the same
-// StepState and StepConfig on both, step after step.
+// StepState, UpdateScalars and StepConfig on both, step after step.
 //
 // What must agree, and how closely:
 // - The per-element updates share kernels/optim_rules.h with the CPU: given the same decision
@@ -14,8 +14,8 @@
 //   decision rounds to float once from there, so grad_norm and clip are each within one float ulp
 //   of the reference decision (prepare_step on the reference sum), and grad_scale = scale * clip,
 //   rounded once more, within two.
-// - With dyadic gradients every sum is exact in any order, and then the whole StepState is the same
-//   bits as the CPU's, as is every partial (which a float accumulation could not give: see
+// - With dyadic gradients every sum is exact in any order, and then the whole StepState and
+//   UpdateScalars are the same bits as the CPU's, as is every partial (which a float accumulation could not give: see
 //   dyadic_gradient).
 // Each emulated CUDA thread is a host thread: a launch of 256 blocks that each reduce (the norm,
 // sum_squares) costs seconds, so there are three in all, each covering as much as it can.
@@ -40,6 +40,7 @@ namespace {
 using kernels::StepBuffers;
 using kernels::StepConfig;
 using kernels::StepState;
+using kernels::UpdateScalars;
 
 constexpr int64_t kThreads = 256;    // cuda_common::kThreads: the threads of every block in optim.cu
 constexpr int64_t kGuard = 3;        // elements past n that no launcher may write
@@ -84,10 +85,10 @@ DeviceVector<float> dyadic_gradient(int64_t n, int e, uint64_t seed) {
   return g;
 }
 
-std::string describe(const StepState& s) {
-  return "{samples " + std::to_string(s.samples_sum) + ", loss " + std::to_string(s.loss_sum) + ", skip " +
-         std::to_string(s.skip) + ", updates " + std::to_string(s.updates) + ", skipped " + std::to_string(s.skipped) +
-         ", lr " + std::to_string(s.lr) + ", loss scale " + std::to_string(s.loss_scale) + " after " +
+std::string describe(const StepState& s, const UpdateScalars& u) {
+  return "{units " + std::to_string(s.epoch.units) + ", loss " + std::to_string(s.epoch.loss) + ", skip " +
+         std::to_string(u.skip) + ", updates " + std::to_string(u.updates) + ", skipped " + std::to_string(s.skipped) +
+         ", lr " + std::to_string(u.lr) + ", loss scale " + std::to_string(s.loss_scale) + " after " +
          std::to_string(s.loss_scale_clean_steps) + " clean}";
 }
 
@@ -109,8 +110,8 @@ struct Params {
   DeviceVector<float> w, m, v;
 };
 
-// The Accumulator's step sequence on both devices at once: the emulated kernels on `dev`, the CPU
-// twins on `cpu` (Accumulator::launch_step and Optimizer::apply with a CPU device). Each step()
+// The Trainer's step sequence on both devices at once: the emulated kernels on `dev`, the CPU
+// twins on `cpu` (Trainer::decide_step and Optimizer::apply_update with a CPU device). Each step()
 // compares the two and the reference decision.
 class StepRun {
  public:
@@ -140,13 +141,16 @@ class StepRun {
       kernels::record_micro_batch(cpu_, mb.samples, mb.loss);
     }
     StepState reference = cpu_;
-    kernels::grad_norm_and_prepare_step_cuda(grad.data(), n_, dev_.get(), config_, lr_table_.data(), nullptr);
-    kernels::prepare_step(cpu_, config_.need_norm ? kernels::sum_squares_cpu(grad.data(), n_) : 0.0, config_,
+    UpdateScalars reference_scalars = cpu_scalars_;
+    kernels::grad_norm_and_prepare_step_cuda(grad.data(), n_, dev_.get(), dev_scalars_.get(), config_,
+                                             lr_table_.data(), nullptr);
+    kernels::prepare_step(cpu_, cpu_scalars_, config_.need_norm ? kernels::sum_squares_cpu(grad.data(), n_) : 0.0,
+                          config_, lr_table_.data());
+    kernels::prepare_step(reference, reference_scalars, config_.need_norm ? reference_sum_squares(grad) : 0.0, config_,
                           lr_table_.data());
-    kernels::prepare_step(reference, config_.need_norm ? reference_sum_squares(grad) : 0.0, config_, lr_table_.data());
     EXPECT_EQ(dev_->blocks_done, 0u) << "the last block resets the arrival counter";
     check_partials(grad, exact_norm);
-    check_decision(reference, exact_norm);
+    check_decision(reference, reference_scalars, exact_norm);
     update_device(grad);
     update_cpu(grad);
     // After several steps: each step's FMAs add a rounding or so per product to what came before.
@@ -158,6 +162,7 @@ class StepRun {
   }
 
   const StepBuffers& device() const { return *dev_; }
+  const UpdateScalars& device_scalars() const { return *dev_scalars_; }
   const Params& device_params() const { return dev_params_; }
   const Params& initial_params() const { return initial_; }
 
@@ -183,44 +188,48 @@ class StepRun {
   // The device's and the CPU's decision against the reference decision (ulps justified at the top of
   // the file; 0 when the sums are exact), then the CPU's floats taken from the device, so that the
   // rest of the state and the updates must match bit for bit.
-  void check_decision(const StepState& reference, bool exact) {
+  void check_decision(const StepState& reference, const UpdateScalars& reference_scalars, bool exact) {
     const StepState& d = dev_->state;
+    const UpdateScalars& du = *dev_scalars_;
     for (const StepState* s : {&d, static_cast<const StepState*>(&cpu_)}) {
       const std::string who = s == &d ? "device" : "cpu";
+      const UpdateScalars& u = s == &d ? du : cpu_scalars_;
       EXPECT_LE(ulps_apart(s->grad_norm, reference.grad_norm), exact ? 0 : 1)
           << who << " grad_norm " << s->grad_norm << " vs " << reference.grad_norm;
       EXPECT_LE(ulps_apart(s->clip, reference.clip), exact ? 0 : 1) << who << " clip";
-      EXPECT_LE(ulps_apart(s->grad_scale, reference.grad_scale), exact ? 0 : 2) << who << " grad_scale";
+      EXPECT_LE(ulps_apart(u.grad_scale, reference_scalars.grad_scale), exact ? 0 : 2) << who << " grad_scale";
     }
     cpu_.grad_norm = d.grad_norm;
     cpu_.clip = d.clip;
-    cpu_.grad_scale = d.grad_scale;
-    EXPECT_EQ(std::memcmp(&d, &cpu_, sizeof(StepState)), 0) << describe(d) << " vs " << describe(cpu_);
+    cpu_scalars_.grad_scale = du.grad_scale;
+    EXPECT_EQ(std::memcmp(&d, &cpu_, sizeof(StepState)), 0) << describe(d, du) << " vs " << describe(cpu_, cpu_scalars_);
+    EXPECT_EQ(std::memcmp(&du, &cpu_scalars_, sizeof(UpdateScalars)), 0)
+        << describe(d, du) << " vs " << describe(cpu_, cpu_scalars_);
   }
 
   void update_device(const DeviceVector<float>& grad) {
     Params& p = dev_params_;
     const OptimizerConfig& o = opt_;
     if (o.adamw)
-      kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, dev_.get(), o.beta1, o.beta2,
+      kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, dev_scalars_.get(), o.beta1, o.beta2,
                                  o.eps, o.weight_decay, kernels::FrozenChunks{}, nullptr);
     else
-      kernels::sgd_update_cuda(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, dev_.get(),
+      kernels::sgd_update_cuda(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, dev_scalars_.get(),
                                o.momentum, o.dampening, o.nesterov, o.weight_decay, kernels::FrozenChunks{}, nullptr);
   }
 
-  // Optimizer::apply's CPU branch.
+  // Optimizer::apply_update's CPU branch.
   void update_cpu(const DeviceVector<float>& grad) {
-    if (cpu_.skip) return;
+    const UpdateScalars& u = cpu_scalars_;
+    if (u.skip) return;
     Params& p = cpu_params_;
     const OptimizerConfig& o = opt_;
     if (o.adamw)
-      kernels::adamw_step_cpu(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, cpu_.grad_scale, cpu_.lr, o.beta1,
-                              o.beta2, o.eps, o.weight_decay, cpu_.updates, kernels::FrozenChunks{});
+      kernels::adamw_step_cpu(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, u.grad_scale, u.lr, o.beta1, o.beta2,
+                              o.eps, o.weight_decay, u.updates, kernels::FrozenChunks{});
     else
-      kernels::sgd_step_cpu(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, cpu_.grad_scale,
-                            cpu_.lr, o.momentum, o.dampening, o.nesterov, o.weight_decay, cpu_.updates,
-                            kernels::FrozenChunks{});
+      kernels::sgd_step_cpu(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, u.grad_scale, u.lr,
+                            o.momentum, o.dampening, o.nesterov, o.weight_decay, u.updates, kernels::FrozenChunks{});
   }
 
   void check_guard(const Params& p) const {
@@ -235,7 +244,9 @@ class StepRun {
   DeviceVector<float> lr_table_;
   OptimizerConfig opt_;
   DeviceValue<StepBuffers> dev_;
+  DeviceValue<UpdateScalars> dev_scalars_;
   StepState cpu_{};
+  UpdateScalars cpu_scalars_{};
   Params initial_, dev_params_, cpu_params_;
 };
 
@@ -243,7 +254,7 @@ const std::vector<MicroBatch> kGroup = {{16, 2.25f}, {16, 2.0625f}, {5, 1.8125f}
 
 StepConfig normalize_and_guard(float clip) {
   StepConfig c{};
-  c.divide_by_samples = 1;
+  c.divide_by_units = 1;
   c.need_norm = 1;
   c.skip_non_finite = 1;
   c.clip_grad_norm = clip;
@@ -252,7 +263,7 @@ StepConfig normalize_and_guard(float clip) {
 
 // ---- the step ------------------------------------------------------------------------------------
 
-// The Accumulator's sequence with clipping, the non-finite guard and dynamic loss scaling, SGD with
+// The Trainer's sequence with clipping, the non-finite guard and dynamic loss scaling, SGD with
 // momentum, Nesterov and weight decay, n = 70001 (the norm's grid-stride loop goes round twice, the
 // updates end in a partial block). Two steps, each norm costing seconds: a dyadic gradient with a NaN
 // in the loop's second pass and a -Inf in its first (those two partials non-finite, every other one
@@ -272,6 +283,7 @@ TEST(OptimKernelsEmulated, StepSequenceMatchesTheCpuPath) {
   sgd.weight_decay = 1e-2f;
   StepRun run(n, config, {0.1f, 0.05f, 0.025f}, sgd, 1024.0f, -1);
   const StepState& st = run.device().state;
+  const UpdateScalars& u = run.device_scalars();
 
   DeviceVector<float> grad = dyadic_gradient(n, 4, 200);
   grad[70000] = kNaN;  // block 17's second slice
@@ -279,9 +291,9 @@ TEST(OptimKernelsEmulated, StepSequenceMatchesTheCpuPath) {
   run.step(kGroup, grad, true);
   EXPECT_TRUE(std::isnan(run.device().partials[17]));
   EXPECT_EQ(run.device().partials[3], kInf);
-  EXPECT_EQ(st.skip, 1);
+  EXPECT_EQ(u.skip, 1);
   EXPECT_TRUE(std::isnan(st.grad_norm));
-  EXPECT_EQ(st.updates, 0);
+  EXPECT_EQ(u.updates, 0);
   EXPECT_EQ(st.skipped, 1);
   EXPECT_EQ(st.loss_scale, 512.0f);
   expect_same_bits(run.device_params().w, run.initial_params().w, "skipped: weights");
@@ -289,15 +301,15 @@ TEST(OptimKernelsEmulated, StepSequenceMatchesTheCpuPath) {
 
   // Random times 2^10: a normalized norm near 8 at loss scale 512, clipped at 0.25.
   run.step(kGroup, random_values(n, -1024, 1024, 201), false);
-  EXPECT_EQ(st.skip, 0);
+  EXPECT_EQ(u.skip, 0);
   EXPECT_LT(st.clip, 1.0f) << "norm " << st.grad_norm;
-  EXPECT_EQ(st.updates, 1);
-  EXPECT_EQ(st.lr, 0.05f) << "update 0 is entry 1 of a table based at -1";
+  EXPECT_EQ(u.updates, 1);
+  EXPECT_EQ(u.lr, 0.05f) << "update 0 is entry 1 of a table based at -1";
   EXPECT_EQ(st.loss_scale, 1024.0f);
   EXPECT_FALSE(std::isnan(run.device_params().m[0])) << "the first update sets the momentum";
-  EXPECT_EQ(st.samples_sum, 2 * 37.0);
-  EXPECT_EQ(st.loss_sum, 2 * (2.25 + 2.0625 + 1.8125));
-  EXPECT_EQ(st.group_samples, 0.0);
+  EXPECT_EQ(st.epoch.units, 2 * 37.0);
+  EXPECT_EQ(st.epoch.loss, 2 * (2.25 + 2.0625 + 1.8125));
+  EXPECT_EQ(st.group.units, 0.0);
 }
 
 // Without clipping or the guard the norm is not computed: one block, no partial written, grad_norm
@@ -316,7 +328,7 @@ TEST(OptimKernelsEmulated, UpdatesWithoutTheNormMatchTheCpuRules) {
   for (std::size_t k = 0; k < optimizers.size(); ++k) {
     SCOPED_TRACE("optimizer " + std::to_string(k));
     StepConfig config{};
-    config.divide_by_samples = static_cast<int32_t>(k % 2);
+    config.divide_by_units = static_cast<int32_t>(k % 2);
     const int64_t n = 1000;
     StepRun run(n, config, {0.05f, 0.02f}, optimizers[k]);
     for (int i = 0; i < 3; ++i) {
@@ -327,8 +339,8 @@ TEST(OptimKernelsEmulated, UpdatesWithoutTheNormMatchTheCpuRules) {
       }
       run.step(kGroup, grad, true);
       EXPECT_TRUE(std::isnan(run.device().state.grad_norm));
-      EXPECT_EQ(run.device().state.updates, i + 1);
-      EXPECT_EQ(run.device().state.lr, i == 0 ? 0.05f : 0.02f) << "the table's last entry held";
+      EXPECT_EQ(run.device_scalars().updates, i + 1);
+      EXPECT_EQ(run.device_scalars().lr, i == 0 ? 0.05f : 0.02f) << "the table's last entry held";
     }
     EXPECT_TRUE(std::isnan(run.device_params().w[7])) << "no guard: the NaN reaches the weights";
   }
@@ -343,34 +355,37 @@ TEST(OptimKernelsEmulated, EmptyParametersWriteNothing) {
     opt.momentum = 0.9f;
     StepRun run(0, StepConfig{}, {0.1f}, opt);
     run.step(kGroup, {}, true);
-    EXPECT_EQ(run.device().state.updates, 1);
+    EXPECT_EQ(run.device_scalars().updates, 1);
     expect_same_bits(run.device_params().w, run.initial_params().w, "weights");
   }
 }
 
-// record_micro_batch and set_step on the device give the CPU functions' StepState, bit for bit.
+// record_micro_batch and set_step on the device give the CPU functions' StepState and
+// UpdateScalars, bit for bit.
 TEST(OptimKernelsEmulated, RecordMicroBatchAndSetStepMatchTheCpu) {
   DeviceValue<StepBuffers> dev;
-  dev->state.group_samples = 3;
-  dev->state.group_loss = 0.5;
-  dev->state.updates = 41;
+  DeviceValue<UpdateScalars> dev_scalars;
+  dev->state.group.units = 3;
+  dev->state.group.loss = 0.5;
   dev->state.grad_norm = 7.0f;
-  dev->state.skip = 1;
+  dev_scalars->updates = 41;
+  dev_scalars->skip = 1;
   StepState cpu = dev->state;
+  UpdateScalars cpu_scalars = *dev_scalars;
   for (const MicroBatch& mb : std::vector<MicroBatch>{{16, 2.3f}, {7, 0.1f}, {1, kInf}}) {
     DeviceValue<float> loss(mb.loss);
     kernels::record_micro_batch_cuda(dev.get(), loss.get(), mb.samples, nullptr);
     kernels::record_micro_batch(cpu, mb.samples, mb.loss);
   }
   EXPECT_EQ(std::memcmp(&dev->state, &cpu, sizeof(StepState)), 0);
-  EXPECT_EQ(dev->state.group_samples, 27.0);
-  EXPECT_EQ(dev->state.group_loss, kInf);
-  kernels::set_step_cuda(dev.get(), 0.125f, 3e-4f, nullptr);
-  kernels::set_step(cpu, 0.125f, 3e-4f);
-  EXPECT_EQ(std::memcmp(&dev->state, &cpu, sizeof(StepState)), 0);
-  EXPECT_EQ(dev->state.skip, 0);
-  EXPECT_EQ(dev->state.updates, 42);
-  EXPECT_EQ(dev->state.grad_scale, 0.125f);
+  EXPECT_EQ(dev->state.group.units, 27.0);
+  EXPECT_EQ(dev->state.group.loss, kInf);
+  kernels::set_step_cuda(dev_scalars.get(), 0.125f, 3e-4f, nullptr);
+  kernels::set_step(cpu_scalars, 0.125f, 3e-4f);
+  EXPECT_EQ(std::memcmp(&*dev_scalars, &cpu_scalars, sizeof(UpdateScalars)), 0);
+  EXPECT_EQ(dev_scalars->skip, 0);
+  EXPECT_EQ(dev_scalars->updates, 42);
+  EXPECT_EQ(dev_scalars->grad_scale, 0.125f);
 }
 
 // ---- sum_squares (FlatParameters' gradient norm) -----------------------------------------------

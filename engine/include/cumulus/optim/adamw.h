@@ -18,20 +18,17 @@ struct AdamWOptions {
 class AdamW final : public Optimizer {
  public:
   AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& options);
-  int64_t state_bytes() const override;
-  std::vector<int64_t> state_to_allocate() const override;  // exp_avg and exp_avg_sq
-  // "exp_avg", "exp_avg_sq" (and "frozen_missed_updates" once a parameter was frozen).
-  std::vector<std::pair<std::string, Tensor>> state() const override;
-  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) override;
   const AdamWOptions& options() const { return options_; }
-  const Tensor& exp_avg() const { return m_; }     // undefined until the first update
-  const Tensor& exp_avg_sq() const { return v_; }
+  // The states "exp_avg" and "exp_avg_sq": undefined until the first update.
+  const Tensor& exp_avg() const { return state_tensor("exp_avg"); }
+  const Tensor& exp_avg_sq() const { return state_tensor("exp_avg_sq"); }
+
+ protected:
+  std::vector<std::string> state_names() const override;
+  void update(const UpdateScalars* scalars, const UpdateSpan& span) override;
 
  private:
-  void apply(const kernels::StepState& host) override;
-  std::vector<std::string> moment_names() const override;
   AdamWOptions options_;
-  Tensor m_, v_;
 };
 
 }  // namespace cumulus::optim

@@ -19,19 +19,16 @@ struct SGDOptions {
 class SGD final : public Optimizer {
  public:
   SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options);
-  int64_t state_bytes() const override;
-  std::vector<int64_t> state_to_allocate() const override;  // the momentum buffer, if momentum != 0
-  // "momentum_buffer" (and "frozen_missed_updates" once a parameter was frozen).
-  std::vector<std::pair<std::string, Tensor>> state() const override;
-  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) override;
   const SGDOptions& options() const { return options_; }
-  const Tensor& momentum_buffer() const { return momentum_; }  // undefined until the first update
+  // The state "momentum_buffer" (with momentum only): undefined until the first update.
+  const Tensor& momentum_buffer() const { return state_tensor("momentum_buffer"); }
+
+ protected:
+  std::vector<std::string> state_names() const override;
+  void update(const UpdateScalars* scalars, const UpdateSpan& span) override;
 
  private:
-  void apply(const kernels::StepState& host) override;
-  std::vector<std::string> moment_names() const override;
   SGDOptions options_;
-  Tensor momentum_;
 };
 
 }  // namespace cumulus::optim

@@ -1,7 +1,7 @@
 // What a training run's accumulation is configured with (AccumulationOptions, inherited by
 // optim::TrainerOptions) and the counters a checkpoint carries to resume it (TrainingCounters).
 // The policy itself (normalization, clipping, the LR schedule, loss scaling, data parallel
-// buckets) runs inside optim::Trainer: Note [Exact normalization] in engine/runtime/accumulator.cpp.
+// buckets) runs inside optim::Trainer: Note [Exact normalization] in engine/runtime/trainer_step.cpp.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ enum class Normalization {
   none,
 };
 
-// Dynamic loss scaling (Note [Loss scaling] in engine/runtime/accumulator.cpp), for gradients that
+// Dynamic loss scaling (Note [Loss scaling] in engine/runtime/trainer_step.cpp), for gradients that
 // would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
 // with a non-finite gradient is skipped and halves it, but never below min_scale (it holds there);
 // growth_interval clean groups in a row double it. Every factor is a power of two, so unscaling
@@ -68,21 +68,38 @@ struct AccumulationOptions {
   LossScaling loss_scaling;
 };
 
-// Everything a checkpoint needs to resume exactly at a group boundary (Trainer::counters()).
+// Where a run stands, in one read (Trainer::counters(): on CUDA one wait for the queued work). The
+// first group is everything a checkpoint needs to resume exactly at a group boundary (restore()
+// takes it); the rest is what a report quotes.
 struct TrainingCounters {
   int epoch = 0;
-  int64_t micro_batch_index = 0;
+  int64_t micro_batch_index = 0;  // micro-batches done this epoch
   int64_t micro_batches_total = 0;
-  int64_t optimizer_steps = 0;
-  int64_t skipped_steps = 0;
-  // Dynamic loss scaling's state (restored only where it is on).
+  int64_t optimizer_steps = 0;  // steps taken
+  int64_t skipped_steps = 0;    // steps skipped for a non-finite gradient
+  // Dynamic loss scaling's state (restored only where it is on): the scale the next group's
+  // backward uses (1 without scaling).
   float loss_scale = 1.0f;
   int32_t loss_scale_clean_steps = 0;
-  // The learning rate of the last step (last_lr()): a run resumed before its first step, as in
-  // an interrupted test pass, reports the lr the uninterrupted run reports.
+  // The learning rate of the last step: a run resumed before its first step, as in an
+  // interrupted test pass, reports the lr the uninterrupted run reports.
   float last_lr = 0.0f;
   // set_accum_steps' value, 0 where it was not called (the options' steps or schedule apply).
   int accum_steps_override = 0;
+
+  // ---- for reports only (restore() ignores them) ----
+  int accum_steps = 0;             // N for the current epoch (every rank's micro-batches)
+  int micro_batches_in_group = 0;  // every rank's; 0 at a group boundary
+  int64_t units_in_group = 0;      // this rank's units so far in the group
+  int64_t attempted_steps = 0;     // taken or skipped
+  // The last step's global L2 norm of the normalized gradient before clipping (NaN when the step
+  // did not compute it: no clipping and no non-finite guard), and its clip factor.
+  float last_grad_norm = 0.0f;
+  float last_clip_factor = 1.0f;
+  // Summed training loss, and units, of the groups stepped since begin_epoch(): their ratio is the
+  // epoch's mean loss per unit.
+  double epoch_loss_sum = 0.0;
+  double epoch_units_stepped = 0.0;
 };
 
 // The accumulation steps a per-epoch schedule {first_epoch: steps} gives `epoch` (the entry with

@@ -34,8 +34,8 @@
 // planner's request (plan_request) and the memory tracker count the same units. With use_graphs
 // the closure must queue the same work every time for a given unit count: its inputs come from device-side state
 // (DataLoader::next), never from host values that change between calls. On the CPU, or with
-// use_graphs false, everything runs eagerly through the same calls, with the same bits as the
-// accumulation policy driven by hand (tests/test_trainer.cpp checks it).
+// use_graphs false, everything runs eagerly through the same calls, with the same bits as a loop
+// that computes each loss itself and calls backward(loss, units) (tests/test_trainer.cpp checks it).
 #pragma once
 
 #include <cstddef>
@@ -58,8 +58,6 @@ class Module;
 }  // namespace cumulus::nn
 
 namespace cumulus::optim {
-
-class Accumulator;  // the accumulation policy underneath (engine/runtime/accumulator.h)
 
 // A batch's loss summed over its units (ops::Reduction::Sum over batch.units: its samples, or its
 // tokens), as the Trainer's closures return it.
@@ -138,10 +136,19 @@ class Trainer {
   // Forward (the closure returns the loss summed over `units` units: samples, tokens), backward
   // into the gradient buffers, the accumulation's bookkeeping and the tracker's record (of `units`).
   void micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
+  // The eager form, for a loss computed by the caller: backward of a loss summed over `units` units,
+  // accumulated into the gradient buffers; the unit count and the loss value are added to the step
+  // state on the device (no host read). No tracker record, no graph. Normalization units and
+  // micro_batches divide by the units themselves, so a loss known to be a mean (cross_entropy with
+  // Reduction::Mean, ops::mean) is refused with InvalidArgument (Note [Mean-reduced losses] in
+  // engine/runtime/trainer_accumulation.cpp); Normalization::none takes any loss.
+  void backward(const Tensor& loss, int64_t units);
   // Data parallel: counts a micro-batch another rank processes (dist::owner_of_micro_batch).
   void skip_micro_batch();
-  // Steps if the group is complete (N micro-batches, or the epoch's last); returns whether a step
-  // was attempted (taken, or skipped on the device for a non-finite gradient).
+  // Whether step_if_ready() would step now (the group is complete: N micro-batches, or the epoch's last).
+  bool ready() const;
+  // Steps if the group is complete; returns whether a step was attempted (taken, or skipped on the
+  // device for a non-finite gradient).
   bool step_if_ready();
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
@@ -164,13 +171,14 @@ class Trainer {
   // position and the loss scale continue.
   void set_accum_steps(int steps);
 
-  // Everything a checkpoint needs to resume at a group boundary (set_accum_steps' value included),
-  // and its restoration: the optimizer's state (Optimizer::load_state) first, then restore(), then
+  // Every counter in one read (on CUDA one wait for the queued work): everything a checkpoint needs
+  // to resume at a group boundary (set_accum_steps' value included) and what a report quotes. The
+  // restoration: the optimizer's state (Optimizer::load_state) first, then restore(), then
   // begin_epoch(counters.epoch, micro_batches, counters.micro_batch_index).
   TrainingCounters counters() const;
   void restore(const TrainingCounters& counters);
 
-  // ---- counters a report can quote ----
+  // ---- single counters (counters() has them all) ----
   // Host-side ones are free. Those marked (device) read the step state: on CUDA they wait for the
   // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
   // not per step.
@@ -220,8 +228,9 @@ class Trainer {
   void reset();
 
  private:
-  friend Accumulator& accumulator_of(Trainer& trainer);  // engine/runtime/accumulator.h
+  struct Parts;  // the accumulation's state (engine/runtime/trainer_parts.h)
   struct Captured;
+  enum class Ran { eagerly, captured, replayed };
   // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
   // pattern of the parameters (which gradients are computed at all), and the backward seed's
   // accumulation steps (Normalization::micro_batches only; 0 otherwise).
@@ -229,12 +238,26 @@ class Trainer {
   void eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
   void graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss);
   bool step(bool only_if_ready);
+  void run_step();
+  Captured* step_graph();
+  // `work` eagerly where `graph` is null or new, captured into it the second time (then launched),
+  // replayed after that (Note [Captured training]).
+  Ran run_or_replay(Captured* graph, const std::function<void()>& work);
+  // The step's parts (engine/runtime/trainer_step.cpp).
+  void reduce_across_ranks();
+  void decide_step();
+  void end_group();
+  // The host side of backward(): the checks and the counters (a replayed micro-batch runs only these).
+  void check_micro_batch(int64_t units, const char* caller) const;
+  void count_micro_batch(int64_t units);
+  void check_accum_steps(int steps, const char* caller) const;
   void log_step();  // on_step, when set
   bool graphs_now() const;
+  bool distributed() const;
   std::vector<bool> stale_pattern() const;
   std::vector<bool> frozen_pattern() const;
 
-  std::unique_ptr<Accumulator> acc_;
+  std::unique_ptr<Parts> parts_;
   bool use_graphs_;
   memory::MemoryTracker* tracker_;
   // Micro-batch graphs by GraphKey: the sinks' modes (overwrite or accumulate), the gradients

@@ -1,0 +1,106 @@
+// What a Trainer holds beside its graphs: the options, the optimizer and its schedule, where the
+// loop stands (GroupPosition), the device-side step state, the learning-rate window, the backward
+// seeds and, data parallel, the gradient buckets. Internal to the runtime.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "cumulus/optim/lr_schedule.h"
+#include "cumulus/optim/optimizer.h"
+#include "cumulus/runtime/trainer.h"
+#include "engine/dist/gradient_buckets.h"
+#include "learning_rate_window.h"
+#include "step_state.h"
+
+#if CUMULUS_WITH_CUDA
+#include "engine/core/cuda_context.h"
+#endif
+
+namespace cumulus::optim {
+
+// Where the loop stands, on the host: the epoch, the micro-batch, the group in progress.
+struct GroupPosition {
+  int epoch = 0;
+  int accum_steps = 1;          // N for the current group
+  int accum_override = 0;       // set_accum_steps' value (0: none); accum_steps takes it at a boundary
+  int64_t in_epoch = 0;         // micro-batches done this epoch
+  int64_t epoch_length = 0;     // 0: unknown
+  int64_t total = 0;            // micro-batches done in the run
+  int64_t attempted_steps = 0;  // steps attempted (taken or skipped)
+  int64_t group_units = 0;      // this rank's units in the group
+  int group_micro_batches = 0;  // every rank's
+  bool ready() const {
+    const bool group_full = group_micro_batches >= accum_steps;
+    const bool epoch_done = epoch_length > 0 && in_epoch == epoch_length;
+    return group_micro_batches > 0 && (group_full || epoch_done);
+  }
+  // One micro-batch of `units` units (0: another rank's).
+  void count(int64_t units) {
+    group_units += units;
+    group_micro_batches += 1;
+    in_epoch += 1;
+    total += 1;
+  }
+  // After a step attempt: a new group starts, of set_accum_steps' size if one was asked for.
+  void end_group() {
+    ++attempted_steps;
+    group_units = 0;
+    group_micro_batches = 0;
+    if (accum_override > 0) accum_steps = accum_override;
+  }
+};
+
+// The backward seeds the Trainer keeps, by value (Trainer::backward's Normalization::micro_batches
+// seeds 1 / (units * N)): each made once and never written again, so a graph captured with one
+// reads the right value at every replay, and never freed under one. Past kMax values a seed is
+// made per call.
+class BackwardSeeds {
+ public:
+  Tensor get(float value, const Tensor& loss);
+
+ private:
+  static constexpr std::size_t kMax = 8;
+  std::vector<std::pair<float, Tensor>> seeds_;
+};
+
+// A graph of a micro-batch or of the step's device part (Note [Captured training]).
+struct Trainer::Captured {
+  int64_t seen = 0;
+#if CUMULUS_WITH_CUDA
+  cuda::Graph graph;
+#endif
+  std::vector<bool> stale_after;      // the slots' stale flags after the micro-batch
+  const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
+  memory::MicroBatchRecord memory;            // measured while capturing
+  bool captured() const {
+#if CUMULUS_WITH_CUDA
+    return graph.valid();
+#else
+    return false;
+#endif
+  }
+};
+
+struct Trainer::Parts {
+  Parts(std::shared_ptr<Optimizer> optimizer_in, const TrainerOptions& options_in,
+        std::shared_ptr<const LRSchedule> schedule)
+      : optimizer(std::move(optimizer_in)),
+        options(options_in),
+        state(optimizer->parameters().device()),
+        lr_window(*optimizer, std::move(schedule)) {}
+
+  std::shared_ptr<Optimizer> optimizer;
+  AccumulationOptions options;
+  GroupPosition position;
+  StepStateMemory state;
+  LearningRateWindow lr_window;
+  BackwardSeeds seeds;
+  std::unique_ptr<dist::GradientBuckets> buckets;  // data parallel only
+  int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
+};
+
+}  // namespace cumulus::optim

@@ -1,0 +1,213 @@
+// Note [Exact normalization]
+// Each micro-batch's loss is a sum over its units (samples for a classifier, tokens for a language
+// model: whatever the caller's loss sums over, and the count it passes with the micro-batch), and backward
+// adds its gradient into the persistent buffers unscaled. At a group boundary the update multiplies
+// the accumulated gradient by 1 / (units in the group), inside the fused optimizer pass. So a group
+// of any shape (16 x 4, 64 x 1, 8 + 8 + 16 + 32, or the 40-sample tail of an epoch) is exactly the
+// mean gradient per unit over its units, and 16 x 4 reproduces 64 x 1 up to float rounding.
+// Lightning and Accelerate divide every micro-batch by N instead, which under-weights a short last
+// group by (its micro-batches) / N; Normalization::micro_batches reproduces that convention for
+// comparison.
+//
+// Clipping uses the global L2 norm of the normalized, accumulated gradient, computed once at step
+// time (never per micro-batch) and folded into the same scale: g_eff = g * (1/units) * clip.
+// A non-finite norm means a NaN/Inf somewhere in the gradient: the step is skipped and counted,
+// the gradients are discarded (marked stale) and training goes on with the next group.
+//
+// All of this is decided on the device (Note [Device-side step] in kernels/optim_rules.h): the
+// host never reads the norm, so a CUDA step costs two launches and no synchronization.
+//
+// Note [Loss scaling]
+// 16-bit gradients underflow where f32 ones do not, so with dynamic loss scaling backward is seeded
+// with a scale S (initially 2^16) instead of 1, and the update divides by S again. The seed is the
+// step state's loss_scale itself (a view: StepStateMemory::view), so the device decides S
+// and no host synchronization or fill is needed, captured graphs included. With accumulation:
+// - S changes only in the step (kernels::prepare_step), never inside a group, so every micro-batch of a group
+//   adds gradients of the same scale.
+// - A non-finite value anywhere in the group makes the accumulated gradient's norm non-finite: the
+//   group is skipped (weights and optimizer state untouched, counted), S is multiplied by the
+//   backoff (0.5), and the count of clean groups restarts; growth_interval clean groups in a row
+//   multiply S by the growth factor (2).
+// - S holds at a floor, LossScaling::min_scale (default 1), rather than stopping the run: without
+//   one, repeated overflow would back it off to 0, and from there every group would be skipped for
+//   good (a zero seed, then 1 / 0 in the unscaling), silently. A group that still overflows at the
+//   floor is skipped and counted like any other (the app says so at the epoch's end, naming the
+//   floor), and the first group that is finite there steps: the run recovers by itself if the
+//   overflow passes. The default floor is 1 because below it the scale protects nothing from
+//   underflow; it only shrinks gradients that overflow unscaled, which a diverging run has, and a
+//   scale driven far below 1 would flush small gradients to zero for growth_interval steps per
+//   doubling on the way back. Growth likewise stops at the largest finite power of two.
+// - Every factor is a power of two, so scaling and unscaling are exact: away from overflow and
+//   underflow, a run with loss scaling gives the same bits as one without (tested).
+// The reported loss is the true loss: only the seed is scaled.
+//
+// Note [Learning-rate table]
+// The schedule is host code (LRSchedule::lr_at), but whether a step is taken, and so which step
+// index the next one has, is known only on the device. The device therefore reads the rate from
+// a table of lr_at(k) for a window of update counts starting at the count the host last read.
+// Every attempt raises the count by at most one, so the host knows when the window could run out
+// and only then reads the count and refills (once per kLrTableSize steps at most; both are
+// ordinary stream-ordered work, never inside a captured step). Without a schedule the table is
+// the optimizer's lr, rewritten when set_lr changes it.
+#include <algorithm>
+#include <utility>
+
+#include "cumulus/autograd/grad_mode.h"
+#include "cumulus/dist/communicator.h"
+#include "cumulus/runtime/trainer.h"
+#include "engine/ops/internal.h"
+#include "trainer_parts.h"
+
+namespace cumulus::optim {
+
+bool Trainer::step_if_ready() {
+  const bool stepped = step(true);
+  if (stepped) log_step();
+  return stepped;
+}
+
+bool Trainer::flush() {
+  const bool stepped = step(false);
+  if (stepped) log_step();
+  return stepped;
+}
+
+// A step attempt with the tracker's records around it: eager steps are timed (with the reductions
+// they waited for), replayed ones recorded as graph steps.
+bool Trainer::step(bool only_if_ready) {
+  const GroupPosition& pos = parts_->position;
+  if (only_if_ready ? !pos.ready() : pos.group_micro_batches == 0) return false;
+  const Optimizer& opt = *parts_->optimizer;
+  const bool eager = !graphs_now();
+  if (tracker_ && eager) tracker_->begin_step();
+  run_step();
+  if (tracker_ && eager) {
+    // The step's reductions, those started during the last backward included.
+    dist::Communicator* comm = parts_->options.communicator.get();
+    tracker_->end_step(pos.attempted_steps, opt.state_bytes(), comm ? comm->take_recent_spans() : TimeSpans());
+  } else if (tracker_) {
+    tracker_->add_graph_step(pos.attempted_steps, opt.state_bytes());
+  }
+  return true;
+}
+
+// One optimizer step over the group accumulated so far.
+void Trainer::run_step() {
+  NoGradGuard no_grad;
+  Optimizer& opt = *parts_->optimizer;
+  // Stale gradient slots read as zeros; frozen parameters are read (host work, never captured).
+  opt.prepare_update();
+  // The learning-rate table covers the update this step may make.
+  parts_->lr_window.prepare(parts_->state, parts_->steps_offset);
+  const Ran ran = run_or_replay(step_graph(), [&] {
+    // Data parallel: the gradient, the group's units and its loss summed across ranks.
+    reduce_across_ranks();
+    // The norm, the skip decision, the clip factor and the learning rate, decided on the device.
+    decide_step();
+    // The optimizer's update with the decided scalars (nothing moves where the step is skipped).
+    opt.apply_update();
+  });
+  ++(ran == Ran::eagerly ? stats_.eager_steps : stats_.replayed_steps);
+#if CUMULUS_WITH_CUDA
+  if (ran == Ran::captured) stats_.kernels_per_step = step_->graph.kernel_nodes();
+#endif
+  // The gradients are consumed; the next micro-batch starts a group.
+  end_group();
+}
+
+Trainer::Ran Trainer::run_or_replay(Captured* graph, const std::function<void()>& work) {
+  if (graph == nullptr || graph->seen++ == 0) {
+    work();
+    return Ran::eagerly;
+  }
+#if CUMULUS_WITH_CUDA
+  const bool capturing = !graph->captured();
+  if (capturing) {
+    const Device device = parts_->optimizer->parameters().device();
+    graph->graph = cuda::Graph::capture(cuda::context(device.index()), work);
+    ++stats_.captures;
+  }
+  graph->graph.launch();
+  return capturing ? Ran::captured : Ran::replayed;
+#else
+  work();  // unreachable: the constructor refuses graphs
+  return Ran::eagerly;
+#endif
+}
+
+// The step graph, or null when the step runs eagerly. Its update reads the frozen mask, allocated
+// at the first freeze (with the optimizer's missed counts): a graph captured before has none.
+Trainer::Captured* Trainer::step_graph() {
+  if (!graphs_now()) return nullptr;
+  const void* frozen_mask = parts_->optimizer->parameters().frozen_chunks();
+  if (step_ && step_->frozen_mask != frozen_mask) step_.reset();
+  if (!step_) {
+    step_ = std::make_unique<Captured>();
+    step_->frozen_mask = frozen_mask;
+  }
+  return step_.get();
+}
+
+void Trainer::reduce_across_ranks() {
+  Parts& p = *parts_;
+  if (!p.buckets) return;
+  dist::Communicator& comm = *p.options.communicator;
+  p.buckets->start_rest();
+  // The group's units and loss: the normalization is global.
+  static_assert(sizeof(kernels::UnitsAndLoss) == 2 * sizeof(double), "two adjacent doubles");
+  comm.start_all_reduce_sum(&p.state.state()->group, 2, dist::Element::f64, p.optimizer->parameters().device());
+  comm.wait_all();
+  comm.count_gradient_reduction(p.buckets->bytes());
+}
+
+// The norm of the accumulated gradient and kernels::prepare_step, one launch on CUDA.
+void Trainer::decide_step() {
+  Parts& p = *parts_;
+  const AccumulationOptions& o = p.options;
+  kernels::StepConfig config;
+  config.divide_by_units = o.normalization == Normalization::units ? 1 : 0;
+  config.need_norm = o.clip_grad_norm > 0.0f || o.skip_non_finite ? 1 : 0;
+  config.skip_non_finite = o.skip_non_finite ? 1 : 0;
+  config.clip_grad_norm = o.clip_grad_norm;
+  config.lr_table_size = p.lr_window.size();
+  config.dynamic_loss_scale = o.loss_scaling.dynamic ? 1 : 0;
+  config.loss_scale_growth_interval = o.loss_scaling.growth_interval;
+  config.loss_scale_growth = o.loss_scaling.growth_factor;
+  config.loss_scale_backoff = o.loss_scaling.backoff_factor;
+  config.loss_scale_min = o.loss_scaling.min_scale;
+  const nn::FlatParameters& params = p.optimizer->parameters();
+  const float* grad = params.gradients().data<float>();
+  const int64_t n = params.size();
+  UpdateScalars* scalars = p.optimizer->update_scalars();
+  CUMULUS_DISPATCH(params.device(), ctx,
+                   kernels::prepare_step(p.state.buffers()->state, *scalars,
+                                         config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config,
+                                         p.lr_window.table()),
+                   kernels::grad_norm_and_prepare_step_cuda(grad, n, p.state.buffers(), scalars, config,
+                                                            p.lr_window.table(), ctx.stream()));
+}
+
+// grad() now says the step released the gradient (Note [Why a gradient is undefined]).
+void Trainer::end_group() {
+  Parts& p = *parts_;
+  p.optimizer->parameters().mark_gradients_stale(StaleReason::optimizer_step);
+  if (p.buckets) p.buckets->rearm();
+  p.lr_window.count_attempt();
+  p.position.end_group();
+}
+
+// The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
+void Trainer::log_step() {
+  if (!on_step_) return;
+  const kernels::StepState st = parts_->state.read();
+  StepLog log;
+  log.step = optimizer_steps();
+  log.epoch = parts_->position.epoch;
+  log.loss = (st.epoch.loss - logged_loss_) / std::max(st.epoch.units - logged_units_, 1.0);  // mean per unit
+  log.lr = parts_->optimizer->read_update_scalars().lr;
+  logged_loss_ = st.epoch.loss;
+  logged_units_ = st.epoch.units;
+  on_step_(log);
+}
+
+}  // namespace cumulus::optim
