@@ -81,8 +81,8 @@ class GradSink {
   detail::DeferredGradientAdds* deferred_ = nullptr;
 };
 
-// What a node's output is to its input's values, as far as Accumulator::backward needs to know to
-// refuse a mean-reduced loss (Note [Mean-reduced losses] in engine/runtime/accumulator.cpp).
+// What a node's output is to its input's values, as far as Trainer::backward needs to know to
+// refuse a mean-reduced loss (Note [Mean-reduced losses] in engine/runtime/trainer_accumulation.cpp).
 enum class OutputReduction : uint8_t {
   unknown,  // the default: any other op, custom ops included
   none,     // the input's values, unreduced: reshape, flatten, cast, a sum or mean of one element
@@ -139,7 +139,7 @@ using LeafGradientDone = std::function<void(const TensorImpl* leaf)>;
 // on CUDA).
 void run_backward(const Tensor& root, float seed = 1.0f, const LeafGradientDone& on_leaf_done = nullptr);
 // The same with the seed given as an f32 tensor of the root's shape on its device, which the
-// engine reads and never writes: the Accumulator keeps its seeds on the device, so a backward
+// engine reads and never writes: the Trainer keeps its seeds on the device, so a backward
 // launches no fill. Here the root may have any shape (the seed is its upstream gradient).
 void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone& on_leaf_done = nullptr);
 

@@ -86,7 +86,7 @@ class Communicator {
   // launcher names the rank. Returns at once in a world of one.
   virtual void abort(int exit_code) = 0;
 
-  // Counts a finished logical gradient reduction of `bytes` (the Accumulator calls this once per
+  // Counts a finished logical gradient reduction of `bytes` (the Trainer calls this once per
   // step, however many buckets it took).
   void count_gradient_reduction(int64_t bytes) {
     stats_.gradient_reductions += 1;

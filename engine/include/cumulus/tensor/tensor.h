@@ -38,7 +38,7 @@ inline constexpr bool kStorageElementType =
 enum class StaleReason : uint8_t {
   no_backward,     // no backward has written the buffer since it was made
   zero_grad,       // zero_grad() or mark_grad_stale()
-  optimizer_step,  // the Accumulator's step used the gradient and released it
+  optimizer_step,  // the Trainer's step used the gradient and released it
 };
 
 class Tensor {
@@ -148,11 +148,11 @@ class Tensor {
   const std::shared_ptr<Node>& grad_fn() const;
   // The accumulated gradient, or an undefined tensor if none was accumulated since the buffer
   // was marked stale (the equivalent of PyTorch's `grad is None` after zero_grad()). The undefined
-  // tensor carries the reason (undefined_reason()): after an Accumulator step, for instance, that
+  // tensor carries the reason (undefined_reason()): after a Trainer step, for instance, that
   // the step released the gradient, and how to read it (before the step, or grad_buffer()).
   Tensor grad() const;
   // The persistent buffer itself, whatever its state (undefined until first allocated). After an
-  // Accumulator step it still holds the group's summed gradient until the next backward writes it.
+  // Trainer step it still holds the group's summed gradient until the next backward writes it.
   Tensor grad_buffer() const;
   bool grad_stale() const;
   // The next backward overwrites the buffer instead of adding to it (zero_grad that costs nothing);
