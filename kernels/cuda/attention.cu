@@ -49,17 +49,17 @@ using cuda_common::launch;
 // The launch bound of the tiled kernels: D = 128's block, two of them resident per SM at least, so
 // ptxas keeps a thread within 128 registers (a quarter of an SM's 64 K for 512 threads).
 constexpr int kMaxBlockThreads = 256, kMinBlocksPerSm = 2;
-constexpr int kChunk = 16;             // keys whose scores the forward keeps in registers at once
+constexpr int kChunk = 16;  // keys whose scores the forward keeps in registers at once
 
 template <int D>
 struct Tiling {
   static_assert(D == 32 || D == 64 || D == 128, "attention kernels are compiled for D = 32, 64 and 128");
   static constexpr int kGroup = D <= 32 ? 2 : D / 16;  // lanes per row
-  static constexpr int kCols = D / kGroup;            // columns per lane: 16
-  static constexpr int kVecs = kCols / 4;             // float4 slices per lane
+  static constexpr int kCols = D / kGroup;             // columns per lane: 16
+  static constexpr int kVecs = kCols / 4;              // float4 slices per lane
   static constexpr int kThreads = D <= 64 ? 128 : 256;
-  static constexpr int kRows = kThreads / kGroup;     // rows per block
-  static constexpr int kTile = 4096 / D;              // staged rows of the other side, per operand
+  static constexpr int kRows = kThreads / kGroup;  // rows per block
+  static constexpr int kTile = 4096 / D;           // staged rows of the other side, per operand
   static_assert(kThreads <= kMaxBlockThreads && kTile % kChunk == 0, "tiling");
 };
 
@@ -81,7 +81,7 @@ __device__ __forceinline__ int column(int lane, int v, int e) {
 // Sum over the row's group (xor butterfly; every lane gets the same bits). All 32 lanes take part.
 template <int G>
 __device__ __forceinline__ float group_sum(float x) {
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int o = 1; o < G; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
@@ -90,18 +90,17 @@ CUMULUS_UNROLL
 template <int D, typename T>
 __device__ void load_row(const T* row, int64_t d, bool active, Row<D>& x) {
   const int lane = group_lane<D>();
-CUMULUS_UNROLL
-  for (int v = 0; v < Tiling<D>::kVecs; ++v)
-CUMULUS_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int c = column<D>(lane, v, e);
-      x[v * 4 + e] = active && c < d ? to_f32(row[c]) : 0.0f;
-    }
+  CUMULUS_UNROLL
+  for (int v = 0; v < Tiling<D>::kVecs; ++v) CUMULUS_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const int c = column<D>(lane, v, e);
+    x[v * 4 + e] = active && c < d ? to_f32(row[c]) : 0.0f;
+  }
 }
 
 template <int D>
 __device__ void zero_row(Row<D>& x) {
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int c = 0; c < Tiling<D>::kCols; ++c) x[c] = 0.0f;
 }
 
@@ -109,11 +108,10 @@ CUMULUS_UNROLL
 template <int D, typename T>
 __device__ void store_row(const Row<D>& x, float scale, int64_t d, T* row) {
   const int lane = group_lane<D>();
-CUMULUS_UNROLL
-  for (int v = 0; v < Tiling<D>::kVecs; ++v)
-CUMULUS_UNROLL
-    for (int e = 0; e < 4; ++e)
-      if (column<D>(lane, v, e) < d) row[column<D>(lane, v, e)] = from_f32<T>(x[v * 4 + e] * scale);
+  CUMULUS_UNROLL
+  for (int v = 0; v < Tiling<D>::kVecs; ++v) CUMULUS_UNROLL
+  for (int e = 0; e < 4; ++e)
+    if (column<D>(lane, v, e) < d) row[column<D>(lane, v, e)] = from_f32<T>(x[v * 4 + e] * scale);
 }
 
 // This lane's part of x . staged (a row of D floats in shared memory).
@@ -122,7 +120,7 @@ __device__ __forceinline__ float partial_dot(const Row<D>& x, const float* stage
   const float4* s4 = reinterpret_cast<const float4*>(staged);
   const int lane = group_lane<D>();
   float s = 0.0f;
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int v = 0; v < Tiling<D>::kVecs; ++v) {
     const float4 y = s4[v * Tiling<D>::kGroup + lane];
     s += x[v * 4] * y.x + x[v * 4 + 1] * y.y + x[v * 4 + 2] * y.z + x[v * 4 + 3] * y.w;
@@ -135,7 +133,7 @@ template <int D>
 __device__ __forceinline__ void add_scaled(float a, const float* staged, Row<D>& acc) {
   const float4* s4 = reinterpret_cast<const float4*>(staged);
   const int lane = group_lane<D>();
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int v = 0; v < Tiling<D>::kVecs; ++v) {
     const float4 y = s4[v * Tiling<D>::kGroup + lane];
     acc[v * 4] += a * y.x;
@@ -151,7 +149,7 @@ CUMULUS_UNROLL
 // a thread keeps in flight, as many as the registers its kernel has left allow.
 template <int D, int Rows, int Unroll, typename T>
 __device__ void stage_rows(const T* base, int64_t stride, int64_t r0, int64_t n, int64_t d, float* tile) {
-CUMULUS_UNROLL_BY(Unroll)
+  CUMULUS_UNROLL_BY(Unroll)
   for (int e = static_cast<int>(threadIdx.x); e < Rows * D; e += static_cast<int>(blockDim.x)) {
     const int r = e / D, c = e % D;
     tile[e] = r < n && c < d ? to_f32(base[(r0 + r) * stride + c]) : 0.0f;
@@ -161,7 +159,8 @@ CUMULUS_UNROLL_BY(Unroll)
 // n values v[r0 + r] into s[0, Rows), zeros past n.
 template <int Rows>
 __device__ void stage_values(const float* v, int64_t r0, int64_t n, float* s) {
-  for (int r = static_cast<int>(threadIdx.x); r < Rows; r += static_cast<int>(blockDim.x)) s[r] = r < n ? v[r0 + r] : 0.0f;
+  for (int r = static_cast<int>(threadIdx.x); r < Rows; r += static_cast<int>(blockDim.x))
+    s[r] = r < n ? v[r0 + r] : 0.0f;
 }
 
 // The forward's online softmax over kChunk staged keys, `valid` of which (from the first) the row
@@ -171,7 +170,7 @@ __device__ void forward_chunk(const Row<D>& qf, const float* ks, const float* vs
                               double& l, Row<D>& acc) {
   float s[kChunk];
   float chunk_max = -INFINITY;
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int j = 0; j < kChunk; ++j) {
     const float dot = group_sum<Tiling<D>::kGroup>(partial_dot<D>(qf, ks + j * D));
     s[j] = j < valid ? dot * scale : -INFINITY;
@@ -181,12 +180,12 @@ CUMULUS_UNROLL
   const float m_new = fmaxf(m, chunk_max);
   const float alpha = expf(m - m_new);  // 0 on the row's first chunk (m = -inf)
   float chunk_sum = 0.0f;
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int j = 0; j < kChunk; ++j) chunk_sum += (s[j] = expf(s[j] - m_new));
   l = l * alpha + chunk_sum;
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int c = 0; c < Tiling<D>::kCols; ++c) acc[c] *= alpha;
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int j = 0; j < kChunk; ++j) add_scaled<D>(s[j], vs + j * D, acc);
   m = m_new;
 }
@@ -260,7 +259,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
     stage_values<Tl::kTile>(lse + bh * g.tq, i0, nq, lse_s);
     stage_values<Tl::kTile>(delta + bh * g.tq, i0, nq, delta_s);
     __syncthreads();
-CUMULUS_UNROLL_BY(1)
+    CUMULUS_UNROLL_BY(1)
     for (int r = 0; r < nq; ++r) {  // the same count for the whole block: every lane shuffles
       const float s = group_sum<Tl::kGroup>(partial_dot<D>(kf, qs + r * D));
       const float dp = group_sum<Tl::kGroup>(partial_dot<D>(vf, dos + r * D));
@@ -323,7 +322,8 @@ template <int D>
 unsigned grid_of(const AttentionGeometry& g, int64_t rows, int64_t& tiles) {
   tiles = (rows + Tiling<D>::kRows - 1) / Tiling<D>::kRows;
   const int64_t blocks = g.bh() * tiles;
-  CUMULUS_CHECK(blocks <= 2147483647, InvalidArgument, "attention on CUDA: ", blocks, " blocks is too many for one grid");
+  CUMULUS_CHECK(blocks <= 2147483647, InvalidArgument, "attention on CUDA: ", blocks,
+                " blocks is too many for one grid");
   return static_cast<unsigned>(blocks);
 }
 

@@ -16,8 +16,8 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/unroll.cuh"
 #include "kernels/cuda/pointwise_kernels.h"
+#include "kernels/cuda/unroll.cuh"
 
 namespace cumulus::kernels {
 
@@ -48,7 +48,7 @@ __device__ float broadcast_grad_sum(const BroadcastGeometry& g, BinaryOp op, int
   constexpr int kDims = BroadcastGeometry::kMaxDims;
   int64_t o = 0, ia = 0, ib = 0, count[kDims];
   bool empty = false;
-CUMULUS_UNROLL
+  CUMULUS_UNROLL
   for (int d = kDims - 1; d >= 0; --d) {
     count[d] = 0;
     if (d >= g.ndim) continue;
@@ -65,10 +65,9 @@ CUMULUS_UNROLL
   for (bool carry = false; !carry;) {
     sum += binary_grad_at(op, operand, a, b, dy, o, ia, ib);
     carry = true;  // into the next reduced dimension; still set after the outermost: the walk is over
-CUMULUS_UNROLL
+    CUMULUS_UNROLL
     for (int d = kDims - 1; d >= 0; --d) {
-      if (!carry || d >= g.ndim || (operand == 0 ? g.strides[1][d] : g.strides[2][d]) != 0 || g.dims[d] <= 1)
-        continue;
+      if (!carry || d >= g.ndim || (operand == 0 ? g.strides[1][d] : g.strides[2][d]) != 0 || g.dims[d] <= 1) continue;
       o += g.strides[0][d], ia += g.strides[1][d], ib += g.strides[2][d];
       if (++count[d] < g.dims[d]) {
         carry = false;
