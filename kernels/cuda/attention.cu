@@ -4,8 +4,8 @@
 //
 // Note [CUDA attention kernels]
 // - Head size: each kernel is compiled for D = 32, 64 and 128; a head of d <= 128 columns runs in
-//   the smallest that holds it, its columns past d zero (no work is skipped for them: d = 32, 64 and
-//   128 waste nothing). d > 128 is refused with an error naming the sizes.
+//   the smallest that holds it, its columns past d zero (computed on like the others: only d = 32,
+//   64 and 128 waste nothing). d > 128 is refused with an error naming the sizes.
 // - Rows in registers: a row (a query row in the forward and dq kernels, a key in dk/dv) belongs to
 //   a group of G consecutive lanes of a warp (G = 2, 4, 8 for D = 32, 64, 128), each lane holding
 //   kCols = 16 of its columns, as float4 slices interleaved across the group (lane g holds columns
@@ -26,9 +26,11 @@
 // - Backward: delta_i = rowsum(do_i o_i) once (its own kernel); dk and dv, a block per (head, key
 //   tile) looping over the query rows that see it; dq, a block per (head, query tile) looping over
 //   the keys. Both recompute p from q, k and the saved lse (and dp from do and v): without atomics
-//   no kernel can add into another block's rows, so the score tile is formed once per kernel (the
-//   price of same bits on every run: FlashAttention-2 forms it once and adds dq with atomics).
-// Every element is summed by one thread in a fixed order: no atomics, the same bits on every run.
+//   no block can add into another block's rows, so each of the two kernels forms the scores itself
+//   (twice in all, the price of the same bits on every run: FlashAttention-2 forms them once and
+//   adds dq with atomics). Nothing but the lse and delta is kept between the kernels.
+// Every sum has a fixed order (an accumulator is one lane's, in row or key order; a dot product a
+// fixed butterfly): no atomics, the same bits on every run.
 // Against the CPU: the same sums in another order and the device's expf, so within a few ulp per
 // term (tests/emulated/attention_test.cpp). Nothing here has run on a GPU yet: the CPU emulation
 // (tests/emulation) runs this source; the build's ptxas report gives the registers.
@@ -47,7 +49,9 @@ using cuda_common::kThreads;
 using cuda_common::launch;
 
 // The launch bound of the tiled kernels: D = 128's block, two of them resident per SM at least, so
-// ptxas keeps a thread within 128 registers (a quarter of an SM's 64 K for 512 threads).
+// ptxas keeps a thread within 128 registers (an SM's 64 K registers over 512 threads); the build's
+// resource report shows 105-128 used and no stack. Allowed one block per SM, ptxas (13.0, sm_90)
+// gave them 140-168 registers: no more than one block of 256 threads would fit an SM.
 constexpr int kMaxBlockThreads = 256, kMinBlocksPerSm = 2;
 constexpr int kChunk = 16;  // keys whose scores the forward keeps in registers at once
 
