@@ -45,18 +45,21 @@ void gather(const Tensor& x, const Gather& g, const Tensor& indices, const Tenso
 }
 
 #if CUMULUS_WITH_CUDA
-// index_scatter_add_cuda with its scratch, the positions sorted by index (Note [Sorted scatter-add]
-// in kernels/cuda/structural.cu), in category workspace and freed on return.
+// index_scatter_add_cuda with its scratch, the positions sorted by index, and the partial sums of
+// long runs' segments (Note [Sorted scatter-add] in kernels/cuda/structural.cu), in category
+// workspace and freed on return.
 template <typename T>
 void scatter_add_on_device(const T* dy, const Gather& g, int64_t count, const int32_t* indices, float beta, T* dx,
                            Device device, cudaStream_t stream) {
-  Tensor keys;
+  Tensor keys, partials;
   {
     MemoryCategoryScope scope(MemoryCategory::workspace);
     keys = Tensor::empty(Shape{kernels::index_scatter_add_scratch(count)}, DType::i64, device);
+    partials = Tensor::empty(Shape{kernels::index_scatter_add_partials(count, g.outer, g.inner)}, DType::f32, device);
   }
   auto* scratch = static_cast<uint64_t*>(keys.raw_data());
-  kernels::index_scatter_add_cuda(dy, g.outer, count, indices, g.dim, g.inner, beta, dx, scratch, stream);
+  auto* sums = static_cast<float*>(partials.raw_data());
+  kernels::index_scatter_add_cuda(dy, g.outer, count, indices, g.dim, g.inner, beta, dx, scratch, sums, stream);
 }
 #endif
 

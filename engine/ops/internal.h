@@ -149,4 +149,12 @@ Tensor f32_stand_in(const Tensor& target, float beta);
 // Rounds a stand-in back into its 16-bit target (nothing when the stand-in is the target).
 void store_stand_in(const Tensor& stand_in, const Tensor& target);
 
+#if CUMULUS_WITH_CUDA
+// kernels::sum_rows_cuda with the partials of its grid over row chunks (Note [Column sums] in
+// kernels/cuda/reduce.cu) in category workspace, freed on return. T: float, BFloat16, Half.
+template <typename T>
+void sum_rows_on_device(const T* x, int64_t rows, int64_t cols, float beta, float* out, const Device& device,
+                        cudaStream_t stream);
+#endif
+
 }  // namespace cumulus::ops::detail

@@ -23,14 +23,21 @@ namespace {
 const float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 #if CUMULUS_WITH_CUDA
-// dx, then the parameter gradients (each skipped when null), as two kernels.
+// dx, then the parameter gradients (each skipped when null): the column sums over a grid of row
+// chunks, their partials (f64, as i64 storage) in category workspace, freed on return.
 template <typename T>
 void backward_cuda(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd, int64_t rows,
                    int64_t cols, float beta, T* dx, float beta_dw, float* dweight, float beta_db, float* dbias,
-                   cudaStream_t stream) {
+                   const Device& device, cudaStream_t stream) {
   if (dx != nullptr) kernels::layer_norm_backward_dx_cuda(x, dy, weight, mean, rstd, rows, cols, beta, dx, stream);
-  if (dweight != nullptr || dbias != nullptr)
-    kernels::layer_norm_param_grads_cuda(x, dy, mean, rstd, rows, cols, beta_dw, dweight, beta_db, dbias, stream);
+  if (dweight == nullptr && dbias == nullptr) return;
+  Tensor partials;
+  if (const int64_t n = kernels::layer_norm_param_grads_partials(rows, cols); n > 0) {
+    MemoryCategoryScope scope(MemoryCategory::workspace);
+    partials = Tensor::empty(Shape{n}, DType::i64, device);
+  }
+  auto* pp = partials.defined() ? static_cast<double*>(partials.raw_data()) : nullptr;
+  kernels::layer_norm_param_grads_cuda(x, dy, mean, rstd, rows, cols, beta_dw, dweight, beta_db, dbias, pp, stream);
 }
 #endif
 
@@ -59,7 +66,7 @@ class LayerNormBackward final : public Node {
         T* dxp = dx.tensor.defined() ? dx.tensor.data<T>() : nullptr; CUMULUS_DISPATCH(
             device, ctx,
             kernels::layer_norm_backward_cpu(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp),
-            backward_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp, ctx.stream())));
+            backward_cuda(xp, dyp, wp, mp, rp, rows, cols, beta, dxp, beta_w, dwp, beta_b, dbp, device, ctx.stream())));
   }
   void release_saved() override {
     x_ = Tensor();

@@ -254,7 +254,7 @@ class LinearBackward final : public Node {
     if (want_db && !db_written) {
       float* dbp = db.tensor.data<float>();
       CUMULUS_DISPATCH(device, ctx, kernels::sum_rows_cpu(dzp, batch, out, db.beta(), dbp),
-                       kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream()));
+                       detail::sum_rows_on_device(dzp, batch, out, db.beta(), dbp, device, ctx.stream()));
     }
   }
 
@@ -319,9 +319,10 @@ class LinearBackward final : public Node {
       if (device.is_cpu()) {
         kernels::sum_rows_cpu(dzf.data<float>(), batch, out, db.beta(), dbp);
       } else {
-        CUMULUS_DISPATCH_FLOAT(type, T, const T* dzp = dz.data<T>();
-                               CUMULUS_DISPATCH(device, ctx, (void)dzp,
-                                                kernels::sum_rows_cuda(dzp, batch, out, db.beta(), dbp, ctx.stream())));
+        CUMULUS_DISPATCH_FLOAT(
+            type, T, const T* dzp = dz.data<T>();
+            CUMULUS_DISPATCH(device, ctx, (void)dzp,
+                             detail::sum_rows_on_device(dzp, batch, out, db.beta(), dbp, device, ctx.stream())));
       }
     }
   }

@@ -87,7 +87,7 @@ void summed_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, c
   const float* ep = entries.data<float>();
   float* op = out.data<float>();
   CUMULUS_DISPATCH(device, ctx, kernels::sum_rows_cpu(ep, batch, m * n, beta, op),
-                   kernels::sum_rows_cuda(ep, batch, m * n, beta, op, ctx.stream()));
+                   detail::sum_rows_on_device(ep, batch, m * n, beta, op, device, ctx.stream()));
   detail::store_stand_in(out, c);
 }
 

@@ -86,4 +86,25 @@ Tensor argmax(const Tensor& x_in) {
   return out;
 }
 
+#if CUMULUS_WITH_CUDA
+namespace detail {
+
+template <typename T>
+void sum_rows_on_device(const T* x, int64_t rows, int64_t cols, float beta, float* out, const Device& device,
+                        cudaStream_t stream) {
+  Tensor partials;
+  if (const int64_t n = kernels::sum_rows_partials(rows, cols); n > 0) {
+    MemoryCategoryScope scope(MemoryCategory::workspace);
+    partials = Tensor::empty(Shape{n}, DType::f32, device);
+  }
+  kernels::sum_rows_cuda(x, rows, cols, beta, out, partials.defined() ? partials.data<float>() : nullptr, stream);
+}
+
+template void sum_rows_on_device(const float*, int64_t, int64_t, float, float*, const Device&, cudaStream_t);
+template void sum_rows_on_device(const BFloat16*, int64_t, int64_t, float, float*, const Device&, cudaStream_t);
+template void sum_rows_on_device(const Half*, int64_t, int64_t, float, float*, const Device&, cudaStream_t);
+
+}  // namespace detail
+#endif
+
 }  // namespace cumulus::ops

@@ -11,7 +11,8 @@
 
 namespace cumulus::kernels {
 
-// Each thread keeps a row of q (or k), v and its accumulators in registers: D up to this.
+// The largest head the kernels take: they are compiled for D = 32, 64 and 128 (a row's columns and
+// accumulators in registers), a smaller D runs in the next larger (Note [CUDA attention kernels]).
 inline constexpr int64_t kAttentionMaxHeadDimCuda = 128;
 
 template <typename T>

@@ -112,7 +112,15 @@ GemmLtOutcomes gemm_lt_outcomes(GemmEpilogue kind);
 // out[r, :] = row (f32) for every row r, stored as T.
 template <typename T>
 void broadcast_rows_cuda(const float* row, int64_t rows, int64_t cols, T* out, cudaStream_t stream);
-// out[c] = sum_r x[r, c] + beta * out[c], summed and stored in f32 whatever x's type.
+// out[c] = sum_r x[r, c] + beta * out[c], summed and stored in f32 whatever x's type, in an order
+// fixed by the shape (Note [Column sums] in reduce.cu): the same bits run to run. `partials` holds
+// sum_rows_partials(rows, cols) floats of device scratch (none where that is 0), for a grid over
+// chunks of rows as well as columns; the form without partials sums all rows in one chunk (the
+// same bits as with partials up to 256 rows, fewer blocks above).
+int64_t sum_rows_partials(int64_t rows, int64_t cols);
+template <typename T>
+void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, float* partials,
+                   cudaStream_t stream);
 template <typename T>
 void sum_rows_cuda(const T* x, int64_t rows, int64_t cols, float beta, float* out, cudaStream_t stream);
 // out[0] = scale * sum_i x[i], in an order fixed by n (Note [Deterministic sum] in reduce.cu): the

@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/pointwise_kernels.h"
+#include "kernels/cuda/unroll.cuh"
 
 namespace cumulus::kernels {
 
@@ -36,10 +37,53 @@ __global__ void binary_forward_kernel(BroadcastGeometry g, BinaryOp op, const T*
   }
 }
 
+// broadcast_grad_element (kernels/pointwise_rules.h) with its odometer in registers: the counters
+// are indexed only by loops over the kMaxDims dimensions that are unrolled at compile time, where
+// GradWalk's list of reduced dimensions, indexed at run time, would put the walk in a stack frame.
+// The same terms in the same order (the reduced dimensions innermost first, row-major), summed in
+// double: the CPU's bits.
+template <typename T>
+__device__ float broadcast_grad_sum(const BroadcastGeometry& g, BinaryOp op, int operand, int64_t j, const T* a,
+                                    const T* b, const T* dy) {
+  constexpr int kDims = BroadcastGeometry::kMaxDims;
+  int64_t o = 0, ia = 0, ib = 0, count[kDims];
+  bool empty = false;
+  CUMULUS_UNROLL
+  for (int d = kDims - 1; d >= 0; --d) {
+    count[d] = 0;
+    if (d >= g.ndim) continue;
+    if ((operand == 0 ? g.strides[1][d] : g.strides[2][d]) == 0) {
+      empty = empty || g.dims[d] == 0;
+      continue;
+    }
+    const int64_t k = j % g.dims[d];
+    j /= g.dims[d];
+    o += k * g.strides[0][d], ia += k * g.strides[1][d], ib += k * g.strides[2][d];
+  }
+  if (empty) return 0.0f;
+  double sum = 0.0;
+  for (bool carry = false; !carry;) {
+    sum += binary_grad_at(op, operand, a, b, dy, o, ia, ib);
+    carry = true;  // into the next reduced dimension; still set after the outermost: the walk is over
+    CUMULUS_UNROLL
+    for (int d = kDims - 1; d >= 0; --d) {
+      if (!carry || d >= g.ndim || (operand == 0 ? g.strides[1][d] : g.strides[2][d]) != 0 || g.dims[d] <= 1) continue;
+      o += g.strides[0][d], ia += g.strides[1][d], ib += g.strides[2][d];
+      if (++count[d] < g.dims[d]) {
+        carry = false;
+        continue;
+      }
+      o -= count[d] * g.strides[0][d], ia -= count[d] * g.strides[1][d], ib -= count[d] * g.strides[2][d];
+      count[d] = 0;
+    }
+  }
+  return static_cast<float>(sum);
+}
+
 template <typename T>
 __global__ void binary_backward_kernel(BroadcastGeometry g, BinaryOp op, int operand, const T* a, const T* b,
                                        const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(j, n) { store_blend(dx + j, broadcast_grad_element(g, op, operand, j, a, b, dy), beta); }
+  CUMULUS_GRID_STRIDE_LOOP(j, n) { store_blend(dx + j, broadcast_grad_sum(g, op, operand, j, a, b, dy), beta); }
 }
 
 template <typename T>

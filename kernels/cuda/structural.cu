@@ -72,20 +72,29 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const flo
   }
 }
 
-// Column sums: threadIdx.x picks a column of the block's 32, threadIdx.y (8 groups) every 8th row;
-// the groups' partial sums are combined by group 0 in the order 0..7. A fixed order: deterministic.
+// Column sums over a 2-D grid, as sum_rows (Note [Column sums] in reduce.cu): blockIdx.x picks 32
+// columns, blockIdx.y a chunk of rows; within a block threadIdx.y (8 groups) takes every 8th row of
+// the chunk, the groups' sums combined by group 0 in the order 0..7. One chunk writes the gradients
+// with their betas; more write each chunk's sums into partials [chunks][2][cols] (doubles: dweight's
+// then dbias's) and a second launch adds them in chunk order. A fixed order: deterministic.
 constexpr int kParamCols = 32, kParamGroups = 8;
+constexpr int64_t kParamChunkRows = 256, kParamMaxChunks = 1024;
+
+int64_t param_chunks(int64_t rows) {
+  return rows <= kParamChunkRows ? 1 : std::min((rows + kParamChunkRows - 1) / kParamChunkRows, kParamMaxChunks);
+}
 
 template <typename T>
 __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const float* mean, const float* rstd,
-                                              int64_t rows, int64_t cols, float beta_dw, float* dweight, float beta_db,
-                                              float* dbias) {
+                                              int64_t rows, int64_t cols, int64_t chunk_rows, float beta_dw,
+                                              float* dweight, float beta_db, float* dbias, double* partials) {
   __shared__ double partial_w[kParamGroups][kParamCols];
   __shared__ double partial_b[kParamGroups][kParamCols];
   const int64_t c = blockIdx.x * static_cast<int64_t>(kParamCols) + threadIdx.x;
+  const int64_t begin = blockIdx.y * chunk_rows, end = begin + chunk_rows < rows ? begin + chunk_rows : rows;
   double sw = 0.0, sb = 0.0;  // in double, as the row sums
   if (c < cols)
-    for (int64_t r = threadIdx.y; r < rows; r += kParamGroups) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kParamGroups) {
       const float g = to_f32(dy[r * cols + c]);
       sw += g * ((static_cast<double>(to_f32(x[r * cols + c])) - mean[r]) * rstd[r]);
       sb += g;
@@ -98,8 +107,27 @@ __global__ void layer_norm_param_grads_kernel(const T* x, const T* dy, const flo
     sw += partial_w[k][threadIdx.x];
     sb += partial_b[k][threadIdx.x];
   }
+  if (partials != nullptr) {
+    partials[2 * blockIdx.y * cols + c] = sw;
+    partials[(2 * blockIdx.y + 1) * cols + c] = sb;
+    return;
+  }
   if (dweight != nullptr) store_blend(dweight + c, static_cast<float>(sw), beta_dw);
   if (dbias != nullptr) store_blend(dbias + c, static_cast<float>(sb), beta_db);
+}
+
+// The second launch: each column's chunk sums in chunk order, then the betas.
+__global__ void layer_norm_param_grads_finish_kernel(const double* partials, int64_t chunks, int64_t cols,
+                                                     float beta_dw, float* dweight, float beta_db, float* dbias) {
+  CUMULUS_GRID_STRIDE_LOOP(c, cols) {
+    double sw = 0.0, sb = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      sw += partials[2 * k * cols + c];
+      sb += partials[(2 * k + 1) * cols + c];
+    }
+    if (dweight != nullptr) store_blend(dweight + c, static_cast<float>(sw), beta_dw);
+    if (dbias != nullptr) store_blend(dbias + c, static_cast<float>(sb), beta_db);
+  }
 }
 
 // ---- slabs: [outer, dim, inner], one thread per element ----
@@ -153,6 +181,15 @@ __global__ void zero_kernel(T* out, int64_t n) {
 // ones one launch per step over global memory (log^2 of count / kSortTile of them). Then every
 // index's positions are one run of the sorted keys, in increasing j, and the block of the run's
 // first key sums it. Work: O(count log^2 count) for the sort, O(count * outer * inner) for the sums.
+// With partials (the form the engine calls), a run is summed in segments, so that a long run (an
+// embedding's most frequent token) is not one block's sequential loop: the sorted positions are cut
+// at every multiple of kSegment and at every run's start. A run inside one segment is summed by
+// that segment's block as above (starting from beta * dx, in increasing j: the CPU's bits). A longer
+// run's segments each sum their positions in order into a slot of `partials` (2 per window of
+// kSegment positions: the segment starting at the window's start, and one starting inside it),
+// then the block of the run's first key adds beta * dx and the segments' sums in segment order. A
+// fixed order (the same bits on every run), no atomics; for long runs not the CPU's order, so
+// within a few roundings of its sums.
 constexpr uint64_t kNoPosition = ~uint64_t{0};
 
 __global__ void scatter_keys_kernel(const int32_t* indices, int64_t count, int64_t dim, int64_t padded,
@@ -222,6 +259,54 @@ __global__ void scatter_runs_kernel(const T* dy, int64_t outer, int64_t count, c
   }
 }
 
+constexpr int64_t kSegment = 32;  // sorted positions per segment of a long run
+
+// The slot in partials of the segment that starts at sorted position s.
+__device__ __forceinline__ int64_t segment_slot(int64_t s) { return 2 * (s / kSegment) + (s % kSegment != 0); }
+
+// One block per sorted key s; the block of a segment's first key sums the segment for each element
+// (o, i) of its index's rows: into dx when the segment is its run's whole, else into its slot.
+template <typename T>
+__global__ void scatter_segments_kernel(const T* dy, int64_t outer, int64_t count, const uint64_t* keys, int64_t dim,
+                                        int64_t inner, float beta, T* dx, float* partials) {
+  const int64_t s = blockIdx.x, boundary = (s / kSegment + 1) * kSegment;
+  const uint64_t d = keys[s] >> 32;
+  const bool run_start = s == 0 || keys[s - 1] >> 32 != d;
+  if (keys[s] == kNoPosition || (!run_start && s % kSegment != 0)) return;  // the whole block
+  int64_t end = s + 1;
+  while (end < count && end < boundary && keys[end] >> 32 == d) ++end;
+  const bool whole_run = run_start && (end == count || keys[end] >> 32 != d);
+  const int64_t elements = outer * inner;
+  for (int64_t e = threadIdx.x; e < elements; e += blockDim.x) {
+    const int64_t o = e / inner, i = e % inner;
+    T* out = dx + (o * dim + static_cast<int64_t>(d)) * inner + i;
+    float acc = whole_run && beta != 0.0f ? beta * to_f32(*out) : 0.0f;
+    for (int64_t t = s; t < end; ++t)
+      acc += to_f32(dy[(o * count + static_cast<int64_t>(keys[t] & 0xffffffffu)) * inner + i]);
+    if (whole_run) *out = from_f32<T>(acc);
+    else partials[segment_slot(s) * elements + e] = acc;
+  }
+}
+
+// One block per sorted key s; the block of a long run's first key adds its segments' sums in order.
+template <typename T>
+__global__ void scatter_long_runs_kernel(int64_t outer, int64_t count, const uint64_t* keys, int64_t dim, int64_t inner,
+                                         float beta, T* dx, const float* partials) {
+  const int64_t s = blockIdx.x, boundary = (s / kSegment + 1) * kSegment;
+  const uint64_t d = keys[s] >> 32;
+  if (keys[s] == kNoPosition || (s > 0 && keys[s - 1] >> 32 == d)) return;  // not a run's start
+  if (boundary >= count || keys[boundary] >> 32 != d) return;               // a short run: written
+  const int64_t elements = outer * inner;
+  for (int64_t e = threadIdx.x; e < elements; e += blockDim.x) {
+    T* out = dx + ((e / inner) * dim + static_cast<int64_t>(d)) * inner + e % inner;
+    float acc = beta == 0.0f ? 0.0f : beta * to_f32(*out);
+    acc += partials[segment_slot(s) * elements + e];
+    for (int64_t w = boundary; w < count && keys[w] >> 32 == d; w += kSegment)
+      acc += partials[segment_slot(w) * elements + e];
+    *out = from_f32<T>(acc);
+  }
+}
+
 }  // namespace
 
 // One block per row needs the rows to fit a grid's x dimension.
@@ -247,14 +332,33 @@ void layer_norm_backward_dx_cuda(const T* x, const T* dy, const float* weight, c
                                            cols, beta, dx);
 }
 
+int64_t layer_norm_param_grads_partials(int64_t rows, int64_t cols) {
+  const int64_t chunks = param_chunks(rows);
+  return chunks > 1 ? 2 * chunks * cols : 0;
+}
+
+template <typename T>
+void layer_norm_param_grads_cuda(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
+                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias,
+                                 double* partials, cudaStream_t stream) {
+  if (cols == 0 || (dweight == nullptr && dbias == nullptr)) return;
+  const int64_t chunks = partials != nullptr ? param_chunks(rows) : 1;
+  const int64_t chunk_rows = chunks > 1 ? (rows + chunks - 1) / chunks : rows;
+  const dim3 grid(static_cast<unsigned>((cols + kParamCols - 1) / kParamCols), static_cast<unsigned>(chunks));
+  launch<layer_norm_param_grads_kernel<T>>(grid, dim3(kParamCols, kParamGroups), stream, x, dy, mean, rstd, rows, cols,
+                                           chunk_rows, beta_dw, dweight, beta_db, dbias,
+                                           chunks > 1 ? partials : nullptr);
+  if (chunks > 1)
+    launch<layer_norm_param_grads_finish_kernel>(blocks_for(cols), kThreads, stream, partials, chunks, cols, beta_dw,
+                                                 dweight, beta_db, dbias);
+}
+
 template <typename T>
 void layer_norm_param_grads_cuda(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                  int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias,
                                  cudaStream_t stream) {
-  if (cols == 0 || (dweight == nullptr && dbias == nullptr)) return;
-  const auto blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
-  launch<layer_norm_param_grads_kernel<T>>(blocks, dim3(kParamCols, kParamGroups), stream, x, dy, mean, rstd, rows,
-                                           cols, beta_dw, dweight, beta_db, dbias);
+  layer_norm_param_grads_cuda(x, dy, mean, rstd, rows, cols, beta_dw, dweight, beta_db, dbias,
+                              static_cast<double*>(nullptr), stream);
 }
 
 template <typename T>
@@ -309,9 +413,13 @@ void sort_scatter_keys(const int32_t* indices, int64_t count, int64_t dim, uint6
   }
 }
 
+int64_t index_scatter_add_partials(int64_t count, int64_t outer, int64_t inner) {
+  return 2 * ((count + kSegment - 1) / kSegment) * outer * inner;
+}
+
 template <typename T>
 void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
-                            int64_t inner, float beta, T* dx, uint64_t* scratch, cudaStream_t stream) {
+                            int64_t inner, float beta, T* dx, uint64_t* scratch, float* partials, cudaStream_t stream) {
   if (beta == 0.0f) fill_zero_cuda(dx, outer * dim * inner, stream);
   if (count == 0 || outer * inner == 0) return;
   CUMULUS_CHECK(count <= 2147483647, InvalidArgument, "index_scatter_add_cuda: ", count,
@@ -321,8 +429,22 @@ void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int
   // A warp per 32 elements of an index's rows, up to a block: an embedding's rows are narrow.
   const int64_t elements = outer * inner;
   const auto threads = static_cast<unsigned>(elements >= kThreads ? kThreads : (elements + 31) / 32 * 32);
-  launch<scatter_runs_kernel<T>>(static_cast<unsigned>(count), threads, stream, dy, outer, count, scratch, dim, inner,
-                                 beta, dx);
+  const auto blocks = static_cast<unsigned>(count);
+  if (partials == nullptr) {
+    launch<scatter_runs_kernel<T>>(blocks, threads, stream, dy, outer, count, scratch, dim, inner, beta, dx);
+    return;
+  }
+  launch<scatter_segments_kernel<T>>(blocks, threads, stream, dy, outer, count, scratch, dim, inner, beta, dx,
+                                     partials);
+  launch<scatter_long_runs_kernel<T>>(blocks, threads, stream, outer, count, static_cast<const uint64_t*>(scratch), dim,
+                                      inner, beta, dx, static_cast<const float*>(partials));
+}
+
+template <typename T>
+void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
+                            int64_t inner, float beta, T* dx, uint64_t* scratch, cudaStream_t stream) {
+  index_scatter_add_cuda(dy, outer, count, indices, dim, inner, beta, dx, scratch, static_cast<float*>(nullptr),
+                         stream);
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                                                        \
@@ -333,12 +455,16 @@ void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int
                                             int64_t, float, T*, cudaStream_t);                                        \
   template void layer_norm_param_grads_cuda(const T*, const T*, const float*, const float*, int64_t, int64_t, float,  \
                                             float*, float, float*, cudaStream_t);                                     \
+  template void layer_norm_param_grads_cuda(const T*, const T*, const float*, const float*, int64_t, int64_t, float,  \
+                                            float*, float, float*, double*, cudaStream_t);                            \
   template void copy_slab_cuda(const T*, int64_t, int64_t, T*, int64_t, int64_t, int64_t, int64_t, int64_t, float,    \
                                cudaStream_t);                                                                         \
   template void narrow_backward_cuda(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, cudaStream_t); \
   template void index_gather_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*, cudaStream_t);    \
   template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,       \
-                                       uint64_t*, cudaStream_t);
+                                       uint64_t*, cudaStream_t);                                                      \
+  template void index_scatter_add_cuda(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, float, T*,       \
+                                       uint64_t*, float*, cudaStream_t);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

@@ -33,8 +33,16 @@ void layer_norm_forward_cuda(const T* x, const float* weight, const float* bias,
 template <typename T>
 void layer_norm_backward_dx_cuda(const T* x, const T* dy, const float* weight, const float* mean, const float* rstd,
                                  int64_t rows, int64_t cols, float beta, T* dx, cudaStream_t stream);
-// Column sums without atomics: a block per 32 columns, its 8 row groups combined in a fixed order,
-// so the parameter gradients are the same bits on every run.
+// Column sums without atomics, in an order fixed by the shape (a grid over 32 columns and chunks of
+// rows, the chunks' sums added in order by a second launch: structural.cu), so the parameter
+// gradients are the same bits on every run. `partials` holds layer_norm_param_grads_partials(rows,
+// cols) doubles of device scratch (none where that is 0); without it all rows are one chunk (the
+// same bits as with it up to 256 rows).
+int64_t layer_norm_param_grads_partials(int64_t rows, int64_t cols);
+template <typename T>
+void layer_norm_param_grads_cuda(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
+                                 int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias,
+                                 double* partials, cudaStream_t stream);
 template <typename T>
 void layer_norm_param_grads_cuda(const T* x, const T* dy, const float* mean, const float* rstd, int64_t rows,
                                  int64_t cols, float beta_dw, float* dweight, float beta_db, float* dbias,
@@ -52,11 +60,18 @@ void narrow_backward_cuda(const T* dy, int64_t outer, int64_t dim, int64_t start
 template <typename T>
 void index_gather_cuda(const T* x, int64_t outer, int64_t dim, const int32_t* indices, int64_t count, int64_t inner,
                        T* y, cudaStream_t stream);
-// index_scatter_add_cpu's contract and summation order (the same bits), without atomics: the
-// positions sorted by index, then each index's run summed in order (Note [Sorted scatter-add] in
-// structural.cu). Indices outside [0, dim) contribute nothing. scratch: index_scatter_add_scratch(count)
-// uint64 of device memory for the sorted positions.
+// index_scatter_add_cpu's contract without atomics: the positions sorted by index, then each
+// index's run summed in a fixed order (Note [Sorted scatter-add] in structural.cu). Indices outside
+// [0, dim) contribute nothing. scratch: index_scatter_add_scratch(count) uint64 of device memory for
+// the sorted positions. With partials (index_scatter_add_partials(count, outer, inner) floats of
+// device scratch) runs longer than a segment of 32 positions are summed by several blocks, each
+// segment in order, then the segments in order (the same bits on every run; the CPU's bits for
+// shorter runs); without, each run by one block in the CPU's order (its bits).
 int64_t index_scatter_add_scratch(int64_t count);
+int64_t index_scatter_add_partials(int64_t count, int64_t outer, int64_t inner);
+template <typename T>
+void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
+                            int64_t inner, float beta, T* dx, uint64_t* scratch, float* partials, cudaStream_t stream);
 template <typename T>
 void index_scatter_add_cuda(const T* dy, int64_t outer, int64_t count, const int32_t* indices, int64_t dim,
                             int64_t inner, float beta, T* dx, uint64_t* scratch, cudaStream_t stream);

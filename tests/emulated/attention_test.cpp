@@ -1,11 +1,15 @@
-// The fused attention CUDA kernels (kernels/cuda/attention.cu) on the CPU emulation against the
-// CPU kernels (kernels/cpu/attention.cpp): forward output and log-sum-exp, backward dq, dk and dv.
-// The two sum in different orders (the CPU a tile of keys at a time with SLEEF's exp, the CUDA
-// kernels one thread per row with the host's expf here), so within a few roundings of the stored
-// type rather than bit for bit. q, k and v are read as the permuted views of a qkv projection
-// [B, T, 3C] (strides [T*3C, D, 3C, 1]) and, for Tq != Tk, as dense tensors; T across the
-// kernels' tiles (64 rows a block, 32 staged); outputs start as NaN, so every element must be
-// written; each gradient also alone (the others null).
+// The fused attention CUDA kernels (kernels/cuda/attention.cu, Note [CUDA attention kernels]) on
+// the CPU emulation against the CPU kernels (kernels/cpu/attention.cpp): forward output and
+// log-sum-exp, backward dq, dk and dv. The two sum in different orders (the CPU a tile of keys at a
+// time with SLEEF's exp, the CUDA kernels a lane group per row with the host's expf here), so within
+// a few roundings of the stored type rather than bit for bit. q, k and v are read as the permuted
+// views of a qkv projection [B, T, 3C] (strides [T*3C, D, 3C, 1]) and, for Tq != Tk, as dense
+// tensors. Every compiled head size (32, 64, 128) at its own size and padded (D = 4 .. 100 run in
+// the next larger), T across each size's row blocks (64, 32, 32 rows) and staged tiles (128, 64,
+// 32 rows) and not a multiple of the 16-key chunks; outputs start as NaN, so every element must be
+// written, and the emulation fills shared memory with NaN at each block's start, so a read of a
+// staged value never written shows; each gradient also alone (the others null). A head over 128
+// columns is refused. Every result is the same bits on a second run under another schedule.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -85,6 +89,14 @@ void check(const Config& c) {
   kernels::attention_forward_cpu(g, q, k, v, want_out.data(), want_lse.data());
   expect_within(out, as_double(want_out), rel, abs, "out");
   expect_within(lse, as_double(want_lse), 1e-6, 1e-5, "lse");
+  {  // a second run on another schedule of threads and blocks: the same bits
+    cuda_emulation::reseed(what(c) + ", forward again");
+    auto again = nan_filled<T>(n_out);
+    DeviceVector<float> lse_again(static_cast<std::size_t>(rows), kNaN);
+    kernels::attention_forward_cuda(g, q, k, v, again.data(), lse_again.data(), nullptr);
+    expect_same_bits(again, out, "out, second run");
+    expect_same_bits(lse_again, lse, "lse, second run");
+  }
 
   // The backward from the CPU's output (the same saved tensors for both).
   const auto dout = stored_as<T>(random_values(n_out, -1, 1, 35));
@@ -100,16 +112,17 @@ void check(const Config& c) {
   expect_within(dk, as_double(want_dk), rel, abs, "dk");
   expect_within(dv, as_double(want_dv), rel, abs, "dv");
 
-  // dq alone, then dk and dv alone: the same values, nothing else written.
+  // dq alone (on another schedule), then dk and dv alone: the same bits, nothing else written.
+  cuda_emulation::reseed(what(c) + ", backward again");
   auto dq_only = nan_filled<T>(n_out);
   kernels::attention_backward_cuda(g, q, k, v, want_out.data(), want_lse.data(), dout.data(), delta.data(),
                                    dq_only.data(), static_cast<T*>(nullptr), static_cast<T*>(nullptr), nullptr);
-  expect_same_values(dq_only, dq, "dq alone");
+  expect_same_bits(dq_only, dq, "dq alone");
   auto dk_only = nan_filled<T>(n_kv), dv_only = nan_filled<T>(n_kv);
   kernels::attention_backward_cuda(g, q, k, v, want_out.data(), want_lse.data(), dout.data(), delta.data(),
                                    static_cast<T*>(nullptr), dk_only.data(), dv_only.data(), nullptr);
-  expect_same_values(dk_only, dk, "dk alone");
-  expect_same_values(dv_only, dv, "dv alone");
+  expect_same_bits(dk_only, dk, "dk alone");
+  expect_same_bits(dv_only, dv, "dv alone");
 }
 
 TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {
@@ -119,6 +132,38 @@ TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {
       {2, 2, 1, 1, 4, true, false},   {1, 1, 1, 40, 16, false, false}, {1, 1, 5, 5, 128, true, false},
   };
   for (const Config& c : configs) check<TypeParam>(c);
+}
+
+// D = 32, 64 and 128 exactly (no padded column), and D = 40 and 100 padded to 64 and 128; T past a
+// block of rows and a staged tile of each size (D = 32: 64 rows a block, 128 staged; 64: 32 and 64;
+// 128: 32 and 32), causal and not, from a qkv projection and dense with Tq != Tk.
+TYPED_TEST(AttentionEmulated, EveryHeadSizeAcrossBlocksAndTiles) {
+  const Config configs[] = {
+      {1, 2, 131, 131, 32, true, true}, {1, 1, 67, 133, 32, false, false}, {1, 2, 70, 70, 64, true, true},
+      {2, 1, 33, 71, 64, false, false}, {1, 1, 67, 67, 128, true, true},   {1, 1, 35, 29, 128, false, false},
+      {1, 1, 45, 45, 40, true, true},   {1, 1, 19, 23, 100, false, false},
+  };
+  for (const Config& c : configs) check<TypeParam>(c);
+}
+
+// A head over 128 columns is refused by both launchers with an error naming the sizes, before any
+// launch.
+TEST(AttentionEmulatedRefusal, HeadsOver128Columns) {
+  AttentionGeometry g;
+  g.tq = g.tk = 4;
+  g.d = 160;
+  g.q_stride[2] = g.k_stride[2] = g.v_stride[2] = g.o_stride[2] = 160;
+  DeviceVector<float> x(4 * 160, 0.5f), out(4 * 160, kNaN), lse(4, kNaN), delta(4, kNaN), grads(4 * 160, kNaN);
+  try {
+    kernels::attention_forward_cuda(g, x.data(), x.data(), x.data(), out.data(), lse.data(), nullptr);
+    FAIL() << "D = 160 ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("32, 64 and 128"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kernels::attention_backward_cuda(g, x.data(), x.data(), x.data(), x.data(), lse.data(), x.data(),
+                                                delta.data(), grads.data(), grads.data(), grads.data(), nullptr),
+               InvalidArgument);
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(grads[0])) << "nothing written";
 }
 
 }  // namespace

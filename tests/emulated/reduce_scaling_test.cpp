@@ -5,7 +5,9 @@
 //            without partials it refuses rather than reading a null pointer.
 //   sum_rows with rows >> cols: several row slices per column; dyadic terms give the CPU's bits
 //            (every order is exact), random terms stay within the bound of the slices' order, and
-//            beta 1 adds the old value after the column sum.
+//            beta 1 adds the old value after the column sum. With partials (Note [Column sums]):
+//            a grid over row chunks too, the same checks within the bound of that order, the form
+//            without partials' bits up to one chunk, the same bits on a second run.
 // Whether these run in parallel on a GPU (their point) only a GPU's timing can show.
 #include <gtest/gtest.h>
 
@@ -112,6 +114,51 @@ TYPED_TEST(ReduceScalingEmulated, SumRowsOverRowSlicesMatchesTheCpu) {
     got = old;
     kernels::sum_rows_cuda(x.data(), rows, cols, 1.0f, got.data(), nullptr);
     const double depth = static_cast<double>((rows + 7) / 8 + 8 + 1);  // a slice's rows, 8 slices, old
+    for (int64_t c = 0; c < cols; ++c) {
+      double exact = 0, sum_abs = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        exact += xf[r * cols + c];
+        sum_abs += std::abs(xf[r * cols + c]);
+      }
+      ASSERT_LE(std::abs(sums[c] - exact), depth * std::ldexp(sum_abs, -24)) << "column " << c;
+      ASSERT_EQ(got[c], sums[c] + old[c]) << "beta 1 adds the old value after the sum, column " << c;
+    }
+  }
+}
+
+// The 2-D grid: rows past one chunk (256) in several chunks, each with its slices; the partials' size
+// is 0 up to one chunk (the launcher then takes no partials), and the form without them gives the
+// same bits there.
+TYPED_TEST(ReduceScalingEmulated, SumRowsOverRowChunksMatchesTheCpu) {
+  using T = TypeParam;
+  EXPECT_EQ(kernels::sum_rows_partials(256, 7), 0);
+  EXPECT_EQ(kernels::sum_rows_partials(257, 7), 2 * 7);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{200, 33}, {257, 5}, {1000, 40}, {2900, 3}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    const int64_t n_partials = kernels::sum_rows_partials(rows, cols);
+    DeviceVector<float> partials(static_cast<std::size_t>(std::max<int64_t>(n_partials, 1)), kNaN);
+    float* pp = n_partials > 0 ? partials.data() : nullptr;
+    const auto xd = stored_as<T>(dyadic_values(rows * cols, 6, 24));
+    const auto xdf = widened(xd);
+    DeviceVector<float> want(static_cast<std::size_t>(cols), kNaN), got = want;
+    kernels::sum_rows_cpu(xdf.data(), rows, cols, 0.0f, want.data());
+    kernels::sum_rows_cuda(xd.data(), rows, cols, 0.0f, got.data(), pp, nullptr);
+    expect_same_bits(got, want, "dyadic, beta 0");
+
+    const auto x = stored_as<T>(random_values(rows * cols, -2, 2, 25));
+    const auto xf = widened(x);
+    DeviceVector<float> sums(static_cast<std::size_t>(cols), kNaN), again = sums, one_chunk = sums;
+    kernels::sum_rows_cuda(x.data(), rows, cols, 0.0f, sums.data(), pp, nullptr);
+    cuda_emulation::reseed("sum_rows again");
+    kernels::sum_rows_cuda(x.data(), rows, cols, 0.0f, again.data(), pp, nullptr);
+    expect_same_bits(again, sums, "a second run");
+    kernels::sum_rows_cuda(x.data(), rows, cols, 0.0f, one_chunk.data(), nullptr);
+    if (n_partials == 0) expect_same_bits(one_chunk, sums, "without partials, one chunk");
+    const auto old = random_values(cols, -2, 2, 26);
+    got = old;
+    kernels::sum_rows_cuda(x.data(), rows, cols, 1.0f, got.data(), pp, nullptr);
+    const int64_t chunks = std::max<int64_t>(n_partials / cols, 1), chunk_rows = (rows + chunks - 1) / chunks;
+    const double depth = static_cast<double>((chunk_rows + 7) / 8 + 8 + chunks + 1);  // slice, slices, chunks, old
     for (int64_t c = 0; c < cols; ++c) {
       double exact = 0, sum_abs = 0;
       for (int64_t r = 0; r < rows; ++r) {

@@ -1,7 +1,9 @@
 // The structural ops' CUDA kernels (kernels/cuda/structural.cu) on the CPU emulation:
 //   layer norm: forward, dx and the parameter gradients against a double reference (the sums run
 //               in block_sum's order, not the CPU's), beta 0 over NaN and beta 1 adding; rows wider
-//               than a block (300) and narrower (1, 7), more rows than the parameter kernel's groups.
+//               than a block (300) and narrower (1, 7), more rows than the parameter kernel's groups;
+//               the parameter gradients over a grid of row chunks (600 rows, with partials) the
+//               same, the same bits on a second run, without partials the same bits up to a chunk.
 //   slabs:      copy_slab and narrow_backward give the CPU kernels' bits (copies, and one addition).
 //   gathers:    index_gather the CPU's bits, NaN rows for indices out of range; index_scatter_add
 //               the CPU's bits (the same summation order) with repeated indices, beta 0 over NaN
@@ -14,6 +16,7 @@
 // CPU/CUDA parity checks it on a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -94,6 +97,43 @@ TYPED_TEST(StructuralEmulated, LayerNormMatchesADoubleReference) {
     for (double& v : db_want) v += 2.0;
     expect_within(dw, ref.dw, 1e-5, 1e-4, "dweight, beta 0");
     expect_within(db, db_want, 1e-5, 1e-4, "dbias, beta 1");
+  }
+}
+
+// The parameter gradients over row chunks (256 rows each): 600 rows in 3 chunks with partials, and
+// 256 rows (one chunk: no partials, the same bits as the form without them).
+TYPED_TEST(StructuralEmulated, LayerNormParamGradsOverRowChunks) {
+  using T = TypeParam;
+  EXPECT_EQ(kernels::layer_norm_param_grads_partials(256, 9), 0);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{600, 37}, {256, 9}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    const auto x = stored_as<T>(random_values(rows * cols, -2, 3, 11));
+    const auto dy = stored_as<T>(random_values(rows * cols, -1, 1, 12));
+    const auto w = random_values(cols, 0.5f, 1.5f, 13), b = random_values(cols, -1, 1, 14);
+    const LayerNormRef ref = layer_norm_reference(widened(x), widened(dy), w, b, rows, cols, 1e-5f);
+    DeviceVector<float> y(x.size()), mean(rows), rstd(rows);
+    const auto xf = widened(x);  // the statistics from the CPU kernel: the forward is not under test here
+    kernels::layer_norm_forward_cpu(xf.data(), w.data(), b.data(), rows, cols, 1e-5f, y.data(), mean.data(),
+                                    rstd.data());
+    const int64_t n = kernels::layer_norm_param_grads_partials(rows, cols);
+    DeviceVector<double> partials(static_cast<std::size_t>(std::max<int64_t>(n, 1)), kNaN);
+    double* pp = n > 0 ? partials.data() : nullptr;
+    DeviceVector<float> dw(cols, kNaN), db(cols, 2.0f), dw_again(cols, kNaN), db_again(cols, kNaN);
+    kernels::layer_norm_param_grads_cuda(x.data(), dy.data(), mean.data(), rstd.data(), rows, cols, 0.0f, dw.data(),
+                                         1.0f, db.data(), pp, nullptr);
+    std::vector<double> db_want(ref.db);
+    for (double& v : db_want) v += 2.0;
+    expect_within(dw, ref.dw, 1e-5, 1e-4, "dweight, beta 0");
+    expect_within(db, db_want, 1e-5, 1e-4, "dbias, beta 1");
+    cuda_emulation::reseed("layer norm param grads again");
+    kernels::layer_norm_param_grads_cuda(x.data(), dy.data(), mean.data(), rstd.data(), rows, cols, 0.0f,
+                                         dw_again.data(), 0.0f, db_again.data(), pp, nullptr);
+    expect_same_bits(dw_again, dw, "dweight, a second run");
+    DeviceVector<float> dw_one(cols, kNaN), db_one(cols, kNaN);
+    kernels::layer_norm_param_grads_cuda(x.data(), dy.data(), mean.data(), rstd.data(), rows, cols, 0.0f, dw_one.data(),
+                                         0.0f, db_one.data(), nullptr);
+    if (n == 0) expect_same_bits(dw_one, dw, "dweight without partials, one chunk");
+    if (n == 0) expect_same_bits(db_one, db_again, "dbias without partials, one chunk");
   }
 }
 
