@@ -56,6 +56,13 @@ kernels::ConvAlgorithms& conv_algorithms() {
 
 std::size_t conv_algorithm_cache_size() { return conv_algorithms().size(); }
 
+#if CUMULUS_WITH_CUDNN_FRONTEND
+kernels::SdpaGraphs& attention_graphs() {
+  static auto* graphs = new kernels::SdpaGraphs;  // never destroyed, like the handles
+  return *graphs;
+}
+#endif
+
 }  // namespace cudnn
 
 #endif  // CUMULUS_WITH_CUDNN
