@@ -7,6 +7,7 @@
 // cudnn_attention.cpp says what runs on the GPU.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -40,13 +41,17 @@ struct Layouts {
   Layout q, k, v, o, stats, dq, dk, dv, dout;
 };
 
-// A dimension of size 1 (a merged-away batch or head: stride 0 in the geometry) is given the stride
-// it would have above the next one, as a packed tensor has it: never used to address, but cuDNN
-// then sees an ordinary layout.
+// A batch or head dimension of size 1 (merged away: stride 0 in the geometry) is given the span
+// of the dimensions inside it (the largest stride times size among them), the stride it would have
+// as the outermost dimension of its storage: never used to address, but cuDNN then sees an
+// ordinary layout.
 inline Layout strided(const AttentionGeometry& g, int64_t t, const int64_t (&s)[3]) {
   Layout l{{g.batch, g.heads, t, g.d}, {s[0], s[1], s[2], 1}};
-  for (std::size_t i = 3; i-- > 0;)
-    if (l.dim[i] == 1) l.stride[i] = l.stride[i + 1] * l.dim[i + 1];
+  for (std::size_t i = 2; i-- > 0;) {  // heads, then batch: the batch spans the heads as they end up
+    if (l.dim[i] != 1) continue;
+    l.stride[i] = 1;
+    for (std::size_t j = i + 1; j < 4; ++j) l.stride[i] = std::max(l.stride[i], l.stride[j] * l.dim[j]);
+  }
   return l;
 }
 
