@@ -35,6 +35,8 @@ bool cudnn_compiled();
 #include <cudnn.h>
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 namespace cumulus::kernels {
 class ConvAlgorithms;  // kernels/cuda/cudnn_kernels.h
@@ -53,6 +55,8 @@ cudnnHandle_t handle(int device_index);
 kernels::ConvAlgorithms& conv_algorithms();
 // Entries in it (for tests: a second call with the same shape adds none).
 std::size_t conv_algorithm_cache_size();
+// One line per choice in it: direction, dtype, sizes, algorithm, math type, workspace (for tests).
+std::vector<std::string> conv_algorithm_report();
 
 #if CUMULUS_WITH_CUDNN_FRONTEND
 // cuDNN's attention graphs built so far, for every device, kept for the life of the process (Note
