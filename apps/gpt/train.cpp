@@ -145,6 +145,9 @@ void report_memory(MemoryTracker& tracker, const TrainFlags& f) {
   const MemorySummary m = tracker.summary();
   say("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_sample,
       static_cast<double>(m.peak_bytes) / (1 << 20));
+  if (const ops::CudaAttentionCalls calls = ops::cuda_attention_calls(); calls.cudnn + calls.own > 0)
+    say("memory: attention ran %lld times on cuDNN's fused SDPA, %lld on our own kernels\n",
+        static_cast<long long>(calls.cudnn), static_cast<long long>(calls.own));
 }
 
 }  // namespace
@@ -227,6 +230,9 @@ int train(const TrainFlags& flags) {
   if (!f.quiet && f.device == "cpu")
     say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s",
         cpu_capability(), blas_core());
+  // Which attention runs on the GPU (cuDNN's fused SDPA or ours: CUMULUS_CUDA_ATTENTION=own).
+  if (!f.quiet && device.is_cuda())
+    say("cuda: attention on %s\n", ops::cuda_attention_description(compute_dtype(precision)).c_str());
 
   auto save = [&] {
     if (!f.save.empty()) save_run(f.save, model, vocab, trainer, settings);
