@@ -127,17 +127,16 @@ bool forward_cudnn(const kernels::AttentionGeometry& g, const Tensor& q, const T
 // The backward through cuDNN, which writes all three gradients: a gradient no input needs goes to
 // a scratch tensor (category workspace). False (nothing written) where it is not asked or declines.
 bool backward_cudnn(const kernels::AttentionGeometry& g, const Tensor* saved, const Tensor& dy, Tensor (&grad)[3]) {
-  Tensor target[3];
+  const void* pointers[6] = {detail::element_data(saved[0]), detail::element_data(saved[1]),
+                             detail::element_data(saved[2]), detail::element_data(saved[3]), dy.raw_data(),
+                             saved[4].raw_data()};
+  if (!cudnn_takes(g, dy, {pointers[0], pointers[1], pointers[2], pointers[3], pointers[4], pointers[5]}))
+    return false;
+  Tensor target[3];  // fresh from the allocator: aligned
   for (int i = 0; i < 3; ++i) {
     MemoryCategoryScope scope(MemoryCategory::workspace);
     target[i] = grad[i].defined() ? grad[i] : Tensor::empty(saved[i].shape(), dy.dtype(), dy.device());
   }
-  const void* pointers[6] = {detail::element_data(saved[0]), detail::element_data(saved[1]),
-                             detail::element_data(saved[2]), detail::element_data(saved[3]), dy.raw_data(),
-                             saved[4].raw_data()};
-  if (!cudnn_takes(g, dy, {pointers[0], pointers[1], pointers[2], pointers[3], pointers[4], pointers[5],
-                           target[0].raw_data(), target[1].raw_data(), target[2].raw_data()}))
-    return false;
 #if CUMULUS_WITH_CUDNN_FRONTEND
   cuda::DeviceGuard guard(dy.device().index());
   return kernels::sdpa_backward_cudnn(cudnn_sdpa(dy.device()), g, dy.dtype(), pointers[0], pointers[1], pointers[2],
