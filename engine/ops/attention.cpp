@@ -2,12 +2,15 @@
 // computed flash-style (Note [Fused attention] in kernels/cpu/attention.cpp). q, k and v are read
 // at their own strides when their last dimension is dense (the heads of a qkv projection are
 // permuted views: no copy), and saved as they are; the op adds only its output and each query row's
-// log-sum-exp (f32) to the activations.
+// log-sum-exp (f32) to the activations. On CUDA, bf16 and f16 run cuDNN's fused attention where the
+// build has it and the choice is cudnn (Note [cuDNN attention] in kernels/cuda/cudnn_attention.cpp),
+// our kernels otherwise and for what cuDNN does not take; the backward follows its forward.
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "cumulus/autograd/node.h"
