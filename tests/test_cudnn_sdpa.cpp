@@ -54,8 +54,9 @@ TEST(CudnnSdpaLayouts, TheHeadsOfAProjectionAreHandedWhereTheyLie) {
   EXPECT_EQ(l.v, l.q);
   // The output: [B, T, H, D] storage, so merging the heads back is a view.
   EXPECT_EQ(l.o, (sdpa::Layout{dims, Strides{T * C, D, C, 1}}));
+  EXPECT_EQ(l.dout, l.o);  // the upstream gradient is handed in the output's layout
   EXPECT_EQ(l.stats, (sdpa::Layout{{B, H, T, 1}, Strides{H * T, T, 1, 1}}));
-  for (const sdpa::Layout* dense : {&l.dq, &l.dk, &l.dv, &l.dout})
+  for (const sdpa::Layout* dense : {&l.dq, &l.dk, &l.dv})
     EXPECT_EQ(*dense, (sdpa::Layout{dims, Strides{H * T * D, T * D, D, 1}}));
   // No copy: q, k and v start 0, C and 2C elements into the projection's storage.
   const auto* base = static_cast<const char*>(ops::detail::element_data(t[0]));
@@ -74,6 +75,29 @@ TEST(CudnnSdpaLayouts, ABatchOrHeadOfOneSpansTheRest) {
   const sdpa::Layouts one_head = sdpa::layouts(projection_geometry(3, T, C, 1));
   EXPECT_EQ(one_head.q, (sdpa::Layout{{1, 3, T, C}, Strides{3 * T * 3 * C, T * 3 * C, 3 * C, 1}}));
   EXPECT_EQ(one_head.stats, (sdpa::Layout{{1, 3, T, 1}, Strides{3 * T, T, 1, 1}}));
+}
+
+// cuDNN is handed the upstream gradient at the output's strides: as it arrives from merging the
+// heads back it is used where it lies; a dense one is copied into that layout, values kept.
+TEST(CudnnSdpaLayouts, TheUpstreamGradientIsHandedInTheOutputsLayout) {
+  const int64_t B = 2, T = 3, H = 2, D = 8, C = H * D;
+  std::vector<Tensor> t;
+  projection_geometry(B, T, C, H, &t);
+  const Tensor& out = t[4];
+  std::vector<float> values(static_cast<std::size_t>(B * T * C));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  // d(merged heads) [B, T, C] seen as the gradient of out [B, H, T, D]: out's own layout.
+  const Tensor merged_heads = Tensor::from_vector(values, {B, T, C}).to(DType::bf16);  // integers: exact
+  const Tensor merged = ops::permute(ops::reshape(merged_heads, {B, T, H, D}), {0, 2, 1, 3});
+  const Tensor same = ops::detail::dout_like_output(merged, out, t[1]);
+  EXPECT_EQ(ops::detail::element_data(same), ops::detail::element_data(merged));
+  EXPECT_TRUE(ops::detail::same_layout(same, out));
+  const Tensor dense = merged.contiguous();
+  EXPECT_FALSE(ops::detail::same_layout(dense, out));
+  const Tensor copied = ops::detail::dout_like_output(dense, out, t[1]);
+  EXPECT_TRUE(ops::detail::same_layout(copied, out));
+  EXPECT_NE(ops::detail::element_data(copied), ops::detail::element_data(dense));
+  EXPECT_EQ(copied.contiguous().to(DType::f32).to_vector<float>(), dense.to(DType::f32).to_vector<float>());
 }
 
 TEST(CudnnSdpaKey, NamesEverythingTheGraphIsBuiltFor) {
@@ -141,7 +165,10 @@ TEST(CudnnSdpaCache, BuildsOncePerKeyAndRemembersADecline) {
     ++built;
     return std::make_shared<const FakePlan>(FakePlan{1000 * built});
   };
+  EXPECT_FALSE(cache.contains(forward));
   const auto first = cache.get(forward, build);
+  EXPECT_TRUE(cache.contains(forward));
+  EXPECT_FALSE(cache.contains(backward));
   EXPECT_EQ(cache.get(forward, build), first);
   EXPECT_EQ(first->bytes, 1000);
   EXPECT_EQ(cache.get(backward, build)->bytes, 2000);

@@ -109,7 +109,7 @@ bool cudnn_takes(const kernels::AttentionGeometry& g, const Tensor& q, std::init
 // workspace from the caching allocator (category workspace).
 kernels::CudnnSdpa cudnn_sdpa(const Device& device) {
   return kernels::CudnnSdpa{cudnn::handle(device.index()), device.index(), cudnn::attention_graphs(),
-                            detail::workspace_source(device)};
+                            detail::workspace_source(device), cuda::context(device.index()).capturing()};
 }
 #endif
 
@@ -129,10 +129,14 @@ bool forward_cudnn(const kernels::AttentionGeometry& g, const Tensor& q, const T
 
 // The backward through cuDNN, which writes all three gradients: a gradient no input needs goes to
 // a scratch tensor (category workspace). False (nothing written) where it is not asked or declines.
-bool backward_cudnn(const kernels::AttentionGeometry& g, const Tensor* saved, const Tensor& dy, Tensor (&grad)[3]) {
+bool backward_cudnn(const kernels::AttentionGeometry& g, const Tensor* saved, const Tensor& dy_in,
+                    Tensor (&grad)[3]) {
+  if (!cudnn_takes(g, dy_in, {})) return false;
+  const Tensor dy = detail::dout_like_output(dy_in, saved[3], saved[0]);
+  if (!detail::same_layout(dy, saved[3])) return false;
   const void* pointers[6] = {detail::element_data(saved[0]), detail::element_data(saved[1]),
-                             detail::element_data(saved[2]), detail::element_data(saved[3]), dy.raw_data(),
-                             saved[4].raw_data()};
+                             detail::element_data(saved[2]), detail::element_data(saved[3]),
+                             detail::element_data(dy), saved[4].raw_data()};
   if (!cudnn_takes(g, dy, {pointers[0], pointers[1], pointers[2], pointers[3], pointers[4], pointers[5]}))
     return false;
   Tensor target[3];  // fresh from the allocator: aligned
@@ -166,8 +170,7 @@ class AttentionBackward final : public Node {
         cudnn_(cudnn) {}
 
   void backward(const Tensor& dy_in, std::vector<GradSink>& grads) override {
-    const Tensor dy = detail::contiguous(dy_in);
-    const Device device = dy.device();
+    const Device device = dy_in.device();
     const DType dtype = out_.dtype();
     // Fresh dense gradients handed to the sinks (an inner node's first one takes it without a
     // copy): q, k and v may be one tensor, whose sink must be written once per begin().
@@ -176,11 +179,12 @@ class AttentionBackward final : public Node {
     for (int i = 0; i < 3; ++i)
       if (grads[static_cast<std::size_t>(i)].needed()) grad[i] = Tensor::empty(inputs[i]->shape(), dtype, device);
     const Tensor saved[5] = {q_, k_, v_, out_, lse_};
-    if (cudnn_ && backward_cudnn(g_, saved, dy, grad)) {
+    if (cudnn_ && backward_cudnn(g_, saved, dy_in, grad)) {
       for (int i = 0; i < 3; ++i)
         if (grad[i].defined()) grads[static_cast<std::size_t>(i)].give(grad[i]);
       return;
     }
+    const Tensor dy = detail::contiguous(dy_in);
     Tensor delta;
     {
       MemoryCategoryScope scope(MemoryCategory::workspace);
@@ -315,6 +319,21 @@ CudaAttentionCalls cuda_attention_calls() {
 }
 
 namespace detail {
+
+bool same_layout(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  for (int i = 0; i < a.ndim(); ++i)
+    if (a.size(i) > 1 && a.stride(i) != b.stride(i)) return false;
+  return true;
+}
+
+Tensor dout_like_output(const Tensor& dy, const Tensor& out, const Tensor& q) {
+  if (same_layout(dy, out)) return dy;
+  if (out.is_contiguous()) return contiguous(dy);
+  const Tensor like = new_attention_output(q);
+  copy_strided(dy, like);
+  return like;
+}
 
 std::optional<kernels::AttentionGeometry> attention_geometry(const Tensor& q, const Tensor& k, const Tensor& v,
                                                              const Tensor& out) {

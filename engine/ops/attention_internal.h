@@ -20,4 +20,13 @@ std::optional<kernels::AttentionGeometry> attention_geometry(const Tensor& q, co
 // (PyTorch's layout), dense otherwise.
 Tensor new_attention_output(const Tensor& q);
 
+// Whether a and b have one shape and lay their elements out alike (strides equal wherever the
+// size is not 1).
+bool same_layout(const Tensor& a, const Tensor& b);
+
+// The upstream gradient dy of an output `out` (of q) in out's layout, as cuDNN is handed it: dy
+// itself where it has that layout (the gradient of merging the heads back, transpose(1, 2).reshape,
+// does), else a copy.
+Tensor dout_like_output(const Tensor& dy, const Tensor& out, const Tensor& q);
+
 }  // namespace cumulus::ops::detail

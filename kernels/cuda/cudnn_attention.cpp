@@ -13,7 +13,9 @@
 //   at its own strides ([B, T, H, D] storage), the rest dense (cudnn_sdpa_plan.h).
 // - Graphs: built once per (device, pass, dtype, sizes, strides, causal, scale) and kept for the
 //   process (cudnn_sdpa::GraphCache, owned by the engine: cudnn::attention_graphs()); a graph cuDNN
-//   declines is kept as declined, said once on stderr, and our own kernel runs it.
+//   declines is kept as declined, said once on stderr, and our own kernel runs it. Under a CUDA
+//   graph capture (Note [CUDA graphs]) only built graphs run: the trainer's eager first step builds
+//   them, and a new one then is an error, as a new cuBLAS handle is.
 // - Workspace: each plan's size, taken from the caller for the call (the engine: the caching
 //   allocator, category workspace) and given back once the call is queued.
 // - Determinism: the backward asks for cuDNN's deterministic algorithm (set_deterministic_algorithm).
@@ -134,8 +136,11 @@ std::shared_ptr<const SdpaPlan> build_backward(cudnnHandle_t handle, const Atten
 // The plan of the key (built on a miss), run with its workspace on the handle's stream.
 bool run(const CudnnSdpa& sdpa, const AttentionGeometry& g, DType dtype, cudnn_sdpa::Pass pass,
          std::unordered_map<int64_t, void*>& pack) {
+  const cudnn_sdpa::GraphKey key = cudnn_sdpa::graph_key(sdpa.device, pass, dtype, g);
+  CUMULUS_CHECK(!sdpa.capturing || sdpa.graphs.contains(key), CudaError, "cuDNN attention graph for ",
+                shape_text(g), " built during a CUDA graph capture: run the work once eagerly before capturing it");
   const std::shared_ptr<const SdpaPlan> plan =
-      sdpa.graphs.get(cudnn_sdpa::graph_key(sdpa.device, pass, dtype, g), [&] {
+      sdpa.graphs.get(key, [&] {
         return pass == cudnn_sdpa::Pass::forward ? build_forward(sdpa.handle, g, dtype)
                                                  : build_backward(sdpa.handle, g, dtype);
       });

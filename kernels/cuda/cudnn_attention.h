@@ -22,6 +22,9 @@ struct CudnnSdpa {
   int device;            // the device index: part of the graphs' key
   SdpaGraphs& graphs;
   cudnn_sdpa::WorkspaceSource workspace;
+  // The stream is being captured into a CUDA graph: a graph not yet built is an error then (its
+  // build is not known to be capture-safe; the engine runs every step once eagerly first).
+  bool capturing = false;
 };
 
 // out and lse as attention_forward_cuda writes them (lse: the natural-log log-sum-exp of each

@@ -35,8 +35,9 @@ struct Layout {
 };
 
 // Every tensor of the forward and the backward. q, k, v and o at the geometry's strides (views into
-// a [B, T, 3C] projection read where they lie); the statistics (the log-sum-exp, [bh, tq] f32) and
-// the backward's dq, dk, dv and dout dense over [bh, t, d], as the op allocates them.
+// a [B, T, 3C] projection read where they lie); dout at o's (the op hands it in the output's
+// layout); the statistics (the log-sum-exp, [bh, tq] f32) and the backward's dq, dk and dv dense
+// over [bh, t, d], as the op allocates them.
 struct Layouts {
   Layout q, k, v, o, stats, dq, dk, dv, dout;
 };
@@ -69,7 +70,7 @@ inline Layouts layouts(const AttentionGeometry& g) {
   l.dq = dense(g, g.tq, g.d);
   l.dk = dense(g, g.tk, g.d);
   l.dv = dense(g, g.tk, g.d);
-  l.dout = dense(g, g.tq, g.d);
+  l.dout = l.o;
   return l;
 }
 
@@ -134,6 +135,10 @@ class GraphCache {
     std::shared_ptr<const Plan> plan = build();  // under the lock: one build per key
     plans_.emplace(key, plan);
     return plan;
+  }
+  bool contains(const GraphKey& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return plans_.count(key) != 0;
   }
   std::size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);
