@@ -73,12 +73,13 @@ ConvKey key_of(const CudnnConv& conv, ConvDirection direction, DType dtype, cons
 // Each of cuDNN's ranked results names the math type it was ranked for, which need not be the one
 // the descriptor was made with; the chosen one is set in the descriptor before its workspace is
 // sized and before every call, so cuDNN runs what it ranked. For f32 data cuDNN 9 may report
-// CUDNN_FMA_MATH or CUDNN_DEFAULT_MATH for an algorithm: both are taken (taking FMA alone left some
-// shapes with no algorithm at all). Tensor-op math (CUDNN_TENSOR_OP_MATH, ..._ALLOW_CONVERSION) is
-// refused for f32 unless the caller asks (CudnnConv::f32_tensor_ops), the same promise as the
-// GEMMs' (no TF32). What cuDNN runs under default math for f32 on a GPU with TF32 has not been
-// measured here (no GPU): the CNN's CUDA cases print each choice (ConvAlgorithms::report) and the
-// op cases hold cuDNN to the CPU's values.
+// CUDNN_FMA_MATH or CUDNN_DEFAULT_MATH for an algorithm: both are taken (taking FMA alone would
+// throw "no algorithm" wherever cuDNN reports only default math for f32). Tensor-op math
+// (CUDNN_TENSOR_OP_MATH, ..._ALLOW_CONVERSION) is refused for f32 unless the caller asks
+// (CudnnConv::f32_tensor_ops), the same promise as the GEMMs' (no TF32). Not measured here (no
+// GPU): whether an f32 algorithm cuDNN ranks under default math, which does not forbid tensor-core
+// operations, runs TF32 on a GPU that has it. The CNN's CUDA cases print each choice
+// (ConvAlgorithms::report) and the op cases hold cuDNN's values to the CPU's.
 
 // The heuristics' ranking, filtered: the first successful, deterministic algorithm within the
 // preferred workspace; failing that the first successful one within it; failing that any; each of a
