@@ -4,7 +4,8 @@
 // Here:
 //  - shapes and argument checks; max pooling's tie rule and NaN;
 //  - CPU-versus-cuDNN parity of the running statistics (CUDA only), and the algorithm cache (one
-//    entry per shape and direction);
+//    entry per shape and direction); which of cuDNN's math types an f32 convolution takes, and (CUDA
+//    only, at the end of the binary) the algorithm and math type each convolution ran;
 //  - gradients accumulating in the persistent buffers (inside the GEMM / cuDNN), stale overwrite;
 //  - batch norm's running statistics and evaluation mode against hand-computed values;
 //  - the CNN: PyTorch's state_dict names and order, buffers, train/eval, a safetensors round trip;
@@ -37,6 +38,9 @@
 #include "cumulus/tensor/random.h"
 #include "engine/core/cudnn_context.h"
 #include "cumulus/runtime/trainer.h"
+#if CUMULUS_WITH_CUDNN
+#include "kernels/cuda/cudnn_kernels.h"
+#endif
 #include "test_util.h"
 
 namespace cumulus {
@@ -50,6 +54,39 @@ std::vector<float> random_values(std::size_t n, Generator& g, float lo = -1.0f, 
   g.fill_uniform(v.data(), static_cast<int64_t>(n), lo, hi);
   return v;
 }
+
+#if CUMULUS_WITH_CUDNN
+// Every CUDA case here names what cuDNN ran: at the end of the binary (each shard's), the algorithm
+// and math type chosen for each convolution shape and direction, and f32 never on tensor-op math
+// (Note [cuDNN math types] in kernels/cuda/cudnn_conv.cu). Nothing on a machine without a GPU.
+class CudnnAlgorithmReport : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::string& line : cudnn::conv_algorithm_report()) {
+      std::printf("cuDNN conv2d %s\n", line.c_str());
+      if (line.find(" f32 ") != std::string::npos)
+        EXPECT_TRUE(line.find("CUDNN_FMA_MATH") != std::string::npos ||
+                    line.find("CUDNN_DEFAULT_MATH") != std::string::npos)
+            << line;
+    }
+  }
+};
+[[maybe_unused]] ::testing::Environment* const cudnn_algorithm_report =
+    ::testing::AddGlobalTestEnvironment(new CudnnAlgorithmReport);
+
+// Which of cuDNN's ranked math types an f32 convolution takes: FMA or default, tensor-op math only
+// when asked; 16-bit data any.
+TEST(CudnnConvMath, F32TakesFmaOrDefaultMathAndTensorOpsOnlyWhenAsked) {
+  for (cudnnMathType_t m : {CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH})
+    EXPECT_TRUE(kernels::conv_math_accepted(DType::f32, m, false)) << kernels::conv_math_name(m);
+  for (cudnnMathType_t m : {CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION}) {
+    EXPECT_FALSE(kernels::conv_math_accepted(DType::f32, m, false)) << kernels::conv_math_name(m);
+    EXPECT_TRUE(kernels::conv_math_accepted(DType::f32, m, true)) << kernels::conv_math_name(m);
+    for (DType d : {DType::bf16, DType::f16}) EXPECT_TRUE(kernels::conv_math_accepted(d, m, false));
+  }
+  EXPECT_STREQ(kernels::conv_math_name(CUDNN_DEFAULT_MATH), "CUDNN_DEFAULT_MATH");
+}
+#endif
 
 class CnnOpsTest : public DeviceTest {};
 

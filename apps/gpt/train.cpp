@@ -146,6 +146,9 @@ void report_memory(memory::MemoryTracker& tracker, const TrainFlags& f) {
   const memory::MemorySummary m = tracker.summary();
   say("memory: activations %.0f bytes per token, peak %.2f MiB\n", m.activation_bytes_per_unit,
       static_cast<double>(m.peak_bytes) / (1 << 20));
+  if (const ops::CudaAttentionCalls calls = ops::cuda_attention_calls(); calls.cudnn + calls.own > 0)
+    say("memory: attention ran %lld times on cuDNN's fused SDPA, %lld on our own kernels\n",
+        static_cast<long long>(calls.cudnn), static_cast<long long>(calls.own));
 }
 
 // The corpus's text, its vocabulary (a resumed run's is its checkpoint's) and its split into
@@ -191,7 +194,8 @@ optim::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, 
   return options;
 }
 
-void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, const models::GPT& model) {
+void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, const models::GPT& model,
+                  const Device& device, Precision precision) {
   say("gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
       "tokens a step\n",
       corpus.path.c_str(), static_cast<long long>(t.text.size()), static_cast<long long>(t.vocab.size()),
@@ -202,6 +206,9 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
   if (f.device == "cpu")
     say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s", cpu_capability(),
         blas_core());
+  // Which attention runs on the GPU (cuDNN's fused SDPA or ours: CUMULUS_CUDA_ATTENTION=own).
+  if (device.is_cuda())
+    say("cuda: attention on %s\n", ops::cuda_attention_description(compute_dtype(precision)).c_str());
 }
 
 // The training loop and what it writes: a metrics line and a log line a step, the validation loss
@@ -326,7 +333,7 @@ int train(const TrainFlags& flags) {
   app::MetricsLog metrics(f.metrics, "step",
                           f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
                           app::MetricsWrites::append);
-  if (!f.quiet) print_banner(f, corpus, t, model);
+  if (!f.quiet) print_banner(f, corpus, t, model, device, precision);
   Loop loop(f, model, t.vocab, trainer, settings, metrics, step_loss);
   // Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
   // with 130 (resume with --resume). A lost standard output stops it the same way, then fails.

@@ -56,6 +56,15 @@ kernels::ConvAlgorithms& conv_algorithms() {
 
 std::size_t conv_algorithm_cache_size() { return conv_algorithms().size(); }
 
+std::vector<std::string> conv_algorithm_report() { return conv_algorithms().report(); }
+
+#if CUMULUS_WITH_CUDNN_FRONTEND
+kernels::SdpaGraphs& attention_graphs() {
+  static auto* graphs = new kernels::SdpaGraphs;  // never destroyed, like the handles
+  return *graphs;
+}
+#endif
+
 }  // namespace cudnn
 
 #endif  // CUMULUS_WITH_CUDNN

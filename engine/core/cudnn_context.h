@@ -35,10 +35,15 @@ bool cudnn_compiled();
 #include <cudnn.h>
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 namespace cumulus::kernels {
 class ConvAlgorithms;  // kernels/cuda/cudnn_kernels.h
 }  // namespace cumulus::kernels
+#if CUMULUS_WITH_CUDNN_FRONTEND
+#include "kernels/cuda/cudnn_attention.h"
+#endif
 
 namespace cumulus::cudnn {
 
@@ -50,6 +55,14 @@ cudnnHandle_t handle(int device_index);
 kernels::ConvAlgorithms& conv_algorithms();
 // Entries in it (for tests: a second call with the same shape adds none).
 std::size_t conv_algorithm_cache_size();
+// One line per choice in it: direction, dtype, sizes, algorithm, math type, workspace (for tests).
+std::vector<std::string> conv_algorithm_report();
+
+#if CUMULUS_WITH_CUDNN_FRONTEND
+// cuDNN's attention graphs built so far, for every device, kept for the life of the process (Note
+// [cuDNN attention] in kernels/cuda/cudnn_attention.cpp); the attention op hands it to the launchers.
+kernels::SdpaGraphs& attention_graphs();
+#endif
 
 }  // namespace cumulus::cudnn
 #endif  // CUMULUS_WITH_CUDNN

@@ -1,6 +1,9 @@
 // Private helpers shared by the op implementations and the autograd engine.
 #pragma once
 
+#include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -108,6 +111,9 @@ Tensor strided_view(const Tensor& x, const Shape& shape, const std::vector<int64
 // x's first element, a strided view's included: for an op whose kernels read a view at its
 // strides (engine/ops/attention.cpp) rather than through contiguous. The caller passes the strides.
 void* element_data(const Tensor& x);
+// Device memory for one library call (cuDNN's workspace): at least `bytes` from the device's
+// caching allocator in category workspace, given back when the last owner drops it (engine/ops/workspace.cpp).
+std::function<std::shared_ptr<void>(std::size_t bytes)> workspace_source(const Device& device);
 // dst = src + beta * dst element by element, either side a strided view (same shape, dtype and
 // device; beta 0 for integer types). Not recorded by autograd.
 void copy_strided(const Tensor& src, const Tensor& dst, float beta = 0.0f);

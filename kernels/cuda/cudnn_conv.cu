@@ -6,7 +6,8 @@
 // cuDNN never reads the output when beta is 0), exactly as Linear's GEMM does (Note [Gradient
 // sinks]). Algorithms: chosen once per (device, direction, dtype, shape) and kept in the caller's
 // cache; workspace from the caller for each call (Note [cuDNN algorithm cache]).
-// f32 math is FP32 (CUDNN_FMA_MATH): no TF32, so results match the CPU path to float rounding.
+// f32 math: the FMA or default math cuDNN reports for the chosen algorithm, never tensor-op math
+// unless asked (Note [cuDNN math types]).
 // bf16 / f16 data (x, weight, y and their gradients) run cuDNN's pseudo-16-bit configurations:
 // tensor-op math with f32 accumulation (the convolution's compute type is FLOAT). The bias and its
 // gradient stay f32 and cudnnAddTensor / cudnnConvolutionBackwardBias want one type for bias and
@@ -58,27 +59,43 @@ ConvDescriptors describe(const Conv2dGeometry& g, DType dtype) {
   return d;
 }
 
-ConvKey key_of(int device, ConvDirection direction, DType dtype, const Conv2dGeometry& g) {
+ConvKey key_of(const CudnnConv& conv, ConvDirection direction, DType dtype, const Conv2dGeometry& g) {
   ConvKey key;
-  key.device = device;
+  key.device = conv.device;
   key.direction = direction;
   key.dtype = dtype;
   key.sizes = {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+  key.f32_tensor_ops = conv.f32_tensor_ops;
   return key;
 }
 
+// Note [cuDNN math types]
+// Each of cuDNN's ranked results names the math type it was ranked for, which need not be the one
+// the descriptor was made with; the chosen one is set in the descriptor before its workspace is
+// sized and before every call, so cuDNN runs what it ranked. For f32 data cuDNN 9 may report
+// CUDNN_FMA_MATH or CUDNN_DEFAULT_MATH for an algorithm: both are taken (taking FMA alone would
+// throw "no algorithm" wherever cuDNN reports only default math for f32). Tensor-op math
+// (CUDNN_TENSOR_OP_MATH, ..._ALLOW_CONVERSION) is refused for f32 unless the caller asks
+// (CudnnConv::f32_tensor_ops), the same promise as the GEMMs' (no TF32). Not measured here (no
+// GPU): whether an f32 algorithm cuDNN ranks under default math, which does not forbid tensor-core
+// operations, runs TF32 on a GPU that has it. The CNN's CUDA cases print each choice
+// (ConvAlgorithms::report) and the op cases hold cuDNN's values to the CPU's.
+
 // The heuristics' ranking, filtered: the first successful, deterministic algorithm within the
-// preferred workspace; failing that the first successful one within it; failing that any. With its
-// math type: an algorithm is ranked for the math type its result names (tensor ops or not), which
-// need not be the one the descriptor was made with, and cuDNN runs the descriptor's. f32 takes only
-// FMA-math results: no TF32, the same promise as the GEMMs'.
+// preferred workspace; failing that the first successful one within it; failing that any; each of a
+// math type conv_math_accepted takes.
 template <typename Perf>
-ConvAlgorithm pick_algorithm(const std::vector<Perf>& perf, int returned, DType dtype, const char* direction) {
+ConvAlgorithm pick_algorithm(const std::vector<Perf>& perf, int returned, DType dtype, bool f32_tensor_ops,
+                             const char* direction) {
+  int refused_math = 0;
   for (int pass = 0; pass < 3; ++pass)
     for (int i = 0; i < returned; ++i) {
       const Perf& p = perf[static_cast<std::size_t>(i)];
       if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (dtype == DType::f32 && p.mathType != CUDNN_FMA_MATH) continue;
+      if (!conv_math_accepted(dtype, p.mathType, f32_tensor_ops)) {
+        refused_math += pass == 0;
+        continue;
+      }
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       if (pass < 2 && p.memory > kPreferredMaxWorkspace) continue;
       ConvAlgorithm chosen;
@@ -86,7 +103,8 @@ ConvAlgorithm pick_algorithm(const std::vector<Perf>& perf, int returned, DType 
       chosen.math_type = static_cast<int>(p.mathType);
       return chosen;
     }
-  throw CudaError(detail::concat("conv2d: cuDNN offers no ", direction, " algorithm for this shape"));
+  throw CudaError(detail::concat("conv2d: cuDNN offers no ", direction, " algorithm for this shape (", returned,
+                                 " ranked, ", refused_math, " of them refused for tensor-op math on f32 data)"));
 }
 
 // The chosen algorithm's math type in the call's descriptor: before its workspace is sized and
@@ -132,7 +150,32 @@ bool ConvKey::operator<(const ConvKey& o) const {
   if (device != o.device) return device < o.device;
   if (direction != o.direction) return direction < o.direction;
   if (dtype != o.dtype) return dtype < o.dtype;
+  if (f32_tensor_ops != o.f32_tensor_ops) return f32_tensor_ops < o.f32_tensor_ops;
   return sizes < o.sizes;
+}
+
+const char* conv_math_name(int math_type) {
+  switch (static_cast<cudnnMathType_t>(math_type)) {
+    case CUDNN_DEFAULT_MATH: return "CUDNN_DEFAULT_MATH";
+    case CUDNN_TENSOR_OP_MATH: return "CUDNN_TENSOR_OP_MATH";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH: return "CUDNN_FMA_MATH";
+  }
+  return "an unknown math type";
+}
+
+std::vector<std::string> ConvAlgorithms::report() const {
+  static const char* const directions[] = {"forward", "backward-data", "backward-filter"};
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> lines;
+  for (const auto& [key, a] : chosen_) {
+    const auto& z = key.sizes;
+    lines.push_back(detail::concat(
+        directions[static_cast<int>(key.direction)], " ", dtype_name(key.dtype), " [n ", z[0], ", c ", z[1], ", h ",
+        z[2], ", w ", z[3], ", k ", z[4], ", r ", z[5], ", s ", z[6], ", stride ", z[7], "x", z[8], ", pad ", z[9],
+        "x", z[10], "]: algo ", a.algo, ", ", conv_math_name(a.math_type), ", ", a.workspace_bytes, " B"));
+  }
+  return lines;
 }
 
 ConvAlgorithm ConvAlgorithms::get(const ConvKey& key, const std::function<ConvAlgorithm()>& choose) {
@@ -154,13 +197,13 @@ void conv2d_forward_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType d
   const cudnnHandle_t handle = conv.handle;
   const ConvDescriptors d = describe(g, dtype);
   const ConvAlgorithm a =
-      conv.algorithms.get(key_of(conv.device, ConvDirection::forward, dtype, g), [&] {
+      conv.algorithms.get(key_of(conv, ConvDirection::forward, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
                                                                    d.y.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, "forward");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv.f32_tensor_ops, "forward");
         set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
             handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
@@ -192,13 +235,13 @@ void conv2d_backward_data_cuda(const CudnnConv& conv, const Conv2dGeometry& g, D
   const cudnnHandle_t handle = conv.handle;
   const ConvDescriptors d = describe(g, dtype);
   const ConvAlgorithm a =
-      conv.algorithms.get(key_of(conv.device, ConvDirection::backward_data, dtype, g), [&] {
+      conv.algorithms.get(key_of(conv, ConvDirection::backward_data, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, "backward-data");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv.f32_tensor_ops, "backward-data");
         set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
@@ -220,13 +263,13 @@ void conv2d_backward_filter_cuda(const CudnnConv& conv, const Conv2dGeometry& g,
   const cudnnHandle_t handle = conv.handle;
   const ConvDescriptors d = describe(g, dtype);
   const ConvAlgorithm a =
-      conv.algorithms.get(key_of(conv.device, ConvDirection::backward_filter, dtype, g), [&] {
+      conv.algorithms.get(key_of(conv, ConvDirection::backward_filter, dtype, g), [&] {
         int max_count = 0, returned = 0;
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
         std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, "backward-filter");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv.f32_tensor_ops, "backward-filter");
         set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),

@@ -20,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "cumulus/tensor/dtype.h"
 #include "kernels/cpu/conv_kernels.h"
@@ -44,10 +46,11 @@ namespace cumulus::kernels {
 inline bool cudnn_runs_batch_norm_and_pooling(DType dtype) { return dtype != DType::bf16; }
 
 // ---- conv2d (kernels/cuda/cudnn_conv.cu) ----
-// f32: FP32 math (CUDNN_FMA_MATH: no TF32), so results match the CPU's to float rounding. bf16 and
-// f16: tensor-core math with f32 accumulation (cuDNN's pseudo-16-bit configurations). The
-// algorithm of each (shape, dtype, direction) is chosen once and kept in the caller's cache; its
-// workspace comes from the caller for the call (Note [cuDNN algorithm cache] in cudnn_conv.cu).
+// f32: the math type cuDNN reports for the algorithm, FMA or default, never tensor-op math (TF32)
+// unless the caller asks (CudnnConv::f32_tensor_ops; the engine does not): Note [cuDNN math types]
+// in cudnn_conv.cu. bf16 and f16: tensor-core math with f32 accumulation (cuDNN's pseudo-16-bit
+// configurations). The algorithm of each (shape, dtype, direction) is chosen once and kept in the
+// caller's cache; its workspace comes from the caller for the call (Note [cuDNN algorithm cache]).
 
 enum class ConvDirection : uint8_t { forward, backward_data, backward_filter };
 
@@ -59,6 +62,15 @@ struct ConvAlgorithm {
   std::size_t workspace_bytes = 0;
 };
 
+// Whether an algorithm cuDNN ranked under `math` may run a convolution of `dtype` data: any for
+// 16-bit data; for f32, FMA or default math, and tensor-op math only when asked (f32_tensor_ops).
+inline bool conv_math_accepted(DType dtype, cudnnMathType_t math, bool f32_tensor_ops) {
+  if (dtype != DType::f32 || f32_tensor_ops) return true;
+  return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH;
+}
+// "CUDNN_FMA_MATH", ...: for reports.
+const char* conv_math_name(int math_type);
+
 // A convolution's identity for the cache: device, direction, storage type and every size (n, c,
 // h, w, k, r, s, strides, paddings).
 struct ConvKey {
@@ -66,6 +78,7 @@ struct ConvKey {
   ConvDirection direction = ConvDirection::forward;
   DType dtype = DType::f32;
   std::array<int64_t, 11> sizes{};
+  bool f32_tensor_ops = false;
   bool operator<(const ConvKey& o) const;
 };
 
@@ -76,6 +89,9 @@ class ConvAlgorithms {
   // The choice for `key`; on a miss `choose` runs once (under the lock) and its answer is kept.
   ConvAlgorithm get(const ConvKey& key, const std::function<ConvAlgorithm()>& choose);
   std::size_t size() const;
+  // One line per choice: direction, dtype, sizes, algorithm, math type and workspace (for tests and
+  // reports: "forward f32 [n 2, c 3, h 9, w 9, k 5, r 3, s 3, stride 1x1, pad 1x1]: algo 1, CUDNN_FMA_MATH, 0 B").
+  std::vector<std::string> report() const;
 
  private:
   mutable std::mutex mutex_;
@@ -92,6 +108,7 @@ struct CudnnConv {
   int device;            // the device index: part of the cache's key
   ConvAlgorithms& algorithms;
   WorkspaceSource workspace;
+  bool f32_tensor_ops = false;  // f32 may take tensor-op (TF32) algorithms; part of the cache's key
 };
 
 // y = conv(x, weight) (+ bias; bias may be null).

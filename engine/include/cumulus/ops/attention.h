@@ -2,7 +2,9 @@
 // attention] in kernels/cpu/attention.cpp).
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 
 #include "cumulus/tensor/tensor.h"
 
@@ -20,8 +22,30 @@ namespace cumulus::ops {
 // permute(reshape(split(linear(x))))): they are read where they lie, with no copy, and saved as
 // they are. Backward recomputes the probabilities from q, k, v and each row's log-sum-exp, so the
 // op keeps only its output and Tq floats of log-sum-exp per head: no [Tq, Tk] matrix, forward or
-// backward. On CUDA D is at most 128.
+// backward. On CUDA D is at most 128. bf16 and f16 on CUDA run cuDNN's fused attention where this
+// build has it and cuda_attention() is cudnn (below); f32, and what cuDNN declines, run our kernels.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     std::optional<double> scale = std::nullopt);
+
+// Which implementation runs bf16 and f16 attention on CUDA (f32 always runs ours): cuDNN's fused
+// scaled-dot-product attention (Note [cuDNN attention] in kernels/cuda/cudnn_attention.cpp), or
+// our own kernels. A geometry cuDNN does not take (a head size not a multiple of 8, unaligned
+// views, a single key, a graph it declines) runs ours either way.
+enum class CudaAttention : uint8_t { cudnn, own };
+// Whether this build has cuDNN's fused attention (cuDNN and the cuDNN frontend's headers found).
+bool cudnn_attention_compiled();
+// The choice in force: set_cuda_attention's if called, else the environment variable
+// CUMULUS_CUDA_ATTENTION (cudnn or own; read once), else cudnn where compiled in; own otherwise.
+CudaAttention cuda_attention();
+// InvalidArgument for cudnn in a build without it.
+void set_cuda_attention(CudaAttention choice);
+// What runs `dtype` attention on CUDA under the choice in force, for banners: "cuDNN 9.19.0 fused
+// SDPA (frontend 1.18.0)" or "cumulus's own kernels".
+std::string cuda_attention_description(DType dtype);
+// Calls of the op on CUDA tensors since the start, by the implementation their forward ran on.
+struct CudaAttentionCalls {
+  int64_t cudnn = 0, own = 0;
+};
+CudaAttentionCalls cuda_attention_calls();
 
 }  // namespace cumulus::ops
