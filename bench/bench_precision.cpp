@@ -18,7 +18,7 @@
 #include "bench/rig.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/models/cnn.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -52,7 +52,7 @@ void micro_batch(benchmark::State& state, Device device, ModelKind kind, Precisi
     d.x = d.x.to(compute_dtype(precision));
   }
   AnyModel m(kind, device);
-  optim::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
+  train::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
   auto loss_of = [&](int64_t start) {
     return ops::cross_entropy((*m.net)(d.x.narrow_rows(start, b)), d.y.narrow_rows(start, b), ops::Reduction::Sum);
   };

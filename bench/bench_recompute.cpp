@@ -25,7 +25,7 @@
 
 #include "bench/rig.h"
 #include "cumulus/models/cnn.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -68,7 +68,7 @@ Tensor cnn_loss(CnnModel& m, const Data& d, int64_t start, int64_t b) {
 void cnn_micro_batch(benchmark::State& state, Device device, Variant variant, int64_t b) {
   const Data d = make_data(device, kCnnDataRows);
   CnnModel m(device, variant.segments);
-  optim::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
+  train::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
 
   // Memory and recompute cost of one micro-batch, tracked and untimed.
   memory::MicroBatchRecord record;

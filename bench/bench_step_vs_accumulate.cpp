@@ -17,7 +17,7 @@
 //   micro_batch_graph/..., step_of_64_graph/BxN (CUDA only)   the same work as the app runs it
 //       in its steady state: the batch gathered from a u8 dataset by the DataLoader's device
 //       cursor, each micro-batch and the step's device part replayed as CUDA graphs
-//       (optim::Trainer). Extra counters: kernels_per_micro_batch / kernels_per_step
+//       (train::Trainer). Extra counters: kernels_per_micro_batch / kernels_per_step
 //       (inside the graphs) and host_syncs_per_step (must be 0).
 //   micro_batch_fused/..., step_of_64_fused/BxN, and on CUDA micro_batch_graph_fused/...,
 //       step_of_64_graph_fused/BxN   the same families on the fused MLP op (ops::mlp_cross_entropy,
@@ -33,8 +33,8 @@
 
 #include "bench/rig.h"
 #include "cumulus/data/dataset.h"
-#include "cumulus/runtime/trainer.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
+#include "cumulus/train/trainer.h"
 
 using namespace cumulus;
 using namespace cumulus::bench;
@@ -51,7 +51,7 @@ void set_launch_counter(benchmark::State& state, const Device& device, const cha
 void micro_batch(benchmark::State& state, Device device, int64_t b, bool accumulate, models::KernelChoice kernels) {
   const Data d = make_data(device);
   Model m(device, kernels);
-  optim::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
+  train::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), never_stepping());
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);
   Cursor cursor(d, b);
   auto one = [&] {
@@ -90,7 +90,7 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
   const Data d = make_data(device);
   Model m(device);
   auto opt = make_optimizer(kind, m.params);
-  optim::Trainer acc(opt, never_stepping());
+  train::Trainer acc(opt, never_stepping());
   const int64_t b = 64;
   const MicroBatchMemory mem = measure_micro_batch(m, acc, d, b);  // leaves a gradient to apply
   const float scale = 1.0f / static_cast<float>(b);
@@ -118,9 +118,9 @@ void optimizer_step(benchmark::State& state, Device device, OptimizerKind kind) 
 void accumulator_step(benchmark::State& state, Device device, OptimizerKind kind) {
   const Data d = make_data(device);
   Model m(device);
-  optim::TrainerOptions o;  // the app's defaults: normalization by samples, non-finite guard
+  train::TrainerOptions o;  // the app's defaults: normalization by samples, non-finite guard
   o.accum_steps = 1;
-  optim::Trainer acc(make_optimizer(kind, m.params), o);
+  train::Trainer acc(make_optimizer(kind, m.params), o);
   const int64_t b = 16;
   Cursor cursor(d, b);
   auto fill_group = [&] {
@@ -189,9 +189,9 @@ void zero_grad_write_zeros(benchmark::State& state, Device device) {
 void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
   const Data d = make_data(device);
   Model m(device, kernels);
-  optim::TrainerOptions o;
+  train::TrainerOptions o;
   o.accum_steps = n;
-  optim::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), o);
+  train::Trainer acc(make_optimizer(OptimizerKind::sgd, m.params), o);
   Cursor cursor(d, b);
   auto one_step = [&] {
     for (int i = 0; i < n; ++i) {
@@ -261,7 +261,7 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
 // The app's form of the loop: a u8 dataset behind a DataLoader, micro-batches through
 // the Trainer. Full micro-batches only: the cursor is rewound before a partial one.
 struct GraphLoop {
-  GraphLoop(Device device, int64_t b, const optim::TrainerOptions& o, models::KernelChoice kernels)
+  GraphLoop(Device device, int64_t b, const train::TrainerOptions& o, models::KernelChoice kernels)
       : m(device, kernels), trainer(make_optimizer(OptimizerKind::sgd, m.params), with_graphs(o)) {
     Generator gen(7);
     std::vector<float> u(static_cast<std::size_t>(kDataRows * models::SeedMLP::kInputs));
@@ -278,8 +278,8 @@ struct GraphLoop {
     loader = std::make_unique<data::DataLoader>(ds, b);
     trainer.begin_epoch(0, 0);
   }
-  static optim::TrainerOptions with_graphs(const optim::TrainerOptions& o) {
-    optim::TrainerOptions t = o;
+  static train::TrainerOptions with_graphs(const train::TrainerOptions& o) {
+    train::TrainerOptions t = o;
     t.use_graphs = true;
     return t;
   }
@@ -295,7 +295,7 @@ struct GraphLoop {
     });
   }
   Model m;
-  optim::Trainer trainer;
+  train::Trainer trainer;
   std::unique_ptr<data::DataLoader> loader;
   int64_t index = 0;  // the next batch (the loader's cursor on the device says the same)
 };
@@ -335,7 +335,7 @@ void micro_batch_graph(benchmark::State& state, Device device, int64_t b, bool a
 }
 
 void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, models::KernelChoice kernels) {
-  optim::TrainerOptions o;
+  train::TrainerOptions o;
   o.accum_steps = n;
   GraphLoop g(device, b, o, kernels);
   auto one_step = [&] {

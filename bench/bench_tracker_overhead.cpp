@@ -21,7 +21,7 @@ struct Run {
   Model model;
   Data data;
   Cursor cursor;
-  optim::Trainer acc;
+  train::Trainer acc;
   memory::MemoryTracker tracker;
   Run(Device device)
       : model(device),
@@ -29,7 +29,7 @@ struct Run {
         cursor(data, kMicroBatch),
         acc(make_optimizer(OptimizerKind::sgd, model.params),
             [] {
-              optim::TrainerOptions o;
+              train::TrainerOptions o;
               o.accum_steps = kAccumSteps;
               return o;
             }()),

@@ -30,7 +30,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 
 namespace cumulus::bench {
 
@@ -111,8 +111,8 @@ inline std::shared_ptr<optim::Optimizer> make_optimizer(OptimizerKind k, std::sh
 
 // A Trainer that never reaches a group boundary by itself: for benchmarks that time
 // micro-batches only and decide themselves when gradients are stale.
-inline optim::TrainerOptions never_stepping() {
-  optim::TrainerOptions o;
+inline train::TrainerOptions never_stepping() {
+  train::TrainerOptions o;
   o.accum_steps = 1 << 30;
   return o;
 }
@@ -171,7 +171,7 @@ struct MicroBatchMemory {
 
 // Runs one micro-batch of `b` samples under a MemoryTracker (untimed); its gradient lands in the
 // buffers like any other backward.
-inline MicroBatchMemory measure_micro_batch(Model& m, optim::Trainer& acc, const Data& d, int64_t b) {
+inline MicroBatchMemory measure_micro_batch(Model& m, train::Trainer& acc, const Data& d, int64_t b) {
   memory::MemoryTracker::Options o;
   o.model = "seed_mlp";
   o.micro_batch_size = b;

@@ -45,7 +45,7 @@ struct StepState {
   float clip;       // the clipping factor applied (1: none)
   int64_t skipped;  // attempts skipped as non-finite
   int64_t lr_base;  // the update index of lr_table[0]
-  // Dynamic loss scaling (Note [Loss scaling] in engine/runtime/trainer_step.cpp): the factor of the
+  // Dynamic loss scaling (Note [Loss scaling] in engine/train/trainer_step.cpp): the factor of the
   // backward seed for the group in flight, and the groups stepped since it last changed.
   float loss_scale;
   int32_t loss_scale_clean_steps;
@@ -83,7 +83,7 @@ CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double units, double l
   s.group.loss += loss;
 }
 
-// Dynamic loss scaling's rule (Note [Loss scaling] in engine/runtime/trainer_step.cpp), after the
+// Dynamic loss scaling's rule (Note [Loss scaling] in engine/train/trainer_step.cpp), after the
 // skip decision. Powers of two times powers of two stay powers of two, so unscaling stays exact.
 // The floor and the ceiling keep the scale usable: backed off to 0, the seed would be 0 and 1 / 0
 // infinite, so every later group would be skipped; grown to infinity, every group would overflow.

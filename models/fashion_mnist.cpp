@@ -258,10 +258,10 @@ std::string locate_fashion_mnist(const FashionMnistSearch& search) {
   return dir;
 }
 
-plan::PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
+plan::PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const train::BatchLoss& loss,
                                FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch,
                                int64_t budget, DType batch_dtype, const FashionMnistLevers& levers) {
-  plan::PlanRequest request = optim::plan_request(
+  plan::PlanRequest request = train::plan_request(
       optimizer, [&train] { return train.tensors(); }, loss, effective_batch, budget, batch_dtype);
   if (levers.recompute) request.setting.recompute = 1;  // shown as "all" (no segment names)
   request.setting.data = levers.data_on_host ? plan::DataPlacement::host : plan::DataPlacement::device;

@@ -19,7 +19,7 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 
 namespace cumulus::models {
 
@@ -295,7 +295,7 @@ plan::PlanRequest plan_request(GPT& model, optim::Optimizer& optimizer, const da
   r.units_per_row = t;
   r.budget = budget;
   r.optimizer = &optimizer;
-  r.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's
+  r.loop_state = train::Trainer::state_to_allocate();  // the Trainer's
   r.require_fit = true;
   r.model = &model;
   r.setting.recompute = model.recompute_segments();

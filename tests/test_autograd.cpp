@@ -20,7 +20,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "engine/tensor/tensor_impl.h"
 #include "test_util.h"
 

@@ -37,7 +37,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
 #include "engine/core/cudnn_context.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #if CUMULUS_WITH_CUDNN
 #include "kernels/cuda/cudnn_kernels.h"
 #endif
@@ -403,9 +403,9 @@ TEST_P(CnnModelTest, AccumulationWithBatchNormMatchesSeparateMicroBatchesNotOneB
   Generator gen_a(3);
   models::CNN a(gen_a, device());
   auto flat = std::make_shared<nn::FlatParameters>(a);
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 4;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   acc.begin_epoch(0, 4);
   for (int64_t i = 0; i < 4; ++i) {
     acc.backward(ops::cross_entropy(a(b.x.narrow_rows(16 * i, 16)), b.y.narrow_rows(16 * i, 16), ops::Reduction::Sum),
@@ -498,9 +498,9 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
   Generator gen(1);
   models::CNN model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 2;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   memory::MemoryTracker::Options o;
   o.model = "cnn";
   o.micro_batch_size = 2;

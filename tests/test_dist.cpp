@@ -27,7 +27,7 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/memory/tracker.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 #include "toy_dataset.h"
 #if CUMULUS_WITH_CUDA
@@ -159,11 +159,11 @@ struct TinyModel {
 
 TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
   TinyModel m;
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 3;
   ao.communicator = std::make_shared<PretendWorld>(0, 2);
   try {
-    optim::Trainer acc(m.sgd, ao);
+    train::Trainer acc(m.sgd, ao);
     FAIL() << "3 accumulation steps over 2 ranks was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("do not divide over 2 ranks"), std::string::npos) << e.what();
@@ -172,10 +172,10 @@ TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
 
 TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   TinyModel m;
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 4;
   ao.communicator = std::make_shared<PretendWorld>(1, 2);
-  optim::Trainer acc(m.sgd, ao);
+  train::Trainer acc(m.sgd, ao);
   acc.begin_epoch(0, 4);
   // Micro-batch 0 is rank 0's: running it here is a mistake the Trainer names.
   EXPECT_THROW(acc.backward(m.loss(), 2), InvalidArgument);
@@ -283,7 +283,7 @@ TEST(CommunicationTime, DevicePointsOnAnotherStreamTimeThatStreamsWork) {
 
 TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
   TinyModel m;
-  optim::Trainer acc(m.sgd, optim::TrainerOptions{});
+  train::Trainer acc(m.sgd, train::TrainerOptions{});
   EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);
 }
 

@@ -12,7 +12,7 @@
 #include "cumulus/cumulus.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/mlp.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 #if CUMULUS_WITH_CUDA
 #include "engine/core/cuda_context.h"
@@ -521,9 +521,9 @@ TEST(FusedMLPLaunches, SeedMLPEagerMicroBatch) {
   Generator gen(0);
   models::SeedMLP model(gen, d);
   model.set_kernels(models::KernelChoice::fused);
-  optim::TrainerOptions o;
+  train::TrainerOptions o;
   o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
-  optim::Trainer acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
+  train::Trainer acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
                          o);
   const int64_t b = 16;
   const Tensor x = Tensor::full(Shape{b, 784}, 0.5f, d);

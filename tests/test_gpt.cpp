@@ -17,7 +17,7 @@
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -219,15 +219,15 @@ std::vector<float> training_losses(DType dtype, int steps) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
   optim::AdamWOptions adamw;
   adamw.lr = 1e-2f;
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.accum_steps = 2;
   // Dynamic scaling from 2^8: this model's gradients times the default 2^16 overflow f16, and the
   // skipped steps would shift the losses against f32's.
   options.loss_scaling.dynamic = needs_loss_scaling(dtype == DType::f16 ? Precision::fp16 : Precision::fp32);
   options.loss_scaling.initial_scale = 256.0f;
   std::vector<float> losses;
-  options.on_step = [&](const optim::StepLog& log) { losses.push_back(log.loss); };
-  optim::Trainer trainer(std::make_shared<optim::AdamW>(flat, adamw), options);
+  options.on_step = [&](const train::StepLog& log) { losses.push_back(log.loss); };
+  train::Trainer trainer(std::make_shared<optim::AdamW>(flat, adamw), options);
   const Tensor x = tokens(counting(16, 11), 2, 8, Device::cpu());
   const std::vector<int64_t> next = counting(17, 11);
   const Tensor y = tokens({next.begin() + 1, next.end()}, 2, 8, Device::cpu());  // the next token of x's

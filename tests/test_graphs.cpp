@@ -22,8 +22,8 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/trainer.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 
 #if CUMULUS_WITH_CUDA
@@ -59,7 +59,7 @@ struct RunResult {
   std::vector<float> weights;
   int64_t steps = 0, skipped = 0;
   double last_epoch_loss = 0.0;
-  optim::Trainer::Stats stats;
+  train::Trainer::Stats stats;
 };
 
 // 3 epochs of 8 micro-batches of 5 (the last holds 2) in groups of 3 (the last holds 2); before
@@ -78,7 +78,7 @@ RunResult train(const Device& device, Opt opt, bool graphs, memory::MemoryTracke
   model.add(std::make_shared<nn::Linear>(8, kClasses, gen, device));
   auto flat = std::make_shared<nn::FlatParameters>(model);
   std::shared_ptr<optim::Optimizer> optimizer;
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 3;
   ao.use_graphs = graphs;
   ao.tracker = tracker;
@@ -93,8 +93,8 @@ RunResult train(const Device& device, Opt opt, bool graphs, memory::MemoryTracke
     optimizer = std::make_shared<optim::SGD>(flat, s);
     ao.clip_grad_norm = 0.5f;
   }
-  optim::Trainer trainer(optimizer, ao);
-  const optim::Trainer& acc = trainer;
+  train::Trainer trainer(optimizer, ao);
+  const train::Trainer& acc = trainer;
   data::DataLoader loader(ds, 5, /*shuffle=*/true, 9);
   RunResult r;
   float poisoned_value = 0.0f;
@@ -203,7 +203,7 @@ struct Loop {
   nn::Sequential model;
   std::shared_ptr<nn::FlatParameters> flat;
   std::shared_ptr<optim::SGD> opt;
-  std::unique_ptr<optim::Trainer> trainer;
+  std::unique_ptr<train::Trainer> trainer;
   std::unique_ptr<data::DataLoader> loader;
   Loop() {
     model.add(std::make_shared<nn::Flatten>());
@@ -214,11 +214,11 @@ struct Loop {
     optim::SGDOptions s;
     s.momentum = 0.9f;
     opt = std::make_shared<optim::SGD>(flat, s);
-    optim::TrainerOptions ao;
+    train::TrainerOptions ao;
     ao.accum_steps = 2;
     ao.clip_grad_norm = 1.0f;
     ao.use_graphs = true;
-    trainer = std::make_unique<optim::Trainer>(opt, ao);
+    trainer = std::make_unique<train::Trainer>(opt, ao);
     loader = std::make_unique<data::DataLoader>(ds, 4);  // 37 = 9 x 4 + 1
   }
   // Full micro-batches only (32 samples: 4 groups of 2 x 4), from the start of the epoch.

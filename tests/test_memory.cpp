@@ -19,7 +19,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "engine/plan/fits.h"
 #include "test_util.h"
 
@@ -53,7 +53,7 @@ Data make_data(int64_t n, Device device) {
 }
 
 // One epoch over `n` samples in micro-batches of `b`, `accum` per step, tracked.
-void run_tracked(memory::MemoryTracker& tracker, models::SeedMLP& model, optim::Trainer& acc, const Data& d,
+void run_tracked(memory::MemoryTracker& tracker, models::SeedMLP& model, train::Trainer& acc, const Data& d,
                  int64_t b, int64_t n) {
   const int64_t mbs = (n + b - 1) / b;
   acc.begin_epoch(0, mbs);
@@ -81,9 +81,9 @@ TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 4;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   for (int64_t b : {8, 16, 40}) {
     SCOPED_TRACE("micro-batch " + std::to_string(b));
     memory::MemoryTracker::Options o;
@@ -112,9 +112,9 @@ TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 2;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   memory::MemoryTracker::Options o;
   o.micro_batch_size = 8;
   o.accum_steps = 2;
@@ -142,9 +142,9 @@ TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) 
     Generator gen(1);
     models::SeedMLP model(gen, device());
     auto flat = std::make_shared<nn::FlatParameters>(model);
-    optim::TrainerOptions ao;
+    train::TrainerOptions ao;
     ao.accum_steps = accum;
-    optim::Trainer acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
+    train::Trainer acc(std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{}), ao);
     memory::MemoryTracker::Options o;
     o.micro_batch_size = b;
     o.accum_steps = accum;
@@ -179,9 +179,9 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 4;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   memory::MemoryTracker::Options o;
   o.model = "seed_mlp";
   o.micro_batch_size = 16;
@@ -260,8 +260,8 @@ TEST_P(MemoryTrackerTest, BudgetRaisesOutOfMemoryAndThePlannedRunStaysUnder) {
   Generator gen(1);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::TrainerOptions ao;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::TrainerOptions ao;
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   CachingAllocator& alloc = allocator_for(device());
   struct LimitGuard {
     CachingAllocator& a;

@@ -21,7 +21,7 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -318,7 +318,7 @@ TEST_P(NnTest, FlatParametersSkipFrozenParameters) {
   so.lr = 0.1f;
   so.momentum = 0.9f;
   so.weight_decay = 0.1f;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, so), optim::TrainerOptions{});
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, so), train::TrainerOptions{});
   Generator data(1);
   const Tensor x = uniform({8, 784}, 0.0f, 1.0f, data, device());
   const Tensor y = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5, 6, 7}, {8}, device());
@@ -480,9 +480,9 @@ TEST(NnLaunches, SeedMLPEagerMicroBatch) {
   const Device d = Device::cuda(0);
   Generator gen(0);
   models::SeedMLP model(gen, d);
-  optim::TrainerOptions o;
+  train::TrainerOptions o;
   o.accum_steps = 1 << 30;  // never steps: the test decides when gradients are stale
-  optim::Trainer acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
+  train::Trainer acc(std::make_shared<optim::SGD>(std::make_shared<nn::FlatParameters>(model), optim::SGDOptions{}),
                          o);
   const int64_t b = 16;
   std::vector<float> xv(static_cast<std::size_t>(b * 784), 0.5f);

@@ -31,9 +31,9 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/optim_rules.h"
 #include "test_util.h"
@@ -41,10 +41,10 @@
 namespace cumulus {
 namespace {
 
-using optim::Trainer;
-using optim::TrainerOptions;
-using optim::LossScaling;
-using optim::Normalization;
+using train::Trainer;
+using train::TrainerOptions;
+using train::LossScaling;
+using train::Normalization;
 using testing::DeviceTest;
 using testing::max_rel_diff;
 using Weights = std::vector<std::vector<float>>;
@@ -1015,11 +1015,11 @@ TEST_P(AccumulatorTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
 
 TEST(AccumulationScheduleTest, StepsForEpoch) {
   const std::map<int, int> s = {{0, 8}, {4, 2}};
-  for (int e = 0; e < 4; ++e) EXPECT_EQ(optim::accum_steps_for_epoch(s, e), 8) << "epoch " << e;
-  for (int e : {4, 5, 9, 100}) EXPECT_EQ(optim::accum_steps_for_epoch(s, e), 2) << "epoch " << e;
+  for (int e = 0; e < 4; ++e) EXPECT_EQ(train::accum_steps_for_epoch(s, e), 8) << "epoch " << e;
+  for (int e : {4, 5, 9, 100}) EXPECT_EQ(train::accum_steps_for_epoch(s, e), 2) << "epoch " << e;
   const std::map<int, int> t = {{0, 1}, {2, 4}, {5, 3}};
   const int expected[] = {1, 1, 4, 4, 4, 3, 3};
-  for (int e = 0; e < 7; ++e) EXPECT_EQ(optim::accum_steps_for_epoch(t, e), expected[e]) << "epoch " << e;
+  for (int e = 0; e < 7; ++e) EXPECT_EQ(train::accum_steps_for_epoch(t, e), expected[e]) << "epoch " << e;
 }
 
 TEST_P(AccumulatorTest, ScheduleSetsStepsPerEpoch) {
@@ -1220,7 +1220,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
 
   clean_group(t);
   EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "one clean group: not yet";
-  const optim::TrainingCounters mid = t.acc->counters();
+  const train::TrainingCounters mid = t.acc->counters();
   EXPECT_EQ(mid.loss_scale, 32768.0f);
   EXPECT_EQ(mid.loss_scale_clean_steps, 1);
   clean_group(t);
@@ -1236,14 +1236,14 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
   EXPECT_EQ(resumed.acc->counters().loss_scale_clean_steps, 1);
   clean_group(resumed);
   EXPECT_EQ(resumed.acc->loss_scale(), 65536.0f);
-  optim::TrainingCounters broken = mid;
+  train::TrainingCounters broken = mid;
   broken.loss_scale_clean_steps = ls.growth_interval;  // a count the step never leaves behind
   EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
   broken = mid;
   broken.loss_scale = 0.0f;
   EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
   // A scale below the floor (saved before the floor existed) resumes at the floor.
-  optim::TrainingCounters low = mid;
+  train::TrainingCounters low = mid;
   low.loss_scale = 0.25f;
   TinyTrainer floored = make();
   floored.acc->restore(low);
@@ -1401,9 +1401,9 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
     EXPECT_FALSE(m.w.grad().defined()) << "backward ran";
   }
   // The same check on the Trainer's path (eager here; on CUDA the capture calls backward too).
-  optim::TrainerOptions to;
-  static_cast<optim::TrainerOptions&>(to) = ao;
-  optim::Trainer trainer(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), to);
+  train::TrainerOptions to;
+  static_cast<train::TrainerOptions&>(to) = ao;
+  train::Trainer trainer(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), to);
   EXPECT_THROW(trainer.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
   EXPECT_EQ(trainer.micro_batch_index(), 0);
   // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.

@@ -1,7 +1,7 @@
 // The micro-batch planner in the library (cumulus::plan::plan_batch, Note [Planning a micro-batch] in
 // engine/plan/planner.cpp): its table, its choice under a budget in reserved bytes with the
 // optimizer state counted, the verifying probe, recompute, the fallback, and what it restores; the
-// ready-made request over a TensorDataset (optim::plan_request) and require_fit.
+// ready-made request over a TensorDataset (train::plan_request) and require_fit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,7 +22,7 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "engine/plan/fits.h"
 
 namespace cumulus {
@@ -85,9 +85,9 @@ struct Rig {
   // second group runs beside the state the first step allocates). The OutOfMemory's message, or "".
   std::string train_two_steps(const std::shared_ptr<optim::Optimizer>& optimizer, int64_t micro_batch, int64_t accum,
                               int64_t budget) const {
-    optim::TrainerOptions ao;
+    train::TrainerOptions ao;
     ao.accum_steps = static_cast<int>(accum);
-    optim::Trainer acc(optimizer, ao);
+    train::Trainer acc(optimizer, ao);
     allocator_for(kCpu).empty_cache();
     allocator_for(kCpu).reset_peak();
     const LimitGuard limit(budget);
@@ -634,7 +634,7 @@ TEST(PlanBatch, HoldsTheLoopsStateInEveryRow) {
   Synthetic s;
   const plan::Plan without = plan::plan_batch(s.request(64, 0));
   plan::PlanRequest request = s.request(64, 0);
-  request.loop_state = optim::Trainer::state_to_allocate();
+  request.loop_state = train::Trainer::state_to_allocate();
   ASSERT_EQ(request.loop_state.size(), 1u);
   const int64_t table_bytes = rounded(request.loop_state[0]);
   const plan::Plan with = plan::plan_batch(request);
@@ -741,7 +741,7 @@ TEST(PlanBatch, FallsBackToALineThroughTwoProbesWhenRecordingsDoNotMatch) {
   EXPECT_FALSE(none.reason.empty());
 }
 
-// optim::plan_request, the ready-made request over a TensorDataset: its probe is the one its
+// train::plan_request, the ready-made request over a TensorDataset: its probe is the one its
 // documentation describes, written out here (batch 0 of a loader of b samples, the loss backward,
 // the gradients discarded), so both plans are the same, row for row; the sample limit is the
 // dataset's size. It requires a fit: a budget nothing fits in throws
@@ -757,7 +757,7 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
   plan::PlanRequest by_hand = rig.request(adamw, 512, kBudget);
   by_hand.model = nullptr;
   by_hand.unit_limit = 600;
-  by_hand.loop_state = optim::Trainer::state_to_allocate();  // the Trainer's learning-rate table
+  by_hand.loop_state = train::Trainer::state_to_allocate();  // the Trainer's learning-rate table
   by_hand.micro_batch = [&](int64_t b) {
     data::DataLoader loader(dataset, b);
     loader.seek(0);
@@ -766,12 +766,12 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
     rig.flat->mark_gradients_stale();
   };
   const plan::Plan want = plan::plan_batch(by_hand);
-  plan::PlanRequest request = optim::plan_request(adamw, dataset, loss, 512, kBudget);
+  plan::PlanRequest request = train::plan_request(adamw, dataset, loss, 512, kBudget);
   request.micro_batch_seconds = larger_is_faster;  // measured timings could tie differently
   EXPECT_EQ(request.device, kCpu);
   EXPECT_EQ(request.unit_limit, 600);
   EXPECT_TRUE(request.require_fit);
-  EXPECT_EQ(request.loop_state, optim::Trainer::state_to_allocate());
+  EXPECT_EQ(request.loop_state, train::Trainer::state_to_allocate());
   const plan::Plan got = plan::plan_batch(request);
   for (const auto& [name, p] : rig.model->named_parameters())
     EXPECT_FALSE(p.grad().defined()) << name << ": the probes' gradients are discarded";
@@ -784,7 +784,7 @@ TEST(PlanBatch, ThePlanRequestOverADatasetPlansAsTheHandWrittenOne) {
     EXPECT_EQ(got.table[k].reserved_bytes, want.table[k].reserved_bytes) << "micro-batch " << got.table[k].micro_batch;
   }
 
-  plan::PlanRequest tiny = optim::plan_request(adamw, dataset, loss, 512, int64_t{64} << 10);
+  plan::PlanRequest tiny = train::plan_request(adamw, dataset, loss, 512, int64_t{64} << 10);
   try {
     plan::plan_batch(tiny);
     ADD_FAILURE() << "a 64 KiB budget was met";
@@ -809,11 +809,11 @@ TEST(PlanBatch, ThePlanRequestOverADatasetReadAtEachProbe) {
     return ops::cross_entropy((*rig.model)(b.x), b.y, ops::Reduction::Sum);
   };
   optim::AdamW adamw(rig.flat, optim::AdamWOptions{});
-  plan::PlanRequest fixed = optim::plan_request(adamw, dataset, loss, 512, int64_t{24} << 20);
+  plan::PlanRequest fixed = train::plan_request(adamw, dataset, loss, 512, int64_t{24} << 20);
   fixed.micro_batch_seconds = larger_is_faster;
   const plan::Plan want = plan::plan_batch(fixed);
   int reads = 0;
-  plan::PlanRequest request = optim::plan_request(
+  plan::PlanRequest request = train::plan_request(
       adamw,
       [&] {
         ++reads;
@@ -849,7 +849,7 @@ TEST(PlanBatch, AFashionMnistRequestWeighsAndAppliesItsLevers) {
                                      Tensor::zeros(Shape{n}, DType::i32, kCpu), 10};
   };
   models::FashionMnistSplit train = split(64), test = split(16);
-  const optim::BatchLoss loss = [&model](const data::Batch& b) { return model.loss(b.x, b.y, ops::Reduction::Sum); };
+  const train::BatchLoss loss = [&model](const data::Batch& b) { return model.loss(b.x, b.y, ops::Reduction::Sum); };
   models::FashionMnistLevers levers;
   levers.weigh_recompute = true;
   levers.weigh_bf16 = true;

@@ -23,7 +23,7 @@
 #include "cumulus/cumulus.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/mlp.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 
 namespace cumulus::testing {
@@ -330,7 +330,7 @@ TEST_P(PrecisionTest, MemoryTableNamesTheWeightCopies) {
   Generator gen(5);
   models::SeedMLP model(gen, device());
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), optim::TrainerOptions{});
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), train::TrainerOptions{});
   memory::MemoryTracker::Options o;
   o.micro_batch_size = 8;
   o.timeline_steps = 0;
@@ -372,9 +372,9 @@ std::vector<float> train_accumulating(DType compute, Buffers buffers) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
   optim::SGDOptions so;
   so.lr = 0.2f;
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 64;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
   const int64_t n = 64 * 100;
   const std::vector<float> x = uniform_values(n * 32, 0.0f, 1.0f, 12);
   const std::vector<int32_t> y(static_cast<std::size_t>(n), 0);

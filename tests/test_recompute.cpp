@@ -32,7 +32,7 @@
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "engine/plan/prediction.h"
 #include "engine/tensor/tensor_impl.h"
 #include "test_util.h"
@@ -109,9 +109,9 @@ RunResult train(Model& model, const Batch& data, int64_t b, int accum, int group
   optim::SGDOptions so;
   so.lr = 0.05f;
   so.momentum = 0.9f;
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = accum;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, so), ao);
   acc.begin_epoch(0, static_cast<int64_t>(accum) * groups);
   RunResult out;
   int64_t start = 0;
@@ -384,9 +384,9 @@ template <typename Model>
 std::vector<memory::MicroBatchRecord> tracked_run(Model& model, memory::MemoryTracker& tracker, const Batch& data,
                                                   const std::vector<int64_t>& sizes, int64_t per_size) {
   auto flat = std::make_shared<nn::FlatParameters>(model);
-  optim::TrainerOptions ao;
+  train::TrainerOptions ao;
   ao.accum_steps = 2;
-  optim::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
+  train::Trainer acc(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), ao);
   std::vector<memory::MicroBatchRecord> out;
   for (int64_t b : sizes) {
     acc.begin_epoch(0, per_size);

@@ -27,7 +27,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/plan/plan_check.h"
 #include "cumulus/version.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -55,9 +55,9 @@ struct Rig {
     std::shared_ptr<optim::Optimizer> opt;
     if (adamw) opt = std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{});
     else opt = std::make_shared<optim::SGD>(flat, optim::SGDOptions{});
-    optim::TrainerOptions ao;
+    train::TrainerOptions ao;
     ao.accum_steps = 4;
-    acc = std::make_unique<optim::Trainer>(opt, ao);
+    acc = std::make_unique<train::Trainer>(opt, ao);
   }
 
   // One epoch of micro-batches of `b`, tracked; `slow_first` sleeps inside the first forward (a
@@ -86,7 +86,7 @@ struct Rig {
   nn::Sequential model;
   std::shared_ptr<nn::FlatParameters> flat;
   Tensor x, y;
-  std::unique_ptr<optim::Trainer> acc;
+  std::unique_ptr<train::Trainer> acc;
 };
 
 memory::MemoryTracker::Options options(int timeline_steps) {

@@ -57,7 +57,7 @@ TEST(RunConfig, ChoicesBecomeEnums) {
   EXPECT_EQ(c.precision, cumulus::Precision::bf16);
   EXPECT_EQ(c.recompute, RecomputeChoice::on);
   EXPECT_EQ(c.data_on, DataOnChoice::host);
-  EXPECT_EQ(c.normalization, cumulus::optim::Normalization::micro_batches);
+  EXPECT_EQ(c.normalization, cumulus::train::Normalization::micro_batches);
   EXPECT_TRUE(c.device.is_cpu());
   EXPECT_FALSE(c.use_graphs);                       // the CPU has none
   EXPECT_FLOAT_EQ(c.weight_decay, 0.01f);           // AdamW's default, resolved once
@@ -88,7 +88,7 @@ TEST(RunConfig, ChoiceNamesReadBack) {
   for (const char* name : {"mlp", "cnn"}) EXPECT_STREQ(choice_name(parse_choice<ModelKind>(name)), name);
   for (const char* name : {"off", "on", "auto"}) EXPECT_STREQ(choice_name(parse_choice<RecomputeChoice>(name)), name);
   for (const char* name : {"samples", "micro-batches"})
-    EXPECT_STREQ(choice_name(parse_choice<cumulus::optim::Normalization>(name)), name);
+    EXPECT_STREQ(choice_name(parse_choice<cumulus::train::Normalization>(name)), name);
   for (const char* name : {"auto", "fused", "generic"})
     EXPECT_STREQ(choice_name(parse_choice<cumulus::nn::KernelChoice>(name)), name);
 }

@@ -1,4 +1,4 @@
-// The unit of accumulation is the user's (Note [Units] in engine/runtime/trainer.cpp): a token-level
+// The unit of accumulation is the user's (Note [Units] in engine/train/trainer.cpp): a token-level
 // model (embedding -> linear over [B, T, C] -> cross_entropy over [B, T, V], summed over the
 // tokens) trained through the Trainer over sequences of T tokens (TensorDataset::set_units_per_row)
 // steps on the mean gradient per token of each group, a partial last group and an uneven last
@@ -24,7 +24,7 @@
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/random.h"
 
 namespace cumulus {
@@ -91,11 +91,11 @@ TokenRun trainer_run(Opt kind, int epochs, memory::MemoryTracker* tracker = null
   const data::TensorDataset set = token_dataset();
   data::DataLoader loader(set, kRowsPerBatch);
   TokenRun run;
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.accum_steps = kAccum;
   options.tracker = tracker;
-  options.on_step = [&](const optim::StepLog& log) { run.step_losses.push_back(log.loss); };
-  optim::Trainer trainer(make_optimizer(kind, flat), options);
+  options.on_step = [&](const train::StepLog& log) { run.step_losses.push_back(log.loss); };
+  train::Trainer trainer(make_optimizer(kind, flat), options);
   auto loss = [&](const data::Batch& b) { return summed_loss(model, b.x, b.y); };
   for (int e = 0; e < epochs; ++e) trainer.train_epoch(loader, e, loss);
   run.weights = flat->values().to_vector<float>();
@@ -196,7 +196,7 @@ TEST(TokenUnits, PlannerRequestCountsTokens) {
   const data::TensorDataset set = token_dataset();
   auto loss = [&](const data::Batch& b) { return summed_loss(model, b.x, b.y); };
   const int64_t effective = 6 * kTokens;  // 6 sequences, 30 tokens
-  plan::PlanRequest r = optim::plan_request(*opt, set, loss, effective);
+  plan::PlanRequest r = train::plan_request(*opt, set, loss, effective);
   EXPECT_EQ(r.units_per_row, kTokens);
   EXPECT_EQ(r.unit_limit, kSequences * kTokens);
   EXPECT_EQ(r.effective_batch, effective);
@@ -221,7 +221,7 @@ TEST(TokenUnits, PlannerRequestCountsTokens) {
   EXPECT_EQ(plan.largest_probe, *std::max_element(probed.begin(), probed.end()));
   EXPECT_GT(plan.probe_seconds, 0.0);
   EXPECT_NE(plan.reason.find("probes took"), std::string::npos) << plan.reason;
-  EXPECT_THROW(plan::plan_batch(optim::plan_request(*opt, set, loss, 7)), InvalidArgument);  // not whole sequences
+  EXPECT_THROW(plan::plan_batch(train::plan_request(*opt, set, loss, 7)), InvalidArgument);  // not whole sequences
 }
 
 // The tracker records the tokens the Trainer counts; one told sequences and fed tokens says so.

@@ -1,4 +1,4 @@
-// The training API (optim::Trainer, Note [Training API] in engine/runtime/trainer.cpp): eager, its
+// The training API (train::Trainer, Note [Training API] in engine/train/trainer.cpp): eager, its
 // micro_batch is backward(loss, units) driven by hand, bit for bit; set_accum_steps mid-run keeps
 // the optimizer's step count and the LR schedule's position (a new Trainer would restart both), is
 // deferred to the group boundary, outlives the per-epoch schedule and survives a checkpoint; the memory tracker's
@@ -23,9 +23,9 @@
 #include "cumulus/ops/shape.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/random.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -66,7 +66,7 @@ struct Problem {
   nn::Sequential model;
   std::shared_ptr<nn::FlatParameters> flat;
   std::shared_ptr<optim::Optimizer> optimizer;
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   std::shared_ptr<const optim::LRSchedule> schedule = std::make_shared<optim::CosineWarmupLR>(0.02f, 3, 20, 0.002f);
 };
 
@@ -96,8 +96,8 @@ class TrainerTest : public DeviceTest {};
 TEST_P(TrainerTest, WithoutGraphsMicroBatchIsBackwardDrivenByHandBitForBit) {
   Problem by_hand(device()), with_trainer(device());
   by_hand.options.accum_steps = with_trainer.options.accum_steps = 3;
-  optim::Trainer acc(by_hand.optimizer, by_hand.options, by_hand.schedule);
-  optim::Trainer trainer(with_trainer.optimizer, with_trainer.options, with_trainer.schedule);
+  train::Trainer acc(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  train::Trainer trainer(with_trainer.optimizer, with_trainer.options, with_trainer.schedule);
   ASSERT_TRUE(same_bits(by_hand.weights(), with_trainer.weights()));
   for (int epoch = 0; epoch < 2; ++epoch) {
     acc.begin_epoch(epoch, kMicroBatches);
@@ -113,7 +113,7 @@ TEST_P(TrainerTest, WithoutGraphsMicroBatchIsBackwardDrivenByHandBitForBit) {
     }
     EXPECT_EQ(acc.epoch_loss_sum(), trainer.epoch_loss_sum());
   }
-  const optim::Trainer& t = trainer;
+  const train::Trainer& t = trainer;
   EXPECT_EQ(t.optimizer_steps(), acc.optimizer_steps());
   EXPECT_EQ(t.optimizer_steps(), 8 + 2 + 5);  // 8 of 3; then 2 of 3 and 5 of 4 (the last of 2)
   EXPECT_EQ(t.last_lr(), acc.last_lr());
@@ -131,7 +131,7 @@ TEST_P(TrainerTest, WithoutGraphsMicroBatchIsBackwardDrivenByHandBitForBit) {
 TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
   Problem s(device());
   s.options.accum_steps = 2;
-  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  train::Trainer trainer(s.optimizer, s.options, s.schedule);
   StepLog log;
   for (int epoch = 0; epoch < 2; ++epoch) {
     trainer.begin_epoch(epoch, kMicroBatches);
@@ -149,7 +149,7 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
 
   Problem r(device());
   r.options.schedule = {{0, 2}, {1, 4}};
-  optim::Trainer ref(r.optimizer, r.options, r.schedule);
+  train::Trainer ref(r.optimizer, r.options, r.schedule);
   StepLog expected;
   const std::vector<std::pair<int64_t, int64_t>> epochs = {{0, 8}, {8, kMicroBatches}, {0, kMicroBatches}};
   for (std::size_t e = 0; e < epochs.size(); ++e) {
@@ -175,7 +175,7 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
 TEST_P(TrainerTest, SetAccumStepsAtABoundaryAppliesAtOnceAndOutlivesTheEpochSchedule) {
   Problem s(device());
   s.options.schedule = {{0, 2}, {1, 3}};
-  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  train::Trainer trainer(s.optimizer, s.options, s.schedule);
   trainer.begin_epoch(0, 4);
   for (int64_t i = 0; i < 2; ++i) {
     trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
@@ -202,8 +202,8 @@ TEST_P(TrainerTest, SetAccumStepsAtABoundaryAppliesAtOnceAndOutlivesTheEpochSche
 TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
   Problem a(device()), b(device());
   a.options.accum_steps = b.options.accum_steps = 2;
-  optim::Trainer first(a.optimizer, a.options, a.schedule);
-  optim::TrainingCounters saved;
+  train::Trainer first(a.optimizer, a.options, a.schedule);
+  train::TrainingCounters saved;
   Tensor weights;
   std::vector<std::pair<std::string, Tensor>> state;
   int64_t updates = 0;
@@ -227,7 +227,7 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
   Tensor values = b.flat->values();  // a handle on the flat buffer
   values.copy_from(weights);
   b.optimizer->load_state(state, updates);
-  optim::Trainer resumed(b.optimizer, b.options, b.schedule);
+  train::Trainer resumed(b.optimizer, b.options, b.schedule);
   resumed.restore(saved);
   resumed.begin_epoch(saved.epoch, kMicroBatches, saved.micro_batch_index);
   EXPECT_EQ(resumed.accum_steps(), 3);
@@ -252,7 +252,7 @@ TEST_P(TrainerTest, TrackerRecordsEveryMicroBatchAndStepWithoutManualCalls) {
   memory::MemoryTracker later(device(), to);
   s.options.accum_steps = 5;
   s.options.tracker = &tracker;
-  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  train::Trainer trainer(s.optimizer, s.options, s.schedule);
   for (int epoch = 0; epoch < 2; ++epoch) {
     if (epoch == 1) trainer.set_tracker(&later);
     trainer.begin_epoch(epoch, kMicroBatches);
@@ -287,7 +287,7 @@ TEST_P(TrainerTest, RefusesGraphsWithoutACudaDevice) {
   if (device().is_cuda()) GTEST_SKIP() << "graphs are allowed on CUDA (test_graphs.cpp)";
   Problem s(device());
   s.options.use_graphs = true;
-  EXPECT_THROW(optim::Trainer(s.optimizer, s.options, s.schedule), InvalidArgument);
+  EXPECT_THROW(train::Trainer(s.optimizer, s.options, s.schedule), InvalidArgument);
 }
 
 // ---- conveniences over a DataLoader (train_epoch, evaluate_classifier) ------------------------
@@ -303,8 +303,8 @@ data::DataLoader problem_loader(const Problem& s) {
 TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
   Problem by_hand(device()), with_helper(device());
   by_hand.options.accum_steps = with_helper.options.accum_steps = 5;
-  optim::Trainer reference(by_hand.optimizer, by_hand.options, by_hand.schedule);
-  optim::Trainer trainer(with_helper.optimizer, with_helper.options, with_helper.schedule);
+  train::Trainer reference(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  train::Trainer trainer(with_helper.optimizer, with_helper.options, with_helper.schedule);
   data::DataLoader reference_loader = problem_loader(by_hand), loader = problem_loader(with_helper);
   ASSERT_EQ(loader.num_batches(), kMicroBatches);
   auto loss_of = [&](const data::Batch& b) {
@@ -322,7 +322,7 @@ TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
       reference.step_if_ready();
     }
     const double mean_loss = trainer.train_epoch(loader, epoch, loss_of);
-    const optim::Trainer& r = reference;
+    const train::Trainer& r = reference;
     EXPECT_EQ(mean_loss, r.epoch_loss_sum() / r.epoch_units_stepped()) << "epoch " << epoch;
     EXPECT_EQ(trainer.optimizer_steps(), 5 * (epoch + 1)) << "four groups of 5, one of 4";
     EXPECT_TRUE(same_bits(by_hand.weights(), with_helper.weights())) << "epoch " << epoch;
@@ -336,10 +336,10 @@ TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
 TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {
   Problem by_hand(device()), logged(device());
   by_hand.options.accum_steps = logged.options.accum_steps = 5;
-  std::vector<optim::StepLog> logs;
-  logged.options.on_step = [&](const optim::StepLog& l) { logs.push_back(l); };
-  optim::Trainer reference(by_hand.optimizer, by_hand.options, by_hand.schedule);
-  optim::Trainer trainer(logged.optimizer, logged.options, logged.schedule);
+  std::vector<train::StepLog> logs;
+  logged.options.on_step = [&](const train::StepLog& l) { logs.push_back(l); };
+  train::Trainer reference(by_hand.optimizer, by_hand.options, by_hand.schedule);
+  train::Trainer trainer(logged.optimizer, logged.options, logged.schedule);
   data::DataLoader reference_loader = problem_loader(by_hand), loader = problem_loader(logged);
   auto loss_of = [&](const data::Batch& b) { return ops::cross_entropy(logged.model(b.x), b.y, ops::Reduction::Sum); };
   std::vector<double> group_losses, lrs;
@@ -378,8 +378,8 @@ TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {
 TEST_P(TrainerTest, TrainEpochStoppedAndResumedAtABoundaryTrainsTheSameBits) {
   Problem whole(device()), split(device());
   whole.options.accum_steps = split.options.accum_steps = 5;
-  optim::Trainer reference(whole.optimizer, whole.options, whole.schedule);
-  optim::Trainer trainer(split.optimizer, split.options, split.schedule);
+  train::Trainer reference(whole.optimizer, whole.options, whole.schedule);
+  train::Trainer trainer(split.optimizer, split.options, split.schedule);
   data::DataLoader reference_loader = problem_loader(whole), loader = problem_loader(split);
   auto whole_loss = [&](const data::Batch& b) {
     return ops::cross_entropy(whole.model(b.x), b.y, ops::Reduction::Sum);
@@ -389,16 +389,16 @@ TEST_P(TrainerTest, TrainEpochStoppedAndResumedAtABoundaryTrainsTheSameBits) {
   };
   for (int epoch = 0; epoch < 2; ++epoch) {
     reference.train_epoch(reference_loader, epoch, whole_loss);
-    optim::EpochOptions stop_at_10;
+    train::EpochOptions stop_at_10;
     stop_at_10.stop = [](int64_t next) { return next == 10; };
-    const optim::EpochResult first_part = trainer.train_epoch(loader, epoch, split_loss, stop_at_10);
+    const train::EpochResult first_part = trainer.train_epoch(loader, epoch, split_loss, stop_at_10);
     EXPECT_FALSE(first_part.finished);
     EXPECT_EQ(first_part.next_micro_batch, 10);
     EXPECT_EQ(trainer.micro_batches_in_group(), 0);
     EXPECT_EQ(trainer.counters().micro_batch_index, 10);
-    optim::EpochOptions resume;
+    train::EpochOptions resume;
     resume.first = first_part.next_micro_batch;
-    const optim::EpochResult rest = trainer.train_epoch(loader, epoch, split_loss, resume);
+    const train::EpochResult rest = trainer.train_epoch(loader, epoch, split_loss, resume);
     EXPECT_TRUE(rest.finished);
     EXPECT_EQ(rest.next_micro_batch, kMicroBatches);
     EXPECT_EQ(trainer.optimizer_steps(), reference.optimizer_steps()) << "epoch " << epoch;
@@ -413,21 +413,21 @@ TEST_P(TrainerTest, TrainEpochStoppedAndResumedAtABoundaryTrainsTheSameBits) {
 TEST_P(TrainerTest, TrainEpochHooksAreCalledPerMicroBatchStepAndBoundary) {
   Problem s(device());
   s.options.accum_steps = 5;
-  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  train::Trainer trainer(s.optimizer, s.options, s.schedule);
   data::DataLoader loader = problem_loader(s);
   std::vector<int64_t> asked, stepped_after, seen;
   int64_t units = 0;
-  optim::EpochOptions options;
+  train::EpochOptions options;
   options.stop = [&](int64_t next) {
     asked.push_back(next);
     return false;
   };
-  options.on_step = [&](const optim::MicroBatchDone& d) {
+  options.on_step = [&](const train::MicroBatchDone& d) {
     EXPECT_TRUE(d.stepped);
     EXPECT_EQ(static_cast<int64_t>(seen.size()), d.index) << "before its on_micro_batch";
     stepped_after.push_back(d.index);
   };
-  options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+  options.on_micro_batch = [&](const train::MicroBatchDone& d) {
     EXPECT_EQ(d.index, static_cast<int64_t>(seen.size()));
     EXPECT_EQ(d.units, s.samples(d.index));
     units += d.units;
@@ -436,7 +436,7 @@ TEST_P(TrainerTest, TrainEpochHooksAreCalledPerMicroBatchStepAndBoundary) {
     EXPECT_EQ(d.stepped, d.index % 5 == 4 || d.index == kMicroBatches - 1);
     seen.push_back(d.index);
   };
-  const optim::EpochResult r = trainer.train_epoch(
+  const train::EpochResult r = trainer.train_epoch(
       loader, 0, [&](const data::Batch& b) { return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum); },
       options);
   EXPECT_TRUE(r.finished);
@@ -454,17 +454,17 @@ TEST_P(TrainerTest, TrainEpochHooksAreCalledPerMicroBatchStepAndBoundary) {
 TEST_P(TrainerTest, TrainEpochStopRequestedMidGroupWaitsForTheBoundary) {
   Problem s(device());
   s.options.accum_steps = 5;
-  optim::Trainer trainer(s.optimizer, s.options, s.schedule);
+  train::Trainer trainer(s.optimizer, s.options, s.schedule);
   data::DataLoader loader = problem_loader(s);
   bool requested = false;
   int64_t micro_batches = 0;
-  optim::EpochOptions options;
+  train::EpochOptions options;
   options.stop = [&](int64_t) { return requested; };
-  options.on_micro_batch = [&](const optim::MicroBatchDone& d) {
+  options.on_micro_batch = [&](const train::MicroBatchDone& d) {
     ++micro_batches;
     if (d.index == 6) requested = true;
   };
-  const optim::EpochResult r = trainer.train_epoch(
+  const train::EpochResult r = trainer.train_epoch(
       loader, 0, [&](const data::Batch& b) { return ops::cross_entropy(s.model(b.x), b.y, ops::Reduction::Sum); },
       options);
   EXPECT_FALSE(r.finished);
@@ -481,11 +481,11 @@ TEST_P(TrainerTest, EvaluateClassifierBeforeBatchHook) {
   Problem s(device());
   data::DataLoader loader(data::TensorDataset({s.x, s.y}), 10);
   std::vector<int64_t> seen;
-  optim::evaluate_classifier(s.model, loader, [&](int64_t i) { seen.push_back(i); });
+  train::evaluate_classifier(s.model, loader, [&](int64_t i) { seen.push_back(i); });
   EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
   struct Stop {};
   s.model.train(true);
-  EXPECT_THROW(optim::evaluate_classifier(s.model, loader,
+  EXPECT_THROW(train::evaluate_classifier(s.model, loader,
                                           [](int64_t i) {
                                             if (i == 3) throw Stop{};
                                           }),
@@ -517,7 +517,7 @@ TEST_P(TrainerTest, EvaluateClassifierCountsEveryBatch) {
   loader.seek(3);  // the pass reads from the first batch wherever the cursor was
   for (const bool training : {true, false}) {
     s.model.train(training);
-    const optim::Evaluation e = optim::evaluate_classifier(s.model, loader);
+    const train::Evaluation e = train::evaluate_classifier(s.model, loader);
     EXPECT_EQ(s.model.is_training(), training) << "the mode is restored";
     EXPECT_EQ(e.samples, kRows);
     EXPECT_EQ(e.correct, correct);

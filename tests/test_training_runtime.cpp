@@ -41,9 +41,9 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/plan/plan_check.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/accumulation.h"
-#include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/accumulation.h"
+#include "cumulus/train/checkpoint.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/version.h"
 #include "test_util.h"
@@ -76,13 +76,13 @@ struct Classifier {
     optim::AdamWOptions a;
     a.lr = 0.03f;
     optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), a);
-    optim::TrainerOptions options;
+    train::TrainerOptions options;
     options.accum_steps = 3;
-    trainer = std::make_unique<optim::Trainer>(optimizer, options,
+    trainer = std::make_unique<train::Trainer>(optimizer, options,
                                                std::make_shared<optim::CosineWarmupLR>(0.03f, 2, 20, 0.003f));
     loader = std::make_unique<data::DataLoader>(data::TensorDataset({x, y}, {"x", "y"}), kBatch, true, 9);
   }
-  optim::EpochResult epoch(int index, optim::EpochOptions options = {}) {
+  train::EpochResult epoch(int index, train::EpochOptions options = {}) {
     return trainer->train_epoch(
         *loader, index, [&](const data::Batch& b) { return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); },
         options);
@@ -92,16 +92,16 @@ struct Classifier {
   Tensor x, y;
   nn::Sequential model;
   std::shared_ptr<optim::Optimizer> optimizer;
-  std::unique_ptr<optim::Trainer> trainer;
+  std::unique_ptr<train::Trainer> trainer;
   std::unique_ptr<data::DataLoader> loader;
 };
 
-std::vector<optim::RecordedSetting> settings(const std::string& lr) {
+std::vector<train::RecordedSetting> settings(const std::string& lr) {
   return {{"batch-size", "micro_batch_size", "4"}, {"lr", "lr", lr, /*overridable=*/true}};
 }
 
-optim::ResumeOptions resume_options(const std::string& lr) {
-  optim::ResumeOptions r;
+train::ResumeOptions resume_options(const std::string& lr) {
+  train::ResumeOptions r;
   r.settings = settings(lr);
   r.micro_batches_per_epoch = 23;
   r.units_per_epoch = kRows;
@@ -116,18 +116,18 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   for (int e = 0; e < 2; ++e) whole.epoch(e);
 
   first.epoch(0);
-  optim::EpochOptions stop_at_9;
+  train::EpochOptions stop_at_9;
   stop_at_9.stop = [](int64_t next) { return next == 9; };
   ASSERT_FALSE(first.epoch(1, stop_at_9).finished);
-  const optim::CheckpointState state{first.trainer->counters(), first.optimizer->updates(),
+  const train::CheckpointState state{first.trainer->counters(), first.optimizer->updates(),
                                      first.trainer->epoch_loss_sum(),
                                      static_cast<int64_t>(first.trainer->epoch_units_stepped())};
-  optim::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, state, settings("0.03"),
+  train::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, state, settings("0.03"),
                                   {{"app.note", "kept"}});
-  EXPECT_TRUE(optim::is_training_checkpoint(dir.file("ck.st")));
+  EXPECT_TRUE(train::is_training_checkpoint(dir.file("ck.st")));
 
-  const optim::ResumedCheckpoint r =
-      optim::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03"));
+  const train::ResumedCheckpoint r =
+      train::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03"));
   EXPECT_EQ(r.state.counters.epoch, 1);
   EXPECT_EQ(r.state.counters.micro_batch_index, 9);
   EXPECT_EQ(r.state.counters.optimizer_steps, state.counters.optimizer_steps);
@@ -137,7 +137,7 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   EXPECT_TRUE(r.overridden.empty());
   EXPECT_EQ(r.metadata.at("app.note"), "kept");
   second.trainer->restore(r.state.counters);
-  optim::EpochOptions from_9;
+  train::EpochOptions from_9;
   from_9.first = r.state.counters.micro_batch_index;
   EXPECT_TRUE(second.epoch(1, from_9).finished);
   EXPECT_EQ(second.trainer->optimizer_steps(), whole.trainer->optimizer_steps());
@@ -153,7 +153,7 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   for (int e = 0; e < 2; ++e) whole.epoch(e);
   const double whole_last_loss = whole.trainer->epoch_loss_sum() / whole.trainer->epoch_units_stepped();
 
-  optim::ResumePoint point(*failing.trainer, {});
+  train::ResumePoint point(*failing.trainer, {});
   failing.epoch(0, point.begin_epoch(0));
   point.end_epoch();
   int64_t calls = 0;
@@ -169,16 +169,16 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   } catch (const OutOfMemory&) {
   }
   EXPECT_EQ(failing.trainer->micro_batch_index(), 10) << "the group in flight";
-  const optim::CheckpointState state = point.state();
+  const train::CheckpointState state = point.state();
   EXPECT_EQ(state.counters.epoch, 1);
   EXPECT_EQ(state.counters.micro_batch_index, 9);
   EXPECT_EQ(state.epoch_units, 9 * kBatch);
-  optim::save_training_checkpoint(dir.file("ck.st"), failing.model, *failing.optimizer, state, settings("0.03"));
+  train::save_training_checkpoint(dir.file("ck.st"), failing.model, *failing.optimizer, state, settings("0.03"));
 
-  const optim::ResumedCheckpoint r =
-      optim::load_training_checkpoint(dir.file("ck.st"), resumed.model, *resumed.optimizer, resume_options("0.03"));
+  const train::ResumedCheckpoint r =
+      train::load_training_checkpoint(dir.file("ck.st"), resumed.model, *resumed.optimizer, resume_options("0.03"));
   resumed.trainer->restore(r.state.counters);
-  optim::ResumePoint resumed_point(*resumed.trainer, r.state);
+  train::ResumePoint resumed_point(*resumed.trainer, r.state);
   EXPECT_EQ(resumed_point.epoch(), 1);
   EXPECT_TRUE(resumed.epoch(1, resumed_point.begin_epoch(1)).finished);
   EXPECT_EQ(resumed.weights(), whole.weights());
@@ -190,7 +190,7 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   EXPECT_EQ(resumed_point.state().epoch_loss_sum, 0.0);
 }
 
-optim::BatchLoss loss_of(Classifier& c) {
+train::BatchLoss loss_of(Classifier& c) {
   return [&c](const data::Batch& b) { return ops::cross_entropy(c.model(b.x), b.y, ops::Reduction::Sum); };
 }
 
@@ -198,7 +198,7 @@ optim::BatchLoss loss_of(Classifier& c) {
 // epoch's start; a stop asked after an epoch's checkpoint ends the run there.
 TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
   Classifier c;
-  const optim::BatchLoss loss = loss_of(c);
+  const train::BatchLoss loss = loss_of(c);
   std::vector<std::string> calls;
   cumulus::app::FitOptions fit;
   fit.epochs = 3;
@@ -211,7 +211,7 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
     EXPECT_GT(e.seconds, 0.0);
     EXPECT_GT(e.peak_bytes, 0);
   };
-  fit.checkpoint = [&](const optim::CheckpointState& s) {
+  fit.checkpoint = [&](const train::CheckpointState& s) {
     calls.push_back("checkpoint " + std::to_string(s.counters.epoch) + ":" +
                     std::to_string(s.counters.micro_batch_index));
   };
@@ -262,7 +262,7 @@ TEST(Fit, EachEpochCountsItsOwnSkippedSteps) {
   Classifier c;
   const int64_t per_epoch = c.loader->num_batches();
   int64_t calls = 0;
-  const optim::BatchLoss loss = [&](const data::Batch& b) {
+  const train::BatchLoss loss = [&](const data::Batch& b) {
     const Tensor sum = ops::cross_entropy(c.model(b.x), b.y, ops::Reduction::Sum);
     return calls++ == per_epoch ? sum * std::numeric_limits<float>::quiet_NaN() : sum;
   };
@@ -293,18 +293,18 @@ TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
   cumulus::app::FitOptions stopping = fit;
   stopping.stop = [&] { return first.trainer->epoch() == 1 && first.trainer->micro_batch_index() == 9; };
   stopping.on_epoch_end = {};
-  const optim::BatchLoss first_loss = loss_of(first);
+  const train::BatchLoss first_loss = loss_of(first);
   cumulus::app::FitLoop loop(*first.trainer, *first.loader, first_loss, stopping);
   const cumulus::app::FitResult r = loop.run();
   ASSERT_EQ(r.end, cumulus::app::FitEnd::stopped_in_epoch);
   EXPECT_EQ(r.epoch, 1);
   EXPECT_EQ(r.next_micro_batch, 9);
   EXPECT_EQ(loop.state().counters.micro_batch_index, 9);
-  optim::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, r.state, settings("0.03"));
+  train::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, r.state, settings("0.03"));
 
   cumulus::app::FitOptions resumed = fit;
   resumed.start =
-      optim::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03")).state;
+      train::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03")).state;
   second.trainer->restore(resumed.start.counters);
   std::vector<cumulus::app::EpochSummary> summaries;
   resumed.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { summaries.push_back(e); };
@@ -321,10 +321,10 @@ TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
 
 // Equal floats give equal text, the shortest that reads back as the same float.
 TEST(TrainingCheckpoint, FloatSettingsReadBackExactly) {
-  EXPECT_EQ(optim::setting_text(0.001f), "0.001");
-  EXPECT_EQ(optim::setting_text(0.9f), "0.9");
+  EXPECT_EQ(train::setting_text(0.001f), "0.001");
+  EXPECT_EQ(train::setting_text(0.9f), "0.9");
   for (float v : {0.1f + 0.2f, 1.0f / 3.0f, 3e-8f, 123456.789f})
-    EXPECT_EQ(std::strtof(optim::setting_text(v).c_str(), nullptr), v) << optim::setting_text(v);
+    EXPECT_EQ(std::strtof(train::setting_text(v).c_str(), nullptr), v) << train::setting_text(v);
 }
 
 // Each use takes its rows in the table's order, a row that does not apply to the run left out; the
@@ -338,7 +338,7 @@ TEST(SettingsTable, EachUseTakesItsRowsThatApply) {
   using Text = cumulus::app::SettingText;
   const cumulus::app::SettingsTable<Run> table({
       {"lr", "lr", true, cumulus::app::kCheckpoint | cumulus::app::kMemoryReport, nullptr,
-       [](const Run& r) -> Text { return optim::setting_text(r.lr); }},
+       [](const Run& r) -> Text { return train::setting_text(r.lr); }},
       {"epochs", "num_epochs", false, cumulus::app::kCheckpoint | cumulus::app::kRanksAgree, "1",
        [](const Run& r) -> Text { return std::to_string(r.epochs); }, " (in all)"},
       {"min-lr", "min_lr", true, cumulus::app::kCheckpoint, nullptr,
@@ -348,7 +348,7 @@ TEST(SettingsTable, EachUseTakesItsRowsThatApply) {
   using Named = std::vector<std::pair<std::string, std::string>>;
   EXPECT_EQ(table.named(cumulus::app::kMemoryReport, run), (Named{{"lr", "0.5"}}));
   EXPECT_EQ(table.named(cumulus::app::kRanksAgree, run), (Named{{"epochs", "3"}}));
-  const std::vector<optim::RecordedSetting> recorded = table.recorded(run);
+  const std::vector<train::RecordedSetting> recorded = table.recorded(run);
   ASSERT_EQ(recorded.size(), 2u);  // min-lr does not apply without the cosine
   EXPECT_EQ(recorded[1].key, "num_epochs");
   EXPECT_EQ(recorded[1].before_recorded, std::optional<std::string>("1"));
@@ -376,24 +376,24 @@ TEST(TrainingCheckpoint, SettingsMustMatchUnlessOverridden) {
   TempDir dir;
   Classifier run, other;
   run.epoch(0);
-  optim::save_training_checkpoint(dir.file("ck.st"), run.model, *run.optimizer,
+  train::save_training_checkpoint(dir.file("ck.st"), run.model, *run.optimizer,
                                   {run.trainer->counters(), run.optimizer->updates(), 0.0, 0}, settings("0.03"));
   try {
-    optim::load_training_checkpoint(dir.file("ck.st"), other.model, *other.optimizer, resume_options("0.01"));
+    train::load_training_checkpoint(dir.file("ck.st"), other.model, *other.optimizer, resume_options("0.01"));
     FAIL() << "a different lr was accepted";
-  } catch (const optim::SettingMismatch& e) {
+  } catch (const train::SettingMismatch& e) {
     EXPECT_NE(std::string(e.what()).find("--lr 0.03, this run has 0.01"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--override lr"), std::string::npos) << e.what();
   }
-  optim::ResumeOptions allowed = resume_options("0.01");
+  train::ResumeOptions allowed = resume_options("0.01");
   allowed.overrides = {"lr"};
-  const optim::ResumedCheckpoint r =
-      optim::load_training_checkpoint(dir.file("ck.st"), other.model, *other.optimizer, allowed);
+  const train::ResumedCheckpoint r =
+      train::load_training_checkpoint(dir.file("ck.st"), other.model, *other.optimizer, allowed);
   EXPECT_EQ(r.overridden, std::vector<std::string>{"lr 0.03 -> 0.01"});
 
   io::save_state_dict(dir.file("plain.st"), run.model);
-  EXPECT_FALSE(optim::is_training_checkpoint(dir.file("plain.st")));
-  EXPECT_THROW(optim::load_training_checkpoint(dir.file("plain.st"), other.model, *other.optimizer, allowed), Error);
+  EXPECT_FALSE(train::is_training_checkpoint(dir.file("plain.st")));
+  EXPECT_THROW(train::load_training_checkpoint(dir.file("plain.st"), other.model, *other.optimizer, allowed), Error);
 }
 
 // A flipped byte fails the checksum, and a position outside this run's epoch is refused: both name the file.
@@ -401,14 +401,14 @@ TEST(TrainingCheckpoint, DamagedOrForeignCheckpointsNameTheFile) {
   TempDir dir;
   Classifier run, other;
   run.epoch(0);
-  optim::save_training_checkpoint(dir.file("ck.st"), run.model, *run.optimizer,
+  train::save_training_checkpoint(dir.file("ck.st"), run.model, *run.optimizer,
                                   {run.trainer->counters(), run.optimizer->updates(), 0.0, 0}, settings("0.03"));
-  optim::ResumeOptions shorter = resume_options("0.03");
+  train::ResumeOptions shorter = resume_options("0.03");
   shorter.micro_batches_per_epoch = 10;  // the checkpoint is at micro-batch 23, the epoch's end
   try {
-    optim::load_training_checkpoint(dir.file("ck.st"), other.model, *other.optimizer, shorter);
+    train::load_training_checkpoint(dir.file("ck.st"), other.model, *other.optimizer, shorter);
     FAIL() << "a position outside the epoch was accepted";
-  } catch (const optim::SettingMismatch&) {
+  } catch (const train::SettingMismatch&) {
     FAIL() << "not a setting";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(dir.file("ck.st")), std::string::npos) << e.what();
@@ -417,7 +417,7 @@ TEST(TrainingCheckpoint, DamagedOrForeignCheckpointsNameTheFile) {
   bytes[bytes.size() - 3] ^= 0x10;
   io::write_file_atomic(dir.file("flipped.st"), bytes);
   EXPECT_THROW(
-      optim::load_training_checkpoint(dir.file("flipped.st"), other.model, *other.optimizer, resume_options("0.03")),
+      train::load_training_checkpoint(dir.file("flipped.st"), other.model, *other.optimizer, resume_options("0.03")),
       Error);
 }
 
@@ -515,21 +515,21 @@ TEST(TrainingProgress, PlainLinesAboutEveryTenthOfTheEpoch) {
 
 // "EPOCH:STEPS,..." from epoch 0, and the steps a run of such epochs takes.
 TEST(AccumulationSchedule, ParsedFromTextAndCountedOverTheRun) {
-  EXPECT_EQ(optim::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
+  EXPECT_EQ(train::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
   for (const char* bad : {"", "1:4", "0:4,0:2", "0:0", "0:x", "0:4,", "4", "0:4,2"}) {
     try {
-      optim::parse_accum_schedule(bad);
+      train::parse_accum_schedule(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()).rfind("'" + std::string(bad) + "': ", 0), 0u) << e.what();
     }
   }
-  EXPECT_EQ(optim::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
-  EXPECT_EQ(optim::parse_accum_schedule(optim::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
+  EXPECT_EQ(train::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
+  EXPECT_EQ(train::parse_accum_schedule(train::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
             (std::map<int, int>{{0, 3}, {7, 1}, {9, 12}}));
   // 10 micro-batches an epoch: groups of 4 (3 steps, the last of 2) in epochs 0-1, of 2 (5 steps) after.
-  EXPECT_EQ(optim::optimizer_steps_in_epochs({{0, 4}, {2, 2}}, 10, 3), 3 + 3 + 5);
-  EXPECT_EQ(optim::optimizer_steps_in_epochs({{0, 1}}, 10, 0), 0);
+  EXPECT_EQ(train::optimizer_steps_in_epochs({{0, 4}, {2, 2}}, 10, 3), 3 + 3 + 5);
+  EXPECT_EQ(train::optimizer_steps_in_epochs({{0, 1}}, 10, 0), 0);
 }
 
 // The plan's table: one line per weighed setting, a header, one line per row with the chosen starred,

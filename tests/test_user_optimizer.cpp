@@ -24,7 +24,7 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
 
@@ -139,11 +139,11 @@ struct AdagradRun {
   nn::Linear model{kIn, kOut, gen};
   std::shared_ptr<nn::FlatParameters> flat = std::make_shared<nn::FlatParameters>(model);
   std::shared_ptr<Adagrad> optimizer = std::make_shared<Adagrad>(flat, kLr, kWeightDecay, kEps);
-  std::unique_ptr<optim::Trainer> trainer;
+  std::unique_ptr<train::Trainer> trainer;
 
-  AdagradRun() { trainer = std::make_unique<optim::Trainer>(optimizer, options()); }
-  static optim::TrainerOptions options() {
-    optim::TrainerOptions o;
+  AdagradRun() { trainer = std::make_unique<train::Trainer>(optimizer, options()); }
+  static train::TrainerOptions options() {
+    train::TrainerOptions o;
     o.accum_steps = kAccumSteps;
     o.skip_non_finite = false;  // nothing to guard; the norm is not needed
     return o;
@@ -213,14 +213,14 @@ TEST(UserOptimizer, AdagradStateGoesThroughACheckpoint) {
     saved.emplace_back(name, Tensor::from_vector(t.to_vector<float>(), t.shape()));
   ASSERT_EQ(saved.size(), 1u);
   EXPECT_EQ(saved[0].first, "sum");
-  const optim::TrainingCounters counters = run.trainer->counters();
+  const train::TrainingCounters counters = run.trainer->counters();
   const int64_t updates = run.optimizer->updates();
   run.trainer.reset();
   run.optimizer = std::make_shared<Adagrad>(run.flat, kLr, kWeightDecay, kEps);
   EXPECT_EQ(run.optimizer->state_to_allocate().size(), 1u) << "nothing held before the load";
   run.optimizer->load_state(saved, updates);
   EXPECT_TRUE(run.optimizer->state_to_allocate().empty()) << "the load allocated the state";
-  run.trainer = std::make_unique<optim::Trainer>(run.optimizer, AdagradRun::options());
+  run.trainer = std::make_unique<train::Trainer>(run.optimizer, AdagradRun::options());
   run.trainer->restore(counters);
   for (int epoch = 1; epoch < 3; ++epoch) {
     run.epoch(d, epoch);

@@ -10,22 +10,22 @@
 
 namespace cumulus::app {
 
-FitLoop::FitLoop(optim::Trainer& trainer, data::DataLoader& loader, const optim::BatchLoss& loss,
+FitLoop::FitLoop(train::Trainer& trainer, data::DataLoader& loader, const train::BatchLoss& loss,
                  const FitOptions& options)
     : trainer_(trainer), loader_(loader), loss_(loss), options_(options), point_(trainer, options.start) {}
 
 // One epoch's training from the resume point; false when a stop ended it at a group boundary.
 bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
   TrainingProgress* progress = options_.progress;
-  optim::EpochOptions hooks;
+  train::EpochOptions hooks;
   if (options_.stop) hooks.stop = [this](int64_t) { return stop_asked(); };
   CachingAllocator& allocator = allocator_for(trainer_.optimizer().parameters().device());
   allocator.reset_peak();
-  hooks.on_step = [&](const optim::MicroBatchDone& done) {
+  hooks.on_step = [&](const train::MicroBatchDone& done) {
     summary.peak_bytes = std::max(summary.peak_bytes, allocator.stats().allocated_peak);
     if (options_.on_step) options_.on_step(done);
   };
-  hooks.on_micro_batch = [&](const optim::MicroBatchDone& done) {
+  hooks.on_micro_batch = [&](const train::MicroBatchDone& done) {
     // A tracker's record: a step after the micro-batch has reset the allocator's peak since.
     const memory::MemoryTracker* tracker = trainer_.tracker();
     if (done.trained_here)
@@ -37,10 +37,10 @@ bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
       progress->update(done.index + 1, point_.mean_loss(), summary.units_trained);
   };
   const auto t0 = std::chrono::steady_clock::now();
-  const optim::EpochOptions epoch_options = point_.begin_epoch(epoch, hooks);
+  const train::EpochOptions epoch_options = point_.begin_epoch(epoch, hooks);
   summary.first_micro_batch = epoch_options.first;
   if (progress) progress->begin_epoch(epoch, loader_.num_batches(), epoch_options.first);
-  const optim::EpochResult trained = trainer_.train_epoch(loader_, epoch, loss_, epoch_options);
+  const train::EpochResult trained = trainer_.train_epoch(loader_, epoch, loss_, epoch_options);
   if (progress) progress->end_epoch();
   if (!trained.finished) {
     result.end = FitEnd::stopped_in_epoch;
@@ -103,7 +103,7 @@ FitResult FitLoop::run() {
   return result;
 }
 
-FitResult fit(optim::Trainer& trainer, data::DataLoader& loader, const optim::BatchLoss& loss,
+FitResult fit(train::Trainer& trainer, data::DataLoader& loader, const train::BatchLoss& loss,
               const FitOptions& options) {
   return FitLoop(trainer, loader, loss, options).run();
 }

@@ -10,9 +10,9 @@
 //   fit.stop = [] { return app::stop_requested(); };             // common/stop_signal.h
 //   fit.on_epoch_end = [&](const app::EpochSummary& e) {
 //     std::printf("epoch %d: loss %.4f, test accuracy %.3f\n", e.epoch + 1, e.train_loss,
-//                 optim::evaluate_classifier(model, test_loader).accuracy);
+//                 train::evaluate_classifier(model, test_loader).accuracy);
 //   };
-//   fit.checkpoint = [&](const optim::CheckpointState& s) { save_training_checkpoint(path, model, opt, s, settings); };
+//   fit.checkpoint = [&](const train::CheckpointState& s) { save_training_checkpoint(path, model, opt, s, settings); };
 //   const app::FitResult r = app::fit(trainer, loader, loss, fit);
 //   if (r.end != app::FitEnd::finished) { /* stopped: the checkpoint of r.state is what to write */ }
 //
@@ -25,8 +25,8 @@
 #include <functional>
 
 #include "common/progress.h"
-#include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/checkpoint.h"
+#include "cumulus/train/trainer.h"
 
 namespace cumulus::app {
 
@@ -54,7 +54,7 @@ struct EpochSummary {
 struct FitOptions {
   int epochs = 1;  // the run's last epoch + 1 (a resumed run's earlier epochs included)
   // Where the run starts: a resumed checkpoint's state (Trainer::restore called before), or epoch 0.
-  optim::CheckpointState start;
+  train::CheckpointState start;
   // Asked at every group boundary and after each epoch's checkpoint (data parallel: on every rank at
   // the same points, so it may be a collective such as stop_requested_on_any_rank). Empty: never.
   std::function<bool()> stop;
@@ -66,11 +66,11 @@ struct FitOptions {
   std::function<void(int epoch)> on_epoch_begin;
   std::function<void(const EpochSummary&)> on_epoch_end;
   // After each epoch's on_epoch_end, with the state a checkpoint records (empty: no checkpoints).
-  std::function<void(const optim::CheckpointState&)> checkpoint;
+  std::function<void(const train::CheckpointState&)> checkpoint;
   // train_epoch's per-step and per-micro-batch hooks (EpochOptions'; its first and stop are fit's):
   // on_step once the resume point holds the boundary, on_micro_batch before the progress line.
-  std::function<void(const optim::MicroBatchDone&)> on_step;
-  std::function<void(const optim::MicroBatchDone&)> on_micro_batch;
+  std::function<void(const train::MicroBatchDone&)> on_step;
+  std::function<void(const train::MicroBatchDone&)> on_micro_batch;
 };
 
 enum class FitEnd {
@@ -83,17 +83,17 @@ struct FitResult {
   FitEnd end = FitEnd::finished;
   int epoch = 0;  // the epoch that was running when fit ended (the last one when finished)
   int64_t next_micro_batch = 0;
-  optim::CheckpointState state;  // what a checkpoint written now restores
+  train::CheckpointState state;  // what a checkpoint written now restores
 };
 
 // The loop, for a caller that must reach its state after an exception (a checkpoint on out of memory).
 class FitLoop {
  public:
   // Holds references to every argument: they must outlive the loop.
-  FitLoop(optim::Trainer& trainer, data::DataLoader& loader, const optim::BatchLoss& loss, const FitOptions& options);
+  FitLoop(train::Trainer& trainer, data::DataLoader& loader, const train::BatchLoss& loss, const FitOptions& options);
   FitResult run();
   // The last group boundary (after an epoch's training, its end): reads the step counters now.
-  optim::CheckpointState state() const { return point_.state(); }
+  train::CheckpointState state() const { return point_.state(); }
 
  private:
   bool train(int epoch, EpochSummary& summary, FitResult& result);
@@ -101,14 +101,14 @@ class FitLoop {
   EpochSummary counters() const;
   void measure_plan(const EpochSummary& summary) const;
 
-  optim::Trainer& trainer_;
+  train::Trainer& trainer_;
   data::DataLoader& loader_;
-  const optim::BatchLoss& loss_;
+  const train::BatchLoss& loss_;
   const FitOptions& options_;
-  optim::ResumePoint point_;
+  train::ResumePoint point_;
 };
 
-FitResult fit(optim::Trainer& trainer, data::DataLoader& loader, const optim::BatchLoss& loss,
+FitResult fit(train::Trainer& trainer, data::DataLoader& loader, const train::BatchLoss& loss,
               const FitOptions& options);
 
 }  // namespace cumulus::app

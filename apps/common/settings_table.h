@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "cumulus/core/error.h"
-#include "cumulus/runtime/checkpoint.h"
+#include "cumulus/train/checkpoint.h"
 
 namespace cumulus::app {
 
@@ -63,8 +63,8 @@ class SettingsTable {
   }
 
   // The kCheckpoint rows that apply, as a checkpoint records and a resume compares them.
-  std::vector<optim::RecordedSetting> recorded(const Context& context) const {
-    std::vector<optim::RecordedSetting> out;
+  std::vector<train::RecordedSetting> recorded(const Context& context) const {
+    std::vector<train::RecordedSetting> out;
     for (const SettingRow<Context>& row : rows_)
       if ((row.uses & kCheckpoint) != 0)
         if (SettingText value = row.print(context))

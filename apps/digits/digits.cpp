@@ -97,24 +97,24 @@ int main(int argc, char** argv) try {
   auto loss = [&](const data::Batch& b) { return ops::cross_entropy((*model)(b.x), b.y, ops::Reduction::Sum); };
 
   const plan::Plan plan = plan::plan_batch(
-      optim::plan_request(*optimizer, train_set, loss, effective_batch, plan::parse_byte_size(budget)));
+      train::plan_request(*optimizer, train_set, loss, effective_batch, plan::parse_byte_size(budget)));
   std::printf("planner: %s\n", plan.reason.c_str());
   data::DataLoader loader(train_set, plan.micro_batch, /*shuffle=*/compare.empty(), /*seed=*/0),
       test_loader(test_set, plan.micro_batch);
   memory::MemoryTracker tracker(device, {model_name, plan.micro_batch, static_cast<int>(plan.accum_steps)});
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.accum_steps = static_cast<int>(plan.accum_steps);
   options.clip_grad_norm = 1.0f;
   options.tracker = &tracker;
   if (!compare.empty())  // every step's loss, as JSON lines
-    options.on_step = [](const optim::StepLog& s) {
+    options.on_step = [](const train::StepLog& s) {
       std::printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)s.step, s.loss);
     };
-  optim::Trainer trainer(optimizer, options);
+  train::Trainer trainer(optimizer, options);
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const double train_loss = trainer.train_epoch(loader, epoch, loss);
     std::printf("epoch %2d  train loss %.4f  test accuracy %.1f%%\n", epoch + 1, train_loss,
-                100.0 * optim::evaluate_classifier(*model, test_loader).accuracy);
+                100.0 * train::evaluate_classifier(*model, test_loader).accuracy);
   }
   memory::print_memory_table(tracker, stdout);
   return 0;

@@ -33,7 +33,7 @@ std::string loaded_sizes(const models::FashionMnistSplit& train, const models::F
   return std::to_string(train.size()) + " training and " + std::to_string(test.size()) + " test samples";
 }
 
-std::string resume_position(const optim::TrainingCounters& c) {
+std::string resume_position(const train::TrainingCounters& c) {
   return "at epoch " + std::to_string(c.epoch + 1) + ", micro-batch " + std::to_string(c.micro_batch_index) + " (" +
          std::to_string(c.optimizer_steps) + " steps)";
 }
@@ -114,8 +114,8 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   train_loader.set_dtype(compute_dtype(config.precision));  // Note [Mixed precision]: ops follow the batch
   const int64_t micro_batches = train_loader.num_batches();
   auto optimizer = make_optimizer(config, flat);
-  const optim::TrainerOptions trainer_opts = trainer_options(config, comm);
-  optim::Trainer trainer(optimizer, trainer_opts, make_lr_schedule(config, micro_batches));
+  const train::TrainerOptions trainer_opts = trainer_options(config, comm);
+  train::Trainer trainer(optimizer, trainer_opts, make_lr_schedule(config, micro_batches));
 
   TrainingState state;
   if (!config.resume_path.empty()) {

@@ -11,7 +11,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/io/run_files.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/accumulation.h"
+#include "cumulus/train/accumulation.h"
 
 namespace fmnist {
 
@@ -236,7 +236,7 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
   require(std::isfinite(o.eps) && o.eps > 0, "--eps must be a positive number, got " + std::to_string(o.eps));
   require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0), "--weight-decay must be >= 0");
   require(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0");
-  parse_choice<cumulus::optim::Normalization>(o.normalize);
+  parse_choice<cumulus::train::Normalization>(o.normalize);
   if (o.lr_schedule == "step") {
     require(o.lr_step_size > 0, "--lr-schedule step needs --lr-step-size N (optimizer steps between decays)");
     require(std::isfinite(o.lr_gamma) && o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1]");
@@ -256,7 +256,7 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
 void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
-    as_usage([&] { o.schedule = cumulus::optim::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
+    as_usage([&] { o.schedule = cumulus::train::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
   }
   if (!o.memory_budget.empty()) {
     as_usage([&] { o.memory_budget_bytes = cumulus::plan::parse_byte_size(o.memory_budget); }, "--memory-budget: ");

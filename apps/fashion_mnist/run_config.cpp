@@ -19,7 +19,7 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
     throw UsageFailure("--device: " + std::string(e.what()));
   }
   c.one_gpu_per_rank = cli.device == "auto" || cli.device == "cuda";
-  require(!needs_loss_scaling(c.precision) || c.normalization == optim::Normalization::units,
+  require(!needs_loss_scaling(c.precision) || c.normalization == train::Normalization::units,
           "--precision fp16 needs --normalize samples: its dynamic loss scale is divided out in the per-sample "
           "normalization of each step");
   const std::string unsupported = precision_unsupported_reason(c.precision, c.device);
@@ -39,7 +39,7 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
 
 }  // namespace
 
-int RunConfig::accum_steps_at(int epoch) const { return optim::accum_steps_for_epoch(accum_schedule, epoch); }
+int RunConfig::accum_steps_at(int epoch) const { return train::accum_steps_for_epoch(accum_schedule, epoch); }
 
 std::map<int, int> RunConfig::accum_schedule_all_ranks() const {
   std::map<int, int> all;
@@ -66,7 +66,7 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   c.lr_schedule = parse_choice<LrScheduleKind>(cli.lr_schedule);
   // PyTorch's defaults: 0 for SGD, 0.01 for AdamW.
   c.weight_decay = cli.weight_decay.value_or(c.optimizer == OptimizerKind::adamw ? 0.01f : 0.0f);
-  c.normalization = parse_choice<optim::Normalization>(cli.normalize);
+  c.normalization = parse_choice<train::Normalization>(cli.normalize);
   resolve_device(cli, c);
   return c;
 }

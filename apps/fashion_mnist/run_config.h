@@ -14,7 +14,7 @@
 // Note [Settings table]: the one table of the run's settings that something outside the run
 // records or compares: its name (the flag without dashes), the checkpoint's metadata key, whether
 // --override may change it on resume, where it is used, and how its value prints (equal floats
-// give equal text). It feeds the checkpoint (Note [Resume contract] in cumulus/runtime/checkpoint.h), --override,
+// give equal text). It feeds the checkpoint (Note [Resume contract] in cumulus/train/checkpoint.h), --override,
 // the data-parallel agreement check and the memory report's "settings", each taking the rows
 // marked for it, in the table's order.
 #pragma once
@@ -36,8 +36,8 @@
 #include "cumulus/nn/model.h"
 #include "cumulus/plan/plan_check.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/accumulation.h"
-#include "cumulus/runtime/checkpoint.h"
+#include "cumulus/train/accumulation.h"
+#include "cumulus/train/checkpoint.h"
 
 namespace fmnist {
 
@@ -186,8 +186,8 @@ inline const FlagChoices<cumulus::nn::KernelChoice>& choices_of(cumulus::nn::Ker
       {{"auto", KernelChoice::automatic}, {"fused", KernelChoice::fused}, {"generic", KernelChoice::generic}}};
   return c;
 }
-inline const FlagChoices<cumulus::optim::Normalization>& choices_of(cumulus::optim::Normalization) {
-  using cumulus::optim::Normalization;
+inline const FlagChoices<cumulus::train::Normalization>& choices_of(cumulus::train::Normalization) {
+  using cumulus::train::Normalization;
   static const FlagChoices<Normalization> c{
       "--normalize", nullptr, {{"samples", Normalization::units}, {"micro-batches", Normalization::micro_batches}}};
   return c;
@@ -233,7 +233,7 @@ struct RunConfig : FlagValues {
   OptimizerKind optimizer = OptimizerKind::sgd;
   LrScheduleKind lr_schedule = LrScheduleKind::constant;
   float weight_decay = 0.0f;  // --weight-decay, else PyTorch's default for the optimizer
-  cumulus::optim::Normalization normalization = cumulus::optim::Normalization::units;
+  cumulus::train::Normalization normalization = cumulus::train::Normalization::units;
 
   // Data parallel (mpirun). The output paths (FlagValues) are this rank's (Note [Run configuration]).
   int rank = 0, world_size = 1;

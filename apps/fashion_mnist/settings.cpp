@@ -9,7 +9,7 @@ using cumulus::app::kRanksAgree;
 using Text = cumulus::app::SettingText;
 using C = const SettingContext&;
 
-using cumulus::optim::setting_text;  // floats: equal values, equal text
+using cumulus::train::setting_text;  // floats: equal values, equal text
 
 std::string bool_text(bool b) { return b ? "true" : "false"; }
 
@@ -17,7 +17,7 @@ std::string bool_text(bool b) { return b ? "true" : "false"; }
 // 4 ranks of 16 x 1 resumes on 2 ranks of 16 x 2 or 1 of 16 x 4 (the same global groups).
 std::string accum_text(const RunConfig& o) {
   if (!o.accum_scheduled) return std::to_string(o.accum_steps_at(0) * o.world_size);
-  return cumulus::optim::accum_schedule_text(o.accum_schedule_all_ranks());
+  return cumulus::train::accum_schedule_text(o.accum_schedule_all_ranks());
 }
 
 Text when(bool applies, std::string value) { return applies ? Text(std::move(value)) : std::nullopt; }
@@ -25,7 +25,7 @@ Text when(bool applies, std::string value) { return applies ? Text(std::move(val
 constexpr unsigned kRecorded = kCheckpoint | kRanksAgree | kMemoryReport;
 
 // Every setting that changes the result of a run is recorded (Note [Resume contract] in
-// cumulus/runtime/checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
+// cumulus/train/checkpoint.h); the ranks also agree on what they train and where; the memory report adds how.
 const std::vector<cumulus::app::SettingRow<SettingContext>> kTable = {
     {"model", "model", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.model); }},
     {"optimizer", "optimizer", false, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.optimizer); }},

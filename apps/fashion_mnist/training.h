@@ -1,6 +1,6 @@
 // Training: the run's parts made from its configuration (training_setup.cpp: the model, the
 // optimizer and its schedule, the Trainer's options, the planner's choice, the weights, and the
-// checkpoints: the library's, cumulus/runtime/checkpoint.h, with the settings of Note [Settings
+// checkpoints: the library's, cumulus/train/checkpoint.h, with the settings of Note [Settings
 // table]), and the loop that trains them (training_loop.cpp: the library's epochs loop,
 // optim::FitLoop, with the app's hooks: the test pass, the --metrics line, the checkpoint after
 // each epoch, the stops) with what the run prints and writes about itself.
@@ -19,8 +19,8 @@
 #include "cumulus/nn/model.h"
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/checkpoint.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/random.h"
 #include "run_config.h"
 
@@ -46,7 +46,7 @@ std::shared_ptr<const cumulus::optim::LRSchedule> make_lr_schedule(const RunConf
 
 // The Trainer's options: the accumulation steps of all ranks, normalization, clipping, fp16's loss
 // scaling, graphs and the communicator.
-cumulus::optim::TrainerOptions trainer_options(const RunConfig& o,
+cumulus::train::TrainerOptions trainer_options(const RunConfig& o,
                                                const std::shared_ptr<cumulus::dist::Communicator>& comm);
 
 // --memory-budget: from here on the device behaves as if it had only that much (refused if the run
@@ -69,7 +69,7 @@ void print_plan(const RunConfig& c, cumulus::nn::Model& model, const std::shared
                 cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test);
 
 // Where a run starts: a resumed checkpoint's state, or epoch 0.
-using TrainingState = cumulus::optim::ResumedCheckpoint;
+using TrainingState = cumulus::train::ResumedCheckpoint;
 
 // --init: every parameter of `model` must be in the file with its shape, and finite; extra tensors
 // are an error too. A checkpoint is refused with a pointer to --resume.
@@ -100,18 +100,18 @@ void announce_run(const RunConfig& o, const cumulus::nn::Model& model, const Run
 // The memory tracker's model, micro-batch and the settings its report records.
 cumulus::memory::MemoryTracker::Options tracker_options(const RunConfig& o, const cumulus::nn::Model& model);
 
-// The test pass (optim::evaluate_classifier: the accuracy over all samples, the mean over batches
+// The test pass (train::evaluate_classifier: the accuracy over all samples, the mean over batches
 // of each batch's mean loss), throwing Interrupted at a signal, and the lines it prints.
-cumulus::optim::Evaluation test_pass(cumulus::nn::Module& model, cumulus::data::DataLoader& loader);
-void print_test_results(const cumulus::optim::Evaluation& r);
+cumulus::train::Evaluation test_pass(cumulus::nn::Module& model, cumulus::data::DataLoader& loader);
+void print_test_results(const cumulus::train::Evaluation& r);
 
 // What the loop trains with; all made before it starts.
 struct TrainingParts {
   const RunConfig& o;
   cumulus::nn::Model& model;
   cumulus::optim::Optimizer& optimizer;
-  cumulus::optim::Trainer& trainer;
-  const cumulus::optim::TrainerOptions& trainer_options;
+  cumulus::train::Trainer& trainer;
+  const cumulus::train::TrainerOptions& trainer_options;
   cumulus::data::DataLoader& train_loader;
   cumulus::data::DataLoader& test_loader;
   cumulus::dist::Communicator& comm;

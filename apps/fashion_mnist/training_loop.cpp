@@ -110,18 +110,18 @@ class TrainingLoop {
   void end_epoch(const app::EpochSummary& e);
   void warn_of_skipped_steps(const app::EpochSummary& e);
   void check_plan(const app::EpochSummary& e);
-  nlohmann::ordered_json metrics_line(const app::EpochSummary& e, const optim::Evaluation& r) const;
-  void checkpoint_now(const optim::CheckpointState& state, const char* why);
+  nlohmann::ordered_json metrics_line(const app::EpochSummary& e, const train::Evaluation& r) const;
+  void checkpoint_now(const train::CheckpointState& state, const char* why);
   int stop(const std::string& message, int code, const char* why);
   int stop_together(const std::string& where);
 
   const TrainingParts& p_;
   const RunConfig& o_;
-  const optim::Trainer& trainer_;  // the counters
+  const train::Trainer& trainer_;  // the counters
   app::TrainingProgress progress_;
   int epoch_ = 0;  // the epoch running, from 0
   const app::FitOptions fit_options_;
-  const optim::BatchLoss loss_;
+  const train::BatchLoss loss_;
   // The epochs, and the last group boundary: what a checkpoint written now restores. Between an
   // epoch's last group and its test pass, the epoch's end: a run interrupted in the test pass
   // resumes with that pass.
@@ -140,18 +140,18 @@ app::FitOptions TrainingLoop::fit_options() {
   fit.progress = &progress_;
   fit.stop = [this] { return app::stop_requested_on_any_rank(p_.comm); };
   fit.on_epoch_begin = [this](int epoch) { epoch_ = epoch; };
-  fit.on_micro_batch = [this](const optim::MicroBatchDone& d) {
+  fit.on_micro_batch = [this](const train::MicroBatchDone& d) {
     app::fault_signal_point("micro_batch", epoch_ + 1, d.index);
   };
   fit.on_epoch_end = [this](const app::EpochSummary& e) { end_epoch(e); };
-  fit.checkpoint = [this](const optim::CheckpointState& state) { checkpoint_now(state, "epoch end"); };
+  fit.checkpoint = [this](const train::CheckpointState& state) { checkpoint_now(state, "epoch end"); };
   return fit;
 }
 
-void TrainingLoop::checkpoint_now(const optim::CheckpointState& state, const char* why) {
+void TrainingLoop::checkpoint_now(const train::CheckpointState& state, const char* why) {
   if (o_.checkpoint_path.empty()) return;
   try {
-    optim::save_training_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state,
+    train::save_training_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state,
                                     settings_table().recorded({o_, ""}));
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
@@ -223,7 +223,7 @@ void TrainingLoop::check_plan(const app::EpochSummary& e) {
     say("planner: %s\n", plan::plan_check_line(*check).c_str());
 }
 
-nlohmann::ordered_json TrainingLoop::metrics_line(const app::EpochSummary& e, const optim::Evaluation& r) const {
+nlohmann::ordered_json TrainingLoop::metrics_line(const app::EpochSummary& e, const train::Evaluation& r) const {
   nlohmann::ordered_json line = {{"epoch", e.epoch + 1},
                                  {"train_loss", e.train_loss},
                                  {"test_loss", r.loss},
@@ -264,7 +264,7 @@ void TrainingLoop::end_epoch(const app::EpochSummary& e) {
   warn_of_skipped_steps(e);
   check_plan(e);
   app::fault_signal_point("test_pass", e.epoch + 1);
-  optim::Evaluation r;
+  train::Evaluation r;
   if (g_root) r = test_pass(p_.model, p_.test_loader);  // the other ranks hold the same weights
   say("Epoch %d\n-------------------\n", e.epoch + 1);
   print_test_results(r);
@@ -331,11 +331,11 @@ memory::MemoryTracker::Options tracker_options(const RunConfig& o, const nn::Mod
   return to;
 }
 
-optim::Evaluation test_pass(nn::Module& model, data::DataLoader& loader) {
-  return optim::evaluate_classifier(model, loader, [](int64_t) { app::throw_if_interrupted(); });
+train::Evaluation test_pass(nn::Module& model, data::DataLoader& loader) {
+  return train::evaluate_classifier(model, loader, [](int64_t) { app::throw_if_interrupted(); });
 }
 
-void print_test_results(const optim::Evaluation& r) {
+void print_test_results(const train::Evaluation& r) {
   say("Test Results:\n Accuracy: %.1f%%, Avg loss: %f\n\n", 100.0 * r.accuracy, r.loss);
 }
 

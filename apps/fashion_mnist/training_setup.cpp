@@ -54,7 +54,7 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared
 std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const RunConfig& o, int64_t micro_batches) {
   if (o.lr_schedule == LrScheduleKind::step) return std::make_shared<optim::StepLR>(o.lr, o.lr_step_size, o.lr_gamma);
   if (o.lr_schedule == LrScheduleKind::cosine) {
-    const int64_t total = optim::optimizer_steps_in_epochs(o.accum_schedule_all_ranks(), micro_batches, o.epochs);
+    const int64_t total = train::optimizer_steps_in_epochs(o.accum_schedule_all_ranks(), micro_batches, o.epochs);
     if (o.warmup_steps >= total)
       throw UsageFailure("--warmup-steps " + std::to_string(o.warmup_steps) + " must be below the run's " +
                          std::to_string(total) + " optimizer steps");
@@ -63,8 +63,8 @@ std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const RunConfig& o, in
   return nullptr;
 }
 
-optim::TrainerOptions trainer_options(const RunConfig& o, const std::shared_ptr<dist::Communicator>& comm) {
-  optim::TrainerOptions ao;
+train::TrainerOptions trainer_options(const RunConfig& o, const std::shared_ptr<dist::Communicator>& comm) {
+  train::TrainerOptions ao;
   // The Trainer counts the micro-batches of all ranks (Note [Data parallel accumulation]).
   ao.accum_steps = o.accum_steps_at(0) * o.world_size;
   if (o.accum_scheduled) ao.schedule = o.accum_schedule_all_ranks();
@@ -104,14 +104,14 @@ void print_plan_table(const RunConfig& o, const plan::Plan& plan) {
   say("%s", plan::plan_table_text(plan, o.memory_budget_bytes).c_str());
 }
 
-// The library's planner with this run (optim::plan_request, the probes reading the training set
+// The library's planner with this run (train::plan_request, the probes reading the training set
 // where the levers put it); --plan-only predicts without verifying.
 plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
                        models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
-  const optim::BatchLoss loss = [&model](const data::Batch& b) {
+  const train::BatchLoss loss = [&model](const data::Batch& b) {
     app::throw_if_interrupted();
     return training_loss(model, b);
   };
@@ -156,7 +156,7 @@ void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::
 }
 
 void load_weights(const std::string& path, const nn::Module& model) {
-  if (optim::is_training_checkpoint(path))
+  if (train::is_training_checkpoint(path))
     throw UsageFailure("--init '" + path +
                        "' is a cumulus checkpoint (weights, optimizer state and counters): "
                        "continue its run with --resume");
@@ -167,7 +167,7 @@ void load_weights(const std::string& path, const nn::Module& model) {
 
 TrainingState load_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
                               const RunConfig& options, int64_t micro_batches_per_epoch, int64_t train_samples) {
-  optim::ResumeOptions resume;
+  train::ResumeOptions resume;
   resume.settings = settings_table().recorded({options, ""});
   resume.overrides = options.overrides;
   resume.micro_batches_per_epoch = micro_batches_per_epoch;
@@ -176,8 +176,8 @@ TrainingState load_checkpoint(const std::string& path, const nn::Module& model, 
   resume.other_data_hint = "was it made with other data (--data, --train-limit)?";
   TrainingState state;
   try {
-    state = optim::load_training_checkpoint(path, model, optimizer, resume);
-  } catch (const optim::SettingMismatch& e) {
+    state = train::load_training_checkpoint(path, model, optimizer, resume);
+  } catch (const train::SettingMismatch& e) {
     throw UsageFailure(e.what());
   }
   const int epoch = state.state.counters.epoch;

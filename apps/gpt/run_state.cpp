@@ -67,11 +67,11 @@ std::string text_digest(const std::string& text) {
   return buf;
 }
 
-optim::RecordedSetting setting(const char* name, int64_t value) {
+train::RecordedSetting setting(const char* name, int64_t value) {
   return {name, name, std::to_string(value)};
 }
-optim::RecordedSetting setting(const char* name, double value) {
-  return {name, name, optim::setting_text(static_cast<float>(value))};
+train::RecordedSetting setting(const char* name, double value) {
+  return {name, name, train::setting_text(static_cast<float>(value))};
 }
 
 std::map<std::string, std::string> with_checksum(std::map<std::string, std::string> metadata) {
@@ -112,7 +112,7 @@ std::string read_corpus(const Corpus& corpus) {
 
 std::string state_path(const std::string& weights_path) { return weights_path + ".state"; }
 
-std::vector<optim::RecordedSetting> run_settings(const TrainFlags& f, const std::string& text) {
+std::vector<train::RecordedSetting> run_settings(const TrainFlags& f, const std::string& text) {
   return {{"data", "data", text_digest(text)},
           setting("context", f.context),
           setting("width", f.width),
@@ -133,35 +133,35 @@ std::vector<optim::RecordedSetting> run_settings(const TrainFlags& f, const std:
 }
 
 void save_run(const std::string& weights_path, const models::GPT& model, const models::CharVocabulary& vocabulary,
-              optim::Trainer& trainer, const std::vector<optim::RecordedSetting>& settings) {
+              train::Trainer& trainer, const std::vector<train::RecordedSetting>& settings) {
   const std::map<std::string, std::string> metadata = models::gpt_metadata(model.config(), vocabulary);
   try {
     io::save_state_dict(weights_path, model, with_checksum(metadata), {}, io::OutputLinks::replace);
   } catch (const Error& e) {
     throw Error("--save: " + std::string(e.what()));
   }
-  optim::CheckpointState state;
+  train::CheckpointState state;
   state.counters = trainer.counters();
   state.optimizer_updates = trainer.optimizer().updates();
   try {
-    optim::save_training_checkpoint(state_path(weights_path), model, trainer.optimizer(), state, settings, metadata,
+    train::save_training_checkpoint(state_path(weights_path), model, trainer.optimizer(), state, settings, metadata,
                                     io::OutputLinks::replace);
   } catch (const Error& e) {
     throw Error("--save's training state: " + std::string(e.what()));
   }
 }
 
-int64_t resume_run(const std::string& weights_path, models::GPT& model, optim::Trainer& trainer,
-                   const std::vector<optim::RecordedSetting>& settings, int64_t micro_batches, int64_t accum_steps) {
-  optim::ResumeOptions options;
+int64_t resume_run(const std::string& weights_path, models::GPT& model, train::Trainer& trainer,
+                   const std::vector<train::RecordedSetting>& settings, int64_t micro_batches, int64_t accum_steps) {
+  train::ResumeOptions options;
   options.settings = settings;
   options.micro_batches_per_epoch = micro_batches;
   options.micro_batches_per_group = accum_steps;
   options.plain_weights_hint = "--resume takes a FILE that gpt train --save wrote, with FILE.state beside it";
   options.other_data_hint = "was it made with other --steps?";
   const std::string path = state_path(weights_path);
-  const optim::ResumedCheckpoint resumed = optim::load_training_checkpoint(path, model, trainer.optimizer(), options);
-  const optim::TrainingCounters& c = resumed.state.counters;
+  const train::ResumedCheckpoint resumed = train::load_training_checkpoint(path, model, trainer.optimizer(), options);
+  const train::TrainingCounters& c = resumed.state.counters;
   // Every group of micro-batches before the position was a step, taken or skipped.
   CUMULUS_CHECK(c.epoch == 0 && c.optimizer_steps + c.skipped_steps == c.micro_batch_index / accum_steps, Error,
                 "checkpoint '", path, "': its counters disagree (epoch ", c.epoch, ", micro-batch ",

@@ -10,8 +10,8 @@
 
 #include <cumulus/models/gpt.h>
 #include <cumulus/optim/optimizer.h>
-#include <cumulus/runtime/checkpoint.h>
-#include <cumulus/runtime/trainer.h>
+#include <cumulus/train/checkpoint.h>
+#include <cumulus/train/trainer.h>
 
 #include "flags.h"
 
@@ -36,19 +36,19 @@ std::string state_path(const std::string& weights_path);
 
 // Every setting that changes the run's result, as its checkpoint records them; the text's digest
 // stands for the data.
-std::vector<cumulus::optim::RecordedSetting> run_settings(const TrainFlags& flags, const std::string& text);
+std::vector<cumulus::train::RecordedSetting> run_settings(const TrainFlags& flags, const std::string& text);
 
 // Writes the weights and then the training state, each atomically and in place of its name (never
 // through a link). The state is taken at the trainer's last group boundary.
 void save_run(const std::string& weights_path, const cumulus::models::GPT& model,
-              const cumulus::models::CharVocabulary& vocabulary, cumulus::optim::Trainer& trainer,
-              const std::vector<cumulus::optim::RecordedSetting>& settings);
+              const cumulus::models::CharVocabulary& vocabulary, cumulus::train::Trainer& trainer,
+              const std::vector<cumulus::train::RecordedSetting>& settings);
 
 // Restores the weights, AdamW's state and the trainer's counters from --resume's two files: the
 // settings must equal this run's (each that differs is named), the position a step boundary within
 // --steps, and the weights file must hold the state's weights. Returns the first micro-batch to run.
-int64_t resume_run(const std::string& weights_path, cumulus::models::GPT& model, cumulus::optim::Trainer& trainer,
-                   const std::vector<cumulus::optim::RecordedSetting>& settings, int64_t micro_batches,
+int64_t resume_run(const std::string& weights_path, cumulus::models::GPT& model, cumulus::train::Trainer& trainer,
+                   const std::vector<cumulus::train::RecordedSetting>& settings, int64_t micro_batches,
                    int64_t accum_steps);
 
 }  // namespace gpt

@@ -183,14 +183,14 @@ memory::MemoryTracker::Options tracker_options(const TrainFlags& f) {
 }
 
 // The Trainer's options; each step's mean loss lands in `step_loss`.
-optim::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, memory::MemoryTracker& tracker,
+train::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, memory::MemoryTracker& tracker,
                                       double& step_loss) {
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.tracker = &tracker;
   options.accum_steps = static_cast<int>(f.accum_steps);
   options.clip_grad_norm = static_cast<float>(f.clip);
   options.loss_scaling.dynamic = needs_loss_scaling(precision);
-  options.on_step = [&step_loss](const optim::StepLog& log) { step_loss = log.loss; };
+  options.on_step = [&step_loss](const train::StepLog& log) { step_loss = log.loss; };
   return options;
 }
 
@@ -215,8 +215,8 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
 // and the state at each evaluation.
 class Loop {
  public:
-  Loop(const TrainFlags& f, models::GPT& model, const models::CharVocabulary& vocab, optim::Trainer& trainer,
-       const std::vector<optim::RecordedSetting>& settings, app::MetricsLog& metrics, const double& step_loss)
+  Loop(const TrainFlags& f, models::GPT& model, const models::CharVocabulary& vocab, train::Trainer& trainer,
+       const std::vector<train::RecordedSetting>& settings, app::MetricsLog& metrics, const double& step_loss)
       : f_(f),
         model_(model),
         vocab_(vocab),
@@ -277,8 +277,8 @@ class Loop {
   const TrainFlags& f_;
   models::GPT& model_;
   const models::CharVocabulary& vocab_;
-  optim::Trainer& trainer_;
-  const std::vector<optim::RecordedSetting>& settings_;
+  train::Trainer& trainer_;
+  const std::vector<train::RecordedSetting>& settings_;
   app::MetricsLog& metrics_;
   const double& step_loss_;
   std::chrono::steady_clock::time_point step_start_;
@@ -319,9 +319,9 @@ int train(const TrainFlags& flags) {
   std::shared_ptr<const optim::LRSchedule> schedule;
   if (f.steps > 0)
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
-  optim::Trainer trainer(optimizer, trainer_options(f, precision, tracker, step_loss), schedule);
+  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, step_loss), schedule);
   const int64_t total = f.steps * f.accum_steps;
-  const std::vector<optim::RecordedSetting> settings = run_settings(f, t.text);
+  const std::vector<train::RecordedSetting> settings = run_settings(f, t.text);
   const int64_t first = f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, f.accum_steps);
   if (!f.resume.empty() && first == total) {
     say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(),

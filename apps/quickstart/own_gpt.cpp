@@ -97,13 +97,13 @@ int main(int argc, char** argv) try {
   adamw.weight_decay = 0.1f;
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.accum_steps = kAccum;
   options.clip_grad_norm = 1.0f;
-  options.on_step = [](const optim::StepLog& s) {
+  options.on_step = [](const train::StepLog& s) {
     if (s.step % 10 == 0) std::printf("step %4lld  loss %.4f  lr %.2e\n", static_cast<long long>(s.step), s.loss, s.lr);
   };
-  optim::Trainer trainer(optimizer, options, std::make_shared<optim::CosineWarmupLR>(adamw.lr, steps / 10, steps));
+  train::Trainer trainer(optimizer, options, std::make_shared<optim::CosineWarmupLR>(adamw.lr, steps / 10, steps));
   trainer.begin_epoch(0, steps * kAccum);
   for (int64_t i = 0; i < steps * kAccum; ++i) {
     const data::Batch b = train.random_batch(i, kBatch);

@@ -1,4 +1,4 @@
-// quickstart: a training loop of one's own with the training API (optim::Trainer), as a PyTorch
+// quickstart: a training loop of one's own with the training API (train::Trainer), as a PyTorch
 // user writes one with Lightning's Trainer(accumulate_grad_batches=...): the user's own model (Net),
 // 8 x 8 digit-like images made here (10 classes, as scikit-learn's digits) in a TensorDataset,
 // AdamW with gradient clipping and warmup + cosine, the planner choosing the micro-batch and
@@ -56,27 +56,27 @@ int main(int argc, char** argv) try {
   // whose training, AdamW's state included, stays within the budget: predicted from recorded and
   // timed micro-batches, then run once (an OutOfMemory error with the reason when none fits).
   const plan::Plan plan = plan::plan_batch(
-      optim::plan_request(*optimizer, train_set, loss, 64, plan::parse_byte_size(argc > 2 ? argv[2] : "2MiB")));
+      train::plan_request(*optimizer, train_set, loss, 64, plan::parse_byte_size(argc > 2 ? argv[2] : "2MiB")));
   std::printf("planner: %s\n", plan.reason.c_str());
   data::DataLoader loader(train_set, plan.micro_batch, /*shuffle=*/true, /*seed=*/0),
       test_loader(test_set, plan.micro_batch);
   memory::MemoryTracker tracker(device, {"Net 64-1024-10", plan.micro_batch, static_cast<int>(plan.accum_steps)});
 
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.accum_steps = static_cast<int>(plan.accum_steps);
   options.clip_grad_norm = 1.0f;
   options.use_graphs = device.is_cuda();  // train_epoch's closure reads its batch through DataLoader::next
   options.tracker = &tracker;
   auto groups = [&](int64_t n) { return (loader.num_batches() + n - 1) / n; };
   const int64_t steps = kEpochs / 2 * (groups(plan.accum_steps) + groups(2 * plan.accum_steps));
-  optim::Trainer trainer(optimizer, options,
+  train::Trainer trainer(optimizer, options,
                          std::make_shared<optim::CosineWarmupLR>(adamw.lr, /*warmup_steps=*/10, steps));
   for (int epoch = 0; epoch < kEpochs; ++epoch) {
     if (epoch == kEpochs / 2) trainer.set_accum_steps(2 * options.accum_steps);  // effective batch 64 -> 128
     const double train_loss = trainer.train_epoch(loader, epoch, loss);
     std::printf("epoch %2d  train loss %.4f  lr %.5f  steps %3lld  test accuracy %.1f%%\n", epoch + 1, train_loss,
                 trainer.last_lr(), static_cast<long long>(trainer.optimizer_steps()),
-                100.0 * optim::evaluate_classifier(model, test_loader).accuracy);
+                100.0 * train::evaluate_classifier(model, test_loader).accuracy);
   }
   memory::print_memory_table(tracker, stdout);
   io::save_state_dict("quickstart.safetensors", model);

@@ -1,6 +1,6 @@
 // The DataLoader's staging of host-resident data, for the Trainer and the tests that replay CUDA
 // graphs. Not installed: a training program reads batches with seek() and next(), which stage by
-// themselves, and optim::Trainer stages before each graph replay.
+// themselves, and train::Trainer stages before each graph replay.
 #pragma once
 
 #include "cumulus/data/dataset.h"

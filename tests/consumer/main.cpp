@@ -41,9 +41,9 @@ int run(const std::string& dir) {
   auto params = std::make_shared<nn::FlatParameters>(model);
   optim::SGDOptions sgd;
   sgd.lr = 0.1f;
-  optim::TrainerOptions options;
+  train::TrainerOptions options;
   options.accum_steps = 2;
-  optim::Trainer trainer(std::make_shared<optim::SGD>(params, sgd), options);
+  train::Trainer trainer(std::make_shared<optim::SGD>(params, sgd), options);
   const float before = eval_loss(model, x, y);
   trainer.begin_epoch(0, 2);
   for (int64_t start = 0; start < n; start += 32) {

@@ -11,9 +11,9 @@
 //   Generator gen(0);
 //   models::SeedMLP model(gen);
 //   auto params = std::make_shared<nn::FlatParameters>(model);
-//   optim::TrainerOptions options;
+//   train::TrainerOptions options;
 //   options.accum_steps = 4;
-//   optim::Trainer trainer(std::make_shared<optim::SGD>(params, optim::SGDOptions{}), options);
+//   train::Trainer trainer(std::make_shared<optim::SGD>(params, optim::SGDOptions{}), options);
 //   trainer.begin_epoch(0);
 //   trainer.micro_batch(x.size(0), [&] { return ops::cross_entropy(model(x), y, ops::Reduction::Sum); });
 //   trainer.step_if_ready();                             // per micro-batch; flush() at an epoch's end
@@ -73,9 +73,9 @@
 
 #include "cumulus/plan/planner.h"
 
-#include "cumulus/runtime/accumulation.h"
-#include "cumulus/runtime/checkpoint.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/accumulation.h"
+#include "cumulus/train/checkpoint.h"
+#include "cumulus/train/trainer.h"
 
 #include "cumulus/data/csv.h"
 #include "cumulus/data/dataset.h"

@@ -82,7 +82,7 @@ class GradSink {
 };
 
 // What a node's output is to its input's values, as far as Trainer::backward needs to know to
-// refuse a mean-reduced loss (Note [Mean-reduced losses] in engine/runtime/trainer_accumulation.cpp).
+// refuse a mean-reduced loss (Note [Mean-reduced losses] in engine/train/trainer_accumulation.cpp).
 enum class OutputReduction : uint8_t {
   unknown,  // the default: any other op, custom ops included
   none,     // the input's values, unreduced: reshape, flatten, cast, a sum or mean of one element

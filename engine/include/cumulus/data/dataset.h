@@ -35,7 +35,7 @@ class TensorDataset {
   // to_float conversions: a train/test split of one table. Out of range is an InvalidArgument.
   TensorDataset slice(int64_t begin, int64_t count) const;
   // The units a row holds: what a training loss is summed over, per row (Note [Units] in
-  // engine/runtime/trainer.cpp). 1 (the default): a row is a sample (a classifier's image). A language
+  // engine/train/trainer.cpp). 1 (the default): a row is a sample (a classifier's image). A language
   // model's rows are sequences of T tokens, each a unit: set_units_per_row(T). Every Batch says how
   // many it holds (Batch::units = rows x this), and the Trainer, the planner's request and the
   // memory tracker count the same units. Kept by slice().

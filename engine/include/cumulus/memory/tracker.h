@@ -6,7 +6,7 @@
 // a few counter reads per phase (docs/ARCHITECTURE.md, "Memory accounting").
 //
 // Sizes are in units: what the training loss is summed over and the Trainer is given (samples by
-// default, tokens for a language model; Note [Units] in engine/runtime/trainer.cpp). A tracker told
+// default, tokens for a language model; Note [Units] in engine/train/trainer.cpp). A tracker told
 // micro-batches of N units (Options::micro_batch_size) checks what it is fed: a micro-batch of more
 // than N units warns once on stderr naming both counts (or throws InvalidArgument with
 // strict_units), and a summary without a micro-batch of N units says so (MemorySummary::warning,
@@ -157,7 +157,7 @@ class MemoryTracker {
   // `communication`: data parallel, the spans of the step's gradient reductions
   // (dist::Communicator::take_recent_spans), read with the step's other device times.
   void end_step(int64_t step, int64_t optimizer_state_bytes, TimeSpans communication = {});
-  // A micro-batch or step that ran as a CUDA graph replay (optim::Trainer): nothing is
+  // A micro-batch or step that ran as a CUDA graph replay (train::Trainer): nothing is
   // allocated during a replay, so its memory is what the capture measured (`captured`, with its
   // epoch and index set); it counts in the summary like any other, without times.
   void add_graph_micro_batch(const MicroBatchRecord& captured);

@@ -1,4 +1,4 @@
-// Gradient clipping for a training loop written by hand (optim::Trainer clips on its own: its
+// Gradient clipping for a training loop written by hand (train::Trainer clips on its own: its
 // AccumulationOptions::clip_grad_norm).
 #pragma once
 

@@ -76,7 +76,7 @@ class Optimizer {
   // ---- a training loop's calls ----
   // One update of the optimizer's rule with the gradients as they are, at the optimizer's lr. Stale
   // slots count as zero gradient; frozen parameters are left alone. Does not mark gradients stale
-  // (zero_grad() does). A training loop leaves this to optim::Trainer, which normalizes, clips and
+  // (zero_grad() does). A training loop leaves this to train::Trainer, which normalizes, clips and
   // schedules first.
   void step();
   // The same with g_eff = grad_scale * gradient, at learning rate `lr`.
@@ -127,7 +127,7 @@ class Optimizer {
   const nn::FlatParameters& parameters() const { return *params_; }
   nn::FlatParameters& parameters() { return *params_; }
 
-  // ---- a driver's calls: an update decided on the device (optim::Trainer) ----
+  // ---- a driver's calls: an update decided on the device (train::Trainer) ----
   // Host work before an update: zeroes stale gradient slots and reads which parameters are frozen
   // (FlatParameters::refresh_frozen; the missed-update counts are allocated at the first freeze).
   // Never during a graph capture.

@@ -168,7 +168,7 @@ struct PlanRequest {
   // False: predict and choose only, no probe (plan.verified stays false).
   bool verify = true;
   // True: when no micro-batch fits, plan_batch throws OutOfMemory with the plan's reason instead of
-  // returning a plan with micro_batch 0 (optim::plan_request's requests ask for this).
+  // returning a plan with micro_batch 0 (train::plan_request's requests ask for this).
   bool require_fit = false;
   // How messages name the budget, e.g. the flag it came from ("--memory-budget 3GiB"); empty: "the
   // budget" and its bytes.

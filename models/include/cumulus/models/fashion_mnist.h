@@ -12,7 +12,7 @@
 #include "cumulus/data/dataset.h"
 #include "cumulus/nn/model.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "cumulus/tensor/tensor.h"
 
 namespace cumulus::models {
@@ -68,12 +68,12 @@ struct FashionMnistLevers {
   bool weigh_bf16 = false;       // bf16 batches beside `batch_dtype`, where the device has bf16
 };
 
-// A planner request (optim::plan_request, each probe reading `train` where the last setting put it)
+// A planner request (train::plan_request, each probe reading `train` where the last setting put it)
 // for training `model` with `optimizer` and `loss` on `train`, `effective_batch` samples under
 // `budget` reserved bytes (0: none), with `levers`. Its apply sets the model's recompute segments
 // (weigh_recompute), moves both `train` and `test` (their memory is the run's) to where the setting
 // places the data, and sets the batches' dtype. require_fit is set, as plan_request's.
-plan::PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const optim::BatchLoss& loss,
+plan::PlanRequest plan_request(nn::Model& model, optim::Optimizer& optimizer, const train::BatchLoss& loss,
                                FashionMnistSplit& train, FashionMnistSplit& test, int64_t effective_batch,
                                int64_t budget, DType batch_dtype, const FashionMnistLevers& levers);
 

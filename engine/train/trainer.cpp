@@ -21,7 +21,7 @@
 // Note [Units]
 // A loss is summed over something: a classifier's over its samples, a language model's over B x T
 // tokens, a segmentation model's over pixels. The step divides by how many of them the group held
-// (Note [Exact normalization] in engine/runtime/trainer_step.cpp), so the count passed with each
+// (Note [Exact normalization] in engine/train/trainer_step.cpp), so the count passed with each
 // micro-batch must be the count the loss sums over. Were a row always a sample, a language model
 // would get a per-sequence mean loss and gradients T times too large, silently. So the unit is the
 // user's, said once where the data is: TensorDataset::set_units_per_row(T) (default 1,
@@ -59,7 +59,7 @@
 // replay (MemoryTracker::add_graph_micro_batch); per-micro-batch times of replays are not taken.
 // While the tracker records its timeline (the first optimizer steps) everything runs eagerly, so
 // the trace shows true phases.
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 
 #include <algorithm>
 #include <memory>
@@ -81,7 +81,11 @@
 #include "engine/core/cuda_context.h"
 #endif
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 
 // ---- counters ------------------------------------------------------------------------------------
 
@@ -318,4 +322,4 @@ plan::PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorD
   return r;
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

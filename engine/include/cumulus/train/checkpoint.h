@@ -34,14 +34,14 @@
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/runtime/accumulation.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/accumulation.h"
+#include "cumulus/train/trainer.h"
 
 namespace cumulus::nn {
 class Module;
 }  // namespace cumulus::nn
 
-namespace cumulus::optim {
+namespace cumulus::train {
 
 // One setting of the run as a checkpoint records it and a resume compares it.
 struct RecordedSetting {
@@ -73,7 +73,7 @@ struct CheckpointState {
 
 // Writes the checkpoint atomically (a crash leaves the previous file). `metadata`: the caller's own
 // keys, stored beside the run's. `links`: whether a symlink at `path` is written through (io/file.h).
-void save_training_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
+void save_training_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
                               const CheckpointState& state, const std::vector<RecordedSetting>& settings,
                               const std::map<std::string, std::string>& metadata = {},
                               io::OutputLinks links = io::OutputLinks::follow);
@@ -110,7 +110,7 @@ class SettingMismatch : public InvalidArgument {
 // after). Throws SettingMismatch when the run's settings differ, and Error when the file is
 // unreadable, not a checkpoint, of another format, truncated or corrupt (checksum), lacks a
 // checksum, holds non-finite values or has counters outside `options`' run.
-ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, Optimizer& optimizer,
+ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
                                            const ResumeOptions& options);
 
 // The point a run would resume from, kept as Trainer::train_epoch goes: the last group boundary
@@ -148,4 +148,4 @@ class ResumePoint {
 // Whether the file's metadata names it a training checkpoint (of any version): reads the header only.
 bool is_training_checkpoint(const std::string& path);
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

@@ -28,7 +28,11 @@
 #include "engine/tensor/tensor_impl.h"
 #include "trainer_parts.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 
 namespace {
 
@@ -303,4 +307,4 @@ void Trainer::restore(const TrainingCounters& c) {
   p.lr_window.invalidate();  // refilled at the next step
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

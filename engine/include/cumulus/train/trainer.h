@@ -3,13 +3,13 @@
 // records the memory tracker itself, replays CUDA graphs when asked, exposes its counters for
 // checkpoints and changes the accumulation steps mid-run without restarting the schedule or the
 // step count: what Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around
-// the user's own loop. See Note [Training API] and Note [Captured training] in engine/runtime/trainer.cpp.
+// the user's own loop. See Note [Training API] and Note [Captured training] in engine/train/trainer.cpp.
 //
-//   optim::TrainerOptions options;
+//   train::TrainerOptions options;
 //   options.accum_steps = 4;              // or options.schedule = {{0, 8}, {4, 2}} (per epoch)
 //   options.clip_grad_norm = 1.0f;
 //   options.tracker = &tracker;           // optional: records every micro-batch and step
-//   optim::Trainer trainer(optimizer, options, lr_schedule);
+//   train::Trainer trainer(optimizer, options, lr_schedule);
 //   for each epoch:
 //     loader.seek(0);
 //     trainer.begin_epoch(epoch, loader.num_batches());
@@ -26,7 +26,7 @@
 // boundary (for a checkpoint there): trainer.train_epoch(loader, epoch, loss, {first, stop, ...}).
 // evaluate_classifier(model, test_loader) is a test pass, plan_request(...) a planner's request.
 //
-// Units (Note [Units] in engine/runtime/trainer.cpp): the closure returns the loss summed over the
+// Units (Note [Units] in engine/train/trainer.cpp): the closure returns the loss summed over the
 // `units` units it is given, units the user names: samples for a classifier (the default, one per
 // dataset row), tokens for a language model whose loss sums over B x T tokens
 // (TensorDataset::set_units_per_row(T); DataLoader::units(i) and Batch::units count them). Every
@@ -51,13 +51,13 @@
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/plan/planner.h"
-#include "cumulus/runtime/accumulation.h"
+#include "cumulus/train/accumulation.h"
 
 namespace cumulus::nn {
 class Module;
 }  // namespace cumulus::nn
 
-namespace cumulus::optim {
+namespace cumulus::train {
 
 // A batch's loss summed over its units (ops::Reduction::Sum over batch.units: its samples, or its
 // tokens), as the Trainer's closures return it.
@@ -124,8 +124,8 @@ struct TrainerOptions : AccumulationOptions {
 class Trainer {
  public:
   // `schedule` may be null: the optimizer's own lr is used.
-  Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
-          std::shared_ptr<const LRSchedule> schedule = nullptr);
+  Trainer(std::shared_ptr<optim::Optimizer> optimizer, const TrainerOptions& options,
+          std::shared_ptr<const optim::LRSchedule> schedule = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -141,7 +141,7 @@ class Trainer {
   // state on the device (no host read). No tracker record, no graph. Normalization units and
   // micro_batches divide by the units themselves, so a loss known to be a mean (cross_entropy with
   // Reduction::Mean, ops::mean) is refused with InvalidArgument (Note [Mean-reduced losses] in
-  // engine/runtime/trainer_accumulation.cpp); Normalization::none takes any loss.
+  // engine/train/trainer_accumulation.cpp); Normalization::none takes any loss.
   void backward(const Tensor& loss, int64_t units);
   // Data parallel: counts a micro-batch another rank processes (dist::owner_of_micro_batch).
   void skip_micro_batch();
@@ -206,7 +206,7 @@ class Trainer {
   std::size_t gradient_buckets() const;
   int64_t buckets_started_in_backward() const;
   dist::Communicator* communicator() const;  // TrainerOptions::communicator (null: one process)
-  Optimizer& optimizer();
+  optim::Optimizer& optimizer();
   // The blocks a Trainer makes at its first step and holds beside every later micro-batch (bytes
   // requested, category other: its learning-rate table), for a planner's PlanRequest::loop_state.
   static std::vector<int64_t> state_to_allocate();
@@ -228,7 +228,7 @@ class Trainer {
   void reset();
 
  private:
-  struct Parts;  // the accumulation's state (engine/runtime/trainer_parts.h)
+  struct Parts;  // the accumulation's state (engine/train/trainer_parts.h)
   struct Captured;
   enum class Ran { eagerly, captured, replayed };
   // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
@@ -243,7 +243,7 @@ class Trainer {
   // `work` eagerly where `graph` is null or new, captured into it the second time (then launched),
   // replayed after that (Note [Captured training]).
   Ran run_or_replay(Captured* graph, const std::function<void()>& work);
-  // The step's parts (engine/runtime/trainer_step.cpp).
+  // The step's parts (engine/train/trainer_step.cpp).
   void reduce_across_ranks();
   void decide_step();
   void end_group();
@@ -296,12 +296,12 @@ Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
 // so opting into another is one line (`r.precisions = {Precision::bf16}`); for recompute, set
 // recompute_segments and wrap apply. Set model, budget_name or on_table when they apply, or
 // require_fit = false.
-plan::PlanRequest plan_request(Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
+plan::PlanRequest plan_request(optim::Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
                                int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 // The same for a caller whose own apply moves its data (PlanSetting::data, a lever plan_request
 // leaves to it): each probe reads the dataset `dataset()` returns then, so it finds the data where
 // the last setting put it. The sample limit and the units per row are those of `dataset()` now.
-plan::PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
+plan::PlanRequest plan_request(optim::Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
                                int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

@@ -1,5 +1,5 @@
 // The learning rates the device reads at each step (Note [Learning-rate table] in
-// engine/runtime/trainer_step.cpp): lr_at(k) for a window of update counts, refilled by the host
+// engine/train/trainer_step.cpp): lr_at(k) for a window of update counts, refilled by the host
 // only when the count could have left it.
 #pragma once
 
@@ -10,7 +10,11 @@
 #include "cumulus/optim/optimizer.h"
 #include "step_state.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 
 class LearningRateWindow {
  public:
@@ -48,4 +52,4 @@ class LearningRateWindow {
   int64_t attempts_since_read_ = 0;
 };
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

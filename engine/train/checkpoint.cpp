@@ -1,4 +1,4 @@
-#include "cumulus/runtime/checkpoint.h"
+#include "cumulus/train/checkpoint.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,11 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/io/state_dict.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 namespace {
 
 constexpr const char* kFormat = "cumulus-checkpoint-2";
@@ -282,4 +286,4 @@ bool is_training_checkpoint(const std::string& path) {
   return format != header.metadata.end() && format->second.rfind(kFormatPrefix, 0) == 0;
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

@@ -3,7 +3,11 @@
 #include <cstddef>
 #include <vector>
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 
 void LearningRateWindow::prepare(StepStateMemory& state, int64_t steps_offset) {
   if (!schedule_) {
@@ -33,4 +37,4 @@ void LearningRateWindow::fill(StepStateMemory& state, int64_t base_update, int64
   constant_ = schedule_ ? -1.0f : optimizer_.lr();
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

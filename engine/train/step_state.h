@@ -8,7 +8,7 @@
 #include "cumulus/tensor/tensor.h"
 #include "kernels/optim_rules.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
 
 class StepStateMemory {
  public:
@@ -41,4 +41,4 @@ class StepStateMemory {
   Tensor memory_;  // one kernels::StepBuffers, category other
 };
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

@@ -54,11 +54,15 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/dist/communicator.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "engine/ops/internal.h"
 #include "trainer_parts.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 
 bool Trainer::step_if_ready() {
   const bool stepped = step(true);
@@ -210,4 +214,4 @@ void Trainer::log_step() {
   on_step_(log);
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

@@ -1,7 +1,7 @@
 // What a training run's accumulation is configured with (AccumulationOptions, inherited by
-// optim::TrainerOptions) and the counters a checkpoint carries to resume it (TrainingCounters).
+// train::TrainerOptions) and the counters a checkpoint carries to resume it (TrainingCounters).
 // The policy itself (normalization, clipping, the LR schedule, loss scaling, data parallel
-// buckets) runs inside optim::Trainer: Note [Exact normalization] in engine/runtime/trainer_step.cpp.
+// buckets) runs inside train::Trainer: Note [Exact normalization] in engine/train/trainer_step.cpp.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@ namespace cumulus::dist {
 class Communicator;
 }
 
-namespace cumulus::optim {
+namespace cumulus::train {
 
 enum class Normalization {
   // Default. Losses are summed over units the caller names (samples, tokens, pixels:
@@ -30,7 +30,7 @@ enum class Normalization {
   none,
 };
 
-// Dynamic loss scaling (Note [Loss scaling] in engine/runtime/trainer_step.cpp), for gradients that
+// Dynamic loss scaling (Note [Loss scaling] in engine/train/trainer_step.cpp), for gradients that
 // would underflow in 16 bits: backward's seed is the current scale, fixed within a group; a group
 // with a non-finite gradient is skipped and halves it, but never below min_scale (it holds there);
 // growth_interval clean groups in a row double it. Every factor is a power of two, so unscaling
@@ -119,4 +119,4 @@ std::string accum_schedule_text(const std::map<int, int>& schedule);
 // whole run, such as CosineWarmupLR's, counts.
 int64_t optimizer_steps_in_epochs(const std::map<int, int>& schedule, int64_t micro_batches, int epochs);
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

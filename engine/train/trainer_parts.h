@@ -11,7 +11,7 @@
 
 #include "cumulus/optim/lr_schedule.h"
 #include "cumulus/optim/optimizer.h"
-#include "cumulus/runtime/trainer.h"
+#include "cumulus/train/trainer.h"
 #include "engine/dist/gradient_buckets.h"
 #include "learning_rate_window.h"
 #include "step_state.h"
@@ -20,7 +20,11 @@
 #include "engine/core/cuda_context.h"
 #endif
 
-namespace cumulus::optim {
+namespace cumulus::train {
+
+using optim::LRSchedule;
+using optim::Optimizer;
+using optim::UpdateScalars;
 
 // Where the loop stands, on the host: the epoch, the micro-batch, the group in progress.
 struct GroupPosition {
@@ -75,7 +79,7 @@ struct Trainer::Captured {
 #endif
   std::vector<bool> stale_after;      // the slots' stale flags after the micro-batch
   const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
-  memory::MicroBatchRecord memory;            // measured while capturing
+  memory::MicroBatchRecord memory;  // measured while capturing
   bool captured() const {
 #if CUMULUS_WITH_CUDA
     return graph.valid();
@@ -103,4 +107,4 @@ struct Trainer::Parts {
   int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
 };
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

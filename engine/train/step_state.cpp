@@ -5,7 +5,7 @@
 
 #include "engine/tensor/tensor_impl.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
 
 StepStateMemory::StepStateMemory(const Device& device) {
   MemoryCategoryScope scope(MemoryCategory::other);
@@ -32,4 +32,4 @@ Tensor StepStateMemory::view(float kernels::StepState::*field, const Shape& shap
   return make_tensor(std::move(v));
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train

@@ -1,5 +1,5 @@
 // The accumulation schedule as data: which N an epoch gets, and its text form for a command line.
-#include "cumulus/runtime/accumulation.h"
+#include "cumulus/train/accumulation.h"
 
 #include <cstdlib>
 #include <iterator>
@@ -8,7 +8,7 @@
 
 #include "cumulus/core/error.h"
 
-namespace cumulus::optim {
+namespace cumulus::train {
 
 int accum_steps_for_epoch(const std::map<int, int>& schedule, int epoch) {
   auto it = schedule.upper_bound(epoch);  // first entry after `epoch`; the one before applies
@@ -56,4 +56,4 @@ int64_t optimizer_steps_in_epochs(const std::map<int, int>& schedule, int64_t mi
   return steps;
 }
 
-}  // namespace cumulus::optim
+}  // namespace cumulus::train
