@@ -157,7 +157,7 @@ struct TinyModel {
   Tensor loss() { return ops::sum(ops::linear(Tensor::full(Shape{2, 3}, 1.0f), w, b)); }
 };
 
-TEST(DataParallel, AccumulatorRefusesStepsThatDoNotDivideOverTheRanks) {
+TEST(DataParallel, TrainerRefusesStepsThatDoNotDivideOverTheRanks) {
   TinyModel m;
   train::TrainerOptions ao;
   ao.accum_steps = 3;

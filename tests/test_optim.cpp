@@ -662,12 +662,12 @@ CUMULUS_INSTANTIATE_DEVICES(EquivalenceTest);
 
 // ---- Normalization::micro_batches on a partial group -------------------------------------------
 
-class AccumulatorTest : public DeviceTest {};
+class AccumulationTest : public DeviceTest {};
 
 // With 1000 samples in micro-batches of 16 and N = 4, the last group holds 16 + 16 + 8 = 40
 // samples. Normalization::units weights each of them 1/40. Normalization::micro_batches scales
 // micro-batch j by 1/(B_j N): per-sample weights 1/64, 1/64 and 1/32, total weight 3/4.
-TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
+TEST_P(AccumulationTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
   const Dataset& data = synthetic_dataset(device());
   const std::vector<int64_t> sizes = micro_batch_plan({16}, kSamples);
   ASSERT_EQ(sizes.size(), 63u);
@@ -789,7 +789,7 @@ TEST_P(AccumulatorTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
 // Trainer clipping the same gradients (normalization none, no non-finite guard): the same norm
 // and the same weights, bit for bit, over steps that clip and steps below the threshold; parameters
 // of sizes off the flat buffer's alignment (5, 70, 130), so the padding and the norm's lanes count.
-TEST_P(AccumulatorTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
+TEST_P(AccumulationTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
   const std::vector<Shape> shapes = {{5}, {7, 10}, {130}};
   auto make = [&](uint64_t seed) {
     Generator gen(seed);
@@ -841,7 +841,7 @@ TEST_P(AccumulatorTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
 
 // nn::clip_grad_norm returns PyTorch's total norm and scales by max_norm / (norm + 1e-6) above it;
 // below it, the gradients are left as they are.
-TEST_P(AccumulatorTest, ClipGradNormScalesAsPyTorch) {
+TEST_P(AccumulationTest, ClipGradNormScalesAsPyTorch) {
   Tensor w = Tensor::from_vector(std::vector<float>{0.0f, 0.0f}, {1, 2}, device()).set_requires_grad(true);
   nn::FlatParameters flat({{"w", w}});
   auto backward = [&](float a, float b) {
@@ -861,7 +861,7 @@ TEST_P(AccumulatorTest, ClipGradNormScalesAsPyTorch) {
 // gradients (3, 4) and (-1.5, -2): the normalized accumulated gradient is (0.75, 1) of norm 1.25,
 // clipped to 1: (0.6, 0.8). Clipping each micro-batch first would give (0.6, 0.8) + (-0.6, -0.8)
 // = 0: no update at all.
-TEST_P(AccumulatorTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
+TEST_P(AccumulationTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
   Tensor w = Tensor::from_vector(std::vector<float>{0.5f, -0.25f}, {1, 2}, device());
   w.set_requires_grad(true);
   auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
@@ -960,7 +960,7 @@ TEST(LRScheduleTest, CosineWarmupValues) {
 
 // With 4 accumulation steps, the schedule advances once per optimizer step: check last_lr() and
 // the update actually applied (w -= lr * x, x the per-sample gradient) after each step.
-TEST_P(AccumulatorTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
+TEST_P(AccumulationTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
   struct Case {
     const char* name;
     std::shared_ptr<const optim::LRSchedule> schedule;
@@ -1022,7 +1022,7 @@ TEST(AccumulationScheduleTest, StepsForEpoch) {
   for (int e = 0; e < 7; ++e) EXPECT_EQ(train::accum_steps_for_epoch(t, e), expected[e]) << "epoch " << e;
 }
 
-TEST_P(AccumulatorTest, ScheduleSetsStepsPerEpoch) {
+TEST_P(AccumulationTest, ScheduleSetsStepsPerEpoch) {
   Tensor w = Tensor::from_vector(std::vector<float>{0.0f, 0.0f}, {1, 2}, device());
   w.set_requires_grad(true);
   auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}});
@@ -1079,7 +1079,7 @@ TEST_P(AccumulatorTest, ScheduleSetsStepsPerEpoch) {
 
 // ---- non-finite guard --------------------------------------------------------------------------
 
-TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
+TEST_P(AccumulationTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   const Tiny p;
   Generator gen(11);
   std::vector<std::vector<float>> xs;  // six micro-batches of 2 samples
@@ -1146,7 +1146,7 @@ TEST_P(AccumulatorTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
 
 // Powers of two scale exactly: in f32, away from overflow, training with dynamic loss scaling gives
 // the same bits as without, while the scale grows every growth_interval steps.
-TEST_P(AccumulatorTest, LossScalingIsExactAwayFromOverflow) {
+TEST_P(AccumulationTest, LossScalingIsExactAwayFromOverflow) {
   LossScaling ls;
   ls.dynamic = true;
   ls.initial_scale = 1024.0f;
@@ -1165,7 +1165,7 @@ TEST_P(AccumulatorTest, LossScalingIsExactAwayFromOverflow) {
 // The case: an overflow in the third micro-batch of a group of four skips exactly that
 // group, halves the scale once, and leaves weights and optimizer state untouched; growth_interval
 // clean groups later the scale is back; the counters carry the scale through restore().
-TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce) {
+TEST_P(AccumulationTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce) {
   const Tiny p;
   LossScaling ls;
   ls.dynamic = true;  // 2^16 to start
@@ -1254,7 +1254,7 @@ TEST_P(AccumulatorTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce)
 // the first group that is finite there steps: the run recovers by itself. Without the floor, 200
 // skipped groups took the scale from 8 to 0, and from there every group was skipped (a zero seed,
 // then 1 / 0 in the unscaling). The same at the lowest floor allowed, 2^-126.
-TEST_P(AccumulatorTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
+TEST_P(AccumulationTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
   const Tiny p;
   // One sample per micro-batch and step; an infinite feature overflows at any scale.
   auto feed = [&](TinyTrainer& t, bool overflow) {
@@ -1294,7 +1294,7 @@ TEST_P(AccumulatorTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
 }
 
 // Growth stops at the largest finite power of two: an infinite scale would overflow every group.
-TEST_P(AccumulatorTest, LossScaleNeverGrowsToInfinity) {
+TEST_P(AccumulationTest, LossScaleNeverGrowsToInfinity) {
   const Tiny p;
   LossScaling ls;
   ls.dynamic = true;
@@ -1310,7 +1310,7 @@ TEST_P(AccumulatorTest, LossScaleNeverGrowsToInfinity) {
   EXPECT_EQ(t.acc->loss_scale(), 0x1p127f) << "held at 2^127";
 }
 
-TEST_P(AccumulatorTest, LossScalingOptionsAreChecked) {
+TEST_P(AccumulationTest, LossScalingOptionsAreChecked) {
   const Tiny p;
   TinyModel m(p, device());
   auto make = [&](LossScaling ls, Normalization n = Normalization::units, bool skip = true) {
@@ -1371,7 +1371,7 @@ std::string refusal(Fn fn) {
 
 // A mean-reduced loss would make the gradient 1/B of the right one (the step divides by the samples
 // again): refused, with the fix in the message, and nothing is accumulated or counted.
-TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
+TEST_P(AccumulationTest, RefusesAMeanReducedLoss) {
   const Tiny p;
   TinyModel m(p, device());
   TrainerOptions ao;
@@ -1417,7 +1417,7 @@ TEST_P(AccumulatorTest, RefusesAMeanReducedLoss) {
 
 // Only what is known to be a mean is refused: sums, views of sums, one-element reductions, leaves
 // and ops of unknown meaning go through (Note [Mean-reduced losses]).
-TEST_P(AccumulatorTest, AcceptsSummedLosses) {
+TEST_P(AccumulationTest, AcceptsSummedLosses) {
   const Tiny p;
   TinyModel m(p, device());
   Trainer acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), TrainerOptions{});
@@ -1440,7 +1440,7 @@ TEST_P(AccumulatorTest, AcceptsSummedLosses) {
 
 // The step releases the gradients (marks them stale): grad() is then undefined, as PyTorch's .grad
 // after zero_grad(), and using it says so and how to read it instead.
-TEST_P(AccumulatorTest, GradAfterAStepSaysWhyItIsUndefined) {
+TEST_P(AccumulationTest, GradAfterAStepSaysWhyItIsUndefined) {
   const Tiny p;
   TinyModel m(p, device());
   Trainer acc(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), TrainerOptions{});
@@ -1464,7 +1464,7 @@ TEST_P(AccumulatorTest, GradAfterAStepSaysWhyItIsUndefined) {
 
 // ---- counters ----------------------------------------------------------------------------------
 
-TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {
+TEST_P(AccumulationTest, CountersFollowMicroBatchesAndSteps) {
   const Tiny p;
   TinyModel m(p, device());
   optim::SGDOptions so;
@@ -1522,7 +1522,7 @@ TEST_P(AccumulatorTest, CountersFollowMicroBatchesAndSteps) {
 
 // ---- optimizer state memory --------------------------------------------------------------------
 
-TEST_P(AccumulatorTest, OptimizerStateIsAllocatedAtTheFirstStep) {
+TEST_P(AccumulationTest, OptimizerStateIsAllocatedAtTheFirstStep) {
   const Dataset& data = synthetic_dataset(device());
   CachingAllocator& alloc = allocator_for(device());
   auto round_up = [](int64_t n) {
@@ -1573,7 +1573,7 @@ TEST_P(AccumulatorTest, OptimizerStateIsAllocatedAtTheFirstStep) {
   }
 }
 
-CUMULUS_INSTANTIATE_DEVICES(AccumulatorTest);
+CUMULUS_INSTANTIATE_DEVICES(AccumulationTest);
 
 
 // Note [CPU kernel threads]: the optimizer updates (plain and with frozen chunks), a Linear's bias
