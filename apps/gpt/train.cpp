@@ -206,7 +206,7 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
   if (f.device == "cpu")
     say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s", cpu_capability(),
         blas_core());
-  // Which attention runs on the GPU (cuDNN's fused SDPA or ours: CUMULUS_CUDA_ATTENTION=own).
+  // Which attention runs on the GPU (cuDNN's fused SDPA or ours: opt-in, CUMULUS_CUDA_ATTENTION=cudnn).
   if (device.is_cuda())
     say("cuda: attention on %s\n", ops::cuda_attention_description(compute_dtype(precision)).c_str());
 }

@@ -83,7 +83,8 @@ std::atomic<int64_t> cudnn_calls{0}, own_calls{0};
 std::atomic<int> chosen{-1};  // set_cuda_attention's choice; -1: none
 
 CudaAttention choice_from_environment() {
-  const CudaAttention otherwise = cudnn_attention_compiled() ? CudaAttention::cudnn : CudaAttention::own;
+  // Ours by default: cuDNN's path has not run on a GPU yet, so it is asked for, never assumed.
+  const CudaAttention otherwise = CudaAttention::own;
   const char* value = std::getenv("CUMULUS_CUDA_ATTENTION");
   if (value == nullptr || *value == '\0') return otherwise;
   if (std::strcmp(value, "own") == 0) return CudaAttention::own;
