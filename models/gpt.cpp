@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "cumulus/autograd/checkpoint.h"
@@ -431,6 +432,52 @@ void load_gpt_weights(const std::string& path, GPT& model) {
   options.require_finite = true;  // a NaN weight makes every loss and every sample NaN
   options.allow_missing_shared = true;
   io::load_state_dict(path, model, options);
+}
+
+namespace {
+
+// A vocabulary's symbols as a reader sees them: printable bytes as they are, others as \xNN.
+std::string printable_symbols(const std::string& symbols) {
+  std::string out;
+  for (unsigned char c : symbols) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void load_gpt_initial_weights(const std::string& path, GPT& model, const CharVocabulary& vocabulary) {
+  const std::map<std::string, std::string> metadata = io::read_safetensors_header(path).metadata;
+  const bool describes_a_gpt = std::any_of(metadata.begin(), metadata.end(),
+                                           [](const auto& kv) { return kv.first.rfind("gpt.", 0) == 0; });
+  if (describes_a_gpt) {
+    const GPTCheckpointInfo file = read_gpt_checkpoint(path);
+    const GPTConfig& run = model.config();
+    std::string differences;
+    auto compare = [&](const char* key, int64_t in_file, int64_t in_run) {
+      if (in_file != in_run)
+        differences += std::string(differences.empty() ? "" : ", ") + key + " " + std::to_string(in_file) +
+                       ", this run's " + std::to_string(in_run);
+    };
+    compare("gpt.n_layer", file.config.n_layer, run.n_layer);
+    compare("gpt.n_head", file.config.n_head, run.n_head);
+    compare("gpt.n_embd", file.config.n_embd, run.n_embd);
+    compare("gpt.block_size", file.config.block_size, run.block_size);
+    CUMULUS_CHECK(differences.empty(), Error, "file '", path, "' describes another GPT: ", differences);
+    CUMULUS_CHECK(file.vocabulary.symbols() == vocabulary.symbols(), Error, "file '", path,
+                  "' was made for a vocabulary of ", file.vocabulary.size(), " symbols \"",
+                  excerpt(printable_symbols(file.vocabulary.symbols())), "\"; this text's is ", vocabulary.size(),
+                  " symbols \"", excerpt(printable_symbols(vocabulary.symbols())),
+                  "\": its token ids would mean other characters");
+  }
+  load_gpt_weights(path, model);
 }
 
 }  // namespace cumulus::models

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <filesystem>
@@ -292,6 +293,25 @@ TEST(GptHostile, ForgedTensorsAreRefusedBeforeTheyAreUsed) {
     EXPECT_EQ(init.exit_code, 1) << p << "\n" << init.out;
     expect_has(init, p, "init");
   }
+}
+
+// Initial weights made for another GPT or another text: the heads (shapes alone cannot tell) and
+// the vocabulary (token ids would mean other characters) are compared, each named.
+TEST(GptHostile, InitWeightsOfAnotherGptOrTextAreRefused) {
+  TempDir dir;
+  const Trained t = train_once(dir);
+  Result r = gpt(train_args(t.corpus, 2, /*heads=*/4) + " --init " + t.weights);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  expect_has(r, "gpt.n_head 2, this run's 4", "other heads");
+  std::string other_text = read(t.corpus);
+  std::replace(other_text.begin(), other_text.end(), 'q', 'Q');
+  std::ofstream(dir.file("other.txt")) << other_text;
+  r = gpt(train_args(dir.file("other.txt")) + " --init " + t.weights);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  expect_has(r, "its token ids would mean other characters", "other vocabulary");
+  expect_has(r, t.weights, "other vocabulary");
+  r = gpt(train_args(t.corpus) + " --init " + t.weights);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
 // ---- 5. resumes: other settings refused, each named; a finished run adds nothing -------------------

@@ -59,8 +59,12 @@ std::string wrap_help_text(const std::string& help, int width, std::size_t descr
     pos = eol + 1;
     const bool option_line =
         line.size() > description_column && line.rfind("  -", 0) == 0 && line[description_column - 1] == ' ';
-    const std::size_t indent =
-        option_line ? description_column : std::min<std::size_t>(line.find_first_not_of(' '), 20);
+    // An option's description continues at its column, also when it starts on a line of its own
+    // (after a long option name); other text keeps its own indentation, at most 20 columns.
+    const std::size_t leading = line.find_first_not_of(' ');
+    const std::size_t indent = option_line || (leading != std::string::npos && leading >= description_column)
+                                   ? description_column
+                                   : std::min<std::size_t>(leading, 20);
     while (static_cast<int>(line.size()) > width) {
       std::size_t cut = line.rfind(' ', static_cast<std::size_t>(width));
       if (cut == std::string::npos || cut <= indent) cut = line.find(' ', static_cast<std::size_t>(width));

@@ -103,14 +103,17 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
                "and on Ctrl-C or --stop-after; the training state (AdamW's moments, counters) goes beside them in "
                "FILE.state");
   c.add_option("--resume", f.resume, "continue the run a --save of the same flags and data left (FILE and FILE.state)");
-  c.add_option("--init", f.init, "initial weights (safetensors with nanoGPT's names) instead of the seeded ones");
+  c.add_option("--init", f.init,
+               "initial weights (safetensors with nanoGPT's names) instead of the seeded ones; a file cumulus "
+               "wrote must be of this model's size, heads and vocabulary");
   c.add_flag("--quiet", f.quiet, "only evaluations, warnings and errors");
 }
 
 void add_sample_flags(CLI::App& c, SampleFlags& f) {
   c.option_defaults()->always_capture_default();
   c.add_option("--load", f.load, "weights written by gpt train --save")->required();
-  c.add_option("--prompt", f.prompt, "text to continue (default: a newline)");
+  // The default, a newline, would print as a line break in --help: the help says it instead.
+  c.add_option("--prompt", f.prompt, "text to continue (default: a newline)")->capture_default_str()->default_str("");
   c.add_option("--length", f.length, "new characters")->check(CLI::Range(0, 1 << 24));
   c.add_option("--temperature", f.temperature, "softmax temperature (0: the most likely character; else in [1e-4, 1e4])")
       ->check(kFinite)

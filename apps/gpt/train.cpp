@@ -301,7 +301,7 @@ int train(const TrainFlags& flags) {
   const std::unique_ptr<models::GPT> model_ptr =
       make_model(gpt_config(f, t.vocab.size()), static_cast<uint64_t>(f.seed), device);
   models::GPT& model = *model_ptr;
-  if (!f.init.empty()) models::load_gpt_weights(f.init, model);
+  if (!f.init.empty()) models::load_gpt_initial_weights(f.init, model, t.vocab);
   model.set_recompute(f.recompute == "on");
   model.set_compute_dtype(compute_dtype(precision));
   if (f.effective_batch > 0 && f.effective_batch * f.context > t.split.train.numel())

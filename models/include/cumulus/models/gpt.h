@@ -191,4 +191,10 @@ void check_gpt_weights(const std::string& path, const GPTConfig& config);
 // be finite. Errors name the file and the tensor; the model is unchanged on one.
 void load_gpt_weights(const std::string& path, GPT& model);
 
+// Weights a run starts from (gpt train --init): a file that describes its GPT (any "gpt." key, as
+// every file cumulus writes does) must describe this one, config and vocabulary, or the token ids
+// would mean other characters; each difference is named ("gpt.n_head 4, this run's 2"). A file
+// without such keys (PyTorch's save_model) is taken as made for `vocabulary`. Then load_gpt_weights.
+void load_gpt_initial_weights(const std::string& path, GPT& model, const CharVocabulary& vocabulary);
+
 }  // namespace cumulus::models
