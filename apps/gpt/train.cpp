@@ -124,6 +124,7 @@ void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
     } catch (const Error& e) {
       throw UsageError("--memory-budget " + f.memory_budget + ": " + e.what());
     }
+    if (budget <= 0) throw UsageError("--memory-budget " + f.memory_budget + ": must be more than 0 bytes");
   }
   plan::PlanRequest request =
       models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
