@@ -650,6 +650,36 @@ TEST(AtomicWrite, CleanUpRemovesOnlyDeadWritersTemporariesOfThisHost) {
 
 // The sums of FIPS 180-2's examples ("abc", the empty message), and a file named with a quote and a
 // space (the name reaches sha256sum as one shell word); a missing file is an Error naming it.
+// A log appended to a line at a time: a symlink or FIFO swapped in at its name after it was
+// created is refused, its target untouched; writes land at the end.
+TEST(AppendFile, AddsToTheEndAndNeverThroughALinkOrAFifoSwappedIn) {
+  TempDir dir;
+  const std::string log = dir.file("m.jsonl"), victim = dir.file("victim");
+  io::write_file_atomic(log, "line 1\n");
+  {
+    io::AppendFile out(log);
+    out.write("line 2\n");
+  }
+  EXPECT_EQ(read_file(log), "line 1\nline 2\n");
+  write_raw(victim, "precious");
+  fs::remove(log);
+  fs::create_symlink(victim, log);
+  EXPECT_THROW(
+      {
+        try {
+          io::AppendFile out(log);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("symbolic link"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_EQ(read_file(victim), "precious");
+  fs::remove(log);
+  ASSERT_EQ(::mkfifo(log.c_str(), 0600), 0);
+  EXPECT_THROW(io::AppendFile{log}, Error);  // no reader: refused at once, never a hang
+}
+
 TEST(Checksum, Sha256OfFiles) {
   if (!io::program_on_path("sha256sum")) GTEST_SKIP() << "no sha256sum";
   TempDir dir;

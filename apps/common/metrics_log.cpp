@@ -1,13 +1,21 @@
 #include "common/metrics_log.h"
 
-#include <fstream>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <utility>
 
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
 
 namespace cumulus::app {
+
+namespace {
+// A metrics file a resume reads back: far more than a long run's lines (about 100 bytes a step).
+constexpr uint64_t kMaxMetricsBytes = uint64_t{1} << 30;
+}  // namespace
 
 MetricsLog::MetricsLog(std::string path, const std::string& position_key, std::optional<int64_t> resume_at,
                        MetricsWrites writes)
@@ -16,14 +24,15 @@ MetricsLog::MetricsLog(std::string path, const std::string& position_key, std::o
   if (path_.empty() || writes_ != MetricsWrites::append) return;
   // Appending: the kept lines (none for a new run) are written now, so an unwritable file fails
   // before any training, and each line is added after them.
-  io::write_file_atomic(path_, content_);
-  out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw Error("'" + path_ + "': cannot be opened for appending");
+  // The name itself is written and then appended to, never a symlink's target.
+  io::write_file_atomic(path_, content_, io::OutputLinks::replace);
+  out_ = io::AppendFile(path_);
 }
 
 void MetricsLog::keep_lines_up_to(const std::string& position_key, int64_t resume_at) {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) return;  // no file yet: start one
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) != 0 && errno == ENOENT) return;  // no file yet: start one
+  std::istringstream in(io::read_regular_file(path_, "'" + path_ + "': ", kMaxMetricsBytes));
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.empty()) continue;
@@ -42,9 +51,7 @@ void MetricsLog::append(const std::string& json_object) {
     io::write_file_atomic(path_, content_);
     return;
   }
-  out_ << json_object << '\n';
-  out_.flush();
-  if (!out_) throw Error("'" + path_ + "': write failed");
+  out_.write(json_object + "\n");
 }
 
 }  // namespace cumulus::app

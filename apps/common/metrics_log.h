@@ -2,17 +2,19 @@
 // run keeps the lines up to its checkpoint's position and drops the ones after it, so the file reads
 // as one run. By default every append rewrites the file atomically (io::write_file_atomic): a crash
 // never leaves half a line. For a line per step, where rewriting would cost the whole file each
-// time, MetricsWrites::append adds each line to the file and flushes it. Either way a full disk or
-// an unwritable file is an Error naming it.
+// time, MetricsWrites::append writes the kept lines in place of the name, then adds each line to
+// that file (io::AppendFile): a symlink swapped in meanwhile is never written through. Either way
+// a full disk or an unwritable file is an Error naming it.
 //
 //   MetricsLog metrics(path, "epoch", resuming ? std::optional<int64_t>(finished_epochs) : std::nullopt);
 //   metrics.append(R"({"epoch": 3, "train_loss": 0.41})");
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <string>
+
+#include "cumulus/io/file.h"
 
 namespace cumulus::app {
 
@@ -38,7 +40,7 @@ class MetricsLog {
 
   std::string path_, content_;  // content_: the lines so far (atomic_rewrite), or those kept (append)
   MetricsWrites writes_ = MetricsWrites::atomic_rewrite;
-  std::ofstream out_;  // MetricsWrites::append
+  io::AppendFile out_;  // MetricsWrites::append
 };
 
 }  // namespace cumulus::app

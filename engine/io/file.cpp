@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cumulus/core/error.h"
@@ -338,6 +339,51 @@ void write_file_atomic(const std::string& path, const std::string& content, Outp
   if (dir >= 0) {
     ::fsync(dir);  // best effort: some filesystems refuse fsync on directories
     ::close(dir);
+  }
+}
+
+AppendFile::AppendFile(const std::string& path) : path_(path) {
+  // O_NOFOLLOW: a symlink at the name fails with ELOOP; O_NONBLOCK: a FIFO there cannot hang the open.
+  do fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  while (fd_ < 0 && errno == EINTR);
+  if (fd_ < 0) {
+    if (errno == ELOOP) throw Error("'" + path + "': is a symbolic link now; a log is never written through one");
+    throw Error("'" + path + "': cannot be opened for appending: " + std::strerror(errno));
+  }
+  struct stat st {};
+  const bool inspected = ::fstat(fd_, &st) == 0;
+  if (!inspected || !S_ISREG(st.st_mode)) {
+    const std::string kind = inspected ? kind_of(st.st_mode) : "not inspectable";
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("'" + path + "': is " + kind + " now, not a regular file");
+  }
+}
+
+AppendFile::AppendFile(AppendFile&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
+
+AppendFile& AppendFile::operator=(AppendFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::write(const std::string& bytes) {
+  if (fd_ < 0) return;
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error("'" + path_ + "': write failed: " + std::strerror(n < 0 ? errno : EIO));
+    done += static_cast<std::size_t>(n);
   }
 }
 

@@ -64,4 +64,25 @@ int open_regular_file(const std::string& path, const std::string& where, uint64_
 // grows while it is read is an Error.
 std::string read_regular_file(const std::string& path, const std::string& where, uint64_t max_bytes);
 
+// A log's file, added to a line at a time after write_file_atomic created it: opened for appending
+// without following a symlink (one swapped in since is refused, never written through) and only
+// if it is a regular file, never created here. Each write() is whole or an Error naming the file
+// and the reason (a full disk; a file-size limit, SIGXFSZ ignored, is EFBIG).
+class AppendFile {
+ public:
+  AppendFile() = default;  // writes nothing
+  explicit AppendFile(const std::string& path);
+  AppendFile(AppendFile&& other) noexcept;
+  AppendFile& operator=(AppendFile&& other) noexcept;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+
+  void write(const std::string& bytes);
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
 }  // namespace cumulus::io
