@@ -925,6 +925,24 @@ TEST(LRScheduleTest, StepLRValues) {
   EXPECT_EQ(optim::ConstantLR(0.25f).lr_at(1000), 0.25f);
 }
 
+// nanoGPT's schedule (get_lr, in Python floats) at its defaults, rounded once: every rate is the
+// float nearest the double computation from the same (float) inputs, not a sum of float roundings.
+TEST(LRScheduleTest, CosineWarmupIsTheDoubleRateRoundedOnce) {
+  const float lr = 6e-4f, min_lr = 6e-5f;
+  const int64_t warmup = 20, total = 200;
+  const optim::CosineWarmupLR s(lr, warmup, total, min_lr);
+  for (int64_t k = 0; k < total; ++k) {
+    double expected;
+    if (k < warmup) {
+      expected = double(lr) * double(k + 1) / double(warmup);
+    } else {
+      const double progress = double(k - warmup) / double(total - warmup);
+      expected = double(min_lr) + (double(lr) - double(min_lr)) * 0.5 * (1.0 + std::cos(kPi * progress));
+    }
+    EXPECT_EQ(s.lr_at(k), static_cast<float>(expected)) << "step " << k;
+  }
+}
+
 TEST(LRScheduleTest, CosineWarmupValues) {
   const double lr = 1.0, min_lr = 0.1;
   const int warmup = 4, total = 10;

@@ -11,7 +11,8 @@ StepLR::StepLR(float lr, int64_t step_size, float gamma) : lr_(lr), step_size_(s
 }
 
 float StepLR::lr_at(int64_t step) const {
-  return lr_ * static_cast<float>(std::pow(static_cast<double>(gamma_), static_cast<double>(step / step_size_)));
+  return static_cast<float>(static_cast<double>(lr_) *
+                            std::pow(static_cast<double>(gamma_), static_cast<double>(step / step_size_)));
 }
 
 CosineWarmupLR::CosineWarmupLR(float lr, int64_t warmup_steps, int64_t total_steps, float min_lr)
@@ -20,11 +21,14 @@ CosineWarmupLR::CosineWarmupLR(float lr, int64_t warmup_steps, int64_t total_ste
                 "CosineWarmupLR: need 0 <= warmup_steps < total_steps, got ", warmup_steps, " and ", total_steps);
 }
 
+// In double and rounded once, as PyTorch's schedules compute in Python floats: the rate is the
+// float nearest the exact one, not the sum of several float roundings.
 float CosineWarmupLR::lr_at(int64_t step) const {
-  if (step < warmup_) return lr_ * static_cast<float>(step + 1) / static_cast<float>(warmup_);
+  const double lr = lr_, min_lr = min_lr_;
+  if (step < warmup_) return static_cast<float>(lr * static_cast<double>(step + 1) / static_cast<double>(warmup_));
   if (step >= total_) return min_lr_;
   const double progress = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
-  return min_lr_ + (lr_ - min_lr_) * static_cast<float>(0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
+  return static_cast<float>(min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
 }
 
 }  // namespace cumulus::optim
