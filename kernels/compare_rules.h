@@ -141,12 +141,14 @@ inline NaryGeometry nary_geometry(const int64_t* out, int out_ndim, int n, const
 }
 
 // The offsets into every operand of output element i.
+// Every operand slot is computed (an absent operand's strides are 0): a loop of constant length
+// unrolls, so a kernel's offsets stay in registers instead of a stack frame.
 CUMULUS_HOST_DEVICE void nary_offsets(const NaryGeometry& g, int64_t i, int64_t* offsets) {
-  for (int k = 0; k < g.noperands; ++k) offsets[k] = 0;
+  for (int k = 0; k < NaryGeometry::kMaxOperands; ++k) offsets[k] = 0;
   for (int d = g.ndim - 1; d >= 0; --d) {
     const int64_t c = d > 0 ? i % g.dims[d] : i;
     i /= g.dims[d];
-    for (int k = 0; k < g.noperands; ++k) offsets[k] += c * g.strides[1 + k][d];
+    for (int k = 0; k < NaryGeometry::kMaxOperands; ++k) offsets[k] += c * g.strides[1 + k][d];
   }
 }
 
@@ -168,13 +170,10 @@ template <typename T>
 CUMULUS_HOST_DEVICE float where_grad_element(const NaryGeometry& g, int operand, int64_t j, const uint8_t* cond,
                                              const T* dy) {
   const int64_t* own = g.strides[1 + operand];
-  int64_t base_out = 0, base_cond = 0;
-  int reduced[NaryGeometry::kMaxDims];
-  int nreduced = 0;
+  int64_t base_out = 0, base_cond = 0, readers = 1;  // readers: output elements that read element j
   for (int d = g.ndim - 1; d >= 0; --d) {
     if (own[d] == 0) {
-      if (g.dims[d] == 0) return 0.0f;  // an empty output reads nothing
-      if (g.dims[d] > 1) reduced[nreduced++] = d;
+      readers *= g.dims[d];  // an empty output: no readers, a zero gradient
       continue;
     }
     const int64_t c = j % g.dims[d];
@@ -182,22 +181,20 @@ CUMULUS_HOST_DEVICE float where_grad_element(const NaryGeometry& g, int operand,
     base_out += c * g.strides[0][d];
     base_cond += c * g.strides[1][d];
   }
-  const uint8_t selects = operand == 1 ? 1 : 0;
-  int64_t count[NaryGeometry::kMaxDims] = {};
+  const bool selects_a = operand == 1;
   double sum = 0.0;
-  for (;;) {
-    if ((cond[base_cond] != 0) == (selects != 0)) sum += to_f32(dy[base_out]);
-    int r = 0;
-    for (; r < nreduced; ++r) {  // the odometer, innermost reduced dimension first
-      const int d = reduced[r];
-      base_out += g.strides[0][d];
-      base_cond += g.strides[1][d];
-      if (++count[r] < g.dims[d]) break;
-      base_out -= count[r] * g.strides[0][d];
-      base_cond -= count[r] * g.strides[1][d];
-      count[r] = 0;
+  // Reader k's position over the broadcast dimensions, the innermost fastest: a fixed order (the
+  // same bits on both devices), and no per-dimension counters (no stack frame on the GPU).
+  for (int64_t k = 0; k < readers; ++k) {
+    int64_t rest = k, at_out = base_out, at_cond = base_cond;
+    for (int d = g.ndim - 1; d >= 0 && rest > 0; --d) {
+      if (own[d] != 0) continue;
+      const int64_t c = rest % g.dims[d];
+      rest /= g.dims[d];
+      at_out += c * g.strides[0][d];
+      at_cond += c * g.strides[1][d];
     }
-    if (r == nreduced) break;
+    if ((cond[at_cond] != 0) == selects_a) sum += to_f32(dy[at_out]);
   }
   return static_cast<float>(sum);
 }

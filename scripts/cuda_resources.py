@@ -2,14 +2,15 @@
 """The engine's CUDA compiler launcher: runs the compile it is given, reads what ptxas reports for
 each kernel (the build passes -Xptxas=-v), prints a table of registers, shared memory, stack and
 spills per kernel and architecture into the build log, and fails the compile when a kernel of a
-hot file has a stack frame or spills (the object is removed, so the next build compiles it again).
+checked file (CMake passes every kernel file of ours) has a stack frame or spills (the object is
+removed, so the next build compiles it again).
 
-Why a stack frame at all fails a hot kernel: a frame is local memory, off-chip and cached in L1 at
+Why a stack frame at all fails a kernel: a frame is local memory, off-chip and cached in L1 at
 best, and it is almost always an array indexed at run time (or a call that was not inlined) where the
 kernel meant registers. The driver also reserves local memory for the largest frame of any kernel a
 context loads (frame x the threads a device keeps resident), outside our caching allocator.
 
-usage: cuda_resources.py --hot a.cu,b.cu -- [launcher...] nvcc ARGS...
+usage: cuda_resources.py --checked a.cu,b.cu -- [launcher...] nvcc ARGS...
 
 Reading ptxas's own report costs nothing beyond the compile: no second compile and no tool that
 reads objects (cuobjdump is not part of every toolkit install). A cached compile (ccache) replays
@@ -72,7 +73,7 @@ def short(name, width=70):
 
 def main(argv):
     split = argv.index("--")
-    hot = set(argv[argv.index("--hot") + 1].split(",")) if "--hot" in argv[:split] else set()
+    checked = set(argv[argv.index("--checked") + 1].split(",")) if "--checked" in argv[:split] else set()
     command = argv[split + 1 :]
     result = subprocess.run(command, stderr=subprocess.PIPE, text=True)
     report = result.stderr
@@ -88,15 +89,15 @@ def main(argv):
         return 0
     names = demangled([r[0] for r in rows])
     file = os.path.basename(source)
-    print(f"kernel resources: {file}{' (hot: a stack frame or spills fail the build)' if file in hot else ''}")
+    print(f"kernel resources: {file}{' (checked: a stack frame or spills fail the build)' if file in checked else ''}")
     print(f"  {'kernel':60} {'arch':6} {'regs':>4} {'smem':>6} {'stack':>5} {'spill st':>8} {'spill ld':>8}")
     for name, r in sorted(zip(names, rows), key=lambda p: (p[0], p[1][1])):
         print(f"  {short(name, 60):60} {r[1]:6} {r[2]:4} {r[3]:6} {r[4]:5} {r[5]:8} {r[6]:8}")
     failing = [(n, r) for n, r in zip(names, rows) if r[4] or r[5] or r[6]]
-    if file in hot and failing:
+    if file in checked and failing:
         for name, r in failing:
             print(f"error: {file}: {name} on {r[1]}: {r[4]} bytes stack frame, {r[5]} bytes spill stores, {r[6]} bytes "
-                  "spill loads (a hot kernel keeps its state in registers and shared memory)", file=sys.stderr)
+                  "spill loads (a kernel of ours keeps its state in registers and shared memory)", file=sys.stderr)
         if output and os.path.exists(output):
             os.remove(output)
         return 1

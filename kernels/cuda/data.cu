@@ -56,15 +56,18 @@ __device__ void gather_columns(const GatherColumns& columns, const CopyUnits& un
   }
 }
 
-__global__ void gather_rows_kernel(GatherColumns columns, CopyUnits units, const int32_t* order, int64_t start,
-                                   int64_t count) {
+// __grid_constant__: the columns are read in place, in parameter memory, where a run-time column
+// index would otherwise copy both structs into a stack frame.
+__global__ void gather_rows_kernel(const __grid_constant__ GatherColumns columns, const __grid_constant__ CopyUnits units,
+                                   const int32_t* order, int64_t start, int64_t count) {
   gather_columns(columns, units, order, start, count);
 }
 
 // The batch at cursor->position (or in ring slot cursor->ring_slot); the last block to finish
 // advances the position (every block has read it by then: each reads it before counting itself
 // done). The ring slot is the host's to set: it knows which slot it staged.
-__global__ void gather_rows_at_cursor_kernel(GatherColumns columns, CopyUnits units, const int32_t* order,
+__global__ void gather_rows_at_cursor_kernel(const __grid_constant__ GatherColumns columns,
+                                             const __grid_constant__ CopyUnits units, const int32_t* order,
                                              GatherCursor* cursor, int64_t batch_size, int64_t ring, int64_t count) {
   __shared__ int64_t start;
   if (threadIdx.x == 0) start = (ring > 0 ? int64_t(cursor->ring_slot) : cursor->position) * batch_size;

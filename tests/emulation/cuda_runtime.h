@@ -92,6 +92,8 @@
 // The bound is registered per kernel by tests/CMakeLists.txt (cuda_emulation::LaunchBound).
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+// A kernel parameter read in place (no copy): every emulated parameter is an ordinary one.
+#define __grid_constant__
 // __shared__ is deliberately left undefined: tests/CMakeLists.txt rewrites each declaration into
 // cuda_emulation::shared, so one it missed fails the build instead of becoming a static.
 
