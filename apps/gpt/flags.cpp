@@ -48,7 +48,7 @@ std::string number_text(double v) {
 }  // namespace
 
 void add_train_flags(CLI::App& c, TrainFlags& f) {
-  c.option_defaults()->always_capture_default();
+  c.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c.add_option("--data", f.data, "a folder holding shakespeare.txt, or any text file (default: search)");
   c.add_option("--context", f.context, "context length T (tokens per window)")->check(CLI::Range(1, 1 << 16));
   c.add_option("--width", f.width, "embedding width C")->check(CLI::Range(1, 1 << 16));
@@ -110,7 +110,7 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
 }
 
 void add_sample_flags(CLI::App& c, SampleFlags& f) {
-  c.option_defaults()->always_capture_default();
+  c.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c.add_option("--load", f.load, "weights written by gpt train --save")->required();
   // The default, a newline, would print as a line break in --help: the help says it instead.
   c.add_option("--prompt", f.prompt, "text to continue (default: a newline)")->capture_default_str()->default_str("");

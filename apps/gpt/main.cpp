@@ -50,7 +50,8 @@ int run_command(CLI::App& cli, const gpt::TrainFlags& train_flags, const gpt::Sa
 
 int main(int argc, char** argv) {
   io::prepare_run_files();
-  CLI::App cli("gpt: train a character-level GPT with gradient accumulation, and sample from it");
+  CLI::App cli("gpt: train a character-level GPT with gradient accumulation, and sample from it. The last value "
+               "of a repeated flag wins.");
   cli.set_version_flag("--version", app::version_text("gpt"),
                        "print the version, commit, build type and compiled backends, then exit");
   cli.require_subcommand(1);
