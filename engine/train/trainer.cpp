@@ -139,6 +139,7 @@ std::vector<bool> Trainer::frozen_pattern() const {
 bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_->timeline_active()); }
 
 void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
+  const EntryPoint entry(parts_->caller, "micro_batch");
   if (!graphs_now()) return eager_micro_batch(units, forward_loss);
   const Parts& p = *parts_;
   const int seed_steps = p.options.normalization == Normalization::micro_batches ? p.position.accum_steps : 0;
