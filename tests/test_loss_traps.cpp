@@ -1,9 +1,12 @@
 // What a PyTorch user writing their own model falls into silently, and the Trainer now stops
 // (issue 59): a loss it would normalize twice (a sum divided by a count made by hand, Note [Loss
 // normalized once]), units that are not what the loss summed (Note [Units checked against the
-// loss]), with the explicit way to weight a loss on purpose (AccumulationOptions::weighted_loss).
+// loss]), with the explicit way to weight a loss on purpose (AccumulationOptions::weighted_loss);
+// and the memory a caller's own batch takes counted as data (Note [A user's tensors in a
+// micro-batch]), the tracker's one-batch prediction made as the planner's (Note [One batch's peak]).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,6 +14,10 @@
 #include <vector>
 
 #include "cumulus/data/dataset.h"
+#include "cumulus/memory/allocator.h"
+#include "cumulus/memory/category.h"
+#include "cumulus/memory/report.h"
+#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/embedding.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
@@ -19,7 +26,9 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/ops/shape.h"
+#include "cumulus/optim/adamw.h"
 #include "cumulus/optim/sgd.h"
+#include "cumulus/plan/planner.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/train/trainer.h"
 #include "test_util.h"
@@ -316,6 +325,164 @@ TEST_P(LossTraps, TrainEpochChecksBatchUnits) {
   data::DataLoader loader(windows, kRows, /*shuffle=*/false, /*seed=*/0, device());
   EXPECT_NO_THROW(q.trainer->train_epoch(loader, 0, q_loss));
   EXPECT_EQ(q.trainer->counters().optimizer_steps, 3);
+}
+
+// ---- item 3: one account of memory -----------------------------------------------------------
+
+// The tensors a closure makes itself (from_vector, to) are the micro-batch's data; an op's output
+// is an activation; a tensor made before the call stays where it was made.
+TEST_P(LossTraps, ABatchMadeInsideTheMicroBatchCountsAsData) {
+  memory::MemoryTracker::Options o;
+  o.micro_batch_size = kTokens;
+  o.timeline_steps = 0;
+  memory::MemoryTracker tracker(device(), o);
+  train::TrainerOptions options;
+  options.tracker = &tracker;
+  LanguageProblem p(device(), options);
+  const Tensor made_before = p.inputs(0);
+  MemoryCategory tokens = MemoryCategory::other, copied = MemoryCategory::other, logits = MemoryCategory::other;
+  p.trainer->micro_batch(kTokens, [&] {
+    const Tensor x = p.inputs(0);
+    const Tensor y = Tensor::from_vector(window(0, 1), {kRows, kContext}).to(device());
+    const Tensor z = p.model(x);
+    tokens = x.memory_category();
+    copied = y.memory_category();
+    logits = z.memory_category();
+    return ops::cross_entropy(z, y, ops::Reduction::Sum);
+  });
+  EXPECT_EQ(tokens, MemoryCategory::data) << "Tensor::from_vector inside the closure";
+  EXPECT_EQ(copied, MemoryCategory::data) << "a host batch moved to the device inside the closure";
+  EXPECT_EQ(logits, MemoryCategory::activations);
+  EXPECT_EQ(made_before.memory_category(), MemoryCategory::other) << "the caller's, made before the call";
+  EXPECT_EQ(p.inputs(0).memory_category(), MemoryCategory::other) << "after the micro-batch, as before it";
+  // The tracker sees the batch as data: in the record, and in the summary's per-micro-batch data.
+  const memory::MicroBatchRecord& r = tracker.micro_batches().at(0);
+  const auto data = static_cast<std::size_t>(MemoryCategory::data);
+  EXPECT_GE(r.peak_by_category[data] - r.start_by_category[data], 2 * kTokens * 4);
+  const memory::MemorySummary summary = tracker.summary();
+  EXPECT_GE(summary.batch_data_bytes, 2 * kTokens * 4);
+  std::FILE* table = std::tmpfile();
+  ASSERT_NE(table, nullptr);
+  memory::print_memory_table(tracker, table);
+  std::rewind(table);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), table));
+  std::fclose(table);
+  EXPECT_TRUE(has(text, " per micro-batch\n")) << text;
+}
+
+// A language model with a table of its own made once outside any scope (category other, 2 MiB) and
+// its batches made in the closure. One batch of 4 x 8 tokens: what the tracker predicts from 4
+// micro-batches of 8, what the planner predicts for the same run, and what one batch measures
+// agree; counted by category at the peak, as the tracker did (issue 59), the table was taken for
+// growth and multiplied by 4.
+struct TableLanguageModel {
+  explicit TableLanguageModel(Device device) : device(device), gen(3), model(gen, device) {
+    table = Tensor::zeros({65536, kWidth}, DType::f32, device);  // the caller's, outside any scope: other
+    flat = std::make_shared<nn::FlatParameters>(model);
+    optimizer = std::make_shared<optim::AdamW>(flat, optim::AdamWOptions{});
+  }
+  // The summed loss of `rows` windows from window i, built in the caller's code.
+  Tensor loss(int64_t rows, int64_t i) {
+    std::vector<int32_t> x, y;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<int32_t> xi = window(i + r, 0), yi = window(i + r, 1);
+      x.insert(x.end(), xi.begin(), xi.begin() + kContext);
+      y.insert(y.end(), yi.begin(), yi.begin() + kContext);
+    }
+    const Tensor tokens = Tensor::from_vector(x, {rows, kContext}, device);
+    const Tensor hidden = (*model.embedding)(tokens) + table.narrow_rows(0, kContext);
+    return ops::cross_entropy((*model.head)(hidden), Tensor::from_vector(y, {rows, kContext}, device),
+                              ops::Reduction::Sum);
+  }
+  // The tracker's summary of `micro_batches` micro-batches of `rows` windows in groups of `accum`.
+  memory::MemorySummary tracked(int64_t rows, int accum, int micro_batches) {
+    memory::MemoryTracker::Options o;
+    o.micro_batch_size = rows * kContext;
+    o.accum_steps = accum;
+    o.timeline_steps = 0;
+    memory::MemoryTracker tracker(device, o);
+    train::TrainerOptions options;
+    options.accum_steps = accum;
+    options.tracker = &tracker;
+    train::Trainer trainer(optimizer, options);
+    for (int i = 0; i < micro_batches; ++i) {
+      trainer.micro_batch(rows * kContext, [&] { return loss(rows, i); });
+      trainer.step_if_ready();
+    }
+    old_prediction = by_category_at_the_peak(tracker, rows * kContext, accum);
+    return tracker.summary();
+  }
+  // The prediction as the tracker made it before: every byte of activations, temporaries, other
+  // and parameter copies at the peak grows with the units.
+  static int64_t by_category_at_the_peak(memory::MemoryTracker& tracker, int64_t units, int accum) {
+    int64_t fixed = 0, peak = 0;
+    for (const memory::MicroBatchRecord& r : tracker.micro_batches()) {
+      if (r.peak_bytes <= peak) continue;
+      peak = r.peak_bytes;
+      fixed = 0;
+      for (MemoryCategory c : {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state,
+                               MemoryCategory::workspace, MemoryCategory::data})
+        fixed += r.peak_by_category[static_cast<std::size_t>(c)];
+    }
+    return fixed + (peak - fixed) * accum;
+  }
+  // The planner's predicted peak for micro-batches of `units` (effective batch `units`).
+  int64_t planned(int64_t units) {
+    plan::PlanRequest r;
+    r.device = device;
+    r.effective_batch = units;
+    r.units_per_row = kContext;
+    r.optimizer = optimizer.get();
+    r.loop_state = train::Trainer::state_to_allocate();
+    r.micro_batch = [&](int64_t u) {
+      loss(u / kContext, 0).backward();
+      flat->mark_gradients_stale();
+    };
+    r.micro_batch_seconds = [](int64_t u, const plan::PlanSetting&) { return 1e-3 * static_cast<double>(u); };
+    const plan::Plan plan = plan::plan_batch(r);
+    for (const plan::PlanRow& row : plan.table)
+      if (row.micro_batch == units) return row.peak_bytes;
+    return -1;
+  }
+
+  Device device;
+  Generator gen;
+  TinyLanguageModel model;
+  Tensor table;
+  std::shared_ptr<nn::FlatParameters> flat;
+  std::shared_ptr<optim::Optimizer> optimizer;
+  int64_t old_prediction = 0;
+};
+
+TEST_P(LossTraps, TheTrackerPredictsOneBatchAsThePlannerDoes) {
+  constexpr int kAccum = 4;
+  constexpr int64_t kOneBatch = kAccum * kRows * kContext;
+  int64_t planner = 0, predicted = 0, measured = 0, old = 0;
+  {
+    TableLanguageModel m(device());
+    planner = m.planned(kOneBatch);
+  }
+  {
+    TableLanguageModel m(device());
+    const memory::MemorySummary s = m.tracked(kRows, kAccum, 2 * kAccum);
+    EXPECT_FALSE(s.effective_batch_measured);
+    predicted = s.peak_at_effective_batch;
+    old = m.old_prediction;
+  }
+  {
+    TableLanguageModel m(device());
+    const memory::MemorySummary s = m.tracked(kAccum * kRows, 1, 2);
+    EXPECT_TRUE(s.effective_batch_measured);
+    measured = s.peak_at_micro_batch;
+  }
+  ASSERT_GT(planner, 0);
+  const double table_bytes = 65536.0 * kWidth * 4;
+  EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured), 0.05 * table_bytes)
+      << "predicted " << predicted << ", measured " << measured << ", planner " << planner;
+  EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(planner), 0.05 * table_bytes)
+      << "predicted " << predicted << ", measured " << measured << ", planner " << planner;
+  EXPECT_GT(static_cast<double>(old - measured), 2.0 * table_bytes) << "the table taken for growth";
 }
 
 CUMULUS_INSTANTIATE_DEVICES(LossTraps);

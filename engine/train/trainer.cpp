@@ -70,6 +70,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/memory/category.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/ops/loss.h"
@@ -116,6 +117,15 @@ std::vector<int64_t> Trainer::state_to_allocate() {
 
 // ---- micro-batches -------------------------------------------------------------------------------
 
+namespace {
+// The closure's loss, the tensors it makes itself counted as data (Note [A user's tensors in a
+// micro-batch]).
+Tensor forward_under_data_category(const std::function<Tensor()>& forward_loss) {
+  const UnscopedMemoryCategory inputs(MemoryCategory::data);
+  return forward_loss();
+}
+}  // namespace
+
 void Trainer::reset() {
   micro_batches_.clear();
   step_.reset();
@@ -152,9 +162,20 @@ void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_
   graph_micro_batch(*c, units, forward_loss);
 }
 
+// Note [A user's tensors in a micro-batch]
+// A caller's closure builds its batch itself as often as it takes one from a DataLoader:
+// Tensor::from_vector of the token windows, x.to(device). Allocated outside any op with no scope
+// open, those blocks would count as other, so the tracker reported "data 0 B" and took them for
+// growth of unknown kind. The forward therefore runs under UnscopedMemoryCategory(data): a tensor
+// the closure makes itself counts as data (an input of this micro-batch), an op's output as an
+// activation (the ops' own scopes, attach_node for a custom op's), and what ops make for
+// themselves stays theirs. Tensors made before the call (a batch built outside the closure, a
+// table made once) are the caller's state: they count where they were made, other unless a scope
+// said so, and the tracker counts them as live when the micro-batch began (Note [One batch's
+// peak] in engine/memory/tracker.cpp). The DataLoader's batches are data already.
 void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
   if (tracker_) tracker_->begin_micro_batch(parts_->position.epoch, parts_->position.in_epoch, units);
-  Tensor loss = forward_loss();
+  Tensor loss = forward_under_data_category(forward_loss);
   if (tracker_) tracker_->end_forward();
   backward(loss, units);
   loss = Tensor();  // freed inside the record: the loss is the micro-batch's
@@ -177,6 +198,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
   if (capturing) {
     alloc.reset_peak();
     activations_before = alloc.stats()[MemoryCategory::activations].current;
+    r.start_by_category = alloc.stats().current_by_category();
     r.units = units;
   } else {
     check_micro_batch(units, "micro_batch");
@@ -186,7 +208,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
       if (!c.stale_after[i]) impl_of(slots[i].param)->autograd.grad_stale = false;
   }
   run_or_replay(&c, [&] {
-    Tensor loss = forward_loss();
+    Tensor loss = forward_under_data_category(forward_loss);
     r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
     backward(loss, units);
   });
