@@ -28,8 +28,10 @@
 // samples); every Batch says how many units it holds (Batch::units, DataLoader::units(i)), and the
 // Trainer (train_epoch), the planner's request (plan_request: effective batch and limit in units,
 // micro-batches of whole rows) and the tracker (told micro-batches of N units, it checks what it is
-// fed: MemoryTracker::begin_micro_batch) count the same units. StepLog::loss and train_epoch's
-// result are means per unit.
+// fed: MemoryTracker::begin_micro_batch) count the same units. Where the loss's op knows how many
+// positions it summed, the Trainer checks the units against them at the micro-batch (Note [Units
+// checked against the loss] in loss_checks.cpp). StepLog::loss and train_epoch's result are means
+// per unit.
 //
 // Note [Captured training]
 // A micro-batch of the seed MLP is ~20 kernels of a few microseconds each; launched one by one
