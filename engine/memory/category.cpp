@@ -9,6 +9,7 @@ thread_local bool tls_scope_set = false;
 thread_local MemoryCategory tls_category = MemoryCategory::other;
 thread_local const char* tls_op_name = nullptr;
 thread_local bool tls_op_backward = false;
+thread_local MemoryCategory tls_unscoped = MemoryCategory::other;
 }  // namespace
 
 const char* category_name(MemoryCategory c) {
@@ -42,6 +43,13 @@ MemoryCategory current_memory_category(MemoryCategory fallback) {
 }
 
 bool memory_category_scope_open() { return tls_scope_set; }
+
+UnscopedMemoryCategory::UnscopedMemoryCategory(MemoryCategory c) : previous_(tls_unscoped) { tls_unscoped = c; }
+
+UnscopedMemoryCategory::~UnscopedMemoryCategory() { tls_unscoped = previous_; }
+
+// Inside an op an unscoped block is the op's own bookkeeping, never the caller's tensor.
+MemoryCategory unscoped_memory_category() { return tls_op_name == nullptr ? tls_unscoped : MemoryCategory::other; }
 
 OpScope::OpScope(const char* name, bool backward)
     : previous_name_(tls_op_name), previous_backward_(tls_op_backward) {

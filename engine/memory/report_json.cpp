@@ -144,6 +144,7 @@ ojson summary_json(MemoryTracker& tracker, const MemorySummary& s) {
   summary["optimizer_state_bytes"] = s.optimizer_state_bytes;
   summary["workspace_bytes"] = s.workspace_bytes;
   summary["data_bytes"] = s.data_bytes;
+  summary["batch_data_bytes"] = s.batch_data_bytes;
   summary["activation_bytes_per_unit"] = s.activation_bytes_per_unit;
   summary["peak_bytes"] = s.peak_bytes;
   summary["reserved_peak_bytes"] = s.reserved_peak_bytes;

@@ -23,10 +23,13 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
                format_bytes(activations).c_str(),
                format_bytes(static_cast<int64_t>(std::llround(s.activation_bytes_per_unit))).c_str(),
                format_bytes(s.peak_at_micro_batch).c_str());
-  std::fprintf(out, "  parameters %s | gradients %s | optimizer state %s | workspace %s | data %s\n",
+  // Data: the datasets live now, and a micro-batch's own batch, which is gone by the summary.
+  const std::string batch =
+      s.batch_data_bytes > 0 ? " + " + format_bytes(s.batch_data_bytes) + " per micro-batch" : std::string();
+  std::fprintf(out, "  parameters %s | gradients %s | optimizer state %s | workspace %s | data %s%s\n",
                format_bytes(s.parameters_bytes).c_str(), format_bytes(s.gradients_bytes).c_str(),
                format_bytes(s.optimizer_state_bytes).c_str(), format_bytes(s.workspace_bytes).c_str(),
-               format_bytes(s.data_bytes).c_str());
+               format_bytes(s.data_bytes).c_str(), batch.c_str());
   std::fprintf(out, "  run peak %s (reserved peak %s) | %lld x %d: peak %s vs one batch of %lld: %s (%s)\n",
                format_bytes(s.peak_bytes).c_str(), format_bytes(s.reserved_peak_bytes).c_str(),
                static_cast<long long>(s.micro_batch_size), s.accum_steps, format_bytes(s.peak_at_micro_batch).c_str(),

@@ -110,6 +110,35 @@ const std::optional<plan::PlanCheck>& MemoryTracker::plan_check() const { return
 
 double MemoryTracker::host_ms() const { return now_ms() - s_->origin_ms_; }
 
+namespace {
+// What micro-batch `r` made of category `c` by its peak (negative where it freed more).
+int64_t grown(const MicroBatchRecord& r, MemoryCategory c) {
+  const auto i = static_cast<std::size_t>(c);
+  return r.peak_by_category[i] - r.start_by_category[i];
+}
+
+// Note [One batch's peak]
+// The peak of one batch of B x N units, where none ran, is predicted from the micro-batch of B
+// units with the highest peak, r. Fixed: whatever was live when r began (parameters, gradients,
+// optimizer state, datasets, the Trainer's state, a caller's tables, whatever their category), and
+// what r made that does not grow with its units (workspace, the 16-bit weight copies). Growing
+// linearly in the units: what r made of activations, backward temporaries, data (its batch) and
+// other. That is the planner's account too (Note [Memory prediction] in engine/plan/prediction.cpp:
+// the state at rest, then the micro-batch's allocations at the new size), so the two agree up to
+// the allocator's rounding and the bends a line misses. Counting by category at the peak instead,
+// as this did once, took every block of "other" for growth, so whatever a caller made outside any
+// scope before the micro-batch was multiplied by N (issue 59: 267.0 MiB predicted for one batch
+// where the planner said 151.9 MiB).
+int64_t predicted_peak(const MicroBatchRecord& r, int64_t units) {
+  int64_t growth = 0;
+  for (MemoryCategory c :
+       {MemoryCategory::activations, MemoryCategory::backward_temporaries, MemoryCategory::data, MemoryCategory::other})
+    growth += std::max<int64_t>(0, grown(r, c));
+  const double per_unit = static_cast<double>(growth) / static_cast<double>(r.units);
+  return r.peak_bytes - growth + static_cast<int64_t>(per_unit * static_cast<double>(units));
+}
+}  // namespace
+
 bool MemoryTracker::in_timeline_window() const { return s_->steps_taken_ < s_->options_.timeline_steps; }
 
 // A sample at each phase boundary (after the device caught up), so the plot's steps hold their
@@ -149,6 +178,7 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t units) {
   s_->current_.units = units;
   const MemoryStats st = s_->allocator_.stats();
   s_->activations_at_start_ = st[MemoryCategory::activations].current;
+  s_->current_.start_by_category = st.current_by_category();
   s_->ooms_at_phase_ = st.oom_count;
   s_->forward_ended_ = false;
   take_recompute_log();  // what happened before this micro-batch is not its own
@@ -335,7 +365,7 @@ MemorySummary MemoryTracker::summary() {
   if (const auto oom = out_of_memory()) s.peak_bytes = std::max(s.peak_bytes, oom->failure.peak_bytes);
 
   // Peak at B and at B*N: measured where a micro-batch of that size ran; B*N otherwise predicted
-  // by scaling the part of the peak above the fixed costs linearly in the batch size.
+  // (Note [One batch's peak]).
   const int64_t b = s_->options_.micro_batch_size, bn = b * s_->options_.accum_steps;
   if (auto it = s_->highest_peak_by_units_.find(bn); it != s_->highest_peak_by_units_.end()) {
     s.peak_at_effective_batch = it->second.peak_bytes;
@@ -344,14 +374,8 @@ MemorySummary MemoryTracker::summary() {
   if (auto it = s_->highest_peak_by_units_.find(b); it != s_->highest_peak_by_units_.end()) {
     const MicroBatchRecord& r = it->second;
     s.peak_at_micro_batch = r.peak_bytes;
-    if (!s.effective_batch_measured && b > 0) {
-      int64_t fixed = 0;
-      for (MemoryCategory c : {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer_state,
-                               MemoryCategory::workspace, MemoryCategory::data})
-        fixed += r.peak_by_category[static_cast<std::size_t>(c)];
-      const double per_sample = static_cast<double>(r.peak_bytes - fixed) / static_cast<double>(b);
-      s.peak_at_effective_batch = fixed + static_cast<int64_t>(per_sample * static_cast<double>(bn));
-    }
+    s.batch_data_bytes = std::max<int64_t>(0, grown(r, MemoryCategory::data));
+    if (!s.effective_batch_measured && b > 0) s.peak_at_effective_batch = predicted_peak(r, bn);
   }
   if (b > 0 && s_->micro_batches_seen_ > 0) {
     const std::string fed = s_->smallest_fed_ == s_->largest_fed_

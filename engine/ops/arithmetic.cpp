@@ -107,10 +107,21 @@ BroadcastGeometry geometry_of(const Shape& a, const Shape& b) {
   return kernels::broadcast_geometry(da, a.ndim(), db, b.ndim());
 }
 
+// What a op b is to a loss (Note [Loss normalized once] in engine/train/loss_checks.cpp): a sum of
+// losses (add, sub), or one loss scaled by a constant (mul by, or div by, a tensor with no gradient).
+void declare_loss_relation(Node& node, BinaryOp op, bool a_grad, bool b_grad) {
+  if (op == BinaryOp::add || op == BinaryOp::sub) node.set_output_reduction(OutputReduction::added);
+  else if ((op == BinaryOp::mul && a_grad != b_grad) || (op == BinaryOp::div && a_grad && !b_grad))
+    node.set_scaled_by_tensor(op == BinaryOp::div);
+}
+
 class BinaryBackward final : public Node {
  public:
-  BinaryBackward(BinaryOp op, const BroadcastGeometry& g, Shape a_shape, Shape b_shape, Tensor a, Tensor b)
-      : Node(binary_name(op)), op_(op), g_(g), shapes_{a_shape, b_shape}, a_(std::move(a)), b_(std::move(b)) {}
+  BinaryBackward(BinaryOp op, const BroadcastGeometry& g, Shape a_shape, Shape b_shape, Tensor a, Tensor b, bool a_grad,
+                 bool b_grad)
+      : Node(binary_name(op)), op_(op), g_(g), shapes_{a_shape, b_shape}, a_(std::move(a)), b_(std::move(b)) {
+    declare_loss_relation(*this, op, a_grad, b_grad);
+  }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     for (int operand = 0; operand < 2; ++operand) {
@@ -194,7 +205,7 @@ Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const bool keep_b = both || (op == BinaryOp::mul && a_grad) || op == BinaryOp::div;
   attach_node(y,
               std::make_shared<BinaryBackward>(op, g, a.shape(), b.shape(), keep_a ? a.detach() : Tensor(),
-                                               keep_b ? b.detach() : Tensor()),
+                                               keep_b ? b.detach() : Tensor(), a_grad, b_grad),
               {&a, &b});
   return y;
 }
@@ -202,7 +213,9 @@ Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
 class ScalarBackward final : public Node {
  public:
   ScalarBackward(BinaryOp op, bool reversed, float s, Shape shape, Tensor x)
-      : Node(binary_name(op)), op_(op), reversed_(reversed), s_(s), shape_(shape), x_(std::move(x)) {}
+      : Node(binary_name(op)), op_(op), reversed_(reversed), s_(s), shape_(shape), x_(std::move(x)) {
+    declare_loss_relation(op, reversed, s);
+  }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
     if (!grads[0].needed()) return;
@@ -214,6 +227,16 @@ class ScalarBackward final : public Node {
   void release_saved() override { x_ = Tensor(); }
 
  private:
+  // What x op s is to a loss (Note [Loss normalized once]): x + s, x - s, s - x, x * +-1 and x / +-1
+  // leave its gradient's size as it is; x * s and x / s scale it.
+  void declare_loss_relation(BinaryOp op, bool reversed, float s) {
+    const bool unit = s == 1.0f || s == -1.0f;
+    if (op == BinaryOp::add || op == BinaryOp::sub ||
+        ((op == BinaryOp::mul || op == BinaryOp::div) && unit && !reversed))
+      set_output_reduction(OutputReduction::none);
+    else if (op == BinaryOp::mul || (op == BinaryOp::div && !reversed)) set_scaled_by(s, op == BinaryOp::div);
+  }
+
   BinaryOp op_;
   bool reversed_;
   float s_;

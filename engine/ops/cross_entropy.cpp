@@ -8,7 +8,9 @@
 // Mean divides by the positions not ignored. The CPU counts them on the host; CUDA counts them on
 // the device in the loss's own launch and keeps 1 / count there for the backward (a [1] tensor the
 // node saves), so no count is read back.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/loss.h"
@@ -35,17 +37,30 @@ OutputReduction output_reduction_of(Reduction reduction) {
 
 class CrossEntropyBackward final : public Node {
  public:
-  // labels: i32. scale: the CPU's; device_scale: CUDA's [1] (undefined on the CPU).
+  // labels: i32. scale: the CPU's; device_scale: CUDA's [1] (undefined on the CPU). kept: the
+  // positions not ignored where the host counted them (the CPU), else -1.
   CrossEntropyBackward(Tensor logits, Tensor labels, int64_t ignore_index, Reduction reduction, float scale,
-                       Tensor device_scale)
+                       Tensor device_scale, int64_t kept)
       : Node("cross_entropy"),
         logits_(std::move(logits)),
         labels_(std::move(labels)),
         device_scale_(std::move(device_scale)),
         ignore_index_(ignore_index),
         per_row_(reduction == Reduction::None),
-        scale_(scale) {
+        scale_(scale),
+        kept_(kept) {
     set_output_reduction(output_reduction_of(reduction));
+  }
+
+  // The positions whose labels are not ignore_index: counted by the CPU's forward, or read from
+  // the device's labels (one copy and a wait) while they are saved, before backward releases them.
+  int64_t summed_positions(bool read_device) const override {
+    if (per_row_ || (kept_ < 0 && !labels_.defined())) return kNoPositions;
+    if (kept_ >= 0) return kept_;
+    if (!read_device) return kPositionsOnDevice;
+    const std::vector<int32_t> labels = labels_.to_vector<int32_t>();
+    const auto ignored = std::count(labels.begin(), labels.end(), ignore_index_);
+    return static_cast<int64_t>(labels.size()) - static_cast<int64_t>(ignored);
   }
 
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
@@ -75,6 +90,7 @@ class CrossEntropyBackward final : public Node {
   int64_t ignore_index_;
   bool per_row_;
   float scale_;
+  int64_t kept_;
 };
 
 void check_arguments(const char* op, const Tensor& logits, const Tensor& labels) {
@@ -91,12 +107,13 @@ void check_arguments(const char* op, const Tensor& logits, const Tensor& labels)
   detail::check_same_device(op, "labels", labels, logits);
 }
 
-// The CPU forward into `out` (a scalar, or per row for None): returns the scale of the backward.
+// The CPU forward into `out` (a scalar, or per row for None): returns the scale of the backward;
+// `kept` gets the positions not ignored.
 float forward_cpu(const char* op, const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction,
-                  const Tensor& out) {
+                  const Tensor& out, int64_t& kept) {
   const int64_t rows = labels.numel(), c = logits.size(-1);
   const int32_t* yp = labels.data<int32_t>();
-  int64_t kept = 0;
+  kept = 0;
   for (int64_t i = 0; i < rows; ++i) kept += yp[i] != ignore_index;
   const float scale = reduction == Reduction::Mean ? (kept > 0 ? 1.0f / static_cast<float>(kept) : NAN) : 1.0f;
   float* loss = reduction == Reduction::None ? nullptr : out.data<float>();
@@ -128,9 +145,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
       detail::new_output(per_row ? labels.shape() : Shape{on_cuda ? 2 : 1}, DType::f32, device);
   Tensor loss = per_row ? loss_and_scale : loss_and_scale.narrow_rows(0, 1).reshape(Shape{});
   float scale = 1.0f;
+  int64_t kept = -1;  // on CUDA the device counts them
   Tensor device_scale;
   if (!on_cuda) {
-    scale = forward_cpu(op, logits, labels, ignore_index, reduction, loss);
+    scale = forward_cpu(op, logits, labels, ignore_index, reduction, loss, kept);
   } else {
     Tensor scratch;  // row losses and the rows counted (freed on return)
     if (!per_row) {
@@ -152,7 +170,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
   if (should_record({&logits}))
     attach_node(loss,
                 std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), ignore_index, reduction, scale,
-                                                       device_scale),
+                                                       device_scale, kept),
                 {&logits});
   return loss;
 }

@@ -57,7 +57,9 @@ class MLPCrossEntropyBackward final : public Node {
         weights_(std::move(weights)),
         scale_(scale) {
     set_output_reduction(reduction == Reduction::Mean ? OutputReduction::mean : OutputReduction::sum);
+    positions_ = labels_.size(0);  // no ignore_index: every sample counts
   }
+  int64_t summed_positions(bool) const override { return positions_; }
 
   // grads: x, then weight and bias of each layer in order.
   void backward(const Tensor& dy, std::vector<GradSink>& grads) override {
@@ -143,6 +145,7 @@ class MLPCrossEntropyBackward final : public Node {
   Tensor x_;
   std::vector<Tensor> hidden_;
   Tensor head_, labels_;
+  int64_t positions_ = 0;
   std::vector<Tensor> weights_;
   float scale_;
 };

@@ -62,8 +62,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>();
   impl->storage->device = device;
-  impl->storage->memory = allocator_for(device).allocate(
-      static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), current_memory_category());
+  impl->storage->memory = allocator_for(device).allocate(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype),
+                                                         current_memory_category(unscoped_memory_category()));
   impl->storage->category_by_default = !memory_category_scope_open();
   impl->shape = shape;
   impl->dtype = dtype;

@@ -28,8 +28,10 @@
 // samples); every Batch says how many units it holds (Batch::units, DataLoader::units(i)), and the
 // Trainer (train_epoch), the planner's request (plan_request: effective batch and limit in units,
 // micro-batches of whole rows) and the tracker (told micro-batches of N units, it checks what it is
-// fed: MemoryTracker::begin_micro_batch) count the same units. StepLog::loss and train_epoch's
-// result are means per unit.
+// fed: MemoryTracker::begin_micro_batch) count the same units. Where the loss's op knows how many
+// positions it summed, the Trainer checks the units against them at the micro-batch (Note [Units
+// checked against the loss] in loss_checks.cpp). StepLog::loss and train_epoch's result are means
+// per unit.
 //
 // Note [Captured training]
 // A micro-batch of the seed MLP is ~20 kernels of a few microseconds each; launched one by one
@@ -70,6 +72,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/memory/category.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/ops/loss.h"
@@ -116,6 +119,15 @@ std::vector<int64_t> Trainer::state_to_allocate() {
 
 // ---- micro-batches -------------------------------------------------------------------------------
 
+namespace {
+// The closure's loss, the tensors it makes itself counted as data (Note [A user's tensors in a
+// micro-batch]).
+Tensor forward_under_data_category(const std::function<Tensor()>& forward_loss) {
+  const UnscopedMemoryCategory inputs(MemoryCategory::data);
+  return forward_loss();
+}
+}  // namespace
+
 void Trainer::reset() {
   micro_batches_.clear();
   step_.reset();
@@ -139,6 +151,7 @@ std::vector<bool> Trainer::frozen_pattern() const {
 bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_->timeline_active()); }
 
 void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
+  const EntryPoint entry(parts_->caller, "micro_batch");
   if (!graphs_now()) return eager_micro_batch(units, forward_loss);
   const Parts& p = *parts_;
   const int seed_steps = p.options.normalization == Normalization::micro_batches ? p.position.accum_steps : 0;
@@ -151,9 +164,20 @@ void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_
   graph_micro_batch(*c, units, forward_loss);
 }
 
+// Note [A user's tensors in a micro-batch]
+// A caller's closure builds its batch itself as often as it takes one from a DataLoader:
+// Tensor::from_vector of the token windows, x.to(device). Allocated outside any op with no scope
+// open, those blocks would count as other, so the tracker reported "data 0 B" and took them for
+// growth of unknown kind. The forward therefore runs under UnscopedMemoryCategory(data): a tensor
+// the closure makes itself counts as data (an input of this micro-batch), an op's output as an
+// activation (the ops' own scopes, attach_node for a custom op's), and what ops make for
+// themselves stays theirs. Tensors made before the call (a batch built outside the closure, a
+// table made once) are the caller's state: they count where they were made, other unless a scope
+// said so, and the tracker counts them as live when the micro-batch began (Note [One batch's
+// peak] in engine/memory/tracker.cpp). The DataLoader's batches are data already.
 void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
   if (tracker_) tracker_->begin_micro_batch(parts_->position.epoch, parts_->position.in_epoch, units);
-  Tensor loss = forward_loss();
+  Tensor loss = forward_under_data_category(forward_loss);
   if (tracker_) tracker_->end_forward();
   backward(loss, units);
   loss = Tensor();  // freed inside the record: the loss is the micro-batch's
@@ -176,6 +200,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
   if (capturing) {
     alloc.reset_peak();
     activations_before = alloc.stats()[MemoryCategory::activations].current;
+    r.start_by_category = alloc.stats().current_by_category();
     r.units = units;
   } else {
     check_micro_batch(units, "micro_batch");
@@ -185,7 +210,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
       if (!c.stale_after[i]) impl_of(slots[i].param)->autograd.grad_stale = false;
   }
   run_or_replay(&c, [&] {
-    Tensor loss = forward_loss();
+    Tensor loss = forward_under_data_category(forward_loss);
     r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
     backward(loss, units);
   });

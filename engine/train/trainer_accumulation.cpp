@@ -10,9 +10,12 @@
 // cumulus/autograd/node.h): cross_entropy and mlp_cross_entropy say sum or mean by their Reduction,
 // ops::sum and ops::mean say so over more than one element; reshape, flatten, cast, and a sum or
 // mean of one element pass the values on (none). The check follows the loss's grad_fn through
-// pass-on nodes and refuses only when it arrives at a mean. Anything else is accepted: a sum, a
-// leaf, and any node whose relation to a per-unit sum is unknown (a custom op, a recomputed
-// segment), so a correct summed loss is never refused; a custom loss op can declare itself with
+// pass-on nodes and refuses when it arrives at a mean; it also walks through sums of losses and
+// constant scalings, where a mean term is refused too unless the loss is weighted on purpose, and
+// a scaled sum is refused as well (Note [Loss normalized once] in loss_checks.cpp, beside the
+// units check, Note [Units checked against the loss]). Anything else is accepted: a sum, a leaf,
+// and any node whose relation to a per-unit sum is unknown (a custom op, a recomputed segment), so
+// a correct summed loss is never refused; a custom loss op can declare itself with
 // Node::set_output_reduction. Every entry point runs it: backward() and the Trainer's eager and
 // captured micro-batches; a replayed graph sees no loss, but it replays a closure whose loss was
 // checked when the key ran eagerly.
@@ -26,6 +29,7 @@
 #include "cumulus/dist/communicator.h"
 #include "engine/ops/internal.h"
 #include "engine/tensor/tensor_impl.h"
+#include "loss_checks.h"
 #include "trainer_parts.h"
 
 namespace cumulus::train {
@@ -72,29 +76,6 @@ void check_options(const AccumulationOptions& options) {
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Trainer: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
   if (options.loss_scaling.dynamic) check_loss_scaling(options);
-}
-
-bool takes_reduction(const std::string& op) { return op == "cross_entropy" || op == "mlp_cross_entropy"; }
-
-// The fix for a mean-reduced loss made by `op`.
-std::string summed_instead(const std::string& op) {
-  if (op == "mean") return "ops::sum instead of ops::mean";
-  if (takes_reduction(op)) return "ops::" + op + "(..., ops::Reduction::Sum)";
-  return "the sum over the samples instead";
-}
-
-// Refuses a loss known to be mean-reduced (Note [Mean-reduced losses]).
-void check_summed_loss(const Tensor& loss, const char* caller) {
-  Node* node = loss.grad_fn().get();
-  while (node != nullptr && node->output_reduction() == OutputReduction::none && node->next_edges().size() == 1)
-    node = node->next_edges().front().node.get();
-  if (node == nullptr || node->output_reduction() != OutputReduction::mean) return;
-  const std::string op = node->name();
-  throw InvalidArgument(std::string("Trainer::") + caller + ": the loss is a mean (made by op '" + op + "'" +
-                        (takes_reduction(op) ? " with Reduction::Mean" : "") +
-                        "), so its gradient would be 1/B of the right one: the step divides by the group's "
-                        "units itself. Pass the summed loss: " +
-                        summed_instead(op));
 }
 
 }  // namespace
@@ -188,6 +169,15 @@ void Trainer::skip_micro_batch() {
 }
 
 namespace {
+// Whether a graph capture is recording `device`'s stream: nothing may read the device then.
+bool capturing(const Device& device) {
+#if CUMULUS_WITH_CUDA
+  if (device.is_cuda()) return cuda::context(device.index()).capturing();
+#endif
+  (void)device;
+  return false;
+}
+
 // Whether the micro-batch being counted next is this rank's last in its group.
 bool last_own_micro_batch_in_group(const GroupPosition& pos, const dist::Communicator& comm) {
   const int world = comm.world_size();
@@ -211,7 +201,13 @@ void Trainer::backward(const Tensor& loss, int64_t units) {
   CUMULUS_CHECK(loss.device() == device, DeviceError, "Trainer::backward: loss on ", loss.device().str(),
                 ", parameters on ", device.str());
   // Normalization::none divides by nothing: any loss is what the caller wants.
-  if (p.options.normalization != Normalization::none) check_summed_loss(loss, "backward");
+  if (p.options.normalization != Normalization::none) {
+    // The device is read for a unit count not checked before, never while a graph is captured
+    // (Note [Units checked against the loss]).
+    const bool may_read = p.units_checked.count(units) == 0 && !capturing(device);
+    check_loss(loss, LossCheck{p.caller, units, p.options.weighted_loss, may_read});
+    if (may_read) p.units_checked.insert(units);
+  }
   // With loss scaling the seed is the device's current scale (Note [Loss scaling]).
   const Tensor seed_tensor = p.options.loss_scaling.dynamic && loss.numel() == 1
                                  ? p.state.view(&kernels::StepState::loss_scale, loss.shape())

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,24 @@ struct Trainer::Parts {
   BackwardSeeds seeds;
   std::unique_ptr<dist::GradientBuckets> buckets;  // data parallel only
   int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
+  // The call a loss refusal names: "micro_batch" while one runs (EntryPoint), else "backward".
+  const char* caller = "backward";
+  // The unit counts whose loss was checked against its positions (Note [Units checked against the
+  // loss] in loss_checks.cpp): on a GPU only the first micro-batch of each count reads the device.
+  std::set<int64_t> units_checked;
+};
+
+// Names `call` in the loss checks' messages while it runs (Trainer::Parts::caller).
+class EntryPoint {
+ public:
+  EntryPoint(const char*& caller, const char* call) : caller_(caller), previous_(caller) { caller_ = call; }
+  ~EntryPoint() { caller_ = previous_; }
+  EntryPoint(const EntryPoint&) = delete;
+  EntryPoint& operator=(const EntryPoint&) = delete;
+
+ private:
+  const char*& caller_;
+  const char* previous_;
 };
 
 }  // namespace cumulus::train

@@ -15,7 +15,10 @@
 //   options.accum_steps = 4;
 //   train::Trainer trainer(std::make_shared<optim::SGD>(params, optim::SGDOptions{}), options);
 //   trainer.begin_epoch(0);
+//   // The units are what the summed loss adds up: a classifier's samples, x [B, 784], y [B] ...
 //   trainer.micro_batch(x.size(0), [&] { return ops::cross_entropy(model(x), y, ops::Reduction::Sum); });
+//   // ... a language model's tokens, tokens and next [B, T]: B x T, never its B rows (checked)
+//   trainer.micro_batch(next.numel(), [&] { return ops::cross_entropy(lm(tokens), next, ops::Reduction::Sum); });
 //   trainer.step_if_ready();                             // per micro-batch; flush() at an epoch's end
 //   io::save_state_dict("weights.safetensors", model);  // PyTorch's load_state_dict takes it
 //

@@ -82,12 +82,17 @@ class GradSink {
 };
 
 // What a node's output is to its input's values, as far as Trainer::backward needs to know to
-// refuse a mean-reduced loss (Note [Mean-reduced losses] in engine/train/trainer_accumulation.cpp).
+// refuse a loss it would normalize twice (Note [Mean-reduced losses] in
+// engine/train/trainer_accumulation.cpp, Note [Loss normalized once] in engine/train/loss_checks.cpp).
 enum class OutputReduction : uint8_t {
   unknown,  // the default: any other op, custom ops included
-  none,     // the input's values, unreduced: reshape, flatten, cast, a sum or mean of one element
-  sum,      // a sum over elements: ops::sum, cross_entropy and mlp_cross_entropy with Reduction::Sum
-  mean,     // a mean over elements: ops::mean, cross_entropy and mlp_cross_entropy with Reduction::Mean
+  // The input's values, unreduced: reshape, flatten, cast, a sum or mean of one element, and what
+  // leaves a loss's gradient as it is (x + s, x - s, x * 1, -x).
+  none,
+  sum,     // a sum over elements: ops::sum, cross_entropy and mlp_cross_entropy with Reduction::Sum
+  mean,    // a mean over elements: ops::mean, cross_entropy and mlp_cross_entropy with Reduction::Mean
+  scaled,  // a constant multiple of its one input with a gradient: x * s, x / s, x * t, x / t (t: no gradient)
+  added,   // the sum of its inputs: a + b, a - b
 };
 
 class Node {
@@ -106,6 +111,32 @@ class Node {
   // How the output reduces the input (set by the op; a custom loss op may declare its own).
   OutputReduction output_reduction() const { return output_reduction_; }
   void set_output_reduction(OutputReduction reduction) { output_reduction_ = reduction; }
+  // OutputReduction::scaled, for the Trainer's message: by a number (x / 2048: 2048, divides), or
+  // by a tensor with no gradient (its value unread: it may be on a device).
+  void set_scaled_by(float constant, bool divides) {
+    set_scaled_by_tensor(divides);
+    scale_constant_ = constant;
+    scale_is_tensor_ = false;
+  }
+  void set_scaled_by_tensor(bool divides) {
+    output_reduction_ = OutputReduction::scaled;
+    scale_is_tensor_ = true;
+    scale_divides_ = divides;
+  }
+  bool scale_is_tensor() const { return scale_is_tensor_; }
+  float scale_constant() const { return scale_constant_; }  // a number's (scale_is_tensor() false)
+  bool scale_divides() const { return scale_divides_; }
+  // How many positions this op's output adds up (cross_entropy: its labels that are not
+  // ignore_index), for the Trainer's units check (Note [Units checked against the loss] in
+  // engine/train/loss_checks.cpp): kNoPositions where the op counts none; with `read_device`
+  // false, kPositionsOnDevice where only a read of the device would tell (labels on a GPU). A
+  // custom loss op may say too.
+  static constexpr int64_t kNoPositions = -1;
+  static constexpr int64_t kPositionsOnDevice = -2;
+  virtual int64_t summed_positions(bool read_device) const {
+    (void)read_device;
+    return kNoPositions;
+  }
 
   std::vector<Edge>& next_edges() { return next_edges_; }
   bool consumed() const { return consumed_; }
@@ -116,6 +147,9 @@ class Node {
   std::vector<Edge> next_edges_;
   bool consumed_ = false;
   OutputReduction output_reduction_ = OutputReduction::unknown;
+  float scale_constant_ = 1.0f;
+  bool scale_is_tensor_ = true;
+  bool scale_divides_ = false;
 };
 
 // An Edge to `t`'s gradient path (node, leaf, or nothing).

@@ -42,6 +42,12 @@ struct MemoryStats {
   const CategoryStats& operator[](MemoryCategory c) const {
     return by_category[static_cast<std::size_t>(c)];
   }
+  // Every category's live bytes (by_category[c].current).
+  std::array<int64_t, kNumMemoryCategories> current_by_category() const {
+    std::array<int64_t, kNumMemoryCategories> current{};
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) current[c] = by_category[c].current;
+    return current;
+  }
 };
 
 // The state of the allocator when it threw OutOfMemory: the failing request and what held the

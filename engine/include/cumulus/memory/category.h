@@ -42,6 +42,26 @@ MemoryCategory current_memory_category(MemoryCategory fallback = MemoryCategory:
 // Whether a MemoryCategoryScope is open on this thread.
 bool memory_category_scope_open();
 
+// Sets, for its lifetime, the category of the blocks a thread allocates with no MemoryCategoryScope
+// open and outside any op (OpScope): the tensors a caller's own code makes (Tensor::from_vector,
+// zeros, full, to). The Trainer's micro-batch sets data around its closure, so a batch built there
+// counts as data, not other (Note [A user's tensors in a micro-batch] in engine/train/trainer.cpp);
+// such a block still moves to activations when attach_node makes it an op's output (Note [Custom op
+// outputs are activations]). Scopes nest.
+class UnscopedMemoryCategory {
+ public:
+  explicit UnscopedMemoryCategory(MemoryCategory c);
+  ~UnscopedMemoryCategory();
+  UnscopedMemoryCategory(const UnscopedMemoryCategory&) = delete;
+  UnscopedMemoryCategory& operator=(const UnscopedMemoryCategory&) = delete;
+
+ private:
+  MemoryCategory previous_;
+};
+// The category of a block allocated now with no MemoryCategoryScope open: the innermost
+// UnscopedMemoryCategory's outside any op, else other.
+MemoryCategory unscoped_memory_category();
+
 // Names the op whose work runs on this thread for its lifetime, so that every block allocated
 // meanwhile is attributed to it (out-of-memory reports list live bytes by op). `name` must outlive
 // the blocks: a string literal. Scopes nest; the innermost names the op. `backward` marks the op's

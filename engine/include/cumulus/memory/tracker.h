@@ -49,6 +49,8 @@ struct MicroBatchRecord {
   int64_t activation_bytes = 0;  // activations at the end of forward, above those at its start
   int64_t peak_bytes = 0;        // allocated peak during forward + backward
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};
+  // Live bytes by category when the micro-batch began: what it found, not what it made.
+  std::array<int64_t, kNumMemoryCategories> start_by_category{};
   int64_t reserved_bytes = 0;
   double forward_ms = 0.0;
   double backward_ms = 0.0;
@@ -79,7 +81,10 @@ struct MemorySummary {
   int64_t gradients_bytes = 0;
   int64_t optimizer_state_bytes = 0;
   int64_t workspace_bytes = 0;
-  int64_t data_bytes = 0;
+  int64_t data_bytes = 0;  // live now: the datasets (batches come and go)
+  // The data a micro-batch of micro_batch_size units made at its peak: its batch (gathered by a
+  // loader, or built in the Trainer's closure: Note [A user's tensors in a micro-batch]).
+  int64_t batch_data_bytes = 0;
   double activation_bytes_per_unit = 0.0;  // least-squares slope of activation bytes on units
   int64_t peak_bytes = 0;                  // highest peak of any micro-batch or step
   int64_t reserved_peak_bytes = 0;
@@ -88,7 +93,9 @@ struct MemorySummary {
   int accum_steps = 1;
   int64_t peak_at_micro_batch = 0;
   int64_t peak_at_effective_batch = 0;
-  bool effective_batch_measured = false;  // false: predicted from the per-unit growth of the peak
+  // false: predicted from the micro-batch's growth per unit (Note [One batch's peak] in
+  // engine/memory/tracker.cpp), as the planner predicts.
+  bool effective_batch_measured = false;
   // Why the per-micro-batch figures may not be what they seem, naming the counts: micro-batches of
   // more units than micro_batch_size were fed, or none of micro_batch_size units was (so the peak
   // at the micro-batch is not measured). Empty when the sizes agree.

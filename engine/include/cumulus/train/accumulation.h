@@ -66,6 +66,11 @@ struct AccumulationOptions {
   int64_t bucket_bytes = 1 << 20;
   // Needs Normalization::units and skip_non_finite.
   LossScaling loss_scaling;
+  // The loss is weighted on purpose: a sum scaled by a constant (0.5 * sum, ce + 0.1 * aux) is
+  // taken, and the units are not checked against the positions its cross-entropy counted. Off,
+  // both are refused at the micro-batch (Note [Loss normalized once], Note [Units checked against
+  // the loss] in engine/train/loss_checks.cpp); a loss that is a mean as a whole is refused either way.
+  bool weighted_loss = false;
 };
 
 // Where a run stands, in one read (Trainer::counters(): on CUDA one wait for the queued work). The
