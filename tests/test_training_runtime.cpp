@@ -119,9 +119,9 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   train::EpochOptions stop_at_9;
   stop_at_9.stop = [](int64_t next) { return next == 9; };
   ASSERT_FALSE(first.epoch(1, stop_at_9).finished);
-  const train::CheckpointState state{first.trainer->counters(), first.optimizer->updates(),
-                                     first.trainer->epoch_loss_sum(),
-                                     static_cast<int64_t>(first.trainer->epoch_units_stepped())};
+  const train::TrainingCounters counters = first.trainer->counters();
+  const train::CheckpointState state{counters, first.optimizer->updates(), counters.epoch_loss_sum,
+                                     static_cast<int64_t>(counters.epoch_units_stepped)};
   train::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, state, settings("0.03"),
                                   {{"app.note", "kept"}});
   EXPECT_TRUE(train::is_training_checkpoint(dir.file("ck.st")));
@@ -140,7 +140,7 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   train::EpochOptions from_9;
   from_9.first = r.state.counters.micro_batch_index;
   EXPECT_TRUE(second.epoch(1, from_9).finished);
-  EXPECT_EQ(second.trainer->optimizer_steps(), whole.trainer->optimizer_steps());
+  EXPECT_EQ(second.trainer->counters().optimizer_steps, whole.trainer->counters().optimizer_steps);
   EXPECT_EQ(second.weights(), whole.weights());
 }
 
@@ -151,7 +151,8 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   TempDir dir;
   Classifier whole, failing, resumed;
   for (int e = 0; e < 2; ++e) whole.epoch(e);
-  const double whole_last_loss = whole.trainer->epoch_loss_sum() / whole.trainer->epoch_units_stepped();
+  const train::TrainingCounters whole_counters = whole.trainer->counters();
+  const double whole_last_loss = whole_counters.epoch_loss_sum / whole_counters.epoch_units_stepped;
 
   train::ResumePoint point(*failing.trainer, {});
   failing.epoch(0, point.begin_epoch(0));
@@ -168,7 +169,7 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
     FAIL() << "no error";
   } catch (const OutOfMemory&) {
   }
-  EXPECT_EQ(failing.trainer->micro_batch_index(), 10) << "the group in flight";
+  EXPECT_EQ(failing.trainer->position().micro_batch_index, 10) << "the group in flight";
   const train::CheckpointState state = point.state();
   EXPECT_EQ(state.counters.epoch, 1);
   EXPECT_EQ(state.counters.micro_batch_index, 9);
@@ -207,7 +208,7 @@ TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
     calls.push_back("end " + std::to_string(e.epoch));
     EXPECT_EQ(e.first_micro_batch, 0);
     EXPECT_EQ(e.units_trained, kRows);
-    EXPECT_NEAR(e.train_loss, c.trainer->epoch_loss_sum() / kRows, 1e-12);
+    EXPECT_NEAR(e.train_loss, c.trainer->counters().epoch_loss_sum / kRows, 1e-12);
     EXPECT_GT(e.seconds, 0.0);
     EXPECT_GT(e.peak_bytes, 0);
   };
@@ -275,7 +276,7 @@ TEST(Fit, EachEpochCountsItsOwnSkippedSteps) {
   };
   cumulus::app::fit(*c.trainer, *c.loader, loss, fit);
   EXPECT_EQ(skipped, (std::vector<int64_t>{0, 1, 0}));
-  EXPECT_EQ(c.trainer->skipped_steps(), 1);
+  EXPECT_EQ(c.trainer->counters().skipped_steps, 1);
 }
 
 // Stopped at a group boundary mid-epoch and resumed from its state in new objects, fit ends with
@@ -291,7 +292,10 @@ TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
   EXPECT_EQ(cumulus::app::fit(*whole.trainer, *whole.loader, loss_of(whole), fit).end, cumulus::app::FitEnd::finished);
 
   cumulus::app::FitOptions stopping = fit;
-  stopping.stop = [&] { return first.trainer->epoch() == 1 && first.trainer->micro_batch_index() == 9; };
+  stopping.stop = [&] {
+    const train::TrainingPosition at = first.trainer->position();
+    return at.epoch == 1 && at.micro_batch_index == 9;
+  };
   stopping.on_epoch_end = {};
   const train::BatchLoss first_loss = loss_of(first);
   cumulus::app::FitLoop loop(*first.trainer, *first.loader, first_loss, stopping);
@@ -315,7 +319,7 @@ TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
   EXPECT_EQ(summaries[0].first_micro_batch, 9);
   EXPECT_EQ(summaries[0].units_trained, kRows - 9 * kBatch);
   EXPECT_NEAR(summaries[0].train_loss, whole_loss, 1e-12);
-  EXPECT_EQ(second.trainer->optimizer_steps(), whole.trainer->optimizer_steps());
+  EXPECT_EQ(second.trainer->counters().optimizer_steps, whole.trainer->counters().optimizer_steps);
   EXPECT_EQ(second.weights(), whole.weights());
 }
 

@@ -56,12 +56,13 @@ bool FitLoop::train(int epoch, EpochSummary& summary, FitResult& result) {
 // The Trainer's running totals that EpochSummary reports per epoch (reading them waits for the device).
 EpochSummary FitLoop::counters() const {
   EpochSummary now;
-  now.skipped_steps = trainer_.skipped_steps();
+  const train::TrainingCounters counters = trainer_.counters();
+  now.skipped_steps = counters.skipped_steps;
   if (dist::Communicator* comm = trainer_.communicator()) {
     const dist::Communicator::Stats stats = comm->stats();
     now.gradient_reductions = stats.gradient_reductions;
     now.communication_seconds = stats.communication_seconds;
-    now.buckets_started_in_backward = trainer_.buckets_started_in_backward();
+    now.buckets_started_in_backward = counters.buckets_started_in_backward;
   }
   return now;
 }

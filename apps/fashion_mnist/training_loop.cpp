@@ -194,7 +194,7 @@ int TrainingLoop::stop_together(const std::string& where) {
 void TrainingLoop::warn_of_skipped_steps(const app::EpochSummary& e) {
   const int64_t skipped = e.skipped_steps;
   const bool scaling = needs_loss_scaling(o_.precision);
-  const float loss_scale = scaling ? trainer_.loss_scale() : 1.0f;
+  const float loss_scale = scaling ? trainer_.counters().loss_scale : 1.0f;
   // Under fp16 a skipped step is how the loss scale finds its level, not a fault; at its floor
   // (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
   const float min_scale = p_.trainer_options.loss_scaling.min_scale;
@@ -224,27 +224,28 @@ void TrainingLoop::check_plan(const app::EpochSummary& e) {
 }
 
 nlohmann::ordered_json TrainingLoop::metrics_line(const app::EpochSummary& e, const train::Evaluation& r) const {
+  const train::TrainingCounters c = trainer_.counters();
   nlohmann::ordered_json line = {{"epoch", e.epoch + 1},
                                  {"train_loss", e.train_loss},
                                  {"test_loss", r.loss},
                                  {"test_accuracy", r.accuracy},
                                  {"samples_per_s", static_cast<double>(e.units_trained) / e.seconds},
                                  {"epoch_seconds", e.seconds},
-                                 {"optimizer_steps", trainer_.optimizer_steps()},
-                                 {"skipped_steps", trainer_.skipped_steps()},
+                                 {"optimizer_steps", c.optimizer_steps},
+                                 {"skipped_steps", c.skipped_steps},
                                  {"peak_bytes", e.peak_bytes},
                                  {"micro_batch_size", o_.batch_size},
                                  {"model", choice_name(o_.model)},
-                                 {"accum_steps", trainer_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
-                                 {"lr", trainer_.last_lr()},
+                                 {"accum_steps", c.accum_steps / o_.world_size},  // per rank, as --accum-steps
+                                 {"lr", c.last_lr},
                                  {"precision", choice_name(o_.precision)},
                                  {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
-  if (needs_loss_scaling(o_.precision)) line["loss_scale"] = trainer_.loss_scale();
+  if (needs_loss_scaling(o_.precision)) line["loss_scale"] = c.loss_scale;
   if (o_.world_size > 1) {
     line["world_size"] = o_.world_size;
     line["gradient_reductions"] = e.gradient_reductions;
     line["communication_seconds"] = e.communication_seconds;
-    line["gradient_buckets"] = trainer_.gradient_buckets();
+    line["gradient_buckets"] = c.gradient_buckets;
     line["buckets_started_in_backward"] = e.buckets_started_in_backward;
   }
   if (p_.model.uses_batch_statistics())

@@ -89,25 +89,6 @@ using optim::UpdateScalars;
 
 // ---- counters ------------------------------------------------------------------------------------
 
-int Trainer::epoch() const { return parts_->position.epoch; }
-int Trainer::accum_steps() const { return parts_->position.accum_steps; }
-int64_t Trainer::micro_batch_index() const { return parts_->position.in_epoch; }
-int64_t Trainer::micro_batches_total() const { return parts_->position.total; }
-int Trainer::micro_batches_in_group() const { return parts_->position.group_micro_batches; }
-int64_t Trainer::units_in_group() const { return parts_->position.group_units; }
-int64_t Trainer::attempted_steps() const { return parts_->position.attempted_steps; }
-int64_t Trainer::optimizer_steps() const { return parts_->optimizer->updates() - parts_->steps_offset; }
-int64_t Trainer::skipped_steps() const { return parts_->state.read().skipped; }
-float Trainer::last_grad_norm() const { return parts_->state.read().grad_norm; }
-float Trainer::last_clip_factor() const { return parts_->state.read().clip; }
-float Trainer::last_lr() const { return parts_->optimizer->read_update_scalars().lr; }
-float Trainer::loss_scale() const { return parts_->state.read().loss_scale; }
-double Trainer::epoch_loss_sum() const { return parts_->state.read().epoch.loss; }
-double Trainer::epoch_units_stepped() const { return parts_->state.read().epoch.units; }
-std::size_t Trainer::gradient_buckets() const { return parts_->buckets ? parts_->buckets->count() : 0; }
-int64_t Trainer::buckets_started_in_backward() const {
-  return parts_->buckets ? parts_->buckets->started_in_backward() : 0;
-}
 dist::Communicator* Trainer::communicator() const { return parts_->options.communicator.get(); }
 Optimizer& Trainer::optimizer() { return *parts_->optimizer; }
 std::vector<int64_t> Trainer::state_to_allocate() {

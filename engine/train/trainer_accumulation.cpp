@@ -249,29 +249,39 @@ void Trainer::set_accum_steps(int steps) {
   if (pos.group_micro_batches == 0) pos.accum_steps = steps;  // else end_group applies it after this group's step
 }
 
+TrainingPosition Trainer::position() const {
+  const GroupPosition& pos = parts_->position;
+  TrainingPosition t;
+  t.epoch = pos.epoch;
+  t.micro_batch_index = pos.in_epoch;
+  t.micro_batches_total = pos.total;
+  t.accum_steps_override = pos.accum_override;
+  t.accum_steps = pos.accum_steps;
+  t.micro_batches_in_group = pos.group_micro_batches;
+  t.units_in_group = pos.group_units;
+  t.attempted_steps = pos.attempted_steps;
+  return t;
+}
+
+// The step state and the optimizer's scalars are read from the device: one wait on CUDA, the
+// second read finding nothing queued.
 TrainingCounters Trainer::counters() const {
   const Parts& p = *parts_;
   const kernels::StepState st = p.state.read();
   const UpdateScalars u = p.optimizer->read_update_scalars();
-  const GroupPosition& pos = p.position;
   TrainingCounters c;
-  c.epoch = pos.epoch;
-  c.micro_batch_index = pos.in_epoch;
-  c.micro_batches_total = pos.total;
+  static_cast<TrainingPosition&>(c) = position();
   c.optimizer_steps = u.updates - p.steps_offset;
   c.skipped_steps = st.skipped;
   c.loss_scale = st.loss_scale;
   c.loss_scale_clean_steps = st.loss_scale_clean_steps;
   c.last_lr = u.lr;
-  c.accum_steps_override = pos.accum_override;
-  c.accum_steps = pos.accum_steps;
-  c.micro_batches_in_group = pos.group_micro_batches;
-  c.units_in_group = pos.group_units;
-  c.attempted_steps = pos.attempted_steps;
   c.last_grad_norm = st.grad_norm;
   c.last_clip_factor = st.clip;
   c.epoch_loss_sum = st.epoch.loss;
   c.epoch_units_stepped = st.epoch.units;
+  c.gradient_buckets = p.buckets ? static_cast<int64_t>(p.buckets->count()) : 0;
+  c.buckets_started_in_backward = p.buckets ? p.buckets->started_in_backward() : 0;
   return c;
 }
 

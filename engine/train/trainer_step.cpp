@@ -204,11 +204,12 @@ void Trainer::end_group() {
 void Trainer::log_step() {
   if (!on_step_) return;
   const kernels::StepState st = parts_->state.read();
+  const UpdateScalars u = parts_->optimizer->read_update_scalars();
   StepLog log;
-  log.step = optimizer_steps();
+  log.step = u.updates - parts_->steps_offset;
   log.epoch = parts_->position.epoch;
   log.loss = (st.epoch.loss - logged_loss_) / std::max(st.epoch.units - logged_units_, 1.0);  // mean per unit
-  log.lr = parts_->optimizer->read_update_scalars().lr;
+  log.lr = u.lr;
   logged_loss_ = st.epoch.loss;
   logged_units_ = st.epoch.units;
   on_step_(log);

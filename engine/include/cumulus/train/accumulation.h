@@ -68,13 +68,24 @@ struct AccumulationOptions {
   LossScaling loss_scaling;
 };
 
-// Where a run stands, in one read (Trainer::counters(): on CUDA one wait for the queued work). The
-// first group is everything a checkpoint needs to resume exactly at a group boundary (restore()
-// takes it); the rest is what a report quotes.
-struct TrainingCounters {
+// Where the loop stands, kept on the host: Trainer::position() reads it without waiting for the
+// device, so a loop may read it at every micro-batch.
+struct TrainingPosition {
   int epoch = 0;
   int64_t micro_batch_index = 0;  // micro-batches done this epoch
   int64_t micro_batches_total = 0;
+  int accum_steps_override = 0;    // set_accum_steps' value; 0: the options' steps or schedule apply
+  int accum_steps = 0;             // N for the group in progress (every rank's micro-batches)
+  int micro_batches_in_group = 0;  // every rank's; 0 at a group boundary
+  int64_t units_in_group = 0;      // this rank's units so far in the group
+  int64_t attempted_steps = 0;     // taken or skipped
+};
+
+// Where a run stands, in one read (Trainer::counters(): on CUDA one wait for the queued work): the
+// position and the step's counters. restore() takes what a checkpoint needs to resume at a group
+// boundary (epoch, micro_batch_index, micro_batches_total, accum_steps_override and the first five
+// below); the rest is what a report quotes.
+struct TrainingCounters : TrainingPosition {
   int64_t optimizer_steps = 0;  // steps taken
   int64_t skipped_steps = 0;    // steps skipped for a non-finite gradient
   // Dynamic loss scaling's state (restored only where it is on): the scale the next group's
@@ -84,14 +95,6 @@ struct TrainingCounters {
   // The learning rate of the last step: a run resumed before its first step, as in an
   // interrupted test pass, reports the lr the uninterrupted run reports.
   float last_lr = 0.0f;
-  // set_accum_steps' value, 0 where it was not called (the options' steps or schedule apply).
-  int accum_steps_override = 0;
-
-  // ---- for reports only (restore() ignores them) ----
-  int accum_steps = 0;             // N for the current epoch (every rank's micro-batches)
-  int micro_batches_in_group = 0;  // every rank's; 0 at a group boundary
-  int64_t units_in_group = 0;      // this rank's units so far in the group
-  int64_t attempted_steps = 0;     // taken or skipped
   // The last step's global L2 norm of the normalized gradient before clipping (NaN when the step
   // did not compute it: no clipping and no non-finite guard), and its clip factor.
   float last_grad_norm = 0.0f;
@@ -100,6 +103,10 @@ struct TrainingCounters {
   // epoch's mean loss per unit.
   double epoch_loss_sum = 0.0;
   double epoch_units_stepped = 0.0;
+  // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so
+  // far started while a backward still ran (the rest started at the step).
+  int64_t gradient_buckets = 0;
+  int64_t buckets_started_in_backward = 0;
 };
 
 // The accumulation steps a per-epoch schedule {first_epoch: steps} gives `epoch` (the entry with

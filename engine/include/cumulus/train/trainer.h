@@ -157,8 +157,8 @@ class Trainer {
   // it, outside the closure a graph replays) and step_if_ready, so the last group of the epoch
   // steps too; each micro-batch counts its batch's units (Batch::units, DataLoader::units(i)). Data
   // parallel: this rank's micro-batches (dist::owner_of_micro_batch), the others counted by
-  // skip_micro_batch. Returns the epoch's mean training loss per unit (epoch_loss_sum() /
-  // epoch_units_stepped(): one device read).
+  // skip_micro_batch. Returns the epoch's mean training loss per unit (TrainingCounters::
+  // epoch_loss_sum / epoch_units_stepped: one device read).
   double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
   // The same from micro-batch options.first, with options' hooks, stopping early at a group
   // boundary where options.stop asks to (then finished is false and next_micro_batch is where a
@@ -171,40 +171,16 @@ class Trainer {
   // position and the loss scale continue.
   void set_accum_steps(int steps);
 
-  // Every counter in one read (on CUDA one wait for the queued work): everything a checkpoint needs
-  // to resume at a group boundary (set_accum_steps' value included) and what a report quotes. The
-  // restoration: the optimizer's state (Optimizer::load_state) first, then restore(), then
+  // Where the loop stands: host values only, free to read at any time.
+  TrainingPosition position() const;
+  // Every counter in one read (on CUDA one wait for the queued work, so read it at a progress
+  // refresh or an epoch's end, not per step): everything a checkpoint needs to resume at a group
+  // boundary (set_accum_steps' value included) and what a report quotes. The restoration: the
+  // optimizer's state (Optimizer::load_state) first, then restore(), then
   // begin_epoch(counters.epoch, micro_batches, counters.micro_batch_index).
   TrainingCounters counters() const;
   void restore(const TrainingCounters& counters);
 
-  // ---- single counters (counters() has them all) ----
-  // Host-side ones are free. Those marked (device) read the step state: on CUDA they wait for the
-  // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
-  // not per step.
-  int epoch() const;
-  int accum_steps() const;            // N for the current epoch (every rank's micro-batches)
-  int64_t micro_batch_index() const;  // micro-batches done this epoch
-  int64_t micro_batches_total() const;
-  int micro_batches_in_group() const;  // every rank's; 0 at a group boundary
-  int64_t units_in_group() const;      // this rank's units so far in the group
-  int64_t attempted_steps() const;     // steps attempted (taken or skipped)
-  int64_t optimizer_steps() const;     // (device) steps taken
-  int64_t skipped_steps() const;       // (device) steps skipped for a non-finite gradient
-  // (device) The last step's global L2 norm of the normalized gradient before clipping (NaN when
-  // the step did not compute it: no clipping and no non-finite guard), its clip factor and lr.
-  float last_grad_norm() const;
-  float last_clip_factor() const;
-  float last_lr() const;
-  float loss_scale() const;  // (device) the scale the next group's backward uses (1 without scaling)
-  // (device) Summed training loss, and units, of the groups stepped since begin_epoch(): their
-  // ratio is the epoch's mean loss per unit.
-  double epoch_loss_sum() const;
-  double epoch_units_stepped() const;
-  // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so
-  // far started while a backward was still running (the rest started at the step).
-  std::size_t gradient_buckets() const;
-  int64_t buckets_started_in_backward() const;
   dist::Communicator* communicator() const;  // TrainerOptions::communicator (null: one process)
   optim::Optimizer& optimizer();
   // The blocks a Trainer makes at its first step and holds beside every later micro-batch (bytes
@@ -215,7 +191,6 @@ class Trainer {
   void set_tracker(memory::MemoryTracker* tracker) { tracker_ = tracker; }
   memory::MemoryTracker* tracker() const { return tracker_; }
 
-  bool graphs_enabled() const { return use_graphs_; }
   struct Stats {
     int64_t eager_micro_batches = 0, replayed_micro_batches = 0;
     int64_t eager_steps = 0, replayed_steps = 0;
