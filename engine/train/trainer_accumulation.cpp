@@ -100,8 +100,7 @@ void check_summed_loss(const Tensor& loss, const char* caller) {
 }  // namespace
 
 Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
-                 std::shared_ptr<const LRSchedule> schedule)
-    : use_graphs_(options.use_graphs), tracker_(options.tracker), on_step_(options.on_step) {
+                 std::shared_ptr<const LRSchedule> schedule) {
   CUMULUS_CHECK(optimizer != nullptr, InvalidArgument, "Trainer: no optimizer");
   check_options(options);
   parts_ = std::make_unique<Parts>(std::move(optimizer), options, std::move(schedule));
@@ -114,13 +113,13 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
     p.buckets = std::make_unique<dist::GradientBuckets>(p.optimizer->parameters(), options.bucket_bytes,
                                                         *options.communicator);
   }
-  CUMULUS_CHECK(!use_graphs_ || device.is_cuda(), InvalidArgument,
+  CUMULUS_CHECK(!p.use_graphs || device.is_cuda(), InvalidArgument,
                 "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ", device.str());
   // The reductions across ranks would have to be captured too (NCCL allows it; untested).
-  CUMULUS_CHECK(!use_graphs_ || !distributed(), InvalidArgument,
+  CUMULUS_CHECK(!p.use_graphs || !distributed(), InvalidArgument,
                 "Trainer: CUDA graphs with data parallel training are not supported; run eagerly");
 #if !CUMULUS_WITH_CUDA
-  CUMULUS_CHECK(!use_graphs_, InvalidArgument, "Trainer: cumulus was built without CUDA");
+  CUMULUS_CHECK(!p.use_graphs, InvalidArgument, "Trainer: cumulus was built without CUDA");
 #endif
   p.steps_offset = p.optimizer->updates();
   p.state.write(&kernels::StepState::loss_scale, options.loss_scaling.dynamic ? options.loss_scaling.initial_scale : 1.0f);
@@ -156,7 +155,7 @@ void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   pos.in_epoch = first;
   pos.epoch_length = micro_batches;
   parts_->state.write(&kernels::StepState::epoch, kernels::UnitsAndLoss{0.0, 0.0});
-  logged_loss_ = logged_units_ = 0.0;
+  parts_->logged_loss = parts_->logged_units = 0.0;
 }
 
 void Trainer::check_micro_batch(int64_t units, const char* caller) const {

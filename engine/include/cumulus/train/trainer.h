@@ -41,9 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "cumulus/data/dataset.h"
@@ -188,8 +186,8 @@ class Trainer {
   static std::vector<int64_t> state_to_allocate();
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
-  void set_tracker(memory::MemoryTracker* tracker) { tracker_ = tracker; }
-  memory::MemoryTracker* tracker() const { return tracker_; }
+  void set_tracker(memory::MemoryTracker* tracker);
+  memory::MemoryTracker* tracker() const;
 
   struct Stats {
     int64_t eager_micro_batches = 0, replayed_micro_batches = 0;
@@ -198,50 +196,24 @@ class Trainer {
     int64_t kernels_per_micro_batch = 0;  // in the last micro-batch graph captured
     int64_t kernels_per_step = 0;
   };
-  const Stats& stats() const { return stats_; }
+  const Stats& stats() const;
   // Frees every graph (their memory returns to the general cache). Later calls capture afresh.
   void reset();
 
  private:
-  struct Parts;  // the accumulation's state (engine/train/trainer_parts.h)
-  struct Captured;
-  enum class Ran { eagerly, captured, replayed };
-  // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
-  // pattern of the parameters (which gradients are computed at all), and the backward seed's
-  // accumulation steps (Normalization::micro_batches only; 0 otherwise).
-  using GraphKey = std::tuple<int64_t, std::vector<bool>, std::vector<bool>, int>;
+  struct Parts;     // everything else a Trainer holds (engine/train/trainer_parts.h)
+  struct Captured;  // a micro-batch's or the step's CUDA graph
   void eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
   void graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss);
   bool step(bool only_if_ready);
   void run_step();
-  Captured* step_graph();
-  // `work` eagerly where `graph` is null or new, captured into it the second time (then launched),
-  // replayed after that (Note [Captured training]).
-  Ran run_or_replay(Captured* graph, const std::function<void()>& work);
-  // The step's parts (engine/train/trainer_step.cpp).
-  void reduce_across_ranks();
-  void decide_step();
-  void end_group();
   // The host side of backward(): the checks and the counters (a replayed micro-batch runs only these).
   void check_micro_batch(int64_t units, const char* caller) const;
   void count_micro_batch(int64_t units);
   void check_accum_steps(int steps, const char* caller) const;
-  void log_step();  // on_step, when set
-  bool graphs_now() const;
   bool distributed() const;
-  std::vector<bool> stale_pattern() const;
-  std::vector<bool> frozen_pattern() const;
 
   std::unique_ptr<Parts> parts_;
-  bool use_graphs_;
-  memory::MemoryTracker* tracker_;
-  // Micro-batch graphs by GraphKey: the sinks' modes (overwrite or accumulate), the gradients
-  // computed and the seed are part of the captured work. Seen once: eager; twice: captured, then replayed.
-  std::map<GraphKey, std::unique_ptr<Captured>> micro_batches_;
-  std::unique_ptr<Captured> step_;
-  Stats stats_;
-  std::function<void(const StepLog&)> on_step_;
-  double logged_loss_ = 0.0, logged_units_ = 0.0;  // the epoch's sums at the last log_step()
 };
 
 // A classifier's test pass: every batch of `loader` (x the inputs, y i32 labels) through `model` in
