@@ -185,7 +185,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
     memory::MicroBatchRecord record = c.memory;
     record.epoch = epoch;
     record.index = index;
-    parts_->tracker->add_graph_micro_batch(record);
+    memory::MemoryTrackerAccess::add_graph_micro_batch(*parts_->tracker, record);
   }
 #else
   (void)c, (void)units, (void)forward_loss;  // unreachable: the constructor refuses graphs

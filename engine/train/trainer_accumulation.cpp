@@ -122,7 +122,8 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
   CUMULUS_CHECK(!p.use_graphs, InvalidArgument, "Trainer: cumulus was built without CUDA");
 #endif
   p.steps_offset = p.optimizer->updates();
-  p.state.write(&kernels::StepState::loss_scale, options.loss_scaling.dynamic ? options.loss_scaling.initial_scale : 1.0f);
+  const LossScaling& ls = options.loss_scaling;
+  p.state.write(&kernels::StepState::loss_scale, ls.dynamic ? ls.initial_scale : 1.0f);
   p.state.write(&kernels::StepState::loss_scale_clean_steps, int32_t{0});
   begin_epoch(0, 0);
 }
@@ -137,8 +138,11 @@ bool Trainer::distributed() const {
 // `caller`: the call a user made, which the message names.
 void Trainer::check_accum_steps(int steps, const char* caller) const {
   CUMULUS_CHECK(steps > 0, InvalidArgument, caller, ": accumulation steps must be > 0, got ", steps);
-  CUMULUS_CHECK(!distributed() || steps % parts_->options.communicator->world_size() == 0, InvalidArgument, caller, ": ", steps, " accumulation steps (micro-batches of all ranks per step) do not divide over ",
-                parts_->options.communicator->world_size(), " ranks; give a multiple of the world size");
+  if (!distributed()) return;
+  const int world = parts_->options.communicator->world_size();
+  CUMULUS_CHECK(steps % world == 0, InvalidArgument, caller, ": ", steps,
+                " accumulation steps (micro-batches of all ranks per step) do not divide over ", world,
+                " ranks; give a multiple of the world size");
 }
 
 void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
@@ -287,7 +291,8 @@ TrainingCounters Trainer::counters() const {
 void Trainer::restore(const TrainingCounters& c) {
   Parts& p = *parts_;
   const LossScaling& ls = p.options.loss_scaling;
-  CUMULUS_CHECK(p.position.group_micro_batches == 0, InvalidArgument, "Trainer::restore with micro-batches accumulated");
+  CUMULUS_CHECK(p.position.group_micro_batches == 0, InvalidArgument,
+                "Trainer::restore with micro-batches accumulated");
   CUMULUS_CHECK(c.epoch >= 0 && c.micro_batch_index >= 0 && c.micro_batches_total >= 0 && c.optimizer_steps >= 0 &&
                     c.skipped_steps >= 0 && c.accum_steps_override >= 0,
                 InvalidArgument, "Trainer::restore: negative counter");

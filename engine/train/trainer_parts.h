@@ -17,6 +17,7 @@
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/train/trainer.h"
 #include "engine/dist/gradient_buckets.h"
+#include "engine/memory/tracker_access.h"
 #include "learning_rate_window.h"
 #include "step_state.h"
 
@@ -105,7 +106,7 @@ struct Trainer::Parts {
         on_step(options_in.on_step) {}
 
   // Graphs stay off while the tracker records its timeline, so the trace shows true phases.
-  bool graphs_now() const { return use_graphs && !(tracker && tracker->timeline_active()); }
+  bool graphs_now() const { return use_graphs && !(tracker && memory::MemoryTrackerAccess::timeline_active(*tracker)); }
   std::vector<bool> stale_pattern() const;
   std::vector<bool> frozen_pattern() const;
   enum class Ran { eagerly, captured, replayed };

@@ -91,7 +91,7 @@ bool Trainer::step(bool only_if_ready) {
     p.tracker->end_step(pos.attempted_steps, p.optimizer->state_bytes(),
                         comm ? comm->take_recent_spans() : TimeSpans());
   } else if (p.tracker) {
-    p.tracker->add_graph_step(pos.attempted_steps, p.optimizer->state_bytes());
+    memory::MemoryTrackerAccess::add_graph_step(*p.tracker, pos.attempted_steps, p.optimizer->state_bytes());
   }
   return true;
 }
