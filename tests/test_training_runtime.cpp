@@ -519,17 +519,17 @@ TEST(TrainingProgress, PlainLinesAboutEveryTenthOfTheEpoch) {
 
 // "EPOCH:STEPS,..." from epoch 0, and the steps a run of such epochs takes.
 TEST(AccumulationSchedule, ParsedFromTextAndCountedOverTheRun) {
-  EXPECT_EQ(train::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
+  EXPECT_EQ(cumulus::app::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
   for (const char* bad : {"", "1:4", "0:4,0:2", "0:0", "0:x", "0:4,", "4", "0:4,2"}) {
     try {
-      train::parse_accum_schedule(bad);
+      cumulus::app::parse_accum_schedule(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()).rfind("'" + std::string(bad) + "': ", 0), 0u) << e.what();
     }
   }
-  EXPECT_EQ(train::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
-  EXPECT_EQ(train::parse_accum_schedule(train::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
+  EXPECT_EQ(cumulus::app::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
+  EXPECT_EQ(cumulus::app::parse_accum_schedule(cumulus::app::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
             (std::map<int, int>{{0, 3}, {7, 1}, {9, 12}}));
   // 10 micro-batches an epoch: groups of 4 (3 steps, the last of 2) in epochs 0-1, of 2 (5 steps) after.
   EXPECT_EQ(train::optimizer_steps_in_epochs({{0, 4}, {2, 2}}, 10, 3), 3 + 3 + 5);
