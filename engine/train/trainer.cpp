@@ -89,10 +89,8 @@ using optim::UpdateScalars;
 
 // ---- accessors -----------------------------------------------------------------------------------
 
-dist::Communicator* Trainer::communicator() const { return parts_->options.communicator.get(); }
 Optimizer& Trainer::optimizer() { return *parts_->optimizer; }
 void Trainer::set_tracker(memory::MemoryTracker* tracker) { parts_->tracker = tracker; }
-memory::MemoryTracker* Trainer::tracker() const { return parts_->tracker; }
 const Trainer::Stats& Trainer::stats() const { return parts_->stats; }
 std::vector<int64_t> Trainer::state_to_allocate() {
   return {LearningRateWindow::kSize * static_cast<int64_t>(sizeof(float))};
@@ -200,7 +198,7 @@ double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss
 
 EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss,
                                  const EpochOptions& options) {
-  dist::Communicator* comm = communicator();
+  const dist::Communicator* comm = parts_->options.communicator.get();
   const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
   const int64_t batches = loader.num_batches();
   CUMULUS_CHECK(options.first >= 0 && options.first <= batches, InvalidArgument, "Trainer::train_epoch: first ",

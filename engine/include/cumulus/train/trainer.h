@@ -149,7 +149,6 @@ class Trainer {
   TrainingCounters counters() const;
   void restore(const TrainingCounters& counters);
 
-  dist::Communicator* communicator() const;  // TrainerOptions::communicator (null: one process)
   optim::Optimizer& optimizer();
   // The bytes a Trainer allocates at its first step and holds (its learning-rate table), for a
   // planner's PlanRequest::loop_state.
@@ -157,7 +156,6 @@ class Trainer {
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
   void set_tracker(memory::MemoryTracker* tracker);
-  memory::MemoryTracker* tracker() const;
 
   struct Stats {
     int64_t eager_micro_batches = 0, replayed_micro_batches = 0;
