@@ -115,8 +115,7 @@ class MemoryTracker {
     int64_t micro_batch_size = 0;  // units (0: not checked)
     int accum_steps = 1;
     int timeline_steps = 8;  // optimizer steps covered by the timeline (0: none)
-    // Records kept in detail (the first ones; every micro-batch counts in the summary): a bound on
-    // the report, since a 20-epoch run has 75,000 micro-batches of 16.
+    // Records kept in detail, the first ones (all count in the summary): 20 epochs are 75,000 of 16.
     std::size_t max_records = 10000;
     // Free-form facts for the report's "annotations" (where batch norm took its statistics, say).
     std::map<std::string, std::string> annotations;

@@ -76,8 +76,7 @@ struct PlanRow {
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};  // the split at the peak (recorded_sequence)
   bool fits = true;     // predicted within the budget (always, without one)
   PlanSetting setting;  // the levers it was recorded, timed and predicted with
-  // Predicted time (Note [Predicting time]) of a micro-batch, an effective batch (accum_steps of
-  // them and a step), and an epoch of PlanRequest::epoch_units (0 without).
+  // Predicted seconds (Note [Predicting time]): a micro-batch, an effective batch, an epoch (or 0).
   double micro_batch_seconds = 0.0;
   double batch_seconds = 0.0;
   double epoch_seconds = 0.0;
@@ -103,30 +102,25 @@ struct PlanRequest {
   int64_t effective_batch = 0;
   // Every micro-batch weighed, recorded or probed is whole rows of this many units (1: samples).
   int64_t units_per_row = 1;
-  // The largest micro-batch (units) the planner may run: 0, the effective batch; more, to record
-  // larger ones explicitly.
+  // The largest micro-batch (units) the planner may run; 0: the effective batch.
   int64_t max_probe = 0;
   // Timings of each recorded size (>= 1): the median predicts, the fastest and slowest the spread.
   int timing_repeats = 3;
-  // Reserved bytes, what CachingAllocator::set_memory_limit counts. 0: none (every divisor fits;
-  // the fastest is chosen, unprobed).
+  // Reserved bytes, as set_memory_limit counts them. 0: none (every divisor fits, the choice unprobed).
   int64_t budget = 0;
   // Runs one training micro-batch of `units`: batch, forward, loss, backward into the gradient
   // buffers, then frees what it allocated and discards the gradients. What it throws (an interrupt)
   // leaves plan_batch after the memory limit, the model's buffers and the levers are restored.
   std::function<void(int64_t units)> micro_batch;
-  // Required: the optimizer that will train; its first update's state is held in every prediction
-  // and probe.
+  // Required: the optimizer that will train (its first update's state is held throughout).
   optim::Optimizer* optimizer = nullptr;
-  // Bytes the training loop will also hold (category other; the Trainer's state_to_allocate()),
-  // held in every prediction and probe.
+  // Bytes the training loop will also hold (the Trainer's state_to_allocate()), held throughout.
   std::vector<int64_t> loop_state;
   // The most units `micro_batch` can take (the training set's size); 0: no limit.
   int64_t unit_limit = 0;
   // The levers (Note [Plan levers]): `apply` puts a setting in place (recompute segments, where the
-  // training set lives, the batches' precision). Every divisor is predicted with each setting
-  // weighed; the chosen one is left in place, `setting` restored when none is chosen or on an
-  // exception. Without `apply` only the micro-batch is planned.
+  // training set lives, the batches' precision); the chosen one is left in place, `setting` put back
+  // when none is chosen or on an exception. Without `apply` only the micro-batch is planned.
   std::function<void(const PlanSetting&)> apply;
   PlanSetting setting;  // in place now: weighed first, and the levers no other setting changes
   // The segments the model can recompute (nn::Model::recompute_segment_names()): every subset is
@@ -135,14 +129,12 @@ struct PlanRequest {
   std::vector<uint32_t> recompute_masks;
   // The training set in host memory, weighed only when no setting with it on the device fits.
   bool weigh_placement = false;
-  // Precisions the planner may choose besides setting.precision: an opt-in, since a 16-bit plan
-  // changes the numbers; a tie in time keeps setting.precision.
+  // Other precisions it may choose: an opt-in, since 16 bits change the numbers (a tie keeps ours).
   std::vector<Precision> precisions;
   int64_t epoch_units = 0;  // units in an epoch, for epoch_seconds (0: unit_limit)
   // Injected timings (tests, or known from elsewhere): one micro-batch's seconds, instead of timing.
   std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;
-  // Seconds of one optimizer step; < 0: timed by one probed step when the optimizer's state is
-  // already held (everything restored after), else not counted.
+  // One optimizer step's seconds; < 0: probed when the optimizer's state exists, else not counted.
   double step_seconds = -1.0;
   // The model whose buffers (batch norm's running statistics) probes move: restored after.
   nn::Module* model = nullptr;
@@ -160,9 +152,8 @@ struct Plan {
   std::string prediction;             // the predictor's summary, or why there is none (probe_line)
   int64_t reserved_at_rest = 0;       // from the allocator, after its cache was emptied
   int64_t optimizer_state_bytes = 0;  // what the first update will allocate, held in every row
-  // Every setting weighed, the request's first, with its time fit, reserved bytes at rest and
-  // largest micro-batch predicted to fit (0: none). One whose recordings did not match is left out
-  // (and named in `prediction`).
+  // Every setting weighed (the request's first) with its time fit, reserved bytes at rest and largest
+  // micro-batch predicted to fit (0: none); one whose recordings did not match is left out.
   struct Weighed {
     PlanSetting setting;
     TimeFit time;
@@ -175,8 +166,7 @@ struct Plan {
   std::vector<PlanRow> table;
   double step_seconds = 0.0;  // the optimizer step's time
   bool step_timed = false;    // false: neither given nor probed, counted as 0
-  // Every micro-batch the planner ran, all under the budget: their wall time, the largest (units)
-  // and the timings per size.
+  // Every micro-batch the planner ran, all under the budget: wall time, largest, timings per size.
   double probe_seconds = 0.0;
   int64_t largest_probe = 0;
   int timing_repeats = 0;
@@ -193,16 +183,14 @@ struct Plan {
   std::string reason;                      // the choice and why, or why none fits, in one sentence
 };
 
-// Plans the micro-batch for `request.effective_batch` under `request.budget`: records and times
-// the micro-batch at a few sizes with each setting of the levers, predicts every divisor, takes the
-// fastest predicted to fit and verifies it with one probe, falling back to the next best when the
-// probe runs out of memory. Prints nothing. Throws InvalidArgument for a malformed request,
-// OutOfMemory when nothing fits and require_fit; what `micro_batch` throws passes through.
+// Records and times the micro-batch at a few sizes with each setting weighed, predicts every divisor
+// of the effective batch, takes the fastest predicted to fit and verifies it with one probe (the
+// next best when it runs out of memory). Prints nothing. Throws InvalidArgument for a malformed
+// request, OutOfMemory when nothing fits and require_fit; what `micro_batch` throws passes through.
 Plan plan_batch(const PlanRequest& request);
 
-// The plan as a table to print: the prediction's basis (the state at rest, `budget`; 0: none), the
-// time fits, then every row (micro-batch, levers, predicted bytes, fit, steps, times; the chosen
-// one starred). `unit` names what the effective batch counts ("sample", "token").
+// The plan as a table: its basis (`budget`; 0: none), the time fits and every row, the chosen one
+// starred. `unit` names what the effective batch counts ("sample", "token").
 std::string plan_table_text(const Plan& plan, int64_t budget, const std::string& unit = "sample");
 
 }  // namespace cumulus::plan

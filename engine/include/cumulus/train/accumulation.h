@@ -1,6 +1,5 @@
-// What a run's accumulation is configured with (AccumulationOptions, inherited by TrainerOptions)
-// and the Trainer's counters (TrainingPosition, TrainingCounters). The policy itself runs inside
-// train::Trainer: Note [Exact normalization] in engine/train/trainer_step.cpp.
+// What a run's accumulation is configured with (AccumulationOptions, in TrainerOptions) and the
+// Trainer's counters; the policy itself: Note [Exact normalization] in engine/train/trainer_step.cpp.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +20,7 @@ enum class Normalization {
   // for a group of fewer than N micro-batches (an epoch's last: its weight is their count / N) and
   // for uneven micro-batches (a shorter one's units weigh more).
   micro_batches,
-  // The gradient is used as accumulated.
-  none,
+  none,  // the gradient is used as accumulated
 };
 
 // Dynamic loss scaling (Note [Loss scaling] in engine/train/trainer_step.cpp) for 16-bit gradients:
@@ -42,9 +40,7 @@ struct LossScaling {
 
 struct AccumulationOptions {
   int accum_steps = 1;
-  // Per-epoch steps {first_epoch: steps} (Lightning's GradientAccumulationScheduler); overrides
-  // accum_steps when non-empty. Must have key 0.
-  std::map<int, int> schedule;
+  std::map<int, int> schedule;  // {first_epoch: steps} from key 0, instead of accum_steps when given
   Normalization normalization = Normalization::units;
   float clip_grad_norm = 0.0f;  // > 0: clip the normalized gradient's global L2 norm to this
   bool skip_non_finite = true;  // a NaN/Inf in the normalized gradient skips the step
@@ -52,14 +48,11 @@ struct AccumulationOptions {
   // one rank, accum_steps counts the micro-batches of all ranks together (a multiple of the world
   // size); each rank trains its own and calls skip_micro_batch() for the others'. Null: one process.
   std::shared_ptr<dist::Communicator> communicator;
-  // Gradient bytes per bucket reduced while backward still runs (whole parameter slots).
-  int64_t bucket_bytes = 1 << 20;
-  // Needs Normalization::units and skip_non_finite.
-  LossScaling loss_scaling;
+  int64_t bucket_bytes = 1 << 20;  // gradient bytes per bucket reduced while backward still runs
+  LossScaling loss_scaling;        // needs Normalization::units and skip_non_finite
 };
 
-// Where the loop stands, kept on the host: Trainer::position() reads it without waiting for the
-// device, so a loop may read it at every micro-batch.
+// Where the loop stands, kept on the host: Trainer::position() is free to read at every micro-batch.
 struct TrainingPosition {
   int epoch = 0;
   int64_t micro_batch_index = 0;  // micro-batches done this epoch

@@ -47,8 +47,7 @@ struct RecordedSetting {
   std::string key;           // its metadata key, after "setting." ("lr", "micro_batch_size")
   std::string value;         // as text: equal values give equal text
   bool overridable = false;  // a resume may change it where allowed (a hyperparameter of the update rule)
-  // What a checkpoint that lacks the key ran with (one written before the setting was recorded);
-  // unset: such a checkpoint is refused as "(not recorded)".
+  // What a checkpoint without the key (older than it) ran with; unset: refused as "(not recorded)".
   std::optional<std::string> before_recorded;
   std::string unit;  // added after the value in a refusal: " (micro-batches per step, all ranks together)"
 };
@@ -59,8 +58,8 @@ std::string setting_text(float value);
 
 // The position and counters of a run at a group boundary, besides the weights and optimizer state.
 struct CheckpointState {
-  // counters.epoch and counters.micro_batch_index: where a resumed run continues (micro_batch_index
-  // equal to the epoch's micro-batches: every micro-batch trained, what follows the epoch not yet).
+  // Where a resumed run continues: counters.epoch at counters.micro_batch_index (at the epoch's
+  // length: every micro-batch trained, what follows the epoch, its test pass say, not yet).
   TrainingCounters counters;
   int64_t optimizer_updates = 0;  // Optimizer::updates()
   // The epoch's loss sum (stored bit for bit) and units so far: a resumed epoch reports the same mean.
@@ -81,11 +80,9 @@ struct ResumeOptions {
   // The run's epoch size: a checkpoint's position and epoch units must lie within it.
   int64_t micro_batches_per_epoch = 0;
   int64_t units_per_epoch = 0;
-  // > 0: the position must be a group boundary of this many micro-batches (a run that does not set
-  // Trainer::set_accum_steps), as every checkpoint is written at one.
+  // > 0: the position must be a boundary of groups this long (a run without set_accum_steps).
   int64_t micro_batches_per_group = 0;
-  // Added to the refusals: how to load a file that is not a checkpoint, and what may differ when the
-  // position is outside the epoch ("was it made with other data?").
+  // Added to the refusals of a file that is not a checkpoint, and of a position outside the epoch.
   std::string plain_weights_hint = "load plain weights with io::load_state_dict";
   std::string other_data_hint = "was it made with other data?";
 };
@@ -96,8 +93,8 @@ struct ResumedCheckpoint {
   std::map<std::string, std::string> metadata;  // every key, verified by the checksum
 };
 
-// The settings of the run that differ from the checkpoint's (Note [Resume contract]), each named in
-// one message: the caller's input, not the file, is at fault.
+// The run's settings that differ from the checkpoint's, named in one message: the caller's input,
+// not the file, is at fault (Note [Resume contract]).
 class SettingMismatch : public InvalidArgument {
  public:
   using InvalidArgument::InvalidArgument;
@@ -106,8 +103,8 @@ class SettingMismatch : public InvalidArgument {
 // Restores the model's weights and the optimizer's state (Trainer::restore(state.counters) next).
 // Throws SettingMismatch when the run's settings differ, and Error when the file is unreadable, not
 // a checkpoint, corrupt or without a checksum, holds non-finite values or counters outside the run.
-ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
-                                           const ResumeOptions& options);
+ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model,
+                                           optim::Optimizer& optimizer, const ResumeOptions& options);
 
 // The point a run would resume from, kept as train_epoch goes: the last group boundary (a checkpoint
 // written after an error mid-group holds what was stepped, not the group in flight) and the epoch's
@@ -122,8 +119,7 @@ class ResumePoint {
  public:
   ResumePoint(Trainer& trainer, const CheckpointState& start);
   int epoch() const { return point_.counters.epoch; }
-  // Starts `epoch`: `options` with `first` set (the start's micro-batch in the start's epoch, else
-  // 0) and an on_step that records each boundary before calling options.on_step.
+  // `options` for train_epoch(epoch): `first` set, and an on_step that records each boundary first.
   EpochOptions begin_epoch(int epoch, EpochOptions options = {});
   // After the epoch and what follows it (an evaluation): the point is the next epoch's start.
   void end_epoch();

@@ -21,12 +21,11 @@
 // The same calls for one epoch over a DataLoader: trainer.train_epoch(loader, epoch, loss), and with
 // EpochOptions a resume inside the epoch, hooks and a stop at a group boundary.
 //
-// Units (Note [Units]): the closure returns the loss summed over the `units` it is given, units the
-// user names: samples by default, tokens for a language model (TensorDataset::set_units_per_row(T)).
-// Every step divides by its group's units, so the update is the mean gradient per unit. With
-// use_graphs the closure must queue the same work for a given unit count: its inputs come from
-// device-side state (DataLoader::next), never from host values that change between calls. Eager
-// runs (the CPU, or use_graphs false) give the same bits as a loop calling backward(loss, units).
+// Units (Note [Units]): the closure returns the loss summed over the `units` it is given (samples
+// by default, tokens with TensorDataset::set_units_per_row(T)); each step divides by its group's
+// units. With use_graphs the closure must queue the same work for a given unit count: its inputs
+// come from device-side state (DataLoader::next), never from host values that change between calls.
+// Eager runs (the CPU, or use_graphs false) give the same bits as a loop calling backward(loss, units).
 #pragma once
 
 #include <cstdint>
@@ -72,9 +71,8 @@ struct EpochOptions {
   // The micro-batch to start at: 0, or, resuming after restore(), the group boundary a checkpoint
   // recorded (TrainingCounters::micro_batch_index).
   int64_t first = 0;
-  // Asked at every group boundary before micro-batch `next` (not after the epoch's last): true ends
-  // the call there, so a checkpoint written then holds exactly what was trained. Data parallel:
-  // asked on every rank at the same boundaries (it may be a collective).
+  // Asked at every group boundary before micro-batch `next` (not after the last): true ends the call
+  // there. Data parallel: asked on every rank at the same boundaries (it may be a collective).
   std::function<bool(int64_t next)> stop;
   // After each step attempted (taken, or skipped for a non-finite gradient), then after every
   // micro-batch (its step, if any, included). Neither reads the device.
@@ -90,8 +88,7 @@ struct EpochResult {
 };
 
 struct TrainerOptions : AccumulationOptions {
-  // Replays each micro-batch and the step's device part as CUDA graphs (parameters on a CUDA
-  // device, a single rank).
+  // Replays micro-batches and the step as CUDA graphs (parameters on a CUDA device, one rank).
   bool use_graphs = false;
   // Records every micro-batch and step. Not owned; may be null, or attached later (set_tracker).
   memory::MemoryTracker* tracker = nullptr;
@@ -109,11 +106,9 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
-  // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
+  // Starts an epoch of `micro_batches` (0: unknown; flush() ends it) at `first` (a resume's boundary).
   void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
-  // Forward (the closure's loss, summed over `units`), backward into the gradient buffers, the
-  // counters and the tracker's record.
+  // Forward (the closure's loss, summed over `units`), backward, the counters and the tracker's record.
   void micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
   // The eager form for a loss the caller computed: no tracker record, no graph, no host read. The
   // step divides by the units, so a loss known to be a mean (Reduction::Mean, ops::mean) is refused
@@ -127,31 +122,26 @@ class Trainer {
   bool step_if_ready();
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
-  // One epoch of `loader`'s batches in set_epoch(epoch)'s order: begin_epoch, then per batch
-  // micro_batch(units(i), loss(next(i))) (host-resident data staged outside the closure a graph
-  // replays) and step_if_ready. Data parallel: this rank's micro-batches, skip_micro_batch for the
-  // others'. Returns the epoch's mean training loss per unit (one device read).
+  // One epoch of `loader`'s batches in set_epoch(epoch)'s order, each micro_batch(units(i),
+  // loss(next(i))) then step_if_ready (host data staged outside a graph; data parallel: this rank's,
+  // skip_micro_batch for the others'). Returns the epoch's mean loss per unit (a device read).
   double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
-  // The same from options.first, with options' hooks, ending at a group boundary where options.stop
-  // asks to. Resumed from next_micro_batch (here, or in a new Trainer after restore), a stopped
-  // epoch trains the same bits as one never stopped.
+  // The same from options.first with its hooks, ending at a boundary where options.stop asks to;
+  // resumed from next_micro_batch (after restore, in a new Trainer too), it trains the same bits.
   EpochResult train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss, const EpochOptions& options);
-  // Groups of `steps` micro-batches from the next group boundary on, for the rest of the run
-  // (replacing accum_steps and the schedule); the group in progress keeps its size. The step count,
-  // the LR schedule's position and the loss scale continue.
+  // Groups of `steps` from the next group boundary on, for the rest of the run (replacing the
+  // options' steps and schedule); the step count, the LR schedule and the loss scale continue.
   void set_accum_steps(int steps);
 
   // Where the loop stands: host values only, free to read at any time.
   TrainingPosition position() const;
-  // Every counter in one read (on CUDA one wait for the queued work: read it at a progress refresh
-  // or an epoch's end, not per step). To resume: Optimizer::load_state, then restore(), then
-  // begin_epoch(counters.epoch, micro_batches, counters.micro_batch_index).
+  // Every counter in one read: on CUDA one wait for the queued work, so not per step. To resume:
+  // Optimizer::load_state, restore(), begin_epoch(counters.epoch, n, counters.micro_batch_index).
   TrainingCounters counters() const;
   void restore(const TrainingCounters& counters);
 
   optim::Optimizer& optimizer();
-  // The bytes a Trainer allocates at its first step and holds (its learning-rate table), for a
-  // planner's PlanRequest::loop_state.
+  // The bytes a Trainer holds from its first step on (its LR table), for PlanRequest::loop_state.
   static std::vector<int64_t> state_to_allocate();
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
@@ -184,9 +174,8 @@ class Trainer {
   std::unique_ptr<Parts> parts_;
 };
 
-// A classifier's test pass, PyTorch's `with torch.no_grad()` loop: every batch of `loader` (x, y i32
-// labels) through `model` in evaluation mode (restored after), read with seek(0) and next(i); the
-// totals stay on the device until one read at the end.
+// A classifier's test pass (PyTorch's no_grad loop): `loader`'s batches (x, y i32 labels) read with
+// seek(0) and next(i) through `model` in evaluation mode (restored after); one device read at the end.
 struct Evaluation {
   double accuracy = 0.0;  // correct / samples (top-1, ops::argmax's rule)
   double loss = 0.0;      // the mean over batches of each batch's mean cross-entropy ("Avg loss")
@@ -196,13 +185,11 @@ struct Evaluation {
 Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
                                const std::function<void(int64_t batch)>& before_batch = {});
 
-// A ready-made planner request for training `optimizer`'s parameters with `loss` on `dataset`, in
-// the dataset's units: `effective_batch` is a multiple of units_per_row, every micro-batch weighed is
-// whole rows, and a probe is the dataset's first rows in `batch_dtype`, its loss backward, the
-// gradients discarded. Device, optimizer, budget (reserved bytes; 0: none), the limit and
-// require_fit are filled in. Its apply sets the batches' dtype from a setting's precision, so
-// opting into bf16 is `r.precisions = {Precision::bf16}`; for recompute, set recompute_segments
-// and wrap apply.
+// A planner request for training `optimizer`'s parameters with `loss` on `dataset`, in its units
+// (`effective_batch` a multiple of units_per_row; micro-batches of whole rows): a probe is the first
+// rows in `batch_dtype`, backward, the gradients discarded; budget in reserved bytes (0: none);
+// require_fit set. Its apply sets the batches' dtype from a setting's precision, so opting into
+// bf16 is `r.precisions = {Precision::bf16}`; for recompute, set recompute_segments and wrap apply.
 plan::PlanRequest plan_request(optim::Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
                                int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
 // The same for a caller whose own apply moves its data (PlanSetting::data): each probe reads the
