@@ -266,12 +266,11 @@ TrainingPosition Trainer::position() const {
   return t;
 }
 
-// The step state and the optimizer's scalars are read from the device: one wait on CUDA, the
-// second read finding nothing queued.
 TrainingCounters Trainer::counters() const {
   const Parts& p = *parts_;
-  const kernels::StepState st = p.state.read();
-  const UpdateScalars u = p.optimizer->read_update_scalars();
+  const Parts::Readings now = p.read_step();  // one wait for the device
+  const kernels::StepState& st = now.state;
+  const UpdateScalars& u = now.scalars;
   TrainingCounters c;
   static_cast<TrainingPosition&>(c) = position();
   c.optimizer_steps = u.updates - p.steps_offset;

@@ -119,6 +119,12 @@ struct Trainer::Parts {
   void decide_step();
   void end_group();
   void log_step();  // on_step, when set
+  // The step state and the optimizer's scalars, read with one wait for the device.
+  struct Readings {
+    kernels::StepState state;
+    UpdateScalars scalars;
+  };
+  Readings read_step() const;
 
   std::shared_ptr<Optimizer> optimizer;
   AccumulationOptions options;

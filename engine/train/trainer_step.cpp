@@ -56,6 +56,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/train/trainer.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/host_reads.h"
 #include "trainer_parts.h"
 
 namespace cumulus::train {
@@ -199,11 +200,19 @@ void Trainer::Parts::end_group() {
   position.end_group();
 }
 
+Trainer::Parts::Readings Trainer::Parts::read_step() const {
+  Readings r;
+  read_to_host(optimizer->parameters().device(), {{&r.state, state.state(), sizeof(r.state)},
+                                                  {&r.scalars, optimizer->update_scalars(), sizeof(r.scalars)}});
+  return r;
+}
+
 // The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
 void Trainer::Parts::log_step() {
   if (!on_step) return;
-  const kernels::StepState st = state.read();
-  const UpdateScalars u = optimizer->read_update_scalars();
+  const Readings now = read_step();
+  const kernels::StepState& st = now.state;
+  const UpdateScalars& u = now.scalars;
   StepLog log;
   log.step = u.updates - steps_offset;
   log.epoch = position.epoch;
