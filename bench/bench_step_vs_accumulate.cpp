@@ -153,7 +153,7 @@ void accumulator_step(benchmark::State& state, Device device, OptimizerKind kind
   }
   const double iters = static_cast<double>(state.iterations());
   state.counters["us_per_step"] = iters > 0 ? total_s * 1e6 / iters : 0.0;
-  state.counters["skipped_steps"] = static_cast<double>(acc.skipped_steps());
+  state.counters["skipped_steps"] = static_cast<double>(acc.counters().skipped_steps);
   if (device.is_cuda() && iters > 0) state.counters["launches_per_step"] = static_cast<double>(step_launches) / iters;
 }
 
@@ -222,7 +222,7 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
       if (acc.ready()) {
         tracker.begin_step();
         acc.step_if_ready();
-        tracker.end_step(acc.optimizer_steps(), acc.optimizer().state_bytes());
+        tracker.end_step(acc.counters().optimizer_steps, acc.optimizer().state_bytes());
       }
     }
     const memory::MemorySummary s = tracker.summary();
@@ -234,7 +234,8 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
   synchronize(device);
   DeviceTimer timer(device);
   LaunchCounter launches;
-  const int64_t steps_before = acc.optimizer_steps() + acc.skipped_steps();
+  const train::TrainingCounters before = acc.counters();
+  const int64_t steps_before = before.optimizer_steps + before.skipped_steps;
   double total_s = 0.0;
   for (auto _ : state) {
     timer.start();
@@ -244,7 +245,8 @@ void step_of_64(benchmark::State& state, Device device, int64_t b, int n, models
     total_s += s;
   }
   const double iters = static_cast<double>(state.iterations());
-  if (acc.optimizer_steps() + acc.skipped_steps() - steps_before != state.iterations())
+  const train::TrainingCounters after = acc.counters();
+  if (after.optimizer_steps + after.skipped_steps - steps_before != state.iterations())
     state.SkipWithError("expected exactly one optimizer step per iteration");
   state.counters["samples_per_s"] =
       benchmark::Counter(static_cast<double>(b * n) * iters, benchmark::Counter::kIsRate);
@@ -349,7 +351,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   DeviceTimer timer(device);
   LaunchCounter launches;
   const int64_t syncs = host_synchronizations();
-  const int64_t steps_before = g.trainer.attempted_steps();
+  const int64_t steps_before = g.trainer.position().attempted_steps;
   double total_s = 0.0;
   for (auto _ : state) {
     timer.start();
@@ -360,7 +362,7 @@ void step_of_64_graph(benchmark::State& state, Device device, int64_t b, int n, 
   }
   const double iters = static_cast<double>(state.iterations());
   const int64_t host_syncs = host_synchronizations() - syncs - state.iterations();  // minus the timer's
-  if (g.trainer.attempted_steps() - steps_before != state.iterations())
+  if (g.trainer.position().attempted_steps - steps_before != state.iterations())
     state.SkipWithError("expected exactly one optimizer step per iteration");
   state.counters["samples_per_s"] =
       benchmark::Counter(static_cast<double>(b * n) * iters, benchmark::Counter::kIsRate);

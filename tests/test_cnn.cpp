@@ -522,7 +522,7 @@ TEST_P(CnnModelTest, ActivationFootprintIsTheAnalyticSum) {
       if (acc.ready()) {
         tracker.begin_step();
         acc.step_if_ready();
-        tracker.end_step(acc.optimizer_steps(), acc.optimizer().state_bytes());
+        tracker.end_step(acc.counters().optimizer_steps, acc.optimizer().state_bytes());
       }
       const memory::MicroBatchRecord& r = tracker.last_micro_batch();
       EXPECT_EQ(r.activation_bytes, cnn_activation_bytes(b)) << "micro-batch " << i;

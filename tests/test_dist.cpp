@@ -186,8 +186,8 @@ TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   EXPECT_FALSE(acc.ready());
   acc.backward(m.loss(), 2);
   EXPECT_TRUE(acc.ready());  // the group counts every rank's micro-batches
-  EXPECT_EQ(acc.micro_batches_in_group(), 4);
-  EXPECT_EQ(acc.units_in_group(), 4);  // this rank's samples; the step sums them across ranks
+  EXPECT_EQ(acc.position().micro_batches_in_group, 4);
+  EXPECT_EQ(acc.position().units_in_group, 4);  // this rank's samples; the step sums them across ranks
 }
 
 // ---- communication time (Note [Communication time]) ----------------------------------------------

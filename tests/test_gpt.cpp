@@ -235,7 +235,7 @@ std::vector<float> training_losses(DType dtype, int steps) {
     trainer.micro_batch(16, [&] { return model.loss(x, y, ops::Reduction::Sum); });
     trainer.step_if_ready();
   }
-  EXPECT_EQ(trainer.skipped_steps(), 0) << dtype_name(dtype);
+  EXPECT_EQ(trainer.counters().skipped_steps, 0) << dtype_name(dtype);
   return losses;
 }
 

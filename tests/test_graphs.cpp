@@ -119,11 +119,11 @@ RunResult train(const Device& device, Opt opt, bool graphs, memory::MemoryTracke
       if (epoch == 1 && i >= 3 && i < 6 && stepped)  // the poisoned group's step is done: restore
         copy_bytes(first->bias().raw_data(), device, &poisoned_value, Device::cpu(), sizeof(float));
     }
-    r.last_epoch_loss = acc.epoch_loss_sum();
+    r.last_epoch_loss = acc.counters().epoch_loss_sum;
   }
   r.weights = flat->values().to_vector<float>();
-  r.steps = acc.optimizer_steps();
-  r.skipped = acc.skipped_steps();
+  r.steps = acc.counters().optimizer_steps;
+  r.skipped = acc.counters().skipped_steps;
   r.stats = trainer.stats();
   return r;
 }
@@ -257,7 +257,7 @@ TEST_F(GraphCudaTest, ReplaysNeverAllocateNorSynchronize) {
   EXPECT_EQ(allocs_after, allocs_before) << "replays allocated from the caching allocator";
   EXPECT_EQ(host_synchronizations(), syncs) << "the steady state waited for the device";
   EXPECT_GT(after.graph_pool_reserved, 0);
-  EXPECT_EQ(loop.trainer->skipped_steps(), 0);
+  EXPECT_EQ(loop.trainer->counters().skipped_steps, 0);
 }
 
 TEST_F(GraphCudaTest, AWholeGroupIsCapturableSoNothingSynchronizes) {
@@ -285,7 +285,7 @@ TEST_F(GraphCudaTest, AWholeGroupIsCapturableSoNothingSynchronizes) {
   ASSERT_TRUE(loop.trainer->step_if_ready());
   EXPECT_EQ(loop.trainer->stats().replayed_steps, replayed + 1);
   synchronize(loop.device);
-  EXPECT_EQ(loop.trainer->optimizer_steps(), 5);
+  EXPECT_EQ(loop.trainer->counters().optimizer_steps, 5);
 }
 
 TEST_F(GraphCudaTest, ASynchronizingClosureFailsTheCaptureWithAClearError) {

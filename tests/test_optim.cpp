@@ -162,11 +162,11 @@ TrainRun train_epoch(Device device, OptKind kind, const std::vector<int64_t>& cy
     acc.step_if_ready();
     start += b;
   }
-  EXPECT_EQ(acc.micro_batches_in_group(), 0) << "the partial last group was not stepped";
-  EXPECT_EQ(acc.skipped_steps(), 0);
-  run.steps = acc.optimizer_steps();
+  EXPECT_EQ(acc.position().micro_batches_in_group, 0) << "the partial last group was not stepped";
+  EXPECT_EQ(acc.counters().skipped_steps, 0);
+  run.steps = acc.counters().optimizer_steps;
   run.final = snapshot(model);
-  run.loss_scale = acc.loss_scale();
+  run.loss_scale = acc.counters().loss_scale;
   return run;
 }
 
@@ -263,7 +263,7 @@ TEST_P(FlatParametersTest, PacksSeedMLPIntoViewsAtStableAddresses) {
     EXPECT_EQ(flat->gradients().raw_data(), static_cast<void*>(grads_base));
     EXPECT_EQ(flat->values().raw_data(), static_cast<void*>(values_base));
   }
-  EXPECT_EQ(acc.optimizer_steps(), 2);
+  EXPECT_EQ(acc.counters().optimizer_steps, 2);
   EXPECT_NE(snapshot(model), before) << "the steps did not move the weights";
 }
 
@@ -701,8 +701,8 @@ TEST_P(AccumulationTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
     start += sizes[k];
   }
   ASSERT_EQ(start, 960);
-  ASSERT_EQ(a.acc->optimizer_steps(), 15);
-  ASSERT_EQ(b.acc->optimizer_steps(), 15);
+  ASSERT_EQ(a.acc->counters().optimizer_steps, 15);
+  ASSERT_EQ(b.acc->counters().optimizer_steps, 15);
   const Weights wa = snapshot(*a.model), wb = snapshot(*b.model);
   for (std::size_t i = 0; i < wa.size(); ++i) {
     EXPECT_LT(max_rel_diff(wb[i], wa[i]), 1e-6) << names[i] << " after the full groups";
@@ -731,16 +731,16 @@ TEST_P(AccumulationTest, MicroBatchNormalizationDiffersOnlyOnThePartialGroup) {
     for (Side* s : {&a, &b}) {
       s->acc->backward(sum_loss(*s->model, data, start, sizes[k]), sizes[k]);
       if (k == 62) {
-        EXPECT_EQ(s->acc->units_in_group(), 40);
-        EXPECT_EQ(s->acc->micro_batches_in_group(), 3);
+        EXPECT_EQ(s->acc->position().units_in_group, 40);
+        EXPECT_EQ(s->acc->position().micro_batches_in_group, 3);
       }
       EXPECT_EQ(s->acc->step_if_ready(), k == 62) << "the epoch's last micro-batch steps the partial group";
     }
     start += sizes[k];
   }
   ASSERT_EQ(start, kSamples);
-  ASSERT_EQ(a.acc->optimizer_steps(), 16);
-  ASSERT_EQ(b.acc->optimizer_steps(), 16);
+  ASSERT_EQ(a.acc->counters().optimizer_steps, 16);
+  ASSERT_EQ(b.acc->counters().optimizer_steps, 16);
   const Weights fa = snapshot(*a.model), fb = snapshot(*b.model);
 
   // Weights per micro-batch of the last group (sizes 16, 16, 8).
@@ -827,8 +827,8 @@ TEST_P(AccumulationTest, ClipGradNormInAManualLoopGivesTheTrainersBits) {
     ASSERT_TRUE(acc.step_if_ready());
     loss(manual, scale).backward();
     const float norm = nn::clip_grad_norm(*flat, 1.0f);
-    EXPECT_EQ(norm, acc.last_grad_norm());
-    EXPECT_EQ(scale < 1.0f, acc.last_clip_factor() == 1.0f) << "the test's scales clip, then not, then again";
+    EXPECT_EQ(norm, acc.counters().last_grad_norm);
+    EXPECT_EQ(scale < 1.0f, acc.counters().last_clip_factor == 1.0f) << "the test's scales clip, then not, then again";
     opt.step();
     opt.zero_grad();
     for (std::size_t i = 0; i < shapes.size(); ++i)
@@ -880,8 +880,8 @@ TEST_P(AccumulationTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
   EXPECT_FALSE(acc.step_if_ready());
   micro_batch(-1.5f, -2.0f);
   EXPECT_TRUE(acc.step_if_ready());
-  EXPECT_NEAR(acc.last_grad_norm(), 1.25, 1.25e-6) << "norm of the normalized accumulated gradient";
-  EXPECT_NEAR(acc.last_clip_factor(), 0.8, 1e-5);
+  EXPECT_NEAR(acc.counters().last_grad_norm, 1.25, 1.25e-6) << "norm of the normalized accumulated gradient";
+  EXPECT_NEAR(acc.counters().last_clip_factor, 0.8, 1e-5);
   const double clip = 1.0 / 1.25;
   const std::vector<float> expected = {float(0.5 - 0.1 * 0.75 * clip), float(-0.25 - 0.1 * 1.0 * clip)};
   const std::vector<float> per_micro_batch = {0.5f, -0.25f};  // (0.6, 0.8) + (-0.6, -0.8) = 0
@@ -895,21 +895,21 @@ TEST_P(AccumulationTest, ClipsTheAccumulatedGradientNotEachMicroBatch) {
   micro_batch(0.3f, 0.4f);
   micro_batch(0.3f, 0.4f);
   EXPECT_TRUE(acc.step_if_ready());
-  EXPECT_NEAR(acc.last_grad_norm(), 0.5, 0.5e-6);
-  EXPECT_EQ(acc.last_clip_factor(), 1.0f);
+  EXPECT_NEAR(acc.counters().last_grad_norm, 0.5, 0.5e-6);
+  EXPECT_EQ(acc.counters().last_clip_factor, 1.0f);
   const std::vector<float> expected2 = {float(expected[0] - 0.1 * 0.3), float(expected[1] - 0.1 * 0.4)};
   EXPECT_LT(max_rel_diff(w.to_vector<float>(), expected2), 1e-5);
-  EXPECT_EQ(acc.optimizer_steps(), 2);
+  EXPECT_EQ(acc.counters().optimizer_steps, 2);
 
   // Norms that differ strongly: a large micro-batch gradient and a small one of 3 samples.
   // normalized = ((30, 40) + (0.3, 0.4)) / 4 = (7.575, 10.1), norm 12.625 -> clipped to 1.
   micro_batch(30.0f, 40.0f);
   Tensor x3 = Tensor::from_vector(std::vector<float>{0.1f, 0.4f / 3, 0.1f, 0.4f / 3, 0.1f, 0.4f / 3}, {3, 2}, device());
   acc.backward(ops::sum(ops::linear(x3, w, Tensor())), 3);
-  EXPECT_EQ(acc.units_in_group(), 4);
+  EXPECT_EQ(acc.position().units_in_group, 4);
   EXPECT_TRUE(acc.step_if_ready());
-  EXPECT_NEAR(acc.last_grad_norm(), 12.625, 12.625e-6);
-  EXPECT_NEAR(acc.last_clip_factor(), 1.0 / 12.625, 1e-6);
+  EXPECT_NEAR(acc.counters().last_grad_norm, 12.625, 12.625e-6);
+  EXPECT_NEAR(acc.counters().last_clip_factor, 1.0 / 12.625, 1e-6);
   const std::vector<float> expected3 = {float(expected2[0] - 0.1 * 0.6), float(expected2[1] - 0.1 * 0.8)};
   EXPECT_LT(max_rel_diff(w.to_vector<float>(), expected3), 1e-5);
 }
@@ -1002,30 +1002,30 @@ TEST_P(AccumulationTest, LRScheduleCountsOptimizerStepsNotMicroBatches) {
     Trainer acc(std::make_shared<optim::SGD>(flat, so), ao, cs.schedule);
     const Tensor x = Tensor::from_vector(std::vector<float>{0.5f, 2.0f}, {1, 2}, device());
     std::vector<double> expected_w = {1.0, -1.0};
-    float lr_seen = acc.last_lr();
+    float lr_seen = acc.counters().last_lr;
     int64_t steps = 0;
     for (int mb = 0; mb < 4 * static_cast<int>(cs.expected.size()); ++mb) {
       acc.backward(ops::sum(ops::linear(x, w, Tensor())), 1);
       const bool stepped = acc.step_if_ready();
       EXPECT_EQ(stepped, mb % 4 == 3) << "micro-batch " << mb;
       if (!stepped) {
-        EXPECT_EQ(acc.last_lr(), lr_seen) << "lr changed without an optimizer step";
+        EXPECT_EQ(acc.counters().last_lr, lr_seen) << "lr changed without an optimizer step";
         continue;
       }
       ++steps;
-      ASSERT_EQ(acc.optimizer_steps(), steps);
+      ASSERT_EQ(acc.counters().optimizer_steps, steps);
       const double lr = cs.expected[steps - 1];
-      EXPECT_NEAR(acc.last_lr(), lr, 1e-6 * 0.1) << "optimizer step " << steps - 1;
-      EXPECT_EQ(acc.last_lr(), cs.schedule->lr_at(acc.optimizer_steps() - 1));
-      lr_seen = acc.last_lr();
+      EXPECT_NEAR(acc.counters().last_lr, lr, 1e-6 * 0.1) << "optimizer step " << steps - 1;
+      EXPECT_EQ(acc.counters().last_lr, cs.schedule->lr_at(acc.counters().optimizer_steps - 1));
+      lr_seen = acc.counters().last_lr;
       expected_w[0] -= lr * 0.5;
       expected_w[1] -= lr * 2.0;
       const auto got = w.to_vector<float>();
       EXPECT_NEAR(got[0], expected_w[0], 1e-6) << "after optimizer step " << steps - 1;
       EXPECT_NEAR(got[1], expected_w[1], 1e-6) << "after optimizer step " << steps - 1;
     }
-    EXPECT_EQ(acc.optimizer_steps(), static_cast<int64_t>(cs.expected.size()));
-    EXPECT_EQ(acc.micro_batches_total(), 4 * static_cast<int64_t>(cs.expected.size()));
+    EXPECT_EQ(acc.counters().optimizer_steps, static_cast<int64_t>(cs.expected.size()));
+    EXPECT_EQ(acc.position().micro_batches_total, 4 * static_cast<int64_t>(cs.expected.size()));
   }
 }
 
@@ -1055,24 +1055,24 @@ TEST_P(AccumulationTest, ScheduleSetsStepsPerEpoch) {
   for (int epoch = 0; epoch < 6; ++epoch) {
     SCOPED_TRACE("epoch " + std::to_string(epoch));
     acc.begin_epoch(epoch, kMicroBatches);
-    EXPECT_EQ(acc.epoch(), epoch);
+    EXPECT_EQ(acc.position().epoch, epoch);
     const int n = epoch < 4 ? 8 : 2;
-    EXPECT_EQ(acc.accum_steps(), n);
-    const int64_t steps_before = acc.optimizer_steps();
+    EXPECT_EQ(acc.position().accum_steps, n);
+    const int64_t steps_before = acc.counters().optimizer_steps;
     std::vector<int> groups;
     for (int mb = 0; mb < kMicroBatches; ++mb) {
       acc.backward(ops::sum(ops::linear(x, w, Tensor())), 1);
-      const int in_group = acc.micro_batches_in_group();
+      const int in_group = acc.position().micro_batches_in_group;
       if (acc.step_if_ready()) groups.push_back(in_group);
     }
     const std::vector<int> expected_groups =
         epoch < 4 ? std::vector<int>{8, 8, 4} : std::vector<int>(10, 2);
     EXPECT_EQ(groups, expected_groups);
-    EXPECT_EQ(acc.optimizer_steps() - steps_before, epoch < 4 ? 3 : 10);
-    EXPECT_EQ(acc.micro_batches_in_group(), 0);
+    EXPECT_EQ(acc.counters().optimizer_steps - steps_before, epoch < 4 ? 3 : 10);
+    EXPECT_EQ(acc.position().micro_batches_in_group, 0);
   }
-  EXPECT_EQ(acc.optimizer_steps(), 4 * 3 + 2 * 10);
-  EXPECT_EQ(acc.micro_batches_total(), 6 * kMicroBatches);
+  EXPECT_EQ(acc.counters().optimizer_steps, 4 * 3 + 2 * 10);
+  EXPECT_EQ(acc.position().micro_batches_total, 6 * kMicroBatches);
 
   // Unknown epoch length: the partial group waits for flush().
   acc.begin_epoch(6, 0);
@@ -1080,13 +1080,13 @@ TEST_P(AccumulationTest, ScheduleSetsStepsPerEpoch) {
     acc.backward(ops::sum(ops::linear(x, w, Tensor())), 1);
     acc.step_if_ready();
   }
-  EXPECT_EQ(acc.micro_batches_in_group(), 1);
+  EXPECT_EQ(acc.position().micro_batches_in_group, 1);
   EXPECT_THROW(acc.begin_epoch(7, 0), InvalidArgument) << "a pending group must be flushed first";
-  const int64_t before = acc.optimizer_steps();
+  const int64_t before = acc.counters().optimizer_steps;
   EXPECT_TRUE(acc.flush());
-  EXPECT_EQ(acc.optimizer_steps(), before + 1);
+  EXPECT_EQ(acc.counters().optimizer_steps, before + 1);
   EXPECT_FALSE(acc.flush()) << "nothing left to step";
-  EXPECT_EQ(acc.optimizer_steps(), before + 1);
+  EXPECT_EQ(acc.counters().optimizer_steps, before + 1);
 
   // More micro-batches than announced is an error.
   acc.begin_epoch(7, 1);
@@ -1125,35 +1125,35 @@ TEST_P(AccumulationTest, NonFiniteGradientSkipsTheStepAndTrainingContinues) {
   feed(t, xs[0]);
   ASSERT_TRUE(feed(t, xs[1]));
   const auto after_first = t.m.theta();
-  ASSERT_EQ(t.acc->optimizer_steps(), 1);
+  ASSERT_EQ(t.acc->counters().optimizer_steps, 1);
 
   // A group with one clean micro-batch and one whose input holds a NaN.
   EXPECT_FALSE(feed(t, xs[2]));
   EXPECT_TRUE(feed(t, poisoned)) << "a skipped step still counts as attempted";
-  EXPECT_EQ(t.acc->skipped_steps(), 1);
-  EXPECT_EQ(t.acc->optimizer_steps(), 1);
+  EXPECT_EQ(t.acc->counters().skipped_steps, 1);
+  EXPECT_EQ(t.acc->counters().optimizer_steps, 1);
   EXPECT_EQ(t.opt->updates(), 1) << "the optimizer must not run (its momentum would change)";
   EXPECT_EQ(t.m.theta(), after_first) << "weights changed by a non-finite step";
-  EXPECT_FALSE(std::isfinite(t.acc->last_grad_norm()));
+  EXPECT_FALSE(std::isfinite(t.acc->counters().last_grad_norm));
   EXPECT_FALSE(t.m.w.grad().defined()) << "the poisoned gradient must be discarded";
-  EXPECT_EQ(t.acc->micro_batches_in_group(), 0);
-  EXPECT_EQ(t.acc->units_in_group(), 0);
+  EXPECT_EQ(t.acc->position().micro_batches_in_group, 0);
+  EXPECT_EQ(t.acc->position().units_in_group, 0);
 
   // The next group trains normally: the same result as a run that never saw the bad group.
   feed(t, xs[4]);
   EXPECT_TRUE(feed(t, xs[5]));
-  EXPECT_EQ(t.acc->optimizer_steps(), 2);
-  EXPECT_EQ(t.acc->skipped_steps(), 1);
+  EXPECT_EQ(t.acc->counters().optimizer_steps, 2);
+  EXPECT_EQ(t.acc->counters().skipped_steps, 1);
   const auto got = t.m.theta();
   for (float v : got) ASSERT_TRUE(std::isfinite(v));
-  EXPECT_TRUE(std::isfinite(t.acc->last_grad_norm()));
+  EXPECT_TRUE(std::isfinite(t.acc->counters().last_grad_norm));
 
   TinyTrainer ref = make();
   feed(ref, xs[0]);
   feed(ref, xs[1]);
   feed(ref, xs[4]);
   feed(ref, xs[5]);
-  ASSERT_EQ(ref.acc->optimizer_steps(), 2);
+  ASSERT_EQ(ref.acc->counters().optimizer_steps, 2);
   const auto expected = ref.m.theta();
   EXPECT_LT(max_rel_diff(got, expected), 1e-6);
   EXPECT_GT(max_rel_diff(got, after_first), 1e-3) << "the step after the skip did not move the weights";
@@ -1208,9 +1208,9 @@ TEST_P(AccumulationTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce
   };
 
   TinyTrainer t = make();
-  EXPECT_EQ(t.acc->loss_scale(), 65536.0f);
+  EXPECT_EQ(t.acc->counters().loss_scale, 65536.0f);
   clean_group(t);
-  ASSERT_EQ(t.acc->optimizer_steps(), 1);
+  ASSERT_EQ(t.acc->counters().optimizer_steps, 1);
   const auto weights = t.m.theta();
   const auto momentum = t.m.gather(t.opt->momentum_buffer());
 
@@ -1218,12 +1218,12 @@ TEST_P(AccumulationTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce
   feed(t, 1);
   feed(t, 1, /*huge=*/true);  // the third micro-batch overflows
   EXPECT_TRUE(feed(t, 1));
-  EXPECT_EQ(t.acc->skipped_steps(), 1);
-  EXPECT_EQ(t.acc->optimizer_steps(), 1);
+  EXPECT_EQ(t.acc->counters().skipped_steps, 1);
+  EXPECT_EQ(t.acc->counters().optimizer_steps, 1);
   EXPECT_EQ(t.opt->updates(), 1);
   EXPECT_EQ(t.m.theta(), weights) << "weights changed by the skipped group";
   EXPECT_EQ(t.m.gather(t.opt->momentum_buffer()), momentum) << "momentum changed by the skipped group";
-  EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "halved once";
+  EXPECT_EQ(t.acc->counters().loss_scale, 32768.0f) << "halved once";
   {  // the control: without loss scaling the same group is finite and steps
     TrainerOptions unscaled;
     unscaled.accum_steps = 4;
@@ -1232,28 +1232,28 @@ TEST_P(AccumulationTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce
     feed(plain, 1);
     feed(plain, 1, /*huge=*/true);
     EXPECT_TRUE(feed(plain, 1));
-    EXPECT_EQ(plain.acc->skipped_steps(), 0);
-    EXPECT_EQ(plain.acc->loss_scale(), 1.0f);
+    EXPECT_EQ(plain.acc->counters().skipped_steps, 0);
+    EXPECT_EQ(plain.acc->counters().loss_scale, 1.0f);
   }
 
   clean_group(t);
-  EXPECT_EQ(t.acc->loss_scale(), 32768.0f) << "one clean group: not yet";
+  EXPECT_EQ(t.acc->counters().loss_scale, 32768.0f) << "one clean group: not yet";
   const train::TrainingCounters mid = t.acc->counters();
   EXPECT_EQ(mid.loss_scale, 32768.0f);
   EXPECT_EQ(mid.loss_scale_clean_steps, 1);
   clean_group(t);
-  EXPECT_EQ(t.acc->loss_scale(), 65536.0f) << "growth after growth_interval clean groups";
-  EXPECT_EQ(t.acc->optimizer_steps(), 3);
-  EXPECT_EQ(t.acc->skipped_steps(), 1);
+  EXPECT_EQ(t.acc->counters().loss_scale, 65536.0f) << "growth after growth_interval clean groups";
+  EXPECT_EQ(t.acc->counters().optimizer_steps, 3);
+  EXPECT_EQ(t.acc->counters().skipped_steps, 1);
 
   // Resumed from `mid`: the scale and the clean-step count are restored exactly, so the next clean
   // group grows the scale at the same step as in the run that was not interrupted.
   TinyTrainer resumed = make();
   resumed.acc->restore(mid);
-  EXPECT_EQ(resumed.acc->loss_scale(), 32768.0f);
+  EXPECT_EQ(resumed.acc->counters().loss_scale, 32768.0f);
   EXPECT_EQ(resumed.acc->counters().loss_scale_clean_steps, 1);
   clean_group(resumed);
-  EXPECT_EQ(resumed.acc->loss_scale(), 65536.0f);
+  EXPECT_EQ(resumed.acc->counters().loss_scale, 65536.0f);
   train::TrainingCounters broken = mid;
   broken.loss_scale_clean_steps = ls.growth_interval;  // a count the step never leaves behind
   EXPECT_THROW(make().acc->restore(broken), InvalidArgument);
@@ -1265,7 +1265,7 @@ TEST_P(AccumulationTest, LossScalingSkipsAnOverflowingGroupAndHalvesTheScaleOnce
   low.loss_scale = 0.25f;
   TinyTrainer floored = make();
   floored.acc->restore(low);
-  EXPECT_EQ(floored.acc->loss_scale(), 1.0f);
+  EXPECT_EQ(floored.acc->counters().loss_scale, 1.0f);
 }
 
 // Item 6 of issue 26: repeated overflow holds the scale at its floor (a power of two, never 0), and
@@ -1295,19 +1295,19 @@ TEST_P(AccumulationTest, LossScaleHoldsAtItsFloorAndTheRunRecovers) {
     TinyTrainer t(p, device(), 0.1f, ao);
     constexpr int kOverflows = 200;
     for (int k = 0; k < kOverflows; ++k) feed(t, true);
-    EXPECT_EQ(t.acc->skipped_steps(), kOverflows);
-    EXPECT_EQ(t.acc->optimizer_steps(), 0);
-    EXPECT_EQ(t.acc->loss_scale(), floor) << "held at the floor";
+    EXPECT_EQ(t.acc->counters().skipped_steps, kOverflows);
+    EXPECT_EQ(t.acc->counters().optimizer_steps, 0);
+    EXPECT_EQ(t.acc->counters().loss_scale, floor) << "held at the floor";
     const auto weights = t.m.theta();
     EXPECT_TRUE(feed(t, false));
-    EXPECT_EQ(t.acc->optimizer_steps(), 1) << "a finite group steps at the floor";
-    EXPECT_EQ(t.acc->skipped_steps(), kOverflows);
+    EXPECT_EQ(t.acc->counters().optimizer_steps, 1) << "a finite group steps at the floor";
+    EXPECT_EQ(t.acc->counters().skipped_steps, kOverflows);
     // At 2^-126 the seeded gradient is subnormal, which CUDA kernels may flush to 0: moved at 1 only.
     if (floor == 1.0f) EXPECT_NE(t.m.theta(), weights) << "the step at the floor did not move the weights";
     feed(t, false);
-    EXPECT_EQ(t.acc->loss_scale(), 2.0f * floor) << "growth from the floor after growth_interval clean groups";
+    EXPECT_EQ(t.acc->counters().loss_scale, 2.0f * floor) << "growth from the floor after growth_interval clean groups";
     feed(t, true);
-    EXPECT_EQ(t.acc->loss_scale(), floor) << "backed off to the floor again, not below";
+    EXPECT_EQ(t.acc->counters().loss_scale, floor) << "backed off to the floor again, not below";
   }
 }
 
@@ -1325,7 +1325,7 @@ TEST_P(AccumulationTest, LossScaleNeverGrowsToInfinity) {
     t.acc->backward(t.m.loss(ops::Reduction::Sum, 0, 1), 1);
     t.acc->step_if_ready();
   }
-  EXPECT_EQ(t.acc->loss_scale(), 0x1p127f) << "held at 2^127";
+  EXPECT_EQ(t.acc->counters().loss_scale, 0x1p127f) << "held at 2^127";
 }
 
 TEST_P(AccumulationTest, LossScalingOptionsAreChecked) {
@@ -1414,8 +1414,8 @@ TEST_P(AccumulationTest, RefusesAMeanReducedLoss) {
     const bool is_mean_op = name == std::string("ops::mean");
     EXPECT_NE(what.find(is_mean_op ? "ops::sum instead of ops::mean" : "ops::Reduction::Sum"), std::string::npos)
         << what;
-    EXPECT_EQ(acc.micro_batch_index(), 0);
-    EXPECT_EQ(acc.units_in_group(), 0);
+    EXPECT_EQ(acc.position().micro_batch_index, 0);
+    EXPECT_EQ(acc.position().units_in_group, 0);
     EXPECT_FALSE(m.w.grad().defined()) << "backward ran";
   }
   // The same check on the Trainer's path (eager here; on CUDA the capture calls backward too).
@@ -1423,7 +1423,7 @@ TEST_P(AccumulationTest, RefusesAMeanReducedLoss) {
   static_cast<train::TrainerOptions&>(to) = ao;
   train::Trainer trainer(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), to);
   EXPECT_THROW(trainer.micro_batch(2, [&] { return m.loss(ops::Reduction::Mean); }), InvalidArgument);
-  EXPECT_EQ(trainer.micro_batch_index(), 0);
+  EXPECT_EQ(trainer.position().micro_batch_index, 0);
   // Normalization::micro_batches divides too; none divides by nothing, so a mean is the caller's choice.
   ao.normalization = Normalization::micro_batches;
   Trainer classic(std::make_shared<optim::SGD>(m.flat, optim::SGDOptions{}), ao);
@@ -1490,13 +1490,13 @@ TEST_P(AccumulationTest, CountersFollowMicroBatchesAndSteps) {
   TrainerOptions ao;
   ao.accum_steps = 3;
   Trainer acc(std::make_shared<optim::SGD>(m.flat, so), ao);
-  EXPECT_EQ(acc.micro_batch_index(), 0);
-  EXPECT_EQ(acc.micro_batches_total(), 0);
-  EXPECT_EQ(acc.optimizer_steps(), 0);
-  EXPECT_EQ(acc.skipped_steps(), 0);
-  EXPECT_EQ(acc.units_in_group(), 0);
-  EXPECT_EQ(acc.micro_batches_in_group(), 0);
-  EXPECT_EQ(acc.accum_steps(), 3);
+  EXPECT_EQ(acc.position().micro_batch_index, 0);
+  EXPECT_EQ(acc.position().micro_batches_total, 0);
+  EXPECT_EQ(acc.counters().optimizer_steps, 0);
+  EXPECT_EQ(acc.counters().skipped_steps, 0);
+  EXPECT_EQ(acc.position().units_in_group, 0);
+  EXPECT_EQ(acc.position().micro_batches_in_group, 0);
+  EXPECT_EQ(acc.position().accum_steps, 3);
   EXPECT_FALSE(acc.step_if_ready()) << "nothing accumulated";
   EXPECT_FALSE(acc.flush());
 
@@ -1504,8 +1504,8 @@ TEST_P(AccumulationTest, CountersFollowMicroBatchesAndSteps) {
   int64_t total = 0, steps = 0;
   for (int epoch = 0; epoch < 2; ++epoch) {
     acc.begin_epoch(epoch, 7);
-    EXPECT_EQ(acc.epoch(), epoch);
-    EXPECT_EQ(acc.micro_batch_index(), 0);
+    EXPECT_EQ(acc.position().epoch, epoch);
+    EXPECT_EQ(acc.position().micro_batch_index, 0);
     int64_t group_samples = 0;
     int group_mbs = 0;
     for (int mb = 0; mb < 7; ++mb) {
@@ -1514,10 +1514,10 @@ TEST_P(AccumulationTest, CountersFollowMicroBatchesAndSteps) {
       ++total;
       group_samples += b;
       ++group_mbs;
-      EXPECT_EQ(acc.micro_batch_index(), mb + 1);
-      EXPECT_EQ(acc.micro_batches_total(), total);
-      EXPECT_EQ(acc.units_in_group(), group_samples);
-      EXPECT_EQ(acc.micro_batches_in_group(), group_mbs);
+      EXPECT_EQ(acc.position().micro_batch_index, mb + 1);
+      EXPECT_EQ(acc.position().micro_batches_total, total);
+      EXPECT_EQ(acc.position().units_in_group, group_samples);
+      EXPECT_EQ(acc.position().micro_batches_in_group, group_mbs);
       const bool expect_step = group_mbs == 3 || mb == 6;
       EXPECT_EQ(acc.step_if_ready(), expect_step) << "epoch " << epoch << " micro-batch " << mb;
       if (expect_step) {
@@ -1525,16 +1525,16 @@ TEST_P(AccumulationTest, CountersFollowMicroBatchesAndSteps) {
         group_samples = 0;
         group_mbs = 0;
       }
-      EXPECT_EQ(acc.optimizer_steps(), steps);
-      EXPECT_EQ(acc.units_in_group(), group_samples);
-      EXPECT_EQ(acc.micro_batches_in_group(), group_mbs);
+      EXPECT_EQ(acc.counters().optimizer_steps, steps);
+      EXPECT_EQ(acc.position().units_in_group, group_samples);
+      EXPECT_EQ(acc.position().micro_batches_in_group, group_mbs);
     }
   }
-  EXPECT_EQ(acc.optimizer_steps(), 6);
+  EXPECT_EQ(acc.counters().optimizer_steps, 6);
   EXPECT_EQ(acc.optimizer().updates(), 6);
-  EXPECT_EQ(acc.micro_batches_total(), 14);
-  EXPECT_EQ(acc.micro_batch_index(), 7);
-  EXPECT_EQ(acc.skipped_steps(), 0);
+  EXPECT_EQ(acc.position().micro_batches_total, 14);
+  EXPECT_EQ(acc.position().micro_batch_index, 7);
+  EXPECT_EQ(acc.counters().skipped_steps, 0);
   EXPECT_THROW(acc.backward(m.loss(ops::Reduction::Sum), 0), InvalidArgument);
 }
 

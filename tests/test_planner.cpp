@@ -101,7 +101,7 @@ struct Rig {
     } catch (const OutOfMemory& e) {
       return e.what();
     }
-    EXPECT_EQ(acc.optimizer_steps(), 2);
+    EXPECT_EQ(acc.counters().optimizer_steps, 2);
     EXPECT_LE(allocator_for(kCpu).stats().reserved_peak, budget);
     return "";
   }

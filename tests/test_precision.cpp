@@ -391,7 +391,7 @@ std::vector<float> train_accumulating(DType compute, Buffers buffers) {
     }
     acc.step_if_ready();
   }
-  EXPECT_EQ(acc.optimizer_steps(), 100);
+  EXPECT_EQ(acc.counters().optimizer_steps, 100);
   return flat->values().to_vector<float>();
 }
 

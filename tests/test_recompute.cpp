@@ -401,7 +401,7 @@ std::vector<memory::MicroBatchRecord> tracked_run(Model& model, memory::MemoryTr
       if (acc.ready()) {
         tracker.begin_step();
         acc.step_if_ready();
-        tracker.end_step(acc.optimizer_steps(), acc.optimizer().state_bytes());
+        tracker.end_step(acc.counters().optimizer_steps, acc.optimizer().state_bytes());
       }
       out.push_back(tracker.last_micro_batch());
     }

@@ -76,7 +76,7 @@ struct Rig {
       if (acc->ready()) {
         tracker.begin_step();
         acc->step_if_ready();
-        tracker.end_step(acc->optimizer_steps(), acc->optimizer().state_bytes());
+        tracker.end_step(acc->counters().optimizer_steps, acc->optimizer().state_bytes());
       }
     }
   }

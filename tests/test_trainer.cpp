@@ -84,8 +84,8 @@ struct StepLog {
   template <class Driver>
   void add(int group_size, const Driver& driver) {
     group.push_back(group_size);
-    steps.push_back(driver.optimizer_steps());
-    lr.push_back(driver.last_lr());
+    steps.push_back(driver.counters().optimizer_steps);
+    lr.push_back(driver.counters().last_lr);
   }
 };
 
@@ -111,13 +111,13 @@ TEST_P(TrainerTest, WithoutGraphsMicroBatchIsBackwardDrivenByHandBitForBit) {
       trainer.micro_batch(with_trainer.samples(i), [&] { return with_trainer.loss(i); });
       ASSERT_EQ(acc.step_if_ready(), trainer.step_if_ready()) << "epoch " << epoch << ", micro-batch " << i;
     }
-    EXPECT_EQ(acc.epoch_loss_sum(), trainer.epoch_loss_sum());
+    EXPECT_EQ(acc.counters().epoch_loss_sum, trainer.counters().epoch_loss_sum);
   }
   const train::Trainer& t = trainer;
-  EXPECT_EQ(t.optimizer_steps(), acc.optimizer_steps());
-  EXPECT_EQ(t.optimizer_steps(), 8 + 2 + 5);  // 8 of 3; then 2 of 3 and 5 of 4 (the last of 2)
-  EXPECT_EQ(t.last_lr(), acc.last_lr());
-  EXPECT_EQ(t.last_grad_norm(), acc.last_grad_norm());
+  EXPECT_EQ(t.counters().optimizer_steps, acc.counters().optimizer_steps);
+  EXPECT_EQ(t.counters().optimizer_steps, 8 + 2 + 5);  // 8 of 3; then 2 of 3 and 5 of 4 (the last of 2)
+  EXPECT_EQ(t.counters().last_lr, acc.counters().last_lr);
+  EXPECT_EQ(t.counters().last_grad_norm, acc.counters().last_grad_norm);
   EXPECT_TRUE(same_bits(by_hand.weights(), with_trainer.weights())) << "the Trainer's weights differ";
   EXPECT_EQ(trainer.stats().eager_micro_batches, 2 * kMicroBatches);
   EXPECT_EQ(trainer.stats().replayed_micro_batches, 0);
@@ -137,12 +137,12 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
     trainer.begin_epoch(epoch, kMicroBatches);
     for (int64_t i = 0; i < kMicroBatches; ++i) {
       if (epoch == 0 && i == 7) {
-        ASSERT_EQ(trainer.micro_batches_in_group(), 1);
+        ASSERT_EQ(trainer.position().micro_batches_in_group, 1);
         trainer.set_accum_steps(4);
-        EXPECT_EQ(trainer.accum_steps(), 2) << "the group in progress keeps its size";
+        EXPECT_EQ(trainer.position().accum_steps, 2) << "the group in progress keeps its size";
       }
       trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
-      const int in_group = trainer.micro_batches_in_group();
+      const int in_group = trainer.position().micro_batches_in_group;
       if (trainer.step_if_ready()) log.add(in_group, trainer);
     }
   }
@@ -156,7 +156,7 @@ TEST_P(TrainerTest, SetAccumStepsMidRunKeepsTheStepCountAndTheSchedule) {
     ref.begin_epoch(static_cast<int>(e), epochs[e].second - epochs[e].first);
     for (int64_t i = epochs[e].first; i < epochs[e].second; ++i) {
       ref.backward(r.loss(i), r.samples(i));
-      const int in_group = ref.micro_batches_in_group();
+      const int in_group = ref.position().micro_batches_in_group;
       if (ref.step_if_ready()) expected.add(in_group, ref);
     }
   }
@@ -181,19 +181,19 @@ TEST_P(TrainerTest, SetAccumStepsAtABoundaryAppliesAtOnceAndOutlivesTheEpochSche
     trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
     trainer.step_if_ready();
   }
-  EXPECT_EQ(trainer.optimizer_steps(), 1);
+  EXPECT_EQ(trainer.counters().optimizer_steps, 1);
   trainer.set_accum_steps(5);
-  EXPECT_EQ(trainer.accum_steps(), 5) << "an empty group takes the new size at once";
+  EXPECT_EQ(trainer.position().accum_steps, 5) << "an empty group takes the new size at once";
   for (int64_t i = 2; i < 4; ++i) {
     trainer.micro_batch(s.samples(i), [&] { return s.loss(i); });
     trainer.step_if_ready();
   }
-  EXPECT_EQ(trainer.optimizer_steps(), 2) << "the epoch's end steps the partial group";
+  EXPECT_EQ(trainer.counters().optimizer_steps, 2) << "the epoch's end steps the partial group";
   trainer.begin_epoch(1, 10);
-  EXPECT_EQ(trainer.accum_steps(), 5) << "the schedule's 3 for epoch 1 would undo the change";
+  EXPECT_EQ(trainer.position().accum_steps, 5) << "the schedule's 3 for epoch 1 would undo the change";
   EXPECT_THROW(trainer.set_accum_steps(0), InvalidArgument);
   EXPECT_THROW(trainer.set_accum_steps(-2), InvalidArgument);
-  EXPECT_EQ(trainer.accum_steps(), 5);
+  EXPECT_EQ(trainer.position().accum_steps, 5);
 }
 
 // A checkpoint at a group boundary after set_accum_steps(3): a fresh Trainer configured with 2
@@ -213,7 +213,7 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
     first.micro_batch(a.samples(i), [&] { return a.loss(i); });
     first.step_if_ready();
     if (i == 9) {  // groups {0, 1}, {2, 3}, {4, 5, 6}, {7, 8, 9}: a boundary
-      ASSERT_EQ(first.micro_batches_in_group(), 0);
+      ASSERT_EQ(first.position().micro_batches_in_group, 0);
       saved = first.counters();
       weights = a.flat->values().clone();
       for (const auto& [name, t] : a.optimizer->state()) state.emplace_back(name, t.clone());
@@ -230,14 +230,14 @@ TEST_P(TrainerTest, CountersCarryTheNewStepsThroughACheckpoint) {
   train::Trainer resumed(b.optimizer, b.options, b.schedule);
   resumed.restore(saved);
   resumed.begin_epoch(saved.epoch, kMicroBatches, saved.micro_batch_index);
-  EXPECT_EQ(resumed.accum_steps(), 3);
+  EXPECT_EQ(resumed.position().accum_steps, 3);
   for (int64_t i = saved.micro_batch_index; i < kMicroBatches; ++i) {
     resumed.micro_batch(b.samples(i), [&] { return b.loss(i); });
     resumed.step_if_ready();
   }
-  EXPECT_EQ(resumed.optimizer_steps(), first.optimizer_steps());
-  EXPECT_EQ(resumed.optimizer_steps(), 4 + 5);  // {10-12} ... {19-21}, {22, 23}
-  EXPECT_EQ(resumed.last_lr(), first.last_lr());
+  EXPECT_EQ(resumed.counters().optimizer_steps, first.counters().optimizer_steps);
+  EXPECT_EQ(resumed.counters().optimizer_steps, 4 + 5);  // {10-12} ... {19-21}, {22, 23}
+  EXPECT_EQ(resumed.counters().last_lr, first.counters().last_lr);
   EXPECT_TRUE(same_bits(a.weights(), b.weights())) << "the resumed run's weights differ";
 }
 
@@ -323,11 +323,11 @@ TEST_P(TrainerTest, TrainEpochIsTheUsersOwnLoopOverTheLoader) {
     }
     const double mean_loss = trainer.train_epoch(loader, epoch, loss_of);
     const train::Trainer& r = reference;
-    EXPECT_EQ(mean_loss, r.epoch_loss_sum() / r.epoch_units_stepped()) << "epoch " << epoch;
-    EXPECT_EQ(trainer.optimizer_steps(), 5 * (epoch + 1)) << "four groups of 5, one of 4";
+    EXPECT_EQ(mean_loss, r.counters().epoch_loss_sum / r.counters().epoch_units_stepped) << "epoch " << epoch;
+    EXPECT_EQ(trainer.counters().optimizer_steps, 5 * (epoch + 1)) << "four groups of 5, one of 4";
     EXPECT_TRUE(same_bits(by_hand.weights(), with_helper.weights())) << "epoch " << epoch;
   }
-  EXPECT_EQ(trainer.last_lr(), reference.last_lr());
+  EXPECT_EQ(trainer.counters().last_lr, reference.counters().last_lr);
 }
 
 // on_step reports every step taken: its count, epoch and lr as the Trainer's after it, and the
@@ -358,7 +358,7 @@ TEST_P(TrainerTest, OnStepReportsEveryStepsGroupLoss) {
       });
       if (!reference.step_if_ready()) continue;
       group_losses.push_back(group_sum / group_samples);
-      lrs.push_back(reference.last_lr());
+      lrs.push_back(reference.counters().last_lr);
       group_sum = group_samples = 0;
     }
     trainer.train_epoch(loader, epoch, loss_of);
@@ -394,17 +394,17 @@ TEST_P(TrainerTest, TrainEpochStoppedAndResumedAtABoundaryTrainsTheSameBits) {
     const train::EpochResult first_part = trainer.train_epoch(loader, epoch, split_loss, stop_at_10);
     EXPECT_FALSE(first_part.finished);
     EXPECT_EQ(first_part.next_micro_batch, 10);
-    EXPECT_EQ(trainer.micro_batches_in_group(), 0);
+    EXPECT_EQ(trainer.position().micro_batches_in_group, 0);
     EXPECT_EQ(trainer.counters().micro_batch_index, 10);
     train::EpochOptions resume;
     resume.first = first_part.next_micro_batch;
     const train::EpochResult rest = trainer.train_epoch(loader, epoch, split_loss, resume);
     EXPECT_TRUE(rest.finished);
     EXPECT_EQ(rest.next_micro_batch, kMicroBatches);
-    EXPECT_EQ(trainer.optimizer_steps(), reference.optimizer_steps()) << "epoch " << epoch;
+    EXPECT_EQ(trainer.counters().optimizer_steps, reference.counters().optimizer_steps) << "epoch " << epoch;
     EXPECT_TRUE(same_bits(whole.weights(), split.weights())) << "epoch " << epoch;
   }
-  EXPECT_EQ(trainer.last_lr(), reference.last_lr());
+  EXPECT_EQ(trainer.counters().last_lr, reference.counters().last_lr);
 }
 
 // The hooks: on_micro_batch after each of the 24 micro-batches (its index, units and the units so
@@ -441,12 +441,12 @@ TEST_P(TrainerTest, TrainEpochHooksAreCalledPerMicroBatchStepAndBoundary) {
       options);
   EXPECT_TRUE(r.finished);
   EXPECT_EQ(r.next_micro_batch, kMicroBatches);
-  EXPECT_EQ(r.loss, trainer.epoch_loss_sum() / trainer.epoch_units_stepped());
+  EXPECT_EQ(r.loss, trainer.counters().epoch_loss_sum / trainer.counters().epoch_units_stepped);
   EXPECT_EQ(seen.size(), static_cast<std::size_t>(kMicroBatches));
   EXPECT_EQ(units, kRows);
   EXPECT_EQ(stepped_after, (std::vector<int64_t>{4, 9, 14, 19, 23}));
   EXPECT_EQ(asked, (std::vector<int64_t>{0, 5, 10, 15, 20}));
-  EXPECT_EQ(trainer.optimizer_steps(), 5);
+  EXPECT_EQ(trainer.counters().optimizer_steps, 5);
 }
 
 // A stop requested mid-group (after micro-batch 6 of the group 5..9) waits for the group's step:
@@ -470,9 +470,9 @@ TEST_P(TrainerTest, TrainEpochStopRequestedMidGroupWaitsForTheBoundary) {
   EXPECT_FALSE(r.finished);
   EXPECT_EQ(r.next_micro_batch, 10);
   EXPECT_EQ(micro_batches, 10);
-  EXPECT_EQ(trainer.micro_batches_in_group(), 0);
-  EXPECT_EQ(trainer.optimizer_steps(), 2);
-  EXPECT_EQ(r.loss, trainer.epoch_loss_sum() / trainer.epoch_units_stepped());
+  EXPECT_EQ(trainer.position().micro_batches_in_group, 0);
+  EXPECT_EQ(trainer.counters().optimizer_steps, 2);
+  EXPECT_EQ(r.loss, trainer.counters().epoch_loss_sum / trainer.counters().epoch_units_stepped);
 }
 
 // evaluate_classifier's before_batch hook sees every batch index, and an exception it throws ends

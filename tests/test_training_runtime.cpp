@@ -1,7 +1,7 @@
-// The run-control calls apps build on: training checkpoints (runtime/checkpoint.h), and from the
-// apps' common library the epochs loop (apps/common/fit.h), the metrics log that survives a resume
-// (apps/common/metrics_log.h), the progress line (apps/common/progress.h) and the stop on a signal
-// (apps/common/stop_signal.h).
+// The run-control calls apps build on: training checkpoints and the resume point
+// (cumulus/train/checkpoint.h), and from the apps' common library the metrics log that survives a
+// resume (apps/common/metrics_log.h), the progress line (apps/common/progress.h), the stop on a
+// signal (apps/common/stop_signal.h) and the command-line helpers (apps/common/command_line.h).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -21,7 +20,6 @@
 #include <vector>
 
 #include "common/command_line.h"
-#include "common/fit.h"
 #include "common/metrics_log.h"
 #include "common/progress.h"
 #include "common/settings_table.h"
@@ -32,14 +30,12 @@
 #include "cumulus/io/file.h"
 #include "cumulus/io/run_files.h"
 #include "cumulus/io/state_dict.h"
-#include "cumulus/memory/tracker.h"
 #include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/optim/adamw.h"
 #include "cumulus/optim/lr_schedule.h"
-#include "cumulus/plan/plan_check.h"
 #include "cumulus/plan/planner.h"
 #include "cumulus/train/accumulation.h"
 #include "cumulus/train/checkpoint.h"
@@ -64,8 +60,7 @@ constexpr int64_t kRows = 90, kFeatures = 5, kClasses = 3, kBatch = 4;  // 23 mi
 
 // A small classifier trained with AdamW (state to checkpoint), groups of 3 and a cosine schedule.
 struct Classifier {
-  // weighted_loss: the Trainer takes a scaled loss (AccumulationOptions::weighted_loss).
-  explicit Classifier(bool weighted_loss = false) {
+  Classifier() {
     Generator gen(3);
     x = uniform({kRows, kFeatures}, -1.0f, 1.0f, gen);
     std::vector<int32_t> labels(kRows);
@@ -79,7 +74,6 @@ struct Classifier {
     optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), a);
     train::TrainerOptions options;
     options.accum_steps = 3;
-    options.weighted_loss = weighted_loss;
     trainer = std::make_unique<train::Trainer>(optimizer, options,
                                                std::make_shared<optim::CosineWarmupLR>(0.03f, 2, 20, 0.003f));
     loader = std::make_unique<data::DataLoader>(data::TensorDataset({x, y}, {"x", "y"}), kBatch, true, 9);
@@ -121,9 +115,9 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   train::EpochOptions stop_at_9;
   stop_at_9.stop = [](int64_t next) { return next == 9; };
   ASSERT_FALSE(first.epoch(1, stop_at_9).finished);
-  const train::CheckpointState state{first.trainer->counters(), first.optimizer->updates(),
-                                     first.trainer->epoch_loss_sum(),
-                                     static_cast<int64_t>(first.trainer->epoch_units_stepped())};
+  const train::TrainingCounters counters = first.trainer->counters();
+  const train::CheckpointState state{counters, first.optimizer->updates(), counters.epoch_loss_sum,
+                                     static_cast<int64_t>(counters.epoch_units_stepped)};
   train::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, state, settings("0.03"),
                                   {{"app.note", "kept"}});
   EXPECT_TRUE(train::is_training_checkpoint(dir.file("ck.st")));
@@ -142,7 +136,7 @@ TEST(TrainingCheckpoint, AResumedRunTrainsTheSameBitsAsOneNeverStopped) {
   train::EpochOptions from_9;
   from_9.first = r.state.counters.micro_batch_index;
   EXPECT_TRUE(second.epoch(1, from_9).finished);
-  EXPECT_EQ(second.trainer->optimizer_steps(), whole.trainer->optimizer_steps());
+  EXPECT_EQ(second.trainer->counters().optimizer_steps, whole.trainer->counters().optimizer_steps);
   EXPECT_EQ(second.weights(), whole.weights());
 }
 
@@ -153,7 +147,8 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   TempDir dir;
   Classifier whole, failing, resumed;
   for (int e = 0; e < 2; ++e) whole.epoch(e);
-  const double whole_last_loss = whole.trainer->epoch_loss_sum() / whole.trainer->epoch_units_stepped();
+  const train::TrainingCounters whole_counters = whole.trainer->counters();
+  const double whole_last_loss = whole_counters.epoch_loss_sum / whole_counters.epoch_units_stepped;
 
   train::ResumePoint point(*failing.trainer, {});
   failing.epoch(0, point.begin_epoch(0));
@@ -170,7 +165,7 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
     FAIL() << "no error";
   } catch (const OutOfMemory&) {
   }
-  EXPECT_EQ(failing.trainer->micro_batch_index(), 10) << "the group in flight";
+  EXPECT_EQ(failing.trainer->position().micro_batch_index, 10) << "the group in flight";
   const train::CheckpointState state = point.state();
   EXPECT_EQ(state.counters.epoch, 1);
   EXPECT_EQ(state.counters.micro_batch_index, 9);
@@ -190,135 +185,6 @@ TEST(ResumePoint, AnErrorMidGroupCheckpointsTheLastBoundary) {
   EXPECT_EQ(resumed_point.state().counters.epoch, 2);
   EXPECT_EQ(resumed_point.state().counters.micro_batch_index, 0);
   EXPECT_EQ(resumed_point.state().epoch_loss_sum, 0.0);
-}
-
-train::BatchLoss loss_of(Classifier& c) {
-  return [&c](const data::Batch& b) { return ops::cross_entropy(c.model(b.x), b.y, ops::Reduction::Sum); };
-}
-
-// fit's hooks in order: each epoch begins, ends with its summary, then is checkpointed with the next
-// epoch's start; a stop asked after an epoch's checkpoint ends the run there.
-TEST(Fit, EachEpochIsSummarizedThenCheckpointedAndAStopEndsItAfter) {
-  Classifier c;
-  const train::BatchLoss loss = loss_of(c);
-  std::vector<std::string> calls;
-  cumulus::app::FitOptions fit;
-  fit.epochs = 3;
-  fit.on_epoch_begin = [&](int epoch) { calls.push_back("begin " + std::to_string(epoch)); };
-  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) {
-    calls.push_back("end " + std::to_string(e.epoch));
-    EXPECT_EQ(e.first_micro_batch, 0);
-    EXPECT_EQ(e.units_trained, kRows);
-    EXPECT_NEAR(e.train_loss, c.trainer->epoch_loss_sum() / kRows, 1e-12);
-    EXPECT_GT(e.seconds, 0.0);
-    EXPECT_GT(e.peak_bytes, 0);
-  };
-  fit.checkpoint = [&](const train::CheckpointState& s) {
-    calls.push_back("checkpoint " + std::to_string(s.counters.epoch) + ":" +
-                    std::to_string(s.counters.micro_batch_index));
-  };
-  fit.stop = [&] { return calls.size() == 6; };  // after epoch 1's checkpoint
-  const cumulus::app::FitResult r = cumulus::app::fit(*c.trainer, *c.loader, loss, fit);
-  EXPECT_EQ(r.end, cumulus::app::FitEnd::stopped_after_epoch);
-  EXPECT_EQ(r.epoch, 1);
-  EXPECT_EQ(r.state.counters.epoch, 2);
-  EXPECT_EQ(calls,
-            (std::vector<std::string>{"begin 0", "end 0", "checkpoint 1:0", "begin 1", "end 1", "checkpoint 2:0"}));
-}
-
-// With a tracker holding the planner's prediction, fit measures it against the first full epoch:
-// its time and its peak, the largest of the tracker's micro-batches and steps (one step a
-// micro-batch here: each step resets the allocator's peak after its micro-batch).
-TEST(Fit, ThePlanIsMeasuredAgainstTheFirstFullEpoch) {
-  Classifier c;
-  c.trainer->set_accum_steps(1);
-  memory::MemoryTracker tracker(Device::cpu(), memory::MemoryTracker::Options{});
-  plan::PlanCheck check;
-  check.micro_batch = kBatch;
-  check.accum_steps = 1;
-  check.predicted_epoch_seconds = 1.0;
-  tracker.set_plan_check(check);
-  c.trainer->set_tracker(&tracker);
-  std::vector<cumulus::app::EpochSummary> summaries;
-  cumulus::app::FitOptions fit;
-  fit.epochs = 2;
-  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { summaries.push_back(e); };
-  cumulus::app::fit(*c.trainer, *c.loader, loss_of(c), fit);
-  c.trainer->set_tracker(nullptr);
-  ASSERT_EQ(summaries.size(), 2u);
-  int64_t largest = 0;
-  for (const memory::MicroBatchRecord& r : tracker.micro_batches())
-    if (r.epoch == 0) largest = std::max(largest, r.peak_bytes);
-  for (const memory::StepRecord& r : tracker.steps())
-    if (r.epoch == 0) largest = std::max(largest, r.peak_bytes);
-  EXPECT_EQ(summaries[0].peak_bytes, largest);
-  const plan::PlanCheck& measured = *tracker.plan_check();
-  EXPECT_TRUE(measured.measured);
-  EXPECT_EQ(measured.epoch, 0);
-  EXPECT_EQ(measured.measured_epoch_seconds, summaries[0].seconds);
-  EXPECT_EQ(measured.measured_peak_bytes, summaries[0].peak_bytes);
-}
-
-// Each epoch's summary counts its own skipped steps: a NaN loss in epoch 1's first group.
-TEST(Fit, EachEpochCountsItsOwnSkippedSteps) {
-  Classifier c(/*weighted_loss=*/true);  // the NaN comes in as a scaling of the summed loss
-  const int64_t per_epoch = c.loader->num_batches();
-  int64_t calls = 0;
-  const train::BatchLoss loss = [&](const data::Batch& b) {
-    const Tensor sum = ops::cross_entropy(c.model(b.x), b.y, ops::Reduction::Sum);
-    return calls++ == per_epoch ? sum * std::numeric_limits<float>::quiet_NaN() : sum;
-  };
-  std::vector<int64_t> skipped;
-  cumulus::app::FitOptions fit;
-  fit.epochs = 3;
-  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) {
-    skipped.push_back(e.skipped_steps);
-    EXPECT_EQ(e.gradient_reductions, 0);  // one process: no communicator
-  };
-  cumulus::app::fit(*c.trainer, *c.loader, loss, fit);
-  EXPECT_EQ(skipped, (std::vector<int64_t>{0, 1, 0}));
-  EXPECT_EQ(c.trainer->skipped_steps(), 1);
-}
-
-// Stopped at a group boundary mid-epoch and resumed from its state in new objects, fit ends with
-// the same bits, steps and last epoch's loss as a run never stopped; the resumed epoch's summary
-// says where this run started it.
-TEST(Fit, AStopInsideAnEpochResumesToTheSameBits) {
-  TempDir dir;
-  Classifier whole, first, second;
-  cumulus::app::FitOptions fit;
-  fit.epochs = 2;
-  double whole_loss = 0.0;
-  fit.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { whole_loss = e.train_loss; };
-  EXPECT_EQ(cumulus::app::fit(*whole.trainer, *whole.loader, loss_of(whole), fit).end, cumulus::app::FitEnd::finished);
-
-  cumulus::app::FitOptions stopping = fit;
-  stopping.stop = [&] { return first.trainer->epoch() == 1 && first.trainer->micro_batch_index() == 9; };
-  stopping.on_epoch_end = {};
-  const train::BatchLoss first_loss = loss_of(first);
-  cumulus::app::FitLoop loop(*first.trainer, *first.loader, first_loss, stopping);
-  const cumulus::app::FitResult r = loop.run();
-  ASSERT_EQ(r.end, cumulus::app::FitEnd::stopped_in_epoch);
-  EXPECT_EQ(r.epoch, 1);
-  EXPECT_EQ(r.next_micro_batch, 9);
-  EXPECT_EQ(loop.state().counters.micro_batch_index, 9);
-  train::save_training_checkpoint(dir.file("ck.st"), first.model, *first.optimizer, r.state, settings("0.03"));
-
-  cumulus::app::FitOptions resumed = fit;
-  resumed.start =
-      train::load_training_checkpoint(dir.file("ck.st"), second.model, *second.optimizer, resume_options("0.03")).state;
-  second.trainer->restore(resumed.start.counters);
-  std::vector<cumulus::app::EpochSummary> summaries;
-  resumed.on_epoch_end = [&](const cumulus::app::EpochSummary& e) { summaries.push_back(e); };
-  EXPECT_EQ(cumulus::app::fit(*second.trainer, *second.loader, loss_of(second), resumed).end,
-            cumulus::app::FitEnd::finished);
-  ASSERT_EQ(summaries.size(), 1u);
-  EXPECT_EQ(summaries[0].epoch, 1);
-  EXPECT_EQ(summaries[0].first_micro_batch, 9);
-  EXPECT_EQ(summaries[0].units_trained, kRows - 9 * kBatch);
-  EXPECT_NEAR(summaries[0].train_loss, whole_loss, 1e-12);
-  EXPECT_EQ(second.trainer->optimizer_steps(), whole.trainer->optimizer_steps());
-  EXPECT_EQ(second.weights(), whole.weights());
 }
 
 // Equal floats give equal text, the shortest that reads back as the same float.
@@ -517,17 +383,17 @@ TEST(TrainingProgress, PlainLinesAboutEveryTenthOfTheEpoch) {
 
 // "EPOCH:STEPS,..." from epoch 0, and the steps a run of such epochs takes.
 TEST(AccumulationSchedule, ParsedFromTextAndCountedOverTheRun) {
-  EXPECT_EQ(train::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
+  EXPECT_EQ(cumulus::app::parse_accum_schedule("0:8,4:2"), (std::map<int, int>{{0, 8}, {4, 2}}));
   for (const char* bad : {"", "1:4", "0:4,0:2", "0:0", "0:x", "0:4,", "4", "0:4,2"}) {
     try {
-      train::parse_accum_schedule(bad);
+      cumulus::app::parse_accum_schedule(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()).rfind("'" + std::string(bad) + "': ", 0), 0u) << e.what();
     }
   }
-  EXPECT_EQ(train::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
-  EXPECT_EQ(train::parse_accum_schedule(train::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
+  EXPECT_EQ(cumulus::app::accum_schedule_text({{0, 8}, {4, 2}}), "0:8,4:2");
+  EXPECT_EQ(cumulus::app::parse_accum_schedule(cumulus::app::accum_schedule_text({{0, 3}, {7, 1}, {9, 12}})),
             (std::map<int, int>{{0, 3}, {7, 1}, {9, 12}}));
   // 10 micro-batches an epoch: groups of 4 (3 steps, the last of 2) in epochs 0-1, of 2 (5 steps) after.
   EXPECT_EQ(train::optimizer_steps_in_epochs({{0, 4}, {2, 2}}, 10, 3), 3 + 3 + 5);

@@ -192,7 +192,7 @@ TEST(UserOptimizer, AdagradTrainsWithAccumulationAsTheFloat64Reference) {
     classic.epoch(d);
     EXPECT_LT(max_abs_diff(run.parameters(), exact.p), kTolerance) << "epoch " << epoch;
   }
-  EXPECT_EQ(run.trainer->optimizer_steps(), 4 * 3);
+  EXPECT_EQ(run.trainer->counters().optimizer_steps, 4 * 3);
   EXPECT_EQ(run.optimizer->updates(), 4 * 3);
   EXPECT_GT(max_abs_diff(run.parameters(), classic.p), 100 * kTolerance)
       << "the groups' shapes must matter for the comparison to tell";
@@ -227,7 +227,7 @@ TEST(UserOptimizer, AdagradStateGoesThroughACheckpoint) {
     exact.epoch(d);
   }
   EXPECT_LT(max_abs_diff(run.parameters(), exact.p), kTolerance);
-  EXPECT_EQ(run.trainer->optimizer_steps(), 3 * 3);
+  EXPECT_EQ(run.trainer->counters().optimizer_steps, 3 * 3);
   // A checkpoint without the state is refused, naming what is missing.
   auto fresh = std::make_shared<Adagrad>(run.flat, kLr, kWeightDecay, kEps);
   try {

@@ -1,7 +1,7 @@
 // A program's command line, whatever parser reads it: strict integer checks on a flag's text, flags
-// that name one of a set of values, help text wrapped to the terminal, and what --version says about
-// the build. Plain strings in and out: a program wraps the checks in its parser's validators
-// (apps/fashion_mnist does, with CLI11).
+// that name one of a set of values, an accumulation schedule's text, help text wrapped to the
+// terminal, and what --version says about the build. Plain strings in and out: a program wraps the
+// checks in its parser's validators (apps/fashion_mnist does, with CLI11).
 //
 //   if (std::string problem = integer_text_problem(text, 1, 1 << 20); !problem.empty()) fail(problem);
 //   const FlagChoices<Model> models{"--model", "model", {{"mlp", Model::mlp}, {"cnn", Model::cnn}}};
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,14 @@ std::string wrap_help_text(const std::string& help, int width, std::size_t descr
 // any other text is Device::parse's, checked usable now (check_device_available). Throws what
 // those throw.
 Device device_from_flag(const std::string& text);
+
+// A per-epoch accumulation schedule as text, "EPOCH:STEPS,...": "0:8,4:2" is {{0, 8}, {4, 2}}, 8
+// micro-batches a step from epoch 0 and 2 from epoch 4 (train::AccumulationOptions::schedule).
+// Epochs from 0 to 1000000, each once, the first 0; steps from 1 to 1000000. Throws InvalidArgument
+// whose message starts with the quoted text and says what is wrong.
+std::map<int, int> parse_accum_schedule(const std::string& text);
+// The schedule as parse_accum_schedule reads it: {{0, 8}, {4, 2}} is "0:8,4:2".
+std::string accum_schedule_text(const std::map<int, int>& schedule);
 
 // What --version prints: "<program> (cumulus) 0.1.0", then the commit the library was configured
 // at and its build type, then the backends compiled in (CUDA, cuDNN, the data-parallel transports).

@@ -128,7 +128,7 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
 
   RunDescription description{data_dir, train_set.size(), test.size(), train_loader.host_resident()};
   if (!config.quiet && needs_loss_scaling(config.precision))
-    description.loss_scale = trainer.loss_scale();  // a read from the device
+    description.loss_scale = trainer.counters().loss_scale;  // a read from the device
   description.backend = comm->backend();
   announce_run(config, model, description, state);
   memory::MemoryTracker tracker(device, tracker_options(config, model));

@@ -256,7 +256,7 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
 void check_batch(const CLI::App& app, CommandLine& o) {
   if (!o.accum_schedule.empty()) {
     require(app.count("--accum-steps") == 0, "give --accum-steps or --accum-schedule, not both");
-    as_usage([&] { o.schedule = cumulus::train::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
+    as_usage([&] { o.schedule = cumulus::app::parse_accum_schedule(o.accum_schedule); }, "--accum-schedule ");
   }
   if (!o.memory_budget.empty()) {
     as_usage([&] { o.memory_budget_bytes = cumulus::plan::parse_byte_size(o.memory_budget); }, "--memory-budget: ");

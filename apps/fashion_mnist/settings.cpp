@@ -17,7 +17,7 @@ std::string bool_text(bool b) { return b ? "true" : "false"; }
 // 4 ranks of 16 x 1 resumes on 2 ranks of 16 x 2 or 1 of 16 x 4 (the same global groups).
 std::string accum_text(const RunConfig& o) {
   if (!o.accum_scheduled) return std::to_string(o.accum_steps_at(0) * o.world_size);
-  return cumulus::train::accum_schedule_text(o.accum_schedule_all_ranks());
+  return cumulus::app::accum_schedule_text(o.accum_schedule_all_ranks());
 }
 
 Text when(bool applies, std::string value) { return applies ? Text(std::move(value)) : std::nullopt; }

@@ -1,9 +1,9 @@
 // Training: the run's parts made from its configuration (training_setup.cpp: the model, the
 // optimizer and its schedule, the Trainer's options, the planner's choice, the weights, and the
 // checkpoints: the library's, cumulus/train/checkpoint.h, with the settings of Note [Settings
-// table]), and the loop that trains them (training_loop.cpp: the library's epochs loop,
-// optim::FitLoop, with the app's hooks: the test pass, the --metrics line, the checkpoint after
-// each epoch, the stops) with what the run prints and writes about itself.
+// table]), and the loop that trains them (training_loop.cpp: the epochs, each through
+// Trainer::train_epoch from the last group boundary, then the test pass, the --metrics line, the
+// checkpoint; the stops) with what the run prints and writes about itself.
 #pragma once
 
 #include <cstdint>

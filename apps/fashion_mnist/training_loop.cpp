@@ -1,11 +1,12 @@
 #include "training.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "common/fit.h"
 #include "common/metrics_log.h"
 #include "common/progress.h"
 #include "cumulus/core/error.h"
@@ -89,6 +90,25 @@ app::MetricsLog open_metrics(const RunConfig& o, const TrainingState& state) {
   }
 }
 
+// What one epoch's training measured, for its warnings, the planner's check and its --metrics line.
+struct EpochSummary {
+  int epoch = 0;                  // from 0
+  int64_t first_micro_batch = 0;  // where this run started the epoch: > 0 when it resumed inside it
+  double train_loss = 0.0;        // the epoch's mean per unit, a resumed epoch's earlier part included
+  double seconds = 0.0;           // this run's training time of the epoch (its queued work included)
+  int64_t units_trained = 0;      // the units this run trained in the epoch (every rank's)
+  // The largest allocated bytes of this rank's micro-batches (the tracker's records) and steps.
+  int64_t peak_bytes = 0;
+  // Over this run's part of the epoch: steps skipped for a non-finite gradient; data parallel, the
+  // gradient all-reduces, their time and the buckets that started while a backward ran.
+  int64_t skipped_steps = 0;
+  int64_t gradient_reductions = 0;
+  double communication_seconds = 0.0;
+  int64_t buckets_started_in_backward = 0;
+};
+
+// The epochs from the run's start to --epochs, each trained by Trainer::train_epoch from the last
+// group boundary, then its test pass, its --metrics line and its checkpoint.
 class TrainingLoop {
  public:
   explicit TrainingLoop(const TrainingParts& p)
@@ -96,9 +116,8 @@ class TrainingLoop {
         o_(p.o),
         trainer_(p.trainer),
         progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
-        fit_options_(fit_options()),
         loss_([this](const data::Batch& b) { return training_loss(p_.model, b); }),
-        loop_(p.trainer, p.train_loader, loss_, fit_options_),
+        point_(p.trainer, p.state.state),
         metrics_(open_metrics(p.o, p.state)) {
     p.trainer.set_tracker(&p.tracker);
   }
@@ -106,46 +125,91 @@ class TrainingLoop {
   std::optional<int> run();
 
  private:
-  app::FitOptions fit_options();
-  void end_epoch(const app::EpochSummary& e);
-  void warn_of_skipped_steps(const app::EpochSummary& e);
-  void check_plan(const app::EpochSummary& e);
-  nlohmann::ordered_json metrics_line(const app::EpochSummary& e, const train::Evaluation& r) const;
+  bool train_epoch(int epoch, EpochSummary& summary);
+  train::EpochOptions epoch_hooks(EpochSummary& summary);
+  EpochSummary running_totals() const;
+  bool stop_asked() const { return app::stop_requested_on_any_rank(p_.comm); }
+  void measure_plan(const EpochSummary& e);
+  void end_epoch(const EpochSummary& e);
+  void warn_of_skipped_steps(const EpochSummary& e);
+  void check_plan(const EpochSummary& e);
+  nlohmann::ordered_json metrics_line(const EpochSummary& e, const train::Evaluation& r) const;
   void checkpoint_now(const train::CheckpointState& state, const char* why);
   int stop(const std::string& message, int code, const char* why);
   int stop_together(const std::string& where);
 
   const TrainingParts& p_;
   const RunConfig& o_;
-  const train::Trainer& trainer_;  // the counters
+  train::Trainer& trainer_;
   app::TrainingProgress progress_;
-  int epoch_ = 0;  // the epoch running, from 0
-  const app::FitOptions fit_options_;
+  int epoch_ = 0;                 // the epoch running, from 0
+  int64_t next_micro_batch_ = 0;  // where a stop inside the epoch left it
   const train::BatchLoss loss_;
-  // The epochs, and the last group boundary: what a checkpoint written now restores. Between an
-  // epoch's last group and its test pass, the epoch's end: a run interrupted in the test pass
-  // resumes with that pass.
-  app::FitLoop loop_;
+  // The last group boundary: what a checkpoint written now restores. Between an epoch's last group
+  // and its test pass, the epoch's end: a run interrupted in the test pass resumes with that pass.
+  train::ResumePoint point_;
   app::MetricsLog metrics_;
 };
 
-// fit's hooks: the fault points per micro-batch, the test pass, the --metrics line and the
-// checkpoint per epoch. A stop is honoured at a group boundary, after the group in flight has
-// stepped: the checkpoint then holds exactly what the run has done, batch norm's running statistics
-// included. With several ranks, at a boundary all of them agree on, so they stop together.
-app::FitOptions TrainingLoop::fit_options() {
-  app::FitOptions fit;
-  fit.epochs = o_.epochs;
-  fit.start = p_.state.state;
-  fit.progress = &progress_;
-  fit.stop = [this] { return app::stop_requested_on_any_rank(p_.comm); };
-  fit.on_epoch_begin = [this](int epoch) { epoch_ = epoch; };
-  fit.on_micro_batch = [this](const train::MicroBatchDone& d) {
-    app::fault_signal_point("micro_batch", epoch_ + 1, d.index);
+// A stop is honoured at a group boundary, after the group in flight has stepped: the checkpoint then
+// holds exactly what the run has done, batch norm's running statistics included. With several
+// ranks, at a boundary all of them agree on (stop_asked is a collective), so they stop together.
+train::EpochOptions TrainingLoop::epoch_hooks(EpochSummary& summary) {
+  train::EpochOptions hooks;
+  hooks.stop = [this](int64_t) { return stop_asked(); };
+  CachingAllocator& allocator = allocator_for(p_.optimizer.parameters().device());
+  hooks.on_step = [&summary, &allocator](const train::MicroBatchDone&) {
+    summary.peak_bytes = std::max(summary.peak_bytes, allocator.stats().allocated_peak);
   };
-  fit.on_epoch_end = [this](const app::EpochSummary& e) { end_epoch(e); };
-  fit.checkpoint = [this](const train::CheckpointState& state) { checkpoint_now(state, "epoch end"); };
-  return fit;
+  hooks.on_micro_batch = [this, &summary](const train::MicroBatchDone& done) {
+    // The tracker's record: a step after the micro-batch has reset the allocator's peak since.
+    if (done.trained_here) summary.peak_bytes = std::max(summary.peak_bytes, p_.tracker.last_micro_batch().peak_bytes);
+    app::fault_signal_point("micro_batch", epoch_ + 1, done.index);
+    summary.units_trained = done.units_done;
+    if (progress_.due(done.index + 1)) progress_.update(done.index + 1, point_.mean_loss(), summary.units_trained);
+  };
+  return hooks;
+}
+
+// One epoch's training from the resume point; false when a stop ended it at a group boundary.
+bool TrainingLoop::train_epoch(int epoch, EpochSummary& summary) {
+  allocator_for(p_.optimizer.parameters().device()).reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  const train::EpochOptions options = point_.begin_epoch(epoch, epoch_hooks(summary));
+  summary.first_micro_batch = options.first;
+  progress_.begin_epoch(epoch, p_.train_loader.num_batches(), options.first);
+  const train::EpochResult trained = trainer_.train_epoch(p_.train_loader, epoch, loss_, options);
+  progress_.end_epoch();
+  if (!trained.finished) {
+    next_micro_batch_ = trained.next_micro_batch;
+    return false;
+  }
+  // Reading the loss waits for the device, so the epoch's time includes its queued work.
+  summary.train_loss = point_.mean_loss();
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+// The run's totals that EpochSummary reports per epoch (reading them waits for the device).
+EpochSummary TrainingLoop::running_totals() const {
+  EpochSummary now;
+  const train::TrainingCounters counters = trainer_.counters();
+  now.skipped_steps = counters.skipped_steps;
+  if (dist::Communicator* comm = p_.trainer_options.communicator.get()) {
+    const dist::Communicator::Stats stats = comm->stats();
+    now.gradient_reductions = stats.gradient_reductions;
+    now.communication_seconds = stats.communication_seconds;
+    now.buckets_started_in_backward = counters.buckets_started_in_backward;
+  }
+  return now;
+}
+
+// The planner's prediction against the first full epoch this run trains (one resumed mid-epoch is
+// not comparable: Note [Predicting time] in engine/plan/planner.cpp).
+void TrainingLoop::measure_plan(const EpochSummary& e) {
+  memory::MemoryTracker& tracker = p_.tracker;
+  if (!tracker.plan_check() || tracker.plan_check()->measured || e.first_micro_batch != 0) return;
+  tracker.measure_plan(e.epoch, e.seconds, e.peak_bytes);
 }
 
 void TrainingLoop::checkpoint_now(const train::CheckpointState& state, const char* why) {
@@ -166,7 +230,7 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why) {
   if (!message.empty()) std::fprintf(stderr, "fashion_mnist: %s\n", message.c_str());
   allocator_for(o_.device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
   int status = code;
-  for (auto& write : {std::function<void()>([&] { checkpoint_now(loop_.state(), why); }),
+  for (auto& write : {std::function<void()>([&] { checkpoint_now(point_.state(), why); }),
                       std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
     try {
       write();
@@ -191,10 +255,10 @@ int TrainingLoop::stop_together(const std::string& where) {
 }
 
 // A word on the epoch's skipped steps.
-void TrainingLoop::warn_of_skipped_steps(const app::EpochSummary& e) {
+void TrainingLoop::warn_of_skipped_steps(const EpochSummary& e) {
   const int64_t skipped = e.skipped_steps;
   const bool scaling = needs_loss_scaling(o_.precision);
-  const float loss_scale = scaling ? trainer_.loss_scale() : 1.0f;
+  const float loss_scale = scaling ? trainer_.counters().loss_scale : 1.0f;
   // Under fp16 a skipped step is how the loss scale finds its level, not a fault; at its floor
   // (Note [Loss scaling]) the scale cannot help any more, and the user hears of it.
   const float min_scale = p_.trainer_options.loss_scaling.min_scale;
@@ -216,35 +280,36 @@ void TrainingLoop::warn_of_skipped_steps(const app::EpochSummary& e) {
   }
 }
 
-// The planner's prediction against this epoch, where fit measured it (the first full epoch).
-void TrainingLoop::check_plan(const app::EpochSummary& e) {
+// The planner's prediction against this epoch, where measure_plan measured it (the first full epoch).
+void TrainingLoop::check_plan(const EpochSummary& e) {
   const std::optional<plan::PlanCheck>& check = p_.tracker.plan_check();
   if (check && check->measured && check->epoch == e.epoch && g_root && !o_.quiet)
     say("planner: %s\n", plan::plan_check_line(*check).c_str());
 }
 
-nlohmann::ordered_json TrainingLoop::metrics_line(const app::EpochSummary& e, const train::Evaluation& r) const {
+nlohmann::ordered_json TrainingLoop::metrics_line(const EpochSummary& e, const train::Evaluation& r) const {
+  const train::TrainingCounters c = trainer_.counters();
   nlohmann::ordered_json line = {{"epoch", e.epoch + 1},
                                  {"train_loss", e.train_loss},
                                  {"test_loss", r.loss},
                                  {"test_accuracy", r.accuracy},
                                  {"samples_per_s", static_cast<double>(e.units_trained) / e.seconds},
                                  {"epoch_seconds", e.seconds},
-                                 {"optimizer_steps", trainer_.optimizer_steps()},
-                                 {"skipped_steps", trainer_.skipped_steps()},
+                                 {"optimizer_steps", c.optimizer_steps},
+                                 {"skipped_steps", c.skipped_steps},
                                  {"peak_bytes", e.peak_bytes},
                                  {"micro_batch_size", o_.batch_size},
                                  {"model", choice_name(o_.model)},
-                                 {"accum_steps", trainer_.accum_steps() / o_.world_size},  // per rank, as --accum-steps
-                                 {"lr", trainer_.last_lr()},
+                                 {"accum_steps", c.accum_steps / o_.world_size},  // per rank, as --accum-steps
+                                 {"lr", c.last_lr},
                                  {"precision", choice_name(o_.precision)},
                                  {"kernels", kernels_used(p_.model, o_, o_.batch_size)}};
-  if (needs_loss_scaling(o_.precision)) line["loss_scale"] = trainer_.loss_scale();
+  if (needs_loss_scaling(o_.precision)) line["loss_scale"] = c.loss_scale;
   if (o_.world_size > 1) {
     line["world_size"] = o_.world_size;
     line["gradient_reductions"] = e.gradient_reductions;
     line["communication_seconds"] = e.communication_seconds;
-    line["gradient_buckets"] = trainer_.gradient_buckets();
+    line["gradient_buckets"] = c.gradient_buckets;
     line["buckets_started_in_backward"] = e.buckets_started_in_backward;
   }
   if (p_.model.uses_batch_statistics())
@@ -260,7 +325,7 @@ nlohmann::ordered_json TrainingLoop::metrics_line(const app::EpochSummary& e, co
 
 // After the epoch's training: the warnings, the planner's check, the test pass (an interrupt there
 // throws Interrupted), the epoch's results and its --metrics line.
-void TrainingLoop::end_epoch(const app::EpochSummary& e) {
+void TrainingLoop::end_epoch(const EpochSummary& e) {
   warn_of_skipped_steps(e);
   check_plan(e);
   app::fault_signal_point("test_pass", e.epoch + 1);
@@ -277,11 +342,26 @@ void TrainingLoop::end_epoch(const app::EpochSummary& e) {
 
 std::optional<int> TrainingLoop::run() {
   try {
-    const app::FitResult r = loop_.run();
-    const std::string epoch = std::to_string(r.epoch + 1);
-    if (r.end == app::FitEnd::stopped_in_epoch)
-      return stop_together("at epoch " + epoch + ", micro-batch " + std::to_string(r.next_micro_batch));
-    if (r.end == app::FitEnd::stopped_after_epoch) return stop_together("after epoch " + epoch);
+    for (int epoch = point_.epoch(); epoch < o_.epochs; ++epoch) {
+      epoch_ = epoch;
+      EpochSummary e;
+      e.epoch = epoch;
+      const EpochSummary before = running_totals();
+      if (!train_epoch(epoch, e))
+        return stop_together("at epoch " + std::to_string(epoch + 1) + ", micro-batch " +
+                             std::to_string(next_micro_batch_));
+      const EpochSummary after = running_totals();
+      e.skipped_steps = after.skipped_steps - before.skipped_steps;
+      e.gradient_reductions = after.gradient_reductions - before.gradient_reductions;
+      e.communication_seconds = after.communication_seconds - before.communication_seconds;
+      e.buckets_started_in_backward = after.buckets_started_in_backward - before.buckets_started_in_backward;
+      measure_plan(e);
+      end_epoch(e);
+      point_.end_epoch();
+      checkpoint_now(point_.state(), "epoch end");
+      // After the epoch's checkpoint: nothing is lost, a resumed run starts the next epoch.
+      if (stop_asked()) return stop_together("after epoch " + std::to_string(epoch + 1));
+    }
   } catch (const app::Interrupted&) {
     return stop("interrupted (" + std::string(app::stop_signal_name(app::stop_signal())) +
                     ") in the test pass of epoch " + std::to_string(epoch_ + 1) +

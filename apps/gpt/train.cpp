@@ -183,15 +183,15 @@ memory::MemoryTracker::Options tracker_options(const TrainFlags& f) {
   return tracking;
 }
 
-// The Trainer's options; each step's mean loss lands in `step_loss`.
+// The Trainer's options; each step's log (its mean loss and lr) lands in `last_step`.
 train::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, memory::MemoryTracker& tracker,
-                                      double& step_loss) {
+                                      train::StepLog& last_step) {
   train::TrainerOptions options;
   options.tracker = &tracker;
   options.accum_steps = static_cast<int>(f.accum_steps);
   options.clip_grad_norm = static_cast<float>(f.clip);
   options.loss_scaling.dynamic = needs_loss_scaling(precision);
-  options.on_step = [&step_loss](const train::StepLog& log) { step_loss = log.loss; };
+  options.on_step = [&last_step](const train::StepLog& log) { last_step = log; };
   return options;
 }
 
@@ -217,14 +217,14 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
 class Loop {
  public:
   Loop(const TrainFlags& f, models::GPT& model, const models::CharVocabulary& vocab, train::Trainer& trainer,
-       const std::vector<train::RecordedSetting>& settings, app::MetricsLog& metrics, const double& step_loss)
+       const std::vector<train::RecordedSetting>& settings, app::MetricsLog& metrics, const train::StepLog& last_step)
       : f_(f),
         model_(model),
         vocab_(vocab),
         trainer_(trainer),
         settings_(settings),
         metrics_(metrics),
-        step_loss_(step_loss) {}
+        last_step_(last_step) {}
 
   void save() {
     if (!f_.save.empty()) save_run(f_.save, model_, vocab_, trainer_, settings_);
@@ -266,13 +266,14 @@ class Loop {
     const double seconds = std::chrono::duration<double>(now - step_start_).count();
     step_start_ = now;
     const double tokens_per_step = static_cast<double>(f_.micro_batch * f_.accum_steps * f_.context);
-    const float lr = trainer_.last_lr();
+    const double loss = last_step_.loss;
+    const float lr = last_step_.lr;
     metrics_.append(
         fmt("{\"step\": %.0f, \"loss\": %.9g, \"lr\": %.9g, \"step_seconds\": %.6f, \"tokens_per_second\": %.1f}",
-            double(step), step_loss_, lr, seconds, tokens_per_step / seconds));
+            double(step), loss, lr, seconds, tokens_per_step / seconds));
     if (!f_.quiet && (step % f_.log_every == 0 || step == 1))
       say("step %5lld/%lld  loss %.4f  lr %.2e  %.0f ms  %.0f tokens/s\n", static_cast<long long>(step),
-          static_cast<long long>(f_.steps), step_loss_, lr, seconds * 1e3, tokens_per_step / seconds);
+          static_cast<long long>(f_.steps), loss, lr, seconds * 1e3, tokens_per_step / seconds);
   }
 
   const TrainFlags& f_;
@@ -281,7 +282,7 @@ class Loop {
   train::Trainer& trainer_;
   const std::vector<train::RecordedSetting>& settings_;
   app::MetricsLog& metrics_;
-  const double& step_loss_;
+  const train::StepLog& last_step_;  // the Trainer's on_step writes it
   std::chrono::steady_clock::time_point step_start_;
 };
 
@@ -315,12 +316,12 @@ int train(const TrainFlags& flags) {
   const data::TokenWindows train_windows(t.split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(t.split.validation, f.context, 0, device);
   if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
-  double step_loss = 0.0;
+  train::StepLog last_step;
   memory::MemoryTracker tracker(device, tracker_options(f));
   std::shared_ptr<const optim::LRSchedule> schedule;
   if (f.steps > 0)
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
-  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, step_loss), schedule);
+  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, last_step), schedule);
   const int64_t total = f.steps * f.accum_steps;
   const std::vector<train::RecordedSetting> settings = run_settings(f, t.text);
   const int64_t first = f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, f.accum_steps);
@@ -335,7 +336,7 @@ int train(const TrainFlags& flags) {
                           f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
                           app::MetricsWrites::append);
   if (!f.quiet) print_banner(f, corpus, t, model, device, precision);
-  Loop loop(f, model, t.vocab, trainer, settings, metrics, step_loss);
+  Loop loop(f, model, t.vocab, trainer, settings, metrics, last_step);
   // Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
   // with 130 (resume with --resume). A lost standard output stops it the same way, then fails.
   app::install_stop_handlers();

@@ -74,8 +74,9 @@ int main(int argc, char** argv) try {
   for (int epoch = 0; epoch < kEpochs; ++epoch) {
     if (epoch == kEpochs / 2) trainer.set_accum_steps(2 * options.accum_steps);  // effective batch 64 -> 128
     const double train_loss = trainer.train_epoch(loader, epoch, loss);
+    const train::TrainingCounters counters = trainer.counters();  // one read from the device
     std::printf("epoch %2d  train loss %.4f  lr %.5f  steps %3lld  test accuracy %.1f%%\n", epoch + 1, train_loss,
-                trainer.last_lr(), static_cast<long long>(trainer.optimizer_steps()),
+                counters.last_lr, static_cast<long long>(counters.optimizer_steps),
                 100.0 * train::evaluate_classifier(model, test_loader).accuracy);
   }
   memory::print_memory_table(tracker, stdout);

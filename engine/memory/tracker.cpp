@@ -11,6 +11,7 @@
 
 #include "cumulus/autograd/checkpoint.h"
 #include "cumulus/core/error.h"
+#include "tracker_access.h"
 
 namespace cumulus::memory {
 
@@ -22,12 +23,11 @@ double now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
-}  // namespace
 
 // Appends a sample of every category's bytes at each allocation and free, while enabled.
-class MemoryTracker::Observer final : public AllocationObserver {
+class TimelineObserver final : public AllocationObserver {
  public:
-  Observer(std::vector<TimelineSample>& out, double origin) : out_(out), origin_(origin) {}
+  TimelineObserver(std::vector<TimelineSample>& out, double origin) : out_(out), origin_(origin) {}
   void on_change(const MemoryStats& stats) override {
     if (enabled) record(stats);
   }
@@ -44,6 +44,7 @@ class MemoryTracker::Observer final : public AllocationObserver {
   std::vector<TimelineSample>& out_;
   double origin_;
 };
+}  // namespace
 
 // Everything the tracker keeps, behind the installed header.
 struct MemoryTracker::State {
@@ -53,7 +54,7 @@ struct MemoryTracker::State {
   Device device_;
   Options options_;
   CachingAllocator& allocator_;
-  std::unique_ptr<Observer> observer_;
+  std::unique_ptr<TimelineObserver> observer_;
   double origin_ms_ = 0.0;  // host clock origin of the timeline
   MicroBatchRecord current_;
   std::vector<MicroBatchRecord> records_;
@@ -84,6 +85,15 @@ struct MemoryTracker::State {
   // Allocator out-of-memory counts: at creation, and when the open phase began.
   int64_t ooms_at_start_ = 0, ooms_at_phase_ = 0;
   std::optional<plan::PlanCheck> plan_check_;
+
+  double host_ms() const { return now_ms() - origin_ms_; }
+  bool in_timeline_window() const { return steps_taken_ < options_.timeline_steps; }
+  void sample_timeline();
+  void check_units(int64_t units);
+  void count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
+                         std::vector<std::pair<TimePoint, TimePoint>> recompute_times = {});
+  void count_step(const StepRecord& s, const TimePoint* times, TimeSpans communication = {});
+  void resolve_times();
 };
 
 MemoryTracker::MemoryTracker(Device device, Options options) : s_(std::make_unique<State>(device, std::move(options))) {
@@ -91,7 +101,7 @@ MemoryTracker::MemoryTracker(Device device, Options options) : s_(std::make_uniq
                 InvalidArgument, "MemoryTracker: accum_steps must be > 0, sizes >= 0");
   s_->origin_ms_ = now_ms();
   s_->ooms_at_start_ = s_->allocator_.stats().oom_count;
-  s_->observer_ = std::make_unique<Observer>(s_->timeline_, s_->origin_ms_);
+  s_->observer_ = std::make_unique<TimelineObserver>(s_->timeline_, s_->origin_ms_);
   if (s_->options_.timeline_steps > 0) s_->allocator_.set_observer(s_->observer_.get());
 }
 
@@ -108,7 +118,6 @@ const std::vector<TimelineSlice>& MemoryTracker::recompute_slices() const { retu
 void MemoryTracker::set_plan_check(plan::PlanCheck check) { s_->plan_check_ = std::move(check); }
 const std::optional<plan::PlanCheck>& MemoryTracker::plan_check() const { return s_->plan_check_; }
 
-double MemoryTracker::host_ms() const { return now_ms() - s_->origin_ms_; }
 
 namespace {
 // What micro-batch `r` made of category `c` by its peak (negative where it freed more).
@@ -139,21 +148,24 @@ int64_t predicted_peak(const MicroBatchRecord& r, int64_t units) {
 }
 }  // namespace
 
-bool MemoryTracker::in_timeline_window() const { return s_->steps_taken_ < s_->options_.timeline_steps; }
+
+bool MemoryTrackerAccess::timeline_active(const MemoryTracker& tracker) {
+  return tracker.s_->in_timeline_window();
+}
 
 // A sample at each phase boundary (after the device caught up), so the plot's steps hold their
 // level up to the boundary even where a phase allocates nothing.
-void MemoryTracker::sample_timeline() {
-  if (s_->observer_->enabled) s_->observer_->record(s_->allocator_.stats());
+void MemoryTracker::State::sample_timeline() {
+  if (observer_->enabled) observer_->record(allocator_.stats());
 }
 
 // Note [Units] (the Trainer's): a tracker told micro-batches of 8 (sequences) and fed 512 (tokens)
 // would report "activations 0 B ... peak 0 B" without a word, so the counts are checked.
-void MemoryTracker::check_units(int64_t units) {
-  const int64_t told = s_->options_.micro_batch_size;
+void MemoryTracker::State::check_units(int64_t units) {
+  const int64_t told = options_.micro_batch_size;
   CUMULUS_CHECK(units > 0, InvalidArgument, "MemoryTracker: a micro-batch of ", units, " units");
-  if (told > 0 && units > told && s_->largest_fed_ <= told) {
-    CUMULUS_CHECK(!s_->options_.strict_units, InvalidArgument, "MemoryTracker: told micro-batches of ", told,
+  if (told > 0 && units > told && largest_fed_ <= told) {
+    CUMULUS_CHECK(!options_.strict_units, InvalidArgument, "MemoryTracker: told micro-batches of ", told,
                   " units (Options::micro_batch_size) and fed one of ", units,
                   " units; count the same units on both sides (Batch::units: samples, or tokens)");
     std::fprintf(stderr,
@@ -161,15 +173,15 @@ void MemoryTracker::check_units(int64_t units) {
                  "%lld units; its per-micro-batch figures are for %lld (count the same units on both sides)\n",
                  static_cast<long long>(told), static_cast<long long>(units), static_cast<long long>(told));
   }
-  s_->smallest_fed_ = s_->smallest_fed_ == 0 ? units : std::min(s_->smallest_fed_, units);
-  s_->largest_fed_ = std::max(s_->largest_fed_, units);
+  smallest_fed_ = smallest_fed_ == 0 ? units : std::min(smallest_fed_, units);
+  largest_fed_ = std::max(largest_fed_, units);
 }
 
 void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t units) {
   CUMULUS_CHECK(!s_->in_micro_batch_ && !s_->in_step_, InvalidArgument,
                 "MemoryTracker::begin_micro_batch inside another micro-batch or step");
-  check_units(units);
-  s_->observer_->enabled = in_timeline_window();
+  s_->check_units(units);
+  s_->observer_->enabled = s_->in_timeline_window();
   if (s_->observer_->enabled) synchronize(s_->device_);
   s_->allocator_.reset_peak();
   s_->current_ = MicroBatchRecord();
@@ -183,8 +195,8 @@ void MemoryTracker::begin_micro_batch(int epoch, int64_t index, int64_t units) {
   s_->forward_ended_ = false;
   take_recompute_log();  // what happened before this micro-batch is not its own
   s_->t_start_ = TimePoint::now(s_->device_);
-  sample_timeline();
-  if (s_->observer_->enabled) s_->slices_.push_back({"forward", host_ms(), 0.0, epoch, index});
+  s_->sample_timeline();
+  if (s_->observer_->enabled) s_->slices_.push_back({"forward", s_->host_ms(), 0.0, epoch, index});
   s_->in_micro_batch_ = true;
 }
 
@@ -196,9 +208,9 @@ void MemoryTracker::end_forward() {
       s_->allocator_.stats()[MemoryCategory::activations].current - s_->activations_at_start_;
   if (s_->observer_->enabled) {
     synchronize(s_->device_);
-    sample_timeline();
-    s_->slices_.back().end_ms = host_ms();
-    s_->slices_.push_back({"backward", host_ms(), 0.0, s_->current_.epoch, s_->current_.index});
+    s_->sample_timeline();
+    s_->slices_.back().end_ms = s_->host_ms();
+    s_->slices_.push_back({"backward", s_->host_ms(), 0.0, s_->current_.epoch, s_->current_.index});
   }
 }
 
@@ -216,11 +228,11 @@ void MemoryTracker::end_backward() {
   r.recompute_avoided_bytes = recompute.avoided_bytes();
   r.recompute_ms = recompute.resolved_ms;  // CPU; CUDA spans are resolved with the other times
   const TimePoint times[3] = {s_->t_start_, s_->t_forward_end_, t_end};
-  count_micro_batch(r, times, std::move(recompute.pending));
+  s_->count_micro_batch(r, times, std::move(recompute.pending));
   if (s_->observer_->enabled) {
     synchronize(s_->device_);
-    sample_timeline();
-    s_->slices_.back().end_ms = host_ms();
+    s_->sample_timeline();
+    s_->slices_.back().end_ms = s_->host_ms();
     for (const RecomputeLog::Interval& i : recompute.intervals)
       s_->recompute_slices_.push_back(
           {"recompute", i.host_start_ms - s_->origin_ms_, i.host_end_ms - s_->origin_ms_, r.epoch, r.index, i.bytes});
@@ -228,32 +240,33 @@ void MemoryTracker::end_backward() {
   s_->in_micro_batch_ = false;
 }
 
-void MemoryTracker::add_graph_micro_batch(const MicroBatchRecord& captured) {
-  CUMULUS_CHECK(!s_->in_micro_batch_ && !s_->in_step_, InvalidArgument,
+void MemoryTrackerAccess::add_graph_micro_batch(MemoryTracker& tracker, const MicroBatchRecord& captured) {
+  MemoryTracker::State& state = *tracker.s_;
+  CUMULUS_CHECK(!state.in_micro_batch_ && !state.in_step_, InvalidArgument,
                 "MemoryTracker::add_graph_micro_batch inside a phase");
-  check_units(captured.units);
-  s_->current_ = captured;
-  count_micro_batch(captured, nullptr);
+  state.check_units(captured.units);
+  state.current_ = captured;
+  state.count_micro_batch(captured, nullptr);
 }
 
-void MemoryTracker::count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
-                                      std::vector<std::pair<TimePoint, TimePoint>> recompute_times) {
-  ++s_->micro_batches_seen_;
+void MemoryTracker::State::count_micro_batch(const MicroBatchRecord& r, const TimePoint* times,
+                                             std::vector<std::pair<TimePoint, TimePoint>> recompute_times) {
+  ++micro_batches_seen_;
   const double x = static_cast<double>(r.units), y = static_cast<double>(r.activation_bytes);
-  s_->fit_n_ += 1;
-  s_->fit_sx_ += x;
-  s_->fit_sy_ += y;
-  s_->fit_sxx_ += x * x;
-  s_->fit_sxy_ += x * y;
-  s_->run_peak_ = std::max(s_->run_peak_, r.peak_bytes);
-  auto [it, inserted] = s_->highest_peak_by_units_.try_emplace(r.units, r);
+  fit_n_ += 1;
+  fit_sx_ += x;
+  fit_sy_ += y;
+  fit_sxx_ += x * x;
+  fit_sxy_ += x * y;
+  run_peak_ = std::max(run_peak_, r.peak_bytes);
+  auto [it, inserted] = highest_peak_by_units_.try_emplace(r.units, r);
   if (!inserted && r.peak_bytes > it->second.peak_bytes) it->second = r;
-  if (s_->records_.size() < s_->options_.max_records) {
-    s_->records_.push_back(r);
+  if (records_.size() < options_.max_records) {
+    records_.push_back(r);
     if (times) {
-      s_->pending_.push_back(
-          {s_->records_.size() - 1, false, times[0], times[1], times[2], std::move(recompute_times), {}});
-      if (s_->pending_.size() >= kMaxPendingTimes) resolve_times();
+      pending_.push_back(
+          {records_.size() - 1, false, times[0], times[1], times[2], std::move(recompute_times), {}});
+      if (pending_.size() >= kMaxPendingTimes) resolve_times();
     }
   }
 }
@@ -266,8 +279,8 @@ void MemoryTracker::begin_step() {
   s_->t_step_start_ = TimePoint::now(s_->device_);
   if (s_->observer_->enabled) {
     synchronize(s_->device_);
-    sample_timeline();
-    s_->slices_.push_back({"step", host_ms(), 0.0, s_->current_.epoch, s_->steps_taken_ + 1});
+    s_->sample_timeline();
+    s_->slices_.push_back({"step", s_->host_ms(), 0.0, s_->current_.epoch, s_->steps_taken_ + 1});
   }
   s_->in_step_ = true;
 }
@@ -284,65 +297,67 @@ void MemoryTracker::end_step(int64_t step, int64_t optimizer_state_bytes, TimeSp
   if (s_->observer_->enabled) {
     // The device caught up, the reductions included (the step's stream waited for them).
     synchronize(s_->device_);
-    sample_timeline();
-    s_->slices_.back().end_ms = host_ms();
+    s_->sample_timeline();
+    s_->slices_.back().end_ms = s_->host_ms();
     s_->slices_.back().index = step;
     s_->slices_.back().communication_ms = total_ms(communication);
   }
-  count_step(s, times, std::move(communication));
+  s_->count_step(s, times, std::move(communication));
   s_->in_step_ = false;
-  if (!in_timeline_window()) s_->observer_->enabled = false;
+  if (!s_->in_timeline_window()) s_->observer_->enabled = false;
 }
 
-void MemoryTracker::add_graph_step(int64_t step, int64_t optimizer_state_bytes) {
-  CUMULUS_CHECK(!s_->in_micro_batch_ && !s_->in_step_, InvalidArgument, "MemoryTracker::add_graph_step inside a phase");
+void MemoryTrackerAccess::add_graph_step(MemoryTracker& tracker, int64_t step, int64_t optimizer_state_bytes) {
+  MemoryTracker::State& state = *tracker.s_;
+  CUMULUS_CHECK(!state.in_micro_batch_ && !state.in_step_, InvalidArgument,
+                "MemoryTracker::add_graph_step inside a phase");
   StepRecord s;
   s.step = step;
-  s.epoch = s_->current_.epoch;
+  s.epoch = state.current_.epoch;
   s.optimizer_state_bytes = optimizer_state_bytes;
-  s.peak_bytes = s_->allocator_.stats().allocated;  // a replay allocates nothing
-  count_step(s, nullptr);
+  s.peak_bytes = state.allocator_.stats().allocated;  // a replay allocates nothing
+  state.count_step(s, nullptr);
 }
 
-void MemoryTracker::count_step(const StepRecord& s, const TimePoint* times, TimeSpans communication) {
-  ++s_->steps_seen_;
-  s_->run_peak_ = std::max(s_->run_peak_, s.peak_bytes);
-  if (s_->steps_.size() < s_->options_.max_records) {
-    s_->steps_.push_back(s);
+void MemoryTracker::State::count_step(const StepRecord& s, const TimePoint* times, TimeSpans communication) {
+  ++steps_seen_;
+  run_peak_ = std::max(run_peak_, s.peak_bytes);
+  if (steps_.size() < options_.max_records) {
+    steps_.push_back(s);
     if (times) {
-      s_->pending_.push_back({s_->steps_.size() - 1, true, times[0], times[1], times[2], {}, std::move(communication)});
-      if (s_->pending_.size() >= kMaxPendingTimes) resolve_times();
+      pending_.push_back({steps_.size() - 1, true, times[0], times[1], times[2], {}, std::move(communication)});
+      if (pending_.size() >= kMaxPendingTimes) resolve_times();
     }
   }
-  ++s_->steps_taken_;
+  ++steps_taken_;
 }
 
-void MemoryTracker::resolve_times() {
-  for (const State::PendingTimes& p : s_->pending_) {
+void MemoryTracker::State::resolve_times() {
+  for (const PendingTimes& p : pending_) {
     if (p.is_step) {
-      s_->steps_[p.record].ms = p.end.ms_since(p.start);
-      s_->steps_[p.record].communication_ms = total_ms(p.communication);
+      steps_[p.record].ms = p.end.ms_since(p.start);
+      steps_[p.record].communication_ms = total_ms(p.communication);
     } else {
-      s_->records_[p.record].forward_ms = p.mid.ms_since(p.start);
-      s_->records_[p.record].backward_ms = p.end.ms_since(p.mid);
-      for (const auto& [start, end] : p.recompute) s_->records_[p.record].recompute_ms += end.ms_since(start);
+      records_[p.record].forward_ms = p.mid.ms_since(p.start);
+      records_[p.record].backward_ms = p.end.ms_since(p.mid);
+      for (const auto& [start, end] : p.recompute) records_[p.record].recompute_ms += end.ms_since(start);
     }
   }
-  s_->pending_.clear();
+  pending_.clear();
 }
 
 const std::vector<MicroBatchRecord>& MemoryTracker::micro_batches() {
-  resolve_times();
+  s_->resolve_times();
   return s_->records_;
 }
 
 const std::vector<StepRecord>& MemoryTracker::steps() {
-  resolve_times();
+  s_->resolve_times();
   return s_->steps_;
 }
 
 MemorySummary MemoryTracker::summary() {
-  resolve_times();
+  s_->resolve_times();
   MemorySummary s;
   const MemoryStats st = s_->allocator_.stats();
   s.parameters_bytes = st[MemoryCategory::parameters].current;

@@ -9,6 +9,7 @@
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/host_reads.h"
 #include "engine/tensor/tensor_impl.h"
 
 #if CUMULUS_WITH_CUDA
@@ -53,6 +54,21 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
 #else
   throw DeviceError("copy involving " + (dst_device.is_cuda() ? dst_device : src_device).str() +
                     ": cumulus was built without CUDA");
+#endif
+}
+
+void read_to_host(const Device& device, std::initializer_list<HostRead> reads) {
+  if (device.is_cpu()) {
+    for (const HostRead& r : reads) std::memcpy(r.dst, r.src, r.bytes);
+    return;
+  }
+#if CUMULUS_WITH_CUDA
+  cuda::DeviceGuard guard(device.index());
+  cudaStream_t s = cuda::stream(device.index());
+  for (const HostRead& r : reads) CUMULUS_CUDA_CHECK(cudaMemcpyAsync(r.dst, r.src, r.bytes, cudaMemcpyDefault, s));
+  cuda::synchronize_stream(s);
+#else
+  throw DeviceError("read from " + device.str() + ": cumulus was built without CUDA");
 #endif
 }
 

@@ -129,7 +129,7 @@ CheckpointState read_state(const std::string& path, const std::map<std::string, 
                 " micro-batches; checkpoints are written between steps: damaged or forged");
   c.micro_batches_total = counter("micro_batches_total", 0, kMax);
   c.optimizer_steps = counter("optimizer_steps", 0, kMax);
-  // Steps skipped for a non-finite gradient are not among the steps taken (Trainer::attempted_steps).
+  // Steps skipped for a non-finite gradient are not among the steps taken (TrainingPosition::attempted_steps).
   c.skipped_steps = counter("skipped_steps", 0, kMax - c.optimizer_steps);
   s.optimizer_updates = counter("optimizer_updates", 0, c.optimizer_steps);
   if (meta.count("loss_scale_bits") == 1) {  // absent from checkpoints older than loss scaling: unscaled
@@ -245,8 +245,9 @@ EpochOptions ResumePoint::begin_epoch(int epoch, EpochOptions options) {
   point_.counters.micro_batch_index = options.first;
   point_.epoch_units = units_before;
   options.on_step = [this, units_before, then = std::move(options.on_step)](const MicroBatchDone& done) {
-    point_.counters.micro_batch_index = trainer_.micro_batch_index();
-    point_.counters.micro_batches_total = trainer_.micro_batches_total();
+    const TrainingPosition now = trainer_.position();
+    point_.counters.micro_batch_index = now.micro_batch_index;
+    point_.counters.micro_batches_total = now.micro_batches_total;
     point_.epoch_units = units_before + done.units_done;
     if (then) then(done);
   };
@@ -263,7 +264,8 @@ void ResumePoint::end_epoch() {
 }
 
 double ResumePoint::mean_loss() const {
-  return (loss_before_ + trainer_.epoch_loss_sum()) / static_cast<double>(std::max<int64_t>(point_.epoch_units, 1));
+  const double units = static_cast<double>(std::max<int64_t>(point_.epoch_units, 1));
+  return (loss_before_ + trainer_.counters().epoch_loss_sum) / units;
 }
 
 CheckpointState ResumePoint::state() const {
@@ -276,7 +278,7 @@ CheckpointState ResumePoint::state() const {
   s.counters.last_lr = now.last_lr;
   s.counters.accum_steps_override = now.accum_steps_override;
   s.optimizer_updates = trainer_.optimizer().updates();
-  s.epoch_loss_sum = s.counters.micro_batch_index == 0 ? 0.0 : loss_before_ + trainer_.epoch_loss_sum();
+  s.epoch_loss_sum = s.counters.micro_batch_index == 0 ? 0.0 : loss_before_ + now.epoch_loss_sum;
   return s;
 }
 

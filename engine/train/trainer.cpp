@@ -90,29 +90,11 @@ using optim::LRSchedule;
 using optim::Optimizer;
 using optim::UpdateScalars;
 
-// ---- counters ------------------------------------------------------------------------------------
+// ---- accessors -----------------------------------------------------------------------------------
 
-int Trainer::epoch() const { return parts_->position.epoch; }
-int Trainer::accum_steps() const { return parts_->position.accum_steps; }
-int64_t Trainer::micro_batch_index() const { return parts_->position.in_epoch; }
-int64_t Trainer::micro_batches_total() const { return parts_->position.total; }
-int Trainer::micro_batches_in_group() const { return parts_->position.group_micro_batches; }
-int64_t Trainer::units_in_group() const { return parts_->position.group_units; }
-int64_t Trainer::attempted_steps() const { return parts_->position.attempted_steps; }
-int64_t Trainer::optimizer_steps() const { return parts_->optimizer->updates() - parts_->steps_offset; }
-int64_t Trainer::skipped_steps() const { return parts_->state.read().skipped; }
-float Trainer::last_grad_norm() const { return parts_->state.read().grad_norm; }
-float Trainer::last_clip_factor() const { return parts_->state.read().clip; }
-float Trainer::last_lr() const { return parts_->optimizer->read_update_scalars().lr; }
-float Trainer::loss_scale() const { return parts_->state.read().loss_scale; }
-double Trainer::epoch_loss_sum() const { return parts_->state.read().epoch.loss; }
-double Trainer::epoch_units_stepped() const { return parts_->state.read().epoch.units; }
-std::size_t Trainer::gradient_buckets() const { return parts_->buckets ? parts_->buckets->count() : 0; }
-int64_t Trainer::buckets_started_in_backward() const {
-  return parts_->buckets ? parts_->buckets->started_in_backward() : 0;
-}
-dist::Communicator* Trainer::communicator() const { return parts_->options.communicator.get(); }
 Optimizer& Trainer::optimizer() { return *parts_->optimizer; }
+void Trainer::set_tracker(memory::MemoryTracker* tracker) { parts_->tracker = tracker; }
+const Trainer::Stats& Trainer::stats() const { return parts_->stats; }
 std::vector<int64_t> Trainer::state_to_allocate() {
   return {LearningRateWindow::kSize * static_cast<int64_t>(sizeof(float))};
 }
@@ -129,33 +111,31 @@ Tensor forward_under_data_category(const std::function<Tensor()>& forward_loss) 
 }  // namespace
 
 void Trainer::reset() {
-  micro_batches_.clear();
-  step_.reset();
+  parts_->micro_batch_graphs.clear();
+  parts_->captured_step.reset();
 }
 
-std::vector<bool> Trainer::stale_pattern() const {
-  const auto& slots = parts_->optimizer->parameters().slots();
+std::vector<bool> Trainer::Parts::stale_pattern() const {
+  const auto& slots = optimizer->parameters().slots();
   std::vector<bool> stale(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) stale[i] = slots[i].param.grad_stale();
   return stale;
 }
 
-std::vector<bool> Trainer::frozen_pattern() const {
-  const auto& slots = parts_->optimizer->parameters().slots();
+std::vector<bool> Trainer::Parts::frozen_pattern() const {
+  const auto& slots = optimizer->parameters().slots();
   std::vector<bool> frozen(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) frozen[i] = !slots[i].param.requires_grad();
   return frozen;
 }
 
-// Graphs stay off while the tracker records its timeline, so the trace shows true phases.
-bool Trainer::graphs_now() const { return use_graphs_ && !(tracker_ && tracker_->timeline_active()); }
-
 void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
   const EntryPoint entry(parts_->caller, "micro_batch");
-  if (!graphs_now()) return eager_micro_batch(units, forward_loss);
-  const Parts& p = *parts_;
+  Parts& p = *parts_;
+  if (!p.graphs_now()) return eager_micro_batch(units, forward_loss);
   const int seed_steps = p.options.normalization == Normalization::micro_batches ? p.position.accum_steps : 0;
-  std::unique_ptr<Captured>& c = micro_batches_[GraphKey{units, stale_pattern(), frozen_pattern(), seed_steps}];
+  std::unique_ptr<Captured>& c =
+      p.micro_batch_graphs[Parts::GraphKey{units, p.stale_pattern(), p.frozen_pattern(), seed_steps}];
   if (!c) c = std::make_unique<Captured>();
   if (c->seen == 0) {
     ++c->seen;
@@ -176,13 +156,14 @@ void Trainer::micro_batch(int64_t units, const std::function<Tensor()>& forward_
 // said so, and the tracker counts them as live when the micro-batch began (Note [One batch's
 // peak] in engine/memory/tracker.cpp). The DataLoader's batches are data already.
 void Trainer::eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss) {
-  if (tracker_) tracker_->begin_micro_batch(parts_->position.epoch, parts_->position.in_epoch, units);
+  memory::MemoryTracker* tracker = parts_->tracker;
+  if (tracker) tracker->begin_micro_batch(parts_->position.epoch, parts_->position.in_epoch, units);
   Tensor loss = forward_under_data_category(forward_loss);
-  if (tracker_) tracker_->end_forward();
+  if (tracker) tracker->end_forward();
   backward(loss, units);
   loss = Tensor();  // freed inside the record: the loss is the micro-batch's
-  if (tracker_) tracker_->end_backward();
-  ++stats_.eager_micro_batches;
+  if (tracker) tracker->end_backward();
+  ++parts_->stats.eager_micro_batches;
 }
 
 // The second time a key is seen it is captured (the host runs the closure and backward: the
@@ -209,7 +190,7 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
     for (std::size_t i = 0; i < slots.size(); ++i)
       if (!c.stale_after[i]) impl_of(slots[i].param)->autograd.grad_stale = false;
   }
-  run_or_replay(&c, [&] {
+  parts_->run_or_replay(&c, [&] {
     Tensor loss = forward_under_data_category(forward_loss);
     r.activation_bytes = alloc.stats()[MemoryCategory::activations].current - activations_before;
     backward(loss, units);
@@ -219,15 +200,15 @@ void Trainer::graph_micro_batch(Captured& c, int64_t units, const std::function<
     r.peak_bytes = st.allocated_peak;
     r.peak_by_category = st.at_peak;
     r.reserved_bytes = st.reserved;
-    c.stale_after = stale_pattern();
-    stats_.kernels_per_micro_batch = c.graph.kernel_nodes();
+    c.stale_after = parts_->stale_pattern();
+    parts_->stats.kernels_per_micro_batch = c.graph.kernel_nodes();
   }
-  ++stats_.replayed_micro_batches;
-  if (tracker_) {
+  ++parts_->stats.replayed_micro_batches;
+  if (parts_->tracker) {
     memory::MicroBatchRecord record = c.memory;
     record.epoch = epoch;
     record.index = index;
-    tracker_->add_graph_micro_batch(record);
+    memory::MemoryTrackerAccess::add_graph_micro_batch(*parts_->tracker, record);
   }
 #else
   (void)c, (void)units, (void)forward_loss;  // unreachable: the constructor refuses graphs
@@ -242,7 +223,7 @@ double Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss
 
 EpochResult Trainer::train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss,
                                  const EpochOptions& options) {
-  dist::Communicator* comm = communicator();
+  const dist::Communicator* comm = parts_->options.communicator.get();
   const int world = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
   const int64_t batches = loader.num_batches();
   CUMULUS_CHECK(options.first >= 0 && options.first <= batches, InvalidArgument, "Trainer::train_epoch: first ",

@@ -81,8 +81,7 @@ void check_options(const AccumulationOptions& options) {
 }  // namespace
 
 Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& options,
-                 std::shared_ptr<const LRSchedule> schedule)
-    : use_graphs_(options.use_graphs), tracker_(options.tracker), on_step_(options.on_step) {
+                 std::shared_ptr<const LRSchedule> schedule) {
   CUMULUS_CHECK(optimizer != nullptr, InvalidArgument, "Trainer: no optimizer");
   check_options(options);
   parts_ = std::make_unique<Parts>(std::move(optimizer), options, std::move(schedule));
@@ -95,16 +94,17 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
     p.buckets = std::make_unique<dist::GradientBuckets>(p.optimizer->parameters(), options.bucket_bytes,
                                                         *options.communicator);
   }
-  CUMULUS_CHECK(!use_graphs_ || device.is_cuda(), InvalidArgument,
+  CUMULUS_CHECK(!p.use_graphs || device.is_cuda(), InvalidArgument,
                 "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ", device.str());
   // The reductions across ranks would have to be captured too (NCCL allows it; untested).
-  CUMULUS_CHECK(!use_graphs_ || !distributed(), InvalidArgument,
+  CUMULUS_CHECK(!p.use_graphs || !distributed(), InvalidArgument,
                 "Trainer: CUDA graphs with data parallel training are not supported; run eagerly");
 #if !CUMULUS_WITH_CUDA
-  CUMULUS_CHECK(!use_graphs_, InvalidArgument, "Trainer: cumulus was built without CUDA");
+  CUMULUS_CHECK(!p.use_graphs, InvalidArgument, "Trainer: cumulus was built without CUDA");
 #endif
   p.steps_offset = p.optimizer->updates();
-  p.state.write(&kernels::StepState::loss_scale, options.loss_scaling.dynamic ? options.loss_scaling.initial_scale : 1.0f);
+  const LossScaling& ls = options.loss_scaling;
+  p.state.write(&kernels::StepState::loss_scale, ls.dynamic ? ls.initial_scale : 1.0f);
   p.state.write(&kernels::StepState::loss_scale_clean_steps, int32_t{0});
   begin_epoch(0, 0);
 }
@@ -119,8 +119,11 @@ bool Trainer::distributed() const {
 // `caller`: the call a user made, which the message names.
 void Trainer::check_accum_steps(int steps, const char* caller) const {
   CUMULUS_CHECK(steps > 0, InvalidArgument, caller, ": accumulation steps must be > 0, got ", steps);
-  CUMULUS_CHECK(!distributed() || steps % parts_->options.communicator->world_size() == 0, InvalidArgument, caller, ": ", steps, " accumulation steps (micro-batches of all ranks per step) do not divide over ",
-                parts_->options.communicator->world_size(), " ranks; give a multiple of the world size");
+  if (!distributed()) return;
+  const int world = parts_->options.communicator->world_size();
+  CUMULUS_CHECK(steps % world == 0, InvalidArgument, caller, ": ", steps,
+                " accumulation steps (micro-batches of all ranks per step) do not divide over ", world,
+                " ranks; give a multiple of the world size");
 }
 
 void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
@@ -137,7 +140,7 @@ void Trainer::begin_epoch(int epoch, int64_t micro_batches, int64_t first) {
   pos.in_epoch = first;
   pos.epoch_length = micro_batches;
   parts_->state.write(&kernels::StepState::epoch, kernels::UnitsAndLoss{0.0, 0.0});
-  logged_loss_ = logged_units_ = 0.0;
+  parts_->logged_loss = parts_->logged_units = 0.0;
 }
 
 void Trainer::check_micro_batch(int64_t units, const char* caller) const {
@@ -245,36 +248,46 @@ void Trainer::set_accum_steps(int steps) {
   if (pos.group_micro_batches == 0) pos.accum_steps = steps;  // else end_group applies it after this group's step
 }
 
+TrainingPosition Trainer::position() const {
+  const GroupPosition& pos = parts_->position;
+  TrainingPosition t;
+  t.epoch = pos.epoch;
+  t.micro_batch_index = pos.in_epoch;
+  t.micro_batches_total = pos.total;
+  t.accum_steps_override = pos.accum_override;
+  t.accum_steps = pos.accum_steps;
+  t.micro_batches_in_group = pos.group_micro_batches;
+  t.units_in_group = pos.group_units;
+  t.attempted_steps = pos.attempted_steps;
+  return t;
+}
+
 TrainingCounters Trainer::counters() const {
   const Parts& p = *parts_;
-  const kernels::StepState st = p.state.read();
-  const UpdateScalars u = p.optimizer->read_update_scalars();
-  const GroupPosition& pos = p.position;
+  const Parts::Readings now = p.read_step();  // one wait for the device
+  const kernels::StepState& st = now.state;
+  const UpdateScalars& u = now.scalars;
   TrainingCounters c;
-  c.epoch = pos.epoch;
-  c.micro_batch_index = pos.in_epoch;
-  c.micro_batches_total = pos.total;
+  static_cast<TrainingPosition&>(c) = position();
   c.optimizer_steps = u.updates - p.steps_offset;
   c.skipped_steps = st.skipped;
   c.loss_scale = st.loss_scale;
   c.loss_scale_clean_steps = st.loss_scale_clean_steps;
   c.last_lr = u.lr;
-  c.accum_steps_override = pos.accum_override;
-  c.accum_steps = pos.accum_steps;
-  c.micro_batches_in_group = pos.group_micro_batches;
-  c.units_in_group = pos.group_units;
-  c.attempted_steps = pos.attempted_steps;
   c.last_grad_norm = st.grad_norm;
   c.last_clip_factor = st.clip;
   c.epoch_loss_sum = st.epoch.loss;
   c.epoch_units_stepped = st.epoch.units;
+  c.gradient_buckets = p.buckets ? static_cast<int64_t>(p.buckets->count()) : 0;
+  c.buckets_started_in_backward = p.buckets ? p.buckets->started_in_backward() : 0;
   return c;
 }
 
 void Trainer::restore(const TrainingCounters& c) {
   Parts& p = *parts_;
   const LossScaling& ls = p.options.loss_scaling;
-  CUMULUS_CHECK(p.position.group_micro_batches == 0, InvalidArgument, "Trainer::restore with micro-batches accumulated");
+  CUMULUS_CHECK(p.position.group_micro_batches == 0, InvalidArgument,
+                "Trainer::restore with micro-batches accumulated");
   CUMULUS_CHECK(c.epoch >= 0 && c.micro_batch_index >= 0 && c.micro_batches_total >= 0 && c.optimizer_steps >= 0 &&
                     c.skipped_steps >= 0 && c.accum_steps_override >= 0,
                 InvalidArgument, "Trainer::restore: negative counter");

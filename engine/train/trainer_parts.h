@@ -1,12 +1,16 @@
-// What a Trainer holds beside its graphs: the options, the optimizer and its schedule, where the
-// loop stands (GroupPosition), the device-side step state, the learning-rate window, the backward
-// seeds and, data parallel, the gradient buckets. Internal to the runtime.
+// What a Trainer holds: the options, the optimizer and its schedule, where the loop stands
+// (GroupPosition), the device-side step state, the learning-rate window, the backward seeds, the
+// gradient buckets (data parallel), the tracker and the CUDA graphs; and the step's parts that need
+// nothing else (trainer_step.cpp). Internal to the engine.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -14,6 +18,7 @@
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/train/trainer.h"
 #include "engine/dist/gradient_buckets.h"
+#include "engine/memory/tracker_access.h"
 #include "learning_rate_window.h"
 #include "step_state.h"
 
@@ -96,7 +101,31 @@ struct Trainer::Parts {
       : optimizer(std::move(optimizer_in)),
         options(options_in),
         state(optimizer->parameters().device()),
-        lr_window(*optimizer, std::move(schedule)) {}
+        lr_window(*optimizer, std::move(schedule)),
+        use_graphs(options_in.use_graphs),
+        tracker(options_in.tracker),
+        on_step(options_in.on_step) {}
+
+  // Graphs stay off while the tracker records its timeline, so the trace shows true phases.
+  bool graphs_now() const { return use_graphs && !(tracker && memory::MemoryTrackerAccess::timeline_active(*tracker)); }
+  std::vector<bool> stale_pattern() const;
+  std::vector<bool> frozen_pattern() const;
+  enum class Ran { eagerly, captured, replayed };
+  // `work` eagerly where `graph` is null or new, captured into it the second time (then launched),
+  // replayed after that (Note [Captured training]).
+  Ran run_or_replay(Captured* graph, const std::function<void()>& work);
+  Captured* step_graph();  // null when the step runs eagerly
+  // The step's parts.
+  void reduce_across_ranks();
+  void decide_step();
+  void end_group();
+  void log_step();  // on_step, when set
+  // The step state and the optimizer's scalars, read with one wait for the device.
+  struct Readings {
+    kernels::StepState state;
+    UpdateScalars scalars;
+  };
+  Readings read_step() const;
 
   std::shared_ptr<Optimizer> optimizer;
   AccumulationOptions options;
@@ -106,6 +135,20 @@ struct Trainer::Parts {
   BackwardSeeds seeds;
   std::unique_ptr<dist::GradientBuckets> buckets;  // data parallel only
   int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
+
+  bool use_graphs;
+  memory::MemoryTracker* tracker;  // may be null
+  std::function<void(const StepLog&)> on_step;
+  double logged_loss = 0.0, logged_units = 0.0;  // the epoch's sums at the last log_step()
+  // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
+  // pattern of the parameters (which gradients are computed at all), and the backward seed's
+  // accumulation steps (Normalization::micro_batches only; 0 otherwise). The sinks' modes (overwrite
+  // or accumulate), the gradients computed and the seed are part of the captured work. Seen once:
+  // eager; twice: captured, then replayed.
+  using GraphKey = std::tuple<int64_t, std::vector<bool>, std::vector<bool>, int>;
+  std::map<GraphKey, std::unique_ptr<Captured>> micro_batch_graphs;
+  std::unique_ptr<Captured> captured_step;  // made by step_graph()
+  Stats stats;
   // The call a loss refusal names: "micro_batch" while one runs (EntryPoint), else "backward".
   const char* caller = "backward";
   // The unit counts whose loss was checked against its positions (Note [Units checked against the

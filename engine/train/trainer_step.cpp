@@ -56,6 +56,7 @@
 #include "cumulus/dist/communicator.h"
 #include "cumulus/train/trainer.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/host_reads.h"
 #include "trainer_parts.h"
 
 namespace cumulus::train {
@@ -66,31 +67,32 @@ using optim::UpdateScalars;
 
 bool Trainer::step_if_ready() {
   const bool stepped = step(true);
-  if (stepped) log_step();
+  if (stepped) parts_->log_step();
   return stepped;
 }
 
 bool Trainer::flush() {
   const bool stepped = step(false);
-  if (stepped) log_step();
+  if (stepped) parts_->log_step();
   return stepped;
 }
 
 // A step attempt with the tracker's records around it: eager steps are timed (with the reductions
 // they waited for), replayed ones recorded as graph steps.
 bool Trainer::step(bool only_if_ready) {
-  const GroupPosition& pos = parts_->position;
+  const Parts& p = *parts_;
+  const GroupPosition& pos = p.position;
   if (only_if_ready ? !pos.ready() : pos.group_micro_batches == 0) return false;
-  const Optimizer& opt = *parts_->optimizer;
-  const bool eager = !graphs_now();
-  if (tracker_ && eager) tracker_->begin_step();
+  const bool eager = !p.graphs_now();
+  if (p.tracker && eager) p.tracker->begin_step();
   run_step();
-  if (tracker_ && eager) {
+  if (p.tracker && eager) {
     // The step's reductions, those started during the last backward included.
-    dist::Communicator* comm = parts_->options.communicator.get();
-    tracker_->end_step(pos.attempted_steps, opt.state_bytes(), comm ? comm->take_recent_spans() : TimeSpans());
-  } else if (tracker_) {
-    tracker_->add_graph_step(pos.attempted_steps, opt.state_bytes());
+    dist::Communicator* comm = p.options.communicator.get();
+    p.tracker->end_step(pos.attempted_steps, p.optimizer->state_bytes(),
+                        comm ? comm->take_recent_spans() : TimeSpans());
+  } else if (p.tracker) {
+    memory::MemoryTrackerAccess::add_graph_step(*p.tracker, pos.attempted_steps, p.optimizer->state_bytes());
   }
   return true;
 }
@@ -98,28 +100,29 @@ bool Trainer::step(bool only_if_ready) {
 // One optimizer step over the group accumulated so far.
 void Trainer::run_step() {
   NoGradGuard no_grad;
-  Optimizer& opt = *parts_->optimizer;
+  Parts& p = *parts_;
+  Optimizer& opt = *p.optimizer;
   // Stale gradient slots read as zeros; frozen parameters are read (host work, never captured).
   opt.prepare_update();
   // The learning-rate table covers the update this step may make.
-  parts_->lr_window.prepare(parts_->state, parts_->steps_offset);
-  const Ran ran = run_or_replay(step_graph(), [&] {
+  p.lr_window.prepare(p.state, p.steps_offset);
+  const Parts::Ran ran = p.run_or_replay(p.step_graph(), [&] {
     // Data parallel: the gradient, the group's units and its loss summed across ranks.
-    reduce_across_ranks();
+    p.reduce_across_ranks();
     // The norm, the skip decision, the clip factor and the learning rate, decided on the device.
-    decide_step();
+    p.decide_step();
     // The optimizer's update with the decided scalars (nothing moves where the step is skipped).
     opt.apply_update();
   });
-  ++(ran == Ran::eagerly ? stats_.eager_steps : stats_.replayed_steps);
+  ++(ran == Parts::Ran::eagerly ? p.stats.eager_steps : p.stats.replayed_steps);
 #if CUMULUS_WITH_CUDA
-  if (ran == Ran::captured) stats_.kernels_per_step = step_->graph.kernel_nodes();
+  if (ran == Parts::Ran::captured) p.stats.kernels_per_step = p.captured_step->graph.kernel_nodes();
 #endif
   // The gradients are consumed; the next micro-batch starts a group.
-  end_group();
+  p.end_group();
 }
 
-Trainer::Ran Trainer::run_or_replay(Captured* graph, const std::function<void()>& work) {
+Trainer::Parts::Ran Trainer::Parts::run_or_replay(Captured* graph, const std::function<void()>& work) {
   if (graph == nullptr || graph->seen++ == 0) {
     work();
     return Ran::eagerly;
@@ -127,9 +130,9 @@ Trainer::Ran Trainer::run_or_replay(Captured* graph, const std::function<void()>
 #if CUMULUS_WITH_CUDA
   const bool capturing = !graph->captured();
   if (capturing) {
-    const Device device = parts_->optimizer->parameters().device();
+    const Device device = optimizer->parameters().device();
     graph->graph = cuda::Graph::capture(cuda::context(device.index()), work);
-    ++stats_.captures;
+    ++stats.captures;
   }
   graph->graph.launch();
   return capturing ? Ran::captured : Ran::replayed;
@@ -141,77 +144,83 @@ Trainer::Ran Trainer::run_or_replay(Captured* graph, const std::function<void()>
 
 // The step graph, or null when the step runs eagerly. Its update reads the frozen mask, allocated
 // at the first freeze (with the optimizer's missed counts): a graph captured before has none.
-Trainer::Captured* Trainer::step_graph() {
+Trainer::Captured* Trainer::Parts::step_graph() {
   if (!graphs_now()) return nullptr;
-  const void* frozen_mask = parts_->optimizer->parameters().frozen_chunks();
-  if (step_ && step_->frozen_mask != frozen_mask) step_.reset();
-  if (!step_) {
-    step_ = std::make_unique<Captured>();
-    step_->frozen_mask = frozen_mask;
+  const void* frozen_mask = optimizer->parameters().frozen_chunks();
+  if (captured_step && captured_step->frozen_mask != frozen_mask) captured_step.reset();
+  if (!captured_step) {
+    captured_step = std::make_unique<Captured>();
+    captured_step->frozen_mask = frozen_mask;
   }
-  return step_.get();
+  return captured_step.get();
 }
 
-void Trainer::reduce_across_ranks() {
-  Parts& p = *parts_;
-  if (!p.buckets) return;
-  dist::Communicator& comm = *p.options.communicator;
-  p.buckets->start_rest();
+void Trainer::Parts::reduce_across_ranks() {
+  if (!buckets) return;
+  dist::Communicator& comm = *options.communicator;
+  buckets->start_rest();
   // The group's units and loss: the normalization is global.
   static_assert(sizeof(kernels::UnitsAndLoss) == 2 * sizeof(double), "two adjacent doubles");
-  comm.start_all_reduce_sum(&p.state.state()->group, 2, dist::Element::f64, p.optimizer->parameters().device());
+  comm.start_all_reduce_sum(&state.state()->group, 2, dist::Element::f64, optimizer->parameters().device());
   comm.wait_all();
-  comm.count_gradient_reduction(p.buckets->bytes());
+  comm.count_gradient_reduction(buckets->bytes());
 }
 
 // The norm of the accumulated gradient and kernels::prepare_step, one launch on CUDA.
-void Trainer::decide_step() {
-  Parts& p = *parts_;
-  const AccumulationOptions& o = p.options;
+void Trainer::Parts::decide_step() {
+  const AccumulationOptions& o = options;
   kernels::StepConfig config;
   config.divide_by_units = o.normalization == Normalization::units ? 1 : 0;
   config.need_norm = o.clip_grad_norm > 0.0f || o.skip_non_finite ? 1 : 0;
   config.skip_non_finite = o.skip_non_finite ? 1 : 0;
   config.clip_grad_norm = o.clip_grad_norm;
-  config.lr_table_size = p.lr_window.size();
+  config.lr_table_size = lr_window.size();
   config.dynamic_loss_scale = o.loss_scaling.dynamic ? 1 : 0;
   config.loss_scale_growth_interval = o.loss_scaling.growth_interval;
   config.loss_scale_growth = o.loss_scaling.growth_factor;
   config.loss_scale_backoff = o.loss_scaling.backoff_factor;
   config.loss_scale_min = o.loss_scaling.min_scale;
-  const nn::FlatParameters& params = p.optimizer->parameters();
+  const nn::FlatParameters& params = optimizer->parameters();
   const float* grad = params.gradients().data<float>();
   const int64_t n = params.size();
-  UpdateScalars* scalars = p.optimizer->update_scalars();
+  UpdateScalars* scalars = optimizer->update_scalars();
   CUMULUS_DISPATCH(params.device(), ctx,
-                   kernels::prepare_step(p.state.buffers()->state, *scalars,
+                   kernels::prepare_step(state.buffers()->state, *scalars,
                                          config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config,
-                                         p.lr_window.table()),
-                   kernels::grad_norm_and_prepare_step_cuda(grad, n, p.state.buffers(), scalars, config,
-                                                            p.lr_window.table(), ctx.stream()));
+                                         lr_window.table()),
+                   kernels::grad_norm_and_prepare_step_cuda(grad, n, state.buffers(), scalars, config,
+                                                            lr_window.table(), ctx.stream()));
 }
 
 // grad() now says the step released the gradient (Note [Why a gradient is undefined]).
-void Trainer::end_group() {
-  Parts& p = *parts_;
-  p.optimizer->parameters().mark_gradients_stale(StaleReason::optimizer_step);
-  if (p.buckets) p.buckets->rearm();
-  p.lr_window.count_attempt();
-  p.position.end_group();
+void Trainer::Parts::end_group() {
+  optimizer->parameters().mark_gradients_stale(StaleReason::optimizer_step);
+  if (buckets) buckets->rearm();
+  lr_window.count_attempt();
+  position.end_group();
+}
+
+Trainer::Parts::Readings Trainer::Parts::read_step() const {
+  Readings r;
+  read_to_host(optimizer->parameters().device(), {{&r.state, state.state(), sizeof(r.state)},
+                                                  {&r.scalars, optimizer->update_scalars(), sizeof(r.scalars)}});
+  return r;
 }
 
 // The group's loss is the difference of the epoch's sums since the last step (begin_epoch resets both).
-void Trainer::log_step() {
-  if (!on_step_) return;
-  const kernels::StepState st = parts_->state.read();
+void Trainer::Parts::log_step() {
+  if (!on_step) return;
+  const Readings now = read_step();
+  const kernels::StepState& st = now.state;
+  const UpdateScalars& u = now.scalars;
   StepLog log;
-  log.step = optimizer_steps();
-  log.epoch = parts_->position.epoch;
-  log.loss = (st.epoch.loss - logged_loss_) / std::max(st.epoch.units - logged_units_, 1.0);  // mean per unit
-  log.lr = parts_->optimizer->read_update_scalars().lr;
-  logged_loss_ = st.epoch.loss;
-  logged_units_ = st.epoch.units;
-  on_step_(log);
+  log.step = u.updates - steps_offset;
+  log.epoch = position.epoch;
+  log.loss = (st.epoch.loss - logged_loss) / std::max(st.epoch.units - logged_units, 1.0);  // mean per unit
+  log.lr = u.lr;
+  logged_loss = st.epoch.loss;
+  logged_units = st.epoch.units;
+  on_step(log);
 }
 
 }  // namespace cumulus::train

@@ -53,8 +53,8 @@ int run(const std::string& dir) {
   }
   const float after = eval_loss(model, x, y);
   std::printf("consumer: one SGD step (2 x 32), loss %.6f -> %.6f, %lld step(s)\n", before, after,
-              static_cast<long long>(trainer.optimizer_steps()));
-  if (!(after < before) || trainer.optimizer_steps() != 1) {
+              static_cast<long long>(trainer.counters().optimizer_steps));
+  if (!(after < before) || trainer.counters().optimizer_steps != 1) {
     std::fprintf(stderr, "consumer: the loss did not go down after one step\n");
     return 1;
   }

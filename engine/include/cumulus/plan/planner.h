@@ -1,5 +1,5 @@
-// Budgets and the micro-batch planner (docs/ARCHITECTURE.md, "Memory accounting"; Note [Planning a
-// micro-batch] and Note [Plan levers] in engine/plan/planner.cpp): predict before you run out.
+// The micro-batch planner: predict before you run out (Note [Planning a micro-batch] and Note [Plan
+// levers] in engine/plan/planner.cpp). train::plan_request fills a request for a Trainer's loop.
 //
 //   PlanRequest r;
 //   r.device = device;
@@ -33,28 +33,24 @@ class Optimizer;
 
 namespace cumulus::plan {
 
-// Parses a byte size: "1048576", "512KiB", "64MiB", "1.5GiB", "2GB" (KB/MB/GB are powers of 1000,
-// KiB/MiB/GiB of 1024; a space before the unit is allowed). Throws InvalidArgument naming the text.
+// "1048576", "512KiB", "1.5GiB", "2GB" (KB/MB/GB: powers of 1000, KiB/MiB/GiB: of 1024; a space
+// before the unit allowed) in bytes. Throws InvalidArgument naming the text.
 int64_t parse_byte_size(const std::string& text);
 
 // How a plan's table was predicted.
 enum class PlanMethod {
-  // Note [Memory prediction]: the recorded allocation sequence replayed through a caching
-  // allocator; peak and reserved bytes.
+  // Note [Memory prediction]: the recorded allocations replayed through a caching allocator.
   recorded_sequence,
-  // The fallback when the recordings do not match: reserved bytes at rest and the optimizer state
-  // (each block rounded to a 2 MiB segment) plus a line through two probes' allocated peaks,
-  // within the budget less a 5% margin. No reserved bytes.
+  // The fallback when the recordings do not match: the state at rest and the optimizer's (in 2 MiB
+  // segments) plus a line through two probes' allocated peaks, within the budget less 5%.
   probe_line,
 };
 
-// Where a training set lives: on the training device, or in host memory with each batch staged to
-// the device (no device memory for the set, a copy per batch).
+// Where a training set lives: on the training device, or on the host, each batch staged (a copy each).
 enum class DataPlacement : uint8_t { device, host };
 const char* data_placement_name(DataPlacement placement);  // "device", "host"
 
-// A setting of the levers besides the micro-batch (Note [Plan levers]): what a row is predicted
-// with and what PlanRequest::apply puts in place.
+// A setting of the levers besides the micro-batch (Note [Plan levers]), as PlanRequest::apply gets it.
 struct PlanSetting {
   // Bit i: recompute segment i of PlanRequest::recompute_segments (0: every activation stored).
   uint32_t recompute = 0;
@@ -66,8 +62,7 @@ struct PlanSetting {
   bool operator!=(const PlanSetting& o) const { return !(*this == o); }
 };
 
-// The recompute lever alone: "off", "all" (every segment, or any without names) or the segments on
-// ("conv1+bn1").
+// The recompute lever: "off", "all" (every segment, or any without names) or the segments on ("conv1+bn1").
 std::string recompute_text(uint32_t mask, const std::vector<std::string>& segment_names = {});
 // "recompute off, data on device, fp32" (the recompute part as recompute_text gives it).
 std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names = {});
@@ -76,19 +71,16 @@ std::string plan_setting_text(const PlanSetting& setting, const std::vector<std:
 struct PlanRow {
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;     // effective batch / micro_batch
-  int64_t peak_bytes = 0;      // predicted allocated peak, the state at rest and the optimizer state included
+  int64_t peak_bytes = 0;      // predicted allocated peak, the state at rest and the optimizer's included
   int64_t reserved_bytes = 0;  // predicted reserved at the peak (what a budget limits); -1 with probe_line
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};  // the split at the peak (recorded_sequence)
-  // Predicted within the budget (always, without one).
-  bool fits = true;
+  bool fits = true;     // predicted within the budget (always, without one)
   PlanSetting setting;  // the levers it was recorded, timed and predicted with
-  // Predicted time (Note [Predicting time]): one micro-batch, one effective batch (accum_steps
-  // micro-batches and one optimizer step), and an epoch of PlanRequest::epoch_units (0 without).
+  // Predicted seconds (Note [Predicting time]): a micro-batch, an effective batch, an epoch (or 0).
   double micro_batch_seconds = 0.0;
   double batch_seconds = 0.0;
   double epoch_seconds = 0.0;
-  // The prediction's spread: batch_seconds from the lines through each size's fastest and slowest
-  // of the repeated timings (PlanRequest::timing_repeats); equal to batch_seconds when untimed.
+  // The spread: batch_seconds through each size's fastest and slowest timing (equal when untimed).
   double batch_seconds_low = 0.0;
   double batch_seconds_high = 0.0;
   bool chosen = false;
@@ -98,7 +90,7 @@ struct PlanRow {
 struct TimeFit {
   double fixed_seconds = 0.0;
   double seconds_per_unit = 0.0;
-  int probes = 0;  // timed probe sizes it was fitted over (0: not fitted)
+  int probes = 0;  // timed sizes it was fitted over (0: not fitted)
   double predict(int64_t units) const { return fixed_seconds + seconds_per_unit * static_cast<double>(units); }
 };
 
@@ -106,88 +98,60 @@ struct Plan;
 
 struct PlanRequest {
   Device device = Device::cpu();
-  // In units (samples by default; tokens, say, with units_per_row T): > 0, a multiple of units_per_row.
+  // In units (samples by default; tokens with units_per_row T): > 0, a multiple of units_per_row.
   int64_t effective_batch = 0;
-  // Units per row of the data: every micro-batch weighed, recorded or probed is a whole number of
-  // rows (a multiple of this), and micro_batch is called with units. 1: a row is a unit (a sample).
+  // Every micro-batch weighed, recorded or probed is whole rows of this many units (1: samples).
   int64_t units_per_row = 1;
-  // The largest micro-batch the planner may run (units): 0, the effective batch (no probe is larger
-  // than the job runs); more, to record larger micro-batches explicitly.
-  int64_t max_probe = 0;
-  // How many times each recorded size is timed (Note [Predicting time]): the median sets the
-  // prediction, the fastest and slowest its spread (PlanRow::batch_seconds_low/high). >= 1.
+  int64_t max_probe = 0;  // the largest micro-batch (units) the planner may run; 0: the effective batch
+  // Timings of each recorded size (>= 1): the median predicts, the fastest and slowest the spread.
   int timing_repeats = 3;
-  // Reserved bytes (what CachingAllocator::set_memory_limit counts, and what a smaller device runs
-  // out of). 0: none; every divisor is predicted and fits, and the fastest is chosen, unprobed.
+  // Reserved bytes, as set_memory_limit counts them. 0: none (every divisor fits, the choice unprobed).
   int64_t budget = 0;
   // Runs one training micro-batch of `units`: batch, forward, loss, backward into the gradient
-  // buffers, then frees all it allocated and discards the gradients (called at several sizes,
-  // also above and below the choice). May throw (an interrupt): the exception leaves plan_batch
-  // after the allocator's limit, the model's buffers and the levers' setting are restored.
+  // buffers, then frees what it allocated and discards the gradients. What it throws (an interrupt)
+  // leaves plan_batch after the memory limit, the model's buffers and the levers are restored.
   std::function<void(int64_t units)> micro_batch;
-  // The optimizer that will train: the state its first update allocates (state_to_allocate()) is
-  // held in every prediction and probe. Its gradients are discarded after a probe that ran out of
-  // memory. Required.
+  // Required: the optimizer that will train (its first update's state is held throughout).
   optim::Optimizer* optimizer = nullptr;
-  // Blocks the training loop will hold beside every micro-batch that exist neither now nor in one
-  // (bytes requested, category other): the Trainer's state_to_allocate(), its learning-rate
-  // table. Held in every prediction and probe.
+  // Bytes the training loop will also hold (the Trainer's state_to_allocate()), held throughout.
   std::vector<int64_t> loop_state;
-  // The most units `micro_batch` can take (the training set's size in units): recordings stay within
-  // it. 0: no limit.
-  int64_t unit_limit = 0;
-  // The levers (Note [Plan levers]). `apply` puts a setting in place (the model's recompute
-  // segments, where the training set lives, the batches' precision) before micro-batches run with
-  // it; the planner records, times and predicts every divisor with each setting it weighs, leaves
-  // the chosen one in place, and puts `setting` back when none is chosen or an exception leaves.
-  // Without `apply` only the micro-batch is planned, with `setting` as the rows' setting.
+  int64_t unit_limit = 0;  // the most units `micro_batch` can take (the training set's size); 0: none
+  // The levers (Note [Plan levers]): `apply` puts a setting in place (recompute segments, where the
+  // training set lives, the batches' precision); the chosen one is left in place, `setting` put back
+  // when none is chosen or on an exception. Without `apply` only the micro-batch is planned.
   std::function<void(const PlanSetting&)> apply;
   PlanSetting setting;  // in place now: weighed first, and the levers no other setting changes
-  // Recompute: the segments the model can recompute (nn::Model::recompute_segment_names()). Every
-  // subset of them is weighed (then at most 4 segments), or only the subsets in recompute_masks
-  // (bit i: segment i; at most 32 segments), e.g. "the first k of L equal blocks" for k = 0..L.
+  // The segments the model can recompute (nn::Model::recompute_segment_names()): every subset is
+  // weighed (at most 4 segments), or only recompute_masks (bit i: segment i; at most 32 segments).
   std::vector<std::string> recompute_segments;
   std::vector<uint32_t> recompute_masks;
-  // Data placement: the training set in host memory is weighed only when no setting with it on
-  // the device fits (staging costs a copy a batch; measured differences below that are noise).
+  // The training set in host memory, weighed only when no setting with it on the device fits.
   bool weigh_placement = false;
-  // Precision: others the planner may choose besides setting.precision. An explicit opt-in, since
-  // a 16-bit plan changes the numbers; a tie in time keeps setting.precision.
+  // Other precisions it may choose: an opt-in, since 16 bits change the numbers (a tie keeps ours).
   std::vector<Precision> precisions;
-  // Units in an epoch, for each row's epoch_seconds (0: unit_limit).
-  int64_t epoch_units = 0;
-  // Injected timings (tests, or timings known from elsewhere): seconds of one micro-batch of
-  // `units` with the setting given, used instead of timing the probes.
+  int64_t epoch_units = 0;  // units in an epoch, for epoch_seconds (0: unit_limit)
+  // Injected timings (tests, or known from elsewhere): one micro-batch's seconds, instead of timing.
   std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;
-  // Seconds of one optimizer step; < 0: timed by one probed step when the optimizer's state is
-  // already held (its parameters, state and update count restored after), else not counted.
+  // One optimizer step's seconds; < 0: probed when the optimizer's state exists, else not counted.
   double step_seconds = -1.0;
-  // Optional: the model whose buffers (batch norm's running statistics) the probes' training
-  // forwards move; they are copied first and written back when plan_batch returns or throws.
+  // The model whose buffers (batch norm's running statistics) probes move: restored after.
   nn::Module* model = nullptr;
-  // False: predict and choose only, no probe (plan.verified stays false).
-  bool verify = true;
-  // True: when no micro-batch fits, plan_batch throws OutOfMemory with the plan's reason instead of
-  // returning a plan with micro_batch 0 (train::plan_request's requests ask for this).
+  bool verify = true;  // false: predict and choose only, no probe
+  // When nothing fits: throw OutOfMemory with the reason instead of returning micro_batch 0.
   bool require_fit = false;
-  // How messages name the budget, e.g. the flag it came from ("--memory-budget 3GiB"); empty: "the
-  // budget" and its bytes.
+  // How messages name the budget ("--memory-budget 3GiB"); empty: "the budget" and its bytes.
   std::string budget_name;
-  // Optional: called once with the plan so far (table, prediction, recompute; no choice yet) as
-  // soon as the table is known, before any verifying probe, so that it can be shown early.
+  // Called with the plan so far as soon as the table is known, before any verifying probe.
   std::function<void(const Plan&)> on_table;
 };
 
 struct Plan {
   PlanMethod method = PlanMethod::recorded_sequence;
-  // The predictor's one-line summary, or why there is no prediction (probe_line).
-  std::string prediction;
+  std::string prediction;             // the predictor's summary, or why there is none (probe_line)
   int64_t reserved_at_rest = 0;       // from the allocator, after its cache was emptied
   int64_t optimizer_state_bytes = 0;  // what the first update will allocate, held in every row
-  // Every setting weighed, in order (the request's first), with its time fit (Note [Predicting
-  // time]), its reserved bytes at rest and the largest micro-batch predicted to fit with it (0:
-  // none). A setting whose recordings did not match is left out (plan_setting_text and why in
-  // `prediction`).
+  // Every setting weighed (the request's first) with its time fit, reserved bytes at rest and largest
+  // micro-batch predicted to fit (0: none); one whose recordings did not match is left out.
   struct Weighed {
     PlanSetting setting;
     TimeFit time;
@@ -196,23 +160,18 @@ struct Plan {
     TimeFit time_low, time_high;  // through each size's fastest and slowest repeat (the spread)
   };
   std::vector<Weighed> weighed;
-  // Every divisor of the effective batch, largest first, each once per weighed setting in the
-  // order weighed. Exactly one row is chosen when a plan is.
+  // Every divisor of the effective batch, largest first, once per setting weighed; one is chosen.
   std::vector<PlanRow> table;
-  // The optimizer step's time (step_timed false: neither given nor probed, counted as 0).
-  double step_seconds = 0.0;
-  bool step_timed = false;
-  // The probes: every micro-batch the planner ran (recordings, their timing repeats, the fallback's
-  // line and the verifying probes), all under the budget: their wall time, the largest (units; no
-  // more than the effective batch unless PlanRequest::max_probe asks) and the repeats per size.
+  double step_seconds = 0.0;  // the optimizer step's time
+  bool step_timed = false;    // false: neither given nor probed, counted as 0
+  // Every micro-batch the planner ran, all under the budget: wall time, largest, timings per size.
   double probe_seconds = 0.0;
   int64_t largest_probe = 0;
   int timing_repeats = 0;
   std::vector<std::string> recompute_segments;  // the request's, for plan_setting_text
   PlanSetting setting;                          // the chosen row's (the request's without a choice)
-  // The choice: the fitting row with the smallest predicted time (a tie within 2%: Note [Plan
-  // levers]) that also fit its probe. 0: none fits (reason says why; the caller decides
-  // whether that is an error).
+  // The choice: the fastest fitting row (ties within 2%: Note [Plan levers]) that fit its probe.
+  // 0: none fits (`reason` says why).
   int64_t micro_batch = 0;
   int64_t accum_steps = 0;
   bool verified = false;            // one micro-batch of it ran under the budget, the state held
@@ -222,23 +181,14 @@ struct Plan {
   std::string reason;                      // the choice and why, or why none fits, in one sentence
 };
 
-// Plans the micro-batch for `request.effective_batch` under `request.budget`: records the
-// micro-batch's allocations at two sizes no larger than the effective batch (and smaller ones) with
-// each setting of the levers, under the budget, timing each size timing_repeats times, predicts
-// every divisor from the state at rest plus the optimizer's first-step state, and takes the fastest
-// predicted to fit (ties within 2%: Note [Plan levers]), verified with one probe micro-batch under
-// the budget, falling back to the next best when the probe runs out of memory. Prints nothing.
-// Throws InvalidArgument for a malformed request, OutOfMemory when nothing fits and the request
-// requires a fit; what `micro_batch` throws (other than an OutOfMemory in a verifying probe)
-// passes through.
+// Records and times the micro-batch at a few sizes with each setting weighed, predicts every divisor
+// of the effective batch, takes the fastest predicted to fit and verifies it with one probe (the
+// next best when it runs out of memory). Prints nothing. Throws InvalidArgument for a malformed
+// request, OutOfMemory when nothing fits and require_fit; what `micro_batch` throws passes through.
 Plan plan_batch(const PlanRequest& request);
 
-// The plan as a table to print, each line ending in a newline: where the prediction came from (a
-// recorded allocation sequence: the state at rest and the budget, `budget` 0 for none), the
-// optimizer step's and each weighed setting's time fit, then every candidate row (micro-batch,
-// levers, predicted peak and reserved bytes, whether it fits, accumulation steps, time per
-// effective batch with its spread and per epoch, the chosen one starred). `unit` names what the
-// effective batch counts ("sample", "token").
+// The plan as a table: its basis (`budget`; 0: none), the time fits and every row, the chosen one
+// starred. `unit` names what the effective batch counts ("sample", "token").
 std::string plan_table_text(const Plan& plan, int64_t budget, const std::string& unit = "sample");
 
 }  // namespace cumulus::plan

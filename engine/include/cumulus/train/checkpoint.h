@@ -1,9 +1,8 @@
 // Training checkpoints: everything a run needs to continue exactly where it stopped (bitwise on the
-// CPU) in one safetensors file. The model's tensors under their state-dict names (PyTorch loads them
-// with load_state_dict), the optimizer's state as "optimizer.<name>", and in the metadata the
-// Trainer's counters at a group boundary, the epoch's running loss and the run's settings. A
-// CRC-32 of the header and data ("checksum_crc32") is stored and verified on load: a truncated or
-// bit-flipped file is an Error naming it, never a silently different resume.
+// CPU) in one safetensors file: the model's tensors under their state-dict names (PyTorch loads
+// them), the optimizer's state as "optimizer.<name>", and in the metadata the Trainer's counters at
+// a group boundary, the epoch's running loss and the run's settings. A CRC-32 of the whole file is
+// verified on load: a truncated or bit-flipped file is an Error naming it, never a different resume.
 //
 //   std::vector<RecordedSetting> settings = {{"lr", "lr", "0.001", /*overridable=*/true}, ...};
 //   CheckpointState state{trainer.counters(), optimizer.updates(), loss_sum, units};  // at a group boundary
@@ -15,13 +14,12 @@
 //   trainer.train_epoch(loader, r.state.counters.epoch, loss, {r.state.counters.micro_batch_index, ...});
 //
 // Note [Resume contract]: a checkpoint records every setting that changes the result (the model,
-// the optimizer and its hyperparameters, batch and accumulation, data order, schedule, ...), each
-// as text that is equal for equal values. Resuming with a different value is refused, naming it,
-// unless the setting is overridable and the caller allows the change (ResumeOptions::overrides):
-// then the change is reported (ResumedCheckpoint::overridden). Settings are named as a command line
-// names them: "--resume 'ck.st' was made with --lr 0.001, this run has 0.01; resume with the same
-// value or allow the change with --override lr". The counters are range-checked
-// before anything is restored, so a damaged or forged value names the file.
+// the optimizer and its hyperparameters, batch and accumulation, data order, schedule, ...) as text
+// equal for equal values. A resume with another value is refused, naming it as a command line
+// does ("--resume 'ck.st' was made with --lr 0.001, this run has 0.01; resume with the same value or
+// allow the change with --override lr"), unless the setting is overridable and the caller allows
+// the change (ResumeOptions::overrides; then it is reported). The counters are range-checked before
+// anything is restored, so a damaged or forged value names the file.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +47,7 @@ struct RecordedSetting {
   std::string key;           // its metadata key, after "setting." ("lr", "micro_batch_size")
   std::string value;         // as text: equal values give equal text
   bool overridable = false;  // a resume may change it where allowed (a hyperparameter of the update rule)
-  // What a checkpoint that lacks the key ran with (one written before the setting was recorded);
-  // unset: such a checkpoint is refused as "(not recorded)".
+  // What a checkpoint without the key (older than it) ran with; unset: refused as "(not recorded)".
   std::optional<std::string> before_recorded;
   std::string unit;  // added after the value in a refusal: " (micro-batches per step, all ranks together)"
 };
@@ -61,12 +58,11 @@ std::string setting_text(float value);
 
 // The position and counters of a run at a group boundary, besides the weights and optimizer state.
 struct CheckpointState {
-  // counters.epoch and counters.micro_batch_index: where a resumed run continues (micro_batch_index
-  // equal to the epoch's micro-batches: every micro-batch trained, what follows the epoch not yet).
+  // Where a resumed run continues: counters.epoch at counters.micro_batch_index (at the epoch's
+  // length: every micro-batch trained, what follows the epoch, its test pass say, not yet).
   TrainingCounters counters;
   int64_t optimizer_updates = 0;  // Optimizer::updates()
-  // The epoch's summed training loss and its units so far, so a resumed epoch reports the same
-  // mean loss as one never stopped (the sum is stored as its bit pattern).
+  // The epoch's loss sum (stored bit for bit) and units so far: a resumed epoch reports the same mean.
   double epoch_loss_sum = 0.0;
   int64_t epoch_units = 0;
 };
@@ -84,11 +80,9 @@ struct ResumeOptions {
   // The run's epoch size: a checkpoint's position and epoch units must lie within it.
   int64_t micro_batches_per_epoch = 0;
   int64_t units_per_epoch = 0;
-  // > 0: the position must be a group boundary of this many micro-batches (a run that does not set
-  // Trainer::set_accum_steps), as every checkpoint is written at one.
+  // > 0: the position must be a boundary of groups this long (a run without set_accum_steps).
   int64_t micro_batches_per_group = 0;
-  // Added to the refusals: how to load a file that is not a checkpoint, and what may differ when the
-  // position is outside the epoch ("was it made with other data?").
+  // Added to the refusals of a file that is not a checkpoint, and of a position outside the epoch.
   std::string plain_weights_hint = "load plain weights with io::load_state_dict";
   std::string other_data_hint = "was it made with other data?";
 };
@@ -99,23 +93,22 @@ struct ResumedCheckpoint {
   std::map<std::string, std::string> metadata;  // every key, verified by the checksum
 };
 
-// The settings of the run that differ from the checkpoint's (Note [Resume contract]), each named in
-// one message: the caller's input, not the file, is at fault.
+// The run's settings that differ from the checkpoint's, named in one message: the caller's input,
+// not the file, is at fault (Note [Resume contract]).
 class SettingMismatch : public InvalidArgument {
  public:
   using InvalidArgument::InvalidArgument;
 };
 
-// Restores the model's weights and the optimizer's state (call Trainer::restore(state.counters)
-// after). Throws SettingMismatch when the run's settings differ, and Error when the file is
-// unreadable, not a checkpoint, of another format, truncated or corrupt (checksum), lacks a
-// checksum, holds non-finite values or has counters outside `options`' run.
-ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer& optimizer,
-                                           const ResumeOptions& options);
+// Restores the model's weights and the optimizer's state (Trainer::restore(state.counters) next).
+// Throws SettingMismatch when the run's settings differ, and Error when the file is unreadable, not
+// a checkpoint, corrupt or without a checksum, holds non-finite values or counters outside the run.
+ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model,
+                                           optim::Optimizer& optimizer, const ResumeOptions& options);
 
-// The point a run would resume from, kept as Trainer::train_epoch goes: the last group boundary
-// (so a checkpoint written after an error mid-group, out of memory say, holds what was stepped and
-// not the group in flight), and the epoch's running loss across a resume.
+// The point a run would resume from, kept as train_epoch goes: the last group boundary (a checkpoint
+// written after an error mid-group holds what was stepped, not the group in flight) and the epoch's
+// running loss across a resume.
 //
 //   ResumePoint point(trainer, resumed.state);             // or CheckpointState{}: epoch 0
 //   for (int epoch = point.epoch(); epoch < epochs; ++epoch) {
@@ -126,17 +119,15 @@ class ResumePoint {
  public:
   ResumePoint(Trainer& trainer, const CheckpointState& start);
   int epoch() const { return point_.counters.epoch; }
-  // Starts `epoch`: `options` with `first` set (the start's micro-batch in the start's epoch, else
-  // 0) and an on_step that records each boundary before calling options.on_step.
+  // `options` for train_epoch(epoch): `first` set, and an on_step that records each boundary first.
   EpochOptions begin_epoch(int epoch, EpochOptions options = {});
   // After the epoch and what follows it (an evaluation): the point is the next epoch's start.
   void end_epoch();
-  // The epoch's mean training loss per unit to the last boundary, a resumed epoch's earlier part
-  // included, and its units (every rank's). The loss reads the device.
+  // The epoch's mean loss per unit to the last boundary (a resumed epoch's earlier part included;
+  // a device read) and its units (every rank's).
   double mean_loss() const;
   int64_t epoch_units() const { return point_.epoch_units; }
-  // The point as a checkpoint records it; the step counters (unchanged since the boundary) and the
-  // epoch's loss are read from the device now.
+  // The point as a checkpoint records it (the step counters and the loss read from the device now).
   CheckpointState state() const;
 
  private:

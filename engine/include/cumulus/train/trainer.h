@@ -1,13 +1,12 @@
-// Trainer: the training API, the one driver of a training loop. One object runs a user's
-// micro-batches and optimizer steps (normalization, clipping, the LR schedule, loss scaling),
-// records the memory tracker itself, replays CUDA graphs when asked, exposes its counters for
-// checkpoints and changes the accumulation steps mid-run without restarting the schedule or the
-// step count: what Lightning's Trainer(accumulate_grad_batches=...) gives a PyTorch user, around
-// the user's own loop. See Note [Training API] and Note [Captured training] in engine/train/trainer.cpp.
+// Trainer: the one driver of a training loop. It runs a user's micro-batches and optimizer steps
+// (normalization, clipping, the LR schedule, loss scaling), makes the memory tracker's calls,
+// replays CUDA graphs when asked, gives its counters to checkpoints and changes the accumulation
+// steps mid-run without restarting the schedule or the step count: Lightning's
+// Trainer(accumulate_grad_batches=...) around the user's own loop (Note [Training API], Note
+// [Captured training] in engine/train/trainer.cpp).
 //
 //   train::TrainerOptions options;
 //   options.accum_steps = 4;              // or options.schedule = {{0, 8}, {4, 2}} (per epoch)
-//   options.clip_grad_norm = 1.0f;
 //   options.tracker = &tracker;           // optional: records every micro-batch and step
 //   train::Trainer trainer(optimizer, options, lr_schedule);
 //   for each epoch:
@@ -19,31 +18,19 @@
 //       trainer.step_if_ready();          // at each group boundary and after the epoch's last micro-batch
 //   trainer.set_accum_steps(8);           // any time: from the next group boundary on
 //
-// Or, for the common loop over a DataLoader, one call per epoch (the same calls, made for you):
-//   auto loss = [&](const data::Batch& b) { return ops::cross_entropy(model(b.x), b.y, ops::Reduction::Sum); };
-//   for each epoch: trainer.train_epoch(loader, epoch, loss);
-// and with EpochOptions, a resume inside an epoch, progress and step hooks, and a stop at a group
-// boundary (for a checkpoint there): trainer.train_epoch(loader, epoch, loss, {first, stop, ...}).
-// evaluate_classifier(model, test_loader) is a test pass, plan_request(...) a planner's request.
+// The same calls for one epoch over a DataLoader: trainer.train_epoch(loader, epoch, loss), and with
+// EpochOptions a resume inside the epoch, hooks and a stop at a group boundary.
 //
-// Units (Note [Units] in engine/train/trainer.cpp): the closure returns the loss summed over the
-// `units` units it is given, units the user names: samples for a classifier (the default, one per
-// dataset row), tokens for a language model whose loss sums over B x T tokens
-// (TensorDataset::set_units_per_row(T); DataLoader::units(i) and Batch::units count them). Every
-// step divides by the units of its group, so the update is the mean gradient per unit, and the
-// planner's request (plan_request) and the memory tracker count the same units. With use_graphs
-// the closure must queue the same work every time for a given unit count: its inputs come from device-side state
-// (DataLoader::next), never from host values that change between calls. On the CPU, or with
-// use_graphs false, everything runs eagerly through the same calls, with the same bits as a loop
-// that computes each loss itself and calls backward(loss, units) (tests/test_trainer.cpp checks it).
+// Units (Note [Units]): the closure returns the loss summed over the `units` it is given (samples
+// by default, tokens with TensorDataset::set_units_per_row(T)); each step divides by its group's
+// units. With use_graphs the closure must queue the same work for a given unit count: its inputs
+// come from device-side state (DataLoader::next), never from host values that change between calls.
+// Eager runs (the CPU, or use_graphs false) give the same bits as a loop calling backward(loss, units).
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "cumulus/data/dataset.h"
@@ -59,18 +46,15 @@ class Module;
 
 namespace cumulus::train {
 
-// A batch's loss summed over its units (ops::Reduction::Sum over batch.units: its samples, or its
-// tokens), as the Trainer's closures return it.
+// A batch's loss summed over its batch.units (ops::Reduction::Sum), as the Trainer's closures return it.
 using BatchLoss = std::function<Tensor(const data::Batch& batch)>;
 
 // What TrainerOptions::on_step is told after each optimizer step.
 struct StepLog {
-  int64_t step = 0;  // optimizer steps taken so far (this one included)
+  int64_t step = 0;   // optimizer steps taken so far (this one included)
   int epoch = 0;
-  // The group's training loss as a mean per unit: its summed loss divided by its units (the
-  // micro-batches' unit counts, samples or tokens, added up). Not a sum.
-  double loss = 0.0;
-  float lr = 0.0f;  // the step's learning rate
+  double loss = 0.0;  // the group's training loss as a mean per unit, not a sum
+  float lr = 0.0f;    // the step's learning rate
 };
 
 // What train_epoch's hooks (EpochOptions) are told after micro-batch `index` and its step_if_ready.
@@ -82,16 +66,13 @@ struct MicroBatchDone {
   bool stepped = false;      // a step was attempted after it: the next micro-batch starts a group
 };
 
-// train_epoch's options beyond the plain loop: a resume inside the epoch, hooks for progress and
-// checkpoints, and a stop at a group boundary (Lightning's callbacks and should_stop, for one epoch).
+// train_epoch's resume inside the epoch, hooks and stop (Lightning's callbacks and should_stop).
 struct EpochOptions {
-  // The micro-batch to start at: 0, or a group boundary a checkpoint recorded (TrainingCounters::
-  // micro_batch_index) when resuming inside the epoch, with restore() called before.
+  // The micro-batch to start at: 0, or, resuming after restore(), the group boundary a checkpoint
+  // recorded (TrainingCounters::micro_batch_index).
   int64_t first = 0;
-  // Asked at every group boundary before micro-batch `next` (from `first` on; not after the epoch's
-  // last): true ends the call there, the group in flight stepped, so what a checkpoint written then
-  // holds is exactly what was trained. A request made mid-group thus waits for the group's end.
-  // Data parallel: asked on every rank at the same boundaries (it may be a collective).
+  // Asked at every group boundary before micro-batch `next` (not after the last): true ends the call
+  // there. Data parallel: asked on every rank at the same boundaries (it may be a collective).
   std::function<bool(int64_t next)> stop;
   // After each step attempted (taken, or skipped for a non-finite gradient), then after every
   // micro-batch (its step, if any, included). Neither reads the device.
@@ -103,21 +84,16 @@ struct EpochOptions {
 struct EpochResult {
   bool finished = false;         // every micro-batch done; false: stopped at a group boundary
   int64_t next_micro_batch = 0;  // where it ended: the epoch's micro-batches, or the boundary it stopped at
-  // The mean training loss per unit of the groups stepped since begin_epoch (this call's: one
-  // device read).
-  double loss = 0.0;
+  double loss = 0.0;             // mean per unit of the groups stepped since begin_epoch (a device read)
 };
 
 struct TrainerOptions : AccumulationOptions {
-  // Replays each micro-batch and the step's device part as CUDA graphs (needs the parameters on a
-  // CUDA device and a single rank); off, every call runs eagerly.
+  // Replays micro-batches and the step as CUDA graphs (parameters on a CUDA device, one rank).
   bool use_graphs = false;
-  // Records every micro-batch and optimizer step (MemoryTracker's calls, made by the Trainer). Not
-  // owned; may be null (no records), or attached later with set_tracker().
+  // Records every micro-batch and step. Not owned; may be null, or attached later (set_tracker).
   memory::MemoryTracker* tracker = nullptr;
-  // Called after every optimizer step taken (step_if_ready, flush, train_epoch), as a per-step log
-  // (Lightning's log every step). Reads the device (the group's loss): one synchronization per step,
-  // so leave it empty where steps should not wait.
+  // Called after every step attempted, as a per-step log. It reads the device (the group's loss):
+  // one synchronization per step, so leave it empty where steps should not wait.
   std::function<void(const StepLog&)> on_step;
 };
 
@@ -130,92 +106,47 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Starts an epoch of `micro_batches` micro-batches (0: unknown; call flush() at its end), from
-  // micro-batch `first` (> 0 when resuming inside an epoch, at a group boundary).
+  // Starts an epoch of `micro_batches` (0: unknown; flush() ends it) at `first` (a resume's boundary).
   void begin_epoch(int epoch, int64_t micro_batches = 0, int64_t first = 0);
-  // Forward (the closure returns the loss summed over `units` units: samples, tokens), backward
-  // into the gradient buffers, the accumulation's bookkeeping and the tracker's record (of `units`).
+  // Forward (the closure's loss, summed over `units`), backward, the counters and the tracker's record.
   void micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
-  // The eager form, for a loss computed by the caller: backward of a loss summed over `units` units,
-  // accumulated into the gradient buffers; the unit count and the loss value are added to the step
-  // state on the device (no host read). No tracker record, no graph. Normalization units and
-  // micro_batches divide by the units themselves, so a loss known to be a mean (cross_entropy with
-  // Reduction::Mean, ops::mean) is refused with InvalidArgument (Note [Mean-reduced losses] in
-  // engine/train/trainer_accumulation.cpp); Normalization::none takes any loss.
+  // The eager form for a loss the caller computed: no tracker record, no graph. The step divides by
+  // the units, so InvalidArgument refuses a loss divided already (a mean, a sum scaled by a constant)
+  // and units other than the positions its cross-entropy summed (engine/train/loss_checks.cpp).
   void backward(const Tensor& loss, int64_t units);
   // Data parallel: counts a micro-batch another rank processes (dist::owner_of_micro_batch).
   void skip_micro_batch();
-  // Whether step_if_ready() would step now (the group is complete: N micro-batches, or the epoch's last).
+  // Whether step_if_ready() would step now: N micro-batches in the group, or the epoch's last done.
   bool ready() const;
-  // Steps if the group is complete; returns whether a step was attempted (taken, or skipped on the
-  // device for a non-finite gradient).
+  // Steps if ready(); returns whether a step was attempted (taken, or skipped for a non-finite gradient).
   bool step_if_ready();
   // Steps on whatever the group holds (a partial group); returns false if it is empty.
   bool flush();
-  // One epoch of `loader`'s batches as micro-batches, in the order set_epoch(epoch) draws:
-  // begin_epoch, then per batch micro_batch with loss(next(i)) (host-resident data staged before
-  // it, outside the closure a graph replays) and step_if_ready, so the last group of the epoch
-  // steps too; each micro-batch counts its batch's units (Batch::units, DataLoader::units(i)). Data
-  // parallel: this rank's micro-batches (dist::owner_of_micro_batch), the others counted by
-  // skip_micro_batch. Returns the epoch's mean training loss per unit (epoch_loss_sum() /
-  // epoch_units_stepped(): one device read).
+  // One epoch of `loader`'s batches in set_epoch(epoch)'s order, each micro_batch(units(i),
+  // loss(next(i))) then step_if_ready (host data staged outside a graph; data parallel: this rank's,
+  // skip_micro_batch for the others'). Returns the epoch's mean loss per unit (a device read).
   double train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss);
-  // The same from micro-batch options.first, with options' hooks, stopping early at a group
-  // boundary where options.stop asks to (then finished is false and next_micro_batch is where a
-  // resumed call starts: EpochOptions::first). A stopped epoch resumed from there (in this Trainer,
-  // or in a new one after restore) trains the same bits as one never stopped.
+  // The same from options.first with its hooks, ending at a boundary where options.stop asks to;
+  // resumed from next_micro_batch (after restore, in a new Trainer too), it trains the same bits.
   EpochResult train_epoch(data::DataLoader& loader, int epoch, const BatchLoss& loss, const EpochOptions& options);
-  // Groups of `steps` micro-batches from the next group boundary on, for the rest of the run
-  // (replacing accum_steps and the per-epoch schedule). Called mid-group it is deferred, never
-  // refused: the group in progress keeps its size. The optimizer's step count, the LR schedule's
-  // position and the loss scale continue.
+  // Groups of `steps` from the next group boundary on, for the rest of the run (replacing the
+  // options' steps and schedule); the step count, the LR schedule and the loss scale continue.
   void set_accum_steps(int steps);
 
-  // Every counter in one read (on CUDA one wait for the queued work): everything a checkpoint needs
-  // to resume at a group boundary (set_accum_steps' value included) and what a report quotes. The
-  // restoration: the optimizer's state (Optimizer::load_state) first, then restore(), then
-  // begin_epoch(counters.epoch, micro_batches, counters.micro_batch_index).
+  // Where the loop stands: host values only, free to read at any time.
+  TrainingPosition position() const;
+  // Every counter in one read: on CUDA one wait for the queued work, so not per step. To resume:
+  // Optimizer::load_state, restore(), begin_epoch(counters.epoch, n, counters.micro_batch_index).
   TrainingCounters counters() const;
   void restore(const TrainingCounters& counters);
 
-  // ---- single counters (counters() has them all) ----
-  // Host-side ones are free. Those marked (device) read the step state: on CUDA they wait for the
-  // queued work (one host synchronization), so read them at a progress refresh or an epoch end,
-  // not per step.
-  int epoch() const;
-  int accum_steps() const;            // N for the current epoch (every rank's micro-batches)
-  int64_t micro_batch_index() const;  // micro-batches done this epoch
-  int64_t micro_batches_total() const;
-  int micro_batches_in_group() const;  // every rank's; 0 at a group boundary
-  int64_t units_in_group() const;      // this rank's units so far in the group
-  int64_t attempted_steps() const;     // steps attempted (taken or skipped)
-  int64_t optimizer_steps() const;     // (device) steps taken
-  int64_t skipped_steps() const;       // (device) steps skipped for a non-finite gradient
-  // (device) The last step's global L2 norm of the normalized gradient before clipping (NaN when
-  // the step did not compute it: no clipping and no non-finite guard), its clip factor and lr.
-  float last_grad_norm() const;
-  float last_clip_factor() const;
-  float last_lr() const;
-  float loss_scale() const;  // (device) the scale the next group's backward uses (1 without scaling)
-  // (device) Summed training loss, and units, of the groups stepped since begin_epoch(): their
-  // ratio is the epoch's mean loss per unit.
-  double epoch_loss_sum() const;
-  double epoch_units_stepped() const;
-  // Data parallel: the gradient buckets each step reduces, and how many of all steps' buckets so
-  // far started while a backward was still running (the rest started at the step).
-  std::size_t gradient_buckets() const;
-  int64_t buckets_started_in_backward() const;
-  dist::Communicator* communicator() const;  // TrainerOptions::communicator (null: one process)
   optim::Optimizer& optimizer();
-  // The blocks a Trainer makes at its first step and holds beside every later micro-batch (bytes
-  // requested, category other: its learning-rate table), for a planner's PlanRequest::loop_state.
+  // The bytes a Trainer holds from its first step on (its LR table), for PlanRequest::loop_state.
   static std::vector<int64_t> state_to_allocate();
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
-  void set_tracker(memory::MemoryTracker* tracker) { tracker_ = tracker; }
-  memory::MemoryTracker* tracker() const { return tracker_; }
+  void set_tracker(memory::MemoryTracker* tracker);
 
-  bool graphs_enabled() const { return use_graphs_; }
   struct Stats {
     int64_t eager_micro_batches = 0, replayed_micro_batches = 0;
     int64_t eager_steps = 0, replayed_steps = 0;
@@ -223,85 +154,48 @@ class Trainer {
     int64_t kernels_per_micro_batch = 0;  // in the last micro-batch graph captured
     int64_t kernels_per_step = 0;
   };
-  const Stats& stats() const { return stats_; }
+  const Stats& stats() const;
   // Frees every graph (their memory returns to the general cache). Later calls capture afresh.
   void reset();
 
  private:
-  struct Parts;  // the accumulation's state (engine/train/trainer_parts.h)
-  struct Captured;
-  enum class Ran { eagerly, captured, replayed };
-  // A micro-batch graph's key: the unit count, the stale pattern of the gradient slots, the frozen
-  // pattern of the parameters (which gradients are computed at all), and the backward seed's
-  // accumulation steps (Normalization::micro_batches only; 0 otherwise).
-  using GraphKey = std::tuple<int64_t, std::vector<bool>, std::vector<bool>, int>;
+  struct Parts;     // everything else a Trainer holds (engine/train/trainer_parts.h)
+  struct Captured;  // a micro-batch's or the step's CUDA graph
   void eager_micro_batch(int64_t units, const std::function<Tensor()>& forward_loss);
   void graph_micro_batch(Captured& c, int64_t units, const std::function<Tensor()>& forward_loss);
   bool step(bool only_if_ready);
   void run_step();
-  Captured* step_graph();
-  // `work` eagerly where `graph` is null or new, captured into it the second time (then launched),
-  // replayed after that (Note [Captured training]).
-  Ran run_or_replay(Captured* graph, const std::function<void()>& work);
-  // The step's parts (engine/train/trainer_step.cpp).
-  void reduce_across_ranks();
-  void decide_step();
-  void end_group();
   // The host side of backward(): the checks and the counters (a replayed micro-batch runs only these).
   void check_micro_batch(int64_t units, const char* caller) const;
   void count_micro_batch(int64_t units);
   void check_accum_steps(int steps, const char* caller) const;
-  void log_step();  // on_step, when set
-  bool graphs_now() const;
   bool distributed() const;
-  std::vector<bool> stale_pattern() const;
-  std::vector<bool> frozen_pattern() const;
 
   std::unique_ptr<Parts> parts_;
-  bool use_graphs_;
-  memory::MemoryTracker* tracker_;
-  // Micro-batch graphs by GraphKey: the sinks' modes (overwrite or accumulate), the gradients
-  // computed and the seed are part of the captured work. Seen once: eager; twice: captured, then replayed.
-  std::map<GraphKey, std::unique_ptr<Captured>> micro_batches_;
-  std::unique_ptr<Captured> step_;
-  Stats stats_;
-  std::function<void(const StepLog&)> on_step_;
-  double logged_loss_ = 0.0, logged_units_ = 0.0;  // the epoch's sums at the last log_step()
 };
 
-// A classifier's test pass: every batch of `loader` (x the inputs, y i32 labels) through `model` in
-// evaluation mode without gradients (its mode is restored after), PyTorch's `with torch.no_grad()`
-// loop. The batches are read with seek(0) and next(i): the loader's cursor is left past the last.
-// The totals stay on the device until one read at the end.
+// A classifier's test pass (PyTorch's no_grad loop): `loader`'s batches (x, y i32 labels) read with
+// seek(0) and next(i) through `model` in evaluation mode (restored after); one device read at the end.
 struct Evaluation {
   double accuracy = 0.0;  // correct / samples (top-1, ops::argmax's rule)
   double loss = 0.0;      // the mean over batches of each batch's mean cross-entropy ("Avg loss")
   int64_t correct = 0, samples = 0;
 };
-// `before_batch`, when set, is called with each batch's index before it runs (a progress or an
-// interrupt check: an exception it throws ends the pass, the model's mode restored).
+// `before_batch`, when set, is called with each batch's index first (an interrupt check may throw).
 Evaluation evaluate_classifier(nn::Module& model, data::DataLoader& loader,
                                const std::function<void(int64_t batch)>& before_batch = {});
 
-// A ready-made planner request (cumulus/plan/planner.h) for training `optimizer`'s parameters with `loss`
-// on `dataset`, in the dataset's units (TensorDataset::units_per_row: samples by default, tokens
-// for sequences): `effective_batch` is in units (a multiple of units_per_row), the request's
-// units_per_row is the dataset's, so every micro-batch it weighs is whole rows, and a probe of u
-// units is batch 0 of a loader of batch u / units_per_row rows (the dataset's first rows, made in
-// `batch_dtype` on the parameters' device, staged when the dataset is on the host), its loss
-// backward into the gradient buffers, the gradients then discarded. Device, optimizer, effective
-// batch, budget (reserved bytes; 0: none) and the limit (the dataset's units) are filled in,
-// and require_fit (plan_batch throws OutOfMemory with its reason when nothing fits). Its apply
-// puts a setting's precision in place as the batches' dtype (setting.precision is batch_dtype's),
-// so opting into another is one line (`r.precisions = {Precision::bf16}`); for recompute, set
-// recompute_segments and wrap apply. Set model, budget_name or on_table when they apply, or
-// require_fit = false.
+// A planner request for training `optimizer`'s parameters with `loss` on `dataset`, in its units
+// (`effective_batch` a multiple of units_per_row; micro-batches of whole rows): a probe is the first
+// rows in `batch_dtype`, backward, the gradients discarded; budget in reserved bytes (0: none);
+// require_fit set. Its apply sets the batches' dtype from a setting's precision, so opting into
+// bf16 is `r.precisions = {Precision::bf16}`; for recompute, set recompute_segments and wrap apply.
 plan::PlanRequest plan_request(optim::Optimizer& optimizer, const data::TensorDataset& dataset, BatchLoss loss,
                                int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
-// The same for a caller whose own apply moves its data (PlanSetting::data, a lever plan_request
-// leaves to it): each probe reads the dataset `dataset()` returns then, so it finds the data where
-// the last setting put it. The sample limit and the units per row are those of `dataset()` now.
-plan::PlanRequest plan_request(optim::Optimizer& optimizer, std::function<data::TensorDataset()> dataset, BatchLoss loss,
-                               int64_t effective_batch, int64_t budget = 0, DType batch_dtype = DType::f32);
+// The same for a caller whose own apply moves its data (PlanSetting::data): each probe reads the
+// dataset `dataset()` returns then; the limit and the units per row are those it returns now.
+plan::PlanRequest plan_request(optim::Optimizer& optimizer, std::function<data::TensorDataset()> dataset,
+                               BatchLoss loss, int64_t effective_batch, int64_t budget = 0,
+                               DType batch_dtype = DType::f32);
 
 }  // namespace cumulus::train
