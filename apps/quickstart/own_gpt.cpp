@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include <cumulus/cumulus.h>
-#include <cumulus/data/token_windows.h>
 #include <cumulus/models/text.h>
 #include <cumulus/ops/attention.h>
 

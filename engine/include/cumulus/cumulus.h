@@ -82,6 +82,7 @@
 
 #include "cumulus/data/csv.h"
 #include "cumulus/data/dataset.h"
+#include "cumulus/data/token_windows.h"
 
 #include "cumulus/io/run_files.h"
 #include "cumulus/io/safetensors.h"

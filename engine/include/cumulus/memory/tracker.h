@@ -120,9 +120,9 @@ class MemoryTracker {
     // Records kept in detail, the first ones (all count in the summary): 20 epochs are 75,000 of 16.
     std::size_t max_records = 10000;
     // Free-form facts for the report's "annotations" (where batch norm took its statistics, say).
-    std::map<std::string, std::string> annotations;
+    std::map<std::string, std::string> annotations{};  // {}: {model, size, steps} draws no -Wextra warning
     // The run's settings (optimizer, learning rate, ...), in this order as the report's "settings".
-    std::vector<std::pair<std::string, std::string>> settings;
+    std::vector<std::pair<std::string, std::string>> settings{};
     // A micro-batch of more units than micro_batch_size throws InvalidArgument instead of warning.
     // Last, so positional initializers {model, micro_batch_size, accum_steps} keep their meaning.
     bool strict_units = false;
