@@ -187,6 +187,68 @@ TEST_P(SharedParametersTest, AdamWStepsOnceWithOneState) {
   }
 }
 
+// The same model untied, to be tied after its optimizer exists (Note [Tied after the optimizer]).
+class UntiedLM : public nn::Module {
+ public:
+  UntiedLM(uint64_t seed, Device device) {
+    Generator gen(seed);
+    wte = register_module("wte", std::make_shared<nn::Embedding>(kVocab, kDim, gen, device));
+    lm_head = register_module("lm_head", std::make_shared<nn::Linear>(kDim, kVocab, gen, device, false));
+  }
+  Tensor forward(const Tensor& indices) override { return (*lm_head)(wte->forward(indices)); }
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::Linear> lm_head;
+};
+
+// Three AdamW steps (weight decay on) of `model` through `params`, tied or not by then.
+template <typename Model>
+void train_adamw(Model& model, const std::shared_ptr<nn::FlatParameters>& params, Device device) {
+  optim::AdamWOptions options;
+  options.lr = 0.01f;
+  options.weight_decay = 0.1f;
+  optim::AdamW adamw(params, options);
+  const std::vector<std::vector<int32_t>> xs = {{1, 2, 4}, {0, 6, 3}, {5, 5, 2}}, ys = {{4, 1, 1}, {2, 2, 6}, {0, 3, 1}};
+  for (std::size_t step = 0; step < xs.size(); ++step) {
+    adamw.zero_grad();
+    ops::cross_entropy(model(Tensor::from_vector(xs[step], Shape{3}, device)),
+                       Tensor::from_vector(ys[step], Shape{3}, device), ops::Reduction::Sum)
+        .backward();
+    adamw.step();
+  }
+}
+
+TEST_P(SharedParametersTest, TiedAfterTheOptimizerTrainsAsTiedFirst) {
+  TiedLM first(1, device());
+  train_adamw(first, std::make_shared<nn::FlatParameters>(first), device());
+
+  UntiedLM late(1, device());
+  auto params = std::make_shared<nn::FlatParameters>(late);  // two slots: wte.weight, lm_head.weight
+  const Tensor dropped = late.lm_head->weight();
+  const std::vector<float> dropped_before = dropped.to_vector<float>();
+  late.share_parameter("lm_head.weight", late.wte->weight());
+  EXPECT_FALSE(dropped.requires_grad()) << "the replaced tensor is frozen";
+  EXPECT_TRUE(late.wte->weight().requires_grad());
+  train_adamw(late, params, device());
+
+  // AdamW is elementwise, so the shared tensor's bits do not depend on where its slot lies.
+  EXPECT_EQ(late.wte->weight().to_vector<float>(), first.wte->weight().to_vector<float>());
+  EXPECT_EQ(late.lm_head->weight().to_vector<float>(), first.wte->weight().to_vector<float>());
+  EXPECT_EQ(dropped.to_vector<float>(), dropped_before) << "no update (weight decay included) reaches the old slot";
+}
+
+TEST_P(SharedParametersTest, AReplacedTensorStillUsedElsewhereKeepsTraining) {
+  // lm_head.weight first shares wte's tensor, then a fresh one: wte still holds the tensor the
+  // second tie drops, so it stays trainable.
+  UntiedLM model(2, device());
+  const Tensor shared = model.wte->weight();
+  model.share_parameter("lm_head.weight", shared);
+  Tensor fresh = Tensor::zeros(Shape{kVocab, kDim}, DType::f32, device());
+  fresh.set_requires_grad(true);
+  model.share_parameter("lm_head.weight", fresh);
+  EXPECT_TRUE(shared.requires_grad());
+  EXPECT_TRUE(fresh.requires_grad());
+}
+
 TEST_P(SharedParametersTest, SaveLoadRoundTripWithBothNames) {
   TempDir dir;
   const std::string path = dir.file("tied.safetensors");

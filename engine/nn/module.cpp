@@ -123,8 +123,14 @@ void Module::share_parameter(const std::string& name, const Tensor& tensor) {
   CUMULUS_CHECK(tensor.shape() == p->tensor.shape() && tensor.dtype() == p->tensor.dtype() &&
                     tensor.device() == p->tensor.device(),
                 InvalidArgument, where, ": the tensor is ", tensor.str(), ", the parameter ", p->tensor.str());
+  Tensor replaced = p->tensor;
   p->tensor = tensor;
   *p->slot = tensor;
+  // Note [Tied after the optimizer]: the dropped tensor stops training unless it is still a
+  // parameter here under another name.
+  bool still_used = false;
+  for (const auto& named : named_parameters()) still_used = still_used || impl_of(named.second) == impl_of(replaced);
+  if (!still_used && replaced.requires_grad()) replaced.set_requires_grad(false);
 }
 
 Tensor Module::forward(const Tensor&) {

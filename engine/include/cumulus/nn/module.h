@@ -24,6 +24,14 @@
 // the allocator (so the memory tracker) counts one allocation; state_dict() lists it under every
 // name, so a checkpoint has both keys, as PyTorch's does. Its gradient is the sum over its uses:
 // autograd accumulates both into its one gradient buffer.
+//
+// Note [Tied after the optimizer]
+// PyTorch ties before making the optimizer; tied later, its optimizer still lists the dropped
+// tensor, and skips it only because no gradient reaches it. Here the dropped tensor is frozen
+// (requires_grad false) unless it is still a parameter of the module under another name, so a
+// FlatParameters made before the tie leaves its slot alone at every update (Note [Frozen
+// parameters] in kernels/optim_rules.h) and steps the shared tensor once: the same weights as
+// tying first. The slot's bytes stay in the flat buffers until a new FlatParameters is made.
 #pragma once
 
 #include <memory>
@@ -69,8 +77,8 @@ class Module {
   // PyTorch's `module.<name> = tensor` for an existing parameter (Note [Shared parameters]): the
   // parameter `name` (dotted through children: "lm_head.weight") becomes `tensor` itself, a leaf
   // that requires grad (another module's parameter) of the same shape, dtype and device, and the
-  // tensor it held is dropped. Do it before FlatParameters or an optimizer takes the parameters,
-  // as PyTorch ties weights before making its optimizer: those keep the tensors they were given.
+  // tensor it held is dropped (and frozen: Note [Tied after the optimizer]), so ties made before
+  // or after FlatParameters or an optimizer took the parameters train alike.
   // Only parameters registered with a slot (register_parameter(name, slot, ...)) can be replaced,
   // since the module reads its parameter through that member.
   void share_parameter(const std::string& name, const Tensor& tensor);
