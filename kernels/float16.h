@@ -106,4 +106,18 @@ CUMULUS_HOST_DEVICE Half from_f32<Half>(float x) {
   return Half{f32_to_f16(x)};
 }
 
+// Note [16-bit gradient sums]
+// A tensor reached by two paths (x / x, a residual) gets the sum of two gradient contributions.
+// PyTorch's autograd makes each contribution a tensor of the gradient's type and then adds them,
+// so in 16 bits each is rounded before the sum, which is rounded again. The pointwise ops'
+// backward kernels (binary, scalar, unary, softmax, dropout; CPU and CUDA) round the same way when
+// they add into a 16-bit gradient (beta 1): x / x's two contributions, each rounded, cancel to
+// PyTorch's exact 0, where one rounding of their f32 sum left their f32 difference. Ops that sum
+// several terms themselves (GEMMs, reductions, scatters) still add the previous gradient into
+// their f32 sum and round once. In f32 the extra rounding is the identity: no bits change.
+template <typename T>
+CUMULUS_HOST_DEVICE T blend_gradient(float value, float beta, T old) {
+  return from_f32<T>(beta == 0.0f ? value : to_f32(from_f32<T>(value)) + beta * to_f32(old));
+}
+
 }  // namespace cumulus::kernels

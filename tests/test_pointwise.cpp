@@ -168,6 +168,40 @@ TEST_P(PointwiseTest, DropoutKeepsNonFiniteValuesAsPyTorch) {
     if (std::isnan(xv[i])) EXPECT_TRUE(std::isnan(dz[i])) << "the NaN gradient at " << i;
 }
 
+// Round to nearest even bf16, for finite values: the test's own, independent of the kernels'.
+float bf16_round(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// x / x's gradient is 0; in bf16 what is left is rounding (Note [16-bit gradient sums]). PyTorch's
+// is bf16(g / x) - bf16(g * bf16(bf16(x / x) / x)): each contribution rounded, its b-gradient in
+// two rounded steps. Ours must leave no more in total over values where one rounding of the f32
+// sum left about 1.5 times PyTorch's.
+TEST_P(PointwiseTest, SixteenBitSelfDivisionGradientIsNoWorseThanPyTorchs) {
+  const int64_t n = 4096;
+  std::vector<float> xv(n), gv(n);
+  for (int64_t i = 0; i < n; ++i) {
+    xv[i] = bf16_round(0.25f + 3.0f * std::fmod(static_cast<float>(i) * 0.6180339887f, 1.0f));
+    gv[i] = (i % 2 == 0 ? 1.0f : -1.0f) * static_cast<float>(1 + i % 16) / 8.0f;  // exact in bf16
+  }
+  Tensor x = ops::cast(Tensor::from_vector(xv, {n}, device()), DType::bf16).detach();
+  x.set_requires_grad(true);
+  const Tensor g = ops::cast(Tensor::from_vector(gv, {n}, device()), DType::bf16);
+  ops::sum(ops::cast(ops::mul(ops::div(x, x), g), DType::f32)).backward();
+  const std::vector<float> ours = ops::cast(x.grad(), DType::f32).to_vector<float>();
+  double our_error = 0.0, pytorch_error = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    our_error += std::fabs(ours[i]);
+    pytorch_error += std::fabs(bf16_round(gv[i] / xv[i]) - bf16_round(gv[i] * bf16_round(1.0f / xv[i])));
+  }
+  EXPECT_GT(pytorch_error, 0.0) << "the values show no rounding: the check would be empty";
+  EXPECT_LE(our_error, pytorch_error) << "the summed |gradient| of x / x over " << n << " bf16 values";
+}
+
 // Off (eval, or p = 0) it is the input itself: the same storage, nothing allocated or recorded.
 TEST_P(PointwiseTest, DropoutOffIsTheInputItself) {
   const Tensor x = leaf({1, 2, 3}, {3}, device());

@@ -13,10 +13,6 @@
 namespace cumulus::kernels {
 
 namespace {
-inline float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
-}  // namespace
-
-namespace {
 // Calls fn(o, ia, ib) for the output rows [r0, r1) (a row: the innermost dimension), with the
 // offsets of each row's first element into the output, a and b: an odometer over the outer
 // dimensions, started from r0 by divisions once.
@@ -149,7 +145,7 @@ void elementwise_grad(const BroadcastGeometry& g, const T* a_in, const T* b_in, 
         return;
       }
       for (int64_t i = 0; i < m; ++i)
-        dxr[i] = from_f32<T>(binary_grad(kOp, kOperand, to_f32(dyr[i]), ar[i], br[i]) + beta * to_f32(dxr[i]));
+        dxr[i] = blend_gradient<T>(binary_grad(kOp, kOperand, to_f32(dyr[i]), ar[i], br[i]), beta, dxr[i]);
     });
   });
 }
@@ -193,7 +189,8 @@ bool ordered_sums_grad(const BroadcastGeometry& g, int operand, const T* a, cons
                    });
     }
     const bool negate = kOp == BinaryOp::sub && operand == 1;
-    for (std::size_t j = 0; j < sums.size(); ++j) dx[j] = blend(negate ? 0.0f - sums[j] : sums[j], beta, dx[j]);
+    for (std::size_t j = 0; j < sums.size(); ++j)
+      dx[j] = blend_gradient<T>(negate ? 0.0f - sums[j] : sums[j], beta, dx[j]);
     return true;
   }
 }
@@ -214,7 +211,7 @@ void binary_backward_op(const BroadcastGeometry& g, int operand, const T* a, con
   if (ordered_sums_grad<op>(g, operand, a, b, dy, beta, dx)) return;
   if (g.strides[1 + operand][g.ndim - 1] == 0) {  // a broadcast innermost dimension: one element at a time
     for (int64_t j = 0; j < n; ++j)
-      dx[j] = from_f32<T>(blend(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, to_f32(dx[j])));
+      dx[j] = blend_gradient<T>(broadcast_grad_element(g, op, operand, j, a, b, dy), beta, dx[j]);
     return;
   }
   // The operand keeps the innermost dimension ([B, n] -> [n]): up to kBlock neighbours walk together,
@@ -231,8 +228,7 @@ void binary_backward_op(const BroadcastGeometry& g, int operand, const T* a, con
         for (int64_t k = 0; k < count; ++k)
           acc[k] += binary_grad_at(op, operand, a, b, dy, w.base[0] + k * so, w.base[1] + k * sa, w.base[2] + k * sb);
       } while (grad_walk_next(g, w));
-    for (int64_t k = 0; k < count; ++k)
-      dx[j0 + k] = from_f32<T>(blend(static_cast<float>(acc[k]), beta, to_f32(dx[j0 + k])));
+    for (int64_t k = 0; k < count; ++k) dx[j0 + k] = blend_gradient<T>(static_cast<float>(acc[k]), beta, dx[j0 + k]);
     j0 += count;
   }
 }
@@ -276,7 +272,7 @@ void scalar_backward_cpu(BinaryOp op, bool reversed, float s, const T* x, const 
   auto loop = [&](auto k, auto e) {
     for (int64_t i = 0; i < n; ++i) {
       const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
-      dx[i] = from_f32<T>(blend(scalar_grad(k, reversed, to_f32(dy[i]), xv, e()), beta, to_f32(dx[i])));
+      dx[i] = blend_gradient<T>(scalar_grad(k, reversed, to_f32(dy[i]), xv, e()), beta, dx[i]);
     }
   };
   if (op == BinaryOp::pow && !reversed) {
@@ -326,7 +322,7 @@ const float* widen(const T* x, int64_t n, float* buffer) {
   return buffer;
 }
 
-// dx = blend(grad(dy, saved)) with one op's rule and beta's form fixed outside the loop, so that
+// dx = blend_gradient(grad(dy, saved)) with one op's rule and beta's form fixed outside the loop, so that
 // the compiler vectorizes it (the op's switch and beta's test inside kept it scalar).
 template <UnaryOp kOp, typename T>
 void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) {
@@ -335,7 +331,7 @@ void unary_grad_loop(const T* saved, const T* dy, float beta, T* dx, int64_t n) 
     return;
   }
   for (int64_t i = 0; i < n; ++i)
-    dx[i] = from_f32<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])) + beta * to_f32(dx[i]));
+    dx[i] = blend_gradient<T>(unary_grad(kOp, to_f32(dy[i]), to_f32(saved[i])), beta, dx[i]);
 }
 
 template <typename T>
@@ -385,13 +381,13 @@ void unary_backward_serial(UnaryOp op, const T* saved, const T* dy, float beta, 
       for (int64_t i = 0; i < n; i += kVecBlock) {
         const int64_t m = std::min(kVecBlock, n - i);
         grad(widen(saved + i, m, xb), widen(dy + i, m, gb), gb, m);
-        for (int64_t k = 0; k < m; ++k) dx[i + k] = from_f32<T>(blend(gb[k], beta, to_f32(dx[i + k])));
+        for (int64_t k = 0; k < m; ++k) dx[i + k] = blend_gradient<T>(gb[k], beta, dx[i + k]);
       }
       return;
     }
   }
   for (int64_t i = 0; i < n; ++i)
-    dx[i] = from_f32<T>(blend(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, to_f32(dx[i])));
+    dx[i] = blend_gradient<T>(unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta, dx[i]);
 }
 
 }  // namespace
@@ -460,7 +456,7 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
     for (int64_t j = 0; j < cols; ++j) {
       const float yv = to_f32(yr[j]), g = to_f32(dyr[j]);
       const float v = log ? g - std::exp(yv) * s : yv * (g - s);
-      dxr[j] = from_f32<T>(blend(v, beta, to_f32(dxr[j])));
+      dxr[j] = blend_gradient<T>(v, beta, dxr[j]);
     }
   }
 }
@@ -477,7 +473,7 @@ void dropout_backward_cpu(uint64_t seed, const int64_t* offset, float p, float s
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   for (int64_t i = 0; i < n; ++i) {
     const float v = to_f32(dy[i]) * dropout_factor(key, i, p, scale);
-    dx[i] = from_f32<T>(blend(v, beta, to_f32(dx[i])));
+    dx[i] = blend_gradient<T>(v, beta, dx[i]);
   }
 }
 

@@ -66,6 +66,13 @@ __device__ __forceinline__ void store_blend(T* dst, float value, float beta) {
   *dst = from_f32<T>(beta == 0.0f ? value : value + beta * to_f32(*dst));
 }
 
+// store_blend for the pointwise ops' gradients, each contribution rounded to T before it is added
+// (Note [16-bit gradient sums] in kernels/float16.h).
+template <typename T>
+__device__ __forceinline__ void store_blend_rounded(T* dst, float value, float beta) {
+  *dst = beta == 0.0f ? from_f32<T>(value) : blend_gradient<T>(value, beta, *dst);
+}
+
 // Max / sum over the warp's 32 lanes by a butterfly of xor shuffles: every lane gets the result,
 // and the order is fixed (the same bits on every run). All 32 lanes must take part.
 __device__ __forceinline__ float warp_max(float v) {

@@ -23,7 +23,7 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::store_blend;
+using cuda_common::store_blend_rounded;
 using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
@@ -83,7 +83,7 @@ __device__ float broadcast_grad_sum(const BroadcastGeometry& g, BinaryOp op, int
 template <typename T>
 __global__ void binary_backward_kernel(BroadcastGeometry g, BinaryOp op, int operand, const T* a, const T* b,
                                        const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(j, n) { store_blend(dx + j, broadcast_grad_sum(g, op, operand, j, a, b, dy), beta); }
+  CUMULUS_GRID_STRIDE_LOOP(j, n) { store_blend_rounded(dx + j, broadcast_grad_sum(g, op, operand, j, a, b, dy), beta); }
 }
 
 template <typename T>
@@ -96,7 +96,7 @@ __global__ void scalar_backward_kernel(BinaryOp op, bool reversed, float s, cons
                                        int64_t n) {
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float xv = x != nullptr ? to_f32(x[i]) : 0.0f;
-    store_blend(dx + i, scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta);
+    store_blend_rounded(dx + i, scalar_grad(op, reversed, to_f32(dy[i]), xv, s), beta);
   }
 }
 
@@ -107,7 +107,7 @@ __global__ void unary_forward_kernel(UnaryOp op, const T* x, T* y, int64_t n) {
 
 template <typename T>
 __global__ void unary_backward_kernel(UnaryOp op, const T* saved, const T* dy, float beta, T* dx, int64_t n) {
-  CUMULUS_GRID_STRIDE_LOOP(i, n) { store_blend(dx + i, unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta); }
+  CUMULUS_GRID_STRIDE_LOOP(i, n) { store_blend_rounded(dx + i, unary_grad(op, to_f32(dy[i]), to_f32(saved[i])), beta); }
 }
 
 template <typename T>
@@ -123,7 +123,7 @@ __global__ void dropout_backward_kernel(uint64_t seed, const int64_t* offset, fl
   const uint64_t key = dropout_key(seed, static_cast<uint64_t>(*offset));
   CUMULUS_GRID_STRIDE_LOOP(i, n) {
     const float v = to_f32(dy[i]) * dropout_factor(key, i, p, scale);
-    store_blend(dx + i, v, beta);
+    store_blend_rounded(dx + i, v, beta);
   }
 }
 
@@ -173,7 +173,7 @@ __global__ void softmax_backward_kernel(bool log, const T* y, const T* dy, float
   for (int64_t j = lane; j < n; j += kWarp) {
     const float yv = to_f32(y[base + j]), g = to_f32(dy[base + j]);
     const float v = log ? g - expf(yv) * s : yv * (g - s);
-    store_blend(dx + (base + j), v, beta);
+    store_blend_rounded(dx + (base + j), v, beta);
   }
 }
 
