@@ -152,6 +152,43 @@ TEST(GptApp, TheUsersOwnGptTrains) {
   EXPECT_LT(std::stod(r.out.substr(at20 + 16)), std::stod(r.out.substr(at10 + 16))) << r.out;
 }
 
+// apps/quickstart/own_llama.cpp, the Llama-style model a user writes from the library's parts, trains.
+TEST(GptApp, TheUsersOwnLlamaTrains) {
+  TempDir dir;
+  const Result r = run_command(std::string(OWN_LLAMA_BIN) + " " + write_corpus(dir) + " 20 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::size_t at2 = r.out.find("step    2  loss "), at20 = r.out.find("step   20  loss ");
+  ASSERT_NE(at2, std::string::npos) << r.out;
+  ASSERT_NE(at20, std::string::npos) << r.out;
+  EXPECT_LT(std::stod(r.out.substr(at20 + 16)), std::stod(r.out.substr(at2 + 16))) << r.out;
+}
+
+// The step losses of `out` ("step N  loss L ..." lines), in order.
+std::vector<double> step_losses(const std::string& out) {
+  std::vector<double> losses;
+  for (std::size_t at = out.find("  loss "); at != std::string::npos; at = out.find("  loss ", at + 1))
+    losses.push_back(std::stod(out.substr(at + 7)));
+  return losses;
+}
+
+// own_llama.py, its PyTorch twin, from own_llama's initial weights and on its windows: the same
+// loss at every step (the optimizer, schedule, clipping and token normalization alike).
+TEST(GptApp, TheUsersOwnLlamaMatchesItsPyTorchTwinPerStep) {
+  const std::string python = testing::python_with_torch();
+  if (python.empty()) GTEST_SKIP() << "no Python with torch and safetensors: the twin is not compared";
+  TempDir dir;
+  const std::string corpus = write_corpus(dir), init = dir.file("init.safetensors");
+  const Result ours = run_command(std::string(OWN_LLAMA_BIN) + " " + corpus + " 6 cpu " + init + " 2>&1");
+  ASSERT_EQ(ours.exit_code, 0) << ours.out;
+  const Result twin = run_command(testing::quote(python) + " " + CUMULUS_SOURCE_DIR +
+                                  "/apps/quickstart/own_llama.py " + corpus + " 6 " + init + " 2>&1");
+  ASSERT_EQ(twin.exit_code, 0) << twin.out;
+  const std::vector<double> a = step_losses(ours.out), b = step_losses(twin.out);
+  ASSERT_EQ(a.size(), 6u) << ours.out;
+  ASSERT_EQ(b.size(), 6u) << twin.out;
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << "step " << i + 1;
+}
+
 TEST(GptApp, UsageErrorsExitTwoNamingTheFlagAndFileErrorsExitOne) {
   TempDir dir;
   const std::string data = " --data " + write_corpus(dir);

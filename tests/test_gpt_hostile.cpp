@@ -28,6 +28,7 @@ namespace cumulus {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::python_with_torch;
 using testing::quote;
 using testing::Result;
 using testing::run_command;
@@ -408,16 +409,6 @@ TEST(GptHostile, TheLayoutIsTheModelsStateDict) {
     EXPECT_EQ(state[i].first, layout[i].name);
     EXPECT_EQ(state[i].second.shape(), layout[i].shape) << layout[i].name;
   }
-}
-
-// A Python that imports torch and safetensors: $CUMULUS_TORCH_PYTHON, python3 on PATH, or the
-// development machine's /work/venv; "" when none does.
-std::string python_with_torch() {
-  std::vector<std::string> candidates = {"python3", "/work/venv/bin/python"};
-  if (const char* chosen = std::getenv("CUMULUS_TORCH_PYTHON")) candidates.insert(candidates.begin(), chosen);
-  for (const std::string& python : candidates)
-    if (run_command(quote(python) + " -c 'import torch, safetensors' 2>&1").exit_code == 0) return python;
-  return "";
 }
 
 TEST(GptHostile, NanoGptLoadsTheSavedWeightsStrictly) {

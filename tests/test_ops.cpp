@@ -20,6 +20,7 @@
 #include "cumulus/ops/normalization.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
+#include "cumulus/ops/rotary.h"
 #include "cumulus/ops/shape.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
@@ -671,3 +672,43 @@ TEST(GemmCpu, BandsGiveTheBitsOfOneCall) {
 }
 
 }  // namespace cumulus
+
+namespace cumulus::testing {
+namespace {
+
+// Llama's tables: column j and j + D/2 share the angle t * base^(-2j / D), rounded once from double.
+TEST(Rotary, TablesHoldEachAngleOnceRoundedInBothHalves) {
+  const int64_t context = 7, D = 8;
+  const ops::RotaryTables rope = ops::rotary_tables(context, D, 500.0);
+  EXPECT_EQ(rope.cos.shape(), Shape({context, D}));
+  const std::vector<float> c = rope.cos.to_vector<float>(), s = rope.sin.to_vector<float>();
+  for (int64_t t = 0; t < context; ++t)
+    for (int64_t j = 0; j < D; ++j) {
+      const double angle = static_cast<double>(t) / std::pow(500.0, 2.0 * static_cast<double>(j % (D / 2)) / D);
+      EXPECT_EQ(c[t * D + j], static_cast<float>(std::cos(angle))) << t << ", " << j;
+      EXPECT_EQ(s[t * D + j], static_cast<float>(std::sin(angle))) << t << ", " << j;
+    }
+}
+
+// The message of what `fn` throws as E (empty when it throws nothing).
+template <typename E, typename Fn>
+std::string thrown(Fn fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Rotary, BadSizesAreRefusedByName) {
+  EXPECT_NE(thrown<InvalidArgument>([] { ops::rotary_tables(4, 7); }).find("head_dim must be even"), std::string::npos);
+  EXPECT_NE(thrown<InvalidArgument>([] { ops::rotary_tables(0, 8); }).find("context must be >= 1"), std::string::npos);
+  const ops::RotaryTables rope = ops::rotary_tables(4, 8);
+  EXPECT_NE(thrown<ShapeError>([&] { ops::apply_rotary(Tensor::zeros(Shape{1, 5, 8}), rope.cos, rope.sin); })
+                .find("the tables must be [T' >= 5, 8]"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace cumulus::testing

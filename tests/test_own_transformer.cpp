@@ -20,14 +20,6 @@ struct Config {
   int64_t vocab = 32, dim = 16, heads = 2, layers = 2, hidden = 32, context = 8;
 };
 
-// The rotation of each head's pairs (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), halves
-// rotated as Llama's "rotate_half".
-Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const std::vector<Tensor> halves = ops::chunk(x, 2, -1);
-  const Tensor rotated = ops::cat({ops::neg(halves[1]), halves[0]}, -1);
-  return ops::add(ops::mul(x, cos), ops::mul(rotated, sin));
-}
-
 class Block : public nn::CustomModule<Block> {
  public:
   Block(const Config& c, Generator& gen, Device device) : c_(c) {
@@ -42,8 +34,9 @@ class Block : public nn::CustomModule<Block> {
     const int64_t B = x.size(0), T = x.size(1), H = c_.heads, D = c_.dim / c_.heads;
     auto heads = [&](const Tensor& t) { return ops::transpose(ops::reshape(t, {B, T, H, D}), 1, 2); };
     const std::vector<Tensor> q_k_v = ops::chunk((*qkv)((*attn_norm)(x)), 3, -1);
-    const Tensor a = ops::scaled_dot_product_attention(rotate(heads(q_k_v[0]), cos, sin),
-                                                       rotate(heads(q_k_v[1]), cos, sin), heads(q_k_v[2]), true);
+    const Tensor a = ops::scaled_dot_product_attention(ops::apply_rotary(heads(q_k_v[0]), cos, sin),
+                                                       ops::apply_rotary(heads(q_k_v[1]), cos, sin), heads(q_k_v[2]),
+                                                       true);
     const Tensor h = ops::add(x, (*out)(ops::reshape(ops::transpose(a, 1, 2), {B, T, c_.dim})));
     const std::vector<Tensor> gate_and_up = ops::chunk((*gate_up)((*mlp_norm)(h)), 2, -1);
     return ops::add(h, (*down)(ops::mul(ops::silu(gate_and_up[0]), gate_and_up[1])));
@@ -64,24 +57,15 @@ class Llama : public nn::Module {
     norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{c.dim}, 1e-5f, true, device));
     head = register_module("head", std::make_shared<nn::Linear>(c.dim, c.vocab, gen, device, false));
     share_parameter("head.weight", embed->weight());  // tied before the optimizer exists
-    // cos and sin [T, D] of the angles t / 10000^(2i / D), the halves repeated (rotate's layout);
-    // not persistent: recomputed from the configuration, not in the state dict.
-    const int64_t D = c.dim / c.heads;
-    std::vector<float> cos_v, sin_v;
-    for (int64_t t = 0; t < c.context; ++t)
-      for (int64_t j = 0; j < D; ++j) {
-        const double angle = t * std::pow(10000.0, -2.0 * (j % (D / 2)) / D);
-        cos_v.push_back(static_cast<float>(std::cos(angle)));
-        sin_v.push_back(static_cast<float>(std::sin(angle)));
-      }
-    cos = register_buffer("cos", Tensor::from_vector(cos_v, {c.context, D}), device, false);
-    sin = register_buffer("sin", Tensor::from_vector(sin_v, {c.context, D}), device, false);
+    // cos and sin [context, D] (Llama's rotate_half layout); not persistent: recomputed from the
+    // configuration, not in the state dict.
+    const ops::RotaryTables rope = ops::rotary_tables(c.context, c.dim / c.heads, 10000.0, device);
+    cos = register_buffer("cos", rope.cos, false);
+    sin = register_buffer("sin", rope.sin, false);
   }
   Tensor forward(const Tensor& tokens) override {  // [B, T] i32 -> logits [B, T, vocab]
-    const int64_t T = tokens.size(1);
-    const Tensor c = ops::narrow(cos, 0, 0, T), s = ops::narrow(sin, 0, 0, T);
     Tensor x = (*embed)(tokens);
-    for (std::size_t i = 0; i < layers->size(); ++i) x = layers->at<Block>(i)(x, c, s);
+    for (std::size_t i = 0; i < layers->size(); ++i) x = layers->at<Block>(i)(x, cos, sin);  // tables' first T rows
     return (*head)((*norm)(x));
   }
   std::shared_ptr<nn::Embedding> embed;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <string>
@@ -55,6 +56,16 @@ inline Result run_command(const std::string& cmd) {
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// A Python that imports torch and safetensors, for tests against a PyTorch twin:
+// $CUMULUS_TORCH_PYTHON, python3 on PATH, or the development machine's /work/venv; "" when none does.
+inline std::string python_with_torch() {
+  std::vector<std::string> candidates = {"python3", "/work/venv/bin/python"};
+  if (const char* chosen = std::getenv("CUMULUS_TORCH_PYTHON")) candidates.insert(candidates.begin(), chosen);
+  for (const std::string& python : candidates)
+    if (run_command(quote(python) + " -c 'import torch, safetensors' 2>&1").exit_code == 0) return python;
+  return "";
 }
 
 // Runs `fn`, which must refuse the FIFO at `fifo`, on a thread, and fails if it has not returned

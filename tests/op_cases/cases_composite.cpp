@@ -9,6 +9,7 @@
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/normalization.h"
 #include "cumulus/ops/pointwise.h"
+#include "cumulus/ops/rotary.h"
 #include "cumulus/ops/shape.h"
 #include "op_case.h"
 #include "references.h"
@@ -94,11 +95,41 @@ OpCase conv_block_case() {
 
 }  // namespace
 
+// Rotary position embedding of heads [B, H, T, D] with tables of a longer context (the first T
+// rows used), against x cos + rotate_half(x) sin in double with the tables' f32 values. The tables
+// are made in the forward (named rotary_tables), so a CUDA run makes its own.
+OpCase rotary_case() {
+  const int64_t B = 2, H = 2, T = 3, D = 6, context = 5;
+  OpCase c;
+  c.op = "add";
+  c.inner_ops = {"rotary_tables", "narrow", "chunk", "contiguous", "mul", "cat"};
+  c.name = "rotary_2x2x3x6";
+  c.grad_tolerance = 1e-5;
+  c.inputs = {{{B, H, T, D}, DType::f32}};
+  c.forward = [](const Inputs& t) {
+    const ops::RotaryTables rope = ops::rotary_tables(5, t[0].size(-1), 10000.0, t[0].device());
+    return ops::apply_rotary(t[0], rope.cos, rope.sin);
+  };
+  c.reference = [=](const Values& v) {
+    const ops::RotaryTables rope = ops::rotary_tables(context, D);
+    const std::vector<float> cos = rope.cos.to_vector<float>(), sin = rope.sin.to_vector<float>();
+    ref::Vec y(v[0].size());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const std::size_t j = i % D, t = i / D % T, pair = j < D / 2 ? i + D / 2 : i - D / 2;
+      const double rotated = j < D / 2 ? -v[0][pair] : v[0][pair];
+      y[i] = v[0][i] * cos[t * D + j] + rotated * sin[t * D + j];
+    }
+    return y;
+  };
+  return c;
+}
+
 CUMULUS_OP_CASES(composite) {
   cases.push_back(mlp_case(false));
   cases.push_back(mlp_case(true));
   cases.push_back(relu_flatten_linear_case());
   cases.push_back(conv_block_case());
+  cases.push_back(rotary_case());
 }
 
 }  // namespace cumulus::testing

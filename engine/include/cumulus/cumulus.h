@@ -51,6 +51,7 @@
 #include "cumulus/ops/normalization.h"
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
+#include "cumulus/ops/rotary.h"
 #include "cumulus/ops/shape.h"
 
 #include "cumulus/nn/activation_layers.h"
