@@ -92,13 +92,7 @@ double host_now_ms() {
 int64_t held_bytes(const Device& device, MemoryCategory c) { return allocator_for(device).stats()[c].current; }
 
 // Whether a device time point may be taken now (not while a CUDA graph is being captured).
-bool can_time(const Device& device) {
-#if CUMULUS_WITH_CUDA
-  if (device.is_cuda()) return !cuda::context(device.index()).capturing();
-#endif
-  (void)device;
-  return true;
-}
+bool can_time(const Device& device) { return !ops::detail::graph_capturing(device); }
 
 class CheckpointNode final : public Node {
  public:

@@ -22,10 +22,6 @@
 #include "cumulus/ops/pointwise.h"
 #include "engine/ops/pointwise_internal.h"
 
-#if CUMULUS_WITH_CUDA
-#include "engine/core/cuda_context.h"
-#endif
-
 namespace cumulus::ops {
 
 namespace {
@@ -50,15 +46,6 @@ class DropoutBackward final : public Node {
   Tensor offset_;
   float p_, scale_;
 };
-
-// Whether a CUDA graph is being captured on `device` (where a host value would be frozen).
-bool capturing(const Device& device) {
-#if CUMULUS_WITH_CUDA
-  if (device.is_cuda()) return cuda::context(device.index()).capturing();
-#endif
-  (void)device;
-  return false;
-}
 
 void check_offset(const Tensor& offset, const Tensor& x) {
   CUMULUS_CHECK(offset.defined() && offset.dtype() == DType::i64 && offset.numel() == 1, InvalidArgument,
@@ -94,7 +81,7 @@ Tensor dropout(const Tensor& x_in, float p, bool training, uint64_t seed, const 
 Tensor dropout(const Tensor& x, float p, bool training, uint64_t seed, uint64_t offset) {
   if (!training || p == 0.0f) return dropout(x, p, training, seed, Tensor());
   OpScope op_scope("dropout");  // the offset's copy is the op's
-  CUMULUS_CHECK(!capturing(x.device()), InvalidArgument,
+  CUMULUS_CHECK(!detail::graph_capturing(x.device()), InvalidArgument,
                 "dropout: an offset given by value would repeat its mask in every replay of the CUDA graph being "
                 "captured; give the offset as a device tensor (take_dropout_offset), as nn::Dropout does");
   return dropout(x, p, true, seed,

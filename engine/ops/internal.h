@@ -103,6 +103,16 @@ inline void check_same_device(const char* op, const char* what, const Tensor& t,
 // What an op reads its tensor inputs through: a tensor whose elements are dense and row-major, so
 // kernels may index it flat (Note [Strided views] in engine/ops/view.cpp). Every op passes each
 // tensor input through it first; a strided view costs one recorded copy.
+// Whether a CUDA graph capture is recording `device`'s stream: a host read of the device then, or
+// a host value baked into the work, would be frozen into the graph. False on the CPU.
+inline bool graph_capturing(const Device& device) {
+#if CUMULUS_WITH_CUDA
+  if (device.is_cuda()) return cuda::context(device.index()).capturing();
+#endif
+  (void)device;
+  return false;
+}
+
 inline Tensor contiguous(const Tensor& x) { return !x.defined() || x.is_contiguous() ? x : x.contiguous(); }
 
 // A view of x's storage: `shape` at element `strides` from x's first element plus `offset`

@@ -172,15 +172,6 @@ void Trainer::skip_micro_batch() {
 }
 
 namespace {
-// Whether a graph capture is recording `device`'s stream: nothing may read the device then.
-bool capturing(const Device& device) {
-#if CUMULUS_WITH_CUDA
-  if (device.is_cuda()) return cuda::context(device.index()).capturing();
-#endif
-  (void)device;
-  return false;
-}
-
 // Whether the micro-batch being counted next is this rank's last in its group.
 bool last_own_micro_batch_in_group(const GroupPosition& pos, const dist::Communicator& comm) {
   const int world = comm.world_size();
@@ -207,7 +198,7 @@ void Trainer::backward(const Tensor& loss, int64_t units) {
   if (p.options.normalization != Normalization::none) {
     // The device is read for a unit count not checked before, never while a graph is captured
     // (Note [Units checked against the loss]).
-    const bool may_read = p.units_checked.count(units) == 0 && !capturing(device);
+    const bool may_read = p.units_checked.count(units) == 0 && !ops::detail::graph_capturing(device);
     check_loss(loss, LossCheck{p.caller, units, p.options.weighted_loss, may_read});
     if (may_read) p.units_checked.insert(units);
   }
