@@ -106,6 +106,8 @@ class PretendWorld : public dist::Communicator {
   void start_all_reduce_sum(void*, int64_t, dist::Element, Device) override {}
   void progress() override {}
   void wait_all() override {}
+  void all_gather(float*, const std::vector<dist::Shard>&, Device) override {}
+  void reduce_scatter_sum(float*, const std::vector<dist::Shard>&, Device) override {}
   bool any(bool mine) override { return mine; }
   std::string broadcast_from_root(const std::string& v) override { return v; }
   std::vector<std::string> gather_to_root(const std::string& v) override { return {v}; }
@@ -281,6 +283,21 @@ TEST(CommunicationTime, DevicePointsOnAnotherStreamTimeThatStreamsWork) {
 }
 #endif
 
+// ZeRO's partition: consecutive shards in rank order, 64-element multiples but the last.
+TEST(DataParallel, ShardsTileTheArrayInAlignedParts) {
+  const std::vector<dist::Shard> two = dist::shard_layout(1000, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].offset, 0);
+  EXPECT_EQ(two[0].count, 512);
+  EXPECT_EQ(two[1].offset, 512);
+  EXPECT_EQ(two[1].count, 488);
+  const std::vector<dist::Shard> small = dist::shard_layout(100, 4);  // 64 + 36 + 0 + 0
+  EXPECT_EQ(small[1].count, 36);
+  EXPECT_EQ(small[3].offset, 100);
+  EXPECT_EQ(small[3].count, 0);
+  EXPECT_EQ(dist::shard_layout(640, 1)[0].count, 640);
+}
+
 TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
   TinyModel m;
   train::Trainer acc(m.sgd, train::TrainerOptions{});
@@ -391,6 +408,20 @@ TEST_F(MpiRunTest, OneTwoAndFourRanksGiveTheSameWeights) {
     for (const char* ranks : {"2", "4"})
       expect_same_weights("w" + tag + "_" + ranks + ".safetensors", "w" + tag + "_1.safetensors", cases[k].elementwise,
                           cases[k].overall);
+  }
+}
+
+// all_gather and reduce_scatter_sum over MPI, on uneven shards (tests/dist_collectives.cpp).
+TEST_F(MpiRunTest, ZeroCollectivesGatherAndReduceScatterUnevenShards) {
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  for (int ranks : {2, 3}) {
+    const Result r = run_command(mpi_env() + "mpirun " + root + "--oversubscribe -np " + std::to_string(ranks) + " " +
+                                 DIST_COLLECTIVES_BIN + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    for (int rank = 0; rank < ranks; ++rank)
+      EXPECT_NE(r.out.find("collectives ok on rank " + std::to_string(rank) + " of " + std::to_string(ranks)),
+                std::string::npos)
+          << r.out;
   }
 }
 

@@ -60,6 +60,8 @@ class SingleProcess final : public Communicator {
   void start_all_reduce_sum(void*, int64_t, Element, Device) override {}
   void progress() override {}
   void wait_all() override {}
+  void all_gather(float*, const std::vector<Shard>&, Device) override {}
+  void reduce_scatter_sum(float*, const std::vector<Shard>&, Device) override {}
   bool any(bool mine) override { return mine; }
   std::string broadcast_from_root(const std::string& root_value) override { return root_value; }
   std::vector<std::string> gather_to_root(const std::string& mine) override { return {mine}; }
@@ -82,6 +84,19 @@ std::string mpi_library_version();
 #endif
 
 std::shared_ptr<Communicator> Communicator::single() { return std::make_shared<SingleProcess>(); }
+
+std::vector<Shard> shard_layout(int64_t size, int world_size, int64_t align) {
+  CUMULUS_CHECK(size >= 0 && world_size >= 1 && align >= 1, InvalidArgument, "shard_layout: size ", size,
+                ", world size ", world_size, ", alignment ", align);
+  const int64_t per_rank = (size + world_size - 1) / world_size;
+  const int64_t step = (per_rank + align - 1) / align * align;
+  std::vector<Shard> shards(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    const int64_t begin = std::min(size, r * step);
+    shards[static_cast<std::size_t>(r)] = {begin, std::min(size, begin + step) - begin};
+  }
+  return shards;
+}
 
 std::shared_ptr<Communicator> Communicator::from_environment() {
   if (!started_by_launcher()) return single();

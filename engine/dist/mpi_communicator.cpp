@@ -100,6 +100,28 @@ class MpiCommunicator final : public Communicator {
 #endif
   }
 
+  void all_gather(float* data, const std::vector<Shard>& shards, Device device) override {
+    const std::vector<int> counts = shard_ints(shards, "all_gather"), offsets = shard_offsets(shards);
+    ++stats_.messages;
+    if (device.is_cuda()) return nccl_all_gather(data, shards, device);
+    const TimePoint start = TimePoint::now(Device::cpu());
+    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), offsets.data(), MPI_FLOAT,
+                             MPI_COMM_WORLD),
+              "MPI_Allgatherv");
+    add_span(start, TimePoint::now(Device::cpu()));
+  }
+  void reduce_scatter_sum(float* data, const std::vector<Shard>& shards, Device device) override {
+    const std::vector<int> counts = shard_ints(shards, "reduce_scatter_sum");
+    ++stats_.messages;
+    if (device.is_cuda()) return nccl_reduce_scatter(data, shards, device);
+    const TimePoint start = TimePoint::now(Device::cpu());
+    // In place, MPI leaves this rank's sums at the front of the buffer: moved to its shard after.
+    check_mpi(MPI_Reduce_scatter(MPI_IN_PLACE, data, counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+              "MPI_Reduce_scatter");
+    const Shard& own = shards[static_cast<std::size_t>(rank_)];
+    std::memmove(data + own.offset, data, static_cast<std::size_t>(own.count) * sizeof(float));
+    add_span(start, TimePoint::now(Device::cpu()));
+  }
   bool any(bool mine) override {
     int in = mine ? 1 : 0, out = 0;
     ++stats_.messages;
@@ -143,33 +165,100 @@ class MpiCommunicator final : public Communicator {
   void abort(int exit_code) override { MPI_Abort(MPI_COMM_WORLD, exit_code); }
 
  private:
+  // The shards' counts as MPI's ints, after checking that they are one per rank and tile the array.
+  std::vector<int> shard_ints(const std::vector<Shard>& shards, const char* what) const {
+    CUMULUS_CHECK(static_cast<int>(shards.size()) == world_, InvalidArgument, what, ": ", shards.size(),
+                  " shards for ", world_, " ranks");
+    std::vector<int> counts;
+    int64_t next = 0;
+    for (const Shard& s : shards) {
+      CUMULUS_CHECK(s.offset == next && s.count >= 0 && s.offset + s.count <= INT32_MAX, InvalidArgument, what,
+                    ": shards must tile the array in rank order, at most 2^31 - 1 elements");
+      counts.push_back(static_cast<int>(s.count));
+      next += s.count;
+    }
+    return counts;
+  }
+  static std::vector<int> shard_offsets(const std::vector<Shard>& shards) {
+    std::vector<int> offsets;
+    for (const Shard& s : shards) offsets.push_back(static_cast<int>(s.offset));
+    return offsets;
+  }
+
+  // Each rank's shard broadcast from it, grouped into one NCCL launch (counts may differ).
+  void nccl_all_gather([[maybe_unused]] float* data, [[maybe_unused]] const std::vector<Shard>& shards,
+                       Device device) {
+#if CUMULUS_WITH_NCCL
+    on_nccl_stream(device, [&] {
+      for (int r = 0; r < world_; ++r) {
+        const Shard& s = shards[static_cast<std::size_t>(r)];
+        check_nccl(ncclBroadcast(data + s.offset, data + s.offset, static_cast<size_t>(s.count), ncclFloat32, r,
+                                 nccl_, comm_stream_),
+                   "ncclBroadcast");
+      }
+    });
+    wait_all();
+#else
+    needs_nccl("all_gather", device);
+#endif
+  }
+  // Each shard reduced to its rank, in place, grouped into one NCCL launch.
+  void nccl_reduce_scatter([[maybe_unused]] float* data, [[maybe_unused]] const std::vector<Shard>& shards,
+                           Device device) {
+#if CUMULUS_WITH_NCCL
+    on_nccl_stream(device, [&] {
+      for (int r = 0; r < world_; ++r) {
+        const Shard& s = shards[static_cast<std::size_t>(r)];
+        check_nccl(ncclReduce(data + s.offset, data + s.offset, static_cast<size_t>(s.count), ncclFloat32, ncclSum, r,
+                              nccl_, comm_stream_),
+                   "ncclReduce");
+      }
+    });
+    wait_all();
+#else
+    needs_nccl("reduce_scatter_sum", device);
+#endif
+  }
+  [[noreturn]] static void needs_nccl(const char* what, Device device) {
+    throw DeviceError(std::string(what) + " on " + device.str() +
+                      " memory needs NCCL, and cumulus was built without it (install NCCL with the CUDA toolkit, "
+                      "CUMULUS_DIST=ON)");
+  }
+
   void start_nccl([[maybe_unused]] void* data, [[maybe_unused]] int64_t count, [[maybe_unused]] Element type,
                   [[maybe_unused]] Device device) {
 #if CUMULUS_WITH_NCCL
-    init_nccl(device.index());
-    CUMULUS_CHECK(device.index() == nccl_device_, DeviceError,
-                  "NCCL: this rank's communicator is on cuda:", nccl_device_, ", asked to reduce memory on ",
-                  device.str(), " (one GPU per rank)");
-    cuda::Context& ctx = cuda::context(device.index());
-    cuda::DeviceGuard guard(device.index());
-    // After the kernels queued so far (the backward that wrote this bucket), concurrent with later ones.
-    CUMULUS_CUDA_CHECK(cudaEventRecord(compute_ready_, ctx.stream()));
-    CUMULUS_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0));
-    // Note [Communication time]: the reduction's device time, read later.
-    const TimePoint start = TimePoint::now_on(device, comm_stream_);
-    check_nccl(ncclAllReduce(data, data, static_cast<size_t>(count), type == Element::f32 ? ncclFloat32 : ncclFloat64,
-                             ncclSum, nccl_, comm_stream_),
-               "ncclAllReduce");
-    add_span(start, TimePoint::now_on(device, comm_stream_));
-    nccl_pending_ = true;
+    on_nccl_stream(device, [&] {
+      check_nccl(ncclAllReduce(data, data, static_cast<size_t>(count), type == Element::f32 ? ncclFloat32 : ncclFloat64,
+                               ncclSum, nccl_, comm_stream_),
+                 "ncclAllReduce");
+    });
 #else
-    throw DeviceError(
-        "all_reduce_sum on " + device.str() +
-        " memory needs NCCL, and cumulus was built without it (install NCCL with the CUDA toolkit, CUMULUS_DIST=ON)");
+    needs_nccl("all_reduce_sum", device);
 #endif
   }
 
 #if CUMULUS_WITH_NCCL
+  // Queues `launch`'s NCCL calls (one group) on the communication stream after the kernels queued
+  // so far on the compute stream (the backward that wrote the data), concurrent with later ones; the
+  // compute stream waits for them at wait_all().
+  template <typename Launch>
+  void on_nccl_stream(Device device, const Launch& launch) {
+    init_nccl(device.index());
+    CUMULUS_CHECK(device.index() == nccl_device_, DeviceError, "NCCL: this rank's communicator is on cuda:",
+                  nccl_device_, ", asked to communicate memory on ", device.str(), " (one GPU per rank)");
+    cuda::Context& ctx = cuda::context(device.index());
+    cuda::DeviceGuard guard(device.index());
+    CUMULUS_CUDA_CHECK(cudaEventRecord(compute_ready_, ctx.stream()));
+    CUMULUS_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0));
+    // Note [Communication time]: the collective's device time, read later.
+    const TimePoint start = TimePoint::now_on(device, comm_stream_);
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    launch();
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    add_span(start, TimePoint::now_on(device, comm_stream_));
+    nccl_pending_ = true;
+  }
   // The communicator of this rank's GPU, created at the first CUDA reduction (every rank makes its
   // first CUDA reduction at the same step, so the id broadcast matches).
   void init_nccl(int device_index) {

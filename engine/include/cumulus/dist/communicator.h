@@ -34,6 +34,14 @@ inline int owner_of_micro_batch(int64_t index, int world_size) { return static_c
 // What a reduction sums: gradients are f32, the step's sample and loss sums f64.
 enum class Element { f32, f64 };
 
+// Each rank's part of a flat array of `size` f32 elements (ZeRO's partition of the flat parameters,
+// their gradients and the optimizer state): consecutive, in rank order, each a multiple of
+// `align` elements but the last, as equal as that allows (a rank may own none when size is small).
+struct Shard {
+  int64_t offset = 0, count = 0;
+};
+std::vector<Shard> shard_layout(int64_t size, int world_size, int64_t align = 64);
+
 class Communicator {
  public:
   struct Stats {
@@ -75,6 +83,14 @@ class Communicator {
   // calls); cheap, called between backward ops.
   virtual void progress() = 0;
   virtual void wait_all() = 0;
+
+  // ZeRO's two collectives over a flat f32 array laid out by `shards` (shard_layout: one per rank),
+  // in place, blocking on the CPU, stream-ordered on CUDA. all_gather: each rank's shard of `data`
+  // (its own values) reaches every rank, so all hold the same array. reduce_scatter_sum: the sum
+  // across ranks of the whole array, of which this rank keeps its own shard (the other elements
+  // are left undefined). Every rank must call with the same layout.
+  virtual void all_gather(float* data, const std::vector<Shard>& shards, Device device) = 0;
+  virtual void reduce_scatter_sum(float* data, const std::vector<Shard>& shards, Device device) = 0;
 
   // Host-side control, through MPI (never NCCL): whether any rank says true; the root's string on
   // every rank; every rank's string at the root (empty elsewhere).
