@@ -8,6 +8,8 @@
 //       (skip, grad_scale, lr, update count) from the UpdateScalars and skipping frozen parameters
 //       (Note [Frozen parameters]); the per-element rules are kernels/optim_rules.h, shared with
 //       the CPU.
+//   sgd_update_8bit / adamw_update_8bit: the same with the state in 8 bits, a block of 64 per
+//       quantization scale (Note [8-bit optimizer state] in kernels/quantized_state.h).
 // One launch updates every parameter of the model (PyTorch's multi-tensor apply, made trivial by
 // the flat layout of FlatParameters).
 #include "kernels/cuda/common.cuh"
