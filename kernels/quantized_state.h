@@ -93,13 +93,12 @@ CUMULUS_HOST_DEVICE float dequantize(uint8_t code, float absmax, const DynamicMa
 CUMULUS_HOST_DEVICE uint8_t quantize(float x, float absmax, const DynamicMap& map) {
   if (absmax == 0.0f) return 0;
   const float a = fabsf(x) / absmax;
-  int lo = 0, hi = map.magnitudes - 1;
-  while (lo < hi) {  // the first magnitude whose upper midpoint is at least a
-    const int mid = (lo + hi) >> 1;
-    if (a > map.midpoints[mid]) lo = mid + 1;
-    else hi = mid;
-  }
-  return static_cast<uint8_t>(map.is_signed && x < 0.0f && lo > 0 ? lo + 128 : lo);
+  // The nearest magnitude's index is the number of midpoints below a: a binary count of fixed
+  // length (magnitudes is a power of two) whose steps compile to selects, not branches that a
+  // CPU mispredicts on random values. Index j + step - 1 <= magnitudes - 2 at every step.
+  int j = 0;
+  for (int step = map.magnitudes / 2; step > 0; step >>= 1) j += a > map.midpoints[j + step - 1] ? step : 0;
+  return static_cast<uint8_t>(map.is_signed && x < 0.0f && j > 0 ? j + 128 : j);
 }
 
 CUMULUS_HOST_DEVICE float larger(float a, float b) { return a > b ? a : b; }
