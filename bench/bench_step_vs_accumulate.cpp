@@ -6,8 +6,9 @@
 //       1024) samples. overwrite: the gradients are stale (the first micro-batch after a step, the
 //       weight gradient written with beta = 0); accumulate: they hold a gradient (the others,
 //       beta = 1). Stale marking happens outside the timed region.
-//   optimizer_step/{sgd,sgd_momentum,adamw}   the fused update alone (Optimizer::update).
-//   accumulator_step/{sgd,sgd_momentum,adamw} what the app pays at a group boundary
+//   optimizer_step/{sgd,sgd_momentum,adamw}   the fused update alone (Optimizer::update); and
+//       {sgd_momentum,adamw}_8bit with the state in 8 bits (Note [8-bit optimizer state]).
+//   accumulator_step/{sgd,sgd_momentum,adamw} what the app pays at a group boundary (and _8bit)
 //       (Trainer::step_if_ready: gradient norm for the non-finite guard, update, mark stale);
 //       the micro-batch that fills the group runs untimed before each step.
 //   zero_grad/mark_stale   Optimizer::zero_grad(): flags only, host time (no device work at all).
@@ -398,7 +399,8 @@ void register_device(Device device) {
         timed(add(dev + "/micro_batch" + sfx + "/" + (accumulate ? "accumulate/" : "overwrite/") + std::to_string(b),
                   micro_batch, device, b, accumulate, kernels),
               device);
-  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::sgd_momentum, OptimizerKind::adamw}) {
+  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::sgd_momentum, OptimizerKind::adamw,
+                          OptimizerKind::sgd_momentum_8bit, OptimizerKind::adamw_8bit}) {
     timed(add(dev + "/optimizer_step/" + optimizer_name(k), optimizer_step, device, k), device);
     timed(add(dev + "/accumulator_step/" + optimizer_name(k), accumulator_step, device, k), device);
   }

@@ -89,23 +89,32 @@ inline Tensor micro_batch_loss(Model& m, const Data& d, int64_t start, int64_t b
   return m.net.loss(d.x.narrow_rows(start, b), d.y.narrow_rows(start, b), ops::Reduction::Sum);
 }
 
-enum class OptimizerKind { sgd, sgd_momentum, adamw };
+enum class OptimizerKind { sgd, sgd_momentum, adamw, sgd_momentum_8bit, adamw_8bit };
 
 inline const char* optimizer_name(OptimizerKind k) {
   switch (k) {
     case OptimizerKind::sgd: return "sgd";
     case OptimizerKind::sgd_momentum: return "sgd_momentum";
     case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd_momentum_8bit: return "sgd_momentum_8bit";
+    case OptimizerKind::adamw_8bit: return "adamw_8bit";
   }
   return "?";
 }
 
-// The seed's SGD (lr 1e-3), SGD with momentum 0.9, AdamW with PyTorch's defaults.
+// The seed's SGD (lr 1e-3), SGD with momentum 0.9, AdamW with PyTorch's defaults; the last two
+// with their state in 8 bits.
 inline std::shared_ptr<optim::Optimizer> make_optimizer(OptimizerKind k, std::shared_ptr<nn::FlatParameters> p) {
-  if (k == OptimizerKind::adamw) return std::make_shared<optim::AdamW>(std::move(p), optim::AdamWOptions{});
+  const bool eight = k == OptimizerKind::sgd_momentum_8bit || k == OptimizerKind::adamw_8bit;
+  if (k == OptimizerKind::adamw || k == OptimizerKind::adamw_8bit) {
+    optim::AdamWOptions a;
+    a.state_bits = eight ? 8 : 32;
+    return std::make_shared<optim::AdamW>(std::move(p), a);
+  }
   optim::SGDOptions o;
   o.lr = 1e-3f;
-  if (k == OptimizerKind::sgd_momentum) o.momentum = 0.9f;
+  o.state_bits = eight ? 8 : 32;
+  if (k == OptimizerKind::sgd_momentum || k == OptimizerKind::sgd_momentum_8bit) o.momentum = 0.9f;
   return std::make_shared<optim::SGD>(std::move(p), o);
 }
 

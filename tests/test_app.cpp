@@ -68,7 +68,7 @@ TEST_F(AppTest, HelpListsEveryOption) {
                            "--weight-decay", "--clip-grad-norm", "--normalize", "--shuffle", "--seed", "--init",
                            "--save", "--checkpoint", "--resume", "--memory-report", "--trace", "--memory-plot",
                            "--metrics", "--train-limit", "--test-limit", "--quiet", "--recompute", "--precision",
-                           "--kernels"})
+                           "--kernels", "--optimizer-bits"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -96,6 +96,8 @@ TEST_F(AppTest, UsageErrorsExitTwoWithOneLine) {
       {d + " --precision fp8", "--precision"},
       {d + " --precision fp16 --normalize micro-batches", "--normalize samples"},
       {d + " --kernels cublas", "--kernels"},
+      {d + " --optimizer-bits 16", "--optimizer-bits"},
+      {d + " --optimizer-bits 8", "--optimizer-bits 8 needs optimizer state"},
       {d + " --kernels fused --model cnn", "--kernels fused"},
       {d + " --kernels fused --precision bf16", "--precision fp32"},
       {d + " --kernels fused --recompute on", "--recompute off"},
@@ -389,6 +391,22 @@ TEST_F(AppTest, ResumeIsBitwiseExact) {
                                "--seed 9 --epochs 2 --resume " + quote(path("ck.safetensors")));
   EXPECT_EQ(other.exit_code, 2) << other.out;
   EXPECT_NE(other.out.find("was made with"), std::string::npos) << other.out;
+}
+
+// --optimizer-bits 8 (Note [8-bit optimizer state]): the 8-bit AdamW moments go through the
+// checkpoint, so a resumed run ends with the straight run's bits; resumed with fp32 state it is refused.
+TEST_F(AppTest, EightBitOptimizerStateResumesBitwiseExact) {
+  const std::string common = data_arg() + " --quiet --batch-size 16 --accum-steps 4 --optimizer adamw --shuffle --seed 9";
+  const std::string eight = common + " --optimizer-bits 8";
+  ASSERT_EQ(run_app(eight + " --epochs 2 --save " + quote(path("straight8.safetensors"))).exit_code, 0);
+  ASSERT_EQ(run_app(eight + " --epochs 1 --checkpoint " + quote(path("ck8.safetensors"))).exit_code, 0);
+  const Result r = run_app(eight + " --epochs 2 --resume " + quote(path("ck8.safetensors")) + " --save " +
+                           quote(path("resumed8.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(read("straight8.safetensors") == read("resumed8.safetensors")) << "weights differ after resume";
+  const Result other = run_app(common + " --epochs 2 --resume " + quote(path("ck8.safetensors")));
+  EXPECT_EQ(other.exit_code, 2) << other.out;
+  EXPECT_NE(other.out.find("--optimizer-bits 8, this run has 32"), std::string::npos) << other.out;
 }
 
 // Note [Mixed precision]: bf16 and fp16 learn the toy as fp32 does, keep half the activation bytes

@@ -129,6 +129,41 @@ TEST(GptApp, TrainsInSixteenBitsAndResumesInTheSamePrecision) {
 
 // --effective-batch: the planner chooses the micro-batch and accumulation steps of the 12 windows
 // (tokens counted) and the run trains with its choice.
+// --optimizer-bits 8: AdamW's moments in 8 bits (Note [8-bit optimizer state]). A run stopped and
+// resumed ends with the uninterrupted run's weights (the codes and scales are in the checkpoint),
+// it differs from the fp32 run, and a checkpoint resumes only with the bits that wrote it.
+TEST(GptApp, TrainsWithEightBitAdamWAndResumesExactly) {
+  TempDir dir;
+  const std::string data = " --data " + write_corpus(dir) + kTiny + " --steps 6 --eval-every 3 --optimizer-bits 8";
+  const Result full = gpt("train" + data + " --save " + dir.file("full.safetensors"));
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  const Result first = gpt("train" + data + " --save " + dir.file("part.safetensors") + " --stop-after 3");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const Result refused = gpt("train" + std::string(" --data ") + dir.file("corpus.txt") + kTiny +
+                             " --steps 6 --eval-every 3 --resume " + dir.file("part.safetensors"));
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("--optimizer-bits 8, this run has 32"), std::string::npos) << refused.out;
+  const Result rest = gpt("train" + data + " --resume " + dir.file("part.safetensors") + " --save " +
+                          dir.file("part.safetensors"));
+  ASSERT_EQ(rest.exit_code, 0) << rest.out;
+  const Result fp32 = gpt("train --data " + dir.file("corpus.txt") + kTiny + " --steps 6 --eval-every 3 --save " +
+                          dir.file("fp32.safetensors"));
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.out;
+  const auto a = io::load_safetensors(dir.file("full.safetensors")).tensors;
+  const auto b = io::load_safetensors(dir.file("part.safetensors")).tensors;
+  const auto c = io::load_safetensors(dir.file("fp32.safetensors")).tensors;
+  ASSERT_EQ(a.size(), b.size());
+  bool differs_from_fp32 = false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].second.dtype() != DType::f32) continue;
+    EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
+    differs_from_fp32 = differs_from_fp32 || a[i].second.to_vector<float>() != c[i].second.to_vector<float>();
+  }
+  EXPECT_TRUE(differs_from_fp32) << "--optimizer-bits 8 must change the run";
+  const Result help = gpt("train --help");
+  EXPECT_NE(help.out.find("--optimizer-bits"), std::string::npos) << help.out;
+}
+
 TEST(GptApp, ThePlannerChoosesTheMicroBatch) {
   TempDir dir;
   const Result r = gpt("train --data " + write_corpus(dir) +
@@ -199,6 +234,7 @@ TEST(GptApp, UsageErrorsExitTwoNamingTheFlagAndFileErrorsExitOne) {
        {Case{"train" + data + " --width 10 --heads 3", "--width/--heads/--layers"},
         Case{"train" + data + " --steps 5 --warmup 5", "--warmup 5 must be less than --steps 5"},
         Case{"train" + data + " --precision fp8", "--precision"},
+        Case{"train" + data + " --optimizer-bits 16", "--optimizer-bits"},
         Case{"train --data " + dir.file("missing"), "--data " + dir.file("missing")},
         Case{"train" + data + " --context 4000", "--context"}, Case{"train" + data + " --bogus", "--bogus"},
         Case{"sample", "--load"}, Case{"", "subcommand"}}) {

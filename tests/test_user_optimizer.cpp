@@ -37,7 +37,7 @@ class Adagrad final : public optim::Optimizer {
       : Optimizer(std::move(params), lr), weight_decay_(weight_decay), eps_(eps) {}
 
  protected:
-  std::vector<std::string> state_names() const override { return {"sum"}; }
+  std::vector<optim::StateSpec> state_specs() const override { return {{"sum"}}; }
 
   // The CPU rule; `s` is host memory there (a CUDA version would read it in its kernel).
   void update(const optim::UpdateScalars* s, const optim::UpdateSpan& span) override {

@@ -41,6 +41,9 @@ const std::vector<cumulus::app::SettingRow<SettingContext>> kTable = {
      [](C c) -> Text { return std::to_string(c.o.train_limit); }},
     // The momentum buffer exists only with momentum: changing it would drop or invent state.
     {"momentum", "momentum", false, kRecorded, nullptr, [](C c) -> Text { return setting_text(c.o.momentum); }},
+    // The state's arrays differ in type and length between the two.
+    {"optimizer-bits", "optimizer_bits", false, kRecorded, "32",
+     [](C c) -> Text { return std::to_string(c.o.optimizer_bits); }},
     {"lr", "lr", true, kRecorded, nullptr, [](C c) -> Text { return setting_text(c.o.lr); }},
     {"lr-schedule", "lr_schedule", true, kRecorded, nullptr, [](C c) -> Text { return choice_name(c.o.lr_schedule); }},
     {"weight-decay", "weight_decay", true, kRecorded, nullptr,

@@ -41,6 +41,7 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared
     a.beta2 = o.beta2;
     a.eps = o.eps;
     a.weight_decay = o.weight_decay;
+    a.state_bits = o.optimizer_bits;
     return std::make_shared<optim::AdamW>(flat, a);
   }
   optim::SGDOptions s;
@@ -48,6 +49,7 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared
   s.momentum = o.momentum;
   s.nesterov = o.nesterov;
   s.weight_decay = o.weight_decay;
+  s.state_bits = o.optimizer_bits;
   return std::make_shared<optim::SGD>(flat, s);
 }
 

@@ -73,6 +73,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::NonNegativeNumber);
   c.add_option("--beta1", f.beta1, "AdamW beta1")->check(kFinite)->check(CLI::Range(0.0, 1.0));
   c.add_option("--beta2", f.beta2, "AdamW beta2")->check(kFinite)->check(CLI::Range(0.0, 1.0));
+  c.add_option("--optimizer-bits", f.optimizer_bits,
+               "AdamW's moments in 32-bit floats or in 8 bits (block-wise quantized, a scale per 64 values: 26.6% "
+               "of the fp32 moments' bytes)")
+      ->check(CLI::IsMember({32, 8}));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);

@@ -24,6 +24,7 @@ struct TrainFlags {
   int64_t effective_batch = 0;  // windows; > 0: the planner chooses --micro-batch and --accum-steps
   std::string memory_budget;
   int threads = 0;
+  int optimizer_bits = 32;  // AdamW's moments: f32, or 8-bit block-wise (optim::AdamWOptions::state_bits)
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
 };

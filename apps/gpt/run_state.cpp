@@ -128,6 +128,7 @@ std::vector<train::RecordedSetting> run_settings(const TrainFlags& f, const std:
           setting("beta1", f.beta1),
           setting("beta2", f.beta2),
           setting("clip", f.clip),
+          {"optimizer-bits", "optimizer_bits", std::to_string(f.optimizer_bits), false, "32"},
           setting("seed", f.seed),
           {"precision", "precision", f.precision}};
 }

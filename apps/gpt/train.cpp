@@ -111,6 +111,7 @@ optim::AdamWOptions adamw_options(const TrainFlags& f) {
   adamw.beta1 = static_cast<float>(f.beta1);
   adamw.beta2 = static_cast<float>(f.beta2);
   adamw.weight_decay = static_cast<float>(f.weight_decay);
+  adamw.state_bits = f.optimizer_bits;
   return adamw;
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/ops/internal.h"
+#include "engine/optim/state_8bit.h"
 #include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
@@ -14,9 +15,15 @@ AdamW::AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& opt
   CUMULUS_CHECK(options.eps > 0.0f, InvalidArgument, "AdamW: eps must be > 0, got ", options.eps);
   CUMULUS_CHECK(options.weight_decay >= 0.0f, InvalidArgument, "AdamW: weight_decay must be >= 0, got ",
                 options.weight_decay);
+  check_state_bits(options.state_bits, "AdamW");
 }
 
-std::vector<std::string> AdamW::state_names() const { return {"exp_avg", "exp_avg_sq"}; }
+std::vector<StateSpec> AdamW::state_specs() const {
+  if (options_.state_bits == 32) return {{"exp_avg"}, {"exp_avg_sq"}};
+  std::vector<StateSpec> specs = state_8bit_specs("exp_avg", params_->num_chunks());
+  for (StateSpec& spec : state_8bit_specs("exp_avg_sq", params_->num_chunks())) specs.push_back(spec);
+  return specs;
+}
 
 void AdamW::update(const UpdateScalars* scalars, const UpdateSpan& span) {
   const nn::FlatParameters& p = *params_;
@@ -24,9 +31,20 @@ void AdamW::update(const UpdateScalars* scalars, const UpdateSpan& span) {
   const AdamWOptions& o = options_;
   float* w = p.values().data<float>() + off;
   const float* g = p.gradients().data<float>() + off;
+  const float wd = span.weight_decay_or(o.weight_decay);
+  if (o.state_bits == 8) {
+    const kernels::QuantizedState m = quantized_span(state_array(0), state_array(1), off);
+    const kernels::QuantizedState v = quantized_span(state_array(2), state_array(3), off);
+    CUMULUS_DISPATCH(p.device(), ctx,
+                     kernels::adamw_step_8bit_cpu(w, g, m, v, span.count, scalars->grad_scale,
+                                                  scalars->lr * span.lr_scale, o.beta1, o.beta2, o.eps, wd,
+                                                  scalars->updates, span.frozen),
+                     kernels::adamw_update_8bit_cuda(w, g, m, v, span.count, scalars, o.beta1, o.beta2, o.eps, wd,
+                                                     span.frozen, ctx.stream(), span.lr_scale));
+    return;
+  }
   float* m = state_array(0).data<float>() + off;
   float* v = state_array(1).data<float>() + off;
-  const float wd = span.weight_decay_or(o.weight_decay);
   CUMULUS_DISPATCH(p.device(), ctx,
                    kernels::adamw_step_cpu(w, g, m, v, span.count, scalars->grad_scale, scalars->lr * span.lr_scale,
                                            o.beta1, o.beta2, o.eps, wd, scalars->updates, span.frozen),

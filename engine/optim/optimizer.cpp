@@ -135,9 +135,9 @@ void Optimizer::set_lr(float lr) {
 
 const Tensor& Optimizer::state_tensor(const std::string& name) const {
   static const Tensor undefined;
-  const std::vector<std::string> names = state_names();
-  for (std::size_t i = 0; i < names.size() && i < state_.size(); ++i)
-    if (names[i] == name) return state_[i];
+  const std::vector<StateSpec> specs = state_specs();
+  for (std::size_t i = 0; i < specs.size() && i < state_.size(); ++i)
+    if (specs[i].name == name) return state_[i];
   if (name == kFrozenStateName) return missed_updates_;
   return undefined;
 }
@@ -145,8 +145,8 @@ const Tensor& Optimizer::state_tensor(const std::string& name) const {
 void Optimizer::allocate_state() {
   if (!state_.empty()) return;
   MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-  for (std::size_t i = 0, n = state_names().size(); i < n; ++i)
-    state_.push_back(Tensor::zeros(params_->values().shape(), DType::f32, params_->device()));
+  for (const StateSpec& spec : state_specs())
+    state_.push_back(Tensor::zeros(Shape{numel_of(spec)}, spec.dtype, params_->device()));
 }
 
 int64_t Optimizer::state_bytes() const {
@@ -157,21 +157,23 @@ int64_t Optimizer::state_bytes() const {
 
 std::vector<int64_t> Optimizer::state_to_allocate() const {
   if (!state_.empty()) return {};
-  // Each array has the values' shape.
-  return std::vector<int64_t>(state_names().size(), static_cast<int64_t>(params_->values().nbytes()));
+  std::vector<int64_t> bytes;
+  for (const StateSpec& spec : state_specs())
+    bytes.push_back(numel_of(spec) * static_cast<int64_t>(dtype_size(spec.dtype)));
+  return bytes;
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
-  const std::vector<std::string> names = state_names();
-  for (std::size_t i = 0; i < state_.size(); ++i) out.emplace_back(names[i], state_[i]);
+  const std::vector<StateSpec> specs = state_specs();
+  for (std::size_t i = 0; i < state_.size(); ++i) out.emplace_back(specs[i].name, state_[i]);
   if (missed_updates_.defined()) out.emplace_back(kFrozenStateName, missed_updates_);
   return out;
 }
 
 std::vector<Optimizer::StateTensorInfo> Optimizer::state_layout() const {
   std::vector<StateTensorInfo> out;
-  for (const std::string& name : state_names()) out.push_back({name, DType::f32, params_->values().shape()});
+  for (const StateSpec& spec : state_specs()) out.push_back({spec.name, spec.dtype, Shape{numel_of(spec)}});
   out.push_back({kFrozenStateName, DType::i32, Shape{params_->num_chunks()}});
   return out;
 }
@@ -179,12 +181,12 @@ std::vector<Optimizer::StateTensorInfo> Optimizer::state_layout() const {
 void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates) {
   CUMULUS_CHECK(updates >= 0, InvalidArgument, "Optimizer::load_state: negative update count ", updates);
   if (updates > 0) {
-    const std::vector<std::string> names = state_names();
-    std::vector<Tensor> restored(names.size());
-    for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::vector<StateSpec> specs = state_specs();
+    std::vector<Tensor> restored(specs.size());
+    for (std::size_t i = 0; i < specs.size(); ++i) {
       if (i < state_.size()) restored[i] = state_[i];  // copied into the buffers held
-      if (!copy_state_tensor(state, names[i], DType::f32, params_->values().shape(), restored[i]))
-        throw InvalidArgument("optimizer state '" + names[i] + "' is missing from the checkpoint");
+      if (!copy_state_tensor(state, specs[i].name, specs[i].dtype, Shape{numel_of(specs[i])}, restored[i]))
+        throw InvalidArgument("optimizer state '" + specs[i].name + "' is missing from the checkpoint");
     }
     state_ = std::move(restored);
     restore_frozen_state(state);

@@ -1,6 +1,7 @@
 #include "cumulus/optim/sgd.h"
 
 #include "engine/ops/internal.h"
+#include "engine/optim/state_8bit.h"
 #include "kernels/optim_rules.h"
 
 namespace cumulus::optim {
@@ -12,11 +13,13 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
                 options.weight_decay);
   CUMULUS_CHECK(!options.nesterov || (options.momentum > 0.0f && options.dampening == 0.0f),
                 InvalidArgument, "SGD: Nesterov momentum needs momentum > 0 and dampening 0");
+  check_state_bits(options.state_bits, "SGD");
 }
 
-std::vector<std::string> SGD::state_names() const {
+std::vector<StateSpec> SGD::state_specs() const {
   if (options_.momentum == 0.0f) return {};
-  return {"momentum_buffer"};
+  if (options_.state_bits == 8) return state_8bit_specs("momentum_buffer", params_->num_chunks());
+  return {{"momentum_buffer"}};
 }
 
 void SGD::update(const UpdateScalars* scalars, const UpdateSpan& span) {
@@ -24,9 +27,19 @@ void SGD::update(const UpdateScalars* scalars, const UpdateSpan& span) {
   const int64_t off = span.offset;
   float* w = p.values().data<float>() + off;
   const float* g = p.gradients().data<float>() + off;
-  float* buf = options_.momentum != 0.0f ? state_array(0).data<float>() + off : nullptr;
   const SGDOptions& o = options_;
   const float wd = span.weight_decay_or(o.weight_decay);
+  if (o.momentum != 0.0f && o.state_bits == 8) {
+    const kernels::QuantizedState buf = quantized_span(state_array(0), state_array(1), off);
+    CUMULUS_DISPATCH(p.device(), ctx,
+                     kernels::sgd_step_8bit_cpu(w, g, buf, span.count, scalars->grad_scale,
+                                                scalars->lr * span.lr_scale, o.momentum, o.dampening, o.nesterov, wd,
+                                                scalars->updates, span.frozen),
+                     kernels::sgd_update_8bit_cuda(w, g, buf, span.count, scalars, o.momentum, o.dampening,
+                                                   o.nesterov, wd, span.frozen, ctx.stream(), span.lr_scale));
+    return;
+  }
+  float* buf = o.momentum != 0.0f ? state_array(0).data<float>() + off : nullptr;
   CUMULUS_DISPATCH(p.device(), ctx,
                    kernels::sgd_step_cpu(w, g, buf, span.count, scalars->grad_scale, scalars->lr * span.lr_scale,
                                          o.momentum, o.dampening, o.nesterov, wd, scalars->updates, span.frozen),

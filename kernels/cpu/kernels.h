@@ -10,6 +10,7 @@
 #include "kernels/float16.h"
 #include "kernels/gather.h"
 #include "kernels/metrics.h"
+#include "kernels/quantized_state.h"
 
 namespace cumulus::kernels {
 
@@ -79,6 +80,14 @@ void sgd_step_cpu(float* w, const float* grad, float* momentum_buf, int64_t n, f
 // t: this update's number, 1 for the first (bias corrections 1 - beta^t).
 void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale, float lr, float beta1,
                     float beta2, float eps, float weight_decay, int64_t t, const FrozenChunks& frozen);
+// The same two updates with the state in 8 bits (Note [8-bit optimizer state] in
+// kernels/quantized_state.h): each block dequantized, the rule above applied, the block requantized.
+void sgd_step_8bit_cpu(float* w, const float* grad, const QuantizedState& momentum_buf, int64_t n, float grad_scale,
+                       float lr, float momentum, float dampening, bool nesterov, float weight_decay, int64_t t,
+                       const FrozenChunks& frozen);
+void adamw_step_8bit_cpu(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v, int64_t n,
+                         float grad_scale, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                         const FrozenChunks& frozen);
 
 }  // namespace cumulus::kernels
 

@@ -7,6 +7,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/optim_rules.h"
+#include "kernels/quantized_state.h"
 
 namespace cumulus::kernels {
 
@@ -20,6 +21,56 @@ constexpr int64_t kUpdateGrain = 256 * FrozenChunks::kChunk;
 template <typename Run>
 void for_update_chunks(int64_t n, Run run) {
   parallel_for(n, kUpdateGrain, [&](int64_t begin, int64_t end) { run(begin, end); });
+}
+
+constexpr int64_t kQuantBlock = QuantizedState::kBlock;
+static_assert(kUpdateGrain % kQuantBlock == 0, "a thread's elements are whole quantization blocks");
+
+DynamicMap make_dynamic_map(bool is_signed) {
+  DynamicMap map{};
+  for (int code = 0; code < DynamicMap::kCodes; ++code) rules::fill_dynamic_map_entry(map, code, is_signed);
+  return map;
+}
+
+// The two maps of Note [8-bit optimizer state], computed once per process.
+const DynamicMap& dynamic_map(bool is_signed) {
+  static const DynamicMap signed_map = make_dynamic_map(true), unsigned_map = make_dynamic_map(false);
+  return is_signed ? signed_map : unsigned_map;
+}
+
+// Block by block across threads, each block at its own update count `own` (frozen blocks skipped:
+// Note [Frozen parameters]); a block is one frozen chunk.
+template <typename BlockUpdate>
+void for_quantized_blocks(int64_t n, int64_t t, const FrozenChunks& frozen, BlockUpdate update) {
+  for_update_chunks(n, [&](int64_t chunks_begin, int64_t chunks_end) {
+    for (int64_t begin = chunks_begin; begin < chunks_end; begin += kQuantBlock) {
+      const int64_t own = rules::own_updates(frozen, begin, t);
+      if (own > 0) update(begin, std::min(chunks_end, begin + kQuantBlock), own);
+    }
+  });
+}
+
+// One block [begin, end) of an update over quantized state: each element's states dequantized into
+// x[0..kStates), rule(i, x) applied, and every state's block requantized with its new absmax.
+template <int kStates, typename Rule>
+void update_quantized_block(int64_t begin, int64_t end, const QuantizedState (&states)[kStates],
+                            const DynamicMap* const (&maps)[kStates], Rule rule) {
+  const int64_t block = begin / kQuantBlock;
+  float updated[kStates][kQuantBlock];
+  float absmax[kStates] = {};
+  for (int64_t i = begin; i < end; ++i) {
+    float x[kStates];
+    for (int s = 0; s < kStates; ++s) x[s] = rules::dequantize(states[s].codes[i], states[s].absmax[block], *maps[s]);
+    rule(i, x);
+    for (int s = 0; s < kStates; ++s) {
+      updated[s][i - begin] = x[s];
+      absmax[s] = rules::larger(absmax[s], std::fabs(x[s]));
+    }
+  }
+  for (int s = 0; s < kStates; ++s) {
+    states[s].absmax[block] = absmax[s];
+    for (int64_t i = begin; i < end; ++i) states[s].codes[i] = rules::quantize(updated[s][i - begin], absmax[s], *maps[s]);
+  }
 }
 }  // namespace
 
@@ -78,6 +129,34 @@ void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, 
       }
       run(begin, std::min(chunks_end, begin + FrozenChunks::kChunk), s, b);
     }
+  });
+}
+
+void sgd_step_8bit_cpu(float* w, const float* grad, const QuantizedState& momentum_buf, int64_t n, float grad_scale,
+                       float lr, float momentum, float dampening, bool nesterov, float weight_decay, int64_t t,
+                       const FrozenChunks& frozen) {
+  const QuantizedState states[1] = {momentum_buf};
+  const DynamicMap* const maps[1] = {&dynamic_map(true)};
+  for_quantized_blocks(n, t, frozen, [&](int64_t begin, int64_t end, int64_t own) {
+    update_quantized_block(begin, end, states, maps, [&](int64_t i, float* x) {
+      rules::sgd(w[i], grad[i], x, grad_scale, lr, momentum, dampening, nesterov, weight_decay, own == 1);
+    });
+  });
+}
+
+void adamw_step_8bit_cpu(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v, int64_t n,
+                         float grad_scale, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                         const FrozenChunks& frozen) {
+  const QuantizedState states[2] = {m, v};
+  const DynamicMap* const maps[2] = {&dynamic_map(true), &dynamic_map(false)};
+  float step_size, bc2_sqrt;
+  rules::adamw_constants(lr, beta1, beta2, t, step_size, bc2_sqrt);
+  for_quantized_blocks(n, t, frozen, [&](int64_t begin, int64_t end, int64_t own) {
+    float s = step_size, b = bc2_sqrt;
+    if (own != t) rules::adamw_constants(lr, beta1, beta2, own, s, b);  // behind after a freeze
+    update_quantized_block(begin, end, states, maps, [&](int64_t i, float* x) {
+      rules::adamw(w[i], grad[i], x[0], x[1], grad_scale, lr, beta1, beta2, eps, weight_decay, s, b);
+    });
   });
 }
 

@@ -18,6 +18,7 @@
 #include "kernels/float16.h"
 #include "kernels/gather.h"
 #include "kernels/metrics.h"
+#include "kernels/quantized_state.h"
 
 namespace cumulus::kernels {
 
@@ -251,6 +252,14 @@ void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const UpdateScalars* scalars,
                        float beta1, float beta2, float eps, float weight_decay, const FrozenChunks& frozen,
                        cudaStream_t stream, float lr_scale = 1.0f);
+// The same with the state in 8 bits (Note [8-bit optimizer state] in kernels/quantized_state.h):
+// the CPU's codes and scales, bit for bit.
+void sgd_update_8bit_cuda(float* w, const float* grad, const QuantizedState& momentum_buf, int64_t n,
+                          const UpdateScalars* scalars, float momentum, float dampening, bool nesterov,
+                          float weight_decay, const FrozenChunks& frozen, cudaStream_t stream, float lr_scale = 1.0f);
+void adamw_update_8bit_cuda(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v, int64_t n,
+                            const UpdateScalars* scalars, float beta1, float beta2, float eps, float weight_decay,
+                            const FrozenChunks& frozen, cudaStream_t stream, float lr_scale = 1.0f);
 
 }  // namespace cumulus::kernels
 

@@ -4,19 +4,20 @@
 // setting on CUDA): the gradient is multiplied by UpdateScalars::grad_scale inside the pass (the
 // Trainer folds the normalization 1/units, the clipping factor and the loss scale into it), then
 // the rule is applied. The scalars live in the parameters' memory, so a CUDA update never waits
-// for the host (Note [Device-side step] in kernels/optim_rules.h). State is a set of named flat f32
-// arrays, one element per parameter element, allocated (zeros) at the first update in category
+// for the host (Note [Device-side step] in kernels/optim_rules.h). State is a set of named flat
+// arrays (StateSpec: f32 with one element per parameter element, or any dtype and length, as the
+// 8-bit state's codes and per-block scales), allocated (zeros) at the first update in category
 // optimizer_state. A frozen parameter (requires_grad false) is left bit-identical by every update,
 // its state included, and resumes its own state when unfrozen (Note [Frozen parameters] in
 // kernels/optim_rules.h).
 //
-// A new optimizer (tests/test_user_optimizer.cpp has Adagrad) names its state and implements the
+// A new optimizer (tests/test_user_optimizer.cpp has Adagrad) declares its state and implements the
 // update of one span:
 //   class Adagrad final : public optim::Optimizer {
 //    public:
 //     Adagrad(std::shared_ptr<nn::FlatParameters> p, float lr) : Optimizer(std::move(p), lr) {}
 //    protected:
-//     std::vector<std::string> state_names() const override { return {"sum"}; }
+//     std::vector<optim::StateSpec> state_specs() const override { return {{"sum"}}; }
 //     void update(const optim::UpdateScalars* s, const optim::UpdateSpan& span) override {
 //       // CPU: s is host memory; on CUDA a kernel reads it on the device.
 //       float* w = parameters().values().data<float>() + span.offset; ...
@@ -54,6 +55,14 @@ struct ParamGroup {
 //   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), 0.1f));
 std::vector<ParamGroup> decay_matrices_only(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
                                             float weight_decay);
+
+// One state array of an optimizer: `numel` elements of `dtype`, or (numel < 0) one per parameter
+// element, parameters().size(), as most rules keep. Zeros at the first update.
+struct StateSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  int64_t numel = -1;
+};
 
 // The elements one call of Optimizer::update covers: a run of the flat arrays whose parameters
 // share a group's setting (the whole array without groups).
@@ -106,7 +115,7 @@ class Optimizer {
   // before the first update, nothing once held. What a planner must add to the memory at rest,
   // since every micro-batch after the first step runs beside it (cumulus/plan/planner.h).
   std::vector<int64_t> state_to_allocate() const;
-  // The state as named flat tensors (state_names(), then "frozen_missed_updates", i32 per chunk,
+  // The state as named flat tensors (state_specs(), then "frozen_missed_updates", i32 per chunk,
   // once a parameter was frozen); empty before the first update.
   std::vector<std::pair<std::string, Tensor>> state() const;
   // One of state()'s tensors by name: undefined before the first update or for an unknown name.
@@ -143,8 +152,8 @@ class Optimizer {
 
  protected:
   // ---- what an optimizer implements ----
-  // The names of its state arrays, each flat f32 of parameters().size() elements (empty: none).
-  virtual std::vector<std::string> state_names() const = 0;
+  // Its state arrays (empty: none), fixed for the optimizer's lifetime.
+  virtual std::vector<StateSpec> state_specs() const = 0;
   // One update of the elements [span.offset, span.offset + span.count) of parameters().values(),
   // parameters().gradients() and the state arrays (state_array), by the rule with
   // g = scalars->grad_scale * gradient, lr = scalars->lr * span.lr_scale and the update count
@@ -152,7 +161,7 @@ class Optimizer {
   // calls nothing there when skip is set) and device memory on CUDA, where a kernel reads it and
   // returns when skip is set. Elements of a frozen chunk (span.frozen) must be left alone.
   virtual void update(const UpdateScalars* scalars, const UpdateSpan& span) = 0;
-  // State array `index` of state_names(), allocated before update() is called.
+  // State array `index` of state_specs(), allocated before update() is called.
   Tensor& state_array(std::size_t index) { return state_[index]; }
 
   std::shared_ptr<nn::FlatParameters> params_;
@@ -160,6 +169,8 @@ class Optimizer {
  private:
   // The missed-update counts as optimizer state (Note [Frozen parameters]).
   void restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state);
+  // The elements of a state array.
+  int64_t numel_of(const StateSpec& spec) const { return spec.numel < 0 ? params_->size() : spec.numel; }
   // Copies `name` (checked: `shape`'s elements of `dtype`) into `into`, allocated as optimizer
   // state when undefined; false when `state` has no `name`.
   bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
@@ -176,7 +187,7 @@ class Optimizer {
     float weight_decay = -1.0f;
   };
   std::vector<Segment> segments_;  // empty without groups
-  std::vector<Tensor> state_;      // by state_names(); empty until the first update
+  std::vector<Tensor> state_;      // by state_specs(); empty until the first update
   Tensor scalars_;                 // one UpdateScalars, category other
   Tensor missed_updates_;  // i32 per FlatParameters chunk, optimizer_state; undefined until a freeze
 };
