@@ -411,6 +411,34 @@ TEST_F(MpiRunTest, OneTwoAndFourRanksGiveTheSameWeights) {
   }
 }
 
+// ZeRO-1 (Note [ZeRO] in engine/train/trainer_step.cpp): the optimizer's state sharded over the
+// ranks gives plain data parallel's weights bit for bit, each rank holding about half the state.
+TEST_F(MpiRunTest, ZeroStageOneGivesDataParallelsWeightsWithHalfTheStatePerRank) {
+  const std::vector<std::string> optimizers = {"--optimizer adamw --lr 0.002 --clip-grad-norm 0.5",
+                                               "--optimizer sgd --momentum 0.9 --lr 0.05",
+                                               "--optimizer adamw --lr 0.002 --optimizer-bits 8"};
+  auto state_bytes = [](const std::string& report) {
+    return nlohmann::json::parse(read_log(path(report)))["summary"]["optimizer_state_bytes"].get<int64_t>();
+  };
+  for (std::size_t k = 0; k < optimizers.size(); ++k) {
+    const std::string tag = "zero" + std::to_string(k);
+    for (int stage : {0, 1}) {
+      const std::string run = tag + "_" + std::to_string(stage);
+      const Result r = launch(2, common() + " --epochs 1 --shuffle " + optimizers[k] + " --zero " +
+                                     std::to_string(stage) + " --save " + quote(path(run + ".safetensors")) +
+                                     " --memory-report " + quote(path(run + ".json")));
+      ASSERT_EQ(r.exit_code, 0) << optimizers[k] << " --zero " << stage << ": " << r.out;
+    }
+    expect_same_weights(tag + "_1.safetensors", tag + "_0.safetensors", 0.0, 0.0);
+    const int64_t whole = state_bytes(tag + "_0.json");
+    for (const std::string rank : {"", ".rank1"}) {
+      const int64_t shard = state_bytes(tag + "_1" + rank + ".json");
+      EXPECT_GT(shard, 0) << optimizers[k];
+      EXPECT_LE(shard, whole / 2 + 1024) << optimizers[k] << ", rank report '" << rank << "'";
+    }
+  }
+}
+
 // all_gather and reduce_scatter_sum over MPI, on uneven shards (tests/dist_collectives.cpp).
 TEST_F(MpiRunTest, ZeroCollectivesGatherAndReduceScatterUnevenShards) {
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";

@@ -44,7 +44,7 @@ class Adagrad final : public optim::Optimizer {
     if (!parameters().device().is_cpu()) throw std::runtime_error("this Adagrad runs on the CPU only");
     float* w = parameters().values().data<float>() + span.offset;
     const float* grad = parameters().gradients().data<float>() + span.offset;
-    float* sum = state_array(0).data<float>() + span.offset;
+    float* sum = state_array(0).data<float>() + span.state_offset;
     const float lr = s->lr * span.lr_scale, wd = span.weight_decay_or(weight_decay_);
     const optim::FrozenChunks& frozen = span.frozen;
     for (int64_t i = 0; i < span.count; ++i) {

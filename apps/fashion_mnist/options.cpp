@@ -162,6 +162,10 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "The optimizer's state (AdamW's moments, SGD's momentum) in 32-bit floats or in 8 bits (block-wise "
                  "quantized, a scale per 64 values: 26.6% of the fp32 state's bytes)")
       ->check(CLI::IsMember({32, 8}));
+  app.add_option("--zero", o.zero_stage,
+                 "Under mpirun: 1 shards the optimizer's state over the ranks (ZeRO stage 1: each rank keeps and "
+                 "updates 1/N of it, the same weights as 0); 0 keeps all of it on every rank")
+      ->check(CLI::IsMember({0, 1}));
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)");
@@ -234,6 +238,8 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
   require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
           "--momentum and --nesterov apply to --optimizer sgd only");
   require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+  require(o.zero_stage == 0 || o.checkpoint_path.empty(),
+          "--checkpoint with --zero 1: the sharded optimizer state is not gathered into one file yet (use --zero 0)");
   require(o.optimizer_bits == 32 || o.optimizer == "adamw" || o.momentum > 0,
           "--optimizer-bits 8 needs optimizer state: --optimizer adamw, or sgd with --momentum > 0");
   require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),

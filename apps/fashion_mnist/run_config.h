@@ -61,6 +61,7 @@ struct FlagValues {
   float momentum = 0.0f;
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
+  int zero_stage = 0;       // ZeRO stage 1: the optimizer state sharded over the ranks (same weights)
   int optimizer_bits = 32;  // the optimizer's state (AdamW's moments, SGD's momentum): f32, or 8-bit block-wise
   float clip_grad_norm = 0.0f;
   bool shuffle = false;

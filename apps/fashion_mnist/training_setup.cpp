@@ -70,7 +70,10 @@ train::TrainerOptions trainer_options(const RunConfig& o, const std::shared_ptr<
   // The Trainer counts the micro-batches of all ranks (Note [Data parallel accumulation]).
   ao.accum_steps = o.accum_steps_at(0) * o.world_size;
   if (o.accum_scheduled) ao.schedule = o.accum_schedule_all_ranks();
-  if (o.world_size > 1) ao.communicator = comm;
+  if (o.world_size > 1) {
+    ao.communicator = comm;
+    ao.zero_stage = o.zero_stage;  // one rank keeps the whole state anyway
+  }
   ao.normalization = o.normalization;
   ao.clip_grad_norm = o.clip_grad_norm;
   ao.loss_scaling.dynamic = needs_loss_scaling(o.precision);

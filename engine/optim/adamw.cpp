@@ -20,8 +20,8 @@ AdamW::AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& opt
 
 std::vector<StateSpec> AdamW::state_specs() const {
   if (options_.state_bits == 32) return {{"exp_avg"}, {"exp_avg_sq"}};
-  std::vector<StateSpec> specs = state_8bit_specs("exp_avg", params_->num_chunks());
-  for (StateSpec& spec : state_8bit_specs("exp_avg_sq", params_->num_chunks())) specs.push_back(spec);
+  std::vector<StateSpec> specs = state_8bit_specs("exp_avg");
+  for (StateSpec& spec : state_8bit_specs("exp_avg_sq")) specs.push_back(spec);
   return specs;
 }
 
@@ -33,8 +33,8 @@ void AdamW::update(const UpdateScalars* scalars, const UpdateSpan& span) {
   const float* g = p.gradients().data<float>() + off;
   const float wd = span.weight_decay_or(o.weight_decay);
   if (o.state_bits == 8) {
-    const kernels::QuantizedState m = quantized_span(state_array(0), state_array(1), off);
-    const kernels::QuantizedState v = quantized_span(state_array(2), state_array(3), off);
+    const kernels::QuantizedState m = quantized_span(state_array(0), state_array(1), span.state_offset);
+    const kernels::QuantizedState v = quantized_span(state_array(2), state_array(3), span.state_offset);
     CUMULUS_DISPATCH(p.device(), ctx,
                      kernels::adamw_step_8bit_cpu(w, g, m, v, span.count, scalars->grad_scale,
                                                   scalars->lr * span.lr_scale, o.beta1, o.beta2, o.eps, wd,
@@ -43,8 +43,8 @@ void AdamW::update(const UpdateScalars* scalars, const UpdateSpan& span) {
                                                      span.frozen, ctx.stream(), span.lr_scale));
     return;
   }
-  float* m = state_array(0).data<float>() + off;
-  float* v = state_array(1).data<float>() + off;
+  float* m = state_array(0).data<float>() + span.state_offset;
+  float* v = state_array(1).data<float>() + span.state_offset;
   CUMULUS_DISPATCH(p.device(), ctx,
                    kernels::adamw_step_cpu(w, g, m, v, span.count, scalars->grad_scale, scalars->lr * span.lr_scale,
                                            o.beta1, o.beta2, o.eps, wd, scalars->updates, span.frozen),

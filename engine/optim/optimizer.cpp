@@ -105,22 +105,40 @@ std::vector<UpdateSpan> Optimizer::spans() const {
     frozen.frozen = params_->frozen_chunks();
     frozen.missed = missed_updates_.data<int32_t>();
   }
+  // Each segment's part inside the kept shard (all of it without one).
+  const int64_t begin = shard_offset(), end = begin + shard_count();
   auto span_of = [&](const Segment& seg) {
     UpdateSpan span;
-    span.offset = seg.offset;
-    span.count = seg.count;
+    span.offset = std::max(seg.offset, begin);
+    span.state_offset = span.offset - begin;
+    span.count = std::min(seg.offset + seg.count, end) - span.offset;
     span.lr_scale = seg.lr_scale;
     span.weight_decay = seg.weight_decay;
     span.frozen = frozen;
-    const int64_t chunk = seg.offset / FrozenChunks::kChunk;
+    const int64_t chunk = span.offset / FrozenChunks::kChunk;
     if (span.frozen.frozen != nullptr) span.frozen.frozen += chunk;
     if (span.frozen.missed != nullptr) span.frozen.missed += chunk;
     return span;
   };
   if (segments_.empty()) return {span_of(Segment{0, params_->size(), 1.0f, -1.0f})};
   std::vector<UpdateSpan> out;
-  for (const Segment& seg : segments_) out.push_back(span_of(seg));
+  for (const Segment& seg : segments_) {
+    const UpdateSpan span = span_of(seg);
+    if (span.count > 0) out.push_back(span);
+  }
   return out;
+}
+
+void Optimizer::keep_shard(int64_t offset, int64_t count) {
+  const int64_t size = params_->size(), chunk = FrozenChunks::kChunk;
+  CUMULUS_CHECK(state_.empty(), InvalidArgument,
+                "Optimizer::keep_shard: the state exists already (keep a shard before the first update)");
+  CUMULUS_CHECK(offset >= 0 && count >= 0 && offset + count <= size && offset % chunk == 0 &&
+                    ((offset + count) % chunk == 0 || offset + count == size),
+                InvalidArgument, "Optimizer::keep_shard: elements [", offset, ", ", offset + count,
+                ") are not whole chunks of ", chunk, " within the ", size, " parameters");
+  shard_offset_ = offset;
+  shard_count_ = count;
 }
 
 int64_t Optimizer::updates() const { return read_update_scalars().updates; }
@@ -140,6 +158,12 @@ const Tensor& Optimizer::state_tensor(const std::string& name) const {
     if (specs[i].name == name) return state_[i];
   if (name == kFrozenStateName) return missed_updates_;
   return undefined;
+}
+
+int64_t Optimizer::numel_of(const StateSpec& spec) const {
+  CUMULUS_CHECK(spec.block >= 1 && FrozenChunks::kChunk % spec.block == 0, InvalidArgument, "optimizer state '",
+                spec.name, "': block ", spec.block, " does not divide a chunk of ", FrozenChunks::kChunk, " elements");
+  return (shard_count() + spec.block - 1) / spec.block;
 }
 
 void Optimizer::allocate_state() {

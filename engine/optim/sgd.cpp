@@ -18,7 +18,7 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
 
 std::vector<StateSpec> SGD::state_specs() const {
   if (options_.momentum == 0.0f) return {};
-  if (options_.state_bits == 8) return state_8bit_specs("momentum_buffer", params_->num_chunks());
+  if (options_.state_bits == 8) return state_8bit_specs("momentum_buffer");
   return {{"momentum_buffer"}};
 }
 
@@ -30,7 +30,7 @@ void SGD::update(const UpdateScalars* scalars, const UpdateSpan& span) {
   const SGDOptions& o = options_;
   const float wd = span.weight_decay_or(o.weight_decay);
   if (o.momentum != 0.0f && o.state_bits == 8) {
-    const kernels::QuantizedState buf = quantized_span(state_array(0), state_array(1), off);
+    const kernels::QuantizedState buf = quantized_span(state_array(0), state_array(1), span.state_offset);
     CUMULUS_DISPATCH(p.device(), ctx,
                      kernels::sgd_step_8bit_cpu(w, g, buf, span.count, scalars->grad_scale,
                                                 scalars->lr * span.lr_scale, o.momentum, o.dampening, o.nesterov, wd,
@@ -39,7 +39,7 @@ void SGD::update(const UpdateScalars* scalars, const UpdateSpan& span) {
                                                    o.nesterov, wd, span.frozen, ctx.stream(), span.lr_scale));
     return;
   }
-  float* buf = o.momentum != 0.0f ? state_array(0).data<float>() + off : nullptr;
+  float* buf = o.momentum != 0.0f ? state_array(0).data<float>() + span.state_offset : nullptr;
   CUMULUS_DISPATCH(p.device(), ctx,
                    kernels::sgd_step_cpu(w, g, buf, span.count, scalars->grad_scale, scalars->lr * span.lr_scale,
                                          o.momentum, o.dampening, o.nesterov, wd, scalars->updates, span.frozen),

@@ -15,13 +15,13 @@ inline void check_state_bits(int bits, const char* optimizer) {
   CUMULUS_CHECK(bits == 32 || bits == 8, InvalidArgument, optimizer, ": state_bits must be 32 or 8, got ", bits);
 }
 
-// `name` as codes (u8 per element) and `name`_absmax (f32 per block of a FlatParameters' `chunks`).
-inline std::vector<StateSpec> state_8bit_specs(const std::string& name, int64_t chunks) {
+// `name` as codes (u8 per element) and `name`_absmax (f32 per block of a chunk).
+inline std::vector<StateSpec> state_8bit_specs(const std::string& name) {
   static_assert(kernels::QuantizedState::kBlock == FrozenChunks::kChunk, "a block is one chunk");
-  return {{name, DType::u8, chunks * FrozenChunks::kChunk}, {name + "_absmax", DType::f32, chunks}};
+  return {{name, DType::u8, 1}, {name + "_absmax", DType::f32, kernels::QuantizedState::kBlock}};
 }
 
-// The span from element `offset` (a multiple of the block) of state arrays `codes` and `absmax`.
+// The span from state element `offset` (a multiple of the block) of state arrays `codes` and `absmax`.
 inline kernels::QuantizedState quantized_span(Tensor& codes, Tensor& absmax, int64_t offset) {
   return {codes.data<uint8_t>() + offset, absmax.data<float>() + offset / kernels::QuantizedState::kBlock};
 }

@@ -76,6 +76,8 @@ void check_options(const AccumulationOptions& options) {
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Trainer: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
   if (options.loss_scaling.dynamic) check_loss_scaling(options);
+  CUMULUS_CHECK(options.zero_stage == 0 || options.zero_stage == 1, InvalidArgument,
+                "Trainer: zero_stage must be 0 or 1 (ZeRO stage 2 is not built yet), got ", options.zero_stage);
 }
 
 }  // namespace
@@ -93,6 +95,7 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
     for (const auto& [epoch, n] : steps) check_accum_steps(n, "Trainer");
     p.buckets = std::make_unique<dist::GradientBuckets>(p.optimizer->parameters(), options.bucket_bytes,
                                                         *options.communicator);
+    if (options.zero_stage == 1) p.keep_shard();
   }
   CUMULUS_CHECK(!p.use_graphs || device.is_cuda(), InvalidArgument,
                 "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ", device.str());

@@ -117,6 +117,9 @@ struct Trainer::Parts {
   Captured* step_graph();  // null when the step runs eagerly
   // The step's parts.
   void reduce_across_ranks();
+  // ZeRO-1 (Note [ZeRO]): the optimizer keeps this rank's shard; after an update, the shards gathered.
+  void keep_shard();
+  void gather_shards();
   void decide_step();
   void end_group();
   void log_step();  // on_step, when set
@@ -134,6 +137,7 @@ struct Trainer::Parts {
   LearningRateWindow lr_window;
   BackwardSeeds seeds;
   std::unique_ptr<dist::GradientBuckets> buckets;  // data parallel only
+  std::vector<dist::Shard> shards;                 // ZeRO-1: every rank's part of the flat arrays
   int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
 
   bool use_graphs;

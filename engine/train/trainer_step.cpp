@@ -41,6 +41,17 @@
 //   underflow, a run with loss scaling gives the same bits as one without (tested).
 // The reported loss is the true loss: only the seed is scaled.
 //
+// Note [ZeRO]
+// Data parallel ranks hold the same weights and, once reduced, the same gradient, so each would
+// apply the same update to every element. With zero_stage 1 (ZeRO stage 1, Rajbhandari et al.,
+// 2020) each rank keeps the optimizer state of, and updates, only its shard of the flat parameters
+// (dist::shard_layout, about 1/N of the elements: Optimizer::keep_shard), and the step ends with an
+// all-gather of the updated shards. The gradient is still all-reduced whole (stage 2 would
+// reduce-scatter it), so the norm, the clipping, the non-finite guard and the loss scale are
+// decided as before, alike on every rank; the update is elementwise, so every element gets the
+// bits the unsharded update gives it: ZeRO-1 trains bit for bit as plain data parallel (tested). A
+// skipped step updates nothing, and the gather hands back the values every rank already has.
+//
 // Note [Learning-rate table]
 // The schedule is host code (LRSchedule::lr_at), but whether a step is taken, and so which step
 // index the next one has, is known only on the device. The device therefore reads the rate from
@@ -113,6 +124,8 @@ void Trainer::run_step() {
     p.decide_step();
     // The optimizer's update with the decided scalars (nothing moves where the step is skipped).
     opt.apply_update();
+    // ZeRO-1: every rank's updated shard to every rank (Note [ZeRO]).
+    p.gather_shards();
   });
   ++(ran == Parts::Ran::eagerly ? p.stats.eager_steps : p.stats.replayed_steps);
 #if CUMULUS_WITH_CUDA
@@ -164,6 +177,20 @@ void Trainer::Parts::reduce_across_ranks() {
   comm.start_all_reduce_sum(&state.state()->group, 2, dist::Element::f64, optimizer->parameters().device());
   comm.wait_all();
   comm.count_gradient_reduction(buckets->bytes());
+}
+
+void Trainer::Parts::keep_shard() {
+  nn::FlatParameters& params = optimizer->parameters();
+  const dist::Communicator& comm = *options.communicator;
+  shards = dist::shard_layout(params.size(), comm.world_size(), nn::FlatParameters::kAlignElements);
+  const dist::Shard& own = shards[static_cast<std::size_t>(comm.rank())];
+  optimizer->keep_shard(own.offset, own.count);
+}
+
+void Trainer::Parts::gather_shards() {
+  if (shards.empty()) return;
+  nn::FlatParameters& params = optimizer->parameters();
+  options.communicator->all_gather(params.values().data<float>(), shards, params.device());
 }
 
 // The norm of the accumulated gradient and kernels::prepare_step, one launch on CUDA.

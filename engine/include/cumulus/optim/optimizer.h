@@ -5,11 +5,11 @@
 // Trainer folds the normalization 1/units, the clipping factor and the loss scale into it), then
 // the rule is applied. The scalars live in the parameters' memory, so a CUDA update never waits
 // for the host (Note [Device-side step] in kernels/optim_rules.h). State is a set of named flat
-// arrays (StateSpec: f32 with one element per parameter element, or any dtype and length, as the
-// 8-bit state's codes and per-block scales), allocated (zeros) at the first update in category
-// optimizer_state. A frozen parameter (requires_grad false) is left bit-identical by every update,
-// its state included, and resumes its own state when unfrozen (Note [Frozen parameters] in
-// kernels/optim_rules.h).
+// arrays (StateSpec: f32 with one element per parameter element, or any dtype with one element per
+// block, as the 8-bit state's codes and scales), allocated (zeros) at the first update in category
+// optimizer_state; under ZeRO (keep_shard) they cover this rank's shard only. A frozen parameter
+// (requires_grad false) is left bit-identical by every update, its state included, and resumes its
+// own state when unfrozen (Note [Frozen parameters] in kernels/optim_rules.h).
 //
 // A new optimizer (tests/test_user_optimizer.cpp has Adagrad) declares its state and implements the
 // update of one span:
@@ -20,7 +20,8 @@
 //     std::vector<optim::StateSpec> state_specs() const override { return {{"sum"}}; }
 //     void update(const optim::UpdateScalars* s, const optim::UpdateSpan& span) override {
 //       // CPU: s is host memory; on CUDA a kernel reads it on the device.
-//       float* w = parameters().values().data<float>() + span.offset; ...
+//       float* w = parameters().values().data<float>() + span.offset;
+//       float* sum = state_array(0).data<float>() + span.state_offset; ...
 //     }
 //   };
 // Checkpoints (state(), load_state()), memory predictions (state_to_allocate()) and the frozen
@@ -56,18 +57,20 @@ struct ParamGroup {
 std::vector<ParamGroup> decay_matrices_only(const std::vector<std::pair<std::string, Tensor>>& named_parameters,
                                             float weight_decay);
 
-// One state array of an optimizer: `numel` elements of `dtype`, or (numel < 0) one per parameter
-// element, parameters().size(), as most rules keep. Zeros at the first update.
+// One state array of an optimizer: one element of `dtype` per `block` parameter elements (1, as
+// most rules keep, up to FrozenChunks::kChunk, a divisor of it: per-block scales), over the
+// elements the optimizer keeps (all, or its ZeRO shard). Zeros at the first update.
 struct StateSpec {
   std::string name;
   DType dtype = DType::f32;
-  int64_t numel = -1;
+  int64_t block = 1;
 };
 
 // The elements one call of Optimizer::update covers: a run of the flat arrays whose parameters
 // share a group's setting (the whole array without groups).
 struct UpdateSpan {
-  int64_t offset = 0;  // first element, a multiple of FrozenChunks::kChunk
+  int64_t offset = 0;        // first element, a multiple of FrozenChunks::kChunk
+  int64_t state_offset = 0;  // its element in the state arrays: offset less the kept shard's start
   int64_t count = 0;
   float lr_scale = 1.0f;        // multiplies UpdateScalars::lr
   float weight_decay = -1.0f;   // the group's; < 0: the optimizer's own
@@ -136,6 +139,15 @@ class Optimizer {
   const nn::FlatParameters& parameters() const { return *params_; }
   nn::FlatParameters& parameters() { return *params_; }
 
+  // ---- ZeRO: a rank's shard (train::Trainer with AccumulationOptions::zero_stage) ----
+  // Keeps state for, and updates, only the elements [offset, offset + count) of the flat arrays
+  // (this rank's dist::shard_layout shard: offset a multiple of FrozenChunks::kChunk, the end too
+  // or the array's); the others' values arrive from the ranks that keep them. Before the first
+  // update (InvalidArgument after). state(), state_layout() and load_state() are the shard's.
+  void keep_shard(int64_t offset, int64_t count);
+  int64_t shard_offset() const { return shard_offset_; }
+  int64_t shard_count() const { return shard_count_ < 0 ? params_->size() : shard_count_; }
+
   // ---- a driver's calls: an update decided on the device (train::Trainer) ----
   // Host work before an update: zeroes stale gradient slots and reads which parameters are frozen
   // (FlatParameters::refresh_frozen; the missed-update counts are allocated at the first freeze).
@@ -154,8 +166,9 @@ class Optimizer {
   // ---- what an optimizer implements ----
   // Its state arrays (empty: none), fixed for the optimizer's lifetime.
   virtual std::vector<StateSpec> state_specs() const = 0;
-  // One update of the elements [span.offset, span.offset + span.count) of parameters().values(),
-  // parameters().gradients() and the state arrays (state_array), by the rule with
+  // One update of the elements [span.offset, span.offset + span.count) of parameters().values()
+  // and parameters().gradients(), and from span.state_offset (span.state_offset / block for a
+  // StateSpec's block) of the state arrays (state_array), by the rule with
   // g = scalars->grad_scale * gradient, lr = scalars->lr * span.lr_scale and the update count
   // scalars->updates (this update included). `scalars` is host memory on the CPU (the base class
   // calls nothing there when skip is set) and device memory on CUDA, where a kernel reads it and
@@ -169,8 +182,8 @@ class Optimizer {
  private:
   // The missed-update counts as optimizer state (Note [Frozen parameters]).
   void restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state);
-  // The elements of a state array.
-  int64_t numel_of(const StateSpec& spec) const { return spec.numel < 0 ? params_->size() : spec.numel; }
+  // The elements of a state array (InvalidArgument for a block that does not divide a chunk).
+  int64_t numel_of(const StateSpec& spec) const;
   // Copies `name` (checked: `shape`'s elements of `dtype`) into `into`, allocated as optimizer
   // state when undefined; false when `state` has no `name`.
   bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
@@ -190,6 +203,7 @@ class Optimizer {
   std::vector<Tensor> state_;      // by state_specs(); empty until the first update
   Tensor scalars_;                 // one UpdateScalars, category other
   Tensor missed_updates_;  // i32 per FlatParameters chunk, optimizer_state; undefined until a freeze
+  int64_t shard_offset_ = 0, shard_count_ = -1;  // keep_shard's; -1: every element
 };
 
 }  // namespace cumulus::optim
