@@ -1,7 +1,8 @@
-// A program for test_dist, run under mpirun: ZeRO's collectives (Communicator::all_gather and
-// reduce_scatter_sum) on a flat CPU array whose shards are uneven, checked on every rank against
+// A program for test_dist, run under mpirun: ZeRO's collectives (Communicator::all_gather,
+// reduce_scatter_sum and gather_to_root) on a flat CPU array whose shards are uneven, checked on every rank against
 // the values each rank put in. Prints "collectives ok on rank R of W" or names the first element
 // that differs, and exits non-zero then.
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -41,6 +42,18 @@ int main() try {
     for (int r = 0; r < world; ++r) sum += value(r, i);  // integers: exact in any order
     if (data[i] != sum) return fail("reduce_scatter_sum", rank, i, data[i], sum);
   }
+  // gather_to_root: the root's whole array, its own shard in place; the others send just theirs.
+  std::vector<float> mine(static_cast<std::size_t>(own.count));
+  for (int64_t i = 0; i < own.count; ++i) mine[i] = value(rank, own.offset + i);
+  if (comm->is_root()) {
+    std::fill(data.begin(), data.end(), -1.0f);
+    std::copy(mine.begin(), mine.end(), data.begin() + own.offset);
+  }
+  comm->gather_to_root(comm->is_root() ? data.data() : mine.data(), shards, Device::cpu());
+  if (comm->is_root())
+    for (int r = 0; r < world; ++r)
+      for (int64_t i = shards[r].offset; i < shards[r].offset + shards[r].count; ++i)
+        if (data[i] != value(r, i)) return fail("gather_to_root", rank, i, data[i], value(r, i));
   std::printf("collectives ok on rank %d of %d\n", rank, world);
   return 0;
 } catch (const std::exception& e) {

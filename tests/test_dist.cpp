@@ -108,6 +108,7 @@ class PretendWorld : public dist::Communicator {
   void wait_all() override {}
   void all_gather(float*, const std::vector<dist::Shard>&, Device) override {}
   void reduce_scatter_sum(float*, const std::vector<dist::Shard>&, Device) override {}
+  void gather_to_root(float*, const std::vector<dist::Shard>&, Device) override {}
   bool any(bool mine) override { return mine; }
   std::string broadcast_from_root(const std::string& v) override { return v; }
   std::vector<std::string> gather_to_root(const std::string& v) override { return {v}; }
@@ -436,6 +437,23 @@ TEST_F(MpiRunTest, ZeroStageOneGivesDataParallelsWeightsWithHalfTheStatePerRank)
       EXPECT_GT(shard, 0) << optimizers[k];
       EXPECT_LE(shard, whole / 2 + 1024) << optimizers[k] << ", rank report '" << rank << "'";
     }
+  }
+}
+
+// A --zero 1 checkpoint holds the whole optimizer state (every rank's shard gathered at rank 0), so
+// it resumes sharded or not, and either gives the uninterrupted run's weights bit for bit.
+TEST_F(MpiRunTest, ZeroCheckpointHoldsTheWholeStateAndResumesShardedOrNot) {
+  const std::string opt = " --optimizer adamw --lr 0.002 --clip-grad-norm 0.5 --shuffle";
+  Result r = launch(2, common() + opt + " --epochs 2 --save " + quote(path("zck_plain.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = launch(2, common() + opt + " --zero 1 --epochs 1 --checkpoint " + quote(path("zck.ckpt")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* stage : {"1", "0"}) {
+    const std::string out = std::string("zck_resumed") + stage + ".safetensors";
+    r = launch(2, common() + opt + " --zero " + stage + " --epochs 2 --resume " + quote(path("zck.ckpt")) + " --save " +
+                      quote(path(out)));
+    ASSERT_EQ(r.exit_code, 0) << "--zero " << stage << ": " << r.out;
+    expect_same_weights(out, "zck_plain.safetensors", 0.0, 0.0);
   }
 }
 

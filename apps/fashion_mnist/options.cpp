@@ -238,8 +238,6 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
   require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
           "--momentum and --nesterov apply to --optimizer sgd only");
   require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
-  require(o.zero_stage == 0 || o.checkpoint_path.empty(),
-          "--checkpoint with --zero 1: the sharded optimizer state is not gathered into one file yet (use --zero 0)");
   require(o.optimizer_bits == 32 || o.optimizer == "adamw" || o.momentum > 0,
           "--optimizer-bits 8 needs optimizer state: --optimizer adamw, or sgd with --momentum > 0");
   require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),

@@ -239,6 +239,7 @@ struct RunConfig : FlagValues {
 
   // Data parallel (mpirun). The output paths (FlagValues) are this rank's (Note [Run configuration]).
   int rank = 0, world_size = 1;
+  bool gathers_checkpoint = false;  // --zero 1 --checkpoint: every rank sends rank 0 its optimizer shard
 
   // Micro-batches per optimizer step of each rank in `epoch`, and of all ranks together by epoch.
   int accum_steps_at(int epoch) const;

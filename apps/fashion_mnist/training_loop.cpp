@@ -135,7 +135,8 @@ class TrainingLoop {
   void check_plan(const EpochSummary& e);
   nlohmann::ordered_json metrics_line(const EpochSummary& e, const train::Evaluation& r) const;
   void checkpoint_now(const train::CheckpointState& state, const char* why);
-  int stop(const std::string& message, int code, const char* why);
+  // `together`: every rank stops at this boundary (a sharded state can be gathered for the checkpoint).
+  int stop(const std::string& message, int code, const char* why, bool together = false);
   int stop_together(const std::string& where);
 
   const TrainingParts& p_;
@@ -213,9 +214,12 @@ void TrainingLoop::measure_plan(const EpochSummary& e) {
 }
 
 void TrainingLoop::checkpoint_now(const train::CheckpointState& state, const char* why) {
+  if (o_.checkpoint_path.empty() && !o_.gathers_checkpoint) return;
+  // --zero 1: every rank's shard of the optimizer state goes to rank 0, which writes the whole.
+  const std::vector<std::pair<std::string, Tensor>> optimizer_state = trainer_.optimizer_state();
   if (o_.checkpoint_path.empty()) return;
   try {
-    train::save_training_checkpoint(o_.checkpoint_path, p_.model, p_.optimizer, state,
+    train::save_training_checkpoint(o_.checkpoint_path, p_.model, optimizer_state, state,
                                     settings_table().recorded({o_, ""}));
   } catch (const Error& e) {
     throw Error("--checkpoint: " + std::string(e.what()));
@@ -225,13 +229,20 @@ void TrainingLoop::checkpoint_now(const train::CheckpointState& state, const cha
 
 // Ends the run after an interrupt, an out-of-memory or a failed write: the checkpoint of the last
 // group boundary and the reports are still written (each failure reported, none hiding another).
-int TrainingLoop::stop(const std::string& message, int code, const char* why) {
+int TrainingLoop::stop(const std::string& message, int code, const char* why, bool together) {
   progress_.end_epoch();
   if (!message.empty()) std::fprintf(stderr, "fashion_mnist: %s\n", message.c_str());
   allocator_for(o_.device).set_memory_limit(0);  // room to report and save; a group in flight is dropped
   int status = code;
-  for (auto& write : {std::function<void()>([&] { checkpoint_now(point_.state(), why); }),
-                      std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
+  auto checkpoint = [&] {
+    if (!o_.gathers_checkpoint || together) return checkpoint_now(point_.state(), why);
+    if (!o_.checkpoint_path.empty())
+      say("checkpoint not written: one rank stopped alone, so the optimizer's shards cannot be gathered; %s keeps "
+          "the last one\n",
+          o_.checkpoint_path.c_str());
+  };
+  for (auto& write :
+       {std::function<void()>(checkpoint), std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
     try {
       write();
     } catch (const Error& e) {
@@ -246,7 +257,8 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why) {
 // reports, the ranks meet and end together (no rank is aborted mid-write).
 int TrainingLoop::stop_together(const std::string& where) {
   const std::string message = "interrupted (" + std::string(app::stop_signal_name(app::stop_signal())) + ") " + where;
-  const int status = stop(g_root ? message : std::string(), app::exit_code_for_stop(app::stop_signal()), "interrupted");
+  const int status =
+      stop(g_root ? message : std::string(), app::exit_code_for_stop(app::stop_signal()), "interrupted", true);
   if (o_.world_size > 1) {
     p_.comm.barrier();
     g_agreed_exit = true;

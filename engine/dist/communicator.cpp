@@ -62,6 +62,7 @@ class SingleProcess final : public Communicator {
   void wait_all() override {}
   void all_gather(float*, const std::vector<Shard>&, Device) override {}
   void reduce_scatter_sum(float*, const std::vector<Shard>&, Device) override {}
+  void gather_to_root(float*, const std::vector<Shard>&, Device) override {}
   bool any(bool mine) override { return mine; }
   std::string broadcast_from_root(const std::string& root_value) override { return root_value; }
   std::vector<std::string> gather_to_root(const std::string& mine) override { return {mine}; }

@@ -122,6 +122,15 @@ class MpiCommunicator final : public Communicator {
     std::memmove(data + own.offset, data, static_cast<std::size_t>(own.count) * sizeof(float));
     add_span(start, TimePoint::now(Device::cpu()));
   }
+  void gather_to_root(float* data, const std::vector<Shard>& shards, Device device) override {
+    const std::vector<int> counts = shard_ints(shards, "gather_to_root"), offsets = shard_offsets(shards);
+    ++stats_.messages;
+    if (device.is_cuda()) return nccl_gather_to_root(data, shards, device);
+    const int own = counts[static_cast<std::size_t>(rank_)];
+    check_mpi(MPI_Gatherv(is_root() ? MPI_IN_PLACE : data, own, MPI_FLOAT, data, counts.data(), offsets.data(),
+                          MPI_FLOAT, 0, MPI_COMM_WORLD),
+              "MPI_Gatherv");
+  }
   bool any(bool mine) override {
     int in = mine ? 1 : 0, out = 0;
     ++stats_.messages;
@@ -217,6 +226,27 @@ class MpiCommunicator final : public Communicator {
     wait_all();
 #else
     needs_nccl("reduce_scatter_sum", device);
+#endif
+  }
+  // The root receives each rank's shard (point-to-point, grouped into one NCCL launch).
+  void nccl_gather_to_root([[maybe_unused]] float* data, [[maybe_unused]] const std::vector<Shard>& shards,
+                           Device device) {
+#if CUMULUS_WITH_NCCL
+    on_nccl_stream(device, [&] {
+      const Shard& own = shards[static_cast<std::size_t>(rank_)];
+      if (!is_root()) {
+        check_nccl(ncclSend(data, static_cast<size_t>(own.count), ncclFloat32, 0, nccl_, comm_stream_), "ncclSend");
+        return;
+      }
+      for (int r = 1; r < world_; ++r) {
+        const Shard& s = shards[static_cast<std::size_t>(r)];
+        check_nccl(ncclRecv(data + s.offset, static_cast<size_t>(s.count), ncclFloat32, r, nccl_, comm_stream_),
+                   "ncclRecv");
+      }
+    });
+    wait_all();
+#else
+    needs_nccl("gather_to_root", device);
 #endif
   }
   [[noreturn]] static void needs_nccl(const char* what, Device device) {

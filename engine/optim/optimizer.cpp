@@ -160,10 +160,10 @@ const Tensor& Optimizer::state_tensor(const std::string& name) const {
   return undefined;
 }
 
-int64_t Optimizer::numel_of(const StateSpec& spec) const {
+int64_t Optimizer::numel_of(const StateSpec& spec, bool whole) const {
   CUMULUS_CHECK(spec.block >= 1 && FrozenChunks::kChunk % spec.block == 0, InvalidArgument, "optimizer state '",
                 spec.name, "': block ", spec.block, " does not divide a chunk of ", FrozenChunks::kChunk, " elements");
-  return (shard_count() + spec.block - 1) / spec.block;
+  return ((whole ? params_->size() : shard_count()) + spec.block - 1) / spec.block;
 }
 
 void Optimizer::allocate_state() {
@@ -197,7 +197,7 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
 
 std::vector<Optimizer::StateTensorInfo> Optimizer::state_layout() const {
   std::vector<StateTensorInfo> out;
-  for (const StateSpec& spec : state_specs()) out.push_back({spec.name, spec.dtype, Shape{numel_of(spec)}});
+  for (const StateSpec& spec : state_specs()) out.push_back({spec.name, spec.dtype, Shape{numel_of(spec, true)}});
   out.push_back({kFrozenStateName, DType::i32, Shape{params_->num_chunks()}});
   return out;
 }
@@ -209,7 +209,8 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
     std::vector<Tensor> restored(specs.size());
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (i < state_.size()) restored[i] = state_[i];  // copied into the buffers held
-      if (!copy_state_tensor(state, specs[i].name, specs[i].dtype, Shape{numel_of(specs[i])}, restored[i]))
+      if (!copy_state_tensor(state, specs[i].name, specs[i].dtype, numel_of(specs[i], true),
+                             shard_offset_ / specs[i].block, Shape{numel_of(specs[i])}, restored[i]))
         throw InvalidArgument("optimizer state '" + specs[i].name + "' is missing from the checkpoint");
     }
     state_ = std::move(restored);
@@ -221,24 +222,26 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
 }
 
 bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
-                                  DType dtype, const Shape& shape, Tensor& into) const {
+                                  DType dtype, int64_t whole, int64_t first, const Shape& shape, Tensor& into) const {
   for (const auto& [n, t] : state) {
     if (n != name) continue;
-    CUMULUS_CHECK(t.dtype() == dtype && t.numel() == shape.numel(), ShapeError, "optimizer state '", name, "' has ",
-                  t.numel(), " elements (", dtype_name(t.dtype()), "), expected ", shape.numel(), " ",
-                  dtype_name(dtype), " (was the checkpoint written for this model?)");
+    CUMULUS_CHECK(t.dtype() == dtype && t.numel() == whole, ShapeError, "optimizer state '", name, "' has ", t.numel(),
+                  " elements (", dtype_name(t.dtype()), "), expected ", whole, " ", dtype_name(dtype),
+                  " (was the checkpoint written for this model?)");
     if (!into.defined()) {
       MemoryCategoryScope scope(MemoryCategory::optimizer_state);
       into = Tensor::empty(shape, dtype, params_->device());
     }
-    copy_bytes(into.raw_data(), into.device(), t.raw_data(), t.device(), into.nbytes());
+    const char* from = static_cast<const char*>(t.raw_data()) + first * static_cast<int64_t>(dtype_size(dtype));
+    copy_bytes(into.raw_data(), into.device(), from, t.device(), into.nbytes());
     return true;
   }
   return false;
 }
 
 void Optimizer::restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state) {
-  if (copy_state_tensor(state, kFrozenStateName, DType::i32, Shape{params_->num_chunks()}, missed_updates_)) return;
+  const int64_t chunks = params_->num_chunks();
+  if (copy_state_tensor(state, kFrozenStateName, DType::i32, chunks, 0, Shape{chunks}, missed_updates_)) return;
   // A checkpoint from before any freeze: no parameter missed an update.
   if (missed_updates_.defined()) {
     const std::vector<int32_t> zeros(static_cast<std::size_t>(params_->num_chunks()), 0);

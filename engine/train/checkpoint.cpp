@@ -183,6 +183,16 @@ std::string setting_text(float value) {
 void save_training_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
                               const CheckpointState& s, const std::vector<RecordedSetting>& settings,
                               const std::map<std::string, std::string>& metadata, io::OutputLinks links) {
+  CUMULUS_CHECK(optimizer.shard_count() == optimizer.parameters().size(), InvalidArgument,
+                "save_training_checkpoint: the optimizer keeps one shard of the state (ZeRO); save "
+                "Trainer::optimizer_state(), gathered from every rank");
+  save_training_checkpoint(path, model, optimizer.state(), s, settings, metadata, links);
+}
+
+void save_training_checkpoint(const std::string& path, const nn::Module& model,
+                              const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
+                              const CheckpointState& s, const std::vector<RecordedSetting>& settings,
+                              const std::map<std::string, std::string>& metadata, io::OutputLinks links) {
   std::map<std::string, std::string> meta = metadata;
   for (const RecordedSetting& setting : settings) meta[kSettingPrefix + setting.key] = setting.value;
   const TrainingCounters& c = s.counters;
@@ -201,7 +211,7 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model, 
   meta["epoch_loss_sum_bits"] = std::to_string(static_cast<int64_t>(bits_of<uint64_t>(s.epoch_loss_sum)));
   meta["epoch_samples"] = std::to_string(s.epoch_units);
   meta[kChecksumKey] = "";  // computed by save_safetensors
-  io::save_state_dict(path, model, meta, io::ExtraTensors{kOptimizerPrefix, optimizer.state()}, links);
+  io::save_state_dict(path, model, meta, io::ExtraTensors{kOptimizerPrefix, optimizer_state}, links);
 }
 
 ResumedCheckpoint load_training_checkpoint(const std::string& path, const nn::Module& model, Optimizer& optimizer,

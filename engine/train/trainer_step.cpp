@@ -193,6 +193,46 @@ void Trainer::Parts::gather_shards() {
   options.communicator->all_gather(params.values().data<float>(), shards, params.device());
 }
 
+namespace {
+// A state array gathered whole at the root from every rank's `held` part (Note [ZeRO]): `whole`
+// elements, one per size / whole parameter elements; shards of the flat parameters. `held` is the
+// shard's part, or the whole array of which this rank's part counts (the frozen chunks' missed
+// updates). Moved as 4-byte words: every shard's bytes start and end on one (64-element shards).
+Tensor gather_state_array(const Tensor& held, int64_t whole, int64_t size, const std::vector<dist::Shard>& shards,
+                          dist::Communicator& comm) {
+  const int64_t block = size / whole, bytes = static_cast<int64_t>(dtype_size(held.dtype()));
+  std::vector<dist::Shard> words;
+  for (const dist::Shard& s : shards) words.push_back({s.offset / block * bytes / 4, s.count / block * bytes / 4});
+  const dist::Shard& own = words[static_cast<std::size_t>(comm.rank())];
+  const char* own_bytes = static_cast<const char*>(held.raw_data()) + (held.numel() == whole ? own.offset * 4 : 0);
+  if (!comm.is_root()) {
+    comm.gather_to_root(reinterpret_cast<float*>(const_cast<char*>(own_bytes)), words, held.device());
+    return Tensor();
+  }
+  MemoryCategoryScope scope(MemoryCategory::other);
+  Tensor out = Tensor::empty(Shape{whole}, held.dtype(), held.device());
+  char* into = static_cast<char*>(out.raw_data());
+  copy_bytes(into + own.offset * 4, out.device(), own_bytes, held.device(), static_cast<std::size_t>(own.count * 4));
+  comm.gather_to_root(reinterpret_cast<float*>(into), words, out.device());
+  return out;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
+  const Parts& p = *parts_;
+  if (p.shards.empty()) return p.optimizer->state();
+  std::vector<std::pair<std::string, Tensor>> out;
+  const int64_t size = p.optimizer->parameters().size();
+  const std::vector<optim::Optimizer::StateTensorInfo> layout = p.optimizer->state_layout();
+  for (const auto& [name, held] : p.optimizer->state()) {
+    auto info = std::find_if(layout.begin(), layout.end(), [&](const auto& i) { return i.name == name; });
+    CUMULUS_CHECK(info != layout.end(), Error, "Trainer::optimizer_state: no layout for '", name, "'");
+    Tensor whole = gather_state_array(held, info->shape.numel(), size, p.shards, *p.options.communicator);
+    if (whole.defined()) out.emplace_back(name, std::move(whole));
+  }
+  return out;
+}
+
 // The norm of the accumulated gradient and kernels::prepare_step, one launch on CUDA.
 void Trainer::Parts::decide_step() {
   const AccumulationOptions& o = options;

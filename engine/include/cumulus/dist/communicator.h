@@ -91,6 +91,9 @@ class Communicator {
   // are left undefined). Every rank must call with the same layout.
   virtual void all_gather(float* data, const std::vector<Shard>& shards, Device device) = 0;
   virtual void reduce_scatter_sum(float* data, const std::vector<Shard>& shards, Device device) = 0;
+  // Every rank's shard to the root only (a checkpoint of sharded state): on the root `data` is the
+  // whole array, its own shard in place; on the others `data` is just this rank's shard.
+  virtual void gather_to_root(float* data, const std::vector<Shard>& shards, Device device) = 0;
 
   // Host-side control, through MPI (never NCCL): whether any rank says true; the root's string on
   // every rank; every rank's string at the root (empty elsewhere).

@@ -119,22 +119,23 @@ class Optimizer {
   // since every micro-batch after the first step runs beside it (cumulus/plan/planner.h).
   std::vector<int64_t> state_to_allocate() const;
   // The state as named flat tensors (state_specs(), then "frozen_missed_updates", i32 per chunk,
-  // once a parameter was frozen); empty before the first update.
+  // once a parameter was frozen); empty before the first update. Under keep_shard the arrays are
+  // the shard's (the missed counts stay whole): train::Trainer::optimizer_state() gathers them.
   std::vector<std::pair<std::string, Tensor>> state() const;
   // One of state()'s tensors by name: undefined before the first update or for an unknown name.
   const Tensor& state_tensor(const std::string& name) const;
-  // Every tensor state() may ever hold, by name, dtype and shape, known before any is allocated:
-  // a checkpoint's optimizer tensors are checked against it before one is read, so a forged shape
-  // cannot make a load allocate gigabytes.
+  // Every tensor a checkpoint of this optimizer holds, by name, dtype and shape (the whole arrays,
+  // a shard kept or not), known before any is allocated: a checkpoint's optimizer tensors are
+  // checked against it before one is read, so a forged shape cannot make a load allocate gigabytes.
   struct StateTensorInfo {
     std::string name;
     DType dtype;
     Shape shape;
   };
   std::vector<StateTensorInfo> state_layout() const;
-  // Restores what state() returned (copied into this optimizer's own buffers, allocated if needed)
-  // and the number of updates applied, so training resumes exactly. Throws on missing or
-  // mis-shaped tensors, naming them.
+  // Restores a state of state_layout()'s whole arrays (a checkpoint's; state() without a shard),
+  // copying its kept shard's part into its own buffers (allocated if needed), and the number of
+  // updates applied, so training resumes exactly. Throws on missing or mis-shaped tensors, naming them.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates);
   const nn::FlatParameters& parameters() const { return *params_; }
   nn::FlatParameters& parameters() { return *params_; }
@@ -182,12 +183,13 @@ class Optimizer {
  private:
   // The missed-update counts as optimizer state (Note [Frozen parameters]).
   void restore_frozen_state(const std::vector<std::pair<std::string, Tensor>>& state);
-  // The elements of a state array (InvalidArgument for a block that does not divide a chunk).
-  int64_t numel_of(const StateSpec& spec) const;
-  // Copies `name` (checked: `shape`'s elements of `dtype`) into `into`, allocated as optimizer
-  // state when undefined; false when `state` has no `name`.
-  bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
-                         DType dtype, const Shape& shape, Tensor& into) const;
+  // The elements of a state array, held (the kept shard's) or whole (InvalidArgument for a block
+  // that does not divide a chunk).
+  int64_t numel_of(const StateSpec& spec, bool whole = false) const;
+  // Copies elements [first, first + `shape`'s) of `name` (checked: `whole` elements of `dtype`)
+  // into `into`, allocated as optimizer state when undefined; false when `state` has no `name`.
+  bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name, DType dtype,
+                         int64_t whole, int64_t first, const Shape& shape, Tensor& into) const;
   void allocate_state();
   // The spans of the update: one, or one per run of parameters sharing a group's setting.
   std::vector<UpdateSpan> spans() const;

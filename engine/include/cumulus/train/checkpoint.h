@@ -73,6 +73,12 @@ void save_training_checkpoint(const std::string& path, const nn::Module& model, 
                               const CheckpointState& state, const std::vector<RecordedSetting>& settings,
                               const std::map<std::string, std::string>& metadata = {},
                               io::OutputLinks links = io::OutputLinks::follow);
+// The same with the optimizer's state given whole: Trainer::optimizer_state() (a ZeRO run's).
+void save_training_checkpoint(const std::string& path, const nn::Module& model,
+                              const std::vector<std::pair<std::string, Tensor>>& optimizer_state,
+                              const CheckpointState& state, const std::vector<RecordedSetting>& settings,
+                              const std::map<std::string, std::string>& metadata = {},
+                              io::OutputLinks links = io::OutputLinks::follow);
 
 struct ResumeOptions {
   std::vector<RecordedSetting> settings;  // this run's: each must equal the checkpoint's

@@ -141,6 +141,9 @@ class Trainer {
   void restore(const TrainingCounters& counters);
 
   optim::Optimizer& optimizer();
+  // The optimizer's state whole, as a checkpoint holds it. With zero_stage 1 a collective (every
+  // rank calls it): the root gets every rank's shard gathered (Note [ZeRO]), the others nothing.
+  std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
   // The bytes a Trainer holds from its first step on (its LR table), for PlanRequest::loop_state.
   static std::vector<int64_t> state_to_allocate();
 
