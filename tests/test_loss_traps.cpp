@@ -81,12 +81,7 @@ struct LanguageProblem {
 // The message of the InvalidArgument `fn` throws ("" when it throws none).
 template <typename Fn>
 std::string refusal(Fn fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
+  return testing::thrown_message<InvalidArgument>(fn);
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -690,22 +690,11 @@ TEST(Rotary, TablesHoldEachAngleOnceRoundedInBothHalves) {
     }
 }
 
-// The message of what `fn` throws as E (empty when it throws nothing).
-template <typename E, typename Fn>
-std::string thrown(Fn fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Rotary, BadSizesAreRefusedByName) {
-  EXPECT_NE(thrown<InvalidArgument>([] { ops::rotary_tables(4, 7); }).find("head_dim must be even"), std::string::npos);
-  EXPECT_NE(thrown<InvalidArgument>([] { ops::rotary_tables(0, 8); }).find("context must be >= 1"), std::string::npos);
+  EXPECT_NE(thrown_message<InvalidArgument>([] { ops::rotary_tables(4, 7); }).find("head_dim must be even"), std::string::npos);
+  EXPECT_NE(thrown_message<InvalidArgument>([] { ops::rotary_tables(0, 8); }).find("context must be >= 1"), std::string::npos);
   const ops::RotaryTables rope = ops::rotary_tables(4, 8);
-  EXPECT_NE(thrown<ShapeError>([&] { ops::apply_rotary(Tensor::zeros(Shape{1, 5, 8}), rope.cos, rope.sin); })
+  EXPECT_NE(thrown_message<ShapeError>([&] { ops::apply_rotary(Tensor::zeros(Shape{1, 5, 8}), rope.cos, rope.sin); })
                 .find("the tables must be [T' >= 5, 8]"),
             std::string::npos);
 }

@@ -1379,12 +1379,7 @@ TEST_P(AccumulationTest, LossScalingOptionsAreChecked) {
 // The message of the InvalidArgument `fn` throws ("" when it throws none).
 template <typename Fn>
 std::string refusal(Fn fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
+  return testing::thrown_message<InvalidArgument>(fn);
 }
 
 // A mean-reduced loss would make the gradient 1/B of the right one (the step divides by the samples

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "run_config.h"
+#include "test_util.h"
 
 namespace {
 
@@ -40,12 +41,7 @@ std::string setting(const RunConfig& c, const std::string& name) {
 // What resolving throws, or "" when it does not.
 template <class F>
 std::string usage_error(F f) {
-  try {
-    f();
-  } catch (const UsageFailure& e) {
-    return e.what();
-  }
-  return "";
+  return cumulus::testing::thrown_message<UsageFailure>(f);
 }
 
 TEST(RunConfig, ChoicesBecomeEnums) {

@@ -58,6 +58,18 @@ inline Result run_command(const std::string& cmd) {
   return r;
 }
 
+// The message of the E that `fn` throws, or "" when it throws none (an exception of another type
+// propagates and fails the test).
+template <typename E, typename Fn>
+std::string thrown_message(Fn fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A Python that imports torch and safetensors, for tests against a PyTorch twin:
 // $CUMULUS_TORCH_PYTHON, python3 on PATH, or the development machine's /work/venv; "" when none does.
 inline std::string python_with_torch() {

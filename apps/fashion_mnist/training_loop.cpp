@@ -237,9 +237,10 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why, bo
   auto checkpoint = [&] {
     if (!o_.gathers_checkpoint || together) return checkpoint_now(point_.state(), why);
     if (!o_.checkpoint_path.empty())
-      say("checkpoint not written: one rank stopped alone, so the optimizer's shards cannot be gathered; %s keeps "
-          "the last one\n",
-          o_.checkpoint_path.c_str());
+      std::fprintf(stderr,
+                   "fashion_mnist: checkpoint not written: one rank stopped alone, so the optimizer's shards "
+                   "(--zero 1) cannot be gathered; %s keeps the last one\n",
+                   o_.checkpoint_path.c_str());
   };
   for (auto& write :
        {std::function<void()>(checkpoint), std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {

@@ -120,9 +120,9 @@ std::vector<UpdateSpan> Optimizer::spans() const {
     if (span.frozen.missed != nullptr) span.frozen.missed += chunk;
     return span;
   };
-  if (segments_.empty()) return {span_of(Segment{0, params_->size(), 1.0f, -1.0f})};
+  const std::vector<Segment> whole = {Segment{0, params_->size(), 1.0f, -1.0f}};
   std::vector<UpdateSpan> out;
-  for (const Segment& seg : segments_) {
+  for (const Segment& seg : segments_.empty() ? whole : segments_) {
     const UpdateSpan span = span_of(seg);
     if (span.count > 0) out.push_back(span);
   }

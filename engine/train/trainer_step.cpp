@@ -202,10 +202,14 @@ Tensor gather_state_array(const Tensor& held, int64_t whole, int64_t size, const
                           dist::Communicator& comm) {
   const int64_t block = size / whole, bytes = static_cast<int64_t>(dtype_size(held.dtype()));
   std::vector<dist::Shard> words;
-  for (const dist::Shard& s : shards) words.push_back({s.offset / block * bytes / 4, s.count / block * bytes / 4});
+  for (const dist::Shard& s : shards) {
+    CUMULUS_CHECK((s.offset / block * bytes) % 4 == 0 && (s.count / block * bytes) % 4 == 0, Error,
+                  "Trainer::optimizer_state: a shard of ", dtype_name(held.dtype()), " state does not fill 4-byte words");
+    words.push_back({s.offset / block * bytes / 4, s.count / block * bytes / 4});
+  }
   const dist::Shard& own = words[static_cast<std::size_t>(comm.rank())];
   const char* own_bytes = static_cast<const char*>(held.raw_data()) + (held.numel() == whole ? own.offset * 4 : 0);
-  if (!comm.is_root()) {
+  if (!comm.is_root()) {  // sent, never written
     comm.gather_to_root(reinterpret_cast<float*>(const_cast<char*>(own_bytes)), words, held.device());
     return Tensor();
   }

@@ -144,7 +144,8 @@ class Optimizer {
   // Keeps state for, and updates, only the elements [offset, offset + count) of the flat arrays
   // (this rank's dist::shard_layout shard: offset a multiple of FrozenChunks::kChunk, the end too
   // or the array's); the others' values arrive from the ranks that keep them. Before the first
-  // update (InvalidArgument after). state(), state_layout() and load_state() are the shard's.
+  // update (InvalidArgument after). state() is then the shard's; state_layout() and load_state()
+  // stay the whole arrays' (a checkpoint's), of which load_state() keeps the shard's part.
   void keep_shard(int64_t offset, int64_t count);
   int64_t shard_offset() const { return shard_offset_; }
   int64_t shard_count() const { return shard_count_ < 0 ? params_->size() : shard_count_; }
