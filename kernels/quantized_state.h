@@ -101,7 +101,12 @@ CUMULUS_HOST_DEVICE uint8_t quantize(float x, float absmax, const DynamicMap& ma
   return static_cast<uint8_t>(map.is_signed && x < 0.0f && j > 0 ? j + 128 : j);
 }
 
-CUMULUS_HOST_DEVICE float larger(float a, float b) { return a > b ? a : b; }
+// The larger of a and b (b when they compare unordered): a block's absmax folds it over |x| in element order.
+// T is float, or on the CPU a vector of floats (kernels/cpu/optim_8bit_vec.h), taken lane by lane.
+template <typename T>
+CUMULUS_HOST_DEVICE T larger(T a, T b) {
+  return a > b ? a : b;
+}
 
 }  // namespace rules
 

@@ -1,0 +1,131 @@
+// The 8-bit updates' whole blocks at Ops::kLanes float lanes (Note [Vector 8-bit update] in
+// kernels/cpu/optim_8bit_blocks.h): included only by optim_8bit_avx2.cpp and optim_8bit_avx512.cpp,
+// each compiled for its instruction set without contraction, whose Ops supply the lane types and
+// the few operations GCC's vector extensions lack:
+//   F, I            kLanes floats and int32s as GCC vectors
+//   codes(p)        the bytes p[0, kLanes) widened to I
+//   store_codes(p, j)  the low byte of each lane of j to p[0, kLanes)
+//   gather(t, j)    t[j[lane]] for a float table
+//   gather_byte(t, j)  t[j[lane]] for a byte table (read 4 bytes wide: the table is padded)
+// The rules come from kernels/optim_rules.h and kernels/quantized_state.h instantiated on F, a type
+// no other file instantiates them on: no inline function the library shares gets a copy with
+// wider instructions (the scalar instantiations stay in the baseline files).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/optim_8bit_blocks.h"
+#include "kernels/optim_rules.h"
+
+namespace cumulus::kernels {
+namespace {
+
+template <typename Ops>
+struct QuantizedBlocks {
+  using F = typename Ops::F;
+  using I = typename Ops::I;
+  static constexpr int kLanes = Ops::kLanes;
+  static constexpr int64_t kBlock = QuantizedState::kBlock;
+  static constexpr int kVectors = static_cast<int>(kBlock) / kLanes;
+
+  static F load(const float* p) {
+    F v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, F v) { __builtin_memcpy(p, &v, sizeof v); }
+  static F splat(float s) { return F{} + s; }
+  static I splat_int(int32_t s) { return I{} + s; }
+  static F magnitude(F x) {
+    I bits;
+    __builtin_memcpy(&bits, &x, sizeof bits);
+    bits &= 0x7fffffff;
+    __builtin_memcpy(&x, &bits, sizeof x);
+    return x;
+  }
+
+  // The scalar quantize's code for each lane of x (Note [Nearest code by exponent]); absmax > 0.
+  static I nearest_code(F x, float absmax, const VectorCodeMap& map) {
+    const F a = magnitude(x) / splat(absmax);
+    I bits;
+    __builtin_memcpy(&bits, &a, sizeof bits);
+    I bucket = (bits >> (23 - VectorCodeMap::kBucketBits)) - map.first_bucket;
+    bucket = bucket < I{} ? I{} : bucket;
+    bucket = bucket > splat_int(map.last_bucket) ? splat_int(map.last_bucket) : bucket;
+    const I below = Ops::gather_byte(map.below, bucket);
+    const F next = Ops::gather(map.midpoint_or_inf, below);
+    I j = (below - (a > next)) & (a == a);  // a comparison is -1 where true; NaN counts 0
+    if (map.map->is_signed) j |= (x < F{}) & (j > I{}) & 128;
+    return j;
+  }
+
+  // One state's block: the new absmax (rules::larger over |x| in element order) written, then the codes.
+  static void requantize(F (&x)[kVectors], const QuantizedState& state, const VectorCodeMap& map, int64_t block) {
+    F most = F{};
+    I ordered = I{} - 1;
+    for (int k = 0; k < kVectors; ++k) {
+      most = rules::larger(most, magnitude(x[k]));
+      ordered &= x[k] == x[k];
+    }
+    float absmax = 0.0f;
+    bool any_nan = false;
+    for (int lane = 0; lane < kLanes; ++lane) any_nan |= ordered[lane] == 0;
+    if (!any_nan) {
+      for (int lane = 0; lane < kLanes; ++lane) absmax = absmax > most[lane] ? absmax : most[lane];
+    } else {
+      F one_at_a_time = F{};  // every lane the same: the scalar fold, element by element
+      for (int k = 0; k < kVectors; ++k)
+        for (int lane = 0; lane < kLanes; ++lane) one_at_a_time = rules::larger(one_at_a_time, splat(magnitude(x[k])[lane]));
+      absmax = one_at_a_time[0];
+    }
+    state.absmax[block] = absmax;
+    uint8_t* codes = state.codes + block * kBlock;
+    for (int k = 0; k < kVectors; ++k)
+      Ops::store_codes(codes + k * kLanes, absmax == 0.0f ? I{} : nearest_code(x[k], absmax, map));
+  }
+
+  // Block `block` of kStates quantized states: dequantized into x, rule(i, x[s][k]...) applied to
+  // each vector of lanes starting at element i, and every state requantized.
+  template <int kStates, typename Rule>
+  static void update_block(int64_t block, const QuantizedState (&states)[kStates],
+                           const VectorCodeMap* const (&maps)[kStates], Rule rule) {
+    F x[kStates][kVectors];
+    for (int s = 0; s < kStates; ++s) {
+      const F absmax = splat(states[s].absmax[block]);
+      for (int k = 0; k < kVectors; ++k)
+        x[s][k] = Ops::gather(maps[s]->map->values, Ops::codes(states[s].codes + block * kBlock + k * kLanes)) * absmax;
+    }
+    for (int k = 0; k < kVectors; ++k) rule(block * kBlock + k * kLanes, x, k);
+    for (int s = 0; s < kStates; ++s) requantize(x[s], states[s], *maps[s], block);
+  }
+
+  static void sgd(float* w, const float* grad, const QuantizedState& buf, const VectorCodeMap& map, int64_t first_block,
+                  int64_t blocks, const SgdBlockArgs& a) {
+    const QuantizedState states[1] = {buf};
+    const VectorCodeMap* const maps[1] = {&map};
+    for (int64_t block = first_block; block < first_block + blocks; ++block)
+      update_block(block, states, maps, [&](int64_t i, F (&x)[1][kVectors], int k) {
+        F wv = load(w + i);
+        rules::sgd(wv, load(grad + i), &x[0][k], a.grad_scale, a.lr, a.momentum, a.dampening, a.nesterov,
+                   a.weight_decay, a.first);
+        store(w + i, wv);
+      });
+  }
+
+  static void adamw(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v,
+                    const VectorCodeMap& m_map, const VectorCodeMap& v_map, int64_t first_block, int64_t blocks,
+                    const AdamWBlockArgs& a) {
+    const QuantizedState states[2] = {m, v};
+    const VectorCodeMap* const maps[2] = {&m_map, &v_map};
+    for (int64_t block = first_block; block < first_block + blocks; ++block)
+      update_block(block, states, maps, [&](int64_t i, F (&x)[2][kVectors], int k) {
+        F wv = load(w + i);
+        rules::adamw(wv, load(grad + i), x[0][k], x[1][k], a.grad_scale, a.lr, a.beta1, a.beta2, a.eps,
+                     a.weight_decay, a.step_size, a.bc2_sqrt);
+        store(w + i, wv);
+      });
+  }
+};
+
+}  // namespace
+}  // namespace cumulus::kernels
