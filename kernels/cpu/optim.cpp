@@ -42,38 +42,48 @@ const DynamicMap& dynamic_map(bool is_signed) {
   return is_signed ? signed_map : unsigned_map;
 }
 
-// The index of Note [Nearest code by exponent] (optim_8bit_blocks.h) for `map`, checked as it is
-// built: midpoints increasing, at most one in any bucket.
-VectorCodeMap make_vector_code_map(const DynamicMap& map) {
-  constexpr int kShift = 23 - VectorCodeMap::kBucketBits;
-  const auto bucket_start = [](int32_t index) {
-    float start;
-    const uint32_t bits = static_cast<uint32_t>(index) << kShift;
-    std::memcpy(&start, &bits, sizeof start);
-    return start;
-  };
-  VectorCodeMap v;
-  v.map = &map;
+float float_from_bits(uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// The index of Note [Nearest code by exponent] (optim_8bit_blocks.h) for `map` with buckets of
+// `bits` mantissa bits, or false when one of them would hold two midpoints.
+bool fill_vector_code_map(const DynamicMap& map, int bits, VectorCodeMap& v) {
   const int midpoints = map.magnitudes - 1;
   int octaves = 0;  // bucket 0 starts at 2^-octaves, at or under the first midpoint
   while (std::ldexp(1.0f, -octaves) > map.midpoints[0]) ++octaves;
   CUMULUS_CHECK(octaves <= VectorCodeMap::kMaxOctaves, Error, "8-bit state: the map's first midpoint ",
                 map.midpoints[0], " is below the vector index's range");
-  v.first_bucket = (127 - octaves) << VectorCodeMap::kBucketBits;
-  v.last_bucket = octaves << VectorCodeMap::kBucketBits;
+  v.map = &map;
+  v.shift = 23 - bits;
+  v.first_bucket = (127 - octaves) << bits;
+  v.last_bucket = octaves << bits;
   int below = 0;
   for (int32_t bucket = 0; bucket <= v.last_bucket; ++bucket) {
-    const float start = bucket_start(v.first_bucket + bucket), end = bucket_start(v.first_bucket + bucket + 1);
-    while (below < midpoints && map.midpoints[below] < start) ++below;
-    v.below[bucket] = static_cast<uint8_t>(below);
-    CUMULUS_CHECK(below + 1 >= midpoints || map.midpoints[below + 1] >= end, Error,
-                  "8-bit state: two midpoints in the vector index's bucket at ", start);
+    const uint32_t start_bits = static_cast<uint32_t>(v.first_bucket + bucket) << v.shift;
+    const float end = float_from_bits(start_bits + (1u << v.shift));
+    while (below < midpoints && map.midpoints[below] < float_from_bits(start_bits)) ++below;
+    if (below + 1 < midpoints && map.midpoints[below + 1] < end) return false;
+    const bool inside = below < midpoints && map.midpoints[below] < end;
+    uint32_t next_bits = start_bits + (1u << v.shift) - 1;  // the bucket's largest float: a > it never holds
+    if (inside) std::memcpy(&next_bits, &map.midpoints[below], sizeof next_bits);
+    v.entries[bucket] = static_cast<uint32_t>(below) << 24 | (next_bits & ((1u << v.shift) - 1));
   }
-  for (int k = 0; k < DynamicMap::kCodes; ++k) {
-    CUMULUS_CHECK(k + 1 >= midpoints || map.midpoints[k] < map.midpoints[k + 1], Error,
-                  "8-bit state: the map's midpoints do not increase at ", k);
-    v.midpoint_or_inf[k] = k < midpoints ? map.midpoints[k] : INFINITY;
-  }
+  return true;
+}
+
+// The index with the coarsest buckets that hold at most one midpoint each, its map's midpoints
+// checked to increase (the scalar search's premise).
+VectorCodeMap make_vector_code_map(const DynamicMap& map) {
+  for (int k = 0; k + 2 < map.magnitudes; ++k)
+    CUMULUS_CHECK(map.midpoints[k] < map.midpoints[k + 1], Error, "8-bit state: the map's midpoints do not increase at ",
+                  k);
+  VectorCodeMap v;
+  for (int bits = 1; bits <= VectorCodeMap::kMaxBits; ++bits)
+    if (fill_vector_code_map(map, bits, v)) return v;
+  CUMULUS_CHECK(false, Error, "8-bit state: the map's midpoints are closer than the vector index's finest buckets");
   return v;
 }
 

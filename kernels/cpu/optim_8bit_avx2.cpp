@@ -26,9 +26,7 @@ struct Avx2Ops {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
   }
   static F gather(const float* table, I j) { return (F)_mm256_i32gather_ps(table, (__m256i)j, 4); }
-  static I gather_byte(const uint8_t* table, I j) {
-    return (I)_mm256_i32gather_epi32(reinterpret_cast<const int*>(table), (__m256i)j, 1) & 0xff;
-  }
+  static I gather_int(const int32_t* table, I j) { return (I)_mm256_i32gather_epi32(table, (__m256i)j, 4); }
 };
 
 }  // namespace

@@ -26,7 +26,7 @@ struct Avx512Ops {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8((__m512i)j));
   }
   static F gather(const float* table, I j) { return (F)_mm512_i32gather_ps((__m512i)j, table, 4); }
-  static I gather_byte(const uint8_t* table, I j) { return (I)_mm512_i32gather_epi32((__m512i)j, table, 1) & 0xff; }
+  static I gather_int(const int32_t* table, I j) { return (I)_mm512_i32gather_epi32((__m512i)j, table, 4); }
 };
 
 }  // namespace

@@ -27,25 +27,30 @@ namespace cumulus::kernels {
 // absmax, in 7 or 8 dependent steps. Vector code has three ways to that count: the same binary
 // search with a gather per step (7-8 dependent gathers per vector), a compare against every midpoint
 // (127 or 255 compares per vector), or an index from the bits of a. This uses the index: a float's
-// exponent and its top kBucketBits mantissa bits name a bucket [start, end) of relative width
-// 2^-8 = 0.39%, narrower than the maps' closest midpoints (0.70% apart relative to their values:
-// the top decade's 2^q codes are 0.9 / 2^q of the decade apart, q <= 7), so a bucket holds at most
-// one midpoint. With below[bucket] = the number of midpoints under the bucket's start, every a in
-// the bucket has j = below + (a > m_below): one byte gather, one float gather, one compare, both
-// tables (7 KB and 1 KB per map) in L1. make_vector_code_map (optim.cpp) checks the one-midpoint
-// property as it builds the table, so a map that broke it would fail there, not round differently.
-// Edge cases keep the scalar answer: a below bucket 0 (which starts at or under m_0) is clamped
-// into it and counts 0; a >= 1 (1 itself, or above 1 and infinity, which the NaN fold of the note
-// above can leave) is clamped into the bucket of 1, where below = every midpoint and the padding
-// +inf after the last one compares false; NaN counts 0, as every scalar comparison fails.
+// exponent and its top `bits` mantissa bits name a bucket [start, end) of relative width 2^-bits,
+// with bits the fewest (at most 8) that leave at most one midpoint in any bucket: 6 for the signed
+// map, 7 for the unsigned one (whose closest midpoints, 0.70% apart, fall in neighbouring buckets).
+// Every a in a bucket then has j = below + (a > next), below = the number of midpoints under the
+// bucket's start and next = the bucket's midpoint, or the largest float in the bucket when it holds
+// none (a > it is then false, as a > the next midpoint above the bucket would be). next shares its
+// exponent and top mantissa bits with the bucket, so one 32-bit entry holds below (8 bits) and
+// next's remaining mantissa bits: one gather, a few integer operations and one compare per vector,
+// from tables of 5 KB (signed) and 13 KB (unsigned), in L1 together. The first version, a byte
+// gather of below and then a float gather of m_below, took 1.2-1.4x as long. make_vector_code_map
+// (optim.cpp) builds the entries and checks the one-midpoint property as it goes, so a map that
+// broke it would fail there, never round differently.
+// Edge cases keep the scalar answer: a above 1 (infinity included; the NaN fold of the note above
+// can leave such values) is compared as 1, and every midpoint is below 1; a below bucket 0 (which
+// starts at or under m_0) is clamped into it, where it is under next and below is 0; NaN counts 0,
+// as every scalar comparison fails.
 struct VectorCodeMap {
-  static constexpr int kBucketBits = 8;   // buckets per octave: 2^kBucketBits
+  static constexpr int kMaxBits = 8;      // mantissa bits a bucket keeps, at most
   static constexpr int kMaxOctaves = 26;  // octaves below 1 that the first midpoint may need (5e-8: 25)
   const DynamicMap* map = nullptr;        // its values and is_signed
-  int32_t first_bucket = 0;               // a float's bits >> (23 - kBucketBits) at bucket 0's start
+  int32_t shift = 0;                      // 23 - the bucket's mantissa bits: bits >> shift name the bucket
+  int32_t first_bucket = 0;               // a float's bits >> shift at bucket 0's start
   int32_t last_bucket = 0;                // the bucket of 1.0
-  float midpoint_or_inf[DynamicMap::kCodes] = {};  // the midpoints, then +inf
-  uint8_t below[(kMaxOctaves << kBucketBits) + 1 + 3] = {};  // + 3: a 4-byte gather at last_bucket
+  uint32_t entries[(kMaxOctaves << kMaxBits) + 1] = {};  // below << 24 | next's low `shift` bits
 };
 
 // The rules' scalars for a run of blocks (kernels/optim_rules.h's parameters).

@@ -6,7 +6,7 @@
 //   codes(p)        the bytes p[0, kLanes) widened to I
 //   store_codes(p, j)  the low byte of each lane of j to p[0, kLanes)
 //   gather(t, j)    t[j[lane]] for a float table
-//   gather_byte(t, j)  t[j[lane]] for a byte table (read 4 bytes wide: the table is padded)
+//   gather_int(t, j)   t[j[lane]] for a 32-bit table
 // The rules come from kernels/optim_rules.h and kernels/quantized_state.h instantiated on F, a type
 // no other file instantiates them on: no inline function the library shares gets a copy with
 // wider instructions (the scalar instantiations stay in the baseline files).
@@ -46,15 +46,18 @@ struct QuantizedBlocks {
 
   // The scalar quantize's code for each lane of x (Note [Nearest code by exponent]); absmax > 0.
   static I nearest_code(F x, float absmax, const VectorCodeMap& map) {
-    const F a = magnitude(x) / splat(absmax);
+    F a = magnitude(x) / splat(absmax);
+    a = a > splat(1.0f) ? splat(1.0f) : a;
     I bits;
     __builtin_memcpy(&bits, &a, sizeof bits);
-    I bucket = (bits >> (23 - VectorCodeMap::kBucketBits)) - map.first_bucket;
+    I bucket = (bits >> map.shift) - map.first_bucket;
     bucket = bucket < I{} ? I{} : bucket;
-    bucket = bucket > splat_int(map.last_bucket) ? splat_int(map.last_bucket) : bucket;
-    const I below = Ops::gather_byte(map.below, bucket);
-    const F next = Ops::gather(map.midpoint_or_inf, below);
-    I j = (below - (a > next)) & (a == a);  // a comparison is -1 where true; NaN counts 0
+    bucket = bucket > splat_int(map.last_bucket) ? splat_int(map.last_bucket) : bucket;  // NaN's bits
+    const I entry = Ops::gather_int(reinterpret_cast<const int32_t*>(map.entries), bucket);
+    const I next_bits = ((bucket + map.first_bucket) << map.shift) | (entry & ((1 << map.shift) - 1));
+    F next;
+    __builtin_memcpy(&next, &next_bits, sizeof next);
+    I j = (((entry >> 24) & 0xff) - (a > next)) & (a == a);  // a comparison is -1 where true; NaN counts 0
     if (map.map->is_signed) j |= (x < F{}) & (j > I{}) & 128;
     return j;
   }
