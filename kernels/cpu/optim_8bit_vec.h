@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cpu/optim_8bit_blocks.h"
 #include "kernels/optim_rules.h"
@@ -62,25 +63,38 @@ struct QuantizedBlocks {
     return j;
   }
 
-  // One state's block: the new absmax (rules::larger over |x| in element order) written, then the codes.
-  static void requantize(F (&x)[kVectors], const QuantizedState& state, const VectorCodeMap& map, int64_t block) {
+  // op over all lanes of v, in every lane: butterflies across halves, then quarters, down to pairs.
+  template <typename V, typename Op>
+  static V across_lanes(V v, Op op) {
+    return butterflies<kLanes / 2>(v, op, std::make_integer_sequence<int, kLanes>{});
+  }
+  template <int kDistance, typename V, typename Op, int... k>
+  static V butterflies(V v, Op op, std::integer_sequence<int, k...> lanes) {
+    v = op(v, __builtin_shufflevector(v, v, (k ^ kDistance)...));
+    if constexpr (kDistance > 1) return butterflies<kDistance / 2>(v, op, lanes);
+    return v;
+  }
+
+  // The block's new absmax: rules::larger over |x| lane by lane, then across lanes (max is exact and
+  // order-free without NaN); a block holding a NaN folds its values one at a time in element order.
+  static float block_absmax(const F (&x)[kVectors]) {
     F most = F{};
     I ordered = I{} - 1;
     for (int k = 0; k < kVectors; ++k) {
       most = rules::larger(most, magnitude(x[k]));
       ordered &= x[k] == x[k];
     }
-    float absmax = 0.0f;
-    bool any_nan = false;
-    for (int lane = 0; lane < kLanes; ++lane) any_nan |= ordered[lane] == 0;
-    if (!any_nan) {
-      for (int lane = 0; lane < kLanes; ++lane) absmax = absmax > most[lane] ? absmax : most[lane];
-    } else {
-      F one_at_a_time = F{};  // every lane the same: the scalar fold, element by element
-      for (int k = 0; k < kVectors; ++k)
-        for (int lane = 0; lane < kLanes; ++lane) one_at_a_time = rules::larger(one_at_a_time, splat(magnitude(x[k])[lane]));
-      absmax = one_at_a_time[0];
-    }
+    if (across_lanes(ordered, [](I a, I b) { return a & b; })[0] != 0)
+      return across_lanes(most, [](F a, F b) { return rules::larger(a, b); })[0];
+    F one_at_a_time = F{};  // every lane the same: the scalar fold, element by element
+    for (int k = 0; k < kVectors; ++k)
+      for (int lane = 0; lane < kLanes; ++lane) one_at_a_time = rules::larger(one_at_a_time, splat(magnitude(x[k])[lane]));
+    return one_at_a_time[0];
+  }
+
+  // One state's block: the new absmax written, then the codes.
+  static void requantize(const F (&x)[kVectors], const QuantizedState& state, const VectorCodeMap& map, int64_t block) {
+    const float absmax = block_absmax(x);
     state.absmax[block] = absmax;
     uint8_t* codes = state.codes + block * kBlock;
     for (int k = 0; k < kVectors; ++k)
