@@ -39,6 +39,9 @@ namespace cumulus::kernels {
 //   the top decade), and bench/results/*-cpu-8bit-adamw measures the effect on the GPT.
 // - An all-zero block has absmax 0 and decodes to zeros, so zero-initialized codes and scales are
 //   the zero state of both maps.
+// - On a CPU with AVX2 or AVX-512 the whole blocks run in vector code with the same bits (Note
+//   [Vector 8-bit update] in kernels/cpu/optim_8bit_blocks.h), finding the nearest code from the
+//   bits of |x| / absmax rather than by this search (Note [Nearest code by exponent] there).
 
 // One quantized state array of an update's span: codes per element, absmax per kBlock elements.
 struct QuantizedState {
