@@ -35,8 +35,14 @@ struct Buffers {
   std::vector<float> w, g, m, v, absmax_m, absmax_v;
   std::vector<uint8_t> codes_m, codes_v;
   Buffers()
-      : w(kParameters), g(kParameters), m(kParameters), v(kParameters), absmax_m(kBlocks), absmax_v(kBlocks),
-        codes_m(kParameters), codes_v(kParameters) {
+      : w(kParameters),
+        g(kParameters),
+        m(kParameters),
+        v(kParameters),
+        absmax_m(kBlocks),
+        absmax_v(kBlocks),
+        codes_m(kParameters),
+        codes_v(kParameters) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     for (int64_t i = 0; i < kParameters; ++i) {
@@ -112,7 +118,8 @@ void register_cases() {
   const Code codes[] = {{CpuCode::scalar, "8bit_scalar", true},
                         {CpuCode::avx2, "8bit_avx2", cumulus::kernels::vec::available()},
                         {CpuCode::avx512, "8bit_avx512", cumulus::kernels::vec512::available()}};
-  for (auto [optimizer, name] : {std::pair{Optimizer::adamw, "adamw"}, std::pair{Optimizer::sgd_momentum, "sgd_momentum"}}) {
+  for (auto [optimizer, name] :
+       {std::pair{Optimizer::adamw, "adamw"}, std::pair{Optimizer::sgd_momentum, "sgd_momentum"}}) {
     const std::string family = std::string("cpu/update/") + name + "/";
     benchmark::RegisterBenchmark((family + "fp32").c_str(), optimizer_update, optimizer, State::fp32, CpuCode::best)
         ->UseManualTime()

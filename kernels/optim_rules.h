@@ -218,8 +218,8 @@ CUMULUS_HOST_DEVICE void sgd(T& w, T grad, T* buf, float grad_scale, float lr, f
 // torch.optim.AdamW: w *= 1 - lr*wd; m, v moving averages; w -= step_size * m / (sqrt(v)/bc2_sqrt + eps)
 // with step_size = lr / (1 - beta1^t) and bc2_sqrt = sqrt(1 - beta2^t).
 template <typename T>
-CUMULUS_HOST_DEVICE void adamw(T& w, T grad, T& m, T& v, float grad_scale, float lr, float beta1, float beta2, float eps,
-                               float weight_decay, float step_size, float bc2_sqrt) {
+CUMULUS_HOST_DEVICE void adamw(T& w, T grad, T& m, T& v, float grad_scale, float lr, float beta1, float beta2,
+                               float eps, float weight_decay, float step_size, float bc2_sqrt) {
   const T g = grad_scale * grad;
   w *= 1.0f - lr * weight_decay;
   m = beta1 * m + (1.0f - beta1) * g;

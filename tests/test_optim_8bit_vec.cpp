@@ -44,7 +44,13 @@ struct Arrays {
   std::vector<int32_t> missed;
 
   explicit Arrays(int64_t n)
-      : w(n), g(n), absmax_a(blocks(n)), absmax_b(blocks(n)), codes_a(n), codes_b(n), mask(blocks(n)),
+      : w(n),
+        g(n),
+        absmax_a(blocks(n)),
+        absmax_b(blocks(n)),
+        codes_a(n),
+        codes_b(n),
+        mask(blocks(n)),
         missed(blocks(n)) {}
   static int64_t blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
   int64_t n() const { return static_cast<int64_t>(w.size()); }
@@ -119,7 +125,10 @@ bool runs(CpuCode code) {
 }
 
 const char* name(CpuCode code) {
-  return code == CpuCode::avx512 ? "avx512" : code == CpuCode::avx2 ? "avx2" : code == CpuCode::scalar ? "scalar" : "best";
+  return code == CpuCode::avx512   ? "avx512"
+         : code == CpuCode::avx2   ? "avx2"
+         : code == CpuCode::scalar ? "scalar"
+                                   : "best";
 }
 
 struct AdamWSettings {

@@ -78,8 +78,8 @@ bool fill_vector_code_map(const DynamicMap& map, int bits, VectorCodeMap& v) {
 // checked to increase (the scalar search's premise).
 VectorCodeMap make_vector_code_map(const DynamicMap& map) {
   for (int k = 0; k + 2 < map.magnitudes; ++k)
-    CUMULUS_CHECK(map.midpoints[k] < map.midpoints[k + 1], Error, "8-bit state: the map's midpoints do not increase at ",
-                  k);
+    CUMULUS_CHECK(map.midpoints[k] < map.midpoints[k + 1], Error,
+                  "8-bit state: the map's midpoints do not increase at ", k);
   VectorCodeMap v;
   for (int bits = 1; bits <= VectorCodeMap::kMaxBits; ++bits)
     if (fill_vector_code_map(map, bits, v)) return v;
@@ -104,8 +104,10 @@ VectorBlocks vector_blocks(CpuCode code) {
     const bool wide = vec512::available(), narrow = vec::available();
     CUMULUS_CHECK(code != CpuCode::avx512 || wide, InvalidArgument, "the AVX-512 code does not run on this CPU");
     CUMULUS_CHECK(code != CpuCode::avx2 || narrow, InvalidArgument, "the AVX2 code does not run on this CPU");
-    if (code == CpuCode::avx512 || (code == CpuCode::best && wide)) return {vec512::sgd_8bit_blocks, vec512::adamw_8bit_blocks};
-    if (code == CpuCode::avx2 || (code == CpuCode::best && narrow)) return {vec::sgd_8bit_blocks, vec::adamw_8bit_blocks};
+    if (code == CpuCode::avx512 || (code == CpuCode::best && wide))
+      return {vec512::sgd_8bit_blocks, vec512::adamw_8bit_blocks};
+    if (code == CpuCode::avx2 || (code == CpuCode::best && narrow))
+      return {vec::sgd_8bit_blocks, vec::adamw_8bit_blocks};
   }
   CUMULUS_CHECK(code == CpuCode::best || code == CpuCode::scalar, InvalidArgument,
                 "vector code requested on a build without it");
@@ -135,7 +137,8 @@ template <typename VectorRun, typename ScalarBlock>
 void update_run(int64_t begin, int64_t end, bool vector, VectorRun vector_run, ScalarBlock scalar_block) {
   const int64_t whole = vector ? (end - begin) / kQuantBlock : 0;
   if (whole > 0) vector_run(begin / kQuantBlock, whole);
-  for (int64_t b = begin + whole * kQuantBlock; b < end; b += kQuantBlock) scalar_block(b, std::min(end, b + kQuantBlock));
+  for (int64_t b = begin + whole * kQuantBlock; b < end; b += kQuantBlock)
+    scalar_block(b, std::min(end, b + kQuantBlock));
 }
 
 // One block [begin, end) of an update over quantized state: each element's states dequantized into

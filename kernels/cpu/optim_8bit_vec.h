@@ -88,7 +88,8 @@ struct QuantizedBlocks {
       return across_lanes(most, [](F a, F b) { return rules::larger(a, b); })[0];
     F one_at_a_time = F{};  // every lane the same: the scalar fold, element by element
     for (int k = 0; k < kVectors; ++k)
-      for (int lane = 0; lane < kLanes; ++lane) one_at_a_time = rules::larger(one_at_a_time, splat(magnitude(x[k])[lane]));
+      for (int lane = 0; lane < kLanes; ++lane)
+        one_at_a_time = rules::larger(one_at_a_time, splat(magnitude(x[k])[lane]));
     return one_at_a_time[0];
   }
 
@@ -121,7 +122,7 @@ struct QuantizedBlocks {
     const QuantizedState states[1] = {buf};
     const VectorCodeMap* const maps[1] = {&map};
     for (int64_t block = first_block; block < first_block + blocks; ++block)
-      update_block(block, states, maps, [&](int64_t i, F (&x)[1][kVectors], int k) {
+      update_block(block, states, maps, [&](int64_t i, F(&x)[1][kVectors], int k) {
         F wv = load(w + i);
         rules::sgd(wv, load(grad + i), &x[0][k], a.grad_scale, a.lr, a.momentum, a.dampening, a.nesterov,
                    a.weight_decay, a.first);
@@ -135,10 +136,10 @@ struct QuantizedBlocks {
     const QuantizedState states[2] = {m, v};
     const VectorCodeMap* const maps[2] = {&m_map, &v_map};
     for (int64_t block = first_block; block < first_block + blocks; ++block)
-      update_block(block, states, maps, [&](int64_t i, F (&x)[2][kVectors], int k) {
+      update_block(block, states, maps, [&](int64_t i, F(&x)[2][kVectors], int k) {
         F wv = load(w + i);
-        rules::adamw(wv, load(grad + i), x[0][k], x[1][k], a.grad_scale, a.lr, a.beta1, a.beta2, a.eps,
-                     a.weight_decay, a.step_size, a.bc2_sqrt);
+        rules::adamw(wv, load(grad + i), x[0][k], x[1][k], a.grad_scale, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                     a.step_size, a.bc2_sqrt);
         store(w + i, wv);
       });
   }
