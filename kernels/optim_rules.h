@@ -191,13 +191,24 @@ CUMULUS_HOST_DEVICE void adamw_constants(float lr, float beta1, float beta2, int
   bc2_sqrt = std::sqrt(bc2);
 }
 
+// The rules below take T = float, or on the CPU a vector of floats (kernels/cpu/optim_8bit_vec.h),
+// whose lanes then go through the same operations in the same order: the same bits per element.
+// SquareRoot<T>::of is sqrtf for float; the vector files specialize it for their lane types.
+template <typename T>
+struct SquareRoot;
+template <>
+struct SquareRoot<float> {
+  CUMULUS_HOST_DEVICE static float of(float x) { return sqrtf(x); }
+};
+
 // torch.optim.SGD: g = s*grad + wd*w; b = g (first) or mu*b + (1-dampening)*g;
 // d = nesterov ? g + mu*b : b; w -= lr*d. `buf` is unused when momentum is 0.
-CUMULUS_HOST_DEVICE void sgd(float& w, float grad, float* buf, float grad_scale, float lr, float momentum,
-                             float dampening, bool nesterov, float weight_decay, bool first) {
-  float g = grad_scale * grad + weight_decay * w;
+template <typename T>
+CUMULUS_HOST_DEVICE void sgd(T& w, T grad, T* buf, float grad_scale, float lr, float momentum, float dampening,
+                             bool nesterov, float weight_decay, bool first) {
+  T g = grad_scale * grad + weight_decay * w;
   if (momentum != 0.0f) {
-    const float b = first ? g : momentum * *buf + (1.0f - dampening) * g;
+    const T b = first ? g : momentum * *buf + (1.0f - dampening) * g;
     *buf = b;
     g = nesterov ? g + momentum * b : b;
   }
@@ -206,13 +217,14 @@ CUMULUS_HOST_DEVICE void sgd(float& w, float grad, float* buf, float grad_scale,
 
 // torch.optim.AdamW: w *= 1 - lr*wd; m, v moving averages; w -= step_size * m / (sqrt(v)/bc2_sqrt + eps)
 // with step_size = lr / (1 - beta1^t) and bc2_sqrt = sqrt(1 - beta2^t).
-CUMULUS_HOST_DEVICE void adamw(float& w, float grad, float& m, float& v, float grad_scale, float lr, float beta1,
-                               float beta2, float eps, float weight_decay, float step_size, float bc2_sqrt) {
-  const float g = grad_scale * grad;
+template <typename T>
+CUMULUS_HOST_DEVICE void adamw(T& w, T grad, T& m, T& v, float grad_scale, float lr, float beta1, float beta2,
+                               float eps, float weight_decay, float step_size, float bc2_sqrt) {
+  const T g = grad_scale * grad;
   w *= 1.0f - lr * weight_decay;
   m = beta1 * m + (1.0f - beta1) * g;
   v = beta2 * v + (1.0f - beta2) * g * g;
-  w -= step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+  w -= step_size * m / (SquareRoot<T>::of(v) / bc2_sqrt + eps);
 }
 
 }  // namespace cumulus::kernels::rules

@@ -39,6 +39,9 @@ namespace cumulus::kernels {
 //   the top decade), and bench/results/*-cpu-8bit-adamw measures the effect on the GPT.
 // - An all-zero block has absmax 0 and decodes to zeros, so zero-initialized codes and scales are
 //   the zero state of both maps.
+// - On a CPU with AVX2 or AVX-512 the whole blocks run in vector code with the same bits (Note
+//   [Vector 8-bit update] in kernels/cpu/optim_8bit_blocks.h), finding the nearest code from the
+//   bits of |x| / absmax rather than by this search (Note [Nearest code by exponent] there).
 
 // One quantized state array of an update's span: codes per element, absmax per kBlock elements.
 struct QuantizedState {
@@ -101,7 +104,12 @@ CUMULUS_HOST_DEVICE uint8_t quantize(float x, float absmax, const DynamicMap& ma
   return static_cast<uint8_t>(map.is_signed && x < 0.0f && j > 0 ? j + 128 : j);
 }
 
-CUMULUS_HOST_DEVICE float larger(float a, float b) { return a > b ? a : b; }
+// The larger of a and b (b when they compare unordered): a block's absmax folds it over |x| in element order.
+// T is float, or on the CPU a vector of floats (kernels/cpu/optim_8bit_vec.h), taken lane by lane.
+template <typename T>
+CUMULUS_HOST_DEVICE T larger(T a, T b) {
+  return a > b ? a : b;
+}
 
 }  // namespace rules
 

@@ -80,14 +80,19 @@ void sgd_step_cpu(float* w, const float* grad, float* momentum_buf, int64_t n, f
 // t: this update's number, 1 for the first (bias corrections 1 - beta^t).
 void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, float grad_scale, float lr, float beta1,
                     float beta2, float eps, float weight_decay, int64_t t, const FrozenChunks& frozen);
+// Which code runs the 8-bit updates' whole blocks: the widest this CPU runs (best: AVX-512, AVX2 or
+// the scalar loop, kernels/cpu/vec_math.h's available()), or the one named, for the tests and
+// benchmarks that compare them (a width the CPU does not run, or is capped below, is refused).
+// Every one gives the same bits (Note [Vector 8-bit update] in kernels/cpu/optim_8bit_blocks.h).
+enum class CpuCode { best, scalar, avx2, avx512 };
 // The same two updates with the state in 8 bits (Note [8-bit optimizer state] in
 // kernels/quantized_state.h): each block dequantized, the rule above applied, the block requantized.
 void sgd_step_8bit_cpu(float* w, const float* grad, const QuantizedState& momentum_buf, int64_t n, float grad_scale,
                        float lr, float momentum, float dampening, bool nesterov, float weight_decay, int64_t t,
-                       const FrozenChunks& frozen);
+                       const FrozenChunks& frozen, CpuCode code = CpuCode::best);
 void adamw_step_8bit_cpu(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v, int64_t n,
                          float grad_scale, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                         const FrozenChunks& frozen);
+                         const FrozenChunks& frozen, CpuCode code = CpuCode::best);
 
 }  // namespace cumulus::kernels
 

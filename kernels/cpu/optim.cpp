@@ -3,9 +3,13 @@
 // kernels/optim_rules.h, shared with CUDA.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "cumulus/core/error.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/optim_8bit_blocks.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/optim_rules.h"
 #include "kernels/quantized_state.h"
 
@@ -38,16 +42,103 @@ const DynamicMap& dynamic_map(bool is_signed) {
   return is_signed ? signed_map : unsigned_map;
 }
 
-// Block by block across threads, each block at its own update count `own` (frozen blocks skipped:
-// Note [Frozen parameters]); a block is one frozen chunk.
-template <typename BlockUpdate>
-void for_quantized_blocks(int64_t n, int64_t t, const FrozenChunks& frozen, BlockUpdate update) {
+float float_from_bits(uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// The index of Note [Nearest code by exponent] (optim_8bit_blocks.h) for `map` with buckets of
+// `bits` mantissa bits, or false when one of them would hold two midpoints.
+bool fill_vector_code_map(const DynamicMap& map, int bits, VectorCodeMap& v) {
+  const int midpoints = map.magnitudes - 1;
+  int octaves = 0;  // bucket 0 starts at 2^-octaves, at or under the first midpoint
+  while (std::ldexp(1.0f, -octaves) > map.midpoints[0]) ++octaves;
+  CUMULUS_CHECK(octaves <= VectorCodeMap::kMaxOctaves, Error, "8-bit state: the map's first midpoint ",
+                map.midpoints[0], " is below the vector index's range");
+  v.map = &map;
+  v.shift = 23 - bits;
+  v.first_bucket = (127 - octaves) << bits;
+  v.last_bucket = octaves << bits;
+  int below = 0;
+  for (int32_t bucket = 0; bucket <= v.last_bucket; ++bucket) {
+    const uint32_t start_bits = static_cast<uint32_t>(v.first_bucket + bucket) << v.shift;
+    const float end = float_from_bits(start_bits + (1u << v.shift));
+    while (below < midpoints && map.midpoints[below] < float_from_bits(start_bits)) ++below;
+    if (below + 1 < midpoints && map.midpoints[below + 1] < end) return false;
+    const bool inside = below < midpoints && map.midpoints[below] < end;
+    uint32_t next_bits = start_bits + (1u << v.shift) - 1;  // the bucket's largest float: a > it never holds
+    if (inside) std::memcpy(&next_bits, &map.midpoints[below], sizeof next_bits);
+    v.entries[bucket] = static_cast<uint32_t>(below) << 24 | (next_bits & ((1u << v.shift) - 1));
+  }
+  return true;
+}
+
+// The index with the coarsest buckets that hold at most one midpoint each, its map's midpoints
+// checked to increase (the scalar search's premise).
+VectorCodeMap make_vector_code_map(const DynamicMap& map) {
+  for (int k = 0; k + 2 < map.magnitudes; ++k)
+    CUMULUS_CHECK(map.midpoints[k] < map.midpoints[k + 1], Error,
+                  "8-bit state: the map's midpoints do not increase at ", k);
+  VectorCodeMap v;
+  for (int bits = 1; bits <= VectorCodeMap::kMaxBits; ++bits)
+    if (fill_vector_code_map(map, bits, v)) return v;
+  CUMULUS_CHECK(false, Error, "8-bit state: the map's midpoints are closer than the vector index's finest buckets");
+  return v;
+}
+
+const VectorCodeMap& vector_code_map(bool is_signed) {
+  static const VectorCodeMap signed_map = make_vector_code_map(dynamic_map(true)),
+                             unsigned_map = make_vector_code_map(dynamic_map(false));
+  return is_signed ? signed_map : unsigned_map;
+}
+
+// The vector block functions `code` names (null: the scalar loop), refusing a width the CPU does not run.
+struct VectorBlocks {
+  decltype(&vec::sgd_8bit_blocks) sgd = nullptr;
+  decltype(&vec::adamw_8bit_blocks) adamw = nullptr;
+};
+
+VectorBlocks vector_blocks(CpuCode code) {
+  if constexpr (vec::kBuilt) {
+    const bool wide = vec512::available(), narrow = vec::available();
+    CUMULUS_CHECK(code != CpuCode::avx512 || wide, InvalidArgument, "the AVX-512 code does not run on this CPU");
+    CUMULUS_CHECK(code != CpuCode::avx2 || narrow, InvalidArgument, "the AVX2 code does not run on this CPU");
+    if (code == CpuCode::avx512 || (code == CpuCode::best && wide))
+      return {vec512::sgd_8bit_blocks, vec512::adamw_8bit_blocks};
+    if (code == CpuCode::avx2 || (code == CpuCode::best && narrow))
+      return {vec::sgd_8bit_blocks, vec::adamw_8bit_blocks};
+  }
+  CUMULUS_CHECK(code == CpuCode::best || code == CpuCode::scalar, InvalidArgument,
+                "vector code requested on a build without it");
+  return {};
+}
+
+// Runs [begin, end) of consecutive trained blocks at one update count `own`, across threads
+// (frozen blocks skipped: Note [Frozen parameters]); a block is one frozen chunk.
+template <typename RunUpdate>
+void for_quantized_runs(int64_t n, int64_t t, const FrozenChunks& frozen, RunUpdate update) {
   for_update_chunks(n, [&](int64_t chunks_begin, int64_t chunks_end) {
+    int64_t run_begin = chunks_begin, run_own = 0;
     for (int64_t begin = chunks_begin; begin < chunks_end; begin += kQuantBlock) {
       const int64_t own = rules::own_updates(frozen, begin, t);
-      if (own > 0) update(begin, std::min(chunks_end, begin + kQuantBlock), own);
+      if (own == run_own) continue;
+      if (run_own > 0) update(run_begin, begin, run_own);
+      run_begin = begin;
+      run_own = own;
     }
+    if (run_own > 0) update(run_begin, chunks_end, run_own);
   });
+}
+
+// A run's blocks [begin, end): the whole ones through vector_run(first_block, blocks) when `vector`,
+// the rest (all of them, or a partial last block) one at a time through scalar_block(begin, end).
+template <typename VectorRun, typename ScalarBlock>
+void update_run(int64_t begin, int64_t end, bool vector, VectorRun vector_run, ScalarBlock scalar_block) {
+  const int64_t whole = vector ? (end - begin) / kQuantBlock : 0;
+  if (whole > 0) vector_run(begin / kQuantBlock, whole);
+  for (int64_t b = begin + whole * kQuantBlock; b < end; b += kQuantBlock)
+    scalar_block(b, std::min(end, b + kQuantBlock));
 }
 
 // One block [begin, end) of an update over quantized state: each element's states dequantized into
@@ -134,29 +225,46 @@ void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, 
 
 void sgd_step_8bit_cpu(float* w, const float* grad, const QuantizedState& momentum_buf, int64_t n, float grad_scale,
                        float lr, float momentum, float dampening, bool nesterov, float weight_decay, int64_t t,
-                       const FrozenChunks& frozen) {
+                       const FrozenChunks& frozen, CpuCode code) {
   const QuantizedState states[1] = {momentum_buf};
   const DynamicMap* const maps[1] = {&dynamic_map(true)};
-  for_quantized_blocks(n, t, frozen, [&](int64_t begin, int64_t end, int64_t own) {
-    update_quantized_block(begin, end, states, maps, [&](int64_t i, float* x) {
-      rules::sgd(w[i], grad[i], x, grad_scale, lr, momentum, dampening, nesterov, weight_decay, own == 1);
-    });
+  const auto vector = vector_blocks(code).sgd;
+  for_quantized_runs(n, t, frozen, [&](int64_t begin, int64_t end, int64_t own) {
+    const SgdBlockArgs a{grad_scale, lr, momentum, dampening, weight_decay, nesterov, own == 1};
+    update_run(
+        begin, end, vector != nullptr,
+        [&](int64_t first, int64_t blocks) { vector(w, grad, momentum_buf, vector_code_map(true), first, blocks, a); },
+        [&](int64_t b, int64_t e) {
+          update_quantized_block(b, e, states, maps, [&](int64_t i, float* x) {
+            rules::sgd(w[i], grad[i], x, a.grad_scale, a.lr, a.momentum, a.dampening, a.nesterov, a.weight_decay,
+                       a.first);
+          });
+        });
   });
 }
 
 void adamw_step_8bit_cpu(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v, int64_t n,
                          float grad_scale, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                         const FrozenChunks& frozen) {
+                         const FrozenChunks& frozen, CpuCode code) {
   const QuantizedState states[2] = {m, v};
   const DynamicMap* const maps[2] = {&dynamic_map(true), &dynamic_map(false)};
+  const auto vector = vector_blocks(code).adamw;
   float step_size, bc2_sqrt;
   rules::adamw_constants(lr, beta1, beta2, t, step_size, bc2_sqrt);
-  for_quantized_blocks(n, t, frozen, [&](int64_t begin, int64_t end, int64_t own) {
-    float s = step_size, b = bc2_sqrt;
-    if (own != t) rules::adamw_constants(lr, beta1, beta2, own, s, b);  // behind after a freeze
-    update_quantized_block(begin, end, states, maps, [&](int64_t i, float* x) {
-      rules::adamw(w[i], grad[i], x[0], x[1], grad_scale, lr, beta1, beta2, eps, weight_decay, s, b);
-    });
+  for_quantized_runs(n, t, frozen, [&](int64_t begin, int64_t end, int64_t own) {
+    AdamWBlockArgs a{grad_scale, lr, beta1, beta2, eps, weight_decay, step_size, bc2_sqrt};
+    if (own != t) rules::adamw_constants(lr, beta1, beta2, own, a.step_size, a.bc2_sqrt);  // behind after a freeze
+    update_run(
+        begin, end, vector != nullptr,
+        [&](int64_t first, int64_t blocks) {
+          vector(w, grad, m, v, vector_code_map(true), vector_code_map(false), first, blocks, a);
+        },
+        [&](int64_t b, int64_t e) {
+          update_quantized_block(b, e, states, maps, [&](int64_t i, float* x) {
+            rules::adamw(w[i], grad[i], x[0], x[1], a.grad_scale, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                         a.step_size, a.bc2_sqrt);
+          });
+        });
   });
 }
 

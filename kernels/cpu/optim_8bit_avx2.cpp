@@ -1,0 +1,54 @@
+// kernels/cpu/optim_8bit_blocks.h's vec:: functions, 8 lanes: compiled for AVX2 without
+// contraction, as vec_math_avx2.cpp (CMakeLists.txt).
+#include "kernels/cpu/optim_8bit_blocks.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "kernels/cpu/optim_8bit_vec.h"
+
+namespace cumulus::kernels {
+namespace {
+
+struct Avx2Ops {
+  static constexpr int kLanes = 8;
+  typedef float F __attribute__((vector_size(32)));
+  typedef int32_t I __attribute__((vector_size(32)));
+  static I codes(const uint8_t* p) {
+    return (I)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Lanes hold 0..255: two saturating packs leave lanes 0-3 in the low half's first 4 bytes and
+  // lanes 4-7 in the high half's.
+  static void store_codes(uint8_t* p, I j) {
+    const __m256i words = _mm256_packus_epi32((__m256i)j, (__m256i)j);
+    const __m256i bytes = _mm256_packus_epi16(words, words);
+    const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
+  }
+  static F gather(const float* table, I j) { return (F)_mm256_i32gather_ps(table, (__m256i)j, 4); }
+  static I gather_int(const int32_t* table, I j) { return (I)_mm256_i32gather_epi32(table, (__m256i)j, 4); }
+};
+
+}  // namespace
+
+template <>
+struct rules::SquareRoot<Avx2Ops::F> {
+  static Avx2Ops::F of(Avx2Ops::F x) { return (Avx2Ops::F)_mm256_sqrt_ps((__m256)x); }
+};
+
+namespace vec {
+
+void sgd_8bit_blocks(float* w, const float* grad, const QuantizedState& buf, const VectorCodeMap& map,
+                     int64_t first_block, int64_t blocks, const SgdBlockArgs& args) {
+  QuantizedBlocks<Avx2Ops>::sgd(w, grad, buf, map, first_block, blocks, args);
+}
+
+void adamw_8bit_blocks(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v,
+                       const VectorCodeMap& m_map, const VectorCodeMap& v_map, int64_t first_block, int64_t blocks,
+                       const AdamWBlockArgs& args) {
+  QuantizedBlocks<Avx2Ops>::adamw(w, grad, m, v, m_map, v_map, first_block, blocks, args);
+}
+
+}  // namespace vec
+}  // namespace cumulus::kernels
+#endif
