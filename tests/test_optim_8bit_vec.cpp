@@ -18,6 +18,7 @@
 #include "cumulus/core/threads.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/optim_rules.h"
 #include "kernels/quantized_state.h"
 
 namespace cumulus {
@@ -280,6 +281,44 @@ TEST(Optimizer8BitVector, AWidthTheCpuDoesNotRunIsRefused) {
     EXPECT_THROW(sgd_updates(x, code, false, {}, {1}), InvalidArgument) << name(code);
   }
   EXPECT_NO_THROW(sgd_updates(x, CpuCode::scalar, false, {}, {1}));
+}
+
+}  // namespace
+}  // namespace cumulus
+
+namespace cumulus {
+namespace {
+
+// The f32 updates (kernels/cpu/optim_dense_vec.h at the widest code the CPU runs under this
+// binary's capability cap) against kernels/optim_rules.h's scalar rules applied element by element,
+// bit for bit: lengths with a tail shorter than a vector, NaN, infinite and -0 gradients, two updates.
+TEST(F32VectorUpdate, GivesTheScalarRulesBits) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (const int64_t n : {int64_t{7}, int64_t{1000}, int64_t{4099}}) {
+    std::vector<float> w(n), g(n), m(n), v(n);
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] = u(rng), g[i] = u(rng), m[i] = 0.1f * u(rng), v[i] = std::fabs(u(rng));
+      if (i % 97 == 5) g[i] = i % 2 ? -0.0f : std::numeric_limits<float>::infinity();
+      if (i % 211 == 9) g[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    std::vector<float> w2 = w, m2 = m, v2 = v, w3 = w, buf3 = m, w4 = w, buf4 = m;
+    for (int64_t t = 1; t <= 2; ++t) {
+      kernels::adamw_step_cpu(w.data(), g.data(), m.data(), v.data(), n, 0.5f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, {});
+      float step_size, bc2_sqrt;
+      kernels::rules::adamw_constants(1e-2f, 0.9f, 0.95f, t, step_size, bc2_sqrt);
+      for (int64_t i = 0; i < n; ++i)
+        kernels::rules::adamw(w2[i], g[i], m2[i], v2[i], 0.5f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step_size, bc2_sqrt);
+      kernels::sgd_step_cpu(w3.data(), g.data(), buf3.data(), n, 0.5f, 0.05f, 0.9f, 0.1f, true, 0.01f, t, {});
+      for (int64_t i = 0; i < n; ++i)
+        kernels::rules::sgd(w4[i], g[i], &buf4[i], 0.5f, 0.05f, 0.9f, 0.1f, true, 0.01f, t == 1);
+    }
+    EXPECT_EQ(bits(w), bits(w2)) << "AdamW weights, n " << n;
+    EXPECT_EQ(bits(m), bits(m2)) << "AdamW m, n " << n;
+    EXPECT_EQ(bits(v), bits(v2)) << "AdamW v, n " << n;
+    EXPECT_EQ(bits(w3), bits(w4)) << "SGD weights, n " << n;
+    EXPECT_EQ(bits(buf3), bits(buf4)) << "SGD momentum, n " << n;
+  }
 }
 
 }  // namespace

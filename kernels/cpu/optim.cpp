@@ -114,6 +114,20 @@ VectorBlocks vector_blocks(CpuCode code) {
   return {};
 }
 
+// The f32 updates' whole vectors at the widest code this CPU runs (null: none built or runnable).
+struct DenseVectorUpdates {
+  decltype(&vec::sgd_f32_vectors) sgd = nullptr;
+  decltype(&vec::adamw_f32_vectors) adamw = nullptr;
+};
+
+DenseVectorUpdates dense_vector_updates() {
+  if constexpr (vec::kBuilt) {
+    if (vec512::available()) return {vec512::sgd_f32_vectors, vec512::adamw_f32_vectors};
+    if (vec::available()) return {vec::sgd_f32_vectors, vec::adamw_f32_vectors};
+  }
+  return {};
+}
+
 // Runs [begin, end) of consecutive trained blocks at one update count `own`, across threads
 // (frozen blocks skipped: Note [Frozen parameters]); a block is one frozen chunk.
 template <typename RunUpdate>
@@ -181,7 +195,10 @@ double sum_squares_cpu(const float* x, int64_t n) {
 
 void sgd_step_cpu(float* w, const float* grad, float* buf, int64_t n, float grad_scale, float lr, float momentum,
                   float dampening, bool nesterov, float weight_decay, int64_t t, const FrozenChunks& frozen) {
+  const auto vector = dense_vector_updates().sgd;
   auto run = [&](int64_t begin, int64_t end, bool first) {
+    const SgdBlockArgs a{grad_scale, lr, momentum, dampening, weight_decay, nesterov, first};
+    if (vector != nullptr) begin += vector(w + begin, grad + begin, buf ? buf + begin : nullptr, end - begin, a);
     for (int64_t i = begin; i < end; ++i)
       rules::sgd(w[i], grad[i], buf ? buf + i : nullptr, grad_scale, lr, momentum, dampening, nesterov, weight_decay,
                  first);
@@ -200,7 +217,10 @@ void adamw_step_cpu(float* w, const float* grad, float* m, float* v, int64_t n, 
                     float beta2, float eps, float weight_decay, int64_t t, const FrozenChunks& frozen) {
   float step_size, bc2_sqrt;
   rules::adamw_constants(lr, beta1, beta2, t, step_size, bc2_sqrt);
+  const auto vector = dense_vector_updates().adamw;
   auto run = [&](int64_t begin, int64_t end, float s, float b) {
+    const AdamWBlockArgs a{grad_scale, lr, beta1, beta2, eps, weight_decay, s, b};
+    if (vector != nullptr) begin += vector(w + begin, grad + begin, m + begin, v + begin, end - begin, a);
     for (int64_t i = begin; i < end; ++i)
       rules::adamw(w[i], grad[i], m[i], v[i], grad_scale, lr, beta1, beta2, eps, weight_decay, s, b);
   };

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/optim_8bit_vec.h"
+#include "kernels/cpu/optim_dense_vec.h"
 
 namespace cumulus::kernels {
 namespace {
@@ -47,6 +48,14 @@ void adamw_8bit_blocks(float* w, const float* grad, const QuantizedState& m, con
                        const VectorCodeMap& m_map, const VectorCodeMap& v_map, int64_t first_block, int64_t blocks,
                        const AdamWBlockArgs& args) {
   QuantizedBlocks<Avx512Ops>::adamw(w, grad, m, v, m_map, v_map, first_block, blocks, args);
+}
+
+int64_t adamw_f32_vectors(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWBlockArgs& args) {
+  return DenseVectors<Avx512Ops>::adamw(w, grad, m, v, n, args);
+}
+
+int64_t sgd_f32_vectors(float* w, const float* grad, float* buf, int64_t n, const SgdBlockArgs& args) {
+  return DenseVectors<Avx512Ops>::sgd(w, grad, buf, n, args);
 }
 
 }  // namespace vec512

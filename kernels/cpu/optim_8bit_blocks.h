@@ -71,6 +71,9 @@ void sgd_8bit_blocks(float* w, const float* grad, const QuantizedState& buf, con
 void adamw_8bit_blocks(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v,
                        const VectorCodeMap& m_map, const VectorCodeMap& v_map, int64_t first_block, int64_t blocks,
                        const AdamWBlockArgs& args);
+// The f32 updates of elements [0, n rounded down to the lanes) (optim_dense_vec.h); return how many.
+int64_t adamw_f32_vectors(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWBlockArgs& args);
+int64_t sgd_f32_vectors(float* w, const float* grad, float* buf, int64_t n, const SgdBlockArgs& args);
 }  // namespace cumulus::kernels::vec
 
 namespace cumulus::kernels::vec512 {
@@ -79,4 +82,6 @@ void sgd_8bit_blocks(float* w, const float* grad, const QuantizedState& buf, con
 void adamw_8bit_blocks(float* w, const float* grad, const QuantizedState& m, const QuantizedState& v,
                        const VectorCodeMap& m_map, const VectorCodeMap& v_map, int64_t first_block, int64_t blocks,
                        const AdamWBlockArgs& args);
+int64_t adamw_f32_vectors(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWBlockArgs& args);
+int64_t sgd_f32_vectors(float* w, const float* grad, float* buf, int64_t n, const SgdBlockArgs& args);
 }  // namespace cumulus::kernels::vec512
