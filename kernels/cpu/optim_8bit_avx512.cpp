@@ -1,5 +1,5 @@
-// kernels/cpu/optim_8bit_blocks.h's vec512:: functions, 16 lanes: compiled for AVX-512F without
-// contraction, as vec_math_avx512.cpp (CMakeLists.txt).
+// kernels/cpu/optim_8bit_blocks.h's vec512:: functions, 16 lanes: the 8-bit blocks and the f32
+// updates (optim_dense_vec.h), compiled for AVX-512F without contraction, as vec_math_avx512.cpp (CMakeLists.txt).
 #include "kernels/cpu/optim_8bit_blocks.h"
 
 #if defined(__x86_64__)
