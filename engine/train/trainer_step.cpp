@@ -228,10 +228,11 @@ std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   const int64_t size = p.optimizer->parameters().size();
   const std::vector<optim::Optimizer::StateTensorInfo> layout = p.optimizer->state_layout();
-  for (const auto& [name, held] : p.optimizer->state()) {
+  for (const auto& entry : p.optimizer->state()) {
+    const std::string& name = entry.first;  // a named variable: a lambda may not capture a structured binding
     auto info = std::find_if(layout.begin(), layout.end(), [&](const auto& i) { return i.name == name; });
     CUMULUS_CHECK(info != layout.end(), Error, "Trainer::optimizer_state: no layout for '", name, "'");
-    Tensor whole = gather_state_array(held, info->shape.numel(), size, p.shards, *p.options.communicator);
+    Tensor whole = gather_state_array(entry.second, info->shape.numel(), size, p.shards, *p.options.communicator);
     if (whole.defined()) out.emplace_back(name, std::move(whole));
   }
   return out;
