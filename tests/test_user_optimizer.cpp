@@ -41,9 +41,9 @@ class Adagrad final : public optim::Optimizer {
 
   // The CPU rule; `s` is host memory there (a CUDA version would read it in its kernel).
   void update(const optim::UpdateScalars* s, const optim::UpdateSpan& span) override {
-    if (!parameters().device().is_cpu()) throw std::runtime_error("this Adagrad runs on the CPU only");
-    float* w = parameters().values().data<float>() + span.offset;
-    const float* grad = parameters().gradients().data<float>() + span.offset;
+    if (!span.device.is_cpu()) throw std::runtime_error("this Adagrad runs on the CPU only");
+    float* w = span.values;
+    const float* grad = span.gradients;
     float* sum = state_array(0).data<float>() + span.state_offset;
     const float lr = s->lr * span.lr_scale, wd = span.weight_decay_or(weight_decay_);
     const optim::FrozenChunks& frozen = span.frozen;

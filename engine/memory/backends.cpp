@@ -23,6 +23,22 @@ class HostBackend final : public MemoryBackend {
 };
 
 #if CUMULUS_WITH_CUDA
+// Page-locked host memory: a copy between it and a GPU runs asynchronously, at the bus's full speed.
+class PinnedHostBackend final : public MemoryBackend {
+ public:
+  void* raw_alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    CUMULUS_CUDA_CHECK(err);
+    return p;
+  }
+  void raw_free(void* ptr) noexcept override { CUMULUS_CUDA_WARN(cudaFreeHost(ptr)); }
+};
+
 class CudaBackend final : public MemoryBackend {
  public:
   explicit CudaBackend(int index) : index_(index) {}
@@ -81,6 +97,21 @@ CachingAllocator& allocator_for(const Device& device) {
   (void)cuda;
   throw DeviceError("cumulus was built without CUDA");
 #endif
+}
+
+CachingAllocator& host_state_allocator() {
+  static std::once_flag once;
+  static CachingAllocator* pool = nullptr;  // never destroyed, as allocator_for's
+  std::call_once(once, [] {
+#if CUMULUS_WITH_CUDA
+    if (cuda_available()) {
+      pool = new CachingAllocator(Device::cpu(), std::make_unique<PinnedHostBackend>());
+      return;
+    }
+#endif
+    pool = new CachingAllocator(Device::cpu(), std::make_unique<HostBackend>());
+  });
+  return *pool;
 }
 
 }  // namespace cumulus

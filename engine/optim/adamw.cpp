@@ -26,16 +26,14 @@ std::vector<StateSpec> AdamW::state_specs() const {
 }
 
 void AdamW::update(const UpdateScalars* scalars, const UpdateSpan& span) {
-  const nn::FlatParameters& p = *params_;
-  const int64_t off = span.offset;
   const AdamWOptions& o = options_;
-  float* w = p.values().data<float>() + off;
-  const float* g = p.gradients().data<float>() + off;
+  float* w = span.values;
+  const float* g = span.gradients;
   const float wd = span.weight_decay_or(o.weight_decay);
   if (o.state_bits == 8) {
     const kernels::QuantizedState m = quantized_span(state_array(0), state_array(1), span.state_offset);
     const kernels::QuantizedState v = quantized_span(state_array(2), state_array(3), span.state_offset);
-    CUMULUS_DISPATCH(p.device(), ctx,
+    CUMULUS_DISPATCH(span.device, ctx,
                      kernels::adamw_step_8bit_cpu(w, g, m, v, span.count, scalars->grad_scale,
                                                   scalars->lr * span.lr_scale, o.beta1, o.beta2, o.eps, wd,
                                                   scalars->updates, span.frozen),
@@ -45,7 +43,7 @@ void AdamW::update(const UpdateScalars* scalars, const UpdateSpan& span) {
   }
   float* m = state_array(0).data<float>() + span.state_offset;
   float* v = state_array(1).data<float>() + span.state_offset;
-  CUMULUS_DISPATCH(p.device(), ctx,
+  CUMULUS_DISPATCH(span.device, ctx,
                    kernels::adamw_step_cpu(w, g, m, v, span.count, scalars->grad_scale, scalars->lr * span.lr_scale,
                                            o.beta1, o.beta2, o.eps, wd, scalars->updates, span.frozen),
                    kernels::adamw_update_cuda(w, g, m, v, span.count, scalars, o.beta1, o.beta2, o.eps, wd, span.frozen,

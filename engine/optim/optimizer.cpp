@@ -11,6 +11,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "engine/ops/internal.h"
+#include "engine/tensor/host_reads.h"
 #include "engine/tensor/tensor_impl.h"
 #include "kernels/optim_rules.h"
 
@@ -99,10 +100,10 @@ void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
   if (!segments_.empty()) segments_.back().count = params_->size() - segments_.back().offset;
 }
 
-std::vector<UpdateSpan> Optimizer::spans() const {
+std::vector<UpdateSpan> Optimizer::spans(const UpdateArrays& arrays) const {
   FrozenChunks frozen;
   if (missed_updates_.defined()) {
-    frozen.frozen = params_->frozen_chunks();
+    frozen.frozen = arrays.frozen;
     frozen.missed = missed_updates_.data<int32_t>();
   }
   // Each segment's part inside the kept shard (all of it without one).
@@ -112,6 +113,9 @@ std::vector<UpdateSpan> Optimizer::spans() const {
     span.offset = std::max(seg.offset, begin);
     span.state_offset = span.offset - begin;
     span.count = std::min(seg.offset + seg.count, end) - span.offset;
+    span.values = arrays.values + (span.offset - arrays.first);
+    span.gradients = arrays.gradients + (span.offset - arrays.first);
+    span.device = arrays.device;
     span.lr_scale = seg.lr_scale;
     span.weight_decay = seg.weight_decay;
     span.frozen = frozen;
@@ -141,6 +145,17 @@ void Optimizer::keep_shard(int64_t offset, int64_t count) {
   shard_count_ = count;
 }
 
+const char* state_placement_name(StatePlacement placement) {
+  return placement == StatePlacement::host ? "host" : "device";
+}
+
+void Optimizer::place_state(StatePlacement placement) {
+  CUMULUS_CHECK(state_.empty() && !missed_updates_.defined(), InvalidArgument,
+                "Optimizer::place_state: the state exists already (place it before the first update)");
+  placement_ = placement;
+}
+
+
 int64_t Optimizer::updates() const { return read_update_scalars().updates; }
 
 void Optimizer::set_lr(float lr) {
@@ -166,21 +181,36 @@ int64_t Optimizer::numel_of(const StateSpec& spec, bool whole) const {
   return ((whole ? params_->size() : shard_count()) + spec.block - 1) / spec.block;
 }
 
+Tensor Optimizer::new_state_tensor(const Shape& shape, DType dtype, bool zero) const {
+  if (placement_ == StatePlacement::device) {
+    MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+    return zero ? Tensor::zeros(shape, dtype, params_->device()) : Tensor::empty(shape, dtype, params_->device());
+  }
+  Tensor t = empty_from(host_state_allocator(), shape, dtype, MemoryCategory::optimizer_state);
+  if (zero && t.nbytes() > 0) std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+// The state arrays (load_state may have made them) and the host copies of a state on the host.
 void Optimizer::allocate_state() {
-  if (!state_.empty()) return;
-  MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-  for (const StateSpec& spec : state_specs())
-    state_.push_back(Tensor::zeros(Shape{numel_of(spec)}, spec.dtype, params_->device()));
+  if (state_.empty())
+    for (const StateSpec& spec : state_specs())
+      state_.push_back(new_state_tensor(Shape{numel_of(spec)}, spec.dtype, true));
+  if (placement_ == StatePlacement::device || host_) return;
+  host_ = std::make_unique<HostCopies>();
+  host_->values = new_state_tensor(Shape{shard_count()}, DType::f32, false);
+  host_->gradients = new_state_tensor(Shape{shard_count()}, DType::f32, false);
 }
 
 int64_t Optimizer::state_bytes() const {
   int64_t bytes = missed_updates_.defined() ? static_cast<int64_t>(missed_updates_.allocated_bytes()) : 0;
   for (const Tensor& t : state_) bytes += static_cast<int64_t>(t.allocated_bytes());
+  if (host_) bytes += static_cast<int64_t>(host_->values.allocated_bytes() + host_->gradients.allocated_bytes());
   return bytes;
 }
 
 std::vector<int64_t> Optimizer::state_to_allocate() const {
-  if (!state_.empty()) return {};
+  if (!state_.empty() || placement_ == StatePlacement::host) return {};
   std::vector<int64_t> bytes;
   for (const StateSpec& spec : state_specs())
     bytes.push_back(numel_of(spec) * static_cast<int64_t>(dtype_size(spec.dtype)));
@@ -228,10 +258,7 @@ bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tenso
     CUMULUS_CHECK(t.dtype() == dtype && t.numel() == whole, ShapeError, "optimizer state '", name, "' has ", t.numel(),
                   " elements (", dtype_name(t.dtype()), "), expected ", whole, " ", dtype_name(dtype),
                   " (was the checkpoint written for this model?)");
-    if (!into.defined()) {
-      MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-      into = Tensor::empty(shape, dtype, params_->device());
-    }
+    if (!into.defined()) into = new_state_tensor(shape, dtype, false);
     const char* from = static_cast<const char*>(t.raw_data()) + first * static_cast<int64_t>(dtype_size(dtype));
     copy_bytes(into.raw_data(), into.device(), from, t.device(), into.nbytes());
     return true;
@@ -270,17 +297,52 @@ void Optimizer::prepare_update() {
   params_->zero_stale_gradients();
   params_->refresh_frozen(/*need_mask=*/missed_updates_.defined());
   if (params_->frozen_chunks() == nullptr || missed_updates_.defined()) return;
-  MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-  missed_updates_ = Tensor::zeros(Shape{params_->num_chunks()}, DType::i32, params_->device());
+  missed_updates_ = new_state_tensor(Shape{params_->num_chunks()}, DType::i32, true);
 }
 
 void Optimizer::apply_update() {
   NoGradGuard no_grad;
   allocate_state();
+  if (placement_ == StatePlacement::host) return update_through_host();
   const UpdateScalars* scalars = update_scalars();
   // On the CPU the scalars are host memory: a skipped step calls nothing. On CUDA the kernels read them.
   if (params_->device().is_cpu() && scalars->skip) return;
-  for (const UpdateSpan& span : spans()) update(scalars, span);
+  nn::FlatParameters& p = *params_;
+  for (const UpdateSpan& span :
+       spans({p.values().data<float>(), p.gradients().data<float>(), 0, p.frozen_chunks(), p.device()}))
+    update(scalars, span);
+}
+
+// Note [Optimizer state on the host]
+// ZeRO-Offload's idea (Ren et al., 2021): the optimizer state, 8 of AdamW's 16 bytes per parameter
+// in f32, lives in the host-state pool, and the update runs there. Each update reads the kept
+// shard's gradients and values, the update scalars and the frozen mask into that pool with one wait,
+// runs the CPU kernels on those copies and queues the values back; no state crosses the bus.
+// Copying the values down, rather than keeping a host master copy, keeps the device's values the
+// only truth: a user who loads weights between steps is never overwritten by a stale copy, for 4
+// more bytes per parameter on the bus. On a GPU the pool is pinned, so the upload is asynchronous;
+// its source is not touched again before the next update's wait, which follows it in stream order.
+// Nothing overlaps the update with the next micro-batch's forward, which reads the values it
+// writes. A CPU device runs the same path (its copies are memcpy), so the state sits outside the
+// budgeted pool there too and every line of it is tested without a GPU; the CPU kernels on the
+// same inputs make it the device placement's update bit for bit.
+void Optimizer::update_through_host() {
+  nn::FlatParameters& p = *params_;
+  HostCopies& h = *host_;
+  const int64_t first = shard_offset();
+  const std::size_t bytes = static_cast<std::size_t>(shard_count()) * sizeof(float);
+  const uint8_t* mask = p.frozen_chunks();
+  h.frozen.resize(mask != nullptr ? static_cast<std::size_t>(p.num_chunks()) : 0);
+  std::vector<HostRead> reads = {{&h.scalars, update_scalars(), sizeof(UpdateScalars)},
+                                 {h.values.raw_data(), p.values().data<float>() + first, bytes},
+                                 {h.gradients.raw_data(), p.gradients().data<float>() + first, bytes}};
+  if (mask != nullptr) reads.push_back({h.frozen.data(), mask, h.frozen.size()});
+  read_to_host(p.device(), reads);
+  if (h.scalars.skip) return;
+  const UpdateArrays host{h.values.data<float>(), h.gradients.data<float>(), first,
+                          mask != nullptr ? h.frozen.data() : nullptr, Device::cpu()};
+  for (const UpdateSpan& span : spans(host)) update(&h.scalars, span);
+  copy_bytes(p.values().data<float>() + first, p.device(), h.values.raw_data(), Device::cpu(), bytes);
 }
 
 }  // namespace cumulus::optim

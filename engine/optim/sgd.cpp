@@ -23,15 +23,13 @@ std::vector<StateSpec> SGD::state_specs() const {
 }
 
 void SGD::update(const UpdateScalars* scalars, const UpdateSpan& span) {
-  const nn::FlatParameters& p = *params_;
-  const int64_t off = span.offset;
-  float* w = p.values().data<float>() + off;
-  const float* g = p.gradients().data<float>() + off;
+  float* w = span.values;
+  const float* g = span.gradients;
   const SGDOptions& o = options_;
   const float wd = span.weight_decay_or(o.weight_decay);
   if (o.momentum != 0.0f && o.state_bits == 8) {
     const kernels::QuantizedState buf = quantized_span(state_array(0), state_array(1), span.state_offset);
-    CUMULUS_DISPATCH(p.device(), ctx,
+    CUMULUS_DISPATCH(span.device, ctx,
                      kernels::sgd_step_8bit_cpu(w, g, buf, span.count, scalars->grad_scale,
                                                 scalars->lr * span.lr_scale, o.momentum, o.dampening, o.nesterov, wd,
                                                 scalars->updates, span.frozen),
@@ -40,7 +38,7 @@ void SGD::update(const UpdateScalars* scalars, const UpdateSpan& span) {
     return;
   }
   float* buf = o.momentum != 0.0f ? state_array(0).data<float>() + span.state_offset : nullptr;
-  CUMULUS_DISPATCH(p.device(), ctx,
+  CUMULUS_DISPATCH(span.device, ctx,
                    kernels::sgd_step_cpu(w, g, buf, span.count, scalars->grad_scale, scalars->lr * span.lr_scale,
                                          o.momentum, o.dampening, o.nesterov, wd, scalars->updates, span.frozen),
                    kernels::sgd_update_cuda(w, g, buf, span.count, scalars, o.momentum, o.dampening, o.nesterov, wd,

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <vector>
 
 #include "cumulus/core/device.h"
 
@@ -18,5 +19,6 @@ struct HostRead {
 
 // Each read queued in order after the device's queued work, then one wait (none on the CPU).
 void read_to_host(const Device& device, std::initializer_list<HostRead> reads);
+void read_to_host(const Device& device, const std::vector<HostRead>& reads);
 
 }  // namespace cumulus

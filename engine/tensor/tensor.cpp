@@ -58,6 +58,10 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
 }
 
 void read_to_host(const Device& device, std::initializer_list<HostRead> reads) {
+  read_to_host(device, std::vector<HostRead>(reads));
+}
+
+void read_to_host(const Device& device, const std::vector<HostRead>& reads) {
   if (device.is_cpu()) {
     for (const HostRead& r : reads) std::memcpy(r.dst, r.src, r.bytes);
     return;
@@ -84,6 +88,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+Tensor empty_from(CachingAllocator& allocator, const Shape& shape, DType dtype, MemoryCategory category) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>();
+  impl->storage->device = allocator.device();
+  impl->storage->memory = allocator.allocate(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), category);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return make_tensor(std::move(impl));
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {

@@ -49,6 +49,10 @@ struct TensorAccess {
 inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
 inline Tensor make_tensor(std::shared_ptr<TensorImpl> impl) { return TensorAccess::wrap(std::move(impl)); }
 
+// An uninitialized tensor of `allocator`'s memory (on its device), in `category`: the tensors of a
+// pool other than the device's own (host_state_allocator()).
+Tensor empty_from(CachingAllocator& allocator, const Shape& shape, DType dtype, MemoryCategory category);
+
 // Whether the caller's reference is the only one to the tensor and to its storage, so that writing
 // it in place changes nothing anyone else can see (a backward's dy, a pending gradient).
 inline bool sole_owner(const Tensor& t) {

@@ -102,6 +102,7 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
   // The reductions across ranks would have to be captured too (NCCL allows it; untested).
   CUMULUS_CHECK(!p.use_graphs || !distributed(), InvalidArgument,
                 "Trainer: CUDA graphs with data parallel training are not supported; run eagerly");
+  p.check_graphs_allowed();
 #if !CUMULUS_WITH_CUDA
   CUMULUS_CHECK(!p.use_graphs, InvalidArgument, "Trainer: cumulus was built without CUDA");
 #endif

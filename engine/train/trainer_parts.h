@@ -115,6 +115,7 @@ struct Trainer::Parts {
   // replayed after that (Note [Captured training]).
   Ran run_or_replay(Captured* graph, const std::function<void()>& work);
   Captured* step_graph();  // null when the step runs eagerly
+  void check_graphs_allowed() const;  // InvalidArgument when graphs meet a host-placed optimizer state
   // The step's parts.
   void reduce_across_ranks();
   // ZeRO-1 (Note [ZeRO]): the optimizer keeps this rank's shard; after an update, the shards gathered.

@@ -159,6 +159,7 @@ Trainer::Parts::Ran Trainer::Parts::run_or_replay(Captured* graph, const std::fu
 // at the first freeze (with the optimizer's missed counts): a graph captured before has none.
 Trainer::Captured* Trainer::Parts::step_graph() {
   if (!graphs_now()) return nullptr;
+  check_graphs_allowed();
   const void* frozen_mask = optimizer->parameters().frozen_chunks();
   if (captured_step && captured_step->frozen_mask != frozen_mask) captured_step.reset();
   if (!captured_step) {
@@ -166,6 +167,13 @@ Trainer::Captured* Trainer::Parts::step_graph() {
     captured_step->frozen_mask = frozen_mask;
   }
   return captured_step.get();
+}
+
+// An update on the host waits for its copies (Note [Optimizer state on the host]): no graph holds it.
+void Trainer::Parts::check_graphs_allowed() const {
+  CUMULUS_CHECK(!use_graphs || optimizer->state_placement() == optim::StatePlacement::device, InvalidArgument,
+                "Trainer: CUDA graphs cannot replay an optimizer whose state is placed on the host (its update waits "
+                "for the copies to the host); run eagerly or keep the state on the device");
 }
 
 void Trainer::Parts::reduce_across_ranks() {

@@ -180,4 +180,10 @@ class CachingAllocator {
 // The allocator of a device (created on first use). Throws DeviceError if unavailable.
 CachingAllocator& allocator_for(const Device& device);
 
+// The host-state pool: host memory of its own (page-locked where a GPU is present, so copies to
+// and from it run asynchronously), for optimizer state placed on the host
+// (optim::Optimizer::place_state). Its stats and limit are its own: no device's budget counts it,
+// allocator_for(Device::cpu())'s included.
+CachingAllocator& host_state_allocator();
+
 }  // namespace cumulus

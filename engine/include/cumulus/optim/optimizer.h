@@ -19,8 +19,8 @@
 //    protected:
 //     std::vector<optim::StateSpec> state_specs() const override { return {{"sum"}}; }
 //     void update(const optim::UpdateScalars* s, const optim::UpdateSpan& span) override {
-//       // CPU: s is host memory; on CUDA a kernel reads it on the device.
-//       float* w = parameters().values().data<float>() + span.offset;
+//       // span.device's memory: on the CPU s is host memory, on CUDA a kernel reads it there.
+//       float* w = span.values;
 //       float* sum = state_array(0).data<float>() + span.state_offset; ...
 //     }
 //   };
@@ -66,12 +66,25 @@ struct StateSpec {
   int64_t block = 1;
 };
 
+// Where an optimizer keeps its state and runs its update (Optimizer::place_state).
+enum class StatePlacement : uint8_t {
+  device,  // beside the parameters, updated by the device's kernels
+  host,    // in host memory (host_state_allocator()), updated by the CPU kernels
+};
+const char* state_placement_name(StatePlacement placement);  // "device", "host"
+
 // The elements one call of Optimizer::update covers: a run of the flat arrays whose parameters
 // share a group's setting (the whole array without groups).
 struct UpdateSpan {
   int64_t offset = 0;        // first element, a multiple of FrozenChunks::kChunk
   int64_t state_offset = 0;  // its element in the state arrays: offset less the kept shard's start
   int64_t count = 0;
+  // The span's values and gradients (element `offset` of the flat arrays) and the device whose
+  // kernels update them: the parameters' own, or their host copies when the state is placed on the
+  // host away from them (Note [Optimizer state on the host] in engine/optim/optimizer.cpp).
+  float* values = nullptr;
+  const float* gradients = nullptr;
+  Device device;
   float lr_scale = 1.0f;        // multiplies UpdateScalars::lr
   float weight_decay = -1.0f;   // the group's; < 0: the optimizer's own
   FrozenChunks frozen;          // from `offset` on: chunk 0 is the span's first
@@ -112,11 +125,13 @@ class Optimizer {
   int64_t updates() const;
 
   // ---- state, for checkpoints and memory plans ----
-  // Bytes of optimizer state held now, as the allocator counts them (0 before the first update).
+  // Bytes of optimizer state held now, as the allocators count them (0 before the first update),
+  // wherever it is placed (the host copies of a state on the host away from its GPU included).
   int64_t state_bytes() const;
-  // The state the next update will allocate, one entry per tensor (bytes requested): all of it
-  // before the first update, nothing once held. What a planner must add to the memory at rest,
-  // since every micro-batch after the first step runs beside it (cumulus/plan/planner.h).
+  // The state the next update will allocate on the parameters' device, one entry per tensor
+  // (bytes requested): all of it before the first update, nothing once held or when placed on the
+  // host. What a planner must add to the device's memory at rest, since every micro-batch after the
+  // first step runs beside it (cumulus/plan/planner.h).
   std::vector<int64_t> state_to_allocate() const;
   // The state as named flat tensors (state_specs(), then "frozen_missed_updates", i32 per chunk,
   // once a parameter was frozen); empty before the first update. Under keep_shard the arrays are
@@ -150,6 +165,16 @@ class Optimizer {
   int64_t shard_offset() const { return shard_offset_; }
   int64_t shard_count() const { return shard_count_ < 0 ? params_->size() : shard_count_; }
 
+  // ---- optimizer state in host memory (ZeRO-Offload's idea) ----
+  // Where the state lives and the update runs, before the first update (InvalidArgument after).
+  // host: the state arrays are allocated in host_state_allocator()'s pool, which no device budget
+  // counts, and the update runs there with the CPU kernels on copies of the kept shard's values and
+  // gradients (values copied back; Note [Optimizer state on the host] in
+  // engine/optim/optimizer.cpp), the same bits as the state on a CPU device. On a GPU the copies
+  // cross the bus with one host synchronization, so a Trainer cannot replay its step as a graph.
+  void place_state(StatePlacement placement);
+  StatePlacement state_placement() const { return placement_; }
+
   // ---- a driver's calls: an update decided on the device (train::Trainer) ----
   // Host work before an update: zeroes stale gradient slots and reads which parameters are frozen
   // (FlatParameters::refresh_frozen; the missed-update counts are allocated at the first freeze).
@@ -172,9 +197,10 @@ class Optimizer {
   // and parameters().gradients(), and from span.state_offset (span.state_offset / block for a
   // StateSpec's block) of the state arrays (state_array), by the rule with
   // g = scalars->grad_scale * gradient, lr = scalars->lr * span.lr_scale and the update count
-  // scalars->updates (this update included). `scalars` is host memory on the CPU (the base class
-  // calls nothing there when skip is set) and device memory on CUDA, where a kernel reads it and
-  // returns when skip is set. Elements of a frozen chunk (span.frozen) must be left alone.
+  // scalars->updates (this update included), on span.values and span.gradients with span.device's
+  // kernels. `scalars` is host memory when span.device is the CPU (the base class calls nothing
+  // there when skip is set) and device memory on CUDA, where a kernel reads it and returns when skip
+  // is set. Elements of a frozen chunk (span.frozen) must be left alone.
   virtual void update(const UpdateScalars* scalars, const UpdateSpan& span) = 0;
   // State array `index` of state_specs(), allocated before update() is called.
   Tensor& state_array(std::size_t index) { return state_[index]; }
@@ -192,8 +218,19 @@ class Optimizer {
   bool copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name, DType dtype,
                          int64_t whole, int64_t first, const Shape& shape, Tensor& into) const;
   void allocate_state();
+  // A state tensor of `placement_`'s memory, zeros when `zero`, in category optimizer_state.
+  Tensor new_state_tensor(const Shape& shape, DType dtype, bool zero) const;
+  void update_through_host();
+  // The arrays an update reads: the flat values and gradients from element `first`, the frozen mask.
+  struct UpdateArrays {
+    float* values = nullptr;
+    const float* gradients = nullptr;
+    int64_t first = 0;
+    const uint8_t* frozen = nullptr;
+    Device device;
+  };
   // The spans of the update: one, or one per run of parameters sharing a group's setting.
-  std::vector<UpdateSpan> spans() const;
+  std::vector<UpdateSpan> spans(const UpdateArrays& arrays) const;
 
   float lr_;
   std::vector<ParamGroup> groups_;
@@ -207,6 +244,15 @@ class Optimizer {
   Tensor scalars_;                 // one UpdateScalars, category other
   Tensor missed_updates_;  // i32 per FlatParameters chunk, optimizer_state; undefined until a freeze
   int64_t shard_offset_ = 0, shard_count_ = -1;  // keep_shard's; -1: every element
+  StatePlacement placement_ = StatePlacement::device;
+  // Host placement: the copies of the kept shard's values and gradients in the host-state pool, and
+  // the scalars and frozen mask read with them.
+  struct HostCopies {
+    Tensor values, gradients;
+    UpdateScalars scalars;
+    std::vector<uint8_t> frozen;
+  };
+  std::unique_ptr<HostCopies> host_;
 };
 
 }  // namespace cumulus::optim
