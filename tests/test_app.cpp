@@ -179,6 +179,34 @@ TEST_F(AppTest, RecomputeTrainsTheSameWeightsWithLessActivationMemory) {
   EXPECT_LT(on["summary"]["peak_bytes"].get<int64_t>(), off["summary"]["peak_bytes"].get<int64_t>());
 }
 
+// --optimizer-state host trains the same weights bit for bit as the state on the device; the
+// memory report shows the state in the host's own pool, none of it in the device's figures, and a
+// peak lower by about the state (AdamW's moments: 8 bytes per parameter).
+TEST_F(AppTest, HostResidentOptimizerStateTrainsTheSameWeights) {
+  std::vector<std::string> devices = {"cpu"};
+  if (cumulus::cuda_available()) devices.push_back("cuda");
+  for (const std::string& device : devices) {
+    for (const char* where : {"device", "host"}) {
+      const std::string tag = device + "_" + where;
+      const Result r = run_app(data_only() + " --device " + device + " --graphs off --epochs 1 --batch-size 16" +
+                               " --accum-steps 4 --optimizer adamw --clip-grad-norm 1 --quiet --optimizer-state " +
+                               where + " --save " + quote(path("os_" + tag + ".safetensors")) +
+                               " --memory-report " + quote(path("os_" + tag + ".json")));
+      ASSERT_EQ(r.exit_code, 0) << tag << "\n" << r.out;
+    }
+    EXPECT_EQ(read("os_" + device + "_device.safetensors"), read("os_" + device + "_host.safetensors")) << device;
+    const nlohmann::json on_device = nlohmann::json::parse(read("os_" + device + "_device.json"))["summary"];
+    const nlohmann::json on_host = nlohmann::json::parse(read("os_" + device + "_host.json"))["summary"];
+    const int64_t moments = on_device["optimizer_state_bytes"].get<int64_t>();
+    EXPECT_GT(moments, 2 * on_device["parameters_bytes"].get<int64_t>() - 4096) << on_device.dump();
+    EXPECT_EQ(on_device["host_optimizer_state_bytes"].get<int64_t>(), 0);
+    EXPECT_EQ(on_host["optimizer_state_bytes"].get<int64_t>(), 0) << on_host.dump();
+    // The moments and the host copies of the weights and gradients.
+    EXPECT_EQ(on_host["host_optimizer_state_bytes"].get<int64_t>(), 2 * moments) << on_host.dump();
+    EXPECT_LE(on_host["peak_bytes"].get<int64_t>(), on_device["peak_bytes"].get<int64_t>() - moments);
+  }
+}
+
 // --data-on host trains the same weights bit for bit as device-resident data. On the CPU the
 // option only changes nothing; on CUDA (when present) the dataset leaves the device: the data
 // category holds the two staging slots, eagerly and with CUDA graphs.

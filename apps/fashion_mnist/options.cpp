@@ -162,6 +162,12 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "The optimizer's state (AdamW's moments, SGD's momentum) in 32-bit floats or in 8 bits (block-wise "
                  "quantized, a scale per 64 values: 26.6% of the fp32 state's bytes)")
       ->check(CLI::IsMember({32, 8}));
+  app.add_option("--optimizer-state", o.optimizer_state,
+                 "device|host: where the optimizer's state lives and its update runs. host keeps it in host memory "
+                 "of its own (pinned on a GPU), outside the device's memory and --memory-budget, and updates it there "
+                 "with the CPU kernels on copies of the weights and gradients (the same weights as device; on a "
+                 "GPU they cross the bus each step, and --graphs auto runs eagerly)")
+      ->check(CLI::IsMember(choices_of(cumulus::optim::StatePlacement{}).names()));
   app.add_option("--zero", o.zero_stage,
                  "Under mpirun: 1 shards the optimizer's state over the ranks (ZeRO stage 1: each rank keeps and "
                  "updates 1/N of it, the same weights as 0); 0 keeps all of it on every rank")

@@ -33,7 +33,10 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
   }
   require(c.graphs != GraphsChoice::on || c.device.is_cuda(),
           "--graphs on needs a CUDA device (the device is " + c.device.str() + ")");
-  c.use_graphs = c.device.is_cuda() && c.graphs != GraphsChoice::off;
+  require(c.graphs != GraphsChoice::on || c.optimizer_state == optim::StatePlacement::device,
+          "--graphs on cannot replay an update on the host: give --optimizer-state device or --graphs off");
+  c.use_graphs = c.device.is_cuda() && c.graphs != GraphsChoice::off &&
+                 c.optimizer_state == optim::StatePlacement::device;
   if (c.data_on == DataOnChoice::planner && !c.device.is_cuda()) c.data_on = DataOnChoice::device;  // the same memory
 }
 
@@ -56,6 +59,7 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   c.kernels = parse_choice<nn::KernelChoice>(cli.kernels);
   c.recompute = parse_choice<RecomputeChoice>(cli.recompute);
   c.data_on = parse_choice<DataOnChoice>(cli.data_on);
+  c.optimizer_state = parse_choice<optim::StatePlacement>(cli.optimizer_state);
   c.graphs = parse_choice<GraphsChoice>(cli.graphs);
   c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
                    : cli.batch_size_given   ? BatchSource::elastic

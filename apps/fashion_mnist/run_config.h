@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/command_line.h"
+#include "cumulus/optim/optimizer.h"
 #include "common/settings_table.h"
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
@@ -91,6 +92,7 @@ struct CommandLine : FlagValues {
   std::string graphs = "auto";     // auto|on|off: CUDA graphs for the steady state (CUDA only)
   std::string recompute = "off";   // off|on|auto (the planner decides): activation checkpointing
   std::string data_on = "device";  // device|host|auto: where the dataset lives (host: staged batch by batch)
+  std::string optimizer_state = "device";  // device|host: where the optimizer's state lives and is updated
   std::string precision = "fp32";  // fp32|bf16|fp16|auto: the compute type of activations
   std::string kernels = "auto";    // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
 };
@@ -167,6 +169,12 @@ inline const FlagChoices<RecomputeChoice>& choices_of(RecomputeChoice) {
       {{"off", RecomputeChoice::off}, {"on", RecomputeChoice::on}, {"auto", RecomputeChoice::planner}}};
   return c;
 }
+inline const FlagChoices<cumulus::optim::StatePlacement>& choices_of(cumulus::optim::StatePlacement) {
+  using cumulus::optim::StatePlacement;
+  static const FlagChoices<StatePlacement> c{
+      "--optimizer-state", nullptr, {{"device", StatePlacement::device}, {"host", StatePlacement::host}}};
+  return c;
+}
 inline const FlagChoices<DataOnChoice>& choices_of(DataOnChoice) {
   static const FlagChoices<DataOnChoice> c{
       "--data-on",
@@ -218,6 +226,7 @@ struct RunConfig : FlagValues {
   cumulus::nn::KernelChoice kernels = cumulus::nn::KernelChoice::automatic;
   RecomputeChoice recompute = RecomputeChoice::off;
   DataOnChoice data_on = DataOnChoice::device;  // planner only on CUDA (the CPU's device is the host)
+  cumulus::optim::StatePlacement optimizer_state = cumulus::optim::StatePlacement::device;
   uint32_t recompute_segments = 0;              // the planner's choice of the model's segments (--recompute auto)
   GraphsChoice graphs = GraphsChoice::automatic;
   bool use_graphs = false;  // from `graphs`, the device and the number of ranks

@@ -80,6 +80,8 @@ const std::vector<cumulus::app::SettingRow<SettingContext>> kTable = {
     {"recompute", "recompute", false, kMemoryReport, nullptr, [](C c) -> Text { return choice_name(c.o.recompute); }},
     {"kernels", "kernels", false, kMemoryReport, nullptr, [](C c) -> Text { return c.kernels; }},
     {"data-on", "data_on", false, kMemoryReport, nullptr, [](C c) -> Text { return choice_name(c.o.data_on); }},
+    {"optimizer-state", "optimizer_state", false, kMemoryReport, "device",
+     [](C c) -> Text { return choice_name(c.o.optimizer_state); }},
     {"world-size", "world_size", false, kMemoryReport, nullptr,
      [](C c) { return when(c.o.world_size > 1, std::to_string(c.o.world_size)); }},
     {"rank", "rank", false, kMemoryReport, nullptr,

@@ -33,7 +33,8 @@ std::string kernels_used(const nn::Model& model, const RunConfig& o, int64_t bat
   return nn::kernel_choice_name(model.kernels_for(o.device, compute_dtype(o.precision), batch));
 }
 
-std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared_ptr<nn::FlatParameters> flat) {
+namespace {
+std::shared_ptr<optim::Optimizer> make_update_rule(const RunConfig& o, std::shared_ptr<nn::FlatParameters> flat) {
   if (o.optimizer == OptimizerKind::adamw) {
     optim::AdamWOptions a;
     a.lr = o.lr;
@@ -51,6 +52,13 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared
   s.weight_decay = o.weight_decay;
   s.state_bits = o.optimizer_bits;
   return std::make_shared<optim::SGD>(flat, s);
+}
+}  // namespace
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const RunConfig& o, std::shared_ptr<nn::FlatParameters> flat) {
+  std::shared_ptr<optim::Optimizer> optimizer = make_update_rule(o, std::move(flat));
+  optimizer->place_state(o.optimizer_state);
+  return optimizer;
 }
 
 std::shared_ptr<const optim::LRSchedule> make_lr_schedule(const RunConfig& o, int64_t micro_batches) {

@@ -77,6 +77,12 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
                "AdamW's moments in 32-bit floats or in 8 bits (block-wise quantized, a scale per 64 values: 26.6% "
                "of the fp32 moments' bytes)")
       ->check(CLI::IsMember({32, 8}));
+  c.add_option("--optimizer-state", f.optimizer_state,
+               "device|host: where AdamW's state lives and its update runs. host keeps the moments in host memory "
+               "of their own (pinned on a GPU), outside the device's memory and --memory-budget, and updates there "
+               "with the CPU kernels on copies of the weights and gradients (the same weights as device; on a GPU "
+               "they cross the bus each step)")
+      ->check(CLI::IsMember({"device", "host"}));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);

@@ -314,6 +314,7 @@ int train(const TrainFlags& flags) {
   const optim::AdamWOptions adamw = adamw_options(f);
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
+  optimizer->place_state(f.optimizer_state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);
   const data::TokenWindows train_windows(t.split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(t.split.validation, f.context, 0, device);
   if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);

@@ -142,6 +142,7 @@ ojson summary_json(MemoryTracker& tracker, const MemorySummary& s) {
   summary["parameters_bytes"] = s.parameters_bytes;
   summary["gradients_bytes"] = s.gradients_bytes;
   summary["optimizer_state_bytes"] = s.optimizer_state_bytes;
+  summary["host_optimizer_state_bytes"] = s.host_optimizer_state_bytes;
   summary["workspace_bytes"] = s.workspace_bytes;
   summary["data_bytes"] = s.data_bytes;
   summary["batch_data_bytes"] = s.batch_data_bytes;

@@ -363,6 +363,7 @@ MemorySummary MemoryTracker::summary() {
   s.parameters_bytes = st[MemoryCategory::parameters].current;
   s.gradients_bytes = st[MemoryCategory::gradients].current;
   s.optimizer_state_bytes = st[MemoryCategory::optimizer_state].current;
+  s.host_optimizer_state_bytes = host_state_allocator().stats()[MemoryCategory::optimizer_state].current;
   s.workspace_bytes = st[MemoryCategory::workspace].current;
   s.data_bytes = st[MemoryCategory::data].current;
   s.reserved_peak_bytes = st.reserved_peak;

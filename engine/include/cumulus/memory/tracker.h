@@ -68,6 +68,9 @@ struct MemorySummary {
   int64_t parameters_bytes = 0;
   int64_t gradients_bytes = 0;
   int64_t optimizer_state_bytes = 0;
+  // Optimizer state placed on the host (optim::Optimizer::place_state): live now in
+  // host_state_allocator()'s pool, outside the device's figures and budget.
+  int64_t host_optimizer_state_bytes = 0;
   int64_t workspace_bytes = 0;
   int64_t data_bytes = 0;  // live now: the datasets (batches come and go)
   int64_t batch_data_bytes = 0;  // data a micro-batch of micro_batch_size made by its peak: its batch
