@@ -217,6 +217,10 @@ std::vector<int64_t> Optimizer::state_to_allocate() const {
   return bytes;
 }
 
+bool Optimizer::next_update_allocates() const {
+  return (state_.empty() && !state_specs().empty()) || (placement_ == StatePlacement::host && !host_);
+}
+
 std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   const std::vector<StateSpec> specs = state_specs();

@@ -454,7 +454,7 @@ void Planner::time_step() {
     return;
   }
   optim::Optimizer& opt = *req_.optimizer;
-  if (!opt.state_to_allocate().empty()) return;
+  if (opt.next_update_allocates()) return;
   Tensor values;
   std::vector<std::pair<std::string, Tensor>> state;
   try {

@@ -133,6 +133,8 @@ class Optimizer {
   // host. What a planner must add to the device's memory at rest, since every micro-batch after the
   // first step runs beside it (cumulus/plan/planner.h).
   std::vector<int64_t> state_to_allocate() const;
+  // Whether the next update allocates state, wherever it is placed.
+  bool next_update_allocates() const;
   // The state as named flat tensors (state_specs(), then "frozen_missed_updates", i32 per chunk,
   // once a parameter was frozen); empty before the first update. Under keep_shard the arrays are
   // the shard's (the missed counts stay whole): train::Trainer::optimizer_state() gathers them.
