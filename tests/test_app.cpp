@@ -298,7 +298,8 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(path("plan_only.jsonl"))) << "--plan-only trained";
-  // One row per divisor of 64: the size, recompute, data placement, precision, the peak in MiB,
+  // One row per divisor of 64: the size, recompute, data placement, precision, where the optimizer
+  // state lives, the peak in MiB,
   // reserved bytes, fits, the accumulation steps, the predicted time of an effective batch (ms),
   // its spread over the repeated timings (ms, "low-high") and of an epoch (s), and a '*' on the
   // chosen row.
@@ -309,14 +310,15 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
     std::istringstream row(line);
     long size = 0, reserved = 0, accum = 0;
     double peak_mib = 0, batch_ms = 0, epoch_s = 0;
-    std::string recompute, data, precision, fits, spread, star;
-    if (row >> size >> recompute >> data >> precision >> peak_mib >> reserved >> fits >> accum >> batch_ms >> spread >>
-        epoch_s) {
+    std::string recompute, data, precision, state, fits, spread, star;
+    if (row >> size >> recompute >> data >> precision >> state >> peak_mib >> reserved >> fits >> accum >> batch_ms >>
+        spread >> epoch_s) {
       sizes.push_back(size);
       if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;
       EXPECT_EQ(data, "device") << line;
       EXPECT_EQ(precision, "fp32") << line;
+      EXPECT_EQ(state, "device") << line;
       EXPECT_GT(peak_mib, 0.0) << line;
       EXPECT_TRUE(fits == "yes" || fits == "no") << line;
       EXPECT_EQ(size * accum, 64) << line;

@@ -549,6 +549,54 @@ TEST(PlanBatch, PicksHostResidentDataOnlyWhenDeviceResidentDataCannotFit) {
   rig.apply(plan::PlanSetting{});
 }
 
+// The optimizer's state on the host is weighed only when nothing fits with it on the device: a
+// budget the device plans fit keeps it there (no host row); one that only AdamW's moments break
+// moves it to the host, each row lower by exactly their bytes, the optimizer left placed there and
+// two real steps within the budget; where nothing fits either way it goes back to the device.
+TEST(PlanBatch, PlacesTheOptimizerStateOnTheHostOnlyWhenNothingFitsOnTheDevice) {
+  const Rig rig(mlp());
+  auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  plan::PlanRequest request = rig.request(*adamw, 64, 0);
+  request.weigh_state_placement = true;
+  const plan::Plan free = plan::plan_batch(request);
+  int64_t device_least = -1;
+  for (const plan::PlanRow& r : free.table) {
+    EXPECT_EQ(r.setting.optimizer_state, optim::StatePlacement::device) << "host weighed unneeded";
+    if (device_least < 0 || r.reserved_bytes < device_least) device_least = r.reserved_bytes;
+  }
+  EXPECT_EQ(adamw->state_placement(), optim::StatePlacement::device);
+
+  request.budget = device_least - 1;  // no micro-batch fits beside the moments
+  const plan::Plan p = plan::plan_batch(request);
+  ASSERT_GT(p.micro_batch, 0) << p.reason;
+  EXPECT_EQ(p.setting.optimizer_state, optim::StatePlacement::host);
+  EXPECT_EQ(adamw->state_placement(), optim::StatePlacement::host) << "the chosen placement is left in place";
+  EXPECT_TRUE(p.verified);
+  EXPECT_NE(p.reason.find("nothing fit with the optimizer state on the device"), std::string::npos) << p.reason;
+  ASSERT_EQ(p.table.size(), 14u);  // every divisor of 64 with the state on the device, then on the host
+  const int64_t moments = 2 * rounded(static_cast<int64_t>(rig.flat->values().nbytes()));
+  for (std::size_t i = 0; i < p.table.size(); i += 2) {
+    const plan::PlanRow &on_device = p.table[i], &on_host = p.table[i + 1];
+    EXPECT_EQ(on_device.micro_batch, on_host.micro_batch);
+    EXPECT_EQ(on_host.setting.optimizer_state, optim::StatePlacement::host);
+    EXPECT_FALSE(on_device.fits);
+    EXPECT_EQ(on_device.peak_bytes - on_host.peak_bytes, moments) << on_host.micro_batch;
+  }
+  EXPECT_EQ(rig.train_two_steps(adamw, p.micro_batch, p.accum_steps, request.budget), "");
+
+  // Nothing fits either way: the state stays on the device, and the plan says why.
+  auto other = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  plan::PlanRequest tiny = rig.request(*other, 64, int64_t{1} << 20);
+  tiny.weigh_state_placement = true;
+  const plan::Plan none = plan::plan_batch(tiny);
+  EXPECT_EQ(none.micro_batch, 0);
+  EXPECT_EQ(other->state_placement(), optim::StatePlacement::device);
+  EXPECT_NE(none.reason.find("with the optimizer state on the host"), std::string::npos) << none.reason;
+  // A state that exists cannot move.
+  other->step();
+  EXPECT_THROW(plan::plan_batch(tiny), InvalidArgument);
+}
+
 // Precision is weighed only with the opt-in, and then wins only by more than the 2% tie: without
 // it no 16-bit row exists even where bf16 would fit a larger and faster micro-batch, and the
 // request's precision is left in place; with it bf16 is chosen there, and where both fit and bf16

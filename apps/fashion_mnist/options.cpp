@@ -163,11 +163,12 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  "quantized, a scale per 64 values: 26.6% of the fp32 state's bytes)")
       ->check(CLI::IsMember({32, 8}));
   app.add_option("--optimizer-state", o.optimizer_state,
-                 "device|host: where the optimizer's state lives and its update runs. host keeps it in host memory "
-                 "of its own (pinned on a GPU), outside the device's memory and --memory-budget, and updates it there "
-                 "with the CPU kernels on copies of the weights and gradients (the same weights as device; on a "
-                 "GPU they cross the bus each step, and --graphs auto runs eagerly)")
-      ->check(CLI::IsMember(choices_of(cumulus::optim::StatePlacement{}).names()));
+                 "device|host|auto: where the optimizer's state lives and its update runs. host keeps it in host "
+                 "memory of its own (pinned on a GPU), outside the device's memory and --memory-budget, and updates "
+                 "it there with the CPU kernels on copies of the weights and gradients (the same weights as device; "
+                 "on a GPU they cross the bus each step, and --graphs auto runs eagerly). auto, with the planner: "
+                 "host only when no plan fits with it on the device")
+      ->check(CLI::IsMember(choices_of(cumulus::optim::StatePlacement{}).names("auto")));
   app.add_option("--zero", o.zero_stage,
                  "Under mpirun: 1 shards the optimizer's state over the ranks (ZeRO stage 1: each rank keeps and "
                  "updates 1/N of it, the same weights as 0); 0 keeps all of it on every rank")
@@ -295,6 +296,7 @@ void check_batch(const CLI::App& app, CommandLine& o) {
   const bool planner = o.effective_batch > 0 && !elastic && (o.memory_budget_bytes > 0 || o.plan_only);
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--recompute", &o.recompute},
                                     {"--data-on", &o.data_on},
+                                    {"--optimizer-state", &o.optimizer_state},
                                     {"--precision", &o.precision}})
     require(*value != "auto" || planner, std::string(flag) +
                                              " auto lets the planner decide: give --effective-batch and "

@@ -33,8 +33,9 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
   }
   require(c.graphs != GraphsChoice::on || c.device.is_cuda(),
           "--graphs on needs a CUDA device (the device is " + c.device.str() + ")");
-  require(c.graphs != GraphsChoice::on || c.optimizer_state == optim::StatePlacement::device,
-          "--graphs on cannot replay an update on the host: give --optimizer-state device or --graphs off");
+  require(c.graphs != GraphsChoice::on || (c.optimizer_state == optim::StatePlacement::device &&
+                                            !c.optimizer_state_by_planner),
+          "--graphs on cannot replay an update on the host: give --optimizer-state device or --graphs auto");
   c.use_graphs = c.device.is_cuda() && c.graphs != GraphsChoice::off &&
                  c.optimizer_state == optim::StatePlacement::device;
   if (c.data_on == DataOnChoice::planner && !c.device.is_cuda()) c.data_on = DataOnChoice::device;  // the same memory
@@ -59,7 +60,8 @@ RunConfig resolve_run_config(const CommandLine& cli) {
   c.kernels = parse_choice<nn::KernelChoice>(cli.kernels);
   c.recompute = parse_choice<RecomputeChoice>(cli.recompute);
   c.data_on = parse_choice<DataOnChoice>(cli.data_on);
-  c.optimizer_state = parse_choice<optim::StatePlacement>(cli.optimizer_state);
+  c.optimizer_state_by_planner = cli.optimizer_state == "auto";
+  if (!c.optimizer_state_by_planner) c.optimizer_state = parse_choice<optim::StatePlacement>(cli.optimizer_state);
   c.graphs = parse_choice<GraphsChoice>(cli.graphs);
   c.batch_source = cli.effective_batch == 0 ? BatchSource::flags
                    : cli.batch_size_given   ? BatchSource::elastic
@@ -111,6 +113,11 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
   }
   if (c.data_on == DataOnChoice::planner)
     c.data_on = plan.setting.data == plan::DataPlacement::host ? DataOnChoice::host : DataOnChoice::device;
+  if (c.optimizer_state_by_planner) {
+    c.optimizer_state = plan.setting.optimizer_state;
+    c.optimizer_state_by_planner = false;
+    if (c.optimizer_state == optim::StatePlacement::host) c.use_graphs = false;  // the update waits for its copies
+  }
   if (c.precision_by_planner) {
     c.precision = plan.setting.precision;
     c.precision_by_planner = false;

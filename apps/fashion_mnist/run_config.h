@@ -92,7 +92,7 @@ struct CommandLine : FlagValues {
   std::string graphs = "auto";     // auto|on|off: CUDA graphs for the steady state (CUDA only)
   std::string recompute = "off";   // off|on|auto (the planner decides): activation checkpointing
   std::string data_on = "device";  // device|host|auto: where the dataset lives (host: staged batch by batch)
-  std::string optimizer_state = "device";  // device|host: where the optimizer's state lives and is updated
+  std::string optimizer_state = "device";  // device|host|auto: where the optimizer's state lives and is updated
   std::string precision = "fp32";  // fp32|bf16|fp16|auto: the compute type of activations
   std::string kernels = "auto";    // auto|fused|generic: the MLP's training kernels (Note [Fused MLP])
 };
@@ -227,6 +227,7 @@ struct RunConfig : FlagValues {
   RecomputeChoice recompute = RecomputeChoice::off;
   DataOnChoice data_on = DataOnChoice::device;  // planner only on CUDA (the CPU's device is the host)
   cumulus::optim::StatePlacement optimizer_state = cumulus::optim::StatePlacement::device;
+  bool optimizer_state_by_planner = false;  // --optimizer-state auto: device (above) or host, until with_plan()
   uint32_t recompute_segments = 0;              // the planner's choice of the model's segments (--recompute auto)
   GraphsChoice graphs = GraphsChoice::automatic;
   bool use_graphs = false;  // from `graphs`, the device and the number of ranks

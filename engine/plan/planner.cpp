@@ -72,7 +72,11 @@
 // Host-resident data is weighed only when none of those fits: its cost is a copy of each batch
 // over the bus, and a host plan chosen over a device plan within the noise of two timings would
 // make every later step pay that copy for nothing. Precision changes the numbers, so it is never
-// weighed without the opt-in.
+// weighed without the opt-in. Last, the optimizer's state on the host (Optimizer::place_state), only
+// when nothing fits with it on the device: it frees the state's bytes from every row (they leave
+// the held blocks the rows are replayed over) for a copy of the weights and gradients over the bus
+// at each step. It is a second planning of the same request with the state placed there, whose
+// rows join the first's in one table; the micro-batch's recordings do not depend on it.
 //
 // Times within 2% are a tie: measured fits are noisy (a loaded machine, an intercept near zero),
 // and a tie broken by memory alone would slide to micro-batch 2 with recompute for a 1%
@@ -820,6 +824,30 @@ Plan Planner::run() {
   return std::move(plan_);
 }
 
+// Nothing fits with the optimizer state on the device: the same request with it on the host
+// (Note [Plan levers]), both tables in one. The optimizer stays there only if a plan is taken.
+Plan plan_with_state_on_host(PlanRequest request, Plan on_device, CachingAllocator& alloc) {
+  optim::Optimizer& optimizer = *request.optimizer;
+  optimizer.place_state(optim::StatePlacement::host);
+  request.setting.optimizer_state = optim::StatePlacement::host;
+  Plan plan = Planner(request, alloc).run();
+  if (plan.micro_batch == 0) {
+    optimizer.place_state(optim::StatePlacement::device);
+    plan.setting = on_device.setting;
+    plan.optimizer_state_bytes = on_device.optimizer_state_bytes;
+    plan.reason = on_device.reason + "; with the optimizer state on the host: " + plan.reason;
+  } else {
+    plan.reason += " (nothing fit with the optimizer state on the device)";
+  }
+  plan.table.insert(plan.table.begin(), on_device.table.begin(), on_device.table.end());
+  std::stable_sort(plan.table.begin(), plan.table.end(),
+                   [](const PlanRow& a, const PlanRow& b) { return a.micro_batch > b.micro_batch; });
+  plan.weighed.insert(plan.weighed.begin(), on_device.weighed.begin(), on_device.weighed.end());
+  plan.probe_seconds += on_device.probe_seconds;
+  plan.largest_probe = std::max(plan.largest_probe, on_device.largest_probe);
+  return plan;
+}
+
 }  // namespace
 
 const char* data_placement_name(DataPlacement placement) {
@@ -837,8 +865,10 @@ std::string recompute_text(uint32_t mask, const std::vector<std::string>& segmen
 }
 
 std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names) {
+  const bool state_on_host = setting.optimizer_state == optim::StatePlacement::host;
   return "recompute " + recompute_text(setting.recompute, segment_names) + ", data on " +
-         data_placement_name(setting.data) + ", " + precision_name(setting.precision);
+         data_placement_name(setting.data) + ", " + precision_name(setting.precision) +
+         (state_on_host ? ", optimizer state on host" : "");
 }
 
 Plan plan_batch(const PlanRequest& request) {
@@ -871,10 +901,18 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(!levers || static_cast<bool>(request.apply), InvalidArgument,
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "
                 "put a setting in place");
+  optim::Optimizer& optimizer = *request.optimizer;
+  const bool weigh_host = request.weigh_state_placement && optimizer.state_placement() == optim::StatePlacement::device;
+  CUMULUS_CHECK(!weigh_host || optimizer.next_update_allocates(), InvalidArgument,
+                "plan_batch: weigh_state_placement, but the optimizer holds its state already (it cannot move)");
   CachingAllocator& alloc = allocator_for(request.device);
   const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
   const BufferRestore buffers(request.model);
-  Plan plan = Planner(request, alloc).run();
+  PlanRequest first = request;
+  first.setting.optimizer_state = optimizer.state_placement();
+  first.require_fit = false;
+  Plan plan = Planner(first, alloc).run();
+  if (plan.micro_batch == 0 && weigh_host) plan = plan_with_state_on_host(first, std::move(plan), alloc);
   CUMULUS_CHECK(plan.micro_batch > 0 || !request.require_fit, OutOfMemory, "plan_batch: ", plan.reason);
   return plan;
 }

@@ -23,13 +23,12 @@
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/memory/category.h"
+#include "cumulus/optim/optimizer.h"
 
 namespace cumulus::nn {
 class Module;
 }  // namespace cumulus::nn
-namespace cumulus::optim {
-class Optimizer;
-}  // namespace cumulus::optim
+
 
 namespace cumulus::plan {
 
@@ -56,15 +55,19 @@ struct PlanSetting {
   uint32_t recompute = 0;
   DataPlacement data = DataPlacement::device;
   Precision precision = Precision::fp32;
+  // Where the optimizer's state lives: plan_batch places it (Optimizer::place_state), apply need not.
+  optim::StatePlacement optimizer_state = optim::StatePlacement::device;
   bool operator==(const PlanSetting& o) const {
-    return recompute == o.recompute && data == o.data && precision == o.precision;
+    return recompute == o.recompute && data == o.data && precision == o.precision &&
+           optimizer_state == o.optimizer_state;
   }
   bool operator!=(const PlanSetting& o) const { return !(*this == o); }
 };
 
 // The recompute lever: "off", "all" (every segment, or any without names) or the segments on ("conv1+bn1").
 std::string recompute_text(uint32_t mask, const std::vector<std::string>& segment_names = {});
-// "recompute off, data on device, fp32" (the recompute part as recompute_text gives it).
+// "recompute off, data on device, fp32" (the recompute part as recompute_text gives it), then
+// ", optimizer state on host" where it is.
 std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names = {});
 
 // One candidate micro-batch with one setting of the levers: a divisor of the effective batch.
@@ -129,6 +132,10 @@ struct PlanRequest {
   bool weigh_placement = false;
   // Other precisions it may choose: an opt-in, since 16 bits change the numbers (a tie keeps ours).
   std::vector<Precision> precisions;
+  // The optimizer's state in host memory (Optimizer::place_state), weighed only when nothing fits
+  // with it on the device (Note [Plan levers]); the optimizer must not hold its state yet. A plan
+  // that takes it leaves the optimizer placed on the host.
+  bool weigh_state_placement = false;
   int64_t epoch_units = 0;  // units in an epoch, for epoch_seconds (0: unit_limit)
   // Injected timings (tests, or known from elsewhere): one micro-batch's seconds, instead of timing.
   std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;
