@@ -5,6 +5,9 @@
 // bench/pytorch/optim_update.py's PyTorch reference), whose last block is partial.
 //   cpu/update/{adamw,sgd_momentum}/fp32
 //   cpu/update/{adamw,sgd_momentum}/8bit_{scalar,avx2,avx512}
+//   cpu/step/adamw/state_on_{device,host}: the library's Optimizer::step() over the seed MLP's flat
+//     parameters, the state beside them or placed on the host (Optimizer::place_state: the copies
+//     of the weights and gradients included)
 // Counters: ns_per_parameter (wall time of one update / parameters) and bytes_per_parameter (state,
 // weights and gradient read plus written, the floor of its memory traffic). One thread unless
 // --threads=N is given first. Each update continues from the last one's state (t counts up).
@@ -18,6 +21,12 @@
 #include <vector>
 
 #include "cumulus/core/threads.h"
+#include "cumulus/nn/activation_layers.h"
+#include "cumulus/nn/flat_parameters.h"
+#include "cumulus/nn/layers.h"
+#include "cumulus/ops/reduce.h"
+#include "cumulus/optim/adamw.h"
+#include "cumulus/tensor/random.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -109,6 +118,40 @@ void optimizer_update(benchmark::State& s, Optimizer optimizer, State state, Cpu
   s.counters["threads"] = cumulus::cpu_threads();
 }
 
+// Optimizer::step() of AdamW over the seed MLP's parameters (784-512-512-10), the state placed at
+// `placement`: what a training loop pays per update, the base class's work included.
+void optimizer_step(benchmark::State& s, cumulus::optim::StatePlacement placement) {
+  using namespace cumulus;
+  Generator gen(3);
+  nn::Sequential model;
+  model.add(std::make_shared<nn::Linear>(784, 512, gen, Device::cpu()));
+  model.add(std::make_shared<nn::ReLU>());
+  model.add(std::make_shared<nn::Linear>(512, 512, gen, Device::cpu()));
+  model.add(std::make_shared<nn::ReLU>());
+  model.add(std::make_shared<nn::Linear>(512, 10, gen, Device::cpu()));
+  auto flat = std::make_shared<nn::FlatParameters>(model);
+  ops::sum(model(Tensor::ones(Shape{1, 784}))).backward();  // every gradient slot current
+  const Buffers b;
+  std::memcpy(flat->gradients().data<float>(), b.g.data(), sizeof(float) * kParameters);
+  optim::AdamWOptions o;
+  o.lr = 1e-3f;
+  optim::AdamW adamw(flat, o);
+  adamw.place_state(placement);
+  for (int i = 0; i < 3; ++i) adamw.step(1.0f / 64.0f, o.lr);  // allocates the state, warms the caches
+  double seconds = 0.0;
+  for (auto _ : s) {
+    const auto start = std::chrono::steady_clock::now();
+    adamw.step(1.0f / 64.0f, o.lr);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    s.SetIterationTime(elapsed);
+    seconds += elapsed;
+  }
+  const double iterations = static_cast<double>(s.iterations());
+  s.counters["ns_per_parameter"] = iterations > 0 ? seconds * 1e9 / iterations / static_cast<double>(flat->size()) : 0.0;
+  s.counters["parameters"] = static_cast<double>(flat->size());
+  s.counters["threads"] = cumulus::cpu_threads();
+}
+
 void register_cases() {
   struct Code {
     CpuCode code;
@@ -130,6 +173,11 @@ void register_cases() {
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond);
   }
+  using cumulus::optim::StatePlacement;
+  for (auto [placement, name] : {std::pair{StatePlacement::device, "device"}, std::pair{StatePlacement::host, "host"}})
+    benchmark::RegisterBenchmark((std::string("cpu/step/adamw/state_on_") + name).c_str(), optimizer_step, placement)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace

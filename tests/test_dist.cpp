@@ -457,6 +457,57 @@ TEST_F(MpiRunTest, ZeroCheckpointHoldsTheWholeStateAndResumesShardedOrNot) {
   }
 }
 
+// The GPT under mpirun (Note [Data parallel gpt] in apps/gpt/train.cpp): 2 ranks of --accum-steps 2
+// train one process's groups of 4 (the same windows, the gradients summed in another order: Note
+// [Data parallel tolerance]), ZeRO-1 gives data parallel's weights and checkpoint bit for bit with
+// about half the state per rank, and the ranks' checkpoint resumes in one process.
+TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits) {
+#ifndef GPT_BIN
+  GTEST_SKIP() << "built without apps/gpt";
+#else
+  {
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += i % 3 == 0 ? "To be, or not to be: that is the question.\n" : "Ay, there's the rub.\n";
+    std::ofstream(path("corpus.txt")) << text;
+  }
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  auto gpt = [&](int ranks, const std::string& args) {
+    const std::string base = std::string(GPT_BIN) + " train --data " + quote(path("corpus.txt")) +
+                             " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --warmup 2 --steps 10" +
+                             " --eval-every 5 --eval-windows 8 --clip 0.5 --threads 1 --quiet " + args + " 2>&1";
+    return run_command(ranks == 1 ? base
+                                  : mpi_env() + "mpirun " + root + "--oversubscribe -np " + std::to_string(ranks) + " " +
+                                        base);
+  };
+  auto state_bytes = [](const std::string& report) {
+    return nlohmann::json::parse(read_log(path(report)))["summary"]["optimizer_state_bytes"].get<int64_t>();
+  };
+  Result r = gpt(1, "--accum-steps 4 --save " + quote(path("g_one.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* stage : {"0", "1"}) {
+    const std::string run = std::string("g_zero") + stage;
+    r = gpt(2, "--accum-steps 2 --zero " + std::string(stage) + " --save " + quote(path(run + ".safetensors")) +
+                   " --memory-report " + quote(path(run + ".json")));
+    ASSERT_EQ(r.exit_code, 0) << "--zero " << stage << ": " << r.out;
+  }
+  expect_same_weights("g_zero1.safetensors", "g_zero0.safetensors", 0.0, 0.0);
+  EXPECT_EQ(read_log(path("g_zero1.safetensors.state")), read_log(path("g_zero0.safetensors.state")));
+  expect_same_weights("g_zero0.safetensors", "g_one.safetensors", 1e-4, 1e-6);
+  const int64_t whole = state_bytes("g_zero0.json");
+  for (const std::string rank : {"", ".rank1"}) EXPECT_LE(state_bytes("g_zero1.json" + rank), whole / 2 + 1024) << rank;
+
+  r = gpt(2, "--accum-steps 2 --zero 1 --stop-after 5 --save " + quote(path("g_half.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = gpt(1, "--accum-steps 4 --resume " + quote(path("g_half.safetensors")) + " --save " +
+                 quote(path("g_half.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  expect_same_weights("g_half.safetensors", "g_one.safetensors", 1e-4, 1e-6);
+  r = gpt(2, "--accum-steps 2 --resume " + quote(path("g_half.safetensors")));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("resume in one process with --accum-steps 4"), std::string::npos) << r.out;
+#endif
+}
+
 // all_gather and reduce_scatter_sum over MPI, on uneven shards (tests/dist_collectives.cpp).
 TEST_F(MpiRunTest, ZeroCollectivesGatherAndReduceScatterUnevenShards) {
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";

@@ -83,6 +83,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
                "with the CPU kernels on copies of the weights and gradients (the same weights as device; on a GPU "
                "they cross the bus each step)")
       ->check(CLI::IsMember({"device", "host"}));
+  c.add_option("--zero", f.zero,
+               "Under mpirun: 1 shards AdamW's state over the ranks (ZeRO stage 1: each rank keeps and updates 1/N of "
+               "it, the same weights as 0); 0 keeps all of it on every rank")
+      ->check(CLI::IsMember({0, 1}));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
@@ -153,7 +157,14 @@ void check_sample_flags(SampleFlags& f) {
                      ": expected 0 (the most likely character) or a value in [1e-4, 1e4]");
 }
 
+namespace {
+bool g_silent = false;  // a rank other than 0
+}  // namespace
+
+void say_only_on_rank(int rank) { g_silent = rank != 0; }
+
 void say(const char* format, ...) {
+  if (g_silent) return;
   std::va_list args;
   va_start(args, format);
   std::vprintf(format, args);

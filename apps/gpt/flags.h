@@ -26,6 +26,7 @@ struct TrainFlags {
   int threads = 0;
   int optimizer_bits = 32;  // AdamW's moments: f32, or 8-bit block-wise (optim::AdamWOptions::state_bits)
   std::string optimizer_state = "device";  // device|host: where AdamW's state lives (Optimizer::place_state)
+  int zero = 0;  // under mpirun, ZeRO stage 1: AdamW's state sharded over the ranks
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
 };
@@ -53,5 +54,7 @@ int sample(const SampleFlags& flags);
 // printf to standard output; a failed write asks the run to stop (request_stop(SIGPIPE)) so that
 // it saves and then reports the failure (check_standard_output), instead of training unseen.
 void say(const char* format, ...) __attribute__((format(printf, 1, 2)));
+// Under mpirun only rank 0 says anything (errors go to standard error from every rank).
+void say_only_on_rank(int rank);
 
 }  // namespace gpt

@@ -134,7 +134,9 @@ std::vector<train::RecordedSetting> run_settings(const TrainFlags& f, const std:
 }
 
 void save_run(const std::string& weights_path, const models::GPT& model, const models::CharVocabulary& vocabulary,
-              train::Trainer& trainer, const std::vector<train::RecordedSetting>& settings) {
+              train::Trainer& trainer, const std::vector<train::RecordedSetting>& settings, bool writes) {
+  const std::vector<std::pair<std::string, Tensor>> optimizer_state = trainer.optimizer_state();
+  if (!writes) return;
   const std::map<std::string, std::string> metadata = models::gpt_metadata(model.config(), vocabulary);
   try {
     io::save_state_dict(weights_path, model, with_checksum(metadata), {}, io::OutputLinks::replace);
@@ -145,7 +147,7 @@ void save_run(const std::string& weights_path, const models::GPT& model, const m
   state.counters = trainer.counters();
   state.optimizer_updates = trainer.optimizer().updates();
   try {
-    train::save_training_checkpoint(state_path(weights_path), model, trainer.optimizer(), state, settings, metadata,
+    train::save_training_checkpoint(state_path(weights_path), model, optimizer_state, state, settings, metadata,
                                     io::OutputLinks::replace);
   } catch (const Error& e) {
     throw Error("--save's training state: " + std::string(e.what()));

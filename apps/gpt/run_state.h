@@ -39,10 +39,11 @@ std::string state_path(const std::string& weights_path);
 std::vector<cumulus::train::RecordedSetting> run_settings(const TrainFlags& flags, const std::string& text);
 
 // Writes the weights and then the training state, each atomically and in place of its name (never
-// through a link). The state is taken at the trainer's last group boundary.
+// through a link). The state is taken at the trainer's last group boundary. Under mpirun every rank
+// calls it (a ZeRO run's optimizer state is gathered at rank 0) and only the one that `writes` writes.
 void save_run(const std::string& weights_path, const cumulus::models::GPT& model,
               const cumulus::models::CharVocabulary& vocabulary, cumulus::train::Trainer& trainer,
-              const std::vector<cumulus::train::RecordedSetting>& settings);
+              const std::vector<cumulus::train::RecordedSetting>& settings, bool writes = true);
 
 // Restores the weights, AdamW's state and the trainer's counters from --resume's two files: the
 // settings must equal this run's (each that differs is named), the position a step boundary within

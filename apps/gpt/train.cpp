@@ -1,5 +1,6 @@
 // gpt train: the files checked (io::check_run_files) before any work, then the model, the
 // optimizer and the loop; the state saved at each evaluation, at the end and on a stop.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -7,8 +8,10 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <cumulus/cumulus.h>
+#include <cumulus/dist/communicator.h>
 #include <cumulus/data/token_windows.h>
 #include <cumulus/io/run_files.h>
 #include <cumulus/models/gpt.h>
@@ -31,6 +34,30 @@ Device parse_device(const std::string& text) {
   } catch (const Error& e) {
     throw UsageError("--device " + text + ": " + e.what());
   }
+}
+
+// Note [Data parallel gpt]
+// Under mpirun every rank draws the same windows by micro-batch index (TokenWindows::random_batch)
+// and trains those dist::owner_of_micro_batch gives it, skipping the others'; the Trainer counts
+// every rank's micro-batches and sums the gradients across ranks at each step (Note [Data parallel
+// accumulation] in engine/dist/communicator.cpp). So N ranks of --accum-steps A train the groups of
+// one process with A x N, and the run records A x N: its checkpoint resumes in one process. Rank 0
+// prints, evaluates and writes --save and --metrics; rank k > 0 writes its own memory report and
+// plot as FILE.rank<k>.
+void place_on_ranks(TrainFlags& f, const dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  const std::string ranks = std::to_string(comm.world_size()) + " ranks";
+  if (!f.resume.empty())
+    throw UsageError("--resume with " + ranks + ": resuming under mpirun is not supported yet; resume in one process "
+                     "with --accum-steps " + std::to_string(f.accum_steps * comm.world_size()));
+  if (f.effective_batch > 0)
+    throw UsageError("--effective-batch: the planner runs in one process; with " + ranks +
+                     " give --micro-batch and --accum-steps");
+  say_only_on_rank(comm.rank());
+  if (comm.is_root()) return;
+  f.metrics.clear();
+  for (std::string* path : {&f.memory_report, &f.memory_plot})
+    if (!path->empty()) *path += ".rank" + std::to_string(comm.rank());
 }
 
 std::string fmt(const char* format, double a, double b = 0, double c = 0, double d = 0, double e = 0) {
@@ -138,8 +165,8 @@ void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
 
 // The tracker's table (unless --quiet), its JSON report and timeline plot, and one line of
 // activation bytes per token.
-void report_memory(memory::MemoryTracker& tracker, const TrainFlags& f) {
-  if (!f.quiet) memory::print_memory_table(tracker, stdout);
+void report_memory(memory::MemoryTracker& tracker, const TrainFlags& f, bool root) {
+  if (!f.quiet && root) memory::print_memory_table(tracker, stdout);
   memory::MemoryReportFiles files;
   files.report.path = f.memory_report;
   files.plot.path = f.memory_plot;
@@ -186,10 +213,14 @@ memory::MemoryTracker::Options tracker_options(const TrainFlags& f) {
 
 // The Trainer's options; each step's log (its mean loss and lr) lands in `last_step`.
 train::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, memory::MemoryTracker& tracker,
-                                      train::StepLog& last_step) {
+                                      train::StepLog& last_step, const std::shared_ptr<dist::Communicator>& comm) {
   train::TrainerOptions options;
   options.tracker = &tracker;
-  options.accum_steps = static_cast<int>(f.accum_steps);
+  options.accum_steps = static_cast<int>(f.accum_steps * comm->world_size());  // every rank's micro-batches
+  if (comm->world_size() > 1) {
+    options.communicator = comm;
+    options.zero_stage = f.zero;
+  }
   options.clip_grad_norm = static_cast<float>(f.clip);
   options.loss_scaling.dynamic = needs_loss_scaling(precision);
   options.on_step = [&last_step](const train::StepLog& log) { last_step = log; };
@@ -197,17 +228,22 @@ train::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, 
 }
 
 void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, const models::GPT& model,
-                  const Device& device, Precision precision) {
+                  const Device& device, Precision precision, const dist::Communicator& comm) {
   say("gpt: %s, %lld tokens (vocabulary %lld; train %lld, validation %lld), %lld parameters, %lld x %lld x %lld "
       "tokens a step\n",
       corpus.path.c_str(), static_cast<long long>(t.text.size()), static_cast<long long>(t.vocab.size()),
       static_cast<long long>(t.split.train.numel()), static_cast<long long>(t.split.validation.numel()),
       static_cast<long long>(model.num_parameters()), static_cast<long long>(f.micro_batch),
-      static_cast<long long>(f.accum_steps), static_cast<long long>(f.context));
+      static_cast<long long>(f.accum_steps * comm.world_size()), static_cast<long long>(f.context));
   // The GEMMs' speed depends on which OpenBLAS kernels run (an environment may choose narrower ones).
   if (f.device == "cpu")
     say("cpu: %d thread%s, %s kernels, OpenBLAS %s kernels\n", f.threads, f.threads == 1 ? "" : "s", cpu_capability(),
         blas_core());
+  if (comm.world_size() > 1)
+    say("data parallel: %d ranks (%s), each %lld x %lld windows a step, ZeRO stage %d%s\n", comm.world_size(),
+        dist::transports_text().c_str(), static_cast<long long>(f.micro_batch), static_cast<long long>(f.accum_steps),
+        f.zero, f.zero == 1 ? " (AdamW's state sharded)" : "");
+  if (f.optimizer_state == "host") say("optimizer: AdamW's state in host memory, updated there\n");
   // Which attention runs on the GPU (cuDNN's fused SDPA or ours: opt-in, CUMULUS_CUDA_ATTENTION=cudnn).
   if (device.is_cuda())
     say("cuda: attention on %s\n", ops::cuda_attention_description(compute_dtype(precision)).c_str());
@@ -218,22 +254,28 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
 class Loop {
  public:
   Loop(const TrainFlags& f, models::GPT& model, const models::CharVocabulary& vocab, train::Trainer& trainer,
-       const std::vector<train::RecordedSetting>& settings, app::MetricsLog& metrics, const train::StepLog& last_step)
+       const std::vector<train::RecordedSetting>& settings, app::MetricsLog& metrics, const train::StepLog& last_step,
+       dist::Communicator& comm)
       : f_(f),
         model_(model),
         vocab_(vocab),
         trainer_(trainer),
         settings_(settings),
         metrics_(metrics),
-        last_step_(last_step) {}
+        last_step_(last_step),
+        comm_(comm),
+        group_(f.accum_steps * comm.world_size()) {}
 
   void save() {
-    if (!f_.save.empty()) save_run(f_.save, model_, vocab_, trainer_, settings_);
+    if (!f_.save.empty()) save_run(f_.save, model_, vocab_, trainer_, settings_, comm_.is_root());
   }
+  // Rank 0 evaluates (the ranks hold the same weights); every rank takes part in the save.
   void evaluate(int64_t step, const data::TokenWindows& val_windows) {
-    const double val = models::validation_loss(model_, val_windows, f_.micro_batch, f_.eval_windows);
-    say("step %lld: validation loss %.6f\n", static_cast<long long>(step), val);
-    metrics_.append(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
+    if (comm_.is_root()) {
+      const double val = models::validation_loss(model_, val_windows, f_.micro_batch, f_.eval_windows);
+      say("step %lld: validation loss %.6f\n", static_cast<long long>(step), val);
+      metrics_.append(fmt("{\"step\": %.0f, \"val_loss\": %.9g}", double(step), val));
+    }
     save();
   }
   // Micro-batches [first, total) of the run. Returns the exit code when the run stopped before its
@@ -243,14 +285,18 @@ class Loop {
     trainer_.begin_epoch(0, total, first);
     step_start_ = std::chrono::steady_clock::now();
     for (int64_t i = first; i < total; ++i) {
-      const data::Batch batch = train_windows.random_batch(i, f_.micro_batch);
-      trainer_.micro_batch(batch.units, [&] { return model_.loss(batch.x, batch.y, ops::Reduction::Sum); });
+      if (dist::owner_of_micro_batch(i, comm_.world_size()) == comm_.rank()) {
+        const data::Batch batch = train_windows.random_batch(i, f_.micro_batch);
+        trainer_.micro_batch(batch.units, [&] { return model_.loss(batch.x, batch.y, ops::Reduction::Sum); });
+      } else {
+        trainer_.skip_micro_batch();  // another rank's (Note [Data parallel gpt])
+      }
       if (!trainer_.step_if_ready()) continue;
-      const int64_t step = (i + 1) / f_.accum_steps;
+      const int64_t step = (i + 1) / group_;
       log_step(step);
       const bool evaluated = f_.eval_every > 0 && step % f_.eval_every == 0 && step != f_.steps;
       if (evaluated) evaluate(step, val_windows);
-      if ((app::stop_requested() || step == f_.stop_after) && step != f_.steps) {
+      if ((app::stop_requested_on_any_rank(comm_) || step == f_.stop_after) && step != f_.steps) {
         if (!evaluated) save();
         say("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
             f_.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f_.save).c_str());
@@ -266,7 +312,7 @@ class Loop {
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - step_start_).count();
     step_start_ = now;
-    const double tokens_per_step = static_cast<double>(f_.micro_batch * f_.accum_steps * f_.context);
+    const double tokens_per_step = static_cast<double>(f_.micro_batch * group_ * f_.context);
     const double loss = last_step_.loss;
     const float lr = last_step_.lr;
     metrics_.append(
@@ -284,6 +330,8 @@ class Loop {
   const std::vector<train::RecordedSetting>& settings_;
   app::MetricsLog& metrics_;
   const train::StepLog& last_step_;  // the Trainer's on_step writes it
+  dist::Communicator& comm_;
+  const int64_t group_;  // micro-batches a step, every rank's
   std::chrono::steady_clock::time_point step_start_;
 };
 
@@ -292,13 +340,18 @@ class Loop {
 int train(const TrainFlags& flags) {
   TrainFlags f = flags;
   check_train_flags(f);
-  const Device device = parse_device(f.device);
+  const std::shared_ptr<dist::Communicator> comm = dist::Communicator::from_environment();
+  place_on_ranks(f, *comm);
+  const Device device = comm->world_size() > 1 && f.device != "cpu" ? dist::device_for_rank(*comm) : parse_device(f.device);
   const Precision precision = parse_precision(f.precision);
   if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
     throw UsageError("--precision " + f.precision + ": " + why);
   const Corpus corpus = locate_corpus(f.data);
   check_train_files(f, corpus);
-  f.threads = use_cpu_threads(f.threads);
+  // Ranks on one host share its cores: without --threads, each takes its share.
+  f.threads = comm->world_size() > 1 && f.threads == 0
+                  ? fit_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm->local_size()))
+                  : use_cpu_threads(f.threads);
   const Text t = read_text(f, corpus);
 
   const std::unique_ptr<models::GPT> model_ptr =
@@ -323,9 +376,11 @@ int train(const TrainFlags& flags) {
   std::shared_ptr<const optim::LRSchedule> schedule;
   if (f.steps > 0)
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
-  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, last_step), schedule);
-  const int64_t total = f.steps * f.accum_steps;
-  const std::vector<train::RecordedSetting> settings = run_settings(f, t.text);
+  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, last_step, comm), schedule);
+  TrainFlags recorded = f;
+  recorded.accum_steps *= comm->world_size();  // every rank's: resumable in one process
+  const int64_t total = f.steps * recorded.accum_steps;
+  const std::vector<train::RecordedSetting> settings = run_settings(recorded, t.text);
   const int64_t first = f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, f.accum_steps);
   if (!f.resume.empty() && first == total) {
     say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(),
@@ -337,8 +392,8 @@ int train(const TrainFlags& flags) {
   app::MetricsLog metrics(f.metrics, "step",
                           f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
                           app::MetricsWrites::append);
-  if (!f.quiet) print_banner(f, corpus, t, model, device, precision);
-  Loop loop(f, model, t.vocab, trainer, settings, metrics, last_step);
+  if (!f.quiet) print_banner(f, corpus, t, model, device, precision, *comm);
+  Loop loop(f, model, t.vocab, trainer, settings, metrics, last_step, *comm);
   // Ctrl-C (SIGINT) or SIGTERM: the step in progress finishes, --save is written, and the run ends
   // with 130 (resume with --resume). A lost standard output stops it the same way, then fails.
   app::install_stop_handlers();
@@ -349,7 +404,7 @@ int train(const TrainFlags& flags) {
     return 0;
   }
   loop.evaluate(f.steps, val_windows);
-  report_memory(tracker, f);
+  report_memory(tracker, f, comm->is_root());
   io::check_standard_output();
   return 0;
 }
