@@ -41,15 +41,13 @@ Device parse_device(const std::string& text) {
 // and trains those dist::owner_of_micro_batch gives it, skipping the others'; the Trainer counts
 // every rank's micro-batches and sums the gradients across ranks at each step (Note [Data parallel
 // accumulation] in engine/dist/communicator.cpp). So N ranks of --accum-steps A train the groups of
-// one process with A x N, and the run records A x N: its checkpoint resumes in one process. Rank 0
+// one process with A x N, and the run records A x N: its checkpoint resumes on any number of ranks
+// whose accumulation makes the same groups, one process included. Every rank reads it. Rank 0
 // prints, evaluates and writes --save and --metrics; rank k > 0 writes its own memory report and
 // plot as FILE.rank<k>.
 void place_on_ranks(TrainFlags& f, const dist::Communicator& comm) {
   if (comm.world_size() == 1) return;
   const std::string ranks = std::to_string(comm.world_size()) + " ranks";
-  if (!f.resume.empty())
-    throw UsageError("--resume with " + ranks + ": resuming under mpirun is not supported yet; resume in one process "
-                     "with --accum-steps " + std::to_string(f.accum_steps * comm.world_size()));
   if (f.effective_batch > 0)
     throw UsageError("--effective-batch: the planner runs in one process; with " + ranks +
                      " give --micro-batch and --accum-steps");
@@ -381,7 +379,8 @@ int train(const TrainFlags& flags) {
   recorded.accum_steps *= comm->world_size();  // every rank's: resumable in one process
   const int64_t total = f.steps * recorded.accum_steps;
   const std::vector<train::RecordedSetting> settings = run_settings(recorded, t.text);
-  const int64_t first = f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, f.accum_steps);
+  const int64_t first =
+      f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, recorded.accum_steps);
   if (!f.resume.empty() && first == total) {
     say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(),
         static_cast<long long>(f.steps));
@@ -390,7 +389,7 @@ int train(const TrainFlags& flags) {
   // A resumed run keeps the lines up to its checkpoint's step (the micro-batch's, skipped steps
   // included); one line per step, appended.
   app::MetricsLog metrics(f.metrics, "step",
-                          f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / f.accum_steps),
+                          f.resume.empty() ? std::nullopt : std::optional<int64_t>(first / recorded.accum_steps),
                           app::MetricsWrites::append);
   if (!f.quiet) print_banner(f, corpus, t, model, device, precision, *comm);
   Loop loop(f, model, t.vocab, trainer, settings, metrics, last_step, *comm);
