@@ -22,7 +22,7 @@ import sys
 COMBINATIONS = [  # ranks, zero stage, placement, bits
     (1, 0, "device", 32), (1, 0, "host", 32), (1, 0, "device", 8), (1, 0, "host", 8),
     (2, 0, "device", 32), (2, 1, "device", 32), (2, 0, "host", 32), (2, 1, "host", 32),
-    (2, 1, "device", 8), (2, 1, "host", 8),
+    (2, 0, "device", 8), (2, 1, "device", 8), (2, 1, "host", 8),
 ]
 
 
