@@ -164,6 +164,28 @@ TEST(GptApp, TrainsWithEightBitAdamWAndResumesExactly) {
   EXPECT_NE(help.out.find("--optimizer-bits"), std::string::npos) << help.out;
 }
 
+// --optimizer-state host: AdamW's state in host memory trains the weights of the state on the
+// device bit for bit, and a stop there resumes with the state on the device; auto is the planner's.
+TEST(GptApp, TrainsWithAdamWsStateOnTheHost) {
+  TempDir dir;
+  const std::string data = " --data " + write_corpus(dir) + kTiny + " --steps 6 --eval-every 3";
+  Result r = gpt("train" + data + " --save " + dir.file("device.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = gpt("train" + data + " --optimizer-state host --save " + dir.file("host.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("optimizer: AdamW's state in host memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer state on the host"), std::string::npos) << r.out;  // the memory table
+  r = gpt("train" + data + " --optimizer-state host --stop-after 3 --save " + dir.file("moved.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = gpt("train" + data + " --resume " + dir.file("moved.safetensors") + " --save " + dir.file("moved.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(read(dir.file("host.safetensors")), read(dir.file("device.safetensors")));
+  EXPECT_EQ(read(dir.file("moved.safetensors")), read(dir.file("device.safetensors")));
+  r = gpt("train" + data + " --optimizer-state auto");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--optimizer-state auto needs --effective-batch"), std::string::npos) << r.out;
+}
+
 TEST(GptApp, ThePlannerChoosesTheMicroBatch) {
   TempDir dir;
   const Result r = gpt("train --data " + write_corpus(dir) +

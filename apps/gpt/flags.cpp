@@ -78,11 +78,12 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
                "of the fp32 moments' bytes)")
       ->check(CLI::IsMember({32, 8}));
   c.add_option("--optimizer-state", f.optimizer_state,
-               "device|host: where AdamW's state lives and its update runs. host keeps the moments in host memory "
-               "of their own (pinned on a GPU), outside the device's memory and --memory-budget, and updates there "
-               "with the CPU kernels on copies of the weights and gradients (the same weights as device; on a GPU "
-               "they cross the bus each step)")
-      ->check(CLI::IsMember({"device", "host"}));
+               "device|host|auto: where AdamW's state lives and its update runs. host keeps the moments in host "
+               "memory of their own (pinned on a GPU), outside the device's memory and --memory-budget, and updates "
+               "there with the CPU kernels on copies of the weights and gradients (the same weights as device; on a "
+               "GPU they cross the bus each step). auto, with the planner (--effective-batch): host only when no plan "
+               "fits with it on the device")
+      ->check(CLI::IsMember({"device", "host", "auto"}));
   c.add_option("--zero", f.zero,
                "Under mpirun: 1 shards AdamW's state over the ranks (ZeRO stage 1: each rank keeps and updates 1/N of "
                "it, the same weights as 0); 0 keeps all of it on every rank")
@@ -140,8 +141,10 @@ void add_sample_flags(CLI::App& c, SampleFlags& f) {
 
 void check_train_flags(TrainFlags& f) {
   f.seed = parse_seed(f.seed_text);
-  if (f.effective_batch == 0 && (!f.memory_budget.empty() || f.recompute == "auto"))
-    throw UsageError(std::string(f.memory_budget.empty() ? "--recompute auto" : "--memory-budget") +
+  if (f.effective_batch == 0 && (!f.memory_budget.empty() || f.recompute == "auto" || f.optimizer_state == "auto"))
+    throw UsageError(std::string(!f.memory_budget.empty() ? "--memory-budget"
+                                 : f.recompute == "auto"   ? "--recompute auto"
+                                                           : "--optimizer-state auto") +
                      " needs --effective-batch (the planner decides)");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));

@@ -25,7 +25,7 @@ struct TrainFlags {
   std::string memory_budget;
   int threads = 0;
   int optimizer_bits = 32;  // AdamW's moments: f32, or 8-bit block-wise (optim::AdamWOptions::state_bits)
-  std::string optimizer_state = "device";  // device|host: where AdamW's state lives (Optimizer::place_state)
+  std::string optimizer_state = "device";  // device|host|auto: where AdamW's state lives (Optimizer::place_state)
   int zero = 0;  // under mpirun, ZeRO stage 1: AdamW's state sharded over the ranks
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;

@@ -141,7 +141,8 @@ optim::AdamWOptions adamw_options(const TrainFlags& f) {
 }
 
 // --effective-batch: the planner's choice of micro-batch and accumulation steps (and, with
-// --recompute auto, of recompute) for the model and optimizer as they are; prints its reason.
+// --recompute auto, of recompute; with --optimizer-state auto, of where AdamW's state lives) for
+// the model and optimizer as they are; prints its reason.
 void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f) {
   int64_t budget = 0;
   if (!f.memory_budget.empty()) {
@@ -155,9 +156,11 @@ void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
   plan::PlanRequest request =
       models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
   request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
+  request.weigh_state_placement = f.optimizer_state == "auto";
   const plan::Plan plan = plan::plan_batch(request);
   f.micro_batch = plan.micro_batch / f.context;
   f.accum_steps = plan.accum_steps;
+  f.optimizer_state = optim::state_placement_name(optimizer.state_placement());
   say("planner: %s\n", plan.reason.c_str());
 }
 
@@ -365,7 +368,7 @@ int train(const TrainFlags& flags) {
   const optim::AdamWOptions adamw = adamw_options(f);
   auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
   optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
-  optimizer->place_state(f.optimizer_state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);
+  optimizer->place_state(f.optimizer_state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);  // auto: the planner's
   const data::TokenWindows train_windows(t.split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(t.split.validation, f.context, 0, device);
   if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
