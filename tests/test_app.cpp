@@ -191,9 +191,12 @@ TEST_F(AppTest, HostResidentOptimizerStateTrainsTheSameWeights) {
       const Result r = run_app(data_only() + " --device " + device + " --graphs off --epochs 1 --batch-size 16" +
                                " --accum-steps 4 --optimizer adamw --clip-grad-norm 1 --quiet --optimizer-state " +
                                where + " --save " + quote(path("os_" + tag + ".safetensors")) +
-                               " --memory-report " + quote(path("os_" + tag + ".json")));
+                               " --memory-report " + quote(path("os_" + tag + ".json")) + " --memory-plot " +
+                               quote(path("os_" + tag + ".svg")));
       ASSERT_EQ(r.exit_code, 0) << tag << "\n" << r.out;
     }
+    EXPECT_NE(read("os_" + device + "_host.svg").find("optimizer state on the host"), std::string::npos);
+    EXPECT_EQ(read("os_" + device + "_device.svg").find("optimizer state on the host"), std::string::npos);
     EXPECT_EQ(read("os_" + device + "_device.safetensors"), read("os_" + device + "_host.safetensors")) << device;
     const nlohmann::json on_device = nlohmann::json::parse(read("os_" + device + "_device.json"))["summary"];
     const nlohmann::json on_host = nlohmann::json::parse(read("os_" + device + "_host.json"))["summary"];

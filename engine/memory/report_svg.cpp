@@ -615,6 +615,10 @@ class SvgPlot {
         text(lx + 18, ly, label_of(c) + "  " + range);
       }
     }
+    // Optimizer state placed on the host is in no device category: said beside them, not stacked.
+    if (const int64_t host = tracker_.summary().host_optimizer_state_bytes; host > 0)
+      text(lx, ly + 28, "optimizer state on the host  " + format_bytes(host) + " (not drawn: not device memory)",
+           " fill=\"#444\"");
   }
 
   MemoryTracker& tracker_;
