@@ -155,7 +155,6 @@ void Optimizer::place_state(StatePlacement placement) {
   placement_ = placement;
 }
 
-
 int64_t Optimizer::updates() const { return read_update_scalars().updates; }
 
 void Optimizer::set_lr(float lr) {

@@ -81,7 +81,7 @@ struct UpdateSpan {
   int64_t count = 0;
   // The span's values and gradients (element `offset` of the flat arrays) and the device whose
   // kernels update them: the parameters' own, or their host copies when the state is placed on the
-  // host away from them (Note [Optimizer state on the host] in engine/optim/optimizer.cpp).
+  // host (Note [Optimizer state on the host] in engine/optim/optimizer.cpp).
   float* values = nullptr;
   const float* gradients = nullptr;
   Device device;
@@ -126,7 +126,8 @@ class Optimizer {
 
   // ---- state, for checkpoints and memory plans ----
   // Bytes of optimizer state held now, as the allocators count them (0 before the first update),
-  // wherever it is placed (the host copies of a state on the host away from its GPU included).
+  // wherever it is placed (with a state on the host, the copies of the weights and gradients its
+  // update reads there included).
   int64_t state_bytes() const;
   // The state the next update will allocate on the parameters' device, one entry per tensor
   // (bytes requested): all of it before the first update, nothing once held or when placed on the
