@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/cpu/lane_access.h"
 #include "kernels/cpu/optim_8bit_blocks.h"
 #include "kernels/optim_rules.h"
 
@@ -29,12 +30,8 @@ struct QuantizedBlocks {
   static constexpr int64_t kBlock = QuantizedState::kBlock;
   static constexpr int kVectors = static_cast<int>(kBlock) / kLanes;
 
-  static F load(const float* p) {
-    F v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void store(float* p, F v) { __builtin_memcpy(p, &v, sizeof v); }
+  static F load(const float* p) { return load_lanes<F>(p); }
+  static void store(float* p, F v) { store_lanes(p, v); }
   static F splat(float s) { return F{} + s; }
   static I splat_int(int32_t s) { return I{} + s; }
   static F magnitude(F x) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/lane_access.h"
 #include "kernels/cpu/optim_8bit_blocks.h"
 #include "kernels/optim_rules.h"
 
@@ -19,12 +20,8 @@ struct DenseVectors {
   using F = typename Ops::F;
   static constexpr int64_t kLanes = Ops::kLanes;
 
-  static F load(const float* p) {
-    F v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void store(float* p, F v) { __builtin_memcpy(p, &v, sizeof v); }
+  static F load(const float* p) { return load_lanes<F>(p); }
+  static void store(float* p, F v) { store_lanes(p, v); }
 
   // Elements [0, n rounded down to kLanes) updated; returns how many.
   static int64_t adamw(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWBlockArgs& a) {

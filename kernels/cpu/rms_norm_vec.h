@@ -1,11 +1,14 @@
 // The arithmetic of kernels/cpu/rms_norm_rows.h's functions at W float lanes, in GCC's vector
 // extensions: included only by rms_norm_avx2.cpp (W = 8) and rms_norm_avx512.cpp (W = 16), each
 // compiled for its instruction set without contraction (CMakeLists.txt), so the same source gives
-// both widths. Everything here sits in an anonymous namespace and calls only builtins, so no
-// inline function the rest of the library shares gets a copy with wider instructions.
+// both widths. Everything here sits in an anonymous namespace and calls only builtins or
+// lane_access.h's (anonymous too), so no inline function the rest of the library shares gets a
+// copy with wider instructions.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/lane_access.h"
 
 namespace cumulus::kernels {
 namespace {
@@ -34,12 +37,8 @@ struct RmsNormRows {
   // Rows up to this width ask for the next row ahead (Note [Prefetching the next row] there).
   static constexpr int64_t kPrefetchRow = 4096;
 
-  static F load(const float* p) {
-    F v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void store(float* p, F v) { __builtin_memcpy(p, &v, sizeof v); }
+  static F load(const float* p) { return load_lanes<F>(p); }
+  static void store(float* p, F v) { store_lanes(p, v); }
   static F splat(float s) { return F{} + s; }
   // Element i of the row after `row` (n floats on): past the tensor's end the address names memory
   // the program may not own, which a prefetch never faults on; computed as an integer, since a
