@@ -295,6 +295,28 @@ TEST_F(AppTest, PlannerWeighsBf16OnlyWithPrecisionAuto) {
   EXPECT_EQ(run_app(data_arg() + " --precision auto --epochs 1").exit_code, 2);
 }
 
+// --optimizer-bits auto and --optimizer-state auto are the planner's levers: without the planner a
+// usage error naming the flag; under a budget every f32 plan fits, the planner keeps the state as
+// it is and the run trains the weights of the explicit flags (the 8-bit and host choices
+// themselves: test_planner.cpp).
+TEST_F(AppTest, StateLeversAreThePlannersAndKeepTheStateWhenItFits) {
+  for (const char* flag : {"--optimizer-bits", "--optimizer-state"}) {
+    const Result r = run_app(data_arg() + " --optimizer adamw --epochs 1 " + flag + " auto");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.out.find(std::string(flag) + " auto lets the planner decide"), std::string::npos) << r.out;
+  }
+  const std::string run = data_arg() + " --optimizer adamw --epochs 1 --effective-batch 64 --memory-budget 256MiB";
+  Result r = run_app(run + " --optimizer-bits auto --optimizer-state auto --memory-report " +
+                     quote(path("levers_auto.json")) + " --save " + quote(path("levers_auto.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = run_app(run + " --optimizer-bits 32 --optimizer-state device --save " + quote(path("levers_set.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(read("levers_auto.safetensors"), read("levers_set.safetensors"));
+  const nlohmann::json report = nlohmann::json::parse(read("levers_auto.json"));
+  EXPECT_EQ(report["settings"]["optimizer-bits"], "32");
+  EXPECT_EQ(report["settings"]["optimizer-state"], "device");
+}
+
 TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   const Result r = run_app(data_arg() + " --effective-batch 64 --memory-budget 64MiB --plan-only --metrics " +
                            quote(path("plan_only.jsonl")));
@@ -302,7 +324,7 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   EXPECT_EQ(r.out.find("Epoch 1"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(path("plan_only.jsonl"))) << "--plan-only trained";
   // One row per divisor of 64: the size, recompute, data placement, precision, where the optimizer
-  // state lives, the peak in MiB,
+  // state lives and its bits, the peak in MiB,
   // reserved bytes, fits, the accumulation steps, the predicted time of an effective batch (ms),
   // its spread over the repeated timings (ms, "low-high") and of an epoch (s), and a '*' on the
   // chosen row.
@@ -313,15 +335,17 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
     std::istringstream row(line);
     long size = 0, reserved = 0, accum = 0;
     double peak_mib = 0, batch_ms = 0, epoch_s = 0;
+    long bits = 0;
     std::string recompute, data, precision, state, fits, spread, star;
-    if (row >> size >> recompute >> data >> precision >> state >> peak_mib >> reserved >> fits >> accum >> batch_ms >>
-        spread >> epoch_s) {
+    if (row >> size >> recompute >> data >> precision >> state >> bits >> peak_mib >> reserved >> fits >> accum >>
+        batch_ms >> spread >> epoch_s) {
       sizes.push_back(size);
       if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;
       EXPECT_EQ(data, "device") << line;
       EXPECT_EQ(precision, "fp32") << line;
       EXPECT_EQ(state, "device") << line;
+      EXPECT_EQ(bits, 32) << line;
       EXPECT_GT(peak_mib, 0.0) << line;
       EXPECT_TRUE(fits == "yes" || fits == "no") << line;
       EXPECT_EQ(size * accum, 64) << line;

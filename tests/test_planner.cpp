@@ -16,6 +16,7 @@
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/fashion_mnist.h"
 #include "cumulus/models/mlp.h"
+#include "cumulus/nn/activation_layers.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/layers.h"
 #include "cumulus/ops/loss.h"
@@ -595,6 +596,73 @@ TEST(PlanBatch, PlacesTheOptimizerStateOnTheHostOnlyWhenNothingFitsOnTheDevice) 
   // A state that exists cannot move.
   other->step();
   EXPECT_THROW(plan::plan_batch(tiny), InvalidArgument);
+}
+
+// 8-bit state is weighed only with the opt-in and only when nothing fits in 32 bits, before the
+// host: a budget only AdamW's f32 moments break takes 8 bits on the device (each row lower by the
+// bytes 8 bits save), leaves the optimizer at 8 bits and trains within it; with the host weighed
+// too, a budget with room for half the 8-bit state moves the state to the host at 32 bits.
+TEST(PlanBatch, WeighsEightBitStateWithTheOptInBeforeTheHost) {
+  const Rig rig(mlp());
+  auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  plan::PlanRequest request = rig.request(*adamw, 64, 0);
+  int64_t device_least = -1;
+  for (const plan::PlanRow& r : plan::plan_batch(request).table)
+    if (device_least < 0 || r.reserved_bytes < device_least) device_least = r.reserved_bytes;
+  request.budget = device_least - 1;
+  EXPECT_EQ(plan::plan_batch(request).micro_batch, 0) << "8 bits weighed without the opt-in";
+  EXPECT_EQ(adamw->state_bits(), 32);
+
+  request.weigh_state_bits = true;
+  const plan::Plan p = plan::plan_batch(request);
+  ASSERT_GT(p.micro_batch, 0) << p.reason;
+  EXPECT_EQ(p.setting.optimizer_bits, 8);
+  EXPECT_EQ(p.setting.optimizer_state, optim::StatePlacement::device);
+  EXPECT_EQ(adamw->state_bits(), 8) << "the chosen bits are left in place";
+  EXPECT_NE(p.reason.find("nothing fit with the optimizer state on the device in 32 bits"), std::string::npos)
+      << p.reason;
+  ASSERT_EQ(p.table.size(), 14u);
+  const int64_t moments = 2 * rounded(static_cast<int64_t>(rig.flat->values().nbytes()));
+  for (std::size_t i = 0; i < p.table.size(); i += 2) {
+    const plan::PlanRow &f32 = p.table[i], &q8 = p.table[i + 1];
+    EXPECT_EQ(q8.setting.optimizer_bits, 8);
+    EXPECT_GT(f32.peak_bytes - q8.peak_bytes, moments * 7 / 10) << q8.micro_batch;  // 26.6% of the bytes kept
+  }
+  EXPECT_EQ(rig.train_two_steps(adamw, p.micro_batch, p.accum_steps, request.budget), "");
+  adamw.reset();
+
+  // 784-4096-10: 3.3 M parameters, whose 8-bit state (6.5 MiB) outgrows the 2 MiB segments' slack.
+  auto wide_model = std::make_unique<nn::Sequential>();
+  Generator gen(4);
+  wide_model->add(std::make_shared<nn::Linear>(784, 4096, gen, kCpu));
+  wide_model->add(std::make_shared<nn::ReLU>());
+  wide_model->add(std::make_shared<nn::Linear>(4096, 10, gen, kCpu));
+  const Rig wide(std::move(wide_model));
+  auto other = std::make_shared<optim::AdamW>(wide.flat, optim::AdamWOptions{});
+  plan::PlanRequest both = wide.request(*other, 64, 0);
+  both.weigh_state_bits = true;
+  both.weigh_state_placement = true;
+  const plan::Plan eight = plan::plan_batch(both);  // no budget: 32 bits fits, nothing else weighed
+  ASSERT_EQ(eight.table.size(), 7u);
+  EXPECT_EQ(other->state_bits(), 32);
+  const int64_t state_8bit = [&] {
+    optim::AdamWOptions o;
+    o.state_bits = 8;
+    int64_t bytes = 0;
+    for (int64_t b : optim::AdamW(wide.flat, o).state_to_allocate()) bytes += rounded(b);
+    return bytes;
+  }();
+  int64_t f32_least = -1;
+  for (const plan::PlanRow& r : eight.table)
+    if (f32_least < 0 || r.reserved_bytes < f32_least) f32_least = r.reserved_bytes;
+  both.budget = f32_least - 2 * rounded(static_cast<int64_t>(wide.flat->values().nbytes())) + state_8bit / 2;
+  const plan::Plan h = plan::plan_batch(both);
+  ASSERT_GT(h.micro_batch, 0) << h.reason;
+  EXPECT_EQ(h.setting.optimizer_state, optim::StatePlacement::host);
+  EXPECT_EQ(h.setting.optimizer_bits, 32) << "the host keeps the numbers";
+  EXPECT_EQ(h.table.size(), 21u);  // 32 bits and 8 on the device, then the host
+  EXPECT_EQ(other->state_bits(), 32);
+  EXPECT_EQ(other->state_placement(), optim::StatePlacement::host);
 }
 
 // Precision is weighed only with the opt-in, and then wins only by more than the 2% tie: without

@@ -57,7 +57,7 @@ constexpr std::size_t kDescriptionColumn = 34;
 // Flags read as text and converted after parsing.
 struct RawText {
   bool show_version = false;
-  std::string seed = "0", betas = "0.9,0.999", overrides;
+  std::string seed = "0", betas = "0.9,0.999", overrides, optimizer_bits = "32";
 };
 
 // The flags, in the order --help lists them: what runs where, and how.
@@ -158,10 +158,11 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum (needs --momentum > 0)");
   app.add_option("--betas", raw.betas, "AdamW: B1,B2, the decay rates of the moment estimates");
   app.add_option("--eps", o.eps, "AdamW: the term added to the denominator");
-  app.add_option("--optimizer-bits", o.optimizer_bits,
-                 "The optimizer's state (AdamW's moments, SGD's momentum) in 32-bit floats or in 8 bits (block-wise "
-                 "quantized, a scale per 64 values: 26.6% of the fp32 state's bytes)")
-      ->check(CLI::IsMember({32, 8}));
+  app.add_option("--optimizer-bits", raw.optimizer_bits,
+                 "32|8|auto: the optimizer's state (AdamW's moments, SGD's momentum) in 32-bit floats or in 8 bits "
+                 "(block-wise quantized, a scale per 64 values: 26.6% of the fp32 state's bytes). auto, with the "
+                 "planner: 8 only when no plan fits in 32 (an opt-in: 8 bits change the numbers)")
+      ->check(CLI::IsMember({"32", "8", "auto"}));
   app.add_option("--optimizer-state", o.optimizer_state,
                  "device|host|auto: where the optimizer's state lives and its update runs. host keeps it in host "
                  "memory of its own (pinned on a GPU), outside the device's memory and --memory-budget, and updates "
@@ -245,8 +246,11 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
   require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
           "--momentum and --nesterov apply to --optimizer sgd only");
   require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
-  require(o.optimizer_bits == 32 || o.optimizer == "adamw" || o.momentum > 0,
-          "--optimizer-bits 8 needs optimizer state: --optimizer adamw, or sgd with --momentum > 0");
+  o.optimizer_bits_by_planner = raw.optimizer_bits == "auto";
+  o.optimizer_bits = o.optimizer_bits_by_planner ? 32 : std::stoi(raw.optimizer_bits);
+  require((o.optimizer_bits == 32 && !o.optimizer_bits_by_planner) || o.optimizer == "adamw" || o.momentum > 0,
+          "--optimizer-bits " + raw.optimizer_bits +
+              " needs optimizer state: --optimizer adamw, or sgd with --momentum > 0");
   require(o.optimizer == "adamw" || (app.count("--betas") == 0 && app.count("--eps") == 0),
           "--betas and --eps apply to --optimizer adamw only");
   std::tie(o.beta1, o.beta2) = parse_betas(raw.betas);
@@ -294,13 +298,14 @@ void check_batch(const CLI::App& app, CommandLine& o) {
             "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
   }
   const bool planner = o.effective_batch > 0 && !elastic && (o.memory_budget_bytes > 0 || o.plan_only);
-  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--recompute", &o.recompute},
-                                    {"--data-on", &o.data_on},
-                                    {"--optimizer-state", &o.optimizer_state},
-                                    {"--precision", &o.precision}})
-    require(*value != "auto" || planner, std::string(flag) +
-                                             " auto lets the planner decide: give --effective-batch and "
-                                             "--memory-budget or --plan-only (not --batch-size)");
+  for (const auto& [flag, automatic] : {std::pair<const char*, bool>{"--recompute", o.recompute == "auto"},
+                                        {"--data-on", o.data_on == "auto"},
+                                        {"--optimizer-state", o.optimizer_state == "auto"},
+                                        {"--optimizer-bits", o.optimizer_bits_by_planner},
+                                        {"--precision", o.precision == "auto"}})
+    require(!automatic || planner, std::string(flag) +
+                                       " auto lets the planner decide: give --effective-batch and "
+                                       "--memory-budget or --plan-only (not --batch-size)");
 }
 
 // --override NAME,...: the settings a resumed run may change.

@@ -113,6 +113,10 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
   }
   if (c.data_on == DataOnChoice::planner)
     c.data_on = plan.setting.data == plan::DataPlacement::host ? DataOnChoice::host : DataOnChoice::device;
+  if (c.optimizer_bits_by_planner) {
+    c.optimizer_bits = plan.setting.optimizer_bits;
+    c.optimizer_bits_by_planner = false;
+  }
   if (c.optimizer_state_by_planner) {
     c.optimizer_state = plan.setting.optimizer_state;
     c.optimizer_state_by_planner = false;

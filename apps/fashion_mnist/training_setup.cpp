@@ -138,6 +138,7 @@ plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_p
   plan::PlanRequest request = models::plan_request(model, *optimizer, loss, train, test, o.effective_batch,
                                                    o.memory_budget_bytes, compute_dtype(o.precision), levers);
   request.weigh_state_placement = o.optimizer_state_by_planner;
+  request.weigh_state_bits = o.optimizer_bits_by_planner;
   request.require_fit = false;  // nothing fitting is plan_batch's error, and a line of --plan-only's
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;

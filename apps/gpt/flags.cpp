@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "common/stop_signal.h"
 
@@ -73,10 +75,11 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::NonNegativeNumber);
   c.add_option("--beta1", f.beta1, "AdamW beta1")->check(kFinite)->check(CLI::Range(0.0, 1.0));
   c.add_option("--beta2", f.beta2, "AdamW beta2")->check(kFinite)->check(CLI::Range(0.0, 1.0));
-  c.add_option("--optimizer-bits", f.optimizer_bits,
-               "AdamW's moments in 32-bit floats or in 8 bits (block-wise quantized, a scale per 64 values: 26.6% "
-               "of the fp32 moments' bytes)")
-      ->check(CLI::IsMember({32, 8}));
+  c.add_option("--optimizer-bits", f.optimizer_bits_text,
+               "32|8|auto: AdamW's moments in 32-bit floats or in 8 bits (block-wise quantized, a scale per 64 values: "
+               "26.6% of the fp32 moments' bytes). auto, with the planner (--effective-batch): 8 only when no plan fits "
+               "in 32 (an opt-in: 8 bits change the numbers)")
+      ->check(CLI::IsMember({"32", "8", "auto"}));
   c.add_option("--optimizer-state", f.optimizer_state,
                "device|host|auto: where AdamW's state lives and its update runs. host keeps the moments in host "
                "memory of their own (pinned on a GPU), outside the device's memory and --memory-budget, and updates "
@@ -141,11 +144,13 @@ void add_sample_flags(CLI::App& c, SampleFlags& f) {
 
 void check_train_flags(TrainFlags& f) {
   f.seed = parse_seed(f.seed_text);
-  if (f.effective_batch == 0 && (!f.memory_budget.empty() || f.recompute == "auto" || f.optimizer_state == "auto"))
-    throw UsageError(std::string(!f.memory_budget.empty() ? "--memory-budget"
-                                 : f.recompute == "auto"   ? "--recompute auto"
-                                                           : "--optimizer-state auto") +
-                     " needs --effective-batch (the planner decides)");
+  f.optimizer_bits = f.optimizer_bits_text == "8" ? 8 : 32;  // auto: 32 until the planner decides
+  const std::pair<const char*, bool> planned[] = {{"--memory-budget", !f.memory_budget.empty()},
+                                                  {"--recompute auto", f.recompute == "auto"},
+                                                  {"--optimizer-state auto", f.optimizer_state == "auto"},
+                                                  {"--optimizer-bits auto", f.optimizer_bits_text == "auto"}};
+  for (const auto& [flag, given] : planned)
+    if (f.effective_batch == 0 && given) throw UsageError(std::string(flag) + " needs --effective-batch (the planner decides)");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));
   if (!f.init.empty() && !f.resume.empty())

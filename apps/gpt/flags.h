@@ -24,6 +24,7 @@ struct TrainFlags {
   int64_t effective_batch = 0;  // windows; > 0: the planner chooses --micro-batch and --accum-steps
   std::string memory_budget;
   int threads = 0;
+  std::string optimizer_bits_text = "32";  // 32|8|auto, parsed by check_train_flags into:
   int optimizer_bits = 32;  // AdamW's moments: f32, or 8-bit block-wise (optim::AdamWOptions::state_bits)
   std::string optimizer_state = "device";  // device|host|auto: where AdamW's state lives (Optimizer::place_state)
   int zero = 0;  // under mpirun, ZeRO stage 1: AdamW's state sharded over the ranks

@@ -141,8 +141,8 @@ optim::AdamWOptions adamw_options(const TrainFlags& f) {
 }
 
 // --effective-batch: the planner's choice of micro-batch and accumulation steps (and, with
-// --recompute auto, of recompute; with --optimizer-state auto, of where AdamW's state lives) for
-// the model and optimizer as they are; prints its reason.
+// --recompute auto, of recompute; with --optimizer-state or --optimizer-bits auto, of where AdamW's
+// state lives and in how many bits) for the model and optimizer as they are; prints its reason.
 void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f) {
   int64_t budget = 0;
   if (!f.memory_budget.empty()) {
@@ -157,10 +157,12 @@ void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::Token
       models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
   request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
   request.weigh_state_placement = f.optimizer_state == "auto";
+  request.weigh_state_bits = f.optimizer_bits_text == "auto";
   const plan::Plan plan = plan::plan_batch(request);
   f.micro_batch = plan.micro_batch / f.context;
   f.accum_steps = plan.accum_steps;
   f.optimizer_state = optim::state_placement_name(optimizer.state_placement());
+  f.optimizer_bits = optimizer.state_bits();
   say("planner: %s\n", plan.reason.c_str());
 }
 

@@ -18,6 +18,12 @@ AdamW::AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& opt
   check_state_bits(options.state_bits, "AdamW");
 }
 
+void AdamW::set_state_bits(int bits) {
+  check_no_state_yet("AdamW::set_state_bits");
+  check_state_bits(bits, "AdamW");
+  options_.state_bits = bits;
+}
+
 std::vector<StateSpec> AdamW::state_specs() const {
   if (options_.state_bits == 32) return {{"exp_avg"}, {"exp_avg_sq"}};
   std::vector<StateSpec> specs = state_8bit_specs("exp_avg");

@@ -149,10 +149,19 @@ const char* state_placement_name(StatePlacement placement) {
   return placement == StatePlacement::host ? "host" : "device";
 }
 
+void Optimizer::check_no_state_yet(const char* caller) const {
+  CUMULUS_CHECK(state_.empty() && !missed_updates_.defined(), InvalidArgument, caller,
+                ": the state exists already (change it before the first update)");
+}
+
 void Optimizer::place_state(StatePlacement placement) {
-  CUMULUS_CHECK(state_.empty() && !missed_updates_.defined(), InvalidArgument,
-                "Optimizer::place_state: the state exists already (place it before the first update)");
+  check_no_state_yet("Optimizer::place_state");
   placement_ = placement;
+}
+
+void Optimizer::set_state_bits(int bits) {
+  CUMULUS_CHECK(bits == 32, InvalidArgument, "Optimizer::set_state_bits: this optimizer keeps its state in 32 bits "
+                "only, not ", bits);
 }
 
 int64_t Optimizer::updates() const { return read_update_scalars().updates; }

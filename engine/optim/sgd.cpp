@@ -16,6 +16,14 @@ SGD::SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options)
   check_state_bits(options.state_bits, "SGD");
 }
 
+void SGD::set_state_bits(int bits) {
+  check_no_state_yet("SGD::set_state_bits");
+  check_state_bits(bits, "SGD");
+  CUMULUS_CHECK(bits == 32 || options_.momentum != 0.0f, InvalidArgument,
+                "SGD::set_state_bits: without momentum SGD keeps no state to keep in ", bits, " bits");
+  options_.state_bits = bits;
+}
+
 std::vector<StateSpec> SGD::state_specs() const {
   if (options_.momentum == 0.0f) return {};
   if (options_.state_bits == 8) return state_8bit_specs("momentum_buffer");

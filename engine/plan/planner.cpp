@@ -72,11 +72,14 @@
 // Host-resident data is weighed only when none of those fits: its cost is a copy of each batch
 // over the bus, and a host plan chosen over a device plan within the noise of two timings would
 // make every later step pay that copy for nothing. Precision changes the numbers, so it is never
-// weighed without the opt-in. Last, the optimizer's state on the host (Optimizer::place_state), only
-// when nothing fits with it on the device: it frees the state's bytes from every row (they leave
-// the held blocks the rows are replayed over) for a copy of the weights and gradients over the bus
-// at each step. It is a second planning of the same request with the state placed there, whose
-// rows join the first's in one table; the micro-batch's recordings do not depend on it.
+// weighed without the opt-in. Last, the optimizer's state, each lever only when nothing fits
+// without it, in this order: in 8 bits (Optimizer::set_state_bits: 26.6% of its bytes, other
+// numbers, so an opt-in like precision), then on the host (Optimizer::place_state: none of its
+// bytes on the device, the same numbers, for a copy of the weights and gradients over the bus at
+// each step, which 8 bits on the device do not pay). The host at 8 bits is never weighed: on the
+// device it holds what the host at 32 holds. Each is a planning of the same request with the state
+// set so (the held blocks the rows are replayed over lose the state's bytes), whose rows join the
+// earlier ones in one table; the micro-batch's recordings do not depend on it.
 //
 // Times within 2% are a tie: measured fits are noisy (a loaded machine, an intercept near zero),
 // and a tie broken by memory alone would slide to micro-batch 2 with recompute for a 1%
@@ -824,27 +827,68 @@ Plan Planner::run() {
   return std::move(plan_);
 }
 
-// Nothing fits with the optimizer state on the device: the same request with it on the host
-// (Note [Plan levers]), both tables in one. The optimizer stays there only if a plan is taken.
-Plan plan_with_state_on_host(PlanRequest request, Plan on_device, CachingAllocator& alloc) {
-  optim::Optimizer& optimizer = *request.optimizer;
-  optimizer.place_state(optim::StatePlacement::host);
-  request.setting.optimizer_state = optim::StatePlacement::host;
-  Plan plan = Planner(request, alloc).run();
-  if (plan.micro_batch == 0) {
-    optimizer.place_state(optim::StatePlacement::device);
-    plan.setting = on_device.setting;
-    plan.optimizer_state_bytes = on_device.optimizer_state_bytes;
-    plan.reason = on_device.reason + "; with the optimizer state on the host: " + plan.reason;
-  } else {
-    plan.reason += " (nothing fit with the optimizer state on the device)";
-  }
-  plan.table.insert(plan.table.begin(), on_device.table.begin(), on_device.table.end());
+// The optimizer state's settings to plan with, in order (Note [Plan levers]): the optimizer's own,
+// then, each only when nothing before fits, 8 bits where it is (opted in) and the host.
+std::vector<PlanSetting> state_settings(const PlanRequest& request, const optim::Optimizer& optimizer) {
+  PlanSetting own = request.setting;
+  own.optimizer_state = optimizer.state_placement();
+  own.optimizer_bits = optimizer.state_bits();
+  std::vector<PlanSetting> out = {own};
+  if (request.weigh_state_bits && own.optimizer_bits == 32) out.push_back(own), out.back().optimizer_bits = 8;
+  if (request.weigh_state_placement && own.optimizer_state == optim::StatePlacement::device)
+    out.push_back(own), out.back().optimizer_state = optim::StatePlacement::host;
+  return out;
+}
+
+// "the optimizer state on the device in 32 bits", for the plan's reason.
+std::string state_text(const PlanSetting& setting) {
+  return std::string("the optimizer state on the ") + optim::state_placement_name(setting.optimizer_state) + " in " +
+         std::to_string(setting.optimizer_bits) + " bits";
+}
+
+void put_state_in_place(optim::Optimizer& optimizer, const PlanSetting& setting) {
+  optimizer.place_state(setting.optimizer_state);
+  optimizer.set_state_bits(setting.optimizer_bits);
+}
+
+// `earlier`'s rows joined to `plan`'s (a planning with another state setting), in one table.
+void join_earlier(Plan& plan, const Plan& earlier) {
+  plan.table.insert(plan.table.begin(), earlier.table.begin(), earlier.table.end());
   std::stable_sort(plan.table.begin(), plan.table.end(),
                    [](const PlanRow& a, const PlanRow& b) { return a.micro_batch > b.micro_batch; });
-  plan.weighed.insert(plan.weighed.begin(), on_device.weighed.begin(), on_device.weighed.end());
-  plan.probe_seconds += on_device.probe_seconds;
-  plan.largest_probe = std::max(plan.largest_probe, on_device.largest_probe);
+  plan.weighed.insert(plan.weighed.begin(), earlier.weighed.begin(), earlier.weighed.end());
+  plan.probe_seconds += earlier.probe_seconds;
+  plan.largest_probe = std::max(plan.largest_probe, earlier.largest_probe);
+}
+
+// One planning per state setting until one fits (Note [Plan levers]), the tables joined. The
+// optimizer keeps the setting of the plan taken, or its own when none fits.
+Plan plan_over_state_settings(const PlanRequest& request, CachingAllocator& alloc) {
+  optim::Optimizer& optimizer = *request.optimizer;
+  const std::vector<PlanSetting> settings = state_settings(request, optimizer);
+  Plan plan;
+  std::string reasons;
+  int64_t own_state_bytes = 0;
+  for (const PlanSetting& setting : settings) {
+    PlanRequest r = request;
+    r.setting = setting;
+    r.require_fit = false;
+    put_state_in_place(optimizer, setting);
+    Plan next = Planner(r, alloc).run();
+    if (&setting == &settings.front()) own_state_bytes = next.optimizer_state_bytes;
+    else join_earlier(next, plan);
+    reasons += (reasons.empty() ? "" : "; with " + state_text(setting) + ": ") + next.reason;
+    plan = std::move(next);
+    if (plan.micro_batch > 0) break;
+  }
+  if (plan.micro_batch == 0) {
+    put_state_in_place(optimizer, settings.front());
+    plan.setting = settings.front();
+    plan.optimizer_state_bytes = own_state_bytes;
+    plan.reason = reasons;
+  } else if (&settings.front() != &settings.back() && plan.setting != settings.front()) {
+    plan.reason += " (nothing fit with " + state_text(settings.front()) + ")";
+  }
   return plan;
 }
 
@@ -868,7 +912,8 @@ std::string plan_setting_text(const PlanSetting& setting, const std::vector<std:
   const bool state_on_host = setting.optimizer_state == optim::StatePlacement::host;
   return "recompute " + recompute_text(setting.recompute, segment_names) + ", data on " +
          data_placement_name(setting.data) + ", " + precision_name(setting.precision) +
-         (state_on_host ? ", optimizer state on host" : "");
+         (state_on_host ? ", optimizer state on host" : "") +
+         (setting.optimizer_bits == 8 ? ", 8-bit optimizer state" : "");
 }
 
 Plan plan_batch(const PlanRequest& request) {
@@ -901,18 +946,13 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(!levers || static_cast<bool>(request.apply), InvalidArgument,
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "
                 "put a setting in place");
-  optim::Optimizer& optimizer = *request.optimizer;
-  const bool weigh_host = request.weigh_state_placement && optimizer.state_placement() == optim::StatePlacement::device;
-  CUMULUS_CHECK(!weigh_host || optimizer.next_update_allocates(), InvalidArgument,
-                "plan_batch: weigh_state_placement, but the optimizer holds its state already (it cannot move)");
+  CUMULUS_CHECK(state_settings(request, *request.optimizer).size() == 1 || request.optimizer->next_update_allocates(),
+                InvalidArgument, "plan_batch: the optimizer's state is weighed (weigh_state_placement or weigh_state_bits) "
+                "but exists already (it cannot change)");
   CachingAllocator& alloc = allocator_for(request.device);
   const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
   const BufferRestore buffers(request.model);
-  PlanRequest first = request;
-  first.setting.optimizer_state = optimizer.state_placement();
-  first.require_fit = false;
-  Plan plan = Planner(first, alloc).run();
-  if (plan.micro_batch == 0 && weigh_host) plan = plan_with_state_on_host(first, std::move(plan), alloc);
+  const Plan plan = plan_over_state_settings(request, alloc);
   CUMULUS_CHECK(plan.micro_batch > 0 || !request.require_fit, OutOfMemory, "plan_batch: ", plan.reason);
   return plan;
 }

@@ -23,6 +23,8 @@ class AdamW final : public Optimizer {
  public:
   AdamW(std::shared_ptr<nn::FlatParameters> params, const AdamWOptions& options);
   const AdamWOptions& options() const { return options_; }
+  int state_bits() const override { return options_.state_bits; }
+  void set_state_bits(int bits) override;
   // The states "exp_avg" and "exp_avg_sq": undefined until the first update. With 8-bit state they
   // hold the codes (u8), and "exp_avg_absmax", "exp_avg_sq_absmax" (state_tensor) the blocks' scales.
   const Tensor& exp_avg() const { return state_tensor("exp_avg"); }

@@ -178,6 +178,13 @@ class Optimizer {
   void place_state(StatePlacement placement);
   StatePlacement state_placement() const { return placement_; }
 
+  // ---- 8-bit state (Note [8-bit optimizer state] in kernels/quantized_state.h) ----
+  // The bits the state is kept in: 32, or 8 block-wise where the rule offers it (AdamW, SGD with
+  // momentum). A change is allowed before the first update (InvalidArgument after, or for bits the
+  // rule does not offer: the base class offers 32 only).
+  virtual int state_bits() const { return 32; }
+  virtual void set_state_bits(int bits);
+
   // ---- a driver's calls: an update decided on the device (train::Trainer) ----
   // Host work before an update: zeroes stale gradient slots and reads which parameters are frozen
   // (FlatParameters::refresh_frozen; the missed-update counts are allocated at the first freeze).
@@ -207,6 +214,8 @@ class Optimizer {
   virtual void update(const UpdateScalars* scalars, const UpdateSpan& span) = 0;
   // State array `index` of state_specs(), allocated before update() is called.
   Tensor& state_array(std::size_t index) { return state_[index]; }
+  // InvalidArgument naming `caller` once the state exists: what only a fresh optimizer may change.
+  void check_no_state_yet(const char* caller) const;
 
   std::shared_ptr<nn::FlatParameters> params_;
 

@@ -23,6 +23,8 @@ class SGD final : public Optimizer {
  public:
   SGD(std::shared_ptr<nn::FlatParameters> params, const SGDOptions& options);
   const SGDOptions& options() const { return options_; }
+  int state_bits() const override { return options_.state_bits; }
+  void set_state_bits(int bits) override;
   // The state "momentum_buffer" (with momentum only): undefined until the first update. With 8-bit
   // state it holds the codes (u8), and "momentum_buffer_absmax" (state_tensor) the blocks' scales.
   const Tensor& momentum_buffer() const { return state_tensor("momentum_buffer"); }

@@ -55,11 +55,13 @@ struct PlanSetting {
   uint32_t recompute = 0;
   DataPlacement data = DataPlacement::device;
   Precision precision = Precision::fp32;
-  // Where the optimizer's state lives: plan_batch places it (Optimizer::place_state), apply need not.
+  // Where the optimizer's state lives and in how many bits: plan_batch sets them on the optimizer
+  // (Optimizer::place_state, set_state_bits), apply need not.
   optim::StatePlacement optimizer_state = optim::StatePlacement::device;
+  int optimizer_bits = 32;
   bool operator==(const PlanSetting& o) const {
     return recompute == o.recompute && data == o.data && precision == o.precision &&
-           optimizer_state == o.optimizer_state;
+           optimizer_state == o.optimizer_state && optimizer_bits == o.optimizer_bits;
   }
   bool operator!=(const PlanSetting& o) const { return !(*this == o); }
 };
@@ -67,7 +69,7 @@ struct PlanSetting {
 // The recompute lever: "off", "all" (every segment, or any without names) or the segments on ("conv1+bn1").
 std::string recompute_text(uint32_t mask, const std::vector<std::string>& segment_names = {});
 // "recompute off, data on device, fp32" (the recompute part as recompute_text gives it), then
-// ", optimizer state on host" where it is.
+// ", optimizer state on host" and ", 8-bit optimizer state" where they are.
 std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names = {});
 
 // One candidate micro-batch with one setting of the levers: a divisor of the effective batch.
@@ -136,6 +138,10 @@ struct PlanRequest {
   // with it on the device (Note [Plan levers]); the optimizer must not hold its state yet. A plan
   // that takes it leaves the optimizer placed on the host.
   bool weigh_state_placement = false;
+  // The optimizer's state in 8 bits (Optimizer::set_state_bits), an opt-in since it changes the
+  // numbers: weighed only when nothing fits in 32 bits (on the host too, when that is weighed),
+  // and left in place by a plan that takes it.
+  bool weigh_state_bits = false;
   int64_t epoch_units = 0;  // units in an epoch, for epoch_seconds (0: unit_limit)
   // Injected timings (tests, or known from elsewhere): one micro-batch's seconds, instead of timing.
   std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;
