@@ -846,9 +846,10 @@ std::string state_text(const PlanSetting& setting) {
          std::to_string(setting.optimizer_bits) + " bits";
 }
 
+// Changes only what differs: an optimizer that holds its state plans with it as it is.
 void put_state_in_place(optim::Optimizer& optimizer, const PlanSetting& setting) {
-  optimizer.place_state(setting.optimizer_state);
-  optimizer.set_state_bits(setting.optimizer_bits);
+  if (optimizer.state_placement() != setting.optimizer_state) optimizer.place_state(setting.optimizer_state);
+  if (optimizer.state_bits() != setting.optimizer_bits) optimizer.set_state_bits(setting.optimizer_bits);
 }
 
 // `earlier`'s rows joined to `plan`'s (a planning with another state setting), in one table.
