@@ -85,6 +85,24 @@ Device device_from_flag(const std::string& text) {
   return device;
 }
 
+OptimizerStateHelp optimizer_state_help(const std::string& state, const std::string& eager_note) {
+  OptimizerStateHelp help;
+  help.bits = "32|8|auto: " + state +
+              " in 32-bit floats or in 8 bits (block-wise quantized, a scale per 64 values: 26.6% of the fp32 "
+              "bytes). auto, with the planner (--effective-batch): 8 only when no plan fits in 32 (an opt-in: 8 "
+              "bits change the numbers)";
+  help.placement = "device|host|auto: where " + state +
+                   " live and their update runs. host: in host memory of their own (pinned on a GPU), outside "
+                   "the device's memory and --memory-budget, updated there with the CPU kernels on copies of the "
+                   "weights and gradients (the same weights as device; on a GPU they cross the bus each step" +
+                   eager_note + "). auto, with the planner: host only when no plan fits with them on the device or "
+                   "in 8 bits";
+  help.zero = "Under mpirun: 1 shards " + state +
+              " over the ranks (ZeRO stage 1: each rank keeps and updates 1/N of them, the same weights as 0); 0 "
+              "keeps all of them on every rank";
+  return help;
+}
+
 std::string version_text(const std::string& program) {
   std::string s = program + " (cumulus) " + CUMULUS_VERSION + "\ncommit " + CUMULUS_GIT_COMMIT + ", build type " +
                   CUMULUS_BUILD_TYPE + "\n";

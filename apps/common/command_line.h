@@ -90,6 +90,14 @@ std::map<int, int> parse_accum_schedule(const std::string& text);
 // The schedule as parse_accum_schedule reads it: {{0, 8}, {4, 2}} is "0:8,4:2".
 std::string accum_schedule_text(const std::map<int, int>& schedule);
 
+// The help of the optimizer-state flags both apps take: --optimizer-bits 32|8|auto,
+// --optimizer-state device|host|auto and --zero 0|1. `state` names the state ("AdamW's moments");
+// `eager_note` is added to the host placement's help where the app replays CUDA graphs.
+struct OptimizerStateHelp {
+  std::string bits, placement, zero;
+};
+OptimizerStateHelp optimizer_state_help(const std::string& state, const std::string& eager_note = "");
+
 // What --version prints: "<program> (cumulus) 0.1.0", then the commit the library was configured
 // at and its build type, then the backends compiled in (CUDA, cuDNN, the data-parallel transports).
 std::string version_text(const std::string& program);

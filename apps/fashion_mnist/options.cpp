@@ -158,22 +158,12 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum (needs --momentum > 0)");
   app.add_option("--betas", raw.betas, "AdamW: B1,B2, the decay rates of the moment estimates");
   app.add_option("--eps", o.eps, "AdamW: the term added to the denominator");
-  app.add_option("--optimizer-bits", raw.optimizer_bits,
-                 "32|8|auto: the optimizer's state (AdamW's moments, SGD's momentum) in 32-bit floats or in 8 bits "
-                 "(block-wise quantized, a scale per 64 values: 26.6% of the fp32 state's bytes). auto, with the "
-                 "planner: 8 only when no plan fits in 32 (an opt-in: 8 bits change the numbers)")
-      ->check(CLI::IsMember({"32", "8", "auto"}));
-  app.add_option("--optimizer-state", o.optimizer_state,
-                 "device|host|auto: where the optimizer's state lives and its update runs. host keeps it in host "
-                 "memory of its own (pinned on a GPU), outside the device's memory and --memory-budget, and updates "
-                 "it there with the CPU kernels on copies of the weights and gradients (the same weights as device; "
-                 "on a GPU they cross the bus each step, and --graphs auto runs eagerly). auto, with the planner: "
-                 "host only when no plan fits with it on the device")
+  const cumulus::app::OptimizerStateHelp state_help = cumulus::app::optimizer_state_help(
+      "the optimizer's state arrays (AdamW's moments, SGD's momentum)", ", and --graphs auto runs eagerly");
+  app.add_option("--optimizer-bits", raw.optimizer_bits, state_help.bits)->check(CLI::IsMember({"32", "8", "auto"}));
+  app.add_option("--optimizer-state", o.optimizer_state, state_help.placement)
       ->check(CLI::IsMember(choices_of(cumulus::optim::StatePlacement{}).names("auto")));
-  app.add_option("--zero", o.zero_stage,
-                 "Under mpirun: 1 shards the optimizer's state over the ranks (ZeRO stage 1: each rank keeps and "
-                 "updates 1/N of it, the same weights as 0); 0 keeps all of it on every rank")
-      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--zero", o.zero_stage, state_help.zero)->check(CLI::IsMember({0, 1}));
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)");

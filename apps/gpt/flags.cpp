@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/command_line.h"
 #include "common/stop_signal.h"
 
 namespace gpt {
@@ -75,22 +76,11 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
       ->check(CLI::NonNegativeNumber);
   c.add_option("--beta1", f.beta1, "AdamW beta1")->check(kFinite)->check(CLI::Range(0.0, 1.0));
   c.add_option("--beta2", f.beta2, "AdamW beta2")->check(kFinite)->check(CLI::Range(0.0, 1.0));
-  c.add_option("--optimizer-bits", f.optimizer_bits_text,
-               "32|8|auto: AdamW's moments in 32-bit floats or in 8 bits (block-wise quantized, a scale per 64 values: "
-               "26.6% of the fp32 moments' bytes). auto, with the planner (--effective-batch): 8 only when no plan fits "
-               "in 32 (an opt-in: 8 bits change the numbers)")
-      ->check(CLI::IsMember({"32", "8", "auto"}));
-  c.add_option("--optimizer-state", f.optimizer_state,
-               "device|host|auto: where AdamW's state lives and its update runs. host keeps the moments in host "
-               "memory of their own (pinned on a GPU), outside the device's memory and --memory-budget, and updates "
-               "there with the CPU kernels on copies of the weights and gradients (the same weights as device; on a "
-               "GPU they cross the bus each step). auto, with the planner (--effective-batch): host only when no plan "
-               "fits with it on the device")
+  const cumulus::app::OptimizerStateHelp state_help = cumulus::app::optimizer_state_help("AdamW's moments");
+  c.add_option("--optimizer-bits", f.optimizer_bits_text, state_help.bits)->check(CLI::IsMember({"32", "8", "auto"}));
+  c.add_option("--optimizer-state", f.optimizer_state, state_help.placement)
       ->check(CLI::IsMember({"device", "host", "auto"}));
-  c.add_option("--zero", f.zero,
-               "Under mpirun: 1 shards AdamW's state over the ranks (ZeRO stage 1: each rank keeps and updates 1/N of "
-               "it, the same weights as 0); 0 keeps all of it on every rank")
-      ->check(CLI::IsMember({0, 1}));
+  c.add_option("--zero", f.zero, state_help.zero)->check(CLI::IsMember({0, 1}));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
