@@ -457,8 +457,8 @@ TEST_F(MpiRunTest, ZeroCheckpointHoldsTheWholeStateAndResumesShardedOrNot) {
   }
 }
 
-// The GPT under mpirun (Note [Data parallel gpt] in apps/gpt/train.cpp): 2 ranks of --accum-steps 2
-// train one process's groups of 4 (the same windows, the gradients summed in another order: Note
+// The GPT under mpirun (Note [Data parallel gpt] in apps/gpt/train.cpp), 50 steps with clipping:
+// 2 ranks of --accum-steps 2 train one process's groups of 4 (the same windows, the gradients summed in another order: Note
 // [Data parallel tolerance]), ZeRO-1 gives data parallel's weights and checkpoint bit for bit with
 // about half the state per rank, and the ranks' checkpoint resumes in one process, and on the two
 // ranks with --zero 1 or 0 bit for bit.
@@ -474,8 +474,8 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
   auto gpt = [&](int ranks, const std::string& args) {
     const std::string base = std::string(GPT_BIN) + " train --data " + quote(path("corpus.txt")) +
-                             " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --warmup 2 --steps 10" +
-                             " --eval-every 5 --eval-windows 8 --clip 0.5 --threads 1 --quiet " + args + " 2>&1";
+                             " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --warmup 5 --steps 50" +
+                             " --eval-every 25 --eval-windows 8 --clip 0.5 --threads 1 --quiet " + args + " 2>&1";
     return run_command(ranks == 1 ? base
                                   : mpi_env() + "mpirun " + root + "--oversubscribe -np " + std::to_string(ranks) + " " +
                                         base);
@@ -497,7 +497,7 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits
   const int64_t whole = state_bytes("g_zero0.json");
   for (const std::string rank : {"", ".rank1"}) EXPECT_LE(state_bytes("g_zero1.json" + rank), whole / 2 + 1024) << rank;
 
-  r = gpt(2, "--accum-steps 2 --zero 1 --stop-after 5 --save " + quote(path("g_half.safetensors")));
+  r = gpt(2, "--accum-steps 2 --zero 1 --stop-after 25 --save " + quote(path("g_half.safetensors")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   r = gpt(1, "--accum-steps 4 --resume " + quote(path("g_half.safetensors")) + " --save " +
                  quote(path("g_half.safetensors")));
@@ -506,7 +506,7 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits
   // On the ranks that wrote it, sharded or not: the uninterrupted run's bits.
   for (const char* stage : {"1", "0"}) {
     const std::string half = std::string("g_half_zero") + stage + ".safetensors";
-    r = gpt(2, "--accum-steps 2 --zero 1 --stop-after 5 --save " + quote(path(half)));
+    r = gpt(2, "--accum-steps 2 --zero 1 --stop-after 25 --save " + quote(path(half)));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     r = gpt(2, "--accum-steps 2 --zero " + std::string(stage) + " --resume " + quote(path(half)) + " --save " +
                    quote(path(half)));
