@@ -788,11 +788,16 @@ TEST(PlanBatch, TimesTheProbesAndAnOptimizerStepItUndoes) {
   for (const auto& [name, t] : adamw->state()) EXPECT_EQ(t.to_vector<float>(), state[k++]) << name;
   EXPECT_EQ(adamw->updates(), updates);
 
-  // Before its first step the state does not exist, and a probed step would allocate it: none.
+  // Before its first step the state does not exist: the probe makes one and leaves none, the weights
+  // and the update count as they were.
   optim::AdamW fresh(rig.flat, optim::AdamWOptions{});
   plan::PlanRequest first = rig.request(fresh, 64, 0);
-  EXPECT_FALSE(plan::plan_batch(first).step_timed);
+  first.micro_batch_seconds = nullptr;
+  EXPECT_TRUE(plan::plan_batch(first).step_timed);
   EXPECT_EQ(fresh.state_bytes(), 0);
+  EXPECT_TRUE(fresh.next_update_allocates());
+  EXPECT_EQ(fresh.updates(), 0);
+  EXPECT_EQ(rig.flat->values().to_vector<float>(), values);
 }
 
 // fit_time: the median per size, then a line; one size gives a line through the origin.

@@ -263,6 +263,15 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
   write_update_scalars(scalars);
 }
 
+void Optimizer::discard_state() {
+  state_.clear();
+  host_.reset();
+  missed_updates_ = Tensor();
+  UpdateScalars scalars = read_update_scalars();
+  scalars.updates = 0;
+  write_update_scalars(scalars);
+}
+
 bool Optimizer::copy_state_tensor(const std::vector<std::pair<std::string, Tensor>>& state, const std::string& name,
                                   DType dtype, int64_t whole, int64_t first, const Shape& shape, Tensor& into) const {
   for (const auto& [n, t] : state) {

@@ -31,7 +31,7 @@ std::string plan_table_text(const Plan& plan, int64_t budget, const std::string&
     append(out, "planner: predicted from the recorded allocation sequence (%s); reserved at rest %s, budget %s\n",
            plan.prediction.c_str(), format_bytes(plan.reserved_at_rest).c_str(),
            budget > 0 ? format_bytes(budget).c_str() : "none");
-  char step[64] = "not timed (its state is allocated by the first step)";
+  char step[64] = "not timed (no room under the budget to probe it)";
   if (plan.step_timed) std::snprintf(step, sizeof step, "%.3g ms", plan.step_seconds * 1e3);
   append(out,
          "planner: the optimizer step %s; probes took %.3g s (the largest %lld %ss, each size timed %d times); "

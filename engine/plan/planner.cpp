@@ -44,9 +44,9 @@
 // costs is what accumulation pays for, and recompute's extra forward is what its own line carries.
 // One effective batch is accum_steps micro-batches plus one optimizer step, an epoch that times
 // epoch_units / effective batch. The step is the same for every row, so it moves no choice, only
-// the prediction: it is probed only when the optimizer already holds its state (parameters, state
-// and update count written back), since a first step would allocate the state the plan counts;
-// before training it is not counted unless the caller gives it (step_seconds). Tests and callers
+// the prediction: it is probed with the parameters, the state and the update count written back,
+// and an optimizer without its state yet gets one for the probe and loses it after, so the plan
+// counts the state as the first real step will allocate it (unless the caller gives step_seconds). Tests and callers
 // that know their timings inject them (micro_batch_seconds): measured times of near-empty
 // micro-batches are noise, and a choice made from noise would not be reproducible.
 
@@ -452,8 +452,9 @@ bool Planner::any_fits() const {
 }
 
 // One optimizer step's time: given, or one step probed on the discarded gradients (counted as
-// zero) with the parameters, the state and the update count written back. A step before the
-// state exists would allocate it, so then it is not probed.
+// zero) with the parameters, the state and the update count written back. An optimizer without
+// its state yet takes two steps, the first allocating the state (page faults and zeroing the
+// steady state never pays), the second timed, and is left without it (Optimizer::discard_state).
 void Planner::time_step() {
   if (req_.step_seconds >= 0) {
     plan_.step_seconds = req_.step_seconds;
@@ -461,24 +462,28 @@ void Planner::time_step() {
     return;
   }
   optim::Optimizer& opt = *req_.optimizer;
-  if (opt.next_update_allocates()) return;
+  const bool fresh = opt.next_update_allocates();
   Tensor values;
   std::vector<std::pair<std::string, Tensor>> state;
+  const int64_t updates = opt.updates();
   try {
     values = opt.parameters().values().clone();
     for (const auto& [name, t] : opt.state()) state.emplace_back(name, t.clone());
+    if (fresh) opt.step();
+    const auto start = std::chrono::steady_clock::now();
+    opt.step();
+    opt.updates();  // waits for the queued update
+    plan_.step_seconds = seconds_since(start);
+    plan_.step_timed = true;
   } catch (const OutOfMemory&) {
-    return;  // no room under the budget for the copies: not probed
+    // No room under the budget for the copies or the state: not probed.
   }
-  const int64_t updates = opt.updates();
-  const auto start = std::chrono::steady_clock::now();
-  opt.step();
-  opt.updates();  // waits for the queued update
-  plan_.step_seconds = seconds_since(start);
-  plan_.step_timed = true;
-  Tensor target = opt.parameters().values();
-  target.copy_from(values);
-  opt.load_state(state, updates);
+  if (values.defined()) {
+    Tensor target = opt.parameters().values();
+    target.copy_from(values);
+  }
+  if (fresh) opt.discard_state();
+  else opt.load_state(state, updates);
 }
 
 void Planner::set_times(PlanRow& r) const {

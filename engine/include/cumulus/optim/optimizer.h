@@ -155,6 +155,10 @@ class Optimizer {
   // copying its kept shard's part into its own buffers (allocated if needed), and the number of
   // updates applied, so training resumes exactly. Throws on missing or mis-shaped tensors, naming them.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t updates);
+  // Frees the state (its host copies and missed-update counts included) and sets the update count
+  // to 0, as before the first update: for a probe that times an update on a fresh optimizer and
+  // must leave it fresh (plan::plan_batch). The parameters are the caller's to restore.
+  void discard_state();
   const nn::FlatParameters& parameters() const { return *params_; }
   nn::FlatParameters& parameters() { return *params_; }
 
