@@ -481,6 +481,35 @@ TEST(CpuBroadcast, RowScalarsAndRowVectorsGiveTheElementRulesBits) {
   set_cpu_threads(threads);
 }
 
+// The f32 rows of the forward (vec::binary_f32 at each capability): a same-shape op and an op
+// with a one-element operand, at lengths around both vector widths and their tails, with a NaN, an
+// inf and a zero divisor among the values, give the element rule's bits.
+TEST(CpuBroadcast, SameShapeAndScalarOperandsGiveTheElementRulesBits) {
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1000}) {
+    Generator gen(static_cast<uint64_t>(n));
+    std::vector<float> av(static_cast<std::size_t>(n)), bv(av.size());
+    gen.fill_uniform(av.data(), n, -2.0f, 2.0f);
+    gen.fill_uniform(bv.data(), n, -2.0f, 2.0f);
+    av[0] = n > 2 ? NAN : av[0];
+    bv[static_cast<std::size_t>(n - 1)] = n > 3 ? INFINITY : bv[static_cast<std::size_t>(n - 1)];
+    if (n > 4) bv[2] = 0.0f;
+    const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});
+    const Tensor s = Tensor::from_vector(std::vector<float>{1.7f}, Shape{1});
+    for (char op : {'+', '-', '*', '/'}) {
+      SCOPED_TRACE(std::string("op ") + op + ", n " + std::to_string(n));
+      std::vector<float> same(av.size()), by_scalar(av.size()), scalar_by(av.size());
+      for (std::size_t i = 0; i < av.size(); ++i) {
+        same[i] = apply(op, av[i], bv[i]);
+        by_scalar[i] = apply(op, av[i], 1.7f);
+        scalar_by[i] = apply(op, 1.7f, bv[i]);
+      }
+      expect_same_values(binary(op, a, b).to_vector<float>(), same, "same shape");
+      expect_same_values(binary(op, a, s).to_vector<float>(), by_scalar, "a op scalar");
+      expect_same_values(binary(op, s, b).to_vector<float>(), scalar_by, "scalar op b");
+    }
+  }
+}
+
 // Enough rows for several threads' chunks: the same bits at one thread and two.
 TEST(CpuBroadcast, LargeBroadcastsGiveTheElementRulesBits) {
   const int threads = cpu_threads();
