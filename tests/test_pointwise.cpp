@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/autograd/node.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/cumulus.h"
+#include "kernels/cpu/loss_kernels.h"
 #include "test_util.h"
 
 namespace cumulus::testing {
@@ -614,6 +616,33 @@ TEST(CpuCrossEntropy, RowsMatchTheDoubleResult) {
         }
       }
       EXPECT_NEAR(loss.to_vector<float>()[0], want, 1e-6 * std::max(1.0, std::fabs(want)));
+    }
+}
+
+// The backward reads the rows' maxima and log sums the forward saved: its gradient has the bits of
+// the kernel that computes them again (stats null), with an ignored row, summed and per-row losses,
+// beside the tails of both vector widths.
+TEST(CpuCrossEntropy, SavedRowStatisticsGiveTheRecomputedGradientsBits) {
+  for (int64_t classes : {1, 9, 17, 65})
+    for (ops::Reduction reduction : {ops::Reduction::Sum, ops::Reduction::None}) {
+      SCOPED_TRACE("classes " + std::to_string(classes));
+      constexpr int64_t kRows = 7, kIgnore = -100;
+      Generator gen(static_cast<uint64_t>(classes) + 3);
+      std::vector<float> xv(static_cast<std::size_t>(kRows * classes)), dv(kRows);
+      gen.fill_uniform(xv.data(), kRows * classes, -20.0f, 20.0f);
+      gen.fill_uniform(dv.data(), kRows, 0.5f, 2.0f);
+      std::vector<int32_t> labels(kRows);
+      for (int64_t r = 0; r < kRows; ++r) labels[r] = r == 2 ? kIgnore : static_cast<int32_t>((r * 5) % classes);
+      const Tensor x = Tensor::from_vector(xv, Shape{kRows, classes}).set_requires_grad(true);
+      const Tensor loss = ops::cross_entropy(x, Tensor::from_vector(labels, Shape{kRows}), reduction, kIgnore);
+      const bool per_row = reduction == ops::Reduction::None;
+      if (per_row) run_backward(loss, Tensor::from_vector(dv, Shape{kRows}));
+      else loss.backward();
+      std::vector<float> want(xv.size());
+      const float one = 1.0f;
+      kernels::cross_entropy_rows_backward_cpu(xv.data(), labels.data(), kRows, classes, kIgnore,
+                                               per_row ? dv.data() : &one, per_row ? 1 : 0, 1.0f, 0.0f, want.data());
+      expect_same_values(x.grad().to_vector<float>(), want, "dx");
     }
 }
 
