@@ -512,6 +512,29 @@ TEST(CpuBroadcast, SameShapeAndScalarOperandsGiveTheElementRulesBits) {
   }
 }
 
+// ReLU's f32 forward (vec::relu_f32 at each capability) gives the scalar rule's bits: -0 to +0, a
+// NaN kept (its payload too), at lengths around both vector widths.
+TEST(CpuActivations, ReluForwardGivesTheScalarRulesBits) {
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 33, 1000}) {
+    Generator gen(static_cast<uint64_t>(n) + 11);
+    std::vector<float> xv(static_cast<std::size_t>(n));
+    gen.fill_uniform(xv.data(), n, -2.0f, 2.0f);
+    const float specials[] = {-0.0f, 0.0f, NAN, -INFINITY, INFINITY, -1e-40f};
+    for (std::size_t i = 0; i < 6 && i < xv.size(); ++i) xv[xv.size() - 1 - i] = specials[i];
+    std::vector<uint32_t> want(xv.size());
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const float y = xv[i] <= 0.0f ? 0.0f : xv[i];
+      std::memcpy(&want[i], &y, sizeof y);
+    }
+    const std::vector<float> got = ops::relu(Tensor::from_vector(xv, Shape{n})).to_vector<float>();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &got[i], sizeof bits);
+      EXPECT_EQ(bits, want[i]) << "n " << n << ", element " << i << " of " << xv[i];
+    }
+  }
+}
+
 // Enough rows for several threads' chunks: the same bits at one thread and two.
 TEST(CpuBroadcast, LargeBroadcastsGiveTheElementRulesBits) {
   const int threads = cpu_threads();

@@ -217,6 +217,10 @@ void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t 
   BinaryRows<BinaryLanes>::run(op, a, a_step, b, b_step, y, n);
 }
 
+void relu_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v); });
+}
+
 void sigmoid_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
     const V e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), v));
