@@ -34,9 +34,13 @@ int64_t rounded(int64_t bytes) { return (bytes + kRound - 1) / kRound * kRound; 
 // What the seed MLP's forward leaves allocated for backward at micro-batch b (see the ops' notes):
 // each fused linear+relu saves its output (r1, r2: [b, 512], also the next Linear's saved input),
 // as relu did when the two were separate ops, and keeps no pre-activation nor, on any device, a
-// ReLU bit mask (Note [Fused linear]); cross_entropy saves the logits [b, 10]; the loss scalar is
+// ReLU bit mask (Note [Fused linear]); cross_entropy saves the logits [b, 10] and, on the CPU, its
+// rows' maxima and log sums [2 b] (so its backward need not compute them again); the loss scalar is
 // alive too. Flatten and the batch views allocate nothing.
-int64_t seed_mlp_activation_bytes(int64_t b) { return 2 * rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4); }
+int64_t seed_mlp_activation_bytes(int64_t b, Device device) {
+  const int64_t row_stats = device.is_cpu() ? rounded(b * 2 * 4) : 0;
+  return 2 * rounded(b * 512 * 4) + rounded(b * 10 * 4) + row_stats + rounded(4);
+}
 
 struct Data {
   Tensor x, y;
@@ -96,7 +100,7 @@ TEST_P(MemoryTrackerTest, ActivationFootprintIsTheAnalyticSumAndLinearInBatch) {
     ASSERT_EQ(records.size(), 5u);
     for (const auto& r : records) {
       EXPECT_EQ(r.units, b);
-      EXPECT_EQ(r.activation_bytes, seed_mlp_activation_bytes(b)) << "micro-batch " << r.index;
+      EXPECT_EQ(r.activation_bytes, seed_mlp_activation_bytes(b, device())) << "micro-batch " << r.index;
       EXPECT_GE(r.peak_bytes, r.activation_bytes);
       EXPECT_GE(r.forward_ms, 0.0);
       EXPECT_GE(r.backward_ms, 0.0);
@@ -127,12 +131,12 @@ TEST_P(MemoryTrackerTest, KeepsTheFirstRecordsAndSummarizesAll) {
   EXPECT_EQ(tracker.steps().size(), 3u);
   EXPECT_EQ(tracker.steps_seen(), 4);
   EXPECT_EQ(tracker.last_micro_batch().index, 7);
-  EXPECT_EQ(tracker.last_micro_batch().activation_bytes, seed_mlp_activation_bytes(8));
+  EXPECT_EQ(tracker.last_micro_batch().activation_bytes, seed_mlp_activation_bytes(8, device()));
   const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   EXPECT_EQ(j["micro_batches"].size(), 3u);
   EXPECT_EQ(j["micro_batches_total"], 8);
   EXPECT_DOUBLE_EQ(tracker.summary().activation_bytes_per_unit,
-                   static_cast<double>(seed_mlp_activation_bytes(8)) / 8.0);
+                   static_cast<double>(seed_mlp_activation_bytes(8, device())) / 8.0);
 }
 
 TEST_P(MemoryTrackerTest, FixedCostsAreTheModelSizesAndAccumulationCutsThePeak) {
@@ -202,7 +206,7 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
   for (const char* k :
        {"epoch", "index", "units", "activation_bytes", "peak_bytes", "peak_by_category", "forward_ms", "backward_ms"})
     EXPECT_TRUE(j["micro_batches"][0].contains(k)) << k;
-  EXPECT_EQ(j["micro_batches"][3]["activation_bytes"], seed_mlp_activation_bytes(16));
+  EXPECT_EQ(j["micro_batches"][3]["activation_bytes"], seed_mlp_activation_bytes(16, device()));
   EXPECT_EQ(j["micro_batches"][0]["peak_by_category"].size(), kNumMemoryCategories);
   ASSERT_EQ(j["steps"].size(), 2u);
   for (const auto& s : j["steps"])

@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "cumulus/autograd/node.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/cumulus.h"
+#include "kernels/cpu/loss_kernels.h"
 #include "test_util.h"
 
 namespace cumulus::testing {
@@ -481,6 +483,58 @@ TEST(CpuBroadcast, RowScalarsAndRowVectorsGiveTheElementRulesBits) {
   set_cpu_threads(threads);
 }
 
+// The f32 rows of the forward (vec::binary_f32 at each capability): a same-shape op and an op
+// with a one-element operand, at lengths around both vector widths and their tails, with a NaN, an
+// inf and a zero divisor among the values, give the element rule's bits.
+TEST(CpuBroadcast, SameShapeAndScalarOperandsGiveTheElementRulesBits) {
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1000}) {
+    Generator gen(static_cast<uint64_t>(n));
+    std::vector<float> av(static_cast<std::size_t>(n)), bv(av.size());
+    gen.fill_uniform(av.data(), n, -2.0f, 2.0f);
+    gen.fill_uniform(bv.data(), n, -2.0f, 2.0f);
+    av[0] = n > 2 ? NAN : av[0];
+    bv[static_cast<std::size_t>(n - 1)] = n > 3 ? INFINITY : bv[static_cast<std::size_t>(n - 1)];
+    if (n > 4) bv[2] = 0.0f;
+    const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});
+    const Tensor s = Tensor::from_vector(std::vector<float>{1.7f}, Shape{1});
+    for (char op : {'+', '-', '*', '/'}) {
+      SCOPED_TRACE(std::string("op ") + op + ", n " + std::to_string(n));
+      std::vector<float> same(av.size()), by_scalar(av.size()), scalar_by(av.size());
+      for (std::size_t i = 0; i < av.size(); ++i) {
+        same[i] = apply(op, av[i], bv[i]);
+        by_scalar[i] = apply(op, av[i], 1.7f);
+        scalar_by[i] = apply(op, 1.7f, bv[i]);
+      }
+      expect_same_values(binary(op, a, b).to_vector<float>(), same, "same shape");
+      expect_same_values(binary(op, a, s).to_vector<float>(), by_scalar, "a op scalar");
+      expect_same_values(binary(op, s, b).to_vector<float>(), scalar_by, "scalar op b");
+    }
+  }
+}
+
+// ReLU's f32 forward (vec::relu_f32 at each capability) gives the scalar rule's bits: -0 to +0, a
+// NaN kept (its payload too), at lengths around both vector widths.
+TEST(CpuActivations, ReluForwardGivesTheScalarRulesBits) {
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 33, 1000}) {
+    Generator gen(static_cast<uint64_t>(n) + 11);
+    std::vector<float> xv(static_cast<std::size_t>(n));
+    gen.fill_uniform(xv.data(), n, -2.0f, 2.0f);
+    const float specials[] = {-0.0f, 0.0f, NAN, -INFINITY, INFINITY, -1e-40f};
+    for (std::size_t i = 0; i < 6 && i < xv.size(); ++i) xv[xv.size() - 1 - i] = specials[i];
+    std::vector<uint32_t> want(xv.size());
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const float y = xv[i] <= 0.0f ? 0.0f : xv[i];
+      std::memcpy(&want[i], &y, sizeof y);
+    }
+    const std::vector<float> got = ops::relu(Tensor::from_vector(xv, Shape{n})).to_vector<float>();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &got[i], sizeof bits);
+      EXPECT_EQ(bits, want[i]) << "n " << n << ", element " << i << " of " << xv[i];
+    }
+  }
+}
+
 // Enough rows for several threads' chunks: the same bits at one thread and two.
 TEST(CpuBroadcast, LargeBroadcastsGiveTheElementRulesBits) {
   const int threads = cpu_threads();
@@ -585,6 +639,33 @@ TEST(CpuCrossEntropy, RowsMatchTheDoubleResult) {
         }
       }
       EXPECT_NEAR(loss.to_vector<float>()[0], want, 1e-6 * std::max(1.0, std::fabs(want)));
+    }
+}
+
+// The backward reads the rows' maxima and log sums the forward saved: its gradient has the bits of
+// the kernel that computes them again (stats null), with an ignored row, summed and per-row losses,
+// beside the tails of both vector widths.
+TEST(CpuCrossEntropy, SavedRowStatisticsGiveTheRecomputedGradientsBits) {
+  for (int64_t classes : {1, 9, 17, 65})
+    for (ops::Reduction reduction : {ops::Reduction::Sum, ops::Reduction::None}) {
+      SCOPED_TRACE("classes " + std::to_string(classes));
+      constexpr int64_t kRows = 7, kIgnore = -100;
+      Generator gen(static_cast<uint64_t>(classes) + 3);
+      std::vector<float> xv(static_cast<std::size_t>(kRows * classes)), dv(kRows);
+      gen.fill_uniform(xv.data(), kRows * classes, -20.0f, 20.0f);
+      gen.fill_uniform(dv.data(), kRows, 0.5f, 2.0f);
+      std::vector<int32_t> labels(kRows);
+      for (int64_t r = 0; r < kRows; ++r) labels[r] = r == 2 ? kIgnore : static_cast<int32_t>((r * 5) % classes);
+      const Tensor x = Tensor::from_vector(xv, Shape{kRows, classes}).set_requires_grad(true);
+      const Tensor loss = ops::cross_entropy(x, Tensor::from_vector(labels, Shape{kRows}), reduction, kIgnore);
+      const bool per_row = reduction == ops::Reduction::None;
+      if (per_row) run_backward(loss, Tensor::from_vector(dv, Shape{kRows}));
+      else loss.backward();
+      std::vector<float> want(xv.size());
+      const float one = 1.0f;
+      kernels::cross_entropy_rows_backward_cpu(xv.data(), labels.data(), kRows, classes, kIgnore,
+                                               per_row ? dv.data() : &one, per_row ? 1 : 0, 1.0f, 0.0f, want.data());
+      expect_same_values(x.grad().to_vector<float>(), want, "dx");
     }
 }
 

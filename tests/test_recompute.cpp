@@ -345,8 +345,8 @@ int64_t rounded(int64_t bytes) { return (bytes + kRound - 1) / kRound * kRound; 
 
 // The CNN's tensors at micro-batch b (f32 bytes), as in test_cnn.cpp's analytic footprint.
 struct CnnTensors {
-  int64_t c1, r1, p1, c2, r2, p2, r3, logits, loss, stats1, stats2;
-  explicit CnnTensors(int64_t b)
+  int64_t c1, r1, p1, c2, r2, p2, r3, logits, row_stats, loss, stats1, stats2;
+  CnnTensors(int64_t b, Device device)
       : c1(rounded(b * 32 * 28 * 28 * 4)),
         r1(c1),
         p1(rounded(b * 32 * 14 * 14 * 4)),
@@ -355,14 +355,16 @@ struct CnnTensors {
         p2(rounded(b * 64 * 7 * 7 * 4)),
         r3(rounded(b * 128 * 4)),
         logits(rounded(b * 10 * 4)),
+        row_stats(device.is_cpu() ? rounded(b * 2 * 4) : 0),
         loss(rounded(4)),
         stats1(2 * rounded(32 * 4)),
         stats2(2 * rounded(64 * 4)) {}
-  // Stored: c1 and bn1's statistics, r1, p1, c2 and bn2's statistics, r2, p2, r3, the logits, the loss.
-  int64_t stored() const { return c1 + stats1 + r1 + p1 + c2 + stats2 + r2 + p2 + r3 + logits + loss; }
+  // Stored: c1 and bn1's statistics, r1, p1, c2 and bn2's statistics, r2, p2, r3, the logits (and on
+  // the CPU cross_entropy's row statistics), the loss.
+  int64_t stored() const { return c1 + stats1 + r1 + p1 + c2 + stats2 + r2 + p2 + r3 + logits + row_stats + loss; }
   // With the default segments ([conv, batch norm] of each block) the forward no longer keeps the
   // conv outputs and the batch norms' statistics; the input is the dataset's (category data).
-  int64_t recomputed_footprint() const { return r1 + p1 + r2 + p2 + r3 + logits + loss; }
+  int64_t recomputed_footprint() const { return r1 + p1 + r2 + p2 + r3 + logits + row_stats + loss; }
   // What the recomputations hold at the end of their forwards, summed: c1, bn1's statistics and
   // its output b1 (the size of r1; the ReLU after it reads it and saves its own output), and the
   // same for block 2.
@@ -423,7 +425,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   const bool cuda = device().is_cuda();
   for (std::size_t i = 0; i < records.size(); ++i) {
     const memory::MicroBatchRecord &r = records[i], &s = stored_records[i];
-    const CnnTensors t(r.units);
+    const CnnTensors t(r.units, device());
     SCOPED_TRACE("micro-batch " + std::to_string(i) + " of " + std::to_string(r.units));
     EXPECT_EQ(s.activation_bytes, t.stored()) << "the stored footprint (test_cnn.cpp's analytic sum)";
     EXPECT_EQ(r.activation_bytes, t.recomputed_footprint());
@@ -453,7 +455,7 @@ TEST_P(RecomputeTest, CnnActivationFootprintDropsToWhatTheForwardKeeps) {
   const auto j = nlohmann::json::parse(memory::memory_report_json(tracker));
   ASSERT_TRUE(j["summary"].contains("recompute")) << j["summary"].dump();
   const auto& rj = j["summary"]["recompute"];
-  const CnnTensors t5(5);
+  const CnnTensors t5(5, device());
   EXPECT_EQ(rj["segments_per_micro_batch"].get<int64_t>(), 2);
   EXPECT_EQ(rj["activation_bytes"].get<int64_t>(), t5.recomputed_footprint());
   EXPECT_EQ(rj["activation_bytes_without_recompute"].get<int64_t>(), stored_records.back().activation_bytes);
@@ -497,7 +499,7 @@ TEST_P(RecomputeTest, CnnPeakFallsFromFourToThreeConvOutputs) {
       fixed += r.peak_by_category[static_cast<std::size_t>(c)];
     return r.peak_bytes - fixed;
   };
-  const int64_t c1 = CnnTensors(b).c1;
+  const int64_t c1 = CnnTensors(b, device()).c1;
   const int64_t stored = variable_peak(false), recomputed = variable_peak(true);
   std::printf("variable peak at %lld: stored %.2f c1, recompute %.2f c1\n", static_cast<long long>(b),
               double(stored) / double(c1), double(recomputed) / double(c1));
@@ -559,9 +561,11 @@ TEST_P(RecomputeTest, MlpFootprintDropsByTheFirstReluOutput) {
   const auto r = tracked_run(recomputed, tracker, data, {3, 5}, 2);
   for (std::size_t i = 0; i < r.size(); ++i) {
     const int64_t b = r[i].units;
-    // Stored: both ReLU outputs [b, 512], the logits, the loss. Recomputed: the first output goes.
-    EXPECT_EQ(s[i].activation_bytes, 2 * rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4));
-    EXPECT_EQ(r[i].activation_bytes, rounded(b * 512 * 4) + rounded(b * 10 * 4) + rounded(4));
+    // Stored: both ReLU outputs [b, 512], the logits (and on the CPU cross_entropy's row statistics),
+    // the loss. Recomputed: the first output goes.
+    const int64_t loss_bytes = rounded(b * 10 * 4) + (device().is_cpu() ? rounded(b * 2 * 4) : 0) + rounded(4);
+    EXPECT_EQ(s[i].activation_bytes, 2 * rounded(b * 512 * 4) + loss_bytes);
+    EXPECT_EQ(r[i].activation_bytes, rounded(b * 512 * 4) + loss_bytes);
     EXPECT_EQ(r[i].recompute_avoided_bytes, rounded(b * 512 * 4));
     EXPECT_EQ(r[i].recompute_segments, 1);
   }

@@ -38,13 +38,15 @@ OutputReduction output_reduction_of(Reduction reduction) {
 class CrossEntropyBackward final : public Node {
  public:
   // labels: i32. scale: the CPU's; device_scale: CUDA's [1] (undefined on the CPU). kept: the
-  // positions not ignored where the host counted them (the CPU), else -1.
+  // positions not ignored where the host counted them (the CPU), else -1. stats: the CPU forward's
+  // row maxima and log sums [2 rows] (undefined on CUDA), so the backward need not compute them again.
   CrossEntropyBackward(Tensor logits, Tensor labels, int64_t ignore_index, Reduction reduction, float scale,
-                       Tensor device_scale, int64_t kept)
+                       Tensor device_scale, int64_t kept, Tensor stats)
       : Node("cross_entropy"),
         logits_(std::move(logits)),
         labels_(std::move(labels)),
         device_scale_(std::move(device_scale)),
+        stats_(std::move(stats)),
         ignore_index_(ignore_index),
         per_row_(reduction == Reduction::None),
         scale_(scale),
@@ -72,10 +74,11 @@ class CrossEntropyBackward final : public Node {
     const int64_t rows = labels_.numel(), c = logits_.size(-1), stride = per_row_ ? 1 : 0, ignore = ignore_index_;
     const float beta = dx.beta(), scale = scale_;
     const float* sp = device_scale_.defined() ? device_scale_.data<float>() : nullptr;
-    (void)sp;
+    const float* rs = stats_.defined() ? stats_.data<float>() : nullptr;
+    (void)sp, (void)rs;
     CUMULUS_DISPATCH_FLOAT(
         logits_.dtype(), T, const T* lp = logits_.data<T>(); T* dxp = dx.tensor.data<T>(); CUMULUS_DISPATCH(
-            device, ctx, kernels::cross_entropy_rows_backward_cpu(lp, yp, rows, c, ignore, g, stride, scale, beta, dxp),
+            device, ctx, kernels::cross_entropy_rows_backward_cpu(lp, yp, rows, c, ignore, g, stride, scale, beta, dxp, rs),
             kernels::cross_entropy_rows_backward_cuda(lp, yp, rows, c, ignore, g, stride, sp, beta, dxp,
                                                       ctx.stream())));
   }
@@ -83,10 +86,11 @@ class CrossEntropyBackward final : public Node {
     logits_ = Tensor();
     labels_ = Tensor();
     device_scale_ = Tensor();
+    stats_ = Tensor();
   }
 
  private:
-  Tensor logits_, labels_, device_scale_;
+  Tensor logits_, labels_, device_scale_, stats_;
   int64_t ignore_index_;
   bool per_row_;
   float scale_;
@@ -108,9 +112,9 @@ void check_arguments(const char* op, const Tensor& logits, const Tensor& labels)
 }
 
 // The CPU forward into `out` (a scalar, or per row for None): returns the scale of the backward;
-// `kept` gets the positions not ignored.
+// `kept` gets the positions not ignored, `stats` (where defined) the rows' statistics.
 float forward_cpu(const char* op, const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction,
-                  const Tensor& out, int64_t& kept) {
+                  const Tensor& out, int64_t& kept, const Tensor& stats) {
   const int64_t rows = labels.numel(), c = logits.size(-1);
   const int32_t* yp = labels.data<int32_t>();
   kept = 0;
@@ -118,10 +122,11 @@ float forward_cpu(const char* op, const Tensor& logits, const Tensor& labels, in
   const float scale = reduction == Reduction::Mean ? (kept > 0 ? 1.0f / static_cast<float>(kept) : NAN) : 1.0f;
   float* loss = reduction == Reduction::None ? nullptr : out.data<float>();
   float* row_loss = reduction == Reduction::None ? out.data<float>() : nullptr;
+  float* sp = stats.defined() ? stats.data<float>() : nullptr;
   int64_t bad = -1;
   CUMULUS_DISPATCH_FLOAT(logits.dtype(), T,
                          bad = kernels::cross_entropy_rows_forward_cpu(logits.data<T>(), yp, rows, c, ignore_index,
-                                                                       scale, loss, row_loss));
+                                                                       scale, loss, row_loss, sp));
   CUMULUS_CHECK(bad < 0, InvalidArgument, op, ": label ", bad >= 0 ? yp[bad] : 0, " at position ", bad,
                 " is outside [0, ", c, ") and is not ignore_index ", ignore_index);
   return scale;
@@ -146,9 +151,11 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
   Tensor loss = per_row ? loss_and_scale : loss_and_scale.narrow_rows(0, 1).reshape(Shape{});
   float scale = 1.0f;
   int64_t kept = -1;  // on CUDA the device counts them
-  Tensor device_scale;
+  Tensor device_scale, stats;
+  const bool record = should_record({&logits});
   if (!on_cuda) {
-    scale = forward_cpu(op, logits, labels, ignore_index, reduction, loss, kept);
+    if (record) stats = detail::new_output(Shape{2 * rows}, DType::f32, device);
+    scale = forward_cpu(op, logits, labels, ignore_index, reduction, loss, kept, stats);
   } else {
     Tensor scratch;  // row losses and the rows counted (freed on return)
     if (!per_row) {
@@ -167,10 +174,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
                                kernels::cross_entropy_rows_forward_cuda(xp, yp, rows, c, ignore_index, mean, row_loss,
                                                                         valid, lp, sp, ctx.stream())));
   }
-  if (should_record({&logits}))
+  if (record)
     attach_node(loss,
                 std::make_shared<CrossEntropyBackward>(logits.detach(), labels.detach(), ignore_index, reduction, scale,
-                                                       device_scale, kept),
+                                                       device_scale, kept, stats),
                 {&logits});
   return loss;
 }

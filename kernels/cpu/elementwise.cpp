@@ -2,9 +2,11 @@
 // the destination is never read (it may hold stale values or NaN).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace cumulus::kernels {
 
@@ -55,8 +57,14 @@ void sum_all_cpu(const float* x, int64_t n, float scale, float* out) {
 // PyTorch's threshold rule on the output: 0 where y <= 0, dy elsewhere, NaN outputs included.
 // A 16-bit value is stored as is where no arithmetic touches it (max(x, 0) and its mask either
 // keep x or give 0), so the loops below need no rounding beyond the inputs' own.
+// In f32 through the AVX2 or AVX-512 rows where the CPU has them: the baseline's 4-lane loop ran
+// 1.6x slower from one build to the next with nothing but its place in the library changed (a
+// [64, 512] forward 3.0 -> 4.7 us); the vector rows give the same bits (a compare and a select).
 template <typename T>
 void relu_forward_cpu(const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && vec::kBuilt) {
+    if (vec::available()) return (vec512::available() ? vec512::relu_f32 : vec::relu_f32)(x, y, n);
+  }
   for (int64_t i = 0; i < n; ++i) y[i] = to_f32(x[i]) <= 0.0f ? from_f32<T>(0.0f) : x[i];
 }
 

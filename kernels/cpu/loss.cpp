@@ -10,7 +10,8 @@ namespace cumulus::kernels {
 
 template <typename T>
 int64_t cross_entropy_rows_forward_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                                       int64_t ignore_index, float scale, float* loss, float* row_loss) {
+                                       int64_t ignore_index, float scale, float* loss, float* row_loss,
+                                       float* stats) {
   for (int64_t i = 0; i < rows; ++i) {
     const int32_t y = labels[i];
     if (y != ignore_index && (y < 0 || y >= classes)) return i;
@@ -24,6 +25,7 @@ int64_t cross_entropy_rows_forward_cpu(const T* logits, const int32_t* labels, i
       float m, log_sum;
       row_stats(x, classes, m, log_sum);
       l = static_cast<double>(m - to_f32(x[y])) + log_sum;
+      if (stats != nullptr) stats[2 * i] = m, stats[2 * i + 1] = log_sum;
     }
     if (row_loss != nullptr) row_loss[i] = static_cast<float>(l);
     total += l;
@@ -35,7 +37,7 @@ int64_t cross_entropy_rows_forward_cpu(const T* logits, const int32_t* labels, i
 template <typename T>
 void cross_entropy_rows_backward_cpu(const T* logits, const int32_t* labels, int64_t rows, int64_t classes,
                                      int64_t ignore_index, const float* grad, int64_t grad_stride, float scale,
-                                     float beta, T* dlogits) {
+                                     float beta, T* dlogits, const float* stats) {
   for (int64_t i = 0; i < rows; ++i) {
     const T* x = logits + i * classes;
     T* dx = dlogits + i * classes;
@@ -46,7 +48,8 @@ void cross_entropy_rows_backward_cpu(const T* logits, const int32_t* labels, int
     }
     const float g = scale * grad[i * grad_stride];
     float m, log_sum;
-    row_stats(x, classes, m, log_sum);
+    if (stats != nullptr) m = stats[2 * i], log_sum = stats[2 * i + 1];
+    else row_stats(x, classes, m, log_sum);
     row_grad(x, classes, y, m, log_sum, g, beta, dx);
   }
 }
@@ -59,9 +62,9 @@ void indices_to_i32_cpu(const int64_t* in, int64_t n, int32_t* out) {
 
 #define CUMULUS_INSTANTIATE(T)                                                                                        \
   template int64_t cross_entropy_rows_forward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, float, float*, \
-                                                  float*);                                                            \
+                                                  float*, float*);                                                    \
   template void cross_entropy_rows_backward_cpu(const T*, const int32_t*, int64_t, int64_t, int64_t, const float*,    \
-                                                int64_t, float, float, T*);
+                                                int64_t, float, float, T*, const float*);
 CUMULUS_INSTANTIATE(float)
 CUMULUS_INSTANTIATE(BFloat16)
 CUMULUS_INSTANTIATE(Half)

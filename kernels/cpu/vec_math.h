@@ -42,6 +42,14 @@ void gelu_tanh_f32(const float* x, float* y, int64_t n);
 void exp_f32(const float* x, float* y, int64_t n);
 void log_f32(const float* x, float* y, int64_t n);
 
+// y[i] = a[i a_step] op b[i b_step] for i < n, op BinaryOp's add, sub, mul or div (0-3: an int, as
+// no engine type is declared here), each step 0 (one value for the row) or 1 (y may be a or b):
+// one IEEE operation an element, the scalar rule's bits (kernels/cpu/binary_vec_rows.h).
+void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n);
+
+// y[i] = x[i] <= 0 ? 0 : x[i] (ReLU's rule: -0 gives +0, NaN stays) for n elements.
+void relu_f32(const float* x, float* y, int64_t n);
+
 // g[i] = dy[i] * f'(x[i]) for the gelus and silu, from the input (g may be dy or x).
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
 void silu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
@@ -143,6 +151,10 @@ namespace cumulus::kernels::vec512 {
 // Whether the kernels run the functions below: an x86-64 build on a CPU with AVX-512F and FMA,
 // unless CUMULUS_CPU_CAPABILITY=avx2 or scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
+
+// vec::binary_f32 and vec::relu_f32 16 lanes at a time (the same bits).
+void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n);
+void relu_f32(const float* x, float* y, int64_t n);
 
 // vec::sigmoid_f32, vec::silu_f32, vec::gelu_f32 and their gradients 16 lanes at a time, with the
 // same operations (the same bits but for results below FLT_MIN, which scalef rounds once).

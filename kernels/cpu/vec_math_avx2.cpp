@@ -13,6 +13,7 @@
 
 // For the constants only: an inline function of it called here would be compiled for AVX2, and
 // that copy could be the one the linker keeps for the whole library.
+#include "kernels/cpu/binary_vec_rows.h"
 #include "kernels/pointwise_rules.h"
 
 namespace cumulus::kernels::vec {
@@ -149,7 +150,28 @@ float max_of(const float* x, int64_t n) {
   return r;
 }
 
+// BinaryRows' lanes: 8 floats.
+struct BinaryLanes {
+  using V = __m256;
+  static constexpr int64_t kWidth = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V splat(float v) { return _mm256_set1_ps(v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+};
+
 }  // namespace
+
+void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n) {
+  BinaryRows<BinaryLanes>::run(op, a, a_step, b, b_step, y, n);
+}
+
+void relu_f32(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](V v) { return _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LE_OQ), v); });
+}
 
 void tanh_f32(const float* x, float* y, int64_t n) {
   map1(x, y, n, [](V v) { return Sleef_tanhf8_u10avx2(v); });

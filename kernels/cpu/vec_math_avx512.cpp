@@ -17,6 +17,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 // For the constants only (as in vec_math_avx2.cpp).
+#include "kernels/cpu/binary_vec_rows.h"
 #include "kernels/pointwise_rules.h"
 
 namespace cumulus::kernels::vec512 {
@@ -197,7 +198,28 @@ void panel(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, con
   else rows<NV, true>(m, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, last);
 }
 
+// BinaryRows' lanes: 16 floats.
+struct BinaryLanes {
+  using V = __m512;
+  static constexpr int64_t kWidth = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V splat(float v) { return _mm512_set1_ps(v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+};
+
 }  // namespace
+
+void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n) {
+  BinaryRows<BinaryLanes>::run(op, a, a_step, b, b_step, y, n);
+}
+
+void relu_f32(const float* x, float* y, int64_t n) {
+  map2(x, x, y, n, [](V v, V) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v); });
+}
 
 void sigmoid_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
