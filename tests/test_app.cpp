@@ -335,10 +335,10 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
     std::istringstream row(line);
     long size = 0, reserved = 0, accum = 0;
     double peak_mib = 0, batch_ms = 0, epoch_s = 0;
-    long bits = 0;
+    long bits = 0, zero = -1;
     std::string recompute, data, precision, state, fits, spread, star;
-    if (row >> size >> recompute >> data >> precision >> state >> bits >> peak_mib >> reserved >> fits >> accum >>
-        batch_ms >> spread >> epoch_s) {
+    if (row >> size >> recompute >> data >> precision >> state >> bits >> zero >> peak_mib >> reserved >> fits >>
+        accum >> batch_ms >> spread >> epoch_s) {
       sizes.push_back(size);
       if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;
@@ -346,6 +346,7 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
       EXPECT_EQ(precision, "fp32") << line;
       EXPECT_EQ(state, "device") << line;
       EXPECT_EQ(bits, 32) << line;
+      EXPECT_EQ(zero, 0) << line;
       EXPECT_GT(peak_mib, 0.0) << line;
       EXPECT_TRUE(fits == "yes" || fits == "no") << line;
       EXPECT_EQ(size * accum, 64) << line;

@@ -22,6 +22,7 @@
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/report.h"
 #include "cumulus/memory/tracker.h"
+#include "cumulus/nn/clip_grad.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/reduce.h"
@@ -191,6 +192,82 @@ TEST(DataParallel, EachRankRunsOnlyItsOwnMicroBatches) {
   EXPECT_TRUE(acc.ready());  // the group counts every rank's micro-batches
   EXPECT_EQ(acc.position().micro_batches_in_group, 4);
   EXPECT_EQ(acc.position().units_in_group, 4);  // this rank's samples; the step sums them across ranks
+}
+
+// ---- ZeRO stage 2 in one process (Note [ZeRO stage 2] in engine/dist/sharded_gradients.cpp) ------
+
+// A pretend world that counts its reduce-scatters (each leaves this rank's data as its sum).
+class CountingWorld : public PretendWorld {
+ public:
+  using PretendWorld::PretendWorld;
+  void reduce_scatter_sum(float*, const std::vector<dist::Shard>&, Device) override { ++reduce_scatters; }
+  int reduce_scatters = 0;
+};
+
+// Two parameters of one 64-element slot each: rank 0 of 2 keeps w's slot, rank 1 b's.
+train::TrainerOptions zero_two_options(const std::shared_ptr<dist::Communicator>& world) {
+  train::TrainerOptions o;
+  o.accum_steps = 4;
+  o.communicator = world;
+  o.zero_stage = 2;
+  o.bucket_bytes = 4;  // a bucket a slot
+  return o;
+}
+
+// Each backward is reduced at once into the rank's shard (first written, then added to), no
+// parameter keeps a gradient buffer between backwards, and the flat gradient returns with the Trainer gone.
+TEST(ZeroStageTwo, TheShardSumsEachBackwardAndNoParameterKeepsAGradient) {
+  TinyModel plain, sharded;
+  for (int k = 0; k < 2; ++k) plain.loss().backward();  // w's gradient: the sum of two backwards
+  const std::vector<float> expected = plain.w.grad().to_vector<float>();
+  auto world = std::make_shared<CountingWorld>(0, 2);
+  {
+    train::Trainer trainer(sharded.sgd, zero_two_options(world));
+    EXPECT_EQ(sharded.flat->gradients().numel(), 64);  // w's slot only
+    EXPECT_EQ(sharded.flat->gradients_offset(), 0);
+    trainer.begin_epoch(0, 4);
+    for (int k = 0; k < 2; ++k) {
+      trainer.backward(sharded.loss(), 2);
+      trainer.skip_micro_batch();
+      EXPECT_FALSE(sharded.w.grad_buffer().defined());
+      const Tensor none = sharded.w.grad();
+      ASSERT_NE(none.undefined_reason(), nullptr);
+      EXPECT_NE(std::string(none.undefined_reason()).find("ZeRO stage 2"), std::string::npos);
+    }
+    EXPECT_EQ(world->reduce_scatters, 4);  // two buckets, two rounds
+    std::vector<float> shard = sharded.flat->gradients().to_vector<float>();
+    EXPECT_EQ(std::vector<float>(shard.begin(), shard.begin() + 12), expected);  // the same adds, the same bits
+    EXPECT_EQ(std::vector<float>(shard.begin() + 12, shard.end()), std::vector<float>(52, 0.0f));  // padding
+    EXPECT_THROW(nn::clip_grad_norm(*sharded.flat, 1.0f), InvalidArgument);
+    EXPECT_TRUE(trainer.step_if_ready());
+  }
+  EXPECT_EQ(sharded.flat->gradients().numel(), sharded.flat->size());
+  sharded.loss().backward();
+  EXPECT_EQ(sharded.w.grad().to_vector<float>(), std::vector<float>(12, 2.0f));  // a buffer of its own again
+}
+
+// A short last group: rank 1 owns one micro-batch of three, rank 0 two, so rank 1 reduces a round
+// of zeros at the step and both ranks make the same number of reductions.
+TEST(ZeroStageTwo, ARankWithFewerMicroBatchesInAShortGroupReducesZeros) {
+  for (int rank : {0, 1}) {
+    TinyModel m;
+    auto world = std::make_shared<CountingWorld>(rank, 2);
+    train::Trainer trainer(m.sgd, zero_two_options(world));
+    trainer.begin_epoch(0, 3);
+    for (int64_t i = 0; i < 3; ++i) {
+      if (dist::owner_of_micro_batch(i, 2) == rank) trainer.backward(m.loss(), 2);
+      else trainer.skip_micro_batch();
+    }
+    EXPECT_TRUE(trainer.flush());
+    EXPECT_EQ(world->reduce_scatters, 4) << "rank " << rank;  // two rounds of two buckets each
+  }
+}
+
+TEST(ZeroStageTwo, OnlyStagesZeroToTwoAreAccepted) {
+  TinyModel m;
+  train::TrainerOptions o = zero_two_options(std::make_shared<PretendWorld>(0, 2));
+  o.zero_stage = 3;
+  EXPECT_THROW(train::Trainer(m.sgd, o), InvalidArgument);
 }
 
 // ---- communication time (Note [Communication time]) ----------------------------------------------
@@ -371,6 +448,12 @@ class MpiRunTest : public ::testing::Test {
     }
     EXPECT_LE(std::sqrt(diff2 / norm2), overall) << a << " vs " << b << ": all weights";
   }
+  // A small text for the GPT, as corpus.txt.
+  static void write_corpus() {
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += i % 3 == 0 ? "To be, or not to be: that is the question.\n" : "Ay, there's the rub.\n";
+    std::ofstream(path("corpus.txt")) << text;
+  }
   static std::vector<nlohmann::json> metrics(const std::string& file) {
     std::vector<nlohmann::json> lines;
     std::ifstream in(path(file));
@@ -414,28 +497,45 @@ TEST_F(MpiRunTest, OneTwoAndFourRanksGiveTheSameWeights) {
 
 // ZeRO-1 (Note [ZeRO] in engine/train/trainer_step.cpp): the optimizer's state sharded over the
 // ranks gives plain data parallel's weights bit for bit, each rank holding about half the state.
-TEST_F(MpiRunTest, ZeroStageOneGivesDataParallelsWeightsWithHalfTheStatePerRank) {
-  const std::vector<std::string> optimizers = {"--optimizer adamw --lr 0.002 --clip-grad-norm 0.5",
-                                               "--optimizer sgd --momentum 0.9 --lr 0.05",
-                                               "--optimizer adamw --lr 0.002 --optimizer-bits 8"};
-  auto state_bytes = [](const std::string& report) {
-    return nlohmann::json::parse(read_log(path(report)))["summary"]["optimizer_state_bytes"].get<int64_t>();
+// ZeRO-2 (Note [ZeRO stage 2]) also holds half the gradient and sums it in another order: data
+// parallel's weights to Note [Data parallel tolerance]'s bounds, through the partial last group of
+// every epoch (rank 1 makes up its missing micro-batch with zeros).
+TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
+  struct Case {
+    std::string options;
+    double elementwise, overall;  // stage 2 against 0
   };
-  for (std::size_t k = 0; k < optimizers.size(); ++k) {
+  // 8-bit moments round to the nearest of 256 codes: a moment that another gradient rounding moves
+  // across the midpoint of two codes moves by a whole code, so 8 bits carry float rounding further.
+  const std::vector<Case> cases = {{"--optimizer adamw --lr 0.002 --clip-grad-norm 0.5", 1e-4, 1e-6},
+                                   {"--optimizer sgd --momentum 0.9 --lr 0.05", 1e-6, 1e-6},
+                                   {"--optimizer adamw --lr 0.002 --optimizer-bits 8", 1e-2, 1e-4}};
+  auto summary = [](const std::string& report, const char* key) {
+    return nlohmann::json::parse(read_log(path(report)))["summary"][key].get<int64_t>();
+  };
+  for (std::size_t k = 0; k < cases.size(); ++k) {
     const std::string tag = "zero" + std::to_string(k);
-    for (int stage : {0, 1}) {
+    for (int stage : {0, 1, 2}) {
       const std::string run = tag + "_" + std::to_string(stage);
-      const Result r = launch(2, common() + " --epochs 1 --shuffle " + optimizers[k] + " --zero " +
+      const Result r = launch(2, common() + " --epochs 1 --shuffle " + cases[k].options + " --zero " +
                                      std::to_string(stage) + " --save " + quote(path(run + ".safetensors")) +
                                      " --memory-report " + quote(path(run + ".json")));
-      ASSERT_EQ(r.exit_code, 0) << optimizers[k] << " --zero " << stage << ": " << r.out;
+      ASSERT_EQ(r.exit_code, 0) << cases[k].options << " --zero " << stage << ": " << r.out;
     }
     expect_same_weights(tag + "_1.safetensors", tag + "_0.safetensors", 0.0, 0.0);
-    const int64_t whole = state_bytes(tag + "_0.json");
+    expect_same_weights(tag + "_2.safetensors", tag + "_0.safetensors", cases[k].elementwise, cases[k].overall);
+    const int64_t whole_state = summary(tag + "_0.json", "optimizer_state_bytes");
+    const int64_t whole_gradient = summary(tag + "_0.json", "gradients_bytes");
     for (const std::string rank : {"", ".rank1"}) {
-      const int64_t shard = state_bytes(tag + "_1" + rank + ".json");
-      EXPECT_GT(shard, 0) << optimizers[k];
-      EXPECT_LE(shard, whole / 2 + 1024) << optimizers[k] << ", rank report '" << rank << "'";
+      for (int stage : {1, 2}) {
+        const std::string report = tag + "_" + std::to_string(stage) + rank + ".json";
+        const int64_t shard = summary(report, "optimizer_state_bytes");
+        EXPECT_GT(shard, 0) << report;
+        EXPECT_LE(shard, whole_state / 2 + 1024) << report;
+      }
+      const std::string report = tag + "_2" + rank + ".json";
+      EXPECT_GT(summary(report, "gradients_bytes"), 0) << report;
+      EXPECT_LE(summary(report, "gradients_bytes"), whole_gradient / 2 + 1024) << report;
     }
   }
 }
@@ -460,17 +560,14 @@ TEST_F(MpiRunTest, ZeroCheckpointHoldsTheWholeStateAndResumesShardedOrNot) {
 // The GPT under mpirun (Note [Data parallel gpt] in apps/gpt/train.cpp), 50 steps with clipping:
 // 2 ranks of --accum-steps 2 train one process's groups of 4 (the same windows, the gradients summed in another order: Note
 // [Data parallel tolerance]), ZeRO-1 gives data parallel's weights and checkpoint bit for bit with
-// about half the state per rank, and the ranks' checkpoint resumes in one process, and on the two
-// ranks with --zero 1 or 0 bit for bit.
-TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits) {
+// about half the state per rank, ZeRO-2 its weights to the same tolerance with half the gradient
+// too, and the ranks' checkpoint resumes in one process, and on the two ranks with --zero 1 or 0
+// bit for bit (--zero 2's on --zero 2).
+TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroKeepsItsNumbers) {
 #ifndef GPT_BIN
   GTEST_SKIP() << "built without apps/gpt";
 #else
-  {
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += i % 3 == 0 ? "To be, or not to be: that is the question.\n" : "Ay, there's the rub.\n";
-    std::ofstream(path("corpus.txt")) << text;
-  }
+  write_corpus();
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
   auto gpt = [&](int ranks, const std::string& args) {
     const std::string base = std::string(GPT_BIN) + " train --data " + quote(path("corpus.txt")) +
@@ -483,9 +580,12 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits
   auto state_bytes = [](const std::string& report) {
     return nlohmann::json::parse(read_log(path(report)))["summary"]["optimizer_state_bytes"].get<int64_t>();
   };
+  auto gradient_bytes = [](const std::string& report) {
+    return nlohmann::json::parse(read_log(path(report)))["summary"]["gradients_bytes"].get<int64_t>();
+  };
   Result r = gpt(1, "--accum-steps 4 --save " + quote(path("g_one.safetensors")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  for (const char* stage : {"0", "1"}) {
+  for (const char* stage : {"0", "1", "2"}) {
     const std::string run = std::string("g_zero") + stage;
     r = gpt(2, "--accum-steps 2 --zero " + std::string(stage) + " --save " + quote(path(run + ".safetensors")) +
                    " --memory-report " + quote(path(run + ".json")));
@@ -494,8 +594,15 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits
   expect_same_weights("g_zero1.safetensors", "g_zero0.safetensors", 0.0, 0.0);
   EXPECT_EQ(read_log(path("g_zero1.safetensors.state")), read_log(path("g_zero0.safetensors.state")));
   expect_same_weights("g_zero0.safetensors", "g_one.safetensors", 1e-4, 1e-6);
+  // ZeRO-2: every micro-batch reduced, so another order (Note [ZeRO stage 2]).
+  expect_same_weights("g_zero2.safetensors", "g_zero0.safetensors", 1e-4, 1e-6);
   const int64_t whole = state_bytes("g_zero0.json");
-  for (const std::string rank : {"", ".rank1"}) EXPECT_LE(state_bytes("g_zero1.json" + rank), whole / 2 + 1024) << rank;
+  const int64_t whole_gradient = gradient_bytes("g_zero0.json");
+  for (const std::string rank : {"", ".rank1"}) {
+    for (const char* stage : {"1", "2"})
+      EXPECT_LE(state_bytes(std::string("g_zero") + stage + ".json" + rank), whole / 2 + 1024) << stage << rank;
+    EXPECT_LE(gradient_bytes("g_zero2.json" + rank), whole_gradient / 2 + 1024) << rank;
+  }
 
   r = gpt(2, "--accum-steps 2 --zero 1 --stop-after 25 --save " + quote(path("g_half.safetensors")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -512,6 +619,57 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroOneKeepsItsBits
                    quote(path(half)));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     expect_same_weights(half, "g_zero1.safetensors", 0.0, 0.0);
+  }
+  // ZeRO-2's checkpoint resumes on its ranks bit for bit.
+  r = gpt(2, "--accum-steps 2 --zero 2 --stop-after 25 --save " + quote(path("g_half_zero2.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = gpt(2, "--accum-steps 2 --zero 2 --resume " + quote(path("g_half_zero2.safetensors")) + " --save " +
+                 quote(path("g_half_zero2.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  expect_same_weights("g_half_zero2.safetensors", "g_zero2.safetensors", 0.0, 0.0);
+#endif
+}
+
+// Past the model-state wall (issue 57): a GPT of 12.6 M parameters whose weights, gradients and
+// AdamW state (193 MiB) are more than twice a per-rank --memory-budget of 90 MiB. Without the state
+// levers the planner refuses, naming what the budget holds; with --zero auto and --optimizer-state
+// auto it takes ZeRO stage 2 with the state on the host, and both ranks train within the budget,
+// rank 0's measured peak the predicted one (Note [Plan levers]).
+TEST_F(MpiRunTest, TheGptPastTheModelStateWallTrainsOnTwoRanksWithThePlannersLevers) {
+#ifndef GPT_BIN
+  GTEST_SKIP() << "built without apps/gpt";
+#else
+  write_corpus();
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  auto gpt = [&](const std::string& args) {
+    return run_command(mpi_env() + "mpirun " + root + "--oversubscribe -np 2 " + std::string(GPT_BIN) +
+                       " train --data " + quote(path("corpus.txt")) +
+                       " --context 16 --width 512 --heads 8 --layers 4 --effective-batch 8 --steps 3 --warmup 1"
+                       " --eval-every 0 --threads 1 --quiet --memory-budget 90MiB " +
+                       args + " 2>&1");
+  };
+  Result r = gpt("--zero 0");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("needs more than --memory-budget 90MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters 48.2 MiB, gradients 48.2 MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the first step adds optimizer state 96.4 MiB"), std::string::npos) << r.out;
+
+  r = gpt("--zero auto --optimizer-state auto --memory-report " + quote(path("wall.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const int64_t budget = int64_t{90} << 20;
+  for (const std::string rank : {"", ".rank1"}) {
+    const nlohmann::json report = nlohmann::json::parse(read_log(path("wall.json" + rank)));
+    const nlohmann::json& s = report["summary"];
+    const int64_t parameters = s["parameters_bytes"].get<int64_t>();
+    EXPECT_GE(4 * parameters, 2 * budget) << "weights, gradients and AdamW's two moments: twice the budget";
+    EXPECT_LE(s["reserved_peak_bytes"].get<int64_t>(), budget) << rank;
+    EXPECT_EQ(s["optimizer_state_bytes"].get<int64_t>(), 0) << rank;
+    EXPECT_GT(s["host_optimizer_state_bytes"].get<int64_t>(), parameters) << rank;  // half of 2 moments, and copies
+    EXPECT_LE(s["gradients_bytes"].get<int64_t>(), parameters / 2 + 1024) << rank;
+    if (rank.empty()) {
+      const nlohmann::json& plan = report["planner"];
+      EXPECT_EQ(plan["predicted_peak_bytes"].get<int64_t>(), plan["measured_peak_bytes"].get<int64_t>());
+    }
   }
 #endif
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cumulus/data/dataset.h"
+#include "cumulus/dist/communicator.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/cnn.h"
 #include "cumulus/models/fashion_mnist.h"
@@ -84,19 +85,27 @@ struct Rig {
   }
   // Trains two optimizer steps of micro-batch x accum under `budget` as the allocator's limit (the
   // second group runs beside the state the first step allocates). The OutOfMemory's message, or "".
+  // With `zero_stage`, as rank 0 of two ranks alone (its memory; the other's micro-batches skipped),
+  // `accum` of them per rank.
   std::string train_two_steps(const std::shared_ptr<optim::Optimizer>& optimizer, int64_t micro_batch, int64_t accum,
-                              int64_t budget) const {
+                              int64_t budget, int zero_stage = -1) const {
     train::TrainerOptions ao;
-    ao.accum_steps = static_cast<int>(accum);
+    const int world = zero_stage >= 0 ? 2 : 1;
+    ao.accum_steps = static_cast<int>(accum) * world;
+    if (zero_stage >= 0) ao.communicator = dist::Communicator::alone(0, world), ao.zero_stage = zero_stage;
     train::Trainer acc(optimizer, ao);
     allocator_for(kCpu).empty_cache();
     allocator_for(kCpu).reset_peak();
     const LimitGuard limit(budget);
     try {
-      acc.begin_epoch(0, 2 * accum);
-      for (int64_t i = 0; i < 2 * accum; ++i) {
-        const auto [x, y] = batch(micro_batch);
-        acc.backward(ops::cross_entropy((*model)(x), y, ops::Reduction::Sum), micro_batch);
+      acc.begin_epoch(0, 2 * ao.accum_steps);
+      for (int64_t i = 0; i < 2 * ao.accum_steps; ++i) {
+        if (dist::owner_of_micro_batch(i, world) == 0) {
+          const auto [x, y] = batch(micro_batch);
+          acc.backward(ops::cross_entropy((*model)(x), y, ops::Reduction::Sum), micro_batch);
+        } else {
+          acc.skip_micro_batch();
+        }
         acc.step_if_ready();
       }
     } catch (const OutOfMemory& e) {
@@ -665,6 +674,75 @@ TEST(PlanBatch, WeighsEightBitStateWithTheOptInBeforeTheHost) {
   EXPECT_EQ(other->state_placement(), optim::StatePlacement::host);
 }
 
+// 784-256-...-256-10 with eight hidden layers: stage 2 saves half of a gradient no parameter of
+// which is much larger than the others (a bucket holds a whole parameter's gradient at least).
+std::unique_ptr<nn::Module> deep_mlp() {
+  auto m = std::make_unique<nn::Sequential>();
+  Generator gen(5);
+  m->add(std::make_shared<nn::Linear>(784, 256, gen, kCpu));
+  for (int i = 0; i < 8; ++i) {
+    m->add(std::make_shared<nn::ReLU>());
+    m->add(std::make_shared<nn::Linear>(256, 256, gen, kCpu));
+  }
+  m->add(std::make_shared<nn::ReLU>());
+  m->add(std::make_shared<nn::Linear>(256, 10, gen, kCpu));
+  return m;
+}
+
+// Data parallel over two ranks, planned for rank 0 (Note [Plan levers]): each ZeRO stage is weighed
+// only when nothing fits below it; stage 1's rows hold half the moments, stage 2's half the
+// gradient too (and its buckets during backward), and the chosen plan trains within the budget as
+// rank 0 of a Trainer of that stage.
+TEST(PlanBatch, ShardsTheStateThenTheGradientsOverTheRanksOnlyWhenNothingFitsUnsharded) {
+  const Rig rig(deep_mlp());
+  auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  plan::PlanRequest request = rig.request(*adamw, 32, 0);  // rank 0's part of an effective batch of 64
+  request.world_size = 2;
+  request.weigh_zero = true;
+  request.bucket_bytes = 256 << 10;
+  auto least_reserved = [](const plan::Plan& p, int stage) {
+    int64_t least = -1;
+    for (const plan::PlanRow& r : p.table)
+      if (r.setting.zero_stage == stage && (least < 0 || r.reserved_bytes < least)) least = r.reserved_bytes;
+    return least;
+  };
+  const plan::Plan free = plan::plan_batch(request);
+  for (const plan::PlanRow& r : free.table) EXPECT_EQ(r.setting.zero_stage, 0) << "a stage weighed unneeded";
+
+  request.budget = least_reserved(free, 0) - 1;
+  const plan::Plan one = plan::plan_batch(request);
+  ASSERT_GT(one.micro_batch, 0) << one.reason;
+  EXPECT_EQ(one.setting.zero_stage, 1);
+  EXPECT_NE(one.reason.find("nothing fit with the optimizer state on the device in 32 bits"), std::string::npos)
+      << one.reason;
+  const int64_t parameter_bytes = rounded(static_cast<int64_t>(rig.flat->values().nbytes()));
+  for (std::size_t i = 0; i < one.table.size(); i += 2) {
+    const plan::PlanRow &whole = one.table[i], &shard = one.table[i + 1];
+    ASSERT_EQ(whole.micro_batch, shard.micro_batch);
+    EXPECT_EQ(shard.setting.zero_stage, 1);
+    EXPECT_NEAR(static_cast<double>(whole.peak_bytes - shard.peak_bytes), static_cast<double>(parameter_bytes),
+                64.0 * 1024) << "half of two moments";
+  }
+  EXPECT_EQ(rig.train_two_steps(adamw, one.micro_batch, one.accum_steps, request.budget, 1), "");
+
+  adamw.reset();  // its state freed
+  auto fresh = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  request.optimizer = fresh.get();
+  request.budget = least_reserved(one, 1) - 1;
+  const plan::Plan two = plan::plan_batch(request);
+  ASSERT_GT(two.micro_batch, 0) << two.reason;
+  EXPECT_EQ(two.setting.zero_stage, 2);
+  EXPECT_EQ(two.table.size(), 18u);  // the 6 divisors of 32 at each stage
+  EXPECT_TRUE(rig.flat->gradients_sharded()) << "a plan of stage 2 leaves the gradients sharded for its Trainer";
+  EXPECT_EQ(fresh->shard_count(), rig.flat->size()) << "the Trainer keeps the optimizer's shard";
+  EXPECT_EQ(rig.train_two_steps(fresh, two.micro_batch, two.accum_steps, request.budget, 2), "");
+  EXPECT_EQ(rig.flat->gradients().numel(), rig.flat->size()) << "the Trainer's end gives the flat gradient back";
+
+  plan::PlanRequest alone = rig.request(*fresh, 32, 0);
+  alone.weigh_zero = true;  // one rank: nothing to shard over
+  EXPECT_THROW(plan::plan_batch(alone), InvalidArgument);
+}
+
 // Precision is weighed only with the opt-in, and then wins only by more than the 2% tie: without
 // it no 16-bit row exists even where bf16 would fit a larger and faster micro-batch, and the
 // request's precision is left in place; with it bf16 is chosen there, and where both fit and bf16
@@ -743,16 +821,16 @@ TEST(PlanBatch, WeighsEverySubsetOfTheRecomputeSegments) {
   EXPECT_THROW(plan::plan_batch(request), InvalidArgument);
 }
 
-// The training loop's own blocks (a Trainer's learning-rate table, made at its first step) are
-// held in every row, category other, as the optimizer state is: without them a plan at the edge of
-// the budget passed its probe and then ran out of memory by those bytes in the loop.
+// The training loop's own blocks (a Trainer's learning-rate table and step state, made with it after
+// the planning) are held in every row, category other, as the optimizer state is: without them a plan
+// at the edge of the budget passed its probe and then ran out of memory by those bytes in the loop.
 TEST(PlanBatch, HoldsTheLoopsStateInEveryRow) {
   Synthetic s;
   const plan::Plan without = plan::plan_batch(s.request(64, 0));
   plan::PlanRequest request = s.request(64, 0);
   request.loop_state = train::Trainer::state_to_allocate();
-  ASSERT_EQ(request.loop_state.size(), 1u);
-  const int64_t table_bytes = rounded(request.loop_state[0]);
+  ASSERT_EQ(request.loop_state.size(), 2u);
+  const int64_t table_bytes = rounded(request.loop_state[0]) + rounded(request.loop_state[1]);
   const plan::Plan with = plan::plan_batch(request);
   ASSERT_EQ(with.table.size(), without.table.size());
   constexpr auto kOther = static_cast<std::size_t>(MemoryCategory::other);

@@ -91,7 +91,7 @@ std::map<int, int> parse_accum_schedule(const std::string& text);
 std::string accum_schedule_text(const std::map<int, int>& schedule);
 
 // The help of the optimizer-state flags both apps take: --optimizer-bits 32|8|auto,
-// --optimizer-state device|host|auto and --zero 0|1. `state` names the state ("AdamW's moments");
+// --optimizer-state device|host|auto and --zero 0|1|2. `state` names the state ("AdamW's moments");
 // `eager_note` is added to the host placement's help where the app replays CUDA graphs.
 struct OptimizerStateHelp {
   std::string bits, placement, zero;

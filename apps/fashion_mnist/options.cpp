@@ -163,7 +163,7 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--optimizer-bits", raw.optimizer_bits, state_help.bits)->check(CLI::IsMember({"32", "8", "auto"}));
   app.add_option("--optimizer-state", o.optimizer_state, state_help.placement)
       ->check(CLI::IsMember(choices_of(cumulus::optim::StatePlacement{}).names("auto")));
-  app.add_option("--zero", o.zero_stage, state_help.zero)->check(CLI::IsMember({0, 1}));
+  app.add_option("--zero", o.zero_stage, state_help.zero)->check(CLI::IsMember({0, 1, 2}));
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)");

@@ -91,7 +91,7 @@ RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {
                          std::to_string(c.world_size) + " rank(s) = " + std::to_string(per_step));
     c.accum_schedule = {{0, static_cast<int>(c.effective_batch / per_step)}};
   }
-  c.gathers_checkpoint = c.world_size > 1 && c.zero_stage == 1 && !c.checkpoint_path.empty();
+  c.gathers_checkpoint = c.world_size > 1 && c.zero_stage >= 1 && !c.checkpoint_path.empty();
   if (c.rank != 0) {  // rank 0 writes the checkpoint, the weights and the metrics
     c.checkpoint_path.clear();
     c.save_path.clear();

@@ -80,7 +80,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--optimizer-bits", f.optimizer_bits_text, state_help.bits)->check(CLI::IsMember({"32", "8", "auto"}));
   c.add_option("--optimizer-state", f.optimizer_state, state_help.placement)
       ->check(CLI::IsMember({"device", "host", "auto"}));
-  c.add_option("--zero", f.zero, state_help.zero)->check(CLI::IsMember({0, 1}));
+  c.add_option("--zero", f.zero_text,
+               state_help.zero + ". auto, with the planner (--effective-batch): 1, then 2, only when no plan fits "
+                                 "below it, the prediction rank 0's")
+      ->check(CLI::IsMember({"0", "1", "2", "auto"}));
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
@@ -135,10 +138,12 @@ void add_sample_flags(CLI::App& c, SampleFlags& f) {
 void check_train_flags(TrainFlags& f) {
   f.seed = parse_seed(f.seed_text);
   f.optimizer_bits = f.optimizer_bits_text == "8" ? 8 : 32;  // auto: 32 until the planner decides
+  f.zero = f.zero_text == "auto" ? 0 : std::stoi(f.zero_text);
   const std::pair<const char*, bool> planned[] = {{"--memory-budget", !f.memory_budget.empty()},
                                                   {"--recompute auto", f.recompute == "auto"},
                                                   {"--optimizer-state auto", f.optimizer_state == "auto"},
-                                                  {"--optimizer-bits auto", f.optimizer_bits_text == "auto"}};
+                                                  {"--optimizer-bits auto", f.optimizer_bits_text == "auto"},
+                                                  {"--zero auto", f.zero_text == "auto"}};
   for (const auto& [flag, given] : planned)
     if (f.effective_batch == 0 && given) throw UsageError(std::string(flag) + " needs --effective-batch (the planner decides)");
   if (f.steps > 0 && f.warmup >= f.steps)

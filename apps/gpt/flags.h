@@ -27,7 +27,8 @@ struct TrainFlags {
   std::string optimizer_bits_text = "32";  // 32|8|auto, parsed by check_train_flags into:
   int optimizer_bits = 32;  // AdamW's moments: f32, or 8-bit block-wise (optim::AdamWOptions::state_bits)
   std::string optimizer_state = "device";  // device|host|auto: where AdamW's state lives (Optimizer::place_state)
-  int zero = 0;  // under mpirun, ZeRO stage 1: AdamW's state sharded over the ranks
+  std::string zero_text = "0";  // 0|1|2|auto, parsed by check_train_flags into:
+  int zero = 0;  // under mpirun, the ZeRO stage: 1 AdamW's state sharded over the ranks, 2 the gradients too
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
 };

@@ -7,6 +7,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -44,13 +45,13 @@ Device parse_device(const std::string& text) {
 // one process with A x N, and the run records A x N: its checkpoint resumes on any number of ranks
 // whose accumulation makes the same groups, one process included. Every rank reads it. Rank 0
 // prints, evaluates and writes --save and --metrics; rank k > 0 writes its own memory report and
-// plot as FILE.rank<k>.
+// plot as FILE.rank<k>. With --effective-batch rank 0 plans its part of it for every rank
+// (plan_run) and each rank trains within --memory-budget.
 void place_on_ranks(TrainFlags& f, const dist::Communicator& comm) {
   if (comm.world_size() == 1) return;
-  const std::string ranks = std::to_string(comm.world_size()) + " ranks";
-  if (f.effective_batch > 0)
-    throw UsageError("--effective-batch: the planner runs in one process; with " + ranks +
-                     " give --micro-batch and --accum-steps");
+  if (f.effective_batch % comm.world_size() != 0)
+    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) + " does not divide over " +
+                     std::to_string(comm.world_size()) + " ranks; give a multiple of the world size");
   say_only_on_rank(comm.rank());
   if (comm.is_root()) return;
   f.metrics.clear();
@@ -140,31 +141,134 @@ optim::AdamWOptions adamw_options(const TrainFlags& f) {
   return adamw;
 }
 
-// --effective-batch: the planner's choice of micro-batch and accumulation steps (and, with
-// --recompute auto, of recompute; with --optimizer-state or --optimizer-bits auto, of where AdamW's
-// state lives and in how many bits) for the model and optimizer as they are; prints its reason.
-void plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f) {
+// The chosen plan as the ranks share it: what the planner left in place on rank 0, for the others.
+struct PlanChoice {
+  int64_t micro_batch = 0, accum_steps = 0;  // windows and this rank's micro-batches a step
+  int zero = 0, bits = 32;
+  std::string state = "device";
+  uint32_t recompute = 0;
+  int64_t predicted_peak_bytes = 0;  // rank 0's
+  double predicted_step_seconds = 0.0;
+};
+
+std::string choice_text(const PlanChoice& c) {
+  return std::to_string(c.micro_batch) + " " + std::to_string(c.accum_steps) + " " + std::to_string(c.zero) + " " +
+         std::to_string(c.bits) + " " + c.state + " " + std::to_string(c.recompute) + " " +
+         std::to_string(c.predicted_peak_bytes) + " " + fmt("%.17g", c.predicted_step_seconds);
+}
+
+PlanChoice parse_choice(const std::string& text) {
+  PlanChoice c;
+  std::istringstream in(text);
+  in >> c.micro_batch >> c.accum_steps >> c.zero >> c.bits >> c.state >> c.recompute >> c.predicted_peak_bytes >>
+      c.predicted_step_seconds;
+  if (!in) throw Error("gpt: rank 0's plan '" + text + "' did not arrive whole");
+  return c;
+}
+
+int64_t budget_bytes(const TrainFlags& f) {
+  if (f.memory_budget.empty()) return 0;
   int64_t budget = 0;
-  if (!f.memory_budget.empty()) {
-    try {
-      budget = plan::parse_byte_size(f.memory_budget);
-    } catch (const Error& e) {
-      throw UsageError("--memory-budget " + f.memory_budget + ": " + e.what());
-    }
-    if (budget <= 0) throw UsageError("--memory-budget " + f.memory_budget + ": must be more than 0 bytes");
+  try {
+    budget = plan::parse_byte_size(f.memory_budget);
+  } catch (const Error& e) {
+    throw UsageError("--memory-budget " + f.memory_budget + ": " + e.what());
   }
-  plan::PlanRequest request =
-      models::plan_request(model, optimizer, windows, f.effective_batch * f.context, budget, f.recompute == "auto");
+  if (budget <= 0) throw UsageError("--memory-budget " + f.memory_budget + ": must be more than 0 bytes");
+  return budget;
+}
+
+// Rank 0's planning for this rank's part of --effective-batch (under mpirun, as rank 0 of the world:
+// its shard is the largest; Note [Plan levers]). It prints the reason and leaves its choice in place.
+PlanChoice plan_on_root(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
+                        const TrainFlags& f, int world) {
+  plan::PlanRequest request = models::plan_request(model, optimizer, windows, f.effective_batch / world * f.context,
+                                                   budget_bytes(f), f.recompute == "auto");
   request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
   request.weigh_state_placement = f.optimizer_state == "auto";
   request.weigh_state_bits = f.optimizer_bits_text == "auto";
+  request.world_size = world;
+  request.setting.zero_stage = f.zero;
+  request.weigh_zero = f.zero_text == "auto" && world > 1;
   const plan::Plan plan = plan::plan_batch(request);
-  f.micro_batch = plan.micro_batch / f.context;
-  f.accum_steps = plan.accum_steps;
-  f.optimizer_state = optim::state_placement_name(optimizer.state_placement());
-  f.optimizer_bits = optimizer.state_bits();
   say("planner: %s\n", plan.reason.c_str());
+  PlanChoice c;
+  c.micro_batch = plan.micro_batch / f.context;
+  c.accum_steps = plan.accum_steps;
+  c.zero = plan.setting.zero_stage;
+  c.bits = optimizer.state_bits();
+  c.state = optim::state_placement_name(optimizer.state_placement());
+  c.recompute = model.recompute_segments();
+  for (const plan::PlanRow& r : plan.table)
+    if (r.chosen) c.predicted_peak_bytes = r.peak_bytes, c.predicted_step_seconds = r.batch_seconds;
+  return c;
 }
+
+// --effective-batch: the planner's choice of micro-batch and accumulation steps (and, with
+// --recompute auto, of recompute; with --optimizer-state, --optimizer-bits or --zero auto, of where
+// AdamW's state lives, in how many bits and how it is sharded) for the model and optimizer as they
+// are. Rank 0 plans; every rank takes its choice (a refusal ends every rank with its reason).
+PlanChoice plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f,
+                    dist::Communicator& comm) {
+  std::string shared;
+  if (comm.is_root()) {
+    try {
+      shared = choice_text(plan_on_root(model, optimizer, windows, f, comm.world_size()));
+    } catch (const Error& e) {
+      shared = std::string("refused ") + e.what();
+      if (comm.world_size() == 1) throw;
+      comm.broadcast_from_root(shared);
+      throw;
+    }
+  }
+  shared = comm.broadcast_from_root(shared);
+  if (shared.rfind("refused ", 0) == 0) throw Error(shared.substr(8));
+  const PlanChoice c = parse_choice(shared);
+  model.set_recompute_segments(c.recompute);
+  optimizer.place_state(c.state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);
+  optimizer.set_state_bits(c.bits);
+  f.micro_batch = c.micro_batch;
+  f.accum_steps = c.accum_steps;
+  f.zero = c.zero;
+  f.optimizer_state = c.state;
+  f.optimizer_bits = c.bits;
+  return c;
+}
+
+// The chosen plan's prediction for the run (its steps and rank 0's peak), for the memory report.
+plan::PlanCheck plan_check(const PlanChoice& c, const TrainFlags& f) {
+  plan::PlanCheck check;
+  check.micro_batch = c.micro_batch * f.context;
+  check.accum_steps = c.accum_steps;
+  check.predicted_epoch_seconds = c.predicted_step_seconds * static_cast<double>(f.steps);
+  check.predicted_peak_bytes = c.predicted_peak_bytes;
+  return check;
+}
+
+// The prediction against the run's training (its evaluations and saves included) and its peak.
+void check_plan(memory::MemoryTracker& tracker, double seconds) {
+  tracker.measure_plan(0, seconds, tracker.summary().peak_bytes);
+  const plan::PlanCheck& c = *tracker.plan_check();
+  say("planner: predicted peak %lld bytes and %.3g s for the run's steps; measured peak %lld bytes and %.3g s\n",
+      static_cast<long long>(c.predicted_peak_bytes), c.predicted_epoch_seconds,
+      static_cast<long long>(c.measured_peak_bytes), c.measured_epoch_seconds);
+}
+
+// The device allocator's limit for a scope (0: none), the one before restored after: the training
+// runs within --memory-budget, what the planner planned for; saves and the report without it.
+class LimitScope {
+ public:
+  LimitScope(Device device, int64_t limit) : alloc_(allocator_for(device)), before_(alloc_.memory_limit()) {
+    alloc_.set_memory_limit(limit);
+  }
+  ~LimitScope() { alloc_.set_memory_limit(before_); }
+  LimitScope(const LimitScope&) = delete;
+  LimitScope& operator=(const LimitScope&) = delete;
+
+ private:
+  CachingAllocator& alloc_;
+  int64_t before_;
+};
 
 // The tracker's table (unless --quiet), its JSON report and timeline plot, and one line of
 // activation bytes per token.
@@ -245,7 +349,7 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
   if (comm.world_size() > 1)
     say("data parallel: %d ranks (%s), each %lld x %lld windows a step, ZeRO stage %d%s\n", comm.world_size(),
         dist::transports_text().c_str(), static_cast<long long>(f.micro_batch), static_cast<long long>(f.accum_steps),
-        f.zero, f.zero == 1 ? " (AdamW's state sharded)" : "");
+        f.zero, f.zero == 1 ? " (AdamW's state sharded)" : f.zero == 2 ? " (AdamW's state and the gradients sharded)" : "");
   if (f.optimizer_state == "host") say("optimizer: AdamW's state in host memory, updated there\n");
   // Which attention runs on the GPU (cuDNN's fused SDPA or ours: opt-in, CUMULUS_CUDA_ATTENTION=cudnn).
   if (device.is_cuda())
@@ -269,8 +373,11 @@ class Loop {
         comm_(comm),
         group_(f.accum_steps * comm.world_size()) {}
 
+  // Outside --memory-budget's limit: gathering and writing the state is not the plan's memory.
   void save() {
-    if (!f_.save.empty()) save_run(f_.save, model_, vocab_, trainer_, settings_, comm_.is_root());
+    if (f_.save.empty()) return;
+    const LimitScope unlimited(trainer_.optimizer().parameters().device(), 0);
+    save_run(f_.save, model_, vocab_, trainer_, settings_, comm_.is_root());
   }
   // Rank 0 evaluates (the ranks hold the same weights); every rank takes part in the save.
   void evaluate(int64_t step, const data::TokenWindows& val_windows) {
@@ -281,10 +388,22 @@ class Loop {
     }
     save();
   }
-  // Micro-batches [first, total) of the run. Returns the exit code when the run stopped before its
-  // last step (a signal, --stop-after), nothing when it ran to the end.
+  // Micro-batches [first, total) of the run, within --memory-budget (what the planner planned
+  // within, on every rank). Returns the exit code when the run stopped before its last step (a
+  // signal, --stop-after), nothing when it ran to the end.
   std::optional<int> run(int64_t first, int64_t total, const data::TokenWindows& train_windows,
                          const data::TokenWindows& val_windows) {
+    const LimitScope limit(trainer_.optimizer().parameters().device(), budget_bytes(f_));
+    const auto started = std::chrono::steady_clock::now();
+    const std::optional<int> stopped = run_micro_batches(first, total, train_windows, val_windows);
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return stopped;
+  }
+  double seconds() const { return seconds_; }  // the last run's
+
+ private:
+  std::optional<int> run_micro_batches(int64_t first, int64_t total, const data::TokenWindows& train_windows,
+                                       const data::TokenWindows& val_windows) {
     trainer_.begin_epoch(0, total, first);
     step_start_ = std::chrono::steady_clock::now();
     for (int64_t i = first; i < total; ++i) {
@@ -310,7 +429,6 @@ class Loop {
     return std::nullopt;
   }
 
- private:
   void log_step(int64_t step) {
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - step_start_).count();
@@ -336,6 +454,7 @@ class Loop {
   dist::Communicator& comm_;
   const int64_t group_;  // micro-batches a step, every rank's
   std::chrono::steady_clock::time_point step_start_;
+  double seconds_ = 0.0;
 };
 
 }  // namespace
@@ -373,9 +492,11 @@ int train(const TrainFlags& flags) {
   optimizer->place_state(f.optimizer_state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);  // auto: the planner's
   const data::TokenWindows train_windows(t.split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(t.split.validation, f.context, 0, device);
-  if (f.effective_batch > 0) plan_run(model, *optimizer, train_windows, f);
+  std::optional<PlanChoice> plan;
+  if (f.effective_batch > 0) plan = plan_run(model, *optimizer, train_windows, f, *comm);
   train::StepLog last_step;
   memory::MemoryTracker tracker(device, tracker_options(f));
+  if (plan && comm->is_root()) tracker.set_plan_check(plan_check(*plan, f));
   std::shared_ptr<const optim::LRSchedule> schedule;
   if (f.steps > 0)
     schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
@@ -402,6 +523,7 @@ int train(const TrainFlags& flags) {
   // with 130 (resume with --resume). A lost standard output stops it the same way, then fails.
   app::install_stop_handlers();
   if (const std::optional<int> stopped = loop.run(first, total, train_windows, val_windows)) return *stopped;
+  if (plan && comm->is_root()) check_plan(tracker, loop.seconds());
   if (f.steps == 0) {
     loop.save();
     io::check_standard_output();

@@ -41,6 +41,10 @@ namespace {
 thread_local bool tls_grad_enabled = true;
 // The running backward's deferred adds, or null where it allows none (Note [Deferred gradient adds]).
 thread_local detail::DeferredGradientAdds* tls_deferred_adds = nullptr;
+// The running backward's LeafGradientBuffer, or null (a leaf then gets a buffer of its own).
+thread_local const LeafGradientBuffer* tls_buffer_for_leaf = nullptr;
+// The innermost BackwardHooksScope's hooks, or null.
+thread_local const BackwardHooks* tls_scope_hooks = nullptr;
 }  // namespace
 
 bool GradMode::enabled() { return tls_grad_enabled; }
@@ -51,7 +55,10 @@ void GradMode::set_enabled(bool on) { tls_grad_enabled = on; }
 GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType dtype) {
   if (leaf_ != nullptr) {
     AutogradMeta& meta = leaf_->autograd;
-    if (!meta.grad.defined()) ops::detail::allocate_grad_buffer(*leaf_);
+    if (!meta.grad.defined()) {
+      if (tls_buffer_for_leaf != nullptr) (*tls_buffer_for_leaf)(*leaf_);
+      else ops::detail::allocate_grad_buffer(*leaf_);
+    }
     CUMULUS_CHECK(meta.grad.shape() == shape, ShapeError, "backward: gradient of shape ", shape.str(),
                   " for a leaf of shape ", meta.grad.shape().str());
     CUMULUS_CHECK(meta.grad.dtype() == dtype, InvalidArgument, "backward: a ", dtype_name(dtype),
@@ -262,25 +269,14 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
 
 }  // namespace detail
 
-void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone& on_leaf_done) {
-  CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
-  CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
-                "backward: the tensor does not require grad (no parameter or input that requires "
-                "grad took part in computing it, or it was computed under NoGradGuard)");
-  CUMULUS_CHECK(seed.defined() && seed.dtype() == DType::f32 && seed.shape() == root.shape() &&
-                    seed.device() == root.device(),
-                InvalidArgument, "backward: the seed must be an f32 tensor of the root's shape ", root.shape().str(),
-                " on ", root.device().str());
+BackwardHooksScope::BackwardHooksScope(BackwardHooks hooks) : hooks_(std::move(hooks)), outer_(tls_scope_hooks) {
+  tls_scope_hooks = &hooks_;
+}
+BackwardHooksScope::~BackwardHooksScope() { tls_scope_hooks = outer_; }
 
-  NoGradGuard no_grad;
-  MemoryCategoryScope category(MemoryCategory::backward_temporaries);
-  if (root.is_leaf()) {
-    GradSink::leaf(impl_of(root).get()).give(seed);  // copied into the leaf's buffer
-    if (on_leaf_done) on_leaf_done(impl_of(root).get());
-    return;
-  }
-  // The seed is borrowed: the walk's references keep it from ever being the sole owner of its
-  // storage, so no node overwrites it in place (sole_owner in engine/ops/linear.cpp).
+namespace {
+// The walk from a non-leaf root, its deferred adds flushed at the end (Note [Deferred gradient adds]).
+void walk_and_flush(const Tensor& root, const Tensor& seed, const LeafGradientDone& on_leaf_done) {
   detail::DeferredGradientAdds deferred;
   detail::DeferredGradientAdds* const outer = tls_deferred_adds;
   tls_deferred_adds = on_leaf_done ? nullptr : &deferred;
@@ -292,6 +288,39 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
   }
   tls_deferred_adds = outer;
   deferred.flush();
+}
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone& given_on_leaf_done) {
+  CUMULUS_CHECK(root.defined(), InvalidArgument, "backward: undefined tensor");
+  CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
+                "backward: the tensor does not require grad (no parameter or input that requires "
+                "grad took part in computing it, or it was computed under NoGradGuard)");
+  CUMULUS_CHECK(seed.defined() && seed.dtype() == DType::f32 && seed.shape() == root.shape() &&
+                    seed.device() == root.device(),
+                InvalidArgument, "backward: the seed must be an f32 tensor of the root's shape ", root.shape().str(),
+                " on ", root.device().str());
+
+  NoGradGuard no_grad;
+  MemoryCategoryScope category(MemoryCategory::backward_temporaries);
+  // A scope's hooks, where the caller gives none.
+  const BackwardHooks* const scoped = given_on_leaf_done ? nullptr : tls_scope_hooks;
+  const LeafGradientDone& on_leaf_done = scoped != nullptr ? scoped->on_leaf_done : given_on_leaf_done;
+  const LeafGradientBuffer* const outer_buffer = tls_buffer_for_leaf;
+  tls_buffer_for_leaf = scoped != nullptr && scoped->buffer_for_leaf ? &scoped->buffer_for_leaf : nullptr;
+  struct RestoreBuffer {
+    const LeafGradientBuffer* outer;
+    ~RestoreBuffer() { tls_buffer_for_leaf = outer; }
+  } restore_buffer{outer_buffer};
+  if (root.is_leaf()) {
+    GradSink::leaf(impl_of(root).get()).give(seed);  // copied into the leaf's buffer
+    if (on_leaf_done) on_leaf_done(impl_of(root).get());
+  } else {
+    // The seed is borrowed: the walk's references keep it from ever being the sole owner of its
+    // storage, so no node overwrites it in place (sole_owner in engine/ops/linear.cpp).
+    walk_and_flush(root, seed, on_leaf_done);
+  }
+  if (scoped != nullptr && scoped->after) scoped->after();
 }
 
 void run_backward(const Tensor& root, float seed_value, const LeafGradientDone& on_leaf_done) {

@@ -52,10 +52,11 @@ namespace cumulus::dist {
 namespace {
 
 // A world of one: every collective is the identity.
-class SingleProcess final : public Communicator {
+// A rank whose collectives move nothing: the world of one, or one rank of a world planned alone.
+class Alone final : public Communicator {
  public:
-  SingleProcess() : Communicator(0, 1, 0, 1) {}
-  std::string backend() const override { return "single"; }
+  Alone(int rank, int world) : Communicator(rank, world, rank, world) {}
+  std::string backend() const override { return world_ == 1 ? "single" : "alone"; }
   void all_reduce_sum(void*, int64_t, Element, Device) override {}
   void start_all_reduce_sum(void*, int64_t, Element, Device) override {}
   void progress() override {}
@@ -84,7 +85,13 @@ std::shared_ptr<Communicator> make_mpi_communicator();
 std::string mpi_library_version();
 #endif
 
-std::shared_ptr<Communicator> Communicator::single() { return std::make_shared<SingleProcess>(); }
+std::shared_ptr<Communicator> Communicator::single() { return std::make_shared<Alone>(0, 1); }
+
+std::shared_ptr<Communicator> Communicator::alone(int rank, int world) {
+  CUMULUS_CHECK(world >= 1 && rank >= 0 && rank < world, InvalidArgument, "Communicator::alone: rank ", rank,
+                " of a world of ", world);
+  return std::make_shared<Alone>(rank, world);
+}
 
 std::vector<Shard> shard_layout(int64_t size, int world_size, int64_t align) {
   CUMULUS_CHECK(size >= 0 && world_size >= 1 && align >= 1, InvalidArgument, "shard_layout: size ", size,

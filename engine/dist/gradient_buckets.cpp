@@ -5,14 +5,12 @@
 
 namespace cumulus::dist {
 
-GradientBuckets::GradientBuckets(const nn::FlatParameters& params, int64_t bucket_bytes, Communicator& communicator)
-    : params_(params), communicator_(communicator) {
+std::vector<BucketRange> bucket_layout(const nn::FlatParameters& params, int64_t bucket_bytes) {
   CUMULUS_CHECK(bucket_bytes > 0, InvalidArgument, "Trainer: bucket_bytes must be > 0");
   const auto& slots = params.slots();
-  bucket_of_slot_.assign(slots.size(), 0);
-  // Reverse slot order: backward finishes the last layers first.
+  std::vector<BucketRange> out;
   for (std::size_t end = slots.size(); end > 0;) {
-    Bucket b;
+    BucketRange b;
     b.end_slot = end;
     int64_t bytes = 0;
     std::size_t first = end;
@@ -23,13 +21,24 @@ GradientBuckets::GradientBuckets(const nn::FlatParameters& params, int64_t bucke
     b.first_slot = first;
     b.offset = slots[first].offset;
     b.count = slots[end - 1].offset + slots[end - 1].numel - b.offset;
-    b.slots_pending = static_cast<int>(end - first);
-    for (std::size_t i = first; i < end; ++i) {
+    out.push_back(b);
+    end = first;
+  }
+  return out;
+}
+
+GradientBuckets::GradientBuckets(const nn::FlatParameters& params, int64_t bucket_bytes, Communicator& communicator)
+    : params_(params), communicator_(communicator) {
+  bucket_of_slot_.assign(params.slots().size(), 0);
+  for (const BucketRange& range : bucket_layout(params, bucket_bytes)) {
+    Bucket b;
+    static_cast<BucketRange&>(b) = range;
+    b.slots_pending = static_cast<int>(b.end_slot - b.first_slot);
+    for (std::size_t i = b.first_slot; i < b.end_slot; ++i) {
       bucket_of_slot_[i] = buckets_.size();
-      slot_of_leaf_[impl_of(slots[i].param).get()] = i;
+      slot_of_leaf_[impl_of(params.slots()[i].param).get()] = i;
     }
     buckets_.push_back(b);
-    end = first;
   }
 }
 

@@ -14,6 +14,16 @@
 
 namespace cumulus::dist {
 
+// A run of whole parameter slots reduced together: slots [first_slot, end_slot), elements
+// [offset, offset + count) of the flat gradient.
+struct BucketRange {
+  std::size_t first_slot = 0, end_slot = 0;
+  int64_t offset = 0, count = 0;
+};
+// The flat gradient cut into buckets of about `bucket_bytes` (one slot at least), in reverse slot
+// order: the order backward finishes them.
+std::vector<BucketRange> bucket_layout(const nn::FlatParameters& params, int64_t bucket_bytes);
+
 class GradientBuckets {
  public:
   GradientBuckets(const nn::FlatParameters& params, int64_t bucket_bytes, Communicator& communicator);
@@ -34,10 +44,8 @@ class GradientBuckets {
   int64_t started_in_backward() const { return started_in_backward_; }
 
  private:
-  struct Bucket {
-    std::size_t first_slot, end_slot;  // slots [first_slot, end_slot)
-    int64_t offset, count;             // elements of the flat gradient
-    int slots_pending = 0;             // slots the current backward has not finished
+  struct Bucket : BucketRange {
+    int slots_pending = 0;  // slots the current backward has not finished
   };
   void start(std::size_t bucket);
 

@@ -59,6 +59,9 @@ kernels::StepState decide(const FlatParameters& parameters, float max_norm) {
 float clip_grad_norm(FlatParameters& parameters, float max_norm) {
   CUMULUS_CHECK(max_norm > 0.0f && std::isfinite(max_norm), InvalidArgument,
                 "clip_grad_norm: max_norm must be finite and > 0, got ", max_norm);
+  CUMULUS_CHECK(!parameters.gradients_sharded(), InvalidArgument,
+                "clip_grad_norm: the gradients are sharded across ranks (ZeRO stage 2); clip with the Trainer's "
+                "clip_grad_norm option, whose norm is all ranks'");
   NoGradGuard no_grad;
   parameters.zero_stale_gradients();
   const kernels::StepState state = decide(parameters, max_norm);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "cumulus/autograd/grad_mode.h"
+#include "cumulus/memory/allocator.h"
 #include "engine/ops/internal.h"
 #include "engine/tensor/tensor_impl.h"
 #include "kernels/optim_rules.h"
@@ -79,6 +80,43 @@ FlatParameters::FlatParameters(const std::vector<std::pair<std::string, Tensor>>
   }
 }
 
+void FlatParameters::shard_gradients(int64_t offset, int64_t count) {
+  if (sharded_ && offset == grads_offset_ && count == grads_.numel()) return;
+  CUMULUS_CHECK(!sharded_, InvalidArgument, "FlatParameters::shard_gradients: the gradients are sharded already, as [",
+                grads_offset_, ", ", grads_offset_ + grads_.numel(), ")");
+  CUMULUS_CHECK(offset >= 0 && count >= 0 && offset + count <= size(), InvalidArgument,
+                "FlatParameters::shard_gradients: elements [", offset, ", ", offset + count, ") outside the ", size(),
+                " parameters");
+  for (const Slot& s : slots_) {
+    TensorImpl& leaf = *impl_of(s.param);
+    leaf.autograd.grad = Tensor();
+    s.param.mark_grad_stale(StaleReason::sharded);
+  }
+  // Freed and its segment given back before the shard is made: the peak never holds both, and the
+  // shard does not sit in the flat gradient's cached segment, which would stay reserved whole.
+  grads_ = Tensor();
+  allocator_for(device()).empty_cache();
+  MemoryCategoryScope scope(MemoryCategory::gradients);
+  grads_ = Tensor::zeros(Shape{count}, DType::f32, device());
+  grads_offset_ = offset;
+  sharded_ = true;
+}
+
+void FlatParameters::unshard_gradients() {
+  if (!sharded_) return;
+  {
+    MemoryCategoryScope scope(MemoryCategory::gradients);
+    grads_ = Tensor();
+    grads_ = Tensor::zeros(Shape{size()}, DType::f32, device());
+  }
+  grads_offset_ = 0;
+  sharded_ = false;
+  for (const Slot& s : slots_) {
+    impl_of(s.param)->autograd.grad = grads_.narrow_rows(s.offset, s.numel).reshape(s.param.shape());
+    s.param.mark_grad_stale(StaleReason::zero_grad);
+  }
+}
+
 int64_t FlatParameters::num_parameters() const {
   int64_t n = 0;
   for (const Slot& s : slots_) n += s.numel;
@@ -95,6 +133,7 @@ void FlatParameters::zero_stale_gradients() const {
   // A slot no backward reached since the last step (a frozen one, say) has a zero gradient. Write
   // the zeros and leave it stale, so the next backward overwrites it. Consecutive stale slots are
   // one fill (the padding between them is zero anyway).
+  if (sharded_) return;
   float* g = grads_.data<float>();
   for (std::size_t i = 0; i < slots_.size();) {
     if (!slots_[i].param.grad_stale()) {
@@ -111,7 +150,7 @@ void FlatParameters::zero_stale_gradients() const {
 }
 
 void FlatParameters::mark_gradients_stale(StaleReason why) const {
-  for (const Slot& s : slots_) s.param.mark_grad_stale(why);
+  for (const Slot& s : slots_) s.param.mark_grad_stale(sharded_ ? StaleReason::sharded : why);
 }
 
 void FlatParameters::refresh_frozen(bool need_mask) {
@@ -140,6 +179,9 @@ const uint8_t* FlatParameters::frozen_chunks() const {
 }
 
 double FlatParameters::gradient_sum_of_squares() const {
+  CUMULUS_CHECK(!sharded_, InvalidArgument,
+                "FlatParameters::gradient_sum_of_squares: the gradients are sharded across ranks (ZeRO stage 2): "
+                "this rank holds part of them; the Trainer takes the norm over all ranks");
   zero_stale_gradients();
   const float* g = grads_.data<float>();
   const int64_t n = grads_.numel();

@@ -113,8 +113,8 @@ std::vector<UpdateSpan> Optimizer::spans(const UpdateArrays& arrays) const {
     span.offset = std::max(seg.offset, begin);
     span.state_offset = span.offset - begin;
     span.count = std::min(seg.offset + seg.count, end) - span.offset;
-    span.values = arrays.values + (span.offset - arrays.first);
-    span.gradients = arrays.gradients + (span.offset - arrays.first);
+    span.values = arrays.values + (span.offset - arrays.values_first);
+    span.gradients = arrays.gradients + (span.offset - arrays.gradients_first);
     span.device = arrays.device;
     span.lr_scale = seg.lr_scale;
     span.weight_decay = seg.weight_decay;
@@ -324,14 +324,24 @@ void Optimizer::prepare_update() {
 void Optimizer::apply_update() {
   NoGradGuard no_grad;
   allocate_state();
+  check_gradients_held();
   if (placement_ == StatePlacement::host) return update_through_host();
   const UpdateScalars* scalars = update_scalars();
   // On the CPU the scalars are host memory: a skipped step calls nothing. On CUDA the kernels read them.
   if (params_->device().is_cpu() && scalars->skip) return;
   nn::FlatParameters& p = *params_;
-  for (const UpdateSpan& span :
-       spans({p.values().data<float>(), p.gradients().data<float>(), 0, p.frozen_chunks(), p.device()}))
+  for (const UpdateSpan& span : spans({p.values().data<float>(), 0, p.gradients().data<float>(), p.gradients_offset(),
+                                       p.frozen_chunks(), p.device()}))
     update(scalars, span);
+}
+
+void Optimizer::check_gradients_held() const {
+  const nn::FlatParameters& p = *params_;
+  const int64_t held_end = p.gradients_offset() + p.gradients().numel();
+  CUMULUS_CHECK(p.gradients_offset() <= shard_offset() && shard_offset() + shard_count() <= held_end,
+                InvalidArgument, "optimizer: it updates elements [", shard_offset(), ", ", shard_offset() + shard_count(),
+                ") but the parameters hold gradients for [", p.gradients_offset(), ", ", held_end,
+                ") only (sharded gradients: keep the same shard)");
 }
 
 // Note [Optimizer state on the host]
@@ -356,11 +366,12 @@ void Optimizer::update_through_host() {
   h.frozen.resize(mask != nullptr ? static_cast<std::size_t>(p.num_chunks()) : 0);
   std::vector<HostRead> reads = {{&h.scalars, update_scalars(), sizeof(UpdateScalars)},
                                  {h.values.raw_data(), p.values().data<float>() + first, bytes},
-                                 {h.gradients.raw_data(), p.gradients().data<float>() + first, bytes}};
+                                 {h.gradients.raw_data(), p.gradients().data<float>() + (first - p.gradients_offset()),
+                                  bytes}};
   if (mask != nullptr) reads.push_back({h.frozen.data(), mask, h.frozen.size()});
   read_to_host(p.device(), reads);
   if (h.scalars.skip) return;
-  const UpdateArrays host{h.values.data<float>(), h.gradients.data<float>(), first,
+  const UpdateArrays host{h.values.data<float>(), first, h.gradients.data<float>(), first,
                           mask != nullptr ? h.frozen.data() : nullptr, Device::cpu()};
   for (const UpdateSpan& span : spans(host)) update(&h.scalars, span);
   copy_bytes(p.values().data<float>() + first, p.device(), h.values.raw_data(), Device::cpu(), bytes);

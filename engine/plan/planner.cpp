@@ -81,6 +81,16 @@
 // set so (the held blocks the rows are replayed over lose the state's bytes), whose rows join the
 // earlier ones in one table; the micro-batch's recordings do not depend on it.
 //
+// Data parallel training over PlanRequest::world_size ranks is planned for one rank (the root
+// plans for all: its shard is the largest): the effective batch is that rank's part, and its ZeRO
+// stage is a state lever too, weighed before 8 bits and the host (opted in: stage 2 sums in another
+// order), each stage only when nothing fits below it: 1 keeps the rank's shard of the optimizer
+// state, 2 its shard of the gradients too, every probe's backward reducing its buckets as a
+// Trainer's would (ZeroInPlace) over a world whose collectives move nothing
+// (dist::Communicator::alone). So a row is that rank's memory, recorded in one process as for any
+// other lever, and its time without communication: stage 2's reductions in every micro-batch, and
+// every stage's at the step, are not in the prediction.
+//
 // Times within 2% are a tie: measured fits are noisy (a loaded machine, an intercept near zero),
 // and a tie broken by memory alone would slide to micro-batch 2 with recompute for a 1%
 // difference, changing batch norm's statistics for nothing. Within a tie the first row in table
@@ -108,6 +118,7 @@
 #include "cumulus/optim/optimizer.h"
 #include "engine/plan/fits.h"
 #include "engine/plan/prediction.h"
+#include "engine/plan/zero_in_place.h"
 
 namespace cumulus::plan {
 
@@ -692,6 +703,19 @@ std::string Planner::why_text(std::size_t chosen) const {
   return text + "; micro-batch " + larger + " would reserve " + format_bytes(t[i].reserved_bytes);
 }
 
+// "parameters 48 MiB, gradients 48 MiB, optimizer_state 96 MiB": what a peak holds, largest first.
+std::string categories_text(const std::array<int64_t, kNumMemoryCategories>& bytes) {
+  std::vector<std::size_t> order;
+  for (std::size_t c = 0; c < bytes.size(); ++c)
+    if (bytes[c] > 0) order.push_back(c);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bytes[a] > bytes[b]; });
+  std::string text;
+  for (std::size_t c : order)
+    text += (text.empty() ? "" : ", ") + std::string(category_name(static_cast<MemoryCategory>(c))) + " " +
+            format_bytes(bytes[c]);
+  return text.empty() ? "nothing recorded" : text;
+}
+
 std::string Planner::budget_text() const {
   return req_.budget_name.empty() ? "the budget " + format_bytes(req_.budget) : req_.budget_name;
 }
@@ -700,11 +724,14 @@ void Planner::choose_from_recording() {
   MemoryStats measured;
   const std::size_t i = pick(measured);
   if (i == plan_.table.size()) {
-    int64_t least = plan_.table.back().reserved_bytes;
-    for (const PlanRow& r : plan_.table) least = std::min(least, r.reserved_bytes);
+    const PlanRow* least = &plan_.table.back();
+    for (const PlanRow& r : plan_.table)
+      if (r.reserved_bytes < least->reserved_bytes) least = &r;
     plan_.reason = "no micro-batch dividing " + std::to_string(req_.effective_batch) + " fits " + budget_text() +
-                   " (the least any candidate is predicted to reserve is " + format_bytes(least) +
-                   ", reserved at rest " + format_bytes(plan_.reserved_at_rest) + ")";
+                   " (the least any candidate is predicted to reserve is " + format_bytes(least->reserved_bytes) +
+                   ", a micro-batch of " + std::to_string(least->micro_batch) + " whose peak holds " +
+                   categories_text(least->peak_by_category) + "; reserved at rest " +
+                   format_bytes(plan_.reserved_at_rest) + ")";
     return;
   }
   const PlanRow& r = plan_.table[i];
@@ -745,6 +772,7 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
   plan_.prediction = why_not_recorded;
   alloc_.empty_cache();
   plan_.reserved_at_rest = alloc_.stats().reserved;
+  const std::array<int64_t, kNumMemoryCategories> at_rest = alloc_.stats().current_by_category();
   MemoryCost cost;
   try {
     cost = line_cost();  // under the budget: its probes may run out of memory
@@ -753,7 +781,11 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
     restore_request_setting();
     plan_.reason = "even a micro-batch of " + std::to_string(std::min<int64_t>(g_, req_.effective_batch)) +
                    " needs more than " + budget_text() + ": the probes ran out of memory under it (reserved at rest " +
-                   format_bytes(plan_.reserved_at_rest) + ")" + probes_text(plan_);
+                   format_bytes(plan_.reserved_at_rest) + ", holding " + categories_text(at_rest) +
+                   (plan_.optimizer_state_bytes > 0
+                        ? "; the first step adds optimizer state " + format_bytes(plan_.optimizer_state_bytes)
+                        : "") +
+                   ")" + probes_text(plan_);
     return;
   }
   plan_.weighed.push_back(Plan::Weighed{req_.setting, fit_time(line_timings_), plan_.reserved_at_rest, 0,
@@ -832,23 +864,28 @@ Plan Planner::run() {
   return std::move(plan_);
 }
 
-// The optimizer state's settings to plan with, in order (Note [Plan levers]): the optimizer's own,
-// then, each only when nothing before fits, 8 bits where it is (opted in) and the host.
+// The model state's settings to plan with, in order (Note [Plan levers]): the optimizer's own,
+// then, each only when nothing before fits, the ZeRO stages above the request's (opted in), and
+// at the highest of them 8 bits where the state is (opted in) and the host.
 std::vector<PlanSetting> state_settings(const PlanRequest& request, const optim::Optimizer& optimizer) {
   PlanSetting own = request.setting;
   own.optimizer_state = optimizer.state_placement();
   own.optimizer_bits = optimizer.state_bits();
   std::vector<PlanSetting> out = {own};
-  if (request.weigh_state_bits && own.optimizer_bits == 32) out.push_back(own), out.back().optimizer_bits = 8;
+  if (request.weigh_zero)
+    for (int stage = own.zero_stage + 1; stage <= 2; ++stage) out.push_back(own), out.back().zero_stage = stage;
+  const PlanSetting sharded = out.back();
+  if (request.weigh_state_bits && own.optimizer_bits == 32) out.push_back(sharded), out.back().optimizer_bits = 8;
   if (request.weigh_state_placement && own.optimizer_state == optim::StatePlacement::device)
-    out.push_back(own), out.back().optimizer_state = optim::StatePlacement::host;
+    out.push_back(sharded), out.back().optimizer_state = optim::StatePlacement::host;
   return out;
 }
 
-// "the optimizer state on the device in 32 bits", for the plan's reason.
+// "the optimizer state on the device in 32 bits" (", ZeRO stage 2"), for the plan's reason.
 std::string state_text(const PlanSetting& setting) {
   return std::string("the optimizer state on the ") + optim::state_placement_name(setting.optimizer_state) + " in " +
-         std::to_string(setting.optimizer_bits) + " bits";
+         std::to_string(setting.optimizer_bits) + " bits" +
+         (setting.zero_stage > 0 ? ", ZeRO stage " + std::to_string(setting.zero_stage) : "");
 }
 
 // Changes only what differs: an optimizer that holds its state plans with it as it is.
@@ -869,7 +906,7 @@ void join_earlier(Plan& plan, const Plan& earlier) {
 
 // One planning per state setting until one fits (Note [Plan levers]), the tables joined. The
 // optimizer keeps the setting of the plan taken, or its own when none fits.
-Plan plan_over_state_settings(const PlanRequest& request, CachingAllocator& alloc) {
+Plan plan_over_state_settings(const PlanRequest& request, CachingAllocator& alloc, ZeroInPlace& zero) {
   optim::Optimizer& optimizer = *request.optimizer;
   const std::vector<PlanSetting> settings = state_settings(request, optimizer);
   Plan plan;
@@ -880,6 +917,7 @@ Plan plan_over_state_settings(const PlanRequest& request, CachingAllocator& allo
     r.setting = setting;
     r.require_fit = false;
     put_state_in_place(optimizer, setting);
+    zero.set(setting.zero_stage);
     Plan next = Planner(r, alloc).run();
     if (&setting == &settings.front()) own_state_bytes = next.optimizer_state_bytes;
     else join_earlier(next, plan);
@@ -919,7 +957,8 @@ std::string plan_setting_text(const PlanSetting& setting, const std::vector<std:
   return "recompute " + recompute_text(setting.recompute, segment_names) + ", data on " +
          data_placement_name(setting.data) + ", " + precision_name(setting.precision) +
          (state_on_host ? ", optimizer state on host" : "") +
-         (setting.optimizer_bits == 8 ? ", 8-bit optimizer state" : "");
+         (setting.optimizer_bits == 8 ? ", 8-bit optimizer state" : "") +
+         (setting.zero_stage > 0 ? ", ZeRO stage " + std::to_string(setting.zero_stage) : "");
 }
 
 Plan plan_batch(const PlanRequest& request) {
@@ -952,13 +991,19 @@ Plan plan_batch(const PlanRequest& request) {
   CUMULUS_CHECK(!levers || static_cast<bool>(request.apply), InvalidArgument,
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "
                 "put a setting in place");
+  check_zero_request(request);
   CUMULUS_CHECK(state_settings(request, *request.optimizer).size() == 1 || request.optimizer->next_update_allocates(),
                 InvalidArgument, "plan_batch: the optimizer's state is weighed (weigh_state_placement or weigh_state_bits) "
                 "but exists already (it cannot change)");
   CachingAllocator& alloc = allocator_for(request.device);
-  const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
-  const BufferRestore buffers(request.model);
-  const Plan plan = plan_over_state_settings(request, alloc);
+  ZeroInPlace zero(request);  // finished outside the limit: the flat gradient it gives back is not the plan's
+  Plan plan;
+  {
+    const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
+    const BufferRestore buffers(request.model);
+    plan = plan_over_state_settings(request, alloc, zero);
+  }
+  zero.finish(plan.micro_batch > 0 && plan.setting.zero_stage == 2);
   CUMULUS_CHECK(plan.micro_batch > 0 || !request.require_fit, OutOfMemory, "plan_batch: ", plan.reason);
   return plan;
 }

@@ -96,7 +96,8 @@ Optimizer& Trainer::optimizer() { return *parts_->optimizer; }
 void Trainer::set_tracker(memory::MemoryTracker* tracker) { parts_->tracker = tracker; }
 const Trainer::Stats& Trainer::stats() const { return parts_->stats; }
 std::vector<int64_t> Trainer::state_to_allocate() {
-  return {LearningRateWindow::kSize * static_cast<int64_t>(sizeof(float))};
+  return {LearningRateWindow::kSize * static_cast<int64_t>(sizeof(float)),
+          static_cast<int64_t>(sizeof(kernels::StepBuffers))};
 }
 
 // ---- micro-batches -------------------------------------------------------------------------------
@@ -303,7 +304,7 @@ plan::PlanRequest plan_request(Optimizer& optimizer, std::function<data::TensorD
   r.effective_batch = effective_batch;
   r.budget = budget;
   r.optimizer = &optimizer;
-  r.loop_state = Trainer::state_to_allocate();  // the Trainer's learning-rate table
+  r.loop_state = Trainer::state_to_allocate();  // the Trainer's learning-rate table and step state
   r.units_per_row = now.units_per_row();        // whole rows: micro-batches of whole sequences
   r.unit_limit = now.units();
   r.require_fit = true;

@@ -76,8 +76,8 @@ void check_options(const AccumulationOptions& options) {
   CUMULUS_CHECK(options.clip_grad_norm >= 0.0f && std::isfinite(options.clip_grad_norm), InvalidArgument,
                 "Trainer: clip_grad_norm must be finite and >= 0, got ", options.clip_grad_norm);
   if (options.loss_scaling.dynamic) check_loss_scaling(options);
-  CUMULUS_CHECK(options.zero_stage == 0 || options.zero_stage == 1, InvalidArgument,
-                "Trainer: zero_stage must be 0 or 1 (ZeRO stage 2 is not built yet), got ", options.zero_stage);
+  CUMULUS_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2, InvalidArgument,
+                "Trainer: zero_stage must be 0, 1 or 2, got ", options.zero_stage);
 }
 
 }  // namespace
@@ -93,10 +93,20 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
     std::map<int, int> steps = options.schedule;
     if (steps.empty()) steps[0] = options.accum_steps;
     for (const auto& [epoch, n] : steps) check_accum_steps(n, "Trainer");
-    p.buckets = std::make_unique<dist::GradientBuckets>(p.optimizer->parameters(), options.bucket_bytes,
-                                                        *options.communicator);
-    if (options.zero_stage == 1) p.keep_shard();
+    if (options.zero_stage >= 1) p.keep_shard();
+    if (options.zero_stage == 2) {
+      // The cross-rank norm is built for MPI's host memory only.
+      CUMULUS_CHECK(device.is_cpu(), InvalidArgument, "Trainer: ZeRO stage 2 runs on CPU devices only (its "
+                    "gradient norm across ranks is not built for CUDA yet); use zero_stage 1 on ", device.str());
+      p.sharded = std::make_unique<dist::ShardedGradients>(p.optimizer->parameters(), options.bucket_bytes,
+                                                           *options.communicator, p.shards);
+    } else {
+      p.buckets = std::make_unique<dist::GradientBuckets>(p.optimizer->parameters(), options.bucket_bytes,
+                                                          *options.communicator);
+    }
   }
+  // Gradients a plan of stage 2 left sharded, for a Trainer that keeps them whole.
+  if (!p.sharded) p.optimizer->parameters().unshard_gradients();
   CUMULUS_CHECK(!p.use_graphs || device.is_cuda(), InvalidArgument,
                 "Trainer: CUDA graphs need the parameters on a CUDA device, they are on ", device.str());
   // The reductions across ranks would have to be captured too (NCCL allows it; untested).
@@ -210,7 +220,11 @@ void Trainer::backward(const Tensor& loss, int64_t units) {
   const Tensor seed_tensor = p.options.loss_scaling.dynamic && loss.numel() == 1
                                  ? p.state.view(&kernels::StepState::loss_scale, loss.shape())
                                  : p.seeds.get(seed, loss);
-  if (distributed() && last_own_micro_batch_in_group(p.position, *p.options.communicator)) {
+  if (p.sharded) {
+    // Every backward is a round of ZeRO-2's reductions (Note [ZeRO stage 2]).
+    const BackwardHooksScope hooks(p.sharded->hooks());
+    run_backward(loss, seed_tensor);
+  } else if (distributed() && last_own_micro_batch_in_group(p.position, *p.options.communicator)) {
     // The rank's last backward before the step: each bucket is reduced as soon as it is final.
     run_backward(loss, seed_tensor, [&p](const TensorImpl* leaf) { p.buckets->gradient_done(leaf); });
   } else {
@@ -273,8 +287,10 @@ TrainingCounters Trainer::counters() const {
   c.last_clip_factor = st.clip;
   c.epoch_loss_sum = st.epoch.loss;
   c.epoch_units_stepped = st.epoch.units;
-  c.gradient_buckets = p.buckets ? static_cast<int64_t>(p.buckets->count()) : 0;
-  c.buckets_started_in_backward = p.buckets ? p.buckets->started_in_backward() : 0;
+  c.gradient_buckets = p.buckets ? static_cast<int64_t>(p.buckets->count())
+                                  : p.sharded ? static_cast<int64_t>(p.sharded->count()) : 0;
+  c.buckets_started_in_backward = p.buckets ? p.buckets->started_in_backward()
+                                            : p.sharded ? p.sharded->reduced_in_backward() : 0;
   return c;
 }
 

@@ -18,6 +18,7 @@
 #include "cumulus/optim/optimizer.h"
 #include "cumulus/train/trainer.h"
 #include "engine/dist/gradient_buckets.h"
+#include "engine/dist/sharded_gradients.h"
 #include "engine/memory/tracker_access.h"
 #include "learning_rate_window.h"
 #include "step_state.h"
@@ -118,7 +119,11 @@ struct Trainer::Parts {
   void check_graphs_allowed() const;  // InvalidArgument when graphs meet a host-placed optimizer state
   // The step's parts.
   void reduce_across_ranks();
-  // ZeRO-1 (Note [ZeRO]): the optimizer keeps this rank's shard; after an update, the shards gathered.
+  // ZeRO-2 (Note [ZeRO stage 2]): a rank with fewer micro-batches in the group reduces zeros.
+  void reduce_missing_rounds();
+  // The squared norm of the accumulated gradient: of the flat gradient, or all ranks' shards.
+  double gradient_sum_of_squares() const;
+  // ZeRO (Note [ZeRO]): the optimizer keeps this rank's shard; after an update, the shards gathered.
   void keep_shard();
   void gather_shards();
   void decide_step();
@@ -137,8 +142,9 @@ struct Trainer::Parts {
   StepStateMemory state;
   LearningRateWindow lr_window;
   BackwardSeeds seeds;
-  std::unique_ptr<dist::GradientBuckets> buckets;  // data parallel only
-  std::vector<dist::Shard> shards;                 // ZeRO-1: every rank's part of the flat arrays
+  std::unique_ptr<dist::GradientBuckets> buckets;   // data parallel, ZeRO stage 0 and 1
+  std::unique_ptr<dist::ShardedGradients> sharded;  // data parallel, ZeRO stage 2
+  std::vector<dist::Shard> shards;                  // ZeRO: every rank's part of the flat arrays
   int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
 
   bool use_graphs;

@@ -51,6 +51,8 @@
 // decided as before, alike on every rank; the update is elementwise, so every element gets the
 // bits the unsharded update gives it: ZeRO-1 trains bit for bit as plain data parallel (tested). A
 // skipped step updates nothing, and the gather hands back the values every rank already has.
+// zero_stage 2 also shards the gradient (Note [ZeRO stage 2] in engine/dist/sharded_gradients.cpp):
+// the norm is then the ranks' shards' together, and the numbers data parallel's to float rounding.
 //
 // Note [Learning-rate table]
 // The schedule is host code (LRSchedule::lr_at), but whether a step is taken, and so which step
@@ -124,7 +126,7 @@ void Trainer::run_step() {
     p.decide_step();
     // The optimizer's update with the decided scalars (nothing moves where the step is skipped).
     opt.apply_update();
-    // ZeRO-1: every rank's updated shard to every rank (Note [ZeRO]).
+    // ZeRO: every rank's updated shard to every rank (Note [ZeRO]).
     p.gather_shards();
   });
   ++(ran == Parts::Ran::eagerly ? p.stats.eager_steps : p.stats.replayed_steps);
@@ -177,14 +179,26 @@ void Trainer::Parts::check_graphs_allowed() const {
 }
 
 void Trainer::Parts::reduce_across_ranks() {
-  if (!buckets) return;
+  if (!buckets && !sharded) return;
   dist::Communicator& comm = *options.communicator;
-  buckets->start_rest();
+  if (buckets) buckets->start_rest();
+  else reduce_missing_rounds();
   // The group's units and loss: the normalization is global.
   static_assert(sizeof(kernels::UnitsAndLoss) == 2 * sizeof(double), "two adjacent doubles");
   comm.start_all_reduce_sum(&state.state()->group, 2, dist::Element::f64, optimizer->parameters().device());
   comm.wait_all();
-  comm.count_gradient_reduction(buckets->bytes());
+  comm.count_gradient_reduction(buckets ? buckets->bytes() : sharded->round_bytes() * sharded->rounds());
+}
+
+// Each rank's micro-batches of the group are its rounds; in a short group some ranks have one
+// fewer than others (dist::owner_of_micro_batch), which they make up with zeros.
+void Trainer::Parts::reduce_missing_rounds() {
+  const int world = options.communicator->world_size();
+  std::vector<int> per_rank(static_cast<std::size_t>(world), 0);
+  for (int64_t i = position.in_epoch - position.group_micro_batches; i < position.in_epoch; ++i)
+    ++per_rank[static_cast<std::size_t>(dist::owner_of_micro_batch(i, world))];
+  const int most = *std::max_element(per_rank.begin(), per_rank.end());
+  while (sharded->rounds() < most) sharded->reduce_zeros();
 }
 
 void Trainer::Parts::keep_shard() {
@@ -262,20 +276,29 @@ void Trainer::Parts::decide_step() {
   config.loss_scale_min = o.loss_scaling.min_scale;
   const nn::FlatParameters& params = optimizer->parameters();
   const float* grad = params.gradients().data<float>();
-  const int64_t n = params.size();
+  const int64_t n = params.gradients().numel();
   UpdateScalars* scalars = optimizer->update_scalars();
   CUMULUS_DISPATCH(params.device(), ctx,
                    kernels::prepare_step(state.buffers()->state, *scalars,
-                                         config.need_norm ? kernels::sum_squares_cpu(grad, n) : 0.0, config,
+                                         config.need_norm ? gradient_sum_of_squares() : 0.0, config,
                                          lr_window.table()),
                    kernels::grad_norm_and_prepare_step_cuda(grad, n, state.buffers(), scalars, config,
                                                             lr_window.table(), ctx.stream()));
+}
+
+// On the CPU. ZeRO-2: every rank's shard's sum, the same on every rank (Note [ZeRO stage 2]).
+double Trainer::Parts::gradient_sum_of_squares() const {
+  const Tensor& grad = optimizer->parameters().gradients();
+  double sum = kernels::sum_squares_cpu(grad.data<float>(), grad.numel());
+  if (sharded) options.communicator->all_reduce_sum(&sum, 1, dist::Element::f64, Device::cpu());
+  return sum;
 }
 
 // grad() now says the step released the gradient (Note [Why a gradient is undefined]).
 void Trainer::Parts::end_group() {
   optimizer->parameters().mark_gradients_stale(StaleReason::optimizer_step);
   if (buckets) buckets->rearm();
+  if (sharded) sharded->start_group();
   lr_window.count_attempt();
   position.end_group();
 }

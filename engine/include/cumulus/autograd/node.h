@@ -168,6 +168,32 @@ void attach_node(Tensor& out, std::shared_ptr<Node> node, const std::vector<cons
 // gradient bucket there while the rest of backward runs (Note [Data parallel accumulation] in
 // engine/dist/communicator.cpp).
 using LeafGradientDone = std::function<void(const TensorImpl* leaf)>;
+// Called during a backward for a leaf that has no gradient buffer when its first gradient arrives:
+// sets `leaf.autograd.grad` (its shape and type, marked stale). Without it, the leaf gets a buffer
+// of its own (Note [Persistent gradient buffers]).
+using LeafGradientBuffer = std::function<void(TensorImpl& leaf)>;
+
+// What every backward on a thread does beside its walk while a BackwardHooksScope lives there,
+// unless it is given its own on_leaf_done: ZeRO stage 2 keeps a parameter's gradient in its
+// bucket's buffer, made when the bucket's first gradient arrives and reduced across the ranks and
+// freed once the bucket is final (Note [ZeRO stage 2] in engine/dist/sharded_gradients.cpp), for
+// the Trainer's backward and for the planner's probes, which run a caller's plain backward.
+struct BackwardHooks {
+  LeafGradientDone on_leaf_done;
+  LeafGradientBuffer buffer_for_leaf;
+  std::function<void()> after;  // once the walk has finished
+};
+class BackwardHooksScope {
+ public:
+  explicit BackwardHooksScope(BackwardHooks hooks);
+  ~BackwardHooksScope();
+  BackwardHooksScope(const BackwardHooksScope&) = delete;
+  BackwardHooksScope& operator=(const BackwardHooksScope&) = delete;
+
+ private:
+  BackwardHooks hooks_;
+  const BackwardHooks* outer_;
+};
 
 // Runs reverse-mode from `root` (a scalar), seeding its gradient with `seed` (a fill: one launch
 // on CUDA).

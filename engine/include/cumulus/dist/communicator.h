@@ -60,6 +60,10 @@ class Communicator {
   static std::shared_ptr<Communicator> from_environment();
   // A world of one (tests, and library users who want no MPI).
   static std::shared_ptr<Communicator> single();
+  // Rank `rank` of `world` ranks, alone: every collective leaves the data as it is (a sum over this
+  // rank only). What the planner's probes of a ZeRO setting run with, so one rank's memory is
+  // measured in one process. Backend "alone" ("single" for a world of one).
+  static std::shared_ptr<Communicator> alone(int rank, int world);
 
   virtual ~Communicator() = default;
   int rank() const { return rank_; }

@@ -38,10 +38,25 @@ class FlatParameters {
 
   const std::vector<Slot>& slots() const { return slots_; }
   const Tensor& values() const { return values_; }     // [size] f32, category parameters
-  const Tensor& gradients() const { return grads_; }   // [size] f32, category gradients
+  // [size] f32, category gradients; with sharded gradients, elements [gradients_offset(),
+  // gradients_offset() + gradients().numel()) of it only.
+  const Tensor& gradients() const { return grads_; }
+  int64_t gradients_offset() const { return grads_offset_; }
   int64_t size() const { return values_.numel(); }     // including alignment padding
   int64_t num_parameters() const;                      // excluding padding
   Device device() const { return values_.device(); }
+
+  // ---- gradients kept for a shard only (ZeRO stage 2: Note [ZeRO stage 2] in
+  // engine/dist/sharded_gradients.cpp) ----
+  // Frees the flat gradient and keeps the elements [offset, offset + count) in a buffer of their
+  // own, zeros; the parameters' gradient buffers are released (marked StaleReason::sharded), so a
+  // backward gives each a buffer through its LeafGradientBuffer (a no-op where this shard is kept
+  // already, InvalidArgument for another). unshard_gradients() undoes it: a flat gradient again,
+  // every slot stale. zero_stale_gradients() leaves a shard alone (what the
+  // ranks reduce into it is whole) and gradient_sum_of_squares() refuses one (the norm is all ranks').
+  void shard_gradients(int64_t offset, int64_t count);
+  void unshard_gradients();
+  bool gradients_sharded() const { return sharded_; }
 
   // Whether any slot holds an accumulated (non-stale) gradient.
   bool any_gradient() const;
@@ -66,6 +81,8 @@ class FlatParameters {
  private:
   std::vector<Slot> slots_;
   Tensor values_, grads_;
+  int64_t grads_offset_ = 0;
+  bool sharded_ = false;
   Tensor frozen_mask_;             // u8 [num_chunks()], category other; undefined until needed
   std::vector<bool> slot_frozen_;  // what frozen_mask_ holds, per slot
 };

@@ -237,14 +237,18 @@ class Optimizer {
   // A state tensor of `placement_`'s memory, zeros when `zero`, in category optimizer_state.
   Tensor new_state_tensor(const Shape& shape, DType dtype, bool zero) const;
   void update_through_host();
-  // The arrays an update reads: the flat values and gradients from element `first`, the frozen mask.
+  // The arrays an update reads: the flat values from element `values_first`, the gradients from
+  // `gradients_first` (a shard's with sharded gradients), the frozen mask.
   struct UpdateArrays {
     float* values = nullptr;
+    int64_t values_first = 0;
     const float* gradients = nullptr;
-    int64_t first = 0;
+    int64_t gradients_first = 0;
     const uint8_t* frozen = nullptr;
     Device device;
   };
+  // InvalidArgument unless the kept shard's gradients are in parameters().gradients().
+  void check_gradients_held() const;
   // The spans of the update: one, or one per run of parameters sharing a group's setting.
   std::vector<UpdateSpan> spans(const UpdateArrays& arrays) const;
 

@@ -59,9 +59,12 @@ struct PlanSetting {
   // (Optimizer::place_state, set_state_bits), apply need not.
   optim::StatePlacement optimizer_state = optim::StatePlacement::device;
   int optimizer_bits = 32;
+  // The ZeRO stage a Trainer over PlanRequest::world_size ranks trains with (0, 1 or 2): each row
+  // is one rank's (rank PlanRequest::rank), its shard of the state and, at 2, of the gradients.
+  int zero_stage = 0;
   bool operator==(const PlanSetting& o) const {
     return recompute == o.recompute && data == o.data && precision == o.precision &&
-           optimizer_state == o.optimizer_state && optimizer_bits == o.optimizer_bits;
+           optimizer_state == o.optimizer_state && optimizer_bits == o.optimizer_bits && zero_stage == o.zero_stage;
   }
   bool operator!=(const PlanSetting& o) const { return !(*this == o); }
 };
@@ -69,7 +72,7 @@ struct PlanSetting {
 // The recompute lever: "off", "all" (every segment, or any without names) or the segments on ("conv1+bn1").
 std::string recompute_text(uint32_t mask, const std::vector<std::string>& segment_names = {});
 // "recompute off, data on device, fp32" (the recompute part as recompute_text gives it), then
-// ", optimizer state on host" and ", 8-bit optimizer state" where they are.
+// ", optimizer state on host", ", 8-bit optimizer state" and ", ZeRO stage 2" where they are.
 std::string plan_setting_text(const PlanSetting& setting, const std::vector<std::string>& segment_names = {});
 
 // One candidate micro-batch with one setting of the levers: a divisor of the effective batch.
@@ -142,6 +145,15 @@ struct PlanRequest {
   // numbers: weighed only when nothing fits in 32 bits (on the host too, when that is weighed),
   // and left in place by a plan that takes it.
   bool weigh_state_bits = false;
+  // Data parallel training over world_size ranks, planned for this rank (Note [Plan levers]): the
+  // effective batch is this rank's part, and a setting's zero_stage shards the optimizer's state
+  // (1) and the gradients too (2, CPU devices), as a Trainer with that stage and bucket_bytes
+  // would. weigh_zero: the stages above setting.zero_stage too, each only when nothing fits below
+  // it (stage 2 sums the gradients in another order: an opt-in).
+  int world_size = 1;
+  int rank = 0;
+  int64_t bucket_bytes = 1 << 20;
+  bool weigh_zero = false;
   int64_t epoch_units = 0;  // units in an epoch, for epoch_seconds (0: unit_limit)
   // Injected timings (tests, or known from elsewhere): one micro-batch's seconds, instead of timing.
   std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;

@@ -144,7 +144,8 @@ class Trainer {
   // The optimizer's state whole, as a checkpoint holds it. With zero_stage 1 a collective (every
   // rank calls it): the root gets every rank's shard gathered (Note [ZeRO]), the others nothing.
   std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
-  // The bytes a Trainer holds from its first step on (its LR table), for PlanRequest::loop_state.
+  // The bytes a Trainer holds from its first step on (its LR table and its step state), for
+  // PlanRequest::loop_state.
   static std::vector<int64_t> state_to_allocate();
 
   // Attaches a tracker made after the Trainer (between micro-batches; null detaches).
