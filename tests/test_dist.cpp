@@ -17,7 +17,9 @@
 #include <fstream>
 #include <thread>
 
+#include "cumulus/autograd/function.h"
 #include "cumulus/core/timer.h"
+#include "cumulus/memory/allocator.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/safetensors.h"
 #include "cumulus/memory/report.h"
@@ -25,6 +27,7 @@
 #include "cumulus/nn/clip_grad.h"
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/ops/linear.h"
+#include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
 #include "cumulus/memory/tracker.h"
@@ -261,6 +264,40 @@ TEST(ZeroStageTwo, ARankWithFewerMicroBatchesInAShortGroupReducesZeros) {
     EXPECT_TRUE(trainer.flush());
     EXPECT_EQ(world->reduce_scatters, 4) << "rank " << rank;  // two rounds of two buckets each
   }
+}
+
+// Passes its input on; its backward throws (a backward that fails half-way).
+struct FailsInBackward : autograd::Function<FailsInBackward> {
+  static constexpr const char* name = "fails_in_backward";
+  static Tensor forward(autograd::FunctionContext&, const std::vector<Tensor>& in) { return in[0].detach().clone(); }
+  static std::vector<Tensor> backward(autograd::FunctionContext&, const Tensor&) {
+    throw Error("fails_in_backward: a backward that fails");
+  }
+};
+
+// A backward that throws leaves no bucket's buffer behind, and the next one reduces as usual.
+TEST(ZeroStageTwo, ABackwardThatThrowsLeavesNoBucketOpen) {
+  const Tensor w = Tensor::full(Shape{3, 3}, 0.5f).set_requires_grad(true);
+  const Tensor b = Tensor::zeros(Shape{3}).set_requires_grad(true);
+  auto flat = std::make_shared<nn::FlatParameters>(std::vector<std::pair<std::string, Tensor>>{{"w", w}, {"b", b}});
+  auto world = std::make_shared<CountingWorld>(0, 2);
+  train::Trainer trainer(std::make_shared<optim::SGD>(flat, optim::SGDOptions{}), zero_two_options(world));
+  trainer.begin_epoch(0, 4);
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  auto gradient_bytes = [&alloc] { return alloc.stats()[MemoryCategory::gradients].current; };
+  const int64_t before = gradient_bytes();  // the shard
+  const Tensor x = Tensor::full(Shape{2, 3}, 1.0f);
+  {
+    // The outer Linear's gradients open w's and b's buckets; the inner path to them throws first.
+    const Tensor loss = ops::sum(ops::linear(FailsInBackward::apply({ops::linear(x, w, b)}), w, b));
+    EXPECT_THROW(trainer.backward(loss, 2), Error);
+  }
+  EXPECT_EQ(gradient_bytes(), before);
+  EXPECT_FALSE(w.grad_buffer().defined());
+  trainer.begin_epoch(0, 4);
+  trainer.backward(ops::sum(ops::linear(x, w, b)), 2);
+  trainer.skip_micro_batch();
+  EXPECT_EQ(flat->gradients().to_vector<float>().at(0), 2.0f);  // w's first element: a fresh round
 }
 
 TEST(ZeroStageTwo, OnlyStagesZeroToTwoAreAccepted) {

@@ -312,13 +312,18 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
     const LeafGradientBuffer* outer;
     ~RestoreBuffer() { tls_buffer_for_leaf = outer; }
   } restore_buffer{outer_buffer};
-  if (root.is_leaf()) {
-    GradSink::leaf(impl_of(root).get()).give(seed);  // copied into the leaf's buffer
-    if (on_leaf_done) on_leaf_done(impl_of(root).get());
-  } else {
-    // The seed is borrowed: the walk's references keep it from ever being the sole owner of its
-    // storage, so no node overwrites it in place (sole_owner in engine/ops/linear.cpp).
-    walk_and_flush(root, seed, on_leaf_done);
+  try {
+    if (root.is_leaf()) {
+      GradSink::leaf(impl_of(root).get()).give(seed);  // copied into the leaf's buffer
+      if (on_leaf_done) on_leaf_done(impl_of(root).get());
+    } else {
+      // The seed is borrowed: the walk's references keep it from ever being the sole owner of its
+      // storage, so no node overwrites it in place (sole_owner in engine/ops/linear.cpp).
+      walk_and_flush(root, seed, on_leaf_done);
+    }
+  } catch (...) {
+    if (scoped != nullptr && scoped->abandoned) scoped->abandoned();
+    throw;
   }
   if (scoped != nullptr && scoped->after) scoped->after();
 }

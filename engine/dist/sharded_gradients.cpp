@@ -87,7 +87,7 @@ ShardedGradients::~ShardedGradients() {
 
 BackwardHooks ShardedGradients::hooks() {
   return {[this](const TensorImpl* leaf) { gradient_done(leaf); }, [this](TensorImpl& leaf) { give_buffer(leaf); },
-          [this] { finish_backward(); }};
+          [this] { finish_backward(); }, [this] { abandon_backward(); }};
 }
 
 void ShardedGradients::give_buffer(TensorImpl& leaf) {
@@ -119,6 +119,14 @@ void ShardedGradients::gradient_done(const void* leaf) {
 void ShardedGradients::finish_backward() {
   while (next_ < buckets_.size()) reduce(buckets_[next_++]);
   end_round();
+}
+
+void ShardedGradients::abandon_backward() {
+  for (Bucket& b : buckets_) {
+    release(b);
+    b.slots_pending = static_cast<int>(b.end_slot - b.first_slot);
+  }
+  next_ = 0;
 }
 
 void ShardedGradients::reduce_zeros() {

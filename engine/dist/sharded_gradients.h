@@ -31,11 +31,14 @@ class ShardedGradients {
   // A backward's hooks, for a BackwardHooksScope around it: a parameter's gradient buffer is a view
   // of its bucket's, made with the bucket's first gradient (give_buffer); a bucket is reduced once
   // all its slots are final (gradient_done), in index order on every rank; after the walk, the
-  // buckets it did not finish (a frozen or unused parameter's: finish_backward).
+  // buckets it did not finish (a frozen or unused parameter's: finish_backward); a walk that throws
+  // frees the buckets it opened and counts no round (abandon_backward: the buckets reduced before
+  // stay in the shard, whose group is unusable then, as any gradient of a backward that threw).
   BackwardHooks hooks();
   void give_buffer(TensorImpl& leaf);
   void gradient_done(const void* leaf);
   void finish_backward();
+  void abandon_backward();
   // A round of zeros for every bucket: a rank with fewer micro-batches in the group than another
   // reduces these at the step, so every rank makes the same reductions.
   void reduce_zeros();

@@ -181,7 +181,8 @@ using LeafGradientBuffer = std::function<void(TensorImpl& leaf)>;
 struct BackwardHooks {
   LeafGradientDone on_leaf_done;
   LeafGradientBuffer buffer_for_leaf;
-  std::function<void()> after;  // once the walk has finished
+  std::function<void()> after;      // once the walk has finished
+  std::function<void()> abandoned;  // when the walk throws, before the exception leaves run_backward
 };
 class BackwardHooksScope {
  public:
