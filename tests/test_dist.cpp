@@ -577,6 +577,33 @@ TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
   }
 }
 
+// The planner under mpirun (Note [Plan levers]): rank 0 plans its part of the effective batch for
+// both ranks. Under a budget AdamW's whole state breaks, --zero 0 is refused, naming what the
+// smallest candidate's peak holds; --zero auto takes stage 1, and both ranks train within the
+// budget, rank 0's peak the predicted one to the byte (rank 1's shard is no larger).
+TEST_F(MpiRunTest, ThePlannerOnTwoRanksShardsTheStateOnlyWhenNothingElseFits) {
+  const std::string planned = "--data " + quote(path("data")) +
+                              " --device cpu --threads 1 --quiet --epochs 1 --effective-batch 64 --optimizer adamw"
+                              " --memory-budget 10MiB --memory-report " + quote(path("planned.json"));
+  Result r = launch(2, planned + " --zero 0");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("no micro-batch dividing 32 fits --memory-budget 10MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("whose peak holds optimizer_state"), std::string::npos) << r.out;
+  r = launch(2, planned + " --zero auto");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json root = nlohmann::json::parse(read_log(path("planned.json")));
+  const nlohmann::json other = nlohmann::json::parse(read_log(path("planned.rank1.json")));
+  EXPECT_NE(root["planner"]["setting"].get<std::string>().find("ZeRO stage 1"), std::string::npos) << root["planner"];
+  const int64_t predicted = root["planner"]["predicted_peak_bytes"].get<int64_t>();
+  EXPECT_EQ(root["planner"]["measured_peak_bytes"].get<int64_t>(), predicted);
+  EXPECT_LE(other["planner"]["measured_peak_bytes"].get<int64_t>(), predicted);
+  for (const nlohmann::json* report : {&root, &other}) {
+    const nlohmann::json& s = (*report)["summary"];
+    EXPECT_LE(s["reserved_peak_bytes"].get<int64_t>(), int64_t{10} << 20);
+    EXPECT_LE(s["optimizer_state_bytes"].get<int64_t>(), s["parameters_bytes"].get<int64_t>() + 1024);  // half of 2x
+  }
+}
+
 // A --zero 1 checkpoint holds the whole optimizer state (every rank's shard gathered at rank 0), so
 // it resumes sharded or not, and either gives the uninterrupted run's weights bit for bit.
 TEST_F(MpiRunTest, ZeroCheckpointHoldsTheWholeStateAndResumesShardedOrNot) {

@@ -101,11 +101,11 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   const bool placement_planned = placed.data_on == DataOnChoice::planner;
   if (!placement_planned) apply_memory_budget(placed);
   if (placed.plan_only) {  // the planner's table, nothing trained
-    print_plan(placed, model, flat, train_set, test);
+    print_plan(placed, model, flat, train_set, test, *comm);
     return 0;
   }
   const RunConfig config = placed.batch_source == BatchSource::planner
-                               ? with_plan(placed, plan_batch(placed, model, flat, train_set, test))
+                               ? with_plan(placed, plan_batch(placed, model, flat, train_set, test, *comm))
                                : placed;  // resolved: the micro-batch, the accumulation steps and the levers
   if (placement_planned) apply_memory_budget(config);
   data::DataLoader test_loader = test_loader_for(config, test);

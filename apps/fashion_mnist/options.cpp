@@ -57,7 +57,7 @@ constexpr std::size_t kDescriptionColumn = 34;
 // Flags read as text and converted after parsing.
 struct RawText {
   bool show_version = false;
-  std::string seed = "0", betas = "0.9,0.999", overrides, optimizer_bits = "32";
+  std::string seed = "0", betas = "0.9,0.999", overrides, optimizer_bits = "32", zero = "0";
 };
 
 // The flags, in the order --help lists them: what runs where, and how.
@@ -163,7 +163,10 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--optimizer-bits", raw.optimizer_bits, state_help.bits)->check(CLI::IsMember({"32", "8", "auto"}));
   app.add_option("--optimizer-state", o.optimizer_state, state_help.placement)
       ->check(CLI::IsMember(choices_of(cumulus::optim::StatePlacement{}).names("auto")));
-  app.add_option("--zero", o.zero_stage, state_help.zero)->check(CLI::IsMember({0, 1, 2}));
+  app.add_option("--zero", raw.zero,
+                 state_help.zero + ". auto, with the planner (--effective-batch): 1, then 2, only when no plan fits "
+                                   "below it, rank 0 planning for every rank")
+      ->check(CLI::IsMember({"0", "1", "2", "auto"}));
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)");
@@ -236,6 +239,8 @@ void check_optimizer(const CLI::App& app, CommandLine& o, const RawText& raw) {
   require(o.optimizer == "sgd" || (o.momentum == 0 && !o.nesterov),
           "--momentum and --nesterov apply to --optimizer sgd only");
   require(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+  o.zero_by_planner = raw.zero == "auto";
+  o.zero_stage = o.zero_by_planner ? 0 : std::stoi(raw.zero);
   o.optimizer_bits_by_planner = raw.optimizer_bits == "auto";
   o.optimizer_bits = o.optimizer_bits_by_planner ? 32 : std::stoi(raw.optimizer_bits);
   require((o.optimizer_bits == 32 && !o.optimizer_bits_by_planner) || o.optimizer == "adamw" || o.momentum > 0,
@@ -292,6 +297,7 @@ void check_batch(const CLI::App& app, CommandLine& o) {
                                         {"--data-on", o.data_on == "auto"},
                                         {"--optimizer-state", o.optimizer_state == "auto"},
                                         {"--optimizer-bits", o.optimizer_bits_by_planner},
+                                        {"--zero", o.zero_by_planner},
                                         {"--precision", o.precision == "auto"}})
     require(!automatic || planner, std::string(flag) +
                                        " auto lets the planner decide: give --effective-batch and "

@@ -91,7 +91,8 @@ RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {
                          std::to_string(c.world_size) + " rank(s) = " + std::to_string(per_step));
     c.accum_schedule = {{0, static_cast<int>(c.effective_batch / per_step)}};
   }
-  c.gathers_checkpoint = c.world_size > 1 && c.zero_stage >= 1 && !c.checkpoint_path.empty();
+  // Before rank 0 alone keeps the path; --zero auto: until the planner chooses stage 0 (with_plan).
+  c.gathers_checkpoint = c.world_size > 1 && (c.zero_stage >= 1 || c.zero_by_planner) && !c.checkpoint_path.empty();
   if (c.rank != 0) {  // rank 0 writes the checkpoint, the weights and the metrics
     c.checkpoint_path.clear();
     c.save_path.clear();
@@ -113,6 +114,11 @@ RunConfig with_plan(const RunConfig& config, const BatchPlan& plan) {
   }
   if (c.data_on == DataOnChoice::planner)
     c.data_on = plan.setting.data == plan::DataPlacement::host ? DataOnChoice::host : DataOnChoice::device;
+  if (c.zero_by_planner) {
+    c.zero_stage = plan.setting.zero_stage;
+    c.zero_by_planner = false;
+    c.gathers_checkpoint = c.gathers_checkpoint && c.zero_stage >= 1;
+  }
   if (c.optimizer_bits_by_planner) {
     c.optimizer_bits = plan.setting.optimizer_bits;
     c.optimizer_bits_by_planner = false;

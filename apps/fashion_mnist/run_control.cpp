@@ -82,9 +82,9 @@ RankPlacement place_on_ranks(const RunConfig& c, dist::Communicator& comm) {
   // Ranks on one host share its cores: without --threads, each takes its share.
   if (c.threads == 0)
     fit_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.local_size()));
-  if (c.batch_source == BatchSource::planner)
-    throw UsageFailure("the planner (--effective-batch without --batch-size) runs in one process; with " +
-                       std::to_string(placement.world_size) + " ranks give --effective-batch and --batch-size");
+  if (c.batch_source == BatchSource::planner && c.effective_batch % placement.world_size != 0)
+    throw UsageFailure("--effective-batch " + std::to_string(c.effective_batch) + " does not divide over " +
+                       std::to_string(placement.world_size) + " ranks; give a multiple of the world size");
   if (c.device.is_cuda() && c.graphs == GraphsChoice::on)
     throw UsageFailure("--graphs on: CUDA graphs with several ranks are not supported yet");
   // Before any work: NCCL would refuse two ranks on one GPU only in the first backward.

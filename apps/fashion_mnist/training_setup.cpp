@@ -117,13 +117,10 @@ void print_plan_table(const RunConfig& o, const plan::Plan& plan) {
   say("%s", plan::plan_table_text(plan, o.memory_budget_bytes).c_str());
 }
 
-// The library's planner with this run (train::plan_request, the probes reading the training set
-// where the levers put it); --plan-only predicts without verifying.
-plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                       models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
-  // The run's optimizer is made after planning; one with its settings tells the planner what state
-  // its first step allocates.
-  const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+// This run's request to the library's planner (train::plan_request, the probes reading the training
+// set where the levers put it), for rank 0's part of the effective batch (Note [Plan levers]).
+plan::PlanRequest planner_request(const RunConfig& o, nn::Model& model, optim::Optimizer& optimizer,
+                                  models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
   const train::BatchLoss loss = [&model](const data::Batch& b) {
     app::throw_if_interrupted();
     return training_loss(model, b);
@@ -135,37 +132,90 @@ plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_p
   levers.data_on_host = o.data_on == DataOnChoice::host;
   levers.weigh_placement = o.data_on == DataOnChoice::planner;
   levers.weigh_bf16 = o.precision_by_planner;
-  plan::PlanRequest request = models::plan_request(model, *optimizer, loss, train, test, o.effective_batch,
+  plan::PlanRequest request = models::plan_request(model, optimizer, loss, train, test, o.effective_batch / o.world_size,
                                                    o.memory_budget_bytes, compute_dtype(o.precision), levers);
   request.weigh_state_placement = o.optimizer_state_by_planner;
   request.weigh_state_bits = o.optimizer_bits_by_planner;
+  request.world_size = o.world_size;
+  request.setting.zero_stage = o.zero_stage;
+  request.weigh_zero = o.zero_by_planner && o.world_size > 1;
   request.require_fit = false;  // nothing fitting is plan_batch's error, and a line of --plan-only's
   request.verify = !o.plan_only;
   request.budget_name = "--memory-budget " + o.memory_budget;
-  const plan::Plan plan = cumulus::plan::plan_batch(request);
+  return request;
+}
+
+plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
+                       models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+  // The run's optimizer is made after planning; one with its settings tells the planner what state
+  // its first step allocates.
+  const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+  const plan::Plan plan = cumulus::plan::plan_batch(planner_request(o, model, *optimizer, train, test));
   print_plan_table(o, plan);
   return plan;
 }
 
+// A BatchPlan as one line, from rank 0 to the others.
+std::string batch_plan_text(const BatchPlan& p) {
+  const plan::PlanSetting& s = p.setting;
+  char numbers[256];
+  std::snprintf(numbers, sizeof numbers, "%lld %d %u %d %d %d %d %d %.17g %lld ", static_cast<long long>(p.micro_batch),
+                p.accum_steps, s.recompute, static_cast<int>(s.data), static_cast<int>(s.precision),
+                static_cast<int>(s.optimizer_state), s.optimizer_bits, s.zero_stage, p.predicted_epoch_seconds,
+                static_cast<long long>(p.predicted_peak_bytes));
+  return numbers + p.setting_text;
+}
+
+BatchPlan parse_batch_plan(const std::string& text) {
+  BatchPlan p;
+  plan::PlanSetting& s = p.setting;
+  int data = 0, precision = 0, state = 0, used = 0;
+  long long micro_batch = 0, peak = 0;
+  const int read = std::sscanf(text.c_str(), "%lld %d %u %d %d %d %d %d %lg %lld %n", &micro_batch, &p.accum_steps,
+                               &s.recompute, &data, &precision, &state, &s.optimizer_bits, &s.zero_stage,
+                               &p.predicted_epoch_seconds, &peak, &used);
+  if (read != 10) throw Error("fashion_mnist: rank 0's plan '" + text + "' did not arrive whole");
+  p.micro_batch = micro_batch;
+  p.predicted_peak_bytes = peak;
+  s.data = static_cast<plan::DataPlacement>(data);
+  s.precision = static_cast<Precision>(precision);
+  s.optimizer_state = static_cast<optim::StatePlacement>(state);
+  p.setting_text = text.substr(static_cast<std::size_t>(used));
+  return p;
+}
+
 }  // namespace
 
+// Rank 0 plans for every rank (its shard is the largest); the others take its choice and put its
+// levers in place on their own model and data.
 BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                     models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
-  const plan::Plan plan = run_planner(o, model, flat, train, test);
-  if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
-  if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
-  BatchPlan chosen{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting,
-                   plan::plan_setting_text(plan.setting, plan.recompute_segments)};
-  for (const plan::PlanRow& r : plan.table)
-    if (r.chosen) {
-      chosen.predicted_epoch_seconds = r.epoch_seconds;
-      chosen.predicted_peak_bytes = r.peak_bytes;
-    }
+                     models::FashionMnistSplit& train, models::FashionMnistSplit& test, dist::Communicator& comm) {
+  BatchPlan chosen;
+  if (comm.is_root()) {
+    const plan::Plan plan = run_planner(o, model, flat, train, test);
+    if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
+    if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
+    chosen = BatchPlan{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting,
+                       plan::plan_setting_text(plan.setting, plan.recompute_segments)};
+    for (const plan::PlanRow& r : plan.table)
+      if (r.chosen) {
+        chosen.predicted_epoch_seconds = r.epoch_seconds;
+        chosen.predicted_peak_bytes = r.peak_bytes;
+      }
+  }
+  if (comm.world_size() == 1) return chosen;
+  chosen = parse_batch_plan(comm.broadcast_from_root(comm.is_root() ? batch_plan_text(chosen) : ""));
+  if (!comm.is_root()) {
+    const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
+    const plan::PlanRequest request = planner_request(o, model, *optimizer, train, test);
+    if (request.apply) request.apply(chosen.setting);
+  }
   return chosen;
 }
 
 void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+                models::FashionMnistSplit& train, models::FashionMnistSplit& test, const dist::Communicator& comm) {
+  if (!comm.is_root()) return;  // rank 0 plans for every rank
   const plan::Plan plan = run_planner(o, model, flat, train, test);
   say("planner: %s\n", plan.micro_batch > 0 ? plan.reason.c_str() : ("nothing fits: " + plan.reason).c_str());
 }

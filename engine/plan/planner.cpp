@@ -992,9 +992,9 @@ Plan plan_batch(const PlanRequest& request) {
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "
                 "put a setting in place");
   check_zero_request(request);
-  CUMULUS_CHECK(state_settings(request, *request.optimizer).size() == 1 || request.optimizer->next_update_allocates(),
-                InvalidArgument, "plan_batch: the optimizer's state is weighed (weigh_state_placement or weigh_state_bits) "
-                "but exists already (it cannot change)");
+  CUMULUS_CHECK(state_settings(request, *request.optimizer).size() == 1 || request.optimizer->state().empty(),
+                InvalidArgument, "plan_batch: the optimizer's state is weighed (weigh_state_placement, weigh_state_bits "
+                "or weigh_zero) but exists already (it cannot change)");
   CachingAllocator& alloc = allocator_for(request.device);
   ZeroInPlace zero(request);  // finished outside the limit: the flat gradient it gives back is not the plan's
   Plan plan;
