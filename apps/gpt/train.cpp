@@ -254,22 +254,6 @@ void check_plan(memory::MemoryTracker& tracker, double seconds) {
       static_cast<long long>(c.measured_peak_bytes), c.measured_epoch_seconds);
 }
 
-// The device allocator's limit for a scope (0: none), the one before restored after: the training
-// runs within --memory-budget, what the planner planned for; saves and the report without it.
-class LimitScope {
- public:
-  LimitScope(Device device, int64_t limit) : alloc_(allocator_for(device)), before_(alloc_.memory_limit()) {
-    alloc_.set_memory_limit(limit);
-  }
-  ~LimitScope() { alloc_.set_memory_limit(before_); }
-  LimitScope(const LimitScope&) = delete;
-  LimitScope& operator=(const LimitScope&) = delete;
-
- private:
-  CachingAllocator& alloc_;
-  int64_t before_;
-};
-
 // The tracker's table (unless --quiet), its JSON report and timeline plot, and one line of
 // activation bytes per token.
 void report_memory(memory::MemoryTracker& tracker, const TrainFlags& f, bool root) {
@@ -376,7 +360,7 @@ class Loop {
   // Outside --memory-budget's limit: gathering and writing the state is not the plan's memory.
   void save() {
     if (f_.save.empty()) return;
-    const LimitScope unlimited(trainer_.optimizer().parameters().device(), 0);
+    const MemoryLimitScope unlimited(allocator_for(trainer_.optimizer().parameters().device()), 0);
     save_run(f_.save, model_, vocab_, trainer_, settings_, comm_.is_root());
   }
   // Rank 0 evaluates (the ranks hold the same weights); every rank takes part in the save.
@@ -393,7 +377,7 @@ class Loop {
   // signal, --stop-after), nothing when it ran to the end.
   std::optional<int> run(int64_t first, int64_t total, const data::TokenWindows& train_windows,
                          const data::TokenWindows& val_windows) {
-    const LimitScope limit(trainer_.optimizer().parameters().device(), budget_bytes(f_));
+    const MemoryLimitScope limit(allocator_for(trainer_.optimizer().parameters().device()), budget_bytes(f_));
     const auto started = std::chrono::steady_clock::now();
     const std::optional<int> stopped = run_micro_batches(first, total, train_windows, val_windows);
     seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

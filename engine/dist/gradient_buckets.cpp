@@ -9,6 +9,7 @@ std::vector<BucketRange> bucket_layout(const nn::FlatParameters& params, int64_t
   CUMULUS_CHECK(bucket_bytes > 0, InvalidArgument, "Trainer: bucket_bytes must be > 0");
   const auto& slots = params.slots();
   std::vector<BucketRange> out;
+  // Reverse slot order: backward finishes the last layers first.
   for (std::size_t end = slots.size(); end > 0;) {
     BucketRange b;
     b.end_slot = end;

@@ -225,21 +225,6 @@ std::vector<int64_t> divisors_largest_first(int64_t n) {
   return out;
 }
 
-// The allocator's limit for a scope (the budget), the caller's restored after.
-class LimitScope {
- public:
-  LimitScope(CachingAllocator& alloc, int64_t limit) : alloc_(alloc), before_(alloc.memory_limit()) {
-    alloc_.set_memory_limit(limit);
-  }
-  ~LimitScope() { alloc_.set_memory_limit(before_); }
-  LimitScope(const LimitScope&) = delete;
-  LimitScope& operator=(const LimitScope&) = delete;
-
- private:
-  CachingAllocator& alloc_;
-  int64_t before_;
-};
-
 // Copies of a module's buffers, written back on destruction: probes are training forwards and
 // move batch norm's running statistics.
 class BufferRestore {
@@ -350,7 +335,7 @@ void Planner::put_in_place(const PlanSetting& setting) {
 // limit: that setting held its memory before the budget applied (the splits on the device with
 // --data-on auto, which the budget may not leave room for).
 void Planner::restore_request_setting() {
-  const LimitScope unlimited(alloc_, 0);
+  const MemoryLimitScope unlimited(alloc_, 0);
   put_in_place(req_.setting);
 }
 
@@ -999,7 +984,7 @@ Plan plan_batch(const PlanRequest& request) {
   ZeroInPlace zero(request);  // finished outside the limit: the flat gradient it gives back is not the plan's
   Plan plan;
   {
-    const LimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
+    const MemoryLimitScope limit(alloc, request.budget > 0 ? request.budget : alloc.memory_limit());
     const BufferRestore buffers(request.model);
     plan = plan_over_state_settings(request, alloc, zero);
   }

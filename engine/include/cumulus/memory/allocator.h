@@ -180,6 +180,22 @@ class CachingAllocator {
 // The allocator of a device (created on first use). Throws DeviceError if unavailable.
 CachingAllocator& allocator_for(const Device& device);
 
+// An allocator's memory limit for a scope (0: none), the one before it restored at its end: a
+// budget a run trains within, lifted around what is not the plan's memory (a checkpoint's writing).
+class MemoryLimitScope {
+ public:
+  MemoryLimitScope(CachingAllocator& alloc, int64_t limit) : alloc_(alloc), before_(alloc.memory_limit()) {
+    alloc_.set_memory_limit(limit);
+  }
+  ~MemoryLimitScope() { alloc_.set_memory_limit(before_); }
+  MemoryLimitScope(const MemoryLimitScope&) = delete;
+  MemoryLimitScope& operator=(const MemoryLimitScope&) = delete;
+
+ private:
+  CachingAllocator& alloc_;
+  int64_t before_;
+};
+
 // The host-state pool: host memory of its own (page-locked where a GPU is present, so copies to
 // and from it run asynchronously), for optimizer state placed on the host
 // (optim::Optimizer::place_state). Its stats and limit are its own: no device's budget counts it,
