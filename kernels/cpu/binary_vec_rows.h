@@ -59,6 +59,30 @@ struct BinaryRows {
       default: return row_of<3>(a, a_step, b, b_step, y, n);
     }
   }
+
+  // out[c] += x[r ld + c] over the rows r < rows in order, for c < n: each column summed in float,
+  // one add a row, as the scalar loop of sum_rows_cpu, so the same bits. kBlock vectors of columns
+  // stay in registers over all the rows: the scalar loop loaded and stored out[c] for every row.
+  static void column_sums(const float* x, int64_t rows, int64_t ld, float* out, int64_t n) {
+    constexpr int kBlock = 8;
+    int64_t c = 0;
+    for (; c + kBlock * Lanes::kWidth <= n; c += kBlock * Lanes::kWidth) column_block<kBlock>(x + c, rows, ld, out + c);
+    for (; c + Lanes::kWidth <= n; c += Lanes::kWidth) column_block<1>(x + c, rows, ld, out + c);
+    for (; c < n; ++c) {
+      float sum = out[c];
+      for (int64_t r = 0; r < rows; ++r) sum = ScalarOps::add(sum, x[r * ld + c]);
+      out[c] = sum;
+    }
+  }
+
+  template <int kVectors>
+  static void column_block(const float* x, int64_t rows, int64_t ld, float* out) {
+    V acc[kVectors];
+    for (int v = 0; v < kVectors; ++v) acc[v] = Lanes::load(out + v * Lanes::kWidth);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int v = 0; v < kVectors; ++v) acc[v] = Lanes::add(acc[v], Lanes::load(x + r * ld + v * Lanes::kWidth));
+    for (int v = 0; v < kVectors; ++v) Lanes::store(out + v * Lanes::kWidth, acc[v]);
+  }
 };
 
 }  // namespace
