@@ -289,13 +289,15 @@ const TileKernels* tile_kernels() {
   return nullptr;
 }
 
-// The tiled backward's blocks of query rows. A causal block's products stop at its last row's key,
-// so smaller blocks skip more of the masked triangle: at T = 64, blocks of 16 compute 2,560 of the
-// 4,096 (row, key) pairs a head has, blocks of 32 computed 3,072 (the backward 5-8% faster alone;
-// blocks of 8 were slower, the products' k too short). The bits do not depend on the block: each
+// The tiled backward's blocks of query rows: 32, so that dv += p^T do and dk += ds^T q sum over 32
+// rows a call, but 16 where the rows meet the key tile's diagonal. A causal block's products stop
+// at its last row's key, so smaller blocks there skip more of the masked triangle: at T = 64, 2,560
+// of a head's 4,096 (row, key) pairs against 3,072 (the small GPT's backward 5-8% faster alone;
+// blocks of 8 were slower, the products' k too short). The bits do not depend on the blocks: each
 // product adds its terms to c in order, one fused multiply-add each, and a block only drops terms
 // that are exact zeros (masked p and ds), which leave a sum that never holds -0 unchanged.
-constexpr int64_t kRowsWide = 16;
+constexpr int64_t kRowsWide = 32;
+constexpr int64_t kRowsDiagonal = 16;
 
 // A head's keys, transposed (kt [d][ldk]), and values (f32 storage: read in place at their row
 // stride; other types: converted into v [tk][d]), loaded once for all the blocks of query rows a
@@ -437,8 +439,8 @@ void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const
     }
     std::fill(dk_acc, dk_acc + nk * d, 0.0f);
     std::fill(dv_acc, dv_acc + nk * d, 0.0f);
-    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRowsWide) {
-      const int64_t nr = std::min(kRowsWide, tq - i0);
+    for (int64_t i0 = g.causal ? j0 : 0, nr = 0; i0 < tq; i0 += nr) {
+      nr = std::min(g.causal && i0 < j0 + nk ? kRowsDiagonal : kRowsWide, tq - i0);
       int64_t width = 0;  // the keys of the tile any of the block's rows sees
       for (int64_t r = 0; r < nr; ++r) {
         valid[r] = std::max<int64_t>(0, std::min(nk, g.key_end(i0 + r) - j0));
