@@ -3,8 +3,9 @@
 // its instruction set, whose Lanes type gives V, kWidth, load, store, splat and the four operations.
 // Each element is one IEEE operation on the same two floats as the scalar rule's (binary_apply in
 // kernels/pointwise_rules.h), so any width gives its bits; the tail under a vector is that operation
-// one element at a time. Everything sits in an anonymous namespace and calls no std:: template, so
-// no inline function the library shares gets a copy with wider instructions.
+// one element at a time. The column sums of a bias gradient (column_sums) take the same lanes, one
+// add a row in row order, as the scalar loop. Everything sits in an anonymous namespace and calls no
+// std:: template, so no inline function the library shares gets a copy with wider instructions.
 #pragma once
 
 #include <cstdint>

@@ -668,7 +668,8 @@ void transpose_f32(const float* src, int64_t src_ld, int64_t rows, int64_t cols,
   int64_t r0 = 0;
   for (; r0 + 8 <= rows; r0 += 8) {
     for (int64_t i = r0 + 8, end = rows < r0 + 16 ? rows : r0 + 16; i < end; ++i)
-      for (int64_t c = 0; c < cols; c += 16) _mm_prefetch(reinterpret_cast<const char*>(src + i * src_ld + c), _MM_HINT_T0);
+      for (int64_t c = 0; c < cols; c += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(src + i * src_ld + c), _MM_HINT_T0);
     int64_t c0 = 0;
     for (; c0 + 8 <= cols; c0 += 8) {
       V r[8];
