@@ -448,8 +448,8 @@ __m256i lane_mask(int64_t k) {
 }
 
 // The first k of 8 floats at p (k >= 8: all of them), the rest zero, and their store. A masked store
-// (vmaskmovps) is many micro-ops on AMD's cores, so whole vectors take plain loads and stores: the
-// same values (the AVX2 attention tiles: 2.5-3.5x vec512's share of the small GPT's step before).
+// (vmaskmovps) is slow on AMD's Zen cores, so whole vectors take plain loads and stores: the same
+// values (the AVX2 attention tiles took 3.0x vec512's share of the small GPT's step, 1.5x after).
 V load_first(const float* p, int64_t k) { return k >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(k)); }
 void store_first(float* p, int64_t k, V v) {
   if (k >= 8) _mm256_storeu_ps(p, v);
