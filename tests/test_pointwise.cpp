@@ -17,6 +17,7 @@
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/cumulus.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/loss_kernels.h"
 #include "test_util.h"
 
@@ -533,6 +534,36 @@ TEST(CpuActivations, ReluForwardGivesTheScalarRulesBits) {
       EXPECT_EQ(bits, want[i]) << "n " << n << ", element " << i << " of " << xv[i];
     }
   }
+}
+
+// A Linear's bias gradient (sum_rows_cpu: the vector column sums at each capability) gives the bits
+// of the scalar loop, each column's float adds in row order, at widths around the vector blocks and
+// at one thread and two; terms of mixed magnitudes make the order show in the bits.
+TEST(CpuLinear, BiasGradientSumsGiveTheRowOrderLoopsBits) {
+  const int threads = cpu_threads();
+  for (int64_t cols : {1, 7, 16, 17, 127, 128, 129, 384, 1000})
+    for (int64_t rows : {1, 5, 512})
+      for (float beta : {0.0f, 1.0f, 0.5f}) {
+        Generator gen(static_cast<uint64_t>(cols * 1000 + rows));
+        std::vector<float> x(static_cast<std::size_t>(rows * cols)), start(static_cast<std::size_t>(cols));
+        gen.fill_uniform(x.data(), rows * cols, -1.0f, 1.0f);
+        gen.fill_uniform(start.data(), cols, -1.0f, 1.0f);
+        for (std::size_t i = 0; i < x.size(); i += 3) x[i] *= 4096.0f;
+        std::vector<float> want = start;
+        for (int64_t c = 0; c < cols; ++c) {
+          float sum = beta == 0.0f ? 0.0f : start[c] * beta;
+          for (int64_t r = 0; r < rows; ++r) sum += x[r * cols + c];
+          want[c] = sum;
+        }
+        for (int t : {1, 2}) {
+          set_cpu_threads(t);
+          std::vector<float> got = start;
+          kernels::sum_rows_cpu(x.data(), rows, cols, beta, got.data());
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+              << cols << " columns, " << rows << " rows, beta " << beta << ", " << t << " threads";
+        }
+      }
+  set_cpu_threads(threads);
 }
 
 // Enough rows for several threads' chunks: the same bits at one thread and two.

@@ -3,8 +3,9 @@
 // its instruction set, whose Lanes type gives V, kWidth, load, store, splat and the four operations.
 // Each element is one IEEE operation on the same two floats as the scalar rule's (binary_apply in
 // kernels/pointwise_rules.h), so any width gives its bits; the tail under a vector is that operation
-// one element at a time. Everything sits in an anonymous namespace and calls no std:: template, so
-// no inline function the library shares gets a copy with wider instructions.
+// one element at a time. The column sums of a bias gradient (column_sums) take the same lanes, one
+// add a row in row order, as the scalar loop. Everything sits in an anonymous namespace and calls no
+// std:: template, so no inline function the library shares gets a copy with wider instructions.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,30 @@ struct BinaryRows {
       case 2: return row_of<2>(a, a_step, b, b_step, y, n);
       default: return row_of<3>(a, a_step, b, b_step, y, n);
     }
+  }
+
+  // out[c] += x[r ld + c] over the rows r < rows in order, for c < n: each column summed in float,
+  // one add a row, as the scalar loop of sum_rows_cpu, so the same bits. kBlock vectors of columns
+  // stay in registers over all the rows: the scalar loop loaded and stored out[c] for every row.
+  static void column_sums(const float* x, int64_t rows, int64_t ld, float* out, int64_t n) {
+    constexpr int kBlock = 8;
+    int64_t c = 0;
+    for (; c + kBlock * Lanes::kWidth <= n; c += kBlock * Lanes::kWidth) column_block<kBlock>(x + c, rows, ld, out + c);
+    for (; c + Lanes::kWidth <= n; c += Lanes::kWidth) column_block<1>(x + c, rows, ld, out + c);
+    for (; c < n; ++c) {
+      float sum = out[c];
+      for (int64_t r = 0; r < rows; ++r) sum = ScalarOps::add(sum, x[r * ld + c]);
+      out[c] = sum;
+    }
+  }
+
+  template <int kVectors>
+  static void column_block(const float* x, int64_t rows, int64_t ld, float* out) {
+    V acc[kVectors];
+    for (int v = 0; v < kVectors; ++v) acc[v] = Lanes::load(out + v * Lanes::kWidth);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int v = 0; v < kVectors; ++v) acc[v] = Lanes::add(acc[v], Lanes::load(x + r * ld + v * Lanes::kWidth));
+    for (int v = 0; v < kVectors; ++v) Lanes::store(out + v * Lanes::kWidth, acc[v]);
   }
 };
 

@@ -39,6 +39,11 @@ void sum_rows_cpu(const float* x, int64_t rows, int64_t cols, float beta, float*
   parallel_for(cols, block, [&](int64_t c0, int64_t c1) {
     if (beta == 0.0f) std::fill(out + c0, out + c1, 0.0f);
     else if (beta != 1.0f) for (int64_t c = c0; c < c1; ++c) out[c] *= beta;
+    if constexpr (vec::kBuilt) {
+      if (vec::available())
+        return (vec512::available() ? vec512::column_sums_f32 : vec::column_sums_f32)(x + c0, rows, cols, out + c0,
+                                                                                      c1 - c0);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * cols;
       for (int64_t c = c0; c < c1; ++c) out[c] += xr[c];

@@ -47,6 +47,10 @@ void log_f32(const float* x, float* y, int64_t n);
 // one IEEE operation an element, the scalar rule's bits (kernels/cpu/binary_vec_rows.h).
 void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n);
 
+// out[c] += sum of x[r ld + c] over r < rows for c < n, each column's float adds in row order (a
+// bias gradient's sum over the batch: sum_rows_cpu's scalar loop, the same bits).
+void column_sums_f32(const float* x, int64_t rows, int64_t ld, float* out, int64_t n);
+
 // y[i] = x[i] <= 0 ? 0 : x[i] (ReLU's rule: -0 gives +0, NaN stays) for n elements.
 void relu_f32(const float* x, float* y, int64_t n);
 
@@ -152,8 +156,9 @@ namespace cumulus::kernels::vec512 {
 // unless CUMULUS_CPU_CAPABILITY=avx2 or scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
 
-// vec::binary_f32 and vec::relu_f32 16 lanes at a time (the same bits).
+// vec::binary_f32, vec::column_sums_f32 and vec::relu_f32 16 lanes at a time (the same bits).
 void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n);
+void column_sums_f32(const float* x, int64_t rows, int64_t ld, float* out, int64_t n);
 void relu_f32(const float* x, float* y, int64_t n);
 
 // vec::sigmoid_f32, vec::silu_f32, vec::gelu_f32 and their gradients 16 lanes at a time, with the

@@ -217,6 +217,10 @@ void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t 
   BinaryRows<BinaryLanes>::run(op, a, a_step, b, b_step, y, n);
 }
 
+void column_sums_f32(const float* x, int64_t rows, int64_t ld, float* out, int64_t n) {
+  BinaryRows<BinaryLanes>::column_sums(x, rows, ld, out, n);
+}
+
 void relu_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v); });
 }
