@@ -274,16 +274,14 @@ void Trainer::Parts::decide_step() {
   config.loss_scale_growth = o.loss_scaling.growth_factor;
   config.loss_scale_backoff = o.loss_scaling.backoff_factor;
   config.loss_scale_min = o.loss_scaling.min_scale;
-  const nn::FlatParameters& params = optimizer->parameters();
-  const float* grad = params.gradients().data<float>();
-  const int64_t n = params.gradients().numel();
+  const Tensor& grad = optimizer->parameters().gradients();
   UpdateScalars* scalars = optimizer->update_scalars();
-  CUMULUS_DISPATCH(params.device(), ctx,
+  CUMULUS_DISPATCH(grad.device(), ctx,
                    kernels::prepare_step(state.buffers()->state, *scalars,
                                          config.need_norm ? gradient_sum_of_squares() : 0.0, config,
                                          lr_window.table()),
-                   kernels::grad_norm_and_prepare_step_cuda(grad, n, state.buffers(), scalars, config,
-                                                            lr_window.table(), ctx.stream()));
+                   kernels::grad_norm_and_prepare_step_cuda(grad.data<float>(), grad.numel(), state.buffers(), scalars,
+                                                            config, lr_window.table(), ctx.stream()));
 }
 
 // On the CPU. ZeRO-2: every rank's shard's sum, the same on every rank (Note [ZeRO stage 2]).
