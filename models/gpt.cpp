@@ -77,11 +77,9 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  // q, k and v are views of the projection (no copies); the attention reads them in place.
-  const std::vector<Tensor> qkv = ops::split(c_attn_->forward(x), n_embd_, -1);
-  const Tensor y = ops::scaled_dot_product_attention(split_heads(qkv[0], n_head_), split_heads(qkv[1], n_head_),
-                                                     split_heads(qkv[2], n_head_), true);
-  return c_proj_->forward(merge_heads(y));
+  // The attention reads q, k and v where the projection left them and writes their gradients into
+  // the projection's gradient: no copies either way.
+  return c_proj_->forward(ops::packed_qkv_attention(c_attn_->forward(x), n_head_, true));
 }
 
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache, std::size_t layer) {
@@ -357,7 +355,8 @@ void check_gpt_weights(const std::string& path, const GPTConfig& config) {
   for (const io::SafetensorsTensorInfo& t : header.tensors) {
     const auto it = expected.find(t.name);
     CUMULUS_CHECK(it != expected.end(), Error, "file '", path, "': tensor '", excerpt(t.name),
-                  "' is not a weight of this GPT (", config.n_layer, " layers); weights files hold the model's "
+                  "' is not a weight of this GPT (", config.n_layer,
+                  " layers); weights files hold the model's "
                   "tensors alone");
     CUMULUS_CHECK(t.shape == it->second, Error, "file '", path, "': tensor '", t.name, "' has shape ", t.shape.str(),
                   "; this GPT's is ", it->second.str());
@@ -455,8 +454,8 @@ std::string printable_symbols(const std::string& symbols) {
 
 void load_gpt_initial_weights(const std::string& path, GPT& model, const CharVocabulary& vocabulary) {
   const std::map<std::string, std::string> metadata = io::read_safetensors_header(path).metadata;
-  const bool describes_a_gpt = std::any_of(metadata.begin(), metadata.end(),
-                                           [](const auto& kv) { return kv.first.rfind("gpt.", 0) == 0; });
+  const bool describes_a_gpt =
+      std::any_of(metadata.begin(), metadata.end(), [](const auto& kv) { return kv.first.rfind("gpt.", 0) == 0; });
   if (describes_a_gpt) {
     const GPTCheckpointInfo file = read_gpt_checkpoint(path);
     const GPTConfig& run = model.config();

@@ -4,7 +4,8 @@
 // it gives the composition's output and gradients (matmul, masked_fill(tril), softmax, matmul) on
 // the same views of a qkv projection; its activations per token are constant in T while the
 // composition's grow; q = k = v as one tensor; a last dimension that is not dense; the same bits at
-// any thread count; errors that name the op and the shapes.
+// any thread count; errors that name the op and the shapes. ops::packed_qkv_attention against the
+// composition it replaces, to the bit.
 #include <cmath>
 #include <functional>
 #include <string>
@@ -229,6 +230,77 @@ TEST_P(AttentionTest, ErrorsNameTheOpAndTheShapes) {
   const Tensor empty = Tensor::zeros({2, 3, 0, 4}, DType::f32, d);
   expect_error([&] { ops::scaled_dot_product_attention(q, empty, empty); }, "[2, 3, 0, 4]");
   expect_error([&] { ops::scaled_dot_product_attention(q, k7, k7, false, std::nan("")); }, "scale");
+}
+
+// ops::packed_qkv_attention: the values of the composition it replaces (split, the heads' views,
+// scaled_dot_product_attention, merging the heads) to the bit, and qkv's gradient to the bit, also
+// when qkv has a second use whose gradient the attention's adds to.
+TEST_P(AttentionTest, PackedQkvGivesTheSplitHeadsBits) {
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool causal : {true, false})
+      for (int64_t T : {1, 37, 70}) {
+        if (dtype == DType::bf16 && !device().is_cpu()) continue;
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (causal ? " causal" : "") + " T " + std::to_string(T));
+        const int64_t B = 2, H = 2, D = 16, C = H * D;
+        Tensor leaf = random_tensor({B, T, 3 * C}, 21, device());
+        leaf.set_requires_grad(true);
+        const Tensor w = random_tensor({B, T, C}, 22, device());
+        const Tensor w2 = random_tensor({B, T, 3 * C}, 23, device());
+        std::vector<float> out[2], grad[2];
+        for (int packed = 0; packed < 2; ++packed) {
+          leaf.mark_grad_stale();
+          const Tensor qkv = dtype == DType::f32 ? leaf : ops::cast(leaf, dtype);
+          Tensor y;
+          if (packed) {
+            y = ops::packed_qkv_attention(qkv, H, causal);
+          } else {
+            const std::vector<Tensor> h = heads(qkv, H);
+            y = ops::reshape(ops::transpose(ops::scaled_dot_product_attention(h[0], h[1], h[2], causal), 1, 2),
+                             {B, T, C});
+          }
+          ASSERT_EQ(y.shape(), (Shape{B, T, C}));
+          const auto f32 = [](const Tensor& t) { return t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32); };
+          (ops::sum(ops::mul(f32(y), w)) + ops::sum(ops::mul(f32(qkv), w2))).backward();  // an f32 loss
+          out[packed] = y.to(DType::f32).to_vector<float>();
+          grad[packed] = leaf.grad().to_vector<float>();
+        }
+        EXPECT_EQ(out[1], out[0]);
+        EXPECT_EQ(grad[1], grad[0]);
+      }
+}
+
+// A view as qkv (a slice of a wider projection) is made dense first, with the same values.
+TEST_P(AttentionTest, PackedQkvOfAView) {
+  const int64_t B = 2, T = 9, H = 2, C = 8;
+  const Tensor wide = random_tensor({B, T, 3 * C + 5}, 24, device());
+  const Tensor qkv = ops::narrow(wide, 2, 5, 3 * C);
+  ASSERT_FALSE(qkv.is_contiguous());
+  EXPECT_EQ(ops::packed_qkv_attention(qkv, H, true).to_vector<float>(),
+            ops::packed_qkv_attention(qkv.contiguous(), H, true).to_vector<float>());
+}
+
+TEST_P(AttentionTest, PackedQkvErrorsNameTheOpAndTheShape) {
+  const Device d = device();
+  auto expect_error = [](const std::function<void()>& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one mentioning " << needle;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("packed_qkv_attention"), std::string::npos) << what;
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+    }
+  };
+  expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({2, 5, 24}, DType::f32, d), 5); }, "[2, 5, 24]");
+  expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({5, 24}, DType::f32, d), 2); }, "[5, 24]");
+  expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({2, 5, 24}, DType::f32, d), 0); }, "heads");
+  expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({2, 0, 24}, DType::f32, d), 2); }, "[2, 0, 24]");
+  expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({2, 5, 0}, DType::f32, d), 2); }, "[2, 5, 0]");
+  expect_error(
+      [&] {
+        ops::packed_qkv_attention(Tensor::zeros({2, 5, 24}, DType::f32, d), 2, true, INFINITY);
+      },
+      "scale");
 }
 
 }  // namespace

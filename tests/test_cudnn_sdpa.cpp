@@ -54,9 +54,9 @@ TEST(CudnnSdpaLayouts, TheHeadsOfAProjectionAreHandedWhereTheyLie) {
   EXPECT_EQ(l.v, l.q);
   // The output: [B, T, H, D] storage, so merging the heads back is a view.
   EXPECT_EQ(l.o, (sdpa::Layout{dims, Strides{T * C, D, C, 1}}));
-  EXPECT_EQ(l.dout, l.o);  // the upstream gradient is handed in the output's layout
   EXPECT_EQ(l.stats, (sdpa::Layout{{B, H, T, 1}, Strides{H * T, T, 1, 1}}));
-  for (const sdpa::Layout* dense : {&l.dq, &l.dk, &l.dv})
+  // The backward's tensors as the geometry is found: dense, until the op says otherwise (below).
+  for (const sdpa::Layout* dense : {&l.dout, &l.dq, &l.dk, &l.dv})
     EXPECT_EQ(*dense, (sdpa::Layout{dims, Strides{H * T * D, T * D, D, 1}}));
   // No copy: q, k and v start 0, C and 2C elements into the projection's storage.
   const auto* base = static_cast<const char*>(ops::detail::element_data(t[0]));
@@ -77,27 +77,29 @@ TEST(CudnnSdpaLayouts, ABatchOrHeadOfOneSpansTheRest) {
   EXPECT_EQ(one_head.stats, (sdpa::Layout{{1, 3, T, 1}, Strides{3 * T, T, 1, 1}}));
 }
 
-// cuDNN is handed the upstream gradient at the output's strides: as it arrives from merging the
-// heads back it is used where it lies; a dense one is copied into that layout, values kept.
-TEST(CudnnSdpaLayouts, TheUpstreamGradientIsHandedInTheOutputsLayout) {
-  const int64_t B = 2, T = 3, H = 2, D = 8, C = H * D;
-  std::vector<Tensor> t;
-  projection_geometry(B, T, C, H, &t);
-  const Tensor& out = t[4];
-  std::vector<float> values(static_cast<std::size_t>(B * T * C));
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
-  // d(merged heads) [B, T, C] seen as the gradient of out [B, H, T, D]: out's own layout.
-  const Tensor merged_heads = Tensor::from_vector(values, {B, T, C}).to(DType::bf16);  // integers: exact
-  const Tensor merged = ops::permute(ops::reshape(merged_heads, {B, T, H, D}), {0, 2, 1, 3});
-  const Tensor same = ops::detail::dout_like_output(merged, out, t[1]);
-  EXPECT_EQ(ops::detail::element_data(same), ops::detail::element_data(merged));
-  EXPECT_TRUE(ops::detail::same_layout(same, out));
-  const Tensor dense = merged.contiguous();
-  EXPECT_FALSE(ops::detail::same_layout(dense, out));
-  const Tensor copied = ops::detail::dout_like_output(dense, out, t[1]);
-  EXPECT_TRUE(ops::detail::same_layout(copied, out));
-  EXPECT_NE(ops::detail::element_data(copied), ops::detail::element_data(dense));
-  EXPECT_EQ(copied.contiguous().to(DType::f32).to_vector<float>(), dense.to(DType::f32).to_vector<float>());
+// The packed op's backward: the upstream gradient in the output's layout (its [B, T, C] output),
+// dq, dk and dv at q's, k's and v's places in one [B, T, 3C] gradient of the projection.
+TEST(CudnnSdpaLayouts, ThePackedBackwardWritesIntoTheProjectionsGradient) {
+  const int64_t B = 2, T = 5, C = 32, H = 4;
+  kernels::AttentionGeometry g = projection_geometry(B, T, C, H);
+  std::copy(g.o_stride, g.o_stride + 3, g.do_stride);
+  std::copy(g.q_stride, g.q_stride + 3, g.dq_stride);
+  std::copy(g.k_stride, g.k_stride + 3, g.dk_stride);
+  std::copy(g.v_stride, g.v_stride + 3, g.dv_stride);
+  const sdpa::Layouts l = sdpa::layouts(g);
+  EXPECT_EQ(l.dout, l.o);
+  EXPECT_EQ(l.dq, l.q);
+  EXPECT_EQ(l.dk, l.k);
+  EXPECT_EQ(l.dv, l.v);
+  EXPECT_EQ(sdpa::unsupported_reason(g, DType::bf16), "");
+  // The backward's graph is another one; the forward's is the same (it has no gradients).
+  const kernels::AttentionGeometry separate = projection_geometry(B, T, C, H);
+  EXPECT_FALSE(sdpa::graph_key(0, sdpa::Pass::backward, DType::bf16, g) ==
+               sdpa::graph_key(0, sdpa::Pass::backward, DType::bf16, separate));
+  EXPECT_EQ(sdpa::graph_key(0, sdpa::Pass::forward, DType::bf16, g),
+            sdpa::graph_key(0, sdpa::Pass::forward, DType::bf16, separate));
+  g.dk_stride[2] = 3 * C + 4;  // 16-byte rows: cuDNN declines, our kernel runs
+  EXPECT_EQ(sdpa::unsupported_reason(g, DType::bf16), "a stride that is not a multiple of 8 elements");
 }
 
 TEST(CudnnSdpaKey, NamesEverythingTheGraphIsBuiltFor) {
@@ -123,6 +125,15 @@ TEST(CudnnSdpaKey, NamesEverythingTheGraphIsBuiltFor) {
   changed([](kernels::AttentionGeometry& h) { h.q_stride[2] = 64; });  // the same sizes, dense q
   changed([](kernels::AttentionGeometry& h) { h.o_stride[0] += 8; });
   changed([](kernels::AttentionGeometry& h) { h.v_stride[1] = 0; });
+  using Geometry = kernels::AttentionGeometry;
+  for (int64_t(Geometry::*strides)[3] :
+       {&Geometry::do_stride, &Geometry::dq_stride, &Geometry::dk_stride, &Geometry::dv_stride}) {
+    Geometry h = g;
+    (h.*strides)[0] += 8;
+    EXPECT_FALSE(sdpa::graph_key(0, sdpa::Pass::backward, DType::bf16, h) ==
+                 sdpa::graph_key(0, sdpa::Pass::backward, DType::bf16, g));
+    EXPECT_EQ(sdpa::graph_key(0, sdpa::Pass::forward, DType::bf16, h), key);
+  }
   for (const sdpa::GraphKey& other : others) {
     EXPECT_FALSE(other == key);
     EXPECT_TRUE(other < key || key < other);
@@ -200,8 +211,9 @@ TEST(CudnnSdpaWorkspace, ComesFromTheCachingAllocatorInCategoryWorkspace) {
   EXPECT_EQ(during - before, 3072);  // 3000 bytes rounded up to the allocator's 512
   EXPECT_EQ(allocator.stats()[MemoryCategory::workspace].current, before);  // given back after the call
   int asked = 0;
-  sdpa::run_with_workspace(FakePlan{0}, [&](std::size_t) { return ++asked, std::shared_ptr<void>(); },
-                           [&](void* workspace) { EXPECT_EQ(workspace, nullptr); });
+  sdpa::run_with_workspace(
+      FakePlan{0}, [&](std::size_t) { return ++asked, std::shared_ptr<void>(); },
+      [&](void* workspace) { EXPECT_EQ(workspace, nullptr); });
   EXPECT_EQ(asked, 0);  // no workspace: none asked for
 }
 

@@ -128,79 +128,77 @@ bool forward_cudnn(const kernels::AttentionGeometry& g, const Tensor& q, const T
 #endif
 }
 
-// The backward through cuDNN, which writes all three gradients: a gradient no input needs goes to
-// a scratch tensor (category workspace). False (nothing written) where it is not asked or declines.
-bool backward_cudnn(const kernels::AttentionGeometry& g, const Tensor* saved, const Tensor& dy_in,
-                    Tensor (&grad)[3]) {
-  if (!cudnn_takes(g, dy_in, {})) return false;
-  const Tensor dy = detail::dout_like_output(dy_in, saved[3], saved[0]);
-  if (!detail::same_layout(dy, saved[3])) return false;
+// Where the backward writes dq, dk and dv: separate tensors ([.., T, D], dense; a gradient no input
+// needs is not written, except on cuDNN's path, which writes all three: scratch in category
+// workspace), or one gradient of the packed projection [B, T, 3C] at q's, k's and v's places.
+struct GradientTargets {
+  Tensor tensors[3];
+  void* data[3] = {nullptr, nullptr, nullptr};
+};
+
+// The backward through cuDNN; false (nothing written) where it is not asked or declines.
+bool backward_cudnn(const kernels::AttentionGeometry& g, const Tensor* saved, const Tensor& dy,
+                    const GradientTargets& t) {
+  if (!cudnn_takes(g, dy, {})) return false;
   const void* pointers[6] = {detail::element_data(saved[0]), detail::element_data(saved[1]),
                              detail::element_data(saved[2]), detail::element_data(saved[3]),
-                             detail::element_data(dy), saved[4].raw_data()};
-  if (!cudnn_takes(g, dy, {pointers[0], pointers[1], pointers[2], pointers[3], pointers[4], pointers[5]}))
+                             detail::element_data(dy),       saved[4].raw_data()};
+  if (!cudnn_takes(g, dy,
+                   {pointers[0], pointers[1], pointers[2], pointers[3], pointers[4], pointers[5], t.data[0], t.data[1],
+                    t.data[2]}))
     return false;
-  Tensor target[3];  // fresh from the allocator: aligned
-  for (int i = 0; i < 3; ++i) {
-    MemoryCategoryScope scope(MemoryCategory::workspace);
-    target[i] = grad[i].defined() ? grad[i] : Tensor::empty(saved[i].shape(), dy.dtype(), dy.device());
-  }
 #if CUMULUS_WITH_CUDNN_FRONTEND
   cuda::DeviceGuard guard(dy.device().index());
   return kernels::sdpa_backward_cudnn(cudnn_sdpa(dy.device()), g, dy.dtype(), pointers[0], pointers[1], pointers[2],
-                                      pointers[3], static_cast<const float*>(pointers[5]), pointers[4],
-                                      target[0].raw_data(), target[1].raw_data(), target[2].raw_data());
+                                      pointers[3], static_cast<const float*>(pointers[5]), pointers[4], t.data[0],
+                                      t.data[1], t.data[2]);
 #else
   return false;
 #endif
 }
 
+// The upstream gradient as the kernels read it, its strides set in g: dy where it lies when it has
+// the output's layout (the gradient of merging the heads back, or of the packed op's [B, T, C]) or
+// is dense, else a dense copy.
+Tensor upstream_gradient(const Tensor& dy_in, const Tensor& out, kernels::AttentionGeometry& g) {
+  if (detail::same_layout(dy_in, out) && dy_in.stride(-1) == 1) {
+    std::copy(g.o_stride, g.o_stride + 3, g.do_stride);
+    return dy_in;
+  }
+  g.dense(g.do_stride, g.tq);
+  return detail::contiguous(dy_in);
+}
+
 class AttentionBackward final : public Node {
  public:
   // cudnn: the forward ran on cuDNN, so the backward asks cuDNN first (the statistics are the same
-  // log-sum-exp either way, so a backward cuDNN declines runs on our kernel).
-  AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const kernels::AttentionGeometry& g,
-                    bool cudnn)
-      : Node(kOp),
+  // log-sum-exp either way, so a backward cuDNN declines runs on our kernel). packed: the node's
+  // one input is the [B, T, 3C] projection q, k and v are views of (packed_qkv_attention), and its
+  // output is out seen as [B, T, C].
+  AttentionBackward(const char* name, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                    const kernels::AttentionGeometry& g, bool cudnn, bool packed)
+      : Node(name),
         q_(std::move(q)),
         k_(std::move(k)),
         v_(std::move(v)),
         out_(std::move(out)),
         lse_(std::move(lse)),
         g_(g),
-        cudnn_(cudnn) {}
+        cudnn_(cudnn),
+        packed_(packed) {}
 
   void backward(const Tensor& dy_in, std::vector<GradSink>& grads) override {
-    const Device device = dy_in.device();
-    const DType dtype = out_.dtype();
-    // Fresh dense gradients handed to the sinks (an inner node's first one takes it without a
-    // copy): q, k and v may be one tensor, whose sink must be written once per begin().
-    Tensor grad[3];
-    const Tensor* inputs[3] = {&q_, &k_, &v_};
-    for (int i = 0; i < 3; ++i)
-      if (grads[static_cast<std::size_t>(i)].needed()) grad[i] = Tensor::empty(inputs[i]->shape(), dtype, device);
+    kernels::AttentionGeometry g = g_;
+    // The packed op's [B, T, C] output is out's [B, T, H, D] storage: dy dense is out's layout.
+    const Tensor dy = upstream_gradient(
+        packed_ ? detail::strided_view(detail::contiguous(dy_in), out_.shape(), out_.strides(), 0) : dy_in, out_, g);
+    const GradientTargets targets = packed_ ? packed_targets(g) : separate_targets(grads);
     const Tensor saved[5] = {q_, k_, v_, out_, lse_};
-    if (cudnn_ && backward_cudnn(g_, saved, dy_in, grad)) {
-      for (int i = 0; i < 3; ++i)
-        if (grad[i].defined()) grads[static_cast<std::size_t>(i)].give(grad[i]);
-      return;
-    }
-    const Tensor dy = detail::contiguous(dy_in);
-    Tensor delta;
-    {
-      MemoryCategoryScope scope(MemoryCategory::workspace);
-      delta = Tensor::empty(Shape{g_.bh() * g_.tq}, DType::f32, device);
-    }
-    CUMULUS_DISPATCH_FLOAT(
-        dtype, T, const T* qp = view_data<T>(q_); const T* kp = view_data<T>(k_); const T* vp = view_data<T>(v_);
-        const T* op = view_data<T>(out_); const T* dyp = dy.data<T>(); const float* lp = lse_.data<float>();
-        float* dp = delta.data<float>(); T* dqp = grad[0].defined() ? grad[0].data<T>() : nullptr;
-        T* dkp = grad[1].defined() ? grad[1].data<T>() : nullptr;
-        T* dvp = grad[2].defined() ? grad[2].data<T>() : nullptr; CUMULUS_DISPATCH(
-            device, ctx, kernels::attention_backward_cpu(g_, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp),
-            kernels::attention_backward_cuda(g_, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp, ctx.stream())));
-    for (int i = 0; i < 3; ++i)
-      if (grad[i].defined()) grads[static_cast<std::size_t>(i)].give(grad[i]);
+    if (!(cudnn_ && backward_cudnn(g, saved, dy, targets))) backward_own(g, dy, targets);
+    if (packed_) grads[0].give(targets.tensors[0]);
+    else
+      for (std::size_t i = 0; i < 3; ++i)
+        if (grads[i].needed()) grads[i].give(targets.tensors[i]);
   }
   void release_saved() override {
     q_ = Tensor();
@@ -211,14 +209,110 @@ class AttentionBackward final : public Node {
   }
 
  private:
+  // One gradient of the projection, dense [B, T, 3C] as q, k and v's storage is: the kernels write
+  // dq, dk and dv at q's, k's and v's strides and offsets, which together cover every element.
+  GradientTargets packed_targets(kernels::AttentionGeometry& g) const {
+    GradientTargets t;
+    const Shape& shape = q_.shape();  // [B, H, T, D]
+    const int64_t c = shape[1] * shape[3];
+    t.tensors[0] = Tensor::empty(Shape{shape[0], shape[2], 3 * c}, out_.dtype(), out_.device());
+    auto* base = static_cast<char*>(t.tensors[0].raw_data());
+    for (std::size_t i = 0; i < 3; ++i) t.data[i] = base + static_cast<std::size_t>(i) * c * dtype_size(out_.dtype());
+    std::copy(g.q_stride, g.q_stride + 3, g.dq_stride);
+    std::copy(g.k_stride, g.k_stride + 3, g.dk_stride);
+    std::copy(g.v_stride, g.v_stride + 3, g.dv_stride);
+    return t;
+  }
+
+  GradientTargets separate_targets(const std::vector<GradSink>& grads) const {
+    GradientTargets t;
+    const Tensor* inputs[3] = {&q_, &k_, &v_};
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (grads[i].needed()) {
+        t.tensors[i] = Tensor::empty(inputs[i]->shape(), out_.dtype(), out_.device());
+      } else if (cudnn_) {
+        MemoryCategoryScope scope(MemoryCategory::workspace);
+        t.tensors[i] = Tensor::empty(inputs[i]->shape(), out_.dtype(), out_.device());
+      } else {
+        continue;
+      }
+      t.data[i] = t.tensors[i].raw_data();
+    }
+    return t;
+  }
+
+  void backward_own(const kernels::AttentionGeometry& g, const Tensor& dy, const GradientTargets& t) const {
+    Tensor delta;
+    {
+      MemoryCategoryScope scope(MemoryCategory::workspace);
+      delta = Tensor::empty(Shape{g.bh() * g.tq}, DType::f32, dy.device());
+    }
+    CUMULUS_DISPATCH_FLOAT(
+        out_.dtype(), T, const T* qp = view_data<T>(q_); const T* kp = view_data<T>(k_); const T* vp = view_data<T>(v_);
+        const T* op = view_data<T>(out_); const T* dyp = view_data<T>(dy); const float* lp = lse_.data<float>();
+        float* dp = delta.data<float>(); T* dqp = static_cast<T*>(t.data[0]); T* dkp = static_cast<T*>(t.data[1]);
+        T* dvp = static_cast<T*>(t.data[2]); CUMULUS_DISPATCH(
+            dy.device(), ctx, kernels::attention_backward_cpu(g, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp),
+            kernels::attention_backward_cuda(g, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp, ctx.stream())));
+  }
+
   Tensor q_, k_, v_, out_, lse_;
   kernels::AttentionGeometry g_;
-  bool cudnn_;
+  bool cudnn_, packed_;
 };
 
 void check_input(const char* what, const Tensor& t) {
   detail::check_floating(kOp, what, t);
   CUMULUS_CHECK(t.ndim() >= 2, ShapeError, kOp, ": ", what, " must be [..., T, D], got ", t.shape().str());
+}
+
+void check_scale(const char* op, std::optional<double> scale) {
+  CUMULUS_CHECK(!scale || std::isfinite(*scale), InvalidArgument, op, ": scale must be finite, got ", *scale);
+}
+
+void check_head_size(const char* op, const Tensor& q, int64_t d, const std::string& shapes) {
+#if CUMULUS_WITH_CUDA
+  CUMULUS_CHECK(!q.device().is_cuda() || d <= kernels::kAttentionMaxHeadDimCuda, ShapeError, op,
+                ": on CUDA D is at most ", kernels::kAttentionMaxHeadDimCuda, ", got ", shapes);
+#else
+  (void)op, (void)q, (void)d, (void)shapes;
+#endif
+}
+
+// The forward both ops run, on checked inputs with a dense last dimension: the output (in
+// new_attention_output's layout), each row's log-sum-exp, the geometry and whether cuDNN ran.
+struct Attended {
+  Tensor q, k, v, out, lse;
+  kernels::AttentionGeometry g;
+  bool cudnn = false;
+};
+
+Attended attend(Tensor q, Tensor k, Tensor v, bool causal, std::optional<double> scale) {
+  Tensor out = detail::new_attention_output(q);
+  std::optional<kernels::AttentionGeometry> found = detail::attention_geometry(q, k, v, out);
+  if (!found) {
+    q = detail::contiguous(q);
+    k = detail::contiguous(k);
+    v = detail::contiguous(v);
+    out = detail::new_output(q.shape(), q.dtype(), q.device());
+    found = detail::attention_geometry(q, k, v, out);
+  }
+  kernels::AttentionGeometry g = *found;
+  g.causal = causal;
+  g.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(g.d)));
+  const Device device = q.device();
+  Shape lse_shape;
+  for (int i = 0; i < q.ndim() - 1; ++i) lse_shape.push_back(q.size(i));
+  Tensor lse = detail::new_output(lse_shape, DType::f32, device);
+  const bool cudnn = forward_cudnn(g, q, k, v, out, lse);
+  if (device.is_cuda()) (cudnn ? cudnn_calls : own_calls).fetch_add(1, std::memory_order_relaxed);
+  if (!cudnn)
+    CUMULUS_DISPATCH_FLOAT(q.dtype(), T, const T* qp = view_data<T>(q); const T* kp = view_data<T>(k);
+                           const T* vp = view_data<T>(v); T* op = static_cast<T*>(detail::element_data(out));
+                           float* lp = lse.data<float>();
+                           CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
+                                            kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
+  return Attended{std::move(q), std::move(k), std::move(v), std::move(out), std::move(lse), g, cudnn};
 }
 
 }  // namespace
@@ -246,43 +340,44 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   CUMULUS_CHECK(tk >= 1, ShapeError, kOp, ": k and v need at least one position, got ", shapes);
   CUMULUS_CHECK(!causal || tq == tk, ShapeError, kOp, ": causal attention needs Tq == Tk (got ", shapes,
                 "); a decoding step against a cache is causal = false");
-  CUMULUS_CHECK(!scale || std::isfinite(*scale), InvalidArgument, kOp, ": scale must be finite, got ", *scale);
-#if CUMULUS_WITH_CUDA
-  CUMULUS_CHECK(!q_in.device().is_cuda() || d <= kernels::kAttentionMaxHeadDimCuda, ShapeError, kOp,
-                ": on CUDA D is at most ", kernels::kAttentionMaxHeadDimCuda, ", got ", shapes);
-#endif
+  check_scale(kOp, scale);
+  check_head_size(kOp, q_in, d, shapes);
 
-  Tensor q = dense_rows(q_in), k = dense_rows(k_in), v = dense_rows(v_in);
-  Tensor out = detail::new_attention_output(q);
-  std::optional<kernels::AttentionGeometry> found = detail::attention_geometry(q, k, v, out);
-  if (!found) {
-    q = detail::contiguous(q);
-    k = detail::contiguous(k);
-    v = detail::contiguous(v);
-    out = detail::new_output(q.shape(), q.dtype(), q.device());
-    found = detail::attention_geometry(q, k, v, out);
-  }
-  kernels::AttentionGeometry g = *found;
-  g.causal = causal;
-  g.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d)));
+  Attended a = attend(dense_rows(q_in), dense_rows(k_in), dense_rows(v_in), causal, scale);
+  if (should_record({&a.q, &a.k, &a.v}))
+    attach_node(a.out,
+                std::make_shared<AttentionBackward>(kOp, a.q.detach(), a.k.detach(), a.v.detach(), a.out.detach(),
+                                                    a.lse, a.g, a.cudnn, false),
+                {&a.q, &a.k, &a.v});
+  return a.out;
+}
 
-  const Device device = q.device();
-  Shape lse_shape;
-  for (int i = 0; i < n - 1; ++i) lse_shape.push_back(q.size(i));
-  Tensor lse = detail::new_output(lse_shape, DType::f32, device);
-  const bool cudnn = forward_cudnn(g, q, k, v, out, lse);
-  if (device.is_cuda()) (cudnn ? cudnn_calls : own_calls).fetch_add(1, std::memory_order_relaxed);
-  if (!cudnn)
-    CUMULUS_DISPATCH_FLOAT(q.dtype(), T, const T* qp = view_data<T>(q); const T* kp = view_data<T>(k);
-                           const T* vp = view_data<T>(v); T* op = static_cast<T*>(detail::element_data(out));
-                           float* lp = lse.data<float>();
-                           CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
-                                            kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
-  if (should_record({&q, &k, &v}))
-    attach_node(out,
-                std::make_shared<AttentionBackward>(q.detach(), k.detach(), v.detach(), out.detach(), lse, g, cudnn),
-                {&q, &k, &v});
-  return out;
+Tensor packed_qkv_attention(const Tensor& qkv_in, int64_t heads, bool causal, std::optional<double> scale) {
+  constexpr const char* kPacked = "packed_qkv_attention";
+  OpScope op_scope(kPacked);
+  detail::check_floating(kPacked, "qkv", qkv_in);
+  CUMULUS_CHECK(heads >= 1, InvalidArgument, kPacked, ": heads must be at least 1, got ", heads);
+  const std::string shape = qkv_in.shape().str();
+  CUMULUS_CHECK(qkv_in.ndim() == 3 && qkv_in.size(2) % (3 * heads) == 0 && qkv_in.size(2) > 0, ShapeError, kPacked,
+                ": qkv must be [B, T, 3 * heads * D] with D >= 1, got ", shape, " and ", heads, " heads");
+  CUMULUS_CHECK(qkv_in.size(1) >= 1, ShapeError, kPacked, ": qkv needs at least one position, got ", shape);
+  check_scale(kPacked, scale);
+  const Tensor qkv = detail::contiguous(qkv_in);
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  check_head_size(kPacked, qkv, d, shape + " (D = " + std::to_string(d) + ")");
+  // q, k and v: [B, H, T, D] views at offsets 0, C and 2C, read where they lie.
+  const std::vector<int64_t> strides{t * 3 * c, d, 3 * c, 1};
+  const Shape head_shape{b, heads, t, d};
+  Attended a =
+      attend(detail::strided_view(qkv, head_shape, strides, 0), detail::strided_view(qkv, head_shape, strides, c),
+             detail::strided_view(qkv, head_shape, strides, 2 * c), causal, scale);
+  Tensor y = detail::strided_view(a.out, Shape{b, t, c}, {t * c, c, 1}, 0);  // out's [B, T, H, D] storage
+  if (should_record({&qkv}))
+    attach_node(y,
+                std::make_shared<AttentionBackward>(kPacked, a.q.detach(), a.k.detach(), a.v.detach(), a.out.detach(),
+                                                    a.lse, a.g, a.cudnn, true),
+                {&qkv});
+  return y;
 }
 
 bool cudnn_attention_compiled() {
@@ -328,14 +423,6 @@ bool same_layout(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-Tensor dout_like_output(const Tensor& dy, const Tensor& out, const Tensor& q) {
-  if (same_layout(dy, out)) return dy;
-  if (out.is_contiguous()) return contiguous(dy);
-  const Tensor like = new_attention_output(q);
-  copy_strided(dy, like);
-  return like;
-}
-
 std::optional<kernels::AttentionGeometry> attention_geometry(const Tensor& q, const Tensor& k, const Tensor& v,
                                                              const Tensor& out) {
   kernels::AttentionGeometry g;
@@ -343,6 +430,7 @@ std::optional<kernels::AttentionGeometry> attention_geometry(const Tensor& q, co
   g.tq = q.size(-2);
   g.tk = k.size(-2);
   g.d = q.size(-1);
+  g.set_dense_gradients();
   return g;
 }
 

@@ -10,9 +10,9 @@ namespace cumulus::ops::detail {
 
 // The (batch, heads) geometry the kernels read q, k, v and out at (kernels/attention_rules.h):
 // leading dimensions of size 1 dropped, neighbours merged where all four allow it, and each
-// tensor's strides; tq, tk and d from the shapes (causal and scale left as they are). Empty when
-// more than two leading dimensions remain (the op then makes the inputs dense). q, k and v must have
-// a dense last dimension.
+// tensor's strides; tq, tk and d from the shapes, the backward's strides dense (causal and scale
+// left as they are). Empty when more than two leading dimensions remain (the op then makes the
+// inputs dense). q, k and v must have a dense last dimension.
 std::optional<kernels::AttentionGeometry> attention_geometry(const Tensor& q, const Tensor& k, const Tensor& v,
                                                              const Tensor& out);
 
@@ -23,10 +23,5 @@ Tensor new_attention_output(const Tensor& q);
 // Whether a and b have one shape and lay their elements out alike (strides equal wherever the
 // size is not 1).
 bool same_layout(const Tensor& a, const Tensor& b);
-
-// The upstream gradient dy of an output `out` (of q) in out's layout, as cuDNN is handed it: dy
-// itself where it has that layout (the gradient of merging the heads back, transpose(1, 2).reshape,
-// does), else a copy.
-Tensor dout_like_output(const Tensor& dy, const Tensor& out, const Tensor& q);
 
 }  // namespace cumulus::ops::detail

@@ -191,6 +191,21 @@ void row_deltas(const AttentionGeometry& g, const T* out, int64_t bh, const floa
   }
 }
 
+template <typename T>
+void store_row(const float* src, int64_t d, T* dst) {
+  for (int64_t c = 0; c < d; ++c) dst[c] = from_f32<T>(src[c]);
+}
+
+// Keys [j0, j0 + n) of head bh's dk and dv (either may be null) from their f32 sums [n][d].
+template <typename T>
+void store_rows(const AttentionGeometry& g, T* dk, T* dv, int64_t bh, int64_t j0, int64_t n, const float* dka,
+                const float* dva) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (dk != nullptr) store_row(dka + j * g.d, g.d, dk + g.dk_row(bh, j0 + j));
+    if (dv != nullptr) store_row(dva + j * g.d, g.d, dv + g.dv_row(bh, j0 + j));
+  }
+}
+
 // One head's gradients. Per key tile, blocks of kRows query rows: their probabilities p and ds
 // (a [kRows, kKeys] tile each, zero where masked), dq of each row from ds and the tile's keys, then
 // dv_j and dk_j from the block's columns of p and ds (transposed), so every sum runs in the order of
@@ -220,7 +235,7 @@ void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* 
   float* delta_h = delta + bh * tq;
   for (int64_t i = 0; i < tq; ++i) {
     load_row(q + g.q_row(bh, i), qf + i * d, d);
-    load_row(dout + (bh * tq + i) * d, dof + i * d, d);
+    load_row(dout + g.do_row(bh, i), dof + i * d, d);
   }
   row_deltas(g, out, bh, dof, delta_h);
   const T* kh = k + g.k_row(bh, 0);
@@ -258,15 +273,10 @@ void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* 
         add_weighted_rows(dst + j * kRows, qf + i0 * d, nr, d, dka + j * d);
       }
     }
-    for (int64_t j = 0; j < nk; ++j)
-      for (int64_t c = 0; c < d; ++c) {
-        const int64_t e = (bh * tk + j0 + j) * d + c;
-        if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
-        if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
-      }
+    store_rows(g, dk, dv, bh, j0, nk, dka, dva);
   }
   if (dq != nullptr)
-    for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
+    for (int64_t i = 0; i < tq; ++i) store_row(dqa + i * d, d, dq + g.dq_row(bh, i));
 }
 
 // Note [Fused attention as tile products]
@@ -393,13 +403,54 @@ void transposed_tile(const TileKernels& t, const float* base, int64_t row_stride
   t.transpose(base + j0 * row_stride, row_stride, n, d, tile, kKeys);
 }
 
+// One key tile's share of a head's tiled backward: where it reads q, do and the tile's keys (rows
+// at their leading dimensions), where it sums dq, dk and dv (null: not asked), its scratch tiles.
+struct KeyTileWork {
+  const float *q = nullptr, *dout = nullptr, *k = nullptr;
+  int64_t q_ld = 0, do_ld = 0, k_ld = 0;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  int64_t dq_ld = 0, dk_ld = 0, dv_ld = 0;
+  const float *kt = nullptr, *vt = nullptr;  // the tile's keys and values transposed, [d][kKeys]
+  float *p = nullptr, *ds = nullptr;         // [kRowsWide][kKeys]
+  const float *lse = nullptr, *delta = nullptr;
+};
+
+void zero_rows(float* x, int64_t ld, int64_t rows, int64_t d) {
+  if (x == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ld, x + r * ld + d, 0.0f);
+}
+
+// The blocks of query rows that see keys [j0, j0 + nk): p and dp = do v^T for the block, ds from
+// both, dq += ds k, dv += p^T do and dk += ds^T q (the transposed operands read in place).
+void backward_key_tile(const TileKernels& t, const AttentionGeometry& g, const KeyTileWork& w, int64_t j0, int64_t nk) {
+  const int64_t d = g.d;
+  int64_t valid[kRowsWide];
+  for (int64_t i0 = g.causal ? j0 : 0, nr = 0; i0 < g.tq; i0 += nr) {
+    nr = std::min(g.causal && i0 < j0 + nk ? kRowsDiagonal : kRowsWide, g.tq - i0);
+    int64_t width = 0;  // the keys of the tile any of the block's rows sees
+    for (int64_t r = 0; r < nr; ++r) {
+      valid[r] = std::max<int64_t>(0, std::min(nk, g.key_end(i0 + r) - j0));
+      width = std::max(width, valid[r]);
+    }
+    if (width == 0) continue;
+    const float* qb = w.q + i0 * w.q_ld;
+    const float* dob = w.dout + i0 * w.do_ld;
+    t.gemm(nr, width, d, qb, w.q_ld, 1, w.kt, kKeys, w.p, kKeys, false);
+    t.gemm(nr, width, d, dob, w.do_ld, 1, w.vt, kKeys, w.ds, kKeys, false);
+    t.grad_tile(w.p, w.ds, kKeys, nr, valid, width, g.scale, w.lse + i0, w.delta + i0);
+    if (w.dq != nullptr) t.gemm(nr, d, width, w.ds, kKeys, 1, w.k, w.k_ld, w.dq + i0 * w.dq_ld, w.dq_ld, true);
+    if (w.dv != nullptr) t.gemm(width, d, nr, w.p, 1, kKeys, dob, w.do_ld, w.dv, w.dv_ld, true);
+    if (w.dk != nullptr) t.gemm(width, d, nr, w.ds, 1, kKeys, qb, w.q_ld, w.dk, w.dk_ld, true);
+  }
+}
+
 template <typename T>
 void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const T* q, const T* k, const T* v,
                          const T* out, const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh,
                          Scratch& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
   // f32 storage is read where it lies (q, k and do at their row strides) and the gradients summed
-  // straight into dq, dk and dv; other types go through f32 copies.
+  // straight into dq, dk and dv at theirs; other types go through f32 copies.
   constexpr bool kF32 = std::is_same_v<T, float>;
   scratch.resize(
       std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 2 * kRowsWide * kKeys)));
@@ -413,76 +464,46 @@ void backward_head_tiled(const TileKernels& t, const AttentionGeometry& g, const
   float* qf = dva + kKeys * d;         // [tq][d]
   float* dof = qf + tq * d;            // [tq][d]
   float* dqa = dof + tq * d;           // [tq][d]
-  int64_t valid[kRowsWide];
-  const float* lse_h = lse + bh * tq;
-  float* delta_h = delta + bh * tq;
-  const float* qs = qf;
-  const float* dos = dof;
-  int64_t q_ld = d;
-  float* dq_acc = dqa;
+  KeyTileWork w;
+  w.kt = kt, w.vt = vt, w.p = p, w.ds = ds, w.lse = lse + bh * tq, w.delta = delta + bh * tq;
   if constexpr (kF32) {
-    qs = q + g.q_row(bh, 0);
-    q_ld = g.q_stride[2];
-    dos = dout + bh * tq * d;
-    if (dq != nullptr) dq_acc = dq + bh * tq * d;
+    w.q = q + g.q_row(bh, 0), w.q_ld = g.q_stride[2];
+    w.dout = dout + g.do_row(bh, 0), w.do_ld = g.do_stride[2];
+    w.dq = dq != nullptr ? dq + g.dq_row(bh, 0) : nullptr, w.dq_ld = g.dq_stride[2];
+    t.row_dots(w.dout, w.do_ld, out + g.o_row(bh, 0), g.o_stride[2], tq, d, delta + bh * tq);
   } else {
     for (int64_t i = 0; i < tq; ++i) {
       load_row(q + g.q_row(bh, i), qf + i * d, d);
-      load_row(dout + (bh * tq + i) * d, dof + i * d, d);
+      load_row(dout + g.do_row(bh, i), dof + i * d, d);
     }
+    w.q = qf, w.q_ld = d, w.dout = dof, w.do_ld = d, w.dq = dq != nullptr ? dqa : nullptr, w.dq_ld = d;
+    row_deltas(g, out, bh, dof, delta + bh * tq);
   }
-  if (dq != nullptr) std::fill(dq_acc, dq_acc + tq * d, 0.0f);
-  if constexpr (kF32) t.row_dots(dos, d, out + g.o_row(bh, 0), g.o_stride[2], tq, d, delta_h);
-  else row_deltas(g, out, bh, dos, delta_h);
+  zero_rows(w.dq, w.dq_ld, tq, d);
   const T* kh = k + g.k_row(bh, 0);
   const T* vh = v + g.v_row(bh, 0);
   for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, tk - j0);
-    const float* ks = kf;
-    int64_t k_ld = d;
-    float* dk_acc = dka;
-    float* dv_acc = dva;
     if constexpr (kF32) {
       transposed_tile(t, kh, g.k_stride[2], j0, nk, d, kt);
       transposed_tile(t, vh, g.v_stride[2], j0, nk, d, vt);
-      ks = kh + j0 * g.k_stride[2];
-      k_ld = g.k_stride[2];
-      if (dk != nullptr) dk_acc = dk + (bh * tk + j0) * d;
-      if (dv != nullptr) dv_acc = dv + (bh * tk + j0) * d;
+      w.k = kh + j0 * g.k_stride[2], w.k_ld = g.k_stride[2];
+      w.dk = dk != nullptr ? dk + g.dk_row(bh, j0) : nullptr, w.dk_ld = g.dk_stride[2];
+      w.dv = dv != nullptr ? dv + g.dv_row(bh, j0) : nullptr, w.dv_ld = g.dv_stride[2];
     } else {
       load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
       load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
+      w.k = kf, w.k_ld = d, w.dk = dk != nullptr ? dka : nullptr, w.dv = dv != nullptr ? dva : nullptr;
+      w.dk_ld = w.dv_ld = d;
     }
-    std::fill(dk_acc, dk_acc + nk * d, 0.0f);
-    std::fill(dv_acc, dv_acc + nk * d, 0.0f);
-    for (int64_t i0 = g.causal ? j0 : 0, nr = 0; i0 < tq; i0 += nr) {
-      nr = std::min(g.causal && i0 < j0 + nk ? kRowsDiagonal : kRowsWide, tq - i0);
-      int64_t width = 0;  // the keys of the tile any of the block's rows sees
-      for (int64_t r = 0; r < nr; ++r) {
-        valid[r] = std::max<int64_t>(0, std::min(nk, g.key_end(i0 + r) - j0));
-        width = std::max(width, valid[r]);
-      }
-      if (width == 0) continue;
-      const float* qb = qs + i0 * q_ld;
-      const float* dob = dos + i0 * d;
-      t.gemm(nr, width, d, qb, q_ld, 1, kt, kKeys, p, kKeys, false);
-      t.gemm(nr, width, d, dob, d, 1, vt, kKeys, ds, kKeys, false);
-      t.grad_tile(p, ds, kKeys, nr, valid, width, g.scale, lse_h + i0, delta_h + i0);
-      if (dq != nullptr) t.gemm(nr, d, width, ds, kKeys, 1, ks, k_ld, dq_acc + i0 * d, d, true);
-      if (dv != nullptr) t.gemm(width, d, nr, p, 1, kKeys, dob, d, dv_acc, d, true);
-      if (dk != nullptr) t.gemm(width, d, nr, ds, 1, kKeys, qb, q_ld, dk_acc, d, true);
-    }
-    if constexpr (!kF32)
-      for (int64_t j = 0; j < nk; ++j)
-        for (int64_t c = 0; c < d; ++c) {
-          const int64_t e = (bh * tk + j0 + j) * d + c;
-          if (dk != nullptr) dk[e] = from_f32<T>(dka[j * d + c]);
-          if (dv != nullptr) dv[e] = from_f32<T>(dva[j * d + c]);
-        }
+    zero_rows(w.dk, w.dk_ld, nk, d);
+    zero_rows(w.dv, w.dv_ld, nk, d);
+    backward_key_tile(t, g, w, j0, nk);
+    if constexpr (!kF32) store_rows(g, dk, dv, bh, j0, nk, dka, dva);
   }
   if constexpr (!kF32)
     if (dq != nullptr)
-      for (int64_t e = 0; e < tq * d; ++e) dq[bh * tq * d + e] = from_f32<T>(dqa[e]);
+      for (int64_t i = 0; i < tq; ++i) store_row(dqa + i * d, d, dq + g.dq_row(bh, i));
 }
 
 }  // namespace

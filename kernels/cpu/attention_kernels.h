@@ -1,6 +1,6 @@
 // CPU launchers of fused attention (engine/ops/attention.cpp, Note [Fused attention] in
 // kernels/cpu/attention.cpp). Templated over the storage type T (float, BFloat16, Half), f32
-// arithmetic; q, k, v at the strides of `g` (kernels/attention_rules.h), everything else dense.
+// arithmetic; every tensor but the log-sum-exp (dense) at its strides in `g` (kernels/attention_rules.h).
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,8 @@ template <typename T>
 void attention_forward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse);
 
 // From the upstream gradient dout and the saved out and lse, overwrites dq [bh, tq, d] and dk, dv
-// [bh, tk, d] (any of the three may be null: not written). `delta` is scratch of bh * tq floats,
-// left holding each row's rowsum(dout * out).
+// [bh, tk, d] (any of the three may be null: not written; their places must not overlap). `delta` is scratch of bh * tq
+// floats, left holding each row's rowsum(dout * out).
 template <typename T>
 void attention_backward_cpu(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                             const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv);

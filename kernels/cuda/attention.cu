@@ -229,9 +229,10 @@ template <typename T>
 __global__ void attention_delta_kernel(AttentionGeometry g, const T* out, const T* dout, float* delta, int64_t rows) {
   const int64_t d = g.d;
   CUMULUS_GRID_STRIDE_LOOP(r, rows) {
-    const T* o = out + g.o_row(r / g.tq, r % g.tq);  // the output at its strides; dout dense
+    const T* o = out + g.o_row(r / g.tq, r % g.tq);  // each at its strides
+    const T* dor = dout + g.do_row(r / g.tq, r % g.tq);
     double s = 0.0;
-    for (int64_t c = 0; c < d; ++c) s += static_cast<double>(to_f32(dout[r * d + c])) * to_f32(o[c]);
+    for (int64_t c = 0; c < d; ++c) s += static_cast<double>(to_f32(dor[c])) * to_f32(o[c]);
     delta[r] = static_cast<float>(s);
   }
 }
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
     const int64_t nq = g.tq - i0 < Tl::kTile ? g.tq - i0 : Tl::kTile;
     __syncthreads();
     stage_rows<D, Tl::kTile, 1>(q + g.q_row(bh, 0), g.q_stride[2], i0, nq, g.d, qs);
-    stage_rows<D, Tl::kTile, 1>(dout + bh * g.tq * g.d, g.d, i0, nq, g.d, dos);
+    stage_rows<D, Tl::kTile, 1>(dout + g.do_row(bh, 0), g.do_stride[2], i0, nq, g.d, dos);
     stage_values<Tl::kTile>(lse + bh * g.tq, i0, nq, lse_s);
     stage_values<Tl::kTile>(delta + bh * g.tq, i0, nq, delta_s);
     __syncthreads();
@@ -275,8 +276,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
     }
   }
   if (!active) return;
-  if (dk != nullptr) store_row<D>(dka, 1.0f, g.d, dk + (bh * g.tk + j) * g.d);
-  if (dv != nullptr) store_row<D>(dva, 1.0f, g.d, dv + (bh * g.tk + j) * g.d);
+  if (dk != nullptr) store_row<D>(dka, 1.0f, g.d, dk + g.dk_row(bh, j));
+  if (dv != nullptr) store_row<D>(dva, 1.0f, g.d, dv + g.dv_row(bh, j));
 }
 
 // One lane group per query row i: dq_i = scale sum_j ds_ij k_j over the keys i sees.
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
   const bool active = i < g.tq;
   Row<D> qf, dof, dqa;
   load_row<D>(q + (active ? g.q_row(bh, i) : 0), g.d, active, qf);
-  load_row<D>(dout + (active ? (bh * g.tq + i) * g.d : 0), g.d, active, dof);
+  load_row<D>(dout + (active ? g.do_row(bh, i) : 0), g.d, active, dof);
   zero_row<D>(dqa);
   const float row_lse = active ? lse[bh * g.tq + i] : 0.0f, row_delta = active ? delta[bh * g.tq + i] : 0.0f;
   const int64_t i_last = (i0 + Tl::kRows < g.tq ? i0 + Tl::kRows : g.tq) - 1;
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
       add_scaled<D>(p * (dp - row_delta) * g.scale, ks + j * D, dqa);
     }
   }
-  if (active) store_row<D>(dqa, 1.0f, g.d, dq + (bh * g.tq + i) * g.d);
+  if (active) store_row<D>(dqa, 1.0f, g.d, dq + g.dq_row(bh, i));
 }
 
 // The compiled head size that holds d columns: 32, 64 or 128.

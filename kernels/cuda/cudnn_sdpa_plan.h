@@ -34,10 +34,10 @@ struct Layout {
   bool operator==(const Layout& o) const { return dim == o.dim && stride == o.stride; }
 };
 
-// Every tensor of the forward and the backward. q, k, v and o at the geometry's strides (views into
-// a [B, T, 3C] projection read where they lie); dout at o's (the op hands it in the output's
-// layout); the statistics (the log-sum-exp, [bh, tq] f32) and the backward's dq, dk and dv dense
-// over [bh, t, d], as the op allocates them.
+// Every tensor of the forward and the backward at the geometry's strides: q, k and v (views into a
+// [B, T, 3C] projection read where they lie), o, dout (the output's layout, or dense), and dq, dk
+// and dv (dense, or at q's, k's and v's places in one gradient of the projection); the statistics
+// (the log-sum-exp, [bh, tq] f32) dense.
 struct Layouts {
   Layout q, k, v, o, stats, dq, dk, dv, dout;
 };
@@ -67,10 +67,10 @@ inline Layouts layouts(const AttentionGeometry& g) {
   l.v = strided(g, g.tk, g.v_stride);
   l.o = strided(g, g.tq, g.o_stride);
   l.stats = dense(g, g.tq, 1);
-  l.dq = dense(g, g.tq, g.d);
-  l.dk = dense(g, g.tk, g.d);
-  l.dv = dense(g, g.tk, g.d);
-  l.dout = l.o;
+  l.dq = strided(g, g.tq, g.dq_stride);
+  l.dk = strided(g, g.tk, g.dk_stride);
+  l.dv = strided(g, g.tk, g.dv_stride);
+  l.dout = strided(g, g.tq, g.do_stride);
   return l;
 }
 
@@ -82,7 +82,8 @@ inline std::string unsupported_reason(const AttentionGeometry& g, DType dtype) {
   if (dtype != DType::bf16 && dtype != DType::f16) return "cuDNN's attention is for bf16 and f16";
   if (g.d % 8 != 0 || g.d > kMaxHeadDim) return "the head size is not a multiple of 8 up to 128";
   if (g.tk < 2) return "a single key";
-  for (const int64_t* s : {g.q_stride, g.k_stride, g.v_stride, g.o_stride})
+  for (const int64_t* s :
+       {g.q_stride, g.k_stride, g.v_stride, g.o_stride, g.do_stride, g.dq_stride, g.dk_stride, g.dv_stride})
     for (int i = 0; i < 3; ++i)
       if (s[i] % 8 != 0) return "a stride that is not a multiple of 8 elements";
   return "";
@@ -100,8 +101,8 @@ struct GraphKey {
   DType dtype = DType::bf16;
   bool causal = false;
   uint32_t scale_bits = 0;
-  std::array<int64_t, 5> sizes{};  // batch, heads, tq, tk, d
-  std::array<int64_t, 12> strides{};  // q, k, v, o: batch, head, time
+  std::array<int64_t, 5> sizes{};     // batch, heads, tq, tk, d
+  std::array<int64_t, 24> strides{};  // q, k, v, o, then the backward's dout, dq, dk, dv: batch, head, time
   auto tied() const { return std::tie(device, pass, dtype, causal, scale_bits, sizes, strides); }
   bool operator<(const GraphKey& o) const { return tied() < o.tied(); }
   bool operator==(const GraphKey& o) const { return tied() == o.tied(); }
@@ -115,8 +116,10 @@ inline GraphKey graph_key(int device, Pass pass, DType dtype, const AttentionGeo
   key.causal = g.causal;
   std::memcpy(&key.scale_bits, &g.scale, sizeof key.scale_bits);
   key.sizes = {g.batch, g.heads, g.tq, g.tk, g.d};
-  const int64_t* strides[4] = {g.q_stride, g.k_stride, g.v_stride, g.o_stride};
-  for (std::size_t t = 0; t < 4; ++t)
+  const int64_t* strides[8] = {g.q_stride,  g.k_stride,  g.v_stride,  g.o_stride,
+                               g.do_stride, g.dq_stride, g.dk_stride, g.dv_stride};
+  const std::size_t tensors = pass == Pass::backward ? 8 : 4;  // the forward's graph has no gradients
+  for (std::size_t t = 0; t < tensors; ++t)
     for (std::size_t i = 0; i < 3; ++i) key.strides[t * 3 + i] = strides[t][i];
   return key;
 }

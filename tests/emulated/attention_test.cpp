@@ -8,10 +8,14 @@
 // the next larger), T across each size's row blocks (64, 32, 32 rows) and staged tiles (128, 64,
 // 32 rows) and not a multiple of the 16-key chunks; outputs start as NaN, so every element must be
 // written, and the emulation fills shared memory with NaN at each block's start, so a read of a
-// staged value never written shows; each gradient also alone (the others null). A head over 128
-// columns is refused. Every result is the same bits on a second run under another schedule.
+// staged value never written shows; each gradient also alone (the others null), and, for the qkv
+// views, all three written into one gradient of the projection with dout in the output's layout
+// (the packed op's backward), on both devices' kernels. A head over 128 columns is refused. Every result is the same
+// bits on a second run under another schedule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -45,6 +49,43 @@ DeviceVector<T> nan_filled(int64_t n) {
   return DeviceVector<T>(static_cast<std::size_t>(n), from_f32<T>(kNaN));
 }
 
+// The packed op's backward (ops::packed_qkv_attention): dout read in the output's [B, T, H, D]
+// layout, dq, dk and dv written into one [B, T, 3C] gradient at q's, k's and v's places, which
+// together cover it (it starts as NaN). The same bits as the dense layouts' `dense` gradients.
+template <typename T>
+void check_packed(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out, const float* lse,
+                  const DeviceVector<T>& dout, std::array<const DeviceVector<T>*, 3> dense, bool cuda) {
+  SCOPED_TRACE(cuda ? "packed, CUDA" : "packed, CPU");
+  AttentionGeometry p = g;
+  std::copy(g.o_stride, g.o_stride + 3, p.do_stride);
+  std::copy(g.q_stride, g.q_stride + 3, p.dq_stride);
+  std::copy(g.k_stride, g.k_stride + 3, p.dk_stride);
+  std::copy(g.v_stride, g.v_stride + 3, p.dv_stride);
+  const int64_t c = g.heads * g.d;  // q, k and v start 0, C and 2C into each row of 3C
+  DeviceVector<T> dout_o(dout.size()), dqkv = nan_filled<T>(g.batch * g.tq * 3 * c);
+  DeviceVector<float> delta(static_cast<std::size_t>(g.bh() * g.tq), kNaN);
+  for (int64_t bh = 0; bh < g.bh(); ++bh)
+    for (int64_t i = 0; i < g.tq; ++i)
+      for (int64_t col = 0; col < g.d; ++col) dout_o[p.do_row(bh, i) + col] = dout[g.do_row(bh, i) + col];
+  T* base = dqkv.data();
+  if (cuda)
+    kernels::attention_backward_cuda(p, q, k, v, out, lse, dout_o.data(), delta.data(), base, base + c, base + 2 * c,
+                                     nullptr);
+  else kernels::attention_backward_cpu(p, q, k, v, out, lse, dout_o.data(), delta.data(), base, base + c, base + 2 * c);
+  const int64_t(AttentionGeometry::*places[3])[3] = {&AttentionGeometry::dq_stride, &AttentionGeometry::dk_stride,
+                                                     &AttentionGeometry::dv_stride};
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (std::size_t t = 0; t < 3; ++t) {
+    DeviceVector<T> gathered(dense[t]->size());
+    for (int64_t bh = 0; bh < g.bh(); ++bh)
+      for (int64_t i = 0; i < g.tq; ++i)
+        for (int64_t col = 0; col < g.d; ++col)
+          gathered[g.row(g.*places[t], bh, i) + col] =
+              base[p.row(p.*places[t], bh, i) + static_cast<int64_t>(t) * c + col];
+    expect_same_bits(gathered, *dense[t], std::string(names[t]) + " packed");
+  }
+}
+
 template <typename T>
 void check(const Config& c) {
   SCOPED_TRACE(what(c));
@@ -58,6 +99,7 @@ void check(const Config& c) {
   g.d = c.D;
   g.causal = c.causal;
   g.scale = 0.37f;
+  g.set_dense_gradients();
   DeviceVector<T> qkv, qd, kd, vd;
   const T *q, *k, *v;
   if (c.from_qkv) {
@@ -123,6 +165,10 @@ void check(const Config& c) {
                                    static_cast<T*>(nullptr), dk_only.data(), dv_only.data(), nullptr);
   expect_same_bits(dk_only, dk, "dk alone");
   expect_same_bits(dv_only, dv, "dv alone");
+  if (c.from_qkv) {
+    check_packed(g, q, k, v, want_out.data(), want_lse.data(), dout, {&dq, &dk, &dv}, true);
+    check_packed(g, q, k, v, want_out.data(), want_lse.data(), dout, {&want_dq, &want_dk, &want_dv}, false);
+  }
 }
 
 TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {

@@ -27,6 +27,16 @@ namespace cumulus::ops {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     std::optional<double> scale = std::nullopt);
 
+// Attention over a packed projection: qkv [B, T, 3 * heads * D] holds q, k and v side by side in its
+// last dimension (one Linear's output, as GPT-2's c_attn) -> [B, T, heads * D], the heads merged.
+// The values of splitting qkv in three, viewing each as [B, heads, T, D] and calling
+// scaled_dot_product_attention, then merging the heads, to the bit; but the backward writes the
+// gradients of q, k and v straight into one [B, T, 3C] gradient of qkv, and reads the upstream
+// gradient where the next op left it: no copies, where the composition's view backwards transpose
+// and scatter each of them (and split's first zero-fills the whole gradient).
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t heads, bool causal = false,
+                            std::optional<double> scale = std::nullopt);
+
 // Which implementation runs bf16 and f16 attention on CUDA (f32 always runs ours): cuDNN's fused
 // scaled-dot-product attention (Note [cuDNN attention] in kernels/cuda/cudnn_attention.cpp), or
 // our own kernels. A geometry cuDNN does not take (a head size not a multiple of 8, unaligned
