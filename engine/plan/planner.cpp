@@ -63,12 +63,15 @@
 // micro-batch saves them) and sums the shards' norms, stages 1 and 2 all-gather the weights after
 // the update, and every stage sums the step's units and loss. Stage 2's local work (the buckets'
 // buffers, adding a part into the shard) is in its probes already; only the transport is added.
-// Every collective counts in full: overlap with the backward is not modelled. Between CPU processes
-// over MPI, the buckets of stages 0 and 1 started during the last backward progress only inside
-// MPI calls, on the cores that run the backward, and stage 2's reduce-scatters block, so little
-// overlaps; under NCCL, whose reductions run beside the backward, the sum is an upper bound. Not
-// counted: the step's norm and decision besides the update (the probe is Optimizer::step), a short
-// last group's rounds of zeros, and ranks slower than the one planned for.
+// Every collective counts in full: overlap with the backward is not modelled, because what it
+// saves depends on where the transfer runs. Stages 0 and 1 start their buckets during the last
+// backward, and between CPU processes MPI moves and sums them inside its progress calls, on the
+// cores that run the backward: the step then hardly waits, but the work is not free, so the full
+// count is an upper bound there (and under NCCL, whose reductions run beside the backward). Stage
+// 2's reduce-scatters block, so its rounds are paid as counted. Not counted: the step's norm and
+// decision besides the update (the probe is Optimizer::step), a short last group's rounds of
+// zeros, and ranks slower than the one planned for: a blocking collective waits for the slowest
+// rank, and on a loaded machine that wait can exceed the transfer.
 
 // Note [Probing what the job runs]
 // Sizes are units (samples, or tokens with units_per_row T: Note [Units] in the Trainer), every
