@@ -326,19 +326,19 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
   // One row per divisor of 64: the size, recompute, data placement, precision, where the optimizer
   // state lives and its bits, the peak in MiB,
   // reserved bytes, fits, the accumulation steps, the predicted time of an effective batch (ms),
-  // its spread over the repeated timings (ms, "low-high") and of an epoch (s), and a '*' on the
-  // chosen row.
+  // of it the collectives (ms: none in one process), its spread over the repeated timings (ms,
+  // "low-high") and of an epoch (s), and a '*' on the chosen row.
   std::istringstream lines(r.out);
   std::vector<long> sizes;
   int chosen = 0;
   for (std::string line; std::getline(lines, line);) {
     std::istringstream row(line);
     long size = 0, reserved = 0, accum = 0;
-    double peak_mib = 0, batch_ms = 0, epoch_s = 0;
+    double peak_mib = 0, batch_ms = 0, comm_ms = -1, epoch_s = 0;
     long bits = 0, zero = -1;
     std::string recompute, data, precision, state, fits, spread, star;
     if (row >> size >> recompute >> data >> precision >> state >> bits >> zero >> peak_mib >> reserved >> fits >>
-        accum >> batch_ms >> spread >> epoch_s) {
+        accum >> batch_ms >> comm_ms >> spread >> epoch_s) {
       sizes.push_back(size);
       if (row >> star) chosen += star == "*" ? 1 : 0;
       EXPECT_EQ(recompute, "off") << line;
@@ -351,6 +351,7 @@ TEST_F(AppTest, PlanOnlyPrintsOneRowPerCandidateAndTrainsNothing) {
       EXPECT_TRUE(fits == "yes" || fits == "no") << line;
       EXPECT_EQ(size * accum, 64) << line;
       EXPECT_GT(batch_ms, 0.0) << line;
+      EXPECT_EQ(comm_ms, 0.0) << "one process communicates nothing: " << line;
       const std::size_t dash = spread.find('-');
       ASSERT_NE(dash, std::string::npos) << line;
       EXPECT_LE(std::stod(spread.substr(0, dash)), batch_ms + 1e-3) << line;

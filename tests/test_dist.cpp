@@ -13,15 +13,19 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "cumulus/autograd/function.h"
 #include "cumulus/core/timer.h"
-#include "cumulus/memory/allocator.h"
+#include "cumulus/dist/collective_times.h"
 #include "cumulus/dist/communicator.h"
 #include "cumulus/io/safetensors.h"
+#include "cumulus/memory/allocator.h"
 #include "cumulus/memory/report.h"
 #include "cumulus/memory/tracker.h"
 #include "cumulus/nn/clip_grad.h"
@@ -30,7 +34,6 @@
 #include "cumulus/ops/pointwise.h"
 #include "cumulus/ops/reduce.h"
 #include "cumulus/optim/sgd.h"
-#include "cumulus/memory/tracker.h"
 #include "cumulus/train/trainer.h"
 #include "test_util.h"
 #include "toy_dataset.h"
@@ -419,6 +422,99 @@ TEST(DataParallel, SkipIsOnlyForSeveralRanks) {
   EXPECT_THROW(acc.skip_micro_batch(), InvalidArgument);
 }
 
+// ---- the collectives' time model (Note [Collective time model]) ---------------------------------
+
+// One process, or a rank planned alone, moves nothing: nothing is timed and every line is 0.
+TEST(CollectiveTimes, OneRankOrARankAloneMeasuresNothing) {
+  const std::vector<int64_t> sizes = dist::collective_probe_sizes(1 << 20, 3 << 20);
+  for (const auto& comm : {dist::Communicator::single(), dist::Communicator::alone(1, 2)}) {
+    const dist::CollectiveTimes t = dist::measure_collective_times(*comm, sizes, Device::cpu());
+    EXPECT_EQ(t.world_size, 1) << comm->backend();
+    EXPECT_EQ(t.sizes, 0);
+    for (const dist::CollectiveLine& line : {t.all_reduce, t.reduce_scatter, t.all_gather}) {
+      EXPECT_EQ(line.latency_seconds, 0.0);
+      EXPECT_EQ(line.seconds_per_byte, 0.0);
+      EXPECT_EQ(line.predict(1 << 20), 0.0);
+    }
+    EXPECT_EQ(t.text(), "not measured (one rank)");
+  }
+  EXPECT_THROW(dist::measure_collective_times(*dist::Communicator::single(), {1000}, Device::cpu()), InvalidArgument)
+      << "not whole 64-element shards";
+}
+
+// A latency, a quarter bucket, a bucket, their geometric middle with the gradient and the gradient,
+// each rounded up to 256 bytes; a gradient smaller than a bucket caps them.
+TEST(CollectiveTimes, ProbeSizesSpanTheLatencyTheBucketAndTheWholeGradient) {
+  EXPECT_EQ(dist::collective_probe_sizes(1 << 20, 3200000),
+            (std::vector<int64_t>{1024, 262144, 1048576, 1831936, 3200000}));  // sqrt(2^20 x 3.2e6) = 1831786.3
+  EXPECT_EQ(dist::collective_probe_sizes(1 << 20, 10000), (std::vector<int64_t>{1024, 2560, 10240}));
+  EXPECT_THROW(dist::collective_probe_sizes(0, 10000), InvalidArgument);
+}
+
+TEST(CollectiveTimes, TheLineIsLatencyPlusBytesAndNeverNegative) {
+  std::vector<std::pair<int64_t, double>> points;
+  for (int64_t b : {int64_t{1024}, int64_t{262144}, int64_t{1} << 20, int64_t{8} << 20})
+    points.emplace_back(b, 2e-5 + 1e-9 * static_cast<double>(b));
+  dist::CollectiveLine line = dist::fit_collective_line(points);
+  EXPECT_NEAR(line.latency_seconds, 2e-5, 1e-12);
+  EXPECT_NEAR(line.seconds_per_byte, 1e-9, 1e-16);
+  EXPECT_NEAR(line.predict(4 << 20), 2e-5 + 1e-9 * (4 << 20), 1e-12);
+  // 1000 bytes in 1 us and 2000 in 3 us would start at -1 us: through the origin instead, on
+  // relative residuals (weights 1/y^2): sum(w x y) / sum(w x^2).
+  line = dist::fit_collective_line({{1000, 1e-6}, {2000, 3e-6}});
+  EXPECT_EQ(line.latency_seconds, 0.0);
+  const double w1 = 1 / (1e-6 * 1e-6), w2 = 1 / (3e-6 * 3e-6);
+  EXPECT_NEAR(line.seconds_per_byte, (w1 * 1000 * 1e-6 + w2 * 2000 * 3e-6) / (w1 * 1e6 + w2 * 4e6), 1e-18);
+  line = dist::fit_collective_line({{4096, 8e-6}});  // one size: through the origin
+  EXPECT_EQ(line.latency_seconds, 0.0);
+  EXPECT_NEAR(line.seconds_per_byte, 8e-6 / 4096, 1e-18);
+  line = dist::fit_collective_line({});
+  EXPECT_EQ(line.predict(1 << 20), 0.0);
+}
+
+// What a measurement sends is not the run's communication: counters and spans are put back.
+TEST(CollectiveTimes, AMeasurementLeavesTheCountersAndSpansAsTheyWere) {
+  TimedWorld w;
+  w.reduce_for(std::chrono::milliseconds(1));
+  w.count_gradient_reduction(100);
+  {
+    const dist::Communicator::StatsUnchanged unchanged(w);
+    w.reduce_for(std::chrono::milliseconds(30));
+    w.count_gradient_reduction(7);
+  }
+  EXPECT_EQ(w.take_recent_spans().size(), 1u);
+  const dist::Communicator::Stats st = w.stats();
+  EXPECT_EQ(st.gradient_reductions, 1);
+  EXPECT_EQ(st.bytes_reduced, 100);
+  EXPECT_LT(st.communication_seconds, 0.030);
+}
+
+// Run by MpiRunTest.CollectiveTimesOnTwoRanksArePositiveAndGrowWithTheBytes under mpirun (disabled
+// in a plain run: it needs the launcher's world).
+TEST(DISABLED_UnderMpirun, CollectiveTimes) {
+  const auto comm = dist::Communicator::from_environment();
+  ASSERT_EQ(comm->world_size(), 2) << "run under mpirun -np 2";
+  const dist::Communicator::Stats before = comm->stats();
+  const std::vector<int64_t> sizes = dist::collective_probe_sizes(1 << 20, 8 << 20);
+  const dist::CollectiveTimes t = dist::measure_collective_times(*comm, sizes, Device::cpu(), 3);
+  EXPECT_EQ(t.world_size, 2);
+  EXPECT_EQ(t.sizes, static_cast<int>(sizes.size()));
+  for (const dist::CollectiveLine& line : {t.all_reduce, t.reduce_scatter, t.all_gather}) {
+    EXPECT_TRUE(std::isfinite(line.latency_seconds) && line.latency_seconds >= 0) << line.latency_seconds;
+    EXPECT_TRUE(std::isfinite(line.seconds_per_byte) && line.seconds_per_byte > 0) << line.seconds_per_byte;
+    EXPECT_GT(line.predict(sizes.front()), 0.0);
+    EXPECT_LT(line.predict(sizes.front()), line.predict(sizes.back()));
+    EXPECT_LT(line.predict(sizes.back()), 1.0) << "8 MiB between two processes of one host";
+  }
+  const dist::Communicator::Stats after = comm->stats();
+  EXPECT_EQ(after.messages, before.messages);
+  EXPECT_EQ(after.communication_seconds, before.communication_seconds);
+  std::printf("collective times on rank %d: %a %a %a %a %a %a (%s)\n", comm->rank(), t.all_reduce.latency_seconds,
+              t.all_reduce.seconds_per_byte, t.reduce_scatter.latency_seconds, t.reduce_scatter.seconds_per_byte,
+              t.all_gather.latency_seconds, t.all_gather.seconds_per_byte, t.text().c_str());
+  std::fflush(stdout);
+}
+
 // ---- through mpirun -----------------------------------------------------------------------------
 
 std::string read_log(const std::string& file) {
@@ -736,6 +832,26 @@ TEST_F(MpiRunTest, TheGptPastTheModelStateWallTrainsOnTwoRanksWithThePlannersLev
     }
   }
 #endif
+}
+
+// The collectives' times measured on two ranks (Note [Collective time model]): this binary's
+// DISABLED_UnderMpirun.CollectiveTimes on each rank checks its lines (positive, finite, rising with
+// the bytes; the counters left alone) and prints them, and both ranks hold the same lines.
+TEST_F(MpiRunTest, CollectiveTimesOnTwoRanksArePositiveAndGrowWithTheBytes) {
+  const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const Result r =
+      run_command(mpi_env() + "mpirun " + root + "--oversubscribe -np 2 " + quote(self) +
+                  " --gtest_also_run_disabled_tests --gtest_filter=DISABLED_UnderMpirun.CollectiveTimes 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::map<int, std::string> lines;  // rank: its lines, exactly (%a)
+  std::istringstream out(r.out);
+  const std::string prefix = "collective times on rank ";
+  for (std::string line; std::getline(out, line);)
+    if (line.rfind(prefix, 0) == 0) lines[std::stoi(line.substr(prefix.size()))] = line.substr(line.find(':'));
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_EQ(lines[0], lines[1]) << "every rank holds the ranks' mean";
+  EXPECT_NE(lines[0].find("(2 ranks, 5 sizes)"), std::string::npos) << lines[0];
 }
 
 // all_gather and reduce_scatter_sum over MPI, on uneven shards (tests/dist_collectives.cpp).

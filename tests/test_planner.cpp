@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +26,7 @@
 #include "cumulus/optim/sgd.h"
 #include "cumulus/plan/planner.h"
 #include "cumulus/train/trainer.h"
+#include "engine/dist/gradient_buckets.h"
 #include "engine/plan/fits.h"
 
 namespace cumulus {
@@ -741,6 +743,114 @@ TEST(PlanBatch, ShardsTheStateThenTheGradientsOverTheRanksOnlyWhenNothingFitsUns
   plan::PlanRequest alone = rig.request(*fresh, 32, 0);
   alone.weigh_zero = true;  // one rank: nothing to shard over
   EXPECT_THROW(plan::plan_batch(alone), InvalidArgument);
+}
+
+// Collective lines for two ranks, as measure_collective_times would fit them (fixed numbers: the
+// predicted times are then exact).
+dist::CollectiveTimes two_rank_collectives() {
+  dist::CollectiveTimes t;
+  t.world_size = 2;
+  t.all_reduce = {1e-4, 1e-9};
+  t.reduce_scatter = {2e-4, 5e-10};
+  t.all_gather = {3e-4, 7e-10};
+  return t;
+}
+
+// The collectives a row of `stage` makes in an effective batch of `accum_steps` micro-batches
+// (Note [Predicting time]): the buckets as a Trainer of `bucket_bytes` cuts them.
+double expected_collectives(const dist::CollectiveTimes& t, const nn::FlatParameters& flat, int64_t bucket_bytes,
+                            int stage, int64_t accum_steps) {
+  double buckets_all_reduced = 0, buckets_reduce_scattered = 0;
+  for (const dist::BucketRange& b : dist::bucket_layout(flat, bucket_bytes)) {
+    buckets_all_reduced += t.all_reduce.latency_seconds + t.all_reduce.seconds_per_byte * double(b.count * 4);
+    buckets_reduce_scattered +=
+        t.reduce_scatter.latency_seconds + t.reduce_scatter.seconds_per_byte * double(b.count * 4);
+  }
+  const double step_sums = t.all_reduce.latency_seconds + t.all_reduce.seconds_per_byte * 16;
+  const double norm_sum = t.all_reduce.latency_seconds + t.all_reduce.seconds_per_byte * 8;
+  const double gather = t.all_gather.latency_seconds + t.all_gather.seconds_per_byte * double(flat.size() * 4);
+  if (stage == 0) return step_sums + buckets_all_reduced;
+  if (stage == 1) return step_sums + buckets_all_reduced + gather;
+  return step_sums + double(accum_steps) * buckets_reduce_scattered + norm_sum + gather;
+}
+
+// Data parallel rows add the collectives their ZeRO stage makes, from the injected lines: stages 0
+// and 1 all-reduce each bucket once a step whatever the accumulation (1 also all-gathers the
+// weights), stage 2 reduce-scatters each bucket once per micro-batch, so its row of 32 x 1 pays 31
+// rounds fewer than its row of 1 x 32. Without measured lines nothing is added and the reason says so.
+TEST(PlanBatch, EachZeroStageAddsTheCollectivesItMakesInAnEffectiveBatch) {
+  const Rig rig(deep_mlp());
+  const dist::CollectiveTimes times = two_rank_collectives();
+  const int64_t bucket_bytes = 256 << 10;
+  ASSERT_GE(dist::bucket_layout(*rig.flat, bucket_bytes).size(), 3u) << "several buckets a round";
+  std::map<int, std::map<int64_t, double>> comm;  // stage, micro-batch: the row's collectives
+  for (int stage : {0, 1, 2}) {
+    auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+    plan::PlanRequest request = rig.request(*adamw, 32, 0);
+    request.world_size = 2;
+    request.setting.zero_stage = stage;
+    request.bucket_bytes = bucket_bytes;
+    request.step_seconds = 1e-3;
+    request.collective_times = times;
+    const plan::Plan p = plan::plan_batch(request);
+    ASSERT_EQ(p.table.size(), 6u) << p.reason;  // the divisors of 32
+    for (const plan::PlanRow& r : p.table) {
+      const double expected = expected_collectives(times, *rig.flat, bucket_bytes, stage, r.accum_steps);
+      EXPECT_DOUBLE_EQ(r.communication_seconds, expected) << "stage " << stage << ", micro-batch " << r.micro_batch;
+      EXPECT_DOUBLE_EQ(r.batch_seconds,
+                       double(r.accum_steps) * larger_is_faster(r.micro_batch, r.setting) + 1e-3 + expected);
+      EXPECT_DOUBLE_EQ(r.batch_seconds_low, r.batch_seconds) << "injected timings: no spread";
+      comm[stage][r.micro_batch] = r.communication_seconds;
+    }
+    EXPECT_NE(p.reason.find("of it collectives"), std::string::npos) << p.reason;
+  }
+  double one_round = 0;
+  for (const dist::BucketRange& b : dist::bucket_layout(*rig.flat, bucket_bytes))
+    one_round += times.reduce_scatter.predict(b.count * 4);
+  EXPECT_NEAR(comm[2][1] - comm[2][32], 31 * one_round, 1e-12) << "31 more rounds of reduce-scatters";
+  EXPECT_EQ(comm[1][1], comm[1][32]) << "stage 1 reduces once a step";
+  EXPECT_EQ(comm[0][1], comm[0][32]);
+  EXPECT_GT(comm[1][32], comm[0][32]) << "stage 1 also gathers the weights";
+
+  auto adamw = std::make_shared<optim::AdamW>(rig.flat, optim::AdamWOptions{});
+  plan::PlanRequest unmeasured = rig.request(*adamw, 32, 0);
+  unmeasured.world_size = 2;
+  unmeasured.setting.zero_stage = 1;
+  const plan::Plan p = plan::plan_batch(unmeasured);
+  for (const plan::PlanRow& r : p.table) EXPECT_EQ(r.communication_seconds, 0.0);
+  EXPECT_NE(p.reason.find("(communication not measured)"), std::string::npos) << p.reason;
+  dist::CollectiveTimes three = times;
+  three.world_size = 3;
+  unmeasured.collective_times = three;
+  EXPECT_THROW(plan::plan_batch(unmeasured), InvalidArgument) << "lines of another world";
+}
+
+// Rows within 2% of the fastest tie, and a tie the largest micro-batch is not in goes to the least
+// memory (Note [Plan levers]): here recompute is 5% faster a sample, so without collectives every
+// row with recompute ties and a small micro-batch wins. At stage 2 each micro-batch is a round of
+// reduce-scatters, which breaks the tie: 64 x 1 with recompute pays one round, 32 x 2 two.
+TEST(PlanBatch, StageTwosRoundsPerMicroBatchBreakATieTowardsFewerMicroBatches) {
+  auto plan_stage_two = [](const dist::CollectiveTimes& times) {
+    Synthetic s;
+    plan::PlanRequest request = s.request_with_recompute(64, 0);
+    request.micro_batch_seconds = [](int64_t b, const plan::PlanSetting& setting) {
+      return 1e-7 + 1e-5 * static_cast<double>(b) * (setting.recompute != 0 ? 0.95 : 1.0);
+    };
+    request.step_seconds = 0;
+    request.world_size = 2;
+    request.setting.zero_stage = 2;
+    request.collective_times = times;
+    return plan::plan_batch(request);
+  };
+  const plan::Plan without = plan_stage_two(dist::CollectiveTimes{});
+  EXPECT_LT(without.micro_batch, 64) << without.reason;
+  EXPECT_NE(without.setting.recompute, 0u);
+  EXPECT_NE(without.reason.find("with less memory"), std::string::npos) << without.reason;
+  const plan::Plan with = plan_stage_two(two_rank_collectives());
+  EXPECT_EQ(with.micro_batch, 64) << with.reason;
+  EXPECT_NE(with.setting.recompute, 0u);
+  EXPECT_EQ(with.setting.zero_stage, 2);
+  EXPECT_NE(with.reason.find("the fastest of 14 candidates"), std::string::npos) << with.reason;
 }
 
 // Precision is weighed only with the opt-in, and then wins only by more than the 2% tie: without

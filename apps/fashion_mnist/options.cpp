@@ -132,8 +132,8 @@ void add_batch_flags(CLI::App& app, CommandLine& o) {
   app.add_flag("--plan-only", o.plan_only,
                "With --effective-batch: print the planner's prediction for every micro-batch dividing it (size, "
                "recompute, predicted peak in MiB, predicted reserved bytes, whether that fits --memory-budget: '-' "
-               "without one, accumulation steps, predicted time an effective batch and an epoch), the choice and "
-               "why, and exit 0 without training");
+               "without one, accumulation steps, predicted time an effective batch, of it the collectives under "
+               "mpirun, and an epoch), the choice and why, and exit 0 without training");
   app.add_option("--memory-budget", o.memory_budget,
                  "Device memory limit, e.g. 64MiB or 1.5GiB: the device behaves as if it had only that much; "
                  "going over is an out-of-memory error (exit 1)");

@@ -60,17 +60,19 @@ std::string loss_scale_text(float scale);
 // optimizer and budget, and the levers --recompute, --data-on and --precision auto give it (Note
 // [Plan levers]); the chosen setting is left in place (the model's recompute segments, `train` and
 // `test` moved). Returns what with_plan() takes; OutOfMemory when nothing fits.
-// Under mpirun rank 0 plans its part of the effective batch for every rank (with --zero auto,
-// weighing ZeRO stages) and the others put its choice in place.
+// Under mpirun every rank first times the collectives (the planner adds the communication each
+// candidate makes), then rank 0 plans its part of the effective batch for every rank (with --zero
+// auto, weighing ZeRO stages) and the others put its choice in place.
 BatchPlan plan_batch(const RunConfig& c, cumulus::nn::Model& model,
                      const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
                      cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test,
                      cumulus::dist::Communicator& comm);
 
-// --plan-only: the planner's table of every candidate, nothing verified, nothing trained.
+// --plan-only: the planner's table of every candidate, nothing verified, nothing trained (under
+// mpirun every rank times the collectives, rank 0 plans and prints).
 void print_plan(const RunConfig& c, cumulus::nn::Model& model, const std::shared_ptr<cumulus::nn::FlatParameters>& flat,
                 cumulus::models::FashionMnistSplit& train, cumulus::models::FashionMnistSplit& test,
-                const cumulus::dist::Communicator& comm);
+                cumulus::dist::Communicator& comm);
 
 // Where a run starts: a resumed checkpoint's state, or epoch 0.
 using TrainingState = cumulus::train::ResumedCheckpoint;

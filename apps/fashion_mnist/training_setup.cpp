@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "cumulus/dist/collective_times.h"
 #include "cumulus/io/state_dict.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/models/cnn.h"
@@ -145,12 +146,22 @@ plan::PlanRequest planner_request(const RunConfig& o, nn::Model& model, optim::O
   return request;
 }
 
+// The ranks' collectives, timed by every rank together before rank 0 plans (Note [Collective time
+// model]): the planner adds what each candidate's ZeRO stage makes. Nothing is timed for one rank.
+dist::CollectiveTimes time_collectives(const nn::FlatParameters& flat, dist::Communicator& comm) {
+  return dist::measure_collective_times(
+      comm, dist::collective_probe_sizes(train::TrainerOptions().bucket_bytes, flat.size() * 4), flat.device());
+}
+
 plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                       models::FashionMnistSplit& train, models::FashionMnistSplit& test) {
+                       models::FashionMnistSplit& train, models::FashionMnistSplit& test,
+                       const dist::CollectiveTimes& collectives) {
   // The run's optimizer is made after planning; one with its settings tells the planner what state
   // its first step allocates.
   const std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(o, flat);
-  const plan::Plan plan = cumulus::plan::plan_batch(planner_request(o, model, *optimizer, train, test));
+  plan::PlanRequest request = planner_request(o, model, *optimizer, train, test);
+  request.collective_times = collectives;
+  const plan::Plan plan = cumulus::plan::plan_batch(request);
   print_plan_table(o, plan);
   return plan;
 }
@@ -191,8 +202,9 @@ BatchPlan parse_batch_plan(const std::string& text) {
 BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
                      models::FashionMnistSplit& train, models::FashionMnistSplit& test, dist::Communicator& comm) {
   BatchPlan chosen;
+  const dist::CollectiveTimes collectives = time_collectives(*flat, comm);
   if (comm.is_root()) {
-    const plan::Plan plan = run_planner(o, model, flat, train, test);
+    const plan::Plan plan = run_planner(o, model, flat, train, test, collectives);
     if (plan.micro_batch == 0) throw OutOfMemory("planner: " + plan.reason);
     if (!o.quiet) say("planner: %s\n", plan.reason.c_str());
     chosen = BatchPlan{plan.micro_batch, static_cast<int>(plan.accum_steps), plan.setting,
@@ -214,9 +226,10 @@ BatchPlan plan_batch(const RunConfig& o, nn::Model& model, const std::shared_ptr
 }
 
 void print_plan(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,
-                models::FashionMnistSplit& train, models::FashionMnistSplit& test, const dist::Communicator& comm) {
+                models::FashionMnistSplit& train, models::FashionMnistSplit& test, dist::Communicator& comm) {
+  const dist::CollectiveTimes collectives = time_collectives(*flat, comm);
   if (!comm.is_root()) return;  // rank 0 plans for every rank
-  const plan::Plan plan = run_planner(o, model, flat, train, test);
+  const plan::Plan plan = run_planner(o, model, flat, train, test, collectives);
   say("planner: %s\n", plan.micro_batch > 0 ? plan.reason.c_str() : ("nothing fits: " + plan.reason).c_str());
 }
 

@@ -12,8 +12,9 @@
 #include <thread>
 
 #include <cumulus/cumulus.h>
-#include <cumulus/dist/communicator.h>
 #include <cumulus/data/token_windows.h>
+#include <cumulus/dist/collective_times.h>
+#include <cumulus/dist/communicator.h>
 #include <cumulus/io/run_files.h>
 #include <cumulus/models/gpt.h>
 
@@ -181,7 +182,7 @@ int64_t budget_bytes(const TrainFlags& f) {
 // Rank 0's planning for this rank's part of --effective-batch (under mpirun, as rank 0 of the world:
 // its shard is the largest; Note [Plan levers]). It prints the reason and leaves its choice in place.
 PlanChoice plan_on_root(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows,
-                        const TrainFlags& f, int world) {
+                        const TrainFlags& f, int world, const dist::CollectiveTimes& collectives) {
   plan::PlanRequest request = models::plan_request(model, optimizer, windows, f.effective_batch / world * f.context,
                                                    budget_bytes(f), f.recompute == "auto");
   request.budget_name = f.memory_budget.empty() ? "" : "--memory-budget " + f.memory_budget;
@@ -190,6 +191,8 @@ PlanChoice plan_on_root(models::GPT& model, optim::Optimizer& optimizer, const d
   request.world_size = world;
   request.setting.zero_stage = f.zero;
   request.weigh_zero = f.zero_text == "auto" && world > 1;
+  request.collective_times = collectives;
+  if (world > 1) say("planner: collectives measured: %s\n", collectives.text().c_str());
   const plan::Plan plan = plan::plan_batch(request);
   say("planner: %s\n", plan.reason.c_str());
   PlanChoice c;
@@ -210,10 +213,14 @@ PlanChoice plan_on_root(models::GPT& model, optim::Optimizer& optimizer, const d
 // are. Rank 0 plans; every rank takes its choice (a refusal ends every rank with its reason).
 PlanChoice plan_run(models::GPT& model, optim::Optimizer& optimizer, const data::TokenWindows& windows, TrainFlags& f,
                     dist::Communicator& comm) {
+  // Every rank times the collectives together; rank 0 plans with them (Note [Collective time model]).
+  const nn::FlatParameters& flat = optimizer.parameters();
+  const dist::CollectiveTimes collectives = dist::measure_collective_times(
+      comm, dist::collective_probe_sizes(train::TrainerOptions().bucket_bytes, flat.size() * 4), flat.device());
   std::string shared;
   if (comm.is_root()) {
     try {
-      shared = choice_text(plan_on_root(model, optimizer, windows, f, comm.world_size()));
+      shared = choice_text(plan_on_root(model, optimizer, windows, f, comm.world_size(), collectives));
     } catch (const Error& e) {
       shared = std::string("refused ") + e.what();
       if (comm.world_size() == 1) throw;

@@ -42,14 +42,17 @@ std::string plan_table_text(const Plan& plan, int64_t budget, const std::string&
            plan_setting_text(w.setting, plan.recompute_segments).c_str(), w.time.fixed_seconds * 1e3,
            w.time.seconds_per_unit * 1e3, unit.c_str(), w.time.probes, format_bytes(w.reserved_at_rest).c_str(),
            static_cast<long long>(w.largest_fitting));
-  append(out, "  %11s %19s %6s %9s %6s %4s %4s %10s %15s %5s %6s %12s %17s %10s %6s\n", "micro-batch", "recompute",
-         "data", "precision", "state", "bits", "zero", "peak MiB", "reserved bytes", "fits", "accum", "ms/eff.batch", "spread ms",
-         "s/epoch", "chosen");
+  // Each row's collectives (Note [Predicting time]): part of its ms an effective batch.
+  if (plan.collective_times.world_size > 1)
+    append(out, "planner: collectives measured: %s\n", plan.collective_times.text().c_str());
+  append(out, "  %11s %19s %6s %9s %6s %4s %4s %10s %15s %5s %6s %12s %8s %17s %10s %6s\n", "micro-batch", "recompute",
+         "data", "precision", "state", "bits", "zero", "peak MiB", "reserved bytes", "fits", "accum", "ms/eff.batch",
+         "comm ms", "spread ms", "s/epoch", "chosen");
   for (const PlanRow& r : plan.table) {
     const std::string reserved = line ? "-" : std::to_string(r.reserved_bytes);
     char spread[40];
     std::snprintf(spread, sizeof spread, "%.3f-%.3f", r.batch_seconds_low * 1e3, r.batch_seconds_high * 1e3);
-    append(out, "  %11lld %19s %6s %9s %6s %4d %4d %10.2f %15s %5s %6lld %12.3f %17s %10.3f %6s\n",
+    append(out, "  %11lld %19s %6s %9s %6s %4d %4d %10.2f %15s %5s %6lld %12.3f %8.3f %17s %10.3f %6s\n",
            static_cast<long long>(r.micro_batch), recompute_text(r.setting.recompute, plan.recompute_segments).c_str(),
            data_placement_name(r.setting.data), precision_name(r.setting.precision),
            optim::state_placement_name(r.setting.optimizer_state), r.setting.optimizer_bits, r.setting.zero_stage,
@@ -57,7 +60,8 @@ std::string plan_table_text(const Plan& plan, int64_t budget, const std::string&
            budget <= 0 ? "-"
            : r.fits    ? "yes"
                        : "no",
-           static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, spread, r.epoch_seconds, r.chosen ? "*" : "");
+           static_cast<long long>(r.accum_steps), r.batch_seconds * 1e3, r.communication_seconds * 1e3, spread,
+           r.epoch_seconds, r.chosen ? "*" : "");
   }
   return out;
 }

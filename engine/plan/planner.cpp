@@ -49,6 +49,29 @@
 // counts the state as the first real step will allocate it (unless the caller gives step_seconds). Tests and callers
 // that know their timings inject them (micro_batch_seconds): measured times of near-empty
 // micro-batches are noise, and a choice made from noise would not be reproducible.
+//
+// The step is probed with the state where the row puts it (each state setting is a planning of its
+// own, the optimizer placed first): a row with the state on the host times the update through the
+// host, its copies included, and a ZeRO row the update of its rank's shard. What the probes cannot
+// time is the ranks' communication, since they run in one process over a world whose collectives
+// move nothing (Note [Plan levers]). So each row adds the collectives its setting makes in one
+// effective batch (engine/plan/communication.cpp), from lines measured on the training
+// communicator before planning (PlanRequest::collective_times, Note [Collective time model] in
+// engine/dist/collective_times.cpp): stages 0 and 1 all-reduce every gradient bucket once a step
+// (PlanRequest::bucket_bytes, cut as the Trainer cuts them), stage 2 reduce-scatters every bucket
+// after each of the rank's accum_steps backwards (so there accumulation costs rounds, and a larger
+// micro-batch saves them) and sums the shards' norms, stages 1 and 2 all-gather the weights after
+// the update, and every stage sums the step's units and loss. Stage 2's local work (the buckets'
+// buffers, adding a part into the shard) is in its probes already; only the transport is added.
+// Every collective counts in full: overlap with the backward is not modelled, because what it
+// saves depends on where the transfer runs. Stages 0 and 1 start their buckets during the last
+// backward, and between CPU processes MPI moves and sums them inside its progress calls, on the
+// cores that run the backward: the step then hardly waits, but the work is not free, so the full
+// count is an upper bound there (and under NCCL, whose reductions run beside the backward). Stage
+// 2's reduce-scatters block, so its rounds are paid as counted. Not counted: the step's norm and
+// decision besides the update (the probe is Optimizer::step), a short last group's rounds of
+// zeros, and ranks slower than the one planned for: a blocking collective waits for the slowest
+// rank, and on a loaded machine that wait can exceed the transfer.
 
 // Note [Probing what the job runs]
 // Sizes are units (samples, or tokens with units_per_row T: Note [Units] in the Trainer), every
@@ -88,8 +111,9 @@
 // state, 2 its shard of the gradients too, every probe's backward reducing its buckets as a
 // Trainer's would (ZeroInPlace) over a world whose collectives move nothing
 // (dist::Communicator::alone). So a row is that rank's memory, recorded in one process as for any
-// other lever, and its time without communication: stage 2's reductions in every micro-batch, and
-// every stage's at the step, are not in the prediction.
+// other lever; its time adds the communication its stage makes, from the collectives' measured
+// lines (Note [Predicting time]): stage 2 pays a round of reduce-scatters per micro-batch, so
+// among its rows fewer, larger micro-batches gain.
 //
 // Times within 2% are a tie: measured fits are noisy (a loaded machine, an intercept near zero),
 // and a tie broken by memory alone would slide to micro-batch 2 with recompute for a 1%
@@ -116,6 +140,7 @@
 #include "cumulus/nn/flat_parameters.h"
 #include "cumulus/nn/module.h"
 #include "cumulus/optim/optimizer.h"
+#include "engine/plan/communication.h"
 #include "engine/plan/fits.h"
 #include "engine/plan/prediction.h"
 #include "engine/plan/zero_in_place.h"
@@ -294,6 +319,7 @@ class Planner {
   std::string record_failure_;     // why the request's setting could not be recorded, if so
   int64_t epoch_units_ = 0;
   PlanSetting in_place_;                                  // what apply last put in place
+  ReductionLayout reductions_;                            // what the ranks' collectives move
   std::vector<std::pair<int64_t, double>> line_timings_;  // the fallback's probes
   Plan plan_;
 };
@@ -319,6 +345,9 @@ Planner::Planner(const PlanRequest& request, CachingAllocator& alloc)
   for (int64_t b : req_.loop_state) held_.push_back(FixedBlock{MemoryCategory::other, b});
   plan_.recompute_segments = req_.recompute_segments;
   plan_.setting = req_.setting;
+  plan_.collective_times = req_.collective_times;
+  if (req_.collective_times.world_size > 1)
+    reductions_ = reduction_layout(req_.optimizer->parameters(), req_.bucket_bytes);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -486,8 +515,11 @@ void Planner::set_times(PlanRow& r) const {
   const Plan::Weighed* weighed = nullptr;
   for (const Plan::Weighed& w : plan_.weighed)
     if (w.setting == r.setting) weighed = &w;
+  r.communication_seconds =
+      communication_seconds(req_.collective_times, reductions_, r.setting.zero_stage, r.accum_steps);
   const auto batch = [&](const TimeFit& fit) {
-    return static_cast<double>(r.accum_steps) * fit.predict(r.micro_batch) + plan_.step_seconds;
+    return static_cast<double>(r.accum_steps) * fit.predict(r.micro_batch) + plan_.step_seconds +
+           r.communication_seconds;
   };
   const TimeFit fit = weighed ? weighed->time : TimeFit();
   r.micro_batch_seconds = fit.predict(r.micro_batch);
@@ -641,8 +673,10 @@ std::string Planner::time_text(const PlanRow& row) const {
   if (plan_.timing_repeats > 1)
     text += " (" + format_seconds(row.batch_seconds_low) + " to " + format_seconds(row.batch_seconds_high) + " over " +
             std::to_string(plan_.timing_repeats) + " timings a size)";
+  if (row.communication_seconds > 0) text += ", " + format_seconds(row.communication_seconds) + " of it collectives";
   if (epoch_units_ > 0) text += ", " + format_seconds(row.epoch_seconds) + " an epoch";
   if (!plan_.step_timed) text += " (optimizer step not timed)";
+  if (req_.world_size > 1 && req_.collective_times.world_size == 1) text += " (communication not measured)";
   return text;
 }
 
@@ -977,6 +1011,9 @@ Plan plan_batch(const PlanRequest& request) {
                 "plan_batch: levers to weigh (recompute segments, placement or precisions) but no apply function to "
                 "put a setting in place");
   check_zero_request(request);
+  CUMULUS_CHECK(request.collective_times.world_size == 1 || request.collective_times.world_size == request.world_size,
+                InvalidArgument, "plan_batch: collective times measured over ", request.collective_times.world_size,
+                " ranks, the request plans for ", request.world_size);
   CUMULUS_CHECK(state_settings(request, *request.optimizer).size() == 1 || request.optimizer->state().empty(),
                 InvalidArgument, "plan_batch: the optimizer's state is weighed (weigh_state_placement, weigh_state_bits "
                 "or weigh_zero) but exists already (it cannot change)");

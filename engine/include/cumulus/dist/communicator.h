@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cumulus/core/device.h"
@@ -125,6 +126,26 @@ class Communicator {
   // now (MemoryTracker::end_step). Fewer than kMaxRecentSpans are kept for it: the latest.
   TimeSpans take_recent_spans();
   static constexpr std::size_t kMaxRecentSpans = 1024;
+
+  // Within its scope the counters and the spans stay as they were: a measurement of the transport
+  // (measure_collective_times) is not the run's communication.
+  class StatsUnchanged {
+   public:
+    explicit StatsUnchanged(Communicator& comm)
+        : comm_(comm), stats_(comm.stats_), unresolved_(comm.unresolved_), recent_(comm.recent_) {}
+    ~StatsUnchanged() {
+      comm_.stats_ = stats_;
+      comm_.unresolved_ = std::move(unresolved_);
+      comm_.recent_ = std::move(recent_);
+    }
+    StatsUnchanged(const StatsUnchanged&) = delete;
+    StatsUnchanged& operator=(const StatsUnchanged&) = delete;
+
+   private:
+    Communicator& comm_;
+    Stats stats_;
+    TimeSpans unresolved_, recent_;
+  };
 
  protected:
   Communicator(int rank, int world, int local_rank, int local_size)

@@ -22,6 +22,7 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/precision.h"
+#include "cumulus/dist/collective_times.h"
 #include "cumulus/memory/category.h"
 #include "cumulus/optim/optimizer.h"
 
@@ -88,6 +89,9 @@ struct PlanRow {
   double micro_batch_seconds = 0.0;
   double batch_seconds = 0.0;
   double epoch_seconds = 0.0;
+  // Of batch_seconds, the collectives its ZeRO stage makes over PlanRequest::world_size ranks
+  // (PlanRequest::collective_times; 0 for one rank or without them).
+  double communication_seconds = 0.0;
   // The spread: batch_seconds through each size's fastest and slowest timing (equal when untimed).
   double batch_seconds_low = 0.0;
   double batch_seconds_high = 0.0;
@@ -159,6 +163,10 @@ struct PlanRequest {
   std::function<double(int64_t units, const PlanSetting& setting)> micro_batch_seconds;
   // One optimizer step's seconds; < 0: probed when the optimizer's state exists, else not counted.
   double step_seconds = -1.0;
+  // What the ranks' collectives cost (dist::measure_collective_times on the training communicator,
+  // every rank calling it before the root plans; or known numbers): each row adds the reductions
+  // its ZeRO stage makes in an effective batch. world_size 1 (the default): none counted.
+  dist::CollectiveTimes collective_times;
   // The model whose buffers (batch norm's running statistics) probes move: restored after.
   nn::Module* model = nullptr;
   bool verify = true;  // false: predict and choose only, no probe
@@ -189,6 +197,7 @@ struct Plan {
   std::vector<PlanRow> table;
   double step_seconds = 0.0;  // the optimizer step's time
   bool step_timed = false;    // false: neither given nor probed, counted as 0
+  dist::CollectiveTimes collective_times;  // the request's: what each row's communication is from
   // Every micro-batch the planner ran, all under the budget: wall time, largest, timings per size.
   double probe_seconds = 0.0;
   int64_t largest_probe = 0;
