@@ -7,12 +7,16 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <strings.h>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "cumulus/core/error.h"
 #include "kernels/cpu/parallel.h"
@@ -42,32 +46,55 @@
 // OpenBLAS (a DYNAMIC_ARCH build: Debian's) picks its kernels by CPU model at load. 0.3.21 does not
 // know the model a VM may report (here "Intel(R) Xeon(R) Processor", AVX-512 capable) and falls back
 // to Prescott's SSE3 kernels: a 512^3 SGEMM took 20.4 ms there against 3.0 ms with its SkylakeX
-// kernels on the same core. So when the library loads (after OpenBLAS's own constructor, before
-// any GEMM), if OpenBLAS chose Prescott, the user set no OPENBLAS_CORETYPE, and the CPU has
-// AVX-512 (F, CD, BW, DQ, VL) or AVX2 and FMA, its core selection runs again with OPENBLAS_CORETYPE
-// set to SkylakeX or Haswell, through the two functions a DYNAMIC_ARCH build exports for it
-// (looked up with dlsym: a build without them keeps its choice). The variable stays set, so the
-// programs a test or the app starts choose the same kernels at once. Results change only as any
-// two OpenBLAS kernels' summation orders do.
+// kernels on the same core. On AMD Zen 4 (family 0x19 with AVX-512, which it runs on 256-bit
+// units) it picks Cooperlake's AVX-512 kernels, whose blocking and packing cost more than its
+// Haswell kernels' on the same FMA units: the small GPT's [512, 128] x [128, 384]-sized products
+// took 486 us against 465, its step 123.9 ms against 119.2, the seed MLP's GEMMs at 64 rows 2.13 ms
+// against 2.01 (2026-11-29, EPYC family 25 model 17, one thread). So when the library loads (after
+// OpenBLAS's own constructor, before any GEMM), if the user set no OPENBLAS_CORETYPE and OpenBLAS
+// chose Prescott on a CPU with AVX-512 (F, CD, BW, DQ, VL) or AVX2 and FMA, or anything but Haswell
+// on Zen 4, its core selection runs again with OPENBLAS_CORETYPE set to SkylakeX or Haswell, through
+// the two functions a DYNAMIC_ARCH build exports for it (looked up with dlsym: a build without them
+// keeps its choice). The variable stays set, so the programs a test or the app starts choose the
+// same kernels at once. Results change only as any two OpenBLAS kernels' summation orders do.
 
 namespace cumulus {
 
 namespace {
 
-const char* better_openblas_core() {
+bool cpu_has_avx512() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+// AMD Zen 4: family 0x19 (Zen 3 has no AVX-512, Zen 5 is family 0x1a).
+bool cpu_is_zen4() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0 || b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163)  // AuthenticAMD
+    return false;
+  __get_cpuid(1, &a, &b, &c, &d);
+  const unsigned family = ((a >> 8) & 0xf) + ((a >> 20) & 0xff);
+  return family == 0x19 && cpu_has_avx512();
+#else
+  return false;
+#endif
+}
+
+// The kernels to select instead of `chosen`, or null to keep it.
+const char* better_openblas_core(const char* chosen) {
+  if (cpu_is_zen4()) return strcasecmp(chosen, "haswell") == 0 ? nullptr : "Haswell";
+  if (strcasecmp(chosen, "prescott") != 0) return nullptr;
+  if (cpu_has_avx512()) return "SkylakeX";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
   return nullptr;
 }
 
 bool select_openblas_core() {
   const char* chosen = openblas_get_corename();
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || chosen == nullptr || strcasecmp(chosen, "prescott") != 0)
-    return false;
-  const char* core = better_openblas_core();
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || chosen == nullptr) return false;
+  const char* core = better_openblas_core(chosen);
   auto quit = reinterpret_cast<void (*)()>(::dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
   auto init = reinterpret_cast<void (*)()>(::dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
   if (core == nullptr || quit == nullptr || init == nullptr) return false;

@@ -7,12 +7,14 @@
 // OpenBLAS's own split of the small GEMMs a transformer runs gains little (a [512, 128] x
 // [128, 384] product's backward: 1.08x on two threads). So, unless an address-space limit keeps
 // OpenBLAS's threads (core/threads.cpp), OpenBLAS runs one thread per call and a GEMM splits its
-// output C across our pool: bands of whole rows (whole columns when C has few rows), each a
-// multiple of 16 and a product of at least kMinSplitMacs multiply-adds, each band one cblas_sgemm
+// output C across our pool: bands of whole rows (whole columns when C has few rows), aligned to
+// OpenBLAS's register tiles and a product of at least kMinSplitMacs multiply-adds, each band one cblas_sgemm
 // call on one thread. OpenBLAS computes an element of C from its row of op(A) and column of op(B)
 // alone, blocking the sum over k by k's size only, so a band's elements are summed exactly as in
 // the whole product: the bits do not depend on the split (GemmCpu.BandsGiveTheBitsOfOneCall).
 #include <cblas.h>
+
+#include <strings.h>
 
 #include <algorithm>
 #include <cstring>
@@ -27,7 +29,25 @@ namespace {
 // A band's least work: well above the products OpenBLAS may hand a special small-matrix kernel,
 // and about 10 us, so a helper's wake-up pays.
 constexpr int64_t kMinSplitMacs = int64_t(1) << 20;
-constexpr int64_t kBandAlign = 16;
+// Where bands may start so that every element of C is summed by the same kernel code as in one
+// call. OpenBLAS works column-major, so C's rows are its N dimension, tiled by its kernels' N unroll:
+// SkylakeX's and Cooperlake's tiles divide 16 rows, Haswell's (also Zen's) are 12 rows, and bands
+// of 16 there changed bits. Along C's columns (its M dimension) Haswell's kernels sum an element
+// differently depending on where the call's columns start, at any alignment tried (16, 48), so
+// they split C by rows only.
+struct BandRule {
+  int64_t row_align;
+  bool columns;  // whether C may be split into bands of columns, aligned to 16
+};
+
+const BandRule& band_rule() {
+  static const BandRule rule = [] {
+    const char* core = openblas_get_corename();  // after cumulus's own choice (core/threads.cpp)
+    const bool haswell = core != nullptr && (strcasecmp(core, "haswell") == 0 || strcasecmp(core, "zen") == 0);
+    return haswell ? BandRule{12, false} : BandRule{16, true};
+  }();
+  return rule;
+}
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -36,13 +56,14 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// The band size (rows or columns of C) that gives each thread about one band, or 0: no split.
-int64_t band_size(int64_t extent, int64_t macs_per_unit) {
+// The band size (rows or columns of C, multiples of `align`) that gives each thread about one
+// band, or 0: no split.
+int64_t band_size(int64_t extent, int64_t macs_per_unit, int64_t align) {
   const int64_t threads = kernel_threads();
-  if (threads < 2 || extent < 2 * kBandAlign) return 0;
-  int64_t band = (extent + threads - 1) / threads;
-  band = (band + kBandAlign - 1) / kBandAlign * kBandAlign;
-  band = std::max(band, (kMinSplitMacs / std::max<int64_t>(macs_per_unit, 1) + kBandAlign - 1) / kBandAlign * kBandAlign);
+  if (threads < 2 || extent < 2 * align) return 0;
+  const auto aligned = [align](int64_t x) { return (x + align - 1) / align * align; };
+  const int64_t band =
+      std::max(aligned((extent + threads - 1) / threads), aligned(kMinSplitMacs / std::max<int64_t>(macs_per_unit, 1)));
   return band < extent ? band : 0;
 }
 
@@ -50,8 +71,9 @@ int64_t band_size(int64_t extent, int64_t macs_per_unit) {
 bool sgemm_in_bands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (!gemm_splits()) return false;
-  const bool by_rows = m >= n;
-  const int64_t band = by_rows ? band_size(m, n * k) : band_size(n, m * k);
+  const BandRule& rule = band_rule();
+  const bool by_rows = m >= n || !rule.columns;
+  const int64_t band = by_rows ? band_size(m, n * k, rule.row_align) : band_size(n, m * k, 16);
   if (band == 0) return false;
   parallel_for(by_rows ? m : n, band, [&](int64_t begin, int64_t end) {
     if (by_rows)  // rows begin..end of C: those rows of op(A)
@@ -66,9 +88,8 @@ bool sgemm_in_bands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 
 }  // namespace
 
-void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc) {
+void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum: BLAS leaves c scaled by beta; make beta = 0 well defined too
     for (int64_t i = 0; i < m; ++i)
