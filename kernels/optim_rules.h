@@ -54,10 +54,10 @@ struct StepState {
 // How the Trainer normalizes and guards; kernel arguments, constant for a run.
 struct StepConfig {
   int32_t divide_by_units;  // 1: grad_scale starts at 1 / group.units (Normalization::units)
-  int32_t need_norm;          // compute the norm (clipping or the non-finite guard is on)
+  int32_t need_norm;        // compute the norm (clipping or the non-finite guard is on)
   int32_t skip_non_finite;
-  float clip_grad_norm;       // > 0: clip the normalized norm to this
-  int32_t lr_table_size;      // entries of lr_table (lr for update lr_base + i); the last one holds
+  float clip_grad_norm;   // > 0: clip the normalized norm to this
+  int32_t lr_table_size;  // entries of lr_table (lr for update lr_base + i); the last one holds
   // Dynamic loss scaling: 0 off (loss_scale unused); else the gradient is divided by loss_scale,
   // a skipped group multiplies it by backoff, but never below loss_scale_min, growth_interval clean
   // groups in a row by growth, but never to infinity.
@@ -68,14 +68,16 @@ struct StepConfig {
   float loss_scale_min;  // a power of two >= the smallest normal f32, 2^-126: 1 / it is finite
 };
 
-// The step's device memory: the state, the per-block partial sums of the gradient's squared norm
-// and the counter that finds the last block (kernels/cuda/optim.cu). One allocation.
+// The step's device memory: the state, the per-block partial sums of the gradient's squared norm,
+// the counter that finds the last block and, where the norm spans ranks, their sum (kernels/cuda/
+// optim.cu). One allocation.
 struct StepBuffers {
   static constexpr int kNormPartials = 256;  // blocks of the norm reduction: fixed, so deterministic
   StepState state;
   double partials[kNormPartials];
   uint32_t blocks_done;
   uint32_t reserved;
+  double sum_squares;  // grad_sum_squares_cuda's, all-reduced across ranks (ZeRO stage 2)
 };
 
 CUMULUS_HOST_DEVICE void record_micro_batch(StepState& s, double units, double loss) {

@@ -16,7 +16,9 @@
 //   in order, where data parallel sums each rank's micro-batches first, then the ranks: another
 //   order, so stage 2 agrees with data parallel to float rounding, not bit for bit (Note [Data
 //   parallel tolerance] in tests/test_dist.cpp), and its global norm is the sum of the ranks' shard
-//   sums of squares. The order is fixed by the number of ranks: a rerun gives the same bits.
+//   sums of squares (on CUDA summed on the device and all-reduced in place by NCCL before the step's
+//   decision: Trainer::Parts::decide_sharded_step_cuda, not yet run on a GPU). The order is fixed
+//   by the number of ranks: a rerun gives the same bits.
 // - A short last group gives some ranks one micro-batch fewer: each of them reduces a round of
 //   zeros at the step, so every rank makes the same reductions (x + 0 is x).
 // - Slots a backward did not reach (frozen, unused) and the padding between slots are zeroed in the
@@ -162,8 +164,7 @@ void ShardedGradients::reduce(Bucket& b) {
     float* into = params_.gradients().data<float>() + (b.offset + own.offset - params_.gradients_offset());
     const float* from = sums + own.offset;
     // The group's first round writes (the shard may hold a skipped step's non-finite values).
-    if (rounds_ == 0)
-      copy_bytes(into, device, from, device, static_cast<std::size_t>(own.count) * sizeof(float));
+    if (rounds_ == 0) copy_bytes(into, device, from, device, static_cast<std::size_t>(own.count) * sizeof(float));
     else
       CUMULUS_DISPATCH(device, ctx, kernels::accumulate_cpu(from, 1.0f, into, own.count),
                        kernels::accumulate_cuda(from, 1.0f, into, own.count, ctx.stream()));

@@ -884,15 +884,17 @@ Plan Planner::run() {
 }
 
 // The model state's settings to plan with, in order (Note [Plan levers]): the optimizer's own,
-// then, each only when nothing before fits, the ZeRO stages above the request's (opted in), and
-// at the highest of them 8 bits where the state is (opted in) and the host.
+// then, each only when nothing before fits, the ZeRO stages above the request's (opted in; stage 2
+// weighed on CPU devices only: on CUDA it has not run on a GPU, so it runs only where asked for),
+// and at the highest of them 8 bits where the state is (opted in) and the host.
 std::vector<PlanSetting> state_settings(const PlanRequest& request, const optim::Optimizer& optimizer) {
   PlanSetting own = request.setting;
   own.optimizer_state = optimizer.state_placement();
   own.optimizer_bits = optimizer.state_bits();
   std::vector<PlanSetting> out = {own};
+  const int highest = request.device.is_cpu() ? 2 : 1;
   if (request.weigh_zero)
-    for (int stage = own.zero_stage + 1; stage <= 2; ++stage) out.push_back(own), out.back().zero_stage = stage;
+    for (int stage = own.zero_stage + 1; stage <= highest; ++stage) out.push_back(own), out.back().zero_stage = stage;
   const PlanSetting sharded = out.back();
   if (request.weigh_state_bits && own.optimizer_bits == 32) out.push_back(sharded), out.back().optimizer_bits = 8;
   if (request.weigh_state_placement && own.optimizer_state == optim::StatePlacement::device)
@@ -1015,7 +1017,8 @@ Plan plan_batch(const PlanRequest& request) {
                 InvalidArgument, "plan_batch: collective times measured over ", request.collective_times.world_size,
                 " ranks, the request plans for ", request.world_size);
   CUMULUS_CHECK(state_settings(request, *request.optimizer).size() == 1 || request.optimizer->state().empty(),
-                InvalidArgument, "plan_batch: the optimizer's state is weighed (weigh_state_placement, weigh_state_bits "
+                InvalidArgument,
+                "plan_batch: the optimizer's state is weighed (weigh_state_placement, weigh_state_bits "
                 "or weigh_zero) but exists already (it cannot change)");
   CachingAllocator& alloc = allocator_for(request.device);
   ZeroInPlace zero(request);  // finished outside the limit: the flat gradient it gives back is not the plan's

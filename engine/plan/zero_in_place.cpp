@@ -12,8 +12,6 @@ void check_zero_request(const PlanRequest& request) {
                 "plan_batch: rank ", request.rank, " of a world of ", request.world_size);
   CUMULUS_CHECK((stage == 0 && !request.weigh_zero) || request.world_size > 1, InvalidArgument,
                 "plan_batch: ZeRO shards over several ranks; the world has ", request.world_size);
-  CUMULUS_CHECK((stage < 2 && !request.weigh_zero) || request.device.is_cpu(), InvalidArgument,
-                "plan_batch: ZeRO stage 2 runs on CPU devices only, the request is for ", request.device.str());
   CUMULUS_CHECK(request.bucket_bytes > 0, InvalidArgument, "plan_batch: bucket_bytes must be > 0");
 }
 

@@ -11,7 +11,7 @@
 namespace cumulus::plan {
 
 // InvalidArgument for a request whose ZeRO settings cannot be planned: a stage outside 0-2, a
-// stage or weigh_zero without several ranks, a rank outside the world, stage 2 off the CPU.
+// stage or weigh_zero without several ranks, a rank outside the world.
 void check_zero_request(const PlanRequest& request);
 
 // The request's ZeRO stage for the probes: from stage 1 the optimizer keeps rank `request.rank`'s

@@ -95,9 +95,6 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
     for (const auto& [epoch, n] : steps) check_accum_steps(n, "Trainer");
     if (options.zero_stage >= 1) p.keep_shard();
     if (options.zero_stage == 2) {
-      // The cross-rank norm is built for MPI's host memory only.
-      CUMULUS_CHECK(device.is_cpu(), InvalidArgument, "Trainer: ZeRO stage 2 runs on CPU devices only (its "
-                    "gradient norm across ranks is not built for CUDA yet); use zero_stage 1 on ", device.str());
       p.sharded = std::make_unique<dist::ShardedGradients>(p.optimizer->parameters(), options.bucket_bytes,
                                                            *options.communicator, p.shards);
     } else {
@@ -287,10 +284,12 @@ TrainingCounters Trainer::counters() const {
   c.last_clip_factor = st.clip;
   c.epoch_loss_sum = st.epoch.loss;
   c.epoch_units_stepped = st.epoch.units;
-  c.gradient_buckets = p.buckets ? static_cast<int64_t>(p.buckets->count())
-                                  : p.sharded ? static_cast<int64_t>(p.sharded->count()) : 0;
-  c.buckets_started_in_backward = p.buckets ? p.buckets->started_in_backward()
-                                            : p.sharded ? p.sharded->reduced_in_backward() : 0;
+  c.gradient_buckets = p.buckets   ? static_cast<int64_t>(p.buckets->count())
+                       : p.sharded ? static_cast<int64_t>(p.sharded->count())
+                                   : 0;
+  c.buckets_started_in_backward = p.buckets   ? p.buckets->started_in_backward()
+                                  : p.sharded ? p.sharded->reduced_in_backward()
+                                              : 0;
   return c;
 }
 

@@ -86,7 +86,7 @@ struct Trainer::Captured {
 #endif
   std::vector<bool> stale_after;      // the slots' stale flags after the micro-batch
   const void* frozen_mask = nullptr;  // the step graph: the frozen mask it was captured with
-  memory::MicroBatchRecord memory;  // measured while capturing
+  memory::MicroBatchRecord memory;    // measured while capturing
   bool captured() const {
 #if CUMULUS_WITH_CUDA
     return graph.valid();
@@ -115,7 +115,7 @@ struct Trainer::Parts {
   // `work` eagerly where `graph` is null or new, captured into it the second time (then launched),
   // replayed after that (Note [Captured training]).
   Ran run_or_replay(Captured* graph, const std::function<void()>& work);
-  Captured* step_graph();  // null when the step runs eagerly
+  Captured* step_graph();             // null when the step runs eagerly
   void check_graphs_allowed() const;  // InvalidArgument when graphs meet a host-placed optimizer state
   // The step's parts.
   void reduce_across_ranks();
@@ -127,6 +127,8 @@ struct Trainer::Parts {
   void keep_shard();
   void gather_shards();
   void decide_step();
+  void decide_sharded_step_cuda(const kernels::StepConfig& config);
+  kernels::StepConfig step_config() const;
   void end_group();
   void log_step();  // on_step, when set
   // The step state and the optimizer's scalars, read with one wait for the device.
@@ -145,7 +147,7 @@ struct Trainer::Parts {
   std::unique_ptr<dist::GradientBuckets> buckets;   // data parallel, ZeRO stage 0 and 1
   std::unique_ptr<dist::ShardedGradients> sharded;  // data parallel, ZeRO stage 2
   std::vector<dist::Shard> shards;                  // ZeRO: every rank's part of the flat arrays
-  int64_t steps_offset = 0;  // optimizer updates made before this Trainer's run (before restore)
+  int64_t steps_offset = 0;                         // optimizer updates made before this Trainer's run (before restore)
 
   bool use_graphs;
   memory::MemoryTracker* tracker;  // may be null

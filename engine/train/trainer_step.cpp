@@ -226,7 +226,8 @@ Tensor gather_state_array(const Tensor& held, int64_t whole, int64_t size, const
   std::vector<dist::Shard> words;
   for (const dist::Shard& s : shards) {
     CUMULUS_CHECK((s.offset / block * bytes) % 4 == 0 && (s.count / block * bytes) % 4 == 0, Error,
-                  "Trainer::optimizer_state: a shard of ", dtype_name(held.dtype()), " state does not fill 4-byte words");
+                  "Trainer::optimizer_state: a shard of ", dtype_name(held.dtype()),
+                  " state does not fill 4-byte words");
     words.push_back({s.offset / block * bytes / 4, s.count / block * bytes / 4});
   }
   const dist::Shard& own = words[static_cast<std::size_t>(comm.rank())];
@@ -262,6 +263,32 @@ std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
 
 // The norm of the accumulated gradient and kernels::prepare_step, one launch on CUDA.
 void Trainer::Parts::decide_step() {
+  const kernels::StepConfig config = step_config();
+  const Tensor& grad = optimizer->parameters().gradients();
+  UpdateScalars* scalars = optimizer->update_scalars();
+  if (sharded && config.need_norm && grad.device().is_cuda()) return decide_sharded_step_cuda(config);
+  CUMULUS_DISPATCH(grad.device(), ctx,
+                   kernels::prepare_step(state.buffers()->state, *scalars,
+                                         config.need_norm ? gradient_sum_of_squares() : 0.0, config, lr_window.table()),
+                   kernels::grad_norm_and_prepare_step_cuda(grad.data<float>(), grad.numel(), state.buffers(), scalars,
+                                                            config, lr_window.table(), ctx.stream()));
+}
+
+// ZeRO-2 on CUDA: this rank's shard's squared norm, summed across the ranks in place (NCCL, on the
+// stream), then the decision from the sum: three launches where data parallel takes one. Written
+// without a GPU at hand: it has not run on one.
+void Trainer::Parts::decide_sharded_step_cuda(const kernels::StepConfig& config) {
+  const Tensor& grad = optimizer->parameters().gradients();
+  kernels::StepBuffers* buffers = state.buffers();
+  CUMULUS_DISPATCH(grad.device(), ctx, (void)0,
+                   kernels::grad_sum_squares_cuda(grad.data<float>(), grad.numel(), buffers, ctx.stream()));
+  options.communicator->all_reduce_sum(&buffers->sum_squares, 1, dist::Element::f64, grad.device());
+  CUMULUS_DISPATCH(
+      grad.device(), ctx, (void)0,
+      kernels::prepare_step_cuda(buffers, optimizer->update_scalars(), config, lr_window.table(), ctx.stream()));
+}
+
+kernels::StepConfig Trainer::Parts::step_config() const {
   const AccumulationOptions& o = options;
   kernels::StepConfig config;
   config.divide_by_units = o.normalization == Normalization::units ? 1 : 0;
@@ -274,14 +301,7 @@ void Trainer::Parts::decide_step() {
   config.loss_scale_growth = o.loss_scaling.growth_factor;
   config.loss_scale_backoff = o.loss_scaling.backoff_factor;
   config.loss_scale_min = o.loss_scaling.min_scale;
-  const Tensor& grad = optimizer->parameters().gradients();
-  UpdateScalars* scalars = optimizer->update_scalars();
-  CUMULUS_DISPATCH(grad.device(), ctx,
-                   kernels::prepare_step(state.buffers()->state, *scalars,
-                                         config.need_norm ? gradient_sum_of_squares() : 0.0, config,
-                                         lr_window.table()),
-                   kernels::grad_norm_and_prepare_step_cuda(grad.data<float>(), grad.numel(), state.buffers(), scalars,
-                                                            config, lr_window.table(), ctx.stream()));
+  return config;
 }
 
 // On the CPU. ZeRO-2: every rank's shard's sum, the same on every rank (Note [ZeRO stage 2]).

@@ -23,9 +23,8 @@
 namespace cumulus::kernels {
 
 // Row-major c[m, n] = alpha * op(a) * op(b) + beta * c, through cuBLAS (FP32, no TF32).
-void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-               float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-               float* c, int64_t ldc);
+void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // The storage types of a GEMM's operands: a and b in `ab`, c in `cd` (f32, or ab's type). Products
 // are accumulated and scaled in f32 whatever they are (tensor cores for 16-bit a and b); a 16-bit c
@@ -139,8 +138,7 @@ template <typename T>
 void relu_backward_cuda(const T* y, const T* dy, float beta, T* dx, int64_t n, cudaStream_t stream);
 
 void fill_cuda(float* out, float value, int64_t n, cudaStream_t stream);
-void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n,
-                           cudaStream_t stream);
+void fill_from_scalar_cuda(const float* scalar, float scale, float beta, float* out, int64_t n, cudaStream_t stream);
 template <typename T>
 void accumulate_cuda(const T* x, float beta, T* y, int64_t n, cudaStream_t stream);
 // y = x converted, among float, BFloat16 and Half (convert_cpu's bits: Note [Half-precision
@@ -185,8 +183,8 @@ void classification_tally_cuda(const T* logits, const int32_t* labels, int64_t r
 constexpr int64_t kFusedMaxClasses = 32;
 
 // y [batch, out] = act(x W^T + b): x [batch, in], w [out, in], b [out]; act is ReLU or nothing.
-void fused_linear_forward_cuda(const float* x, const float* w, const float* b, int64_t batch, int64_t in,
-                               int64_t out, bool relu, float* y, cudaStream_t stream);
+void fused_linear_forward_cuda(const float* x, const float* w, const float* b, int64_t batch, int64_t in, int64_t out,
+                               bool relu, float* y, cudaStream_t stream);
 
 // The head's forward: logits = h W^T + b ([batch, classes], classes <= kFusedMaxClasses), then per
 // row probs = softmax(logits) and row_loss = logsumexp(logits) - logits[label] (NaN for a label
@@ -219,8 +217,8 @@ void fused_head_backward_cuda(const float* probs, const int32_t* labels, const f
 // A hidden layer's backward, one launch: dz [batch, out] is the gradient of its output (already
 // masked by its ReLU), x [batch, in] its input, w [out, in]:
 //   dw (+)= dz^T x, db (+)= sum_rows dz, dx (+)= dz W.
-void fused_linear_backward_cuda(const float* dz, const float* x, const float* w, int64_t batch, int64_t in,
-                                int64_t out, const FusedGradients& grads, cudaStream_t stream);
+void fused_linear_backward_cuda(const float* dz, const float* x, const float* w, int64_t batch, int64_t in, int64_t out,
+                                const FusedGradients& grads, cudaStream_t stream);
 
 }  // namespace cumulus::kernels
 
@@ -241,6 +239,12 @@ void sum_squares_cuda(const float* x, int64_t n, float* partials, float* out, cu
 // goes into `scalars`, which the update kernels read.
 void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* buffers, UpdateScalars* scalars,
                                      const StepConfig& config, const float* lr_table, cudaStream_t stream);
+// The same in two launches, for a norm over several ranks' shards (ZeRO stage 2): this rank's
+// squared norm into buffers->sum_squares (the same fixed-order sum), which the caller may then
+// all-reduce in place, and prepare_step from it (0 unless config.need_norm).
+void grad_sum_squares_cuda(const float* grad, int64_t n, StepBuffers* buffers, cudaStream_t stream);
+void prepare_step_cuda(StepBuffers* buffers, UpdateScalars* scalars, const StepConfig& config, const float* lr_table,
+                       cudaStream_t stream);
 void set_step_cuda(UpdateScalars* scalars, float grad_scale, float lr, cudaStream_t stream);
 // group.units += units, group.loss += loss[0].
 void record_micro_batch_cuda(StepBuffers* buffers, const float* loss, double units, cudaStream_t stream);

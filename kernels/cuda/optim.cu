@@ -26,9 +26,12 @@ using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
 
-__global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepBuffers* buf, UpdateScalars* scalars,
-                                             StepConfig config, const float* lr_table) {
-  if (config.need_norm) {
+// The gradient's squared norm over a fixed grid (deterministic): each block's partial, then the last
+// block to arrive sums them in block order. True in the last block's threads, total its sum. The
+// fence makes a block's partial visible before its arrival is counted; the last block then sees
+// every partial, and resets the counter for the next step.
+__device__ bool squared_norm_last_block(const float* grad, int64_t n, bool need_norm, StepBuffers* buf, double& total) {
+  if (need_norm) {
     double s = 0.0;
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
@@ -38,26 +41,39 @@ __global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepB
     s = block_sum(s);
     if (threadIdx.x == 0) buf->partials[blockIdx.x] = s;
   }
-  // The last block to arrive decides. The fence makes this block's partial visible before its
-  // arrival is counted; the last block then sees every partial.
   __shared__ bool last;
   if (threadIdx.x == 0) {
     __threadfence();
     last = atomicAdd(&buf->blocks_done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last) return false;
   __threadfence();
-  double total = 0.0;
-  if (config.need_norm) {
+  total = 0.0;
+  if (need_norm) {
     double p = 0.0;
     for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x) p += buf->partials[b];
     total = block_sum(p);
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) buf->blocks_done = 0;
+  return true;
+}
+
+__global__ void grad_norm_and_prepare_kernel(const float* grad, int64_t n, StepBuffers* buf, UpdateScalars* scalars,
+                                             StepConfig config, const float* lr_table) {
+  double total = 0.0;
+  if (squared_norm_last_block(grad, n, config.need_norm, buf, total) && threadIdx.x == 0)
     prepare_step(buf->state, *scalars, total, config, lr_table);
-    buf->blocks_done = 0;  // ready for the next step
-  }
+}
+
+__global__ void grad_sum_squares_kernel(const float* grad, int64_t n, StepBuffers* buf) {
+  double total = 0.0;
+  if (squared_norm_last_block(grad, n, true, buf, total) && threadIdx.x == 0) buf->sum_squares = total;
+}
+
+__global__ void prepare_step_kernel(StepBuffers* buf, UpdateScalars* scalars, StepConfig config,
+                                    const float* lr_table) {
+  prepare_step(buf->state, *scalars, config.need_norm ? buf->sum_squares : 0.0, config, lr_table);
 }
 
 __global__ void set_step_kernel(UpdateScalars* scalars, float grad_scale, float lr) {
@@ -229,6 +245,15 @@ void grad_norm_and_prepare_step_cuda(const float* grad, int64_t n, StepBuffers* 
   launch<grad_norm_and_prepare_kernel>(blocks, kThreads, stream, grad, n, buffers, scalars, config, lr_table);
 }
 
+void grad_sum_squares_cuda(const float* grad, int64_t n, StepBuffers* buffers, cudaStream_t stream) {
+  launch<grad_sum_squares_kernel>(StepBuffers::kNormPartials, kThreads, stream, grad, n, buffers);
+}
+
+void prepare_step_cuda(StepBuffers* buffers, UpdateScalars* scalars, const StepConfig& config, const float* lr_table,
+                       cudaStream_t stream) {
+  launch<prepare_step_kernel>(1, 1, stream, buffers, scalars, config, lr_table);
+}
+
 void set_step_cuda(UpdateScalars* scalars, float grad_scale, float lr, cudaStream_t stream) {
   launch<set_step_kernel>(1, 1, stream, scalars, grad_scale, lr);
 }
@@ -241,8 +266,8 @@ void sgd_update_cuda(float* w, const float* grad, float* momentum_buf, int64_t n
                      float momentum, float dampening, bool nesterov, float weight_decay, const FrozenChunks& frozen,
                      cudaStream_t stream, float lr_scale) {
   if (n == 0) return;
-  launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, scalars, momentum,
-                            dampening, nesterov, weight_decay, frozen, lr_scale);
+  launch<sgd_update_kernel>(blocks_for(n), kThreads, stream, w, grad, momentum_buf, n, scalars, momentum, dampening,
+                            nesterov, weight_decay, frozen, lr_scale);
 }
 
 void adamw_update_cuda(float* w, const float* grad, float* m, float* v, int64_t n, const UpdateScalars* scalars,

@@ -142,8 +142,8 @@ class StepRun {
     }
     StepState reference = cpu_;
     UpdateScalars reference_scalars = cpu_scalars_;
-    kernels::grad_norm_and_prepare_step_cuda(grad.data(), n_, dev_.get(), dev_scalars_.get(), config_,
-                                             lr_table_.data(), nullptr);
+    kernels::grad_norm_and_prepare_step_cuda(grad.data(), n_, dev_.get(), dev_scalars_.get(), config_, lr_table_.data(),
+                                             nullptr);
     kernels::prepare_step(cpu_, cpu_scalars_, config_.need_norm ? kernels::sum_squares_cpu(grad.data(), n_) : 0.0,
                           config_, lr_table_.data());
     kernels::prepare_step(reference, reference_scalars, config_.need_norm ? reference_sum_squares(grad) : 0.0, config_,
@@ -202,7 +202,8 @@ class StepRun {
     cpu_.grad_norm = d.grad_norm;
     cpu_.clip = d.clip;
     cpu_scalars_.grad_scale = du.grad_scale;
-    EXPECT_EQ(std::memcmp(&d, &cpu_, sizeof(StepState)), 0) << describe(d, du) << " vs " << describe(cpu_, cpu_scalars_);
+    EXPECT_EQ(std::memcmp(&d, &cpu_, sizeof(StepState)), 0)
+        << describe(d, du) << " vs " << describe(cpu_, cpu_scalars_);
     EXPECT_EQ(std::memcmp(&du, &cpu_scalars_, sizeof(UpdateScalars)), 0)
         << describe(d, du) << " vs " << describe(cpu_, cpu_scalars_);
   }
@@ -211,11 +212,12 @@ class StepRun {
     Params& p = dev_params_;
     const OptimizerConfig& o = opt_;
     if (o.adamw)
-      kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, dev_scalars_.get(), o.beta1, o.beta2,
-                                 o.eps, o.weight_decay, kernels::FrozenChunks{}, nullptr);
+      kernels::adamw_update_cuda(p.w.data(), grad.data(), p.m.data(), p.v.data(), n_, dev_scalars_.get(), o.beta1,
+                                 o.beta2, o.eps, o.weight_decay, kernels::FrozenChunks{}, nullptr);
     else
-      kernels::sgd_update_cuda(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_, dev_scalars_.get(),
-                               o.momentum, o.dampening, o.nesterov, o.weight_decay, kernels::FrozenChunks{}, nullptr);
+      kernels::sgd_update_cuda(p.w.data(), grad.data(), o.momentum != 0.0f ? p.m.data() : nullptr, n_,
+                               dev_scalars_.get(), o.momentum, o.dampening, o.nesterov, o.weight_decay,
+                               kernels::FrozenChunks{}, nullptr);
   }
 
   // Optimizer::apply_update's CPU branch.
@@ -386,6 +388,46 @@ TEST(OptimKernelsEmulated, RecordMicroBatchAndSetStepMatchTheCpu) {
   EXPECT_EQ(dev_scalars->skip, 0);
   EXPECT_EQ(dev_scalars->updates, 42);
   EXPECT_EQ(dev_scalars->grad_scale, 0.125f);
+}
+
+// ZeRO stage 2's decision in two launches (grad_sum_squares_cuda, then prepare_step_cuda from
+// buffers->sum_squares, which the ranks all-reduce in between) gives the one-launch decision's bits;
+// and prepare_step_cuda from a sum the other ranks added to decides as the CPU does from that sum.
+TEST(OptimKernelsEmulated, TheTwoLaunchDecisionGivesTheOneLaunchBits) {
+  const int64_t n = 3001;
+  const DeviceVector<float> grad = random_values(n, -2, 2, 501);
+  StepConfig config{};
+  config.divide_by_units = 1;
+  config.need_norm = 1;
+  config.skip_non_finite = 1;
+  config.clip_grad_norm = 1.0f;
+  config.lr_table_size = 1;
+  const DeviceVector<float> lr_table{3e-4f};
+  DeviceValue<StepBuffers> one, two;
+  DeviceValue<UpdateScalars> one_scalars, two_scalars;
+  one->state.group.units = two->state.group.units = 8;
+  one->state.group.loss = two->state.group.loss = 5.5;
+  kernels::grad_norm_and_prepare_step_cuda(grad.data(), n, one.get(), one_scalars.get(), config, lr_table.data(),
+                                           nullptr);
+  kernels::grad_sum_squares_cuda(grad.data(), n, two.get(), nullptr);
+  EXPECT_EQ(two->blocks_done, 0u);
+  const double want = reference_sum_squares(grad);  // summed in double: a few roundings of it
+  EXPECT_NEAR(two->sum_squares, want, 1e-13 * want);
+  kernels::prepare_step_cuda(two.get(), two_scalars.get(), config, lr_table.data(), nullptr);
+  EXPECT_EQ(std::memcmp(&two->state, &one->state, sizeof(StepState)), 0);
+  EXPECT_EQ(std::memcmp(&*two_scalars, &*one_scalars, sizeof(UpdateScalars)), 0);
+  // Another rank's shard added in (as the all-reduce does): the CPU's decision from the same sum.
+  DeviceValue<StepBuffers> ranks;
+  DeviceValue<UpdateScalars> ranks_scalars;
+  ranks->state = two->state;
+  ranks->state.group = {8, 5.5};
+  ranks->sum_squares = two->sum_squares + 1234.5;
+  StepState cpu = ranks->state;
+  UpdateScalars cpu_scalars = *ranks_scalars;
+  kernels::prepare_step_cuda(ranks.get(), ranks_scalars.get(), config, lr_table.data(), nullptr);
+  kernels::prepare_step(cpu, cpu_scalars, ranks->sum_squares, config, lr_table.data());
+  EXPECT_EQ(std::memcmp(&ranks->state, &cpu, sizeof(StepState)), 0);
+  EXPECT_EQ(std::memcmp(&*ranks_scalars, &cpu_scalars, sizeof(UpdateScalars)), 0);
 }
 
 // ---- sum_squares (FlatParameters' gradient norm) -----------------------------------------------

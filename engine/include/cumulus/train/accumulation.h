@@ -50,7 +50,8 @@ struct AccumulationOptions {
   std::shared_ptr<dist::Communicator> communicator;
   int64_t bucket_bytes = 1 << 20;  // gradient bytes per bucket reduced while backward still runs
   // 1: each rank keeps and updates its shard's optimizer state (Note [ZeRO]); 2: and keeps only its
-  // shard of the gradient, reduced every micro-batch (Note [ZeRO stage 2]; CPU devices).
+  // shard of the gradient, reduced every micro-batch (Note [ZeRO stage 2]; its CUDA path, NCCL's,
+  // has not run on a GPU).
   int zero_stage = 0;
   LossScaling loss_scaling;        // needs Normalization::units and skip_non_finite
   bool weighted_loss = false;  // a loss weighted on purpose: taken as is, units unchecked (loss_checks.cpp)
