@@ -100,7 +100,8 @@ OptimizerStateHelp optimizer_state_help(const std::string& state, const std::str
   help.zero = "Under mpirun: 1 shards " + state +
               " over the ranks (ZeRO stage 1: each rank keeps and updates 1/N of them, the same weights as 0); 2 "
               "also shards the gradients (stage 2: each micro-batch's gradients are reduce-scattered as backward "
-              "finishes them, each rank keeping 1/N; the weights agree with 0's to float rounding; CPU only); 0 "
+              "finishes them, each rank keeping 1/N; the weights agree with 0's to float rounding; on CUDA not yet "
+              "run on a GPU, and auto weighs it on the CPU only); 0 "
               "keeps all of them on every rank";
   return help;
 }
