@@ -135,10 +135,10 @@ TEST_P(OpsTest, ReluPropagatesNaN) {
 
 TEST_P(OpsTest, CrossEntropyIsStableForLargeLogits) {
   const Device d = device();
-  const std::vector<float> lv = {1000, 1001, 999.5f,   //
-                                 -1000, -1001, -999,   //
-                                 0, 1000, -1000,       //
-                                 88, 89, 90};          // exp(90) overflows float without the max shift
+  const std::vector<float> lv = {1000,  1001,  999.5f,  //
+                                 -1000, -1001, -999,    //
+                                 0,     1000,  -1000,   //
+                                 88,    89,    90};     // exp(90) overflows float without the max shift
   const std::vector<int32_t> yv = {1, 2, 0, 0};
   Tensor logits = Tensor::from_vector(lv, {4, 3}, d);
   logits.set_requires_grad(true);
@@ -350,8 +350,7 @@ TEST_P(OpsTest, LeavesThatNeedNoGradientAreSkipped) {
   const auto xv = x.to_vector<float>();
   const auto gw = w.grad().to_vector<float>();
   for (int o = 0; o < 2; ++o)
-    for (int k = 0; k < 4; ++k)
-      EXPECT_NEAR(gw[o * 4 + k], xv[k] + xv[4 + k] + xv[8 + k], 1e-6);
+    for (int k = 0; k < 4; ++k) EXPECT_NEAR(gw[o * 4 + k], xv[k] + xv[4 + k] + xv[8 + k], 1e-6);
 }
 
 // ---- fused linear + relu against the two ops ---------------------------------------------------
@@ -497,8 +496,7 @@ TEST(OpsParity, CpuMatchesCudaAtTheSeedMlpSizes) {
       {{C}, random_values(C, g, -0.044f, 0.044f)}};
   auto mlp = [y](const std::vector<Tensor>& t) {
     Tensor h = ops::relu(ops::linear(t[0], t[1], t[2]));
-    return ops::cross_entropy(ops::linear(h, t[3], t[4]), Tensor::from_vector(y, {B}, t[0].device()),
-                              Reduction::Sum);
+    return ops::cross_entropy(ops::linear(h, t[3], t[4]), Tensor::from_vector(y, {B}, t[0].device()), Reduction::Sum);
   };
   const auto cpu_grads = loss_and_gradients(big, mlp, Device::cpu());
   const auto cuda_grads = loss_and_gradients(big, mlp, Device::cuda(0));
@@ -516,8 +514,10 @@ TEST(OpsParity, CpuMatchesCudaAtTheSeedMlpSizes) {
     Tensor rel = ops::relu(lin);
     // argmax of the same input on both devices must agree exactly (no rounding involved).
     const auto idx = ops::argmax(x).to_vector<int32_t>();
-    return std::vector<std::vector<float>>{lin.to_vector<float>(), rel.to_vector<float>(),
-                                           {ops::sum(x).item()}, {ops::mean(x).item()},
+    return std::vector<std::vector<float>>{lin.to_vector<float>(),
+                                           rel.to_vector<float>(),
+                                           {ops::sum(x).item()},
+                                           {ops::mean(x).item()},
                                            std::vector<float>(idx.begin(), idx.end())};
   };
   const auto cpu = on(Device::cpu()), gpu = on(Device::cuda(0));
@@ -549,7 +549,8 @@ TEST_P(TallyTest, EqualsThePerBatchHostLoop) {
     tally.add(logits, y, loss);
     loss_sum += static_cast<double>(loss.item());
     const std::vector<int32_t> pred = ops::argmax(logits).to_vector<int32_t>();
-    for (int64_t r = 0; r < rows; ++r) correct += pred[static_cast<std::size_t>(r)] == labels[k][static_cast<std::size_t>(r)];
+    for (int64_t r = 0; r < rows; ++r)
+      correct += pred[static_cast<std::size_t>(r)] == labels[k][static_cast<std::size_t>(r)];
     samples += rows;
   }
   const ops::ClassificationTally::Totals t = tally.read();
@@ -557,7 +558,7 @@ TEST_P(TallyTest, EqualsThePerBatchHostLoop) {
   EXPECT_TRUE(std::isnan(t.loss_sum));
   EXPECT_EQ(t.correct, correct);
   EXPECT_EQ(t.correct, 5) << "batch 1: rows 0 and 2 (the tie goes to class 0, not its label 1); the NaN batch: "
-                              "both (a NaN is the maximum wherever it stands, as in torch.argmax); batch 3";
+                             "both (a NaN is the maximum wherever it stands, as in torch.argmax); batch 3";
   EXPECT_EQ(t.samples, samples);
   EXPECT_EQ(t.batches, 3);
 
@@ -611,8 +612,8 @@ TEST(OpsParity, BiasGradientFromTheWeightGradientGemm) {
         std::vector<std::vector<float>> grads;
         for (int pass = 0; pass < 2; ++pass) {  // overwrite, then accumulate
           Tensor h = ops::linear(x, w1, b1, relu ? ops::Activation::relu : ops::Activation::none);
-          Tensor loss = ops::cross_entropy(ops::linear(h, w2, Tensor()), Tensor::from_vector(labels, {B}, d),
-                                           Reduction::Sum);
+          Tensor loss =
+              ops::cross_entropy(ops::linear(h, w2, Tensor()), Tensor::from_vector(labels, {B}, d), Reduction::Sum);
           const int64_t before = cuda_kernel_launches();
           const int64_t fused_before = cuda_epilogue_calls(CudaEpilogue::bias_gradient).fused;
           loss.backward();
@@ -640,8 +641,9 @@ TEST(OpsParity, BiasGradientFromTheWeightGradientGemm) {
 
 }  // namespace
 // Note [One pool for the kernels and the BLAS]: a GEMM split into bands of rows or columns across
-// threads gives the bits of one call, for every transpose, beta 0 and 1, sums over k longer than
-// OpenBLAS's blocks of k, and sizes that are not multiples of the bands' alignment.
+// threads gives the bits of one thread (of one call, but for a few rows under Haswell's kernels), for every transpose,
+// beta 0 and 1, sums over k longer than OpenBLAS's blocks of k, and sizes that are not multiples of the bands'
+// alignment.
 std::vector<float> gemm_at(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float beta) {
   set_cpu_threads(threads);
   Generator gen(static_cast<uint64_t>(m * 131 + n * 7 + k));
@@ -660,7 +662,8 @@ TEST(GemmCpu, BandsGiveTheBitsOfOneCall) {
     int64_t m, n, k;
   };
   for (const Shape3 s : {Shape3{512, 384, 128}, Shape3{384, 128, 512}, Shape3{512, 128, 1500}, Shape3{37, 2050, 300},
-                         Shape3{1000, 65, 128}, Shape3{333, 333, 777}, Shape3{64, 4096, 33}})
+                         Shape3{1000, 65, 128}, Shape3{333, 333, 777}, Shape3{64, 4096, 33}, Shape3{16, 784, 512},
+                         Shape3{16, 512, 784}, Shape3{8, 300, 64}})
     for (int trans = 0; trans < 4; ++trans)
       for (float beta : {0.0f, 1.0f}) {
         const bool ta = trans & 1, tb = trans & 2;
@@ -691,11 +694,14 @@ TEST(Rotary, TablesHoldEachAngleOnceRoundedInBothHalves) {
 }
 
 TEST(Rotary, BadSizesAreRefusedByName) {
-  EXPECT_NE(thrown_message<InvalidArgument>([] { ops::rotary_tables(4, 7); }).find("head_dim must be even"), std::string::npos);
-  EXPECT_NE(thrown_message<InvalidArgument>([] { ops::rotary_tables(0, 8); }).find("context must be >= 1"), std::string::npos);
+  EXPECT_NE(thrown_message<InvalidArgument>([] { ops::rotary_tables(4, 7); }).find("head_dim must be even"),
+            std::string::npos);
+  EXPECT_NE(thrown_message<InvalidArgument>([] { ops::rotary_tables(0, 8); }).find("context must be >= 1"),
+            std::string::npos);
   const ops::RotaryTables rope = ops::rotary_tables(4, 8);
-  EXPECT_NE(thrown_message<ShapeError>([&] { ops::apply_rotary(Tensor::zeros(Shape{1, 5, 8}), rope.cos, rope.sin); })
-                .find("the tables must be [T' >= 5, 8]"),
+  EXPECT_NE(thrown_message<ShapeError>([&] {
+              ops::apply_rotary(Tensor::zeros(Shape{1, 5, 8}), rope.cos, rope.sin);
+            }).find("the tables must be [T' >= 5, 8]"),
             std::string::npos);
 }
 
