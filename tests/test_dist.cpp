@@ -584,7 +584,8 @@ class MpiRunTest : public ::testing::Test {
   // A small text for the GPT, as corpus.txt.
   static void write_corpus() {
     std::string text;
-    for (int i = 0; i < 200; ++i) text += i % 3 == 0 ? "To be, or not to be: that is the question.\n" : "Ay, there's the rub.\n";
+    for (int i = 0; i < 200; ++i)
+      text += i % 3 == 0 ? "To be, or not to be: that is the question.\n" : "Ay, there's the rub.\n";
     std::ofstream(path("corpus.txt")) << text;
   }
   static std::vector<nlohmann::json> metrics(const std::string& file) {
@@ -673,6 +674,35 @@ TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
   }
 }
 
+// Three ranks: shards of unequal size (the flat buffer does not divide by 3), two micro-batches per
+// rank and step, and the epoch's last group of 40 samples one short micro-batch on each rank. Stage
+// 1 keeps data parallel's bits, stage 2 its weights to float rounding; each rank holds a third.
+TEST_F(MpiRunTest, ZeroStagesOnThreeRanks) {
+  auto summary = [](const std::string& report, const char* key) {
+    return nlohmann::json::parse(read_log(path(report)))["summary"][key].get<int64_t>();
+  };
+  for (int stage : {0, 1, 2}) {
+    const std::string run = "three_" + std::to_string(stage);
+    const Result r = launch(3, "--data " + quote(path("data")) +
+                                   " --device cpu --threads 1 --quiet --batch-size 16 --effective-batch 96 --epochs 1 "
+                                   "--shuffle --optimizer sgd --momentum 0.9 --lr 0.05 --zero " +
+                                   std::to_string(stage) + " --save " + quote(path(run + ".safetensors")) +
+                                   " --memory-report " + quote(path(run + ".json")));
+    ASSERT_EQ(r.exit_code, 0) << "--zero " << stage << ": " << r.out;
+  }
+  expect_same_weights("three_1.safetensors", "three_0.safetensors", 0.0, 0.0);
+  expect_same_weights("three_2.safetensors", "three_0.safetensors", 1e-6, 1e-6);
+  const int64_t whole_state = summary("three_0.json", "optimizer_state_bytes");
+  const int64_t whole_gradient = summary("three_0.json", "gradients_bytes");
+  for (const std::string rank : {"", ".rank1", ".rank2"}) {
+    EXPECT_GT(summary("three_1" + rank + ".json", "optimizer_state_bytes"), 0) << rank;
+    EXPECT_LE(summary("three_1" + rank + ".json", "optimizer_state_bytes"), whole_state / 3 + 1024) << rank;
+    EXPECT_LE(summary("three_2" + rank + ".json", "optimizer_state_bytes"), whole_state / 3 + 1024) << rank;
+    EXPECT_GT(summary("three_2" + rank + ".json", "gradients_bytes"), 0) << rank;
+    EXPECT_LE(summary("three_2" + rank + ".json", "gradients_bytes"), whole_gradient / 3 + 1024) << rank;
+  }
+}
+
 // The planner under mpirun (Note [Plan levers]): rank 0 plans its part of the effective batch for
 // both ranks. Under a budget AdamW's whole state breaks, --zero 0 is refused, naming what the
 // smallest candidate's peak holds; --zero auto takes stage 1, and both ranks train within the
@@ -680,7 +710,8 @@ TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
 TEST_F(MpiRunTest, ThePlannerOnTwoRanksShardsTheStateOnlyWhenNothingElseFits) {
   const std::string planned = "--data " + quote(path("data")) +
                               " --device cpu --threads 1 --quiet --epochs 1 --effective-batch 64 --optimizer adamw"
-                              " --memory-budget 10MiB --memory-report " + quote(path("planned.json"));
+                              " --memory-budget 10MiB --memory-report " +
+                              quote(path("planned.json"));
   Result r = launch(2, planned + " --zero 0");
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("no micro-batch dividing 32 fits --memory-budget 10MiB"), std::string::npos) << r.out;
@@ -718,11 +749,10 @@ TEST_F(MpiRunTest, ZeroCheckpointHoldsTheWholeStateAndResumesShardedOrNot) {
 }
 
 // The GPT under mpirun (Note [Data parallel gpt] in apps/gpt/train.cpp), 50 steps with clipping:
-// 2 ranks of --accum-steps 2 train one process's groups of 4 (the same windows, the gradients summed in another order: Note
-// [Data parallel tolerance]), ZeRO-1 gives data parallel's weights and checkpoint bit for bit with
-// about half the state per rank, ZeRO-2 its weights to the same tolerance with half the gradient
-// too, and the ranks' checkpoint resumes in one process, and on the two ranks with --zero 1 or 0
-// bit for bit (--zero 2's on --zero 2).
+// 2 ranks of --accum-steps 2 train one process's groups of 4 (the same windows, the gradients summed in another order:
+// Note [Data parallel tolerance]), ZeRO-1 gives data parallel's weights and checkpoint bit for bit with about half the
+// state per rank, ZeRO-2 its weights to the same tolerance with half the gradient too, and the ranks' checkpoint
+// resumes in one process, and on the two ranks with --zero 1 or 0 bit for bit (--zero 2's on --zero 2).
 TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroKeepsItsNumbers) {
 #ifndef GPT_BIN
   GTEST_SKIP() << "built without apps/gpt";
@@ -733,9 +763,8 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroKeepsItsNumbers
     const std::string base = std::string(GPT_BIN) + " train --data " + quote(path("corpus.txt")) +
                              " --context 16 --width 16 --heads 2 --layers 2 --micro-batch 4 --warmup 5 --steps 50" +
                              " --eval-every 25 --eval-windows 8 --clip 0.5 --threads 1 --quiet " + args + " 2>&1";
-    return run_command(ranks == 1 ? base
-                                  : mpi_env() + "mpirun " + root + "--oversubscribe -np " + std::to_string(ranks) + " " +
-                                        base);
+    return run_command(
+        ranks == 1 ? base : mpi_env() + "mpirun " + root + "--oversubscribe -np " + std::to_string(ranks) + " " + base);
   };
   auto state_bytes = [](const std::string& report) {
     return nlohmann::json::parse(read_log(path(report)))["summary"]["optimizer_state_bytes"].get<int64_t>();
