@@ -194,18 +194,23 @@ TEST_P(AttentionTest, ActivationBytesPerTokenAreConstantInT) {
               static_cast<long long>(composed32 / 32), static_cast<long long>(composed128 / 128));
 }
 
+// `call` throws an error whose message names `op` and `needle`.
+void expect_error_naming(const std::string& op, const std::function<void()>& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(op), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+  }
+}
+
 // What a call gets wrong, named with the op and the shapes.
 TEST_P(AttentionTest, ErrorsNameTheOpAndTheShapes) {
   const Device d = device();
-  auto expect_error = [](const std::function<void()>& call, const std::string& needle) {
-    try {
-      call();
-      ADD_FAILURE() << "no error; expected one mentioning " << needle;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("scaled_dot_product_attention"), std::string::npos) << what;
-      EXPECT_NE(what.find(needle), std::string::npos) << what;
-    }
+  const auto expect_error = [](const std::function<void()>& call, const std::string& needle) {
+    expect_error_naming("scaled_dot_product_attention", call, needle);
   };
   const Tensor q = Tensor::zeros({2, 3, 5, 4}, DType::f32, d);
   const Tensor k7 = Tensor::zeros({2, 3, 7, 4}, DType::f32, d);
@@ -281,15 +286,8 @@ TEST_P(AttentionTest, PackedQkvOfAView) {
 
 TEST_P(AttentionTest, PackedQkvErrorsNameTheOpAndTheShape) {
   const Device d = device();
-  auto expect_error = [](const std::function<void()>& call, const std::string& needle) {
-    try {
-      call();
-      ADD_FAILURE() << "no error; expected one mentioning " << needle;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("packed_qkv_attention"), std::string::npos) << what;
-      EXPECT_NE(what.find(needle), std::string::npos) << what;
-    }
+  const auto expect_error = [](const std::function<void()>& call, const std::string& needle) {
+    expect_error_naming("packed_qkv_attention", call, needle);
   };
   expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({2, 5, 24}, DType::f32, d), 5); }, "[2, 5, 24]");
   expect_error([&] { ops::packed_qkv_attention(Tensor::zeros({5, 24}, DType::f32, d), 2); }, "[5, 24]");
