@@ -49,9 +49,10 @@
 // kernels on the same core. On AMD Zen 4 (family 0x19 with AVX-512, which it runs on 256-bit
 // units) it picks Cooperlake's AVX-512 kernels, whose blocking and packing cost more than its
 // Haswell kernels' on the same FMA units: the small GPT's [512, 128] x [128, 384]-sized products
-// took 486 us against 465, its step 123.9 ms against 119.2, the seed MLP's GEMMs at 64 rows 2.13 ms
-// against 2.01 (2026-11-29, EPYC family 25 model 17, one thread). So when the library loads (after
-// OpenBLAS's own constructor, before any GEMM), if the user set no OPENBLAS_CORETYPE and OpenBLAS
+// took 486 us against 465, its step 127.8 ms against 122.9 (paired runs), the seed MLP's GEMMs at
+// 64 rows 2.13 ms against 2.01 (one thread, EPYC family 25 model 17: bench/results/2026-11-29-
+// cpu-zen4-blas). So when the library loads (after OpenBLAS's own constructor, before any GEMM),
+// if the user set no OPENBLAS_CORETYPE and OpenBLAS
 // chose Prescott on a CPU with AVX-512 (F, CD, BW, DQ, VL) or AVX2 and FMA, or anything but Haswell
 // on Zen 4, its core selection runs again with OPENBLAS_CORETYPE set to SkylakeX or Haswell, through
 // the two functions a DYNAMIC_ARCH build exports for it (looked up with dlsym: a build without them
