@@ -489,7 +489,7 @@ TEST(CollectiveTimes, AMeasurementLeavesTheCountersAndSpansAsTheyWere) {
   EXPECT_LT(st.communication_seconds, 0.030);
 }
 
-// Run by MpiRunTest.CollectiveTimesOnTwoRanksArePositiveAndGrowWithTheBytes under mpirun (disabled
+// Run by MpiRunTest.CollectiveTimesOnTwoRanksArePositiveAndTheSameOnEveryRank under mpirun (disabled
 // in a plain run: it needs the launcher's world).
 TEST(DISABLED_UnderMpirun, CollectiveTimes) {
   const auto comm = dist::Communicator::from_environment();
@@ -499,12 +499,13 @@ TEST(DISABLED_UnderMpirun, CollectiveTimes) {
   const dist::CollectiveTimes t = dist::measure_collective_times(*comm, sizes, Device::cpu(), 3);
   EXPECT_EQ(t.world_size, 2);
   EXPECT_EQ(t.sizes, static_cast<int>(sizes.size()));
+  // What holds on a loaded machine too (a timed test may not ask for speed): finite lines that never
+  // fall with the bytes, and time measured (a fit through positive medians predicts more than 0).
   for (const dist::CollectiveLine& line : {t.all_reduce, t.reduce_scatter, t.all_gather}) {
     EXPECT_TRUE(std::isfinite(line.latency_seconds) && line.latency_seconds >= 0) << line.latency_seconds;
-    EXPECT_TRUE(std::isfinite(line.seconds_per_byte) && line.seconds_per_byte > 0) << line.seconds_per_byte;
-    EXPECT_GT(line.predict(sizes.front()), 0.0);
-    EXPECT_LT(line.predict(sizes.front()), line.predict(sizes.back()));
-    EXPECT_LT(line.predict(sizes.back()), 1.0) << "8 MiB between two processes of one host";
+    EXPECT_TRUE(std::isfinite(line.seconds_per_byte) && line.seconds_per_byte >= 0) << line.seconds_per_byte;
+    EXPECT_GT(line.predict(sizes.back()), 0.0);
+    EXPECT_LE(line.predict(sizes.front()), line.predict(sizes.back()));
   }
   const dist::Communicator::Stats after = comm->stats();
   EXPECT_EQ(after.messages, before.messages);
@@ -864,14 +865,16 @@ TEST_F(MpiRunTest, TheGptPastTheModelStateWallTrainsOnTwoRanksWithThePlannersLev
 }
 
 // The collectives' times measured on two ranks (Note [Collective time model]): this binary's
-// DISABLED_UnderMpirun.CollectiveTimes on each rank checks its lines (positive, finite, rising with
-// the bytes; the counters left alone) and prints them, and both ranks hold the same lines.
-TEST_F(MpiRunTest, CollectiveTimesOnTwoRanksArePositiveAndGrowWithTheBytes) {
+// DISABLED_UnderMpirun.CollectiveTimes on each rank checks its lines (finite, positive, never
+// falling with the bytes; the counters left alone) and prints them, and both ranks hold the same
+// lines.
+TEST_F(MpiRunTest, CollectiveTimesOnTwoRanksArePositiveAndTheSameOnEveryRank) {
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
   const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const Result r =
-      run_command(mpi_env() + "mpirun " + root + "--oversubscribe -np 2 " + quote(self) +
-                  " --gtest_also_run_disabled_tests --gtest_filter=DISABLED_UnderMpirun.CollectiveTimes 2>&1");
+  // The ranks run one test: not the shard of it ctest's sharding variables would give them.
+  const Result r = run_command(
+      "env -u GTEST_SHARD_INDEX -u GTEST_TOTAL_SHARDS " + mpi_env() + "mpirun " + root + "--oversubscribe -np 2 " +
+      quote(self) + " --gtest_also_run_disabled_tests --gtest_filter=DISABLED_UnderMpirun.CollectiveTimes 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::map<int, std::string> lines;  // rank: its lines, exactly (%a)
   std::istringstream out(r.out);
