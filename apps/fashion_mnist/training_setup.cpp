@@ -149,8 +149,7 @@ plan::PlanRequest planner_request(const RunConfig& o, nn::Model& model, optim::O
 // The ranks' collectives, timed by every rank together before rank 0 plans (Note [Collective time
 // model]): the planner adds what each candidate's ZeRO stage makes. Nothing is timed for one rank.
 dist::CollectiveTimes time_collectives(const nn::FlatParameters& flat, dist::Communicator& comm) {
-  return dist::measure_collective_times(
-      comm, dist::collective_probe_sizes(train::TrainerOptions().bucket_bytes, flat.size() * 4), flat.device());
+  return dist::measure_collective_times(comm, flat, train::TrainerOptions().bucket_bytes);
 }
 
 plan::Plan run_planner(const RunConfig& o, nn::Model& model, const std::shared_ptr<nn::FlatParameters>& flat,

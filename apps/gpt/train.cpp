@@ -215,8 +215,8 @@ PlanChoice plan_run(models::GPT& model, optim::Optimizer& optimizer, const data:
                     dist::Communicator& comm) {
   // Every rank times the collectives together; rank 0 plans with them (Note [Collective time model]).
   const nn::FlatParameters& flat = optimizer.parameters();
-  const dist::CollectiveTimes collectives = dist::measure_collective_times(
-      comm, dist::collective_probe_sizes(train::TrainerOptions().bucket_bytes, flat.size() * 4), flat.device());
+  const dist::CollectiveTimes collectives =
+      dist::measure_collective_times(comm, flat, train::TrainerOptions().bucket_bytes);
   std::string shared;
   if (comm.is_root()) {
     try {

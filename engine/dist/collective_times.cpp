@@ -180,4 +180,9 @@ CollectiveTimes measure_collective_times(Communicator& comm, const std::vector<i
   return t;
 }
 
+CollectiveTimes measure_collective_times(Communicator& comm, const nn::FlatParameters& flat, int64_t bucket_bytes) {
+  const int64_t gradient_bytes = flat.size() * static_cast<int64_t>(sizeof(float));
+  return measure_collective_times(comm, collective_probe_sizes(bucket_bytes, gradient_bytes), flat.device());
+}
+
 }  // namespace cumulus::dist

@@ -2,8 +2,7 @@
 // time model] in engine/dist/collective_times.cpp), for the planner's predicted time (PlanRequest::
 // collective_times: Note [Predicting time] in engine/plan/planner.cpp).
 //
-//   const std::vector<int64_t> sizes = dist::collective_probe_sizes(1 << 20, flat.size() * 4);
-//   const dist::CollectiveTimes times = dist::measure_collective_times(*comm, sizes, device);  // every rank
+//   const dist::CollectiveTimes times = dist::measure_collective_times(*comm, flat, 1 << 20);  // every rank
 //   if (comm->is_root()) { request.collective_times = times; plan::plan_batch(request); }
 #pragma once
 
@@ -14,6 +13,7 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/nn/flat_parameters.h"
 
 namespace cumulus::dist {
 
@@ -56,5 +56,9 @@ CollectiveLine fit_collective_line(const std::vector<std::pair<int64_t, double>>
 // (Communicator::alone): nothing is measured, CollectiveTimes{}.
 CollectiveTimes measure_collective_times(Communicator& comm, const std::vector<int64_t>& sizes_bytes, Device device,
                                          int repeats = 5);
+
+// The probe a data-parallel run of `flat`'s parameters needs: the sizes of collective_probe_sizes
+// for buckets of `bucket_bytes` and the whole gradient, on flat's device.
+CollectiveTimes measure_collective_times(Communicator& comm, const nn::FlatParameters& flat, int64_t bucket_bytes);
 
 }  // namespace cumulus::dist
