@@ -46,42 +46,52 @@ std::string invalid_argument(Fn&& fn) {
   return "no error";
 }
 
-// cuBLASLt reads the bias of its BIAS epilogue in D's type, and ours is f32: with a 16-bit c the
-// call is refused before any cuBLASLt call (no handle is needed to see it), never handed over.
-TEST(CublasLtArguments, RefusesTheBiasEpilogueWithA16BitC) {
+// The bias epilogue needs its bias, and a bias gradient an f32 c (cuBLASLt writes it in c's type):
+// both refused before any cuBLASLt call (no handle is needed to see it), never handed over.
+TEST(CublasLtArguments, RefusesAMissingBiasAndA16BitBiasGradient) {
   float operand[8] = {};
-  GemmEpilogueArgs e;
-  e.kind = GemmEpilogue::bias;
-  e.bias = operand;
   kernels::GemmLtPlans plans;
-  for (DType cd : {DType::bf16, DType::f16}) {
-    SCOPED_TRACE(dtype_name(cd));
-    const std::string what = invalid_argument([&] {
+  const auto call = [&](const GemmEpilogueArgs& e, DType cd) {
+    return invalid_argument([&] {
       kernels::gemm_lt_cuda(plans, nullptr, nullptr, 0, false, true, 2, 2, 2, 1.0f, static_cast<const void*>(operand),
                             2, static_cast<const void*>(operand), 2, 0.0f, static_cast<void*>(operand), 2,
                             GemmTypes{cd, cd}, e, nullptr);
     });
-    EXPECT_NE(what.find("bias epilogue needs an f32 c"), std::string::npos) << what;
+  };
+  GemmEpilogueArgs no_bias;
+  no_bias.kind = GemmEpilogue::bias;
+  EXPECT_NE(call(no_bias, DType::bf16).find("needs a bias"), std::string::npos);
+  GemmEpilogueArgs bias_grad;
+  bias_grad.kind = GemmEpilogue::bias_grad;
+  bias_grad.bias_grad = operand;
+  for (DType cd : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(cd));
+    EXPECT_NE(call(bias_grad, cd).find("bias gradient needs an f32 c"), std::string::npos) << call(bias_grad, cd);
   }
 }
 
 // An empty product is never planned: false (the caller's unfused kernels handle it), counted as
-// declined for the launch-count tests, and with an f32 c the bias epilogue passes the checks.
+// declined for the launch-count tests; the bias epilogue passes the checks with a c of any type
+// (its bias in c's type: Note [Epilogue bias type]).
 TEST(CublasLtArguments, AnEmptyProductIsDeclinedWithoutCallingCublasLt) {
   float operand[8] = {};
   GemmEpilogueArgs e;
   e.kind = GemmEpilogue::bias;
   e.bias = operand;
-  const kernels::GemmLtOutcomes before = kernels::gemm_lt_outcomes(GemmEpilogue::bias);
-  const CudaEpilogueCalls public_before = cuda_epilogue_calls(CudaEpilogue::bias);
   kernels::GemmLtPlans plans;
-  EXPECT_FALSE(kernels::gemm_lt_cuda(plans, nullptr, nullptr, 0, false, true, 0, 2, 2, 1.0f, operand, 2, operand, 2,
-                                     0.0f, operand, 2, e, nullptr));
-  const kernels::GemmLtOutcomes after = kernels::gemm_lt_outcomes(GemmEpilogue::bias);
-  EXPECT_EQ(after.declined, before.declined + 1);
-  EXPECT_EQ(after.fused, before.fused);
-  EXPECT_EQ(cuda_epilogue_calls(CudaEpilogue::bias).declined, public_before.declined + 1)
-      << "cuda_epilogue_calls reads the same tally";
+  for (DType cd : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(cd));
+    const kernels::GemmLtOutcomes before = kernels::gemm_lt_outcomes(GemmEpilogue::bias);
+    const CudaEpilogueCalls public_before = cuda_epilogue_calls(CudaEpilogue::bias);
+    EXPECT_FALSE(kernels::gemm_lt_cuda(plans, nullptr, nullptr, 0, false, true, 0, 2, 2, 1.0f,
+                                       static_cast<const void*>(operand), 2, static_cast<const void*>(operand), 2,
+                                       0.0f, static_cast<void*>(operand), 2, GemmTypes{cd, cd}, e, nullptr));
+    const kernels::GemmLtOutcomes after = kernels::gemm_lt_outcomes(GemmEpilogue::bias);
+    EXPECT_EQ(after.declined, before.declined + 1);
+    EXPECT_EQ(after.fused, before.fused);
+    EXPECT_EQ(cuda_epilogue_calls(CudaEpilogue::bias).declined, public_before.declined + 1)
+        << "cuda_epilogue_calls reads the same tally";
+  }
 }
 
 }  // namespace

@@ -213,24 +213,30 @@ TEST_P(PrecisionTest, WeightCopiesAreParameterCopiesAndActivationsAreHalfTheByte
   EXPECT_EQ(alloc.stats()[MemoryCategory::parameter_copies].current, copies_before) << "released with the graph";
 }
 
-// The forward adds the f32 bias to the f32 sum of products and rounds once (Note [Mixed precision]
-// in engine/ops/linear.cpp), on every device. u is the type's spacing at 1 (bf16 2^-7, f16 2^-10);
-// x = 1 and W = u/4 are exact in both types. Column 0: u/4 + (1 + 3u/8) = 1 + 5u/8 rounds to 1 + u,
-// where rounding the bias first (to 1) and then the sum (1 + u/4) would give 1. Column 1: the
-// negated bias gives -(1 + u/8), which rounds to -1, and ReLU makes it 0.
-TEST_P(PrecisionTest, LinearAddsTheF32BiasInF32AndRoundsOnce) {
+// The forward rounds the bias to x's type, as it does W, adds it to the f32 sum of products and
+// rounds once (Note [Mixed precision] in engine/ops/linear.cpp), on every device: the sum
+// cuBLASLt's bias epilogue writes into a 16-bit y. u is the type's spacing at 1 (bf16 2^-7, f16
+// 2^-10); x = [1, 1] and W's u/4 are exact in both types, each row's products sum to u/2.
+// Column 0: the bias 1 + 3u/8 rounds to 1, and 1 + u/2 is a tie that rounds to 1 (with the f32
+// bias the sum 1 + 7u/8 would give 1 + u). Column 1: 1 + u + u/2 rounds once to 1 + 2u (adding the
+// products to the bias one rounding at a time would give 1 + u). Column 2: the same negated, which
+// ReLU makes 0.
+TEST_P(PrecisionTest, LinearRoundsTheBiasAsTheWeightAndTheSumOnce) {
   if (dtype() == DType::f32) GTEST_SKIP() << "16-bit only";
   const float u = dtype() == DType::bf16 ? 1.0f / 128 : 1.0f / 1024;
-  const Tensor x = ops::cast(Tensor::full(Shape{3, 1}, 1.0f, device()), dtype());
-  const Tensor w = Tensor::from_vector(std::vector<float>{u / 4, u / 4}, Shape{2, 1}, device());
-  const Tensor b = Tensor::from_vector(std::vector<float>{1 + 3 * u / 8, -(1 + 3 * u / 8)}, Shape{2}, device());
+  const Tensor x = ops::cast(Tensor::full(Shape{3, 2}, 1.0f, device()), dtype());
+  const Tensor w = Tensor::from_vector(std::vector<float>{u / 4, u / 4, u / 4, u / 4, -u / 4, -u / 4}, Shape{3, 2},
+                                       device());
+  const Tensor b = Tensor::from_vector(std::vector<float>{1 + 3 * u / 8, 1 + u, -(1 + u)}, Shape{3}, device());
   const std::vector<float> plain = values(ops::linear(x, w, b));
   const std::vector<float> relu = values(ops::linear(x, w, b, ops::Activation::relu));
   for (int row = 0; row < 3; ++row) {
-    EXPECT_EQ(plain[row * 2], 1 + u) << "row " << row << ": the bias rounded before the sum gives 1";
-    EXPECT_EQ(plain[row * 2 + 1], -1.0f) << "row " << row;
-    EXPECT_EQ(relu[row * 2], 1 + u) << "row " << row;
-    EXPECT_EQ(relu[row * 2 + 1], 0.0f) << "row " << row;
+    EXPECT_EQ(plain[row * 3], 1.0f) << "row " << row << ": the f32 bias gives 1 + u";
+    EXPECT_EQ(plain[row * 3 + 1], 1 + 2 * u) << "row " << row << ": one rounding at a time gives 1 + u";
+    EXPECT_EQ(plain[row * 3 + 2], -(1 + 2 * u)) << "row " << row;
+    EXPECT_EQ(relu[row * 3], 1.0f) << "row " << row;
+    EXPECT_EQ(relu[row * 3 + 1], 1 + 2 * u) << "row " << row;
+    EXPECT_EQ(relu[row * 3 + 2], 0.0f) << "row " << row;
   }
 }
 

@@ -61,19 +61,22 @@
 // A Linear computes in its input's type: x in bf16 or f16 makes y, dz and dx that type, while the
 // weight and bias stay f32 (the master copy the optimizer updates) and so do their gradients.
 // - Forward: W is narrowed to x's type for the GEMM (category parameter_copies, saved for dx's
-//   GEMM); products are accumulated in f32 and the bias added in f32 before y is rounded once, then
-//   ReLU (rounding is monotonic and keeps 0, so ReLU before or after it gives the same bits).
-//   The copy is made per forward, so it can never be stale, whatever changed the weights.
+//   GEMM); products are accumulated in f32 and the bias (rounded to x's type, below) added in f32
+//   before y is rounded once, then ReLU (rounding is monotonic and keeps 0, so ReLU before or
+//   after it gives the same bits). The copy is made per forward, so it can never be stale,
+//   whatever changed the weights.
 // - Backward: dz = dy * (y > 0) in the 16-bit type; dx = dz W16, rounded once; dW (+)= dz^T x and
 //   db (+)= sum_rows dz are accumulated in f32 straight into the f32 gradient buffers (beta 0 or 1
 //   as in f32). So the persistent buffers sum micro-batches in f32: a bf16 buffer would drop the
 //   small contributions of later micro-batches (test_precision.cpp shows it does).
-// - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (dx, y without a
-//   bias) or f32 (dW); cublasGemmEx where cuBLASLt has no algorithm. With a bias the forward GEMM
-//   writes an f32 scratch (BIAS epilogue, or the broadcast bias and beta 1), which one conversion
-//   rounds into y: cuBLASLt reads an epilogue's bias in D's type (Note [Epilogue bias type] in
-//   kernels/cuda/gemm.cu), and broadcasting the bias into a 16-bit y would round it before the
-//   sum. Then our ReLU kernel over y, as in f32.
+// - The bias is rounded to x's type as W is (category parameter_copies, per forward) and added in
+//   f32 to the f32 sum of products before y is rounded once: cuBLASLt's BIAS epilogue reads its
+//   bias in D's type (Note [Epilogue bias type] in kernels/cuda/gemm.cu), so this is the sum it can
+//   write into a 16-bit y directly, with no f32 scratch and no conversion pass (PyTorch's autocast
+//   rounds the bias so too).
+// - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (y, dx) or f32
+//   (dW); cublasGemmEx where cuBLASLt has no algorithm, adding to the bias broadcast into y (beta
+//   1: the same sum, rounded once). Then our ReLU kernel over y, as in f32.
 // - CPU: the same arithmetic in f32 over widened copies (bf16 x bf16 products are exact in f32),
 //   rounded where the GPU rounds: tests compare the paths within the 16-bit types' tolerance.
 // Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
@@ -111,18 +114,21 @@ void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int
   kernels::gemm_ex_cuda(ctx.cublas(), trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, types);
 }
 
-// c = x W^T + b on CUDA, x and W in types.ab, c in types.cd (f32 whenever there is a bias: Note
-// [Epilogue bias type] in kernels/cuda/gemm.cu). One cuBLASLt GEMM with the BIAS epilogue, else
-// the bias broadcast into c and cuBLAS's GEMM adding to it (beta 1); both sum in f32.
-void forward_gemm_cuda(cuda::Context& ctx, const void* xp, const void* wp, const float* bp, void* cp, int64_t batch,
-                       int64_t in, int64_t out, kernels::GemmTypes types) {
+// c = x W^T + b on CUDA, x and W in types.ab, c in types.cd; bp: the f32 bias, bcp: the same bias
+// in c's type (bp itself for an f32 c; Note [Epilogue bias type] in kernels/cuda/gemm.cu). One
+// cuBLASLt GEMM with the BIAS epilogue reading bcp, else bp broadcast into c (each value rounded to
+// c's type as bcp's were) and cuBLAS's GEMM adding to it (beta 1): both sum in f32, c rounded once.
+void forward_gemm_cuda(cuda::Context& ctx, const void* xp, const void* wp, const float* bp, const void* bcp, void* cp,
+                       int64_t batch, int64_t in, int64_t out, kernels::GemmTypes types) {
   kernels::GemmEpilogueArgs epilogue;
-  epilogue.kind = bp != nullptr ? kernels::GemmEpilogue::bias : kernels::GemmEpilogue::none;
-  epilogue.bias = bp;
+  epilogue.kind = bcp != nullptr ? kernels::GemmEpilogue::bias : kernels::GemmEpilogue::none;
+  epilogue.bias = bcp;
   if (kernels::gemm_lt_cuda(ctx.gemm_lt_plans(), ctx.cublaslt(), ctx.workspace(), cuda::Context::kWorkspaceBytes, false,
                             true, batch, out, in, 1.0f, xp, in, wp, in, 0.0f, cp, out, types, epilogue, ctx.stream()))
     return;
-  if (bp != nullptr) kernels::broadcast_rows_cuda(bp, batch, out, static_cast<float*>(cp), ctx.stream());
+  if (bp != nullptr)
+    CUMULUS_DISPATCH_FLOAT(types.cd, C,
+                           kernels::broadcast_rows_cuda(bp, batch, out, static_cast<C*>(cp), ctx.stream()));
   const float beta = bp != nullptr ? 1.0f : 0.0f;
   if (types.ab == DType::f32 && types.cd == DType::f32) {
     kernels::gemm_cuda(ctx.cublas(), false, true, batch, out, in, 1.0f, static_cast<const float*>(xp), in,
@@ -133,27 +139,28 @@ void forward_gemm_cuda(cuda::Context& ctx, const void* xp, const void* wp, const
 }
 #endif
 
-// y = act(x W16^T + b) for a 16-bit x (Note [Mixed precision]): the products and the f32 bias summed
-// in f32 and rounded once into y, then ReLU, on both devices.
+// y = act(x W16^T + b16) for a 16-bit x (Note [Mixed precision]): b16 the bias rounded to x's type,
+// summed with the products in f32 and rounded once into y, then ReLU, on both devices.
 void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, const Tensor& y, bool relu) {
   const Device device = x.device();
   const int64_t batch = x.size(0), in = x.size(1), out = w16.size(0);
-  const float* bp = bias.defined() ? bias.data<float>() : nullptr;
+  const Tensor b16 = bias.defined() ? converted(bias, x.dtype(), MemoryCategory::parameter_copies) : Tensor();
   if (device.is_cpu()) {
     const Tensor xf = converted(x, DType::f32, MemoryCategory::workspace);
     const Tensor wf = converted(w16, DType::f32, MemoryCategory::workspace);
+    const Tensor bf = b16.defined() ? converted(b16, DType::f32, MemoryCategory::workspace) : Tensor();
     const Tensor yf = detail::f32_scratch(y.shape(), device);
-    linear_forward_cpu(xf.data<float>(), wf.data<float>(), bp, yf.data<float>(), batch, in, out, relu);
+    linear_forward_cpu(xf.data<float>(), wf.data<float>(), bf.defined() ? bf.data<float>() : nullptr,
+                       yf.data<float>(), batch, in, out, relu);
     convert_into(yf, y);
     return;
   }
 #if CUMULUS_WITH_CUDA
-  // With a bias the GEMM writes f32 and the conversion rounds; without, it rounds into y itself.
-  const Tensor z = bp != nullptr ? detail::f32_scratch(y.shape(), device) : y;
-  const kernels::GemmTypes types{x.dtype(), z.dtype()};
+  const float* bp = bias.defined() ? bias.data<float>() : nullptr;
+  const void* bcp = b16.defined() ? b16.raw_data() : nullptr;
+  const kernels::GemmTypes types{x.dtype(), y.dtype()};
   CUMULUS_DISPATCH(device, ctx, (void)0,
-                   forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, z.raw_data(), batch, in, out, types));
-  if (bp != nullptr) convert_into(z, y);
+                   forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, bcp, y.raw_data(), batch, in, out, types));
   if (!relu) return;
   const int64_t n = y.numel();
   CUMULUS_DISPATCH_FLOAT(y.dtype(), T, T* yp = y.data<T>();
@@ -165,7 +172,7 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
 // y = act(x W^T + b) on CUDA: forward_gemm_cuda, then our ReLU in place (Note [ReLU epilogues and NaN]).
 void linear_forward_cuda(cuda::Context& ctx, const float* xp, const float* wp, const float* bp, float* yp,
                          int64_t batch, int64_t in, int64_t out, bool relu) {
-  forward_gemm_cuda(ctx, xp, wp, bp, yp, batch, in, out, kernels::GemmTypes{});
+  forward_gemm_cuda(ctx, xp, wp, bp, bp, yp, batch, in, out, kernels::GemmTypes{});
   if (relu) kernels::relu_forward_cuda(yp, yp, batch * out, ctx.stream());
 }
 

@@ -150,11 +150,10 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 // Note [Epilogue bias type]
 // cuBLASLt reads the bias of its BIAS epilogues in the type CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
 // names, by default D's type; the documented exceptions are IMMA kernels (integer compute) and
-// FP8 kernels, neither ours. Our bias is the f32 master copy, so a bias epilogue runs only with an
-// f32 c: the attribute keeps its default, and a 16-bit c with a bias is refused (InvalidArgument)
-// rather than handed an f32 bias cuBLASLt would read as 16-bit. A 16-bit Linear has its GEMM write
-// f32 and rounds once afterwards (Note [Mixed precision] in engine/ops/linear.cpp): the CPU's
-// arithmetic.
+// FP8 kernels, neither ours. So the attribute keeps its default and the caller hands the bias in
+// c's type: an f32 Linear its f32 bias, a 16-bit Linear a 16-bit copy rounded as its weight's copy
+// is (Note [Mixed precision] in engine/ops/linear.cpp). cuBLASLt adds it to the f32 sum of products
+// and rounds D once: no f32 scratch and no conversion pass after the GEMM.
 //
 // Note [Bias gradient epilogue]
 // GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
@@ -335,9 +334,6 @@ void check_epilogue(const GemmEpilogueArgs& e, GemmTypes types) {
   CUMULUS_CHECK(!bias_grad || types.cd == DType::f32, InvalidArgument,
                 "gemm_lt_cuda: a bias gradient needs an f32 c (cuBLASLt writes it in c's type), not ",
                 dtype_name(types.cd));
-  CUMULUS_CHECK(e.kind != GemmEpilogue::bias || types.cd == DType::f32, InvalidArgument,
-                "gemm_lt_cuda: the bias epilogue needs an f32 c (cuBLASLt reads the f32 bias in c's type: "
-                "Note [Epilogue bias type]), not ", dtype_name(types.cd));
   CUMULUS_CHECK(e.kind != GemmEpilogue::bias || e.bias != nullptr, InvalidArgument,
                 "gemm_lt_cuda: the epilogue needs a bias");
   CUMULUS_CHECK(!bias_grad || e.bias_grad != nullptr, InvalidArgument,

@@ -51,9 +51,8 @@ constexpr int kGemmEpilogues = 3;
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::none;
-  // bias: f32. cuBLASLt reads the bias in c's type (Note [Epilogue bias type] in gemm.cu), so the
-  // bias epilogue takes an f32 c only.
-  const float* bias = nullptr;
+  // bias: in c's type, as cuBLASLt reads it (Note [Epilogue bias type] in gemm.cu).
+  const void* bias = nullptr;
   float* bias_grad = nullptr;  // bias_grad: f32 (c must be f32)
 };
 
