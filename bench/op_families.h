@@ -1,6 +1,6 @@
 // Note [Op families against PyTorch]
 // The op families a transformer and the seed MLP run, each at one shape a small GPT or the MLP
-// gives it, written once here for bench_ops and once in bench/pytorch/op_families.py with the same
+// gives it (and the attention at the large GPT's too: 8 heads of 32 over 256 tokens), written once here for bench_ops and once in bench/pytorch/op_families.py with the same
 // names, shapes and input ranges, so bench/ops_vs_pytorch.py can time both side by side:
 //   families/<name>/forward            the expression under NoGradGuard (no_grad)
 //   families/<name>/forward_backward   recorded, and its backward from an upstream gradient of ones
@@ -61,6 +61,8 @@ inline std::vector<OpFamily> op_families() {
       {"cross_entropy_sum", {{512, 65}, {512}}, {false, true}, 65,
        [](V x) { return ops::cross_entropy(x[0], x[1], ops::Reduction::Sum); }},
       {"attention_causal", {{8, 4, 64, 32}, {8, 4, 64, 32}, {8, 4, 64, 32}}, {}, 0,
+       [](V x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2], true); }},
+      {"attention_causal_t256", {{8, 8, 256, 32}, {8, 8, 256, 32}, {8, 8, 256, 32}}, {}, 0,
        [](V x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2], true); }},
       {"permute_heads", {{8, 64, 4, 32}}, {}, 0, [](V x) { return ops::contiguous(ops::permute(x[0], {0, 2, 1, 3})); }},
       {"embedding", {{8, 64}, {65, 128}}, {true, false}, 65, [](V x) { return ops::embedding(x[0], x[1]); }},

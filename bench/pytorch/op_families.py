@@ -48,6 +48,8 @@ def families():
         f("cross_entropy_sum", [(512, 65), (512,)], lambda x, y: F.cross_entropy(x, y, reduction="sum"), [1], 65),
         f("attention_causal", [(8, 4, 64, 32)] * 3,
           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        f("attention_causal_t256", [(8, 8, 256, 32)] * 3,
+          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         f("permute_heads", [(8, 64, 4, 32)], lambda x: x.permute(0, 2, 1, 3).contiguous()),
         f("embedding", [(8, 64), (65, 128)], F.embedding, [0], 65),
     ]
