@@ -199,9 +199,21 @@ TEST_P(MemoryTrackerTest, ReportsParseAndHoldTheDocumentedFields) {
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"], "seed_mlp");
   EXPECT_EQ(j["micro_batch_size"], 16);
-  for (const char* k : {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "workspace_bytes", "data_bytes",
+  for (const char* k : {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "workspace_bytes",
+                        "outside_allocator_bytes", "context_local_memory_bytes", "data_bytes",
                         "activation_bytes_per_unit", "peak_bytes"})
     EXPECT_TRUE(j["summary"].contains(k)) << k;
+  // What the allocator never held (Note [Memory outside the allocator]): on CUDA at least the
+  // context and the libraries' handles, and the stack frames' local memory the context reserves;
+  // nothing on the CPU.
+  const int64_t outside = j["summary"]["outside_allocator_bytes"], local = j["summary"]["context_local_memory_bytes"];
+  if (device().is_cuda()) {
+    EXPECT_GT(outside, 0);
+    EXPECT_GT(local, 0);
+  } else {
+    EXPECT_EQ(outside, 0);
+    EXPECT_EQ(local, 0);
+  }
   ASSERT_EQ(j["micro_batches"].size(), 8u);
   for (const char* k :
        {"epoch", "index", "units", "activation_bytes", "peak_bytes", "peak_by_category", "forward_ms", "backward_ms"})

@@ -2,6 +2,7 @@
 #if CUMULUS_WITH_CUDA
 #include "engine/core/cuda_context.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -98,6 +99,31 @@ Context& context(int index) {
   auto* c = new Context(index);  // lives until process exit (the driver may be gone before us)
   g_contexts[index].store(c, std::memory_order_release);
   return *c;
+}
+
+// Note [Memory outside the allocator]
+// The tracker's figures are the caching allocator's, but a CUDA process holds device memory the
+// allocator never sees: the context itself, the libraries' handles and loaded kernels (cuBLAS,
+// cuBLASLt, cuDNN, NCCL), and the local memory the driver reserves for kernels' stack frames,
+// sized for every thread the device can hold at once (the per-thread stack limit x resident
+// threads per SM x SMs; the driver grows the limit when a kernel needs more, and keeps it). The
+// driver tells only the total: its used bytes (total - free, cudaMemGetInfo) less the allocator's
+// reserved bytes are the rest, another process on the same device included. The local memory's
+// share is estimated from the stack limit (cudaLimitStackSize), the setting that sizes it: our hot
+// kernels have no stack frames (scripts/cuda_resources.py fails the build otherwise), so it grows
+// past the default only for a library's kernels. Both are read when asked (no sync).
+MemoryOutsideAllocator memory_outside_allocator(int device_index, int64_t allocator_reserved_bytes) {
+  DeviceGuard guard(device_index);
+  std::size_t free_bytes = 0, total_bytes = 0, stack_bytes = 0;
+  CUMULUS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  CUMULUS_CUDA_CHECK(cudaDeviceGetLimit(&stack_bytes, cudaLimitStackSize));
+  int threads_per_sm = 0, sms = 0;
+  CUMULUS_CUDA_CHECK(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device_index));
+  CUMULUS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index));
+  MemoryOutsideAllocator m;
+  m.bytes = std::max<int64_t>(0, static_cast<int64_t>(total_bytes - free_bytes) - allocator_reserved_bytes);
+  m.local_memory_bytes = static_cast<int64_t>(stack_bytes) * threads_per_sm * sms;
+  return m;
 }
 
 void* Context::workspace() {

@@ -75,6 +75,15 @@ class Context {
 Context& context(int device_index);
 inline cudaStream_t stream(int device_index) { return context(device_index).stream(); }
 
+// Device memory in use that the caching allocator never held (Note [Memory outside the allocator]
+// in engine/core/cuda_context.cpp): the driver's used bytes less `allocator_reserved_bytes`, and
+// the part the context reserves as local memory for kernels' stack frames (an estimate).
+struct MemoryOutsideAllocator {
+  int64_t bytes = 0;
+  int64_t local_memory_bytes = 0;
+};
+MemoryOutsideAllocator memory_outside_allocator(int device_index, int64_t allocator_reserved_bytes);
+
 // Blocks the host until the stream's work is done. Every host synchronization cumulus makes goes
 // through here (or through wait_event), so host_synchronizations() counts them all.
 void synchronize_stream(cudaStream_t stream);

@@ -144,6 +144,8 @@ ojson summary_json(MemoryTracker& tracker, const MemorySummary& s) {
   summary["optimizer_state_bytes"] = s.optimizer_state_bytes;
   summary["host_optimizer_state_bytes"] = s.host_optimizer_state_bytes;
   summary["workspace_bytes"] = s.workspace_bytes;
+  summary["outside_allocator_bytes"] = s.outside_allocator_bytes;
+  summary["context_local_memory_bytes"] = s.context_local_memory_bytes;
   summary["data_bytes"] = s.data_bytes;
   summary["batch_data_bytes"] = s.batch_data_bytes;
   summary["activation_bytes_per_unit"] = s.activation_bytes_per_unit;

@@ -33,6 +33,11 @@ void print_memory_table(MemoryTracker& tracker, std::FILE* out) {
   if (s.host_optimizer_state_bytes > 0)
     std::fprintf(out, "  optimizer state on the host %s (its own pool: not in the device's peak or budget)\n",
                  format_bytes(s.host_optimizer_state_bytes).c_str());
+  if (s.outside_allocator_bytes > 0 || s.context_local_memory_bytes > 0)
+    std::fprintf(out,
+                 "  outside the allocator %s (the CUDA context, libraries, other processes), of which stack frames' "
+                 "local memory about %s\n",
+                 format_bytes(s.outside_allocator_bytes).c_str(), format_bytes(s.context_local_memory_bytes).c_str());
   std::fprintf(out, "  run peak %s (reserved peak %s) | %lld x %d: peak %s vs one batch of %lld: %s (%s)\n",
                format_bytes(s.peak_bytes).c_str(), format_bytes(s.reserved_peak_bytes).c_str(),
                static_cast<long long>(s.micro_batch_size), s.accum_steps, format_bytes(s.peak_at_micro_batch).c_str(),

@@ -13,6 +13,10 @@
 #include "cumulus/core/error.h"
 #include "tracker_access.h"
 
+#if CUMULUS_WITH_CUDA
+#include "engine/core/cuda_context.h"
+#endif
+
 namespace cumulus::memory {
 
 namespace {
@@ -365,6 +369,13 @@ MemorySummary MemoryTracker::summary() {
   s.optimizer_state_bytes = st[MemoryCategory::optimizer_state].current;
   s.host_optimizer_state_bytes = host_state_allocator().stats()[MemoryCategory::optimizer_state].current;
   s.workspace_bytes = st[MemoryCategory::workspace].current;
+#if CUMULUS_WITH_CUDA
+  if (const Device& device = s_->allocator_.device(); device.is_cuda()) {
+    const cuda::MemoryOutsideAllocator outside = cuda::memory_outside_allocator(device.index(), st.reserved);
+    s.outside_allocator_bytes = outside.bytes;
+    s.context_local_memory_bytes = outside.local_memory_bytes;
+  }
+#endif
   s.data_bytes = st[MemoryCategory::data].current;
   s.reserved_peak_bytes = st.reserved_peak;
   s.micro_batch_size = s_->options_.micro_batch_size;

@@ -72,6 +72,12 @@ struct MemorySummary {
   // host_state_allocator()'s pool, outside the device's figures and budget.
   int64_t host_optimizer_state_bytes = 0;
   int64_t workspace_bytes = 0;
+  // CUDA, when the summary is taken: device memory the allocator never held (the context, the
+  // libraries, another process on the device), and of it the local memory the context reserves
+  // for kernels' stack frames, estimated (Note [Memory outside the allocator] in
+  // engine/core/cuda_context.cpp). 0 on the CPU.
+  int64_t outside_allocator_bytes = 0;
+  int64_t context_local_memory_bytes = 0;
   int64_t data_bytes = 0;  // live now: the datasets (batches come and go)
   int64_t batch_data_bytes = 0;  // data a micro-batch of micro_batch_size made by its peak: its batch
   double activation_bytes_per_unit = 0.0;  // least-squares slope of activation bytes on units
