@@ -5,6 +5,7 @@ each printing a few lines and never failing the checkup (a missing or cut result
   checkup_report.py test-binary DIR NAME EXIT SECONDS    one test binary's CUDA cases
   checkup_report.py tests DIR                            the tests phase as a whole
   checkup_report.py seed METRICS.jsonl SECONDS           the seed run against its targets
+  checkup_report.py memory REPORT.json                   a run's peaks and the device memory outside the allocator
   checkup_report.py kernels DEFAULT.jsonl S GENERIC.jsonl S  the default kernels against the generic ones
   checkup_report.py weights A.safetensors B.safetensors  largest difference of two runs' weights
   checkup_report.py bench BENCH.json                     the step microbenchmarks' targets
@@ -110,6 +111,21 @@ def seed(path, seconds):
         print("  targets: 78.3%% / 0.6197: %s; at most 3 s start to exit: %s" % (
             "met" if abs(acc - SEED_ACCURACY) < 0.0005 and abs(loss - SEED_LOSS) < 0.00005 else "NOT met",
             "met" if float(seconds) <= 3.0 else "NOT met"))
+
+
+def memory(path):
+    """The run's peak and reserved peak, and what the device held outside the caching allocator
+    (Note [Memory outside the allocator] in engine/core/cuda_context.cpp)."""
+    try:
+        s = load(path)["summary"]
+    except (OSError, KeyError, ValueError) as e:
+        print("  no memory report (%s)" % e)
+        return
+    mib = lambda key: s.get(key, 0) / 2**20
+    print("  memory: peak %.1f MiB, reserved peak %.1f MiB; outside the allocator %.1f MiB (context, libraries), "
+          "of which stack frames' local memory about %.1f MiB" % (mib("peak_bytes"), mib("reserved_peak_bytes"),
+                                                                  mib("outside_allocator_bytes"),
+                                                                  mib("context_local_memory_bytes")))
 
 
 def kernels(default_path, default_s, generic_path, generic_s):
@@ -264,9 +280,8 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
-    handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "kernels": kernels, "weights": weights,
-                "bench": bench,
-                "compare": compare, "sanitize": sanitize, "gpt": gpt}
+    handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "memory": memory, "kernels": kernels,
+                "weights": weights, "bench": bench, "compare": compare, "sanitize": sanitize, "gpt": gpt}
     if cmd not in handlers:
         sys.exit("checkup_report.py: unknown report '%s'\n%s" % (cmd, __doc__))
     try:

@@ -416,6 +416,7 @@ app_run() {
   timed "$name" "$limit" fashion_mnist --device "$device" --data "$fashion" --quiet --metrics "$work/$name.jsonl" \
     --memory-report "$work/${name}_memory.json" --save "$work/$name.safetensors" "$@"
   "$py" "$report" seed "$work/$name.jsonl" "$(seconds_of "$name")" | tee -a "$summary"
+  "$py" "$report" memory "$work/${name}_memory.json" | tee -a "$summary"
 }
 phase_seed() {
   app_run seed_default "$(cap 15)" "${seed_flags[@]}" "${graph_flags[@]}"
