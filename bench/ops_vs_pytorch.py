@@ -5,8 +5,15 @@ each thread count (and, with --capabilities, each of cumulus's vector paths thro
 CUMULUS_CPU_CAPABILITY). Per family and pass: the median over rounds of each side's median
 repetition, and cumulus / PyTorch (below 1: cumulus is faster). Writes raw.json and summary.md.
 
+PyTorch runs at its default capability (its widest on this CPU) once a round, and each of cumulus's
+paths is compared with that run; with --pytorch-capability matched it runs once a round per
+capability instead, with ATEN_CPU_CAPABILITY set to the same instruction set as cumulus's path
+(avx2 -> avx2, avx512 -> avx512), which is what a user of a CPU with only that instruction set gets
+from both. A capability with no ATen name (scalar) keeps PyTorch's default.
+
   bench/ops_vs_pytorch.py --bench-ops build/bin/bench_ops --python /path/to/venv/bin/python --out DIR
                           [--threads 1,2] [--capabilities avx512,avx2] [--rounds 3] [--min-time 0.1]
+                          [--pytorch-capability default|matched]
 """
 
 import argparse
@@ -18,6 +25,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# CUMULUS_CPU_CAPABILITY -> ATEN_CPU_CAPABILITY, for --pytorch-capability matched.
+ATEN_CAPABILITY = {"avx512": "avx512", "avx2": "avx2"}
 
 
 def run_json(cmd, env):
@@ -50,10 +59,18 @@ def main():
     p.add_argument("--min-time", type=float, default=0.1)
     p.add_argument("--repetitions", type=int, default=3)
     p.add_argument("--filter", default="families/")
+    p.add_argument("--pytorch-capability", choices=["default", "matched"], default="default",
+                   help="PyTorch at its default capability, or at each of cumulus's (ATEN_CPU_CAPABILITY)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     capabilities = a.capabilities.split(",") if a.capabilities else [""]
-    raw = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": os.getloadavg(), "runs": []}
+    raw = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": os.getloadavg(),
+           "pytorch_capability": a.pytorch_capability, "runs": []}
+    # PyTorch's runs a round: (ATEN_CPU_CAPABILITY or None for its default, the cumulus paths it is compared with).
+    if a.pytorch_capability == "matched":
+        theirs_runs = [(ATEN_CAPABILITY.get(cap), [cap]) for cap in capabilities]
+    else:
+        theirs_runs = [(None, capabilities)]
     table = {}  # (threads, capability, name) -> {"cumulus": [...], "pytorch": [...]}
     for threads in [int(t) for t in a.threads.split(",")]:
         for r in range(a.rounds):
@@ -66,24 +83,33 @@ def main():
                 raw["runs"].append({"who": "cumulus", "threads": threads, "capability": cap, "round": r, "report": ours})
                 for name, t in medians(ours).items():
                     table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["cumulus"].append(t)
-            theirs = run_json([a.python, os.path.join(HERE, "pytorch", "op_families.py"), "--threads", str(threads),
-                               "--min-time", str(a.min_time), "--repetitions", str(a.repetitions), "--filter",
-                               a.filter], dict(os.environ, OMP_NUM_THREADS=str(threads)))
-            raw["runs"].append({"who": "pytorch", "threads": threads, "round": r, "report": theirs})
-            for name, t in medians(theirs).items():
-                for cap in capabilities:
-                    table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["pytorch"].append(t)
+            for aten, caps in theirs_runs:
+                env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+                env.pop("ATEN_CPU_CAPABILITY", None)
+                if aten:
+                    env["ATEN_CPU_CAPABILITY"] = aten
+                theirs = run_json([a.python, os.path.join(HERE, "pytorch", "op_families.py"), "--threads", str(threads),
+                                   "--min-time", str(a.min_time), "--repetitions", str(a.repetitions), "--filter",
+                                   a.filter], env)
+                raw["runs"].append({"who": "pytorch", "threads": threads, "round": r, "aten_capability": aten or "default",
+                                    "report": theirs})
+                for name, t in medians(theirs).items():
+                    for cap in caps:
+                        table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["pytorch"].append(t)
     raw["load_after"] = os.getloadavg()
     with open(os.path.join(a.out, "raw.json"), "w") as f:
         json.dump(raw, f)
-    rows = ["| threads | cumulus path | family / pass | cumulus us | PyTorch us | cumulus / PyTorch |", "|---|---|---|---|---|---|"]
+    pytorch_path = (lambda cap: ATEN_CAPABILITY.get(cap, "default")) if a.pytorch_capability == "matched" else (lambda cap: "default")
+    rows = ["| threads | cumulus path | PyTorch path | family / pass | cumulus us | PyTorch us | cumulus / PyTorch |",
+            "|---|---|---|---|---|---|---|"]
     for (threads, cap, name), v in sorted(table.items()):
         if not v["cumulus"] or not v["pytorch"]:
             continue
         c, t = statistics.median(v["cumulus"]), statistics.median(v["pytorch"])
         flag = " **slower**" if c > t else ""
-        rows.append("| %d | %s | %s | %.1f | %.1f | %.2fx%s |" % (threads, cap or "default", name.replace("families/", "")
-                                                              .replace("/cpu", ""), c, t, c / t, flag))
+        rows.append("| %d | %s | %s | %s | %.1f | %.1f | %.2fx%s |" % (
+            threads, cap or "default", pytorch_path(cap), name.replace("families/", "").replace("/cpu", ""), c, t, c / t,
+            flag))
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write("\n".join(rows) + "\n")
     print("\n".join(rows))
