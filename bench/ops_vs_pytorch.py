@@ -9,7 +9,9 @@ PyTorch runs at its default capability (its widest on this CPU) once a round, an
 paths is compared with that run; with --pytorch-capability matched it runs once a round per
 capability instead, with ATEN_CPU_CAPABILITY set to the same instruction set as cumulus's path
 (avx2 -> avx2, avx512 -> avx512), which is what a user of a CPU with only that instruction set gets
-from both. A capability with no ATen name (scalar) keeps PyTorch's default.
+from both (a capability with no ATen name, scalar, takes PyTorch's default), and writes beside
+summary.md summary_pytorch_default.md: each path against the run at PyTorch's default capability
+on this CPU (when one of the matched runs is at it).
 
   bench/ops_vs_pytorch.py --bench-ops build/bin/bench_ops --python /path/to/venv/bin/python --out DIR
                           [--threads 1,2] [--capabilities avx512,avx2] [--rounds 3] [--min-time 0.1]
@@ -66,12 +68,12 @@ def main():
     capabilities = a.capabilities.split(",") if a.capabilities else [""]
     raw = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": os.getloadavg(),
            "pytorch_capability": a.pytorch_capability, "runs": []}
-    # PyTorch's runs a round: (ATEN_CPU_CAPABILITY or None for its default, the cumulus paths it is compared with).
+    # PyTorch's runs a round: ATEN_CPU_CAPABILITY, or None for its default.
     if a.pytorch_capability == "matched":
-        theirs_runs = [(ATEN_CAPABILITY.get(cap), [cap]) for cap in capabilities]
+        theirs_runs = list(dict.fromkeys(ATEN_CAPABILITY.get(cap) for cap in capabilities))
     else:
-        theirs_runs = [(None, capabilities)]
-    table = {}  # (threads, capability, name) -> {"cumulus": [...], "pytorch": [...]}
+        theirs_runs = [None]
+    ours_t, theirs_t = {}, {}  # (threads, cumulus capability / PyTorch's, name) -> [median per round]
     for threads in [int(t) for t in a.threads.split(",")]:
         for r in range(a.rounds):
             for cap in capabilities:
@@ -82,8 +84,8 @@ def main():
                                  "--benchmark_repetitions=%d" % a.repetitions, "--benchmark_format=json"], env)
                 raw["runs"].append({"who": "cumulus", "threads": threads, "capability": cap, "round": r, "report": ours})
                 for name, t in medians(ours).items():
-                    table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["cumulus"].append(t)
-            for aten, caps in theirs_runs:
+                    ours_t.setdefault((threads, cap, name), []).append(t)
+            for aten in theirs_runs:
                 env = dict(os.environ, OMP_NUM_THREADS=str(threads))
                 env.pop("ATEN_CPU_CAPABILITY", None)
                 if aten:
@@ -94,22 +96,39 @@ def main():
                 raw["runs"].append({"who": "pytorch", "threads": threads, "round": r, "aten_capability": aten or "default",
                                     "report": theirs})
                 for name, t in medians(theirs).items():
-                    for cap in caps:
-                        table.setdefault((threads, cap, name), {"cumulus": [], "pytorch": []})["pytorch"].append(t)
+                    theirs_t.setdefault((threads, aten, name), []).append(t)
     raw["load_after"] = os.getloadavg()
+    # PyTorch's default capability on this CPU (AVX512 -> avx512): in a matched run, its run at that
+    # capability is also the comparison with PyTorch at its default.
+    default = subprocess.run([a.python, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                             stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                                     if k != "ATEN_CPU_CAPABILITY"}).stdout.strip().lower()
+    raw["pytorch_default_capability"] = default
     with open(os.path.join(a.out, "raw.json"), "w") as f:
         json.dump(raw, f)
-    pytorch_path = (lambda cap: ATEN_CAPABILITY.get(cap, "default")) if a.pytorch_capability == "matched" else (lambda cap: "default")
-    rows = ["| threads | cumulus path | PyTorch path | family / pass | cumulus us | PyTorch us | cumulus / PyTorch |",
-            "|---|---|---|---|---|---|---|"]
-    for (threads, cap, name), v in sorted(table.items()):
-        if not v["cumulus"] or not v["pytorch"]:
-            continue
-        c, t = statistics.median(v["cumulus"]), statistics.median(v["pytorch"])
-        flag = " **slower**" if c > t else ""
-        rows.append("| %d | %s | %s | %s | %.1f | %.1f | %.2fx%s |" % (
-            threads, cap or "default", pytorch_path(cap), name.replace("families/", "").replace("/cpu", ""), c, t, c / t,
-            flag))
+
+    def table(pytorch_of):
+        """Rows for each cumulus path against the PyTorch run pytorch_of(cap) (an ATEN capability or None)."""
+        rows = ["| threads | cumulus path | PyTorch path | family / pass | cumulus us | PyTorch us | cumulus / PyTorch |",
+                "|---|---|---|---|---|---|---|"]
+        for (threads, cap, name), mine in sorted(ours_t.items()):
+            theirs = theirs_t.get((threads, pytorch_of(cap), name))
+            if not theirs:
+                continue
+            c, t = statistics.median(mine), statistics.median(theirs)
+            flag = " **slower**" if c > t else ""
+            rows.append("| %d | %s | %s | %s | %.1f | %.1f | %.2fx%s |" % (
+                threads, cap or "default", (pytorch_of(cap) or default) + (" (default)" if (pytorch_of(cap) or default) == default else ""),
+                name.replace("families/", "").replace("/cpu", ""), c, t, c / t, flag))
+        return rows
+
+    if a.pytorch_capability == "matched":
+        rows = table(lambda cap: ATEN_CAPABILITY.get(cap))
+        if default in theirs_runs:  # each path against PyTorch at its default, from the same runs
+            with open(os.path.join(a.out, "summary_pytorch_default.md"), "w") as f:
+                f.write("\n".join(table(lambda cap: default)) + "\n")
+    else:
+        rows = table(lambda cap: None)
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write("\n".join(rows) + "\n")
     print("\n".join(rows))
