@@ -208,13 +208,23 @@ template <typename T>
 void sum_rows_mode(const ReduceGeometry& g, const T* x, const TermRuns& r, double divisor, T* y) {
   RowsCore core = vector_cores<T>().second;
   if (r.step != 1 || g.outputs < 4) core = nullptr;
+  // Kept dimensions that nest as one (each stride the next one's times its size: a sum over the
+  // last dimensions of a contiguous tensor) put output o at o times the innermost stride: no
+  // odometer step per output (6% of a [8, 64, 128] sum's samples).
+  bool nested = g.kept_ndim > 0;
+  for (int d = 0; d + 1 < g.kept_ndim; ++d)
+    nested = nested && g.kept_stride[d] == g.kept_stride[d + 1] * g.kept_size[d + 1];
+  const int64_t step = nested ? g.kept_stride[g.kept_ndim - 1] : 0;
   parallel_for(g.outputs, output_grain(g.terms), [&](int64_t begin, int64_t end) {
     KeptOdometer kept(g, g.kept_ndim, begin);
     int64_t bases[kSumRowsMax];
     float staged[kSumRowsMax];  // a 16-bit type's float outputs; float ones go straight to y
     for (int64_t o = begin; o < end; o += kSumRowsMax) {
       const int64_t count = std::min(kSumRowsMax, end - o);
-      for (int64_t k = 0; k < count; ++k, kept.next()) bases[k] = kept.offset();
+      if (nested)
+        for (int64_t k = 0; k < count; ++k) bases[k] = (o + k) * step;
+      else
+        for (int64_t k = 0; k < count; ++k, kept.next()) bases[k] = kept.offset();
       float* out = std::is_same_v<T, float> ? reinterpret_cast<float*>(y + o) : staged;
       if (core)
         core(x, storage_of<T>(), bases, count, r.offsets.data(), static_cast<int64_t>(r.offsets.size()), r.len,
