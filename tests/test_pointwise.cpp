@@ -22,6 +22,7 @@
 #include "cumulus/cumulus.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/loss_kernels.h"
+#include "kernels/cpu/vec_math.h"
 #include "test_util.h"
 
 namespace cumulus::testing {
@@ -538,6 +539,64 @@ TEST(CpuActivations, ReluForwardGivesTheScalarRulesBits) {
       EXPECT_EQ(bits, want[i]) << "n " << n << ", element " << i << " of " << xv[i];
     }
   }
+}
+
+// The AVX2 rows of sigmoid, silu and silu's gradient (vec_math_avx2.cpp's one_plus_exp_minus: 2^n
+// added to the exponent field) give the AVX-512 rows' bits (scalef's one rounding of p 2^n), so a
+// change of either shows: over the clamps' edges (-104, -87.34, -86), the overflow of p 2^128
+// (sigmoid's subnormal results near -88.5, silu's near 88.5), signed zeros, infinities, NaN payloads
+// (quiet and signalling, both signs), subnormal inputs and random bit patterns. Called directly,
+// whatever the capability cap: on a CPU with both instruction sets.
+TEST(CpuActivations, SigmoidAndSiluAvx2RowsGiveTheAvx512RowsBits) {
+#if defined(__x86_64__)
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512f")))
+    GTEST_SKIP() << "needs AVX2, FMA and AVX-512F";
+  std::vector<float> x;
+  for (float v = -120.0f; v <= 120.0f; v += 0.0625f) x.push_back(v);
+  for (float edge : {104.0f, 87.34f, 87.33654f, 86.0f, 17.0f, 88.37626f, 88.5f, 88.72f, 88.73f, 89.0f}) {
+    float up = edge, down = edge;
+    for (int i = 0; i < 200; ++i, up = std::nextafter(up, INFINITY), down = std::nextafter(down, 0.0f))
+      for (float v : {up, -up, down, -down}) x.push_back(v);
+  }
+  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7FC12345u,
+                        0xFFC54321u, 0x7F800001u, 0xFF800123u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x00800000u, 0x80800000u,
+                        0x00000001u, 0x80000001u, 0x000A0000u, 0x3F800000u, 0xBF800000u}) {
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    x.push_back(v);
+  }
+  uint32_t state = 20261129u;
+  for (int i = 0; i < (1 << 16); ++i) {
+    state = state * 1664525u + 1013904223u;
+    float v;
+    std::memcpy(&v, &state, sizeof v);
+    x.push_back(v);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> dy(x.size());
+  Generator gen(29);
+  gen.fill_uniform(dy.data(), n, -2.0f, 2.0f);
+  std::vector<float> a(x.size()), b(x.size());
+  const auto expect_same_bits = [&](const char* what) {
+    int shown = 0;
+    for (std::size_t i = 0; i < x.size() && shown < 10; ++i)
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+        ADD_FAILURE() << what << "(" << x[i] << "): AVX2 " << a[i] << ", AVX-512 " << b[i];
+        ++shown;
+      }
+  };
+  kernels::vec::sigmoid_f32(x.data(), a.data(), n);
+  kernels::vec512::sigmoid_f32(x.data(), b.data(), n);
+  expect_same_bits("sigmoid");
+  kernels::vec::silu_f32(x.data(), a.data(), n);
+  kernels::vec512::silu_f32(x.data(), b.data(), n);
+  expect_same_bits("silu");
+  kernels::vec::silu_grad_f32(x.data(), dy.data(), a.data(), n);
+  kernels::vec512::silu_grad_f32(x.data(), dy.data(), b.data(), n);
+  expect_same_bits("silu_grad");
+#else
+  GTEST_SKIP() << "x86-64 only";
+#endif
 }
 
 // A Linear's bias gradient (sum_rows_cpu: the vector column sums at each capability) gives the bits

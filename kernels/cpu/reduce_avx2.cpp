@@ -14,6 +14,7 @@ struct Avx2Lanes {
     __m256d lo, hi;  // lanes 0-3, 4-7
   };
   static constexpr int kColumnVecs = 2;
+  static constexpr int kRowGroups = 4;
   static Acc8 zero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
   static void add(Acc8& acc, __m256 f) {
     acc.lo = _mm256_add_pd(acc.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));

@@ -23,6 +23,7 @@ struct Avx512Lanes {
     __m512d v;
   };
   static constexpr int kColumnVecs = 4;
+  static constexpr int kRowGroups = 2;
   static Acc8 zero() { return {_mm512_setzero_pd()}; }
   static void add(Acc8& acc, __m256 f) { acc.v = _mm512_fmadd_pd(_mm512_cvtps_pd(f), _mm512_set1_pd(1.0), acc.v); }
   static void store(const Acc8& acc, double divisor, float* y) {

@@ -100,14 +100,22 @@ V sigmoid_of_minus(V z2, V& e) {
   return _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps(z2, splat(kGeluZ2Max), _CMP_GT_OQ));
 }
 
-// e^x over the whole float range: 2^n as two factors, so that neither leaves the normal range
-// (n is in [-150, 128] after the clamp, which only moves x where the result is 0 or inf anyway).
-// NaN stays NaN (max and min return their second operand when either is NaN).
-V exp_any(V x) {
+// 1 + e^-v, the denominator of sigmoid and silu: the bits of 1 + exp_any(-v), where exp_any
+// (vec512's, with scalef) is e^x = p 2^n over the whole float range, x clamped to [-104, 88.73],
+// in fewer instructions. The clamp's low end moves to -86, so that n >= -124 and p / 2 (p in
+// [0.70, 1.42], halved exactly) times 2^n is a normal float: it is built by adding n to the exponent
+// field, then doubled, one rounding of p 2^n as before (inf where that overflows: n = 128 with
+// p >= 1). Below -86 e^x is under 2^-124 either way, far below 2^-24, so 1 + e^x is 1 both ways.
+// NaN stays the same NaN (max and min return their second operand when either is NaN; n's
+// conversion gives 0x80000000, whose shift adds 0 to the field). tests/test_pointwise.cpp
+// compares these rows with vec512's bits; every one of the 2^32 inputs was compared with the
+// two-factor code when it changed.
+V one_plus_exp_minus(V v) {
   V n;
-  const V p = exp_mantissa(_mm256_min_ps(splat(88.73f), _mm256_max_ps(splat(-104.0f), x)), n);
-  const __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1);
-  return mul(mul(p, pow2(half)), pow2(_mm256_sub_epi32(k, half)));
+  const V p = exp_mantissa(_mm256_min_ps(splat(88.73f), _mm256_max_ps(splat(-86.0f), sub(_mm256_setzero_ps(), v))), n);
+  const __m256i field = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  const V half = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(mul(p, splat(0.5f))), field));
+  return add(splat(1.0f), mul(half, splat(2.0f)));
 }
 
 // erf(z) from the table of Note [Vector erf] (vec_math.h); vec512's erf_of is the same steps.
@@ -182,21 +190,18 @@ void tanh_f32(const float* x, float* y, int64_t n) {
 }
 
 void sigmoid_f32(const float* x, float* y, int64_t n) {
-  map1(x, y, n, [](V v) {
-    const V e = exp_any(sub(_mm256_setzero_ps(), v));
-    return _mm256_div_ps(splat(1.0f), add(splat(1.0f), e));
-  });
+  map1(x, y, n, [](V v) { return _mm256_div_ps(splat(1.0f), one_plus_exp_minus(v)); });
 }
 
 // silu_f32: the scalar rule's x / (1 + exp(-x)) with the vector exp; silu_grad_f32: its
 // derivative s (1 + x (1 - s)), s = 1 / (1 + exp(-x)), recomputed from x.
 void silu_f32(const float* x, float* y, int64_t n) {
-  map1(x, y, n, [](V v) { return _mm256_div_ps(v, add(splat(1.0f), exp_any(sub(_mm256_setzero_ps(), v)))); });
+  map1(x, y, n, [](V v) { return _mm256_div_ps(v, one_plus_exp_minus(v)); });
 }
 
 void silu_grad_f32(const float* x, const float* dy, float* g, int64_t n) {
   map2(x, dy, g, n, [](V v, V d) {
-    const V s = _mm256_div_ps(splat(1.0f), add(splat(1.0f), exp_any(sub(_mm256_setzero_ps(), v))));
+    const V s = _mm256_div_ps(splat(1.0f), one_plus_exp_minus(v));
     return mul(d, mul(s, add(splat(1.0f), mul(v, sub(splat(1.0f), s)))));
   });
 }

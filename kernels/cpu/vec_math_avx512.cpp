@@ -110,7 +110,8 @@ V exp_nonpositive(V x) {
                             _mm512_setzero_ps());
 }
 
-// e^x over the whole float range: vec_math_avx2.cpp's exp_any, scalef for its two factors.
+// e^x over the whole float range (x clamped to [-104, 88.73]): p 2^n, scalef's one rounding;
+// vec_math_avx2.cpp's one_plus_exp_minus gives 1 + this with the same bits.
 V exp_any(V x) {
   V n;
   const V p = exp_mantissa(_mm512_min_ps(splat(88.73f), _mm512_max_ps(splat(-104.0f), x)), n);

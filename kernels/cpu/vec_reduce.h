@@ -24,7 +24,8 @@ namespace vec {
 // Outputs in a contiguous row: output i's terms start at x + i (n outputs, i < n).
 void sum_columns(const void* x, ReduceStorage storage, const int64_t* run_offsets, int64_t runs, int64_t run_len,
                  int64_t step, int64_t n, double divisor, float* y);
-// Up to 16 outputs whose runs are contiguous (step 1): output k's terms start at x + bases[k], k < count.
+// Up to kSumRowsMax outputs whose runs are contiguous (step 1): output k's terms start at x + bases[k],
+// k < count.
 void sum_rows(const void* x, ReduceStorage storage, const int64_t* bases, int64_t count, const int64_t* run_offsets,
               int64_t runs, int64_t run_len, double divisor, float* y);
 
@@ -32,7 +33,7 @@ void sum_rows(const void* x, ReduceStorage storage, const int64_t* bases, int64_
 
 namespace vec512 {
 
-// The same, 16 outputs a time in double lanes of 8.
+// The same, in double lanes of 8 (one register of 8 doubles for 8 outputs).
 void sum_columns(const void* x, ReduceStorage storage, const int64_t* run_offsets, int64_t runs, int64_t run_len,
                  int64_t step, int64_t n, double divisor, float* y);
 void sum_rows(const void* x, ReduceStorage storage, const int64_t* bases, int64_t count, const int64_t* run_offsets,
@@ -40,7 +41,7 @@ void sum_rows(const void* x, ReduceStorage storage, const int64_t* bases, int64_
 
 }  // namespace vec512
 
-// The most outputs one sum_rows call takes.
-inline constexpr int64_t kSumRowsMax = 16;
+// The most outputs one sum_rows call takes (a few of the cores' blocks of rows).
+inline constexpr int64_t kSumRowsMax = 64;
 
 }  // namespace cumulus::kernels
