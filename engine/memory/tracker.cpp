@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -370,7 +372,10 @@ MemorySummary MemoryTracker::summary() {
   s.host_optimizer_state_bytes = host_state_allocator().stats()[MemoryCategory::optimizer_state].current;
   s.workspace_bytes = st[MemoryCategory::workspace].current;
 #if CUMULUS_WITH_CUDA
-  if (const Device& device = s_->allocator_.device(); device.is_cuda()) {
+  // Opt-in until a GPU has run it (Note [Memory outside the allocator]).
+  const char* outside_asked = std::getenv("CUMULUS_CUDA_MEMORY_OUTSIDE");
+  const bool asked = outside_asked != nullptr && std::string(outside_asked) == "1";
+  if (const Device& device = s_->allocator_.device(); device.is_cuda() && asked) {
     const cuda::MemoryOutsideAllocator outside = cuda::memory_outside_allocator(device.index(), st.reserved);
     s.outside_allocator_bytes = outside.bytes;
     s.context_local_memory_bytes = outside.local_memory_bytes;

@@ -72,17 +72,23 @@
 // - The bias is rounded to x's type as W is (category parameter_copies, per forward) and added in
 //   f32 to the f32 sum of products before y is rounded once: cuBLASLt's BIAS epilogue reads its
 //   bias in D's type (Note [Epilogue bias type] in kernels/cuda/gemm.cu), so this is the sum it can
-//   write into a 16-bit y directly, with no f32 scratch and no conversion pass (PyTorch's autocast
-//   rounds the bias so too).
+//   write into a 16-bit y directly (Note [Direct 16-bit output]; PyTorch's autocast rounds the bias
+//   so too).
 // - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (y, dx) or f32
-//   (dW); cublasGemmEx where cuBLASLt has no algorithm, adding to the bias broadcast into y (beta
-//   1: the same sum, rounded once). Then our ReLU kernel over y, as in f32.
+//   (dW); cublasGemmEx where cuBLASLt has no algorithm. With a bias the GEMM writes an f32 scratch
+//   and one conversion rounds y, or (opt-in, Note [Direct 16-bit output]) writes y itself. Then our
+//   ReLU kernel over y, as in f32.
 // - CPU: the same arithmetic in f32 over widened copies (bf16 x bf16 products are exact in f32),
 //   rounded where the GPU rounds: tests compare the paths within the 16-bit types' tolerance.
 // Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
 // returns an f32 loss). The data loader gathers batches straight into the compute type, so the
 // saved activations of a 16-bit run are half an f32 run's.
 #include "cumulus/ops/linear.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/shape.h"
 #include "engine/ops/internal.h"
@@ -104,6 +110,25 @@ using detail::converted;
 using detail::convert_into;
 
 #if CUMULUS_WITH_CUDA
+// Note [Direct 16-bit output]
+// With its bias in y's type, cuBLASLt's bias epilogue can write a 16-bit Linear's y directly,
+// without the f32 scratch's write and read and the conversion's launch. That path has not run on a
+// GPU, so it is asked for (CUMULUS_CUDA_LINEAR16=direct), never assumed: by default the GEMM writes
+// an f32 scratch with the bias epilogue and one conversion rounds y, the calls the last GPU run
+// made. Both add the rounded bias (widened exactly for the scratch) to the f32 sum of products and
+// round once: the same sum, and the CPU's.
+bool direct_16_bit_output() {
+  static const bool direct = [] {
+    const char* value = std::getenv("CUMULUS_CUDA_LINEAR16");
+    if (value == nullptr || *value == '\0' || std::strcmp(value, "scratch") == 0) return false;
+    if (std::strcmp(value, "direct") == 0) return true;
+    // A speed setting, as CUMULUS_CUDA_ATTENTION: said once and ignored rather than failing the program.
+    std::fprintf(stderr, "cumulus: CUMULUS_CUDA_LINEAR16=%s is not direct or scratch; ignored\n", value);
+    return false;
+  }();
+  return direct;
+}
+
 // A backward GEMM of a 16-bit Linear (Note [Mixed precision]): cuBLASLt, else cublasGemmEx.
 void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc, kernels::GemmTypes types) {
@@ -145,10 +170,11 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
   const Device device = x.device();
   const int64_t batch = x.size(0), in = x.size(1), out = w16.size(0);
   const Tensor b16 = bias.defined() ? converted(bias, x.dtype(), MemoryCategory::parameter_copies) : Tensor();
+  const bool direct = !device.is_cpu() && direct_16_bit_output();
+  const Tensor bf = b16.defined() && !direct ? converted(b16, DType::f32, MemoryCategory::workspace) : Tensor();
   if (device.is_cpu()) {
     const Tensor xf = converted(x, DType::f32, MemoryCategory::workspace);
     const Tensor wf = converted(w16, DType::f32, MemoryCategory::workspace);
-    const Tensor bf = b16.defined() ? converted(b16, DType::f32, MemoryCategory::workspace) : Tensor();
     const Tensor yf = detail::f32_scratch(y.shape(), device);
     linear_forward_cpu(xf.data<float>(), wf.data<float>(), bf.defined() ? bf.data<float>() : nullptr,
                        yf.data<float>(), batch, in, out, relu);
@@ -156,11 +182,14 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
     return;
   }
 #if CUMULUS_WITH_CUDA
-  const float* bp = bias.defined() ? bias.data<float>() : nullptr;
-  const void* bcp = b16.defined() ? b16.raw_data() : nullptr;
-  const kernels::GemmTypes types{x.dtype(), y.dtype()};
+  // Note [Direct 16-bit output]: with a bias, an f32 scratch and one conversion unless asked otherwise.
+  const Tensor z = bf.defined() ? detail::f32_scratch(y.shape(), device) : y;
+  const float* bp = bf.defined() ? bf.data<float>() : bias.defined() ? bias.data<float>() : nullptr;
+  const void* bcp = bf.defined() ? static_cast<const void*>(bp) : b16.defined() ? b16.raw_data() : nullptr;
+  const kernels::GemmTypes types{x.dtype(), z.dtype()};
   CUMULUS_DISPATCH(device, ctx, (void)0,
-                   forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, bcp, y.raw_data(), batch, in, out, types));
+                   forward_gemm_cuda(ctx, x.raw_data(), w16.raw_data(), bp, bcp, z.raw_data(), batch, in, out, types));
+  if (bf.defined()) convert_into(z, y);
   if (!relu) return;
   const int64_t n = y.numel();
   CUMULUS_DISPATCH_FLOAT(y.dtype(), T, T* yp = y.data<T>();

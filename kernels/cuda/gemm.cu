@@ -153,7 +153,7 @@ void gemm_ex_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, 
 // FP8 kernels, neither ours. So the attribute keeps its default and the caller hands the bias in
 // c's type: an f32 Linear its f32 bias, a 16-bit Linear a 16-bit copy rounded as its weight's copy
 // is (Note [Mixed precision] in engine/ops/linear.cpp). cuBLASLt adds it to the f32 sum of products
-// and rounds D once: no f32 scratch and no conversion pass after the GEMM.
+// and rounds D once (a 16-bit D only when asked: Note [Direct 16-bit output] there).
 //
 // Note [Bias gradient epilogue]
 // GemmEpilogue::bias_grad is sum_k op(a)[i, k] for each row i of our c, i.e. the reduction of our
