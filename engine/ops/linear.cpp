@@ -109,7 +109,6 @@ using detail::linear_forward_cpu;
 using detail::converted;
 using detail::convert_into;
 
-#if CUMULUS_WITH_CUDA
 // Note [Direct 16-bit output]
 // With its bias in y's type, cuBLASLt's bias epilogue can write a 16-bit Linear's y directly,
 // without the f32 scratch's write and read and the conversion's launch. That path has not run on a
@@ -129,6 +128,7 @@ bool direct_16_bit_output() {
   return direct;
 }
 
+#if CUMULUS_WITH_CUDA
 // A backward GEMM of a 16-bit Linear (Note [Mixed precision]): cuBLASLt, else cublasGemmEx.
 void gemm_16_cuda(cuda::Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc, kernels::GemmTypes types) {
