@@ -252,6 +252,38 @@ TEST(ZeroStageTwo, TheShardSumsEachBackwardAndNoParameterKeepsAGradient) {
   EXPECT_EQ(sharded.w.grad().to_vector<float>(), std::vector<float>(12, 2.0f));  // a buffer of its own again
 }
 
+// Data parallel in stage 2's order (reduce_every_micro_batch): the same reduce-scatters, each followed
+// by an all-gather, and every rank keeps the whole sum of the rounds; no parameter keeps a buffer.
+TEST(ZeroStageTwo, ReducingEveryMicroBatchKeepsTheWholeSumOnEveryRank) {
+  TinyModel plain, every;
+  for (int k = 0; k < 2; ++k) plain.loss().backward();
+  const std::vector<float> w_sum = plain.w.grad().to_vector<float>(), b_sum = plain.b.grad().to_vector<float>();
+  struct Counting : CountingWorld {
+    using CountingWorld::CountingWorld;
+    void all_gather(float*, const std::vector<dist::Shard>&, Device) override { ++all_gathers; }
+    int all_gathers = 0;
+  };
+  auto world = std::make_shared<Counting>(1, 2);
+  train::TrainerOptions o = zero_two_options(world);
+  o.zero_stage = 0;
+  o.reduce_every_micro_batch = true;
+  train::Trainer trainer(every.sgd, o);
+  EXPECT_EQ(every.flat->gradients().numel(), every.flat->size());  // the whole, on rank 1 too
+  trainer.begin_epoch(0, 4);
+  for (int k = 0; k < 2; ++k) {
+    trainer.skip_micro_batch();
+    trainer.backward(every.loss(), 2);
+    EXPECT_FALSE(every.w.grad_buffer().defined());
+  }
+  EXPECT_EQ(world->reduce_scatters, 4);  // two buckets, two rounds
+  EXPECT_EQ(world->all_gathers, 4);
+  const std::vector<float> flat = every.flat->gradients().to_vector<float>();
+  const int64_t b_offset = every.flat->slots()[1].offset;
+  EXPECT_EQ(std::vector<float>(flat.begin(), flat.begin() + 12), w_sum);
+  EXPECT_EQ(std::vector<float>(flat.begin() + b_offset, flat.begin() + b_offset + 4), b_sum);
+  EXPECT_TRUE(trainer.step_if_ready());
+}
+
 // A short last group: rank 1 owns one micro-batch of three, rank 0 two, so rank 1 reduces a round
 // of zeros at the step and both ranks make the same number of reductions.
 TEST(ZeroStageTwo, ARankWithFewerMicroBatchesInAShortGroupReducesZeros) {
@@ -657,8 +689,14 @@ TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
                                      " --memory-report " + quote(path(run + ".json")));
       ASSERT_EQ(r.exit_code, 0) << cases[k].options << " --zero " << stage << ": " << r.out;
     }
+    const Result every = launch(2, common() + " --epochs 1 --shuffle " + cases[k].options +
+                                       " --zero 0 --reduce-every-micro-batch --save " +
+                                       quote(path(tag + "_every.safetensors")));
+    ASSERT_EQ(every.exit_code, 0) << cases[k].options << " --reduce-every-micro-batch: " << every.out;
     expect_same_weights(tag + "_1.safetensors", tag + "_0.safetensors", 0.0, 0.0);
     expect_same_weights(tag + "_2.safetensors", tag + "_0.safetensors", cases[k].elementwise, cases[k].overall);
+    // Data parallel summing in stage 2's order gives its bits (Note [ZeRO stage 2]).
+    expect_same_weights(tag + "_every.safetensors", tag + "_2.safetensors", 0.0, 0.0);
     const int64_t whole_state = summary(tag + "_0.json", "optimizer_state_bytes");
     const int64_t whole_gradient = summary(tag + "_0.json", "gradients_bytes");
     for (const std::string rank : {"", ".rank1"}) {
@@ -677,22 +715,27 @@ TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
 
 // Three ranks: shards of unequal size (the flat buffer does not divide by 3), two micro-batches per
 // rank and step, and the epoch's last group of 40 samples one short micro-batch on each rank. Stage
-// 1 keeps data parallel's bits, stage 2 its weights to float rounding; each rank holds a third.
+// 1 keeps data parallel's bits, stage 2 its weights to float rounding (and the bits of data parallel
+// reducing every micro-batch); each rank holds a third.
 TEST_F(MpiRunTest, ZeroStagesOnThreeRanks) {
   auto summary = [](const std::string& report, const char* key) {
     return nlohmann::json::parse(read_log(path(report)))["summary"][key].get<int64_t>();
   };
-  for (int stage : {0, 1, 2}) {
-    const std::string run = "three_" + std::to_string(stage);
+  const std::pair<std::string, std::string> runs[] = {{"three_0", "--zero 0"},
+                                                      {"three_1", "--zero 1"},
+                                                      {"three_2", "--zero 2"},
+                                                      {"three_every", "--zero 0 --reduce-every-micro-batch"}};
+  for (const auto& [run, levers] : runs) {
     const Result r = launch(3, "--data " + quote(path("data")) +
                                    " --device cpu --threads 1 --quiet --batch-size 16 --effective-batch 96 --epochs 1 "
-                                   "--shuffle --optimizer sgd --momentum 0.9 --lr 0.05 --zero " +
-                                   std::to_string(stage) + " --save " + quote(path(run + ".safetensors")) +
+                                   "--shuffle --optimizer sgd --momentum 0.9 --lr 0.05 " +
+                                   levers + " --save " + quote(path(run + ".safetensors")) +
                                    " --memory-report " + quote(path(run + ".json")));
-    ASSERT_EQ(r.exit_code, 0) << "--zero " << stage << ": " << r.out;
+    ASSERT_EQ(r.exit_code, 0) << levers << ": " << r.out;
   }
   expect_same_weights("three_1.safetensors", "three_0.safetensors", 0.0, 0.0);
   expect_same_weights("three_2.safetensors", "three_0.safetensors", 1e-6, 1e-6);
+  expect_same_weights("three_every.safetensors", "three_2.safetensors", 0.0, 0.0);
   const int64_t whole_state = summary("three_0.json", "optimizer_state_bytes");
   const int64_t whole_gradient = summary("three_0.json", "gradients_bytes");
   for (const std::string rank : {"", ".rank1", ".rank2"}) {
@@ -784,8 +827,13 @@ TEST_F(MpiRunTest, TheGptOnTwoRanksTrainsOneProcesssGroupsAndZeroKeepsItsNumbers
   expect_same_weights("g_zero1.safetensors", "g_zero0.safetensors", 0.0, 0.0);
   EXPECT_EQ(read_log(path("g_zero1.safetensors.state")), read_log(path("g_zero0.safetensors.state")));
   expect_same_weights("g_zero0.safetensors", "g_one.safetensors", 1e-4, 1e-6);
-  // ZeRO-2: every micro-batch reduced, so another order (Note [ZeRO stage 2]).
+  // ZeRO-2: every micro-batch reduced, so another order (Note [ZeRO stage 2]), which data parallel
+  // takes too when asked: then the same bits.
   expect_same_weights("g_zero2.safetensors", "g_zero0.safetensors", 1e-4, 1e-6);
+  r = gpt(2, "--accum-steps 2 --zero 1 --reduce-every-micro-batch --save " + quote(path("g_every.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  expect_same_weights("g_every.safetensors", "g_zero2.safetensors", 0.0, 0.0);
+  EXPECT_EQ(read_log(path("g_every.safetensors.state")), read_log(path("g_zero2.safetensors.state")));
   const int64_t whole = state_bytes("g_zero0.json");
   const int64_t whole_gradient = gradient_bytes("g_zero0.json");
   for (const std::string rank : {"", ".rank1"}) {

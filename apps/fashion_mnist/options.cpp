@@ -167,6 +167,10 @@ void add_optimizer_flags(CLI::App& app, CommandLine& o, RawText& raw) {
                  state_help.zero + ". auto, with the planner (--effective-batch): 1, then 2, only when no plan fits "
                                    "below it, rank 0 planning for every rank")
       ->check(CLI::IsMember({"0", "1", "2", "auto"}));
+  app.add_flag("--reduce-every-micro-batch", o.reduce_every_micro_batch,
+               "Under mpirun: reduce each micro-batch's gradient across the ranks as its backward finishes, the "
+               "order --zero 2 sums in, instead of once a step (more traffic; --zero 0 and 1 then give --zero 2's "
+               "bits). Not with the planner, which does not weigh it");
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, decoupled)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the global L2 norm of the accumulated, normalized gradient at each step (0: off)");
@@ -293,6 +297,9 @@ void check_batch(const CLI::App& app, CommandLine& o) {
             "--effective-batch chooses --batch-size and --accum-steps; do not give them too");
   }
   const bool planner = o.effective_batch > 0 && !elastic && (o.memory_budget_bytes > 0 || o.plan_only);
+  require(!planner || !o.reduce_every_micro_batch,
+          "--reduce-every-micro-batch with the planner (--memory-budget or --plan-only): it does not weigh it; give "
+          "--batch-size and --accum-steps instead");
   for (const auto& [flag, automatic] : {std::pair<const char*, bool>{"--recompute", o.recompute == "auto"},
                                         {"--data-on", o.data_on == "auto"},
                                         {"--optimizer-state", o.optimizer_state == "auto"},

@@ -64,6 +64,7 @@ struct FlagValues {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
   int zero_stage = 0;  // ZeRO stage 1: the optimizer state sharded over the ranks (same weights); 2: the gradients too
   bool zero_by_planner = false;  // --zero auto: 0 (above), 1 or 2, until with_plan() decides
+  bool reduce_every_micro_batch = false;  // each micro-batch reduced across ranks, in stage 2's order
   int optimizer_bits = 32;  // the optimizer's state (AdamW's moments, SGD's momentum): f32, or 8-bit block-wise
   bool optimizer_bits_by_planner = false;  // --optimizer-bits auto: 32 (above) or 8, until with_plan() decides
   float clip_grad_norm = 0.0f;

@@ -82,6 +82,7 @@ train::TrainerOptions trainer_options(const RunConfig& o, const std::shared_ptr<
   if (o.world_size > 1) {
     ao.communicator = comm;
     ao.zero_stage = o.zero_stage;  // one rank keeps the whole state anyway
+    ao.reduce_every_micro_batch = o.reduce_every_micro_batch;
   }
   ao.normalization = o.normalization;
   ao.clip_grad_norm = o.clip_grad_norm;

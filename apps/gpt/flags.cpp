@@ -84,6 +84,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
                state_help.zero + ". auto, with the planner (--effective-batch): 1, then 2, only when no plan fits "
                                  "below it, the prediction rank 0's")
       ->check(CLI::IsMember({"0", "1", "2", "auto"}));
+  c.add_flag("--reduce-every-micro-batch", f.reduce_every_micro_batch,
+             "under mpirun: reduce each micro-batch's gradient across the ranks as its backward finishes, the "
+             "order --zero 2 sums in, instead of once a step (more traffic; --zero 0 and 1 then give --zero 2's "
+             "bits). Not with --effective-batch (the planner does not weigh it)");
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
@@ -146,6 +150,9 @@ void check_train_flags(TrainFlags& f) {
                                                   {"--zero auto", f.zero_text == "auto"}};
   for (const auto& [flag, given] : planned)
     if (f.effective_batch == 0 && given) throw UsageError(std::string(flag) + " needs --effective-batch (the planner decides)");
+  if (f.reduce_every_micro_batch && f.effective_batch > 0)
+    throw UsageError("--reduce-every-micro-batch with --effective-batch: the planner does not weigh it; give "
+                     "--micro-batch and --accum-steps instead");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));
   if (!f.init.empty() && !f.resume.empty())

@@ -29,6 +29,7 @@ struct TrainFlags {
   std::string optimizer_state = "device";  // device|host|auto: where AdamW's state lives (Optimizer::place_state)
   std::string zero_text = "0";  // 0|1|2|auto, parsed by check_train_flags into:
   int zero = 0;  // under mpirun, the ZeRO stage: 1 AdamW's state sharded over the ranks, 2 the gradients too
+  bool reduce_every_micro_batch = false;  // under mpirun, in stage 2's order (AccumulationOptions's)
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, clip = 1.0;
   bool quiet = false;
 };

@@ -318,6 +318,7 @@ train::TrainerOptions trainer_options(const TrainFlags& f, Precision precision, 
   if (comm->world_size() > 1) {
     options.communicator = comm;
     options.zero_stage = f.zero;
+    options.reduce_every_micro_batch = f.reduce_every_micro_batch;
   }
   options.clip_grad_norm = static_cast<float>(f.clip);
   options.loss_scaling.dynamic = needs_loss_scaling(precision);

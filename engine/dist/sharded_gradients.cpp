@@ -19,6 +19,12 @@
 //   sums of squares (on CUDA summed on the device and all-reduced in place by NCCL before the step's
 //   decision: Trainer::Parts::decide_sharded_step_cuda, not yet run on a GPU). The order is fixed
 //   by the number of ranks: a rerun gives the same bits.
+// - Data parallel in stage 2's order (AccumulationOptions::reduce_every_micro_batch, Keep::whole):
+//   the same rounds and the same reduce-scatters, each followed by an all-gather of the bucket
+//   (together an all-reduce's traffic), added whole, so every rank keeps the whole gradient; the
+//   norm is each rank's shard's sum all-reduced, as in stage 2. Every sum is made by the same
+//   collective with the same counts, so stages 0 and 1 then give stage 2's bits at any number of
+//   ranks (tests/test_dist.cpp); a plain all-reduce would not (MPI orders its adds as it likes).
 // - A short last group gives some ranks one micro-batch fewer: each of them reduces a round of
 //   zeros at the step, so every rank makes the same reductions (x + 0 is x).
 // - Slots a backward did not reach (frozen, unused) and the padding between slots are zeroed in the
@@ -56,8 +62,8 @@ void fill_zeros(float* data, int64_t n, Device device) {
 }  // namespace
 
 ShardedGradients::ShardedGradients(nn::FlatParameters& params, int64_t bucket_bytes, Communicator& communicator,
-                                   const std::vector<Shard>& shards)
-    : params_(params), communicator_(communicator) {
+                                   const std::vector<Shard>& shards, Keep keep)
+    : params_(params), communicator_(communicator), keep_(keep) {
   CUMULUS_CHECK(static_cast<int>(shards.size()) == communicator.world_size(), InvalidArgument,
                 "ShardedGradients: ", shards.size(), " shards for ", communicator.world_size(), " ranks");
   const auto& slots = params.slots();
@@ -73,8 +79,9 @@ ShardedGradients::ShardedGradients(nn::FlatParameters& params, int64_t bucket_by
     }
     buckets_.push_back(std::move(b));
   }
-  const Shard& own = shards[static_cast<std::size_t>(communicator.rank())];
-  params_.shard_gradients(own.offset, own.count);
+  own_ = shards[static_cast<std::size_t>(communicator.rank())];
+  if (keep == Keep::whole) params_.shard_gradients(0, params.size());  // the parameters' buffers released
+  else params_.shard_gradients(own_.offset, own_.count);
 }
 
 ShardedGradients::~ShardedGradients() {
@@ -159,15 +166,16 @@ void ShardedGradients::reduce(Bucket& b) {
   }
   float* sums = b.buffer.data<float>();
   communicator_.reduce_scatter_sum(sums, b.parts, device);
-  const Shard& own = b.parts[static_cast<std::size_t>(communicator_.rank())];
-  if (own.count > 0) {
-    float* into = params_.gradients().data<float>() + (b.offset + own.offset - params_.gradients_offset());
-    const float* from = sums + own.offset;
+  if (keep_ == Keep::whole) communicator_.all_gather(sums, b.parts, device);
+  const Shard kept = keep_ == Keep::whole ? Shard{0, b.count} : b.parts[static_cast<std::size_t>(communicator_.rank())];
+  if (kept.count > 0) {
+    float* into = params_.gradients().data<float>() + (b.offset + kept.offset - params_.gradients_offset());
+    const float* from = sums + kept.offset;
     // The group's first round writes (the shard may hold a skipped step's non-finite values).
-    if (rounds_ == 0) copy_bytes(into, device, from, device, static_cast<std::size_t>(own.count) * sizeof(float));
+    if (rounds_ == 0) copy_bytes(into, device, from, device, static_cast<std::size_t>(kept.count) * sizeof(float));
     else
-      CUMULUS_DISPATCH(device, ctx, kernels::accumulate_cpu(from, 1.0f, into, own.count),
-                       kernels::accumulate_cuda(from, 1.0f, into, own.count, ctx.stream()));
+      CUMULUS_DISPATCH(device, ctx, kernels::accumulate_cpu(from, 1.0f, into, kept.count),
+                       kernels::accumulate_cuda(from, 1.0f, into, kept.count, ctx.stream()));
   }
   release(b);
 }

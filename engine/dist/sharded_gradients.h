@@ -1,7 +1,8 @@
 // ZeRO stage 2's gradients (Note [ZeRO stage 2] in engine/dist/sharded_gradients.cpp): every
 // backward's gradients are reduce-scattered across the ranks bucket by bucket as the backward
 // finishes them, each rank adding its part into its shard of the flat gradient, so no rank holds
-// a whole gradient: a bucket's buffer lives from its first gradient to its reduction.
+// a whole gradient: a bucket's buffer lives from its first gradient to its reduction. Keep::whole
+// runs the same rounds for data parallel that sums in stage 2's order, every rank keeping the whole.
 #pragma once
 
 #include <cstddef>
@@ -22,8 +23,12 @@ class ShardedGradients {
   // (FlatParameters::shard_gradients, or as they are where they keep it already); the destructor
   // gives them a flat gradient again, unless told to keep them sharded, or where there is no memory
   // for it (a Trainer of another stage then tries again, and says so).
+  // Keep::whole: every rank keeps the whole gradient, each bucket's reduce-scatter followed by an
+  // all-gather (AccumulationOptions::reduce_every_micro_batch: data parallel summing in stage 2's
+  // order, Note [ZeRO stage 2]).
+  enum class Keep { shard, whole };
   ShardedGradients(nn::FlatParameters& params, int64_t bucket_bytes, Communicator& communicator,
-                   const std::vector<Shard>& shards);
+                   const std::vector<Shard>& shards, Keep keep = Keep::shard);
   ~ShardedGradients();
   ShardedGradients(const ShardedGradients&) = delete;
   ShardedGradients& operator=(const ShardedGradients&) = delete;
@@ -49,6 +54,8 @@ class ShardedGradients {
   void keep_sharded_at_end() { keep_sharded_ = true; }
 
   int rounds() const { return rounds_; }  // of this group
+  // This rank's shard of the layout, which its part of the global norm sums (kept whole or not).
+  const Shard& own_shard() const { return own_; }
   std::size_t count() const { return buckets_.size(); }
   int64_t round_bytes() const;  // the gradient bytes one round reduces, per rank
   // Of all rounds' buckets so far, those reduced while a backward was still running.
@@ -72,6 +79,8 @@ class ShardedGradients {
   int rounds_ = 0;
   int64_t reduced_in_backward_ = 0;
   bool keep_sharded_ = false;
+  Keep keep_;
+  Shard own_;
   std::vector<std::size_t> bucket_of_slot_;
   std::map<const void*, std::size_t> slot_of_leaf_;
 };

@@ -332,9 +332,10 @@ const char* why_no_gradient(const AutogradMeta& m) {
            "set_requires_grad(true) before the forward";
   switch (m.grad.defined() || m.stale_reason == StaleReason::sharded ? m.stale_reason : StaleReason::no_backward) {
     case StaleReason::sharded:
-      return "grad() under ZeRO stage 2: each backward's gradients are reduced across the ranks as they finish "
-             "and released; this rank keeps only its shard's sum (FlatParameters::gradients(), from element "
-             "gradients_offset()), so no parameter has a whole gradient to read";
+      return "grad() under ZeRO stage 2 (or reduce_every_micro_batch): each backward's gradients are reduced "
+             "across the ranks as they finish and released; this rank keeps only the sum of its shard (the whole "
+             "under reduce_every_micro_batch) in FlatParameters::gradients(), from element gradients_offset(), so no "
+             "parameter has a gradient of its own to read";
     case StaleReason::optimizer_step:
       return "grad() after the optimizer step: the Trainer's step used the group's gradient and released it "
              "(the next backward overwrites the buffer). Read grad() after the group's last backward and before "

@@ -97,6 +97,12 @@ Trainer::Trainer(std::shared_ptr<Optimizer> optimizer, const TrainerOptions& opt
     if (options.zero_stage == 2) {
       p.sharded = std::make_unique<dist::ShardedGradients>(p.optimizer->parameters(), options.bucket_bytes,
                                                            *options.communicator, p.shards);
+    } else if (options.reduce_every_micro_batch) {
+      nn::FlatParameters& params = p.optimizer->parameters();
+      p.sharded = std::make_unique<dist::ShardedGradients>(
+          params, options.bucket_bytes, *options.communicator,
+          dist::shard_layout(params.size(), options.communicator->world_size(), nn::FlatParameters::kAlignElements),
+          dist::ShardedGradients::Keep::whole);
     } else {
       p.buckets = std::make_unique<dist::GradientBuckets>(p.optimizer->parameters(), options.bucket_bytes,
                                                           *options.communicator);

@@ -128,6 +128,7 @@ struct Trainer::Parts {
   void gather_shards();
   void decide_step();
   void decide_sharded_step_cuda(const kernels::StepConfig& config);
+  const float* own_shard_gradient() const;
   kernels::StepConfig step_config() const;
   void end_group();
   void log_step();  // on_step, when set
@@ -145,7 +146,7 @@ struct Trainer::Parts {
   LearningRateWindow lr_window;
   BackwardSeeds seeds;
   std::unique_ptr<dist::GradientBuckets> buckets;   // data parallel, ZeRO stage 0 and 1
-  std::unique_ptr<dist::ShardedGradients> sharded;  // data parallel, ZeRO stage 2
+  std::unique_ptr<dist::ShardedGradients> sharded;  // data parallel reducing every micro-batch (ZeRO stage 2)
   std::vector<dist::Shard> shards;                  // ZeRO: every rank's part of the flat arrays
   int64_t steps_offset = 0;                         // optimizer updates made before this Trainer's run (before restore)
 

@@ -279,9 +279,10 @@ void Trainer::Parts::decide_step() {
 // without a GPU at hand: it has not run on one.
 void Trainer::Parts::decide_sharded_step_cuda(const kernels::StepConfig& config) {
   const Tensor& grad = optimizer->parameters().gradients();
+  const dist::Shard& own = sharded->own_shard();
   kernels::StepBuffers* buffers = state.buffers();
   CUMULUS_DISPATCH(grad.device(), ctx, (void)0,
-                   kernels::grad_sum_squares_cuda(grad.data<float>(), grad.numel(), buffers, ctx.stream()));
+                   kernels::grad_sum_squares_cuda(own_shard_gradient(), own.count, buffers, ctx.stream()));
   options.communicator->all_reduce_sum(&buffers->sum_squares, 1, dist::Element::f64, grad.device());
   CUMULUS_DISPATCH(
       grad.device(), ctx, (void)0,
@@ -304,12 +305,21 @@ kernels::StepConfig Trainer::Parts::step_config() const {
   return config;
 }
 
-// On the CPU. ZeRO-2: every rank's shard's sum, the same on every rank (Note [ZeRO stage 2]).
+// On the CPU. Reduced every micro-batch (ZeRO-2): every rank's shard's sum, the same on every rank
+// (Note [ZeRO stage 2]).
 double Trainer::Parts::gradient_sum_of_squares() const {
   const Tensor& grad = optimizer->parameters().gradients();
-  double sum = kernels::sum_squares_cpu(grad.data<float>(), grad.numel());
-  if (sharded) options.communicator->all_reduce_sum(&sum, 1, dist::Element::f64, Device::cpu());
+  if (!sharded) return kernels::sum_squares_cpu(grad.data<float>(), grad.numel());
+  double sum = kernels::sum_squares_cpu(own_shard_gradient(), sharded->own_shard().count);
+  options.communicator->all_reduce_sum(&sum, 1, dist::Element::f64, Device::cpu());
   return sum;
+}
+
+// Reduced every micro-batch: this rank's shard of the layout in the gradient it keeps (the shard
+// itself under ZeRO-2, the whole gradient otherwise).
+const float* Trainer::Parts::own_shard_gradient() const {
+  const nn::FlatParameters& params = optimizer->parameters();
+  return params.gradients().data<float>() + (sharded->own_shard().offset - params.gradients_offset());
 }
 
 // grad() now says the step released the gradient (Note [Why a gradient is undefined]).

@@ -39,7 +39,7 @@ enum class StaleReason : uint8_t {
   no_backward,     // no backward has written the buffer since it was made
   zero_grad,       // zero_grad() or mark_grad_stale()
   optimizer_step,  // the Trainer's step used the gradient and released it
-  sharded,         // ZeRO stage 2: reduced across ranks and released; each rank keeps its shard's sum
+  sharded,         // reduced across ranks each micro-batch and released (ZeRO stage 2): the flat sum only
 };
 
 class Tensor {
