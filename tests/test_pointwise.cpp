@@ -599,6 +599,54 @@ TEST(CpuActivations, SigmoidAndSiluAvx2RowsGiveTheAvx512RowsBits) {
 #endif
 }
 
+// ReLU's gradient rows (vec::relu_grad_f32, vec512::relu_grad_f32) give the scalar rule's bits,
+// y <= 0 ? +0 : dy: signed zeros, NaN outputs (which pass dy on), infinities and subnormals, at
+// lengths around the vector widths, out of place and in place over dy.
+TEST(CpuActivations, ReluGradientRowsGiveTheScalarRulesBits) {
+#if defined(__x86_64__)
+  const auto float_of = [](uint32_t bits) {
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  };
+  const auto bits_of = [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits;
+  };
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+    GTEST_SKIP() << "needs AVX2 and FMA";
+  std::vector<float> y;
+  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x00000001u,
+                        0x80000001u, 0x3F800000u, 0xBF800000u})
+    y.push_back(float_of(bits));
+  Generator gen(31);
+  std::vector<float> more(77);
+  gen.fill_uniform(more.data(), static_cast<int64_t>(more.size()), -1.0f, 1.0f);
+  y.insert(y.end(), more.begin(), more.end());
+  std::vector<float> dy(y.size());
+  gen.fill_uniform(dy.data(), static_cast<int64_t>(dy.size()), -2.0f, 2.0f);
+  dy[3] = -0.0f;
+  using Rows = void (*)(const float*, const float*, float*, int64_t);
+  std::vector<std::pair<const char*, Rows>> paths = {{"AVX2", kernels::vec::relu_grad_f32}};
+  if (__builtin_cpu_supports("avx512f")) paths.emplace_back("AVX-512", kernels::vec512::relu_grad_f32);
+  for (const auto& [name, rows] : paths)
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{15}, int64_t{16}, int64_t{17},
+                      static_cast<int64_t>(y.size())}) {
+      std::vector<float> out(static_cast<std::size_t>(n)), in_place(dy.begin(), dy.begin() + n);
+      rows(y.data(), dy.data(), out.data(), n);
+      rows(y.data(), in_place.data(), in_place.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = y[i] <= 0.0f ? 0.0f : dy[i];
+        EXPECT_EQ(bits_of(out[i]), bits_of(want)) << name << " n " << n << " y " << y[i];
+        EXPECT_EQ(bits_of(in_place[i]), bits_of(want)) << name << " in place, n " << n;
+      }
+    }
+#else
+  GTEST_SKIP() << "x86-64 only";
+#endif
+}
+
 // A Linear's bias gradient (sum_rows_cpu: the vector column sums at each capability) gives the bits
 // of the scalar loop, each column's float adds in row order, at widths around the vector blocks and
 // at one thread and two; terms of mixed magnitudes make the order show in the bits.

@@ -53,6 +53,9 @@ void column_sums_f32(const float* x, int64_t rows, int64_t ld, float* out, int64
 
 // y[i] = x[i] <= 0 ? 0 : x[i] (ReLU's rule: -0 gives +0, NaN stays) for n elements.
 void relu_f32(const float* x, float* y, int64_t n);
+// g[i] = y[i] <= 0 ? 0 : dy[i], ReLU's gradient from its output (a NaN output passes dy on); g may
+// be y or dy.
+void relu_grad_f32(const float* y, const float* dy, float* g, int64_t n);
 
 // g[i] = dy[i] * f'(x[i]) for the gelus and silu, from the input (g may be dy or x).
 void gelu_grad_f32(const float* x, const float* dy, float* g, int64_t n);
@@ -156,10 +159,12 @@ namespace cumulus::kernels::vec512 {
 // unless CUMULUS_CPU_CAPABILITY=avx2 or scalar caps them (kernels/cpu/capability.cpp); checked once.
 bool available();
 
-// vec::binary_f32, vec::column_sums_f32 and vec::relu_f32 16 lanes at a time (the same bits).
+// vec::binary_f32, vec::column_sums_f32, vec::relu_f32 and vec::relu_grad_f32 16 lanes at a time
+// (the same bits).
 void binary_f32(int op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* y, int64_t n);
 void column_sums_f32(const float* x, int64_t rows, int64_t ld, float* out, int64_t n);
 void relu_f32(const float* x, float* y, int64_t n);
+void relu_grad_f32(const float* y, const float* dy, float* g, int64_t n);
 
 // vec::sigmoid_f32, vec::silu_f32, vec::gelu_f32 and their gradients 16 lanes at a time, with the
 // same operations (the same bits but for results below FLT_MIN, which scalef rounds once).

@@ -185,6 +185,10 @@ void relu_f32(const float* x, float* y, int64_t n) {
   map1(x, y, n, [](V v) { return _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LE_OQ), v); });
 }
 
+void relu_grad_f32(const float* y, const float* dy, float* g, int64_t n) {
+  map2(y, dy, g, n, [](V v, V d) { return _mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LE_OQ), d); });
+}
+
 void tanh_f32(const float* x, float* y, int64_t n) {
   map1(x, y, n, [](V v) { return Sleef_tanhf8_u10avx2(v); });
 }

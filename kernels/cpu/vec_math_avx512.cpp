@@ -226,6 +226,10 @@ void relu_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v); });
 }
 
+void relu_grad_f32(const float* y, const float* dy, float* g, int64_t n) {
+  map2(y, dy, g, n, [](V v, V d) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), d); });
+}
+
 void sigmoid_f32(const float* x, float* y, int64_t n) {
   map2(x, x, y, n, [](V v, V) {
     const V e = exp_any(_mm512_sub_ps(_mm512_setzero_ps(), v));
