@@ -279,10 +279,10 @@ void Trainer::Parts::decide_step() {
 // without a GPU at hand: it has not run on one.
 void Trainer::Parts::decide_sharded_step_cuda(const kernels::StepConfig& config) {
   const Tensor& grad = optimizer->parameters().gradients();
-  const dist::Shard& own = sharded->own_shard();
   kernels::StepBuffers* buffers = state.buffers();
-  CUMULUS_DISPATCH(grad.device(), ctx, (void)0,
-                   kernels::grad_sum_squares_cuda(own_shard_gradient(), own.count, buffers, ctx.stream()));
+  CUMULUS_DISPATCH(
+      grad.device(), ctx, (void)0,
+      kernels::grad_sum_squares_cuda(own_shard_gradient(), sharded->own_shard().count, buffers, ctx.stream()));
   options.communicator->all_reduce_sum(&buffers->sum_squares, 1, dist::Element::f64, grad.device());
   CUMULUS_DISPATCH(
       grad.device(), ctx, (void)0,
