@@ -76,9 +76,9 @@ void relu_forward_cpu(const T* x, T* y, int64_t n) {
 template <typename T>
 void relu_backward_cpu(const T* y, const T* dy, float beta, T* dx, int64_t n) {
   // Two loops rather than blend() per element: a branch on beta inside the loop keeps the
-  // compiler from vectorizing it, and this runs over every activation of the model. The first in
-  // f32 through the vector rows: GCC compiles it to a branch per element, which mispredicts on
-  // every other sign ([16, 512]: 7% of the seed MLP's 16 x 4 epoch).
+  // compiler from vectorizing it, and this runs over every activation of the model. In f32 the
+  // first runs through the vector rows where the CPU has them: GCC compiles the loop to a branch
+  // per element, mispredicted on every other sign ([16, 512]: 7% of the seed MLP's 16 x 4 epoch).
   if constexpr (std::is_same_v<T, float> && vec::kBuilt) {
     if (beta == 0.0f && vec::available())
       return (vec512::available() ? vec512::relu_grad_f32 : vec::relu_grad_f32)(y, dy, dx, n);
