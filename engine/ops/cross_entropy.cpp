@@ -142,7 +142,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
   const Tensor labels = detail::as_i32_indices(op, "labels", detail::contiguous(labels_in));
 
   const Device device = logits.device();
-  const int64_t rows = labels.numel(), c = logits.size(-1);
+  const int64_t rows = labels.numel();
   const bool per_row = reduction == Reduction::None;
   const bool on_cuda = device.is_cuda();
   // On CUDA a reduced loss and the backward's scale share one allocation: [loss, scale].
@@ -168,7 +168,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels_in, Reduction
     float* sp = per_row ? nullptr : device_scale.data<float>();
     const int32_t* yp = labels.data<int32_t>();
     const bool mean = reduction == Reduction::Mean;
-    (void)row_loss, (void)valid, (void)lp, (void)sp, (void)yp, (void)mean;
+    const int64_t c = logits.size(-1);
+    (void)row_loss, (void)valid, (void)lp, (void)sp, (void)yp, (void)mean, (void)c;
     CUMULUS_DISPATCH_FLOAT(logits.dtype(), T, const T* xp = logits.data<T>(); (void)xp; CUMULUS_DISPATCH(
                                device, ctx, (void)0 /* CPU handled above */,
                                kernels::cross_entropy_rows_forward_cuda(xp, yp, rows, c, ignore_index, mean, row_loss,

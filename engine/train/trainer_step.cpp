@@ -277,7 +277,7 @@ void Trainer::Parts::decide_step() {
 // ZeRO-2 on CUDA: this rank's shard's squared norm, summed across the ranks in place (NCCL, on the
 // stream), then the decision from the sum: three launches where data parallel takes one. Written
 // without a GPU at hand: it has not run on one.
-void Trainer::Parts::decide_sharded_step_cuda(const kernels::StepConfig& config) {
+void Trainer::Parts::decide_sharded_step_cuda([[maybe_unused]] const kernels::StepConfig& config) {
   const Tensor& grad = optimizer->parameters().gradients();
   kernels::StepBuffers* buffers = state.buffers();
   CUMULUS_DISPATCH(
