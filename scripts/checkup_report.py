@@ -263,6 +263,10 @@ def gpt(path):
             line += ", compiled %.0f (cumulus / compiled %.2fx)" % (tps["pytorch_compile"],
                                                                     1 / c["ratio_cumulus_over_pytorch_compile"])
         print(line + "; max step-loss diff against eager %.1e" % c.get("max_step_loss_diff", float("nan")))
+        for side in (k for k in tps if k.startswith("cumulus_")):
+            print("  %s %s: %s (%s) %.0f tokens/s (%s / eager %.2fx); max step-loss diff against eager %.1e" % (
+                name, r.get("precision"), side, ",".join("%s=%s" % kv for kv in c.get("opt_in_env", {}).items()),
+                tps[side], side, 1 / c["ratio_%s_over_pytorch" % side], c["max_step_loss_diff_%s" % side]))
         for who, why in c.get("failed", {}).items():
             print("  %s: failed: %s" % (who, why.strip().splitlines()[-1][:200] if why.strip() else "?"))
         ref = c.get("cpu_reference")

@@ -3,10 +3,12 @@
 #   probe      20 s  GPU, driver, every library, the engine runs a CUDA case, compute-sanitizer and
 #                    PyTorch work; stops the checkup (exit 3) when the GPU, a library or the engine fails
 #   tests      90 s  every test binary's CUDA cases (scripts/gpu_cases.py), 8 binaries at a time, one
-#                    deadline for the whole phase; CPU-only binaries and CPU cases ran in CI
+#                    deadline for the whole phase; CPU-only binaries and CPU cases ran in CI; the
+#                    attention and Linear op cases again with the opt-in CUDA paths (test_op_cases_opt_in)
 #   gpt       190 s  the GPT at GPT-2 small's shape (bench/gpt_compare.py gpt2s), bf16 then fp32,
-#                    against the PyTorch twin eager (SDPA, fused AdamW) and torch.compile; then the
-#                    losses over 20 steps against cumulus on the CPU from the same weights (`parity`)
+#                    against the PyTorch twin eager (SDPA, fused AdamW) and torch.compile, bf16 also
+#                    with the opt-in CUDA paths (cuDNN attention, 16-bit Linear output: cumulus_opt_in);
+#                    then the losses over 20 steps against cumulus on the CPU from the same weights (`parity`)
 #   sanitize   55 s  compute-sanitizer memcheck and racecheck on the CUDA cases of attention, the
 #                    GPT, layer norm, embedding, reductions, the fused MLP, graphs and data, all at once
 #   seed       30 s  the seed run with the default and the generic kernels, graphs on, timed from
@@ -263,6 +265,19 @@ run_test_binary() {
 }
 export -f run_test_binary
 
+# The CUDA paths no GPU has run are opt-in by variable (cuDNN's fused attention, 16-bit Linears
+# writing their output directly): DIR/test_op_cases_opt_in runs the attention and Linear op cases'
+# CUDA comparisons with both on, beside the default run, so one GPU call checks either default.
+opt_in_op_cases() {
+  local dir=$1
+  [ -s "$dir/test_op_cases.filter" ] || return 0
+  local cases=Registry/OpCaseTest.CudaMatchesCpu
+  echo "$cases/*sdpa*:$cases/*attention*:$cases/*linear*" > "$dir/test_op_cases_opt_in.filter"
+  printf '#!/usr/bin/env bash\nCUMULUS_CUDA_ATTENTION=cudnn CUMULUS_CUDA_LINEAR16=direct exec test_op_cases "$@"\n' \
+    > "$dir/test_op_cases_opt_in"
+  chmod +x "$dir/test_op_cases_opt_in"
+}
+
 phase_tests() {
   local dir=$work/tests excl=() names=() order=() heavy n
   mkdir -p "$dir"
@@ -278,8 +293,9 @@ phase_tests() {
   say "tests: $(ls "$dir"/*.filter 2> /dev/null | wc -l) of ${#names[@]} binaries have CUDA cases" \
     "($(grep -oE '^[a-z_]+: [0-9]+ of' "$dir/selection.txt" | awk '{s += $2} END {print s + 0}') cases);" \
     "left out, no CUDA case: $(grep -E ': 0 of ' "$dir/selection.txt" | cut -d: -f1 | tr '\n' ' ')test_kernels_emulated"
+  opt_in_op_cases "$dir"
   # the longest first, so that the deadline cuts the short ones least
-  for heavy in test_op_cases test_precision test_app test_recompute test_prediction test_gpt test_trainer test_cnn; do
+  for heavy in test_op_cases test_op_cases_opt_in test_precision test_app test_recompute test_prediction test_gpt test_trainer test_cnn; do
     [ -s "$dir/$heavy.filter" ] && order+=("$heavy")
   done
   for f in "$dir"/*.filter; do
@@ -291,7 +307,7 @@ phase_tests() {
     return 0
   fi
   local jobs=${CHECKUP_TEST_JOBS:-8}
-  CK_DIR=$dir CK_END=$((phase_end - 3)) CK_THREADS=$(($(nproc) / jobs > 0 ? $(nproc) / jobs : 1)) \
+  PATH=$dir:$PATH CK_DIR=$dir CK_END=$((phase_end - 3)) CK_THREADS=$(($(nproc) / jobs > 0 ? $(nproc) / jobs : 1)) \
     xargs -P "$jobs" -I{} bash -c 'run_test_binary "$1"' _ {} <<< "$(printf '%s\n' "${order[@]}")" || true
   "$py" "$report" tests "$dir" | tee -a "$summary"
 }
@@ -316,19 +332,21 @@ gpt_compare() {
 }
 phase_gpt() {
   local big=gpt2s parity=parity steps=6 parity_steps=20 limit compile_s
+  # bf16 runs also time the opt-in CUDA paths (see opt_in_op_cases) as the side cumulus_opt_in
+  local opt_in=opt_in:CUMULUS_CUDA_ATTENTION=cudnn,CUMULUS_CUDA_LINEAR16=direct opt_in_s=30
   if ((small)); then big=small parity=small steps=3 parity_steps=3; fi
   if ((!torch_ok)); then
     say "gpt: skipped: PyTorch cannot use the $device (see probe_torch.log)"
     return 0
   fi
-  limit=$(cap 110)  # cumulus, the eager twin, then the compiled one within what is left
-  compile_s=$((limit - 45))
+  limit=$(cap 110)  # cumulus, the eager twin, the opt-in paths, then the compiled twin within what is left
+  compile_s=$((limit - 45 - opt_in_s))
   ((!small)) || compile_s=10  # the rehearsal: the compiled twin cut at its limit, reported, not fatal
   if ((limit > 60)); then
-    gpt_compare gpt_bf16 "$limit" --configs "$big" --steps "$steps" --precision bf16 --also-compile \
+    gpt_compare gpt_bf16 "$limit" --configs "$big" --steps "$steps" --precision bf16 --opt-in "$opt_in" --opt-in-timeout "$opt_in_s" --also-compile \
       --compile-timeout "$compile_s"
   else
-    gpt_compare gpt_bf16 "$limit" --configs "$big" --steps "$steps" --precision bf16
+    gpt_compare gpt_bf16 "$limit" --configs "$big" --steps "$steps" --precision bf16 --opt-in "$opt_in" --opt-in-timeout "$opt_in_s"
   fi
   if ((small)); then
     say "gpt_fp32: not rehearsed (the bf16 run's code with --precision fp32)"
@@ -340,7 +358,7 @@ phase_gpt() {
   if ((small)); then
     say "gpt_parity_bf16: not rehearsed (the fp32 parity run's code with --precision bf16)"
   else
-    gpt_compare gpt_parity_bf16 "$(cap 30)" --configs "$parity" --steps "$parity_steps" --precision bf16 \
+    gpt_compare gpt_parity_bf16 "$(cap 30)" --configs "$parity" --steps "$parity_steps" --precision bf16 --opt-in "$opt_in" --opt-in-timeout "$opt_in_s" \
       --cpu-reference "$parity_steps" --cpu-threads "$(nproc)"
   fi
 }
