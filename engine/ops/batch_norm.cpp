@@ -131,7 +131,7 @@ class BatchNormBackward final : public Node {
 
   Tensor x_, weight_, save_mean_, save_invstd_;
   bool training_;
-  float eps_;
+  [[maybe_unused]] float eps_;  // read by the CUDA backward only
 };
 
 void check_channel_vector(const char* what, const Tensor& t, const Tensor& x) {

@@ -53,11 +53,11 @@ struct AccumulationOptions {
   // shard of the gradient, reduced every micro-batch (Note [ZeRO stage 2]; its CUDA path, NCCL's,
   // has not run on a GPU).
   int zero_stage = 0;
-  // Data parallel: each micro-batch's gradient is reduced across the ranks as its backward finishes
-  // (every rank's k-th micro-batch summed, then the micro-batches), the order stage 2 must sum in,
-  // instead of each rank's micro-batches first and the ranks once a step: an all-reduce's traffic a
-  // micro-batch, open buckets' buffers besides the whole gradient, and stage 2's bits at any number
-  // of ranks (Note [ZeRO stage 2]). Stage 2 always reduces so.
+  // Data parallel: each micro-batch's gradient reduced across the ranks as its backward finishes,
+  // the order stage 2 must sum in, not each rank's micro-batches first and the ranks once a step:
+  // an all-reduce's traffic a micro-batch, open buckets besides the whole gradient (which the
+  // planner's peaks leave out: it does not weigh this), and stage 2's bits at any number of ranks
+  // (Note [ZeRO stage 2]). Stage 2 always reduces so.
   bool reduce_every_micro_batch = false;
   LossScaling loss_scaling;        // needs Normalization::units and skip_non_finite
   bool weighted_loss = false;  // a loss weighted on purpose: taken as is, units unchecked (loss_checks.cpp)
