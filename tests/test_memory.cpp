@@ -22,6 +22,7 @@
 #include "cumulus/memory/tracker.h"
 #include "cumulus/plan/planner.h"
 #include "cumulus/train/trainer.h"
+#include "engine/core/opt_in.h"
 #include "engine/plan/fits.h"
 #include "test_util.h"
 
@@ -467,3 +468,20 @@ TEST(Planner, CostFromTwoProbes) {
 
 }  // namespace
 }  // namespace cumulus
+
+// The opt-in settings' reading (engine/core/opt_in.h): a listed value's index, unset or empty as
+// unset, and any other value said on stderr and read as unset.
+TEST(OptInSetting, ReadsAListedValueAndSaysWhatItIgnores) {
+  const char* name = "CUMULUS_TEST_OPT_IN_CHOICE";
+  ::unsetenv(name);
+  EXPECT_EQ(cumulus::detail::environment_choice(name, {"off", "on"}), -1);
+  ::setenv(name, "", 1);
+  EXPECT_EQ(cumulus::detail::environment_choice(name, {"off", "on"}), -1);
+  ::setenv(name, "on", 1);
+  EXPECT_EQ(cumulus::detail::environment_choice(name, {"off", "on"}), 1);
+  ::setenv(name, "On", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cumulus::detail::environment_choice(name, {"off", "on"}), -1);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "cumulus: CUMULUS_TEST_OPT_IN_CHOICE=On is not off or on; ignored\n");
+  ::unsetenv(name);
+}

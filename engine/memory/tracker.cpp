@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,6 +15,7 @@
 
 #if CUMULUS_WITH_CUDA
 #include "engine/core/cuda_context.h"
+#include "engine/core/opt_in.h"
 #endif
 
 namespace cumulus::memory {
@@ -373,8 +372,8 @@ MemorySummary MemoryTracker::summary() {
   s.workspace_bytes = st[MemoryCategory::workspace].current;
 #if CUMULUS_WITH_CUDA
   // Opt-in until a GPU has run it (Note [Memory outside the allocator]).
-  const char* outside_asked = std::getenv("CUMULUS_CUDA_MEMORY_OUTSIDE");
-  const bool asked = outside_asked != nullptr && std::string(outside_asked) == "1";
+  static const bool asked =
+      cumulus::detail::environment_choice("CUMULUS_CUDA_MEMORY_OUTSIDE", {"0", "1"}) == 1;
   if (const Device& device = s_->allocator_.device(); device.is_cuda() && asked) {
     const cuda::MemoryOutsideAllocator outside = cuda::memory_outside_allocator(device.index(), st.reserved);
     s.outside_allocator_bytes = outside.bytes;

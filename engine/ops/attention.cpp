@@ -8,13 +8,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <vector>
 
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/attention.h"
+#include "engine/core/opt_in.h"
 #include "engine/ops/attention_internal.h"
 #include "engine/ops/internal.h"
 #include "kernels/attention_rules.h"
@@ -84,15 +83,10 @@ std::atomic<int> chosen{-1};  // set_cuda_attention's choice; -1: none
 
 CudaAttention choice_from_environment() {
   // Ours by default: cuDNN's path has not run on a GPU yet, so it is asked for, never assumed.
-  const CudaAttention otherwise = CudaAttention::own;
-  const char* value = std::getenv("CUMULUS_CUDA_ATTENTION");
-  if (value == nullptr || *value == '\0') return otherwise;
-  if (std::strcmp(value, "own") == 0) return CudaAttention::own;
-  if (std::strcmp(value, "cudnn") == 0 && cudnn_attention_compiled()) return CudaAttention::cudnn;
-  // A speed setting, as CUMULUS_CPU_CAPABILITY: said once and ignored rather than failing the program.
-  std::fprintf(stderr, "cumulus: CUMULUS_CUDA_ATTENTION=%s is not %s; ignored\n", value,
-               cudnn_attention_compiled() ? "cudnn or own" : "own (this build has no cuDNN attention)");
-  return otherwise;
+  if (cumulus::detail::environment_choice("CUMULUS_CUDA_ATTENTION", {"own", "cudnn"}) != 1) return CudaAttention::own;
+  if (cudnn_attention_compiled()) return CudaAttention::cudnn;
+  std::fprintf(stderr, "cumulus: CUMULUS_CUDA_ATTENTION=cudnn: this build has no cuDNN attention; ours runs\n");
+  return CudaAttention::own;
 }
 
 // Whether cuDNN is asked to run attention of this geometry: 16-bit on CUDA under the choice cudnn,

@@ -85,12 +85,9 @@
 // saved activations of a 16-bit run are half an f32 run's.
 #include "cumulus/ops/linear.h"
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-
 #include "cumulus/autograd/node.h"
 #include "cumulus/ops/shape.h"
+#include "engine/core/opt_in.h"
 #include "engine/ops/internal.h"
 #include "engine/tensor/tensor_impl.h"
 
@@ -117,14 +114,8 @@ using detail::convert_into;
 // made. Both add the rounded bias (widened exactly for the scratch) to the f32 sum of products and
 // round once: the same sum, and the CPU's.
 bool direct_16_bit_output() {
-  static const bool direct = [] {
-    const char* value = std::getenv("CUMULUS_CUDA_LINEAR16");
-    if (value == nullptr || *value == '\0' || std::strcmp(value, "scratch") == 0) return false;
-    if (std::strcmp(value, "direct") == 0) return true;
-    // A speed setting, as CUMULUS_CUDA_ATTENTION: said once and ignored rather than failing the program.
-    std::fprintf(stderr, "cumulus: CUMULUS_CUDA_LINEAR16=%s is not direct or scratch; ignored\n", value);
-    return false;
-  }();
+  static const bool direct =
+      cumulus::detail::environment_choice("CUMULUS_CUDA_LINEAR16", {"scratch", "direct"}) == 1;
   return direct;
 }
 
