@@ -23,12 +23,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr float kNaNf = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInff = std::numeric_limits<float>::infinity();
 
-std::string shape_name(const Shape& s) {
-  std::string name;
-  for (int d = 0; d < s.ndim(); ++d) name += (d > 0 ? "x" : "") + std::to_string(s[d]);
-  return s.ndim() == 0 ? "scalar" : name;
-}
-
 std::string dtype_tag(DType d) { return dtype_name(d); }
 
 // The dimensions of a shape as a vector (for the references' index arithmetic).

@@ -21,12 +21,6 @@ namespace {
 
 using ref::Vec;
 
-std::string dims_name(const Shape& s) {
-  std::string out;
-  for (int i = 0; i < s.ndim(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
-  return s.ndim() == 0 ? "scalar" : out;
-}
-
 // 16-bit storage with f32 arithmetic: a few roundings of the type (bf16 2^-8, f16 2^-11 relative).
 void set_tolerances(OpCase& c, DType dtype) {
   if (dtype == DType::bf16) c.tolerance = c.grad_tolerance = 1e-2;
@@ -40,7 +34,7 @@ void add_linear(std::vector<OpCase>& cases, const Shape& x, int64_t out, bool bi
   const int64_t in = x[x.ndim() - 1], rows = x.numel() / in;
   OpCase c;
   c.op = relu ? "linear+relu" : "linear";
-  c.name = std::string(relu ? "linear_relu_" : "linear_") + dims_name(x) + "_to_" + std::to_string(out) +
+  c.name = std::string(relu ? "linear_relu_" : "linear_") + shape_name(x) + "_to_" + std::to_string(out) +
            (bias ? "" : "_nobias") + "_" + dtype_name(dtype);
   c.inputs = {{x, dtype}, {{out, in}, DType::f32}};
   if (bias) c.inputs.push_back({{out}, DType::f32});
@@ -91,7 +85,7 @@ void add_cross_entropy(std::vector<OpCase>& cases, const std::string& tag, const
   for (int d = 0; d + 1 < logits.ndim(); ++d) labels.push_back(logits[d]);
   OpCase c;
   c.op = "cross_entropy";
-  c.name = "cross_entropy_" + tag + "_" + dims_name(logits) + "_" + reduction_name(r) + "_" + dtype_name(label_type) +
+  c.name = "cross_entropy_" + tag + "_" + shape_name(logits) + "_" + reduction_name(r) + "_" + dtype_name(label_type) +
            "_" + dtype_name(dtype);
   c.inputs = {{logits, dtype, -3, 3}, {labels, label_type, label_lo, label_hi}};
   c.forward = [r, ignore](const Inputs& t) { return ops::cross_entropy(t[0], t[1], r, ignore); };
@@ -124,7 +118,7 @@ void add_softmax(std::vector<OpCase>& cases, const Shape& x, int dim, bool log, 
   const int d = dim < 0 ? dim + x.ndim() : dim;
   OpCase c;
   c.op = log ? "log_softmax" : "softmax";
-  c.name = c.op + "_" + dims_name(x) + "_dim" + (dim < 0 ? "m" + std::to_string(-dim) : std::to_string(dim)) + "_" +
+  c.name = c.op + "_" + shape_name(x) + "_dim" + (dim < 0 ? "m" + std::to_string(-dim) : std::to_string(dim)) + "_" +
            dtype_name(dtype);
   c.inputs = {{x, dtype, -2, 2}};
   c.inner_ops = {"transpose", "contiguous"};  // another dim than the last: moved last and back
@@ -140,7 +134,7 @@ void add_layer_norm(std::vector<OpCase>& cases, const Shape& x, const Shape& nor
   const int64_t cols = normalized.numel(), rows = x.numel() / cols;
   OpCase c;
   c.op = "layer_norm";
-  c.name = "layer_norm_" + dims_name(x) + "_over_" + dims_name(normalized);
+  c.name = "layer_norm_" + shape_name(x) + "_over_" + shape_name(normalized);
   c.inputs = {{x, DType::f32, -2, 2}, {normalized, DType::f32, 0.5, 1.5}, {normalized, DType::f32}};
   c.inner_ops = {"reshape"};
   c.forward = [normalized](const Inputs& t) { return ops::layer_norm(t[0], normalized, t[1], t[2]); };
@@ -209,7 +203,7 @@ void add_matmul(std::vector<OpCase>& cases, const Shape& a, const Shape& b, DTyp
                 std::vector<std::string> inner = {}) {
   OpCase c;
   c.op = "matmul";
-  c.name = "matmul_" + dims_name(a) + "_at_" + dims_name(b) + "_" + dtype_name(dtype);
+  c.name = "matmul_" + shape_name(a) + "_at_" + shape_name(b) + "_" + dtype_name(dtype);
   c.inputs = {{a, dtype}, {b, dtype}};
   c.inner_ops = std::move(inner);
   c.forward = [](const Inputs& t) { return ops::matmul(t[0], t[1]); };

@@ -20,39 +20,9 @@ namespace {
 
 constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-std::string shape_name(const Shape& s) {
-  std::string name;
-  for (int d = 0; d < s.ndim(); ++d) name += (d > 0 ? "x" : "") + std::to_string(s[d]);
-  return s.ndim() == 0 ? "scalar" : name;
-}
-
 void set_tolerances(OpCase& c, DType dtype, double scale = 1.0) {
   if (dtype == DType::bf16) c.tolerance = 1.6e-2 * scale, c.grad_tolerance = 2.4e-2 * scale;
   if (dtype == DType::f16) c.tolerance = 2e-3 * scale, c.grad_tolerance = 3e-3 * scale;
-}
-
-// out[i] = f(a[ia], b[ib]) under numpy's broadcasting of shapes sa and sb, in double.
-std::vector<double> broadcast_reference(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
-                                        const Shape& sb, const std::function<double(double, double)>& f) {
-  const int nd = std::max(sa.ndim(), sb.ndim());
-  auto dim = [&](const Shape& s, int d) { return d - (nd - s.ndim()) >= 0 ? s[d - (nd - s.ndim())] : int64_t{1}; };
-  std::vector<int64_t> out(static_cast<std::size_t>(nd));
-  int64_t n = 1;
-  for (int d = 0; d < nd; ++d) n *= out[d] = std::max(dim(sa, d), dim(sb, d));
-  std::vector<double> y(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t rest = i, ia = 0, ib = 0, stride_a = 1, stride_b = 1;
-    for (int d = nd - 1; d >= 0; --d) {
-      const int64_t k = rest % out[d];
-      rest /= out[d];
-      if (dim(sa, d) > 1) ia += k * stride_a;
-      if (dim(sb, d) > 1) ib += k * stride_b;
-      stride_a *= dim(sa, d);
-      stride_b *= dim(sb, d);
-    }
-    y[i] = f(a[ia], b[ib]);
-  }
-  return y;
 }
 
 struct UnaryForm {
@@ -154,7 +124,7 @@ void pow_cases(std::vector<OpCase>& cases) {
       c.inputs = {{sa, dtype, 0.2, 3}, {sb, dtype, -2, 2}};  // a positive base: its log is the exponent's gradient
       c.forward = [](const Inputs& t) { return ops::pow(t[0], t[1]); };
       c.reference = [sa = sa, sb = sb](const Values& v) {
-        return broadcast_reference(v[0], sa, v[1], sb, [](double a, double b) { return std::pow(a, b); });
+        return broadcast(v[0], sa, v[1], sb, [](double a, double b) { return std::pow(a, b); });
       };
       set_tolerances(c, dtype, 2.0);
       if (k == 0) c.bench_shapes = {{4096, 1024}, {4096, 1024}};
@@ -176,8 +146,8 @@ void extremum_cases(std::vector<OpCase>& cases) {
         c.inputs = {{sa, dtype, -2, 2}, {sb, dtype, -2, 2}};
         c.forward = [larger](const Inputs& t) { return larger ? ops::maximum(t[0], t[1]) : ops::minimum(t[0], t[1]); };
         c.reference = [sa = sa, sb = sb, larger](const Values& v) {
-          return broadcast_reference(v[0], sa, v[1], sb,
-                                     [larger](double a, double b) { return larger ? std::max(a, b) : std::min(a, b); });
+          return broadcast(v[0], sa, v[1], sb,
+                           [larger](double a, double b) { return larger ? std::max(a, b) : std::min(a, b); });
         };
         set_tolerances(c, dtype);
         if (k == 0) c.bench_shapes = {{4096, 1024}, {4096, 1024}};
@@ -244,7 +214,7 @@ void promotion_cases(std::vector<OpCase>& cases) {
       c.name = std::string(f.op) + "_i32_3x5_by_" + dtype_name(dtype) + "_5";
       c.inputs = {{{3, 5}, DType::i32, -9, 10}, {{5}, dtype, -2, 2, div ? 0.5 : 0.0}};
       c.forward = [fw = f.forward](const Inputs& t) { return fw(t[0], t[1]); };
-      c.reference = [ref = f.ref](const Values& v) { return broadcast_reference(v[0], {3, 5}, v[1], {5}, ref); };
+      c.reference = [ref = f.ref](const Values& v) { return broadcast(v[0], {3, 5}, v[1], {5}, ref); };
       set_tolerances(c, dtype, 2.0);
       cases.push_back(c);
     }
@@ -253,14 +223,14 @@ void promotion_cases(std::vector<OpCase>& cases) {
     r.name = std::string(f.op) + "_f32_4x3_by_i32_4x1";
     r.inputs = {{{4, 3}, DType::f32, -2, 2}, {{4, 1}, DType::i32, 1, 6}};  // a nonzero divisor
     r.forward = [fw = f.forward](const Inputs& t) { return fw(t[0], t[1]); };
-    r.reference = [ref = f.ref](const Values& v) { return broadcast_reference(v[0], {4, 3}, v[1], {4, 1}, ref); };
+    r.reference = [ref = f.ref](const Values& v) { return broadcast(v[0], {4, 3}, v[1], {4, 1}, ref); };
     cases.push_back(r);
     OpCase i;  // two integer tensors: an integer result (div: f32), nothing to differentiate
     i.op = f.op;
     i.name = std::string(f.op) + "_i32_3x4_by_i32_4";
     i.inputs = {{{3, 4}, DType::i32, -50, 50}, {{4}, DType::i32, 1, 9}};
     i.forward = [fw = f.forward](const Inputs& t) { return fw(t[0], t[1]); };
-    i.reference = [ref = f.ref](const Values& v) { return broadcast_reference(v[0], {3, 4}, v[1], {4}, ref); };
+    i.reference = [ref = f.ref](const Values& v) { return broadcast(v[0], {3, 4}, v[1], {4}, ref); };
     i.differentiable = false;
     cases.push_back(i);
   }

@@ -18,40 +18,10 @@ namespace {
 
 constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-std::string shape_name(const Shape& s) {
-  std::string name;
-  for (int d = 0; d < s.ndim(); ++d) name += (d > 0 ? "x" : "") + std::to_string(s[d]);
-  return s.ndim() == 0 ? "scalar" : name;
-}
-
 // Forward and gradient tolerances: f32's defaults, else a few roundings of the 16-bit type.
 void set_tolerances(OpCase& c, DType dtype, double scale = 1.0) {
   if (dtype == DType::bf16) c.tolerance = 1.6e-2 * scale, c.grad_tolerance = 2.4e-2 * scale;
   if (dtype == DType::f16) c.tolerance = 2e-3 * scale, c.grad_tolerance = 3e-3 * scale;
-}
-
-// out[i] = f(a[ia], b[ib]) under numpy's broadcasting of shapes sa and sb, in double.
-std::vector<double> broadcast_reference(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
-                                        const Shape& sb, const std::function<double(double, double)>& f) {
-  const int nd = std::max(sa.ndim(), sb.ndim());
-  auto dim = [&](const Shape& s, int d) { return d - (nd - s.ndim()) >= 0 ? s[d - (nd - s.ndim())] : int64_t{1}; };
-  std::vector<int64_t> out(static_cast<std::size_t>(nd));
-  int64_t n = 1;
-  for (int d = 0; d < nd; ++d) n *= out[d] = std::max(dim(sa, d), dim(sb, d));
-  std::vector<double> y(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t rest = i, ia = 0, ib = 0, stride_a = 1, stride_b = 1;
-    for (int d = nd - 1; d >= 0; --d) {
-      const int64_t k = rest % out[d];
-      rest /= out[d];
-      if (dim(sa, d) > 1) ia += k * stride_a;
-      if (dim(sb, d) > 1) ib += k * stride_b;
-      stride_a *= dim(sa, d);
-      stride_b *= dim(sb, d);
-    }
-    y[i] = f(a[ia], b[ib]);
-  }
-  return y;
 }
 
 struct BinaryForm {
@@ -83,7 +53,7 @@ void binary_cases(std::vector<OpCase>& cases) {
         c.inputs = {{sa, dtype, -2, 2}, {sb, dtype, -2, 2, div ? 0.5 : 0.0}};  // |b| >= 0.5 for div
         c.forward = [op = form.op](const Inputs& t) { return op(t[0], t[1]); };
         c.reference = [sa = sa, sb = sb, ref = form.ref](const Values& v) {
-          return broadcast_reference(v[0], sa, v[1], sb, ref);
+          return broadcast(v[0], sa, v[1], sb, ref);
         };
         set_tolerances(c, dtype, div ? 2.0 : 1.0);
         if (k == 0) c.bench_shapes = {{4096, 1024}, {4096, 1024}};  // Note [Benchmark sizes]
@@ -222,7 +192,7 @@ void extreme_cases(std::vector<OpCase>& cases) {
     c.inputs = {{{3, 5}, DType::f32, dividend, 3 * dividend}, {{3, 5}, DType::f32, d.lo, d.hi}};
     c.inputs[0].grad = d.lo < 1;  // 1 / 1e20 is below the driver's floor of a gradient worth checking
     c.forward = [](const Inputs& t) { return t[0] / t[1]; };
-    c.reference = [](const Values& v) { return broadcast_reference(v[0], {3, 5}, v[1], {3, 5}, std::divides<>()); };
+    c.reference = [](const Values& v) { return broadcast(v[0], {3, 5}, v[1], {3, 5}, std::divides<>()); };
     c.fd_step = d.fd_step;
     cases.push_back(c);
     OpCase r = c;
@@ -240,7 +210,7 @@ void extreme_cases(std::vector<OpCase>& cases) {
     c.name = "mul_1000000_by_1_f32";
     c.inputs = {{{kWide}, DType::f32, -1, 1}, {{1}, DType::f32, 0.5, 1.5}};
     c.forward = [](const Inputs& t) { return t[0] * t[1]; };
-    c.reference = [](const Values& v) { return broadcast_reference(v[0], {kWide}, v[1], {1}, std::multiplies<>()); };
+    c.reference = [](const Values& v) { return broadcast(v[0], {kWide}, v[1], {1}, std::multiplies<>()); };
     c.grad_tolerance = 1e-6;  // a float sum of the million terms was off by about 1e-5
     c.fd_samples = 4;
     cases.push_back(c);

@@ -13,12 +13,6 @@ namespace cumulus::testing {
 
 namespace {
 
-std::string shape_name(const Shape& s) {
-  std::string name = s.ndim() == 0 ? "scalar" : "";
-  for (int d = 0; d < s.ndim(); ++d) name += (d ? "x" : "") + std::to_string(s[d]);
-  return name;
-}
-
 std::string dims_name(const std::vector<int64_t>& dims) {
   std::string name = dims.empty() ? "all" : "d";
   for (int64_t d : dims) name += (d < 0 ? "m" : "") + std::to_string(d < 0 ? -d : d);

@@ -128,9 +128,15 @@ OpCase at_bench_sizes(const OpCase& c);
 // A tensor's values (any dtype, any device) as doubles, flat and row-major.
 std::vector<double> values_of(const Tensor& t);
 
+// A shape in a case's name: "8x64x128", or "scalar" for 0-d.
+std::string shape_name(const Shape& s);
+
 // ---- for references ----
 // f applied to every element.
 std::vector<double> map(const std::vector<double>& x, const std::function<double(double)>& f);
+// out[i] = f(a[ia], b[ib]) under numpy's broadcasting of a's shape sa and b's shape sb.
+std::vector<double> broadcast(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
+                              const Shape& sb, const std::function<double(double, double)>& f);
 
 }  // namespace cumulus::testing
 

@@ -145,9 +145,38 @@ std::vector<double> values_of(const Tensor& t) {
   return std::vector<double>(v.begin(), v.end());
 }
 
+std::string shape_name(const Shape& s) {
+  std::string name;
+  for (int d = 0; d < s.ndim(); ++d) name += (d > 0 ? "x" : "") + std::to_string(s[d]);
+  return s.ndim() == 0 ? "scalar" : name;
+}
+
 std::vector<double> map(const std::vector<double>& x, const std::function<double(double)>& f) {
   std::vector<double> y(x.size());
   std::transform(x.begin(), x.end(), y.begin(), f);
+  return y;
+}
+
+std::vector<double> broadcast(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
+                              const Shape& sb, const std::function<double(double, double)>& f) {
+  const int nd = std::max(sa.ndim(), sb.ndim());
+  auto dim = [&](const Shape& s, int d) { return d - (nd - s.ndim()) >= 0 ? s[d - (nd - s.ndim())] : int64_t{1}; };
+  std::vector<int64_t> out(static_cast<std::size_t>(nd));
+  int64_t n = 1;
+  for (int d = 0; d < nd; ++d) n *= out[d] = std::max(dim(sa, d), dim(sb, d));
+  std::vector<double> y(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rest = i, ia = 0, ib = 0, stride_a = 1, stride_b = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      const int64_t k = rest % out[d];
+      rest /= out[d];
+      if (dim(sa, d) > 1) ia += k * stride_a;
+      if (dim(sb, d) > 1) ib += k * stride_b;
+      stride_a *= dim(sa, d);
+      stride_b *= dim(sb, d);
+    }
+    y[i] = f(a[ia], b[ib]);
+  }
   return y;
 }
 
