@@ -6,7 +6,9 @@ value and whether it is met.
 It drives the scripts that measure each part (gpt_compare.py, pytorch/fast_pytorch.py beside the
 fashion_mnist app, ops_vs_pytorch.py) and keeps their outputs under --out. One-thread runs are
 pinned to one core; "every core" is the process's CPU affinity. --quick makes every part tiny
-(a rehearsal of the script, not a measurement); --no-run reads a finished run's outputs again.
+(a rehearsal of the script, not a measurement); --no-run reads a finished run's outputs again (on a
+machine with as many cores). From the repository root:
+    python3 bench/cpu_targets.py --python /path/to/venv/bin/python --out bench/results/<date>-cpu-targets
 """
 import argparse
 import json
@@ -22,14 +24,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GPT_RATIO, SEED_SPEEDUP = 0.7, 2.0
 
 
-def run(a, cmd, log, env=None):
+def run(a, cmd, log):
     if a.no_run:
         return
     print("+", " ".join(cmd), flush=True)
     with open(log, "a") as f:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
-        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
+        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True)
 
 
 def pinned(threads):
