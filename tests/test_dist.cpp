@@ -673,10 +673,12 @@ TEST_F(MpiRunTest, ZeroStagesGiveDataParallelsWeightsWithHalfTheStatePerRank) {
     double elementwise, overall;  // stage 2 against 0
   };
   // 8-bit moments round to the nearest of 256 codes: a moment that another gradient rounding moves
-  // across the midpoint of two codes moves by a whole code, so 8 bits carry float rounding further.
+  // across the midpoint of two codes moves by a whole code, so 8 bits carry float rounding further,
+  // as far as the number of moments that cross, which any change of rounding reshuffles (2.8e-5 and
+  // 1.3e-4 overall with two forward GEMMs of equal accuracy). A wrong shard moves weights by O(1).
   const std::vector<Case> cases = {{"--optimizer adamw --lr 0.002 --clip-grad-norm 0.5", 1e-4, 1e-6},
                                    {"--optimizer sgd --momentum 0.9 --lr 0.05", 1e-6, 1e-6},
-                                   {"--optimizer adamw --lr 0.002 --optimizer-bits 8", 1e-2, 1e-4}};
+                                   {"--optimizer adamw --lr 0.002 --optimizer-bits 8", 1e-2, 5e-4}};
   auto summary = [](const std::string& report, const char* key) {
     return nlohmann::json::parse(read_log(path(report)))["summary"][key].get<int64_t>();
   };

@@ -13,7 +13,6 @@
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/autograd/node.h"
 #include "cumulus/core/error.h"
-#include "cumulus/core/threads.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/metrics.h"
@@ -24,7 +23,6 @@
 #include "cumulus/ops/shape.h"
 #include "cumulus/tensor/random.h"
 #include "cumulus/tensor/tensor.h"
-#include "kernels/cpu/kernels.h"
 #include "test_util.h"
 
 namespace cumulus {
@@ -640,40 +638,6 @@ TEST(OpsParity, BiasGradientFromTheWeightGradientGemm) {
 }
 
 }  // namespace
-// Note [One pool for the kernels and the BLAS]: a GEMM split into bands of rows or columns across
-// threads gives the bits of one thread (of one call, but for a few rows under Haswell's kernels), for every transpose,
-// beta 0 and 1, sums over k longer than OpenBLAS's blocks of k, and sizes that are not multiples of the bands'
-// alignment.
-std::vector<float> gemm_at(int threads, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float beta) {
-  set_cpu_threads(threads);
-  Generator gen(static_cast<uint64_t>(m * 131 + n * 7 + k));
-  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
-      c(static_cast<std::size_t>(m * n));
-  gen.fill_uniform(a.data(), m * k, -1.0f, 1.0f);
-  gen.fill_uniform(b.data(), k * n, -1.0f, 1.0f);
-  gen.fill_uniform(c.data(), m * n, -1.0f, 1.0f);
-  kernels::gemm_cpu(ta, tb, m, n, k, 0.7f, a.data(), ta ? m : k, b.data(), tb ? k : n, beta, c.data(), n);
-  return c;
-}
-
-TEST(GemmCpu, BandsGiveTheBitsOfOneCall) {
-  const int threads = cpu_threads();
-  struct Shape3 {
-    int64_t m, n, k;
-  };
-  for (const Shape3 s : {Shape3{512, 384, 128}, Shape3{384, 128, 512}, Shape3{512, 128, 1500}, Shape3{37, 2050, 300},
-                         Shape3{1000, 65, 128}, Shape3{333, 333, 777}, Shape3{64, 4096, 33}, Shape3{16, 784, 512},
-                         Shape3{16, 512, 784}, Shape3{8, 300, 64}})
-    for (int trans = 0; trans < 4; ++trans)
-      for (float beta : {0.0f, 1.0f}) {
-        const bool ta = trans & 1, tb = trans & 2;
-        const std::vector<float> one = gemm_at(1, ta, tb, s.m, s.n, s.k, beta);
-        EXPECT_EQ(one, gemm_at(2, ta, tb, s.m, s.n, s.k, beta)) << s.m << "x" << s.n << "x" << s.k << " " << trans;
-        EXPECT_EQ(one, gemm_at(3, ta, tb, s.m, s.n, s.k, beta)) << s.m << "x" << s.n << "x" << s.k << " " << trans;
-      }
-  set_cpu_threads(threads);
-}
-
 }  // namespace cumulus
 
 namespace cumulus::testing {

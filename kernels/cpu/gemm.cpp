@@ -1,5 +1,6 @@
-// GEMM on the CPU through OpenBLAS (cblas_sgemm, row-major). With beta = 1 a Linear's weight
-// gradient accumulates inside the GEMM, exactly as on CUDA (Note [Gradient sinks]).
+// GEMM on the CPU through OpenBLAS (cblas_sgemm, row-major), but for the products of a few rows
+// that our own loops compute faster (Note [Products of few rows] in gemm_few_rows.h). With beta = 1
+// a Linear's weight gradient accumulates inside the GEMM, exactly as on CUDA (Note [Gradient sinks]).
 //
 // Note [One pool for the kernels and the BLAS]
 // OpenBLAS's pthreads build keeps its own worker per core, which spins for a while after each GEMM;
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/gemm_few_rows.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 
@@ -122,6 +124,7 @@ void gemm_cpu(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  if (gemm_few_rows(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
   if (beta == 0.0f && ldc == n) {
     // OpenBLAS's beta = 0 path is slower than clearing C and accumulating into it (measured:
     // 512 x 784 weight gradient at micro-batch 16, ~250 us against ~150 us). Same result exactly.
