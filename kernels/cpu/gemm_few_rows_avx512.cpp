@@ -1,5 +1,5 @@
 // The AVX-512 loops of the few-row products (Note [Products of few rows] in gemm_few_rows.h): the
-// one file of them compiled for AVX-512F, a vector of 16 lanes in one register, 12 columns of C a
+// one file of them compiled for AVX-512F, a vector of 16 lanes in one register, 8 columns of C a
 // block (each broadcast folded into its multiply-add's load).
 #include "kernels/cpu/gemm_few_rows.h"
 
