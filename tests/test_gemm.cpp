@@ -32,11 +32,12 @@ std::vector<float> gemm_at(int threads, bool ta, bool tb, int64_t m, int64_t n, 
   return c;
 }
 
+struct Shape3 {
+  int64_t m, n, k;
+};
+
 TEST(GemmCpu, BandsGiveTheBitsOfOneCall) {
   const int threads = cpu_threads();
-  struct Shape3 {
-    int64_t m, n, k;
-  };
   for (const Shape3 s : {Shape3{512, 384, 128}, Shape3{384, 128, 512}, Shape3{512, 128, 1500}, Shape3{37, 2050, 300},
                          Shape3{1000, 65, 128}, Shape3{333, 333, 777}, Shape3{64, 4096, 33}, Shape3{16, 784, 512},
                          Shape3{16, 512, 784}, Shape3{8, 300, 64}})
@@ -105,10 +106,6 @@ double max_error_against_double(const Product& x, const std::vector<float>& c) {
     }
   return worst;
 }
-
-struct Shape3 {
-  int64_t m, n, k;
-};
 
 // Products gemm_cpu computes by the few-row loops (gemm_few_rows.cpp's rule: those of 16 rows for
 // every transpose, the others where op(B) is transposed): rows of one lane block and of two (the
