@@ -108,13 +108,13 @@ double max_error_against_double(const Product& x, const std::vector<float>& c) {
 }
 
 // Products gemm_cpu computes by the few-row loops (gemm_few_rows.cpp's rule: those of 16 rows for
-// every transpose, the others where op(B) is transposed): rows of one lane block and of two (the
-// second partial), columns past the AVX2 and AVX-512 blocks (6 and 8) by a tail, depths not a
-// multiple of the packing's 8.
-const Shape3 kFewRowShapes[] = {{12, 45, 33},   {16, 512, 784}, {16, 784, 512},
-                                {13, 100, 300}, {29, 71, 64},   {32, 40, 20}};
-// And what the loops take when called directly: any rows up to two blocks.
-const Shape3 kAnyFewRowShapes[] = {{1, 32, 16}, {5, 45, 33}, {17, 100, 300}, {8, 300, 64}, {32, 9, 3}};
+// every transpose, the others where op(B) is transposed): rows of one to four lane blocks (the last
+// partial), columns past the AVX2 and AVX-512 blocks (6 and 8) by a tail, depths not a multiple of
+// the packing's 8.
+const Shape3 kFewRowShapes[] = {{12, 45, 33}, {16, 512, 784}, {16, 784, 512}, {13, 100, 300}, {29, 71, 64},
+                                {32, 40, 20}, {16, 37, 19},   {64, 70, 50},   {45, 33, 17}};
+// And what the loops take when called directly: any rows up to four blocks.
+const Shape3 kAnyFewRowShapes[] = {{1, 32, 16}, {5, 45, 33}, {17, 100, 300}, {8, 300, 64}, {32, 9, 3}, {50, 40, 24}};
 
 // gemm_cpu on whichever path this process takes (the capability cap), at one thread and three.
 TEST(GemmFewRows, EachElementIsOneChainOverKInOrder) {
@@ -159,7 +159,7 @@ TEST(GemmFewRows, EveryVectorPathGivesTheDefinitionsBits) {
         for (int trans = 0; trans < 4; ++trans) {
           const Product x = product(trans & 1, trans & 2, s.m, s.n, s.k, 1.0f, 1.0f);
           const std::vector<float> want = definition(x);
-          std::vector<float> panel(static_cast<std::size_t>(2 * kernels::kFewRowsLanes * s.k), -1.0f), c = x.c;
+          std::vector<float> panel(static_cast<std::size_t>(4 * kernels::kFewRowsLanes * s.k), -1.0f), c = x.c;
           path.pack(x.a.data(), s.m, s.k, x.ta ? 1 : x.lda(), x.ta ? x.lda() : 1, panel.data());
           const int64_t begin = s.n / 3, end = s.n - 1;
           path.run({panel.data(), s.m, s.k}, {x.b.data(), x.tb ? 1 : x.ldb(), x.tb ? x.ldb() : 1},

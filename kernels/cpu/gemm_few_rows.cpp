@@ -12,18 +12,19 @@
 namespace cumulus::kernels {
 namespace {
 
-// Where these loops beat OpenBLAS (bench/results/2026-11-29-cpu-few-rows/: Zen 4, one thread, 4-32
+// Where these loops beat OpenBLAS (bench/results/2026-11-29-cpu-few-rows/: Zen 4, one thread, 4-64
 // rows against 512-3072 columns and depths): where op(B) is transposed (a Linear's weight in its
-// forward), at 12-16 rows and 28-32 (each block of 16 lanes at least 3/4 full), in 0.59-0.80x its
-// time on both vector paths; where op(B) lies in rows (the weight in the input gradient), only at
-// 16 rows and for an op(B) of up to 2.5 MiB, in 0.72-0.89x (AVX-512) and 0.81-0.99x (AVX2): a
-// block of columns walks op(B) down its rows, half a cache line or less a row, which a larger op(B) or
-// fewer rows do not pay for. Below 32 columns or a depth of 16 (a Linear of 10 outputs, or of 10
-// inputs) OpenBLAS's small-product paths win.
+// forward), at up to 64 rows whose last block of 16 lanes is at least 3/4 full (12-16, 28-32,
+// 44-48, 60-64 rows), in 0.59-0.80x its time at up to 32 rows and 0.79-0.92x at 48-64, on both
+// vector paths; where op(B) lies in rows (the weight in the input gradient), only at 16 rows and
+// for an op(B) of up to 2.5 MiB, in 0.72-0.89x (AVX-512) and 0.81-0.99x (AVX2): a block of columns
+// walks op(B) down its rows, half a cache line or less a row, which a larger op(B) or fewer rows
+// do not pay for. Below 32 columns or a depth of 16 (a Linear of 10 outputs, or of 10 inputs)
+// OpenBLAS's small-product paths win.
 bool measured_faster(bool trans_b, int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMaxWalkedB = (int64_t(5) << 20) / 2 / int64_t(sizeof(float));  // floats: 2.5 MiB
-  if (m > 2 * kFewRowsLanes || n < 32 || k < 16) return false;
-  if (trans_b) return (m - 1) % kFewRowsLanes + 1 >= kFewRowsLanes * 3 / 4;
+  if (n < 32 || k < 16) return false;
+  if (trans_b) return m <= 4 * kFewRowsLanes && (m - 1) % kFewRowsLanes + 1 >= kFewRowsLanes * 3 / 4;
   return m == kFewRowsLanes && n * k <= kMaxWalkedB;
 }
 
@@ -74,7 +75,7 @@ bool gemm_few_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (!measured_faster(trans_b, m, n, k)) return false;
   const FewRowsPath& p = path();
   const int64_t lane_rows = (m + kFewRowsLanes - 1) / kFewRowsLanes * kFewRowsLanes;
-  // The packed rows of A: at most 32 x k floats, kept by each calling thread for its next call.
+  // The packed rows of A: at most 64 x k floats, kept by each calling thread for its next call.
   thread_local std::vector<float> panel;
   panel.resize(static_cast<std::size_t>(lane_rows * k));
   p.pack(a, m, k, trans_a ? 1 : lda, trans_a ? lda : 1, panel.data());

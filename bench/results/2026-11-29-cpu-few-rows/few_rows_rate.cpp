@@ -32,9 +32,9 @@ int main() {
   std::printf("op(B) n k m blas_us avx512_us avx2_us avx512/blas avx2/blas\n");
   for (const auto& nk : shapes)
     for (const bool trans_b : {true, false})
-      for (const int m : {4, 8, 12, 16, 24, 32}) {
+      for (const int m : {4, 8, 12, 16, 24, 32, 48, 64}) {
         const int n = nk[0], k = nk[1];
-        std::vector<float> a(m * k), b(k * n), c(m * n), at(32 * k);
+        std::vector<float> a(m * k), b(k * n), c(m * n), at(64 * k);
         for (float& x : a) x = u(gen);
         for (float& x : b) x = u(gen);
         const int ldb = trans_b ? k : n;
