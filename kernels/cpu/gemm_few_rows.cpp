@@ -15,9 +15,9 @@ namespace {
 // Where these loops beat OpenBLAS (bench/results/2026-11-29-cpu-few-rows/: Zen 4, one thread, 4-64
 // rows against 512-3072 columns and depths): where op(B) is transposed (a Linear's weight in its
 // forward), at up to 64 rows whose last block of 16 lanes is at least 3/4 full (12-16, 28-32,
-// 44-48, 60-64 rows), in 0.59-0.80x its time at up to 32 rows and 0.79-0.92x at 48-64, on both
+// 44-48, 60-64 rows), in 0.61-0.80x its time at up to 32 rows and 0.82-0.92x at 48-64, on both
 // vector paths; where op(B) lies in rows (the weight in the input gradient), only at 16 rows and
-// for an op(B) of up to 2.5 MiB, in 0.72-0.89x (AVX-512) and 0.81-0.99x (AVX2): a block of columns
+// for an op(B) of up to 2.5 MiB, in 0.72-0.89x (AVX-512) and 0.81-1.00x (AVX2): a block of columns
 // walks op(B) down its rows, half a cache line or less a row, which a larger op(B) or fewer rows
 // do not pay for. Below 32 columns or a depth of 16 (a Linear of 10 outputs, or of 10 inputs)
 // OpenBLAS's small-product paths win.
