@@ -10,7 +10,7 @@ ratio, and the tokens per second those medians give. Writes summary.json and sum
   bench/gpt_compare.py --gpt build/bin/gpt --data ../shared/data/shakespeare --out DIR
                        [--configs small,large] [--steps 30] [--rounds 3] [--threads 1] [--compile]
                        [--device cpu|cuda] [--precision fp32|bf16] [--also-compile] [--cpu-reference N]
-                       [--opt-in NAME:VAR=VALUE[,VAR=VALUE] [--opt-in-timeout S]]
+                       [--variant NAME:VAR=VALUE[,VAR=VALUE] [--variant-timeout S]]
 
 On CUDA, `gpt2s` is GPT-2 small's shape (context 1024, width 768, 12 heads, 12 blocks) with the
 character vocabulary; both engines then run f32 without TF32, or bf16 compute with fp32 weights.
@@ -22,10 +22,10 @@ so that eager and compiled PyTorch are measured beside cumulus in one run; a com
 fails or runs past --compile-timeout is reported, not fatal. --cpu-reference N then runs cumulus on
 the CPU from the same weights with the same flags for the first N steps (--stop-after N,
 --cpu-threads threads) and reports the per-step loss differences of the device's first round
-against it (on the GPU: the CUDA path against the CPU path). --opt-in runs one more cumulus side
+against it (on the GPU: the CUDA path against the CPU path). --variant runs one more cumulus side
 each round after PyTorch's eager side, `cumulus_NAME`, with the given environment (the CUDA paths
-no GPU has run are opt-in by variable), reported beside the default one; it may fail or run past
---opt-in-timeout without ending the run. summary.json and summary.md are
+an environment variable chooses, such as the fallbacks to the defaults), reported beside the
+default one; it may fail or run past --variant-timeout without ending the run. summary.json and summary.md are
 rewritten after every config, so a run cut short keeps the configs it finished.
 """
 
@@ -78,8 +78,8 @@ def compare(name, cfg, a, corpus, out):
               "--precision", a.precision]
     run([a.gpt, "train", "--data", corpus] + shape + ["--steps", "0", "--warmup", "0", "--save", init, "--quiet"])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    opt_in_side, opt_in_env = opt_in(a.opt_in)
-    sides = ("cumulus", "pytorch") + ((opt_in_side,) if opt_in_side else ()) + (
+    variant_side, variant_env = variant(a.variant)
+    sides = ("cumulus", "pytorch") + ((variant_side,) if variant_side else ()) + (
         ("pytorch_compile",) if a.also_compile else ())
     times = {k: [] for k in sides}
     runs = {k: [] for k in sides}
@@ -94,9 +94,9 @@ def compare(name, cfg, a, corpus, out):
             if who.startswith("cumulus"):
                 try:
                     run([a.gpt, "train", "--data", corpus, "--init", init, "--metrics", metrics, "--quiet"] + shape +
-                        common, dict(env, **opt_in_env) if who == opt_in_side else env, fatal=who == "cumulus",
-                        timeout=a.opt_in_timeout if who == opt_in_side and a.opt_in_timeout else None)
-                except RuntimeError as e:  # only the opt-in side may fail without ending the comparison
+                        common, dict(env, **variant_env) if who == variant_side else env, fatal=who == "cumulus",
+                        timeout=a.variant_timeout if who == variant_side and a.variant_timeout else None)
+                except RuntimeError as e:  # only the variant side may fail without ending the comparison
                     failed[who] = str(e)[-1500:]
                     print("%s %s: %s" % (name, who, failed[who]), file=sys.stderr, flush=True)
                     continue
@@ -141,11 +141,11 @@ def compare(name, cfg, a, corpus, out):
         result["ratio_cumulus_over_pytorch_compile"] = med["cumulus"] / med["pytorch_compile"]
         k_steps = [l for l in runs["pytorch_compile"][0] if "loss" in l]
         result["max_step_loss_diff_compile"] = max(abs(x["loss"] - y["loss"]) for x, y in zip(c_steps, k_steps))
-    if opt_in_side in med:
-        result["opt_in_env"] = opt_in_env
-        result["ratio_%s_over_pytorch" % opt_in_side] = med[opt_in_side] / med["pytorch"]
-        o_steps = [l for l in runs[opt_in_side][0] if "loss" in l]
-        result["max_step_loss_diff_%s" % opt_in_side] = max(abs(x["loss"] - y["loss"]) for x, y in zip(o_steps, p_steps))
+    if variant_side in med:
+        result["variant_env"] = variant_env
+        result["ratio_%s_over_pytorch" % variant_side] = med[variant_side] / med["pytorch"]
+        o_steps = [l for l in runs[variant_side][0] if "loss" in l]
+        result["max_step_loss_diff_%s" % variant_side] = max(abs(x["loss"] - y["loss"]) for x, y in zip(o_steps, p_steps))
     if failed:
         result["failed"] = failed
     if a.cpu_reference:
@@ -153,14 +153,14 @@ def compare(name, cfg, a, corpus, out):
     return result
 
 
-def opt_in(text):
-    """(side name, environment) of --opt-in NAME:VAR=VALUE[,VAR=VALUE]; (None, {}) without it."""
+def variant(text):
+    """(side name, environment) of --variant NAME:VAR=VALUE[,VAR=VALUE]; (None, {}) without it."""
     if not text:
         return None, {}
     name, _, assignments = text.partition(":")
     pairs = [kv.split("=", 1) for kv in assignments.split(",") if kv]
     if not name or not pairs or any(len(kv) != 2 or not kv[0] for kv in pairs):
-        sys.exit("gpt_compare.py: --opt-in %r: expected NAME:VAR=VALUE[,VAR=VALUE]" % text)
+        sys.exit("gpt_compare.py: --variant %r: expected NAME:VAR=VALUE[,VAR=VALUE]" % text)
     return "cumulus_" + name, dict(pairs)
 
 
@@ -234,11 +234,11 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--also-compile", action="store_true",
                    help="a third side each round: the twin under torch.compile (pytorch_compile)")
-    p.add_argument("--opt-in", metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+    p.add_argument("--variant", metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                    help="one more cumulus side each round, cumulus_NAME, with these environment variables (the "
-                        "opt-in CUDA paths: CUMULUS_CUDA_ATTENTION=cudnn, CUMULUS_CUDA_LINEAR16=direct)")
-    p.add_argument("--opt-in-timeout", type=float, default=0,
-                   help="seconds the --opt-in side may take per run (0: no limit); past it, reported failed")
+                        "fallback CUDA paths: CUMULUS_CUDA_ATTENTION=own, CUMULUS_CUDA_LINEAR16=scratch)")
+    p.add_argument("--variant-timeout", type=float, default=0,
+                   help="seconds the --variant side may take per run (0: no limit); past it, reported failed")
     p.add_argument("--compile-timeout", type=float, default=0,
                    help="seconds the --also-compile side may take per run (0: no limit); past it, reported failed")
     p.add_argument("--cpu-reference", type=int, default=0, metavar="N",
@@ -287,7 +287,7 @@ def write_summary(results, out):
                                         r["ratio_cumulus_over_pytorch_compile"], r["max_step_loss_diff_compile"]))
         for side in (k for k in m if k.startswith("cumulus_")):
             extra.append("%s, %s (%s): %.1f ms/step, %.0f tokens/s, %s / PyTorch %.2fx, max step-loss diff %.1e" % (
-                name, side, ",".join("%s=%s" % kv for kv in r["opt_in_env"].items()), m[side] * 1e3, tps[side], side,
+                name, side, ",".join("%s=%s" % kv for kv in r["variant_env"].items()), m[side] * 1e3, tps[side], side,
                 r["ratio_%s_over_pytorch" % side], r["max_step_loss_diff_%s" % side]))
         for who, why in r.get("failed", {}).items():
             extra.append("%s, %s: failed: %s" % (name, who, why.strip().splitlines()[-1][:300] if why.strip() else "?"))

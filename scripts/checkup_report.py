@@ -12,6 +12,7 @@ each printing a few lines and never failing the checkup (a missing or cut result
   checkup_report.py compare COMPARE.json                 the app against PyTorch with CUDA graphs
   checkup_report.py sanitize LOG                         compute-sanitizer's verdict
   checkup_report.py gpt SUMMARY.json                     the GPT against its twin and the CPU
+  checkup_report.py attention BENCH.json LOG...          the attention op against PyTorch's SDPA
 """
 
 import glob
@@ -206,6 +207,33 @@ def bench(path):
             break
 
 
+def attention(bench_path, *pytorch_logs):
+    """bench_ops' sdpa_qkv_causal_gpt2s_bench_* cases against bench/pytorch/sdpa_op.py's JSON (the
+    last line of each log), per dtype and pass, as cumulus's time over PyTorch's."""
+    try:
+        e = bench_entries(bench_path)
+    except (OSError, ValueError) as err:
+        print("  attention op: no cumulus results (%s)" % err)
+        return
+    for log in pytorch_logs:
+        try:
+            with open(log) as f:
+                pt = json.loads(f.read().strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError) as err:
+            print("  attention op: no PyTorch result in %s (%s)" % (os.path.basename(log), err))
+            continue
+        dt = pt["dtype"]
+        ours = {k.split("/")[3]: v["us"] / 1e3 for k, v in e.items() if k.startswith("ops/sdpa_qkv_causal_gpt2s_bench_%s/" % dt)}
+        for pass_ in ("forward", "forward_backward"):
+            if pass_ not in ours:
+                print("  attention op %s %s: no cumulus result" % (dt, pass_))
+                continue
+            r = ours[pass_] / pt[pass_ + "_ms"]
+            target = " (target within 1.2x: %s)" % ("met" if r <= 1.2 else "NOT met") if dt == "bf16" and pass_ == "forward_backward" else ""
+            print("  attention op %s [8, 12, 1024, 64] causal from qkv, %s: cumulus %.3f ms, PyTorch SDPA %.3f ms, "
+                  "cumulus / PyTorch %.2fx%s" % (dt, pass_, ours[pass_], pt[pass_ + "_ms"], r, target))
+
+
 def compare(path):
     try:
         configs = load(path).get("configs", {})
@@ -265,7 +293,7 @@ def gpt(path):
         print(line + "; max step-loss diff against eager %.1e" % c.get("max_step_loss_diff", float("nan")))
         for side in (k for k in tps if k.startswith("cumulus_")):
             print("  %s %s: %s (%s) %.0f tokens/s (%s / eager %.2fx); max step-loss diff against eager %.1e" % (
-                name, r.get("precision"), side, ",".join("%s=%s" % kv for kv in c.get("opt_in_env", {}).items()),
+                name, r.get("precision"), side, ",".join("%s=%s" % kv for kv in c.get("variant_env", {}).items()),
                 tps[side], side, 1 / c["ratio_%s_over_pytorch" % side], c["max_step_loss_diff_%s" % side]))
         for who, why in c.get("failed", {}).items():
             print("  %s: failed: %s" % (who, why.strip().splitlines()[-1][:200] if why.strip() else "?"))
@@ -285,7 +313,8 @@ def main():
         sys.exit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
     handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "memory": memory, "kernels": kernels,
-                "weights": weights, "bench": bench, "compare": compare, "sanitize": sanitize, "gpt": gpt}
+                "weights": weights, "bench": bench, "compare": compare, "sanitize": sanitize, "gpt": gpt,
+                "attention": attention}
     if cmd not in handlers:
         sys.exit("checkup_report.py: unknown report '%s'\n%s" % (cmd, __doc__))
     try:

@@ -169,7 +169,9 @@ if [ "$(printf '%s\n' "${glibc#GLIBC_}" 2.39 | sort -V | tail -n 1)" != 2.39 ] |
 fi
 
 # ---- 4. what travels ------------------------------------------------------------------------------
-tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2> /dev/null | tail -n 1 | cut -f1)
+# a tracked file deleted from the checkout (moved aside to make room) does not travel
+tree=$(git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+  [ -f "$f" ] && printf '%s\0' "$f"; done | du -cb --files0-from=- | tail -n 1 | cut -f1)
 shared_b=0
 [ -d "$root/shared" ] && shared_b=$(du -sb "$root/shared" | cut -f1)
 gpu_b=$(du -sb "$carried" | cut -f1)
@@ -177,7 +179,9 @@ total=$((tree + shared_b + gpu_b))
 echo "preflight: what travels: working tree $(mib "$tree") MiB + shared/ $(mib "$shared_b") MiB" \
   "+ .gpu $(mib "$gpu_b") MiB (bundle $(mib "$(stat -c %s "$carried/bundle.tar.xz")"), data $(mib "$(du -sb "$carried/data" | cut -f1)"))" \
   "= $(mib "$total") MiB of the $limit_mib MiB limit"
-((total <= limit_mib * 1048576)) || fail "$(mib "$total") MiB would travel: over the $limit_mib MiB limit"
+((total <= limit_mib * 1048576)) || fail "$(mib "$total") MiB would travel: over the $limit_mib MiB limit" \
+  "(bench/results/, which the call does not read, is $(du -sm bench/results 2> /dev/null | cut -f1) MiB of the tree:" \
+  "move it aside for the call and back after it)"
 ((total <= (limit_mib - 4) * 1048576)) || echo "preflight: warning: less than 4 MiB to spare"
 if [ -n "$measure" ]; then
   echo "preflight: measured only (--measure): make the bundle with ../shared/gpu/bundle.sh and run this again"

@@ -217,9 +217,10 @@ TEST(CudnnSdpaWorkspace, ComesFromTheCachingAllocatorInCategoryWorkspace) {
   EXPECT_EQ(asked, 0);  // no workspace: none asked for
 }
 
-TEST(CudaAttentionChoice, OursByDefaultCudnnOneCallAway) {
+TEST(CudaAttentionChoice, CudnnByDefaultWhereBuiltOursOneCallAway) {
   const ops::CudaAttention initial = ops::cuda_attention();
-  if (std::getenv("CUMULUS_CUDA_ATTENTION") == nullptr) EXPECT_EQ(initial, ops::CudaAttention::own);
+  if (std::getenv("CUMULUS_CUDA_ATTENTION") == nullptr)
+    EXPECT_EQ(initial, ops::cudnn_attention_compiled() ? ops::CudaAttention::cudnn : ops::CudaAttention::own);
   ops::set_cuda_attention(ops::CudaAttention::own);
   EXPECT_EQ(ops::cuda_attention(), ops::CudaAttention::own);
   EXPECT_EQ(ops::cuda_attention_description(DType::bf16), "cumulus's own kernels");

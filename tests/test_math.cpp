@@ -67,7 +67,10 @@ CUMULUS_INSTANTIATE_DEVICES(MathTest);
 
 TEST_P(MathTest, UnarySpecialsAreIeeesAsInPyTorch) {
   const std::vector<float> x = {kInf, -kInf, kNaN, 0.0f, -0.0f, -1.0f};
-  expect_same(host(ops::exp(of(x))), {kInf, 0.0f, kNaN, 1.0f, 1.0f, std::exp(-1.0f)}, "exp");
+  const std::vector<float> e = host(ops::exp(of(x)));
+  expect_same({e.begin(), e.begin() + 5}, {kInf, 0.0f, kNaN, 1.0f, 1.0f}, "exp");
+  // exp(-1) is no special: the device's expf is within 2 ulp of glibc's (1 ulp off on an H200).
+  EXPECT_NEAR(e[5], std::exp(-1.0f), 2 * std::numeric_limits<float>::epsilon() * std::exp(-1.0f)) << "exp(-1)";
   expect_same(host(ops::log(of(x))), {kInf, kNaN, kNaN, -kInf, -kInf, kNaN}, "log");
   expect_same(host(ops::sqrt(of(x))), {kInf, kNaN, kNaN, 0.0f, -0.0f, kNaN}, "sqrt");
   expect_same(host(ops::rsqrt(of(x))), {0.0f, kNaN, kNaN, kInf, -kInf, kNaN}, "rsqrt");

@@ -477,16 +477,18 @@ TEST(MixedPrecisionParity, CudaMatchesTheCpuPerPrecision) {
 // tests/emulated runs those kernels without a GPU, this runs them on one, inside the model).
 // Training mode: the loss, every parameter's gradient after one backward and after a second one
 // (the persistent buffers accumulating, batch norm's through the kernel's betas), the running
-// statistics and num_batches_tracked; then evaluation mode's logits and input gradient. Tolerances
-// as CudaMatchesTheCpuPerPrecision's conv chain: cuDNN rounds a conv's output before our kernel adds
-// its bias, and batch norm amplifies that rounding, so 16 of bf16's roundings relative to the
-// largest value; the running statistics see only the conv's rounding (4).
+// statistics and num_batches_tracked; then evaluation mode's logits and input gradient.
+// The gradients are sums with cancellation (a conv bias before batch norm has an exact gradient of
+// 0; the last bias sums softmax - onehot), where bf16's roundings show as 10-30% of the largest
+// value on either device (the first H200 run), so each is held to the CPU's own bf16 error: against
+// the f32 CNN on the CPU, CUDA's bf16 is off by at most 4x the CPU's bf16 (cuDNN also rounds a
+// conv's output before our kernel adds its bias) plus 16 of bf16's roundings of the largest value.
 struct CnnRun {
   float loss = 0;
   std::vector<std::vector<float>> once, twice, buffers, eval;  // eval: logits, then the input's gradient
 };
 
-CnnRun run_bf16_cnn(Device device) {
+CnnRun run_cnn(Device device, DType compute) {
   Generator gen(5);
   models::CNN cnn(gen, device);
   const int64_t b = 8;
@@ -494,7 +496,7 @@ CnnRun run_bf16_cnn(Device device) {
   for (int64_t i = 0; i < b; ++i) labels_v[i] = static_cast<int32_t>((3 * i) % models::CNN::kClasses);
   const Tensor labels = Tensor::from_vector(labels_v, Shape{b}, device);
   Tensor x = Tensor::from_vector(uniform_values(b * 784, 0.0f, 1.0f, 60), Shape{b, 784}, device);
-  auto loss = [&] { return ops::cross_entropy(cnn(ops::cast(x, DType::bf16)), labels, ops::Reduction::Sum); };
+  auto loss = [&] { return ops::cross_entropy(cnn(ops::cast(x, compute)), labels, ops::Reduction::Sum); };
   CnnRun r;
   Tensor l = loss();
   r.loss = l.item();
@@ -512,30 +514,47 @@ CnnRun run_bf16_cnn(Device device) {
   }
   cnn.eval();
   x.set_requires_grad(true);
-  const Tensor logits = cnn(ops::cast(x, DType::bf16));
-  EXPECT_EQ(logits.dtype(), DType::bf16);
+  const Tensor logits = cnn(ops::cast(x, compute));
+  EXPECT_EQ(logits.dtype(), compute);
   r.eval.push_back(values(logits));
   ops::sum(ops::cast(logits, DType::f32)).backward();
   r.eval.push_back(values(x.grad()));
   return r;
 }
 
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+// CUDA's bf16 error against the f32 run no more than 4x the CPU's bf16 error, plus 16 roundings.
+void expect_no_worse_than_the_cpu(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                                  const std::vector<float>& f32, const std::string& what) {
+  ASSERT_EQ(gpu.size(), f32.size()) << what;
+  double scale = 0;
+  for (float v : f32) scale = std::max(scale, std::fabs(double(v)));
+  const double gpu_error = max_abs_diff(gpu, f32), cpu_error = max_abs_diff(cpu, f32);
+  EXPECT_LE(gpu_error, 4 * cpu_error + 16 * roundoff(DType::bf16) * scale)
+      << what << ": CUDA bf16 off the f32 run by " << gpu_error << ", the CPU's bf16 by " << cpu_error;
+}
+
 TEST(MixedPrecisionParity, Bf16CnnOnCudaMatchesTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
-  const CnnRun cpu = run_bf16_cnn(Device::cpu());
-  const CnnRun gpu = run_bf16_cnn(Device::cuda(0));
-  const double tol = 16 * roundoff(DType::bf16);
+  const CnnRun f32 = run_cnn(Device::cpu(), DType::f32);
+  const CnnRun cpu = run_cnn(Device::cpu(), DType::bf16);
+  const CnnRun gpu = run_cnn(Device::cuda(0), DType::bf16);
   EXPECT_NEAR(gpu.loss, cpu.loss, 4 * roundoff(DType::bf16) * std::fabs(cpu.loss));
   ASSERT_EQ(gpu.once.size(), cpu.once.size());
   for (std::size_t i = 0; i < cpu.once.size(); ++i) {
-    EXPECT_LT(max_rel_diff(gpu.once[i], cpu.once[i]), tol) << "parameter " << i << ", one backward";
-    EXPECT_LT(max_rel_diff(gpu.twice[i], cpu.twice[i]), tol) << "parameter " << i << ", two backwards";
+    expect_no_worse_than_the_cpu(gpu.once[i], cpu.once[i], f32.once[i], "parameter " + std::to_string(i) + ", one backward");
+    expect_no_worse_than_the_cpu(gpu.twice[i], cpu.twice[i], f32.twice[i], "parameter " + std::to_string(i) + ", two backwards");
   }
   ASSERT_EQ(gpu.buffers.size(), cpu.buffers.size());
   for (std::size_t i = 0; i < cpu.buffers.size(); ++i)
     EXPECT_LT(max_rel_diff(gpu.buffers[i], cpu.buffers[i]), 4 * roundoff(DType::bf16)) << "buffer " << i;
   for (std::size_t i = 0; i < cpu.eval.size(); ++i)
-    EXPECT_LT(max_rel_diff(gpu.eval[i], cpu.eval[i]), tol) << (i == 0 ? "evaluation logits" : "evaluation dx");
+    expect_no_worse_than_the_cpu(gpu.eval[i], cpu.eval[i], f32.eval[i], i == 0 ? "evaluation logits" : "evaluation dx");
 }
 
 }  // namespace

@@ -99,8 +99,8 @@ void add_run_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--kernels", o.kernels,
                  "auto|fused|generic: the MLP's training micro-batch. fused: our own kernels, the whole forward, "
                  "loss and backward in a few launches (3 + 3 for the seed MLP) instead of cuBLASLt calls; generic: "
-                 "one op per layer (the reference). auto: generic, because the fused kernels have never run on a "
-                 "GPU (once measured there: fused on CUDA in fp32 for micro-batches up to 64 without recompute). "
+                 "one op per layer (the reference). auto: fused on CUDA in fp32 for micro-batches up to 64 without "
+                 "recompute (where a GPU measured it faster), generic otherwise. "
                  "fused needs --model mlp and --precision fp32; on the CPU it computes the generic path's bits")
       ->check(CLI::IsMember(choices_of(cumulus::nn::KernelChoice{}).names()));
   app.add_option("--data-on", o.data_on,

@@ -343,7 +343,7 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
         dist::transports_text().c_str(), static_cast<long long>(f.micro_batch), static_cast<long long>(f.accum_steps),
         f.zero, f.zero == 1 ? " (AdamW's state sharded)" : f.zero == 2 ? " (AdamW's state and the gradients sharded)" : "");
   if (f.optimizer_state == "host") say("optimizer: AdamW's state in host memory, updated there\n");
-  // Which attention runs on the GPU (cuDNN's fused SDPA or ours: opt-in, CUMULUS_CUDA_ATTENTION=cudnn).
+  // Which attention runs on the GPU (cuDNN's fused SDPA by default, ours under CUMULUS_CUDA_ATTENTION=own).
   if (device.is_cuda())
     say("cuda: attention on %s\n", ops::cuda_attention_description(compute_dtype(precision)).c_str());
 }

@@ -111,8 +111,8 @@ Context& context(int index) {
 // reserved bytes are the rest, another process on the same device included. The local memory's
 // share is estimated from the stack limit (cudaLimitStackSize), the setting that sizes it: our hot
 // kernels have no stack frames (scripts/cuda_resources.py fails the build otherwise), so it grows
-// past the default only for a library's kernels. Both are read when asked (no sync), and asked
-// only under CUMULUS_CUDA_MEMORY_OUTSIDE=1 until a GPU has run this (the report says 0 otherwise).
+// past the default only for a library's kernels. Both are read when a summary is taken (no sync),
+// unless CUMULUS_CUDA_MEMORY_OUTSIDE=0 (the report then says 0).
 MemoryOutsideAllocator memory_outside_allocator(int device_index, int64_t allocator_reserved_bytes) {
   DeviceGuard guard(device_index);
   std::size_t free_bytes = 0, total_bytes = 0, stack_bytes = 0;

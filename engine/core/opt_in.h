@@ -1,4 +1,4 @@
-// The CUDA paths no GPU has run are opt-in by an environment variable (CUMULUS_CUDA_ATTENTION,
+// The CUDA paths an environment variable chooses between (CUMULUS_CUDA_ATTENTION,
 // CUMULUS_CUDA_LINEAR16, CUMULUS_CUDA_MEMORY_OUTSIDE): one reading of such a setting for all of them.
 #pragma once
 

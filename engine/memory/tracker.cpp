@@ -371,9 +371,9 @@ MemorySummary MemoryTracker::summary() {
   s.host_optimizer_state_bytes = host_state_allocator().stats()[MemoryCategory::optimizer_state].current;
   s.workspace_bytes = st[MemoryCategory::workspace].current;
 #if CUMULUS_WITH_CUDA
-  // Opt-in until a GPU has run it (Note [Memory outside the allocator]).
+  // Read unless CUMULUS_CUDA_MEMORY_OUTSIDE=0 (Note [Memory outside the allocator]).
   static const bool asked =
-      cumulus::detail::environment_choice("CUMULUS_CUDA_MEMORY_OUTSIDE", {"0", "1"}) == 1;
+      cumulus::detail::environment_choice("CUMULUS_CUDA_MEMORY_OUTSIDE", {"0", "1"}) != 0;
   if (const Device& device = s_->allocator_.device(); device.is_cuda() && asked) {
     const cuda::MemoryOutsideAllocator outside = cuda::memory_outside_allocator(device.index(), st.reserved);
     s.outside_allocator_bytes = outside.bytes;

@@ -82,10 +82,12 @@ std::atomic<int64_t> cudnn_calls{0}, own_calls{0};
 std::atomic<int> chosen{-1};  // set_cuda_attention's choice; -1: none
 
 CudaAttention choice_from_environment() {
-  // Ours by default: cuDNN's path has not run on a GPU yet, so it is asked for, never assumed.
-  if (cumulus::detail::environment_choice("CUMULUS_CUDA_ATTENTION", {"own", "cudnn"}) != 1) return CudaAttention::own;
+  // cuDNN's by default where the build has it (measured on an H200: bench/results/2026-11-29-h200);
+  // CUMULUS_CUDA_ATTENTION=own asks for ours.
+  const int asked = cumulus::detail::environment_choice("CUMULUS_CUDA_ATTENTION", {"own", "cudnn"});
+  if (asked == 0) return CudaAttention::own;
   if (cudnn_attention_compiled()) return CudaAttention::cudnn;
-  std::fprintf(stderr, "cumulus: CUMULUS_CUDA_ATTENTION=cudnn: this build has no cuDNN attention; ours runs\n");
+  if (asked == 1) std::fprintf(stderr, "cumulus: CUMULUS_CUDA_ATTENTION=cudnn: this build has no cuDNN attention; ours runs\n");
   return CudaAttention::own;
 }
 

@@ -2,8 +2,8 @@
 //   y = weight[c] * (x - mean[c]) * invstd[c] + bias[c],  invstd = 1 / sqrt(var + eps)
 // with the batch's mean and biased variance (training; the running statistics are updated in
 // place with the unbiased variance and num_batches_tracked is incremented) or the running
-// statistics (evaluation). CPU: plain loops (kernels/cpu/batch_norm.cpp); CUDA: cuDNN for f32 and
-// f16, kernels of our own for bf16 (Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h).
+// statistics (evaluation). CPU: plain loops (kernels/cpu/batch_norm.cpp); CUDA: cuDNN for f32,
+// kernels of our own for bf16 and f16 (Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h).
 // Saves x, the weight and the [C] mean and invstd actually used; x_hat is recomputed in backward
 // rather than kept (it would be another tensor the size of x). Backward:
 //   dbias (+)= sum dy,  dweight (+)= sum dy * x_hat   (the sinks' betas; accumulated in the
@@ -53,7 +53,7 @@ class BatchNormBackward final : public Node {
     const float* ip = save_invstd_.data<float>();
 
 #if CUMULUS_WITH_CUDNN
-    if (device.is_cuda() && training_ && kernels::cudnn_runs_batch_norm_and_pooling(type)) {
+    if (device.is_cuda() && training_ && kernels::cudnn_runs_batch_norm(type)) {
       cudnn_training_backward(dy, grads);
       return;
     }
@@ -69,7 +69,7 @@ class BatchNormBackward final : public Node {
         CUMULUS_DISPATCH(device, ctx,
             kernels::batch_norm_backward_cpu(x_.data<T>(), dy.data<T>(), gp, mp, ip, n, c, hw, training_, dx.beta(),
                                              static_cast<T*>(dxp), dgamma.beta(), dgp, dbeta.beta(), dbp),
-            CUMULUS_CUDNN_ONLY(training_  // bf16 (Note [bf16 on cuDNN])
+            CUMULUS_CUDNN_ONLY(training_  // bf16, f16 (Note [bf16 on cuDNN])
                                    ? kernels::batch_norm_backward_training_cuda(
                                          x_.data<T>(), dy.data<T>(), gp, mp, ip, n, c, hw, dx.beta(),
                                          static_cast<T*>(dxp), dgamma.beta(), dgp, dbeta.beta(), dbp, ctx.stream())
@@ -212,13 +212,13 @@ Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   float* sip = save_invstd.data<float>();
   const float eps = options.eps, momentum = options.momentum;
   const DType type = x.dtype();
-  // On CUDA, bf16 takes kernels of our own in both modes (Note [bf16 on cuDNN]).
+  // On CUDA, bf16 and f16 take kernels of our own in both modes (Note [bf16 on cuDNN]).
   if (options.training) {
     CUMULUS_DISPATCH_FLOAT(type, T,
         CUMULUS_DISPATCH(device, ctx,
             kernels::batch_norm_forward_training_cpu(x.data<T>(), gp, bp, n, c, hw, eps, momentum, rm, rv, y.data<T>(),
                                                      smp, sip),
-            CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm_and_pooling(type)
+            CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm(type)
                                    ? kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), type,
                                                                                x.raw_data(), gp, bp, n, c, hw, eps,
                                                                                momentum, rm, rv, y.raw_data(), smp, sip)
@@ -235,7 +235,7 @@ Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
         CUMULUS_DISPATCH(device, ctx,
             kernels::batch_norm_forward_inference_cpu(x.data<T>(), gp, bp, rm, rv, n, c, hw, eps, y.data<T>(), smp,
                                                       sip),
-            CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm_and_pooling(type)
+            CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm(type)
                                    ? kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), type,
                                                                                 x.raw_data(), gp, bp, rm, rv, n, c, hw,
                                                                                 eps, y.raw_data(), smp, sip,

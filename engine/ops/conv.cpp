@@ -23,6 +23,7 @@
 #include "engine/ops/internal.h"
 #include "kernels/cpu/conv_kernels.h"
 #if CUMULUS_WITH_CUDNN
+#include "engine/core/cuda_context.h"
 #include "kernels/cuda/cudnn_kernels.h"
 #endif
 
@@ -32,14 +33,18 @@ namespace {
 
 #if CUMULUS_WITH_CUDNN
 // What the cuDNN launchers take of the engine: the device's handle, the process's algorithm cache
-// and workspace from the caching allocator in category workspace, given back when the launcher
-// drops it (Note [cuDNN algorithm cache] in kernels/cuda/cudnn_conv.cu).
+// and workspace: the libraries' fixed block where it is enough, else a block from the caching
+// allocator in category workspace, given back when the launcher drops it (Note [cuDNN algorithm
+// cache] in kernels/cuda/cudnn_conv.cu).
 kernels::CudnnConv cudnn_conv(const Device& device) {
-  auto workspace = [device](std::size_t bytes) {
+  cuda::Context& ctx = cuda::context(device.index());
+  auto workspace = [device, &ctx](std::size_t bytes) -> std::shared_ptr<void> {
+    if (bytes <= cuda::Context::kWorkspaceBytes) return std::shared_ptr<void>(ctx.workspace(), [](void*) {});
     auto block = std::make_shared<Allocation>(allocator_for(device).allocate(bytes, MemoryCategory::workspace));
     return std::shared_ptr<void>(block, block->get());
   };
-  return kernels::CudnnConv{cudnn::handle(device.index()), device.index(), cudnn::conv_algorithms(), workspace};
+  return kernels::CudnnConv{cudnn::handle(device.index()), device.index(), cudnn::conv_algorithms(), workspace,
+                            cuda::Context::kWorkspaceBytes};
 }
 #endif
 

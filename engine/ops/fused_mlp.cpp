@@ -29,8 +29,7 @@
 // - Where it applies: f32 (mixed precision keeps the generic path), at most kFusedMaxClasses classes
 //   on CUDA. The kernels have no tensor cores and no register tiling for large batches, so models
 //   would choose it automatically only up to a micro-batch size (models::SeedMLP::kFusedAutoMaxBatch)
-//   and fall back to cuBLASLt above it; until a GPU has measured the kernels
-//   (kFusedMlpMeasuredOnGpu) they choose it only when asked to.
+//   and fall back to cuBLASLt above it (measured on a GPU: kFusedMlpMeasuredOnGpu).
 #include "cumulus/ops/fused_mlp.h"
 
 #include "cumulus/autograd/node.h"

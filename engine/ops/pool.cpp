@@ -83,7 +83,7 @@ Tensor max_pool2d(const Tensor& x_in, const MaxPool2dOptions& o) {
   bool on_cudnn = false;
   CUMULUS_DISPATCH_FLOAT(x.dtype(), T,
       CUMULUS_DISPATCH(device, ctx, kernels::max_pool2d_forward_cpu(g, x.data<T>(), y.data<T>()),
-                       CUMULUS_CUDNN_ONLY(on_cudnn = kernels::cudnn_runs_batch_norm_and_pooling(x.dtype());
+                       CUMULUS_CUDNN_ONLY(on_cudnn = kernels::cudnn_runs_pooling(x.dtype());
                                           on_cudnn ? kernels::max_pool2d_forward_cuda(cudnn::handle(device.index()),
                                                                                       g, x.dtype(), x.raw_data(),
                                                                                       y.raw_data())

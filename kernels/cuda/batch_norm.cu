@@ -1,8 +1,8 @@
 // The kernels of our own for batch_norm2d on CUDA (cuDNN's calls are in kernels/cuda/cudnn_batch_norm.cu):
 // evaluation mode's saved statistics and its backward (cuDNN has none: dx = gamma * invstd * dy,
 // dgamma = sum dy * x_hat, dbeta = sum dy, per channel), the num_batches_tracked counter, and both
-// modes for bf16, which cuDNN's batch norm is not documented for (Note [bf16 on cuDNN] in
-// kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU emulation runs
+// modes for bf16 and f16, which cuDNN's batch norm is not documented for or folds (Note [bf16 on
+// cuDNN] in kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU emulation runs
 // them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
 // BFloat16, Half): loads through to_f32, f32 arithmetic, one rounding per 16-bit store; parameters
 // and statistics are f32, the sums behind them double (as the CPU's). Each channel's sums are one

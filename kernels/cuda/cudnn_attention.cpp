@@ -24,9 +24,9 @@
 //   bytes across GPU architectures or cuDNN versions; its support matrix lists deterministic
 //   backward for fp16 and bf16 on Ampere, Ada and Hopper (Blackwell: from cuDNN 9.18, which the
 //   frontend checks, declining the graph otherwise). The forward is not promised more than that.
-// - Never run here: everything in this file needs a GPU, and this repository's machines have none;
-//   only the host-side rules (cudnn_sdpa_plan.h) are tested (tests/test_cudnn_sdpa.cpp). The op
-//   cases in tests/op_cases compare it with the CPU where a GPU is present.
+// - Where it is tested: everything in this file needs a GPU, which CI has not; there the host-side
+//   rules (cudnn_sdpa_plan.h) are tested (tests/test_cudnn_sdpa.cpp). On a GPU the op cases in
+//   tests/op_cases compare it with the CPU (first passed on an H200, bench/results/2026-11-29-h200).
 #if CUMULUS_WITH_CUDNN_FRONTEND
 #include <cstring>  // first: the frontend's shim uses std::strlen and, without its JSON library, misses the include
 

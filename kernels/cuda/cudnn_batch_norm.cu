@@ -30,8 +30,8 @@ struct BnDescriptors {
 // cudnnDeriveBNTensorDescriptor gives for f32 and f16 x, written out so that our f32 buffers are
 // described as f32 whatever x's type (a type cuDNN refuses fails loudly; a wrong one would not).
 BnDescriptors describe(DType dtype, int64_t n, int64_t c, int64_t hw) {
-  CUMULUS_CHECK(cudnn_runs_batch_norm_and_pooling(dtype), InvalidArgument, "batch_norm2d: cuDNN's batch norm is not ",
-                "documented for ", dtype_name(dtype), " (Note [bf16 on cuDNN]); use the kernels of our own");
+  CUMULUS_CHECK(cudnn_runs_batch_norm(dtype), InvalidArgument, "batch_norm2d: cuDNN's batch norm is not used for ",
+                dtype_name(dtype), " (Note [bf16 on cuDNN]); use the kernels of our own");
   return BnDescriptors{cudnn::nchw_descriptor(n, c, 1, hw, dtype), cudnn::nchw_descriptor(1, c, 1, 1)};
 }
 

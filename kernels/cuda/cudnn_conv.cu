@@ -25,8 +25,6 @@ namespace cumulus::kernels {
 
 namespace {
 
-// Algorithms that want more workspace than this are taken only when nothing else works.
-constexpr std::size_t kPreferredMaxWorkspace = 256u << 20;
 
 struct ConvDescriptors {
   cudnn::TensorDescriptor x, y;
@@ -85,19 +83,19 @@ ConvKey key_of(const CudnnConv& conv, ConvDirection direction, DType dtype, cons
 // preferred workspace; failing that the first successful one within it; failing that any; each of a
 // math type conv_math_accepted takes.
 template <typename Perf>
-ConvAlgorithm pick_algorithm(const std::vector<Perf>& perf, int returned, DType dtype, bool f32_tensor_ops,
+ConvAlgorithm pick_algorithm(const std::vector<Perf>& perf, int returned, DType dtype, const CudnnConv& conv,
                              const char* direction) {
   int refused_math = 0;
   for (int pass = 0; pass < 3; ++pass)
     for (int i = 0; i < returned; ++i) {
       const Perf& p = perf[static_cast<std::size_t>(i)];
       if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (!conv_math_accepted(dtype, p.mathType, f32_tensor_ops)) {
+      if (!conv_math_accepted(dtype, p.mathType, conv.f32_tensor_ops)) {
         refused_math += pass == 0;
         continue;
       }
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
-      if (pass < 2 && p.memory > kPreferredMaxWorkspace) continue;
+      if (pass < 2 && p.memory > conv.preferred_max_workspace) continue;
       ConvAlgorithm chosen;
       chosen.algo = static_cast<int>(p.algo);
       chosen.math_type = static_cast<int>(p.mathType);
@@ -141,10 +139,15 @@ void bias_grad(cudaStream_t stream, const Conv2dGeometry& g, const void* dy, flo
 // heuristics (cudnnGet*Algorithm_v7) rather than by timing runs (cudnnFind*): timing would run the
 // backward-filter candidates into some buffer (the persistent gradient buffer is the only one at
 // hand, and it must not be overwritten mid-accumulation), allocate every candidate's workspace, and
-// make the choice depend on machine noise. The workspace itself is not cached: each call asks its
-// caller for it (CudnnConv::workspace; the engine takes it from the caching allocator in category
-// workspace) and gives it back once the call is queued (stream-ordered reuse on the device's one
-// stream), so the memory tracker sees it and it costs nothing between calls.
+// make the choice depend on machine noise. Each call asks its caller for the workspace
+// (CudnnConv::workspace) and gives it back once the call is queued (stream-ordered reuse on the
+// device's one stream). The engine prefers algorithms that fit in its libraries' fixed workspace
+// (CudnnConv::preferred_max_workspace: the 8 MiB block cuBLAS and cuBLASLt use, in category
+// workspace) and hands out that block: a convolution then allocates nothing per call, so what a
+// micro-batch allocates does not depend on which algorithm the heuristics pick for its size, and
+// the planner's prediction from a few probed sizes holds at every size (Note [Memory prediction];
+// on an H200 the per-call workspaces put the CNN's predicted peaks 40-70% off). An algorithm that
+// needs more, taken only when none fits, gets its own block from the caching allocator.
 
 bool ConvKey::operator<(const ConvKey& o) const {
   if (device != o.device) return device < o.device;
@@ -203,7 +206,7 @@ void conv2d_forward_cuda(const CudnnConv& conv, const Conv2dGeometry& g, DType d
         std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
                                                                    d.y.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv.f32_tensor_ops, "forward");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv, "forward");
         set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
             handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
@@ -241,7 +244,7 @@ void conv2d_backward_data_cuda(const CudnnConv& conv, const Conv2dGeometry& g, D
         std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv.f32_tensor_ops, "backward-data");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv, "backward-data");
         set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
             handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
@@ -269,7 +272,7 @@ void conv2d_backward_filter_cuda(const CudnnConv& conv, const Conv2dGeometry& g,
         std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &returned, perf.data()));
-        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv.f32_tensor_ops, "backward-filter");
+        ConvAlgorithm c = pick_algorithm(perf, returned, dtype, conv, "backward-filter");
         set_math_type(d, c);
         CUMULUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),

@@ -42,8 +42,12 @@ namespace cumulus::kernels {
 // takes its own kernels, added in https://github.com/pytorch/pytorch/pull/44994) and pools with
 // kernels of its own for every type. So bf16 batch norm (both modes) and bf16 max pooling run on
 // kernels of our own (kernels/cuda/batch_norm.cu, kernels/cuda/pool.cu; declared in
-// kernels/cuda/kernels.h); f32 and f16 stay on cuDNN.
-inline bool cudnn_runs_batch_norm_and_pooling(DType dtype) { return dtype != DType::bf16; }
+// kernels/cuda/kernels.h). f16 batch norm takes ours too: on an H200 cuDNN's f16 training forward
+// gave a constant channel's output (exactly its bias) 0.038 away from it, the rounding of a folded
+// x * scale + shift (the op case batch_norm2d_training_constant_channel_2x2x3x3_f16; our kernels
+// subtract the mean first). f32 batch norm and f32 and f16 pooling stay on cuDNN.
+inline bool cudnn_runs_batch_norm(DType dtype) { return dtype == DType::f32; }
+inline bool cudnn_runs_pooling(DType dtype) { return dtype != DType::bf16; }
 
 // ---- conv2d (kernels/cuda/cudnn_conv.cu) ----
 // f32: the math type cuDNN reports for the algorithm, FMA or default, never tensor-op math (TF32)
@@ -108,6 +112,10 @@ struct CudnnConv {
   int device;            // the device index: part of the cache's key
   ConvAlgorithms& algorithms;
   WorkspaceSource workspace;
+  // Algorithms that need at most this much workspace are preferred; more only when none fits.
+  // The engine passes its libraries' fixed workspace (Note [cuDNN algorithm cache]); the same for
+  // every call of a process, so not part of the cache's key.
+  std::size_t preferred_max_workspace = 256u << 20;
   bool f32_tensor_ops = false;  // f32 may take tensor-op (TF32) algorithms; part of the cache's key
 };
 

@@ -50,6 +50,8 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* weight, const
   }
 }
 
+// g = dy * weight rounded alone (__fmul_rn, never contracted into g - mean_g): over one column
+// g - mean_g is then exactly 0, and so is dx, as on the CPU (an FMA left dy * w's rounding error).
 template <typename T>
 __global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const float* weight, const float* mean,
                                               const float* rstd, int64_t cols, float beta, T* dx) {
@@ -59,14 +61,14 @@ __global__ void layer_norm_backward_dx_kernel(const T* x, const T* dy, const flo
   const float m = mean[r], inv = rstd[r];
   double a = 0.0, b = 0.0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const double g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+    const double g = __fmul_rn(to_f32(dyr[c]), weight != nullptr ? weight[c] : 1.0f);
     a += g;
     b += g * ((static_cast<double>(to_f32(xr[c])) - m) * inv);
   }
   const auto mean_g = static_cast<float>(block_sum(a) / static_cast<double>(cols));
   const auto mean_g_xhat = static_cast<float>(block_sum(b) / static_cast<double>(cols));
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float g = to_f32(dyr[c]) * (weight != nullptr ? weight[c] : 1.0f);
+    const float g = __fmul_rn(to_f32(dyr[c]), weight != nullptr ? weight[c] : 1.0f);
     const auto xhat = static_cast<float>((static_cast<double>(to_f32(xr[c])) - m) * inv);
     store_blend(dx + r * cols + c, inv * (g - mean_g - xhat * mean_g_xhat), beta);
   }

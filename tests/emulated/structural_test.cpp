@@ -140,6 +140,21 @@ TYPED_TEST(StructuralEmulated, LayerNormParamGradsOverRowChunks) {
 // Rows where float statistics fail: width 4096 around 1000 (a float mean is off by 1e-4, enough to
 // move the output by 5e-4), and values of 1e20, whose squared deviations pass the f32 maximum (rstd
 // came out 0 and the output the bias). Both devices' kernels against the double reference.
+// Over one column the output is the bias whatever x is: dx is exactly 0, under the emulation's
+// contraction as under nvcc's (dy * w must round before g - mean(g), or its rounding error times
+// rstd = 316 is left).
+TEST(StructuralEmulatedLayerNorm, OneColumnHasAZeroInputGradient) {
+  const auto x = on_device<float>({0.5f, -3.0f, 7.25f, 100.0f, -0.001f, 2.0f});
+  const auto dy = on_device<float>({0.3712f, -1.234567f, 2.71828f, 0.1f, 4.4f, -0.77f});
+  const auto w = on_device<float>({1.5f}), b = on_device<float>({0.25f});
+  DeviceVector<float> y(6), mean(6), rstd(6), dx(6, kNaN);
+  kernels::layer_norm_forward_cuda(x.data(), w.data(), b.data(), 6, 1, 1e-5f, y.data(), mean.data(), rstd.data(),
+                                   nullptr);
+  kernels::layer_norm_backward_dx_cuda(x.data(), dy.data(), w.data(), mean.data(), rstd.data(), 6, 1, 0.0f, dx.data(),
+                                       nullptr);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(dx[i], 0.0f) << "row " << i;
+}
+
 TEST(StructuralEmulatedLayerNorm, LargeMeansAndHugeValuesKeepTheirPrecision) {
   struct Rows {
     int64_t cols;

@@ -729,6 +729,13 @@ T __ldg(const T* p) {
   return *p;
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// A product rounded on its own, as nvcc never contracts __fmul_rn into an FMA: the empty asm keeps
+// the emulation's -ffp-contract=fast from fusing it with what follows.
+inline float __fmul_rn(float a, float b) {
+  float p = a * b;
+  asm("" : "+x"(p));
+  return p;
+}
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {

@@ -123,6 +123,7 @@ struct FromQkv {
   int64_t fd_samples = 0;
   // Note [Benchmark sizes]: B, T, C at the benchmark (0: none).
   int64_t bench_B = 0, bench_T = 0, bench_C = 0;
+  DType dtype = DType::f32;
 };
 
 // The unfused attention of the heads, as cases_gpt_block.cpp writes it (ones: [T, T] of 1).
@@ -137,8 +138,12 @@ OpCase qkv_case(const FromQkv& s) {
   OpCase c;
   c.op = s.composition ? "matmul" : "scaled_dot_product_attention";
   c.name = s.name;
-  c.inputs = {{{s.B, s.T, 3 * s.C}, DType::f32, -1, 1}, {{s.T, s.T}, DType::f32, 1, 1}};
+  c.inputs = {{{s.B, s.T, 3 * s.C}, s.dtype, -1, 1}, {{s.T, s.T}, DType::f32, 1, 1}};
   c.inputs[1].grad = false;
+  if (s.dtype != DType::f32) {
+    c.tolerance = 2e-2;
+    c.grad_tolerance = 5e-2;
+  }
   const bool causal = s.causal, unfused = s.composition;
   const int64_t H = s.H;
   c.forward = [causal, unfused, H](const Inputs& t) {
@@ -239,6 +244,10 @@ CUMULUS_OP_CASES(attention) {
       {"attention_composition_qkv_causal_bench_h4_f32", 2, 5, 8, 4, true, true, 0, 8, 64, 128},
       {"sdpa_qkv_causal_bench_h8_f32", 1, 5, 16, 8, true, false, 0, 4, 256, 256},
       {"attention_composition_qkv_causal_bench_h8_f32", 1, 5, 16, 8, true, true, 0, 4, 256, 256},
+      // bench_ops on CUDA against PyTorch's SDPA (bench/pytorch/sdpa_op.py): GPT-2 small's attention,
+      // [B=8, H=12, T=1024, D=64] from its qkv projection.
+      {"sdpa_qkv_causal_gpt2s_bench_bf16", 1, 5, 96, 12, true, false, 0, 8, 1024, 768, DType::bf16},
+      {"sdpa_qkv_causal_gpt2s_bench_f32", 1, 5, 96, 12, true, false, 0, 8, 1024, 768},
   };
   for (const FromQkv& s : qkv) cases.push_back(qkv_case(s));
 }

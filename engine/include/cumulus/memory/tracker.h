@@ -75,7 +75,7 @@ struct MemorySummary {
   // CUDA, when the summary is taken: device memory the allocator never held (the context, the
   // libraries, another process on the device), and of it the local memory the context reserves
   // for kernels' stack frames, estimated (Note [Memory outside the allocator] in
-  // engine/core/cuda_context.cpp; read under CUMULUS_CUDA_MEMORY_OUTSIDE=1). 0 on the CPU.
+  // engine/core/cuda_context.cpp; not read under CUMULUS_CUDA_MEMORY_OUTSIDE=0). 0 on the CPU.
   int64_t outside_allocator_bytes = 0;
   int64_t context_local_memory_bytes = 0;
   int64_t data_bytes = 0;  // live now: the datasets (batches come and go)

@@ -45,8 +45,7 @@ enum class CudaAttention : uint8_t { cudnn, own };
 // Whether this build has cuDNN's fused attention (cuDNN and the cuDNN frontend's headers found).
 bool cudnn_attention_compiled();
 // The choice in force: set_cuda_attention's if called, else the environment variable
-// CUMULUS_CUDA_ATTENTION (cudnn or own; read once), else own: cuDNN's path is opt-in until a GPU
-// run has measured it.
+// CUMULUS_CUDA_ATTENTION (cudnn or own; read once), else cudnn where the build has it.
 CudaAttention cuda_attention();
 // InvalidArgument for cudnn in a build without it.
 void set_cuda_attention(CudaAttention choice);

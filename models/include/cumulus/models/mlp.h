@@ -37,10 +37,9 @@ class SeedMLP : public nn::Model {
   bool recompute() const override { return !linear_relu_stack_->recompute_segments().empty(); }
 
   // The fused op's kernels have no tensor cores and sum each weight gradient over the rows in one
-  // thread, so past small micro-batches cuBLASLt should win: once a GPU has measured the kernels
-  // (ops::kFusedMlpMeasuredOnGpu; bench_step_vs_accumulate's *_fused families against the generic
-  // ones), the automatic choice takes them up to this size, the two the fused path was built for
-  // (16, 64). Until then the automatic choice is the generic path.
+  // thread, so past small micro-batches cuBLASLt should win: the automatic choice takes them up to
+  // this size, the two the fused path was built for (16, 64), as measured on a GPU
+  // (ops::kFusedMlpMeasuredOnGpu; bench_step_vs_accumulate's *_fused families against the generic).
   static constexpr int64_t kFusedAutoMaxBatch = 64;
   SeedMLP& set_kernels(KernelChoice choice) override;
   KernelChoice kernels() const { return kernels_; }
@@ -49,8 +48,8 @@ class SeedMLP : public nn::Model {
   // take (ops::mlp_cross_entropy_unsupported_reason), is an InvalidArgument.
   Tensor loss(const Tensor& x, const Tensor& labels, ops::Reduction reduction) override;
   // Whether loss(x, ...) runs the fused op: always with KernelChoice::fused, never with generic;
-  // automatic: never until ops::kFusedMlpMeasuredOnGpu, then on CUDA, f32, at most
-  // kFusedAutoMaxBatch samples, recompute off.
+  // automatic: on CUDA, f32, at most kFusedAutoMaxBatch samples, recompute off (while
+  // ops::kFusedMlpMeasuredOnGpu holds).
   bool fuses(const Tensor& x) const { return fuses(x.device(), x.dtype(), x.ndim() > 0 ? x.size(0) : 0); }
   // The same for an input on `device` of `dtype` with `batch` samples.
   bool fuses(Device device, DType dtype, int64_t batch) const;
