@@ -103,6 +103,11 @@ if ((rehearse)); then
   OUT=$out CHECKUP_DEVICE=cpu CHECKUP_PYTHON=$python bash .gpu/run.sh bash scripts/gpu_checkup.sh \
     .gpu/data/fashion-mnist .gpu/data/shakespeare > "$scratch/rehearsal.log" 2>&1 || rc=$?
   took=$(($(date +%s) - t0))
+  # run.sh links every absolute path a test binary names under */bin/ to the bundled program; a
+  # path pieced from a binary's string bytes can land in the checkout: those links go, and with
+  # them any folder left empty, so nothing of the rehearsal travels.
+  find "$root" -path "$root/.git" -prune -o -type l -lname "$carried/x/bin/*" -print 2> /dev/null |
+    while read -r link; do rm -f "$link" && rmdir -p --ignore-fail-on-non-empty "$(dirname "$link")" 2> /dev/null || true; done
   rm -rf "$carried/x" "$carried/out"  # run.sh unpacks and writes there: none of it may travel
   kept=$root/build-gpu/rehearsal  # ignored by git (/build-*/): it does not travel
   rm -rf "$kept" && mkdir -p "$kept" && cp "$scratch/rehearsal.log" "$out"/* "$kept/" 2> /dev/null || true
