@@ -338,7 +338,7 @@ attention_op() {
   local dt torch_device=cuda:0 min_time=0.2 reps=()
   if [ "$device" = cpu ]; then torch_device=cpu min_time=0.01 reps=(--reps 2 --warmup 1); fi
   timed attention_op_cumulus "$(cap 20)" bench_ops \
-    --benchmark_filter="^ops/sdpa_qkv_causal_gpt2s_bench_(bf16|f32)/[^/]*/(forward|forward_backward)/$device/" \
+    --benchmark_filter="^ops/sdpa_qkv_causal_gpt2s_bench_(bf16|f32)/[^/]*/(forward|forward_backward)/$device(:0)?/" \
     --benchmark_min_time="$min_time" --benchmark_out="$work/attention_op.json" --benchmark_out_format=json
   for dt in bf16 f32; do
     timed "attention_op_pytorch_$dt" "$(cap 20)" "$py" "$root/bench/pytorch/sdpa_op.py" --dtype "$dt" \
@@ -371,7 +371,7 @@ phase_gpt() {
   else
     gpt_compare gpt_fp32 "$(cap 45)" --configs "$big" --steps "$steps" --precision fp32
   fi
-  gpt_compare gpt_parity_fp32 "$(cap 30)" --configs "$parity" --steps "$parity_steps" --precision fp32 \
+  gpt_compare gpt_parity_fp32 "$(cap 45)" --configs "$parity" --steps "$parity_steps" --precision fp32 \
     --cpu-reference "$parity_steps" --cpu-threads "$(nproc)"
   if ((small)); then
     say "gpt_parity_bf16: not rehearsed (the fp32 parity run's code with --precision bf16)"

@@ -26,6 +26,13 @@
 // seen: a bend above the largest recorded size or between the two largest (the top piece is their
 // line), so a buffer capped above 256 samples is over-predicted there.
 //
+// A path the engine takes only up to some size changes the sequence itself: on CUDA the seed MLP
+// runs the fused op up to 64 samples and the generic ops above (models::SeedMLP::fuses). The
+// recordings that do not match the two largest then form a regime of their own, fitted the same
+// way on its recordings (recursively: a third sequence further down would be a third regime), and
+// predict(B) takes the regime whose recorded sizes reach B; between the top regime's smallest size
+// and the regime below's largest, where the switch lies unseen, the larger of the two predictions.
+//
 // predict(B) builds the sequence for B and replays it through a real CachingAllocator whose backend
 // hands out distinct fake addresses and never memory. The allocator only does arithmetic and
 // comparisons on block pointers (it splits a block at ptr + size and orders free blocks by address);
@@ -231,13 +238,20 @@ MemoryPredictor MemoryPredictor::from_recordings(std::vector<MemoryRecording> re
   }
   if (std::string why = mismatch(recs[1].events, le, p.pair_); !why.empty())
     return fail(why + " at micro-batch " + std::to_string(p.small_));
-  // The smaller recordings that match join the fit; one that does not is left out.
+  // The smaller recordings that match join the fit; those that do not may form the regime below.
   std::vector<const MemoryRecording*> used{&recs[0], &recs[1]};
-  std::string dropped;
+  std::vector<MemoryRecording> others;
   for (std::size_t j = 2; j < recs.size(); ++j) {
     if (mismatch(recs[j].events, le, p.pair_).empty()) used.push_back(&recs[j]);
-    else dropped += (dropped.empty() ? "" : ", ") + std::to_string(recs[j].micro_batch);
+    else others.push_back(recs[j]);
   }
+  std::string dropped;
+  if (others.size() >= 2) {
+    MemoryPredictor below = from_recordings(others, rest, rest_reserved, p.extra_fixed_, p.rest_blocks_);
+    if (below.ok()) p.below_ = std::make_shared<const MemoryPredictor>(std::move(below));
+  }
+  if (!p.below_)
+    for (const MemoryRecording& r : others) dropped += (dropped.empty() ? "" : ", ") + std::to_string(r.micro_batch);
   for (const MemoryRecording* r : used) p.sizes_.push_back(r->micro_batch);
 
   p.alloc_.resize(n);
@@ -256,6 +270,7 @@ MemoryPredictor MemoryPredictor::from_recordings(std::vector<MemoryRecording> re
   p.reason_ = std::to_string(n) + " allocations and frees per micro-batch, matched over micro-batches " +
               std::to_string(p.sizes_.back()) + " to " + std::to_string(p.large_) + " (" + std::to_string(m) +
               " sizes), " + std::to_string(p.piecewise_events()) + " of them piecewise in the micro-batch";
+  if (p.below_) p.reason_ += "; below, a sequence of its own: " + p.below_->reason_;
   if (!dropped.empty()) p.reason_ += "; left out, not matching: micro-batch " + dropped;
   return p;
 }
@@ -333,6 +348,8 @@ std::vector<int64_t> MemoryPredictor::refinement_sizes() const {
   for (const auto& ps : pieces_)
     for (std::size_t k = 1; k < ps.size(); ++k)
       if (ps[k - 1].lo - ps[k].hi > 1) out.insert((ps[k - 1].lo + ps[k].hi) / 2);
+  if (below_)
+    for (int64_t b : below_->refinement_sizes()) out.insert(b);
   return {out.begin(), out.end()};
 }
 
@@ -350,6 +367,7 @@ int64_t MemoryPredictor::bytes_at(std::size_t i, int64_t b) const {
 std::vector<MemoryEvent> MemoryPredictor::sequence(int64_t micro_batch) const {
   CUMULUS_CHECK(ok_, InvalidArgument, "MemoryPredictor: no prediction: ", reason_);
   CUMULUS_CHECK(micro_batch > 0, InvalidArgument, "MemoryPredictor: micro-batch must be > 0, got ", micro_batch);
+  if (below_ && micro_batch <= below_->large_) return below_->sequence(micro_batch);
   std::vector<MemoryEvent> out;
   out.reserve(alloc_.size());
   std::vector<int64_t> bytes(alloc_.size(), 0);
@@ -363,6 +381,16 @@ std::vector<MemoryEvent> MemoryPredictor::sequence(int64_t micro_batch) const {
 PredictedMemory MemoryPredictor::predict(int64_t micro_batch) const {
   CUMULUS_CHECK(ok_, InvalidArgument, "MemoryPredictor: no prediction: ", reason_);
   CUMULUS_CHECK(micro_batch > 0, InvalidArgument, "MemoryPredictor: micro-batch must be > 0, got ", micro_batch);
+  if (!below_ || micro_batch >= sizes_.back()) return replay(micro_batch);
+  if (micro_batch <= below_->large_) return below_->predict(micro_batch);
+  // Between the two regimes' recorded sizes the switch is not seen: the larger prediction.
+  PredictedMemory lower = below_->predict(micro_batch), upper = replay(micro_batch);
+  PredictedMemory& out = lower.peak_bytes > upper.peak_bytes ? lower : upper;
+  out.reserved_bytes = std::max(lower.reserved_bytes, upper.reserved_bytes);
+  return out;
+}
+
+PredictedMemory MemoryPredictor::replay(int64_t micro_batch) const {
   CachingAllocator replay(Device::cpu(), std::make_unique<FakeBackend>());
   std::vector<Allocation> held;  // the state at rest and the extra fixed blocks
   if (!rest_blocks_.empty()) {

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,22 +61,30 @@ class MemoryPredictor {
   // Allocations whose size is not one affine function of the micro-batch over the recorded sizes.
   std::size_t piecewise_events() const;
   // Sizes whose recording would narrow a bend not yet pinned to two adjacent sizes (the midpoints
-  // of those gaps, ascending); empty when every bend is pinned. record_micro_batch records them.
+  // of those gaps, ascending, the regime below's too); empty when every bend is pinned.
+  // record_micro_batch records them.
   std::vector<int64_t> refinement_sizes() const;
   int64_t rest_reserved() const { return rest_reserved_; }
   const std::array<int64_t, kNumMemoryCategories>& rest_by_category() const { return rest_; }
 
   // The predicted event sequence of a micro-batch of `micro_batch` units (sizes rounded to 512 B;
-  // an event predicted at zero bytes is left out, with its free).
+  // an event predicted at zero bytes is left out, with its free): the regime below's up to its
+  // largest recorded size.
   std::vector<MemoryEvent> sequence(int64_t micro_batch) const;
-  // Replays sequence(micro_batch) from the state at rest (plus the extra fixed blocks).
+  // Replays sequence(micro_batch) from the state at rest (plus the extra fixed blocks); below the
+  // recorded sizes of this sequence, the regime below's prediction (regime_below()).
   PredictedMemory predict(int64_t micro_batch) const;
+  // The predictor of the smaller recordings whose sequence differs from this one's (a path the
+  // engine takes only up to some size, such as the fused MLP's), fitted on its own; null when
+  // there is none, or fewer than two of them match each other (those are left out).
+  const MemoryPredictor* regime_below() const { return below_.get(); }
 
   // From recordings at two or more distinct sizes, all made from the same state at rest
   // (per-category bytes `rest`, `rest_reserved` reserved after empty_cache()). The two largest
   // must match: same length, order of categories and alloc/free pattern, every free returning an
-  // earlier allocation of its category and size; otherwise ok() is false. A smaller recording that
-  // does not match them is left out of the fit (reason() says so). `rest_blocks`, when given, are
+  // earlier allocation of its category and size; otherwise ok() is false. The smaller recordings
+  // that do not match them form the regime below when its own two largest match (recursively);
+  // the rest are left out of the fit (reason() says so). `rest_blocks`, when given, are
   // the live blocks at rest (CachingAllocator::live_blocks(); their bytes by category must add up
   // to `rest`): the replay then starts from them, the small pool's room at rest included, instead
   // of one block per category.
@@ -99,6 +108,8 @@ class MemoryPredictor {
   // The pieces of one allocation from its sizes `bytes` at the recorded `sizes` (largest first).
   static std::vector<Piece> fit_pieces(const std::vector<int64_t>& sizes, const std::vector<int64_t>& bytes);
   int64_t bytes_at(std::size_t event, int64_t micro_batch) const;
+  // predict() on this sequence alone.
+  PredictedMemory replay(int64_t micro_batch) const;
 
   bool ok_ = false;
   std::string reason_;
@@ -114,6 +125,7 @@ class MemoryPredictor {
   int64_t rest_reserved_ = 0;
   std::vector<LiveBlock> rest_blocks_;
   std::vector<FixedBlock> extra_fixed_;
+  std::shared_ptr<const MemoryPredictor> below_;
 };
 
 // Records the events `run` causes on `alloc` through its observer (installed for the call, removed
