@@ -75,9 +75,9 @@
 //   write into a 16-bit y directly (Note [Direct 16-bit output]; PyTorch's autocast rounds the bias
 //   so too).
 // - CUDA: cuBLASLt with 16-bit A and B, f32 compute, and C/D in the 16-bit type (y, dx) or f32
-//   (dW); cublasGemmEx where cuBLASLt has no algorithm. With a bias the GEMM writes an f32 scratch
-//   and one conversion rounds y, or (opt-in, Note [Direct 16-bit output]) writes y itself. Then our
-//   ReLU kernel over y, as in f32.
+//   (dW); cublasGemmEx where cuBLASLt has no algorithm. With a bias the GEMM writes y itself (Note
+//   [Direct 16-bit output]; CUMULUS_CUDA_LINEAR16=scratch: an f32 scratch and one conversion).
+//   Then our ReLU kernel over y, as in f32.
 // - CPU: the same arithmetic in f32 over widened copies (bf16 x bf16 products are exact in f32),
 //   rounded where the GPU rounds: tests compare the paths within the 16-bit types' tolerance.
 // Losses, softmax and normalization statistics stay f32 (cross_entropy takes 16-bit logits and
@@ -173,7 +173,7 @@ void linear_forward_16(const Tensor& x, const Tensor& w16, const Tensor& bias, c
     return;
   }
 #if CUMULUS_WITH_CUDA
-  // Note [Direct 16-bit output]: with a bias, an f32 scratch and one conversion unless asked otherwise.
+  // Note [Direct 16-bit output]: with a bias, y written directly unless the scratch is asked for.
   const Tensor z = bf.defined() ? detail::f32_scratch(y.shape(), device) : y;
   const float* bp = bf.defined() ? bf.data<float>() : bias.defined() ? bias.data<float>() : nullptr;
   const void* bcp = bf.defined() ? static_cast<const void*>(bp) : b16.defined() ? b16.raw_data() : nullptr;
