@@ -547,8 +547,9 @@ TEST(MixedPrecisionParity, Bf16CnnOnCudaMatchesTheCpu) {
   EXPECT_NEAR(gpu.loss, cpu.loss, 4 * roundoff(DType::bf16) * std::fabs(cpu.loss));
   ASSERT_EQ(gpu.once.size(), cpu.once.size());
   for (std::size_t i = 0; i < cpu.once.size(); ++i) {
-    expect_no_worse_than_the_cpu(gpu.once[i], cpu.once[i], f32.once[i], "parameter " + std::to_string(i) + ", one backward");
-    expect_no_worse_than_the_cpu(gpu.twice[i], cpu.twice[i], f32.twice[i], "parameter " + std::to_string(i) + ", two backwards");
+    const std::string p = "parameter " + std::to_string(i);
+    expect_no_worse_than_the_cpu(gpu.once[i], cpu.once[i], f32.once[i], p + ", one backward");
+    expect_no_worse_than_the_cpu(gpu.twice[i], cpu.twice[i], f32.twice[i], p + ", two backwards");
   }
   ASSERT_EQ(gpu.buffers.size(), cpu.buffers.size());
   for (std::size_t i = 0; i < cpu.buffers.size(); ++i)

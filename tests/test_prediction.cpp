@@ -203,8 +203,7 @@ TEST(Prediction, APathTakenUpToASizeIsARegimeOfItsOwn) {
   ASSERT_TRUE(p.ok()) << p.reason();
   ASSERT_NE(p.regime_below(), nullptr) << p.reason();
   EXPECT_NE(p.reason().find("below, a sequence of its own"), std::string::npos) << p.reason();
-  for (int64_t b = 1; b <= 300; ++b)
-    ASSERT_EQ(p.predict(b).peak_bytes, b <= 64 ? b * 1024 : b * 3584) << "B=" << b;
+  for (int64_t b = 1; b <= 300; ++b) ASSERT_EQ(p.predict(b).peak_bytes, b <= 64 ? b * 1024 : b * 3584) << "B=" << b;
   EXPECT_EQ(p.sequence(16).size(), 2u);
   EXPECT_EQ(p.sequence(200).size(), 4u);
   const plan::MemoryPredictor q =

@@ -96,8 +96,8 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
   c.add_option("--precision", f.precision,
                "the activations' type: fp32, bf16 or fp16 (weights, gradients and AdamW stay fp32; fp16 with "
-               "dynamic loss scaling). On CUDA, bf16 and fp16 attention runs on cuDNN's fused SDPA where the build has it, "
-               "CUMULUS_CUDA_ATTENTION=own on our own kernels (the banner says which; fp32 always runs ours)")
+               "dynamic loss scaling). On CUDA, bf16 and fp16 attention runs on cuDNN's fused SDPA where the build "
+               "has it, CUMULUS_CUDA_ATTENTION=own on our own kernels (the banner says which; fp32 always runs ours)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   c.add_option("--recompute", f.recompute,
                "recompute the blocks' activations in backward: off, on (every block), or auto (the planner weighs "

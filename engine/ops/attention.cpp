@@ -87,7 +87,8 @@ CudaAttention choice_from_environment() {
   const int asked = cumulus::detail::environment_choice("CUMULUS_CUDA_ATTENTION", {"own", "cudnn"});
   if (asked == 0) return CudaAttention::own;
   if (cudnn_attention_compiled()) return CudaAttention::cudnn;
-  if (asked == 1) std::fprintf(stderr, "cumulus: CUMULUS_CUDA_ATTENTION=cudnn: this build has no cuDNN attention; ours runs\n");
+  if (asked == 1)
+    std::fprintf(stderr, "cumulus: CUMULUS_CUDA_ATTENTION=cudnn: this build has no cuDNN attention; ours runs\n");
   return CudaAttention::own;
 }
 

@@ -25,7 +25,6 @@ namespace cumulus::kernels {
 
 namespace {
 
-
 struct ConvDescriptors {
   cudnn::TensorDescriptor x, y;
   cudnn::FilterDescriptor w;

@@ -19,8 +19,8 @@ struct PoolDescriptors {
 };
 
 PoolDescriptors describe(const Pool2dGeometry& g, DType dtype) {
-  CUMULUS_CHECK(cudnn_runs_pooling(dtype), InvalidArgument, "max_pool2d: cuDNN's pooling is not ",
-                "documented for ", dtype_name(dtype), " (Note [bf16 on cuDNN]); use the kernels of our own");
+  CUMULUS_CHECK(cudnn_runs_pooling(dtype), InvalidArgument, "max_pool2d: cuDNN's pooling is not documented for ",
+                dtype_name(dtype), " (Note [bf16 on cuDNN]); use the kernels of our own");
   PoolDescriptors d{cudnn::nchw_descriptor(g.n, g.c, g.h, g.w, dtype),
                     cudnn::nchw_descriptor(g.n, g.c, g.out_h, g.out_w, dtype), cudnn::PoolingDescriptor()};
   CUMULUS_CUDNN_CHECK(cudnnSetPooling2dDescriptor(
