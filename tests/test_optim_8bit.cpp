@@ -143,25 +143,25 @@ struct Net {
   std::unique_ptr<train::Trainer> trainer;
 };
 
-std::shared_ptr<optim::Optimizer> adamw(const Net& net, int bits) {
+std::shared_ptr<optim::Optimizer> adamw(const std::shared_ptr<nn::FlatParameters>& flat, int bits) {
   optim::AdamWOptions o;
   o.lr = 0.01f;
   o.weight_decay = 0.1f;
   o.state_bits = bits;
-  return std::make_shared<optim::AdamW>(net.flat, o);
+  return std::make_shared<optim::AdamW>(flat, o);
 }
 
-std::shared_ptr<optim::Optimizer> sgd(const Net& net, int bits) {
+std::shared_ptr<optim::Optimizer> sgd(const std::shared_ptr<nn::FlatParameters>& flat, int bits) {
   optim::SGDOptions o;
   o.lr = 0.02f;
   o.momentum = 0.9f;
   o.dampening = 0.1f;
   o.weight_decay = 0.01f;
   o.state_bits = bits;
-  return std::make_shared<optim::SGD>(net.flat, o);
+  return std::make_shared<optim::SGD>(flat, o);
 }
 
-using MakeOptimizer = std::shared_ptr<optim::Optimizer> (*)(const Net&, int);
+using MakeOptimizer = std::shared_ptr<optim::Optimizer> (*)(const std::shared_ptr<nn::FlatParameters>&, int);
 
 // The dequantized values of 8-bit state `name` (codes `name`, scales `name`_absmax).
 std::vector<float> dequantized(const optim::Optimizer& opt, const std::string& name, bool is_signed) {
@@ -189,9 +189,9 @@ TEST(Optimizer8Bit, UpdatesAsFp32OnTheDequantizedStateThenRequantizes) {
   for (const auto& [make, states] : cases) {
     SCOPED_TRACE(states[0].name);
     Net eight, fp32;
-    eight.use(make(eight, 8));
+    eight.use(make(eight.flat, 8));
     for (int s = 0; s < 3; ++s) eight.step();
-    fp32.use(make(fp32, 32));
+    fp32.use(make(fp32.flat, 32));
     Tensor fp32_values = fp32.flat->values();  // a handle on the flat weights
     fp32_values.copy_from(eight.flat->values());
     std::vector<std::pair<std::string, Tensor>> loaded;
@@ -222,8 +222,8 @@ TEST(Optimizer8Bit, TwentyStepsStayCloseToFp32) {
   for (MakeOptimizer make : {adamw, sgd}) {
     Net eight, fp32;
     const std::vector<float> start = eight.weights();
-    eight.use(make(eight, 8));
-    fp32.use(make(fp32, 32));
+    eight.use(make(eight.flat, 8));
+    fp32.use(make(fp32.flat, 32));
     for (int s = 0; s < 20; ++s) {
       eight.step();
       fp32.step();
@@ -241,9 +241,61 @@ TEST(Optimizer8Bit, TwentyStepsStayCloseToFp32) {
   }
 }
 
+// The 8-bit updates on CUDA (kernels/cuda/optim.cu, compiled without contraction: Note [CUDA bit
+// parity]) give the CPU loops' bits: the same model on both devices (one seed), gradients that
+// are exact on both (the loss sum(p * c) has gradient c), three updates of each optimizer, then
+// the weights, every code and every block's scale compared for equality. Run on a GPU by the
+// checkup; skipped without one (tests/emulated runs the kernels on the CPU).
+TEST(Optimizer8Bit, CudaUpdatesGiveTheCpusBits) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device" << (cuda_compiled() ? "" : " (built without CUDA)");
+  struct Run {
+    explicit Run(Device d) {
+      Generator gen(5);
+      model.add(std::make_shared<nn::Linear>(kIn, kHidden, gen, d));
+      model.add(std::make_shared<nn::Linear>(kHidden, kOut, gen, d));
+      flat = std::make_shared<nn::FlatParameters>(model);
+      Generator g(11);
+      for (const Tensor& p : model.parameters()) c.push_back(uniform(p.shape(), -1.0f, 1.0f, g, d));
+    }
+    void steps(const std::shared_ptr<optim::Optimizer>& opt, int n) {
+      train::Trainer trainer(opt, train::TrainerOptions{});
+      for (int i = 0; i < n; ++i) {
+        trainer.micro_batch(1, [&] {
+          const std::vector<Tensor> ps = model.parameters();
+          Tensor loss = ops::sum(ps[0] * c[0]);
+          for (std::size_t k = 1; k < ps.size(); ++k) loss = loss + ops::sum(ps[k] * c[k]);
+          return loss;
+        });
+        ASSERT_TRUE(trainer.step_if_ready());
+      }
+    }
+    nn::Sequential model;
+    std::shared_ptr<nn::FlatParameters> flat;
+    std::vector<Tensor> c;
+  };
+  auto host = [](const Tensor& t) { return t.to(Device::cpu()); };
+  for (const bool use_adamw : {true, false}) {
+    SCOPED_TRACE(use_adamw ? "AdamW" : "SGD with momentum");
+    Run cpu(Device::cpu()), gpu(Device::cuda(0));
+    ASSERT_EQ(cpu.flat->values().to_vector<float>(), host(gpu.flat->values()).to_vector<float>());
+    const MakeOptimizer make = use_adamw ? adamw : sgd;
+    const std::shared_ptr<optim::Optimizer> a = make(cpu.flat, 8), b = make(gpu.flat, 8);
+    cpu.steps(a, 3);
+    gpu.steps(b, 3);
+    EXPECT_EQ(cpu.flat->values().to_vector<float>(), host(gpu.flat->values()).to_vector<float>()) << "weights";
+    const std::vector<const char*> states =
+        use_adamw ? std::vector<const char*>{"exp_avg", "exp_avg_sq"} : std::vector<const char*>{"momentum_buffer"};
+    for (const char* name : states) {
+      EXPECT_EQ(a->state_tensor(name).to_vector<uint8_t>(), host(b->state_tensor(name)).to_vector<uint8_t>()) << name;
+      const std::string scales = std::string(name) + "_absmax";
+      EXPECT_EQ(a->state_tensor(scales).to_vector<float>(), host(b->state_tensor(scales)).to_vector<float>()) << scales;
+    }
+  }
+}
+
 TEST(Optimizer8Bit, FrozenParametersKeepTheirWeightsCodesAndScales) {
   Net net;
-  net.use(adamw(net, 8));
+  net.use(adamw(net.flat, 8));
   net.step();
   Tensor first_weight = net.model.parameters()[0];
   first_weight.set_requires_grad(false);
@@ -305,7 +357,7 @@ std::vector<train::RecordedSetting> settings() { return {{"optimizer-bits", "sta
 TEST(Optimizer8Bit, ACheckpointResumesBitExactly) {
   TempDir dir;
   Net whole, first, second;
-  for (Net* net : {&whole, &first, &second}) net->use(adamw(*net, 8));
+  for (Net* net : {&whole, &first, &second}) net->use(adamw(net->flat, 8));
   for (int s = 0; s < 6; ++s) whole.step();
   for (int s = 0; s < 3; ++s) first.step();
   const train::TrainingCounters c = first.trainer->counters();
@@ -346,9 +398,9 @@ std::string refusal(optim::Optimizer& opt, const std::vector<std::pair<std::stri
 // short, codes stored as f32, and an fp32 checkpoint's moments given to an 8-bit optimizer.
 TEST(Optimizer8Bit, MisShapedStateIsRefusedByName) {
   Net saved, target;
-  saved.use(adamw(saved, 8));
+  saved.use(adamw(saved.flat, 8));
   saved.step();
-  target.use(adamw(target, 8));
+  target.use(adamw(target.flat, 8));
   auto with = [&](const std::string& name, Tensor t) {
     std::vector<std::pair<std::string, Tensor>> state = saved.optimizer->state();
     for (auto& [n, tensor] : state)
@@ -366,7 +418,7 @@ TEST(Optimizer8Bit, MisShapedStateIsRefusedByName) {
   EXPECT_NE(float_codes.find("u8"), std::string::npos) << float_codes;
 
   Net fp32;
-  fp32.use(adamw(fp32, 32));
+  fp32.use(adamw(fp32.flat, 32));
   fp32.step();
   const std::string mismatched = refusal(*target.optimizer, fp32.optimizer->state());
   EXPECT_NE(mismatched.find("'exp_avg'"), std::string::npos) << mismatched;
