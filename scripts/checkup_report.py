@@ -13,6 +13,7 @@ each printing a few lines and never failing the checkup (a missing or cut result
   checkup_report.py sanitize LOG                         compute-sanitizer's verdict
   checkup_report.py gpt SUMMARY.json                     the GPT against its twin and the CPU
   checkup_report.py attention BENCH.json LOG...          the attention op against PyTorch's SDPA
+  checkup_report.py profile NCU.csv                      Nsight Compute's kernel times, summed by kernel
 """
 
 import glob
@@ -234,6 +235,32 @@ def attention(bench_path, *pytorch_logs):
                   "cumulus / PyTorch %.2fx%s" % (dt, pass_, ours[pass_], pt[pass_ + "_ms"], r, target))
 
 
+def profile(path, top=15):
+    """Nsight Compute's --csv output with the metric gpu__time_duration.sum: each kernel's time,
+    summed by name (its template arguments and parameters cut), largest first."""
+    import csv
+    unit_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6}
+    with open(path) as f:
+        lines = [l for l in f if l.startswith('"')]  # the table; ncu's own messages start with ==
+    total, by_name, n = 0.0, {}, 0
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        us = float(row["Metric Value"].replace(",", "")) * unit_us.get(row.get("Metric Unit", "nsecond"), 1e-3)
+        name = row["Kernel Name"].replace("(anonymous namespace)", "{anon}")
+        name = name.split("(")[0].split("<")[0].replace("void ", "", 1).strip()[:70]
+        t, c = by_name.get(name, (0.0, 0))
+        by_name[name] = (t + us, c + 1)
+        total, n = total + us, n + 1
+    if not n:
+        print("  profile: no kernel times in %s" % os.path.basename(path))
+        return
+    print("  profile %s: %d kernels, %.2f ms of kernel time; the largest by name:" % (
+        os.path.basename(path), n, total / 1e3))
+    for name, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        print("    %8.3f ms %5.1f%% %5d x %s" % (t / 1e3, 100 * t / total, c, name))
+
+
 def compare(path):
     try:
         configs = load(path).get("configs", {})
@@ -314,7 +341,7 @@ def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "memory": memory, "kernels": kernels,
                 "weights": weights, "bench": bench, "compare": compare, "sanitize": sanitize, "gpt": gpt,
-                "attention": attention}
+                "attention": attention, "profile": profile}
     if cmd not in handlers:
         sys.exit("checkup_report.py: unknown report '%s'\n%s" % (cmd, __doc__))
     try:

@@ -19,6 +19,9 @@
 #                    graphs (bench/compare.py, 16 x 4, 2 epochs)
 #   planner    60 s  --plan-only for the MLP and the CNN, predicted against measured peaks
 #   precision  40 s  the seed run in bf16 and fp16, the CNN in fp32 and bf16, bench_precision
+#   profile   150 s  Nsight Compute's time of every kernel of one GPT-2-small micro-batch, fp32 then
+#                    bf16, summed by kernel: where the step goes (past the default budget: asked for
+#                    by naming the phase or raising CHECKUP_BUDGET_S)
 # Each phase has its cap (CHECKUP_CAP_<PHASE> overrides one) and all share one budget
 # (CHECKUP_BUDGET_S, 480 s): a phase never starts a step past its cap or the budget, and what did not
 # fit is said as skipped. Results are kept as they come: every step appends to $OUT/summary.txt and
@@ -35,7 +38,7 @@
 # CHECKUP_PYTHON: the Python with torch (default python3).
 set -euo pipefail
 usage="usage: gpu_checkup.sh FASHION_MNIST_DIR SHAKESPEARE_DIR [PHASE...]
-  PHASE: probe tests gpt sanitize seed speed planner precision (default: all, in that order)"
+  PHASE: probe tests gpt sanitize seed speed planner precision profile (default: all, in that order)"
 if [ $# -lt 2 ]; then
   echo "$usage" >&2
   exit 2
@@ -43,7 +46,7 @@ fi
 fashion=$(cd "$1" && pwd) || { echo "gpu_checkup: no folder $1" >&2; exit 2; }
 shakespeare=$(cd "$2" && pwd) || { echo "gpu_checkup: no folder $2" >&2; exit 2; }
 shift 2
-all_phases=(probe tests gpt sanitize seed speed planner precision)
+all_phases=(probe tests gpt sanitize seed speed planner precision profile)
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=("${all_phases[@]}")
 for phase in "${phases[@]}"; do
@@ -56,7 +59,8 @@ budget=${CHECKUP_BUDGET_S:-480}
 # The rehearsal's machine (2 shared cores) is slower than the GPU machine's 16 for the CPU work of
 # a step (process start, PyTorch's import, the data): it doubles every cap unless told otherwise.
 factor=${CHECKUP_CAP_FACTOR:-$( ((small)) && echo 2 || echo 1)}
-declare -A cap_of=([probe]=20 [tests]=90 [gpt]=250 [sanitize]=55 [seed]=30 [speed]=70 [planner]=60 [precision]=40)
+declare -A cap_of=([probe]=20 [tests]=90 [gpt]=250 [sanitize]=55 [seed]=30 [speed]=70 [planner]=60 [precision]=40
+  [profile]=150)
 for phase in "${all_phases[@]}"; do
   var=CHECKUP_CAP_${phase^^}
   cap_of[$phase]=${!var:-${cap_of[$phase]}}
@@ -517,6 +521,26 @@ phase_precision() {
   done
   timed bench_precision "$(cap 15)" bench_precision --benchmark_filter="$benches" --benchmark_min_time=0.05 \
     --benchmark_out="$work/bench_precision.json" --benchmark_out_format=json
+}
+
+# ---- 9. where the GPT's step goes ---------------------------------------------------------------
+# Every kernel of one micro-batch of GPT-2 small's shape (weight initialization included: it is
+# named apart) timed by Nsight Compute, one metric, the clocks left alone; summed by kernel name.
+phase_profile() {
+  local ncu p shape=(--context 1024 --width 768 --heads 12 --layers 12 --micro-batch 8)
+  ncu=$(command -v ncu || true)
+  [ -n "$ncu" ] || { [ -x /usr/local/cuda/bin/ncu ] && ncu=/usr/local/cuda/bin/ncu; } || true
+  if [ -z "$ncu" ] || [ "$device" = cpu ]; then
+    say "profile: skipped ($([ "$device" = cpu ] && echo 'a rehearsal: no GPU' || echo 'no ncu here'))"
+    return 0
+  fi
+  ((!small)) || shape=()
+  for p in fp32 bf16; do
+    timed "profile_gpt_$p" "$(cap 70)" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --launch-count 3000 --log-file "$work/profile_gpt_$p.csv" gpt train --data "$(corpus)" "${shape[@]}" \
+      --accum-steps 1 --steps 1 --warmup 0 --eval-every 0 --eval-windows 1 --device cuda --precision "$p" --quiet
+    "$py" "$report" profile "$work/profile_gpt_$p.csv" | tee -a "$summary"
+  done
 }
 
 say "gpu_checkup $(date -u +%FT%TZ): results in $OUT/summary.txt and $OUT/checkup.tar.gz as they come"
