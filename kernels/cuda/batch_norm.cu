@@ -2,8 +2,8 @@
 // evaluation mode's saved statistics and its backward (cuDNN has none: dx = gamma * invstd * dy,
 // dgamma = sum dy * x_hat, dbeta = sum dy, per channel), the num_batches_tracked counter, and both
 // modes for bf16 and f16, which cuDNN's batch norm is not documented for or folds (Note [bf16 on
-// cuDNN] in kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU emulation runs
-// them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
+// cuDNN] in kernels/cuda/cudnn_kernels.h). In a file without cuDNN's header, so that the CPU
+// emulation runs them (Note [Kernel launches] in kernels/cuda/common.cuh). x, y, dy and dx are stored as T (float,
 // BFloat16, Half): loads through to_f32, f32 arithmetic, one rounding per 16-bit store; parameters
 // and statistics are f32, the sums behind them double (as the CPU's). Each channel's sums are one
 // block's (fixed order: deterministic), and the normalizing and the dx formulas are
