@@ -537,7 +537,7 @@ phase_profile() {
   ((!small)) || shape=()
   for p in fp32 bf16; do
     timed "profile_gpt_$p" "$(cap 70)" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
-      --launch-count 3000 --log-file "$work/profile_gpt_$p.csv" gpt train --data "$(corpus)" "${shape[@]}" \
+      --launch-count 3000 --log-file "$work/profile_gpt_$p.csv" "$bin/gpt" train --data "$(corpus)" "${shape[@]}" \
       --accum-steps 1 --steps 1 --warmup 0 --eval-every 0 --eval-windows 1 --device cuda --precision "$p" --quiet
     "$py" "$report" profile "$work/profile_gpt_$p.csv" | tee -a "$summary"
   done
