@@ -1,12 +1,12 @@
 // The fused attention CUDA kernels (kernels/cuda/attention.cu, Note [CUDA attention kernels]) on
 // the CPU emulation against the CPU kernels (kernels/cpu/attention.cpp): forward output and
 // log-sum-exp, backward dq, dk and dv. The two sum in different orders (the CPU a tile of keys at a
-// time with SLEEF's exp, the CUDA kernels a lane group per row with the host's expf here), so within
+// time with SLEEF's exp, the CUDA kernels a register tile per thread with the host's expf here), so within
 // a few roundings of the stored type rather than bit for bit. q, k and v are read as the permuted
 // views of a qkv projection [B, T, 3C] (strides [T*3C, D, 3C, 1]) and, for Tq != Tk, as dense
 // tensors. Every compiled head size (32, 64, 128) at its own size and padded (D = 4 .. 100 run in
-// the next larger), T across each size's row blocks (64, 32, 32 rows) and staged tiles (128, 64,
-// 32 rows) and not a multiple of the 16-key chunks; outputs start as NaN, so every element must be
+// the next larger), T across each size's tiles (the forward's 64 rows and keys for D <= 64, 32 for
+// D = 128; the backward's 32 and 16) and not a multiple of them; outputs start as NaN, so every element must be
 // written, and the emulation fills shared memory with NaN at each block's start, so a read of a
 // staged value never written shows; each gradient also alone (the others null), and, for the qkv
 // views, all three written into one gradient of the projection with dout in the output's layout
@@ -181,8 +181,8 @@ TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {
 }
 
 // D = 32, 64 and 128 exactly (no padded column), and D = 40 and 100 padded to 64 and 128; T past a
-// block of rows and a staged tile of each size (D = 32: 64 rows a block, 128 staged; 64: 32 and 64;
-// 128: 32 and 32), causal and not, from a qkv projection and dense with Tq != Tk.
+// tile of each kernel and size (D = 32 and 64: 64 rows and keys in the forward, 32 in the backward;
+// 128: 32 and 16), causal and not, from a qkv projection and dense with Tq != Tk.
 TYPED_TEST(AttentionEmulated, EveryHeadSizeAcrossBlocksAndTiles) {
   const Config configs[] = {
       {1, 2, 131, 131, 32, true, true}, {1, 1, 67, 133, 32, false, false}, {1, 2, 70, 70, 64, true, true},
