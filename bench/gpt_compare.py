@@ -164,29 +164,64 @@ def variant(text):
     return "cumulus_" + name, dict(pairs)
 
 
-def cpu_reference(name, a, corpus, out, init, shape, common, device_steps):
-    """cumulus on the CPU from the same weights and flags for the first --cpu-reference steps: the
-    per-step loss differences of the device's first round against it."""
-    n = min(a.cpu_reference, a.steps)
-    metrics = os.path.join(out, "%s_cumulus_cpu_reference.jsonl" % name)
+def cpu_losses(name, a, corpus, out, init, shape, common, n, precision):
+    """The first n step losses of cumulus on the CPU from the same weights and flags, at `precision`."""
+    metrics = os.path.join(out, "%s_cumulus_cpu_reference%s.jsonl" % (name, "" if precision == a.precision
+                                                                       else "_" + precision))
     if os.path.exists(metrics):
         os.remove(metrics)
     flags = list(common)
-    for flag, value in (("--device", "cpu"), ("--threads", str(a.cpu_threads))):
+    for flag, value in (("--device", "cpu"), ("--threads", str(a.cpu_threads)), ("--precision", precision)):
         flags[flags.index(flag) + 1] = value
-    t0 = time.perf_counter()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.cpu_threads))
+    run([a.gpt, "train", "--data", corpus, "--init", init, "--metrics", metrics, "--quiet", "--stop-after", str(n)]
+        + shape + flags, env, fatal=False)
+    return [l["loss"] for l in read_jsonl(metrics) if "loss" in l][:n]
+
+
+def cpu_reference(name, a, corpus, out, init, shape, common, device_steps):
+    """cumulus on the CPU from the same weights and flags for the first --cpu-reference steps: the
+    per-step loss differences of the device's first round against it. In bf16, also the tolerance
+    of Note [bf16 loss tolerance], from a second CPU run in fp32.
+
+    Note [bf16 loss tolerance]
+    Two bf16 paths that follow the same recipe round the same tensors to bf16 at the same places;
+    they differ only where their f32 arithmetic (the order of a sum, a library's kernel) differs in
+    the last bits, which moves some roundings to the neighbouring bf16 value. Each such move is one
+    of the roundings the recipe makes anyway, so the loss difference between two such paths is of
+    the size of (and, summed over the run, no larger than) the effect of all of them together: the
+    distance of the bf16 path from the fp32 one from the same weights. The tolerance is that
+    distance measured in the same run, max over the steps of |L_cpu_bf16 - L_cpu_fp32|, and the
+    device's bf16 losses are held within it of the CPU's bf16 losses, step by step. It is an
+    argument of scale, not a proof: a device path that rounded other tensors, or rounded twice,
+    would drift from the CPU's by about as much as bf16 from fp32 and fail it.
+    """
+    n = min(a.cpu_reference, a.steps)
+    t0 = time.perf_counter()
     try:
-        run([a.gpt, "train", "--data", corpus, "--init", init, "--metrics", metrics, "--quiet", "--stop-after", str(n)]
-            + shape + flags, env, fatal=False)
+        cpu = cpu_losses(name, a, corpus, out, init, shape, common, n, a.precision)
+        fp32 = cpu_losses(name, a, corpus, out, init, shape, common, n, "fp32") if a.precision == "bf16" else None
     except RuntimeError as e:
         return {"steps": n, "error": str(e)[-1500:]}
-    cpu = [l for l in read_jsonl(metrics) if "loss" in l][:n]
-    diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(device_steps, cpu)]
-    return {"steps": len(diffs), "precision": a.precision, "threads": a.cpu_threads,
-            "seconds": time.perf_counter() - t0, "max_loss_diff": max(diffs) if diffs else None,
-            "loss_diff_per_step": diffs,
-            "losses": {"device": [l["loss"] for l in device_steps[:len(diffs)]], "cpu": [l["loss"] for l in cpu]}}
+    device = [l["loss"] for l in device_steps[:n]]
+    diffs = [abs(x - y) for x, y in zip(device, cpu)]
+    result = {"steps": len(diffs), "precision": a.precision, "threads": a.cpu_threads,
+              "seconds": time.perf_counter() - t0, "max_loss_diff": max(diffs) if diffs else None,
+              "loss_diff_per_step": diffs, "losses": {"device": device[:len(diffs)], "cpu": cpu}}
+    if fp32:
+        own = [abs(x - y) for x, y in zip(cpu, fp32)]
+        result["losses"]["cpu_fp32"] = fp32
+        result["bf16_tolerance"] = max(own)  # Note [bf16 loss tolerance]
+        result["within_bf16_tolerance"] = bool(diffs) and max(diffs) <= max(own)
+    return result
+
+
+def bf16_verdict(ref):
+    """', within the bf16 tolerance ...: met' for a bf16 reference with its tolerance, else ''."""
+    if "bf16_tolerance" not in ref:
+        return ""
+    return "; bf16 tolerance (Note [bf16 loss tolerance]: the CPU's bf16 against its fp32) %.2e: %s" % (
+        ref["bf16_tolerance"], "met" if ref["within_bf16_tolerance"] else "NOT met")
 
 
 def write_curves(path, cumulus, pytorch, width=640, height=360):
@@ -296,8 +331,9 @@ def write_summary(results, out):
             extra.append("%s, CPU reference: failed: %s" % (name, ref["error"].strip().splitlines()[-1][:300]))
         elif ref:
             extra.append("%s, against cumulus on the CPU (%s, same weights): largest step-loss difference %.2e over %d "
-                         "steps (%.0f s)" % (name, ref["precision"], ref["max_loss_diff"] if ref["max_loss_diff"]
-                                             is not None else float("nan"), ref["steps"], ref["seconds"]))
+                         "steps (%.0f s)%s" % (name, ref["precision"], ref["max_loss_diff"] if ref["max_loss_diff"]
+                                               is not None else float("nan"), ref["steps"], ref["seconds"],
+                                               bf16_verdict(ref)))
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(rows + ([""] + extra if extra else [])) + "\n")
     return rows + ([""] + extra if extra else [])

@@ -329,10 +329,15 @@ def gpt(path):
             if ref.get("error"):
                 print("  against the CPU: failed: %s" % ref["error"].strip().splitlines()[-1][:200])
             else:
+                if ref["precision"] == "fp32":
+                    verdict = " (fp32 target 1e-5: %s)" % ("met" if (ref["max_loss_diff"] or 0) <= 1e-5 else "NOT met")
+                elif "bf16_tolerance" in ref:  # Note [bf16 loss tolerance] in bench/gpt_compare.py
+                    verdict = " (bf16 tolerance, the CPU's bf16 against its fp32, %.2e: %s)" % (
+                        ref["bf16_tolerance"], "met" if ref["within_bf16_tolerance"] else "NOT met")
+                else:
+                    verdict = ""
                 print("  against cumulus on the CPU (same weights, %s): largest step-loss difference %.2e over %d "
-                      "steps%s" % (ref["precision"], ref["max_loss_diff"] or 0, ref["steps"],
-                                   " (fp32 target 1e-5: %s)" % ("met" if (ref["max_loss_diff"] or 0) <= 1e-5
-                                                                else "NOT met") if ref["precision"] == "fp32" else ""))
+                      "steps%s" % (ref["precision"], ref["max_loss_diff"] or 0, ref["steps"], verdict))
 
 
 def main():
