@@ -258,7 +258,7 @@ def profile(path, top=15):
     print("  profile %s: %d kernels, %.2f ms of kernel time; the largest by name:" % (
         os.path.basename(path), n, total / 1e3))
     for name, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
-        print("    %8.3f ms %5.1f%% %5d x %s" % (t / 1e3, 100 * t / total, c, name))
+        print("    %8.3f ms %5.1f%% %5d x %8.1f us  %s" % (t / 1e3, 100 * t / total, c, t / c, name))
 
 
 def compare(path):

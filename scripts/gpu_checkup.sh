@@ -19,9 +19,10 @@
 #                    graphs (bench/compare.py, 16 x 4, 2 epochs)
 #   planner    60 s  --plan-only for the MLP and the CNN, predicted against measured peaks
 #   precision  40 s  the seed run in bf16 and fp16, the CNN in fp32 and bf16, bench_precision
-#   profile   150 s  Nsight Compute's time of every kernel of one GPT-2-small micro-batch, fp32 then
-#                    bf16, summed by kernel: where the step goes (past the default budget: asked for
-#                    by naming the phase or raising CHECKUP_BUDGET_S)
+#   profile   180 s  Nsight Compute's time of every kernel of one GPT-2-small micro-batch, fp32 then
+#                    bf16, then of about 30 of the seed's micro-batches of 16, summed by kernel: where
+#                    the step goes (past the default budget: asked for by naming the phase or raising
+#                    CHECKUP_BUDGET_S)
 # Each phase has its cap (CHECKUP_CAP_<PHASE> overrides one) and all share one budget
 # (CHECKUP_BUDGET_S, 480 s): a phase never starts a step past its cap or the budget, and what did not
 # fit is said as skipped. Results are kept as they come: every step appends to $OUT/summary.txt and
@@ -60,7 +61,7 @@ budget=${CHECKUP_BUDGET_S:-480}
 # a step (process start, PyTorch's import, the data): it doubles every cap unless told otherwise.
 factor=${CHECKUP_CAP_FACTOR:-$( ((small)) && echo 2 || echo 1)}
 declare -A cap_of=([probe]=20 [tests]=90 [gpt]=250 [sanitize]=55 [seed]=30 [speed]=70 [planner]=60 [precision]=40
-  [profile]=150)
+  [profile]=180)
 for phase in "${all_phases[@]}"; do
   var=CHECKUP_CAP_${phase^^}
   cap_of[$phase]=${!var:-${cap_of[$phase]}}
@@ -538,6 +539,12 @@ phase_profile() {
       --accum-steps 1 --steps 1 --warmup 0 --eval-every 0 --eval-windows 1 --device cuda --precision "$p" --quiet
     "$py" "$report" profile "$work/profile_gpt_$p.csv" | tee -a "$summary"
   done
+  # The seed's micro-batch of 16 (fused kernels, no graphs: each launch its own line): about 30
+  # micro-batches after the first 300 launches.
+  timed profile_seed "$(cap 30)" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+    --launch-skip 300 --launch-count 200 --log-file "$work/profile_seed.csv" "$bin/fashion_mnist" \
+    --device cuda --data "$fashion" --epochs 1 --batch-size 16 --accum-steps 4 --graphs off --quiet
+  "$py" "$report" profile "$work/profile_seed.csv" | tee -a "$summary"
 }
 
 say "gpu_checkup $(date -u +%FT%TZ): results in $OUT/summary.txt and $OUT/checkup.tar.gz as they come"
