@@ -11,8 +11,8 @@
 
 namespace cumulus::kernels {
 
-// The largest head the kernels take: they are compiled for D = 32, 64 and 128 (a row's columns and
-// accumulators in registers), a smaller D runs in the next larger (Note [CUDA attention kernels]).
+// The largest head the kernels take: they are compiled for D = 32, 64 and 128 (each thread's share
+// of an output row in registers), a smaller D runs in the next larger (Note [CUDA attention kernels]).
 inline constexpr int64_t kAttentionMaxHeadDimCuda = 128;
 
 template <typename T>
