@@ -538,8 +538,12 @@ phase_profile() {
   local ncu p shape=(--context 1024 --width 768 --heads 12 --layers 12 --micro-batch 8)
   ncu=$(command -v ncu || true)
   [ -n "$ncu" ] || { [ -x /usr/local/cuda/bin/ncu ] && ncu=/usr/local/cuda/bin/ncu; } || true
-  if [ -z "$ncu" ] || [ "$device" = cpu ]; then
-    say "profile: skipped ($([ "$device" = cpu ] && echo 'a rehearsal: no GPU' || echo 'no ncu here'))"
+  if [ "$device" = cpu ]; then
+    say "profile: not rehearsed (Nsight Compute times GPU kernels)"
+    return 0
+  fi
+  if [ -z "$ncu" ]; then
+    say "profile: skipped (no ncu here)"
     return 0
   fi
   ((!small)) || shape=()
