@@ -14,6 +14,7 @@ each printing a few lines and never failing the checkup (a missing or cut result
   checkup_report.py gpt SUMMARY.json                     the GPT against its twin and the CPU
   checkup_report.py attention BENCH.json LOG...          the attention op against PyTorch's SDPA
   checkup_report.py profile NCU.csv                      Nsight Compute's kernel times, summed by kernel
+  checkup_report.py kernel-details NCU.csv               Nsight Compute's sections, a line per kernel
 """
 
 import glob
@@ -261,6 +262,28 @@ def profile(path, top=15):
         print("    %8.3f ms %5.1f%% %5d x %8.1f us  %s" % (t / 1e3, 100 * t / total, c, t / c, name))
 
 
+def kernel_details(path, keep=("Duration", "Throughput", "Registers", "Occupancy", "Ipc", "Issue Slots",
+                                 "Warp Cycles Per Issued", "Bank", "Wavefronts", "Shared")):
+    """Nsight Compute's --csv --page details output: per profiled kernel, the metrics whose names
+    hold one of `keep` (the whole table stays in the archive)."""
+    import csv
+    with open(path) as f:
+        lines = [l for l in f if l.startswith('"')]
+    kernels = {}
+    for row in csv.DictReader(lines):
+        name, value = row.get("Metric Name") or "", row.get("Metric Value") or ""
+        if not name or not value or not any(k in name for k in keep):
+            continue
+        kernel = row["Kernel Name"].replace("(anonymous namespace)", "{anon}").split("(")[0].replace("void ", "", 1)
+        entry = kernels.setdefault(row.get("ID", kernel), [kernel.strip()[:90], []])
+        entry[1].append("%s %s%s" % (name, value, " " + row["Metric Unit"] if row.get("Metric Unit") else ""))
+    if not kernels:
+        print("  kernel details: none in %s" % os.path.basename(path))
+        return
+    for kernel, metrics in kernels.values():
+        print("  %s: %s" % (kernel, "; ".join(metrics)))
+
+
 def compare(path):
     try:
         configs = load(path).get("configs", {})
@@ -346,7 +369,7 @@ def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     handlers = {"test-binary": test_binary, "tests": tests, "seed": seed, "memory": memory, "kernels": kernels,
                 "weights": weights, "bench": bench, "compare": compare, "sanitize": sanitize, "gpt": gpt,
-                "attention": attention, "profile": profile}
+                "attention": attention, "profile": profile, "kernel-details": kernel_details}
     if cmd not in handlers:
         sys.exit("checkup_report.py: unknown report '%s'\n%s" % (cmd, __doc__))
     try:

@@ -19,7 +19,8 @@
 #                    graphs (bench/compare.py, 16 x 4, 2 epochs)
 #   planner    60 s  --plan-only for the MLP and the CNN, predicted against measured peaks
 #   precision  40 s  the seed run in bf16 and fp16, the CNN in fp32 and bf16, bench_precision
-#   profile   180 s  Nsight Compute's time of every kernel of one GPT-2-small micro-batch, fp32 then
+#   profile   220 s  Nsight Compute on our f32 attention kernels (throughputs, occupancy, stalls, shared
+#                    memory), then the time of every kernel of one GPT-2-small micro-batch, fp32 then
 #                    bf16, then of about 30 of the seed's micro-batches of 16, summed by kernel: where
 #                    the step goes (past the default budget: asked for by naming the phase or raising
 #                    CHECKUP_BUDGET_S)
@@ -61,7 +62,7 @@ budget=${CHECKUP_BUDGET_S:-480}
 # a step (process start, PyTorch's import, the data): it doubles every cap unless told otherwise.
 factor=${CHECKUP_CAP_FACTOR:-$( ((small)) && echo 2 || echo 1)}
 declare -A cap_of=([probe]=20 [tests]=90 [gpt]=250 [sanitize]=55 [seed]=30 [speed]=70 [planner]=60 [precision]=40
-  [profile]=180)
+  [profile]=220)
 for phase in "${all_phases[@]}"; do
   var=CHECKUP_CAP_${phase^^}
   cap_of[$phase]=${!var:-${cap_of[$phase]}}
@@ -547,6 +548,14 @@ phase_profile() {
     return 0
   fi
   ((!small)) || shape=()
+  # Our f32 attention kernels at GPT-2 small's shape, one forward + backward: where their time goes
+  # (Note [CUDA attention kernels] counts shared memory as their bound)
+  timed profile_attention "$(cap 40)" "$ncu" --clock-control none --kernel-name regex:attention_ --launch-count 4 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis_Tables --csv --page details --log-file "$work/profile_attention.csv" \
+    "$bin/bench_ops" --benchmark_filter='^ops/sdpa_qkv_causal_gpt2s_bench_f32/[^/]*/forward_backward/cuda(:0)?/' \
+    --benchmark_min_time=0.01
+  "$py" "$report" kernel-details "$work/profile_attention.csv" | tee -a "$summary"
   for p in fp32 bf16; do
     timed "profile_gpt_$p" "$(cap 70)" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
       --launch-count 3000 --log-file "$work/profile_gpt_$p.csv" "$bin/gpt" train --data "$(corpus)" "${shape[@]}" \
