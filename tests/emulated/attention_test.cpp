@@ -182,12 +182,13 @@ TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {
 
 // D = 32, 64 and 128 exactly (no padded column), and D = 40 and 100 padded to 64 and 128; T past a
 // tile of each kernel and size (D = 32 and 64: 64 rows and keys in the forward, 32 in the backward;
-// 128: 32 and 16), causal and not, from a qkv projection and dense with Tq != Tk.
+// 128: 32 and 16), causal and not, from a qkv projection and dense with Tq != Tk; and GPT-2 small's
+// head over many tiles (T = 300: 5 of the forward's, 10 of the backward's, run longest first).
 TYPED_TEST(AttentionEmulated, EveryHeadSizeAcrossBlocksAndTiles) {
   const Config configs[] = {
       {1, 2, 131, 131, 32, true, true}, {1, 1, 67, 133, 32, false, false}, {1, 2, 70, 70, 64, true, true},
       {2, 1, 33, 71, 64, false, false}, {1, 1, 67, 67, 128, true, true},   {1, 1, 35, 29, 128, false, false},
-      {1, 1, 45, 45, 40, true, true},   {1, 1, 19, 23, 100, false, false},
+      {1, 1, 45, 45, 40, true, true},   {1, 1, 19, 23, 100, false, false}, {1, 1, 300, 300, 64, true, true},
   };
   for (const Config& c : configs) check<TypeParam>(c);
 }
