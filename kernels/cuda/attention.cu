@@ -22,8 +22,10 @@
 //   shared memory.
 // - Tiles, all with 8 lanes a row: the forward 64 query rows x 64 keys with 128 threads (4 x 8 a
 //   thread) for D <= 64, 32 x 32 with 128 threads (2 x 4) for D = 128; P takes the K tile's place
-//   once S is formed. The backward 32 x 32 with 64 threads (4 x 4), 16 x 16 (2 x 2) for D = 128.
-//   The registers (ptxas, sm_90): 168 at most, no stack.
+//   once S is formed. The backward 32 x 32 with 64 threads (4 x 4), 16 x 16 (2 x 2) for D = 128:
+//   blocks of 2 warps, 5-6 resident per SM (10-12 warps, as many as the forward's 3 of 4 warps);
+//   128 threads with 4 x 4 tiles would need 64 KiB of tiles or more, which is dynamic shared
+//   memory (not modelled by the CPU emulation). The registers (ptxas, sm_90): 168 at most, no stack.
 // - Forward: the online softmax a key tile at a time: masked scores (past the row's causal end, or
 //   past the keys) are -inf, one rescale of the output tile per key tile, each lane's share of the
 //   row sum rescaled with it and the shares added by the butterfly at the end; lse = m + log(l).
