@@ -18,14 +18,13 @@
 // - Shared tiles are row-major f32 with each row's float4 slices permuted (slice s of row r at
 //   s ^ (r % 8), or r % 4 in a tile of 16 columns): the 8 lanes reading 8 consecutive rows at one
 //   slice hit 8 different bank groups, the 4 rows of a warp's threads read by broadcast, and
-//   staging writes whole slices; no padding, so every kernel's tiles fit the 48 KiB of static
-//   shared memory.
-// - Tiles, all with 8 lanes a row: the forward 64 query rows x 64 keys with 128 threads (4 x 8 a
-//   thread) for D <= 64, 32 x 32 with 128 threads (2 x 4) for D = 128; P takes the K tile's place
-//   once S is formed. The backward 32 x 32 with 64 threads (4 x 4), 16 x 16 (2 x 2) for D = 128:
-//   blocks of 2 warps, 5-6 resident per SM (10-12 warps, as many as the forward's 3 of 4 warps);
-//   128 threads with 4 x 4 tiles would need 64 KiB of tiles or more, which is dynamic shared
-//   memory (not modelled by the CPU emulation). The registers (ptxas, sm_90): 168 at most, no stack.
+//   staging writes whole slices; no padding.
+// - Tiles, all with 128 threads, 8 lanes a row. The forward: 64 query rows x 64 keys (4 x 8 a
+//   thread) for D <= 64, 32 x 32 (2 x 4) for D = 128, in static shared memory (P takes the K tile's
+//   place once S is formed): 48 KiB, 3 blocks an SM by their registers. The backward: 64 x 64 (4 x
+//   8) for D <= 64, 64 x 32 (4 x 4) for D = 128, every tile of a kernel its own in dynamic shared
+//   memory (cuda_common::launch_with_shared): 64-113 KiB, 2-3 blocks an SM on an H100 (1 for D >=
+//   64 on an A100). The registers (ptxas, sm_90): 168 at most, no stack.
 // - Forward: the online softmax a key tile at a time: masked scores (past the row's causal end, or
 //   past the keys) are -inf, one rescale of the output tile per key tile, each lane's share of the
 //   row sum rescaled with it and the shares added by the butterfly at the end; lse = m + log(l).
@@ -43,10 +42,8 @@
 //   asks about 2.35 ms of these kernels (37% of the peak). Memory is no bound: q, k, v, o and their
 //   gradients are 25 MB, 8 us at 3 TB/s, re-read from L2 by each block. Shared memory is: an SM
 //   delivers 32 floats a clock to its 128 FMA lanes, so an RM x RN thread tile keeps them at most
-//   RM RN / (4 (RM + RN)) busy: 67% at 4 x 8 (the forward, and the dV, dK, dQ products), 50% at
-//   4 x 4 (the backward's S and dP), which puts this design's floor near 1.5 ms. 8 x 8 tiles would
-//   lift both to 100% but need more registers and, for the backward, more than 48 KiB of shared
-//   memory (dynamic shared memory, which the CPU emulation does not model yet).
+//   RM RN / (4 (RM + RN)) busy: 67% at 4 x 8, the tile of every product here at D = 64, which puts
+//   this design's floor near 1.3 ms. 8 x 8 tiles would reach 100% with more registers a thread.
 // Every sum has a fixed order (an accumulator is one thread's, in key or row order; a row's
 // statistics a fixed butterfly): no atomics, the same bits on every run.
 // Against the CPU: the same sums in another order and the device's expf, so within a few ulp per
@@ -62,16 +59,18 @@ namespace cumulus::kernels {
 
 namespace {
 
+using cuda_common::dynamic_shared;
 using cuda_common::kThreads;
 using cuda_common::launch;
+using cuda_common::launch_with_shared;
 
 constexpr int kLanes = 8;  // lanes along the key (and output column) side of a thread's tile
 
-// The launch bounds: the forward's block is 128 threads, the backward's 64. Blocks resident per SM:
-// the forward's 48 KiB of shared memory allow 4, the backward's 37-41 KiB 5; asked for 3 and 5,
-// ptxas keeps them within 168 and 200 registers (at 4 forward blocks, 128, it spills).
-constexpr int kForwardMaxThreads = 128, kBackwardMaxThreads = 64, kMinForwardBlocksPerSm = 3,
-              kMinBackwardBlocksPerSm = 5;
+// The launch bounds: 128 threads a block. Blocks resident per SM: the forward's 48 KiB of shared
+// memory allow 4, the backward's 64-113 KiB 2-3; asked for 3 and 2, ptxas keeps them within 168
+// registers (at 4 forward blocks, 128, it spills).
+constexpr int kForwardMaxThreads = 128, kBackwardMaxThreads = 128, kMinForwardBlocksPerSm = 3,
+              kMinBackwardBlocksPerSm = 2;
 
 // A kernel's tiles: TY x 8 threads, each owning RM rows and RN keys of a kRows x kKeys score tile.
 template <int D, int TY, int RM, int RN>
@@ -88,7 +87,20 @@ struct Tiles {
 template <int D>
 using ForwardTiles = Tiles<D, 16, D <= 64 ? 4 : 2, D <= 64 ? 8 : 4>;
 template <int D>
-using BackwardTiles = Tiles<D, 8, D <= 64 ? 4 : 2, D <= 64 ? 4 : 2>;
+using BackwardTiles = Tiles<D, 16, 4, D <= 64 ? 8 : 4>;
+
+// The backward's shared tiles, in dynamic shared memory (over the 48 KiB of static): float counts.
+template <int D>
+struct BackwardShared {
+  using Tl = BackwardTiles<D>;
+  static constexpr int kRowTile = Tl::kRows * D, kKeyTile = Tl::kKeys * D, kScores = Tl::kRows * Tl::kKeys;
+  // dk and dv: K, V, Q, dO, P^T, dS^T, then lse and delta of the query tile
+  static constexpr std::size_t kKeysKernelBytes =
+      sizeof(float) * (2 * kKeyTile + 2 * kRowTile + 2 * kScores + 2 * Tl::kRows);
+  // dq: Q, dO, K, V, dS, then lse and delta
+  static constexpr std::size_t kQueriesKernelBytes =
+      sizeof(float) * (2 * kRowTile + 2 * kKeyTile + kScores + 2 * Tl::kRows);
+};
 
 __device__ __forceinline__ int lane_x() { return static_cast<int>(threadIdx.x) % kLanes; }
 __device__ __forceinline__ int lane_y() { return static_cast<int>(threadIdx.x) / kLanes; }
@@ -395,14 +407,15 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, kMinBackwardBlocksPerSm)
   using Tl = BackwardTiles<D>;
   constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, TY = Tl::kTy;
   constexpr int kOwnKeys = kKeys / TY;  // the keys of this thread's dk and dv rows: ty + TY a
-  __shared__ __align__(16) float ks[kKeys * D];
-  __shared__ __align__(16) float vs[kKeys * D];
-  __shared__ __align__(16) float qs[kRows * D];
-  __shared__ __align__(16) float dos[kRows * D];
-  __shared__ __align__(16) float pt[kKeys * kRows];   // P transposed: a row per key
-  __shared__ __align__(16) float dst[kKeys * kRows];  // dS transposed
-  __shared__ float lse_s[kRows];
-  __shared__ float delta_s[kRows];
+  using Sh = BackwardShared<D>;
+  float* const ks = dynamic_shared<float>();
+  float* const vs = ks + Sh::kKeyTile;
+  float* const qs = vs + Sh::kKeyTile;
+  float* const dos = qs + Sh::kRowTile;
+  float* const pt = dos + Sh::kRowTile;    // P transposed: a row per key
+  float* const dst = pt + Sh::kScores;     // dS transposed
+  float* const lse_s = dst + Sh::kScores;  // the query tile's
+  float* const delta_s = lse_s + kRows;
   const int64_t bh = blockIdx.x % g.bh(), j0 = blockIdx.x / g.bh() * kKeys;  // the first first
   const int64_t nk = g.tk - j0 < kKeys ? g.tk - j0 : kKeys;
   const int ty = lane_y();
@@ -440,13 +453,14 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, kMinBackwardBlocksPerSm)
                         const float* delta, T* dq, int64_t tiles) {
   using Tl = BackwardTiles<D>;
   constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, RM = Tl::kRm, TY = Tl::kTy;
-  __shared__ __align__(16) float qs[kRows * D];
-  __shared__ __align__(16) float dos[kRows * D];
-  __shared__ __align__(16) float ks[kKeys * D];
-  __shared__ __align__(16) float vs[kKeys * D];
-  __shared__ __align__(16) float dss[kRows * kKeys];  // P, then dS: a row per query
-  __shared__ float lse_s[kRows];
-  __shared__ float delta_s[kRows];
+  using Sh = BackwardShared<D>;
+  float* const qs = dynamic_shared<float>();
+  float* const dos = qs + Sh::kRowTile;
+  float* const ks = dos + Sh::kRowTile;
+  float* const vs = ks + Sh::kKeyTile;
+  float* const dss = vs + Sh::kKeyTile;    // P, then dS: a row per query
+  float* const lse_s = dss + Sh::kScores;  // the query tile's
+  float* const delta_s = lse_s + kRows;
   const int64_t bh = blockIdx.x % g.bh(), i0 = (tiles - 1 - blockIdx.x / g.bh()) * kRows;  // the last first
   const int64_t nq = g.tq - i0 < kRows ? g.tq - i0 : kRows;
   stage_rows<kRows, D, Tl::kThreads>(q + g.q_row(bh, 0), g.q_stride[2], i0, nq, g.d, qs);
@@ -506,11 +520,13 @@ void backward_for(const AttentionGeometry& g, const T* q, const T* k, const T* v
   int64_t tiles = 0;
   if (dk != nullptr || dv != nullptr) {
     const unsigned blocks = grid_of(g, g.tk, Tl::kKeys, tiles);
-    launch<attention_dkdv_kernel<D, T>>(blocks, Tl::kThreads, stream, g, q, k, v, lse, dout, delta, dk, dv);
+    launch_with_shared<attention_dkdv_kernel<D, T>>(blocks, Tl::kThreads, BackwardShared<D>::kKeysKernelBytes, stream,
+                                                    g, q, k, v, lse, dout, delta, dk, dv);
   }
   if (dq != nullptr && g.tq > 0) {
     const unsigned blocks = grid_of(g, g.tq, Tl::kRows, tiles);
-    launch<attention_dq_kernel<D, T>>(blocks, Tl::kThreads, stream, g, q, k, v, lse, dout, delta, dq, tiles);
+    launch_with_shared<attention_dq_kernel<D, T>>(blocks, Tl::kThreads, BackwardShared<D>::kQueriesKernelBytes, stream,
+                                                  g, q, k, v, lse, dout, delta, dq, tiles);
   }
 }
 

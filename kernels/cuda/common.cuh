@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -23,19 +24,39 @@ namespace cumulus::kernels::cuda_common {
 // which defines CUMULUS_CUDA_EMULATION) the emulated launch, which also records the kernel's name.
 // One syntax for both, so no launch can escape the emulated test suite: tests/CMakeLists.txt
 // refuses a kernel file with `<<<` in it, and compiles every kernel file into the emulation (a file
-// it cannot build fails the build). No dynamic shared memory: no kernel of ours uses it, and the
-// emulation does not model it.
+// it cannot build fails the build). launch_with_shared<kernel>(grid, block, bytes, stream, args...)
+// also gives each block `bytes` of dynamic shared memory, which the kernel reaches through
+// dynamic_shared<T>(); past the 48 KiB every kernel may have, the kernel is allowed more first
+// (cudaFuncSetAttribute, as FlashAttention's launches do, also while a graph is captured).
 template <auto Kernel, typename... Args>
-void launch(dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+void launch_with_shared(dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream, Args&&... args) {
 #ifdef CUMULUS_CUDA_EMULATION
   (void)stream;
-  cuda_emulation::launch<Kernel>(grid, block, std::forward<Args>(args)...);
+  cuda_emulation::launch_with_shared<Kernel>(grid, block, shared_bytes, std::forward<Args>(args)...);
 #else
+  if (shared_bytes > 48 * 1024)
+    CUMULUS_CUDA_CHECK(
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
   // (clang-format would split the chevrons)
   // clang-format off
-  Kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+  Kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
   // clang-format on
   CUMULUS_LAUNCH_CHECK();
+#endif
+}
+template <auto Kernel, typename... Args>
+void launch(dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  launch_with_shared<Kernel>(grid, block, 0, stream, std::forward<Args>(args)...);
+}
+
+// The block's dynamic shared memory (launch_with_shared), 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared() {
+#ifdef CUMULUS_CUDA_EMULATION
+  return static_cast<T*>(cuda_emulation::dynamic_shared_memory());
+#else
+  extern __shared__ __align__(16) float4 cumulus_dynamic_shared[];
+  return reinterpret_cast<T*>(cumulus_dynamic_shared);
 #endif
 }
 

@@ -6,7 +6,8 @@
 // views of a qkv projection [B, T, 3C] (strides [T*3C, D, 3C, 1]) and, for Tq != Tk, as dense
 // tensors. Every compiled head size (32, 64, 128) at its own size and padded (D = 4 .. 100 run in
 // the next larger), T across each size's tiles (the forward's 64 rows and keys for D <= 64, 32 for
-// D = 128; the backward's 32 and 16) and not a multiple of them; outputs start as NaN, so every element must be
+// D = 128; the backward's 64 rows and 64 keys, 32 keys for D = 128) and not a multiple of them;
+// outputs start as NaN, so every element must be
 // written, and the emulation fills shared memory with NaN at each block's start, so a read of a
 // staged value never written shows; each gradient also alone (the others null), and, for the qkv
 // views, all three written into one gradient of the projection with dout in the output's layout
@@ -181,9 +182,9 @@ TYPED_TEST(AttentionEmulated, MatchesTheCpuKernels) {
 }
 
 // D = 32, 64 and 128 exactly (no padded column), and D = 40 and 100 padded to 64 and 128; T past a
-// tile of each kernel and size (D = 32 and 64: 64 rows and keys in the forward, 32 in the backward;
-// 128: 32 and 16), causal and not, from a qkv projection and dense with Tq != Tk; and GPT-2 small's
-// head over many tiles (T = 300: 5 of the forward's, 10 of the backward's, run longest first).
+// tile of each kernel and size (D = 32 and 64: 64 rows and keys; 128: 32 in the forward, 64 rows and
+// 32 keys in the backward), causal and not, from a qkv projection and dense with Tq != Tk; and GPT-2
+// small's head over many tiles (T = 300: 5 of each kernel's, run longest first).
 TYPED_TEST(AttentionEmulated, EveryHeadSizeAcrossBlocksAndTiles) {
   const Config configs[] = {
       {1, 2, 131, 131, 32, true, true}, {1, 1, 67, 133, 32, false, false}, {1, 2, 70, 70, 64, true, true},

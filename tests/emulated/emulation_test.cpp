@@ -1,7 +1,8 @@
 // The emulation itself (tests/emulation/cuda_runtime.h): each kernel here plants one bug a GPU
 // would punish (a race, a missing barrier, an uninitialized __shared__ read, a host pointer, a
-// block over __launch_bounds__, a misaligned float4) and the test shows the emulation catches it,
-// beside a correct twin where that makes the point; then capture and replay.
+// block over __launch_bounds__, a misaligned float4, dynamic shared memory misused) and the test
+// shows the emulation catches it, beside a correct twin where that makes the point; then capture
+// and replay.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,8 @@
 
 #include "kernels/cuda/kernels.h"
 #include "tests/emulated/emulated.h"
+// after the emulation (emulated.h): the launch and dynamic_shared a kernels/cuda file uses
+#include "kernels/cuda/common.cuh"
 
 // What tests/CMakeLists.txt rewrites `__shared__ T name;` into in kernels/cuda files (this file is
 // not rewritten).
@@ -21,6 +24,8 @@
 
 namespace cumulus::testing {
 namespace {
+
+namespace cuda_common = kernels::cuda_common;
 
 constexpr int kBlock = 256;
 
@@ -70,6 +75,24 @@ __global__ void early_exit_kernel(float* out) {
 }
 
 __global__ void add_kernel(float* x, float amount) { x[threadIdx.x] += amount; }
+
+// Each thread reads its dynamic shared slot before anyone wrote it (seen[]), writes the block's
+// index there, and after the barrier reads its neighbour's (mine[]).
+__global__ void dynamic_shared_kernel(float* seen, float* mine) {
+  float* const slots = cuda_common::dynamic_shared<float>();
+  const unsigned t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+  seen[i] = slots[t];
+  slots[t] = static_cast<float>(blockIdx.x);
+  __syncthreads();
+  mine[i] = slots[(t + 1) % blockDim.x];
+}
+
+// Static shared memory beside the dynamic: both count against the block's limit.
+__global__ void both_shared_kernel(float* out) {
+  TEST_SHARED(float[4096], staged);
+  staged[threadIdx.x] = cuda_common::dynamic_shared<float>()[0];
+  out[threadIdx.x] = staged[threadIdx.x];
+}
 
 template <typename Run>
 std::string thrown_by(Run run) {
@@ -150,6 +173,35 @@ TEST(EmulationCatches, ABarrierSomeThreadsNeverReach) {
   const std::string error =
       thrown_by([&] { cuda_emulation::launch<early_exit_kernel>(dim3(1), dim3(kBlock), out.data()); });
   EXPECT_NE(error.find("never reach"), std::string::npos) << error;
+}
+
+// Dynamic shared memory (cuda_common::launch_with_shared) is each block's own, poisoned at its
+// start like static shared memory; a kernel given none that reads it, and a block asking more than
+// an A100 allows (static and dynamic together), fail their launch.
+TEST(EmulationCatches, DynamicSharedMemoryMisuse) {
+  DeviceVector<float> seen(4 * kBlock, 0.0f), mine(4 * kBlock, 0.0f);
+  cuda_common::launch_with_shared<dynamic_shared_kernel>(dim3(4), dim3(kBlock), 100 * 1024, nullptr, seen.data(),
+                                                         mine.data());
+  for (int i = 0; i < 4 * kBlock; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &seen[i], sizeof bits);
+    ASSERT_EQ(bits, 0xFFFFFFFFu) << "poisoned at every block's start, at " << i;
+    ASSERT_EQ(mine[i], static_cast<float>(i / kBlock)) << "the block's own, at " << i;
+  }
+  std::string error = thrown_by(
+      [&] { cuda_common::launch<dynamic_shared_kernel>(dim3(1), dim3(kBlock), nullptr, seen.data(), mine.data()); });
+  EXPECT_NE(error.find("did not give it"), std::string::npos) << error;
+  error = thrown_by([&] {
+    cuda_common::launch_with_shared<dynamic_shared_kernel>(dim3(1), dim3(kBlock), 164 * 1024, nullptr, seen.data(),
+                                                           mine.data());
+  });
+  EXPECT_NE(error.find("bytes of dynamic shared memory, over"), std::string::npos) << error;
+  error = thrown_by([&] {
+    cuda_common::launch_with_shared<both_shared_kernel>(dim3(1), dim3(kBlock), 150 * 1024, nullptr, seen.data());
+  });
+  EXPECT_NE(error.find("need over"), std::string::npos) << error;
+  EXPECT_NO_THROW(
+      cuda_common::launch_with_shared<both_shared_kernel>(dim3(1), dim3(kBlock), 140 * 1024, nullptr, seen.data()));
 }
 
 // Recorded launches run only at replay, each with the arguments it was given at capture: a value

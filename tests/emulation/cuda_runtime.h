@@ -20,7 +20,9 @@
 // __shared__ variables are a block's own: tests/CMakeLists.txt rewrites each declaration into
 // cuda_emulation::shared, which places it in the block's 48 KiB (the static limit) filled with
 // 0xFF bytes (NaN as floats) at the block's start, aligned no more than its type or __align__
-// asks. Device memory is an arena (device_allocate; tests use DeviceVector from
+// asks; dynamic shared memory (cuda_common::launch_with_shared) is the block's too, as many bytes
+// as the launch asks, NaN-filled alike, static and dynamic together at most an A100's 163 KiB.
+// Device memory is an arena (device_allocate; tests use DeviceVector from
 // tests/emulated/emulated.h): every pointer argument of a launch must be null or inside it, else
 // the launch throws naming the kernel and the argument. blockDim over a kernel's
 // __launch_bounds__ throws (tests/CMakeLists.txt registers each bound); float4/float2 are aligned
@@ -40,8 +42,8 @@
 // structures passed by value are not checked against the arena, nor a float4 member read through
 // a misaligned pointer without a copy (UBSan's alignment check sees that); __ldg's read-only
 // cache (a plain load here); the last bits of the device's math functions (expf, logf, rsqrtf are
-// the host's here, and the host's FMA contraction is not necessarily nvcc's); dynamic shared
-// memory (none of our kernels uses it; launch has no parameter for it).
+// the host's here, and the host's FMA contraction is not necessarily nvcc's); whether a device
+// allows a kernel the dynamic shared memory it asks for (cudaFuncSetAttribute).
 #pragma once
 
 #include <ucontext.h>
@@ -282,11 +284,19 @@ struct Warp {
 };
 
 constexpr std::size_t kSharedBytes = 48 * 1024;  // static shared memory per block
+// Static and dynamic shared memory together, per block: an A100's opt-in limit (sm_80, the
+// smallest of the architectures the engine is compiled for; an H100's is 227 KiB).
+constexpr std::size_t kMaxSharedBytesPerBlock = 163 * 1024;
 
 struct Block {
-  Block(Index index_, int threads) : index(index_), barrier(threads) {
+  Block(Index index_, int threads, std::size_t dynamic_bytes_)
+      : index(index_), barrier(threads), dynamic_bytes(dynamic_bytes_) {
     for (int first = 0; first < threads; first += 32)
       warps.push_back(std::make_unique<Warp>(std::min(32, threads - first)));
+    if (dynamic_bytes > 0) {  // new[]'s 16-byte alignment is what the device guarantees
+      dynamic_memory = std::make_unique<unsigned char[]>(dynamic_bytes);
+      std::memset(dynamic_memory.get(), 0xFF, dynamic_bytes);
+    }
   }
   Index index;
   Barrier barrier;
@@ -295,6 +305,9 @@ struct Block {
   std::vector<std::pair<const void*, void*>> shared_slots;
   std::size_t shared_used = 0;
   alignas(64) unsigned char shared_memory[kSharedBytes];
+  // The launch's dynamic shared memory (cuda_common::dynamic_shared), filled with 0xFF bytes.
+  std::size_t dynamic_bytes = 0;
+  std::unique_ptr<unsigned char[]> dynamic_memory;
 };
 
 inline thread_local Block* current_block = nullptr;
@@ -307,6 +320,9 @@ inline void* allocate_shared(Block& block, std::size_t bytes, std::size_t alignm
   if (alignment < 16 && offset % 16 == 0) offset += alignment;
   CUMULUS_CHECK(offset + bytes <= kSharedBytes, cumulus::InvalidArgument, "the block's __shared__ variables need over ",
                 kSharedBytes, " bytes");
+  CUMULUS_CHECK(offset + bytes + block.dynamic_bytes <= kMaxSharedBytesPerBlock, cumulus::InvalidArgument,
+                "the block's __shared__ variables and its ", block.dynamic_bytes,
+                " bytes of dynamic shared memory need over ", kMaxSharedBytesPerBlock, " bytes");
   block.shared_used = offset + bytes;
   std::memset(block.shared_memory + offset, 0xFF, bytes);
   return block.shared_memory + offset;
@@ -323,6 +339,14 @@ T& shared(const void* site) {
   void* address = allocate_shared(block, sizeof(T), std::max(Align, alignof(T)));
   block.shared_slots.emplace_back(site, address);
   return *static_cast<T*>(address);
+}
+
+// The block's dynamic shared memory (cuda_common::dynamic_shared in a kernel).
+inline void* dynamic_shared_memory() {
+  Block& block = *current_block;
+  CUMULUS_CHECK(block.dynamic_bytes > 0, cumulus::InvalidArgument,
+                "a kernel read dynamic shared memory that its launch did not give it");
+  return block.dynamic_memory.get();
 }
 
 // ---- fibers and their scheduler ---------------------------------------------------------------
@@ -553,11 +577,14 @@ struct LaunchBound {
   LaunchBound(const char* kernel, long max_threads) { launch_bounds()[kernel] = max_threads; }
 };
 
-inline void check_configuration(const std::string& name, dim3 grid, dim3 block) {
+inline void check_configuration(const std::string& name, dim3 grid, dim3 block, std::size_t dynamic_bytes) {
   const long threads = static_cast<long>(block.x) * block.y * block.z;
   const long blocks = static_cast<long>(grid.x) * grid.y * grid.z;
   CUMULUS_CHECK(threads >= 1 && threads <= 1024 && blocks >= 1, cumulus::InvalidArgument, "emulated launch of ", name,
                 ": ", blocks, " blocks of ", threads, " threads");
+  CUMULUS_CHECK(dynamic_bytes <= kMaxSharedBytesPerBlock, cumulus::InvalidArgument, "emulated launch of ", name, ": ",
+                dynamic_bytes, " bytes of dynamic shared memory, over the ", kMaxSharedBytesPerBlock,
+                " a block may have");
   const auto bound = launch_bounds().find(name);
   CUMULUS_CHECK(bound == launch_bounds().end() || threads <= bound->second, cumulus::InvalidArgument,
                 "emulated launch of ", name, ": ", threads, " threads per block, over its __launch_bounds__(",
@@ -566,8 +593,8 @@ inline void check_configuration(const std::string& name, dim3 grid, dim3 block) 
 
 // Runs every block of the grid in waves: the blocks in a random permutation, about one wave in
 // four two blocks interleaved.
-inline void run_waves(const std::string& name, dim3 grid, dim3 block, void (*run_thread)(const void*),
-                      const void* body) {
+inline void run_waves(const std::string& name, dim3 grid, dim3 block, std::size_t dynamic_bytes,
+                      void (*run_thread)(const void*), const void* body) {
   {
     std::lock_guard<std::mutex> lock(launched_mutex());
     launched_set().insert(name);
@@ -590,7 +617,7 @@ inline void run_waves(const std::string& name, dim3 grid, dim3 block, void (*run
         wave.push_back(
             std::make_unique<Block>(Index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                                           static_cast<unsigned>(b / (static_cast<std::size_t>(grid.x) * grid.y))},
-                                    threads));
+                                    threads, dynamic_bytes));
       }
       Scheduler(run_thread, body).run(wave, block);
       next += take;
@@ -658,11 +685,12 @@ inline void record(std::function<void()> launch) { capture_target()->launches_.p
 // Runs `kernel(args...)` as a grid of `grid` blocks of `block` threads (see the model above), or
 // records it while capturing. Also for tests that run a lambda as a kernel.
 template <typename Kernel, typename... Params>
-void run_grid(const std::string& name, Kernel kernel, dim3 grid, dim3 block, std::tuple<Params...> params) {
-  check_configuration(name, grid, block);
+void run_grid(const std::string& name, Kernel kernel, dim3 grid, dim3 block, std::size_t dynamic_bytes,
+              std::tuple<Params...> params) {
+  check_configuration(name, grid, block, dynamic_bytes);
   auto body = std::make_shared<const LaunchBody<Kernel, Params...>>(LaunchBody<Kernel, Params...>{kernel, params});
-  auto run = [name, grid, block, body] {
-    run_waves(name, grid, block, &LaunchBody<Kernel, Params...>::run_thread, body.get());
+  auto run = [name, grid, block, dynamic_bytes, body] {
+    run_waves(name, grid, block, dynamic_bytes, &LaunchBody<Kernel, Params...>::run_thread, body.get());
   };
   if (capture_target() != nullptr) record(run);
   else run();
@@ -696,17 +724,21 @@ void check_pointer_arguments(const std::string& kernel, const std::tuple<Params.
 // A test's own kernel (a lambda) run as a grid.
 template <typename Kernel, typename... Args>
 void run(const std::string& name, Kernel kernel, dim3 grid, dim3 block, Args... args) {
-  run_grid(name, kernel, grid, block, std::make_tuple(args...));
+  run_grid(name, kernel, grid, block, 0, std::make_tuple(args...));
 }
 
-// cuda_common::launch<Kernel>(grid, block, stream, args...) in the emulation: pointer arguments
-// (counted from 1) checked against the device arena.
+// cuda_common::launch<Kernel>(grid, block, stream, args...) and launch_with_shared in the
+// emulation: pointer arguments (counted from 1) checked against the device arena.
 template <auto Kernel, typename... Args>
-void launch(dim3 grid, dim3 block, Args&&... args) {
+void launch_with_shared(dim3 grid, dim3 block, std::size_t dynamic_bytes, Args&&... args) {
   const std::string name = kernel_name_from(launch_signature<Kernel>());
   auto params = kernel_arguments(Kernel, std::forward<Args>(args)...);
   check_pointer_arguments(name, params, std::make_index_sequence<std::tuple_size<decltype(params)>::value>());
-  run_grid(name, Kernel, grid, block, std::move(params));
+  run_grid(name, Kernel, grid, block, dynamic_bytes, std::move(params));
+}
+template <auto Kernel, typename... Args>
+void launch(dim3 grid, dim3 block, Args&&... args) {
+  launch_with_shared<Kernel>(grid, block, 0, std::forward<Args>(args)...);
 }
 
 }  // namespace cuda_emulation
