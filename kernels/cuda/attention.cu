@@ -16,9 +16,8 @@
 //   bits). The accumulators are arrays indexed only by loops unrolled at compile time: registers
 //   (the build fails a kernel of this file with a stack frame: scripts/cuda_resources.py).
 // - Shared tiles are row-major f32 with each row's float4 slices permuted (slice s of row r at
-//   s ^ (r % 8), or r % 4 in a tile of 16 columns): the 8 lanes reading 8 consecutive rows at one
-//   slice hit 8 different bank groups, the 4 rows of a warp's threads read by broadcast, and
-//   staging writes whole slices; no padding.
+//   s ^ (r % 8)): the 8 lanes reading 8 consecutive rows at one slice hit 8 different bank groups,
+//   the 4 rows of a warp's threads read by broadcast, and staging writes whole slices; no padding.
 // - Tiles, all with 128 threads, 8 lanes a row. The forward: 64 query rows x 64 keys (4 x 8 a
 //   thread) for D <= 64, 32 x 32 (2 x 4) for D = 128, in static shared memory (P takes the K tile's
 //   place once S is formed): 48 KiB, 3 blocks an SM by their registers. The backward: 64 x 64 (4 x
