@@ -5,11 +5,12 @@
 #   tests      90 s  every test binary's CUDA cases (scripts/gpu_cases.py), 8 binaries at a time, one
 #                    deadline for the whole phase; CPU-only binaries and CPU cases ran in CI; the
 #                    attention and Linear op cases again on the fallback CUDA paths (test_op_cases_fallback)
-#   gpt       250 s  the attention op at GPT-2 small's shape against PyTorch's SDPA, bf16 and f32;
-#                    the GPT at GPT-2 small's shape (bench/gpt_compare.py gpt2s), bf16 then fp32,
-#                    against the PyTorch twin eager (SDPA, fused AdamW) and torch.compile, bf16 also
-#                    on the fallback CUDA paths (our attention, 16-bit Linears through an f32 scratch:
-#                    cumulus_fallback);
+#   gpt       285 s  the attention op at GPT-2 small's shape against PyTorch's SDPA, bf16 and f32 (f32
+#                    also on the opt-in tiled kernels); the GPT at GPT-2 small's shape
+#                    (bench/gpt_compare.py gpt2s), bf16 then fp32, against the PyTorch twin eager
+#                    (SDPA, fused AdamW) and torch.compile, bf16 also on the fallback CUDA paths (our
+#                    attention, 16-bit Linears through an f32 scratch: cumulus_fallback), fp32 also
+#                    on the tiled attention kernels (cumulus_tiled);
 #                    then the losses over 20 steps against cumulus on the CPU from the same weights (`parity`)
 #   sanitize   55 s  compute-sanitizer memcheck and racecheck on the CUDA cases of attention, the
 #                    GPT, layer norm, embedding, reductions, the fused MLP, graphs and data, all at once
@@ -19,7 +20,7 @@
 #                    graphs (bench/compare.py, 16 x 4, 2 epochs)
 #   planner    60 s  --plan-only for the MLP and the CNN, predicted against measured peaks
 #   precision  40 s  the seed run in bf16 and fp16, the CNN in fp32 and bf16, bench_precision
-#   profile   220 s  Nsight Compute on our f32 attention kernels (throughputs, occupancy, stalls, shared
+#   profile   220 s  Nsight Compute on our tiled f32 attention kernels (throughputs, occupancy, stalls, shared
 #                    memory), then the time of every kernel of one GPT-2-small micro-batch, fp32 then
 #                    bf16, then of about 30 of the seed's micro-batches of 16, summed by kernel: where
 #                    the step goes (past the default budget: asked for by naming the phase or raising
@@ -61,7 +62,7 @@ budget=${CHECKUP_BUDGET_S:-480}
 # The rehearsal's machine (2 shared cores) is slower than the GPU machine's 16 for the CPU work of
 # a step (process start, PyTorch's import, the data): it doubles every cap unless told otherwise.
 factor=${CHECKUP_CAP_FACTOR:-$( ((small)) && echo 2 || echo 1)}
-declare -A cap_of=([probe]=20 [tests]=90 [gpt]=250 [sanitize]=55 [seed]=30 [speed]=70 [planner]=60 [precision]=40
+declare -A cap_of=([probe]=20 [tests]=90 [gpt]=285 [sanitize]=55 [seed]=30 [speed]=70 [planner]=60 [precision]=40
   [profile]=220)
 for phase in "${all_phases[@]}"; do
   var=CHECKUP_CAP_${phase^^}
@@ -346,11 +347,17 @@ attention_op() {
   timed attention_op_cumulus "$(cap 20)" bench_ops \
     --benchmark_filter="^ops/sdpa_qkv_causal_gpt2s_bench_(bf16|f32)/[^/]*/(forward|forward_backward)/$device(:0)?/" \
     --benchmark_min_time="$min_time" --benchmark_out="$work/attention_op.json" --benchmark_out_format=json
+  # f32 on the opt-in tiled kernels (Note [Tiled CUDA attention kernels])
+  CUMULUS_CUDA_ATTENTION_KERNELS=tiled timed attention_op_cumulus_tiled "$(cap 20)" bench_ops \
+    --benchmark_filter="^ops/sdpa_qkv_causal_gpt2s_bench_f32/[^/]*/(forward|forward_backward)/$device(:0)?/" \
+    --benchmark_min_time="$min_time" --benchmark_out="$work/attention_op_tiled.json" --benchmark_out_format=json
   for dt in bf16 f32; do
     timed "attention_op_pytorch_$dt" "$(cap 20)" "$py" "$root/bench/pytorch/sdpa_op.py" --dtype "$dt" \
       --device "$torch_device" "${reps[@]}"
   done
   "$py" "$report" attention "$work/attention_op.json" "$work"/attention_op_pytorch_{bf16,f32}.log | tee -a "$summary"
+  echo "  the tiled kernels (CUMULUS_CUDA_ATTENTION_KERNELS=tiled):" | tee -a "$summary"
+  "$py" "$report" attention "$work/attention_op_tiled.json" "$work"/attention_op_pytorch_f32.log | tee -a "$summary"
 }
 phase_gpt() {
   local big=gpt2s parity=parity steps=6 parity_steps=20 limit compile_s
@@ -375,7 +382,9 @@ phase_gpt() {
   if ((small)); then
     say "gpt_fp32: not rehearsed (the bf16 run's code with --precision fp32)"
   else
-    gpt_compare gpt_fp32 "$(cap 45)" --configs "$big" --steps "$steps" --precision fp32
+    # the opt-in tiled attention kernels (Note [Tiled CUDA attention kernels]) beside the default ones
+    gpt_compare gpt_fp32 "$(cap 60)" --configs "$big" --steps "$steps" --precision fp32 \
+      --variant tiled:CUMULUS_CUDA_ATTENTION_KERNELS=tiled --variant-timeout 25
   fi
   gpt_compare gpt_parity_fp32 "$(cap 45)" --configs "$parity" --steps "$parity_steps" --precision fp32 \
     --cpu-reference "$parity_steps" --cpu-threads "$(nproc)"
@@ -548,9 +557,9 @@ phase_profile() {
     return 0
   fi
   ((!small)) || shape=()
-  # Our f32 attention kernels at GPT-2 small's shape, one forward + backward: where their time goes
-  # (Note [CUDA attention kernels] counts shared memory as their bound)
-  timed profile_attention "$(cap 40)" "$ncu" --clock-control none --kernel-name regex:attention_ --launch-count 4 \
+  # The opt-in tiled f32 attention kernels at GPT-2 small's shape, one forward + backward: where
+  # their time goes (Note [Tiled CUDA attention kernels] counts shared memory as their bound)
+  CUMULUS_CUDA_ATTENTION_KERNELS=tiled timed profile_attention "$(cap 40)" "$ncu" --clock-control none --kernel-name regex:attention_ --launch-count 4 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
     --section MemoryWorkloadAnalysis_Tables --csv --page details --log-file "$work/profile_attention.csv" \
     "$bin/bench_ops" --benchmark_filter='^ops/sdpa_qkv_causal_gpt2s_bench_f32/[^/]*/forward_backward/cuda(:0)?/' \

@@ -92,6 +92,32 @@ CudaAttention choice_from_environment() {
   return CudaAttention::own;
 }
 
+#if CUMULUS_WITH_CUDA
+// Our own CUDA kernels: attention.cu's row kernels (run on an H200), or under
+// CUMULUS_CUDA_ATTENTION_KERNELS=tiled the register-tiled ones (attention_tiled.cu), which no GPU
+// has run yet: opt-in until one measures them.
+bool tiled_kernels_asked() {
+  static const bool tiled =
+      cumulus::detail::environment_choice("CUMULUS_CUDA_ATTENTION_KERNELS", {"rows", "tiled"}) == 1;
+  return tiled;
+}
+
+template <typename T>
+void own_forward_cuda(const kernels::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
+                      cudaStream_t stream) {
+  if (tiled_kernels_asked()) kernels::attention_forward_tiled_cuda(g, q, k, v, out, lse, stream);
+  else kernels::attention_forward_cuda(g, q, k, v, out, lse, stream);
+}
+
+template <typename T>
+void own_backward_cuda(const kernels::AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                       const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, cudaStream_t stream) {
+  if (tiled_kernels_asked())
+    kernels::attention_backward_tiled_cuda(g, q, k, v, out, lse, dout, delta, dq, dk, dv, stream);
+  else kernels::attention_backward_cuda(g, q, k, v, out, lse, dout, delta, dq, dk, dv, stream);
+}
+#endif
+
 // Whether cuDNN is asked to run attention of this geometry: 16-bit on CUDA under the choice cudnn,
 // a geometry it takes (cudnn_sdpa::unsupported_reason) and 16-byte aligned pointers.
 bool cudnn_takes(const kernels::AttentionGeometry& g, const Tensor& q, std::initializer_list<const void*> pointers) {
@@ -250,7 +276,7 @@ class AttentionBackward final : public Node {
         float* dp = delta.data<float>(); T* dqp = static_cast<T*>(t.data[0]); T* dkp = static_cast<T*>(t.data[1]);
         T* dvp = static_cast<T*>(t.data[2]); CUMULUS_DISPATCH(
             dy.device(), ctx, kernels::attention_backward_cpu(g, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp),
-            kernels::attention_backward_cuda(g, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp, ctx.stream())));
+            own_backward_cuda(g, qp, kp, vp, op, lp, dyp, dp, dqp, dkp, dvp, ctx.stream())));
   }
 
   Tensor q_, k_, v_, out_, lse_;
@@ -308,7 +334,7 @@ Attended attend(Tensor q, Tensor k, Tensor v, bool causal, std::optional<double>
                            const T* vp = view_data<T>(v); T* op = static_cast<T*>(detail::element_data(out));
                            float* lp = lse.data<float>();
                            CUMULUS_DISPATCH(device, ctx, kernels::attention_forward_cpu(g, qp, kp, vp, op, lp),
-                                            kernels::attention_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
+                                            own_forward_cuda(g, qp, kp, vp, op, lp, ctx.stream())));
   return Attended{std::move(q), std::move(k), std::move(v), std::move(out), std::move(lse), g, cudnn};
 }
 

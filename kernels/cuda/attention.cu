@@ -6,48 +6,35 @@
 // - Head size: each kernel is compiled for D = 32, 64 and 128; a head of d <= 128 columns runs in
 //   the smallest that holds it, its columns past d zero (computed on like the others: only d = 32,
 //   64 and 128 waste nothing). d > 128 is refused with an error naming the sizes.
-// - Register tiles, as a SIMT GEMM: every product of the algorithm (S = Q K^T, dP = dO V^T, O += P V,
-//   dV += P^T dO, dK += dS^T Q, dQ += dS K) is a block's product of two f32 tiles staged in shared
-//   memory, each thread computing an RM x RN (or RM x D/8) tile of it in registers. The threads
-//   form TY rows of 8 lanes (tx = thread % 8): a thread owns rows ty + TY a and keys tx + 8 b, and
-//   output columns in float4 slices tx + 8 h. Per float4 step of the inner dimension a thread
-//   reads RM + RN float4s for 4 RM RN multiply-adds (10.7 per load at 4 x 8); the 8 lanes of a row
-//   are one warp's, so a row's max and sum are a 3-step xor butterfly (every lane gets the same
-//   bits). The accumulators are arrays indexed only by loops unrolled at compile time: registers
-//   (the build fails a kernel of this file with a stack frame: scripts/cuda_resources.py).
-// - Shared tiles are row-major f32 with each row's float4 slices permuted (slice s of row r at
-//   s ^ (r % 8)): the 8 lanes reading 8 consecutive rows at one slice hit 8 different bank groups,
-//   the 4 rows of a warp's threads read by broadcast, and staging writes whole slices; no padding.
-// - Tiles, all with 128 threads, 8 lanes a row. The forward: 64 query rows x 64 keys (4 x 8 a
-//   thread) for D <= 64, 32 x 32 (2 x 4) for D = 128, in static shared memory (P takes the K tile's
-//   place once S is formed): 48 KiB, 3 blocks an SM by their registers. The backward: 64 x 64 (4 x
-//   8) for D <= 64, 64 x 32 (4 x 4) for D = 128, every tile of a kernel its own in dynamic shared
-//   memory (cuda_common::launch_with_shared): 64-113 KiB, 2-3 blocks an SM on an H100 (1 for D >=
-//   64 on an A100). The registers (ptxas, sm_90): 168 at most, no stack.
-// - Forward: the online softmax a key tile at a time: masked scores (past the row's causal end, or
-//   past the keys) are -inf, one rescale of the output tile per key tile, each lane's share of the
-//   row sum rescaled with it and the shares added by the butterfly at the end; lse = m + log(l).
-// - Blocks run tile by tile over the heads, the tiles with the most work first (under a causal
-//   mask the last query tiles and the first key tiles), so the grid's last wave is the short ones.
-// - Backward: delta_i = rowsum(do_i o_i) once (its own kernel, 8 lanes a row in double); dk and dv,
-//   a block per (head, key tile) looping over the query tiles that see it; dq, a block per (head,
-//   query tile) looping over its keys. Both form S and dP from the staged tiles and the saved lse:
-//   without atomics no block can add into another block's rows, so the scores are formed twice
-//   (FlashAttention-2 forms them once and adds dq with atomics), the price of the same bits on
-//   every run: 9 tile products per (query, key) tile pair in all, against FlashAttention-2's 7.
-// - The floor at GPT-2 small's shape (8 x 12 heads, T = 1024, D = 64, causal): each product is 6.4
-//   GFLOP, the 9 are 58 GFLOP a layer and micro-batch, 0.87 ms at an H200's 67 TFLOP/s of f32 FMA;
-//   PyTorch's f32 SDPA took 1.9 ms for its 7 (24 TFLOP/s, 2026-11-29), and the fp32 GPT's target
-//   asks about 2.35 ms of these kernels (37% of the peak). Memory is no bound: q, k, v, o and their
-//   gradients are 25 MB, 8 us at 3 TB/s, re-read from L2 by each block. Shared memory is: an SM
-//   delivers 32 floats a clock to its 128 FMA lanes, so an RM x RN thread tile keeps them at most
-//   RM RN / (4 (RM + RN)) busy: 67% at 4 x 8, the tile of every product here at D = 64, which puts
-//   this design's floor near 1.3 ms. 8 x 8 tiles would reach 100% with more registers a thread.
-// Every sum has a fixed order (an accumulator is one thread's, in key or row order; a row's
-// statistics a fixed butterfly): no atomics, the same bits on every run.
+// - Rows in registers: a row (a query row in the forward and dq kernels, a key in dk/dv) belongs to
+//   a group of G consecutive lanes of a warp (G = 2, 4, 8 for D = 32, 64, 128), each lane holding
+//   kCols = 16 of its columns, as float4 slices interleaved across the group (lane g holds columns
+//   (v G + g) 4 + e, v < 4, e < 4). Its q, k, v, do and accumulators are arrays of kCols floats
+//   indexed only by loops unrolled at compile time, so they live in registers (the build fails a
+//   kernel of this file with a stack frame: scripts/cuda_resources.py). A dot product is each
+//   lane's 16 products, then a butterfly of xor shuffles over the group: every lane of the group
+//   gets the same bits (each step adds the same two values, in either order).
+// - Tiles sized to D: 128 threads per block for D = 32 and 64, 256 for D = 128, so 64, 32 and 32
+//   rows a block; the other side's rows are staged in shared memory as f32, kTile = 4096 / D rows
+//   (128, 64, 32) of each of two operands: 32 KiB whatever D. The interleaved columns make the
+//   lanes of a group read consecutive float4s of one staged row (no bank conflicts), the groups of
+//   a warp the same ones (a broadcast).
+// - Forward: the online softmax over chunks of 16 keys (the scores of a chunk in registers, one
+//   rescale of the accumulator per chunk); keys past the row's causal end or the tile score -inf,
+//   a chunk with none left for the row is skipped after its shuffles (which every lane takes part
+//   in). Saves lse = m + log(l), l summed in double across chunks as on the CPU.
+// - Backward: delta_i = rowsum(do_i o_i) once (its own kernel); dk and dv, a block per (head, key
+//   tile) looping over the query rows that see it; dq, a block per (head, query tile) looping over
+//   the keys. Both recompute p from q, k and the saved lse (and dp from do and v): without atomics
+//   no block can add into another block's rows, so each of the two kernels forms the scores itself
+//   (twice in all, the price of the same bits on every run: FlashAttention-2 forms them once and
+//   adds dq with atomics). Nothing but the lse and delta is kept between the kernels.
+// Every sum has a fixed order (an accumulator is one lane's, in row or key order; a dot product a
+// fixed butterfly): no atomics, the same bits on every run.
 // Against the CPU: the same sums in another order and the device's expf, so within a few ulp per
-// term (tests/emulated/attention_test.cpp). Nothing here has run on a GPU yet: the CPU emulation
-// (tests/emulation) runs this source; the build's ptxas report gives the registers.
+// term (tests/emulated/attention_test.cpp). The default own kernels: run on an H200 (about 6 ms a
+// layer and micro-batch at GPT-2 small's shape in f32, bench/results/2026-11-29-h200); the
+// register-tiled ones (attention_tiled.cu, Note [Tiled CUDA attention kernels]) are the opt-in.
 #include <cmath>
 
 #include "kernels/cuda/attention_kernels.h"
@@ -58,431 +45,274 @@ namespace cumulus::kernels {
 
 namespace {
 
-using cuda_common::dynamic_shared;
+using cuda_common::blocks_for;
 using cuda_common::kThreads;
 using cuda_common::launch;
-using cuda_common::launch_with_shared;
 
-constexpr int kLanes = 8;  // lanes along the key (and output column) side of a thread's tile
+// The launch bound of the tiled kernels: D = 128's block, two of them resident per SM at least, so
+// ptxas keeps a thread within 128 registers (an SM's 64 K registers over 512 threads); the build's
+// resource report shows 105-128 used and no stack. Allowed one block per SM, ptxas (13.0, sm_90)
+// gave them 140-168 registers: no more than one block of 256 threads would fit an SM.
+constexpr int kMaxBlockThreads = 256, kMinBlocksPerSm = 2;
+constexpr int kChunk = 16;  // keys whose scores the forward keeps in registers at once
 
-// The launch bounds: 128 threads a block. Blocks resident per SM: the forward's 48 KiB of shared
-// memory allow 4, the backward's 64-113 KiB 2-3; asked for 3 and 2, ptxas keeps them within 168
-// registers (at 4 forward blocks, 128, it spills).
-constexpr int kForwardMaxThreads = 128, kBackwardMaxThreads = 128, kMinForwardBlocksPerSm = 3,
-              kMinBackwardBlocksPerSm = 2;
-
-// A kernel's tiles: TY x 8 threads, each owning RM rows and RN keys of a kRows x kKeys score tile.
-template <int D, int TY, int RM, int RN>
-struct Tiles {
+template <int D>
+struct Tiling {
   static_assert(D == 32 || D == 64 || D == 128, "attention kernels are compiled for D = 32, 64 and 128");
-  static constexpr int kTy = TY, kRm = RM, kRn = RN;
-  static constexpr int kThreads = TY * kLanes;
-  static constexpr int kRows = TY * RM;             // query rows of a tile
-  static constexpr int kKeys = kLanes * RN;         // keys of a tile
-  static constexpr int kSlices = D / (4 * kLanes);  // float4 slices of an output row a thread owns
-  static constexpr int kCols = 4 * kSlices;
+  static constexpr int kGroup = D <= 32 ? 2 : D / 16;  // lanes per row
+  static constexpr int kCols = D / kGroup;             // columns per lane: 16
+  static constexpr int kVecs = kCols / 4;              // float4 slices per lane
+  static constexpr int kThreads = D <= 64 ? 128 : 256;
+  static constexpr int kRows = kThreads / kGroup;  // rows per block
+  static constexpr int kTile = 4096 / D;           // staged rows of the other side, per operand
+  static_assert(kThreads <= kMaxBlockThreads && kTile % kChunk == 0, "tiling");
 };
 
 template <int D>
-using ForwardTiles = Tiles<D, 16, D <= 64 ? 4 : 2, D <= 64 ? 8 : 4>;
+using Row = float[Tiling<D>::kCols];
+
+// This lane's place in its row's group.
 template <int D>
-using BackwardTiles = Tiles<D, 16, 4, D <= 64 ? 8 : 4>;
+__device__ __forceinline__ int group_lane() {
+  return static_cast<int>(threadIdx.x) % Tiling<D>::kGroup;
+}
 
-// The backward's shared tiles, in dynamic shared memory (over the 48 KiB of static): float counts.
+// The column of element (v, e) of lane `lane`'s slices.
 template <int D>
-struct BackwardShared {
-  using Tl = BackwardTiles<D>;
-  static constexpr int kRowTile = Tl::kRows * D, kKeyTile = Tl::kKeys * D, kScores = Tl::kRows * Tl::kKeys;
-  // dk and dv: K, V, Q, dO, P^T, dS^T, then lse and delta of the query tile
-  static constexpr std::size_t kKeysKernelBytes =
-      sizeof(float) * (2 * kKeyTile + 2 * kRowTile + 2 * kScores + 2 * Tl::kRows);
-  // dq: Q, dO, K, V, dS, then lse and delta
-  static constexpr std::size_t kQueriesKernelBytes =
-      sizeof(float) * (2 * kRowTile + 2 * kKeyTile + kScores + 2 * Tl::kRows);
-};
-
-__device__ __forceinline__ int lane_x() { return static_cast<int>(threadIdx.x) % kLanes; }
-__device__ __forceinline__ int lane_y() { return static_cast<int>(threadIdx.x) / kLanes; }
-
-// The float4 index of slice s of row r in a shared tile of `Cols` columns (the permuted layout).
-template <int Cols>
-__device__ __forceinline__ int slice_at(int r, int s) {
-  constexpr int kSlicesPerRow = Cols / 4, kMask = (kSlicesPerRow < 8 ? kSlicesPerRow : 8) - 1;
-  return r * kSlicesPerRow + (s ^ (r & kMask));
+__device__ __forceinline__ int column(int lane, int v, int e) {
+  return (v * Tiling<D>::kGroup + lane) * 4 + e;
 }
 
-// The float index of element (r, c) of such a tile.
-template <int Cols>
-__device__ __forceinline__ int element_at(int r, int c) {
-  return slice_at<Cols>(r, c >> 2) * 4 + (c & 3);
+// Sum over the row's group (xor butterfly; every lane gets the same bits). All 32 lanes take part.
+template <int G>
+__device__ __forceinline__ float group_sum(float x) {
+  CUMULUS_UNROLL
+  for (int o = 1; o < G; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
 }
 
-__device__ __forceinline__ float component(const float4& v, int e) {
-  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+// x = this lane's columns of `row` (d columns of which are real), zeros where inactive or past d.
+template <int D, typename T>
+__device__ void load_row(const T* row, int64_t d, bool active, Row<D>& x) {
+  const int lane = group_lane<D>();
+  CUMULUS_UNROLL
+  for (int v = 0; v < Tiling<D>::kVecs; ++v) CUMULUS_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const int c = column<D>(lane, v, e);
+    x[v * 4 + e] = active && c < d ? to_f32(row[c]) : 0.0f;
+  }
 }
 
-// Rows [r0, r0 + n) of a strided matrix (row r at base + r * stride, d columns) into a Rows x Cols
-// tile as f32, by the whole block; zeros past n rows and d columns, so every staged value is finite
-// data or 0 (a masked score's probability is 0, and 0 times a stale NaN would not be). A thread
-// stages float4 slices kBatch at a time, all their loads issued before any store: the staging of a
-// tile waits on a few round trips to L2, not one per element.
-template <int Rows, int Cols, int Threads, typename T>
+template <int D>
+__device__ void zero_row(Row<D>& x) {
+  CUMULUS_UNROLL
+  for (int c = 0; c < Tiling<D>::kCols; ++c) x[c] = 0.0f;
+}
+
+// row[c] = x * scale for this lane's columns c < d.
+template <int D, typename T>
+__device__ void store_row(const Row<D>& x, float scale, int64_t d, T* row) {
+  const int lane = group_lane<D>();
+  CUMULUS_UNROLL
+  for (int v = 0; v < Tiling<D>::kVecs; ++v) CUMULUS_UNROLL
+  for (int e = 0; e < 4; ++e)
+    if (column<D>(lane, v, e) < d) row[column<D>(lane, v, e)] = from_f32<T>(x[v * 4 + e] * scale);
+}
+
+// This lane's part of x . staged (a row of D floats in shared memory).
+template <int D>
+__device__ __forceinline__ float partial_dot(const Row<D>& x, const float* staged) {
+  const float4* s4 = reinterpret_cast<const float4*>(staged);
+  const int lane = group_lane<D>();
+  float s = 0.0f;
+  CUMULUS_UNROLL
+  for (int v = 0; v < Tiling<D>::kVecs; ++v) {
+    const float4 y = s4[v * Tiling<D>::kGroup + lane];
+    s += x[v * 4] * y.x + x[v * 4 + 1] * y.y + x[v * 4 + 2] * y.z + x[v * 4 + 3] * y.w;
+  }
+  return s;
+}
+
+// acc += a * staged for this lane's columns.
+template <int D>
+__device__ __forceinline__ void add_scaled(float a, const float* staged, Row<D>& acc) {
+  const float4* s4 = reinterpret_cast<const float4*>(staged);
+  const int lane = group_lane<D>();
+  CUMULUS_UNROLL
+  for (int v = 0; v < Tiling<D>::kVecs; ++v) {
+    const float4 y = s4[v * Tiling<D>::kGroup + lane];
+    acc[v * 4] += a * y.x;
+    acc[v * 4 + 1] += a * y.y;
+    acc[v * 4 + 2] += a * y.z;
+    acc[v * 4 + 3] += a * y.w;
+  }
+}
+
+// Rows [r0, r0 + n) of a strided matrix (row r at base + r * stride, d columns) into tile[Rows][D]
+// as f32, by the whole block; zeros past n rows and d columns, so every staged value is finite data
+// or 0 (a masked score's probability is 0, and 0 times a stale NaN would not be). Unroll: the loads
+// a thread keeps in flight, as many as the registers its kernel has left allow.
+template <int D, int Rows, int Unroll, typename T>
 __device__ void stage_rows(const T* base, int64_t stride, int64_t r0, int64_t n, int64_t d, float* tile) {
-  constexpr int kSlicesPerRow = Cols / 4, kBatch = 4;
-  constexpr int kPerThread = Rows * kSlicesPerRow / Threads;
-  static_assert(kPerThread % kBatch == 0, "a tile's slices are a whole number of batches per thread");
-  float4* tile4 = reinterpret_cast<float4*>(tile);
-  CUMULUS_UNROLL_BY(1)
-  for (int first = 0; first < kPerThread; first += kBatch) {
-    float x[kBatch][4];
-    CUMULUS_UNROLL
-    for (int u = 0; u < kBatch; ++u) {
-      const int e = static_cast<int>(threadIdx.x) + (first + u) * Threads;
-      const int r = e / kSlicesPerRow, c = 4 * (e % kSlicesPerRow);
-      const T* row = base + (r0 + r) * stride;
-      CUMULUS_UNROLL
-      for (int v = 0; v < 4; ++v) x[u][v] = r < n && c + v < d ? to_f32(row[c + v]) : 0.0f;
-    }
-    CUMULUS_UNROLL
-    for (int u = 0; u < kBatch; ++u) {
-      const int e = static_cast<int>(threadIdx.x) + (first + u) * Threads;
-      tile4[slice_at<Cols>(e / kSlicesPerRow, e % kSlicesPerRow)] = make_float4(x[u][0], x[u][1], x[u][2], x[u][3]);
-    }
+  CUMULUS_UNROLL_BY(Unroll)
+  for (int e = static_cast<int>(threadIdx.x); e < Rows * D; e += static_cast<int>(blockDim.x)) {
+    const int r = e / D, c = e % D;
+    tile[e] = r < n && c < d ? to_f32(base[(r0 + r) * stride + c]) : 0.0f;
   }
 }
 
 // n values v[r0 + r] into s[0, Rows), zeros past n.
-template <int Rows, int Threads>
+template <int Rows>
 __device__ void stage_values(const float* v, int64_t r0, int64_t n, float* s) {
-  for (int r = static_cast<int>(threadIdx.x); r < Rows; r += Threads) s[r] = r < n ? v[r0 + r] : 0.0f;
+  for (int r = static_cast<int>(threadIdx.x); r < Rows; r += static_cast<int>(blockDim.x))
+    s[r] = r < n ? v[r0 + r] : 0.0f;
 }
 
-// The permutation of the rows a thread reads, ty + TY a and tx + 8 b: the same for all of its
-// rows, since TY and 8 are multiples of the permutation's period.
-template <int Cols>
-__device__ __forceinline__ int row_permutation(int first_row) {
-  constexpr int kSlicesPerRow = Cols / 4;
-  return first_row & ((kSlicesPerRow < 8 ? kSlicesPerRow : 8) - 1);
-}
-
-// acc[a][b] += A[ty + TY a] . B[tx + 8 b]: rows of two shared tiles of Cols columns.
-template <int Cols, int TY, int RM, int RN>
-__device__ __forceinline__ void row_dots(const float* A, const float* B, float (&acc)[RM][RN]) {
-  static_assert(TY % 8 == 0, "a thread's rows share their permutation");
-  constexpr int kSlicesPerRow = Cols / 4;
-  const int ty = lane_y(), tx = lane_x();
-  const float4* a4 = reinterpret_cast<const float4*>(A) + ty * kSlicesPerRow;
-  const float4* b4 = reinterpret_cast<const float4*>(B) + tx * kSlicesPerRow;
-  const int a_perm = row_permutation<Cols>(ty), b_perm = row_permutation<Cols>(tx);
-  CUMULUS_UNROLL_BY(1)
-  for (int s = 0; s < kSlicesPerRow; ++s) {
-    float4 a[RM];
-    CUMULUS_UNROLL
-    for (int i = 0; i < RM; ++i) a[i] = a4[TY * i * kSlicesPerRow + (s ^ a_perm)];
-    CUMULUS_UNROLL
-    for (int j = 0; j < RN; ++j) {
-      const float4 b = b4[kLanes * j * kSlicesPerRow + (s ^ b_perm)];
-      CUMULUS_UNROLL
-      for (int i = 0; i < RM; ++i) {
-        acc[i][j] += a[i].x * b.x;
-        acc[i][j] += a[i].y * b.y;
-        acc[i][j] += a[i].z * b.z;
-        acc[i][j] += a[i].w * b.w;
-      }
-    }
-  }
-}
-
-// out[a][4 h + e] += sum_k W[ty + TY a][k] X[k][4 (tx + 8 h) + e]: a Rows x K weight tile (K
-// columns) times a K x D tile, into this thread's output rows and column slices.
-template <int K, int D, int TY, int RM>
-__device__ __forceinline__ void weighted_rows(const float* W, const float* X, float (&out)[RM][D / kLanes]) {
-  static_assert(TY % 8 == 0, "a thread's rows share their permutation");
-  constexpr int kSlices = D / (4 * kLanes), kWSlices = K / 4, kXSlices = D / 4;
-  const int ty = lane_y(), tx = lane_x();
-  const float4* w4 = reinterpret_cast<const float4*>(W) + ty * kWSlices;
-  const float4* x4 = reinterpret_cast<const float4*>(X);
-  const int w_perm = row_permutation<K>(ty);
-  CUMULUS_UNROLL_BY(1)
-  for (int s = 0; s < kWSlices; ++s) {
-    float4 w[RM];
-    CUMULUS_UNROLL
-    for (int i = 0; i < RM; ++i) w[i] = w4[TY * i * kWSlices + (s ^ w_perm)];
-    CUMULUS_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int k = 4 * s + e;  // X's row: slice tx + 8 h at (tx ^ k % 8) + 8 h (D / 4 >= 8 slices)
-      const float4* x_row = x4 + k * kXSlices + (tx ^ (k & 7));
-      CUMULUS_UNROLL
-      for (int h = 0; h < kSlices; ++h) {
-        const float4 x = x_row[kLanes * h];
-        CUMULUS_UNROLL
-        for (int i = 0; i < RM; ++i) {
-          const float wi = component(w[i], e);
-          out[i][4 * h] += wi * x.x;
-          out[i][4 * h + 1] += wi * x.y;
-          out[i][4 * h + 2] += wi * x.z;
-          out[i][4 * h + 3] += wi * x.w;
-        }
-      }
-    }
-  }
-}
-
-template <int R, int C>
-__device__ __forceinline__ void zero(float (&x)[R][C]) {
+// The forward's online softmax over kChunk staged keys, `valid` of which (from the first) the row
+// sees: m, l and acc as Note [Fused attention].
+template <int D>
+__device__ void forward_chunk(const Row<D>& qf, const float* ks, const float* vs, int64_t valid, float scale, float& m,
+                              double& l, Row<D>& acc) {
+  float s[kChunk];
+  float chunk_max = -INFINITY;
   CUMULUS_UNROLL
-  for (int i = 0; i < R; ++i) CUMULUS_UNROLL
-  for (int j = 0; j < C; ++j) x[i][j] = 0.0f;
+  for (int j = 0; j < kChunk; ++j) {
+    const float dot = group_sum<Tiling<D>::kGroup>(partial_dot<D>(qf, ks + j * D));
+    s[j] = j < valid ? dot * scale : -INFINITY;
+    chunk_max = fmaxf(chunk_max, s[j]);
+  }
+  if (chunk_max == -INFINITY) return;  // no key of this chunk for this row
+  const float m_new = fmaxf(m, chunk_max);
+  const float alpha = expf(m - m_new);  // 0 on the row's first chunk (m = -inf)
+  float chunk_sum = 0.0f;
+  CUMULUS_UNROLL
+  for (int j = 0; j < kChunk; ++j) chunk_sum += (s[j] = expf(s[j] - m_new));
+  l = l * alpha + chunk_sum;
+  CUMULUS_UNROLL
+  for (int c = 0; c < Tiling<D>::kCols; ++c) acc[c] *= alpha;
+  CUMULUS_UNROLL
+  for (int j = 0; j < kChunk; ++j) add_scaled<D>(s[j], vs + j * D, acc);
+  m = m_new;
 }
 
-// Row r of a matrix at `row` (d columns): this thread's output slices of x[i] times `scale`.
 template <int D, typename T>
-__device__ void store_row(const float (&x)[D / kLanes], float scale, int64_t d, T* row) {
-  const int tx = lane_x();
-  CUMULUS_UNROLL
-  for (int h = 0; h < D / (4 * kLanes); ++h) CUMULUS_UNROLL
-  for (int e = 0; e < 4; ++e) {
-    const int c = 4 * (tx + kLanes * h) + e;
-    if (c < d) row[c] = from_f32<T>(x[4 * h + e] * scale);
-  }
-}
-
-// The 8 lanes of a row (xor butterfly; every lane gets the same bits).
-__device__ __forceinline__ float row_max(float x) {
-  CUMULUS_UNROLL
-  for (int o = 1; o < kLanes; o *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-template <typename V>
-__device__ __forceinline__ V row_sum(V x) {
-  CUMULUS_UNROLL
-  for (int o = 1; o < kLanes; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-// The keys row r of a tile of nq rows from i0 sees: [0, end); none for a row past nq.
-__device__ __forceinline__ int64_t visible_end(const AttentionGeometry& g, int64_t i0, int64_t nq, int r) {
-  return r < nq ? g.key_end(i0 + r) : 0;
-}
-
-// The online softmax over one key tile for this thread's rows (Note [Fused attention]): s holds
-// the scaled scores, -inf where masked, and becomes the probabilities; m, l (this lane's share)
-// and the output rows are rescaled to the new maxima.
-template <int RM, int RN, int C>
-__device__ void softmax_tile(float (&s)[RM][RN], float (&m)[RM], float (&l)[RM], float (&o)[RM][C]) {
-  CUMULUS_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    float tile_max = -INFINITY;
-    CUMULUS_UNROLL
-    for (int j = 0; j < RN; ++j) tile_max = fmaxf(tile_max, s[i][j]);
-    const float m_new = fmaxf(m[i], row_max(tile_max));
-    const float base = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every p and alpha is 0
-    const float alpha = expf(m[i] - base);
-    float sum = 0.0f;
-    CUMULUS_UNROLL
-    for (int j = 0; j < RN; ++j) sum += (s[i][j] = expf(s[i][j] - base));
-    l[i] = l[i] * alpha + sum;
-    CUMULUS_UNROLL
-    for (int c = 0; c < C; ++c) o[i][c] *= alpha;
-    m[i] = m_new;
-  }
-}
-
-// A block per (head, tile of kRows query rows): the online softmax over the key tiles it sees.
-template <int D, typename T>
-__global__ void __launch_bounds__(kForwardMaxThreads, kMinForwardBlocksPerSm)
+__global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
     attention_forward_kernel(AttentionGeometry g, const T* q, const T* k, const T* v, T* out, float* lse,
                              int64_t tiles) {
-  using Tl = ForwardTiles<D>;
-  constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, RM = Tl::kRm, RN = Tl::kRn, TY = Tl::kTy;
-  constexpr int kKeysOrP = kKeys * D > kRows * kKeys ? kKeys * D : kRows * kKeys;
-  __shared__ __align__(16) float qs[kRows * D];
-  __shared__ __align__(16) float kps[kKeysOrP];  // the K tile, then P
-  __shared__ __align__(16) float vs[kKeys * D];
-  const int64_t bh = blockIdx.x % g.bh(), i0 = (tiles - 1 - blockIdx.x / g.bh()) * kRows;  // the last first
-  const int64_t nq = g.tq - i0 < kRows ? g.tq - i0 : kRows;
-  const int ty = lane_y(), tx = lane_x();
-  stage_rows<kRows, D, Tl::kThreads>(q + g.q_row(bh, 0), g.q_stride[2], i0, nq, g.d, qs);
-  float m[RM], l[RM], o[RM][Tl::kCols];
-  CUMULUS_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-  }
-  zero(o);
-  const int64_t block_end = g.key_end(i0 + nq - 1);
-  for (int64_t j0 = 0; j0 < block_end; j0 += kKeys) {
-    const int64_t nk = block_end - j0 < kKeys ? block_end - j0 : kKeys;
-    __syncthreads();  // the previous tile's P and V are consumed
-    stage_rows<kKeys, D, Tl::kThreads>(k + g.k_row(bh, 0), g.k_stride[2], j0, nk, g.d, kps);
-    stage_rows<kKeys, D, Tl::kThreads>(v + g.v_row(bh, 0), g.v_stride[2], j0, nk, g.d, vs);
+  using Tl = Tiling<D>;
+  __shared__ __align__(16) float ks[Tl::kTile * D];
+  __shared__ __align__(16) float vs[Tl::kTile * D];
+  const int64_t bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * Tl::kRows;
+  const int64_t i = i0 + threadIdx.x / Tl::kGroup;
+  const bool active = i < g.tq;
+  Row<D> qf, acc;
+  load_row<D>(q + (active ? g.q_row(bh, i) : 0), g.d, active, qf);
+  zero_row<D>(acc);
+  float m = -INFINITY;
+  double l = 0.0;
+  const int64_t i_last = (i0 + Tl::kRows < g.tq ? i0 + Tl::kRows : g.tq) - 1;
+  const int64_t block_end = g.key_end(i_last), my_end = active ? g.key_end(i) : 0;
+  for (int64_t j0 = 0; j0 < block_end; j0 += Tl::kTile) {
+    const int64_t nk = block_end - j0 < Tl::kTile ? block_end - j0 : Tl::kTile;
+    __syncthreads();  // the previous tile is consumed
+    stage_rows<D, Tl::kTile, 2>(k + g.k_row(bh, 0), g.k_stride[2], j0, nk, g.d, ks);
+    stage_rows<D, Tl::kTile, 2>(v + g.v_row(bh, 0), g.v_stride[2], j0, nk, g.d, vs);
     __syncthreads();
-    float s[RM][RN];
-    zero(s);
-    row_dots<D, TY, RM, RN>(qs, kps, s);
-    CUMULUS_UNROLL
-    for (int i = 0; i < RM; ++i) {
-      const int64_t end = visible_end(g, i0, nq, ty + TY * i);
-      CUMULUS_UNROLL
-      for (int j = 0; j < RN; ++j) s[i][j] = j0 + tx + kLanes * j < end ? s[i][j] * g.scale : -INFINITY;
-    }
-    softmax_tile(s, m, l, o);
-    __syncthreads();  // every thread's reads of K are done: P takes its place
-    CUMULUS_UNROLL
-    for (int i = 0; i < RM; ++i) CUMULUS_UNROLL
-    for (int j = 0; j < RN; ++j) kps[element_at<kKeys>(ty + TY * i, tx + kLanes * j)] = s[i][j];
-    __syncthreads();
-    weighted_rows<kKeys, D, TY, RM>(kps, vs, o);
+    for (int jc = 0; jc < nk; jc += kChunk)  // the same count for the whole block
+      forward_chunk<D>(qf, ks + jc * D, vs + jc * D, my_end - (j0 + jc), g.scale, m, l, acc);
   }
-  CUMULUS_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    const float row_l = row_sum(l[i]);
-    const int64_t row = i0 + ty + TY * i;
-    if (row >= g.tq) continue;
-    store_row<D>(o[i], 1.0f / row_l, g.d, out + g.o_row(bh, row));
-    if (tx == 0) lse[bh * g.tq + row] = m[i] + logf(row_l);
-  }
+  if (!active) return;
+  store_row<D>(acc, static_cast<float>(1.0 / l), g.d, out + g.o_row(bh, i));
+  if (group_lane<D>() == 0) lse[bh * g.tq + i] = m + static_cast<float>(::log(l));
 }
 
-// delta_r = rowsum(dout_r out_r): 8 lanes a row, each summing its columns in double, then the
-// butterfly (a fixed order).
 template <typename T>
 __global__ void attention_delta_kernel(AttentionGeometry g, const T* out, const T* dout, float* delta, int64_t rows) {
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
-  double s = 0.0;
-  if (r < rows) {
+  const int64_t d = g.d;
+  CUMULUS_GRID_STRIDE_LOOP(r, rows) {
     const T* o = out + g.o_row(r / g.tq, r % g.tq);  // each at its strides
     const T* dor = dout + g.do_row(r / g.tq, r % g.tq);
-    for (int64_t c = lane_x(); c < g.d; c += kLanes) s += static_cast<double>(to_f32(dor[c])) * to_f32(o[c]);
-  }
-  s = row_sum(s);  // every lane takes part
-  if (r < rows && lane_x() == 0) delta[r] = static_cast<float>(s);
-}
-
-// P and dS of a (query tile, key tile) pair from the staged Q, dO, K and V and the rows' lse and
-// delta (lse_s, delta_s: by row of the tile), into shared tiles of a row per query (a row per key
-// when Transposed); p and ds may be one tile (dS overwrites P). One tile of scores in registers.
-template <int D, typename Tl, bool Transposed>
-__device__ void score_grads(const AttentionGeometry& g, const float* qs, const float* dos, const float* ks,
-                            const float* vs, const float* lse_s, const float* delta_s, int64_t i0, int64_t nq,
-                            int64_t j0, float* p, float* ds) {
-  constexpr int RM = Tl::kRm, RN = Tl::kRn, TY = Tl::kTy;
-  const int ty = lane_y(), tx = lane_x();
-  const auto at = [](int r, int key) {
-    return Transposed ? element_at<Tl::kRows>(key, r) : element_at<Tl::kKeys>(r, key);
-  };
-  float s[RM][RN];
-  zero(s);
-  row_dots<D, TY, RM, RN>(qs, ks, s);
-  CUMULUS_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    const int r = ty + TY * i;
-    const int64_t end = visible_end(g, i0, nq, r);
-    CUMULUS_UNROLL
-    for (int j = 0; j < RN; ++j) {
-      const int key = tx + kLanes * j;
-      p[at(r, key)] = j0 + key < end ? expf(s[i][j] * g.scale - lse_s[r]) : 0.0f;
-    }
-  }
-  zero(s);
-  row_dots<D, TY, RM, RN>(dos, vs, s);  // dP
-  CUMULUS_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    const int r = ty + TY * i;
-    CUMULUS_UNROLL
-    for (int j = 0; j < RN; ++j) {
-      const int e = at(r, tx + kLanes * j);
-      ds[e] = p[e] * (s[i][j] - delta_s[r]) * g.scale;
-    }
+    double s = 0.0;
+    for (int64_t c = 0; c < d; ++c) s += static_cast<double>(to_f32(dor[c])) * to_f32(o[c]);
+    delta[r] = static_cast<float>(s);
   }
 }
 
-// A block per (head, tile of kKeys keys): dv_j = sum_i p_ij do_i, dk_j = scale sum_i ds_ij q_i over
-// the query tiles that see the keys.
+// One lane group per key j of the block's tile: dv_j = sum_i p_ij do_i, dk_j = scale sum_i ds_ij q_i
+// over the query rows that see j, staged kTile at a time.
 template <int D, typename T>
-__global__ void __launch_bounds__(kBackwardMaxThreads, kMinBackwardBlocksPerSm)
+__global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
     attention_dkdv_kernel(AttentionGeometry g, const T* q, const T* k, const T* v, const float* lse, const T* dout,
-                          const float* delta, T* dk, T* dv) {
-  using Tl = BackwardTiles<D>;
-  constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, TY = Tl::kTy;
-  constexpr int kOwnKeys = kKeys / TY;  // the keys of this thread's dk and dv rows: ty + TY a
-  using Sh = BackwardShared<D>;
-  float* const ks = dynamic_shared<float>();
-  float* const vs = ks + Sh::kKeyTile;
-  float* const qs = vs + Sh::kKeyTile;
-  float* const dos = qs + Sh::kRowTile;
-  float* const pt = dos + Sh::kRowTile;    // P transposed: a row per key
-  float* const dst = pt + Sh::kScores;     // dS transposed
-  float* const lse_s = dst + Sh::kScores;  // the query tile's
-  float* const delta_s = lse_s + kRows;
-  const int64_t bh = blockIdx.x % g.bh(), j0 = blockIdx.x / g.bh() * kKeys;  // the first first
-  const int64_t nk = g.tk - j0 < kKeys ? g.tk - j0 : kKeys;
-  const int ty = lane_y();
-  stage_rows<kKeys, D, Tl::kThreads>(k + g.k_row(bh, 0), g.k_stride[2], j0, nk, g.d, ks);
-  stage_rows<kKeys, D, Tl::kThreads>(v + g.v_row(bh, 0), g.v_stride[2], j0, nk, g.d, vs);
-  float dka[kOwnKeys][Tl::kCols], dva[kOwnKeys][Tl::kCols];
-  zero(dka);
-  zero(dva);
-  for (int64_t i0 = g.causal ? j0 : 0; i0 < g.tq; i0 += kRows) {  // causal: no row before j0 sees the tile
-    const int64_t nq = g.tq - i0 < kRows ? g.tq - i0 : kRows;
-    __syncthreads();  // the previous tiles are consumed
-    stage_rows<kRows, D, Tl::kThreads>(q + g.q_row(bh, 0), g.q_stride[2], i0, nq, g.d, qs);
-    stage_rows<kRows, D, Tl::kThreads>(dout + g.do_row(bh, 0), g.do_stride[2], i0, nq, g.d, dos);
-    stage_values<kRows, Tl::kThreads>(lse + bh * g.tq, i0, nq, lse_s);
-    stage_values<kRows, Tl::kThreads>(delta + bh * g.tq, i0, nq, delta_s);
+                          const float* delta, T* dk, T* dv, int64_t tiles) {
+  using Tl = Tiling<D>;
+  __shared__ __align__(16) float qs[Tl::kTile * D];
+  __shared__ __align__(16) float dos[Tl::kTile * D];
+  __shared__ float lse_s[Tl::kTile];
+  __shared__ float delta_s[Tl::kTile];
+  const int64_t bh = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * Tl::kRows;
+  const int64_t j = j0 + threadIdx.x / Tl::kGroup;
+  const bool active = j < g.tk;
+  Row<D> kf, vf, dka, dva;
+  load_row<D>(k + (active ? g.k_row(bh, j) : 0), g.d, active, kf);
+  load_row<D>(v + (active ? g.v_row(bh, j) : 0), g.d, active, vf);
+  zero_row<D>(dka);
+  zero_row<D>(dva);
+  for (int64_t i0 = g.causal ? j0 : 0; i0 < g.tq; i0 += Tl::kTile) {
+    const int64_t nq = g.tq - i0 < Tl::kTile ? g.tq - i0 : Tl::kTile;
     __syncthreads();
-    score_grads<D, Tl, true>(g, qs, dos, ks, vs, lse_s, delta_s, i0, nq, j0, pt, dst);
+    stage_rows<D, Tl::kTile, 1>(q + g.q_row(bh, 0), g.q_stride[2], i0, nq, g.d, qs);
+    stage_rows<D, Tl::kTile, 1>(dout + g.do_row(bh, 0), g.do_stride[2], i0, nq, g.d, dos);
+    stage_values<Tl::kTile>(lse + bh * g.tq, i0, nq, lse_s);
+    stage_values<Tl::kTile>(delta + bh * g.tq, i0, nq, delta_s);
     __syncthreads();
-    weighted_rows<kRows, D, TY, kOwnKeys>(pt, dos, dva);
-    weighted_rows<kRows, D, TY, kOwnKeys>(dst, qs, dka);
+    CUMULUS_UNROLL_BY(1)
+    for (int r = 0; r < nq; ++r) {  // the same count for the whole block: every lane shuffles
+      const float s = group_sum<Tl::kGroup>(partial_dot<D>(kf, qs + r * D));
+      const float dp = group_sum<Tl::kGroup>(partial_dot<D>(vf, dos + r * D));
+      const bool sees = active && j < g.key_end(i0 + r);
+      const float p = sees ? expf(s * g.scale - lse_s[r]) : 0.0f;
+      const float ds = p * (dp - delta_s[r]) * g.scale;
+      add_scaled<D>(p, dos + r * D, dva);
+      add_scaled<D>(ds, qs + r * D, dka);
+    }
   }
-  CUMULUS_UNROLL
-  for (int a = 0; a < kOwnKeys; ++a) {
-    const int64_t key = j0 + ty + TY * a;
-    if (key >= g.tk) continue;
-    if (dk != nullptr) store_row<D>(dka[a], 1.0f, g.d, dk + g.dk_row(bh, key));
-    if (dv != nullptr) store_row<D>(dva[a], 1.0f, g.d, dv + g.dv_row(bh, key));
-  }
+  if (!active) return;
+  if (dk != nullptr) store_row<D>(dka, 1.0f, g.d, dk + g.dk_row(bh, j));
+  if (dv != nullptr) store_row<D>(dva, 1.0f, g.d, dv + g.dv_row(bh, j));
 }
 
-// A block per (head, tile of kRows query rows): dq_i = scale sum_j ds_ij k_j over the keys i sees.
+// One lane group per query row i: dq_i = scale sum_j ds_ij k_j over the keys i sees.
 template <int D, typename T>
-__global__ void __launch_bounds__(kBackwardMaxThreads, kMinBackwardBlocksPerSm)
+__global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
     attention_dq_kernel(AttentionGeometry g, const T* q, const T* k, const T* v, const float* lse, const T* dout,
                         const float* delta, T* dq, int64_t tiles) {
-  using Tl = BackwardTiles<D>;
-  constexpr int kRows = Tl::kRows, kKeys = Tl::kKeys, RM = Tl::kRm, TY = Tl::kTy;
-  using Sh = BackwardShared<D>;
-  float* const qs = dynamic_shared<float>();
-  float* const dos = qs + Sh::kRowTile;
-  float* const ks = dos + Sh::kRowTile;
-  float* const vs = ks + Sh::kKeyTile;
-  float* const dss = vs + Sh::kKeyTile;    // P, then dS: a row per query
-  float* const lse_s = dss + Sh::kScores;  // the query tile's
-  float* const delta_s = lse_s + kRows;
-  const int64_t bh = blockIdx.x % g.bh(), i0 = (tiles - 1 - blockIdx.x / g.bh()) * kRows;  // the last first
-  const int64_t nq = g.tq - i0 < kRows ? g.tq - i0 : kRows;
-  stage_rows<kRows, D, Tl::kThreads>(q + g.q_row(bh, 0), g.q_stride[2], i0, nq, g.d, qs);
-  stage_rows<kRows, D, Tl::kThreads>(dout + g.do_row(bh, 0), g.do_stride[2], i0, nq, g.d, dos);
-  stage_values<kRows, Tl::kThreads>(lse + bh * g.tq, i0, nq, lse_s);
-  stage_values<kRows, Tl::kThreads>(delta + bh * g.tq, i0, nq, delta_s);
-  float dqa[RM][Tl::kCols];
-  zero(dqa);
-  const int64_t block_end = g.key_end(i0 + nq - 1);
-  for (int64_t j0 = 0; j0 < block_end; j0 += kKeys) {
-    const int64_t nk = block_end - j0 < kKeys ? block_end - j0 : kKeys;
-    __syncthreads();  // the previous tiles are consumed (and Q, dO, lse, delta staged, the first time)
-    stage_rows<kKeys, D, Tl::kThreads>(k + g.k_row(bh, 0), g.k_stride[2], j0, nk, g.d, ks);
-    stage_rows<kKeys, D, Tl::kThreads>(v + g.v_row(bh, 0), g.v_stride[2], j0, nk, g.d, vs);
+  using Tl = Tiling<D>;
+  __shared__ __align__(16) float ks[Tl::kTile * D];
+  __shared__ __align__(16) float vs[Tl::kTile * D];
+  const int64_t bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * Tl::kRows;
+  const int64_t i = i0 + threadIdx.x / Tl::kGroup;
+  const bool active = i < g.tq;
+  Row<D> qf, dof, dqa;
+  load_row<D>(q + (active ? g.q_row(bh, i) : 0), g.d, active, qf);
+  load_row<D>(dout + (active ? g.do_row(bh, i) : 0), g.d, active, dof);
+  zero_row<D>(dqa);
+  const float row_lse = active ? lse[bh * g.tq + i] : 0.0f, row_delta = active ? delta[bh * g.tq + i] : 0.0f;
+  const int64_t i_last = (i0 + Tl::kRows < g.tq ? i0 + Tl::kRows : g.tq) - 1;
+  const int64_t block_end = g.key_end(i_last), my_end = active ? g.key_end(i) : 0;
+  for (int64_t j0 = 0; j0 < block_end; j0 += Tl::kTile) {
+    const int64_t nk = block_end - j0 < Tl::kTile ? block_end - j0 : Tl::kTile;
     __syncthreads();
-    score_grads<D, Tl, false>(g, qs, dos, ks, vs, lse_s, delta_s, i0, nq, j0, dss, dss);
+    stage_rows<D, Tl::kTile, 2>(k + g.k_row(bh, 0), g.k_stride[2], j0, nk, g.d, ks);
+    stage_rows<D, Tl::kTile, 2>(v + g.v_row(bh, 0), g.v_stride[2], j0, nk, g.d, vs);
     __syncthreads();
-    weighted_rows<kKeys, D, TY, RM>(dss, ks, dqa);
+    for (int j = 0; j < nk; ++j) {  // the same count for the whole block: every lane shuffles
+      const float s = group_sum<Tl::kGroup>(partial_dot<D>(qf, ks + j * D));
+      const float dp = group_sum<Tl::kGroup>(partial_dot<D>(dof, vs + j * D));
+      const float p = j0 + j < my_end ? expf(s * g.scale - row_lse) : 0.0f;
+      add_scaled<D>(p * (dp - row_delta) * g.scale, ks + j * D, dqa);
+    }
   }
-  const int ty = lane_y();
-  CUMULUS_UNROLL
-  for (int i = 0; i < RM; ++i)
-    if (ty + TY * i < nq) store_row<D>(dqa[i], 1.0f, g.d, dq + g.dq_row(bh, i0 + ty + TY * i));
+  if (active) store_row<D>(dqa, 1.0f, g.d, dq + g.dq_row(bh, i));
 }
 
 // The compiled head size that holds d columns: 32, 64 or 128.
@@ -494,9 +324,9 @@ int padded_head_size(int64_t d, const char* who) {
   return d <= 32 ? 32 : d <= 64 ? 64 : 128;
 }
 
-// One block per (head, tile of `tile_rows` rows).
-unsigned grid_of(const AttentionGeometry& g, int64_t rows, int tile_rows, int64_t& tiles) {
-  tiles = (rows + tile_rows - 1) / tile_rows;
+template <int D>
+unsigned grid_of(const AttentionGeometry& g, int64_t rows, int64_t& tiles) {
+  tiles = (rows + Tiling<D>::kRows - 1) / Tiling<D>::kRows;
   const int64_t blocks = g.bh() * tiles;
   CUMULUS_CHECK(blocks <= 2147483647, InvalidArgument, "attention on CUDA: ", blocks,
                 " blocks is too many for one grid");
@@ -506,26 +336,23 @@ unsigned grid_of(const AttentionGeometry& g, int64_t rows, int tile_rows, int64_
 template <int D, typename T>
 void forward_for(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
                  cudaStream_t stream) {
-  using Tl = ForwardTiles<D>;
   int64_t tiles = 0;
-  const unsigned blocks = grid_of(g, g.tq, Tl::kRows, tiles);
-  launch<attention_forward_kernel<D, T>>(blocks, Tl::kThreads, stream, g, q, k, v, out, lse, tiles);
+  const unsigned blocks = grid_of<D>(g, g.tq, tiles);
+  launch<attention_forward_kernel<D, T>>(blocks, Tiling<D>::kThreads, stream, g, q, k, v, out, lse, tiles);
 }
 
 template <int D, typename T>
 void backward_for(const AttentionGeometry& g, const T* q, const T* k, const T* v, const float* lse, const T* dout,
                   const float* delta, T* dq, T* dk, T* dv, cudaStream_t stream) {
-  using Tl = BackwardTiles<D>;
   int64_t tiles = 0;
   if (dk != nullptr || dv != nullptr) {
-    const unsigned blocks = grid_of(g, g.tk, Tl::kKeys, tiles);
-    launch_with_shared<attention_dkdv_kernel<D, T>>(blocks, Tl::kThreads, BackwardShared<D>::kKeysKernelBytes, stream,
-                                                    g, q, k, v, lse, dout, delta, dk, dv);
+    const unsigned blocks = grid_of<D>(g, g.tk, tiles);
+    launch<attention_dkdv_kernel<D, T>>(blocks, Tiling<D>::kThreads, stream, g, q, k, v, lse, dout, delta, dk, dv,
+                                        tiles);
   }
   if (dq != nullptr && g.tq > 0) {
-    const unsigned blocks = grid_of(g, g.tq, Tl::kRows, tiles);
-    launch_with_shared<attention_dq_kernel<D, T>>(blocks, Tl::kThreads, BackwardShared<D>::kQueriesKernelBytes, stream,
-                                                  g, q, k, v, lse, dout, delta, dq, tiles);
+    const unsigned blocks = grid_of<D>(g, g.tq, tiles);
+    launch<attention_dq_kernel<D, T>>(blocks, Tiling<D>::kThreads, stream, g, q, k, v, lse, dout, delta, dq, tiles);
   }
 }
 
@@ -547,11 +374,7 @@ void attention_backward_cuda(const AttentionGeometry& g, const T* q, const T* k,
   const int head = padded_head_size(g.d, "attention_backward_cuda");
   if (g.bh() == 0 || g.tk == 0) return;
   const int64_t rows = g.bh() * g.tq;
-  if (rows > 0) {
-    const int64_t blocks = (rows * kLanes + kThreads - 1) / kThreads;
-    CUMULUS_CHECK(blocks <= 2147483647, InvalidArgument, "attention on CUDA: ", rows, " rows is too many for one grid");
-    launch<attention_delta_kernel<T>>(static_cast<unsigned>(blocks), kThreads, stream, g, out, dout, delta, rows);
-  }
+  if (rows > 0) launch<attention_delta_kernel<T>>(blocks_for(rows), kThreads, stream, g, out, dout, delta, rows);
   if (head == 32) backward_for<32>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream);
   else if (head == 64) backward_for<64>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream);
   else backward_for<128>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream);

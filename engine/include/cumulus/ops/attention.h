@@ -45,7 +45,9 @@ enum class CudaAttention : uint8_t { cudnn, own };
 // Whether this build has cuDNN's fused attention (cuDNN and the cuDNN frontend's headers found).
 bool cudnn_attention_compiled();
 // The choice in force: set_cuda_attention's if called, else the environment variable
-// CUMULUS_CUDA_ATTENTION (cudnn or own; read once), else cudnn where the build has it.
+// CUMULUS_CUDA_ATTENTION (cudnn or own; read once), else cudnn where the build has it. Our own
+// kernels are attention.cu's row kernels, or with CUMULUS_CUDA_ATTENTION_KERNELS=tiled (read once)
+// the register-tiled ones of attention_tiled.cu, which no GPU has run yet.
 CudaAttention cuda_attention();
 // InvalidArgument for cudnn in a build without it.
 void set_cuda_attention(CudaAttention choice);
