@@ -353,6 +353,19 @@ std::vector<T> wide_values(int64_t n, uint32_t seed) {
   return v;
 }
 
+// An output's sum by the definition (Note [Sums over dimensions across outputs]): in term order
+// where the innermost kept dimension has stride 1 (columns), otherwise 8 partial sums, the term at
+// position j of its run (the innermost reduced dimension) in partial j % 8, added as ((p0 + p4) +
+// (p2 + p6)) + ((p1 + p5) + (p3 + p7)) (rows).
+template <typename Term>
+double defined_sum(const ReduceGeometry& g, int64_t terms, Term term) {
+  const bool columns = g.kept_ndim > 0 && g.kept_stride[g.kept_ndim - 1] == 1;
+  const int64_t run = g.reduced_ndim > 0 ? g.reduced_size[g.reduced_ndim - 1] : 1;
+  double p[8] = {};
+  for (int64_t t = 0; t < terms; ++t) p[columns ? 0 : t % run % 8] += term(t);
+  return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
 const std::vector<DimsCase>& dims_cases() {
   static const std::vector<DimsCase> cases = {
       {{8, 64, 128}, {2}},  {{8, 64, 128}, {0}},    {{8, 64, 128}, {1}},       {{8, 64, 128}, {0, 2}},
@@ -391,8 +404,9 @@ void expect_sums_match_definition() {
     for (int64_t divisor : {int64_t{1}, g.terms}) {
       std::vector<T> want(terms.size());
       for (std::size_t o = 0; o < terms.size(); ++o) {
-        double s = 0.0;
-        for (int64_t i : terms[o]) s += static_cast<double>(kernels::to_f32(x[i]));
+        const std::vector<int64_t>& at = terms[o];
+        const double s = defined_sum(g, static_cast<int64_t>(at.size()),
+                                     [&](int64_t t) { return static_cast<double>(kernels::to_f32(x[at[t]])); });
         want[o] = kernels::from_f32<T>(static_cast<float>(s / static_cast<double>(divisor)));
       }
       at_thread_counts([&] {
@@ -401,8 +415,7 @@ void expect_sums_match_definition() {
         for (std::size_t o = 0; o < y.size(); ++o) {
           if (std::isnan(kernels::to_f32(want[o])))  // the mean of no terms (0 / 0)
             ASSERT_TRUE(std::isnan(kernels::to_f32(y[o]))) << "output " << o;
-          else
-            ASSERT_EQ(bits_of(y[o]), bits_of(want[o])) << "output " << o << " divisor " << divisor;
+          else ASSERT_EQ(bits_of(y[o]), bits_of(want[o])) << "output " << o << " divisor " << divisor;
         }
       });
     }
@@ -465,12 +478,9 @@ TEST(SumDimsCpu, StridedGeometryMatchesTheDefinition) {
     std::vector<float> dx = x, want = x;
     kernels::sum_dims_backward_cpu(g, dy.data(), 0.5f, 1.0f, dx.data());
     for (int64_t o = 0; o < g.outputs; ++o) {
-      double s = 0.0;
-      for (int64_t r = 0; r < g.terms; ++r) {
-        const int64_t i = kernels::kept_offset(g, o) + kernels::reduced_offset(g, r);
-        s += x[i];
-        want[i] = 0.5f * dy[o] + 1.0f * x[i];
-      }
+      const auto at = [&](int64_t r) { return kernels::kept_offset(g, o) + kernels::reduced_offset(g, r); };
+      const double s = defined_sum(g, g.terms, [&](int64_t r) { return static_cast<double>(x[at(r)]); });
+      for (int64_t r = 0; r < g.terms; ++r) want[at(r)] = 0.5f * dy[o] + 1.0f * x[at(r)];
       ASSERT_EQ(bits_of(y[o]), bits_of(static_cast<float>(s / 3.0))) << o;
     }
     for (std::size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(bits_of(dx[i]), bits_of(want[i])) << i;
@@ -495,7 +505,6 @@ TEST(SumDimsCpu, NaNAndInfinityInEveryLane) {
     }
   }
 }
-
 
 }  // namespace
 }  // namespace cumulus

@@ -1,6 +1,6 @@
 // The AVX2 cores of the sums over dimensions (kernels/cpu/vec_reduce.h): the one file of them
 // compiled for AVX2 and F16C, without contraction; the loops are kernels/cpu/reduce_vec_cores.h's,
-// with 8 outputs in two registers of 4 doubles.
+// with 8 lanes in two registers of 4 doubles.
 #include "kernels/cpu/vec_reduce.h"
 
 #if defined(__x86_64__)
@@ -14,7 +14,6 @@ struct Avx2Lanes {
     __m256d lo, hi;  // lanes 0-3, 4-7
   };
   static constexpr int kColumnVecs = 2;
-  static constexpr int kRowGroups = 4;
   static Acc8 zero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
   static void add(Acc8& acc, __m256 f) {
     acc.lo = _mm256_add_pd(acc.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
@@ -25,6 +24,8 @@ struct Avx2Lanes {
     const __m128 lo = _mm256_cvtpd_ps(_mm256_div_pd(acc.lo, d)), hi = _mm256_cvtpd_ps(_mm256_div_pd(acc.hi, d));
     _mm256_storeu_ps(y, _mm256_set_m128(hi, lo));
   }
+  static Acc8 plus(const Acc8& a, const Acc8& b) { return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)}; }
+  static double total(const Acc8& acc) { return partials_total(acc.lo, acc.hi); }
 };
 
 }  // namespace

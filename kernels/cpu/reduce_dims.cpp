@@ -17,27 +17,31 @@
 namespace cumulus::kernels {
 
 // Note [Sums over dimensions across outputs]
-// Each output of sum_dims is the double sum of its terms in term order (Note [Reduce geometry]),
-// divided by the divisor in double and rounded once to float (then to T). An add in double of
-// terms widened from f32 is one IEEE operation whatever the width of the register it runs in, so
-// a loop that gives each output its own lane and adds that lane's terms in the same order computes
-// the same bits as the scalar loop; so do the vector division and the rounding to float (both
-// IEEE, round to nearest). What never happens is a sum split across lanes (a tree of partial sums),
-// which would change the bits. So the loops vectorize across outputs, never across terms:
-//   columns: the innermost dimension is kept, so neighbouring outputs sit side by side and each
-//            term of a row of them is one contiguous load (a sum over the first or middle dims);
-//   rows:    the innermost dimension is reduced, so each output's terms are contiguous: 8
-//            outputs' next 8 terms are loaded and transposed in registers (lane k: output k), a
-//            block of 16 or 32 outputs side by side (each lane's adds are one chain; the outputs
-//            overlap them).
-// The vector loops are in reduce_avx2.cpp and reduce_avx512.cpp (vec_reduce.h); the scalar ones
-// below are the same loops for a CPU without them. Each output is computed by one thread and one
-// call, so the bits are the same at any thread count and any split of the outputs. The 16-bit
-// types widen exactly in the vector loads as in to_f32 (bf16 a shift; f16 by F16C, which quiets a
-// signalling NaN that the first double add would quiet anyway). The backward has no sum: each dx
-// element is written once, from its output's dy, so it is a plain loop over runs in any order.
-// tests/test_reduce_dims.cpp (SumDimsCpu) checks every path against the definition with terms
-// whose double sum depends on its order, so a change of order would show.
+// Each output of sum_dims is a double sum of its terms (Note [Reduce geometry]), divided by the
+// divisor in double and rounded once to float (then to T). The order of its adds is fixed by the
+// geometry alone (not by the vector path, the thread count or the split of the outputs):
+//   columns: the innermost kept dimension has stride 1 (a sum over the first or middle dims), so
+//            neighbouring outputs sit side by side: each output's terms are added in term order,
+//            in its own lane, and each term of a row of outputs is one contiguous load;
+//   rows:    otherwise (a sum over the last dims): the term at position j of its run (the
+//            innermost reduced dimension) goes to partial sum j % 8, each partial adds its terms
+//            in term order, and the output is ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
+//            A contiguous run's 8 next terms are one load that widens into the output's 8 double
+//            lanes, its last ones a masked load (+0.0 added to a partial that starts at +0.0 keeps
+//            its bits); runs under 8 terms put 8 outputs across the lanes of 8 registers instead.
+// An add in double of terms widened from f32 is one IEEE operation whatever the width of the
+// register it runs in, so the vector loops (reduce_avx2.cpp and reduce_avx512.cpp, vec_reduce.h)
+// and the scalar ones below give the same bits; so do the divisions and the rounding to float.
+// The rows' partials are what lets a row's terms be loaded as they lie: a sum in term order needs
+// the outputs across the lanes, and the 8 x 8 transposes that put them there cost about as much
+// as the adds (a sum over the last dimension of [8, 64, 128] took 8.3 us on Zen 4, 5.7 with the
+// partials). They are as accurate: each is a double sum of an eighth of the terms. Each output is
+// computed by one thread and one call. The 16-bit types widen exactly in the vector loads as in
+// to_f32 (bf16 a shift; f16 by F16C, which quiets a signalling NaN that the first double add would
+// quiet anyway). The backward has no sum: each dx element is written once, from its output's dy,
+// so it is a plain loop over runs in any order. tests/test_reduce_dims.cpp (SumDimsCpu) checks
+// every path against the definition with terms whose double sum depends on its order, so a change
+// of order would show.
 
 namespace {
 
@@ -123,22 +127,28 @@ void columns_scalar(const void* xv, ReduceStorage, const int64_t* run_offsets, i
   }
 }
 
+// ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)): the rows' tree (Note [Sums over dimensions
+// across outputs]), as the vector cores' partials_total.
+double partials_total(const double (&p)[8]) {
+  return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
 template <typename T>
 void rows_scalar(const T* x, const int64_t* bases, int64_t count, const TermRuns& r, double divisor, float* y) {
   for (int64_t k = 0; k < count; ++k) {
-    double s = 0.0;
+    double partial[8] = {};
     for (int64_t start : r.offsets) {
       const T* p = x + bases[k] + start;
-      for (int64_t j = 0; j < r.len; ++j) s += static_cast<double>(to_f32(p[j * r.step]));
+      for (int64_t j = 0; j < r.len; ++j) partial[j % 8] += static_cast<double>(to_f32(p[j * r.step]));
     }
-    y[k] = static_cast<float>(s / divisor);
+    y[k] = static_cast<float>(partials_total(partial) / divisor);
   }
 }
 
 using ColumnsCore = void (*)(const void*, ReduceStorage, const int64_t*, int64_t, int64_t, int64_t, int64_t, double,
                              float*);
-using RowsCore = void (*)(const void*, ReduceStorage, const int64_t*, int64_t, const int64_t*, int64_t, int64_t,
-                          double, float*);
+using RowsCore = void (*)(const void*, ReduceStorage, const int64_t*, int64_t, const int64_t*, int64_t, int64_t, double,
+                          float*);
 
 // The widest vector cores this CPU runs (CUMULUS_CPU_CAPABILITY caps them), or null for scalar.
 // f16 loads need F16C, which every CPU with AVX2 and FMA we know of has; asked all the same, by
@@ -202,12 +212,12 @@ void sum_columns_mode(const ReduceGeometry& g, const T* x, const TermRuns& r, do
 }
 
 // Otherwise (Note [Sums over dimensions across outputs], rows): kSumRowsMax outputs a call, their
-// offsets from the kept dimensions' odometer. The vector rows need contiguous runs and enough
-// outputs to fill some lanes; the scalar loop takes any geometry.
+// offsets from the kept dimensions' odometer. The vector rows need contiguous runs; the scalar loop
+// takes any geometry.
 template <typename T>
 void sum_rows_mode(const ReduceGeometry& g, const T* x, const TermRuns& r, double divisor, T* y) {
   RowsCore core = vector_cores<T>().second;
-  if (r.step != 1 || g.outputs < 4) core = nullptr;
+  if (r.step != 1) core = nullptr;
   // Kept dimensions that nest as one (each stride the next one's times its size: a sum over the
   // last dimensions of a contiguous tensor) put output o at o times the innermost stride: no
   // odometer step per output (6% of a [8, 64, 128] sum's samples).
@@ -227,10 +237,9 @@ void sum_rows_mode(const ReduceGeometry& g, const T* x, const TermRuns& r, doubl
         for (int64_t k = 0; k < count; ++k, kept.next()) bases[k] = kept.offset();
       float* out = std::is_same_v<T, float> ? reinterpret_cast<float*>(y + o) : staged;
       if (core)
-        core(x, storage_of<T>(), bases, count, r.offsets.data(), static_cast<int64_t>(r.offsets.size()), r.len,
-             divisor, out);
-      else
-        rows_scalar(x, bases, count, r, divisor, out);
+        core(x, storage_of<T>(), bases, count, r.offsets.data(), static_cast<int64_t>(r.offsets.size()), r.len, divisor,
+             out);
+      else rows_scalar(x, bases, count, r, divisor, out);
       store_outputs(out, count, y + o);
     }
   });

@@ -1,14 +1,16 @@
 // The vector cores of the sums over dimensions (kernels/cpu/vec_reduce.h) at either width, as
 // ReduceCores<Lanes>: included only by reduce_avx2.cpp and reduce_avx512.cpp, each compiled for its
-// instruction set, whose Lanes type holds the double accumulator of 8 floats:
-//   Acc8, zero(), add(Acc8&, __m256 f) (acc += f widened to double), store(const Acc8&, double
-//   divisor, float* y) (y[0..7] = float(acc / divisor)), and kColumnVecs (loads of 8 per term in a
-//   row of columns).
-// Loads and transposes are 8 floats wide at both widths; only the double lanes differ. Each lane
-// adds one output's terms in term order, in double, and divides and rounds once, as the scalar loop
-// (Note [Sums over dimensions across outputs] in reduce_dims.cpp): the same bits. Everything sits in
-// an anonymous namespace and calls no std:: template: no inline function the library shares gets a
-// copy with wider instructions.
+// instruction set, whose Lanes type holds 8 double accumulators:
+//   Acc8, zero(), add(Acc8&, __m256 f) (acc += f widened to double), plus(a, b) (lane by lane),
+//   store(const Acc8&, double divisor, float* y) (y[0..7] = float(acc / divisor)),
+//   total(const Acc8&) (its 8 lanes' sum by partials_total) and kColumnVecs (loads of 8 per term
+//   in a row of columns).
+// Loads are 8 floats wide at both widths; only the double lanes differ. The columns give each
+// output a lane and add its terms in term order; the rows keep each output's 8 partial sums (Note
+// [Sums over dimensions across outputs] in reduce_dims.cpp) in a register of its own, or, for runs
+// under 8 terms, in a lane of 8 registers: the scalar loops' bits.
+// Everything sits in an anonymous namespace and calls no std:: template: no inline function the
+// library shares gets a copy with wider instructions.
 #pragma once
 
 #include <immintrin.h>
@@ -41,52 +43,12 @@ float load1(const void* x, int64_t i) {
   }
 }
 
-// r[t] = column t of the 8 x 8 floats r[0..7] (row k's element t to lane k).
-inline void transpose8(__m256* r) {
-  __m256 t[8], u[8];
-  for (int k = 0; k < 8; k += 2) {
-    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
-    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
-  }
-  for (int k = 0; k < 8; k += 4) {
-    u[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
-    u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
-    u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
-    u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
-    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
-  }
-}
-
-// 4 floats from lo in the low half, 4 from hi in the high.
-inline __m256 halves(const float* lo, const float* hi) {
-  const __m256 low = _mm256_castps128_ps256(_mm_loadu_ps(lo));
-  return _mm256_blend_ps(low, _mm256_broadcast_ps(reinterpret_cast<const __m128*>(hi)), 0xF0);
-}
-
-// r[t] = element j + t of the 8 f32 rows at x + at[k] (lane k), as transpose8 of their loads but
-// with a stage fewer: each register first holds 4 elements of row k (low half) and of row k + 4
-// (high half), loaded so (a load, a broadcast load and a blend, no shuffle); two shuffle stages
-// finish the transpose within the halves (measured 6% faster than transpose8 on Zen 5).
-inline void columns8(const float* x, const int64_t* at, int64_t j, __m256* r) {
-  __m256 a[8];
-#pragma GCC unroll 8
-  for (int k = 0; k < 4; ++k) {
-    const float *lo = x + at[k] + j, *hi = x + at[k + 4] + j;
-    a[k] = halves(lo, hi);
-    a[k + 4] = halves(lo + 4, hi + 4);
-  }
-#pragma GCC unroll 2
-  for (int g = 0; g < 8; g += 4) {
-    const __m256 t0 = _mm256_unpacklo_ps(a[g], a[g + 1]), t1 = _mm256_unpackhi_ps(a[g], a[g + 1]);
-    const __m256 t2 = _mm256_unpacklo_ps(a[g + 2], a[g + 3]), t3 = _mm256_unpackhi_ps(a[g + 2], a[g + 3]);
-    r[g] = _mm256_shuffle_ps(t0, t2, 0x44);
-    r[g + 1] = _mm256_shuffle_ps(t0, t2, 0xEE);
-    r[g + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
-    r[g + 3] = _mm256_shuffle_ps(t1, t3, 0xEE);
-  }
+// The sum of 8 partial sums, lo = p[0..3] and hi = p[4..7], in the tree of Note [Sums over
+// dimensions across outputs]: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
+inline double partials_total(__m256d lo, __m256d hi) {
+  const __m256d s4 = _mm256_add_pd(lo, hi);
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
 
 template <typename Lanes>
@@ -125,61 +87,107 @@ struct ReduceCores {
     for (; i < n; ++i) y[i] = column_scalar<S>(x, i, run_offsets, runs, run_len, step, divisor);
   }
 
-  // 8 G rows: per run, blocks of 8 terms of each group of 8 rows transposed so that lane k holds
-  // the group's row k, then the terms under 8 one at a time; each lane adds its row's terms in
-  // order. Each lane's adds are one chain (the order is the rule), so the G groups are what
-  // overlaps. Lanes::kRowGroups picks G: AVX2's 4 (32 rows; its 8 doubles are two registers, two
-  // chains of the 3-cycle add) took the sums over the last dimension of [8, 64, 128] from 10.1 to
-  // 9.7 us on Zen 4; AVX-512 keeps 2 (16 rows): the conversions and shuffles bound it, not the
-  // chains, and 8 groups ran slower (8.5 against 7.4 us: 64 rows 512 bytes apart fill every way of
-  // the L1's sets).
+  // Elements at .. at + n - 1 widened into lanes 0 .. n - 1, zeros in the rest (n < 8): a run's
+  // last terms. Adding +0.0 keeps a partial sum's bits (it starts at +0.0, so it is never -0.0).
+  template <ReduceStorage S>
+  static __m256 tail8(const void* x, int64_t at, int64_t n) {
+    if constexpr (S == ReduceStorage::f32) {
+      const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lanes);
+      return _mm256_maskload_ps(static_cast<const float*>(x) + at, mask);
+    } else {
+      alignas(16) uint16_t h[8] = {};
+      for (int64_t k = 0; k < n; ++k) h[k] = static_cast<const uint16_t*>(x)[at + k];
+      return load8<S>(h, 0);
+    }
+  }
+
+  // G rows of runs of 8 terms or more, each row's 8 partial sums in its own register (Note [Sums
+  // over dimensions across outputs]): per run, whole loads of 8 terms and a tail. Each register's
+  // adds are one chain, so the G rows are what overlaps.
   template <ReduceStorage S, int G>
-  static void row_block(const void* x, const int64_t* bases, const int64_t* run_offsets, int64_t runs,
-                        int64_t run_len, double divisor, float* y) {
+  static void row_block(const void* x, const int64_t* bases, const int64_t* run_offsets, int64_t runs, int64_t run_len,
+                        double divisor, float* y) {
     typename Lanes::Acc8 acc[G];
     for (typename Lanes::Acc8& a : acc) a = Lanes::zero();
     for (int64_t q = 0; q < runs; ++q) {
-      int64_t at[8 * G];
-      for (int k = 0; k < 8 * G; ++k) at[k] = bases[k] + run_offsets[q];
+      int64_t at[G];
+      for (int h = 0; h < G; ++h) at[h] = bases[h] + run_offsets[q];
       int64_t j = 0;
       for (; j + 8 <= run_len; j += 8)
 #pragma GCC unroll 8
-        for (int h = 0; h < G; ++h) {
-          __m256 r[8];
-          if constexpr (S == ReduceStorage::f32) {
-            columns8(static_cast<const float*>(x), at + 8 * h, j, r);
-          } else {
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; ++k) r[k] = load8<S>(x, at[8 * h + k] + j);
-            transpose8(r);
-          }
-#pragma GCC unroll 8
-          for (int t = 0; t < 8; ++t) Lanes::add(acc[h], r[t]);
-        }
-      for (; j < run_len; ++j)
-        for (int h = 0; h < G; ++h) {
-          const int64_t* a = at + 8 * h;
-          Lanes::add(acc[h], _mm256_setr_ps(load1<S>(x, a[0] + j), load1<S>(x, a[1] + j), load1<S>(x, a[2] + j),
-                                            load1<S>(x, a[3] + j), load1<S>(x, a[4] + j), load1<S>(x, a[5] + j),
-                                            load1<S>(x, a[6] + j), load1<S>(x, a[7] + j)));
-        }
+        for (int h = 0; h < G; ++h) Lanes::add(acc[h], load8<S>(x, at[h] + j));
+      if (j < run_len)
+        for (int h = 0; h < G; ++h) Lanes::add(acc[h], tail8<S>(x, at[h] + j, run_len - j));
     }
-    for (int h = 0; h < G; ++h) Lanes::store(acc[h], divisor, y + 8 * h);
+    for (int h = 0; h < G; ++h) y[h] = static_cast<float>(Lanes::total(acc[h]) / divisor);
   }
 
-  // Blocks of 8 Lanes::kRowGroups rows, the last padded with repeats of its first row (dropped). The
+  // 8 rows of runs of kLen < 8 terms, a row a lane: acc[k]'s lane i is row i's partial k, and the
+  // tree runs across the registers. Partials that get no term stay +0.0, which an add leaves the
+  // other side's bits: they are left out of the tree.
+  template <ReduceStorage S, int kLen>
+  static void short_row_block(const void* x, const int64_t* b, const int64_t* run_offsets, int64_t runs, double divisor,
+                              float* y) {
+    using L = Lanes;
+    typename L::Acc8 acc[8];
+    for (typename L::Acc8& a : acc) a = L::zero();
+    for (int64_t q = 0; q < runs; ++q) {
+      const int64_t o = run_offsets[q];
+#pragma GCC unroll 8
+      for (int k = 0; k < kLen; ++k)
+        L::add(acc[k], _mm256_setr_ps(load1<S>(x, b[0] + o + k), load1<S>(x, b[1] + o + k), load1<S>(x, b[2] + o + k),
+                                      load1<S>(x, b[3] + o + k), load1<S>(x, b[4] + o + k), load1<S>(x, b[5] + o + k),
+                                      load1<S>(x, b[6] + o + k), load1<S>(x, b[7] + o + k)));
+    }
+    typename L::Acc8 total;
+    if constexpr (kLen == 1) total = acc[0];
+    else if constexpr (kLen == 2) total = L::plus(acc[0], acc[1]);
+    else if constexpr (kLen <= 4) total = L::plus(L::plus(acc[0], acc[2]), L::plus(acc[1], acc[3]));
+    else
+      total = L::plus(L::plus(L::plus(acc[0], acc[4]), L::plus(acc[2], acc[6])),
+                      L::plus(L::plus(acc[1], acc[5]), L::plus(acc[3], acc[7])));
+    L::store(total, divisor, y);
+  }
+
+  template <ReduceStorage S>
+  static void short_rows(const void* x, const int64_t* b, const int64_t* run_offsets, int64_t runs, int64_t run_len,
+                         double divisor, float* y) {
+    switch (run_len) {
+      case 1: return short_row_block<S, 1>(x, b, run_offsets, runs, divisor, y);
+      case 2: return short_row_block<S, 2>(x, b, run_offsets, runs, divisor, y);
+      case 3: return short_row_block<S, 3>(x, b, run_offsets, runs, divisor, y);
+      case 4: return short_row_block<S, 4>(x, b, run_offsets, runs, divisor, y);
+      case 5: return short_row_block<S, 5>(x, b, run_offsets, runs, divisor, y);
+      case 6: return short_row_block<S, 6>(x, b, run_offsets, runs, divisor, y);
+      default: return short_row_block<S, 7>(x, b, run_offsets, runs, divisor, y);
+    }
+  }
+
+  // Rows whose sums run side by side: 8 chains (16 registers at AVX2's width) took a sum over the
+  // last dimension of [8, 64, 128] to 5.7 us (AVX-512) and 7.1 us (AVX2) on Zen 4, against 6.0 and
+  // 7.6 us at 4 and 6.7 and 8.7 us at 2.
+  static constexpr int kRowsAtOnce = 8;
+
+  // Blocks of kRowsAtOnce rows, the last padded with repeats of its first row (dropped), or alone
+  // if it is one row of long runs (its chain is still 8 times shorter than the scalar loop's). The
   // offsets and outputs go through local arrays: with the caller's arrays GCC kept the rows'
-  // pointers on the stack (AVX-512, 16 rows: 8.0 against 7.4 us for [512, 128]).
+  // pointers on the stack.
   template <ReduceStorage S>
   static void rows(const void* x, const int64_t* bases, int64_t count, const int64_t* run_offsets, int64_t runs,
                    int64_t run_len, double divisor, float* y) {
-    constexpr int kWide = 8 * Lanes::kRowGroups;
+    constexpr int kWide = kRowsAtOnce;
     for (int64_t k = 0; k < count; k += kWide) {
       const int64_t n = count - k < kWide ? count - k : kWide;
+      if (n == 1 && run_len >= 8) {
+        row_block<S, 1>(x, bases + k, run_offsets, runs, run_len, divisor, y + k);
+        continue;
+      }
       int64_t padded[kWide];
       float out[kWide];
       for (int i = 0; i < kWide; ++i) padded[i] = bases[k + (i < n ? i : 0)];
-      row_block<S, Lanes::kRowGroups>(x, padded, run_offsets, runs, run_len, divisor, out);
+      if (run_len >= 8) row_block<S, kWide>(x, padded, run_offsets, runs, run_len, divisor, out);
+      else short_rows<S>(x, padded, run_offsets, runs, run_len, divisor, out);
       for (int64_t i = 0; i < n; ++i) y[k + i] = out[i];
     }
   }

@@ -1,9 +1,9 @@
 // The vector cores of the CPU sums over dimensions (kernels/cpu/reduce_dims.cpp): AVX2 in
 // reduce_avx2.cpp (namespace vec), AVX-512 in reduce_avx512.cpp (namespace vec512), each the one
 // file compiled for its instruction set, called only where vec::available() / vec512::available()
-// (kernels/cpu/vec_math.h) say so. Both vectorize across outputs, never across one output's terms:
-// each lane adds its own output's terms in term order, in double, as the scalar loop does (Note
-// [Sums over dimensions across outputs] in reduce_dims.cpp), so every path gives the same bits.
+// (kernels/cpu/vec_math.h) say so. Both add in double in the order Note [Sums over dimensions
+// across outputs] (reduce_dims.cpp) fixes: a row of columns one output a lane, each output's terms
+// in order; rows 8 partial sums an output. Every path gives the scalar loops' bits.
 // Declared with no engine types (as vec_math.h), so that no inline function of the library is
 // emitted here with AVX2 or AVX-512 instructions.
 //
@@ -33,7 +33,7 @@ void sum_rows(const void* x, ReduceStorage storage, const int64_t* bases, int64_
 
 namespace vec512 {
 
-// The same, in double lanes of 8 (one register of 8 doubles for 8 outputs).
+// The same, in double lanes of 8 (one register of 8 doubles).
 void sum_columns(const void* x, ReduceStorage storage, const int64_t* run_offsets, int64_t runs, int64_t run_len,
                  int64_t step, int64_t n, double divisor, float* y);
 void sum_rows(const void* x, ReduceStorage storage, const int64_t* bases, int64_t count, const int64_t* run_offsets,
