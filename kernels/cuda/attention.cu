@@ -38,6 +38,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/unroll.cuh"
 
@@ -315,22 +316,9 @@ __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocksPerSm)
   if (active) store_row<D>(dqa, 1.0f, g.d, dq + g.dq_row(bh, i));
 }
 
-// The compiled head size that holds d columns: 32, 64 or 128.
-int padded_head_size(int64_t d, const char* who) {
-  CUMULUS_CHECK(d >= 0 && d <= kAttentionMaxHeadDimCuda, InvalidArgument, who, ": head size D = ", d,
-                " is not supported on CUDA (kernels compiled for D = 32, 64 and 128; a smaller D runs in the next "
-                "larger, D over ",
-                kAttentionMaxHeadDimCuda, " is refused)");
-  return d <= 32 ? 32 : d <= 64 ? 64 : 128;
-}
-
 template <int D>
 unsigned grid_of(const AttentionGeometry& g, int64_t rows, int64_t& tiles) {
-  tiles = (rows + Tiling<D>::kRows - 1) / Tiling<D>::kRows;
-  const int64_t blocks = g.bh() * tiles;
-  CUMULUS_CHECK(blocks <= 2147483647, InvalidArgument, "attention on CUDA: ", blocks,
-                " blocks is too many for one grid");
-  return static_cast<unsigned>(blocks);
+  return attention_launch::grid_of(g, rows, Tiling<D>::kRows, tiles);
 }
 
 template <int D, typename T>
@@ -361,23 +349,20 @@ void backward_for(const AttentionGeometry& g, const T* q, const T* k, const T* v
 template <typename T>
 void attention_forward_cuda(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, float* lse,
                             cudaStream_t stream) {
-  const int head = padded_head_size(g.d, "attention_forward_cuda");
+  const int head = attention_launch::padded_head_size(g.d, "attention_forward_cuda");
   if (g.bh() == 0 || g.tq == 0 || g.tk == 0) return;
-  if (head == 32) forward_for<32>(g, q, k, v, out, lse, stream);
-  else if (head == 64) forward_for<64>(g, q, k, v, out, lse, stream);
-  else forward_for<128>(g, q, k, v, out, lse, stream);
+  attention_launch::for_head_size(head, [&](auto d) { forward_for<decltype(d)::value>(g, q, k, v, out, lse, stream); });
 }
 
 template <typename T>
 void attention_backward_cuda(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                              const float* lse, const T* dout, float* delta, T* dq, T* dk, T* dv, cudaStream_t stream) {
-  const int head = padded_head_size(g.d, "attention_backward_cuda");
+  const int head = attention_launch::padded_head_size(g.d, "attention_backward_cuda");
   if (g.bh() == 0 || g.tk == 0) return;
   const int64_t rows = g.bh() * g.tq;
   if (rows > 0) launch<attention_delta_kernel<T>>(blocks_for(rows), kThreads, stream, g, out, dout, delta, rows);
-  if (head == 32) backward_for<32>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream);
-  else if (head == 64) backward_for<64>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream);
-  else backward_for<128>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream);
+  attention_launch::for_head_size(
+      head, [&](auto d) { backward_for<decltype(d)::value>(g, q, k, v, lse, dout, delta, dq, dk, dv, stream); });
 }
 
 #define CUMULUS_INSTANTIATE(T)                                                                             \
