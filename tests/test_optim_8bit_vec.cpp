@@ -17,6 +17,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/core/threads.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/optim_8bit_blocks.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/optim_rules.h"
 #include "kernels/quantized_state.h"
@@ -318,6 +319,41 @@ TEST(F32VectorUpdate, GivesTheScalarRulesBits) {
     EXPECT_EQ(bits(v), bits(v2)) << "AdamW v, n " << n;
     EXPECT_EQ(bits(w3), bits(w4)) << "SGD weights, n " << n;
     EXPECT_EQ(bits(buf3), bits(buf4)) << "SGD momentum, n " << n;
+  }
+}
+
+// sum_squares_cpu against its definition (kSquareLanes partial sums in double, element i in lane i
+// mod kSquareLanes, each in order, then the lanes in order), bit for bit, and the vector loop called
+// directly where the CPU runs it: values of many magnitudes, one in sixteen 2^40 or -2^40 (its
+// square swallows the small ones until another cancels it), so a change of order shows.
+TEST(F32VectorUpdate, SumOfSquaresGivesItsDefinitionsBits) {
+  constexpr int kLanes = kernels::kSquareLanes;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> mantissa(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30), pick(0, 15);
+  for (const int64_t n :
+       {int64_t{0}, int64_t{7}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{1000}, int64_t{4099}}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& e : x) {
+      const int p = pick(rng);
+      e = p == 0 ? 1.099511627776e12f : p == 1 ? -1.099511627776e12f : std::ldexp(mantissa(rng), exponent(rng));
+    }
+    double lane[kLanes] = {};
+    for (int64_t i = 0; i < n; ++i) lane[i % kLanes] += static_cast<double>(x[i]) * x[i];
+    double want = 0.0;
+    for (double v : lane) want += v;
+    const auto bits64 = [](double v) {
+      uint64_t b;
+      std::memcpy(&b, &v, sizeof b);
+      return b;
+    };
+    EXPECT_EQ(bits64(kernels::sum_squares_cpu(x.data(), n)), bits64(want)) << "n " << n;
+    if (!kernels::vec::available()) continue;  // no AVX2 here, or the capability cap excludes it
+    double got[kLanes];
+    const int64_t done = kernels::vec::sum_squares_f32_vectors(x.data(), n, got);
+    ASSERT_EQ(done, n / kLanes * kLanes);
+    for (int64_t i = done; i < n; ++i) got[i % kLanes] += static_cast<double>(x[i]) * x[i];
+    for (int k = 0; k < kLanes; ++k) EXPECT_EQ(bits64(got[k]), bits64(lane[k])) << "lane " << k << " n " << n;
   }
 }
 

@@ -1,6 +1,6 @@
 // Optimizer updates over one flat array (docs/ARCHITECTURE.md, "Gradients and accumulation"): one
-// pass, the gradient scaled by grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's) are in
-// kernels/optim_rules.h, shared with CUDA.
+// pass, the gradient scaled by grad_scale (normalization and clipping folded in) as it is read. The rules (PyTorch's)
+// are in kernels/optim_rules.h, shared with CUDA.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -118,12 +118,13 @@ VectorBlocks vector_blocks(CpuCode code) {
 struct DenseVectorUpdates {
   decltype(&vec::sgd_f32_vectors) sgd = nullptr;
   decltype(&vec::adamw_f32_vectors) adamw = nullptr;
+  decltype(&vec::sum_squares_f32_vectors) sum_squares = nullptr;
 };
 
 DenseVectorUpdates dense_vector_updates() {
   if constexpr (vec::kBuilt) {
-    if (vec512::available()) return {vec512::sgd_f32_vectors, vec512::adamw_f32_vectors};
-    if (vec::available()) return {vec::sgd_f32_vectors, vec::adamw_f32_vectors};
+    if (vec512::available()) return {vec512::sgd_f32_vectors, vec512::adamw_f32_vectors, vec::sum_squares_f32_vectors};
+    if (vec::available()) return {vec::sgd_f32_vectors, vec::adamw_f32_vectors, vec::sum_squares_f32_vectors};
   }
   return {};
 }
@@ -174,20 +175,23 @@ void update_quantized_block(int64_t begin, int64_t end, const QuantizedState (&s
   }
   for (int s = 0; s < kStates; ++s) {
     states[s].absmax[block] = absmax[s];
-    for (int64_t i = begin; i < end; ++i) states[s].codes[i] = rules::quantize(updated[s][i - begin], absmax[s], *maps[s]);
+    for (int64_t i = begin; i < end; ++i)
+      states[s].codes[i] = rules::quantize(updated[s][i - begin], absmax[s], *maps[s]);
   }
 }
 }  // namespace
 
 double sum_squares_cpu(const float* x, int64_t n) {
-  // Eight independent partial sums: one chain of dependent double adds runs ~5x slower, and this
-  // pass is on the step's critical path (the global norm for clipping and the non-finite guard).
-  constexpr int kLanes = 8;
-  double lane[kLanes] = {};
+  // kSquareLanes independent partial sums (element i in lane i mod kSquareLanes, each in order),
+  // then the lanes in order: one chain of dependent double adds would bound this pass by the add's
+  // latency, and it is on the step's critical path (the global norm for clipping and the non-finite
+  // guard). The vector loops keep the same lanes, so every path gives these bits.
+  double lane[kSquareLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int k = 0; k < kLanes; ++k) lane[k] += static_cast<double>(x[i + k]) * x[i + k];
-  for (; i < n; ++i) lane[0] += static_cast<double>(x[i]) * x[i];
+  if (const auto vector = dense_vector_updates().sum_squares) i = vector(x, n, lane);
+  for (; i + kSquareLanes <= n; i += kSquareLanes)
+    for (int k = 0; k < kSquareLanes; ++k) lane[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (int k = 0; i < n; ++i, ++k) lane[k] += static_cast<double>(x[i]) * x[i];
   double s = 0.0;
   for (double v : lane) s += v;
   return s;

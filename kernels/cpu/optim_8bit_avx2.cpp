@@ -58,6 +58,22 @@ int64_t sgd_f32_vectors(float* w, const float* grad, float* buf, int64_t n, cons
   return DenseVectors<Avx2Ops>::sgd(w, grad, buf, n, args);
 }
 
+// Lane 4 v + j in acc[v]'s lane j. A widened float's square is exact, so the fused multiply-add
+// rounds once as the scalar loop's add does.
+int64_t sum_squares_f32_vectors(const float* x, int64_t n, double (&lanes)[kSquareLanes]) {
+  constexpr int kVecs = kSquareLanes / 4;
+  __m256d acc[kVecs];
+  for (__m256d& a : acc) a = _mm256_setzero_pd();
+  const int64_t whole = n / kSquareLanes * kSquareLanes;
+  for (int64_t i = 0; i < whole; i += kSquareLanes)
+    for (int v = 0; v < kVecs; ++v) {
+      const __m256d d = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * v));
+      acc[v] = _mm256_fmadd_pd(d, d, acc[v]);
+    }
+  for (int v = 0; v < kVecs; ++v) _mm256_storeu_pd(lanes + 4 * v, acc[v]);
+  return whole;
+}
+
 }  // namespace vec
 }  // namespace cumulus::kernels
 #endif
