@@ -174,6 +174,49 @@ std::string mismatch(const std::vector<MemoryEvent>& r, const std::vector<Memory
   return {};
 }
 
+// The recordings sorted by micro-batch, largest first; each size positive and recorded once.
+void sort_recordings(std::vector<MemoryRecording>& recs) {
+  CUMULUS_CHECK(recs.size() >= 2, InvalidArgument, "MemoryPredictor: need recordings at two sizes at least, got ",
+                recs.size());
+  std::sort(recs.begin(), recs.end(),
+            [](const MemoryRecording& a, const MemoryRecording& b) { return a.micro_batch > b.micro_batch; });
+  for (std::size_t j = 0; j < recs.size(); ++j) {
+    CUMULUS_CHECK(recs[j].micro_batch > 0, InvalidArgument, "MemoryPredictor: micro-batch sizes must be > 0, got ",
+                  recs[j].micro_batch);
+    CUMULUS_CHECK(j == 0 || recs[j].micro_batch != recs[j - 1].micro_batch, InvalidArgument,
+                  "MemoryPredictor: micro-batch ", recs[j].micro_batch, " recorded twice");
+  }
+}
+
+// The live blocks at rest (none: not given) add up to the bytes at rest, category by category.
+void check_rest_blocks(const std::vector<LiveBlock>& blocks, const std::array<int64_t, kNumMemoryCategories>& rest) {
+  if (blocks.empty()) return;
+  std::array<int64_t, kNumMemoryCategories> sum{};
+  for (const LiveBlock& b : blocks) sum[static_cast<std::size_t>(b.category)] += b.bytes;
+  CUMULUS_CHECK(sum == rest, InvalidArgument,
+                "MemoryPredictor: the live blocks at rest do not add up to the bytes at rest by category");
+}
+
+// pair[i] = the allocation that free i returns (latest first, by category and size), -1 for an
+// allocation; or why the recording cannot be paired.
+std::string pair_frees(const std::vector<MemoryEvent>& events, std::vector<int64_t>& pair) {
+  pair.assign(events.size(), -1);
+  std::map<std::pair<int, int64_t>, std::vector<int64_t>> live;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    auto& stack = live[{static_cast<int>(events[i].category), events[i].bytes}];
+    if (events[i].alloc) {
+      stack.push_back(static_cast<int64_t>(i));
+      continue;
+    }
+    if (stack.empty())
+      return "event " + std::to_string(i) + " frees " + std::to_string(events[i].bytes) + " B of " +
+             category_name(events[i].category) + " that the micro-batch did not allocate";
+    pair[i] = stack.back();
+    stack.pop_back();
+  }
+  return {};
+}
+
 }  // namespace
 
 MemoryPredictor MemoryPredictor::from_recordings(int64_t small, const std::vector<MemoryEvent>& se, int64_t large,
@@ -190,28 +233,14 @@ MemoryPredictor MemoryPredictor::from_recordings(std::vector<MemoryRecording> re
                                                  const std::array<int64_t, kNumMemoryCategories>& rest,
                                                  int64_t rest_reserved, std::vector<FixedBlock> extra_fixed,
                                                  std::vector<LiveBlock> rest_blocks) {
-  CUMULUS_CHECK(recs.size() >= 2, InvalidArgument, "MemoryPredictor: need recordings at two sizes at least, got ",
-                recs.size());
-  std::sort(recs.begin(), recs.end(),
-            [](const MemoryRecording& a, const MemoryRecording& b) { return a.micro_batch > b.micro_batch; });
-  for (std::size_t j = 0; j < recs.size(); ++j) {
-    CUMULUS_CHECK(recs[j].micro_batch > 0, InvalidArgument, "MemoryPredictor: micro-batch sizes must be > 0, got ",
-                  recs[j].micro_batch);
-    CUMULUS_CHECK(j == 0 || recs[j].micro_batch != recs[j - 1].micro_batch, InvalidArgument,
-                  "MemoryPredictor: micro-batch ", recs[j].micro_batch, " recorded twice");
-  }
+  sort_recordings(recs);
   MemoryPredictor p;
   p.large_ = recs[0].micro_batch;
   p.small_ = recs[1].micro_batch;
   p.rest_ = rest;
   p.rest_reserved_ = rest_reserved;
   p.extra_fixed_ = std::move(extra_fixed);
-  if (!rest_blocks.empty()) {
-    std::array<int64_t, kNumMemoryCategories> sum{};
-    for (const LiveBlock& b : rest_blocks) sum[static_cast<std::size_t>(b.category)] += b.bytes;
-    CUMULUS_CHECK(sum == rest, InvalidArgument,
-                  "MemoryPredictor: the live blocks at rest do not add up to the bytes at rest by category");
-  }
+  check_rest_blocks(rest_blocks, rest);
   p.rest_blocks_ = std::move(rest_blocks);
   auto fail = [&](std::string why) {
     p.ok_ = false;
@@ -220,40 +249,26 @@ MemoryPredictor MemoryPredictor::from_recordings(std::vector<MemoryRecording> re
     return p;
   };
   const std::vector<MemoryEvent>& le = recs[0].events;
-  const std::size_t n = le.size();
-  // Pair frees with allocations on the largest recording, latest first.
-  p.pair_.assign(n, -1);
-  std::map<std::pair<int, int64_t>, std::vector<int64_t>> live;
-  for (std::size_t i = 0; i < n; ++i) {
-    auto& stack = live[{static_cast<int>(le[i].category), le[i].bytes}];
-    if (le[i].alloc) {
-      stack.push_back(static_cast<int64_t>(i));
-      continue;
-    }
-    if (stack.empty())
-      return fail("event " + std::to_string(i) + " frees " + std::to_string(le[i].bytes) + " B of " +
-                  category_name(le[i].category) + " that the micro-batch did not allocate");
-    p.pair_[i] = stack.back();
-    stack.pop_back();
-  }
+  const std::size_t n = le.size();  // events a micro-batch
+  // Frees paired with allocations on the largest recording.
+  if (std::string why = pair_frees(le, p.pair_); !why.empty()) return fail(why);
   if (std::string why = mismatch(recs[1].events, le, p.pair_); !why.empty())
     return fail(why + " at micro-batch " + std::to_string(p.small_));
   // The smaller recordings that match join the fit; those that do not may form the regime below.
   std::vector<const MemoryRecording*> used{&recs[0], &recs[1]};
   std::vector<MemoryRecording> others;
-  for (std::size_t j = 2; j < recs.size(); ++j) {
+  for (std::size_t j = 2; j < recs.size(); ++j)
     if (mismatch(recs[j].events, le, p.pair_).empty()) used.push_back(&recs[j]);
     else others.push_back(recs[j]);
-  }
-  std::string dropped;
   if (others.size() >= 2) {
     MemoryPredictor below = from_recordings(others, rest, rest_reserved, p.extra_fixed_, p.rest_blocks_);
     if (below.ok()) p.below_ = std::make_shared<const MemoryPredictor>(std::move(below));
   }
+  std::string dropped;
   if (!p.below_)
     for (const MemoryRecording& r : others) dropped += (dropped.empty() ? "" : ", ") + std::to_string(r.micro_batch);
   for (const MemoryRecording* r : used) p.sizes_.push_back(r->micro_batch);
-
+  // Each allocation's bytes as a piecewise line in the micro-batch, over the matching recordings.
   p.alloc_.resize(n);
   p.category_.resize(n);
   p.pieces_.assign(n, {});
