@@ -42,7 +42,8 @@
 #include "cumulus/core/error.h"
 #include "cumulus/io/file.h"
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so is every host we build for");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little-endian; so is every host we build for");
 
 namespace cumulus::io {
 
@@ -51,7 +52,7 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the reference rejects headers past 100 MB
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr const char* kChecksumKey = "checksum_crc32";  // Note [Checksum]
-constexpr int kMaxJsonDepth = 8;  // Note [Hostile headers]: a valid header needs 3
+constexpr int kMaxJsonDepth = 8;                        // Note [Hostile headers]: a valid header needs 3
 
 std::string where(const std::string& path) { return "safetensors file '" + path + "': "; }
 std::string where(const std::string& path, const std::string& name) {
@@ -207,8 +208,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   for (const auto& d : shape) {
     CUMULUS_CHECK(d.is_number_unsigned(), Error, at, "shape ", quote(shape), " must hold non-negative integers");
     const auto v = d.get<uint64_t>();
-    CUMULUS_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, at, "shape ",
-                  quote(shape), " is too large");
+    CUMULUS_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, at, "shape ", quote(shape),
+                  " is too large");
     if (v != 0 && bytes > std::numeric_limits<uint64_t>::max() / v) overflow = true;
     else bytes *= v;
     e.shape.push_back(static_cast<int64_t>(v));
@@ -216,15 +217,14 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   // An overflow stays an error even when a later dimension is 0, as in the reference (a checked
   // product taken in order): Shape::numel() would overflow on such a shape (found by fuzz_safetensors).
   const auto& off = j["data_offsets"];
-  CUMULUS_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                Error, at, "data_offsets must be [begin, end] with non-negative integers, got ", quote(off));
+  CUMULUS_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(), Error,
+                at, "data_offsets must be [begin, end] with non-negative integers, got ", quote(off));
   e.begin = off[0].get<uint64_t>();
   e.end = off[1].get<uint64_t>();
-  CUMULUS_CHECK(e.begin <= e.end, Error, at, "invalid data_offsets [", e.begin, ", ", e.end,
-                "]: begin is past end");
-  CUMULUS_CHECK(!overflow && bytes == e.end - e.begin, Error, at, "size mismatch: shape ", quote(shape), " of ",
-                dtype, " needs ", overflow ? std::string("more than 2^64") : std::to_string(bytes),
-                " bytes, data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin);
+  CUMULUS_CHECK(e.begin <= e.end, Error, at, "invalid data_offsets [", e.begin, ", ", e.end, "]: begin is past end");
+  CUMULUS_CHECK(!overflow && bytes == e.end - e.begin, Error, at, "size mismatch: shape ", quote(shape), " of ", dtype,
+                " needs ", overflow ? std::string("more than 2^64") : std::to_string(bytes), " bytes, data_offsets [",
+                e.begin, ", ", e.end, "] hold ", e.end - e.begin);
   return e;
 }
 
@@ -281,7 +281,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     checksum.add(content.data() + data_start, offset);
     const std::string key = std::string("\"") + kChecksumKey + "\":\"";
     const std::size_t at = content.find(key, 8);
-    CUMULUS_CHECK(at != std::string::npos && at < data_start, Error, where(path), "internal: checksum placeholder not found");
+    CUMULUS_CHECK(at != std::string::npos && at < data_start, Error, where(path),
+                  "internal: checksum placeholder not found");
     content.replace(at + key.size(), 8, checksum.hex());
   }
   write_file_atomic(path, content, links);
@@ -298,32 +299,33 @@ struct Header {
   std::map<std::string, std::string> metadata;
 };
 
-void read_header(const std::string& path, Header& out) {
-  Fd& file = out.file;
-  uint64_t file_size = 0;
-  file.fd = open_regular_file(path, where(path), file_size);  // a FIFO or a device is refused, not waited on
-  // ---- the header length, then the header ----
+// The header's JSON text: the 8-byte little-endian length first, checked against the file's size.
+std::string read_header_text(const std::string& path, int fd, uint64_t file_size) {
   CUMULUS_CHECK(file_size >= 8, Error, where(path), "file too short: ", file_size,
                 " bytes, a safetensors file starts with an 8-byte header length");
   unsigned char len[8];
-  CUMULUS_CHECK(read_at(file.fd, len, 8, 0), Error, where(path), "cannot read the header length");
+  CUMULUS_CHECK(read_at(fd, len, 8, 0), Error, where(path), "cannot read the header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  CUMULUS_CHECK(n <= kMaxHeaderBytes, Error, where(path), "header length ", n, " is absurd (limit ",
-                kMaxHeaderBytes, " bytes): not a safetensors file, or a corrupt one");
+  CUMULUS_CHECK(n <= kMaxHeaderBytes, Error, where(path), "header length ", n, " is absurd (limit ", kMaxHeaderBytes,
+                " bytes): not a safetensors file, or a corrupt one");
   CUMULUS_CHECK(8 + n <= file_size, Error, where(path), "header length ", n, " runs past the end of the file (",
                 file_size, " bytes): truncated or corrupt");
   std::string text(n, '\0');
   errno = 0;
-  CUMULUS_CHECK(read_at(file.fd, text.data(), n, 8), Error, where(path), "cannot read the ", n,
+  CUMULUS_CHECK(read_at(fd, text.data(), n, 8), Error, where(path), "cannot read the ", n,
                 "-byte header: ", std::strerror(errno));
+  return text;
+}
 
+// The header parsed: a JSON object of no repeated top-level key.
+nlohmann::json parse_header(const std::string& path, const std::string& text) {
+  const std::size_t n = text.size();
   // JSON has no raw NUL byte (one in a string is escaped), but the parser stops at one as at the end
   // of its input: "{...}\0garbage" would pass, and a flipped bit in the padding go unnoticed.
   CUMULUS_CHECK(text.find('\0') == std::string::npos, Error, where(path), "the ", n,
                 "-byte header contains a NUL byte at offset ", 8 + text.find('\0'), ": not valid JSON (corrupt)");
   check_json_depth(path, text);
-
   // Top-level keys are recorded as they are parsed: a JSON object may legally repeat a key (the
   // parser keeps one), but a file that names two tensors alike is corrupt.
   int depth = 0;
@@ -338,28 +340,15 @@ void read_header(const std::string& path, Header& out) {
       duplicate = parsed.get<std::string>();
     return true;
   };
-  const nlohmann::json header = nlohmann::json::parse(text, callback, /*allow_exceptions=*/false);
+  nlohmann::json header = nlohmann::json::parse(text, callback, /*allow_exceptions=*/false);
   CUMULUS_CHECK(!header.is_discarded(), Error, where(path), "the ", n, "-byte header is not valid JSON");
   CUMULUS_CHECK(header.is_object(), Error, where(path), "the header is not a JSON object");
   CUMULUS_CHECK(duplicate.empty(), Error, where(path, duplicate), "duplicate tensor name in the header");
+  return header;
+}
 
-  std::vector<Entry>& entries = out.entries;
-  for (const auto& [name, value] : header.items()) {
-    if (name == kMetadataKey) {
-      if (value.is_null()) continue;  // the reference writes no key, but reads null as none
-      CUMULUS_CHECK(value.is_object(), Error, where(path), "\"", kMetadataKey, "\" is not an object");
-      for (const auto& [k, v] : value.items()) {
-        CUMULUS_CHECK(v.is_string(), Error, where(path), "metadata \"", excerpt(k), "\" is not a string: ", quote(v));
-        out.metadata[k] = v.get<std::string>();
-      }
-      continue;
-    }
-    entries.push_back(parse_entry(path, name, value));
-  }
-
-  // ---- the byte ranges tile the data section: sorted, each starts where the last ended ----
-  const uint64_t data_start = 8 + n, data_size = file_size - data_start;
-  out.data_start = data_start;
+// The byte ranges tile the data section: sorted, each starts where the last ended.
+void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t data_size) {
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t covered = 0;
@@ -376,7 +365,27 @@ void read_header(const std::string& path, Header& out) {
   }
   CUMULUS_CHECK(covered == data_size, Error, where(path), "the tensors cover ", covered,
                 " bytes but the data section has ", data_size, ": trailing bytes belong to no tensor");
+}
 
+void read_header(const std::string& path, Header& out) {
+  uint64_t file_size = 0;
+  out.file.fd = open_regular_file(path, where(path), file_size);  // a FIFO or a device is refused, not waited on
+  const std::string text = read_header_text(path, out.file.fd, file_size);
+  const nlohmann::json header = parse_header(path, text);
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      if (value.is_null()) continue;  // the reference writes no key, but reads null as none
+      CUMULUS_CHECK(value.is_object(), Error, where(path), "\"", kMetadataKey, "\" is not an object");
+      for (const auto& [k, v] : value.items()) {
+        CUMULUS_CHECK(v.is_string(), Error, where(path), "metadata \"", excerpt(k), "\" is not a string: ", quote(v));
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    out.entries.push_back(parse_entry(path, name, value));
+  }
+  out.data_start = 8 + text.size();
+  check_tiling(path, out.entries, file_size - out.data_start);
 }
 
 // A converted tensor's values from the file's bytes `in` into `host` (Note [Dtypes read]): F64 rounded
@@ -439,9 +448,10 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
   Checksum checksum;
   if (auto it = out.metadata.find(kChecksumKey); it != out.metadata.end()) {
     stored_checksum = it->second;
-    CUMULUS_CHECK(stored_checksum.size() == 8 && stored_checksum.find_first_not_of("0123456789abcdef") == std::string::npos,
-                  Error, where(path), "corrupt: metadata \"", kChecksumKey, "\" is \"", excerpt(stored_checksum),
-                  "\", not 8 lowercase hex digits");
+    CUMULUS_CHECK(
+        stored_checksum.size() == 8 && stored_checksum.find_first_not_of("0123456789abcdef") == std::string::npos,
+        Error, where(path), "corrupt: metadata \"", kChecksumKey, "\" is \"", excerpt(stored_checksum),
+        "\", not 8 lowercase hex digits");
     for (const Entry& e : entries) checksum.add_tensor(e.name, e.dtype->name, e.shape);
     checksum.add_metadata(out.metadata);
   }
@@ -470,8 +480,8 @@ SafetensorsContents load_safetensors(const std::string& path, Device device) {
       src = stored.data();
     }
     errno = 0;
-    CUMULUS_CHECK(read_at(file.fd, src, file_bytes, data_start + e.begin), Error, where(path, e.name),
-                  "cannot read ", file_bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
+    CUMULUS_CHECK(read_at(file.fd, src, file_bytes, data_start + e.begin), Error, where(path, e.name), "cannot read ",
+                  file_bytes, " bytes of data: ", errno ? std::strerror(errno) : "file shrank");
     if (!stored_checksum.empty()) checksum.add(src, file_bytes);
     decode_tensor(path, e, static_cast<const char*>(src), host, count, range_error);
     if (device.is_cuda()) copy_bytes(t.raw_data(), device, staging.data(), Device::cpu(), bytes);
