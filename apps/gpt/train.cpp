@@ -77,8 +77,10 @@ void check_train_files(const TrainFlags& f, const Corpus& corpus) {
     if (std::filesystem::exists(std::filesystem::symlink_status(f.metrics, ec)))
       files.inputs.push_back({"--metrics", f.metrics});
   }
-  files.outputs = {{"--save", f.save},     {"--save's training state", f.save.empty() ? "" : state_path(f.save)},
-                   {"--metrics", f.metrics}, {"--memory-report", f.memory_report},
+  files.outputs = {{"--save", f.save},
+                   {"--save's training state", f.save.empty() ? "" : state_path(f.save)},
+                   {"--metrics", f.metrics},
+                   {"--memory-report", f.memory_report},
                    {"--memory-plot", f.memory_plot}};
   files.may_replace = [](const io::RunFile& in, const io::RunFile& out) {
     return (in.name == "--resume" && out.name == "--save") ||
@@ -122,8 +124,8 @@ std::unique_ptr<models::GPT> make_model(const models::GPTConfig& config, uint64_
 
 // The corpus as tokens of `vocab`: a byte it lacks (a resumed run's vocabulary is its checkpoint's)
 // is the data's fault, named with the file.
-std::vector<int32_t> encode_corpus(const models::CharVocabulary& vocab, const std::string& text,
-                                   const Corpus& corpus, const std::string& resume) {
+std::vector<int32_t> encode_corpus(const models::CharVocabulary& vocab, const std::string& text, const Corpus& corpus,
+                                   const std::string& resume) {
   try {
     return vocab.encode(text);
   } catch (const InvalidArgument& e) {
@@ -140,6 +142,31 @@ optim::AdamWOptions adamw_options(const TrainFlags& f) {
   adamw.weight_decay = static_cast<float>(f.weight_decay);
   adamw.state_bits = f.optimizer_bits;
   return adamw;
+}
+
+// AdamW over the model's flat parameters, weight decay on its matrices only, the state where
+// --optimizer-state puts it (auto: on the device until the planner places it).
+std::shared_ptr<optim::AdamW> make_optimizer(const TrainFlags& f, models::GPT& model) {
+  const optim::AdamWOptions adamw = adamw_options(f);
+  auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
+  optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
+  optimizer->place_state(f.optimizer_state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);
+  return optimizer;
+}
+
+// Cosine decay after a linear warmup over --steps (none for --steps 0).
+std::shared_ptr<const optim::LRSchedule> make_schedule(const TrainFlags& f) {
+  if (f.steps == 0) return nullptr;
+  return std::make_shared<optim::CosineWarmupLR>(static_cast<float>(f.lr), f.warmup, f.steps,
+                                                 static_cast<float>(f.min_lr));
+}
+
+// The threads this rank runs: --threads, or (0) every core it may use; ranks on one host share its
+// cores, each its share.
+int rank_threads(const TrainFlags& f, const dist::Communicator& comm) {
+  if (comm.world_size() > 1 && f.threads == 0)
+    return fit_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.local_size()));
+  return use_cpu_threads(f.threads);
 }
 
 // The chosen plan as the ranks share it: what the planner left in place on rank 0, for the others.
@@ -300,6 +327,27 @@ Text read_text(const TrainFlags& f, const Corpus& corpus) {
   return t;
 }
 
+// --precision, refused where the device cannot run it.
+Precision checked_precision(const TrainFlags& f, Device device) {
+  const Precision precision = parse_precision(f.precision);
+  if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
+    throw UsageError("--precision " + f.precision + ": " + why);
+  return precision;
+}
+
+// The model on `device`: --init's weights if given, recomputation and compute dtype as flagged;
+// --effective-batch checked against the training text.
+std::unique_ptr<models::GPT> build_model(const TrainFlags& f, const Text& t, Device device, Precision precision) {
+  std::unique_ptr<models::GPT> model = make_model(gpt_config(f, t.vocab.size()), static_cast<uint64_t>(f.seed), device);
+  if (!f.init.empty()) models::load_gpt_initial_weights(f.init, *model, t.vocab);
+  model->set_recompute(f.recompute == "on");
+  model->set_compute_dtype(compute_dtype(precision));
+  if (f.effective_batch > 0 && f.effective_batch * f.context > t.split.train.numel())
+    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
+                     ": more tokens than the training text holds");
+  return model;
+}
+
 memory::MemoryTracker::Options tracker_options(const TrainFlags& f) {
   memory::MemoryTracker::Options tracking;
   tracking.model = "gpt " + std::to_string(f.layers) + " x " + std::to_string(f.width);
@@ -341,7 +389,10 @@ void print_banner(const TrainFlags& f, const Corpus& corpus, const Text& t, cons
   if (comm.world_size() > 1)
     say("data parallel: %d ranks (%s), each %lld x %lld windows a step, ZeRO stage %d%s\n", comm.world_size(),
         dist::transports_text().c_str(), static_cast<long long>(f.micro_batch), static_cast<long long>(f.accum_steps),
-        f.zero, f.zero == 1 ? " (AdamW's state sharded)" : f.zero == 2 ? " (AdamW's state and the gradients sharded)" : "");
+        f.zero,
+        f.zero == 1   ? " (AdamW's state sharded)"
+        : f.zero == 2 ? " (AdamW's state and the gradients sharded)"
+                      : "");
   if (f.optimizer_state == "host") say("optimizer: AdamW's state in host memory, updated there\n");
   // Which attention runs on the GPU (cuDNN's fused SDPA by default, ours under CUMULUS_CUDA_ATTENTION=own).
   if (device.is_cuda())
@@ -456,32 +507,17 @@ int train(const TrainFlags& flags) {
   check_train_flags(f);
   const std::shared_ptr<dist::Communicator> comm = dist::Communicator::from_environment();
   place_on_ranks(f, *comm);
-  const Device device = comm->world_size() > 1 && f.device != "cpu" ? dist::device_for_rank(*comm) : parse_device(f.device);
-  const Precision precision = parse_precision(f.precision);
-  if (const std::string why = precision_unsupported_reason(precision, device); !why.empty())
-    throw UsageError("--precision " + f.precision + ": " + why);
+  const Device device =
+      comm->world_size() > 1 && f.device != "cpu" ? dist::device_for_rank(*comm) : parse_device(f.device);
+  const Precision precision = checked_precision(f, device);
   const Corpus corpus = locate_corpus(f.data);
   check_train_files(f, corpus);
-  // Ranks on one host share its cores: without --threads, each takes its share.
-  f.threads = comm->world_size() > 1 && f.threads == 0
-                  ? fit_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm->local_size()))
-                  : use_cpu_threads(f.threads);
+  f.threads = rank_threads(f, *comm);
   const Text t = read_text(f, corpus);
 
-  const std::unique_ptr<models::GPT> model_ptr =
-      make_model(gpt_config(f, t.vocab.size()), static_cast<uint64_t>(f.seed), device);
+  const std::unique_ptr<models::GPT> model_ptr = build_model(f, t, device, precision);
   models::GPT& model = *model_ptr;
-  if (!f.init.empty()) models::load_gpt_initial_weights(f.init, model, t.vocab);
-  model.set_recompute(f.recompute == "on");
-  model.set_compute_dtype(compute_dtype(precision));
-  if (f.effective_batch > 0 && f.effective_batch * f.context > t.split.train.numel())
-    throw UsageError("--effective-batch " + std::to_string(f.effective_batch) +
-                     ": more tokens than the training text holds");
-
-  const optim::AdamWOptions adamw = adamw_options(f);
-  auto optimizer = std::make_shared<optim::AdamW>(std::make_shared<nn::FlatParameters>(model), adamw);
-  optimizer->set_param_groups(optim::decay_matrices_only(model.named_parameters(), adamw.weight_decay));
-  optimizer->place_state(f.optimizer_state == "host" ? optim::StatePlacement::host : optim::StatePlacement::device);  // auto: the planner's
+  const std::shared_ptr<optim::AdamW> optimizer = make_optimizer(f, model);
   const data::TokenWindows train_windows(t.split.train, f.context, static_cast<uint64_t>(f.seed), device);
   const data::TokenWindows val_windows(t.split.validation, f.context, 0, device);
   std::optional<PlanChoice> plan;
@@ -489,10 +525,7 @@ int train(const TrainFlags& flags) {
   train::StepLog last_step;
   memory::MemoryTracker tracker(device, tracker_options(f));
   if (plan && comm->is_root()) tracker.set_plan_check(plan_check(*plan, f));
-  std::shared_ptr<const optim::LRSchedule> schedule;
-  if (f.steps > 0)
-    schedule = std::make_shared<optim::CosineWarmupLR>(adamw.lr, f.warmup, f.steps, static_cast<float>(f.min_lr));
-  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, last_step, comm), schedule);
+  train::Trainer trainer(optimizer, trainer_options(f, precision, tracker, last_step, comm), make_schedule(f));
   TrainFlags recorded = f;
   recorded.accum_steps *= comm->world_size();  // every rank's: resumable in one process
   const int64_t total = f.steps * recorded.accum_steps;
@@ -500,8 +533,7 @@ int train(const TrainFlags& flags) {
   const int64_t first =
       f.resume.empty() ? 0 : resume_run(f.resume, model, trainer, settings, total, recorded.accum_steps);
   if (!f.resume.empty() && first == total) {
-    say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(),
-        static_cast<long long>(f.steps));
+    say("gpt: --resume %s finished its %lld steps; nothing to do\n", f.resume.c_str(), static_cast<long long>(f.steps));
     return 0;
   }
   // A resumed run keeps the lines up to its checkpoint's step (the micro-batch's, skipped steps
