@@ -65,22 +65,53 @@ void save_final_weights(const RunConfig& o, const nn::Module& model) {
   if (!o.quiet) say("weights written to %s\n", o.save_path.c_str());
 }
 
-int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
+// The run's settings on this rank, every rank's checked alike, and the data folder: before any
+// model or data is made.
+struct PreparedRun {
+  RunConfig placed;
+  std::string data_dir;
+};
+
+PreparedRun prepare_run(const RunConfig& resolved, dist::Communicator& comm) {
   app::install_stop_handlers();
   app::ignore_write_signals();  // a closed stdout: say() asks for a stop, the run checkpoints
   // Under `ulimit -v`, OpenBLAS's buffers are taken now or refused (Note [OpenBLAS under an address-space limit]).
   use_cpu_threads(resolved.threads);
-  const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, *comm));  // this rank's place and device
-  check_same_settings_on_every_rank(placed, *comm);
-  const Device device = placed.device;
-  usage_check_on_every_rank(*comm, [&] { check_run_paths(resolved, placed); });
-  const std::string data_dir = locate_fashion_mnist(placed.data_dir, placed.quiet);
-  usage_check_on_every_rank(*comm, [&] { check_outputs_against_data(resolved, placed, data_dir); });
+  const RunConfig placed = on_ranks(resolved, place_on_ranks(resolved, comm));  // this rank's place and device
+  check_same_settings_on_every_rank(placed, comm);
+  usage_check_on_every_rank(comm, [&] { check_run_paths(resolved, placed); });
+  std::string data_dir = locate_fashion_mnist(placed.data_dir, placed.quiet);
+  usage_check_on_every_rank(comm, [&] { check_outputs_against_data(resolved, placed, data_dir); });
+  return {placed, std::move(data_dir)};
+}
 
-  Generator gen(placed.seed);
-  const std::unique_ptr<nn::Model> model_ptr = make_model(placed, gen);
+// The model, seeded by --seed, with --init's weights if given.
+std::unique_ptr<nn::Model> seeded_model(const RunConfig& o) {
+  Generator gen(o.seed);
+  std::unique_ptr<nn::Model> model = make_model(o, gen);
+  if (!o.init_path.empty()) load_weights(o.init_path, *model);
+  return model;
+}
+
+// --resume's checkpoint into the model, the optimizer and the trainer (every rank the same one),
+// or a start at epoch 0.
+TrainingState resume_if_asked(const RunConfig& config, nn::Model& model, optim::Optimizer& optimizer,
+                              train::Trainer& trainer, int64_t micro_batches, int64_t train_samples,
+                              dist::Communicator& comm) {
+  TrainingState state;
+  if (config.resume_path.empty()) return state;
+  state = load_checkpoint(config.resume_path, model, optimizer, config, micro_batches, train_samples);
+  trainer.restore(state.state.counters);
+  check_same_loaded_on_every_rank("checkpoints", resume_position(state.state.counters),
+                                  "give every rank the same --resume checkpoint", comm);
+  return state;
+}
+
+int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& comm) {
+  const auto [placed, data_dir] = prepare_run(resolved, *comm);
+  const Device device = placed.device;
+  const std::unique_ptr<nn::Model> model_ptr = seeded_model(placed);
   nn::Model& model = *model_ptr;
-  if (!placed.init_path.empty()) load_weights(placed.init_path, model);
   app::throw_if_interrupted();
 
   // --data-on host: the splits stay in host memory and the loaders stage batches to the device
@@ -117,13 +148,8 @@ int run(const RunConfig& resolved, const std::shared_ptr<dist::Communicator>& co
   const train::TrainerOptions trainer_opts = trainer_options(config, comm);
   train::Trainer trainer(optimizer, trainer_opts, make_lr_schedule(config, micro_batches));
 
-  TrainingState state;
-  if (!config.resume_path.empty()) {
-    state = load_checkpoint(config.resume_path, model, *optimizer, config, micro_batches, train_set.size());
-    trainer.restore(state.state.counters);
-    check_same_loaded_on_every_rank("checkpoints", resume_position(state.state.counters),
-                                    "give every rank the same --resume checkpoint", *comm);
-  }
+  const TrainingState state =
+      resume_if_asked(config, model, *optimizer, trainer, micro_batches, train_set.size(), *comm);
   app::throw_if_interrupted();
 
   RunDescription description{data_dir, train_set.size(), test.size(), train_loader.host_resident()};
