@@ -67,8 +67,7 @@ class PlainSource final : public Source {
   PlainSource(std::FILE* f, const std::string& path) : f_(f), path_(path) {}
   std::size_t read(uint8_t* dst, std::size_t n) override {
     const std::size_t got = std::fread(dst, 1, n, f_);
-    if (got < n && std::ferror(f_))
-      throw Error(where(path_) + "read error: " + std::strerror(errno));
+    if (got < n && std::ferror(f_)) throw Error(where(path_) + "read error: " + std::strerror(errno));
     return got;
   }
 
@@ -128,9 +127,7 @@ class GzipSource final : public Source {
     z_.avail_in = static_cast<uInt>(got);
     return got > 0;
   }
-  Error corrupt(const std::string& detail) const {
-    return Error(where(path_) + "corrupt gzip data (" + detail + ")");
-  }
+  Error corrupt(const std::string& detail) const { return Error(where(path_) + "corrupt gzip data (" + detail + ")"); }
 
   std::FILE* f_;
   const std::string& path_;
@@ -177,7 +174,9 @@ struct OpenIdx {
   }
 };
 
-void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
+// The file opened into o.file and o.source (gzip recognized by its magic, not by the file name);
+// returns its size in bytes.
+int64_t open_source(const std::string& path, OpenIdx& o) {
   uint64_t size = 0;
   const int fd = io::open_regular_file(path, where(path), size);  // a FIFO or a device is refused, not waited on
   o.file.reset(::fdopen(fd, "rb"));
@@ -186,20 +185,21 @@ void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
     ::close(fd);
     throw Error(where(path) + "cannot open: " + std::strerror(saved));
   }
-  CUMULUS_CHECK(size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, where(path),
-                "file size ", size, " is out of range");
-  const auto file_size = static_cast<int64_t>(size);
-
-  // gzip is recognized by its magic, not by the file name.
+  CUMULUS_CHECK(size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), Error, where(path), "file size ",
+                size, " is out of range");
   uint8_t magic2[2] = {0, 0};
   const std::size_t got_magic = std::fread(magic2, 1, 2, o.file.get());
   o.gzip = got_magic == 2 && magic2[0] == 0x1f && magic2[1] == 0x8b;
   std::rewind(o.file.get());
   if (o.gzip) o.source = std::make_unique<GzipSource>(o.file.get(), path);
   else o.source = std::make_unique<PlainSource>(o.file.get(), path);
-  const char* kind = o.gzip ? " (decompressed)" : "";
+  return static_cast<int64_t>(size);
+}
 
-  // ---- header: 0x00 0x00, type, ndim, then ndim big-endian u32 dimensions ----
+// The header: 0x00 0x00, type, ndim, then ndim big-endian u32 dimensions, into o.out.dims,
+// o.payload and o.item.
+void read_dims(const std::string& path, int expected_ndim, OpenIdx& o) {
+  const char* kind = o.gzip ? " (decompressed)" : "";
   const std::size_t header_size = o.header_size = 4 + 4 * static_cast<std::size_t>(expected_ndim);
   std::vector<uint8_t> header(header_size);
   std::size_t got = o.source->read(header.data(), 4);
@@ -208,16 +208,15 @@ void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
   char magic[16];
   std::snprintf(magic, sizeof(magic), "0x%02x%02x%02x%02x", header[0], header[1], header[2], header[3]);
   CUMULUS_CHECK(header[0] == 0 && header[1] == 0, Error, where(path), "wrong magic ", magic,
-                ": an IDX file starts with two zero bytes (expected 0x000008",
-                expected_ndim < 16 ? "0" : "", std::hex, expected_ndim, ")");
-  CUMULUS_CHECK(header[2] == kTypeUnsignedByte, Error, where(path), "wrong magic ", magic, ": data type 0x",
-                std::hex, int(header[2]), " is not unsigned byte (0x08)");
-  CUMULUS_CHECK(header[3] == expected_ndim, Error, where(path), "dimension mismatch: the header (magic ",
-                magic, ") has ", int(header[3]), " dimensions, expected ", expected_ndim);
+                ": an IDX file starts with two zero bytes (expected 0x000008", expected_ndim < 16 ? "0" : "", std::hex,
+                expected_ndim, ")");
+  CUMULUS_CHECK(header[2] == kTypeUnsignedByte, Error, where(path), "wrong magic ", magic, ": data type 0x", std::hex,
+                int(header[2]), " is not unsigned byte (0x08)");
+  CUMULUS_CHECK(header[3] == expected_ndim, Error, where(path), "dimension mismatch: the header (magic ", magic,
+                ") has ", int(header[3]), " dimensions, expected ", expected_ndim);
   got += o.source->read(header.data() + 4, header_size - 4);
-  CUMULUS_CHECK(got == header_size, Error, where(path), "truncated header: ", got, " bytes", kind, ", ",
-                expected_ndim, " dimensions need ", header_size);
-
+  CUMULUS_CHECK(got == header_size, Error, where(path), "truncated header: ", got, " bytes", kind, ", ", expected_ndim,
+                " dimensions need ", header_size);
   IdxArray& out = o.out;
   for (int d = 0; d < expected_ndim; ++d) {
     const uint8_t* p = header.data() + 4 + 4 * d;
@@ -227,13 +226,17 @@ void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
     if (d > 0) o.item = mul_saturating(o.item, dim);
   }
   for (int d = 0; d < expected_ndim; ++d)
-    CUMULUS_CHECK(out.dims[d] > 0, Error, where(path), "invalid dimensions ", dims_str(out.dims),
-                  ": dimension ", d, " is 0");
+    CUMULUS_CHECK(out.dims[d] > 0, Error, where(path), "invalid dimensions ", dims_str(out.dims), ": dimension ", d,
+                  " is 0");
   out.count_in_file = out.dims[0];
+}
 
+void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
+  const int64_t file_size = open_source(path, o);
+  read_dims(path, expected_ndim, o);
   // ---- the claim against the file: its size, or the most a gzip file inflates to (Note above) ----
   if (!o.gzip) {
-    const int64_t data_bytes = file_size - static_cast<int64_t>(header_size);
+    const int64_t data_bytes = file_size - static_cast<int64_t>(o.header_size);
     CUMULUS_CHECK(data_bytes >= o.payload, Error, where(path), "truncated: ", o.expectation(), ", the file has ",
                   data_bytes);
     CUMULUS_CHECK(data_bytes == o.payload, Error, where(path), "unexpected trailing data: ", o.expectation(),
@@ -241,7 +244,7 @@ void read_header(const std::string& path, int expected_ndim, OpenIdx& o) {
     return;
   }
   const uint64_t most = static_cast<uint64_t>(mul_saturating(file_size, static_cast<int64_t>(kMaxDeflateRatio)));
-  CUMULUS_CHECK(static_cast<uint64_t>(o.payload) + header_size <= most, Error, where(path),
+  CUMULUS_CHECK(static_cast<uint64_t>(o.payload) + o.header_size <= most, Error, where(path),
                 "truncated or corrupt: ", o.expectation(), ", but ", file_size,
                 " bytes of gzip data inflate to at most ", most, " (deflate expands at most ", kMaxDeflateRatio,
                 " times)");
@@ -278,9 +281,10 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
   const int64_t items = limit > 0 ? std::min(limit, out.dims[0]) : out.dims[0];
   const int64_t wanted = mul_saturating(items, item);
   const auto check_cap = [&] {
-    CUMULUS_CHECK(static_cast<uint64_t>(wanted) <= kMaxDataBytes, Error, where(path), "too large: ",
-                  items == out.dims[0] ? expectation() : detail::concat(items, " items of ", item, " bytes need ", wanted),
-                  ", more than the reader's limit of ", kMaxDataBytes >> 30, " GiB (a corrupt or hostile header?)");
+    CUMULUS_CHECK(
+        static_cast<uint64_t>(wanted) <= kMaxDataBytes, Error, where(path), "too large: ",
+        items == out.dims[0] ? expectation() : detail::concat(items, " items of ", item, " bytes need ", wanted),
+        ", more than the reader's limit of ", kMaxDataBytes >> 30, " GiB (a corrupt or hostile header?)");
   };
 
   // ---- payload: a plain file's size was checked against the header before allocating (Note above) ----
@@ -289,8 +293,7 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
     reserve(out.values, static_cast<std::size_t>(wanted), path);
     out.values.resize(static_cast<std::size_t>(wanted));
     const std::size_t n = source->read(out.values.data(), out.values.size());
-    CUMULUS_CHECK(n == out.values.size(), Error, where(path), "truncated while reading: ", expectation(),
-                  ", read ", n);
+    CUMULUS_CHECK(n == out.values.size(), Error, where(path), "truncated while reading: ", expectation(), ", read ", n);
     out.dims[0] = items;
     return out;
   }
@@ -319,8 +322,7 @@ IdxArray read_idx_u8(const std::string& path, int expected_ndim, int64_t limit) 
   std::vector<uint8_t> scratch(1 << 16);
   const std::size_t extra = source->read(scratch.data(), scratch.size());
   CUMULUS_CHECK(extra == 0, Error, where(path), "unexpected trailing data: ", expectation(),
-                ", the decompressed data has ", extra == scratch.size() ? "more than " : "",
-                expected + extra);
+                ", the decompressed data has ", extra == scratch.size() ? "more than " : "", expected + extra);
   return out;
 }
 
