@@ -65,8 +65,8 @@ void save_final_weights(const RunConfig& o, const nn::Module& model) {
   if (!o.quiet) say("weights written to %s\n", o.save_path.c_str());
 }
 
-// The run's settings on this rank, every rank's checked alike, and the data folder: before any
-// model or data is made.
+// Before any model or data is made: the stop and write signals handled, the threads set, the run's
+// settings placed on this rank and checked alike on every rank, and the data folder found.
 struct PreparedRun {
   RunConfig placed;
   std::string data_dir;
