@@ -48,10 +48,8 @@ std::string number_text(double v) {
   return buf;
 }
 
-}  // namespace
-
-void add_train_flags(CLI::App& c, TrainFlags& f) {
-  c.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+// The data, the model's shape, the batch and its split, the run's length.
+void add_model_and_batch_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--data", f.data, "a folder holding shakespeare.txt, or any text file (default: search)");
   c.add_option("--context", f.context, "context length T (tokens per window)")->check(CLI::Range(1, 1 << 16));
   c.add_option("--width", f.width, "embedding width C")->check(CLI::Range(1, 1 << 16));
@@ -66,6 +64,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--memory-budget", f.memory_budget, "reserved bytes the planner keeps within, e.g. 64MiB");
   c.add_option("--steps", f.steps, "optimizer steps (0: write --save's initial weights and stop)")
       ->check(CLI::Range(0, 1 << 30));
+}
+
+// AdamW, its schedule and state, sharding and clipping.
+void add_optimizer_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--lr", f.lr, "peak learning rate")->check(kFinite)->check(CLI::PositiveNumber);
   c.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine decay")
       ->check(kFinite)
@@ -81,8 +83,9 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--optimizer-state", f.optimizer_state, state_help.placement)
       ->check(CLI::IsMember({"device", "host", "auto"}));
   c.add_option("--zero", f.zero_text,
-               state_help.zero + ". auto, with the planner (--effective-batch): 1, then 2, only when no plan fits "
-                                 "below it, the prediction rank 0's")
+               state_help.zero +
+                   ". auto, with the planner (--effective-batch): 1, then 2, only when no plan fits "
+                   "below it, the prediction rank 0's")
       ->check(CLI::IsMember({"0", "1", "2", "auto"}));
   c.add_flag("--reduce-every-micro-batch", f.reduce_every_micro_batch,
              "under mpirun: reduce each micro-batch's gradient across the ranks as its backward finishes, the "
@@ -91,6 +94,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--clip", f.clip, "clip the gradient's global L2 norm to this (0: off)")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
+}
+
+// Where and how the steps run: seed, threads, device, precision, recompute, evaluation, progress.
+void add_execution_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--seed", f.seed_text, "initialization and window seed, in [0, 2^63 - 1]");
   c.add_option("--threads", f.threads, kThreadsHelp)->check(CLI::Range(0, 1024));
   c.add_option("--device", f.device, "cpu, cuda[:N] or auto (a GPU where one is usable, else the CPU)");
@@ -110,6 +117,10 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--stop-after", f.stop_after, "stop after this step, checkpointed as on Ctrl-C (0: run to --steps)")
       ->check(CLI::Range(0, 1 << 30));
   c.add_option("--log-every", f.log_every, "a progress line every K steps")->check(CLI::Range(1, 1 << 30));
+}
+
+// What the run writes and reads (metrics, reports, weights, the resume) and how much it prints.
+void add_output_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--metrics", f.metrics, "JSON lines: one per step, one per evaluation");
   c.add_option("--memory-report", f.memory_report, "the memory tracker's report (JSON) at the end");
   c.add_option("--memory-plot", f.memory_plot, "the memory timeline of the first steps (SVG) at the end");
@@ -124,13 +135,24 @@ void add_train_flags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--quiet", f.quiet, "only evaluations, warnings and errors");
 }
 
+}  // namespace
+
+void add_train_flags(CLI::App& c, TrainFlags& f) {
+  c.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  add_model_and_batch_flags(c, f);
+  add_optimizer_flags(c, f);
+  add_execution_flags(c, f);
+  add_output_flags(c, f);
+}
+
 void add_sample_flags(CLI::App& c, SampleFlags& f) {
   c.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c.add_option("--load", f.load, "weights written by gpt train --save")->required();
   // The default, a newline, would print as a line break in --help: the help says it instead.
   c.add_option("--prompt", f.prompt, "text to continue (default: a newline)")->capture_default_str()->default_str("");
   c.add_option("--length", f.length, "new characters")->check(CLI::Range(0, 1 << 24));
-  c.add_option("--temperature", f.temperature, "softmax temperature (0: the most likely character; else in [1e-4, 1e4])")
+  c.add_option("--temperature", f.temperature,
+               "softmax temperature (0: the most likely character; else in [1e-4, 1e4])")
       ->check(kFinite)
       ->check(CLI::NonNegativeNumber);
   c.add_option("--top-k", f.top_k, "sample among the K most likely (0: all)")->check(CLI::Range(0, 1 << 20));
@@ -149,10 +171,12 @@ void check_train_flags(TrainFlags& f) {
                                                   {"--optimizer-bits auto", f.optimizer_bits_text == "auto"},
                                                   {"--zero auto", f.zero_text == "auto"}};
   for (const auto& [flag, given] : planned)
-    if (f.effective_batch == 0 && given) throw UsageError(std::string(flag) + " needs --effective-batch (the planner decides)");
+    if (f.effective_batch == 0 && given)
+      throw UsageError(std::string(flag) + " needs --effective-batch (the planner decides)");
   if (f.reduce_every_micro_batch && f.effective_batch > 0)
-    throw UsageError("--reduce-every-micro-batch with --effective-batch: the planner does not weigh it; give "
-                     "--micro-batch and --accum-steps instead");
+    throw UsageError(
+        "--reduce-every-micro-batch with --effective-batch: the planner does not weigh it; give "
+        "--micro-batch and --accum-steps instead");
   if (f.steps > 0 && f.warmup >= f.steps)
     throw UsageError("--warmup " + std::to_string(f.warmup) + " must be less than --steps " + std::to_string(f.steps));
   if (!f.init.empty() && !f.resume.empty())

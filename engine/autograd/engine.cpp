@@ -69,10 +69,10 @@ GradSink::Target GradSink::begin(const Shape& shape, const Device& device, DType
   }
   CUMULUS_CHECK(slot_ != nullptr, Error, "GradSink::begin on a sink that needs no gradient");
   if (slot_->defined()) {
-    CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(),
-                  " and ", slot_->shape().str(), " for the same tensor");
-    CUMULUS_CHECK(slot_->dtype() == dtype, InvalidArgument, "backward: gradients of types ", dtype_name(dtype),
-                  " and ", dtype_name(slot_->dtype()), " for the same tensor");
+    CUMULUS_CHECK(slot_->shape() == shape, ShapeError, "backward: gradients of shapes ", shape.str(), " and ",
+                  slot_->shape().str(), " for the same tensor");
+    CUMULUS_CHECK(slot_->dtype() == dtype, InvalidArgument, "backward: gradients of types ", dtype_name(dtype), " and ",
+                  dtype_name(slot_->dtype()), " for the same tensor");
     // A gradient handed on by reference (add's dy, given to both operands) may be another pending
     // gradient too: the first add into it gets its own copy (Note [Gradient sinks]).
     if (!sole_owner(*slot_)) *slot_ = slot_->clone();
@@ -97,10 +97,9 @@ void GradSink::defer_add(Tensor partial) {
   const AutogradMeta& meta = leaf_->autograd;
   CUMULUS_CHECK(meta.grad.defined() && !meta.grad_stale, Error,
                 "GradSink::defer_add before begin() (a deferred add accumulates into a written buffer)");
-  CUMULUS_CHECK(partial.shape() == meta.grad.shape() && partial.device() == meta.grad.device() &&
-                    partial.dtype() == DType::f32,
-                ShapeError, "GradSink::defer_add: a partial gradient ", partial.str(), " for a buffer ",
-                meta.grad.str());
+  CUMULUS_CHECK(
+      partial.shape() == meta.grad.shape() && partial.device() == meta.grad.device() && partial.dtype() == DType::f32,
+      ShapeError, "GradSink::defer_add: a partial gradient ", partial.str(), " for a buffer ", meta.grad.str());
   deferred_->adds.push_back({std::move(partial), meta.grad});
 }
 
@@ -203,14 +202,19 @@ void attach_node(Tensor& out, std::shared_ptr<Node> node, const std::vector<cons
 
 namespace detail {
 
-void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, const LeafRedirect& redirect,
-                   const LeafGradientDone& on_leaf_done) {
-  // Dependencies: for every reachable node, the number of edges pointing at it (and, for the
-  // hook, at every leaf).
+namespace {
+
+// Every node the walk reaches from root with the number of edges pointing at it, and (for the
+// leaf hook) every leaf with its own count; a node a backward already consumed is an error.
+struct EdgeCounts {
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<const TensorImpl*, int> leaf_edges;
-  std::vector<Node*> stack{root.get()};
-  dependencies[root.get()] = 0;
+};
+
+EdgeCounts count_edges(Node* root, bool count_leaves) {
+  EdgeCounts counts;
+  std::vector<Node*> stack{root};
+  counts.dependencies[root] = 0;
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
@@ -218,13 +222,36 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
                   "' was already used by a backward call and its saved tensors are released; "
                   "run the forward again");
     for (Edge& e : n->next_edges()) {
-      if (e.leaf && on_leaf_done) leaf_edges[e.leaf.get()] += 1;
+      if (e.leaf && count_leaves) counts.leaf_edges[e.leaf.get()] += 1;
       if (!e.node) continue;
-      auto [it, first] = dependencies.try_emplace(e.node.get(), 0);
+      auto [it, first] = counts.dependencies.try_emplace(e.node.get(), 0);
       it->second += 1;
       if (first) stack.push_back(e.node.get());
     }
   }
+  return counts;
+}
+
+// Where each of node's input gradients goes: the next node's pending gradient, the redirected
+// leaf's sink, a leaf's buffer, or nowhere.
+void fill_sinks(Node& node, std::unordered_map<Node*, Tensor>& pending, const LeafRedirect& redirect,
+                std::vector<GradSink>& sinks) {
+  sinks.clear();
+  for (Edge& e : node.next_edges()) {
+    if (e.node) sinks.push_back(GradSink::pending(&pending[e.node.get()]));
+    else if (e.leaf && e.leaf.get() == redirect.leaf) sinks.push_back(redirect.sink);
+    else if (e.leaf) sinks.push_back(GradSink::leaf(e.leaf.get(), tls_deferred_adds));
+    else sinks.push_back(GradSink::none());
+  }
+}
+
+}  // namespace
+
+void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, const LeafRedirect& redirect,
+                   const LeafGradientDone& on_leaf_done) {
+  EdgeCounts counts = count_edges(root.get(), static_cast<bool>(on_leaf_done));
+  auto& dependencies = counts.dependencies;
+  auto& leaf_edges = counts.leaf_edges;
 
   // Pending output gradients of nodes still waiting for consumers. unordered_map keeps element
   // addresses stable, which GradSink::pending relies on.
@@ -240,18 +267,7 @@ void backward_walk(const std::shared_ptr<Node>& root, const Tensor& root_grad, c
     CUMULUS_CHECK(grad_output.defined(), Error, "backward: op '", node->name(),
                   "' received no gradient (an op before it skipped an input that needs one)");
 
-    sinks.clear();
-    for (Edge& e : node->next_edges()) {
-      if (e.node) {
-        sinks.push_back(GradSink::pending(&pending[e.node.get()]));
-      } else if (e.leaf && e.leaf.get() == redirect.leaf) {
-        sinks.push_back(redirect.sink);
-      } else if (e.leaf) {
-        sinks.push_back(GradSink::leaf(e.leaf.get(), tls_deferred_adds));
-      } else {
-        sinks.push_back(GradSink::none());
-      }
-    }
+    fill_sinks(*node, pending, redirect, sinks);
     {
       OpScope op_scope(node->name(), /*backward=*/true);  // its allocations read "<op> backward"
       node->backward(grad_output, sinks);
@@ -296,10 +312,10 @@ void run_backward(const Tensor& root, const Tensor& seed, const LeafGradientDone
   CUMULUS_CHECK(root.requires_grad(), InvalidArgument,
                 "backward: the tensor does not require grad (no parameter or input that requires "
                 "grad took part in computing it, or it was computed under NoGradGuard)");
-  CUMULUS_CHECK(seed.defined() && seed.dtype() == DType::f32 && seed.shape() == root.shape() &&
-                    seed.device() == root.device(),
-                InvalidArgument, "backward: the seed must be an f32 tensor of the root's shape ", root.shape().str(),
-                " on ", root.device().str());
+  CUMULUS_CHECK(
+      seed.defined() && seed.dtype() == DType::f32 && seed.shape() == root.shape() && seed.device() == root.device(),
+      InvalidArgument, "backward: the seed must be an f32 tensor of the root's shape ", root.shape().str(), " on ",
+      root.device().str());
 
   NoGradGuard no_grad;
   MemoryCategoryScope category(MemoryCategory::backward_temporaries);

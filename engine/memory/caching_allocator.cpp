@@ -49,7 +49,7 @@ struct CachingAllocator::Block {
   MemoryCategory category = MemoryCategory::other;
   bool op_backward = false;
   const char* op = nullptr;  // while allocated: the OpScope name current then (nullptr: no op)
-  Block* prev = nullptr;  // neighbours within the same segment
+  Block* prev = nullptr;     // neighbours within the same segment
   Block* next = nullptr;
 };
 
@@ -121,8 +121,7 @@ CachingAllocator::~CachingAllocator() {
   release_cached_segments_locked();
 }
 
-CachingAllocator::Block* CachingAllocator::allocate_segment_locked(std::size_t segment_bytes,
-                                                                   bool small) {
+CachingAllocator::Block* CachingAllocator::allocate_segment_locked(std::size_t segment_bytes, bool small) {
   MemoryStats& st = pools_->stats;
   if (st.limit > 0 && st.reserved + static_cast<int64_t>(segment_bytes) > st.limit) return nullptr;
   void* p = backend_->raw_alloc(segment_bytes);
@@ -162,6 +161,65 @@ void CachingAllocator::release_cached_segments_locked() {
   }
 }
 
+namespace {
+
+// One op's live bytes: name's pointer and direction, as blocks record them.
+struct LiveByOpKey {
+  const char* name;
+  bool backward;
+  int64_t bytes;
+};
+
+// The keys' bytes by label, largest first (equal names from different literals merge here).
+std::vector<std::pair<std::string, int64_t>> label_live_bytes(const std::vector<LiveByOpKey>& keys) {
+  std::vector<std::pair<std::string, int64_t>> by_op;
+  for (const LiveByOpKey& k : keys) {
+    std::string label = op_label(k.name, k.backward);
+    auto it = std::find_if(by_op.begin(), by_op.end(), [&](const auto& e) { return e.first == label; });
+    if (it == by_op.end()) by_op.emplace_back(std::move(label), k.bytes);
+    else it->second += k.bytes;
+  }
+  std::stable_sort(by_op.begin(), by_op.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return by_op;
+}
+
+// The exception's one line: the request, the limit, what is reserved and allocated by category, and
+// the three ops holding the most.
+std::string oom_message(const Device& device, const OutOfMemoryRecord& r, const MemoryStats& st) {
+  std::ostringstream os;
+  os << "out of memory on " << device.str() << ": tried to allocate " << format_bytes(r.requested_bytes) << " ("
+     << category_name(r.category) << ") in " << r.op;
+  if (st.limit > 0) os << "; memory limit " << format_bytes(st.limit);
+  os << "; reserved " << format_bytes(st.reserved) << ", allocated " << format_bytes(st.allocated) << " [";
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    os << (c ? ", " : "") << category_name(static_cast<MemoryCategory>(c)) << " "
+       << format_bytes(st.by_category[c].current);
+  }
+  os << "]";
+  if (!r.live_by_op.empty()) {
+    os << "; largest live by op:";
+    for (std::size_t i = 0; i < r.live_by_op.size() && i < 3; ++i)
+      os << (i ? ", " : " ") << r.live_by_op[i].first << " " << format_bytes(r.live_by_op[i].second);
+  }
+  return os.str();
+}
+
+// Stats count the rounded request, not the block: an unsplit tail (< 1 MiB of a large segment) is
+// cache, not usage, so parameter bytes equal the model's sizes up to the 512-B rounding.
+void count_allocation(MemoryStats& st, MemoryCategory category, std::size_t size) {
+  auto& cs = st.by_category[static_cast<std::size_t>(category)];
+  cs.current += static_cast<int64_t>(size);
+  cs.peak = std::max(cs.peak, cs.current);
+  cs.allocs += 1;
+  st.allocated += static_cast<int64_t>(size);
+  if (st.allocated > st.allocated_peak) {
+    st.allocated_peak = st.allocated;
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) st.at_peak[c] = st.by_category[c].current;
+  }
+}
+
+}  // namespace
+
 void CachingAllocator::throw_oom_locked(std::size_t bytes, std::size_t segment_bytes, MemoryCategory category) {
   MemoryStats& st = pools_->stats;
   st.oom_count += 1;
@@ -179,50 +237,21 @@ void CachingAllocator::throw_oom_locked(std::size_t bytes, std::size_t segment_b
   r.peak_bytes = st.allocated_peak;
   r.reserved_peak = st.reserved_peak;
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c) r.live_by_category[c] = st.by_category[c].current;
-  // Live bytes by op: one walk over every block (only on failure). Keyed by the name's pointer
-  // first; equal names from different literals merge when labelled.
-  struct Key {
-    const char* name;
-    bool backward;
-    int64_t bytes;
-  };
-  std::vector<Key> keys;
+  // Live bytes by op: one walk over every block (only on failure).
+  std::vector<LiveByOpKey> keys;
   for (Block* seg : pools_->segments) {
     for (Block* b = seg; b; b = b->next) {
       if (!b->allocated) continue;
       auto it = std::find_if(keys.begin(), keys.end(),
-                             [&](const Key& k) { return k.name == b->op && k.backward == b->op_backward; });
+                             [&](const LiveByOpKey& k) { return k.name == b->op && k.backward == b->op_backward; });
       if (it == keys.end()) keys.push_back({b->op, b->op_backward, static_cast<int64_t>(b->requested)});
       else it->bytes += static_cast<int64_t>(b->requested);
     }
   }
-  for (const Key& k : keys) {
-    std::string label = op_label(k.name, k.backward);
-    auto it = std::find_if(r.live_by_op.begin(), r.live_by_op.end(), [&](const auto& e) { return e.first == label; });
-    if (it == r.live_by_op.end()) r.live_by_op.emplace_back(std::move(label), k.bytes);
-    else it->second += k.bytes;
-  }
-  std::stable_sort(r.live_by_op.begin(), r.live_by_op.end(),
-                   [](const auto& a, const auto& b) { return a.second > b.second; });
-
-  std::ostringstream os;
-  os << "out of memory on " << device_.str() << ": tried to allocate " << format_bytes(r.requested_bytes)
-     << " (" << category_name(category) << ") in " << r.op;
-  if (st.limit > 0) os << "; memory limit " << format_bytes(st.limit);
-  os << "; reserved " << format_bytes(st.reserved) << ", allocated " << format_bytes(st.allocated)
-     << " [";
-  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
-    os << (c ? ", " : "") << category_name(static_cast<MemoryCategory>(c)) << " "
-       << format_bytes(st.by_category[c].current);
-  }
-  os << "]";
-  if (!r.live_by_op.empty()) {
-    os << "; largest live by op:";
-    for (std::size_t i = 0; i < r.live_by_op.size() && i < 3; ++i)
-      os << (i ? ", " : " ") << r.live_by_op[i].first << " " << format_bytes(r.live_by_op[i].second);
-  }
+  r.live_by_op = label_live_bytes(keys);
+  std::string message = oom_message(device_, r, st);
   pools_->last_oom = std::move(r);
-  throw OutOfMemory(os.str());
+  throw OutOfMemory(message);
 }
 
 Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
@@ -272,18 +301,8 @@ Allocation CachingAllocator::allocate(std::size_t bytes, MemoryCategory category
   block->op = op.name;
   block->op_backward = op.backward;
 
-  // Stats count the rounded request, not the block: an unsplit tail (< 1 MiB of a large segment)
-  // is cache, not usage, so parameter bytes equal the model's sizes up to the 512-B rounding.
   MemoryStats& st = pools_->stats;
-  auto& cs = st.by_category[static_cast<std::size_t>(category)];
-  cs.current += static_cast<int64_t>(size);
-  cs.peak = std::max(cs.peak, cs.current);
-  cs.allocs += 1;
-  st.allocated += static_cast<int64_t>(size);
-  if (st.allocated > st.allocated_peak) {
-    st.allocated_peak = st.allocated;
-    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) st.at_peak[c] = st.by_category[c].current;
-  }
+  count_allocation(st, category, size);
 
   if (pools_->observer) pools_->observer->on_change(st);
   out.ptr_ = block->ptr;
@@ -388,8 +407,8 @@ void CachingAllocator::set_observer(AllocationObserver* observer) {
 
 void CachingAllocator::begin_graph_pool_routing() {
   std::lock_guard<std::mutex> lock(pools_->mutex);
-  CUMULUS_CHECK(!pools_->routing_to_graph_pool, InvalidArgument, "graph pool routing is already on for ",
-                device_.str(), " (nested graph captures are not supported)");
+  CUMULUS_CHECK(!pools_->routing_to_graph_pool, InvalidArgument, "graph pool routing is already on for ", device_.str(),
+                " (nested graph captures are not supported)");
   pools_->routing_to_graph_pool = true;
 }
 
@@ -410,8 +429,11 @@ void CachingAllocator::release_graph_pool() noexcept {
   // as optimizer state first allocated during a capture, stay where they are).
   for (Block* seg : pools_->segments) {
     if (seg->pool != kGraphPool) continue;
-    pools_->stats.graph_pool_reserved -= static_cast<int64_t>(
-        [&] { std::size_t n = 0; for (Block* b = seg; b; b = b->next) n += b->size; return n; }());
+    pools_->stats.graph_pool_reserved -= static_cast<int64_t>([&] {
+      std::size_t n = 0;
+      for (Block* b = seg; b; b = b->next) n += b->size;
+      return n;
+    }());
     for (Block* b = seg; b; b = b->next) {
       const bool was_free = !b->allocated;
       if (was_free) pools_->free_list(b).erase(b);

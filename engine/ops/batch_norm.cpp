@@ -58,15 +58,18 @@ class BatchNormBackward final : public Node {
       return;
     }
 #endif
-    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite}, dbeta{Tensor(), GradientMode::overwrite};
+    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite},
+        dbeta{Tensor(), GradientMode::overwrite};
     if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device, type);
     if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
     if (grads[2].needed()) dbeta = grads[2].begin(param_shape, device);
     float* dgp = data_or_null(dgamma.tensor);
     float* dbp = data_or_null(dbeta.tensor);
     void* dxp = dx.tensor.defined() ? dx.tensor.raw_data() : nullptr;
-    CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device, ctx,
+    CUMULUS_DISPATCH_FLOAT(
+        type, T,
+        CUMULUS_DISPATCH(
+            device, ctx,
             kernels::batch_norm_backward_cpu(x_.data<T>(), dy.data<T>(), gp, mp, ip, n, c, hw, training_, dx.beta(),
                                              static_cast<T*>(dxp), dgamma.beta(), dgp, dbeta.beta(), dbp),
             CUMULUS_CUDNN_ONLY(training_  // bf16, f16 (Note [bf16 on cuDNN])
@@ -96,7 +99,8 @@ class BatchNormBackward final : public Node {
     const Device device = dy.device();
     const int64_t n = x_.size(0), c = x_.size(1), hw = x_.size(2) * x_.size(3);
     const Shape param_shape{c};
-    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite}, dbeta{Tensor(), GradientMode::overwrite};
+    GradSink::Target dx{Tensor(), GradientMode::overwrite}, dgamma{Tensor(), GradientMode::overwrite},
+        dbeta{Tensor(), GradientMode::overwrite};
     if (grads[0].needed()) dx = grads[0].begin(x_.shape(), device, x_.dtype());
     else dx.tensor = Tensor::empty(x_.shape(), x_.dtype(), device);
     if (grads[1].needed()) dgamma = grads[1].begin(param_shape, device);
@@ -119,9 +123,9 @@ class BatchNormBackward final : public Node {
     float* dgp = g_out.data<float>();
     float* dbp = b_out.data<float>();
     CUMULUS_DISPATCH(device, ctx, (void)0,
-        kernels::batch_norm_backward_training_cuda(cudnn::handle(device.index()), x_.dtype(), x_.raw_data(),
-                                                   dy.raw_data(), gp, mp, ip, n, c, hw, eps_, dx.beta(),
-                                                   dx.tensor.raw_data(), beta_params, dgp, dbp));
+                     kernels::batch_norm_backward_training_cuda(
+                         cudnn::handle(device.index()), x_.dtype(), x_.raw_data(), dy.raw_data(), gp, mp, ip, n, c, hw,
+                         eps_, dx.beta(), dx.tensor.raw_data(), beta_params, dgp, dbp));
     if (split) {
       detail::accumulate_into(dgamma.tensor, g_out, dgamma.beta());
       detail::accumulate_into(dbeta.tensor, b_out, dbeta.beta());
@@ -136,8 +140,8 @@ class BatchNormBackward final : public Node {
 
 void check_channel_vector(const char* what, const Tensor& t, const Tensor& x) {
   detail::check_dtype("batch_norm2d", what, t, DType::f32);
-  CUMULUS_CHECK(t.ndim() == 1 && t.size(0) == x.size(1), ShapeError, "batch_norm2d: ", what, " ",
-                t.shape().str(), " does not match the input's ", x.size(1), " channels");
+  CUMULUS_CHECK(t.ndim() == 1 && t.size(0) == x.size(1), ShapeError, "batch_norm2d: ", what, " ", t.shape().str(),
+                " does not match the input's ", x.size(1), " channels");
   detail::check_same_device("batch_norm2d", what, t, x);
 }
 
@@ -182,6 +186,53 @@ void check_batch_norm_args(const Tensor& x, const Tensor& weight, const Tensor& 
   }
 }
 
+// One forward's operands: the running statistics null where they stay alone, the saved ones [C].
+struct BatchNormForward {
+  const Tensor& x;
+  Tensor& y;
+  const float *gp, *bp;
+  float *rm, *rv, *smp, *sip;
+  int64_t n, c, hw;
+  float eps, momentum;
+};
+
+// On CUDA, bf16 and f16 take kernels of our own in both modes (Note [bf16 on cuDNN]).
+void forward_training(const BatchNormForward& f) {
+  const Device device = f.x.device();
+  const DType type = f.x.dtype();
+  CUMULUS_DISPATCH_FLOAT(
+      type, T,
+      CUMULUS_DISPATCH(
+          device, ctx,
+          kernels::batch_norm_forward_training_cpu(f.x.data<T>(), f.gp, f.bp, f.n, f.c, f.hw, f.eps, f.momentum, f.rm,
+                                                   f.rv, f.y.data<T>(), f.smp, f.sip),
+          CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm(type)
+                                 ? kernels::batch_norm_forward_training_cuda(
+                                       cudnn::handle(device.index()), type, f.x.raw_data(), f.gp, f.bp, f.n, f.c, f.hw,
+                                       f.eps, f.momentum, f.rm, f.rv, f.y.raw_data(), f.smp, f.sip)
+                                 : kernels::batch_norm_forward_training_cuda(
+                                       f.x.data<T>(), f.gp, f.bp, f.n, f.c, f.hw, f.eps, f.momentum, f.rm, f.rv,
+                                       f.y.data<T>(), f.smp, f.sip, ctx.stream()))));
+}
+
+void forward_inference(const BatchNormForward& f) {
+  const Device device = f.x.device();
+  const DType type = f.x.dtype();
+  CUMULUS_DISPATCH_FLOAT(
+      type, T,
+      CUMULUS_DISPATCH(
+          device, ctx,
+          kernels::batch_norm_forward_inference_cpu(f.x.data<T>(), f.gp, f.bp, f.rm, f.rv, f.n, f.c, f.hw, f.eps,
+                                                    f.y.data<T>(), f.smp, f.sip),
+          CUMULUS_CUDNN_ONLY(
+              kernels::cudnn_runs_batch_norm(type)
+                  ? kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), type, f.x.raw_data(),
+                                                               f.gp, f.bp, f.rm, f.rv, f.n, f.c, f.hw, f.eps,
+                                                               f.y.raw_data(), f.smp, f.sip, ctx.stream())
+                  : kernels::batch_norm_forward_inference_cuda(f.x.data<T>(), f.gp, f.bp, f.rm, f.rv, f.n, f.c, f.hw,
+                                                               f.eps, f.y.data<T>(), f.smp, f.sip, ctx.stream()))));
+}
+
 }  // namespace
 
 Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& running_mean,
@@ -200,54 +251,29 @@ Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   // The statistics used, for backward ([C] each; freed on return when nothing is recorded).
   Tensor save_mean = detail::new_output(Shape{c}, DType::f32, device);
   Tensor save_invstd = detail::new_output(Shape{c}, DType::f32, device);
-  const float* gp = weight.data<float>();
-  const float* bp = bias.data<float>();
   // A recomputed training forward (Note [Recompute] in engine/autograd/checkpoint.cpp) normalizes
   // with the batch's statistics as the first run did, but the first run already updated the
   // running statistics and the counter: null pointers leave them alone (cuDNN likewise).
   const bool update_running = options.training && !recomputing();
   float* rm = has_running && (update_running || !options.training) ? running_mean.data<float>() : nullptr;
   float* rv = has_running && (update_running || !options.training) ? running_var.data<float>() : nullptr;
-  float* smp = save_mean.data<float>();
-  float* sip = save_invstd.data<float>();
-  const float eps = options.eps, momentum = options.momentum;
-  const DType type = x.dtype();
-  // On CUDA, bf16 and f16 take kernels of our own in both modes (Note [bf16 on cuDNN]).
+  const BatchNormForward f{
+      x, y,  weight.data<float>(), bias.data<float>(), rm, rv, save_mean.data<float>(), save_invstd.data<float>(), n,
+      c, hw, options.eps,          options.momentum};
   if (options.training) {
-    CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device, ctx,
-            kernels::batch_norm_forward_training_cpu(x.data<T>(), gp, bp, n, c, hw, eps, momentum, rm, rv, y.data<T>(),
-                                                     smp, sip),
-            CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm(type)
-                                   ? kernels::batch_norm_forward_training_cuda(cudnn::handle(device.index()), type,
-                                                                               x.raw_data(), gp, bp, n, c, hw, eps,
-                                                                               momentum, rm, rv, y.raw_data(), smp, sip)
-                                   : kernels::batch_norm_forward_training_cuda(x.data<T>(), gp, bp, n, c, hw, eps,
-                                                                               momentum, rm, rv, y.data<T>(), smp, sip,
-                                                                               ctx.stream()))));
+    forward_training(f);
     if (num_batches_tracked.defined() && update_running) {
       int32_t* counter = num_batches_tracked.data<int32_t>();
       CUMULUS_DISPATCH(device, ctx, counter[0] += 1,
                        CUMULUS_CUDNN_ONLY(kernels::increment_i32_cuda(counter, ctx.stream())));
     }
   } else {
-    CUMULUS_DISPATCH_FLOAT(type, T,
-        CUMULUS_DISPATCH(device, ctx,
-            kernels::batch_norm_forward_inference_cpu(x.data<T>(), gp, bp, rm, rv, n, c, hw, eps, y.data<T>(), smp,
-                                                      sip),
-            CUMULUS_CUDNN_ONLY(kernels::cudnn_runs_batch_norm(type)
-                                   ? kernels::batch_norm_forward_inference_cuda(cudnn::handle(device.index()), type,
-                                                                                x.raw_data(), gp, bp, rm, rv, n, c, hw,
-                                                                                eps, y.raw_data(), smp, sip,
-                                                                                ctx.stream())
-                                   : kernels::batch_norm_forward_inference_cuda(x.data<T>(), gp, bp, rm, rv, n, c, hw,
-                                                                                eps, y.data<T>(), smp, sip,
-                                                                                ctx.stream()))));
+    forward_inference(f);
   }
 
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_shared<BatchNormBackward>(x.detach(), weight.detach(), std::move(save_mean),
-                                                    std::move(save_invstd), options.training, eps);
+                                                    std::move(save_invstd), options.training, options.eps);
     attach_node(y, std::move(node), {&x, &weight, &bias});
   }
   return y;

@@ -72,25 +72,27 @@ class Conv2dBackward final : public Node {
       GradSink::Target dx = grads[0].begin(Shape{g.n, g.c, g.h, g.w}, device);
       const float* wp = w_.data<float>();
       float* dxp = dx.tensor.data<float>();
-      CUMULUS_DISPATCH(device, ctx,
+      CUMULUS_DISPATCH(
+          device, ctx,
           {
             const Tensor ws = cpu_workspace(g);
             kernels::conv2d_backward_data_cpu(g, wp, dyp, dx.beta(), dxp, data_or_null(ws));
           },
-          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_data_cuda(cudnn_conv(device), g, DType::f32, wp, dyp,
-                                                                dx.beta(), dxp)));
+          CUMULUS_CUDNN_ONLY(
+              kernels::conv2d_backward_data_cuda(cudnn_conv(device), g, DType::f32, wp, dyp, dx.beta(), dxp)));
     }
     if (grads[1].needed()) {
       GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
       const float* xp = x_.data<float>();
       float* dwp = dw.tensor.data<float>();
-      CUMULUS_DISPATCH(device, ctx,
+      CUMULUS_DISPATCH(
+          device, ctx,
           {
             const Tensor ws = cpu_workspace(g);
             kernels::conv2d_backward_filter_cpu(g, xp, dyp, dw.beta(), dwp, data_or_null(ws));
           },
-          CUMULUS_CUDNN_ONLY(kernels::conv2d_backward_filter_cuda(cudnn_conv(device), g, DType::f32, xp, dyp,
-                                                                  dw.beta(), dwp)));
+          CUMULUS_CUDNN_ONLY(
+              kernels::conv2d_backward_filter_cuda(cudnn_conv(device), g, DType::f32, xp, dyp, dw.beta(), dwp)));
     }
     if (has_bias_ && grads[2].needed()) {
       GradSink::Target db = grads[2].begin(Shape{g.k}, device);
@@ -126,8 +128,8 @@ class Conv2dBackward final : public Node {
       if (grads[1].needed()) {
         GradSink::Target dw = grads[1].begin(Shape{g.k, g.c, g.r, g.s}, device);
         const Tensor xf = detail::converted(x_, DType::f32, MemoryCategory::workspace);
-        kernels::conv2d_backward_filter_cpu(g, xf.data<float>(), dyf.data<float>(), dw.beta(),
-                                            dw.tensor.data<float>(), data_or_null(ws));
+        kernels::conv2d_backward_filter_cpu(g, xf.data<float>(), dyf.data<float>(), dw.beta(), dw.tensor.data<float>(),
+                                            data_or_null(ws));
       }
       if (has_bias_ && grads[2].needed()) {
         GradSink::Target db = grads[2].begin(Shape{g.k}, device);
@@ -186,35 +188,30 @@ Tensor conv2d_16(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
   return y;
 }
 
-}  // namespace
-
-Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dOptions& options) {
+// The input's, weight's and bias's checks, each failure naming the argument; the geometry they give.
+kernels::Conv2dGeometry checked_geometry(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Conv2dOptions& options) {
   constexpr const char* op = "conv2d";
-  OpScope op_scope(op);
-  const Tensor x = detail::contiguous(x_in);
-  const Tensor weight = detail::contiguous(weight_in);
-  const Tensor bias = detail::contiguous(bias_in);
   detail::check_floating(op, "input", x);
   detail::check_dtype(op, "weight", weight, DType::f32);
   CUMULUS_CHECK(x.ndim() == 4, ShapeError, op, ": input must be [batch, channels, height, width], got ",
                 x.shape().str());
   CUMULUS_CHECK(weight.ndim() == 4, ShapeError, op,
                 ": weight must be [out_channels, in_channels, kernel_h, kernel_w], got ", weight.shape().str());
-  CUMULUS_CHECK(x.size(1) == weight.size(1), ShapeError, op, ": input has ", x.size(1),
-                " channels but the weight ", weight.shape().str(), " expects ", weight.size(1));
+  CUMULUS_CHECK(x.size(1) == weight.size(1), ShapeError, op, ": input has ", x.size(1), " channels but the weight ",
+                weight.shape().str(), " expects ", weight.size(1));
   CUMULUS_CHECK(x.size(0) > 0, ShapeError, op, ": empty batch ", x.shape().str());
-  CUMULUS_CHECK(weight.size(0) > 0 && weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0, ShapeError,
-                op, ": empty weight ", weight.shape().str());
-  CUMULUS_CHECK(options.stride_h > 0 && options.stride_w > 0, InvalidArgument, op, ": stride (", options.stride_h,
-                ", ", options.stride_w, ") must be positive");
+  CUMULUS_CHECK(weight.size(0) > 0 && weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0, ShapeError, op,
+                ": empty weight ", weight.shape().str());
+  CUMULUS_CHECK(options.stride_h > 0 && options.stride_w > 0, InvalidArgument, op, ": stride (", options.stride_h, ", ",
+                options.stride_w, ") must be positive");
   CUMULUS_CHECK(options.pad_h >= 0 && options.pad_w >= 0, InvalidArgument, op, ": padding (", options.pad_h, ", ",
                 options.pad_w, ") must not be negative");
   detail::check_same_device(op, "weight", weight, x);
-  const bool has_bias = bias.defined();
-  if (has_bias) {
+  if (bias.defined()) {
     detail::check_dtype(op, "bias", bias, DType::f32);
-    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ",
-                  bias.shape().str(), " does not match ", weight.size(0), " output channels");
+    CUMULUS_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0), ShapeError, op, ": bias ", bias.shape().str(),
+                  " does not match ", weight.size(0), " output channels");
     detail::check_same_device(op, "bias", bias, x);
   }
 
@@ -226,6 +223,19 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                 " is larger than the padded input ", g.h + 2 * g.pad_h, "x", g.w + 2 * g.pad_w);
   g.out_h = (g.h + 2 * g.pad_h - g.r) / g.stride_h + 1;
   g.out_w = (g.w + 2 * g.pad_w - g.s) / g.stride_w + 1;
+  return g;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dOptions& options) {
+  constexpr const char* op = "conv2d";
+  OpScope op_scope(op);
+  const Tensor x = detail::contiguous(x_in);
+  const Tensor weight = detail::contiguous(weight_in);
+  const Tensor bias = detail::contiguous(bias_in);
+  const kernels::Conv2dGeometry g = checked_geometry(x, weight, bias, options);
+  const bool has_bias = bias.defined();
 
   const Device device = x.device();
   const bool record = should_record({&x, &weight, &bias});
@@ -235,7 +245,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const float* wp = weight.data<float>();
   const float* bp = has_bias ? bias.data<float>() : nullptr;
   float* yp = y.data<float>();
-  CUMULUS_DISPATCH(device, ctx,
+  CUMULUS_DISPATCH(
+      device, ctx,
       {
         const Tensor ws = cpu_workspace(g);
         kernels::conv2d_forward_cpu(g, xp, wp, bp, yp, data_or_null(ws));

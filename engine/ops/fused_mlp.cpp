@@ -65,70 +65,19 @@ class MLPCrossEntropyBackward final : public Node {
     const Device device = dy.device();
     const int64_t layers = detail::to_int(weights_.size());
     const int64_t batch = labels_.size(0), classes = weights_.back().size(0);
-    const float* seed = dy.data<float>();
-    const int32_t* yp = labels_.data<int32_t>();
     // The gradient of the current layer's output, on the CPU; on CUDA the head's backward forms it
     // from the saved softmax as it goes.
     Tensor dz;
     if (device.is_cpu()) {
       dz = Tensor::empty(Shape{batch, classes}, DType::f32, device);
-      kernels::cross_entropy_backward_cpu(head_.data<float>(), yp, batch, classes, seed, scale_, 0.0f,
-                                          dz.data<float>());
+      kernels::cross_entropy_backward_cpu(head_.data<float>(), labels_.data<int32_t>(), batch, classes,
+                                          dy.data<float>(), scale_, 0.0f, dz.data<float>());
     }
     for (int64_t l = layers - 1; l >= 0; --l) {
-      const Tensor& w = weights_[static_cast<std::size_t>(l)];
-      const Tensor& input = l > 0 ? hidden_[static_cast<std::size_t>(l - 1)] : x_;
-      const int64_t in = w.size(1), out = w.size(0);
-      GradSink& x_sink = grads[0];
-      GradSink& w_sink = grads[static_cast<std::size_t>(1 + 2 * l)];
-      GradSink& b_sink = grads[static_cast<std::size_t>(2 + 2 * l)];
-      // The input's gradient: a temporary for a hidden layer's output, x's sink for the first layer.
-      Tensor dx;
-      float beta_x = 0.0f;
-      if (l > 0) {
-        dx = Tensor::empty(Shape{batch, in}, DType::f32, device);
-      } else if (x_sink.needed()) {
-        const GradSink::Target t = x_sink.begin(Shape{batch, in}, device);
-        dx = t.tensor;
-        beta_x = t.beta();
-      }
-      Tensor dw, db;
-      float beta_w = 0.0f, beta_b = 0.0f;
-      if (w_sink.needed()) {
-        const GradSink::Target t = w_sink.begin(w.shape(), device);
-        dw = t.tensor;
-        beta_w = t.beta();
-      }
-      if (b_sink.needed()) {
-        const GradSink::Target t = b_sink.begin(Shape{out}, device);
-        db = t.tensor;
-        beta_b = t.beta();
-      }
-      const float* ap = input.defined() ? input.data<float>() : nullptr;  // x_ is kept only if dW1 needs it
-      const float* wp = w.data<float>();
-      float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-      float* dwp = dw.defined() ? dw.data<float>() : nullptr;
-      float* dbp = db.defined() ? db.data<float>() : nullptr;
-      if (device.is_cpu()) {
-        // LinearBackward's order and kernels (engine/ops/linear.cpp): dx, dW, db; then the ReLU
-        // mask of the layer below, in place (its output is the only reference to the gradient).
-        const float* dzp = dz.data<float>();
-        if (dxp != nullptr) kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, wp, in, beta_x, dxp, in);
-        if (dwp != nullptr) kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, ap, in, beta_w, dwp, in);
-        if (dbp != nullptr) kernels::sum_rows_cpu(dzp, batch, out, beta_b, dbp);
-        if (l > 0) kernels::relu_backward_cpu(ap, dxp, 0.0f, dxp, batch * in);
-      } else {
-#if CUMULUS_WITH_CUDA
-        const kernels::FusedGradients g{dwp, beta_w, dbp, beta_b, dxp, beta_x, /*mask_relu=*/l > 0};
-        CUMULUS_DISPATCH(device, ctx, (void)g,
-                         l == layers - 1
-                             ? kernels::fused_head_backward_cuda(head_.data<float>(), yp, seed, scale_, ap, wp, batch,
-                                                                 in, classes, g, ctx.stream())
-                             : kernels::fused_linear_backward_cuda(dz.data<float>(), ap, wp, batch, in, out, g,
-                                                                   ctx.stream()));
-#endif
-      }
-      dz = dx;  // the layer below's output gradient, masked; freed once that layer has used it
+      const LayerGradients g = begin_layer(l, batch, device, grads);
+      if (device.is_cpu()) backward_layer_cpu(l, dz, g);
+      else backward_layer_cuda(l, dy, dz, g);
+      dz = g.dx;  // the layer below's output gradient, masked; freed once that layer has used it
     }
   }
 
@@ -141,6 +90,75 @@ class MLPCrossEntropyBackward final : public Node {
   }
 
  private:
+  // One layer's gradient targets with the betas their sinks ask for (dx a temporary for a hidden
+  // layer's output, x's sink for the first layer; undefined where nothing needs it).
+  struct LayerGradients {
+    Tensor dx, dw, db;
+    float beta_x = 0.0f, beta_w = 0.0f, beta_b = 0.0f;
+  };
+
+  LayerGradients begin_layer(int64_t l, int64_t batch, Device device, std::vector<GradSink>& grads) const {
+    const Tensor& w = weights_[static_cast<std::size_t>(l)];
+    GradSink& x_sink = grads[0];
+    GradSink& w_sink = grads[static_cast<std::size_t>(1 + 2 * l)];
+    GradSink& b_sink = grads[static_cast<std::size_t>(2 + 2 * l)];
+    LayerGradients g;
+    const auto take = [&](GradSink& sink, const Shape& shape, Tensor& tensor, float& beta) {
+      const GradSink::Target t = sink.begin(shape, device);
+      tensor = t.tensor;
+      beta = t.beta();
+    };
+    if (l > 0) g.dx = Tensor::empty(Shape{batch, w.size(1)}, DType::f32, device);
+    else if (x_sink.needed()) take(x_sink, Shape{batch, w.size(1)}, g.dx, g.beta_x);
+    if (w_sink.needed()) take(w_sink, w.shape(), g.dw, g.beta_w);
+    if (b_sink.needed()) take(b_sink, Shape{w.size(0)}, g.db, g.beta_b);
+    return g;
+  }
+
+  // The layer's input: the hidden output below it, or x (kept only if dW1 needs it).
+  const float* layer_input(int64_t l) const {
+    const Tensor& input = l > 0 ? hidden_[static_cast<std::size_t>(l - 1)] : x_;
+    return input.defined() ? input.data<float>() : nullptr;
+  }
+
+  static float* data_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+  // LinearBackward's order and kernels (engine/ops/linear.cpp): dx, dW, db; then the ReLU mask of
+  // the layer below, in place (its output is the only reference to the gradient).
+  void backward_layer_cpu(int64_t l, const Tensor& dz, const LayerGradients& g) const {
+    const Tensor& w = weights_[static_cast<std::size_t>(l)];
+    const int64_t batch = labels_.size(0), in = w.size(1), out = w.size(0);
+    const float* dzp = dz.data<float>();
+    const float* ap = layer_input(l);
+    float* dxp = data_or_null(g.dx);
+    if (dxp != nullptr)
+      kernels::gemm_cpu(false, false, batch, in, out, 1.0f, dzp, out, w.data<float>(), in, g.beta_x, dxp, in);
+    if (g.dw.defined())
+      kernels::gemm_cpu(true, false, out, in, batch, 1.0f, dzp, out, ap, in, g.beta_w, g.dw.data<float>(), in);
+    if (g.db.defined()) kernels::sum_rows_cpu(dzp, batch, out, g.beta_b, g.db.data<float>());
+    if (l > 0) kernels::relu_backward_cpu(ap, dxp, 0.0f, dxp, batch * in);
+  }
+
+  // The head's kernel forms its output gradient from the saved softmax; a hidden layer's reads dz.
+  void backward_layer_cuda(int64_t l, const Tensor& dy, const Tensor& dz, const LayerGradients& g) const {
+#if CUMULUS_WITH_CUDA
+    const Tensor& w = weights_[static_cast<std::size_t>(l)];
+    const int64_t batch = labels_.size(0), in = w.size(1), out = w.size(0);
+    const bool head = l == detail::to_int(weights_.size()) - 1;
+    const float* ap = layer_input(l);
+    const float* wp = w.data<float>();
+    const kernels::FusedGradients fg{data_or_null(g.dw), g.beta_w, data_or_null(g.db), g.beta_b,
+                                     data_or_null(g.dx), g.beta_x, /*mask_relu=*/l > 0};
+    CUMULUS_DISPATCH(
+        dy.device(), ctx, (void)fg,
+        head ? kernels::fused_head_backward_cuda(head_.data<float>(), labels_.data<int32_t>(), dy.data<float>(), scale_,
+                                                 ap, wp, batch, in, out, fg, ctx.stream())
+             : kernels::fused_linear_backward_cuda(dz.data<float>(), ap, wp, batch, in, out, fg, ctx.stream()));
+#else
+    (void)l, (void)dy, (void)dz, (void)g;
+#endif
+  }
+
   Tensor x_;
   std::vector<Tensor> hidden_;
   Tensor head_, labels_;
@@ -170,14 +188,62 @@ void check_arguments(const Tensor& x, const Tensor& labels, const std::vector<Te
     const std::string which = "layer " + std::to_string(i);
     detail::check_dtype(kOp, (which + " weight").c_str(), w, DType::f32);
     detail::check_dtype(kOp, (which + " bias").c_str(), b, DType::f32);
-    CUMULUS_CHECK(w.ndim() == 2 && w.size(1) == features && w.size(0) > 0, ShapeError, kOp, ": ", which,
-                  " weight ", w.shape().str(), " does not take ", features, " input features");
+    CUMULUS_CHECK(w.ndim() == 2 && w.size(1) == features && w.size(0) > 0, ShapeError, kOp, ": ", which, " weight ",
+                  w.shape().str(), " does not take ", features, " input features");
     CUMULUS_CHECK(b.ndim() == 1 && b.size(0) == w.size(0), ShapeError, kOp, ": ", which, " bias ", b.shape().str(),
                   " does not match ", w.size(0), " output features");
     detail::check_same_device(kOp, (which + " weight").c_str(), w, x);
     detail::check_same_device(kOp, (which + " bias").c_str(), b, x);
     features = w.size(0);
   }
+}
+
+// The hidden layers (x W^T + b, ReLU): each output is the next one's input and, recorded, saved.
+std::vector<Tensor> forward_hidden_layers(const Tensor& x, const std::vector<Tensor>& weights,
+                                          const std::vector<Tensor>& biases) {
+  const Device device = x.device();
+  const int64_t batch = x.size(0);
+  std::vector<Tensor> hidden;
+  Tensor h = x;
+  for (std::size_t l = 0; l + 1 < weights.size(); ++l) {
+    const int64_t in = weights[l].size(1), out = weights[l].size(0);
+    Tensor y = detail::new_output(Shape{batch, out}, DType::f32, device);
+    const float* hp = h.data<float>();
+    const float* wp = weights[l].data<float>();
+    const float* bp = biases[l].data<float>();
+    float* yp = y.data<float>();
+    CUMULUS_DISPATCH(device, ctx, detail::linear_forward_cpu(hp, wp, bp, yp, batch, in, out, /*relu=*/true),
+                     kernels::fused_linear_forward_cuda(hp, wp, bp, batch, in, out, /*relu=*/true, yp, ctx.stream()));
+    hidden.push_back(y);
+    h = y;
+  }
+  return hidden;
+}
+
+// The head: its logits (the CPU) or softmax (CUDA, which the backward uses) into head, the loss into
+// loss.
+void forward_head(const Tensor& h, const Tensor& w, const Tensor& b, const Tensor& labels, float scale, Tensor& head,
+                  Tensor& loss) {
+  const Device device = h.device();
+  const int64_t batch = h.size(0), in = w.size(1), classes = w.size(0);
+  const float* hp = h.data<float>();
+  const float* wp = w.data<float>();
+  const float* bp = b.data<float>();
+  const int32_t* yp = labels.data<int32_t>();
+  float* headp = head.data<float>();
+  if (device.is_cpu()) {
+    detail::linear_forward_cpu(hp, wp, bp, headp, batch, in, classes, /*relu=*/false);
+    const int64_t bad = kernels::cross_entropy_forward_cpu(headp, yp, batch, classes, scale, loss.data<float>());
+    CUMULUS_CHECK(bad < 0, InvalidArgument, kOp, ": label ", bad >= 0 ? yp[bad] : 0, " at row ", bad,
+                  " is outside [0, ", classes, ")");
+    return;
+  }
+  Tensor row_loss = detail::new_output(Shape{batch}, DType::f32, device);  // freed on return
+  float* rl = row_loss.data<float>();
+  float* lp = loss.data<float>();
+  CUMULUS_DISPATCH(device, ctx, ((void)rl, (void)lp) /* CPU handled above */,
+                   kernels::fused_head_forward_cuda(hp, wp, bp, yp, batch, in, classes, scale, headp, rl, lp,
+                                                    ctx.arrival_counter(), ctx.stream()));
 }
 
 }  // namespace
@@ -218,45 +284,10 @@ Tensor mlp_cross_entropy(const Tensor& x_in, const Tensor& labels_in, const std:
   }
   const bool record = should_record(inputs);
 
-  // Forward through the hidden layers: each output is the next one's input and, recorded, saved.
-  std::vector<Tensor> hidden;
-  Tensor h = x;
-  for (int64_t l = 0; l + 1 < layers; ++l) {
-    const Tensor& w = weights[static_cast<std::size_t>(l)];
-    const int64_t in = w.size(1), out = w.size(0);
-    Tensor y = detail::new_output(Shape{batch, out}, DType::f32, device);
-    const float* hp = h.data<float>();
-    const float* wp = w.data<float>();
-    const float* bp = biases[static_cast<std::size_t>(l)].data<float>();
-    float* yp = y.data<float>();
-    CUMULUS_DISPATCH(device, ctx, detail::linear_forward_cpu(hp, wp, bp, yp, batch, in, out, /*relu=*/true),
-                     kernels::fused_linear_forward_cuda(hp, wp, bp, batch, in, out, /*relu=*/true, yp, ctx.stream()));
-    hidden.push_back(y);
-    h = y;
-  }
-  // The head: logits, the loss and (CUDA) the softmax backward will use.
-  const Tensor& w = weights.back();
-  const int64_t in = w.size(1);
+  const std::vector<Tensor> hidden = forward_hidden_layers(x, weights, biases);
   Tensor head = detail::new_output(Shape{batch, classes}, DType::f32, device);
   Tensor loss = detail::new_output(Shape{}, DType::f32, device);
-  const float* hp = h.data<float>();
-  const float* wp = w.data<float>();
-  const float* bp = biases.back().data<float>();
-  const int32_t* yp = labels.data<int32_t>();
-  float* headp = head.data<float>();
-  if (device.is_cpu()) {
-    detail::linear_forward_cpu(hp, wp, bp, headp, batch, in, classes, /*relu=*/false);
-    const int64_t bad = kernels::cross_entropy_forward_cpu(headp, yp, batch, classes, scale, loss.data<float>());
-    CUMULUS_CHECK(bad < 0, InvalidArgument, kOp, ": label ", bad >= 0 ? yp[bad] : 0, " at row ", bad,
-                  " is outside [0, ", classes, ")");
-  } else {
-    Tensor row_loss = detail::new_output(Shape{batch}, DType::f32, device);  // freed on return
-    float* rl = row_loss.data<float>();
-    float* lp = loss.data<float>();
-    CUMULUS_DISPATCH(device, ctx, ((void)rl, (void)lp) /* CPU handled above */,
-                     kernels::fused_head_forward_cuda(hp, wp, bp, yp, batch, in, classes, scale, headp, rl, lp,
-                                                      ctx.arrival_counter(), ctx.stream()));
-  }
+  forward_head(hidden.empty() ? x : hidden.back(), weights.back(), biases.back(), labels, scale, head, loss);
   if (record) {
     std::vector<Tensor> saved_hidden;
     for (const Tensor& t : hidden) saved_hidden.push_back(t.detach());

@@ -302,6 +302,8 @@ class Planner {
   std::size_t pick(MemoryStats& measured);
   void choose_from_recording();
   MemoryCost line_cost();
+  void fill_line_table(const MemoryCost& cost, int64_t usable);
+  void explain_line_pick(std::size_t i, const MemoryCost& cost, int64_t usable);
   void plan_with_line(const std::string& why_not_recorded);
   std::string setting_text(const PlanSetting& setting) const;
   std::string steps_text(const PlanRow& row) const;
@@ -811,6 +813,14 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
                                         fit_time_extreme(line_timings_, false), fit_time_extreme(line_timings_, true)});
   time_step();
   const int64_t usable = static_cast<int64_t>(static_cast<double>(req_.budget) * (1.0 - kLineMargin));
+  fill_line_table(cost, usable);
+  if (req_.on_table) req_.on_table(plan_);
+  MemoryStats measured;
+  explain_line_pick(pick(measured), cost, usable);
+}
+
+// Every split of the effective batch, its peak from the line, fitting within the usable budget.
+void Planner::fill_line_table(const MemoryCost& cost, int64_t usable) {
   for (int64_t b : divisors_) {
     PlanRow r;
     r.micro_batch = b;
@@ -823,9 +833,10 @@ void Planner::plan_with_line(const std::string& why_not_recorded) {
     plan_.table.push_back(r);
     if (r.fits && plan_.weighed[0].largest_fitting == 0) plan_.weighed[0].largest_fitting = b;
   }
-  if (req_.on_table) req_.on_table(plan_);
-  MemoryStats measured;
-  const std::size_t i = pick(measured);
+}
+
+// The plan's reason for row i (the table's size: none fits).
+void Planner::explain_line_pick(std::size_t i, const MemoryCost& cost, int64_t usable) {
   if (i == plan_.table.size()) {
     plan_.reason = plan_.rejected_by_probe.empty()
                        ? "even a micro-batch of 1 needs " + format_bytes(cost.predicted_peak(1)) + " (fixed costs " +

@@ -290,63 +290,83 @@ MemoryPredictor MemoryPredictor::from_recordings(std::vector<MemoryRecording> re
   return p;
 }
 
-std::vector<MemoryPredictor::Piece> MemoryPredictor::fit_pieces(const std::vector<int64_t>& s,
-                                                                const std::vector<int64_t>& v) {
-  auto line = [&](std::size_t a, std::size_t b) {  // through recorded sizes a and b, s[a] > s[b]
-    Piece q;
+namespace {
+
+// The recorded sizes s (largest first) and an allocation's bytes v at each.
+struct SizedBytes {
+  const std::vector<int64_t>& s;
+  const std::vector<int64_t>& v;
+
+  // The line through recorded sizes a and b, s[a] > s[b].
+  AllocationPiece line(std::size_t a, std::size_t b) const {
+    AllocationPiece q;
     q.hi = s[a];
     q.lo = s[b];
     q.slope = static_cast<double>(v[a] - v[b]) / static_cast<double>(s[a] - s[b]);
     q.intercept = static_cast<double>(v[b]) - q.slope * static_cast<double>(s[b]);
     return q;
-  };
-  // Within one 512-B unit: a line through sizes rounded up to 512 B may miss by one (the note).
-  auto miss = [&](const Piece& q, std::size_t j) {
+  }
+  // How far q misses size j's bytes; within one 512-B unit a line through sizes rounded up to 512 B
+  // may miss by one (the note).
+  int64_t miss(const AllocationPiece& q, std::size_t j) const {
     return std::abs(round_512(q.intercept + q.slope * static_cast<double>(s[j])) - v[j]);
-  };
-  constexpr int64_t kUnit = static_cast<int64_t>(CachingAllocator::kRounding);
-  const std::size_t m = s.size();
-  std::vector<Piece> out{line(0, 1)};
+  }
+};
+
+constexpr int64_t kUnit = static_cast<int64_t>(CachingAllocator::kRounding);
+
+// A new piece from s[j] down: the widest line through s[j] and a smaller size that reproduces every
+// size between; a single size when none does (constant there). last: the piece's smallest size.
+AllocationPiece widest_piece_from(const SizedBytes& f, std::size_t j, std::size_t& last) {
+  AllocationPiece q;
+  q.hi = q.lo = f.s[j];
+  q.intercept = static_cast<double>(f.v[j]);
+  last = j;
+  for (std::size_t k = f.s.size() - 1; k > j; --k) {
+    const AllocationPiece c = f.line(j, k);
+    bool all = true;
+    for (std::size_t t = j + 1; t < k && all; ++t) all = f.miss(c, t) <= kUnit;
+    if (all) {
+      last = k;
+      return c;
+    }
+  }
+  return q;
+}
+
+// Of the lines through two of the sizes [j, last], the widest that reproduces all of them exactly,
+// if any (it has no rounding error at the recorded sizes), spanning [j, last]; else q.
+AllocationPiece exact_piece_within(const SizedBytes& f, std::size_t j, std::size_t last, const AllocationPiece& q) {
+  for (std::size_t span = last - j; span >= 1; --span) {
+    for (std::size_t a = j; a + span <= last; ++a) {
+      AllocationPiece c = f.line(a, a + span);
+      bool all = true;
+      for (std::size_t t = j; t <= last && all; ++t) all = f.miss(c, t) == 0;
+      if (all) {
+        c.hi = f.s[j];
+        c.lo = f.s[last];
+        return c;
+      }
+    }
+  }
+  return q;
+}
+
+}  // namespace
+
+std::vector<MemoryPredictor::Piece> MemoryPredictor::fit_pieces(const std::vector<int64_t>& s,
+                                                                const std::vector<int64_t>& v) {
+  const SizedBytes f{s, v};
+  std::vector<Piece> out{f.line(0, 1)};
   std::size_t j = 2;
-  while (j < m) {
-    if (miss(out.back(), j) <= kUnit) {
+  while (j < s.size()) {
+    if (f.miss(out.back(), j) <= kUnit) {
       out.back().lo = s[j++];
       continue;
     }
-    // A new piece from s[j] down: the widest line through s[j] and a smaller size that reproduces
-    // every size between; a single size when none does (constant there).
-    Piece q;
-    q.hi = q.lo = s[j];
-    q.intercept = static_cast<double>(v[j]);
     std::size_t last = j;
-    for (std::size_t k = m - 1; k > j; --k) {
-      const Piece c = line(j, k);
-      bool all = true;
-      for (std::size_t t = j + 1; t < k && all; ++t) all = miss(c, t) <= kUnit;
-      if (all) {
-        q = c;
-        last = k;
-        break;
-      }
-    }
-    // Of the lines through two of its sizes, the widest that reproduces all of them exactly, if
-    // any: that one has no rounding error at the recorded sizes.
-    for (std::size_t span = last - j; span >= 1; --span) {
-      bool found = false;
-      for (std::size_t a = j; a + span <= last && !found; ++a) {
-        Piece c = line(a, a + span);
-        bool all = true;
-        for (std::size_t t = j; t <= last && all; ++t) all = miss(c, t) == 0;
-        if (all) {
-          c.hi = s[j];
-          c.lo = s[last];
-          q = c;
-          found = true;
-        }
-      }
-      if (found) break;
-    }
-    out.push_back(q);
+    const Piece widest = widest_piece_from(f, j, last);
+    out.push_back(exact_piece_within(f, j, last, widest));
     j = last + 1;
   }
   return out;

@@ -46,6 +46,13 @@ struct PredictedMemory {
   std::array<int64_t, kNumMemoryCategories> peak_by_category{};  // the split at the peak
 };
 
+// One affine piece of an allocation's size, fitted on the recorded sizes [lo, hi] (hi is the
+// largest recorded size for the top piece, which also extends above it).
+struct AllocationPiece {
+  int64_t lo = 0, hi = 0;
+  double intercept = 0, slope = 0;
+};
+
 class MemoryPredictor {
  public:
   MemoryPredictor() = default;
@@ -99,12 +106,7 @@ class MemoryPredictor {
                                          std::vector<FixedBlock> extra_fixed = {});
 
  private:
-  // One affine piece of an allocation's size, fitted on the recorded sizes [lo, hi] (hi is the
-  // largest recorded size for the top piece, which also extends above it).
-  struct Piece {
-    int64_t lo = 0, hi = 0;
-    double intercept = 0, slope = 0;
-  };
+  using Piece = AllocationPiece;
   // The pieces of one allocation from its sizes `bytes` at the recorded `sizes` (largest first).
   static std::vector<Piece> fit_pieces(const std::vector<int64_t>& sizes, const std::vector<int64_t>& bytes);
   int64_t bytes_at(std::size_t event, int64_t micro_batch) const;

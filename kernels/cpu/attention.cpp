@@ -206,77 +206,104 @@ void store_rows(const AttentionGeometry& g, T* dk, T* dv, int64_t bh, int64_t j0
   }
 }
 
-// One head's gradients. Per key tile, blocks of kRows query rows: their probabilities p and ds
-// (a [kRows, kKeys] tile each, zero where masked), dq of each row from ds and the tile's keys, then
-// dv_j and dk_j from the block's columns of p and ds (transposed), so every sum runs in the order of
-// the query rows.
+// A head's backward scratch, carved from a thread's buffer (kept across its heads).
+struct HeadGradScratch {
+  float* qf;   // [tq][d]
+  float* dof;  // [tq][d]
+  float* dqa;  // [tq][d]
+  float* kf;   // [kKeys][d]
+  float* kt;   // [d][kKeys]
+  float* vt;   // [d][kKeys]
+  float* dka;  // [kKeys][d]
+  float* dva;  // [kKeys][d]
+  float* p;    // [kRows][kKeys]
+  float* ds;   // [kRows][kKeys]
+  float* pt;   // [kKeys][kRows]
+  float* dst;  // [kKeys][kRows]
+  float* dp;   // [kKeys]
+
+  static HeadGradScratch carve(Scratch& scratch, int64_t tq, int64_t d) {
+    scratch.resize(
+        std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys)));
+    HeadGradScratch s;
+    s.qf = scratch.data();
+    s.dof = s.qf + tq * d;
+    s.dqa = s.dof + tq * d;
+    s.kf = s.dqa + tq * d;
+    s.kt = s.kf + kKeys * d;
+    s.vt = s.kt + kKeys * d;
+    s.dka = s.vt + kKeys * d;
+    s.dva = s.dka + kKeys * d;
+    s.p = s.dva + kKeys * d;
+    s.ds = s.p + kRows * kKeys;
+    s.pt = s.ds + kRows * kKeys;
+    s.dst = s.pt + kRows * kKeys;
+    s.dp = s.dst + kRows * kKeys;
+    return s;
+  }
+};
+
+// Query rows [i0, i0 + nr) against keys [j0, j0 + nk): their probabilities p and ds (zero where
+// masked), dq of each row from ds and the tile's keys, then dv_j and dk_j from the block's columns
+// of p and ds (transposed), so every sum runs in the order of the query rows.
+void backward_row_block(const AttentionGeometry& g, const HeadGradScratch& s, const float* lse_h, const float* delta_h,
+                        int64_t i0, int64_t nr, int64_t j0, int64_t nk) {
+  const int64_t d = g.d;
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t i = i0 + r;
+    const int64_t n = std::max<int64_t>(0, std::min(nk, g.key_end(i) - j0));
+    float* pr = s.p + r * kKeys;
+    float* dsr = s.ds + r * kKeys;
+    if (n > 0) {
+      tile_dots(s.qf + i * d, s.kt, d, pr);
+      for (int64_t j = 0; j < n; ++j) pr[j] = pr[j] * g.scale - lse_h[i];
+      exp_in_place(pr, n);
+      tile_dots(s.dof + i * d, s.vt, d, s.dp);
+      for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (s.dp[j] - delta_h[i]) * g.scale;
+      add_weighted_rows(dsr, s.kf, n, d, s.dqa + i * d);
+    }
+    std::fill(pr + n, pr + kKeys, 0.0f);
+    std::fill(dsr + n, dsr + kKeys, 0.0f);
+  }
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t r = 0; r < nr; ++r) {
+      s.pt[j * kRows + r] = s.p[r * kKeys + j];
+      s.dst[j * kRows + r] = s.ds[r * kKeys + j];
+    }
+  for (int64_t j = 0; j < nk; ++j) {
+    add_weighted_rows(s.pt + j * kRows, s.dof + i0 * d, nr, d, s.dva + j * d);
+    add_weighted_rows(s.dst + j * kRows, s.qf + i0 * d, nr, d, s.dka + j * d);
+  }
+}
+
+// One head's gradients: per key tile, its blocks of kRows query rows (backward_row_block), then the
+// tile's dk and dv stored.
 template <typename T>
 void backward_head(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out, const float* lse,
                    const T* dout, float* delta, T* dq, T* dk, T* dv, int64_t bh, Scratch& scratch) {
   const int64_t d = g.d, tq = g.tq, tk = g.tk;
-  // Scratch kept across a thread's heads: only dq's accumulator needs zeros.
-  scratch.resize(
-      std::max(scratch.size(), static_cast<std::size_t>(3 * tq * d + 5 * kKeys * d + 4 * kRows * kKeys + kKeys)));
-  float* qf = scratch.data();       // [tq][d]
-  float* dof = qf + tq * d;         // [tq][d]
-  float* dqa = dof + tq * d;        // [tq][d]
-  float* kf = dqa + tq * d;         // [kKeys][d]
-  float* kt = kf + kKeys * d;       // [d][kKeys]
-  float* vt = kt + kKeys * d;       // [d][kKeys]
-  float* dka = vt + kKeys * d;      // [kKeys][d]
-  float* dva = dka + kKeys * d;     // [kKeys][d]
-  float* p = dva + kKeys * d;       // [kRows][kKeys]
-  float* ds = p + kRows * kKeys;    // [kRows][kKeys]
-  float* pt = ds + kRows * kKeys;   // [kKeys][kRows]
-  float* dst = pt + kRows * kKeys;  // [kKeys][kRows]
-  float* dp = dst + kRows * kKeys;  // [kKeys]
-  std::fill(dqa, dqa + tq * d, 0.0f);
+  const HeadGradScratch s = HeadGradScratch::carve(scratch, tq, d);
+  std::fill(s.dqa, s.dqa + tq * d, 0.0f);  // the only scratch that needs zeros
   const float* lse_h = lse + bh * tq;
   float* delta_h = delta + bh * tq;
   for (int64_t i = 0; i < tq; ++i) {
-    load_row(q + g.q_row(bh, i), qf + i * d, d);
-    load_row(dout + g.do_row(bh, i), dof + i * d, d);
+    load_row(q + g.q_row(bh, i), s.qf + i * d, d);
+    load_row(dout + g.do_row(bh, i), s.dof + i * d, d);
   }
-  row_deltas(g, out, bh, dof, delta_h);
+  row_deltas(g, out, bh, s.dof, delta_h);
   const T* kh = k + g.k_row(bh, 0);
   const T* vh = v + g.v_row(bh, 0);
   for (int64_t j0 = 0; j0 < tk; j0 += kKeys) {
     const int64_t nk = std::min(kKeys, tk - j0);
-    load_tile(kh, g.k_stride[2], j0, nk, d, kt, kf);
-    load_tile(vh, g.v_stride[2], j0, nk, d, vt, nullptr);
-    std::fill(dka, dka + 2 * kKeys * d, 0.0f);  // dka and dva
-    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRows) {
-      const int64_t nr = std::min(kRows, tq - i0);
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t i = i0 + r;
-        const int64_t n = std::max<int64_t>(0, std::min(nk, g.key_end(i) - j0));
-        float* pr = p + r * kKeys;
-        float* dsr = ds + r * kKeys;
-        if (n > 0) {
-          tile_dots(qf + i * d, kt, d, pr);
-          for (int64_t j = 0; j < n; ++j) pr[j] = pr[j] * g.scale - lse_h[i];
-          exp_in_place(pr, n);
-          tile_dots(dof + i * d, vt, d, dp);
-          for (int64_t j = 0; j < n; ++j) dsr[j] = pr[j] * (dp[j] - delta_h[i]) * g.scale;
-          add_weighted_rows(dsr, kf, n, d, dqa + i * d);
-        }
-        std::fill(pr + n, pr + kKeys, 0.0f);
-        std::fill(dsr + n, dsr + kKeys, 0.0f);
-      }
-      for (int64_t j = 0; j < nk; ++j)
-        for (int64_t r = 0; r < nr; ++r) {
-          pt[j * kRows + r] = p[r * kKeys + j];
-          dst[j * kRows + r] = ds[r * kKeys + j];
-        }
-      for (int64_t j = 0; j < nk; ++j) {
-        add_weighted_rows(pt + j * kRows, dof + i0 * d, nr, d, dva + j * d);
-        add_weighted_rows(dst + j * kRows, qf + i0 * d, nr, d, dka + j * d);
-      }
-    }
-    store_rows(g, dk, dv, bh, j0, nk, dka, dva);
+    load_tile(kh, g.k_stride[2], j0, nk, d, s.kt, s.kf);
+    load_tile(vh, g.v_stride[2], j0, nk, d, s.vt, nullptr);
+    std::fill(s.dka, s.dka + 2 * kKeys * d, 0.0f);  // dka and dva
+    for (int64_t i0 = g.causal ? j0 : 0; i0 < tq; i0 += kRows)
+      backward_row_block(g, s, lse_h, delta_h, i0, std::min(kRows, tq - i0), j0, nk);
+    store_rows(g, dk, dv, bh, j0, nk, s.dka, s.dva);
   }
   if (dq != nullptr)
-    for (int64_t i = 0; i < tq; ++i) store_row(dqa + i * d, d, dq + g.dq_row(bh, i));
+    for (int64_t i = 0; i < tq; ++i) store_row(s.dqa + i * d, d, dq + g.dq_row(bh, i));
 }
 
 // Note [Fused attention as tile products]
