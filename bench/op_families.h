@@ -1,6 +1,7 @@
 // Note [Op families against PyTorch]
-// The op families a transformer and the seed MLP run, each at one shape a small GPT or the MLP
-// gives it (and the attention at the large GPT's too: 8 heads of 32 over 256 tokens), written once here for bench_ops and once in bench/pytorch/op_families.py with the same
+// The op families a transformer, the seed MLP and the seed's CNN run, each at one shape a small GPT,
+// the MLP or the CNN at micro-batch 16 gives it (and the attention at the large GPT's too: 8 heads
+// of 32 over 256 tokens), written once here for bench_ops and once in bench/pytorch/op_families.py with the same
 // names, shapes and input ranges, so bench/ops_vs_pytorch.py can time both side by side:
 //   families/<name>/forward            the expression under NoGradGuard (no_grad)
 //   families/<name>/forward_backward   recorded, and its backward from an upstream gradient of ones
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "cumulus/ops/attention.h"
+#include "cumulus/ops/convolution.h"
 #include "cumulus/ops/linear.h"
 #include "cumulus/ops/loss.h"
 #include "cumulus/ops/normalization.h"
@@ -35,7 +37,9 @@ struct OpFamily {
 
 inline std::vector<OpFamily> op_families() {
   using V = const std::vector<Tensor>&;
-  const Shape act{8, 64, 128};  // the small GPT's activations: B 8, T 64, C 128
+  const Shape act{8, 64, 128};         // the small GPT's activations: B 8, T 64, C 128
+  const Shape maps{16, 32, 28, 28};    // the CNN's first block at micro-batch 16
+  const Shape pooled{16, 32, 14, 14};  // its second block's input
   return {
       {"sum_last", {act}, {}, 0, [](V x) { return ops::sum(x[0], -1); }},
       {"sum_first", {act}, {}, 0, [](V x) { return ops::sum(x[0], 0); }},
@@ -66,6 +70,12 @@ inline std::vector<OpFamily> op_families() {
        [](V x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2], true); }},
       {"permute_heads", {{8, 64, 4, 32}}, {}, 0, [](V x) { return ops::contiguous(ops::permute(x[0], {0, 2, 1, 3})); }},
       {"embedding", {{8, 64}, {65, 128}}, {true, false}, 65, [](V x) { return ops::embedding(x[0], x[1]); }},
+      {"conv2d_3x3", {pooled, {64, 32, 3, 3}, {64}}, {}, 0,
+       [](V x) { return ops::conv2d(x[0], x[1], x[2], /*stride=*/1, /*padding=*/1); }},
+      {"batch_norm2d", {maps, {32}, {32}}, {}, 0,
+       [](V x) { return ops::batch_norm2d(x[0], x[1], x[2], Tensor(), Tensor(), Tensor(), ops::BatchNormOptions{}); }},
+      {"max_pool2d", {maps}, {}, 0, [](V x) { return ops::max_pool2d(x[0], 2); }},
+      {"relu_maps", {maps}, {}, 0, [](V x) { return ops::relu(x[0]); }},
   };
 }
 

@@ -15,7 +15,9 @@
 //  - the tracker's activation bytes for the CNN against the analytic sum of what its ops save.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -147,6 +149,52 @@ TEST_P(CnnOpsTest, MaxPoolRoutesGradientsToTheFirstMaximumOrTheLastNaN) {
       ops::sum(ops::max_pool2d(two_nans, 2, stride)).backward();
       EXPECT_EQ(two_nans.grad().to_vector<float>(), (std::vector<float>{0, 0, 1, 0}));
     }
+  }
+}
+
+// Every width from 1 to 19 windows (the vector rows' full and masked steps), values drawn from a
+// few that tie (+0 and -0 among them) and two NaNs of different payloads: each window's output and
+// gradient, bit for bit, against the rule written out here (the last NaN, else the first largest, in
+// the order of pool_window_argmax). The CPU's 2x2 fast path at whatever capability runs the binary.
+TEST_P(CnnOpsTest, MaxPoolTwoByTwoFollowsItsRuleBitForBitAtEveryWidth) {
+  if (!device().is_cpu()) GTEST_SKIP() << "the CPU's rows (cuDNN breaks ties its own way)";
+  const float nan_a = std::nanf("1"), nan_b = std::nanf("2");
+  const float values[] = {-1.0f, 0.0f, -0.0f, 1.0f, 2.0f, 2.0f, nan_a, nan_b};
+  const auto bits = [](float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  };
+  Generator gen(11);
+  for (int64_t out_w = 1; out_w <= 19; ++out_w) {
+    SCOPED_TRACE("windows a row " + std::to_string(out_w));
+    const int64_t planes = 3, out_h = 2, w = 2 * out_w, h = 2 * out_h;
+    std::vector<float> u(static_cast<std::size_t>(planes * h * w)), xv(u.size());
+    gen.fill_uniform(u.data(), static_cast<int64_t>(u.size()), 0.0f, 8.0f);
+    for (std::size_t i = 0; i < u.size(); ++i) xv[i] = values[std::min<int>(7, static_cast<int>(u[i]))];
+    std::vector<float> gv(static_cast<std::size_t>(planes * out_h * out_w));
+    for (std::size_t i = 0; i < gv.size(); ++i) gv[i] = 1.0f + static_cast<float>(i);
+    Tensor x = Tensor::from_vector(xv, {1, planes, h, w}, Device::cpu());
+    x.set_requires_grad(true);
+    const Tensor y = ops::max_pool2d(x, 2);
+    ops::sum(ops::mul(y, Tensor::from_vector(gv, {1, planes, out_h, out_w}, Device::cpu()))).backward();
+    const std::vector<float> yv = y.to_vector<float>(), dx = x.grad().to_vector<float>();
+    for (int64_t p = 0; p < planes; ++p)
+      for (int64_t oi = 0; oi < out_h; ++oi)
+        for (int64_t oj = 0; oj < out_w; ++oj) {
+          const int64_t i0 = (p * h + 2 * oi) * w + 2 * oj;
+          const int64_t at[4] = {i0, i0 + 1, i0 + w, i0 + w + 1};
+          int best = 0;
+          for (int k = 1; k < 4; ++k) {
+            const float v = xv[static_cast<std::size_t>(at[k])], b = xv[static_cast<std::size_t>(at[best])];
+            if (v > b || std::isnan(v)) best = k;
+          }
+          const std::size_t o = static_cast<std::size_t>((p * out_h + oi) * out_w + oj);
+          EXPECT_EQ(bits(yv[o]), bits(xv[static_cast<std::size_t>(at[best])])) << "window " << o;
+          for (int k = 0; k < 4; ++k)
+            EXPECT_EQ(bits(dx[static_cast<std::size_t>(at[k])]), bits(k == best ? gv[o] : 0.0f))
+                << "window " << o << ", element " << k;
+        }
   }
 }
 

@@ -22,14 +22,15 @@ def to_device(images, labels, device):
 
 
 def main():
-    args = pc.parse_args(__doc__.split("\n")[0], default_log_every=0)
+    args = pc.parse_args(__doc__.split("\n")[0], default_log_every=0, add_arguments=lambda p: p.add_argument(
+        "--model", choices=["mlp", "cnn"], default="mlp", help="the seed's MLP or fashion_mnist's --model cnn"))
     device = pc.setup(args)
     x, y = to_device(*pc.load_split(args.data, "train", args.train_limit), device)
     tx, ty = to_device(*pc.load_split(args.data, "test", args.test_limit), device)
     n, b, accum = x.shape[0], args.batch_size, args.accum_steps
     starts = list(range(0, n, b))
 
-    model = pc.NeuralNetwork().to(device)
+    model = (pc.CNN() if args.model == "cnn" else pc.NeuralNetwork()).to(device)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 

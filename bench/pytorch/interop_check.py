@@ -35,20 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pt_common import NeuralNetwork, load_split  # noqa: E402
-
-
-class CNN(nn.Sequential):
-    """cumulus's --model cnn as PyTorch's nn.Sequential; state-dict names 0.weight ... 11.bias."""
-
-    def __init__(self):
-        super().__init__(
-            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
-
-    def forward(self, x):
-        return super().forward(x.reshape(-1, 1, 28, 28))
+from pt_common import CNN, NeuralNetwork, load_split  # noqa: E402
 
 
 MODELS = {"mlp": NeuralNetwork, "cnn": CNN}

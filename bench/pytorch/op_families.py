@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 ACT = (8, 64, 128)
+MAPS, POOLED = (16, 32, 28, 28), (16, 32, 14, 14)  # the CNN's blocks at micro-batch 16
 
 
 def families():
@@ -52,6 +53,10 @@ def families():
           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         f("permute_heads", [(8, 64, 4, 32)], lambda x: x.permute(0, 2, 1, 3).contiguous()),
         f("embedding", [(8, 64), (65, 128)], F.embedding, [0], 65),
+        f("conv2d_3x3", [POOLED, (64, 32, 3, 3), (64,)], lambda x, w, b: F.conv2d(x, w, b, padding=1)),
+        f("batch_norm2d", [MAPS, (32,), (32,)], lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True)),
+        f("max_pool2d", [MAPS], lambda x: F.max_pool2d(x, 2)),
+        f("relu_maps", [MAPS], torch.relu),
     ]
 
 

@@ -109,6 +109,19 @@ class NeuralNetwork(nn.Module):
         return logits
 
 
+class CNN(nn.Sequential):
+    """cumulus's --model cnn as PyTorch's nn.Sequential; state-dict names 0.weight ... 11.bias."""
+
+    def __init__(self):
+        super().__init__(
+            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    def forward(self, x):
+        return super().forward(x.reshape(-1, 1, 28, 28))
+
+
 def _open_idx(folder, stem):
     for name in (stem + ".gz", stem):
         path = os.path.join(folder, name)

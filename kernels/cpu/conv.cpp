@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/conv_kernels.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace cumulus::kernels {
 
@@ -60,7 +61,8 @@ void im2col(const Conv2dGeometry& g, const float* x, float* cols, int64_t ld) {
           const float* xr = xc + ih * g.w - g.pad_w + kj;  // xr[oj * stride_w] is x[ih, iw(oj)]
           std::fill(out, out + cr.lo, 0.0f);
           if (g.stride_w == 1) std::copy(xr + cr.lo, xr + cr.hi, out + cr.lo);
-          else for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj * g.stride_w];
+          else
+            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj * g.stride_w];
           std::fill(out + cr.hi, out + g.out_w, 0.0f);
         }
       }
@@ -81,8 +83,10 @@ void col2im_add(const Conv2dGeometry& g, const float* cols, int64_t ld, float* d
           if (ih < 0 || ih >= g.h) continue;
           const float* in = row + oi * g.out_w;
           float* dxr = dxc + ih * g.w - g.pad_w + kj;
-          if (g.stride_w == 1) for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj] += in[oj];
-          else for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj * g.stride_w] += in[oj];
+          if (g.stride_w == 1)
+            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj] += in[oj];
+          else
+            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) dxr[oj * g.stride_w] += in[oj];
         }
       }
     }
@@ -111,8 +115,8 @@ int64_t conv2d_workspace_floats_cpu(const Conv2dGeometry& g) {
   return chunk_of(g) * (g.col_rows() + g.k) * g.col_cols();
 }
 
-void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* weight, const float* bias,
-                        float* y, float* workspace) {
+void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* weight, const float* bias, float* y,
+                        float* workspace) {
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chunk = chunk_of(g);
   float* cols = workspace;
   float* out = workspace + chunk * crs * ohw;
@@ -130,13 +134,14 @@ void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* we
   }
 }
 
-void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, const float* dy, float beta,
-                              float* dx, float* workspace) {
+void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, const float* dy, float beta, float* dx,
+                              float* workspace) {
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chw = g.c * g.h * g.w, chunk = chunk_of(g);
   float* dcols = workspace;
   float* dyt = workspace + chunk * crs * ohw;
   if (beta == 0.0f) std::memset(dx, 0, static_cast<std::size_t>(g.n * chw) * sizeof(float));
-  else if (beta != 1.0f) for (int64_t i = 0; i < g.n * chw; ++i) dx[i] *= beta;
+  else if (beta != 1.0f)
+    for (int64_t i = 0; i < g.n * chw; ++i) dx[i] *= beta;
   for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
     const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
     group_by_channel(g, dy, n0, m, dyt);
@@ -145,8 +150,8 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, cons
   }
 }
 
-void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const float* dy, float beta,
-                                float* dweight, float* workspace) {
+void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const float* dy, float beta, float* dweight,
+                                float* workspace) {
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chunk = chunk_of(g);
   float* cols = workspace;
   float* dyt = workspace + chunk * crs * ohw;
@@ -161,20 +166,24 @@ void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const f
 
 void conv2d_backward_bias_cpu(const Conv2dGeometry& g, const float* dy, float beta, float* dbias) {
   const int64_t ohw = g.col_cols();
-  for (int64_t k = 0; k < g.k; ++k) {
-    double s = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) {
-      // One plane in 8 float lanes (vectorized), planes summed in double.
-      const float* p = dy + (i * g.k + k) * ohw;
-      float lanes[8] = {};
-      int64_t j = 0;
-      for (; j + 8 <= ohw; j += 8)
-        for (int l = 0; l < 8; ++l) lanes[l] += p[j + l];
-      for (; j < ohw; ++j) s += p[j];
-      for (int l = 0; l < 8; ++l) s += lanes[l];
-    }
-    dbias[k] = beta == 0.0f ? static_cast<float>(s) : static_cast<float>(s) + beta * dbias[k];
-  }
+  // Channels across the kernel threads, each summed as the serial loop does.
+  parallel_for(g.k, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(g.n * ohw, 1)),
+               [&](int64_t first, int64_t last) {
+                 for (int64_t k = first; k < last; ++k) {
+                   double s = 0.0;
+                   for (int64_t i = 0; i < g.n; ++i) {
+                     // One plane in 8 float lanes (vectorized), planes summed in double.
+                     const float* p = dy + (i * g.k + k) * ohw;
+                     float lanes[8] = {};
+                     int64_t j = 0;
+                     for (; j + 8 <= ohw; j += 8)
+                       for (int l = 0; l < 8; ++l) lanes[l] += p[j + l];
+                     for (; j < ohw; ++j) s += p[j];
+                     for (int l = 0; l < 8; ++l) s += lanes[l];
+                   }
+                   dbias[k] = beta == 0.0f ? static_cast<float>(s) : static_cast<float>(s) + beta * dbias[k];
+                 }
+               });
 }
 
 }  // namespace cumulus::kernels

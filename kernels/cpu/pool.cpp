@@ -1,4 +1,6 @@
-// max_pool2d on the CPU: plain loops over each output's window. Padding is skipped (as -inf would
+// max_pool2d on the CPU: loops over each output's window, planes across the kernel threads (a
+// plane's windows in order, so the same bits at any thread count); 2x2 windows of stride 2 in f32
+// 8 at a time on the vector paths (kernels/cpu/pool_rows.h). Padding is skipped (as -inf would
 // be: every window holds an input element), the last NaN wins its window, else the first largest
 // element in row-major window order (pool_window_argmax in kernels/pool_rules.h, shared with CUDA). Backward
 // recomputes each window's argmax from x with the same rule instead of keeping an index tensor: x is
@@ -7,8 +9,14 @@
 // rounds nothing; backward adds in f32.
 #include <algorithm>
 #include <cstring>
+#include <functional>
+
+#include <type_traits>
 
 #include "kernels/cpu/conv_kernels.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/pool_rows.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/pool_rules.h"
 
 namespace cumulus::kernels {
@@ -29,34 +37,55 @@ inline int argmax4(float a, float b, float c, float d) {
   return best;
 }
 
+// Planes [0, planes) of hw elements each across the kernel threads: fn(first, last).
+void for_planes(int64_t planes, int64_t hw, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_for(planes, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(hw, 1)), fn);
+}
+
+// Whether the 2x2 rows of pool_rows.h run for T.
+template <typename T>
+bool vector_rows() {
+  if constexpr (vec::kBuilt && std::is_same_v<T, float>) return vec::available();
+  return false;
+}
+
 }  // namespace
 
 template <typename T>
 void max_pool2d_forward_cpu(const Pool2dGeometry& g, const T* x, T* y) {
   const int64_t planes = g.n * g.c, hw = g.h * g.w, ohw = g.out_h * g.out_w;
   if (is_2x2_stride_2(g)) {
-    for (int64_t p = 0; p < planes; ++p)
-      for (int64_t oi = 0; oi < g.out_h; ++oi) {
-        const T* r0 = x + p * hw + 2 * oi * g.w;
-        const T* r1 = r0 + g.w;
-        T* out = y + p * ohw + oi * g.out_w;
-        for (int64_t oj = 0; oj < g.out_w; ++oj) {
-          const float a = to_f32(r0[2 * oj]), b = to_f32(r0[2 * oj + 1]), c = to_f32(r1[2 * oj]),
-                      d = to_f32(r1[2 * oj + 1]);
-          const float m = std::max(std::max(a, b), std::max(c, d));
-          const bool nan = (a != a) | (b != b) | (c != c) | (d != d);
-          const float window[4] = {a, b, c, d};
-          out[oj] = from_f32<T>(nan ? window[argmax4(a, b, c, d)] : m);  // the NaN the backward picks
+    const bool vector = vector_rows<T>();
+    for_planes(planes, hw, [&](int64_t first, int64_t last) {
+      for (int64_t p = first; p < last; ++p)
+        for (int64_t oi = 0; oi < g.out_h; ++oi) {
+          const T* r0 = x + p * hw + 2 * oi * g.w;
+          const T* r1 = r0 + g.w;
+          T* out = y + p * ohw + oi * g.out_w;
+          if constexpr (std::is_same_v<T, float>) {
+            if (vector) {
+              vec::max_pool_2x2_row_f32(r0, r1, g.out_w, out);
+              continue;
+            }
+          }
+          for (int64_t oj = 0; oj < g.out_w; ++oj) {
+            const float a = to_f32(r0[2 * oj]), b = to_f32(r0[2 * oj + 1]), c = to_f32(r1[2 * oj]),
+                        d = to_f32(r1[2 * oj + 1]);
+            const float window[4] = {a, b, c, d};
+            out[oj] = from_f32<T>(window[argmax4(a, b, c, d)]);
+          }
         }
-      }
+    });
     return;
   }
-  for (int64_t p = 0; p < planes; ++p) {
-    const T* plane = x + p * hw;
-    T* out = y + p * ohw;
-    for (int64_t oi = 0; oi < g.out_h; ++oi)
-      for (int64_t oj = 0; oj < g.out_w; ++oj) out[oi * g.out_w + oj] = plane[pool_window_argmax(g, plane, oi, oj)];
-  }
+  for_planes(planes, hw, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const T* plane = x + p * hw;
+      T* out = y + p * ohw;
+      for (int64_t oi = 0; oi < g.out_h; ++oi)
+        for (int64_t oj = 0; oj < g.out_w; ++oj) out[oi * g.out_w + oj] = plane[pool_window_argmax(g, plane, oi, oj)];
+    }
+  });
 }
 
 template <typename T>
@@ -72,40 +101,51 @@ void max_pool2d_backward_cpu(const Pool2dGeometry& g, const T* x, const T* dy, f
   const T zero = from_f32<T>(0.0f);
   if (is_2x2_stride_2(g)) {
     const bool overwrite = beta == 0.0f && tiled;
-    for (int64_t p = 0; p < planes; ++p)
-      for (int64_t oi = 0; oi < g.out_h; ++oi) {
-        const int64_t row0 = p * hw + 2 * oi * g.w;
-        const T* g_out = dy + p * ohw + oi * g.out_w;
-        for (int64_t oj = 0; oj < g.out_w; ++oj) {
-          const int64_t i0 = row0 + 2 * oj, i1 = i0 + g.w;
-          const int k = argmax4(to_f32(x[i0]), to_f32(x[i0 + 1]), to_f32(x[i1]), to_f32(x[i1 + 1]));
-          const T v = g_out[oj];
-          if (overwrite) {
-            dx[i0] = k == 0 ? v : zero;
-            dx[i0 + 1] = k == 1 ? v : zero;
-            dx[i1] = k == 2 ? v : zero;
-            dx[i1 + 1] = k == 3 ? v : zero;
-          } else {
-            T& d = dx[(k < 2 ? i0 : i1) + (k & 1)];
-            d = from_f32<T>(to_f32(d) + to_f32(v));
+    const bool vector = overwrite && vector_rows<T>();
+    for_planes(planes, hw, [&](int64_t first, int64_t last) {
+      for (int64_t p = first; p < last; ++p)
+        for (int64_t oi = 0; oi < g.out_h; ++oi) {
+          const int64_t row0 = p * hw + 2 * oi * g.w;
+          const T* g_out = dy + p * ohw + oi * g.out_w;
+          if constexpr (std::is_same_v<T, float>) {
+            if (vector) {
+              vec::max_pool_2x2_row_grad_f32(x + row0, x + row0 + g.w, g_out, g.out_w, dx + row0, dx + row0 + g.w);
+              continue;
+            }
+          }
+          for (int64_t oj = 0; oj < g.out_w; ++oj) {
+            const int64_t i0 = row0 + 2 * oj, i1 = i0 + g.w;
+            const int k = argmax4(to_f32(x[i0]), to_f32(x[i0 + 1]), to_f32(x[i1]), to_f32(x[i1 + 1]));
+            const T v = g_out[oj];
+            if (overwrite) {
+              dx[i0] = k == 0 ? v : zero;
+              dx[i0 + 1] = k == 1 ? v : zero;
+              dx[i1] = k == 2 ? v : zero;
+              dx[i1 + 1] = k == 3 ? v : zero;
+            } else {
+              T& d = dx[(k < 2 ? i0 : i1) + (k & 1)];
+              d = from_f32<T>(to_f32(d) + to_f32(v));
+            }
           }
         }
-      }
+    });
     return;
   }
-  for (int64_t p = 0; p < planes; ++p) {
-    const T* plane = x + p * hw;
-    const T* g_out = dy + p * ohw;
-    T* d = dx + p * hw;
-    for (int64_t oi = 0; oi < g.out_h; ++oi)
-      for (int64_t oj = 0; oj < g.out_w; ++oj) {
-        T& target = d[pool_window_argmax(g, plane, oi, oj)];
-        target = from_f32<T>(to_f32(target) + to_f32(g_out[oi * g.out_w + oj]));
-      }
-  }
+  for_planes(planes, hw, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const T* plane = x + p * hw;
+      const T* g_out = dy + p * ohw;
+      T* d = dx + p * hw;
+      for (int64_t oi = 0; oi < g.out_h; ++oi)
+        for (int64_t oj = 0; oj < g.out_w; ++oj) {
+          T& target = d[pool_window_argmax(g, plane, oi, oj)];
+          target = from_f32<T>(to_f32(target) + to_f32(g_out[oi * g.out_w + oj]));
+        }
+    }
+  });
 }
 
-#define CUMULUS_INSTANTIATE(T)                                                \
+#define CUMULUS_INSTANTIATE(T)                                               \
   template void max_pool2d_forward_cpu(const Pool2dGeometry&, const T*, T*); \
   template void max_pool2d_backward_cpu(const Pool2dGeometry&, const T*, const T*, float, T*);
 CUMULUS_INSTANTIATE(float)
