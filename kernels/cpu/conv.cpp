@@ -10,7 +10,9 @@
 // sinks]), as Linear does. Backward keeps only x (saved by the op) and rebuilds the columns chunk
 // by chunk, so no [n, c*r*s, oh*ow] tensor exists. Chunks are sized so the scratch stays within
 // kScratchFloats: large enough for GEMMs that run near OpenBLAS's speed (a per-sample GEMM of the
-// CNN's second conv is 64 x 196 x 288: too small to keep two cores busy).
+// CNN's second conv is 64 x 196 x 288: too small to keep two cores busy). The copies around the
+// GEMMs (im2col, the regrouping, col2im) run sample by sample across the kernel threads: each
+// sample writes only its own part, so the bits do not depend on the thread count.
 #include <algorithm>
 #include <cstring>
 
@@ -55,15 +57,17 @@ void im2col(const Conv2dGeometry& g, const float* x, float* cols, int64_t ld) {
           float* out = row + oi * g.out_w;
           const int64_t ih = oi * g.stride_h - g.pad_h + ki;
           if (ih < 0 || ih >= g.h) {
-            std::fill(out, out + g.out_w, 0.0f);
+            for (int64_t oj = 0; oj < g.out_w; ++oj) out[oj] = 0.0f;
             continue;
           }
           const float* xr = xc + ih * g.w - g.pad_w + kj;  // xr[oj * stride_w] is x[ih, iw(oj)]
-          std::fill(out, out + cr.lo, 0.0f);
-          if (g.stride_w == 1) std::copy(xr + cr.lo, xr + cr.hi, out + cr.lo);
+          // Loops, not memcpy and memset: a row is a few dozen floats, shorter than a call pays for.
+          for (int64_t oj = 0; oj < cr.lo; ++oj) out[oj] = 0.0f;
+          if (g.stride_w == 1)
+            for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj];
           else
             for (int64_t oj = cr.lo; oj < cr.hi; ++oj) out[oj] = xr[oj * g.stride_w];
-          std::fill(out + cr.hi, out + g.out_w, 0.0f);
+          for (int64_t oj = cr.hi; oj < g.out_w; ++oj) out[oj] = 0.0f;
         }
       }
     }
@@ -93,20 +97,31 @@ void col2im_add(const Conv2dGeometry& g, const float* cols, int64_t ld, float* d
   }
 }
 
+// Samples [0, m) across the kernel threads, `floats` of work each: fn(j) for each. Each sample
+// writes only its own part of the outputs, so the bits do not depend on the thread count.
+template <typename Fn>
+void for_samples(int64_t m, int64_t floats, const Fn& fn) {
+  parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(floats, 1)),
+               [&](int64_t first, int64_t last) {
+                 for (int64_t j = first; j < last; ++j) fn(j);
+               });
+}
+
 // Columns of samples [n0, n0 + m) side by side (row stride m * oh * ow).
 void im2col_chunk(const Conv2dGeometry& g, const float* x, int64_t n0, int64_t m, float* cols) {
   const int64_t ohw = g.col_cols(), chw = g.c * g.h * g.w;
-  for (int64_t j = 0; j < m; ++j) im2col(g, x + (n0 + j) * chw, cols + j * ohw, m * ohw);
+  for_samples(m, g.col_rows() * ohw, [&](int64_t j) { im2col(g, x + (n0 + j) * chw, cols + j * ohw, m * ohw); });
 }
 
 // dy_t [k, m * oh * ow] = dy of samples [n0, n0 + m) grouped by channel.
 void group_by_channel(const Conv2dGeometry& g, const float* dy, int64_t n0, int64_t m, float* dyt) {
   const int64_t ohw = g.col_cols();
-  for (int64_t j = 0; j < m; ++j)
+  for_samples(m, g.k * ohw, [&](int64_t j) {
     for (int64_t k = 0; k < g.k; ++k) {
       const float* src = dy + ((n0 + j) * g.k + k) * ohw;
       std::copy(src, src + ohw, dyt + k * m * ohw + j * ohw);
     }
+  });
 }
 
 }  // namespace
@@ -124,13 +139,14 @@ void conv2d_forward_cpu(const Conv2dGeometry& g, const float* x, const float* we
     const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
     im2col_chunk(g, x, n0, m, cols);
     gemm_cpu(false, false, g.k, ld, crs, 1.0f, weight, crs, cols, ld, 0.0f, out, ld);
-    for (int64_t j = 0; j < m; ++j)
+    for_samples(m, g.k * ohw, [&](int64_t j) {
       for (int64_t k = 0; k < g.k; ++k) {
         const float* src = out + k * ld + j * ohw;
         float* dst = y + ((n0 + j) * g.k + k) * ohw;
         const float b = bias != nullptr ? bias[k] : 0.0f;
         for (int64_t p = 0; p < ohw; ++p) dst[p] = src[p] + b;
       }
+    });
   }
 }
 
@@ -139,14 +155,17 @@ void conv2d_backward_data_cpu(const Conv2dGeometry& g, const float* weight, cons
   const int64_t crs = g.col_rows(), ohw = g.col_cols(), chw = g.c * g.h * g.w, chunk = chunk_of(g);
   float* dcols = workspace;
   float* dyt = workspace + chunk * crs * ohw;
-  if (beta == 0.0f) std::memset(dx, 0, static_cast<std::size_t>(g.n * chw) * sizeof(float));
-  else if (beta != 1.0f)
-    for (int64_t i = 0; i < g.n * chw; ++i) dx[i] *= beta;
   for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
     const int64_t m = std::min(chunk, g.n - n0), ld = m * ohw;
     group_by_channel(g, dy, n0, m, dyt);
     gemm_cpu(true, false, crs, ld, g.k, 1.0f, weight, crs, dyt, ld, 0.0f, dcols, ld);
-    for (int64_t j = 0; j < m; ++j) col2im_add(g, dcols + j * ohw, ld, dx + (n0 + j) * chw);
+    for_samples(m, crs * ohw, [&](int64_t j) {  // each sample's dx: its beta, then its columns added
+      float* dxj = dx + (n0 + j) * chw;
+      if (beta == 0.0f) std::memset(dxj, 0, static_cast<std::size_t>(chw) * sizeof(float));
+      else if (beta != 1.0f)
+        for (int64_t i = 0; i < chw; ++i) dxj[i] *= beta;
+      col2im_add(g, dcols + j * ohw, ld, dxj);
+    });
   }
 }
 
