@@ -45,13 +45,41 @@ ColumnRange valid_columns(const Conv2dGeometry& g, int64_t kj) {
   return {std::min(lo, g.out_w), std::max(std::min(lo, g.out_w), std::min(hi, g.out_w))};
 }
 
+// Whether the output plane is the input's (stride 1, "same" padding, as a 3x3 kernel with padding
+// 1): a row of columns is then the plane shifted by (ki - pad_h) rows and (kj - pad_w) columns.
+bool same_plane(const Conv2dGeometry& g) {
+  return g.stride_h == 1 && g.stride_w == 1 && g.out_h == g.h && g.out_w == g.w;
+}
+
+// One row of columns of a "same" plane xc: row[p] = xc[p + shift] where that element lies in the
+// plane's row and column, else 0. One copy of the rows' span (a short row is shorter than a copy's
+// call pays for), then the columns that wrapped into a neighbouring row are zeroed.
+void shifted_plane(const Conv2dGeometry& g, const float* xc, int64_t ki, int64_t kj, float* row) {
+  const int64_t w = g.w, hw = g.h * g.w, dr = ki - g.pad_h, dc = kj - g.pad_w, shift = dr * w + dc;
+  const int64_t r0 = std::max<int64_t>(0, -dr), r1 = std::min(g.h, g.h - dr);  // rows read from inside
+  const int64_t p0 = std::min(hw, std::max(r0 * w, -shift)), p1 = std::max(p0, std::min(r1 * w, hw - shift));
+  std::fill(row, row + p0, 0.0f);
+  std::copy(xc + p0 + shift, xc + p1 + shift, row + p0);
+  std::fill(row + p1, row + hw, 0.0f);
+  const int64_t c0 = std::max<int64_t>(0, -dc), c1 = std::min(w, w - dc);  // columns read from inside
+  for (int64_t oi = r0; oi < r1; ++oi) {
+    for (int64_t oj = 0; oj < c0; ++oj) row[oi * w + oj] = 0.0f;
+    for (int64_t oj = c1; oj < w; ++oj) row[oi * w + oj] = 0.0f;
+  }
+}
+
 // Columns of one sample x [c, h, w] into cols (row stride ld).
 void im2col(const Conv2dGeometry& g, const float* x, float* cols, int64_t ld) {
+  const bool same = same_plane(g);
   for (int64_t ci = 0; ci < g.c; ++ci) {
     const float* xc = x + ci * g.h * g.w;
     for (int64_t ki = 0; ki < g.r; ++ki) {
       for (int64_t kj = 0; kj < g.s; ++kj) {
         float* row = cols + ((ci * g.r + ki) * g.s + kj) * ld;
+        if (same) {
+          shifted_plane(g, xc, ki, kj, row);
+          continue;
+        }
         const ColumnRange cr = valid_columns(g, kj);
         for (int64_t oi = 0; oi < g.out_h; ++oi) {
           float* out = row + oi * g.out_w;

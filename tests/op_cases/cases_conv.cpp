@@ -94,6 +94,10 @@ CUMULUS_OP_CASES(conv) {
   cases.push_back(conv_case("conv2d_2x3_stride2x1_pad1x0_nobias", {2, 2, 6, 5, 3, 2, 3, 2, 1, 1, 0}, false));
   cases.push_back(conv_case("conv2d_3x3_stride2", {2, 2, 6, 6, 3, 3, 3, 2, 2, 0, 0}, true));
   cases.push_back(conv_case("conv2d_1x1", {2, 3, 4, 4, 2, 1, 1, 1, 1, 0, 0}, true));
+  // "Same" padding in other shapes (the CPU's columns as shifted planes: kernels/cpu/conv.cpp).
+  cases.push_back(conv_case("conv2d_5x5_pad2", {2, 2, 6, 7, 3, 5, 5, 1, 1, 2, 2}, true));
+  cases.push_back(conv_case("conv2d_1x3_pad0x1", {2, 2, 4, 6, 3, 1, 3, 1, 1, 0, 1}, false));
+  cases.push_back(conv_case("conv2d_3x1_pad1x0", {1, 2, 3, 9, 2, 3, 1, 1, 1, 1, 0}, true));
 
   for (DType dtype : {DType::f32, DType::bf16, DType::f16})
     cases.push_back(batch_norm_case("batch_norm2d_training_2x3x5x5", 2, 3, 5, 5, true, true, dtype));
