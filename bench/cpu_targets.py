@@ -103,8 +103,14 @@ def seed_part(a, out, thread_counts):
     return times
 
 
+# The seed CNN's families (bench/op_families.h): measured with the others, reported beside the
+# target, which names the families a transformer or the seed MLP runs.
+CNN_FAMILIES = ("conv2d_3x3", "batch_norm2d", "max_pool2d", "relu_maps")
+
+
 def ops_part(a, out):
-    """{cumulus path: [families/passes slower than PyTorch's at one thread]} from ops_vs_pytorch.py."""
+    """{cumulus path (the CNN's: "<path>, CNN"): [families/passes slower than PyTorch's at one
+    thread]} from ops_vs_pytorch.py."""
     with open("/proc/cpuinfo") as f:
         capabilities = "avx512,avx2" if "avx512f" in f.read() else "avx2"
     folder = os.path.join(out, "ops_t1")
@@ -113,14 +119,15 @@ def ops_part(a, out):
            "--pytorch-capability", "matched", "--rounds", "1" if a.quick else "5"]
     run(a, pinned(1) + cmd + (["--min-time", "0.01", "--repetitions", "1"] if a.quick else []),
         os.path.join(out, "log.txt"))
-    slower = {cap: [] for cap in capabilities.split(",")}
+    slower = {key: [] for cap in capabilities.split(",") for key in (cap, cap + ", CNN")}
     if not os.path.exists(os.path.join(folder, "summary.md")):  # --no-run over a run without this part
         return {}
     with open(os.path.join(folder, "summary.md")) as f:
         for line in f:
             cells = [c.strip() for c in line.split("|")[1:-1]]
             if len(cells) == 7 and cells[0] == "1" and "slower" in cells[6]:
-                slower[cells[1]].append("%s (%s)" % (cells[3], cells[6].split()[0]))
+                cnn = cells[3].split("/")[0] in CNN_FAMILIES
+                slower[cells[1] + (", CNN" if cnn else "")].append("%s (%s)" % (cells[3], cells[6].split()[0]))
     return slower
 
 
@@ -151,6 +158,10 @@ def write_targets(out, all_cores, gpt, seed, ops):
                                               ", ".join("%.2f / %.2f = %.2fx" % (p, c, p / c) for c, p in rounds),
                                               ratio, verdict(ratio >= SEED_SPEEDUP)))
     for cap, slow in (ops or {}).items():
+        if cap.endswith(", CNN"):
+            rows.append("| the seed CNN's op families, 1 thread, cumulus's %s path (beside the target) | %s | |"
+                        % (cap[:-len(", CNN")], "slower: " + ", ".join(slow) if slow else "none slower"))
+            continue
         rows.append("| op families, 1 thread, cumulus's %s path: none slower than PyTorch's (at the same capability) "
                     "| %s | %s |" % (cap, ", ".join(slow) if slow else "none slower", verdict(not slow)))
     with open(os.path.join(out, "targets.md"), "w") as f:
