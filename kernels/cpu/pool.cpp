@@ -62,7 +62,7 @@ void max_pool2d_forward_cpu(const Pool2dGeometry& g, const T* x, T* y) {
           const T* r0 = x + p * hw + 2 * oi * g.w;
           const T* r1 = r0 + g.w;
           T* out = y + p * ohw + oi * g.out_w;
-          if constexpr (std::is_same_v<T, float>) {
+          if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
             if (vector) {
               vec::max_pool_2x2_row_f32(r0, r1, g.out_w, out);
               continue;
@@ -107,7 +107,7 @@ void max_pool2d_backward_cpu(const Pool2dGeometry& g, const T* x, const T* dy, f
         for (int64_t oi = 0; oi < g.out_h; ++oi) {
           const int64_t row0 = p * hw + 2 * oi * g.w;
           const T* g_out = dy + p * ohw + oi * g.out_w;
-          if constexpr (std::is_same_v<T, float>) {
+          if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
             if (vector) {
               vec::max_pool_2x2_row_grad_f32(x + row0, x + row0 + g.w, g_out, g.out_w, dx + row0, dx + row0 + g.w);
               continue;
