@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-
 #include <type_traits>
 
 #include "kernels/cpu/conv_kernels.h"
