@@ -2,7 +2,7 @@
 //   y = weight[c] * (x - mean[c]) * invstd[c] + bias[c],  invstd = 1 / sqrt(var + eps)
 // with the batch's mean and biased variance (training; the running statistics are updated in
 // place with the unbiased variance and num_batches_tracked is incremented) or the running
-// statistics (evaluation). CPU: plain loops (kernels/cpu/batch_norm.cpp); CUDA: cuDNN for f32,
+// statistics (evaluation). CPU: vectorized loops (kernels/cpu/batch_norm.cpp); CUDA: cuDNN for f32,
 // kernels of our own for bf16 and f16 (Note [bf16 on cuDNN] in kernels/cuda/cudnn_kernels.h).
 // Saves x, the weight and the [C] mean and invstd actually used; x_hat is recomputed in backward
 // rather than kept (it would be another tensor the size of x). Backward:

@@ -1,4 +1,4 @@
-// batch_norm2d on the CPU: plain loops, statistics accumulated in double. Per channel over the
+// batch_norm2d on the CPU: loops over planes, statistics accumulated in double. Per channel over the
 // m = n * hw values of x [n, c, hw]:
 //   mean = sum x / m,  var = sum (x - mean)^2 / m (biased: used to normalize),
 //   x_hat = (x - mean) * invstd, invstd = 1 / sqrt(var + eps),  y = gamma * x_hat + beta.
