@@ -1,8 +1,8 @@
 // CPU launchers of the convolutional ops: conv2d (im2col + OpenBLAS GEMM), batch_norm2d and
-// max_pool2d (vectorized loops across the kernel threads). NCHW, contiguous, f32. Every launcher that writes a gradient takes a
-// beta: 0 overwrites without reading the destination, 1 adds to it (Note [Gradient sinks] in
-// engine/include/cumulus/autograd/node.h). The geometry structs are shared with the cuDNN
-// launchers (kernels/cuda/cudnn_kernels.h).
+// max_pool2d (vectorized loops across the kernel threads). NCHW, contiguous, f32. Every launcher
+// that writes a gradient takes a beta: 0 overwrites without reading the destination, 1 adds to it
+// (Note [Gradient sinks] in engine/include/cumulus/autograd/node.h). The geometry structs are
+// shared with the cuDNN launchers (kernels/cuda/cudnn_kernels.h).
 #pragma once
 
 #include <cstdint>
