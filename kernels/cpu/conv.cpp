@@ -59,9 +59,10 @@ void shifted_plane(const Conv2dGeometry& g, const float* xc, int64_t ki, int64_t
   const int64_t r0 = std::max<int64_t>(0, -dr), r1 = std::min(g.h, g.h - dr);  // rows read from inside
   const int64_t p0 = std::min(hw, std::max(r0 * w, -shift)), p1 = std::max(p0, std::min(r1 * w, hw - shift));
   std::fill(row, row + p0, 0.0f);
-  std::copy(xc + p0 + shift, xc + p1 + shift, row + p0);
+  if (p1 > p0) std::copy(xc + p0 + shift, xc + p1 + shift, row + p0);
   std::fill(row + p1, row + hw, 0.0f);
-  const int64_t c0 = std::max<int64_t>(0, -dc), c1 = std::min(w, w - dc);  // columns read from inside
+  // Columns read from inside: [c0, c1), within [0, w) even when the kernel is wider than the plane.
+  const int64_t c0 = std::min(w, std::max<int64_t>(0, -dc)), c1 = std::max(c0, std::min(w, w - dc));
   for (int64_t oi = r0; oi < r1; ++oi) {
     for (int64_t oj = 0; oj < c0; ++oj) row[oi * w + oj] = 0.0f;
     for (int64_t oj = c1; oj < w; ++oj) row[oi * w + oj] = 0.0f;

@@ -98,6 +98,8 @@ CUMULUS_OP_CASES(conv) {
   cases.push_back(conv_case("conv2d_5x5_pad2", {2, 2, 6, 7, 3, 5, 5, 1, 1, 2, 2}, true));
   cases.push_back(conv_case("conv2d_1x3_pad0x1", {2, 2, 4, 6, 3, 1, 3, 1, 1, 0, 1}, false));
   cases.push_back(conv_case("conv2d_3x1_pad1x0", {1, 2, 3, 9, 2, 3, 1, 1, 1, 1, 0}, true));
+  // A kernel wider than the plane (a shift past its every column), two samples side by side.
+  cases.push_back(conv_case("conv2d_3x5_pad1x2_narrow", {2, 1, 3, 1, 2, 3, 5, 1, 1, 1, 2}, true));
 
   for (DType dtype : {DType::f32, DType::bf16, DType::f16})
     cases.push_back(batch_norm_case("batch_norm2d_training_2x3x5x5", 2, 3, 5, 5, true, true, dtype));
