@@ -23,10 +23,8 @@ struct Windows {
 
 // Lanes [0, n) of 8 all ones (n may be <= 0 or >= 8).
 __m256i first_lanes(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < 0   ? 0
-                                                               : n > 8 ? 8
-                                                                       : n)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const int lanes = n < 0 ? 0 : (n > 8 ? 8 : static_cast<int>(n));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 // Swaps the middle 64-bit quarters: [0, 1, 2, 3, 4, 5, 6, 7] <-> [0, 1, 4, 5, 2, 3, 6, 7].
