@@ -30,7 +30,7 @@ inline float blend(float value, float beta, float old) { return beta == 0.0f ? v
 // Channels [0, c) of m values each across the kernel threads: fn(first, last).
 template <typename Fn>
 void for_channels(int64_t c, int64_t m, const Fn& fn) {
-  parallel_for(c, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(m, 1)), fn);
+  parallel_for(c, grain_for(m), fn);
 }
 
 // batch_norm_planes.h's loops for T: AVX2's build of them for f32 where it runs, else the baseline's.

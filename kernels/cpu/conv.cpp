@@ -130,10 +130,9 @@ void col2im_add(const Conv2dGeometry& g, const float* cols, int64_t ld, float* d
 // writes only its own part of the outputs, so the bits do not depend on the thread count.
 template <typename Fn>
 void for_samples(int64_t m, int64_t floats, const Fn& fn) {
-  parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(floats, 1)),
-               [&](int64_t first, int64_t last) {
-                 for (int64_t j = first; j < last; ++j) fn(j);
-               });
+  parallel_for(m, grain_for(floats), [&](int64_t first, int64_t last) {
+    for (int64_t j = first; j < last; ++j) fn(j);
+  });
 }
 
 // Columns of samples [n0, n0 + m) side by side (row stride m * oh * ow).
@@ -215,23 +214,22 @@ void conv2d_backward_filter_cpu(const Conv2dGeometry& g, const float* x, const f
 void conv2d_backward_bias_cpu(const Conv2dGeometry& g, const float* dy, float beta, float* dbias) {
   const int64_t ohw = g.col_cols();
   // Channels across the kernel threads, each summed as the serial loop does.
-  parallel_for(g.k, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(g.n * ohw, 1)),
-               [&](int64_t first, int64_t last) {
-                 for (int64_t k = first; k < last; ++k) {
-                   double s = 0.0;
-                   for (int64_t i = 0; i < g.n; ++i) {
-                     // One plane in 8 float lanes (vectorized), planes summed in double.
-                     const float* p = dy + (i * g.k + k) * ohw;
-                     float lanes[8] = {};
-                     int64_t j = 0;
-                     for (; j + 8 <= ohw; j += 8)
-                       for (int l = 0; l < 8; ++l) lanes[l] += p[j + l];
-                     for (; j < ohw; ++j) s += p[j];
-                     for (int l = 0; l < 8; ++l) s += lanes[l];
-                   }
-                   dbias[k] = beta == 0.0f ? static_cast<float>(s) : static_cast<float>(s) + beta * dbias[k];
-                 }
-               });
+  parallel_for(g.k, grain_for(g.n * ohw), [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) {
+      double s = 0.0;
+      for (int64_t i = 0; i < g.n; ++i) {
+        // One plane in 8 float lanes (vectorized), planes summed in double.
+        const float* p = dy + (i * g.k + k) * ohw;
+        float lanes[8] = {};
+        int64_t j = 0;
+        for (; j + 8 <= ohw; j += 8)
+          for (int l = 0; l < 8; ++l) lanes[l] += p[j + l];
+        for (; j < ohw; ++j) s += p[j];
+        for (int l = 0; l < 8; ++l) s += lanes[l];
+      }
+      dbias[k] = beta == 0.0f ? static_cast<float>(s) : static_cast<float>(s) + beta * dbias[k];
+    }
+  });
 }
 
 }  // namespace cumulus::kernels

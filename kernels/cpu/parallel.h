@@ -14,6 +14,7 @@
 // advises its OpenMP build for OpenMP programs); these loops need only a counter and a wake-up.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -34,5 +35,11 @@ bool gemm_splits();
 // The chunk of elementwise work worth handing to another thread: about 30 microseconds of an
 // activation's arithmetic.
 inline constexpr int64_t kParallelGrain = 8192;
+
+// Items (rows, planes, channels, samples) per chunk when each holds `elements` of that work: at
+// least one.
+inline int64_t grain_for(int64_t elements) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(elements, 1));
+}
 
 }  // namespace cumulus::kernels

@@ -186,7 +186,7 @@ bool ordered_sums_grad(const BroadcastGeometry& g, int operand, const T* a, cons
     const float* w = kOp == BinaryOp::mul ? (operand == 0 ? b : a) : nullptr;  // mul: dy times the other
     std::vector<float> sums(static_cast<std::size_t>(per_row ? rows : cols));
     if (per_row) {
-      parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+      parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
         vec::ordered_row_sums_f32(dy + r0 * cols, w != nullptr ? w + r0 * cols : nullptr, r1 - r0, cols,
                                   sums.data() + r0);
       });
@@ -416,15 +416,12 @@ void unary_backward_cpu(UnaryOp op, const T* saved, const T* dy, float beta, T* 
                [&](int64_t b, int64_t e) { unary_backward_serial(op, saved + b, dy + b, beta, dx + b, e - b); });
 }
 
-// Rows of about kParallelGrain elements per chunk.
-inline int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cols, 1)); }
-
 template <typename T>
 void softmax_forward_cpu(bool log, const T* x, T* y, int64_t rows, int64_t cols) {
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::softmax_row_f32 : vec::softmax_row_f32;
-      parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) row(log, x + r * cols, y + r * cols, cols);
       });
       return;
@@ -452,7 +449,7 @@ void softmax_backward_cpu(bool log, const T* y, const T* dy, float beta, T* dx, 
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::softmax_grad_row_f32 : vec::softmax_grad_row_f32;
-      parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) row(log, y + r * cols, dy + r * cols, beta, dx + r * cols, cols);
       });
       return;

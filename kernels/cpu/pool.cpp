@@ -38,7 +38,7 @@ inline int argmax4(float a, float b, float c, float d) {
 
 // Planes [0, planes) of hw elements each across the kernel threads: fn(first, last).
 void for_planes(int64_t planes, int64_t hw, const std::function<void(int64_t, int64_t)>& fn) {
-  parallel_for(planes, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(hw, 1)), fn);
+  parallel_for(planes, grain_for(hw), fn);
 }
 
 // Whether the 2x2 rows of pool_rows.h run for T.

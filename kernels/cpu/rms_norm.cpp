@@ -17,9 +17,6 @@ namespace {
 
 float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
 
-// Rows of about kParallelGrain elements per chunk (Note [CPU kernel threads]).
-int64_t grain_of(int64_t width) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(width, 1)); }
-
 template <typename T>
 void forward_row_scalar(const T* x, const float* weight, int64_t n, float eps, T* y, float* rstd) {
   double squares = 0.0;
@@ -76,7 +73,7 @@ void backward_one_pass_f32(const float* x, const float* dy, const float* weight,
   const auto add_sums = wide ? vec512::add_float_sums : vec::add_float_sums;
   constexpr int64_t kSumsBytes = int64_t{4} << 20, kRowGroup = 8;
   const int64_t max_blocks = std::clamp<int64_t>(kSumsBytes / (cols * int64_t{sizeof(double)}), 1, 64);
-  const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + max_blocks - 1) / max_blocks);
+  const int64_t block_rows = std::max<int64_t>(grain_for(cols), (rows + max_blocks - 1) / max_blocks);
   const int64_t blocks = (rows + block_rows - 1) / block_rows;
   std::vector<double> sums(static_cast<std::size_t>(blocks * cols), 0.0);
   parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -103,7 +100,7 @@ template <typename T>
 void rms_norm_forward_cpu(const T* x, const float* weight, int64_t rows, int64_t cols, float eps, T* y, float* rstd) {
   bool vector = false;
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) vector = vec::available();
-  parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
         if (vector) {
@@ -131,7 +128,7 @@ void rms_norm_backward_cpu(const T* x, const T* dy, const float* weight, const f
         return backward_one_pass_f32(x, dy, weight, rstd, rows, cols, beta, dx, beta_dw, dweight);
       if (dx != nullptr) {
         const auto row = vec512::available() ? vec512::rms_norm_grad_row_f32 : vec::rms_norm_grad_row_f32;
-        parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+        parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r)
             row(x + r * cols, dy + r * cols, weight, rstd[r], cols, beta, dx + r * cols, nullptr);
         });
@@ -140,7 +137,7 @@ void rms_norm_backward_cpu(const T* x, const T* dy, const float* weight, const f
     }
   }
   if (dx != nullptr)
-    parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+    parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)
         grad_row_scalar(x + r * cols, dy + r * cols, weight, rstd[r], cols, beta, dx + r * cols);
     });

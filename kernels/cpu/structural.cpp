@@ -17,9 +17,6 @@ namespace {
 
 float blend(float value, float beta, float old) { return beta == 0.0f ? value : value + beta * old; }
 
-// Rows (or columns) of about kParallelGrain elements per chunk (Note [CPU kernel threads]).
-int64_t grain_of(int64_t width) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(width, 1)); }
-
 }  // namespace
 
 // Two passes per row (the mean, then sum (x - mean)^2), both in double: no cancellation when the
@@ -32,7 +29,7 @@ void layer_norm_forward_cpu(const T* x, const float* weight, const float* bias, 
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available()) {
       const auto row = vec512::available() ? vec512::layer_norm_row_f32 : vec::layer_norm_row_f32;
-      parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+      parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) row(x + r * cols, weight, bias, cols, eps, y + r * cols, mean + r, rstd + r);
       });
       return;
@@ -68,7 +65,7 @@ void layer_norm_backward_dx_cpu(const T* x, const T* dy, const float* weight, co
   if constexpr (vec::kBuilt && std::is_same_v<T, float>) {
     if (vec::available() && cols > 1) {
       const auto row = vec512::available() ? vec512::layer_norm_grad_row_f32 : vec::layer_norm_grad_row_f32;
-      parallel_for(rows, grain_of(cols), [&](int64_t r0, int64_t r1) {
+      parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           row(x + r * cols, dy + r * cols, weight, mean[r], rstd[r], cols, beta, dx + r * cols, nullptr, nullptr);
       });
@@ -157,7 +154,7 @@ void layer_norm_backward_cpu(const T* x, const T* dy, const float* weight, const
       const auto add_sums = wide ? vec512::add_float_sums : vec::add_float_sums;
       constexpr int64_t kSumsBytes = int64_t{4} << 20, kRowGroup = 8;
       const int64_t max_blocks = std::clamp<int64_t>(kSumsBytes / (2 * cols * int64_t{sizeof(double)}), 1, 64);
-      const int64_t block_rows = std::max<int64_t>(grain_of(cols), (rows + max_blocks - 1) / max_blocks);
+      const int64_t block_rows = std::max<int64_t>(grain_for(cols), (rows + max_blocks - 1) / max_blocks);
       const int64_t blocks = (rows + block_rows - 1) / block_rows;
       std::vector<double> sums(static_cast<std::size_t>(blocks * 2 * cols), 0.0);  // per block: sw, then sb
       parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -213,7 +210,8 @@ void narrow_backward_cpu(const T* dy, int64_t outer, int64_t dim, int64_t start,
       std::copy(in, in + run, out + before);
       std::fill(out + before + run, out + before + run + after, from_f32<T>(0.0f));
     } else {
-      for (int64_t i = 0; i < run; ++i) out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
+      for (int64_t i = 0; i < run; ++i)
+        out[before + i] = from_f32<T>(blend(to_f32(in[i]), beta, to_f32(out[before + i])));
     }
   }
 }
