@@ -20,7 +20,8 @@
 #                    graphs (bench/compare.py, 16 x 4, 2 epochs)
 #   planner    60 s  --plan-only for the MLP and the CNN, predicted against measured peaks
 #   precision  40 s  the seed run in bf16 and fp16, the CNN in fp32 and bf16, bench_precision
-#   profile   220 s  Nsight Compute on our tiled f32 attention kernels (throughputs, occupancy, stalls, shared
+#   profile   220 s  our op profile of GPT-2 small's step (fp32 and bf16: gpt --op-profile), Nsight
+#                    Compute on our tiled f32 attention kernels (throughputs, occupancy, stalls, shared
 #                    memory), then the time of every kernel of one GPT-2-small micro-batch, fp32 then
 #                    bf16, then of about 30 of the seed's micro-batches of 16, summed by kernel: where
 #                    the step goes (past the default budget: asked for by naming the phase or raising
@@ -546,17 +547,25 @@ phase_precision() {
 # named apart) timed by Nsight Compute, one metric, the clocks left alone; summed by kernel name.
 phase_profile() {
   local ncu p shape=(--context 1024 --width 768 --heads 12 --layers 12 --micro-batch 8)
+  ((!small)) || shape=()
+  # Our own op profile of GPT-2 small's step (3 steps of one micro-batch, the last 2 timed): each
+  # op's device time between CUDA events (Note [Op time profile]); no tool needed.
+  for p in fp32 bf16; do
+    timed "op_profile_gpt_$p" "$(cap 40)" "$bin/gpt" train --data "$(corpus)" "${shape[@]}" --accum-steps 1 \
+      --steps 3 --warmup 0 --eval-every 0 --eval-windows 1 --device "$device" --precision "$p" \
+      --op-profile "$work/op_profile_gpt_$p.json"
+    grep -A 22 '^op time on' "$work/op_profile_gpt_$p.log" | tee -a "$summary"
+  done
   ncu=$(command -v ncu || true)
   [ -n "$ncu" ] || { [ -x /usr/local/cuda/bin/ncu ] && ncu=/usr/local/cuda/bin/ncu; } || true
   if [ "$device" = cpu ]; then
-    say "profile: not rehearsed (Nsight Compute times GPU kernels)"
+    say "profile: Nsight Compute not rehearsed (it times GPU kernels)"
     return 0
   fi
   if [ -z "$ncu" ]; then
-    say "profile: skipped (no ncu here)"
+    say "profile: Nsight Compute skipped (no ncu here)"
     return 0
   fi
-  ((!small)) || shape=()
   # The opt-in tiled f32 attention kernels at GPT-2 small's shape, one forward + backward: where
   # their time goes (Note [Tiled CUDA attention kernels] counts shared memory as their bound)
   CUMULUS_CUDA_ATTENTION_KERNELS=tiled timed profile_attention "$(cap 40)" "$ncu" --clock-control none --kernel-name regex:attention_ --launch-count 4 \

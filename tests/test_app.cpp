@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -68,7 +69,7 @@ TEST_F(AppTest, HelpListsEveryOption) {
                            "--weight-decay", "--clip-grad-norm", "--normalize", "--shuffle", "--seed", "--init",
                            "--save", "--checkpoint", "--resume", "--memory-report", "--trace", "--memory-plot",
                            "--metrics", "--train-limit", "--test-limit", "--quiet", "--recompute", "--precision",
-                           "--kernels", "--optimizer-bits"})
+                           "--kernels", "--optimizer-bits", "--op-profile"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
@@ -407,7 +408,7 @@ TEST_F(AppTest, TrainsPrintsTheSeedFormatAndWritesEveryReport) {
   const Result r = run_app(data_arg() + " --epochs 2 --batch-size 16 --accum-steps 4 --lr 0.05 --metrics " +
                            quote(path("m.jsonl")) + " --memory-report " + quote(path("mem.json")) + " --trace " +
                            quote(path("trace.json")) + " --memory-plot " + quote(path("plot.svg")) + " --save " +
-                           quote(path("w.safetensors")));
+                           quote(path("w.safetensors")) + " --op-profile " + quote(path("ops.json")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("Epoch 1\n-------------------\nTest Results:\n Accuracy: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Epoch 2\n-------------------\nTest Results:\n Accuracy: "), std::string::npos) << r.out;
@@ -433,6 +434,16 @@ TEST_F(AppTest, TrainsPrintsTheSeedFormatAndWritesEveryReport) {
   EXPECT_TRUE(nlohmann::json::parse(read("trace.json")).contains("traceEvents"));
   EXPECT_NE(read("plot.svg").find("</svg>"), std::string::npos);
   EXPECT_GT(fs::file_size(path("w.safetensors")), 669706u * 4);
+  // The op profile of the second epoch: its 32 updates, 125 micro-batches of three Linears.
+  const auto ops = nlohmann::json::parse(read("ops.json"));
+  EXPECT_EQ(ops["per"], 1);
+  EXPECT_EQ(ops["per_name"], "epoch");
+  std::map<std::string, int64_t> calls;
+  for (const auto& op : ops["ops"]) calls[op["op"].get<std::string>()] = op["calls"].get<int64_t>();
+  EXPECT_EQ(calls["optimizer update"], 32) << ops.dump();
+  EXPECT_EQ(calls["linear+relu"] + calls["linear"], 3 * 125) << ops.dump();
+  EXPECT_EQ(calls["cross_entropy backward"], 125) << ops.dump();
+  EXPECT_NE(r.out.find("op time on cpu: "), std::string::npos) << r.out;
 }
 
 TEST_F(AppTest, ResumeIsBitwiseExact) {

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cumulus/io/safetensors.h"
 #include "test_util.h"
 
@@ -184,6 +186,30 @@ TEST(GptApp, TrainsWithAdamWsStateOnTheHost) {
   r = gpt("train" + data + " --optimizer-state auto");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--optimizer-state auto needs --effective-batch"), std::string::npos) << r.out;
+}
+
+// --op-profile: each op of the steps after the first, the Trainer's update among them, in a JSON
+// file and a printed table; the run's weights are those of a run without it.
+TEST(GptApp, TheOpProfileNamesTheOpsOfTheStepsAfterTheFirst) {
+  TempDir dir;
+  const std::string data = " --data " + write_corpus(dir) + kTiny + " --steps 4 --eval-every 0";
+  Result r = gpt("train" + data + " --save " + dir.file("plain.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = gpt("train" + data + " --save " + dir.file("profiled.safetensors") + " --op-profile " + dir.file("ops.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("op time on cpu: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over 3 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(read(dir.file("profiled.safetensors")), read(dir.file("plain.safetensors")));
+  const nlohmann::json j = nlohmann::json::parse(read(dir.file("ops.json")));
+  EXPECT_EQ(j.at("per"), 3);
+  EXPECT_EQ(j.at("per_name"), "step");
+  std::map<std::string, int64_t> calls;
+  for (const auto& op : j.at("ops")) calls[op.at("op").get<std::string>()] = op.at("calls").get<int64_t>();
+  EXPECT_EQ(calls["optimizer update"], 3);
+  EXPECT_EQ(calls["cross_entropy"], 3 * 3);                      // three micro-batches a step
+  EXPECT_EQ(calls["packed_qkv_attention backward"], 2 * 3 * 3);  // two blocks
+  EXPECT_GT(calls["linear backward"], 0);
+  EXPECT_GT(j.at("total_ms").get<double>(), 0.0);
 }
 
 TEST(GptApp, ThePlannerChoosesTheMicroBatch) {

@@ -102,7 +102,7 @@ TEST(GptHostile, NoOutputReplacesTheCorpusByAnyName) {
   const std::string corpus = write_corpus(dir), before = read(corpus);
   fs::create_symlink(corpus, dir.file("sym.txt"));
   fs::create_hard_link(corpus, dir.file("hard.txt"));
-  for (const std::string flag : {"--save", "--metrics", "--memory-report", "--memory-plot"})
+  for (const std::string flag : {"--save", "--metrics", "--memory-report", "--memory-plot", "--op-profile"})
     for (const std::string name : {corpus, std::string("./corpus.txt"), dir.file("sym.txt"), dir.file("hard.txt")}) {
       const Result r = gpt(train_args("corpus.txt") + " " + flag + " " + quote(name), "cd " + quote(dir.str()) + " && ");
       EXPECT_EQ(r.exit_code, 2) << flag << " " << name << "\n" << r.out;

@@ -201,6 +201,10 @@ void add_file_flags(CLI::App& app, CommandLine& o, RawText& raw) {
   app.add_option("--trace", o.trace_path, "Write a Chrome trace (JSON; open in Perfetto or chrome://tracing) here");
   app.add_option("--memory-plot", o.memory_plot_path,
                  "Write an SVG plot of memory by category over the first steps here");
+  app.add_option("--op-profile", o.op_profile_path,
+                 "Write each op's time here (JSON: its own time, forward and backward apart, and the optimizer "
+                 "step's parts) over the epochs after the first (a one-epoch run's only epoch), and print the "
+                 "table (unless --quiet); --graphs auto then runs eagerly");
   app.add_option("--metrics", o.metrics_path,
                  "Write one JSON object per epoch here (epoch, train_loss, test_loss, test_accuracy, samples_per_s, "
                  "optimizer_steps, peak_bytes, ...); with --resume, the file's lines up to the checkpoint are kept");

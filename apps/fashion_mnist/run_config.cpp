@@ -36,8 +36,11 @@ void resolve_device(const CommandLine& cli, RunConfig& c) {
   require(c.graphs != GraphsChoice::on || (c.optimizer_state == optim::StatePlacement::device &&
                                             !c.optimizer_state_by_planner),
           "--graphs on cannot replay an update on the host: give --optimizer-state device or --graphs auto");
+  // A replayed graph runs no op's host code, so an op profile would see none of its work.
+  require(c.graphs != GraphsChoice::on || c.op_profile_path.empty(),
+          "--graphs on replays steps without running their ops: --op-profile needs --graphs auto or off");
   c.use_graphs = c.device.is_cuda() && c.graphs != GraphsChoice::off &&
-                 c.optimizer_state == optim::StatePlacement::device;
+                 c.optimizer_state == optim::StatePlacement::device && c.op_profile_path.empty();
   if (c.data_on == DataOnChoice::planner && !c.device.is_cuda()) c.data_on = DataOnChoice::device;  // the same memory
 }
 
@@ -100,6 +103,7 @@ RunConfig on_ranks(const RunConfig& config, const RankPlacement& placement) {
     c.memory_report_path = io::rank_path(c.memory_report_path, c.rank);
     c.trace_path = io::rank_path(c.trace_path, c.rank);
     c.memory_plot_path = io::rank_path(c.memory_plot_path, c.rank);
+    c.op_profile_path = io::rank_path(c.op_profile_path, c.rank);
   }
   return c;
 }

@@ -71,7 +71,7 @@ struct FlagValues {
   bool shuffle = false;
   uint64_t seed = 0;
   std::string init_path, save_path, checkpoint_path, resume_path;
-  std::string memory_report_path, trace_path, memory_plot_path, metrics_path;
+  std::string memory_report_path, trace_path, memory_plot_path, metrics_path, op_profile_path;
   std::set<std::string> overrides;  // --override: settings a resumed run may change, e.g. {"lr"}
   int64_t train_limit = 0, test_limit = 0;
   int64_t eval_batch_size = 64;

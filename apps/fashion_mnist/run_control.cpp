@@ -51,7 +51,8 @@ std::vector<io::RunFile> outputs_of(const RunConfig& o, const std::string& owner
   for (const io::RunFile& f :
        {io::RunFile{"--save", o.save_path}, io::RunFile{"--checkpoint", o.checkpoint_path},
         io::RunFile{"--memory-report", o.memory_report_path}, io::RunFile{"--trace", o.trace_path},
-        io::RunFile{"--memory-plot", o.memory_plot_path}, io::RunFile{"--metrics", o.metrics_path}})
+        io::RunFile{"--memory-plot", o.memory_plot_path}, io::RunFile{"--metrics", o.metrics_path},
+        io::RunFile{"--op-profile", o.op_profile_path}})
     if (!f.path.empty()) out.push_back({owner + f.name, f.path});
   return out;
 }

@@ -6,11 +6,14 @@
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/metrics_log.h"
 #include "common/progress.h"
 #include "cumulus/core/error.h"
+#include "cumulus/core/op_profile.h"
 #include "cumulus/core/threads.h"
+#include "cumulus/io/file.h"
 #include "cumulus/io/run_files.h"
 #include "cumulus/memory/allocator.h"
 #include "cumulus/memory/report.h"
@@ -118,7 +121,8 @@ class TrainingLoop {
         progress_(stderr, !p.o.quiet && g_root, p.o.epochs),
         loss_([this](const data::Batch& b) { return training_loss(p_.model, b); }),
         point_(p.trainer, p.state.state),
-        metrics_(open_metrics(p.o, p.state)) {
+        metrics_(open_metrics(p.o, p.state)),
+        profile_(p.optimizer.parameters().device()) {
     p.trainer.set_tracker(&p.tracker);
   }
 
@@ -138,6 +142,9 @@ class TrainingLoop {
   // `together`: every rank stops at this boundary (a sharded state can be gathered for the checkpoint).
   int stop(const std::string& message, int code, const char* why, bool together = false);
   int stop_together(const std::string& where);
+  // --op-profile: whether this epoch is profiled, and the table and JSON of those so far.
+  bool profiled(int epoch) const;
+  void report_profile();
 
   const TrainingParts& p_;
   const RunConfig& o_;
@@ -150,6 +157,9 @@ class TrainingLoop {
   // and its test pass, the epoch's end: a run interrupted in the test pass resumes with that pass.
   train::ResumePoint point_;
   app::MetricsLog metrics_;
+  OpProfile profile_;
+  int first_epoch_ = 0;  // this run's
+  int profiled_epochs_ = 0;
 };
 
 // A stop is honoured at a group boundary, after the group in flight has stepped: the checkpoint then
@@ -179,7 +189,11 @@ bool TrainingLoop::train_epoch(int epoch, EpochSummary& summary) {
   const train::EpochOptions options = point_.begin_epoch(epoch, epoch_hooks(summary));
   summary.first_micro_batch = options.first;
   progress_.begin_epoch(epoch, p_.train_loader.num_batches(), options.first);
+  std::optional<OpProfileScope> timed;
+  if (profiled(epoch)) timed.emplace(profile_);
   const train::EpochResult trained = trainer_.train_epoch(p_.train_loader, epoch, loss_, options);
+  timed.reset();
+  profiled_epochs_ += profiled(epoch) && trained.finished ? 1 : 0;
   progress_.end_epoch();
   if (!trained.finished) {
     next_micro_batch_ = trained.next_micro_batch;
@@ -242,8 +256,8 @@ int TrainingLoop::stop(const std::string& message, int code, const char* why, bo
                    "(--zero 1) cannot be gathered; %s keeps the last one\n",
                    o_.checkpoint_path.c_str());
   };
-  for (auto& write :
-       {std::function<void()>(checkpoint), std::function<void()>([&] { write_reports(o_, p_.tracker); })}) {
+  for (auto& write : {std::function<void()>(checkpoint), std::function<void()>([&] { write_reports(o_, p_.tracker); }),
+                      std::function<void()>([&] { report_profile(); })}) {
     try {
       write();
     } catch (const Error& e) {
@@ -353,7 +367,24 @@ void TrainingLoop::end_epoch(const EpochSummary& e) {
   }
 }
 
+// The epochs after this run's first (its warm-up), or a one-epoch run's only one.
+bool TrainingLoop::profiled(int epoch) const {
+  return !o_.op_profile_path.empty() && (epoch > first_epoch_ || o_.epochs - first_epoch_ == 1);
+}
+
+void TrainingLoop::report_profile() {
+  if (o_.op_profile_path.empty()) return;
+  if (!o_.quiet && profiled_epochs_ > 0) say("%s\n", profile_.table(20, profiled_epochs_, "epoch").c_str());
+  try {
+    io::write_file_atomic(o_.op_profile_path, profile_.json(profiled_epochs_, "epoch"), io::OutputLinks::replace);
+  } catch (const Error& e) {
+    throw Error("--op-profile: " + std::string(e.what()));
+  }
+  if (!o_.quiet) say("op profile written to %s\n", o_.op_profile_path.c_str());
+}
+
 std::optional<int> TrainingLoop::run() {
+  first_epoch_ = point_.epoch();
   try {
     for (int epoch = point_.epoch(); epoch < o_.epochs; ++epoch) {
       epoch_ = epoch;
@@ -375,6 +406,7 @@ std::optional<int> TrainingLoop::run() {
       // After the epoch's checkpoint: nothing is lost, a resumed run starts the next epoch.
       if (stop_asked()) return stop_together("after epoch " + std::to_string(epoch + 1));
     }
+    report_profile();
   } catch (const app::Interrupted&) {
     return stop("interrupted (" + std::string(app::stop_signal_name(app::stop_signal())) +
                     ") in the test pass of epoch " + std::to_string(epoch_ + 1) +

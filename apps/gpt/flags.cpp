@@ -124,6 +124,9 @@ void add_output_flags(CLI::App& c, TrainFlags& f) {
   c.add_option("--metrics", f.metrics, "JSON lines: one per step, one per evaluation");
   c.add_option("--memory-report", f.memory_report, "the memory tracker's report (JSON) at the end");
   c.add_option("--memory-plot", f.memory_plot, "the memory timeline of the first steps (SVG) at the end");
+  c.add_option("--op-profile", f.op_profile,
+               "each op's time (its own, forward and backward apart, and the optimizer step's parts) over the "
+               "steps after the first, as JSON at the end; the table is printed (unless --quiet)");
   c.add_option("--save", f.save,
                "weights (safetensors, nanoGPT's names: PyTorch loads them strictly) at each evaluation, at the end, "
                "and on Ctrl-C or --stop-after; the training state (AdamW's moments, counters) goes beside them in "

@@ -15,8 +15,8 @@ struct UsageError : std::runtime_error {
 };
 
 struct TrainFlags {
-  std::string data, metrics, save, resume, init, memory_report, memory_plot, device = "cpu", precision = "fp32",
-                                                                             recompute = "off";
+  std::string data, metrics, save, resume, init, memory_report, memory_plot, op_profile,
+      device = "cpu", precision = "fp32", recompute = "off";
   int64_t context = 64, width = 128, heads = 4, layers = 4, micro_batch = 8, accum_steps = 4, steps = 200;
   int64_t warmup = 20, eval_every = 50, eval_windows = 64, log_every = 10, stop_after = 0;
   std::string seed_text = "1337";  // parsed by check_train_flags into seed (CLI11 clamps past 2^63 - 1)

@@ -45,8 +45,8 @@ Device parse_device(const std::string& text) {
 // accumulation] in engine/dist/communicator.cpp). So N ranks of --accum-steps A train the groups of
 // one process with A x N, and the run records A x N: its checkpoint resumes on any number of ranks
 // whose accumulation makes the same groups, one process included. Every rank reads it. Rank 0
-// prints, evaluates and writes --save and --metrics; rank k > 0 writes its own memory report and
-// plot as FILE.rank<k>. With --effective-batch rank 0 plans its part of it for every rank
+// prints, evaluates and writes --save and --metrics; rank k > 0 writes its own memory report, plot
+// and op profile as FILE.rank<k>. With --effective-batch rank 0 plans its part of it for every rank
 // (plan_run) and each rank trains within --memory-budget.
 void place_on_ranks(TrainFlags& f, const dist::Communicator& comm) {
   if (comm.world_size() == 1) return;
@@ -56,7 +56,7 @@ void place_on_ranks(TrainFlags& f, const dist::Communicator& comm) {
   say_only_on_rank(comm.rank());
   if (comm.is_root()) return;
   f.metrics.clear();
-  for (std::string* path : {&f.memory_report, &f.memory_plot})
+  for (std::string* path : {&f.memory_report, &f.memory_plot, &f.op_profile})
     if (!path->empty()) *path += ".rank" + std::to_string(comm.rank());
 }
 
@@ -81,7 +81,8 @@ void check_train_files(const TrainFlags& f, const Corpus& corpus) {
                    {"--save's training state", f.save.empty() ? "" : state_path(f.save)},
                    {"--metrics", f.metrics},
                    {"--memory-report", f.memory_report},
-                   {"--memory-plot", f.memory_plot}};
+                   {"--memory-plot", f.memory_plot},
+                   {"--op-profile", f.op_profile}};
   files.may_replace = [](const io::RunFile& in, const io::RunFile& out) {
     return (in.name == "--resume" && out.name == "--save") ||
            (in.name == "--resume's training state" && out.name == "--save's training state") ||
@@ -414,7 +415,8 @@ class Loop {
         metrics_(metrics),
         last_step_(last_step),
         comm_(comm),
-        group_(f.accum_steps * comm.world_size()) {}
+        group_(f.accum_steps * comm.world_size()),
+        profile_(trainer.optimizer().parameters().device()) {}
 
   // Outside --memory-budget's limit: gathering and writing the state is not the plan's memory.
   void save() {
@@ -444,25 +446,40 @@ class Loop {
   }
   double seconds() const { return seconds_; }  // the last run's
 
+  // --op-profile: the table (unless --quiet) and the JSON of the steps profiled so far.
+  void report_profile() {
+    if (f_.op_profile.empty()) return;
+    if (profiled_steps_ == 0) say("op time: no step after the first ran, nothing profiled\n");
+    else if (!f_.quiet) say("%s", profile_.table(20, profiled_steps_, "step").c_str());
+    try {
+      io::write_file_atomic(f_.op_profile, profile_.json(profiled_steps_, "step"), io::OutputLinks::replace);
+    } catch (const Error& e) {
+      throw Error("--op-profile: " + std::string(e.what()));
+    }
+  }
+
  private:
   std::optional<int> run_micro_batches(int64_t first, int64_t total, const data::TokenWindows& train_windows,
                                        const data::TokenWindows& val_windows) {
     trainer_.begin_epoch(0, total, first);
     step_start_ = std::chrono::steady_clock::now();
     for (int64_t i = first; i < total; ++i) {
-      if (dist::owner_of_micro_batch(i, comm_.world_size()) == comm_.rank()) {
-        const data::Batch batch = train_windows.random_batch(i, f_.micro_batch);
-        trainer_.micro_batch(batch.units, [&] { return model_.loss(batch.x, batch.y, ops::Reduction::Sum); });
-      } else {
-        trainer_.skip_micro_batch();  // another rank's (Note [Data parallel gpt])
-      }
-      if (!trainer_.step_if_ready()) continue;
+      // --op-profile: the micro-batches and steps after the run's first step (its warm-up), not
+      // the evaluations or the saves.
+      const bool profiled = !f_.op_profile.empty() && i >= first + group_;
+      std::optional<OpProfileScope> timed;
+      if (profiled) timed.emplace(profile_);
+      const bool stepped = train_micro_batch(i, train_windows);
+      timed.reset();
+      if (!stepped) continue;
+      profiled_steps_ += profiled ? 1 : 0;
       const int64_t step = (i + 1) / group_;
       log_step(step);
       const bool evaluated = f_.eval_every > 0 && step % f_.eval_every == 0 && step != f_.steps;
       if (evaluated) evaluate(step, val_windows);
       if ((app::stop_requested_on_any_rank(comm_) || step == f_.stop_after) && step != f_.steps) {
         if (!evaluated) save();
+        report_profile();
         say("gpt: stopped after step %lld%s\n", static_cast<long long>(step),
             f_.save.empty() ? " (no --save: nothing to resume from)" : ("; resume with --resume " + f_.save).c_str());
         io::check_standard_output();
@@ -470,6 +487,17 @@ class Loop {
       }
     }
     return std::nullopt;
+  }
+
+  // Micro-batch i (this rank's, or another's skipped), then the step if its group is complete.
+  bool train_micro_batch(int64_t i, const data::TokenWindows& train_windows) {
+    if (dist::owner_of_micro_batch(i, comm_.world_size()) == comm_.rank()) {
+      const data::Batch batch = train_windows.random_batch(i, f_.micro_batch);
+      trainer_.micro_batch(batch.units, [&] { return model_.loss(batch.x, batch.y, ops::Reduction::Sum); });
+    } else {
+      trainer_.skip_micro_batch();  // another rank's (Note [Data parallel gpt])
+    }
+    return trainer_.step_if_ready();
   }
 
   void log_step(int64_t step) {
@@ -498,6 +526,8 @@ class Loop {
   const int64_t group_;  // micro-batches a step, every rank's
   std::chrono::steady_clock::time_point step_start_;
   double seconds_ = 0.0;
+  OpProfile profile_;
+  int64_t profiled_steps_ = 0;
 };
 
 }  // namespace
@@ -554,6 +584,7 @@ int train(const TrainFlags& flags) {
     return 0;
   }
   loop.evaluate(f.steps, val_windows);
+  loop.report_profile();
   report_memory(tracker, f, comm->is_root());
   io::check_standard_output();
   return 0;

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "cumulus/core/op_profile.h"
+
 namespace cumulus {
 
 namespace {
@@ -55,11 +57,13 @@ OpScope::OpScope(const char* name, bool backward)
     : previous_name_(tls_op_name), previous_backward_(tls_op_backward) {
   tls_op_name = name;
   tls_op_backward = backward;
+  detail::op_profile_transition(name, backward, /*opened=*/true);
 }
 
 OpScope::~OpScope() {
   tls_op_name = previous_name_;
   tls_op_backward = previous_backward_;
+  detail::op_profile_transition(previous_name_, previous_backward_, /*opened=*/false);
 }
 
 CurrentOp current_op() { return {tls_op_name, tls_op_backward}; }

@@ -67,6 +67,7 @@
 
 #include "cumulus/autograd/grad_mode.h"
 #include "cumulus/dist/communicator.h"
+#include "cumulus/memory/category.h"
 #include "cumulus/train/trainer.h"
 #include "engine/ops/internal.h"
 #include "engine/tensor/host_reads.h"
@@ -119,13 +120,19 @@ void Trainer::run_step() {
   opt.prepare_update();
   // The learning-rate table covers the update this step may make.
   p.lr_window.prepare(p.state, p.steps_offset);
+  // Each part that does work runs in an OpScope of its own ("reduce gradients", "step decision",
+  // "optimizer update", "gather shards"): out-of-memory reports and op time profiles name it.
   const Parts::Ran ran = p.run_or_replay(p.step_graph(), [&] {
     // Data parallel: the gradient, the group's units and its loss summed across ranks.
     p.reduce_across_ranks();
-    // The norm, the skip decision, the clip factor and the learning rate, decided on the device.
-    p.decide_step();
-    // The optimizer's update with the decided scalars (nothing moves where the step is skipped).
-    opt.apply_update();
+    {  // The norm, the skip decision, the clip factor and the learning rate, decided on the device.
+      OpScope op("step decision");
+      p.decide_step();
+    }
+    {  // The optimizer's update with the decided scalars (nothing moves where the step is skipped).
+      OpScope op("optimizer update");
+      opt.apply_update();
+    }
     // ZeRO: every rank's updated shard to every rank (Note [ZeRO]).
     p.gather_shards();
   });
@@ -180,6 +187,7 @@ void Trainer::Parts::check_graphs_allowed() const {
 
 void Trainer::Parts::reduce_across_ranks() {
   if (!buckets && !sharded) return;
+  OpScope op("reduce gradients");
   dist::Communicator& comm = *options.communicator;
   if (buckets) buckets->start_rest();
   else reduce_missing_rounds();
@@ -211,6 +219,7 @@ void Trainer::Parts::keep_shard() {
 
 void Trainer::Parts::gather_shards() {
   if (shards.empty()) return;
+  OpScope op("gather shards");
   nn::FlatParameters& params = optimizer->parameters();
   options.communicator->all_gather(params.values().data<float>(), shards, params.device());
 }

@@ -28,6 +28,7 @@
 
 #include "cumulus/core/device.h"
 #include "cumulus/core/error.h"
+#include "cumulus/core/op_profile.h"
 #include "cumulus/core/precision.h"
 #include "cumulus/core/threads.h"
 #include "cumulus/core/timer.h"

@@ -65,7 +65,9 @@ MemoryCategory unscoped_memory_category();
 // Names the op whose work runs on this thread for its lifetime, so that every block allocated
 // meanwhile is attributed to it (out-of-memory reports list live bytes by op). `name` must outlive
 // the blocks: a string literal. Scopes nest; the innermost names the op. `backward` marks the op's
-// backward work ("linear backward"). Two thread-local stores: cheap enough for every op call.
+// backward work ("linear backward"). Two thread-local stores and a check for an open
+// OpProfileScope (core/op_profile.h), which times the ops by these scopes: cheap enough for every
+// op call.
 class OpScope {
  public:
   explicit OpScope(const char* name, bool backward = false);
