@@ -2,16 +2,17 @@
 // The CPU kernels split their work across cpu_threads() threads (set_cpu_threads): the calling
 // thread and up to cpu_threads() - 1 helper threads, started on first use and kept waiting between
 // calls (spinning briefly, then asleep). The GEMMs run on the same threads (Note [One pool for the
-// kernels and the BLAS], gemm.cpp). The work is cut into chunks that every thread claims from one
-// counter, the caller included, so a helper that is slow to wake (a busy machine) costs nothing
-// but its share: the caller takes the chunks it has not claimed. Each chunk computes its elements
-// (or rows, or columns) as the serial loop does, so the results are the same bits at any thread
-// count. One call at a time uses the helpers; a call that finds them busy (from another thread of
+// kernels and the BLAS], gemm.cpp). The work is cut into chunks, each thread first running a
+// contiguous share of them (the caller the first), then claiming what is left of the others'
+// (Note [Chunks stay on their thread], parallel.cpp), so a helper that is slow to wake (a busy
+// machine) costs nothing but its share: the others take the chunks it has not. Each chunk
+// computes its elements (or rows, or columns) as the serial loop does, so the results are the same
+// bits at any thread count. One call at a time uses the helpers; a call that finds them busy (from another thread of
 // the program, or from inside a chunk), or that cannot start one (an address-space limit), runs
 // serially.
 // Written here rather than taken from OpenMP: the OpenBLAS we link is its pthreads build, and an
 // OpenMP runtime beside it would keep a second pool of spinning threads on the same cores (OpenBLAS
-// advises its OpenMP build for OpenMP programs); these loops need only a counter and a wake-up.
+// advises its OpenMP build for OpenMP programs); these loops need only counters and a wake-up.
 #pragma once
 
 #include <algorithm>
