@@ -554,7 +554,8 @@ phase_profile() {
     timed "op_profile_gpt_$p" "$(cap 40)" "$bin/gpt" train --data "$(corpus)" "${shape[@]}" --accum-steps 1 \
       --steps 3 --warmup 0 --eval-every 0 --eval-windows 1 --device "$device" --precision "$p" \
       --op-profile "$work/op_profile_gpt_$p.json"
-    grep -A 22 '^op time on' "$work/op_profile_gpt_$p.log" | tee -a "$summary"
+    awk '/^op time on/ { table = 1; print; next } table && /^  / { print; next } { table = 0 }' \
+      "$work/op_profile_gpt_$p.log" | tee -a "$summary"
   done
   ncu=$(command -v ncu || true)
   [ -n "$ncu" ] || { [ -x /usr/local/cuda/bin/ncu ] && ncu=/usr/local/cuda/bin/ncu; } || true
