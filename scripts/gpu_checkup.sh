@@ -543,8 +543,9 @@ phase_precision() {
 }
 
 # ---- 9. where the GPT's step goes ---------------------------------------------------------------
-# Every kernel of one micro-batch of GPT-2 small's shape (weight initialization included: it is
-# named apart) timed by Nsight Compute, one metric, the clocks left alone; summed by kernel name.
+# Our op profile of GPT-2 small's step, then every kernel of one micro-batch of that shape (weight
+# initialization included: it is named apart) timed by Nsight Compute, one metric, the clocks left
+# alone; summed by kernel name.
 phase_profile() {
   local ncu p shape=(--context 1024 --width 768 --heads 12 --layers 12 --micro-batch 8)
   ((!small)) || shape=()

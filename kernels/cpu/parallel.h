@@ -7,9 +7,9 @@
 // (Note [Chunks stay on their thread], parallel.cpp), so a helper that is slow to wake (a busy
 // machine) costs nothing but its share: the others take the chunks it has not. Each chunk
 // computes its elements (or rows, or columns) as the serial loop does, so the results are the same
-// bits at any thread count. One call at a time uses the helpers; a call that finds them busy (from another thread of
-// the program, or from inside a chunk), or that cannot start one (an address-space limit), runs
-// serially.
+// bits at any thread count. One call at a time uses the helpers; a call that finds them busy (from
+// another thread of the program, or from inside a chunk), or that cannot start one (an
+// address-space limit), runs serially.
 // Written here rather than taken from OpenMP: the OpenBLAS we link is its pthreads build, and an
 // OpenMP runtime beside it would keep a second pool of spinning threads on the same cores (OpenBLAS
 // advises its OpenMP build for OpenMP programs); these loops need only counters and a wake-up.
