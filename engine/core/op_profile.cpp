@@ -12,6 +12,7 @@
 #include "cumulus/core/error.h"
 #include "cumulus/core/timer.h"
 #include "cumulus/memory/category.h"
+#include "engine/core/op_profile_hook.h"
 
 // Note [Op time profile]
 // A profile is a timeline of points, one each time the op current on the profiled thread changes:

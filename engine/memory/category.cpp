@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "cumulus/core/op_profile.h"
+#include "engine/core/op_profile_hook.h"
 
 namespace cumulus {
 

@@ -39,6 +39,7 @@ class HelperPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       chunk_ = &chunk;
+      helpers_ = helpers;
       shares_ = std::min<int>(helpers + 1, static_cast<int>(share_.size()));
       for (int s = 0; s < shares_; ++s) {
         share_[s].next.store(chunks * s / shares_, std::memory_order_relaxed);
@@ -73,10 +74,10 @@ class HelperPool {
   // Note [Chunks stay on their thread]
   // A job's chunks are cut into one contiguous share per thread (the caller's first, then helper
   // 1's, ...), and each thread runs its own share first, then takes what is left of the others'.
-  // Consecutive ops over the same rows then run each part on the same thread: an op reads what the
-  // one before wrote from its own core's caches (the large GPT at two threads: layer norm and the
-  // GELU gradient ran slower than on one thread when every chunk went to whichever thread asked
-  // first). A helper slow to wake still costs only its share: the others take its chunks.
+  // Consecutive ops that split the same rows alike then run each part on the same thread, so an
+  // op reads what the one before wrote from its own core's caches rather than the other's (chunks
+  // handed to whichever thread asks first alternate between them). A helper slow to wake still
+  // costs only its share: the others take its chunks.
   void work(int slot) {
     t_in_chunk = true;
     for (int i = 0; i < shares_; ++i) {
@@ -109,7 +110,7 @@ class HelperPool {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return generation_.load() != seen; });
       seen = generation_.load();
-      if (!open_) continue;
+      if (!open_ || slot > helpers_) continue;  // a job of fewer threads than have started
       active_.fetch_add(1);
       lock.unlock();
       work(slot);
@@ -131,6 +132,7 @@ class HelperPool {
   };
   std::vector<Share> share_ = std::vector<Share>(kMaxShares);
   int shares_ = 0;
+  int helpers_ = 0;  // the helpers the job asked for: slots 1..helpers_ join it
   std::atomic<int> active_{0};  // helpers inside the current job
   std::vector<std::thread> threads_;
 };

@@ -75,10 +75,4 @@ class OpProfileScope {
   OpProfile::State& state_;
 };
 
-namespace detail {
-// OpScope's report of the op now current on this thread (`name` nullptr: none), `opened` when a
-// scope opened rather than one closing back to it. Does nothing unless an OpProfileScope is open.
-void op_profile_transition(const char* name, bool backward, bool opened);
-}  // namespace detail
-
 }  // namespace cumulus
