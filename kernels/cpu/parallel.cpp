@@ -132,7 +132,7 @@ class HelperPool {
   };
   std::vector<Share> share_ = std::vector<Share>(kMaxShares);
   int shares_ = 0;
-  int helpers_ = 0;  // the helpers the job asked for: slots 1..helpers_ join it
+  int helpers_ = 0;             // the helpers the job asked for: slots 1..helpers_ join it
   std::atomic<int> active_{0};  // helpers inside the current job
   std::vector<std::thread> threads_;
 };
